@@ -1,0 +1,362 @@
+//! CPU emulator: runs a kernel's threads as OS threads on the host.
+//!
+//! Every thread of a launch runs concurrently (communication kernels spin on
+//! each other, so running blocks one after another would deadlock). Block
+//! barriers, warp shuffles/votes and `bar.warp.sync` are real rendezvous
+//! between those threads; atomics and fences use `std::sync::atomic` with the
+//! same or stronger semantics; spin-waits yield the OS thread.
+//!
+//! Failure is never a hang: a panicking thread (a failed `assert!`, a `trap`)
+//! aborts the whole launch — threads waiting at a barrier or spinning in
+//! [`spin_yield`] unwind — and [`run`] returns [`EmuError::Panicked`] naming
+//! the thread. A barrier that some threads never reach (divergent
+//! `sync_threads` or shuffle) fails after [`barrier_timeout`] with
+//! [`EmuError::Panicked`] describing the stuck barrier.
+//!
+//! Limits: warp collectives need the whole warp converged (the `mask`
+//! argument is not emulated); every memory scope behaves as `sys`.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+mod barrier;
+use barrier::Barrier;
+
+/// A launch's shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EmuLaunch {
+    /// Blocks in x, y, z.
+    pub grid: [u32; 3],
+    /// Threads per block in x, y, z.
+    pub block: [u32; 3],
+    /// Dynamic shared memory per block, bytes.
+    pub shared_mem_bytes: u32,
+}
+
+/// Why an emulated launch failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EmuError {
+    /// The launch shape is invalid (zero dims, too many threads per block).
+    InvalidLaunch(String),
+    /// The launch needs more OS threads than the emulator allows.
+    TooManyThreads { threads: u64, limit: u64 },
+    /// The OS refused to create a thread.
+    Spawn(String),
+    /// A kernel thread panicked (or hit a barrier timeout).
+    Panicked { block: [u32; 3], thread: [u32; 3], message: String },
+}
+
+impl std::fmt::Display for EmuError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EmuError::InvalidLaunch(m) => write!(f, "invalid launch configuration: {m}"),
+            EmuError::TooManyThreads { threads, limit } => write!(
+                f,
+                "the CPU emulator runs every GPU thread as an OS thread; this launch needs {threads}, more than the limit {limit} \
+                 (use fewer blocks with a grid-stride loop, or raise DOORBELL_EMU_MAX_THREADS)"
+            ),
+            EmuError::Spawn(m) => write!(f, "could not start an emulator thread: {m}"),
+            EmuError::Panicked { block, thread, message } => write!(
+                f,
+                "kernel thread (block {block:?}, thread {thread:?}) failed on the CPU emulator: {message}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for EmuError {}
+
+/// Per-block state shared by its threads.
+pub struct BlockShared {
+    barrier: Barrier,
+    warps: Vec<WarpShared>,
+    shared_mem: Box<[u128]>,
+}
+
+impl BlockShared {
+    /// Base of the block's dynamic shared memory.
+    pub fn shared_mem_ptr(&self) -> *mut u8 {
+        self.shared_mem.as_ptr() as *mut u8
+    }
+}
+
+struct WarpShared {
+    barrier: Barrier,
+    slots: [AtomicU64; 32],
+    lanes: u32,
+}
+
+/// The calling emulated thread's identity.
+pub struct ThreadCtx {
+    /// `%tid`
+    pub thread_idx: [u32; 3],
+    /// `%ntid`
+    pub block_dim: [u32; 3],
+    /// `%ctaid`
+    pub block_idx: [u32; 3],
+    /// `%nctaid`
+    pub grid_dim: [u32; 3],
+    /// `%laneid`
+    pub lane: u32,
+    warp: u32,
+    /// This thread's block.
+    pub block: Arc<BlockShared>,
+    launch: Arc<LaunchShared>,
+}
+
+struct LaunchShared {
+    aborted: AtomicBool,
+    first_error: Mutex<Option<EmuError>>,
+}
+
+/// Payload used to unwind threads of an aborted launch (not reported).
+struct Aborted;
+
+thread_local! {
+    static CTX: Cell<*const ThreadCtx> = const { Cell::new(std::ptr::null()) };
+}
+
+/// Runs `f` with the calling thread's context.
+///
+/// Panics when called outside an emulated launch: device primitives only make
+/// sense inside a kernel.
+pub fn with_thread<R>(f: impl FnOnce(&ThreadCtx) -> R) -> R {
+    let p = CTX.with(|c| c.get());
+    assert!(
+        !p.is_null(),
+        "a doorbell device primitive was called outside a kernel launch; launch the kernel through doorbell (Stream::launch)"
+    );
+    // SAFETY: set by `run` for the lifetime of the thread's kernel call.
+    f(unsafe { &*p })
+}
+
+/// True on a thread that runs an emulated kernel.
+pub fn in_kernel() -> bool {
+    CTX.with(|c| !c.get().is_null())
+}
+
+fn check_aborted(t: &ThreadCtx) {
+    if t.launch.aborted.load(Ordering::Relaxed) {
+        std::panic::resume_unwind(Box::new(Aborted));
+    }
+}
+
+/// Barrier wait timeout (`DOORBELL_EMU_BARRIER_TIMEOUT_S`, default 60 s).
+pub fn barrier_timeout() -> Duration {
+    static T: OnceLock<Duration> = OnceLock::new();
+    *T.get_or_init(|| {
+        let s = std::env::var("DOORBELL_EMU_BARRIER_TIMEOUT_S").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(60);
+        Duration::from_secs(s.max(1))
+    })
+}
+
+/// Most OS threads one launch may use (`DOORBELL_EMU_MAX_THREADS`, default 16384).
+pub fn max_threads() -> u64 {
+    std::env::var("DOORBELL_EMU_MAX_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(16384)
+}
+
+/// `bar.sync 0` for the calling thread.
+pub fn block_barrier() {
+    with_thread(|t| t.block.barrier.wait(&t.launch.aborted, "sync_threads (block barrier)"));
+}
+
+/// `bar.warp.sync` for the calling thread.
+pub fn warp_barrier() {
+    with_thread(|t| t.block.warps[t.warp as usize].barrier.wait(&t.launch.aborted, "sync_warp"));
+}
+
+/// Shuffle source selection.
+#[derive(Clone, Copy, Debug)]
+pub enum ShuffleMode {
+    /// From lane `n`.
+    Idx(u32),
+    /// From lane `lane + n`.
+    Down(u32),
+    /// From lane `lane - n`.
+    Up(u32),
+    /// From lane `lane ^ n`.
+    Xor(u32),
+}
+
+/// Warp shuffle of a 32-bit value.
+pub fn shuffle(value: u32, mode: ShuffleMode) -> u32 {
+    with_thread(|t| {
+        let w = &t.block.warps[t.warp as usize];
+        let lane = t.lane;
+        w.slots[lane as usize].store(value as u64, Ordering::Relaxed);
+        w.barrier.wait(&t.launch.aborted, "warp shuffle");
+        let src = match mode {
+            ShuffleMode::Idx(n) => Some(n & 31),
+            ShuffleMode::Down(n) => lane.checked_add(n).filter(|s| *s < 32),
+            ShuffleMode::Up(n) => lane.checked_sub(n),
+            ShuffleMode::Xor(n) => Some((lane ^ n) & 31),
+        };
+        let out = match src {
+            Some(s) if s < w.lanes => w.slots[s as usize].load(Ordering::Relaxed) as u32,
+            _ => value,
+        };
+        w.barrier.wait(&t.launch.aborted, "warp shuffle");
+        out
+    })
+}
+
+/// Warp ballot.
+pub fn ballot(pred: bool) -> u32 {
+    with_thread(|t| {
+        let w = &t.block.warps[t.warp as usize];
+        w.slots[t.lane as usize].store(pred as u64, Ordering::Relaxed);
+        w.barrier.wait(&t.launch.aborted, "warp vote");
+        let mut m = 0u32;
+        for l in 0..w.lanes {
+            if w.slots[l as usize].load(Ordering::Relaxed) != 0 {
+                m |= 1 << l;
+            }
+        }
+        w.barrier.wait(&t.launch.aborted, "warp vote");
+        m
+    })
+}
+
+/// Mask of the lanes that exist in the calling thread's warp.
+pub fn active_lane_mask() -> u32 {
+    with_thread(|t| {
+        let n = t.block.warps[t.warp as usize].lanes;
+        if n >= 32 { u32::MAX } else { (1u32 << n) - 1 }
+    })
+}
+
+/// Yield inside a spin-wait; unwinds when the launch was aborted.
+pub fn spin_yield() {
+    if in_kernel() {
+        with_thread(check_aborted);
+    }
+    std::thread::yield_now();
+}
+
+/// Monotonic nanoseconds (the emulator's `%globaltimer`).
+pub fn now_ns() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}
+
+fn install_quiet_hook() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        let prev = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            // Kernel-thread panics are reported through `run`'s error, and
+            // abort unwinds carry no message worth printing.
+            if info.payload().downcast_ref::<Aborted>().is_some() || in_kernel() {
+                return;
+            }
+            prev(info)
+        }));
+    });
+}
+
+/// Runs one launch: `body` on every thread of the grid, all concurrently.
+/// Returns when every thread has finished.
+pub fn run(cfg: EmuLaunch, body: &(dyn Fn() + Sync)) -> Result<(), EmuError> {
+    let EmuLaunch { grid, block, shared_mem_bytes } = cfg;
+    if grid.contains(&0) || block.contains(&0) {
+        return Err(EmuError::InvalidLaunch(format!("grid {grid:?} and block {block:?} must have no zero dimension")));
+    }
+    let per_block = block.iter().map(|&d| d as u64).product::<u64>();
+    if per_block > 1024 {
+        return Err(EmuError::InvalidLaunch(format!("{per_block} threads per block; the GPU allows at most 1024")));
+    }
+    let blocks = grid.iter().map(|&d| d as u64).product::<u64>();
+    let threads = blocks * per_block;
+    let limit = max_threads();
+    if threads > limit {
+        return Err(EmuError::TooManyThreads { threads, limit });
+    }
+    install_quiet_hook();
+    let launch = Arc::new(LaunchShared { aborted: AtomicBool::new(false), first_error: Mutex::new(None) });
+    let per_block = per_block as u32;
+    let nwarps = per_block.div_ceil(32);
+    let smem_words = (shared_mem_bytes as usize).div_ceil(16);
+
+    let spawn_result = std::thread::scope(|s| -> Result<(), EmuError> {
+        for bz in 0..grid[2] {
+            for by in 0..grid[1] {
+                for bx in 0..grid[0] {
+                    let shared = Arc::new(BlockShared {
+                        barrier: Barrier::new(per_block as usize),
+                        warps: (0..nwarps)
+                            .map(|w| {
+                                let lanes = (per_block - w * 32).min(32);
+                                WarpShared { barrier: Barrier::new(lanes as usize), slots: Default::default(), lanes }
+                            })
+                            .collect(),
+                        shared_mem: vec![0u128; smem_words].into_boxed_slice(),
+                    });
+                    for r in 0..per_block {
+                        let tid = [r % block[0], (r / block[0]) % block[1], r / (block[0] * block[1])];
+                        let ctx = ThreadCtx {
+                            thread_idx: tid,
+                            block_dim: block,
+                            block_idx: [bx, by, bz],
+                            grid_dim: grid,
+                            lane: r % 32,
+                            warp: r / 32,
+                            block: shared.clone(),
+                            launch: launch.clone(),
+                        };
+                        let spawned = std::thread::Builder::new()
+                            .name(format!("emu-b{bx}.{by}.{bz}-t{r}"))
+                            .stack_size(512 * 1024)
+                            .spawn_scoped(s, move || thread_main(ctx, body));
+                        if let Err(e) = spawned {
+                            launch.aborted.store(true, Ordering::Relaxed);
+                            return Err(EmuError::Spawn(e.to_string()));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    });
+    spawn_result?;
+    let err = launch.first_error.lock().unwrap_or_else(|e| e.into_inner()).take();
+    match err {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+fn thread_main(ctx: ThreadCtx, body: &(dyn Fn() + Sync)) {
+    CTX.with(|c| c.set(&ctx as *const ThreadCtx));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
+    CTX.with(|c| c.set(std::ptr::null()));
+    // An exited thread no longer takes part in its block's and warp's barriers.
+    ctx.block.barrier.leave();
+    ctx.block.warps[ctx.warp as usize].barrier.leave();
+    if let Err(payload) = result {
+        if payload.downcast_ref::<Aborted>().is_none() {
+            let mut slot = ctx.launch.first_error.lock().unwrap_or_else(|e| e.into_inner());
+            if slot.is_none() {
+                *slot = Some(EmuError::Panicked {
+                    block: ctx.block_idx,
+                    thread: ctx.thread_idx,
+                    message: panic_message(payload.as_ref()),
+                });
+            }
+            ctx.launch.aborted.store(true, Ordering::Relaxed);
+            ctx.block.barrier.wake_all();
+        }
+    }
+}

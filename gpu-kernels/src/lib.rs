@@ -1,0 +1,64 @@
+//! # doorbell-kernels — the device side of doorbell
+//!
+//! Kernels written in plain Rust, compiled two ways from the same source:
+//!
+//! * for `nvptx64-nvidia-cuda` (`sm_90`), `no_std`, into one PTX module that
+//!   the host crate embeds and loads with the CUDA driver;
+//! * for the host, where the [CPU emulator](emu) runs every thread of a
+//!   launch as a real OS thread, so kernels that spin on each other work.
+//!
+//! ## Tiers
+//! 1. [`ptx`] — one tiny always-inline function per instruction: indices,
+//!    block barrier, warp shuffles and votes, and the memory-ordering table
+//!    `<op>_<sem>_<scope>_<type>` (`ld_acquire_gpu_u32`, `st_release_sys_u64`,
+//!    `fence_acq_rel_gpu`, `atom_add_acq_rel_gpu_u32`, ...). Inline asm on the
+//!    GPU (LLVM 22's NVPTX backend drops the ordering of Rust atomic RMWs, so
+//!    we never rely on them), `std::sync::atomic` with the same semantics on
+//!    the host.
+//! 2. [`sync`] — documented publish/observe pairs and bounded spins.
+//! 3. transports and collectives (built on the tiers above).
+//!
+//! ## Writing a kernel
+//! ```ignore
+//! use doorbell_kernels::{kernel, ptx};
+//!
+//! #[kernel]
+//! pub unsafe fn axpy(a: f32, x: *const f32, y: *mut f32, n: u32) {
+//!     let mut i = ptx::global_thread_id_x();
+//!     while i < n {
+//!         unsafe { *y.add(i as usize) = a * *x.add(i as usize) + *y.add(i as usize) };
+//!         i += ptx::grid_stride_x();
+//!     }
+//! }
+//! ```
+//! The host launches it with `stream.launch::<axpy>(&function, cfg, (a, x, y, n))`
+//! whichever backend is active; see the `doorbell` crate.
+#![cfg_attr(target_arch = "nvptx64", no_std)]
+#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, asm_experimental_arch))]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![allow(clippy::missing_safety_doc)]
+
+extern crate self as doorbell_kernels;
+
+pub use doorbell_macros::kernel;
+
+pub mod ptx;
+pub mod sync;
+pub mod examples;
+pub mod testing;
+
+#[cfg(not(target_arch = "nvptx64"))]
+pub mod emu;
+
+#[cfg(not(target_arch = "nvptx64"))]
+mod launch;
+#[cfg(not(target_arch = "nvptx64"))]
+pub use launch::{Kernel, KernelArgs, KernelParam};
+
+#[cfg(target_arch = "nvptx64")]
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo) -> ! {
+    // A device panic (failed bounds check, explicit panic) aborts the kernel;
+    // the host sees CUDA_ERROR_LAUNCH_FAILED / ILLEGAL_INSTRUCTION.
+    ptx::trap()
+}

@@ -1,0 +1,21 @@
+// Builds doorbell-kernels (the device side) to PTX and embeds it as
+// `doorbell::KERNELS_PTX`. The helper is shared with users' build scripts.
+#[path = "src/build.rs"]
+#[allow(dead_code)]
+mod ptx_build;
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=src/build.rs");
+    if std::env::var_os("CARGO_FEATURE_RUNTIME").is_none() {
+        return;
+    }
+    match ptx_build::PtxBuilder::new("../gpu-kernels").build() {
+        Ok(out) => {
+            if !out.built {
+                println!("cargo:warning=doorbell: PTX build skipped (DOORBELL_SKIP_PTX=1); GPU launches will fail, the CPU emulator works");
+            }
+        }
+        Err(e) => panic!("{e}"),
+    }
+}

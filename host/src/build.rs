@@ -1,0 +1,317 @@
+//! PTX build helper for a kernel crate's consumer `build.rs` (our answer to
+//! Rust-CUDA's `cuda_builder`).
+//!
+//! ```no_run
+//! // build.rs of the crate that launches the kernels
+//! fn main() {
+//!     doorbell::build::PtxBuilder::new("../my-kernels")
+//!         .build()
+//!         .expect("PTX build failed");
+//! }
+//! // then, in that crate:
+//! // const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/my_kernels.ptx"));
+//! ```
+//!
+//! It runs a nested `cargo rustc` for `nvptx64-nvidia-cuda` with
+//! `-Zbuild-std=core`, fat LTO and `--emit=asm` (a no-op linker: the LTO'd
+//! module's assembly *is* the PTX), in its own target directory, so rebuilds
+//! after a kernel edit are incremental. Rust-CUDA's `rustc_codegen_nvvm`
+//! cannot be used (it needs LLVM 7); this uses rustc's own NVPTX backend.
+//!
+//! The device compiler is Debian's `rustc-web` (1.96, LLVM 22) with
+//! `rust-web-src` providing core's source. Environment:
+//!
+//! | variable | meaning |
+//! |---|---|
+//! | `DOORBELL_DEVICE_CARGO`, `DOORBELL_DEVICE_RUSTC` | device toolchain (default `/usr/bin/cargo`, `/usr/bin/rustc`) |
+//! | `DOORBELL_PTX_ARCH` | `sm_90` by default |
+//! | `DOORBELL_PTX_TARGET_DIR` | nested target directory (default `<target>/doorbell-ptx`) |
+//! | `DOORBELL_SKIP_PTX=1` | write a placeholder instead (GPU launches then fail with a clear error) |
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Why the PTX build failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// No device toolchain (or no core source for `-Zbuild-std`).
+    Toolchain(String),
+    /// The kernel crate's manifest could not be read.
+    Manifest(PathBuf, std::io::Error),
+    /// The nested cargo failed; `stderr` holds its output.
+    Cargo { status: String, stderr: String },
+    /// The build finished but produced no PTX where expected.
+    MissingOutput(PathBuf),
+    /// Filesystem error.
+    Io(PathBuf, std::io::Error),
+    /// Not run from a build script (no `OUT_DIR`).
+    NoOutDir,
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BuildError::Toolchain(m) => write!(f, "device toolchain not usable: {m}. Install it with scripts/setup.sh (Debian: apt-get install rustc-web cargo-web rust-web-src), or set DOORBELL_SKIP_PTX=1 to build for the CPU emulator only"),
+            BuildError::Manifest(p, e) => write!(f, "cannot read kernel crate manifest {}: {e}", p.display()),
+            BuildError::Cargo { status, stderr } => write!(f, "nested PTX build failed ({status}):\n{stderr}"),
+            BuildError::MissingOutput(p) => write!(f, "PTX build produced no {}", p.display()),
+            BuildError::Io(p, e) => write!(f, "{}: {e}", p.display()),
+            BuildError::NoOutDir => write!(f, "OUT_DIR is not set: call PtxBuilder from a build script, or set an output path"),
+        }
+    }
+}
+
+impl std::error::Error for BuildError {}
+
+/// Builds one kernel crate into one PTX file.
+#[derive(Clone, Debug)]
+pub struct PtxBuilder {
+    crate_dir: PathBuf,
+    arch: String,
+    features: Vec<String>,
+    out_dir: Option<PathBuf>,
+    target_dir: Option<PathBuf>,
+    quiet_rerun: bool,
+}
+
+/// What a build produced.
+#[derive(Clone, Debug)]
+pub struct PtxOutput {
+    /// The PTX file.
+    pub path: PathBuf,
+    /// The crate name (underscored), also the file stem.
+    pub crate_name: String,
+    /// False when `DOORBELL_SKIP_PTX` made this a placeholder.
+    pub built: bool,
+}
+
+impl PtxBuilder {
+    /// A builder for the kernel crate at `crate_dir` (relative paths are
+    /// resolved against `CARGO_MANIFEST_DIR` in a build script).
+    pub fn new(crate_dir: impl AsRef<Path>) -> Self {
+        let mut dir = crate_dir.as_ref().to_path_buf();
+        if dir.is_relative() {
+            if let Ok(m) = std::env::var("CARGO_MANIFEST_DIR") {
+                dir = Path::new(&m).join(dir);
+            }
+        }
+        PtxBuilder {
+            crate_dir: dir,
+            arch: std::env::var("DOORBELL_PTX_ARCH").unwrap_or_else(|_| "sm_90".into()),
+            features: Vec::new(),
+            out_dir: None,
+            target_dir: std::env::var_os("DOORBELL_PTX_TARGET_DIR").map(PathBuf::from),
+            quiet_rerun: false,
+        }
+    }
+
+    /// GPU architecture (`sm_90` default).
+    pub fn arch(mut self, arch: impl Into<String>) -> Self {
+        self.arch = arch.into();
+        self
+    }
+
+    /// Cargo features of the kernel crate to enable.
+    pub fn feature(mut self, f: impl Into<String>) -> Self {
+        self.features.push(f.into());
+        self
+    }
+
+    /// Where to write `<crate>.ptx` (default `OUT_DIR`).
+    pub fn out_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.out_dir = Some(dir.into());
+        self
+    }
+
+    /// The nested build's target directory.
+    pub fn target_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.target_dir = Some(dir.into());
+        self
+    }
+
+    /// Do not print `cargo:rerun-if-changed` lines (outside build scripts).
+    pub fn no_rerun_directives(mut self) -> Self {
+        self.quiet_rerun = true;
+        self
+    }
+
+    fn crate_name(&self) -> Result<String, BuildError> {
+        let manifest = self.crate_dir.join("Cargo.toml");
+        let text = std::fs::read_to_string(&manifest).map_err(|e| BuildError::Manifest(manifest.clone(), e))?;
+        let mut in_package = false;
+        for line in text.lines() {
+            let l = line.trim();
+            if l.starts_with('[') {
+                in_package = l == "[package]";
+            } else if in_package && l.starts_with("name") {
+                if let Some(v) = l.split('=').nth(1) {
+                    return Ok(v.trim().trim_matches('"').replace('-', "_"));
+                }
+            }
+        }
+        Err(BuildError::Manifest(manifest, std::io::Error::other("no [package] name")))
+    }
+
+    /// Runs the build. In a build script, also prints the `rerun-if-changed`
+    /// lines for every source file the kernels were built from.
+    pub fn build(self) -> Result<PtxOutput, BuildError> {
+        let out_dir = match &self.out_dir {
+            Some(d) => d.clone(),
+            None => PathBuf::from(std::env::var_os("OUT_DIR").ok_or(BuildError::NoOutDir)?),
+        };
+        let crate_name = self.crate_name()?;
+        let out_path = out_dir.join(format!("{crate_name}.ptx"));
+        let rerun = !self.quiet_rerun && std::env::var_os("OUT_DIR").is_some();
+        if rerun {
+            for v in ["DOORBELL_SKIP_PTX", "DOORBELL_PTX_ARCH", "DOORBELL_DEVICE_CARGO", "DOORBELL_DEVICE_RUSTC", "DOORBELL_PTX_TARGET_DIR"] {
+                println!("cargo:rerun-if-env-changed={v}");
+            }
+            println!("cargo:rerun-if-changed={}", self.crate_dir.join("Cargo.toml").display());
+            println!("cargo:rerun-if-changed={}", self.crate_dir.join("src").display());
+        }
+        if std::env::var("DOORBELL_SKIP_PTX").is_ok_and(|v| v == "1") {
+            std::fs::write(&out_path, "// doorbell: PTX build skipped (DOORBELL_SKIP_PTX=1)\n")
+                .map_err(|e| BuildError::Io(out_path.clone(), e))?;
+            return Ok(PtxOutput { path: out_path, crate_name, built: false });
+        }
+
+        let cargo = std::env::var("DOORBELL_DEVICE_CARGO").unwrap_or_else(|_| "/usr/bin/cargo".into());
+        let rustc = std::env::var("DOORBELL_DEVICE_RUSTC").unwrap_or_else(|_| "/usr/bin/rustc".into());
+        check_toolchain(&rustc)?;
+        let target_dir = match &self.target_dir {
+            Some(d) => d.clone(),
+            None => default_target_dir(&out_dir),
+        };
+
+        let mut cmd = Command::new(&cargo);
+        // A clean environment: nothing of the outer (host) build may leak in.
+        cmd.env_clear();
+        for keep in ["PATH", "HOME", "CARGO_HOME", "TMPDIR", "CARGO_NET_OFFLINE", "http_proxy", "https_proxy", "HTTPS_PROXY", "HTTP_PROXY", "CARGO_HTTP_CAINFO", "SSL_CERT_FILE"] {
+            if let Some(v) = std::env::var_os(keep) {
+                cmd.env(keep, v);
+            }
+        }
+        cmd.env("RUSTC", &rustc).env("RUSTC_BOOTSTRAP", "1").env("CARGO_TERM_COLOR", "never");
+        cmd.arg("rustc")
+            .arg("--manifest-path")
+            .arg(self.crate_dir.join("Cargo.toml"))
+            .args(["--lib", "--release", "--crate-type", "cdylib", "--target", "nvptx64-nvidia-cuda", "-Zbuild-std=core"])
+            .args(["--config", "profile.release.lto=\"fat\""])
+            .args(["--config", "profile.release.panic=\"abort\""])
+            .args(["--config", "profile.release.codegen-units=1"])
+            .args(["--config", "profile.release.opt-level=3"])
+            .args(["--config", "profile.release.debug=false"])
+            .args(["--config", "profile.release.incremental=false"])
+            .arg("--target-dir")
+            .arg(&target_dir);
+        if !self.features.is_empty() {
+            cmd.arg("--features").arg(self.features.join(","));
+        }
+        cmd.args(["--", "-C", &format!("target-cpu={}", self.arch), "-C", "linker=true", "--emit=asm"]);
+        let output = cmd.output().map_err(|e| BuildError::Toolchain(format!("cannot run {cargo}: {e}")))?;
+        if !output.status.success() {
+            return Err(BuildError::Cargo {
+                status: output.status.to_string(),
+                stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+            });
+        }
+        let deps = target_dir.join("nvptx64-nvidia-cuda/release/deps");
+        let asm = deps.join(format!("{crate_name}.s"));
+        if !asm.exists() {
+            return Err(BuildError::MissingOutput(asm));
+        }
+        std::fs::create_dir_all(&out_dir).map_err(|e| BuildError::Io(out_dir.clone(), e))?;
+        std::fs::copy(&asm, &out_path).map_err(|e| BuildError::Io(out_path.clone(), e))?;
+        if rerun {
+            // Every source file the kernels came from (path dependencies too).
+            let dep_info = target_dir.join(format!("nvptx64-nvidia-cuda/release/lib{crate_name}.d"));
+            if let Ok(text) = std::fs::read_to_string(&dep_info) {
+                for path in dep_info_paths(&text) {
+                    if !path.contains("/lib/rustlib/") && !path.contains("/.cargo/registry/") {
+                        println!("cargo:rerun-if-changed={path}");
+                    }
+                }
+            }
+        }
+        Ok(PtxOutput { path: out_path, crate_name, built: true })
+    }
+}
+
+fn check_toolchain(rustc: &str) -> Result<(), BuildError> {
+    let out = Command::new(rustc)
+        .args(["--print", "sysroot"])
+        .output()
+        .map_err(|e| BuildError::Toolchain(format!("cannot run {rustc}: {e}")))?;
+    let sysroot = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let core = Path::new(&sysroot).join("lib/rustlib/src/rust/library/core");
+    if !core.exists() {
+        return Err(BuildError::Toolchain(format!("{rustc} has no core source at {} (needed by -Zbuild-std)", core.display())));
+    }
+    Ok(())
+}
+
+/// `<target>/doorbell-ptx`, found as the ancestor of `OUT_DIR` that cargo
+/// marked with `CACHEDIR.TAG`.
+fn default_target_dir(out_dir: &Path) -> PathBuf {
+    out_dir
+        .ancestors()
+        .find(|a| a.join("CACHEDIR.TAG").exists())
+        .map(|t| t.join("doorbell-ptx"))
+        .unwrap_or_else(|| out_dir.join("doorbell-ptx"))
+}
+
+/// Paths listed in a Makefile-style dep-info file.
+fn dep_info_paths(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let Some((_, deps)) = line.split_once(": ") else { continue };
+        let mut cur = String::new();
+        let mut chars = deps.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' if chars.peek() == Some(&' ') => {
+                    cur.push(' ');
+                    chars.next();
+                }
+                ' ' => {
+                    if !cur.is_empty() {
+                        out.push(std::mem::take(&mut cur));
+                    }
+                }
+                _ => cur.push(c),
+            }
+        }
+        if !cur.is_empty() {
+            out.push(cur);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dep_info_parsing_handles_escaped_spaces() {
+        let d = "/t/x.so: /a/b.rs /c/d\\ e.rs\n/t/y: /f.rs\n";
+        assert_eq!(dep_info_paths(d), vec!["/a/b.rs", "/c/d e.rs", "/f.rs"]);
+    }
+
+    #[test]
+    fn target_dir_falls_back_to_out_dir() {
+        let p = Path::new("/nonexistent/out");
+        assert_eq!(default_target_dir(p), p.join("doorbell-ptx"));
+    }
+
+    #[test]
+    fn crate_name_is_read_from_the_manifest() {
+        let dir = std::env::temp_dir().join(format!("doorbell-build-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("Cargo.toml"), "[package]\nname = \"my-kernels\"\nversion = \"0.1.0\"\n").unwrap();
+        assert_eq!(PtxBuilder::new(&dir).crate_name().unwrap(), "my_kernels");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,216 @@
+//! Devices: a GPU through the CUDA driver, or the CPU emulator.
+
+use std::sync::{Arc, Mutex, Weak};
+
+use cudarc::driver::{sys, CudaContext};
+
+use crate::error::{CudaCall, Error, Result};
+use crate::stream::{EmuStream, Stream};
+
+/// Which backend runs kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Backend {
+    /// The GPU when a driver and a GPU are present, the CPU emulator otherwise.
+    #[default]
+    Auto,
+    /// A CUDA GPU; an error when there is none.
+    Gpu,
+    /// The CPU emulator.
+    Cpu,
+}
+
+impl Backend {
+    /// Reads `DOORBELL_DEVICE` (`gpu`, `cpu`, `auto`; unset means auto).
+    pub fn from_env() -> Result<Backend> {
+        match std::env::var("DOORBELL_DEVICE") {
+            Err(_) => Ok(Backend::Auto),
+            Ok(v) => v.parse(),
+        }
+    }
+}
+
+impl std::str::FromStr for Backend {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Backend> {
+        match s.to_ascii_lowercase().as_str() {
+            "" | "auto" => Ok(Backend::Auto),
+            "gpu" | "cuda" => Ok(Backend::Gpu),
+            "cpu" | "emu" | "emulator" => Ok(Backend::Cpu),
+            _ => Err(Error::BadBackend(s.to_string())),
+        }
+    }
+}
+
+/// Number of CUDA GPUs; 0 when no driver is present (never panics).
+pub fn gpu_count() -> usize {
+    if !driver_present() {
+        return 0;
+    }
+    CudaContext::device_count().map(|n| n.max(0) as usize).unwrap_or(0)
+}
+
+/// True when the CUDA driver library can be loaded.
+pub fn driver_present() -> bool {
+    // SAFETY: only probes whether the library can be dlopen'd.
+    unsafe { sys::is_culib_present() }
+}
+
+/// A device: a GPU context or a CPU emulator instance. Cheap to clone;
+/// `Send + Sync`.
+#[derive(Clone)]
+pub struct Device {
+    pub(crate) inner: Arc<DeviceInner>,
+}
+
+pub(crate) enum DeviceInner {
+    Gpu(Arc<CudaContext>),
+    Emu(EmuDevice),
+}
+
+pub(crate) struct EmuDevice {
+    pub(crate) ordinal: usize,
+    pub(crate) streams: Mutex<Vec<Weak<EmuStream>>>,
+}
+
+impl Device {
+    /// Opens device `ordinal` on `backend`.
+    pub fn open(backend: Backend, ordinal: usize) -> Result<Device> {
+        match backend {
+            Backend::Gpu => Self::gpu(ordinal),
+            Backend::Cpu => Ok(Self::emulator(ordinal)),
+            Backend::Auto => {
+                if gpu_count() > 0 {
+                    Self::gpu(ordinal)
+                } else {
+                    Ok(Self::emulator(ordinal))
+                }
+            }
+        }
+    }
+
+    /// Opens device `ordinal` on the backend `DOORBELL_DEVICE` names.
+    pub fn from_env(ordinal: usize) -> Result<Device> {
+        Self::open(Backend::from_env()?, ordinal)
+    }
+
+    /// Opens GPU `ordinal` (its primary context).
+    pub fn gpu(ordinal: usize) -> Result<Device> {
+        if !driver_present() {
+            return Err(Error::NoDriver);
+        }
+        let count = CudaContext::device_count().call("cuDeviceGetCount")?.max(0) as usize;
+        if count == 0 {
+            return Err(Error::NoGpu);
+        }
+        if ordinal >= count {
+            return Err(Error::NoSuchGpu { ordinal, count });
+        }
+        let ctx = CudaContext::new(ordinal).call("cuDevicePrimaryCtxRetain")?;
+        Ok(Device { inner: Arc::new(DeviceInner::Gpu(ctx)) })
+    }
+
+    /// A CPU emulator device (`ordinal` only labels it).
+    pub fn emulator(ordinal: usize) -> Device {
+        Device { inner: Arc::new(DeviceInner::Emu(EmuDevice { ordinal, streams: Mutex::new(Vec::new()) })) }
+    }
+
+    /// The backend this device runs on (never `Auto`).
+    pub fn backend(&self) -> Backend {
+        match &*self.inner {
+            DeviceInner::Gpu(_) => Backend::Gpu,
+            DeviceInner::Emu(_) => Backend::Cpu,
+        }
+    }
+
+    /// True for a GPU.
+    pub fn is_gpu(&self) -> bool {
+        self.backend() == Backend::Gpu
+    }
+
+    /// Ordinal.
+    pub fn ordinal(&self) -> usize {
+        match &*self.inner {
+            DeviceInner::Gpu(c) => c.ordinal(),
+            DeviceInner::Emu(e) => e.ordinal,
+        }
+    }
+
+    /// A human-readable name: the GPU's, or "CPU emulator".
+    pub fn name(&self) -> String {
+        match &*self.inner {
+            DeviceInner::Gpu(c) => c.name().unwrap_or_else(|_| "CUDA GPU".into()),
+            DeviceInner::Emu(_) => format!("CPU emulator ({} host threads available)", host_threads()),
+        }
+    }
+
+    /// Compute capability of a GPU (`None` on the emulator).
+    pub fn compute_capability(&self) -> Option<(i32, i32)> {
+        match &*self.inner {
+            DeviceInner::Gpu(c) => c.compute_capability().ok(),
+            DeviceInner::Emu(_) => None,
+        }
+    }
+
+    /// Number of SMs (the emulator reports the host's hardware threads).
+    pub fn multiprocessor_count(&self) -> usize {
+        match &*self.inner {
+            DeviceInner::Gpu(c) => c
+                .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                .map(|v| v as usize)
+                .unwrap_or(1),
+            DeviceInner::Emu(_) => host_threads(),
+        }
+    }
+
+    /// Waits for all work on the device.
+    pub fn synchronize(&self) -> Result<()> {
+        match &*self.inner {
+            DeviceInner::Gpu(c) => c.synchronize().call("cuCtxSynchronize"),
+            DeviceInner::Emu(e) => {
+                let streams: Vec<_> = e.streams.lock().unwrap_or_else(|p| p.into_inner()).iter().filter_map(Weak::upgrade).collect();
+                let mut first = Ok(());
+                for s in streams {
+                    let r = s.synchronize();
+                    if first.is_ok() {
+                        first = r;
+                    }
+                }
+                first
+            }
+        }
+    }
+
+    /// A new stream (GPU: a CUDA stream; emulator: an in-order worker).
+    pub fn new_stream(&self) -> Result<Stream> {
+        Stream::new(self)
+    }
+
+    /// The GPU's CUDA context (`None` on the emulator): the escape hatch to cudarc.
+    pub fn as_cuda(&self) -> Option<&Arc<CudaContext>> {
+        match &*self.inner {
+            DeviceInner::Gpu(c) => Some(c),
+            DeviceInner::Emu(_) => None,
+        }
+    }
+
+    pub(crate) fn bind(&self) -> Result<()> {
+        if let DeviceInner::Gpu(c) = &*self.inner {
+            c.bind_to_thread().call("cuCtxSetCurrent")?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn same(&self, other: &Device) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device").field("backend", &self.backend()).field("ordinal", &self.ordinal()).finish()
+    }
+}
+
+fn host_threads() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}

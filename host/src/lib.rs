@@ -1,0 +1,77 @@
+//! # doorbell — fused compute + communication GPU kernels in Rust
+//!
+//! Kernels are plain Rust ([`doorbell_kernels`]), compiled by cargo to PTX
+//! for `sm_90` and embedded in the host binary. The same kernel source also
+//! runs on a CPU emulator, so every example and test runs where there is no
+//! GPU.
+//!
+//! ## Quick start
+//! ```no_run
+//! use doorbell::{Device, Backend, LaunchConfig, KERNELS_PTX};
+//! use doorbell_kernels::examples::fused_multiply_add;
+//!
+//! # fn main() -> doorbell::Result<()> {
+//! let dev = Device::open(Backend::Auto, 0)?;       // GPU if present, else the emulator
+//! let module = dev.load_module(KERNELS_PTX)?;
+//! let fma = module.function::<fused_multiply_add>()?;
+//! let n = 1 << 20;
+//! let a = dev.alloc_from(&vec![1.5f32; n])?;
+//! let b = dev.alloc_from(&vec![2.0f32; n])?;
+//! let c = dev.alloc_from(&vec![0.25f32; n])?;
+//! let mut out = dev.alloc_zeroed::<f32>(n)?;
+//! let stream = dev.new_stream()?;
+//! // SAFETY: all four buffers hold n elements.
+//! unsafe { stream.launch(&fma, LaunchConfig::linear(64, 256), (a.as_ptr(), b.as_ptr(), c.as_ptr(), out.as_mut_ptr(), n as u64))? };
+//! stream.synchronize()?;
+//! assert!(out.to_host()?.iter().all(|&x| x == 3.25));
+//! # Ok(()) }
+//! ```
+//!
+//! ## Backends
+//! [`Backend::Auto`] picks the GPU when the CUDA driver loads and reports a
+//! GPU, the emulator otherwise; `DOORBELL_DEVICE=gpu|cpu|auto` forces it
+//! ([`Device::from_env`]). The CUDA driver is loaded at run time (cudarc,
+//! dynamic loading): a binary built without CUDA runs everywhere, and asking
+//! for a GPU where there is none is an [`Error`], never a panic.
+//!
+//! ## Thread safety and cleanup
+//! [`Device`] is a cheap `Clone + Send + Sync` handle. Buffers free their
+//! memory on drop after waiting for the device's outstanding work, like
+//! `cudaFree`. Streams are in-order queues; errors surface at
+//! [`Stream::synchronize`].
+//!
+//! ## Building kernels
+//! See [`build`] for the PTX build helper a kernel crate's consumer calls from
+//! its `build.rs`.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod build;
+#[cfg(feature = "runtime")]
+mod device;
+mod error;
+#[cfg(feature = "runtime")]
+mod memory;
+#[cfg(feature = "runtime")]
+mod module;
+#[cfg(feature = "runtime")]
+mod stream;
+
+#[cfg(feature = "runtime")]
+pub use device::{driver_present, gpu_count, Backend, Device};
+pub use error::{Error, Result};
+#[cfg(feature = "runtime")]
+pub use memory::{DeviceBuffer, DeviceCopy, MappedBuffer};
+#[cfg(feature = "runtime")]
+pub use module::{ptx_is_built, Function, FunctionAttributes, Module};
+#[cfg(feature = "runtime")]
+pub use stream::{Event, LaunchConfig, Stream};
+
+#[cfg(feature = "runtime")]
+pub use doorbell_kernels as kernels;
+#[cfg(feature = "runtime")]
+pub use doorbell_kernels::{Kernel, KernelArgs, KernelParam};
+
+/// The PTX of `doorbell-kernels` (every kernel doorbell ships), built for
+/// `sm_90` by this crate's build script.
+#[cfg(feature = "runtime")]
+pub const KERNELS_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/doorbell_kernels.ptx"));

@@ -1,0 +1,316 @@
+//! Device memory and mapped (pinned, device-visible) host memory.
+//!
+//! Device addresses are handed to kernels as raw pointers
+//! ([`DeviceBuffer::as_mut_ptr`]); on the emulator they are host addresses.
+
+use std::alloc::Layout;
+use std::marker::PhantomData;
+
+use cudarc::driver::{result, sys};
+
+use crate::device::{Device, DeviceInner};
+use crate::error::{CudaCall, Error, Result};
+
+/// Plain data that may live in device memory and be copied bytewise.
+///
+/// # Safety
+/// Every bit pattern of the type's size, including all zeros, must be a valid
+/// value, and it must have no padding or pointers into host memory.
+pub unsafe trait DeviceCopy: Copy + Send + Sync + 'static {}
+
+macro_rules! device_copy {
+    ($($t:ty),*) => { $(
+        // SAFETY: plain numbers: every bit pattern is valid, no padding.
+        unsafe impl DeviceCopy for $t {}
+    )* };
+}
+device_copy!(u8, u16, u32, u64, u128, i8, i16, i32, i64, i128, f32, f64, usize, isize);
+// SAFETY: arrays of plain data are plain data.
+unsafe impl<T: DeviceCopy, const N: usize> DeviceCopy for [T; N] {}
+
+const EMU_ALIGN: usize = 256;
+
+/// `len` elements of `T` in device memory. Freed on drop (which, like
+/// `cudaFree`, waits for the device's outstanding work).
+pub struct DeviceBuffer<T: DeviceCopy> {
+    device: Device,
+    addr: u64,
+    len: usize,
+    _t: PhantomData<T>,
+}
+
+// SAFETY: the buffer owns device memory; access goes through `&self`/`&mut self`.
+unsafe impl<T: DeviceCopy> Send for DeviceBuffer<T> {}
+// SAFETY: `&self` methods only read through the driver.
+unsafe impl<T: DeviceCopy> Sync for DeviceBuffer<T> {}
+
+impl Device {
+    /// Allocates `len` zeroed elements.
+    pub fn alloc_zeroed<T: DeviceCopy>(&self, len: usize) -> Result<DeviceBuffer<T>> {
+        let bytes = len.checked_mul(std::mem::size_of::<T>()).ok_or(Error::InvalidLaunch {
+            kernel: "alloc",
+            reason: format!("{len} elements overflow the address space"),
+        })?;
+        let addr = match &*self.inner {
+            _ if bytes == 0 => EMU_ALIGN as u64,
+            DeviceInner::Gpu(_) => {
+                self.bind()?;
+                // SAFETY: context bound; the allocation is freed in Drop.
+                let p = unsafe { result::malloc_sync(bytes) }.call("cuMemAlloc")?;
+                // SAFETY: `p` spans `bytes` bytes.
+                unsafe { result::memset_d8_sync(p, 0, bytes) }.call("cuMemsetD8")?;
+                p
+            }
+            DeviceInner::Emu(_) => {
+                let layout = Layout::from_size_align(bytes, EMU_ALIGN).expect("size checked above");
+                // SAFETY: non-zero size.
+                let p = unsafe { std::alloc::alloc_zeroed(layout) };
+                if p.is_null() {
+                    std::alloc::handle_alloc_error(layout);
+                }
+                p as u64
+            }
+        };
+        Ok(DeviceBuffer { device: self.clone(), addr, len, _t: PhantomData })
+    }
+
+    /// Allocates and fills from `data`.
+    pub fn alloc_from<T: DeviceCopy>(&self, data: &[T]) -> Result<DeviceBuffer<T>> {
+        let mut b = self.alloc_zeroed(data.len())?;
+        b.copy_from_host(data)?;
+        Ok(b)
+    }
+}
+
+impl<T: DeviceCopy> DeviceBuffer<T> {
+    /// Elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Bytes.
+    pub fn num_bytes(&self) -> usize {
+        self.len * std::mem::size_of::<T>()
+    }
+    /// The device this buffer lives on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+    /// Device address as a kernel argument.
+    pub fn as_ptr(&self) -> *const T {
+        self.addr as *const T
+    }
+    /// Device address as a kernel argument.
+    pub fn as_mut_ptr(&mut self) -> *mut T {
+        self.addr as *mut T
+    }
+    /// Raw device address (`CUdeviceptr` on a GPU).
+    pub fn as_raw(&self) -> u64 {
+        self.addr
+    }
+
+    /// Copies `src` into the buffer; waits for the device's outstanding work first.
+    pub fn copy_from_host(&mut self, src: &[T]) -> Result<()> {
+        if src.len() != self.len {
+            return Err(Error::LengthMismatch { device: self.len, host: src.len() });
+        }
+        if self.len == 0 {
+            return Ok(());
+        }
+        self.device.synchronize()?;
+        match &*self.device.inner {
+            DeviceInner::Gpu(_) => {
+                self.device.bind()?;
+                // SAFETY: sizes match; context bound.
+                unsafe { result::memcpy_htod_sync(self.addr, src) }.call("cuMemcpyHtoD")
+            }
+            DeviceInner::Emu(_) => {
+                // SAFETY: both spans hold `len` elements and do not overlap.
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.addr as *mut T, self.len) };
+                Ok(())
+            }
+        }
+    }
+
+    /// Copies the buffer into `dst`; waits for the device's outstanding work first.
+    pub fn copy_to_host(&self, dst: &mut [T]) -> Result<()> {
+        if dst.len() != self.len {
+            return Err(Error::LengthMismatch { device: self.len, host: dst.len() });
+        }
+        if self.len == 0 {
+            return Ok(());
+        }
+        self.device.synchronize()?;
+        match &*self.device.inner {
+            DeviceInner::Gpu(_) => {
+                self.device.bind()?;
+                // SAFETY: sizes match; context bound.
+                unsafe { result::memcpy_dtoh_sync(dst, self.addr) }.call("cuMemcpyDtoH")
+            }
+            DeviceInner::Emu(_) => {
+                // SAFETY: as above.
+                unsafe { std::ptr::copy_nonoverlapping(self.addr as *const T, dst.as_mut_ptr(), self.len) };
+                Ok(())
+            }
+        }
+    }
+
+    /// The buffer's contents as a `Vec`.
+    pub fn to_host(&self) -> Result<Vec<T>> {
+        // SAFETY: `DeviceCopy` types are valid when zeroed.
+        let mut v = vec![unsafe { std::mem::zeroed::<T>() }; self.len];
+        self.copy_to_host(&mut v)?;
+        Ok(v)
+    }
+
+    /// Sets every byte to zero; waits for the device's outstanding work first.
+    pub fn zero(&mut self) -> Result<()> {
+        if self.len == 0 {
+            return Ok(());
+        }
+        self.device.synchronize()?;
+        match &*self.device.inner {
+            DeviceInner::Gpu(_) => {
+                self.device.bind()?;
+                // SAFETY: the allocation spans num_bytes.
+                unsafe { result::memset_d8_sync(self.addr, 0, self.num_bytes()) }.call("cuMemsetD8")
+            }
+            DeviceInner::Emu(_) => {
+                // SAFETY: the allocation spans num_bytes.
+                unsafe { std::ptr::write_bytes(self.addr as *mut u8, 0, self.num_bytes()) };
+                Ok(())
+            }
+        }
+    }
+}
+
+impl<T: DeviceCopy> Drop for DeviceBuffer<T> {
+    fn drop(&mut self) {
+        if self.num_bytes() == 0 {
+            return;
+        }
+        match &*self.device.inner {
+            DeviceInner::Gpu(_) => {
+                if self.device.bind().is_ok() {
+                    // SAFETY: allocated by cuMemAlloc in this context; freed once.
+                    let _ = unsafe { result::free_sync(self.addr) };
+                }
+            }
+            DeviceInner::Emu(_) => {
+                // Kernels still running may use the memory: wait, as cudaFree does.
+                let _ = self.device.synchronize();
+                let layout = Layout::from_size_align(self.num_bytes(), EMU_ALIGN).expect("valid at allocation");
+                // SAFETY: allocated with this layout; freed once.
+                unsafe { std::alloc::dealloc(self.addr as *mut u8, layout) };
+            }
+        }
+    }
+}
+
+impl<T: DeviceCopy> std::fmt::Debug for DeviceBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceBuffer<{}>[{}] @ {:#x} on {:?}", std::any::type_name::<T>(), self.len, self.addr, self.device)
+    }
+}
+
+/// Pinned host memory mapped into the device's address space: the GPU reads
+/// and writes it directly (flags, doorbells, host-visible status words).
+pub struct MappedBuffer<T: DeviceCopy> {
+    device: Device,
+    host: *mut T,
+    dev_addr: u64,
+    len: usize,
+}
+
+// SAFETY: owns its allocation; concurrent device access is through raw pointers only.
+unsafe impl<T: DeviceCopy> Send for MappedBuffer<T> {}
+// SAFETY: as above.
+unsafe impl<T: DeviceCopy> Sync for MappedBuffer<T> {}
+
+impl Device {
+    /// Allocates `len` zeroed elements of mapped pinned host memory.
+    pub fn alloc_mapped<T: DeviceCopy>(&self, len: usize) -> Result<MappedBuffer<T>> {
+        let bytes = (len.max(1)).checked_mul(std::mem::size_of::<T>()).ok_or(Error::InvalidLaunch {
+            kernel: "alloc_mapped",
+            reason: format!("{len} elements overflow the address space"),
+        })?;
+        let (host, dev_addr) = match &*self.inner {
+            DeviceInner::Gpu(_) => {
+                self.bind()?;
+                let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+                // SAFETY: context bound; freed in Drop.
+                let h = unsafe { result::malloc_host(bytes, flags) }.call("cuMemHostAlloc")?;
+                // SAFETY: `h` spans `bytes`.
+                unsafe { std::ptr::write_bytes(h as *mut u8, 0, bytes) };
+                let mut d: sys::CUdeviceptr = 0;
+                // SAFETY: `h` was allocated with DEVICEMAP.
+                unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, h, 0) }.result().call("cuMemHostGetDevicePointer")?;
+                (h as *mut T, d)
+            }
+            DeviceInner::Emu(_) => {
+                let layout = Layout::from_size_align(bytes, EMU_ALIGN).expect("checked size");
+                // SAFETY: non-zero size.
+                let p = unsafe { std::alloc::alloc_zeroed(layout) };
+                if p.is_null() {
+                    std::alloc::handle_alloc_error(layout);
+                }
+                (p as *mut T, p as u64)
+            }
+        };
+        Ok(MappedBuffer { device: self.clone(), host, dev_addr, len })
+    }
+}
+
+impl<T: DeviceCopy> MappedBuffer<T> {
+    /// Elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Host address.
+    pub fn host_ptr(&self) -> *mut T {
+        self.host
+    }
+    /// Device address, as a kernel argument.
+    pub fn device_ptr(&self) -> *mut T {
+        self.dev_addr as *mut T
+    }
+    /// Reads element `i` (volatile: the device may be writing it).
+    pub fn read(&self, i: usize) -> T {
+        assert!(i < self.len, "index {i} out of bounds for a mapped buffer of {}", self.len);
+        // SAFETY: in bounds; volatile because another agent writes it.
+        unsafe { std::ptr::read_volatile(self.host.add(i)) }
+    }
+    /// Writes element `i` (volatile).
+    pub fn write(&self, i: usize, v: T) {
+        assert!(i < self.len, "index {i} out of bounds for a mapped buffer of {}", self.len);
+        // SAFETY: in bounds.
+        unsafe { std::ptr::write_volatile(self.host.add(i), v) }
+    }
+}
+
+impl<T: DeviceCopy> Drop for MappedBuffer<T> {
+    fn drop(&mut self) {
+        let _ = self.device.synchronize();
+        match &*self.device.inner {
+            DeviceInner::Gpu(_) => {
+                if self.device.bind().is_ok() {
+                    // SAFETY: allocated by cuMemHostAlloc; freed once.
+                    let _ = unsafe { result::free_host(self.host as *mut _) };
+                }
+            }
+            DeviceInner::Emu(_) => {
+                let bytes = self.len.max(1) * std::mem::size_of::<T>();
+                let layout = Layout::from_size_align(bytes, EMU_ALIGN).expect("valid at allocation");
+                // SAFETY: allocated with this layout.
+                unsafe { std::alloc::dealloc(self.host as *mut u8, layout) };
+            }
+        }
+    }
+}
