@@ -62,3 +62,58 @@ pub unsafe fn shuffle_barrier_flag(input: *const u32, out: *mut u32, scratch: *m
         unsafe { *out.add(t as usize) = sum.wrapping_add(t.wrapping_mul(odd)) };
     }
 }
+
+/// Thread `who` of block 0 traps while the rest of its block waits at a
+/// barrier: the launch must fail with an error, not hang.
+#[kernel]
+pub unsafe fn trap_in_one_thread(who: u32) {
+    if ptx::block_idx_x() == 0 && ptx::thread_idx_x() == who {
+        ptx::trap();
+    }
+    ptx::sync_threads();
+}
+
+/// `out[global id] = (tid.x, tid.y, tid.z, ctaid.x, ctaid.y, ctaid.z, lane, ntid.x*ntid.y*ntid.z, nctaid.x*nctaid.y*nctaid.z)`
+/// for a 3-D launch; 9 words per thread.
+#[kernel]
+pub unsafe fn record_indices(out: *mut u32) {
+    let per_block = ptx::block_dim_x() * ptx::block_dim_y() * ptx::block_dim_z();
+    let block_lin = ptx::block_idx_x() + ptx::grid_dim_x() * (ptx::block_idx_y() + ptx::grid_dim_y() * ptx::block_idx_z());
+    let g = (block_lin * per_block + ptx::thread_rank_in_block()) as usize;
+    let v = [
+        ptx::thread_idx_x(),
+        ptx::thread_idx_y(),
+        ptx::thread_idx_z(),
+        ptx::block_idx_x(),
+        ptx::block_idx_y(),
+        ptx::block_idx_z(),
+        ptx::lane_id(),
+        per_block,
+        ptx::grid_dim_x() * ptx::grid_dim_y() * ptx::grid_dim_z(),
+    ];
+    for (k, x) in v.iter().enumerate() {
+        // SAFETY: `out` holds 9 words per thread of the launch.
+        unsafe { *out.add(g * 9 + k) = *x };
+    }
+}
+
+/// Every thread adds 1 to `counter` with `atom.add.relaxed.gpu`, then thread 0
+/// of each block publishes with `atom.add.release.gpu` on `done`; block 0's
+/// thread 0 waits for all blocks with acquire and copies the counter to `out`.
+#[kernel]
+pub unsafe fn atomics_and_fences(counter: *mut u32, done: *mut u32, out: *mut u32, status: *mut u32) {
+    // SAFETY: all pointers are single zeroed words.
+    unsafe {
+        ptx::atom_add_relaxed_gpu_u32(counter, 1);
+        ptx::sync_threads();
+        if ptx::thread_idx_x() == 0 {
+            ptx::fence_acq_rel_gpu();
+            ptx::atom_add_release_gpu_u32(done, 1);
+            if ptx::block_idx_x() == 0 {
+                let r = sync::wait_ge_gpu(done, ptx::grid_dim_x(), sync::DEFAULT_BUDGET_NS);
+                *status = if r.is_ok() { STATUS_OK } else { STATUS_TIMEOUT };
+                *out = ptx::ld_relaxed_gpu_u32(counter);
+            }
+        }
+    }
+}

@@ -261,3 +261,20 @@ fn nonzero(e: io::Error, rc: i32) -> io::Error {
         e
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errno_conventions() {
+        assert_eq!(errno_from_rc(22).raw_os_error(), Some(22));
+        assert_eq!(errno_from_rc(-22).raw_os_error(), Some(22));
+        let e = Error::QueryPort {
+            port: 1,
+            source: errno_from_rc(19),
+        };
+        assert!(e.to_string().starts_with("ibv_query_port(port 1) failed: "), "{e}");
+        assert!(std::error::Error::source(&e).is_some());
+    }
+}
