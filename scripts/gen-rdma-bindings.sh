@@ -56,7 +56,7 @@ types=(
     'ibv_port_attr' 'ibv_gid' 'ibv_pd' 'ibv_mr' 'ibv_cq' 'ibv_comp_channel'
     'ibv_qp' 'ibv_qp_init_attr' 'ibv_qp_init_attr_ex' 'ibv_qp_attr' 'ibv_qp_cap'
     'ibv_ah_attr' 'ibv_global_route' 'ibv_srq' 'ibv_xrcd'
-    'mlx5dv_obj' 'mlx5dv_qp' 'mlx5dv_cq' 'mlx5dv_context'
+    'mlx5dv_obj' 'mlx5dv_qp' 'mlx5dv_cq' 'mlx5dv_context' 'mlx5dv_context_attr'
     'mlx5dv_devx_umem' 'mlx5dv_devx_uar'
     'mlx5_wqe_raddr_seg' 'mlx5_wqe_data_seg' 'mlx5_wqe_atomic_seg'
     'mlx5_cqe64' 'mlx5_err_cqe'
@@ -67,6 +67,7 @@ enums=(
     'ibv_qp_init_attr_mask' 'ibv_qp_create_send_ops_flags' 'ibv_send_flags'
     'ibv_device_cap_flags' 'ibv_atomic_cap' 'ibv_port_cap_flags'
     'mlx5dv_obj_type' 'mlx5dv_context_comp_mask' 'mlx5dv_context_flags'
+    'mlx5dv_context_attr_flags'
     'mlx5dv_qp_comp_mask' 'mlx5dv_cq_comp_mask' 'mlx5_ib_uapi_uar_alloc_type'
     'ib_uverbs_access_flags'
 )
@@ -129,7 +130,7 @@ fns IbverbsFns "$tmp/ibverbs_fns.rs" \
     ibv_create_cq ibv_destroy_cq ibv_create_qp ibv_destroy_qp ibv_modify_qp ibv_query_qp
 
 fns Mlx5Fns "$tmp/mlx5_fns.rs" \
-    mlx5dv_is_supported mlx5dv_init_obj mlx5dv_query_device \
+    mlx5dv_is_supported mlx5dv_open_device mlx5dv_init_obj mlx5dv_query_device \
     mlx5dv_devx_umem_reg mlx5dv_devx_umem_dereg mlx5dv_devx_alloc_uar mlx5dv_devx_free_uar
 
 for f in generated.rs ibverbs_fns.rs mlx5_fns.rs; do

@@ -237,7 +237,7 @@ impl Stream {
     pub fn record(&self) -> Result<Event> {
         match &self.inner {
             StreamInner::Gpu(s) => {
-                let e = s.context().new_event(None).call("cuEventCreate")?;
+                let e = s.context().new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).call("cuEventCreate")?;
                 e.record(s).call("cuEventRecord")?;
                 Ok(Event { inner: EventInner::Gpu(e) })
             }

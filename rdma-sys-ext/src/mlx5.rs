@@ -492,7 +492,8 @@ layout_as_header! {
 // Internal consistency.
 const _: () = assert!(SEND_WQE_BB == 1 << SEND_WQE_SHIFT);
 const _: () = assert!(SEND_WQE_BB == 4 * SEG_UNIT);
-const _: () = assert!(CTRL_SEG_SIZE + RADDR_SEG_SIZE + ATOMIC_SEG_SIZE + DATA_SEG_SIZE == SEND_WQE_BB);
+const _: () =
+    assert!(CTRL_SEG_SIZE + RADDR_SEG_SIZE + ATOMIC_SEG_SIZE + DATA_SEG_SIZE == SEND_WQE_BB);
 const _: () = assert!(cqe64::OP_OWN == CQE_SIZE - 1 && err_cqe::OP_OWN == cqe64::OP_OWN);
 const _: () = assert!(cqe64::WQE_COUNTER == err_cqe::WQE_COUNTER);
 const _: () = {

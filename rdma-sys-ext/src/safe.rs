@@ -122,6 +122,23 @@ impl DeviceList {
         Some(Context::open_raw(&self.verbs, dev))
     }
 
+    /// Opens the device at `index` through mlx5dv with DevX enabled
+    /// (`MLX5DV_CONTEXT_FLAGS_DEVX`), as IBGDA needs for UAR and umem
+    /// registration; `None` when out of range.
+    pub fn open_devx(&self, index: usize) -> Option<Result<Context, Error>> {
+        let dev = self.get_raw(index)?;
+        let mut attr = sys::mlx5dv_context_attr {
+            flags: sys::MLX5DV_CONTEXT_FLAGS_DEVX,
+            comp_mask: 0,
+        };
+        // SAFETY: `dev` is an entry of this live list.
+        let ctx = unsafe { self.verbs.mlx5dv_open_device(dev, &mut attr) };
+        Some(ctx.map(|ctx| Context {
+            verbs: Arc::clone(&self.verbs),
+            ctx,
+        }))
+    }
+
     /// Opens the device called `name` (e.g. `"mlx5_0"`); `None` when no
     /// device has that name.
     pub fn open_by_name(&self, name: &str) -> Option<Result<Context, Error>> {
@@ -302,7 +319,11 @@ impl<'ctx> ProtectionDomain<'ctx> {
         access: u32,
     ) -> Result<MemoryRegion<'_>, Error> {
         // SAFETY: PD live; dma-buf contract forwarded to the caller.
-        let mr = unsafe { self.ctx.verbs.reg_dmabuf_mr(self.pd, offset, len, iova, fd, access) }?;
+        let mr = unsafe {
+            self.ctx
+                .verbs
+                .reg_dmabuf_mr(self.pd, offset, len, iova, fd, access)
+        }?;
         Ok(MemoryRegion { pd: self, mr })
     }
 }
@@ -316,7 +337,9 @@ impl Drop for ProtectionDomain<'_> {
 
 impl core::fmt::Debug for ProtectionDomain<'_> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("ProtectionDomain").field("pd", &self.pd).finish()
+        f.debug_struct("ProtectionDomain")
+            .field("pd", &self.pd)
+            .finish()
     }
 }
 

@@ -139,12 +139,11 @@ impl Verbs {
         // SAFETY: opening rdma-core runs its ELF initializers, which only
         // set up library-internal state; the symbol types come from
         // bindgen over the same headers the library implements.
-        let ibv = unsafe { sys::IbverbsFns::new(ibverbs) }.map_err(|source| {
-            Error::LibraryNotFound {
+        let ibv =
+            unsafe { sys::IbverbsFns::new(ibverbs) }.map_err(|source| Error::LibraryNotFound {
                 library: ibverbs,
                 source,
-            }
-        })?;
+            })?;
         // SAFETY: as above, for libmlx5.
         let mlx5_fns = unsafe { sys::Mlx5Fns::new(mlx5) }.map_err(|e| e.to_string());
         Ok(Verbs {
@@ -234,7 +233,9 @@ impl Verbs {
         }
         // SAFETY: libibverbs returns a NUL-terminated string that lives as
         // long as the device; it is copied at once.
-        Ok(unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned())
+        Ok(unsafe { CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned())
     }
 
     /// `ibv_get_device_guid`, converted from network order: the node GUID as
@@ -308,11 +309,19 @@ impl Verbs {
     ) -> Result<sys::ibv_device_attr_ex, Error> {
         let mut attr = sys::ibv_device_attr_ex::default();
         // SAFETY: caller's contract.
-        let vctx = unsafe { verbs_ctx_with_op(ctx, offset_of!(sys::verbs_context, query_device_ex)) };
+        let vctx =
+            unsafe { verbs_ctx_with_op(ctx, offset_of!(sys::verbs_context, query_device_ex)) };
         // SAFETY: `verbs_ctx_with_op` checked the op lies inside the table.
         if let Some(op) = vctx.and_then(|v| unsafe { (*v).query_device_ex }) {
             // SAFETY: the provider's own op, called as verbs.h calls it.
-            let rc = unsafe { op(ctx, ptr::null(), &mut attr, size_of::<sys::ibv_device_attr_ex>()) };
+            let rc = unsafe {
+                op(
+                    ctx,
+                    ptr::null(),
+                    &mut attr,
+                    size_of::<sys::ibv_device_attr_ex>(),
+                )
+            };
             if rc != libc_errno::EOPNOTSUPP && rc != libc_errno::ENOSYS {
                 check(rc, |source| Error::QueryDeviceEx { source })?;
                 return Ok(attr);
@@ -598,6 +607,29 @@ impl Verbs {
         Ok(unsafe { f(device) })
     }
 
+    /// `mlx5dv_open_device`: opens `device` through the mlx5 provider with
+    /// `attr.flags` (`MLX5DV_CONTEXT_FLAGS_DEVX` for DevX, which the
+    /// `mlx5dv_devx_*` calls need). Close with [`Verbs::close_device`].
+    ///
+    /// # Safety
+    /// `device` is an entry of a live device list.
+    pub unsafe fn mlx5dv_open_device(
+        &self,
+        device: *mut sys::ibv_device,
+        attr: &mut sys::mlx5dv_context_attr,
+    ) -> Result<*mut sys::ibv_context, Error> {
+        let f = mlx5!(self.mlx5dv_open_device);
+        // SAFETY: caller's contract; `attr` is valid for reads and writes.
+        let ctx = unsafe { f(device, attr) };
+        if ctx.is_null() {
+            let source = errno_from_null();
+            // SAFETY: caller's contract.
+            let device = unsafe { self.get_device_name(device) }.unwrap_or_default();
+            return Err(Error::OpenDevice { device, source });
+        }
+        Ok(ctx)
+    }
+
     /// `mlx5dv_init_obj`: fills the `out` structs that `obj` points to for
     /// each `MLX5DV_OBJ_*` bit in `obj_type` (QP/CQ buffers, doorbell
     /// records, UAR/BlueFlame registers).
@@ -605,7 +637,11 @@ impl Verbs {
     /// # Safety
     /// Each `in` pointer selected by `obj_type` is a live object of an mlx5
     /// context and each `out` pointer is valid for writes.
-    pub unsafe fn mlx5dv_init_obj(&self, obj: &mut sys::mlx5dv_obj, obj_type: u64) -> Result<(), Error> {
+    pub unsafe fn mlx5dv_init_obj(
+        &self,
+        obj: &mut sys::mlx5dv_obj,
+        obj_type: u64,
+    ) -> Result<(), Error> {
         let f = mlx5!(self.mlx5dv_init_obj);
         // SAFETY: caller's contract.
         let rc = unsafe { f(obj, obj_type) };
@@ -664,7 +700,10 @@ impl Verbs {
     /// # Safety
     /// `umem` came from [`Verbs::mlx5dv_devx_umem_reg`], no DevX object uses
     /// it, and it is not used afterwards.
-    pub unsafe fn mlx5dv_devx_umem_dereg(&self, umem: *mut sys::mlx5dv_devx_umem) -> Result<(), Error> {
+    pub unsafe fn mlx5dv_devx_umem_dereg(
+        &self,
+        umem: *mut sys::mlx5dv_devx_umem,
+    ) -> Result<(), Error> {
         let f = mlx5!(self.mlx5dv_devx_umem_dereg);
         // SAFETY: caller's contract.
         check(unsafe { f(umem) }, |source| Error::DevxUmemDereg { source })
@@ -698,6 +737,11 @@ impl Verbs {
         Ok(())
     }
 }
+
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<Verbs>();
+};
 
 /// Linux errno values this module compares against.
 mod libc_errno {

@@ -48,8 +48,14 @@ fn missing_library_is_reported_with_the_fix() {
         other => panic!("wrong variant: {other:?}"),
     }
     let msg = err.to_string();
-    assert!(msg.contains("cannot load libdoorbell-no-such-ibverbs.so.1"), "{msg}");
-    assert!(msg.contains("apt-get install libibverbs1 ibverbs-providers"), "{msg}");
+    assert!(
+        msg.contains("cannot load libdoorbell-no-such-ibverbs.so.1"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("apt-get install libibverbs1 ibverbs-providers"),
+        "{msg}"
+    );
     // The loader's own message is kept as the error source.
     assert!(std::error::Error::source(&err).is_some());
 }

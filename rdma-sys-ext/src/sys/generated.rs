@@ -4834,6 +4834,23 @@ const _: () = {
     ["Offset of field: mlx5_wqe_atomic_seg::compare"]
         [::core::mem::offset_of!(mlx5_wqe_atomic_seg, compare) - 8usize];
 };
+pub const MLX5DV_CONTEXT_FLAGS_DEVX: mlx5dv_context_attr_flags = 1;
+pub type mlx5dv_context_attr_flags = ::core::ffi::c_uint;
+#[repr(C)]
+#[derive(Debug, Default, Copy, Clone)]
+pub struct mlx5dv_context_attr {
+    pub flags: u32,
+    pub comp_mask: u64,
+}
+#[allow(clippy::unnecessary_operation, clippy::identity_op)]
+const _: () = {
+    ["Size of mlx5dv_context_attr"][::core::mem::size_of::<mlx5dv_context_attr>() - 16usize];
+    ["Alignment of mlx5dv_context_attr"][::core::mem::align_of::<mlx5dv_context_attr>() - 8usize];
+    ["Offset of field: mlx5dv_context_attr::flags"]
+        [::core::mem::offset_of!(mlx5dv_context_attr, flags) - 0usize];
+    ["Offset of field: mlx5dv_context_attr::comp_mask"]
+        [::core::mem::offset_of!(mlx5dv_context_attr, comp_mask) - 8usize];
+};
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone)]
 pub struct mlx5dv_devx_umem {

@@ -18,6 +18,13 @@ pub struct Mlx5Fns {
     >,
     pub mlx5dv_is_supported:
         Result<unsafe extern "C" fn(device: *mut ibv_device) -> bool, ::libloading::Error>,
+    pub mlx5dv_open_device: Result<
+        unsafe extern "C" fn(
+            device: *mut ibv_device,
+            attr: *mut mlx5dv_context_attr,
+        ) -> *mut ibv_context,
+        ::libloading::Error,
+    >,
     pub mlx5dv_devx_umem_reg: Result<
         unsafe extern "C" fn(
             ctx: *mut ibv_context,
@@ -57,6 +64,7 @@ impl Mlx5Fns {
         let mlx5dv_init_obj = unsafe { __library.get(b"mlx5dv_init_obj\0") }.map(|sym| *sym);
         let mlx5dv_is_supported =
             unsafe { __library.get(b"mlx5dv_is_supported\0") }.map(|sym| *sym);
+        let mlx5dv_open_device = unsafe { __library.get(b"mlx5dv_open_device\0") }.map(|sym| *sym);
         let mlx5dv_devx_umem_reg =
             unsafe { __library.get(b"mlx5dv_devx_umem_reg\0") }.map(|sym| *sym);
         let mlx5dv_devx_umem_dereg =
@@ -70,6 +78,7 @@ impl Mlx5Fns {
             mlx5dv_query_device,
             mlx5dv_init_obj,
             mlx5dv_is_supported,
+            mlx5dv_open_device,
             mlx5dv_devx_umem_reg,
             mlx5dv_devx_umem_dereg,
             mlx5dv_devx_alloc_uar,
@@ -106,6 +115,18 @@ impl Mlx5Fns {
                 .mlx5dv_is_supported
                 .as_ref()
                 .expect("Expected function, got error."))(device)
+        }
+    }
+    pub unsafe fn mlx5dv_open_device(
+        &self,
+        device: *mut ibv_device,
+        attr: *mut mlx5dv_context_attr,
+    ) -> *mut ibv_context {
+        unsafe {
+            (self
+                .mlx5dv_open_device
+                .as_ref()
+                .expect("Expected function, got error."))(device, attr)
         }
     }
     pub unsafe fn mlx5dv_devx_umem_reg(
