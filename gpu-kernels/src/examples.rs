@@ -3,7 +3,7 @@
 use crate::{kernel, ptx};
 
 /// `out[i] = a[i] * b[i] + c[i]` over `n` elements, grid-stride.
-#[kernel]
+#[kernel(hot)]
 pub unsafe fn fused_multiply_add(a: *const f32, b: *const f32, c: *const f32, out: *mut f32, n: u64) {
     let mut i = ptx::global_thread_id_x() as u64;
     let stride = ptx::grid_stride_x() as u64;
