@@ -14,3 +14,134 @@ pub unsafe fn fused_multiply_add(a: *const f32, b: *const f32, c: *const f32, ou
         i += stride;
     }
 }
+
+use crate::comm::{Cmp, P2p, SignalOp, Transport};
+
+/// Status word values written by communication kernels.
+pub const PINGPONG_OK: u32 = 1;
+/// A wait ran out of budget (the communicator holds the report).
+pub const PINGPONG_TIMEOUT: u32 = 2;
+
+/// Ping-pong between ranks 0 and 1 (other ranks idle). Each block owns the
+/// slice `[b*chunk, min((b+1)*chunk, bytes))` of `buf` and the signal word
+/// `sig[b]` (both symmetric). Iteration `i`: rank 0 puts its slice to rank 1
+/// and signals `sig[b] = i` there; rank 1 waits for it, puts the slice back
+/// and signals rank 0, which waits. With `bytes == 0` this is a pure signal
+/// round trip. Signal values continue from `epoch0` (the value the previous
+/// launch ended at), so launches can follow each other without resetting.
+/// Rank 0's block `b` writes its elapsed ns to `out_ns[b]`;
+/// `status[b]` gets `PINGPONG_OK` or `PINGPONG_TIMEOUT`.
+#[kernel]
+pub unsafe fn pingpong(t: P2p, buf: *mut u8, bytes: u64, chunk: u64, sig: *mut u64, epoch0: u64, iters: u32, out_ns: *mut u64, status: *mut u32) {
+    // SAFETY: the host allocates `buf`, `sig` (one word per block) symmetrically
+    // and `out_ns`/`status` with one entry per block.
+    unsafe { pingpong_body(&t, buf, bytes, chunk, sig, epoch0, iters, out_ns, status) }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn pingpong_body<T: Transport>(
+    t: &T,
+    buf: *mut u8,
+    bytes: u64,
+    chunk: u64,
+    sig: *mut u64,
+    epoch0: u64,
+    iters: u32,
+    out_ns: *mut u64,
+    status: *mut u32,
+) {
+    let me = t.rank();
+    if me > 1 {
+        return;
+    }
+    let peer = 1 - me;
+    let b = ptx::block_idx_x() as u64;
+    let lo = (b * chunk).min(bytes);
+    let hi = ((b + 1) * chunk).min(bytes);
+    // SAFETY: per the kernel's contract.
+    unsafe {
+        let slice = buf.add(lo as usize);
+        let my_sig = sig.add(b as usize);
+        let first = ptx::thread_rank_in_block() == 0;
+        let result = status.add(b as usize);
+        if first {
+            *result = PINGPONG_OK;
+        }
+        ptx::sync_threads();
+        let start = ptx::globaltimer_ns();
+        for i in epoch0 + 1..=epoch0 + iters as u64 {
+            if me == 1 {
+                if first && t.wait_until(my_sig, Cmp::Ge, i).is_err() {
+                    *result = PINGPONG_TIMEOUT;
+                }
+                ptx::sync_threads();
+                if ptx::ld_relaxed_cta_u32(result) != PINGPONG_OK {
+                    return;
+                }
+            }
+            t.put_block(slice, slice, hi - lo, peer);
+            ptx::sync_threads();
+            if first {
+                t.signal(my_sig, i, SignalOp::Set, peer);
+            }
+            if me == 0 {
+                if first && t.wait_until(my_sig, Cmp::Ge, i).is_err() {
+                    *result = PINGPONG_TIMEOUT;
+                }
+                ptx::sync_threads();
+                if ptx::ld_relaxed_cta_u32(result) != PINGPONG_OK {
+                    return;
+                }
+            }
+        }
+        if me == 0 && first {
+            *out_ns.add(b as usize) = ptx::globaltimer_ns() - start;
+        }
+    }
+}
+
+/// Raw floor for the signal round trip: blocks 0 and 1 of one launch bounce
+/// a flag with `st.release.gpu` / `ld.acquire.gpu`, `iters` times. `flags`
+/// holds two zeroed words; block 0 writes the elapsed ns to `out_ns`.
+#[kernel]
+pub unsafe fn flag_pingpong_raw(flags: *mut u32, iters: u32, out_ns: *mut u64) {
+    if ptx::thread_idx_x() != 0 {
+        return;
+    }
+    let b = ptx::block_idx_x();
+    if b > 1 {
+        return;
+    }
+    // SAFETY: two words.
+    unsafe {
+        let mine = flags.add(b as usize);
+        let theirs = flags.add(1 - b as usize);
+        let start = ptx::globaltimer_ns();
+        for i in 1..=iters {
+            if b == 0 {
+                ptx::st_release_gpu_u32(theirs, i);
+                while ptx::ld_acquire_gpu_u32(mine) < i {}
+            } else {
+                while ptx::ld_acquire_gpu_u32(mine) < i {}
+                ptx::st_release_gpu_u32(theirs, i);
+            }
+        }
+        if b == 0 {
+            *out_ns = ptx::globaltimer_ns() - start;
+        }
+    }
+}
+
+/// Raw floor for put bandwidth: a grid-stride 16-byte vector copy of
+/// `bytes` (a multiple of 16; both pointers 16-byte aligned).
+#[kernel(hot)]
+pub unsafe fn copy_raw(dst: *mut u8, src: *const u8, bytes: u64) {
+    let n = bytes / 16;
+    let mut i = ptx::global_thread_id_x() as u64;
+    let stride = ptx::grid_stride_x() as u64;
+    while i < n {
+        // SAFETY: in bounds, aligned (contract).
+        unsafe { ptx::st_v4_u32(dst.add((i * 16) as usize) as *mut u32, ptx::ld_v4_u32(src.add((i * 16) as usize) as *const u32)) };
+        i += stride;
+    }
+}

@@ -44,6 +44,7 @@ pub use doorbell_macros::kernel;
 
 pub mod ptx;
 pub mod sync;
+pub mod comm;
 pub mod examples;
 pub mod testing;
 

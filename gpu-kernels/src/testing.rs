@@ -117,3 +117,115 @@ pub unsafe fn atomics_and_fences(counter: *mut u32, done: *mut u32, out: *mut u3
         }
     }
 }
+
+use crate::comm::{Cmp, P2p, SignalOp, Transport};
+
+/// Ring exchange exercising put/get/signal/wait/barrier on every rank:
+/// 1. rank r puts `src[..bytes]` (local) to `dst + offset` on rank r+1 with
+///    `put_block` (or `put_warp` by warp 0 when `use_warp != 0`) and adds 1
+///    to `sig` there; waits until its own `sig >= expected`;
+/// 2. barrier across ranks;
+/// 3. gets `bytes` from rank r-1's `src` into local `got + offset`.
+///
+/// `status` is set to `STATUS_OK` or `STATUS_TIMEOUT`. One block per rank.
+#[kernel]
+pub unsafe fn p2p_ring(t: P2p, src: *mut u8, dst: *mut u8, got: *mut u8, bytes: u64, offset: u64, sig: *mut u64, expected: u64, use_warp: u32, status: *mut u32) {
+    // SAFETY: per the contract above.
+    unsafe { p2p_ring_body(&t, src, dst, got, bytes, offset, sig, expected, use_warp != 0, status) }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn p2p_ring_body<T: Transport>(
+    t: &T,
+    src: *mut u8,
+    dst: *mut u8,
+    got: *mut u8,
+    bytes: u64,
+    offset: u64,
+    sig: *mut u64,
+    expected: u64,
+    use_warp: bool,
+    status: *mut u32,
+) {
+    let n = t.world_size();
+    let me = t.rank();
+    let next = (me + 1) % n;
+    let prev = (me + n - 1) % n;
+    let first = ptx::thread_rank_in_block() == 0;
+    // SAFETY: per the kernel's contract.
+    unsafe {
+        if use_warp {
+            if ptx::warp_id_in_block() == 0 {
+                t.put_warp(dst.add(offset as usize), src, bytes, next);
+            }
+        } else {
+            t.put_block(dst.add(offset as usize), src, bytes, next);
+        }
+        ptx::sync_threads();
+        if first {
+            t.signal(sig, 1, SignalOp::Add, next);
+            let ok = t.wait_until(sig, Cmp::Ge, expected).is_ok();
+            *status = if ok { STATUS_OK } else { STATUS_TIMEOUT };
+        }
+        ptx::sync_threads();
+        if ptx::ld_relaxed_cta_u32(status) != STATUS_OK {
+            return;
+        }
+        if t.barrier_block().is_err() {
+            if first {
+                *status = STATUS_TIMEOUT;
+            }
+            return;
+        }
+        if use_warp {
+            if ptx::warp_id_in_block() == 0 {
+                t.get_warp(got.add(offset as usize), src, bytes, prev);
+            }
+        } else {
+            t.get_block(got.add(offset as usize), src, bytes, prev);
+        }
+    }
+}
+
+/// Waits for a signal nobody sends: must end with a recorded timeout.
+#[kernel]
+pub unsafe fn p2p_wait_forever(t: P2p, sig: *mut u64, status: *mut u32) {
+    if ptx::thread_rank_in_block() == 0 {
+        // SAFETY: `sig` is symmetric, `status` one word.
+        unsafe {
+            let r = t.wait_until(sig, Cmp::Eq, 0xdead_beef);
+            *status = if r.is_ok() { STATUS_OK } else { STATUS_TIMEOUT };
+        }
+    }
+}
+
+/// `rounds` times: barrier, then every rank adds its rank+1 to `counter` on
+/// rank 0 with a signal-add; after the last barrier rank 0 checks the total.
+/// `status`: `STATUS_OK`, `STATUS_TIMEOUT`.
+#[kernel]
+pub unsafe fn p2p_barrier_rounds(t: P2p, counter: *mut u64, rounds: u32, status: *mut u32) {
+    // SAFETY: `counter` symmetric, `status` one word; one block per rank.
+    unsafe {
+        let first = ptx::thread_rank_in_block() == 0;
+        for _ in 0..rounds {
+            if t.barrier_block().is_err() {
+                if first {
+                    *status = STATUS_TIMEOUT;
+                }
+                return;
+            }
+            if first {
+                t.signal(counter, t.rank() as u64 + 1, SignalOp::Add, 0);
+            }
+        }
+        if t.barrier_block().is_err() {
+            if first {
+                *status = STATUS_TIMEOUT;
+            }
+            return;
+        }
+        if first {
+            *status = STATUS_OK;
+        }
+    }
+}
