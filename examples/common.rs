@@ -1,5 +1,7 @@
 //! Small helpers shared by the examples: argument parsing and reporting.
 
+pub mod plot;
+
 use std::collections::HashMap;
 
 /// `--key value` / `--flag` arguments.

@@ -133,15 +133,55 @@ pub unsafe fn flag_pingpong_raw(flags: *mut u32, iters: u32, out_ns: *mut u64) {
 }
 
 /// Raw floor for put bandwidth: a grid-stride 16-byte vector copy of
-/// `bytes` (a multiple of 16; both pointers 16-byte aligned).
+/// `bytes` (a multiple of 16; both pointers 16-byte aligned), `iters` times.
 #[kernel(hot)]
-pub unsafe fn copy_raw(dst: *mut u8, src: *const u8, bytes: u64) {
+pub unsafe fn copy_raw(dst: *mut u8, src: *const u8, bytes: u64, iters: u32) {
     let n = bytes / 16;
-    let mut i = ptx::global_thread_id_x() as u64;
     let stride = ptx::grid_stride_x() as u64;
-    while i < n {
-        // SAFETY: in bounds, aligned (contract).
-        unsafe { ptx::st_v4_u32(dst.add((i * 16) as usize) as *mut u32, ptx::ld_v4_u32(src.add((i * 16) as usize) as *const u32)) };
-        i += stride;
+    for _ in 0..iters {
+        let mut i = ptx::global_thread_id_x() as u64;
+        while i < n {
+            // SAFETY: in bounds, aligned (contract).
+            unsafe { ptx::st_v4_u32(dst.add((i * 16) as usize) as *mut u32, ptx::ld_v4_u32(src.add((i * 16) as usize) as *const u32)) };
+            i += stride;
+        }
+    }
+}
+
+/// Put bandwidth: rank 0's blocks each put their slice of `src` (local) to
+/// `dst` (symmetric) on rank 1, `iters` times, then `quiet` and signal
+/// `sig` on rank 1 (add 1 per block). Rank 1 waits until `sig >= expect`.
+/// `status` gets `PINGPONG_OK` or `PINGPONG_TIMEOUT`.
+#[kernel]
+pub unsafe fn put_bw(t: P2p, dst: *mut u8, src: *const u8, bytes: u64, iters: u32, sig: *mut u64, expect: u64, status: *mut u32) {
+    // SAFETY: as documented; `status` one word, written by thread 0 of block 0.
+    unsafe { put_bw_body(&t, dst, src, bytes, iters, sig, expect, status) }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn put_bw_body<T: Transport>(t: &T, dst: *mut u8, src: *const u8, bytes: u64, iters: u32, sig: *mut u64, expect: u64, status: *mut u32) {
+    let first = ptx::thread_rank_in_block() == 0;
+    // SAFETY: per the kernel's contract.
+    unsafe {
+        if t.rank() == 0 {
+            let blocks = ptx::grid_dim_x() as u64;
+            let chunk = bytes.div_ceil(blocks).div_ceil(16) * 16;
+            let b = ptx::block_idx_x() as u64;
+            let lo = (b * chunk).min(bytes);
+            let hi = ((b + 1) * chunk).min(bytes);
+            for _ in 0..iters {
+                t.put_block(dst.add(lo as usize), src.add(lo as usize), hi - lo, 1);
+            }
+            ptx::sync_threads();
+            if first {
+                t.quiet();
+                t.signal(sig, 1, SignalOp::Add, 1);
+                if b == 0 {
+                    *status = PINGPONG_OK;
+                }
+            }
+        } else if t.rank() == 1 && first && ptx::block_idx_x() == 0 {
+            *status = if t.wait_until(sig, Cmp::Ge, expect).is_ok() { PINGPONG_OK } else { PINGPONG_TIMEOUT };
+        }
     }
 }

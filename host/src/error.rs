@@ -79,6 +79,220 @@ pub enum Error {
     /// A worker thread of the emulator could not be started.
     #[error("could not start an emulator stream thread: {0}")]
     Thread(#[source] std::io::Error),
+    /// A launcher environment variable holds something unusable.
+    #[error("environment variable {var}={value:?} {reason}")]
+    BadEnv {
+        /// The variable.
+        var: String,
+        /// Its value.
+        value: String,
+        /// What is wrong and what to do.
+        reason: String,
+    },
+    /// A variable a multi-process launch needs is not set.
+    #[error("{var} is not set: {hint}")]
+    MissingEnv {
+        /// The variable.
+        var: &'static str,
+        /// Why it is needed and how to set it.
+        hint: String,
+    },
+    /// Rank 0 could not listen for the rendezvous.
+    #[error(
+        "rank 0 could not listen on {addr} for the rendezvous: {source}; pick a free port with DOORBELL_MASTER_PORT \
+         (torch.distributed's own store may already hold MASTER_PORT) or another interface with DOORBELL_BIND_ADDR"
+    )]
+    Bind {
+        /// The address.
+        addr: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The two sides of a rendezvous connection do not share the job token.
+    #[error(
+        "rank {rank}: the job token did not match at the rendezvous with {addr} (DOORBELL_TOKEN differs); \
+         give every process of the job the same DOORBELL_TOKEN, and make sure MASTER_ADDR/MASTER_PORT point at this job's rank 0"
+    )]
+    TokenMismatch {
+        /// The rank that reports it.
+        rank: usize,
+        /// The other side.
+        addr: String,
+    },
+    /// A rank presented a different value than rank 0 at the rendezvous.
+    #[error(
+        "rendezvous refused rank {rank}: its {field} is {theirs} where rank 0 has {ours}; \
+         launch every process of the job with the same settings and doorbell version"
+    )]
+    RendezvousMismatch {
+        /// The offending rank.
+        rank: usize,
+        /// The field that differs.
+        field: String,
+        /// Rank 0's value (the reference).
+        ours: String,
+        /// The offending rank's value.
+        theirs: String,
+    },
+    /// Not every rank arrived before the rendezvous timeout.
+    #[error(
+        "rank {rank}: rendezvous timed out after {waited:?}; rank(s) {missing:?} never arrived; check that they were launched \
+         with the same MASTER_ADDR/MASTER_PORT and DOORBELL_TOKEN and can reach rank 0, or raise DOORBELL_RENDEZVOUS_TIMEOUT_S"
+    )]
+    RendezvousTimeout {
+        /// The rank that reports it.
+        rank: usize,
+        /// How long it waited.
+        waited: std::time::Duration,
+        /// The ranks that never arrived (as far as this rank knows).
+        missing: Vec<usize>,
+    },
+    /// The peer on the other end does not speak the rendezvous protocol.
+    #[error("rank {rank}: {peer} broke the world protocol: {detail}")]
+    WorldProtocol {
+        /// The rank that reports it.
+        rank: usize,
+        /// The other side (a rank or an address).
+        peer: String,
+        /// What was wrong and what to check.
+        detail: String,
+    },
+    /// A peer disconnected or its connection failed.
+    #[error("rank {rank}: lost rank {peer} during {op}: {detail}; look at rank {peer}'s own error output (it may have exited or crashed)")]
+    PeerLost {
+        /// The rank that reports it.
+        rank: usize,
+        /// The lost peer.
+        peer: usize,
+        /// The operation.
+        op: String,
+        /// How it was lost.
+        detail: String,
+    },
+    /// Some ranks did not join a collective in time.
+    #[error(
+        "rank {rank}: {op} timed out after {waited:?} waiting for rank(s) {missing:?}; every rank must call the same collectives \
+         in the same order (raise DOORBELL_WORLD_TIMEOUT_S if they are merely slow)"
+    )]
+    CollectiveTimeout {
+        /// The rank that reports it.
+        rank: usize,
+        /// The collective.
+        op: String,
+        /// How long it waited.
+        waited: std::time::Duration,
+        /// The ranks that did not arrive.
+        missing: Vec<usize>,
+    },
+    /// Ranks called different collectives at the same step.
+    #[error("rank {rank} called {theirs} where rank 0 called {ours}; every rank must call the same collectives in the same order")]
+    CollectiveMismatch {
+        /// The first rank that differs.
+        rank: usize,
+        /// Rank 0's call.
+        ours: String,
+        /// That rank's call.
+        theirs: String,
+    },
+    /// Ranks presented different values where all must be equal (`World::check_same`).
+    #[error("rank {rank} has a different `{field}` than rank 0 ({detail}); every rank must present the same {field}")]
+    NotSame {
+        /// The field.
+        field: String,
+        /// The first rank that differs.
+        rank: usize,
+        /// How it differs.
+        detail: String,
+    },
+    /// An earlier failure left the world unusable.
+    #[error("rank {rank}: the world is unusable after an earlier failure ({reason}); tear down and form a new world")]
+    WorldBroken {
+        /// The rank that reports it.
+        rank: usize,
+        /// The earlier failure.
+        reason: String,
+    },
+    /// Rank 0 aborted a collective because of another rank's failure.
+    #[error("rank {rank}: rank 0 aborted {op}: {reason}")]
+    WorldAborted {
+        /// The rank that reports it.
+        rank: usize,
+        /// The collective.
+        op: String,
+        /// Rank 0's reason.
+        reason: String,
+    },
+    /// A rank number that is not in the world.
+    #[error("{what}: rank {rank} does not exist in a world of {size} rank(s)")]
+    InvalidRank {
+        /// Where the rank was given.
+        what: &'static str,
+        /// The rank.
+        rank: usize,
+        /// The world size.
+        size: usize,
+    },
+    /// A local system call of the world (entropy, sockets) failed.
+    #[error("rank {rank}: {what} failed: {source}")]
+    WorldIo {
+        /// The rank that reports it.
+        rank: usize,
+        /// What was attempted.
+        what: &'static str,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A device-side wait ran out of budget: a peer never signalled.
+    #[error(
+        "rank {rank}: {op} gave up after {budget_ms} ms in block {block}: the word at symmetric-heap offset {offset:#x} \
+         never became {cmp} {expected} (last seen {seen}){peer_text}; check that every rank launched its kernel and signals, \
+         or raise DOORBELL_WAIT_TIMEOUT_S"
+    )]
+    WaitTimeout {
+        /// Rank that gave up.
+        rank: u32,
+        /// `wait_until` or `barrier`.
+        op: &'static str,
+        /// The peer waited for, when known.
+        peer: Option<u32>,
+        /// Human text for `peer`.
+        peer_text: String,
+        /// Block of the thread that gave up.
+        block: u32,
+        /// Offset of the word in the symmetric heap.
+        offset: u64,
+        /// The comparison (`==`, `>=`, ...).
+        cmp: &'static str,
+        /// The value compared against.
+        expected: u64,
+        /// The value last seen.
+        seen: u64,
+        /// The budget, ms.
+        budget_ms: u64,
+    },
+    /// The symmetric heap has no room for an allocation.
+    #[error("symmetric heap exhausted: {requested} bytes requested, {free} of {heap} free; raise CommOptions::heap_bytes")]
+    HeapExhausted {
+        /// Bytes asked for.
+        requested: u64,
+        /// Bytes left.
+        free: u64,
+        /// Heap size.
+        heap: u64,
+    },
+    /// A peer's memory cannot be mapped by this rank.
+    #[error("rank {rank} cannot reach rank {peer} with the P2P transport: {reason}")]
+    PeerUnreachable {
+        /// This rank.
+        rank: usize,
+        /// The peer.
+        peer: usize,
+        /// Why, and what to do.
+        reason: String,
+    },
+    /// Communicator set-up failed.
+    #[error("communicator: {0}")]
+    Comm(String),
 }
 
 #[cfg(feature = "runtime")]
@@ -90,5 +304,13 @@ pub(crate) trait CudaCall<T> {
 impl<T> CudaCall<T> for std::result::Result<T, cudarc::driver::DriverError> {
     fn call(self, call: &'static str) -> Result<T> {
         self.map_err(|source| Error::Cuda { call, source })
+    }
+}
+
+/// Communicator errors (appended; see [`Error`]).
+impl Error {
+    /// Builds [`Error::Comm`].
+    pub(crate) fn comm(msg: impl Into<String>) -> Error {
+        Error::Comm(msg.into())
     }
 }

@@ -47,6 +47,8 @@
 
 pub mod build;
 #[cfg(feature = "runtime")]
+pub mod comm;
+#[cfg(feature = "runtime")]
 mod device;
 mod error;
 #[cfg(feature = "runtime")]
@@ -55,6 +57,8 @@ mod memory;
 mod module;
 #[cfg(feature = "runtime")]
 mod stream;
+#[cfg(feature = "runtime")]
+pub mod world;
 
 #[cfg(feature = "runtime")]
 pub use device::{driver_present, gpu_count, Backend, Device};
@@ -65,6 +69,8 @@ pub use memory::{DeviceBuffer, DeviceCopy, MappedBuffer};
 pub use module::{ptx_is_built, Function, FunctionAttributes, Module};
 #[cfg(feature = "runtime")]
 pub use stream::{Event, LaunchConfig, Stream};
+#[cfg(feature = "runtime")]
+pub use world::{World, WorldConfig};
 
 #[cfg(feature = "runtime")]
 pub use doorbell_kernels as kernels;

@@ -314,3 +314,52 @@ impl<T: DeviceCopy> Drop for MappedBuffer<T> {
         }
     }
 }
+
+impl Device {
+    /// Copies host bytes to device address `addr` (synchronous; waits for
+    /// the device's outstanding work first).
+    ///
+    /// # Safety
+    /// `addr..addr+src.len()` is device memory of this device.
+    pub(crate) unsafe fn write_raw(&self, addr: u64, src: &[u8]) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.synchronize()?;
+        match &*self.inner {
+            DeviceInner::Gpu(_) => {
+                self.bind()?;
+                // SAFETY: caller's contract.
+                unsafe { result::memcpy_htod_sync(addr, src) }.call("cuMemcpyHtoD")
+            }
+            DeviceInner::Emu(_) => {
+                // SAFETY: caller's contract.
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut u8, src.len()) };
+                Ok(())
+            }
+        }
+    }
+
+    /// Copies device bytes at `addr` to the host (synchronous).
+    ///
+    /// # Safety
+    /// `addr..addr+dst.len()` is device memory of this device.
+    pub(crate) unsafe fn read_raw(&self, addr: u64, dst: &mut [u8]) -> Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.synchronize()?;
+        match &*self.inner {
+            DeviceInner::Gpu(_) => {
+                self.bind()?;
+                // SAFETY: caller's contract.
+                unsafe { result::memcpy_dtoh_sync(dst, addr) }.call("cuMemcpyDtoH")
+            }
+            DeviceInner::Emu(_) => {
+                // SAFETY: caller's contract.
+                unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len()) };
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! 02 — ping-pong between two ranks with GPU-initiated puts and signals.
+//!
+//! ```text
+//! cargo run --release --example pingpong -- [--device gpu|cpu|auto] [--transport p2p] [--iters N] [--size BYTES]
+//! ```
+//! Two ranks as threads of this process by default. One rank per process
+//! when `RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` are set (as
+//! torchrun does); the processes prove they belong to the same job with the
+//! secret in `DOORBELL_TOKEN`:
+//! ```text
+//! export DOORBELL_TOKEN=$(head -c16 /dev/urandom | xxd -p) MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 WORLD_SIZE=2
+//! RANK=0 ./pingpong & RANK=1 ./pingpong
+//! ```
+//! Rank 0 puts `--size` bytes into rank 1's symmetric buffer and signals;
+//! rank 1 waits, puts them back and signals; repeated `--iters` times inside
+//! one kernel launch. It prints the round-trip time and the bandwidth
+//! (2 × size per round trip), and checks the data that came back.
+
+use doorbell::comm::{CommOptions, Communicator};
+use doorbell::world::{World, WorldConfig};
+use doorbell::{Backend, Device, LaunchConfig, KERNELS_PTX};
+use doorbell_examples::{die, Args};
+use doorbell_kernels::examples::{pingpong, PINGPONG_OK};
+
+const USAGE: &str = "usage: pingpong [--device gpu|cpu|auto] [--transport p2p] [--iters N] [--size BYTES]";
+
+struct Opts {
+    backend: Backend,
+    iters: u32,
+    size: u64,
+}
+
+fn main() {
+    if let Err(e) = run() {
+        die(e);
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse(&[])?;
+    let bad = args.unknown(&["device", "transport", "iters", "size"]);
+    if !bad.is_empty() {
+        return Err(format!("unknown option(s): {}; {USAGE}", bad.join(", ")).into());
+    }
+    if let Some(t) = args.get("transport") {
+        if t != "p2p" {
+            return Err(format!("--transport {t}: only p2p is available (ibgda needs a ConnectX NIC); {USAGE}").into());
+        }
+    }
+    let backend: Backend = match args.get("device") {
+        Some(d) => d.parse()?,
+        None => Backend::from_env()?,
+    };
+    let iters = args.num("iters", 1000)?;
+    if iters == 0 || iters > u32::MAX as u64 {
+        return Err("--iters must be between 1 and 2^32-1".into());
+    }
+    let size = args.num("size", 8)?;
+    let opts = Opts { backend, iters: iters as u32, size };
+    let comm_opts = CommOptions { heap_bytes: (size.max(16) + (1 << 20)).next_power_of_two(), ..CommOptions::default() };
+
+    match WorldConfig::from_env()? {
+        None => {
+            let results = Communicator::local(2, opts.backend, comm_opts, |comm| run_rank(comm, &opts))?;
+            if let Some(line) = results.into_iter().flatten().next() {
+                println!("{line}");
+            }
+        }
+        Some(cfg) => {
+            let world = World::rendezvous(&cfg, b"pingpong v1")?;
+            let dev = match opts.backend {
+                Backend::Cpu => Device::emulator(world.local_rank()),
+                b => {
+                    let gpus = doorbell::gpu_count().max(1);
+                    Device::open(b, world.local_rank() % gpus)?
+                }
+            };
+            let comm = Communicator::new(world, dev, comm_opts)?;
+            if let Some(line) = run_rank(&comm, &opts)? {
+                println!("{line}");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn run_rank(comm: &Communicator, o: &Opts) -> doorbell::Result<Option<String>> {
+    let dev = comm.device();
+    if comm.size() < 2 {
+        return Err(doorbell::Error::Comm("pingpong needs at least 2 ranks".into()));
+    }
+    let module = dev.load_module(KERNELS_PTX)?;
+    let f = module.function::<pingpong>()?;
+    let (max_blocks, threads) = if dev.is_gpu() { (32u64, 512u32) } else { (2, 32) };
+    let blocks = o.size.div_ceil(256 << 10).clamp(1, max_blocks);
+    let chunk = o.size.div_ceil(blocks).div_ceil(16) * 16;
+    let buf = comm.alloc::<u8>(o.size.max(16) as usize)?;
+    let sig = comm.alloc::<u64>(blocks as usize)?;
+    let mut out_ns = dev.alloc_zeroed::<u64>(blocks as usize)?;
+    let mut status = dev.alloc_zeroed::<u32>(blocks as usize)?;
+    let pattern: Vec<u8> = (0..o.size.max(16)).map(|i| (i as u8).wrapping_mul(31).wrapping_add(7)).collect();
+    if comm.rank() == 0 {
+        buf.copy_from_host(&pattern)?;
+    }
+    let stream = dev.new_stream()?;
+    let cfg = LaunchConfig::linear(blocks as u32, threads);
+    let mut epoch = 0u64;
+    let mut launch = |iters: u32, epoch: &mut u64| -> doorbell::Result<()> {
+        comm.barrier()?;
+        // SAFETY: `buf` holds `size` bytes and `sig` one word per block on
+        // every rank; `out_ns`/`status` one entry per block.
+        unsafe {
+            stream.launch(
+                &f,
+                cfg,
+                (comm.p2p(), buf.as_mut_ptr(), o.size, chunk, sig.as_mut_ptr(), *epoch, iters, out_ns.as_mut_ptr(), status.as_mut_ptr()),
+            )?
+        };
+        comm.synchronize(&stream)?;
+        *epoch += iters as u64;
+        Ok(())
+    };
+    launch(o.iters.min(10), &mut epoch)?; // warm-up
+    launch(o.iters, &mut epoch)?;
+    comm.barrier()?;
+    let st = status.to_host()?;
+    if comm.rank() > 1 {
+        return Ok(None);
+    }
+    if st.iter().any(|&s| s != PINGPONG_OK) {
+        return Err(doorbell::Error::Comm(format!("rank {}: a block did not finish (status {st:?})", comm.rank())));
+    }
+    let got = buf.to_host()?;
+    if got != pattern {
+        let bad = got.iter().zip(&pattern).position(|(a, b)| a != b).unwrap_or(0);
+        return Err(doorbell::Error::Comm(format!("rank {}: data differs at byte {bad}", comm.rank())));
+    }
+    if comm.rank() != 0 {
+        return Ok(None);
+    }
+    let ns = out_ns.to_host()?.into_iter().max().unwrap_or(0) as f64;
+    let rtt_us = ns / o.iters as f64 / 1e3;
+    let gbps = if o.size > 0 { 2.0 * o.size as f64 / (rtt_us * 1e-6) / 1e9 } else { 0.0 };
+    Ok(Some(format!(
+        "pingpong: {} ranks on {} ({:?}), route to peer: {:?}, {} bytes x {} iters, {} block(s) x {threads} threads\n\
+         round trip: {rtt_us:.3} us, bandwidth: {gbps:.2} GB/s (2 x size per round trip)\n\
+         checked: the {} bytes rank 0 sent came back unchanged",
+        comm.size(),
+        dev.name(),
+        dev.backend(),
+        comm.describe_peers()[1],
+        o.size,
+        o.iters,
+        blocks,
+        o.size
+    )))
+}

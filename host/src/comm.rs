@@ -1,0 +1,603 @@
+//! The communicator: a world of ranks, a symmetric heap on each, and the
+//! device handle of the P2P transport.
+//!
+//! ```no_run
+//! use doorbell::{Backend, comm::{Communicator, CommOptions}};
+//! # fn main() -> doorbell::Result<()> {
+//! // Four ranks as threads of this process, on GPU 0 (or the emulator).
+//! let sums = Communicator::local(4, Backend::Auto, CommOptions::default(), |comm| {
+//!     let buf = comm.alloc::<u64>(1024)?;          // collective: same offset everywhere
+//!     let t = comm.p2p();                          // device handle, a kernel argument
+//!     // ... launch kernels taking `t` and `buf.as_mut_ptr()` ...
+//!     # let _ = (buf, t);
+//!     Ok(comm.rank())
+//! })?;
+//! # Ok(()) }
+//! ```
+//!
+//! ## How peers are reached
+//! | peers | GPU | CPU emulator |
+//! |---|---|---|
+//! | threads of one process | same address space (one GPU), or peer access between GPUs | same address space |
+//! | processes of one host | CUDA IPC (`cuIpcGetMemHandle` / `cuIpcOpenMemHandle`) | shared memory files in `/dev/shm` |
+//! | other hosts | needs the IBGDA transport (not available yet): an error says so | same |
+//!
+//! [`Communicator::describe_peers`] says which route each peer takes.
+//!
+//! ## Symmetric allocation
+//! [`Communicator::alloc`] is collective: every rank must allocate the same
+//! sizes in the same order. Each allocation is checked across ranks; a rank
+//! that asks for something else gets an error naming the rank and the field.
+//! Allocations live as long as the communicator (a bump allocator).
+//! Dropping a communicator is collective too: it waits for this rank's device
+//! and then for every rank, so no peer still uses the heap when it is freed.
+//!
+//! ## Errors from kernels
+//! Device-side waits are bounded ([`CommOptions::wait_timeout`],
+//! `DOORBELL_WAIT_TIMEOUT_S`). A wait that runs out records which rank,
+//! which operation, the value expected and the value seen;
+//! [`Communicator::check`] (and [`Communicator::synchronize`]) turns that
+//! record into [`Error::WaitTimeout`].
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use cudarc::driver::sys;
+use doorbell_kernels::comm::{Cmp, WaitOp, WaitReport, HEAP_RESERVED, MAX_RANKS, P2p, REPORT_OFFSET};
+
+use crate::device::{Backend, Device, DeviceInner};
+use crate::error::{CudaCall, Error, Result};
+use crate::memory::{DeviceBuffer, DeviceCopy};
+use crate::stream::Stream;
+use crate::world::World;
+
+/// Communicator settings.
+#[derive(Clone, Debug)]
+pub struct CommOptions {
+    /// Usable symmetric heap per rank, bytes (the runtime adds its header).
+    pub heap_bytes: u64,
+    /// Budget of every device-side wait.
+    pub wait_timeout: Duration,
+    /// Thread worlds on a GPU machine: put rank `r` on GPU `r % gpus`
+    /// instead of every rank on GPU 0.
+    pub spread_gpus: bool,
+}
+
+impl Default for CommOptions {
+    fn default() -> Self {
+        let secs = std::env::var("DOORBELL_WAIT_TIMEOUT_S").ok().and_then(|v| v.parse::<f64>().ok()).unwrap_or(10.0);
+        CommOptions { heap_bytes: 64 << 20, wait_timeout: Duration::from_secs_f64(secs.max(0.001)), spread_gpus: false }
+    }
+}
+
+/// How this rank reaches a peer's heap.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PeerRoute {
+    /// This rank itself.
+    Local,
+    /// Same process, same device address space.
+    SameProcess,
+    /// Same process, another GPU, through CUDA peer access.
+    PeerAccess,
+    /// Another process on this host, through CUDA IPC.
+    CudaIpc,
+    /// Another process on this host, through shared memory (emulator).
+    SharedMemory,
+}
+
+enum Heap {
+    Device(DeviceBuffer<u8>),
+    Shm(ShmRegion),
+}
+
+struct ShmRegion {
+    ptr: *mut u8,
+    len: usize,
+    path: Option<std::path::PathBuf>,
+}
+
+// SAFETY: a process-shared mapping; accessed through raw device-style pointers.
+unsafe impl Send for ShmRegion {}
+// SAFETY: as above.
+unsafe impl Sync for ShmRegion {}
+
+impl ShmRegion {
+    fn create(path: &std::path::Path, len: usize) -> Result<ShmRegion> {
+        use std::os::unix::io::AsRawFd;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .map_err(|e| Error::comm(format!("cannot create shared heap {}: {e}", path.display())))?;
+        f.set_len(len as u64).map_err(|e| Error::comm(format!("cannot size shared heap {}: {e}", path.display())))?;
+        Self::map(f.as_raw_fd(), len, Some(path.to_path_buf()))
+    }
+
+    fn open(path: &std::path::Path, len: usize) -> Result<ShmRegion> {
+        use std::os::unix::io::AsRawFd;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| Error::comm(format!("cannot open peer heap {}: {e}", path.display())))?;
+        Self::map(f.as_raw_fd(), len, None)
+    }
+
+    fn map(fd: i32, len: usize, path: Option<std::path::PathBuf>) -> Result<ShmRegion> {
+        // SAFETY: maps a file we hold open; the mapping outlives the fd.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0) };
+        if p == libc::MAP_FAILED {
+            return Err(Error::comm(format!("mmap of a shared heap failed: {}", std::io::Error::last_os_error())));
+        }
+        Ok(ShmRegion { ptr: p as *mut u8, len, path })
+    }
+}
+
+impl Drop for ShmRegion {
+    fn drop(&mut self) {
+        // SAFETY: mapped by `map` with this length.
+        unsafe { libc::munmap(self.ptr as *mut _, self.len) };
+        if let Some(p) = &self.path {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+enum Mapping {
+    Ipc(Device, sys::CUdeviceptr),
+    Shm(#[allow(dead_code)] ShmRegion),
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        if let Mapping::Ipc(dev, p) = self {
+            if dev.bind().is_ok() {
+                // SAFETY: opened by cuIpcOpenMemHandle; closed once.
+                let _ = unsafe { sys::cuIpcCloseMemHandle(*p) };
+            }
+        }
+    }
+}
+
+/// What each rank tells the others about itself (phase 1).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Identity {
+    pid: u32,
+    host: String,
+    gpu: bool,
+    ordinal: u32,
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "unknown".into())
+}
+
+fn encode_identity(i: &Identity) -> Vec<u8> {
+    format!("{}\n{}\n{}\n{}", i.pid, i.gpu as u8, i.ordinal, i.host).into_bytes()
+}
+
+fn decode_identity(b: &[u8], rank: usize) -> Result<Identity> {
+    let s = String::from_utf8_lossy(b);
+    let mut it = s.splitn(4, '\n');
+    let mut next = || it.next().ok_or_else(|| Error::comm(format!("rank {rank} sent a malformed identity")));
+    let pid = next()?.parse().map_err(|_| Error::comm(format!("rank {rank}: bad pid")))?;
+    let gpu = next()? == "1";
+    let ordinal = next()?.parse().map_err(|_| Error::comm(format!("rank {rank}: bad ordinal")))?;
+    let host = next()?.to_string();
+    Ok(Identity { pid, host, gpu, ordinal })
+}
+
+/// One rank's communicator. Created collectively by every rank.
+pub struct Communicator {
+    world: World,
+    device: Device,
+    rank: usize,
+    size: usize,
+    heap_base: u64,
+    heap_len: u64,
+    routes: Vec<PeerRoute>,
+    peer_table: DeviceBuffer<u64>,
+    next: Mutex<(u64, u64)>,
+    budget_ns: u64,
+    // Drop order: mappings of peers before our own heap.
+    _mappings: Vec<Mapping>,
+    _heap: Heap,
+}
+
+impl Communicator {
+    /// Collective: forms the communicator of `world` on `device`.
+    pub fn new(world: World, device: Device, opts: CommOptions) -> Result<Communicator> {
+        let rank = world.rank();
+        let size = world.size();
+        if size as u32 > MAX_RANKS {
+            return Err(Error::comm(format!("{size} ranks; the P2P transport supports at most {MAX_RANKS}")));
+        }
+        let heap_len = HEAP_RESERVED + opts.heap_bytes.div_ceil(256) * 256;
+        world.check_same("heap size", &heap_len.to_le_bytes())?;
+        world.check_same("backend", if device.is_gpu() { b"gpu" } else { b"cpu" })?;
+
+        // Phase 1: who is where.
+        let me = Identity { pid: std::process::id(), host: hostname(), gpu: device.is_gpu(), ordinal: device.ordinal() as u32 };
+        let ids = world
+            .all_gather_bytes(&encode_identity(&me))?
+            .iter()
+            .enumerate()
+            .map(|(r, b)| decode_identity(b, r))
+            .collect::<Result<Vec<_>>>()?;
+        for (p, id) in ids.iter().enumerate() {
+            if id.host != me.host {
+                return Err(Error::PeerUnreachable {
+                    rank,
+                    peer: p,
+                    reason: format!(
+                        "it runs on host {:?}, this rank on {:?}; P2P reaches only ranks of one host (the IBGDA transport is not available yet)",
+                        id.host, me.host
+                    ),
+                });
+            }
+        }
+        let multi_process = ids.iter().any(|i| i.pid != me.pid);
+
+        // Phase 2: allocate the heap, publish how to reach it.
+        let (heap, handle): (Heap, Vec<u8>) = match &*device.inner {
+            DeviceInner::Gpu(_) => {
+                let buf = device.alloc_zeroed::<u8>(heap_len as usize)?;
+                let mut h = buf.as_raw().to_le_bytes().to_vec();
+                if multi_process {
+                    let mut ipc = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
+                    device.bind()?;
+                    // SAFETY: `buf` is a cuMemAlloc allocation of this context.
+                    unsafe { sys::cuIpcGetMemHandle(ipc.as_mut_ptr(), buf.as_raw()) }.result().call("cuIpcGetMemHandle")?;
+                    // SAFETY: initialized by the call above (zeroed before).
+                    let ipc = unsafe { ipc.assume_init() };
+                    // SAFETY: CUipcMemHandle is 64 plain bytes.
+                    let bytes: [u8; 64] = unsafe { std::mem::transmute(ipc) };
+                    h.extend_from_slice(&bytes);
+                }
+                (Heap::Device(buf), h)
+            }
+            DeviceInner::Emu(_) => {
+                if multi_process {
+                    let path = std::path::PathBuf::from(format!("/dev/shm/doorbell-{}-r{rank}-{:x}", me.pid, crate::comm::nonce()));
+                    let region = ShmRegion::create(&path, heap_len as usize)?;
+                    let mut h = (region.ptr as u64).to_le_bytes().to_vec();
+                    h.extend_from_slice(path.to_string_lossy().as_bytes());
+                    (Heap::Shm(region), h)
+                } else {
+                    let buf = device.alloc_zeroed::<u8>(heap_len as usize)?;
+                    let h = buf.as_raw().to_le_bytes().to_vec();
+                    (Heap::Device(buf), h)
+                }
+            }
+        };
+        let heap_base = match &heap {
+            Heap::Device(b) => b.as_raw(),
+            Heap::Shm(r) => r.ptr as u64,
+        };
+        let handles = world.all_gather_bytes(&handle)?;
+
+        // Phase 3: map every peer.
+        let mut bases = vec![0u64; size];
+        let mut routes = vec![PeerRoute::Local; size];
+        let mut mappings = Vec::new();
+        for p in 0..size {
+            if p == rank {
+                bases[p] = heap_base;
+                continue;
+            }
+            let h = &handles[p];
+            if h.len() < 8 {
+                return Err(Error::comm(format!("rank {p} sent a malformed heap handle")));
+            }
+            let addr = u64::from_le_bytes(h[..8].try_into().expect("8 bytes"));
+            let same_process = ids[p].pid == me.pid;
+            if same_process {
+                if device.is_gpu() && ids[p].ordinal != me.ordinal {
+                    enable_peer_access(&device, ids[p].ordinal as usize, rank, p)?;
+                    routes[p] = PeerRoute::PeerAccess;
+                } else {
+                    routes[p] = PeerRoute::SameProcess;
+                }
+                bases[p] = addr;
+            } else if device.is_gpu() {
+                if h.len() != 8 + 64 {
+                    return Err(Error::comm(format!("rank {p} sent no CUDA IPC handle")));
+                }
+                let mut ipc = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
+                // SAFETY: CUipcMemHandle is 64 plain bytes.
+                unsafe { std::ptr::copy_nonoverlapping(h[8..].as_ptr(), ipc.as_mut_ptr() as *mut u8, 64) };
+                let mut dptr: sys::CUdeviceptr = 0;
+                device.bind()?;
+                // SAFETY: a handle exported by the peer process for its heap.
+                let r = unsafe {
+                    sys::cuIpcOpenMemHandle_v2(
+                        &mut dptr,
+                        ipc.assume_init(),
+                        sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
+                    )
+                }
+                .result();
+                if let Err(e) = r {
+                    return Err(Error::PeerUnreachable {
+                        rank,
+                        peer: p,
+                        reason: format!("cuIpcOpenMemHandle failed ({e:?}); its GPU {} may not be peer-accessible from GPU {}", ids[p].ordinal, me.ordinal),
+                    });
+                }
+                mappings.push(Mapping::Ipc(device.clone(), dptr));
+                bases[p] = dptr;
+                routes[p] = PeerRoute::CudaIpc;
+            } else {
+                let path = String::from_utf8_lossy(&h[8..]).into_owned();
+                let region = ShmRegion::open(std::path::Path::new(&path), heap_len as usize)?;
+                bases[p] = region.ptr as u64;
+                mappings.push(Mapping::Shm(region));
+                routes[p] = PeerRoute::SharedMemory;
+            }
+        }
+        // Everyone has mapped everyone: shared-memory files can go.
+        world.barrier()?;
+        if let Heap::Shm(r) = &heap {
+            if let Some(p) = &r.path {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+        let peer_table = device.alloc_from(&bases)?;
+        Ok(Communicator {
+            world,
+            device,
+            rank,
+            size,
+            heap_base,
+            heap_len,
+            routes,
+            peer_table,
+            next: Mutex::new((HEAP_RESERVED, 0)),
+            budget_ns: opts.wait_timeout.as_nanos().min(u64::MAX as u128) as u64,
+            _mappings: mappings,
+            _heap: heap,
+        })
+    }
+
+    /// Runs `f` on `n` ranks, each a thread of this process with its own
+    /// communicator, on `backend` (GPU 0 for every rank, or one GPU per rank
+    /// with `spread_gpus`). Returns each rank's result, in rank order; the
+    /// first error any rank hit otherwise.
+    pub fn local<R: Send>(
+        n: usize,
+        backend: Backend,
+        opts: CommOptions,
+        f: impl Fn(&Communicator) -> Result<R> + Sync,
+    ) -> Result<Vec<R>> {
+        let worlds = World::local_threads(n);
+        let backend = match backend {
+            Backend::Auto if crate::device::gpu_count() > 0 => Backend::Gpu,
+            Backend::Auto => Backend::Cpu,
+            b => b,
+        };
+        let gpus = if backend == Backend::Gpu { crate::device::gpu_count().max(1) } else { 1 };
+        let results: Vec<Result<R>> = std::thread::scope(|s| {
+            let handles: Vec<_> = worlds
+                .into_iter()
+                .enumerate()
+                .map(|(r, w)| {
+                    let f = &f;
+                    let opts = opts.clone();
+                    s.spawn(move || -> Result<R> {
+                        let ordinal = if opts.spread_gpus { r % gpus } else { 0 };
+                        let dev = match backend {
+                            Backend::Gpu => Device::gpu(ordinal)?,
+                            _ => Device::emulator(r),
+                        };
+                        let comm = Communicator::new(w, dev, opts)?;
+                        f(&comm)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::comm("a rank's thread panicked")))).collect()
+        });
+        results.into_iter().collect()
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+    /// The device this rank runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+    /// The world (host-side collectives).
+    pub fn world(&self) -> &World {
+        &self.world
+    }
+    /// How each peer is reached.
+    pub fn describe_peers(&self) -> &[PeerRoute] {
+        &self.routes
+    }
+
+    /// The P2P transport's device handle (a kernel argument).
+    pub fn p2p(&self) -> P2p {
+        P2p {
+            rank: self.rank as u32,
+            world: self.size as u32,
+            peers: self.peer_table.as_ptr(),
+            heap_bytes: self.heap_len,
+            budget_ns: self.budget_ns,
+        }
+    }
+
+    /// Collective: `len` elements of `T` at the same heap offset on every rank,
+    /// zeroed. Every rank must make the same allocations in the same order.
+    pub fn alloc<T: DeviceCopy>(&self, len: usize) -> Result<SymBuffer<'_, T>> {
+        let bytes = (len as u64).checked_mul(std::mem::size_of::<T>() as u64).ok_or_else(|| Error::comm("allocation size overflows"))?;
+        let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
+        let offset = next.0.div_ceil(256) * 256;
+        let index = next.1;
+        let mut desc = Vec::new();
+        desc.extend_from_slice(&index.to_le_bytes());
+        desc.extend_from_slice(&bytes.to_le_bytes());
+        desc.extend_from_slice(&(std::mem::align_of::<T>() as u64).to_le_bytes());
+        self.world.check_same(&format!("symmetric allocation #{index} (bytes, alignment)"), &desc)?;
+        if offset + bytes > self.heap_len {
+            return Err(Error::HeapExhausted { requested: bytes, free: self.heap_len.saturating_sub(offset), heap: self.heap_len - HEAP_RESERVED });
+        }
+        *next = (offset + bytes, index + 1);
+        let buf = SymBuffer { comm: self, offset, len, _t: std::marker::PhantomData };
+        // Zero it (the heap may hold data of an earlier run of this process).
+        // SAFETY: inside this rank's heap.
+        unsafe { self.device.write_raw(self.heap_base + offset, &vec![0u8; bytes as usize])? };
+        Ok(buf)
+    }
+
+    /// Host-side barrier across ranks.
+    pub fn barrier(&self) -> Result<()> {
+        self.world.barrier()
+    }
+
+    /// Returns (and clears) the report of a device-side wait that ran out of budget.
+    pub fn check(&self) -> Result<()> {
+        let mut raw = [0u8; std::mem::size_of::<WaitReport>()];
+        // SAFETY: the report lives in this rank's heap header.
+        unsafe { self.device.read_raw(self.heap_base + REPORT_OFFSET, &mut raw)? };
+        // SAFETY: WaitReport is plain #[repr(C)] integers.
+        let r: WaitReport = unsafe { std::ptr::read_unaligned(raw.as_ptr() as *const WaitReport) };
+        if r.present == 0 {
+            return Ok(());
+        }
+        // SAFETY: as above.
+        unsafe { self.device.write_raw(self.heap_base + REPORT_OFFSET, &[0u8; std::mem::size_of::<WaitReport>()])? };
+        let cmp = match Cmp::from_u32(r.cmp) {
+            Some(Cmp::Eq) => "==",
+            Some(Cmp::Ne) => "!=",
+            Some(Cmp::Gt) => ">",
+            Some(Cmp::Ge) => ">=",
+            Some(Cmp::Lt) => "<",
+            Some(Cmp::Le) => "<=",
+            None => "?",
+        };
+        let op = if r.op == WaitOp::Barrier as u32 { "barrier" } else { "wait_until" };
+        let peer = (r.peer != u32::MAX).then_some(r.peer);
+        Err(Error::WaitTimeout {
+            rank: r.rank,
+            op,
+            peer,
+            peer_text: peer.map(|p| format!(", waiting for rank {p}")).unwrap_or_default(),
+            block: r.block,
+            offset: r.offset,
+            cmp,
+            expected: r.expected,
+            seen: r.seen,
+            budget_ms: r.budget_ns / 1_000_000,
+        })
+    }
+
+    /// Synchronizes `stream`, then [`Self::check`]s for timed-out waits.
+    pub fn synchronize(&self, stream: &Stream) -> Result<()> {
+        let r = stream.synchronize();
+        self.check()?;
+        r
+    }
+}
+
+/// A symmetric buffer: the same offset in every rank's heap. Kernels take
+/// its local address; transports translate to peers.
+pub struct SymBuffer<'c, T: DeviceCopy> {
+    comm: &'c Communicator,
+    offset: u64,
+    len: usize,
+    _t: std::marker::PhantomData<T>,
+}
+
+impl<T: DeviceCopy> SymBuffer<'_, T> {
+    /// Elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Offset in the symmetric heap.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+    /// Local device address, a kernel argument.
+    pub fn as_ptr(&self) -> *const T {
+        (self.comm.heap_base + self.offset) as *const T
+    }
+    /// Local device address, a kernel argument.
+    pub fn as_mut_ptr(&self) -> *mut T {
+        (self.comm.heap_base + self.offset) as *mut T
+    }
+    /// Copies `src` into this rank's copy (synchronous).
+    pub fn copy_from_host(&self, src: &[T]) -> Result<()> {
+        if src.len() != self.len {
+            return Err(Error::LengthMismatch { device: self.len, host: src.len() });
+        }
+        // SAFETY: plain data; inside this rank's heap.
+        let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr() as *const u8, std::mem::size_of_val(src)) };
+        // SAFETY: inside this rank's heap.
+        unsafe { self.comm.device.write_raw(self.comm.heap_base + self.offset, bytes) }
+    }
+    /// This rank's copy as a `Vec` (synchronous).
+    pub fn to_host(&self) -> Result<Vec<T>> {
+        // SAFETY: DeviceCopy types are valid when zeroed.
+        let mut v = vec![unsafe { std::mem::zeroed::<T>() }; self.len];
+        // SAFETY: plain data.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v.as_slice())) };
+        // SAFETY: inside this rank's heap.
+        unsafe { self.comm.device.read_raw(self.comm.heap_base + self.offset, bytes)? };
+        Ok(v)
+    }
+}
+
+fn enable_peer_access(device: &Device, peer_ordinal: usize, rank: usize, peer: usize) -> Result<()> {
+    let DeviceInner::Gpu(ctx) = &*device.inner else { return Ok(()) };
+    let mut can = 0i32;
+    // SAFETY: plain queries.
+    unsafe {
+        let mut peer_dev: sys::CUdevice = 0;
+        sys::cuDeviceGet(&mut peer_dev, peer_ordinal as i32).result().call("cuDeviceGet")?;
+        sys::cuDeviceCanAccessPeer(&mut can, ctx.cu_device(), peer_dev).result().call("cuDeviceCanAccessPeer")?;
+    }
+    if can == 0 {
+        return Err(Error::PeerUnreachable {
+            rank,
+            peer,
+            reason: format!("GPU {} cannot access GPU {peer_ordinal} (no NVLink/PCIe peer access)", ctx.ordinal()),
+        });
+    }
+    let peer_ctx = cudarc::driver::CudaContext::new(peer_ordinal).call("cuDevicePrimaryCtxRetain")?;
+    device.bind()?;
+    // SAFETY: both contexts are live primary contexts.
+    let r = unsafe { sys::cuCtxEnablePeerAccess(peer_ctx.cu_ctx(), 0) };
+    match r {
+        sys::cudaError_enum::CUDA_SUCCESS | sys::cudaError_enum::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
+        e => Err(Error::PeerUnreachable { rank, peer, reason: format!("cuCtxEnablePeerAccess failed: {e:?}") }),
+    }
+}
+
+pub(crate) fn nonce() -> u64 {
+    let mut b = [0u8; 8];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read;
+        let _ = f.read_exact(&mut b);
+    }
+    u64::from_le_bytes(b) ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+}
+
+impl Drop for Communicator {
+    /// Destruction is collective: peers may still read or write this rank's
+    /// heap until every rank's kernels are done, so wait for this rank's
+    /// device, then for every rank, before the heap is freed.
+    fn drop(&mut self) {
+        let _ = self.device.synchronize();
+        let _ = self.world.barrier();
+    }
+}

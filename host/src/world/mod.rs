@@ -1,0 +1,432 @@
+//! The world: which processes (or threads) take part in a job, and the few
+//! host-side collectives the communicator needs to set itself up.
+//!
+//! The data path never touches this module: kernels move data themselves.
+//! The world only carries setup traffic — CUDA IPC handles, buffer
+//! addresses, layout checks — over a small TCP star around rank 0, or
+//! between threads of one process.
+//!
+//! ## Quick start
+//! ```
+//! use doorbell::world::World;
+//!
+//! # fn main() -> doorbell::Result<()> {
+//! // Four ranks as threads of this process: how tests and examples run.
+//! let sums = World::run_threads(4, |world| -> doorbell::Result<u32> {
+//!     let mine = [world.rank() as u8];
+//!     let all = world.all_gather_bytes(&mine)?;
+//!     world.barrier()?;
+//!     Ok(all.iter().map(|b| b[0] as u32).sum())
+//! });
+//! assert!(sums.into_iter().all(|s| s.unwrap() == 0 + 1 + 2 + 3));
+//!
+//! // Under a launcher (torchrun, mpirun, srun): one rank per process.
+//! // Without launcher variables this is a world of one.
+//! let world = World::from_env(b"")?;
+//! println!("rank {} of {}", world.rank(), world.size());
+//! # Ok(()) }
+//! ```
+//!
+//! ## Launching
+//!
+//! Every process of a job needs the same **job token** in `DOORBELL_TOKEN`.
+//! Generate a fresh one per job:
+//!
+//! ```sh
+//! export DOORBELL_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+//!
+//! # torchrun: sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+//! torchrun --nproc-per-node 8 --nnodes 2 --rdzv-endpoint node0:29400 ./my_app
+//!
+//! # Open MPI: export the token with -x; one node needs nothing else
+//! mpirun -n 8 -x DOORBELL_TOKEN ./my_app
+//! mpirun -n 16 -x DOORBELL_TOKEN -x MASTER_ADDR=node0 -x MASTER_PORT=29510 ./my_app
+//!
+//! # Slurm
+//! export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
+//! srun --ntasks 16 --ntasks-per-node 8 ./my_app
+//! ```
+//!
+//! [`World::from_env`] detects the launcher ([`WorldConfig::from_env`]),
+//! rank 0 listens on `MASTER_PORT`, the other ranks connect to
+//! `MASTER_ADDR:MASTER_PORT` — retrying until the timeout, so start order
+//! does not matter — and every rank returns once all are in.
+//!
+//! | variable | meaning | default |
+//! |---|---|---|
+//! | `RANK`, `WORLD_SIZE` | rank and process count (torchrun) | — |
+//! | `LOCAL_RANK`, `LOCAL_WORLD_SIZE` | rank and process count on this host (torchrun) | 0, unknown |
+//! | `OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_SIZE`, `OMPI_COMM_WORLD_LOCAL_RANK`, `OMPI_COMM_WORLD_LOCAL_SIZE` | the same under Open MPI's mpirun | — |
+//! | `SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`, `SLURM_NTASKS_PER_NODE` | the same under srun | — |
+//! | `MASTER_ADDR` / `DOORBELL_MASTER_ADDR` | rank 0's host (the `DOORBELL_` one wins) | `127.0.0.1` when mpirun/srun say all ranks share one host; required otherwise |
+//! | `MASTER_PORT` / `DOORBELL_MASTER_PORT` | rank 0's port (the `DOORBELL_` one wins) | 29510 under mpirun/srun; torchrun always sets it |
+//! | `DOORBELL_TOKEN` | job secret, the same on every process | required when there is more than one process |
+//! | `DOORBELL_BIND_ADDR` | address rank 0 listens on | `MASTER_ADDR` if it is a loopback address, else `0.0.0.0` |
+//! | `DOORBELL_RENDEZVOUS_TIMEOUT_S` | how long ranks wait for each other to join (seconds, may be fractional) | 60 |
+//! | `DOORBELL_WORLD_TIMEOUT_S` | how long a collective waits for every rank | 300 |
+//!
+//! Launchers are recognised in the order torchrun, mpirun, srun; a world
+//! size of 1 is a single process. Unparsable or inconsistent values (a rank
+//! not below the world size, say) are errors naming the variable and value.
+//!
+//! **Port clash with torch.distributed:** if the same job also calls
+//! `torch.distributed.init_process_group`, its store listens on
+//! `MASTER_PORT` too; give doorbell another port with
+//! `DOORBELL_MASTER_PORT`.
+//!
+//! ## Failures are errors, never hangs
+//!
+//! - A rank that never arrives: every waiting rank gets
+//!   [`Error::RendezvousTimeout`] naming the missing ranks (rank 0 tells the
+//!   ranks already connected which ones were missing).
+//! - Ranks launched differently (world size, protocol version, two processes
+//!   claiming one rank): rank 0 refuses with [`Error::RendezvousMismatch`]
+//!   naming the rank and the field, and every connected rank gets the same
+//!   error.
+//! - A process with the wrong token gets [`Error::TokenMismatch`]; rank 0
+//!   notes the refusal on stderr and keeps waiting for the right process.
+//! - During collectives, every read and write has a deadline; a peer that
+//!   disconnects, is late, or calls a different collective turns into an error
+//!   naming it ([`Error::PeerLost`], [`Error::CollectiveTimeout`],
+//!   [`Error::CollectiveMismatch`]) on every rank, and the world refuses
+//!   further use ([`Error::WorldBroken`]).
+//!
+//! ## Security: the job token
+//!
+//! The token keeps processes of *other* jobs (a stale run, a neighbour who
+//! picked the same port) out of this one. It is **never sent**, in clear or
+//! otherwise: rank 0 sends a fresh random 16-byte nonce from `/dev/urandom`,
+//! the joining process answers with its own nonce and
+//! `HMAC-SHA256(token, "peer" | nonce0 | nonce1)`, and rank 0 then proves
+//! itself with `HMAC-SHA256(token, "root" | nonce1 | nonce0)`; proofs are
+//! checked in constant time. Both sides prove knowledge of the token, so a
+//! process also refuses an impostor rank 0. Limits: the token authenticates
+//! the joining; the traffic after it is neither encrypted nor
+//! integrity-protected, so run jobs on a network you trust. Someone who
+//! records a handshake can guess tokens offline: use a long random token, not
+//! a word.
+//!
+//! ## Thread worlds
+//!
+//! [`World::local_threads`] makes `n` handles, one per rank, that run the
+//! same collectives through shared memory. Use it for tests, examples and
+//! single-process multi-GPU programs; code written against [`World`] does not
+//! change when it later runs as one process per GPU.
+//!
+//! ## Thread safety
+//!
+//! [`World`] is `Send + Sync`. Collectives are calls that every rank makes in
+//! the same order; within one rank, calls from several threads are
+//! serialised, but their order then decides which step they match on the
+//! other ranks, so drive a world's collectives from one thread per rank.
+
+mod auth;
+mod config;
+mod tcp;
+mod threads;
+mod wire;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+pub use config::{Launcher, WorldConfig, DEFAULT_PORT, DEFAULT_RENDEZVOUS_TIMEOUT, DEFAULT_WORLD_TIMEOUT};
+pub use tcp::{RendezvousHost, PROTOCOL_VERSION};
+
+use crate::error::{Error, Result};
+
+/// Largest layout blob a rank may present to the rendezvous.
+pub const MAX_LAYOUT: usize = 15 << 20;
+
+/// One rank as the rendezvous saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerInfo {
+    /// Its rank.
+    pub rank: usize,
+    /// Its rank on its host.
+    pub local_rank: usize,
+    /// The host it runs on.
+    pub hostname: String,
+    /// Its process id.
+    pub pid: u32,
+    /// The opaque layout blob it presented to the rendezvous (empty in thread
+    /// worlds).
+    pub layout: Vec<u8>,
+}
+
+/// How a world's ranks are connected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorldKind {
+    /// One rank, nothing to talk to.
+    Single,
+    /// Ranks are threads of this process.
+    Threads,
+    /// Ranks are processes connected by TCP to rank 0.
+    Tcp,
+}
+
+/// The collective a rank is in; ranks must agree on it step by step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Op {
+    AllGather,
+    Broadcast { root: usize },
+    Barrier,
+    CheckSame,
+}
+
+impl Op {
+    fn code(self) -> (u8, u64) {
+        match self {
+            Op::AllGather => (1, 0),
+            Op::Broadcast { root } => (2, root as u64),
+            Op::Barrier => (3, 0),
+            Op::CheckSame => (4, 0),
+        }
+    }
+    fn from_code(tag: u8, arg: u64) -> Option<Op> {
+        Some(match tag {
+            1 => Op::AllGather,
+            2 => Op::Broadcast { root: usize::try_from(arg).ok()? },
+            3 => Op::Barrier,
+            4 => Op::CheckSame,
+            _ => return None,
+        })
+    }
+}
+
+impl std::fmt::Display for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Op::AllGather => write!(f, "all_gather_bytes"),
+            Op::Broadcast { root } => write!(f, "broadcast_bytes from rank {root}"),
+            Op::Barrier => write!(f, "barrier"),
+            Op::CheckSame => write!(f, "check_same"),
+        }
+    }
+}
+
+pub(crate) enum Inner {
+    Single,
+    Threads(Arc<threads::Group>),
+    Tcp(tcp::Star),
+}
+
+/// A handle on this rank's place in the world; see the [module docs](self).
+pub struct World {
+    rank: usize,
+    size: usize,
+    local_rank: usize,
+    peers: Arc<[PeerInfo]>,
+    inner: Inner,
+}
+
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<World>();
+};
+
+impl std::fmt::Debug for World {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("World")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("local_rank", &self.local_rank)
+            .field("kind", &self.kind())
+            .finish()
+    }
+}
+
+impl World {
+    pub(crate) fn from_parts(rank: usize, size: usize, local_rank: usize, peers: Vec<PeerInfo>, inner: Inner) -> World {
+        World { rank, size, local_rank, peers: peers.into(), inner }
+    }
+
+    /// A world of one rank.
+    pub fn single() -> World {
+        let me = PeerInfo { rank: 0, local_rank: 0, hostname: tcp::hostname(), pid: std::process::id(), layout: Vec::new() };
+        World::from_parts(0, 1, 0, vec![me], Inner::Single)
+    }
+
+    /// The world the launcher described ([`WorldConfig::from_env`]): a
+    /// rendezvous when there are several processes, [`World::single`] when
+    /// there are no launcher variables. `layout` is this rank's opaque blob
+    /// for [`World::peers`].
+    pub fn from_env(layout: &[u8]) -> Result<World> {
+        match WorldConfig::from_env()? {
+            None => Ok(World::single()),
+            Some(cfg) => World::rendezvous(&cfg, layout),
+        }
+    }
+
+    /// Joins the world `config` describes: rank 0 listens and waits for the
+    /// others, every other rank connects to it. Returns once all ranks are in,
+    /// or after `config.rendezvous_timeout` with an error naming the missing
+    /// ranks. `layout` (at most [`MAX_LAYOUT`] bytes) is published to every
+    /// rank in [`World::peers`].
+    pub fn rendezvous(config: &WorldConfig, layout: &[u8]) -> Result<World> {
+        if config.rank >= config.size {
+            return Err(Error::InvalidRank { what: "WorldConfig::rank", rank: config.rank, size: config.size });
+        }
+        if layout.len() > MAX_LAYOUT {
+            return Err(Error::WorldProtocol {
+                rank: config.rank,
+                peer: "itself".into(),
+                detail: format!("the layout blob has {} bytes, more than the {MAX_LAYOUT} a rendezvous carries", layout.len()),
+            });
+        }
+        if config.size == 1 {
+            let mut w = World::single();
+            Arc::get_mut(&mut w.peers).expect("fresh")[0].layout = layout.to_vec();
+            return Ok(w);
+        }
+        if config.rank == 0 {
+            RendezvousHost::bind(config)?.accept(layout)
+        } else {
+            tcp::join(config, layout)
+        }
+    }
+
+    /// `n` ranks as threads of this process: one handle per rank, in rank
+    /// order; move each to its own thread. Collectives time out after
+    /// [`DEFAULT_WORLD_TIMEOUT`].
+    pub fn local_threads(n: usize) -> Vec<World> {
+        World::local_threads_with_timeout(n, DEFAULT_WORLD_TIMEOUT)
+    }
+
+    /// [`local_threads`](Self::local_threads) with a collective timeout.
+    pub fn local_threads_with_timeout(n: usize, timeout: Duration) -> Vec<World> {
+        let group = threads::Group::new(n, timeout);
+        let (host, pid) = (tcp::hostname(), std::process::id());
+        let peers: Arc<[PeerInfo]> =
+            (0..n).map(|r| PeerInfo { rank: r, local_rank: r, hostname: host.clone(), pid, layout: Vec::new() }).collect();
+        (0..n).map(|r| World { rank: r, size: n, local_rank: r, peers: peers.clone(), inner: Inner::Threads(group.clone()) }).collect()
+    }
+
+    /// Runs `f` on `n` threads, each with its rank's handle of a fresh
+    /// thread world, and returns their results in rank order. A panic on any
+    /// thread is re-raised here (the others see that rank leave the world).
+    pub fn run_threads<T: Send>(n: usize, f: impl Fn(World) -> T + Sync) -> Vec<T> {
+        let worlds = World::local_threads(n);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = worlds
+                .into_iter()
+                .map(|w| {
+                    let f = &f;
+                    std::thread::Builder::new()
+                        .name(format!("doorbell-rank-{}", w.rank))
+                        .spawn_scoped(s, move || f(w))
+                        .expect("could not start a rank thread")
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
+        })
+    }
+
+    /// This rank, `0..size()`.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// This rank's index among the ranks of its host (the launcher's local
+    /// rank; selects the GPU).
+    pub fn local_rank(&self) -> usize {
+        self.local_rank
+    }
+
+    /// Every rank as the rendezvous saw it, indexed by rank.
+    pub fn peers(&self) -> &[PeerInfo] {
+        &self.peers
+    }
+
+    /// How the ranks are connected.
+    pub fn kind(&self) -> WorldKind {
+        match self.inner {
+            Inner::Single => WorldKind::Single,
+            Inner::Threads(_) => WorldKind::Threads,
+            Inner::Tcp(_) => WorldKind::Tcp,
+        }
+    }
+
+    fn exchange(&self, op: Op, mine: &[u8]) -> Result<Arc<Vec<Vec<u8>>>> {
+        match &self.inner {
+            Inner::Single => Ok(Arc::new(vec![mine.to_vec()])),
+            Inner::Threads(g) => g.exchange(self.rank, op, mine),
+            Inner::Tcp(star) => star.exchange(op, mine),
+        }
+    }
+
+    /// Every rank's bytes, indexed by rank (collective: all ranks call it).
+    /// Lengths may differ between ranks.
+    pub fn all_gather_bytes(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let table = self.exchange(Op::AllGather, mine)?;
+        Ok(Arc::try_unwrap(table).unwrap_or_else(|t| (*t).clone()))
+    }
+
+    /// `root`'s `data` on every rank (collective). Other ranks' `data` is
+    /// ignored; pass `&[]`.
+    pub fn broadcast_bytes(&self, root: usize, data: &[u8]) -> Result<Vec<u8>> {
+        if root >= self.size {
+            return Err(Error::InvalidRank { what: "broadcast_bytes root", rank: root, size: self.size });
+        }
+        let mine = if self.rank == root { data } else { &[] };
+        let table = self.exchange(Op::Broadcast { root }, mine)?;
+        Ok(table[root].clone())
+    }
+
+    /// Returns once every rank has called it (collective).
+    pub fn barrier(&self) -> Result<()> {
+        self.exchange(Op::Barrier, &[]).map(drop)
+    }
+
+    /// Checks that every rank presents the same `value` for `field`
+    /// (collective), e.g. the layout of a symmetric buffer. Only a SHA-256
+    /// digest travels. On a difference every rank gets [`Error::NotSame`]
+    /// naming the field and the first rank that differs from rank 0.
+    pub fn check_same(&self, field: &str, value: &[u8]) -> Result<()> {
+        let digest: [u8; 32] = Sha256::digest(value).into();
+        let mine = wire::Enc::default().str(field).u64(value.len() as u64).raw(&digest).0;
+        let table = self.exchange(Op::CheckSame, &mine)?;
+        let parse = |r: usize| -> Result<(String, u64, Vec<u8>)> {
+            let mut d = wire::Dec::new(&table[r]);
+            let bad = |detail: String| Error::WorldProtocol { rank: self.rank, peer: format!("rank {r}"), detail };
+            Ok((d.str("field").map_err(bad)?, d.u64("length").map_err(bad)?, d.raw(32, "digest").map_err(bad)?.to_vec()))
+        };
+        let (field0, len0, digest0) = parse(0)?;
+        for r in 1..self.size {
+            let (f, len, digest) = parse(r)?;
+            if f != field0 {
+                return Err(Error::CollectiveMismatch {
+                    rank: r,
+                    ours: format!("check_same({field0:?})"),
+                    theirs: format!("check_same({f:?})"),
+                });
+            }
+            if (len, &digest) != (len0, &digest0) {
+                let detail = if len != len0 {
+                    format!("{len} bytes where rank 0 has {len0}")
+                } else {
+                    format!("same length ({len} bytes), different contents")
+                };
+                return Err(Error::NotSame { field: field.to_string(), rank: r, detail });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        if let Inner::Threads(g) = &self.inner {
+            g.leave(self.rank);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,670 @@
+//! The multi-process world: a TCP star around rank 0.
+//!
+//! Rendezvous, per peer connection:
+//!
+//! ```text
+//! rank 0                                   peer
+//!   Challenge { version, n0 }        ──▶
+//!                                    ◀──   Proof { n1, HMAC(token, peer | n0 | n1) }
+//!   Refuse                           ──▶   (wrong token: the peer fails with TokenMismatch)
+//!   RootProof { HMAC(token, root | n1 | n0) } ──▶   (checked: a wrong one is TokenMismatch too)
+//!                                    ◀──   Hello { version, rank, size, local rank, host, pid, layout }
+//!   Status { missing }               ──▶
+//!   ... once every rank is in ...
+//!   Welcome { table of all ranks }   ──▶   or Abort { mismatch | timeout }
+//! ```
+//!
+//! Rank 0 runs each handshake on its own thread, so a silent or hostile
+//! connection cannot hold up the others; refused connections are reported on
+//! stderr and otherwise ignored.
+//!
+//! Collectives: every rank sends `(op, sequence number, bytes)` to rank 0,
+//! which checks that all called the same op at the same step and sends the
+//! table of everyone's bytes back. On any failure rank 0 tells the others why
+//! (`Fail`), so each rank's error names the rank at fault.
+
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::auth::{self, Nonce, NONCE_LEN, PEER_LABEL, PROOF_LEN, ROOT_LABEL};
+use super::wire::{self, Dec, Enc, Frame, Kind, WireError};
+use super::{Inner, Op, PeerInfo, World, WorldConfig};
+use crate::error::{Error, Result};
+
+/// Version of the rendezvous and collective protocol; ranks must agree.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// How long rank 0 spends telling a peer about a failure.
+const NOTIFY_GRACE: Duration = Duration::from_secs(1);
+/// Extra time a peer waits for rank 0's verdict on a collective, so that
+/// rank 0's report naming the slow rank arrives before the peer gives up.
+const PEER_GRACE: Duration = Duration::from_secs(5);
+
+pub(crate) fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "unknown-host".to_string())
+}
+
+struct Hello {
+    version: u32,
+    size: usize,
+    info: PeerInfo,
+}
+
+fn encode_info(e: Enc, p: &PeerInfo) -> Enc {
+    e.u64(p.rank as u64).u64(p.local_rank as u64).str(&p.hostname).u32(p.pid).bytes(&p.layout)
+}
+
+fn decode_info(d: &mut Dec<'_>) -> std::result::Result<PeerInfo, String> {
+    Ok(PeerInfo {
+        rank: d.usize("rank")?,
+        local_rank: d.usize("local rank")?,
+        hostname: d.str("hostname")?,
+        pid: d.u32("pid")?,
+        layout: d.bytes("layout")?.to_vec(),
+    })
+}
+
+/// A decoded hello, or why not: with the (version, world size, rank) head
+/// when at least that much was readable.
+type RawHello = std::result::Result<Hello, (Option<(u32, usize, usize)>, String)>;
+
+impl Hello {
+    // version, size and rank come first in every protocol version, so a
+    // mismatch can always be named.
+    fn encode(&self) -> Vec<u8> {
+        encode_info(Enc::default().u32(self.version).u64(self.size as u64), &self.info).0
+    }
+    fn decode(body: &[u8]) -> RawHello {
+        let mut d = Dec::new(body);
+        let head = (|| Ok::<_, String>((d.u32("version")?, d.usize("world size")?, d.usize("rank")?)))().map_err(|e| (None, e))?;
+        let rest = (|| {
+            let local_rank = d.usize("local rank")?;
+            let hostname = d.str("hostname")?;
+            let pid = d.u32("pid")?;
+            let layout = d.bytes("layout")?.to_vec();
+            d.end("hello")?;
+            Ok::<_, String>(PeerInfo { rank: head.2, local_rank, hostname, pid, layout })
+        })();
+        match rest {
+            Ok(info) => Ok(Hello { version: head.0, size: head.1, info }),
+            Err(e) => Err((Some(head), e)),
+        }
+    }
+}
+
+/// Why rank 0 gave up on a rendezvous; sent to the peers in `Abort`.
+enum AbortReason {
+    Mismatch { rank: usize, field: String, ours: String, theirs: String },
+    Timeout { waited: Duration, missing: Vec<usize> },
+}
+
+impl AbortReason {
+    fn encode(&self) -> Vec<u8> {
+        match self {
+            AbortReason::Mismatch { rank, field, ours, theirs } => {
+                Enc::default().u8(1).u64(*rank as u64).str(field).str(ours).str(theirs).0
+            }
+            AbortReason::Timeout { waited, missing } => Enc::default().u8(2).u64(waited.as_millis() as u64).list(missing).0,
+        }
+    }
+    fn decode(body: &[u8]) -> std::result::Result<AbortReason, String> {
+        let mut d = Dec::new(body);
+        match d.u8("abort reason")? {
+            1 => {
+                Ok(AbortReason::Mismatch { rank: d.usize("rank")?, field: d.str("field")?, ours: d.str("ours")?, theirs: d.str("theirs")? })
+            }
+            2 => Ok(AbortReason::Timeout { waited: Duration::from_millis(d.u64("waited")?), missing: d.list("missing")? }),
+            t => Err(format!("unknown abort reason {t}")),
+        }
+    }
+    /// The error as `rank` reports it.
+    fn into_error(self, rank: usize) -> Error {
+        match self {
+            AbortReason::Mismatch { rank, field, ours, theirs } => Error::RendezvousMismatch { rank, field, ours, theirs },
+            AbortReason::Timeout { waited, missing } => Error::RendezvousTimeout { rank, waited, missing },
+        }
+    }
+}
+
+/// Rank 0's side of the rendezvous, bound but not yet accepting: lets a
+/// caller learn the port (useful with port 0) before blocking in
+/// [`accept`](Self::accept).
+pub struct RendezvousHost {
+    listener: TcpListener,
+    config: WorldConfig,
+}
+
+impl std::fmt::Debug for RendezvousHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RendezvousHost").field("addr", &self.listener.local_addr().ok()).field("config", &self.config).finish()
+    }
+}
+
+enum Handshake {
+    Joined(TcpStream, SocketAddr, RawHello),
+    WrongToken(SocketAddr),
+    Failed(SocketAddr, String),
+}
+
+impl RendezvousHost {
+    /// Binds `config.bind_addr:config.master_port` (rank 0 only). With port
+    /// 0 the system picks a free port: read it from
+    /// [`local_addr`](Self::local_addr) and hand it to the other ranks.
+    pub fn bind(config: &WorldConfig) -> Result<RendezvousHost> {
+        if config.rank != 0 {
+            return Err(Error::WorldProtocol {
+                rank: config.rank,
+                peer: "itself".into(),
+                detail: "only rank 0 hosts the rendezvous; other ranks call World::rendezvous".into(),
+            });
+        }
+        let addr = format_addr(&config.bind_addr, config.master_port);
+        let listener = TcpListener::bind(addr.as_str()).map_err(|source| Error::Bind { addr, source })?;
+        Ok(RendezvousHost { listener, config: config.clone() })
+    }
+
+    /// The address rank 0 listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr().expect("a bound listener has an address")
+    }
+
+    /// Waits for every other rank, checks them, and forms the world; the
+    /// rendezvous timeout counts from this call. `layout` is this rank's
+    /// opaque layout blob, published to every rank in [`World::peers`].
+    pub fn accept(self, layout: &[u8]) -> Result<World> {
+        let cfg = &self.config;
+        if layout.len() > super::MAX_LAYOUT {
+            return Err(Error::WorldProtocol {
+                rank: 0,
+                peer: "itself".into(),
+                detail: format!("the layout blob has {} bytes, more than the {} a rendezvous carries", layout.len(), super::MAX_LAYOUT),
+            });
+        }
+        let (rank, size) = (0, cfg.size);
+        let start = Instant::now();
+        let deadline = start + cfg.rendezvous_timeout;
+        let io = |what, source| Error::WorldIo { rank, what, source };
+        self.listener.set_nonblocking(true).map_err(|e| io("making the rendezvous listener non-blocking", e))?;
+        let token: Arc<[u8]> = Arc::from(cfg.token());
+        let (tx, rx) = mpsc::channel::<Handshake>();
+        let mut joined: Vec<Option<(TcpStream, PeerInfo)>> = (0..size).map(|_| None).collect();
+        let missing_of = |joined: &[Option<(TcpStream, PeerInfo)>]| -> Vec<usize> { (1..size).filter(|&r| joined[r].is_none()).collect() };
+        let mut poll = Duration::from_micros(200);
+        loop {
+            let mut busy = false;
+            match self.listener.accept() {
+                Ok((stream, addr)) => {
+                    busy = true;
+                    let (tx, token) = (tx.clone(), token.clone());
+                    std::thread::Builder::new()
+                        .name("doorbell-rendezvous".into())
+                        .spawn(move || {
+                            let _ = tx.send(root_handshake(stream, addr, &token, deadline));
+                        })
+                        .map_err(|e| io("starting a rendezvous handshake thread", e))?;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                // Running out of descriptors and the like pass; the deadline bounds us.
+                Err(e) => eprintln!("doorbell: rendezvous: accept failed: {e}"),
+            }
+            while let Ok(h) = rx.try_recv() {
+                busy = true;
+                match h {
+                    Handshake::WrongToken(addr) => eprintln!(
+                        "doorbell: rendezvous: refused a connection from {addr}: its DOORBELL_TOKEN does not match this job's; \
+                         still waiting"
+                    ),
+                    Handshake::Failed(addr, why) => {
+                        eprintln!("doorbell: rendezvous: dropped a connection from {addr}: {why}; still waiting")
+                    }
+                    Handshake::Joined(mut stream, addr, hello) => match check_hello(hello, cfg, &joined, addr) {
+                        Ok(None) => {}
+                        Ok(Some(info)) => {
+                            let r = info.rank;
+                            let mut missing = missing_of(&joined);
+                            missing.retain(|&m| m != r);
+                            // Best effort: the peer only uses it to name missing ranks on timeout.
+                            let status = Enc::default().list(&missing).0;
+                            let _ = wire::write_frame(&mut stream, Kind::Status, &status, Instant::now() + NOTIFY_GRACE);
+                            joined[r] = Some((stream, info));
+                        }
+                        Err(reason) => {
+                            let body = reason.encode();
+                            let _ = wire::write_frame(&mut stream, Kind::Abort, &body, Instant::now() + NOTIFY_GRACE);
+                            abort_all(&mut joined, &body);
+                            return Err(reason.into_error(rank));
+                        }
+                    },
+                }
+            }
+            if joined.iter().skip(1).all(Option::is_some) {
+                break;
+            }
+            if Instant::now() >= deadline {
+                let reason = AbortReason::Timeout { waited: start.elapsed(), missing: missing_of(&joined) };
+                abort_all(&mut joined, &reason.encode());
+                return Err(reason.into_error(rank));
+            }
+            poll = if busy { Duration::from_micros(200) } else { (poll * 2).min(Duration::from_millis(20)) };
+            std::thread::sleep(poll);
+        }
+
+        let me = PeerInfo { rank: 0, local_rank: cfg.local_rank, hostname: hostname(), pid: std::process::id(), layout: layout.to_vec() };
+        let mut table = vec![me];
+        let mut links: Vec<Option<TcpStream>> = vec![None];
+        for slot in joined.into_iter().skip(1) {
+            let (stream, info) = slot.expect("all joined");
+            table.push(info);
+            links.push(Some(stream));
+        }
+        let welcome = table.iter().fold(Enc::default().u64(size as u64), encode_info).0;
+        for (r, link) in links.iter_mut().enumerate().skip(1) {
+            let s = link.as_mut().expect("all joined");
+            if let Err(e) = wire::write_frame(s, Kind::Welcome, &welcome, deadline.max(Instant::now() + NOTIFY_GRACE)) {
+                return Err(Error::PeerLost { rank, peer: r, op: "rendezvous".into(), detail: e.to_string() });
+            }
+        }
+        Ok(World::from_parts(
+            0,
+            size,
+            cfg.local_rank,
+            table,
+            Inner::Tcp(Star {
+                rank,
+                size,
+                timeout: cfg.world_timeout,
+                state: Mutex::new(StarState { seq: 0, links: Links::Root(links), broken: None }),
+            }),
+        ))
+    }
+}
+
+fn format_addr(host: &str, port: u16) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+fn abort_all(joined: &mut [Option<(TcpStream, PeerInfo)>], body: &[u8]) {
+    for (s, _) in joined.iter_mut().flatten() {
+        let _ = wire::write_frame(s, Kind::Abort, body, Instant::now() + NOTIFY_GRACE);
+    }
+}
+
+fn check_hello(
+    hello: RawHello,
+    cfg: &WorldConfig,
+    joined: &[Option<(TcpStream, PeerInfo)>],
+    addr: SocketAddr,
+) -> std::result::Result<Option<PeerInfo>, AbortReason> {
+    let mismatch =
+        |rank: usize, field: &str, ours: String, theirs: String| AbortReason::Mismatch { rank, field: field.into(), ours, theirs };
+    let (version, size, rank, info) = match hello {
+        Ok(h) => (h.version, h.size, h.info.rank, Some(h.info)),
+        Err((Some((v, s, r)), _)) if v != PROTOCOL_VERSION => (v, s, r, None),
+        Err((_, why)) => {
+            // Authenticated but undecodable, from our own protocol version: a
+            // broken client rather than a misconfigured job. Drop it.
+            eprintln!("doorbell: rendezvous: dropped a connection from {addr}: malformed hello ({why}); still waiting");
+            return Ok(None);
+        }
+    };
+    if version != PROTOCOL_VERSION {
+        return Err(mismatch(rank, "protocol version", PROTOCOL_VERSION.to_string(), version.to_string()));
+    }
+    if size != cfg.size {
+        return Err(mismatch(rank, "world size", cfg.size.to_string(), size.to_string()));
+    }
+    if rank == 0 || rank >= cfg.size {
+        return Err(mismatch(rank, "rank", format!("a rank in 1..{}", cfg.size), format!("{rank} (from {addr})")));
+    }
+    let info = info.expect("decoded");
+    if let Some((_, first)) = &joined[rank] {
+        return Err(mismatch(
+            rank,
+            "rank",
+            format!("rank {rank} already joined from {} pid {}", first.hostname, first.pid),
+            format!("a second rank {rank} from {} pid {} ({addr})", info.hostname, info.pid),
+        ));
+    }
+    Ok(Some(info))
+}
+
+fn root_handshake(mut s: TcpStream, addr: SocketAddr, token: &[u8], deadline: Instant) -> Handshake {
+    let fail = |why: String| Handshake::Failed(addr, why);
+    let _ = s.set_nodelay(true);
+    if let Err(e) = s.set_nonblocking(false) {
+        return fail(e.to_string());
+    }
+    let n0 = match auth::nonce() {
+        Ok(n) => n,
+        Err(e) => return fail(format!("reading /dev/urandom failed: {e}")),
+    };
+    let challenge = Enc::default().u32(PROTOCOL_VERSION).raw(&n0).0;
+    if let Err(e) = wire::write_frame(&mut s, Kind::Challenge, &challenge, deadline) {
+        return fail(format!("sending the challenge: {e}"));
+    }
+    let proof = match wire::read_frame(&mut s, wire::MAX_UNAUTHENTICATED, deadline) {
+        Ok(Frame { kind: Kind::Proof, body }) if body.len() == NONCE_LEN + PROOF_LEN => body,
+        Ok(f) => return fail(format!("expected a token proof, got a {:?} frame of {} bytes", f.kind, f.body.len())),
+        Err(e) => return fail(format!("waiting for the token proof: {e}")),
+    };
+    let n1: Nonce = proof[..NONCE_LEN].try_into().unwrap();
+    if !auth::verify(token, PEER_LABEL, &n0, &n1, &proof[NONCE_LEN..]) {
+        let _ = wire::write_frame(&mut s, Kind::Refuse, b"token mismatch", Instant::now() + NOTIFY_GRACE);
+        return Handshake::WrongToken(addr);
+    }
+    let root_proof = auth::prove(token, ROOT_LABEL, &n1, &n0);
+    if let Err(e) = wire::write_frame(&mut s, Kind::RootProof, &root_proof, deadline) {
+        return fail(format!("sending rank 0's proof: {e}"));
+    }
+    match wire::read_frame(&mut s, wire::MAX_HELLO, deadline) {
+        Ok(Frame { kind: Kind::Hello, body }) => Handshake::Joined(s, addr, Hello::decode(&body)),
+        Ok(f) => fail(format!("expected a hello, got a {:?} frame", f.kind)),
+        Err(e) => fail(format!("waiting for the hello: {e}")),
+    }
+}
+
+enum Attempt {
+    /// Connected, and the other side sent a frame.
+    Answered(TcpStream, Frame),
+    /// Connected to something that does not speak our protocol.
+    Garbage(String),
+    /// Not there (yet); worth another try.
+    Retry(String),
+}
+
+fn connect_once(target: &str, deadline: Instant) -> Attempt {
+    let addrs: Vec<SocketAddr> = match target.to_socket_addrs() {
+        Ok(a) => a.collect(),
+        Err(e) => return Attempt::Retry(format!("resolving {target}: {e}")),
+    };
+    let mut last = format!("{target} resolves to no address");
+    for a in addrs {
+        let left = deadline.saturating_duration_since(Instant::now()).clamp(Duration::from_millis(1), Duration::from_secs(2));
+        match TcpStream::connect_timeout(&a, left) {
+            Ok(mut s) => {
+                let _ = s.set_nodelay(true);
+                return match wire::read_frame(&mut s, wire::MAX_UNAUTHENTICATED, deadline) {
+                    Ok(f) => Attempt::Answered(s, f),
+                    Err(WireError::Garbage(g)) => Attempt::Garbage(g),
+                    Err(e) => Attempt::Retry(format!("waiting for rank 0's challenge from {a}: {e}")),
+                };
+            }
+            Err(e) => last = format!("connecting to {a}: {e}"),
+        }
+    }
+    Attempt::Retry(last)
+}
+
+/// A peer's side of the rendezvous.
+pub(crate) fn join(cfg: &WorldConfig, layout: &[u8]) -> Result<World> {
+    let (rank, size) = (cfg.rank, cfg.size);
+    let start = Instant::now();
+    let deadline = start + cfg.rendezvous_timeout;
+    let target = format_addr(&cfg.master_addr, cfg.master_port);
+    let timeout = |missing: Vec<usize>| Error::RendezvousTimeout { rank, waited: start.elapsed(), missing };
+    let protocol = |detail: String| Error::WorldProtocol { rank, peer: format!("rank 0 at {target}"), detail };
+
+    // Rank 0 may start after us: retry until it answers with a challenge.
+    let mut backoff = Duration::from_millis(10);
+    let mut last_failure = String::new();
+    let (mut s, challenge) = loop {
+        if Instant::now() >= deadline {
+            eprintln!("doorbell: rank {rank}: could not reach rank 0 at {target}; last attempt: {last_failure}");
+            return Err(timeout(vec![0]));
+        }
+        match connect_once(&target, deadline) {
+            Attempt::Answered(s, f) => break (s, f),
+            Attempt::Garbage(g) => {
+                return Err(protocol(format!(
+                    "it is not a doorbell rendezvous ({g}); check that MASTER_ADDR/MASTER_PORT (or DOORBELL_MASTER_PORT) \
+                     name this job's rank 0 and that no other service (e.g. torch.distributed's store) uses that port"
+                )))
+            }
+            Attempt::Retry(why) => {
+                last_failure = why;
+                std::thread::sleep(backoff.min(deadline.saturating_duration_since(Instant::now())));
+                backoff = (backoff * 2).min(Duration::from_millis(500));
+            }
+        }
+    };
+
+    let n0: Nonce = match challenge {
+        Frame { kind: Kind::Challenge, body } if body.len() == 4 + NONCE_LEN => body[4..].try_into().unwrap(),
+        f => return Err(protocol(format!("expected a challenge, got a {:?} frame of {} bytes", f.kind, f.body.len()))),
+    };
+    let wire_err = |e: WireError, what: &str| match e {
+        WireError::TimedOut => timeout(vec![0]),
+        WireError::Closed(why) => Error::PeerLost { rank, peer: 0, op: format!("rendezvous ({what})"), detail: why },
+        WireError::Garbage(g) => protocol(g),
+    };
+    let n1 = auth::nonce().map_err(|source| Error::WorldIo { rank, what: "reading /dev/urandom", source })?;
+    let proof = Enc::default().raw(&n1).raw(&auth::prove(cfg.token(), PEER_LABEL, &n0, &n1)).0;
+    wire::write_frame(&mut s, Kind::Proof, &proof, deadline).map_err(|e| wire_err(e, "sending the token proof"))?;
+    match wire::read_frame(&mut s, wire::MAX_UNAUTHENTICATED, deadline) {
+        Ok(Frame { kind: Kind::Refuse, .. }) => return Err(Error::TokenMismatch { rank, addr: target }),
+        Ok(Frame { kind: Kind::RootProof, body }) => {
+            if !auth::verify(cfg.token(), ROOT_LABEL, &n1, &n0, &body) {
+                return Err(Error::TokenMismatch { rank, addr: target });
+            }
+        }
+        Ok(f) => return Err(protocol(format!("expected rank 0's proof, got a {:?} frame", f.kind))),
+        Err(e) => return Err(wire_err(e, "waiting for rank 0's proof")),
+    }
+    let me = PeerInfo { rank, local_rank: cfg.local_rank, hostname: hostname(), pid: std::process::id(), layout: layout.to_vec() };
+    let hello = Hello { version: PROTOCOL_VERSION, size, info: me }.encode();
+    wire::write_frame(&mut s, Kind::Hello, &hello, deadline).map_err(|e| wire_err(e, "sending the hello"))?;
+
+    let mut missing = vec![0];
+    let table = loop {
+        match wire::read_frame(&mut s, wire::MAX_COLLECTIVE, deadline) {
+            Ok(Frame { kind: Kind::Status, body }) => missing = Dec::new(&body).list("missing").map_err(protocol)?,
+            Ok(Frame { kind: Kind::Abort, body }) => return Err(AbortReason::decode(&body).map_err(protocol)?.into_error(rank)),
+            Ok(Frame { kind: Kind::Welcome, body }) => {
+                let mut d = Dec::new(&body);
+                let n = d.usize("rank count").map_err(protocol)?;
+                let table = (0..n).map(|_| decode_info(&mut d)).collect::<std::result::Result<Vec<_>, _>>().map_err(protocol)?;
+                if n != size || table.iter().enumerate().any(|(i, p)| p.rank != i) {
+                    return Err(protocol(format!("welcome lists {n} ranks out of order or of the wrong count (expected {size})")));
+                }
+                break table;
+            }
+            Ok(f) => return Err(protocol(format!("unexpected {:?} frame during the rendezvous", f.kind))),
+            Err(WireError::TimedOut) => return Err(timeout(missing)),
+            Err(e) => return Err(wire_err(e, "waiting for the other ranks")),
+        }
+    };
+    Ok(World::from_parts(
+        rank,
+        size,
+        cfg.local_rank,
+        table,
+        Inner::Tcp(Star {
+            rank,
+            size,
+            timeout: cfg.world_timeout,
+            state: Mutex::new(StarState { seq: 0, links: Links::Peer(s), broken: None }),
+        }),
+    ))
+}
+
+/// The connections of a formed TCP world.
+pub(crate) struct Star {
+    rank: usize,
+    size: usize,
+    timeout: Duration,
+    state: Mutex<StarState>,
+}
+
+struct StarState {
+    seq: u64,
+    links: Links,
+    broken: Option<String>,
+}
+
+enum Links {
+    /// Rank 0: one stream per peer, indexed by rank (slot 0 empty).
+    Root(Vec<Option<TcpStream>>),
+    /// A peer: the stream to rank 0.
+    Peer(TcpStream),
+}
+
+fn describe(op: Op, seq: u64) -> String {
+    format!("{op} (collective #{seq})")
+}
+
+fn encode_step(op: Op, seq: u64) -> Enc {
+    let (tag, arg) = op.code();
+    Enc::default().u8(tag).u64(arg).u64(seq)
+}
+
+fn decode_step(d: &mut Dec<'_>) -> std::result::Result<(Op, u64), String> {
+    let tag = d.u8("op")?;
+    let arg = d.u64("op argument")?;
+    let seq = d.u64("sequence number")?;
+    Ok((Op::from_code(tag, arg).ok_or_else(|| format!("unknown collective op {tag}"))?, seq))
+}
+
+impl Star {
+    pub(crate) fn exchange(&self, op: Op, mine: &[u8]) -> Result<Arc<Vec<Vec<u8>>>> {
+        let rank = self.rank;
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(reason) = &st.broken {
+            return Err(Error::WorldBroken { rank, reason: reason.clone() });
+        }
+        let seq = st.seq;
+        st.seq += 1;
+        let start = Instant::now();
+        let result = match &mut st.links {
+            Links::Root(links) => self.root_exchange(links, op, seq, mine, start),
+            Links::Peer(s) => self.peer_exchange(s, op, seq, mine, start),
+        };
+        if let Err(e) = &result {
+            st.broken = Some(e.to_string());
+        }
+        result
+    }
+
+    fn root_exchange(&self, links: &mut [Option<TcpStream>], op: Op, seq: u64, mine: &[u8], start: Instant) -> Result<Arc<Vec<Vec<u8>>>> {
+        let deadline = start + self.timeout;
+        let gathered = (|| {
+            let mut table = vec![Vec::new(); self.size];
+            table[0] = mine.to_vec();
+            for r in 1..self.size {
+                let s = links[r].as_mut().expect("rank 0 holds a link per peer");
+                let frame = match wire::read_frame(s, wire::MAX_COLLECTIVE, deadline) {
+                    Ok(f) => f,
+                    Err(WireError::TimedOut) => {
+                        // The later ranks were not read yet: those with nothing
+                        // pending have not arrived either.
+                        let mut missing = vec![r];
+                        missing.extend((r + 1..self.size).filter(|&q| !has_pending(links[q].as_ref().expect("link"))));
+                        return Err(Error::CollectiveTimeout { rank: 0, op: describe(op, seq), waited: start.elapsed(), missing });
+                    }
+                    Err(WireError::Closed(why)) => return Err(Error::PeerLost { rank: 0, peer: r, op: describe(op, seq), detail: why }),
+                    Err(WireError::Garbage(g)) => return Err(Error::WorldProtocol { rank: 0, peer: format!("rank {r}"), detail: g }),
+                };
+                let bad = |detail: String| Error::WorldProtocol { rank: 0, peer: format!("rank {r}"), detail };
+                if frame.kind != Kind::Collective {
+                    return Err(bad(format!("expected a collective step, got a {:?} frame", frame.kind)));
+                }
+                let mut d = Dec::new(&frame.body);
+                let (their_op, their_seq) = decode_step(&mut d).map_err(bad)?;
+                if (their_op, their_seq) != (op, seq) {
+                    return Err(Error::CollectiveMismatch { rank: r, ours: describe(op, seq), theirs: describe(their_op, their_seq) });
+                }
+                table[r] = d.bytes("payload").map_err(bad)?.to_vec();
+            }
+            Ok(table)
+        })();
+        let table = match gathered {
+            Ok(t) => t,
+            Err(e) => {
+                fail_all(links, op, seq, &e.to_string());
+                return Err(e);
+            }
+        };
+        let reply = table.iter().fold(encode_step(op, seq).u64(self.size as u64), |e, b| e.bytes(b)).0;
+        for r in 1..self.size {
+            let s = links[r].as_mut().expect("link");
+            if let Err(e) = wire::write_frame(s, Kind::Collective, &reply, deadline.max(Instant::now() + NOTIFY_GRACE)) {
+                let e = Error::PeerLost { rank: 0, peer: r, op: describe(op, seq), detail: e.to_string() };
+                fail_all(links, op, seq, &e.to_string());
+                return Err(e);
+            }
+        }
+        Ok(Arc::new(table))
+    }
+
+    fn peer_exchange(&self, s: &mut TcpStream, op: Op, seq: u64, mine: &[u8], start: Instant) -> Result<Arc<Vec<Vec<u8>>>> {
+        let rank = self.rank;
+        let what = describe(op, seq);
+        let lost = |detail: String| Error::PeerLost { rank, peer: 0, op: what.clone(), detail };
+        let bad = |detail: String| Error::WorldProtocol { rank, peer: "rank 0".into(), detail };
+        let step = encode_step(op, seq).bytes(mine).0;
+        match wire::write_frame(s, Kind::Collective, &step, start + self.timeout) {
+            Ok(()) => {}
+            Err(WireError::TimedOut) => {
+                return Err(Error::CollectiveTimeout { rank, op: what.clone(), waited: start.elapsed(), missing: vec![0] })
+            }
+            Err(e) => return Err(lost(e.to_string())),
+        }
+        let frame = match wire::read_frame(s, wire::MAX_COLLECTIVE, start + self.timeout + PEER_GRACE) {
+            Ok(f) => f,
+            Err(WireError::TimedOut) => {
+                return Err(Error::CollectiveTimeout { rank, op: what.clone(), waited: start.elapsed(), missing: vec![0] })
+            }
+            Err(WireError::Closed(why)) => return Err(lost(why)),
+            Err(WireError::Garbage(g)) => return Err(bad(g)),
+        };
+        let mut d = Dec::new(&frame.body);
+        match frame.kind {
+            Kind::Fail => {
+                let (_, _) = decode_step(&mut d).map_err(bad)?;
+                Err(Error::WorldAborted { rank, op: what.clone(), reason: d.str("reason").map_err(bad)? })
+            }
+            Kind::Collective => {
+                let (their_op, their_seq) = decode_step(&mut d).map_err(bad)?;
+                if (their_op, their_seq) != (op, seq) {
+                    return Err(bad(format!("answered {} to our {what}", describe(their_op, their_seq))));
+                }
+                let n = d.usize("rank count").map_err(bad)?;
+                if n != self.size {
+                    return Err(bad(format!("answered with {n} ranks, the world has {}", self.size)));
+                }
+                let table =
+                    (0..n).map(|_| d.bytes("payload").map(<[u8]>::to_vec)).collect::<std::result::Result<Vec<_>, _>>().map_err(bad)?;
+                Ok(Arc::new(table))
+            }
+            k => Err(bad(format!("expected a collective answer, got a {k:?} frame"))),
+        }
+    }
+}
+
+/// Whether bytes wait on `s` (without consuming them).
+fn has_pending(s: &TcpStream) -> bool {
+    let mut b = [0u8; 1];
+    if s.set_nonblocking(true).is_err() {
+        return false;
+    }
+    let pending = matches!(s.peek(&mut b), Ok(n) if n > 0);
+    let _ = s.set_nonblocking(false);
+    pending
+}
+
+fn fail_all(links: &mut [Option<TcpStream>], op: Op, seq: u64, reason: &str) {
+    let body = encode_step(op, seq).str(reason).0;
+    for s in links.iter_mut().flatten() {
+        let _ = wire::write_frame(s, Kind::Fail, &body, Instant::now() + NOTIFY_GRACE);
+    }
+}

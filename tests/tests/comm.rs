@@ -1,0 +1,175 @@
+//! The communicator and the P2P transport on every backend: put/get/signal/
+//! wait/barrier across 2..8 ranks, odd sizes and offsets, bounded waits, and
+//! symmetric-allocation checks.
+
+use std::time::Duration;
+
+use doorbell::comm::{CommOptions, Communicator, PeerRoute};
+use doorbell::{Backend, Error, LaunchConfig, KERNELS_PTX};
+use doorbell_kernels::testing::{p2p_barrier_rounds, p2p_ring, p2p_wait_forever, STATUS_OK};
+
+fn backends() -> Vec<Backend> {
+    doorbell_tests::backends().iter().map(|d| d.backend()).collect()
+}
+
+fn pattern(rank: usize, n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i as u8).wrapping_mul(13).wrapping_add(rank as u8 * 41 + 1)).collect()
+}
+
+fn ring(backend: Backend, ranks: usize, bytes: usize, offset: usize, use_warp: bool) {
+    let opts = CommOptions { heap_bytes: 1 << 20, wait_timeout: Duration::from_secs(20), ..Default::default() };
+    Communicator::local(ranks, backend, opts, |comm| {
+        let dev = comm.device();
+        let m = dev.load_module(KERNELS_PTX)?;
+        let f = m.function::<p2p_ring>()?;
+        let src = comm.alloc::<u8>(bytes.max(1))?;
+        let dst = comm.alloc::<u8>(bytes + offset + 1)?;
+        let got = comm.alloc::<u8>(bytes + offset + 1)?;
+        let sig = comm.alloc::<u64>(1)?;
+        let mut status = dev.alloc_zeroed::<u32>(1)?;
+        src.copy_from_host(&pattern(comm.rank(), bytes.max(1)))?;
+        comm.barrier()?;
+        let s = dev.new_stream()?;
+        let threads = if dev.is_gpu() { 256 } else { 64 };
+        // SAFETY: sizes as p2p_ring documents.
+        unsafe {
+            s.launch(
+                &f,
+                LaunchConfig::linear(1, threads),
+                (
+                    comm.p2p(),
+                    src.as_mut_ptr(),
+                    dst.as_mut_ptr(),
+                    got.as_mut_ptr(),
+                    bytes as u64,
+                    offset as u64,
+                    sig.as_mut_ptr(),
+                    1u64,
+                    use_warp as u32,
+                    status.as_mut_ptr(),
+                ),
+            )?
+        };
+        comm.synchronize(&s)?;
+        assert_eq!(status.to_host()?[0], STATUS_OK);
+        let prev = (comm.rank() + ranks - 1) % ranks;
+        let want = pattern(prev, bytes.max(1));
+        let d = dst.to_host()?;
+        let g = got.to_host()?;
+        let first_bad = |v: &[u8]| v[offset..offset + bytes].iter().zip(&want[..bytes]).position(|(a, b)| a != b);
+        assert_eq!(first_bad(&d), None, "put: rank {} from {prev}, {bytes} B at +{offset}: first differing byte", comm.rank());
+        assert_eq!(first_bad(&g), None, "get: rank {} from {prev}, {bytes} B at +{offset}: first differing byte", comm.rank());
+        assert!(d[..offset].iter().all(|&b| b == 0) && d[offset + bytes] == 0, "put wrote outside its range");
+        assert!(g[..offset].iter().all(|&b| b == 0) && g[offset + bytes] == 0, "get wrote outside its range");
+        assert_eq!(sig.to_host()?, vec![1]);
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{backend:?}, {ranks} ranks, {bytes} B at +{offset}, warp={use_warp}: {e}"));
+}
+
+#[test]
+fn put_get_signal_wait_barrier_ring_2_to_8_ranks() {
+    for backend in backends() {
+        for ranks in [2, 3, 5, 8] {
+            ring(backend, ranks, 4096, 0, false);
+        }
+    }
+}
+
+#[test]
+fn odd_sizes_and_offsets_block_and_warp() {
+    for backend in backends() {
+        for (bytes, offset) in [(0, 0), (1, 0), (7, 3), (33, 1), (4093, 5), (65536 + 3, 16), (100_000, 12)] {
+            for warp in [false, true] {
+                ring(backend, 3, bytes, offset, warp);
+            }
+        }
+    }
+}
+
+#[test]
+fn barrier_rounds_count_every_rank() {
+    for backend in backends() {
+        for ranks in [2, 4, 8] {
+            let rounds = 25u32;
+            let totals = Communicator::local(ranks, backend, CommOptions::default(), |comm| {
+                let dev = comm.device();
+                let m = dev.load_module(KERNELS_PTX)?;
+                let f = m.function::<p2p_barrier_rounds>()?;
+                let counter = comm.alloc::<u64>(1)?;
+                let mut status = dev.alloc_zeroed::<u32>(1)?;
+                let s = dev.new_stream()?;
+                comm.barrier()?;
+                // SAFETY: symmetric counter, one status word.
+                unsafe { s.launch(&f, LaunchConfig::linear(1, 64), (comm.p2p(), counter.as_mut_ptr(), rounds, status.as_mut_ptr()))? };
+                comm.synchronize(&s)?;
+                assert_eq!(status.to_host()?[0], STATUS_OK);
+                Ok(counter.to_host()?[0])
+            })
+            .unwrap();
+            let want = rounds as u64 * (1..=ranks as u64).sum::<u64>();
+            assert_eq!(totals[0], want, "{backend:?} {ranks} ranks");
+        }
+    }
+}
+
+#[test]
+fn a_peer_that_never_signals_is_an_error_not_a_hang() {
+    for backend in backends() {
+        let opts = CommOptions { wait_timeout: Duration::from_millis(300), ..Default::default() };
+        let errs = Communicator::local(2, backend, opts, |comm| {
+            let dev = comm.device();
+            let m = dev.load_module(KERNELS_PTX)?;
+            let f = m.function::<p2p_wait_forever>()?;
+            let sig = comm.alloc::<u64>(4)?;
+            let mut status = dev.alloc_zeroed::<u32>(1)?;
+            let s = dev.new_stream()?;
+            if comm.rank() == 1 {
+                let t0 = std::time::Instant::now();
+                // SAFETY: symmetric word, one status word.
+                unsafe { s.launch(&f, LaunchConfig::linear(1, 32), (comm.p2p(), sig.as_mut_ptr().wrapping_add(2), status.as_mut_ptr()))? };
+                let r = comm.synchronize(&s);
+                assert!(t0.elapsed() < Duration::from_secs(30), "the wait was not bounded");
+                assert_eq!(status.to_host()?[0], doorbell_kernels::testing::STATUS_TIMEOUT);
+                // Reported once: a second check is clean.
+                comm.check()?;
+                return Ok(Some(r.unwrap_err()));
+            }
+            Ok(None)
+        })
+        .unwrap();
+        let e = errs.into_iter().flatten().next().expect("rank 1 reports");
+        match &e {
+            Error::WaitTimeout { rank, op, expected, seen, offset, cmp, .. } => {
+                assert_eq!((*rank, *op, *expected, *seen, *cmp), (1, "wait_until", 0xdead_beef, 0, "=="), "{e}");
+                assert_eq!(*offset % 8, 0);
+            }
+            other => panic!("expected WaitTimeout, got {other}"),
+        }
+        let msg = e.to_string();
+        assert!(msg.contains("rank 1") && msg.contains("3735928559") && msg.contains("DOORBELL_WAIT_TIMEOUT_S"), "{msg}");
+    }
+}
+
+#[test]
+fn mismatched_symmetric_allocations_name_the_rank_and_field() {
+    let r = Communicator::local(3, Backend::Cpu, CommOptions::default(), |comm| {
+        let len = if comm.rank() == 2 { 100 } else { 64 };
+        comm.alloc::<u32>(len).map(|_| ())
+    });
+    let msg = r.unwrap_err().to_string();
+    assert!(msg.contains("rank 2") && msg.contains("symmetric allocation #0"), "{msg}");
+}
+
+#[test]
+fn heap_exhaustion_is_reported() {
+    let opts = CommOptions { heap_bytes: 4096, ..Default::default() };
+    let r = Communicator::local(2, Backend::Cpu, opts, |comm| comm.alloc::<u8>(1 << 20).map(|_| ()));
+    assert!(matches!(r, Err(Error::HeapExhausted { .. })), "{:?}", r.err());
+}
+
+#[test]
+fn thread_ranks_share_one_address_space() {
+    let routes = Communicator::local(3, Backend::Cpu, CommOptions::default(), |comm| Ok(comm.describe_peers().to_vec())).unwrap();
+    assert_eq!(routes[1], vec![PeerRoute::SameProcess, PeerRoute::Local, PeerRoute::SameProcess]);
+}
