@@ -131,7 +131,8 @@ fn run_rank(comm: &Communicator, o: &Opts) -> doorbell::Result<Option<String>> {
         return Err(doorbell::Error::Comm(format!("rank {}: a block did not finish (status {st:?})", comm.rank())));
     }
     let got = buf.to_host()?;
-    if got != pattern {
+    let n = o.size as usize;
+    if got[..n] != pattern[..n] {
         let bad = got.iter().zip(&pattern).position(|(a, b)| a != b).unwrap_or(0);
         return Err(doorbell::Error::Comm(format!("rank {}: data differs at byte {bad}", comm.rank())));
     }

@@ -230,8 +230,14 @@ pub struct P2p {
     pub heap_bytes: u64,
     /// Spin budget, ns.
     pub budget_ns: u64,
+    /// 1 when every rank runs on this same GPU: signals and waits then use
+    /// `.gpu` scope, which is cheaper than `.sys` (peers on other GPUs,
+    /// processes on other GPUs, or the host need `.sys`).
+    pub same_gpu: u32,
+    /// Reserved, zero.
+    pub _pad: u32,
 }
-const _: () = assert!(core::mem::size_of::<P2p>() == 32);
+const _: () = assert!(core::mem::size_of::<P2p>() == 40);
 
 #[cfg(not(target_arch = "nvptx64"))]
 // SAFETY: #[repr(C)] plain data (integers and a pointer), 8-byte aligned,
@@ -281,10 +287,10 @@ impl P2p {
 
     unsafe fn wait_inner(&self, sig: *const u64, cmp: Cmp, value: u64, op: WaitOp, peer: u32) -> Result<u64, TimedOut> {
         let start = ptx::globaltimer_ns();
-        let mut backoff = 8u32;
+        let mut polls = 0u32;
         loop {
             // SAFETY: caller's contract.
-            let seen = unsafe { ptx::ld_acquire_sys_u64(sig) };
+            let seen = unsafe { if self.same_gpu != 0 { ptx::ld_acquire_gpu_u64(sig) } else { ptx::ld_acquire_sys_u64(sig) } };
             if cmp.holds(seen, value) {
                 return Ok(seen);
             }
@@ -293,8 +299,12 @@ impl P2p {
                 unsafe { self.report(op, cmp, peer, sig, value, seen) };
                 return Err(TimedOut { seen });
             }
-            ptx::nanosleep(backoff);
-            backoff = (backoff * 2).min(256);
+            // Spin tight first (latency), then back off (bandwidth of the
+            // memory system, and the emulator's CPU).
+            polls = polls.saturating_add(1);
+            if polls > 64 || !cfg!(target_arch = "nvptx64") {
+                ptx::nanosleep(if polls > 1024 { 256 } else { 32 });
+            }
         }
     }
 }
@@ -376,14 +386,22 @@ impl Transport for P2p {
     #[inline(always)]
     unsafe fn signal(&self, sig: *mut u64, value: u64, op: SignalOp, pe: u32) {
         let remote = self.translate(sig, pe);
-        // The fence makes this thread's earlier puts (and, after a barrier,
-        // its warp's or block's) part of what the signal publishes.
-        ptx::fence_acq_rel_sys();
+        // Release is cumulative in the PTX memory model: the puts of this
+        // thread, and of the warp/block ordered before it by a barrier, are
+        // published with it. Across GPUs a system-scope fence first makes
+        // the other threads' peer stores part of it too (as NVSHMEM does).
+        if self.same_gpu == 0 {
+            ptx::fence_acq_rel_sys();
+        }
         // SAFETY: caller's contract.
         unsafe {
-            match op {
-                SignalOp::Set => ptx::st_release_sys_u64(remote, value),
-                SignalOp::Add => {
+            match (op, self.same_gpu != 0) {
+                (SignalOp::Set, true) => ptx::st_release_gpu_u64(remote, value),
+                (SignalOp::Set, false) => ptx::st_release_sys_u64(remote, value),
+                (SignalOp::Add, true) => {
+                    ptx::atom_add_release_gpu_u64(remote, value);
+                }
+                (SignalOp::Add, false) => {
                     ptx::atom_add_release_sys_u64(remote, value);
                 }
             }

@@ -167,6 +167,8 @@ struct Identity {
     host: String,
     gpu: bool,
     ordinal: u32,
+    /// The GPU's UUID (hex), or "cpu".
+    uuid: String,
 }
 
 fn hostname() -> String {
@@ -174,18 +176,19 @@ fn hostname() -> String {
 }
 
 fn encode_identity(i: &Identity) -> Vec<u8> {
-    format!("{}\n{}\n{}\n{}", i.pid, i.gpu as u8, i.ordinal, i.host).into_bytes()
+    format!("{}\n{}\n{}\n{}\n{}", i.pid, i.gpu as u8, i.ordinal, i.uuid, i.host).into_bytes()
 }
 
 fn decode_identity(b: &[u8], rank: usize) -> Result<Identity> {
     let s = String::from_utf8_lossy(b);
-    let mut it = s.splitn(4, '\n');
+    let mut it = s.splitn(5, '\n');
     let mut next = || it.next().ok_or_else(|| Error::comm(format!("rank {rank} sent a malformed identity")));
     let pid = next()?.parse().map_err(|_| Error::comm(format!("rank {rank}: bad pid")))?;
     let gpu = next()? == "1";
     let ordinal = next()?.parse().map_err(|_| Error::comm(format!("rank {rank}: bad ordinal")))?;
+    let uuid = next()?.to_string();
     let host = next()?.to_string();
-    Ok(Identity { pid, host, gpu, ordinal })
+    Ok(Identity { pid, host, gpu, ordinal, uuid })
 }
 
 /// One rank's communicator. Created collectively by every rank.
@@ -200,6 +203,7 @@ pub struct Communicator {
     peer_table: DeviceBuffer<u64>,
     next: Mutex<(u64, u64)>,
     budget_ns: u64,
+    same_gpu: bool,
     // Drop order: mappings of peers before our own heap.
     _mappings: Vec<Mapping>,
     _heap: Heap,
@@ -218,7 +222,11 @@ impl Communicator {
         world.check_same("backend", if device.is_gpu() { b"gpu" } else { b"cpu" })?;
 
         // Phase 1: who is where.
-        let me = Identity { pid: std::process::id(), host: hostname(), gpu: device.is_gpu(), ordinal: device.ordinal() as u32 };
+        let uuid = match &*device.inner {
+            DeviceInner::Gpu(ctx) => ctx.uuid().map(|u| u.bytes.iter().map(|b| format!("{:02x}", *b as u8)).collect()).unwrap_or_default(),
+            DeviceInner::Emu(_) => "cpu".to_string(),
+        };
+        let me = Identity { pid: std::process::id(), host: hostname(), gpu: device.is_gpu(), ordinal: device.ordinal() as u32, uuid };
         let ids = world
             .all_gather_bytes(&encode_identity(&me))?
             .iter()
@@ -344,6 +352,7 @@ impl Communicator {
             }
         }
         let peer_table = device.alloc_from(&bases)?;
+        let same_gpu = device.is_gpu() && !me.uuid.is_empty() && ids.iter().all(|i| i.uuid == me.uuid);
         Ok(Communicator {
             world,
             device,
@@ -355,6 +364,7 @@ impl Communicator {
             peer_table,
             next: Mutex::new((HEAP_RESERVED, 0)),
             budget_ns: opts.wait_timeout.as_nanos().min(u64::MAX as u128) as u64,
+            same_gpu,
             _mappings: mappings,
             _heap: heap,
         })
@@ -429,6 +439,8 @@ impl Communicator {
             peers: self.peer_table.as_ptr(),
             heap_bytes: self.heap_len,
             budget_ns: self.budget_ns,
+            same_gpu: self.same_gpu as u32,
+            _pad: 0,
         }
     }
 
@@ -573,7 +585,7 @@ fn enable_peer_access(device: &Device, peer_ordinal: usize, rank: usize, peer: u
             reason: format!("GPU {} cannot access GPU {peer_ordinal} (no NVLink/PCIe peer access)", ctx.ordinal()),
         });
     }
-    let peer_ctx = cudarc::driver::CudaContext::new(peer_ordinal).call("cuDevicePrimaryCtxRetain")?;
+    let peer_ctx = crate::device::shared_context(peer_ordinal)?;
     device.bind()?;
     // SAFETY: both contexts are live primary contexts.
     let r = unsafe { sys::cuCtxEnablePeerAccess(peer_ctx.cu_ctx(), 0) };

@@ -51,8 +51,22 @@ pub fn gpu_count() -> usize {
 
 /// True when the CUDA driver library can be loaded.
 pub fn driver_present() -> bool {
+    eager_module_loading();
     // SAFETY: only probes whether the library can be dlopen'd.
     unsafe { sys::is_culib_present() }
+}
+
+/// Kernels that wait on each other must be loaded before any of them runs:
+/// with CUDA's lazy loading (the default since CUDA 12.2) the first launch
+/// of a kernel can wait for a running kernel that spins on it. Like NVSHMEM,
+/// doorbell asks for eager loading unless `CUDA_MODULE_LOADING` is set.
+fn eager_module_loading() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os("CUDA_MODULE_LOADING").is_none() {
+            std::env::set_var("CUDA_MODULE_LOADING", "EAGER");
+        }
+    });
 }
 
 /// A device: a GPU context or a CPU emulator instance. Cheap to clone;
@@ -60,6 +74,10 @@ pub fn driver_present() -> bool {
 #[derive(Clone)]
 pub struct Device {
     pub(crate) inner: Arc<DeviceInner>,
+    /// GPU streams created through this handle: what `synchronize` waits for.
+    /// Several handles (e.g. thread ranks) share one CUDA context, so a
+    /// context-wide synchronize would wait for other ranks' spinning kernels.
+    pub(crate) gpu_streams: Arc<Mutex<Vec<Weak<cudarc::driver::CudaStream>>>>,
 }
 
 pub(crate) enum DeviceInner {
@@ -105,13 +123,16 @@ impl Device {
         if ordinal >= count {
             return Err(Error::NoSuchGpu { ordinal, count });
         }
-        let ctx = CudaContext::new(ordinal).call("cuDevicePrimaryCtxRetain")?;
-        Ok(Device { inner: Arc::new(DeviceInner::Gpu(ctx)) })
+        let ctx = shared_context(ordinal)?;
+        Ok(Device { inner: Arc::new(DeviceInner::Gpu(ctx)), gpu_streams: Default::default() })
     }
 
     /// A CPU emulator device (`ordinal` only labels it).
     pub fn emulator(ordinal: usize) -> Device {
-        Device { inner: Arc::new(DeviceInner::Emu(EmuDevice { ordinal, streams: Mutex::new(Vec::new()) })) }
+        Device {
+            inner: Arc::new(DeviceInner::Emu(EmuDevice { ordinal, streams: Mutex::new(Vec::new()) })),
+            gpu_streams: Default::default(),
+        }
     }
 
     /// The backend this device runs on (never `Auto`).
@@ -162,10 +183,18 @@ impl Device {
         }
     }
 
-    /// Waits for all work on the device.
+    /// Waits for all work enqueued through this handle (its streams). Other
+    /// handles of the same GPU (other thread ranks) are not waited for.
     pub fn synchronize(&self) -> Result<()> {
         match &*self.inner {
-            DeviceInner::Gpu(c) => c.synchronize().call("cuCtxSynchronize"),
+            DeviceInner::Gpu(_) => {
+                let streams: Vec<_> =
+                    self.gpu_streams.lock().unwrap_or_else(|p| p.into_inner()).iter().filter_map(Weak::upgrade).collect();
+                for s in streams {
+                    s.synchronize().call("cuStreamSynchronize")?;
+                }
+                Ok(())
+            }
             DeviceInner::Emu(e) => {
                 let streams: Vec<_> = e.streams.lock().unwrap_or_else(|p| p.into_inner()).iter().filter_map(Weak::upgrade).collect();
                 let mut first = Ok(());
@@ -209,6 +238,26 @@ impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Device").field("backend", &self.backend()).field("ordinal", &self.ordinal()).finish()
     }
+}
+
+/// One CUDA context per GPU ordinal for the whole process, shared by every
+/// handle: cudarc switches a context to multi-stream mode with a
+/// context-wide synchronize the first time a stream is created on it, which
+/// must happen once, not once per rank while other ranks' kernels spin.
+pub(crate) fn shared_context(ordinal: usize) -> Result<Arc<CudaContext>> {
+    static CONTEXTS: std::sync::OnceLock<Mutex<std::collections::HashMap<usize, Weak<CudaContext>>>> = std::sync::OnceLock::new();
+    let mut map = CONTEXTS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(c) = map.get(&ordinal).and_then(Weak::upgrade) {
+        return Ok(c);
+    }
+    let ctx = CudaContext::new(ordinal).call("cuDevicePrimaryCtxRetain")?;
+    // We never use cudarc's CudaSlice, whose event tracking would add
+    // synchronization we do not want.
+    // SAFETY: no CudaSlice exists on this context yet (it was just created).
+    unsafe { ctx.disable_event_tracking() };
+    let _ = ctx.new_stream().call("cuStreamCreate")?; // enter multi-stream mode now, while idle
+    map.insert(ordinal, Arc::downgrade(&ctx));
+    Ok(ctx)
 }
 
 fn host_threads() -> usize {

@@ -158,7 +158,11 @@ unsafe impl<T> Sync for AssertSend<T> {}
 impl Stream {
     pub(crate) fn new(device: &Device) -> Result<Stream> {
         let inner = match &*device.inner {
-            DeviceInner::Gpu(ctx) => StreamInner::Gpu(ctx.new_stream().call("cuStreamCreate")?),
+            DeviceInner::Gpu(ctx) => {
+                let s = ctx.new_stream().call("cuStreamCreate")?;
+                device.gpu_streams.lock().unwrap_or_else(|p| p.into_inner()).push(Arc::downgrade(&s));
+                StreamInner::Gpu(s)
+            }
             DeviceInner::Emu(e) => {
                 let s = EmuStream::start()?;
                 e.streams.lock().unwrap_or_else(|p| p.into_inner()).push(Arc::downgrade(&s));
