@@ -2,8 +2,8 @@
 //! same run:
 //!
 //! * signal round trip between two ranks (`pingpong` with 0 bytes) vs the
-//!   flag ping-pong floor (two blocks bouncing a flag with st.release /
-//!   ld.acquire, no doorbell API);
+//!   flag ping-pong floor (one thread per rank bouncing a flag between the
+//!   two ranks' memories with st.release / ld.acquire, no doorbell API);
 //! * put bandwidth, 4 KiB .. 256 MiB (`put_bw`: rank 0's blocks put slices
 //!   into rank 1's symmetric buffer, repeatedly in one launch) vs a plain
 //!   copy kernel with the same grid (`copy_raw`).
@@ -23,7 +23,7 @@ use doorbell::comm::{CommOptions, Communicator};
 use doorbell::{Backend, LaunchConfig, KERNELS_PTX};
 use doorbell_examples::plot::{svg_chart, Series};
 use doorbell_examples::{die, Args};
-use doorbell_kernels::examples::{copy_raw, flag_pingpong_raw, pingpong, put_bw, PINGPONG_OK};
+use doorbell_kernels::examples::{copy_raw, flag_pingpong_pair, pingpong, put_bw, PINGPONG_OK};
 
 fn main() {
     if let Err(e) = run() {
@@ -52,13 +52,13 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let rtt_iters = args.num("rtt-iters", if gpu { 20_000 } else { 200 })? as u32;
     let out_dir = std::path::PathBuf::from(args.get("out").unwrap_or("."));
     let spread = args.flag("spread");
-    let opts = CommOptions { heap_bytes: max_size * 2 + (1 << 20), wait_timeout: Duration::from_secs(30), spread_gpus: spread };
+    let opts = CommOptions { heap_bytes: max_size * 2 + (1 << 20), wait_timeout: Duration::from_secs(30), spread_gpus: spread || CommOptions::default().spread_gpus };
 
     let results = Communicator::local(2, backend, opts, |comm| {
         let dev = comm.device();
         let m = dev.load_module(KERNELS_PTX)?;
         let pp = m.function::<pingpong>()?;
-        let raw_flag = m.function::<flag_pingpong_raw>()?;
+        let raw_flag = m.function::<flag_pingpong_pair>()?;
         let copy = m.function::<copy_raw>()?;
         let put = m.function::<put_bw>()?;
         let s = dev.new_stream()?;
@@ -116,7 +116,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             if comm.rank() == 0 {
                 let target = if comm.describe_peers()[1] == doorbell::comm::PeerRoute::PeerAccess {
                     // Write into the peer GPU, like the put.
-                    comm.p2p().translate(dst.as_ptr(), 1) as *mut u8
+                    comm.peer_address(dst.as_ptr(), 1)?
                 } else {
                     local_dst.as_raw() as *mut u8
                 };
@@ -131,13 +131,17 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             bytes *= 4;
         }
         comm.barrier()?;
+        // Flag ping-pong floor: one thread per rank bouncing a flag between
+        // the two ranks' memories, same placement and scope as the transport.
+        let flag = comm.alloc::<u32>(1)?;
+        let theirs = comm.peer_address(flag.as_ptr(), 1 - comm.rank())?;
+        let sys_scope = (comm.describe_peers()[1 - comm.rank()] != doorbell::comm::PeerRoute::SameProcess) as u32;
+        let mut ns = dev.alloc_zeroed::<u64>(1)?;
+        comm.barrier()?;
+        // SAFETY: both flags are single words; the launch is unbounded but both ranks run it.
+        unsafe { s.launch(&raw_flag, LaunchConfig::linear(1, 32), (flag.as_mut_ptr(), theirs, comm.rank() as u32, sys_scope, rtt_iters, ns.as_mut_ptr()))? };
+        s.synchronize()?;
         if comm.rank() == 0 {
-            // Flag ping-pong floor: two blocks of one launch.
-            let mut flags = dev.alloc_zeroed::<u32>(2)?;
-            let mut ns = dev.alloc_zeroed::<u64>(1)?;
-            // SAFETY: two flag words, one result word.
-            unsafe { s.launch(&raw_flag, LaunchConfig::linear(2, 32), (flags.as_mut_ptr(), rtt_iters, ns.as_mut_ptr()))? };
-            s.synchronize()?;
             floor_rtt_us = ns.to_host()?[0] as f64 / rtt_iters as f64 / 1e3;
         }
         Ok((rtt_us, floor_rtt_us, rows, dev.name(), format!("{:?}", comm.describe_peers()[1])))

@@ -185,3 +185,46 @@ unsafe fn put_bw_body<T: Transport>(t: &T, dst: *mut u8, src: *const u8, bytes: 
         }
     }
 }
+
+/// Raw floor for the signal round trip between two ranks (possibly on two
+/// GPUs): rank 0 stores `i` to `their_flag` (the peer's word) with a release
+/// store and waits for its own word to reach `i` with acquire loads; rank 1
+/// mirrors it. Scope `.sys` when `sys_scope != 0`, else `.gpu`. One thread
+/// per rank; rank 0 writes the elapsed ns to `out_ns`. Unbounded spins: a
+/// measurement kernel, not for production.
+#[kernel]
+pub unsafe fn flag_pingpong_pair(my_flag: *mut u32, their_flag: *mut u32, rank: u32, sys_scope: u32, iters: u32, out_ns: *mut u64) {
+    if ptx::thread_idx_x() != 0 || ptx::block_idx_x() != 0 {
+        return;
+    }
+    // SAFETY: one word each; `their_flag` is the peer's word as this GPU sees it.
+    unsafe {
+        let wait = |i: u32| {
+            if sys_scope != 0 {
+                while ptx::ld_acquire_sys_u32(my_flag) < i {}
+            } else {
+                while ptx::ld_acquire_gpu_u32(my_flag) < i {}
+            }
+        };
+        let post = |i: u32| {
+            if sys_scope != 0 {
+                ptx::st_release_sys_u32(their_flag, i)
+            } else {
+                ptx::st_release_gpu_u32(their_flag, i)
+            }
+        };
+        let start = ptx::globaltimer_ns();
+        for i in 1..=iters {
+            if rank == 0 {
+                post(i);
+                wait(i);
+            } else {
+                wait(i);
+                post(i);
+            }
+        }
+        if rank == 0 {
+            *out_ns = ptx::globaltimer_ns() - start;
+        }
+    }
+}

@@ -56,17 +56,18 @@ use crate::world::World;
 pub struct CommOptions {
     /// Usable symmetric heap per rank, bytes (the runtime adds its header).
     pub heap_bytes: u64,
-    /// Budget of every device-side wait.
+    /// Budget of every device-side wait (default: `DOORBELL_WAIT_TIMEOUT_S`, 10 s).
     pub wait_timeout: Duration,
     /// Thread worlds on a GPU machine: put rank `r` on GPU `r % gpus`
-    /// instead of every rank on GPU 0.
+    /// instead of every rank on GPU 0 (default: `DOORBELL_SPREAD_GPUS=1`).
     pub spread_gpus: bool,
 }
 
 impl Default for CommOptions {
     fn default() -> Self {
         let secs = std::env::var("DOORBELL_WAIT_TIMEOUT_S").ok().and_then(|v| v.parse::<f64>().ok()).unwrap_or(10.0);
-        CommOptions { heap_bytes: 64 << 20, wait_timeout: Duration::from_secs_f64(secs.max(0.001)), spread_gpus: false }
+        let spread = std::env::var("DOORBELL_SPREAD_GPUS").is_ok_and(|v| v == "1");
+        CommOptions { heap_bytes: 64 << 20, wait_timeout: Duration::from_secs_f64(secs.max(0.001)), spread_gpus: spread }
     }
 }
 
@@ -200,6 +201,7 @@ pub struct Communicator {
     heap_base: u64,
     heap_len: u64,
     routes: Vec<PeerRoute>,
+    bases: Vec<u64>,
     peer_table: DeviceBuffer<u64>,
     next: Mutex<(u64, u64)>,
     budget_ns: u64,
@@ -361,6 +363,7 @@ impl Communicator {
             heap_base,
             heap_len,
             routes,
+            bases,
             peer_table,
             next: Mutex::new((HEAP_RESERVED, 0)),
             budget_ns: opts.wait_timeout.as_nanos().min(u64::MAX as u128) as u64,
@@ -429,6 +432,17 @@ impl Communicator {
     /// How each peer is reached.
     pub fn describe_peers(&self) -> &[PeerRoute] {
         &self.routes
+    }
+
+    /// The address of `pe`'s copy of a symmetric location, as this rank's
+    /// GPU sees it (a device address: for kernels and driver copies, not for
+    /// the host). `local` must lie in this rank's heap.
+    pub fn peer_address<T>(&self, local: *const T, pe: usize) -> Result<*mut T> {
+        let off = (local as u64).wrapping_sub(self.heap_base);
+        if off >= self.heap_len || pe >= self.size {
+            return Err(Error::comm(format!("{local:p} is not in rank {}'s symmetric heap, or rank {pe} does not exist", self.rank)));
+        }
+        Ok((self.bases[pe] + off) as *mut T)
     }
 
     /// The P2P transport's device handle (a kernel argument).

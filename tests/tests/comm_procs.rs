@@ -13,9 +13,11 @@ use doorbell_kernels::testing::{p2p_ring, STATUS_OK};
 const TOKEN: &str = "comm-procs-test-token-91c2";
 const BYTES: usize = 10_007;
 
-fn device(backend: Backend) -> Device {
+/// Rank `rank`'s device: GPU 0, or GPU `rank % gpus` with DOORBELL_SPREAD_GPUS=1.
+fn device(backend: Backend, rank: usize) -> Device {
+    let spread = std::env::var("DOORBELL_SPREAD_GPUS").is_ok_and(|v| v == "1");
     match backend {
-        Backend::Gpu => Device::gpu(0).unwrap(),
+        Backend::Gpu => Device::gpu(if spread { rank % doorbell::gpu_count().max(1) } else { 0 }).unwrap(),
         _ => Device::emulator(0),
     }
 }
@@ -23,7 +25,8 @@ fn device(backend: Backend) -> Device {
 /// Both ranks: ring put/get of BYTES with a signal and a barrier; returns the route to the peer.
 fn run_rank(world: World, backend: Backend) -> Result<PeerRoute, doorbell::Error> {
     let opts = CommOptions { heap_bytes: 1 << 20, wait_timeout: Duration::from_secs(20), ..Default::default() };
-    let comm = Communicator::new(world, device(backend), opts)?;
+    let rank = world.rank();
+    let comm = Communicator::new(world, device(backend, rank), opts)?;
     let dev = comm.device();
     let m = dev.load_module(KERNELS_PTX)?;
     let f = m.function::<p2p_ring>()?;
