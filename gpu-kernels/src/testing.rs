@@ -229,3 +229,22 @@ pub unsafe fn p2p_barrier_rounds(t: P2p, counter: *mut u64, rounds: u32, status:
         }
     }
 }
+
+/// Deliberately broken: warp 0 waits at a block barrier that warp 1 never
+/// reaches, because warp 1 spins on a flag warp 0 sets only after the
+/// barrier. On the CPU emulator this must fail with a barrier timeout, not
+/// hang. Never launch it on a GPU (it would hang there). Block of 64 threads.
+#[kernel]
+pub unsafe fn divergent_barrier(flag: *mut u32) {
+    // SAFETY: one zeroed word.
+    unsafe {
+        if ptx::warp_id_in_block() == 0 {
+            ptx::sync_threads();
+            ptx::st_release_gpu_u32(flag, 1);
+        } else {
+            while ptx::ld_acquire_gpu_u32(flag) == 0 {
+                ptx::nanosleep(100);
+            }
+        }
+    }
+}

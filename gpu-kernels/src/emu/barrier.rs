@@ -46,8 +46,9 @@ impl Barrier {
             }
             let now = Instant::now();
             if now >= deadline {
+                // The barrier is dead (the launch aborts): leave the count as
+                // is, so every thread that gives up reports the same numbers.
                 let (arrived, expected) = (s.arrived, s.expected);
-                s.arrived -= 1;
                 drop(s);
                 panic!(
                     "{what}: only {arrived} of {expected} threads arrived within {:?} (divergent control flow around a barrier or warp collective?)",
