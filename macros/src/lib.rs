@@ -4,6 +4,8 @@
 //!   (`extern "ptx-kernel"` on nvptx64) and, on the host, into a function the
 //!   CPU emulator runs plus a marker type the launcher uses to type-check
 //!   arguments.
+//! * [`macro@descriptor`] declares a NIC descriptor layout (mlx5 WQE
+//!   segments, CQEs) and generates host encoders/decoders and device builders.
 //!
 //! Each macro is split into `parse` → `validate` → `generate`; errors point at
 //! the offending token, several are reported at once, and the original item is
@@ -11,6 +13,7 @@
 
 use proc_macro::TokenStream;
 
+mod descriptor;
 mod kernel;
 
 /// Declares a kernel.
@@ -35,4 +38,48 @@ mod kernel;
 #[proc_macro_attribute]
 pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     kernel::expand(attr.into(), item.into()).into()
+}
+
+/// Declares a NIC descriptor layout (a WQE segment, a CQE, ...) and
+/// generates its encoders, decoders and device builder.
+///
+/// ```ignore
+/// #[doorbell_kernels::descriptor(size = 16, endian = big)]
+/// pub struct CtrlSeg {
+///     /// WQE opcode.
+///     #[field(byte = 0, word = u32, bit = 0, width = 8)]
+///     pub opcode: u8,
+///     /// Producer index of the WQE.
+///     #[field(byte = 0, word = u32, bit = 8, width = 16)]
+///     pub wqe_index: u16,
+///     #[field(byte = 11)]
+///     pub fm_ce_se: u8,
+/// }
+/// ```
+///
+/// Options: `size = BYTES` (required, a multiple of 4), `endian = big|little`
+/// (default `big`, the byte order of multi-byte container words). Each field
+/// is `u8`, `u16`, `u32`, `u64` or `bool` and says where it lives:
+/// `byte = N` (offset of its container word), `word = u8|u16|u32|u64` (the
+/// container, default the field's type), `bit = N` (offset of the field's
+/// least significant bit in the container's value, default 0), `width = N`
+/// (bits, default the type's), `endian = ...` (overrides the descriptor's).
+/// Bytes no field covers are reserved and always zero.
+///
+/// Generated, next to the struct (which also derives `Clone, Copy, Debug,
+/// Default, PartialEq, Eq, Hash`): `SIZE`, `WORDS`, `LAYOUT`, `<FIELD>_MAX`,
+/// `<FIELD>_BYTE`; `to_words` (the device builder: memory words assembled in
+/// registers) and `store` (16-byte `st.v4.u32` stores, no read-modify-write);
+/// `to_bytes`/`from_bytes`/`from_words`/`load_words`; and per field
+/// `get_<f>`/`set_<f>` on a `[u8; SIZE]` image and `get_<f>_words`/
+/// `set_<f>_words` on a `[u32; WORDS]` image. All of it is `no_std` and
+/// builds for `nvptx64`.
+///
+/// Rejected, with an error on the offending token: a missing or bad size,
+/// fields without `#[field(byte = N)]`, fields past the end, widths of 0, over
+/// 64, wider than the type or not fitting the container at their bit offset,
+/// fields sharing a bit, and unknown options.
+#[proc_macro_attribute]
+pub fn descriptor(attr: TokenStream, item: TokenStream) -> TokenStream {
+    descriptor::expand(attr.into(), item.into()).into()
 }
