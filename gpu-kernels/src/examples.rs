@@ -31,7 +31,7 @@ pub const PINGPONG_TIMEOUT: u32 = 2;
 /// launch ended at), so launches can follow each other without resetting.
 /// Rank 0's block `b` writes its elapsed ns to `out_ns[b]`;
 /// `status[b]` gets `PINGPONG_OK` or `PINGPONG_TIMEOUT`.
-#[kernel]
+#[kernel(hot)]
 pub unsafe fn pingpong(t: P2p, buf: *mut u8, bytes: u64, chunk: u64, sig: *mut u64, epoch0: u64, iters: u32, out_ns: *mut u64, status: *mut u32) {
     // SAFETY: the host allocates `buf`, `sig` (one word per block) symmetrically
     // and `out_ns`/`status` with one entry per block.
@@ -152,7 +152,7 @@ pub unsafe fn copy_raw(dst: *mut u8, src: *const u8, bytes: u64, iters: u32) {
 /// `dst` (symmetric) on rank 1, `iters` times, then `quiet` and signal
 /// `sig` on rank 1 (add 1 per block). Rank 1 waits until `sig >= expect`.
 /// `status` gets `PINGPONG_OK` or `PINGPONG_TIMEOUT`.
-#[kernel]
+#[kernel(hot)]
 pub unsafe fn put_bw(t: P2p, dst: *mut u8, src: *const u8, bytes: u64, iters: u32, sig: *mut u64, expect: u64, status: *mut u32) {
     // SAFETY: as documented; `status` one word, written by thread 0 of block 0.
     unsafe { put_bw_body(&t, dst, src, bytes, iters, sig, expect, status) }
