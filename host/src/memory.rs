@@ -117,22 +117,10 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
         if src.len() != self.len {
             return Err(Error::LengthMismatch { device: self.len, host: src.len() });
         }
-        if self.len == 0 {
-            return Ok(());
-        }
-        self.device.synchronize()?;
-        match &*self.device.inner {
-            DeviceInner::Gpu(_) => {
-                self.device.bind()?;
-                // SAFETY: sizes match; context bound.
-                unsafe { result::memcpy_htod_sync(self.addr, src) }.call("cuMemcpyHtoD")
-            }
-            DeviceInner::Emu(_) => {
-                // SAFETY: both spans hold `len` elements and do not overlap.
-                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.addr as *mut T, self.len) };
-                Ok(())
-            }
-        }
+        // SAFETY: `T` is plain data (DeviceCopy).
+        let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr() as *const u8, std::mem::size_of_val(src)) };
+        // SAFETY: the allocation spans exactly these bytes.
+        unsafe { self.device.write_raw(self.addr, bytes) }
     }
 
     /// Copies the buffer into `dst`; waits for the device's outstanding work first.
@@ -140,22 +128,10 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
         if dst.len() != self.len {
             return Err(Error::LengthMismatch { device: self.len, host: dst.len() });
         }
-        if self.len == 0 {
-            return Ok(());
-        }
-        self.device.synchronize()?;
-        match &*self.device.inner {
-            DeviceInner::Gpu(_) => {
-                self.device.bind()?;
-                // SAFETY: sizes match; context bound.
-                unsafe { result::memcpy_dtoh_sync(dst, self.addr) }.call("cuMemcpyDtoH")
-            }
-            DeviceInner::Emu(_) => {
-                // SAFETY: as above.
-                unsafe { std::ptr::copy_nonoverlapping(self.addr as *const T, dst.as_mut_ptr(), self.len) };
-                Ok(())
-            }
-        }
+        // SAFETY: `T` is plain data: any bytes written are a valid `T`.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr() as *mut u8, std::mem::size_of_val(dst)) };
+        // SAFETY: the allocation spans exactly these bytes.
+        unsafe { self.device.read_raw(self.addr, bytes) }
     }
 
     /// The buffer's contents as a `Vec`.
