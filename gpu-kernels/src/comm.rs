@@ -236,8 +236,11 @@ pub struct P2p {
     pub same_gpu: u32,
     /// Reserved, zero.
     pub _pad: u32,
+    /// This rank's heap base (`peers[rank]`), kept here to save a load on
+    /// every address translation.
+    pub local_base: u64,
 }
-const _: () = assert!(core::mem::size_of::<P2p>() == 40);
+const _: () = assert!(core::mem::size_of::<P2p>() == 48);
 
 #[cfg(not(target_arch = "nvptx64"))]
 // SAFETY: #[repr(C)] plain data (integers and a pointer), 8-byte aligned,
@@ -247,8 +250,7 @@ unsafe impl crate::KernelParam for P2p {}
 impl P2p {
     #[inline(always)]
     fn local_base(&self) -> u64 {
-        // SAFETY: `peers` has `world` entries, `rank < world`.
-        unsafe { *self.peers.add(self.rank as usize) }
+        self.local_base
     }
 
     /// Translates a local symmetric address to `pe`'s copy.
@@ -294,16 +296,20 @@ impl P2p {
             if cmp.holds(seen, value) {
                 return Ok(seen);
             }
-            if ptx::globaltimer_ns().wrapping_sub(start) > self.budget_ns {
-                // SAFETY: as above.
-                unsafe { self.report(op, cmp, peer, sig, value, seen) };
-                return Err(TimedOut { seen });
-            }
-            // Spin tight first (latency), then back off (bandwidth of the
-            // memory system, and the emulator's CPU).
-            polls = polls.saturating_add(1);
-            if polls > 64 || !cfg!(target_arch = "nvptx64") {
-                ptx::nanosleep(if polls > 1024 { 256 } else { 32 });
+            polls = polls.wrapping_add(1);
+            // Reading %globaltimer costs about as much as a poll: look at the
+            // clock every 32 polls only. On the emulator, yield every poll.
+            if polls % 32 == 0 || !cfg!(target_arch = "nvptx64") {
+                if ptx::globaltimer_ns().wrapping_sub(start) > self.budget_ns {
+                    // SAFETY: as above.
+                    unsafe { self.report(op, cmp, peer, sig, value, seen) };
+                    return Err(TimedOut { seen });
+                }
+                // Tight spinning first (latency), then back off (memory
+                // system bandwidth; the emulator's CPUs).
+                if polls > 4096 || !cfg!(target_arch = "nvptx64") {
+                    ptx::nanosleep(128);
+                }
             }
         }
     }

@@ -455,6 +455,7 @@ impl Communicator {
             budget_ns: self.budget_ns,
             same_gpu: self.same_gpu as u32,
             _pad: 0,
+            local_base: self.heap_base,
         }
     }
 
