@@ -2,6 +2,10 @@
 
 pub mod plot;
 
+/// PTX of the user kernel crate (`examples/user-kernels`), built by this
+/// package's `build.rs` with `doorbell::build::PtxBuilder`.
+pub const USER_KERNELS_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/doorbell_example_kernels.ptx"));
+
 use std::collections::HashMap;
 
 /// `--key value` / `--flag` arguments.

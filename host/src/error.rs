@@ -308,6 +308,7 @@ impl<T> CudaCall<T> for std::result::Result<T, cudarc::driver::DriverError> {
 }
 
 /// Communicator errors (appended; see [`Error`]).
+#[cfg(feature = "runtime")]
 impl Error {
     /// Builds [`Error::Comm`].
     pub(crate) fn comm(msg: impl Into<String>) -> Error {

@@ -7,7 +7,7 @@ use std::process::Command;
 
 /// Every PTX module the workspace builds and embeds.
 fn modules() -> Vec<(&'static str, &'static str)> {
-    vec![("doorbell_kernels", doorbell::KERNELS_PTX)]
+    vec![("doorbell_kernels", doorbell::KERNELS_PTX), ("doorbell_example_kernels", doorbell_examples::USER_KERNELS_PTX)]
 }
 
 fn find_ptxas() -> PathBuf {

@@ -1,0 +1,8 @@
+// Builds the user kernel crate (examples/user-kernels) to PTX, the way a
+// downstream project builds its own kernels: doorbell's build helper as a
+// build-dependency, the PTX embedded with include_str!.
+fn main() {
+    if let Err(e) = doorbell::build::PtxBuilder::new("user-kernels").build() {
+        panic!("{e}");
+    }
+}
