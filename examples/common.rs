@@ -41,7 +41,11 @@ impl Args {
                 positional.push(a);
             }
         }
-        Ok(Args { values, flags: fl, positional })
+        Ok(Args {
+            values,
+            flags: fl,
+            positional,
+        })
     }
 
     /// The string value of `--key`.
@@ -64,7 +68,12 @@ impl Args {
 
     /// Options that were given but are not in `known`.
     pub fn unknown(&self, known: &[&str]) -> Vec<String> {
-        self.values.keys().chain(self.flags.iter()).filter(|k| !known.contains(&k.as_str())).cloned().collect()
+        self.values
+            .keys()
+            .chain(self.flags.iter())
+            .filter(|k| !known.contains(&k.as_str()))
+            .cloned()
+            .collect()
     }
 }
 

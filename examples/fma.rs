@@ -22,7 +22,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse(&[])?;
     let bad = args.unknown(&["device", "n", "iters"]);
     if !bad.is_empty() {
-        return Err(format!("unknown option(s): {}; usage: fma [--device gpu|cpu|auto] [--n ELEMENTS] [--iters N]", bad.join(", ")).into());
+        return Err(format!(
+            "unknown option(s): {}; usage: fma [--device gpu|cpu|auto] [--n ELEMENTS] [--iters N]",
+            bad.join(", ")
+        )
+        .into());
     }
     let backend: Backend = match args.get("device") {
         Some(d) => d.parse()?,
@@ -49,7 +53,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let dc = dev.alloc_from(&c)?;
     let mut dout = dev.alloc_zeroed::<f32>(n)?;
     let stream = dev.new_stream()?;
-    let blocks = if dev.is_gpu() { dev.multiprocessor_count() as u32 * 4 } else { dev.multiprocessor_count() as u32 };
+    let blocks = if dev.is_gpu() {
+        dev.multiprocessor_count() as u32 * 4
+    } else {
+        dev.multiprocessor_count() as u32
+    };
     let cfg = LaunchConfig::linear(blocks, if dev.is_gpu() { 256 } else { 32 });
 
     let launch = |out: *mut f32| {
@@ -78,9 +86,15 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     let bytes: Vec<u8> = out.iter().flat_map(|x| x.to_le_bytes()).collect();
     let gbps = (4.0 * 4.0 * n as f64) / (ms as f64 * 1e-3) / 1e9;
-    println!("kernel: fused_multiply_add, {n} elements, grid {}x{} threads, {iters} timed launches", cfg.grid.0, cfg.block.0);
+    println!(
+        "kernel: fused_multiply_add, {n} elements, grid {}x{} threads, {iters} timed launches",
+        cfg.grid.0, cfg.block.0
+    );
     println!("time: {ms:.3} ms per launch, {gbps:.1} GB/s (3 loads + 1 store of f32 per element)");
-    println!("checked: {n} outputs against a CPU reference (f32::mul_add), bit-exact: {}", if mismatches == 0 { "yes" } else { "NO" });
+    println!(
+        "checked: {n} outputs against a CPU reference (f32::mul_add), bit-exact: {}",
+        if mismatches == 0 { "yes" } else { "NO" }
+    );
     println!("output fingerprint: {:016x}", fingerprint(&bytes));
     if mismatches > 0 {
         return Err(format!("{mismatches} of {n} outputs differ from the reference").into());

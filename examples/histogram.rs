@@ -21,7 +21,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse(&[])?;
     let bad = args.unknown(&["device", "n"]);
     if !bad.is_empty() {
-        return Err(format!("unknown option(s): {}; usage: histogram [--device gpu|cpu|auto] [--n BYTES]", bad.join(", ")).into());
+        return Err(format!(
+            "unknown option(s): {}; usage: histogram [--device gpu|cpu|auto] [--n BYTES]",
+            bad.join(", ")
+        )
+        .into());
     }
     let backend: Backend = match args.get("device") {
         Some(d) => d.parse()?,
@@ -31,7 +35,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let n = args.num("n", if dev.is_gpu() { 1 << 28 } else { 1 << 22 })? as usize;
     println!("device: {} ({:?} backend)", dev.name(), dev.backend());
     // Skewed bytes, so bins differ.
-    let data: Vec<u8> = (0..n as u64).map(|i| ((i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 57) as u8) ^ ((i % 7) as u8)).collect();
+    let data: Vec<u8> = (0..n as u64)
+        .map(|i| ((i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 57) as u8) ^ ((i % 7) as u8))
+        .collect();
     let module = dev.load_module(USER_KERNELS_PTX)?;
     let f = module.function::<byte_histogram>()?;
     let ddata = dev.alloc_from(&data)?;
@@ -55,7 +61,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         want[*b as usize] += 1;
     }
     let ok = got[..] == want[..];
-    println!("kernel: byte_histogram from the user kernel crate, {n} bytes, {:.3} ms ({:.1} GB/s)", ms, n as f64 / (ms as f64 * 1e-3) / 1e9);
+    println!(
+        "kernel: byte_histogram from the user kernel crate, {n} bytes, {:.3} ms ({:.1} GB/s)",
+        ms,
+        n as f64 / (ms as f64 * 1e-3) / 1e9
+    );
     println!("checked: 256 bins against a CPU count: {}", if ok { "equal" } else { "DIFFERENT" });
     if !ok {
         return Err("histogram differs from the CPU count".into());

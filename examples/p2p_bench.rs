@@ -52,7 +52,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let rtt_iters = args.num("rtt-iters", if gpu { 20_000 } else { 200 })? as u32;
     let out_dir = std::path::PathBuf::from(args.get("out").unwrap_or("."));
     let spread = args.flag("spread");
-    let opts = CommOptions { heap_bytes: max_size * 2 + (1 << 20), wait_timeout: Duration::from_secs(30), spread_gpus: spread || CommOptions::default().spread_gpus };
+    let opts = CommOptions {
+        heap_bytes: max_size * 2 + (1 << 20),
+        wait_timeout: Duration::from_secs(30),
+        spread_gpus: spread || CommOptions::default().spread_gpus,
+    };
 
     let results = Communicator::local(2, backend, opts, |comm| {
         let dev = comm.device();
@@ -62,7 +66,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         let copy = m.function::<copy_raw>()?;
         let put = m.function::<put_bw>()?;
         let s = dev.new_stream()?;
-        let (sm_blocks, threads) = if dev.is_gpu() { (dev.multiprocessor_count() as u64, 512u32) } else { (2, 32) };
+        let (sm_blocks, threads) = if dev.is_gpu() {
+            (dev.multiprocessor_count() as u64, 512u32)
+        } else {
+            (2, 32)
+        };
 
         // Signal round trip.
         let sig = comm.alloc::<u64>(1)?;
@@ -74,7 +82,21 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             comm.barrier()?;
             // SAFETY: sizes as pingpong documents (0 bytes: no buffer access).
             unsafe {
-                s.launch(&pp, LaunchConfig::linear(1, 32), (comm.p2p(), sig.as_mut_ptr() as *mut u8, 0u64, 16u64, sig.as_mut_ptr(), epoch, iters, out_ns.as_mut_ptr(), status.as_mut_ptr()))?
+                s.launch(
+                    &pp,
+                    LaunchConfig::linear(1, 32),
+                    (
+                        comm.p2p(),
+                        sig.as_mut_ptr() as *mut u8,
+                        0u64,
+                        16u64,
+                        sig.as_mut_ptr(),
+                        epoch,
+                        iters,
+                        out_ns.as_mut_ptr(),
+                        status.as_mut_ptr(),
+                    ),
+                )?
             };
             comm.synchronize(&s)?;
             epoch += iters as u64;
@@ -103,7 +125,22 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             comm.barrier()?;
             let t0 = s.record()?;
             // SAFETY: buffers hold max_size >= bytes.
-            unsafe { s.launch(&put, cfg, (comm.p2p(), dst.as_mut_ptr(), src.as_ptr(), bytes, iters, psig.as_mut_ptr(), expect, status.as_mut_ptr()))? };
+            unsafe {
+                s.launch(
+                    &put,
+                    cfg,
+                    (
+                        comm.p2p(),
+                        dst.as_mut_ptr(),
+                        src.as_ptr(),
+                        bytes,
+                        iters,
+                        psig.as_mut_ptr(),
+                        expect,
+                        status.as_mut_ptr(),
+                    ),
+                )?
+            };
             let t1 = s.record()?;
             comm.synchronize(&s)?;
             let put_us = t0.elapsed_ms(&t1)? as f64 * 1e3 / iters as f64;
@@ -139,7 +176,13 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         let mut ns = dev.alloc_zeroed::<u64>(1)?;
         comm.barrier()?;
         // SAFETY: both flags are single words; the launch is unbounded but both ranks run it.
-        unsafe { s.launch(&raw_flag, LaunchConfig::linear(1, 32), (flag.as_mut_ptr(), theirs, comm.rank() as u32, sys_scope, rtt_iters, ns.as_mut_ptr()))? };
+        unsafe {
+            s.launch(
+                &raw_flag,
+                LaunchConfig::linear(1, 32),
+                (flag.as_mut_ptr(), theirs, comm.rank() as u32, sys_scope, rtt_iters, ns.as_mut_ptr()),
+            )?
+        };
         s.synchronize()?;
         if comm.rank() == 0 {
             floor_rtt_us = ns.to_host()?[0] as f64 / rtt_iters as f64 / 1e3;
@@ -149,18 +192,48 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let (rtt_us, floor_rtt_us, rows, name, route) = results.into_iter().next().expect("rank 0");
 
     println!("# doorbell P2P benchmark: 2 ranks on {name}, route {route}");
-    println!("# signal round trip: {rtt_us:.3} us; flag ping-pong floor: {floor_rtt_us:.3} us; ratio {:.2}", rtt_us / floor_rtt_us);
-    println!("{:>12} {:>12} {:>6} {:>12} {:>12} {:>12} {:>12} {:>8}", "size(B)", "count", "type", "time(us)", "algbw(GB/s)", "floor(us)", "floor(GB/s)", "ratio");
+    println!(
+        "# signal round trip: {rtt_us:.3} us; flag ping-pong floor: {floor_rtt_us:.3} us; ratio {:.2}",
+        rtt_us / floor_rtt_us
+    );
+    println!(
+        "{:>12} {:>12} {:>6} {:>12} {:>12} {:>12} {:>12} {:>8}",
+        "size(B)", "count", "type", "time(us)", "algbw(GB/s)", "floor(us)", "floor(GB/s)", "ratio"
+    );
     let mut csv = String::from("bytes,count,type,put_us,put_gbps,floor_us,floor_gbps,ratio\n");
     let mut json_rows = Vec::new();
     for r in &rows {
         let bw = r.bytes as f64 / (r.put_us * 1e-6) / 1e9;
         let fbw = r.bytes as f64 / (r.floor_us * 1e-6) / 1e9;
-        println!("{:>12} {:>12} {:>6} {:>12.2} {:>12.1} {:>12.2} {:>12.1} {:>8.2}", r.bytes, r.bytes, "uint8", r.put_us, bw, r.floor_us, fbw, bw / fbw);
-        csv += &format!("{},{},uint8,{:.3},{:.2},{:.3},{:.2},{:.3}\n", r.bytes, r.bytes, r.put_us, bw, r.floor_us, fbw, bw / fbw);
+        println!(
+            "{:>12} {:>12} {:>6} {:>12.2} {:>12.1} {:>12.2} {:>12.1} {:>8.2}",
+            r.bytes,
+            r.bytes,
+            "uint8",
+            r.put_us,
+            bw,
+            r.floor_us,
+            fbw,
+            bw / fbw
+        );
+        csv += &format!(
+            "{},{},uint8,{:.3},{:.2},{:.3},{:.2},{:.3}\n",
+            r.bytes,
+            r.bytes,
+            r.put_us,
+            bw,
+            r.floor_us,
+            fbw,
+            bw / fbw
+        );
         json_rows.push(format!(
             "{{\"bytes\":{},\"put_us\":{:.3},\"put_gbps\":{:.2},\"floor_us\":{:.3},\"floor_gbps\":{:.2},\"ratio\":{:.3}}}",
-            r.bytes, r.put_us, bw, r.floor_us, fbw, bw / fbw
+            r.bytes,
+            r.put_us,
+            bw,
+            r.floor_us,
+            fbw,
+            bw / fbw
         ));
     }
     let json = format!(
@@ -175,8 +248,14 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         "bytes",
         "GB/s",
         &[
-            Series { name: "put_block (P2P transport)", points: rows.iter().map(|r| (r.bytes as f64, r.bytes as f64 / r.put_us / 1e3)).collect() },
-            Series { name: "copy kernel (floor)", points: rows.iter().map(|r| (r.bytes as f64, r.bytes as f64 / r.floor_us / 1e3)).collect() },
+            Series {
+                name: "put_block (P2P transport)",
+                points: rows.iter().map(|r| (r.bytes as f64, r.bytes as f64 / r.put_us / 1e3)).collect(),
+            },
+            Series {
+                name: "copy kernel (floor)",
+                points: rows.iter().map(|r| (r.bytes as f64, r.bytes as f64 / r.floor_us / 1e3)).collect(),
+            },
         ],
     );
     std::fs::write(out_dir.join("p2p_bench.svg"), chart)?;

@@ -56,8 +56,15 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         return Err("--iters must be between 1 and 2^32-1".into());
     }
     let size = args.num("size", 8)?;
-    let opts = Opts { backend, iters: iters as u32, size };
-    let comm_opts = CommOptions { heap_bytes: (size.max(16) + (1 << 20)).next_power_of_two(), ..CommOptions::default() };
+    let opts = Opts {
+        backend,
+        iters: iters as u32,
+        size,
+    };
+    let comm_opts = CommOptions {
+        heap_bytes: (size.max(16) + (1 << 20)).next_power_of_two(),
+        ..CommOptions::default()
+    };
 
     match WorldConfig::from_env()? {
         None => {
@@ -113,7 +120,17 @@ fn run_rank(comm: &Communicator, o: &Opts) -> doorbell::Result<Option<String>> {
             stream.launch(
                 &f,
                 cfg,
-                (comm.p2p(), buf.as_mut_ptr(), o.size, chunk, sig.as_mut_ptr(), *epoch, iters, out_ns.as_mut_ptr(), status.as_mut_ptr()),
+                (
+                    comm.p2p(),
+                    buf.as_mut_ptr(),
+                    o.size,
+                    chunk,
+                    sig.as_mut_ptr(),
+                    *epoch,
+                    iters,
+                    out_ns.as_mut_ptr(),
+                    status.as_mut_ptr(),
+                ),
             )?
         };
         comm.synchronize(&stream)?;
@@ -128,7 +145,10 @@ fn run_rank(comm: &Communicator, o: &Opts) -> doorbell::Result<Option<String>> {
         return Ok(None);
     }
     if st.iter().any(|&s| s != PINGPONG_OK) {
-        return Err(doorbell::Error::Comm(format!("rank {}: a block did not finish (status {st:?})", comm.rank())));
+        return Err(doorbell::Error::Comm(format!(
+            "rank {}: a block did not finish (status {st:?})",
+            comm.rank()
+        )));
     }
     let got = buf.to_host()?;
     let n = o.size as usize;
@@ -141,7 +161,11 @@ fn run_rank(comm: &Communicator, o: &Opts) -> doorbell::Result<Option<String>> {
     }
     let ns = out_ns.to_host()?.into_iter().max().unwrap_or(0) as f64;
     let rtt_us = ns / o.iters as f64 / 1e3;
-    let gbps = if o.size > 0 { 2.0 * o.size as f64 / (rtt_us * 1e-6) / 1e9 } else { 0.0 };
+    let gbps = if o.size > 0 {
+        2.0 * o.size as f64 / (rtt_us * 1e-6) / 1e9
+    } else {
+        0.0
+    };
     Ok(Some(format!(
         "pingpong: {} ranks on {} ({:?}), route to peer: {:?}, {} bytes x {} iters, {} block(s) x {threads} threads\n\
          round trip: {rtt_us:.3} us, bandwidth: {gbps:.2} GB/s (2 x size per round trip)\n\

@@ -87,9 +87,9 @@ for t in "${types[@]}"; do args+=(--allowlist-type "$t"); done
 for e in "${enums[@]}"; do args+=(--allowlist-type "$e"); done
 for v in "${vars[@]}"; do args+=(--allowlist-var "$v"); done
 
-# The repository pins a toolchain without rustfmt; use any installed one.
+# rustfmt comes with the pinned toolchain (scripts/setup.sh installs rustfmt-web).
 if [ -z "${RUSTFMT:-}" ]; then
-    RUSTFMT="$(rustup which --toolchain stable rustfmt 2>/dev/null || command -v rustfmt || true)"
+    RUSTFMT="$(command -v rustfmt || true)"
 fi
 if [ -z "$RUSTFMT" ] || [ ! -x "$RUSTFMT" ]; then
     echo "rustfmt not found: set RUSTFMT=/path/to/rustfmt" >&2

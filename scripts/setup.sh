@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-time (idempotent) set-up of a Debian 12 machine for doorbell:
-#  - Debian's rustc-web 1.96 + cargo-web + rust-web-src: the compiler for host
+#  - Debian's rustc-web 1.96 + cargo-web + rust-web-src (+ rustfmt-web): the compiler for host
 #    AND device code (its core source is what -Zbuild-std needs for nvptx64);
 #  - libibverbs-dev: rdma-core headers for the mlx5 reference shim in tests;
 #  - ptxas from the PyPI wheel nvidia-cuda-nvcc-cu12, for PTX validation;
@@ -11,7 +11,7 @@ set -euo pipefail
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
-pkgs=(rustc-web cargo-web rust-web-src libibverbs-dev gcc)
+pkgs=(rustc-web cargo-web rust-web-src rustfmt-web libibverbs-dev gcc)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

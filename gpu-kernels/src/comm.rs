@@ -292,7 +292,13 @@ impl P2p {
         let mut polls = 0u32;
         loop {
             // SAFETY: caller's contract.
-            let seen = unsafe { if self.same_gpu != 0 { ptx::ld_acquire_gpu_u64(sig) } else { ptx::ld_acquire_sys_u64(sig) } };
+            let seen = unsafe {
+                if self.same_gpu != 0 {
+                    ptx::ld_acquire_gpu_u64(sig)
+                } else {
+                    ptx::ld_acquire_sys_u64(sig)
+                }
+            };
             if cmp.holds(seen, value) {
                 return Ok(seen);
             }
@@ -327,7 +333,12 @@ unsafe fn copy_cooperative(dst: *mut u8, src: *const u8, bytes: u64, me: u64, n:
         let mut i = me;
         while i < vecs {
             // SAFETY: in bounds, 16-byte aligned.
-            unsafe { ptx::st_v4_u32(dst.add((i * 16) as usize) as *mut u32, ptx::ld_v4_u32(src.add((i * 16) as usize) as *const u32)) };
+            unsafe {
+                ptx::st_v4_u32(
+                    dst.add((i * 16) as usize) as *mut u32,
+                    ptx::ld_v4_u32(src.add((i * 16) as usize) as *const u32),
+                )
+            };
             i += n;
         }
         done = vecs * 16;

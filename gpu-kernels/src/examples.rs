@@ -32,7 +32,17 @@ pub const PINGPONG_TIMEOUT: u32 = 2;
 /// Rank 0's block `b` writes its elapsed ns to `out_ns[b]`;
 /// `status[b]` gets `PINGPONG_OK` or `PINGPONG_TIMEOUT`.
 #[kernel(hot)]
-pub unsafe fn pingpong(t: P2p, buf: *mut u8, bytes: u64, chunk: u64, sig: *mut u64, epoch0: u64, iters: u32, out_ns: *mut u64, status: *mut u32) {
+pub unsafe fn pingpong(
+    t: P2p,
+    buf: *mut u8,
+    bytes: u64,
+    chunk: u64,
+    sig: *mut u64,
+    epoch0: u64,
+    iters: u32,
+    out_ns: *mut u64,
+    status: *mut u32,
+) {
     // SAFETY: the host allocates `buf`, `sig` (one word per block) symmetrically
     // and `out_ns`/`status` with one entry per block.
     unsafe { pingpong_body(&t, buf, bytes, chunk, sig, epoch0, iters, out_ns, status) }
@@ -142,7 +152,12 @@ pub unsafe fn copy_raw(dst: *mut u8, src: *const u8, bytes: u64, iters: u32) {
         let mut i = ptx::global_thread_id_x() as u64;
         while i < n {
             // SAFETY: in bounds, aligned (contract).
-            unsafe { ptx::st_v4_u32(dst.add((i * 16) as usize) as *mut u32, ptx::ld_v4_u32(src.add((i * 16) as usize) as *const u32)) };
+            unsafe {
+                ptx::st_v4_u32(
+                    dst.add((i * 16) as usize) as *mut u32,
+                    ptx::ld_v4_u32(src.add((i * 16) as usize) as *const u32),
+                )
+            };
             i += stride;
         }
     }
@@ -159,7 +174,16 @@ pub unsafe fn put_bw(t: P2p, dst: *mut u8, src: *const u8, bytes: u64, iters: u3
 }
 
 #[allow(clippy::too_many_arguments)]
-unsafe fn put_bw_body<T: Transport>(t: &T, dst: *mut u8, src: *const u8, bytes: u64, iters: u32, sig: *mut u64, expect: u64, status: *mut u32) {
+unsafe fn put_bw_body<T: Transport>(
+    t: &T,
+    dst: *mut u8,
+    src: *const u8,
+    bytes: u64,
+    iters: u32,
+    sig: *mut u64,
+    expect: u64,
+    status: *mut u32,
+) {
     let first = ptx::thread_rank_in_block() == 0;
     // SAFETY: per the kernel's contract.
     unsafe {
@@ -181,7 +205,11 @@ unsafe fn put_bw_body<T: Transport>(t: &T, dst: *mut u8, src: *const u8, bytes: 
                 }
             }
         } else if t.rank() == 1 && first && ptx::block_idx_x() == 0 {
-            *status = if t.wait_until(sig, Cmp::Ge, expect).is_ok() { PINGPONG_OK } else { PINGPONG_TIMEOUT };
+            *status = if t.wait_until(sig, Cmp::Ge, expect).is_ok() {
+                PINGPONG_OK
+            } else {
+                PINGPONG_TIMEOUT
+            };
         }
     }
 }

@@ -42,11 +42,11 @@ extern crate self as doorbell_kernels;
 
 pub use doorbell_macros::{descriptor, kernel};
 
-pub mod ptx;
-pub mod sync;
 pub mod comm;
 pub mod examples;
 pub mod mlx5;
+pub mod ptx;
+pub mod sync;
 pub mod testing;
 
 #[cfg(not(target_arch = "nvptx64"))]

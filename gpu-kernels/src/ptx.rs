@@ -260,141 +260,151 @@ macro_rules! for_scopes {
 }
 
 macro_rules! gen_ld {
-    ($scope:ident, $sem:ident, $ord:ident, $ty:ident, $aty:ident, $reg:ident) => { paste::paste! {
-        #[doc = concat!("`ld.", stringify!($sem), ".", stringify!($scope), ".", stringify!($ty),
-            "`: load observing at ", stringify!($scope), " scope (pairs with a `st_release_*`/fence at that scope when acquire).")]
-        #[inline(always)]
-        pub unsafe fn [<ld_ $sem _ $scope _ $ty>](p: *const $ty) -> $ty {
-            #[cfg(target_arch = "nvptx64")]
-            {
-                let v: $ty;
-                // SAFETY: caller guarantees `p` is valid and aligned.
-                unsafe {
-                    asm!(concat!("ld.", stringify!($sem), ".", stringify!($scope), ".", stringify!($ty), " {0}, [{1}];"),
-                        out($reg) v, in(reg64) p, options(nostack))
-                };
-                v
+    ($scope:ident, $sem:ident, $ord:ident, $ty:ident, $aty:ident, $reg:ident) => {
+        paste::paste! {
+            #[doc = concat!("`ld.", stringify!($sem), ".", stringify!($scope), ".", stringify!($ty),
+                "`: load observing at ", stringify!($scope), " scope (pairs with a `st_release_*`/fence at that scope when acquire).")]
+            #[inline(always)]
+            pub unsafe fn [<ld_ $sem _ $scope _ $ty>](p: *const $ty) -> $ty {
+                #[cfg(target_arch = "nvptx64")]
+                {
+                    let v: $ty;
+                    // SAFETY: caller guarantees `p` is valid and aligned.
+                    unsafe {
+                        asm!(concat!("ld.", stringify!($sem), ".", stringify!($scope), ".", stringify!($ty), " {0}, [{1}];"),
+                            out($reg) v, in(reg64) p, options(nostack))
+                    };
+                    v
+                }
+                #[cfg(not(target_arch = "nvptx64"))]
+                {
+                    // SAFETY: caller guarantees `p` is valid, aligned, and only
+                    // accessed atomically while shared.
+                    unsafe { core::sync::atomic::$aty::from_ptr(p as *mut $ty) }.load(core::sync::atomic::Ordering::$ord)
+                }
             }
-            #[cfg(not(target_arch = "nvptx64"))]
-            {
-                // SAFETY: caller guarantees `p` is valid, aligned, and only
-                // accessed atomically while shared.
-                unsafe { core::sync::atomic::$aty::from_ptr(p as *mut $ty) }.load(core::sync::atomic::Ordering::$ord)
+            #[doc(hidden)]
+            #[crate::kernel]
+            pub unsafe fn [<golden_ld_ $sem _ $scope _ $ty>](p: *const $ty, out: *mut $ty) {
+                unsafe { *out = [<ld_ $sem _ $scope _ $ty>](p) }
             }
         }
-        #[doc(hidden)]
-        #[crate::kernel]
-        pub unsafe fn [<golden_ld_ $sem _ $scope _ $ty>](p: *const $ty, out: *mut $ty) {
-            unsafe { *out = [<ld_ $sem _ $scope _ $ty>](p) }
-        }
-    } };
+    };
 }
 
 macro_rules! gen_st {
-    ($scope:ident, $sem:ident, $ord:ident, $ty:ident, $aty:ident, $reg:ident) => { paste::paste! {
-        #[doc = concat!("`st.", stringify!($sem), ".", stringify!($scope), ".", stringify!($ty),
-            "`: store publishing at ", stringify!($scope), " scope (pairs with `ld_acquire_*` at that scope when release).")]
-        #[inline(always)]
-        pub unsafe fn [<st_ $sem _ $scope _ $ty>](p: *mut $ty, v: $ty) {
-            #[cfg(target_arch = "nvptx64")]
-            // SAFETY: caller guarantees `p` is valid and aligned.
-            unsafe {
-                asm!(concat!("st.", stringify!($sem), ".", stringify!($scope), ".", stringify!($ty), " [{0}], {1};"),
-                    in(reg64) p, in($reg) v, options(nostack))
-            };
-            #[cfg(not(target_arch = "nvptx64"))]
-            // SAFETY: as for the load.
-            unsafe { core::sync::atomic::$aty::from_ptr(p) }.store(v, core::sync::atomic::Ordering::$ord)
+    ($scope:ident, $sem:ident, $ord:ident, $ty:ident, $aty:ident, $reg:ident) => {
+        paste::paste! {
+            #[doc = concat!("`st.", stringify!($sem), ".", stringify!($scope), ".", stringify!($ty),
+                "`: store publishing at ", stringify!($scope), " scope (pairs with `ld_acquire_*` at that scope when release).")]
+            #[inline(always)]
+            pub unsafe fn [<st_ $sem _ $scope _ $ty>](p: *mut $ty, v: $ty) {
+                #[cfg(target_arch = "nvptx64")]
+                // SAFETY: caller guarantees `p` is valid and aligned.
+                unsafe {
+                    asm!(concat!("st.", stringify!($sem), ".", stringify!($scope), ".", stringify!($ty), " [{0}], {1};"),
+                        in(reg64) p, in($reg) v, options(nostack))
+                };
+                #[cfg(not(target_arch = "nvptx64"))]
+                // SAFETY: as for the load.
+                unsafe { core::sync::atomic::$aty::from_ptr(p) }.store(v, core::sync::atomic::Ordering::$ord)
+            }
+            #[doc(hidden)]
+            #[crate::kernel]
+            pub unsafe fn [<golden_st_ $sem _ $scope _ $ty>](p: *mut $ty, v: $ty) {
+                unsafe { [<st_ $sem _ $scope _ $ty>](p, v) }
+            }
         }
-        #[doc(hidden)]
-        #[crate::kernel]
-        pub unsafe fn [<golden_st_ $sem _ $scope _ $ty>](p: *mut $ty, v: $ty) {
-            unsafe { [<st_ $sem _ $scope _ $ty>](p, v) }
-        }
-    } };
+    };
 }
 
 macro_rules! gen_atom {
-    ($scope:ident, $op:ident, $ptxop:literal, $tyk:literal, $sem:ident, $ord:ident, $ty:ident, $aty:ident, $reg:ident, $host:ident) => { paste::paste! {
-        #[doc = concat!("`atom.", stringify!($sem), ".", stringify!($scope), ".", $ptxop, ".", $tyk,
-            "`: returns the old value.")]
-        #[inline(always)]
-        pub unsafe fn [<atom_ $op _ $sem _ $scope _ $ty>](p: *mut $ty, v: $ty) -> $ty {
-            #[cfg(target_arch = "nvptx64")]
-            {
-                let old: $ty;
-                // SAFETY: caller guarantees `p` is valid and aligned.
-                unsafe {
-                    asm!(concat!("atom.", stringify!($sem), ".", stringify!($scope), ".", $ptxop, ".", $tyk, " {0}, [{1}], {2};"),
-                        out($reg) old, in(reg64) p, in($reg) v, options(nostack))
-                };
-                old
+    ($scope:ident, $op:ident, $ptxop:literal, $tyk:literal, $sem:ident, $ord:ident, $ty:ident, $aty:ident, $reg:ident, $host:ident) => {
+        paste::paste! {
+            #[doc = concat!("`atom.", stringify!($sem), ".", stringify!($scope), ".", $ptxop, ".", $tyk,
+                "`: returns the old value.")]
+            #[inline(always)]
+            pub unsafe fn [<atom_ $op _ $sem _ $scope _ $ty>](p: *mut $ty, v: $ty) -> $ty {
+                #[cfg(target_arch = "nvptx64")]
+                {
+                    let old: $ty;
+                    // SAFETY: caller guarantees `p` is valid and aligned.
+                    unsafe {
+                        asm!(concat!("atom.", stringify!($sem), ".", stringify!($scope), ".", $ptxop, ".", $tyk, " {0}, [{1}], {2};"),
+                            out($reg) old, in(reg64) p, in($reg) v, options(nostack))
+                    };
+                    old
+                }
+                #[cfg(not(target_arch = "nvptx64"))]
+                {
+                    // SAFETY: as for the load.
+                    unsafe { core::sync::atomic::$aty::from_ptr(p) }.$host(v, core::sync::atomic::Ordering::$ord)
+                }
             }
-            #[cfg(not(target_arch = "nvptx64"))]
-            {
-                // SAFETY: as for the load.
-                unsafe { core::sync::atomic::$aty::from_ptr(p) }.$host(v, core::sync::atomic::Ordering::$ord)
+            #[doc(hidden)]
+            #[crate::kernel]
+            pub unsafe fn [<golden_atom_ $op _ $sem _ $scope _ $ty>](p: *mut $ty, v: $ty, out: *mut $ty) {
+                unsafe { *out = [<atom_ $op _ $sem _ $scope _ $ty>](p, v) }
             }
         }
-        #[doc(hidden)]
-        #[crate::kernel]
-        pub unsafe fn [<golden_atom_ $op _ $sem _ $scope _ $ty>](p: *mut $ty, v: $ty, out: *mut $ty) {
-            unsafe { *out = [<atom_ $op _ $sem _ $scope _ $ty>](p, v) }
-        }
-    } };
+    };
 }
 
 macro_rules! gen_cas {
-    ($scope:ident, $sem:ident, $ord:ident, $fail:ident, $ty:ident, $aty:ident, $reg:ident, $tyk:literal) => { paste::paste! {
-        #[doc = concat!("`atom.", stringify!($sem), ".", stringify!($scope), ".cas.", $tyk,
-            "`: stores `new` if `*p == compare`; returns the old value.")]
-        #[inline(always)]
-        pub unsafe fn [<atom_cas_ $sem _ $scope _ $ty>](p: *mut $ty, compare: $ty, new: $ty) -> $ty {
-            #[cfg(target_arch = "nvptx64")]
-            {
-                let old: $ty;
-                // SAFETY: caller guarantees `p` is valid and aligned.
-                unsafe {
-                    asm!(concat!("atom.", stringify!($sem), ".", stringify!($scope), ".cas.", $tyk, " {0}, [{1}], {2}, {3};"),
-                        out($reg) old, in(reg64) p, in($reg) compare, in($reg) new, options(nostack))
-                };
-                old
-            }
-            #[cfg(not(target_arch = "nvptx64"))]
-            {
-                use core::sync::atomic::Ordering;
-                // SAFETY: as for the load.
-                match unsafe { core::sync::atomic::$aty::from_ptr(p) }.compare_exchange(compare, new, Ordering::$ord, Ordering::$fail) {
-                    Ok(v) | Err(v) => v,
+    ($scope:ident, $sem:ident, $ord:ident, $fail:ident, $ty:ident, $aty:ident, $reg:ident, $tyk:literal) => {
+        paste::paste! {
+            #[doc = concat!("`atom.", stringify!($sem), ".", stringify!($scope), ".cas.", $tyk,
+                "`: stores `new` if `*p == compare`; returns the old value.")]
+            #[inline(always)]
+            pub unsafe fn [<atom_cas_ $sem _ $scope _ $ty>](p: *mut $ty, compare: $ty, new: $ty) -> $ty {
+                #[cfg(target_arch = "nvptx64")]
+                {
+                    let old: $ty;
+                    // SAFETY: caller guarantees `p` is valid and aligned.
+                    unsafe {
+                        asm!(concat!("atom.", stringify!($sem), ".", stringify!($scope), ".cas.", $tyk, " {0}, [{1}], {2}, {3};"),
+                            out($reg) old, in(reg64) p, in($reg) compare, in($reg) new, options(nostack))
+                    };
+                    old
+                }
+                #[cfg(not(target_arch = "nvptx64"))]
+                {
+                    use core::sync::atomic::Ordering;
+                    // SAFETY: as for the load.
+                    match unsafe { core::sync::atomic::$aty::from_ptr(p) }.compare_exchange(compare, new, Ordering::$ord, Ordering::$fail) {
+                        Ok(v) | Err(v) => v,
+                    }
                 }
             }
+            #[doc(hidden)]
+            #[crate::kernel]
+            pub unsafe fn [<golden_atom_cas_ $sem _ $scope _ $ty>](p: *mut $ty, c: $ty, n: $ty, out: *mut $ty) {
+                unsafe { *out = [<atom_cas_ $sem _ $scope _ $ty>](p, c, n) }
+            }
         }
-        #[doc(hidden)]
-        #[crate::kernel]
-        pub unsafe fn [<golden_atom_cas_ $sem _ $scope _ $ty>](p: *mut $ty, c: $ty, n: $ty, out: *mut $ty) {
-            unsafe { *out = [<atom_cas_ $sem _ $scope _ $ty>](p, c, n) }
-        }
-    } };
+    };
 }
 
 macro_rules! gen_fence {
-    ($scope:ident, $sem:ident, $ord:ident) => { paste::paste! {
-        #[doc = concat!("`fence.", stringify!($sem), ".", stringify!($scope),
-            "`: orders this thread's earlier and later memory operations at ", stringify!($scope), " scope.")]
-        #[inline(always)]
-        pub fn [<fence_ $sem _ $scope>]() {
-            #[cfg(target_arch = "nvptx64")]
-            // SAFETY: a fence; it orders memory, so no `nomem`.
-            unsafe { asm!(concat!("fence.", stringify!($sem), ".", stringify!($scope), ";"), options(nostack)) };
-            #[cfg(not(target_arch = "nvptx64"))]
-            core::sync::atomic::fence(core::sync::atomic::Ordering::$ord);
+    ($scope:ident, $sem:ident, $ord:ident) => {
+        paste::paste! {
+            #[doc = concat!("`fence.", stringify!($sem), ".", stringify!($scope),
+                "`: orders this thread's earlier and later memory operations at ", stringify!($scope), " scope.")]
+            #[inline(always)]
+            pub fn [<fence_ $sem _ $scope>]() {
+                #[cfg(target_arch = "nvptx64")]
+                // SAFETY: a fence; it orders memory, so no `nomem`.
+                unsafe { asm!(concat!("fence.", stringify!($sem), ".", stringify!($scope), ";"), options(nostack)) };
+                #[cfg(not(target_arch = "nvptx64"))]
+                core::sync::atomic::fence(core::sync::atomic::Ordering::$ord);
+            }
+            #[doc(hidden)]
+            #[crate::kernel]
+            pub unsafe fn [<golden_fence_ $sem _ $scope>]() {
+                [<fence_ $sem _ $scope>]()
+            }
         }
-        #[doc(hidden)]
-        #[crate::kernel]
-        pub unsafe fn [<golden_fence_ $sem _ $scope>]() {
-            [<fence_ $sem _ $scope>]()
-        }
-    } };
+    };
 }
 
 macro_rules! ld_st_cells {
@@ -438,7 +448,6 @@ macro_rules! atom_cells {
 
 for_scopes!(ld_st_cells!());
 for_scopes!(atom_cells!());
-
 
 // ---------------------------------------------------------------------------
 // Plain wide stores (no ordering)
@@ -582,7 +591,9 @@ pub fn fma_f32(a: f32, b: f32, c: f32) -> f32 {
     {
         let r: f32;
         // SAFETY: register arithmetic.
-        unsafe { asm!("fma.rn.f32 {0}, {1}, {2}, {3};", out(reg32) r, in(reg32) a, in(reg32) b, in(reg32) c, options(nomem, nostack, pure)) };
+        unsafe {
+            asm!("fma.rn.f32 {0}, {1}, {2}, {3};", out(reg32) r, in(reg32) a, in(reg32) b, in(reg32) c, options(nomem, nostack, pure))
+        };
         r
     }
     #[cfg(not(target_arch = "nvptx64"))]

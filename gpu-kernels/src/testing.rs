@@ -129,7 +129,18 @@ use crate::comm::{Cmp, P2p, SignalOp, Transport};
 ///
 /// `status` is set to `STATUS_OK` or `STATUS_TIMEOUT`. One block per rank.
 #[kernel]
-pub unsafe fn p2p_ring(t: P2p, src: *mut u8, dst: *mut u8, got: *mut u8, bytes: u64, offset: u64, sig: *mut u64, expected: u64, use_warp: u32, status: *mut u32) {
+pub unsafe fn p2p_ring(
+    t: P2p,
+    src: *mut u8,
+    dst: *mut u8,
+    got: *mut u8,
+    bytes: u64,
+    offset: u64,
+    sig: *mut u64,
+    expected: u64,
+    use_warp: u32,
+    status: *mut u32,
+) {
     // SAFETY: per the contract above.
     unsafe { p2p_ring_body(&t, src, dst, got, bytes, offset, sig, expected, use_warp != 0, status) }
 }

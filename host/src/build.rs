@@ -165,7 +165,13 @@ impl PtxBuilder {
         let out_path = out_dir.join(format!("{crate_name}.ptx"));
         let rerun = !self.quiet_rerun && std::env::var_os("OUT_DIR").is_some();
         if rerun {
-            for v in ["DOORBELL_SKIP_PTX", "DOORBELL_PTX_ARCH", "DOORBELL_DEVICE_CARGO", "DOORBELL_DEVICE_RUSTC", "DOORBELL_PTX_TARGET_DIR"] {
+            for v in [
+                "DOORBELL_SKIP_PTX",
+                "DOORBELL_PTX_ARCH",
+                "DOORBELL_DEVICE_CARGO",
+                "DOORBELL_DEVICE_RUSTC",
+                "DOORBELL_PTX_TARGET_DIR",
+            ] {
                 println!("cargo:rerun-if-env-changed={v}");
             }
             println!("cargo:rerun-if-changed={}", self.crate_dir.join("Cargo.toml").display());
@@ -174,7 +180,11 @@ impl PtxBuilder {
         if std::env::var("DOORBELL_SKIP_PTX").is_ok_and(|v| v == "1") {
             std::fs::write(&out_path, "// doorbell: PTX build skipped (DOORBELL_SKIP_PTX=1)\n")
                 .map_err(|e| BuildError::Io(out_path.clone(), e))?;
-            return Ok(PtxOutput { path: out_path, crate_name, built: false });
+            return Ok(PtxOutput {
+                path: out_path,
+                crate_name,
+                built: false,
+            });
         }
 
         let cargo = std::env::var("DOORBELL_DEVICE_CARGO").unwrap_or_else(|_| "/usr/bin/cargo".into());
@@ -188,16 +198,38 @@ impl PtxBuilder {
         let mut cmd = Command::new(&cargo);
         // A clean environment: nothing of the outer (host) build may leak in.
         cmd.env_clear();
-        for keep in ["PATH", "HOME", "CARGO_HOME", "TMPDIR", "CARGO_NET_OFFLINE", "http_proxy", "https_proxy", "HTTPS_PROXY", "HTTP_PROXY", "CARGO_HTTP_CAINFO", "SSL_CERT_FILE"] {
+        for keep in [
+            "PATH",
+            "HOME",
+            "CARGO_HOME",
+            "TMPDIR",
+            "CARGO_NET_OFFLINE",
+            "http_proxy",
+            "https_proxy",
+            "HTTPS_PROXY",
+            "HTTP_PROXY",
+            "CARGO_HTTP_CAINFO",
+            "SSL_CERT_FILE",
+        ] {
             if let Some(v) = std::env::var_os(keep) {
                 cmd.env(keep, v);
             }
         }
-        cmd.env("RUSTC", &rustc).env("RUSTC_BOOTSTRAP", "1").env("CARGO_TERM_COLOR", "never");
+        cmd.env("RUSTC", &rustc)
+            .env("RUSTC_BOOTSTRAP", "1")
+            .env("CARGO_TERM_COLOR", "never");
         cmd.arg("rustc")
             .arg("--manifest-path")
             .arg(self.crate_dir.join("Cargo.toml"))
-            .args(["--lib", "--release", "--crate-type", "cdylib", "--target", "nvptx64-nvidia-cuda", "-Zbuild-std=core"])
+            .args([
+                "--lib",
+                "--release",
+                "--crate-type",
+                "cdylib",
+                "--target",
+                "nvptx64-nvidia-cuda",
+                "-Zbuild-std=core",
+            ])
             .args(["--config", "profile.release.lto=\"fat\""])
             .args(["--config", "profile.release.panic=\"abort\""])
             .args(["--config", "profile.release.codegen-units=1"])
@@ -210,7 +242,9 @@ impl PtxBuilder {
             cmd.arg("--features").arg(self.features.join(","));
         }
         cmd.args(["--", "-C", &format!("target-cpu={}", self.arch), "-C", "linker=true", "--emit=asm"]);
-        let output = cmd.output().map_err(|e| BuildError::Toolchain(format!("cannot run {cargo}: {e}")))?;
+        let output = cmd
+            .output()
+            .map_err(|e| BuildError::Toolchain(format!("cannot run {cargo}: {e}")))?;
         if !output.status.success() {
             return Err(BuildError::Cargo {
                 status: output.status.to_string(),
@@ -235,7 +269,11 @@ impl PtxBuilder {
                 }
             }
         }
-        Ok(PtxOutput { path: out_path, crate_name, built: true })
+        Ok(PtxOutput {
+            path: out_path,
+            crate_name,
+            built: true,
+        })
     }
 }
 
@@ -247,7 +285,10 @@ fn check_toolchain(rustc: &str) -> Result<(), BuildError> {
     let sysroot = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let core = Path::new(&sysroot).join("lib/rustlib/src/rust/library/core");
     if !core.exists() {
-        return Err(BuildError::Toolchain(format!("{rustc} has no core source at {} (needed by -Zbuild-std)", core.display())));
+        return Err(BuildError::Toolchain(format!(
+            "{rustc} has no core source at {} (needed by -Zbuild-std)",
+            core.display()
+        )));
     }
     Ok(())
 }

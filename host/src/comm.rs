@@ -43,7 +43,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use cudarc::driver::sys;
-use doorbell_kernels::comm::{Cmp, WaitOp, WaitReport, HEAP_RESERVED, MAX_RANKS, P2p, REPORT_OFFSET};
+use doorbell_kernels::comm::{Cmp, P2p, WaitOp, WaitReport, HEAP_RESERVED, MAX_RANKS, REPORT_OFFSET};
 
 use crate::device::{Backend, Device, DeviceInner};
 use crate::error::{CudaCall, Error, Result};
@@ -65,9 +65,16 @@ pub struct CommOptions {
 
 impl Default for CommOptions {
     fn default() -> Self {
-        let secs = std::env::var("DOORBELL_WAIT_TIMEOUT_S").ok().and_then(|v| v.parse::<f64>().ok()).unwrap_or(10.0);
+        let secs = std::env::var("DOORBELL_WAIT_TIMEOUT_S")
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(10.0);
         let spread = std::env::var("DOORBELL_SPREAD_GPUS").is_ok_and(|v| v == "1");
-        CommOptions { heap_bytes: 64 << 20, wait_timeout: Duration::from_secs_f64(secs.max(0.001)), spread_gpus: spread }
+        CommOptions {
+            heap_bytes: 64 << 20,
+            wait_timeout: Duration::from_secs_f64(secs.max(0.001)),
+            spread_gpus: spread,
+        }
     }
 }
 
@@ -111,7 +118,8 @@ impl ShmRegion {
             .create_new(true)
             .open(path)
             .map_err(|e| Error::comm(format!("cannot create shared heap {}: {e}", path.display())))?;
-        f.set_len(len as u64).map_err(|e| Error::comm(format!("cannot size shared heap {}: {e}", path.display())))?;
+        f.set_len(len as u64)
+            .map_err(|e| Error::comm(format!("cannot size shared heap {}: {e}", path.display())))?;
         Self::map(f.as_raw_fd(), len, Some(path.to_path_buf()))
     }
 
@@ -127,11 +135,27 @@ impl ShmRegion {
 
     fn map(fd: i32, len: usize, path: Option<std::path::PathBuf>) -> Result<ShmRegion> {
         // SAFETY: maps a file we hold open; the mapping outlives the fd.
-        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0) };
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
         if p == libc::MAP_FAILED {
-            return Err(Error::comm(format!("mmap of a shared heap failed: {}", std::io::Error::last_os_error())));
+            return Err(Error::comm(format!(
+                "mmap of a shared heap failed: {}",
+                std::io::Error::last_os_error()
+            )));
         }
-        Ok(ShmRegion { ptr: p as *mut u8, len, path })
+        Ok(ShmRegion {
+            ptr: p as *mut u8,
+            len,
+            path,
+        })
     }
 }
 
@@ -173,7 +197,9 @@ struct Identity {
 }
 
 fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "unknown".into())
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
 }
 
 fn encode_identity(i: &Identity) -> Vec<u8> {
@@ -183,13 +209,22 @@ fn encode_identity(i: &Identity) -> Vec<u8> {
 fn decode_identity(b: &[u8], rank: usize) -> Result<Identity> {
     let s = String::from_utf8_lossy(b);
     let mut it = s.splitn(5, '\n');
-    let mut next = || it.next().ok_or_else(|| Error::comm(format!("rank {rank} sent a malformed identity")));
+    let mut next = || {
+        it.next()
+            .ok_or_else(|| Error::comm(format!("rank {rank} sent a malformed identity")))
+    };
     let pid = next()?.parse().map_err(|_| Error::comm(format!("rank {rank}: bad pid")))?;
     let gpu = next()? == "1";
     let ordinal = next()?.parse().map_err(|_| Error::comm(format!("rank {rank}: bad ordinal")))?;
     let uuid = next()?.to_string();
     let host = next()?.to_string();
-    Ok(Identity { pid, host, gpu, ordinal, uuid })
+    Ok(Identity {
+        pid,
+        host,
+        gpu,
+        ordinal,
+        uuid,
+    })
 }
 
 /// One rank's communicator. Created collectively by every rank.
@@ -225,10 +260,19 @@ impl Communicator {
 
         // Phase 1: who is where.
         let uuid = match &*device.inner {
-            DeviceInner::Gpu(ctx) => ctx.uuid().map(|u| u.bytes.iter().map(|b| format!("{:02x}", *b as u8)).collect()).unwrap_or_default(),
+            DeviceInner::Gpu(ctx) => ctx
+                .uuid()
+                .map(|u| u.bytes.iter().map(|b| format!("{:02x}", *b as u8)).collect())
+                .unwrap_or_default(),
             DeviceInner::Emu(_) => "cpu".to_string(),
         };
-        let me = Identity { pid: std::process::id(), host: hostname(), gpu: device.is_gpu(), ordinal: device.ordinal() as u32, uuid };
+        let me = Identity {
+            pid: std::process::id(),
+            host: hostname(),
+            gpu: device.is_gpu(),
+            ordinal: device.ordinal() as u32,
+            uuid,
+        };
         let ids = world
             .all_gather_bytes(&encode_identity(&me))?
             .iter()
@@ -258,7 +302,9 @@ impl Communicator {
                     let mut ipc = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
                     device.bind()?;
                     // SAFETY: `buf` is a cuMemAlloc allocation of this context.
-                    unsafe { sys::cuIpcGetMemHandle(ipc.as_mut_ptr(), buf.as_raw()) }.result().call("cuIpcGetMemHandle")?;
+                    unsafe { sys::cuIpcGetMemHandle(ipc.as_mut_ptr(), buf.as_raw()) }
+                        .result()
+                        .call("cuIpcGetMemHandle")?;
                     // SAFETY: initialized by the call above (zeroed before).
                     let ipc = unsafe { ipc.assume_init() };
                     // SAFETY: CUipcMemHandle is 64 plain bytes.
@@ -332,7 +378,10 @@ impl Communicator {
                     return Err(Error::PeerUnreachable {
                         rank,
                         peer: p,
-                        reason: format!("cuIpcOpenMemHandle failed ({e:?}); its GPU {} may not be peer-accessible from GPU {}", ids[p].ordinal, me.ordinal),
+                        reason: format!(
+                            "cuIpcOpenMemHandle failed ({e:?}); its GPU {} may not be peer-accessible from GPU {}",
+                            ids[p].ordinal, me.ordinal
+                        ),
                     });
                 }
                 mappings.push(Mapping::Ipc(device.clone(), dptr));
@@ -377,19 +426,18 @@ impl Communicator {
     /// communicator, on `backend` (GPU 0 for every rank, or one GPU per rank
     /// with `spread_gpus`). Returns each rank's result, in rank order; the
     /// first error any rank hit otherwise.
-    pub fn local<R: Send>(
-        n: usize,
-        backend: Backend,
-        opts: CommOptions,
-        f: impl Fn(&Communicator) -> Result<R> + Sync,
-    ) -> Result<Vec<R>> {
+    pub fn local<R: Send>(n: usize, backend: Backend, opts: CommOptions, f: impl Fn(&Communicator) -> Result<R> + Sync) -> Result<Vec<R>> {
         let worlds = World::local_threads(n);
         let backend = match backend {
             Backend::Auto if crate::device::gpu_count() > 0 => Backend::Gpu,
             Backend::Auto => Backend::Cpu,
             b => b,
         };
-        let gpus = if backend == Backend::Gpu { crate::device::gpu_count().max(1) } else { 1 };
+        let gpus = if backend == Backend::Gpu {
+            crate::device::gpu_count().max(1)
+        } else {
+            1
+        };
         let results: Vec<Result<R>> = std::thread::scope(|s| {
             let handles: Vec<_> = worlds
                 .into_iter()
@@ -408,7 +456,10 @@ impl Communicator {
                     })
                 })
                 .collect();
-            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::comm("a rank's thread panicked")))).collect()
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(Error::comm("a rank's thread panicked"))))
+                .collect()
         });
         results.into_iter().collect()
     }
@@ -440,7 +491,10 @@ impl Communicator {
     pub fn peer_address<T>(&self, local: *const T, pe: usize) -> Result<*mut T> {
         let off = (local as u64).wrapping_sub(self.heap_base);
         if off >= self.heap_len || pe >= self.size {
-            return Err(Error::comm(format!("{local:p} is not in rank {}'s symmetric heap, or rank {pe} does not exist", self.rank)));
+            return Err(Error::comm(format!(
+                "{local:p} is not in rank {}'s symmetric heap, or rank {pe} does not exist",
+                self.rank
+            )));
         }
         Ok((self.bases[pe] + off) as *mut T)
     }
@@ -462,7 +516,9 @@ impl Communicator {
     /// Collective: `len` elements of `T` at the same heap offset on every rank,
     /// zeroed. Every rank must make the same allocations in the same order.
     pub fn alloc<T: DeviceCopy>(&self, len: usize) -> Result<SymBuffer<'_, T>> {
-        let bytes = (len as u64).checked_mul(std::mem::size_of::<T>() as u64).ok_or_else(|| Error::comm("allocation size overflows"))?;
+        let bytes = (len as u64)
+            .checked_mul(std::mem::size_of::<T>() as u64)
+            .ok_or_else(|| Error::comm("allocation size overflows"))?;
         let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
         let offset = next.0.div_ceil(256) * 256;
         let index = next.1;
@@ -470,12 +526,22 @@ impl Communicator {
         desc.extend_from_slice(&index.to_le_bytes());
         desc.extend_from_slice(&bytes.to_le_bytes());
         desc.extend_from_slice(&(std::mem::align_of::<T>() as u64).to_le_bytes());
-        self.world.check_same(&format!("symmetric allocation #{index} (bytes, alignment)"), &desc)?;
+        self.world
+            .check_same(&format!("symmetric allocation #{index} (bytes, alignment)"), &desc)?;
         if offset + bytes > self.heap_len {
-            return Err(Error::HeapExhausted { requested: bytes, free: self.heap_len.saturating_sub(offset), heap: self.heap_len - HEAP_RESERVED });
+            return Err(Error::HeapExhausted {
+                requested: bytes,
+                free: self.heap_len.saturating_sub(offset),
+                heap: self.heap_len - HEAP_RESERVED,
+            });
         }
         *next = (offset + bytes, index + 1);
-        let buf = SymBuffer { comm: self, offset, len, _t: std::marker::PhantomData };
+        let buf = SymBuffer {
+            comm: self,
+            offset,
+            len,
+            _t: std::marker::PhantomData,
+        };
         // Zero it (the heap may hold data of an earlier run of this process).
         // SAFETY: inside this rank's heap.
         unsafe { self.device.write_raw(self.heap_base + offset, &vec![0u8; bytes as usize])? };
@@ -498,7 +564,10 @@ impl Communicator {
             return Ok(());
         }
         // SAFETY: as above.
-        unsafe { self.device.write_raw(self.heap_base + REPORT_OFFSET, &[0u8; std::mem::size_of::<WaitReport>()])? };
+        unsafe {
+            self.device
+                .write_raw(self.heap_base + REPORT_OFFSET, &[0u8; std::mem::size_of::<WaitReport>()])?
+        };
         let cmp = match Cmp::from_u32(r.cmp) {
             Some(Cmp::Eq) => "==",
             Some(Cmp::Ne) => "!=",
@@ -565,7 +634,10 @@ impl<T: DeviceCopy> SymBuffer<'_, T> {
     /// Copies `src` into this rank's copy (synchronous).
     pub fn copy_from_host(&self, src: &[T]) -> Result<()> {
         if src.len() != self.len {
-            return Err(Error::LengthMismatch { device: self.len, host: src.len() });
+            return Err(Error::LengthMismatch {
+                device: self.len,
+                host: src.len(),
+            });
         }
         // SAFETY: plain data; inside this rank's heap.
         let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr() as *const u8, std::mem::size_of_val(src)) };
@@ -591,13 +663,18 @@ fn enable_peer_access(device: &Device, peer_ordinal: usize, rank: usize, peer: u
     unsafe {
         let mut peer_dev: sys::CUdevice = 0;
         sys::cuDeviceGet(&mut peer_dev, peer_ordinal as i32).result().call("cuDeviceGet")?;
-        sys::cuDeviceCanAccessPeer(&mut can, ctx.cu_device(), peer_dev).result().call("cuDeviceCanAccessPeer")?;
+        sys::cuDeviceCanAccessPeer(&mut can, ctx.cu_device(), peer_dev)
+            .result()
+            .call("cuDeviceCanAccessPeer")?;
     }
     if can == 0 {
         return Err(Error::PeerUnreachable {
             rank,
             peer,
-            reason: format!("GPU {} cannot access GPU {peer_ordinal} (no NVLink/PCIe peer access)", ctx.ordinal()),
+            reason: format!(
+                "GPU {} cannot access GPU {peer_ordinal} (no NVLink/PCIe peer access)",
+                ctx.ordinal()
+            ),
         });
     }
     let peer_ctx = crate::device::shared_context(peer_ordinal)?;
@@ -606,7 +683,11 @@ fn enable_peer_access(device: &Device, peer_ordinal: usize, rank: usize, peer: u
     let r = unsafe { sys::cuCtxEnablePeerAccess(peer_ctx.cu_ctx(), 0) };
     match r {
         sys::cudaError_enum::CUDA_SUCCESS | sys::cudaError_enum::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
-        e => Err(Error::PeerUnreachable { rank, peer, reason: format!("cuCtxEnablePeerAccess failed: {e:?}") }),
+        e => Err(Error::PeerUnreachable {
+            rank,
+            peer,
+            reason: format!("cuCtxEnablePeerAccess failed: {e:?}"),
+        }),
     }
 }
 
@@ -616,7 +697,11 @@ pub(crate) fn nonce() -> u64 {
         use std::io::Read;
         let _ = f.read_exact(&mut b);
     }
-    u64::from_le_bytes(b) ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+    u64::from_le_bytes(b)
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0)
 }
 
 impl Drop for Communicator {

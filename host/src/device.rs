@@ -124,13 +124,19 @@ impl Device {
             return Err(Error::NoSuchGpu { ordinal, count });
         }
         let ctx = shared_context(ordinal)?;
-        Ok(Device { inner: Arc::new(DeviceInner::Gpu(ctx)), gpu_streams: Default::default() })
+        Ok(Device {
+            inner: Arc::new(DeviceInner::Gpu(ctx)),
+            gpu_streams: Default::default(),
+        })
     }
 
     /// A CPU emulator device (`ordinal` only labels it).
     pub fn emulator(ordinal: usize) -> Device {
         Device {
-            inner: Arc::new(DeviceInner::Emu(EmuDevice { ordinal, streams: Mutex::new(Vec::new()) })),
+            inner: Arc::new(DeviceInner::Emu(EmuDevice {
+                ordinal,
+                streams: Mutex::new(Vec::new()),
+            })),
             gpu_streams: Default::default(),
         }
     }
@@ -188,15 +194,26 @@ impl Device {
     pub fn synchronize(&self) -> Result<()> {
         match &*self.inner {
             DeviceInner::Gpu(_) => {
-                let streams: Vec<_> =
-                    self.gpu_streams.lock().unwrap_or_else(|p| p.into_inner()).iter().filter_map(Weak::upgrade).collect();
+                let streams: Vec<_> = self
+                    .gpu_streams
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .iter()
+                    .filter_map(Weak::upgrade)
+                    .collect();
                 for s in streams {
                     s.synchronize().call("cuStreamSynchronize")?;
                 }
                 Ok(())
             }
             DeviceInner::Emu(e) => {
-                let streams: Vec<_> = e.streams.lock().unwrap_or_else(|p| p.into_inner()).iter().filter_map(Weak::upgrade).collect();
+                let streams: Vec<_> = e
+                    .streams
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .iter()
+                    .filter_map(Weak::upgrade)
+                    .collect();
                 let mut first = Ok(());
                 for s in streams {
                     let r = s.synchronize();
@@ -236,7 +253,10 @@ impl Device {
 
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Device").field("backend", &self.backend()).field("ordinal", &self.ordinal()).finish()
+        f.debug_struct("Device")
+            .field("backend", &self.backend())
+            .field("ordinal", &self.ordinal())
+            .finish()
     }
 }
 

@@ -71,7 +71,12 @@ impl Device {
                 p as u64
             }
         };
-        Ok(DeviceBuffer { device: self.clone(), addr, len, _t: PhantomData })
+        Ok(DeviceBuffer {
+            device: self.clone(),
+            addr,
+            len,
+            _t: PhantomData,
+        })
     }
 
     /// Allocates and fills from `data`.
@@ -115,7 +120,10 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
     /// Copies `src` into the buffer; waits for the device's outstanding work first.
     pub fn copy_from_host(&mut self, src: &[T]) -> Result<()> {
         if src.len() != self.len {
-            return Err(Error::LengthMismatch { device: self.len, host: src.len() });
+            return Err(Error::LengthMismatch {
+                device: self.len,
+                host: src.len(),
+            });
         }
         // SAFETY: `T` is plain data (DeviceCopy).
         let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr() as *const u8, std::mem::size_of_val(src)) };
@@ -126,7 +134,10 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
     /// Copies the buffer into `dst`; waits for the device's outstanding work first.
     pub fn copy_to_host(&self, dst: &mut [T]) -> Result<()> {
         if dst.len() != self.len {
-            return Err(Error::LengthMismatch { device: self.len, host: dst.len() });
+            return Err(Error::LengthMismatch {
+                device: self.len,
+                host: dst.len(),
+            });
         }
         // SAFETY: `T` is plain data: any bytes written are a valid `T`.
         let bytes = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr() as *mut u8, std::mem::size_of_val(dst)) };
@@ -188,7 +199,14 @@ impl<T: DeviceCopy> Drop for DeviceBuffer<T> {
 
 impl<T: DeviceCopy> std::fmt::Debug for DeviceBuffer<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DeviceBuffer<{}>[{}] @ {:#x} on {:?}", std::any::type_name::<T>(), self.len, self.addr, self.device)
+        write!(
+            f,
+            "DeviceBuffer<{}>[{}] @ {:#x} on {:?}",
+            std::any::type_name::<T>(),
+            self.len,
+            self.addr,
+            self.device
+        )
     }
 }
 
@@ -223,7 +241,9 @@ impl Device {
                 unsafe { std::ptr::write_bytes(h as *mut u8, 0, bytes) };
                 let mut d: sys::CUdeviceptr = 0;
                 // SAFETY: `h` was allocated with DEVICEMAP.
-                unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, h, 0) }.result().call("cuMemHostGetDevicePointer")?;
+                unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, h, 0) }
+                    .result()
+                    .call("cuMemHostGetDevicePointer")?;
                 (h as *mut T, d)
             }
             DeviceInner::Emu(_) => {
@@ -236,7 +256,12 @@ impl Device {
                 (p as *mut T, p as u64)
             }
         };
-        Ok(MappedBuffer { device: self.clone(), host, dev_addr, len })
+        Ok(MappedBuffer {
+            device: self.clone(),
+            host,
+            dev_addr,
+            len,
+        })
     }
 }
 

@@ -65,7 +65,10 @@ impl Device {
             }
             DeviceInner::Emu(_) => ModuleInner::Emu,
         };
-        Ok(Module { device: self.clone(), inner })
+        Ok(Module {
+            device: self.clone(),
+            inner,
+        })
     }
 }
 
@@ -77,13 +80,16 @@ impl Module {
                 let name = CString::new(K::NAME).map_err(|_| Error::KernelNotFound { name: K::NAME })?;
                 self.device.bind()?;
                 // SAFETY: module loaded in this context.
-                let f = unsafe { result::module::get_function(m.module, name) }
-                    .map_err(|_| Error::KernelNotFound { name: K::NAME })?;
+                let f = unsafe { result::module::get_function(m.module, name) }.map_err(|_| Error::KernelNotFound { name: K::NAME })?;
                 FunctionInner::Gpu(GpuFunction { f, _module: m.clone() })
             }
             ModuleInner::Emu => FunctionInner::Emu,
         };
-        Ok(Function { device: self.device.clone(), inner, _k: PhantomData })
+        Ok(Function {
+            device: self.device.clone(),
+            inner,
+            _k: PhantomData,
+        })
     }
 
     /// The device.

@@ -32,7 +32,11 @@ pub struct LaunchConfig {
 impl LaunchConfig {
     /// A 1-D launch of `blocks` × `threads`.
     pub fn linear(blocks: u32, threads: u32) -> Self {
-        LaunchConfig { grid: (blocks, 1, 1), block: (threads, 1, 1), shared_mem_bytes: 0 }
+        LaunchConfig {
+            grid: (blocks, 1, 1),
+            block: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        }
     }
 
     /// With `bytes` of dynamic shared memory per block.
@@ -44,11 +48,17 @@ impl LaunchConfig {
     fn validate(&self, kernel: &'static str) -> Result<()> {
         let (g, b) = (self.grid, self.block);
         if [g.0, g.1, g.2, b.0, b.1, b.2].contains(&0) {
-            return Err(Error::InvalidLaunch { kernel, reason: format!("grid {g:?} / block {b:?} has a zero dimension") });
+            return Err(Error::InvalidLaunch {
+                kernel,
+                reason: format!("grid {g:?} / block {b:?} has a zero dimension"),
+            });
         }
         let threads = b.0 as u64 * b.1 as u64 * b.2 as u64;
         if threads > 1024 {
-            return Err(Error::InvalidLaunch { kernel, reason: format!("{threads} threads per block; at most 1024") });
+            return Err(Error::InvalidLaunch {
+                kernel,
+                reason: format!("{threads} threads per block; at most 1024"),
+            });
         }
         Ok(())
     }
@@ -83,11 +93,19 @@ struct EmuState {
 impl EmuStream {
     fn start() -> Result<Arc<EmuStream>> {
         let s = Arc::new(EmuStream {
-            state: Mutex::new(EmuState { queue: VecDeque::new(), busy: false, error: None, closed: false }),
+            state: Mutex::new(EmuState {
+                queue: VecDeque::new(),
+                busy: false,
+                error: None,
+                closed: false,
+            }),
             cv: Condvar::new(),
         });
         let worker = s.clone();
-        std::thread::Builder::new().name("doorbell-emu-stream".into()).spawn(move || worker.run()).map_err(Error::Thread)?;
+        std::thread::Builder::new()
+            .name("doorbell-emu-stream".into())
+            .spawn(move || worker.run())
+            .map_err(Error::Thread)?;
         Ok(s)
     }
 
@@ -160,7 +178,11 @@ impl Stream {
         let inner = match &*device.inner {
             DeviceInner::Gpu(ctx) => {
                 let s = ctx.new_stream().call("cuStreamCreate")?;
-                device.gpu_streams.lock().unwrap_or_else(|p| p.into_inner()).push(Arc::downgrade(&s));
+                device
+                    .gpu_streams
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(Arc::downgrade(&s));
                 StreamInner::Gpu(s)
             }
             DeviceInner::Emu(e) => {
@@ -169,7 +191,10 @@ impl Stream {
                 StreamInner::Emu(s)
             }
         };
-        Ok(Stream { device: device.clone(), inner })
+        Ok(Stream {
+            device: device.clone(),
+            inner,
+        })
     }
 
     /// The device.
@@ -186,7 +211,9 @@ impl Stream {
     pub unsafe fn launch<K: Kernel>(&self, f: &Function<K>, cfg: LaunchConfig, args: K::Args) -> Result<()> {
         cfg.validate(K::NAME)?;
         if !f.device().same(&self.device) {
-            return Err(Error::DeviceMismatch("the kernel's module was loaded on another device than this stream's"));
+            return Err(Error::DeviceMismatch(
+                "the kernel's module was loaded on another device than this stream's",
+            ));
         }
         match (&self.inner, &f.inner) {
             (StreamInner::Gpu(s), FunctionInner::Gpu(func)) => {
@@ -241,7 +268,10 @@ impl Stream {
     pub fn record(&self) -> Result<Event> {
         match &self.inner {
             StreamInner::Gpu(s) => {
-                let e = s.context().new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).call("cuEventCreate")?;
+                let e = s
+                    .context()
+                    .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                    .call("cuEventCreate")?;
                 e.record(s).call("cuEventRecord")?;
                 Ok(Event { inner: EventInner::Gpu(e) })
             }
@@ -252,7 +282,9 @@ impl Stream {
                     *w.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
                     Ok(())
                 }));
-                Ok(Event { inner: EventInner::Emu(slot, s.clone()) })
+                Ok(Event {
+                    inner: EventInner::Emu(slot, s.clone()),
+                })
             }
         }
     }

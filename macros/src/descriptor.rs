@@ -118,8 +118,7 @@ pub(crate) fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
         Ok(s) => s,
         Err(e) => {
             let err = e.to_compile_error();
-            let err2 = syn::Error::new(Span::call_site(), "#[descriptor] applies to a struct with named fields")
-                .to_compile_error();
+            let err2 = syn::Error::new(Span::call_site(), "#[descriptor] applies to a struct with named fields").to_compile_error();
             return quote! { #err #err2 #item };
         }
     };
@@ -178,14 +177,20 @@ mod tests {
         assert!(!out.contains("write_volatile"), "no 4-byte tail stores for a multiple of 16");
         // `to_words` builds from field values only.
         let to_words = &out[out.find("fn to_words").unwrap()..out.find("fn from_words").unwrap()];
-        assert!(!to_words.contains("ld_v4") && !to_words.contains("read_volatile") && !to_words.contains("w ["), "{to_words}");
+        assert!(
+            !to_words.contains("ld_v4") && !to_words.contains("read_volatile") && !to_words.contains("w ["),
+            "{to_words}"
+        );
         // Helper attributes are consumed.
         assert!(!out.contains("# [field"), "{out}");
     }
 
     #[test]
     fn errors_come_with_the_struct_and_without_helper_attributes() {
-        let out = expand_str("size = 4", "pub struct S { #[field(byte = 0, width = 0)] pub a: u32, #[field(byte = 2)] pub b: u32 }");
+        let out = expand_str(
+            "size = 4",
+            "pub struct S { #[field(byte = 0, width = 0)] pub a: u32, #[field(byte = 2)] pub b: u32 }",
+        );
         assert_eq!(out.matches("compile_error").count(), 2, "{out}");
         assert!(out.contains("pub struct S"));
         assert!(!out.contains("# [field"), "{out}");

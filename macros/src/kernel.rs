@@ -38,7 +38,10 @@ fn parse(attr: TokenStream, item: ItemFn) -> syn::Result<KernelModel> {
         if opt == "hot" {
             hot = true;
         } else {
-            push(syn::Error::new_spanned(&opt, format!("unknown kernel option `{opt}`; expected `hot`")));
+            push(syn::Error::new_spanned(
+                &opt,
+                format!("unknown kernel option `{opt}`; expected `hot`"),
+            ));
         }
     }
     let mut params = Vec::new();
@@ -46,9 +49,7 @@ fn parse(attr: TokenStream, item: ItemFn) -> syn::Result<KernelModel> {
         match input {
             FnArg::Receiver(r) => push(syn::Error::new_spanned(r, "a kernel cannot take `self`")),
             FnArg::Typed(pt) => match &*pt.pat {
-                Pat::Ident(pi) if pi.by_ref.is_none() && pi.subpat.is_none() => {
-                    params.push((pi.ident.clone(), (*pt.ty).clone()))
-                }
+                Pat::Ident(pi) if pi.by_ref.is_none() && pi.subpat.is_none() => params.push((pi.ident.clone(), (*pt.ty).clone())),
                 other => push(syn::Error::new_spanned(other, "kernel parameters must be plain identifiers")),
             },
         }
@@ -69,10 +70,16 @@ fn validate(m: &KernelModel) -> syn::Result<()> {
         ));
     }
     if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
-        errors.push(syn::Error::new_spanned(&sig.generics, "a kernel cannot be generic: PTX entry points are monomorphic"));
+        errors.push(syn::Error::new_spanned(
+            &sig.generics,
+            "a kernel cannot be generic: PTX entry points are monomorphic",
+        ));
     }
     if let syn::ReturnType::Type(_, ty) = &sig.output {
-        errors.push(syn::Error::new_spanned(ty, "a kernel returns nothing; write results through a pointer"));
+        errors.push(syn::Error::new_spanned(
+            ty,
+            "a kernel returns nothing; write results through a pointer",
+        ));
     }
     if let Some(a) = &sig.asyncness {
         errors.push(syn::Error::new_spanned(a, "a kernel cannot be `async`"));
@@ -81,7 +88,10 @@ fn validate(m: &KernelModel) -> syn::Result<()> {
         errors.push(syn::Error::new_spanned(c, "a kernel cannot be `const`"));
     }
     if let Some(abi) = &sig.abi {
-        errors.push(syn::Error::new_spanned(abi, "do not give a kernel an ABI; #[kernel] chooses it per target"));
+        errors.push(syn::Error::new_spanned(
+            abi,
+            "do not give a kernel an ABI; #[kernel] chooses it per target",
+        ));
     }
     if let Some(v) = &sig.variadic {
         errors.push(syn::Error::new_spanned(v, "a kernel cannot be variadic"));

@@ -212,9 +212,7 @@ pub enum Error {
         source: io::Error,
     },
     /// `mlx5dv_devx_umem_reg` failed.
-    #[error(
-        "mlx5dv_devx_umem_reg(addr {addr:#x}, len {len}, access {access:#x}) failed: {source}"
-    )]
+    #[error("mlx5dv_devx_umem_reg(addr {addr:#x}, len {len}, access {access:#x}) failed: {source}")]
     DevxUmemReg {
         /// Start of the region.
         addr: usize,
@@ -276,10 +274,7 @@ mod tests {
             port: 1,
             source: errno_from_rc(19),
         };
-        assert!(
-            e.to_string().starts_with("ibv_query_port(port 1) failed: "),
-            "{e}"
-        );
+        assert!(e.to_string().starts_with("ibv_query_port(port 1) failed: "), "{e}");
         assert!(std::error::Error::source(&e).is_some());
     }
 }

@@ -330,36 +330,18 @@ impl CqeSyndrome {
     /// What went wrong, in words, with the usual cause.
     pub const fn description(self) -> &'static str {
         match self {
-            Self::LocalLengthErr => {
-                "local length error: a scatter/gather list is longer than the message or the buffer is too small"
-            }
-            Self::LocalQpOpErr => {
-                "local QP operation error: the WQE is malformed or the QP is in a state that cannot post it"
-            }
-            Self::LocalProtErr => {
-                "local protection error: an lkey is invalid or its MR does not cover the local buffer"
-            }
-            Self::WrFlushErr => {
-                "work request flushed: the QP entered the error state, outstanding WQEs were discarded"
-            }
+            Self::LocalLengthErr => "local length error: a scatter/gather list is longer than the message or the buffer is too small",
+            Self::LocalQpOpErr => "local QP operation error: the WQE is malformed or the QP is in a state that cannot post it",
+            Self::LocalProtErr => "local protection error: an lkey is invalid or its MR does not cover the local buffer",
+            Self::WrFlushErr => "work request flushed: the QP entered the error state, outstanding WQEs were discarded",
             Self::MwBindErr => "memory window bind error",
             Self::BadRespErr => "bad response: unexpected transport opcode from the responder",
-            Self::LocalAccessErr => {
-                "local access error: protection error on a local buffer during an incoming operation"
-            }
-            Self::RemoteInvalReqErr => {
-                "remote invalid request: the responder rejected the request (e.g. unsupported op, bad length)"
-            }
-            Self::RemoteAccessErr => {
-                "remote access error: rkey invalid, remote range outside the MR, or missing remote access rights"
-            }
+            Self::LocalAccessErr => "local access error: protection error on a local buffer during an incoming operation",
+            Self::RemoteInvalReqErr => "remote invalid request: the responder rejected the request (e.g. unsupported op, bad length)",
+            Self::RemoteAccessErr => "remote access error: rkey invalid, remote range outside the MR, or missing remote access rights",
             Self::RemoteOpErr => "remote operation error: the responder could not complete the operation",
-            Self::TransportRetryExcErr => {
-                "transport retry count exceeded: no ACK from the peer (peer down, wrong address or path)"
-            }
-            Self::RnrRetryExcErr => {
-                "RNR retry count exceeded: the responder had no receive WQE posted"
-            }
+            Self::TransportRetryExcErr => "transport retry count exceeded: no ACK from the peer (peer down, wrong address or path)",
+            Self::RnrRetryExcErr => "RNR retry count exceeded: the responder had no receive WQE posted",
             Self::RemoteAbortedErr => "remote aborted: the responder aborted the operation",
         }
     }
@@ -492,8 +474,7 @@ layout_as_header! {
 // Internal consistency.
 const _: () = assert!(SEND_WQE_BB == 1 << SEND_WQE_SHIFT);
 const _: () = assert!(SEND_WQE_BB == 4 * SEG_UNIT);
-const _: () =
-    assert!(CTRL_SEG_SIZE + RADDR_SEG_SIZE + ATOMIC_SEG_SIZE + DATA_SEG_SIZE == SEND_WQE_BB);
+const _: () = assert!(CTRL_SEG_SIZE + RADDR_SEG_SIZE + ATOMIC_SEG_SIZE + DATA_SEG_SIZE == SEND_WQE_BB);
 const _: () = assert!(cqe64::OP_OWN == CQE_SIZE - 1 && err_cqe::OP_OWN == cqe64::OP_OWN);
 const _: () = assert!(cqe64::WQE_COUNTER == err_cqe::WQE_COUNTER);
 const _: () = {

@@ -48,13 +48,11 @@ impl DeviceList {
                 list,
                 len,
             }),
-            Err(Error::GetDeviceList { source }) if source.raw_os_error() == Some(ENOSYS) => {
-                Ok(DeviceList {
-                    verbs: Arc::clone(verbs),
-                    list: core::ptr::null_mut(),
-                    len: 0,
-                })
-            }
+            Err(Error::GetDeviceList { source }) if source.raw_os_error() == Some(ENOSYS) => Ok(DeviceList {
+                verbs: Arc::clone(verbs),
+                list: core::ptr::null_mut(),
+                len: 0,
+            }),
             Err(e) => Err(e),
         }
     }
@@ -293,12 +291,7 @@ impl<'ctx> ProtectionDomain<'ctx> {
     /// The memory stays mapped (and, for host memory, is not freed) until
     /// the returned region is dropped; the NIC may read or write it at any
     /// time the access flags allow.
-    pub unsafe fn reg_mr(
-        &self,
-        addr: *mut c_void,
-        len: usize,
-        access: u32,
-    ) -> Result<MemoryRegion<'_>, Error> {
+    pub unsafe fn reg_mr(&self, addr: *mut c_void, len: usize, access: u32) -> Result<MemoryRegion<'_>, Error> {
         // SAFETY: PD live; memory contract forwarded to the caller.
         let mr = unsafe { self.ctx.verbs.reg_mr(self.pd, addr, len, access) }?;
         Ok(MemoryRegion { pd: self, mr })
@@ -310,20 +303,9 @@ impl<'ctx> ProtectionDomain<'ctx> {
     /// # Safety
     /// `fd` is a dma-buf covering the range, kept alive until the region is
     /// dropped.
-    pub unsafe fn reg_dmabuf_mr(
-        &self,
-        offset: u64,
-        len: usize,
-        iova: u64,
-        fd: i32,
-        access: u32,
-    ) -> Result<MemoryRegion<'_>, Error> {
+    pub unsafe fn reg_dmabuf_mr(&self, offset: u64, len: usize, iova: u64, fd: i32, access: u32) -> Result<MemoryRegion<'_>, Error> {
         // SAFETY: PD live; dma-buf contract forwarded to the caller.
-        let mr = unsafe {
-            self.ctx
-                .verbs
-                .reg_dmabuf_mr(self.pd, offset, len, iova, fd, access)
-        }?;
+        let mr = unsafe { self.ctx.verbs.reg_dmabuf_mr(self.pd, offset, len, iova, fd, access) }?;
         Ok(MemoryRegion { pd: self, mr })
     }
 }
@@ -337,9 +319,7 @@ impl Drop for ProtectionDomain<'_> {
 
 impl core::fmt::Debug for ProtectionDomain<'_> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("ProtectionDomain")
-            .field("pd", &self.pd)
-            .finish()
+        f.debug_struct("ProtectionDomain").field("pd", &self.pd).finish()
     }
 }
 

@@ -109,16 +109,7 @@ struct RawHeaderValue {
 unsafe extern "C" {
     fn doorbell_ref_params_size() -> usize;
     fn doorbell_ref_wqe(p: *const RawWqeParams, buf: *mut u8, cap: usize) -> c_int;
-    fn doorbell_ref_cqe(
-        opcode: u8,
-        owner: u8,
-        wqe_counter: u16,
-        syndrome: u8,
-        vendor_syndrome: u8,
-        qpn: u32,
-        byte_cnt: u32,
-        out: *mut u8,
-    );
+    fn doorbell_ref_cqe(opcode: u8, owner: u8, wqe_counter: u16, syndrome: u8, vendor_syndrome: u8, qpn: u32, byte_cnt: u32, out: *mut u8);
     fn doorbell_ref_header_values(count: *mut usize) -> *const RawHeaderValue;
 }
 
@@ -163,15 +154,7 @@ pub fn reference_wqe(p: &WqeParams) -> Vec<u8> {
 /// (`syndrome`, `vendor_err_synd`, `s_wqe_opcode_qpn` = qpn; `byte_cnt`
 /// ignored); otherwise `struct mlx5_cqe64` (`byte_cnt`, `sop_drop_qpn` =
 /// qpn; syndromes ignored). Everything else is zero.
-pub fn reference_cqe(
-    opcode: u8,
-    owner: bool,
-    wqe_counter: u16,
-    syndrome: u8,
-    vendor_syndrome: u8,
-    qpn: u32,
-    byte_cnt: u32,
-) -> [u8; 64] {
+pub fn reference_cqe(opcode: u8, owner: bool, wqe_counter: u16, syndrome: u8, vendor_syndrome: u8, qpn: u32, byte_cnt: u32) -> [u8; 64] {
     let mut out = [0u8; 64];
     // SAFETY: `out` has the 64 writable bytes the shim fills.
     unsafe {
@@ -211,8 +194,5 @@ pub fn header_values() -> Vec<(&'static str, u64)> {
 
 /// One entry of [`header_values`].
 pub fn header_value(name: &str) -> Option<u64> {
-    header_values()
-        .into_iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, v)| v)
+    header_values().into_iter().find(|(n, _)| *n == name).map(|(_, v)| v)
 }

@@ -51,11 +51,7 @@ impl core::fmt::Debug for Verbs {
 }
 
 /// Takes a symbol out of a symbol table, or says which one is missing.
-fn sym<T: Copy>(
-    r: &Result<T, libloading::Error>,
-    library: &'static str,
-    symbol: &'static str,
-) -> Result<T, Error> {
+fn sym<T: Copy>(r: &Result<T, libloading::Error>, library: &'static str, symbol: &'static str) -> Result<T, Error> {
     match r {
         Ok(f) => Ok(*f),
         Err(e) => Err(Error::MissingSymbol {
@@ -103,10 +99,7 @@ unsafe fn verbs_ctx(ctx: *mut sys::ibv_context) -> Option<*mut sys::verbs_contex
 ///
 /// # Safety
 /// As for [`verbs_ctx`].
-unsafe fn verbs_ctx_with_op(
-    ctx: *mut sys::ibv_context,
-    op_offset: usize,
-) -> Option<*mut sys::verbs_context> {
+unsafe fn verbs_ctx_with_op(ctx: *mut sys::ibv_context, op_offset: usize) -> Option<*mut sys::verbs_context> {
     // SAFETY: forwarded contract.
     let vctx = unsafe { verbs_ctx(ctx) }?;
     // SAFETY: `sz` sits just before `context` and exists in every version
@@ -139,11 +132,7 @@ impl Verbs {
         // SAFETY: opening rdma-core runs its ELF initializers, which only
         // set up library-internal state; the symbol types come from
         // bindgen over the same headers the library implements.
-        let ibv =
-            unsafe { sys::IbverbsFns::new(ibverbs) }.map_err(|source| Error::LibraryNotFound {
-                library: ibverbs,
-                source,
-            })?;
+        let ibv = unsafe { sys::IbverbsFns::new(ibverbs) }.map_err(|source| Error::LibraryNotFound { library: ibverbs, source })?;
         // SAFETY: as above, for libmlx5.
         let mlx5_fns = unsafe { sys::Mlx5Fns::new(mlx5) }.map_err(|e| e.to_string());
         Ok(Verbs {
@@ -179,9 +168,9 @@ impl Verbs {
     /// # Errors
     /// [`Error::Mlx5Unavailable`] when libmlx5 was not loaded.
     pub fn mlx5_fns(&self) -> Result<&sys::Mlx5Fns, Error> {
-        self.mlx5.as_ref().map_err(|reason| Error::Mlx5Unavailable {
-            reason: reason.clone(),
-        })
+        self.mlx5
+            .as_ref()
+            .map_err(|reason| Error::Mlx5Unavailable { reason: reason.clone() })
     }
 
     // ---- devices ------------------------------------------------------
@@ -198,9 +187,7 @@ impl Verbs {
         // SAFETY: `n` is a valid out-pointer.
         let list = unsafe { f(&mut n) };
         if list.is_null() {
-            return Err(Error::GetDeviceList {
-                source: errno_from_null(),
-            });
+            return Err(Error::GetDeviceList { source: errno_from_null() });
         }
         Ok((list, usize::try_from(n).unwrap_or(0)))
     }
@@ -227,15 +214,11 @@ impl Verbs {
         // SAFETY: caller's contract.
         let name = unsafe { f(device) };
         if name.is_null() {
-            return Err(Error::GetDeviceName {
-                source: errno_from_null(),
-            });
+            return Err(Error::GetDeviceName { source: errno_from_null() });
         }
         // SAFETY: libibverbs returns a NUL-terminated string that lives as
         // long as the device; it is copied at once.
-        Ok(unsafe { CStr::from_ptr(name) }
-            .to_string_lossy()
-            .into_owned())
+        Ok(unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned())
     }
 
     /// `ibv_get_device_guid`, converted from network order: the node GUID as
@@ -253,10 +236,7 @@ impl Verbs {
     ///
     /// # Safety
     /// `device` is an entry of a live device list.
-    pub unsafe fn open_device(
-        &self,
-        device: *mut sys::ibv_device,
-    ) -> Result<*mut sys::ibv_context, Error> {
+    pub unsafe fn open_device(&self, device: *mut sys::ibv_device) -> Result<*mut sys::ibv_context, Error> {
         let f = ibv!(self.ibv_open_device);
         // SAFETY: caller's contract.
         let ctx = unsafe { f(device) };
@@ -285,10 +265,7 @@ impl Verbs {
     ///
     /// # Safety
     /// `ctx` is a live context from [`Verbs::open_device`].
-    pub unsafe fn query_device(
-        &self,
-        ctx: *mut sys::ibv_context,
-    ) -> Result<sys::ibv_device_attr, Error> {
+    pub unsafe fn query_device(&self, ctx: *mut sys::ibv_context) -> Result<sys::ibv_device_attr, Error> {
         let f = ibv!(self.ibv_query_device);
         let mut attr = sys::ibv_device_attr::default();
         // SAFETY: caller's contract; `attr` is a valid out-pointer.
@@ -303,25 +280,14 @@ impl Verbs {
     ///
     /// # Safety
     /// `ctx` is a live context from [`Verbs::open_device`].
-    pub unsafe fn query_device_ex(
-        &self,
-        ctx: *mut sys::ibv_context,
-    ) -> Result<sys::ibv_device_attr_ex, Error> {
+    pub unsafe fn query_device_ex(&self, ctx: *mut sys::ibv_context) -> Result<sys::ibv_device_attr_ex, Error> {
         let mut attr = sys::ibv_device_attr_ex::default();
         // SAFETY: caller's contract.
-        let vctx =
-            unsafe { verbs_ctx_with_op(ctx, offset_of!(sys::verbs_context, query_device_ex)) };
+        let vctx = unsafe { verbs_ctx_with_op(ctx, offset_of!(sys::verbs_context, query_device_ex)) };
         // SAFETY: `verbs_ctx_with_op` checked the op lies inside the table.
         if let Some(op) = vctx.and_then(|v| unsafe { (*v).query_device_ex }) {
             // SAFETY: the provider's own op, called as verbs.h calls it.
-            let rc = unsafe {
-                op(
-                    ctx,
-                    ptr::null(),
-                    &mut attr,
-                    size_of::<sys::ibv_device_attr_ex>(),
-                )
-            };
+            let rc = unsafe { op(ctx, ptr::null(), &mut attr, size_of::<sys::ibv_device_attr_ex>()) };
             if rc != libc_errno::EOPNOTSUPP && rc != libc_errno::ENOSYS {
                 check(rc, |source| Error::QueryDeviceEx { source })?;
                 return Ok(attr);
@@ -343,11 +309,7 @@ impl Verbs {
     ///
     /// # Safety
     /// `ctx` is a live context from [`Verbs::open_device`].
-    pub unsafe fn query_port(
-        &self,
-        ctx: *mut sys::ibv_context,
-        port: u8,
-    ) -> Result<sys::ibv_port_attr, Error> {
+    pub unsafe fn query_port(&self, ctx: *mut sys::ibv_context, port: u8) -> Result<sys::ibv_port_attr, Error> {
         let mut attr = sys::ibv_port_attr::default();
         // SAFETY: caller's contract.
         let vctx = unsafe { verbs_ctx_with_op(ctx, offset_of!(sys::verbs_context, query_port)) };
@@ -369,21 +331,12 @@ impl Verbs {
     ///
     /// # Safety
     /// `ctx` is a live context from [`Verbs::open_device`].
-    pub unsafe fn query_gid(
-        &self,
-        ctx: *mut sys::ibv_context,
-        port: u8,
-        index: i32,
-    ) -> Result<sys::ibv_gid, Error> {
+    pub unsafe fn query_gid(&self, ctx: *mut sys::ibv_context, port: u8, index: i32) -> Result<sys::ibv_gid, Error> {
         let f = ibv!(self.ibv_query_gid);
         let mut gid = sys::ibv_gid::default();
         // SAFETY: caller's contract; `gid` is a valid out-pointer.
         let rc = unsafe { f(ctx, port, index, &mut gid) };
-        check(rc, |source| Error::QueryGid {
-            port,
-            index,
-            source,
-        })?;
+        check(rc, |source| Error::QueryGid { port, index, source })?;
         Ok(gid)
     }
 
@@ -416,13 +369,7 @@ impl Verbs {
     /// # Safety
     /// `pd` is a live PD; `addr..addr+len` is memory that stays mapped until
     /// the MR is deregistered.
-    pub unsafe fn reg_mr(
-        &self,
-        pd: *mut sys::ibv_pd,
-        addr: *mut c_void,
-        len: usize,
-        access: u32,
-    ) -> Result<*mut sys::ibv_mr, Error> {
+    pub unsafe fn reg_mr(&self, pd: *mut sys::ibv_pd, addr: *mut c_void, len: usize, access: u32) -> Result<*mut sys::ibv_mr, Error> {
         let mr = if access & sys::IBV_ACCESS_OPTIONAL_RANGE == 0 {
             let f = ibv!(self.ibv_reg_mr);
             // SAFETY: caller's contract. Flags are bits, passed as C int.
@@ -516,11 +463,7 @@ impl Verbs {
     /// # Safety
     /// `pd` is a live PD; the CQs (and SRQ, if any) in `attr` are live
     /// objects of the same context.
-    pub unsafe fn create_qp(
-        &self,
-        pd: *mut sys::ibv_pd,
-        attr: &mut sys::ibv_qp_init_attr,
-    ) -> Result<*mut sys::ibv_qp, Error> {
+    pub unsafe fn create_qp(&self, pd: *mut sys::ibv_pd, attr: &mut sys::ibv_qp_init_attr) -> Result<*mut sys::ibv_qp, Error> {
         let f = ibv!(self.ibv_create_qp);
         // SAFETY: caller's contract; `attr` is valid for reads and writes.
         let qp = unsafe { f(pd, attr) };
@@ -537,18 +480,12 @@ impl Verbs {
     /// # Safety
     /// `ctx` is a live context; every object `attr` names (PD, CQs, ...) is
     /// a live object of it.
-    pub unsafe fn create_qp_ex(
-        &self,
-        ctx: *mut sys::ibv_context,
-        attr: &mut sys::ibv_qp_init_attr_ex,
-    ) -> Result<*mut sys::ibv_qp, Error> {
+    pub unsafe fn create_qp_ex(&self, ctx: *mut sys::ibv_context, attr: &mut sys::ibv_qp_init_attr_ex) -> Result<*mut sys::ibv_qp, Error> {
         // SAFETY: caller's contract.
         let vctx = unsafe { verbs_ctx_with_op(ctx, offset_of!(sys::verbs_context, create_qp_ex)) };
         // SAFETY: `verbs_ctx_with_op` checked the op lies inside the table.
         let Some(op) = vctx.and_then(|v| unsafe { (*v).create_qp_ex }) else {
-            return Err(Error::Unsupported {
-                op: "ibv_create_qp_ex",
-            });
+            return Err(Error::Unsupported { op: "ibv_create_qp_ex" });
         };
         // SAFETY: the provider's own op, called as verbs.h calls it.
         let qp = unsafe { op(ctx, attr) };
@@ -575,12 +512,7 @@ impl Verbs {
     ///
     /// # Safety
     /// `qp` is a live QP.
-    pub unsafe fn modify_qp(
-        &self,
-        qp: *mut sys::ibv_qp,
-        attr: &mut sys::ibv_qp_attr,
-        attr_mask: u32,
-    ) -> Result<(), Error> {
+    pub unsafe fn modify_qp(&self, qp: *mut sys::ibv_qp, attr: &mut sys::ibv_qp_attr, attr_mask: u32) -> Result<(), Error> {
         let f = ibv!(self.ibv_modify_qp);
         // SAFETY: caller's contract; `attr` is valid for reads.
         let rc = unsafe { f(qp, attr, attr_mask as c_int) };
@@ -637,11 +569,7 @@ impl Verbs {
     /// # Safety
     /// Each `in` pointer selected by `obj_type` is a live object of an mlx5
     /// context and each `out` pointer is valid for writes.
-    pub unsafe fn mlx5dv_init_obj(
-        &self,
-        obj: &mut sys::mlx5dv_obj,
-        obj_type: u64,
-    ) -> Result<(), Error> {
+    pub unsafe fn mlx5dv_init_obj(&self, obj: &mut sys::mlx5dv_obj, obj_type: u64) -> Result<(), Error> {
         let f = mlx5!(self.mlx5dv_init_obj);
         // SAFETY: caller's contract.
         let rc = unsafe { f(obj, obj_type) };
@@ -654,11 +582,7 @@ impl Verbs {
     ///
     /// # Safety
     /// `ctx` is a live context.
-    pub unsafe fn mlx5dv_query_device(
-        &self,
-        ctx: *mut sys::ibv_context,
-        comp_mask: u64,
-    ) -> Result<sys::mlx5dv_context, Error> {
+    pub unsafe fn mlx5dv_query_device(&self, ctx: *mut sys::ibv_context, comp_mask: u64) -> Result<sys::mlx5dv_context, Error> {
         let f = mlx5!(self.mlx5dv_query_device);
         let mut attr = sys::mlx5dv_context {
             comp_mask,
@@ -700,10 +624,7 @@ impl Verbs {
     /// # Safety
     /// `umem` came from [`Verbs::mlx5dv_devx_umem_reg`], no DevX object uses
     /// it, and it is not used afterwards.
-    pub unsafe fn mlx5dv_devx_umem_dereg(
-        &self,
-        umem: *mut sys::mlx5dv_devx_umem,
-    ) -> Result<(), Error> {
+    pub unsafe fn mlx5dv_devx_umem_dereg(&self, umem: *mut sys::mlx5dv_devx_umem) -> Result<(), Error> {
         let f = mlx5!(self.mlx5dv_devx_umem_dereg);
         // SAFETY: caller's contract.
         check(unsafe { f(umem) }, |source| Error::DevxUmemDereg { source })
@@ -714,11 +635,7 @@ impl Verbs {
     ///
     /// # Safety
     /// `ctx` is a live context opened with DevX.
-    pub unsafe fn mlx5dv_devx_alloc_uar(
-        &self,
-        ctx: *mut sys::ibv_context,
-        flags: u32,
-    ) -> Result<*mut sys::mlx5dv_devx_uar, Error> {
+    pub unsafe fn mlx5dv_devx_alloc_uar(&self, ctx: *mut sys::ibv_context, flags: u32) -> Result<*mut sys::mlx5dv_devx_uar, Error> {
         let f = mlx5!(self.mlx5dv_devx_alloc_uar);
         // SAFETY: caller's contract.
         let uar = unsafe { f(ctx, flags) };

@@ -39,8 +39,8 @@ fn load_or_clean_failure() {
 
 #[test]
 fn missing_library_is_reported_with_the_fix() {
-    let err = Verbs::load_sonames("libdoorbell-no-such-ibverbs.so.1", "libmlx5.so.1")
-        .expect_err("a library that does not exist cannot load");
+    let err =
+        Verbs::load_sonames("libdoorbell-no-such-ibverbs.so.1", "libmlx5.so.1").expect_err("a library that does not exist cannot load");
     match &err {
         Error::LibraryNotFound { library, .. } => {
             assert_eq!(*library, "libdoorbell-no-such-ibverbs.so.1")
@@ -48,14 +48,8 @@ fn missing_library_is_reported_with_the_fix() {
         other => panic!("wrong variant: {other:?}"),
     }
     let msg = err.to_string();
-    assert!(
-        msg.contains("cannot load libdoorbell-no-such-ibverbs.so.1"),
-        "{msg}"
-    );
-    assert!(
-        msg.contains("apt-get install libibverbs1 ibverbs-providers"),
-        "{msg}"
-    );
+    assert!(msg.contains("cannot load libdoorbell-no-such-ibverbs.so.1"), "{msg}");
+    assert!(msg.contains("apt-get install libibverbs1 ibverbs-providers"), "{msg}");
     // The loader's own message is kept as the error source.
     assert!(std::error::Error::source(&err).is_some());
 }

@@ -4,9 +4,7 @@
 #![cfg(doorbell_mlx5_shim)]
 
 use rdma_sys_ext::mlx5::{self, CqeSyndrome};
-use rdma_sys_ext::shim::{
-    header_value, header_values, reference_cqe, reference_wqe, WqeOp, WqeParams,
-};
+use rdma_sys_ext::shim::{header_value, header_values, reference_cqe, reference_wqe, WqeOp, WqeParams};
 
 fn be32(b: &[u8], off: usize) -> u32 {
     u32::from_be_bytes(b[off..off + 4].try_into().unwrap())
@@ -32,14 +30,8 @@ fn rust_values() -> Vec<(&'static str, u64)> {
         ("MLX5_OPCODE_RDMA_READ", OPCODE_RDMA_READ.into()),
         ("MLX5_OPCODE_ATOMIC_CS", OPCODE_ATOMIC_CS.into()),
         ("MLX5_OPCODE_ATOMIC_FA", OPCODE_ATOMIC_FA.into()),
-        (
-            "MLX5_OPCODE_ATOMIC_MASKED_CS",
-            OPCODE_ATOMIC_MASKED_CS.into(),
-        ),
-        (
-            "MLX5_OPCODE_ATOMIC_MASKED_FA",
-            OPCODE_ATOMIC_MASKED_FA.into(),
-        ),
+        ("MLX5_OPCODE_ATOMIC_MASKED_CS", OPCODE_ATOMIC_MASKED_CS.into()),
+        ("MLX5_OPCODE_ATOMIC_MASKED_FA", OPCODE_ATOMIC_MASKED_FA.into()),
         ("MLX5_OPCODE_FMR", OPCODE_FMR.into()),
         ("MLX5_OPCODE_LOCAL_INVAL", OPCODE_LOCAL_INVAL.into()),
         ("MLX5_OPCODE_CONFIG_CMD", OPCODE_CONFIG_CMD.into()),
@@ -51,10 +43,7 @@ fn rust_values() -> Vec<(&'static str, u64)> {
         ("MLX5_WQE_CTRL_CQ_UPDATE", WQE_CTRL_CQ_UPDATE.into()),
         ("MLX5_WQE_CTRL_SOLICITED", WQE_CTRL_SOLICITED.into()),
         ("MLX5_WQE_CTRL_FENCE", WQE_CTRL_FENCE.into()),
-        (
-            "MLX5_WQE_CTRL_INITIATOR_SMALL_FENCE",
-            WQE_CTRL_INITIATOR_SMALL_FENCE.into(),
-        ),
+        ("MLX5_WQE_CTRL_INITIATOR_SMALL_FENCE", WQE_CTRL_INITIATOR_SMALL_FENCE.into()),
         ("MLX5_SEND_WQE_BB", SEND_WQE_BB as u64),
         ("MLX5_SEND_WQE_SHIFT", SEND_WQE_SHIFT.into()),
         ("MLX5_INLINE_SEG", INLINE_SEG.into()),
@@ -70,10 +59,7 @@ fn rust_values() -> Vec<(&'static str, u64)> {
         ("MLX5_CQE_REQ_ERR", CQE_REQ_ERR.into()),
         ("MLX5_CQE_RESP_ERR", CQE_RESP_ERR.into()),
         ("MLX5_CQE_INVALID", CQE_INVALID.into()),
-        (
-            "MLX5_CQE_VENDOR_SYNDROME_ODP_PFAULT",
-            CQE_VENDOR_SYNDROME_ODP_PFAULT.into(),
-        ),
+        ("MLX5_CQE_VENDOR_SYNDROME_ODP_PFAULT", CQE_VENDOR_SYNDROME_ODP_PFAULT.into()),
         ("MLX5_CQ_DOORBELL", CQ_DOORBELL.into()),
         ("MLX5_CQ_DB_REQ_NOT_SOL", CQ_DB_REQ_NOT_SOL.into()),
         ("MLX5_CQ_DB_REQ_NOT", CQ_DB_REQ_NOT.into()),
@@ -83,75 +69,36 @@ fn rust_values() -> Vec<(&'static str, u64)> {
         ("sizeof(mlx5_wqe_atomic_seg)", ATOMIC_SEG_SIZE as u64),
         ("sizeof(mlx5_cqe64)", CQE_SIZE as u64),
         ("sizeof(mlx5_err_cqe)", CQE_SIZE as u64),
-        (
-            "offsetof(mlx5_wqe_ctrl_seg,opmod_idx_opcode)",
-            ctrl::OPMOD_IDX_OPCODE as u64,
-        ),
+        ("offsetof(mlx5_wqe_ctrl_seg,opmod_idx_opcode)", ctrl::OPMOD_IDX_OPCODE as u64),
         ("offsetof(mlx5_wqe_ctrl_seg,qpn_ds)", ctrl::QPN_DS as u64),
-        (
-            "offsetof(mlx5_wqe_ctrl_seg,signature)",
-            ctrl::SIGNATURE as u64,
-        ),
+        ("offsetof(mlx5_wqe_ctrl_seg,signature)", ctrl::SIGNATURE as u64),
         (
             "offsetof(mlx5_wqe_ctrl_seg,dci_stream_channel_id)",
             ctrl::DCI_STREAM_CHANNEL_ID as u64,
         ),
-        (
-            "offsetof(mlx5_wqe_ctrl_seg,fm_ce_se)",
-            ctrl::FM_CE_SE as u64,
-        ),
+        ("offsetof(mlx5_wqe_ctrl_seg,fm_ce_se)", ctrl::FM_CE_SE as u64),
         ("offsetof(mlx5_wqe_ctrl_seg,imm)", ctrl::IMM as u64),
         ("offsetof(mlx5_wqe_raddr_seg,raddr)", raddr::RADDR as u64),
         ("offsetof(mlx5_wqe_raddr_seg,rkey)", raddr::RKEY as u64),
-        (
-            "offsetof(mlx5_wqe_data_seg,byte_count)",
-            data::BYTE_COUNT as u64,
-        ),
+        ("offsetof(mlx5_wqe_data_seg,byte_count)", data::BYTE_COUNT as u64),
         ("offsetof(mlx5_wqe_data_seg,lkey)", data::LKEY as u64),
         ("offsetof(mlx5_wqe_data_seg,addr)", data::ADDR as u64),
-        (
-            "offsetof(mlx5_wqe_atomic_seg,swap_add)",
-            atomic::SWAP_ADD as u64,
-        ),
-        (
-            "offsetof(mlx5_wqe_atomic_seg,compare)",
-            atomic::COMPARE as u64,
-        ),
+        ("offsetof(mlx5_wqe_atomic_seg,swap_add)", atomic::SWAP_ADD as u64),
+        ("offsetof(mlx5_wqe_atomic_seg,compare)", atomic::COMPARE as u64),
         ("offsetof(mlx5_cqe64,srqn_uidx)", cqe64::SRQN_UIDX as u64),
-        (
-            "offsetof(mlx5_cqe64,imm_inval_pkey)",
-            cqe64::IMM_INVAL_PKEY as u64,
-        ),
+        ("offsetof(mlx5_cqe64,imm_inval_pkey)", cqe64::IMM_INVAL_PKEY as u64),
         ("offsetof(mlx5_cqe64,byte_cnt)", cqe64::BYTE_CNT as u64),
         ("offsetof(mlx5_cqe64,timestamp)", cqe64::TIMESTAMP as u64),
-        (
-            "offsetof(mlx5_cqe64,sop_drop_qpn)",
-            cqe64::SOP_DROP_QPN as u64,
-        ),
-        (
-            "offsetof(mlx5_cqe64,wqe_counter)",
-            cqe64::WQE_COUNTER as u64,
-        ),
+        ("offsetof(mlx5_cqe64,sop_drop_qpn)", cqe64::SOP_DROP_QPN as u64),
+        ("offsetof(mlx5_cqe64,wqe_counter)", cqe64::WQE_COUNTER as u64),
         ("offsetof(mlx5_cqe64,signature)", cqe64::SIGNATURE as u64),
         ("offsetof(mlx5_cqe64,op_own)", cqe64::OP_OWN as u64),
         ("offsetof(mlx5_err_cqe,srqn)", err_cqe::SRQN as u64),
-        (
-            "offsetof(mlx5_err_cqe,vendor_err_synd)",
-            err_cqe::VENDOR_ERR_SYND as u64,
-        ),
+        ("offsetof(mlx5_err_cqe,vendor_err_synd)", err_cqe::VENDOR_ERR_SYND as u64),
         ("offsetof(mlx5_err_cqe,syndrome)", err_cqe::SYNDROME as u64),
-        (
-            "offsetof(mlx5_err_cqe,s_wqe_opcode_qpn)",
-            err_cqe::S_WQE_OPCODE_QPN as u64,
-        ),
-        (
-            "offsetof(mlx5_err_cqe,wqe_counter)",
-            err_cqe::WQE_COUNTER as u64,
-        ),
-        (
-            "offsetof(mlx5_err_cqe,signature)",
-            err_cqe::SIGNATURE as u64,
-        ),
+        ("offsetof(mlx5_err_cqe,s_wqe_opcode_qpn)", err_cqe::S_WQE_OPCODE_QPN as u64),
+        ("offsetof(mlx5_err_cqe,wqe_counter)", err_cqe::WQE_COUNTER as u64),
+        ("offsetof(mlx5_err_cqe,signature)", err_cqe::SIGNATURE as u64),
         ("offsetof(mlx5_err_cqe,op_own)", err_cqe::OP_OWN as u64),
     ];
     for s in CqeSyndrome::ALL {
@@ -183,19 +130,13 @@ fn every_constant_equals_the_header() {
 fn hand_written_ctrl_seg_matches_the_header() {
     use core::mem::{align_of, offset_of, size_of};
     use rdma_sys_ext::sys::mlx5_wqe_ctrl_seg as C;
-    assert_eq!(
-        size_of::<C>() as u64,
-        header_value("sizeof(mlx5_wqe_ctrl_seg)").unwrap()
-    );
+    assert_eq!(size_of::<C>() as u64, header_value("sizeof(mlx5_wqe_ctrl_seg)").unwrap());
     assert_eq!(align_of::<C>(), 4);
     for (field, off) in [
         ("opmod_idx_opcode", offset_of!(C, opmod_idx_opcode)),
         ("qpn_ds", offset_of!(C, qpn_ds)),
         ("signature", offset_of!(C, signature)),
-        (
-            "dci_stream_channel_id",
-            offset_of!(C, dci_stream_channel_id),
-        ),
+        ("dci_stream_channel_id", offset_of!(C, dci_stream_channel_id)),
         ("fm_ce_se", offset_of!(C, fm_ce_se)),
         ("imm", offset_of!(C, imm)),
     ] {
@@ -230,10 +171,7 @@ fn write_wqe_hand_computed() {
     assert_eq!(w[11], 0x08, "fm_ce_se: CQ_UPDATE");
     assert_eq!(&w[12..16], &[0, 0, 0, 0], "imm");
     // raddr segment
-    assert_eq!(
-        &w[16..24],
-        &[0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88]
-    );
+    assert_eq!(&w[16..24], &[0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88]);
     assert_eq!(&w[24..28], &[0xde, 0xad, 0xbe, 0xef]);
     assert_eq!(&w[28..32], &[0, 0, 0, 0]);
     // data segment
@@ -252,27 +190,7 @@ fn nop_wqe_is_ctrl_only() {
         solicited: true,
         ..Default::default()
     });
-    assert_eq!(
-        w,
-        [
-            0,
-            0,
-            7,
-            0x00,
-            0,
-            0,
-            0x42,
-            1,
-            0,
-            0,
-            0,
-            0x80 | 0x02,
-            0,
-            0,
-            0,
-            0
-        ]
-    );
+    assert_eq!(w, [0, 0, 7, 0x00, 0, 0, 0x42, 1, 0, 0, 0, 0x80 | 0x02, 0, 0, 0, 0]);
 }
 
 #[test]
@@ -338,15 +256,9 @@ fn rust_wqe(p: &WqeParams) -> Vec<u8> {
         WqeOp::CompareSwap => (OPCODE_ATOMIC_CS, 4),
     };
     let mut w = vec![0u8; ds * SEG_UNIT];
-    let put32 =
-        |w: &mut Vec<u8>, off: usize, v: u32| w[off..off + 4].copy_from_slice(&v.to_be_bytes());
-    let put64 =
-        |w: &mut Vec<u8>, off: usize, v: u64| w[off..off + 8].copy_from_slice(&v.to_be_bytes());
-    put32(
-        &mut w,
-        ctrl::OPMOD_IDX_OPCODE,
-        (u32::from(p.wqe_index) << 8) | u32::from(opcode),
-    );
+    let put32 = |w: &mut Vec<u8>, off: usize, v: u32| w[off..off + 4].copy_from_slice(&v.to_be_bytes());
+    let put64 = |w: &mut Vec<u8>, off: usize, v: u64| w[off..off + 8].copy_from_slice(&v.to_be_bytes());
+    put32(&mut w, ctrl::OPMOD_IDX_OPCODE, (u32::from(p.wqe_index) << 8) | u32::from(opcode));
     put32(&mut w, ctrl::QPN_DS, ((p.qpn & 0xff_ffff) << 8) | ds as u32);
     w[ctrl::FM_CE_SE] = if p.fence { WQE_CTRL_FENCE } else { 0 }
         | if p.signaled { WQE_CTRL_CQ_UPDATE } else { 0 }
@@ -363,11 +275,7 @@ fn rust_wqe(p: &WqeParams) -> Vec<u8> {
     let mut d = r + RADDR_SEG_SIZE;
     let mut len = p.len;
     if ds == 4 {
-        let (swap_add, compare) = if p.op == WqeOp::FetchAdd {
-            (p.add, 0)
-        } else {
-            (p.swap, p.compare)
-        };
+        let (swap_add, compare) = if p.op == WqeOp::FetchAdd { (p.add, 0) } else { (p.swap, p.compare) };
         put64(&mut w, d + atomic::SWAP_ADD, swap_add);
         put64(&mut w, d + atomic::COMPARE, compare);
         d += ATOMIC_SEG_SIZE;
@@ -426,15 +334,7 @@ fn rust_builder_agrees_with_header_helpers() {
 
 #[test]
 fn success_cqe_fields() {
-    let c = reference_cqe(
-        mlx5::CQE_REQ,
-        true,
-        0xbeef,
-        0x55,
-        0x66,
-        0x0aab_bccd,
-        123_456,
-    );
+    let c = reference_cqe(mlx5::CQE_REQ, true, 0xbeef, 0x55, 0x66, 0x0aab_bccd, 123_456);
     assert_eq!(c[mlx5::cqe64::OP_OWN], (mlx5::CQE_REQ << 4) | 1);
     assert_eq!(mlx5::cqe_opcode(c[63]), mlx5::CQE_REQ);
     assert_eq!(mlx5::cqe_owner(c[63]), 1);
@@ -464,30 +364,17 @@ fn error_cqe_fields() {
     assert_eq!(c[63], 0xd0);
     assert_eq!(mlx5::cqe_opcode(c[63]), mlx5::CQE_REQ_ERR);
     assert_eq!(c[mlx5::err_cqe::SYNDROME], 0x13);
-    assert_eq!(
-        CqeSyndrome::from_u8(c[55]),
-        Some(CqeSyndrome::RemoteAccessErr)
-    );
+    assert_eq!(CqeSyndrome::from_u8(c[55]), Some(CqeSyndrome::RemoteAccessErr));
     assert_eq!(c[mlx5::err_cqe::VENDOR_ERR_SYND], 0x88);
-    assert_eq!(
-        be32(&c, mlx5::err_cqe::S_WQE_OPCODE_QPN) & 0xff_ffff,
-        0xff_0001
-    );
+    assert_eq!(be32(&c, mlx5::err_cqe::S_WQE_OPCODE_QPN) & 0xff_ffff, 0xff_0001);
     assert_eq!(be16(&c, mlx5::err_cqe::WQE_COUNTER), 0x0102);
-    assert_eq!(
-        be32(&c, mlx5::cqe64::BYTE_CNT),
-        0,
-        "no byte_cnt in an error CQE"
-    );
+    assert_eq!(be32(&c, mlx5::cqe64::BYTE_CNT), 0, "no byte_cnt in an error CQE");
     // everything else is zero
     assert!(c[..54].iter().all(|&b| b == 0));
 
     let flushed = reference_cqe(mlx5::CQE_RESP_ERR, true, 0, 0x05, 0, 0, 0);
     assert_eq!(flushed[63], 0xe1);
-    assert_eq!(
-        CqeSyndrome::from_u8(flushed[55]),
-        Some(CqeSyndrome::WrFlushErr)
-    );
+    assert_eq!(CqeSyndrome::from_u8(flushed[55]), Some(CqeSyndrome::WrFlushErr));
 }
 
 #[test]
@@ -497,19 +384,8 @@ fn syndromes_equal_the_header_and_decode() {
         assert!(!s.description().is_empty());
         assert!(s.to_string().contains(&format!("{:#04x}", s.as_u8())));
     }
-    let known: Vec<u8> = (0..=255u8)
-        .filter(|&v| CqeSyndrome::from_u8(v).is_some())
-        .collect();
-    assert_eq!(
-        known,
-        CqeSyndrome::ALL
-            .iter()
-            .map(|s| s.as_u8())
-            .collect::<Vec<_>>()
-    );
-    assert_eq!(
-        CqeSyndrome::from_u8(0x22),
-        Some(CqeSyndrome::RemoteAbortedErr)
-    );
+    let known: Vec<u8> = (0..=255u8).filter(|&v| CqeSyndrome::from_u8(v).is_some()).collect();
+    assert_eq!(known, CqeSyndrome::ALL.iter().map(|s| s.as_u8()).collect::<Vec<_>>());
+    assert_eq!(CqeSyndrome::from_u8(0x22), Some(CqeSyndrome::RemoteAbortedErr));
     assert_eq!(CqeSyndrome::from_u8(0x00), None);
 }

@@ -13,11 +13,17 @@ fn backends() -> Vec<Backend> {
 }
 
 fn pattern(rank: usize, n: usize) -> Vec<u8> {
-    (0..n).map(|i| (i as u8).wrapping_mul(13).wrapping_add(rank as u8 * 41 + 1)).collect()
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(rank as u8 * 41 + 1))
+        .collect()
 }
 
 fn ring(backend: Backend, ranks: usize, bytes: usize, offset: usize, use_warp: bool) {
-    let opts = CommOptions { heap_bytes: 1 << 20, wait_timeout: Duration::from_secs(20), ..Default::default() };
+    let opts = CommOptions {
+        heap_bytes: 1 << 20,
+        wait_timeout: Duration::from_secs(20),
+        ..Default::default()
+    };
     Communicator::local(ranks, backend, opts, |comm| {
         let dev = comm.device();
         let m = dev.load_module(KERNELS_PTX)?;
@@ -57,10 +63,26 @@ fn ring(backend: Backend, ranks: usize, bytes: usize, offset: usize, use_warp: b
         let d = dst.to_host()?;
         let g = got.to_host()?;
         let first_bad = |v: &[u8]| v[offset..offset + bytes].iter().zip(&want[..bytes]).position(|(a, b)| a != b);
-        assert_eq!(first_bad(&d), None, "put: rank {} from {prev}, {bytes} B at +{offset}: first differing byte", comm.rank());
-        assert_eq!(first_bad(&g), None, "get: rank {} from {prev}, {bytes} B at +{offset}: first differing byte", comm.rank());
-        assert!(d[..offset].iter().all(|&b| b == 0) && d[offset + bytes] == 0, "put wrote outside its range");
-        assert!(g[..offset].iter().all(|&b| b == 0) && g[offset + bytes] == 0, "get wrote outside its range");
+        assert_eq!(
+            first_bad(&d),
+            None,
+            "put: rank {} from {prev}, {bytes} B at +{offset}: first differing byte",
+            comm.rank()
+        );
+        assert_eq!(
+            first_bad(&g),
+            None,
+            "get: rank {} from {prev}, {bytes} B at +{offset}: first differing byte",
+            comm.rank()
+        );
+        assert!(
+            d[..offset].iter().all(|&b| b == 0) && d[offset + bytes] == 0,
+            "put wrote outside its range"
+        );
+        assert!(
+            g[..offset].iter().all(|&b| b == 0) && g[offset + bytes] == 0,
+            "get wrote outside its range"
+        );
         assert_eq!(sig.to_host()?, vec![1]);
         Ok(())
     })
@@ -101,7 +123,13 @@ fn barrier_rounds_count_every_rank() {
                 let s = dev.new_stream()?;
                 comm.barrier()?;
                 // SAFETY: symmetric counter, one status word.
-                unsafe { s.launch(&f, LaunchConfig::linear(1, 64), (comm.p2p(), counter.as_mut_ptr(), rounds, status.as_mut_ptr()))? };
+                unsafe {
+                    s.launch(
+                        &f,
+                        LaunchConfig::linear(1, 64),
+                        (comm.p2p(), counter.as_mut_ptr(), rounds, status.as_mut_ptr()),
+                    )?
+                };
                 comm.synchronize(&s)?;
                 assert_eq!(status.to_host()?[0], STATUS_OK);
                 Ok(counter.to_host()?[0])
@@ -116,7 +144,10 @@ fn barrier_rounds_count_every_rank() {
 #[test]
 fn a_peer_that_never_signals_is_an_error_not_a_hang() {
     for backend in backends() {
-        let opts = CommOptions { wait_timeout: Duration::from_millis(300), ..Default::default() };
+        let opts = CommOptions {
+            wait_timeout: Duration::from_millis(300),
+            ..Default::default()
+        };
         let errs = Communicator::local(2, backend, opts, |comm| {
             let dev = comm.device();
             let m = dev.load_module(KERNELS_PTX)?;
@@ -127,7 +158,13 @@ fn a_peer_that_never_signals_is_an_error_not_a_hang() {
             if comm.rank() == 1 {
                 let t0 = std::time::Instant::now();
                 // SAFETY: symmetric word, one status word.
-                unsafe { s.launch(&f, LaunchConfig::linear(1, 32), (comm.p2p(), sig.as_mut_ptr().wrapping_add(2), status.as_mut_ptr()))? };
+                unsafe {
+                    s.launch(
+                        &f,
+                        LaunchConfig::linear(1, 32),
+                        (comm.p2p(), sig.as_mut_ptr().wrapping_add(2), status.as_mut_ptr()),
+                    )?
+                };
                 let r = comm.synchronize(&s);
                 assert!(t0.elapsed() < Duration::from_secs(30), "the wait was not bounded");
                 assert_eq!(status.to_host()?[0], doorbell_kernels::testing::STATUS_TIMEOUT);
@@ -140,14 +177,25 @@ fn a_peer_that_never_signals_is_an_error_not_a_hang() {
         .unwrap();
         let e = errs.into_iter().flatten().next().expect("rank 1 reports");
         match &e {
-            Error::WaitTimeout { rank, op, expected, seen, offset, cmp, .. } => {
+            Error::WaitTimeout {
+                rank,
+                op,
+                expected,
+                seen,
+                offset,
+                cmp,
+                ..
+            } => {
                 assert_eq!((*rank, *op, *expected, *seen, *cmp), (1, "wait_until", 0xdead_beef, 0, "=="), "{e}");
                 assert_eq!(*offset % 8, 0);
             }
             other => panic!("expected WaitTimeout, got {other}"),
         }
         let msg = e.to_string();
-        assert!(msg.contains("rank 1") && msg.contains("3735928559") && msg.contains("DOORBELL_WAIT_TIMEOUT_S"), "{msg}");
+        assert!(
+            msg.contains("rank 1") && msg.contains("3735928559") && msg.contains("DOORBELL_WAIT_TIMEOUT_S"),
+            "{msg}"
+        );
     }
 }
 
@@ -163,7 +211,10 @@ fn mismatched_symmetric_allocations_name_the_rank_and_field() {
 
 #[test]
 fn heap_exhaustion_is_reported() {
-    let opts = CommOptions { heap_bytes: 4096, ..Default::default() };
+    let opts = CommOptions {
+        heap_bytes: 4096,
+        ..Default::default()
+    };
     let r = Communicator::local(2, Backend::Cpu, opts, |comm| comm.alloc::<u8>(1 << 20).map(|_| ()));
     assert!(matches!(r, Err(Error::HeapExhausted { .. })), "{:?}", r.err());
 }

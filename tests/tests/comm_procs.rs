@@ -24,7 +24,11 @@ fn device(backend: Backend, rank: usize) -> Device {
 
 /// Both ranks: ring put/get of BYTES with a signal and a barrier; returns the route to the peer.
 fn run_rank(world: World, backend: Backend) -> Result<PeerRoute, doorbell::Error> {
-    let opts = CommOptions { heap_bytes: 1 << 20, wait_timeout: Duration::from_secs(20), ..Default::default() };
+    let opts = CommOptions {
+        heap_bytes: 1 << 20,
+        wait_timeout: Duration::from_secs(20),
+        ..Default::default()
+    };
     let rank = world.rank();
     let comm = Communicator::new(world, device(backend, rank), opts)?;
     let dev = comm.device();
@@ -44,7 +48,18 @@ fn run_rank(world: World, backend: Backend) -> Result<PeerRoute, doorbell::Error
         s.launch(
             &f,
             LaunchConfig::linear(1, 64),
-            (comm.p2p(), src.as_mut_ptr(), dst.as_mut_ptr(), got.as_mut_ptr(), BYTES as u64, 0u64, sig.as_mut_ptr(), 1u64, 0u32, status.as_mut_ptr()),
+            (
+                comm.p2p(),
+                src.as_mut_ptr(),
+                dst.as_mut_ptr(),
+                got.as_mut_ptr(),
+                BYTES as u64,
+                0u64,
+                sig.as_mut_ptr(),
+                1u64,
+                0u32,
+                status.as_mut_ptr(),
+            ),
         )?
     };
     comm.synchronize(&s)?;
@@ -58,7 +73,9 @@ fn run_rank(world: World, backend: Backend) -> Result<PeerRoute, doorbell::Error
 
 #[test]
 fn child_rank() {
-    let Ok(backend) = std::env::var("DOORBELL_TEST_COMM_CHILD") else { return };
+    let Ok(backend) = std::env::var("DOORBELL_TEST_COMM_CHILD") else {
+        return;
+    };
     let backend: Backend = backend.parse().unwrap();
     let cfg = WorldConfig::from_env().unwrap().expect("launcher variables set by the parent");
     let world = World::rendezvous(&cfg, b"comm-procs").unwrap();
@@ -88,7 +105,11 @@ fn two_processes(backend: Backend) -> (PeerRoute, String) {
     let route = run_rank(world, backend).unwrap();
     let out = child.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "child failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "child failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     (route, stdout)
 }
 

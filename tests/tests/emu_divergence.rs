@@ -20,6 +20,15 @@ fn a_barrier_some_threads_never_reach_fails_after_the_timeout() {
     let err = s.synchronize().unwrap_err();
     assert!(t0.elapsed() < Duration::from_secs(20), "took {:?}", t0.elapsed());
     let msg = err.to_string();
-    assert!(matches!(err, Error::Emulator { kernel: "divergent_barrier", .. }), "{msg}");
+    assert!(
+        matches!(
+            err,
+            Error::Emulator {
+                kernel: "divergent_barrier",
+                ..
+            }
+        ),
+        "{msg}"
+    );
     assert!(msg.contains("sync_threads") && msg.contains("32 of 64"), "{msg}");
 }

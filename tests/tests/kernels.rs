@@ -20,12 +20,22 @@ fn run_shuffle_barrier_flag(dev: &Device, threads: u32) -> Vec<u32> {
         s.launch(
             &f,
             LaunchConfig::linear(2, threads),
-            (dinput.as_ptr(), out.as_mut_ptr(), scratch.as_mut_ptr(), flag.as_mut_ptr(), status.as_mut_ptr()),
+            (
+                dinput.as_ptr(),
+                out.as_mut_ptr(),
+                scratch.as_mut_ptr(),
+                flag.as_mut_ptr(),
+                status.as_mut_ptr(),
+            ),
         )
         .unwrap()
     };
     s.synchronize().unwrap();
-    assert_eq!(status.to_host().unwrap(), vec![testing::STATUS_OK], "consumer block timed out on {dev:?}");
+    assert_eq!(
+        status.to_host().unwrap(),
+        vec![testing::STATUS_OK],
+        "consumer block timed out on {dev:?}"
+    );
     let sum = input.iter().fold(0u32, |a, &x| a.wrapping_add(x));
     let got = out.to_host().unwrap();
     let want: Vec<u32> = (0..threads).map(|t| sum.wrapping_add(t * 16)).collect();
@@ -53,11 +63,22 @@ fn fused_multiply_add_is_bit_exact_on_every_backend() {
     for dev in backends() {
         let m = dev.load_module(KERNELS_PTX).unwrap();
         let f = m.function::<fused_multiply_add>().unwrap();
-        let (da, db, dc) = (dev.alloc_from(&a).unwrap(), dev.alloc_from(&b).unwrap(), dev.alloc_from(&c).unwrap());
+        let (da, db, dc) = (
+            dev.alloc_from(&a).unwrap(),
+            dev.alloc_from(&b).unwrap(),
+            dev.alloc_from(&c).unwrap(),
+        );
         let mut out = dev.alloc_zeroed::<f32>(n).unwrap();
         let s = dev.new_stream().unwrap();
         // SAFETY: n elements each.
-        unsafe { s.launch(&f, LaunchConfig::linear(3, 64), (da.as_ptr(), db.as_ptr(), dc.as_ptr(), out.as_mut_ptr(), n as u64)).unwrap() };
+        unsafe {
+            s.launch(
+                &f,
+                LaunchConfig::linear(3, 64),
+                (da.as_ptr(), db.as_ptr(), dc.as_ptr(), out.as_mut_ptr(), n as u64),
+            )
+            .unwrap()
+        };
         s.synchronize().unwrap();
         let got: Vec<u32> = out.to_host().unwrap().iter().map(|x| x.to_bits()).collect();
         assert!(got == want, "fma differs from f32::mul_add on {dev:?}");
@@ -66,7 +87,11 @@ fn fused_multiply_add_is_bit_exact_on_every_backend() {
 
 #[test]
 fn thread_block_grid_indices_and_lanes_match_cuda_numbering() {
-    let cfg = LaunchConfig { grid: (2, 3, 1), block: (8, 4, 2), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig {
+        grid: (2, 3, 1),
+        block: (8, 4, 2),
+        shared_mem_bytes: 0,
+    };
     let threads = 2 * 3 * 8 * 4 * 2;
     for dev in backends() {
         let m = dev.load_module(KERNELS_PTX).unwrap();
@@ -84,7 +109,11 @@ fn thread_block_grid_indices_and_lanes_match_cuda_numbering() {
                         for tx in 0..8u32 {
                             let rank = tx + 8 * (ty + 4 * tz);
                             let g = ((bx + 2 * by) * 64 + rank) as usize;
-                            assert_eq!(&got[g * 9..g * 9 + 9], &[tx, ty, tz, bx, by, 0, rank % 32, 64, 6], "{dev:?} thread {g}");
+                            assert_eq!(
+                                &got[g * 9..g * 9 + 9],
+                                &[tx, ty, tz, bx, by, 0, rank % 32, 64, 6],
+                                "{dev:?} thread {g}"
+                            );
                         }
                     }
                 }
@@ -105,8 +134,12 @@ fn atomics_count_every_thread_and_release_acquire_publishes_the_total() {
         let s = dev.new_stream().unwrap();
         // SAFETY: single words.
         unsafe {
-            s.launch(&f, LaunchConfig::linear(4, 96), (counter.as_mut_ptr(), done.as_mut_ptr(), out.as_mut_ptr(), status.as_mut_ptr()))
-                .unwrap()
+            s.launch(
+                &f,
+                LaunchConfig::linear(4, 96),
+                (counter.as_mut_ptr(), done.as_mut_ptr(), out.as_mut_ptr(), status.as_mut_ptr()),
+            )
+            .unwrap()
         };
         s.synchronize().unwrap();
         assert_eq!(status.to_host().unwrap()[0], testing::STATUS_OK);
@@ -124,7 +157,16 @@ fn a_trapping_thread_fails_the_launch_instead_of_hanging() {
     unsafe { s.launch(&f, LaunchConfig::linear(2, 64), (17,)).unwrap() };
     let err = s.synchronize().unwrap_err();
     let msg = err.to_string();
-    assert!(matches!(err, Error::Emulator { kernel: "trap_in_one_thread", .. }), "{msg}");
+    assert!(
+        matches!(
+            err,
+            Error::Emulator {
+                kernel: "trap_in_one_thread",
+                ..
+            }
+        ),
+        "{msg}"
+    );
     assert!(msg.contains("trap") && msg.contains("[17, 0, 0]"), "{msg}");
     // The stream stays usable after reporting the error.
     // SAFETY: as above; no thread traps with who = 999.
@@ -138,7 +180,11 @@ fn bad_launch_shapes_are_errors() {
         let m = dev.load_module(KERNELS_PTX).unwrap();
         let f = m.function::<trap_in_one_thread>().unwrap();
         let s = dev.new_stream().unwrap();
-        for cfg in [LaunchConfig::linear(0, 32), LaunchConfig::linear(1, 0), LaunchConfig::linear(1, 2048)] {
+        for cfg in [
+            LaunchConfig::linear(0, 32),
+            LaunchConfig::linear(1, 0),
+            LaunchConfig::linear(1, 2048),
+        ] {
             // SAFETY: rejected before running.
             let r = unsafe { s.launch(&f, cfg, (0,)) };
             assert!(matches!(r, Err(Error::InvalidLaunch { .. })), "{cfg:?} on {dev:?}: {:?}", r.err());
@@ -185,7 +231,10 @@ fn auto_backend_falls_back_to_the_emulator_without_a_gpu() {
 fn length_mismatch_is_reported() {
     let dev = Device::emulator(0);
     let mut b = dev.alloc_zeroed::<u32>(4).unwrap();
-    assert!(matches!(b.copy_from_host(&[1, 2, 3]), Err(Error::LengthMismatch { device: 4, host: 3 })));
+    assert!(matches!(
+        b.copy_from_host(&[1, 2, 3]),
+        Err(Error::LengthMismatch { device: 4, host: 3 })
+    ));
 }
 
 #[test]
@@ -200,8 +249,12 @@ fn mapped_memory_is_shared_between_host_and_kernel() {
         let s = dev.new_stream().unwrap();
         // SAFETY: single mapped words.
         unsafe {
-            s.launch(&f, LaunchConfig::linear(2, 32), (counter.device_ptr(), done.device_ptr(), out.device_ptr(), status.device_ptr()))
-                .unwrap()
+            s.launch(
+                &f,
+                LaunchConfig::linear(2, 32),
+                (counter.device_ptr(), done.device_ptr(), out.device_ptr(), status.device_ptr()),
+            )
+            .unwrap()
         };
         s.synchronize().unwrap();
         assert_eq!(out.read(0), 64, "{dev:?}");

@@ -7,7 +7,10 @@ use std::process::Command;
 
 /// Every PTX module the workspace builds and embeds.
 fn modules() -> Vec<(&'static str, &'static str)> {
-    vec![("doorbell_kernels", doorbell::KERNELS_PTX), ("doorbell_example_kernels", doorbell_examples::USER_KERNELS_PTX)]
+    vec![
+        ("doorbell_kernels", doorbell::KERNELS_PTX),
+        ("doorbell_example_kernels", doorbell_examples::USER_KERNELS_PTX),
+    ]
 }
 
 fn find_ptxas() -> PathBuf {
@@ -56,7 +59,11 @@ fn ptxas_report(name: &str, ptx: &str) -> Vec<(String, u64, u64, u64)> {
         if let Some(rest) = line.split("Compiling entry function '").nth(1) {
             current = Some(rest.split('\'').next().unwrap().to_string());
         } else if line.contains("bytes stack frame") {
-            let nums: Vec<u64> = line.split(|c: char| !c.is_ascii_digit()).filter(|s| !s.is_empty()).map(|s| s.parse().unwrap()).collect();
+            let nums: Vec<u64> = line
+                .split(|c: char| !c.is_ascii_digit())
+                .filter(|s| !s.is_empty())
+                .map(|s| s.parse().unwrap())
+                .collect();
             if let (Some(k), [stack, st, ld, ..]) = (current.take(), nums.as_slice()) {
                 res.push((k, *st, *ld, *stack));
             }
@@ -72,7 +79,12 @@ fn ptxas_accepts_every_module_and_hot_kernels_do_not_spill() {
         assert!(ptx.contains(".target sm_90"), "{name} is not built for sm_90");
         let report = ptxas_report(name, ptx);
         let entries = ptx.matches(".entry ").count();
-        assert_eq!(report.len(), entries, "{name}: ptxas reported {} of {entries} entries", report.len());
+        assert_eq!(
+            report.len(),
+            entries,
+            "{name}: ptxas reported {} of {entries} entries",
+            report.len()
+        );
         let hot: Vec<&str> = ptx
             .lines()
             .filter_map(|l| l.split("DOORBELL_HOT_").nth(1))
@@ -80,7 +92,10 @@ fn ptxas_accepts_every_module_and_hot_kernels_do_not_spill() {
             .collect();
         for (kernel, st, ld, _) in &report {
             if hot.contains(&kernel.as_str()) {
-                assert!(*st == 0 && *ld == 0, "{name}: hot kernel {kernel} spills ({st} bytes stored, {ld} loaded)");
+                assert!(
+                    *st == 0 && *ld == 0,
+                    "{name}: hot kernel {kernel} spills ({st} bytes stored, {ld} loaded)"
+                );
             }
         }
     }
@@ -145,7 +160,11 @@ fn every_ordering_primitive_emits_the_instruction_it_names() {
             .filter(|l| l.starts_with("ld.") || l.starts_with("st.") || l.starts_with("atom.") || l.starts_with("fence."))
             .filter(|l| !l.starts_with("ld.param") && !l.starts_with("st.global") && !l.starts_with("ld.global"))
             .collect();
-        assert_eq!(asm.len(), 1, "golden_{prim}: expected exactly one ordering instruction, got {asm:?}");
+        assert_eq!(
+            asm.len(),
+            1,
+            "golden_{prim}: expected exactly one ordering instruction, got {asm:?}"
+        );
         assert!(
             asm[0].starts_with(&format!("{want} ")) || asm[0] == format!("{want};"),
             "golden_{prim}: emits `{}`, expected `{want}`",

@@ -71,11 +71,16 @@ fn spawn_child(role: &str, vars: &[(&str, String)]) -> Child {
     for v in LAUNCH_VARS {
         c.env_remove(v);
     }
-    c.env("DOORBELL_TEST_CHILD", role).env("DOORBELL_RENDEZVOUS_TIMEOUT_S", "20").env("DOORBELL_WORLD_TIMEOUT_S", "20");
+    c.env("DOORBELL_TEST_CHILD", role)
+        .env("DOORBELL_RENDEZVOUS_TIMEOUT_S", "20")
+        .env("DOORBELL_WORLD_TIMEOUT_S", "20");
     for (k, v) in vars {
         c.env(k, v);
     }
-    c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("could not re-run the test binary as a child")
+    c.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("could not re-run the test binary as a child")
 }
 
 /// Waits for a child; returns whether it succeeded and its result line.
@@ -85,7 +90,12 @@ fn finish(child: Child) -> (bool, String) {
     let line = stdout
         .lines()
         .find_map(|l| l.split_once("CHILD-RESULT ").map(|(_, r)| r))
-        .unwrap_or_else(|| panic!("child printed no result; stdout:\n{stdout}\nstderr:\n{}", String::from_utf8_lossy(&out.stderr)))
+        .unwrap_or_else(|| {
+            panic!(
+                "child printed no result; stdout:\n{stdout}\nstderr:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
         .to_string();
     (out.status.success(), line)
 }
@@ -104,7 +114,9 @@ fn torchrun_vars(rank: usize, size: usize, port: u16, token: &str) -> Vec<(&'sta
 
 /// Rank 0 of this test process, on a port the system picks.
 fn host(size: usize, timeout: Duration) -> (RendezvousHost, u16) {
-    let cfg = WorldConfig::new(0, size, "127.0.0.1", 0, TOKEN).with_rendezvous_timeout(timeout).with_world_timeout(Duration::from_secs(20));
+    let cfg = WorldConfig::new(0, size, "127.0.0.1", 0, TOKEN)
+        .with_rendezvous_timeout(timeout)
+        .with_world_timeout(Duration::from_secs(20));
     let h = RendezvousHost::bind(&cfg).unwrap();
     let port = h.local_addr().port();
     (h, port)
@@ -179,7 +191,10 @@ fn rank_0_times_out_cleanly_when_its_only_peer_has_the_wrong_token() {
     let (h, port) = host(2, Duration::from_millis(1500));
     let child = spawn_child("join", &torchrun_vars(1, 2, port, "wrong"));
     let r = h.accept(b"");
-    assert!(matches!(&r, Err(Error::RendezvousTimeout { rank: 0, missing, .. }) if missing == &vec![1]), "{r:?}");
+    assert!(
+        matches!(&r, Err(Error::RendezvousTimeout { rank: 0, missing, .. }) if missing == &vec![1]),
+        "{r:?}"
+    );
     let (ok, line) = finish(child);
     assert!(!ok && line.contains("TokenMismatch"), "{line}");
 }
@@ -190,7 +205,12 @@ fn mismatched_world_size_is_rejected_naming_rank_and_field() {
     let child = spawn_child("join", &torchrun_vars(1, 3, port, TOKEN));
     let r = h.accept(b"");
     match &r {
-        Err(Error::RendezvousMismatch { rank: 1, field, ours, theirs }) => {
+        Err(Error::RendezvousMismatch {
+            rank: 1,
+            field,
+            ours,
+            theirs,
+        }) => {
             assert_eq!((field.as_str(), ours.as_str(), theirs.as_str()), ("world size", "2", "3"))
         }
         other => panic!("expected a world size mismatch, got {other:?}"),
@@ -206,7 +226,10 @@ fn a_rank_that_never_comes_is_named_on_every_rank() {
     let (h, port) = host(3, Duration::from_millis(1500));
     let child = spawn_child("join", &torchrun_vars(2, 3, port, TOKEN));
     let r = h.accept(b"");
-    assert!(matches!(&r, Err(Error::RendezvousTimeout { rank: 0, missing, .. }) if missing == &vec![1]), "{r:?}");
+    assert!(
+        matches!(&r, Err(Error::RendezvousTimeout { rank: 0, missing, .. }) if missing == &vec![1]),
+        "{r:?}"
+    );
     let (ok, line) = finish(child);
     assert!(!ok && line.contains("RendezvousTimeout") && line.contains("missing: [1]"), "{line}");
 }

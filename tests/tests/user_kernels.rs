@@ -20,7 +20,14 @@ fn a_user_crate_kernel_with_shared_memory_and_atomics_runs_on_every_backend() {
         let mut bins = dev.alloc_zeroed::<u32>(256).unwrap();
         let s = dev.new_stream().unwrap();
         // SAFETY: n bytes, 256 bins, 1 KiB of shared memory.
-        unsafe { s.launch(&f, LaunchConfig::linear(3, 96).with_shared_mem(1024), (d.as_ptr(), n as u64, bins.as_mut_ptr())).unwrap() };
+        unsafe {
+            s.launch(
+                &f,
+                LaunchConfig::linear(3, 96).with_shared_mem(1024),
+                (d.as_ptr(), n as u64, bins.as_mut_ptr()),
+            )
+            .unwrap()
+        };
         s.synchronize().unwrap();
         assert_eq!(bins.to_host().unwrap(), want, "{dev:?}");
     }

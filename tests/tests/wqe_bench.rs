@@ -21,7 +21,14 @@ fn run(dev: &Device, warps: u32, k: u32, ring_wqes: u32) -> f64 {
     let s = dev.new_stream().unwrap();
     let launch = |ring: *mut u32, ns: *mut u64| {
         // SAFETY: 32 requests, `warps` rings of ring_wqes blocks, one word per warp.
-        unsafe { s.launch(&f, LaunchConfig::linear(1, warps * 32), (dreqs.as_ptr() as *const WqeRequest, ring, ring_wqes, k, ns)).unwrap() };
+        unsafe {
+            s.launch(
+                &f,
+                LaunchConfig::linear(1, warps * 32),
+                (dreqs.as_ptr() as *const WqeRequest, ring, ring_wqes, k, ns),
+            )
+            .unwrap()
+        };
     };
     launch(ring.as_mut_ptr(), ns.as_mut_ptr()); // warm-up
     launch(ring.as_mut_ptr(), ns.as_mut_ptr());

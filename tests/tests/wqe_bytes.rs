@@ -7,7 +7,7 @@ mod wqe_common;
 
 use doorbell::{LaunchConfig, KERNELS_PTX};
 use doorbell_kernels::mlx5::kernels::mlx5_write_wqes;
-use doorbell_kernels::mlx5::{self as m, AtomicSeg, CtrlSeg, Cqe64, DataSeg, ErrCqe, RaddrSeg, WqeOp, WqeRequest};
+use doorbell_kernels::mlx5::{self as m, AtomicSeg, Cqe64, CtrlSeg, DataSeg, ErrCqe, RaddrSeg, WqeOp, WqeRequest};
 use doorbell_tests::backends;
 use rand::Rng;
 use wqe_common::*;
@@ -30,7 +30,9 @@ fn host_encoder_matches_hand_computed_layouts() {
         assert_eq!(be32(&b, 0), (r.wqe_index as u32) << 8 | op.opcode() as u32, "#{i} {op:?}");
         assert_eq!(be32(&b, 4), (r.qpn & 0xff_ffff) << 8 | ds);
         assert_eq!(&b[8..11], &[0, 0, 0]);
-        let fm = (if r.flags & 2 != 0 { 0x80 } else { 0 }) | (if r.flags & 1 != 0 { 0x08 } else { 0 }) | (if r.flags & 4 != 0 { 0x02 } else { 0 });
+        let fm = (if r.flags & 2 != 0 { 0x80 } else { 0 })
+            | (if r.flags & 1 != 0 { 0x08 } else { 0 })
+            | (if r.flags & 4 != 0 { 0x02 } else { 0 });
         assert_eq!(b[11], fm);
         assert_eq!(be32(&b, 12), if op == WqeOp::WriteImm { r.imm } else { 0 });
         match op {
@@ -58,7 +60,14 @@ fn host_encoder_matches_rdma_core_helpers() {
         let want = rdma_sys_ext::shim::reference_wqe(&shim_params(r));
         let got = r.to_bytes();
         assert_eq!(want.len(), r.wqe_len(), "#{i}");
-        assert_eq!(&got[..want.len()], &want[..], "#{i} {:?}\n{}vs rdma-core\n{}", r.op(), m::dump::format_hex(&got), m::dump::format_hex(&want));
+        assert_eq!(
+            &got[..want.len()],
+            &want[..],
+            "#{i} {:?}\n{}vs rdma-core\n{}",
+            r.op(),
+            m::dump::format_hex(&got),
+            m::dump::format_hex(&want)
+        );
         assert!(got[want.len()..].iter().all(|&x| x == 0));
     }
 }
@@ -75,9 +84,16 @@ fn device_builders_match_the_host_encoder_on_every_backend() {
         // Poisoned output: every byte must be written, including padding.
         let mut out = dev.alloc_from(&vec![0xdead_beefu32; n * 16]).unwrap();
         let s = dev.new_stream().unwrap();
-        let cfg = if dev.is_gpu() { LaunchConfig::linear(8, 128) } else { LaunchConfig::linear(2, 64) };
+        let cfg = if dev.is_gpu() {
+            LaunchConfig::linear(8, 128)
+        } else {
+            LaunchConfig::linear(2, 64)
+        };
         // SAFETY: n requests, 16 n output words.
-        unsafe { s.launch(&f, cfg, (dreqs.as_ptr() as *const WqeRequest, n as u32, out.as_mut_ptr())).unwrap() };
+        unsafe {
+            s.launch(&f, cfg, (dreqs.as_ptr() as *const WqeRequest, n as u32, out.as_mut_ptr()))
+                .unwrap()
+        };
         s.synchronize().unwrap();
         let got = out.to_host().unwrap();
         for i in 0..n {
@@ -99,7 +115,14 @@ fn device_builders_match_rdma_core_helpers_on_every_backend() {
         let mut out = dev.alloc_zeroed::<u32>(n * 16).unwrap();
         let s = dev.new_stream().unwrap();
         // SAFETY: as above.
-        unsafe { s.launch(&f, LaunchConfig::linear(1, 96), (dreqs.as_ptr() as *const WqeRequest, n as u32, out.as_mut_ptr())).unwrap() };
+        unsafe {
+            s.launch(
+                &f,
+                LaunchConfig::linear(1, 96),
+                (dreqs.as_ptr() as *const WqeRequest, n as u32, out.as_mut_ptr()),
+            )
+            .unwrap()
+        };
         s.synchronize().unwrap();
         let got = out.to_host().unwrap();
         for (i, r) in reqs.iter().enumerate() {
@@ -145,7 +168,13 @@ fn segment_field_accessors_agree_with_whole_segment_encoding() {
         // A setter only touches its own bits.
         let mut w = c.to_words();
         CtrlSeg::set_wqe_index_words(&mut w, !c.wqe_index);
-        assert_eq!(CtrlSeg::from_words(&w), CtrlSeg { wqe_index: !c.wqe_index, ..c });
+        assert_eq!(
+            CtrlSeg::from_words(&w),
+            CtrlSeg {
+                wqe_index: !c.wqe_index,
+                ..c
+            }
+        );
 
         let e = ErrCqe {
             srqn: rng.gen(),
@@ -160,7 +189,15 @@ fn segment_field_accessors_agree_with_whole_segment_encoding() {
         };
         assert_eq!(ErrCqe::from_bytes(&e.to_bytes()), e);
         let eb = e.to_bytes();
-        assert_eq!((eb[54], eb[55], be32(&eb, 56), eb[63]), (e.vendor_err_synd, e.syndrome, (e.wqe_opcode as u32) << 24 | e.qpn, e.opcode << 4 | e.owner as u8));
+        assert_eq!(
+            (eb[54], eb[55], be32(&eb, 56), eb[63]),
+            (
+                e.vendor_err_synd,
+                e.syndrome,
+                (e.wqe_opcode as u32) << 24 | e.qpn,
+                e.opcode << 4 | e.owner as u8
+            )
+        );
     }
     // Out-of-range values lose their high bits, never spill into neighbours.
     let mut img = [0u8; 16];
@@ -221,7 +258,10 @@ fn layouts_and_constants_match_rdma_sys_ext() {
     assert_eq!(m::CQE_SIZE, r::CQE_SIZE);
     for s in r::CqeSyndrome::ALL {
         assert_eq!(m::CqeSyndrome::from_u8(s.as_u8()).as_u8(), s.as_u8());
-        assert!(!matches!(m::CqeSyndrome::from_u8(s.as_u8()), m::CqeSyndrome::Other(_)), "{s:?} is not named");
+        assert!(
+            !matches!(m::CqeSyndrome::from_u8(s.as_u8()), m::CqeSyndrome::Other(_)),
+            "{s:?} is not named"
+        );
     }
 }
 
@@ -236,7 +276,11 @@ fn layouts_match_the_header_offsets() {
     };
     check(&CtrlSeg::LAYOUT, "imm", "offsetof(mlx5_wqe_ctrl_seg,imm)");
     check(&CtrlSeg::LAYOUT, "fm_ce_se", "offsetof(mlx5_wqe_ctrl_seg,fm_ce_se)");
-    check(&CtrlSeg::LAYOUT, "dci_stream_channel_id", "offsetof(mlx5_wqe_ctrl_seg,dci_stream_channel_id)");
+    check(
+        &CtrlSeg::LAYOUT,
+        "dci_stream_channel_id",
+        "offsetof(mlx5_wqe_ctrl_seg,dci_stream_channel_id)",
+    );
     check(&CtrlSeg::LAYOUT, "qpn", "offsetof(mlx5_wqe_ctrl_seg,qpn_ds)");
     check(&RaddrSeg::LAYOUT, "rkey", "offsetof(mlx5_wqe_raddr_seg,rkey)");
     check(&DataSeg::LAYOUT, "addr", "offsetof(mlx5_wqe_data_seg,addr)");

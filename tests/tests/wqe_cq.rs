@@ -7,7 +7,7 @@ mod wqe_common;
 use doorbell::{Device, LaunchConfig, KERNELS_PTX};
 use doorbell_kernels::mlx5::cq::{classify_cqe, decode_poll_result, CqeState, POLL_RESULT_WORDS};
 use doorbell_kernels::mlx5::kernels::mlx5_poll_cq;
-use doorbell_kernels::mlx5::{Completion, CqError, CqeSyndrome, Cqe64, CQE_REQ_ERR, CQE_RESP_ERR, CQE_RESP_SEND};
+use doorbell_kernels::mlx5::{Completion, CqError, Cqe64, CqeSyndrome, CQE_REQ_ERR, CQE_RESP_ERR, CQE_RESP_SEND};
 use doorbell_tests::backends;
 use wqe_common::*;
 
@@ -30,13 +30,24 @@ fn poll(dev: &Device, cq_size: u32, cqes: &[[u8; 64]], ci: u32, targets: &[u32],
     let s = dev.new_stream().unwrap();
     // SAFETY: the handle's buffers live in `qp`; 8 words per target.
     unsafe {
-        s.launch(&f, LaunchConfig::linear(1, 32), (qp.handle(), dtargets.as_ptr(), targets.len() as u32, budget_ns, out.as_mut_ptr()))
-            .unwrap()
+        s.launch(
+            &f,
+            LaunchConfig::linear(1, 32),
+            (qp.handle(), dtargets.as_ptr(), targets.len() as u32, budget_ns, out.as_mut_ptr()),
+        )
+        .unwrap()
     };
     s.synchronize().unwrap();
     let words = out.to_host().unwrap();
-    let results = words.chunks(POLL_RESULT_WORDS).map_while(|c| decode_poll_result(c.try_into().unwrap())).collect();
-    Polled { results, consumer: qp.consumer.to_host().unwrap()[0], cq_dbr: qp.cq_dbr.to_host().unwrap()[0] }
+    let results = words
+        .chunks(POLL_RESULT_WORDS)
+        .map_while(|c| decode_poll_result(c.try_into().unwrap()))
+        .collect();
+    Polled {
+        results,
+        consumer: qp.consumer.to_host().unwrap()[0],
+        cq_dbr: qp.cq_dbr.to_host().unwrap()[0],
+    }
 }
 
 fn be(v: u32) -> u32 {
@@ -47,7 +58,16 @@ fn be(v: u32) -> u32 {
 fn success_completion_is_returned_and_consumed() {
     for dev in backends() {
         let p = poll(&dev, 4, &[req_cqe(false, 7, QPN, 4096)], 0, &[7], LONG_BUDGET_NS);
-        assert_eq!(p.results, vec![Ok(Completion { wqe_counter: 7, cq_index: 0, byte_cnt: 4096, qpn: QPN })], "{dev:?}");
+        assert_eq!(
+            p.results,
+            vec![Ok(Completion {
+                wqe_counter: 7,
+                cq_index: 0,
+                byte_cnt: 4096,
+                qpn: QPN
+            })],
+            "{dev:?}"
+        );
         assert_eq!(p.consumer, 1);
         assert_eq!(p.cq_dbr, be(1), "CQ doorbell record holds the BE32 consumer index");
     }
@@ -85,14 +105,50 @@ fn error_completions_are_decoded_into_typed_errors() {
         );
         assert_eq!(p.consumer, 2, "the error CQE is consumed, not left for the next poll");
         // A responder error, and an opcode a send CQ never holds.
-        let p = poll(&dev, 4, &[err_cqe(CQE_RESP_ERR, false, 0, 0x05, 0, 0, QPN)], 0, &[0], LONG_BUDGET_NS);
-        assert!(matches!(p.results[0], Err(CqError::Failed { opcode: CQE_RESP_ERR, syndrome: CqeSyndrome::WrFlush, .. })), "{:?}", p.results);
-        let weird = Cqe64 { opcode: CQE_RESP_SEND, wqe_counter: 2, ..Default::default() }.to_bytes();
+        let p = poll(
+            &dev,
+            4,
+            &[err_cqe(CQE_RESP_ERR, false, 0, 0x05, 0, 0, QPN)],
+            0,
+            &[0],
+            LONG_BUDGET_NS,
+        );
+        assert!(
+            matches!(
+                p.results[0],
+                Err(CqError::Failed {
+                    opcode: CQE_RESP_ERR,
+                    syndrome: CqeSyndrome::WrFlush,
+                    ..
+                })
+            ),
+            "{:?}",
+            p.results
+        );
+        let weird = Cqe64 {
+            opcode: CQE_RESP_SEND,
+            wqe_counter: 2,
+            ..Default::default()
+        }
+        .to_bytes();
         let p = poll(&dev, 4, &[weird], 0, &[2], LONG_BUDGET_NS);
-        assert_eq!(p.results, vec![Err(CqError::UnexpectedOpcode { opcode: CQE_RESP_SEND, wqe_counter: 2, cq_index: 0 })]);
+        assert_eq!(
+            p.results,
+            vec![Err(CqError::UnexpectedOpcode {
+                opcode: CQE_RESP_SEND,
+                wqe_counter: 2,
+                cq_index: 0
+            })]
+        );
         // Unknown syndromes are kept, not lost.
         let p = poll(&dev, 4, &[err_cqe(CQE_REQ_ERR, false, 0, 0x7e, 0, 0, QPN)], 0, &[0], LONG_BUDGET_NS);
-        assert!(matches!(p.results[0], Err(CqError::Failed { syndrome: CqeSyndrome::Other(0x7e), .. })));
+        assert!(matches!(
+            p.results[0],
+            Err(CqError::Failed {
+                syndrome: CqeSyndrome::Other(0x7e),
+                ..
+            })
+        ));
     }
 }
 
@@ -101,13 +157,26 @@ fn owner_bit_phase_follows_the_ring_across_its_wrap() {
     for dev in backends() {
         // cq_size 4, consumer at 6: entries 2, 3 belong to pass 1 (owner 1),
         // entries 0, 1 to pass 2 (owner 0) — the NIC wrote them after wrapping.
-        let cqes = [req_cqe(false, 10, QPN, 0), req_cqe(false, 11, QPN, 0), req_cqe(true, 8, QPN, 0), req_cqe(true, 9, QPN, 0)];
+        let cqes = [
+            req_cqe(false, 10, QPN, 0),
+            req_cqe(false, 11, QPN, 0),
+            req_cqe(true, 8, QPN, 0),
+            req_cqe(true, 9, QPN, 0),
+        ];
         let p = poll(&dev, 4, &cqes, 6, &[8, 9, 10, 11, 12], SHORT_BUDGET_NS);
         let idx: Vec<u32> = p.results.iter().take(4).map(|r| r.unwrap().cq_index).collect();
         assert_eq!(idx, vec![6, 7, 8, 9], "{dev:?}: {:?}", p.results);
         // Entry 2 still holds pass 1's CQE (owner 1): at consumer index 10
         // (pass 2) it is stale, and the poll reports it instead of hanging.
-        assert_eq!(p.results[4], Err(CqError::Timeout { wqe_counter: 12, cq_index: 10, expected_owner: 0, seen_op_own: 0x01 }));
+        assert_eq!(
+            p.results[4],
+            Err(CqError::Timeout {
+                wqe_counter: 12,
+                cq_index: 10,
+                expected_owner: 0,
+                seen_op_own: 0x01
+            })
+        );
         assert_eq!(p.consumer, 10);
         assert_eq!(p.cq_dbr, be(10));
     }
@@ -117,20 +186,49 @@ fn owner_bit_phase_follows_the_ring_across_its_wrap() {
 fn budget_exhaustion_reports_expected_and_seen() {
     for dev in backends() {
         let p = poll(&dev, 4, &[], 0, &[5], SHORT_BUDGET_NS);
-        assert_eq!(p.results, vec![Err(CqError::Timeout { wqe_counter: 5, cq_index: 0, expected_owner: 0, seen_op_own: 0xf0 })], "{dev:?}");
+        assert_eq!(
+            p.results,
+            vec![Err(CqError::Timeout {
+                wqe_counter: 5,
+                cq_index: 0,
+                expected_owner: 0,
+                seen_op_own: 0xf0
+            })],
+            "{dev:?}"
+        );
         assert_eq!(p.consumer, 0, "nothing consumed");
         // A CQE of the previous pass (owner 1 at pass 0) is not taken either.
         let p = poll(&dev, 4, &[req_cqe(true, 5, QPN, 0)], 0, &[5], SHORT_BUDGET_NS);
-        assert_eq!(p.results, vec![Err(CqError::Timeout { wqe_counter: 5, cq_index: 0, expected_owner: 0, seen_op_own: 0x01 })]);
+        assert_eq!(
+            p.results,
+            vec![Err(CqError::Timeout {
+                wqe_counter: 5,
+                cq_index: 0,
+                expected_owner: 0,
+                seen_op_own: 0x01
+            })]
+        );
     }
 }
 
 #[test]
 fn classify_agrees_with_hand_built_images() {
     let w = |b: [u8; 64]| Cqe64::bytes_to_words(&b);
-    assert!(matches!(classify_cqe(&w(invalid_cqe()), 0, 4), CqeState::Empty { expected_owner: 0, op_own: 0xf0 }));
-    assert!(matches!(classify_cqe(&w(req_cqe(true, 1, 1, 1)), 4, 4), CqeState::Done(Completion { wqe_counter: 1, .. })));
-    assert!(matches!(classify_cqe(&w(req_cqe(true, 1, 1, 1)), 8, 4), CqeState::Empty { expected_owner: 0, .. }));
+    assert!(matches!(
+        classify_cqe(&w(invalid_cqe()), 0, 4),
+        CqeState::Empty {
+            expected_owner: 0,
+            op_own: 0xf0
+        }
+    ));
+    assert!(matches!(
+        classify_cqe(&w(req_cqe(true, 1, 1, 1)), 4, 4),
+        CqeState::Done(Completion { wqe_counter: 1, .. })
+    ));
+    assert!(matches!(
+        classify_cqe(&w(req_cqe(true, 1, 1, 1)), 8, 4),
+        CqeState::Empty { expected_owner: 0, .. }
+    ));
 }
 
 /// The CQE images built with the descriptor are byte-identical to those
@@ -138,15 +236,21 @@ fn classify_agrees_with_hand_built_images() {
 #[cfg(feature = "mlx5-shim")]
 #[test]
 fn hand_built_cqes_match_rdma_core_structs() {
-    use rdma_sys_ext::shim::reference_cqe;
     use rand::Rng;
+    use rdma_sys_ext::shim::reference_cqe;
     let mut r = rng(9);
     for _ in 0..2000 {
         let (owner, counter, qpn, bytes): (bool, u16, u32, u32) = (r.gen(), r.gen(), r.gen::<u32>() & 0xff_ffff, r.gen());
-        assert_eq!(req_cqe(owner, counter, qpn, bytes), reference_cqe(0, owner, counter, 0, 0, qpn, bytes));
+        assert_eq!(
+            req_cqe(owner, counter, qpn, bytes),
+            reference_cqe(0, owner, counter, 0, 0, qpn, bytes)
+        );
         let (synd, vendor): (u8, u8) = (r.gen(), r.gen());
         for op in [CQE_REQ_ERR, CQE_RESP_ERR] {
-            assert_eq!(err_cqe(op, owner, counter, synd, vendor, 0, qpn), reference_cqe(op, owner, counter, synd, vendor, qpn, bytes));
+            assert_eq!(
+                err_cqe(op, owner, counter, synd, vendor, 0, qpn),
+                reference_cqe(op, owner, counter, synd, vendor, qpn, bytes)
+            );
         }
     }
 }
@@ -157,9 +261,29 @@ fn hand_built_cqes_match_rdma_core_structs() {
 fn polling_rdma_core_cqes() {
     use rdma_sys_ext::shim::reference_cqe;
     for dev in backends() {
-        let cqes = [reference_cqe(0, false, 41, 0, 0, QPN, 77), reference_cqe(CQE_REQ_ERR, false, 42, 0x15, 0x81, QPN, 0)];
+        let cqes = [
+            reference_cqe(0, false, 41, 0, 0, QPN, 77),
+            reference_cqe(CQE_REQ_ERR, false, 42, 0x15, 0x81, QPN, 0),
+        ];
         let p = poll(&dev, 2, &cqes, 0, &[41, 42], LONG_BUDGET_NS);
-        assert_eq!(p.results[0], Ok(Completion { wqe_counter: 41, cq_index: 0, byte_cnt: 77, qpn: QPN }), "{dev:?}");
-        assert!(matches!(p.results[1], Err(CqError::Failed { syndrome: CqeSyndrome::TransportRetryExc, vendor_syndrome: 0x81, wqe_counter: 42, .. })));
+        assert_eq!(
+            p.results[0],
+            Ok(Completion {
+                wqe_counter: 41,
+                cq_index: 0,
+                byte_cnt: 77,
+                qpn: QPN
+            }),
+            "{dev:?}"
+        );
+        assert!(matches!(
+            p.results[1],
+            Err(CqError::Failed {
+                syndrome: CqeSyndrome::TransportRetryExc,
+                vendor_syndrome: 0x81,
+                wqe_counter: 42,
+                ..
+            })
+        ));
     }
 }

@@ -14,13 +14,30 @@ fn args(s: &str) -> Vec<String> {
 
 #[test]
 fn parses_every_op_and_option() {
-    let r = parse_args(&args("write --index 0x10 --qpn 0xabc --raddr 0x1000 --rkey 7 --laddr 0x2000 --lkey 9 --len 64 --signaled")).unwrap();
+    let r = parse_args(&args(
+        "write --index 0x10 --qpn 0xabc --raddr 0x1000 --rkey 7 --laddr 0x2000 --lkey 9 --len 64 --signaled",
+    ))
+    .unwrap();
     assert_eq!(
         r,
-        WqeRequest { op: WqeOp::Write as u32, wqe_index: 16, qpn: 0xabc, raddr: 0x1000, rkey: 7, laddr: 0x2000, lkey: 9, len: 64, flags: FLAG_SIGNALED, ..Default::default() }
+        WqeRequest {
+            op: WqeOp::Write as u32,
+            wqe_index: 16,
+            qpn: 0xabc,
+            raddr: 0x1000,
+            rkey: 7,
+            laddr: 0x2000,
+            lkey: 9,
+            len: 64,
+            flags: FLAG_SIGNALED,
+            ..Default::default()
+        }
     );
     let r = parse_args(&args("cas --compare 1 --swap=2 --fence --solicited")).unwrap();
-    assert_eq!((r.op(), r.compare, r.swap, r.flags), (Some(WqeOp::CompareSwap), 1, 2, FLAG_FENCE | FLAG_SOLICITED));
+    assert_eq!(
+        (r.op(), r.compare, r.swap, r.flags),
+        (Some(WqeOp::CompareSwap), 1, 2, FLAG_FENCE | FLAG_SOLICITED)
+    );
     assert_eq!(parse_args(&args("fetch-add --add 0xffffffffffffffff")).unwrap().add, u64::MAX);
     assert_eq!(parse_args(&args("write-imm --imm 0xdeadbeef")).unwrap().imm, 0xdead_beef);
     assert_eq!(parse_args(&args("nop --index 65535 --qpn 0xffffff")).unwrap().wqe_index, 65535);
@@ -82,11 +99,26 @@ fn the_built_example_prints_wqes_and_rejects_bad_input() {
         eprintln!("wqe_dump not built in this profile (cargo build --release --example wqe_dump): skipping the binary check");
         return;
     };
-    let out = Command::new(&bin).args(args("read --index 3 --qpn 0x10 --raddr 0x40 --rkey 1 --laddr 0x80 --lkey 2 --len 64")).output().unwrap();
+    let out = Command::new(&bin)
+        .args(args(
+            "read --index 3 --qpn 0x10 --raddr 0x40 --rkey 1 --laddr 0x80 --lkey 2 --len 64",
+        ))
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(stdout, "00000310000010030000000000000000\n0000000000000040000000010000000 0\n00000040000000020000000000000080\n".replace(' ', ""));
-    for bad in ["write --index 70000", "write --qpn 0x1000000", "frob", "write --lkey", "write --imm 1", "write --nope 1"] {
+    assert_eq!(
+        stdout,
+        "00000310000010030000000000000000\n0000000000000040000000010000000 0\n00000040000000020000000000000080\n".replace(' ', "")
+    );
+    for bad in [
+        "write --index 70000",
+        "write --qpn 0x1000000",
+        "frob",
+        "write --lkey",
+        "write --imm 1",
+        "write --nope 1",
+    ] {
         let out = Command::new(&bin).args(args(bad)).output().unwrap();
         assert!(!out.status.success(), "`{bad}` succeeded");
         assert!(out.stdout.is_empty(), "`{bad}` printed to stdout");

@@ -20,7 +20,10 @@ fn post_and_check(dev: &Device, sq_size: u32, start: u32, n: usize, cfg: LaunchC
     let mut r = rng(seed);
     let ops = [WqeOp::Write, WqeOp::WriteImm, WqeOp::Read, WqeOp::FetchAdd, WqeOp::CompareSwap];
     let reqs: Vec<WqeRequest> = (0..n)
-        .map(|i| WqeRequest { raddr: (i as u64) << 32 | r.gen::<u32>() as u64, ..random_request(&mut r, ops[i % ops.len()]) })
+        .map(|i| WqeRequest {
+            raddr: (i as u64) << 32 | r.gen::<u32>() as u64,
+            ..random_request(&mut r, ops[i % ops.len()])
+        })
         .collect();
     let module = dev.load_module(KERNELS_PTX).unwrap();
     let f = module.function::<mlx5_post_wqes>().unwrap();
@@ -30,15 +33,35 @@ fn post_and_check(dev: &Device, sq_size: u32, start: u32, n: usize, cfg: LaunchC
     let mut status = dev.alloc_zeroed::<u32>(warps as usize).unwrap();
     let s = dev.new_stream().unwrap();
     // SAFETY: the handle's buffers live in `qp`; n <= sq_size; one status word per warp.
-    unsafe { s.launch(&f, cfg, (qp.handle(), dreqs.as_ptr() as *const WqeRequest, n as u32, 10_000_000_000u64, status.as_mut_ptr())).unwrap() };
+    unsafe {
+        s.launch(
+            &f,
+            cfg,
+            (
+                qp.handle(),
+                dreqs.as_ptr() as *const WqeRequest,
+                n as u32,
+                10_000_000_000u64,
+                status.as_mut_ptr(),
+            ),
+        )
+        .unwrap()
+    };
     s.synchronize().unwrap();
-    assert!(status.to_host().unwrap().iter().all(|&x| x == 1), "a warp's submit timed out on {dev:?}");
+    assert!(
+        status.to_host().unwrap().iter().all(|&x| x == 1),
+        "a warp's submit timed out on {dev:?}"
+    );
 
     let end = start.wrapping_add(n as u32);
     assert_eq!(qp.producer.to_host().unwrap()[0], end);
     assert_eq!(qp.ready.to_host().unwrap()[0], end);
     let dbr = qp.sq_dbr.to_host().unwrap()[0];
-    assert_eq!(dbr.to_le_bytes(), (end & 0xffff).to_be_bytes(), "doorbell record = BE32 SQ counter on {dev:?}");
+    assert_eq!(
+        dbr.to_le_bytes(),
+        (end & 0xffff).to_be_bytes(),
+        "doorbell record = BE32 SQ counter on {dev:?}"
+    );
 
     let blocks = qp.sq_blocks();
     let mut seen = vec![false; n];
@@ -72,13 +95,21 @@ fn post_and_check(dev: &Device, sq_size: u32, start: u32, n: usize, cfg: LaunchC
     // Ordered submit: the last doorbell rung is the one of the batch that
     // ends at the producer index.
     let last = &blocks[(end.wrapping_sub(1) & (sq_size - 1)) as usize];
-    assert_eq!(qp.uar.to_host().unwrap()[0].to_le_bytes(), last[..8], "doorbell = first 8 bytes of the last ctrl segment on {dev:?}");
+    assert_eq!(
+        qp.uar.to_host().unwrap()[0].to_le_bytes(),
+        last[..8],
+        "doorbell = first 8 bytes of the last ctrl segment on {dev:?}"
+    );
 }
 
 #[test]
 fn warps_post_batches_in_order_and_ring_the_doorbell() {
     for dev in backends() {
-        let cfg = if dev.is_gpu() { LaunchConfig::linear(16, 256) } else { LaunchConfig::linear(2, 64) };
+        let cfg = if dev.is_gpu() {
+            LaunchConfig::linear(16, 256)
+        } else {
+            LaunchConfig::linear(2, 64)
+        };
         post_and_check(&dev, 1024, 0, 1000, cfg, 11);
     }
 }

@@ -20,7 +20,9 @@ fn ptx() -> Option<&'static str> {
 }
 
 fn entry_body<'a>(ptx: &'a str, entry: &str) -> &'a str {
-    let start = ptx.find(&format!(".entry {entry}(")).unwrap_or_else(|| panic!("no entry {entry} in KERNELS_PTX"));
+    let start = ptx
+        .find(&format!(".entry {entry}("))
+        .unwrap_or_else(|| panic!("no entry {entry} in KERNELS_PTX"));
     let body = &ptx[start..];
     &body[..body.find("\n}\n").unwrap_or(body.len())]
 }
@@ -53,15 +55,33 @@ fn doorbell_record_release_then_fence_then_doorbell_store() {
     let Some(ptx) = ptx() else { return };
     let body = entry_body(ptx, "mlx5_post_wqes");
     let lines: Vec<&str> = body.lines().map(str::trim).collect();
-    let dbr = lines.iter().position(|l| l.starts_with("st.release.sys.u32")).expect("doorbell record store-release (st.release.sys.u32)");
-    let fence = dbr + lines[dbr..].iter().position(|l| l.starts_with("fence.sc.sys")).expect("fence.sc.sys after the doorbell record");
-    let db = fence + lines[fence..].iter().position(|l| l.starts_with("st.relaxed.sys.u64")).expect("64-bit doorbell store after the fence");
+    let dbr = lines
+        .iter()
+        .position(|l| l.starts_with("st.release.sys.u32"))
+        .expect("doorbell record store-release (st.release.sys.u32)");
+    let fence = dbr
+        + lines[dbr..]
+            .iter()
+            .position(|l| l.starts_with("fence.sc.sys"))
+            .expect("fence.sc.sys after the doorbell record");
+    let db = fence
+        + lines[fence..]
+            .iter()
+            .position(|l| l.starts_with("st.relaxed.sys.u64"))
+            .expect("64-bit doorbell store after the fence");
     // Nothing that could reorder or replace them sits in between.
     for l in &lines[dbr + 1..db] {
-        assert!(!l.starts_with("st.") && !l.starts_with("atom."), "unexpected store between doorbell record and doorbell: {l}");
+        assert!(
+            !l.starts_with("st.") && !l.starts_with("atom."),
+            "unexpected store between doorbell record and doorbell: {l}"
+        );
     }
     // The turn passes to the next batch only after the doorbell.
-    let next = db + lines[db..].iter().position(|l| l.starts_with("st.release.gpu.u32")).expect("ready index release after the doorbell");
+    let next = db
+        + lines[db..]
+            .iter()
+            .position(|l| l.starts_with("st.release.gpu.u32"))
+            .expect("ready index release after the doorbell");
     assert!(next > db);
     // The reservation is one atomic; the wait for the turn is an acquire.
     assert_eq!(lines.iter().filter(|l| l.starts_with("atom.")).count(), 1, "one atomic per batch");
@@ -74,7 +94,10 @@ fn wqes_are_written_with_four_16_byte_stores_and_no_read_back() {
     for k in ["mlx5_write_wqes", "mlx5_bench_write_wqes"] {
         let body = entry_body(ptx, k);
         let stores: Vec<&str> = body.lines().map(str::trim).filter(|l| l.starts_with("st.")).collect();
-        let v4 = stores.iter().filter(|l| l.starts_with("st.v4.u32") || l.starts_with("st.global.v4.u32")).count();
+        let v4 = stores
+            .iter()
+            .filter(|l| l.starts_with("st.v4.u32") || l.starts_with("st.global.v4.u32"))
+            .count();
         assert_eq!(v4, 4, "{k}: expected four 16-byte stores per WQE, got {stores:?}");
         if k == "mlx5_write_wqes" {
             assert_eq!(stores.len(), 4, "{k}: only the WQE stores, got {stores:?}");
@@ -100,5 +123,9 @@ fn ordering_instructions_match_the_golden_files() {
             stale.push(format!("{k}:\n--- golden\n{want}--- now\n{got}"));
         }
     }
-    assert!(stale.is_empty(), "ordering instructions changed (rerun with DOORBELL_BLESS=1 if intended):\n{}", stale.join("\n"));
+    assert!(
+        stale.is_empty(),
+        "ordering instructions changed (rerun with DOORBELL_BLESS=1 if intended):\n{}",
+        stale.join("\n")
+    );
 }

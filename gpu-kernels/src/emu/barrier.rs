@@ -18,7 +18,14 @@ struct State {
 
 impl Barrier {
     pub fn new(n: usize) -> Self {
-        Barrier { state: Mutex::new(State { expected: n, arrived: 0, generation: 0 }), cv: Condvar::new() }
+        Barrier {
+            state: Mutex::new(State {
+                expected: n,
+                arrived: 0,
+                generation: 0,
+            }),
+            cv: Condvar::new(),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {

@@ -46,7 +46,11 @@ pub enum EmuError {
     /// The OS refused to create a thread.
     Spawn(String),
     /// A kernel thread panicked (or hit a barrier timeout).
-    Panicked { block: [u32; 3], thread: [u32; 3], message: String },
+    Panicked {
+        block: [u32; 3],
+        thread: [u32; 3],
+        message: String,
+    },
 }
 
 impl std::fmt::Display for EmuError {
@@ -148,14 +152,20 @@ fn check_aborted(t: &ThreadCtx) {
 pub fn barrier_timeout() -> Duration {
     static T: OnceLock<Duration> = OnceLock::new();
     *T.get_or_init(|| {
-        let s = std::env::var("DOORBELL_EMU_BARRIER_TIMEOUT_S").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(60);
+        let s = std::env::var("DOORBELL_EMU_BARRIER_TIMEOUT_S")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(60);
         Duration::from_secs(s.max(1))
     })
 }
 
 /// Most OS threads one launch may use (`DOORBELL_EMU_MAX_THREADS`, default 16384).
 pub fn max_threads() -> u64 {
-    std::env::var("DOORBELL_EMU_MAX_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(16384)
+    std::env::var("DOORBELL_EMU_MAX_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16384)
 }
 
 /// `bar.sync 0` for the calling thread.
@@ -224,7 +234,11 @@ pub fn ballot(pred: bool) -> u32 {
 pub fn active_lane_mask() -> u32 {
     with_thread(|t| {
         let n = t.block.warps[t.warp as usize].lanes;
-        if n >= 32 { u32::MAX } else { (1u32 << n) - 1 }
+        if n >= 32 {
+            u32::MAX
+        } else {
+            (1u32 << n) - 1
+        }
     })
 }
 
@@ -270,13 +284,21 @@ fn install_quiet_hook() {
 /// Runs one launch: `body` on every thread of the grid, all concurrently.
 /// Returns when every thread has finished.
 pub fn run(cfg: EmuLaunch, body: &(dyn Fn() + Sync)) -> Result<(), EmuError> {
-    let EmuLaunch { grid, block, shared_mem_bytes } = cfg;
+    let EmuLaunch {
+        grid,
+        block,
+        shared_mem_bytes,
+    } = cfg;
     if grid.contains(&0) || block.contains(&0) {
-        return Err(EmuError::InvalidLaunch(format!("grid {grid:?} and block {block:?} must have no zero dimension")));
+        return Err(EmuError::InvalidLaunch(format!(
+            "grid {grid:?} and block {block:?} must have no zero dimension"
+        )));
     }
     let per_block = block.iter().map(|&d| d as u64).product::<u64>();
     if per_block > 1024 {
-        return Err(EmuError::InvalidLaunch(format!("{per_block} threads per block; the GPU allows at most 1024")));
+        return Err(EmuError::InvalidLaunch(format!(
+            "{per_block} threads per block; the GPU allows at most 1024"
+        )));
     }
     let blocks = grid.iter().map(|&d| d as u64).product::<u64>();
     let threads = blocks * per_block;
@@ -285,7 +307,10 @@ pub fn run(cfg: EmuLaunch, body: &(dyn Fn() + Sync)) -> Result<(), EmuError> {
         return Err(EmuError::TooManyThreads { threads, limit });
     }
     install_quiet_hook();
-    let launch = Arc::new(LaunchShared { aborted: AtomicBool::new(false), first_error: Mutex::new(None) });
+    let launch = Arc::new(LaunchShared {
+        aborted: AtomicBool::new(false),
+        first_error: Mutex::new(None),
+    });
     let per_block = per_block as u32;
     let nwarps = per_block.div_ceil(32);
     let smem_words = (shared_mem_bytes as usize).div_ceil(16);
@@ -299,7 +324,11 @@ pub fn run(cfg: EmuLaunch, body: &(dyn Fn() + Sync)) -> Result<(), EmuError> {
                         warps: (0..nwarps)
                             .map(|w| {
                                 let lanes = (per_block - w * 32).min(32);
-                                WarpShared { barrier: Barrier::new(lanes as usize), slots: Default::default(), lanes }
+                                WarpShared {
+                                    barrier: Barrier::new(lanes as usize),
+                                    slots: Default::default(),
+                                    lanes,
+                                }
                             })
                             .collect(),
                         shared_mem: vec![0u128; smem_words].into_boxed_slice(),

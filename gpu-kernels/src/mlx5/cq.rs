@@ -107,7 +107,12 @@ pub enum CqError {
     /// The budget ran out waiting for the CQE at `cq_index` while waiting for
     /// `wqe_counter`: its `op_own` byte was `seen_op_own`, the owner bit
     /// expected was `expected_owner`.
-    Timeout { wqe_counter: u16, cq_index: u32, expected_owner: u8, seen_op_own: u8 },
+    Timeout {
+        wqe_counter: u16,
+        cq_index: u32,
+        expected_owner: u8,
+        seen_op_own: u8,
+    },
     /// The NIC reported a failed WQE (`struct mlx5_err_cqe`): `opcode` is
     /// `MLX5_CQE_REQ_ERR` or `MLX5_CQE_RESP_ERR`.
     Failed {
@@ -156,7 +161,10 @@ pub const fn cqe_ready(op_own: u8, ci: u32, cq_size: u32) -> bool {
 pub const fn classify_cqe(w: &[u32; 16], ci: u32, cq_size: u32) -> CqeState {
     let op_own = op_own_of(w[15]);
     if !cqe_ready(op_own, ci, cq_size) {
-        return CqeState::Empty { expected_owner: expected_owner(ci, cq_size), op_own };
+        return CqeState::Empty {
+            expected_owner: expected_owner(ci, cq_size),
+            op_own,
+        };
     }
     let opcode = op_own >> 4;
     if opcode == CQE_REQ_ERR || opcode == CQE_RESP_ERR {
@@ -173,9 +181,18 @@ pub const fn classify_cqe(w: &[u32; 16], ci: u32, cq_size: u32) -> CqeState {
     }
     let c = Cqe64::from_words(w);
     if opcode != CQE_REQ {
-        return CqeState::Error(CqError::UnexpectedOpcode { opcode, wqe_counter: c.wqe_counter, cq_index: ci });
+        return CqeState::Error(CqError::UnexpectedOpcode {
+            opcode,
+            wqe_counter: c.wqe_counter,
+            cq_index: ci,
+        });
     }
-    CqeState::Done(Completion { wqe_counter: c.wqe_counter, cq_index: ci, byte_cnt: c.byte_cnt, qpn: c.qpn })
+    CqeState::Done(Completion {
+        wqe_counter: c.wqe_counter,
+        cq_index: ci,
+        byte_cnt: c.byte_cnt,
+        qpn: c.qpn,
+    })
 }
 
 /// True when `seen` is `target` or a later WQE (mod 2^16, within half the
@@ -210,7 +227,12 @@ pub unsafe fn poll_cq(qp: &QpHandle, wqe_counter: u16, budget_ns: u64) -> Result
         let op_own = op_own_of(last);
         if !cqe_ready(op_own, ci, qp.cq_size) {
             if ptx::globaltimer_ns().wrapping_sub(t0) > budget_ns {
-                return Err(CqError::Timeout { wqe_counter, cq_index: ci, expected_owner: expected_owner(ci, qp.cq_size), seen_op_own: op_own });
+                return Err(CqError::Timeout {
+                    wqe_counter,
+                    cq_index: ci,
+                    expected_owner: expected_owner(ci, qp.cq_size),
+                    seen_op_own: op_own,
+                });
             }
             ptx::nanosleep(backoff);
             backoff = (backoff * 2).min(1024);
@@ -258,10 +280,21 @@ pub const POLL_RESULT_WORDS: usize = 8;
 pub const fn encode_poll_result(r: &Result<Completion, CqError>) -> [u32; POLL_RESULT_WORDS] {
     match *r {
         Ok(c) => [1, c.wqe_counter as u32, c.cq_index, c.byte_cnt, c.qpn, 0, 0, 0],
-        Err(CqError::Timeout { wqe_counter, cq_index, expected_owner, seen_op_own }) => {
-            [2, wqe_counter as u32, cq_index, expected_owner as u32, seen_op_own as u32, 0, 0, 0]
-        }
-        Err(CqError::Failed { opcode, syndrome, vendor_syndrome, wqe_counter, wqe_opcode, qpn, cq_index }) => [
+        Err(CqError::Timeout {
+            wqe_counter,
+            cq_index,
+            expected_owner,
+            seen_op_own,
+        }) => [2, wqe_counter as u32, cq_index, expected_owner as u32, seen_op_own as u32, 0, 0, 0],
+        Err(CqError::Failed {
+            opcode,
+            syndrome,
+            vendor_syndrome,
+            wqe_counter,
+            wqe_opcode,
+            qpn,
+            cq_index,
+        }) => [
             3,
             wqe_counter as u32,
             cq_index,
@@ -271,17 +304,29 @@ pub const fn encode_poll_result(r: &Result<Completion, CqError>) -> [u32; POLL_R
             wqe_opcode as u32,
             qpn,
         ],
-        Err(CqError::UnexpectedOpcode { opcode, wqe_counter, cq_index }) => {
-            [4, wqe_counter as u32, cq_index, opcode as u32, 0, 0, 0, 0]
-        }
+        Err(CqError::UnexpectedOpcode {
+            opcode,
+            wqe_counter,
+            cq_index,
+        }) => [4, wqe_counter as u32, cq_index, opcode as u32, 0, 0, 0, 0],
     }
 }
 
 /// Inverse of [`encode_poll_result`]; `None` for kind 0 or an unknown kind.
 pub const fn decode_poll_result(w: &[u32; POLL_RESULT_WORDS]) -> Option<Result<Completion, CqError>> {
     Some(match w[0] {
-        1 => Ok(Completion { wqe_counter: w[1] as u16, cq_index: w[2], byte_cnt: w[3], qpn: w[4] }),
-        2 => Err(CqError::Timeout { wqe_counter: w[1] as u16, cq_index: w[2], expected_owner: w[3] as u8, seen_op_own: w[4] as u8 }),
+        1 => Ok(Completion {
+            wqe_counter: w[1] as u16,
+            cq_index: w[2],
+            byte_cnt: w[3],
+            qpn: w[4],
+        }),
+        2 => Err(CqError::Timeout {
+            wqe_counter: w[1] as u16,
+            cq_index: w[2],
+            expected_owner: w[3] as u8,
+            seen_op_own: w[4] as u8,
+        }),
         3 => Err(CqError::Failed {
             wqe_counter: w[1] as u16,
             cq_index: w[2],
@@ -291,7 +336,11 @@ pub const fn decode_poll_result(w: &[u32; POLL_RESULT_WORDS]) -> Option<Result<C
             wqe_opcode: w[6] as u8,
             qpn: w[7],
         }),
-        4 => Err(CqError::UnexpectedOpcode { wqe_counter: w[1] as u16, cq_index: w[2], opcode: w[3] as u8 }),
+        4 => Err(CqError::UnexpectedOpcode {
+            wqe_counter: w[1] as u16,
+            cq_index: w[2],
+            opcode: w[3] as u8,
+        }),
         _ => return None,
     })
 }

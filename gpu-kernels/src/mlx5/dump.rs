@@ -67,10 +67,12 @@ pub fn parse_number(s: &str) -> Option<u64> {
 pub fn parse_args<S: AsRef<str>>(args: &[S]) -> Result<WqeRequest, String> {
     let mut it = args.iter().map(|s| s.as_ref());
     let op_name = it.next().ok_or_else(|| format!("missing OP\n{USAGE}"))?;
-    let op = parse_op(op_name).ok_or_else(|| {
-        format!("unknown OP `{op_name}`; expected one of nop, write, write-imm, read, fetch-add, cas\n{USAGE}")
-    })?;
-    let mut r = WqeRequest { op: op as u32, ..Default::default() };
+    let op = parse_op(op_name)
+        .ok_or_else(|| format!("unknown OP `{op_name}`; expected one of nop, write, write-imm, read, fetch-add, cas\n{USAGE}"))?;
+    let mut r = WqeRequest {
+        op: op as u32,
+        ..Default::default()
+    };
     let mut seen: Vec<&str> = Vec::new();
     while let Some(arg) = it.next() {
         let Some(opt) = arg.strip_prefix("--") else {

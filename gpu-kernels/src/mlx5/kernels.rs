@@ -4,7 +4,7 @@
 
 use super::cq::{encode_poll_result, poll_cq, POLL_RESULT_WORDS};
 use super::queue::{post_batch_warp, QpHandle};
-use super::wqe::{wqe_words, write_wqe, store_wqe, WqeRequest};
+use super::wqe::{store_wqe, wqe_words, write_wqe, WqeRequest};
 use crate::{kernel, ptx};
 
 /// Builds WQE `i` of `reqs[0..n]` into `out[16 i .. 16 i + 16]` (64 bytes

@@ -29,9 +29,9 @@ pub mod wqe;
 #[cfg(not(target_arch = "nvptx64"))]
 pub mod dump;
 
-pub use cq::{poll_cq, CqError, CqeSyndrome, Completion};
+pub use cq::{poll_cq, Completion, CqError, CqeSyndrome};
 pub use queue::{reserve_wqe_slots_warp, ring_doorbell, submit, update_doorbell_record, QpHandle, SubmitTimeout};
-pub use segments::{AtomicSeg, CtrlSeg, Cqe64, DataSeg, ErrCqe, RaddrSeg};
+pub use segments::{AtomicSeg, Cqe64, CtrlSeg, DataSeg, ErrCqe, RaddrSeg};
 pub use wqe::{wqe_words, WqeOp, WqeRequest};
 
 /// `MLX5_OPCODE_NOP`.

@@ -188,7 +188,13 @@ pub unsafe fn submit(qp: &QpHandle, start: u32, count: u32, ctrl_head: u64, budg
 /// # Safety
 /// The handle's pointers are valid; fewer than `sq_size` WQEs are outstanding.
 #[inline(always)]
-pub unsafe fn post_batch_warp(qp: &QpHandle, req: &WqeRequest, count: u32, signal_last: bool, budget_ns: u64) -> Result<u32, SubmitTimeout> {
+pub unsafe fn post_batch_warp(
+    qp: &QpHandle,
+    req: &WqeRequest,
+    count: u32,
+    signal_last: bool,
+    budget_ns: u64,
+) -> Result<u32, SubmitTimeout> {
     let lane = ptx::lane_id();
     // SAFETY: the caller's contract.
     let start = unsafe { reserve_wqe_slots_warp(qp, count) };

@@ -28,7 +28,14 @@ pub enum WqeOp {
 
 impl WqeOp {
     /// Every operation.
-    pub const ALL: [WqeOp; 6] = [WqeOp::Nop, WqeOp::Write, WqeOp::WriteImm, WqeOp::Read, WqeOp::FetchAdd, WqeOp::CompareSwap];
+    pub const ALL: [WqeOp; 6] = [
+        WqeOp::Nop,
+        WqeOp::Write,
+        WqeOp::WriteImm,
+        WqeOp::Read,
+        WqeOp::FetchAdd,
+        WqeOp::CompareSwap,
+    ];
 
     /// The operation with code `v` (the `repr(u32)` value).
     pub const fn from_u32(v: u32) -> Option<WqeOp> {
@@ -205,24 +212,50 @@ pub const fn wqe_words(r: &WqeRequest) -> [u32; 16] {
     let (s1, s2, s3) = match op {
         WqeOp::Nop => (z, z, z),
         WqeOp::Write | WqeOp::WriteImm | WqeOp::Read => (
-            RaddrSeg { raddr: r.raddr, rkey: r.rkey }.to_words(),
-            DataSeg { byte_count: r.len, lkey: r.lkey, addr: r.laddr }.to_words(),
+            RaddrSeg {
+                raddr: r.raddr,
+                rkey: r.rkey,
+            }
+            .to_words(),
+            DataSeg {
+                byte_count: r.len,
+                lkey: r.lkey,
+                addr: r.laddr,
+            }
+            .to_words(),
             z,
         ),
         WqeOp::FetchAdd | WqeOp::CompareSwap => {
             let atomic = if matches!(op, WqeOp::FetchAdd) {
-                AtomicSeg { swap_add: r.add, compare: 0 }
+                AtomicSeg {
+                    swap_add: r.add,
+                    compare: 0,
+                }
             } else {
-                AtomicSeg { swap_add: r.swap, compare: r.compare }
+                AtomicSeg {
+                    swap_add: r.swap,
+                    compare: r.compare,
+                }
             };
             (
-                RaddrSeg { raddr: r.raddr, rkey: r.rkey }.to_words(),
+                RaddrSeg {
+                    raddr: r.raddr,
+                    rkey: r.rkey,
+                }
+                .to_words(),
                 atomic.to_words(),
-                DataSeg { byte_count: 8, lkey: r.lkey, addr: r.laddr }.to_words(),
+                DataSeg {
+                    byte_count: 8,
+                    lkey: r.lkey,
+                    addr: r.laddr,
+                }
+                .to_words(),
             )
         }
     };
-    [c[0], c[1], c[2], c[3], s1[0], s1[1], s1[2], s1[3], s2[0], s2[1], s2[2], s2[3], s3[0], s3[1], s3[2], s3[3]]
+    [
+        c[0], c[1], c[2], c[3], s1[0], s1[1], s1[2], s1[3], s2[0], s2[1], s2[2], s2[3], s3[0], s3[1], s3[2], s3[3],
+    ]
 }
 
 /// Stores a basic block with four 16-byte stores.
@@ -261,7 +294,13 @@ pub unsafe fn write_wqe(slot: *mut u32, r: &WqeRequest) -> u64 {
 /// As for [`write_wqe`].
 #[inline(always)]
 pub unsafe fn write_nop_wqe(slot: *mut u32, wqe_index: u16, qpn: u32, flags: u16) -> u64 {
-    let r = WqeRequest { op: WqeOp::Nop as u32, wqe_index, qpn, flags, ..ZERO };
+    let r = WqeRequest {
+        op: WqeOp::Nop as u32,
+        wqe_index,
+        qpn,
+        flags,
+        ..ZERO
+    };
     // SAFETY: the caller's contract.
     unsafe { write_wqe(slot, &r) }
 }
@@ -331,7 +370,10 @@ pub unsafe fn write_rdma_write_wqe(slot: *mut u32, wqe_index: u16, qpn: u32, t: 
 /// As for [`write_wqe`].
 #[inline(always)]
 pub unsafe fn write_rdma_write_imm_wqe(slot: *mut u32, wqe_index: u16, qpn: u32, t: &Transfer, imm: u32, flags: u16) -> u64 {
-    let r = WqeRequest { imm, ..transfer_request(WqeOp::WriteImm, wqe_index, qpn, t, flags) };
+    let r = WqeRequest {
+        imm,
+        ..transfer_request(WqeOp::WriteImm, wqe_index, qpn, t, flags)
+    };
     // SAFETY: the caller's contract.
     unsafe { write_wqe(slot, &r) }
 }
@@ -353,7 +395,10 @@ pub unsafe fn write_rdma_read_wqe(slot: *mut u32, wqe_index: u16, qpn: u32, t: &
 /// As for [`write_wqe`].
 #[inline(always)]
 pub unsafe fn write_atomic_fetch_add_wqe(slot: *mut u32, wqe_index: u16, qpn: u32, t: &Transfer, add: u64, flags: u16) -> u64 {
-    let r = WqeRequest { add, ..transfer_request(WqeOp::FetchAdd, wqe_index, qpn, t, flags) };
+    let r = WqeRequest {
+        add,
+        ..transfer_request(WqeOp::FetchAdd, wqe_index, qpn, t, flags)
+    };
     // SAFETY: the caller's contract.
     unsafe { write_wqe(slot, &r) }
 }
@@ -364,16 +409,12 @@ pub unsafe fn write_atomic_fetch_add_wqe(slot: *mut u32, wqe_index: u16, qpn: u3
 /// # Safety
 /// As for [`write_wqe`].
 #[inline(always)]
-pub unsafe fn write_atomic_cas_wqe(
-    slot: *mut u32,
-    wqe_index: u16,
-    qpn: u32,
-    t: &Transfer,
-    compare: u64,
-    swap: u64,
-    flags: u16,
-) -> u64 {
-    let r = WqeRequest { compare, swap, ..transfer_request(WqeOp::CompareSwap, wqe_index, qpn, t, flags) };
+pub unsafe fn write_atomic_cas_wqe(slot: *mut u32, wqe_index: u16, qpn: u32, t: &Transfer, compare: u64, swap: u64, flags: u16) -> u64 {
+    let r = WqeRequest {
+        compare,
+        swap,
+        ..transfer_request(WqeOp::CompareSwap, wqe_index, qpn, t, flags)
+    };
     // SAFETY: the caller's contract.
     unsafe { write_wqe(slot, &r) }
 }

@@ -134,9 +134,21 @@ impl WorldConfig {
         let (launcher, rank_var, size_var, local_rank_var, local_size_var) = if get("RANK").is_some() || get("WORLD_SIZE").is_some() {
             (Launcher::Torchrun, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
         } else if get("OMPI_COMM_WORLD_RANK").is_some() || get("OMPI_COMM_WORLD_SIZE").is_some() {
-            (Launcher::Mpirun, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE")
+            (
+                Launcher::Mpirun,
+                "OMPI_COMM_WORLD_RANK",
+                "OMPI_COMM_WORLD_SIZE",
+                "OMPI_COMM_WORLD_LOCAL_RANK",
+                "OMPI_COMM_WORLD_LOCAL_SIZE",
+            )
         } else if get("SLURM_PROCID").is_some() || get("SLURM_NTASKS").is_some() {
-            (Launcher::Slurm, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE")
+            (
+                Launcher::Slurm,
+                "SLURM_PROCID",
+                "SLURM_NTASKS",
+                "SLURM_LOCALID",
+                "SLURM_NTASKS_PER_NODE",
+            )
         } else {
             return Ok(None);
         };
@@ -172,7 +184,11 @@ impl WorldConfig {
                 return Err(bad(local_size_var, &ls.to_string(), &format!("must be in 1..={size}")));
             }
             if local_rank >= ls {
-                return Err(bad(local_rank_var, &local_rank.to_string(), &format!("must be below {local_size_var}={ls}")));
+                return Err(bad(
+                    local_rank_var,
+                    &local_rank.to_string(),
+                    &format!("must be below {local_size_var}={ls}"),
+                ));
             }
         }
         let single_node = match launcher {
@@ -193,7 +209,11 @@ impl WorldConfig {
                 })
             }
         };
-        let port_var = if get("DOORBELL_MASTER_PORT").is_some() { "DOORBELL_MASTER_PORT" } else { "MASTER_PORT" };
+        let port_var = if get("DOORBELL_MASTER_PORT").is_some() {
+            "DOORBELL_MASTER_PORT"
+        } else {
+            "MASTER_PORT"
+        };
         let master_port = match get(port_var) {
             Some(p) => parse_num::<u16>(port_var, &p)?,
             None if launcher == Launcher::Torchrun => {
@@ -208,7 +228,9 @@ impl WorldConfig {
         if master_port == 0 {
             return Err(bad(port_var, "0", "must be a fixed port that every rank knows (1..=65535)"));
         }
-        let bind_addr = get("DOORBELL_BIND_ADDR").map(|a| a.trim().to_string()).unwrap_or_else(|| default_bind_addr(&master_addr));
+        let bind_addr = get("DOORBELL_BIND_ADDR")
+            .map(|a| a.trim().to_string())
+            .unwrap_or_else(|| default_bind_addr(&master_addr));
         let rendezvous_timeout = match get("DOORBELL_RENDEZVOUS_TIMEOUT_S") {
             Some(v) => parse_secs("DOORBELL_RENDEZVOUS_TIMEOUT_S", &v)?,
             None => DEFAULT_RENDEZVOUS_TIMEOUT,
@@ -242,12 +264,27 @@ impl WorldConfig {
 }
 
 fn bad(var: &str, value: &str, reason: &str) -> Error {
-    Error::BadEnv { var: var.to_string(), value: value.to_string(), reason: reason.to_string() }
+    Error::BadEnv {
+        var: var.to_string(),
+        value: value.to_string(),
+        reason: reason.to_string(),
+    }
 }
 
 fn parse_num<T: std::str::FromStr>(var: &str, value: &str) -> Result<T> {
     value.trim().parse::<T>().map_err(|_| {
-        bad(var, value, &format!("is not a valid {}", if std::mem::size_of::<T>() == 2 { "port number" } else { "non-negative integer" }))
+        bad(
+            var,
+            value,
+            &format!(
+                "is not a valid {}",
+                if std::mem::size_of::<T>() == 2 {
+                    "port number"
+                } else {
+                    "non-negative integer"
+                }
+            ),
+        )
     })
 }
 
@@ -331,7 +368,10 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!((c.rank, c.size, c.local_rank), (1, 4, 1));
-        assert_eq!((c.master_addr.as_str(), c.master_port, c.bind_addr.as_str()), ("127.0.0.1", DEFAULT_PORT, "127.0.0.1"));
+        assert_eq!(
+            (c.master_addr.as_str(), c.master_port, c.bind_addr.as_str()),
+            ("127.0.0.1", DEFAULT_PORT, "127.0.0.1")
+        );
         assert_eq!(c.launcher, Launcher::Mpirun);
     }
 
@@ -353,7 +393,10 @@ mod tests {
         ])
         .unwrap()
         .unwrap();
-        assert_eq!((c.master_addr.as_str(), c.master_port, c.bind_addr.as_str()), ("10.0.0.1", 40000, "10.0.0.1"));
+        assert_eq!(
+            (c.master_addr.as_str(), c.master_port, c.bind_addr.as_str()),
+            ("10.0.0.1", 40000, "10.0.0.1")
+        );
         assert_eq!(c.rendezvous_timeout, Duration::from_millis(2500));
         assert_eq!(c.world_timeout, Duration::from_secs(30));
     }
@@ -387,8 +430,14 @@ mod tests {
         assert_eq!((c.rank, c.size, c.local_rank, c.local_size), (2, 4, 0, None));
         assert_eq!((c.master_addr.as_str(), c.master_port), ("gpu01", DEFAULT_PORT));
         assert_eq!(c.launcher, Launcher::Slurm);
-        let one_node =
-            detect(&[("SLURM_PROCID", "1"), ("SLURM_NTASKS", "2"), ("SLURM_NNODES", "1"), ("DOORBELL_TOKEN", "t")]).unwrap().unwrap();
+        let one_node = detect(&[
+            ("SLURM_PROCID", "1"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_NNODES", "1"),
+            ("DOORBELL_TOKEN", "t"),
+        ])
+        .unwrap()
+        .unwrap();
         assert_eq!(one_node.master_addr, "127.0.0.1");
     }
 
@@ -413,7 +462,13 @@ mod tests {
         let e = detect(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "5")]).unwrap_err();
         assert!(matches!(e, Error::MissingEnv { var: "DOORBELL_TOKEN", .. }), "{e}");
         assert!(e.to_string().contains("export DOORBELL_TOKEN="), "{e}");
-        let empty = detect(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "5"), ("DOORBELL_TOKEN", "")]);
+        let empty = detect(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "5"),
+            ("DOORBELL_TOKEN", ""),
+        ]);
         assert!(matches!(empty, Err(Error::MissingEnv { var: "DOORBELL_TOKEN", .. })));
     }
 
@@ -432,23 +487,51 @@ mod tests {
         };
         assert_eq!(bad_var(&with(&[("RANK", "4"), ("WORLD_SIZE", "4")])), ("RANK".into(), "4".into()));
         assert_eq!(bad_var(&with(&[("RANK", "x"), ("WORLD_SIZE", "4")])), ("RANK".into(), "x".into()));
-        assert_eq!(bad_var(&with(&[("RANK", "0"), ("WORLD_SIZE", "-2")])), ("WORLD_SIZE".into(), "-2".into()));
-        assert_eq!(bad_var(&with(&[("RANK", "0"), ("WORLD_SIZE", "0")])), ("WORLD_SIZE".into(), "0".into()));
         assert_eq!(
-            bad_var(&with(&[("RANK", "0"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "2"), ("LOCAL_WORLD_SIZE", "2")])),
+            bad_var(&with(&[("RANK", "0"), ("WORLD_SIZE", "-2")])),
+            ("WORLD_SIZE".into(), "-2".into())
+        );
+        assert_eq!(
+            bad_var(&with(&[("RANK", "0"), ("WORLD_SIZE", "0")])),
+            ("WORLD_SIZE".into(), "0".into())
+        );
+        assert_eq!(
+            bad_var(&with(&[
+                ("RANK", "0"),
+                ("WORLD_SIZE", "4"),
+                ("LOCAL_RANK", "2"),
+                ("LOCAL_WORLD_SIZE", "2")
+            ])),
             ("LOCAL_RANK".into(), "2".into())
         );
         assert_eq!(
-            bad_var(&[("OMPI_COMM_WORLD_RANK", "7"), ("OMPI_COMM_WORLD_SIZE", "2"), ("DOORBELL_TOKEN", "t")]),
+            bad_var(&[
+                ("OMPI_COMM_WORLD_RANK", "7"),
+                ("OMPI_COMM_WORLD_SIZE", "2"),
+                ("DOORBELL_TOKEN", "t")
+            ]),
             ("OMPI_COMM_WORLD_RANK".into(), "7".into())
         );
-        assert_eq!(bad_var(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "two")]), ("SLURM_NTASKS".into(), "two".into()));
         assert_eq!(
-            bad_var(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "70000"), ("DOORBELL_TOKEN", "t")]),
+            bad_var(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "two")]),
+            ("SLURM_NTASKS".into(), "two".into())
+        );
+        assert_eq!(
+            bad_var(&[
+                ("RANK", "0"),
+                ("WORLD_SIZE", "2"),
+                ("MASTER_ADDR", "h"),
+                ("MASTER_PORT", "70000"),
+                ("DOORBELL_TOKEN", "t")
+            ]),
             ("MASTER_PORT".into(), "70000".into())
         );
         assert_eq!(
-            bad_var(&with(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("DOORBELL_RENDEZVOUS_TIMEOUT_S", "-1")])),
+            bad_var(&with(&[
+                ("RANK", "0"),
+                ("WORLD_SIZE", "2"),
+                ("DOORBELL_RENDEZVOUS_TIMEOUT_S", "-1")
+            ])),
             ("DOORBELL_RENDEZVOUS_TIMEOUT_S".into(), "-1".into())
         );
         let e = detect(&with(&[("RANK", "4"), ("WORLD_SIZE", "4")])).unwrap_err().to_string();

@@ -187,7 +187,9 @@ impl Op {
     fn from_code(tag: u8, arg: u64) -> Option<Op> {
         Some(match tag {
             1 => Op::AllGather,
-            2 => Op::Broadcast { root: usize::try_from(arg).ok()? },
+            2 => Op::Broadcast {
+                root: usize::try_from(arg).ok()?,
+            },
             3 => Op::Barrier,
             4 => Op::CheckSame,
             _ => return None,
@@ -239,12 +241,24 @@ impl std::fmt::Debug for World {
 
 impl World {
     pub(crate) fn from_parts(rank: usize, size: usize, local_rank: usize, peers: Vec<PeerInfo>, inner: Inner) -> World {
-        World { rank, size, local_rank, peers: peers.into(), inner }
+        World {
+            rank,
+            size,
+            local_rank,
+            peers: peers.into(),
+            inner,
+        }
     }
 
     /// A world of one rank.
     pub fn single() -> World {
-        let me = PeerInfo { rank: 0, local_rank: 0, hostname: tcp::hostname(), pid: std::process::id(), layout: Vec::new() };
+        let me = PeerInfo {
+            rank: 0,
+            local_rank: 0,
+            hostname: tcp::hostname(),
+            pid: std::process::id(),
+            layout: Vec::new(),
+        };
         World::from_parts(0, 1, 0, vec![me], Inner::Single)
     }
 
@@ -266,13 +280,20 @@ impl World {
     /// rank in [`World::peers`].
     pub fn rendezvous(config: &WorldConfig, layout: &[u8]) -> Result<World> {
         if config.rank >= config.size {
-            return Err(Error::InvalidRank { what: "WorldConfig::rank", rank: config.rank, size: config.size });
+            return Err(Error::InvalidRank {
+                what: "WorldConfig::rank",
+                rank: config.rank,
+                size: config.size,
+            });
         }
         if layout.len() > MAX_LAYOUT {
             return Err(Error::WorldProtocol {
                 rank: config.rank,
                 peer: "itself".into(),
-                detail: format!("the layout blob has {} bytes, more than the {MAX_LAYOUT} a rendezvous carries", layout.len()),
+                detail: format!(
+                    "the layout blob has {} bytes, more than the {MAX_LAYOUT} a rendezvous carries",
+                    layout.len()
+                ),
             });
         }
         if config.size == 1 {
@@ -298,9 +319,24 @@ impl World {
     pub fn local_threads_with_timeout(n: usize, timeout: Duration) -> Vec<World> {
         let group = threads::Group::new(n, timeout);
         let (host, pid) = (tcp::hostname(), std::process::id());
-        let peers: Arc<[PeerInfo]> =
-            (0..n).map(|r| PeerInfo { rank: r, local_rank: r, hostname: host.clone(), pid, layout: Vec::new() }).collect();
-        (0..n).map(|r| World { rank: r, size: n, local_rank: r, peers: peers.clone(), inner: Inner::Threads(group.clone()) }).collect()
+        let peers: Arc<[PeerInfo]> = (0..n)
+            .map(|r| PeerInfo {
+                rank: r,
+                local_rank: r,
+                hostname: host.clone(),
+                pid,
+                layout: Vec::new(),
+            })
+            .collect();
+        (0..n)
+            .map(|r| World {
+                rank: r,
+                size: n,
+                local_rank: r,
+                peers: peers.clone(),
+                inner: Inner::Threads(group.clone()),
+            })
+            .collect()
     }
 
     /// Runs `f` on `n` threads, each with its rank's handle of a fresh
@@ -319,7 +355,10 @@ impl World {
                         .expect("could not start a rank thread")
                 })
                 .collect();
-            handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
         })
     }
 
@@ -372,7 +411,11 @@ impl World {
     /// ignored; pass `&[]`.
     pub fn broadcast_bytes(&self, root: usize, data: &[u8]) -> Result<Vec<u8>> {
         if root >= self.size {
-            return Err(Error::InvalidRank { what: "broadcast_bytes root", rank: root, size: self.size });
+            return Err(Error::InvalidRank {
+                what: "broadcast_bytes root",
+                rank: root,
+                size: self.size,
+            });
         }
         let mine = if self.rank == root { data } else { &[] };
         let table = self.exchange(Op::Broadcast { root }, mine)?;
@@ -394,8 +437,16 @@ impl World {
         let table = self.exchange(Op::CheckSame, &mine)?;
         let parse = |r: usize| -> Result<(String, u64, Vec<u8>)> {
             let mut d = wire::Dec::new(&table[r]);
-            let bad = |detail: String| Error::WorldProtocol { rank: self.rank, peer: format!("rank {r}"), detail };
-            Ok((d.str("field").map_err(bad)?, d.u64("length").map_err(bad)?, d.raw(32, "digest").map_err(bad)?.to_vec()))
+            let bad = |detail: String| Error::WorldProtocol {
+                rank: self.rank,
+                peer: format!("rank {r}"),
+                detail,
+            };
+            Ok((
+                d.str("field").map_err(bad)?,
+                d.u64("length").map_err(bad)?,
+                d.raw(32, "digest").map_err(bad)?.to_vec(),
+            ))
         };
         let (field0, len0, digest0) = parse(0)?;
         for r in 1..self.size {
@@ -413,7 +464,11 @@ impl World {
                 } else {
                     format!("same length ({len} bytes), different contents")
                 };
-                return Err(Error::NotSame { field: field.to_string(), rank: r, detail });
+                return Err(Error::NotSame {
+                    field: field.to_string(),
+                    rank: r,
+                    detail,
+                });
             }
         }
         Ok(())

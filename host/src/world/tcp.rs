@@ -58,7 +58,11 @@ struct Hello {
 }
 
 fn encode_info(e: Enc, p: &PeerInfo) -> Enc {
-    e.u64(p.rank as u64).u64(p.local_rank as u64).str(&p.hostname).u32(p.pid).bytes(&p.layout)
+    e.u64(p.rank as u64)
+        .u64(p.local_rank as u64)
+        .str(&p.hostname)
+        .u32(p.pid)
+        .bytes(&p.layout)
 }
 
 fn decode_info(d: &mut Dec<'_>) -> std::result::Result<PeerInfo, String> {
@@ -90,10 +94,20 @@ impl Hello {
             let pid = d.u32("pid")?;
             let layout = d.bytes("layout")?.to_vec();
             d.end("hello")?;
-            Ok::<_, String>(PeerInfo { rank: head.2, local_rank, hostname, pid, layout })
+            Ok::<_, String>(PeerInfo {
+                rank: head.2,
+                local_rank,
+                hostname,
+                pid,
+                layout,
+            })
         })();
         match rest {
-            Ok(info) => Ok(Hello { version: head.0, size: head.1, info }),
+            Ok(info) => Ok(Hello {
+                version: head.0,
+                size: head.1,
+                info,
+            }),
             Err(e) => Err((Some(head), e)),
         }
     }
@@ -101,8 +115,16 @@ impl Hello {
 
 /// Why rank 0 gave up on a rendezvous; sent to the peers in `Abort`.
 enum AbortReason {
-    Mismatch { rank: usize, field: String, ours: String, theirs: String },
-    Timeout { waited: Duration, missing: Vec<usize> },
+    Mismatch {
+        rank: usize,
+        field: String,
+        ours: String,
+        theirs: String,
+    },
+    Timeout {
+        waited: Duration,
+        missing: Vec<usize>,
+    },
 }
 
 impl AbortReason {
@@ -117,10 +139,16 @@ impl AbortReason {
     fn decode(body: &[u8]) -> std::result::Result<AbortReason, String> {
         let mut d = Dec::new(body);
         match d.u8("abort reason")? {
-            1 => {
-                Ok(AbortReason::Mismatch { rank: d.usize("rank")?, field: d.str("field")?, ours: d.str("ours")?, theirs: d.str("theirs")? })
-            }
-            2 => Ok(AbortReason::Timeout { waited: Duration::from_millis(d.u64("waited")?), missing: d.list("missing")? }),
+            1 => Ok(AbortReason::Mismatch {
+                rank: d.usize("rank")?,
+                field: d.str("field")?,
+                ours: d.str("ours")?,
+                theirs: d.str("theirs")?,
+            }),
+            2 => Ok(AbortReason::Timeout {
+                waited: Duration::from_millis(d.u64("waited")?),
+                missing: d.list("missing")?,
+            }),
             t => Err(format!("unknown abort reason {t}")),
         }
     }
@@ -143,7 +171,10 @@ pub struct RendezvousHost {
 
 impl std::fmt::Debug for RendezvousHost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RendezvousHost").field("addr", &self.listener.local_addr().ok()).field("config", &self.config).finish()
+        f.debug_struct("RendezvousHost")
+            .field("addr", &self.listener.local_addr().ok())
+            .field("config", &self.config)
+            .finish()
     }
 }
 
@@ -167,7 +198,10 @@ impl RendezvousHost {
         }
         let addr = format_addr(&config.bind_addr, config.master_port);
         let listener = TcpListener::bind(addr.as_str()).map_err(|source| Error::Bind { addr, source })?;
-        Ok(RendezvousHost { listener, config: config.clone() })
+        Ok(RendezvousHost {
+            listener,
+            config: config.clone(),
+        })
     }
 
     /// The address rank 0 listens on.
@@ -184,14 +218,20 @@ impl RendezvousHost {
             return Err(Error::WorldProtocol {
                 rank: 0,
                 peer: "itself".into(),
-                detail: format!("the layout blob has {} bytes, more than the {} a rendezvous carries", layout.len(), super::MAX_LAYOUT),
+                detail: format!(
+                    "the layout blob has {} bytes, more than the {} a rendezvous carries",
+                    layout.len(),
+                    super::MAX_LAYOUT
+                ),
             });
         }
         let (rank, size) = (0, cfg.size);
         let start = Instant::now();
         let deadline = start + cfg.rendezvous_timeout;
         let io = |what, source| Error::WorldIo { rank, what, source };
-        self.listener.set_nonblocking(true).map_err(|e| io("making the rendezvous listener non-blocking", e))?;
+        self.listener
+            .set_nonblocking(true)
+            .map_err(|e| io("making the rendezvous listener non-blocking", e))?;
         let token: Arc<[u8]> = Arc::from(cfg.token());
         let (tx, rx) = mpsc::channel::<Handshake>();
         let mut joined: Vec<Option<(TcpStream, PeerInfo)>> = (0..size).map(|_| None).collect();
@@ -248,15 +288,28 @@ impl RendezvousHost {
                 break;
             }
             if Instant::now() >= deadline {
-                let reason = AbortReason::Timeout { waited: start.elapsed(), missing: missing_of(&joined) };
+                let reason = AbortReason::Timeout {
+                    waited: start.elapsed(),
+                    missing: missing_of(&joined),
+                };
                 abort_all(&mut joined, &reason.encode());
                 return Err(reason.into_error(rank));
             }
-            poll = if busy { Duration::from_micros(200) } else { (poll * 2).min(Duration::from_millis(20)) };
+            poll = if busy {
+                Duration::from_micros(200)
+            } else {
+                (poll * 2).min(Duration::from_millis(20))
+            };
             std::thread::sleep(poll);
         }
 
-        let me = PeerInfo { rank: 0, local_rank: cfg.local_rank, hostname: hostname(), pid: std::process::id(), layout: layout.to_vec() };
+        let me = PeerInfo {
+            rank: 0,
+            local_rank: cfg.local_rank,
+            hostname: hostname(),
+            pid: std::process::id(),
+            layout: layout.to_vec(),
+        };
         let mut table = vec![me];
         let mut links: Vec<Option<TcpStream>> = vec![None];
         for slot in joined.into_iter().skip(1) {
@@ -268,7 +321,12 @@ impl RendezvousHost {
         for (r, link) in links.iter_mut().enumerate().skip(1) {
             let s = link.as_mut().expect("all joined");
             if let Err(e) = wire::write_frame(s, Kind::Welcome, &welcome, deadline.max(Instant::now() + NOTIFY_GRACE)) {
-                return Err(Error::PeerLost { rank, peer: r, op: "rendezvous".into(), detail: e.to_string() });
+                return Err(Error::PeerLost {
+                    rank,
+                    peer: r,
+                    op: "rendezvous".into(),
+                    detail: e.to_string(),
+                });
             }
         }
         Ok(World::from_parts(
@@ -280,7 +338,11 @@ impl RendezvousHost {
                 rank,
                 size,
                 timeout: cfg.world_timeout,
-                state: Mutex::new(StarState { seq: 0, links: Links::Root(links), broken: None }),
+                state: Mutex::new(StarState {
+                    seq: 0,
+                    links: Links::Root(links),
+                    broken: None,
+                }),
             }),
         ))
     }
@@ -306,8 +368,12 @@ fn check_hello(
     joined: &[Option<(TcpStream, PeerInfo)>],
     addr: SocketAddr,
 ) -> std::result::Result<Option<PeerInfo>, AbortReason> {
-    let mismatch =
-        |rank: usize, field: &str, ours: String, theirs: String| AbortReason::Mismatch { rank, field: field.into(), ours, theirs };
+    let mismatch = |rank: usize, field: &str, ours: String, theirs: String| AbortReason::Mismatch {
+        rank,
+        field: field.into(),
+        ours,
+        theirs,
+    };
     let (version, size, rank, info) = match hello {
         Ok(h) => (h.version, h.size, h.info.rank, Some(h.info)),
         Err((Some((v, s, r)), _)) if v != PROTOCOL_VERSION => (v, s, r, None),
@@ -319,13 +385,23 @@ fn check_hello(
         }
     };
     if version != PROTOCOL_VERSION {
-        return Err(mismatch(rank, "protocol version", PROTOCOL_VERSION.to_string(), version.to_string()));
+        return Err(mismatch(
+            rank,
+            "protocol version",
+            PROTOCOL_VERSION.to_string(),
+            version.to_string(),
+        ));
     }
     if size != cfg.size {
         return Err(mismatch(rank, "world size", cfg.size.to_string(), size.to_string()));
     }
     if rank == 0 || rank >= cfg.size {
-        return Err(mismatch(rank, "rank", format!("a rank in 1..{}", cfg.size), format!("{rank} (from {addr})")));
+        return Err(mismatch(
+            rank,
+            "rank",
+            format!("a rank in 1..{}", cfg.size),
+            format!("{rank} (from {addr})"),
+        ));
     }
     let info = info.expect("decoded");
     if let Some((_, first)) = &joined[rank] {
@@ -355,7 +431,13 @@ fn root_handshake(mut s: TcpStream, addr: SocketAddr, token: &[u8], deadline: In
     }
     let proof = match wire::read_frame(&mut s, wire::MAX_UNAUTHENTICATED, deadline) {
         Ok(Frame { kind: Kind::Proof, body }) if body.len() == NONCE_LEN + PROOF_LEN => body,
-        Ok(f) => return fail(format!("expected a token proof, got a {:?} frame of {} bytes", f.kind, f.body.len())),
+        Ok(f) => {
+            return fail(format!(
+                "expected a token proof, got a {:?} frame of {} bytes",
+                f.kind,
+                f.body.len()
+            ))
+        }
         Err(e) => return fail(format!("waiting for the token proof: {e}")),
     };
     let n1: Nonce = proof[..NONCE_LEN].try_into().unwrap();
@@ -390,7 +472,9 @@ fn connect_once(target: &str, deadline: Instant) -> Attempt {
     };
     let mut last = format!("{target} resolves to no address");
     for a in addrs {
-        let left = deadline.saturating_duration_since(Instant::now()).clamp(Duration::from_millis(1), Duration::from_secs(2));
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .clamp(Duration::from_millis(1), Duration::from_secs(2));
         match TcpStream::connect_timeout(&a, left) {
             Ok(mut s) => {
                 let _ = s.set_nodelay(true);
@@ -412,8 +496,16 @@ pub(crate) fn join(cfg: &WorldConfig, layout: &[u8]) -> Result<World> {
     let start = Instant::now();
     let deadline = start + cfg.rendezvous_timeout;
     let target = format_addr(&cfg.master_addr, cfg.master_port);
-    let timeout = |missing: Vec<usize>| Error::RendezvousTimeout { rank, waited: start.elapsed(), missing };
-    let protocol = |detail: String| Error::WorldProtocol { rank, peer: format!("rank 0 at {target}"), detail };
+    let timeout = |missing: Vec<usize>| Error::RendezvousTimeout {
+        rank,
+        waited: start.elapsed(),
+        missing,
+    };
+    let protocol = |detail: String| Error::WorldProtocol {
+        rank,
+        peer: format!("rank 0 at {target}"),
+        detail,
+    };
 
     // Rank 0 may start after us: retry until it answers with a challenge.
     let mut backoff = Duration::from_millis(10);
@@ -440,20 +532,41 @@ pub(crate) fn join(cfg: &WorldConfig, layout: &[u8]) -> Result<World> {
     };
 
     let n0: Nonce = match challenge {
-        Frame { kind: Kind::Challenge, body } if body.len() == 4 + NONCE_LEN => body[4..].try_into().unwrap(),
-        f => return Err(protocol(format!("expected a challenge, got a {:?} frame of {} bytes", f.kind, f.body.len()))),
+        Frame {
+            kind: Kind::Challenge,
+            body,
+        } if body.len() == 4 + NONCE_LEN => body[4..].try_into().unwrap(),
+        f => {
+            return Err(protocol(format!(
+                "expected a challenge, got a {:?} frame of {} bytes",
+                f.kind,
+                f.body.len()
+            )))
+        }
     };
     let wire_err = |e: WireError, what: &str| match e {
         WireError::TimedOut => timeout(vec![0]),
-        WireError::Closed(why) => Error::PeerLost { rank, peer: 0, op: format!("rendezvous ({what})"), detail: why },
+        WireError::Closed(why) => Error::PeerLost {
+            rank,
+            peer: 0,
+            op: format!("rendezvous ({what})"),
+            detail: why,
+        },
         WireError::Garbage(g) => protocol(g),
     };
-    let n1 = auth::nonce().map_err(|source| Error::WorldIo { rank, what: "reading /dev/urandom", source })?;
+    let n1 = auth::nonce().map_err(|source| Error::WorldIo {
+        rank,
+        what: "reading /dev/urandom",
+        source,
+    })?;
     let proof = Enc::default().raw(&n1).raw(&auth::prove(cfg.token(), PEER_LABEL, &n0, &n1)).0;
     wire::write_frame(&mut s, Kind::Proof, &proof, deadline).map_err(|e| wire_err(e, "sending the token proof"))?;
     match wire::read_frame(&mut s, wire::MAX_UNAUTHENTICATED, deadline) {
         Ok(Frame { kind: Kind::Refuse, .. }) => return Err(Error::TokenMismatch { rank, addr: target }),
-        Ok(Frame { kind: Kind::RootProof, body }) => {
+        Ok(Frame {
+            kind: Kind::RootProof,
+            body,
+        }) => {
             if !auth::verify(cfg.token(), ROOT_LABEL, &n1, &n0, &body) {
                 return Err(Error::TokenMismatch { rank, addr: target });
             }
@@ -461,8 +574,19 @@ pub(crate) fn join(cfg: &WorldConfig, layout: &[u8]) -> Result<World> {
         Ok(f) => return Err(protocol(format!("expected rank 0's proof, got a {:?} frame", f.kind))),
         Err(e) => return Err(wire_err(e, "waiting for rank 0's proof")),
     }
-    let me = PeerInfo { rank, local_rank: cfg.local_rank, hostname: hostname(), pid: std::process::id(), layout: layout.to_vec() };
-    let hello = Hello { version: PROTOCOL_VERSION, size, info: me }.encode();
+    let me = PeerInfo {
+        rank,
+        local_rank: cfg.local_rank,
+        hostname: hostname(),
+        pid: std::process::id(),
+        layout: layout.to_vec(),
+    };
+    let hello = Hello {
+        version: PROTOCOL_VERSION,
+        size,
+        info: me,
+    }
+    .encode();
     wire::write_frame(&mut s, Kind::Hello, &hello, deadline).map_err(|e| wire_err(e, "sending the hello"))?;
 
     let mut missing = vec![0];
@@ -473,9 +597,14 @@ pub(crate) fn join(cfg: &WorldConfig, layout: &[u8]) -> Result<World> {
             Ok(Frame { kind: Kind::Welcome, body }) => {
                 let mut d = Dec::new(&body);
                 let n = d.usize("rank count").map_err(protocol)?;
-                let table = (0..n).map(|_| decode_info(&mut d)).collect::<std::result::Result<Vec<_>, _>>().map_err(protocol)?;
+                let table = (0..n)
+                    .map(|_| decode_info(&mut d))
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .map_err(protocol)?;
                 if n != size || table.iter().enumerate().any(|(i, p)| p.rank != i) {
-                    return Err(protocol(format!("welcome lists {n} ranks out of order or of the wrong count (expected {size})")));
+                    return Err(protocol(format!(
+                        "welcome lists {n} ranks out of order or of the wrong count (expected {size})"
+                    )));
                 }
                 break table;
             }
@@ -493,7 +622,11 @@ pub(crate) fn join(cfg: &WorldConfig, layout: &[u8]) -> Result<World> {
             rank,
             size,
             timeout: cfg.world_timeout,
-            state: Mutex::new(StarState { seq: 0, links: Links::Peer(s), broken: None }),
+            state: Mutex::new(StarState {
+                seq: 0,
+                links: Links::Peer(s),
+                broken: None,
+            }),
         }),
     ))
 }
@@ -540,7 +673,10 @@ impl Star {
         let rank = self.rank;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(reason) = &st.broken {
-            return Err(Error::WorldBroken { rank, reason: reason.clone() });
+            return Err(Error::WorldBroken {
+                rank,
+                reason: reason.clone(),
+            });
         }
         let seq = st.seq;
         st.seq += 1;
@@ -569,19 +705,45 @@ impl Star {
                         // pending have not arrived either.
                         let mut missing = vec![r];
                         missing.extend((r + 1..self.size).filter(|&q| !has_pending(links[q].as_ref().expect("link"))));
-                        return Err(Error::CollectiveTimeout { rank: 0, op: describe(op, seq), waited: start.elapsed(), missing });
+                        return Err(Error::CollectiveTimeout {
+                            rank: 0,
+                            op: describe(op, seq),
+                            waited: start.elapsed(),
+                            missing,
+                        });
                     }
-                    Err(WireError::Closed(why)) => return Err(Error::PeerLost { rank: 0, peer: r, op: describe(op, seq), detail: why }),
-                    Err(WireError::Garbage(g)) => return Err(Error::WorldProtocol { rank: 0, peer: format!("rank {r}"), detail: g }),
+                    Err(WireError::Closed(why)) => {
+                        return Err(Error::PeerLost {
+                            rank: 0,
+                            peer: r,
+                            op: describe(op, seq),
+                            detail: why,
+                        })
+                    }
+                    Err(WireError::Garbage(g)) => {
+                        return Err(Error::WorldProtocol {
+                            rank: 0,
+                            peer: format!("rank {r}"),
+                            detail: g,
+                        })
+                    }
                 };
-                let bad = |detail: String| Error::WorldProtocol { rank: 0, peer: format!("rank {r}"), detail };
+                let bad = |detail: String| Error::WorldProtocol {
+                    rank: 0,
+                    peer: format!("rank {r}"),
+                    detail,
+                };
                 if frame.kind != Kind::Collective {
                     return Err(bad(format!("expected a collective step, got a {:?} frame", frame.kind)));
                 }
                 let mut d = Dec::new(&frame.body);
                 let (their_op, their_seq) = decode_step(&mut d).map_err(bad)?;
                 if (their_op, their_seq) != (op, seq) {
-                    return Err(Error::CollectiveMismatch { rank: r, ours: describe(op, seq), theirs: describe(their_op, their_seq) });
+                    return Err(Error::CollectiveMismatch {
+                        rank: r,
+                        ours: describe(op, seq),
+                        theirs: describe(their_op, their_seq),
+                    });
                 }
                 table[r] = d.bytes("payload").map_err(bad)?.to_vec();
             }
@@ -598,7 +760,12 @@ impl Star {
         for r in 1..self.size {
             let s = links[r].as_mut().expect("link");
             if let Err(e) = wire::write_frame(s, Kind::Collective, &reply, deadline.max(Instant::now() + NOTIFY_GRACE)) {
-                let e = Error::PeerLost { rank: 0, peer: r, op: describe(op, seq), detail: e.to_string() };
+                let e = Error::PeerLost {
+                    rank: 0,
+                    peer: r,
+                    op: describe(op, seq),
+                    detail: e.to_string(),
+                };
                 fail_all(links, op, seq, &e.to_string());
                 return Err(e);
             }
@@ -609,20 +776,39 @@ impl Star {
     fn peer_exchange(&self, s: &mut TcpStream, op: Op, seq: u64, mine: &[u8], start: Instant) -> Result<Arc<Vec<Vec<u8>>>> {
         let rank = self.rank;
         let what = describe(op, seq);
-        let lost = |detail: String| Error::PeerLost { rank, peer: 0, op: what.clone(), detail };
-        let bad = |detail: String| Error::WorldProtocol { rank, peer: "rank 0".into(), detail };
+        let lost = |detail: String| Error::PeerLost {
+            rank,
+            peer: 0,
+            op: what.clone(),
+            detail,
+        };
+        let bad = |detail: String| Error::WorldProtocol {
+            rank,
+            peer: "rank 0".into(),
+            detail,
+        };
         let step = encode_step(op, seq).bytes(mine).0;
         match wire::write_frame(s, Kind::Collective, &step, start + self.timeout) {
             Ok(()) => {}
             Err(WireError::TimedOut) => {
-                return Err(Error::CollectiveTimeout { rank, op: what.clone(), waited: start.elapsed(), missing: vec![0] })
+                return Err(Error::CollectiveTimeout {
+                    rank,
+                    op: what.clone(),
+                    waited: start.elapsed(),
+                    missing: vec![0],
+                })
             }
             Err(e) => return Err(lost(e.to_string())),
         }
         let frame = match wire::read_frame(s, wire::MAX_COLLECTIVE, start + self.timeout + PEER_GRACE) {
             Ok(f) => f,
             Err(WireError::TimedOut) => {
-                return Err(Error::CollectiveTimeout { rank, op: what.clone(), waited: start.elapsed(), missing: vec![0] })
+                return Err(Error::CollectiveTimeout {
+                    rank,
+                    op: what.clone(),
+                    waited: start.elapsed(),
+                    missing: vec![0],
+                })
             }
             Err(WireError::Closed(why)) => return Err(lost(why)),
             Err(WireError::Garbage(g)) => return Err(bad(g)),
@@ -631,7 +817,11 @@ impl Star {
         match frame.kind {
             Kind::Fail => {
                 let (_, _) = decode_step(&mut d).map_err(bad)?;
-                Err(Error::WorldAborted { rank, op: what.clone(), reason: d.str("reason").map_err(bad)? })
+                Err(Error::WorldAborted {
+                    rank,
+                    op: what.clone(),
+                    reason: d.str("reason").map_err(bad)?,
+                })
             }
             Kind::Collective => {
                 let (their_op, their_seq) = decode_step(&mut d).map_err(bad)?;
@@ -642,8 +832,10 @@ impl Star {
                 if n != self.size {
                     return Err(bad(format!("answered with {n} ranks, the world has {}", self.size)));
                 }
-                let table =
-                    (0..n).map(|_| d.bytes("payload").map(<[u8]>::to_vec)).collect::<std::result::Result<Vec<_>, _>>().map_err(bad)?;
+                let table = (0..n)
+                    .map(|_| d.bytes("payload").map(<[u8]>::to_vec))
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .map_err(bad)?;
                 Ok(Arc::new(table))
             }
             k => Err(bad(format!("expected a collective answer, got a {k:?} frame"))),

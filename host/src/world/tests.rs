@@ -47,7 +47,10 @@ fn thread_world_handles_and_metadata() {
     assert_eq!((single.rank(), single.size(), single.kind()), (0, 1, WorldKind::Single));
     assert_eq!(single.all_gather_bytes(b"x").unwrap(), vec![b"x".to_vec()]);
     single.barrier().unwrap();
-    assert!(matches!(single.broadcast_bytes(1, b""), Err(Error::InvalidRank { rank: 1, size: 1, .. })));
+    assert!(matches!(
+        single.broadcast_bytes(1, b""),
+        Err(Error::InvalidRank { rank: 1, size: 1, .. })
+    ));
 }
 
 #[test]
@@ -82,13 +85,19 @@ fn check_same_names_field_and_first_differing_rank() {
         }
     }
     let res = World::run_threads(2, |w| w.check_same("a", if w.rank() == 0 { b"xy" } else { b"xyz" }));
-    assert!(res.iter().all(|e| matches!(e, Err(Error::NotSame { rank: 1, detail, .. }) if detail.contains("3 bytes where rank 0 has 2"))));
+    assert!(res
+        .iter()
+        .all(|e| matches!(e, Err(Error::NotSame { rank: 1, detail, .. }) if detail.contains("3 bytes where rank 0 has 2"))));
 }
 
 #[test]
 fn different_collectives_are_an_error_not_a_mixup() {
     let res = World::run_threads(3, |w| {
-        let first = if w.rank() == 1 { w.barrier().map(|_| ()) } else { w.all_gather_bytes(b"x").map(|_| ()) };
+        let first = if w.rank() == 1 {
+            w.barrier().map(|_| ())
+        } else {
+            w.all_gather_bytes(b"x").map(|_| ())
+        };
         (first, w.barrier())
     });
     for (first, then) in res {
@@ -106,7 +115,10 @@ fn thread_world_timeout_names_missing_rank() {
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     for r in res {
-        assert!(matches!(&r, Err(Error::CollectiveTimeout { missing, .. }) if missing == &vec![2]), "{r:?}");
+        assert!(
+            matches!(&r, Err(Error::CollectiveTimeout { missing, .. }) if missing == &vec![2]),
+            "{r:?}"
+        );
     }
     assert!(late.barrier().is_err());
 }
@@ -208,7 +220,12 @@ fn tcp_mismatched_world_size_names_rank_and_field_on_both_sides() {
     let (root, peers) = tcp_world(2, vec![cfg(1, 3, 0)], Duration::from_secs(20), |w| w.map(|_| ()));
     for r in std::iter::once(root).chain(peers) {
         match r {
-            Err(Error::RendezvousMismatch { rank: 1, field, ours, theirs }) => {
+            Err(Error::RendezvousMismatch {
+                rank: 1,
+                field,
+                ours,
+                theirs,
+            }) => {
                 assert_eq!((field.as_str(), ours.as_str(), theirs.as_str()), ("world size", "2", "3"))
             }
             other => panic!("expected a world size mismatch, got {other:?}"),
@@ -219,9 +236,15 @@ fn tcp_mismatched_world_size_names_rank_and_field_on_both_sides() {
 #[test]
 fn tcp_duplicate_rank_is_refused() {
     let (root, peers) = tcp_world(3, vec![cfg(1, 3, 0), cfg(1, 3, 0)], Duration::from_secs(20), |w| w.map(|_| ()));
-    assert!(matches!(&root, Err(Error::RendezvousMismatch { rank: 1, field, .. }) if field == "rank"), "{root:?}");
+    assert!(
+        matches!(&root, Err(Error::RendezvousMismatch { rank: 1, field, .. }) if field == "rank"),
+        "{root:?}"
+    );
     for p in peers {
-        assert!(matches!(&p, Err(Error::RendezvousMismatch { rank: 1, field, .. }) if field == "rank"), "{p:?}");
+        assert!(
+            matches!(&p, Err(Error::RendezvousMismatch { rank: 1, field, .. }) if field == "rank"),
+            "{p:?}"
+        );
     }
 }
 
@@ -229,9 +252,15 @@ fn tcp_duplicate_rank_is_refused() {
 fn tcp_timeout_names_the_missing_rank_everywhere() {
     let t0 = Instant::now();
     let (root, peers) = tcp_world(4, vec![cfg(1, 4, 0), cfg(3, 4, 0)], Duration::from_millis(800), |w| w.map(|_| ()));
-    assert!(matches!(&root, Err(Error::RendezvousTimeout { rank: 0, missing, .. }) if missing == &vec![2]), "{root:?}");
+    assert!(
+        matches!(&root, Err(Error::RendezvousTimeout { rank: 0, missing, .. }) if missing == &vec![2]),
+        "{root:?}"
+    );
     for p in peers {
-        assert!(matches!(&p, Err(Error::RendezvousTimeout { missing, .. }) if missing == &vec![2]), "{p:?}");
+        assert!(
+            matches!(&p, Err(Error::RendezvousTimeout { missing, .. }) if missing == &vec![2]),
+            "{p:?}"
+        );
     }
     assert!(t0.elapsed() < Duration::from_secs(10));
 }
@@ -240,7 +269,10 @@ fn tcp_timeout_names_the_missing_rank_everywhere() {
 fn tcp_peer_without_rank_0_times_out_naming_rank_0() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let r = World::rendezvous(&cfg(2, 3, port).with_rendezvous_timeout(Duration::from_millis(300)), b"");
-    assert!(matches!(&r, Err(Error::RendezvousTimeout { rank: 2, missing, .. }) if missing == &vec![0]), "{r:?}");
+    assert!(
+        matches!(&r, Err(Error::RendezvousTimeout { rank: 2, missing, .. }) if missing == &vec![0]),
+        "{r:?}"
+    );
 }
 
 #[test]
@@ -254,15 +286,23 @@ fn tcp_peer_talking_to_something_else_says_so() {
         std::thread::sleep(Duration::from_millis(200));
     });
     let r = World::rendezvous(&cfg(1, 2, port).with_rendezvous_timeout(Duration::from_secs(5)), b"");
-    assert!(matches!(&r, Err(Error::WorldProtocol { detail, .. }) if detail.contains("not a doorbell rendezvous")), "{r:?}");
+    assert!(
+        matches!(&r, Err(Error::WorldProtocol { detail, .. }) if detail.contains("not a doorbell rendezvous")),
+        "{r:?}"
+    );
     t.join().unwrap();
 }
 
 #[test]
 fn tcp_lost_peer_and_slow_peer_are_named() {
     let n = 3;
-    let (root, peers) =
-        tcp_world(n, (1..n).map(|r| cfg(r, n, 0).with_world_timeout(Duration::from_millis(500))).collect(), Duration::from_secs(20), |w| {
+    let (root, peers) = tcp_world(
+        n,
+        (1..n)
+            .map(|r| cfg(r, n, 0).with_world_timeout(Duration::from_millis(500)))
+            .collect(),
+        Duration::from_secs(20),
+        |w| {
             let w = w.unwrap();
             match w.rank() {
                 // Rank 2 leaves without a word.
@@ -272,11 +312,15 @@ fn tcp_lost_peer_and_slow_peer_are_named() {
                 }
                 _ => Some(w.barrier()),
             }
-        });
+        },
+    );
     let root = root.unwrap();
     assert!(matches!(&root, Err(Error::PeerLost { rank: 0, peer: 2, .. })), "{root:?}");
     let p1 = peers[0].as_ref().unwrap();
-    assert!(matches!(p1, Err(Error::WorldAborted { rank: 1, reason, .. }) if reason.contains("lost rank 2")), "{p1:?}");
+    assert!(
+        matches!(p1, Err(Error::WorldAborted { rank: 1, reason, .. }) if reason.contains("lost rank 2")),
+        "{p1:?}"
+    );
 
     // A rank that is alive but never calls the collective: a timeout naming it.
     let host = RendezvousHost::bind(&cfg(0, 2, 0).with_world_timeout(Duration::from_millis(300))).unwrap();
@@ -285,6 +329,9 @@ fn tcp_lost_peer_and_slow_peer_are_named() {
     let root = host.accept(b"").unwrap();
     let _idle = peer.join().unwrap();
     let r = root.barrier();
-    assert!(matches!(&r, Err(Error::CollectiveTimeout { rank: 0, missing, .. }) if missing == &vec![1]), "{r:?}");
+    assert!(
+        matches!(&r, Err(Error::CollectiveTimeout { rank: 0, missing, .. }) if missing == &vec![1]),
+        "{r:?}"
+    );
     assert!(matches!(root.barrier(), Err(Error::WorldBroken { .. })));
 }

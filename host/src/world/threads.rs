@@ -66,13 +66,23 @@ impl Group {
     /// The error of a rank that was inside the collective that failed.
     fn failure(rank: usize, b: &Broken, waited: Duration) -> Error {
         match b {
-            Broken::Mismatch { rank: r, ours, theirs } => {
-                Error::CollectiveMismatch { rank: *r, ours: ours.clone(), theirs: theirs.clone() }
-            }
-            Broken::Timeout { op, missing } => Error::CollectiveTimeout { rank, op: op.to_string(), waited, missing: missing.clone() },
-            Broken::Left { peer, op } => {
-                Error::PeerLost { rank, peer: *peer, op: op.to_string(), detail: "its World handle was dropped".into() }
-            }
+            Broken::Mismatch { rank: r, ours, theirs } => Error::CollectiveMismatch {
+                rank: *r,
+                ours: ours.clone(),
+                theirs: theirs.clone(),
+            },
+            Broken::Timeout { op, missing } => Error::CollectiveTimeout {
+                rank,
+                op: op.to_string(),
+                waited,
+                missing: missing.clone(),
+            },
+            Broken::Left { peer, op } => Error::PeerLost {
+                rank,
+                peer: *peer,
+                op: op.to_string(),
+                detail: "its World handle was dropped".into(),
+            },
         }
     }
 
@@ -103,7 +113,11 @@ impl Group {
             let ours = deposits[0].0;
             let result = match deposits.iter().position(|(o, _)| *o != ours) {
                 Some(r) => {
-                    let b = Broken::Mismatch { rank: r, ours: ours.to_string(), theirs: deposits[r].0.to_string() };
+                    let b = Broken::Mismatch {
+                        rank: r,
+                        ours: ours.to_string(),
+                        theirs: deposits[r].0.to_string(),
+                    };
                     let e = Self::failure(rank, &b, start.elapsed());
                     st.broken = Some(b);
                     Err(e)

@@ -169,7 +169,9 @@ pub(crate) fn read_frame(s: &mut TcpStream, max: u64, deadline: Instant) -> Resu
     let kind = Kind::from_u8(head[4]).ok_or_else(|| WireError::Garbage(format!("unknown frame kind {}", head[4])))?;
     let len = u64::from_be_bytes(head[5..].try_into().unwrap());
     if len > max {
-        return Err(WireError::Garbage(format!("{kind:?} frame of {len} bytes exceeds the limit of {max}")));
+        return Err(WireError::Garbage(format!(
+            "{kind:?} frame of {len} bytes exceeds the limit of {max}"
+        )));
     }
     let mut body = vec![0u8; len as usize];
     read_exact_by(s, &mut body, deadline)?;

@@ -25,7 +25,11 @@ fn chunks(l: &Layout) -> Vec<Chunk> {
     let b = l.byte;
     let field_mask: u128 = ((1u128 << l.width) - 1) << l.bit;
     (b / 4..=(b + n - 1) / 4)
-        .map(|w| Chunk { word: w, k0: (4 * w).saturating_sub(b), k1: (4 * w + 4 - b).min(n) })
+        .map(|w| Chunk {
+            word: w,
+            k0: (4 * w).saturating_sub(b),
+            k1: (4 * w + 4 - b).min(n),
+        })
         .filter(|c| {
             // Skip words that hold only bits of the container the field does not use.
             let (lo, hi) = container_bits(l, c);
@@ -383,7 +387,15 @@ mod tests {
     use super::*;
 
     fn layout(byte: u32, word_bytes: u32, bit: u32, width: u32, endian: Endian) -> Layout {
-        Layout { ident: format_ident!("f"), ty: Prim::U64, byte, word_bytes, bit, width, endian }
+        Layout {
+            ident: format_ident!("f"),
+            ty: Prim::U64,
+            byte,
+            word_bytes,
+            bit,
+            width,
+            endian,
+        }
     }
 
     /// Reference: the field's bytes computed one byte at a time.

@@ -2,26 +2,30 @@
 //! first error: every problem goes into [`Errors`].
 
 use proc_macro2::{Span, TokenStream};
+use quote::ToTokens;
 use syn::parse::Parser;
 use syn::punctuated::Punctuated;
-use quote::ToTokens;
 use syn::spanned::Spanned as _;
 use syn::{Expr, Lit, Meta, Token};
 
 use super::{DescriptorModel, Endian, Errors, FieldModel, Prim, Spanned};
 
 const DESCRIPTOR_OPTIONS: &str = "expected `size = BYTES` or `endian = big|little`";
-const FIELD_OPTIONS: &str =
-    "expected `byte = N`, `word = u8|u16|u32|u64`, `bit = N`, `width = N` or `endian = big|little`";
+const FIELD_OPTIONS: &str = "expected `byte = N`, `word = u8|u16|u32|u64`, `bit = N`, `width = N` or `endian = big|little`";
 
 pub(crate) fn parse(attr: TokenStream, mut item: syn::ItemStruct) -> (DescriptorModel, Errors) {
     let mut errors = Errors::default();
     let mut size = None;
-    let mut endian = Spanned { value: Endian::Big, span: Span::call_site() };
+    let mut endian = Spanned {
+        value: Endian::Big,
+        span: Span::call_site(),
+    };
     match Punctuated::<Meta, Token![,]>::parse_terminated.parse2(attr) {
         Ok(opts) => {
             for opt in opts {
-                let Some((key, value)) = name_value(&opt, DESCRIPTOR_OPTIONS, &mut errors) else { continue };
+                let Some((key, value)) = name_value(&opt, DESCRIPTOR_OPTIONS, &mut errors) else {
+                    continue;
+                };
                 match key.as_str() {
                     "size" => set_once(&mut size, int(value, &mut errors), &opt, &mut errors),
                     "endian" => {
@@ -55,7 +59,15 @@ pub(crate) fn parse(attr: TokenStream, mut item: syn::ItemStruct) -> (Descriptor
             "a descriptor needs named fields, each with `#[field(byte = N, ...)]`",
         )),
     }
-    (DescriptorModel { item, size, endian, fields }, errors)
+    (
+        DescriptorModel {
+            item,
+            size,
+            endian,
+            fields,
+        },
+        errors,
+    )
 }
 
 /// Parses and removes the field's `#[field(...)]` attributes.
@@ -99,7 +111,9 @@ fn parse_field(f: &mut syn::Field, errors: &mut Errors) -> FieldModel {
             }
         };
         for opt in opts {
-            let Some((key, value)) = name_value(&opt, FIELD_OPTIONS, errors) else { continue };
+            let Some((key, value)) = name_value(&opt, FIELD_OPTIONS, errors) else {
+                continue;
+            };
             match key.as_str() {
                 "byte" => set_once(&mut m.byte, int(value, errors), &opt, errors),
                 "bit" => set_once(&mut m.bit, int(value, errors), &opt, errors),
@@ -115,7 +129,10 @@ fn parse_field(f: &mut syn::Field, errors: &mut Errors) -> FieldModel {
                                     format!("unknown container word `{name}`; expected u8, u16, u32 or u64"),
                                 ));
                             }
-                            Some(Spanned { value: prim, span: p.span() })
+                            Some(Spanned {
+                                value: prim,
+                                span: p.span(),
+                            })
                         }
                         other => {
                             errors.push(syn::Error::new_spanned(other, "expected a container word: u8, u16, u32 or u64"));
@@ -141,7 +158,11 @@ fn parse_field(f: &mut syn::Field, errors: &mut Errors) -> FieldModel {
 
 /// `key = value` → (key, value); reports bare words and lists.
 fn name_value<'a>(opt: &'a Meta, expected: &str, errors: &mut Errors) -> Option<(String, &'a Expr)> {
-    let key = opt.path().get_ident().map(|i| i.to_string()).unwrap_or_else(|| quote::quote!(#opt).to_string());
+    let key = opt
+        .path()
+        .get_ident()
+        .map(|i| i.to_string())
+        .unwrap_or_else(|| quote::quote!(#opt).to_string());
     match opt {
         Meta::NameValue(nv) => Some((key, &nv.value)),
         _ => {
@@ -179,8 +200,18 @@ fn endian_of(e: &Expr, errors: &mut Errors) -> Option<Spanned<Endian>> {
     if let Expr::Path(p) = e {
         if let Some(i) = p.path.get_ident() {
             match i.to_string().as_str() {
-                "big" => return Some(Spanned { value: Endian::Big, span: i.span() }),
-                "little" => return Some(Spanned { value: Endian::Little, span: i.span() }),
+                "big" => {
+                    return Some(Spanned {
+                        value: Endian::Big,
+                        span: i.span(),
+                    })
+                }
+                "little" => {
+                    return Some(Spanned {
+                        value: Endian::Little,
+                        span: i.span(),
+                    })
+                }
                 _ => {}
             }
         }

@@ -17,12 +17,22 @@ pub(crate) fn validate(m: &DescriptorModel, errors: &mut Errors) -> Vec<Layout> 
             None
         }
         Some(s) if s.value == 0 || s.value % 4 != 0 || s.value > MAX_SIZE => {
-            errors.at(s.span, format!("a descriptor size must be a multiple of 4 bytes between 4 and {MAX_SIZE}, not {}", s.value));
+            errors.at(
+                s.span,
+                format!(
+                    "a descriptor size must be a multiple of 4 bytes between 4 and {MAX_SIZE}, not {}",
+                    s.value
+                ),
+            );
             None
         }
         Some(s) => Some(s.value),
     };
-    let layouts: Vec<Layout> = m.fields.iter().filter_map(|f| field_layout(f, m.endian.value, size, errors)).collect();
+    let layouts: Vec<Layout> = m
+        .fields
+        .iter()
+        .filter_map(|f| field_layout(f, m.endian.value, size, errors))
+        .collect();
     if let Some(size) = size {
         check_overlaps(&layouts, &m.fields, size as usize, errors);
     }
@@ -40,11 +50,17 @@ fn field_layout(f: &FieldModel, default_endian: Endian, size: Option<u64>, error
     }
     let mut ok = true;
     let Some(ty) = f.prim else {
-        errors.push(syn::Error::new_spanned(&f.ty, "a descriptor field is `u8`, `u16`, `u32`, `u64` or `bool`"));
+        errors.push(syn::Error::new_spanned(
+            &f.ty,
+            "a descriptor field is `u8`, `u16`, `u32`, `u64` or `bool`",
+        ));
         return None;
     };
     let Some(byte) = f.byte else {
-        errors.push(syn::Error::new_spanned(&f.attr_tokens, format!("field `{name}` needs its byte offset: `byte = N`")));
+        errors.push(syn::Error::new_spanned(
+            &f.attr_tokens,
+            format!("field `{name}` needs its byte offset: `byte = N`"),
+        ));
         return None;
     };
     let word = match f.word {
@@ -71,10 +87,16 @@ fn field_layout(f: &FieldModel, default_endian: Endian, size: Option<u64>, error
         err(width_span, format!("field `{name}` has width 0; a field is at least 1 bit wide"));
         ok = false;
     } else if width > 64 {
-        err(width_span, format!("field `{name}` is {width} bits wide; fields are at most 64 bits"));
+        err(
+            width_span,
+            format!("field `{name}` is {width} bits wide; fields are at most 64 bits"),
+        );
         ok = false;
     } else if width > ty.value_bits() as u64 {
-        err(width_span, format!("a {width}-bit field does not fit in its type `{}`", type_name(ty)));
+        err(
+            width_span,
+            format!("a {width}-bit field does not fit in its type `{}`", type_name(ty)),
+        );
         ok = false;
     } else if bit >= word_bits || bit + width > word_bits {
         err(

@@ -151,15 +151,37 @@ fn fill(b: &mut [u8; 64], words: &[u32]) {
 
 /// What a CQE holds before the NIC writes it: opcode INVALID, owner 0.
 pub fn invalid_cqe() -> [u8; 64] {
-    Cqe64 { opcode: 0xf, ..Default::default() }.to_bytes()
+    Cqe64 {
+        opcode: 0xf,
+        ..Default::default()
+    }
+    .to_bytes()
 }
 
 /// A requester success CQE, built with the descriptor.
 pub fn req_cqe(owner: bool, wqe_counter: u16, qpn: u32, byte_cnt: u32) -> [u8; 64] {
-    Cqe64 { opcode: 0, owner, wqe_counter, qpn, byte_cnt, ..Default::default() }.to_bytes()
+    Cqe64 {
+        opcode: 0,
+        owner,
+        wqe_counter,
+        qpn,
+        byte_cnt,
+        ..Default::default()
+    }
+    .to_bytes()
 }
 
 /// An error CQE, built with the descriptor.
 pub fn err_cqe(opcode: u8, owner: bool, wqe_counter: u16, syndrome: u8, vendor: u8, wqe_opcode: u8, qpn: u32) -> [u8; 64] {
-    ErrCqe { opcode, owner, wqe_counter, syndrome, vendor_err_synd: vendor, wqe_opcode, qpn, ..Default::default() }.to_bytes()
+    ErrCqe {
+        opcode,
+        owner,
+        wqe_counter,
+        syndrome,
+        vendor_err_synd: vendor,
+        wqe_opcode,
+        qpn,
+        ..Default::default()
+    }
+    .to_bytes()
 }
