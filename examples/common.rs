@@ -66,6 +66,14 @@ impl Args {
         }
     }
 
+    /// The backend `--device gpu|cpu|auto` names, else `DOORBELL_DEVICE`'s.
+    pub fn backend(&self) -> doorbell::Result<doorbell::Backend> {
+        match self.get("device") {
+            Some(d) => d.parse(),
+            None => doorbell::Backend::from_env(),
+        }
+    }
+
     /// Options that were given but are not in `known`.
     pub fn unknown(&self, known: &[&str]) -> Vec<String> {
         self.values

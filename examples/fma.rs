@@ -8,7 +8,7 @@
 //! output bits: the same on every backend, because the kernel uses one
 //! rounding (`fma.rn.f32` / `f32::mul_add`).
 
-use doorbell::{Backend, Device, LaunchConfig, KERNELS_PTX};
+use doorbell::{Device, LaunchConfig, KERNELS_PTX};
 use doorbell_examples::{die, fingerprint, Args};
 use doorbell_kernels::examples::fused_multiply_add;
 
@@ -28,10 +28,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         )
         .into());
     }
-    let backend: Backend = match args.get("device") {
-        Some(d) => d.parse()?,
-        None => Backend::from_env()?,
-    };
+    let backend = args.backend()?;
     let dev = Device::open(backend, 0)?;
     let default_n = if dev.is_gpu() { 1 << 26 } else { 1 << 22 };
     let n = args.num("n", default_n)? as usize;

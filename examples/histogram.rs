@@ -7,7 +7,7 @@
 //! cargo run --release --example histogram -- [--device gpu|cpu|auto] [--n BYTES]
 //! ```
 
-use doorbell::{Backend, Device, LaunchConfig};
+use doorbell::{Device, LaunchConfig};
 use doorbell_example_kernels::byte_histogram;
 use doorbell_examples::{die, Args, USER_KERNELS_PTX};
 
@@ -27,10 +27,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         )
         .into());
     }
-    let backend: Backend = match args.get("device") {
-        Some(d) => d.parse()?,
-        None => Backend::from_env()?,
-    };
+    let backend = args.backend()?;
     let dev = Device::open(backend, 0)?;
     let n = args.num("n", if dev.is_gpu() { 1 << 28 } else { 1 << 22 })? as usize;
     println!("device: {} ({:?} backend)", dev.name(), dev.backend());

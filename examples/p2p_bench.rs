@@ -43,10 +43,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     if !bad.is_empty() {
         return Err(format!("unknown option(s): {}", bad.join(", ")).into());
     }
-    let backend: Backend = match args.get("device") {
-        Some(d) => d.parse()?,
-        None => Backend::from_env()?,
-    };
+    let backend = args.backend()?;
     let gpu = backend == Backend::Gpu || (backend == Backend::Auto && doorbell::gpu_count() > 0);
     let max_size = args.num("max-size", if gpu { 256 << 20 } else { 4 << 20 })?;
     let rtt_iters = args.num("rtt-iters", if gpu { 20_000 } else { 200 })? as u32;

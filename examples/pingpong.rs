@@ -47,10 +47,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             return Err(format!("--transport {t}: only p2p is available (ibgda needs a ConnectX NIC); {USAGE}").into());
         }
     }
-    let backend: Backend = match args.get("device") {
-        Some(d) => d.parse()?,
-        None => Backend::from_env()?,
-    };
+    let backend = args.backend()?;
     let iters = args.num("iters", 1000)?;
     if iters == 0 || iters > u32::MAX as u64 {
         return Err("--iters must be between 1 and 2^32-1".into());

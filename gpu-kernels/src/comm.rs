@@ -67,6 +67,18 @@ impl Cmp {
             Cmp::Le => seen <= value,
         }
     }
+    /// The operator, for messages (`==`, `>=`, ...).
+    pub fn symbol(self) -> &'static str {
+        match self {
+            Cmp::Eq => "==",
+            Cmp::Ne => "!=",
+            Cmp::Gt => ">",
+            Cmp::Ge => ">=",
+            Cmp::Lt => "<",
+            Cmp::Le => "<=",
+        }
+    }
+
     /// From the raw value stored in a [`WaitReport`].
     pub fn from_u32(v: u32) -> Option<Cmp> {
         Some(match v {

@@ -110,38 +110,6 @@ unsafe fn pingpong_body<T: Transport>(
     }
 }
 
-/// Raw floor for the signal round trip: blocks 0 and 1 of one launch bounce
-/// a flag with `st.release.gpu` / `ld.acquire.gpu`, `iters` times. `flags`
-/// holds two zeroed words; block 0 writes the elapsed ns to `out_ns`.
-#[kernel]
-pub unsafe fn flag_pingpong_raw(flags: *mut u32, iters: u32, out_ns: *mut u64) {
-    if ptx::thread_idx_x() != 0 {
-        return;
-    }
-    let b = ptx::block_idx_x();
-    if b > 1 {
-        return;
-    }
-    // SAFETY: two words.
-    unsafe {
-        let mine = flags.add(b as usize);
-        let theirs = flags.add(1 - b as usize);
-        let start = ptx::globaltimer_ns();
-        for i in 1..=iters {
-            if b == 0 {
-                ptx::st_release_gpu_u32(theirs, i);
-                while ptx::ld_acquire_gpu_u32(mine) < i {}
-            } else {
-                while ptx::ld_acquire_gpu_u32(mine) < i {}
-                ptx::st_release_gpu_u32(theirs, i);
-            }
-        }
-        if b == 0 {
-            *out_ns = ptx::globaltimer_ns() - start;
-        }
-    }
-}
-
 /// Raw floor for put bandwidth: a grid-stride 16-byte vector copy of
 /// `bytes` (a multiple of 16; both pointers 16-byte aligned), `iters` times.
 #[kernel(hot)]

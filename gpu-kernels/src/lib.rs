@@ -44,6 +44,7 @@ pub use doorbell_macros::{descriptor, kernel};
 
 pub mod comm;
 pub mod examples;
+pub mod layout;
 pub mod mlx5;
 pub mod ptx;
 pub mod sync;

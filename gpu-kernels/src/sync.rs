@@ -47,20 +47,8 @@ pub unsafe fn publish_gpu(flag: *mut u32, value: u32) {
 /// As for [`publish_gpu`].
 #[inline(always)]
 pub unsafe fn wait_ge_gpu(flag: *const u32, target: u32, budget_ns: u64) -> Result<u32, Timeout> {
-    let start = ptx::globaltimer_ns();
-    let mut backoff = 32u32;
-    loop {
-        // SAFETY: caller's contract.
-        let v = unsafe { ptx::ld_acquire_gpu_u32(flag) };
-        if v >= target {
-            return Ok(v);
-        }
-        if ptx::globaltimer_ns().wrapping_sub(start) > budget_ns {
-            return Err(Timeout { seen: v as u64 });
-        }
-        ptx::nanosleep(backoff);
-        backoff = (backoff * 2).min(1024);
-    }
+    // SAFETY: caller's contract.
+    spin_until_ge(|| unsafe { ptx::ld_acquire_gpu_u32(flag) }, target, budget_ns)
 }
 
 /// [`publish_gpu`] at system scope: visible to peer GPUs, the host and NICs.
@@ -81,11 +69,18 @@ pub unsafe fn publish_sys(flag: *mut u32, value: u32) {
 /// As for [`publish_gpu`].
 #[inline(always)]
 pub unsafe fn wait_ge_sys(flag: *const u32, target: u32, budget_ns: u64) -> Result<u32, Timeout> {
+    // SAFETY: caller's contract.
+    spin_until_ge(|| unsafe { ptx::ld_acquire_sys_u32(flag) }, target, budget_ns)
+}
+
+/// The bounded spin behind the waits: `load` until it returns `>= target`,
+/// backing off with `nanosleep`, for at most `budget_ns`.
+#[inline(always)]
+fn spin_until_ge(load: impl Fn() -> u32, target: u32, budget_ns: u64) -> Result<u32, Timeout> {
     let start = ptx::globaltimer_ns();
     let mut backoff = 32u32;
     loop {
-        // SAFETY: caller's contract.
-        let v = unsafe { ptx::ld_acquire_sys_u32(flag) };
+        let v = load();
         if v >= target {
             return Ok(v);
         }

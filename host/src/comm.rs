@@ -185,46 +185,47 @@ impl Drop for Mapping {
     }
 }
 
-/// What each rank tells the others about itself (phase 1).
+/// Which device a rank runs on (phase 1). Where it runs (host, process)
+/// the world already knows: [`World::peers`].
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct Identity {
-    pid: u32,
-    host: String,
-    gpu: bool,
+struct DeviceId {
     ordinal: u32,
     /// The GPU's UUID (hex), or "cpu".
     uuid: String,
 }
 
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "unknown".into())
-}
+impl DeviceId {
+    fn of(device: &Device) -> DeviceId {
+        let uuid = match &*device.inner {
+            DeviceInner::Gpu(ctx) => ctx
+                .uuid()
+                .map(|u| u.bytes.iter().map(|b| format!("{:02x}", *b as u8)).collect())
+                .unwrap_or_default(),
+            DeviceInner::Emu(_) => "cpu".to_string(),
+        };
+        DeviceId {
+            ordinal: device.ordinal() as u32,
+            uuid,
+        }
+    }
 
-fn encode_identity(i: &Identity) -> Vec<u8> {
-    format!("{}\n{}\n{}\n{}\n{}", i.pid, i.gpu as u8, i.ordinal, i.uuid, i.host).into_bytes()
-}
+    fn encode(&self) -> Vec<u8> {
+        format!("{}\n{}", self.ordinal, self.uuid).into_bytes()
+    }
 
-fn decode_identity(b: &[u8], rank: usize) -> Result<Identity> {
-    let s = String::from_utf8_lossy(b);
-    let mut it = s.splitn(5, '\n');
-    let mut next = || {
-        it.next()
-            .ok_or_else(|| Error::comm(format!("rank {rank} sent a malformed identity")))
-    };
-    let pid = next()?.parse().map_err(|_| Error::comm(format!("rank {rank}: bad pid")))?;
-    let gpu = next()? == "1";
-    let ordinal = next()?.parse().map_err(|_| Error::comm(format!("rank {rank}: bad ordinal")))?;
-    let uuid = next()?.to_string();
-    let host = next()?.to_string();
-    Ok(Identity {
-        pid,
-        host,
-        gpu,
-        ordinal,
-        uuid,
-    })
+    fn decode(b: &[u8], rank: usize) -> Result<DeviceId> {
+        let s = String::from_utf8_lossy(b);
+        let (ordinal, uuid) = s
+            .split_once('\n')
+            .ok_or_else(|| Error::comm(format!("rank {rank} sent a malformed device id")))?;
+        let ordinal = ordinal
+            .parse()
+            .map_err(|_| Error::comm(format!("rank {rank}: bad device ordinal {ordinal:?}")))?;
+        Ok(DeviceId {
+            ordinal,
+            uuid: uuid.to_string(),
+        })
+    }
 }
 
 /// One rank's communicator. Created collectively by every rank.
@@ -259,39 +260,28 @@ impl Communicator {
         world.check_same("backend", if device.is_gpu() { b"gpu" } else { b"cpu" })?;
 
         // Phase 1: who is where.
-        let uuid = match &*device.inner {
-            DeviceInner::Gpu(ctx) => ctx
-                .uuid()
-                .map(|u| u.bytes.iter().map(|b| format!("{:02x}", *b as u8)).collect())
-                .unwrap_or_default(),
-            DeviceInner::Emu(_) => "cpu".to_string(),
-        };
-        let me = Identity {
-            pid: std::process::id(),
-            host: hostname(),
-            gpu: device.is_gpu(),
-            ordinal: device.ordinal() as u32,
-            uuid,
-        };
-        let ids = world
-            .all_gather_bytes(&encode_identity(&me))?
-            .iter()
-            .enumerate()
-            .map(|(r, b)| decode_identity(b, r))
-            .collect::<Result<Vec<_>>>()?;
-        for (p, id) in ids.iter().enumerate() {
-            if id.host != me.host {
+        let peers = world.peers();
+        let (my_pid, my_host) = (peers[rank].pid, peers[rank].hostname.clone());
+        for (p, info) in peers.iter().enumerate() {
+            if info.hostname != my_host {
                 return Err(Error::PeerUnreachable {
                     rank,
                     peer: p,
                     reason: format!(
-                        "it runs on host {:?}, this rank on {:?}; P2P reaches only ranks of one host (the IBGDA transport is not available yet)",
-                        id.host, me.host
+                        "it runs on host {:?}, this rank on {my_host:?}; P2P reaches only ranks of one host (the IBGDA transport is not available yet)",
+                        info.hostname
                     ),
                 });
             }
         }
-        let multi_process = ids.iter().any(|i| i.pid != me.pid);
+        let me = DeviceId::of(&device);
+        let ids = world
+            .all_gather_bytes(&me.encode())?
+            .iter()
+            .enumerate()
+            .map(|(r, b)| DeviceId::decode(b, r))
+            .collect::<Result<Vec<_>>>()?;
+        let multi_process = peers.iter().any(|i| i.pid != my_pid);
 
         // Phase 2: allocate the heap, publish how to reach it.
         let (heap, handle): (Heap, Vec<u8>) = match &*device.inner {
@@ -315,7 +305,7 @@ impl Communicator {
             }
             DeviceInner::Emu(_) => {
                 if multi_process {
-                    let path = std::path::PathBuf::from(format!("/dev/shm/doorbell-{}-r{rank}-{:x}", me.pid, crate::comm::nonce()));
+                    let path = std::path::PathBuf::from(format!("/dev/shm/doorbell-{my_pid}-r{rank}-{:x}", shm_suffix()));
                     let region = ShmRegion::create(&path, heap_len as usize)?;
                     let mut h = (region.ptr as u64).to_le_bytes().to_vec();
                     h.extend_from_slice(path.to_string_lossy().as_bytes());
@@ -347,7 +337,7 @@ impl Communicator {
                 return Err(Error::comm(format!("rank {p} sent a malformed heap handle")));
             }
             let addr = u64::from_le_bytes(h[..8].try_into().expect("8 bytes"));
-            let same_process = ids[p].pid == me.pid;
+            let same_process = peers[p].pid == my_pid;
             if same_process {
                 if device.is_gpu() && ids[p].ordinal != me.ordinal {
                     enable_peer_access(&device, ids[p].ordinal as usize, rank, p)?;
@@ -568,15 +558,7 @@ impl Communicator {
             self.device
                 .write_raw(self.heap_base + REPORT_OFFSET, &[0u8; std::mem::size_of::<WaitReport>()])?
         };
-        let cmp = match Cmp::from_u32(r.cmp) {
-            Some(Cmp::Eq) => "==",
-            Some(Cmp::Ne) => "!=",
-            Some(Cmp::Gt) => ">",
-            Some(Cmp::Ge) => ">=",
-            Some(Cmp::Lt) => "<",
-            Some(Cmp::Le) => "<=",
-            None => "?",
-        };
+        let cmp = Cmp::from_u32(r.cmp).map_or("?", Cmp::symbol);
         let op = if r.op == WaitOp::Barrier as u32 { "barrier" } else { "wait_until" };
         let peer = (r.peer != u32::MAX).then_some(r.peer);
         Err(Error::WaitTimeout {
@@ -691,17 +673,16 @@ fn enable_peer_access(device: &Device, peer_ordinal: usize, rank: usize, peer: u
     }
 }
 
-pub(crate) fn nonce() -> u64 {
-    let mut b = [0u8; 8];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        use std::io::Read;
-        let _ = f.read_exact(&mut b);
-    }
-    u64::from_le_bytes(b)
-        ^ std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0)
+/// A suffix that keeps shared-heap file names of successive communicators
+/// of one process apart.
+fn shm_suffix() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    t ^ (n << 48)
 }
 
 impl Drop for Communicator {

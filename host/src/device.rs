@@ -261,9 +261,10 @@ impl std::fmt::Debug for Device {
 }
 
 /// One CUDA context per GPU ordinal for the whole process, shared by every
-/// handle: cudarc switches a context to multi-stream mode with a
-/// context-wide synchronize the first time a stream is created on it, which
-/// must happen once, not once per rank while other ranks' kernels spin.
+/// handle (thread ranks on one GPU use one context). cudarc's event tracking
+/// is switched off: we never use its `CudaSlice`, and its implicit
+/// synchronization (a context-wide synchronize when the first stream is
+/// created) would wait for other ranks' spinning kernels.
 pub(crate) fn shared_context(ordinal: usize) -> Result<Arc<CudaContext>> {
     static CONTEXTS: std::sync::OnceLock<Mutex<std::collections::HashMap<usize, Weak<CudaContext>>>> = std::sync::OnceLock::new();
     let mut map = CONTEXTS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
@@ -271,11 +272,8 @@ pub(crate) fn shared_context(ordinal: usize) -> Result<Arc<CudaContext>> {
         return Ok(c);
     }
     let ctx = CudaContext::new(ordinal).call("cuDevicePrimaryCtxRetain")?;
-    // We never use cudarc's CudaSlice, whose event tracking would add
-    // synchronization we do not want.
     // SAFETY: no CudaSlice exists on this context yet (it was just created).
     unsafe { ctx.disable_event_tracking() };
-    let _ = ctx.new_stream().call("cuStreamCreate")?; // enter multi-stream mode now, while idle
     map.insert(ordinal, Arc::downgrade(&ctx));
     Ok(ctx)
 }

@@ -30,6 +30,28 @@ unsafe impl<T: DeviceCopy, const N: usize> DeviceCopy for [T; N] {}
 
 const EMU_ALIGN: usize = 256;
 
+/// The emulator's "device memory": zeroed host memory, 256-byte aligned like
+/// `cuMemAlloc`. `bytes` is non-zero.
+fn emu_alloc_zeroed(bytes: usize) -> *mut u8 {
+    let layout = Layout::from_size_align(bytes, EMU_ALIGN).expect("size checked by the caller");
+    // SAFETY: non-zero size.
+    let p = unsafe { std::alloc::alloc_zeroed(layout) };
+    if p.is_null() {
+        std::alloc::handle_alloc_error(layout);
+    }
+    p
+}
+
+/// Frees what [`emu_alloc_zeroed`] returned.
+///
+/// # Safety
+/// `p` came from `emu_alloc_zeroed(bytes)` and is freed once.
+unsafe fn emu_free(p: *mut u8, bytes: usize) {
+    let layout = Layout::from_size_align(bytes, EMU_ALIGN).expect("valid at allocation");
+    // SAFETY: caller's contract.
+    unsafe { std::alloc::dealloc(p, layout) };
+}
+
 /// `len` elements of `T` in device memory. Freed on drop (which, like
 /// `cudaFree`, waits for the device's outstanding work).
 pub struct DeviceBuffer<T: DeviceCopy> {
@@ -61,15 +83,7 @@ impl Device {
                 unsafe { result::memset_d8_sync(p, 0, bytes) }.call("cuMemsetD8")?;
                 p
             }
-            DeviceInner::Emu(_) => {
-                let layout = Layout::from_size_align(bytes, EMU_ALIGN).expect("size checked above");
-                // SAFETY: non-zero size.
-                let p = unsafe { std::alloc::alloc_zeroed(layout) };
-                if p.is_null() {
-                    std::alloc::handle_alloc_error(layout);
-                }
-                p as u64
-            }
+            DeviceInner::Emu(_) => emu_alloc_zeroed(bytes) as u64,
         };
         Ok(DeviceBuffer {
             device: self.clone(),
@@ -189,9 +203,8 @@ impl<T: DeviceCopy> Drop for DeviceBuffer<T> {
             DeviceInner::Emu(_) => {
                 // Kernels still running may use the memory: wait, as cudaFree does.
                 let _ = self.device.synchronize();
-                let layout = Layout::from_size_align(self.num_bytes(), EMU_ALIGN).expect("valid at allocation");
-                // SAFETY: allocated with this layout; freed once.
-                unsafe { std::alloc::dealloc(self.addr as *mut u8, layout) };
+                // SAFETY: allocated by emu_alloc_zeroed with this size; freed once.
+                unsafe { emu_free(self.addr as *mut u8, self.num_bytes()) };
             }
         }
     }
@@ -247,12 +260,7 @@ impl Device {
                 (h as *mut T, d)
             }
             DeviceInner::Emu(_) => {
-                let layout = Layout::from_size_align(bytes, EMU_ALIGN).expect("checked size");
-                // SAFETY: non-zero size.
-                let p = unsafe { std::alloc::alloc_zeroed(layout) };
-                if p.is_null() {
-                    std::alloc::handle_alloc_error(layout);
-                }
+                let p = emu_alloc_zeroed(bytes);
                 (p as *mut T, p as u64)
             }
         };
@@ -307,10 +315,8 @@ impl<T: DeviceCopy> Drop for MappedBuffer<T> {
                 }
             }
             DeviceInner::Emu(_) => {
-                let bytes = self.len.max(1) * std::mem::size_of::<T>();
-                let layout = Layout::from_size_align(bytes, EMU_ALIGN).expect("valid at allocation");
-                // SAFETY: allocated with this layout.
-                unsafe { std::alloc::dealloc(self.host as *mut u8, layout) };
+                // SAFETY: allocated by emu_alloc_zeroed with this size; freed once.
+                unsafe { emu_free(self.host as *mut u8, self.len.max(1) * std::mem::size_of::<T>()) };
             }
         }
     }

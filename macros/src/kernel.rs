@@ -1,6 +1,6 @@
-use proc_macro2::{Span, TokenStream};
-use quote::{format_ident, quote, quote_spanned};
-use syn::{parse::Parser, punctuated::Punctuated, spanned::Spanned, FnArg, Ident, ItemFn, Pat, Token, Type};
+use proc_macro2::TokenStream;
+use quote::{format_ident, quote};
+use syn::{parse::Parser, punctuated::Punctuated, FnArg, Ident, ItemFn, Pat, Token, Type};
 
 /// Parsed model of `#[kernel(...)] fn ...`.
 struct KernelModel {
@@ -129,8 +129,7 @@ fn generate(m: &KernelModel) -> TokenStream {
         quote! {}
     };
     let hot = m.hot;
-    let span = Span::call_site();
-    let args_ty = quote_spanned! {span=> ( #( #types, )* ) };
+    let args_ty = quote! { ( #( #types, )* ) };
     quote! {
         #[cfg(target_arch = "nvptx64")]
         #(#attrs)*
@@ -161,9 +160,4 @@ fn generate(m: &KernelModel) -> TokenStream {
             }
         }
     }
-}
-
-#[allow(dead_code)]
-fn span_of<T: Spanned>(t: &T) -> Span {
-    t.span()
 }

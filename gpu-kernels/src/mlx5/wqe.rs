@@ -159,18 +159,7 @@ impl WqeRequest {
 
     /// Host encoder: the WQE's 64 bytes (the bytes past `ds × 16` are zero).
     pub const fn to_bytes(&self) -> [u8; SEND_WQE_BB] {
-        let w = wqe_words(self);
-        let mut b = [0u8; SEND_WQE_BB];
-        let mut i = 0;
-        while i < 16 {
-            let x = w[i].to_le_bytes();
-            b[4 * i] = x[0];
-            b[4 * i + 1] = x[1];
-            b[4 * i + 2] = x[2];
-            b[4 * i + 3] = x[3];
-            i += 1;
-        }
-        b
+        crate::layout::words_to_bytes(&wqe_words(self))
     }
 
     /// The meaningful length of [`Self::to_bytes`]: `ds × 16` (16 for an

@@ -329,22 +329,7 @@ impl RendezvousHost {
                 });
             }
         }
-        Ok(World::from_parts(
-            0,
-            size,
-            cfg.local_rank,
-            table,
-            Inner::Tcp(Star {
-                rank,
-                size,
-                timeout: cfg.world_timeout,
-                state: Mutex::new(StarState {
-                    seq: 0,
-                    links: Links::Root(links),
-                    broken: None,
-                }),
-            }),
-        ))
+        Ok(star_world(0, size, cfg, table, Links::Root(links)))
     }
 }
 
@@ -613,25 +598,25 @@ pub(crate) fn join(cfg: &WorldConfig, layout: &[u8]) -> Result<World> {
             Err(e) => return Err(wire_err(e, "waiting for the other ranks")),
         }
     };
-    Ok(World::from_parts(
-        rank,
-        size,
-        cfg.local_rank,
-        table,
-        Inner::Tcp(Star {
-            rank,
-            size,
-            timeout: cfg.world_timeout,
-            state: Mutex::new(StarState {
-                seq: 0,
-                links: Links::Peer(s),
-                broken: None,
-            }),
-        }),
-    ))
+    Ok(star_world(rank, size, cfg, table, Links::Peer(s)))
 }
 
 /// The connections of a formed TCP world.
+/// The world of a rank whose rendezvous finished with `links`.
+fn star_world(rank: usize, size: usize, cfg: &WorldConfig, table: Vec<PeerInfo>, links: Links) -> World {
+    let star = Star {
+        rank,
+        size,
+        timeout: cfg.world_timeout,
+        state: Mutex::new(StarState {
+            seq: 0,
+            links,
+            broken: None,
+        }),
+    };
+    World::from_parts(rank, size, cfg.local_rank, table, Inner::Tcp(star))
+}
+
 pub(crate) struct Star {
     rank: usize,
     size: usize,

@@ -314,29 +314,13 @@ pub(crate) fn generate(m: &DescriptorModel, layouts: &[Layout]) -> TokenStream {
             /// Byte image → word image (word `i` = bytes `4i..4i+4`, little-endian).
             #[inline(always)]
             pub const fn bytes_to_words(b: &[u8; #size_lit]) -> [u32; #nwords_lit] {
-                let mut w = [0u32; #nwords_lit];
-                let mut i = 0;
-                while i < #nwords_lit {
-                    w[i] = u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]);
-                    i += 1;
-                }
-                w
+                ::doorbell_kernels::layout::bytes_to_words(b)
             }
 
             /// Word image → byte image.
             #[inline(always)]
             pub const fn words_to_bytes(w: &[u32; #nwords_lit]) -> [u8; #size_lit] {
-                let mut b = [0u8; #size_lit];
-                let mut i = 0;
-                while i < #nwords_lit {
-                    let x = w[i].to_le_bytes();
-                    b[4 * i] = x[0];
-                    b[4 * i + 1] = x[1];
-                    b[4 * i + 2] = x[2];
-                    b[4 * i + 3] = x[3];
-                    i += 1;
-                }
-                b
+                ::doorbell_kernels::layout::words_to_bytes(w)
             }
 
             #[doc = concat!("Device builder: writes the descriptor at `dst` ", #store_doc, ", each word computed in registers (no read-modify-write).")]
