@@ -145,10 +145,7 @@ pub fn sync_warp(mask: u32) {
         asm!("bar.warp.sync {0};", in(reg32) mask, options(nostack))
     };
     #[cfg(not(target_arch = "nvptx64"))]
-    {
-        let _ = mask;
-        emu::warp_barrier();
-    }
+    emu::warp_barrier(mask);
 }
 
 /// Full-warp mask.
@@ -159,7 +156,7 @@ macro_rules! shfl {
         $(#[$m])*
         ///
         /// Collective over the lanes in `mask` (all of them must call it with
-        /// the same mask). On the emulator the whole warp must converge.
+        /// the same mask; lanes outside it are not waited for).
         #[inline(always)]
         pub fn $name(mask: u32, value: u32, lane_arg: u32) -> u32 {
             #[cfg(target_arch = "nvptx64")]
@@ -173,10 +170,7 @@ macro_rules! shfl {
                 r
             }
             #[cfg(not(target_arch = "nvptx64"))]
-            {
-                let _ = mask;
-                emu::shuffle(value, emu::ShuffleMode::$emu(lane_arg))
-            }
+            emu::shuffle(mask, value, emu::ShuffleMode::$emu(lane_arg))
         }
     )* };
 }
@@ -226,10 +220,7 @@ pub fn vote_sync_ballot(mask: u32, pred: bool) -> u32 {
         r
     }
     #[cfg(not(target_arch = "nvptx64"))]
-    {
-        let _ = mask;
-        emu::ballot(pred)
-    }
+    emu::ballot(mask, pred)
 }
 
 /// `vote.sync.any.pred`: true when any lane in `mask` passed `pred`.
@@ -278,8 +269,9 @@ macro_rules! gen_ld {
                 }
                 #[cfg(not(target_arch = "nvptx64"))]
                 {
-                    // SAFETY: caller guarantees `p` is valid, aligned, and only
-                    // accessed atomically while shared.
+                    emu::check_align(p as usize, core::mem::size_of::<$ty>(), concat!("ld.", stringify!($sem), ".", stringify!($scope), ".", stringify!($ty)));
+                    // SAFETY: caller guarantees `p` is valid, and only
+                    // accessed atomically while shared; aligned (checked).
                     unsafe { core::sync::atomic::$aty::from_ptr(p as *mut $ty) }.load(core::sync::atomic::Ordering::$ord)
                 }
             }
@@ -306,8 +298,11 @@ macro_rules! gen_st {
                         in(reg64) p, in($reg) v, options(nostack))
                 };
                 #[cfg(not(target_arch = "nvptx64"))]
-                // SAFETY: as for the load.
-                unsafe { core::sync::atomic::$aty::from_ptr(p) }.store(v, core::sync::atomic::Ordering::$ord)
+                {
+                    emu::check_align(p as usize, core::mem::size_of::<$ty>(), concat!("st.", stringify!($sem), ".", stringify!($scope), ".", stringify!($ty)));
+                    // SAFETY: as for the load.
+                    unsafe { core::sync::atomic::$aty::from_ptr(p) }.store(v, core::sync::atomic::Ordering::$ord)
+                }
             }
             #[doc(hidden)]
             #[crate::kernel]
@@ -337,6 +332,7 @@ macro_rules! gen_atom {
                 }
                 #[cfg(not(target_arch = "nvptx64"))]
                 {
+                    emu::check_align(p as usize, core::mem::size_of::<$ty>(), concat!("atom.", stringify!($sem), ".", stringify!($scope), ".", $ptxop, ".", $tyk));
                     // SAFETY: as for the load.
                     unsafe { core::sync::atomic::$aty::from_ptr(p) }.$host(v, core::sync::atomic::Ordering::$ord)
                 }
@@ -370,6 +366,7 @@ macro_rules! gen_cas {
                 #[cfg(not(target_arch = "nvptx64"))]
                 {
                     use core::sync::atomic::Ordering;
+                    emu::check_align(p as usize, core::mem::size_of::<$ty>(), concat!("atom.", stringify!($sem), ".", stringify!($scope), ".cas.", $tyk));
                     // SAFETY: as for the load.
                     match unsafe { core::sync::atomic::$aty::from_ptr(p) }.compare_exchange(compare, new, Ordering::$ord, Ordering::$fail) {
                         Ok(v) | Err(v) => v,
@@ -463,10 +460,11 @@ pub unsafe fn st_v4_u32(p: *mut u32, v: [u32; 4]) {
             in(reg32) v[0], in(reg32) v[1], in(reg32) v[2], in(reg32) v[3], options(nostack))
     };
     #[cfg(not(target_arch = "nvptx64"))]
-    // SAFETY: as above.
-    unsafe {
-        core::ptr::write_volatile(p as *mut [u32; 4], v)
-    };
+    {
+        emu::check_align(p as usize, 16, "st.v4.u32");
+        // SAFETY: valid (caller) and 16-byte aligned (checked).
+        unsafe { core::ptr::write_volatile(p as *mut [u32; 4], v) };
+    }
 }
 
 /// `ld.v4.u32`: one 16-byte load (weak). `p` must be 16-byte aligned.
@@ -483,9 +481,10 @@ pub unsafe fn ld_v4_u32(p: *const u32) -> [u32; 4] {
         [a, b, c, d]
     }
     #[cfg(not(target_arch = "nvptx64"))]
-    // SAFETY: as above.
-    unsafe {
-        core::ptr::read_volatile(p as *const [u32; 4])
+    {
+        emu::check_align(p as usize, 16, "ld.v4.u32");
+        // SAFETY: valid (caller) and 16-byte aligned (checked).
+        unsafe { core::ptr::read_volatile(p as *const [u32; 4]) }
     }
 }
 

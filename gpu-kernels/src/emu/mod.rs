@@ -13,16 +13,25 @@
 //! `sync_threads` or shuffle) fails after [`barrier_timeout`] with
 //! [`EmuError::Panicked`] describing the stuck barrier.
 //!
-//! Limits: warp collectives need the whole warp converged (the `mask`
-//! argument is not emulated); every memory scope behaves as `sys`.
+//! Where the GPU would fault, the emulator fails the launch too (an error
+//! naming the block and thread): a vector load or store that is not 16-byte
+//! aligned, an atomic or ordered access not aligned to its size
+//! ([`check_align`]). Warp collectives honour their member mask: lanes
+//! outside it are not waited for, and a lane in it that never arrives is an
+//! error after [`barrier_timeout`].
+//!
+//! Limits: every memory scope behaves as `sys`.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 mod barrier;
+pub mod env;
+mod warp;
 use barrier::Barrier;
+use warp::Warp;
 
 /// A launch's shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,6 +60,8 @@ pub enum EmuError {
         thread: [u32; 3],
         message: String,
     },
+    /// An emulator variable (`DOORBELL_EMU_*`) holds something unusable.
+    BadEnv(env::EnvError),
 }
 
 impl std::fmt::Display for EmuError {
@@ -67,6 +78,7 @@ impl std::fmt::Display for EmuError {
                 f,
                 "kernel thread (block {block:?}, thread {thread:?}) failed on the CPU emulator: {message}"
             ),
+            EmuError::BadEnv(e) => write!(f, "{e}"),
         }
     }
 }
@@ -76,7 +88,7 @@ impl std::error::Error for EmuError {}
 /// Per-block state shared by its threads.
 pub struct BlockShared {
     barrier: Barrier,
-    warps: Vec<WarpShared>,
+    warps: Vec<Warp>,
     shared_mem: Box<[u128]>,
 }
 
@@ -85,12 +97,6 @@ impl BlockShared {
     pub fn shared_mem_ptr(&self) -> *mut u8 {
         self.shared_mem.as_ptr() as *mut u8
     }
-}
-
-struct WarpShared {
-    barrier: Barrier,
-    slots: [AtomicU64; 32],
-    lanes: u32,
 }
 
 /// The calling emulated thread's identity.
@@ -148,24 +154,45 @@ fn check_aborted(t: &ThreadCtx) {
     }
 }
 
-/// Barrier wait timeout (`DOORBELL_EMU_BARRIER_TIMEOUT_S`, default 60 s).
-pub fn barrier_timeout() -> Duration {
-    static T: OnceLock<Duration> = OnceLock::new();
-    *T.get_or_init(|| {
-        let s = std::env::var("DOORBELL_EMU_BARRIER_TIMEOUT_S")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(60);
-        Duration::from_secs(s.max(1))
-    })
+/// Default of [`barrier_timeout`].
+pub const DEFAULT_BARRIER_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default of [`max_threads`].
+pub const DEFAULT_MAX_THREADS: u64 = 16384;
+
+/// Barrier wait timeout: `DOORBELL_EMU_BARRIER_TIMEOUT_S` (seconds in
+/// 0.001..=86400, default 60), read once per process. An unusable value is
+/// an error of every launch ([`run`]).
+pub fn try_barrier_timeout() -> Result<Duration, env::EnvError> {
+    static T: OnceLock<Result<Duration, env::EnvError>> = OnceLock::new();
+    T.get_or_init(|| env::secs("DOORBELL_EMU_BARRIER_TIMEOUT_S", DEFAULT_BARRIER_TIMEOUT, 0.001, 86400.0))
+        .clone()
 }
 
-/// Most OS threads one launch may use (`DOORBELL_EMU_MAX_THREADS`, default 16384).
-pub fn max_threads() -> u64 {
-    std::env::var("DOORBELL_EMU_MAX_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(16384)
+/// [`try_barrier_timeout`], or the default when the variable is unusable
+/// (no launch runs then: [`run`] reports the variable first).
+pub fn barrier_timeout() -> Duration {
+    try_barrier_timeout().unwrap_or(DEFAULT_BARRIER_TIMEOUT)
+}
+
+/// Most OS threads one launch may use: `DOORBELL_EMU_MAX_THREADS` (an
+/// integer in 1..=1048576, default 16384), read at every launch.
+pub fn max_threads() -> Result<u64, env::EnvError> {
+    env::uint("DOORBELL_EMU_MAX_THREADS", DEFAULT_MAX_THREADS, 1, 1 << 20)
+}
+
+/// Fails the calling kernel thread, as the GPU would fault, when `p` is not
+/// aligned to `align` bytes; `what` names the access (`ld.v4.u32`, ...).
+#[inline]
+pub fn check_align(p: usize, align: usize, what: &str) {
+    if p % align != 0 {
+        misaligned(p, align, what)
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn misaligned(p: usize, align: usize, what: &str) -> ! {
+    panic!("misaligned address {p:#x} for {what}: it must be {align}-byte aligned (the GPU faults with a misaligned address error)")
 }
 
 /// `bar.sync 0` for the calling thread.
@@ -173,9 +200,17 @@ pub fn block_barrier() {
     with_thread(|t| t.block.barrier.wait(&t.launch.aborted, "sync_threads (block barrier)"));
 }
 
-/// `bar.warp.sync` for the calling thread.
-pub fn warp_barrier() {
-    with_thread(|t| t.block.warps[t.warp as usize].barrier.wait(&t.launch.aborted, "sync_warp"));
+/// The calling lane's part in a warp collective over `mask`.
+fn warp_exchange(mask: u32, value: u64, what: &str) -> (u32, warp::Exchange) {
+    with_thread(|t| {
+        let w = &t.block.warps[t.warp as usize];
+        (t.lane, w.exchange(t.lane, mask, value, &t.launch.aborted, barrier_timeout(), what))
+    })
+}
+
+/// `bar.warp.sync mask` for the calling thread: waits for the lanes in `mask`.
+pub fn warp_barrier(mask: u32) {
+    warp_exchange(mask, 0, "sync_warp");
 }
 
 /// Shuffle source selection.
@@ -191,55 +226,35 @@ pub enum ShuffleMode {
     Xor(u32),
 }
 
-/// Warp shuffle of a 32-bit value.
-pub fn shuffle(value: u32, mode: ShuffleMode) -> u32 {
-    with_thread(|t| {
-        let w = &t.block.warps[t.warp as usize];
-        let lane = t.lane;
-        w.slots[lane as usize].store(value as u64, Ordering::Relaxed);
-        w.barrier.wait(&t.launch.aborted, "warp shuffle");
-        let src = match mode {
-            ShuffleMode::Idx(n) => Some(n & 31),
-            ShuffleMode::Down(n) => lane.checked_add(n).filter(|s| *s < 32),
-            ShuffleMode::Up(n) => lane.checked_sub(n),
-            ShuffleMode::Xor(n) => Some((lane ^ n) & 31),
-        };
-        let out = match src {
-            Some(s) if s < w.lanes => w.slots[s as usize].load(Ordering::Relaxed) as u32,
-            _ => value,
-        };
-        w.barrier.wait(&t.launch.aborted, "warp shuffle");
-        out
-    })
+/// Warp shuffle of a 32-bit value among the lanes in `mask`. A source lane
+/// outside the group (not in `mask`, or past the warp) yields the caller's
+/// own value.
+pub fn shuffle(mask: u32, value: u32, mode: ShuffleMode) -> u32 {
+    let (lane, x) = warp_exchange(mask, value as u64, "warp shuffle");
+    let src = match mode {
+        ShuffleMode::Idx(n) => Some(n & 31),
+        ShuffleMode::Down(n) => lane.checked_add(n).filter(|s| *s < 32),
+        ShuffleMode::Up(n) => lane.checked_sub(n),
+        ShuffleMode::Xor(n) => Some((lane ^ n) & 31),
+    };
+    match src {
+        Some(s) if x.members & (1 << s) != 0 => x.values[s as usize] as u32,
+        _ => value,
+    }
 }
 
-/// Warp ballot.
-pub fn ballot(pred: bool) -> u32 {
-    with_thread(|t| {
-        let w = &t.block.warps[t.warp as usize];
-        w.slots[t.lane as usize].store(pred as u64, Ordering::Relaxed);
-        w.barrier.wait(&t.launch.aborted, "warp vote");
-        let mut m = 0u32;
-        for l in 0..w.lanes {
-            if w.slots[l as usize].load(Ordering::Relaxed) != 0 {
-                m |= 1 << l;
-            }
-        }
-        w.barrier.wait(&t.launch.aborted, "warp vote");
-        m
-    })
+/// Warp ballot among the lanes in `mask`: bit `i` set when lane `i` took
+/// part and passed `pred`.
+pub fn ballot(mask: u32, pred: bool) -> u32 {
+    let (_, x) = warp_exchange(mask, pred as u64, "warp vote");
+    (0..32)
+        .filter(|&l| x.members & (1 << l) != 0 && x.values[l] != 0)
+        .fold(0u32, |m, l| m | 1 << l)
 }
 
 /// Mask of the lanes that exist in the calling thread's warp.
 pub fn active_lane_mask() -> u32 {
-    with_thread(|t| {
-        let n = t.block.warps[t.warp as usize].lanes;
-        if n >= 32 {
-            u32::MAX
-        } else {
-            (1u32 << n) - 1
-        }
-    })
+    with_thread(|t| t.block.warps[t.warp as usize].existing())
 }
 
 /// Yield inside a spin-wait; unwinds when the launch was aborted.
@@ -302,7 +317,8 @@ pub fn run(cfg: EmuLaunch, body: &(dyn Fn() + Sync)) -> Result<(), EmuError> {
     }
     let blocks = grid.iter().map(|&d| d as u64).product::<u64>();
     let threads = blocks * per_block;
-    let limit = max_threads();
+    try_barrier_timeout().map_err(EmuError::BadEnv)?;
+    let limit = max_threads().map_err(EmuError::BadEnv)?;
     if threads > limit {
         return Err(EmuError::TooManyThreads { threads, limit });
     }
@@ -321,16 +337,7 @@ pub fn run(cfg: EmuLaunch, body: &(dyn Fn() + Sync)) -> Result<(), EmuError> {
                 for bx in 0..grid[0] {
                     let shared = Arc::new(BlockShared {
                         barrier: Barrier::new(per_block as usize),
-                        warps: (0..nwarps)
-                            .map(|w| {
-                                let lanes = (per_block - w * 32).min(32);
-                                WarpShared {
-                                    barrier: Barrier::new(lanes as usize),
-                                    slots: Default::default(),
-                                    lanes,
-                                }
-                            })
-                            .collect(),
+                        warps: (0..nwarps).map(|w| Warp::new((per_block - w * 32).min(32))).collect(),
                         shared_mem: vec![0u128; smem_words].into_boxed_slice(),
                     });
                     for r in 0..per_block {
@@ -373,7 +380,7 @@ fn thread_main(ctx: ThreadCtx, body: &(dyn Fn() + Sync)) {
     CTX.with(|c| c.set(std::ptr::null()));
     // An exited thread no longer takes part in its block's and warp's barriers.
     ctx.block.barrier.leave();
-    ctx.block.warps[ctx.warp as usize].barrier.leave();
+    ctx.block.warps[ctx.warp as usize].leave(ctx.lane);
     if let Err(payload) = result {
         if payload.downcast_ref::<Aborted>().is_none() {
             let mut slot = ctx.launch.first_error.lock().unwrap_or_else(|e| e.into_inner());
@@ -386,6 +393,12 @@ fn thread_main(ctx: ThreadCtx, body: &(dyn Fn() + Sync)) {
             }
             ctx.launch.aborted.store(true, Ordering::Relaxed);
             ctx.block.barrier.wake_all();
+            for w in &ctx.block.warps {
+                w.wake_all();
+            }
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

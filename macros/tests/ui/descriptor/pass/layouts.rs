@@ -40,11 +40,14 @@ fn main() {
     let mut w = M.to_words();
     Mixed::set_odd_words(&mut w, 0xffff);
     assert_eq!(Mixed::from_words(&w), Mixed { odd: 0xffff, ..M });
-    let mut buf = [0u32; 4];
+    // 16-byte stores need 16-byte alignment (the emulator checks, as the GPU faults).
+    #[repr(C, align(16))]
+    struct Aligned([u32; 4]);
+    let mut buf = Aligned([0u32; 4]);
     // SAFETY: 16 aligned bytes.
-    unsafe { M.store(buf.as_mut_ptr()) };
-    assert_eq!(buf, M.to_words());
-    assert_eq!(unsafe { Mixed::load_words(buf.as_ptr()) }, buf);
+    unsafe { M.store(buf.0.as_mut_ptr()) };
+    assert_eq!(buf.0, M.to_words());
+    assert_eq!(unsafe { Mixed::load_words(buf.0.as_ptr()) }, buf.0);
 
     let le = Le { value: 0xabcde };
     // Container bytes 2..6 little-endian hold 0xabcde << 4 = 0x00abcde0.
