@@ -81,3 +81,12 @@ tuple_args!(0 A, 1 B, 2 C, 3 D, 4 E, 5 F, 6 G, 7 H, 8 I, 9 J, 10 K, 11 L, 12 M);
 tuple_args!(0 A, 1 B, 2 C, 3 D, 4 E, 5 F, 6 G, 7 H, 8 I, 9 J, 10 K, 11 L, 12 M, 13 N);
 tuple_args!(0 A, 1 B, 2 C, 3 D, 4 E, 5 F, 6 G, 7 H, 8 I, 9 J, 10 K, 11 L, 12 M, 13 N, 14 O);
 tuple_args!(0 A, 1 B, 2 C, 3 D, 4 E, 5 F, 6 G, 7 H, 8 I, 9 J, 10 K, 11 L, 12 M, 13 N, 14 O, 15 P);
+
+/// A kernel family written once, generic over its transport, and exported
+/// per transport by `#[kernel(transports(A, B))]`: `<k as
+/// ForTransport<A>>::Kernel` is the entry point `k_a`. Host code generic
+/// over the transport picks the entry with it.
+pub trait ForTransport<T> {
+    /// The entry point of this family for transport `T`.
+    type Kernel: Kernel;
+}

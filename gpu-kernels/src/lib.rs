@@ -16,7 +16,13 @@
 //!    we never rely on them), `std::sync::atomic` with the same semantics on
 //!    the host.
 //! 2. [`sync`] — documented publish/observe pairs and bounded spins.
-//! 3. transports and collectives (built on the tiers above).
+//! 3. [`transport`] — the device communication API (contract v2) and its
+//!    transports; [`heap`] — the symmetric heap's runtime header; [`mlx5`] —
+//!    the NIC's wire vocabulary and the GPU-driven send pipeline.
+//!
+//! The PTX of this crate holds the library's own kernels only; examples and
+//! tests keep their kernels in kernel crates of their own, built by
+//! `doorbell::build` exactly as a user's crate is.
 //!
 //! ## Writing a kernel
 //! ```ignore
@@ -42,13 +48,12 @@ extern crate self as doorbell_kernels;
 
 pub use doorbell_macros::{descriptor, kernel};
 
-pub mod comm;
-pub mod examples;
+pub mod heap;
 pub mod layout;
 pub mod mlx5;
 pub mod ptx;
 pub mod sync;
-pub mod testing;
+pub mod transport;
 
 #[cfg(not(target_arch = "nvptx64"))]
 pub mod emu;
@@ -56,7 +61,7 @@ pub mod emu;
 #[cfg(not(target_arch = "nvptx64"))]
 mod launch;
 #[cfg(not(target_arch = "nvptx64"))]
-pub use launch::{Kernel, KernelArgs, KernelParam};
+pub use launch::{ForTransport, Kernel, KernelArgs, KernelParam};
 
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]

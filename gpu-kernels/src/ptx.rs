@@ -242,14 +242,6 @@ pub fn vote_sync_all(mask: u32, pred: bool) -> bool {
 // Memory ordering table
 // ---------------------------------------------------------------------------
 
-macro_rules! for_scopes {
-    ($m:ident ! ( $($args:tt)* )) => {
-        $m!(cta, $($args)*);
-        $m!(gpu, $($args)*);
-        $m!(sys, $($args)*);
-    };
-}
-
 macro_rules! gen_ld {
     ($scope:ident, $sem:ident, $ord:ident, $ty:ident, $aty:ident, $reg:ident) => {
         paste::paste! {
@@ -275,11 +267,6 @@ macro_rules! gen_ld {
                     unsafe { core::sync::atomic::$aty::from_ptr(p as *mut $ty) }.load(core::sync::atomic::Ordering::$ord)
                 }
             }
-            #[doc(hidden)]
-            #[crate::kernel]
-            pub unsafe fn [<golden_ld_ $sem _ $scope _ $ty>](p: *const $ty, out: *mut $ty) {
-                unsafe { *out = [<ld_ $sem _ $scope _ $ty>](p) }
-            }
         }
     };
 }
@@ -303,11 +290,6 @@ macro_rules! gen_st {
                     // SAFETY: as for the load.
                     unsafe { core::sync::atomic::$aty::from_ptr(p) }.store(v, core::sync::atomic::Ordering::$ord)
                 }
-            }
-            #[doc(hidden)]
-            #[crate::kernel]
-            pub unsafe fn [<golden_st_ $sem _ $scope _ $ty>](p: *mut $ty, v: $ty) {
-                unsafe { [<st_ $sem _ $scope _ $ty>](p, v) }
             }
         }
     };
@@ -336,11 +318,6 @@ macro_rules! gen_atom {
                     // SAFETY: as for the load.
                     unsafe { core::sync::atomic::$aty::from_ptr(p) }.$host(v, core::sync::atomic::Ordering::$ord)
                 }
-            }
-            #[doc(hidden)]
-            #[crate::kernel]
-            pub unsafe fn [<golden_atom_ $op _ $sem _ $scope _ $ty>](p: *mut $ty, v: $ty, out: *mut $ty) {
-                unsafe { *out = [<atom_ $op _ $sem _ $scope _ $ty>](p, v) }
             }
         }
     };
@@ -373,11 +350,6 @@ macro_rules! gen_cas {
                     }
                 }
             }
-            #[doc(hidden)]
-            #[crate::kernel]
-            pub unsafe fn [<golden_atom_cas_ $sem _ $scope _ $ty>](p: *mut $ty, c: $ty, n: $ty, out: *mut $ty) {
-                unsafe { *out = [<atom_cas_ $sem _ $scope _ $ty>](p, c, n) }
-            }
         }
     };
 }
@@ -395,56 +367,64 @@ macro_rules! gen_fence {
                 #[cfg(not(target_arch = "nvptx64"))]
                 core::sync::atomic::fence(core::sync::atomic::Ordering::$ord);
             }
-            #[doc(hidden)]
-            #[crate::kernel]
-            pub unsafe fn [<golden_fence_ $sem _ $scope>]() {
-                [<fence_ $sem _ $scope>]()
-            }
         }
     };
 }
 
-macro_rules! ld_st_cells {
-    ($scope:ident,) => {
-        gen_ld!($scope, relaxed, Relaxed, u32, AtomicU32, reg32);
-        gen_ld!($scope, relaxed, Relaxed, u64, AtomicU64, reg64);
-        gen_ld!($scope, acquire, Acquire, u32, AtomicU32, reg32);
-        gen_ld!($scope, acquire, Acquire, u64, AtomicU64, reg64);
-        gen_st!($scope, relaxed, Relaxed, u32, AtomicU32, reg32);
-        gen_st!($scope, relaxed, Relaxed, u64, AtomicU64, reg64);
-        gen_st!($scope, release, Release, u32, AtomicU32, reg32);
-        gen_st!($scope, release, Release, u64, AtomicU64, reg64);
-        gen_fence!($scope, sc, SeqCst);
-        gen_fence!($scope, acq_rel, AcqRel);
+/// The memory-ordering table: calls `$cb!` once per primitive, so the
+/// primitives here and the golden-PTX kernels of the test kernel crate are
+/// generated from one list. Arguments per kind:
+/// `ld`/`st`: scope, sem, host ordering, type, host atomic type, register class;
+/// `fence`: scope, sem, host ordering;
+/// `atom`: scope, op, PTX op, PTX type, sem, ordering, type, atomic type, register class, host method;
+/// `cas`: scope, sem, ordering, failure ordering, type, atomic type, register class, PTX type.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! ordering_table {
+    ($cb:ident) => {
+        $crate::ordering_table!(@scope $cb, cta);
+        $crate::ordering_table!(@scope $cb, gpu);
+        $crate::ordering_table!(@scope $cb, sys);
+    };
+    (@scope $cb:ident, $scope:ident) => {
+        $cb!(ld, $scope, relaxed, Relaxed, u32, AtomicU32, reg32);
+        $cb!(ld, $scope, relaxed, Relaxed, u64, AtomicU64, reg64);
+        $cb!(ld, $scope, acquire, Acquire, u32, AtomicU32, reg32);
+        $cb!(ld, $scope, acquire, Acquire, u64, AtomicU64, reg64);
+        $cb!(st, $scope, relaxed, Relaxed, u32, AtomicU32, reg32);
+        $cb!(st, $scope, relaxed, Relaxed, u64, AtomicU64, reg64);
+        $cb!(st, $scope, release, Release, u32, AtomicU32, reg32);
+        $cb!(st, $scope, release, Release, u64, AtomicU64, reg64);
+        $cb!(fence, $scope, sc, SeqCst);
+        $cb!(fence, $scope, acq_rel, AcqRel);
+        $crate::ordering_table!(@atom $cb, $scope, relaxed, Relaxed, Relaxed);
+        $crate::ordering_table!(@atom $cb, $scope, acquire, Acquire, Acquire);
+        $crate::ordering_table!(@atom $cb, $scope, release, Release, Relaxed);
+        $crate::ordering_table!(@atom $cb, $scope, acq_rel, AcqRel, Acquire);
+    };
+    (@atom $cb:ident, $scope:ident, $sem:ident, $ord:ident, $fail:ident) => {
+        $cb!(atom, $scope, add, "add", "u32", $sem, $ord, u32, AtomicU32, reg32, fetch_add);
+        $cb!(atom, $scope, add, "add", "u64", $sem, $ord, u64, AtomicU64, reg64, fetch_add);
+        $cb!(atom, $scope, exch, "exch", "b32", $sem, $ord, u32, AtomicU32, reg32, swap);
+        $cb!(atom, $scope, exch, "exch", "b64", $sem, $ord, u64, AtomicU64, reg64, swap);
+        $cb!(atom, $scope, or, "or", "b32", $sem, $ord, u32, AtomicU32, reg32, fetch_or);
+        $cb!(atom, $scope, or, "or", "b64", $sem, $ord, u64, AtomicU64, reg64, fetch_or);
+        $cb!(atom, $scope, max, "max", "u32", $sem, $ord, u32, AtomicU32, reg32, fetch_max);
+        $cb!(atom, $scope, max, "max", "u64", $sem, $ord, u64, AtomicU64, reg64, fetch_max);
+        $cb!(cas, $scope, $sem, $ord, $fail, u32, AtomicU32, reg32, "b32");
+        $cb!(cas, $scope, $sem, $ord, $fail, u64, AtomicU64, reg64, "b64");
     };
 }
 
-macro_rules! atom_cells_sem {
-    ($scope:ident, $sem:ident, $ord:ident, $fail:ident) => {
-        gen_atom!($scope, add, "add", "u32", $sem, $ord, u32, AtomicU32, reg32, fetch_add);
-        gen_atom!($scope, add, "add", "u64", $sem, $ord, u64, AtomicU64, reg64, fetch_add);
-        gen_atom!($scope, exch, "exch", "b32", $sem, $ord, u32, AtomicU32, reg32, swap);
-        gen_atom!($scope, exch, "exch", "b64", $sem, $ord, u64, AtomicU64, reg64, swap);
-        gen_atom!($scope, or, "or", "b32", $sem, $ord, u32, AtomicU32, reg32, fetch_or);
-        gen_atom!($scope, or, "or", "b64", $sem, $ord, u64, AtomicU64, reg64, fetch_or);
-        gen_atom!($scope, max, "max", "u32", $sem, $ord, u32, AtomicU32, reg32, fetch_max);
-        gen_atom!($scope, max, "max", "u64", $sem, $ord, u64, AtomicU64, reg64, fetch_max);
-        gen_cas!($scope, $sem, $ord, $fail, u32, AtomicU32, reg32, "b32");
-        gen_cas!($scope, $sem, $ord, $fail, u64, AtomicU64, reg64, "b64");
-    };
+macro_rules! gen_cell {
+    (ld, $($a:tt)*) => { gen_ld!($($a)*); };
+    (st, $($a:tt)*) => { gen_st!($($a)*); };
+    (fence, $($a:tt)*) => { gen_fence!($($a)*); };
+    (atom, $($a:tt)*) => { gen_atom!($($a)*); };
+    (cas, $($a:tt)*) => { gen_cas!($($a)*); };
 }
 
-macro_rules! atom_cells {
-    ($scope:ident,) => {
-        atom_cells_sem!($scope, relaxed, Relaxed, Relaxed);
-        atom_cells_sem!($scope, acquire, Acquire, Acquire);
-        atom_cells_sem!($scope, release, Release, Relaxed);
-        atom_cells_sem!($scope, acq_rel, AcqRel, Acquire);
-    };
-}
-
-for_scopes!(ld_st_cells!());
-for_scopes!(atom_cells!());
+crate::ordering_table!(gen_cell);
 
 // ---------------------------------------------------------------------------
 // Plain wide stores (no ordering)

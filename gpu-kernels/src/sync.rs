@@ -1,27 +1,114 @@
 //! Tier 2: memory-ordering helpers as documented publish/observe pairs, and
-//! bounded spins.
+//! **the** bounded spin every wait of the device crate uses.
 //!
 //! | publisher (one thread)                 | observer (one thread)                        | scope |
 //! |----------------------------------------|----------------------------------------------|-------|
 //! | [`publish_gpu`] after writing the data | [`wait_ge_gpu`] before reading it            | gpu: blocks of one GPU |
 //! | [`publish_sys`]                        | [`wait_ge_sys`]                              | sys: peers, host, NIC  |
 //!
-//! Every spin is bounded by a budget in nanoseconds of `%globaltimer`; on
-//! expiry the wait returns [`Timeout`] with the value it last saw, so the
-//! caller can report which rank, which operation, expected and seen — never
-//! hang.
+//! Every spin — these pairs, the transports' `wait_until`/`barrier`, the
+//! mlx5 send queue's turn-taking and the CQ poll — runs through [`Spin`]: a
+//! deadline from `%globaltimer`, a poll cadence (the clock is read every
+//! [`CLOCK_EVERY`] polls, since reading it costs about as much as a poll),
+//! and one back-off policy (tight polling first for latency, then
+//! `nanosleep` doubling up to [`MAX_BACKOFF_NS`] to spare the memory system).
+//! When the budget runs out the wait returns [`Timeout`] with the value it
+//! last saw, so the caller can report which rank, which operation, expected
+//! and seen — never hang.
 
 use crate::ptx;
 
-/// A bounded wait ran out of budget.
+/// A bounded wait ran out of budget: the one name for "budget exhausted".
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Timeout {
-    /// The value the flag held when the wait gave up.
+    /// The value the waited word held when the wait gave up.
     pub seen: u64,
 }
 
 /// Default spin budget: 10 s.
 pub const DEFAULT_BUDGET_NS: u64 = 10_000_000_000;
+/// Polls between two reads of `%globaltimer` on the GPU.
+pub const CLOCK_EVERY: u32 = 32;
+/// Polls of tight spinning before the back-off starts (GPU).
+pub const TIGHT_POLLS: u32 = 4096;
+/// Longest back-off sleep, ns.
+pub const MAX_BACKOFF_NS: u32 = 1024;
+
+/// The bounded spin: create it when a wait starts, call [`Spin::again`]
+/// after every unsuccessful poll.
+///
+/// ```
+/// # use doorbell_kernels::sync::Spin;
+/// let mut spin = Spin::new(1_000_000);
+/// let mut polls = 0;
+/// while polls < 10 {           // the condition being waited for
+///     if !spin.again() { break } // budget exhausted: report and return
+///     polls += 1;
+/// }
+/// ```
+pub struct Spin {
+    start: u64,
+    budget_ns: u64,
+    polls: u32,
+    backoff: u32,
+}
+
+impl Spin {
+    /// Starts a wait with `budget_ns` of `%globaltimer`.
+    #[inline(always)]
+    pub fn new(budget_ns: u64) -> Spin {
+        Spin {
+            start: ptx::globaltimer_ns(),
+            budget_ns,
+            polls: 0,
+            backoff: 32,
+        }
+    }
+
+    /// After an unsuccessful poll: `true` to poll again, `false` once the
+    /// budget is exhausted. Sleeps per the back-off policy.
+    #[inline(always)]
+    pub fn again(&mut self) -> bool {
+        self.polls = self.polls.wrapping_add(1);
+        // On the emulator every poll yields: its "threads" share few CPUs.
+        let gpu = cfg!(target_arch = "nvptx64");
+        if gpu && self.polls % CLOCK_EVERY != 0 {
+            return true;
+        }
+        if ptx::globaltimer_ns().wrapping_sub(self.start) > self.budget_ns {
+            return false;
+        }
+        if !gpu || self.polls > TIGHT_POLLS {
+            ptx::nanosleep(self.backoff);
+            self.backoff = (self.backoff * 2).min(MAX_BACKOFF_NS);
+        }
+        true
+    }
+
+    /// Progress was made: the budget starts again (a queue that moves is
+    /// not stuck, however long it takes in total).
+    #[inline(always)]
+    pub fn restart(&mut self) {
+        self.start = ptx::globaltimer_ns();
+        self.polls = 0;
+        self.backoff = 32;
+    }
+}
+
+/// Polls `load` until `done(value)` holds, within `budget_ns`.
+#[inline(always)]
+pub fn spin_until(budget_ns: u64, mut load: impl FnMut() -> u64, done: impl Fn(u64) -> bool) -> Result<u64, Timeout> {
+    let mut spin = Spin::new(budget_ns);
+    loop {
+        let v = load();
+        if done(v) {
+            return Ok(v);
+        }
+        if !spin.again() {
+            return Err(Timeout { seen: v });
+        }
+    }
+}
 
 /// Publishes `value` at `flag` with release semantics at GPU scope: every
 /// write this thread made before (and, after a block barrier, its block's
@@ -48,7 +135,7 @@ pub unsafe fn publish_gpu(flag: *mut u32, value: u32) {
 #[inline(always)]
 pub unsafe fn wait_ge_gpu(flag: *const u32, target: u32, budget_ns: u64) -> Result<u32, Timeout> {
     // SAFETY: caller's contract.
-    spin_until_ge(|| unsafe { ptx::ld_acquire_gpu_u32(flag) }, target, budget_ns)
+    spin_until(budget_ns, || unsafe { ptx::ld_acquire_gpu_u32(flag) } as u64, |v| v >= target as u64).map(|v| v as u32)
 }
 
 /// [`publish_gpu`] at system scope: visible to peer GPUs, the host and NICs.
@@ -70,24 +157,5 @@ pub unsafe fn publish_sys(flag: *mut u32, value: u32) {
 #[inline(always)]
 pub unsafe fn wait_ge_sys(flag: *const u32, target: u32, budget_ns: u64) -> Result<u32, Timeout> {
     // SAFETY: caller's contract.
-    spin_until_ge(|| unsafe { ptx::ld_acquire_sys_u32(flag) }, target, budget_ns)
-}
-
-/// The bounded spin behind the waits: `load` until it returns `>= target`,
-/// backing off with `nanosleep`, for at most `budget_ns`.
-#[inline(always)]
-fn spin_until_ge(load: impl Fn() -> u32, target: u32, budget_ns: u64) -> Result<u32, Timeout> {
-    let start = ptx::globaltimer_ns();
-    let mut backoff = 32u32;
-    loop {
-        let v = load();
-        if v >= target {
-            return Ok(v);
-        }
-        if ptx::globaltimer_ns().wrapping_sub(start) > budget_ns {
-            return Err(Timeout { seen: v as u64 });
-        }
-        ptx::nanosleep(backoff);
-        backoff = (backoff * 2).min(1024);
-    }
+    spin_until(budget_ns, || unsafe { ptx::ld_acquire_sys_u32(flag) } as u64, |v| v >= target as u64).map(|v| v as u32)
 }

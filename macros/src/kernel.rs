@@ -1,12 +1,14 @@
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote};
-use syn::{parse::Parser, punctuated::Punctuated, FnArg, Ident, ItemFn, Pat, Token, Type};
+use syn::{parse::Parser, punctuated::Punctuated, visit_mut::VisitMut, FnArg, Ident, ItemFn, Meta, Pat, Path, Token, Type};
 
 /// Parsed model of `#[kernel(...)] fn ...`.
 struct KernelModel {
     item: ItemFn,
     hot: bool,
     params: Vec<(Ident, Type)>,
+    /// `transports(A, B)`: instantiate the generic body once per type.
+    transports: Vec<Path>,
 }
 
 pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
@@ -28,20 +30,27 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
 
 fn parse(attr: TokenStream, item: ItemFn) -> syn::Result<KernelModel> {
     let mut hot = false;
+    let mut transports = Vec::new();
     let mut errors: Option<syn::Error> = None;
     let mut push = |e: syn::Error| match &mut errors {
         Some(all) => all.combine(e),
         None => errors = Some(e),
     };
-    let opts = Punctuated::<Ident, Token![,]>::parse_terminated.parse2(attr)?;
+    let opts = Punctuated::<Meta, Token![,]>::parse_terminated.parse2(attr)?;
     for opt in opts {
-        if opt == "hot" {
-            hot = true;
-        } else {
-            push(syn::Error::new_spanned(
-                &opt,
-                format!("unknown kernel option `{opt}`; expected `hot`"),
-            ));
+        match &opt {
+            Meta::Path(p) if p.is_ident("hot") => hot = true,
+            Meta::List(l) if l.path.is_ident("transports") => {
+                match Punctuated::<Path, Token![,]>::parse_terminated.parse2(l.tokens.clone()) {
+                    Ok(list) if !list.is_empty() => transports.extend(list),
+                    Ok(_) => push(syn::Error::new_spanned(l, "`transports(...)` needs at least one transport type")),
+                    Err(e) => push(e),
+                }
+            }
+            other => push(syn::Error::new_spanned(
+                other,
+                "unknown kernel option; expected `hot` or `transports(Type, ...)`",
+            )),
         }
     }
     let mut params = Vec::new();
@@ -56,7 +65,12 @@ fn parse(attr: TokenStream, item: ItemFn) -> syn::Result<KernelModel> {
     }
     match errors {
         Some(e) => Err(e),
-        None => Ok(KernelModel { item, hot, params }),
+        None => Ok(KernelModel {
+            item,
+            hot,
+            params,
+            transports,
+        }),
     }
 }
 
@@ -69,11 +83,23 @@ fn validate(m: &KernelModel) -> syn::Result<()> {
             "a kernel must be an `unsafe fn`: it runs on raw device pointers the launcher cannot check",
         ));
     }
-    if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
-        errors.push(syn::Error::new_spanned(
-            &sig.generics,
-            "a kernel cannot be generic: PTX entry points are monomorphic",
-        ));
+    if m.transports.is_empty() {
+        if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
+            errors.push(syn::Error::new_spanned(
+                &sig.generics,
+                "a kernel cannot be generic: PTX entry points are monomorphic \
+                 (a body generic over its transport takes `#[kernel(transports(P2p, ...))]`)",
+            ));
+        }
+    } else {
+        let types: Vec<_> = sig.generics.type_params().collect();
+        let only_one_type = types.len() == 1 && sig.generics.params.len() == 1;
+        if !only_one_type {
+            errors.push(syn::Error::new_spanned(
+                &sig.generics,
+                "`transports(...)` needs exactly one generic type parameter, the transport: `fn k<T: Transport>(t: T, ...)`",
+            ));
+        }
     }
     if let syn::ReturnType::Type(_, ty) = &sig.output {
         errors.push(syn::Error::new_spanned(
@@ -108,7 +134,115 @@ fn validate(m: &KernelModel) -> syn::Result<()> {
     }
 }
 
+/// Replaces the generic parameter `from` by the type `to` in a type.
+struct Substitute<'a> {
+    from: &'a Ident,
+    to: &'a Path,
+}
+
+impl VisitMut for Substitute<'_> {
+    fn visit_type_mut(&mut self, ty: &mut Type) {
+        if let Type::Path(tp) = ty {
+            if tp.qself.is_none() && tp.path.is_ident(self.from) {
+                *ty = Type::Path(syn::TypePath {
+                    qself: None,
+                    path: self.to.clone(),
+                });
+                return;
+            }
+        }
+        syn::visit_mut::visit_type_mut(self, ty);
+    }
+}
+
+/// `P2p` → `p2p`, `SoftNicIbgda` → `soft_nic_ibgda`.
+fn snake(ident: &Ident) -> String {
+    let mut out = String::new();
+    let s = ident.to_string();
+    let chars: Vec<char> = s.chars().collect();
+    for (i, c) in chars.iter().enumerate() {
+        if c.is_uppercase() && i > 0 && (chars[i - 1].is_lowercase() || chars[i - 1].is_ascii_digit()) {
+            out.push('_');
+        }
+        out.extend(c.to_lowercase());
+    }
+    out
+}
+
+/// `#[kernel(transports(A, B))] fn k<T: Transport>(...)`: the generic body
+/// stays a plain (inlined) function `k`; each transport gets an entry point
+/// `k_a`, `k_b` that calls it, and the marker `k` maps each transport to
+/// its entry through `doorbell_kernels::ForTransport`.
+fn generate_instances(m: &KernelModel) -> TokenStream {
+    let ItemFn { attrs, vis, sig, block } = &m.item;
+    let name = &sig.ident;
+    let generic = sig.generics.type_params().next().map(|p| p.ident.clone()).expect("validated");
+    let names: Vec<&Ident> = m.params.iter().map(|(n, _)| n).collect();
+    let docs: Vec<_> = attrs.iter().filter(|a| a.path().is_ident("doc")).collect();
+    let mut out = quote! {
+        #(#attrs)*
+        #[inline(always)]
+        #[allow(clippy::missing_safety_doc, clippy::too_many_arguments)]
+        #vis #sig #block
+
+        #[cfg(not(target_arch = "nvptx64"))]
+        #[doc = concat!("Launch marker of the `", stringify!(#name), "` kernel family: `<", stringify!(#name), " as ForTransport<T>>::Kernel` is the entry for transport `T`.")]
+        #[allow(non_camel_case_types)]
+        #vis struct #name {}
+    };
+    for tr in &m.transports {
+        let last = &tr.segments.last().expect("a path has a segment").ident;
+        let entry = format_ident!("{}_{}", name, snake(last));
+        let mut inst_sig = sig.clone();
+        inst_sig.ident = entry.clone();
+        inst_sig.generics = syn::Generics::default();
+        let mut sub = Substitute { from: &generic, to: tr };
+        for input in inst_sig.inputs.iter_mut() {
+            if let FnArg::Typed(pt) = input {
+                sub.visit_type_mut(&mut pt.ty);
+            }
+        }
+        let inst = ItemFn {
+            attrs: docs.iter().map(|a| (*a).clone()).collect(),
+            vis: vis.clone(),
+            sig: inst_sig,
+            block: Box::new(syn::parse_quote! {{
+                // SAFETY: the entry's contract is the generic body's.
+                unsafe { #name::<#tr>( #( #names ),* ) }
+            }}),
+        };
+        let params = m
+            .params
+            .iter()
+            .map(|(n, t)| {
+                let mut t = t.clone();
+                sub.visit_type_mut(&mut t);
+                (n.clone(), t)
+            })
+            .collect();
+        let inst_model = KernelModel {
+            item: inst,
+            hot: m.hot,
+            params,
+            transports: Vec::new(),
+        };
+        let entry_tokens = generate(&inst_model);
+        out.extend(quote! {
+            #entry_tokens
+
+            #[cfg(not(target_arch = "nvptx64"))]
+            impl ::doorbell_kernels::ForTransport<#tr> for #name {
+                type Kernel = #entry;
+            }
+        });
+    }
+    out
+}
+
 fn generate(m: &KernelModel) -> TokenStream {
+    if !m.transports.is_empty() {
+        return generate_instances(m);
+    }
     let ItemFn { attrs, vis, sig, block } = &m.item;
     let name = &sig.ident;
     let name_str = name.to_string();

@@ -2,6 +2,9 @@
 
 use doorbell::{Backend, Device};
 
+/// The PTX of the test kernel crate (`tests/kernels`), built by `tests/build.rs`.
+pub const TEST_KERNELS_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/doorbell_test_kernels.ptx"));
+
 /// The devices a behaviour test runs on: always the CPU emulator, plus GPU 0
 /// when one is present. `DOORBELL_TEST_REQUIRE_GPU=1` makes a missing GPU a
 /// failure (used on the GPU machine, so a GPU run cannot silently become an

@@ -5,8 +5,9 @@
 use std::time::Duration;
 
 use doorbell::comm::{CommOptions, Communicator, PeerRoute};
-use doorbell::{Backend, Error, LaunchConfig, KERNELS_PTX};
-use doorbell_kernels::testing::{p2p_barrier_rounds, p2p_ring, p2p_wait_forever, STATUS_OK};
+use doorbell::{Backend, Error, LaunchConfig};
+use doorbell_tests::TEST_KERNELS_PTX;
+use doorbell_test_kernels::testing::{p2p_barrier_rounds, ring_p2p, p2p_wait_forever, STATUS_OK};
 
 fn backends() -> Vec<Backend> {
     doorbell_tests::backends().iter().map(|d| d.backend()).collect()
@@ -26,8 +27,8 @@ fn ring(backend: Backend, ranks: usize, bytes: usize, offset: usize, use_warp: b
     };
     Communicator::local(ranks, backend, opts, |comm| {
         let dev = comm.device();
-        let m = dev.load_module(KERNELS_PTX)?;
-        let f = m.function::<p2p_ring>()?;
+        let m = dev.load_module(TEST_KERNELS_PTX)?;
+        let f = m.function::<ring_p2p>()?;
         let src = comm.alloc::<u8>(bytes.max(1))?;
         let dst = comm.alloc::<u8>(bytes + offset + 1)?;
         let got = comm.alloc::<u8>(bytes + offset + 1)?;
@@ -37,7 +38,7 @@ fn ring(backend: Backend, ranks: usize, bytes: usize, offset: usize, use_warp: b
         comm.barrier()?;
         let s = dev.new_stream()?;
         let threads = if dev.is_gpu() { 256 } else { 64 };
-        // SAFETY: sizes as p2p_ring documents.
+        // SAFETY: sizes as ring_p2p documents.
         unsafe {
             s.launch(
                 &f,
@@ -116,7 +117,7 @@ fn barrier_rounds_count_every_rank() {
             let rounds = 25u32;
             let totals = Communicator::local(ranks, backend, CommOptions::default(), |comm| {
                 let dev = comm.device();
-                let m = dev.load_module(KERNELS_PTX)?;
+                let m = dev.load_module(TEST_KERNELS_PTX)?;
                 let f = m.function::<p2p_barrier_rounds>()?;
                 let counter = comm.alloc::<u64>(1)?;
                 let mut status = dev.alloc_zeroed::<u32>(1)?;
@@ -150,7 +151,7 @@ fn a_peer_that_never_signals_is_an_error_not_a_hang() {
         };
         let errs = Communicator::local(2, backend, opts, |comm| {
             let dev = comm.device();
-            let m = dev.load_module(KERNELS_PTX)?;
+            let m = dev.load_module(TEST_KERNELS_PTX)?;
             let f = m.function::<p2p_wait_forever>()?;
             let sig = comm.alloc::<u64>(4)?;
             let mut status = dev.alloc_zeroed::<u32>(1)?;
@@ -167,7 +168,7 @@ fn a_peer_that_never_signals_is_an_error_not_a_hang() {
                 };
                 let r = comm.synchronize(&s);
                 assert!(t0.elapsed() < Duration::from_secs(30), "the wait was not bounded");
-                assert_eq!(status.to_host()?[0], doorbell_kernels::testing::STATUS_TIMEOUT);
+                assert_eq!(status.to_host()?[0], doorbell_test_kernels::testing::STATUS_TIMEOUT);
                 // Reported once: a second check is clean.
                 comm.check()?;
                 return Ok(Some(r.unwrap_err()));

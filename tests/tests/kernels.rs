@@ -1,12 +1,13 @@
 //! Behaviour of kernels on every backend: the same source, the same results.
 
-use doorbell::{Backend, Device, Error, LaunchConfig, KERNELS_PTX};
-use doorbell_kernels::examples::fused_multiply_add;
-use doorbell_kernels::testing::{self, atomics_and_fences, record_indices, shuffle_barrier_flag, trap_in_one_thread};
+use doorbell::{Backend, Device, Error, LaunchConfig};
+use doorbell_tests::TEST_KERNELS_PTX;
+use doorbell_example_kernels::fused_multiply_add;
+use doorbell_test_kernels::testing::{self, atomics_and_fences, record_indices, shuffle_barrier_flag, trap_in_one_thread};
 use doorbell_tests::backends;
 
 fn run_shuffle_barrier_flag(dev: &Device, threads: u32) -> Vec<u32> {
-    let module = dev.load_module(KERNELS_PTX).unwrap();
+    let module = dev.load_module(TEST_KERNELS_PTX).unwrap();
     let f = module.function::<shuffle_barrier_flag>().unwrap();
     let input: Vec<u32> = (0..threads).map(|i| i.wrapping_mul(2_654_435_761) >> 7).collect();
     let dinput = dev.alloc_from(&input).unwrap();
@@ -61,7 +62,7 @@ fn fused_multiply_add_is_bit_exact_on_every_backend() {
     let c: Vec<f32> = (0..n).map(|i| (i % 17) as f32 * -0.1).collect();
     let want: Vec<u32> = (0..n).map(|i| a[i].mul_add(b[i], c[i]).to_bits()).collect();
     for dev in backends() {
-        let m = dev.load_module(KERNELS_PTX).unwrap();
+        let m = dev.load_module(doorbell_examples::USER_KERNELS_PTX).unwrap();
         let f = m.function::<fused_multiply_add>().unwrap();
         let (da, db, dc) = (
             dev.alloc_from(&a).unwrap(),
@@ -94,7 +95,7 @@ fn thread_block_grid_indices_and_lanes_match_cuda_numbering() {
     };
     let threads = 2 * 3 * 8 * 4 * 2;
     for dev in backends() {
-        let m = dev.load_module(KERNELS_PTX).unwrap();
+        let m = dev.load_module(TEST_KERNELS_PTX).unwrap();
         let f = m.function::<record_indices>().unwrap();
         let mut out = dev.alloc_zeroed::<u32>(threads * 9).unwrap();
         let s = dev.new_stream().unwrap();
@@ -125,7 +126,7 @@ fn thread_block_grid_indices_and_lanes_match_cuda_numbering() {
 #[test]
 fn atomics_count_every_thread_and_release_acquire_publishes_the_total() {
     for dev in backends() {
-        let m = dev.load_module(KERNELS_PTX).unwrap();
+        let m = dev.load_module(TEST_KERNELS_PTX).unwrap();
         let f = m.function::<atomics_and_fences>().unwrap();
         let mut counter = dev.alloc_zeroed::<u32>(1).unwrap();
         let mut done = dev.alloc_zeroed::<u32>(1).unwrap();
@@ -150,7 +151,7 @@ fn atomics_count_every_thread_and_release_acquire_publishes_the_total() {
 #[test]
 fn a_trapping_thread_fails_the_launch_instead_of_hanging() {
     let dev = Device::emulator(0);
-    let m = dev.load_module(KERNELS_PTX).unwrap();
+    let m = dev.load_module(TEST_KERNELS_PTX).unwrap();
     let f = m.function::<trap_in_one_thread>().unwrap();
     let s = dev.new_stream().unwrap();
     // SAFETY: no pointers.
@@ -177,7 +178,7 @@ fn a_trapping_thread_fails_the_launch_instead_of_hanging() {
 #[test]
 fn bad_launch_shapes_are_errors() {
     for dev in backends() {
-        let m = dev.load_module(KERNELS_PTX).unwrap();
+        let m = dev.load_module(TEST_KERNELS_PTX).unwrap();
         let f = m.function::<trap_in_one_thread>().unwrap();
         let s = dev.new_stream().unwrap();
         for cfg in [
@@ -195,7 +196,7 @@ fn bad_launch_shapes_are_errors() {
 #[test]
 fn emulator_refuses_launches_needing_too_many_threads() {
     let dev = Device::emulator(0);
-    let m = dev.load_module(KERNELS_PTX).unwrap();
+    let m = dev.load_module(TEST_KERNELS_PTX).unwrap();
     let f = m.function::<trap_in_one_thread>().unwrap();
     let s = dev.new_stream().unwrap();
     // SAFETY: refused before running.
@@ -240,7 +241,7 @@ fn length_mismatch_is_reported() {
 #[test]
 fn mapped_memory_is_shared_between_host_and_kernel() {
     for dev in backends() {
-        let m = dev.load_module(KERNELS_PTX).unwrap();
+        let m = dev.load_module(TEST_KERNELS_PTX).unwrap();
         let f = m.function::<atomics_and_fences>().unwrap();
         let counter = dev.alloc_mapped::<u32>(1).unwrap();
         let done = dev.alloc_mapped::<u32>(1).unwrap();

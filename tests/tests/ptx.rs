@@ -10,6 +10,7 @@ fn modules() -> Vec<(&'static str, &'static str)> {
     vec![
         ("doorbell_kernels", doorbell::KERNELS_PTX),
         ("doorbell_example_kernels", doorbell_examples::USER_KERNELS_PTX),
+        ("doorbell_test_kernels", doorbell_tests::TEST_KERNELS_PTX),
     ]
 }
 
@@ -143,7 +144,7 @@ fn entry_body<'a>(ptx: &'a str, entry: &str) -> &'a str {
 
 #[test]
 fn every_ordering_primitive_emits_the_instruction_it_names() {
-    let ptx = doorbell::KERNELS_PTX;
+    let ptx = doorbell_tests::TEST_KERNELS_PTX;
     let goldens: Vec<&str> = ptx
         .lines()
         .filter_map(|l| l.trim().strip_prefix(".visible .entry golden_"))
@@ -170,6 +171,33 @@ fn every_ordering_primitive_emits_the_instruction_it_names() {
             "golden_{prim}: emits `{}`, expected `{want}`",
             asm[0]
         );
+    }
+}
+
+/// The `.entry` names of a PTX module.
+fn entries(ptx: &str) -> Vec<&str> {
+    ptx.lines()
+        .filter_map(|l| l.trim().strip_prefix(".visible .entry "))
+        .map(|s| s.split('(').next().unwrap_or(s))
+        .collect()
+}
+
+/// The library's PTX holds the library's kernels only: no golden, test,
+/// WQE-test, example or benchmark entry points (those live in their own
+/// kernel crates). Today the library ships no kernel of its own.
+#[test]
+fn library_ptx_holds_no_test_example_or_bench_kernels() {
+    let lib = entries(doorbell::KERNELS_PTX);
+    let library_kernels: &[&str] = &[];
+    assert_eq!(lib, library_kernels, "entry points in doorbell::KERNELS_PTX");
+    // The test and example kernels are built, just elsewhere.
+    let tests = entries(doorbell_tests::TEST_KERNELS_PTX);
+    for want in ["golden_fence_sc_sys", "ring_p2p", "ring_shadow", "mlx5_write_wqes", "divergent_barrier"] {
+        assert!(tests.contains(&want), "{want} missing from the test kernels: {tests:?}");
+    }
+    let examples = entries(doorbell_examples::USER_KERNELS_PTX);
+    for want in ["fused_multiply_add", "pingpong_p2p", "put_bw_p2p", "byte_histogram"] {
+        assert!(examples.contains(&want), "{want} missing from the example kernels: {examples:?}");
     }
 }
 

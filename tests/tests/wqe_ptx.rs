@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 
 fn ptx() -> Option<&'static str> {
-    let p = doorbell::KERNELS_PTX;
+    let p = doorbell_tests::TEST_KERNELS_PTX;
     if doorbell::ptx_is_built(p) {
         Some(p)
     } else {
@@ -22,7 +22,7 @@ fn ptx() -> Option<&'static str> {
 fn entry_body<'a>(ptx: &'a str, entry: &str) -> &'a str {
     let start = ptx
         .find(&format!(".entry {entry}("))
-        .unwrap_or_else(|| panic!("no entry {entry} in KERNELS_PTX"));
+        .unwrap_or_else(|| panic!("no entry {entry} in the test kernels"));
     let body = &ptx[start..];
     &body[..body.find("\n}\n").unwrap_or(body.len())]
 }

@@ -217,8 +217,7 @@ pub const fn counter_reached(seen: u16, target: u16) -> bool {
 pub unsafe fn poll_cq(qp: &QpHandle, wqe_counter: u16, budget_ns: u64) -> Result<Completion, CqError> {
     // SAFETY: the caller's contract; this thread owns the consumer index.
     let mut ci = unsafe { core::ptr::read_volatile(qp.cq_consumer) };
-    let mut t0 = ptx::globaltimer_ns();
-    let mut backoff = 32u32;
+    let mut spin = crate::sync::Spin::new(budget_ns);
     loop {
         // SAFETY: the entry is inside the ring.
         let cqe = unsafe { qp.cq.add(((ci & (qp.cq_size - 1)) as usize) * 16) };
@@ -226,7 +225,7 @@ pub unsafe fn poll_cq(qp: &QpHandle, wqe_counter: u16, budget_ns: u64) -> Result
         let last = unsafe { ptx::ld_acquire_sys_u32(cqe.add(15)) };
         let op_own = op_own_of(last);
         if !cqe_ready(op_own, ci, qp.cq_size) {
-            if ptx::globaltimer_ns().wrapping_sub(t0) > budget_ns {
+            if !spin.again() {
                 return Err(CqError::Timeout {
                     wqe_counter,
                     cq_index: ci,
@@ -234,8 +233,6 @@ pub unsafe fn poll_cq(qp: &QpHandle, wqe_counter: u16, budget_ns: u64) -> Result
                     seen_op_own: op_own,
                 });
             }
-            ptx::nanosleep(backoff);
-            backoff = (backoff * 2).min(1024);
             continue;
         }
         let mut w = [0u32; 16];
@@ -263,8 +260,7 @@ pub unsafe fn poll_cq(qp: &QpHandle, wqe_counter: u16, budget_ns: u64) -> Result
             CqeState::Done(c) if counter_reached(c.wqe_counter, wqe_counter) => return Ok(c),
             CqeState::Done(_) => {
                 // An earlier batch's completion: keep going, with a fresh budget.
-                t0 = ptx::globaltimer_ns();
-                backoff = 32;
+                spin.restart();
             }
             CqeState::Error(e) => return Err(e),
             CqeState::Empty { .. } => {}

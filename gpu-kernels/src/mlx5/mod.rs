@@ -7,7 +7,6 @@
 //! | [`wqe`] | one WQE = one 64-byte basic block: [`WqeRequest`] → words ([`wqe_words`]) / bytes, and the per-lane device writers `write_*_wqe` |
 //! | [`queue`] | the device handle [`QpHandle`] and the send pipeline: [`reserve_wqe_slots_warp`] → `write_*_wqe` → `sync_warp` → [`submit`] ([`update_doorbell_record`], [`ring_doorbell`]) |
 //! | [`cq`] | [`poll_cq`]: owner-bit phase, opcode, `wqe_counter`, error syndromes, bounded by a budget |
-//! | [`kernels`] | `#[kernel]`s that build, post and poll, for tests and benchmarks |
 //! | `dump` (host) | the `wqe_dump` example's parser and formatter |
 //!
 //! WQE layouts: NOP = ctrl (ds 1); RDMA write / write-with-immediate / read
@@ -21,7 +20,6 @@
 //! `rdma_sys_ext::mlx5` and the header itself.
 
 pub mod cq;
-pub mod kernels;
 pub mod queue;
 pub mod segments;
 pub mod wqe;

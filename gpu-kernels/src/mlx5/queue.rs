@@ -152,20 +152,14 @@ pub unsafe fn ring_doorbell(qp: &QpHandle, ctrl_head: u64) {
 /// The handle's pointers are valid.
 #[inline(always)]
 pub unsafe fn submit(qp: &QpHandle, start: u32, count: u32, ctrl_head: u64, budget_ns: u64) -> Result<(), SubmitTimeout> {
-    let t0 = ptx::globaltimer_ns();
-    let mut backoff = 32u32;
-    loop {
-        // SAFETY: the caller's contract. Acquire pairs with the previous
-        // batch's release below: its doorbell happens before ours.
-        let seen = unsafe { ptx::ld_acquire_gpu_u32(qp.sq_ready) };
-        if seen == start {
-            break;
-        }
-        if ptx::globaltimer_ns().wrapping_sub(t0) > budget_ns {
-            return Err(SubmitTimeout { expected: start, seen });
-        }
-        ptx::nanosleep(backoff);
-        backoff = (backoff * 2).min(1024);
+    // SAFETY: the caller's contract. Acquire pairs with the previous
+    // batch's release below: its doorbell happens before ours.
+    let turn = crate::sync::spin_until(budget_ns, || unsafe { ptx::ld_acquire_gpu_u32(qp.sq_ready) } as u64, |v| v == start as u64);
+    if let Err(t) = turn {
+        return Err(SubmitTimeout {
+            expected: start,
+            seen: t.seen as u32,
+        });
     }
     let end = start.wrapping_add(count);
     // SAFETY: the caller's contract.

@@ -1,21 +1,8 @@
-//! Kernels used by the examples.
+//! Communication kernels of the examples: ping-pong, and the P2P
+//! benchmark's kernels with their raw floors.
 
-use crate::{kernel, ptx};
-
-/// `out[i] = a[i] * b[i] + c[i]` over `n` elements, grid-stride.
-#[kernel(hot)]
-pub unsafe fn fused_multiply_add(a: *const f32, b: *const f32, c: *const f32, out: *mut f32, n: u64) {
-    let mut i = ptx::global_thread_id_x() as u64;
-    let stride = ptx::grid_stride_x() as u64;
-    while i < n {
-        let k = i as usize;
-        // SAFETY: the launcher passes buffers of at least `n` elements.
-        unsafe { *out.add(k) = ptx::fma_f32(*a.add(k), *b.add(k), *c.add(k)) };
-        i += stride;
-    }
-}
-
-use crate::comm::{Cmp, P2p, SignalOp, Transport};
+use doorbell_kernels::{kernel, ptx};
+use doorbell_kernels::transport::{Cmp, CommError, P2p, SignalOp, Transport};
 
 /// Status word values written by communication kernels.
 pub const PINGPONG_OK: u32 = 1;
@@ -24,33 +11,16 @@ pub const PINGPONG_TIMEOUT: u32 = 2;
 
 /// Ping-pong between ranks 0 and 1 (other ranks idle). Each block owns the
 /// slice `[b*chunk, min((b+1)*chunk, bytes))` of `buf` and the signal word
-/// `sig[b]` (both symmetric). Iteration `i`: rank 0 puts its slice to rank 1
-/// and signals `sig[b] = i` there; rank 1 waits for it, puts the slice back
-/// and signals rank 0, which waits. With `bytes == 0` this is a pure signal
+/// `sig[b]` (both symmetric). Iteration `i`: rank 0 `put_signal`s its slice
+/// to rank 1 with `sig[b] = i` there; rank 1 waits for it and `put_signal`s
+/// the slice back; rank 0 waits. With `bytes == 0` this is a pure signal
 /// round trip. Signal values continue from `epoch0` (the value the previous
 /// launch ended at), so launches can follow each other without resetting.
-/// Rank 0's block `b` writes its elapsed ns to `out_ns[b]`;
-/// `status[b]` gets `PINGPONG_OK` or `PINGPONG_TIMEOUT`.
-#[kernel(hot)]
-pub unsafe fn pingpong(
-    t: P2p,
-    buf: *mut u8,
-    bytes: u64,
-    chunk: u64,
-    sig: *mut u64,
-    epoch0: u64,
-    iters: u32,
-    out_ns: *mut u64,
-    status: *mut u32,
-) {
-    // SAFETY: the host allocates `buf`, `sig` (one word per block) symmetrically
-    // and `out_ns`/`status` with one entry per block.
-    unsafe { pingpong_body(&t, buf, bytes, chunk, sig, epoch0, iters, out_ns, status) }
-}
-
-#[allow(clippy::too_many_arguments)]
-unsafe fn pingpong_body<T: Transport>(
-    t: &T,
+/// Rank 0's block `b` writes its elapsed ns to `out_ns[b]`; `status[b]`
+/// gets `PINGPONG_OK`, `PINGPONG_TIMEOUT` or `PINGPONG_ERROR`.
+#[kernel(hot, transports(P2p))]
+pub unsafe fn pingpong<T: Transport>(
+    t: T,
     buf: *mut u8,
     bytes: u64,
     chunk: u64,
@@ -68,7 +38,8 @@ unsafe fn pingpong_body<T: Transport>(
     let b = ptx::block_idx_x() as u64;
     let lo = (b * chunk).min(bytes);
     let hi = ((b + 1) * chunk).min(bytes);
-    // SAFETY: per the kernel's contract.
+    // SAFETY: the host allocates `buf`, `sig` (one word per block)
+    // symmetrically and `out_ns`/`status` with one entry per block.
     unsafe {
         let slice = buf.add(lo as usize);
         let my_sig = sig.add(b as usize);
@@ -80,32 +51,80 @@ unsafe fn pingpong_body<T: Transport>(
         ptx::sync_threads();
         let start = ptx::globaltimer_ns();
         for i in epoch0 + 1..=epoch0 + iters as u64 {
-            if me == 1 {
-                if first && t.wait_until(my_sig, Cmp::Ge, i).is_err() {
-                    *result = PINGPONG_TIMEOUT;
-                }
-                ptx::sync_threads();
-                if ptx::ld_relaxed_cta_u32(result) != PINGPONG_OK {
-                    return;
-                }
+            if me == 1 && !wait_block(&t, my_sig, i, result) {
+                return;
             }
-            t.put_block(slice, slice, hi - lo, peer);
-            ptx::sync_threads();
-            if first {
-                t.signal(my_sig, i, SignalOp::Set, peer);
+            if let Err(e) = t.put_signal_block(slice, slice, hi - lo, my_sig, i, SignalOp::Set, peer) {
+                if first {
+                    *result = status_of(e);
+                }
+                return;
             }
-            if me == 0 {
-                if first && t.wait_until(my_sig, Cmp::Ge, i).is_err() {
-                    *result = PINGPONG_TIMEOUT;
-                }
-                ptx::sync_threads();
-                if ptx::ld_relaxed_cta_u32(result) != PINGPONG_OK {
-                    return;
-                }
+            if me == 0 && !wait_block(&t, my_sig, i, result) {
+                return;
             }
         }
         if me == 0 && first {
             *out_ns.add(b as usize) = ptx::globaltimer_ns() - start;
+        }
+    }
+}
+
+/// A wait failed for another reason than its budget.
+pub const PINGPONG_ERROR: u32 = 3;
+
+fn status_of(e: CommError) -> u32 {
+    match e {
+        CommError::Timeout(_) => PINGPONG_TIMEOUT,
+        _ => PINGPONG_ERROR,
+    }
+}
+
+/// Thread 0 waits for `*sig >= i`; the block learns the outcome. False
+/// (status written) when the wait failed.
+#[inline(always)]
+unsafe fn wait_block<T: Transport>(t: &T, sig: *mut u64, i: u64, result: *mut u32) -> bool {
+    // SAFETY: the caller's symmetric word and status word.
+    unsafe {
+        if ptx::thread_rank_in_block() == 0 {
+            if let Err(e) = t.wait_until(sig, Cmp::Ge, i) {
+                *result = status_of(e);
+            }
+        }
+        ptx::sync_threads();
+        ptx::ld_relaxed_cta_u32(result) == PINGPONG_OK
+    }
+}
+
+/// The contract's signal round trip: one thread per rank, ranks 0 and 1.
+/// Rank 0 `signal`s `sig = i` on rank 1 and `wait_until`s its own `sig >=
+/// i`; rank 1 mirrors it. Every call goes through the transport with its
+/// argument checks. Rank 0 writes the elapsed ns to `out_ns`, every rank
+/// its status to `status`.
+#[kernel(hot, transports(P2p))]
+pub unsafe fn signal_pingpong<T: Transport>(t: T, sig: *mut u64, epoch0: u64, iters: u32, out_ns: *mut u64, status: *mut u32) {
+    let me = t.rank();
+    if me > 1 || ptx::thread_rank_in_block() != 0 || ptx::block_idx_x() != 0 {
+        return;
+    }
+    let peer = 1 - me;
+    // SAFETY: `sig` symmetric, `out_ns`/`status` one word each.
+    unsafe {
+        *status = PINGPONG_OK;
+        let start = ptx::globaltimer_ns();
+        for i in epoch0 + 1..=epoch0 + iters as u64 {
+            let r = if me == 0 {
+                t.signal(sig, i, SignalOp::Set, peer).and_then(|_| t.wait_until(sig, Cmp::Ge, i))
+            } else {
+                t.wait_until(sig, Cmp::Ge, i).and_then(|_| t.signal(sig, i, SignalOp::Set, peer).map(|_| i))
+            };
+            if let Err(e) = r {
+                *status = status_of(e);
+                return;
+            }
+        }
+        if me == 0 {
+            *out_ns = ptx::globaltimer_ns() - start;
         }
     }
 }
@@ -134,26 +153,11 @@ pub unsafe fn copy_raw(dst: *mut u8, src: *const u8, bytes: u64, iters: u32) {
 /// Put bandwidth: rank 0's blocks each put their slice of `src` (local) to
 /// `dst` (symmetric) on rank 1, `iters` times, then `quiet` and signal
 /// `sig` on rank 1 (add 1 per block). Rank 1 waits until `sig >= expect`.
-/// `status` gets `PINGPONG_OK` or `PINGPONG_TIMEOUT`.
-#[kernel(hot)]
-pub unsafe fn put_bw(t: P2p, dst: *mut u8, src: *const u8, bytes: u64, iters: u32, sig: *mut u64, expect: u64, status: *mut u32) {
-    // SAFETY: as documented; `status` one word, written by thread 0 of block 0.
-    unsafe { put_bw_body(&t, dst, src, bytes, iters, sig, expect, status) }
-}
-
-#[allow(clippy::too_many_arguments)]
-unsafe fn put_bw_body<T: Transport>(
-    t: &T,
-    dst: *mut u8,
-    src: *const u8,
-    bytes: u64,
-    iters: u32,
-    sig: *mut u64,
-    expect: u64,
-    status: *mut u32,
-) {
+/// `status` gets `PINGPONG_OK`, `PINGPONG_TIMEOUT` or `PINGPONG_ERROR`.
+#[kernel(hot, transports(P2p))]
+pub unsafe fn put_bw<T: Transport>(t: T, dst: *mut u8, src: *const u8, bytes: u64, iters: u32, sig: *mut u64, expect: u64, status: *mut u32) {
     let first = ptx::thread_rank_in_block() == 0;
-    // SAFETY: per the kernel's contract.
+    // SAFETY: as documented; `status` one word, written by thread 0 of block 0.
     unsafe {
         if t.rank() == 0 {
             let blocks = ptx::grid_dim_x() as u64;
@@ -161,22 +165,24 @@ unsafe fn put_bw_body<T: Transport>(
             let b = ptx::block_idx_x() as u64;
             let lo = (b * chunk).min(bytes);
             let hi = ((b + 1) * chunk).min(bytes);
+            let mut r = Ok(());
             for _ in 0..iters {
-                t.put_block(dst.add(lo as usize), src.add(lo as usize), hi - lo, 1);
+                r = r.and(t.put_nbi_block(dst.add(lo as usize), src.add(lo as usize), hi - lo, 1));
             }
             ptx::sync_threads();
             if first {
-                t.quiet();
-                t.signal(sig, 1, SignalOp::Add, 1);
-                if b == 0 {
-                    *status = PINGPONG_OK;
+                r = r.and_then(|_| t.quiet()).and_then(|_| t.signal(sig, 1, SignalOp::Add, 1));
+                if b == 0 || r.is_err() {
+                    *status = match r {
+                        Ok(()) => PINGPONG_OK,
+                        Err(e) => status_of(e),
+                    };
                 }
             }
         } else if t.rank() == 1 && first && ptx::block_idx_x() == 0 {
-            *status = if t.wait_until(sig, Cmp::Ge, expect).is_ok() {
-                PINGPONG_OK
-            } else {
-                PINGPONG_TIMEOUT
+            *status = match t.wait_until(sig, Cmp::Ge, expect) {
+                Ok(_) => PINGPONG_OK,
+                Err(e) => status_of(e),
             };
         }
     }

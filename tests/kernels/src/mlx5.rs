@@ -2,10 +2,10 @@
 //! against the host encoder and rdma-core's helpers), the doorbell sequence
 //! and benchmarks.
 
-use super::cq::{encode_poll_result, poll_cq, POLL_RESULT_WORDS};
-use super::queue::{post_batch_warp, QpHandle};
-use super::wqe::{store_wqe, wqe_words, write_wqe, WqeRequest};
-use crate::{kernel, ptx};
+use doorbell_kernels::mlx5::cq::{encode_poll_result, poll_cq, POLL_RESULT_WORDS};
+use doorbell_kernels::mlx5::queue::{post_batch_warp, QpHandle};
+use doorbell_kernels::mlx5::wqe::{store_wqe, wqe_words, write_wqe, WqeRequest};
+use doorbell_kernels::{kernel, ptx};
 
 /// Builds WQE `i` of `reqs[0..n]` into `out[16 i .. 16 i + 16]` (64 bytes
 /// each, 16-byte aligned), one WQE per thread, grid-stride. The requests'

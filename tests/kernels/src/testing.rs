@@ -1,7 +1,7 @@
 //! Kernels used by doorbell's own tests (behaviour that must match on the GPU
 //! and the CPU emulator).
 
-use crate::{kernel, ptx, sync};
+use doorbell_kernels::{kernel, ptx, sync};
 
 /// Error codes written to `status`.
 pub const STATUS_OK: u32 = 1;
@@ -118,7 +118,12 @@ pub unsafe fn atomics_and_fences(counter: *mut u32, done: *mut u32, out: *mut u3
     }
 }
 
-use crate::comm::{Cmp, P2p, SignalOp, Transport};
+use crate::contract::Shadow;
+use doorbell_kernels::transport::{Cmp, P2p, SignalOp, Transport};
+
+/// A failed transport call's status: `STATUS_TIMEOUT` for a timeout, else
+/// `STATUS_ERROR`.
+pub const STATUS_ERROR: u32 = 3;
 
 /// Ring exchange exercising put/get/signal/wait/barrier on every rank:
 /// 1. rank r puts `src[..bytes]` (local) to `dst + offset` on rank r+1 with
@@ -127,10 +132,11 @@ use crate::comm::{Cmp, P2p, SignalOp, Transport};
 /// 2. barrier across ranks;
 /// 3. gets `bytes` from rank r-1's `src` into local `got + offset`.
 ///
-/// `status` is set to `STATUS_OK` or `STATUS_TIMEOUT`. One block per rank.
-#[kernel]
-pub unsafe fn p2p_ring(
-    t: P2p,
+/// `status` is set to `STATUS_OK`, `STATUS_TIMEOUT` or `STATUS_ERROR`. One
+/// block per rank. One body, an entry per transport: `ring_p2p`, `ring_shadow`.
+#[kernel(transports(P2p, Shadow))]
+pub unsafe fn ring<T: Transport>(
+    t: T,
     src: *mut u8,
     dst: *mut u8,
     got: *mut u8,
@@ -141,42 +147,32 @@ pub unsafe fn p2p_ring(
     use_warp: u32,
     status: *mut u32,
 ) {
-    // SAFETY: per the contract above.
-    unsafe { p2p_ring_body(&t, src, dst, got, bytes, offset, sig, expected, use_warp != 0, status) }
-}
-
-#[allow(clippy::too_many_arguments)]
-unsafe fn p2p_ring_body<T: Transport>(
-    t: &T,
-    src: *mut u8,
-    dst: *mut u8,
-    got: *mut u8,
-    bytes: u64,
-    offset: u64,
-    sig: *mut u64,
-    expected: u64,
-    use_warp: bool,
-    status: *mut u32,
-) {
     let n = t.world_size();
     let me = t.rank();
     let next = (me + 1) % n;
     let prev = (me + n - 1) % n;
     let first = ptx::thread_rank_in_block() == 0;
+    let use_warp = use_warp != 0;
     // SAFETY: per the kernel's contract.
     unsafe {
+        let mut ok = true;
         if use_warp {
             if ptx::warp_id_in_block() == 0 {
-                t.put_warp(dst.add(offset as usize), src, bytes, next);
+                ok = t.put_warp(dst.add(offset as usize), src, bytes, next).is_ok();
             }
         } else {
-            t.put_block(dst.add(offset as usize), src, bytes, next);
+            ok = t.put_block(dst.add(offset as usize), src, bytes, next).is_ok();
+        }
+        if !ok {
+            *status = STATUS_ERROR;
         }
         ptx::sync_threads();
-        if first {
-            t.signal(sig, 1, SignalOp::Add, next);
-            let ok = t.wait_until(sig, Cmp::Ge, expected).is_ok();
-            *status = if ok { STATUS_OK } else { STATUS_TIMEOUT };
+        if first && ptx::ld_relaxed_cta_u32(status) != STATUS_ERROR {
+            *status = match t.signal(sig, 1, SignalOp::Add, next).and_then(|_| t.wait_until(sig, Cmp::Ge, expected)) {
+                Ok(_) => STATUS_OK,
+                Err(doorbell_kernels::transport::CommError::Timeout(_)) => STATUS_TIMEOUT,
+                Err(_) => STATUS_ERROR,
+            };
         }
         ptx::sync_threads();
         if ptx::ld_relaxed_cta_u32(status) != STATUS_OK {
@@ -188,12 +184,17 @@ unsafe fn p2p_ring_body<T: Transport>(
             }
             return;
         }
-        if use_warp {
+        let r = if use_warp {
             if ptx::warp_id_in_block() == 0 {
-                t.get_warp(got.add(offset as usize), src, bytes, prev);
+                t.get_warp(got.add(offset as usize), src, bytes, prev)
+            } else {
+                Ok(())
             }
         } else {
-            t.get_block(got.add(offset as usize), src, bytes, prev);
+            t.get_block(got.add(offset as usize), src, bytes, prev)
+        };
+        if r.is_err() {
+            *status = STATUS_ERROR;
         }
     }
 }
@@ -225,8 +226,9 @@ pub unsafe fn p2p_barrier_rounds(t: P2p, counter: *mut u64, rounds: u32, status:
                 }
                 return;
             }
-            if first {
-                t.signal(counter, t.rank() as u64 + 1, SignalOp::Add, 0);
+            if first && t.signal(counter, t.rank() as u64 + 1, SignalOp::Add, 0).is_err() {
+                *status = STATUS_ERROR;
+                return;
             }
         }
         if t.barrier_block().is_err() {

@@ -1,0 +1,167 @@
+//! The runtime's header at the start of every symmetric heap, and the
+//! error record a kernel leaves there for the host.
+//!
+//! | offset | bytes | what |
+//! |---|---|---|
+//! | 0 | 8 × [`MAX_RANKS`] | barrier slots: slot `r` holds rank `r`'s latest barrier epoch |
+//! | [`EPOCH_OFFSET`] | 8 | this rank's barrier epoch (local) |
+//! | [`REPORT_OFFSET`] | 128 | the first [`ErrorReport`] of this rank (host reads and clears it) |
+//! | [`BLOCK_RESULT_OFFSET`] | 8 | result word of `barrier_block` |
+//!
+//! User allocations start at [`HEAP_RESERVED`]; transports refuse ranges
+//! that reach into the header.
+
+/// Bytes at the start of every symmetric heap reserved for the runtime.
+pub const HEAP_RESERVED: u64 = 4096;
+/// Most ranks a communicator supports.
+pub const MAX_RANKS: u32 = 256;
+/// Offset of the barrier epoch word (local to each rank).
+pub const EPOCH_OFFSET: u64 = MAX_RANKS as u64 * 8;
+/// Offset of the error report (its first word is the "present" flag).
+pub const REPORT_OFFSET: u64 = EPOCH_OFFSET + 64;
+/// Offset of the block-barrier result word.
+pub const BLOCK_RESULT_OFFSET: u64 = REPORT_OFFSET + 128;
+const _: () = assert!(BLOCK_RESULT_OFFSET + 8 <= HEAP_RESERVED);
+const _: () = assert!(REPORT_OFFSET + core::mem::size_of::<ErrorReport>() as u64 <= BLOCK_RESULT_OFFSET);
+
+/// What went wrong ([`ErrorReport::kind`]).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// A bounded wait ran out of budget.
+    Timeout = 1,
+    /// A completion came back with an error (RDMA transports).
+    Completion = 2,
+    /// The destination rank is not in the world.
+    BadPeer = 3,
+    /// The range is not inside the symmetric heap (or registered memory).
+    OutOfRange = 4,
+    /// A signal word is not 8-byte aligned.
+    Misaligned = 5,
+    /// A count argument is out of its range (e.g. more than 64 signal words).
+    BadCount = 6,
+}
+
+impl ErrorKind {
+    /// From the raw value in a report.
+    pub fn from_u32(v: u32) -> Option<ErrorKind> {
+        Some(match v {
+            1 => ErrorKind::Timeout,
+            2 => ErrorKind::Completion,
+            3 => ErrorKind::BadPeer,
+            4 => ErrorKind::OutOfRange,
+            5 => ErrorKind::Misaligned,
+            6 => ErrorKind::BadCount,
+            _ => return None,
+        })
+    }
+}
+
+/// Which device call failed ([`ErrorReport::call`]).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Call {
+    /// `put_*` (blocking).
+    Put = 1,
+    /// `put_nbi_*`.
+    PutNbi = 2,
+    /// `get_*` (blocking).
+    Get = 3,
+    /// `get_nbi_*`.
+    GetNbi = 4,
+    /// `put_signal_*`.
+    PutSignal = 5,
+    /// `put_signal_nbi_*`.
+    PutSignalNbi = 6,
+    /// `signal`.
+    Signal = 7,
+    /// `wait_until`.
+    WaitUntil = 8,
+    /// `wait_until_any`.
+    WaitUntilAny = 9,
+    /// `wait_until_all`.
+    WaitUntilAll = 10,
+    /// `wait_until_some`.
+    WaitUntilSome = 11,
+    /// `quiet` / `quiet_peer`.
+    Quiet = 12,
+    /// `barrier` / `barrier_block`.
+    Barrier = 13,
+}
+
+impl Call {
+    /// The API name, for messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Call::Put => "put",
+            Call::PutNbi => "put_nbi",
+            Call::Get => "get",
+            Call::GetNbi => "get_nbi",
+            Call::PutSignal => "put_signal",
+            Call::PutSignalNbi => "put_signal_nbi",
+            Call::Signal => "signal",
+            Call::WaitUntil => "wait_until",
+            Call::WaitUntilAny => "wait_until_any",
+            Call::WaitUntilAll => "wait_until_all",
+            Call::WaitUntilSome => "wait_until_some",
+            Call::Quiet => "quiet",
+            Call::Barrier => "barrier",
+        }
+    }
+    /// From the raw value in a report.
+    pub fn from_u32(v: u32) -> Option<Call> {
+        Some(match v {
+            1 => Call::Put,
+            2 => Call::PutNbi,
+            3 => Call::Get,
+            4 => Call::GetNbi,
+            5 => Call::PutSignal,
+            6 => Call::PutSignalNbi,
+            7 => Call::Signal,
+            8 => Call::WaitUntil,
+            9 => Call::WaitUntilAny,
+            10 => Call::WaitUntilAll,
+            11 => Call::WaitUntilSome,
+            12 => Call::Quiet,
+            13 => Call::Barrier,
+            _ => return None,
+        })
+    }
+}
+
+/// The first error of a rank's kernels, in its heap header. The first
+/// failing thread claims the record with a CAS on `present`, fills it, and
+/// publishes it; later errors leave it alone. The host reads and clears it
+/// (`Communicator::check`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ErrorReport {
+    /// 0: none; 1: being written; 2: complete.
+    pub present: u32,
+    /// Rank that failed.
+    pub rank: u32,
+    /// [`ErrorKind`] as u32.
+    pub kind: u32,
+    /// [`Call`] as u32.
+    pub call: u32,
+    /// The peer rank involved (`u32::MAX` when none).
+    pub peer: u32,
+    /// Block index of the thread that failed.
+    pub block: u32,
+    /// Timeouts: the comparison (`Cmp` as u32). Completion errors: the syndrome.
+    pub detail: u32,
+    /// Reserved, zero.
+    pub _pad: u32,
+    /// Offset in the symmetric heap of the word or range involved (wrapping
+    /// difference from the heap base: a huge value means below the heap).
+    pub offset: u64,
+    /// Bytes of the range (range errors); the count (count errors).
+    pub bytes: u64,
+    /// Timeouts: the value expected.
+    pub expected: u64,
+    /// Timeouts: the value last seen.
+    pub seen: u64,
+    /// Timeouts: the budget that ran out, ns.
+    pub budget_ns: u64,
+}
+const _: () = assert!(core::mem::size_of::<ErrorReport>() == 72);

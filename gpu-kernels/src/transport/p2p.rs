@@ -1,0 +1,455 @@
+//! The P2P transport: loads and stores straight into peers' symmetric heaps
+//! (same GPU, NVLink or PCIe peers; host memory on the emulator).
+
+use super::{Cmp, CommError, Coop, SignalOp, Transport};
+use crate::heap::{Call, ErrorKind, ErrorReport, BLOCK_RESULT_OFFSET, EPOCH_OFFSET, HEAP_RESERVED, REPORT_OFFSET};
+use crate::ptx;
+use crate::sync::{Spin, Timeout};
+
+/// Peers whose heap base is carried in the handle itself (kernel parameter
+/// space), so translating an address costs no dependent global load.
+/// Peers past these are read from the peer table.
+pub const NEAR_PEERS: usize = 8;
+
+/// The P2P transport's device handle. Plain `#[repr(C)]` data shared by
+/// host and device, made by `Communicator::p2p`; immutable for a kernel's
+/// life.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct P2p {
+    /// This rank.
+    pub rank: u32,
+    /// Number of ranks.
+    pub world: u32,
+    /// Heap size in bytes, header included (same on every rank).
+    pub heap_bytes: u64,
+    /// This rank's heap base.
+    pub local_base: u64,
+    /// Spin budget, ns.
+    pub budget_ns: u64,
+    /// 1 when every rank runs on this same GPU: signals and waits then use
+    /// `.gpu` scope, which is cheaper than `.sys` (peers on other GPUs,
+    /// processes on other GPUs, or the host need `.sys`).
+    pub same_gpu: u32,
+    /// Reserved, zero.
+    pub _pad: u32,
+    /// `world` entries: each rank's heap base mapped into this rank's
+    /// address space (entry `rank` is the local heap; 0: not reachable by
+    /// load/store).
+    pub peers: *const u64,
+    /// `peers[0..NEAR_PEERS]`, inline.
+    pub near: [u64; NEAR_PEERS],
+}
+const _: () = assert!(core::mem::size_of::<P2p>() == 48 + 8 * NEAR_PEERS);
+
+#[cfg(not(target_arch = "nvptx64"))]
+// SAFETY: #[repr(C)] plain data (integers and a pointer), 8-byte aligned,
+// matching the struct-by-value parameter of the PTX entry point.
+unsafe impl crate::KernelParam for P2p {}
+
+impl P2p {
+    /// Heap base of `peer` (`peer < world`, checked by the caller).
+    #[inline(always)]
+    fn base_of(&self, peer: u32) -> u64 {
+        if (peer as usize) < NEAR_PEERS {
+            // Constant indices: selects in registers, no local-memory copy
+            // of the parameter array.
+            let mut b = self.near[0];
+            let mut i = 1;
+            while i < NEAR_PEERS {
+                if peer as usize == i {
+                    b = self.near[i];
+                }
+                i += 1;
+            }
+            b
+        } else {
+            // SAFETY: `peers` has `world` entries and `peer < world`.
+            unsafe { *self.peers.add(peer as usize) }
+        }
+    }
+
+    #[inline(always)]
+    fn reserved(&self, offset: u64) -> *mut u64 {
+        (self.local_base + offset) as *mut u64
+    }
+
+    /// Records the first error of this rank (first reporter wins) and
+    /// returns it.
+    #[inline(never)]
+    fn fail(&self, e: CommError, call: Call, peer: u32, offset: u64) -> CommError {
+        let (kind, detail, bytes, seen) = match e {
+            CommError::Timeout(t) => (ErrorKind::Timeout, 0, 0, t.seen),
+            CommError::Completion { syndrome, .. } => (ErrorKind::Completion, syndrome as u32, 0, 0),
+            CommError::BadPeer { .. } => (ErrorKind::BadPeer, 0, 0, 0),
+            CommError::OutOfRange { bytes, .. } => (ErrorKind::OutOfRange, 0, bytes, 0),
+            CommError::Misaligned { .. } => (ErrorKind::Misaligned, 0, 0, 0),
+            CommError::BadCount { count } => (ErrorKind::BadCount, 0, count, 0),
+        };
+        self.record(ErrorReport {
+            present: 0,
+            rank: self.rank,
+            kind: kind as u32,
+            call: call as u32,
+            peer,
+            block: ptx::block_idx_x(),
+            detail,
+            _pad: 0,
+            offset,
+            bytes,
+            expected: 0,
+            seen,
+            budget_ns: self.budget_ns,
+        });
+        e
+    }
+
+    /// A timed-out wait: the report carries the comparison and the value
+    /// expected too.
+    #[inline(never)]
+    fn fail_wait(&self, t: Timeout, call: Call, peer: u32, at: *const u64, cmp: Cmp, expected: u64) -> CommError {
+        self.record(ErrorReport {
+            present: 0,
+            rank: self.rank,
+            kind: ErrorKind::Timeout as u32,
+            call: call as u32,
+            peer,
+            block: ptx::block_idx_x(),
+            detail: cmp as u32,
+            _pad: 0,
+            offset: (at as u64).wrapping_sub(self.local_base),
+            bytes: 8,
+            expected,
+            seen: t.seen,
+            budget_ns: self.budget_ns,
+        });
+        CommError::Timeout(t)
+    }
+
+    /// Claims the report slot with a CAS on its flag (first error wins),
+    /// fills it and publishes it at system scope.
+    fn record(&self, report: ErrorReport) {
+        let flag = self.reserved(REPORT_OFFSET) as *mut u32;
+        // SAFETY: the report area lies in the reserved heap header.
+        unsafe {
+            if ptx::atom_cas_relaxed_gpu_u32(flag, 0, 1) == 0 {
+                // Every field but the flag (word 0), which stays atomic.
+                let words = &report as *const ErrorReport as *const u32;
+                let mut i = 1;
+                while i < core::mem::size_of::<ErrorReport>() / 4 {
+                    core::ptr::write_volatile(flag.add(i), *words.add(i));
+                    i += 1;
+                }
+                ptx::fence_sc_sys();
+                ptx::st_release_sys_u32(flag, 2);
+            }
+        }
+    }
+
+    /// Checks `peer` and that `[local, local + bytes)` lies in the user part
+    /// of the heap; returns the offset.
+    #[inline(always)]
+    fn check_range(&self, call: Call, local: u64, bytes: u64, peer: u32) -> Result<u64, CommError> {
+        let off = local.wrapping_sub(self.local_base);
+        if peer >= self.world {
+            return Err(self.fail(CommError::BadPeer { peer }, call, peer, off));
+        }
+        if off < HEAP_RESERVED || off > self.heap_bytes || bytes > self.heap_bytes - off {
+            return Err(self.fail(CommError::OutOfRange { offset: off, bytes }, call, peer, off));
+        }
+        Ok(off)
+    }
+
+    /// [`Self::check_range`] for a signal word, plus its alignment.
+    #[inline(always)]
+    fn check_signal(&self, call: Call, sig: u64, peer: u32) -> Result<u64, CommError> {
+        let off = self.check_range(call, sig, 8, peer)?;
+        if off & 7 != 0 {
+            return Err(self.fail(CommError::Misaligned { offset: off }, call, peer, off));
+        }
+        Ok(off)
+    }
+
+    #[inline(always)]
+    fn load_signal(&self, p: *const u64) -> u64 {
+        // SAFETY: checked by the caller to be an aligned word of the heap.
+        unsafe {
+            if self.same_gpu != 0 {
+                ptx::ld_acquire_gpu_u64(p)
+            } else {
+                ptx::ld_acquire_sys_u64(p)
+            }
+        }
+    }
+
+    /// The signal store/add at `remote` (already translated), release.
+    #[inline(always)]
+    unsafe fn signal_at(&self, remote: *mut u64, value: u64, op: SignalOp) {
+        // Release is cumulative in the PTX memory model: the puts of this
+        // thread, and of the warp/block ordered before it by a barrier, are
+        // published with it. Across GPUs a system-scope fence first makes
+        // the other threads' peer stores part of it too.
+        if self.same_gpu == 0 {
+            ptx::fence_acq_rel_sys();
+        }
+        // SAFETY: the caller's contract.
+        unsafe {
+            match (op, self.same_gpu != 0) {
+                (SignalOp::Set, true) => ptx::st_release_gpu_u64(remote, value),
+                (SignalOp::Set, false) => ptx::st_release_sys_u64(remote, value),
+                (SignalOp::Add, true) => {
+                    ptx::atom_add_release_gpu_u64(remote, value);
+                }
+                (SignalOp::Add, false) => {
+                    ptx::atom_add_release_sys_u64(remote, value);
+                }
+            }
+        }
+    }
+
+    /// The barrier over the reserved slots (no argument checks: runtime words).
+    unsafe fn barrier_inner(&self) -> Result<(), CommError> {
+        let epoch_ptr = self.reserved(EPOCH_OFFSET);
+        // SAFETY: reserved header words; one thread per rank (contract).
+        unsafe {
+            let epoch = *epoch_ptr + 1;
+            *epoch_ptr = epoch;
+            let slot = self.reserved(self.rank as u64 * 8);
+            for peer in 0..self.world {
+                let remote = (self.base_of(peer) + self.rank as u64 * 8) as *mut u64;
+                self.signal_at(remote, epoch, SignalOp::Set);
+            }
+            let _ = slot;
+            for peer in 0..self.world {
+                let s = self.reserved(peer as u64 * 8);
+                if let Err(t) = crate::sync::spin_until(self.budget_ns, || self.load_signal(s), |v| v >= epoch) {
+                    return Err(self.fail_wait(t, Call::Barrier, peer, s, Cmp::Ge, epoch));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Copies `bytes` with the threads of `g`: 16-byte vectors (four in flight
+/// per thread) when both ends are 16-byte aligned, else 4-byte words, else
+/// bytes; the tail byte by byte.
+#[inline(always)]
+unsafe fn copy_coop(g: Coop, dst: *mut u8, src: *const u8, bytes: u64) {
+    let (me, n) = g.index_and_size();
+    let align = (dst as u64 | src as u64) & 15;
+    let mut done = 0u64;
+    if align == 0 {
+        let vecs = bytes / 16;
+        let v = |i: u64| (i * 16) as usize;
+        let mut i = me;
+        // Four independent loads before their stores: more bytes in flight
+        // per thread, which a peer link needs to reach its bandwidth.
+        while i + 3 * n < vecs {
+            // SAFETY: in bounds, 16-byte aligned.
+            unsafe {
+                let a = ptx::ld_v4_u32(src.add(v(i)) as *const u32);
+                let b = ptx::ld_v4_u32(src.add(v(i + n)) as *const u32);
+                let c = ptx::ld_v4_u32(src.add(v(i + 2 * n)) as *const u32);
+                let d = ptx::ld_v4_u32(src.add(v(i + 3 * n)) as *const u32);
+                ptx::st_v4_u32(dst.add(v(i)) as *mut u32, a);
+                ptx::st_v4_u32(dst.add(v(i + n)) as *mut u32, b);
+                ptx::st_v4_u32(dst.add(v(i + 2 * n)) as *mut u32, c);
+                ptx::st_v4_u32(dst.add(v(i + 3 * n)) as *mut u32, d);
+            }
+            i += 4 * n;
+        }
+        while i < vecs {
+            // SAFETY: in bounds, 16-byte aligned.
+            unsafe { ptx::st_v4_u32(dst.add(v(i)) as *mut u32, ptx::ld_v4_u32(src.add(v(i)) as *const u32)) };
+            i += n;
+        }
+        done = vecs * 16;
+    } else if align & 3 == 0 {
+        let words = bytes / 4;
+        let mut i = me;
+        while i < words {
+            // SAFETY: in bounds, 4-byte aligned.
+            unsafe { *(dst.add((i * 4) as usize) as *mut u32) = *(src.add((i * 4) as usize) as *const u32) };
+            i += n;
+        }
+        done = words * 4;
+    }
+    let mut i = done + me;
+    while i < bytes {
+        // SAFETY: in bounds.
+        unsafe { *dst.add(i as usize) = *src.add(i as usize) };
+        i += n;
+    }
+}
+
+impl Transport for P2p {
+    #[inline(always)]
+    fn rank(&self) -> u32 {
+        self.rank
+    }
+    #[inline(always)]
+    fn world_size(&self) -> u32 {
+        self.world
+    }
+
+    #[inline(always)]
+    fn peer_ptr<T>(&self, local: *const T, peer: u32) -> Option<*mut T> {
+        let off = (local as u64).wrapping_sub(self.local_base);
+        if peer >= self.world || off >= self.heap_bytes {
+            return None;
+        }
+        let base = self.base_of(peer);
+        if base == 0 {
+            return None;
+        }
+        Some((base + off) as *mut T)
+    }
+
+    #[inline(always)]
+    unsafe fn put_coop(&self, g: Coop, dst: *mut u8, src: *const u8, bytes: u64, peer: u32, nbi: bool) -> Result<(), CommError> {
+        let call = if nbi { Call::PutNbi } else { Call::Put };
+        let off = self.check_range(call, dst as u64, bytes, peer)?;
+        let remote = (self.base_of(peer) + off) as *mut u8;
+        // SAFETY: the range is inside the peer's heap; `src` per the contract.
+        unsafe { copy_coop(g, remote, src, bytes) };
+        Ok(())
+    }
+
+    #[inline(always)]
+    unsafe fn get_coop(&self, g: Coop, dst: *mut u8, src: *const u8, bytes: u64, peer: u32, nbi: bool) -> Result<(), CommError> {
+        let call = if nbi { Call::GetNbi } else { Call::Get };
+        let off = self.check_range(call, src as u64, bytes, peer)?;
+        let remote = (self.base_of(peer) + off) as *const u8;
+        // SAFETY: as for put.
+        unsafe { copy_coop(g, dst, remote, bytes) };
+        Ok(())
+    }
+
+    #[inline(always)]
+    unsafe fn put_signal_coop(
+        &self,
+        g: Coop,
+        dst: *mut u8,
+        src: *const u8,
+        bytes: u64,
+        sig: *mut u64,
+        value: u64,
+        op: SignalOp,
+        peer: u32,
+        nbi: bool,
+    ) -> Result<(), CommError> {
+        let call = if nbi { Call::PutSignalNbi } else { Call::PutSignal };
+        // Both checks before any store: a bad argument writes nothing.
+        let off = self.check_range(call, dst as u64, bytes, peer)?;
+        let sig_off = self.check_signal(call, sig as u64, peer)?;
+        let base = self.base_of(peer);
+        // SAFETY: checked ranges; `src` per the contract.
+        unsafe { copy_coop(g, (base + off) as *mut u8, src, bytes) };
+        // Every thread's stores happen before the leader's release.
+        g.sync();
+        if g.is_leader() {
+            // SAFETY: an aligned word of the peer's heap.
+            unsafe { self.signal_at((base + sig_off) as *mut u64, value, op) };
+        }
+        Ok(())
+    }
+
+    #[inline(always)]
+    unsafe fn signal(&self, sig: *mut u64, value: u64, op: SignalOp, peer: u32) -> Result<(), CommError> {
+        let off = self.check_signal(Call::Signal, sig as u64, peer)?;
+        // SAFETY: an aligned word of the peer's heap.
+        unsafe { self.signal_at((self.base_of(peer) + off) as *mut u64, value, op) };
+        Ok(())
+    }
+
+    #[inline(always)]
+    unsafe fn wait_until(&self, sig: *const u64, cmp: Cmp, value: u64) -> Result<u64, CommError> {
+        self.check_signal(Call::WaitUntil, sig as u64, self.rank)?;
+        match crate::sync::spin_until(self.budget_ns, || self.load_signal(sig), |v| cmp.holds(v, value)) {
+            Ok(v) => Ok(v),
+            Err(t) => Err(self.fail_wait(t, Call::WaitUntil, u32::MAX, sig, cmp, value)),
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn wait_until_some(&self, sigs: *const u64, count: u32, skip: u64, cmp: Cmp, value: u64) -> Result<u64, CommError> {
+        let call = Call::WaitUntilSome;
+        if count == 0 || count > 64 {
+            let off = (sigs as u64).wrapping_sub(self.local_base);
+            return Err(self.fail(CommError::BadCount { count: count as u64 }, call, u32::MAX, off));
+        }
+        let off = self.check_range(call, sigs as u64, 8 * count as u64, self.rank)?;
+        if off & 7 != 0 {
+            return Err(self.fail(CommError::Misaligned { offset: off }, call, u32::MAX, off));
+        }
+        let mut spin = Spin::new(self.budget_ns);
+        loop {
+            let mut ready = 0u64;
+            let mut last = 0u64;
+            for i in 0..count {
+                if skip & (1u64 << i) == 0 {
+                    // SAFETY: inside the checked range.
+                    last = self.load_signal(unsafe { sigs.add(i as usize) });
+                    if cmp.holds(last, value) {
+                        ready |= 1u64 << i;
+                    }
+                }
+            }
+            if ready != 0 {
+                return Ok(ready);
+            }
+            if !spin.again() {
+                let first = (!skip).trailing_zeros().min(count - 1);
+                // SAFETY: inside the checked range.
+                let at = unsafe { sigs.add(first as usize) };
+                return Err(self.fail_wait(Timeout { seen: last }, call, u32::MAX, at, cmp, value));
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn fence(&self) {
+        ptx::fence_acq_rel_sys();
+    }
+
+    #[inline(always)]
+    unsafe fn quiet(&self) -> Result<(), CommError> {
+        // Stores to peers are complete once issued; the fence makes them
+        // visible at system scope before anything this thread does next.
+        ptx::fence_sc_sys();
+        Ok(())
+    }
+
+    #[inline(always)]
+    unsafe fn quiet_peer(&self, peer: u32) -> Result<(), CommError> {
+        if peer >= self.world {
+            return Err(self.fail(CommError::BadPeer { peer }, Call::Quiet, peer, 0));
+        }
+        ptx::fence_sc_sys();
+        Ok(())
+    }
+
+    unsafe fn barrier(&self) -> Result<(), CommError> {
+        // SAFETY: the caller's contract.
+        unsafe { self.barrier_inner() }
+    }
+
+    unsafe fn barrier_block(&self) -> Result<(), CommError> {
+        let result = self.reserved(BLOCK_RESULT_OFFSET);
+        ptx::sync_threads();
+        if ptx::thread_rank_in_block() == 0 {
+            // SAFETY: one block per rank (contract).
+            let r = unsafe { self.barrier_inner() };
+            // SAFETY: reserved word, read after the block barrier below.
+            unsafe { *result = if r.is_ok() { 0 } else { 1 } };
+        }
+        ptx::sync_threads();
+        // SAFETY: written by thread 0 before the barrier.
+        if unsafe { *result } == 0 {
+            Ok(())
+        } else {
+            Err(CommError::Timeout(Timeout { seen: 0 }))
+        }
+    }
+}

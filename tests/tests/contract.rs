@@ -1,0 +1,296 @@
+//! The transport contract (v2) on every backend, for two transports (P2P
+//! and the `Shadow` test transport) instantiated from one kernel body:
+//! bad arguments are typed errors naming rank, call, peer and offset, with
+//! the target memory unchanged; data is visible when its signal is seen;
+//! multi-word waits.
+
+use std::time::Duration;
+
+use doorbell::comm::{CommOptions, Communicator};
+use doorbell::{Backend, DeviceBuffer, Error, ForTransport, Kernel, KernelParam, LaunchConfig};
+use doorbell_test_kernels::contract::{bad_call, collect_signals, flagged_rounds, payload, Shadow};
+use doorbell_tests::TEST_KERNELS_PTX;
+use doorbell_kernels::transport::{P2p, Transport};
+
+fn backends() -> Vec<Backend> {
+    doorbell_tests::backends().iter().map(|d| d.backend()).collect()
+}
+
+fn opts() -> CommOptions {
+    CommOptions {
+        heap_bytes: 1 << 20,
+        wait_timeout: Duration::from_secs(20),
+        ..Default::default()
+    }
+}
+
+/// The transports under test, as a handle maker: P2P itself, and Shadow
+/// counting into `calls`.
+trait Make: Transport + KernelParam {
+    fn make(comm: &Communicator, calls: &mut DeviceBuffer<u64>) -> Self;
+    const NAME: &'static str;
+}
+impl Make for P2p {
+    fn make(comm: &Communicator, _: &mut DeviceBuffer<u64>) -> Self {
+        comm.p2p()
+    }
+    const NAME: &'static str = "p2p";
+}
+impl Make for Shadow {
+    fn make(comm: &Communicator, calls: &mut DeviceBuffer<u64>) -> Self {
+        Shadow {
+            inner: comm.p2p(),
+            calls: calls.as_mut_ptr(),
+        }
+    }
+    const NAME: &'static str = "shadow";
+}
+
+type BadArgs<T> = (T, *mut u8, *const u8, u64, *mut u64, u32, *mut u32);
+
+/// Runs bad-call `case` from rank 0 to rank 1; returns (rank 0's error,
+/// rank 1's dst and sig after the call, the codes, Shadow's call count).
+fn bad_case<T: Make>(backend: Backend, case: u32) -> (Option<Error>, Vec<u8>, Vec<u64>, [u32; 2], u64)
+where
+    bad_call: ForTransport<T>,
+    <bad_call as ForTransport<T>>::Kernel: Kernel<Args = BadArgs<T>>,
+{
+    let out = Communicator::local(2, backend, opts(), |comm| {
+        let dev = comm.device();
+        let m = dev.load_module(TEST_KERNELS_PTX)?;
+        let f = m.function::<<bad_call as ForTransport<T>>::Kernel>()?;
+        let dst = comm.alloc::<u8>(4096)?;
+        let sig = comm.alloc::<u64>(2)?;
+        let mut calls = dev.alloc_zeroed::<u64>(1)?;
+        // Case 1: a range from `dst` one byte past the heap's end.
+        let bytes = if case == 1 { comm.heap_bytes() - dst.offset() + 1 } else { 4096 };
+        let src_host: Vec<u8> = (0..bytes).map(|i| (i % 251) as u8 + 1).collect();
+        let src = dev.alloc_from(&src_host)?;
+        let mut codes = dev.alloc_zeroed::<u32>(2)?;
+        let s = dev.new_stream()?;
+        comm.barrier()?;
+        let t = T::make(comm, &mut calls);
+        // SAFETY: symmetric dst/sig, src of `bytes`, two code words.
+        unsafe {
+            s.launch(
+                &f,
+                LaunchConfig::linear(1, 64),
+                (t, dst.as_mut_ptr(), src.as_ptr(), bytes, sig.as_mut_ptr(), case, codes.as_mut_ptr()),
+            )?
+        };
+        let err = comm.synchronize(&s).err();
+        comm.barrier()?;
+        let c = codes.to_host()?;
+        Ok((err, dst.to_host()?, sig.to_host()?, [c[0], c[1]], calls.to_host()?[0], dst.offset(), sig.offset()))
+    })
+    .unwrap_or_else(|e| panic!("{backend:?} {} case {case}: {e}", T::NAME));
+    let r0 = &out[0];
+    let r1 = &out[1];
+    if let Some(Error::DeviceCall { offset, .. }) = &r0.0 {
+        // Offsets name the argument: the dst range, or the (misaligned) signal word.
+        match case {
+            1 => assert_eq!(*offset, r0.5, "{} case {case}", T::NAME),
+            2 | 3 => assert_eq!(*offset, r0.6 + 4, "{} case {case}", T::NAME),
+            _ => {}
+        }
+    }
+    (r0.0.clone_error(), r1.1.clone(), r1.2.clone(), r0.3, r0.4)
+}
+
+/// `Error` is not `Clone`; keep what the assertions need.
+trait CloneError {
+    fn clone_error(&self) -> Option<Error>;
+}
+impl CloneError for Option<Error> {
+    fn clone_error(&self) -> Option<Error> {
+        match self {
+            Some(Error::DeviceCall {
+                rank,
+                call,
+                peer,
+                offset,
+                block,
+                reason,
+            }) => Some(Error::DeviceCall {
+                rank: *rank,
+                call,
+                peer: *peer,
+                offset: *offset,
+                block: *block,
+                reason: reason.clone(),
+            }),
+            Some(other) => panic!("expected a DeviceCall error, got {other}"),
+            None => None,
+        }
+    }
+}
+
+fn bad_arguments_for<T: Make>()
+where
+    bad_call: ForTransport<T>,
+    <bad_call as ForTransport<T>>::Kernel: Kernel<Args = BadArgs<T>>,
+{
+    // (case, code, call, peer, words in the message)
+    let cases: [(u32, u32, &str, Option<u32>, &str); 6] = [
+        (0, 3, "put", Some(2), "rank 2 is not in this world of 2 ranks"),
+        (1, 4, "put", Some(1), "not inside the heap"),
+        (2, 5, "signal", Some(1), "not 8-byte aligned"),
+        (3, 5, "put_signal", Some(1), "not 8-byte aligned"),
+        (4, 3, "get", Some(2), "not in this world"),
+        (5, 6, "wait_until_some", None, "out of range"),
+    ];
+    for backend in backends() {
+        for (case, code, call, peer, words) in cases {
+            let (err, dst, sig, codes, _) = bad_case::<T>(backend, case);
+            let what = format!("{backend:?} {} case {case}", T::NAME);
+            assert_eq!(codes, [code, 0], "{what}: error code, threads that disagreed");
+            match err {
+                Some(Error::DeviceCall {
+                    rank,
+                    call: c,
+                    peer: p,
+                    ref reason,
+                    ..
+                }) => {
+                    assert_eq!((rank, c, p), (0, call, peer), "{what}");
+                    assert!(reason.contains(words), "{what}: {reason}");
+                }
+                other => panic!("{what}: expected a DeviceCall error, got {other:?}"),
+            }
+            assert!(dst.iter().all(|&b| b == 0), "{what}: the target buffer changed");
+            assert_eq!(sig, vec![0, 0], "{what}: the signal words changed");
+        }
+        // The control case: the same call with good arguments delivers.
+        let (err, dst, sig, codes, calls) = bad_case::<T>(backend, 6);
+        assert!(err.is_none(), "{backend:?} {}: {err:?}", T::NAME);
+        assert_eq!(codes, [0, 0]);
+        let want: Vec<u8> = (0..4096u64).map(|i| (i % 251) as u8 + 1).collect();
+        assert_eq!(dst, want, "{backend:?} {}: control put_signal data", T::NAME);
+        assert_eq!(sig, vec![7, 0]);
+        if T::NAME == "shadow" {
+            assert_eq!(calls, 1, "Shadow counts its one put_signal (its own code ran)");
+        }
+    }
+}
+
+#[test]
+fn bad_arguments_are_typed_errors_and_write_nothing_p2p() {
+    bad_arguments_for::<P2p>();
+}
+
+#[test]
+fn bad_arguments_are_typed_errors_and_write_nothing_shadow() {
+    bad_arguments_for::<Shadow>();
+}
+
+type RoundArgs<T> = (T, *mut u32, *mut u32, u32, *mut u64, *mut u64, u32, u32, *mut u32, *mut u32);
+
+fn flagged_rounds_for<T: Make>(backend: Backend, mode: u32)
+where
+    flagged_rounds: ForTransport<T>,
+    <flagged_rounds as ForTransport<T>>::Kernel: Kernel<Args = RoundArgs<T>>,
+{
+    let gpu = backend == Backend::Gpu;
+    let (blocks, threads, words, iters) = if gpu { (16u32, 256u32, 4099u32, 300u32) } else { (3, 32, 1031, 20) };
+    Communicator::local(2, backend, opts(), |comm| {
+        let dev = comm.device();
+        let m = dev.load_module(TEST_KERNELS_PTX)?;
+        let f = m.function::<<flagged_rounds as ForTransport<T>>::Kernel>()?;
+        let n = (blocks * words) as usize;
+        let data = comm.alloc::<u32>(n)?;
+        let src = comm.alloc::<u32>(n)?;
+        let sig = comm.alloc::<u64>(blocks as usize)?;
+        let ack = comm.alloc::<u64>(blocks as usize)?;
+        let mut wrong = dev.alloc_zeroed::<u32>(blocks as usize)?;
+        let mut status = dev.alloc_zeroed::<u32>(blocks as usize)?;
+        let mut calls = dev.alloc_zeroed::<u64>(1)?;
+        let s = dev.new_stream()?;
+        comm.barrier()?;
+        let t = T::make(comm, &mut calls);
+        // SAFETY: sizes as flagged_rounds documents.
+        unsafe {
+            s.launch(
+                &f,
+                LaunchConfig::linear(blocks, threads),
+                (
+                    t,
+                    data.as_mut_ptr(),
+                    src.as_mut_ptr(),
+                    words,
+                    sig.as_mut_ptr(),
+                    ack.as_mut_ptr(),
+                    iters,
+                    mode,
+                    wrong.as_mut_ptr(),
+                    status.as_mut_ptr(),
+                ),
+            )?
+        };
+        comm.synchronize(&s)?;
+        let what = format!("{backend:?} {} mode {mode} rank {}", T::NAME, comm.rank());
+        assert!(status.to_host()?.iter().all(|&x| x == 1), "{what}: status {:?}", status.to_host()?);
+        if comm.rank() == 1 {
+            assert_eq!(wrong.to_host()?, vec![0; blocks as usize], "{what}: words seen wrong after their signal");
+            // The last round's data is all there (and differs from round 1).
+            let d = data.to_host()?;
+            for b in 0..blocks {
+                for w in 0..words {
+                    assert_eq!(d[(b * words + w) as usize], payload(iters, b, w), "{what}: block {b} word {w}");
+                }
+            }
+            assert_ne!(payload(iters, 0, 0), payload(1, 0, 0));
+            assert_eq!(sig.to_host()?, vec![iters as u64; blocks as usize]);
+        }
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{backend:?} {} mode {mode}: {e}", T::NAME));
+}
+
+#[test]
+fn put_signal_data_is_visible_when_the_signal_is_seen() {
+    for backend in backends() {
+        for mode in [0, 1, 2] {
+            flagged_rounds_for::<P2p>(backend, mode);
+        }
+        flagged_rounds_for::<Shadow>(backend, 0);
+    }
+}
+
+type CollectArgs<T> = (T, *mut u64, u32, u64, *mut u64);
+
+fn collect_for<T: Make>(backend: Backend)
+where
+    collect_signals: ForTransport<T>,
+    <collect_signals as ForTransport<T>>::Kernel: Kernel<Args = CollectArgs<T>>,
+{
+    let count = 12u32;
+    let out = Communicator::local(2, backend, opts(), |comm| {
+        let dev = comm.device();
+        let m = dev.load_module(TEST_KERNELS_PTX)?;
+        let f = m.function::<<collect_signals as ForTransport<T>>::Kernel>()?;
+        let sigs = comm.alloc::<u64>(count as usize)?;
+        let mut out = dev.alloc_zeroed::<u64>(4)?;
+        let mut calls = dev.alloc_zeroed::<u64>(1)?;
+        let s = dev.new_stream()?;
+        comm.barrier()?;
+        let t = T::make(comm, &mut calls);
+        // SAFETY: symmetric words, four output words.
+        unsafe { s.launch(&f, LaunchConfig::linear(1, 32), (t, sigs.as_mut_ptr(), count, 20_000u64, out.as_mut_ptr()))? };
+        comm.synchronize(&s)?;
+        out.to_host()
+    })
+    .unwrap();
+    let r = &out[1];
+    assert_eq!(r[0], (1u64 << count) - 1, "{backend:?} {}: every word collected", T::NAME);
+    assert!(r[1] >= 1 && r[1] <= count as u64, "{backend:?} {}: calls {}", T::NAME, r[1]);
+    assert_eq!(r[2], 0, "{backend:?} {}: error code", T::NAME);
+    assert!(r[3] < count as u64);
+}
+
+#[test]
+fn wait_until_some_any_all_collect_every_word() {
+    for backend in backends() {
+        collect_for::<P2p>(backend);
+        collect_for::<Shadow>(backend);
+    }
+}
