@@ -1,0 +1,126 @@
+//! Writing CQE64s with the `#[descriptor]` encoders of
+//! `doorbell_kernels::mlx5::segments` ([`Cqe64`], [`ErrCqe`]).
+//!
+//! The CQE for producer count `pi` goes to entry `pi % entries` with the
+//! owner bit `(pi / entries) & 1` — the bit `poll_cq` expects
+//! ([`expected_owner`]). It is published by a release store of its last
+//! word (`op_own`).
+
+use doorbell_kernels::mlx5::cq::expected_owner;
+use doorbell_kernels::mlx5::{Cqe64, ErrCqe, CQE_INVALID, CQE_REQ_ERR, CQE_RESP_ERR, CQE_SIZE};
+
+use super::mem;
+use super::tables::CqEntry;
+
+/// Whether the CQ has room for one more CQE. Without a consumer doorbell
+/// record the engine cannot know and assumes room. A full CQ holds the
+/// completion back (hardware would overrun the CQ and raise an
+/// asynchronous error instead).
+///
+/// # Safety
+/// `cq.dbrec`, if not null, is valid.
+pub unsafe fn has_room(cq: &CqEntry) -> bool {
+    if cq.valid == 0 {
+        return false;
+    }
+    if cq.dbrec.is_null() {
+        return true;
+    }
+    // SAFETY: the caller's contract.
+    let ci = unsafe { mem::load_dbrec(cq.dbrec) } & 0xff_ffff;
+    let used = (cq.pi & 0xff_ffff).wrapping_sub(ci) & 0xff_ffff;
+    used < cq.entries
+}
+
+/// The owner bit of the next CQE this CQ gets.
+#[inline(always)]
+pub fn next_owner(cq: &CqEntry) -> bool {
+    expected_owner(cq.pi, cq.entries) != 0
+}
+
+/// Writes the CQE image `w` (its owner bit already set from
+/// [`next_owner`]) at the producer position, advances it, and fires the
+/// armed event if this completion qualifies (`solicited` or an error for a
+/// CQ armed for solicited completions only). Returns false, writing
+/// nothing, when the CQ is not valid.
+///
+/// # Safety
+/// `cq.ring` holds `cq.entries` CQEs, 64-byte aligned.
+pub unsafe fn push(cq: &mut CqEntry, w: &[u32; 16], solicited_or_error: bool) -> bool {
+    if cq.valid == 0 || cq.ring.is_null() || cq.entries == 0 {
+        return false;
+    }
+    let slot = (cq.pi & (cq.entries - 1)) as usize;
+    // SAFETY: the slot is inside the ring (the caller's contract).
+    unsafe { mem::store_cqe(cq.ring.add(slot * CQE_SIZE), w) };
+    cq.pi = cq.pi.wrapping_add(1);
+    if cq.armed == 1 || (cq.armed == 2 && solicited_or_error) {
+        cq.armed = 0;
+        cq.events = cq.events.wrapping_add(1);
+    }
+    true
+}
+
+/// A success CQE image.
+#[allow(clippy::too_many_arguments)]
+pub fn success(
+    cq: &CqEntry,
+    opcode: u8,
+    qpn: u32,
+    wqe_counter: u16,
+    byte_cnt: u32,
+    imm: u32,
+    sop: u8,
+    solicited: bool,
+    now_ns: u64,
+) -> [u32; 16] {
+    Cqe64 {
+        srqn_uidx: 0,
+        imm_inval_pkey: imm,
+        byte_cnt,
+        timestamp: now_ns,
+        qpn: qpn & 0xff_ffff,
+        sop_drop: sop,
+        wqe_counter,
+        signature: 0,
+        owner: next_owner(cq),
+        op_own_flags: solicited as u8,
+        opcode,
+    }
+    .to_words()
+}
+
+/// An error CQE image (`MLX5_CQE_REQ_ERR` when `responder` is false, else
+/// `MLX5_CQE_RESP_ERR`).
+pub fn error(cq: &CqEntry, responder: bool, syndrome: u8, vendor: u8, qpn: u32, wqe_opcode: u8, wqe_counter: u16) -> [u32; 16] {
+    ErrCqe {
+        srqn: 0,
+        vendor_err_synd: vendor,
+        syndrome,
+        qpn: qpn & 0xff_ffff,
+        wqe_opcode,
+        wqe_counter,
+        signature: 0,
+        owner: next_owner(cq),
+        opcode: if responder { CQE_RESP_ERR } else { CQE_REQ_ERR },
+    }
+    .to_words()
+}
+
+/// Fills a fresh CQ ring with invalid CQEs (`op_own = MLX5_CQE_INVALID <<
+/// 4`, owner 0), as rdma-core does at CQ creation, so no entry looks ready
+/// before the engine writes it.
+///
+/// # Safety
+/// `ring` holds `entries` CQEs, 64-byte aligned.
+pub unsafe fn init_ring(ring: *mut u8, entries: u32) {
+    let w = Cqe64 {
+        opcode: CQE_INVALID,
+        ..Cqe64::default()
+    }
+    .to_words();
+    for i in 0..entries as usize {
+        // SAFETY: inside the ring (the caller's contract).
+        unsafe { mem::store_cqe(ring.add(i * CQE_SIZE), &w) };
+    }
+}

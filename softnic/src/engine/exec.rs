@@ -1,0 +1,546 @@
+//! Executing one WQE: every check first (keys, bounds, access, receive
+//! WQE, CQ room), then the data movement, then the CQEs. A WQE that fails
+//! a check touches no memory but its error CQE.
+
+use doorbell_kernels::mlx5::{
+    CqeSyndrome, DataSeg, CQE_REQ, CQE_RESP_SEND, CQE_RESP_WR_IMM, OPCODE_ATOMIC_CS, OPCODE_ATOMIC_FA, OPCODE_NOP, OPCODE_RDMA_READ,
+    OPCODE_RDMA_WRITE, OPCODE_RDMA_WRITE_IMM, OPCODE_SEND, WQE_CTRL_CQ_UPDATE, WQE_CTRL_SOLICITED,
+};
+
+use super::config::EngineConfig;
+use super::tables::{access, ErrorRecord, Inflight, Port, QpState, Reason, MAX_QPS, QP_CONNECTED};
+use super::wqe::{self, Wqe};
+use super::{cqe, mem, rq};
+
+/// What became of the WQE at the head of a QP's in-flight ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Executed; its CQE (if signaled) is written.
+    Done,
+    /// The responder cannot take it yet; retry, and fail with `syndrome`
+    /// once `timeout_ns` has passed since the first attempt.
+    Wait {
+        /// Why it waits.
+        reason: Reason,
+        /// Syndrome if it never proceeds.
+        syndrome: CqeSyndrome,
+        /// How long it may wait, ns.
+        timeout_ns: u64,
+    },
+    /// A CQ it completes to is full; retry later (no deadline).
+    Blocked,
+    /// Failed: its error CQE is written and the QP is in the error state.
+    Failed,
+}
+
+/// A failed check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fail {
+    /// Syndrome for the requester's error CQE.
+    pub syndrome: CqeSyndrome,
+    /// Why.
+    pub reason: Reason,
+    /// The key involved.
+    pub key: u32,
+    /// The address involved.
+    pub addr: u64,
+}
+
+impl Fail {
+    const fn new(syndrome: CqeSyndrome, reason: Reason, key: u32, addr: u64) -> Fail {
+        Fail {
+            syndrome,
+            reason,
+            key,
+            addr,
+        }
+    }
+}
+
+/// Responder-side consequence of a failed WQE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Responder {
+    /// Not the responder's business (local errors).
+    Untouched,
+    /// The responder QP moves to the error state (IB responder class C
+    /// errors: invalid request, remote access violation).
+    Error,
+    /// As `Error`, and the receive WQE being consumed completes with this
+    /// syndrome (`MLX5_CQE_RESP_ERR`).
+    ErrorWithReceive(CqeSyndrome, Reason),
+}
+
+/// The peer of QP `q` on port `p`, if it answers: in use, connected back to
+/// this QP, in RTR or RTS.
+fn resolve_peer(ports: &[Port], p: usize, q: usize) -> Result<(usize, usize), Reason> {
+    let qp = ports.get(p).and_then(|x| x.qps.get(q)).ok_or(Reason::PeerNotReady)?;
+    if qp.flags & QP_CONNECTED == 0 {
+        return Err(Reason::PeerNotReady);
+    }
+    let (pp, pq) = (qp.peer_port as usize, qp.peer_qp as usize);
+    let port = ports.get(pp).ok_or(Reason::PeerNotReady)?;
+    let peer = port.qps.get(pq).ok_or(Reason::PeerNotReady)?;
+    let answers = port.valid != 0
+        && peer.in_use()
+        && peer.flags & QP_CONNECTED != 0
+        && peer.peer_port as usize == p
+        && peer.peer_qp as usize == q
+        && matches!(peer.state(), QpState::Rtr | QpState::Rts);
+    if answers {
+        Ok((pp, pq))
+    } else {
+        Err(Reason::PeerNotReady)
+    }
+}
+
+/// Checks every data segment of `w` against port `p`'s regions with the
+/// QP's protection domain and `need` (0 for a gather list: local read is
+/// always allowed; [`access::LOCAL_WRITE`] for a scatter list).
+///
+/// # Safety
+/// The QP's SQ ring is valid.
+unsafe fn check_local(port: &Port, q: usize, w: &Wqe, need: u32) -> Result<(), Fail> {
+    let Some(qp) = port.qps.get(q) else {
+        return Err(Fail::new(CqeSyndrome::LocalQpOp, Reason::None, 0, 0));
+    };
+    for n in 0..w.data_count {
+        // SAFETY: the caller's contract.
+        let d = unsafe { wqe::data_seg(qp, w, n) };
+        port.check_mr(d.lkey, qp.pd, d.addr, d.byte_count as u64, need)
+            .map_err(|r| Fail::new(CqeSyndrome::LocalProt, r, d.lkey, d.addr))?;
+    }
+    Ok(())
+}
+
+/// Checks the remote range of `w` (`len` bytes) against the peer port's
+/// regions, the peer QP's protection domain and access rights.
+fn check_remote(ports: &[Port], pp: usize, pq: usize, w: &Wqe, len: u64, need: u32) -> Result<*mut u8, Fail> {
+    let (addr, key) = (w.raddr.raddr, w.raddr.rkey);
+    let denied = |r| Fail::new(CqeSyndrome::RemoteAccess, r, key, addr);
+    let port = ports.get(pp).ok_or(denied(Reason::BadKey))?;
+    let peer = port.qps.get(pq).ok_or(denied(Reason::BadKey))?;
+    let ptr = port.check_mr(key, peer.pd, addr, len, need).map_err(denied)?;
+    if len != 0 && peer.access & need != need {
+        return Err(denied(Reason::AccessDenied));
+    }
+    Ok(ptr)
+}
+
+/// The scatter list of the peer's next receive WQE: checks each entry
+/// against the peer port's regions (local write) and returns the total
+/// capacity.
+///
+/// # Safety
+/// The peer's RQ ring is valid.
+unsafe fn check_receive(port: &Port, pq: usize) -> Result<u64, (CqeSyndrome, Reason, u32, u64)> {
+    let Some(peer) = port.qps.get(pq) else {
+        return Err((CqeSyndrome::LocalQpOp, Reason::None, 0, 0));
+    };
+    let mut cap = 0u64;
+    let mut k = 0;
+    // SAFETY: the caller's contract.
+    while let Some(d) = unsafe { rq::read_sge(peer, peer.rq_ci, k) } {
+        port.check_mr(d.lkey, peer.pd, d.addr, d.byte_count as u64, access::LOCAL_WRITE)
+            .map_err(|r| (CqeSyndrome::LocalProt, r, d.lkey, d.addr))?;
+        cap += d.byte_count as u64;
+        k += 1;
+    }
+    Ok(cap)
+}
+
+/// Copies `w`'s gather list to the contiguous `dst`.
+///
+/// # Safety
+/// Checked by [`check_local`] and [`check_remote`].
+unsafe fn gather_to(port: &Port, q: usize, w: &Wqe, dst: *mut u8) {
+    let Some(qp) = port.qps.get(q) else { return };
+    let mut off = 0usize;
+    for n in 0..w.data_count {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let d = wqe::data_seg(qp, w, n);
+            mem::copy_bytes(dst.add(off), d.addr as usize as *const u8, d.byte_count as usize);
+            off += d.byte_count as usize;
+        }
+    }
+}
+
+/// Copies the contiguous `src` into `w`'s scatter list.
+///
+/// # Safety
+/// Checked by [`check_local`] and [`check_remote`].
+unsafe fn scatter_from(port: &Port, q: usize, w: &Wqe, src: *const u8) {
+    let Some(qp) = port.qps.get(q) else { return };
+    let mut off = 0usize;
+    for n in 0..w.data_count {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let d = wqe::data_seg(qp, w, n);
+            mem::copy_bytes(d.addr as usize as *mut u8, src.add(off), d.byte_count as usize);
+            off += d.byte_count as usize;
+        }
+    }
+}
+
+/// Copies `w`'s gather list into the peer's next receive WQE's scatter
+/// list (a send).
+///
+/// # Safety
+/// Checked by [`check_local`] and [`check_receive`]; the message fits.
+unsafe fn gather_to_receive(ports: &[Port], p: usize, q: usize, w: &Wqe, pp: usize, pq: usize) {
+    let (Some(qp), Some(peer)) = (ports.get(p).and_then(|x| x.qps.get(q)), ports.get(pp).and_then(|x| x.qps.get(pq))) else {
+        return;
+    };
+    let mut k = 0u32;
+    // SAFETY (whole function): the caller's contract.
+    let mut dst: Option<DataSeg> = unsafe { rq::read_sge(peer, peer.rq_ci, 0) };
+    let mut dst_off = 0u64;
+    for n in 0..w.data_count {
+        let s = unsafe { wqe::data_seg(qp, w, n) };
+        let mut src_off = 0u64;
+        while src_off < s.byte_count as u64 {
+            let Some(d) = dst else { return };
+            let room = d.byte_count as u64 - dst_off;
+            if room == 0 {
+                k += 1;
+                dst = unsafe { rq::read_sge(peer, peer.rq_ci, k) };
+                dst_off = 0;
+                continue;
+            }
+            let chunk = room.min(s.byte_count as u64 - src_off);
+            unsafe {
+                mem::copy_bytes(
+                    (d.addr + dst_off) as usize as *mut u8,
+                    (s.addr + src_off) as usize as *const u8,
+                    chunk as usize,
+                )
+            };
+            src_off += chunk;
+            dst_off += chunk;
+        }
+    }
+}
+
+fn record(port: &mut Port, now_ns: u64, qpn: u32, counter: u16, opcode: u8, syndrome: CqeSyndrome, f: &Fail, responder: bool) {
+    port.log_error(ErrorRecord {
+        time_ns: now_ns,
+        addr: f.addr,
+        key: f.key,
+        qpn,
+        wqe_counter: counter,
+        opcode,
+        syndrome: syndrome.as_u8(),
+        reason: f.reason as u8,
+        responder: responder as u8,
+        reserved: [0; 2],
+    });
+}
+
+/// Fails the requester's WQE at SQ counter `idx`: error CQE (signaled or
+/// not; room was checked), QP to the error state, error log.
+///
+/// # Safety
+/// The QP's send CQ ring is valid.
+pub unsafe fn fail_requester(ports: &mut [Port], p: usize, q: usize, idx: u32, opcode: u8, f: &Fail, now_ns: u64) {
+    let Some(port) = ports.get_mut(p) else { return };
+    let Port { qps, cqs, stats, .. } = &mut *port;
+    let Some(qp) = qps.get_mut(q) else { return };
+    qp.state = QpState::Err as u32;
+    let qpn = qp.qpn;
+    if let Some(cq) = cqs.get_mut(qp.send_cq as usize) {
+        let img = cqe::error(cq, false, f.syndrome.as_u8(), f.reason as u8, qpn, opcode, idx as u16);
+        // SAFETY: the caller's contract.
+        if unsafe { cqe::push(cq, &img, true) } {
+            stats.cqes += 1;
+        }
+    }
+    stats.errors += 1;
+    record(port, now_ns, qpn, idx as u16, opcode, f.syndrome, f, false);
+}
+
+/// Moves the responder QP to the error state; with a receive syndrome,
+/// also completes its next receive WQE with a `RESP_ERR` CQE.
+///
+/// # Safety
+/// The responder's rings are valid.
+unsafe fn fail_responder(ports: &mut [Port], pp: usize, pq: usize, what: Responder, f: &Fail, opcode: u8, now_ns: u64) {
+    if what == Responder::Untouched {
+        return;
+    }
+    let Some(port) = ports.get_mut(pp) else { return };
+    let Port { qps, cqs, stats, .. } = &mut *port;
+    let Some(peer) = qps.get_mut(pq) else { return };
+    peer.state = QpState::Err as u32;
+    let qpn = peer.qpn;
+    let counter = peer.rq_ci as u16;
+    let (syndrome, reason) = match what {
+        Responder::ErrorWithReceive(s, r) => {
+            if let Some(cq) = cqs.get_mut(peer.recv_cq as usize) {
+                let img = cqe::error(cq, true, s.as_u8(), r as u8, qpn, opcode, counter);
+                // SAFETY: the caller's contract (room was checked).
+                if unsafe { cqe::push(cq, &img, true) } {
+                    stats.cqes += 1;
+                }
+            }
+            peer.rq_ci = peer.rq_ci.wrapping_add(1);
+            stats.errors += 1;
+            (s, r)
+        }
+        _ => (f.syndrome, f.reason),
+    };
+    let rf = Fail { reason, ..*f };
+    record(port, now_ns, qpn, counter, opcode, syndrome, &rf, true);
+}
+
+/// A successful requester completion: counters, and the CQE if the WQE
+/// asked for one.
+///
+/// # Safety
+/// The QP's send CQ ring is valid.
+unsafe fn complete_requester(ports: &mut [Port], p: usize, q: usize, w: &Wqe, byte_cnt: u32, now_ns: u64) {
+    let Some(port) = ports.get_mut(p) else { return };
+    let Port { qps, cqs, stats, .. } = port;
+    let Some(qp) = qps.get(q) else { return };
+    stats.wqes += 1;
+    stats.bytes += w.len;
+    if w.ctrl.fm_ce_se & WQE_CTRL_CQ_UPDATE != 0 {
+        if let Some(cq) = cqs.get_mut(qp.send_cq as usize) {
+            let img = cqe::success(cq, CQE_REQ, qp.qpn, w.idx as u16, byte_cnt, 0, w.ctrl.opcode, false, now_ns);
+            // SAFETY: the caller's contract (room was checked).
+            if unsafe { cqe::push(cq, &img, false) } {
+                stats.cqes += 1;
+            }
+        }
+    }
+}
+
+/// A successful responder completion: consumes the receive WQE and writes
+/// its CQE (`RESP_WR_IMM` or `RESP_SEND`), solicited bit as the sender
+/// asked.
+///
+/// # Safety
+/// The peer's recv CQ ring is valid.
+unsafe fn complete_responder(ports: &mut [Port], pp: usize, pq: usize, w: &Wqe, opcode: u8, now_ns: u64) {
+    let Some(port) = ports.get_mut(pp) else { return };
+    let Port { qps, cqs, stats, .. } = port;
+    let Some(peer) = qps.get_mut(pq) else { return };
+    let solicited = w.ctrl.fm_ce_se & WQE_CTRL_SOLICITED != 0;
+    let imm = if opcode == CQE_RESP_WR_IMM { w.ctrl.imm } else { 0 };
+    if let Some(cq) = cqs.get_mut(peer.recv_cq as usize) {
+        let img = cqe::success(cq, opcode, peer.qpn, peer.rq_ci as u16, w.len as u32, imm, 0, solicited, now_ns);
+        // SAFETY: the caller's contract (room was checked).
+        if unsafe { cqe::push(cq, &img, solicited) } {
+            stats.cqes += 1;
+        }
+    }
+    peer.rq_ci = peer.rq_ci.wrapping_add(1);
+}
+
+/// Whether the CQ in slot `cq` of port `p` has room.
+///
+/// # Safety
+/// Its doorbell record is valid.
+unsafe fn room(ports: &[Port], p: usize, cq: u32) -> bool {
+    match ports.get(p).and_then(|x| x.cqs.get(cq as usize)) {
+        // SAFETY: the caller's contract.
+        Some(c) => unsafe { cqe::has_room(c) },
+        None => false,
+    }
+}
+
+/// Executes the WQE `head` of QP `q` on port `p` (its due time has come).
+///
+/// # Safety
+/// Every ring and doorbell record in the tables is valid; every registered
+/// region is valid memory.
+pub unsafe fn execute(ports: &mut [Port], p: usize, q: usize, head: &Inflight, now_ns: u64, cfg: &EngineConfig) -> Step {
+    if q >= MAX_QPS {
+        return Step::Blocked;
+    }
+    let Some(qp) = ports.get(p).and_then(|x| x.qps.get(q)) else {
+        return Step::Blocked;
+    };
+    let send_cq = qp.send_cq;
+    // SAFETY (whole function): the caller's contract; every pointer below
+    // was checked against the tables first.
+    if !unsafe { room(ports, p, send_cq) } {
+        return Step::Blocked;
+    }
+    let w = match unsafe { wqe::parse(qp, head.wqe_idx) } {
+        Ok(w) => w,
+        Err(m) => {
+            let opcode = unsafe { wqe::read_ctrl(qp, head.wqe_idx) }.opcode;
+            unsafe { fail_requester(ports, p, q, head.wqe_idx, opcode, &Fail::new(m.syndrome, m.reason, 0, 0), now_ns) };
+            return Step::Failed;
+        }
+    };
+    let opcode = w.ctrl.opcode;
+    if head.deadline_ns == 0 {
+        if let Some(port) = ports.get_mut(p) {
+            port.stats.executed += 1;
+            let n = cfg.faults.force_error_every as u64;
+            if n != 0 && port.stats.executed % n == 0 {
+                let f = Fail::new(cfg.faults.forced(), Reason::Injected, 0, 0);
+                unsafe { fail_requester(ports, p, q, w.idx, opcode, &f, now_ns) };
+                return Step::Failed;
+            }
+        }
+    }
+    if opcode == OPCODE_NOP {
+        unsafe { complete_requester(ports, p, q, &w, 0, now_ns) };
+        return Step::Done;
+    }
+
+    // Local checks.
+    let local_need = if matches!(opcode, OPCODE_RDMA_READ | OPCODE_ATOMIC_CS | OPCODE_ATOMIC_FA) {
+        access::LOCAL_WRITE
+    } else {
+        0
+    };
+    let local = match ports.get(p) {
+        Some(port) => unsafe { check_local(port, q, &w, local_need) },
+        None => return Step::Blocked,
+    };
+    if let Err(f) = local {
+        unsafe { fail_requester(ports, p, q, w.idx, opcode, &f, now_ns) };
+        return Step::Failed;
+    }
+
+    // The responder.
+    let (pp, pq) = match resolve_peer(ports, p, q) {
+        Ok(x) => x,
+        Err(reason) => {
+            return Step::Wait {
+                reason,
+                syndrome: CqeSyndrome::TransportRetryExc,
+                timeout_ns: cfg.transport_timeout_ns,
+            }
+        }
+    };
+    if cfg.faults.stalled(pp, now_ns) {
+        return Step::Wait {
+            reason: Reason::PeerStalled,
+            syndrome: CqeSyndrome::TransportRetryExc,
+            timeout_ns: cfg.transport_timeout_ns,
+        };
+    }
+    let remote_fail = |ports: &mut [Port], f: Fail, what: Responder| {
+        unsafe {
+            fail_requester(ports, p, q, w.idx, opcode, &f, now_ns);
+            fail_responder(ports, pp, pq, what, &f, opcode, now_ns);
+        }
+        Step::Failed
+    };
+
+    match opcode {
+        OPCODE_RDMA_WRITE | OPCODE_RDMA_WRITE_IMM => {
+            let dst = match check_remote(ports, pp, pq, &w, w.len, access::REMOTE_WRITE) {
+                Ok(d) => d,
+                Err(f) => return remote_fail(ports, f, Responder::Error),
+            };
+            if opcode == OPCODE_RDMA_WRITE_IMM {
+                let Some(peer) = ports.get(pp).and_then(|x| x.qps.get(pq)) else {
+                    return Step::Blocked;
+                };
+                if unsafe { rq::posted(peer) } == 0 {
+                    return Step::Wait {
+                        reason: Reason::NoReceiveWqe,
+                        syndrome: CqeSyndrome::RnrRetryExc,
+                        timeout_ns: cfg.rnr_timeout_ns,
+                    };
+                }
+                if !unsafe { room(ports, pp, peer.recv_cq) } {
+                    return Step::Blocked;
+                }
+            }
+            if let Some(port) = ports.get(p) {
+                unsafe { gather_to(port, q, &w, dst) };
+            }
+            if opcode == OPCODE_RDMA_WRITE_IMM {
+                unsafe { complete_responder(ports, pp, pq, &w, CQE_RESP_WR_IMM, now_ns) };
+            }
+            unsafe { complete_requester(ports, p, q, &w, w.len as u32, now_ns) };
+            Step::Done
+        }
+        OPCODE_RDMA_READ => {
+            let src = match check_remote(ports, pp, pq, &w, w.len, access::REMOTE_READ) {
+                Ok(s) => s,
+                Err(f) => return remote_fail(ports, f, Responder::Error),
+            };
+            if let Some(port) = ports.get(p) {
+                unsafe { scatter_from(port, q, &w, src) };
+            }
+            unsafe { complete_requester(ports, p, q, &w, w.len as u32, now_ns) };
+            Step::Done
+        }
+        OPCODE_ATOMIC_CS | OPCODE_ATOMIC_FA => {
+            if w.raddr.raddr % 8 != 0 {
+                let f = Fail::new(CqeSyndrome::RemoteInvalReq, Reason::Misaligned, w.raddr.rkey, w.raddr.raddr);
+                return remote_fail(ports, f, Responder::Error);
+            }
+            let target = match check_remote(ports, pp, pq, &w, 8, access::REMOTE_ATOMIC) {
+                Ok(t) => t as *mut u64,
+                Err(f) => return remote_fail(ports, f, Responder::Error),
+            };
+            let Some(qp) = ports.get(p).and_then(|x| x.qps.get(q)) else {
+                return Step::Blocked;
+            };
+            let result = unsafe { wqe::data_seg(qp, &w, 0) };
+            let old = unsafe {
+                if opcode == OPCODE_ATOMIC_FA {
+                    mem::atomic_fetch_add_u64(target, w.atomic.swap_add)
+                } else {
+                    mem::atomic_cas_u64(target, w.atomic.compare, w.atomic.swap_add)
+                }
+            };
+            let bytes = if cfg.atomic_reply_be != 0 {
+                old.to_be_bytes()
+            } else {
+                old.to_ne_bytes()
+            };
+            unsafe { mem::copy_bytes(result.addr as usize as *mut u8, bytes.as_ptr(), 8) };
+            unsafe { complete_requester(ports, p, q, &w, 8, now_ns) };
+            Step::Done
+        }
+        OPCODE_SEND => {
+            let Some(peer) = ports.get(pp).and_then(|x| x.qps.get(pq)) else {
+                return Step::Blocked;
+            };
+            if unsafe { rq::posted(peer) } == 0 {
+                return Step::Wait {
+                    reason: Reason::NoReceiveWqe,
+                    syndrome: CqeSyndrome::RnrRetryExc,
+                    timeout_ns: cfg.rnr_timeout_ns,
+                };
+            }
+            if !unsafe { room(ports, pp, peer.recv_cq) } {
+                return Step::Blocked;
+            }
+            let cap = match ports.get(pp) {
+                Some(port) => unsafe { check_receive(port, pq) },
+                None => return Step::Blocked,
+            };
+            match cap {
+                Err((s, r, key, addr)) => {
+                    let f = Fail::new(CqeSyndrome::RemoteOp, r, key, addr);
+                    return remote_fail(ports, f, Responder::ErrorWithReceive(s, r));
+                }
+                Ok(cap) if cap < w.len => {
+                    let f = Fail::new(CqeSyndrome::RemoteInvalReq, Reason::Length, 0, 0);
+                    return remote_fail(ports, f, Responder::ErrorWithReceive(CqeSyndrome::LocalLength, Reason::Length));
+                }
+                Ok(_) => {}
+            }
+            unsafe { gather_to_receive(ports, p, q, &w, pp, pq) };
+            unsafe { complete_responder(ports, pp, pq, &w, CQE_RESP_SEND, now_ns) };
+            unsafe { complete_requester(ports, p, q, &w, w.len as u32, now_ns) };
+            Step::Done
+        }
+        _ => {
+            // parse() accepts only the opcodes above.
+            let f = Fail::new(CqeSyndrome::LocalQpOp, Reason::BadOpcode, 0, 0);
+            unsafe { fail_requester(ports, p, q, w.idx, opcode, &f, now_ns) };
+            Step::Failed
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! Every memory access the engine makes to memory it does not own: rings,
+//! doorbell records, the UAR word, registered memory. One function per kind
+//! of access, so the GPU-resident engine swaps only this file.
+//!
+//! Each function goes through `doorbell_kernels::ptx` (inline PTX on
+//! nvptx64, `core::sync::atomic` with the same semantics on the host), at
+//! `sys` scope: the other side is a GPU kernel, a CPU thread or the
+//! emulator, and the soft NIC plays a device that sees all of them.
+
+use doorbell_kernels::ptx;
+
+/// Reads a doorbell record word (the producer's BE32 counter) with acquire:
+/// pairs with the producer's `st.release.sys` of the record
+/// (`update_doorbell_record`), so the WQEs written before it are visible
+/// to the segment loads that follow. Returns the counter in host order.
+///
+/// # Safety
+/// `p` is valid and 4-byte aligned.
+#[inline(always)]
+pub unsafe fn load_dbrec(p: *const u32) -> u32 {
+    // SAFETY: the caller's contract.
+    u32::from_be(unsafe { ptx::ld_acquire_sys_u32(p) })
+}
+
+/// Reads the UAR doorbell word with acquire: pairs with the producer's
+/// `fence.sc.sys` + doorbell store (`ring_doorbell`), so the doorbell
+/// record read after it is at least as new as the doorbell.
+///
+/// # Safety
+/// `p` is valid and 8-byte aligned.
+#[inline(always)]
+pub unsafe fn load_uar(p: *const u64) -> u64 {
+    // SAFETY: the caller's contract.
+    unsafe { ptx::ld_acquire_sys_u64(p) }
+}
+
+/// Reads one 16-byte WQE segment as its four memory words (weak: ordered
+/// by the acquire of the doorbell record before it).
+///
+/// # Safety
+/// `p` is valid for 16 bytes and 16-byte aligned.
+#[inline(always)]
+pub unsafe fn load_seg(p: *const u8) -> [u32; 4] {
+    // SAFETY: the caller's contract.
+    unsafe { ptx::ld_v4_u32(p as *const u32) }
+}
+
+/// Writes one 16-byte segment (receive WQEs posted by host helpers).
+///
+/// # Safety
+/// `p` is valid for 16 bytes and 16-byte aligned.
+#[inline(always)]
+pub unsafe fn store_seg(p: *mut u8, w: [u32; 4]) {
+    // SAFETY: the caller's contract.
+    unsafe { ptx::st_v4_u32(p as *mut u32, w) }
+}
+
+/// Publishes a CQE: words 0..15 with weak stores, then word 15 (which holds
+/// `op_own`) with `st.release.sys`. Pairs with the poller's
+/// `ld.acquire.sys` of word 15 (`poll_cq`): once it sees the new owner bit,
+/// the rest of the CQE and every data write the engine made before are
+/// visible.
+///
+/// # Safety
+/// `p` is valid for 64 bytes and 16-byte aligned.
+#[inline(always)]
+pub unsafe fn store_cqe(p: *mut u8, w: &[u32; 16]) {
+    let q = p as *mut u32;
+    // SAFETY: the caller's contract.
+    unsafe {
+        ptx::st_v4_u32(q, [w[0], w[1], w[2], w[3]]);
+        ptx::st_v4_u32(q.add(4), [w[4], w[5], w[6], w[7]]);
+        ptx::st_v4_u32(q.add(8), [w[8], w[9], w[10], w[11]]);
+        ptx::st_relaxed_sys_u32(q.add(12), w[12]);
+        ptx::st_relaxed_sys_u32(q.add(13), w[13]);
+        ptx::st_relaxed_sys_u32(q.add(14), w[14]);
+        ptx::st_release_sys_u32(q.add(15), w[15]);
+    }
+}
+
+/// Writes a doorbell-record word (BE32 of `v`) with release (host helpers
+/// that post receives).
+///
+/// # Safety
+/// `p` is valid and 4-byte aligned.
+#[inline(always)]
+pub unsafe fn store_dbrec(p: *mut u32, v: u32) {
+    // SAFETY: the caller's contract.
+    unsafe { ptx::st_release_sys_u32(p, v.to_be()) }
+}
+
+/// Moves payload bytes (a DMA): `len` bytes from `src` to `dst`; the ranges
+/// may overlap (loopback into the same region).
+///
+/// # Safety
+/// Both ranges are valid for `len` bytes.
+#[inline(always)]
+pub unsafe fn copy_bytes(dst: *mut u8, src: *const u8, len: usize) {
+    // SAFETY: the caller's contract.
+    unsafe { core::ptr::copy(src, dst, len) }
+}
+
+/// Atomic fetch-and-add on a remote 8-byte word (relaxed, `sys` scope: the
+/// NIC's atomics are atomic with respect to other NIC atomics and to CPU
+/// and GPU atomics on the same word; they order nothing else).
+///
+/// # Safety
+/// `p` is valid and 8-byte aligned.
+#[inline(always)]
+pub unsafe fn atomic_fetch_add_u64(p: *mut u64, v: u64) -> u64 {
+    // SAFETY: the caller's contract.
+    unsafe { ptx::atom_add_relaxed_sys_u64(p, v) }
+}
+
+/// Atomic compare-and-swap on a remote 8-byte word; returns the old value.
+/// Same scope and ordering as [`atomic_fetch_add_u64`].
+///
+/// # Safety
+/// `p` is valid and 8-byte aligned.
+#[inline(always)]
+pub unsafe fn atomic_cas_u64(p: *mut u64, compare: u64, swap: u64) -> u64 {
+    // SAFETY: the caller's contract.
+    unsafe { ptx::atom_cas_relaxed_sys_u64(p, compare, swap) }
+}

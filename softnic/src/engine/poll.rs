@@ -1,0 +1,366 @@
+//! One pass of the engine over a port: for each QP, notice doorbells, read
+//! the doorbell record, start the WQEs it publishes (timed by the link
+//! model), execute those whose time has come, and flush QPs in the error
+//! state. Nothing here blocks: a pass does what it can and says when the
+//! next thing is due.
+
+use doorbell_kernels::mlx5::CqeSyndrome;
+
+use super::config::{EngineConfig, Rng};
+use super::exec::{execute, fail_requester, Fail, Step};
+use super::tables::{ErrorRecord, Inflight, Port, QpState, Reason, MAX_QPS};
+use super::wqe::{self, wqe_bbs};
+use super::{cqe, mem};
+
+/// What a pass did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PollReport {
+    /// WQEs started, executed, failed or flushed, and receive WQEs flushed.
+    pub progressed: u32,
+    /// The earliest time something is due (a modelled completion, a delayed
+    /// doorbell, a timeout, a doorbell-record re-read), ns; `u64::MAX` when
+    /// nothing is pending. A virtual clock can jump to it.
+    pub next_event_ns: u64,
+}
+
+impl PollReport {
+    /// Nothing done, nothing pending.
+    pub const IDLE: PollReport = PollReport {
+        progressed: 0,
+        next_event_ns: u64::MAX,
+    };
+
+    fn due(&mut self, t: u64) {
+        self.next_event_ns = self.next_event_ns.min(t);
+    }
+}
+
+/// One pass over port `p` of the fabric `ports` at time `now_ns`.
+///
+/// # Safety
+/// Every ring, doorbell record and UAR word in the tables of every port is
+/// valid memory of the stated size and alignment, and every registered
+/// region is valid memory, for the whole pass.
+pub unsafe fn poll_port(ports: &mut [Port], p: usize, now_ns: u64, cfg: &EngineConfig, rng: &mut Rng) -> PollReport {
+    let mut report = PollReport::IDLE;
+    match ports.get(p) {
+        Some(port) if port.valid != 0 => {}
+        _ => return report,
+    }
+    let start = if cfg.faults.reorder_across_qps != 0 {
+        rng.below(MAX_QPS as u64) as usize
+    } else {
+        0
+    };
+    for k in 0..MAX_QPS {
+        let q = (start + k) % MAX_QPS;
+        // SAFETY: the caller's contract.
+        unsafe { poll_qp(ports, p, q, now_ns, cfg, rng, &mut report) };
+    }
+    report
+}
+
+/// # Safety
+/// As for [`poll_port`].
+unsafe fn poll_qp(ports: &mut [Port], p: usize, q: usize, now_ns: u64, cfg: &EngineConfig, rng: &mut Rng, report: &mut PollReport) {
+    let Some(qp) = ports.get(p).and_then(|x| x.qps.get(q)) else {
+        return;
+    };
+    if !qp.in_use() {
+        return;
+    }
+    let state = qp.state();
+    if !matches!(state, QpState::Rts | QpState::Err) {
+        return;
+    }
+    // SAFETY (whole function): the caller's contract.
+    unsafe { watch_doorbell(ports, p, q, now_ns, cfg, report) };
+    if state == QpState::Err {
+        unsafe { flush(ports, p, q, now_ns, report) };
+        return;
+    }
+    unsafe { fetch(ports, p, q, now_ns, report) };
+    if cfg.faults.reorder_across_qps != 0 {
+        if let Some(qp) = ports.get_mut(p).and_then(|x| x.qps.get_mut(q)) {
+            if qp.inflight_len > 0 && qp.held < 2 && rng.below(2) == 0 {
+                qp.held += 1;
+                report.due(now_ns.saturating_add(1));
+                return;
+            }
+            qp.held = 0;
+        }
+    }
+    unsafe { execute_due(ports, p, q, now_ns, cfg, report) };
+}
+
+/// Notices a doorbell (a new UAR value, or without a UAR a new doorbell
+/// record value), applies the drop and delay faults, and reads the
+/// doorbell record when a doorbell is due or the re-read timeout expired.
+///
+/// # Safety
+/// As for [`poll_port`].
+unsafe fn watch_doorbell(ports: &mut [Port], p: usize, q: usize, now_ns: u64, cfg: &EngineConfig, report: &mut PollReport) {
+    let Some(port) = ports.get_mut(p) else { return };
+    let Port { qps, stats, .. } = port;
+    let Some(qp) = qps.get_mut(q) else { return };
+    if qp.dbrec.is_null() {
+        return;
+    }
+    // SAFETY (whole function): the caller's contract.
+    let seen = if qp.uar.is_null() {
+        (unsafe { mem::load_dbrec(qp.dbrec.add(1)) } & 0xffff) as u64
+    } else {
+        unsafe { mem::load_uar(qp.uar) }
+    };
+    if seen != qp.last_doorbell {
+        qp.last_doorbell = seen;
+        qp.doorbells += 1;
+        stats.doorbells += 1;
+        let n = cfg.faults.drop_doorbell_every as u64;
+        if n != 0 && qp.doorbells % n == 0 {
+            stats.doorbells_dropped += 1;
+        } else if qp.db_pending == 0 {
+            qp.db_pending = 1;
+            qp.db_due_ns = now_ns.saturating_add(cfg.faults.doorbell_delay_ns);
+        }
+    }
+    let doorbell_due = qp.db_pending != 0 && now_ns >= qp.db_due_ns;
+    let reread_due = now_ns.saturating_sub(qp.last_dbr_read_ns) >= cfg.dbr_reread_ns;
+    if doorbell_due || reread_due {
+        if !doorbell_due {
+            stats.dbr_rereads += 1;
+        }
+        qp.sq_pi = unsafe { mem::load_dbrec(qp.dbrec.add(1)) } & 0xffff;
+        qp.db_pending = 0;
+        qp.last_dbr_read_ns = now_ns;
+    }
+    if qp.db_pending != 0 {
+        report.due(qp.db_due_ns);
+    }
+    report.due(qp.last_dbr_read_ns.saturating_add(cfg.dbr_reread_ns.max(1)));
+}
+
+/// Basic blocks published and not yet started.
+fn published(sq_pi: u32, sq_ci: u32) -> u32 {
+    (sq_pi as u16).wrapping_sub(sq_ci as u16) as u32
+}
+
+/// Starts the published WQEs: each gets its due time from the link model
+/// (the port's transmitter is shared in start order; a fenced WQE starts no
+/// earlier than the completion of the QP's earlier reads and atomics) and
+/// joins the QP's in-flight ring.
+///
+/// # Safety
+/// As for [`poll_port`].
+unsafe fn fetch(ports: &mut [Port], p: usize, q: usize, now_ns: u64, report: &mut PollReport) {
+    let Some(port) = ports.get_mut(p) else { return };
+    let Port {
+        qps,
+        link,
+        tx_free_ps,
+        stats,
+        ..
+    } = &mut *port;
+    let Some(qp) = qps.get_mut(q) else { return };
+    let now_ps = now_ns.saturating_mul(1000);
+    let mut overrun = None;
+    loop {
+        if qp.inflight_len as usize >= super::tables::MAX_INFLIGHT {
+            break;
+        }
+        let avail = published(qp.sq_pi, qp.sq_ci);
+        if avail == 0 {
+            break;
+        }
+        if avail > qp.sq_wqebbs {
+            // The producer overran the ring: nothing in it can be trusted.
+            qp.state = QpState::Err as u32;
+            stats.errors += 1;
+            overrun = Some(ErrorRecord {
+                time_ns: now_ns,
+                qpn: qp.qpn,
+                wqe_counter: qp.sq_ci as u16,
+                syndrome: CqeSyndrome::LocalQpOp.as_u8(),
+                reason: Reason::SqOverrun as u8,
+                ..ErrorRecord::default()
+            });
+            break;
+        }
+        // SAFETY (loop body): the caller's contract.
+        let ctrl = unsafe { wqe::read_ctrl(qp, qp.sq_ci) };
+        // A bad ds still takes one basic block; execution reports it.
+        let bbs = wqe_bbs(ctrl.ds, qp.sq_wqebbs).unwrap_or(1);
+        if bbs > avail {
+            break; // the rest of the WQE is not published yet
+        }
+        let (bytes, fenced, rd_atomic) = match unsafe { wqe::parse(qp, qp.sq_ci) } {
+            Ok(w) => (
+                w.len,
+                w.ctrl.fm_ce_se & doorbell_kernels::mlx5::WQE_CTRL_FENCE != 0,
+                wqe::is_read_or_atomic(w.ctrl.opcode),
+            ),
+            Err(_) => (0, false, false),
+        };
+        let due_ps = if link.enabled() {
+            let mut start = now_ps.max(*tx_free_ps);
+            if fenced {
+                start = start.max(qp.rd_atomic_due_ps);
+            }
+            let end = start.saturating_add(link.wire_ps(bytes));
+            *tx_free_ps = end;
+            end.saturating_add(link.latency_ns.saturating_mul(1000))
+        } else {
+            now_ps
+        };
+        if rd_atomic {
+            qp.rd_atomic_due_ps = qp.rd_atomic_due_ps.max(due_ps);
+        }
+        qp.inflight_push(Inflight {
+            wqe_idx: qp.sq_ci,
+            bbs,
+            due_ps,
+            deadline_ns: 0,
+        });
+        qp.sq_ci = qp.sq_ci.wrapping_add(bbs);
+        report.progressed += 1;
+    }
+    if let Some(r) = overrun {
+        port.log_error(r);
+    }
+}
+
+/// Executes, in order, the in-flight WQEs whose due time has come. A WQE
+/// waiting on the responder keeps the ones behind it waiting too (RC
+/// order), until it proceeds or its deadline fails it.
+///
+/// # Safety
+/// As for [`poll_port`].
+unsafe fn execute_due(ports: &mut [Port], p: usize, q: usize, now_ns: u64, cfg: &EngineConfig, report: &mut PollReport) {
+    let now_ps = now_ns.saturating_mul(1000);
+    loop {
+        let Some(qp) = ports.get(p).and_then(|x| x.qps.get(q)) else {
+            return;
+        };
+        if qp.state() != QpState::Rts {
+            report.due(now_ns.saturating_add(1)); // flush on the next pass
+            return;
+        }
+        let Some(head) = qp.inflight_front().copied() else {
+            return;
+        };
+        if head.due_ps > now_ps {
+            report.due(head.due_ps.div_ceil(1000));
+            return;
+        }
+        // SAFETY: the caller's contract.
+        match unsafe { execute(ports, p, q, &head, now_ns, cfg) } {
+            Step::Done | Step::Failed => {
+                if let Some(qp) = ports.get_mut(p).and_then(|x| x.qps.get_mut(q)) {
+                    qp.inflight_pop();
+                }
+                report.progressed += 1;
+            }
+            Step::Blocked => {
+                report.due(now_ns.saturating_add(1_000));
+                return;
+            }
+            Step::Wait {
+                reason,
+                syndrome,
+                timeout_ns,
+            } => {
+                let Some(qp) = ports.get_mut(p).and_then(|x| x.qps.get_mut(q)) else {
+                    return;
+                };
+                let Some(h) = qp.inflight_front_mut() else { return };
+                if h.deadline_ns == 0 {
+                    h.deadline_ns = now_ns.saturating_add(timeout_ns).max(1);
+                }
+                let deadline = h.deadline_ns;
+                if now_ns < deadline {
+                    report.due(deadline.min(now_ns.saturating_add(1_000)));
+                    return;
+                }
+                // SAFETY: the caller's contract.
+                let opcode = unsafe { wqe::read_ctrl(qp, head.wqe_idx) }.opcode;
+                let f = Fail {
+                    syndrome,
+                    reason,
+                    key: 0,
+                    addr: 0,
+                };
+                // SAFETY: the caller's contract; execute() checked the room.
+                unsafe { fail_requester(ports, p, q, head.wqe_idx, opcode, &f, now_ns) };
+                if let Some(qp) = ports.get_mut(p).and_then(|x| x.qps.get_mut(q)) {
+                    qp.inflight_pop();
+                }
+                report.progressed += 1;
+            }
+        }
+    }
+}
+
+/// Flushes a QP in the error state: every started and every published WQE
+/// completes with `WR_FLUSH_ERR` (signaled or not, as the IB spec asks),
+/// then every posted receive WQE.
+///
+/// # Safety
+/// As for [`poll_port`].
+unsafe fn flush(ports: &mut [Port], p: usize, q: usize, now_ns: u64, report: &mut PollReport) {
+    let Some(port) = ports.get_mut(p) else { return };
+    let Port { qps, cqs, stats, .. } = port;
+    let Some(qp) = qps.get_mut(q) else { return };
+    let flushed = Reason::Flushed as u8;
+    let syndrome = CqeSyndrome::WrFlush.as_u8();
+    // SAFETY (whole function): the caller's contract.
+    if let Some(cq) = cqs.get_mut(qp.send_cq as usize) {
+        loop {
+            if !unsafe { cqe::has_room(cq) } {
+                report.due(now_ns.saturating_add(1_000));
+                break;
+            }
+            let idx = if let Some(h) = qp.inflight_front().copied() {
+                qp.inflight_pop();
+                h.wqe_idx
+            } else {
+                let avail = published(qp.sq_pi, qp.sq_ci).min(qp.sq_wqebbs);
+                if avail == 0 {
+                    break;
+                }
+                let idx = qp.sq_ci;
+                let ds = unsafe { wqe::read_ctrl(qp, idx) }.ds;
+                let bbs = wqe_bbs(ds, qp.sq_wqebbs).unwrap_or(1).min(avail);
+                qp.sq_ci = qp.sq_ci.wrapping_add(bbs);
+                idx
+            };
+            let opcode = unsafe { wqe::read_ctrl(qp, idx) }.opcode;
+            let img = cqe::error(cq, false, syndrome, flushed, qp.qpn, opcode, idx as u16);
+            if unsafe { cqe::push(cq, &img, true) } {
+                stats.cqes += 1;
+                stats.flushes += 1;
+            }
+            report.progressed += 1;
+        }
+        // An overrun producer: drop what cannot be a WQE.
+        if published(qp.sq_pi, qp.sq_ci) > qp.sq_wqebbs {
+            qp.sq_ci = qp.sq_pi;
+        }
+    }
+    if let Some(cq) = cqs.get_mut(qp.recv_cq as usize) {
+        let mut pending = unsafe { super::rq::posted(qp) };
+        while pending > 0 {
+            if !unsafe { cqe::has_room(cq) } {
+                report.due(now_ns.saturating_add(1_000));
+                break;
+            }
+            let img = cqe::error(cq, true, syndrome, flushed, qp.qpn, 0, qp.rq_ci as u16);
+            if unsafe { cqe::push(cq, &img, true) } {
+                stats.cqes += 1;
+                stats.flushes += 1;
+            }
+            qp.rq_ci = qp.rq_ci.wrapping_add(1);
+            pending -= 1;
+            report.progressed += 1;
+        }
+    }
+}

@@ -1,0 +1,631 @@
+//! The engine's state: plain `#[repr(C)]` records in fixed-size tables (no
+//! allocation; the same bytes can live in device memory for a GPU-resident
+//! engine). The host wrapper owns them and fills the setup fields; the
+//! engine owns the fields marked "engine".
+
+use super::link::LinkModel;
+
+/// Memory regions per port.
+pub const MAX_MRS: usize = 256;
+/// Completion queues per port.
+pub const MAX_CQS: usize = 64;
+/// Queue pairs per port.
+pub const MAX_QPS: usize = 64;
+/// WQEs a QP may have started but not completed (the engine stops fetching
+/// from a QP when this many are in flight).
+pub const MAX_INFLIGHT: usize = 16;
+/// Error records kept per port (a ring; older ones are overwritten).
+pub const ERROR_LOG: usize = 32;
+
+/// Access rights of a memory region or a QP (the values of verbs'
+/// `IBV_ACCESS_*`). Local read is always allowed.
+pub mod access {
+    /// `IBV_ACCESS_LOCAL_WRITE`: the NIC may write the region for this
+    /// port's own WQEs (RDMA read destination, atomic result, receive buffer).
+    pub const LOCAL_WRITE: u32 = 1;
+    /// `IBV_ACCESS_REMOTE_WRITE`: peers may RDMA-write it.
+    pub const REMOTE_WRITE: u32 = 2;
+    /// `IBV_ACCESS_REMOTE_READ`: peers may RDMA-read it.
+    pub const REMOTE_READ: u32 = 4;
+    /// `IBV_ACCESS_REMOTE_ATOMIC`: peers may run atomics on it.
+    pub const REMOTE_ATOMIC: u32 = 8;
+    /// Every flag above.
+    pub const ALL: u32 = LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ | REMOTE_ATOMIC;
+}
+
+/// `MLX5_INVALID_LKEY`: the lkey that ends a receive WQE's scatter list
+/// when it has fewer entries than the RQ's stride holds (libmlx5 writes it).
+pub const INVALID_LKEY: u32 = 0x100;
+
+/// QP states (the values of verbs' `enum ibv_qp_state`).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QpState {
+    /// Fresh or reset: nothing is processed.
+    Reset = 0,
+    /// Receives may be posted; nothing is processed.
+    Init = 1,
+    /// Ready to receive: the QP answers its peer; its SQ is not processed.
+    Rtr = 2,
+    /// Ready to send: the SQ is processed on doorbells.
+    Rts = 3,
+    /// Error: every outstanding and newly posted WQE (send and receive)
+    /// completes with `WR_FLUSH_ERR`.
+    Err = 6,
+}
+
+impl QpState {
+    /// The state with value `v` (an unknown value reads as `Err`).
+    pub const fn from_u32(v: u32) -> QpState {
+        match v {
+            0 => QpState::Reset,
+            1 => QpState::Init,
+            2 => QpState::Rtr,
+            3 => QpState::Rts,
+            _ => QpState::Err,
+        }
+    }
+
+    /// Whether verbs allow `self → to` (`ibv_modify_qp`'s state machine for
+    /// RC QPs, without SQD/SQE): RESET→INIT, INIT→INIT, INIT→RTR, RTR→RTS,
+    /// RTS→RTS, any→ERR, any→RESET.
+    pub const fn can_move_to(self, to: QpState) -> bool {
+        matches!(
+            (self, to),
+            (_, QpState::Err)
+                | (_, QpState::Reset)
+                | (QpState::Reset, QpState::Init)
+                | (QpState::Init, QpState::Init)
+                | (QpState::Init, QpState::Rtr)
+                | (QpState::Rtr, QpState::Rts)
+                | (QpState::Rts, QpState::Rts)
+        )
+    }
+}
+
+/// Why the engine failed a WQE, in the soft NIC's own words. Written into
+/// `vendor_err_synd` of the error CQE (real hardware puts its own vendor
+/// codes there), and into the port's error log.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// No reason recorded.
+    None = 0,
+    /// The key names no registered memory region (never registered, or
+    /// deregistered).
+    BadKey = 1,
+    /// The region belongs to another protection domain than the QP.
+    PdMismatch = 2,
+    /// The address range is not inside the region.
+    OutOfBounds = 3,
+    /// The region (or the responder QP) does not grant the access.
+    AccessDenied = 4,
+    /// An atomic's remote address is not 8-byte aligned.
+    Misaligned = 5,
+    /// The ctrl segment's opcode is not one the soft NIC executes.
+    BadOpcode = 6,
+    /// The ctrl segment's `ds` does not fit the opcode or the ring.
+    BadDs = 7,
+    /// The ctrl segment's `wqe_index` is not the consumer index.
+    WqeIndexMismatch = 8,
+    /// The ctrl segment's QP number is not the QP's.
+    QpnMismatch = 9,
+    /// The peer QP is missing, not connected back to this QP, or not in
+    /// RTR/RTS: no response until the transport timeout.
+    PeerNotReady = 10,
+    /// The peer's port is stalled (fault injection) past the transport
+    /// timeout.
+    PeerStalled = 11,
+    /// No receive WQE was posted at the responder until the RNR timeout.
+    NoReceiveWqe = 12,
+    /// A fault injected on purpose (`FaultConfig::force_error_every`).
+    Injected = 13,
+    /// A message longer than 2^31 bytes, an atomic whose data segment is not
+    /// 8 bytes, or a send longer than the receive buffers.
+    Length = 14,
+    /// A data segment with the inline flag (not executed by the soft NIC).
+    InlineUnsupported = 15,
+    /// The producer published more WQE basic blocks than the ring holds.
+    SqOverrun = 16,
+    /// The WQE was flushed because the QP is in the error state.
+    Flushed = 17,
+}
+
+impl Reason {
+    /// The reason for byte `v` (`None` for unknown values).
+    pub const fn from_u8(v: u8) -> Reason {
+        match v {
+            1 => Reason::BadKey,
+            2 => Reason::PdMismatch,
+            3 => Reason::OutOfBounds,
+            4 => Reason::AccessDenied,
+            5 => Reason::Misaligned,
+            6 => Reason::BadOpcode,
+            7 => Reason::BadDs,
+            8 => Reason::WqeIndexMismatch,
+            9 => Reason::QpnMismatch,
+            10 => Reason::PeerNotReady,
+            11 => Reason::PeerStalled,
+            12 => Reason::NoReceiveWqe,
+            13 => Reason::Injected,
+            14 => Reason::Length,
+            15 => Reason::InlineUnsupported,
+            16 => Reason::SqOverrun,
+            17 => Reason::Flushed,
+            _ => Reason::None,
+        }
+    }
+
+    /// What to check, in words.
+    pub const fn description(self) -> &'static str {
+        match self {
+            Reason::None => "no reason recorded",
+            Reason::BadKey => "the key names no registered memory region (never registered or deregistered)",
+            Reason::PdMismatch => "the memory region belongs to another protection domain than the QP",
+            Reason::OutOfBounds => "the address range is not inside the memory region",
+            Reason::AccessDenied => "the memory region or the responder QP does not grant this access",
+            Reason::Misaligned => "an atomic's remote address is not 8-byte aligned",
+            Reason::BadOpcode => "the ctrl segment's opcode is not one the soft NIC executes",
+            Reason::BadDs => "the ctrl segment's ds does not fit the opcode or the ring",
+            Reason::WqeIndexMismatch => "the ctrl segment's wqe_index is not the SQ consumer index",
+            Reason::QpnMismatch => "the ctrl segment's QP number is not this QP's",
+            Reason::PeerNotReady => "the peer QP is missing, not connected back, or not in RTR/RTS",
+            Reason::PeerStalled => "the peer port stopped answering (injected stall)",
+            Reason::NoReceiveWqe => "the responder had no receive WQE posted",
+            Reason::Injected => "an error injected by the fault configuration",
+            Reason::Length => "a length error: over 2^31 bytes, an atomic not of 8 bytes, or a send longer than the receive buffers",
+            Reason::InlineUnsupported => "an inline data segment (the soft NIC does not execute inline data)",
+            Reason::SqOverrun => "the producer published more WQE basic blocks than the send queue holds",
+            Reason::Flushed => "flushed: the QP is in the error state",
+        }
+    }
+}
+
+/// One registered memory region.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MrEntry {
+    /// First byte (an address in the engine's address space).
+    pub addr: u64,
+    /// Bytes.
+    pub len: u64,
+    /// lkey = rkey (as on mlx5 for ordinary regions): `(slot + 1) << 8 | tag`.
+    pub key: u32,
+    /// [`access`] flags.
+    pub access: u32,
+    /// Protection domain number.
+    pub pd: u32,
+    /// 1 while registered.
+    pub valid: u32,
+}
+
+impl MrEntry {
+    /// An unused slot.
+    pub const EMPTY: MrEntry = MrEntry {
+        addr: 0,
+        len: 0,
+        key: 0,
+        access: 0,
+        pd: 0,
+        valid: 0,
+    };
+}
+
+/// The table slot a key names (keys are `(slot + 1) << 8 | tag`).
+#[inline(always)]
+pub const fn key_slot(key: u32) -> Option<usize> {
+    let s = key >> 8;
+    if s == 0 || s as usize > MAX_MRS {
+        None
+    } else {
+        Some(s as usize - 1)
+    }
+}
+
+/// The key of `slot` with generation `tag` (1..=255, so no key is 0 or
+/// [`INVALID_LKEY`]).
+#[inline(always)]
+pub const fn make_key(slot: usize, tag: u8) -> u32 {
+    let tag = if tag == 0 { 1 } else { tag };
+    ((slot as u32 + 1) << 8) | tag as u32
+}
+
+/// One completion queue: a ring of 64-byte CQEs in caller-owned memory.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CqEntry {
+    /// The ring: `entries` CQEs of 64 bytes, 64-byte aligned.
+    pub ring: *mut u8,
+    /// The consumer's doorbell record (`dbrec[MLX5_CQ_SET_CI]`, BE32 of the
+    /// consumer index mod 2^24); null: the engine does not check for room.
+    pub dbrec: *const u32,
+    /// Entries, a power of two.
+    pub entries: u32,
+    /// CQ number.
+    pub cqn: u32,
+    /// 1 while created.
+    pub valid: u32,
+    /// Armed for an event: 0 no, 1 any completion, 2 solicited (and error)
+    /// completions only. Cleared when the event fires.
+    pub armed: u32,
+    /// Engine: CQEs written (wrapping).
+    pub pi: u32,
+    /// Engine: completion events fired.
+    pub events: u32,
+}
+
+impl CqEntry {
+    /// An unused slot.
+    pub const EMPTY: CqEntry = CqEntry {
+        ring: core::ptr::null_mut(),
+        dbrec: core::ptr::null(),
+        entries: 0,
+        cqn: 0,
+        valid: 0,
+        armed: 0,
+        pi: 0,
+        events: 0,
+    };
+}
+
+/// A WQE the engine started (timed by the link model) and has not
+/// completed.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Inflight {
+    /// SQ counter (in basic blocks) of its first basic block.
+    pub wqe_idx: u32,
+    /// Basic blocks it spans.
+    pub bbs: u32,
+    /// Modelled arrival / completion time, picoseconds.
+    pub due_ps: u64,
+    /// While it waits on the responder (RNR, stalled or absent peer): when
+    /// it gives up, nanoseconds; 0 when not waiting.
+    pub deadline_ns: u64,
+}
+
+/// QP flag: the slot is in use.
+pub const QP_IN_USE: u32 = 1;
+/// QP flag: connected to a peer (set at RTR).
+pub const QP_CONNECTED: u32 = 2;
+
+/// One RC queue pair: its rings in caller-owned memory and the engine's
+/// progress through them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct QpEntry {
+    /// SQ ring: `sq_wqebbs` basic blocks of 64 bytes, 64-byte aligned.
+    pub sq: *mut u8,
+    /// RQ ring: `rq_wqes` receive WQEs of `rq_max_sge × 16` bytes; null when
+    /// the QP has no receive queue.
+    pub rq: *mut u8,
+    /// Doorbell record pair: `[0]` = BE32 receive counter
+    /// (`MLX5_RCV_DBR`), `[1]` = BE32 send counter (`MLX5_SND_DBR`).
+    pub dbrec: *mut u32,
+    /// UAR doorbell word (the 8-byte store of `ring_doorbell`); null: the
+    /// engine watches the doorbell record itself.
+    pub uar: *const u64,
+    /// QP number (24 bits).
+    pub qpn: u32,
+    /// [`QpState`] as `u32`.
+    pub state: u32,
+    /// Protection domain number.
+    pub pd: u32,
+    /// Send CQ (slot in this port's CQ table).
+    pub send_cq: u32,
+    /// Receive CQ (slot).
+    pub recv_cq: u32,
+    /// SQ size in basic blocks, a power of two.
+    pub sq_wqebbs: u32,
+    /// RQ size in WQEs, a power of two (0: no RQ).
+    pub rq_wqes: u32,
+    /// Scatter entries per receive WQE, a power of two.
+    pub rq_max_sge: u32,
+    /// Remote access the QP grants as a responder ([`access`] remote flags,
+    /// set at INIT).
+    pub access: u32,
+    /// Peer port (index in the fabric), valid with [`QP_CONNECTED`].
+    pub peer_port: u32,
+    /// Peer QP slot on that port.
+    pub peer_qp: u32,
+    /// [`QP_IN_USE`] | [`QP_CONNECTED`].
+    pub flags: u32,
+    /// Engine: SQ consumer counter, in basic blocks (wrapping).
+    pub sq_ci: u32,
+    /// Engine: the send counter last read from the doorbell record (16 bits).
+    pub sq_pi: u32,
+    /// Engine: RQ consumer counter (wrapping).
+    pub rq_ci: u32,
+    /// Engine: 1 while a doorbell was seen and not acted on yet.
+    pub db_pending: u32,
+    /// Engine: last UAR value seen (or last doorbell-record value, without
+    /// a UAR).
+    pub last_doorbell: u64,
+    /// Engine: when the pending doorbell is acted on (delay fault), ns.
+    pub db_due_ns: u64,
+    /// Engine: when the doorbell record was last read, ns.
+    pub last_dbr_read_ns: u64,
+    /// Engine: doorbells seen (for the drop fault).
+    pub doorbells: u64,
+    /// Engine: completion time of the latest RDMA read / atomic, ps (a
+    /// fenced WQE starts no earlier).
+    pub rd_atomic_due_ps: u64,
+    /// Engine: polls in a row this QP's completions were held back
+    /// (reorder fault).
+    pub held: u32,
+    /// Engine: head of the in-flight ring.
+    pub inflight_head: u32,
+    /// Engine: entries in the in-flight ring.
+    pub inflight_len: u32,
+    /// Zero.
+    pub reserved: u32,
+    /// Engine: WQEs started and not completed, oldest first.
+    pub inflight: [Inflight; MAX_INFLIGHT],
+}
+
+impl QpEntry {
+    /// An unused slot.
+    pub const EMPTY: QpEntry = QpEntry {
+        sq: core::ptr::null_mut(),
+        rq: core::ptr::null_mut(),
+        dbrec: core::ptr::null_mut(),
+        uar: core::ptr::null(),
+        qpn: 0,
+        state: QpState::Reset as u32,
+        pd: 0,
+        send_cq: 0,
+        recv_cq: 0,
+        sq_wqebbs: 0,
+        rq_wqes: 0,
+        rq_max_sge: 0,
+        access: 0,
+        peer_port: 0,
+        peer_qp: 0,
+        flags: 0,
+        sq_ci: 0,
+        sq_pi: 0,
+        rq_ci: 0,
+        db_pending: 0,
+        last_doorbell: 0,
+        db_due_ns: 0,
+        last_dbr_read_ns: 0,
+        doorbells: 0,
+        rd_atomic_due_ps: 0,
+        held: 0,
+        inflight_head: 0,
+        inflight_len: 0,
+        reserved: 0,
+        inflight: [Inflight {
+            wqe_idx: 0,
+            bbs: 0,
+            due_ps: 0,
+            deadline_ns: 0,
+        }; MAX_INFLIGHT],
+    };
+
+    /// The QP's state.
+    #[inline(always)]
+    pub const fn state(&self) -> QpState {
+        QpState::from_u32(self.state)
+    }
+
+    /// Whether the slot holds a QP.
+    #[inline(always)]
+    pub const fn in_use(&self) -> bool {
+        self.flags & QP_IN_USE != 0
+    }
+
+    /// The oldest in-flight WQE.
+    #[inline(always)]
+    pub fn inflight_front(&self) -> Option<&Inflight> {
+        if self.inflight_len == 0 {
+            None
+        } else {
+            self.inflight.get(self.inflight_head as usize % MAX_INFLIGHT)
+        }
+    }
+
+    /// Mutable [`Self::inflight_front`].
+    #[inline(always)]
+    pub fn inflight_front_mut(&mut self) -> Option<&mut Inflight> {
+        if self.inflight_len == 0 {
+            None
+        } else {
+            self.inflight.get_mut(self.inflight_head as usize % MAX_INFLIGHT)
+        }
+    }
+
+    /// Drops the oldest in-flight WQE.
+    #[inline(always)]
+    pub fn inflight_pop(&mut self) {
+        if self.inflight_len > 0 {
+            self.inflight_head = (self.inflight_head + 1) % MAX_INFLIGHT as u32;
+            self.inflight_len -= 1;
+        }
+    }
+
+    /// Appends an in-flight WQE; false when the ring is full.
+    #[inline(always)]
+    pub fn inflight_push(&mut self, w: Inflight) -> bool {
+        if self.inflight_len as usize >= MAX_INFLIGHT {
+            return false;
+        }
+        let i = (self.inflight_head + self.inflight_len) as usize % MAX_INFLIGHT;
+        if let Some(slot) = self.inflight.get_mut(i) {
+            *slot = w;
+            self.inflight_len += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Resets the engine's progress (RESET state).
+    pub fn reset_progress(&mut self) {
+        self.sq_ci = 0;
+        self.sq_pi = 0;
+        self.rq_ci = 0;
+        self.db_pending = 0;
+        self.last_doorbell = 0;
+        self.db_due_ns = 0;
+        self.doorbells = 0;
+        self.rd_atomic_due_ps = 0;
+        self.held = 0;
+        self.inflight_head = 0;
+        self.inflight_len = 0;
+    }
+}
+
+/// One entry of a port's error log: a failed WQE or an asynchronous error.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ErrorRecord {
+    /// Engine time, ns.
+    pub time_ns: u64,
+    /// The address involved (0 if none).
+    pub addr: u64,
+    /// The key involved (0 if none).
+    pub key: u32,
+    /// QP number.
+    pub qpn: u32,
+    /// `wqe_counter` of the WQE (or receive WQE).
+    pub wqe_counter: u16,
+    /// WQE opcode.
+    pub opcode: u8,
+    /// `MLX5_CQE_SYNDROME_*` reported.
+    pub syndrome: u8,
+    /// [`Reason`] as `u8`.
+    pub reason: u8,
+    /// 1: this port was the responder (a receive-side error).
+    pub responder: u8,
+    /// Zero.
+    pub reserved: [u8; 2],
+}
+
+/// Counters of one port.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct PortStats {
+    /// WQEs executed successfully.
+    pub wqes: u64,
+    /// Payload bytes moved by this port's WQEs.
+    pub bytes: u64,
+    /// CQEs written to this port's CQs.
+    pub cqes: u64,
+    /// Error CQEs (not counting flushes).
+    pub errors: u64,
+    /// Flush CQEs.
+    pub flushes: u64,
+    /// Doorbells seen.
+    pub doorbells: u64,
+    /// Doorbells dropped by fault injection.
+    pub doorbells_dropped: u64,
+    /// Doorbell-record reads made by the timeout (not by a doorbell).
+    pub dbr_rereads: u64,
+    /// WQEs the engine began to execute (the forced-error fault counts these).
+    pub executed: u64,
+}
+
+/// One soft NIC port: its tables, link state and log.
+#[repr(C)]
+pub struct Port {
+    /// Memory regions.
+    pub mrs: [MrEntry; MAX_MRS],
+    /// Completion queues.
+    pub cqs: [CqEntry; MAX_CQS],
+    /// Queue pairs.
+    pub qps: [QpEntry; MAX_QPS],
+    /// Link model (disabled: every WQE completes when executed).
+    pub link: LinkModel,
+    /// When the port's transmitter is free again, ps.
+    pub tx_free_ps: u64,
+    /// The port's LID (its address in the fabric).
+    pub lid: u32,
+    /// 1 while in use.
+    pub valid: u32,
+    /// Error log (a ring of [`ERROR_LOG`] entries).
+    pub errors: [ErrorRecord; ERROR_LOG],
+    /// Error records written (wrapping).
+    pub errors_written: u32,
+    /// Zero.
+    pub reserved: u32,
+    /// Counters.
+    pub stats: PortStats,
+}
+
+impl Port {
+    /// An empty port with LID `lid`.
+    pub const fn new(lid: u32, link: LinkModel) -> Port {
+        Port {
+            mrs: [MrEntry::EMPTY; MAX_MRS],
+            cqs: [CqEntry::EMPTY; MAX_CQS],
+            qps: [QpEntry::EMPTY; MAX_QPS],
+            link,
+            tx_free_ps: 0,
+            lid,
+            valid: 1,
+            errors: [ErrorRecord {
+                time_ns: 0,
+                addr: 0,
+                key: 0,
+                qpn: 0,
+                wqe_counter: 0,
+                opcode: 0,
+                syndrome: 0,
+                reason: 0,
+                responder: 0,
+                reserved: [0; 2],
+            }; ERROR_LOG],
+            errors_written: 0,
+            reserved: 0,
+            stats: PortStats {
+                wqes: 0,
+                bytes: 0,
+                cqes: 0,
+                errors: 0,
+                flushes: 0,
+                doorbells: 0,
+                doorbells_dropped: 0,
+                dbr_rereads: 0,
+                executed: 0,
+            },
+        }
+    }
+
+    /// Appends to the error log.
+    pub fn log_error(&mut self, r: ErrorRecord) {
+        let i = self.errors_written as usize % ERROR_LOG;
+        if let Some(slot) = self.errors.get_mut(i) {
+            *slot = r;
+        }
+        self.errors_written = self.errors_written.wrapping_add(1);
+    }
+
+    /// Checks `[addr, addr + len)` against the region of `key`: registered,
+    /// same protection domain, inside, with every flag of `need`. Returns the
+    /// pointer to `addr`. A zero-length range is not checked (verbs do not
+    /// validate keys of zero-length transfers).
+    pub fn check_mr(&self, key: u32, pd: u32, addr: u64, len: u64, need: u32) -> Result<*mut u8, Reason> {
+        if len == 0 {
+            return Ok(addr as usize as *mut u8);
+        }
+        let mr = match key_slot(key).and_then(|s| self.mrs.get(s)) {
+            Some(mr) if mr.valid != 0 && mr.key == key => mr,
+            _ => return Err(Reason::BadKey),
+        };
+        if mr.pd != pd {
+            return Err(Reason::PdMismatch);
+        }
+        let end = match addr.checked_add(len) {
+            Some(e) => e,
+            None => return Err(Reason::OutOfBounds),
+        };
+        if addr < mr.addr || end > mr.addr.wrapping_add(mr.len) {
+            return Err(Reason::OutOfBounds);
+        }
+        if mr.access & need != need {
+            return Err(Reason::AccessDenied);
+        }
+        Ok(addr as usize as *mut u8)
+    }
+}

@@ -1,0 +1,194 @@
+//! Reading WQEs out of the SQ ring with the `#[descriptor]` decoders of
+//! `doorbell_kernels::mlx5::segments`: 16-byte segments addressed by
+//! (WQE counter, segment number), wrapping at the end of the ring.
+
+use doorbell_kernels::mlx5::{
+    AtomicSeg, CqeSyndrome, CtrlSeg, DataSeg, RaddrSeg, OPCODE_ATOMIC_CS, OPCODE_ATOMIC_FA, OPCODE_NOP, OPCODE_RDMA_READ,
+    OPCODE_RDMA_WRITE, OPCODE_RDMA_WRITE_IMM, OPCODE_SEND, SEND_WQE_BB,
+};
+
+use super::mem;
+use super::tables::{QpEntry, Reason};
+
+/// Most basic blocks one WQE may span (`MLX5_SEND_WQE_MAX_WQEBBS`: 1 KiB).
+pub const MAX_WQEBBS: u32 = 16;
+/// Largest message (bytes) of one WQE: 2^31.
+pub const MAX_MESSAGE: u64 = 1 << 31;
+/// `MLX5_INLINE_SEG`: the inline flag in a data segment's byte count.
+pub const INLINE_SEG: u32 = 0x8000_0000;
+
+/// A parsed WQE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Wqe {
+    /// SQ counter (basic blocks) of its first basic block.
+    pub idx: u32,
+    /// Basic blocks it spans.
+    pub bbs: u32,
+    /// Its ctrl segment.
+    pub ctrl: CtrlSeg,
+    /// Its remote-address segment (zero for NOP and SEND).
+    pub raddr: RaddrSeg,
+    /// Its atomic segment (zero unless an atomic).
+    pub atomic: AtomicSeg,
+    /// Segment number of the first data segment.
+    pub data_first: u32,
+    /// Data segments.
+    pub data_count: u32,
+    /// Bytes of every data segment together.
+    pub len: u64,
+}
+
+/// Why a WQE cannot be executed as written (`LOCAL_QP_OP_ERR` or
+/// `LOCAL_LENGTH_ERR`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Malformed {
+    /// Syndrome to report.
+    pub syndrome: CqeSyndrome,
+    /// Why.
+    pub reason: Reason,
+}
+
+/// Address of segment `k` of the WQE whose first basic block has SQ
+/// counter `idx`, wrapping at the end of the ring.
+///
+/// # Safety
+/// `qp.sq` holds `qp.sq_wqebbs` (a power of two, non-zero) basic blocks.
+#[inline(always)]
+pub unsafe fn seg_ptr(qp: &QpEntry, idx: u32, k: u32) -> *const u8 {
+    let ring_bytes = qp.sq_wqebbs as u64 * SEND_WQE_BB as u64;
+    let off = (idx as u64 * SEND_WQE_BB as u64 + k as u64 * 16) & (ring_bytes - 1);
+    // SAFETY: the offset is reduced modulo the ring size.
+    unsafe { qp.sq.add(off as usize) }
+}
+
+/// Reads segment `k` of the WQE at `idx`.
+///
+/// # Safety
+/// As for [`seg_ptr`]; the ring is 16-byte aligned.
+#[inline(always)]
+pub unsafe fn load_seg(qp: &QpEntry, idx: u32, k: u32) -> [u32; 4] {
+    // SAFETY: the caller's contract.
+    unsafe { mem::load_seg(seg_ptr(qp, idx, k)) }
+}
+
+/// The ctrl segment of the WQE at `idx`.
+///
+/// # Safety
+/// As for [`load_seg`].
+#[inline(always)]
+pub unsafe fn read_ctrl(qp: &QpEntry, idx: u32) -> CtrlSeg {
+    // SAFETY: the caller's contract.
+    CtrlSeg::from_words(&unsafe { load_seg(qp, idx, 0) })
+}
+
+/// Data segment `n` (0-based among the data segments) of `w`.
+///
+/// # Safety
+/// As for [`load_seg`].
+#[inline(always)]
+pub unsafe fn data_seg(qp: &QpEntry, w: &Wqe, n: u32) -> DataSeg {
+    // SAFETY: the caller's contract.
+    DataSeg::from_words(&unsafe { load_seg(qp, w.idx, w.data_first + n) })
+}
+
+/// Basic blocks a WQE of `ds` 16-byte units spans, if `ds` is possible for
+/// a ring of `sq_wqebbs` basic blocks.
+#[inline(always)]
+pub const fn wqe_bbs(ds: u8, sq_wqebbs: u32) -> Option<u32> {
+    let bbs = (ds as u32 * 16).div_ceil(SEND_WQE_BB as u32);
+    if ds == 0 || bbs > MAX_WQEBBS || bbs > sq_wqebbs {
+        None
+    } else {
+        Some(bbs)
+    }
+}
+
+/// Segments before the data segments, for each executed opcode, and
+/// whether the opcode is one the engine executes.
+const fn layout(opcode: u8) -> Option<u32> {
+    match opcode {
+        OPCODE_NOP => Some(1),
+        OPCODE_SEND => Some(1),
+        OPCODE_RDMA_WRITE | OPCODE_RDMA_WRITE_IMM | OPCODE_RDMA_READ => Some(2),
+        OPCODE_ATOMIC_CS | OPCODE_ATOMIC_FA => Some(3),
+        _ => None,
+    }
+}
+
+const fn malformed(reason: Reason) -> Malformed {
+    Malformed {
+        syndrome: CqeSyndrome::LocalQpOp,
+        reason,
+    }
+}
+
+/// Parses the WQE at SQ counter `idx` and checks its shape: a known
+/// opcode, a `ds` that fits the opcode and the ring, `wqe_index` equal to
+/// the consumer index and the QP's own number in the ctrl segment (the soft
+/// NIC is stricter than hardware here: it catches producer bugs), no inline
+/// data, at most 2^31 bytes, and an atomic with exactly one 8-byte data
+/// segment. Reads only the ring.
+///
+/// # Safety
+/// As for [`load_seg`].
+pub unsafe fn parse(qp: &QpEntry, idx: u32) -> Result<Wqe, Malformed> {
+    // SAFETY: the caller's contract.
+    let ctrl = unsafe { read_ctrl(qp, idx) };
+    let head = layout(ctrl.opcode).ok_or(malformed(Reason::BadOpcode))?;
+    let bbs = wqe_bbs(ctrl.ds, qp.sq_wqebbs).ok_or(malformed(Reason::BadDs))?;
+    if (ctrl.ds as u32) < head {
+        return Err(malformed(Reason::BadDs));
+    }
+    if ctrl.wqe_index != idx as u16 {
+        return Err(malformed(Reason::WqeIndexMismatch));
+    }
+    if ctrl.qpn != qp.qpn & 0xff_ffff {
+        return Err(malformed(Reason::QpnMismatch));
+    }
+    let is_atomic = matches!(ctrl.opcode, OPCODE_ATOMIC_CS | OPCODE_ATOMIC_FA);
+    let mut w = Wqe {
+        idx,
+        bbs,
+        ctrl,
+        raddr: RaddrSeg::default(),
+        atomic: AtomicSeg::default(),
+        data_first: head,
+        data_count: if ctrl.opcode == OPCODE_NOP { 0 } else { ctrl.ds as u32 - head },
+        len: 0,
+    };
+    if head >= 2 {
+        // SAFETY: the caller's contract.
+        w.raddr = RaddrSeg::from_words(&unsafe { load_seg(qp, idx, 1) });
+    }
+    if is_atomic {
+        // SAFETY: the caller's contract.
+        w.atomic = AtomicSeg::from_words(&unsafe { load_seg(qp, idx, 2) });
+        if w.data_count != 1 {
+            return Err(malformed(Reason::BadDs));
+        }
+    }
+    let mut n = 0;
+    while n < w.data_count {
+        // SAFETY: the caller's contract.
+        let d = unsafe { data_seg(qp, &w, n) };
+        if d.byte_count & INLINE_SEG != 0 {
+            return Err(malformed(Reason::InlineUnsupported));
+        }
+        w.len += d.byte_count as u64;
+        n += 1;
+    }
+    if w.len > MAX_MESSAGE || (is_atomic && w.len != 8) {
+        return Err(Malformed {
+            syndrome: CqeSyndrome::LocalLength,
+            reason: Reason::Length,
+        });
+    }
+    Ok(w)
+}
+
+/// Whether the opcode reads from the responder (RDMA read, atomics): a
+/// fenced WQE waits for these.
+#[inline(always)]
+pub const fn is_read_or_atomic(opcode: u8) -> bool {
+    matches!(opcode, OPCODE_RDMA_READ | OPCODE_ATOMIC_CS | OPCODE_ATOMIC_FA)
+}

@@ -1,0 +1,877 @@
+//! The host wrapper: a fabric of soft NIC devices behind one lock, the
+//! verbs-shaped setup ([`crate::verbs`]) for them, an engine thread per
+//! device, and a clock (real or virtual).
+
+mod rings;
+
+pub use rings::{CqMemory, CqReader, Cqe, HostBuffer, QpMemory};
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use doorbell_kernels::mlx5::DataSeg;
+
+use crate::engine::tables::{key_slot, make_key, MAX_CQS, MAX_MRS, MAX_QPS, QP_CONNECTED, QP_IN_USE};
+use crate::engine::{
+    access, cqe, mem, parse_link, poll_port, rq, CqEntry, EngineConfig, ErrorRecord, LinkModel, MrEntry, PollReport, Port, PortStats,
+    QpEntry, QpState, Rng,
+};
+use crate::error::{Error, Result};
+use crate::verbs::{CompletionQueue, CqRing, MemoryRegion, QpEndpoint, QpRings, QueuePair, RdmaDevice};
+
+/// The environment variable holding the default link model.
+pub const LINK_ENV: &str = "DOORBELL_SOFTNIC_LINK";
+
+/// Most devices (ports) in one fabric.
+pub const MAX_PORTS: usize = 64;
+
+/// Reads [`LINK_ENV`]: unset or `off` → `None`; otherwise it must parse
+/// (`400gbps,2us`), and an error names the variable and the accepted forms.
+pub fn link_from_env() -> Result<Option<LinkModel>> {
+    match std::env::var(LINK_ENV) {
+        Ok(v) => link_from_str(LINK_ENV, &v),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => Err(Error::LinkSyntax {
+            variable: LINK_ENV,
+            value: v.to_string_lossy().into_owned(),
+            reason: crate::engine::LinkParseError::Shape,
+        }),
+    }
+}
+
+/// Parses a link description (see [`crate::engine::parse_link`]); errors
+/// name `variable`.
+pub fn link_from_str(variable: &'static str, s: &str) -> Result<Option<LinkModel>> {
+    parse_link(s).map_err(|reason| Error::LinkSyntax {
+        variable,
+        value: s.to_string(),
+        reason,
+    })
+}
+
+/// The engine's clock.
+#[derive(Debug)]
+enum Clock {
+    /// Nanoseconds since the fabric was made.
+    Real(Instant),
+    /// Whatever the owner sets.
+    Virtual(AtomicU64),
+}
+
+impl Clock {
+    fn now_ns(&self) -> u64 {
+        match self {
+            Clock::Real(t0) => t0.elapsed().as_nanos() as u64,
+            Clock::Virtual(t) => t.load(Ordering::Acquire),
+        }
+    }
+}
+
+/// How a fabric is made.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FabricConfig {
+    /// Timeouts, atomic reply order, faults.
+    pub engine: EngineConfig,
+    /// Run on a virtual clock that only [`SoftFabric::set_time_ns`],
+    /// [`SoftFabric::advance_ns`] and [`SoftFabric::run_until`] move
+    /// (deterministic tests of the link model and of timeouts).
+    pub virtual_time: bool,
+}
+
+/// The tables of every port, owned by the fabric.
+struct State {
+    ports: Vec<Port>,
+    cfg: EngineConfig,
+    rng: Rng,
+    next_pd: u32,
+    next_qpn: u32,
+    next_cqn: u32,
+    next_tag: u8,
+}
+
+// SAFETY: the raw pointers in the tables name memory the creators promised
+// (through the unsafe setup calls) to keep valid for any thread; the
+// tables themselves are only touched under the fabric's mutex.
+unsafe impl Send for State {}
+
+struct Shared {
+    state: Mutex<State>,
+    clock: Clock,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves plain tables behind; keep going.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A set of soft NIC devices that can reach each other (one address
+/// space: threads of a process, the CPU emulator's memory, or device
+/// pointers of one GPU). Cheap to clone.
+#[derive(Clone)]
+pub struct SoftFabric {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for SoftFabric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SoftFabric")
+            .field("clock", &self.shared.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SoftFabric {
+    /// A fabric with `config`.
+    pub fn new(config: FabricConfig) -> SoftFabric {
+        let clock = if config.virtual_time {
+            Clock::Virtual(AtomicU64::new(0))
+        } else {
+            Clock::Real(Instant::now())
+        };
+        SoftFabric {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State {
+                    ports: Vec::new(),
+                    cfg: config.engine,
+                    rng: Rng::new(config.engine.faults.seed),
+                    next_pd: 1,
+                    next_qpn: 0x100,
+                    next_cqn: 1,
+                    next_tag: 1,
+                }),
+                clock,
+            }),
+        }
+    }
+
+    /// Opens a new device (port) with the link model `link` (`None`: no
+    /// model). See [`link_from_env`] for the `DOORBELL_SOFTNIC_LINK` default.
+    pub fn open_device(&self, link: Option<LinkModel>) -> Result<SoftDevice> {
+        let mut st = self.shared.lock();
+        if st.ports.len() >= MAX_PORTS {
+            return Err(Error::TableFull {
+                lid: 0,
+                what: "port",
+                max: MAX_PORTS,
+            });
+        }
+        let port = st.ports.len();
+        let lid = port as u32 + 1;
+        st.ports.push(Port::new(lid, link.unwrap_or(LinkModel::OFF)));
+        Ok(SoftDevice {
+            shared: self.shared.clone(),
+            port,
+        })
+    }
+
+    /// The engine's time, ns.
+    pub fn now_ns(&self) -> u64 {
+        self.shared.clock.now_ns()
+    }
+
+    /// Sets the virtual clock (no effect on a real clock).
+    pub fn set_time_ns(&self, t: u64) {
+        if let Clock::Virtual(v) = &self.shared.clock {
+            v.fetch_max(t, Ordering::AcqRel);
+        }
+    }
+
+    /// Advances the virtual clock by `dt` ns (no effect on a real clock).
+    pub fn advance_ns(&self, dt: u64) {
+        if let Clock::Virtual(v) = &self.shared.clock {
+            v.fetch_add(dt, Ordering::AcqRel);
+        }
+    }
+
+    /// Whether the clock is virtual.
+    pub fn is_virtual(&self) -> bool {
+        matches!(self.shared.clock, Clock::Virtual(_))
+    }
+
+    /// Replaces the engine configuration (faults, timeouts) from now on.
+    pub fn set_config(&self, cfg: EngineConfig) {
+        let mut st = self.shared.lock();
+        st.cfg = cfg;
+        st.rng = Rng::new(cfg.faults.seed);
+    }
+
+    /// The engine configuration.
+    pub fn config(&self) -> EngineConfig {
+        self.shared.lock().cfg
+    }
+
+    /// One engine pass over every device.
+    pub fn poll_all(&self) -> PollReport {
+        let now = self.now_ns();
+        let mut st = self.shared.lock();
+        let State { ports, cfg, rng, .. } = &mut *st;
+        let mut total = PollReport::IDLE;
+        for p in 0..ports.len() {
+            // SAFETY: every pointer in the tables came through the unsafe
+            // setup calls, whose callers keep the memory valid while the
+            // objects live; dropped objects are removed from the tables.
+            let r = unsafe { poll_port(ports, p, now, cfg, rng) };
+            total.progressed += r.progressed;
+            total.next_event_ns = total.next_event_ns.min(r.next_event_ns);
+        }
+        total
+    }
+
+    /// Drives every device until `done()` holds, polling from this thread:
+    /// on a virtual clock, jumping to the next due event whenever a pass
+    /// makes no progress; on a real clock, polling until the time is up.
+    /// Gives up after `budget_ns` of the fabric's clock with
+    /// [`Error::Timeout`] naming `what`. Returns the time at which `done()`
+    /// held.
+    pub fn run_until(&self, what: &str, budget_ns: u64, mut done: impl FnMut() -> bool) -> Result<u64> {
+        let t0 = self.now_ns();
+        loop {
+            let r = self.poll_all();
+            if done() {
+                return Ok(self.now_ns());
+            }
+            let now = self.now_ns();
+            if now.saturating_sub(t0) > budget_ns {
+                return Err(Error::Timeout {
+                    waited_ns: now - t0,
+                    clock: if self.is_virtual() { "virtual" } else { "real" },
+                    what: what.to_string(),
+                });
+            }
+            if r.progressed == 0 {
+                if self.is_virtual() {
+                    let next = if r.next_event_ns == u64::MAX {
+                        now + 1_000
+                    } else {
+                        r.next_event_ns
+                    };
+                    self.set_time_ns(next.max(now + 1).min(t0.saturating_add(budget_ns).saturating_add(1)));
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+}
+
+/// One soft NIC device: a port of a [`SoftFabric`]. Cheap to clone.
+#[derive(Clone)]
+pub struct SoftDevice {
+    shared: Arc<Shared>,
+    port: usize,
+}
+
+impl std::fmt::Debug for SoftDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SoftDevice").field("lid", &self.lid()).finish()
+    }
+}
+
+/// A protection domain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SoftPd {
+    shared: *const (),
+    port: usize,
+    pdn: u32,
+}
+
+// SAFETY: `shared` is only compared, never dereferenced.
+unsafe impl Send for SoftPd {}
+// SAFETY: as above.
+unsafe impl Sync for SoftPd {}
+
+impl SoftPd {
+    /// The protection domain number.
+    pub fn pdn(&self) -> u32 {
+        self.pdn
+    }
+}
+
+/// A registered memory region; deregistered on drop.
+#[derive(Debug)]
+pub struct SoftMr {
+    dev: SoftDevice,
+    slot: usize,
+    key: u32,
+    addr: u64,
+    len: usize,
+}
+
+/// A completion queue; destroyed on drop.
+#[derive(Debug)]
+pub struct SoftCq {
+    dev: SoftDevice,
+    slot: usize,
+    cqn: u32,
+    ring: CqRing,
+}
+
+/// An RC queue pair; destroyed on drop.
+#[derive(Debug)]
+pub struct SoftQp {
+    dev: SoftDevice,
+    slot: usize,
+    qpn: u32,
+    rings: QpRings,
+    /// Receive WQEs posted by [`SoftQp::post_recv`] (wrapping).
+    rq_pi: AtomicU32,
+}
+
+// SAFETY: the ring pointers are memory the creator keeps valid for any
+// thread (create_cq / create_qp contracts); the tables are behind the lock.
+unsafe impl Send for SoftCq {}
+// SAFETY: as above.
+unsafe impl Sync for SoftCq {}
+// SAFETY: as above.
+unsafe impl Send for SoftQp {}
+// SAFETY: as above.
+unsafe impl Sync for SoftQp {}
+
+fn check_pow2(what: &'static str, n: u32) -> Result<()> {
+    if n == 0 || !n.is_power_of_two() {
+        return Err(Error::BadRing {
+            what,
+            why: format!("size {n} is not a power of two"),
+        });
+    }
+    Ok(())
+}
+
+fn check_align(what: &'static str, p: *const u8, align: usize) -> Result<()> {
+    if p.is_null() || (p as usize) % align != 0 {
+        return Err(Error::BadRing {
+            what,
+            why: format!("address {p:p} is null or not {align}-byte aligned"),
+        });
+    }
+    Ok(())
+}
+
+impl SoftDevice {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.shared.lock()
+    }
+
+    fn port_mut<'a>(&self, st: &'a mut State) -> &'a mut Port {
+        // The port was pushed when this device was made and ports are never removed.
+        &mut st.ports[self.port]
+    }
+
+    /// The fabric this device belongs to.
+    pub fn fabric(&self) -> SoftFabric {
+        SoftFabric {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// The port's index in its fabric.
+    pub fn port_index(&self) -> usize {
+        self.port
+    }
+
+    /// One engine pass over this device's QPs (deterministic tests drive
+    /// the engine with this instead of a thread).
+    pub fn poll_once(&self) -> PollReport {
+        let now = self.shared.clock.now_ns();
+        let mut st = self.lock();
+        let State { ports, cfg, rng, .. } = &mut *st;
+        // SAFETY: see SoftFabric::poll_all.
+        unsafe { poll_port(ports, self.port, now, cfg, rng) }
+    }
+
+    /// Starts a thread that polls this device until the returned guard is
+    /// dropped.
+    pub fn spawn_engine(&self) -> EngineThread {
+        let stop = Arc::new(AtomicBool::new(false));
+        let dev = self.clone();
+        let flag = stop.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("softnic-lid{}", self.lid()))
+            .spawn(move || {
+                let mut idle = 0u32;
+                while !flag.load(Ordering::Acquire) {
+                    let r = dev.poll_once();
+                    if r.progressed > 0 {
+                        idle = 0;
+                        continue;
+                    }
+                    idle = idle.saturating_add(1);
+                    if idle < 64 {
+                        std::hint::spin_loop();
+                    } else if idle < 1024 {
+                        std::thread::yield_now();
+                    } else {
+                        // Long idle: sleep, but never past the next due event.
+                        let now = dev.shared.clock.now_ns();
+                        let wait = r.next_event_ns.saturating_sub(now).clamp(1_000, 50_000);
+                        std::thread::sleep(Duration::from_nanos(wait));
+                    }
+                }
+            })
+            .expect("spawning a thread for the soft NIC engine");
+        EngineThread {
+            stop,
+            handle: Some(handle),
+        }
+    }
+
+    /// The port's counters.
+    pub fn stats(&self) -> PortStats {
+        let mut st = self.lock();
+        self.port_mut(&mut st).stats
+    }
+
+    /// The error log, oldest first (at most [`crate::engine::tables::ERROR_LOG`]
+    /// most recent records).
+    pub fn error_log(&self) -> Vec<ErrorRecord> {
+        let mut st = self.lock();
+        let port = self.port_mut(&mut st);
+        let n = port.errors_written as usize;
+        let len = port.errors.len();
+        let first = n.saturating_sub(len);
+        (first..n).map(|i| port.errors[i % len]).collect()
+    }
+
+    /// The link model of this port.
+    pub fn link(&self) -> LinkModel {
+        let mut st = self.lock();
+        self.port_mut(&mut st).link
+    }
+
+    fn owns(&self, pd: &SoftPd) -> Result<()> {
+        if pd.shared != Arc::as_ptr(&self.shared) as *const () || pd.port != self.port {
+            return Err(Error::Foreign { what: "protection domain" });
+        }
+        Ok(())
+    }
+
+    fn qp_state(&self, slot: usize) -> QpState {
+        let mut st = self.lock();
+        self.port_mut(&mut st).qps[slot].state()
+    }
+
+    fn modify(&self, slot: usize, to: QpState, f: impl FnOnce(&mut State, &mut QpEntry) -> Result<()>) -> Result<()> {
+        let now = self.shared.clock.now_ns();
+        let mut st = self.lock();
+        let mut qp = self.port_mut(&mut st).qps[slot];
+        let from = qp.state();
+        if !from.can_move_to(to) {
+            return Err(Error::BadTransition { qpn: qp.qpn, from, to });
+        }
+        f(&mut st, &mut qp)?;
+        qp.state = to as u32;
+        match to {
+            QpState::Reset => {
+                qp.reset_progress();
+                qp.flags &= !QP_CONNECTED;
+            }
+            QpState::Rts if from != QpState::Rts => {
+                // Doorbells rung before RTS count from here: read the record now.
+                qp.last_dbr_read_ns = now.saturating_sub(st.cfg.dbr_reread_ns);
+                // SAFETY: create_qp's contract keeps the doorbell memory valid.
+                qp.last_doorbell = unsafe {
+                    if qp.uar.is_null() {
+                        (mem::load_dbrec(qp.dbrec.add(1)) & 0xffff) as u64
+                    } else {
+                        mem::load_uar(qp.uar)
+                    }
+                };
+            }
+            _ => {}
+        }
+        self.port_mut(&mut st).qps[slot] = qp;
+        Ok(())
+    }
+}
+
+impl RdmaDevice for SoftDevice {
+    type Error = Error;
+    type Pd = SoftPd;
+    type Mr = SoftMr;
+    type Cq = SoftCq;
+    type Qp = SoftQp;
+
+    fn lid(&self) -> u16 {
+        self.port as u16 + 1
+    }
+
+    fn alloc_pd(&self) -> Result<SoftPd> {
+        let mut st = self.lock();
+        let pdn = st.next_pd;
+        st.next_pd += 1;
+        Ok(SoftPd {
+            shared: Arc::as_ptr(&self.shared) as *const (),
+            port: self.port,
+            pdn,
+        })
+    }
+
+    unsafe fn reg_mr(&self, pd: &SoftPd, addr: *mut u8, len: usize, flags: u32) -> Result<SoftMr> {
+        self.owns(pd)?;
+        if flags & !access::ALL != 0 {
+            return Err(Error::BadAccess {
+                flags,
+                why: "unknown bits (the soft NIC knows LOCAL_WRITE, REMOTE_WRITE, REMOTE_READ, REMOTE_ATOMIC)",
+            });
+        }
+        if flags & (access::REMOTE_WRITE | access::REMOTE_ATOMIC) != 0 && flags & access::LOCAL_WRITE == 0 {
+            return Err(Error::BadAccess {
+                flags,
+                why: "remote write and remote atomic need local write too (verbs refuse this with EINVAL)",
+            });
+        }
+        if len == 0 || addr.is_null() || (addr as u64).checked_add(len as u64).is_none() {
+            return Err(Error::BadRegion {
+                addr: addr as u64,
+                len,
+                why: "empty, null, or wrapping the address space",
+            });
+        }
+        let mut st = self.lock();
+        let tag = st.next_tag;
+        st.next_tag = st.next_tag.wrapping_add(1).max(1);
+        let lid = self.lid();
+        let port = self.port_mut(&mut st);
+        let slot = port.mrs.iter().position(|m| m.valid == 0).ok_or(Error::TableFull {
+            lid,
+            what: "memory region",
+            max: MAX_MRS,
+        })?;
+        let key = make_key(slot, tag);
+        debug_assert_eq!(key_slot(key), Some(slot));
+        port.mrs[slot] = MrEntry {
+            addr: addr as u64,
+            len: len as u64,
+            key,
+            access: flags,
+            pd: pd.pdn,
+            valid: 1,
+        };
+        Ok(SoftMr {
+            dev: self.clone(),
+            slot,
+            key,
+            addr: addr as u64,
+            len,
+        })
+    }
+
+    unsafe fn create_cq(&self, ring: CqRing) -> Result<SoftCq> {
+        check_pow2("CQ", ring.entries)?;
+        check_align("CQ ring", ring.buf, 64)?;
+        if !ring.dbrec.is_null() {
+            check_align("CQ doorbell record", ring.dbrec as *const u8, 8)?;
+        }
+        let mut st = self.lock();
+        let cqn = st.next_cqn;
+        st.next_cqn += 1;
+        let lid = self.lid();
+        let port = self.port_mut(&mut st);
+        let slot = port.cqs.iter().position(|c| c.valid == 0).ok_or(Error::TableFull {
+            lid,
+            what: "CQ",
+            max: MAX_CQS,
+        })?;
+        // SAFETY: the caller's contract: `entries` CQEs at `buf`.
+        unsafe { cqe::init_ring(ring.buf, ring.entries) };
+        if !ring.dbrec.is_null() {
+            // SAFETY: as above, for the doorbell record.
+            unsafe { mem::store_dbrec(ring.dbrec, 0) };
+        }
+        port.cqs[slot] = CqEntry {
+            ring: ring.buf,
+            dbrec: ring.dbrec,
+            entries: ring.entries,
+            cqn,
+            valid: 1,
+            ..CqEntry::EMPTY
+        };
+        Ok(SoftCq {
+            dev: self.clone(),
+            slot,
+            cqn,
+            ring,
+        })
+    }
+
+    unsafe fn create_qp(&self, pd: &SoftPd, send_cq: &SoftCq, recv_cq: &SoftCq, rings: QpRings) -> Result<SoftQp> {
+        self.owns(pd)?;
+        for cq in [send_cq, recv_cq] {
+            if !Arc::ptr_eq(&cq.dev.shared, &self.shared) || cq.dev.port != self.port {
+                return Err(Error::Foreign { what: "CQ" });
+            }
+        }
+        check_pow2("SQ", rings.sq_wqebbs)?;
+        check_align("SQ ring", rings.sq, 64)?;
+        check_align("QP doorbell record", rings.dbrec as *const u8, 8)?;
+        if !rings.uar.is_null() {
+            check_align("UAR", rings.uar as *const u8, 8)?;
+        }
+        if rings.rq_wqes != 0 {
+            check_pow2("RQ", rings.rq_wqes)?;
+            check_pow2("RQ max_sge", rings.rq_max_sge)?;
+            check_align("RQ ring", rings.rq, 16)?;
+        }
+        let mut st = self.lock();
+        let qpn = st.next_qpn;
+        st.next_qpn = (st.next_qpn + 1) & 0xff_ffff;
+        let lid = self.lid();
+        let port = self.port_mut(&mut st);
+        let slot = port.qps.iter().position(|q| !q.in_use()).ok_or(Error::TableFull {
+            lid,
+            what: "QP",
+            max: MAX_QPS,
+        })?;
+        // SAFETY: the caller's contract: two doorbell words at `dbrec`.
+        unsafe {
+            mem::store_dbrec(rings.dbrec, 0);
+            mem::store_dbrec(rings.dbrec.add(1), 0);
+        }
+        port.qps[slot] = QpEntry {
+            sq: rings.sq,
+            rq: if rings.rq_wqes == 0 { std::ptr::null_mut() } else { rings.rq },
+            dbrec: rings.dbrec,
+            uar: rings.uar,
+            qpn,
+            state: QpState::Reset as u32,
+            pd: pd.pdn,
+            send_cq: send_cq.slot as u32,
+            recv_cq: recv_cq.slot as u32,
+            sq_wqebbs: rings.sq_wqebbs,
+            rq_wqes: rings.rq_wqes,
+            rq_max_sge: if rings.rq_wqes == 0 { 0 } else { rings.rq_max_sge },
+            flags: QP_IN_USE,
+            ..QpEntry::EMPTY
+        };
+        Ok(SoftQp {
+            dev: self.clone(),
+            slot,
+            qpn,
+            rings,
+            rq_pi: AtomicU32::new(0),
+        })
+    }
+}
+
+impl MemoryRegion for SoftMr {
+    fn lkey(&self) -> u32 {
+        self.key
+    }
+    fn rkey(&self) -> u32 {
+        self.key
+    }
+    fn addr(&self) -> u64 {
+        self.addr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl Drop for SoftMr {
+    fn drop(&mut self) {
+        let mut st = self.dev.lock();
+        let port = self.dev.port_mut(&mut st);
+        if port.mrs[self.slot].key == self.key {
+            port.mrs[self.slot] = MrEntry::EMPTY;
+        }
+    }
+}
+
+impl SoftCq {
+    /// Arms the CQ: the next completion (with `solicited_only`, the next
+    /// solicited or error completion) fires an event ([`Self::events`]).
+    pub fn req_notify(&self, solicited_only: bool) {
+        let mut st = self.dev.lock();
+        self.dev.port_mut(&mut st).cqs[self.slot].armed = if solicited_only { 2 } else { 1 };
+    }
+
+    /// Completion events fired so far.
+    pub fn events(&self) -> u32 {
+        let mut st = self.dev.lock();
+        self.dev.port_mut(&mut st).cqs[self.slot].events
+    }
+
+    /// A host-side poller of this CQ.
+    pub fn reader(&self) -> CqReader {
+        // SAFETY: create_cq's contract keeps the ring valid while `self` lives;
+        // the reader is documented to be used only meanwhile.
+        unsafe { CqReader::new(self.ring) }
+    }
+}
+
+impl CompletionQueue for SoftCq {
+    fn cqn(&self) -> u32 {
+        self.cqn
+    }
+    fn ring(&self) -> CqRing {
+        self.ring
+    }
+}
+
+impl Drop for SoftCq {
+    fn drop(&mut self) {
+        let mut st = self.dev.lock();
+        self.dev.port_mut(&mut st).cqs[self.slot] = CqEntry::EMPTY;
+    }
+}
+
+/// One scatter entry of a receive WQE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sge {
+    /// Address.
+    pub addr: u64,
+    /// Bytes.
+    pub len: u32,
+    /// Local key.
+    pub lkey: u32,
+}
+
+impl SoftQp {
+    /// Posts a receive WQE with the scatter list `sges` (writes it into the
+    /// RQ ring in mlx5's layout and publishes the receive counter in the
+    /// doorbell record). Returns the receive WQE's counter (its CQE's
+    /// `wqe_counter`, mod 2^16).
+    pub fn post_recv(&self, sges: &[Sge]) -> Result<u32> {
+        let r = self.rings;
+        if r.rq_wqes == 0 {
+            return Err(Error::NoReceiveQueue { qpn: self.qpn });
+        }
+        if sges.len() > r.rq_max_sge as usize {
+            return Err(Error::TooManyScatterEntries {
+                qpn: self.qpn,
+                given: sges.len(),
+                max: r.rq_max_sge,
+            });
+        }
+        let consumed = {
+            let mut st = self.dev.lock();
+            self.dev.port_mut(&mut st).qps[self.slot].rq_ci
+        };
+        let pi = self.rq_pi.load(Ordering::Acquire);
+        if pi.wrapping_sub(consumed) >= r.rq_wqes {
+            return Err(Error::ReceiveQueueFull {
+                qpn: self.qpn,
+                size: r.rq_wqes,
+            });
+        }
+        let segs: Vec<DataSeg> = sges
+            .iter()
+            .map(|s| DataSeg {
+                byte_count: s.len,
+                lkey: s.lkey,
+                addr: s.addr,
+            })
+            .collect();
+        // SAFETY: create_qp's contract keeps the RQ ring and doorbell record
+        // valid; the slot at `pi` is free (checked above).
+        unsafe {
+            rq::write_wqe(r.rq, r.rq_wqes, r.rq_max_sge, pi, &segs);
+            rq::publish(r.dbrec, pi.wrapping_add(1));
+        }
+        self.rq_pi.store(pi.wrapping_add(1), Ordering::Release);
+        Ok(pi)
+    }
+
+    /// The device it lives on.
+    pub fn device(&self) -> &SoftDevice {
+        &self.dev
+    }
+}
+
+impl QueuePair for SoftQp {
+    type Error = Error;
+
+    fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    fn endpoint(&self) -> QpEndpoint {
+        QpEndpoint {
+            lid: self.dev.lid(),
+            qpn: self.qpn,
+        }
+    }
+
+    fn rings(&self) -> QpRings {
+        self.rings
+    }
+
+    fn state(&self) -> QpState {
+        self.dev.qp_state(self.slot)
+    }
+
+    fn modify_to_init(&self, remote_access: u32) -> Result<()> {
+        self.dev.modify(self.slot, QpState::Init, |_, qp| {
+            qp.access = remote_access & (access::REMOTE_WRITE | access::REMOTE_READ | access::REMOTE_ATOMIC);
+            Ok(())
+        })
+    }
+
+    fn modify_to_rtr(&self, remote: QpEndpoint) -> Result<()> {
+        self.dev.modify(self.slot, QpState::Rtr, |st, qp| {
+            let not_found = Error::NoSuchRemote {
+                lid: remote.lid,
+                qpn: remote.qpn,
+            };
+            let pp = (remote.lid as usize).checked_sub(1).ok_or(not_found)?;
+            let port = st.ports.get(pp).ok_or(Error::NoSuchRemote {
+                lid: remote.lid,
+                qpn: remote.qpn,
+            })?;
+            let pq = port
+                .qps
+                .iter()
+                .position(|q| q.in_use() && q.qpn == remote.qpn)
+                .ok_or(Error::NoSuchRemote {
+                    lid: remote.lid,
+                    qpn: remote.qpn,
+                })?;
+            qp.peer_port = pp as u32;
+            qp.peer_qp = pq as u32;
+            qp.flags |= QP_CONNECTED;
+            Ok(())
+        })
+    }
+
+    fn modify_to_rts(&self) -> Result<()> {
+        self.dev.modify(self.slot, QpState::Rts, |_, _| Ok(()))
+    }
+
+    fn modify_to_err(&self) -> Result<()> {
+        self.dev.modify(self.slot, QpState::Err, |_, _| Ok(()))
+    }
+
+    fn modify_to_reset(&self) -> Result<()> {
+        self.rq_pi.store(0, Ordering::Release);
+        self.dev.modify(self.slot, QpState::Reset, |_, _| Ok(()))
+    }
+}
+
+impl Drop for SoftQp {
+    fn drop(&mut self) {
+        let mut st = self.dev.lock();
+        self.dev.port_mut(&mut st).qps[self.slot] = QpEntry::EMPTY;
+    }
+}
+
+/// A thread polling one device; stopped and joined on drop.
+#[must_use = "dropping the guard stops the engine thread"]
+#[derive(Debug)]
+pub struct EngineThread {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Drop for EngineThread {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
