@@ -209,7 +209,7 @@ fn segment_field_accessors_agree_with_whole_segment_encoding() {
 }
 
 #[test]
-fn layouts_and_constants_match_rdma_sys_ext() {
+fn descriptor_layouts_match_the_header_checked_offsets() {
     use rdma_sys_ext::mlx5 as r;
     let off = |layout: &[(&str, u32, u32, u32, u32)], name: &str| layout.iter().find(|f| f.0 == name).unwrap().1 as usize;
     assert_eq!(off(&CtrlSeg::LAYOUT, "opcode"), r::ctrl::OPMOD_IDX_OPCODE);
@@ -234,36 +234,6 @@ fn layouts_and_constants_match_rdma_sys_ext() {
     assert_eq!(off(&ErrCqe::LAYOUT, "vendor_err_synd"), r::err_cqe::VENDOR_ERR_SYND);
     assert_eq!(off(&ErrCqe::LAYOUT, "qpn"), r::err_cqe::S_WQE_OPCODE_QPN);
     assert_eq!(off(&ErrCqe::LAYOUT, "wqe_counter"), r::err_cqe::WQE_COUNTER);
-    for (ours, theirs) in [
-        (m::OPCODE_NOP, r::OPCODE_NOP),
-        (m::OPCODE_RDMA_WRITE, r::OPCODE_RDMA_WRITE),
-        (m::OPCODE_RDMA_WRITE_IMM, r::OPCODE_RDMA_WRITE_IMM),
-        (m::OPCODE_SEND, r::OPCODE_SEND),
-        (m::OPCODE_RDMA_READ, r::OPCODE_RDMA_READ),
-        (m::OPCODE_ATOMIC_CS, r::OPCODE_ATOMIC_CS),
-        (m::OPCODE_ATOMIC_FA, r::OPCODE_ATOMIC_FA),
-        (m::WQE_CTRL_FENCE, r::WQE_CTRL_FENCE),
-        (m::WQE_CTRL_CQ_UPDATE, r::WQE_CTRL_CQ_UPDATE),
-        (m::WQE_CTRL_SOLICITED, r::WQE_CTRL_SOLICITED),
-        (m::CQE_OWNER_MASK, r::CQE_OWNER_MASK),
-        (m::CQE_REQ, r::CQE_REQ),
-        (m::CQE_RESP_WR_IMM, r::CQE_RESP_WR_IMM),
-        (m::CQE_RESP_SEND, r::CQE_RESP_SEND),
-        (m::CQE_REQ_ERR, r::CQE_REQ_ERR),
-        (m::CQE_RESP_ERR, r::CQE_RESP_ERR),
-        (m::CQE_INVALID, r::CQE_INVALID),
-    ] {
-        assert_eq!(ours, theirs);
-    }
-    assert_eq!(m::SEND_WQE_BB, r::SEND_WQE_BB);
-    assert_eq!(m::CQE_SIZE, r::CQE_SIZE);
-    for s in r::CqeSyndrome::ALL {
-        assert_eq!(m::CqeSyndrome::from_u8(s.as_u8()).as_u8(), s.as_u8());
-        assert!(
-            !matches!(m::CqeSyndrome::from_u8(s.as_u8()), m::CqeSyndrome::Other(_)),
-            "{s:?} is not named"
-        );
-    }
 }
 
 /// The descriptor offsets against the C compiler's `offsetof`.
