@@ -2,48 +2,37 @@
 //! emulator, checked element by element against a CPU reference.
 //!
 //! ```text
+//! cargo run --release --example fma -- --help
 //! cargo run --release --example fma -- [--device gpu|cpu|auto] [--n ELEMENTS] [--iters N]
 //! ```
 //! It prints which backend ran, what it checked, and a fingerprint of the
 //! output bits: the same on every backend, because the kernel uses one
 //! rounding (`fma.rn.f32` / `f32::mul_add`).
 
-use doorbell::{Device, LaunchConfig, KERNELS_PTX};
-use doorbell_examples::{die, fingerprint, Args};
-use doorbell_kernels::examples::fused_multiply_add;
+use clap::Parser;
+use doorbell::{Device, LaunchConfig};
+use doorbell_example_kernels::fused_multiply_add;
+use doorbell_examples::cli::FmaArgs;
+use doorbell_examples::{fingerprint, host_vec, main_with, BoxError, USER_KERNELS_PTX};
 
 fn main() {
-    if let Err(e) = run() {
-        die(e);
-    }
+    let args = FmaArgs::parse();
+    main_with(|| run(&args));
 }
 
-fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let args = Args::parse(&[])?;
-    let bad = args.unknown(&["device", "n", "iters"]);
-    if !bad.is_empty() {
-        return Err(format!(
-            "unknown option(s): {}; usage: fma [--device gpu|cpu|auto] [--n ELEMENTS] [--iters N]",
-            bad.join(", ")
-        )
-        .into());
-    }
-    let backend = args.backend()?;
-    let dev = Device::open(backend, 0)?;
-    let default_n = if dev.is_gpu() { 1 << 26 } else { 1 << 22 };
-    let n = args.num("n", default_n)? as usize;
-    let iters = args.num("iters", if dev.is_gpu() { 20 } else { 2 })?.max(1) as u32;
-    if n == 0 {
-        return Err("--n must be at least 1".into());
-    }
+fn run(args: &FmaArgs) -> Result<(), BoxError> {
+    let dev = Device::open(args.device.backend()?, 0)?;
+    let n = args.n.unwrap_or(if dev.is_gpu() { 1 << 26 } else { 1 << 22 });
+    let iters = args.iters.unwrap_or(if dev.is_gpu() { 20 } else { 2 }) as u32;
     println!("device: {} ({:?} backend)", dev.name(), dev.backend());
 
     // Inputs with varied exponents and signs, so rounding matters.
-    let a: Vec<f32> = (0..n).map(|i| ((i % 1000) as f32 - 500.0) * 1.000_123e-3).collect();
-    let b: Vec<f32> = (0..n).map(|i| ((i % 777) as f32 + 0.5) * 3.3e-2).collect();
-    let c: Vec<f32> = (0..n).map(|i| ((i % 313) as f32) * -7.1e-4).collect();
+    let a = host_vec(n, |i| ((i % 1000) as f32 - 500.0) * 1.000_123e-3)?;
+    let b = host_vec(n, |i| ((i % 777) as f32 + 0.5) * 3.3e-2)?;
+    let c = host_vec(n, |i| ((i % 313) as f32) * -7.1e-4)?;
+    let n = a.len();
 
-    let module = dev.load_module(KERNELS_PTX)?;
+    let module = dev.load_module(USER_KERNELS_PTX)?;
     let fma = module.function::<fused_multiply_add>()?;
     let da = dev.alloc_from(&a)?;
     let db = dev.alloc_from(&b)?;
@@ -68,7 +57,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     let end = stream.record()?;
     stream.synchronize()?;
-    let ms = start.elapsed_ms(&end)? / iters as f32;
+    let ms = start.elapsed_ms(&end)? as f64 / iters as f64;
 
     let out = dout.to_host()?;
     let mut mismatches = 0usize;
@@ -82,12 +71,20 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let bytes: Vec<u8> = out.iter().flat_map(|x| x.to_le_bytes()).collect();
-    let gbps = (4.0 * 4.0 * n as f64) / (ms as f64 * 1e-3) / 1e9;
     println!(
         "kernel: fused_multiply_add, {n} elements, grid {}x{} threads, {iters} timed launches",
         cfg.grid.0, cfg.block.0
     );
-    println!("time: {ms:.3} ms per launch, {gbps:.1} GB/s (3 loads + 1 store of f32 per element)");
+    match doorbell_examples::ratio(4.0 * 4.0 * n as f64, ms * 1e-3) {
+        Some(bps) => println!(
+            "time: {ms:.3} ms per launch, {:.1} GB/s (3 loads + 1 store of f32 per element)",
+            bps / 1e9
+        ),
+        None => println!("time: {ms:.3} ms per launch (too short for the timer to give a bandwidth)"),
+    }
+    if !dev.is_gpu() {
+        println!("note: the backend is the CPU emulator: emulator timings say nothing about a GPU");
+    }
     println!(
         "checked: {n} outputs against a CPU reference (f32::mul_add), bit-exact: {}",
         if mismatches == 0 { "yes" } else { "NO" }

@@ -1,6 +1,7 @@
 //! 02 — ping-pong between two ranks with GPU-initiated puts and signals.
 //!
 //! ```text
+//! cargo run --release --example pingpong -- --help
 //! cargo run --release --example pingpong -- [--device gpu|cpu|auto] [--transport p2p] [--iters N] [--size BYTES]
 //! ```
 //! Two ranks as threads of this process by default. One rank per process
@@ -14,15 +15,18 @@
 //! Rank 0 puts `--size` bytes into rank 1's symmetric buffer and signals;
 //! rank 1 waits, puts them back and signals; repeated `--iters` times inside
 //! one kernel launch. It prints the round-trip time and the bandwidth
-//! (2 × size per round trip), and checks the data that came back.
+//! (2 × size per round trip), and checks the data that came back. Ranks
+//! launched with different `--iters` or `--size` all fail, with one message
+//! showing each rank's values; a rank that fails tells the others at once
+//! (they exit non-zero within seconds, naming it).
 
 use doorbell::comm::{CommOptions, Communicator};
 use doorbell::world::{World, WorldConfig};
-use doorbell::{Backend, Device, LaunchConfig, KERNELS_PTX};
-use doorbell_examples::{die, Args};
-use doorbell_kernels::examples::{pingpong, PINGPONG_OK};
-
-const USAGE: &str = "usage: pingpong [--device gpu|cpu|auto] [--transport p2p] [--iters N] [--size BYTES]";
+use doorbell::{Backend, Device, LaunchConfig};
+use clap::Parser;
+use doorbell_examples::cli::PingpongArgs;
+use doorbell_examples::{main_with, BoxError};
+use doorbell_example_kernels::comm::{pingpong_p2p as pingpong, PINGPONG_OK};
 
 struct Opts {
     backend: Backend,
@@ -31,36 +35,20 @@ struct Opts {
 }
 
 fn main() {
-    if let Err(e) = run() {
-        die(e);
-    }
+    let args = PingpongArgs::parse();
+    main_with(|| run(&args));
 }
 
-fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let args = Args::parse(&[])?;
-    let bad = args.unknown(&["device", "transport", "iters", "size"]);
-    if !bad.is_empty() {
-        return Err(format!("unknown option(s): {}; {USAGE}", bad.join(", ")).into());
-    }
-    if let Some(t) = args.get("transport") {
-        if t != "p2p" {
-            return Err(format!("--transport {t}: only p2p is available (ibgda needs a ConnectX NIC); {USAGE}").into());
-        }
-    }
-    let backend = args.backend()?;
-    let iters = args.num("iters", 1000)?;
-    if iters == 0 || iters > u32::MAX as u64 {
-        return Err("--iters must be between 1 and 2^32-1".into());
-    }
-    let size = args.num("size", 8)?;
+fn run(args: &PingpongArgs) -> Result<(), BoxError> {
     let opts = Opts {
-        backend,
-        iters: iters as u32,
-        size,
+        backend: args.device.backend()?,
+        // Range-checked by the parser (1..=u32::MAX).
+        iters: args.iters as u32,
+        size: args.size,
     };
     let comm_opts = CommOptions {
-        heap_bytes: (size.max(16) + (1 << 20)).next_power_of_two(),
-        ..CommOptions::default()
+        heap_bytes: args.heap_bytes(),
+        ..CommOptions::from_env()?
     };
 
     match WorldConfig::from_env()? {
@@ -80,7 +68,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 }
             };
             let comm = Communicator::new(world, dev, comm_opts)?;
-            if let Some(line) = run_rank(&comm, &opts)? {
+            let r = run_rank(&comm, &opts);
+            if let Err(e) = &r {
+                // Tell the other ranks now rather than let them time out.
+                comm.abort(&e.to_string());
+            }
+            if let Some(line) = r? {
                 println!("{line}");
             }
         }
@@ -93,7 +86,8 @@ fn run_rank(comm: &Communicator, o: &Opts) -> doorbell::Result<Option<String>> {
     if comm.size() < 2 {
         return Err(doorbell::Error::Comm("pingpong needs at least 2 ranks".into()));
     }
-    let module = dev.load_module(KERNELS_PTX)?;
+    comm.world().check_same_params(&[("iters", o.iters as u64), ("size", o.size)])?;
+    let module = dev.load_module(doorbell_examples::USER_KERNELS_PTX)?;
     let f = module.function::<pingpong>()?;
     let (max_blocks, threads) = if dev.is_gpu() { (32u64, 512u32) } else { (2, 32) };
     let blocks = o.size.div_ceil(256 << 10).clamp(1, max_blocks);

@@ -1,72 +1,111 @@
-//! A small SVG line chart (log2 x axis), so benchmarks can save a plot with
-//! no plotting dependency.
+//! Line charts of benchmark results, as PNG and SVG, drawn with plotters.
+//! Text uses DejaVu Sans bundled in the binary (the `dejavu` crate through
+//! plotters' `ab_glyph` backend), so no system fonts or fontconfig are
+//! needed.
 
-/// One line of the chart.
+use std::path::Path;
+
+use plotters::prelude::*;
+
+/// One line of a chart.
 pub struct Series<'a> {
     /// Legend text.
     pub name: &'a str,
-    /// (x, y) points; x > 0.
+    /// (x, y) points; x > 0 (the x axis is logarithmic).
     pub points: Vec<(f64, f64)>,
 }
 
-/// Writes an SVG chart with a log2 x axis and a linear y axis from 0.
-pub fn svg_chart(title: &str, x_label: &str, y_label: &str, series: &[Series]) -> String {
-    let (w, h, l, r, t, b) = (760.0, 440.0, 80.0, 20.0, 40.0, 60.0);
-    let xs: Vec<f64> = series.iter().flat_map(|s| s.points.iter().map(|p| p.0.max(1.0).log2())).collect();
-    let ys: Vec<f64> = series.iter().flat_map(|s| s.points.iter().map(|p| p.1)).collect();
-    let (x0, x1) = (
-        xs.iter().cloned().fold(f64::MAX, f64::min),
-        xs.iter().cloned().fold(f64::MIN, f64::max),
-    );
-    let y1 = ys.iter().cloned().fold(0.0, f64::max).max(1e-9) * 1.1;
-    let sx = |x: f64| l + (x.max(1.0).log2() - x0) / (x1 - x0).max(1e-9) * (w - l - r);
-    let sy = |y: f64| h - b - y / y1 * (h - t - b);
-    let colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"];
-    let mut s = format!(
-        "<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' font-family='sans-serif' font-size='12'>\n\
-         <rect width='100%' height='100%' fill='white'/>\n<text x='{}' y='24' text-anchor='middle' font-size='15'>{title}</text>\n\
-         <line x1='{l}' y1='{}' x2='{}' y2='{}' stroke='black'/>\n<line x1='{l}' y1='{t}' x2='{l}' y2='{}' stroke='black'/>\n\
-         <text x='{}' y='{}' text-anchor='middle'>{x_label}</text>\n\
-         <text x='18' y='{}' text-anchor='middle' transform='rotate(-90 18 {})'>{y_label}</text>\n",
-        w / 2.0,
-        h - b,
-        w - r,
-        h - b,
-        h - b,
-        (l + w - r) / 2.0,
-        h - 18.0,
-        (t + h - b) / 2.0,
-        (t + h - b) / 2.0
-    );
-    for k in 0..=4 {
-        let y = y1 * k as f64 / 4.0;
-        s += &format!("<text x='{}' y='{}' text-anchor='end'>{:.0}</text>\n", l - 6.0, sy(y) + 4.0, y);
+/// A chart: title, axis labels, lines.
+pub struct Chart<'a> {
+    /// Title above the plot.
+    pub title: &'a str,
+    /// x axis label (the x axis is log scale).
+    pub x_label: &'a str,
+    /// y axis label (linear from 0).
+    pub y_label: &'a str,
+    /// The lines.
+    pub series: &'a [Series<'a>],
+}
+
+fn register_font() -> Result<(), String> {
+    static ONCE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    ONCE.get_or_init(|| {
+        plotters::style::register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular())
+            .map_err(|_| "the bundled DejaVu Sans font could not be loaded".to_string())
+    })
+    .clone()
+}
+
+const COLORS: [RGBColor; 5] = [
+    RGBColor(0x1f, 0x77, 0xb4),
+    RGBColor(0xd6, 0x27, 0x28),
+    RGBColor(0x2c, 0xa0, 0x2c),
+    RGBColor(0x94, 0x67, 0xbd),
+    RGBColor(0xff, 0x7f, 0x0e),
+];
+
+fn draw<DB: DrawingBackend>(root: DrawingArea<DB, plotters::coord::Shift>, chart: &Chart) -> Result<(), String>
+where
+    DB::ErrorType: 'static,
+{
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
+    root.fill(&WHITE).map_err(e)?;
+    let xs = chart.series.iter().flat_map(|s| s.points.iter().map(|p| p.0)).filter(|x| *x > 0.0);
+    let (x0, x1) = xs.fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
+    let (x0, x1) = if x0 <= x1 { (x0, x1.max(x0 * 2.0)) } else { (1.0, 2.0) };
+    let y1 = chart
+        .series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.1))
+        .filter(|y| y.is_finite())
+        .fold(0.0f64, f64::max)
+        .max(1e-9)
+        * 1.1;
+    let mut c = ChartBuilder::on(&root)
+        .caption(chart.title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d((x0..x1).log_scale(), 0.0..y1)
+        .map_err(e)?;
+    c.configure_mesh()
+        .x_desc(chart.x_label)
+        .y_desc(chart.y_label)
+        .x_label_formatter(&|x| human_bytes(*x))
+        .draw()
+        .map_err(e)?;
+    for (i, s) in chart.series.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let pts: Vec<(f64, f64)> = s.points.iter().copied().filter(|(x, y)| *x > 0.0 && y.is_finite()).collect();
+        c.draw_series(LineSeries::new(pts, color.stroke_width(2)))
+            .map_err(e)?
+            .label(s.name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
     }
-    let mut e = x0.ceil() as i64;
-    while e as f64 <= x1 {
-        let x = 2f64.powi(e as i32);
-        let label = if e >= 30 {
-            format!("{}G", 1u64 << (e - 30))
-        } else if e >= 20 {
-            format!("{}M", 1u64 << (e - 20))
-        } else if e >= 10 {
-            format!("{}K", 1u64 << (e - 10))
-        } else {
-            format!("{}", 1u64 << e)
-        };
-        s += &format!("<text x='{}' y='{}' text-anchor='middle'>{label}</text>\n", sx(x), h - b + 16.0);
-        e += 2;
+    c.configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(e)?;
+    root.present().map_err(e)
+}
+
+/// `1K`, `4M`, `1G`, ... for a byte count.
+pub fn human_bytes(x: f64) -> String {
+    let units = [(1u64 << 30, "G"), (1 << 20, "M"), (1 << 10, "K")];
+    for (u, s) in units {
+        if x >= u as f64 {
+            return format!("{}{s}", (x / u as f64 * 10.0).round() / 10.0);
+        }
     }
-    for (i, ser) in series.iter().enumerate() {
-        let c = colors[i % colors.len()];
-        let pts: Vec<String> = ser.points.iter().map(|(x, y)| format!("{:.1},{:.1}", sx(*x), sy(*y))).collect();
-        s += &format!("<polyline fill='none' stroke='{c}' stroke-width='2' points='{}'/>\n", pts.join(" "));
-        s += &format!(
-            "<text x='{}' y='{}' fill='{c}'>{}</text>\n",
-            l + 10.0,
-            t + 16.0 * (i as f64 + 1.0),
-            ser.name
-        );
-    }
-    s + "</svg>\n"
+    format!("{x}")
+}
+
+/// Writes `chart` to `png` and `svg`.
+pub fn write_chart(chart: &Chart, png: &Path, svg: &Path) -> Result<(), String> {
+    register_font()?;
+    let size = (900, 520);
+    draw(BitMapBackend::new(png, size).into_drawing_area(), chart).map_err(|e| format!("{}: {e}", png.display()))?;
+    draw(SVGBackend::new(svg, size).into_drawing_area(), chart).map_err(|e| format!("{}: {e}", svg.display()))
 }

@@ -2,6 +2,7 @@
 //! request, one 16-byte unit per line in lowercase hex, nothing else on stdout.
 //!
 //! ```text
+//! cargo run --release --example wqe_dump -- --help
 //! cargo run --release --example wqe_dump -- OP [options]
 //!   OP: nop | write | write-imm | read | fetch-add | cas
 //!   --index N (16 bit) --qpn N (24 bit) --raddr N --rkey N --laddr N --lkey N
@@ -12,16 +13,14 @@
 //! raddr, atomic and the 8-byte data segment (fetch-add, cas). Bad input
 //! prints an error on stderr and exits with status 2.
 
+use clap::Parser;
+use doorbell_examples::cli::WqeDumpArgs;
 use doorbell_examples::die;
 use doorbell_kernels::mlx5::dump;
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "--help" || a == "-h") {
-        println!("{}", dump::USAGE);
-        return;
-    }
-    match dump::parse_args(&args) {
+    let args = WqeDumpArgs::parse();
+    match args.request() {
         Ok(req) => print!("{}", dump::dump(&req)),
         Err(e) => die(e),
     }

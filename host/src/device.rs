@@ -20,20 +20,26 @@ pub enum Backend {
 }
 
 impl Backend {
-    /// Reads `DOORBELL_DEVICE` (`gpu`, `cpu`, `auto`; unset means auto).
+    /// Reads `DOORBELL_DEVICE` (`gpu`, `cpu`, `auto`; unset or empty means
+    /// auto). Anything else is [`Error::BadEnv`] naming the variable.
     pub fn from_env() -> Result<Backend> {
-        match std::env::var("DOORBELL_DEVICE") {
-            Err(_) => Ok(Backend::Auto),
-            Ok(v) => v.parse(),
+        match crate::env::raw("DOORBELL_DEVICE")? {
+            None => Ok(Backend::Auto),
+            Some(v) => v.parse().map_err(|_| Error::BadEnv {
+                var: "DOORBELL_DEVICE".into(),
+                value: v,
+                reason: "is not one of gpu, cpu, auto".into(),
+            }),
         }
     }
 }
 
 impl std::str::FromStr for Backend {
     type Err = Error;
+    /// `gpu` (or `cuda`), `cpu` (or `emu`, `emulator`), `auto`; any case.
     fn from_str(s: &str) -> Result<Backend> {
-        match s.to_ascii_lowercase().as_str() {
-            "" | "auto" => Ok(Backend::Auto),
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(Backend::Auto),
             "gpu" | "cuda" => Ok(Backend::Gpu),
             "cpu" | "emu" | "emulator" => Ok(Backend::Cpu),
             _ => Err(Error::BadBackend(s.to_string())),

@@ -70,9 +70,39 @@ pub enum Error {
         /// Host slice length.
         host: usize,
     },
-    /// `DOORBELL_DEVICE` holds something else than gpu, cpu or auto.
-    #[error("DOORBELL_DEVICE={0:?} is not one of gpu, cpu, auto")]
+    /// A backend name other than gpu, cpu or auto (from a flag or an API
+    /// call; `DOORBELL_DEVICE` reports [`Error::BadEnv`] naming itself).
+    #[error("{0:?} is not a backend: use gpu, cpu or auto")]
     BadBackend(String),
+    /// An allocation failed: the device (or, on the emulator, the host) has
+    /// no room, or the size cannot be represented.
+    #[error("could not allocate {bytes} bytes on the {device}: {detail}; ask for less memory")]
+    OutOfMemory {
+        /// Bytes asked for.
+        bytes: u64,
+        /// Where ("GPU 0", "CPU emulator").
+        device: String,
+        /// The allocator's or driver's reason.
+        detail: String,
+    },
+    /// Another rank failed and aborted the world ([`World::abort`](crate::World::abort)).
+    #[error("rank {rank}: rank {peer} failed and aborted the job: {reason}")]
+    PeerFailed {
+        /// The rank that reports it.
+        rank: usize,
+        /// The rank that failed.
+        peer: usize,
+        /// Its error.
+        reason: String,
+    },
+    /// Ranks were launched with different work ([`World::check_same_params`](crate::World::check_same_params)).
+    #[error("rank {rank}: the ranks disagree on {detail}; launch every rank with the same arguments")]
+    ParamsDiffer {
+        /// The rank that reports it.
+        rank: usize,
+        /// Every differing parameter with each rank's value.
+        detail: String,
+    },
     /// Objects from two different devices were combined.
     #[error("{0}")]
     DeviceMismatch(&'static str),
@@ -293,6 +323,17 @@ pub enum Error {
     /// Communicator set-up failed.
     #[error("communicator: {0}")]
     Comm(String),
+}
+
+#[cfg(feature = "runtime")]
+impl From<doorbell_kernels::emu::env::EnvError> for Error {
+    fn from(e: doorbell_kernels::emu::env::EnvError) -> Error {
+        Error::BadEnv {
+            var: e.var,
+            value: e.value,
+            reason: e.reason,
+        }
+    }
 }
 
 #[cfg(feature = "runtime")]

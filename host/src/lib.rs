@@ -50,7 +50,11 @@ pub mod build;
 pub mod comm;
 #[cfg(feature = "runtime")]
 mod device;
+#[cfg(feature = "runtime")]
+pub mod env;
 mod error;
+#[cfg(feature = "runtime")]
+mod logging;
 #[cfg(feature = "runtime")]
 mod memory;
 #[cfg(feature = "runtime")]
@@ -63,6 +67,8 @@ pub mod world;
 #[cfg(feature = "runtime")]
 pub use device::{driver_present, gpu_count, Backend, Device};
 pub use error::{Error, Result};
+#[cfg(feature = "runtime")]
+pub use logging::init_logging;
 #[cfg(feature = "runtime")]
 pub use memory::{DeviceBuffer, DeviceCopy, MappedBuffer};
 #[cfg(feature = "runtime")]

@@ -31,15 +31,58 @@ unsafe impl<T: DeviceCopy, const N: usize> DeviceCopy for [T; N] {}
 const EMU_ALIGN: usize = 256;
 
 /// The emulator's "device memory": zeroed host memory, 256-byte aligned like
-/// `cuMemAlloc`. `bytes` is non-zero.
-fn emu_alloc_zeroed(bytes: usize) -> *mut u8 {
-    let layout = Layout::from_size_align(bytes, EMU_ALIGN).expect("size checked by the caller");
-    // SAFETY: non-zero size.
+/// `cuMemAlloc`. `bytes` is non-zero. A size no layout can hold, or a host
+/// that refuses the allocation, is [`Error::OutOfMemory`] (never an abort).
+fn emu_alloc_zeroed(bytes: usize) -> Result<*mut u8> {
+    let oom = |detail: String| Error::OutOfMemory {
+        bytes: bytes as u64,
+        device: "CPU emulator (host memory)".into(),
+        detail,
+    };
+    let layout = Layout::from_size_align(bytes, EMU_ALIGN).map_err(|_| {
+        oom(format!(
+            "more than the largest allocation the host allows ({} bytes)",
+            isize::MAX as usize - (EMU_ALIGN - 1)
+        ))
+    })?;
+    debug_assert!(bytes > 0);
+    // SAFETY: non-zero size (callers allocate nothing for zero bytes).
     let p = unsafe { std::alloc::alloc_zeroed(layout) };
     if p.is_null() {
-        std::alloc::handle_alloc_error(layout);
+        return Err(oom("the host allocator refused it (not enough memory)".into()));
     }
-    p
+    Ok(p)
+}
+
+/// Bytes of `len` elements of `T`, or [`Error::OutOfMemory`] when that
+/// overflows the address space.
+fn bytes_of<T>(len: usize, device: &Device) -> Result<usize> {
+    len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| Error::OutOfMemory {
+        bytes: u64::MAX,
+        device: device_label(device),
+        detail: format!("{len} elements of {} bytes overflow the address space", std::mem::size_of::<T>()),
+    })
+}
+
+fn device_label(device: &Device) -> String {
+    match &*device.inner {
+        DeviceInner::Gpu(_) => format!("GPU {}", device.ordinal()),
+        DeviceInner::Emu(_) => "CPU emulator (host memory)".into(),
+    }
+}
+
+/// A failed driver allocation: out-of-memory becomes [`Error::OutOfMemory`],
+/// anything else stays the driver call's error.
+fn gpu_alloc_error(e: cudarc::driver::DriverError, call: &'static str, bytes: usize, device: &Device) -> Error {
+    if e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
+        Error::OutOfMemory {
+            bytes: bytes as u64,
+            device: device_label(device),
+            detail: format!("{call} failed: {e}"),
+        }
+    } else {
+        Error::Cuda { call, source: e }
+    }
 }
 
 /// Frees what [`emu_alloc_zeroed`] returned.
@@ -69,21 +112,25 @@ unsafe impl<T: DeviceCopy> Sync for DeviceBuffer<T> {}
 impl Device {
     /// Allocates `len` zeroed elements.
     pub fn alloc_zeroed<T: DeviceCopy>(&self, len: usize) -> Result<DeviceBuffer<T>> {
-        let bytes = len.checked_mul(std::mem::size_of::<T>()).ok_or(Error::InvalidLaunch {
-            kernel: "alloc",
-            reason: format!("{len} elements overflow the address space"),
-        })?;
+        let bytes = bytes_of::<T>(len, self)?;
         let addr = match &*self.inner {
             _ if bytes == 0 => EMU_ALIGN as u64,
             DeviceInner::Gpu(_) => {
                 self.bind()?;
                 // SAFETY: context bound; the allocation is freed in Drop.
-                let p = unsafe { result::malloc_sync(bytes) }.call("cuMemAlloc")?;
+                let p = unsafe { result::malloc_sync(bytes) }.map_err(|e| gpu_alloc_error(e, "cuMemAlloc", bytes, self))?;
                 // SAFETY: `p` spans `bytes` bytes.
-                unsafe { result::memset_d8_sync(p, 0, bytes) }.call("cuMemsetD8")?;
+                if let Err(e) = unsafe { result::memset_d8_sync(p, 0, bytes) } {
+                    // SAFETY: just allocated, not handed out.
+                    let _ = unsafe { result::free_sync(p) };
+                    return Err(Error::Cuda {
+                        call: "cuMemsetD8",
+                        source: e,
+                    });
+                }
                 p
             }
-            DeviceInner::Emu(_) => emu_alloc_zeroed(bytes) as u64,
+            DeviceInner::Emu(_) => emu_alloc_zeroed(bytes)? as u64,
         };
         Ok(DeviceBuffer {
             device: self.clone(),
@@ -240,16 +287,13 @@ unsafe impl<T: DeviceCopy> Sync for MappedBuffer<T> {}
 impl Device {
     /// Allocates `len` zeroed elements of mapped pinned host memory.
     pub fn alloc_mapped<T: DeviceCopy>(&self, len: usize) -> Result<MappedBuffer<T>> {
-        let bytes = (len.max(1)).checked_mul(std::mem::size_of::<T>()).ok_or(Error::InvalidLaunch {
-            kernel: "alloc_mapped",
-            reason: format!("{len} elements overflow the address space"),
-        })?;
+        let bytes = bytes_of::<T>(len.max(1), self)?;
         let (host, dev_addr) = match &*self.inner {
             DeviceInner::Gpu(_) => {
                 self.bind()?;
                 let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
                 // SAFETY: context bound; freed in Drop.
-                let h = unsafe { result::malloc_host(bytes, flags) }.call("cuMemHostAlloc")?;
+                let h = unsafe { result::malloc_host(bytes, flags) }.map_err(|e| gpu_alloc_error(e, "cuMemHostAlloc", bytes, self))?;
                 // SAFETY: `h` spans `bytes`.
                 unsafe { std::ptr::write_bytes(h as *mut u8, 0, bytes) };
                 let mut d: sys::CUdeviceptr = 0;
@@ -260,7 +304,7 @@ impl Device {
                 (h as *mut T, d)
             }
             DeviceInner::Emu(_) => {
-                let p = emu_alloc_zeroed(bytes);
+                let p = emu_alloc_zeroed(bytes)?;
                 (p as *mut T, p as u64)
             }
         };

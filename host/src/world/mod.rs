@@ -122,6 +122,7 @@
 
 mod auth;
 mod config;
+mod params;
 mod tcp;
 mod threads;
 mod wire;
@@ -301,11 +302,19 @@ impl World {
             Arc::get_mut(&mut w.peers).expect("fresh")[0].layout = layout.to_vec();
             return Ok(w);
         }
-        if config.rank == 0 {
-            RendezvousHost::bind(config)?.accept(layout)
+        let world = if config.rank == 0 {
+            RendezvousHost::bind(config)?.accept(layout)?
         } else {
-            tcp::join(config, layout)
-        }
+            tcp::join(config, layout)?
+        };
+        tracing::info!(
+            "rank {} of {}: rendezvous with {}:{} complete",
+            config.rank,
+            config.size,
+            config.master_addr,
+            config.master_port
+        );
+        Ok(world)
     }
 
     /// `n` ranks as threads of this process: one handle per rank, in rank
@@ -472,6 +481,24 @@ impl World {
             }
         }
         Ok(())
+    }
+}
+
+impl World {
+    /// This rank has failed: every other rank's current or next collective
+    /// fails with [`Error::PeerFailed`] (or, relayed by rank 0,
+    /// [`Error::WorldAborted`]) carrying `reason`, without waiting out the
+    /// world timeout; this handle refuses further collectives. Never blocks
+    /// for long (a notification has a one-second grace).
+    pub fn abort(&self, reason: &str) {
+        let first = match &self.inner {
+            Inner::Single => true,
+            Inner::Threads(g) => g.abort(self.rank, reason),
+            Inner::Tcp(star) => star.abort(reason),
+        };
+        if first {
+            tracing::warn!("rank {}: aborting the world: {reason}", self.rank);
+        }
     }
 }
 

@@ -676,6 +676,28 @@ impl Star {
         result
     }
 
+    /// This rank failed: tell the others without waiting for them. Rank 0
+    /// fails every peer's current or next collective; a peer sends rank 0 a
+    /// `Fail` frame, which rank 0's next collective relays to the others.
+    /// Returns false when the world had already broken.
+    pub(crate) fn abort(&self, reason: &str) -> bool {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if st.broken.is_some() {
+            return false;
+        }
+        st.broken = Some(format!("this rank aborted the world: {reason}"));
+        let seq = st.seq;
+        let reason = format!("rank {} failed: {reason}", self.rank);
+        match &mut st.links {
+            Links::Root(links) => fail_all(links, Op::Barrier, seq, &reason),
+            Links::Peer(s) => {
+                let body = encode_step(Op::Barrier, seq).str(&reason).0;
+                let _ = wire::write_frame(s, Kind::Fail, &body, Instant::now() + NOTIFY_GRACE);
+            }
+        }
+        true
+    }
+
     fn root_exchange(&self, links: &mut [Option<TcpStream>], op: Op, seq: u64, mine: &[u8], start: Instant) -> Result<Arc<Vec<Vec<u8>>>> {
         let deadline = start + self.timeout;
         let gathered = (|| {
@@ -718,6 +740,16 @@ impl Star {
                     peer: format!("rank {r}"),
                     detail,
                 };
+                if frame.kind == Kind::Fail {
+                    // The peer failed and aborted (Star::abort): relay its reason.
+                    let mut d = Dec::new(&frame.body);
+                    let _ = decode_step(&mut d).map_err(bad)?;
+                    return Err(Error::PeerFailed {
+                        rank: 0,
+                        peer: r,
+                        reason: d.str("reason").map_err(bad)?,
+                    });
+                }
                 if frame.kind != Kind::Collective {
                     return Err(bad(format!("expected a collective step, got a {:?} frame", frame.kind)));
                 }

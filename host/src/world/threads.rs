@@ -38,6 +38,7 @@ enum Broken {
     Mismatch { rank: usize, ours: String, theirs: String },
     Timeout { op: Op, missing: Vec<usize> },
     Left { peer: usize, op: Op },
+    Failed { peer: usize, reason: String },
 }
 
 impl Group {
@@ -83,12 +84,19 @@ impl Group {
                 op: op.to_string(),
                 detail: "its World handle was dropped".into(),
             },
+            Broken::Failed { peer, reason } => Error::PeerFailed {
+                rank,
+                peer: *peer,
+                reason: reason.clone(),
+            },
         }
     }
 
     /// The error of a rank that calls after the failure.
     fn broken(rank: usize, b: &Broken) -> Error {
         let reason = match b {
+            // A failed rank is named however late the others call.
+            Broken::Failed { .. } => return Self::failure(rank, b, Duration::ZERO),
             Broken::Mismatch { rank: r, ours, theirs } => format!("rank {r} called {theirs} where rank 0 called {ours}"),
             Broken::Timeout { op, missing } => format!("{op} timed out waiting for rank(s) {missing:?}"),
             Broken::Left { peer, op } => format!("rank {peer} left the world (its World handle was dropped) before {op}"),
@@ -136,9 +144,10 @@ impl Group {
             if st.generation != generation {
                 // The next generation cannot complete without this rank, so
                 // `result` still holds ours.
+                // An abort after the step completed does not undo it.
                 return match &st.broken {
-                    Some(b) => Err(Self::failure(rank, b, start.elapsed())),
-                    None => Ok(st.result.clone().expect("a completed generation publishes its table")),
+                    Some(b) if !matches!(b, Broken::Failed { .. }) => Err(Self::failure(rank, b, start.elapsed())),
+                    _ => Ok(st.result.clone().expect("a completed generation publishes its table")),
                 };
             }
             if let Some(b) = &st.broken {
@@ -162,6 +171,22 @@ impl Group {
             }
             st = self.cv.wait_timeout(st, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
         }
+    }
+
+    /// `rank` failed: every waiting and later collective fails naming it
+    /// (unless the world already broke for another reason).
+    /// Returns false when the world had already broken.
+    pub(crate) fn abort(&self, rank: usize, reason: &str) -> bool {
+        let mut st = self.lock();
+        if st.broken.is_some() {
+            return false;
+        }
+        st.broken = Some(Broken::Failed {
+            peer: rank,
+            reason: reason.to_string(),
+        });
+        self.cv.notify_all();
+        true
     }
 
     /// Marks `rank`'s handle as gone, waking ranks that wait for it.

@@ -1,0 +1,320 @@
+//! Command lines of the examples, as `clap` parsers (derive). Each example
+//! parses with `XArgs::parse()` (bad input: a message and exit status 2);
+//! tests call `XArgs::try_parse_from` and the `validate` functions here.
+
+use clap::{Args, Parser, ValueEnum};
+use doorbell::Backend;
+
+/// Largest element count of `fma` (2^34 f32: 64 GiB per vector).
+pub const FMA_MAX_N: u64 = 1 << 34;
+/// Largest byte count of `histogram` and of a `pingpong` / `p2p_bench` buffer (64 GiB).
+pub const MAX_BYTES: u64 = 1 << 36;
+
+/// A value parser for an integer in `min..=max`, decimal or `0x` hex, `_`
+/// separators allowed.
+pub fn ranged(min: u64, max: u64) -> impl Fn(&str) -> Result<u64, String> + Clone + Send + Sync + 'static {
+    move |s: &str| {
+        let v = parse_number(s).ok_or_else(|| format!("`{s}` is not a whole number (decimal or 0x hex); use {min}..={max}"))?;
+        if (min..=max).contains(&v) {
+            Ok(v)
+        } else {
+            Err(format!("{v} is out of range; use {min}..={max}"))
+        }
+    }
+}
+
+/// Decimal or `0x`/`0X` hex, `_` separators allowed; nothing else.
+pub fn parse_number(s: &str) -> Option<u64> {
+    doorbell_kernels::mlx5::dump::parse_number(s)
+}
+
+fn parse_backend(s: &str) -> Result<Backend, String> {
+    s.parse::<Backend>()
+        .map_err(|_| format!("`{s}` is not a backend; use gpu, cpu or auto"))
+}
+
+/// `--device`, shared by every example that runs kernels.
+#[derive(Args, Debug, Clone, PartialEq, Eq)]
+pub struct DeviceArgs {
+    /// Where kernels run: gpu, cpu (the CPU emulator) or auto (the GPU when
+    /// one is present) [default: DOORBELL_DEVICE, else auto]
+    #[arg(long, value_name = "gpu|cpu|auto", value_parser = parse_backend)]
+    pub device: Option<Backend>,
+}
+
+impl DeviceArgs {
+    /// The backend `--device` names, else `DOORBELL_DEVICE`'s (an error
+    /// naming that variable when it is bad), else auto.
+    pub fn backend(&self) -> doorbell::Result<Backend> {
+        match self.device {
+            Some(b) => Ok(b),
+            None => Backend::from_env(),
+        }
+    }
+
+    /// True when the chosen backend is (or, for auto, will be) a GPU.
+    pub fn wants_gpu(&self) -> doorbell::Result<bool> {
+        Ok(match self.backend()? {
+            Backend::Gpu => true,
+            Backend::Cpu => false,
+            Backend::Auto => doorbell::gpu_count() > 0,
+        })
+    }
+}
+
+/// 01 — a fused multiply-add over a large vector, checked element by element.
+#[derive(Parser, Debug, Clone, PartialEq, Eq)]
+#[command(name = "fma", version, about, long_about = None)]
+pub struct FmaArgs {
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    /// Elements per vector [default: 67108864 on a GPU, 4194304 on the emulator]
+    #[arg(long, value_name = "ELEMENTS", value_parser = ranged(1, FMA_MAX_N))]
+    pub n: Option<u64>,
+    /// Timed launches [default: 20 on a GPU, 2 on the emulator]
+    #[arg(long, value_name = "N", value_parser = ranged(1, u32::MAX as u64))]
+    pub iters: Option<u64>,
+}
+
+/// 03 — a byte histogram from a user kernel crate, checked against a CPU count.
+#[derive(Parser, Debug, Clone, PartialEq, Eq)]
+#[command(name = "histogram", version, about, long_about = None)]
+pub struct HistogramArgs {
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    /// Input bytes [default: 268435456 on a GPU, 4194304 on the emulator]
+    #[arg(long, value_name = "BYTES", value_parser = ranged(1, MAX_BYTES))]
+    pub n: Option<u64>,
+}
+
+/// Device transports the examples can use.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Transport {
+    /// Stores into peers' memory (same process, CUDA IPC, shared memory).
+    #[default]
+    P2p,
+}
+
+/// 02 — ping-pong between two ranks with GPU-initiated puts and signals.
+///
+/// Two ranks as threads of this process by default; one rank per process
+/// when RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are set (torchrun),
+/// with the job secret in DOORBELL_TOKEN.
+#[derive(Parser, Debug, Clone, PartialEq, Eq)]
+#[command(name = "pingpong", version, about, long_about)]
+pub struct PingpongArgs {
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    /// The device transport (ibgda needs a ConnectX NIC and is not available yet)
+    #[arg(long, value_enum, default_value_t = Transport::P2p)]
+    pub transport: Transport,
+    /// Round trips inside one kernel launch
+    #[arg(long, value_name = "N", default_value = "1000", value_parser = ranged(1, u32::MAX as u64))]
+    pub iters: u64,
+    /// Bytes put each way per round trip
+    #[arg(long, value_name = "BYTES", default_value = "8", value_parser = ranged(0, MAX_BYTES))]
+    pub size: u64,
+}
+
+impl PingpongArgs {
+    /// Symmetric heap for `--size`: the buffer, room for the signals, to a
+    /// power of two.
+    pub fn heap_bytes(&self) -> u64 {
+        // `size` is at most MAX_BYTES: no overflow.
+        (self.size.max(16) + (1 << 20)).next_power_of_two()
+    }
+
+    /// What every rank must agree on.
+    pub fn params(&self) -> [(&'static str, u64); 2] {
+        [("iters", self.iters), ("size", self.size)]
+    }
+}
+
+/// P2P transport benchmark against raw floors measured in the same run:
+/// signal round trip vs a flag ping-pong, put bandwidth vs a copy kernel.
+/// Flags follow nccl-tests.
+#[derive(Parser, Debug, Clone, PartialEq, Eq)]
+#[command(name = "p2p_bench", version, about, long_about = None)]
+pub struct P2pBenchArgs {
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    /// Smallest put size, bytes
+    #[arg(short = 'b', long = "minbytes", value_name = "BYTES", default_value = "4096", value_parser = ranged(1, MAX_BYTES))]
+    pub min_bytes: u64,
+    /// Largest put size, bytes [default: 268435456 on a GPU, 4194304 on the emulator]
+    #[arg(short = 'e', long = "maxbytes", alias = "max-size", value_name = "BYTES", value_parser = ranged(1, MAX_BYTES))]
+    pub max_bytes: Option<u64>,
+    /// Multiply the size by this factor from one row to the next
+    #[arg(short = 'f', long = "stepfactor", value_name = "F", default_value = "4", value_parser = ranged(2, 1024))]
+    pub step_factor: u64,
+    /// Timed puts per size, in one launch [default: 256 MiB / size, clamped to 4..=2000]
+    #[arg(short = 'n', long = "iters", value_name = "N", value_parser = ranged(1, 1_000_000))]
+    pub iters: Option<u64>,
+    /// Untimed puts per size before the timed ones
+    #[arg(short = 'w', long = "warmup_iters", alias = "warmup-iters", value_name = "N", default_value = "1", value_parser = ranged(0, 1_000_000))]
+    pub warmup_iters: u64,
+    /// Signal round trips timed (and flag ping-pongs of the floor) [default: 20000 on a GPU, 200 on the emulator]
+    #[arg(long = "rtt-iters", value_name = "N", value_parser = ranged(1, u32::MAX as u64))]
+    pub rtt_iters: Option<u64>,
+    /// Two GPUs: rank r on GPU r, puts cross NVLink
+    #[arg(long)]
+    pub spread: bool,
+    /// Where p2p_bench.{json,csv,png,svg} go
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    pub out: std::path::PathBuf,
+}
+
+/// `p2p_bench`'s settings once the defaults for the backend are applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct P2pBenchPlan {
+    /// The put sizes, in order.
+    pub sizes: Vec<u64>,
+    /// The largest size asked for (buffers are this large).
+    pub max_bytes: u64,
+    /// Timed signal round trips.
+    pub rtt_iters: u32,
+    /// Symmetric heap per rank.
+    pub heap_bytes: u64,
+}
+
+impl P2pBenchArgs {
+    /// Applies the defaults for a GPU (`gpu`) or the emulator and checks
+    /// the flags against each other.
+    pub fn plan(&self, gpu: bool) -> Result<P2pBenchPlan, String> {
+        let max = self.max_bytes.unwrap_or(if gpu { 256 << 20 } else { 4 << 20 });
+        if self.min_bytes > max {
+            return Err(format!(
+                "--minbytes {} is larger than --maxbytes {max}; give -b <= -e",
+                self.min_bytes
+            ));
+        }
+        let mut sizes = Vec::new();
+        let mut b = self.min_bytes;
+        while b <= max {
+            sizes.push(b);
+            match b.checked_mul(self.step_factor) {
+                Some(n) => b = n,
+                None => break,
+            }
+        }
+        Ok(P2pBenchPlan {
+            sizes,
+            max_bytes: max,
+            rtt_iters: self.rtt_iters.unwrap_or(if gpu { 20_000 } else { 200 }) as u32,
+            // `max` is at most MAX_BYTES: no overflow.
+            heap_bytes: max * 2 + (1 << 20),
+        })
+    }
+
+    /// Timed puts for `bytes`.
+    pub fn iters_for(&self, bytes: u64) -> u32 {
+        self.iters.unwrap_or_else(|| ((256u64 << 20) / bytes).clamp(4, 2000)) as u32
+    }
+}
+
+/// mlx5 work-queue entry operations.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WqeOpArg {
+    /// NOP
+    Nop,
+    /// RDMA write
+    Write,
+    /// RDMA write with immediate
+    WriteImm,
+    /// RDMA read
+    Read,
+    /// Atomic fetch-and-add
+    FetchAdd,
+    /// Atomic compare-and-swap
+    Cas,
+}
+
+/// Prints the mlx5 WQE the host encoder builds for one work request, one
+/// 16-byte unit per line in lowercase hex, nothing else on stdout. Numbers:
+/// decimal or 0x hex.
+#[derive(Parser, Debug, Clone, PartialEq, Eq)]
+#[command(name = "wqe_dump", version, about, long_about = None)]
+pub struct WqeDumpArgs {
+    /// The operation
+    #[arg(value_enum)]
+    pub op: WqeOpArg,
+    /// WQE index (16 bit)
+    #[arg(long, value_name = "N", value_parser = ranged(0, u16::MAX as u64))]
+    pub index: Option<u64>,
+    /// QP number (24 bit)
+    #[arg(long, value_name = "N", value_parser = ranged(0, 0xff_ffff))]
+    pub qpn: Option<u64>,
+    /// Remote address (not for nop)
+    #[arg(long, value_name = "N", value_parser = ranged(0, u64::MAX))]
+    pub raddr: Option<u64>,
+    /// Remote key (not for nop)
+    #[arg(long, value_name = "N", value_parser = ranged(0, u32::MAX as u64))]
+    pub rkey: Option<u64>,
+    /// Local address (not for nop)
+    #[arg(long, value_name = "N", value_parser = ranged(0, u64::MAX))]
+    pub laddr: Option<u64>,
+    /// Local key (not for nop)
+    #[arg(long, value_name = "N", value_parser = ranged(0, u32::MAX as u64))]
+    pub lkey: Option<u64>,
+    /// Length, bytes (write, write-imm, read)
+    #[arg(long, value_name = "N", value_parser = ranged(0, u32::MAX as u64))]
+    pub len: Option<u64>,
+    /// Immediate as the receiver reads it (write-imm)
+    #[arg(long, value_name = "N", value_parser = ranged(0, u32::MAX as u64))]
+    pub imm: Option<u64>,
+    /// Addend (fetch-add)
+    #[arg(long, value_name = "N", value_parser = ranged(0, u64::MAX))]
+    pub add: Option<u64>,
+    /// Compare value (cas)
+    #[arg(long, value_name = "N", value_parser = ranged(0, u64::MAX))]
+    pub compare: Option<u64>,
+    /// Swap value (cas)
+    #[arg(long, value_name = "N", value_parser = ranged(0, u64::MAX))]
+    pub swap: Option<u64>,
+    /// Request a completion
+    #[arg(long)]
+    pub signaled: bool,
+    /// Fence behind earlier reads and atomics
+    #[arg(long)]
+    pub fence: bool,
+    /// Solicited event
+    #[arg(long)]
+    pub solicited: bool,
+}
+
+impl WqeDumpArgs {
+    /// The request, checked by the encoder's own parser (which also refuses
+    /// options that mean nothing for the operation, e.g. `--imm` on a write).
+    pub fn request(&self) -> Result<doorbell_kernels::mlx5::WqeRequest, String> {
+        let op = WqeOpArg::value_variants()
+            .iter()
+            .find(|v| **v == self.op)
+            .and_then(|v| v.to_possible_value())
+            .expect("every op has a name");
+        let mut argv = vec![op.get_name().to_string()];
+        let values = [
+            ("index", self.index),
+            ("qpn", self.qpn),
+            ("raddr", self.raddr),
+            ("rkey", self.rkey),
+            ("laddr", self.laddr),
+            ("lkey", self.lkey),
+            ("len", self.len),
+            ("imm", self.imm),
+            ("add", self.add),
+            ("compare", self.compare),
+            ("swap", self.swap),
+        ];
+        for (name, v) in values {
+            if let Some(v) = v {
+                argv.push(format!("--{name}={v}"));
+            }
+        }
+        for (name, on) in [("signaled", self.signaled), ("fence", self.fence), ("solicited", self.solicited)] {
+            if on {
+                argv.push(format!("--{name}"));
+            }
+        }
+        doorbell_kernels::mlx5::dump::parse_args(&argv)
+    }
+}

@@ -1,0 +1,63 @@
+//! Strict parsing of the `DOORBELL_*` environment variables.
+//!
+//! Every variable doorbell reads at run time goes through these functions:
+//! a value that does not parse, or lies outside its range, is
+//! [`Error::BadEnv`] naming the variable, the value and the accepted range.
+//! Nothing is clamped or ignored in silence; an unset or empty variable
+//! means the default. The parser itself lives in
+//! `doorbell_kernels::emu::env`, so the emulator's own limits
+//! (`DOORBELL_EMU_*`) are read the same way.
+//!
+//! | variable | accepted | default |
+//! |---|---|---|
+//! | `DOORBELL_DEVICE` | `gpu`, `cpu`, `auto` | `auto` |
+//! | `DOORBELL_WAIT_TIMEOUT_S` | seconds in 0.001..=86400 | 10 |
+//! | `DOORBELL_SPREAD_GPUS` | `0`, `1` | 0 |
+//! | `DOORBELL_EMU_MAX_THREADS` | 1..=1048576 | 16384 |
+//! | `DOORBELL_EMU_BARRIER_TIMEOUT_S` | seconds in 0.001..=86400 | 60 |
+//! | `DOORBELL_LOG` | `off`, `error`, `warn`, `info`, `debug`, `trace` | `warn` |
+//!
+//! The launcher variables (`RANK`, `MASTER_PORT`, `DOORBELL_TOKEN`,
+//! `DOORBELL_*_TIMEOUT_S` of the world, ...) are read, just as strictly, by
+//! [`WorldConfig::from_env`](crate::WorldConfig::from_env).
+
+use std::time::Duration;
+
+use doorbell_kernels::emu::env as parse;
+pub use doorbell_kernels::emu::env::{parse_choice, parse_flag, parse_secs, parse_uint, EnvError};
+
+use crate::error::Result;
+
+/// The raw value of `var`; `None` when unset or empty.
+pub fn raw(var: &str) -> Result<Option<String>> {
+    Ok(parse::raw(var)?)
+}
+
+/// `var` as seconds in `min..=max`, or `default` when unset.
+pub fn secs(var: &str, default: Duration, min: f64, max: f64) -> Result<Duration> {
+    Ok(parse::secs(var, default, min, max)?)
+}
+
+/// `var` as an integer in `min..=max`, or `default` when unset.
+pub fn uint(var: &str, default: u64, min: u64, max: u64) -> Result<u64> {
+    Ok(parse::uint(var, default, min, max)?)
+}
+
+/// `var` as a `0`/`1` switch, or `default` when unset.
+pub fn flag(var: &str, default: bool) -> Result<bool> {
+    Ok(parse::flag(var, default)?)
+}
+
+/// Parses every run-time `DOORBELL_*` variable of the table above and
+/// returns the first unusable one, so that a program can refuse a bad
+/// environment before it starts any work.
+pub fn check() -> Result<()> {
+    crate::Backend::from_env()?;
+    // As `CommOptions::from_env` reads them.
+    secs("DOORBELL_WAIT_TIMEOUT_S", Duration::from_secs(10), 0.001, 86400.0)?;
+    flag("DOORBELL_SPREAD_GPUS", false)?;
+    doorbell_kernels::emu::try_barrier_timeout()?;
+    doorbell_kernels::emu::max_threads()?;
+    crate::logging::level_from_env()?;
+    Ok(())
+}

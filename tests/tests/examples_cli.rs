@@ -1,0 +1,176 @@
+//! The examples' command lines (`doorbell_examples::cli`): every defect a
+//! reviewer hit with bad flags is refused by the parser (clap exits with
+//! status 2 and a message naming the flag), plus one end-to-end run of a
+//! built example binary.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use doorbell_examples::clap::error::ErrorKind;
+use doorbell_examples::clap::{CommandFactory, Parser};
+use doorbell_examples::cli::{FmaArgs, HistogramArgs, P2pBenchArgs, PingpongArgs, WqeDumpArgs, MAX_BYTES};
+use doorbell_examples::{host_vec, ratio};
+
+fn argv(s: &str) -> Vec<&str> {
+    s.split_whitespace().collect()
+}
+
+/// Parses `line` with `P` and returns the error message, asserting that it
+/// is a usage error (exit status 2) that names `flag`.
+fn refused<P: Parser + std::fmt::Debug>(line: &str, flag: &str) -> String {
+    let e = P::try_parse_from(argv(line)).expect_err(line);
+    assert_eq!(e.exit_code(), 2, "{line}: {e}");
+    let msg = e.to_string();
+    assert!(msg.contains(flag), "`{line}` does not name {flag}: {msg}");
+    msg
+}
+
+#[test]
+fn fma_refuses_sizes_and_counts_that_used_to_panic_or_lie() {
+    let m = refused::<FmaArgs>("fma --n 18446744073709551615", "--n");
+    assert!(m.contains("out of range"), "{m}");
+    refused::<FmaArgs>("fma --n 1000000000000000", "--n");
+    refused::<FmaArgs>("fma --n 0", "--n");
+    // 2^32 launches used to wrap to 0 and print `time: inf ms`.
+    refused::<FmaArgs>("fma --iters 4294967296", "--iters");
+    refused::<FmaArgs>("fma --iters 0", "--iters");
+    refused::<FmaArgs>("fma --iters -1", "-1");
+    refused::<FmaArgs>("fma --n abc", "--n");
+    let a = FmaArgs::try_parse_from(argv("fma --n 0x1000 --iters 3 --device cpu")).unwrap();
+    assert_eq!((a.n, a.iters), (Some(4096), Some(3)));
+    assert_eq!(a.device.backend().unwrap(), doorbell::Backend::Cpu);
+}
+
+#[test]
+fn unknown_flags_stray_arguments_and_bad_devices_are_usage_errors() {
+    let e = FmaArgs::try_parse_from(argv("fma --frobnicate")).unwrap_err();
+    assert_eq!((e.kind(), e.exit_code()), (ErrorKind::UnknownArgument, 2));
+    let e = FmaArgs::try_parse_from(argv("fma stray")).unwrap_err();
+    assert_eq!((e.kind(), e.exit_code()), (ErrorKind::UnknownArgument, 2));
+    // `--device foo` names the flag, not DOORBELL_DEVICE.
+    let m = refused::<FmaArgs>("fma --device foo", "--device");
+    assert!(!m.contains("DOORBELL_DEVICE") && m.contains("gpu, cpu or auto"), "{m}");
+    refused::<PingpongArgs>("pingpong --device foo", "--device");
+    refused::<PingpongArgs>("pingpong --transport ibgda", "--transport");
+    refused::<HistogramArgs>("histogram --n 1 --n 2", "--n");
+}
+
+#[test]
+fn help_lists_every_flag_with_its_default() {
+    let e = FmaArgs::try_parse_from(argv("fma --help")).unwrap_err();
+    assert_eq!((e.kind(), e.exit_code()), (ErrorKind::DisplayHelp, 0));
+    let help = e.to_string();
+    for want in ["--device", "--n", "--iters", "default: 67108864", "default: 20 on a GPU"] {
+        assert!(help.contains(want), "fma --help lacks {want}: {help}");
+    }
+    let help = PingpongArgs::command().render_long_help().to_string();
+    for want in ["--iters", "[default: 1000]", "--size", "[default: 8]", "--transport", "DOORBELL_TOKEN"] {
+        assert!(help.contains(want), "pingpong --help lacks {want}: {help}");
+    }
+    let help = P2pBenchArgs::command().render_help().to_string();
+    for want in ["-b, --minbytes", "-e, --maxbytes", "-f, --stepfactor", "-n, --iters", "-w, --warmup_iters", "--rtt-iters", "--out", "--spread"] {
+        assert!(help.contains(want), "p2p_bench --help lacks {want}: {help}");
+    }
+    for cmd in [HistogramArgs::command(), WqeDumpArgs::command()] {
+        cmd.debug_assert();
+    }
+}
+
+#[test]
+fn histogram_and_pingpong_refuse_sizes_past_the_limit() {
+    refused::<HistogramArgs>("histogram --n 1000000000000000", "--n");
+    refused::<PingpongArgs>("pingpong --size 100000000000", "--size");
+    // Used to wrap the heap-size arithmetic.
+    refused::<PingpongArgs>("pingpong --size 18446744073709551615", "--size");
+    refused::<PingpongArgs>("pingpong --iters 4294967296", "--iters");
+    // The largest accepted size has a heap size that does not overflow.
+    let a = PingpongArgs::try_parse_from(["pingpong", "--size", &MAX_BYTES.to_string()]).unwrap();
+    assert!(a.heap_bytes() > MAX_BYTES && a.heap_bytes().is_power_of_two());
+    let a = PingpongArgs::try_parse_from(argv("pingpong --size 0")).unwrap();
+    assert_eq!(a.params(), [("iters", 1000), ("size", 0)]);
+}
+
+#[test]
+fn p2p_bench_takes_nccl_tests_flags_and_checks_them() {
+    refused::<P2pBenchArgs>("p2p_bench --max-size 1000000000000000", "--maxbytes");
+    // Used to panic building a Layout.
+    refused::<P2pBenchArgs>("p2p_bench --max-size 18446744073709551615", "--maxbytes");
+    // Used to print `ratio NaN`.
+    refused::<P2pBenchArgs>("p2p_bench --rtt-iters 0", "--rtt-iters");
+    refused::<P2pBenchArgs>("p2p_bench -f 1", "--stepfactor");
+    let a = P2pBenchArgs::try_parse_from(argv("p2p_bench -b 1024 -e 65536 -f 4 -n 7 -w 0")).unwrap();
+    let plan = a.plan(false).unwrap();
+    assert_eq!(plan.sizes, [1024, 4096, 16384, 65536]);
+    assert_eq!((a.iters_for(1024), a.warmup_iters, plan.max_bytes), (7, 0, 65536));
+    assert_eq!(plan.heap_bytes, 2 * 65536 + (1 << 20));
+    let a = P2pBenchArgs::try_parse_from(argv("p2p_bench --minbytes 8192 --maxbytes 4096")).unwrap();
+    let e = a.plan(true).unwrap_err();
+    assert!(e.contains("--minbytes") && e.contains("--maxbytes"), "{e}");
+    // Defaults per backend, old long name kept as an alias.
+    let a = P2pBenchArgs::try_parse_from(argv("p2p_bench")).unwrap();
+    assert_eq!(a.plan(true).unwrap().max_bytes, 256 << 20);
+    assert_eq!(a.plan(false).unwrap().rtt_iters, 200);
+    assert_eq!(a.iters_for(4096), 2000);
+    let a = P2pBenchArgs::try_parse_from(argv("p2p_bench --max-size 8192 --warmup-iters 2")).unwrap();
+    assert_eq!((a.max_bytes, a.warmup_iters), (Some(8192), 2));
+}
+
+#[test]
+fn wqe_dump_checks_ranges_and_meaning() {
+    refused::<WqeDumpArgs>("wqe_dump write --index 70000", "--index");
+    refused::<WqeDumpArgs>("wqe_dump write --qpn 0x1000000", "--qpn");
+    refused::<WqeDumpArgs>("wqe_dump frob", "frob");
+    let a = WqeDumpArgs::try_parse_from(argv("wqe_dump write --imm 1")).unwrap();
+    assert!(a.request().unwrap_err().contains("--imm means nothing"));
+    let a = WqeDumpArgs::try_parse_from(argv("wqe_dump read --index 3 --qpn 0x10 --raddr 0x40 --rkey 1 --laddr 0x80 --lkey 2 --len 64")).unwrap();
+    let want = doorbell_kernels::mlx5::dump::parse_args(&argv("read --index 3 --qpn 0x10 --raddr 0x40 --rkey 1 --laddr 0x80 --lkey 2 --len 64")).unwrap();
+    assert_eq!(a.request().unwrap(), want);
+}
+
+#[test]
+fn host_buffers_too_large_are_errors_and_ratios_never_nan() {
+    assert!(host_vec(u64::MAX, |i| i as u8).unwrap_err().contains("elements"));
+    assert!(host_vec(1 << 50, |i| i as u32).unwrap_err().contains("could not allocate"));
+    assert_eq!(host_vec(3, |i| i * 2).unwrap(), [0, 2, 4]);
+    assert_eq!(ratio(1.0, 0.0), None);
+    assert_eq!(ratio(f64::INFINITY, 1.0), None);
+    assert_eq!(ratio(3.0, 2.0), Some(1.5));
+}
+
+/// A built example next to this test binary (target/<profile>/examples).
+fn example_binary(name: &str) -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let p = exe.parent()?.parent()?.join("examples").join(name);
+    p.exists().then_some(p)
+}
+
+#[test]
+fn built_examples_refuse_bad_input_with_status_2_and_no_backtrace() {
+    let Some(fma) = example_binary("fma") else {
+        eprintln!("fma not built in this profile (cargo build --release --example fma): skipping the binary check");
+        return;
+    };
+    for (args, env, needle) in [
+        ("--n 18446744073709551615", None, "--n"),
+        ("--iters 4294967296", None, "--iters"),
+        ("--device foo", None, "--device"),
+        ("--bogus", None, "--bogus"),
+        ("", Some(("DOORBELL_WAIT_TIMEOUT_S", "1e300")), "DOORBELL_WAIT_TIMEOUT_S"),
+        ("", Some(("DOORBELL_EMU_MAX_THREADS", "abc")), "DOORBELL_EMU_MAX_THREADS"),
+        ("", Some(("DOORBELL_DEVICE", "foo")), "DOORBELL_DEVICE"),
+        ("", Some(("DOORBELL_LOG", "loud")), "DOORBELL_LOG"),
+    ] {
+        let mut cmd = Command::new(&fma);
+        cmd.args(argv(args)).env("RUST_BACKTRACE", "1");
+        if let Some((k, v)) = env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "fma {args} {env:?}: {err}");
+        assert!(err.starts_with("error: ") && err.contains(needle), "fma {args} {env:?}: {err}");
+        assert!(!err.contains("panicked") && !err.contains("backtrace"), "fma {args} {env:?}: {err}");
+    }
+    let out = Command::new(&fma).arg("--help").output().unwrap();
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("--iters"));
+}
