@@ -3,7 +3,7 @@
 //! (WQE counter, segment number), wrapping at the end of the ring.
 
 use doorbell_kernels::mlx5::{
-    AtomicSeg, CqeSyndrome, CtrlSeg, DataSeg, RaddrSeg, OPCODE_ATOMIC_CS, OPCODE_ATOMIC_FA, OPCODE_NOP, OPCODE_RDMA_READ,
+    AtomicSeg, CqeSyndrome, CtrlSeg, DataSeg, RaddrSeg, INLINE_SEG, OPCODE_ATOMIC_CS, OPCODE_ATOMIC_FA, OPCODE_NOP, OPCODE_RDMA_READ,
     OPCODE_RDMA_WRITE, OPCODE_RDMA_WRITE_IMM, OPCODE_SEND, SEND_WQE_BB,
 };
 
@@ -14,8 +14,6 @@ use super::tables::{QpEntry, Reason};
 pub const MAX_WQEBBS: u32 = 16;
 /// Largest message (bytes) of one WQE: 2^31.
 pub const MAX_MESSAGE: u64 = 1 << 31;
-/// `MLX5_INLINE_SEG`: the inline flag in a data segment's byte count.
-pub const INLINE_SEG: u32 = 0x8000_0000;
 
 /// A parsed WQE.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
