@@ -54,11 +54,14 @@ pub struct Spin {
 }
 
 impl Spin {
-    /// Starts a wait with `budget_ns` of `%globaltimer`.
+    /// Starts a wait with `budget_ns` of `%globaltimer`. The clock is first
+    /// read at the first cadence point, not here: a wait that succeeds
+    /// within [`CLOCK_EVERY`] polls — the latency-critical case — never
+    /// reads it (the deadline is then at most that many polls late).
     #[inline(always)]
     pub fn new(budget_ns: u64) -> Spin {
         Spin {
-            start: ptx::globaltimer_ns(),
+            start: 0,
             budget_ns,
             polls: 0,
             backoff: 32,
@@ -75,7 +78,10 @@ impl Spin {
         if gpu && self.polls % CLOCK_EVERY != 0 {
             return true;
         }
-        if ptx::globaltimer_ns().wrapping_sub(self.start) > self.budget_ns {
+        let now = ptx::globaltimer_ns();
+        if self.start == 0 {
+            self.start = now;
+        } else if now.wrapping_sub(self.start) > self.budget_ns {
             return false;
         }
         if !gpu || self.polls > TIGHT_POLLS {
@@ -89,7 +95,7 @@ impl Spin {
     /// not stuck, however long it takes in total).
     #[inline(always)]
     pub fn restart(&mut self) {
-        self.start = ptx::globaltimer_ns();
+        self.start = 0;
         self.polls = 0;
         self.backoff = 32;
     }

@@ -40,9 +40,9 @@
 //! | `get_{warp,block}` | the data is in the local destination on return | — | the peer's `signal` that published it | warp / block |
 //! | `get_nbi_{warp,block}` | the data is in the destination after `quiet` | — | `quiet` | warp / block |
 //! | `put_signal_{warp,block}` (`_nbi` too) | the data, then the signal: the peer that sees the signal sees the data | sys (gpu when every rank shares one GPU) | the peer's `wait_until*` | warp / block |
-//! | `signal` | every earlier put of the calling thread — and, after a block/warp barrier, of its block/warp — to that peer | sys (gpu on one GPU) | the peer's `wait_until*` | one thread |
+//! | `signal` | every earlier put of the calling thread to that peer (a release); a warp's or block's puts: barrier, then `fence`, then `signal` — or one `put_signal_*` | sys (gpu on one GPU) | the peer's `wait_until*` | one thread |
 //! | `wait_until`, `wait_until_{any,all,some}` | acquires what the matching signals published | sys (gpu on one GPU) | `signal`, `put_signal` | one thread |
-//! | `fence` | orders the calling thread's earlier puts before its later puts and signals, per peer | sys | — | one thread |
+//! | `fence` | orders the calling thread's earlier puts — and, after a warp/block barrier, its group's — before its later puts and signals | sys | — | one thread |
 //! | `quiet`, `quiet_peer` | completes every earlier put/get (`_nbi` included) of the calling thread, to all peers / one | sys | — | one thread |
 //! | `barrier` | all ranks arrive; what each did before is visible to all after | sys | every other rank's `barrier` | one thread per rank (`barrier_block`: one block) |
 //! | `peer_ptr` | — (an address: plain loads/stores, ordered by the caller) | — | — | any thread |
@@ -263,7 +263,10 @@ pub trait Transport: Copy {
     ) -> Result<(), CommError>;
 
     /// Applies `op` with `value` to the symmetric signal word `sig` on
-    /// `peer`, with release semantics (see the table). One thread.
+    /// `peer`, with release semantics: the peer that sees it sees the calling
+    /// thread's earlier puts. To publish a warp's or block's puts, order them
+    /// before this thread with a barrier and call [`Self::fence`] first (or
+    /// use `put_signal_*`, which does both). One thread.
     ///
     /// # Safety
     /// `sig` is only accessed atomically by every party.
@@ -285,8 +288,9 @@ pub trait Transport: Copy {
     /// As for [`Self::signal`].
     unsafe fn wait_until_some(&self, sigs: *const u64, count: u32, skip: u64, cmp: Cmp, value: u64) -> Result<u64, CommError>;
 
-    /// Orders the calling thread's earlier puts before its later puts and
-    /// signals (to each peer). One thread.
+    /// Orders the calling thread's earlier puts — and those of the threads
+    /// ordered before it by a warp or block barrier — before its later puts
+    /// and signals, to every peer. One thread.
     fn fence(&self);
 
     /// Completes every earlier put/get of the calling thread, to every peer.

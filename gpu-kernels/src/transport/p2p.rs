@@ -182,16 +182,12 @@ impl P2p {
         }
     }
 
-    /// The signal store/add at `remote` (already translated), release.
+    /// The signal store/add at `remote` (already translated): a release by
+    /// the calling thread, at gpu scope when every rank shares this GPU,
+    /// else sys. Publishes what this thread ordered before it; callers that
+    /// publish a warp's or block's stores fence first ([`Self::group_fence`]).
     #[inline(always)]
     unsafe fn signal_at(&self, remote: *mut u64, value: u64, op: SignalOp) {
-        // Release is cumulative in the PTX memory model: the puts of this
-        // thread, and of the warp/block ordered before it by a barrier, are
-        // published with it. Across GPUs a system-scope fence first makes
-        // the other threads' peer stores part of it too.
-        if self.same_gpu == 0 {
-            ptx::fence_acq_rel_sys();
-        }
         // SAFETY: the caller's contract.
         unsafe {
             match (op, self.same_gpu != 0) {
@@ -207,6 +203,17 @@ impl P2p {
         }
     }
 
+    /// Makes the stores of the threads ordered before this one by a warp or
+    /// block barrier part of what its next release publishes to peers on
+    /// other GPUs (as NVSHMEM fences before a group's signal). Within one
+    /// GPU the release at gpu scope is cumulative over the barrier already.
+    #[inline(always)]
+    fn group_fence(&self) {
+        if self.same_gpu == 0 {
+            ptx::fence_acq_rel_sys();
+        }
+    }
+
     /// The barrier over the reserved slots (no argument checks: runtime words).
     unsafe fn barrier_inner(&self) -> Result<(), CommError> {
         let epoch_ptr = self.reserved(EPOCH_OFFSET);
@@ -214,6 +221,9 @@ impl P2p {
         unsafe {
             let epoch = *epoch_ptr + 1;
             *epoch_ptr = epoch;
+            // Everything the block did before (ordered by barrier_block's
+            // block barrier) is published with the slots.
+            self.group_fence();
             let slot = self.reserved(self.rank as u64 * 8);
             for peer in 0..self.world {
                 let remote = (self.base_of(peer) + self.rank as u64 * 8) as *mut u64;
@@ -349,6 +359,9 @@ impl Transport for P2p {
         // Every thread's stores happen before the leader's release.
         g.sync();
         if g.is_leader() {
+            if g != Coop::Thread {
+                self.group_fence();
+            }
             // SAFETY: an aligned word of the peer's heap.
             unsafe { self.signal_at((base + sig_off) as *mut u64, value, op) };
         }

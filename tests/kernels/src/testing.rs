@@ -168,6 +168,9 @@ pub unsafe fn ring<T: Transport>(
         }
         ptx::sync_threads();
         if first && ptx::ld_relaxed_cta_u32(status) != STATUS_ERROR {
+            // The block's puts, ordered before this thread by the barrier,
+            // are published with the signal once fenced.
+            t.fence();
             *status = match t.signal(sig, 1, SignalOp::Add, next).and_then(|_| t.wait_until(sig, Cmp::Ge, expected)) {
                 Ok(_) => STATUS_OK,
                 Err(doorbell_kernels::transport::CommError::Timeout(_)) => STATUS_TIMEOUT,
