@@ -4,6 +4,8 @@
 //! plain functions (`tests/tests/examples_cli.rs`).
 
 pub mod cli;
+pub mod embedding;
+pub mod nccl;
 pub mod plot;
 
 pub use clap;

@@ -11,6 +11,7 @@
 use doorbell_kernels::{kernel, ptx};
 
 pub mod comm;
+pub mod embedding;
 
 /// `out[i] = a[i] * b[i] + c[i]` over `n` elements, grid-stride.
 #[kernel(hot)]
@@ -24,7 +25,6 @@ pub unsafe fn fused_multiply_add(a: *const f32, b: *const f32, c: *const f32, ou
         i += stride;
     }
 }
-
 
 /// Byte histogram: `bins[b]` += number of bytes equal to `b` in `data[..n]`.
 /// Each block counts into its own 256 bins in shared memory (launch with

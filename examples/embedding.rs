@@ -1,0 +1,966 @@
+//! Host side of the embedding exchange (`embedding_exchange` example, its
+//! benchmark and `tests/tests/embedding.rs`): the problem's exact
+//! definitions, id generation (uniform / Zipf), a sequential CPU reference,
+//! and drivers for the fused kernels ([`Exchange`]) and for the host-driven
+//! baselines ([`Baseline`]). Device code and the protocol:
+//! `doorbell_example_kernels::embedding`.
+
+use doorbell::comm::{Communicator, SymBuffer};
+use doorbell::{DeviceBuffer, Error, ForTransport, Function, LaunchConfig, Result, Stream};
+use doorbell_example_kernels::embedding::{
+    self as k, emb_backward, emb_bl_accumulate, emb_bl_apply, emb_bl_count, emb_bl_gather, emb_bl_grad_scatter, emb_bl_pool,
+    emb_bl_scatter, emb_copy_words, emb_forward, emb_forward_pull, emb_zero_words, EmbBufs, EmbShape, PAD,
+};
+use doorbell_kernels::transport::P2p;
+
+type Fwd = <emb_forward as ForTransport<P2p>>::Kernel;
+type Bwd = <emb_backward as ForTransport<P2p>>::Kernel;
+type Pull = <emb_forward_pull as ForTransport<P2p>>::Kernel;
+
+/// The problem: the same on every rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// Ranks.
+    pub ranks: u32,
+    /// Tables.
+    pub tables: u32,
+    /// Rows of every table.
+    pub rows: u32,
+    /// Elements per row.
+    pub dim: u32,
+    /// Samples per rank.
+    pub batch: u32,
+    /// Ids per bag.
+    pub pooling: u32,
+}
+
+impl Problem {
+    /// Lookups of one rank (`tables * batch * pooling`), padding included.
+    pub fn lookups(&self) -> usize {
+        self.tables as usize * self.batch as usize * self.pooling as usize
+    }
+    /// Rows of every table per rank.
+    pub fn shard_rows(&self) -> u32 {
+        self.rows.div_ceil(self.ranks)
+    }
+    /// f32 of one rank's shard (`[table][local row][dim]`).
+    pub fn shard_len(&self) -> usize {
+        self.tables as usize * self.shard_rows() as usize * self.dim as usize
+    }
+    /// f32 of one rank's output (`[sample][table][dim]`).
+    pub fn out_len(&self) -> usize {
+        self.batch as usize * self.tables as usize * self.dim as usize
+    }
+    /// Checks the limits of the kernels.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        if self.ranks == 0 || self.ranks > 64 {
+            return Err(format!("{} ranks: use 1..=64", self.ranks));
+        }
+        if self.tables == 0 || self.tables > k::MAX_TABLES {
+            return Err(format!("{} tables: use 1..={}", self.tables, k::MAX_TABLES));
+        }
+        if self.dim == 0 || self.dim > k::MAX_DIM {
+            return Err(format!("dim {}: use 1..={}", self.dim, k::MAX_DIM));
+        }
+        if self.rows == 0 || self.rows == PAD {
+            return Err(format!("{} rows: use 1..={}", self.rows, PAD - 1));
+        }
+        if self.batch == 0 || self.pooling == 0 {
+            return Err("batch and pooling must be at least 1".into());
+        }
+        if self.lookups() as u64 >= 1 << 31 {
+            return Err(format!(
+                "{} lookups per rank: keep tables * batch * pooling below 2^31",
+                self.lookups()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Element `k` of global row `j` of table `t` at the start:
+/// `((t*7 + j*13 + k*3) mod 23) - 11`.
+pub fn init_value(t: u32, j: u32, k: u32) -> f32 {
+    ((t as u64 * 7 + j as u64 * 13 + k as u64 * 3) % 23) as f32 - 11.0
+}
+
+/// Upstream gradient: `((rank*5 + sample*3 + table*7 + k) mod 9) - 4`.
+pub fn grad_value(rank: u32, sample: u32, table: u32, k: u32) -> f32 {
+    ((rank as u64 * 5 + sample as u64 * 3 + table as u64 * 7 + k as u64) % 9) as f32 - 4.0
+}
+
+/// All tables, `[table][global row][dim]`, at the start.
+pub fn initial_tables(p: &Problem) -> Vec<f32> {
+    let mut v = Vec::with_capacity(p.tables as usize * p.rows as usize * p.dim as usize);
+    for t in 0..p.tables {
+        for j in 0..p.rows {
+            v.extend((0..p.dim).map(|k| init_value(t, j, k)));
+        }
+    }
+    v
+}
+
+/// Rank `rank`'s shard of `tables` (`[table][global row][dim]`); rows past
+/// the end are zero.
+pub fn shard_of(p: &Problem, tables: &[f32], rank: u32) -> Vec<f32> {
+    let (d, sr) = (p.dim as usize, p.shard_rows());
+    let mut v = vec![0f32; p.shard_len()];
+    for t in 0..p.tables as usize {
+        for l in 0..sr {
+            let j = l * p.ranks + rank;
+            if j < p.rows {
+                let src = (t * p.rows as usize + j as usize) * d;
+                let dst = (t * sr as usize + l as usize) * d;
+                v[dst..dst + d].copy_from_slice(&tables[src..src + d]);
+            }
+        }
+    }
+    v
+}
+
+/// Writes `shard` of `rank` back into `tables` (`[table][global row][dim]`).
+pub fn unshard(p: &Problem, tables: &mut [f32], shard: &[f32], rank: u32) {
+    let (d, sr) = (p.dim as usize, p.shard_rows());
+    for t in 0..p.tables as usize {
+        for l in 0..sr {
+            let j = l * p.ranks + rank;
+            if j < p.rows {
+                let dst = (t * p.rows as usize + j as usize) * d;
+                let src = (t * sr as usize + l as usize) * d;
+                tables[dst..dst + d].copy_from_slice(&shard[src..src + d]);
+            }
+        }
+    }
+}
+
+/// splitmix64: a small deterministic generator.
+pub struct Rng(u64);
+impl Rng {
+    /// Seeded.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed ^ 0x5DEE_CE66_D1CE_4E5B)
+    }
+    /// Next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [0, 1).
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Every rank's lookups, `[rank][table][sample][pooling]`: full bags of
+/// ids drawn uniformly (`zipf == 0`) or from a Zipf law with exponent
+/// `zipf` over the rows (row 0 the most frequent).
+pub fn generate_ids(p: &Problem, zipf: f64, seed: u64) -> Vec<Vec<u32>> {
+    let cdf: Option<Vec<f64>> = (zipf > 0.0).then(|| {
+        let mut acc = 0.0;
+        let mut c: Vec<f64> = (1..=p.rows as u64)
+            .map(|r| {
+                acc += (r as f64).powf(-zipf);
+                acc
+            })
+            .collect();
+        let total = acc;
+        c.iter_mut().for_each(|x| *x /= total);
+        c
+    });
+    (0..p.ranks)
+        .map(|r| {
+            let mut rng = Rng::new(seed.wrapping_mul(1_000_003).wrapping_add(r as u64));
+            (0..p.lookups())
+                .map(|_| match &cdf {
+                    None => (rng.next_u64() % p.rows as u64) as u32,
+                    Some(c) => {
+                        let x = rng.next_f64();
+                        c.partition_point(|v| *v < x).min(p.rows as usize - 1) as u32
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The first id out of range: an error naming rank, table, sample, position.
+pub fn validate_ids(p: &Problem, ids: &[Vec<u32>]) -> std::result::Result<(), String> {
+    for (r, v) in ids.iter().enumerate() {
+        if v.len() != p.lookups() {
+            return Err(format!(
+                "rank {r} has {} ids, expected tables*batch*pooling = {}",
+                v.len(),
+                p.lookups()
+            ));
+        }
+        if let Some(i) = v.iter().position(|&id| id != PAD && id >= p.rows) {
+            let per = p.batch as usize * p.pooling as usize;
+            return Err(format!(
+                "id {} (rank {r}, table {}, sample {}, position {}) is out of range: tables have {} rows \
+                 (0xFFFFFFFF is padding); nothing was run",
+                v[i],
+                i / per,
+                i % per / p.pooling as usize,
+                i % p.pooling as usize,
+                p.rows
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The sequential reference forward of one rank: `[sample][table][dim]`,
+/// each bag summed in position order.
+pub fn reference_forward(p: &Problem, tables: &[f32], ids: &[u32]) -> Vec<f32> {
+    let d = p.dim as usize;
+    let mut out = vec![0f32; p.out_len()];
+    for s in 0..p.batch as usize {
+        for t in 0..p.tables as usize {
+            let o = &mut out[(s * p.tables as usize + t) * d..][..d];
+            for q in 0..p.pooling as usize {
+                let id = ids[(t * p.batch as usize + s) * p.pooling as usize + q];
+                if id == PAD {
+                    continue;
+                }
+                let row = &tables[(t * p.rows as usize + id as usize) * d..][..d];
+                o.iter_mut().zip(row).for_each(|(a, b)| *a += *b);
+            }
+        }
+    }
+    out
+}
+
+/// The sequential reference backward + SGD over every rank's lookups.
+pub fn reference_backward(p: &Problem, tables: &mut [f32], ids: &[Vec<u32>], lr: f32) {
+    let d = p.dim as usize;
+    let mut sum: std::collections::BTreeMap<(u32, u32), Vec<f32>> = Default::default();
+    for (r, v) in ids.iter().enumerate() {
+        for t in 0..p.tables {
+            for s in 0..p.batch {
+                for q in 0..p.pooling {
+                    let id = v[((t * p.batch + s) * p.pooling + q) as usize];
+                    if id == PAD {
+                        continue;
+                    }
+                    let acc = sum.entry((t, id)).or_insert_with(|| vec![0.0; d]);
+                    for (k, a) in acc.iter_mut().enumerate() {
+                        *a += grad_value(r as u32, s, t, k as u32);
+                    }
+                }
+            }
+        }
+    }
+    for ((t, id), g) in sum {
+        let row = &mut tables[(t as usize * p.rows as usize + id as usize) * d..][..d];
+        row.iter_mut().zip(&g).for_each(|(w, g)| *w -= lr * *g);
+    }
+}
+
+/// One rank's upstream gradient `[sample][table][dim]`.
+pub fn upstream_grad(p: &Problem, rank: u32) -> Vec<f32> {
+    let mut g = Vec::with_capacity(p.out_len());
+    for s in 0..p.batch {
+        for t in 0..p.tables {
+            g.extend((0..p.dim).map(|k| grad_value(rank, s, t, k)));
+        }
+    }
+    g
+}
+
+/// Traffic of one step's forward: lookups sent with and without dedup.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Traffic {
+    /// Non-padding lookups over all ranks.
+    pub lookups: u64,
+    /// Unique (table, id) keys per (requester, owner), summed over ranks:
+    /// the rows the fused exchange moves.
+    pub unique: u64,
+    /// Of those, rows that stay on their own rank.
+    pub unique_local: u64,
+    /// Largest (requester, owner) list: the capacity the exchange needs.
+    pub max_pair: u64,
+}
+
+impl Traffic {
+    /// Bytes of rows one direction moves without / with dedup, dim `d`.
+    pub fn row_bytes(&self, d: u32) -> (u64, u64) {
+        (self.lookups * d as u64 * 4, self.unique * d as u64 * 4)
+    }
+}
+
+/// Counts the traffic of `ids` (every rank's).
+pub fn traffic(p: &Problem, ids: &[Vec<u32>]) -> Traffic {
+    let mut tr = Traffic::default();
+    for (r, v) in ids.iter().enumerate() {
+        let mut seen = std::collections::HashSet::new();
+        let mut per_owner = vec![0u64; p.ranks as usize];
+        for (i, &id) in v.iter().enumerate() {
+            if id == PAD || id >= p.rows {
+                continue;
+            }
+            tr.lookups += 1;
+            let t = i / (p.batch as usize * p.pooling as usize);
+            if seen.insert((t, id)) {
+                tr.unique += 1;
+                per_owner[(id % p.ranks) as usize] += 1;
+                if (id % p.ranks) as usize == r {
+                    tr.unique_local += 1;
+                }
+            }
+        }
+        tr.max_pair = tr.max_pair.max(per_owner.into_iter().max().unwrap_or(0));
+    }
+    tr
+}
+
+/// Launch shape of the exchange's kernels on a device: the same on every
+/// rank, small enough that every rank's grid is resident at once.
+pub fn launch_config(comm: &Communicator, ranks_per_gpu: u32) -> LaunchConfig {
+    let dev = comm.device();
+    if dev.is_gpu() {
+        let sms = dev.multiprocessor_count() as u32;
+        LaunchConfig::linear((2 * sms / ranks_per_gpu.max(1)).clamp(1, 256), 256)
+    } else {
+        LaunchConfig::linear(2, 64)
+    }
+    .with_shared_mem(k::SHARED_BYTES)
+}
+
+fn err(msg: impl Into<String>) -> Error {
+    Error::Comm(msg.into())
+}
+
+/// Symmetric heap the fused exchange needs per rank for `p` with list
+/// capacity `cap`.
+pub fn heap_bytes_needed(p: &Problem, cap: u32) -> u64 {
+    let (n, c, d) = (p.ranks as u64, cap as u64, p.dim as u64);
+    let parts = [
+        p.shard_len() as u64 * 4,
+        2 * n * c * 8,
+        n * 8,
+        n * c * d * 4,
+        n * 8,
+        n * c * d * 4,
+        n * 8,
+        n * c * 8,
+    ];
+    parts.iter().map(|b| b + 256).sum::<u64>() + (1 << 20)
+}
+
+/// One rank's fused exchange: its buffers, kernels and epoch.
+pub struct Exchange<'c> {
+    comm: &'c Communicator,
+    /// The shape passed to the kernels.
+    pub shape: EmbShape,
+    tables: SymBuffer<'c, f32>,
+    _sym: Vec<SymBuffer<'c, u64>>,
+    _sym_f: Vec<SymBuffer<'c, f32>>,
+    keys: DeviceBuffer<u64>,
+    _local: Vec<DeviceBuffer<u32>>,
+    _gacc: DeviceBuffer<f32>,
+    status: DeviceBuffer<u32>,
+    bufs: EmbBufs,
+    fwd: Function<Fwd>,
+    bwd: Function<Bwd>,
+    pull: Function<Pull>,
+    /// Launch shape (the same on every rank).
+    pub cfg: LaunchConfig,
+    epoch: u64,
+    budget_ns: u64,
+}
+
+impl<'c> Exchange<'c> {
+    /// Collective: allocates the buffers for `p` with request lists of `cap`
+    /// keys per (requester, owner) and loads the kernels.
+    pub fn new(comm: &'c Communicator, p: &Problem, cap: u32, cfg: LaunchConfig) -> Result<Exchange<'c>> {
+        p.check().map_err(err)?;
+        if p.ranks as usize != comm.size() {
+            return Err(err(format!("the problem has {} ranks, the communicator {}", p.ranks, comm.size())));
+        }
+        let dev = comm.device();
+        let m = dev.load_module(crate::USER_KERNELS_PTX)?;
+        let (n, c, d) = (p.ranks as usize, cap.max(1) as usize, p.dim as usize);
+        let hash_bits = (2 * p.lookups()).next_power_of_two().trailing_zeros().max(4);
+        let shape = EmbShape {
+            tables: p.tables,
+            dim: p.dim,
+            batch: p.batch,
+            pooling: p.pooling,
+            rows: p.rows,
+            shard_rows: p.shard_rows(),
+            cap: c as u32,
+            hash_bits,
+        };
+        let tables = comm.alloc::<f32>(p.shard_len())?;
+        let req_in = comm.alloc::<u64>(2 * n * c)?;
+        let req_sig = comm.alloc::<u64>(n)?;
+        let rows_in = comm.alloc::<f32>(n * c * d)?;
+        let rows_sig = comm.alloc::<u64>(n)?;
+        let grad_in = comm.alloc::<f32>(n * c * d)?;
+        let grad_sig = comm.alloc::<u64>(n)?;
+        let req_out = comm.alloc::<u64>(n * c)?;
+        let mut keys = dev.alloc_zeroed::<u64>(1 << hash_bits)?;
+        let mut vals = dev.alloc_zeroed::<u32>(1 << hash_bits)?;
+        let mut slot_of = dev.alloc_zeroed::<u32>(p.lookups())?;
+        let mut counts = dev.alloc_zeroed::<u32>(2 * n)?;
+        let mut rcounts = dev.alloc_zeroed::<u32>(2 * n)?;
+        let mut gacc = dev.alloc_zeroed::<f32>(p.shard_len())?;
+        let mut grid = dev.alloc_zeroed::<u32>(2)?;
+        let mut status = dev.alloc_zeroed::<u32>(k::STATUS_WORDS)?;
+        let bufs = EmbBufs {
+            tables: tables.as_mut_ptr(),
+            req_in: req_in.as_mut_ptr(),
+            req_sig: req_sig.as_mut_ptr(),
+            rows_in: rows_in.as_mut_ptr(),
+            rows_sig: rows_sig.as_mut_ptr(),
+            grad_in: grad_in.as_mut_ptr(),
+            grad_sig: grad_sig.as_mut_ptr(),
+            req_out: req_out.as_mut_ptr(),
+            keys: keys.as_mut_ptr(),
+            vals: vals.as_mut_ptr(),
+            slot_of: slot_of.as_mut_ptr(),
+            counts: counts.as_mut_ptr(),
+            rcounts: rcounts.as_mut_ptr(),
+            gacc: gacc.as_mut_ptr(),
+            grid: grid.as_mut_ptr(),
+            status: status.as_mut_ptr(),
+        };
+        Ok(Exchange {
+            comm,
+            shape,
+            tables,
+            _sym: vec![req_in, req_sig, rows_sig, grad_sig, req_out],
+            _sym_f: vec![rows_in, grad_in],
+            keys,
+            _local: vec![vals, slot_of, counts, rcounts, grid],
+            _gacc: gacc,
+            status,
+            bufs,
+            fwd: m.function::<Fwd>()?,
+            bwd: m.function::<Bwd>()?,
+            pull: m.function::<Pull>()?,
+            cfg,
+            epoch: 0,
+            budget_ns: 30_000_000_000,
+        })
+    }
+
+    /// Writes this rank's shard (`[table][local row][dim]`).
+    pub fn load_shard(&self, shard: &[f32]) -> Result<()> {
+        self.tables.copy_from_host(shard)
+    }
+
+    /// This rank's shard.
+    pub fn shard(&self) -> Result<Vec<f32>> {
+        self.tables.to_host()
+    }
+
+    /// The epoch of the last forward.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Enqueues the fused forward (`ids` `[table][sample][pooling]`, `out`
+    /// `[sample][table][dim]`, both local). Every rank calls it.
+    pub fn forward(&mut self, s: &Stream, ids: &DeviceBuffer<u32>, out: &mut DeviceBuffer<f32>) -> Result<()> {
+        self.epoch += 1;
+        if self.epoch > 1 && k::hash_tag(self.epoch) == 1 {
+            self.keys.zero()?;
+        }
+        // SAFETY: buffers sized for `shape` (new); every rank launches the same grid.
+        unsafe {
+            s.launch(
+                &self.fwd,
+                self.cfg,
+                (
+                    self.comm.p2p(),
+                    self.shape,
+                    self.bufs,
+                    ids.as_ptr(),
+                    out.as_mut_ptr(),
+                    self.epoch,
+                    self.budget_ns,
+                ),
+            )
+        }
+    }
+
+    /// Enqueues the fused backward of the last forward (`grad`
+    /// `[sample][table][dim]`), SGD step `lr`.
+    pub fn backward(&self, s: &Stream, ids: &DeviceBuffer<u32>, grad: &DeviceBuffer<f32>, lr: f32) -> Result<()> {
+        if self.epoch == 0 {
+            return Err(err("backward before any forward"));
+        }
+        // SAFETY: as for forward.
+        unsafe {
+            s.launch(
+                &self.bwd,
+                self.cfg,
+                (
+                    self.comm.p2p(),
+                    self.shape,
+                    self.bufs,
+                    ids.as_ptr(),
+                    grad.as_ptr(),
+                    lr,
+                    self.epoch,
+                    self.budget_ns,
+                ),
+            )
+        }
+    }
+
+    /// Enqueues the pull forward (direct loads through `peer_ptr`).
+    pub fn forward_pull(&self, s: &Stream, ids: &DeviceBuffer<u32>, out: &mut DeviceBuffer<f32>) -> Result<()> {
+        // SAFETY: as for forward.
+        unsafe {
+            s.launch(
+                &self.pull,
+                self.cfg,
+                (
+                    self.comm.p2p(),
+                    self.shape,
+                    self.bufs,
+                    ids.as_ptr(),
+                    out.as_mut_ptr(),
+                    self.budget_ns,
+                ),
+            )
+        }
+    }
+
+    /// Synchronizes `s`, then turns a device status into an error (and
+    /// clears it).
+    pub fn finish(&mut self, s: &Stream) -> Result<()> {
+        self.comm.synchronize(s)?;
+        let st = self.status.to_host()?;
+        if st[0] == k::STATUS_OK {
+            return Ok(());
+        }
+        self.status.zero()?;
+        let rank = self.comm.rank();
+        Err(err(match st[0] {
+            k::STATUS_BAD_ID => format!(
+                "rank {rank}: id {} (table {}, sample {}, position {}) is out of range: tables have {} rows; \
+                 nothing was written on any rank",
+                st[4], st[1], st[2], st[3], self.shape.rows
+            ),
+            k::STATUS_CAPACITY => format!(
+                "rank {rank}: {} unique keys for rank {} exceed the list capacity {}; nothing was written on any rank",
+                st[2], st[1], st[3]
+            ),
+            k::STATUS_PEER_ERROR => format!("rank {rank}: another rank reported an error; nothing was written"),
+            k::STATUS_BAD_REQUEST => format!(
+                "rank {rank}: rank {} asked for table {} id {} that this rank does not own",
+                st[1], st[2], st[3]
+            ),
+            k::STATUS_NO_PEER_PTR => format!(
+                "rank {rank}: no direct access to rank {}'s memory (the pull forward needs it)",
+                st[1]
+            ),
+            k::STATUS_TIMEOUT => format!("rank {rank}: a wait of the exchange ran out of budget (phase {})", st[1]),
+            c => format!("rank {rank}: transport call failed (status {c}, detail {} {})", st[1], st[2]),
+        }))
+    }
+}
+
+/// Copies `bytes` from local `src` to `dst` (any device address this rank
+/// can reach: its own or a peer's) in stream order: the driver's copy on a
+/// GPU, a copy kernel on the emulator.
+pub struct Copier {
+    copy: Function<emb_copy_words>,
+}
+
+impl Copier {
+    /// Loads the copy kernel.
+    pub fn new(comm: &Communicator) -> Result<Copier> {
+        let m = comm.device().load_module(crate::USER_KERNELS_PTX)?;
+        Ok(Copier { copy: m.function()? })
+    }
+
+    /// Enqueues the copy (`bytes` a multiple of 4).
+    ///
+    /// # Safety
+    /// Both ranges are valid device memory of `bytes` for this rank.
+    pub unsafe fn copy(&self, s: &Stream, dst: u64, src: u64, bytes: u64) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        match s.as_cuda() {
+            Some(cs) => {
+                cs.context().bind_to_thread().map_err(|e| err(format!("cuCtxSetCurrent: {e:?}")))?;
+                // SAFETY: the caller's ranges; UVA addresses (peer access enabled by the communicator).
+                unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, bytes as usize, cs.cu_stream()) }
+                    .map_err(|e| err(format!("cuMemcpyDtoDAsync: {e:?}")))
+            }
+            // SAFETY: the caller's ranges.
+            None => unsafe {
+                s.launch(
+                    &self.copy,
+                    LaunchConfig::linear(1, 64),
+                    (dst as *mut u32, src as *const u32, bytes / 4),
+                )
+            },
+        }
+    }
+}
+
+/// How a baseline moves data between ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mover {
+    /// One driver copy per peer per table, issued by the host.
+    Copies,
+    /// Grouped ncclSend/ncclRecv, one pair per peer.
+    Nccl,
+}
+
+/// The host-driven baselines: counts exchanged on the host every step,
+/// then gather kernel → exchange → pooling kernel (no dedup).
+pub struct Baseline<'c> {
+    comm: &'c Communicator,
+    p: Problem,
+    shape: EmbShape,
+    cfg: LaunchConfig,
+    tables: DeviceBuffer<f32>,
+    gacc: DeviceBuffer<f32>,
+    cnt: DeviceBuffer<u32>,
+    cursor: DeviceBuffer<u32>,
+    soff_d: DeviceBuffer<u32>,
+    send_keys: DeviceBuffer<u64>,
+    pos: DeviceBuffer<u32>,
+    send_rows: DeviceBuffer<f32>,
+    send_grads: DeviceBuffer<f32>,
+    recv_keys: SymBuffer<'c, u64>,
+    recv_rows: SymBuffer<'c, f32>,
+    recv_grads: SymBuffer<'c, f32>,
+    copier: Copier,
+    f_count: Function<emb_bl_count>,
+    f_scatter: Function<emb_bl_scatter>,
+    f_gather: Function<emb_bl_gather>,
+    f_pool: Function<emb_bl_pool>,
+    f_gscatter: Function<emb_bl_grad_scatter>,
+    f_acc: Function<emb_bl_accumulate>,
+    f_apply: Function<emb_bl_apply>,
+    f_zero: Function<emb_zero_words>,
+    /// `cnt[r][o][t]` of the last forward.
+    all: Vec<u32>,
+    /// Bytes of rows this rank sent to other ranks in the last forward.
+    pub rows_sent: u64,
+}
+
+/// Symmetric heap the baseline needs: keys and rows of `max_recv` lookups
+/// received by an owner, plus the requester's rows.
+pub fn baseline_heap_bytes(p: &Problem, max_recv: u64) -> u64 {
+    let d = p.dim as u64;
+    max_recv * 8 + max_recv * d * 4 + p.lookups() as u64 * d * 4 + (1 << 20)
+}
+
+impl<'c> Baseline<'c> {
+    /// Collective. `max_recv`: most lookups any owner receives in a step.
+    pub fn new(comm: &'c Communicator, p: &Problem, max_recv: u64, cfg: LaunchConfig) -> Result<Baseline<'c>> {
+        let dev = comm.device();
+        let m = dev.load_module(crate::USER_KERNELS_PTX)?;
+        let (n, t, d, l) = (p.ranks as usize, p.tables as usize, p.dim as usize, p.lookups());
+        let mr = max_recv.max(1) as usize;
+        let shape = EmbShape {
+            tables: p.tables,
+            dim: p.dim,
+            batch: p.batch,
+            pooling: p.pooling,
+            rows: p.rows,
+            shard_rows: p.shard_rows(),
+            cap: 0,
+            hash_bits: 0,
+        };
+        Ok(Baseline {
+            comm,
+            p: *p,
+            shape,
+            cfg,
+            tables: dev.alloc_zeroed(p.shard_len())?,
+            gacc: dev.alloc_zeroed(p.shard_len())?,
+            cnt: dev.alloc_zeroed(n * t)?,
+            cursor: dev.alloc_zeroed(n * t)?,
+            soff_d: dev.alloc_zeroed(n * t)?,
+            send_keys: dev.alloc_zeroed(l.max(1))?,
+            pos: dev.alloc_zeroed(l)?,
+            send_rows: dev.alloc_zeroed(mr * d)?,
+            send_grads: dev.alloc_zeroed(l.max(1) * d)?,
+            recv_keys: comm.alloc(mr)?,
+            recv_rows: comm.alloc(l.max(1) * d)?,
+            recv_grads: comm.alloc(mr * d)?,
+            copier: Copier::new(comm)?,
+            f_count: m.function()?,
+            f_scatter: m.function()?,
+            f_gather: m.function()?,
+            f_pool: m.function()?,
+            f_gscatter: m.function()?,
+            f_acc: m.function()?,
+            f_apply: m.function()?,
+            f_zero: m.function()?,
+            all: Vec::new(),
+            rows_sent: 0,
+        })
+    }
+
+    /// Writes this rank's shard.
+    pub fn load_shard(&mut self, shard: &[f32]) -> Result<()> {
+        self.tables.copy_from_host(shard)
+    }
+
+    /// This rank's shard.
+    pub fn shard(&self) -> Result<Vec<f32>> {
+        self.tables.to_host()
+    }
+
+    fn c(&self, r: usize, o: usize, t: usize) -> u64 {
+        let (n, tt) = (self.p.ranks as usize, self.p.tables as usize);
+        self.all[(r * n + o) * tt + t] as u64
+    }
+    /// Offset of (owner o, table t) in requester r's send order.
+    fn soff(&self, r: usize, o: usize, t: usize) -> u64 {
+        let tt = self.p.tables as usize;
+        (0..o * tt + t).map(|i| self.c(r, i / tt, i % tt)).sum()
+    }
+    /// Offset of (requester r, table t) in owner o's receive order.
+    fn roff(&self, o: usize, r: usize, t: usize) -> u64 {
+        let tt = self.p.tables as usize;
+        (0..r * tt + t).map(|i| self.c(i / tt, o, i % tt)).sum()
+    }
+    fn recv_total(&self, o: usize) -> u64 {
+        self.roff(o, self.p.ranks as usize, 0)
+    }
+
+    /// The forward, host-driven: returns after the output is in `out`.
+    pub fn forward(
+        &mut self,
+        s: &Stream,
+        ids: &DeviceBuffer<u32>,
+        out: &mut DeviceBuffer<f32>,
+        mover: Mover,
+        nccl: Option<&crate::nccl::Comm>,
+    ) -> Result<()> {
+        let (n, tt, d) = (self.p.ranks as usize, self.p.tables as usize, self.p.dim as u64);
+        let me = self.comm.rank();
+        let lin = LaunchConfig::linear(self.cfg.grid.0, self.cfg.block.0);
+        // SAFETY: buffers sized in `new`; the offsets below come from the counts.
+        unsafe {
+            s.launch(&self.f_zero, lin, (self.cnt.as_mut_ptr(), (n * tt) as u64))?;
+            s.launch(&self.f_zero, lin, (self.cursor.as_mut_ptr(), (n * tt) as u64))?;
+            s.launch(&self.f_count, lin, (self.shape, n as u32, ids.as_ptr(), self.cnt.as_mut_ptr()))?;
+        }
+        s.synchronize()?;
+        let mine = self.cnt.to_host()?;
+        let bytes: Vec<u8> = mine.iter().flat_map(|c| c.to_le_bytes()).collect();
+        // Collective: also a barrier (every rank's previous step is done).
+        let all = self.comm.world().all_gather_bytes(&bytes)?;
+        self.all = all
+            .iter()
+            .flat_map(|b| b.chunks(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))))
+            .collect();
+        let soff: Vec<u32> = (0..n * tt).map(|i| self.soff(me, i / tt, i % tt) as u32).collect();
+        self.soff_d.copy_from_host(&soff)?;
+        // SAFETY: as above.
+        unsafe {
+            s.launch(
+                &self.f_scatter,
+                lin,
+                (
+                    self.shape,
+                    n as u32,
+                    ids.as_ptr(),
+                    self.soff_d.as_ptr(),
+                    self.cursor.as_mut_ptr(),
+                    self.send_keys.as_mut_ptr(),
+                    self.pos.as_mut_ptr(),
+                ),
+            )?;
+        }
+        // Keys to the owners.
+        self.exchange(
+            s,
+            mover,
+            nccl,
+            8,
+            Dir::ToOwners,
+            self.send_keys.as_raw(),
+            self.recv_keys.as_ptr() as u64,
+        )?;
+        let total = self.recv_total(me) as u32;
+        // SAFETY: `recv_keys` holds `total` keys, `send_rows` total rows.
+        unsafe {
+            s.launch(
+                &self.f_gather,
+                self.cfg,
+                (
+                    self.shape,
+                    n as u32,
+                    self.tables.as_ptr(),
+                    self.recv_keys.as_ptr(),
+                    total,
+                    self.send_rows.as_mut_ptr(),
+                ),
+            )?;
+        }
+        // Rows back to the requesters.
+        self.exchange(
+            s,
+            mover,
+            nccl,
+            d * 4,
+            Dir::ToRequesters,
+            self.send_rows.as_raw(),
+            self.recv_rows.as_ptr() as u64,
+        )?;
+        self.rows_sent = (0..n)
+            .filter(|&r| r != me)
+            .map(|r| (0..tt).map(|t| self.c(r, me, t)).sum::<u64>())
+            .sum::<u64>()
+            * d
+            * 4;
+        // SAFETY: `pos` indexes `recv_rows`.
+        unsafe {
+            s.launch(
+                &self.f_pool,
+                self.cfg,
+                (
+                    self.shape,
+                    ids.as_ptr(),
+                    self.pos.as_ptr(),
+                    self.recv_rows.as_ptr(),
+                    out.as_mut_ptr(),
+                ),
+            )?;
+        }
+        s.synchronize()
+    }
+
+    /// The backward of the last forward, host-driven.
+    pub fn backward(
+        &mut self,
+        s: &Stream,
+        ids: &DeviceBuffer<u32>,
+        grad: &DeviceBuffer<f32>,
+        lr: f32,
+        mover: Mover,
+        nccl: Option<&crate::nccl::Comm>,
+    ) -> Result<()> {
+        let n = self.p.ranks as usize;
+        let me = self.comm.rank();
+        let d = self.p.dim as u64;
+        // SAFETY: `pos` from the forward indexes `send_grads`.
+        unsafe {
+            s.launch(
+                &self.f_gscatter,
+                self.cfg,
+                (
+                    self.shape,
+                    ids.as_ptr(),
+                    self.pos.as_ptr(),
+                    grad.as_ptr(),
+                    self.send_grads.as_mut_ptr(),
+                ),
+            )?;
+        }
+        self.exchange(
+            s,
+            mover,
+            nccl,
+            d * 4,
+            Dir::ToOwners,
+            self.send_grads.as_raw(),
+            self.recv_grads.as_ptr() as u64,
+        )?;
+        let total = self.recv_total(me) as u32;
+        // SAFETY: `recv_keys`/`recv_grads` hold `total` entries of this rank's rows.
+        unsafe {
+            s.launch(
+                &self.f_acc,
+                self.cfg,
+                (
+                    self.shape,
+                    n as u32,
+                    self.recv_keys.as_ptr(),
+                    total,
+                    self.recv_grads.as_ptr(),
+                    self.gacc.as_mut_ptr(),
+                ),
+            )?;
+            s.launch(
+                &self.f_apply,
+                self.cfg,
+                (
+                    self.shape,
+                    n as u32,
+                    self.recv_keys.as_ptr(),
+                    total,
+                    self.gacc.as_mut_ptr(),
+                    self.tables.as_mut_ptr(),
+                    lr,
+                ),
+            )?;
+        }
+        s.synchronize()
+    }
+
+    /// Moves `unit`-byte entries between ranks: `ToOwners` from the send
+    /// order (`src`, local) to the owners' receive order (`dst`,
+    /// symmetric); `ToRequesters` the reverse. Returns when every rank's
+    /// data has arrived.
+    #[allow(clippy::too_many_arguments)]
+    fn exchange(&self, s: &Stream, mover: Mover, nccl: Option<&crate::nccl::Comm>, unit: u64, dir: Dir, src: u64, dst: u64) -> Result<()> {
+        let (n, tt) = (self.p.ranks as usize, self.p.tables as usize);
+        let me = self.comm.rank();
+        match mover {
+            Mover::Copies => {
+                for peer in 0..n {
+                    for t in 0..tt {
+                        let (count, from, to) = match dir {
+                            Dir::ToOwners => (self.c(me, peer, t), self.soff(me, peer, t), self.roff(peer, me, t)),
+                            Dir::ToRequesters => (self.c(peer, me, t), self.roff(me, peer, t), self.soff(peer, me, t)),
+                        };
+                        let remote = self.comm.peer_address((dst + to * unit) as *const u8, peer)? as u64;
+                        // SAFETY: offsets inside the buffers (from the exchanged counts).
+                        unsafe { self.copier.copy(s, remote, src + from * unit, count * unit)? };
+                    }
+                }
+                s.synchronize()?;
+                self.comm.barrier()
+            }
+            Mover::Nccl => {
+                let nc = nccl.ok_or_else(|| err("NCCL is not set up"))?;
+                nc.group(|| {
+                    for peer in 0..n {
+                        let (send_at, send_n, recv_at, recv_n) = match dir {
+                            Dir::ToOwners => (
+                                self.soff(me, peer, 0),
+                                (0..tt).map(|t| self.c(me, peer, t)).sum::<u64>(),
+                                self.roff(me, peer, 0),
+                                (0..tt).map(|t| self.c(peer, me, t)).sum::<u64>(),
+                            ),
+                            Dir::ToRequesters => (
+                                self.roff(me, peer, 0),
+                                (0..tt).map(|t| self.c(peer, me, t)).sum::<u64>(),
+                                self.soff(me, peer, 0),
+                                (0..tt).map(|t| self.c(me, peer, t)).sum::<u64>(),
+                            ),
+                        };
+                        nc.send(src + send_at * unit, send_n * unit, peer, s)?;
+                        nc.recv(dst + recv_at * unit, recv_n * unit, peer, s)?;
+                    }
+                    Ok(())
+                })?;
+                s.synchronize()
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Dir {
+    ToOwners,
+    ToRequesters,
+}

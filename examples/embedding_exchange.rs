@@ -1,0 +1,605 @@
+//! Embedding exchange: row-wise sharded embedding tables, multi-hot bags
+//! with sum pooling, the lookup fused with its all-to-all (forward) and the
+//! gradients routed back and applied with SGD (backward), one kernel per
+//! rank and direction, no CPU in the loop. Every result is checked against
+//! a sequential CPU reference; a mismatch exits non-zero.
+//!
+//! ```text
+//! cargo run --release --example embedding_exchange -- --help
+//! cargo run --release --example embedding_exchange -- [--ranks N] [--tables T] [--rows R] [--dim D]
+//!     [--batch B] [--pooling P] [--zipf S] [--seed X] [--train-steps K] [--lr L] [--device gpu|cpu|auto]
+//!     [--ids PATH] [--dump PATH] [--dump-tables PATH] [--bench [--out DIR]]
+//! ```
+//! Definitions (so any reference agrees): table `t`, global row `j`,
+//! element `k` starts as `((t*7 + j*13 + k*3) mod 23) - 11`; row `j` lives
+//! on rank `j mod N`; `--ids` is little-endian u32 `[rank][table][sample][pooling]`
+//! (`0xFFFFFFFF`: padding); the output is `out[rank][sample][table][k]`,
+//! the sum over the bag's ids; the upstream gradient is
+//! `((rank*5 + sample*3 + table*7 + k) mod 9) - 4`; SGD `row -= lr * sum`.
+//! `--dump` writes the first step's output (f32 LE, `[rank][sample][table][dim]`),
+//! `--dump-tables` the tables after the last step (f32 LE, `[table][row][dim]`).
+//!
+//! `--bench` measures, in one run, the fused exchange (push with dedup, and
+//! the direct-load pull forward), a CPU-driven baseline (counts exchanged on
+//! the host, one driver copy per peer per table) and NCCL (gather kernel →
+//! grouped ncclSend/ncclRecv → pooling kernel), forward and backward, over
+//! a DLRM-like sweep; writes `embedding_exchange.{json,png,svg}` to `--out`.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+use doorbell::comm::{CommOptions, Communicator};
+use doorbell::{DeviceBuffer, Stream};
+use doorbell_examples::cli::{ranged, DeviceArgs};
+use doorbell_examples::embedding::{self as emb, Baseline, Exchange, Mover, Problem, Traffic};
+use doorbell_examples::plot::{write_chart, Chart, Series};
+use doorbell_examples::{main_with, BoxError};
+
+/// Device transports.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum TransportArg {
+    /// Stores into peers' memory (same GPU, NVLink/PCIe peers; the emulator).
+    P2p,
+    /// GPU-initiated RDMA (mlx5): not available yet.
+    Ibgda,
+}
+
+/// Sharded embedding lookup fused with its all-to-all, forward and backward,
+/// checked against a CPU reference.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "embedding_exchange", version, about, long_about = None)]
+struct Args {
+    #[command(flatten)]
+    device: DeviceArgs,
+    /// Ranks (threads of this process; one per GPU with DOORBELL_SPREAD_GPUS=1)
+    #[arg(long, value_name = "N", default_value = "4", value_parser = ranged(1, 64))]
+    ranks: u64,
+    /// Tables [default: 4; --bench: 26]
+    #[arg(long, value_name = "T", value_parser = ranged(1, 256))]
+    tables: Option<u64>,
+    /// Rows of every table [default: 1000; --bench: 100000]
+    #[arg(long, value_name = "R", value_parser = ranged(1, u32::MAX as u64 - 1))]
+    rows: Option<u64>,
+    /// Elements per row [default: 64; --bench: 128]
+    #[arg(long, value_name = "D", value_parser = ranged(1, 4096))]
+    dim: Option<u64>,
+    /// Samples per rank
+    #[arg(long, value_name = "B", default_value = "64", value_parser = ranged(1, 1 << 20))]
+    batch: u64,
+    /// Ids per bag
+    #[arg(long, value_name = "P", default_value = "8", value_parser = ranged(1, 1024))]
+    pooling: u64,
+    /// Zipf exponent of the ids (0: uniform)
+    #[arg(long, value_name = "S", default_value = "0")]
+    zipf: f64,
+    /// Seed of the ids
+    #[arg(long, value_name = "X", default_value = "1", value_parser = ranged(0, u64::MAX))]
+    seed: u64,
+    /// The device transport
+    #[arg(long, value_enum, default_value_t = TransportArg::P2p)]
+    transport: TransportArg,
+    /// Training steps (forward, backward, SGD), same ids every step
+    #[arg(long = "train-steps", value_name = "K", default_value = "1", value_parser = ranged(1, 1_000_000))]
+    train_steps: u64,
+    /// SGD learning rate
+    #[arg(long, value_name = "L", default_value = "0.01")]
+    lr: f32,
+    /// Read the lookups from a file (u32 LE, [rank][table][sample][pooling])
+    #[arg(long, value_name = "PATH")]
+    ids: Option<PathBuf>,
+    /// Write the first step's output (f32 LE, [rank][sample][table][dim])
+    #[arg(long, value_name = "PATH")]
+    dump: Option<PathBuf>,
+    /// Write the tables after the last step (f32 LE, [table][row][dim])
+    #[arg(long = "dump-tables", value_name = "PATH")]
+    dump_tables: Option<PathBuf>,
+    /// Benchmark: fused vs CPU-driven copies vs NCCL over a DLRM-like sweep
+    #[arg(long)]
+    bench: bool,
+    /// Timed iterations per configuration and method (--bench) [default: 20 on a GPU, 2 on the emulator]
+    #[arg(long, value_name = "N", value_parser = ranged(1, 100_000))]
+    iters: Option<u64>,
+    /// Where the benchmark's JSON and plots go
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    out: PathBuf,
+}
+
+fn main() {
+    let args = Args::parse();
+    if args.transport == TransportArg::Ibgda {
+        eprintln!("error: --transport ibgda is not available yet (no IBGDA transport behind the device API); use --transport p2p");
+        std::process::exit(2);
+    }
+    if !(args.zipf >= 0.0 && args.zipf.is_finite()) || !args.lr.is_finite() {
+        eprintln!("error: --zipf must be >= 0 and --lr finite");
+        std::process::exit(2);
+    }
+    main_with(|| if args.bench { bench(&args) } else { run(&args) });
+}
+
+fn problem(args: &Args, bench: bool) -> Problem {
+    Problem {
+        ranks: args.ranks as u32,
+        tables: args.tables.unwrap_or(if bench { 26 } else { 4 }) as u32,
+        rows: args.rows.unwrap_or(if bench { 100_000 } else { 1000 }) as u32,
+        dim: args.dim.unwrap_or(if bench { 128 } else { 64 }) as u32,
+        batch: args.batch as u32,
+        pooling: args.pooling as u32,
+    }
+}
+
+fn read_ids(path: &PathBuf, p: &Problem) -> Result<Vec<Vec<u32>>, BoxError> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let want = p.ranks as usize * p.lookups() * 4;
+    if bytes.len() != want {
+        return Err(format!(
+            "{}: {} bytes, expected ranks*tables*batch*pooling*4 = {want} (u32 LE [rank][table][sample][pooling])",
+            path.display(),
+            bytes.len()
+        )
+        .into());
+    }
+    let all: Vec<u32> = bytes
+        .chunks(4)
+        .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+        .collect();
+    Ok(all.chunks(p.lookups()).map(|c| c.to_vec()).collect())
+}
+
+fn write_f32(path: &PathBuf, v: impl Iterator<Item = f32>) -> Result<(), BoxError> {
+    let bytes: Vec<u8> = v.flat_map(|x| x.to_le_bytes()).collect();
+    std::fs::write(path, bytes).map_err(|e| format!("{}: {e}", path.display()).into())
+}
+
+fn comm_options(heap: u64) -> Result<CommOptions, BoxError> {
+    Ok(CommOptions {
+        heap_bytes: heap.next_multiple_of(1 << 20),
+        wait_timeout: Duration::from_secs(30),
+        ..CommOptions::from_env()?
+    })
+}
+
+fn ranks_per_gpu(p: &Problem, opts: &CommOptions) -> u32 {
+    if opts.spread_gpus {
+        p.ranks.div_ceil(doorbell::gpu_count().max(1) as u32)
+    } else {
+        p.ranks
+    }
+}
+
+/// Largest difference between `got` and `want`, and whether it is within
+/// `1e-5 * (1 + |want|)` everywhere (a lost or misrouted row or gradient
+/// changes some element by at least `lr`, far more).
+fn compare(got: &[f32], want: &[f32]) -> (f32, bool) {
+    let mut worst = 0f32;
+    let mut ok = got.len() == want.len();
+    for (g, w) in got.iter().zip(want) {
+        let d = (g - w).abs();
+        worst = worst.max(if d.is_nan() { f32::INFINITY } else { d });
+        if !(d <= 1e-5 * (1.0 + w.abs())) {
+            ok = false;
+        }
+    }
+    (worst, ok)
+}
+
+fn print_traffic(p: &Problem, tr: &Traffic) {
+    let (plain, dedup) = tr.row_bytes(p.dim);
+    let saved = plain.saturating_sub(dedup);
+    println!(
+        "traffic per step and direction: {} lookups, {} unique (rank, table, id) -> rows moved {:.3} MB instead of {:.3} MB \
+         ({:.1}% saved by dedup; {} of the unique rows are local)",
+        tr.lookups,
+        tr.unique,
+        dedup as f64 / 1e6,
+        plain as f64 / 1e6,
+        if plain > 0 { saved as f64 * 100.0 / plain as f64 } else { 0.0 },
+        tr.unique_local
+    );
+}
+
+fn run(args: &Args) -> Result<(), BoxError> {
+    let p = problem(args, false);
+    p.check()?;
+    let backend = args.device.backend()?;
+    let ids = match &args.ids {
+        Some(path) => read_ids(path, &p)?,
+        None => emb::generate_ids(&p, args.zipf, args.seed),
+    };
+    // Host validation: nothing runs, nothing is written.
+    emb::validate_ids(&p, &ids)?;
+    let tr = emb::traffic(&p, &ids);
+    let cap = tr.max_pair.max(1) as u32;
+    let opts = comm_options(emb::heap_bytes_needed(&p, cap))?;
+    let rpg = ranks_per_gpu(&p, &opts);
+    println!(
+        "embedding exchange: {} ranks, {} tables x {} rows x dim {}, batch {} per rank, pooling {}, zipf {}, {} training step(s), lr {}",
+        p.ranks, p.tables, p.rows, p.dim, p.batch, p.pooling, args.zipf, args.train_steps, args.lr
+    );
+    print_traffic(&p, &tr);
+    let steps = args.train_steps as usize;
+    let lr = args.lr;
+    let init = emb::initial_tables(&p);
+    let results = Communicator::local(p.ranks as usize, backend, opts, |comm| {
+        let r = comm.rank() as u32;
+        let dev = comm.device();
+        let mut x = Exchange::new(comm, &p, cap, emb::launch_config(comm, rpg))?;
+        x.load_shard(&emb::shard_of(&p, &init, r))?;
+        let ids_d = dev.alloc_from(&ids[r as usize])?;
+        let grad = dev.alloc_from(&emb::upstream_grad(&p, r))?;
+        let mut out = dev.alloc_zeroed::<f32>(p.out_len())?;
+        let s = dev.new_stream()?;
+        let mut outs = Vec::new();
+        comm.barrier()?;
+        for _ in 0..steps {
+            x.forward(&s, &ids_d, &mut out)?;
+            x.finish(&s)?;
+            outs.push(out.to_host()?);
+            x.backward(&s, &ids_d, &grad, lr)?;
+            x.finish(&s)?;
+        }
+        Ok((dev.name(), dev.is_gpu(), outs, x.shard()?))
+    })?;
+    println!("device: {} ({})", results[0].0, if results[0].1 { "GPU" } else { "CPU emulator" });
+
+    // The reference, step by step.
+    let mut tables = init;
+    let mut all_ok = true;
+    for step in 0..steps {
+        let mut worst = 0f32;
+        let mut ok = true;
+        for (r, res) in results.iter().enumerate() {
+            let want = emb::reference_forward(&p, &tables, &ids[r]);
+            let (w, o) = compare(&res.2[step], &want);
+            worst = worst.max(w);
+            ok &= o;
+        }
+        if step == 0 || step + 1 == steps || !ok {
+            println!(
+                "checked: step {} forward, {} outputs per rank against the CPU reference: {} (max |diff| {worst:e})",
+                step + 1,
+                p.out_len(),
+                if ok { "equal" } else { "DIFFERENT" }
+            );
+        }
+        all_ok &= ok;
+        emb::reference_backward(&p, &mut tables, &ids, lr);
+    }
+    let mut got = vec![0f32; tables.len()];
+    for (r, res) in results.iter().enumerate() {
+        emb::unshard(&p, &mut got, &res.3, r as u32);
+    }
+    let (worst, ok) = compare(&got, &tables);
+    println!(
+        "checked: tables after {steps} step(s) of backward + SGD ({} values) against the CPU reference: {} (max |diff| {worst:e})",
+        tables.len(),
+        if ok { "equal" } else { "DIFFERENT" }
+    );
+    all_ok &= ok;
+    if let Some(path) = &args.dump {
+        write_f32(path, results.iter().flat_map(|r| r.2[0].iter().copied()))?;
+        println!("wrote the first step's output to {}", path.display());
+    }
+    if let Some(path) = &args.dump_tables {
+        write_f32(path, got.iter().copied())?;
+        println!("wrote the tables to {}", path.display());
+    }
+    if !all_ok {
+        return Err("the exchange differs from the CPU reference".into());
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Benchmark
+// ---------------------------------------------------------------------------
+
+#[derive(Clone, Debug, serde::Serialize)]
+struct Row {
+    batch: u32,
+    pooling: u32,
+    zipf: f64,
+    method: String,
+    direction: String,
+    /// Non-padding lookups over all ranks per step.
+    lookups: u64,
+    /// Bytes moved between ranks per step (rows, keys), over all ranks.
+    bytes: u64,
+    /// Mean time per step, µs (slowest rank).
+    time_us: f64,
+    lookups_per_s: f64,
+    gb_per_s: f64,
+    /// Forward output checked against the reference (fused) or the fused output (baselines).
+    checked: bool,
+}
+
+/// Mean per-iteration seconds of `step` over `iters` iterations after one
+/// warm-up, the slowest rank's.
+fn time_loop(comm: &Communicator, iters: u64, mut step: impl FnMut() -> doorbell::Result<f64>) -> doorbell::Result<f64> {
+    step()?;
+    comm.barrier()?;
+    let mut total = 0.0;
+    for _ in 0..iters {
+        total += step()?;
+    }
+    let mine = total / iters as f64;
+    let all = comm.world().all_gather_bytes(&mine.to_le_bytes())?;
+    Ok(all
+        .iter()
+        .map(|b| f64::from_le_bytes(b[..8].try_into().expect("8 bytes")))
+        .fold(0.0, f64::max))
+}
+
+fn timed(s: &Stream, f: impl FnOnce() -> doorbell::Result<()>) -> doorbell::Result<f64> {
+    let t0 = Instant::now();
+    f()?;
+    s.synchronize()?;
+    Ok(t0.elapsed().as_secs_f64())
+}
+
+fn bench(args: &Args) -> Result<(), BoxError> {
+    let backend = args.device.backend()?;
+    let gpu = args.device.wants_gpu()?;
+    let base = problem(args, true);
+    let iters = args.iters.unwrap_or(if gpu { 20 } else { 2 });
+    let skew = if args.zipf > 0.0 { args.zipf } else { 1.05 };
+    let shapes: Vec<(u32, u32)> = if gpu {
+        vec![(512, 1), (512, 8), (2048, 8), (2048, 32), (8192, 8), (8192, 32)]
+    } else {
+        println!("note: the backend is the CPU emulator: the sweep is tiny and its timings say nothing about a GPU");
+        vec![(16, 2), (32, 4)]
+    };
+    let base = if gpu {
+        base
+    } else {
+        Problem {
+            tables: base.tables.min(4),
+            rows: base.rows.min(2000),
+            dim: base.dim.min(32),
+            ..base
+        }
+    };
+    let opts0 = CommOptions::from_env()?;
+    let rpg = ranks_per_gpu(&base, &opts0);
+    let nccl_note = if !gpu {
+        Some("NCCL needs GPUs".to_string())
+    } else if rpg > 1 {
+        Some("NCCL refuses two ranks on one GPU: run with DOORBELL_SPREAD_GPUS=1 and a GPU per rank".to_string())
+    } else {
+        doorbell_examples::nccl::available().err()
+    };
+    if let Some(n) = &nccl_note {
+        println!("note: NCCL column skipped: {n}");
+    }
+    println!(
+        "timing: a host loop per method, {iters} iterations after one warm-up, wall clock around each step's launches up to its \
+         stream synchronize (the baselines synchronize inside a step anyway); the slowest rank's mean"
+    );
+    println!(
+        "{:>6} {:>4} {:>5} {:<14} {:<4} {:>11} {:>12} {:>10} {:>13} {:>8} {:>5}",
+        "batch", "pool", "zipf", "method", "dir", "lookups", "bytes", "time_us", "lookups/s", "GB/s", "ok"
+    );
+    let mut rows = Vec::new();
+    // Memory per rank kept under about 12 GiB / ranks-per-GPU.
+    let budget: u64 = (12u64 << 30) / rpg as u64;
+    for &(batch, pooling) in &shapes {
+        for zipf in [0.0, skew] {
+            let p = Problem { batch, pooling, ..base };
+            p.check()?;
+            let ids = emb::generate_ids(&p, zipf, args.seed);
+            let tr = emb::traffic(&p, &ids);
+            let cap = tr.max_pair.max(1) as u32;
+            let max_recv = max_recv(&p, &ids);
+            let heap = emb::heap_bytes_needed(&p, cap) + emb::baseline_heap_bytes(&p, max_recv);
+            let local = p.lookups() as u64 * (16 + p.dim as u64 * 8) + max_recv * p.dim as u64 * 4;
+            if heap + local > budget {
+                println!(
+                    "{batch:>6} {pooling:>4} {zipf:>5} skipped: needs {:.1} GiB per rank",
+                    (heap + local) as f64 / (1u64 << 30) as f64
+                );
+                continue;
+            }
+            let opts = comm_options(heap)?;
+            let init = emb::initial_tables(&p);
+            let want: Vec<Vec<f32>> = (0..p.ranks as usize).map(|r| emb::reference_forward(&p, &init, &ids[r])).collect();
+            let nccl_on = nccl_note.is_none();
+            let res = Communicator::local(p.ranks as usize, backend, opts, |comm| {
+                let r = comm.rank() as u32;
+                let dev = comm.device();
+                let cfg = emb::launch_config(comm, rpg);
+                let shard = emb::shard_of(&p, &init, r);
+                let mut x = Exchange::new(comm, &p, cap, cfg)?;
+                x.load_shard(&shard)?;
+                let mut bl = Baseline::new(comm, &p, max_recv, cfg)?;
+                bl.load_shard(&shard)?;
+                let ids_d = dev.alloc_from(&ids[r as usize])?;
+                let grad = dev.alloc_from(&emb::upstream_grad(&p, r))?;
+                let mut out = dev.alloc_zeroed::<f32>(p.out_len())?;
+                let s = dev.new_stream()?;
+                let nccl = if nccl_on {
+                    Some(doorbell_examples::nccl::Comm::new(comm, &s)?)
+                } else {
+                    None
+                };
+                let mut t = Vec::new();
+                // Correctness first (tables still at their initial values).
+                x.forward(&s, &ids_d, &mut out)?;
+                x.finish(&s)?;
+                let fused_ok = compare(&out.to_host()?, &want[r as usize]).1;
+                let check_bl = |bl: &mut Baseline, out: &mut DeviceBuffer<f32>, m: Mover| -> doorbell::Result<bool> {
+                    bl.forward(&s, &ids_d, out, m, nccl.as_ref())?;
+                    Ok(compare(&out.to_host()?, &want[r as usize]).1)
+                };
+                let copies_ok = check_bl(&mut bl, &mut out, Mover::Copies)?;
+                let nccl_ok = if nccl.is_some() {
+                    check_bl(&mut bl, &mut out, Mover::Nccl)?
+                } else {
+                    false
+                };
+                x.forward_pull(&s, &ids_d, &mut out)?;
+                x.finish(&s)?;
+                let pull_ok = compare(&out.to_host()?, &want[r as usize]).1;
+                // Fused push: forward alone, then forward + backward (backward timed alone).
+                t.push((
+                    "fused",
+                    "fwd",
+                    fused_ok,
+                    time_loop(comm, iters, || timed(&s, || x.forward(&s, &ids_d, &mut out)))?,
+                ));
+                let bwd = time_loop(comm, iters, || {
+                    x.forward(&s, &ids_d, &mut out)?;
+                    x.finish(&s)?;
+                    timed(&s, || x.backward(&s, &ids_d, &grad, 0.0))
+                })?;
+                t.push(("fused", "bwd", fused_ok, bwd));
+                x.finish(&s)?;
+                t.push((
+                    "fused-pull",
+                    "fwd",
+                    pull_ok,
+                    time_loop(comm, iters, || timed(&s, || x.forward_pull(&s, &ids_d, &mut out)))?,
+                ));
+                x.finish(&s)?;
+                let mut movers = vec![(Mover::Copies, "cpu-copies", copies_ok)];
+                if nccl.is_some() {
+                    movers.push((Mover::Nccl, "nccl", nccl_ok));
+                }
+                for (m, name, ok) in movers {
+                    t.push((
+                        name,
+                        "fwd",
+                        ok,
+                        time_loop(comm, iters, || timed(&s, || bl.forward(&s, &ids_d, &mut out, m, nccl.as_ref())))?,
+                    ));
+                    let b = time_loop(comm, iters, || {
+                        bl.forward(&s, &ids_d, &mut out, m, nccl.as_ref())?;
+                        timed(&s, || bl.backward(&s, &ids_d, &grad, 0.0, m, nccl.as_ref()))
+                    })?;
+                    t.push((name, "bwd", ok, b));
+                }
+                Ok(t)
+            })?;
+            // Bytes between ranks: the fused exchange moves unique remote rows
+            // (+ 8-byte keys), the baselines every remote lookup (+ keys).
+            let remote_lookups = remote_lookups(&p, &ids);
+            let d = p.dim as u64 * 4;
+            for (method, dir, ok, secs) in &res[0] {
+                let checked = res.iter().all(|r| r.iter().any(|(m, dd, o, _)| m == method && dd == dir && *o));
+                let bytes = match (*method, *dir) {
+                    ("fused", "fwd") => (tr.unique - tr.unique_local) * (d + 8),
+                    ("fused", _) => (tr.unique - tr.unique_local) * d,
+                    ("fused-pull", _) => remote_lookups * d,
+                    (_, "fwd") => remote_lookups * (d + 8),
+                    _ => remote_lookups * d,
+                };
+                let _ = ok;
+                let row = Row {
+                    batch,
+                    pooling,
+                    zipf,
+                    method: method.to_string(),
+                    direction: dir.to_string(),
+                    lookups: tr.lookups,
+                    bytes,
+                    time_us: secs * 1e6,
+                    lookups_per_s: tr.lookups as f64 / secs,
+                    gb_per_s: bytes as f64 / secs / 1e9,
+                    checked,
+                };
+                println!(
+                    "{:>6} {:>4} {:>5} {:<14} {:<4} {:>11} {:>12} {:>10.1} {:>13.3e} {:>8.2} {:>5}",
+                    row.batch,
+                    row.pooling,
+                    row.zipf,
+                    row.method,
+                    row.direction,
+                    row.lookups,
+                    row.bytes,
+                    row.time_us,
+                    row.lookups_per_s,
+                    row.gb_per_s,
+                    if row.checked { "yes" } else { "NO" }
+                );
+                rows.push(row);
+            }
+            let (plain, dedup) = tr.row_bytes(p.dim);
+            println!(
+                "       dedup: {} unique of {} lookups, rows {:.1} MB instead of {:.1} MB ({:.1}% saved)",
+                tr.unique,
+                tr.lookups,
+                dedup as f64 / 1e6,
+                plain as f64 / 1e6,
+                (plain - dedup) as f64 * 100.0 / plain.max(1) as f64
+            );
+        }
+    }
+    std::fs::create_dir_all(&args.out)?;
+    let json = serde_json::json!({
+        "what": "embedding exchange: fused (push + dedup, pull) vs CPU-driven copies vs NCCL",
+        "timing": "host loop, wall clock per step up to stream synchronize, slowest rank's mean",
+        "device": if gpu { "gpu" } else { "cpu emulator" },
+        "ranks": base.ranks, "tables": base.tables, "rows": base.rows, "dim": base.dim,
+        "ranks_per_gpu": rpg, "iters": iters, "nccl": nccl_note.clone().unwrap_or_else(|| "used".into()),
+        "rows_measured": rows,
+    });
+    let jp = args.out.join("embedding_exchange.json");
+    std::fs::write(&jp, serde_json::to_string_pretty(&json)?)?;
+    let mut series_data: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for r in rows.iter().filter(|r| r.direction == "fwd" && r.zipf == 0.0) {
+        let name = r.method.clone();
+        let x = (r.batch as f64) * r.pooling as f64;
+        match series_data.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, v)) => v.push((x, r.lookups_per_s / 1e6)),
+            None => series_data.push((name, vec![(x, r.lookups_per_s / 1e6)])),
+        }
+    }
+    series_data.iter_mut().for_each(|(_, v)| v.sort_by(|a, b| a.0.total_cmp(&b.0)));
+    let series: Vec<Series> = series_data
+        .iter()
+        .map(|(n, v)| Series {
+            name: n,
+            points: v.clone(),
+        })
+        .collect();
+    let title = format!(
+        "embedding forward, {} ranks, {} tables, dim {}, uniform ids",
+        base.ranks, base.tables, base.dim
+    );
+    write_chart(
+        &Chart {
+            title: &title,
+            x_label: "batch x pooling (ids per table per rank)",
+            y_label: "M lookups/s",
+            series: &series,
+        },
+        &args.out.join("embedding_exchange.png"),
+        &args.out.join("embedding_exchange.svg"),
+    )?;
+    println!("wrote {} and embedding_exchange.png/.svg", jp.display());
+    if rows.iter().any(|r| !r.checked) {
+        return Err("a method's forward output differs from the CPU reference".into());
+    }
+    Ok(())
+}
+
+/// Most lookups any owner receives (the baselines' receive buffers).
+fn max_recv(p: &Problem, ids: &[Vec<u32>]) -> u64 {
+    let mut per = vec![0u64; p.ranks as usize];
+    for v in ids {
+        for &id in v {
+            if id < p.rows {
+                per[(id % p.ranks) as usize] += 1;
+            }
+        }
+    }
+    per.into_iter().max().unwrap_or(0)
+}
+
+/// Non-padding lookups whose row lives on another rank.
+fn remote_lookups(p: &Problem, ids: &[Vec<u32>]) -> u64 {
+    ids.iter()
+        .enumerate()
+        .map(|(r, v)| v.iter().filter(|&&id| id < p.rows && (id % p.ranks) as usize != r).count() as u64)
+        .sum()
+}

@@ -1,0 +1,180 @@
+//! NCCL for the benchmarks' baselines, loaded at run time (`libnccl.so.2`,
+//! else `libnccl.so`), so one binary runs with and without NCCL.
+//!
+//! cudarc's `nccl` feature is not used: its loader looks for `libnccl.so`
+//! and `libnccl.so.<CUDA major>` but not `libnccl.so.2`, the name NCCL
+//! packages install. Only the calls the baselines need are bound.
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+
+use doorbell::comm::Communicator;
+use doorbell::Stream;
+
+type NcclComm = *mut c_void;
+type Res = c_int;
+
+/// `ncclUniqueId`: 128 opaque bytes, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct UniqueId([u8; 128]);
+
+struct Api {
+    _lib: libloading::Library,
+    get_unique_id: unsafe extern "C" fn(*mut UniqueId) -> Res,
+    comm_init_rank: unsafe extern "C" fn(*mut NcclComm, c_int, UniqueId, c_int) -> Res,
+    comm_destroy: unsafe extern "C" fn(NcclComm) -> Res,
+    send: unsafe extern "C" fn(*const c_void, usize, c_int, c_int, NcclComm, *mut c_void) -> Res,
+    recv: unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, NcclComm, *mut c_void) -> Res,
+    group_start: unsafe extern "C" fn() -> Res,
+    group_end: unsafe extern "C" fn() -> Res,
+    error_string: unsafe extern "C" fn(Res) -> *const c_char,
+}
+
+const NCCL_INT8: c_int = 0;
+
+fn api() -> Result<&'static Api, String> {
+    static API: std::sync::OnceLock<Result<Api, String>> = std::sync::OnceLock::new();
+    API.get_or_init(|| {
+        let mut last = String::new();
+        for name in ["libnccl.so.2", "libnccl.so"] {
+            // SAFETY: loading NCCL runs its initialisers, which only set up the library.
+            match unsafe { libloading::Library::new(name) } {
+                Ok(lib) => {
+                    // SAFETY: the symbols have these C signatures (nccl.h, 2.x).
+                    unsafe {
+                        macro_rules! sym {
+                            ($n:literal) => {
+                                *lib.get($n)
+                                    .map_err(|e| format!("{}: {e}", String::from_utf8_lossy($n)))?
+                            };
+                        }
+                        return Ok(Api {
+                            get_unique_id: sym!(b"ncclGetUniqueId"),
+                            comm_init_rank: sym!(b"ncclCommInitRank"),
+                            comm_destroy: sym!(b"ncclCommDestroy"),
+                            send: sym!(b"ncclSend"),
+                            recv: sym!(b"ncclRecv"),
+                            group_start: sym!(b"ncclGroupStart"),
+                            group_end: sym!(b"ncclGroupEnd"),
+                            error_string: sym!(b"ncclGetErrorString"),
+                            _lib: lib,
+                        });
+                    }
+                }
+                Err(e) => last = e.to_string(),
+            }
+        }
+        Err(format!("NCCL is not installed ({last})"))
+    })
+    .as_ref()
+    .map_err(|e| e.clone())
+}
+
+/// True when `libnccl.so.2` (or `libnccl.so`) loads.
+pub fn available() -> Result<(), String> {
+    api().map(|_| ())
+}
+
+fn check(r: Res, call: &str) -> doorbell::Result<()> {
+    if r == 0 {
+        return Ok(());
+    }
+    let msg = api()
+        .ok()
+        // SAFETY: NCCL returns a static string.
+        .map(|a| unsafe { CStr::from_ptr((a.error_string)(r)) }.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    Err(doorbell::Error::Comm(format!("{call} failed: {msg} (ncclResult {r})")))
+}
+
+/// One rank's NCCL communicator over the ranks of a doorbell communicator
+/// (one GPU per rank: NCCL refuses two ranks on one GPU).
+pub struct Comm {
+    comm: NcclComm,
+}
+
+impl Comm {
+    /// Collective over `comm`'s ranks: rank 0 makes the id, the world
+    /// broadcasts it, every rank joins. `stream`'s context is made current.
+    pub fn new(comm: &Communicator, stream: &Stream) -> doorbell::Result<Comm> {
+        let a = api().map_err(doorbell::Error::Comm)?;
+        let cs = stream.as_cuda().ok_or_else(|| doorbell::Error::Comm("NCCL needs a GPU".into()))?;
+        cs.context()
+            .bind_to_thread()
+            .map_err(|e| doorbell::Error::Comm(format!("cuCtxSetCurrent: {e:?}")))?;
+        let mut id = UniqueId([0; 128]);
+        if comm.rank() == 0 {
+            // SAFETY: writes 128 bytes.
+            check(unsafe { (a.get_unique_id)(&mut id) }, "ncclGetUniqueId")?;
+        }
+        let got = comm.world().broadcast_bytes(0, &id.0)?;
+        id.0.copy_from_slice(&got[..128]);
+        let mut c: NcclComm = std::ptr::null_mut();
+        // SAFETY: the id from rank 0; every rank calls it.
+        check(
+            unsafe { (a.comm_init_rank)(&mut c, comm.size() as c_int, id, comm.rank() as c_int) },
+            "ncclCommInitRank",
+        )?;
+        Ok(Comm { comm: c })
+    }
+
+    /// Runs `f` (sends and receives) between ncclGroupStart and ncclGroupEnd.
+    pub fn group(&self, f: impl FnOnce() -> doorbell::Result<()>) -> doorbell::Result<()> {
+        let a = api().map_err(doorbell::Error::Comm)?;
+        // SAFETY: plain calls.
+        check(unsafe { (a.group_start)() }, "ncclGroupStart")?;
+        let r = f();
+        // SAFETY: plain call, closes the group opened above.
+        let e = check(unsafe { (a.group_end)() }, "ncclGroupEnd");
+        r.and(e)
+    }
+
+    /// `ncclSend` of `bytes` at device address `src` to `peer` on `s`.
+    pub fn send(&self, src: u64, bytes: u64, peer: usize, s: &Stream) -> doorbell::Result<()> {
+        let a = api().map_err(doorbell::Error::Comm)?;
+        let cs = s.as_cuda().ok_or_else(|| doorbell::Error::Comm("NCCL needs a GPU".into()))?;
+        // SAFETY: `src` holds `bytes` of device memory (the caller's buffers).
+        check(
+            unsafe {
+                (a.send)(
+                    src as *const c_void,
+                    bytes as usize,
+                    NCCL_INT8,
+                    peer as c_int,
+                    self.comm,
+                    cs.cu_stream() as *mut c_void,
+                )
+            },
+            "ncclSend",
+        )
+    }
+
+    /// `ncclRecv` of `bytes` into device address `dst` from `peer` on `s`.
+    pub fn recv(&self, dst: u64, bytes: u64, peer: usize, s: &Stream) -> doorbell::Result<()> {
+        let a = api().map_err(doorbell::Error::Comm)?;
+        let cs = s.as_cuda().ok_or_else(|| doorbell::Error::Comm("NCCL needs a GPU".into()))?;
+        // SAFETY: `dst` holds `bytes` of device memory.
+        check(
+            unsafe {
+                (a.recv)(
+                    dst as *mut c_void,
+                    bytes as usize,
+                    NCCL_INT8,
+                    peer as c_int,
+                    self.comm,
+                    cs.cu_stream() as *mut c_void,
+                )
+            },
+            "ncclRecv",
+        )
+    }
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        if let Ok(a) = api() {
+            // SAFETY: created by ncclCommInitRank; destroyed once.
+            let _ = unsafe { (a.comm_destroy)(self.comm) };
+        }
+    }
+}
