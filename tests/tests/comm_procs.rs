@@ -7,8 +7,10 @@ use std::time::Duration;
 
 use doorbell::comm::{CommOptions, Communicator, PeerRoute};
 use doorbell::world::{RendezvousHost, World, WorldConfig};
-use doorbell::{Backend, Device, LaunchConfig, KERNELS_PTX};
-use doorbell_kernels::testing::{p2p_ring, STATUS_OK};
+use doorbell::{Backend, Device, LaunchConfig};
+use doorbell_test_kernels::contract::{flagged_rounds_p2p, payload};
+use doorbell_test_kernels::testing::{ring_p2p, STATUS_OK};
+use doorbell_tests::TEST_KERNELS_PTX;
 
 const TOKEN: &str = "comm-procs-test-token-91c2";
 const BYTES: usize = 10_007;
@@ -32,8 +34,8 @@ fn run_rank(world: World, backend: Backend) -> Result<PeerRoute, doorbell::Error
     let rank = world.rank();
     let comm = Communicator::new(world, device(backend, rank), opts)?;
     let dev = comm.device();
-    let m = dev.load_module(KERNELS_PTX)?;
-    let f = m.function::<p2p_ring>()?;
+    let m = dev.load_module(TEST_KERNELS_PTX)?;
+    let f = m.function::<ring_p2p>()?;
     let src = comm.alloc::<u8>(BYTES)?;
     let dst = comm.alloc::<u8>(BYTES)?;
     let got = comm.alloc::<u8>(BYTES)?;
@@ -43,7 +45,7 @@ fn run_rank(world: World, backend: Backend) -> Result<PeerRoute, doorbell::Error
     src.copy_from_host(&(0..BYTES).map(|i| (i * 7 + r * 100) as u8).collect::<Vec<_>>())?;
     comm.barrier()?;
     let s = dev.new_stream()?;
-    // SAFETY: sizes as p2p_ring documents.
+    // SAFETY: sizes as ring_p2p documents.
     unsafe {
         s.launch(
             &f,
@@ -68,7 +70,62 @@ fn run_rank(world: World, backend: Backend) -> Result<PeerRoute, doorbell::Error
     let want: Vec<u8> = (0..BYTES).map(|i| (i * 7 + peer * 100) as u8).collect();
     assert!(dst.to_host()? == want, "rank {r}: put data wrong");
     assert!(got.to_host()? == want, "rank {r}: get data wrong");
+    flagged_rounds_across(&comm)?;
     Ok(comm.describe_peers()[peer].clone())
+}
+
+/// Data visible when its signal is seen, between two processes: rank 0
+/// `put_signal`s a payload that changes every round, rank 1 checks every
+/// word after each signal (see `flagged_rounds`).
+fn flagged_rounds_across(comm: &Communicator) -> Result<(), doorbell::Error> {
+    let (blocks, words, iters) = (4u32, 1031u32, 20u32);
+    let dev = comm.device();
+    let m = dev.load_module(TEST_KERNELS_PTX)?;
+    let f = m.function::<flagged_rounds_p2p>()?;
+    let n = (blocks * words) as usize;
+    let data = comm.alloc::<u32>(n)?;
+    let src = comm.alloc::<u32>(n)?;
+    let sig = comm.alloc::<u64>(blocks as usize)?;
+    let ack = comm.alloc::<u64>(blocks as usize)?;
+    let mut wrong = dev.alloc_zeroed::<u32>(blocks as usize)?;
+    let mut status = dev.alloc_zeroed::<u32>(blocks as usize)?;
+    comm.barrier()?;
+    let s = dev.new_stream()?;
+    // SAFETY: sizes as flagged_rounds documents.
+    unsafe {
+        s.launch(
+            &f,
+            LaunchConfig::linear(blocks, 64),
+            (
+                comm.p2p(),
+                data.as_mut_ptr(),
+                src.as_mut_ptr(),
+                words,
+                sig.as_mut_ptr(),
+                ack.as_mut_ptr(),
+                iters,
+                0u32,
+                wrong.as_mut_ptr(),
+                status.as_mut_ptr(),
+            ),
+        )?
+    };
+    comm.synchronize(&s)?;
+    let r = comm.rank();
+    assert!(
+        status.to_host()?.iter().all(|&x| x == 1),
+        "rank {r}: flagged rounds status {:?}",
+        status.to_host()?
+    );
+    if r == 1 {
+        assert_eq!(wrong.to_host()?, vec![0; blocks as usize], "words seen wrong after their signal");
+        let d = data.to_host()?;
+        assert!(
+            (0..n).all(|k| d[k] == payload(iters, k as u32 / words, k as u32 % words)),
+            "last round's data"
+        );
+    }
+    Ok(())
 }
 
 #[test]
@@ -129,4 +186,94 @@ fn two_processes_exchange_data_through_cuda_ipc_on_a_gpu() {
     let (route, child) = two_processes(Backend::Gpu);
     assert_eq!(route, PeerRoute::CudaIpc);
     assert!(child.contains("CHILD-ROUTE CudaIpc"), "{child}");
+}
+
+// ---- Heap files of a killed rank ----
+
+/// This job's heap files in /dev/shm: `doorbell-<pid>-*` of the given processes.
+fn heap_files_of(pids: &[u32]) -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| pids.iter().any(|p| n.starts_with(&format!("doorbell-{p}-"))))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A child of `kill_9_of_a_rank_leaves_no_heap_file`: rank 0 prints its
+/// port, both print `FORMED` once the communicator stands; then rank 0 waits
+/// in a barrier (which fails when rank 1 dies) and rank 1 sleeps until killed.
+#[test]
+fn child_heap_rank() {
+    let Ok(role) = std::env::var("DOORBELL_TEST_HEAP_CHILD") else {
+        return;
+    };
+    let world = if role == "0" {
+        let cfg = WorldConfig::new(0, 2, "127.0.0.1", 0, TOKEN).with_world_timeout(Duration::from_secs(30));
+        let host = RendezvousHost::bind(&cfg).unwrap();
+        println!("PORT {}", host.local_addr().port());
+        host.accept(b"").unwrap()
+    } else {
+        World::rendezvous(&WorldConfig::from_env().unwrap().unwrap(), b"").unwrap()
+    };
+    let opts = CommOptions {
+        heap_bytes: 1 << 20,
+        ..Default::default()
+    };
+    let comm = Communicator::new(world, Device::emulator(0), opts).unwrap();
+    assert_eq!(comm.describe_peers()[1 - comm.rank()], PeerRoute::SharedMemory);
+    println!("FORMED");
+    if role == "0" {
+        println!("BARRIER {}", comm.barrier().map_or_else(|e| e.to_string(), |()| "ok".into()));
+        std::process::exit(0);
+    }
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+#[test]
+fn kill_9_of_a_rank_leaves_no_heap_file() {
+    use std::io::BufRead;
+    let spawn = |role: &str, port: Option<u16>| {
+        let mut c = Command::new(std::env::current_exe().unwrap());
+        c.args(["--exact", "child_heap_rank", "--nocapture", "--test-threads", "1"])
+            .env("DOORBELL_TEST_HEAP_CHILD", role)
+            .env_remove("DOORBELL_MASTER_PORT")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        if let Some(port) = port {
+            c.env("RANK", "1")
+                .env("WORLD_SIZE", "2")
+                .env("LOCAL_RANK", "1")
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string())
+                .env("DOORBELL_TOKEN", TOKEN)
+                .env("DOORBELL_WORLD_TIMEOUT_S", "30");
+        }
+        let mut child = c.spawn().unwrap();
+        let lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        (child, lines.map_while(|l| l.ok()))
+    };
+    let (mut rank0, mut out0) = spawn("0", None);
+    let port: u16 = out0
+        .by_ref()
+        .find_map(|l| l.split_once("PORT ").map(|(_, p)| p.trim().parse().unwrap()))
+        .expect("rank 0 printed no port");
+    let (mut rank1, mut out1) = spawn("1", Some(port));
+    // (The test harness may print its own words before ours on a line.)
+    assert!(out1.by_ref().any(|l| l.ends_with("FORMED")), "rank 1 never formed the communicator");
+    assert!(out0.by_ref().any(|l| l.ends_with("FORMED")), "rank 0 never formed the communicator");
+    let pids = [rank0.id(), rank1.id()];
+    // Mid-run: the heaps are mapped, and no file of the job is left to leak.
+    assert_eq!(heap_files_of(&pids), Vec::<String>::new(), "heap files while running");
+    rank1.kill().unwrap(); // SIGKILL
+    rank1.wait().unwrap();
+    let barrier = out0
+        .by_ref()
+        .find(|l| l.contains("BARRIER "))
+        .expect("rank 0 printed no barrier result");
+    assert!(barrier.contains("lost rank 1"), "{barrier}");
+    rank0.wait().unwrap();
+    assert_eq!(heap_files_of(&pids), Vec::<String>::new(), "heap files after kill -9 of rank 1");
 }

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use doorbell::comm::{CommOptions, Communicator};
 use doorbell::{Backend, DeviceBuffer, Error, ForTransport, Kernel, KernelParam, LaunchConfig};
+use doorbell_kernels::transport::{P2p, Transport};
 use doorbell_test_kernels::contract::{bad_call, collect_signals, flagged_rounds, payload, Shadow};
 use doorbell_tests::TEST_KERNELS_PTX;
-use doorbell_kernels::transport::{P2p, Transport};
 
 fn backends() -> Vec<Backend> {
     doorbell_tests::backends().iter().map(|d| d.backend()).collect()
@@ -81,7 +81,15 @@ where
         let err = comm.synchronize(&s).err();
         comm.barrier()?;
         let c = codes.to_host()?;
-        Ok((err, dst.to_host()?, sig.to_host()?, [c[0], c[1]], calls.to_host()?[0], dst.offset(), sig.offset()))
+        Ok((
+            err,
+            dst.to_host()?,
+            sig.to_host()?,
+            [c[0], c[1]],
+            calls.to_host()?[0],
+            dst.offset(),
+            sig.offset(),
+        ))
     })
     .unwrap_or_else(|e| panic!("{backend:?} {} case {case}: {e}", T::NAME));
     let r0 = &out[0];
@@ -185,14 +193,18 @@ fn bad_arguments_are_typed_errors_and_write_nothing_shadow() {
 
 type RoundArgs<T> = (T, *mut u32, *mut u32, u32, *mut u64, *mut u64, u32, u32, *mut u32, *mut u32);
 
-fn flagged_rounds_for<T: Make>(backend: Backend, mode: u32)
+fn flagged_rounds_for<T: Make>(backend: Backend, mode: u32, spread: bool)
 where
     flagged_rounds: ForTransport<T>,
     <flagged_rounds as ForTransport<T>>::Kernel: Kernel<Args = RoundArgs<T>>,
 {
     let gpu = backend == Backend::Gpu;
     let (blocks, threads, words, iters) = if gpu { (16u32, 256u32, 4099u32, 300u32) } else { (3, 32, 1031, 20) };
-    Communicator::local(2, backend, opts(), |comm| {
+    let opts = CommOptions {
+        spread_gpus: spread,
+        ..opts()
+    };
+    Communicator::local(2, backend, opts, |comm| {
         let dev = comm.device();
         let m = dev.load_module(TEST_KERNELS_PTX)?;
         let f = m.function::<<flagged_rounds as ForTransport<T>>::Kernel>()?;
@@ -230,7 +242,11 @@ where
         let what = format!("{backend:?} {} mode {mode} rank {}", T::NAME, comm.rank());
         assert!(status.to_host()?.iter().all(|&x| x == 1), "{what}: status {:?}", status.to_host()?);
         if comm.rank() == 1 {
-            assert_eq!(wrong.to_host()?, vec![0; blocks as usize], "{what}: words seen wrong after their signal");
+            assert_eq!(
+                wrong.to_host()?,
+                vec![0; blocks as usize],
+                "{what}: words seen wrong after their signal"
+            );
             // The last round's data is all there (and differs from round 1).
             let d = data.to_host()?;
             for b in 0..blocks {
@@ -250,9 +266,20 @@ where
 fn put_signal_data_is_visible_when_the_signal_is_seen() {
     for backend in backends() {
         for mode in [0, 1, 2] {
-            flagged_rounds_for::<P2p>(backend, mode);
+            flagged_rounds_for::<P2p>(backend, mode, false);
         }
-        flagged_rounds_for::<Shadow>(backend, 0);
+        flagged_rounds_for::<Shadow>(backend, 0, false);
+    }
+}
+
+#[test]
+fn put_signal_data_is_visible_when_the_signal_is_seen_across_two_gpus() {
+    if doorbell::gpu_count() < 2 {
+        eprintln!("fewer than two GPUs: skipped (the same-GPU and emulator variants ran in the test above)");
+        return;
+    }
+    for mode in [0, 1, 2] {
+        flagged_rounds_for::<P2p>(Backend::Gpu, mode, true);
     }
 }
 
@@ -275,7 +302,13 @@ where
         comm.barrier()?;
         let t = T::make(comm, &mut calls);
         // SAFETY: symmetric words, four output words.
-        unsafe { s.launch(&f, LaunchConfig::linear(1, 32), (t, sigs.as_mut_ptr(), count, 20_000u64, out.as_mut_ptr()))? };
+        unsafe {
+            s.launch(
+                &f,
+                LaunchConfig::linear(1, 32),
+                (t, sigs.as_mut_ptr(), count, 20_000u64, out.as_mut_ptr()),
+            )?
+        };
         comm.synchronize(&s)?;
         out.to_host()
     })
