@@ -149,6 +149,36 @@ pub enum Error {
         /// The other side.
         addr: String,
     },
+    /// The job token is too short to keep guessers out.
+    #[error(
+        "rank {rank}: the job token (DOORBELL_TOKEN) has {len} bytes, fewer than the {min} it needs; generate one per job \
+         with `export DOORBELL_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n')` (32 hex characters) \
+         and give the same one to every process"
+    )]
+    TokenTooShort {
+        /// The rank that reports it.
+        rank: usize,
+        /// The token's length in bytes.
+        len: usize,
+        /// The least accepted (`doorbell::world::MIN_TOKEN_BYTES`).
+        min: usize,
+    },
+    /// A frame of a process world would exceed its limit.
+    #[error(
+        "rank {rank}: {what} is {bytes} bytes, more than the {max} a world frame may carry \
+         (doorbell::world::MAX_FRAME_BYTES); host collectives carry set-up data: move bulk data with kernels, \
+         or split it over several collectives"
+    )]
+    FrameTooLarge {
+        /// The rank that reports it.
+        rank: usize,
+        /// Which frame, from whom.
+        what: String,
+        /// Its size.
+        bytes: u64,
+        /// The limit.
+        max: u64,
+    },
     /// A rank presented a different value than rank 0 at the rendezvous.
     #[error(
         "rendezvous refused rank {rank}: its {field} is {theirs} where rank 0 has {ours}; \

@@ -189,7 +189,7 @@ fn wrong_token_is_refused_and_the_right_process_still_joins() {
 #[test]
 fn rank_0_times_out_cleanly_when_its_only_peer_has_the_wrong_token() {
     let (h, port) = host(2, Duration::from_millis(1500));
-    let child = spawn_child("join", &torchrun_vars(1, 2, port, "wrong"));
+    let child = spawn_child("join", &torchrun_vars(1, 2, port, "the-token-of-another-job"));
     let r = h.accept(b"");
     assert!(
         matches!(&r, Err(Error::RendezvousTimeout { rank: 0, missing, .. }) if missing == &vec![1]),
@@ -256,4 +256,16 @@ fn thread_worlds_of_2_to_8_ranks() {
         let want = 7 * (n as u64) * (n as u64 - 1) / 2;
         assert!(out.into_iter().all(|s| s.unwrap() == want), "n = {n}");
     }
+}
+
+#[test]
+fn a_short_token_is_refused_before_connecting_with_how_to_make_one() {
+    // 15 bytes: one short of doorbell::world::MIN_TOKEN_BYTES. Nobody listens
+    // on the port: the child must fail on its token, not on a timeout.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let t0 = std::time::Instant::now();
+    let (ok, line) = finish(spawn_child("join", &torchrun_vars(1, 2, port, "0123456789abcde")));
+    assert!(!ok && line.contains("TokenTooShort") && line.contains("len: 15"), "{line}");
+    assert!(t0.elapsed() < Duration::from_secs(15), "the child waited for a rendezvous");
+    assert_eq!(doorbell::world::MIN_TOKEN_BYTES, 16);
 }

@@ -213,9 +213,44 @@ impl Communicator {
             .enumerate()
             .map(|(r, b)| DeviceId::decode(b, r))
             .collect::<Result<Vec<_>>>()?;
-        let multi_process = peers.iter().any(|i| i.pid != my_pid);
+        // Phase 2: who shares this process, proved by a tag only this
+        // process can make (a pid proves nothing: any peer can claim ours);
+        // on the emulator also the heap file names, published before any
+        // file exists, so that every rank removes every file of the job
+        // however the set-up ends.
+        let my_file = if device.is_gpu() { None } else { Some(shm::new_heap_path()?) };
+        let mut intro = world.process_tag()?.to_vec();
+        if let Some(f) = &my_file {
+            intro.extend_from_slice(f.to_string_lossy().as_bytes());
+        }
+        let intros = world.all_gather_bytes(&intro)?;
+        let mut same_process = vec![true; size];
+        for p in (0..size).filter(|&p| p != rank) {
+            same_process[p] = world.proves_same_process(p, intros[p].get(..32).unwrap_or_default())?;
+            if !same_process[p] && peers[p].pid == my_pid {
+                return Err(Error::PeerUnreachable {
+                    rank,
+                    peer: p,
+                    reason: format!(
+                        "it claims this process's pid {my_pid} but cannot prove that it runs in this process; \
+                         it is another process (in another pid namespace?) or it lies about its pid"
+                    ),
+                });
+            }
+        }
+        let multi_process = same_process.contains(&false);
+        let mut heap_files = shm::HeapFiles::default();
+        let mut peer_files = vec![None; size];
+        if let (Some(f), true) = (&my_file, multi_process) {
+            heap_files.add(f.clone());
+            for p in (0..size).filter(|&p| !same_process[p]) {
+                let path = shm::check_heap_path(intros[p].get(32..).unwrap_or_default(), rank, p)?;
+                heap_files.add(path.clone());
+                peer_files[p] = Some(path);
+            }
+        }
 
-        // Phase 2: allocate the heap, publish how to reach it.
+        // Phase 3: allocate the heap, publish how to reach it.
         let (heap, handle): (Heap, Vec<u8>) = match &*device.inner {
             DeviceInner::Gpu(_) => {
                 let buf = device.alloc_zeroed::<u8>(heap_len as usize)?;
@@ -236,11 +271,9 @@ impl Communicator {
                 (Heap::Device(buf), h)
             }
             DeviceInner::Emu(_) => {
-                if multi_process {
-                    let path = std::path::PathBuf::from(format!("/dev/shm/doorbell-{my_pid}-r{rank}-{:x}", shm_suffix()));
-                    let region = ShmRegion::create(&path, heap_len as usize)?;
-                    let mut h = (region.ptr as u64).to_le_bytes().to_vec();
-                    h.extend_from_slice(path.to_string_lossy().as_bytes());
+                if let (Some(path), true) = (&my_file, multi_process) {
+                    let region = ShmRegion::create(path, heap_len as usize)?;
+                    let h = (region.ptr as u64).to_le_bytes().to_vec();
                     (Heap::Shm(region), h)
                 } else {
                     let buf = device.alloc_zeroed::<u8>(heap_len as usize)?;
@@ -255,7 +288,8 @@ impl Communicator {
         };
         let handles = world.all_gather_bytes(&handle)?;
 
-        // Phase 3: map every peer.
+        // Phase 4: map every peer. Peers' addresses are used only for ranks
+        // that proved to share this address space.
         let mut bases = vec![0u64; size];
         let mut routes = vec![PeerRoute::Local; size];
         let mut mappings = Vec::new();
@@ -269,8 +303,7 @@ impl Communicator {
                 return Err(Error::comm(format!("rank {p} sent a malformed heap handle")));
             }
             let addr = u64::from_le_bytes(h[..8].try_into().expect("8 bytes"));
-            let same_process = peers[p].pid == my_pid;
-            if same_process {
+            if same_process[p] {
                 if device.is_gpu() && ids[p].ordinal != me.ordinal {
                     enable_peer_access(&device, ids[p].ordinal as usize, rank, p)?;
                     routes[p] = PeerRoute::PeerAccess;
@@ -310,20 +343,17 @@ impl Communicator {
                 bases[p] = dptr;
                 routes[p] = PeerRoute::CudaIpc;
             } else {
-                let path = String::from_utf8_lossy(&h[8..]).into_owned();
-                let region = ShmRegion::open(std::path::Path::new(&path), heap_len as usize)?;
+                let path = peer_files[p].as_ref().expect("checked in phase 2");
+                let region = ShmRegion::open(path, heap_len as usize, rank, p)?;
                 bases[p] = region.ptr as u64;
                 mappings.push(Mapping::Shm(region));
                 routes[p] = PeerRoute::SharedMemory;
             }
         }
-        // Everyone has mapped everyone: shared-memory files can go.
+        // Everyone has mapped everyone: the heap files can go (on an
+        // earlier error, `heap_files` went when it was dropped).
         world.barrier()?;
-        if let Heap::Shm(r) = &heap {
-            if let Some(p) = &r.path {
-                let _ = std::fs::remove_file(p);
-            }
-        }
+        drop(heap_files);
         let peer_table = device.alloc_from(&bases)?;
         let same_gpu = device.is_gpu() && !me.uuid.is_empty() && ids.iter().all(|i| i.uuid == me.uuid);
         Ok(Communicator {
@@ -603,18 +633,6 @@ fn enable_peer_access(device: &Device, peer_ordinal: usize, rank: usize, peer: u
             reason: format!("cuCtxEnablePeerAccess failed: {e:?}"),
         }),
     }
-}
-
-/// A suffix that keeps shared-heap file names of successive communicators
-/// of one process apart.
-fn shm_suffix() -> u64 {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
-    t ^ (n << 48)
 }
 
 impl Drop for Communicator {

@@ -5,31 +5,56 @@
 //! `HMAC(token, "…root" | n1 | n0)`, which the peer checks. The labels keep a
 //! proof of one direction from being replayed as the other; fresh nonces on
 //! both sides keep a recorded proof from being replayed later.
+//!
+//! Both sides then derive one key per direction,
+//! `HMAC(token, "…root->peer" | n0 | n1)` and `HMAC(token, "…peer->root" | n0 | n1)`,
+//! and tag every later frame with `HMAC(key, sequence number | header | body)`
+//! ([`FrameKey`]). The sequence number is implicit (each side counts), so a
+//! dropped, replayed or reordered frame fails its tag like an altered one.
+//!
+//! Ranks of one process recognise each other by [`process_tag`]: an HMAC
+//! under a random secret that never leaves the process, so a peer cannot
+//! claim to share our address space by copying our pid.
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use std::io::Read;
+use std::sync::OnceLock;
 
 /// Bytes in a nonce.
 pub(crate) const NONCE_LEN: usize = 16;
-/// Bytes in a proof (one SHA-256 output).
+/// Bytes in a proof, a session key and a frame tag (one SHA-256 output).
 pub(crate) const PROOF_LEN: usize = 32;
+/// Bytes in a frame tag.
+pub(crate) const TAG_LEN: usize = PROOF_LEN;
 
 pub(crate) const PEER_LABEL: &[u8] = b"doorbell-rendezvous-v1 peer";
 pub(crate) const ROOT_LABEL: &[u8] = b"doorbell-rendezvous-v1 root";
+const ROOT_TO_PEER_LABEL: &[u8] = b"doorbell-session-v2 root->peer";
+const PEER_TO_ROOT_LABEL: &[u8] = b"doorbell-session-v2 peer->root";
+const PROCESS_LABEL: &[u8] = b"doorbell-process-v1";
 
 pub(crate) type Nonce = [u8; NONCE_LEN];
+
+/// Fills `buf` from the kernel's CSPRNG.
+pub(crate) fn random_bytes(buf: &mut [u8]) -> std::io::Result<()> {
+    std::fs::File::open("/dev/urandom")?.read_exact(buf)
+}
 
 /// A fresh nonce from the kernel's CSPRNG.
 pub(crate) fn nonce() -> std::io::Result<Nonce> {
     let mut n = [0u8; NONCE_LEN];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut n)?;
+    random_bytes(&mut n)?;
     Ok(n)
 }
 
-fn mac(token: &[u8], label: &[u8], first: &Nonce, second: &Nonce) -> Hmac<Sha256> {
+fn keyed(key: &[u8]) -> Hmac<Sha256> {
     // HMAC takes keys of any length (long ones are hashed first).
-    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(token).expect("HMAC accepts keys of any length");
+    <Hmac<Sha256> as Mac>::new_from_slice(key).expect("HMAC accepts keys of any length")
+}
+
+fn mac(token: &[u8], label: &[u8], first: &Nonce, second: &Nonce) -> Hmac<Sha256> {
+    let mut m = keyed(token);
     m.update(label);
     m.update(first);
     m.update(second);
@@ -44,6 +69,74 @@ pub(crate) fn prove(token: &[u8], label: &[u8], first: &Nonce, second: &Nonce) -
 /// Checks a proof in constant time.
 pub(crate) fn verify(token: &[u8], label: &[u8], first: &Nonce, second: &Nonce, proof: &[u8]) -> bool {
     mac(token, label, first, second).verify_slice(proof).is_ok()
+}
+
+/// Which end of a rendezvous connection this process is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Side {
+    Root,
+    Peer,
+}
+
+/// The per-direction frame keys of one connection, from the token and both
+/// handshake nonces (`n0` rank 0's, `n1` the peer's).
+pub(crate) fn session_keys(token: &[u8], n0: &Nonce, n1: &Nonce, side: Side) -> (FrameKey, FrameKey) {
+    let down = FrameKey(keyed(&prove(token, ROOT_TO_PEER_LABEL, n0, n1)));
+    let up = FrameKey(keyed(&prove(token, PEER_TO_ROOT_LABEL, n0, n1)));
+    match side {
+        Side::Root => (down, up),
+        Side::Peer => (up, down),
+    }
+}
+
+/// Tags the frames of one direction of one connection.
+#[derive(Clone)]
+pub(crate) struct FrameKey(Hmac<Sha256>);
+
+impl FrameKey {
+    fn mac(&self, seq: u64, header: &[u8], body: &[u8]) -> Hmac<Sha256> {
+        let mut m = self.0.clone();
+        m.update(&seq.to_be_bytes());
+        m.update(header);
+        m.update(body);
+        m
+    }
+
+    /// The tag of frame number `seq`.
+    pub(crate) fn tag(&self, seq: u64, header: &[u8], body: &[u8]) -> [u8; TAG_LEN] {
+        self.mac(seq, header, body).finalize().into_bytes().into()
+    }
+
+    /// Checks the tag of frame number `seq` in constant time.
+    pub(crate) fn check(&self, seq: u64, header: &[u8], body: &[u8], tag: &[u8]) -> bool {
+        self.mac(seq, header, body).verify_slice(tag).is_ok()
+    }
+}
+
+static PROCESS_SECRET: OnceLock<[u8; 32]> = OnceLock::new();
+
+/// This process's secret: random, made once, never sent anywhere.
+fn process_secret() -> std::io::Result<&'static [u8; 32]> {
+    if let Some(s) = PROCESS_SECRET.get() {
+        return Ok(s);
+    }
+    let mut s = [0u8; 32];
+    random_bytes(&mut s)?;
+    // A racing thread may have set it first; either value is fine, as long
+    // as every caller sees the same one afterwards.
+    Ok(PROCESS_SECRET.get_or_init(|| s))
+}
+
+/// What rank `rank` of the world `world_id` presents to prove that it runs in
+/// this process. Only this process can compute it; a peer that copies
+/// another rank's tag still fails for its own rank, and a tag of one world is
+/// worthless in the next.
+pub(crate) fn process_tag(world_id: &[u8], rank: usize) -> std::io::Result<[u8; PROOF_LEN]> {
+    let mut m = keyed(process_secret()?);
+    m.update(PROCESS_LABEL);
+    m.update(world_id);
+    m.update(&(rank as u64).to_be_bytes());
+    Ok(m.finalize().into_bytes().into())
 }
 
 #[cfg(test)]
@@ -69,5 +162,31 @@ mod tests {
         assert!(!verify(b"tok", ROOT_LABEL, &a, &b, &p));
         assert!(!verify(b"tok", PEER_LABEL, &b, &a, &p));
         assert!(!verify(b"tok", PEER_LABEL, &a, &b, &p[..31]));
+    }
+
+    #[test]
+    fn session_keys_pair_up_and_bind_token_nonces_and_sequence() {
+        let (n0, n1) = (nonce().unwrap(), nonce().unwrap());
+        let (root_send, root_recv) = session_keys(b"token-0123456789", &n0, &n1, Side::Root);
+        let (peer_send, peer_recv) = session_keys(b"token-0123456789", &n0, &n1, Side::Peer);
+        let t = root_send.tag(0, b"head", b"body");
+        assert!(peer_recv.check(0, b"head", b"body", &t));
+        assert!(!peer_recv.check(1, b"head", b"body", &t), "a replayed frame must fail");
+        assert!(!peer_recv.check(0, b"head", b"bodz", &t), "an altered body must fail");
+        assert!(!peer_recv.check(0, b"heae", b"body", &t), "an altered header must fail");
+        assert!(!root_recv.check(0, b"head", b"body", &t), "a frame reflected back must fail");
+        assert!(root_recv.check(5, b"h", b"b", &peer_send.tag(5, b"h", b"b")));
+        let (other, _) = session_keys(b"token-0123456789", &n1, &n0, Side::Root);
+        assert!(!peer_recv.check(0, b"head", b"body", &other.tag(0, b"head", b"body")));
+        let (wrong, _) = session_keys(b"token-9876543210", &n0, &n1, Side::Root);
+        assert!(!peer_recv.check(0, b"head", b"body", &wrong.tag(0, b"head", b"body")));
+    }
+
+    #[test]
+    fn process_tags_bind_world_and_rank() {
+        let a = process_tag(b"world-a", 1).unwrap();
+        assert_eq!(a, process_tag(b"world-a", 1).unwrap());
+        assert_ne!(a, process_tag(b"world-a", 2).unwrap());
+        assert_ne!(a, process_tag(b"world-b", 1).unwrap());
     }
 }

@@ -247,6 +247,13 @@ impl WorldConfig {
                  before torchrun/srun, and `mpirun -x DOORBELL_TOKEN ...` under Open MPI"
             ),
         })?;
+        if token.len() < super::MIN_TOKEN_BYTES {
+            return Err(Error::TokenTooShort {
+                rank,
+                len: token.len(),
+                min: super::MIN_TOKEN_BYTES,
+            });
+        }
         Ok(Some(WorldConfig {
             rank,
             size,
@@ -312,6 +319,9 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
+    /// A token of the least accepted length.
+    const T: &str = "0123456789abcdef";
+
     fn detect(vars: &[(&str, &str)]) -> Result<Option<WorldConfig>> {
         let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         WorldConfig::from_vars(&|k| map.get(k).cloned())
@@ -320,7 +330,7 @@ mod tests {
     #[test]
     fn nothing_set_is_single_process() {
         assert!(detect(&[]).unwrap().is_none());
-        assert!(detect(&[("DOORBELL_TOKEN", "x"), ("MASTER_ADDR", "h")]).unwrap().is_none());
+        assert!(detect(&[("DOORBELL_TOKEN", T), ("MASTER_ADDR", "h")]).unwrap().is_none());
     }
 
     #[test]
@@ -337,7 +347,7 @@ mod tests {
             ("LOCAL_WORLD_SIZE", "2"),
             ("MASTER_ADDR", "node7"),
             ("MASTER_PORT", "29400"),
-            ("DOORBELL_TOKEN", "s3cret"),
+            ("DOORBELL_TOKEN", "s3cret-0123456789abcdef"),
         ])
         .unwrap()
         .unwrap();
@@ -346,13 +356,13 @@ mod tests {
         assert_eq!(c.bind_addr, "0.0.0.0");
         assert_eq!(c.launcher, Launcher::Torchrun);
         assert_eq!(c.rendezvous_timeout, DEFAULT_RENDEZVOUS_TIMEOUT);
-        assert_eq!(c.token(), b"s3cret");
+        assert_eq!(c.token(), b"s3cret-0123456789abcdef");
         assert!(!format!("{c:?}").contains("s3cret"), "Debug must not print the token");
     }
 
     #[test]
     fn torchrun_without_port_names_it() {
-        let e = detect(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), ("DOORBELL_TOKEN", "t")]).unwrap_err();
+        let e = detect(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), ("DOORBELL_TOKEN", T)]).unwrap_err();
         assert!(matches!(e, Error::MissingEnv { var: "MASTER_PORT", .. }), "{e}");
     }
 
@@ -363,7 +373,7 @@ mod tests {
             ("OMPI_COMM_WORLD_SIZE", "4"),
             ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
             ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
-            ("DOORBELL_TOKEN", "t"),
+            ("DOORBELL_TOKEN", T),
         ])
         .unwrap()
         .unwrap();
@@ -389,7 +399,7 @@ mod tests {
             ("DOORBELL_BIND_ADDR", "10.0.0.1"),
             ("DOORBELL_RENDEZVOUS_TIMEOUT_S", "2.5"),
             ("DOORBELL_WORLD_TIMEOUT_S", "30"),
-            ("DOORBELL_TOKEN", "t"),
+            ("DOORBELL_TOKEN", T),
         ])
         .unwrap()
         .unwrap();
@@ -407,7 +417,7 @@ mod tests {
             ("OMPI_COMM_WORLD_RANK", "0"),
             ("OMPI_COMM_WORLD_SIZE", "16"),
             ("OMPI_COMM_WORLD_LOCAL_SIZE", "8"),
-            ("DOORBELL_TOKEN", "t"),
+            ("DOORBELL_TOKEN", T),
         ])
         .unwrap_err();
         assert!(matches!(e, Error::MissingEnv { var: "MASTER_ADDR", .. }), "{e}");
@@ -423,7 +433,7 @@ mod tests {
             ("SLURM_NTASKS_PER_NODE", "2(x2)"),
             ("SLURM_NNODES", "2"),
             ("MASTER_ADDR", "gpu01"),
-            ("DOORBELL_TOKEN", "t"),
+            ("DOORBELL_TOKEN", T),
         ])
         .unwrap()
         .unwrap();
@@ -434,7 +444,7 @@ mod tests {
             ("SLURM_PROCID", "1"),
             ("SLURM_NTASKS", "2"),
             ("SLURM_NNODES", "1"),
-            ("DOORBELL_TOKEN", "t"),
+            ("DOORBELL_TOKEN", T),
         ])
         .unwrap()
         .unwrap();
@@ -450,7 +460,7 @@ mod tests {
             ("WORLD_SIZE", "2"),
             ("MASTER_ADDR", "h"),
             ("MASTER_PORT", "5"),
-            ("DOORBELL_TOKEN", "t"),
+            ("DOORBELL_TOKEN", T),
         ])
         .unwrap()
         .unwrap();
@@ -481,7 +491,7 @@ mod tests {
 
     #[test]
     fn inconsistent_values_name_variable_and_value() {
-        let base = [("MASTER_ADDR", "h"), ("MASTER_PORT", "5"), ("DOORBELL_TOKEN", "t")];
+        let base = [("MASTER_ADDR", "h"), ("MASTER_PORT", "5"), ("DOORBELL_TOKEN", T)];
         let with = |extra: &[(&'static str, &'static str)]| -> Vec<(&'static str, &'static str)> {
             base.iter().copied().chain(extra.iter().copied()).collect()
         };
@@ -505,11 +515,7 @@ mod tests {
             ("LOCAL_RANK".into(), "2".into())
         );
         assert_eq!(
-            bad_var(&[
-                ("OMPI_COMM_WORLD_RANK", "7"),
-                ("OMPI_COMM_WORLD_SIZE", "2"),
-                ("DOORBELL_TOKEN", "t")
-            ]),
+            bad_var(&[("OMPI_COMM_WORLD_RANK", "7"), ("OMPI_COMM_WORLD_SIZE", "2"), ("DOORBELL_TOKEN", T)]),
             ("OMPI_COMM_WORLD_RANK".into(), "7".into())
         );
         assert_eq!(
@@ -522,7 +528,7 @@ mod tests {
                 ("WORLD_SIZE", "2"),
                 ("MASTER_ADDR", "h"),
                 ("MASTER_PORT", "70000"),
-                ("DOORBELL_TOKEN", "t")
+                ("DOORBELL_TOKEN", T)
             ]),
             ("MASTER_PORT".into(), "70000".into())
         );
@@ -542,5 +548,24 @@ mod tests {
     fn half_set_launcher_names_the_missing_variable() {
         let e = detect(&[("RANK", "0")]).unwrap_err();
         assert!(matches!(e, Error::MissingEnv { var: "WORLD_SIZE", .. }), "{e}");
+    }
+
+    #[test]
+    fn short_token_is_refused_with_how_to_make_one() {
+        let vars = |token: &'static str| {
+            [
+                ("RANK", "1"),
+                ("WORLD_SIZE", "2"),
+                ("MASTER_ADDR", "h"),
+                ("MASTER_PORT", "5"),
+                ("DOORBELL_TOKEN", token),
+            ]
+        };
+        let e = detect(&vars("0123456789abcde")).unwrap_err();
+        assert!(matches!(e, Error::TokenTooShort { rank: 1, len: 15, min: 16 }), "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains("DOORBELL_TOKEN") && msg.contains("head -c 16 /dev/urandom"), "{msg}");
+        assert!(!msg.contains("0123456789abcde"), "the message must not print the token: {msg}");
+        assert_eq!(detect(&vars(T)).unwrap().unwrap().token(), T.as_bytes());
     }
 }

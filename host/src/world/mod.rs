@@ -60,7 +60,7 @@
 //! | `SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`, `SLURM_NTASKS_PER_NODE` | the same under srun | — |
 //! | `MASTER_ADDR` / `DOORBELL_MASTER_ADDR` | rank 0's host (the `DOORBELL_` one wins) | `127.0.0.1` when mpirun/srun say all ranks share one host; required otherwise |
 //! | `MASTER_PORT` / `DOORBELL_MASTER_PORT` | rank 0's port (the `DOORBELL_` one wins) | 29510 under mpirun/srun; torchrun always sets it |
-//! | `DOORBELL_TOKEN` | job secret, the same on every process | required when there is more than one process |
+//! | `DOORBELL_TOKEN` | job secret, the same on every process, at least 16 bytes | required when there is more than one process |
 //! | `DOORBELL_BIND_ADDR` | address rank 0 listens on | `MASTER_ADDR` if it is a loopback address, else `0.0.0.0` |
 //! | `DOORBELL_RENDEZVOUS_TIMEOUT_S` | how long ranks wait for each other to join (seconds, may be fractional) | 60 |
 //! | `DOORBELL_WORLD_TIMEOUT_S` | how long a collective waits for every rank | 300 |
@@ -91,20 +91,51 @@
 //!   [`Error::CollectiveMismatch`]) on every rank, and the world refuses
 //!   further use ([`Error::WorldBroken`]).
 //!
-//! ## Security: the job token
+//! ## Security model
 //!
 //! The token keeps processes of *other* jobs (a stale run, a neighbour who
-//! picked the same port) out of this one. It is **never sent**, in clear or
-//! otherwise: rank 0 sends a fresh random 16-byte nonce from `/dev/urandom`,
-//! the joining process answers with its own nonce and
-//! `HMAC-SHA256(token, "peer" | nonce0 | nonce1)`, and rank 0 then proves
-//! itself with `HMAC-SHA256(token, "root" | nonce1 | nonce0)`; proofs are
-//! checked in constant time. Both sides prove knowledge of the token, so a
-//! process also refuses an impostor rank 0. Limits: the token authenticates
-//! the joining; the traffic after it is neither encrypted nor
-//! integrity-protected, so run jobs on a network you trust. Someone who
-//! records a handshake can guess tokens offline: use a long random token, not
-//! a word.
+//! picked the same port) out of this one, and it is what every frame after
+//! the handshake is checked against.
+//!
+//! - **Joining.** The token is **never sent**, in clear or otherwise: rank 0
+//!   sends a fresh random 16-byte nonce from `/dev/urandom`, the joining
+//!   process answers with its own nonce and
+//!   `HMAC-SHA256(token, "peer" | nonce0 | nonce1)`, and rank 0 then proves
+//!   itself with `HMAC-SHA256(token, "root" | nonce1 | nonce0)`; proofs are
+//!   checked in constant time. Both sides prove knowledge of the token, so a
+//!   process also refuses an impostor rank 0. Tokens shorter than
+//!   [`MIN_TOKEN_BYTES`] are refused ([`Error::TokenTooShort`]).
+//! - **Every later frame** (hello, welcome, every collective: CUDA IPC
+//!   handles, heap file names, addresses) carries
+//!   `HMAC-SHA256(key, sequence number | header | body)` under a key per
+//!   connection and direction, derived from the token and both nonces. The
+//!   sequence numbers are implicit, so an altered, forged, replayed, dropped
+//!   or reordered frame fails its check; the world then ends with
+//!   [`Error::WorldProtocol`] naming the peer on every rank.
+//! - **Sizes are capped before allocation.** Handshake frames are at most 256
+//!   bytes, a hello [`MAX_LAYOUT`] plus a little, any later frame
+//!   [`MAX_FRAME_BYTES`] ([`Error::FrameTooLarge`]); bodies are read in
+//!   chunks, so memory grows only with bytes that really arrive.
+//! - **Unauthenticated connections are bounded**: rank 0 handshakes with at
+//!   most [`MAX_PENDING_HANDSHAKES`] at once (it closes further ones at once;
+//!   real ranks retry), and each has [`HANDSHAKE_TIMEOUT`] to finish.
+//! - **Peers' claims are not trusted with memory.** A pid proves nothing;
+//!   ranks of one process recognise each other by an HMAC under a random
+//!   per-process secret that never leaves the process, bound to this world
+//!   and the rank, so no peer can make this process use one of its
+//!   addresses as a pointer into our own memory.
+//! - **Heap files** of emulator ranks in different processes
+//!   ([`crate::comm`]) are `/dev/shm/doorbell-<pid>-<32 random hex digits>`,
+//!   created with `O_EXCL | O_NOFOLLOW` and mode 0600, and removed as soon as
+//!   every rank has mapped them (or the set-up fails). A peer's file name is
+//!   accepted only in exactly that shape, opened without following links,
+//!   and mapped only if it is a regular file of this user, mode 0600, at
+//!   least as long as the heap; otherwise the error names the peer.
+//!
+//! Limits: traffic is authenticated, not encrypted (anyone on the path can
+//! read handles and addresses); someone who records a handshake can guess
+//! tokens offline, so use a long random token, not a word; a process that
+//! holds the token is a member of the job.
 //!
 //! ## Thread worlds
 //!
@@ -133,12 +164,59 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 pub use config::{Launcher, WorldConfig, DEFAULT_PORT, DEFAULT_RENDEZVOUS_TIMEOUT, DEFAULT_WORLD_TIMEOUT};
-pub use tcp::{RendezvousHost, PROTOCOL_VERSION};
+pub use tcp::{RendezvousHost, HANDSHAKE_TIMEOUT, MAX_PENDING_HANDSHAKES, PROTOCOL_VERSION};
+
+pub(crate) use auth::random_bytes;
 
 use crate::error::{Error, Result};
 
 /// Largest layout blob a rank may present to the rendezvous.
 pub const MAX_LAYOUT: usize = 15 << 20;
+
+/// Largest frame a process world sends or accepts after the handshake. A
+/// collective's answer carries every rank's part, so the parts of one
+/// collective together (plus 8 bytes per rank) must fit; so must the welcome
+/// (every rank's layout blob). The communicator's own collectives carry a few
+/// hundred bytes per rank. Anything larger fails on every rank with
+/// [`Error::FrameTooLarge`], and a frame announcing more is refused before a
+/// byte of it is allocated.
+pub const MAX_FRAME_BYTES: u64 = 1 << 30;
+
+/// Shortest job token accepted (`DOORBELL_TOKEN`, [`WorldConfig::new`]).
+pub const MIN_TOKEN_BYTES: usize = 16;
+
+/// Bytes of a world's random identity.
+pub(crate) const WORLD_ID_LEN: usize = 16;
+/// A world's random identity: binds per-world proofs to this world.
+pub(crate) type WorldId = [u8; WORLD_ID_LEN];
+
+/// Refuses tokens too short to resist guessing.
+fn check_token(config: &WorldConfig) -> Result<()> {
+    let len = config.token().len();
+    if len < MIN_TOKEN_BYTES {
+        return Err(Error::TokenTooShort {
+            rank: config.rank,
+            len,
+            min: MIN_TOKEN_BYTES,
+        });
+    }
+    Ok(())
+}
+
+/// A fresh world identity. Thread and single worlds have no remote peers to
+/// tell apart, so a failed read of `/dev/urandom` costs nothing there and
+/// falls back to the clock.
+fn local_world_id() -> WorldId {
+    let mut id = [0u8; WORLD_ID_LEN];
+    if auth::random_bytes(&mut id).is_err() {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        id = t.to_le_bytes();
+    }
+    id
+}
 
 /// One rank as the rendezvous saw it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -221,6 +299,7 @@ pub struct World {
     size: usize,
     local_rank: usize,
     peers: Arc<[PeerInfo]>,
+    id: WorldId,
     inner: Inner,
 }
 
@@ -241,12 +320,13 @@ impl std::fmt::Debug for World {
 }
 
 impl World {
-    pub(crate) fn from_parts(rank: usize, size: usize, local_rank: usize, peers: Vec<PeerInfo>, inner: Inner) -> World {
+    pub(crate) fn from_parts(rank: usize, size: usize, local_rank: usize, peers: Vec<PeerInfo>, id: WorldId, inner: Inner) -> World {
         World {
             rank,
             size,
             local_rank,
             peers: peers.into(),
+            id,
             inner,
         }
     }
@@ -260,7 +340,7 @@ impl World {
             pid: std::process::id(),
             layout: Vec::new(),
         };
-        World::from_parts(0, 1, 0, vec![me], Inner::Single)
+        World::from_parts(0, 1, 0, vec![me], local_world_id(), Inner::Single)
     }
 
     /// The world the launcher described ([`WorldConfig::from_env`]): a
@@ -297,6 +377,7 @@ impl World {
                 ),
             });
         }
+        check_token(config)?;
         if config.size == 1 {
             let mut w = World::single();
             Arc::get_mut(&mut w.peers).expect("fresh")[0].layout = layout.to_vec();
@@ -327,6 +408,7 @@ impl World {
     /// [`local_threads`](Self::local_threads) with a collective timeout.
     pub fn local_threads_with_timeout(n: usize, timeout: Duration) -> Vec<World> {
         let group = threads::Group::new(n, timeout);
+        let id = local_world_id();
         let (host, pid) = (tcp::hostname(), std::process::id());
         let peers: Arc<[PeerInfo]> = (0..n)
             .map(|r| PeerInfo {
@@ -343,6 +425,7 @@ impl World {
                 size: n,
                 local_rank: r,
                 peers: peers.clone(),
+                id,
                 inner: Inner::Threads(group.clone()),
             })
             .collect()
@@ -390,6 +473,30 @@ impl World {
     /// Every rank as the rendezvous saw it, indexed by rank.
     pub fn peers(&self) -> &[PeerInfo] {
         &self.peers
+    }
+
+    /// What this rank presents so that ranks of its own process recognise
+    /// it ([`proves_same_process`](Self::proves_same_process)). Only this
+    /// process can make it; it is worthless in any other world.
+    pub(crate) fn process_tag(&self) -> Result<[u8; 32]> {
+        auth::process_tag(&self.id, self.rank).map_err(|source| Error::WorldIo {
+            rank: self.rank,
+            what: "reading /dev/urandom for the process secret",
+            source,
+        })
+    }
+
+    /// Whether `tag`, presented by rank `peer`, proves that `peer` runs in
+    /// this process (and may hand out pointers into this address space).
+    /// A pid proves nothing: any peer can claim any pid.
+    pub(crate) fn proves_same_process(&self, peer: usize, tag: &[u8]) -> Result<bool> {
+        let want = auth::process_tag(&self.id, peer).map_err(|source| Error::WorldIo {
+            rank: self.rank,
+            what: "reading /dev/urandom for the process secret",
+            source,
+        })?;
+        // Constant time: the expected tag derives from the process secret.
+        Ok(tag.len() == want.len() && tag.iter().zip(want).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0)
     }
 
     /// How the ranks are connected.

@@ -8,15 +8,20 @@
 //!                                    ◀──   Proof { n1, HMAC(token, peer | n0 | n1) }
 //!   Refuse                           ──▶   (wrong token: the peer fails with TokenMismatch)
 //!   RootProof { HMAC(token, root | n1 | n0) } ──▶   (checked: a wrong one is TokenMismatch too)
+//!   ... from here on every frame is tagged with its direction's session key ...
 //!                                    ◀──   Hello { version, rank, size, local rank, host, pid, layout }
 //!   Status { missing }               ──▶
 //!   ... once every rank is in ...
-//!   Welcome { table of all ranks }   ──▶   or Abort { mismatch | timeout }
+//!   Welcome { world id, table of all ranks } ──▶   or Abort { mismatch | timeout | failure }
 //! ```
 //!
 //! Rank 0 runs each handshake on its own thread, so a silent or hostile
 //! connection cannot hold up the others; refused connections are reported on
-//! stderr and otherwise ignored.
+//! stderr and otherwise ignored. At most [`MAX_PENDING_HANDSHAKES`] run at
+//! once (later connections are closed at once, and a real rank retries), and
+//! each has [`HANDSHAKE_TIMEOUT`] to prove the token and say hello. A frame
+//! that fails its tag after the proofs ends the rendezvous or the collective
+//! with an error naming the peer.
 //!
 //! Collectives: every rank sends `(op, sequence number, bytes)` to rank 0,
 //! which checks that all called the same op at the same step and sends the
@@ -24,17 +29,26 @@
 //! (`Fail`), so each rank's error names the rank at fault.
 
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::auth::{self, Nonce, NONCE_LEN, PEER_LABEL, PROOF_LEN, ROOT_LABEL};
-use super::wire::{self, Dec, Enc, Frame, Kind, WireError};
-use super::{Inner, Op, PeerInfo, World, WorldConfig};
+use super::auth::{self, Nonce, Side, NONCE_LEN, PEER_LABEL, PROOF_LEN, ROOT_LABEL};
+use super::wire::{self, Dec, Enc, Frame, Kind, Link, WireError};
+use super::{Inner, Op, PeerInfo, World, WorldConfig, WorldId, MAX_FRAME_BYTES, WORLD_ID_LEN};
 use crate::error::{Error, Result};
 
 /// Version of the rendezvous and collective protocol; ranks must agree.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// Version 2 tags every frame after the token proofs.
+pub const PROTOCOL_VERSION: u32 = 2;
+
+/// Connections rank 0 handshakes with at once; it closes further ones until
+/// a handshake finishes (a joining rank then retries).
+pub const MAX_PENDING_HANDSHAKES: usize = 64;
+/// How long a connection has, from being accepted, to prove the token and
+/// say hello (never longer than the rendezvous timeout).
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long rank 0 spends telling a peer about a failure.
 const NOTIFY_GRACE: Duration = Duration::from_secs(1);
@@ -125,6 +139,17 @@ enum AbortReason {
         waited: Duration,
         missing: Vec<usize>,
     },
+    /// A connection broke the protocol after proving the token (a forged
+    /// frame, say).
+    Protocol {
+        peer: String,
+        detail: String,
+    },
+    /// The welcome would exceed [`MAX_FRAME_BYTES`].
+    TooLarge {
+        what: String,
+        bytes: u64,
+    },
 }
 
 impl AbortReason {
@@ -134,6 +159,8 @@ impl AbortReason {
                 Enc::default().u8(1).u64(*rank as u64).str(field).str(ours).str(theirs).0
             }
             AbortReason::Timeout { waited, missing } => Enc::default().u8(2).u64(waited.as_millis() as u64).list(missing).0,
+            AbortReason::Protocol { peer, detail } => Enc::default().u8(3).str(peer).str(detail).0,
+            AbortReason::TooLarge { what, bytes } => Enc::default().u8(4).str(what).u64(*bytes).0,
         }
     }
     fn decode(body: &[u8]) -> std::result::Result<AbortReason, String> {
@@ -149,6 +176,14 @@ impl AbortReason {
                 waited: Duration::from_millis(d.u64("waited")?),
                 missing: d.list("missing")?,
             }),
+            3 => Ok(AbortReason::Protocol {
+                peer: d.str("peer")?,
+                detail: d.str("detail")?,
+            }),
+            4 => Ok(AbortReason::TooLarge {
+                what: d.str("what")?,
+                bytes: d.u64("bytes")?,
+            }),
             t => Err(format!("unknown abort reason {t}")),
         }
     }
@@ -157,6 +192,13 @@ impl AbortReason {
         match self {
             AbortReason::Mismatch { rank, field, ours, theirs } => Error::RendezvousMismatch { rank, field, ours, theirs },
             AbortReason::Timeout { waited, missing } => Error::RendezvousTimeout { rank, waited, missing },
+            AbortReason::Protocol { peer, detail } => Error::WorldProtocol { rank, peer, detail },
+            AbortReason::TooLarge { what, bytes } => Error::FrameTooLarge {
+                rank,
+                what,
+                bytes,
+                max: MAX_FRAME_BYTES,
+            },
         }
     }
 }
@@ -167,6 +209,8 @@ impl AbortReason {
 pub struct RendezvousHost {
     listener: TcpListener,
     config: WorldConfig,
+    max_pending: usize,
+    handshake_timeout: Duration,
 }
 
 impl std::fmt::Debug for RendezvousHost {
@@ -179,9 +223,20 @@ impl std::fmt::Debug for RendezvousHost {
 }
 
 enum Handshake {
-    Joined(TcpStream, SocketAddr, RawHello),
+    Joined(Link, SocketAddr, RawHello),
     WrongToken(SocketAddr),
     Failed(SocketAddr, String),
+    /// The peer proved the token, then sent a frame that failed its tag.
+    Forged(SocketAddr, String),
+}
+
+/// Frees a handshake slot when its thread ends.
+struct PendingSlot(Arc<AtomicUsize>);
+
+impl Drop for PendingSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl RendezvousHost {
@@ -196,12 +251,23 @@ impl RendezvousHost {
                 detail: "only rank 0 hosts the rendezvous; other ranks call World::rendezvous".into(),
             });
         }
+        super::check_token(config)?;
         let addr = format_addr(&config.bind_addr, config.master_port);
         let listener = TcpListener::bind(addr.as_str()).map_err(|source| Error::Bind { addr, source })?;
         Ok(RendezvousHost {
             listener,
             config: config.clone(),
+            max_pending: MAX_PENDING_HANDSHAKES,
+            handshake_timeout: HANDSHAKE_TIMEOUT,
         })
+    }
+
+    /// Shorter handshake limits, for tests of a connection flood.
+    #[cfg(test)]
+    pub(crate) fn with_handshake_limits(mut self, max_pending: usize, timeout: Duration) -> RendezvousHost {
+        self.max_pending = max_pending;
+        self.handshake_timeout = timeout;
+        self
     }
 
     /// The address rank 0 listens on.
@@ -234,19 +300,37 @@ impl RendezvousHost {
             .map_err(|e| io("making the rendezvous listener non-blocking", e))?;
         let token: Arc<[u8]> = Arc::from(cfg.token());
         let (tx, rx) = mpsc::channel::<Handshake>();
-        let mut joined: Vec<Option<(TcpStream, PeerInfo)>> = (0..size).map(|_| None).collect();
-        let missing_of = |joined: &[Option<(TcpStream, PeerInfo)>]| -> Vec<usize> { (1..size).filter(|&r| joined[r].is_none()).collect() };
+        let mut joined: Vec<Option<(Link, PeerInfo)>> = (0..size).map(|_| None).collect();
+        let missing_of = |joined: &[Option<(Link, PeerInfo)>]| -> Vec<usize> { (1..size).filter(|&r| joined[r].is_none()).collect() };
+        let pending = Arc::new(AtomicUsize::new(0));
+        let mut turned_away = 0u64;
         let mut poll = Duration::from_micros(200);
         loop {
             let mut busy = false;
             match self.listener.accept() {
+                Ok((stream, addr)) if pending.load(Ordering::Acquire) >= self.max_pending => {
+                    busy = true;
+                    drop(stream);
+                    turned_away += 1;
+                    if turned_away == 1 {
+                        eprintln!(
+                            "doorbell: rendezvous: {} connections are already in their handshake; closing new ones \
+                             (first from {addr}) until one finishes; real ranks retry",
+                            self.max_pending
+                        );
+                    }
+                }
                 Ok((stream, addr)) => {
                     busy = true;
+                    pending.fetch_add(1, Ordering::AcqRel);
+                    let slot = PendingSlot(pending.clone());
                     let (tx, token) = (tx.clone(), token.clone());
+                    let by = deadline.min(Instant::now() + self.handshake_timeout);
                     std::thread::Builder::new()
                         .name("doorbell-rendezvous".into())
                         .spawn(move || {
-                            let _ = tx.send(root_handshake(stream, addr, &token, deadline));
+                            let _slot = slot;
+                            let _ = tx.send(root_handshake(stream, addr, &token, by));
                         })
                         .map_err(|e| io("starting a rendezvous handshake thread", e))?;
                 }
@@ -264,7 +348,18 @@ impl RendezvousHost {
                     Handshake::Failed(addr, why) => {
                         eprintln!("doorbell: rendezvous: dropped a connection from {addr}: {why}; still waiting")
                     }
-                    Handshake::Joined(mut stream, addr, hello) => match check_hello(hello, cfg, &joined, addr) {
+                    Handshake::Forged(addr, detail) => {
+                        // It proved the token: a rank of this job, or someone
+                        // tampering with its connection. Neither can be trusted.
+                        let reason = AbortReason::Protocol {
+                            peer: format!("the process at {addr}"),
+                            detail,
+                        };
+                        abort_all(&mut joined, &reason.encode());
+                        report_turned_away(turned_away);
+                        return Err(reason.into_error(rank));
+                    }
+                    Handshake::Joined(mut link, addr, hello) => match check_hello(hello, cfg, &joined, addr) {
                         Ok(None) => {}
                         Ok(Some(info)) => {
                             let r = info.rank;
@@ -272,13 +367,14 @@ impl RendezvousHost {
                             missing.retain(|&m| m != r);
                             // Best effort: the peer only uses it to name missing ranks on timeout.
                             let status = Enc::default().list(&missing).0;
-                            let _ = wire::write_frame(&mut stream, Kind::Status, &status, Instant::now() + NOTIFY_GRACE);
-                            joined[r] = Some((stream, info));
+                            let _ = link.write(Kind::Status, &status, Instant::now() + NOTIFY_GRACE);
+                            joined[r] = Some((link, info));
                         }
                         Err(reason) => {
                             let body = reason.encode();
-                            let _ = wire::write_frame(&mut stream, Kind::Abort, &body, Instant::now() + NOTIFY_GRACE);
+                            let _ = link.write(Kind::Abort, &body, Instant::now() + NOTIFY_GRACE);
                             abort_all(&mut joined, &body);
+                            report_turned_away(turned_away);
                             return Err(reason.into_error(rank));
                         }
                     },
@@ -293,6 +389,7 @@ impl RendezvousHost {
                     missing: missing_of(&joined),
                 };
                 abort_all(&mut joined, &reason.encode());
+                report_turned_away(turned_away);
                 return Err(reason.into_error(rank));
             }
             poll = if busy {
@@ -310,17 +407,31 @@ impl RendezvousHost {
             pid: std::process::id(),
             layout: layout.to_vec(),
         };
+        report_turned_away(turned_away);
         let mut table = vec![me];
-        let mut links: Vec<Option<TcpStream>> = vec![None];
+        let mut links: Vec<Option<Link>> = vec![None];
         for slot in joined.into_iter().skip(1) {
-            let (stream, info) = slot.expect("all joined");
+            let (link, info) = slot.expect("all joined");
             table.push(info);
-            links.push(Some(stream));
+            links.push(Some(link));
         }
-        let welcome = table.iter().fold(Enc::default().u64(size as u64), encode_info).0;
+        let mut id: WorldId = [0; WORLD_ID_LEN];
+        auth::random_bytes(&mut id).map_err(|e| io("reading /dev/urandom", e))?;
+        let welcome = table.iter().fold(Enc::default().raw(&id).u64(size as u64), encode_info).0;
+        if welcome.len() as u64 > MAX_FRAME_BYTES {
+            let reason = AbortReason::TooLarge {
+                what: format!("the welcome (the table of {size} ranks with their layout blobs)"),
+                bytes: welcome.len() as u64,
+            };
+            let body = reason.encode();
+            for link in links.iter_mut().flatten() {
+                let _ = link.write(Kind::Abort, &body, Instant::now() + NOTIFY_GRACE);
+            }
+            return Err(reason.into_error(rank));
+        }
         for (r, link) in links.iter_mut().enumerate().skip(1) {
-            let s = link.as_mut().expect("all joined");
-            if let Err(e) = wire::write_frame(s, Kind::Welcome, &welcome, deadline.max(Instant::now() + NOTIFY_GRACE)) {
+            let link = link.as_mut().expect("all joined");
+            if let Err(e) = link.write(Kind::Welcome, &welcome, deadline.max(Instant::now() + NOTIFY_GRACE)) {
                 return Err(Error::PeerLost {
                     rank,
                     peer: r,
@@ -329,7 +440,16 @@ impl RendezvousHost {
                 });
             }
         }
-        Ok(star_world(0, size, cfg, table, Links::Root(links)))
+        Ok(star_world(0, size, cfg, table, id, Links::Root(links)))
+    }
+}
+
+fn report_turned_away(n: u64) {
+    if n > 0 {
+        eprintln!(
+            "doorbell: rendezvous: closed {n} connection(s) at once because {MAX_PENDING_HANDSHAKES} handshakes (or the \
+             configured limit) were already running"
+        );
     }
 }
 
@@ -341,16 +461,16 @@ fn format_addr(host: &str, port: u16) -> String {
     }
 }
 
-fn abort_all(joined: &mut [Option<(TcpStream, PeerInfo)>], body: &[u8]) {
-    for (s, _) in joined.iter_mut().flatten() {
-        let _ = wire::write_frame(s, Kind::Abort, body, Instant::now() + NOTIFY_GRACE);
+fn abort_all(joined: &mut [Option<(Link, PeerInfo)>], body: &[u8]) {
+    for (link, _) in joined.iter_mut().flatten() {
+        let _ = link.write(Kind::Abort, body, Instant::now() + NOTIFY_GRACE);
     }
 }
 
 fn check_hello(
     hello: RawHello,
     cfg: &WorldConfig,
-    joined: &[Option<(TcpStream, PeerInfo)>],
+    joined: &[Option<(Link, PeerInfo)>],
     addr: SocketAddr,
 ) -> std::result::Result<Option<PeerInfo>, AbortReason> {
     let mismatch = |rank: usize, field: &str, ours: String, theirs: String| AbortReason::Mismatch {
@@ -434,9 +554,25 @@ fn root_handshake(mut s: TcpStream, addr: SocketAddr, token: &[u8], deadline: In
     if let Err(e) = wire::write_frame(&mut s, Kind::RootProof, &root_proof, deadline) {
         return fail(format!("sending rank 0's proof: {e}"));
     }
-    match wire::read_frame(&mut s, wire::MAX_HELLO, deadline) {
-        Ok(Frame { kind: Kind::Hello, body }) => Handshake::Joined(s, addr, Hello::decode(&body)),
+    let mut link = Link::new(s, auth::session_keys(token, &n0, &n1, Side::Root));
+    match link.read(wire::MAX_HELLO, deadline) {
+        Ok(Frame { kind: Kind::Hello, body }) => Handshake::Joined(link, addr, Hello::decode(&body)),
         Ok(f) => fail(format!("expected a hello, got a {:?} frame", f.kind)),
+        Err(WireError::Forged(f)) => {
+            // Version 1 sent its hello untagged: its last 32 bytes then pose
+            // as the tag. Name the version rather than a forgery.
+            let head = match Hello::decode(&f.body) {
+                Ok(h) => Some((h.version, h.size, h.info.rank)),
+                Err((head, _)) => head,
+            };
+            match head {
+                Some((v, size, rank)) if f.kind == Kind::Hello && v != PROTOCOL_VERSION => {
+                    Handshake::Joined(link, addr, Err((Some((v, size, rank)), "another protocol version".into())))
+                }
+                Some((_, _, rank)) => Handshake::Forged(addr, format!("(claiming rank {rank}) {}", WireError::Forged(f))),
+                None => Handshake::Forged(addr, WireError::Forged(f).to_string()),
+            }
+        }
         Err(e) => fail(format!("waiting for the hello: {e}")),
     }
 }
@@ -520,6 +656,17 @@ pub(crate) fn join(cfg: &WorldConfig, layout: &[u8]) -> Result<World> {
         Frame {
             kind: Kind::Challenge,
             body,
+        } if body.len() >= 4 && u32::from_be_bytes(body[..4].try_into().unwrap()) != PROTOCOL_VERSION => {
+            return Err(Error::RendezvousMismatch {
+                rank,
+                field: "protocol version".into(),
+                ours: u32::from_be_bytes(body[..4].try_into().unwrap()).to_string(),
+                theirs: PROTOCOL_VERSION.to_string(),
+            })
+        }
+        Frame {
+            kind: Kind::Challenge,
+            body,
         } if body.len() == 4 + NONCE_LEN => body[4..].try_into().unwrap(),
         f => {
             return Err(protocol(format!(
@@ -538,6 +685,13 @@ pub(crate) fn join(cfg: &WorldConfig, layout: &[u8]) -> Result<World> {
             detail: why,
         },
         WireError::Garbage(g) => protocol(g),
+        e @ WireError::Forged(_) => protocol(e.to_string()),
+        WireError::TooLarge { kind, len, max } => Error::FrameTooLarge {
+            rank,
+            what: format!("a {kind:?} frame from rank 0 ({what})"),
+            bytes: len,
+            max,
+        },
     };
     let n1 = auth::nonce().map_err(|source| Error::WorldIo {
         rank,
@@ -559,6 +713,7 @@ pub(crate) fn join(cfg: &WorldConfig, layout: &[u8]) -> Result<World> {
         Ok(f) => return Err(protocol(format!("expected rank 0's proof, got a {:?} frame", f.kind))),
         Err(e) => return Err(wire_err(e, "waiting for rank 0's proof")),
     }
+    let mut link = Link::new(s, auth::session_keys(cfg.token(), &n0, &n1, Side::Peer));
     let me = PeerInfo {
         rank,
         local_rank: cfg.local_rank,
@@ -572,15 +727,17 @@ pub(crate) fn join(cfg: &WorldConfig, layout: &[u8]) -> Result<World> {
         info: me,
     }
     .encode();
-    wire::write_frame(&mut s, Kind::Hello, &hello, deadline).map_err(|e| wire_err(e, "sending the hello"))?;
+    link.write(Kind::Hello, &hello, deadline)
+        .map_err(|e| wire_err(e, "sending the hello"))?;
 
     let mut missing = vec![0];
-    let table = loop {
-        match wire::read_frame(&mut s, wire::MAX_COLLECTIVE, deadline) {
+    let (id, table) = loop {
+        match link.read(MAX_FRAME_BYTES, deadline) {
             Ok(Frame { kind: Kind::Status, body }) => missing = Dec::new(&body).list("missing").map_err(protocol)?,
             Ok(Frame { kind: Kind::Abort, body }) => return Err(AbortReason::decode(&body).map_err(protocol)?.into_error(rank)),
             Ok(Frame { kind: Kind::Welcome, body }) => {
                 let mut d = Dec::new(&body);
+                let id: WorldId = d.raw(WORLD_ID_LEN, "world id").map_err(protocol)?.try_into().unwrap();
                 let n = d.usize("rank count").map_err(protocol)?;
                 let table = (0..n)
                     .map(|_| decode_info(&mut d))
@@ -591,19 +748,20 @@ pub(crate) fn join(cfg: &WorldConfig, layout: &[u8]) -> Result<World> {
                         "welcome lists {n} ranks out of order or of the wrong count (expected {size})"
                     )));
                 }
-                break table;
+                d.end("welcome").map_err(protocol)?;
+                break (id, table);
             }
             Ok(f) => return Err(protocol(format!("unexpected {:?} frame during the rendezvous", f.kind))),
             Err(WireError::TimedOut) => return Err(timeout(missing)),
             Err(e) => return Err(wire_err(e, "waiting for the other ranks")),
         }
     };
-    Ok(star_world(rank, size, cfg, table, Links::Peer(s)))
+    Ok(star_world(rank, size, cfg, table, id, Links::Peer(link)))
 }
 
 /// The connections of a formed TCP world.
 /// The world of a rank whose rendezvous finished with `links`.
-fn star_world(rank: usize, size: usize, cfg: &WorldConfig, table: Vec<PeerInfo>, links: Links) -> World {
+fn star_world(rank: usize, size: usize, cfg: &WorldConfig, table: Vec<PeerInfo>, id: WorldId, links: Links) -> World {
     let star = Star {
         rank,
         size,
@@ -614,7 +772,7 @@ fn star_world(rank: usize, size: usize, cfg: &WorldConfig, table: Vec<PeerInfo>,
             broken: None,
         }),
     };
-    World::from_parts(rank, size, cfg.local_rank, table, Inner::Tcp(star))
+    World::from_parts(rank, size, cfg.local_rank, table, id, Inner::Tcp(star))
 }
 
 pub(crate) struct Star {
@@ -631,15 +789,18 @@ struct StarState {
 }
 
 enum Links {
-    /// Rank 0: one stream per peer, indexed by rank (slot 0 empty).
-    Root(Vec<Option<TcpStream>>),
-    /// A peer: the stream to rank 0.
-    Peer(TcpStream),
+    /// Rank 0: one link per peer, indexed by rank (slot 0 empty).
+    Root(Vec<Option<Link>>),
+    /// A peer: the link to rank 0.
+    Peer(Link),
 }
 
 fn describe(op: Op, seq: u64) -> String {
     format!("{op} (collective #{seq})")
 }
+
+/// Bytes of [`encode_step`].
+const STEP_LEN: u64 = 1 + 8 + 8;
 
 fn encode_step(op: Op, seq: u64) -> Enc {
     let (tag, arg) = op.code();
@@ -651,6 +812,36 @@ fn decode_step(d: &mut Dec<'_>) -> std::result::Result<(Op, u64), String> {
     let arg = d.u64("op argument")?;
     let seq = d.u64("sequence number")?;
     Ok((Op::from_code(tag, arg).ok_or_else(|| format!("unknown collective op {tag}"))?, seq))
+}
+
+/// The error `rank` reports when its link to `peer` failed during `op`
+/// (timeouts, which can name more ranks, are the caller's).
+fn link_error(rank: usize, peer: usize, op: &str, e: WireError) -> Error {
+    match e {
+        WireError::Closed(detail) => Error::PeerLost {
+            rank,
+            peer,
+            op: op.to_string(),
+            detail,
+        },
+        WireError::TimedOut => Error::PeerLost {
+            rank,
+            peer,
+            op: op.to_string(),
+            detail: "timed out".into(),
+        },
+        WireError::TooLarge { kind, len, max } => Error::FrameTooLarge {
+            rank,
+            what: format!("a {kind:?} frame from rank {peer} in {op}"),
+            bytes: len,
+            max,
+        },
+        e @ (WireError::Garbage(_) | WireError::Forged(_)) => Error::WorldProtocol {
+            rank,
+            peer: format!("rank {peer}"),
+            detail: format!("in {op}: {e}"),
+        },
+    }
 }
 
 impl Star {
@@ -668,7 +859,7 @@ impl Star {
         let start = Instant::now();
         let result = match &mut st.links {
             Links::Root(links) => self.root_exchange(links, op, seq, mine, start),
-            Links::Peer(s) => self.peer_exchange(s, op, seq, mine, start),
+            Links::Peer(link) => self.peer_exchange(link, op, seq, mine, start),
         };
         if let Err(e) = &result {
             st.broken = Some(e.to_string());
@@ -692,48 +883,58 @@ impl Star {
             Links::Root(links) => fail_all(links, Op::Barrier, seq, &reason),
             Links::Peer(s) => {
                 let body = encode_step(Op::Barrier, seq).str(&reason).0;
-                let _ = wire::write_frame(s, Kind::Fail, &body, Instant::now() + NOTIFY_GRACE);
+                let _ = s.write(Kind::Fail, &body, Instant::now() + NOTIFY_GRACE);
             }
         }
         true
     }
 
-    fn root_exchange(&self, links: &mut [Option<TcpStream>], op: Op, seq: u64, mine: &[u8], start: Instant) -> Result<Arc<Vec<Vec<u8>>>> {
+    fn root_exchange(&self, links: &mut [Option<Link>], op: Op, seq: u64, mine: &[u8], start: Instant) -> Result<Arc<Vec<Vec<u8>>>> {
         let deadline = start + self.timeout;
+        let what = describe(op, seq);
         let gathered = (|| {
             let mut table = vec![Vec::new(); self.size];
             table[0] = mine.to_vec();
+            // The answer carries every part: keep it under the frame limit
+            // while reading, so an oversize part is refused unread.
+            let mut answer = STEP_LEN + 8 + 8 + mine.len() as u64;
+            if answer > MAX_FRAME_BYTES {
+                return Err(Error::FrameTooLarge {
+                    rank: 0,
+                    what: format!("this rank's part of {what}"),
+                    bytes: answer,
+                    max: MAX_FRAME_BYTES,
+                });
+            }
             for r in 1..self.size {
-                let s = links[r].as_mut().expect("rank 0 holds a link per peer");
-                let frame = match wire::read_frame(s, wire::MAX_COLLECTIVE, deadline) {
+                let link = links[r].as_mut().expect("rank 0 holds a link per peer");
+                // Rank r's frame is its step, a length and its part; the answer grows by the last two.
+                let frame = match link.read(MAX_FRAME_BYTES - answer + STEP_LEN, deadline) {
                     Ok(f) => f,
                     Err(WireError::TimedOut) => {
                         // The later ranks were not read yet: those with nothing
                         // pending have not arrived either.
                         let mut missing = vec![r];
-                        missing.extend((r + 1..self.size).filter(|&q| !has_pending(links[q].as_ref().expect("link"))));
+                        missing.extend((r + 1..self.size).filter(|&q| !has_pending(links[q].as_ref().expect("link").stream())));
                         return Err(Error::CollectiveTimeout {
                             rank: 0,
-                            op: describe(op, seq),
+                            op: what.clone(),
                             waited: start.elapsed(),
                             missing,
                         });
                     }
-                    Err(WireError::Closed(why)) => {
-                        return Err(Error::PeerLost {
+                    Err(WireError::TooLarge { len, .. }) => {
+                        return Err(Error::FrameTooLarge {
                             rank: 0,
-                            peer: r,
-                            op: describe(op, seq),
-                            detail: why,
+                            what: format!(
+                                "the answer to {what} with rank {r}'s part ({} bytes)",
+                                len.saturating_sub(STEP_LEN + 8)
+                            ),
+                            bytes: (answer + len).saturating_sub(STEP_LEN),
+                            max: MAX_FRAME_BYTES,
                         })
                     }
-                    Err(WireError::Garbage(g)) => {
-                        return Err(Error::WorldProtocol {
-                            rank: 0,
-                            peer: format!("rank {r}"),
-                            detail: g,
-                        })
-                    }
+                    Err(e) => return Err(link_error(0, r, &what, e)),
                 };
                 let bad = |detail: String| Error::WorldProtocol {
                     rank: 0,
@@ -758,11 +959,13 @@ impl Star {
                 if (their_op, their_seq) != (op, seq) {
                     return Err(Error::CollectiveMismatch {
                         rank: r,
-                        ours: describe(op, seq),
+                        ours: what.clone(),
                         theirs: describe(their_op, their_seq),
                     });
                 }
                 table[r] = d.bytes("payload").map_err(bad)?.to_vec();
+                d.end("the collective step").map_err(bad)?;
+                answer += 8 + table[r].len() as u64;
             }
             Ok(table)
         })();
@@ -775,12 +978,12 @@ impl Star {
         };
         let reply = table.iter().fold(encode_step(op, seq).u64(self.size as u64), |e, b| e.bytes(b)).0;
         for r in 1..self.size {
-            let s = links[r].as_mut().expect("link");
-            if let Err(e) = wire::write_frame(s, Kind::Collective, &reply, deadline.max(Instant::now() + NOTIFY_GRACE)) {
+            let link = links[r].as_mut().expect("link");
+            if let Err(e) = link.write(Kind::Collective, &reply, deadline.max(Instant::now() + NOTIFY_GRACE)) {
                 let e = Error::PeerLost {
                     rank: 0,
                     peer: r,
-                    op: describe(op, seq),
+                    op: what.clone(),
                     detail: e.to_string(),
                 };
                 fail_all(links, op, seq, &e.to_string());
@@ -790,45 +993,41 @@ impl Star {
         Ok(Arc::new(table))
     }
 
-    fn peer_exchange(&self, s: &mut TcpStream, op: Op, seq: u64, mine: &[u8], start: Instant) -> Result<Arc<Vec<Vec<u8>>>> {
+    fn peer_exchange(&self, link: &mut Link, op: Op, seq: u64, mine: &[u8], start: Instant) -> Result<Arc<Vec<Vec<u8>>>> {
         let rank = self.rank;
         let what = describe(op, seq);
-        let lost = |detail: String| Error::PeerLost {
-            rank,
-            peer: 0,
-            op: what.clone(),
-            detail,
-        };
         let bad = |detail: String| Error::WorldProtocol {
             rank,
             peer: "rank 0".into(),
             detail,
         };
+        let timed_out = || Error::CollectiveTimeout {
+            rank,
+            op: what.clone(),
+            waited: start.elapsed(),
+            missing: vec![0],
+        };
         let step = encode_step(op, seq).bytes(mine).0;
-        match wire::write_frame(s, Kind::Collective, &step, start + self.timeout) {
-            Ok(()) => {}
-            Err(WireError::TimedOut) => {
-                return Err(Error::CollectiveTimeout {
-                    rank,
-                    op: what.clone(),
-                    waited: start.elapsed(),
-                    missing: vec![0],
-                })
-            }
-            Err(e) => return Err(lost(e.to_string())),
+        if step.len() as u64 > MAX_FRAME_BYTES {
+            // Rank 0 refuses the frame by its header alone and tells every
+            // rank; this rank need not wait for that.
+            let _ = link.announce_unsendable(Kind::Collective, step.len() as u64, Instant::now() + NOTIFY_GRACE);
+            return Err(Error::FrameTooLarge {
+                rank,
+                what: format!("this rank's part of {what}"),
+                bytes: step.len() as u64,
+                max: MAX_FRAME_BYTES,
+            });
         }
-        let frame = match wire::read_frame(s, wire::MAX_COLLECTIVE, start + self.timeout + PEER_GRACE) {
+        match link.write(Kind::Collective, &step, start + self.timeout) {
+            Ok(()) => {}
+            Err(WireError::TimedOut) => return Err(timed_out()),
+            Err(e) => return Err(link_error(rank, 0, &what, e)),
+        }
+        let frame = match link.read(MAX_FRAME_BYTES, start + self.timeout + PEER_GRACE) {
             Ok(f) => f,
-            Err(WireError::TimedOut) => {
-                return Err(Error::CollectiveTimeout {
-                    rank,
-                    op: what.clone(),
-                    waited: start.elapsed(),
-                    missing: vec![0],
-                })
-            }
-            Err(WireError::Closed(why)) => return Err(lost(why)),
-            Err(WireError::Garbage(g)) => return Err(bad(g)),
+            Err(WireError::TimedOut) => return Err(timed_out()),
+            Err(e) => return Err(link_error(rank, 0, &what, e)),
         };
         let mut d = Dec::new(&frame.body);
         match frame.kind {
@@ -853,6 +1052,7 @@ impl Star {
                     .map(|_| d.bytes("payload").map(<[u8]>::to_vec))
                     .collect::<std::result::Result<Vec<_>, _>>()
                     .map_err(bad)?;
+                d.end("the collective answer").map_err(bad)?;
                 Ok(Arc::new(table))
             }
             k => Err(bad(format!("expected a collective answer, got a {k:?} frame"))),
@@ -871,9 +1071,9 @@ fn has_pending(s: &TcpStream) -> bool {
     pending
 }
 
-fn fail_all(links: &mut [Option<TcpStream>], op: Op, seq: u64, reason: &str) {
+fn fail_all(links: &mut [Option<Link>], op: Op, seq: u64, reason: &str) {
     let body = encode_step(op, seq).str(reason).0;
-    for s in links.iter_mut().flatten() {
-        let _ = wire::write_frame(s, Kind::Fail, &body, Instant::now() + NOTIFY_GRACE);
+    for link in links.iter_mut().flatten() {
+        let _ = link.write(Kind::Fail, &body, Instant::now() + NOTIFY_GRACE);
     }
 }

@@ -138,7 +138,7 @@ fn dropped_rank_turns_into_an_error_naming_it() {
 
 // ---- TCP worlds, ranks as threads ----
 
-const TOKEN: &str = "unit-test-token";
+const TOKEN: &str = "unit-test-token-5d0c9a";
 
 fn cfg(rank: usize, size: usize, port: u16) -> WorldConfig {
     WorldConfig::new(rank, size, "127.0.0.1", port, TOKEN)
@@ -195,7 +195,7 @@ fn tcp_wrong_token_is_refused_and_the_right_peer_still_joins() {
     let host = RendezvousHost::bind(&cfg(0, 2, 0)).unwrap();
     let port = host.local_addr().port();
     let root = std::thread::spawn(move || host.accept(b""));
-    let wrong = World::rendezvous(&cfg(1, 2, port).with_token("not-the-token"), b"");
+    let wrong = World::rendezvous(&cfg(1, 2, port).with_token("not-the-token-of-this-job"), b"");
     assert!(matches!(wrong, Err(Error::TokenMismatch { rank: 1, .. })), "{wrong:?}");
     let right = World::rendezvous(&cfg(1, 2, port), b"").unwrap();
     let root = root.join().unwrap().unwrap();
@@ -206,7 +206,12 @@ fn tcp_wrong_token_is_refused_and_the_right_peer_still_joins() {
 
 #[test]
 fn tcp_peer_refuses_an_impostor_rank_0() {
-    let host = RendezvousHost::bind(&cfg(0, 2, 0).with_token("impostor").with_rendezvous_timeout(Duration::from_secs(2))).unwrap();
+    let host = RendezvousHost::bind(
+        &cfg(0, 2, 0)
+            .with_token("an-impostor-with-a-long-token")
+            .with_rendezvous_timeout(Duration::from_secs(2)),
+    )
+    .unwrap();
     let port = host.local_addr().port();
     let root = std::thread::spawn(move || host.accept(b""));
     // The impostor refuses our proof first; either way the peer must not join.
@@ -334,4 +339,298 @@ fn tcp_lost_peer_and_slow_peer_are_named() {
         "{r:?}"
     );
     assert!(matches!(root.barrier(), Err(Error::WorldBroken { .. })));
+}
+
+// ---- Hostile peers: a client speaking the wire protocol by hand ----
+
+use super::auth::{self, FrameKey, Side, PEER_LABEL, ROOT_LABEL, TAG_LEN};
+use super::wire::{self as w, Enc as E, Kind, Link};
+use std::io::{Read as _, Write as _};
+use std::net::{TcpListener, TcpStream};
+
+fn soon() -> Instant {
+    Instant::now() + Duration::from_secs(10)
+}
+
+/// The bytes of tagged frame number `seq`, as `Link::write` puts them on the wire.
+fn sealed(key: &FrameKey, seq: u64, kind: Kind, body: &[u8]) -> Vec<u8> {
+    let mut head = Vec::from(w::MAGIC);
+    head.push(kind as u8);
+    head.extend_from_slice(&((body.len() + TAG_LEN) as u64).to_be_bytes());
+    let tag = key.tag(seq, &head, body);
+    [&head[..], body, &tag].concat()
+}
+
+/// One collective step as a rank sends it: `(op, argument, sequence number, bytes)`.
+fn step(op: u8, seq: u64, payload: &[u8]) -> Vec<u8> {
+    E::default().u8(op).u64(0).u64(seq).bytes(payload).0
+}
+const BARRIER: u8 = 3;
+
+/// A peer that knows the token and writes its frames by hand after the
+/// proofs; it reads with a real [`Link`].
+struct FakePeer {
+    raw: TcpStream,
+    send: FrameKey,
+    sent: u64,
+    link: Link,
+}
+
+impl FakePeer {
+    /// Proves the token to rank 0 at `port` and says hello as `rank` of
+    /// `size`, claiming process id `pid`.
+    fn join(port: u16, rank: usize, size: usize, pid: u32) -> FakePeer {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let ch = w::read_frame(&mut s, w::MAX_UNAUTHENTICATED, soon()).unwrap();
+        assert_eq!(ch.kind, Kind::Challenge);
+        let n0: auth::Nonce = ch.body[4..].try_into().unwrap();
+        let n1 = auth::nonce().unwrap();
+        let proof = E::default().raw(&n1).raw(&auth::prove(TOKEN.as_bytes(), PEER_LABEL, &n0, &n1)).0;
+        w::write_frame(&mut s, Kind::Proof, &proof, soon()).unwrap();
+        let rp = w::read_frame(&mut s, w::MAX_UNAUTHENTICATED, soon()).unwrap();
+        assert!(auth::verify(TOKEN.as_bytes(), ROOT_LABEL, &n1, &n0, &rp.body));
+        let (send, recv) = auth::session_keys(TOKEN.as_bytes(), &n0, &n1, Side::Peer);
+        let link = Link::new(s.try_clone().unwrap(), (send.clone(), recv));
+        let mut p = FakePeer {
+            raw: s,
+            send,
+            sent: 0,
+            link,
+        };
+        let hello = E::default()
+            .u32(PROTOCOL_VERSION)
+            .u64(size as u64)
+            .u64(rank as u64)
+            .u64(0)
+            .str("fake-host")
+            .u32(pid)
+            .bytes(b"")
+            .0;
+        p.send(Kind::Hello, &hello);
+        p
+    }
+
+    /// Reads frames up to and including the welcome.
+    fn await_welcome(&mut self) {
+        loop {
+            match self.link.read(MAX_FRAME_BYTES, soon()).unwrap().kind {
+                Kind::Status => {}
+                Kind::Welcome => return,
+                k => panic!("unexpected {k:?} frame"),
+            }
+        }
+    }
+
+    /// The next frame, correctly tagged.
+    fn next(&mut self, kind: Kind, body: &[u8]) -> Vec<u8> {
+        let f = sealed(&self.send, self.sent, kind, body);
+        self.sent += 1;
+        f
+    }
+
+    fn send(&mut self, kind: Kind, body: &[u8]) {
+        let f = self.next(kind, body);
+        self.raw.write_all(&f).unwrap();
+    }
+}
+
+/// Rank 0 of a world of two in this process, with `FakePeer` as rank 1.
+fn root_with_fake_peer(pid: u32) -> (World, FakePeer) {
+    let host = RendezvousHost::bind(&cfg(0, 2, 0)).unwrap();
+    let port = host.local_addr().port();
+    let root = std::thread::spawn(move || host.accept(b""));
+    let mut fake = FakePeer::join(port, 1, 2, pid);
+    fake.await_welcome();
+    (root.join().unwrap().unwrap(), fake)
+}
+
+fn assert_forged_by(r: &Result<()>, rank: usize, peer: &str) {
+    match r {
+        Err(Error::WorldProtocol {
+            rank: got,
+            peer: p,
+            detail,
+        }) => {
+            assert_eq!((*got, p.as_str()), (rank, peer), "{r:?}");
+            assert!(detail.contains("failed authentication"), "{detail}");
+        }
+        other => panic!("expected a forged-frame error naming {peer}, got {other:?}"),
+    }
+}
+
+#[test]
+fn tcp_altered_collective_frame_ends_the_world_naming_the_peer() {
+    let (root, mut fake) = root_with_fake_peer(1);
+    let mut frame = fake.next(Kind::Collective, &step(BARRIER, 0, b""));
+    // One bit of the payload length, flipped on the way.
+    frame[13 + 17 + 7] ^= 1;
+    fake.raw.write_all(&frame).unwrap();
+    let r = root.barrier();
+    assert_forged_by(&r, 0, "rank 1");
+    // Rank 0 tells the others why, and refuses further use.
+    let fail = fake.link.read(MAX_FRAME_BYTES, soon()).unwrap();
+    assert_eq!(fail.kind, Kind::Fail);
+    assert!(String::from_utf8_lossy(&fail.body).contains("rank 1"), "{fail:?}");
+    assert!(matches!(root.barrier(), Err(Error::WorldBroken { rank: 0, .. })));
+}
+
+#[test]
+fn tcp_replayed_and_untagged_frames_end_the_world_naming_the_peer() {
+    let (root, mut fake) = root_with_fake_peer(1);
+    // A good barrier first.
+    let good = fake.next(Kind::Collective, &step(BARRIER, 0, b""));
+    fake.raw.write_all(&good).unwrap();
+    root.barrier().unwrap();
+    assert_eq!(fake.link.read(MAX_FRAME_BYTES, soon()).unwrap().kind, Kind::Collective);
+    // The same bytes again, where frame number 2 is due.
+    fake.raw.write_all(&good).unwrap();
+    assert_forged_by(&root.barrier(), 0, "rank 1");
+
+    // A well-formed step without a tag (what version 1 sent).
+    let (root, mut fake) = root_with_fake_peer(1);
+    w::write_frame(
+        &mut fake.raw,
+        Kind::Collective,
+        &[step(BARRIER, 0, b""), vec![0; TAG_LEN]].concat(),
+        soon(),
+    )
+    .unwrap();
+    assert_forged_by(&root.barrier(), 0, "rank 1");
+}
+
+#[test]
+fn tcp_peer_ends_the_world_on_a_forged_answer_naming_rank_0() {
+    // A fake rank 0 that knows the token.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let peer = std::thread::spawn(move || {
+        let w = World::rendezvous(&cfg(1, 2, port), b"")?;
+        w.barrier()
+    });
+    let (mut s, _) = l.accept().unwrap();
+    let n0 = auth::nonce().unwrap();
+    w::write_frame(&mut s, Kind::Challenge, &E::default().u32(PROTOCOL_VERSION).raw(&n0).0, soon()).unwrap();
+    let proof = w::read_frame(&mut s, w::MAX_UNAUTHENTICATED, soon()).unwrap().body;
+    let n1: auth::Nonce = proof[..16].try_into().unwrap();
+    w::write_frame(
+        &mut s,
+        Kind::RootProof,
+        &auth::prove(TOKEN.as_bytes(), ROOT_LABEL, &n1, &n0),
+        soon(),
+    )
+    .unwrap();
+    let (send, recv) = auth::session_keys(TOKEN.as_bytes(), &n0, &n1, Side::Root);
+    let mut link = Link::new(s.try_clone().unwrap(), (send.clone(), recv));
+    assert_eq!(link.read(MAX_FRAME_BYTES, soon()).unwrap().kind, Kind::Hello);
+    let info = |r: u64| E::default().u64(r).u64(r).str("h").u32(7).bytes(b"");
+    let welcome = E::default().raw(&[9; WORLD_ID_LEN]).u64(2).raw(&info(0).0).raw(&info(1).0).0;
+    link.write(Kind::Welcome, &welcome, soon()).unwrap();
+    assert_eq!(link.read(MAX_FRAME_BYTES, soon()).unwrap().kind, Kind::Collective);
+    // The answer, correctly tagged, then altered on the way.
+    let answer = E::default().u8(BARRIER).u64(0).u64(0).u64(2).bytes(b"").bytes(b"").0;
+    let mut frame = sealed(&send, 1, Kind::Collective, &answer);
+    let n = frame.len();
+    frame[n - 1] ^= 0x80;
+    s.write_all(&frame).unwrap();
+    let r = peer.join().unwrap();
+    assert_forged_by(&r, 1, "rank 0");
+}
+
+#[test]
+fn tcp_oversize_frame_is_refused_unread_naming_the_peer() {
+    let (root, mut fake) = root_with_fake_peer(1);
+    // A header announcing 2 GiB, and nothing behind it.
+    let mut head = Vec::from(w::MAGIC);
+    head.push(Kind::Collective as u8);
+    head.extend_from_slice(&((2u64 << 30) + TAG_LEN as u64).to_be_bytes());
+    fake.raw.write_all(&head).unwrap();
+    let t0 = Instant::now();
+    let r = root.barrier();
+    assert!(t0.elapsed() < Duration::from_secs(5), "rank 0 waited for the body");
+    match &r {
+        Err(e @ Error::FrameTooLarge { rank: 0, what, max, .. }) => {
+            assert!(what.contains("rank 1"), "{e}");
+            assert_eq!(*max, MAX_FRAME_BYTES);
+            assert!(e.to_string().contains("MAX_FRAME_BYTES"), "{e}");
+        }
+        other => panic!("expected FrameTooLarge naming rank 1, got {other:?}"),
+    }
+}
+
+#[test]
+fn tcp_short_tokens_are_refused_with_how_to_make_one() {
+    for token in ["", "short", "0123456789abcde"] {
+        let r = World::rendezvous(&cfg(1, 2, 1).with_token(token), b"");
+        assert!(
+            matches!(&r, Err(Error::TokenTooShort { rank: 1, len, min: MIN_TOKEN_BYTES }) if *len == token.len()),
+            "{r:?}"
+        );
+        let e = RendezvousHost::bind(&cfg(0, 2, 0).with_token(token)).unwrap_err();
+        assert!(e.to_string().contains("head -c 16 /dev/urandom"), "{e}");
+    }
+}
+
+#[test]
+fn tcp_pre_auth_connections_are_capped_and_timed_out() {
+    let cap = 8;
+    let handshake = Duration::from_millis(600);
+    let host = RendezvousHost::bind(&cfg(0, 2, 0)).unwrap().with_handshake_limits(cap, handshake);
+    let port = host.local_addr().port();
+    let root = std::thread::spawn(move || host.accept(b""));
+    // `cap` silent connections each get a challenge, and hold a slot.
+    let mut silent: Vec<TcpStream> = (0..cap)
+        .map(|_| {
+            let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            assert_eq!(w::read_frame(&mut s, 256, soon()).unwrap().kind, Kind::Challenge);
+            s
+        })
+        .collect();
+    // One more is closed at once, without a challenge.
+    let mut extra = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    extra.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut b = [0u8; 1];
+    assert_eq!(extra.read(&mut b).unwrap(), 0, "a connection over the cap got an answer");
+    // The silent ones are dropped after the handshake timeout.
+    let t0 = Instant::now();
+    for s in &mut silent {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        // Closed by rank 0: end of stream (or a reset), not a read timeout.
+        match s.read(&mut b) {
+            Ok(0) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            other => panic!("a silent connection was kept: {other:?}"),
+        }
+    }
+    assert!(
+        t0.elapsed() < Duration::from_secs(4),
+        "silent connections held for {:?}",
+        t0.elapsed()
+    );
+    // A real rank still joins.
+    let peer = World::rendezvous(&cfg(1, 2, port), b"").unwrap();
+    let root = root.join().unwrap().unwrap();
+    let h = std::thread::spawn(move || peer.barrier());
+    root.barrier().unwrap();
+    h.join().unwrap().unwrap();
+}
+
+#[test]
+fn claiming_our_pid_does_not_prove_sharing_our_process() {
+    let (root, _fake) = root_with_fake_peer(std::process::id());
+    assert_eq!(root.peers()[1].pid, std::process::id());
+    assert!(!root.proves_same_process(1, &[0; 32]).unwrap());
+    // Not even with the tag this rank itself presents.
+    assert!(!root.proves_same_process(1, &root.process_tag().unwrap()).unwrap());
+    // Ranks that do share the process prove it, in thread and TCP worlds.
+    let ws = World::local_threads(3);
+    let mine = ws[2].process_tag().unwrap();
+    assert!(ws[0].proves_same_process(2, &mine).unwrap());
+    assert!(!ws[0].proves_same_process(1, &mine).unwrap());
+    let (root, peers) = tcp_world(2, vec![cfg(1, 2, 0)], Duration::from_secs(20), |w| {
+        let w = w.unwrap();
+        let tag = w.process_tag().unwrap();
+        let all = w.all_gather_bytes(&tag).unwrap();
+        (0..2).all(|p| w.proves_same_process(p, &all[p]).unwrap())
+    });
+    assert!(root && peers[0]);
 }

@@ -1,20 +1,30 @@
 //! Frames on the TCP star: `magic | kind | length | body`, every read and
 //! write bounded by a deadline.
+//!
+//! The handshake's frames are plain ([`read_frame`], [`write_frame`]). Every
+//! frame after it travels on a [`Link`]: `magic | kind | length | body | tag`,
+//! where `length` counts body and tag and the tag is
+//! `HMAC-SHA256(direction key, sequence number | magic | kind | length | body)`
+//! (see [`auth`](super::auth)). A length above the reader's limit is refused
+//! before anything is allocated, and bodies are read in chunks, so memory
+//! grows only with bytes that really arrive.
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use super::auth::{FrameKey, TAG_LEN};
+
 /// Starts every frame; a stream that does not is not a doorbell world.
 pub(crate) const MAGIC: [u8; 4] = *b"DBW1";
 const HEADER: usize = 4 + 1 + 8;
+/// Bodies are read (and memory committed) this much at a time.
+const CHUNK: usize = 1 << 20;
 
 /// Frames of the handshake, before the peer proved the token: small.
 pub(crate) const MAX_UNAUTHENTICATED: u64 = 256;
 /// Hello frames (they carry the layout blob).
 pub(crate) const MAX_HELLO: u64 = 16 << 20;
-/// Collective frames.
-pub(crate) const MAX_COLLECTIVE: u64 = 1 << 40;
 
 /// What a frame carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,7 +72,7 @@ impl Kind {
 }
 
 /// A frame read off the wire.
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Frame {
     pub kind: Kind,
     pub body: Vec<u8>,
@@ -77,6 +87,12 @@ pub(crate) enum WireError {
     TimedOut,
     /// Bytes that are not a doorbell frame.
     Garbage(String),
+    /// A frame longer than the reader accepts; nothing of its body was read.
+    TooLarge { kind: Kind, len: u64, max: u64 },
+    /// A frame of a [`Link`] whose tag does not match: altered, forged,
+    /// replayed or reordered. Carries the frame as received (body and tag
+    /// together), unauthenticated, for diagnostics only.
+    Forged(Frame),
 }
 
 impl std::fmt::Display for WireError {
@@ -85,6 +101,13 @@ impl std::fmt::Display for WireError {
             WireError::Closed(why) => write!(f, "connection closed ({why})"),
             WireError::TimedOut => write!(f, "timed out"),
             WireError::Garbage(what) => write!(f, "{what}"),
+            WireError::TooLarge { kind, len, max } => write!(f, "a {kind:?} frame of {len} bytes, more than the limit of {max}"),
+            WireError::Forged(frame) => write!(
+                f,
+                "a {:?} frame failed authentication: its HMAC does not match this connection's session key and sequence \
+                 number, so it was altered, forged, replayed or reordered on the way (or sent by another doorbell version)",
+                frame.kind
+            ),
         }
     }
 }
@@ -138,25 +161,30 @@ fn write_all_by(s: &mut TcpStream, buf: &[u8], deadline: Instant) -> Result<(), 
     Ok(())
 }
 
-/// Writes one frame, giving up at `deadline`.
-pub(crate) fn write_frame(s: &mut TcpStream, kind: Kind, body: &[u8], deadline: Instant) -> Result<(), WireError> {
+fn header(kind: Kind, len: u64) -> [u8; HEADER] {
     let mut head = [0u8; HEADER];
     head[..4].copy_from_slice(&MAGIC);
     head[4] = kind as u8;
-    head[5..].copy_from_slice(&(body.len() as u64).to_be_bytes());
-    if body.len() <= 4096 {
-        // One segment for small frames (TCP_NODELAY is on).
-        let mut all = Vec::with_capacity(HEADER + body.len());
-        all.extend_from_slice(&head);
-        all.extend_from_slice(body);
-        return write_all_by(s, &all, deadline);
-    }
-    write_all_by(s, &head, deadline)?;
-    write_all_by(s, body, deadline)
+    head[5..].copy_from_slice(&len.to_be_bytes());
+    head
 }
 
-/// Reads one frame of at most `max` body bytes, giving up at `deadline`.
-pub(crate) fn read_frame(s: &mut TcpStream, max: u64, deadline: Instant) -> Result<Frame, WireError> {
+fn write_parts(s: &mut TcpStream, parts: &[&[u8]], deadline: Instant) -> Result<(), WireError> {
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    if total <= 4096 + HEADER + TAG_LEN {
+        // One segment for small frames (TCP_NODELAY is on).
+        return write_all_by(s, &parts.concat(), deadline);
+    }
+    parts.iter().try_for_each(|p| write_all_by(s, p, deadline))
+}
+
+/// Writes one plain frame (handshake only), giving up at `deadline`.
+pub(crate) fn write_frame(s: &mut TcpStream, kind: Kind, body: &[u8], deadline: Instant) -> Result<(), WireError> {
+    write_parts(s, &[&header(kind, body.len() as u64), body], deadline)
+}
+
+/// Reads a header; `extra` bytes (the tag) follow the body.
+fn read_header(s: &mut TcpStream, max: u64, extra: u64, deadline: Instant) -> Result<([u8; HEADER], Kind, u64), WireError> {
     let mut head = [0u8; HEADER];
     read_exact_by(s, &mut head, deadline)?;
     if head[..4] != MAGIC {
@@ -168,14 +196,103 @@ pub(crate) fn read_frame(s: &mut TcpStream, max: u64, deadline: Instant) -> Resu
     }
     let kind = Kind::from_u8(head[4]).ok_or_else(|| WireError::Garbage(format!("unknown frame kind {}", head[4])))?;
     let len = u64::from_be_bytes(head[5..].try_into().unwrap());
-    if len > max {
+    if len < extra {
         return Err(WireError::Garbage(format!(
-            "{kind:?} frame of {len} bytes exceeds the limit of {max}"
+            "{kind:?} frame of {len} bytes is too short to carry its {extra}-byte tag"
         )));
     }
-    let mut body = vec![0u8; len as usize];
-    read_exact_by(s, &mut body, deadline)?;
-    Ok(Frame { kind, body })
+    if len - extra > max {
+        return Err(WireError::TooLarge {
+            kind,
+            len: len - extra,
+            max,
+        });
+    }
+    Ok((head, kind, len))
+}
+
+/// Reads `len` bytes, committing memory chunk by chunk as they arrive.
+fn read_body(s: &mut TcpStream, len: u64, deadline: Instant) -> Result<Vec<u8>, WireError> {
+    let len = usize::try_from(len).map_err(|_| WireError::Garbage(format!("a frame of {len} bytes does not fit this machine")))?;
+    let mut body = Vec::with_capacity(len.min(CHUNK));
+    while body.len() < len {
+        let old = body.len();
+        body.resize(old + (len - old).min(CHUNK), 0);
+        read_exact_by(s, &mut body[old..], deadline)?;
+    }
+    Ok(body)
+}
+
+/// Reads one plain frame (handshake only) of at most `max` body bytes,
+/// giving up at `deadline`.
+pub(crate) fn read_frame(s: &mut TcpStream, max: u64, deadline: Instant) -> Result<Frame, WireError> {
+    let (_, kind, len) = read_header(s, max, 0, deadline)?;
+    Ok(Frame {
+        kind,
+        body: read_body(s, len, deadline)?,
+    })
+}
+
+/// An authenticated connection: every frame carries a tag under this
+/// direction's session key and an implicit sequence number.
+pub(crate) struct Link {
+    stream: TcpStream,
+    send_key: FrameKey,
+    recv_key: FrameKey,
+    sent: u64,
+    received: u64,
+}
+
+impl Link {
+    /// Wraps `stream` once the handshake derived the keys
+    /// ([`auth::session_keys`](super::auth::session_keys)).
+    pub(crate) fn new(stream: TcpStream, (send_key, recv_key): (FrameKey, FrameKey)) -> Link {
+        Link {
+            stream,
+            send_key,
+            recv_key,
+            sent: 0,
+            received: 0,
+        }
+    }
+
+    /// The socket, for polling.
+    pub(crate) fn stream(&self) -> &TcpStream {
+        &self.stream
+    }
+
+    /// Writes one tagged frame, giving up at `deadline`.
+    pub(crate) fn write(&mut self, kind: Kind, body: &[u8], deadline: Instant) -> Result<(), WireError> {
+        let head = header(kind, body.len() as u64 + TAG_LEN as u64);
+        let tag = self.send_key.tag(self.sent, &head, body);
+        // Counted even when the write fails: a half-written frame ends the link.
+        self.sent += 1;
+        write_parts(&mut self.stream, &[&head, body, &tag], deadline)
+    }
+
+    /// Sends only the header of a frame of `len` body bytes that is too
+    /// large to send: the reader refuses it by its length
+    /// ([`WireError::TooLarge`]) without waiting for a body, and reports it
+    /// at once. The link is unusable afterwards.
+    pub(crate) fn announce_unsendable(&mut self, kind: Kind, len: u64, deadline: Instant) -> Result<(), WireError> {
+        self.sent += 1;
+        write_all_by(&mut self.stream, &header(kind, len.saturating_add(TAG_LEN as u64)), deadline)
+    }
+
+    /// Reads one tagged frame of at most `max` body bytes, giving up at
+    /// `deadline`; a frame whose tag does not match is [`WireError::Forged`].
+    pub(crate) fn read(&mut self, max: u64, deadline: Instant) -> Result<Frame, WireError> {
+        let (head, kind, len) = read_header(&mut self.stream, max, TAG_LEN as u64, deadline)?;
+        let mut body = read_body(&mut self.stream, len, deadline)?;
+        let seq = self.received;
+        self.received += 1;
+        let split = body.len() - TAG_LEN;
+        if !self.recv_key.check(seq, &head, &body[..split], &body[split..]) {
+            return Err(WireError::Forged(Frame { kind, body }));
+        }
+        body.truncate(split);
+        Ok(Frame { kind, body })
+    }
 }
 
 /// Big-endian encoder for frame bodies.
@@ -291,7 +408,7 @@ mod tests {
         });
         let f = read_frame(&mut b, 10, soon()).unwrap();
         assert_eq!((f.kind, f.body.as_slice()), (Kind::Hello, &b"hi"[..]));
-        let f = read_frame(&mut b, MAX_COLLECTIVE, soon()).unwrap();
+        let f = read_frame(&mut b, MAX_HELLO, soon()).unwrap();
         assert_eq!((f.kind, f.body), (Kind::Collective, big));
         drop(t.join().unwrap());
         assert!(matches!(read_frame(&mut b, 10, soon()), Err(WireError::Closed(_))));
@@ -305,7 +422,18 @@ mod tests {
         assert!(matches!(r, Err(WireError::TimedOut)), "{r:?}");
         assert!(t0.elapsed() < Duration::from_secs(3));
         write_frame(&mut a, Kind::Proof, &[0u8; 11], soon()).unwrap();
-        assert!(matches!(read_frame(&mut b, 10, soon()), Err(WireError::Garbage(_))));
+        let r = read_frame(&mut b, 10, soon());
+        assert!(
+            matches!(
+                r,
+                Err(WireError::TooLarge {
+                    kind: Kind::Proof,
+                    len: 11,
+                    max: 10
+                })
+            ),
+            "{r:?}"
+        );
         let (mut a, mut b) = pair();
         a.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
         assert!(matches!(read_frame(&mut b, 10, soon()), Err(WireError::Garbage(_))));
@@ -326,5 +454,131 @@ mod tests {
         assert!(d.u64("b").unwrap_err().contains("truncated"));
         let huge = Enc::default().u64(u64::MAX / 2);
         assert!(Dec::new(&huge.0).list("l").is_err());
+    }
+
+    fn links() -> (Link, Link) {
+        use crate::world::auth::{nonce, session_keys, Side};
+        let (a, b) = pair();
+        let (n0, n1) = (nonce().unwrap(), nonce().unwrap());
+        let token = b"wire-test-token-0123456789";
+        (
+            Link::new(a, session_keys(token, &n0, &n1, Side::Root)),
+            Link::new(b, session_keys(token, &n0, &n1, Side::Peer)),
+        )
+    }
+
+    #[test]
+    fn links_round_trip_in_both_directions() {
+        let (mut root, mut peer) = links();
+        let big: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7) as u8).collect();
+        let big2 = big.clone();
+        let t = std::thread::spawn(move || {
+            for i in 0..3u8 {
+                root.write(Kind::Status, &[i], soon()).unwrap();
+            }
+            root.write(Kind::Collective, &big2, soon()).unwrap();
+            root.read(10, soon()).unwrap()
+        });
+        for i in 0..3u8 {
+            assert_eq!(
+                peer.read(10, soon()).unwrap(),
+                Frame {
+                    kind: Kind::Status,
+                    body: vec![i]
+                }
+            );
+        }
+        assert_eq!(peer.read(1 << 30, soon()).unwrap().body, big);
+        peer.write(Kind::Hello, b"", soon()).unwrap();
+        assert_eq!(
+            t.join().unwrap(),
+            Frame {
+                kind: Kind::Hello,
+                body: vec![]
+            }
+        );
+    }
+
+    /// Writes `frame` raw on the link's socket (an attacker on the wire).
+    fn inject(link: &mut Link, bytes: &[u8]) {
+        let mut s = link.stream().try_clone().unwrap();
+        s.write_all(bytes).unwrap();
+    }
+
+    /// The bytes `Link::write` would put on the wire for frame number `seq`.
+    fn sealed(key: &FrameKey, seq: u64, kind: Kind, body: &[u8]) -> Vec<u8> {
+        let head = header(kind, (body.len() + TAG_LEN) as u64);
+        [&head[..], body, &key.tag(seq, &head, body)].concat()
+    }
+
+    #[test]
+    fn links_refuse_altered_forged_replayed_and_reordered_frames() {
+        use crate::world::auth::{nonce, session_keys, Side};
+        let (a, b) = pair();
+        let (n0, n1) = (nonce().unwrap(), nonce().unwrap());
+        let token = b"wire-test-token-0123456789";
+        let (root_send, _) = session_keys(token, &n0, &n1, Side::Root);
+        let mut peer = Link::new(b, session_keys(token, &n0, &n1, Side::Peer));
+        let mut a = a;
+        let good0 = sealed(&root_send, 0, Kind::Collective, b"step zero");
+        let good1 = sealed(&root_send, 1, Kind::Collective, b"step one");
+        a.write_all(&good0).unwrap();
+        assert_eq!(peer.read(100, soon()).unwrap().body, b"step zero");
+
+        // Replayed: frame 0 again where frame 1 is due.
+        a.write_all(&good0).unwrap();
+        assert!(matches!(peer.read(100, soon()), Err(WireError::Forged(f)) if f.kind == Kind::Collective));
+
+        // Each of the following on a fresh link at sequence 0.
+        let fresh = || {
+            let (a, b) = pair();
+            (a, Link::new(b, session_keys(token, &n0, &n1, Side::Peer)))
+        };
+        // Reordered: frame 1 first.
+        let (mut a, mut peer) = fresh();
+        a.write_all(&good1).unwrap();
+        assert!(matches!(peer.read(100, soon()), Err(WireError::Forged(_))));
+        // Altered: one body bit flipped, or the kind changed.
+        let (mut a, mut peer) = fresh();
+        let mut bad = good0.clone();
+        bad[HEADER + 2] ^= 1;
+        a.write_all(&bad).unwrap();
+        assert!(matches!(peer.read(100, soon()), Err(WireError::Forged(_))));
+        let (mut a, mut peer) = fresh();
+        let mut bad = good0.clone();
+        bad[4] = Kind::Fail as u8;
+        a.write_all(&bad).unwrap();
+        assert!(matches!(peer.read(100, soon()), Err(WireError::Forged(f)) if f.kind == Kind::Fail));
+        // Forged: a tag under another token.
+        let (mut a, mut peer) = fresh();
+        let (other, _) = session_keys(b"another-token-0123456789", &n0, &n1, Side::Root);
+        a.write_all(&sealed(&other, 0, Kind::Collective, b"step zero")).unwrap();
+        assert!(matches!(peer.read(100, soon()), Err(WireError::Forged(_))));
+        // A plain (untagged) frame.
+        let (mut a, mut peer) = fresh();
+        write_frame(&mut a, Kind::Collective, &[0u8; 40], soon()).unwrap();
+        assert!(matches!(peer.read(100, soon()), Err(WireError::Forged(_))));
+    }
+
+    #[test]
+    fn oversize_frames_are_refused_before_any_allocation() {
+        let (mut a, mut b) = pair();
+        // A header claiming 1 TiB, and nothing behind it: the reader must
+        // answer at once instead of allocating or waiting for the body.
+        a.write_all(&header(Kind::Collective, 1 << 40)).unwrap();
+        let t0 = Instant::now();
+        let r = read_frame(&mut b, 1 << 30, soon());
+        assert!(
+            matches!(r, Err(WireError::TooLarge { kind: Kind::Collective, len, max }) if len == 1 << 40 && max == 1 << 30),
+            "{r:?}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(2));
+        let (mut root, mut peer) = links();
+        inject(&mut root, &header(Kind::Collective, (1 << 40) + TAG_LEN as u64));
+        let r = peer.read(1 << 30, soon());
+        assert!(matches!(r, Err(WireError::TooLarge { len, .. }) if len == 1 << 40), "{r:?}");
+        let (mut root, mut peer) = links();
+        inject(&mut root, &header(Kind::Collective, 5));
+        assert!(matches!(peer.read(1 << 30, soon()), Err(WireError::Garbage(g)) if g.contains("too short")));
     }
 }
