@@ -48,9 +48,11 @@ extern crate self as doorbell_kernels;
 
 pub use doorbell_macros::{descriptor, kernel};
 
+pub mod coll;
 pub mod heap;
 pub mod layout;
 pub mod mlx5;
+pub mod pipeline;
 pub mod ptx;
 pub mod sync;
 pub mod transport;

@@ -353,6 +353,14 @@ pub enum Error {
     /// Communicator set-up failed.
     #[error("communicator: {0}")]
     Comm(String),
+    /// A collective (`doorbell::coll`) was given arguments it cannot use.
+    #[error("{op}: {reason}")]
+    Collective {
+        /// The collective (`all-reduce`).
+        op: &'static str,
+        /// What is wrong, and what to do.
+        reason: String,
+    },
 }
 
 #[cfg(feature = "runtime")]

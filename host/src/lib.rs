@@ -47,6 +47,8 @@
 
 pub mod build;
 #[cfg(feature = "runtime")]
+pub mod coll;
+#[cfg(feature = "runtime")]
 pub mod comm;
 #[cfg(feature = "runtime")]
 mod device;

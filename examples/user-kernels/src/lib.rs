@@ -10,6 +10,7 @@
 
 use doorbell_kernels::{kernel, ptx};
 
+pub mod allreduce;
 pub mod comm;
 pub mod embedding;
 

@@ -9,4 +9,5 @@
 pub mod contract;
 pub mod golden;
 pub mod mlx5;
+pub mod pipeline;
 pub mod testing;

@@ -1,0 +1,90 @@
+//! The fused all-reduce of the `allreduce` example: a producer computes
+//! this rank's gradient chunk by chunk, and each chunk's reduce-scatter and
+//! all-gather start the moment it is written (`doorbell_kernels::coll::
+//! allreduce::fused`). Also the same producers alone, for the unfused and
+//! CPU-driven baselines.
+//!
+//! The producers use `ptx::fma_f32` for every multiply-add (one rounding on
+//! the GPU and on the host), so the host computes the very same gradient
+//! bits for its reference.
+
+use doorbell_kernels::coll::allreduce::{fused, AllReduceArgs, Chunk};
+use doorbell_kernels::coll::{Bf16, DType};
+use doorbell_kernels::transport::{P2p, Transport};
+use doorbell_kernels::{kernel, ptx};
+
+/// `grad[i]` is [`grad_hash`].
+pub const COMPUTE_HASH: u32 = 1;
+/// `grad[i]` is [`grad_gemv`]: a small dense layer per element.
+pub const COMPUTE_GEMV: u32 = 2;
+/// Inputs of the GEMV-like producer.
+pub const GEMV_K: u64 = 32;
+
+/// A cheap per-element gradient: differs per rank, element and step.
+#[inline(always)]
+pub fn grad_hash(rank: u32, i: u64, step: u32) -> f32 {
+    let h = (rank as u64 * 131 + i * 31 + step as u64 * 7) % 17;
+    ptx::fma_f32(h as f32 - 8.0, 0.3125, (i % 5) as f32 * 0.01)
+}
+
+/// A GEMV-like gradient: `sum over k < GEMV_K of w(i, k) * x(rank, step, k)`,
+/// accumulated with `fma` in `k` order.
+#[inline(always)]
+pub fn grad_gemv(rank: u32, i: u64, step: u32) -> f32 {
+    let mut acc = 0.0f32;
+    let mut k = 0;
+    while k < GEMV_K {
+        let w = ((i * 7 + k * 13) % 11) as f32 - 5.0;
+        let x = ((rank as u64 * 3 + k * 5 + step as u64) % 9) as f32 - 4.0;
+        acc = ptx::fma_f32(w * 0.125, x * 0.25, acc);
+        k += 1;
+    }
+    acc
+}
+
+/// The gradient `compute` names.
+#[inline(always)]
+pub fn grad(compute: u32, rank: u32, i: u64, step: u32) -> f32 {
+    if compute == COMPUTE_GEMV {
+        grad_gemv(rank, i, step)
+    } else {
+        grad_hash(rank, i, step)
+    }
+}
+
+/// Fused: this rank's gradient (`compute`, `step`), summed over all ranks
+/// into `ar.output`, chunk by chunk as it is produced. Launch with the
+/// argument and grid `AllReduce::fused_args` returns.
+#[kernel(transports(P2p))]
+pub unsafe fn fused_grad_allreduce<T: Transport>(t: T, ar: AllReduceArgs, compute: u32, step: u32) {
+    let rank = t.rank();
+    // SAFETY: `ar` comes from AllReduce::fused_args on this world; the
+    // producer writes only the chunk it is given.
+    let _ = unsafe {
+        fused(&t, &ar, |chunk: Chunk| {
+            for i in chunk.my_elements() {
+                chunk.write(i, grad(compute, rank, chunk.first + i, step));
+            }
+        })
+    };
+}
+
+/// The producer alone: elements `[first, first + n)` of this rank's
+/// gradient into `out[0..n]` (`dtype`: 0 f32, 1 bf16), grid-stride.
+#[kernel(hot)]
+pub unsafe fn produce_grad(out: *mut u8, dtype: u32, first: u64, n: u64, rank: u32, compute: u32, step: u32) {
+    let mut i = ptx::global_thread_id_x() as u64;
+    let stride = ptx::grid_stride_x() as u64;
+    while i < n {
+        let g = grad(compute, rank, first + i, step);
+        // SAFETY: `out` holds `n` elements of `dtype`.
+        unsafe {
+            if dtype == DType::Bf16 as u32 {
+                *(out as *mut Bf16).add(i as usize) = Bf16::from_f32(g);
+            } else {
+                *(out as *mut f32).add(i as usize) = g;
+            }
+        }
+        i += stride;
+    }
+}

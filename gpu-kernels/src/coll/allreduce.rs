@@ -1,0 +1,621 @@
+//! Sum all-reduce, generic over the transport.
+//!
+//! Every rank passes `elems` elements (`input`) and gets, in `output`, the
+//! element-wise sum over all ranks (`f32`, or `bf16` summed in `f32`).
+//! `input` and `output` are any device memory of this rank (they may be the
+//! same buffer: in place); the communication goes through the library's
+//! symmetric scratch buffers and signal words ([`AllReduceArgs::scratch`],
+//! [`AllReduceArgs::sigs`]), sized by [`AllReduceArgs::scratch_bytes`] and
+//! [`AllReduceArgs::sig_words`].
+//!
+//! ## Algorithms ([`Algo`])
+//! | algorithm | data path | for |
+//! |---|---|---|
+//! | `Copy` | `output = input` | one rank |
+//! | `OneShot` | copy input into the symmetric staging, signal; read every peer's staging through `peer_ptr` and sum | small messages (one step of latency) |
+//! | `TwoShot` | staging as above; rank `r` sums shard `r` from every peer (reduce-scatter), signals; every rank reads each shard from its owner (all-gather) | medium and large messages over peer pointers |
+//! | `Pipelined` | chunk by chunk through [`crate::pipeline`] rings: each chunk is put into its owner's ring (reduce-scatter), the owner sums and puts the result into every rank's ring (all-gather) | routes without peer pointers (puts and signals only: any transport), and the **fused** all-reduce: [`fused`] lets a producer compute each chunk, whose reduction starts the moment it is produced |
+//!
+//! The host (`doorbell::coll::AllReduce`) picks one by size and route.
+//!
+//! ## Work split
+//! The grid is `blocks` blocks ([`AllReduceArgs::blocks`]; the kernel traps
+//! on another grid). One-shot and two-shot cut each shard (two-shot: `world`
+//! shards of `ceil(elems / world)` elements rounded up to [`ALIGN_ELEMS`];
+//! one-shot: one shard) into one part per block, and each part into chunks
+//! of `chunk_elems`: block `b` of every rank handles part `b` of every
+//! shard, and signals per chunk, so blocks never wait for each other within
+//! a rank, and a peer starts summing chunk `k` as soon as chunk `k` is
+//! staged everywhere. Pipelined hands chunk `b + j * blocks` to block `b`,
+//! owned (reduced) by rank `(j + b) % world`.
+//!
+//! ## Epochs: consecutive launches need no reset
+//! Launch number `epoch` (from 1, the same on every rank, one more per
+//! launch) tags every signal: one-shot and two-shot chunk `k` of launch `e`
+//! signals `(e << 32) | (k + 1)`, and every wait is `>=`, so words left by
+//! earlier launches never satisfy a later wait. Their staging is
+//! double-buffered by epoch parity: a rank in launch `e + 2` rewrites the
+//! buffer of launch `e` only after every peer has staged launch `e + 1`,
+//! which they do only once their launch `e` is over — no barrier at the end
+//! of a launch. Pipelined numbers chunks across launches (see
+//! [`crate::pipeline`]): its credits carry over.
+//!
+//! ## Waits
+//! Every wait is the transport's bounded `wait_until*`; a wait that runs out
+//! records its report for the host and the block returns.
+//!
+//! ## Deadlock freedom of the pipelined schedule
+//! Block `b` of every rank walks its chunks `j = 0, 1, ...` in the same
+//! order. At step `j` it produces chunk `j` and puts it into the owner's
+//! ring (credit: the chunk `stages` before in that ring was released); if it
+//! owns chunk `j` it waits for every rank's put of chunk `j`, sums, releases
+//! those slots and puts the sum into every rank's all-gather ring (credit:
+//! released by receivers at step `<= j - stages * world + lag`); then it
+//! receives chunk `j - lag` (reduced at step `j - lag` by a rank that had put
+//! before it waited). Every wait at step `j` depends on sends of steps
+//! `<= j` that are issued before their sender waits at that step, so the
+//! schedule cannot deadlock while all blocks of all ranks are resident.
+
+use super::reduce::{copy_bytes, sum_into, Bf16, DType, Element, Sources};
+use super::MAX_RANKS;
+use crate::pipeline::{BlockChunks, BlockCtl, Failed, RingSet};
+use crate::transport::{Cmp, Coop, P2p, SignalOp, Transport};
+use crate::{kernel, ptx};
+
+/// The algorithms; see the module docs.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Algo {
+    /// One rank: `output = input`.
+    Copy = 0,
+    /// Every rank reads every peer's staging and sums.
+    OneShot = 1,
+    /// Reduce-scatter + all-gather through peer pointers.
+    TwoShot = 2,
+    /// Reduce-scatter + all-gather through pipeline rings (puts, signals).
+    Pipelined = 3,
+}
+
+impl Algo {
+    /// From the raw kernel argument.
+    pub fn from_u32(v: u32) -> Option<Algo> {
+        Some(match v {
+            0 => Algo::Copy,
+            1 => Algo::OneShot,
+            2 => Algo::TwoShot,
+            3 => Algo::Pipelined,
+            _ => return None,
+        })
+    }
+    /// The name users type.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algo::Copy => "copy",
+            Algo::OneShot => "one-shot",
+            Algo::TwoShot => "two-shot",
+            Algo::Pipelined => "pipelined",
+        }
+    }
+}
+
+/// Shards, parts and chunks start at multiples of this many elements (256
+/// bytes of `f32`): vector loads and stores stay aligned.
+pub const ALIGN_ELEMS: u64 = 64;
+/// Slots of the pipelined rings are padded to this many bytes.
+pub const SLOT_ALIGN: u64 = 256;
+
+/// Everything an all-reduce launch needs: a kernel argument, made by the
+/// host (`doorbell::coll::AllReduce`), the same on every rank but for the
+/// buffers' local addresses.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllReduceArgs {
+    /// This rank's input, `elems` elements (any device memory).
+    pub input: u64,
+    /// This rank's output, `elems` elements (may equal `input`).
+    pub output: u64,
+    /// Elements per rank.
+    pub elems: u64,
+    /// Elements per signalled chunk (a multiple of [`ALIGN_ELEMS`]).
+    pub chunk_elems: u64,
+    /// Launch number, from 1, one more per launch, the same on every rank.
+    pub epoch: u64,
+    /// Symmetric scratch, [`Self::scratch_bytes`] bytes (this rank's address).
+    pub scratch: u64,
+    /// Symmetric signal words, [`Self::sig_words`] u64 (this rank's address).
+    pub sigs: u64,
+    /// [`DType`] as u32.
+    pub dtype: u32,
+    /// [`Algo`] as u32.
+    pub algo: u32,
+    /// Blocks of the launch (the grid must be exactly this).
+    pub blocks: u32,
+    /// Pipelined: stages per ring (>= 1).
+    pub stages: u32,
+    /// Ranks (1..=[`MAX_RANKS`]).
+    pub world: u32,
+    /// Reserved, zero.
+    pub _pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<AllReduceArgs>() == 80);
+
+#[cfg(not(target_arch = "nvptx64"))]
+// SAFETY: #[repr(C)] integers, 8-byte aligned, as the PTX parameter.
+unsafe impl crate::KernelParam for AllReduceArgs {}
+
+#[inline(always)]
+fn round_up(x: u64, to: u64) -> u64 {
+    x.div_ceil(to) * to
+}
+
+/// One chunk's signal value in launch `epoch`.
+#[inline(always)]
+fn tag(epoch: u64, k: u64) -> u64 {
+    (epoch << 32) | (k + 1)
+}
+
+impl AllReduceArgs {
+    /// Bytes per element.
+    #[inline(always)]
+    pub fn elem_bytes(&self) -> u64 {
+        if self.dtype == DType::Bf16 as u32 {
+            2
+        } else {
+            4
+        }
+    }
+
+    /// Elements per shard (one-shot: the whole vector), padded.
+    #[inline(always)]
+    fn shard_elems(&self) -> u64 {
+        let shards = if self.algo == Algo::TwoShot as u32 { self.world as u64 } else { 1 };
+        round_up(self.elems.div_ceil(shards).max(1), ALIGN_ELEMS)
+    }
+
+    /// Bytes of one pipelined ring slot.
+    #[inline(always)]
+    pub fn slot_bytes(&self) -> u64 {
+        round_up(self.chunk_elems * self.elem_bytes(), SLOT_ALIGN)
+    }
+
+    /// Pipelined: words of one counter array of one block's ring set.
+    #[inline(always)]
+    fn ring_words(&self) -> u64 {
+        RingSet::counter_words(self.world, self.stages)
+    }
+
+    /// Pipelined: scratch bytes of one block (two ring sets, an outbox for
+    /// the produced chunk, one for the reduced chunk).
+    #[inline(always)]
+    fn block_scratch(&self) -> u64 {
+        (2 * RingSet::slot_area(self.world, self.stages, 1) + 2) * self.slot_bytes()
+    }
+
+    /// Bytes of symmetric scratch the launch needs.
+    pub fn scratch_bytes(&self) -> u64 {
+        let e = self.elem_bytes();
+        match Algo::from_u32(self.algo) {
+            Some(Algo::OneShot) => 2 * self.shard_elems() * e,
+            Some(Algo::TwoShot) => (2 * self.world as u64 + 2) * self.shard_elems() * e,
+            Some(Algo::Pipelined) => self.blocks as u64 * self.block_scratch(),
+            _ => 0,
+        }
+    }
+
+    /// Symmetric u64 signal words the launch needs (one control word per
+    /// block, then the algorithm's signals).
+    pub fn sig_words(&self) -> u64 {
+        let g = self.blocks as u64;
+        g + match Algo::from_u32(self.algo) {
+            Some(Algo::OneShot) | Some(Algo::TwoShot) => 2 * g * self.world as u64,
+            Some(Algo::Pipelined) => 4 * g * self.ring_words(),
+            _ => 0,
+        }
+    }
+
+    /// Part `b` of a padded shard of `sh` elements, as `[lo, hi)`.
+    #[inline(always)]
+    fn part(&self, sh: u64, b: u64) -> (u64, u64) {
+        let pp = round_up(sh.div_ceil(self.blocks as u64), ALIGN_ELEMS);
+        let lo = (b * pp).min(sh);
+        (lo, (lo + pp).min(sh))
+    }
+
+    /// Block `b`'s control word.
+    #[inline(always)]
+    fn ctl(&self, b: u64) -> BlockCtl {
+        BlockCtl((self.sigs + b * 8) as *mut u32)
+    }
+}
+
+/// Chunks of the part `[lo, hi)`.
+#[inline(always)]
+fn chunk_count(lo: u64, hi: u64, ch: u64) -> u64 {
+    (hi - lo).div_ceil(ch)
+}
+
+/// Chunk `k` of part `[lo, hi)` of shard `s` (padded length `sh`), as
+/// absolute element indices clipped to `elems`.
+#[inline(always)]
+fn chunk_abs(lo: u64, hi: u64, ch: u64, k: u64, s: u64, sh: u64, elems: u64) -> (u64, u64) {
+    let x0 = lo + k * ch;
+    let x1 = (x0 + ch).min(hi);
+    ((s * sh + x0).min(elems), (s * sh + x1).min(elems))
+}
+
+/// Every rank's address of the symmetric `local`, or a trap when a route
+/// has no peer pointer (the host picks `Pipelined` for such worlds).
+#[inline(always)]
+fn peer_sources<T: Transport>(t: &T, local: u64) -> Sources {
+    let mut s = Sources {
+        base: [0; MAX_RANKS],
+        n: t.world_size(),
+    };
+    for r in 0..MAX_RANKS {
+        if (r as u32) < s.n {
+            match t.peer_ptr(local as *const u8, r as u32) {
+                Some(p) => s.base[r] = p as u64,
+                None => ptx::trap(),
+            }
+        }
+    }
+    s
+}
+
+/// After the block's writes: `*word = value` on every rank (release).
+#[inline(always)]
+unsafe fn publish_block<T: Transport>(t: &T, ctl: BlockCtl, word: u64, value: u64) -> Result<(), Failed> {
+    ptx::sync_threads();
+    ctl.lead(|| {
+        // Barrier (in `lead`'s caller), fence, signal: the block's stores
+        // are published with the signal (the contract's group rule).
+        t.fence();
+        for p in 0..t.world_size() {
+            // SAFETY: a symmetric signal word (the caller's).
+            unsafe { t.signal(word as *mut u64, value, SignalOp::Set, p) }?;
+        }
+        Ok(())
+    })
+}
+
+/// Waits until every rank's word of `world` consecutive ones is `>= value`.
+#[inline(always)]
+unsafe fn wait_all_block<T: Transport>(t: &T, ctl: BlockCtl, words: u64, value: u64) -> Result<(), Failed> {
+    // SAFETY: `world` consecutive symmetric words (the caller's).
+    ctl.lead(|| unsafe { t.wait_until_all(words as *const u64, t.world_size(), Cmp::Ge, value) })
+}
+
+unsafe fn one_shot<T: Transport, E: Element>(t: &T, a: &AllReduceArgs) -> Result<(), Failed> {
+    let (w, me, b, g) = (a.world as u64, t.rank() as u64, ptx::block_idx_x() as u64, a.blocks as u64);
+    let esz = E::DTYPE.size();
+    let (tid, nthr) = Coop::Block.index_and_size();
+    let ctl = a.ctl(b);
+    let sh = a.shard_elems();
+    let stg = a.scratch + (a.epoch & 1) * sh * esz;
+    let ready = a.sigs + (g + b * w) * 8;
+    let (lo, hi) = a.part(sh, b);
+    let ch = a.chunk_elems;
+    let kn = chunk_count(lo, hi, ch);
+    for k in 0..kn {
+        let (a0, a1) = chunk_abs(lo, hi, ch, k, 0, sh, a.elems);
+        // SAFETY: both hold `elems` elements (host's contract).
+        unsafe {
+            copy_bytes(
+                (stg + a0 * esz) as *mut u8,
+                (a.input + a0 * esz) as *const u8,
+                (a1 - a0) * esz,
+                tid,
+                nthr,
+            )
+        };
+        // SAFETY: this block's ready word of this rank, in the signal area.
+        unsafe { publish_block(t, ctl, ready + me * 8, tag(a.epoch, k)) }?;
+    }
+    let srcs = peer_sources(t, stg);
+    for k in 0..kn {
+        // SAFETY: the block's `world` ready words.
+        unsafe { wait_all_block(t, ctl, ready, tag(a.epoch, k)) }?;
+        let (a0, a1) = chunk_abs(lo, hi, ch, k, 0, sh, a.elems);
+        // SAFETY: every staging holds the chunk (signalled), output `elems`.
+        unsafe { sum_into::<E>((a.output + a0 * esz) as *mut u8, &srcs, a0 * esz, a1 - a0, tid, nthr) };
+    }
+    Ok(())
+}
+
+unsafe fn two_shot<T: Transport, E: Element>(t: &T, a: &AllReduceArgs) -> Result<(), Failed> {
+    let (w, me, b, g) = (a.world as u64, t.rank() as u64, ptx::block_idx_x() as u64, a.blocks as u64);
+    let esz = E::DTYPE.size();
+    let (tid, nthr) = Coop::Block.index_and_size();
+    let ctl = a.ctl(b);
+    let sh = a.shard_elems();
+    let par = a.epoch & 1;
+    let stg = a.scratch + par * w * sh * esz;
+    let res = a.scratch + 2 * w * sh * esz + par * sh * esz;
+    let ready = a.sigs + (g + b * w) * 8;
+    let reduced = a.sigs + (g + g * w + b * w) * 8;
+    let (lo, hi) = a.part(sh, b);
+    let ch = a.chunk_elems;
+    let kn = chunk_count(lo, hi, ch);
+    // Stage part b of every shard, chunk by chunk.
+    for k in 0..kn {
+        for s in 0..w {
+            let (a0, a1) = chunk_abs(lo, hi, ch, k, s, sh, a.elems);
+            // SAFETY: staging holds `world * sh` elements, input `elems`.
+            unsafe {
+                copy_bytes(
+                    (stg + a0 * esz) as *mut u8,
+                    (a.input + a0 * esz) as *const u8,
+                    (a1 - a0) * esz,
+                    tid,
+                    nthr,
+                )
+            };
+        }
+        // SAFETY: this block's ready word of this rank.
+        unsafe { publish_block(t, ctl, ready + me * 8, tag(a.epoch, k)) }?;
+    }
+    // Reduce-scatter: sum this rank's shard from every staging.
+    let srcs = peer_sources(t, stg);
+    for k in 0..kn {
+        // SAFETY: the block's ready words.
+        unsafe { wait_all_block(t, ctl, ready, tag(a.epoch, k)) }?;
+        let (a0, a1) = chunk_abs(lo, hi, ch, k, me, sh, a.elems);
+        if a1 > a0 {
+            let dst = (res + (a0 - me * sh) * esz) as *mut u8;
+            // SAFETY: the result buffer holds one shard.
+            unsafe { sum_into::<E>(dst, &srcs, a0 * esz, a1 - a0, tid, nthr) };
+        }
+        // SAFETY: this block's reduced word of this rank.
+        unsafe { publish_block(t, ctl, reduced + me * 8, tag(a.epoch, k)) }?;
+    }
+    // All-gather: each shard from its owner's result buffer.
+    let owners = peer_sources(t, res);
+    for k in 0..kn {
+        // SAFETY: the block's reduced words.
+        unsafe { wait_all_block(t, ctl, reduced, tag(a.epoch, k)) }?;
+        for s in 0..w {
+            let (a0, a1) = chunk_abs(lo, hi, ch, k, s, sh, a.elems);
+            if a1 > a0 {
+                let src = owners.at(s as usize, (a0 - s * sh) * esz);
+                // SAFETY: owner `s` has published its shard; output `elems`.
+                unsafe { copy_bytes((a.output + a0 * esz) as *mut u8, src, (a1 - a0) * esz, tid, nthr) };
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The chunk a producer fills, handed to the closure of [`fused`]: the
+/// elements `[first, first + len)` of this rank's vector go to `dst`
+/// (element `i` of the chunk at `dst[i]`).
+#[derive(Clone, Copy, Debug)]
+pub struct Chunk {
+    /// Where the chunk goes (a pipeline slot of this rank), `len` elements.
+    pub dst: *mut u8,
+    /// Index of the chunk's first element in the whole vector.
+    pub first: u64,
+    /// Elements in the chunk.
+    pub len: u64,
+    /// Element type of `dst`.
+    pub dtype: DType,
+}
+
+impl Chunk {
+    /// Stores `v` (rounded to the element type) as element `i` of the chunk.
+    ///
+    /// # Safety
+    /// `i < len`.
+    #[inline(always)]
+    pub unsafe fn write(&self, i: u64, v: f32) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            match self.dtype {
+                DType::F32 => f32::store(self.dst, i, v),
+                DType::Bf16 => Bf16::store(self.dst, i, v),
+            }
+        }
+    }
+    /// This thread's share of the chunk's elements (block-stride): the
+    /// elements every thread of the block fills between them.
+    #[inline(always)]
+    pub fn my_elements(&self) -> core::iter::StepBy<core::ops::Range<u64>> {
+        let (me, n) = Coop::Block.index_and_size();
+        (me..self.len).step_by(n as usize)
+    }
+}
+
+/// How many of block `b`'s `jn` chunks rank `o` owns (`(j + b) % w == o`).
+#[inline(always)]
+fn owned(jn: u64, b: u64, o: u64, w: u64) -> u64 {
+    let j0 = (o + w - b % w) % w;
+    if j0 < jn {
+        (jn - j0 - 1) / w + 1
+    } else {
+        0
+    }
+}
+
+/// Receive lag of the pipelined all-gather: chunk `j - lag` is taken out
+/// at step `j`, so a chunk's reduction and its all-gather overlap the
+/// next chunks' production.
+#[inline(always)]
+fn lag(stages: u32) -> u64 {
+    (stages as u64).saturating_sub(1).min(2)
+}
+
+unsafe fn pipelined<T: Transport, E: Element, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, mut produce: P) -> Result<(), Failed> {
+    let (w, me, b) = (a.world as u64, t.rank(), ptx::block_idx_x() as u64);
+    let esz = E::DTYPE.size();
+    let (tid, nthr) = Coop::Block.index_and_size();
+    let ctl = a.ctl(b);
+    let slot = a.slot_bytes();
+    let area = a.scratch + b * a.block_scratch();
+    let ring_bytes = RingSet::slot_area(a.world, a.stages, slot);
+    let words = a.ring_words() * 8;
+    let counters = a.sigs + a.blocks as u64 * 8 + b * 4 * words;
+    let rs = RingSet {
+        slots: area,
+        slot_bytes: slot,
+        peer_stride: a.stages as u64 * slot,
+        full: counters,
+        empty: counters + words,
+        stages: a.stages,
+        peers: a.world,
+    };
+    let ag = RingSet {
+        slots: area + ring_bytes,
+        full: counters + 2 * words,
+        empty: counters + 3 * words,
+        ..rs
+    };
+    let outbox = (area + 2 * ring_bytes) as *mut u8;
+    let agbox = (area + 2 * ring_bytes + slot) as *mut u8;
+    let chunks = BlockChunks {
+        elems: a.elems,
+        chunk: a.chunk_elems,
+        block: b,
+        blocks: a.blocks as u64,
+    };
+    let jn = chunks.count();
+    let e0 = a.epoch - 1;
+    let owner = |j: u64| (j + b) % w;
+    let seq = |j: u64| e0 * owned(jn, b, owner(j), w) + j / w;
+    let lag = lag(a.stages);
+    for j in 0..jn + lag {
+        if j < jn {
+            let (first, len) = chunks.range(j);
+            let (o, s) = (owner(j) as u32, seq(j));
+            produce(Chunk {
+                dst: outbox,
+                first,
+                len,
+                dtype: E::DTYPE,
+            });
+            ptx::sync_threads();
+            // Hand off: into the owner's ring the moment it is produced.
+            // SAFETY: the ring sets lie in this launch's symmetric scratch.
+            unsafe {
+                rs.acquire_block(t, ctl, s, o)?;
+                rs.commit_block(t, s, o, outbox, len * esz)?;
+            }
+            if o == me {
+                // SAFETY: as above; the slots hold `len` elements once full.
+                unsafe {
+                    rs.wait_all_block(t, ctl, s)?;
+                    let mut srcs = Sources {
+                        base: [0; MAX_RANKS],
+                        n: a.world,
+                    };
+                    for r in 0..MAX_RANKS {
+                        if (r as u32) < a.world {
+                            srcs.base[r] = rs.slot(s, r as u32) as u64;
+                        }
+                    }
+                    sum_into::<E>(agbox, &srcs, 0, len, tid, nthr);
+                    rs.release_all_block(t, ctl, s)?;
+                    ag.acquire_all_block(t, ctl, s)?;
+                    for q in 0..a.world {
+                        ag.commit_block(t, s, q, agbox, len * esz)?;
+                    }
+                }
+            }
+        }
+        if j >= lag {
+            let jr = j - lag;
+            let (first, len) = chunks.range(jr);
+            let (o, s) = (owner(jr) as u32, seq(jr));
+            // SAFETY: as above; output holds `elems` elements.
+            unsafe {
+                let src = ag.wait_block(t, ctl, s, o)?;
+                copy_bytes((a.output + first * esz) as *mut u8, src, len * esz, tid, nthr);
+                ag.release_block(t, ctl, s, o)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Traps unless the launch matches the arguments (grid, world, algorithm).
+#[inline(always)]
+fn check<T: Transport>(t: &T, a: &AllReduceArgs) {
+    let ok = ptx::grid_dim_x() == a.blocks
+        && a.world == t.world_size()
+        && (a.world as usize) <= MAX_RANKS
+        && a.chunk_elems > 0
+        && a.epoch > 0
+        && DType::from_u32(a.dtype).is_some()
+        && Algo::from_u32(a.algo).is_some();
+    if !ok {
+        ptx::trap();
+    }
+}
+
+/// Runs the all-reduce `a` describes, by every thread of every block of the
+/// launch. `Err` once a transport call failed (recorded for the host).
+///
+/// # Safety
+/// `a` was made for this transport's world by the host (buffers allocated
+/// as [`AllReduceArgs::scratch_bytes`] / [`AllReduceArgs::sig_words`] say,
+/// input and output hold `elems` elements), and every rank launches it
+/// with the same epoch.
+pub unsafe fn run<T: Transport>(t: &T, a: &AllReduceArgs) -> Result<(), Failed> {
+    check(t, a);
+    let bf16 = a.dtype == DType::Bf16 as u32;
+    // SAFETY: the caller's contract, per algorithm.
+    unsafe {
+        match Algo::from_u32(a.algo) {
+            Some(Algo::OneShot) if bf16 => one_shot::<T, Bf16>(t, a),
+            Some(Algo::OneShot) => one_shot::<T, f32>(t, a),
+            Some(Algo::TwoShot) if bf16 => two_shot::<T, Bf16>(t, a),
+            Some(Algo::TwoShot) => two_shot::<T, f32>(t, a),
+            Some(Algo::Pipelined) => fused(t, a, |c: Chunk| {
+                let (me, n) = Coop::Block.index_and_size();
+                let e = a.elem_bytes();
+                copy_bytes(c.dst, (a.input + c.first * e) as *const u8, c.len * e, me, n);
+            }),
+            _ => {
+                if a.input != a.output {
+                    let bytes = a.elems * a.elem_bytes();
+                    let (me, n) = (ptx::global_thread_id_x() as u64, ptx::grid_stride_x() as u64);
+                    copy_bytes(a.output as *mut u8, a.input as *const u8, bytes, me, n);
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The **fused** all-reduce: `produce` computes each chunk of this rank's
+/// contribution (every thread of the block calls it with the same
+/// [`Chunk`]; fill `chunk.dst` with [`Chunk::write`] over
+/// [`Chunk::my_elements`], or any other split), and the chunk is put into
+/// its owner's ring the moment the block is done with it. `a.input` is not
+/// read; the sum lands in `a.output`. `a.algo` must be `Pipelined`
+/// (`doorbell::coll::AllReduce::fused_args` makes such arguments). Every
+/// thread of every block of the launch calls it.
+///
+/// # Safety
+/// As for [`run`]; `produce` writes only `chunk.dst[..chunk.len]`.
+#[inline(always)]
+pub unsafe fn fused<T: Transport, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, produce: P) -> Result<(), Failed> {
+    check(t, a);
+    if a.algo != Algo::Pipelined as u32 {
+        ptx::trap();
+    }
+    // SAFETY: the caller's contract.
+    unsafe {
+        if a.dtype == DType::Bf16 as u32 {
+            pipelined::<T, Bf16, P>(t, a, produce)
+        } else {
+            pipelined::<T, f32, P>(t, a, produce)
+        }
+    }
+}
+
+/// The library's all-reduce kernel: [`run`] over the transport. Launch it
+/// with the grid `args.blocks` (the host's `AllReduce::run` does).
+#[kernel(hot, transports(P2p))]
+pub unsafe fn allreduce<T: Transport>(t: T, args: AllReduceArgs) {
+    // SAFETY: the host made `args` for this world (launch contract).
+    let _ = unsafe { run(&t, &args) };
+}

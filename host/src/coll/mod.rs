@@ -1,0 +1,494 @@
+//! Collectives on a [`Communicator`]: the sum all-reduce, plain or fused
+//! with a producer kernel.
+//!
+//! ```no_run
+//! use doorbell::{Backend, comm::{Communicator, CommOptions}, coll::{AllReduce, DType}};
+//! # fn main() -> doorbell::Result<()> {
+//! Communicator::local(4, Backend::Auto, CommOptions::default(), |comm| {
+//!     let n = 1 << 20;
+//!     let ar = AllReduce::new(comm, n, DType::F32)?;      // collective: sizes its buffers
+//!     let dev = comm.device();
+//!     let mut grad = dev.alloc_from(&vec![comm.rank() as f32; n])?;
+//!     let stream = dev.new_stream()?;
+//!     ar.run_in_place(&stream, &mut grad)?;               // every rank, same order
+//!     comm.synchronize(&stream)?;                          // errors of device waits surface here
+//!     assert!(grad.to_host()?.iter().all(|&x| x == 6.0)); // 0 + 1 + 2 + 3
+//!     Ok(())
+//! })?;
+//! # Ok(()) }
+//! ```
+//!
+//! ## What it does
+//! Every rank passes `elems` elements and gets the element-wise sum over
+//! all ranks, `f32` or [`Bf16`] (summed in `f32` in rank order, rounded once
+//! to nearest even: the CPU reference [`reference::allreduce_sum`] computes
+//! the same bits). Input and output are any device memory of the rank,
+//! the same buffer for in place. 1 to 8 ranks ([`MAX_RANKS`]); one rank is
+//! a copy. Zero elements: nothing is launched.
+//!
+//! ## Algorithms
+//! Chosen by size and route ([`AllReduceOptions::algo`] overrides):
+//! one-shot up to [`ONE_SHOT_MAX_BYTES`], two-shot (reduce-scatter +
+//! all-gather through peer pointers) above, pipelined (reduce-scatter +
+//! all-gather through pipeline rings, with puts and signals) where a route
+//! has no peer pointers, and for the fused all-reduce. See
+//! `doorbell_kernels::coll::allreduce` for the data paths.
+//!
+//! ## Rules
+//! * `AllReduce::new` is collective (it allocates symmetric memory); every
+//!   rank calls `run` (or [`AllReduce::fused_args`]) the same number of
+//!   times, in the same order as its other collectives: each launch carries
+//!   an epoch counted on the host, so launches follow each other with no
+//!   reset and no barrier.
+//! * Launches of one `AllReduce` go to one stream per rank (they are
+//!   ordered with each other); the host must not reuse the input or read
+//!   the output before the stream has reached the end of the launch.
+//! * Blocks of all ranks wait on each other: they must be resident at
+//!   once. The default grid keeps to a share of the GPU's SMs per rank.
+//!
+//! ## The fused all-reduce
+//! With [`Algo::Pipelined`], [`AllReduce::fused_args`] gives the kernel
+//! argument and grid for a kernel of your own that calls
+//! `doorbell_kernels::coll::allreduce::fused` with a producer closure: each
+//! chunk's reduce-scatter and all-gather start as soon as the producer has
+//! written it (see the README's "Fused all-reduce").
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use doorbell_kernels::coll::allreduce::{allreduce, AllReduceArgs, ALIGN_ELEMS};
+use doorbell_kernels::transport::P2p;
+use doorbell_kernels::ForTransport;
+
+pub use doorbell_kernels::coll::allreduce::Algo;
+pub use doorbell_kernels::coll::{Bf16, DType, MAX_RANKS};
+
+use crate::comm::{Communicator, PeerRoute, SymBuffer};
+use crate::error::{Error, Result};
+use crate::memory::{DeviceBuffer, DeviceCopy};
+use crate::module::Function;
+use crate::stream::{LaunchConfig, Stream};
+
+pub mod reference;
+
+// SAFETY: a transparent u16: plain data, valid for every bit pattern.
+unsafe impl DeviceCopy for Bf16 {}
+
+/// Element types of the collectives.
+pub trait Elem: DeviceCopy + PartialEq + std::fmt::Debug {
+    /// The kernel-side tag.
+    const DTYPE: DType;
+    /// Widens to `f32` exactly.
+    fn to_f32(self) -> f32;
+    /// Rounds to nearest even.
+    fn from_f32(v: f32) -> Self;
+    /// The raw bits (for bit-exact comparisons; NaN-safe).
+    fn to_bits(self) -> u32;
+}
+
+impl Elem for f32 {
+    const DTYPE: DType = DType::F32;
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+    fn to_bits(self) -> u32 {
+        f32::to_bits(self)
+    }
+}
+
+impl Elem for Bf16 {
+    const DTYPE: DType = DType::Bf16;
+    fn to_f32(self) -> f32 {
+        Bf16::to_f32(self)
+    }
+    fn from_f32(v: f32) -> Self {
+        Bf16::from_f32(v)
+    }
+    fn to_bits(self) -> u32 {
+        self.0 as u32
+    }
+}
+
+/// Largest message (bytes per rank) the automatic choice sends one-shot.
+pub const ONE_SHOT_MAX_BYTES: u64 = 256 << 10;
+/// Default bytes per signalled chunk of one-shot / two-shot.
+pub const DEFAULT_CHUNK_BYTES: u64 = 1 << 20;
+/// Default bytes per chunk of the pipelined (and fused) all-reduce.
+pub const DEFAULT_PIPELINE_CHUNK_BYTES: u64 = 64 << 10;
+/// Default stages per pipeline ring.
+pub const DEFAULT_STAGES: u32 = 4;
+/// Most blocks the default grid uses per rank on a GPU.
+pub const MAX_BLOCKS: u32 = 32;
+
+/// Tuning of an [`AllReduce`]; `Default` picks everything.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AllReduceOptions {
+    /// The algorithm (default: by size and route).
+    pub algo: Option<Algo>,
+    /// Bytes per signalled chunk, rounded up to 64 elements (default
+    /// [`DEFAULT_CHUNK_BYTES`], pipelined [`DEFAULT_PIPELINE_CHUNK_BYTES`]).
+    pub chunk_bytes: Option<u64>,
+    /// Blocks per rank (default: by size, at most [`MAX_BLOCKS`] and a
+    /// share of the SMs per rank on a GPU; 2 on the emulator).
+    pub blocks: Option<u32>,
+    /// Threads per block, a multiple of 32 (default 256 on a GPU — any
+    /// kernel fits 256 threads, whatever its register count — and 64 on the
+    /// emulator, whose GPU threads are OS threads).
+    pub threads: Option<u32>,
+    /// Stages per pipeline ring (default [`DEFAULT_STAGES`]).
+    pub stages: Option<u32>,
+}
+
+fn invalid(reason: impl Into<String>) -> Error {
+    Error::Collective {
+        op: "all-reduce",
+        reason: reason.into(),
+    }
+}
+
+/// The launch plan: algorithm, geometry and the buffers' sizes. The same on
+/// every rank (checked at [`AllReduce::new`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// The kernel argument, without this rank's addresses and epoch.
+    pub args: AllReduceArgs,
+    /// Threads per block.
+    pub threads: u32,
+}
+
+impl Plan {
+    /// The plan for `elems` elements of `dtype` over `world` ranks, on a
+    /// GPU (`gpu`) with `sms` SMs shared by `ranks_per_gpu` ranks, with
+    /// peer pointers to every peer or not.
+    pub fn new(
+        world: usize,
+        elems: usize,
+        dtype: DType,
+        opts: &AllReduceOptions,
+        gpu: bool,
+        sms: usize,
+        ranks_per_gpu: usize,
+        peer_pointers: bool,
+    ) -> Result<Plan> {
+        if world == 0 || world > MAX_RANKS {
+            return Err(invalid(format!("{world} ranks; the all-reduce supports 1..={MAX_RANKS}")));
+        }
+        let esz = dtype.size();
+        let elems64 = elems as u64;
+        let bytes = elems64
+            .checked_mul(esz)
+            .ok_or_else(|| invalid(format!("{elems} elements overflow a byte count")))?;
+        let algo = match opts.algo {
+            Some(a) => a,
+            None if world == 1 => Algo::Copy,
+            None if !peer_pointers => Algo::Pipelined,
+            None if bytes <= ONE_SHOT_MAX_BYTES => Algo::OneShot,
+            None => Algo::TwoShot,
+        };
+        if world == 1 && algo != Algo::Copy && algo != Algo::Pipelined {
+            return Err(invalid(format!("{} needs at least 2 ranks; one rank is a copy", algo.name())));
+        }
+        if world > 1 && algo == Algo::Copy {
+            return Err(invalid(format!("the copy algorithm is for one rank, not {world}")));
+        }
+        if matches!(algo, Algo::OneShot | Algo::TwoShot) && !peer_pointers {
+            return Err(invalid(format!(
+                "{} reads peers' memory through peer pointers, and a route of this communicator has none; use the pipelined algorithm",
+                algo.name()
+            )));
+        }
+        let default_chunk = if algo == Algo::Pipelined {
+            DEFAULT_PIPELINE_CHUNK_BYTES
+        } else {
+            DEFAULT_CHUNK_BYTES
+        };
+        let chunk_bytes = opts.chunk_bytes.unwrap_or(default_chunk);
+        if chunk_bytes == 0 || chunk_bytes > 1 << 30 {
+            return Err(invalid(format!("a chunk of {chunk_bytes} bytes; use 1..=1073741824")));
+        }
+        let chunk_elems = chunk_bytes.div_ceil(esz).div_ceil(ALIGN_ELEMS) * ALIGN_ELEMS;
+        let threads = opts.threads.unwrap_or(if gpu { 256 } else { 64 });
+        if threads == 0 || threads > 1024 || threads % 32 != 0 {
+            return Err(invalid(format!("{threads} threads per block; use a multiple of 32 in 32..=1024")));
+        }
+        let stages = opts.stages.unwrap_or(DEFAULT_STAGES);
+        if !(1..=64).contains(&stages) {
+            return Err(invalid(format!("{stages} pipeline stages; use 1..=64")));
+        }
+        let max_blocks = if gpu {
+            (sms / ranks_per_gpu.max(1)).clamp(1, MAX_BLOCKS as usize) as u64
+        } else {
+            2
+        };
+        // Enough work per block to pay for its signals: a chunk (pipelined)
+        // or 64 KiB.
+        let per_block = if algo == Algo::Pipelined { chunk_elems * esz } else { 64 << 10 };
+        let blocks = match opts.blocks {
+            Some(b) if (1..=1024).contains(&b) => b,
+            Some(b) => return Err(invalid(format!("{b} blocks per rank; use 1..=1024"))),
+            None => bytes.div_ceil(per_block).clamp(1, max_blocks) as u32,
+        };
+        let args = AllReduceArgs {
+            input: 0,
+            output: 0,
+            elems: elems64,
+            chunk_elems,
+            epoch: 0,
+            scratch: 0,
+            sigs: 0,
+            dtype: dtype as u32,
+            algo: algo as u32,
+            blocks,
+            stages,
+            world: world as u32,
+            _pad: 0,
+        };
+        Ok(Plan { args, threads })
+    }
+
+    /// Symmetric bytes the plan allocates per rank (scratch and signals,
+    /// with the allocator's alignment): what `CommOptions::heap_bytes` must
+    /// leave room for.
+    pub fn heap_bytes(&self) -> u64 {
+        self.args.scratch_bytes().div_ceil(256) * 256 + self.args.sig_words() * 8 + 512
+    }
+
+    /// The algorithm.
+    pub fn algo(&self) -> Algo {
+        Algo::from_u32(self.args.algo).expect("made by Plan::new")
+    }
+
+    /// The grid and block of a launch.
+    pub fn launch_config(&self) -> LaunchConfig {
+        LaunchConfig::linear(self.args.blocks, self.threads)
+    }
+}
+
+/// True when `route` gives load/store access to the peer's heap.
+fn has_pointer(route: &PeerRoute) -> bool {
+    matches!(
+        route,
+        PeerRoute::Local | PeerRoute::SameProcess | PeerRoute::PeerAccess | PeerRoute::CudaIpc | PeerRoute::SharedMemory
+    )
+}
+
+/// A sum all-reduce of `elems` elements of one type over a communicator's
+/// ranks: its plan, its symmetric buffers, its launch counter. See the
+/// module docs.
+pub struct AllReduce<'c> {
+    comm: &'c Communicator,
+    plan: Plan,
+    scratch: SymBuffer<'c, u8>,
+    sigs: SymBuffer<'c, u64>,
+    function: Function<<allreduce as ForTransport<P2p>>::Kernel>,
+    epoch: AtomicU64,
+}
+
+impl<'c> AllReduce<'c> {
+    /// Collective: an all-reduce of `elems` elements of `dtype` with the
+    /// default options.
+    pub fn new(comm: &'c Communicator, elems: usize, dtype: DType) -> Result<AllReduce<'c>> {
+        Self::with_options(comm, elems, dtype, &AllReduceOptions::default())
+    }
+
+    /// The plan `with_options` would make on this communicator, without
+    /// allocating (to size `CommOptions::heap_bytes`, for instance).
+    pub fn plan(comm: &Communicator, elems: usize, dtype: DType, opts: &AllReduceOptions) -> Result<Plan> {
+        let dev = comm.device();
+        let routes = comm.describe_peers();
+        let same_gpu = routes
+            .iter()
+            .filter(|r| matches!(r, PeerRoute::Local | PeerRoute::SameProcess))
+            .count();
+        Plan::new(
+            comm.size(),
+            elems,
+            dtype,
+            opts,
+            dev.is_gpu(),
+            dev.multiprocessor_count(),
+            same_gpu,
+            routes.iter().all(has_pointer),
+        )
+    }
+
+    /// Collective: an all-reduce of `elems` elements of `dtype`, tuned by
+    /// `opts`. Every rank must pass the same arguments (checked).
+    pub fn with_options(comm: &'c Communicator, elems: usize, dtype: DType, opts: &AllReduceOptions) -> Result<AllReduce<'c>> {
+        let plan = Self::plan(comm, elems, dtype, opts)?;
+        let a = &plan.args;
+        let mut desc = Vec::new();
+        for v in [
+            a.elems,
+            a.chunk_elems,
+            a.dtype as u64,
+            a.algo as u64,
+            a.blocks as u64,
+            a.stages as u64,
+            plan.threads as u64,
+        ] {
+            desc.extend_from_slice(&v.to_le_bytes());
+        }
+        comm.world()
+            .check_same("all-reduce plan (elements, chunk, type, algorithm, blocks, stages, threads)", &desc)?;
+        let scratch = comm.alloc::<u8>(a.scratch_bytes().max(1) as usize)?;
+        let sigs = comm.alloc::<u64>(a.sig_words() as usize)?;
+        let module = comm.device().load_module(crate::KERNELS_PTX)?;
+        let function = module.function::<<allreduce as ForTransport<P2p>>::Kernel>()?;
+        // Every rank has zeroed its copy of the signal words before any
+        // rank's first launch may signal into it.
+        comm.barrier()?;
+        Ok(AllReduce {
+            comm,
+            plan,
+            scratch,
+            sigs,
+            function,
+            epoch: AtomicU64::new(0),
+        })
+    }
+
+    /// The plan (algorithm, grid, chunk).
+    pub fn plan_of(&self) -> &Plan {
+        &self.plan
+    }
+    /// Elements per rank.
+    pub fn elems(&self) -> usize {
+        self.plan.args.elems as usize
+    }
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        DType::from_u32(self.plan.args.dtype).expect("made by Plan::new")
+    }
+    /// The algorithm.
+    pub fn algo(&self) -> Algo {
+        self.plan.algo()
+    }
+    /// Launches so far (the last epoch).
+    pub fn launches(&self) -> u64 {
+        self.epoch.load(Ordering::Relaxed)
+    }
+
+    fn check_stream(&self, stream: &Stream) -> Result<()> {
+        if !stream.device().same(self.comm.device()) {
+            return Err(invalid("the stream belongs to another device than the communicator's"));
+        }
+        Ok(())
+    }
+
+    fn check_buffer<T: Elem>(&self, what: &str, buf: &DeviceBuffer<T>) -> Result<()> {
+        if T::DTYPE != self.dtype() {
+            return Err(invalid(format!(
+                "the {what} holds {} elements, this all-reduce was made for {}",
+                T::DTYPE.name(),
+                self.dtype().name()
+            )));
+        }
+        if buf.len() != self.elems() {
+            return Err(invalid(format!(
+                "the {what} holds {} elements, this all-reduce was made for {}",
+                buf.len(),
+                self.elems()
+            )));
+        }
+        if !buf.device().same(self.comm.device()) {
+            return Err(invalid(format!("the {what} lives on another device than the communicator's")));
+        }
+        Ok(())
+    }
+
+    /// The next launch's arguments (one more epoch).
+    fn next_args(&self, input: u64, output: u64) -> AllReduceArgs {
+        let epoch = self.epoch.fetch_add(1, Ordering::Relaxed) + 1;
+        AllReduceArgs {
+            input,
+            output,
+            epoch,
+            scratch: self.scratch.as_ptr() as u64,
+            sigs: self.sigs.as_ptr() as u64,
+            ..self.plan.args
+        }
+    }
+
+    /// Enqueues `output = sum over ranks of input` on `stream`. Every rank
+    /// calls it, in the same order; errors of the device's waits surface at
+    /// `Communicator::synchronize`.
+    pub fn run<T: Elem>(&self, stream: &Stream, input: &DeviceBuffer<T>, output: &mut DeviceBuffer<T>) -> Result<()> {
+        self.check_buffer("input", input)?;
+        self.check_buffer("output", output)?;
+        // SAFETY: both hold `elems` elements of the right type on this device.
+        unsafe { self.run_raw(stream, input.as_raw(), output.as_raw()) }
+    }
+
+    /// [`Self::run`] in place: `buf = sum over ranks of buf`.
+    pub fn run_in_place<T: Elem>(&self, stream: &Stream, buf: &mut DeviceBuffer<T>) -> Result<()> {
+        self.check_buffer("buffer", buf)?;
+        // SAFETY: as for `run`.
+        unsafe { self.run_raw(stream, buf.as_raw(), buf.as_raw()) }
+    }
+
+    /// [`Self::run`] on symmetric buffers (`input` may be `output`).
+    pub fn run_sym<T: Elem>(&self, stream: &Stream, input: &SymBuffer<'_, T>, output: &SymBuffer<'_, T>) -> Result<()> {
+        for (what, len) in [("input", input.len()), ("output", output.len())] {
+            if T::DTYPE != self.dtype() || len != self.elems() {
+                return Err(invalid(format!(
+                    "the {what} holds {len} {} elements, this all-reduce was made for {} {}",
+                    T::DTYPE.name(),
+                    self.elems(),
+                    self.dtype().name()
+                )));
+            }
+        }
+        // SAFETY: as for `run`.
+        unsafe { self.run_raw(stream, input.as_ptr() as u64, output.as_mut_ptr() as u64) }
+    }
+
+    /// [`Self::run`] on raw device addresses.
+    ///
+    /// # Safety
+    /// `input` and `output` are device addresses of this rank's device
+    /// holding `elems` elements of the all-reduce's type (or the same
+    /// address), alive and unused by others until the launch completes.
+    pub unsafe fn run_raw(&self, stream: &Stream, input: u64, output: u64) -> Result<()> {
+        self.check_stream(stream)?;
+        if self.elems() == 0 {
+            return Ok(());
+        }
+        let args = self.next_args(input, output);
+        // SAFETY: the plan's buffers are allocated; the caller vouches for
+        // input and output.
+        unsafe { stream.launch(&self.function, self.plan.launch_config(), (self.comm.p2p(), args)) }
+    }
+
+    /// The argument and grid for one launch of a **fused** all-reduce
+    /// kernel of your own (it calls `doorbell_kernels::coll::allreduce::fused`
+    /// with its producer), writing the sum into `output`. Counts as a launch:
+    /// launch exactly once with what it returns, on every rank, in order.
+    /// Needs [`Algo::Pipelined`]; `None` for zero elements (launch nothing).
+    pub fn fused_args<T: Elem>(&self, stream: &Stream, output: &mut DeviceBuffer<T>) -> Result<Option<(AllReduceArgs, LaunchConfig)>> {
+        self.check_buffer("output", output)?;
+        // SAFETY: checked above.
+        unsafe { self.fused_args_raw(stream, output.as_raw()) }
+    }
+
+    /// [`Self::fused_args`] on a raw output address.
+    ///
+    /// # Safety
+    /// `output` holds `elems` elements of the all-reduce's type on this
+    /// rank's device.
+    pub unsafe fn fused_args_raw(&self, stream: &Stream, output: u64) -> Result<Option<(AllReduceArgs, LaunchConfig)>> {
+        self.check_stream(stream)?;
+        if self.algo() != Algo::Pipelined {
+            return Err(invalid(format!(
+                "a fused all-reduce needs the pipelined algorithm; this one is {} (AllReduceOptions::algo = Some(Algo::Pipelined))",
+                self.algo().name()
+            )));
+        }
+        if self.elems() == 0 {
+            return Ok(None);
+        }
+        Ok(Some((self.next_args(0, output), self.plan.launch_config())))
+    }
+}

@@ -1,0 +1,453 @@
+//! The all-reduce (`doorbell::coll`) and the pipeline rings on every
+//! backend: 1..8 ranks, f32 and bf16, in place and out of place, every
+//! algorithm, awkward sizes and chunks, consecutive launches (epochs), the
+//! fused all-reduce with producers, ring credits under a slow consumer, and
+//! argument errors. Every element of every rank is compared bit for bit
+//! with the CPU reference; inputs differ per rank, element and launch.
+//!
+//! Zero elements is a valid all-reduce that launches nothing.
+
+use std::time::Duration;
+
+use doorbell::coll::reference::{allreduce_sum, first_mismatch};
+use doorbell::coll::{Algo, AllReduce, AllReduceOptions, Bf16, DType, Elem};
+use doorbell::comm::{CommOptions, Communicator};
+use doorbell::{Backend, Error, ForTransport, LaunchConfig};
+use doorbell_example_kernels::allreduce::{fused_grad_allreduce, grad, COMPUTE_GEMV, COMPUTE_HASH};
+use doorbell_kernels::pipeline::RingSet;
+use doorbell_kernels::transport::P2p;
+use doorbell_test_kernels::pipeline::ring_credits;
+
+fn backends() -> Vec<Backend> {
+    doorbell_tests::backends().iter().map(|d| d.backend()).collect()
+}
+
+fn opts() -> CommOptions {
+    CommOptions {
+        heap_bytes: 64 << 20,
+        wait_timeout: Duration::from_secs(30),
+        ..Default::default()
+    }
+}
+
+/// Rank `r`'s element `i` in launch `launch`: differs per rank, element and
+/// launch, and is not an integer (so bf16 rounding is exercised).
+fn value(r: usize, i: usize, launch: u64) -> f32 {
+    let h = ((r as u64) * 131 + (i as u64) * 31 + launch * 7) % 17;
+    (h as f32 - 8.0) * 0.3125 + (i % 5) as f32 * 0.01 + r as f32 * 0.001
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    elems: usize,
+    algo: Option<Algo>,
+    in_place: bool,
+    chunk_bytes: Option<u64>,
+    launches: u64,
+}
+
+/// Runs `case` on this rank with element type `T`; checks every element.
+fn run_case<T: Elem>(comm: &Communicator, case: Case) -> doorbell::Result<()> {
+    let opts = AllReduceOptions {
+        algo: case.algo,
+        chunk_bytes: case.chunk_bytes,
+        ..Default::default()
+    };
+    let ar = AllReduce::with_options(comm, case.elems, T::DTYPE, &opts)?;
+    let dev = comm.device();
+    let stream = dev.new_stream()?;
+    let ranks = comm.size();
+    let me = comm.rank();
+    for launch in 1..=case.launches {
+        let inputs: Vec<Vec<T>> = (0..ranks)
+            .map(|r| (0..case.elems).map(|i| T::from_f32(value(r, i, launch))).collect())
+            .collect();
+        let want = allreduce_sum(&inputs);
+        let mut input = dev.alloc_from(&inputs[me])?;
+        let got = if case.in_place {
+            ar.run_in_place(&stream, &mut input)?;
+            comm.synchronize(&stream)?;
+            input.to_host()?
+        } else {
+            let mut out = dev.alloc_zeroed::<T>(case.elems)?;
+            ar.run(&stream, &input, &mut out)?;
+            comm.synchronize(&stream)?;
+            assert_eq!(input.to_host()?, inputs[me], "rank {me}: the input changed (out of place)");
+            out.to_host()?
+        };
+        if let Some(i) = first_mismatch(&got, &want) {
+            panic!(
+                "{} ranks, {:?}, {} ({:?}), rank {me}, launch {launch}: element {i} is {:?}, want {:?}",
+                ranks,
+                case,
+                T::DTYPE.name(),
+                ar.algo(),
+                got.get(i),
+                want.get(i)
+            );
+        }
+    }
+    Ok(())
+}
+
+fn run_cases(backend: Backend, ranks: usize, dtypes: &[DType], cases: &[Case]) {
+    Communicator::local(ranks, backend, opts(), |comm| {
+        for &case in cases {
+            for &dtype in dtypes {
+                match dtype {
+                    DType::F32 => run_case::<f32>(comm, case)?,
+                    DType::Bf16 => run_case::<Bf16>(comm, case)?,
+                }
+            }
+        }
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{backend:?}, {ranks} ranks: {e}"));
+}
+
+fn case(elems: usize, algo: Option<Algo>, in_place: bool, chunk_bytes: Option<u64>) -> Case {
+    Case {
+        elems,
+        algo,
+        in_place,
+        chunk_bytes,
+        launches: 1,
+    }
+}
+
+#[test]
+fn one_to_eight_ranks_with_the_automatic_choice() {
+    for backend in backends() {
+        for ranks in 1..=8 {
+            run_cases(
+                backend,
+                ranks,
+                &[DType::F32, DType::Bf16],
+                &[case(1000, None, false, None), case(333, None, true, None)],
+            );
+        }
+    }
+}
+
+#[test]
+fn every_algorithm_type_placement_and_awkward_size() {
+    let algos = [Algo::OneShot, Algo::TwoShot, Algo::Pipelined];
+    for backend in backends() {
+        for ranks in [2, 3, 5] {
+            let mut cases = Vec::new();
+            for algo in algos {
+                for elems in [1, 7, 4099] {
+                    for in_place in [false, true] {
+                        // 256-byte chunks: 64 elements, dividing neither the
+                        // counts nor the shards.
+                        cases.push(case(elems, Some(algo), in_place, Some(256)));
+                    }
+                }
+            }
+            run_cases(backend, ranks, &[DType::F32, DType::Bf16], &cases);
+        }
+    }
+}
+
+#[test]
+fn one_rank_is_a_copy_in_place_or_not() {
+    for backend in backends() {
+        run_cases(
+            backend,
+            1,
+            &[DType::F32, DType::Bf16],
+            &[
+                case(1, None, false, None),
+                case(1001, None, true, None),
+                case(1001, Some(Algo::Pipelined), false, Some(512)),
+            ],
+        );
+    }
+}
+
+#[test]
+fn a_million_and_three_elements() {
+    for backend in backends() {
+        run_cases(
+            backend,
+            2,
+            &[DType::F32],
+            &[case(1_000_003, Some(Algo::TwoShot), false, Some(300_000))],
+        );
+        run_cases(backend, 3, &[DType::Bf16], &[case(1_000_003, None, true, None)]);
+        run_cases(
+            backend,
+            2,
+            &[DType::Bf16],
+            &[case(1_000_003, Some(Algo::Pipelined), false, Some(200_000))],
+        );
+    }
+}
+
+#[test]
+fn consecutive_launches_need_no_reset() {
+    for backend in backends() {
+        let cases: Vec<Case> = [Algo::OneShot, Algo::TwoShot, Algo::Pipelined]
+            .into_iter()
+            .map(|algo| Case {
+                launches: 5,
+                ..case(777, Some(algo), false, Some(1024))
+            })
+            .collect();
+        run_cases(backend, 4, &[DType::F32], &cases);
+        // Two all-reduces of one communicator, interleaved, each with its
+        // own epochs.
+        Communicator::local(3, backend, opts(), |comm| {
+            let a = AllReduce::new(comm, 100, DType::F32)?;
+            let b = AllReduce::with_options(
+                comm,
+                100,
+                DType::F32,
+                &AllReduceOptions {
+                    algo: Some(Algo::Pipelined),
+                    stages: Some(1),
+                    ..Default::default()
+                },
+            )?;
+            let dev = comm.device();
+            let s = dev.new_stream()?;
+            for launch in 1..=4u64 {
+                for ar in [&a, &b] {
+                    let mut buf = dev.alloc_from(&(0..100).map(|i| value(comm.rank(), i, launch)).collect::<Vec<_>>())?;
+                    ar.run_in_place(&s, &mut buf)?;
+                    comm.synchronize(&s)?;
+                    let want: Vec<f32> = (0..100)
+                        .map(|i| {
+                            (0..3)
+                                .map(|r| value(r, i, launch))
+                                .fold(None, |acc: Option<f32>, x| Some(acc.map_or(x, |a| a + x)))
+                                .unwrap()
+                        })
+                        .collect();
+                    assert_eq!(first_mismatch(&buf.to_host()?, &want), None, "{:?}, launch {launch}", ar.algo());
+                }
+            }
+            assert_eq!((a.launches(), b.launches()), (4, 4));
+            Ok(())
+        })
+        .unwrap();
+    }
+}
+
+#[test]
+fn fused_all_reduce_with_producers() {
+    type Fused = <fused_grad_allreduce as ForTransport<P2p>>::Kernel;
+    for backend in backends() {
+        for (ranks, elems, dtype, compute, chunk) in [
+            (3, 5000, DType::F32, COMPUTE_HASH, 1024),
+            (2, 4097, DType::Bf16, COMPUTE_GEMV, 4096),
+            (4, 999, DType::F32, COMPUTE_GEMV, 256),
+            (1, 300, DType::Bf16, COMPUTE_HASH, 256),
+        ] {
+            Communicator::local(ranks, backend, opts(), |comm| {
+                let ar = AllReduce::with_options(
+                    comm,
+                    elems,
+                    dtype,
+                    &AllReduceOptions {
+                        algo: Some(Algo::Pipelined),
+                        chunk_bytes: Some(chunk),
+                        stages: Some(2),
+                        ..Default::default()
+                    },
+                )?;
+                let dev = comm.device();
+                let module = dev.load_module(doorbell_examples::USER_KERNELS_PTX)?;
+                let f = module.function::<Fused>()?;
+                let s = dev.new_stream()?;
+                for step in 0..3u32 {
+                    let want32: Vec<Vec<f32>> = (0..ranks)
+                        .map(|r| (0..elems).map(|i| grad(compute, r as u32, i as u64, step)).collect())
+                        .collect();
+                    let check = |got_bits: Vec<u32>, want_bits: Vec<u32>| {
+                        let i = got_bits.iter().zip(&want_bits).position(|(a, b)| a != b);
+                        assert_eq!(
+                            i,
+                            None,
+                            "{ranks} ranks, {elems} {}, step {step}, rank {}",
+                            dtype.name(),
+                            comm.rank()
+                        );
+                    };
+                    match dtype {
+                        DType::F32 => {
+                            let mut out = dev.alloc_zeroed::<f32>(elems)?;
+                            let (args, cfg) = ar.fused_args(&s, &mut out)?.expect("elements");
+                            // SAFETY: arguments from fused_args for this world.
+                            unsafe { s.launch(&f, cfg, (comm.p2p(), args, compute, step))? };
+                            comm.synchronize(&s)?;
+                            let want = allreduce_sum(&want32);
+                            check(
+                                out.to_host()?.iter().map(|x| x.to_bits()).collect(),
+                                want.iter().map(|x| x.to_bits()).collect(),
+                            );
+                        }
+                        DType::Bf16 => {
+                            let mut out = dev.alloc_zeroed::<Bf16>(elems)?;
+                            let (args, cfg) = ar.fused_args(&s, &mut out)?.expect("elements");
+                            // SAFETY: as above.
+                            unsafe { s.launch(&f, cfg, (comm.p2p(), args, compute, step))? };
+                            comm.synchronize(&s)?;
+                            let inputs: Vec<Vec<Bf16>> = want32.iter().map(|v| v.iter().map(|&x| Bf16::from_f32(x)).collect()).collect();
+                            let want = allreduce_sum(&inputs);
+                            check(
+                                out.to_host()?.iter().map(|x| x.0 as u32).collect(),
+                                want.iter().map(|x| x.0 as u32).collect(),
+                            );
+                        }
+                    }
+                }
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("{backend:?}: {e}"));
+        }
+    }
+}
+
+/// Rank 0 sends 24 chunks through a ring of 2 stages to a slow rank 1.
+/// Returns the number of words rank 1 saw wrong.
+fn ring_run(backend: Backend, credits: bool, launches: u64) -> u32 {
+    type Ring = <ring_credits as ForTransport<P2p>>::Kernel;
+    let (stages, words, n) = (2u32, 1024u64, 24u64);
+    let out = Communicator::local(2, backend, opts(), |comm| {
+        let dev = comm.device();
+        let slots = comm.alloc::<u8>(RingSet::slot_area(2, stages, words * 4) as usize)?;
+        let full = comm.alloc::<u64>(RingSet::counter_words(2, stages) as usize)?;
+        let empty = comm.alloc::<u64>(RingSet::counter_words(2, stages) as usize)?;
+        let ctl = comm.alloc::<u32>(1)?;
+        let outbox = comm.alloc::<u32>(words as usize)?;
+        let ring = RingSet {
+            slots: slots.as_ptr() as u64,
+            slot_bytes: words * 4,
+            peer_stride: stages as u64 * words * 4,
+            full: full.as_ptr() as u64,
+            empty: empty.as_ptr() as u64,
+            stages,
+            peers: 2,
+        };
+        let mut bad = dev.alloc_zeroed::<u32>(1)?;
+        let module = dev.load_module(doorbell_tests::TEST_KERNELS_PTX)?;
+        let f = module.function::<Ring>()?;
+        let s = dev.new_stream()?;
+        // Every rank has zeroed its counters before the first signal.
+        comm.barrier()?;
+        let threads = if dev.is_gpu() { 256 } else { 32 };
+        // Sequence numbers go on from launch to launch: no reset between.
+        for l in 0..launches {
+            // SAFETY: the buffers above have the sizes ring_credits documents.
+            unsafe {
+                s.launch(
+                    &f,
+                    LaunchConfig::linear(1, threads),
+                    (
+                        comm.p2p(),
+                        ring,
+                        ctl.as_mut_ptr(),
+                        outbox.as_mut_ptr(),
+                        l * n,
+                        n,
+                        words,
+                        200_000u64,
+                        credits as u32,
+                        bad.as_mut_ptr(),
+                    ),
+                )?
+            };
+            comm.synchronize(&s)?;
+        }
+        Ok(bad.to_host()?[0])
+    })
+    .unwrap_or_else(|e| panic!("{backend:?}: {e}"));
+    out[1]
+}
+
+#[test]
+fn a_slow_consumer_never_sees_an_overwritten_chunk() {
+    for backend in backends() {
+        assert_eq!(ring_run(backend, true, 2), 0, "{backend:?}: with credits");
+        // The negative control: without credits the producer overwrites
+        // slots under the slow consumer, and the test sees it.
+        assert!(
+            ring_run(backend, false, 1) > 0,
+            "{backend:?}: without credits nothing was overwritten?"
+        );
+    }
+}
+
+#[test]
+fn zero_elements_launch_nothing() {
+    for backend in backends() {
+        Communicator::local(2, backend, opts(), |comm| {
+            let ar = AllReduce::new(comm, 0, DType::F32)?;
+            let dev = comm.device();
+            let s = dev.new_stream()?;
+            let mut buf = dev.alloc_zeroed::<f32>(0)?;
+            ar.run_in_place(&s, &mut buf)?;
+            comm.synchronize(&s)?;
+            assert_eq!(ar.launches(), 0);
+            Ok(())
+        })
+        .unwrap();
+    }
+}
+
+fn expect_collective_error(r: doorbell::Result<()>, needle: &str) {
+    match r {
+        Err(Error::Collective { reason, .. }) => assert!(reason.contains(needle), "{reason:?} does not mention {needle:?}"),
+        other => panic!("expected an all-reduce error mentioning {needle:?}, got {other:?}"),
+    }
+}
+
+#[test]
+fn bad_arguments_are_clear_errors() {
+    let backend = Backend::Cpu;
+    Communicator::local(2, backend, opts(), |comm| {
+        let dev = comm.device();
+        let s = dev.new_stream()?;
+        let ar = AllReduce::new(comm, 10, DType::F32)?;
+        let input = dev.alloc_zeroed::<f32>(10)?;
+        let mut short = dev.alloc_zeroed::<f32>(9)?;
+        expect_collective_error(ar.run(&s, &input, &mut short), "9 elements");
+        let mut wrong_type = dev.alloc_zeroed::<Bf16>(10)?;
+        expect_collective_error(ar.run_in_place(&s, &mut wrong_type), "bf16");
+        let mut out = dev.alloc_zeroed::<f32>(10)?;
+        expect_collective_error(ar.fused_args(&s, &mut out).map(|_| ()), "pipelined");
+        let bad = |o: AllReduceOptions| AllReduce::with_options(comm, 10, DType::F32, &o).map(|_| ());
+        expect_collective_error(
+            bad(AllReduceOptions {
+                threads: Some(33),
+                ..Default::default()
+            }),
+            "multiple of 32",
+        );
+        expect_collective_error(
+            bad(AllReduceOptions {
+                chunk_bytes: Some(0),
+                ..Default::default()
+            }),
+            "chunk",
+        );
+        expect_collective_error(
+            bad(AllReduceOptions {
+                algo: Some(Algo::Copy),
+                ..Default::default()
+            }),
+            "one rank",
+        );
+        // Another device's stream.
+        let other = doorbell::Device::emulator(7).new_stream()?;
+        expect_collective_error(ar.run(&other, &input, &mut out), "another device");
+        Ok(())
+    })
+    .unwrap();
+    let r = Communicator::local(9, backend, opts(), |comm| AllReduce::new(comm, 10, DType::F32).map(|_| ()));
+    match r {
+        Err(e) => assert!(e.to_string().contains("1..=8"), "{e}"),
+        Ok(_) => panic!("9 ranks accepted"),
+    }
+}
