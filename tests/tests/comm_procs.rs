@@ -202,9 +202,12 @@ fn heap_files_of(pids: &[u32]) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// A child of `kill_9_of_a_rank_leaves_no_heap_file`: rank 0 prints its
-/// port, both print `FORMED` once the communicator stands; then rank 0 waits
-/// in a barrier (which fails when rank 1 dies) and rank 1 sleeps until killed.
+/// A child of the kill tests. Rank 0 (`0`) prints its port and forms the
+/// communicator; rank 1 forms it too (`1`), or (`1-scripted`) makes by hand
+/// the collectives `Communicator::new` makes up to the heap files, creates
+/// its heap file as a rank does, and stops there, as if killed while
+/// setting up. Both print `FORMED` (or `CREATED`); then rank 0 waits in a
+/// barrier, which fails when rank 1 dies, and rank 1 sleeps until killed.
 #[test]
 fn child_heap_rank() {
     let Ok(role) = std::env::var("DOORBELL_TEST_HEAP_CHILD") else {
@@ -218,11 +221,38 @@ fn child_heap_rank() {
     } else {
         World::rendezvous(&WorldConfig::from_env().unwrap().unwrap(), b"").unwrap()
     };
+    let heap_bytes = 1 << 20;
+    if role == "1-scripted" {
+        // Keep in step with Communicator::new: heap size, backend, device
+        // ids, then (process tag | heap file name); the file comes after.
+        let heap_len: u64 = doorbell_kernels::heap::HEAP_RESERVED + heap_bytes;
+        world.check_same("heap size", &heap_len.to_le_bytes()).unwrap();
+        world.check_same("backend", b"cpu").unwrap();
+        world.all_gather_bytes(b"0\ncpu").unwrap();
+        let name = format!("/dev/shm/doorbell-{}-{}", std::process::id(), "5a".repeat(16));
+        world.all_gather_bytes(&[&[0u8; 32][..], name.as_bytes()].concat()).unwrap();
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&name)
+            .unwrap();
+        f.set_len(heap_len).unwrap();
+        println!("CREATED");
+        std::thread::sleep(Duration::from_secs(60));
+    }
     let opts = CommOptions {
-        heap_bytes: 1 << 20,
+        heap_bytes,
         ..Default::default()
     };
-    let comm = Communicator::new(world, Device::emulator(0), opts).unwrap();
+    let comm = match Communicator::new(world, Device::emulator(0), opts) {
+        Ok(c) => c,
+        Err(e) => {
+            println!("NEW-FAILED {e}");
+            std::process::exit(0);
+        }
+    };
     assert_eq!(comm.describe_peers()[1 - comm.rank()], PeerRoute::SharedMemory);
     println!("FORMED");
     if role == "0" {
@@ -232,35 +262,40 @@ fn child_heap_rank() {
     std::thread::sleep(Duration::from_secs(60));
 }
 
+/// Starts a `child_heap_rank` as rank 0, or as rank 1 joining `port`; its
+/// stdout comes back line by line.
+fn spawn_heap_child(role: &str, port: Option<u16>) -> (std::process::Child, impl Iterator<Item = String>) {
+    use std::io::BufRead;
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args(["--exact", "child_heap_rank", "--nocapture", "--test-threads", "1"])
+        .env("DOORBELL_TEST_HEAP_CHILD", role)
+        .env_remove("DOORBELL_MASTER_PORT")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    if let Some(port) = port {
+        c.env("RANK", "1")
+            .env("WORLD_SIZE", "2")
+            .env("LOCAL_RANK", "1")
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .env("DOORBELL_TOKEN", TOKEN)
+            .env("DOORBELL_WORLD_TIMEOUT_S", "30");
+    }
+    let mut child = c.spawn().unwrap();
+    let lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    (child, lines.map_while(|l| l.ok()))
+}
+
+/// Rank 0's port, from its first line.
+fn port_of(out: &mut impl Iterator<Item = String>) -> u16 {
+    out.find_map(|l| l.split_once("PORT ").map(|(_, p)| p.trim().parse().unwrap()))
+        .expect("rank 0 printed no port")
+}
+
 #[test]
 fn kill_9_of_a_rank_leaves_no_heap_file() {
-    use std::io::BufRead;
-    let spawn = |role: &str, port: Option<u16>| {
-        let mut c = Command::new(std::env::current_exe().unwrap());
-        c.args(["--exact", "child_heap_rank", "--nocapture", "--test-threads", "1"])
-            .env("DOORBELL_TEST_HEAP_CHILD", role)
-            .env_remove("DOORBELL_MASTER_PORT")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        if let Some(port) = port {
-            c.env("RANK", "1")
-                .env("WORLD_SIZE", "2")
-                .env("LOCAL_RANK", "1")
-                .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", port.to_string())
-                .env("DOORBELL_TOKEN", TOKEN)
-                .env("DOORBELL_WORLD_TIMEOUT_S", "30");
-        }
-        let mut child = c.spawn().unwrap();
-        let lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
-        (child, lines.map_while(|l| l.ok()))
-    };
-    let (mut rank0, mut out0) = spawn("0", None);
-    let port: u16 = out0
-        .by_ref()
-        .find_map(|l| l.split_once("PORT ").map(|(_, p)| p.trim().parse().unwrap()))
-        .expect("rank 0 printed no port");
-    let (mut rank1, mut out1) = spawn("1", Some(port));
+    let (mut rank0, mut out0) = spawn_heap_child("0", None);
+    let (mut rank1, mut out1) = spawn_heap_child("1", Some(port_of(&mut out0)));
     // (The test harness may print its own words before ours on a line.)
     assert!(out1.by_ref().any(|l| l.ends_with("FORMED")), "rank 1 never formed the communicator");
     assert!(out0.by_ref().any(|l| l.ends_with("FORMED")), "rank 0 never formed the communicator");
@@ -276,4 +311,32 @@ fn kill_9_of_a_rank_leaves_no_heap_file() {
     assert!(barrier.contains("lost rank 1"), "{barrier}");
     rank0.wait().unwrap();
     assert_eq!(heap_files_of(&pids), Vec::<String>::new(), "heap files after kill -9 of rank 1");
+}
+
+#[test]
+fn kill_9_of_a_rank_while_heaps_are_set_up_leaves_no_heap_file() {
+    let (mut rank0, mut out0) = spawn_heap_child("0", None);
+    let (mut rank1, mut out1) = spawn_heap_child("1-scripted", Some(port_of(&mut out0)));
+    assert!(out1.by_ref().any(|l| l.ends_with("CREATED")), "rank 1 never created its heap file");
+    let pids = [rank0.id(), rank1.id()];
+    // Both files exist: rank 0 made its own and now waits for rank 1's handle.
+    let t0 = std::time::Instant::now();
+    while heap_files_of(&pids).len() < 2 {
+        assert!(t0.elapsed() < Duration::from_secs(20), "heap files: {:?}", heap_files_of(&pids));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    rank1.kill().unwrap(); // SIGKILL, with its file still in /dev/shm
+    rank1.wait().unwrap();
+    let failed = out0
+        .by_ref()
+        .find(|l| l.contains("NEW-FAILED "))
+        .expect("rank 0's set-up did not fail");
+    assert!(failed.contains("lost rank 1"), "{failed}");
+    rank0.wait().unwrap();
+    // Rank 0 removed its own file and the dead rank's, whose name it had.
+    assert_eq!(
+        heap_files_of(&pids),
+        Vec::<String>::new(),
+        "heap files after kill -9 of rank 1 during set-up"
+    );
 }
