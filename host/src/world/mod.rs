@@ -227,7 +227,8 @@ pub struct PeerInfo {
     pub local_rank: usize,
     /// The host it runs on.
     pub hostname: String,
-    /// Its process id.
+    /// Its process id, as it claims: proves nothing (a peer may claim any
+    /// pid), so nothing that touches memory relies on it.
     pub pid: u32,
     /// The opaque layout blob it presented to the rendezvous (empty in thread
     /// worlds).

@@ -356,7 +356,7 @@ impl RendezvousHost {
                             detail,
                         };
                         abort_all(&mut joined, &reason.encode());
-                        report_turned_away(turned_away);
+                        report_turned_away(turned_away, self.max_pending);
                         return Err(reason.into_error(rank));
                     }
                     Handshake::Joined(mut link, addr, hello) => match check_hello(hello, cfg, &joined, addr) {
@@ -374,7 +374,7 @@ impl RendezvousHost {
                             let body = reason.encode();
                             let _ = link.write(Kind::Abort, &body, Instant::now() + NOTIFY_GRACE);
                             abort_all(&mut joined, &body);
-                            report_turned_away(turned_away);
+                            report_turned_away(turned_away, self.max_pending);
                             return Err(reason.into_error(rank));
                         }
                     },
@@ -389,7 +389,7 @@ impl RendezvousHost {
                     missing: missing_of(&joined),
                 };
                 abort_all(&mut joined, &reason.encode());
-                report_turned_away(turned_away);
+                report_turned_away(turned_away, self.max_pending);
                 return Err(reason.into_error(rank));
             }
             poll = if busy {
@@ -407,7 +407,7 @@ impl RendezvousHost {
             pid: std::process::id(),
             layout: layout.to_vec(),
         };
-        report_turned_away(turned_away);
+        report_turned_away(turned_away, self.max_pending);
         let mut table = vec![me];
         let mut links: Vec<Option<Link>> = vec![None];
         for slot in joined.into_iter().skip(1) {
@@ -444,12 +444,9 @@ impl RendezvousHost {
     }
 }
 
-fn report_turned_away(n: u64) {
+fn report_turned_away(n: u64, max_pending: usize) {
     if n > 0 {
-        eprintln!(
-            "doorbell: rendezvous: closed {n} connection(s) at once because {MAX_PENDING_HANDSHAKES} handshakes (or the \
-             configured limit) were already running"
-        );
+        eprintln!("doorbell: rendezvous: closed {n} connection(s) at once because {max_pending} handshakes were already running");
     }
 }
 
