@@ -57,9 +57,13 @@
 //! comparisons against values in the handle (see `p2p_bench`'s `checks`
 //! row for the measured cost).
 
+pub mod ibgda;
 pub mod p2p;
+pub mod routed;
 
+pub use ibgda::Ibgda;
 pub use p2p::P2p;
+pub use routed::Routed;
 
 pub use crate::heap::{Call, ErrorKind, ErrorReport};
 pub use crate::sync::Timeout;

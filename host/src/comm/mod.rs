@@ -51,7 +51,9 @@ use crate::memory::{DeviceBuffer, DeviceCopy};
 use crate::stream::Stream;
 use crate::world::World;
 
+mod ibgda;
 mod shm;
+pub use ibgda::{IbgdaOptions, RdmaPeers};
 use shm::ShmRegion;
 
 /// Communicator settings.
@@ -174,6 +176,9 @@ pub struct Communicator {
     next: Mutex<(u64, u64)>,
     budget_ns: u64,
     same_gpu: bool,
+    /// The IBGDA transport's resources, once set up (`ibgda.rs`); dropped
+    /// before the heap they name.
+    ibgda: Mutex<Option<ibgda::IbgdaState>>,
     // Drop order: mappings of peers before our own heap.
     _mappings: Vec<Mapping>,
     _heap: Heap,
@@ -369,6 +374,7 @@ impl Communicator {
             next: Mutex::new((HEAP_RESERVED, 0)),
             budget_ns: opts.wait_timeout.as_nanos().min(u64::MAX as u128) as u64,
             same_gpu,
+            ibgda: Mutex::new(None),
             _mappings: mappings,
             _heap: heap,
         })

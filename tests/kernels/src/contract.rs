@@ -2,7 +2,7 @@
 //! visible when its signal is seen, multi-word waits — and `Shadow`, a
 //! second transport, so every body here is instantiated for two.
 
-use doorbell_kernels::transport::{Cmp, CommError, Coop, P2p, SignalOp, Transport};
+use doorbell_kernels::transport::{Cmp, CommError, Coop, Ibgda, P2p, Routed, SignalOp, Transport};
 use doorbell_kernels::{kernel, ptx};
 
 /// A test transport: P2P underneath, plus a count of the data-moving calls
@@ -123,7 +123,7 @@ pub fn code(r: Result<(), CommError>) -> u32 {
 /// rank `world`; 5 `wait_until_some` over 65 words; 6 a good
 /// `put_signal_block` (the control case). `out[0]` = [`code`] of thread 0's
 /// result, `out[1]` = how many threads got a different code.
-#[kernel(transports(P2p, Shadow))]
+#[kernel(transports(P2p, Shadow, Ibgda, Routed))]
 pub unsafe fn bad_call<T: Transport>(t: T, dst: *mut u8, src: *const u8, bytes: u64, sig: *mut u64, case: u32, out: *mut u32) {
     if t.rank() != 0 {
         return;
@@ -182,7 +182,7 @@ pub fn payload(i: u32, b: u32, w: u32) -> u32 {
 /// waits for `sig[b] == i`, checks every word, counts wrong words in
 /// `wrong[b]`, and acks with `ack[b] = i` on rank 0. `status[b]`: 1 ok,
 /// 2 timeout, 3 another error.
-#[kernel(transports(P2p, Shadow))]
+#[kernel(transports(P2p, Shadow, Ibgda, Routed))]
 pub unsafe fn flagged_rounds<T: Transport>(
     t: T,
     data: *mut u32,
@@ -296,7 +296,7 @@ pub unsafe fn flagged_rounds<T: Transport>(
 /// then confirms with `wait_until_all` and `wait_until_any`; `out[0]` = the
 /// mask collected, `out[1]` = the calls it took, `out[2]` = [`code`] of
 /// the first error (0 if none), `out[3]` = the index `wait_until_any` gave.
-#[kernel(transports(P2p, Shadow))]
+#[kernel(transports(P2p, Shadow, Ibgda, Routed))]
 pub unsafe fn collect_signals<T: Transport>(t: T, sigs: *mut u64, count: u32, gap_ns: u64, out: *mut u64) {
     if ptx::thread_rank_in_block() != 0 || ptx::block_idx_x() != 0 {
         return;

@@ -119,7 +119,7 @@ pub unsafe fn atomics_and_fences(counter: *mut u32, done: *mut u32, out: *mut u3
 }
 
 use crate::contract::Shadow;
-use doorbell_kernels::transport::{Cmp, P2p, SignalOp, Transport};
+use doorbell_kernels::transport::{Cmp, Ibgda, P2p, Routed, SignalOp, Transport};
 
 /// A failed transport call's status: `STATUS_TIMEOUT` for a timeout, else
 /// `STATUS_ERROR`.
@@ -134,7 +134,7 @@ pub const STATUS_ERROR: u32 = 3;
 ///
 /// `status` is set to `STATUS_OK`, `STATUS_TIMEOUT` or `STATUS_ERROR`. One
 /// block per rank. One body, an entry per transport: `ring_p2p`, `ring_shadow`.
-#[kernel(transports(P2p, Shadow))]
+#[kernel(transports(P2p, Shadow, Ibgda, Routed))]
 pub unsafe fn ring<T: Transport>(
     t: T,
     src: *mut u8,

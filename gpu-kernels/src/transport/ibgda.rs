@@ -1,0 +1,1138 @@
+//! The IBGDA transport: the GPU builds mlx5 WQEs, rings the doorbell and
+//! polls completions itself (InfiniBand GPUDirect Async). Runs over a
+//! ConnectX NIC or, where there is none, the soft NIC (`doorbell-softnic`),
+//! which executes the same WQE bytes.
+//!
+//! ## What each call posts
+//! | call | WQEs (on the calling block's QP to the peer) |
+//! |---|---|
+//! | `put` | RDMA WRITE, split into chunks of at most [`Ibgda::max_msg`] bytes |
+//! | `get` | RDMA READ, chunked the same way |
+//! | `signal` `Add` | ATOMIC fetch-add (the old value lands in the slot's scratch word) |
+//! | `signal` `Set` | 8-byte RDMA WRITE from the slot's scratch word holding the value |
+//! | `put_signal` | the WRITEs, then the signal WQE, **on the same QP** |
+//! | `quiet`, `quiet_peer`, blocking calls | poll the QP's CQ until the last WQE posted has completed |
+//! | `barrier` | quiet, then an 8-byte WRITE of the epoch into every rank's barrier slot, then local waits |
+//!
+//! **Why fetch-add for `Add` and a WRITE for `Set`**: `Add` must be atomic
+//! against other ranks' adds to the same word, which only a NIC atomic is;
+//! `Set` needs no atomicity, and a WRITE is cheaper than a compare-swap
+//! loop and lands with the same ordering. The value a `Set` writes sits in
+//! a per-slot scratch word ([`IbgdaQp::scratch`], one word per SQ slot, in
+//! registered memory): it stays unchanged until the slot is reused, which
+//! flow control allows only after the WQE completed — so `_nbi` signals
+//! need no caller-owned buffer. (mlx5 could also carry the 8 bytes inline
+//! in the WQE; the soft NIC does not emulate inline data.)
+//!
+//! **Ordering.** Every operation of a block to a peer goes to the same QP
+//! (`block index mod qps_per_peer`), and an RC QP executes its requests in
+//! order: the responder places a WRITE's data before it executes the next
+//! request of that QP. So the signal WQE of `put_signal`, posted after the
+//! data WQEs on the same QP, is seen only after the data — no completion
+//! wait, no fence bit (mlx5's fence bit waits for earlier READs and atomics,
+//! which `put_signal` does not depend on). [`Transport::fence`] therefore
+//! orders nothing extra. A block's `signal` after its warps' puts (barrier,
+//! `fence`, `signal`) is ordered the same way: the puts' WQEs were rung
+//! before the barrier, the signal's after.
+//!
+//! **Local signal words** are written by the NIC: waits are plain
+//! `ld.acquire.sys` loads bounded by [`crate::sync::Spin`].
+//!
+//! ## The send queue shared by warps
+//! Per QP, a small state block in device memory ([`QpState`]): producer
+//! and ready indices (the mlx5 pipeline's), the CQ consumer index, the
+//! **completed** index (WQEs known complete), a poll lock, an error word.
+//!
+//! 1. **Reserve**: one atomic add on the producer index per batch (lane 0
+//!    of a warp, or the calling thread), 1..=32 WQEs.
+//! 2. **Flow control**: the batch writes its slots only once
+//!    `end - completed <= sq_size` — a reservation never overruns WQEs the
+//!    NIC has not consumed. While waiting, the poster drives completions.
+//! 3. **Write**: lane `i` writes WQE `i`; only the batch's last WQE asks for
+//!    a completion.
+//! 4. **Submit in order**: wait for the ready index to reach the batch's
+//!    start, doorbell record, doorbell, hand over the turn.
+//! 5. **Complete**: whoever waits takes the poll lock if it is free and
+//!    consumes every CQE present (no one ever blocks while holding it),
+//!    advancing the completed index; others re-read the index.
+//!
+//! **CQ sizing**: every CQE answers at least one WQE, and flow control keeps
+//! at most `sq_size` WQEs without a consumed CQE, so a CQ of `sq_size`
+//! entries cannot overflow (flushes complete every WQE, still at most
+//! `sq_size`).
+//!
+//! **Errors.** An error CQE is never "not done yet": the first one sets the
+//! QP's error word (syndrome and the failing WQE's index); waiters for WQEs
+//! at or past it get [`CommError::Completion`], later posters are refused at
+//! once. A batch that times out (no free slots, no turn, no completion)
+//! marks the QP **wedged**, so later warps fail at once instead of each
+//! waiting out its budget. Either way the first error is recorded in the
+//! heap header; the host reports the QP states and resets them
+//! (`Communicator::ibgda_reset`).
+
+use super::{Cmp, CommError, Coop, SignalOp, Transport};
+use crate::heap::{Call, ErrorKind, ErrorReport, EPOCH_OFFSET, HEAP_RESERVED, REPORT_OFFSET};
+use crate::mlx5::cq::{classify_cqe, cqe_ready, op_own_of, CqError, CqeState};
+use crate::mlx5::queue::{ring_doorbell, update_doorbell_record, wqe_slot, QpHandle};
+use crate::mlx5::wqe::{write_atomic_fetch_add_wqe, write_rdma_read_wqe, write_rdma_write_wqe, Transfer, FLAG_SIGNALED};
+use crate::ptx;
+use crate::sync::{Spin, Timeout};
+
+/// Registered local buffers a handle carries besides the heap.
+pub const REG_SLOTS: usize = 4;
+/// Most WQEs in one batch (one per lane).
+pub const MAX_BATCH: u32 = 32;
+/// [`QpState::error`]: a completion error; the low byte is the syndrome.
+pub const QP_ERR_COMPLETION: u32 = 0x100;
+/// [`QpState::error`]: a post or completion wait timed out (the QP is wedged).
+pub const QP_ERR_WEDGED: u32 = 0x200;
+
+/// The software state of one QP, in device memory (64 bytes). The
+/// [`QpHandle`] of the QP points at its first three words.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpState {
+    /// Producer index: WQEs reserved (wrapping).
+    pub producer: u32,
+    /// Ready index: WQEs whose doorbell has rung.
+    pub ready: u32,
+    /// CQ consumer index.
+    pub cq_consumer: u32,
+    /// WQEs known complete (every WQE below it), from the CQEs consumed.
+    pub completed: u32,
+    /// 1 while a thread consumes CQEs.
+    pub poll_lock: u32,
+    /// 0: healthy; [`QP_ERR_COMPLETION`] | syndrome; [`QP_ERR_WEDGED`].
+    pub error: u32,
+    /// The index of the first WQE not known good once `error` is set.
+    pub error_at: u32,
+    /// Reserved, zero.
+    pub _reserved: [u32; 9],
+}
+const _: () = assert!(core::mem::size_of::<QpState>() == 64);
+
+/// One QP as kernels see it (128 bytes, in device memory).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct IbgdaQp {
+    /// The mlx5 rings, doorbells and counters.
+    pub qp: QpHandle,
+    /// Its software state (`qp.sq_producer` etc. point into it).
+    pub state: *mut QpState,
+    /// One 8-byte word per SQ slot: the value of a `Set` signal, the
+    /// returned old value of a fetch-add. Registered with `scratch_lkey`.
+    pub scratch: *mut u64,
+    /// Local key of `scratch`.
+    pub scratch_lkey: u32,
+    /// The peer this QP reaches.
+    pub peer: u32,
+    /// The peer's heap base (remote address of offset 0).
+    pub remote_base: u64,
+    /// The peer's heap rkey.
+    pub rkey: u32,
+    /// Reserved, zero.
+    pub _pad: u32,
+    /// Reserved, zero.
+    pub _reserved: u64,
+}
+const _: () = assert!(core::mem::size_of::<IbgdaQp>() == 128);
+
+/// A registered local buffer: puts may read from it, gets write into it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RegRegion {
+    /// First byte (device address).
+    pub addr: u64,
+    /// Bytes.
+    pub len: u64,
+    /// Local key.
+    pub lkey: u32,
+    /// Reserved, zero.
+    pub _pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<RegRegion>() == 24);
+
+/// The IBGDA transport's device handle. Plain `#[repr(C)]` data made by
+/// `Communicator::ibgda`; immutable for a kernel's life. Calls may come
+/// from any number of warps and blocks at once.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Ibgda {
+    /// This rank.
+    pub rank: u32,
+    /// Number of ranks.
+    pub world: u32,
+    /// Heap size in bytes, header included (same on every rank).
+    pub heap_bytes: u64,
+    /// This rank's heap base.
+    pub local_base: u64,
+    /// Spin budget of every wait, ns.
+    pub budget_ns: u64,
+    /// `world × qps_per_peer` QPs: peer `p`'s QP `k` at `p × qps_per_peer + k`.
+    pub qps: *const IbgdaQp,
+    /// QPs per peer, ≥ 1; block `b` uses QP `b mod qps_per_peer`.
+    pub qps_per_peer: u32,
+    /// Largest message of one WQE, bytes (a put or get is split).
+    pub max_msg: u32,
+    /// Local key of this rank's heap.
+    pub heap_lkey: u32,
+    /// Entries of `reg` in use.
+    pub nreg: u32,
+    /// Registered buffers (`Communicator::ibgda_register`).
+    pub reg: [RegRegion; REG_SLOTS],
+}
+const _: () = assert!(core::mem::size_of::<Ibgda>() == 56 + 24 * REG_SLOTS);
+
+#[cfg(not(target_arch = "nvptx64"))]
+// SAFETY: #[repr(C)] plain data (integers, a pointer, plain structs), 8-byte
+// aligned, matching the struct-by-value parameter of the PTX entry point.
+unsafe impl crate::KernelParam for Ibgda {}
+
+/// Who posts a batch: one thread doing every WQE, or a converged warp with
+/// lane `i` doing WQE `i`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Poster {
+    Thread,
+    Warp,
+}
+
+impl Poster {
+    #[inline(always)]
+    fn leads(self) -> bool {
+        self == Poster::Thread || ptx::lane_id() == 0
+    }
+}
+
+/// An operation of a batch: chunk `k` of a transfer, or the signal.
+#[derive(Clone, Copy)]
+struct Xfer {
+    /// WRITE (put) or READ (get).
+    read: bool,
+    /// Remote address of the transfer's first byte.
+    raddr: u64,
+    /// Local address of the transfer's first byte.
+    laddr: u64,
+    lkey: u32,
+    bytes: u64,
+}
+
+#[derive(Clone, Copy)]
+struct Sig {
+    /// Remote address of the word.
+    raddr: u64,
+    value: u64,
+    op: SignalOp,
+}
+
+/// Errors as two words, to broadcast from the posting lane.
+#[inline(always)]
+fn encode(r: Result<u32, CommError>) -> (u32, u32) {
+    match r {
+        Ok(v) => (0, v),
+        Err(CommError::Timeout(t)) => (1, t.seen as u32),
+        Err(CommError::Completion { syndrome, .. }) => (2, syndrome as u32),
+        Err(_) => (3, 0),
+    }
+}
+
+#[inline(always)]
+fn decode(kind: u32, v: u32, peer: u32) -> Result<u32, CommError> {
+    match kind {
+        0 => Ok(v),
+        1 => Err(CommError::Timeout(Timeout { seen: v as u64 })),
+        2 => Err(CommError::Completion { peer, syndrome: v as u8 }),
+        _ => Err(CommError::BadCount { count: 0 }),
+    }
+}
+
+/// `a` is at or past `b` (indices within half the counter space).
+#[inline(always)]
+fn reached(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) >= 0
+}
+
+impl Ibgda {
+    // ---- argument checks and reports (as P2p's) --------------------------
+
+    #[inline(always)]
+    fn reserved(&self, offset: u64) -> *mut u64 {
+        (self.local_base + offset) as *mut u64
+    }
+
+    /// Records the first error of this rank and returns it.
+    #[inline(never)]
+    fn fail(&self, e: CommError, call: Call, peer: u32, offset: u64) -> CommError {
+        let (kind, detail, bytes, seen) = match e {
+            CommError::Timeout(t) => (ErrorKind::Timeout, 0, 0, t.seen),
+            CommError::Completion { syndrome, .. } => (ErrorKind::Completion, syndrome as u32, 0, 0),
+            CommError::BadPeer { .. } => (ErrorKind::BadPeer, 0, 0, 0),
+            CommError::OutOfRange { bytes, .. } => (ErrorKind::OutOfRange, 0, bytes, 0),
+            CommError::Misaligned { .. } => (ErrorKind::Misaligned, 0, 0, 0),
+            CommError::BadCount { count } => (ErrorKind::BadCount, 0, count, 0),
+        };
+        self.record(ErrorReport {
+            present: 0,
+            rank: self.rank,
+            kind: kind as u32,
+            call: call as u32,
+            peer,
+            block: ptx::block_idx_x(),
+            detail,
+            _pad: 0,
+            offset,
+            bytes,
+            expected: 0,
+            seen,
+            budget_ns: self.budget_ns,
+        });
+        e
+    }
+
+    #[inline(never)]
+    fn fail_wait(&self, t: Timeout, call: Call, peer: u32, at: u64, cmp: Cmp, expected: u64) -> CommError {
+        self.record(ErrorReport {
+            present: 0,
+            rank: self.rank,
+            kind: ErrorKind::Timeout as u32,
+            call: call as u32,
+            peer,
+            block: ptx::block_idx_x(),
+            detail: cmp as u32,
+            _pad: 0,
+            offset: at.wrapping_sub(self.local_base),
+            bytes: 8,
+            expected,
+            seen: t.seen,
+            budget_ns: self.budget_ns,
+        });
+        CommError::Timeout(t)
+    }
+
+    /// First error wins: CAS on the flag, fill, publish at sys scope.
+    fn record(&self, report: ErrorReport) {
+        let flag = self.reserved(REPORT_OFFSET) as *mut u32;
+        // SAFETY: the report area lies in the reserved heap header.
+        unsafe {
+            if ptx::atom_cas_relaxed_gpu_u32(flag, 0, 1) == 0 {
+                let words = &report as *const ErrorReport as *const u32;
+                let mut i = 1;
+                while i < core::mem::size_of::<ErrorReport>() / 4 {
+                    core::ptr::write_volatile(flag.add(i), *words.add(i));
+                    i += 1;
+                }
+                ptx::fence_sc_sys();
+                ptx::st_release_sys_u32(flag, 2);
+            }
+        }
+    }
+
+    /// `peer` in the world and `[local, local + bytes)` in the heap's user part.
+    #[inline(always)]
+    fn check_range(&self, call: Call, local: u64, bytes: u64, peer: u32) -> Result<u64, CommError> {
+        let off = local.wrapping_sub(self.local_base);
+        if peer >= self.world {
+            return Err(self.fail(CommError::BadPeer { peer }, call, peer, off));
+        }
+        if off < HEAP_RESERVED || off > self.heap_bytes || bytes > self.heap_bytes - off {
+            return Err(self.fail(CommError::OutOfRange { offset: off, bytes }, call, peer, off));
+        }
+        Ok(off)
+    }
+
+    #[inline(always)]
+    fn check_signal(&self, call: Call, sig: u64, peer: u32) -> Result<u64, CommError> {
+        let off = self.check_range(call, sig, 8, peer)?;
+        if off & 7 != 0 {
+            return Err(self.fail(CommError::Misaligned { offset: off }, call, peer, off));
+        }
+        Ok(off)
+    }
+
+    /// The local key covering `[addr, addr + bytes)`: the heap, or a
+    /// registered buffer; else the range is refused (the NIC could not
+    /// reach it).
+    #[inline(always)]
+    fn local_key(&self, call: Call, addr: u64, bytes: u64, peer: u32) -> Result<u32, CommError> {
+        let off = addr.wrapping_sub(self.local_base);
+        if bytes == 0 || off <= self.heap_bytes && bytes <= self.heap_bytes - off {
+            return Ok(self.heap_lkey);
+        }
+        let mut i = 0;
+        while i < REG_SLOTS {
+            let r = self.reg[i];
+            let o = addr.wrapping_sub(r.addr);
+            if (i as u32) < self.nreg && o <= r.len && bytes <= r.len - o {
+                return Ok(r.lkey);
+            }
+            i += 1;
+        }
+        Err(self.fail(CommError::OutOfRange { offset: off, bytes }, call, peer, off))
+    }
+
+    // ---- QPs ---------------------------------------------------------------
+
+    /// The calling block's QP to `peer` (`peer < world`).
+    #[inline(always)]
+    fn qp(&self, peer: u32) -> IbgdaQp {
+        let k = if self.qps_per_peer <= 1 {
+            0
+        } else {
+            ptx::block_idx_x() % self.qps_per_peer
+        };
+        // SAFETY: `qps` has world × qps_per_peer entries.
+        unsafe { *self.qps.add((peer * self.qps_per_peer + k) as usize) }
+    }
+
+    /// The QP error as a device error (and its report).
+    #[inline(never)]
+    fn qp_failed(&self, err: u32, call: Call, peer: u32) -> CommError {
+        let e = if err & QP_ERR_COMPLETION != 0 {
+            CommError::Completion { peer, syndrome: err as u8 }
+        } else {
+            CommError::Timeout(Timeout { seen: 0 })
+        };
+        self.fail(e, call, peer, 0)
+    }
+
+    /// Marks the QP wedged (first error wins), records the timeout.
+    #[inline(never)]
+    fn wedge(&self, q: &IbgdaQp, call: Call, peer: u32, seen: u32, expected: u32) -> CommError {
+        // SAFETY: the QP's state words.
+        unsafe {
+            let s = q.state;
+            let done = ptx::ld_acquire_gpu_u32(&raw const (*s).completed);
+            if ptx::atom_cas_relaxed_gpu_u32(&raw mut (*s).error, 0, QP_ERR_WEDGED) == 0 {
+                ptx::st_release_gpu_u32(&raw mut (*s).error_at, done);
+            }
+        }
+        let t = Timeout { seen: seen as u64 };
+        self.record(ErrorReport {
+            present: 0,
+            rank: self.rank,
+            kind: ErrorKind::Timeout as u32,
+            call: call as u32,
+            peer,
+            block: ptx::block_idx_x(),
+            detail: Cmp::Ge as u32,
+            _pad: 0,
+            offset: 0,
+            bytes: 0,
+            expected: expected as u64,
+            seen: seen as u64,
+            budget_ns: self.budget_ns,
+        });
+        CommError::Timeout(t)
+    }
+
+    /// Consumes every CQE present, if no other thread is doing so. Never
+    /// blocks. Each CQE advances the completed index to just past the WQE
+    /// it reports; the first error CQE sets the error word.
+    ///
+    /// # Safety
+    /// The QP's rings and state are valid.
+    #[inline(never)]
+    unsafe fn progress(q: &IbgdaQp) {
+        let s = q.state;
+        // SAFETY: the QP's state words; the lock makes this thread the CQ's
+        // only consumer until it releases it.
+        unsafe {
+            if ptx::atom_cas_acquire_gpu_u32(&raw mut (*s).poll_lock, 0, 1) != 0 {
+                return;
+            }
+            let size = q.qp.cq_size;
+            let mut ci = core::ptr::read_volatile(&raw const (*s).cq_consumer);
+            let mut done = core::ptr::read_volatile(&raw const (*s).completed);
+            let start = done;
+            loop {
+                let cqe = q.qp.cq.add(((ci & (size - 1)) as usize) * 16);
+                // Acquire: the rest of the CQE and the data the NIC moved
+                // are read (or published) after it.
+                let last = ptx::ld_acquire_sys_u32(cqe.add(15));
+                if !cqe_ready(op_own_of(last), ci, size) {
+                    break;
+                }
+                let mut w = [0u32; 16];
+                let a = ptx::ld_v4_u32(cqe.add(8));
+                let b = ptx::ld_v4_u32(cqe.add(12));
+                w[8..12].copy_from_slice(&a);
+                w[12] = b[0];
+                w[13] = b[1];
+                w[14] = b[2];
+                w[15] = last;
+                let (counter, err) = match classify_cqe(&w, ci, size) {
+                    CqeState::Done(c) => (c.wqe_counter, 0),
+                    CqeState::Error(CqError::Failed { wqe_counter, syndrome, .. }) => {
+                        (wqe_counter, QP_ERR_COMPLETION | syndrome.as_u8() as u32)
+                    }
+                    CqeState::Error(CqError::UnexpectedOpcode { wqe_counter, .. }) => (wqe_counter, QP_ERR_COMPLETION | 0xff),
+                    CqeState::Error(CqError::Timeout { wqe_counter, .. }) => (wqe_counter, QP_ERR_WEDGED),
+                    CqeState::Empty { .. } => break,
+                };
+                // The 16-bit counter of the WQE reported, widened: every WQE
+                // up to it is complete.
+                let failed_at = done.wrapping_add(counter.wrapping_sub(done as u16) as u32);
+                if err != 0 && ptx::atom_cas_relaxed_gpu_u32(&raw mut (*s).error, 0, err) == 0 {
+                    core::ptr::write_volatile(&raw mut (*s).error_at, failed_at);
+                }
+                done = failed_at.wrapping_add(1);
+                ci = ci.wrapping_add(1);
+                core::ptr::write_volatile(&raw mut (*s).cq_consumer, ci);
+                ptx::st_release_sys_u32(q.qp.cq_dbr, (ci & 0xff_ffff).swap_bytes());
+            }
+            if done != start {
+                // Release: what the NIC wrote (get data) and the error word
+                // are visible to a thread that sees the new index.
+                ptx::st_release_gpu_u32(&raw mut (*s).completed, done);
+            }
+            ptx::st_release_gpu_u32(&raw mut (*s).poll_lock, 0);
+        }
+    }
+
+    /// Waits until every WQE before `target` on `q` has completed, driving
+    /// the CQ. A queue that moves restarts the budget.
+    ///
+    /// # Safety
+    /// The QP's rings and state are valid.
+    unsafe fn wait_complete(&self, q: &IbgdaQp, target: u32, call: Call, peer: u32) -> Result<(), CommError> {
+        let s = q.state;
+        let mut spin = Spin::new(self.budget_ns);
+        // SAFETY: the QP's state words.
+        let mut last = unsafe { ptx::ld_acquire_gpu_u32(&raw const (*s).completed) };
+        loop {
+            // SAFETY: as above.
+            let err = unsafe { ptx::ld_acquire_gpu_u32(&raw const (*s).error) };
+            if err != 0 {
+                // SAFETY: as above; written before `error` was published.
+                let at = unsafe { ptx::ld_relaxed_gpu_u32(&raw const (*s).error_at) };
+                if !reached(at, target) {
+                    return Err(self.qp_failed(err, call, peer));
+                }
+            }
+            if reached(last, target) {
+                return Ok(());
+            }
+            // SAFETY: the caller's contract.
+            unsafe { Self::progress(q) };
+            // SAFETY: the QP's state words.
+            let now = unsafe { ptx::ld_acquire_gpu_u32(&raw const (*s).completed) };
+            if now != last {
+                last = now;
+                spin.restart();
+                continue;
+            }
+            if !spin.again() {
+                return Err(self.wedge(q, call, peer, last, target));
+            }
+        }
+    }
+
+    /// Lane 0 / the thread: refuses a QP in error, reserves `count` slots,
+    /// waits until they are free. Returns the first index.
+    unsafe fn reserve(&self, q: &IbgdaQp, count: u32, call: Call, peer: u32) -> Result<u32, CommError> {
+        let s = q.state;
+        // SAFETY: the QP's state words.
+        unsafe {
+            let err = ptx::ld_acquire_gpu_u32(&raw const (*s).error);
+            if err != 0 {
+                return Err(self.qp_failed(err, call, peer));
+            }
+            // Relaxed: the ready index orders what the NIC sees.
+            let start = ptx::atom_add_relaxed_gpu_u32(&raw mut (*s).producer, count);
+            let end = start.wrapping_add(count);
+            let mut spin = Spin::new(self.budget_ns);
+            let mut last = ptx::ld_acquire_gpu_u32(&raw const (*s).completed);
+            while end.wrapping_sub(last) > q.qp.sq_size {
+                let err = ptx::ld_acquire_gpu_u32(&raw const (*s).error);
+                if err != 0 {
+                    return Err(self.qp_failed(err, call, peer));
+                }
+                Self::progress(q);
+                let now = ptx::ld_acquire_gpu_u32(&raw const (*s).completed);
+                if now != last {
+                    last = now;
+                    spin.restart();
+                } else if !spin.again() {
+                    return Err(self.wedge(q, call, peer, last, end.wrapping_sub(q.qp.sq_size)));
+                }
+            }
+            Ok(start)
+        }
+    }
+
+    /// Lane 0 / the thread: rings the batch `start..start + count` in
+    /// reservation order (waits for the ready index), or gives up when the
+    /// QP fails meanwhile or the budget runs out (the QP is then wedged).
+    unsafe fn submit(&self, q: &IbgdaQp, start: u32, count: u32, head: u64, call: Call, peer: u32) -> Result<u32, CommError> {
+        let s = q.state;
+        let end = start.wrapping_add(count);
+        let mut spin = Spin::new(self.budget_ns);
+        // SAFETY: the QP's state words and doorbells.
+        unsafe {
+            loop {
+                // Acquire pairs with the previous batch's release below.
+                let r = ptx::ld_acquire_gpu_u32(&raw const (*s).ready);
+                if r == start {
+                    break;
+                }
+                let err = ptx::ld_acquire_gpu_u32(&raw const (*s).error);
+                if err != 0 {
+                    return Err(self.qp_failed(err, call, peer));
+                }
+                if !spin.again() {
+                    return Err(self.wedge(q, call, peer, r, start));
+                }
+            }
+            update_doorbell_record(&q.qp, end);
+            ring_doorbell(&q.qp, head);
+            ptx::st_release_gpu_u32(&raw mut (*s).ready, end);
+        }
+        Ok(end)
+    }
+
+    /// Writes WQE `i` of a batch starting at `start` into its slot: chunk
+    /// `i + first` of `x` when `i < chunks`, else the signal.
+    #[inline(always)]
+    unsafe fn write_item(q: &IbgdaQp, start: u32, i: u32, last: u32, first: u64, chunks: u32, x: &Xfer, sig: &Sig, max_msg: u64) -> u64 {
+        let idx = start.wrapping_add(i);
+        let flags = if i == last { FLAG_SIGNALED } else { 0 };
+        // SAFETY: the slot is reserved for this WQE and free.
+        let slot = unsafe { wqe_slot(&q.qp, idx) };
+        if i < chunks {
+            let k = first + i as u64;
+            let off = k * max_msg;
+            let len = (x.bytes - off).min(max_msg) as u32;
+            let t = Transfer {
+                raddr: x.raddr + off,
+                rkey: q.rkey,
+                laddr: x.laddr + off,
+                lkey: x.lkey,
+                len,
+            };
+            // SAFETY: as above.
+            unsafe {
+                if x.read {
+                    write_rdma_read_wqe(slot, idx as u16, q.qp.qpn, &t, flags)
+                } else {
+                    write_rdma_write_wqe(slot, idx as u16, q.qp.qpn, &t, flags)
+                }
+            }
+        } else {
+            // SAFETY: one scratch word per slot; free with the slot.
+            let scratch = unsafe { q.scratch.add((idx & (q.qp.sq_size - 1)) as usize) };
+            let t = Transfer {
+                raddr: sig.raddr,
+                rkey: q.rkey,
+                laddr: scratch as u64,
+                lkey: q.scratch_lkey,
+                len: 8,
+            };
+            // SAFETY: as above.
+            unsafe {
+                match sig.op {
+                    SignalOp::Set => {
+                        core::ptr::write_volatile(scratch, sig.value);
+                        write_rdma_write_wqe(slot, idx as u16, q.qp.qpn, &t, flags)
+                    }
+                    SignalOp::Add => write_atomic_fetch_add_wqe(slot, idx as u16, q.qp.qpn, &t, sig.value, flags),
+                }
+            }
+        }
+    }
+
+    /// Posts one batch: chunks `first..first + chunks` of `x`, then the
+    /// signal when `with_sig` — 1..=32 WQEs, only the last signaled.
+    /// Returns the completion target (the index past the batch), on every
+    /// lane of a warp poster.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn post_batch(
+        &self,
+        p: Poster,
+        q: &IbgdaQp,
+        x: &Xfer,
+        first: u64,
+        chunks: u32,
+        sig: Option<&Sig>,
+        call: Call,
+        peer: u32,
+    ) -> Result<u32, CommError> {
+        let count = chunks + sig.is_some() as u32;
+        let no_sig = Sig {
+            raddr: 0,
+            value: 0,
+            op: SignalOp::Set,
+        };
+        let sig = sig.unwrap_or(&no_sig);
+        let max_msg = self.max_msg as u64;
+        let last = count - 1;
+        if p == Poster::Thread {
+            // SAFETY: the handle's QPs are valid.
+            unsafe {
+                let start = self.reserve(q, count, call, peer)?;
+                let mut head = 0;
+                for i in 0..count {
+                    head = Self::write_item(q, start, i, last, first, chunks, x, sig, max_msg);
+                }
+                return self.submit(q, start, count, head, call, peer);
+            }
+        }
+        let lane = ptx::lane_id();
+        let mut r = (0u32, 0u32);
+        if lane == 0 {
+            // SAFETY: as above.
+            r = encode(unsafe { self.reserve(q, count, call, peer) });
+        }
+        let kind = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, r.0, 0);
+        let start = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, r.1, 0);
+        if kind != 0 {
+            return decode(kind, start, peer);
+        }
+        let mut head = 0u64;
+        if lane < count {
+            // SAFETY: as above.
+            head = unsafe { Self::write_item(q, start, lane, last, first, chunks, x, sig, max_msg) };
+        }
+        // The batch's WQEs are written before lane 0 publishes them.
+        ptx::sync_warp(ptx::FULL_MASK);
+        let head = ptx::shfl_sync_idx_u64(ptx::FULL_MASK, head, last);
+        if lane == 0 {
+            // SAFETY: as above.
+            r = encode(unsafe { self.submit(q, start, count, head, call, peer) });
+        }
+        let kind = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, r.0, 0);
+        let v = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, r.1, 0);
+        decode(kind, v, peer)
+    }
+
+    /// Posts the chunks of `x` whose batch index `j` satisfies
+    /// `j % stride == which`, then (when `sig` is given) the signal in the
+    /// last batch. Returns the completion target of the last batch posted
+    /// (or `None` when none was).
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn post_xfer(
+        &self,
+        p: Poster,
+        q: &IbgdaQp,
+        x: &Xfer,
+        sig: Option<&Sig>,
+        which: u64,
+        stride: u64,
+        call: Call,
+        peer: u32,
+    ) -> Result<Option<u32>, CommError> {
+        let max_msg = self.max_msg as u64;
+        let chunks = x.bytes.div_ceil(max_msg);
+        let items = chunks + sig.is_some() as u64;
+        let batches = items.div_ceil(MAX_BATCH as u64);
+        let mut target = None;
+        let mut j = which;
+        while j < batches {
+            let first = j * MAX_BATCH as u64;
+            let n = (chunks.saturating_sub(first)).min(MAX_BATCH as u64) as u32;
+            let s = if j + 1 == batches { sig } else { None };
+            // SAFETY: the caller's contract.
+            target = Some(unsafe { self.post_batch(p, q, x, first, n, s, call, peer) }?);
+            j += stride;
+        }
+        Ok(target)
+    }
+
+    /// A data transfer (and optional signal) by the group `g`: one thread
+    /// or a warp posts everything; a block spreads batches over its warps
+    /// (the signal, if any, goes last, by warp 0, after a block barrier).
+    /// Blocking calls wait for their completion; every thread of the group
+    /// returns after the group's WQEs are posted (and complete, if blocking).
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn transfer(&self, g: Coop, x: Xfer, sig: Option<Sig>, call: Call, peer: u32, nbi: bool) -> Result<(), CommError> {
+        let q = self.qp(peer);
+        let sig = sig.as_ref();
+        match g {
+            Coop::Thread | Coop::Warp => {
+                let p = if g == Coop::Thread { Poster::Thread } else { Poster::Warp };
+                // SAFETY: the handle's QPs are valid.
+                let t = unsafe { self.post_xfer(p, &q, &x, sig, 0, 1, call, peer) }?;
+                if let (Some(t), false) = (t, nbi) {
+                    return self.wait_posted(p, &q, t, call, peer);
+                }
+                Ok(())
+            }
+            Coop::Block => {
+                let threads = ptx::block_dim_x() * ptx::block_dim_y() * ptx::block_dim_z();
+                let tid = ptx::thread_rank_in_block();
+                let warps = (threads / 32) as u64;
+                let items = x.bytes.div_ceil(self.max_msg as u64) + sig.is_some() as u64;
+                // Few WQEs (or an odd block): warp 0 (thread 0) posts all,
+                // data and signal in one go.
+                let r = if items <= MAX_BATCH as u64 || threads % 32 != 0 {
+                    let p = if threads % 32 != 0 { Poster::Thread } else { Poster::Warp };
+                    let me = if p == Poster::Thread { tid == 0 } else { tid < 32 };
+                    if me {
+                        // SAFETY: as above.
+                        match unsafe { self.post_xfer(p, &q, &x, sig, 0, 1, call, peer) } {
+                            Ok(Some(t)) if !nbi => self.wait_posted(p, &q, t, call, peer),
+                            Ok(_) => Ok(()),
+                            Err(e) => Err(e),
+                        }
+                    } else {
+                        Ok(())
+                    }
+                } else {
+                    // Data batches spread over the warps (batch j by warp
+                    // j mod warps); the signal after a barrier, so its WQE
+                    // follows every data WQE on the QP.
+                    let w = (tid / 32) as u64;
+                    // SAFETY: as above.
+                    let mut r = unsafe { self.post_xfer(Poster::Warp, &q, &x, None, w, warps, call, peer) };
+                    if sig.is_some() {
+                        ptx::sync_threads();
+                        if w == 0 && r.is_ok() {
+                            let none = Xfer { bytes: 0, ..x };
+                            // SAFETY: as above.
+                            r = unsafe { self.post_xfer(Poster::Warp, &q, &none, sig, 0, 1, call, peer) };
+                        }
+                    }
+                    match r {
+                        Ok(Some(t)) if !nbi => self.wait_posted(Poster::Warp, &q, t, call, peer),
+                        Ok(_) => Ok(()),
+                        Err(e) => Err(e),
+                    }
+                };
+                ptx::sync_threads();
+                r
+            }
+        }
+    }
+
+    /// Waits for completion target `t` (lane 0 of a warp waits, and the
+    /// result is broadcast).
+    fn wait_posted(&self, p: Poster, q: &IbgdaQp, t: u32, call: Call, peer: u32) -> Result<(), CommError> {
+        if p == Poster::Thread {
+            // SAFETY: the handle's QPs are valid.
+            return unsafe { self.wait_complete(q, t, call, peer) };
+        }
+        let mut r = (0, 0);
+        if p.leads() {
+            // SAFETY: as above.
+            r = encode(unsafe { self.wait_complete(q, t, call, peer) }.map(|_| 0));
+        }
+        let kind = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, r.0, 0);
+        let v = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, r.1, 0);
+        decode(kind, v, peer).map(|_| ())
+    }
+
+    /// Waits until every WQE rung so far on `q` has completed.
+    unsafe fn quiet_qp(&self, q: &IbgdaQp, call: Call) -> Result<(), CommError> {
+        // SAFETY: the QP's state words.
+        let target = unsafe { ptx::ld_acquire_gpu_u32(&raw const (*q.state).ready) };
+        // SAFETY: the caller's contract.
+        unsafe { self.wait_complete(q, target, call, q.peer) }
+    }
+
+    /// Quiets every QP of this rank (every peer, every block's QP). One thread.
+    ///
+    /// # Safety
+    /// The handle's QPs are valid.
+    pub(crate) unsafe fn quiet_all(&self, call: Call) -> Result<(), CommError> {
+        let mut i = 0;
+        while i < self.world * self.qps_per_peer {
+            // SAFETY: `qps` has world × qps_per_peer entries.
+            let q = unsafe { *self.qps.add(i as usize) };
+            if !q.state.is_null() {
+                // SAFETY: as above.
+                unsafe { self.quiet_qp(&q, call) }?;
+            }
+            i += 1;
+        }
+        Ok(())
+    }
+
+    /// Writes `value` into the header word at `offset` of `peer`'s heap
+    /// (no argument checks: runtime words), non-blocking. One thread.
+    ///
+    /// # Safety
+    /// `peer < world`; `offset` is an aligned header word.
+    pub(crate) unsafe fn put_header_word(&self, peer: u32, offset: u64, value: u64) -> Result<(), CommError> {
+        let q = self.qp(peer);
+        let sig = Sig {
+            raddr: q.remote_base + offset,
+            value,
+            op: SignalOp::Set,
+        };
+        let none = Xfer {
+            read: false,
+            raddr: 0,
+            laddr: 0,
+            lkey: 0,
+            bytes: 0,
+        };
+        // SAFETY: the caller's contract.
+        unsafe { self.post_xfer(Poster::Thread, &q, &none, Some(&sig), 0, 1, Call::Barrier, peer) }.map(|_| ())
+    }
+
+    /// Loads a local signal word the NIC (or a peer) writes: acquire at
+    /// system scope.
+    #[inline(always)]
+    fn load_signal(p: *const u64) -> u64 {
+        // SAFETY: checked by the caller to be an aligned heap word.
+        unsafe { ptx::ld_acquire_sys_u64(p) }
+    }
+
+    /// Waits until every barrier slot holds at least `epoch`. One thread.
+    pub(crate) fn wait_slots(&self, epoch: u64) -> Result<(), CommError> {
+        for peer in 0..self.world {
+            let s = self.reserved(peer as u64 * 8);
+            if let Err(t) = crate::sync::spin_until(self.budget_ns, || Self::load_signal(s), |v| v >= epoch) {
+                return Err(self.fail_wait(t, Call::Barrier, peer, s as u64, Cmp::Ge, epoch));
+            }
+        }
+        Ok(())
+    }
+
+    /// This rank's next barrier epoch (one thread per rank).
+    ///
+    /// # Safety
+    /// One thread per rank is in a barrier.
+    pub(crate) unsafe fn next_epoch(&self) -> u64 {
+        let p = self.reserved(EPOCH_OFFSET);
+        // SAFETY: a reserved header word, used by one thread per rank.
+        unsafe {
+            let e = *p + 1;
+            *p = e;
+            e
+        }
+    }
+
+    unsafe fn barrier_inner(&self) -> Result<(), CommError> {
+        // SAFETY: the caller's contract.
+        let epoch = unsafe {
+            // Everything this rank posted before is complete at its target.
+            self.quiet_all(Call::Barrier)?;
+            let epoch = self.next_epoch();
+            for peer in 0..self.world {
+                self.put_header_word(peer, self.rank as u64 * 8, epoch)?;
+            }
+            epoch
+        };
+        self.wait_slots(epoch)
+    }
+
+    /// The local `wait_until_some` (shared with the routed transport).
+    pub(crate) fn wait_some(&self, sigs: *const u64, count: u32, skip: u64, cmp: Cmp, value: u64) -> Result<u64, CommError> {
+        let call = Call::WaitUntilSome;
+        if count == 0 || count > 64 {
+            let off = (sigs as u64).wrapping_sub(self.local_base);
+            return Err(self.fail(CommError::BadCount { count: count as u64 }, call, u32::MAX, off));
+        }
+        let off = self.check_range(call, sigs as u64, 8 * count as u64, self.rank)?;
+        if off & 7 != 0 {
+            return Err(self.fail(CommError::Misaligned { offset: off }, call, u32::MAX, off));
+        }
+        let mut spin = Spin::new(self.budget_ns);
+        loop {
+            let mut ready = 0u64;
+            let mut last = 0u64;
+            for i in 0..count {
+                if skip & (1u64 << i) == 0 {
+                    // SAFETY: inside the checked range.
+                    last = Self::load_signal(unsafe { sigs.add(i as usize) });
+                    if cmp.holds(last, value) {
+                        ready |= 1u64 << i;
+                    }
+                }
+            }
+            if ready != 0 {
+                return Ok(ready);
+            }
+            if !spin.again() {
+                let first = (!skip).trailing_zeros().min(count - 1);
+                let at = sigs as u64 + first as u64 * 8;
+                return Err(self.fail_wait(Timeout { seen: last }, call, u32::MAX, at, cmp, value));
+            }
+        }
+    }
+
+    /// The local `wait_until` (shared with the routed transport).
+    pub(crate) fn wait_one(&self, sig: *const u64, cmp: Cmp, value: u64) -> Result<u64, CommError> {
+        self.check_signal(Call::WaitUntil, sig as u64, self.rank)?;
+        match crate::sync::spin_until(self.budget_ns, || Self::load_signal(sig), |v| cmp.holds(v, value)) {
+            Ok(v) => Ok(v),
+            Err(t) => Err(self.fail_wait(t, Call::WaitUntil, u32::MAX, sig as u64, cmp, value)),
+        }
+    }
+}
+
+impl Transport for Ibgda {
+    #[inline(always)]
+    fn rank(&self) -> u32 {
+        self.rank
+    }
+    #[inline(always)]
+    fn world_size(&self) -> u32 {
+        self.world
+    }
+
+    /// Always `None`: peers are reached through the NIC only.
+    #[inline(always)]
+    fn peer_ptr<T>(&self, _local: *const T, _peer: u32) -> Option<*mut T> {
+        None
+    }
+
+    unsafe fn put_coop(&self, g: Coop, dst: *mut u8, src: *const u8, bytes: u64, peer: u32, nbi: bool) -> Result<(), CommError> {
+        let call = if nbi { Call::PutNbi } else { Call::Put };
+        let off = self.check_range(call, dst as u64, bytes, peer)?;
+        let lkey = self.local_key(call, src as u64, bytes, peer)?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        let x = Xfer {
+            read: false,
+            raddr: self.remote_base(peer) + off,
+            laddr: src as u64,
+            lkey,
+            bytes,
+        };
+        // SAFETY: checked arguments; the caller's contract.
+        unsafe { self.transfer(g, x, None, call, peer, nbi) }
+    }
+
+    unsafe fn get_coop(&self, g: Coop, dst: *mut u8, src: *const u8, bytes: u64, peer: u32, nbi: bool) -> Result<(), CommError> {
+        let call = if nbi { Call::GetNbi } else { Call::Get };
+        let off = self.check_range(call, src as u64, bytes, peer)?;
+        let lkey = self.local_key(call, dst as u64, bytes, peer)?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        let x = Xfer {
+            read: true,
+            raddr: self.remote_base(peer) + off,
+            laddr: dst as u64,
+            lkey,
+            bytes,
+        };
+        // SAFETY: as above.
+        unsafe { self.transfer(g, x, None, call, peer, nbi) }
+    }
+
+    unsafe fn put_signal_coop(
+        &self,
+        g: Coop,
+        dst: *mut u8,
+        src: *const u8,
+        bytes: u64,
+        sig: *mut u64,
+        value: u64,
+        op: SignalOp,
+        peer: u32,
+        nbi: bool,
+    ) -> Result<(), CommError> {
+        let call = if nbi { Call::PutSignalNbi } else { Call::PutSignal };
+        // Every check before any WQE: a bad argument writes nothing.
+        let off = self.check_range(call, dst as u64, bytes, peer)?;
+        let sig_off = self.check_signal(call, sig as u64, peer)?;
+        let lkey = self.local_key(call, src as u64, bytes, peer)?;
+        let base = self.remote_base(peer);
+        let x = Xfer {
+            read: false,
+            raddr: base + off,
+            laddr: src as u64,
+            lkey,
+            bytes,
+        };
+        let s = Sig {
+            raddr: base + sig_off,
+            value,
+            op,
+        };
+        // SAFETY: as above.
+        unsafe { self.transfer(g, x, Some(s), call, peer, nbi) }
+    }
+
+    unsafe fn signal(&self, sig: *mut u64, value: u64, op: SignalOp, peer: u32) -> Result<(), CommError> {
+        let off = self.check_signal(Call::Signal, sig as u64, peer)?;
+        let q = self.qp(peer);
+        let s = Sig {
+            raddr: q.remote_base + off,
+            value,
+            op,
+        };
+        let none = Xfer {
+            read: false,
+            raddr: 0,
+            laddr: 0,
+            lkey: 0,
+            bytes: 0,
+        };
+        // Non-blocking like P2P's store: the peer sees it when the NIC
+        // delivers it; `quiet` completes it.
+        // SAFETY: checked arguments.
+        unsafe { self.post_xfer(Poster::Thread, &q, &none, Some(&s), 0, 1, Call::Signal, peer) }.map(|_| ())
+    }
+
+    #[inline(always)]
+    unsafe fn wait_until(&self, sig: *const u64, cmp: Cmp, value: u64) -> Result<u64, CommError> {
+        self.wait_one(sig, cmp, value)
+    }
+
+    #[inline(always)]
+    unsafe fn wait_until_some(&self, sigs: *const u64, count: u32, skip: u64, cmp: Cmp, value: u64) -> Result<u64, CommError> {
+        self.wait_some(sigs, count, skip, cmp, value)
+    }
+
+    /// Nothing to do: a block's WQEs to a peer share one QP, executed in
+    /// order (see the module docs).
+    #[inline(always)]
+    fn fence(&self) {}
+
+    unsafe fn quiet(&self) -> Result<(), CommError> {
+        for peer in 0..self.world {
+            let q = self.qp(peer);
+            // A routed handle has no QP to peers it reaches by load/store.
+            if !q.state.is_null() {
+                // SAFETY: the handle's QPs are valid.
+                unsafe { self.quiet_qp(&q, Call::Quiet) }?;
+            }
+        }
+        Ok(())
+    }
+
+    unsafe fn quiet_peer(&self, peer: u32) -> Result<(), CommError> {
+        if peer >= self.world {
+            return Err(self.fail(CommError::BadPeer { peer }, Call::Quiet, peer, 0));
+        }
+        let q = self.qp(peer);
+        // SAFETY: as above.
+        unsafe { self.quiet_qp(&q, Call::Quiet) }
+    }
+
+    unsafe fn barrier(&self) -> Result<(), CommError> {
+        // SAFETY: the caller's contract.
+        unsafe { self.barrier_inner() }
+    }
+
+    unsafe fn barrier_block(&self) -> Result<(), CommError> {
+        let result = self.reserved(crate::heap::BLOCK_RESULT_OFFSET);
+        ptx::sync_threads();
+        if ptx::thread_rank_in_block() == 0 {
+            // SAFETY: one block per rank (contract).
+            let r = unsafe { self.barrier_inner() };
+            // SAFETY: reserved word, read after the block barrier below.
+            unsafe { *result = if r.is_ok() { 0 } else { 1 } };
+        }
+        ptx::sync_threads();
+        // SAFETY: written by thread 0 before the barrier.
+        if unsafe { *result } == 0 {
+            Ok(())
+        } else {
+            Err(CommError::Timeout(Timeout { seen: 0 }))
+        }
+    }
+}
+
+impl Ibgda {
+    /// Heap base of `peer` as the NIC addresses it (`peer < world`).
+    #[inline(always)]
+    fn remote_base(&self, peer: u32) -> u64 {
+        // SAFETY: `qps` has world × qps_per_peer entries; every QP of a
+        // peer carries the same base.
+        unsafe { (*self.qps.add((peer * self.qps_per_peer) as usize)).remote_base }
+    }
+}

@@ -1,0 +1,229 @@
+//! Routes per peer: one handle that reaches some peers by load/store (the
+//! [`P2p`] transport: same GPU, NVLink, PCIe) and the others through the NIC
+//! (the [`Ibgda`] transport), in one kernel.
+//!
+//! Every call that names a peer goes wholly to that peer's route, so the
+//! ordering each transport gives per peer (`put_signal`, `signal` after
+//! `fence`) holds unchanged. Calls without a peer combine both:
+//!
+//! | call | what it does |
+//! |---|---|
+//! | `wait_until*` | local acquire loads at system scope (the NIC and peers on other GPUs write these words) |
+//! | `fence` | P2P's `fence.acq_rel.sys`; the NIC side orders by QP (nothing to do) |
+//! | `quiet` | completes the NIC's WQEs of the calling block, then P2P's `fence.sc.sys` |
+//! | `barrier` | quiet every QP, fence, then the epoch into each rank's slot: a release store for load/store peers, an 8-byte WRITE for RDMA peers; then local waits |
+//!
+//! The route table is a bit per rank ([`Routed::rdma`]: set = RDMA), made by
+//! `Communicator::routed` from where peers are and `DOORBELL_RDMA_PEERS`.
+
+use super::ibgda::Ibgda;
+use super::p2p::P2p;
+use super::{Cmp, CommError, Coop, SignalOp, Transport};
+use crate::heap::{Call, MAX_RANKS};
+use crate::ptx;
+use crate::sync::Timeout;
+
+/// Words of the route bit set (one bit per rank).
+pub const ROUTE_WORDS: usize = MAX_RANKS as usize / 64;
+
+/// The routed transport's device handle: both transports and a bit per
+/// peer. Plain `#[repr(C)]` data made by `Communicator::routed`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Routed {
+    /// Load/store to peers whose bit is clear.
+    pub p2p: P2p,
+    /// The NIC to peers whose bit is set (it has QPs only to those).
+    pub ibgda: Ibgda,
+    /// Bit `p % 64` of word `p / 64` set: rank `p` is reached by RDMA.
+    pub rdma: [u64; ROUTE_WORDS],
+}
+const _: () = assert!(core::mem::size_of::<Routed>() == core::mem::size_of::<P2p>() + core::mem::size_of::<Ibgda>() + 8 * ROUTE_WORDS);
+
+#[cfg(not(target_arch = "nvptx64"))]
+// SAFETY: #[repr(C)] plain data (two plain handles and integers), 8-byte
+// aligned, matching the struct-by-value parameter of the PTX entry point.
+unsafe impl crate::KernelParam for Routed {}
+
+impl Routed {
+    /// Whether `peer` is reached through the NIC (false for ranks outside
+    /// the world: P2P then reports the bad peer).
+    #[inline(always)]
+    pub fn is_rdma(&self, peer: u32) -> bool {
+        if peer >= self.p2p.world {
+            return false;
+        }
+        // Constant indices: selects in registers, no local-memory copy.
+        let mut w = self.rdma[0];
+        let mut i = 1;
+        while i < ROUTE_WORDS {
+            if (peer as usize >> 6) == i {
+                w = self.rdma[i];
+            }
+            i += 1;
+        }
+        w >> (peer & 63) & 1 != 0
+    }
+
+    unsafe fn barrier_inner(&self) -> Result<(), CommError> {
+        let me = self.p2p.rank;
+        // SAFETY: one thread per rank (contract); header words.
+        let epoch = unsafe {
+            self.ibgda.quiet_all(Call::Barrier)?;
+            // Publish this thread's (and its block's, after the block
+            // barrier) load/store writes with the slot stores below.
+            ptx::fence_acq_rel_sys();
+            let epoch = self.ibgda.next_epoch();
+            let slot = me as u64 * 8;
+            for peer in 0..self.p2p.world {
+                if self.is_rdma(peer) {
+                    self.ibgda.put_header_word(peer, slot, epoch)?;
+                } else {
+                    let local = (self.p2p.local_base + slot) as *const u64;
+                    if let Some(remote) = self.p2p.peer_ptr(local, peer) {
+                        ptx::st_release_sys_u64(remote, epoch);
+                    }
+                }
+            }
+            epoch
+        };
+        self.ibgda.wait_slots(epoch)
+    }
+}
+
+impl Transport for Routed {
+    #[inline(always)]
+    fn rank(&self) -> u32 {
+        self.p2p.rank
+    }
+    #[inline(always)]
+    fn world_size(&self) -> u32 {
+        self.p2p.world
+    }
+
+    #[inline(always)]
+    fn peer_ptr<T>(&self, local: *const T, peer: u32) -> Option<*mut T> {
+        if self.is_rdma(peer) {
+            None
+        } else {
+            self.p2p.peer_ptr(local, peer)
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn put_coop(&self, g: Coop, dst: *mut u8, src: *const u8, bytes: u64, peer: u32, nbi: bool) -> Result<(), CommError> {
+        // SAFETY: the caller's contract.
+        unsafe {
+            if self.is_rdma(peer) {
+                self.ibgda.put_coop(g, dst, src, bytes, peer, nbi)
+            } else {
+                self.p2p.put_coop(g, dst, src, bytes, peer, nbi)
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn get_coop(&self, g: Coop, dst: *mut u8, src: *const u8, bytes: u64, peer: u32, nbi: bool) -> Result<(), CommError> {
+        // SAFETY: the caller's contract.
+        unsafe {
+            if self.is_rdma(peer) {
+                self.ibgda.get_coop(g, dst, src, bytes, peer, nbi)
+            } else {
+                self.p2p.get_coop(g, dst, src, bytes, peer, nbi)
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn put_signal_coop(
+        &self,
+        g: Coop,
+        dst: *mut u8,
+        src: *const u8,
+        bytes: u64,
+        sig: *mut u64,
+        value: u64,
+        op: SignalOp,
+        peer: u32,
+        nbi: bool,
+    ) -> Result<(), CommError> {
+        // SAFETY: the caller's contract.
+        unsafe {
+            if self.is_rdma(peer) {
+                self.ibgda.put_signal_coop(g, dst, src, bytes, sig, value, op, peer, nbi)
+            } else {
+                self.p2p.put_signal_coop(g, dst, src, bytes, sig, value, op, peer, nbi)
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn signal(&self, sig: *mut u64, value: u64, op: SignalOp, peer: u32) -> Result<(), CommError> {
+        // SAFETY: the caller's contract.
+        unsafe {
+            if self.is_rdma(peer) {
+                self.ibgda.signal(sig, value, op, peer)
+            } else {
+                self.p2p.signal(sig, value, op, peer)
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn wait_until(&self, sig: *const u64, cmp: Cmp, value: u64) -> Result<u64, CommError> {
+        self.ibgda.wait_one(sig, cmp, value)
+    }
+
+    #[inline(always)]
+    unsafe fn wait_until_some(&self, sigs: *const u64, count: u32, skip: u64, cmp: Cmp, value: u64) -> Result<u64, CommError> {
+        self.ibgda.wait_some(sigs, count, skip, cmp, value)
+    }
+
+    #[inline(always)]
+    fn fence(&self) {
+        self.p2p.fence();
+        self.ibgda.fence();
+    }
+
+    unsafe fn quiet(&self) -> Result<(), CommError> {
+        // SAFETY: the caller's contract.
+        unsafe {
+            self.ibgda.quiet()?;
+            self.p2p.quiet()
+        }
+    }
+
+    unsafe fn quiet_peer(&self, peer: u32) -> Result<(), CommError> {
+        // SAFETY: the caller's contract.
+        unsafe {
+            if self.is_rdma(peer) {
+                self.ibgda.quiet_peer(peer)
+            } else {
+                self.p2p.quiet_peer(peer)
+            }
+        }
+    }
+
+    unsafe fn barrier(&self) -> Result<(), CommError> {
+        // SAFETY: the caller's contract.
+        unsafe { self.barrier_inner() }
+    }
+
+    unsafe fn barrier_block(&self) -> Result<(), CommError> {
+        let result = (self.p2p.local_base + crate::heap::BLOCK_RESULT_OFFSET) as *mut u64;
+        ptx::sync_threads();
+        if ptx::thread_rank_in_block() == 0 {
+            // SAFETY: one block per rank (contract).
+            let r = unsafe { self.barrier_inner() };
+            // SAFETY: reserved word, read after the block barrier below.
+            unsafe { *result = if r.is_ok() { 0 } else { 1 } };
+        }
+        ptx::sync_threads();
+        // SAFETY: written by thread 0 before the barrier.
+        if unsafe { *result } == 0 {
+            Ok(())
+        } else {
+            Err(CommError::Timeout(Timeout { seen: 0 }))
+        }
+    }
+}
