@@ -45,6 +45,8 @@
 //! its `build.rs`.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+#[cfg(feature = "runtime")]
+mod backend;
 pub mod build;
 #[cfg(feature = "runtime")]
 pub mod coll;

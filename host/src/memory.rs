@@ -3,13 +3,10 @@
 //! Device addresses are handed to kernels as raw pointers
 //! ([`DeviceBuffer::as_mut_ptr`]); on the emulator they are host addresses.
 
-use std::alloc::Layout;
 use std::marker::PhantomData;
 
-use cudarc::driver::{result, sys};
-
-use crate::device::{Device, DeviceInner};
-use crate::error::{CudaCall, Error, Result};
+use crate::device::Device;
+use crate::error::{Error, Result};
 
 /// Plain data that may live in device memory and be copied bytewise.
 ///
@@ -28,71 +25,18 @@ device_copy!(u8, u16, u32, u64, u128, i8, i16, i32, i64, i128, f32, f64, usize, 
 // SAFETY: arrays of plain data are plain data.
 unsafe impl<T: DeviceCopy, const N: usize> DeviceCopy for [T; N] {}
 
-const EMU_ALIGN: usize = 256;
-
-/// The emulator's "device memory": zeroed host memory, 256-byte aligned like
-/// `cuMemAlloc`. `bytes` is non-zero. A size no layout can hold, or a host
-/// that refuses the allocation, is [`Error::OutOfMemory`] (never an abort).
-fn emu_alloc_zeroed(bytes: usize) -> Result<*mut u8> {
-    let oom = |detail: String| Error::OutOfMemory {
-        bytes: bytes as u64,
-        device: "CPU emulator (host memory)".into(),
-        detail,
-    };
-    let layout = Layout::from_size_align(bytes, EMU_ALIGN).map_err(|_| {
-        oom(format!(
-            "more than the largest allocation the host allows ({} bytes)",
-            isize::MAX as usize - (EMU_ALIGN - 1)
-        ))
-    })?;
-    debug_assert!(bytes > 0);
-    // SAFETY: non-zero size (callers allocate nothing for zero bytes).
-    let p = unsafe { std::alloc::alloc_zeroed(layout) };
-    if p.is_null() {
-        return Err(oom("the host allocator refused it (not enough memory)".into()));
-    }
-    Ok(p)
-}
+/// The address of an empty buffer: nothing is allocated; aligned like an
+/// allocation, never dereferenced.
+const EMPTY_ADDR: u64 = 256;
 
 /// Bytes of `len` elements of `T`, or [`Error::OutOfMemory`] when that
 /// overflows the address space.
 fn bytes_of<T>(len: usize, device: &Device) -> Result<usize> {
     len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| Error::OutOfMemory {
         bytes: u64::MAX,
-        device: device_label(device),
+        device: device.inner.memory_label(),
         detail: format!("{len} elements of {} bytes overflow the address space", std::mem::size_of::<T>()),
     })
-}
-
-fn device_label(device: &Device) -> String {
-    match &*device.inner {
-        DeviceInner::Gpu(_) => format!("GPU {}", device.ordinal()),
-        DeviceInner::Emu(_) => "CPU emulator (host memory)".into(),
-    }
-}
-
-/// A failed driver allocation: out-of-memory becomes [`Error::OutOfMemory`],
-/// anything else stays the driver call's error.
-fn gpu_alloc_error(e: cudarc::driver::DriverError, call: &'static str, bytes: usize, device: &Device) -> Error {
-    if e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
-        Error::OutOfMemory {
-            bytes: bytes as u64,
-            device: device_label(device),
-            detail: format!("{call} failed: {e}"),
-        }
-    } else {
-        Error::Cuda { call, source: e }
-    }
-}
-
-/// Frees what [`emu_alloc_zeroed`] returned.
-///
-/// # Safety
-/// `p` came from `emu_alloc_zeroed(bytes)` and is freed once.
-unsafe fn emu_free(p: *mut u8, bytes: usize) {
-    let layout = Layout::from_size_align(bytes, EMU_ALIGN).expect("valid at allocation");
-    // SAFETY: caller's contract.
-    unsafe { std::alloc::dealloc(p, layout) };
 }
 
 /// `len` elements of `T` in device memory. Freed on drop (which, like
@@ -113,25 +57,7 @@ impl Device {
     /// Allocates `len` zeroed elements.
     pub fn alloc_zeroed<T: DeviceCopy>(&self, len: usize) -> Result<DeviceBuffer<T>> {
         let bytes = bytes_of::<T>(len, self)?;
-        let addr = match &*self.inner {
-            _ if bytes == 0 => EMU_ALIGN as u64,
-            DeviceInner::Gpu(_) => {
-                self.bind()?;
-                // SAFETY: context bound; the allocation is freed in Drop.
-                let p = unsafe { result::malloc_sync(bytes) }.map_err(|e| gpu_alloc_error(e, "cuMemAlloc", bytes, self))?;
-                // SAFETY: `p` spans `bytes` bytes.
-                if let Err(e) = unsafe { result::memset_d8_sync(p, 0, bytes) } {
-                    // SAFETY: just allocated, not handed out.
-                    let _ = unsafe { result::free_sync(p) };
-                    return Err(Error::Cuda {
-                        call: "cuMemsetD8",
-                        source: e,
-                    });
-                }
-                p
-            }
-            DeviceInner::Emu(_) => emu_alloc_zeroed(bytes)? as u64,
-        };
+        let addr = if bytes == 0 { EMPTY_ADDR } else { self.inner.alloc_zeroed(bytes)? };
         Ok(DeviceBuffer {
             device: self.clone(),
             addr,
@@ -220,18 +146,8 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
             return Ok(());
         }
         self.device.synchronize()?;
-        match &*self.device.inner {
-            DeviceInner::Gpu(_) => {
-                self.device.bind()?;
-                // SAFETY: the allocation spans num_bytes.
-                unsafe { result::memset_d8_sync(self.addr, 0, self.num_bytes()) }.call("cuMemsetD8")
-            }
-            DeviceInner::Emu(_) => {
-                // SAFETY: the allocation spans num_bytes.
-                unsafe { std::ptr::write_bytes(self.addr as *mut u8, 0, self.num_bytes()) };
-                Ok(())
-            }
-        }
+        // SAFETY: the allocation spans num_bytes.
+        unsafe { self.device.inner.zero(self.addr, self.num_bytes()) }
     }
 }
 
@@ -240,20 +156,8 @@ impl<T: DeviceCopy> Drop for DeviceBuffer<T> {
         if self.num_bytes() == 0 {
             return;
         }
-        match &*self.device.inner {
-            DeviceInner::Gpu(_) => {
-                if self.device.bind().is_ok() {
-                    // SAFETY: allocated by cuMemAlloc in this context; freed once.
-                    let _ = unsafe { result::free_sync(self.addr) };
-                }
-            }
-            DeviceInner::Emu(_) => {
-                // Kernels still running may use the memory: wait, as cudaFree does.
-                let _ = self.device.synchronize();
-                // SAFETY: allocated by emu_alloc_zeroed with this size; freed once.
-                unsafe { emu_free(self.addr as *mut u8, self.num_bytes()) };
-            }
-        }
+        // SAFETY: allocated by the device's alloc_zeroed with this size; freed once.
+        unsafe { self.device.inner.free(self.addr, self.num_bytes()) };
     }
 }
 
@@ -288,29 +192,10 @@ impl Device {
     /// Allocates `len` zeroed elements of mapped pinned host memory.
     pub fn alloc_mapped<T: DeviceCopy>(&self, len: usize) -> Result<MappedBuffer<T>> {
         let bytes = bytes_of::<T>(len.max(1), self)?;
-        let (host, dev_addr) = match &*self.inner {
-            DeviceInner::Gpu(_) => {
-                self.bind()?;
-                let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
-                // SAFETY: context bound; freed in Drop.
-                let h = unsafe { result::malloc_host(bytes, flags) }.map_err(|e| gpu_alloc_error(e, "cuMemHostAlloc", bytes, self))?;
-                // SAFETY: `h` spans `bytes`.
-                unsafe { std::ptr::write_bytes(h as *mut u8, 0, bytes) };
-                let mut d: sys::CUdeviceptr = 0;
-                // SAFETY: `h` was allocated with DEVICEMAP.
-                unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, h, 0) }
-                    .result()
-                    .call("cuMemHostGetDevicePointer")?;
-                (h as *mut T, d)
-            }
-            DeviceInner::Emu(_) => {
-                let p = emu_alloc_zeroed(bytes)?;
-                (p as *mut T, p as u64)
-            }
-        };
+        let (host, dev_addr) = self.inner.alloc_mapped(bytes)?;
         Ok(MappedBuffer {
             device: self.clone(),
-            host,
+            host: host as *mut T,
             dev_addr,
             len,
         })
@@ -351,18 +236,13 @@ impl<T: DeviceCopy> MappedBuffer<T> {
 impl<T: DeviceCopy> Drop for MappedBuffer<T> {
     fn drop(&mut self) {
         let _ = self.device.synchronize();
-        match &*self.device.inner {
-            DeviceInner::Gpu(_) => {
-                if self.device.bind().is_ok() {
-                    // SAFETY: allocated by cuMemHostAlloc; freed once.
-                    let _ = unsafe { result::free_host(self.host as *mut _) };
-                }
-            }
-            DeviceInner::Emu(_) => {
-                // SAFETY: allocated by emu_alloc_zeroed with this size; freed once.
-                unsafe { emu_free(self.host as *mut u8, self.len.max(1) * std::mem::size_of::<T>()) };
-            }
-        }
+        // SAFETY: allocated by the device's alloc_mapped with this size (see
+        // alloc_mapped), idle after the synchronize; freed once.
+        unsafe {
+            self.device
+                .inner
+                .free_mapped(self.host as *mut u8, self.len.max(1) * std::mem::size_of::<T>())
+        };
     }
 }
 
@@ -377,18 +257,8 @@ impl Device {
             return Ok(());
         }
         self.synchronize()?;
-        match &*self.inner {
-            DeviceInner::Gpu(_) => {
-                self.bind()?;
-                // SAFETY: caller's contract.
-                unsafe { result::memcpy_htod_sync(addr, src) }.call("cuMemcpyHtoD")
-            }
-            DeviceInner::Emu(_) => {
-                // SAFETY: caller's contract.
-                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), addr as *mut u8, src.len()) };
-                Ok(())
-            }
-        }
+        // SAFETY: the caller vouches that the range is device memory of this device.
+        unsafe { self.inner.write(addr, src) }
     }
 
     /// Copies device bytes at `addr` to the host (synchronous).
@@ -400,17 +270,7 @@ impl Device {
             return Ok(());
         }
         self.synchronize()?;
-        match &*self.inner {
-            DeviceInner::Gpu(_) => {
-                self.bind()?;
-                // SAFETY: caller's contract.
-                unsafe { result::memcpy_dtoh_sync(dst, addr) }.call("cuMemcpyDtoH")
-            }
-            DeviceInner::Emu(_) => {
-                // SAFETY: caller's contract.
-                unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, dst.as_mut_ptr(), dst.len()) };
-                Ok(())
-            }
-        }
+        // SAFETY: the caller vouches that the range is device memory of this device.
+        unsafe { self.inner.read(addr, dst) }
     }
 }

@@ -42,11 +42,11 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use cudarc::driver::sys;
 use doorbell_kernels::comm::{Cmp, P2p, WaitOp, WaitReport, HEAP_RESERVED, MAX_RANKS, REPORT_OFFSET};
 
-use crate::device::{Backend, Device, DeviceInner};
-use crate::error::{CudaCall, Error, Result};
+use crate::backend::{IpcMapping, IPC_HANDLE_BYTES};
+use crate::device::{Backend, Device};
+use crate::error::{Error, Result};
 use crate::memory::{DeviceBuffer, DeviceCopy};
 use crate::stream::Stream;
 use crate::world::World;
@@ -103,20 +103,10 @@ enum Heap {
     Shm(ShmRegion),
 }
 
+/// A peer's heap mapped into this rank; unmapped on drop.
 enum Mapping {
-    Ipc(Device, sys::CUdeviceptr),
+    Ipc(#[allow(dead_code)] IpcMapping),
     Shm(#[allow(dead_code)] ShmRegion),
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        if let Mapping::Ipc(dev, p) = self {
-            if dev.bind().is_ok() {
-                // SAFETY: opened by cuIpcOpenMemHandle; closed once.
-                let _ = unsafe { sys::cuIpcCloseMemHandle(*p) };
-            }
-        }
-    }
 }
 
 /// Which device a rank runs on (phase 1). Where it runs (host, process)
@@ -130,16 +120,9 @@ struct DeviceId {
 
 impl DeviceId {
     fn of(device: &Device) -> DeviceId {
-        let uuid = match &*device.inner {
-            DeviceInner::Gpu(ctx) => ctx
-                .uuid()
-                .map(|u| u.bytes.iter().map(|b| format!("{:02x}", *b as u8)).collect())
-                .unwrap_or_default(),
-            DeviceInner::Emu(_) => "cpu".to_string(),
-        };
         DeviceId {
             ordinal: device.ordinal() as u32,
-            uuid,
+            uuid: device.inner.uuid(),
         }
     }
 
@@ -256,26 +239,16 @@ impl Communicator {
         }
 
         // Phase 3: allocate the heap, publish how to reach it.
-        let (heap, handle): (Heap, Vec<u8>) = match &*device.inner {
-            DeviceInner::Gpu(_) => {
+        let (heap, handle): (Heap, Vec<u8>) = match device.backend() {
+            Backend::Gpu => {
                 let buf = device.alloc_zeroed::<u8>(heap_len as usize)?;
                 let mut h = buf.as_raw().to_le_bytes().to_vec();
                 if multi_process {
-                    let mut ipc = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
-                    device.bind()?;
-                    // SAFETY: `buf` is a cuMemAlloc allocation of this context.
-                    unsafe { sys::cuIpcGetMemHandle(ipc.as_mut_ptr(), buf.as_raw()) }
-                        .result()
-                        .call("cuIpcGetMemHandle")?;
-                    // SAFETY: initialized by the call above (zeroed before).
-                    let ipc = unsafe { ipc.assume_init() };
-                    // SAFETY: CUipcMemHandle is 64 plain bytes.
-                    let bytes: [u8; 64] = unsafe { std::mem::transmute(ipc) };
-                    h.extend_from_slice(&bytes);
+                    h.extend_from_slice(&device.inner.ipc_export(buf.as_raw())?);
                 }
                 (Heap::Device(buf), h)
             }
-            DeviceInner::Emu(_) => {
+            Backend::Cpu | Backend::Auto => {
                 if let (Some(path), true) = (&my_file, multi_process) {
                     let region = ShmRegion::create(path, heap_len as usize)?;
                     let h = (region.ptr as u64).to_le_bytes().to_vec();
@@ -310,42 +283,19 @@ impl Communicator {
             let addr = u64::from_le_bytes(h[..8].try_into().expect("8 bytes"));
             if same_process[p] {
                 if device.is_gpu() && ids[p].ordinal != me.ordinal {
-                    enable_peer_access(&device, ids[p].ordinal as usize, rank, p)?;
+                    device.inner.enable_peer_access(ids[p].ordinal as usize, rank, p)?;
                     routes[p] = PeerRoute::PeerAccess;
                 } else {
                     routes[p] = PeerRoute::SameProcess;
                 }
                 bases[p] = addr;
             } else if device.is_gpu() {
-                if h.len() != 8 + 64 {
+                let Ok(ipc) = <&[u8; IPC_HANDLE_BYTES]>::try_from(&h[8..]) else {
                     return Err(Error::comm(format!("rank {p} sent no CUDA IPC handle")));
-                }
-                let mut ipc = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
-                // SAFETY: CUipcMemHandle is 64 plain bytes.
-                unsafe { std::ptr::copy_nonoverlapping(h[8..].as_ptr(), ipc.as_mut_ptr() as *mut u8, 64) };
-                let mut dptr: sys::CUdeviceptr = 0;
-                device.bind()?;
-                // SAFETY: a handle exported by the peer process for its heap.
-                let r = unsafe {
-                    sys::cuIpcOpenMemHandle_v2(
-                        &mut dptr,
-                        ipc.assume_init(),
-                        sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
-                    )
-                }
-                .result();
-                if let Err(e) = r {
-                    return Err(Error::PeerUnreachable {
-                        rank,
-                        peer: p,
-                        reason: format!(
-                            "cuIpcOpenMemHandle failed ({e:?}); its GPU {} may not be peer-accessible from GPU {}",
-                            ids[p].ordinal, me.ordinal
-                        ),
-                    });
-                }
-                mappings.push(Mapping::Ipc(device.clone(), dptr));
-                bases[p] = dptr;
+                };
+                let mapping = device.inner.ipc_open(ipc, ids[p].ordinal, rank, p)?;
+                bases[p] = mapping.as_raw();
+                mappings.push(Mapping::Ipc(mapping));
                 routes[p] = PeerRoute::CudaIpc;
             } else {
                 let path = peer_files[p].as_ref().expect("checked in phase 2");
@@ -603,41 +553,6 @@ impl<T: DeviceCopy> SymBuffer<'_, T> {
         // SAFETY: inside this rank's heap.
         unsafe { self.comm.device.read_raw(self.comm.heap_base + self.offset, bytes)? };
         Ok(v)
-    }
-}
-
-fn enable_peer_access(device: &Device, peer_ordinal: usize, rank: usize, peer: usize) -> Result<()> {
-    let DeviceInner::Gpu(ctx) = &*device.inner else { return Ok(()) };
-    let mut can = 0i32;
-    // SAFETY: plain queries.
-    unsafe {
-        let mut peer_dev: sys::CUdevice = 0;
-        sys::cuDeviceGet(&mut peer_dev, peer_ordinal as i32).result().call("cuDeviceGet")?;
-        sys::cuDeviceCanAccessPeer(&mut can, ctx.cu_device(), peer_dev)
-            .result()
-            .call("cuDeviceCanAccessPeer")?;
-    }
-    if can == 0 {
-        return Err(Error::PeerUnreachable {
-            rank,
-            peer,
-            reason: format!(
-                "GPU {} cannot access GPU {peer_ordinal} (no NVLink/PCIe peer access)",
-                ctx.ordinal()
-            ),
-        });
-    }
-    let peer_ctx = crate::device::shared_context(peer_ordinal)?;
-    device.bind()?;
-    // SAFETY: both contexts are live primary contexts.
-    let r = unsafe { sys::cuCtxEnablePeerAccess(peer_ctx.cu_ctx(), 0) };
-    match r {
-        sys::cudaError_enum::CUDA_SUCCESS | sys::cudaError_enum::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
-        e => Err(Error::PeerUnreachable {
-            rank,
-            peer,
-            reason: format!("cuCtxEnablePeerAccess failed: {e:?}"),
-        }),
     }
 }
 

@@ -1,0 +1,505 @@
+//! The GPU backend: everything that talks to the CUDA driver (through
+//! cudarc, the driver library loaded at run time): contexts, allocation and
+//! copies, streams and events, modules and launches, CUDA IPC and peer
+//! access.
+
+use std::ffi::CString;
+use std::sync::{Arc, Mutex, Weak};
+
+use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream, DriverError};
+use doorbell_kernels::KernelArgs;
+
+use super::FunctionAttributes;
+use crate::error::{CudaCall, Error, Result};
+
+/// Number of CUDA GPUs; 0 when no driver is present (never panics).
+pub fn gpu_count() -> usize {
+    if !driver_present() {
+        return 0;
+    }
+    CudaContext::device_count().map(|n| n.max(0) as usize).unwrap_or(0)
+}
+
+/// True when the CUDA driver library can be loaded.
+pub fn driver_present() -> bool {
+    eager_module_loading();
+    // SAFETY: only probes whether the library can be dlopen'd.
+    unsafe { sys::is_culib_present() }
+}
+
+/// Kernels that wait on each other must be loaded before any of them runs:
+/// with CUDA's lazy loading (the default since CUDA 12.2) the first launch
+/// of a kernel can wait for a running kernel that spins on it. Like NVSHMEM,
+/// doorbell asks for eager loading unless `CUDA_MODULE_LOADING` is set.
+fn eager_module_loading() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os("CUDA_MODULE_LOADING").is_none() {
+            std::env::set_var("CUDA_MODULE_LOADING", "EAGER");
+        }
+    });
+}
+
+/// True when `ptx` is a real module rather than the placeholder the build
+/// helper writes when the PTX build was skipped.
+pub fn ptx_is_built(ptx: &str) -> bool {
+    ptx.contains(".entry") || ptx.contains(".target")
+}
+
+/// One CUDA context per GPU ordinal for the whole process, shared by every
+/// handle (thread ranks on one GPU use one context). cudarc's event tracking
+/// is switched off: we never use its `CudaSlice`, and its implicit
+/// synchronization (a context-wide synchronize when the first stream is
+/// created) would wait for other ranks' spinning kernels.
+fn shared_context(ordinal: usize) -> Result<Arc<CudaContext>> {
+    static CONTEXTS: std::sync::OnceLock<Mutex<std::collections::HashMap<usize, Weak<CudaContext>>>> = std::sync::OnceLock::new();
+    let mut map = CONTEXTS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(c) = map.get(&ordinal).and_then(Weak::upgrade) {
+        return Ok(c);
+    }
+    let ctx = CudaContext::new(ordinal).call("cuDevicePrimaryCtxRetain")?;
+    // SAFETY: no CudaSlice exists on this context yet (it was just created).
+    unsafe { ctx.disable_event_tracking() };
+    map.insert(ordinal, Arc::downgrade(&ctx));
+    Ok(ctx)
+}
+
+/// A GPU as one [`crate::Device`] handle sees it: the GPU's shared context
+/// and the streams created through the handle.
+pub(crate) struct Device {
+    ctx: Arc<CudaContext>,
+    /// GPU streams created through this handle: what `synchronize` waits for.
+    /// Several handles (e.g. thread ranks) share one CUDA context, so a
+    /// context-wide synchronize would wait for other ranks' spinning kernels.
+    streams: Mutex<Vec<Weak<CudaStream>>>,
+}
+
+impl Device {
+    /// Opens GPU `ordinal` (its primary context).
+    pub(crate) fn open(ordinal: usize) -> Result<Device> {
+        if !driver_present() {
+            return Err(Error::NoDriver);
+        }
+        let count = CudaContext::device_count().call("cuDeviceGetCount")?.max(0) as usize;
+        if count == 0 {
+            return Err(Error::NoGpu);
+        }
+        if ordinal >= count {
+            return Err(Error::NoSuchGpu { ordinal, count });
+        }
+        let ctx = shared_context(ordinal)?;
+        Ok(Device {
+            ctx,
+            streams: Mutex::new(Vec::new()),
+        })
+    }
+
+    pub(crate) fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    pub(crate) fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+
+    pub(crate) fn name(&self) -> String {
+        self.ctx.name().unwrap_or_else(|_| "CUDA GPU".into())
+    }
+
+    pub(crate) fn compute_capability(&self) -> Option<(i32, i32)> {
+        self.ctx.compute_capability().ok()
+    }
+
+    pub(crate) fn multiprocessor_count(&self) -> usize {
+        self.ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map(|v| v as usize)
+            .unwrap_or(1)
+    }
+
+    /// Makes the context current on the calling thread (driver calls need it).
+    fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().call("cuCtxSetCurrent")
+    }
+
+    /// Waits for the streams created through this handle.
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        let streams: Vec<_> = self
+            .streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for s in streams {
+            s.synchronize().call("cuStreamSynchronize")?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn new_stream(&self) -> Result<Stream> {
+        let s = self.ctx.new_stream().call("cuStreamCreate")?;
+        self.streams.lock().unwrap_or_else(|p| p.into_inner()).push(Arc::downgrade(&s));
+        Ok(Stream(s))
+    }
+
+    /// Names the device in allocation errors.
+    pub(crate) fn memory_label(&self) -> String {
+        format!("GPU {}", self.ordinal())
+    }
+
+    /// A failed driver allocation: out-of-memory becomes [`Error::OutOfMemory`],
+    /// anything else stays the driver call's error.
+    fn alloc_error(&self, e: DriverError, call: &'static str, bytes: usize) -> Error {
+        if e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
+            Error::OutOfMemory {
+                bytes: bytes as u64,
+                device: self.memory_label(),
+                detail: format!("{call} failed: {e}"),
+            }
+        } else {
+            Error::Cuda { call, source: e }
+        }
+    }
+
+    /// `bytes` (non-zero) of zeroed device memory.
+    pub(crate) fn alloc_zeroed(&self, bytes: usize) -> Result<u64> {
+        self.bind()?;
+        // SAFETY: context bound; the allocation is freed by `free` when its buffer drops.
+        let p = unsafe { result::malloc_sync(bytes) }.map_err(|e| self.alloc_error(e, "cuMemAlloc", bytes))?;
+        // SAFETY: `p` spans `bytes` bytes.
+        if let Err(e) = unsafe { result::memset_d8_sync(p, 0, bytes) } {
+            // SAFETY: just allocated, not handed out.
+            let _ = unsafe { result::free_sync(p) };
+            return Err(Error::Cuda {
+                call: "cuMemsetD8",
+                source: e,
+            });
+        }
+        Ok(p)
+    }
+
+    /// Frees what [`Device::alloc_zeroed`] returned (cuMemFree waits for the
+    /// device, like `cudaFree`).
+    ///
+    /// # Safety
+    /// `addr` came from `alloc_zeroed` on this device and is freed once.
+    pub(crate) unsafe fn free(&self, addr: u64) {
+        if self.bind().is_ok() {
+            // SAFETY: allocated by cuMemAlloc in this context; freed once.
+            let _ = unsafe { result::free_sync(addr) };
+        }
+    }
+
+    /// Sets `bytes` at `addr` to zero.
+    ///
+    /// # Safety
+    /// `addr..addr+bytes` is device memory of this device.
+    pub(crate) unsafe fn zero(&self, addr: u64, bytes: usize) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the caller vouches that the allocation spans `bytes`.
+        unsafe { result::memset_d8_sync(addr, 0, bytes) }.call("cuMemsetD8")
+    }
+
+    /// `bytes` of zeroed pinned host memory mapped into the device: its host
+    /// and device addresses.
+    pub(crate) fn alloc_mapped(&self, bytes: usize) -> Result<(*mut u8, u64)> {
+        self.bind()?;
+        let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+        // SAFETY: context bound; freed by `free_mapped` when its buffer drops.
+        let h = unsafe { result::malloc_host(bytes, flags) }.map_err(|e| self.alloc_error(e, "cuMemHostAlloc", bytes))?;
+        // SAFETY: `h` spans `bytes`.
+        unsafe { std::ptr::write_bytes(h as *mut u8, 0, bytes) };
+        let mut d: sys::CUdeviceptr = 0;
+        // SAFETY: `h` was allocated with DEVICEMAP.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, h, 0) }
+            .result()
+            .call("cuMemHostGetDevicePointer")?;
+        Ok((h as *mut u8, d))
+    }
+
+    /// Frees what [`Device::alloc_mapped`] returned.
+    ///
+    /// # Safety
+    /// `host` came from `alloc_mapped` on this device and is freed once.
+    pub(crate) unsafe fn free_mapped(&self, host: *mut u8) {
+        if self.bind().is_ok() {
+            // SAFETY: allocated by cuMemHostAlloc; freed once.
+            let _ = unsafe { result::free_host(host as *mut _) };
+        }
+    }
+
+    /// Copies host bytes to device address `addr` (synchronous).
+    ///
+    /// # Safety
+    /// `addr..addr+src.len()` is device memory of this device.
+    pub(crate) unsafe fn write(&self, addr: u64, src: &[u8]) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the caller vouches for the destination range.
+        unsafe { result::memcpy_htod_sync(addr, src) }.call("cuMemcpyHtoD")
+    }
+
+    /// Copies device bytes at `addr` to the host (synchronous).
+    ///
+    /// # Safety
+    /// `addr..addr+dst.len()` is device memory of this device.
+    pub(crate) unsafe fn read(&self, addr: u64, dst: &mut [u8]) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the caller vouches for the source range.
+        unsafe { result::memcpy_dtoh_sync(dst, addr) }.call("cuMemcpyDtoH")
+    }
+
+    /// Loads PTX text into this context.
+    pub(crate) fn load_module(&self, ptx: &str) -> Result<Arc<Module>> {
+        if !ptx_is_built(ptx) {
+            return Err(Error::PtxNotBuilt);
+        }
+        self.bind()?;
+        let src = CString::new(ptx).map_err(|_| Error::PtxNotBuilt)?;
+        // SAFETY: NUL-terminated PTX text; context bound.
+        let module = unsafe { result::module::load_data(src.as_ptr() as *const _) }.call("cuModuleLoadData")?;
+        Ok(Arc::new(Module {
+            module,
+            ctx: self.ctx.clone(),
+        }))
+    }
+
+    /// The GPU's UUID in hex (empty when the driver does not say).
+    pub(crate) fn uuid(&self) -> String {
+        self.ctx
+            .uuid()
+            .map(|u| u.bytes.iter().map(|b| format!("{:02x}", *b as u8)).collect())
+            .unwrap_or_default()
+    }
+
+    /// The CUDA IPC handle of the allocation at `addr`, for another process
+    /// to open with [`Device::ipc_open`].
+    pub(crate) fn ipc_export(&self, addr: u64) -> Result<[u8; IPC_HANDLE_BYTES]> {
+        let mut ipc = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
+        self.bind()?;
+        // SAFETY: `addr` is a cuMemAlloc allocation of this context (the caller's heap).
+        unsafe { sys::cuIpcGetMemHandle(ipc.as_mut_ptr(), addr) }
+            .result()
+            .call("cuIpcGetMemHandle")?;
+        // SAFETY: initialized by the call above (zeroed before).
+        let ipc = unsafe { ipc.assume_init() };
+        // SAFETY: CUipcMemHandle is 64 plain bytes.
+        let bytes: [u8; IPC_HANDLE_BYTES] = unsafe { std::mem::transmute(ipc) };
+        Ok(bytes)
+    }
+
+    /// Opens the allocation another process exported with
+    /// [`Device::ipc_export`]. `rank`, `peer` and `peer_ordinal` (the GPU
+    /// the peer runs on) only describe the failure.
+    pub(crate) fn ipc_open(&self, handle: &[u8; IPC_HANDLE_BYTES], peer_ordinal: u32, rank: usize, peer: usize) -> Result<IpcMapping> {
+        let mut ipc = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
+        // SAFETY: CUipcMemHandle is 64 plain bytes.
+        unsafe { std::ptr::copy_nonoverlapping(handle.as_ptr(), ipc.as_mut_ptr() as *mut u8, IPC_HANDLE_BYTES) };
+        let mut dptr: sys::CUdeviceptr = 0;
+        self.bind()?;
+        // SAFETY: a handle exported by the peer process for its heap.
+        let r = unsafe {
+            sys::cuIpcOpenMemHandle_v2(
+                &mut dptr,
+                ipc.assume_init(),
+                sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
+            )
+        }
+        .result();
+        if let Err(e) = r {
+            return Err(Error::PeerUnreachable {
+                rank,
+                peer,
+                reason: format!(
+                    "cuIpcOpenMemHandle failed ({e:?}); its GPU {} may not be peer-accessible from GPU {}",
+                    peer_ordinal,
+                    self.ordinal()
+                ),
+            });
+        }
+        Ok(IpcMapping {
+            ctx: self.ctx.clone(),
+            ptr: dptr,
+        })
+    }
+
+    /// Lets this context access GPU `peer_ordinal`'s memory (NVLink/PCIe).
+    /// `rank` and `peer` only describe the failure.
+    pub(crate) fn enable_peer_access(&self, peer_ordinal: usize, rank: usize, peer: usize) -> Result<()> {
+        let ctx = &self.ctx;
+        let mut can = 0i32;
+        // SAFETY: plain queries.
+        unsafe {
+            let mut peer_dev: sys::CUdevice = 0;
+            sys::cuDeviceGet(&mut peer_dev, peer_ordinal as i32).result().call("cuDeviceGet")?;
+            sys::cuDeviceCanAccessPeer(&mut can, ctx.cu_device(), peer_dev)
+                .result()
+                .call("cuDeviceCanAccessPeer")?;
+        }
+        if can == 0 {
+            return Err(Error::PeerUnreachable {
+                rank,
+                peer,
+                reason: format!(
+                    "GPU {} cannot access GPU {peer_ordinal} (no NVLink/PCIe peer access)",
+                    ctx.ordinal()
+                ),
+            });
+        }
+        let peer_ctx = shared_context(peer_ordinal)?;
+        self.bind()?;
+        // SAFETY: both contexts are live primary contexts.
+        let r = unsafe { sys::cuCtxEnablePeerAccess(peer_ctx.cu_ctx(), 0) };
+        match r {
+            sys::cudaError_enum::CUDA_SUCCESS | sys::cudaError_enum::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
+            e => Err(Error::PeerUnreachable {
+                rank,
+                peer,
+                reason: format!("cuCtxEnablePeerAccess failed: {e:?}"),
+            }),
+        }
+    }
+}
+
+/// Bytes of a CUDA IPC handle (`CUipcMemHandle`).
+pub(crate) const IPC_HANDLE_BYTES: usize = 64;
+const _: () = assert!(std::mem::size_of::<sys::CUipcMemHandle>() == IPC_HANDLE_BYTES);
+
+/// A peer process's allocation opened through CUDA IPC; closed on drop.
+pub(crate) struct IpcMapping {
+    ctx: Arc<CudaContext>,
+    ptr: sys::CUdeviceptr,
+}
+
+impl IpcMapping {
+    /// The allocation's address in this context.
+    pub(crate) fn as_raw(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl Drop for IpcMapping {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: opened by cuIpcOpenMemHandle; closed once.
+            let _ = unsafe { sys::cuIpcCloseMemHandle(self.ptr) };
+        }
+    }
+}
+
+/// A CUDA stream.
+pub(crate) struct Stream(Arc<CudaStream>);
+
+impl Stream {
+    pub(crate) fn as_cuda(&self) -> &Arc<CudaStream> {
+        &self.0
+    }
+
+    /// Enqueues `f` with `args`.
+    ///
+    /// # Safety
+    /// `f` is the entry point whose parameters `A` describes (the `#[kernel]`
+    /// macro derived both from one signature), and the values satisfy the
+    /// kernel's contract.
+    pub(crate) unsafe fn launch<A: KernelArgs>(
+        &self,
+        f: &Function,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        shared_mem_bytes: u32,
+        args: A,
+    ) -> Result<()> {
+        self.0.context().bind_to_thread().call("cuCtxSetCurrent")?;
+        let mut args = args;
+        let mut params = args.param_ptrs();
+        // SAFETY: `params` points at the fields of `args`, matching the entry
+        // point's parameters (the #[kernel] macro derived both from one
+        // signature); the caller vouches for their values.
+        unsafe { result::launch_kernel(f.f, grid, block, shared_mem_bytes, self.0.cu_stream(), &mut params) }.call("cuLaunchKernel")
+    }
+
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        self.0.synchronize().call("cuStreamSynchronize")
+    }
+
+    pub(crate) fn record(&self) -> Result<Event> {
+        let e = self
+            .0
+            .context()
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .call("cuEventCreate")?;
+        e.record(&self.0).call("cuEventRecord")?;
+        Ok(Event(e))
+    }
+}
+
+/// A CUDA event.
+pub(crate) struct Event(CudaEvent);
+
+impl Event {
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        self.0.synchronize().call("cuEventSynchronize")
+    }
+
+    pub(crate) fn elapsed_ms(&self, end: &Event) -> Result<f32> {
+        self.0.elapsed_ms(&end.0).call("cuEventElapsedTime")
+    }
+}
+
+/// A loaded PTX module; unloaded when its last function is gone.
+pub(crate) struct Module {
+    module: sys::CUmodule,
+    ctx: Arc<CudaContext>,
+}
+
+// SAFETY: CUmodule handles may be used from any thread with the context bound.
+unsafe impl Send for Module {}
+// SAFETY: as above.
+unsafe impl Sync for Module {}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: loaded by cuModuleLoadData; unloaded once.
+            let _ = unsafe { result::module::unload(self.module) };
+        }
+    }
+}
+
+impl Module {
+    /// The entry point `name`.
+    pub(crate) fn function(self: &Arc<Self>, name: &'static str) -> Result<Function> {
+        let c_name = CString::new(name).map_err(|_| Error::KernelNotFound { name })?;
+        self.ctx.bind_to_thread().call("cuCtxSetCurrent")?;
+        // SAFETY: module loaded in this context.
+        let f = unsafe { result::module::get_function(self.module, c_name) }.map_err(|_| Error::KernelNotFound { name })?;
+        Ok(Function { f, _module: self.clone() })
+    }
+}
+
+/// A kernel entry point; keeps its module loaded.
+pub(crate) struct Function {
+    f: sys::CUfunction,
+    _module: Arc<Module>,
+}
+
+// SAFETY: CUfunction handles are usable from any thread with the context bound.
+unsafe impl Send for Function {}
+// SAFETY: as above.
+unsafe impl Sync for Function {}
+
+impl Function {
+    pub(crate) fn attributes(&self) -> Option<FunctionAttributes> {
+        let get = |a| {
+            let mut v = 0i32;
+            // SAFETY: valid function handle.
+            unsafe { sys::cuFuncGetAttribute(&mut v, a, self.f) }.result().ok().map(|_| v)
+        };
+        use sys::CUfunction_attribute::*;
+        Some(FunctionAttributes {
+            registers: get(CU_FUNC_ATTRIBUTE_NUM_REGS)?,
+            local_bytes: get(CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
+            max_threads_per_block: get(CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+        })
+    }
+}

@@ -1,0 +1,401 @@
+//! The backends behind the public types: [`cuda`] (a GPU through the CUDA
+//! driver) and [`emu`] (the CPU emulator).
+//!
+//! Every difference between a GPU and the emulator lives in one of those two
+//! modules. The public types ([`crate::Device`], [`crate::Stream`],
+//! [`crate::Event`], [`crate::Module`], [`crate::Function`], the buffers)
+//! hold one of the enums below and call its methods; this file is the only
+//! place that matches on the backend, each method once.
+//!
+//! Why enums rather than trait objects (`dyn DeviceBackend`):
+//! - the set of backends is closed (two), and known here;
+//! - some operations take two objects that must come from the same backend
+//!   (a function launched on a stream, the time between two events): an
+//!   enum matches the pair once, where a trait would downcast through `Any`;
+//! - a launch is generic over the kernel (its argument type, and on the
+//!   emulator the kernel's Rust body), which an object-safe trait could take
+//!   only by boxing the arguments and an emulator closure on every GPU
+//!   launch.
+//!
+//! This module depends only on [`crate::error`] and [`crate::env`], never on
+//! the public-type modules, so those import it without cycles.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaStream};
+use doorbell_kernels::Kernel;
+
+use crate::error::{Error, Result};
+
+pub(crate) mod cuda;
+pub(crate) mod emu;
+
+pub(crate) use cuda::{IpcMapping, IPC_HANDLE_BYTES};
+
+/// Which backend runs kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Backend {
+    /// The GPU when a driver and a GPU are present, the CPU emulator otherwise.
+    #[default]
+    Auto,
+    /// A CUDA GPU; an error when there is none.
+    Gpu,
+    /// The CPU emulator.
+    Cpu,
+}
+
+impl Backend {
+    /// Reads `DOORBELL_DEVICE` (`gpu`, `cpu`, `auto`; unset or empty means
+    /// auto). Anything else is [`Error::BadEnv`] naming the variable.
+    pub fn from_env() -> Result<Backend> {
+        match crate::env::raw("DOORBELL_DEVICE")? {
+            None => Ok(Backend::Auto),
+            Some(v) => v.parse().map_err(|_| Error::BadEnv {
+                var: "DOORBELL_DEVICE".into(),
+                value: v,
+                reason: "is not one of gpu, cpu, auto".into(),
+            }),
+        }
+    }
+}
+
+impl std::str::FromStr for Backend {
+    type Err = Error;
+    /// `gpu` (or `cuda`), `cpu` (or `emu`, `emulator`), `auto`; any case.
+    fn from_str(s: &str) -> Result<Backend> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(Backend::Auto),
+            "gpu" | "cuda" => Ok(Backend::Gpu),
+            "cpu" | "emu" | "emulator" => Ok(Backend::Cpu),
+            _ => Err(Error::BadBackend(s.to_string())),
+        }
+    }
+}
+
+/// What the driver says about a compiled kernel.
+#[derive(Clone, Copy, Debug)]
+pub struct FunctionAttributes {
+    /// Registers per thread.
+    pub registers: i32,
+    /// Local memory per thread (spills, stack), bytes.
+    pub local_bytes: i32,
+    /// Largest block the kernel can run with.
+    pub max_threads_per_block: i32,
+}
+
+/// A device handle's backend.
+pub(crate) enum DeviceBackend {
+    Cuda(cuda::Device),
+    Emu(emu::Device),
+}
+
+impl DeviceBackend {
+    /// The backend (never `Auto`).
+    pub(crate) fn kind(&self) -> Backend {
+        match self {
+            DeviceBackend::Cuda(_) => Backend::Gpu,
+            DeviceBackend::Emu(_) => Backend::Cpu,
+        }
+    }
+
+    pub(crate) fn ordinal(&self) -> usize {
+        match self {
+            DeviceBackend::Cuda(d) => d.ordinal(),
+            DeviceBackend::Emu(d) => d.ordinal(),
+        }
+    }
+
+    pub(crate) fn name(&self) -> String {
+        match self {
+            DeviceBackend::Cuda(d) => d.name(),
+            DeviceBackend::Emu(d) => d.name(),
+        }
+    }
+
+    pub(crate) fn compute_capability(&self) -> Option<(i32, i32)> {
+        match self {
+            DeviceBackend::Cuda(d) => d.compute_capability(),
+            DeviceBackend::Emu(_) => None,
+        }
+    }
+
+    pub(crate) fn multiprocessor_count(&self) -> usize {
+        match self {
+            DeviceBackend::Cuda(d) => d.multiprocessor_count(),
+            DeviceBackend::Emu(d) => d.multiprocessor_count(),
+        }
+    }
+
+    /// Waits for the streams created through this handle.
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        match self {
+            DeviceBackend::Cuda(d) => d.synchronize(),
+            DeviceBackend::Emu(d) => d.synchronize(),
+        }
+    }
+
+    pub(crate) fn as_cuda(&self) -> Option<&Arc<CudaContext>> {
+        match self {
+            DeviceBackend::Cuda(d) => Some(d.context()),
+            DeviceBackend::Emu(_) => None,
+        }
+    }
+
+    pub(crate) fn new_stream(&self) -> Result<StreamBackend> {
+        match self {
+            DeviceBackend::Cuda(d) => d.new_stream().map(StreamBackend::Cuda),
+            DeviceBackend::Emu(d) => d.new_stream().map(StreamBackend::Emu),
+        }
+    }
+
+    pub(crate) fn load_module(&self, ptx: &str) -> Result<ModuleBackend> {
+        match self {
+            DeviceBackend::Cuda(d) => d.load_module(ptx).map(ModuleBackend::Cuda),
+            // Nothing to load: the kernels' host code is linked into the binary.
+            DeviceBackend::Emu(_) => Ok(ModuleBackend::Emu),
+        }
+    }
+
+    /// Names the device in allocation errors.
+    pub(crate) fn memory_label(&self) -> String {
+        match self {
+            DeviceBackend::Cuda(d) => d.memory_label(),
+            DeviceBackend::Emu(_) => emu::MEMORY_LABEL.into(),
+        }
+    }
+
+    /// `bytes` (non-zero) of zeroed device memory; its device address.
+    pub(crate) fn alloc_zeroed(&self, bytes: usize) -> Result<u64> {
+        match self {
+            DeviceBackend::Cuda(d) => d.alloc_zeroed(bytes),
+            DeviceBackend::Emu(d) => d.alloc_zeroed(bytes),
+        }
+    }
+
+    /// Frees an allocation of [`DeviceBackend::alloc_zeroed`]; waits for the
+    /// device's outstanding work first, like `cudaFree`.
+    ///
+    /// # Safety
+    /// `addr` came from `alloc_zeroed(bytes)` on this device and is freed once.
+    pub(crate) unsafe fn free(&self, addr: u64, bytes: usize) {
+        match self {
+            // SAFETY: the caller passes an allocation of this device, once.
+            DeviceBackend::Cuda(d) => unsafe { d.free(addr) },
+            // SAFETY: as above.
+            DeviceBackend::Emu(d) => unsafe { d.free(addr, bytes) },
+        }
+    }
+
+    /// Sets `bytes` at `addr` to zero (synchronous).
+    ///
+    /// # Safety
+    /// `addr..addr+bytes` is device memory of this device.
+    pub(crate) unsafe fn zero(&self, addr: u64, bytes: usize) -> Result<()> {
+        match self {
+            // SAFETY: the caller vouches for the range.
+            DeviceBackend::Cuda(d) => unsafe { d.zero(addr, bytes) },
+            // SAFETY: as above.
+            DeviceBackend::Emu(d) => unsafe { d.zero(addr, bytes) },
+        }
+    }
+
+    /// `bytes` (non-zero) of zeroed host memory the device can address: its
+    /// host and device addresses.
+    pub(crate) fn alloc_mapped(&self, bytes: usize) -> Result<(*mut u8, u64)> {
+        match self {
+            DeviceBackend::Cuda(d) => d.alloc_mapped(bytes),
+            DeviceBackend::Emu(d) => d.alloc_mapped(bytes),
+        }
+    }
+
+    /// Frees an allocation of [`DeviceBackend::alloc_mapped`].
+    ///
+    /// # Safety
+    /// `host` came from `alloc_mapped(bytes)` on this device, the device no
+    /// longer uses it, and it is freed once.
+    pub(crate) unsafe fn free_mapped(&self, host: *mut u8, bytes: usize) {
+        match self {
+            // SAFETY: the caller passes an allocation of this device, once.
+            DeviceBackend::Cuda(d) => unsafe { d.free_mapped(host) },
+            // SAFETY: as above.
+            DeviceBackend::Emu(d) => unsafe { d.free_mapped(host, bytes) },
+        }
+    }
+
+    /// Copies host bytes to device address `addr` (synchronous).
+    ///
+    /// # Safety
+    /// `addr..addr+src.len()` is device memory of this device.
+    pub(crate) unsafe fn write(&self, addr: u64, src: &[u8]) -> Result<()> {
+        match self {
+            // SAFETY: the caller vouches for the range.
+            DeviceBackend::Cuda(d) => unsafe { d.write(addr, src) },
+            // SAFETY: as above.
+            DeviceBackend::Emu(d) => unsafe { d.write(addr, src) },
+        }
+    }
+
+    /// Copies device bytes at `addr` to the host (synchronous).
+    ///
+    /// # Safety
+    /// `addr..addr+dst.len()` is device memory of this device.
+    pub(crate) unsafe fn read(&self, addr: u64, dst: &mut [u8]) -> Result<()> {
+        match self {
+            // SAFETY: the caller vouches for the range.
+            DeviceBackend::Cuda(d) => unsafe { d.read(addr, dst) },
+            // SAFETY: as above.
+            DeviceBackend::Emu(d) => unsafe { d.read(addr, dst) },
+        }
+    }
+
+    /// The GPU's UUID in hex (empty when the driver does not say), or "cpu".
+    pub(crate) fn uuid(&self) -> String {
+        match self {
+            DeviceBackend::Cuda(d) => d.uuid(),
+            DeviceBackend::Emu(_) => "cpu".to_string(),
+        }
+    }
+
+    /// The CUDA IPC handle of the allocation at `addr` (GPU only: emulator
+    /// ranks of several processes share heaps through shared memory files).
+    pub(crate) fn ipc_export(&self, addr: u64) -> Result<[u8; IPC_HANDLE_BYTES]> {
+        match self {
+            DeviceBackend::Cuda(d) => d.ipc_export(addr),
+            DeviceBackend::Emu(_) => Err(no_ipc()),
+        }
+    }
+
+    /// Opens an allocation another process exported with
+    /// [`DeviceBackend::ipc_export`]; `peer_ordinal`, `rank` and `peer` only
+    /// describe the failure.
+    pub(crate) fn ipc_open(&self, handle: &[u8; IPC_HANDLE_BYTES], peer_ordinal: u32, rank: usize, peer: usize) -> Result<IpcMapping> {
+        match self {
+            DeviceBackend::Cuda(d) => d.ipc_open(handle, peer_ordinal, rank, peer),
+            DeviceBackend::Emu(_) => Err(no_ipc()),
+        }
+    }
+
+    /// Lets this device access device `peer_ordinal`'s memory. On the
+    /// emulator every "device" is host memory already: nothing to do.
+    pub(crate) fn enable_peer_access(&self, peer_ordinal: usize, rank: usize, peer: usize) -> Result<()> {
+        match self {
+            DeviceBackend::Cuda(d) => d.enable_peer_access(peer_ordinal, rank, peer),
+            DeviceBackend::Emu(_) => Ok(()),
+        }
+    }
+}
+
+fn no_ipc() -> Error {
+    Error::comm("CUDA IPC needs a GPU; emulator ranks in several processes share their heaps through shared memory")
+}
+
+/// A stream's backend.
+pub(crate) enum StreamBackend {
+    Cuda(cuda::Stream),
+    Emu(emu::Stream),
+}
+
+impl StreamBackend {
+    /// Enqueues kernel `K` (`f`) with `args`.
+    ///
+    /// # Safety
+    /// `f` is `K`'s entry point and the arguments satisfy the kernel's
+    /// contract (valid device pointers of the sizes it reads and writes,
+    /// alive until the launch completes).
+    pub(crate) unsafe fn launch<K: Kernel>(
+        &self,
+        f: &FunctionBackend,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        shared_mem_bytes: u32,
+        args: K::Args,
+    ) -> Result<()> {
+        match (self, f) {
+            // SAFETY: `f` is K's entry point and K::Args its parameters; the
+            // caller vouches for their values.
+            (StreamBackend::Cuda(s), FunctionBackend::Cuda(f)) => unsafe { s.launch(f, grid, block, shared_mem_bytes, args) },
+            // SAFETY: the caller vouches for the arguments.
+            (StreamBackend::Emu(s), FunctionBackend::Emu) => unsafe { s.launch::<K>(grid, block, shared_mem_bytes, args) },
+            _ => Err(Error::DeviceMismatch("kernel and stream belong to different backends")),
+        }
+    }
+
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        match self {
+            StreamBackend::Cuda(s) => s.synchronize(),
+            StreamBackend::Emu(s) => s.synchronize(),
+        }
+    }
+
+    pub(crate) fn record(&self) -> Result<EventBackend> {
+        match self {
+            StreamBackend::Cuda(s) => s.record().map(EventBackend::Cuda),
+            StreamBackend::Emu(s) => s.record().map(EventBackend::Emu),
+        }
+    }
+
+    pub(crate) fn as_cuda(&self) -> Option<&Arc<CudaStream>> {
+        match self {
+            StreamBackend::Cuda(s) => Some(s.as_cuda()),
+            StreamBackend::Emu(_) => None,
+        }
+    }
+}
+
+/// An event's backend.
+pub(crate) enum EventBackend {
+    Cuda(cuda::Event),
+    Emu(emu::Event),
+}
+
+impl EventBackend {
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        match self {
+            EventBackend::Cuda(e) => e.synchronize(),
+            EventBackend::Emu(e) => e.synchronize(),
+        }
+    }
+
+    /// Milliseconds from `self` to `end`; both already synchronized.
+    pub(crate) fn elapsed_ms(&self, end: &EventBackend) -> Result<f32> {
+        match (self, end) {
+            (EventBackend::Cuda(a), EventBackend::Cuda(b)) => a.elapsed_ms(b),
+            (EventBackend::Emu(a), EventBackend::Emu(b)) => a.elapsed_ms(b),
+            _ => Err(Error::DeviceMismatch("events from different backends")),
+        }
+    }
+}
+
+/// A module's backend: a loaded PTX module, or nothing on the emulator
+/// (kernels are linked into the binary).
+pub(crate) enum ModuleBackend {
+    Cuda(Arc<cuda::Module>),
+    Emu,
+}
+
+impl ModuleBackend {
+    /// The kernel named `name`.
+    pub(crate) fn function(&self, name: &'static str) -> Result<FunctionBackend> {
+        match self {
+            ModuleBackend::Cuda(m) => m.function(name).map(FunctionBackend::Cuda),
+            ModuleBackend::Emu => Ok(FunctionBackend::Emu),
+        }
+    }
+}
+
+/// A kernel handle's backend: an entry point, or nothing on the emulator
+/// (the launch runs the kernel's Rust body, named by its type).
+pub(crate) enum FunctionBackend {
+    Cuda(cuda::Function),
+    Emu,
+}
+
+impl FunctionBackend {
+    /// What the driver reports (`None` on the emulator).
+    pub(crate) fn attributes(&self) -> Option<FunctionAttributes> {
+        match self {
+            FunctionBackend::Cuda(f) => f.attributes(),
+            FunctionBackend::Emu => None,
+        }
+    }
+}
