@@ -1,0 +1,905 @@
+//! Sum all-reduce across ranks (threads of this process), checked element
+//! by element on every rank against a CPU reference; with `--bench`, an
+//! nccl-tests-style sweep comparing the fused all-reduce with a CPU-driven
+//! baseline, the unfused pair (producer kernel, then the all-reduce) and
+//! NCCL, in the same run.
+//!
+//! ```text
+//! cargo run --release --example allreduce -- --help
+//! cargo run --release --example allreduce -- [--ranks N] [--elems N] [--dtype f32|bf16] [--chunk BYTES]
+//!     [--compute none|hash|gemv] [--algo auto|one-shot|two-shot|pipelined] [--transport p2p|ibgda]
+//!     [--device gpu|cpu|auto] [--iters N] [--in-place] [--dump PATH] [--spread]
+//! cargo run --release --example allreduce -- --bench [--max-bytes BYTES] [--out DIR] ...
+//! ```
+//!
+//! Inputs: with `--compute none` rank `r`'s element `i` is
+//! `((r*131 + i*31) mod 17) - 8`; with `--compute hash|gemv` a producer
+//! computes rank `r`'s gradient for step `s` inside the fused kernel
+//! (`doorbell_example_kernels::allreduce`), and its chunks are reduced as
+//! they are produced. Every rank checks every element of its result, bit
+//! for bit, against the CPU's sum (f32 accumulation in rank order).
+//!
+//! `--bench` times, per size from 8 B to `--max-bytes` (doubling): (a) the
+//! fused all-reduce (pipelined; chunk sizes 16 KiB .. 4 MiB, the best one
+//! reported), (b) a CPU-driven baseline — the same work as one producer
+//! launch and one all-reduce launch per chunk, as a host-driven library
+//! does, (c) unfused — the producer kernel over the whole vector, then
+//! `AllReduce::run` (automatic algorithm), (d) NCCL's `ncclAllReduce` on the
+//! same buffers and streams, after the same producer kernel, when
+//! `libnccl.so.2` loads and every rank has a GPU of its own (NCCL refuses
+//! several ranks on one GPU). Every variant is timed the same way: a host
+//! loop of launches between two events, the slowest rank's time. Writes
+//! `allreduce_bench.json`, `.png` and `.svg` into `--out`.
+
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+use doorbell::coll::{Algo, AllReduce, AllReduceOptions, Bf16, DType, Elem, Plan};
+use doorbell::comm::{CommOptions, Communicator};
+use doorbell::{DeviceBuffer, ForTransport, LaunchConfig};
+use doorbell_example_kernels::allreduce::{fused_grad_allreduce, grad, produce_grad, COMPUTE_GEMV, COMPUTE_HASH};
+use doorbell_examples::cli::{ranged, DeviceArgs};
+use doorbell_examples::plot::{write_chart, Chart, Series};
+use doorbell_examples::{die, main_with, BoxError, USER_KERNELS_PTX};
+use doorbell_kernels::transport::P2p;
+
+type FusedKernel = <fused_grad_allreduce as ForTransport<P2p>>::Kernel;
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum DtypeArg {
+    F32,
+    Bf16,
+}
+
+/// What produces each rank's vector.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum Compute {
+    /// No producer: the input formula, a plain all-reduce.
+    None,
+    /// A hash of (rank, element, step), computed in the fused kernel.
+    Hash,
+    /// A small dense layer per element (32 multiply-adds), in the fused kernel.
+    Gemv,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum TransportArg {
+    /// Loads and stores into peers' memory.
+    P2p,
+    /// GPU-initiated RDMA (not available yet).
+    Ibgda,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum AlgoArg {
+    Auto,
+    OneShot,
+    TwoShot,
+    Pipelined,
+}
+
+/// Sum all-reduce across ranks, checked against a CPU reference; --bench
+/// compares it with a CPU-driven baseline, the unfused pair and NCCL.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "allreduce", version, about, long_about = None)]
+struct Args {
+    #[command(flatten)]
+    device: DeviceArgs,
+    /// Ranks (threads of this process)
+    #[arg(long, value_name = "N", default_value = "2", value_parser = ranged(1, 8))]
+    ranks: u64,
+    /// Elements per rank [default: 16777216 on a GPU, 100003 on the emulator]
+    #[arg(long, value_name = "N", value_parser = ranged(0, 1 << 32))]
+    elems: Option<u64>,
+    /// Element type
+    #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
+    dtype: DtypeArg,
+    /// Bytes per chunk (signalling unit; the fused kernel's production unit) [default: by algorithm]
+    #[arg(long, value_name = "BYTES", value_parser = ranged(1, 1 << 30))]
+    chunk: Option<u64>,
+    /// Producer of each rank's vector (hash, gemv: fused into the all-reduce)
+    #[arg(long, value_enum, default_value_t = Compute::None)]
+    compute: Compute,
+    /// All-reduce algorithm for --compute none (the fused kernel is always pipelined)
+    #[arg(long, value_enum, default_value_t = AlgoArg::Auto)]
+    algo: AlgoArg,
+    /// Device transport (ibgda needs a ConnectX NIC and is not available yet)
+    #[arg(long, value_enum, default_value_t = TransportArg::P2p)]
+    transport: TransportArg,
+    /// Checked all-reduces (steps)
+    #[arg(long, value_name = "N", default_value = "3", value_parser = ranged(1, 1_000_000))]
+    iters: u64,
+    /// Write rank 0's final result here (raw little-endian values of the dtype)
+    #[arg(long, value_name = "PATH")]
+    dump: Option<PathBuf>,
+    /// Output over the input (--compute none)
+    #[arg(long)]
+    in_place: bool,
+    /// One rank per GPU (rank r on GPU r mod #GPUs), as DOORBELL_SPREAD_GPUS=1
+    #[arg(long)]
+    spread: bool,
+    /// Run the benchmark sweep instead of the checked run
+    #[arg(long)]
+    bench: bool,
+    /// Largest message of the sweep, bytes per rank [default: 1073741824 on a GPU, 65536 on the emulator]
+    #[arg(long, value_name = "BYTES", value_parser = ranged(8, 1 << 34))]
+    max_bytes: Option<u64>,
+    /// Smallest message of the sweep, bytes per rank
+    #[arg(long, value_name = "BYTES", default_value = "8", value_parser = ranged(2, 1 << 34))]
+    min_bytes: u64,
+    /// Timed launches per size and variant [default: by size on a GPU, 2 on the emulator]
+    #[arg(long = "bench-iters", value_name = "N", value_parser = ranged(1, 100_000))]
+    bench_iters: Option<u64>,
+    /// Directory for the benchmark's JSON and plots
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    out: PathBuf,
+}
+
+impl Args {
+    fn dtype(&self) -> DType {
+        match self.dtype {
+            DtypeArg::F32 => DType::F32,
+            DtypeArg::Bf16 => DType::Bf16,
+        }
+    }
+    fn compute_code(&self) -> u32 {
+        match self.compute {
+            Compute::None => 0,
+            Compute::Hash => COMPUTE_HASH,
+            Compute::Gemv => COMPUTE_GEMV,
+        }
+    }
+    fn algo(&self) -> Option<Algo> {
+        match (self.compute, self.algo) {
+            (Compute::Hash | Compute::Gemv, _) => Some(Algo::Pipelined),
+            (_, AlgoArg::Auto) => None,
+            (_, AlgoArg::OneShot) => Some(Algo::OneShot),
+            (_, AlgoArg::TwoShot) => Some(Algo::TwoShot),
+            (_, AlgoArg::Pipelined) => Some(Algo::Pipelined),
+        }
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    main_with(|| run(&args));
+}
+
+/// Where ranks run: (GPU?, SMs of one GPU, ranks sharing a GPU, GPUs).
+fn topology(gpu: bool, ranks: usize, spread: bool) -> Result<(bool, usize, usize, usize), BoxError> {
+    if !gpu {
+        return Ok((false, 1, ranks, 0));
+    }
+    let gpus = doorbell::gpu_count().max(1);
+    let sms = doorbell::Device::gpu(0)?.multiprocessor_count();
+    let per_gpu = if spread { ranks.div_ceil(gpus) } else { ranks };
+    Ok((true, sms, per_gpu, gpus))
+}
+
+fn run(args: &Args) -> Result<(), BoxError> {
+    if args.transport == TransportArg::Ibgda {
+        die("--transport ibgda: the IBGDA transport is not available yet (no machine we reach has a ConnectX NIC); use --transport p2p");
+    }
+    if args.compute != Compute::None && args.in_place {
+        die("--in-place applies to --compute none: a fused producer writes its gradient into the pipeline, and the sum into the output");
+    }
+    if args.bench && args.dump.is_some() {
+        die("--dump belongs to the checked run, not to --bench");
+    }
+    if args.min_bytes > args.max_bytes.unwrap_or(u64::MAX) {
+        die("--min-bytes is larger than --max-bytes");
+    }
+    let gpu = args.device.wants_gpu()?;
+    let backend = args.device.backend()?;
+    let mut opts = CommOptions::from_env()?;
+    opts.spread_gpus |= args.spread;
+    let ranks = args.ranks as usize;
+    let topo = topology(gpu, ranks, opts.spread_gpus)?;
+    if args.bench {
+        return bench(args, backend, opts, topo);
+    }
+    let elems = args.elems.unwrap_or(if gpu { 1 << 24 } else { 100_003 });
+    let elems = usize::try_from(elems).map_err(|_| "--elems does not fit this host")?;
+    let ar_opts = AllReduceOptions {
+        algo: args.algo(),
+        chunk_bytes: args.chunk,
+        ..Default::default()
+    };
+    // Bad combinations (--algo one-shot with one rank, ...) are bad input.
+    let plan = Plan::new(ranks, elems, args.dtype(), &ar_opts, topo.0, topo.1, topo.2, true).unwrap_or_else(|e| die(e));
+    opts.heap_bytes = plan.heap_bytes() + (1 << 20);
+    let start = std::time::Instant::now();
+    let results = Communicator::local(ranks, backend, opts, |comm| match args.dtype() {
+        DType::F32 => check_rank::<f32>(comm, args, elems, &ar_opts),
+        DType::Bf16 => check_rank::<Bf16>(comm, args, elems, &ar_opts),
+    })?;
+    let secs = start.elapsed().as_secs_f64();
+    let (algo, device) = (&results[0].algo, &results[0].device);
+    let bad: u64 = results.iter().map(|r| r.mismatches).sum();
+    println!(
+        "allreduce: {ranks} rank(s) on {device}, {elems} {} elements per rank, {algo}, chunk {} B, compute {:?}{}",
+        args.dtype().name(),
+        plan.args.chunk_elems * args.dtype().size(),
+        args.compute,
+        if args.in_place { ", in place" } else { "" }
+    );
+    for r in &results {
+        if let Some((i, got, want)) = &r.first_bad {
+            println!(
+                "  rank {}: {} element(s) differ; first at {i}: got {got}, want {want}",
+                r.rank, r.mismatches
+            );
+        }
+    }
+    if let Some(path) = &args.dump {
+        std::fs::write(path, &results[0].dump).map_err(|e| format!("writing {}: {e}", path.display()))?;
+        println!("  wrote rank 0's result to {} ({} bytes)", path.display(), results[0].dump.len());
+    }
+    if bad != 0 {
+        return Err(format!("{bad} element(s) differ from the CPU reference").into());
+    }
+    println!(
+        "  checked: {} step(s) x {ranks} rank(s) x {elems} elements = {} elements, every one equal bit for bit to the CPU reference ({secs:.2} s)",
+        args.iters,
+        args.iters * ranks as u64 * elems as u64,
+    );
+    Ok(())
+}
+
+/// One rank's checked run.
+struct RankResult {
+    rank: usize,
+    device: String,
+    algo: String,
+    mismatches: u64,
+    first_bad: Option<(usize, String, String)>,
+    dump: Vec<u8>,
+}
+
+/// `--compute none` input: `((r*131 + i*31) mod 17) - 8`, in u64, then signed.
+fn input_value(r: usize, i: usize) -> f32 {
+    let v = ((r as u64).wrapping_mul(131).wrapping_add((i as u64).wrapping_mul(31)) % 17) as i64 - 8;
+    v as f32
+}
+
+/// Rank `r`'s contribution to element `i` at `step`, as the element type.
+fn contribution<T: Elem>(compute: u32, r: usize, i: usize, step: u32) -> T {
+    if compute == 0 {
+        T::from_f32(input_value(r, i))
+    } else {
+        T::from_f32(grad(compute, r as u32, i as u64, step))
+    }
+}
+
+/// The reference sum of element `i` over `ranks` ranks.
+fn want<T: Elem>(compute: u32, ranks: usize, i: usize, step: u32) -> T {
+    let mut acc = contribution::<T>(compute, 0, i, step).to_f32();
+    for r in 1..ranks {
+        acc += contribution::<T>(compute, r, i, step).to_f32();
+    }
+    T::from_f32(acc)
+}
+
+fn to_le_bytes<T: Elem>(v: &[T]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(v.len() * T::DTYPE.size() as usize);
+    for x in v {
+        match T::DTYPE {
+            DType::F32 => out.extend_from_slice(&x.to_bits().to_le_bytes()),
+            DType::Bf16 => out.extend_from_slice(&(x.to_bits() as u16).to_le_bytes()),
+        }
+    }
+    out
+}
+
+fn check_rank<T: Elem>(comm: &Communicator, args: &Args, elems: usize, opts: &AllReduceOptions) -> doorbell::Result<RankResult> {
+    let ar = AllReduce::with_options(comm, elems, T::DTYPE, opts)?;
+    let dev = comm.device();
+    let stream = dev.new_stream()?;
+    let me = comm.rank();
+    let ranks = comm.size();
+    let compute = args.compute_code();
+    let module = dev.load_module(USER_KERNELS_PTX)?;
+    let fused = module.function::<FusedKernel>()?;
+    let mut out = dev.alloc_zeroed::<T>(elems)?;
+    let mut result = RankResult {
+        rank: me,
+        device: if dev.is_gpu() { dev.name() } else { "the CPU emulator".into() },
+        algo: ar.algo().name().to_string(),
+        mismatches: 0,
+        first_bad: None,
+        dump: Vec::new(),
+    };
+    for step in 0..args.iters as u32 {
+        if compute == 0 {
+            let host: Vec<T> = (0..elems).map(|i| contribution::<T>(0, me, i, step)).collect();
+            let mut input = dev.alloc_from(&host)?;
+            if args.in_place {
+                ar.run_in_place(&stream, &mut input)?;
+                comm.synchronize(&stream)?;
+                out = input;
+            } else {
+                ar.run(&stream, &input, &mut out)?;
+                comm.synchronize(&stream)?;
+            }
+        } else if let Some((a, cfg)) = ar.fused_args(&stream, &mut out)? {
+            // SAFETY: arguments from fused_args for this world and buffer.
+            unsafe { stream.launch(&fused, cfg, (comm.p2p(), a, compute, step))? };
+            comm.synchronize(&stream)?;
+        }
+        let got = out.to_host()?;
+        for (i, g) in got.iter().enumerate() {
+            let w = want::<T>(compute, ranks, i, step);
+            if g.to_bits() != w.to_bits() {
+                result.mismatches += 1;
+                if result.first_bad.is_none() {
+                    result.first_bad = Some((i, format!("{g:?}"), format!("{w:?}")));
+                }
+            }
+        }
+        if step as u64 + 1 == args.iters && me == 0 && args.dump.is_some() {
+            result.dump = to_le_bytes(&got);
+        }
+    }
+    Ok(result)
+}
+
+// ---------------------------------------------------------------------------
+// The benchmark
+// ---------------------------------------------------------------------------
+
+/// One measurement.
+#[derive(Clone, Debug, serde::Serialize)]
+struct Row {
+    /// Bytes per rank.
+    size: u64,
+    /// Elements per rank.
+    count: u64,
+    #[serde(rename = "type")]
+    dtype: &'static str,
+    /// fused, cpu-driven, unfused, nccl.
+    variant: String,
+    /// Chunk bytes (fused, cpu-driven), else 0.
+    chunk: u64,
+    /// The algorithm of our all-reduce in this variant.
+    algo: String,
+    /// Microseconds per all-reduce (slowest rank).
+    time_us: f64,
+    /// size / time, GB/s.
+    algbw: f64,
+    /// algbw * 2 (ranks - 1) / ranks, GB/s.
+    busbw: f64,
+    /// Elements compared with the reference on every rank (sampled).
+    checked: u64,
+}
+
+#[derive(serde::Serialize)]
+struct Report {
+    device: String,
+    ranks: usize,
+    placement: String,
+    dtype: &'static str,
+    compute: String,
+    timing: &'static str,
+    notes: Vec<String>,
+    rows: Vec<Row>,
+}
+
+/// Most symmetric bytes one fused variant may use, over the ranks sharing a GPU.
+const RING_BUDGET: u64 = 16 << 30;
+const FUSED_CHUNKS: [u64; 5] = [16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20];
+const TIMING: &str = "a host loop of launches between two events on each rank's stream (ours and NCCL's alike), after warm-up; the slowest rank's time per all-reduce";
+
+fn bench(args: &Args, backend: doorbell::Backend, opts: CommOptions, topo: (bool, usize, usize, usize)) -> Result<(), BoxError> {
+    let (gpu, _sms, per_gpu, gpus) = topo;
+    let ranks = args.ranks as usize;
+    let dtype = args.dtype();
+    let esz = dtype.size();
+    let max_bytes = args.max_bytes.unwrap_or(if gpu { 1 << 30 } else { 64 << 10 });
+    let mut notes = Vec::new();
+    if !gpu {
+        notes.push("CPU emulator: every GPU thread is an OS thread; the times say nothing about a GPU (this run checks that the benchmark works end to end)".to_string());
+    }
+    let nccl = if !gpu {
+        Err("no GPU".to_string())
+    } else if per_gpu > 1 {
+        Err(format!(
+            "{per_gpu} ranks share a GPU; NCCL needs one GPU per rank (use --spread with as many GPUs as ranks)"
+        ))
+    } else {
+        nccl::Nccl::load()
+    };
+    match &nccl {
+        Ok(n) => notes.push(format!("NCCL {} from {}", n.version(), n.path)),
+        Err(e) => notes.push(format!("NCCL column skipped: {e}")),
+    }
+    for n in &notes {
+        eprintln!("note: {n}");
+    }
+    let placement = if !gpu {
+        "emulator".to_string()
+    } else if per_gpu > 1 {
+        format!("{ranks} thread ranks on {} GPU(s)", ranks.div_ceil(per_gpu).min(gpus))
+    } else {
+        format!("{ranks} thread ranks, one per GPU")
+    };
+    let mut sizes = Vec::new();
+    let mut s = args.min_bytes.max(esz).next_power_of_two();
+    while s <= max_bytes {
+        sizes.push(s);
+        s *= 2;
+    }
+    let mut rows: Vec<Row> = Vec::new();
+    println!(
+        "# allreduce bench: {placement}, {} sum, compute {:?}; {TIMING}",
+        dtype.name(),
+        args.compute
+    );
+    println!(
+        "# {:>12} {:>11} {:>5} | {:>26} | {:>26} | {:>26} | {:>26}",
+        "size", "count", "type", "fused: us algbw busbw", "cpu-driven: us algbw busbw", "unfused: us algbw busbw", "nccl: us algbw busbw"
+    );
+    for &bytes in &sizes {
+        let count = (bytes / esz) as usize;
+        let size_rows = bench_size(args, backend, &opts, topo, count, nccl.as_ref().ok())?;
+        let cell = |v: &str| {
+            size_rows
+                .iter()
+                .filter(|r| r.variant == v)
+                .min_by(|a, b| a.time_us.total_cmp(&b.time_us))
+                .map(|r| format!("{:>10.2} {:>7.2} {:>7.2}", r.time_us, r.algbw, r.busbw))
+                .unwrap_or_else(|| format!("{:>26}", "-"))
+        };
+        println!(
+            "  {:>12} {:>11} {:>5} | {} | {} | {} | {}",
+            bytes,
+            count,
+            dtype.name(),
+            cell("fused"),
+            cell("cpu-driven"),
+            cell("unfused"),
+            cell("nccl")
+        );
+        rows.extend(size_rows);
+    }
+    std::fs::create_dir_all(&args.out).map_err(|e| format!("creating {}: {e}", args.out.display()))?;
+    let device = if gpu {
+        doorbell::Device::gpu(0)?.name()
+    } else {
+        "CPU emulator".into()
+    };
+    let report = Report {
+        device,
+        ranks,
+        placement,
+        dtype: dtype.name(),
+        compute: format!("{:?}", args.compute).to_lowercase(),
+        timing: TIMING,
+        notes,
+        rows,
+    };
+    let json = args.out.join("allreduce_bench.json");
+    std::fs::write(&json, serde_json::to_string_pretty(&report)?).map_err(|e| format!("writing {}: {e}", json.display()))?;
+    let series: Vec<Series> = ["fused", "cpu-driven", "unfused", "nccl"]
+        .iter()
+        .map(|v| Series {
+            name: v,
+            points: sizes
+                .iter()
+                .filter_map(|&s| {
+                    report
+                        .rows
+                        .iter()
+                        .filter(|r| r.size == s && r.variant == *v)
+                        .map(|r| r.busbw)
+                        .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))
+                        .map(|b| (s as f64, b))
+                })
+                .collect(),
+        })
+        .filter(|s| !s.points.is_empty())
+        .collect();
+    let title = format!("all-reduce busbw, {}, {} {}", report.placement, dtype.name(), report.compute);
+    let chart = Chart {
+        title: &title,
+        x_label: "bytes per rank",
+        y_label: "busbw (GB/s)",
+        series: &series,
+    };
+    let (png, svg) = (args.out.join("allreduce_bench.png"), args.out.join("allreduce_bench.svg"));
+    write_chart(&chart, &png, &svg)?;
+    println!("# wrote {}, {} and {}", json.display(), png.display(), svg.display());
+    Ok(())
+}
+
+/// The timed launches per variant at `bytes`.
+fn iters_for(args: &Args, gpu: bool, bytes: u64) -> (u64, u64) {
+    if let Some(n) = args.bench_iters {
+        return (n.min(5), n);
+    }
+    if !gpu {
+        return (1, 2);
+    }
+    (5, ((1u64 << 32) / bytes.max(1)).clamp(5, 200))
+}
+
+/// All variants at one size, in a communicator of their own (its heap sized
+/// for them; symmetric allocations are never freed).
+fn bench_size(
+    args: &Args,
+    backend: doorbell::Backend,
+    opts: &CommOptions,
+    topo: (bool, usize, usize, usize),
+    count: usize,
+    nccl: Option<&nccl::Nccl>,
+) -> Result<Vec<Row>, BoxError> {
+    let (gpu, sms, per_gpu, _) = topo;
+    let ranks = args.ranks as usize;
+    let dtype = args.dtype();
+    let bytes = count as u64 * dtype.size();
+    let chunks: Vec<u64> = FUSED_CHUNKS
+        .iter()
+        .copied()
+        .filter(|&c| c <= bytes.max(FUSED_CHUNKS[0]))
+        .take(if gpu { 5 } else { 2 })
+        .collect();
+    let base_chunk = args.chunk.unwrap_or(256 << 10);
+    // Heap: every plan of this size.
+    let plan = |o: AllReduceOptions, n: usize| Plan::new(ranks, n, dtype, &o, gpu, sms, per_gpu, true);
+    // Rings of the largest chunks can outgrow a GPU shared by many ranks:
+    // keep each fused variant's buffers under RING_BUDGET per rank.
+    let mut chunks = chunks;
+    chunks.retain(|&c| plan(fused_opts(c), count).is_ok_and(|p| p.heap_bytes() <= RING_BUDGET / per_gpu.max(1) as u64));
+    let mut heap = 1 << 20;
+    for &c in &chunks {
+        heap += plan(fused_opts(c), count)?.heap_bytes();
+    }
+    heap += plan(AllReduceOptions::default(), count)?.heap_bytes();
+    let per_chunk = (base_chunk / dtype.size()).max(1) as usize;
+    heap += plan(AllReduceOptions::default(), per_chunk.min(count))?.heap_bytes() * 2;
+    let mut opts = opts.clone();
+    opts.heap_bytes = heap;
+    let per_rank = Communicator::local(ranks, backend, opts, |comm| {
+        let r = match dtype {
+            DType::F32 => bench_rank::<f32>(comm, args, count, &chunks, per_chunk, nccl),
+            DType::Bf16 => bench_rank::<Bf16>(comm, args, count, &chunks, per_chunk, nccl),
+        };
+        r.map_err(|e| doorbell::Error::Comm(format!("rank {}: {e}", comm.rank())))
+    })?;
+    Ok(per_rank.into_iter().next().unwrap_or_default())
+}
+
+fn fused_opts(chunk: u64) -> AllReduceOptions {
+    AllReduceOptions {
+        algo: Some(Algo::Pipelined),
+        chunk_bytes: Some(chunk),
+        ..Default::default()
+    }
+}
+
+/// Elements compared per check: all up to 64 Ki, else a strided sample
+/// (every element of the first and last 4 Ki, every 4099th between).
+fn sample(count: usize) -> Vec<usize> {
+    if count <= 1 << 16 {
+        return (0..count).collect();
+    }
+    let mut v: Vec<usize> = (0..4096).collect();
+    v.extend((4096..count - 4096).step_by(4099));
+    v.extend(count - 4096..count);
+    v
+}
+
+/// Everything one rank runs at one size; rank 0's rows (times are the
+/// slowest rank's).
+fn bench_rank<T: Elem>(
+    comm: &Communicator,
+    args: &Args,
+    count: usize,
+    chunks: &[u64],
+    per_chunk: usize,
+    nccl: Option<&nccl::Nccl>,
+) -> Result<Vec<Row>, BoxError> {
+    let dev = comm.device();
+    let stream = dev.new_stream()?;
+    let me = comm.rank();
+    let ranks = comm.size();
+    let compute = args.compute_code();
+    let module = dev.load_module(USER_KERNELS_PTX)?;
+    let fused_fn = module.function::<FusedKernel>()?;
+    let produce_fn = module.function::<produce_grad>()?;
+    let dtype = T::DTYPE;
+    let bytes = count as u64 * dtype.size();
+    let (warmup, iters) = iters_for(args, dev.is_gpu(), bytes);
+    let host_input: Vec<T> = (0..count).map(|i| contribution::<T>(0, me, i, 0)).collect();
+    let input = dev.alloc_from(&host_input)?;
+    let work = dev.alloc_zeroed::<T>(count)?;
+    let out = dev.alloc_zeroed::<T>(count)?;
+    let step = 0u32;
+    let threads = if dev.is_gpu() { 256 } else { 64 };
+    let produce_blocks = if dev.is_gpu() {
+        (count as u64).div_ceil(threads as u64).clamp(1, 1024) as u32
+    } else {
+        2
+    };
+    let produce = |dst: u64, first: u64, n: u64| -> doorbell::Result<()> {
+        // SAFETY: `dst` holds `n` elements of the dtype.
+        unsafe {
+            stream.launch(
+                &produce_fn,
+                LaunchConfig::linear(produce_blocks, threads),
+                (dst as *mut u8, dtype as u32, first, n, me as u32, compute, step),
+            )
+        }
+    };
+    // The source each variant all-reduces: the input formula (compute none),
+    // or the producer's output in `work`.
+    let src = if compute == 0 { input.as_raw() } else { work.as_raw() };
+    let samples = sample(count);
+    let mut rows = Vec::new();
+    let mut measure = |variant: &str,
+                       chunk: u64,
+                       algo: &str,
+                       out: &DeviceBuffer<T>,
+                       run: &mut dyn FnMut() -> doorbell::Result<()>|
+     -> Result<(), BoxError> {
+        for _ in 0..warmup {
+            run()?;
+        }
+        comm.synchronize(&stream)?;
+        comm.barrier()?;
+        let start = stream.record()?;
+        for _ in 0..iters {
+            run()?;
+        }
+        let end = stream.record()?;
+        comm.synchronize(&stream)?;
+        let us = start.elapsed_ms(&end)? as f64 * 1e3 / iters as f64;
+        let all = comm.world().all_gather_bytes(&us.to_le_bytes())?;
+        let slowest = all
+            .iter()
+            .map(|b| f64::from_le_bytes(b[..8].try_into().expect("8 bytes")))
+            .fold(0.0, f64::max);
+        // Check (sampled) every rank's result.
+        let got = out.to_host()?;
+        let bad = samples
+            .iter()
+            .filter(|&&i| got[i].to_bits() != want::<T>(compute, ranks, i, step).to_bits())
+            .count();
+        if bad != 0 {
+            return Err(format!(
+                "{variant} (chunk {chunk}): {bad} of {} sampled elements differ from the reference",
+                samples.len()
+            )
+            .into());
+        }
+        let algbw = bytes as f64 / (slowest * 1e-6) / 1e9;
+        rows.push(Row {
+            size: bytes,
+            count: count as u64,
+            dtype: dtype.name(),
+            variant: variant.to_string(),
+            chunk,
+            algo: algo.to_string(),
+            time_us: slowest,
+            algbw,
+            busbw: algbw * 2.0 * (ranks as f64 - 1.0) / ranks as f64,
+            checked: samples.len() as u64,
+        });
+        Ok(())
+    };
+    let out_raw = out.as_raw();
+    // (a) fused, per chunk size.
+    for &c in chunks {
+        let ar = AllReduce::with_options(comm, count, dtype, &fused_opts(c))?;
+        let mut run = || -> doorbell::Result<()> {
+            if compute == 0 {
+                // SAFETY: both hold `count` elements of the dtype.
+                unsafe { ar.run_raw(&stream, input.as_raw(), out_raw) }
+            } else {
+                // SAFETY: as above.
+                let Some((a, cfg)) = (unsafe { ar.fused_args_raw(&stream, out_raw) })? else {
+                    return Ok(());
+                };
+                // SAFETY: arguments from fused_args for this world.
+                unsafe { stream.launch(&fused_fn, cfg, (comm.p2p(), a, compute, step)) }
+            }
+        };
+        measure("fused", c, ar.algo().name(), &out, &mut run)?;
+    }
+    // (b) CPU-driven: one producer launch and one all-reduce launch per chunk.
+    let full = AllReduce::new(comm, per_chunk.min(count), dtype)?;
+    let tail_len = count % per_chunk;
+    let tail = if tail_len != 0 && count > per_chunk {
+        Some(AllReduce::new(comm, tail_len, dtype)?)
+    } else {
+        None
+    };
+    {
+        let esz = dtype.size();
+        let mut run = || -> doorbell::Result<()> {
+            let mut first = 0usize;
+            while first < count {
+                let n = per_chunk.min(count - first);
+                let ar = if n == per_chunk.min(count) {
+                    &full
+                } else {
+                    tail.as_ref().expect("tail")
+                };
+                if compute != 0 {
+                    produce(work.as_raw() + first as u64 * esz, first as u64, n as u64)?;
+                }
+                // SAFETY: both ranges hold `n` elements.
+                unsafe { ar.run_raw(&stream, src + first as u64 * esz, out_raw + first as u64 * esz)? };
+                first += n;
+            }
+            Ok(())
+        };
+        measure("cpu-driven", per_chunk as u64 * esz, full.algo().name(), &out, &mut run)?;
+    }
+    // (c) unfused: the producer, then the all-reduce.
+    let ar = AllReduce::new(comm, count, dtype)?;
+    {
+        let mut run = || -> doorbell::Result<()> {
+            if compute != 0 {
+                produce(work.as_raw(), 0, count as u64)?;
+            }
+            // SAFETY: both hold `count` elements.
+            unsafe { ar.run_raw(&stream, src, out_raw) }
+        };
+        measure("unfused", 0, ar.algo().name(), &out, &mut run)?;
+    }
+    // (d) NCCL on the same buffers and stream, after the same producer.
+    if let Some(n) = nccl {
+        let id = if me == 0 { n.unique_id()? } else { [0u8; 128] };
+        let ids = comm.world().all_gather_bytes(&id)?;
+        let id: [u8; 128] = ids[0][..128].try_into().map_err(|_| "bad NCCL id")?;
+        if let Some(ctx) = dev.as_cuda() {
+            ctx.bind_to_thread().map_err(|e| format!("binding the CUDA context: {e:?}"))?;
+        }
+        let ncomm = n.init(ranks, &id, me)?;
+        let cu_stream = stream
+            .as_cuda()
+            .map(|s| s.cu_stream() as *mut std::ffi::c_void)
+            .ok_or("no CUDA stream")?;
+        let r = {
+            let mut run = || -> doorbell::Result<()> {
+                if compute != 0 {
+                    produce(work.as_raw(), 0, count as u64)?;
+                }
+                n.all_reduce(src, out_raw, count, dtype, &ncomm, cu_stream)
+                    .map_err(|e| doorbell::Error::Comm(format!("ncclAllReduce: {e}")))
+            };
+            measure("nccl", 0, "nccl", &out, &mut run)
+        };
+        n.destroy(ncomm);
+        r?;
+    }
+    Ok(if me == 0 { rows } else { Vec::new() })
+}
+
+/// `ncclAllReduce` and what it needs, loaded from `libnccl.so.2` at run
+/// time. (cudarc 0.19's `nccl` feature looks for `libnccl.so` and
+/// `libnccl.so.<CUDA major>`, not for the runtime's `libnccl.so.2`, so the
+/// few calls are bound here.)
+mod nccl {
+    use std::ffi::{c_char, c_int, c_void};
+
+    use doorbell::coll::DType;
+
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct UniqueId([u8; 128]);
+
+    type GetUniqueId = unsafe extern "C" fn(*mut UniqueId) -> c_int;
+    type CommInitRank = unsafe extern "C" fn(*mut *mut c_void, c_int, UniqueId, c_int) -> c_int;
+    type AllReduce = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, *mut c_void, *mut c_void) -> c_int;
+    type CommDestroy = unsafe extern "C" fn(*mut c_void) -> c_int;
+    type GetErrorString = unsafe extern "C" fn(c_int) -> *const c_char;
+    type GetVersion = unsafe extern "C" fn(*mut c_int) -> c_int;
+
+    /// ncclFloat32, ncclBfloat16, ncclSum.
+    const NCCL_FLOAT32: c_int = 7;
+    const NCCL_BFLOAT16: c_int = 9;
+    const NCCL_SUM: c_int = 0;
+
+    pub struct Nccl {
+        _lib: libloading::Library,
+        pub path: &'static str,
+        get_unique_id: GetUniqueId,
+        comm_init_rank: CommInitRank,
+        all_reduce: AllReduce,
+        comm_destroy: CommDestroy,
+        error_string: GetErrorString,
+        get_version: GetVersion,
+    }
+
+    /// A communicator of one rank (destroy it with [`Nccl::destroy`]).
+    pub struct Comm(*mut c_void);
+
+    impl Nccl {
+        pub fn load() -> Result<Nccl, String> {
+            let mut last = String::new();
+            for path in ["libnccl.so.2", "libnccl.so"] {
+                // SAFETY: loading NCCL runs no code of ours; its initializers
+                // are the library's own.
+                match unsafe { libloading::Library::new(path) } {
+                    Ok(lib) => {
+                        // SAFETY: the symbols have the C signatures of nccl.h.
+                        unsafe {
+                            let sym = |name: &[u8]| lib.get::<*const c_void>(name).map(|s| *s).map_err(|e| format!("{path}: {e}"));
+                            let n = Nccl {
+                                get_unique_id: std::mem::transmute::<*const c_void, GetUniqueId>(sym(b"ncclGetUniqueId\0")?),
+                                comm_init_rank: std::mem::transmute::<*const c_void, CommInitRank>(sym(b"ncclCommInitRank\0")?),
+                                all_reduce: std::mem::transmute::<*const c_void, AllReduce>(sym(b"ncclAllReduce\0")?),
+                                comm_destroy: std::mem::transmute::<*const c_void, CommDestroy>(sym(b"ncclCommDestroy\0")?),
+                                error_string: std::mem::transmute::<*const c_void, GetErrorString>(sym(b"ncclGetErrorString\0")?),
+                                get_version: std::mem::transmute::<*const c_void, GetVersion>(sym(b"ncclGetVersion\0")?),
+                                _lib: lib,
+                                path,
+                            };
+                            return Ok(n);
+                        }
+                    }
+                    Err(e) => last = e.to_string(),
+                }
+            }
+            Err(format!("libnccl.so.2 does not load here ({last})"))
+        }
+
+        fn check(&self, what: &str, r: c_int) -> Result<(), String> {
+            if r == 0 {
+                return Ok(());
+            }
+            // SAFETY: returns a static string for any code.
+            let msg = unsafe { std::ffi::CStr::from_ptr((self.error_string)(r)) };
+            Err(format!("{what} failed: {} ({r})", msg.to_string_lossy()))
+        }
+
+        pub fn version(&self) -> String {
+            let mut v = 0;
+            // SAFETY: writes one int.
+            unsafe { (self.get_version)(&mut v) };
+            format!("{}.{}.{}", v / 10000, v / 100 % 100, v % 100)
+        }
+
+        pub fn unique_id(&self) -> Result<[u8; 128], String> {
+            let mut id = UniqueId([0; 128]);
+            // SAFETY: writes the 128-byte id.
+            self.check("ncclGetUniqueId", unsafe { (self.get_unique_id)(&mut id) })?;
+            Ok(id.0)
+        }
+
+        /// Collective over the ranks (each thread calls it, with the
+        /// CUDA context of its GPU current).
+        pub fn init(&self, ranks: usize, id: &[u8; 128], rank: usize) -> Result<Comm, String> {
+            let mut comm = std::ptr::null_mut();
+            // SAFETY: out-pointer and a by-value id.
+            self.check("ncclCommInitRank", unsafe {
+                (self.comm_init_rank)(&mut comm, ranks as c_int, UniqueId(*id), rank as c_int)
+            })?;
+            Ok(Comm(comm))
+        }
+
+        /// Enqueues a sum all-reduce of `count` elements on `stream`.
+        pub fn all_reduce(&self, src: u64, dst: u64, count: usize, dtype: DType, comm: &Comm, stream: *mut c_void) -> Result<(), String> {
+            let t = match dtype {
+                DType::F32 => NCCL_FLOAT32,
+                DType::Bf16 => NCCL_BFLOAT16,
+            };
+            // SAFETY: device buffers of `count` elements on this rank's GPU
+            // (the caller's), a live communicator and stream.
+            self.check("ncclAllReduce", unsafe {
+                (self.all_reduce)(src as *const c_void, dst as *mut c_void, count, t, NCCL_SUM, comm.0, stream)
+            })
+        }
+
+        pub fn destroy(&self, comm: Comm) {
+            // SAFETY: a communicator from `init`, destroyed once.
+            unsafe { (self.comm_destroy)(comm.0) };
+        }
+    }
+
+    // SAFETY: function pointers and a library handle, usable from any thread.
+    unsafe impl Sync for Nccl {}
+    // SAFETY: as above.
+    unsafe impl Send for Nccl {}
+}
