@@ -225,3 +225,91 @@ fn thread_ranks_share_one_address_space() {
     let routes = Communicator::local(3, Backend::Cpu, CommOptions::default(), |comm| Ok(comm.describe_peers().to_vec())).unwrap();
     assert_eq!(routes[1], vec![PeerRoute::SameProcess, PeerRoute::Local, PeerRoute::SameProcess]);
 }
+
+// ---- the same ring over IBGDA (soft NIC) and the routed transport -------
+// (CPU emulator: the soft NIC has no GPU engine yet)
+
+/// `ring` for the IBGDA transport (`routed`: `None`) or the routed one with
+/// the given RDMA pairs; small send queues and messages, so the rings wrap
+/// and long transfers become many WQEs.
+fn ring_rdma(ranks: usize, bytes: usize, offset: usize, use_warp: bool, routed: Option<doorbell::comm::RdmaPeers>) {
+    use doorbell_test_kernels::testing::{ring_ibgda, ring_routed};
+    let opts = CommOptions {
+        heap_bytes: 1 << 20,
+        wait_timeout: Duration::from_secs(20),
+        ..Default::default()
+    };
+    let io = doorbell::comm::IbgdaOptions {
+        sq_size: 32,
+        max_msg: 1024,
+        ..Default::default()
+    };
+    Communicator::local(ranks, Backend::Cpu, opts, |comm| {
+        let dev = comm.device();
+        let m = dev.load_module(TEST_KERNELS_PTX)?;
+        let src = comm.alloc::<u8>(bytes.max(1))?;
+        let dst = comm.alloc::<u8>(bytes + offset + 1)?;
+        let got = comm.alloc::<u8>(bytes + offset + 1)?;
+        let sig = comm.alloc::<u64>(1)?;
+        let mut status = dev.alloc_zeroed::<u32>(1)?;
+        src.copy_from_host(&pattern(comm.rank(), bytes.max(1)))?;
+        let t = comm.ibgda_with(&io)?;
+        comm.barrier()?;
+        let s = dev.new_stream()?;
+        let (a, b, c) = (src.as_mut_ptr(), dst.as_mut_ptr(), got.as_mut_ptr());
+        let (n, o, g, w, st) = (bytes as u64, offset as u64, sig.as_mut_ptr(), use_warp as u32, status.as_mut_ptr());
+        let cfg = LaunchConfig::linear(1, 64);
+        // SAFETY: sizes as the ring kernel documents.
+        unsafe {
+            match &routed {
+                None => s.launch(&m.function::<ring_ibgda>()?, cfg, (t, a, b, c, n, o, g, 1u64, w, st))?,
+                Some(p) => s.launch(
+                    &m.function::<ring_routed>()?,
+                    cfg,
+                    (comm.routed_with(p)?, a, b, c, n, o, g, 1u64, w, st),
+                )?,
+            }
+        };
+        comm.synchronize(&s)?;
+        comm.ibgda_check()?;
+        assert_eq!(status.to_host()?[0], STATUS_OK);
+        let prev = (comm.rank() + ranks - 1) % ranks;
+        let want = pattern(prev, bytes.max(1));
+        let (d, g) = (dst.to_host()?, got.to_host()?);
+        assert_eq!(&d[offset..offset + bytes], &want[..bytes], "put into rank {}", comm.rank());
+        assert_eq!(&g[offset..offset + bytes], &want[..bytes], "get by rank {}", comm.rank());
+        assert!(
+            d[..offset].iter().all(|&x| x == 0) && d[offset + bytes] == 0,
+            "put wrote outside its range"
+        );
+        assert!(
+            g[..offset].iter().all(|&x| x == 0) && g[offset + bytes] == 0,
+            "get wrote outside its range"
+        );
+        assert_eq!(sig.to_host()?, vec![1]);
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("{ranks} ranks, {bytes} B at +{offset}, warp={use_warp}, routed={routed:?}: {e}"));
+}
+
+#[test]
+fn put_get_signal_wait_barrier_ring_over_ibgda() {
+    for ranks in [2, 3, 5] {
+        ring_rdma(ranks, 4096, 0, false, None);
+    }
+    for (bytes, offset) in [(0, 0), (7, 3), (4093, 5), (100_000, 12)] {
+        for warp in [false, true] {
+            ring_rdma(3, bytes, offset, warp, None);
+        }
+    }
+}
+
+#[test]
+fn put_get_signal_wait_barrier_ring_over_mixed_routes() {
+    use doorbell::comm::RdmaPeers;
+    // 0-1 and 2-3 through the NIC, the ring's other hops by load/store.
+    ring_rdma(4, 4096 + 3, 1, false, Some(RdmaPeers::Pairs(vec![(0, 1), (2, 3)])));
+    ring_rdma(4, 100_000, 0, true, Some(RdmaPeers::Pairs(vec![(1, 2)])));
+    ring_rdma(3, 70_000, 8, false, Some(RdmaPeers::All));
+    ring_rdma(3, 5000, 0, false, Some(RdmaPeers::Needed));
+}

@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use doorbell::comm::{CommOptions, Communicator};
+use doorbell::comm::{CommOptions, Communicator, RdmaPeers};
 use doorbell::{Backend, DeviceBuffer, Error, ForTransport, Kernel, KernelParam, LaunchConfig};
-use doorbell_kernels::transport::{P2p, Transport};
+use doorbell_kernels::transport::{Ibgda, P2p, Routed, Transport};
 use doorbell_test_kernels::contract::{bad_call, collect_signals, flagged_rounds, payload, Shadow};
 use doorbell_tests::TEST_KERNELS_PTX;
 
@@ -29,6 +29,14 @@ fn opts() -> CommOptions {
 trait Make: Transport + KernelParam {
     fn make(comm: &Communicator, calls: &mut DeviceBuffer<u64>) -> Self;
     const NAME: &'static str;
+    /// Makes the device buffer `src` usable as a put source (RDMA transports register it).
+    fn register(_comm: &Communicator, _src: u64, _bytes: u64) -> doorbell::Result<()> {
+        Ok(())
+    }
+    /// Whether the transport runs on `backend`.
+    fn runs_on(_backend: Backend) -> bool {
+        true
+    }
 }
 impl Make for P2p {
     fn make(comm: &Communicator, _: &mut DeviceBuffer<u64>) -> Self {
@@ -66,6 +74,7 @@ where
         let bytes = if case == 1 { comm.heap_bytes() - dst.offset() + 1 } else { 4096 };
         let src_host: Vec<u8> = (0..bytes).map(|i| (i % 251) as u8 + 1).collect();
         let src = dev.alloc_from(&src_host)?;
+        T::register(comm, src.as_ptr() as u64, bytes)?;
         let mut codes = dev.alloc_zeroed::<u32>(2)?;
         let s = dev.new_stream()?;
         comm.barrier()?;
@@ -147,7 +156,7 @@ where
         (4, 3, "get", Some(2), "not in this world"),
         (5, 6, "wait_until_some", None, "out of range"),
     ];
-    for backend in backends() {
+    for backend in backends().into_iter().filter(|&b| T::runs_on(b)) {
         for (case, code, call, peer, words) in cases {
             let (err, dst, sig, codes, _) = bad_case::<T>(backend, case);
             let what = format!("{backend:?} {} case {case}", T::NAME);
@@ -326,4 +335,57 @@ fn wait_until_some_any_all_collect_every_word() {
         collect_for::<P2p>(backend);
         collect_for::<Shadow>(backend);
     }
+}
+
+// ---- IBGDA over the soft NIC, and the routed transport (emulator only:
+// the soft NIC has no GPU engine yet) ------------------------------------
+
+impl Make for Ibgda {
+    fn make(comm: &Communicator, _: &mut DeviceBuffer<u64>) -> Self {
+        comm.ibgda().expect("IBGDA setup")
+    }
+    const NAME: &'static str = "ibgda";
+    fn register(comm: &Communicator, src: u64, bytes: u64) -> doorbell::Result<()> {
+        // SAFETY: `src` is a device buffer that outlives the communicator's use of it in the test.
+        unsafe { comm.ibgda_register(src, bytes as usize) }.map(|_| ())
+    }
+    fn runs_on(backend: Backend) -> bool {
+        backend == Backend::Cpu
+    }
+}
+impl Make for Routed {
+    fn make(comm: &Communicator, _: &mut DeviceBuffer<u64>) -> Self {
+        comm.routed_with(&RdmaPeers::All).expect("routed setup")
+    }
+    const NAME: &'static str = "routed";
+    fn register(comm: &Communicator, src: u64, bytes: u64) -> doorbell::Result<()> {
+        <Ibgda as Make>::register(comm, src, bytes)
+    }
+    fn runs_on(backend: Backend) -> bool {
+        backend == Backend::Cpu
+    }
+}
+
+#[test]
+fn bad_arguments_are_typed_errors_and_write_nothing_ibgda() {
+    bad_arguments_for::<Ibgda>();
+}
+
+#[test]
+fn bad_arguments_are_typed_errors_and_write_nothing_routed() {
+    bad_arguments_for::<Routed>();
+}
+
+#[test]
+fn put_signal_data_is_visible_when_the_signal_is_seen_ibgda_and_routed() {
+    for mode in [0, 1, 2] {
+        flagged_rounds_for::<Ibgda>(Backend::Cpu, mode, false);
+        flagged_rounds_for::<Routed>(Backend::Cpu, mode, false);
+    }
+}
+
+#[test]
+fn wait_until_some_any_all_collect_every_word_ibgda_and_routed() {
+    collect_for::<Ibgda>(Backend::Cpu);
+    collect_for::<Routed>(Backend::Cpu);
 }
