@@ -1,22 +1,24 @@
 //! The IBGDA transport over the soft NIC (CPU emulator, thread worlds):
-//! the transport's own behaviour — chunked transfers, send-queue flow
-//! control, the routed mix — and fault injection: error completions,
-//! dropped and delayed doorbells, a stalled peer. Each ends in a typed error
-//! or a correct result, never a hang, never a write outside registered
-//! memory (canaries).
+//! fault injection — error completions, dropped and delayed doorbells, a
+//! stalled peer (within and past the wait budget) — each ending in a typed
+//! error or a correct result, never a hang, never a write outside
+//! registered memory (canaries); recovery by reset; unregistered sources
+//! refused; the strict `DOORBELL_RDMA_PEERS` setting.
+//!
+//! The behaviour tests shared with every transport are in `contract.rs`
+//! and `comm.rs`.
 
 use std::time::{Duration, Instant};
 
 use doorbell::comm::{CommOptions, Communicator, IbgdaOptions, RdmaPeers};
-use doorbell::{Backend, Error, LaunchConfig};
-use doorbell_test_kernels::testing::{ring_ibgda, ring_routed, STATUS_OK};
+use doorbell::{Backend, Error, ForTransport, LaunchConfig};
+use doorbell_kernels::transport::Ibgda;
+use doorbell_softnic::engine::EngineConfig;
+use doorbell_test_kernels::contract::bad_call;
+use doorbell_test_kernels::testing::{ring_ibgda, STATUS_OK};
 use doorbell_tests::TEST_KERNELS_PTX;
 
-fn pattern(rank: usize, n: usize) -> Vec<u8> {
-    (0..n)
-        .map(|i| (i as u8).wrapping_mul(29).wrapping_add(rank as u8 * 7 + 3))
-        .collect()
-}
+const BYTES: u64 = 4096;
 
 fn opts(wait: Duration) -> CommOptions {
     CommOptions {
@@ -26,71 +28,279 @@ fn opts(wait: Duration) -> CommOptions {
     }
 }
 
-/// The ring kernel (put, signal-add, wait, barrier, get) over IBGDA or the
-/// routed transport; returns each rank's status.
-fn ring_over(ranks: usize, bytes: usize, offset: usize, warp: bool, routed: Option<RdmaPeers>, io: &IbgdaOptions) {
-    Communicator::local(ranks, Backend::Cpu, opts(Duration::from_secs(20)), |comm| {
+/// What one faulty `put_signal_block` (rank 0 → rank 1, 4 KiB, signal 7)
+/// left behind.
+struct Outcome {
+    /// Rank 0's result code (0 ok, 1 timeout, 2 completion, 4 out of range).
+    code: u32,
+    /// Rank 0's host error from `synchronize`.
+    err: Option<String>,
+    /// Rank 0's `ibgda_check`.
+    check: Option<String>,
+    /// Rank 1's destination and signal words afterwards.
+    dst: Vec<u8>,
+    sig: Vec<u64>,
+    /// Rank 0's launch to sync.
+    took: Duration,
+    /// After a reset with the faults off: the same call delivered.
+    recovered: bool,
+}
+
+/// Runs the bad-call kernel's control case (a good `put_signal_block`) with
+/// the soft NIC configured by `fault` (given the engine config and rank 1's
+/// port index); with `register` false the source is not registered.
+fn faulty_put_signal(wait: Duration, register: bool, fault: impl Fn(&mut EngineConfig, usize) + Sync) -> Outcome {
+    let out = Communicator::local(2, Backend::Cpu, opts(wait), |comm| {
         let dev = comm.device();
         let m = dev.load_module(TEST_KERNELS_PTX)?;
-        let src = comm.alloc::<u8>(bytes.max(1))?;
-        let dst = comm.alloc::<u8>(bytes + offset + 1)?;
-        let got = comm.alloc::<u8>(bytes + offset + 1)?;
+        let f = m.function::<<bad_call as ForTransport<Ibgda>>::Kernel>()?;
+        let dst = comm.alloc::<u8>(BYTES as usize)?;
+        let sig = comm.alloc::<u64>(2)?;
+        let src_host: Vec<u8> = (0..BYTES).map(|i| (i % 253) as u8 + 1).collect();
+        let src = dev.alloc_from(&src_host)?;
+        let mut codes = dev.alloc_zeroed::<u32>(2)?;
+        let mut t = comm.ibgda()?;
+        if register {
+            // SAFETY: `src` outlives the communicator's use of it here.
+            t = unsafe { comm.ibgda_register(src.as_ptr() as u64, BYTES as usize)? };
+        }
+        let nic = comm.soft_nic().expect("set up");
+        let ports = comm.world().all_gather_bytes(&(nic.port_index() as u64).to_le_bytes())?;
+        let port1 = u64::from_le_bytes(ports[1].as_slice().try_into().unwrap()) as usize;
+        if comm.rank() == 0 {
+            let mut cfg = nic.fabric().config();
+            fault(&mut cfg, port1);
+            nic.fabric().set_config(cfg);
+        }
+        comm.barrier()?;
+        let s = dev.new_stream()?;
+        let t0 = Instant::now();
+        let args = (t, dst.as_mut_ptr(), src.as_ptr(), BYTES, sig.as_mut_ptr(), 6u32, codes.as_mut_ptr());
+        // SAFETY: symmetric dst/sig, src of BYTES, two code words.
+        unsafe { s.launch(&f, LaunchConfig::linear(1, 64), args)? };
+        let err = comm.synchronize(&s).err().map(|e| e.to_string());
+        let took = t0.elapsed();
+        let check = comm.ibgda_check().err().map(|e| e.to_string());
+        comm.barrier()?;
+        let (d, g) = (dst.to_host()?, sig.to_host()?);
+        // (A WQE that timed out, not failed, may still land once the peer
+        // answers again: read the canaries before the faults go away.)
+        comm.barrier()?;
+
+        // Recovery: faults off, reset (collective), the same call again.
+        if comm.rank() == 0 {
+            nic.fabric().set_config(EngineConfig::default());
+        }
+        comm.barrier()?;
+        comm.ibgda_reset()?;
+        let mut t = comm.ibgda()?;
+        if register {
+            // SAFETY: as above.
+            t = unsafe { comm.ibgda_register(src.as_ptr() as u64, BYTES as usize)? };
+        }
+        comm.check()?;
+        let mut codes2 = dev.alloc_zeroed::<u32>(2)?;
+        comm.barrier()?;
+        let args = (
+            t,
+            dst.as_mut_ptr(),
+            src.as_ptr(),
+            BYTES,
+            sig.as_mut_ptr(),
+            6u32,
+            codes2.as_mut_ptr(),
+        );
+        // SAFETY: as above.
+        unsafe { s.launch(&f, LaunchConfig::linear(1, 64), args)? };
+        let second = comm.synchronize(&s);
+        comm.barrier()?;
+        let want = if register || comm.rank() != 0 { 0 } else { 4 };
+        let recovered = second.is_ok() && codes2.to_host()?[0] == want;
+        let recovered = recovered && (!register || comm.rank() != 1 || dst.to_host()? == src_host);
+        Ok(Outcome {
+            code: codes.to_host()?[0],
+            err,
+            check,
+            dst: d,
+            sig: g,
+            took,
+            recovered,
+        })
+    })
+    .expect("the world");
+    let mut it = out.into_iter();
+    let (r0, r1) = (it.next().unwrap(), it.next().unwrap());
+    assert!(r1.recovered, "rank 1 after reset: {:?}", r1.err);
+    Outcome {
+        dst: r1.dst,
+        sig: r1.sig,
+        ..r0
+    }
+}
+
+impl std::fmt::Debug for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let written = self.dst.iter().filter(|&&b| b != 0).count();
+        write!(
+            f,
+            "code {}, err {:?}, check {:?}, {written} target bytes written, sig {:?}, took {:?}, recovered {}",
+            self.code, self.err, self.check, self.sig, self.took, self.recovered
+        )
+    }
+}
+
+fn assert_untouched(o: &Outcome) {
+    assert!(o.dst.iter().all(|&b| b == 0), "the target buffer changed: {o:?}");
+    assert_eq!(o.sig, vec![0, 0], "the signal words changed");
+}
+
+#[test]
+fn error_completions_are_typed_errors_write_nothing_and_reset_recovers() {
+    let o = faulty_put_signal(Duration::from_secs(20), true, |c, _| c.faults.force_error_every = 1);
+    assert_eq!(o.code, 2, "{o:?}");
+    let err = o.err.as_deref().unwrap_or_default();
+    assert!(err.contains("put_signal") && err.contains("syndrome 0x14"), "{err}");
+    let check = o.check.as_deref().unwrap_or_default();
+    assert!(check.contains("REMOTE_OP_ERR") && check.contains("ibgda_reset"), "{check}");
+    assert_untouched(&o);
+    assert!(o.recovered, "the reset queue did not deliver: {o:?}");
+}
+
+#[test]
+fn a_stalled_peer_fails_the_wqe_with_a_transport_retry_error() {
+    let o = faulty_put_signal(Duration::from_secs(20), true, |c, port1| {
+        c.transport_timeout_ns = 50_000_000;
+        c.faults.stall_port = port1 as u32 + 1;
+        c.faults.stall_until_ns = u64::MAX;
+    });
+    assert_eq!(o.code, 2, "{o:?}");
+    assert!(o.err.as_deref().unwrap_or_default().contains("syndrome 0x15"), "{o:?}");
+    assert!(o.took < Duration::from_secs(10), "{o:?}");
+    assert_untouched(&o);
+    assert!(o.recovered);
+}
+
+#[test]
+fn a_peer_stalled_past_the_wait_budget_is_a_timeout_and_a_wedged_queue() {
+    let o = faulty_put_signal(Duration::from_millis(300), true, |c, port1| {
+        c.transport_timeout_ns = 5_000_000_000;
+        c.faults.stall_port = port1 as u32 + 1;
+        c.faults.stall_until_ns = u64::MAX;
+    });
+    assert_eq!(o.code, 1, "{o:?}");
+    let err = o.err.as_deref().unwrap_or_default();
+    assert!(err.contains("put_signal") && err.contains("gave up after 300 ms"), "{err}");
+    assert!(o.check.as_deref().unwrap_or_default().contains("wedged"), "{o:?}");
+    assert!(o.took < Duration::from_secs(5), "{o:?}");
+    assert_untouched(&o);
+    assert!(o.recovered);
+}
+
+#[test]
+fn an_unregistered_source_is_refused_and_nothing_is_written() {
+    let o = faulty_put_signal(Duration::from_secs(20), false, |_, _| {});
+    assert_eq!(o.code, 4, "{o:?}");
+    assert!(o.err.as_deref().unwrap_or_default().contains("not inside"), "{o:?}");
+    assert!(o.check.is_none(), "a refused call leaves the queue healthy: {o:?}");
+    assert_untouched(&o);
+}
+
+/// The ring (put, signal-add, wait, barrier, get) on 3 ranks under `fault`.
+fn ring_under(fault: impl Fn(&mut EngineConfig) + Sync, bytes: usize) {
+    let io = IbgdaOptions {
+        sq_size: 32,
+        max_msg: 2048,
+        ..Default::default()
+    };
+    Communicator::local(3, Backend::Cpu, opts(Duration::from_secs(20)), |comm| {
+        let dev = comm.device();
+        let m = dev.load_module(TEST_KERNELS_PTX)?;
+        let src = comm.alloc::<u8>(bytes)?;
+        let dst = comm.alloc::<u8>(bytes)?;
+        let got = comm.alloc::<u8>(bytes)?;
         let sig = comm.alloc::<u64>(1)?;
         let mut status = dev.alloc_zeroed::<u32>(1)?;
-        src.copy_from_host(&pattern(comm.rank(), bytes.max(1)))?;
-        let t = comm.ibgda_with(io)?;
+        let mine: Vec<u8> = (0..bytes).map(|i| (i as u8) ^ (comm.rank() as u8 * 91)).collect();
+        src.copy_from_host(&mine)?;
+        let t = comm.ibgda_with(&io)?;
+        if comm.rank() == 0 {
+            let fabric = comm.soft_nic().unwrap().fabric();
+            let mut cfg = fabric.config();
+            fault(&mut cfg);
+            fabric.set_config(cfg);
+        }
         comm.barrier()?;
         let s = dev.new_stream()?;
         let args = (
+            t,
             src.as_mut_ptr(),
             dst.as_mut_ptr(),
             got.as_mut_ptr(),
             bytes as u64,
-            offset as u64,
+            0u64,
             sig.as_mut_ptr(),
             1u64,
-            warp as u32,
+            0u32,
             status.as_mut_ptr(),
         );
-        let (a, b, c, d, e, f, g, h, i) = args;
         // SAFETY: sizes as the ring kernel documents.
-        unsafe {
-            match &routed {
-                None => s.launch(
-                    &m.function::<ring_ibgda>()?,
-                    LaunchConfig::linear(1, 64),
-                    (t, a, b, c, d, e, f, g, h, i),
-                )?,
-                Some(p) => s.launch(
-                    &m.function::<ring_routed>()?,
-                    LaunchConfig::linear(1, 64),
-                    (comm.routed_with(p)?, a, b, c, d, e, f, g, h, i),
-                )?,
-            }
-        };
+        unsafe { s.launch(&m.function::<ring_ibgda>()?, LaunchConfig::linear(1, 64), args)? };
         comm.synchronize(&s)?;
         comm.ibgda_check()?;
-        assert_eq!(status.to_host()?[0], STATUS_OK, "rank {}", comm.rank());
-        let prev = (comm.rank() + ranks - 1) % ranks;
-        let want = pattern(prev, bytes.max(1));
-        let (d, g) = (dst.to_host()?, got.to_host()?);
-        assert_eq!(&d[offset..offset + bytes], &want[..bytes], "put into rank {}", comm.rank());
-        assert_eq!(&g[offset..offset + bytes], &want[..bytes], "get by rank {}", comm.rank());
-        assert!(
-            d[..offset].iter().all(|&x| x == 0) && d[offset + bytes] == 0,
-            "put wrote outside its range"
-        );
-        assert!(
-            g[..offset].iter().all(|&x| x == 0) && g[offset + bytes] == 0,
-            "get wrote outside its range"
-        );
-        assert_eq!(sig.to_host()?, vec![1]);
+        assert_eq!(status.to_host()?[0], STATUS_OK);
+        let prev = (comm.rank() + 2) % 3;
+        let want: Vec<u8> = (0..bytes).map(|i| (i as u8) ^ (prev as u8 * 91)).collect();
+        assert_eq!(dst.to_host()?, want, "put into rank {}", comm.rank());
+        assert_eq!(got.to_host()?, want, "get by rank {}", comm.rank());
         Ok(())
     })
-    .unwrap_or_else(|e| panic!("{ranks} ranks, {bytes} B at +{offset}, warp={warp}, routed={routed:?}: {e}"));
+    .unwrap();
 }
 
 #[test]
-fn ring_over_ibgda_smoke() {
-    ring_over(2, 4096, 0, false, None, &IbgdaOptions::default());
+fn dropped_doorbells_are_recovered_from_the_doorbell_record() {
+    ring_under(|c| c.faults.drop_doorbell_every = 1, 70_000);
+    ring_under(|c| c.faults.drop_doorbell_every = 3, 70_000);
+}
+
+#[test]
+fn delayed_doorbells_and_reordered_completions_give_correct_results() {
+    ring_under(
+        |c| {
+            c.faults.doorbell_delay_ns = 300_000;
+            c.faults.reorder_across_qps = 1;
+            c.faults.seed = 7;
+        },
+        70_000,
+    );
+}
+
+#[test]
+fn rdma_peers_setting_is_parsed_strictly() {
+    let v = "DOORBELL_RDMA_PEERS";
+    assert_eq!(RdmaPeers::parse(v, "all").unwrap(), RdmaPeers::All);
+    assert_eq!(RdmaPeers::parse(v, "none").unwrap(), RdmaPeers::Needed);
+    assert_eq!(RdmaPeers::parse(v, "").unwrap(), RdmaPeers::Needed);
+    assert_eq!(RdmaPeers::parse(v, "0-1, 2-3").unwrap(), RdmaPeers::Pairs(vec![(0, 1), (2, 3)]));
+    for bad in ["0-0", "a-b", "0:1", "0-1,", "all,0-1", "-1", "0-1-2"] {
+        let e = RdmaPeers::parse(v, bad).unwrap_err();
+        assert!(matches!(e, Error::BadEnv { .. }), "{bad}: {e}");
+        assert!(e.to_string().contains(v), "{bad}: {e}");
+    }
+    // A rank outside the world is an error naming the variable.
+    let r = Communicator::local(2, Backend::Cpu, CommOptions::default(), |comm| {
+        comm.routed_with(&RdmaPeers::Pairs(vec![(0, 5)])).map(|_| ())
+    });
+    let msg = r.unwrap_err().to_string();
+    assert!(msg.contains(v) && msg.contains("outside this world"), "{msg}");
+}
+
+#[test]
+fn ibgda_on_another_process_or_a_gpu_is_refused_with_the_reason() {
+    if let Some(gpu) = doorbell_tests::gpu() {
+        let _ = gpu;
+        let r = Communicator::local(2, Backend::Gpu, CommOptions::default(), |comm| comm.ibgda().map(|_| ()));
+        let msg = r.unwrap_err().to_string();
+        assert!(msg.contains("GPU-resident engine"), "{msg}");
+    }
 }
