@@ -93,6 +93,8 @@ pub enum Transport {
     /// Stores into peers' memory (same process, CUDA IPC, shared memory).
     #[default]
     P2p,
+    /// GPU-built RDMA WQEs through the soft NIC (the CPU emulator, thread ranks).
+    Ibgda,
 }
 
 /// 02 — ping-pong between two ranks with GPU-initiated puts and signals.
@@ -105,7 +107,7 @@ pub enum Transport {
 pub struct PingpongArgs {
     #[command(flatten)]
     pub device: DeviceArgs,
-    /// The device transport (ibgda needs a ConnectX NIC and is not available yet)
+    /// The device transport (ibgda: RDMA through the soft NIC; CPU emulator and thread ranks only for now)
     #[arg(long, value_enum, default_value_t = Transport::P2p)]
     pub transport: Transport,
     /// Round trips inside one kernel launch

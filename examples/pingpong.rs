@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo run --release --example pingpong -- --help
-//! cargo run --release --example pingpong -- [--device gpu|cpu|auto] [--transport p2p] [--iters N] [--size BYTES]
+//! cargo run --release --example pingpong -- [--device gpu|cpu|auto] [--transport p2p|ibgda] [--iters N] [--size BYTES]
 //! ```
 //! Two ranks as threads of this process by default. One rank per process
 //! when `RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` are set (as
@@ -24,14 +24,15 @@ use doorbell::comm::{CommOptions, Communicator};
 use doorbell::world::{World, WorldConfig};
 use doorbell::{Backend, Device, LaunchConfig};
 use clap::Parser;
-use doorbell_examples::cli::PingpongArgs;
+use doorbell_examples::cli::{PingpongArgs, Transport};
 use doorbell_examples::{main_with, BoxError};
-use doorbell_example_kernels::comm::{pingpong_p2p as pingpong, PINGPONG_OK};
+use doorbell_example_kernels::comm::{pingpong_ibgda, pingpong_p2p as pingpong, PINGPONG_OK};
 
 struct Opts {
     backend: Backend,
     iters: u32,
     size: u64,
+    transport: Transport,
 }
 
 fn main() {
@@ -45,6 +46,7 @@ fn run(args: &PingpongArgs) -> Result<(), BoxError> {
         // Range-checked by the parser (1..=u32::MAX).
         iters: args.iters as u32,
         size: args.size,
+        transport: args.transport,
     };
     let comm_opts = CommOptions {
         heap_bytes: args.heap_bytes(),
@@ -89,6 +91,11 @@ fn run_rank(comm: &Communicator, o: &Opts) -> doorbell::Result<Option<String>> {
     comm.world().check_same_params(&[("iters", o.iters as u64), ("size", o.size)])?;
     let module = dev.load_module(doorbell_examples::USER_KERNELS_PTX)?;
     let f = module.function::<pingpong>()?;
+    // IBGDA: the same kernel body, its RDMA instantiation (setup is collective).
+    let ibgda = match o.transport {
+        Transport::Ibgda => Some((module.function::<pingpong_ibgda>()?, comm.ibgda()?)),
+        Transport::P2p => None,
+    };
     let (max_blocks, threads) = if dev.is_gpu() { (32u64, 512u32) } else { (2, 32) };
     let blocks = o.size.div_ceil(256 << 10).clamp(1, max_blocks);
     let chunk = o.size.div_ceil(blocks).div_ceil(16) * 16;
@@ -107,6 +114,24 @@ fn run_rank(comm: &Communicator, o: &Opts) -> doorbell::Result<Option<String>> {
         comm.barrier()?;
         // SAFETY: `buf` holds `size` bytes and `sig` one word per block on
         // every rank; `out_ns`/`status` one entry per block.
+        let rest = (
+            buf.as_mut_ptr(),
+            o.size,
+            chunk,
+            sig.as_mut_ptr(),
+            *epoch,
+            iters,
+            out_ns.as_mut_ptr(),
+            status.as_mut_ptr(),
+        );
+        let (a, b, c, d, e, g, h, i) = rest;
+        if let Some((fi, t)) = &ibgda {
+            // SAFETY: as below.
+            unsafe { stream.launch(fi, cfg, (*t, a, b, c, d, e, g, h, i))? };
+            comm.synchronize(&stream)?;
+            *epoch += iters as u64;
+            return Ok(());
+        }
         unsafe {
             stream.launch(
                 &f,
@@ -158,12 +183,13 @@ fn run_rank(comm: &Communicator, o: &Opts) -> doorbell::Result<Option<String>> {
         0.0
     };
     Ok(Some(format!(
-        "pingpong: {} ranks on {} ({:?}), route to peer: {:?}, {} bytes x {} iters, {} block(s) x {threads} threads\n\
+        "pingpong: {} ranks on {} ({:?}), transport {:?}, route to peer: {:?}, {} bytes x {} iters, {} block(s) x {threads} threads\n\
          round trip: {rtt_us:.3} us, bandwidth: {gbps:.2} GB/s (2 x size per round trip)\n\
          checked: the {} bytes rank 0 sent came back unchanged",
         comm.size(),
         dev.name(),
         dev.backend(),
+        o.transport,
         comm.describe_peers()[1],
         o.size,
         o.iters,

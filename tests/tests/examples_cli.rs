@@ -51,7 +51,7 @@ fn unknown_flags_stray_arguments_and_bad_devices_are_usage_errors() {
     let m = refused::<FmaArgs>("fma --device foo", "--device");
     assert!(!m.contains("DOORBELL_DEVICE") && m.contains("gpu, cpu or auto"), "{m}");
     refused::<PingpongArgs>("pingpong --device foo", "--device");
-    refused::<PingpongArgs>("pingpong --transport ibgda", "--transport");
+    refused::<PingpongArgs>("pingpong --transport rdma", "--transport");
     refused::<HistogramArgs>("histogram --n 1 --n 2", "--n");
 }
 

@@ -2,7 +2,7 @@
 //! benchmark's kernels with their raw floors.
 
 use doorbell_kernels::{kernel, ptx};
-use doorbell_kernels::transport::{Cmp, CommError, P2p, SignalOp, Transport};
+use doorbell_kernels::transport::{Cmp, CommError, Ibgda, P2p, SignalOp, Transport};
 
 /// Status word values written by communication kernels.
 pub const PINGPONG_OK: u32 = 1;
@@ -18,7 +18,7 @@ pub const PINGPONG_TIMEOUT: u32 = 2;
 /// launch ended at), so launches can follow each other without resetting.
 /// Rank 0's block `b` writes its elapsed ns to `out_ns[b]`; `status[b]`
 /// gets `PINGPONG_OK`, `PINGPONG_TIMEOUT` or `PINGPONG_ERROR`.
-#[kernel(hot, transports(P2p))]
+#[kernel(hot, transports(P2p, Ibgda))]
 pub unsafe fn pingpong<T: Transport>(
     t: T,
     buf: *mut u8,
