@@ -26,13 +26,15 @@
 
 use std::time::Duration;
 
-use doorbell::comm::{CommOptions, Communicator};
-use doorbell::{LaunchConfig};
 use clap::Parser;
+use doorbell::comm::{CommOptions, Communicator};
+use doorbell::LaunchConfig;
+use doorbell_example_kernels::comm::{
+    copy_raw, flag_pingpong_pair, put_bw_p2p as put_bw, signal_pingpong_p2p as signal_pingpong, PINGPONG_OK,
+};
 use doorbell_examples::cli::P2pBenchArgs;
 use doorbell_examples::plot::{write_chart, Chart, Series};
 use doorbell_examples::{main_with, ratio, BoxError};
-use doorbell_example_kernels::comm::{copy_raw, flag_pingpong_pair, put_bw_p2p as put_bw, signal_pingpong_p2p as signal_pingpong, PINGPONG_OK};
 
 fn main() {
     let args = P2pBenchArgs::parse();
@@ -187,7 +189,11 @@ fn run(args: &P2pBenchArgs) -> Result<(), BoxError> {
             } else {
                 0
             };
-            let wrong = u64::from_le_bytes(comm.world().broadcast_bytes(1, &wrong.to_le_bytes())?[..8].try_into().expect("8 bytes"));
+            let wrong = u64::from_le_bytes(
+                comm.world().broadcast_bytes(1, &wrong.to_le_bytes())?[..8]
+                    .try_into()
+                    .expect("8 bytes"),
+            );
             comm.barrier()?;
             // Floor: the same copy with a plain kernel, same grid, on rank 0.
             let mut floor_us = 0.0;
@@ -279,7 +285,15 @@ fn fmt_opt(v: Option<f64>, prec: usize) -> String {
     v.map_or("n/a".to_string(), |v| format!("{v:.prec$}"))
 }
 
-fn report(out_dir: &std::path::Path, rtt_us: f64, floor_rtt_us: f64, rows: &[Row], name: &str, route: &str, gpu: bool) -> Result<(), BoxError> {
+fn report(
+    out_dir: &std::path::Path,
+    rtt_us: f64,
+    floor_rtt_us: f64,
+    rows: &[Row],
+    name: &str,
+    route: &str,
+    gpu: bool,
+) -> Result<(), BoxError> {
     println!("# doorbell P2P benchmark: 2 ranks on {name}, route {route}");
     if !gpu {
         println!("# note: the backend is the CPU emulator: emulator timings say nothing about a GPU");

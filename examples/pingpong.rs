@@ -20,13 +20,13 @@
 //! showing each rank's values; a rank that fails tells the others at once
 //! (they exit non-zero within seconds, naming it).
 
+use clap::Parser;
 use doorbell::comm::{CommOptions, Communicator};
 use doorbell::world::{World, WorldConfig};
 use doorbell::{Backend, Device, LaunchConfig};
-use clap::Parser;
+use doorbell_example_kernels::comm::{pingpong_ibgda, pingpong_p2p as pingpong, PINGPONG_OK};
 use doorbell_examples::cli::{PingpongArgs, Transport};
 use doorbell_examples::{main_with, BoxError};
-use doorbell_example_kernels::comm::{pingpong_ibgda, pingpong_p2p as pingpong, PINGPONG_OK};
 
 struct Opts {
     backend: Backend,

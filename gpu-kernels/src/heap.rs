@@ -40,6 +40,9 @@ pub enum ErrorKind {
     Misaligned = 5,
     /// A count argument is out of its range (e.g. more than 64 signal words).
     BadCount = 6,
+    /// A send queue made no progress within the budget (RDMA): the NIC
+    /// consumed WQEs up to `seen`, the call needed `expected`.
+    QueueStalled = 7,
 }
 
 impl ErrorKind {
@@ -52,6 +55,7 @@ impl ErrorKind {
             4 => ErrorKind::OutOfRange,
             5 => ErrorKind::Misaligned,
             6 => ErrorKind::BadCount,
+            7 => ErrorKind::QueueStalled,
             _ => return None,
         })
     }
@@ -165,3 +169,124 @@ pub struct ErrorReport {
     pub budget_ns: u64,
 }
 const _: () = assert!(core::mem::size_of::<ErrorReport>() == 72);
+
+/// What a transport handle contributes to an error report: three scalars,
+/// passed by value so that recording an error never takes the address of
+/// the handle (which would copy the whole kernel parameter into local
+/// memory on every call path, error or not).
+#[derive(Clone, Copy, Debug)]
+pub struct Reporter {
+    /// This rank.
+    pub rank: u32,
+    /// This rank's heap base (the report lives in its header).
+    pub local_base: u64,
+    /// The handle's spin budget, ns.
+    pub budget_ns: u64,
+}
+
+impl Reporter {
+    /// Records `e` of `call` (the first error of the rank wins) and returns it.
+    #[cold]
+    #[inline(never)]
+    pub fn fail(self, e: crate::transport::CommError, call: Call, peer: u32, offset: u64) -> crate::transport::CommError {
+        use crate::transport::CommError;
+        let (kind, detail, bytes, seen) = match e {
+            CommError::Timeout(t) => (ErrorKind::Timeout, 0, 0, t.seen),
+            CommError::Completion { syndrome, .. } => (ErrorKind::Completion, syndrome as u32, 0, 0),
+            CommError::BadPeer { .. } => (ErrorKind::BadPeer, 0, 0, 0),
+            CommError::OutOfRange { bytes, .. } => (ErrorKind::OutOfRange, 0, bytes, 0),
+            CommError::Misaligned { .. } => (ErrorKind::Misaligned, 0, 0, 0),
+            CommError::BadCount { count } => (ErrorKind::BadCount, 0, count, 0),
+        };
+        self.record(ErrorReport {
+            present: 0,
+            rank: self.rank,
+            kind: kind as u32,
+            call: call as u32,
+            peer,
+            block: crate::ptx::block_idx_x(),
+            detail,
+            _pad: 0,
+            offset,
+            bytes,
+            expected: 0,
+            seen,
+            budget_ns: self.budget_ns,
+        });
+        e
+    }
+
+    /// A wait on the word at address `at` ran out of budget: the report
+    /// carries the comparison and the value expected too.
+    #[cold]
+    #[inline(never)]
+    pub fn fail_wait(
+        self,
+        t: crate::sync::Timeout,
+        call: Call,
+        peer: u32,
+        at: u64,
+        cmp: crate::transport::Cmp,
+        expected: u64,
+    ) -> crate::transport::CommError {
+        self.record(ErrorReport {
+            present: 0,
+            rank: self.rank,
+            kind: ErrorKind::Timeout as u32,
+            call: call as u32,
+            peer,
+            block: crate::ptx::block_idx_x(),
+            detail: cmp as u32,
+            _pad: 0,
+            offset: at.wrapping_sub(self.local_base),
+            bytes: 8,
+            expected,
+            seen: t.seen,
+            budget_ns: self.budget_ns,
+        });
+        crate::transport::CommError::Timeout(t)
+    }
+
+    /// A send queue to `peer` made no progress within the budget: its
+    /// completions reached `seen`, the call needed `expected`.
+    #[cold]
+    #[inline(never)]
+    pub fn fail_queue(self, call: Call, peer: u32, seen: u32, expected: u32) -> crate::transport::CommError {
+        self.record(ErrorReport {
+            present: 0,
+            rank: self.rank,
+            kind: ErrorKind::QueueStalled as u32,
+            call: call as u32,
+            peer,
+            block: crate::ptx::block_idx_x(),
+            detail: 0,
+            _pad: 0,
+            offset: 0,
+            bytes: 0,
+            expected: expected as u64,
+            seen: seen as u64,
+            budget_ns: self.budget_ns,
+        });
+        crate::transport::CommError::Timeout(crate::sync::Timeout { seen: seen as u64 })
+    }
+
+    /// Claims the report slot with a CAS on its flag (first error wins),
+    /// fills it and publishes it at system scope.
+    fn record(self, report: ErrorReport) {
+        let flag = (self.local_base + REPORT_OFFSET) as *mut u32;
+        // SAFETY: the report area lies in the reserved header of this rank's heap.
+        unsafe {
+            if crate::ptx::atom_cas_relaxed_gpu_u32(flag, 0, 1) == 0 {
+                // Every field but the flag (word 0), which stays atomic.
+                let words = &report as *const ErrorReport as *const u32;
+                let mut i = 1;
+                while i < core::mem::size_of::<ErrorReport>() / 4 {
+                    core::ptr::write_volatile(flag.add(i), *words.add(i));
+                    i += 1;
+                }
+                crate::ptx::fence_sc_sys();
+                crate::ptx::st_release_sys_u32(flag, 2);
+            }
+        }
+    }
+}

@@ -141,7 +141,12 @@ pub unsafe fn publish_gpu(flag: *mut u32, value: u32) {
 #[inline(always)]
 pub unsafe fn wait_ge_gpu(flag: *const u32, target: u32, budget_ns: u64) -> Result<u32, Timeout> {
     // SAFETY: caller's contract.
-    spin_until(budget_ns, || unsafe { ptx::ld_acquire_gpu_u32(flag) } as u64, |v| v >= target as u64).map(|v| v as u32)
+    spin_until(
+        budget_ns,
+        || unsafe { ptx::ld_acquire_gpu_u32(flag) } as u64,
+        |v| v >= target as u64,
+    )
+    .map(|v| v as u32)
 }
 
 /// [`publish_gpu`] at system scope: visible to peer GPUs, the host and NICs.
@@ -163,5 +168,10 @@ pub unsafe fn publish_sys(flag: *mut u32, value: u32) {
 #[inline(always)]
 pub unsafe fn wait_ge_sys(flag: *const u32, target: u32, budget_ns: u64) -> Result<u32, Timeout> {
     // SAFETY: caller's contract.
-    spin_until(budget_ns, || unsafe { ptx::ld_acquire_sys_u32(flag) } as u64, |v| v >= target as u64).map(|v| v as u32)
+    spin_until(
+        budget_ns,
+        || unsafe { ptx::ld_acquire_sys_u32(flag) } as u64,
+        |v| v >= target as u64,
+    )
+    .map(|v| v as u32)
 }

@@ -260,8 +260,14 @@ impl PtxBuilder {
         std::fs::copy(&asm, &out_path).map_err(|e| BuildError::Io(out_path.clone(), e))?;
         if rerun {
             // Every source file the kernels came from (path dependencies too).
-            let dep_info = target_dir.join(format!("nvptx64-nvidia-cuda/release/lib{crate_name}.d"));
-            if let Ok(text) = std::fs::read_to_string(&dep_info) {
+            // The dep-info file is named after the crate (no `lib` prefix for
+            // the cdylib this build emits; older toolchains wrote `lib<crate>.d`).
+            let release = target_dir.join("nvptx64-nvidia-cuda/release");
+            let dep_info = [format!("{crate_name}.d"), format!("lib{crate_name}.d")]
+                .iter()
+                .map(|n| release.join(n))
+                .find(|p| p.exists());
+            if let Some(text) = dep_info.and_then(|p| std::fs::read_to_string(p).ok()) {
                 for path in dep_info_paths(&text) {
                     if !path.contains("/lib/rustlib/") && !path.contains("/.cargo/registry/") {
                         println!("cargo:rerun-if-changed={path}");

@@ -330,6 +330,24 @@ pub enum Error {
         /// The budget, ms.
         budget_ms: u64,
     },
+    /// A device-side transport call was refused (bad argument: nothing was
+    /// written) or failed (an error completion).
+    #[error("rank {rank}: {call} failed in block {block}: {reason}")]
+    DeviceCall {
+        /// Rank whose kernel made the call.
+        rank: u32,
+        /// The call (`put`, `put_signal`, `signal`, ...).
+        call: &'static str,
+        /// The peer rank the call targeted, when it had one.
+        peer: Option<u32>,
+        /// Offset in the symmetric heap of the range or word involved
+        /// (wrapping: huge when below the heap).
+        offset: u64,
+        /// Block of the thread that made the call.
+        block: u32,
+        /// What was wrong and how to fix it.
+        reason: String,
+    },
     /// The symmetric heap has no room for an allocation.
     #[error("symmetric heap exhausted: {requested} bytes requested, {free} of {heap} free; raise CommOptions::heap_bytes")]
     HeapExhausted {

@@ -7,12 +7,24 @@
 //!
 //! ## Quick start
 //! ```no_run
-//! use doorbell::{Device, Backend, LaunchConfig, KERNELS_PTX};
-//! use doorbell_kernels::examples::fused_multiply_add;
+//! use doorbell::{Device, Backend, LaunchConfig};
+//! use doorbell_kernels::{kernel, ptx};
+//!
+//! /// Your kernel, in your kernel crate (built to PTX by your `build.rs`).
+//! #[kernel]
+//! pub unsafe fn fused_multiply_add(a: *const f32, b: *const f32, c: *const f32, out: *mut f32, n: u64) {
+//!     let mut i = ptx::global_thread_id_x() as u64;
+//!     while i < n {
+//!         let k = i as usize;
+//!         unsafe { *out.add(k) = ptx::fma_f32(*a.add(k), *b.add(k), *c.add(k)) };
+//!         i += ptx::grid_stride_x() as u64;
+//!     }
+//! }
+//! # const MY_KERNELS_PTX: &str = ""; // include_str!(concat!(env!("OUT_DIR"), "/my_kernels.ptx"))
 //!
 //! # fn main() -> doorbell::Result<()> {
 //! let dev = Device::open(Backend::Auto, 0)?;       // GPU if present, else the emulator
-//! let module = dev.load_module(KERNELS_PTX)?;
+//! let module = dev.load_module(MY_KERNELS_PTX)?;   // the emulator runs the Rust function itself
 //! let fma = module.function::<fused_multiply_add>()?;
 //! let n = 1 << 20;
 //! let a = dev.alloc_from(&vec![1.5f32; n])?;
@@ -85,9 +97,10 @@ pub use world::{World, WorldConfig};
 #[cfg(feature = "runtime")]
 pub use doorbell_kernels as kernels;
 #[cfg(feature = "runtime")]
-pub use doorbell_kernels::{Kernel, KernelArgs, KernelParam};
+pub use doorbell_kernels::{ForTransport, Kernel, KernelArgs, KernelParam};
 
-/// The PTX of `doorbell-kernels` (every kernel doorbell ships), built for
-/// `sm_90` by this crate's build script.
+/// The PTX of `doorbell-kernels`: the library's own kernels (collectives),
+/// built for `sm_90` by this crate's build script. Examples and tests keep
+/// their kernels in kernel crates of their own.
 #[cfg(feature = "runtime")]
 pub const KERNELS_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/doorbell_kernels.ptx"));

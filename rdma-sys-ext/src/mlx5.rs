@@ -128,4 +128,3 @@ layout_as_header! {
     err_cqe::SIGNATURE => offset_of!(sys::mlx5_err_cqe, signature),
     err_cqe::OP_OWN => offset_of!(sys::mlx5_err_cqe, op_own),
 }
-

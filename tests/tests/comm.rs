@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use doorbell::comm::{CommOptions, Communicator, PeerRoute};
 use doorbell::{Backend, Error, LaunchConfig};
+use doorbell_test_kernels::testing::{p2p_barrier_rounds, p2p_wait_forever, ring_p2p, STATUS_OK};
 use doorbell_tests::TEST_KERNELS_PTX;
-use doorbell_test_kernels::testing::{p2p_barrier_rounds, ring_p2p, p2p_wait_forever, STATUS_OK};
 
 fn backends() -> Vec<Backend> {
     doorbell_tests::backends().iter().map(|d| d.backend()).collect()

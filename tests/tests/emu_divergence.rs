@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use doorbell::{Device, Error, LaunchConfig};
-use doorbell_tests::TEST_KERNELS_PTX;
 use doorbell_test_kernels::testing::divergent_barrier;
+use doorbell_tests::TEST_KERNELS_PTX;
 
 #[test]
 fn a_barrier_some_threads_never_reach_fails_after_the_timeout() {

@@ -64,11 +64,27 @@ fn help_lists_every_flag_with_its_default() {
         assert!(help.contains(want), "fma --help lacks {want}: {help}");
     }
     let help = PingpongArgs::command().render_long_help().to_string();
-    for want in ["--iters", "[default: 1000]", "--size", "[default: 8]", "--transport", "DOORBELL_TOKEN"] {
+    for want in [
+        "--iters",
+        "[default: 1000]",
+        "--size",
+        "[default: 8]",
+        "--transport",
+        "DOORBELL_TOKEN",
+    ] {
         assert!(help.contains(want), "pingpong --help lacks {want}: {help}");
     }
     let help = P2pBenchArgs::command().render_help().to_string();
-    for want in ["-b, --minbytes", "-e, --maxbytes", "-f, --stepfactor", "-n, --iters", "-w, --warmup_iters", "--rtt-iters", "--out", "--spread"] {
+    for want in [
+        "-b, --minbytes",
+        "-e, --maxbytes",
+        "-f, --stepfactor",
+        "-n, --iters",
+        "-w, --warmup_iters",
+        "--rtt-iters",
+        "--out",
+        "--spread",
+    ] {
         assert!(help.contains(want), "p2p_bench --help lacks {want}: {help}");
     }
     for cmd in [HistogramArgs::command(), WqeDumpArgs::command()] {
@@ -122,8 +138,14 @@ fn wqe_dump_checks_ranges_and_meaning() {
     refused::<WqeDumpArgs>("wqe_dump frob", "frob");
     let a = WqeDumpArgs::try_parse_from(argv("wqe_dump write --imm 1")).unwrap();
     assert!(a.request().unwrap_err().contains("--imm means nothing"));
-    let a = WqeDumpArgs::try_parse_from(argv("wqe_dump read --index 3 --qpn 0x10 --raddr 0x40 --rkey 1 --laddr 0x80 --lkey 2 --len 64")).unwrap();
-    let want = doorbell_kernels::mlx5::dump::parse_args(&argv("read --index 3 --qpn 0x10 --raddr 0x40 --rkey 1 --laddr 0x80 --lkey 2 --len 64")).unwrap();
+    let a = WqeDumpArgs::try_parse_from(argv(
+        "wqe_dump read --index 3 --qpn 0x10 --raddr 0x40 --rkey 1 --laddr 0x80 --lkey 2 --len 64",
+    ))
+    .unwrap();
+    let want = doorbell_kernels::mlx5::dump::parse_args(&argv(
+        "read --index 3 --qpn 0x10 --raddr 0x40 --rkey 1 --laddr 0x80 --lkey 2 --len 64",
+    ))
+    .unwrap();
     assert_eq!(a.request().unwrap(), want);
 }
 

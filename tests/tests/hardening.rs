@@ -25,7 +25,10 @@ fn emulator_allocation_failure_is_an_error_not_an_abort() {
     // Elements x size overflows.
     let e = dev.alloc_zeroed::<u64>(usize::MAX).unwrap_err();
     assert!(matches!(e, Error::OutOfMemory { .. }) && e.to_string().contains("overflow"), "{e}");
-    let e = dev.alloc_mapped::<u32>(usize::MAX / 2).err().expect("a mapped buffer of 2^63 elements");
+    let e = dev
+        .alloc_mapped::<u32>(usize::MAX / 2)
+        .err()
+        .expect("a mapped buffer of 2^63 elements");
     assert!(matches!(e, Error::OutOfMemory { .. }), "{e}");
     // Still usable afterwards.
     assert_eq!(dev.alloc_from(&[1u32, 2, 3]).unwrap().to_host().unwrap(), [1, 2, 3]);
@@ -50,7 +53,9 @@ fn symmetric_allocation_sizes_are_checked() {
     });
     // Every rank sees the same HeapExhausted; nothing panicked.
     r.unwrap();
-    let r = Communicator::local(2, Backend::Cpu, CommOptions::default(), |comm| comm.alloc::<u64>(usize::MAX).map(|_| ()));
+    let r = Communicator::local(2, Backend::Cpu, CommOptions::default(), |comm| {
+        comm.alloc::<u64>(usize::MAX).map(|_| ())
+    });
     let e = r.unwrap_err();
     assert!(e.to_string().contains("overflow"), "{e}");
     let opts = CommOptions {
@@ -170,7 +175,10 @@ fn ranks_with_different_work_all_fail_showing_the_values() {
 #[test]
 fn backend_names_blame_the_right_source() {
     let e = "foo".parse::<Backend>().unwrap_err().to_string();
-    assert!(e.contains("\"foo\"") && e.contains("gpu, cpu or auto") && !e.contains("DOORBELL_DEVICE"), "{e}");
+    assert!(
+        e.contains("\"foo\"") && e.contains("gpu, cpu or auto") && !e.contains("DOORBELL_DEVICE"),
+        "{e}"
+    );
     assert!("".parse::<Backend>().is_err());
     assert_eq!("GPU".parse::<Backend>().unwrap(), Backend::Gpu);
 }
@@ -187,10 +195,23 @@ fn with_var<T>(var: &str, value: &str, f: impl FnOnce() -> T) -> T {
 fn environment_variables_are_parsed_strictly() {
     // DOORBELL_WAIT_TIMEOUT_S: a Duration panic, a silent clamp and a silent
     // default before.
-    for (v, why) in [("1e300", "out of range"), ("abc", "not a number"), ("0", "out of range"), ("-1", "out of range"), ("inf", "not a number")] {
-        let e = with_var("DOORBELL_WAIT_TIMEOUT_S", v, CommOptions::from_env).unwrap_err().to_string();
-        assert!(e.contains("DOORBELL_WAIT_TIMEOUT_S") && e.contains(why) && e.contains("0.001..=86400"), "{v}: {e}");
-        let e = with_var("DOORBELL_WAIT_TIMEOUT_S", v, doorbell::env::check).unwrap_err().to_string();
+    for (v, why) in [
+        ("1e300", "out of range"),
+        ("abc", "not a number"),
+        ("0", "out of range"),
+        ("-1", "out of range"),
+        ("inf", "not a number"),
+    ] {
+        let e = with_var("DOORBELL_WAIT_TIMEOUT_S", v, CommOptions::from_env)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("DOORBELL_WAIT_TIMEOUT_S") && e.contains(why) && e.contains("0.001..=86400"),
+            "{v}: {e}"
+        );
+        let e = with_var("DOORBELL_WAIT_TIMEOUT_S", v, doorbell::env::check)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("DOORBELL_WAIT_TIMEOUT_S"), "{v}: {e}");
     }
     let o = with_var("DOORBELL_WAIT_TIMEOUT_S", "2.5", CommOptions::from_env).unwrap();
@@ -200,12 +221,17 @@ fn environment_variables_are_parsed_strictly() {
     let d = with_var("DOORBELL_WAIT_TIMEOUT_S", "3", CommOptions::default);
     assert_eq!(d.wait_timeout, Duration::from_secs(10));
 
-    let e = with_var("DOORBELL_SPREAD_GPUS", "yes", CommOptions::from_env).unwrap_err().to_string();
+    let e = with_var("DOORBELL_SPREAD_GPUS", "yes", CommOptions::from_env)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("DOORBELL_SPREAD_GPUS") && e.contains("use 1 (on) or 0 (off)"), "{e}");
     assert!(with_var("DOORBELL_SPREAD_GPUS", "1", CommOptions::from_env).unwrap().spread_gpus);
 
     let e = with_var("DOORBELL_DEVICE", "foo", Backend::from_env).unwrap_err().to_string();
-    assert!(e.contains("DOORBELL_DEVICE") && e.contains("\"foo\"") && e.contains("gpu, cpu, auto"), "{e}");
+    assert!(
+        e.contains("DOORBELL_DEVICE") && e.contains("\"foo\"") && e.contains("gpu, cpu, auto"),
+        "{e}"
+    );
     assert_eq!(with_var("DOORBELL_DEVICE", "cpu", Backend::from_env).unwrap(), Backend::Cpu);
 
     let e = with_var("DOORBELL_LOG", "loud", doorbell::init_logging).unwrap_err().to_string();
@@ -220,10 +246,15 @@ fn environment_variables_are_parsed_strictly() {
         shared_mem_bytes: 0,
     };
     for v in ["abc", "0", "99999999"] {
-        let e = with_var("DOORBELL_EMU_MAX_THREADS", v, doorbell::env::check).unwrap_err().to_string();
+        let e = with_var("DOORBELL_EMU_MAX_THREADS", v, doorbell::env::check)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("DOORBELL_EMU_MAX_THREADS") && e.contains("1..=1048576"), "{v}: {e}");
         let r = with_var("DOORBELL_EMU_MAX_THREADS", v, || run(one, &|| {}));
-        assert!(matches!(&r, Err(EmuError::BadEnv(e)) if e.var == "DOORBELL_EMU_MAX_THREADS"), "{v}: {r:?}");
+        assert!(
+            matches!(&r, Err(EmuError::BadEnv(e)) if e.var == "DOORBELL_EMU_MAX_THREADS"),
+            "{v}: {r:?}"
+        );
     }
     run(one, &|| {}).unwrap();
     doorbell::env::check().unwrap();

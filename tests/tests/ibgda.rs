@@ -189,7 +189,7 @@ fn a_peer_stalled_past_the_wait_budget_is_a_timeout_and_a_wedged_queue() {
     });
     assert_eq!(o.code, 1, "{o:?}");
     let err = o.err.as_deref().unwrap_or_default();
-    assert!(err.contains("put_signal") && err.contains("gave up after 300 ms"), "{err}");
+    assert!(err.contains("put_signal") && err.contains("made no progress for 300 ms"), "{err}");
     assert!(o.check.as_deref().unwrap_or_default().contains("wedged"), "{o:?}");
     assert!(o.took < Duration::from_secs(5), "{o:?}");
     assert_untouched(&o);

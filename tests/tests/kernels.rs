@@ -1,10 +1,10 @@
 //! Behaviour of kernels on every backend: the same source, the same results.
 
 use doorbell::{Backend, Device, Error, LaunchConfig};
-use doorbell_tests::TEST_KERNELS_PTX;
 use doorbell_example_kernels::fused_multiply_add;
 use doorbell_test_kernels::testing::{self, atomics_and_fences, record_indices, shuffle_barrier_flag, trap_in_one_thread};
 use doorbell_tests::backends;
+use doorbell_tests::TEST_KERNELS_PTX;
 
 fn run_shuffle_barrier_flag(dev: &Device, threads: u32) -> Vec<u32> {
     let module = dev.load_module(TEST_KERNELS_PTX).unwrap();

@@ -192,7 +192,13 @@ fn library_ptx_holds_no_test_example_or_bench_kernels() {
     assert_eq!(lib, library_kernels, "entry points in doorbell::KERNELS_PTX");
     // The test and example kernels are built, just elsewhere.
     let tests = entries(doorbell_tests::TEST_KERNELS_PTX);
-    for want in ["golden_fence_sc_sys", "ring_p2p", "ring_shadow", "mlx5_write_wqes", "divergent_barrier"] {
+    for want in [
+        "golden_fence_sc_sys",
+        "ring_p2p",
+        "ring_shadow",
+        "mlx5_write_wqes",
+        "divergent_barrier",
+    ] {
         assert!(tests.contains(&want), "{want} missing from the test kernels: {tests:?}");
     }
     let examples = entries(doorbell_examples::USER_KERNELS_PTX);

@@ -6,10 +6,10 @@
 mod wqe_common;
 
 use doorbell::{Device, LaunchConfig};
-use doorbell_tests::TEST_KERNELS_PTX;
-use doorbell_test_kernels::mlx5::mlx5_bench_write_wqes;
 use doorbell_kernels::mlx5::WqeRequest;
+use doorbell_test_kernels::mlx5::mlx5_bench_write_wqes;
 use doorbell_tests::backends;
+use doorbell_tests::TEST_KERNELS_PTX;
 use wqe_common::*;
 
 fn run(dev: &Device, warps: u32, k: u32, ring_wqes: u32) -> f64 {

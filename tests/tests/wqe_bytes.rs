@@ -5,11 +5,11 @@
 
 mod wqe_common;
 
-use doorbell::{LaunchConfig};
-use doorbell_tests::TEST_KERNELS_PTX;
-use doorbell_test_kernels::mlx5::mlx5_write_wqes;
+use doorbell::LaunchConfig;
 use doorbell_kernels::mlx5::{self as m, AtomicSeg, Cqe64, CtrlSeg, DataSeg, ErrCqe, RaddrSeg, WqeOp, WqeRequest};
+use doorbell_test_kernels::mlx5::mlx5_write_wqes;
 use doorbell_tests::backends;
+use doorbell_tests::TEST_KERNELS_PTX;
 use rand::Rng;
 use wqe_common::*;
 

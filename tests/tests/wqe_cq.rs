@@ -5,11 +5,11 @@
 mod wqe_common;
 
 use doorbell::{Device, LaunchConfig};
-use doorbell_tests::TEST_KERNELS_PTX;
 use doorbell_kernels::mlx5::cq::{classify_cqe, decode_poll_result, CqeState, POLL_RESULT_WORDS};
-use doorbell_test_kernels::mlx5::mlx5_poll_cq;
 use doorbell_kernels::mlx5::{Completion, CqError, Cqe64, CqeSyndrome, CQE_REQ_ERR, CQE_RESP_ERR, CQE_RESP_SEND};
+use doorbell_test_kernels::mlx5::mlx5_poll_cq;
 use doorbell_tests::backends;
+use doorbell_tests::TEST_KERNELS_PTX;
 use wqe_common::*;
 
 const QPN: u32 = 0x00ab_cdef;

@@ -4,11 +4,11 @@
 mod wqe_common;
 
 use doorbell::{Device, LaunchConfig};
-use doorbell_tests::TEST_KERNELS_PTX;
-use doorbell_test_kernels::mlx5::mlx5_post_wqes;
 use doorbell_kernels::mlx5::wqe::FLAG_SIGNALED;
 use doorbell_kernels::mlx5::{CtrlSeg, WqeOp, WqeRequest};
+use doorbell_test_kernels::mlx5::mlx5_post_wqes;
 use doorbell_tests::backends;
+use doorbell_tests::TEST_KERNELS_PTX;
 use rand::Rng;
 use wqe_common::*;
 

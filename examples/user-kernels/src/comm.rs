@@ -1,8 +1,8 @@
 //! Communication kernels of the examples: ping-pong, and the P2P
 //! benchmark's kernels with their raw floors.
 
-use doorbell_kernels::{kernel, ptx};
 use doorbell_kernels::transport::{Cmp, CommError, Ibgda, P2p, SignalOp, Transport};
+use doorbell_kernels::{kernel, ptx};
 
 /// Status word values written by communication kernels.
 pub const PINGPONG_OK: u32 = 1;
@@ -116,7 +116,8 @@ pub unsafe fn signal_pingpong<T: Transport>(t: T, sig: *mut u64, epoch0: u64, it
             let r = if me == 0 {
                 t.signal(sig, i, SignalOp::Set, peer).and_then(|_| t.wait_until(sig, Cmp::Ge, i))
             } else {
-                t.wait_until(sig, Cmp::Ge, i).and_then(|_| t.signal(sig, i, SignalOp::Set, peer).map(|_| i))
+                t.wait_until(sig, Cmp::Ge, i)
+                    .and_then(|_| t.signal(sig, i, SignalOp::Set, peer).map(|_| i))
             };
             if let Err(e) = r {
                 *status = status_of(e);
@@ -165,7 +166,16 @@ pub unsafe fn copy_raw(dst: *mut u8, src: *const u8, bytes: u64, iters: u32) {
 /// `sig` on rank 1 (add 1 per block). Rank 1 waits until `sig >= expect`.
 /// `status` gets `PINGPONG_OK`, `PINGPONG_TIMEOUT` or `PINGPONG_ERROR`.
 #[kernel(hot, transports(P2p))]
-pub unsafe fn put_bw<T: Transport>(t: T, dst: *mut u8, src: *const u8, bytes: u64, iters: u32, sig: *mut u64, expect: u64, status: *mut u32) {
+pub unsafe fn put_bw<T: Transport>(
+    t: T,
+    dst: *mut u8,
+    src: *const u8,
+    bytes: u64,
+    iters: u32,
+    sig: *mut u64,
+    expect: u64,
+    status: *mut u32,
+) {
     let first = ptx::thread_rank_in_block() == 0;
     // SAFETY: as documented; `status` one word, written by thread 0 of block 0.
     unsafe {

@@ -154,7 +154,11 @@ pub unsafe fn ring_doorbell(qp: &QpHandle, ctrl_head: u64) {
 pub unsafe fn submit(qp: &QpHandle, start: u32, count: u32, ctrl_head: u64, budget_ns: u64) -> Result<(), SubmitTimeout> {
     // SAFETY: the caller's contract. Acquire pairs with the previous
     // batch's release below: its doorbell happens before ours.
-    let turn = crate::sync::spin_until(budget_ns, || unsafe { ptx::ld_acquire_gpu_u32(qp.sq_ready) } as u64, |v| v == start as u64);
+    let turn = crate::sync::spin_until(
+        budget_ns,
+        || unsafe { ptx::ld_acquire_gpu_u32(qp.sq_ready) } as u64,
+        |v| v == start as u64,
+    );
     if let Err(t) = turn {
         return Err(SubmitTimeout {
             expected: start,

@@ -71,7 +71,7 @@
 //! (`Communicator::ibgda_reset`).
 
 use super::{Cmp, CommError, Coop, SignalOp, Transport};
-use crate::heap::{Call, ErrorKind, ErrorReport, EPOCH_OFFSET, HEAP_RESERVED, REPORT_OFFSET};
+use crate::heap::{Call, Reporter, EPOCH_OFFSET, HEAP_RESERVED};
 use crate::mlx5::cq::{classify_cqe, cqe_ready, op_own_of, CqError, CqeState};
 use crate::mlx5::queue::{ring_doorbell, update_doorbell_record, wqe_slot, QpHandle};
 use crate::mlx5::wqe::{write_atomic_fetch_add_wqe, write_rdma_read_wqe, write_rdma_write_wqe, Transfer, FLAG_SIGNALED};
@@ -259,71 +259,26 @@ impl Ibgda {
         (self.local_base + offset) as *mut u64
     }
 
-    /// Records the first error of this rank and returns it.
-    #[inline(never)]
-    fn fail(&self, e: CommError, call: Call, peer: u32, offset: u64) -> CommError {
-        let (kind, detail, bytes, seen) = match e {
-            CommError::Timeout(t) => (ErrorKind::Timeout, 0, 0, t.seen),
-            CommError::Completion { syndrome, .. } => (ErrorKind::Completion, syndrome as u32, 0, 0),
-            CommError::BadPeer { .. } => (ErrorKind::BadPeer, 0, 0, 0),
-            CommError::OutOfRange { bytes, .. } => (ErrorKind::OutOfRange, 0, bytes, 0),
-            CommError::Misaligned { .. } => (ErrorKind::Misaligned, 0, 0, 0),
-            CommError::BadCount { count } => (ErrorKind::BadCount, 0, count, 0),
-        };
-        self.record(ErrorReport {
-            present: 0,
+    /// The scalars an error report needs (never the handle's address).
+    #[inline(always)]
+    fn reporter(&self) -> Reporter {
+        Reporter {
             rank: self.rank,
-            kind: kind as u32,
-            call: call as u32,
-            peer,
-            block: ptx::block_idx_x(),
-            detail,
-            _pad: 0,
-            offset,
-            bytes,
-            expected: 0,
-            seen,
+            local_base: self.local_base,
             budget_ns: self.budget_ns,
-        });
-        e
-    }
-
-    #[inline(never)]
-    fn fail_wait(&self, t: Timeout, call: Call, peer: u32, at: u64, cmp: Cmp, expected: u64) -> CommError {
-        self.record(ErrorReport {
-            present: 0,
-            rank: self.rank,
-            kind: ErrorKind::Timeout as u32,
-            call: call as u32,
-            peer,
-            block: ptx::block_idx_x(),
-            detail: cmp as u32,
-            _pad: 0,
-            offset: at.wrapping_sub(self.local_base),
-            bytes: 8,
-            expected,
-            seen: t.seen,
-            budget_ns: self.budget_ns,
-        });
-        CommError::Timeout(t)
-    }
-
-    /// First error wins: CAS on the flag, fill, publish at sys scope.
-    fn record(&self, report: ErrorReport) {
-        let flag = self.reserved(REPORT_OFFSET) as *mut u32;
-        // SAFETY: the report area lies in the reserved heap header.
-        unsafe {
-            if ptx::atom_cas_relaxed_gpu_u32(flag, 0, 1) == 0 {
-                let words = &report as *const ErrorReport as *const u32;
-                let mut i = 1;
-                while i < core::mem::size_of::<ErrorReport>() / 4 {
-                    core::ptr::write_volatile(flag.add(i), *words.add(i));
-                    i += 1;
-                }
-                ptx::fence_sc_sys();
-                ptx::st_release_sys_u32(flag, 2);
-            }
         }
+    }
+
+    /// Records the first error of this rank and returns it.
+    #[inline(always)]
+    fn fail(&self, e: CommError, call: Call, peer: u32, offset: u64) -> CommError {
+        self.reporter().fail(e, call, peer, offset)
+    }
+
+    /// A timed-out wait: the report carries the comparison and the value expected.
+    #[inline(always)]
+    fn fail_wait(&self, t: Timeout, call: Call, peer: u32, at: u64, cmp: Cmp, expected: u64) -> CommError {
+        self.reporter().fail_wait(t, call, peer, at, cmp, expected)
     }
 
     /// `peer` in the world and `[local, local + bytes)` in the heap's user part.
@@ -384,7 +339,7 @@ impl Ibgda {
     }
 
     /// The QP error as a device error (and its report).
-    #[inline(never)]
+    #[inline(always)]
     fn qp_failed(&self, err: u32, call: Call, peer: u32) -> CommError {
         let e = if err & QP_ERR_COMPLETION != 0 {
             CommError::Completion { peer, syndrome: err as u8 }
@@ -394,8 +349,8 @@ impl Ibgda {
         self.fail(e, call, peer, 0)
     }
 
-    /// Marks the QP wedged (first error wins), records the timeout.
-    #[inline(never)]
+    /// Marks the QP wedged (first error wins), records the stall.
+    #[inline(always)]
     fn wedge(&self, q: &IbgdaQp, call: Call, peer: u32, seen: u32, expected: u32) -> CommError {
         // SAFETY: the QP's state words.
         unsafe {
@@ -405,23 +360,7 @@ impl Ibgda {
                 ptx::st_release_gpu_u32(&raw mut (*s).error_at, done);
             }
         }
-        let t = Timeout { seen: seen as u64 };
-        self.record(ErrorReport {
-            present: 0,
-            rank: self.rank,
-            kind: ErrorKind::Timeout as u32,
-            call: call as u32,
-            peer,
-            block: ptx::block_idx_x(),
-            detail: Cmp::Ge as u32,
-            _pad: 0,
-            offset: 0,
-            bytes: 0,
-            expected: expected as u64,
-            seen: seen as u64,
-            budget_ns: self.budget_ns,
-        });
-        CommError::Timeout(t)
+        self.reporter().fail_queue(call, peer, seen, expected)
     }
 
     /// Consumes every CQE present, if no other thread is doing so. Never

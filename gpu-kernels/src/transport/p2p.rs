@@ -2,7 +2,7 @@
 //! (same GPU, NVLink or PCIe peers; host memory on the emulator).
 
 use super::{Cmp, CommError, Coop, SignalOp, Transport};
-use crate::heap::{Call, ErrorKind, ErrorReport, BLOCK_RESULT_OFFSET, EPOCH_OFFSET, HEAP_RESERVED, REPORT_OFFSET};
+use crate::heap::{Call, Reporter, BLOCK_RESULT_OFFSET, EPOCH_OFFSET, HEAP_RESERVED};
 use crate::ptx;
 use crate::sync::{Spin, Timeout};
 
@@ -74,76 +74,26 @@ impl P2p {
         (self.local_base + offset) as *mut u64
     }
 
-    /// Records the first error of this rank (first reporter wins) and
-    /// returns it.
-    #[inline(never)]
-    fn fail(&self, e: CommError, call: Call, peer: u32, offset: u64) -> CommError {
-        let (kind, detail, bytes, seen) = match e {
-            CommError::Timeout(t) => (ErrorKind::Timeout, 0, 0, t.seen),
-            CommError::Completion { syndrome, .. } => (ErrorKind::Completion, syndrome as u32, 0, 0),
-            CommError::BadPeer { .. } => (ErrorKind::BadPeer, 0, 0, 0),
-            CommError::OutOfRange { bytes, .. } => (ErrorKind::OutOfRange, 0, bytes, 0),
-            CommError::Misaligned { .. } => (ErrorKind::Misaligned, 0, 0, 0),
-            CommError::BadCount { count } => (ErrorKind::BadCount, 0, count, 0),
-        };
-        self.record(ErrorReport {
-            present: 0,
+    /// The scalars an error report needs (never the handle's address).
+    #[inline(always)]
+    fn reporter(&self) -> Reporter {
+        Reporter {
             rank: self.rank,
-            kind: kind as u32,
-            call: call as u32,
-            peer,
-            block: ptx::block_idx_x(),
-            detail,
-            _pad: 0,
-            offset,
-            bytes,
-            expected: 0,
-            seen,
+            local_base: self.local_base,
             budget_ns: self.budget_ns,
-        });
-        e
-    }
-
-    /// A timed-out wait: the report carries the comparison and the value
-    /// expected too.
-    #[inline(never)]
-    fn fail_wait(&self, t: Timeout, call: Call, peer: u32, at: *const u64, cmp: Cmp, expected: u64) -> CommError {
-        self.record(ErrorReport {
-            present: 0,
-            rank: self.rank,
-            kind: ErrorKind::Timeout as u32,
-            call: call as u32,
-            peer,
-            block: ptx::block_idx_x(),
-            detail: cmp as u32,
-            _pad: 0,
-            offset: (at as u64).wrapping_sub(self.local_base),
-            bytes: 8,
-            expected,
-            seen: t.seen,
-            budget_ns: self.budget_ns,
-        });
-        CommError::Timeout(t)
-    }
-
-    /// Claims the report slot with a CAS on its flag (first error wins),
-    /// fills it and publishes it at system scope.
-    fn record(&self, report: ErrorReport) {
-        let flag = self.reserved(REPORT_OFFSET) as *mut u32;
-        // SAFETY: the report area lies in the reserved heap header.
-        unsafe {
-            if ptx::atom_cas_relaxed_gpu_u32(flag, 0, 1) == 0 {
-                // Every field but the flag (word 0), which stays atomic.
-                let words = &report as *const ErrorReport as *const u32;
-                let mut i = 1;
-                while i < core::mem::size_of::<ErrorReport>() / 4 {
-                    core::ptr::write_volatile(flag.add(i), *words.add(i));
-                    i += 1;
-                }
-                ptx::fence_sc_sys();
-                ptx::st_release_sys_u32(flag, 2);
-            }
         }
+    }
+
+    /// Records the first error of this rank and returns it.
+    #[inline(always)]
+    fn fail(&self, e: CommError, call: Call, peer: u32, offset: u64) -> CommError {
+        self.reporter().fail(e, call, peer, offset)
+    }
+
+    /// A timed-out wait: the report carries the comparison and the value expected.
+    #[inline(always)]
+    fn fail_wait(&self, t: Timeout, call: Call, peer: u32, at: *const u64, cmp: Cmp, expected: u64) -> CommError {
+        self.reporter().fail_wait(t, call, peer, at as u64, cmp, expected)
     }
 
     /// Checks `peer` and that `[local, local + bytes)` lies in the user part

@@ -37,12 +37,16 @@
 //! `DOORBELL_WAIT_TIMEOUT_S`). A wait that runs out records which rank,
 //! which operation, the value expected and the value seen;
 //! [`Communicator::check`] (and [`Communicator::synchronize`]) turns that
-//! record into [`Error::WaitTimeout`].
+//! record into [`Error::WaitTimeout`]; a transport call refused for a bad
+//! argument (a peer outside the world, a range outside the heap, a misaligned
+//! signal word) becomes [`Error::DeviceCall`] naming rank, call, peer and offset.
 
 use std::sync::Mutex;
 use std::time::Duration;
 
-use doorbell_kernels::comm::{Cmp, P2p, WaitOp, WaitReport, HEAP_RESERVED, MAX_RANKS, REPORT_OFFSET};
+use doorbell_kernels::heap::{Call, ErrorKind, ErrorReport, HEAP_RESERVED, MAX_RANKS, REPORT_OFFSET};
+use doorbell_kernels::transport::p2p::NEAR_PEERS;
+use doorbell_kernels::transport::{Cmp, P2p};
 
 use crate::backend::{IpcMapping, IPC_HANDLE_BYTES};
 use crate::device::{Backend, Device};
@@ -57,29 +61,48 @@ pub use ibgda::{IbgdaOptions, RdmaPeers};
 use shm::ShmRegion;
 
 /// Communicator settings.
+///
+/// [`CommOptions::default`] is the built-in defaults and reads no
+/// environment; [`CommOptions::from_env`] applies `DOORBELL_WAIT_TIMEOUT_S`
+/// and `DOORBELL_SPREAD_GPUS` on top, strictly (a bad value is an error).
 #[derive(Clone, Debug)]
 pub struct CommOptions {
     /// Usable symmetric heap per rank, bytes (the runtime adds its header).
     pub heap_bytes: u64,
-    /// Budget of every device-side wait (default: `DOORBELL_WAIT_TIMEOUT_S`, 10 s).
+    /// Budget of every device-side wait (default 10 s; `DOORBELL_WAIT_TIMEOUT_S`
+    /// with [`from_env`](Self::from_env)).
     pub wait_timeout: Duration,
     /// Thread worlds on a GPU machine: put rank `r` on GPU `r % gpus`
-    /// instead of every rank on GPU 0 (default: `DOORBELL_SPREAD_GPUS=1`).
+    /// instead of every rank on GPU 0 (default off; `DOORBELL_SPREAD_GPUS=1`
+    /// with [`from_env`](Self::from_env)).
     pub spread_gpus: bool,
 }
 
+/// Default of [`CommOptions::wait_timeout`].
+pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl Default for CommOptions {
+    /// The built-in defaults: 64 MiB heap, 10 s waits, no spreading. Reads
+    /// no environment (use [`CommOptions::from_env`] for that).
     fn default() -> Self {
-        let secs = std::env::var("DOORBELL_WAIT_TIMEOUT_S")
-            .ok()
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(10.0);
-        let spread = std::env::var("DOORBELL_SPREAD_GPUS").is_ok_and(|v| v == "1");
         CommOptions {
             heap_bytes: 64 << 20,
-            wait_timeout: Duration::from_secs_f64(secs.max(0.001)),
-            spread_gpus: spread,
+            wait_timeout: DEFAULT_WAIT_TIMEOUT,
+            spread_gpus: false,
         }
+    }
+}
+
+impl CommOptions {
+    /// The defaults with `DOORBELL_WAIT_TIMEOUT_S` (seconds in
+    /// 0.001..=86400) and `DOORBELL_SPREAD_GPUS` (`0` or `1`) applied; an
+    /// unusable value is [`Error::BadEnv`] naming the variable and the range.
+    pub fn from_env() -> Result<CommOptions> {
+        Ok(CommOptions {
+            wait_timeout: crate::env::secs("DOORBELL_WAIT_TIMEOUT_S", DEFAULT_WAIT_TIMEOUT, 0.001, 86400.0)?,
+            spread_gpus: crate::env::flag("DOORBELL_SPREAD_GPUS", false)?,
+            ..CommOptions::default()
+        })
     }
 }
 
@@ -159,12 +182,15 @@ pub struct Communicator {
     next: Mutex<(u64, u64)>,
     budget_ns: u64,
     same_gpu: bool,
+    /// The first device-side failure this rank saw: its drop then aborts
+    /// the world instead of waiting for every rank.
+    failure: Mutex<Option<String>>,
     /// The IBGDA transport's resources, once set up (`ibgda.rs`); dropped
     /// before the heap they name.
     ibgda: Mutex<Option<ibgda::IbgdaState>>,
     // Drop order: mappings of peers before our own heap.
     _mappings: Vec<Mapping>,
-    _heap: Heap,
+    _heap: Option<Heap>,
 }
 
 impl Communicator {
@@ -175,7 +201,13 @@ impl Communicator {
         if size as u32 > MAX_RANKS {
             return Err(Error::comm(format!("{size} ranks; the P2P transport supports at most {MAX_RANKS}")));
         }
-        let heap_len = HEAP_RESERVED + opts.heap_bytes.div_ceil(256) * 256;
+        let heap_len = opts
+            .heap_bytes
+            .div_ceil(256)
+            .checked_mul(256)
+            .and_then(|b| b.checked_add(HEAP_RESERVED))
+            .filter(|&b| usize::try_from(b).is_ok())
+            .ok_or_else(|| Error::comm(format!("a symmetric heap of {} bytes cannot be allocated", opts.heap_bytes)))?;
         world.check_same("heap size", &heap_len.to_le_bytes())?;
         world.check_same("backend", if device.is_gpu() { b"gpu" } else { b"cpu" })?;
 
@@ -201,6 +233,7 @@ impl Communicator {
             .enumerate()
             .map(|(r, b)| DeviceId::decode(b, r))
             .collect::<Result<Vec<_>>>()?;
+
         // Phase 2: who shares this process, proved by a tag only this
         // process can make (a pid proves nothing: any peer can claim ours);
         // on the emulator also the heap file names, published before any
@@ -309,6 +342,9 @@ impl Communicator {
         // earlier error, `heap_files` went when it was dropped).
         world.barrier()?;
         drop(heap_files);
+        for (p, route) in routes.iter().enumerate().filter(|(p, _)| *p != rank) {
+            tracing::info!("rank {rank}: route to rank {p}: {route:?} (heap of {heap_len} bytes)");
+        }
         let peer_table = device.alloc_from(&bases)?;
         let same_gpu = device.is_gpu() && !me.uuid.is_empty() && ids.iter().all(|i| i.uuid == me.uuid);
         Ok(Communicator {
@@ -322,11 +358,12 @@ impl Communicator {
             bases,
             peer_table,
             next: Mutex::new((HEAP_RESERVED, 0)),
+            failure: Mutex::new(None),
             budget_ns: opts.wait_timeout.as_nanos().min(u64::MAX as u128) as u64,
             same_gpu,
             ibgda: Mutex::new(None),
             _mappings: mappings,
-            _heap: heap,
+            _heap: Some(heap),
         })
     }
 
@@ -360,7 +397,11 @@ impl Communicator {
                             _ => Device::emulator(r),
                         };
                         let comm = Communicator::new(w, dev, opts)?;
-                        f(&comm)
+                        let r = f(&comm);
+                        if let Err(e) = &r {
+                            comm.abort(&e.to_string());
+                        }
+                        r
                     })
                 })
                 .collect();
@@ -388,45 +429,63 @@ impl Communicator {
     pub fn world(&self) -> &World {
         &self.world
     }
+    /// Bytes of each rank's symmetric heap, the runtime's header
+    /// ([`doorbell_kernels::heap::HEAP_RESERVED`] bytes) included: a range at
+    /// offset `o` of `b` bytes is valid for transport calls when
+    /// `HEAP_RESERVED <= o` and `o + b <= heap_bytes()`.
+    pub fn heap_bytes(&self) -> u64 {
+        self.heap_len
+    }
     /// How each peer is reached.
     pub fn describe_peers(&self) -> &[PeerRoute] {
         &self.routes
     }
 
-    /// The address of `pe`'s copy of a symmetric location, as this rank's
+    /// The address of `peer`'s copy of a symmetric location, as this rank's
     /// GPU sees it (a device address: for kernels and driver copies, not for
     /// the host). `local` must lie in this rank's heap.
-    pub fn peer_address<T>(&self, local: *const T, pe: usize) -> Result<*mut T> {
+    pub fn peer_address<T>(&self, local: *const T, peer: usize) -> Result<*mut T> {
         let off = (local as u64).wrapping_sub(self.heap_base);
-        if off >= self.heap_len || pe >= self.size {
+        if off >= self.heap_len || peer >= self.size {
             return Err(Error::comm(format!(
-                "{local:p} is not in rank {}'s symmetric heap, or rank {pe} does not exist",
+                "{local:p} is not in rank {}'s symmetric heap, or rank {peer} does not exist",
                 self.rank
             )));
         }
-        Ok((self.bases[pe] + off) as *mut T)
+        Ok((self.bases[peer] + off) as *mut T)
     }
 
     /// The P2P transport's device handle (a kernel argument).
     pub fn p2p(&self) -> P2p {
+        let mut near = [0u64; NEAR_PEERS];
+        for (n, b) in near.iter_mut().zip(&self.bases) {
+            *n = *b;
+        }
         P2p {
             rank: self.rank as u32,
             world: self.size as u32,
-            peers: self.peer_table.as_ptr(),
             heap_bytes: self.heap_len,
+            local_base: self.heap_base,
             budget_ns: self.budget_ns,
             same_gpu: self.same_gpu as u32,
             _pad: 0,
-            local_base: self.heap_base,
+            peers: self.peer_table.as_ptr(),
+            near,
         }
     }
 
     /// Collective: `len` elements of `T` at the same heap offset on every rank,
     /// zeroed. Every rank must make the same allocations in the same order.
     pub fn alloc<T: DeviceCopy>(&self, len: usize) -> Result<SymBuffer<'_, T>> {
-        let bytes = (len as u64)
-            .checked_mul(std::mem::size_of::<T>() as u64)
-            .ok_or_else(|| Error::comm("allocation size overflows"))?;
+        let bytes = u64::try_from(len)
+            .ok()
+            .and_then(|n| n.checked_mul(std::mem::size_of::<T>() as u64))
+            .ok_or_else(|| {
+                Error::comm(format!(
+                    "{len} elements of {} bytes overflow a symmetric allocation",
+                    std::mem::size_of::<T>()
+                ))
+            })?;
         let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
         let offset = next.0.div_ceil(256) * 256;
         let index = next.1;
@@ -436,7 +495,7 @@ impl Communicator {
         desc.extend_from_slice(&(std::mem::align_of::<T>() as u64).to_le_bytes());
         self.world
             .check_same(&format!("symmetric allocation #{index} (bytes, alignment)"), &desc)?;
-        if offset + bytes > self.heap_len {
+        if offset.checked_add(bytes).is_none_or(|end| end > self.heap_len) {
             return Err(Error::HeapExhausted {
                 requested: bytes,
                 free: self.heap_len.saturating_sub(offset),
@@ -456,48 +515,116 @@ impl Communicator {
         Ok(buf)
     }
 
-    /// Host-side barrier across ranks.
+    /// Host-side barrier across ranks. A rank that saw a device error and
+    /// then completes a barrier with every other rank has handled it: its
+    /// drop waits for the others again instead of aborting the world.
     pub fn barrier(&self) -> Result<()> {
-        self.world.barrier()
+        self.world.barrier()?;
+        *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        Ok(())
     }
 
-    /// Returns (and clears) the report of a device-side wait that ran out of budget.
+    /// Returns (and clears) the first error this rank's kernels recorded:
+    /// a wait that ran out of budget ([`Error::WaitTimeout`]), a refused or
+    /// failed transport call ([`Error::DeviceCall`]).
     pub fn check(&self) -> Result<()> {
-        let mut raw = [0u8; std::mem::size_of::<WaitReport>()];
+        let mut raw = [0u8; std::mem::size_of::<ErrorReport>()];
         // SAFETY: the report lives in this rank's heap header.
         unsafe { self.device.read_raw(self.heap_base + REPORT_OFFSET, &mut raw)? };
-        // SAFETY: WaitReport is plain #[repr(C)] integers.
-        let r: WaitReport = unsafe { std::ptr::read_unaligned(raw.as_ptr() as *const WaitReport) };
+        // SAFETY: ErrorReport is plain #[repr(C)] integers.
+        let r: ErrorReport = unsafe { std::ptr::read_unaligned(raw.as_ptr() as *const ErrorReport) };
         if r.present == 0 {
             return Ok(());
         }
         // SAFETY: as above.
         unsafe {
             self.device
-                .write_raw(self.heap_base + REPORT_OFFSET, &[0u8; std::mem::size_of::<WaitReport>()])?
+                .write_raw(self.heap_base + REPORT_OFFSET, &[0u8; std::mem::size_of::<ErrorReport>()])?
         };
-        let cmp = Cmp::from_u32(r.cmp).map_or("?", Cmp::symbol);
-        let op = if r.op == WaitOp::Barrier as u32 { "barrier" } else { "wait_until" };
+        Err(self.report_error(&r))
+    }
+
+    /// The host error for a device report.
+    fn report_error(&self, r: &ErrorReport) -> Error {
+        let call = Call::from_u32(r.call).map_or("a transport call", Call::name);
         let peer = (r.peer != u32::MAX).then_some(r.peer);
-        Err(Error::WaitTimeout {
+        let user = HEAP_RESERVED..self.heap_len;
+        let reason = match ErrorKind::from_u32(r.kind) {
+            Some(ErrorKind::Timeout) => {
+                return Error::WaitTimeout {
+                    rank: r.rank,
+                    op: call,
+                    peer,
+                    peer_text: peer.map(|p| format!(", waiting for rank {p}")).unwrap_or_default(),
+                    block: r.block,
+                    offset: r.offset,
+                    cmp: Cmp::from_u32(r.detail).map_or("?", Cmp::symbol),
+                    expected: r.expected,
+                    seen: r.seen,
+                    budget_ms: r.budget_ns / 1_000_000,
+                }
+            }
+            Some(ErrorKind::BadPeer) => format!("rank {} is not in this world of {} ranks; nothing was written", r.peer, self.size),
+            Some(ErrorKind::OutOfRange) => format!(
+                "the {} bytes at symmetric-heap offset {:#x} are not inside the heap's user part [{:#x}, {:#x}); \
+                 nothing was written (allocate the buffer with Communicator::alloc and stay within it)",
+                r.bytes, r.offset, user.start, user.end
+            ),
+            Some(ErrorKind::Misaligned) => format!(
+                "the signal word at symmetric-heap offset {:#x} is not 8-byte aligned; nothing was written (use a u64 allocation)",
+                r.offset
+            ),
+            Some(ErrorKind::BadCount) => format!(
+                "a count of {} is out of range (1..=64 signal words); nothing was waited for",
+                r.bytes
+            ),
+            Some(ErrorKind::QueueStalled) => format!(
+                "the send queue to rank {} made no progress for {} ms (completions reached WQE {}, the call needed {}); \
+                 the queue is marked failed: check the peer and the NIC, then reset the transport",
+                r.peer,
+                r.budget_ns / 1_000_000,
+                r.seen,
+                r.expected
+            ),
+            Some(ErrorKind::Completion) => format!("a completion from rank {} came back with error syndrome {:#04x}", r.peer, r.detail),
+            None => format!(
+                "an unknown error kind {} was recorded (device and host built from different versions?)",
+                r.kind
+            ),
+        };
+        Error::DeviceCall {
             rank: r.rank,
-            op,
+            call,
             peer,
-            peer_text: peer.map(|p| format!(", waiting for rank {p}")).unwrap_or_default(),
-            block: r.block,
             offset: r.offset,
-            cmp,
-            expected: r.expected,
-            seen: r.seen,
-            budget_ms: r.budget_ns / 1_000_000,
-        })
+            block: r.block,
+            reason,
+        }
     }
 
     /// Synchronizes `stream`, then [`Self::check`]s for timed-out waits.
     pub fn synchronize(&self, stream: &Stream) -> Result<()> {
-        let r = stream.synchronize();
-        self.check()?;
+        let r = stream.synchronize().and_then(|()| self.check());
+        if let Err(e) = &r {
+            self.note_failure(e);
+        }
         r
+    }
+
+    fn note_failure(&self, e: &Error) {
+        let mut f = self.failure.lock().unwrap_or_else(|p| p.into_inner());
+        f.get_or_insert_with(|| e.to_string());
+    }
+
+    /// This rank has failed: tells every other rank (their collectives fail
+    /// with an error naming this rank and `reason`) and makes this
+    /// communicator's drop skip the collective wait for the others.
+    /// [`Communicator::local`] calls it for a rank whose closure fails; a
+    /// device error seen by [`synchronize`](Self::synchronize) has the same
+    /// effect at drop.
+    pub fn abort(&self, reason: &str) {
+        self.note_failure(&Error::comm(reason.to_string()));
+        self.world.abort(reason);
     }
 }
 
@@ -560,8 +687,27 @@ impl Drop for Communicator {
     /// Destruction is collective: peers may still read or write this rank's
     /// heap until every rank's kernels are done, so wait for this rank's
     /// device, then for every rank, before the heap is freed.
+    ///
+    /// A rank that failed (a device error, a timed-out wait, [`abort`](Self::abort),
+    /// a panic) does not wait for the others, which may be the reason it
+    /// failed: it aborts the world, so the others' collectives fail at once
+    /// naming it, and leaks its heap when ranks of this process might still
+    /// write into it.
     fn drop(&mut self) {
         let _ = self.device.synchronize();
+        let noted = self.failure.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let failure = noted.or_else(|| std::thread::panicking().then(|| "it panicked".to_string()));
+        if let Some(reason) = failure {
+            self.world.abort(&reason);
+            if self
+                .routes
+                .iter()
+                .any(|r| matches!(r, PeerRoute::SameProcess | PeerRoute::PeerAccess))
+            {
+                std::mem::forget(self._heap.take());
+            }
+            return;
+        }
         let _ = self.world.barrier();
     }
 }

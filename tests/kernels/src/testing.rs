@@ -171,7 +171,10 @@ pub unsafe fn ring<T: Transport>(
             // The block's puts, ordered before this thread by the barrier,
             // are published with the signal once fenced.
             t.fence();
-            *status = match t.signal(sig, 1, SignalOp::Add, next).and_then(|_| t.wait_until(sig, Cmp::Ge, expected)) {
+            *status = match t
+                .signal(sig, 1, SignalOp::Add, next)
+                .and_then(|_| t.wait_until(sig, Cmp::Ge, expected))
+            {
                 Ok(_) => STATUS_OK,
                 Err(doorbell_kernels::transport::CommError::Timeout(_)) => STATUS_TIMEOUT,
                 Err(_) => STATUS_ERROR,

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Builds the test binaries and examples here and gathers them, stripped, in
+# target/gpu-bundle/ for a GPU machine that has no Rust toolchain:
+#   bash scripts/gpu-bundle.sh [test ...]      # default: every behaviour test
+# then, on the GPU machine, from the repository root:
+#   bash target/gpu-bundle/run-tests.sh        # tests/*, with DOORBELL_TEST_REQUIRE_GPU=1
+#   target/gpu-bundle/p2p_bench --device gpu   # or any example
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tests=("$@")
+if [ ${#tests[@]} -eq 0 ]; then
+    tests=(comm contract kernels user_kernels wqe_bytes wqe_cq wqe_post wqe_bench comm_procs hardening ibgda)
+    for t in allreduce embedding; do [ -f "tests/tests/$t.rs" ] && tests+=("$t"); done
+fi
+examples=(fma pingpong p2p_bench histogram)
+for e in allreduce embedding_exchange; do grep -q "name = \"$e\"" examples/Cargo.toml && examples+=("$e"); done
+out=target/gpu-bundle
+rm -rf "$out" && mkdir -p "$out/tests"
+args=()
+for t in "${tests[@]}"; do args+=(--test "$t"); done
+cargo test --release -p doorbell-tests "${args[@]}" --no-run --message-format=json 2>/dev/null |
+    python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["target"]["name"], m["executable"])
+' | while read -r name exe; do strip -o "$out/tests/$name" "$exe"; done
+for e in "${examples[@]}"; do
+    cargo build --release --example "$e" -q
+    strip -o "$out/$e" "target/release/examples/$e"
+done
+cat > "$out/run-tests.sh" <<'RUN'
+#!/usr/bin/env bash
+# Runs every bundled test binary on the GPU (a missing GPU fails them),
+# each under its own time limit; prints every test's line and the summary.
+cd "$(dirname "$0")/tests"
+export DOORBELL_TEST_REQUIRE_GPU=1
+status=0
+for t in TESTS; do
+    echo "=== $t"
+    timeout "${TEST_TIMEOUT_S:-240}" ./"$t" --test-threads=1 > "$t.log" 2>&1
+    rc=$?
+    grep -E "^test |test result|panicked|FAILED|error" "$t.log"
+    [ $rc = 0 ] || { echo "=== $t exited $rc"; status=1; }
+done
+exit $status
+RUN
+sed -i "s/TESTS/${tests[*]}/" "$out/run-tests.sh"
+chmod +x "$out/run-tests.sh"
+du -sh "$out"
