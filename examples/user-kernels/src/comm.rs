@@ -161,8 +161,11 @@ pub unsafe fn copy_raw(dst: *mut u8, src: *const u8, bytes: u64, iters: u32) {
     }
 }
 
-/// Put bandwidth: rank 0's blocks each put their slice of `src` (local) to
-/// `dst` (symmetric) on rank 1, `iters` times, then `quiet` and signal
+/// Bytes per `put` call of [`put_bw`].
+pub const PUT_PIECE: u64 = 64 << 10;
+
+/// Put bandwidth: rank 0's blocks put `src` (local) to `dst` (symmetric) on
+/// rank 1 in pieces of [`PUT_PIECE`] bytes dealt round-robin, `iters` times, then `quiet` and signal
 /// `sig` on rank 1 (add 1 per block). Rank 1 waits until `sig >= expect`.
 /// `status` gets `PINGPONG_OK`, `PINGPONG_TIMEOUT` or `PINGPONG_ERROR`.
 #[kernel(hot, transports(P2p))]
@@ -180,19 +183,25 @@ pub unsafe fn put_bw<T: Transport>(
     // SAFETY: as documented; `status` one word, written by thread 0 of block 0.
     unsafe {
         if t.rank() == 0 {
+            // Pieces of PUT_PIECE bytes, dealt round-robin to the blocks (as
+            // the copy floor's grid-stride deals its vectors): neighbouring
+            // blocks stream neighbouring memory at the same time.
             let blocks = ptx::grid_dim_x() as u64;
-            let chunk = bytes.div_ceil(blocks).div_ceil(16) * 16;
-            let b = ptx::block_idx_x() as u64;
-            let lo = (b * chunk).min(bytes);
-            let hi = ((b + 1) * chunk).min(bytes);
+            let pieces = bytes.div_ceil(PUT_PIECE);
             let mut r = Ok(());
             for _ in 0..iters {
-                r = r.and(t.put_nbi_block(dst.add(lo as usize), src.add(lo as usize), hi - lo, 1));
+                let mut p = ptx::block_idx_x() as u64;
+                while p < pieces {
+                    let lo = p * PUT_PIECE;
+                    let len = PUT_PIECE.min(bytes - lo);
+                    r = r.and(t.put_nbi_block(dst.add(lo as usize), src.add(lo as usize), len, 1));
+                    p += blocks;
+                }
             }
             ptx::sync_threads();
             if first {
                 r = r.and_then(|_| t.quiet()).and_then(|_| t.signal(sig, 1, SignalOp::Add, 1));
-                if b == 0 || r.is_err() {
+                if ptx::block_idx_x() == 0 || r.is_err() {
                     *status = match r {
                         Ok(()) => PINGPONG_OK,
                         Err(e) => status_of(e),

@@ -474,8 +474,10 @@ pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *con
         }
         ptx::sync_threads();
         if tid == 0 {
+            // The block's puts (its warps', ordered before this thread by the
+            // barrier) are published by the signals once fenced.
+            t.fence();
             for r in 0..n {
-                // Release: publishes the block's puts to `r` (after the barrier).
                 if t.signal(b.rows_sig.add(me as usize), 1, SignalOp::Add, r).is_err() {
                     set_status(b.status, STATUS_TRANSPORT, r, 2, 0, 0);
                 }

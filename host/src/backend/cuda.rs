@@ -72,7 +72,23 @@ pub(crate) struct Device {
     /// Several handles (e.g. thread ranks) share one CUDA context, so a
     /// context-wide synchronize would wait for other ranks' spinning kernels.
     streams: Mutex<Vec<Weak<CudaStream>>>,
+    /// Allocations dropped while this handle lives: `cuMemFree` waits for
+    /// the whole device, so a rank freeing a buffer while a peer rank's
+    /// kernel on the same GPU spins, waiting for this rank's next launch,
+    /// would deadlock. They are freed when the handle goes (every rank of a
+    /// world is past its collective drop then), or once they exceed
+    /// [`DEFERRED_FREE_LIMIT`] bytes.
+    deferred: Mutex<(Vec<u64>, usize)>,
 }
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        self.release_deferred();
+    }
+}
+
+/// Bytes of dropped allocations a handle keeps before freeing them anyway.
+pub(crate) const DEFERRED_FREE_LIMIT: usize = 4 << 30;
 
 impl Device {
     /// Opens GPU `ordinal` (its primary context).
@@ -91,6 +107,7 @@ impl Device {
         Ok(Device {
             ctx,
             streams: Mutex::new(Vec::new()),
+            deferred: Mutex::new((Vec::new(), 0)),
         })
     }
 
@@ -179,15 +196,36 @@ impl Device {
         Ok(p)
     }
 
-    /// Frees what [`Device::alloc_zeroed`] returned (cuMemFree waits for the
-    /// device, like `cudaFree`).
+    /// Frees what [`Device::alloc_zeroed`] returned, once this handle's
+    /// work is done (its streams are synchronized, as `cudaFree` would wait,
+    /// but not for other handles' kernels): the memory itself is released
+    /// later (see `deferred`).
     ///
     /// # Safety
     /// `addr` came from `alloc_zeroed` on this device and is freed once.
-    pub(crate) unsafe fn free(&self, addr: u64) {
-        if self.bind().is_ok() {
-            // SAFETY: allocated by cuMemAlloc in this context; freed once.
-            let _ = unsafe { result::free_sync(addr) };
+    pub(crate) unsafe fn free(&self, addr: u64, bytes: usize) {
+        let _ = self.synchronize();
+        let over = {
+            let mut d = self.deferred.lock().unwrap_or_else(|p| p.into_inner());
+            d.0.push(addr);
+            d.1 += bytes;
+            d.1 > DEFERRED_FREE_LIMIT
+        };
+        if over {
+            self.release_deferred();
+        }
+    }
+
+    /// `cuMemFree`s the deferred allocations (waits for the whole device).
+    fn release_deferred(&self) {
+        let addrs = std::mem::take(&mut *self.deferred.lock().unwrap_or_else(|p| p.into_inner()));
+        if addrs.0.is_empty() || self.bind().is_err() {
+            return;
+        }
+        for a in addrs.0 {
+            // SAFETY: allocated by cuMemAlloc in this context, dropped by its
+            // buffer, freed once (taken out of the list).
+            let _ = unsafe { result::free_sync(a) };
         }
     }
 

@@ -180,7 +180,7 @@ impl DeviceBackend {
     pub(crate) unsafe fn free(&self, addr: u64, bytes: usize) {
         match self {
             // SAFETY: the caller passes an allocation of this device, once.
-            DeviceBackend::Cuda(d) => unsafe { d.free(addr) },
+            DeviceBackend::Cuda(d) => unsafe { d.free(addr, bytes) },
             // SAFETY: as above.
             DeviceBackend::Emu(d) => unsafe { d.free(addr, bytes) },
         }

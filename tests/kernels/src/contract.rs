@@ -281,6 +281,9 @@ pub unsafe fn flagged_rounds<T: Transport>(
                 }
                 ptx::sync_threads();
                 if first {
+                    // The block's reads are done (barrier); fenced, the ack
+                    // lets the sender overwrite the slice.
+                    t.fence();
                     if let Err(e) = t.signal(my_ack, i as u64, SignalOp::Set, 0) {
                         fail(e);
                     }

@@ -242,7 +242,14 @@ fn run(args: &P2pBenchArgs) -> Result<(), BoxError> {
         if comm.rank() == 0 {
             floor_rtt_us = ns.to_host()?[0] as f64 / rtt_iters as f64 / 1e3;
         }
-        Ok((rtt_us, floor_rtt_us, rows, dev.name(), format!("{:?}", comm.describe_peers()[1])))
+        let scope = if comm.p2p().same_gpu != 0 { "gpu" } else { "sys" };
+        Ok((
+            rtt_us,
+            floor_rtt_us,
+            rows,
+            dev.name(),
+            format!("{:?}, signals at .{scope} scope", comm.describe_peers()[1]),
+        ))
     })?;
     let (rtt_us, floor_rtt_us, rows, name, route) = results.into_iter().next().expect("rank 0");
 
