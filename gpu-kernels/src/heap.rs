@@ -290,3 +290,46 @@ impl Reporter {
         }
     }
 }
+
+/// The argument checks every transport makes, once per call: a peer inside
+/// the world, a range inside the heap's user part, an aligned signal word.
+/// A failed check records its report and returns the error before anything
+/// is written.
+#[derive(Clone, Copy, Debug)]
+pub struct HeapBounds {
+    /// Who records a failure.
+    pub reporter: Reporter,
+    /// Ranks in the world.
+    pub world: u32,
+    /// Heap size in bytes, header included.
+    pub heap_bytes: u64,
+}
+
+impl HeapBounds {
+    /// `peer < world` and `[local, local + bytes)` inside the user part of
+    /// the heap; returns the offset of `local`.
+    #[inline(always)]
+    pub fn range(self, call: Call, local: u64, bytes: u64, peer: u32) -> Result<u64, crate::transport::CommError> {
+        use crate::transport::CommError;
+        let off = local.wrapping_sub(self.reporter.local_base);
+        if peer >= self.world {
+            return Err(self.reporter.fail(CommError::BadPeer { peer }, call, peer, off));
+        }
+        if off < HEAP_RESERVED || off > self.heap_bytes || bytes > self.heap_bytes - off {
+            return Err(self.reporter.fail(CommError::OutOfRange { offset: off, bytes }, call, peer, off));
+        }
+        Ok(off)
+    }
+
+    /// [`Self::range`] for an 8-byte signal word, which must be aligned.
+    #[inline(always)]
+    pub fn signal(self, call: Call, sig: u64, peer: u32) -> Result<u64, crate::transport::CommError> {
+        let off = self.range(call, sig, 8, peer)?;
+        if off & 7 != 0 {
+            return Err(self
+                .reporter
+                .fail(crate::transport::CommError::Misaligned { offset: off }, call, peer, off));
+        }
+        Ok(off)
+    }
+}

@@ -71,7 +71,7 @@
 //! (`Communicator::ibgda_reset`).
 
 use super::{Cmp, CommError, Coop, SignalOp, Transport};
-use crate::heap::{Call, Reporter, EPOCH_OFFSET, HEAP_RESERVED};
+use crate::heap::{Call, HeapBounds, Reporter, EPOCH_OFFSET};
 use crate::mlx5::cq::{classify_cqe, cqe_ready, op_own_of, CqError, CqeState};
 use crate::mlx5::queue::{ring_doorbell, update_doorbell_record, wqe_slot, QpHandle};
 use crate::mlx5::wqe::{write_atomic_fetch_add_wqe, write_rdma_read_wqe, write_rdma_write_wqe, Transfer, FLAG_SIGNALED};
@@ -281,26 +281,25 @@ impl Ibgda {
         self.reporter().fail_wait(t, call, peer, at, cmp, expected)
     }
 
-    /// `peer` in the world and `[local, local + bytes)` in the heap's user part.
+    /// The per-call argument checks (see [`HeapBounds`]).
     #[inline(always)]
     fn check_range(&self, call: Call, local: u64, bytes: u64, peer: u32) -> Result<u64, CommError> {
-        let off = local.wrapping_sub(self.local_base);
-        if peer >= self.world {
-            return Err(self.fail(CommError::BadPeer { peer }, call, peer, off));
-        }
-        if off < HEAP_RESERVED || off > self.heap_bytes || bytes > self.heap_bytes - off {
-            return Err(self.fail(CommError::OutOfRange { offset: off, bytes }, call, peer, off));
-        }
-        Ok(off)
+        self.bounds().range(call, local, bytes, peer)
+    }
+
+    /// [`Self::check_range`] for a signal word, plus its alignment.
+    #[inline(always)]
+    fn check_signal(&self, call: Call, sig: u64, peer: u32) -> Result<u64, CommError> {
+        self.bounds().signal(call, sig, peer)
     }
 
     #[inline(always)]
-    fn check_signal(&self, call: Call, sig: u64, peer: u32) -> Result<u64, CommError> {
-        let off = self.check_range(call, sig, 8, peer)?;
-        if off & 7 != 0 {
-            return Err(self.fail(CommError::Misaligned { offset: off }, call, peer, off));
+    fn bounds(&self) -> HeapBounds {
+        HeapBounds {
+            reporter: self.reporter(),
+            world: self.world,
+            heap_bytes: self.heap_bytes,
         }
-        Ok(off)
     }
 
     /// The local key covering `[addr, addr + bytes)`: the heap, or a

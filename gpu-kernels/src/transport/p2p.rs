@@ -2,7 +2,7 @@
 //! (same GPU, NVLink or PCIe peers; host memory on the emulator).
 
 use super::{Cmp, CommError, Coop, SignalOp, Transport};
-use crate::heap::{Call, Reporter, BLOCK_RESULT_OFFSET, EPOCH_OFFSET, HEAP_RESERVED};
+use crate::heap::{Call, HeapBounds, Reporter, BLOCK_RESULT_OFFSET, EPOCH_OFFSET};
 use crate::ptx;
 use crate::sync::{Spin, Timeout};
 
@@ -96,28 +96,25 @@ impl P2p {
         self.reporter().fail_wait(t, call, peer, at as u64, cmp, expected)
     }
 
-    /// Checks `peer` and that `[local, local + bytes)` lies in the user part
-    /// of the heap; returns the offset.
+    /// The per-call argument checks (see [`HeapBounds`]).
     #[inline(always)]
     fn check_range(&self, call: Call, local: u64, bytes: u64, peer: u32) -> Result<u64, CommError> {
-        let off = local.wrapping_sub(self.local_base);
-        if peer >= self.world {
-            return Err(self.fail(CommError::BadPeer { peer }, call, peer, off));
-        }
-        if off < HEAP_RESERVED || off > self.heap_bytes || bytes > self.heap_bytes - off {
-            return Err(self.fail(CommError::OutOfRange { offset: off, bytes }, call, peer, off));
-        }
-        Ok(off)
+        self.bounds().range(call, local, bytes, peer)
     }
 
     /// [`Self::check_range`] for a signal word, plus its alignment.
     #[inline(always)]
     fn check_signal(&self, call: Call, sig: u64, peer: u32) -> Result<u64, CommError> {
-        let off = self.check_range(call, sig, 8, peer)?;
-        if off & 7 != 0 {
-            return Err(self.fail(CommError::Misaligned { offset: off }, call, peer, off));
+        self.bounds().signal(call, sig, peer)
+    }
+
+    #[inline(always)]
+    fn bounds(&self) -> HeapBounds {
+        HeapBounds {
+            reporter: self.reporter(),
+            world: self.world,
+            heap_bytes: self.heap_bytes,
         }
-        Ok(off)
     }
 
     #[inline(always)]

@@ -384,6 +384,7 @@ impl Device {
                 ),
             });
         }
+        self.require_peer_atomics(peer_ordinal, rank, peer)?;
         let peer_ctx = shared_context(peer_ordinal)?;
         self.bind()?;
         // SAFETY: both contexts are live primary contexts.
@@ -395,6 +396,49 @@ impl Device {
                 peer,
                 reason: format!("cuCtxEnablePeerAccess failed: {e:?}"),
             }),
+        }
+    }
+}
+
+impl Device {
+    /// Signals with `SignalOp::Add` into a peer GPU's memory are `atom.add`
+    /// at system scope: they need native atomics between the pair (NVLink
+    /// has them; PCIe may not). A pair without them is refused, naming it;
+    /// a driver that cannot answer the query is logged and trusted.
+    pub(crate) fn require_peer_atomics(&self, peer_ordinal: usize, rank: usize, peer: usize) -> Result<()> {
+        let mut native = 0i32;
+        // SAFETY: plain queries.
+        let r = unsafe {
+            let mut peer_dev: sys::CUdevice = 0;
+            sys::cuDeviceGet(&mut peer_dev, peer_ordinal as i32).result().and_then(|()| {
+                sys::cuDeviceGetP2PAttribute(
+                    &mut native,
+                    sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED,
+                    self.ctx.cu_device(),
+                    peer_dev,
+                )
+                .result()
+            })
+        };
+        match r {
+            Ok(()) if native == 0 => Err(Error::PeerUnreachable {
+                rank,
+                peer,
+                reason: format!(
+                    "GPU {} and GPU {peer_ordinal} have no native peer atomics (a PCIe pair without them): \
+                     signals that add into the peer's memory would not be atomic; put the ranks on GPUs \
+                     joined by NVLink, or one rank per process on the same GPU",
+                    self.ctx.ordinal()
+                ),
+            }),
+            Ok(()) => Ok(()),
+            Err(e) => {
+                tracing::warn!(
+                    "cannot ask whether GPU {} and GPU {peer_ordinal} have native peer atomics ({e:?}); assuming they do",
+                    self.ctx.ordinal()
+                );
+                Ok(())
+            }
         }
     }
 }
