@@ -25,7 +25,7 @@
 //! `doorbell::build` exactly as a user's crate is.
 //!
 //! ## Writing a kernel
-//! ```ignore
+//! ```
 //! use doorbell_kernels::{kernel, ptx};
 //!
 //! #[kernel]

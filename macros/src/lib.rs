@@ -18,12 +18,29 @@ mod kernel;
 
 /// Declares a kernel.
 ///
-/// ```ignore
+/// ```
 /// #[doorbell_kernels::kernel]
-/// pub unsafe fn scale(x: *mut f32, a: f32, n: u32) { /* ... */ }
+/// pub unsafe fn scale(x: *mut f32, a: f32, n: u32) {
+///     let i = doorbell_kernels::ptx::global_thread_id_x();
+///     if i < n {
+///         unsafe { *x.add(i as usize) *= a };
+///     }
+/// }
 ///
 /// #[doorbell_kernels::kernel(hot)] // ptxas must report no local-memory spills
-/// pub unsafe fn inner_loop(/* ... */) {}
+/// pub unsafe fn inner_loop(x: *mut u32) {
+///     unsafe { *x += 1 };
+/// }
+///
+/// // A body generic over its transport: one entry per transport listed.
+/// use doorbell_kernels::transport::{P2p, Transport};
+/// #[doorbell_kernels::kernel(transports(P2p))]
+/// pub unsafe fn rank_of<T: Transport>(t: T, out: *mut u32) {
+///     unsafe { *out = t.rank() };
+/// }
+/// # let _ = <rank_of as doorbell_kernels::ForTransport<P2p>>::Kernel::default_name();
+/// # trait N { fn default_name() -> &'static str; }
+/// # impl<K: doorbell_kernels::Kernel> N for K { fn default_name() -> &'static str { K::NAME } }
 /// ```
 ///
 /// On `nvptx64` this emits `#[no_mangle] pub unsafe extern "ptx-kernel" fn`.
@@ -32,9 +49,12 @@ mod kernel;
 /// `doorbell_kernels::Kernel`, whose `Args` is the tuple of parameter types.
 ///
 /// Rules (checked, with errors on the offending token): the function is
-/// `unsafe` (kernels dereference raw device pointers), has no generics, no
-/// `self`, no return type, plain identifier parameters, is not `async`/`const`
-/// and has no explicit ABI. Options: `hot`.
+/// `unsafe` (kernels dereference raw device pointers), has no generics
+/// (except the one transport parameter with `transports(...)`), no `self`,
+/// no return type, plain identifier parameters, is not `async`/`const` and
+/// has no explicit ABI. Options: `hot`; `transports(A, B)` on a body generic
+/// over `T: Transport` emits entries `name_a`, `name_b` and maps each
+/// transport to its entry through `doorbell_kernels::ForTransport`.
 #[proc_macro_attribute]
 pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     kernel::expand(attr.into(), item.into()).into()
@@ -43,7 +63,7 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// Declares a NIC descriptor layout (a WQE segment, a CQE, ...) and
 /// generates its encoders, decoders and device builder.
 ///
-/// ```ignore
+/// ```
 /// #[doorbell_kernels::descriptor(size = 16, endian = big)]
 /// pub struct CtrlSeg {
 ///     /// WQE opcode.

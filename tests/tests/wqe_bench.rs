@@ -51,7 +51,10 @@ fn run(dev: &Device, warps: u32, k: u32, ring_wqes: u32) -> f64 {
             assert_eq!(got, want, "warp {w} lane {lane} on {dev:?}");
         }
     }
-    let max_ns = ns.to_host().unwrap().into_iter().max().unwrap().max(1);
+    let max_ns = ns.to_host().unwrap().into_iter().max().unwrap();
+    // Every warp timed its k WQEs with %globaltimer: a zero would mean the
+    // timing code never ran (or the clock does not move).
+    assert!(max_ns > 0, "no warp recorded a build time on {dev:?}");
     (warps as f64 * k as f64) / (max_ns as f64 * 1e-9)
 }
 
@@ -68,6 +71,5 @@ fn wqes_built_per_second_by_one_warp_and_one_block() {
             block / 1e6,
             block / one_warp
         );
-        assert!(one_warp > 0.0 && block > 0.0);
     }
 }

@@ -5,9 +5,18 @@
 //! transport, and let `#[kernel(transports(...))]` export one PTX entry per
 //! transport — no hand-written wrappers:
 //!
-//! ```ignore
+//! ```
+//! use doorbell_kernels::kernel;
+//! use doorbell_kernels::transport::{Ibgda, P2p, SignalOp, Transport};
+//!
 //! #[kernel(transports(P2p, Ibgda))]      // entries `ring_p2p`, `ring_ibgda`
-//! pub unsafe fn ring<T: Transport>(t: T, buf: *mut u8, n: u64) { /* ... */ }
+//! pub unsafe fn ring<T: Transport>(t: T, buf: *mut u8, sig: *mut u64, n: u64) {
+//!     let next = (t.rank() + 1) % t.world_size();
+//!     // SAFETY: `buf` (n bytes) and `sig` are symmetric (the launcher's contract).
+//!     let _ = unsafe { t.put_signal_block(buf, buf, n, sig, 1, SignalOp::Add, next) };
+//! }
+//! // host: module.function::<<ring as ForTransport<P2p>>::Kernel>()
+//! # fn _f(_: <ring as doorbell_kernels::ForTransport<P2p>>::Kernel) {}
 //! ```
 //!
 //! ## Words
