@@ -7,7 +7,7 @@
 //! ```text
 //! cargo run --release --example allreduce -- --help
 //! cargo run --release --example allreduce -- [--ranks N] [--elems N] [--dtype f32|bf16] [--chunk BYTES]
-//!     [--compute none|hash|gemv] [--algo auto|one-shot|two-shot|pipelined] [--transport p2p|ibgda]
+//!     [--compute none|hash|gemv] [--algo auto|one-shot|two-shot|pipelined] [--transport p2p|ibgda|routed]
 //!     [--device gpu|cpu|auto] [--iters N] [--in-place] [--dump PATH] [--spread]
 //! cargo run --release --example allreduce -- --bench [--max-bytes BYTES] [--out DIR] ...
 //! ```
@@ -34,16 +34,18 @@
 use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
-use doorbell::coll::{Algo, AllReduce, AllReduceOptions, Bf16, DType, Elem, Plan};
+use doorbell::coll::{Algo, AllReduce, AllReduceOptions, Bf16, DType, Elem, Plan, TransportKind};
 use doorbell::comm::{CommOptions, Communicator};
 use doorbell::{DeviceBuffer, ForTransport, LaunchConfig};
 use doorbell_example_kernels::allreduce::{fused_grad_allreduce, grad, produce_grad, COMPUTE_GEMV, COMPUTE_HASH};
 use doorbell_examples::cli::{ranged, DeviceArgs};
 use doorbell_examples::plot::{write_chart, Chart, Series};
 use doorbell_examples::{die, main_with, BoxError, USER_KERNELS_PTX};
-use doorbell_kernels::transport::P2p;
+use doorbell_kernels::transport::{Ibgda, P2p, Routed};
 
 type FusedKernel = <fused_grad_allreduce as ForTransport<P2p>>::Kernel;
+type FusedIbgda = <fused_grad_allreduce as ForTransport<Ibgda>>::Kernel;
+type FusedRouted = <fused_grad_allreduce as ForTransport<Routed>>::Kernel;
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 enum DtypeArg {
@@ -66,8 +68,20 @@ enum Compute {
 enum TransportArg {
     /// Loads and stores into peers' memory.
     P2p,
-    /// GPU-initiated RDMA (not available yet).
+    /// GPU-built RDMA WQEs through the soft NIC (the CPU emulator only for now).
     Ibgda,
+    /// Load/store or the soft NIC per pair of ranks (DOORBELL_RDMA_PEERS; the CPU emulator only for now).
+    Routed,
+}
+
+impl TransportArg {
+    fn kind(self) -> TransportKind {
+        match self {
+            TransportArg::P2p => TransportKind::P2p,
+            TransportArg::Ibgda => TransportKind::Ibgda,
+            TransportArg::Routed => TransportKind::Routed,
+        }
+    }
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,7 +117,7 @@ struct Args {
     /// All-reduce algorithm for --compute none (the fused kernel is always pipelined)
     #[arg(long, value_enum, default_value_t = AlgoArg::Auto)]
     algo: AlgoArg,
-    /// Device transport (ibgda needs a ConnectX NIC and is not available yet)
+    /// Device transport (ibgda, routed: through the soft NIC, on the CPU emulator only for now; pipelined algorithm where a pair has no peer pointers)
     #[arg(long, value_enum, default_value_t = TransportArg::P2p)]
     transport: TransportArg,
     /// Checked all-reduces (steps)
@@ -177,8 +191,8 @@ fn topology(gpu: bool, ranks: usize, spread: bool) -> Result<(bool, usize, usize
 }
 
 fn run(args: &Args) -> Result<(), BoxError> {
-    if args.transport == TransportArg::Ibgda {
-        die("--transport ibgda: the IBGDA transport is not available yet (no machine we reach has a ConnectX NIC); use --transport p2p");
+    if args.transport != TransportArg::P2p && args.bench {
+        die("--bench measures the P2P transport; --transport ibgda|routed belongs to the checked run");
     }
     if args.compute != Compute::None && args.in_place {
         die("--in-place applies to --compute none: a fused producer writes its gradient into the pipeline, and the sum into the output");
@@ -203,10 +217,17 @@ fn run(args: &Args) -> Result<(), BoxError> {
     let ar_opts = AllReduceOptions {
         algo: args.algo(),
         chunk_bytes: args.chunk,
+        transport: args.transport.kind(),
         ..Default::default()
     };
-    // Bad combinations (--algo one-shot with one rank, ...) are bad input.
-    let plan = Plan::new(ranks, elems, args.dtype(), &ar_opts, topo.0, topo.1, topo.2, true).unwrap_or_else(|e| die(e));
+    // Bad combinations (--algo one-shot with one rank or over IBGDA, ...)
+    // are bad input.
+    let pointers = match args.transport {
+        TransportArg::P2p => true,
+        TransportArg::Ibgda => false,
+        TransportArg::Routed => doorbell::comm::RdmaPeers::from_env()? == doorbell::comm::RdmaPeers::Needed,
+    };
+    let plan = Plan::new(ranks, elems, args.dtype(), &ar_opts, topo.0, topo.1, topo.2, pointers || ranks == 1).unwrap_or_else(|e| die(e));
     opts.heap_bytes = plan.heap_bytes() + (1 << 20);
     let start = std::time::Instant::now();
     let results = Communicator::local(ranks, backend, opts, |comm| match args.dtype() {
@@ -217,8 +238,9 @@ fn run(args: &Args) -> Result<(), BoxError> {
     let (algo, device) = (&results[0].algo, &results[0].device);
     let bad: u64 = results.iter().map(|r| r.mismatches).sum();
     println!(
-        "allreduce: {ranks} rank(s) on {device}, {elems} {} elements per rank, {algo}, chunk {} B, compute {:?}{}",
+        "allreduce: {ranks} rank(s) on {device}, {elems} {} elements per rank, {algo} over {}, chunk {} B, compute {:?}{}",
         args.dtype().name(),
+        args.transport.kind().name(),
         plan.args.chunk_elems * args.dtype().size(),
         args.compute,
         if args.in_place { ", in place" } else { "" }
@@ -299,7 +321,6 @@ fn check_rank<T: Elem>(comm: &Communicator, args: &Args, elems: usize, opts: &Al
     let ranks = comm.size();
     let compute = args.compute_code();
     let module = dev.load_module(USER_KERNELS_PTX)?;
-    let fused = module.function::<FusedKernel>()?;
     let mut out = dev.alloc_zeroed::<T>(elems)?;
     let mut result = RankResult {
         rank: me,
@@ -322,8 +343,15 @@ fn check_rank<T: Elem>(comm: &Communicator, args: &Args, elems: usize, opts: &Al
                 comm.synchronize(&stream)?;
             }
         } else if let Some((a, cfg)) = ar.fused_args(&stream, &mut out)? {
-            // SAFETY: arguments from fused_args for this world and buffer.
-            unsafe { stream.launch(&fused, cfg, (comm.p2p(), a, compute, step))? };
+            // SAFETY: arguments from fused_args for this world and buffer,
+            // launched with the transport the all-reduce was made for.
+            unsafe {
+                match ar.transport() {
+                    TransportKind::P2p => stream.launch(&module.function::<FusedKernel>()?, cfg, (comm.p2p(), a, compute, step))?,
+                    TransportKind::Ibgda => stream.launch(&module.function::<FusedIbgda>()?, cfg, (comm.ibgda()?, a, compute, step))?,
+                    TransportKind::Routed => stream.launch(&module.function::<FusedRouted>()?, cfg, (comm.routed()?, a, compute, step))?,
+                }
+            };
             comm.synchronize(&stream)?;
         }
         let got = out.to_host()?;

@@ -8,7 +8,7 @@
 //! cargo run --release --example embedding_exchange -- --help
 //! cargo run --release --example embedding_exchange -- [--ranks N] [--tables T] [--rows R] [--dim D]
 //!     [--batch B] [--pooling P] [--zipf S] [--seed X] [--train-steps K] [--lr L] [--device gpu|cpu|auto]
-//!     [--ids PATH] [--dump PATH] [--dump-tables PATH] [--bench [--out DIR]]
+//!     [--ids PATH] [--dump PATH] [--dump-tables PATH] [--transport p2p|ibgda|routed] [--bench [--out DIR]]
 //! ```
 //! Definitions (so any reference agrees): table `t`, global row `j`,
 //! element `k` starts as `((t*7 + j*13 + k*3) mod 23) - 11`; row `j` lives
@@ -41,8 +41,20 @@ use doorbell_examples::{main_with, BoxError};
 enum TransportArg {
     /// Stores into peers' memory (same GPU, NVLink/PCIe peers; the emulator).
     P2p,
-    /// GPU-initiated RDMA (mlx5): not available yet.
+    /// GPU-built RDMA WQEs through the soft NIC (the CPU emulator only for now; push forward and backward).
     Ibgda,
+    /// Load/store or the soft NIC per pair of ranks (DOORBELL_RDMA_PEERS; the CPU emulator only for now).
+    Routed,
+}
+
+impl TransportArg {
+    fn kind(self) -> emb::TransportKind {
+        match self {
+            TransportArg::P2p => emb::TransportKind::P2p,
+            TransportArg::Ibgda => emb::TransportKind::Ibgda,
+            TransportArg::Routed => emb::TransportKind::Routed,
+        }
+    }
 }
 
 /// Sharded embedding lookup fused with its all-to-all, forward and backward,
@@ -76,7 +88,7 @@ struct Args {
     /// Seed of the ids
     #[arg(long, value_name = "X", default_value = "1", value_parser = ranged(0, u64::MAX))]
     seed: u64,
-    /// The device transport
+    /// The device transport (ibgda, routed: the soft NIC, CPU emulator only for now; not with --bench)
     #[arg(long, value_enum, default_value_t = TransportArg::P2p)]
     transport: TransportArg,
     /// Training steps (forward, backward, SGD), same ids every step
@@ -107,8 +119,11 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
-    if args.transport == TransportArg::Ibgda {
-        eprintln!("error: --transport ibgda is not available yet (no IBGDA transport behind the device API); use --transport p2p");
+    if args.transport != TransportArg::P2p && args.bench {
+        eprintln!(
+            "error: --bench runs the pull forward, which loads rows through peer pointers (IBGDA has none), and the P2P baselines; \
+             use --transport ibgda|routed for the checked run (push forward and backward)"
+        );
         std::process::exit(2);
     }
     if !(args.zipf >= 0.0 && args.zipf.is_finite()) || !args.lr.is_finite() {
@@ -224,7 +239,7 @@ fn run(args: &Args) -> Result<(), BoxError> {
     let results = Communicator::local(p.ranks as usize, backend, opts, |comm| {
         let r = comm.rank() as u32;
         let dev = comm.device();
-        let mut x = Exchange::new(comm, &p, cap, emb::launch_config(comm, rpg))?;
+        let mut x = Exchange::with_transport(comm, &p, cap, emb::launch_config(comm, rpg), args.transport.kind())?;
         x.load_shard(&emb::shard_of(&p, &init, r))?;
         let ids_d = dev.alloc_from(&ids[r as usize])?;
         let grad = dev.alloc_from(&emb::upstream_grad(&p, r))?;
@@ -241,7 +256,12 @@ fn run(args: &Args) -> Result<(), BoxError> {
         }
         Ok((dev.name(), dev.is_gpu(), outs, x.shard()?))
     })?;
-    println!("device: {} ({})", results[0].0, if results[0].1 { "GPU" } else { "CPU emulator" });
+    println!(
+        "device: {} ({}), transport {}",
+        results[0].0,
+        if results[0].1 { "GPU" } else { "CPU emulator" },
+        args.transport.kind().name()
+    );
 
     // The reference, step by step.
     let mut tables = init;

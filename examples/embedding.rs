@@ -11,11 +11,42 @@ use doorbell_example_kernels::embedding::{
     self as k, emb_backward, emb_bl_accumulate, emb_bl_apply, emb_bl_count, emb_bl_gather, emb_bl_grad_scatter, emb_bl_pool,
     emb_bl_scatter, emb_copy_words, emb_forward, emb_forward_pull, emb_zero_words, EmbBufs, EmbShape, PAD,
 };
-use doorbell_kernels::transport::P2p;
+use doorbell_kernels::transport::{Ibgda, P2p, Routed};
 
-type Fwd = <emb_forward as ForTransport<P2p>>::Kernel;
-type Bwd = <emb_backward as ForTransport<P2p>>::Kernel;
-type Pull = <emb_forward_pull as ForTransport<P2p>>::Kernel;
+pub use doorbell::coll::TransportKind;
+
+type Fwd<T> = Function<<emb_forward as ForTransport<T>>::Kernel>;
+type Bwd<T> = Function<<emb_backward as ForTransport<T>>::Kernel>;
+type Pull<T> = Function<<emb_forward_pull as ForTransport<T>>::Kernel>;
+
+/// The transport handle and its entries (forward, backward, pull where
+/// peer pointers may exist).
+enum Kernels {
+    P2p(P2p, Fwd<P2p>, Bwd<P2p>, Pull<P2p>),
+    Ibgda(Ibgda, Fwd<Ibgda>, Bwd<Ibgda>),
+    Routed(Box<Routed>, Fwd<Routed>, Bwd<Routed>, Pull<Routed>),
+}
+
+/// Runs `$body` with `$t` (the handle), `$fwd` and `$bwd` (the entries) of
+/// whichever transport `$k` holds.
+macro_rules! with_transport {
+    ($k:expr, |$t:ident, $fwd:ident, $bwd:ident| $body:expr) => {
+        match $k {
+            Kernels::P2p(t, f, b, _) => {
+                let ($t, $fwd, $bwd) = (*t, f, b);
+                $body
+            }
+            Kernels::Ibgda(t, f, b) => {
+                let ($t, $fwd, $bwd) = (*t, f, b);
+                $body
+            }
+            Kernels::Routed(t, f, b, _) => {
+                let ($t, $fwd, $bwd) = (**t, f, b);
+                $body
+            }
+        }
+    };
+}
 
 /// The problem: the same on every rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -363,9 +394,7 @@ pub struct Exchange<'c> {
     _gacc: DeviceBuffer<f32>,
     status: DeviceBuffer<u32>,
     bufs: EmbBufs,
-    fwd: Function<Fwd>,
-    bwd: Function<Bwd>,
-    pull: Function<Pull>,
+    kernels: Kernels,
     /// Launch shape (the same on every rank).
     pub cfg: LaunchConfig,
     epoch: u64,
@@ -374,8 +403,24 @@ pub struct Exchange<'c> {
 
 impl<'c> Exchange<'c> {
     /// Collective: allocates the buffers for `p` with request lists of `cap`
-    /// keys per (requester, owner) and loads the kernels.
+    /// keys per (requester, owner) and loads the kernels (P2P transport).
     pub fn new(comm: &'c Communicator, p: &Problem, cap: u32, cfg: LaunchConfig) -> Result<Exchange<'c>> {
+        Self::with_transport(comm, p, cap, cfg, TransportKind::P2p)
+    }
+
+    /// [`Self::new`] over `transport`. IBGDA and routed (`DOORBELL_RDMA_PEERS`)
+    /// are set up on first use (collective), on the CPU emulator only for
+    /// now. Every put of the push kernels reads from a symmetric buffer
+    /// (request lists, table shard, gradient staging), so nothing needs
+    /// `Communicator::ibgda_register`. The pull forward needs peer pointers:
+    /// not over IBGDA.
+    pub fn with_transport(
+        comm: &'c Communicator,
+        p: &Problem,
+        cap: u32,
+        cfg: LaunchConfig,
+        transport: TransportKind,
+    ) -> Result<Exchange<'c>> {
         p.check().map_err(err)?;
         if p.ranks as usize != comm.size() {
             return Err(err(format!("the problem has {} ranks, the communicator {}", p.ranks, comm.size())));
@@ -410,6 +455,11 @@ impl<'c> Exchange<'c> {
         let mut gacc = dev.alloc_zeroed::<f32>(p.shard_len())?;
         let mut grid = dev.alloc_zeroed::<u32>(2)?;
         let mut status = dev.alloc_zeroed::<u32>(k::STATUS_WORDS)?;
+        let kernels = match transport {
+            TransportKind::P2p => Kernels::P2p(comm.p2p(), m.function()?, m.function()?, m.function()?),
+            TransportKind::Ibgda => Kernels::Ibgda(comm.ibgda()?, m.function()?, m.function()?),
+            TransportKind::Routed => Kernels::Routed(Box::new(comm.routed()?), m.function()?, m.function()?, m.function()?),
+        };
         let bufs = EmbBufs {
             tables: tables.as_mut_ptr(),
             req_in: req_in.as_mut_ptr(),
@@ -439,9 +489,7 @@ impl<'c> Exchange<'c> {
             _gacc: gacc,
             status,
             bufs,
-            fwd: m.function::<Fwd>()?,
-            bwd: m.function::<Bwd>()?,
-            pull: m.function::<Pull>()?,
+            kernels,
             cfg,
             epoch: 0,
             budget_ns: 30_000_000_000,
@@ -470,22 +518,15 @@ impl<'c> Exchange<'c> {
         if self.epoch > 1 && k::hash_tag(self.epoch) == 1 {
             self.keys.zero()?;
         }
-        // SAFETY: buffers sized for `shape` (new); every rank launches the same grid.
-        unsafe {
+        // SAFETY: buffers sized for `shape` (new); every rank launches the
+        // same grid; each entry gets its own transport's handle.
+        with_transport!(&self.kernels, |t, fwd, _bwd| unsafe {
             s.launch(
-                &self.fwd,
+                fwd,
                 self.cfg,
-                (
-                    self.comm.p2p(),
-                    self.shape,
-                    self.bufs,
-                    ids.as_ptr(),
-                    out.as_mut_ptr(),
-                    self.epoch,
-                    self.budget_ns,
-                ),
+                (t, self.shape, self.bufs, ids.as_ptr(), out.as_mut_ptr(), self.epoch, self.budget_ns),
             )
-        }
+        })
     }
 
     /// Enqueues the fused backward of the last forward (`grad`
@@ -495,12 +536,12 @@ impl<'c> Exchange<'c> {
             return Err(err("backward before any forward"));
         }
         // SAFETY: as for forward.
-        unsafe {
+        with_transport!(&self.kernels, |t, _fwd, bwd| unsafe {
             s.launch(
-                &self.bwd,
+                bwd,
                 self.cfg,
                 (
-                    self.comm.p2p(),
+                    t,
                     self.shape,
                     self.bufs,
                     ids.as_ptr(),
@@ -510,25 +551,23 @@ impl<'c> Exchange<'c> {
                     self.budget_ns,
                 ),
             )
-        }
+        })
     }
 
-    /// Enqueues the pull forward (direct loads through `peer_ptr`).
+    /// Enqueues the pull forward (direct loads through `peer_ptr`). Not
+    /// over IBGDA, which has no peer pointers (an error); over the routed
+    /// transport a pair through the NIC reports `STATUS_NO_PEER_PTR`.
     pub fn forward_pull(&self, s: &Stream, ids: &DeviceBuffer<u32>, out: &mut DeviceBuffer<f32>) -> Result<()> {
+        let out = out.as_mut_ptr();
         // SAFETY: as for forward.
         unsafe {
-            s.launch(
-                &self.pull,
-                self.cfg,
-                (
-                    self.comm.p2p(),
-                    self.shape,
-                    self.bufs,
-                    ids.as_ptr(),
-                    out.as_mut_ptr(),
-                    self.budget_ns,
-                ),
-            )
+            match &self.kernels {
+                Kernels::P2p(t, _, _, pull) => s.launch(pull, self.cfg, (*t, self.shape, self.bufs, ids.as_ptr(), out, self.budget_ns)),
+                Kernels::Routed(t, _, _, pull) => s.launch(pull, self.cfg, (**t, self.shape, self.bufs, ids.as_ptr(), out, self.budget_ns)),
+                Kernels::Ibgda(..) => Err(err(
+                    "the pull forward loads rows through peer pointers, and the IBGDA transport has none; use the push forward (Exchange::forward) or the P2P transport",
+                )),
+            }
         }
     }
 

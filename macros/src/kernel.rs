@@ -6,6 +6,8 @@ use syn::{parse::Parser, punctuated::Punctuated, visit_mut::VisitMut, FnArg, Ide
 struct KernelModel {
     item: ItemFn,
     hot: bool,
+    /// `hot(A, B)`: hot for these transports' entries only.
+    hot_only: Vec<Path>,
     params: Vec<(Ident, Type)>,
     /// `transports(A, B)`: instantiate the generic body once per type.
     transports: Vec<Path>,
@@ -30,6 +32,7 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
 
 fn parse(attr: TokenStream, item: ItemFn) -> syn::Result<KernelModel> {
     let mut hot = false;
+    let mut hot_only = Vec::new();
     let mut transports = Vec::new();
     let mut errors: Option<syn::Error> = None;
     let mut push = |e: syn::Error| match &mut errors {
@@ -40,6 +43,14 @@ fn parse(attr: TokenStream, item: ItemFn) -> syn::Result<KernelModel> {
     for opt in opts {
         match &opt {
             Meta::Path(p) if p.is_ident("hot") => hot = true,
+            Meta::List(l) if l.path.is_ident("hot") => match Punctuated::<Path, Token![,]>::parse_terminated.parse2(l.tokens.clone()) {
+                Ok(list) if !list.is_empty() => hot_only.extend(list),
+                Ok(_) => push(syn::Error::new_spanned(
+                    l,
+                    "`hot(...)` needs at least one transport type (or plain `hot`)",
+                )),
+                Err(e) => push(e),
+            },
             Meta::List(l) if l.path.is_ident("transports") => {
                 match Punctuated::<Path, Token![,]>::parse_terminated.parse2(l.tokens.clone()) {
                     Ok(list) if !list.is_empty() => transports.extend(list),
@@ -49,7 +60,7 @@ fn parse(attr: TokenStream, item: ItemFn) -> syn::Result<KernelModel> {
             }
             other => push(syn::Error::new_spanned(
                 other,
-                "unknown kernel option; expected `hot` or `transports(Type, ...)`",
+                "unknown kernel option; expected `hot`, `hot(Type, ...)` or `transports(Type, ...)`",
             )),
         }
     }
@@ -68,6 +79,7 @@ fn parse(attr: TokenStream, item: ItemFn) -> syn::Result<KernelModel> {
         None => Ok(KernelModel {
             item,
             hot,
+            hot_only,
             params,
             transports,
         }),
@@ -82,6 +94,15 @@ fn validate(m: &KernelModel) -> syn::Result<()> {
             sig.fn_token,
             "a kernel must be an `unsafe fn`: it runs on raw device pointers the launcher cannot check",
         ));
+    }
+    let key = |p: &Path| quote!(#p).to_string();
+    for p in &m.hot_only {
+        if !m.transports.iter().any(|t| key(t) == key(p)) {
+            errors.push(syn::Error::new_spanned(
+                p,
+                "`hot(...)` names a transport that is not in `transports(...)`",
+            ));
+        }
     }
     if m.transports.is_empty() {
         if !sig.generics.params.is_empty() || sig.generics.where_clause.is_some() {
@@ -220,9 +241,11 @@ fn generate_instances(m: &KernelModel) -> TokenStream {
                 (n.clone(), t)
             })
             .collect();
+        let key = |p: &Path| quote!(#p).to_string();
         let inst_model = KernelModel {
             item: inst,
-            hot: m.hot,
+            hot: m.hot || m.hot_only.iter().any(|p| key(p) == key(tr)),
+            hot_only: Vec::new(),
             params,
             transports: Vec::new(),
         };

@@ -54,7 +54,9 @@ mod kernel;
 /// no return type, plain identifier parameters, is not `async`/`const` and
 /// has no explicit ABI. Options: `hot`; `transports(A, B)` on a body generic
 /// over `T: Transport` emits entries `name_a`, `name_b` and maps each
-/// transport to its entry through `doorbell_kernels::ForTransport`.
+/// transport to its entry through `doorbell_kernels::ForTransport`;
+/// `hot(A)` with `transports(...)` makes only the listed transports'
+/// entries hot.
 #[proc_macro_attribute]
 pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     kernel::expand(attr.into(), item.into()).into()

@@ -10,12 +10,12 @@
 use std::time::Duration;
 
 use doorbell::coll::reference::{allreduce_sum, first_mismatch};
-use doorbell::coll::{Algo, AllReduce, AllReduceOptions, Bf16, DType, Elem};
-use doorbell::comm::{CommOptions, Communicator};
+use doorbell::coll::{Algo, AllReduce, AllReduceOptions, Bf16, DType, Elem, TransportKind};
+use doorbell::comm::{CommOptions, Communicator, RdmaPeers};
 use doorbell::{Backend, Error, ForTransport, LaunchConfig};
 use doorbell_example_kernels::allreduce::{fused_grad_allreduce, grad, COMPUTE_GEMV, COMPUTE_HASH};
 use doorbell_kernels::pipeline::RingSet;
-use doorbell_kernels::transport::P2p;
+use doorbell_kernels::transport::{Ibgda, P2p, Routed};
 use doorbell_test_kernels::pipeline::ring_credits;
 
 fn backends() -> Vec<Backend> {
@@ -48,12 +48,21 @@ struct Case {
 
 /// Runs `case` on this rank with element type `T`; checks every element.
 fn run_case<T: Elem>(comm: &Communicator, case: Case) -> doorbell::Result<()> {
+    run_case_with::<T>(comm, case, AllReduceOptions::default())
+}
+
+/// [`run_case`] with `base` for the options the case does not set (the
+/// transport, its routes).
+fn run_case_with<T: Elem>(comm: &Communicator, case: Case, base: AllReduceOptions) -> doorbell::Result<()> {
     let opts = AllReduceOptions {
         algo: case.algo,
         chunk_bytes: case.chunk_bytes,
-        ..Default::default()
+        ..base
     };
     let ar = AllReduce::with_options(comm, case.elems, T::DTYPE, &opts)?;
+    if opts.transport != TransportKind::P2p && comm.size() > 1 && opts.rdma_peers != Some(RdmaPeers::Needed) {
+        assert_eq!(ar.algo(), Algo::Pipelined, "a route without peer pointers runs pipelined");
+    }
     let dev = comm.device();
     let stream = dev.new_stream()?;
     let ranks = comm.size();
@@ -450,4 +459,151 @@ fn bad_arguments_are_clear_errors() {
         Err(e) => assert!(e.to_string().contains("1..=8"), "{e}"),
         Ok(_) => panic!("9 ranks accepted"),
     }
+}
+
+/// The transports over the soft NIC (emulator only): every peer through
+/// the NIC, and mixed routes (some pairs load/store, some RDMA), 2 and 3
+/// ranks, f32 and bf16, awkward sizes and chunks, consecutive launches in
+/// place and out of place, the fused all-reduce — bit for bit against the
+/// CPU reference. One-shot over IBGDA is refused (no peer pointers).
+#[test]
+fn ibgda_and_routed_transports_on_the_emulator() {
+    let transports = [
+        (TransportKind::Ibgda, None),
+        (TransportKind::Routed, Some(RdmaPeers::Pairs(vec![(0, 1)]))),
+        (TransportKind::Routed, Some(RdmaPeers::All)),
+    ];
+    let cases = [
+        Case {
+            launches: 3,
+            ..case(1001, None, false, Some(1024))
+        },
+        Case {
+            launches: 2,
+            ..case(77, None, true, None)
+        },
+        case(4097, Some(Algo::Pipelined), false, Some(256 * 4 + 1)),
+    ];
+    for (transport, rdma_peers) in transports {
+        for ranks in [2usize, 3] {
+            let base = AllReduceOptions {
+                transport,
+                rdma_peers: rdma_peers.clone(),
+                stages: Some(2),
+                ..Default::default()
+            };
+            Communicator::local(ranks, Backend::Cpu, opts(), |comm| {
+                for &c in &cases {
+                    run_case_with::<f32>(comm, c, base.clone())?;
+                    run_case_with::<Bf16>(comm, c, base.clone())?;
+                }
+                fused_over(comm, &base, 2000, DType::F32)?;
+                fused_over(comm, &base, 999, DType::Bf16)?;
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("{transport:?} {rdma_peers:?}, {ranks} ranks: {e}"));
+        }
+    }
+    // Peer pointers are needed by one-shot and two-shot: refused clearly.
+    Communicator::local(2, Backend::Cpu, opts(), |comm| {
+        for transport in [TransportKind::Ibgda, TransportKind::Routed] {
+            let r = AllReduce::with_options(
+                comm,
+                100,
+                DType::F32,
+                &AllReduceOptions {
+                    algo: Some(Algo::OneShot),
+                    transport,
+                    rdma_peers: Some(RdmaPeers::All),
+                    ..Default::default()
+                },
+            );
+            expect_collective_error(r.map(|_| ()), "peer pointers");
+        }
+        Ok(())
+    })
+    .unwrap();
+}
+
+/// Two steps of the fused all-reduce (hash producer) over `base`'s transport.
+fn fused_over(comm: &Communicator, base: &AllReduceOptions, elems: usize, dtype: DType) -> doorbell::Result<()> {
+    let ar = AllReduce::with_options(
+        comm,
+        elems,
+        dtype,
+        &AllReduceOptions {
+            algo: Some(Algo::Pipelined),
+            chunk_bytes: Some(512),
+            ..base.clone()
+        },
+    )?;
+    assert_eq!(ar.transport(), base.transport);
+    let dev = comm.device();
+    let module = dev.load_module(doorbell_examples::USER_KERNELS_PTX)?;
+    let s = dev.new_stream()?;
+    let ranks = comm.size();
+    for step in 0..2u32 {
+        let want32: Vec<Vec<f32>> = (0..ranks)
+            .map(|r| (0..elems).map(|i| grad(COMPUTE_HASH, r as u32, i as u64, step)).collect())
+            .collect();
+        let launch = |args, cfg| -> doorbell::Result<()> {
+            // SAFETY: arguments from fused_args for this world, launched
+            // with the transport the all-reduce was made for.
+            unsafe {
+                match base.transport {
+                    TransportKind::P2p => s.launch(
+                        &module.function::<<fused_grad_allreduce as ForTransport<P2p>>::Kernel>()?,
+                        cfg,
+                        (comm.p2p(), args, COMPUTE_HASH, step),
+                    ),
+                    TransportKind::Ibgda => s.launch(
+                        &module.function::<<fused_grad_allreduce as ForTransport<Ibgda>>::Kernel>()?,
+                        cfg,
+                        (comm.ibgda()?, args, COMPUTE_HASH, step),
+                    ),
+                    TransportKind::Routed => {
+                        let peers = base.rdma_peers.clone().unwrap_or_default();
+                        s.launch(
+                            &module.function::<<fused_grad_allreduce as ForTransport<Routed>>::Kernel>()?,
+                            cfg,
+                            (comm.routed_with(&peers)?, args, COMPUTE_HASH, step),
+                        )
+                    }
+                }
+            }
+        };
+        let (got, want): (Vec<u32>, Vec<u32>) = match dtype {
+            DType::F32 => {
+                let mut out = dev.alloc_zeroed::<f32>(elems)?;
+                let (args, cfg) = ar.fused_args(&s, &mut out)?.expect("elements");
+                launch(args, cfg)?;
+                comm.synchronize(&s)?;
+                (
+                    out.to_host()?.iter().map(|x| x.to_bits()).collect(),
+                    allreduce_sum(&want32).iter().map(|x| x.to_bits()).collect(),
+                )
+            }
+            DType::Bf16 => {
+                let mut out = dev.alloc_zeroed::<Bf16>(elems)?;
+                let (args, cfg) = ar.fused_args(&s, &mut out)?.expect("elements");
+                launch(args, cfg)?;
+                comm.synchronize(&s)?;
+                let inputs: Vec<Vec<Bf16>> = want32.iter().map(|v| v.iter().map(|&x| Bf16::from_f32(x)).collect()).collect();
+                (
+                    out.to_host()?.iter().map(|x| x.0 as u32).collect(),
+                    allreduce_sum(&inputs).iter().map(|x| x.0 as u32).collect(),
+                )
+            }
+        };
+        let i = got.iter().zip(&want).position(|(a, b)| a != b);
+        assert_eq!(
+            i,
+            None,
+            "fused, {:?}, {ranks} ranks, {elems} {}, step {step}, rank {}",
+            base,
+            dtype.name(),
+            comm.rank()
+        );
+    }
+    Ok(())
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use doorbell::comm::{CommOptions, Communicator};
 use doorbell::{Backend, LaunchConfig};
 use doorbell_example_kernels::embedding::PAD;
-use doorbell_examples::embedding::{self as emb, Exchange, Problem};
+use doorbell_examples::embedding::{self as emb, Exchange, Problem, TransportKind};
 
 fn backends() -> Vec<Backend> {
     doorbell_tests::backends().iter().map(|d| d.backend()).collect()
@@ -63,13 +63,17 @@ struct Outcome {
 }
 
 fn run(backend: Backend, p: &Problem, ids: &[Vec<u32>], steps: usize, lr: f32) -> Outcome {
+    run_over(backend, p, ids, steps, lr, TransportKind::P2p)
+}
+
+fn run_over(backend: Backend, p: &Problem, ids: &[Vec<u32>], steps: usize, lr: f32, transport: TransportKind) -> Outcome {
     let tr = emb::traffic(p, ids);
     let cap = tr.max_pair.max(1) as u32;
     let init = emb::initial_tables(p);
     let res = Communicator::local(p.ranks as usize, backend, opts(p, cap), |comm| {
         let r = comm.rank() as u32;
         let dev = comm.device();
-        let mut x = Exchange::new(comm, p, cap, cfg(comm, p.ranks))?;
+        let mut x = Exchange::with_transport(comm, p, cap, cfg(comm, p.ranks), transport)?;
         x.load_shard(&emb::shard_of(p, &init, r))?;
         let ids_d = dev.alloc_from(&ids[r as usize])?;
         let grad = dev.alloc_from(&emb::upstream_grad(p, r))?;
@@ -85,7 +89,7 @@ fn run(backend: Backend, p: &Problem, ids: &[Vec<u32>], steps: usize, lr: f32) -
         }
         Ok((outs, x.shard()?))
     })
-    .unwrap_or_else(|e| panic!("{backend:?} {p:?}: {e}"));
+    .unwrap_or_else(|e| panic!("{backend:?} {transport:?} {p:?}: {e}"));
     let mut tables = vec![0f32; init.len()];
     for (r, (_, shard)) in res.iter().enumerate() {
         emb::unshard(p, &mut tables, shard, r as u32);
@@ -262,5 +266,46 @@ fn the_pull_forward_matches_the_reference() {
                 &format!("{backend:?} rank {r} pull"),
             );
         }
+    }
+}
+
+/// Forward + backward over IBGDA (every peer through the soft NIC; the CPU
+/// emulator only), 2 ranks, against the reference: the push path needs
+/// only puts and signals, from symmetric buffers. The pull forward, which
+/// needs peer pointers, is refused.
+#[test]
+fn forward_and_backward_over_ibgda_on_the_emulator() {
+    let p = Problem {
+        ranks: 2,
+        tables: 2,
+        rows: 41,
+        dim: 20,
+        batch: 6,
+        pooling: 4,
+    };
+    for ids in [tricky_ids(&p, 7), emb::generate_ids(&p, 1.1, 3)] {
+        let (steps, lr) = (2, 0.125);
+        let got = run_over(Backend::Cpu, &p, &ids, steps, lr, TransportKind::Ibgda);
+        let mut tables = emb::initial_tables(&p);
+        for step in 0..steps {
+            for r in 0..p.ranks as usize {
+                let want = emb::reference_forward(&p, &tables, &ids[r]);
+                assert_close(&got.outs[r][step], &want, &format!("IBGDA, step {step}, rank {r} forward"));
+            }
+            emb::reference_backward(&p, &mut tables, &ids, lr);
+        }
+        assert_close(&got.tables, &tables, "IBGDA, tables");
+        assert_ne!(tables, emb::initial_tables(&p));
+    }
+    let r = Communicator::local(2, Backend::Cpu, opts(&p, 64), |comm| {
+        let x = Exchange::with_transport(comm, &p, 64, cfg(comm, 2), TransportKind::Ibgda)?;
+        let dev = comm.device();
+        let ids = dev.alloc_zeroed::<u32>(p.lookups())?;
+        let mut out = dev.alloc_zeroed::<f32>(p.out_len())?;
+        x.forward_pull(&dev.new_stream()?, &ids, &mut out)
+    });
+    match r {
+        Err(e) => assert!(e.to_string().contains("peer pointers"), "{e}"),
+        Ok(_) => panic!("the pull forward ran over IBGDA"),
     }
 }

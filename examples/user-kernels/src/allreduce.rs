@@ -10,7 +10,7 @@
 
 use doorbell_kernels::coll::allreduce::{fused, AllReduceArgs, Chunk};
 use doorbell_kernels::coll::{Bf16, DType};
-use doorbell_kernels::transport::{P2p, Transport};
+use doorbell_kernels::transport::{Ibgda, P2p, Routed, Transport};
 use doorbell_kernels::{kernel, ptx};
 
 /// `grad[i]` is [`grad_hash`].
@@ -55,7 +55,7 @@ pub fn grad(compute: u32, rank: u32, i: u64, step: u32) -> f32 {
 /// Fused: this rank's gradient (`compute`, `step`), summed over all ranks
 /// into `ar.output`, chunk by chunk as it is produced. Launch with the
 /// argument and grid `AllReduce::fused_args` returns.
-#[kernel(transports(P2p))]
+#[kernel(transports(P2p, Ibgda, Routed))]
 pub unsafe fn fused_grad_allreduce<T: Transport>(t: T, ar: AllReduceArgs, compute: u32, step: u32) {
     let rank = t.rank();
     // SAFETY: `ar` comes from AllReduce::fused_args on this world; the

@@ -79,7 +79,7 @@
 //! ranks share a GPU. Epochs start at 1 and go up by one per forward; a
 //! backward uses the epoch of the forward before it.
 
-use doorbell_kernels::transport::{Cmp, P2p, SignalOp, Transport};
+use doorbell_kernels::transport::{Cmp, Ibgda, P2p, Routed, SignalOp, Transport};
 use doorbell_kernels::{kernel, ptx};
 
 /// Padding id: contributes nothing.
@@ -328,7 +328,7 @@ fn grid_warp() -> (u32, u32) {
 ///
 /// Launch: the same grid on every rank, threads a multiple of 32,
 /// [`SHARED_BYTES`] of shared memory; epochs 1, 2, 3, ...
-#[kernel(transports(P2p))]
+#[kernel(transports(P2p, Ibgda, Routed))]
 pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *const u32, out: *mut f32, epoch: u64, budget_ns: u64) {
     let n = t.world_size();
     let me = t.rank();
@@ -552,7 +552,7 @@ pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *con
 /// Backward of the forward with the same `epoch` (same ids): see the module
 /// docs. `grad` `[batch][tables][dim]` (local), SGD step `lr`. Launch as
 /// for [`emb_forward`]; run it only after that forward succeeded.
-#[kernel(transports(P2p))]
+#[kernel(transports(P2p, Ibgda, Routed))]
 pub unsafe fn emb_backward<T: Transport>(
     t: T,
     s: EmbShape,
@@ -716,7 +716,7 @@ pub unsafe fn emb_backward<T: Transport>(
 /// routing and no dedup: see the module docs. Same arguments as
 /// [`emb_forward`] (only `tables`, `grid` and `status` of `b` are used).
 /// Bad ids are skipped and reported; the bags holding them are not written.
-#[kernel(transports(P2p))]
+#[kernel(transports(P2p, Routed))]
 pub unsafe fn emb_forward_pull<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *const u32, out: *mut f32, budget_ns: u64) {
     let n = t.world_size();
     let dim = s.dim as usize;

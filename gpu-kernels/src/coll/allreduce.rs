@@ -59,7 +59,7 @@
 use super::reduce::{copy_bytes, sum_into, Bf16, DType, Element, Sources};
 use super::MAX_RANKS;
 use crate::pipeline::{BlockChunks, BlockCtl, Failed, RingSet};
-use crate::transport::{Cmp, Coop, P2p, SignalOp, Transport};
+use crate::transport::{Cmp, Coop, Ibgda, P2p, Routed, SignalOp, Transport};
 use crate::{kernel, ptx};
 
 /// The algorithms; see the module docs.
@@ -613,8 +613,10 @@ pub unsafe fn fused<T: Transport, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, pro
 }
 
 /// The library's all-reduce kernel: [`run`] over the transport. Launch it
-/// with the grid `args.blocks` (the host's `AllReduce::run` does).
-#[kernel(hot, transports(P2p))]
+/// with the grid `args.blocks` (the host's `AllReduce::run` does). Only
+/// the P2P entry is `hot`: the IBGDA and routed entries (WQE building, two
+/// handles) keep 4 bytes in local memory, as ptxas reports.
+#[kernel(hot(P2p), transports(P2p, Ibgda, Routed))]
 pub unsafe fn allreduce<T: Transport>(t: T, args: AllReduceArgs) {
     // SAFETY: the host made `args` for this world (launch contract).
     let _ = unsafe { run(&t, &args) };

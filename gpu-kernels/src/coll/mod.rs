@@ -11,7 +11,7 @@
 //!   transport; the fused all-reduce, where a producer computes each chunk
 //!   and its reduction starts the moment it is done).
 //!
-//! The kernels are exported per transport (`allreduce_p2p`) into the
+//! The kernels are exported per transport (`allreduce_p2p`, `_ibgda`, `_routed`) into the
 //! library's PTX; the host's `doorbell::coll::AllReduce` sizes the buffers,
 //! picks the algorithm and launches them.
 

@@ -56,13 +56,13 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use doorbell_kernels::coll::allreduce::{allreduce, AllReduceArgs, ALIGN_ELEMS};
-use doorbell_kernels::transport::P2p;
+use doorbell_kernels::transport::{Ibgda, P2p, Routed};
 use doorbell_kernels::ForTransport;
 
 pub use doorbell_kernels::coll::allreduce::Algo;
 pub use doorbell_kernels::coll::{Bf16, DType, MAX_RANKS};
 
-use crate::comm::{Communicator, PeerRoute, SymBuffer};
+use crate::comm::{Communicator, PeerRoute, RdmaPeers, SymBuffer};
 use crate::error::{Error, Result};
 use crate::memory::{DeviceBuffer, DeviceCopy};
 use crate::module::Function;
@@ -122,9 +122,42 @@ pub const DEFAULT_STAGES: u32 = 4;
 /// Most blocks the default grid uses per rank on a GPU.
 pub const MAX_BLOCKS: u32 = 32;
 
+/// The device transport a collective's kernel runs over.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TransportKind {
+    /// Loads and stores into peers' memory ([`Communicator::p2p`]).
+    #[default]
+    P2p,
+    /// Every peer through the (soft) NIC ([`Communicator::ibgda`]): the CPU
+    /// emulator only for now. No peer pointers: the pipelined algorithm.
+    Ibgda,
+    /// Per peer: load/store, or the NIC for the pairs
+    /// [`AllReduceOptions::rdma_peers`] (default `DOORBELL_RDMA_PEERS`)
+    /// names ([`Communicator::routed_with`]); the pipelined algorithm as
+    /// soon as any pair goes through the NIC.
+    Routed,
+}
+
+impl TransportKind {
+    /// The name users type.
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportKind::P2p => "p2p",
+            TransportKind::Ibgda => "ibgda",
+            TransportKind::Routed => "routed",
+        }
+    }
+}
+
 /// Tuning of an [`AllReduce`]; `Default` picks everything.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AllReduceOptions {
+    /// The device transport (default [`TransportKind::P2p`]). IBGDA and
+    /// routed set the transport up on first use (collective, like `new`).
+    pub transport: TransportKind,
+    /// Routed transport: which pairs of ranks go through the NIC (default
+    /// `DOORBELL_RDMA_PEERS`, [`RdmaPeers::from_env`]). Ignored otherwise.
+    pub rdma_peers: Option<RdmaPeers>,
     /// The algorithm (default: by size and route).
     pub algo: Option<Algo>,
     /// Bytes per signalled chunk, rounded up to 64 elements (default
@@ -266,6 +299,15 @@ impl Plan {
     }
 }
 
+/// The routed transport's pairs through the NIC: the option, else the
+/// environment.
+fn rdma_peers(opts: &AllReduceOptions) -> Result<RdmaPeers> {
+    match &opts.rdma_peers {
+        Some(p) => Ok(p.clone()),
+        None => RdmaPeers::from_env(),
+    }
+}
+
 /// True when `route` gives load/store access to the peer's heap.
 fn has_pointer(route: &PeerRoute) -> bool {
     matches!(
@@ -274,15 +316,26 @@ fn has_pointer(route: &PeerRoute) -> bool {
     )
 }
 
+/// The library kernel's entry for transport `T`.
+type Entry<T> = Function<<allreduce as ForTransport<T>>::Kernel>;
+
+/// The transport handle and the matching kernel entry.
+enum Launcher {
+    P2p(P2p, Entry<P2p>),
+    Ibgda(Ibgda, Entry<Ibgda>),
+    Routed(Box<Routed>, Entry<Routed>),
+}
+
 /// A sum all-reduce of `elems` elements of one type over a communicator's
 /// ranks: its plan, its symmetric buffers, its launch counter. See the
 /// module docs.
 pub struct AllReduce<'c> {
     comm: &'c Communicator,
     plan: Plan,
+    transport: TransportKind,
     scratch: SymBuffer<'c, u8>,
     sigs: SymBuffer<'c, u64>,
-    function: Function<<allreduce as ForTransport<P2p>>::Kernel>,
+    launcher: Launcher,
     epoch: AtomicU64,
 }
 
@@ -294,7 +347,11 @@ impl<'c> AllReduce<'c> {
     }
 
     /// The plan `with_options` would make on this communicator, without
-    /// allocating (to size `CommOptions::heap_bytes`, for instance).
+    /// allocating (to size `CommOptions::heap_bytes`, for instance). Peer
+    /// pointers: every route has one under P2P; none under IBGDA; under the
+    /// routed transport, only when [`AllReduceOptions::rdma_peers`] sends no
+    /// pair through the NIC (the plan is the same on every rank, so one pair
+    /// without pointers makes the whole world pipelined).
     pub fn plan(comm: &Communicator, elems: usize, dtype: DType, opts: &AllReduceOptions) -> Result<Plan> {
         let dev = comm.device();
         let routes = comm.describe_peers();
@@ -302,6 +359,12 @@ impl<'c> AllReduce<'c> {
             .iter()
             .filter(|r| matches!(r, PeerRoute::Local | PeerRoute::SameProcess))
             .count();
+        let direct = routes.iter().all(has_pointer);
+        let peer_pointers = match opts.transport {
+            TransportKind::P2p => direct,
+            TransportKind::Ibgda => false,
+            TransportKind::Routed => direct && (comm.size() == 1 || rdma_peers(opts)? == RdmaPeers::Needed),
+        };
         Plan::new(
             comm.size(),
             elems,
@@ -310,7 +373,7 @@ impl<'c> AllReduce<'c> {
             dev.is_gpu(),
             dev.multiprocessor_count(),
             same_gpu,
-            routes.iter().all(has_pointer),
+            peer_pointers,
         )
     }
 
@@ -328,24 +391,44 @@ impl<'c> AllReduce<'c> {
             a.blocks as u64,
             a.stages as u64,
             plan.threads as u64,
+            opts.transport as u64,
         ] {
             desc.extend_from_slice(&v.to_le_bytes());
         }
-        comm.world()
-            .check_same("all-reduce plan (elements, chunk, type, algorithm, blocks, stages, threads)", &desc)?;
+        comm.world().check_same(
+            "all-reduce plan (elements, chunk, type, algorithm, blocks, stages, threads, transport)",
+            &desc,
+        )?;
         let scratch = comm.alloc::<u8>(a.scratch_bytes().max(1) as usize)?;
         let sigs = comm.alloc::<u64>(a.sig_words() as usize)?;
         let module = comm.device().load_module(crate::KERNELS_PTX)?;
-        let function = module.function::<<allreduce as ForTransport<P2p>>::Kernel>()?;
+        let launcher = match opts.transport {
+            TransportKind::P2p => Launcher::P2p(comm.p2p(), module.function()?),
+            TransportKind::Ibgda => Launcher::Ibgda(comm.ibgda()?, module.function()?),
+            TransportKind::Routed => {
+                let t = comm.routed_with(&rdma_peers(opts)?)?;
+                let algo = plan.algo();
+                if matches!(algo, Algo::OneShot | Algo::TwoShot) {
+                    if let Some(p) = (0..comm.size() as u32).find(|&p| t.is_rdma(p)) {
+                        return Err(invalid(format!(
+                            "{} reads peers' memory through peer pointers, and rank {p} is reached through the NIC; use the pipelined algorithm",
+                            algo.name()
+                        )));
+                    }
+                }
+                Launcher::Routed(Box::new(t), module.function()?)
+            }
+        };
         // Every rank has zeroed its copy of the signal words before any
         // rank's first launch may signal into it.
         comm.barrier()?;
         Ok(AllReduce {
             comm,
             plan,
+            transport: opts.transport,
             scratch,
             sigs,
-            function,
+            launcher,
             epoch: AtomicU64::new(0),
         })
     }
@@ -365,6 +448,11 @@ impl<'c> AllReduce<'c> {
     /// The algorithm.
     pub fn algo(&self) -> Algo {
         self.plan.algo()
+    }
+    /// The device transport its launches run over (a fused kernel of your
+    /// own must take the same transport's handle).
+    pub fn transport(&self) -> TransportKind {
+        self.transport
     }
     /// Launches so far (the last epoch).
     pub fn launches(&self) -> u64 {
@@ -457,9 +545,16 @@ impl<'c> AllReduce<'c> {
             return Ok(());
         }
         let args = self.next_args(input, output);
+        let cfg = self.plan.launch_config();
         // SAFETY: the plan's buffers are allocated; the caller vouches for
-        // input and output.
-        unsafe { stream.launch(&self.function, self.plan.launch_config(), (self.comm.p2p(), args)) }
+        // input and output; each entry gets its own transport's handle.
+        unsafe {
+            match &self.launcher {
+                Launcher::P2p(t, f) => stream.launch(f, cfg, (*t, args)),
+                Launcher::Ibgda(t, f) => stream.launch(f, cfg, (*t, args)),
+                Launcher::Routed(t, f) => stream.launch(f, cfg, (**t, args)),
+            }
+        }
     }
 
     /// The argument and grid for one launch of a **fused** all-reduce
