@@ -333,3 +333,42 @@ impl HeapBounds {
         Ok(off)
     }
 }
+
+/// A transport handle's argument checks and error reports, written once:
+/// a handle says where its heap is ([`Checked::bounds`]); the rest follows.
+pub trait Checked {
+    /// This rank's heap, world and report scalars.
+    fn bounds(&self) -> HeapBounds;
+
+    /// Records the first error of this rank and returns it.
+    #[inline(always)]
+    fn fail(&self, e: crate::transport::CommError, call: Call, peer: u32, offset: u64) -> crate::transport::CommError {
+        self.bounds().reporter.fail(e, call, peer, offset)
+    }
+
+    /// A wait on the word at address `at` ran out of budget.
+    #[inline(always)]
+    fn fail_wait(
+        &self,
+        t: crate::sync::Timeout,
+        call: Call,
+        peer: u32,
+        at: u64,
+        cmp: crate::transport::Cmp,
+        expected: u64,
+    ) -> crate::transport::CommError {
+        self.bounds().reporter.fail_wait(t, call, peer, at, cmp, expected)
+    }
+
+    /// [`HeapBounds::range`].
+    #[inline(always)]
+    fn check_range(&self, call: Call, local: u64, bytes: u64, peer: u32) -> Result<u64, crate::transport::CommError> {
+        self.bounds().range(call, local, bytes, peer)
+    }
+
+    /// [`HeapBounds::signal`].
+    #[inline(always)]
+    fn check_signal(&self, call: Call, sig: u64, peer: u32) -> Result<u64, crate::transport::CommError> {
+        self.bounds().signal(call, sig, peer)
+    }
+}

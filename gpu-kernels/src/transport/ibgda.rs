@@ -71,7 +71,7 @@
 //! (`Communicator::ibgda_reset`).
 
 use super::{Cmp, CommError, Coop, SignalOp, Transport};
-use crate::heap::{Call, HeapBounds, Reporter, EPOCH_OFFSET};
+use crate::heap::{Call, Checked, HeapBounds, Reporter, EPOCH_OFFSET};
 use crate::mlx5::cq::{classify_cqe, cqe_ready, op_own_of, CqError, CqeState};
 use crate::mlx5::queue::{ring_doorbell, update_doorbell_record, wqe_slot, QpHandle};
 use crate::mlx5::wqe::{write_atomic_fetch_add_wqe, write_rdma_read_wqe, write_rdma_write_wqe, Transfer, FLAG_SIGNALED};
@@ -259,49 +259,6 @@ impl Ibgda {
         (self.local_base + offset) as *mut u64
     }
 
-    /// The scalars an error report needs (never the handle's address).
-    #[inline(always)]
-    fn reporter(&self) -> Reporter {
-        Reporter {
-            rank: self.rank,
-            local_base: self.local_base,
-            budget_ns: self.budget_ns,
-        }
-    }
-
-    /// Records the first error of this rank and returns it.
-    #[inline(always)]
-    fn fail(&self, e: CommError, call: Call, peer: u32, offset: u64) -> CommError {
-        self.reporter().fail(e, call, peer, offset)
-    }
-
-    /// A timed-out wait: the report carries the comparison and the value expected.
-    #[inline(always)]
-    fn fail_wait(&self, t: Timeout, call: Call, peer: u32, at: u64, cmp: Cmp, expected: u64) -> CommError {
-        self.reporter().fail_wait(t, call, peer, at, cmp, expected)
-    }
-
-    /// The per-call argument checks (see [`HeapBounds`]).
-    #[inline(always)]
-    fn check_range(&self, call: Call, local: u64, bytes: u64, peer: u32) -> Result<u64, CommError> {
-        self.bounds().range(call, local, bytes, peer)
-    }
-
-    /// [`Self::check_range`] for a signal word, plus its alignment.
-    #[inline(always)]
-    fn check_signal(&self, call: Call, sig: u64, peer: u32) -> Result<u64, CommError> {
-        self.bounds().signal(call, sig, peer)
-    }
-
-    #[inline(always)]
-    fn bounds(&self) -> HeapBounds {
-        HeapBounds {
-            reporter: self.reporter(),
-            world: self.world,
-            heap_bytes: self.heap_bytes,
-        }
-    }
-
     /// The local key covering `[addr, addr + bytes)`: the heap, or a
     /// registered buffer; else the range is refused (the NIC could not
     /// reach it).
@@ -359,7 +316,7 @@ impl Ibgda {
                 ptx::st_release_gpu_u32(&raw mut (*s).error_at, done);
             }
         }
-        self.reporter().fail_queue(call, peer, seen, expected)
+        self.bounds().reporter.fail_queue(call, peer, seen, expected)
     }
 
     /// Consumes every CQE present, if no other thread is doing so. Never
@@ -894,6 +851,21 @@ impl Ibgda {
         match crate::sync::spin_until(self.budget_ns, || Self::load_signal(sig), |v| cmp.holds(v, value)) {
             Ok(v) => Ok(v),
             Err(t) => Err(self.fail_wait(t, Call::WaitUntil, u32::MAX, sig as u64, cmp, value)),
+        }
+    }
+}
+
+impl Checked for Ibgda {
+    #[inline(always)]
+    fn bounds(&self) -> HeapBounds {
+        HeapBounds {
+            reporter: Reporter {
+                rank: self.rank,
+                local_base: self.local_base,
+                budget_ns: self.budget_ns,
+            },
+            world: self.world,
+            heap_bytes: self.heap_bytes,
         }
     }
 }

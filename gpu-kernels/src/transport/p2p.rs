@@ -2,7 +2,7 @@
 //! (same GPU, NVLink or PCIe peers; host memory on the emulator).
 
 use super::{Cmp, CommError, Coop, SignalOp, Transport};
-use crate::heap::{Call, HeapBounds, Reporter, BLOCK_RESULT_OFFSET, EPOCH_OFFSET};
+use crate::heap::{Call, Checked, HeapBounds, Reporter, BLOCK_RESULT_OFFSET, EPOCH_OFFSET};
 use crate::ptx;
 use crate::sync::{Spin, Timeout};
 
@@ -74,49 +74,6 @@ impl P2p {
         (self.local_base + offset) as *mut u64
     }
 
-    /// The scalars an error report needs (never the handle's address).
-    #[inline(always)]
-    fn reporter(&self) -> Reporter {
-        Reporter {
-            rank: self.rank,
-            local_base: self.local_base,
-            budget_ns: self.budget_ns,
-        }
-    }
-
-    /// Records the first error of this rank and returns it.
-    #[inline(always)]
-    fn fail(&self, e: CommError, call: Call, peer: u32, offset: u64) -> CommError {
-        self.reporter().fail(e, call, peer, offset)
-    }
-
-    /// A timed-out wait: the report carries the comparison and the value expected.
-    #[inline(always)]
-    fn fail_wait(&self, t: Timeout, call: Call, peer: u32, at: *const u64, cmp: Cmp, expected: u64) -> CommError {
-        self.reporter().fail_wait(t, call, peer, at as u64, cmp, expected)
-    }
-
-    /// The per-call argument checks (see [`HeapBounds`]).
-    #[inline(always)]
-    fn check_range(&self, call: Call, local: u64, bytes: u64, peer: u32) -> Result<u64, CommError> {
-        self.bounds().range(call, local, bytes, peer)
-    }
-
-    /// [`Self::check_range`] for a signal word, plus its alignment.
-    #[inline(always)]
-    fn check_signal(&self, call: Call, sig: u64, peer: u32) -> Result<u64, CommError> {
-        self.bounds().signal(call, sig, peer)
-    }
-
-    #[inline(always)]
-    fn bounds(&self) -> HeapBounds {
-        HeapBounds {
-            reporter: self.reporter(),
-            world: self.world,
-            heap_bytes: self.heap_bytes,
-        }
-    }
-
     #[inline(always)]
     fn load_signal(&self, p: *const u64) -> u64 {
         // SAFETY: checked by the caller to be an aligned word of the heap.
@@ -180,7 +137,7 @@ impl P2p {
             for peer in 0..self.world {
                 let s = self.reserved(peer as u64 * 8);
                 if let Err(t) = crate::sync::spin_until(self.budget_ns, || self.load_signal(s), |v| v >= epoch) {
-                    return Err(self.fail_wait(t, Call::Barrier, peer, s, Cmp::Ge, epoch));
+                    return Err(self.fail_wait(t, Call::Barrier, peer, s as u64, Cmp::Ge, epoch));
                 }
             }
         }
@@ -237,6 +194,21 @@ unsafe fn copy_coop(g: Coop, dst: *mut u8, src: *const u8, bytes: u64) {
         // SAFETY: in bounds.
         unsafe { *dst.add(i as usize) = *src.add(i as usize) };
         i += n;
+    }
+}
+
+impl Checked for P2p {
+    #[inline(always)]
+    fn bounds(&self) -> HeapBounds {
+        HeapBounds {
+            reporter: Reporter {
+                rank: self.rank,
+                local_base: self.local_base,
+                budget_ns: self.budget_ns,
+            },
+            world: self.world,
+            heap_bytes: self.heap_bytes,
+        }
     }
 }
 
@@ -328,7 +300,7 @@ impl Transport for P2p {
         self.check_signal(Call::WaitUntil, sig as u64, self.rank)?;
         match crate::sync::spin_until(self.budget_ns, || self.load_signal(sig), |v| cmp.holds(v, value)) {
             Ok(v) => Ok(v),
-            Err(t) => Err(self.fail_wait(t, Call::WaitUntil, u32::MAX, sig, cmp, value)),
+            Err(t) => Err(self.fail_wait(t, Call::WaitUntil, u32::MAX, sig as u64, cmp, value)),
         }
     }
 
@@ -363,7 +335,7 @@ impl Transport for P2p {
                 let first = (!skip).trailing_zeros().min(count - 1);
                 // SAFETY: inside the checked range.
                 let at = unsafe { sigs.add(first as usize) };
-                return Err(self.fail_wait(Timeout { seen: last }, call, u32::MAX, at, cmp, value));
+                return Err(self.fail_wait(Timeout { seen: last }, call, u32::MAX, at as u64, cmp, value));
             }
         }
     }
