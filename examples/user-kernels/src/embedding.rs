@@ -264,6 +264,23 @@ unsafe fn grid_sync(grid: *mut u32, budget_ns: u64) -> bool {
     unsafe { ptx::ld_relaxed_cta_u32(sh) != 0 }
 }
 
+/// [`grid_sync`]; when its budget runs out, thread 0 records
+/// `STATUS_TIMEOUT` with `step` (where the kernel stopped) and every thread
+/// gets false.
+#[inline(always)]
+unsafe fn grid_sync_or_report(grid: *mut u32, status: *mut u32, budget_ns: u64, step: u32) -> bool {
+    // SAFETY: the launch's grid words and status words (the caller's).
+    unsafe {
+        if grid_sync(grid, budget_ns) {
+            return true;
+        }
+        if ptx::thread_rank_in_block() == 0 {
+            set_status(status, STATUS_TIMEOUT, step, 0, 0, 0);
+        }
+    }
+    false
+}
+
 /// Thread 0's value, shared with the block (every thread calls it).
 #[inline(always)]
 unsafe fn block_share(v: u32) -> u32 {
@@ -381,10 +398,7 @@ pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *con
             }
             i += stride;
         }
-        if !grid_sync(b.grid, budget_ns) {
-            if tid == 0 {
-                set_status(b.status, STATUS_TIMEOUT, 0, 0, 0, 0);
-            }
+        if !grid_sync_or_report(b.grid, b.status, budget_ns, 0) {
             return;
         }
 
@@ -588,10 +602,7 @@ pub unsafe fn emb_backward<T: Transport>(
                 i += ptx::grid_stride_x() as usize;
             }
         }
-        if !grid_sync(b.grid, budget_ns) {
-            if tid == 0 {
-                set_status(b.status, STATUS_TIMEOUT, 3, 0, 0, 0);
-            }
+        if !grid_sync_or_report(b.grid, b.status, budget_ns, 3) {
             return;
         }
         // 2. Sum the gradient of every occurrence per unique key.
@@ -617,10 +628,7 @@ pub unsafe fn emb_backward<T: Transport>(
             }
             w += warps;
         }
-        if !grid_sync(b.grid, budget_ns) {
-            if tid == 0 {
-                set_status(b.status, STATUS_TIMEOUT, 4, 0, 0, 0);
-            }
+        if !grid_sync_or_report(b.grid, b.status, budget_ns, 4) {
             return;
         }
         // 3. Send each owner its summed rows, in its request list's order.
@@ -678,10 +686,7 @@ pub unsafe fn emb_backward<T: Transport>(
                 u += warps;
             }
         }
-        if !grid_sync(b.grid, budget_ns) {
-            if tid == 0 {
-                set_status(b.status, STATUS_TIMEOUT, 6, 0, 0, 0);
-            }
+        if !grid_sync_or_report(b.grid, b.status, budget_ns, 6) {
             return;
         }
         // 5. Apply: each element's sum is taken (and reset) by one thread.
@@ -729,10 +734,7 @@ pub unsafe fn emb_forward_pull<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids:
         if ptx::block_idx_x() == 0 && t.barrier_block().is_err() && tid == 0 {
             set_status(b.status, STATUS_TIMEOUT, 7, 0, 0, 0);
         }
-        if !grid_sync(b.grid, budget_ns) {
-            if tid == 0 {
-                set_status(b.status, STATUS_TIMEOUT, 8, 0, 0, 0);
-            }
+        if !grid_sync_or_report(b.grid, b.status, budget_ns, 8) {
             return;
         }
         let (gw, warps) = grid_warp();

@@ -494,7 +494,8 @@ pub trait Transport: Copy {
         Ok(mask.trailing_zeros())
     }
     /// Spins until all `count` (1..=64) consecutive signal words satisfy
-    /// `cmp value`. One thread.
+    /// `cmp value`. One thread. The budget restarts whenever another word
+    /// arrives (progress is not a hang).
     ///
     /// # Safety
     /// As for `signal`.
