@@ -85,7 +85,7 @@ fn run(args: &PingpongArgs) -> Result<(), BoxError> {
 
 fn run_rank(comm: &Communicator, o: &Opts) -> doorbell::Result<Option<String>> {
     let dev = comm.device();
-    if comm.size() < 2 {
+    if comm.world_size() < 2 {
         return Err(doorbell::Error::Comm("pingpong needs at least 2 ranks".into()));
     }
     comm.world().check_same_params(&[("iters", o.iters as u64), ("size", o.size)])?;
@@ -186,7 +186,7 @@ fn run_rank(comm: &Communicator, o: &Opts) -> doorbell::Result<Option<String>> {
         "pingpong: {} ranks on {} ({:?}), transport {:?}, route to peer: {:?}, {} bytes x {} iters, {} block(s) x {threads} threads\n\
          round trip: {rtt_us:.3} us, bandwidth: {gbps:.2} GB/s (2 x size per round trip)\n\
          checked: the {} bytes rank 0 sent came back unchanged",
-        comm.size(),
+        comm.world_size(),
         dev.name(),
         dev.backend(),
         o.transport,

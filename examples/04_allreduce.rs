@@ -318,7 +318,7 @@ fn check_rank<T: Elem>(comm: &Communicator, args: &Args, elems: usize, opts: &Al
     let dev = comm.device();
     let stream = dev.new_stream()?;
     let me = comm.rank();
-    let ranks = comm.size();
+    let ranks = comm.world_size();
     let compute = args.compute_code();
     let module = dev.load_module(USER_KERNELS_PTX)?;
     let mut out = dev.alloc_zeroed::<T>(elems)?;
@@ -629,7 +629,7 @@ fn bench_rank<T: Elem>(
     let dev = comm.device();
     let stream = dev.new_stream()?;
     let me = comm.rank();
-    let ranks = comm.size();
+    let ranks = comm.world_size();
     let compute = args.compute_code();
     let module = dev.load_module(USER_KERNELS_PTX)?;
     let fused_fn = module.function::<FusedKernel>()?;

@@ -422,8 +422,8 @@ impl<'c> Exchange<'c> {
         transport: TransportKind,
     ) -> Result<Exchange<'c>> {
         p.check().map_err(err)?;
-        if p.ranks as usize != comm.size() {
-            return Err(err(format!("the problem has {} ranks, the communicator {}", p.ranks, comm.size())));
+        if p.ranks as usize != comm.world_size() {
+            return Err(err(format!("the problem has {} ranks, the communicator {}", p.ranks, comm.world_size())));
         }
         let dev = comm.device();
         let m = dev.load_module(crate::USER_KERNELS_PTX)?;

@@ -112,7 +112,7 @@ impl Comm {
         let mut c: NcclComm = std::ptr::null_mut();
         // SAFETY: the id from rank 0; every rank calls it.
         check(
-            unsafe { (a.comm_init_rank)(&mut c, comm.size() as c_int, id, comm.rank() as c_int) },
+            unsafe { (a.comm_init_rank)(&mut c, comm.world_size() as c_int, id, comm.rank() as c_int) },
             "ncclCommInitRank",
         )?;
         Ok(Comm { comm: c })

@@ -60,12 +60,12 @@ fn run_case_with<T: Elem>(comm: &Communicator, case: Case, base: AllReduceOption
         ..base
     };
     let ar = AllReduce::with_options(comm, case.elems, T::DTYPE, &opts)?;
-    if opts.transport != TransportKind::P2p && comm.size() > 1 && opts.rdma_peers != Some(RdmaPeers::Needed) {
+    if opts.transport != TransportKind::P2p && comm.world_size() > 1 && opts.rdma_peers != Some(RdmaPeers::Needed) {
         assert_eq!(ar.algo(), Algo::Pipelined, "a route without peer pointers runs pipelined");
     }
     let dev = comm.device();
     let stream = dev.new_stream()?;
-    let ranks = comm.size();
+    let ranks = comm.world_size();
     let me = comm.rank();
     for launch in 1..=case.launches {
         let inputs: Vec<Vec<T>> = (0..ranks)
@@ -541,7 +541,7 @@ fn fused_over(comm: &Communicator, base: &AllReduceOptions, elems: usize, dtype:
     let dev = comm.device();
     let module = dev.load_module(doorbell_examples::USER_KERNELS_PTX)?;
     let s = dev.new_stream()?;
-    let ranks = comm.size();
+    let ranks = comm.world_size();
     for step in 0..2u32 {
         let want32: Vec<Vec<f32>> = (0..ranks)
             .map(|r| (0..elems).map(|i| grad(COMPUTE_HASH, r as u32, i as u64, step)).collect())

@@ -39,7 +39,7 @@ const LAUNCH_VARS: &[&str] = &[
 /// What a child rank does in the world it joins from its environment.
 fn child_role(role: &str) -> Result<String, Error> {
     let world = World::from_env(format!("layout of pid {}", std::process::id()).as_bytes())?;
-    let (r, n) = (world.rank(), world.size());
+    let (r, n) = (world.rank(), world.world_size());
     if role == "join-then-exit" {
         return Ok(format!("joined as rank {r} of {n}"));
     }
@@ -124,7 +124,7 @@ fn host(size: usize, timeout: Duration) -> (RendezvousHost, u16) {
 
 /// Rank 0's part of `child_role`.
 fn root_role(world: &World) {
-    let n = world.size();
+    let n = world.world_size();
     let all = world.all_gather_bytes(b"rank0").unwrap();
     assert_eq!(all, (0..n).map(|q| format!("rank{q}").into_bytes()).collect::<Vec<_>>());
     assert_eq!(world.broadcast_bytes(n - 1, b"").unwrap(), b"from the last rank");
@@ -138,7 +138,7 @@ fn processes_launched_like_torchrun_form_a_world() {
     let children: Vec<Child> = (1..3).map(|r| spawn_child("join", &torchrun_vars(r, 3, port, TOKEN))).collect();
     let pids: Vec<u32> = children.iter().map(Child::id).collect();
     let world = h.accept(b"layout of rank 0").unwrap();
-    assert_eq!((world.rank(), world.size(), world.kind()), (0, 3, WorldKind::Tcp));
+    assert_eq!((world.rank(), world.world_size(), world.kind()), (0, 3, WorldKind::Tcp));
     // The table names the real processes and carries their layout blobs.
     for (r, pid) in (1..3).zip(&pids) {
         assert_eq!(world.peers()[r].pid, *pid);

@@ -363,10 +363,10 @@ impl<'c> AllReduce<'c> {
         let peer_pointers = match opts.transport {
             TransportKind::P2p => direct,
             TransportKind::Ibgda => false,
-            TransportKind::Routed => direct && (comm.size() == 1 || rdma_peers(opts)? == RdmaPeers::Needed),
+            TransportKind::Routed => direct && (comm.world_size() == 1 || rdma_peers(opts)? == RdmaPeers::Needed),
         };
         Plan::new(
-            comm.size(),
+            comm.world_size(),
             elems,
             dtype,
             opts,
@@ -409,7 +409,7 @@ impl<'c> AllReduce<'c> {
                 let t = comm.routed_with(&rdma_peers(opts)?)?;
                 let algo = plan.algo();
                 if matches!(algo, Algo::OneShot | Algo::TwoShot) {
-                    if let Some(p) = (0..comm.size() as u32).find(|&p| t.is_rdma(p)) {
+                    if let Some(p) = (0..comm.world_size() as u32).find(|&p| t.is_rdma(p)) {
                         return Err(invalid(format!(
                             "{} reads peers' memory through peer pointers, and rank {p} is reached through the NIC; use the pipelined algorithm",
                             algo.name()

@@ -197,7 +197,7 @@ impl Communicator {
     /// Collective: forms the communicator of `world` on `device`.
     pub fn new(world: World, device: Device, opts: CommOptions) -> Result<Communicator> {
         let rank = world.rank();
-        let size = world.size();
+        let size = world.world_size();
         if size as u32 > MAX_RANKS {
             return Err(Error::comm(format!("{size} ranks; the P2P transport supports at most {MAX_RANKS}")));
         }
@@ -418,7 +418,7 @@ impl Communicator {
         self.rank
     }
     /// Number of ranks.
-    pub fn size(&self) -> usize {
+    pub fn world_size(&self) -> usize {
         self.size
     }
     /// The device this rank runs on.

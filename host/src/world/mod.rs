@@ -23,7 +23,7 @@
 //! // Under a launcher (torchrun, mpirun, srun): one rank per process.
 //! // Without launcher variables this is a world of one.
 //! let world = World::from_env(b"")?;
-//! println!("rank {} of {}", world.rank(), world.size());
+//! println!("rank {} of {}", world.rank(), world.world_size());
 //! # Ok(()) }
 //! ```
 //!
@@ -455,13 +455,13 @@ impl World {
         })
     }
 
-    /// This rank, `0..size()`.
+    /// This rank, `0..world_size()`.
     pub fn rank(&self) -> usize {
         self.rank
     }
 
     /// Number of ranks.
-    pub fn size(&self) -> usize {
+    pub fn world_size(&self) -> usize {
         self.size
     }
 

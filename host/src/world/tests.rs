@@ -5,7 +5,7 @@ use super::*;
 use std::time::Instant;
 
 fn gather_barrier_broadcast(w: World) -> Result<()> {
-    let (r, n) = (w.rank(), w.size());
+    let (r, n) = (w.rank(), w.world_size());
     // Different lengths per rank.
     let mine: Vec<u8> = (0..=r as u8).map(|i| i * 10 + r as u8).collect();
     for round in 0..5u8 {
@@ -40,11 +40,11 @@ fn thread_worlds_of_1_to_8_ranks_gather_barrier_broadcast() {
 fn thread_world_handles_and_metadata() {
     let ws = World::local_threads(3);
     assert_eq!(ws.iter().map(World::rank).collect::<Vec<_>>(), vec![0, 1, 2]);
-    assert!(ws.iter().all(|w| w.size() == 3 && w.kind() == WorldKind::Threads));
+    assert!(ws.iter().all(|w| w.world_size() == 3 && w.kind() == WorldKind::Threads));
     assert_eq!(ws[2].peers()[1].rank, 1);
     assert_eq!(ws[2].peers()[1].pid, std::process::id());
     let single = World::single();
-    assert_eq!((single.rank(), single.size(), single.kind()), (0, 1, WorldKind::Single));
+    assert_eq!((single.rank(), single.world_size(), single.kind()), (0, 1, WorldKind::Single));
     assert_eq!(single.all_gather_bytes(b"x").unwrap(), vec![b"x".to_vec()]);
     single.barrier().unwrap();
     assert!(matches!(
