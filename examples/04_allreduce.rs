@@ -20,7 +20,7 @@
 //! for bit, against the CPU's sum (f32 accumulation in rank order).
 //!
 //! `--bench` times, per size from 8 B to `--max-bytes` (doubling): (a) the
-//! fused all-reduce (pipelined; chunk sizes 16 KiB .. 4 MiB, the best one
+//! fused all-reduce (automatic algorithm; chunk sizes 16 KiB .. 4 MiB, the best one
 //! reported), (b) a CPU-driven baseline — the same work as one producer
 //! launch and one all-reduce launch per chunk, as a host-driven library
 //! does, (c) unfused — the producer kernel over the whole vector, then
@@ -114,7 +114,7 @@ struct Args {
     /// Producer of each rank's vector (hash, gemv: fused into the all-reduce)
     #[arg(long, value_enum, default_value_t = Compute::None)]
     compute: Compute,
-    /// All-reduce algorithm for --compute none (the fused kernel is always pipelined)
+    /// All-reduce algorithm, plain and fused (auto: one-shot, two-shot or pipelined by size and route)
     #[arg(long, value_enum, default_value_t = AlgoArg::Auto)]
     algo: AlgoArg,
     /// Device transport (ibgda, routed: through the soft NIC, on the CPU emulator only for now; pipelined algorithm where a pair has no peer pointers)
@@ -165,7 +165,6 @@ impl Args {
     }
     fn algo(&self) -> Option<Algo> {
         match (self.compute, self.algo) {
-            (Compute::Hash | Compute::Gemv, _) => Some(Algo::Pipelined),
             (_, AlgoArg::Auto) => None,
             (_, AlgoArg::OneShot) => Some(Algo::OneShot),
             (_, AlgoArg::TwoShot) => Some(Algo::TwoShot),
@@ -384,7 +383,7 @@ struct Row {
     count: u64,
     #[serde(rename = "type")]
     dtype: &'static str,
-    /// fused, cpu-driven, unfused, nccl.
+    /// fused, cpu-driven, unfused, nccl, producer (the producer kernel alone).
     variant: String,
     /// Chunk bytes (fused, cpu-driven), else 0.
     chunk: u64,
@@ -463,8 +462,15 @@ fn bench(args: &Args, backend: doorbell::Backend, opts: CommOptions, topo: (bool
         args.compute
     );
     println!(
-        "# {:>12} {:>11} {:>5} | {:>26} | {:>26} | {:>26} | {:>26}",
-        "size", "count", "type", "fused: us algbw busbw", "cpu-driven: us algbw busbw", "unfused: us algbw busbw", "nccl: us algbw busbw"
+        "# {:>12} {:>11} {:>5} | {:>26} | {:>26} | {:>26} | {:>26} | {:>12} | fused us by chunk",
+        "size",
+        "count",
+        "type",
+        "fused: us algbw busbw",
+        "cpu-driven: us algbw busbw",
+        "unfused: us algbw busbw",
+        "nccl: us algbw busbw",
+        "producer: us"
     );
     for &bytes in &sizes {
         let count = (bytes / esz) as usize;
@@ -477,15 +483,27 @@ fn bench(args: &Args, backend: doorbell::Backend, opts: CommOptions, topo: (bool
                 .map(|r| format!("{:>10.2} {:>7.2} {:>7.2}", r.time_us, r.algbw, r.busbw))
                 .unwrap_or_else(|| format!("{:>26}", "-"))
         };
+        let producer = size_rows
+            .iter()
+            .find(|r| r.variant == "producer")
+            .map(|r| format!("{:>12.2}", r.time_us))
+            .unwrap_or_else(|| format!("{:>12}", "-"));
+        let by_chunk: Vec<String> = size_rows
+            .iter()
+            .filter(|r| r.variant == "fused")
+            .map(|r| format!("{}K {} {:.2}", r.chunk >> 10, r.algo, r.time_us))
+            .collect();
         println!(
-            "  {:>12} {:>11} {:>5} | {} | {} | {} | {}",
+            "  {:>12} {:>11} {:>5} | {} | {} | {} | {} | {} | {}",
             bytes,
             count,
             dtype.name(),
             cell("fused"),
             cell("cpu-driven"),
             cell("unfused"),
-            cell("nccl")
+            cell("nccl"),
+            producer,
+            by_chunk.join(", ")
         );
         rows.extend(size_rows);
     }
@@ -598,7 +616,6 @@ fn bench_size(
 
 fn fused_opts(chunk: u64) -> AllReduceOptions {
     AllReduceOptions {
-        algo: Some(Algo::Pipelined),
         chunk_bytes: Some(chunk),
         ..Default::default()
     }
@@ -666,7 +683,7 @@ fn bench_rank<T: Elem>(
     let mut measure = |variant: &str,
                        chunk: u64,
                        algo: &str,
-                       out: &DeviceBuffer<T>,
+                       out: Option<&DeviceBuffer<T>>,
                        run: &mut dyn FnMut() -> doorbell::Result<()>|
      -> Result<(), BoxError> {
         for _ in 0..warmup {
@@ -686,12 +703,18 @@ fn bench_rank<T: Elem>(
             .iter()
             .map(|b| f64::from_le_bytes(b[..8].try_into().expect("8 bytes")))
             .fold(0.0, f64::max);
-        // Check (sampled) every rank's result.
-        let got = out.to_host()?;
-        let bad = samples
-            .iter()
-            .filter(|&&i| got[i].to_bits() != want::<T>(compute, ranks, i, step).to_bits())
-            .count();
+        // Check (sampled) every rank's result (`None`: the producer alone,
+        // whose output the unfused variant checks).
+        let bad = match out {
+            Some(out) => {
+                let got = out.to_host()?;
+                samples
+                    .iter()
+                    .filter(|&&i| got[i].to_bits() != want::<T>(compute, ranks, i, step).to_bits())
+                    .count()
+            }
+            None => 0,
+        };
         if bad != 0 {
             return Err(format!(
                 "{variant} (chunk {chunk}): {bad} of {} sampled elements differ from the reference",
@@ -710,7 +733,7 @@ fn bench_rank<T: Elem>(
             time_us: slowest,
             algbw,
             busbw: algbw * 2.0 * (ranks as f64 - 1.0) / ranks as f64,
-            checked: samples.len() as u64,
+            checked: if out.is_some() { samples.len() as u64 } else { 0 },
         });
         Ok(())
     };
@@ -731,7 +754,7 @@ fn bench_rank<T: Elem>(
                 unsafe { stream.launch(&fused_fn, cfg, (comm.p2p(), a, compute, step)) }
             }
         };
-        measure("fused", c, ar.algo().name(), &out, &mut run)?;
+        measure("fused", c, ar.algo().name(), Some(&out), &mut run)?;
     }
     // (b) CPU-driven: one producer launch and one all-reduce launch per chunk.
     let full = AllReduce::new(comm, per_chunk.min(count), dtype)?;
@@ -761,7 +784,12 @@ fn bench_rank<T: Elem>(
             }
             Ok(())
         };
-        measure("cpu-driven", per_chunk as u64 * esz, full.algo().name(), &out, &mut run)?;
+        measure("cpu-driven", per_chunk as u64 * esz, full.algo().name(), Some(&out), &mut run)?;
+    }
+    // The producer alone (where the time of the others goes).
+    if compute != 0 {
+        let mut run = || produce(work.as_raw(), 0, count as u64);
+        measure("producer", 0, "-", None, &mut run)?;
     }
     // (c) unfused: the producer, then the all-reduce.
     let ar = AllReduce::new(comm, count, dtype)?;
@@ -773,7 +801,7 @@ fn bench_rank<T: Elem>(
             // SAFETY: both hold `count` elements.
             unsafe { ar.run_raw(&stream, src, out_raw) }
         };
-        measure("unfused", 0, ar.algo().name(), &out, &mut run)?;
+        measure("unfused", 0, ar.algo().name(), Some(&out), &mut run)?;
     }
     // (d) NCCL on the same buffers and stream, after the same producer.
     if let Some(n) = nccl {
@@ -796,7 +824,7 @@ fn bench_rank<T: Elem>(
                 n.all_reduce(src, out_raw, count, dtype, &ncomm, cu_stream)
                     .map_err(|e| doorbell::Error::Comm(format!("ncclAllReduce: {e}")))
             };
-            measure("nccl", 0, "nccl", &out, &mut run)
+            measure("nccl", 0, "nccl", Some(&out), &mut run)
         };
         n.destroy(ncomm);
         r?;

@@ -12,6 +12,10 @@ pub trait Kernel: 'static {
     const NAME: &'static str;
     /// Marked `#[kernel(hot)]`: the PTX check fails on local-memory spills.
     const HOT: bool;
+    /// `#[kernel(launch_bounds(threads = N, ...))]`: the most threads per
+    /// block the entry may be launched with (the PTX says `.maxntid N`);
+    /// 0 when unbounded (1024).
+    const MAX_THREADS: u32 = 0;
     /// The parameter types, as a tuple.
     type Args: KernelArgs;
     /// Runs the kernel body on the calling thread (one emulated GPU thread).

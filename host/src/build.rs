@@ -257,7 +257,8 @@ impl PtxBuilder {
             return Err(BuildError::MissingOutput(asm));
         }
         std::fs::create_dir_all(&out_dir).map_err(|e| BuildError::Io(out_dir.clone(), e))?;
-        std::fs::copy(&asm, &out_path).map_err(|e| BuildError::Io(out_path.clone(), e))?;
+        let ptx = std::fs::read_to_string(&asm).map_err(|e| BuildError::Io(asm.clone(), e))?;
+        std::fs::write(&out_path, apply_launch_bounds(&ptx)).map_err(|e| BuildError::Io(out_path.clone(), e))?;
         if rerun {
             // Every source file the kernels came from (path dependencies too).
             // The dep-info file is named after the crate (no `lib` prefix for
@@ -309,6 +310,53 @@ fn default_target_dir(out_dir: &Path) -> PathBuf {
         .unwrap_or_else(|| out_dir.join("doorbell-ptx"))
 }
 
+/// Writes the `.maxntid N, 1, 1` and `.minnctapersm M` directives of every
+/// entry marked `#[kernel(launch_bounds(threads = N, min_blocks = M))]`:
+/// the macro leaves a global `DOORBELL_BOUNDS_<N>_<M>_<entry>` (rustc has
+/// no attribute for these directives), and they go between the entry's
+/// parameter list and its body, where PTX wants them.
+fn apply_launch_bounds(ptx: &str) -> String {
+    const MARK: &str = "DOORBELL_BOUNDS_";
+    let mut bounds: Vec<(String, String, String)> = Vec::new();
+    for line in ptx.lines().filter(|l| l.contains(".global")) {
+        let Some(at) = line.find(MARK) else { continue };
+        let name: String = line[at + MARK.len()..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        let mut parts = name.splitn(3, '_');
+        if let (Some(n), Some(m), Some(entry)) = (parts.next(), parts.next(), parts.next()) {
+            bounds.push((n.to_string(), m.to_string(), entry.to_string()));
+        }
+    }
+    if bounds.is_empty() {
+        return ptx.to_string();
+    }
+    let mut out = String::with_capacity(ptx.len() + 64 * bounds.len());
+    let mut pending: Option<(String, String)> = None;
+    for line in ptx.lines() {
+        if pending.is_none() {
+            let head = line.trim_start();
+            if let Some(rest) = head.strip_prefix(".visible .entry ").or_else(|| head.strip_prefix(".entry ")) {
+                let entry = rest.split('(').next().unwrap_or("").trim();
+                if let Some((n, m, _)) = bounds.iter().find(|(_, _, e)| e == entry) {
+                    pending = Some((n.clone(), m.clone()));
+                }
+            }
+        }
+        out.push_str(line);
+        out.push('\n');
+        // The parameter list ends with a line `)` (or on the entry's line).
+        if let Some((n, m)) = &pending {
+            if line.trim_end().ends_with(')') {
+                out.push_str(&format!(".maxntid {n}, 1, 1\n.minnctapersm {m}\n"));
+                pending = None;
+            }
+        }
+    }
+    out
+}
+
 /// Paths listed in a Makefile-style dep-info file.
 fn dep_info_paths(text: &str) -> Vec<String> {
     let mut out = Vec::new();
@@ -340,6 +388,21 @@ fn dep_info_paths(text: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn launch_bounds_go_between_parameters_and_body() {
+        let ptx = ".visible .global .align 1 .u8 DOORBELL_BOUNDS_512_2_k_p2p;\n\
+                   .visible .entry k_p2p(\n\t.param .u64 k_p2p_param_0\n)\n{\n\tret;\n}\n\
+                   .visible .entry other()\n{\n\tret;\n}\n";
+        let got = apply_launch_bounds(ptx);
+        assert!(
+            got.contains(".param .u64 k_p2p_param_0\n)\n.maxntid 512, 1, 1\n.minnctapersm 2\n{"),
+            "{got}"
+        );
+        assert_eq!(got.matches(".maxntid").count(), 1, "only the marked entry: {got}");
+        let plain = ".visible .entry other()\n{\n\tret;\n}\n";
+        assert_eq!(apply_launch_bounds(plain), plain);
+    }
 
     #[test]
     fn dep_info_parsing_handles_escaped_spaces() {

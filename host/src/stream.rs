@@ -43,7 +43,7 @@ impl LaunchConfig {
         self
     }
 
-    fn validate(&self, kernel: &'static str) -> Result<()> {
+    fn validate(&self, kernel: &'static str, max_threads: u32) -> Result<()> {
         let (g, b) = (self.grid, self.block);
         if [g.0, g.1, g.2, b.0, b.1, b.2].contains(&0) {
             return Err(Error::InvalidLaunch {
@@ -56,6 +56,14 @@ impl LaunchConfig {
             return Err(Error::InvalidLaunch {
                 kernel,
                 reason: format!("{threads} threads per block; at most 1024"),
+            });
+        }
+        if max_threads > 0 && threads > max_threads as u64 {
+            return Err(Error::InvalidLaunch {
+                kernel,
+                reason: format!(
+                    "{threads} threads per block; its #[kernel(launch_bounds(threads = {max_threads}))] allows at most {max_threads}"
+                ),
             });
         }
         Ok(())
@@ -93,7 +101,7 @@ impl Stream {
     /// pointers of the sizes it reads and writes, alive until the launch
     /// completes).
     pub unsafe fn launch<K: Kernel>(&self, f: &Function<K>, cfg: LaunchConfig, args: K::Args) -> Result<()> {
-        cfg.validate(K::NAME)?;
+        cfg.validate(K::NAME, K::MAX_THREADS)?;
         if !f.device().same(&self.device) {
             return Err(Error::DeviceMismatch(
                 "the kernel's module was loaded on another device than this stream's",

@@ -11,6 +11,11 @@ struct KernelModel {
     params: Vec<(Ident, Type)>,
     /// `transports(A, B)`: instantiate the generic body once per type.
     transports: Vec<Path>,
+    /// `launch_bounds(threads = N, min_blocks = M)`: CUDA's
+    /// `__launch_bounds__(N, M)`, as PTX `.maxntid N, 1, 1` and
+    /// `.minnctapersm M` (ptxas then keeps the registers within what `M`
+    /// blocks of `N` threads per SM allow).
+    bounds: Option<(u32, u32)>,
 }
 
 pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
@@ -34,6 +39,7 @@ fn parse(attr: TokenStream, item: ItemFn) -> syn::Result<KernelModel> {
     let mut hot = false;
     let mut hot_only = Vec::new();
     let mut transports = Vec::new();
+    let mut bounds = None;
     let mut errors: Option<syn::Error> = None;
     let mut push = |e: syn::Error| match &mut errors {
         Some(all) => all.combine(e),
@@ -58,9 +64,14 @@ fn parse(attr: TokenStream, item: ItemFn) -> syn::Result<KernelModel> {
                     Err(e) => push(e),
                 }
             }
+            Meta::List(l) if l.path.is_ident("launch_bounds") => match parse_bounds(l) {
+                Ok(b) => bounds = Some(b),
+                Err(e) => push(e),
+            },
             other => push(syn::Error::new_spanned(
                 other,
-                "unknown kernel option; expected `hot`, `hot(Type, ...)` or `transports(Type, ...)`",
+                "unknown kernel option; expected `hot`, `hot(Type, ...)`, `transports(Type, ...)` \
+                 or `launch_bounds(threads = N, min_blocks = M)`",
             )),
         }
     }
@@ -82,7 +93,33 @@ fn parse(attr: TokenStream, item: ItemFn) -> syn::Result<KernelModel> {
             hot_only,
             params,
             transports,
+            bounds,
         }),
+    }
+}
+
+/// `launch_bounds(threads = N)` or `launch_bounds(threads = N, min_blocks = M)`:
+/// `N` in 1..=1024, `M` >= 1 (default 1).
+fn parse_bounds(l: &syn::MetaList) -> syn::Result<(u32, u32)> {
+    let usage = "expected `launch_bounds(threads = N, min_blocks = M)` with N in 1..=1024 and M >= 1";
+    let items = Punctuated::<syn::MetaNameValue, Token![,]>::parse_terminated.parse2(l.tokens.clone())?;
+    let (mut threads, mut min_blocks) = (None, 1u32);
+    for nv in &items {
+        let value = match &nv.value {
+            syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(i), .. }) => i.base10_parse::<u32>()?,
+            other => return Err(syn::Error::new_spanned(other, usage)),
+        };
+        if nv.path.is_ident("threads") && (1..=1024).contains(&value) {
+            threads = Some(value);
+        } else if nv.path.is_ident("min_blocks") && value >= 1 {
+            min_blocks = value;
+        } else {
+            return Err(syn::Error::new_spanned(nv, usage));
+        }
+    }
+    match threads {
+        Some(t) => Ok((t, min_blocks)),
+        None => Err(syn::Error::new_spanned(l, usage)),
     }
 }
 
@@ -248,6 +285,7 @@ fn generate_instances(m: &KernelModel) -> TokenStream {
             hot_only: Vec::new(),
             params,
             transports: Vec::new(),
+            bounds: m.bounds,
         };
         let entry_tokens = generate(&inst_model);
         out.extend(quote! {
@@ -286,6 +324,25 @@ fn generate(m: &KernelModel) -> TokenStream {
         quote! {}
     };
     let hot = m.hot;
+    // The PTX build turns this marker into the entry's `.maxntid` and
+    // `.minnctapersm` directives (rustc has no attribute for them).
+    let (bounds_marker, max_threads) = match m.bounds {
+        Some((threads, min_blocks)) => {
+            let marker = format_ident!("DOORBELL_BOUNDS_{}_{}_{}", threads, min_blocks, name);
+            (
+                quote! {
+                    #[cfg(target_arch = "nvptx64")]
+                    #[used]
+                    #[no_mangle]
+                    #[doc(hidden)]
+                    #[allow(non_upper_case_globals)]
+                    pub static #marker: u8 = 0;
+                },
+                threads,
+            )
+        }
+        None => (quote! {}, 0),
+    };
     let args_ty = quote! { ( #( #types, )* ) };
     quote! {
         #[cfg(target_arch = "nvptx64")]
@@ -299,6 +356,7 @@ fn generate(m: &KernelModel) -> TokenStream {
         #vis unsafe fn #name(#inputs) #block
 
         #hot_marker
+        #bounds_marker
 
         #[cfg(not(target_arch = "nvptx64"))]
         #[doc = concat!("Launch marker for the `", #name_str, "` kernel (see `doorbell_kernels::Kernel`).")]
@@ -309,6 +367,7 @@ fn generate(m: &KernelModel) -> TokenStream {
         impl ::doorbell_kernels::Kernel for #name {
             const NAME: &'static str = #name_str;
             const HOT: bool = #hot;
+            const MAX_THREADS: u32 = #max_threads;
             type Args = #args_ty;
             unsafe fn emulate(args: Self::Args) {
                 let ( #( #names, )* ) = args;

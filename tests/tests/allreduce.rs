@@ -247,11 +247,17 @@ fn consecutive_launches_need_no_reset() {
 fn fused_all_reduce_with_producers() {
     type Fused = <fused_grad_allreduce as ForTransport<P2p>>::Kernel;
     for backend in backends() {
-        for (ranks, elems, dtype, compute, chunk) in [
-            (3, 5000, DType::F32, COMPUTE_HASH, 1024),
-            (2, 4097, DType::Bf16, COMPUTE_GEMV, 4096),
-            (4, 999, DType::F32, COMPUTE_GEMV, 256),
-            (1, 300, DType::Bf16, COMPUTE_HASH, 256),
+        // Every algorithm: one-shot and two-shot hand the producer the
+        // peers' staging, pipelined its ring outbox, one rank the output.
+        for (ranks, elems, dtype, compute, chunk, algo) in [
+            (3, 5000, DType::F32, COMPUTE_HASH, 1024, Algo::Pipelined),
+            (3, 5000, DType::F32, COMPUTE_HASH, 1024, Algo::TwoShot),
+            (2, 4097, DType::Bf16, COMPUTE_GEMV, 4096, Algo::Pipelined),
+            (2, 4097, DType::Bf16, COMPUTE_GEMV, 4096, Algo::TwoShot),
+            (4, 999, DType::F32, COMPUTE_GEMV, 256, Algo::OneShot),
+            (4, 999, DType::F32, COMPUTE_GEMV, 256, Algo::TwoShot),
+            (2, 130, DType::Bf16, COMPUTE_HASH, 256, Algo::OneShot),
+            (1, 300, DType::Bf16, COMPUTE_HASH, 256, Algo::Copy),
         ] {
             Communicator::local(ranks, backend, opts(), |comm| {
                 let ar = AllReduce::with_options(
@@ -259,7 +265,7 @@ fn fused_all_reduce_with_producers() {
                     elems,
                     dtype,
                     &AllReduceOptions {
-                        algo: Some(Algo::Pipelined),
+                        algo: Some(algo),
                         chunk_bytes: Some(chunk),
                         stages: Some(2),
                         ..Default::default()
@@ -278,8 +284,9 @@ fn fused_all_reduce_with_producers() {
                         assert_eq!(
                             i,
                             None,
-                            "{ranks} ranks, {elems} {}, step {step}, rank {}",
+                            "{ranks} ranks, {elems} {}, {}, step {step}, rank {}",
                             dtype.name(),
+                            algo.name(),
                             comm.rank()
                         );
                     };
@@ -425,7 +432,6 @@ fn bad_arguments_are_clear_errors() {
         let mut wrong_type = dev.alloc_zeroed::<Bf16>(10)?;
         expect_collective_error(ar.run_in_place(&s, &mut wrong_type), "bf16");
         let mut out = dev.alloc_zeroed::<f32>(10)?;
-        expect_collective_error(ar.fused_args(&s, &mut out).map(|_| ()), "pipelined");
         let bad = |o: AllReduceOptions| AllReduce::with_options(comm, 10, DType::F32, &o).map(|_| ());
         expect_collective_error(
             bad(AllReduceOptions {

@@ -195,8 +195,10 @@ impl AllReduceArgs {
     pub fn scratch_bytes(&self) -> u64 {
         let e = self.elem_bytes();
         match Algo::from_u32(self.algo) {
-            Some(Algo::OneShot) => 2 * self.shard_elems() * e,
-            Some(Algo::TwoShot) => (2 * self.world as u64 + 2) * self.shard_elems() * e,
+            // Two parities of `world` staging slots (two-shot: and of the
+            // result area, the padded vector).
+            Some(Algo::OneShot) => 2 * self.world as u64 * self.shard_elems() * e,
+            Some(Algo::TwoShot) => 4 * self.world as u64 * self.shard_elems() * e,
             Some(Algo::Pipelined) => self.blocks as u64 * self.block_scratch(),
             _ => 0,
         }
@@ -243,23 +245,16 @@ fn chunk_abs(lo: u64, hi: u64, ch: u64, k: u64, s: u64, sh: u64, elems: u64) -> 
     ((s * sh + x0).min(elems), (s * sh + x1).min(elems))
 }
 
-/// Every rank's address of the symmetric `local`, or a trap when a route
+/// Rank `q`'s address of the symmetric `local`, or a trap when the route
 /// has no peer pointer (the host picks `Pipelined` for such worlds).
+/// Computed where it is used, from the handle: no table of addresses held
+/// in registers across a loop.
 #[inline(always)]
-fn peer_sources<T: Transport>(t: &T, local: u64) -> Sources {
-    let mut s = Sources {
-        base: [0; MAX_RANKS],
-        n: t.world_size(),
-    };
-    for r in 0..MAX_RANKS {
-        if (r as u32) < s.n {
-            match t.peer_ptr(local as *const u8, r as u32) {
-                Some(p) => s.base[r] = p as u64,
-                None => ptx::trap(),
-            }
-        }
+fn peer_at<T: Transport>(t: &T, local: u64, q: u64) -> *mut u8 {
+    match t.peer_ptr(local as *const u8, q as u32) {
+        Some(p) => p,
+        None => ptx::trap(),
     }
-    s
 }
 
 /// After the block's writes: `*word = value` on every rank (release).
@@ -285,100 +280,155 @@ unsafe fn wait_all_block<T: Transport>(t: &T, ctl: BlockCtl, words: u64, value: 
     ctl.lead(|| unsafe { t.wait_until_all(words as *const u64, t.world_size(), Cmp::Ge, value) })
 }
 
-unsafe fn one_shot<T: Transport, E: Element>(t: &T, a: &AllReduceArgs) -> Result<(), Failed> {
+/// The staging of this launch's parity: `world` slots of `sh` elements
+/// (slot `r`: what rank `r` sent here), at this rank's address.
+#[inline(always)]
+fn staging(a: &AllReduceArgs, sh: u64, esz: u64) -> u64 {
+    a.scratch + (a.epoch & 1) * a.world as u64 * sh * esz
+}
+
+/// This rank's `world` staging slots as sources of a sum (local memory).
+#[inline(always)]
+fn slots(a: &AllReduceArgs, stg: u64, sh: u64, esz: u64) -> Sources {
+    Sources {
+        base: stg,
+        stride: sh * esz,
+        n: a.world,
+    }
+}
+
+/// One-shot, by push: each chunk of this rank's vector is produced into
+/// its own staging slot, copied into the same slot (`me`) of every peer's
+/// staging, and signalled; then every rank sums its `world` slots locally.
+/// One step of latency, remote writes only (no remote read round trips).
+unsafe fn one_shot<T: Transport, E: Element, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, mut produce: P) -> Result<(), Failed> {
     let (w, me, b, g) = (a.world as u64, t.rank() as u64, ptx::block_idx_x() as u64, a.blocks as u64);
     let esz = E::DTYPE.size();
     let (tid, nthr) = Coop::Block.index_and_size();
     let ctl = a.ctl(b);
     let sh = a.shard_elems();
-    let stg = a.scratch + (a.epoch & 1) * sh * esz;
+    let stg = staging(a, sh, esz);
+    let mine = stg + me * sh * esz;
     let ready = a.sigs + (g + b * w) * 8;
     let (lo, hi) = a.part(sh, b);
     let ch = a.chunk_elems;
     let kn = chunk_count(lo, hi, ch);
     for k in 0..kn {
         let (a0, a1) = chunk_abs(lo, hi, ch, k, 0, sh, a.elems);
-        // SAFETY: both hold `elems` elements (host's contract).
-        unsafe {
-            copy_bytes(
-                (stg + a0 * esz) as *mut u8,
-                (a.input + a0 * esz) as *const u8,
-                (a1 - a0) * esz,
-                tid,
-                nthr,
-            )
-        };
+        if a1 > a0 {
+            let at = mine + a0 * esz;
+            produce(Chunk {
+                dst: at as *mut u8,
+                first: a0,
+                len: a1 - a0,
+                dtype: E::DTYPE,
+            });
+            ptx::sync_threads();
+            for q in 0..w {
+                if q != me {
+                    // SAFETY: slot `me` of rank q's staging (same offsets), `sh` elements.
+                    unsafe { copy_bytes(peer_at(t, at, q), at as *const u8, (a1 - a0) * esz, tid, nthr) };
+                }
+            }
+        }
         // SAFETY: this block's ready word of this rank, in the signal area.
         unsafe { publish_block(t, ctl, ready + me * 8, tag(a.epoch, k)) }?;
     }
-    let srcs = peer_sources(t, stg);
+    let srcs = slots(a, stg, sh, esz);
     for k in 0..kn {
         // SAFETY: the block's `world` ready words.
         unsafe { wait_all_block(t, ctl, ready, tag(a.epoch, k)) }?;
         let (a0, a1) = chunk_abs(lo, hi, ch, k, 0, sh, a.elems);
-        // SAFETY: every staging holds the chunk (signalled), output `elems`.
-        unsafe { sum_into::<E>((a.output + a0 * esz) as *mut u8, &srcs, a0 * esz, a1 - a0, tid, nthr) };
+        if a1 > a0 {
+            // SAFETY: every slot holds the chunk (signalled), output `elems`.
+            unsafe { sum_into::<E>((a.output + a0 * esz) as *mut u8, &srcs, a0 * esz, a1 - a0, tid, nthr) };
+        }
     }
     Ok(())
 }
 
-unsafe fn two_shot<T: Transport, E: Element>(t: &T, a: &AllReduceArgs) -> Result<(), Failed> {
+/// Steps the reduction of two-shot trails the production (chunk `j - 1`
+/// is reduced after chunk `j` is produced): a peer's chunk has had a step
+/// to arrive.
+const TWO_SHOT_LAG: u64 = 1;
+
+/// Two-shot, by push: shard `s` of each produced chunk is written straight
+/// into slot `me` of its owner `s`'s staging (a reduce-scatter by remote
+/// stores, issued while producing); the owner sums its `world` slots
+/// locally into its output and writes the sum into every peer's result
+/// area; each rank then copies the other shards from its result area
+/// (local) into its output.
+unsafe fn two_shot<T: Transport, E: Element, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, mut produce: P) -> Result<(), Failed> {
     let (w, me, b, g) = (a.world as u64, t.rank() as u64, ptx::block_idx_x() as u64, a.blocks as u64);
     let esz = E::DTYPE.size();
     let (tid, nthr) = Coop::Block.index_and_size();
     let ctl = a.ctl(b);
     let sh = a.shard_elems();
-    let par = a.epoch & 1;
-    let stg = a.scratch + par * w * sh * esz;
-    let res = a.scratch + 2 * w * sh * esz + par * sh * esz;
+    let stg = staging(a, sh, esz);
+    // Result area of this parity: the padded vector, shard s at s * sh.
+    let res = a.scratch + 2 * w * sh * esz + (a.epoch & 1) * w * sh * esz;
     let ready = a.sigs + (g + b * w) * 8;
     let reduced = a.sigs + (g + g * w + b * w) * 8;
     let (lo, hi) = a.part(sh, b);
     let ch = a.chunk_elems;
     let kn = chunk_count(lo, hi, ch);
-    // Stage part b of every shard, chunk by chunk.
-    for k in 0..kn {
-        for s in 0..w {
-            let (a0, a1) = chunk_abs(lo, hi, ch, k, s, sh, a.elems);
-            // SAFETY: staging holds `world * sh` elements, input `elems`.
-            unsafe {
-                copy_bytes(
-                    (stg + a0 * esz) as *mut u8,
-                    (a.input + a0 * esz) as *const u8,
-                    (a1 - a0) * esz,
-                    tid,
-                    nthr,
-                )
-            };
+    let srcs = slots(a, stg, sh, esz);
+    for j in 0..kn + TWO_SHOT_LAG {
+        if j < kn {
+            // Produce chunk j of part b of every shard into its owner.
+            for s in 0..w {
+                let (a0, a1) = chunk_abs(lo, hi, ch, j, s, sh, a.elems);
+                if a1 > a0 {
+                    produce(Chunk {
+                        dst: peer_at(t, stg + me * sh * esz + (a0 - s * sh) * esz, s),
+                        first: a0,
+                        len: a1 - a0,
+                        dtype: E::DTYPE,
+                    });
+                }
+            }
+            // SAFETY: this block's ready word of this rank.
+            unsafe { publish_block(t, ctl, ready + me * 8, tag(a.epoch, j)) }?;
         }
-        // SAFETY: this block's ready word of this rank.
-        unsafe { publish_block(t, ctl, ready + me * 8, tag(a.epoch, k)) }?;
-    }
-    // Reduce-scatter: sum this rank's shard from every staging.
-    let srcs = peer_sources(t, stg);
-    for k in 0..kn {
-        // SAFETY: the block's ready words.
-        unsafe { wait_all_block(t, ctl, ready, tag(a.epoch, k)) }?;
-        let (a0, a1) = chunk_abs(lo, hi, ch, k, me, sh, a.elems);
-        if a1 > a0 {
-            let dst = (res + (a0 - me * sh) * esz) as *mut u8;
-            // SAFETY: the result buffer holds one shard.
-            unsafe { sum_into::<E>(dst, &srcs, a0 * esz, a1 - a0, tid, nthr) };
+        if j >= TWO_SHOT_LAG {
+            // Reduce chunk k of this rank's shard, push the sum.
+            let k = j - TWO_SHOT_LAG;
+            // SAFETY: the block's ready words.
+            unsafe { wait_all_block(t, ctl, ready, tag(a.epoch, k)) }?;
+            let (a0, a1) = chunk_abs(lo, hi, ch, k, me, sh, a.elems);
+            if a1 > a0 {
+                let out = (a.output + a0 * esz) as *mut u8;
+                // SAFETY: every slot holds the chunk (signalled); output `elems`.
+                unsafe { sum_into::<E>(out, &srcs, (a0 - me * sh) * esz, a1 - a0, tid, nthr) };
+                ptx::sync_threads();
+                for q in 0..w {
+                    if q != me {
+                        // SAFETY: rank q's result area holds the padded vector.
+                        unsafe { copy_bytes(peer_at(t, res + a0 * esz, q), out, (a1 - a0) * esz, tid, nthr) };
+                    }
+                }
+            }
+            // SAFETY: this block's reduced word of this rank.
+            unsafe { publish_block(t, ctl, reduced + me * 8, tag(a.epoch, k)) }?;
         }
-        // SAFETY: this block's reduced word of this rank.
-        unsafe { publish_block(t, ctl, reduced + me * 8, tag(a.epoch, k)) }?;
     }
-    // All-gather: each shard from its owner's result buffer.
-    let owners = peer_sources(t, res);
+    // All-gather: the other shards arrived in this rank's result area.
     for k in 0..kn {
         // SAFETY: the block's reduced words.
         unsafe { wait_all_block(t, ctl, reduced, tag(a.epoch, k)) }?;
         for s in 0..w {
             let (a0, a1) = chunk_abs(lo, hi, ch, k, s, sh, a.elems);
-            if a1 > a0 {
-                let src = owners.at(s as usize, (a0 - s * sh) * esz);
-                // SAFETY: owner `s` has published its shard; output `elems`.
-                unsafe { copy_bytes((a.output + a0 * esz) as *mut u8, src, (a1 - a0) * esz, tid, nthr) };
+            if s != me && a1 > a0 {
+                // SAFETY: owner `s` has written and published the chunk; output `elems`.
+                unsafe {
+                    copy_bytes(
+                        (a.output + a0 * esz) as *mut u8,
+                        (res + a0 * esz) as *const u8,
+                        (a1 - a0) * esz,
+                        tid,
+                        nthr,
+                    )
+                };
             }
         }
     }
@@ -502,15 +552,11 @@ unsafe fn pipelined<T: Transport, E: Element, P: FnMut(Chunk)>(t: &T, a: &AllRed
                 // SAFETY: as above; the slots hold `len` elements once full.
                 unsafe {
                     rs.wait_all_block(t, ctl, s)?;
-                    let mut srcs = Sources {
-                        base: [0; MAX_RANKS],
+                    let srcs = Sources {
+                        base: rs.slot(s, 0) as u64,
+                        stride: rs.peer_stride,
                         n: a.world,
                     };
-                    for r in 0..MAX_RANKS {
-                        if (r as u32) < a.world {
-                            srcs.base[r] = rs.slot(s, r as u32) as u64;
-                        }
-                    }
                     sum_into::<E>(agbox, &srcs, 0, len, tid, nthr);
                     rs.release_all_block(t, ctl, s)?;
                     ag.acquire_all_block(t, ctl, s)?;
@@ -559,55 +605,64 @@ fn check<T: Transport>(t: &T, a: &AllReduceArgs) {
 /// input and output hold `elems` elements), and every rank launches it
 /// with the same epoch.
 pub unsafe fn run<T: Transport>(t: &T, a: &AllReduceArgs) -> Result<(), Failed> {
-    check(t, a);
-    let bf16 = a.dtype == DType::Bf16 as u32;
-    // SAFETY: the caller's contract, per algorithm.
+    let e = a.elem_bytes();
+    // SAFETY: the caller's contract: `input` holds `elems` elements.
     unsafe {
-        match Algo::from_u32(a.algo) {
-            Some(Algo::OneShot) if bf16 => one_shot::<T, Bf16>(t, a),
-            Some(Algo::OneShot) => one_shot::<T, f32>(t, a),
-            Some(Algo::TwoShot) if bf16 => two_shot::<T, Bf16>(t, a),
-            Some(Algo::TwoShot) => two_shot::<T, f32>(t, a),
-            Some(Algo::Pipelined) => fused(t, a, |c: Chunk| {
-                let (me, n) = Coop::Block.index_and_size();
-                let e = a.elem_bytes();
-                copy_bytes(c.dst, (a.input + c.first * e) as *const u8, c.len * e, me, n);
-            }),
-            _ => {
-                if a.input != a.output {
-                    let bytes = a.elems * a.elem_bytes();
-                    let (me, n) = (ptx::global_thread_id_x() as u64, ptx::grid_stride_x() as u64);
-                    copy_bytes(a.output as *mut u8, a.input as *const u8, bytes, me, n);
-                }
-                Ok(())
+        fused(t, a, |c: Chunk| {
+            let (me, n) = Coop::Block.index_and_size();
+            let src = a.input + c.first * e;
+            if c.dst as u64 != src {
+                copy_bytes(c.dst, src as *const u8, c.len * e, me, n);
             }
-        }
+        })
     }
 }
 
 /// The **fused** all-reduce: `produce` computes each chunk of this rank's
 /// contribution (every thread of the block calls it with the same
 /// [`Chunk`]; fill `chunk.dst` with [`Chunk::write`] over
-/// [`Chunk::my_elements`], or any other split), and the chunk is put into
-/// its owner's ring the moment the block is done with it. `a.input` is not
-/// read; the sum lands in `a.output`. `a.algo` must be `Pipelined`
-/// (`doorbell::coll::AllReduce::fused_args` makes such arguments). Every
-/// thread of every block of the launch calls it.
+/// [`Chunk::my_elements`], or any other split), and the chunk is on its way
+/// the moment the block is done with it: one-shot and two-shot (peer
+/// pointers) hand the producer a peer's staging itself, so its stores are
+/// the transfer; pipelined puts the chunk into its owner's ring. `a.input`
+/// is not read; the sum lands in `a.output`. Every thread of every block of
+/// the launch calls it.
 ///
 /// # Safety
 /// As for [`run`]; `produce` writes only `chunk.dst[..chunk.len]`.
 #[inline(always)]
-pub unsafe fn fused<T: Transport, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, produce: P) -> Result<(), Failed> {
+pub unsafe fn fused<T: Transport, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, mut produce: P) -> Result<(), Failed> {
     check(t, a);
-    if a.algo != Algo::Pipelined as u32 {
-        ptx::trap();
-    }
-    // SAFETY: the caller's contract.
+    let bf16 = a.dtype == DType::Bf16 as u32;
+    // SAFETY: the caller's contract, per algorithm.
     unsafe {
-        if a.dtype == DType::Bf16 as u32 {
-            pipelined::<T, Bf16, P>(t, a, produce)
-        } else {
-            pipelined::<T, f32, P>(t, a, produce)
+        match Algo::from_u32(a.algo) {
+            Some(Algo::OneShot) if bf16 => one_shot::<T, Bf16, P>(t, a, produce),
+            Some(Algo::OneShot) => one_shot::<T, f32, P>(t, a, produce),
+            Some(Algo::TwoShot) if bf16 => two_shot::<T, Bf16, P>(t, a, produce),
+            Some(Algo::TwoShot) => two_shot::<T, f32, P>(t, a, produce),
+            Some(Algo::Pipelined) if bf16 => pipelined::<T, Bf16, P>(t, a, produce),
+            Some(Algo::Pipelined) => pipelined::<T, f32, P>(t, a, produce),
+            _ => {
+                // One rank: the sum is the rank's own vector; produced
+                // straight into the output, chunk by chunk over the blocks.
+                let (b, g, dtype) = (
+                    ptx::block_idx_x() as u64,
+                    a.blocks as u64,
+                    if bf16 { DType::Bf16 } else { DType::F32 },
+                );
+                let mut first = b * a.chunk_elems;
+                while first < a.elems {
+                    produce(Chunk {
+                        dst: (a.output + first * a.elem_bytes()) as *mut u8,
+                        first,
+                        len: a.chunk_elems.min(a.elems - first),
+                        dtype,
+                    });
+                    first += g * a.chunk_elems;
+                }
+                Ok(())
+            }
         }
     }
 }

@@ -161,12 +161,17 @@ impl Element for Bf16 {
     }
 }
 
-/// Where a reduction reads its `n` inputs: input `r` is `base[r] + offset`
-/// (bytes). At most [`super::MAX_RANKS`] inputs, held in registers.
+/// Where a reduction reads its `n` inputs: input `r` is
+/// `base + r * stride + offset` (bytes) — the slots of one staging area or
+/// ring, which lie in local memory (the collectives push data to the rank
+/// that reduces it, so sums never read a peer). Three scalars: no array of
+/// addresses held in registers.
 #[derive(Clone, Copy)]
 pub struct Sources {
-    /// Base address of each input.
-    pub base: [u64; super::MAX_RANKS],
+    /// Address of input 0.
+    pub base: u64,
+    /// Bytes from one input to the next.
+    pub stride: u64,
     /// How many inputs.
     pub n: u32,
 }
@@ -175,39 +180,55 @@ impl Sources {
     /// Input `r`'s address at byte `offset`.
     #[inline(always)]
     pub fn at(&self, r: usize, offset: u64) -> *const u8 {
-        // Constant indices: selects in registers, not a local-memory array.
-        let mut b = self.base[0];
-        let mut k = 1;
-        while k < super::MAX_RANKS {
-            if r == k {
-                b = self.base[k];
-            }
-            k += 1;
-        }
-        (b + offset) as *const u8
+        (self.base + r as u64 * self.stride + offset) as *const u8
     }
 }
 
+/// Vectors each thread keeps in flight in [`sum_into`] and [`copy_bytes`]:
+/// a peer link (or HBM) reaches its bandwidth only with many bytes in
+/// flight, and one dependent load per thread leaves it latency-bound.
+const UNROLL: u64 = 4;
+/// [`UNROLL`] of [`sum_into`], whose rounds hold an accumulator per vector:
+/// two keep the collectives' kernels within their register budget.
+const SUM_UNROLL: u64 = 2;
+
 /// `dst[i] = src_0[i] + ... + src_(n-1)[i]` for `i` in `0..elems`, summed
 /// in `f32` in that order, by the threads of `g` (`me` of `count`). 16-byte
-/// vectors when every address is 16-byte aligned, else one element at a
-/// time. `dst` may be one of the sources (each element is read before it is
-/// written, by the same thread).
+/// vectors ([`SUM_UNROLL`] per thread and source in flight) when every address is 16-byte
+/// aligned, else one element at a time. `dst` may be one of the sources
+/// (each element is read before it is written, by the same thread).
 ///
 /// # Safety
 /// Every source holds `elems` elements at `src_off`; `dst` holds `elems`.
 #[inline(always)]
 pub unsafe fn sum_into<E: Element>(dst: *mut u8, srcs: &Sources, src_off: u64, elems: u64, me: u64, count: u64) {
-    let esz = E::DTYPE.size();
-    let mut align = dst as u64 | src_off;
-    for r in 0..srcs.n as usize {
-        align |= srcs.at(r, 0) as u64;
-    }
+    let align = dst as u64 | src_off | srcs.base | srcs.stride;
     let mut done = 0u64;
     if align & 15 == 0 {
         let per = E::PER_VEC as u64;
         let vecs = elems / per;
         let mut v = me;
+        // SUM_UNROLL vectors per thread: every source's loads of a round are
+        // independent, so they are all in flight before the first add.
+        while v + (SUM_UNROLL - 1) * count < vecs {
+            let mut acc = [[0f32; 8]; SUM_UNROLL as usize];
+            for r in 0..srcs.n as usize {
+                let base = srcs.at(r, src_off);
+                let mut x = [[0u32; 4]; SUM_UNROLL as usize];
+                for (u, x) in x.iter_mut().enumerate() {
+                    // SAFETY: in bounds (v + u * count < vecs), 16-byte aligned (checked).
+                    *x = unsafe { ptx::ld_v4_u32(base.add(((v + u as u64 * count) * 16) as usize) as *const u32) };
+                }
+                for u in 0..SUM_UNROLL as usize {
+                    E::unpack(&mut acc[u], x[u], r != 0);
+                }
+            }
+            for (u, acc) in acc.iter().enumerate() {
+                // SAFETY: as above.
+                unsafe { ptx::st_v4_u32(dst.add(((v + u as u64 * count) * 16) as usize) as *mut u32, E::pack(acc)) };
+            }
+            v += SUM_UNROLL * count;
+        }
         while v < vecs {
             let off = v * 16;
             let mut acc = [0f32; 8];
@@ -234,27 +255,52 @@ pub unsafe fn sum_into<E: Element>(dst: *mut u8, srcs: &Sources, src_off: u64, e
         unsafe { E::store(dst, i, acc) };
         i += count;
     }
-    let _ = esz;
 }
 
 /// Copies `bytes` from `src` to `dst` with the threads of a group (`me` of
-/// `count`): 16-byte vectors when both are 16-byte aligned, else bytes.
+/// `count`): 16-byte vectors ([`UNROLL`] per thread in flight) when both
+/// are 16-byte aligned, else 4-byte words when both are 4-byte aligned,
+/// else bytes; the tail byte by byte.
 ///
 /// # Safety
 /// Both ranges are valid and do not overlap.
 #[inline(always)]
 pub unsafe fn copy_bytes(dst: *mut u8, src: *const u8, bytes: u64, me: u64, count: u64) {
+    let align = (dst as u64 | src as u64) & 15;
     let mut done = 0u64;
-    if (dst as u64 | src as u64) & 15 == 0 {
+    if align == 0 {
         let vecs = bytes / 16;
-        let mut v = me;
-        while v < vecs {
-            let o = (v * 16) as usize;
-            // SAFETY: in bounds, aligned.
-            unsafe { ptx::st_v4_u32(dst.add(o) as *mut u32, ptx::ld_v4_u32(src.add(o) as *const u32)) };
-            v += count;
+        let at = |i: u64| (i * 16) as usize;
+        let mut i = me;
+        // All loads of a round before its stores: the stores may alias
+        // nothing the loads read (contract), but the compiler cannot know.
+        while i + (UNROLL - 1) * count < vecs {
+            let mut x = [[0u32; 4]; UNROLL as usize];
+            for (u, x) in x.iter_mut().enumerate() {
+                // SAFETY: in bounds, 16-byte aligned.
+                *x = unsafe { ptx::ld_v4_u32(src.add(at(i + u as u64 * count)) as *const u32) };
+            }
+            for (u, x) in x.iter().enumerate() {
+                // SAFETY: as above.
+                unsafe { ptx::st_v4_u32(dst.add(at(i + u as u64 * count)) as *mut u32, *x) };
+            }
+            i += UNROLL * count;
+        }
+        while i < vecs {
+            // SAFETY: in bounds, 16-byte aligned.
+            unsafe { ptx::st_v4_u32(dst.add(at(i)) as *mut u32, ptx::ld_v4_u32(src.add(at(i)) as *const u32)) };
+            i += count;
         }
         done = vecs * 16;
+    } else if align & 3 == 0 {
+        let words = bytes / 4;
+        let mut i = me;
+        while i < words {
+            // SAFETY: in bounds, 4-byte aligned.
+            unsafe { *(dst.add((i * 4) as usize) as *mut u32) = *(src.add((i * 4) as usize) as *const u32) };
+            i += count;
+        }
+        done = words * 4;
     }
     let mut i = done + me;
     while i < bytes {

@@ -29,9 +29,9 @@
 //! ## Algorithms
 //! Chosen by size and route ([`AllReduceOptions::algo`] overrides):
 //! one-shot up to [`ONE_SHOT_MAX_BYTES`], two-shot (reduce-scatter +
-//! all-gather through peer pointers) above, pipelined (reduce-scatter +
-//! all-gather through pipeline rings, with puts and signals) where a route
-//! has no peer pointers, and for the fused all-reduce. See
+//! all-gather, both by stores into the peers' memory) above, pipelined
+//! (reduce-scatter + all-gather through pipeline rings, with puts and
+//! signals) where a route has no peer pointers. See
 //! `doorbell_kernels::coll::allreduce` for the data paths.
 //!
 //! ## Rules
@@ -47,11 +47,13 @@
 //!   once. The default grid keeps to a share of the GPU's SMs per rank.
 //!
 //! ## The fused all-reduce
-//! With [`Algo::Pipelined`], [`AllReduce::fused_args`] gives the kernel
-//! argument and grid for a kernel of your own that calls
-//! `doorbell_kernels::coll::allreduce::fused` with a producer closure: each
-//! chunk's reduce-scatter and all-gather start as soon as the producer has
-//! written it (see the README's "Fused all-reduce").
+//! [`AllReduce::fused_args`] gives the kernel argument and grid for a
+//! kernel of your own that calls `doorbell_kernels::coll::allreduce::fused`
+//! with a producer closure. With one-shot and two-shot the producer writes
+//! each chunk straight into the peers' staging (its stores are the
+//! reduce-scatter) and the chunk's reduction starts as soon as every rank
+//! has signalled it; pipelined hands each chunk to its owner's ring (see
+//! the README's "Fused all-reduce").
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -119,8 +121,6 @@ pub const DEFAULT_CHUNK_BYTES: u64 = 1 << 20;
 pub const DEFAULT_PIPELINE_CHUNK_BYTES: u64 = 64 << 10;
 /// Default stages per pipeline ring.
 pub const DEFAULT_STAGES: u32 = 4;
-/// Most blocks the default grid uses per rank on a GPU.
-pub const MAX_BLOCKS: u32 = 32;
 
 /// The device transport a collective's kernel runs over.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -163,8 +163,9 @@ pub struct AllReduceOptions {
     /// Bytes per signalled chunk, rounded up to 64 elements (default
     /// [`DEFAULT_CHUNK_BYTES`], pipelined [`DEFAULT_PIPELINE_CHUNK_BYTES`]).
     pub chunk_bytes: Option<u64>,
-    /// Blocks per rank (default: by size, at most [`MAX_BLOCKS`] and a
-    /// share of the SMs per rank on a GPU; 2 on the emulator).
+    /// Blocks per rank (default: by size — a chunk (pipelined) or 64 KiB
+    /// per block — up to one per SM of the rank's share of its GPU; 2 on the
+    /// emulator).
     pub blocks: Option<u32>,
     /// Threads per block, a multiple of 32 (default 256 on a GPU — any
     /// kernel fits 256 threads, whatever its register count — and 64 on the
@@ -251,7 +252,10 @@ impl Plan {
             return Err(invalid(format!("{stages} pipeline stages; use 1..=64")));
         }
         let max_blocks = if gpu {
-            (sms / ranks_per_gpu.max(1)).clamp(1, MAX_BLOCKS as usize) as u64
+            // Every block of every rank must be resident at once: at most
+            // one per SM of this rank's share (the kernel's registers allow
+            // one block of the default 256 threads per SM).
+            (sms / ranks_per_gpu.max(1)).max(1) as u64
         } else {
             2
         };
@@ -561,7 +565,9 @@ impl<'c> AllReduce<'c> {
     /// kernel of your own (it calls `doorbell_kernels::coll::allreduce::fused`
     /// with its producer), writing the sum into `output`. Counts as a launch:
     /// launch exactly once with what it returns, on every rank, in order.
-    /// Needs [`Algo::Pipelined`]; `None` for zero elements (launch nothing).
+    /// Any algorithm: one-shot and two-shot hand the producer the peers'
+    /// staging, pipelined its ring outbox. `None` for zero elements
+    /// (launch nothing).
     pub fn fused_args<T: Elem>(&self, stream: &Stream, output: &mut DeviceBuffer<T>) -> Result<Option<(AllReduceArgs, LaunchConfig)>> {
         self.check_buffer("output", output)?;
         // SAFETY: checked above.
@@ -575,12 +581,6 @@ impl<'c> AllReduce<'c> {
     /// rank's device.
     pub unsafe fn fused_args_raw(&self, stream: &Stream, output: u64) -> Result<Option<(AllReduceArgs, LaunchConfig)>> {
         self.check_stream(stream)?;
-        if self.algo() != Algo::Pipelined {
-            return Err(invalid(format!(
-                "a fused all-reduce needs the pipelined algorithm; this one is {} (AllReduceOptions::algo = Some(Algo::Pipelined))",
-                self.algo().name()
-            )));
-        }
         if self.elems() == 0 {
             return Ok(None);
         }
