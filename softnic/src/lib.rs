@@ -199,9 +199,11 @@
 //! each port its own blocks and make responder-side state (receive
 //! counters, CQ producer indices) atomic.
 #![cfg_attr(target_arch = "nvptx64", no_std)]
+#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx))]
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod engine;
+pub mod kernel;
 
 #[cfg(not(target_arch = "nvptx64"))]
 mod error;
