@@ -251,7 +251,7 @@ fn run(args: &Args) -> Result<(), BoxError> {
             x.forward(&s, &ids_d, &mut out)?;
             x.finish(&s)?;
             outs.push(out.to_host()?);
-            x.backward(&s, &ids_d, &grad, lr)?;
+            x.backward(&s, &grad, lr)?;
             x.finish(&s)?;
         }
         Ok((dev.name(), dev.is_gpu(), outs, x.shard()?))
@@ -470,7 +470,7 @@ fn bench(args: &Args) -> Result<(), BoxError> {
                 let bwd = time_loop(comm, iters, || {
                     x.forward(&s, &ids_d, &mut out)?;
                     x.finish(&s)?;
-                    timed(&s, || x.backward(&s, &ids_d, &grad, 0.0))
+                    timed(&s, || x.backward(&s, &grad, 0.0))
                 })?;
                 t.push(("fused", "bwd", fused_ok, bwd));
                 x.finish(&s)?;
