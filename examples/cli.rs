@@ -133,7 +133,8 @@ impl PingpongArgs {
 }
 
 /// P2P transport benchmark against raw floors measured in the same run:
-/// signal round trip vs a flag ping-pong, put bandwidth vs a copy kernel.
+/// signal round trip (checked and unchecked) vs a flag ping-pong, put
+/// bandwidth vs two copy kernels; interleaved rounds, medians.
 /// Flags follow nccl-tests.
 #[derive(Parser, Debug, Clone, PartialEq, Eq)]
 #[command(name = "p2p_bench", version, about, long_about = None)]
@@ -152,16 +153,20 @@ pub struct P2pBenchArgs {
     /// Timed puts per size, in one launch [default: 256 MiB / size, clamped to 4..=2000]
     #[arg(short = 'n', long = "iters", value_name = "N", value_parser = ranged(1, 1_000_000))]
     pub iters: Option<u64>,
-    /// Untimed puts per size before the timed ones
+    /// Iterations of the untimed warm-up launch of the put and of each copy, per size
     #[arg(short = 'w', long = "warmup_iters", alias = "warmup-iters", value_name = "N", default_value = "1", value_parser = ranged(0, 1_000_000))]
     pub warmup_iters: u64,
-    /// Signal round trips timed (and flag ping-pongs of the floor) [default: 20000 on a GPU, 200 on the emulator]
+    /// Round trips timed per launch of each signal variant (floor, unchecked, checked) [default: 20000 on a GPU, 200 on the emulator]
     #[arg(long = "rtt-iters", value_name = "N", value_parser = ranged(1, u32::MAX as u64))]
     pub rtt_iters: Option<u64>,
+    /// Rounds of the interleaved measurements (floor, then the transport's
+    /// calls, in turn); the table reports each one's median and minimum
+    #[arg(long, value_name = "N", default_value = "5", value_parser = ranged(1, 1000))]
+    pub rounds: u64,
     /// Two GPUs: rank r on GPU r, puts cross NVLink
     #[arg(long)]
     pub spread: bool,
-    /// Where p2p_bench.{json,csv,png,svg} go
+    /// Where p2p_bench.{json,csv,png,svg} and p2p_bench_rtt.csv go
     #[arg(long, value_name = "DIR", default_value = ".")]
     pub out: std::path::PathBuf,
 }
@@ -173,8 +178,10 @@ pub struct P2pBenchPlan {
     pub sizes: Vec<u64>,
     /// The largest size asked for (buffers are this large).
     pub max_bytes: u64,
-    /// Timed signal round trips.
+    /// Timed signal round trips per launch.
     pub rtt_iters: u32,
+    /// Rounds of each interleaved measurement.
+    pub rounds: u32,
     /// Symmetric heap per rank.
     pub heap_bytes: u64,
 }
@@ -203,6 +210,7 @@ impl P2pBenchArgs {
             sizes,
             max_bytes: max,
             rtt_iters: self.rtt_iters.unwrap_or(if gpu { 20_000 } else { 200 }) as u32,
+            rounds: self.rounds as u32,
             // `max` is at most MAX_BYTES: no overflow.
             heap_bytes: max * 2 + (1 << 20),
         })
