@@ -328,3 +328,41 @@ impl WqeDumpArgs {
         doorbell_kernels::mlx5::dump::parse_args(&argv)
     }
 }
+
+/// 08 — IBGDA over the soft NIC against P2P, in one run: put_signal round
+/// trip, put bandwidth, WQE post rate, the engine's execution rate, and
+/// (with `DOORBELL_SOFTNIC_LINK`) achieved against promised bandwidth.
+#[derive(Parser, Debug, Clone, PartialEq, Eq)]
+#[command(name = "ibgda_bench", version, about, long_about = None)]
+pub struct IbgdaBenchArgs {
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    /// Smallest put size, bytes
+    #[arg(short = 'b', long = "minbytes", value_name = "BYTES", default_value = "4096", value_parser = ranged(16, MAX_BYTES))]
+    pub min_bytes: u64,
+    /// Largest put size, bytes [default: 268435456 on a GPU, 1048576 on the emulator]
+    #[arg(short = 'e', long = "maxbytes", value_name = "BYTES", value_parser = ranged(16, MAX_BYTES))]
+    pub max_bytes: Option<u64>,
+    /// Multiply the size by this factor from one row to the next
+    #[arg(short = 'f', long = "stepfactor", value_name = "F", default_value = "4", value_parser = ranged(2, 1024))]
+    pub step_factor: u64,
+    /// Blocks of rank 0 that put (each its share of the message)
+    #[arg(long, value_name = "N", default_value = "8", value_parser = ranged(1, 1024))]
+    pub blocks: u64,
+    /// put_signal round trips timed per launch [default: 2000 on a GPU, 50 on the emulator]
+    #[arg(long = "rtt-iters", value_name = "N", value_parser = ranged(1, 1_000_000))]
+    pub rtt_iters: Option<u64>,
+    /// WQEs of the post-rate burst (at most the send queue's size) and of
+    /// the engine-rate run
+    #[arg(long = "wqes", value_name = "N", default_value = "128", value_parser = ranged(1, 1_000_000))]
+    pub wqes: u64,
+    /// Rounds of every measurement; the table reports the median
+    #[arg(long, value_name = "N", default_value = "3", value_parser = ranged(1, 1000))]
+    pub rounds: u64,
+    /// Two GPUs: rank r on GPU r (the engine fences at sys scope)
+    #[arg(long)]
+    pub spread: bool,
+    /// Where ibgda_bench.json goes
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    pub out: std::path::PathBuf,
+}
