@@ -18,21 +18,42 @@
 //!    host collective (`all_gather_bytes`); QP `k` of rank `a` to rank `b`
 //!    connects to QP `k` of rank `b` to rank `a`: RESET → INIT → RTR → RTS.
 //! 5. A world barrier (every QP is in RTS before any kernel posts), then
-//!    the engine thread of this rank's port starts.
+//!    this rank's port gets its engine.
 //!
-//! Teardown (the communicator's drop, which already waited for every rank):
-//! the engine stops, then QPs, CQs and regions are destroyed, then their
-//! memory is freed — after which the NIC never touches it.
+//! The rings (SQ, doorbell records, UAR word, CQ), the scratch words and
+//! the QPs' software state are device memory (the emulator's is host
+//! memory); the host fills the CQ rings with invalid CQEs itself.
 //!
 //! ## Where the engine runs
-//! On the CPU emulator "device memory" is host memory, so the soft NIC's
-//! host thread executes WQEs directly on the heaps, rings and CQs. On a GPU
-//! the rings and the heap are device memory: a host-thread engine would
-//! need the rings in mapped pinned memory and one driver copy per WQE
-//! (the measured mapped round trip is 3.2 µs, a launch 4.3 µs: slower than
-//! the message); the intended engine is GPU-resident — a persistent kernel
-//! running the soft NIC's `no_std` `engine::poll_port` core. Until it
-//! exists, asking for IBGDA on a GPU is an error that says so.
+//! * **Kernel** (`SoftNicEngine::Kernel`; the default on a GPU,
+//!   `DOORBELL_SOFTNIC_ENGINE=kernel` on the emulator): each rank copies
+//!   its port's tables to its device memory, the ranks exchange those
+//!   addresses into a `PortTable`, and each rank launches `softnic_engine`
+//!   (from [`SOFTNIC_PTX`]) — **one block per port**, 256 threads on a GPU
+//!   (`DOORBELL_SOFTNIC_ENGINE_THREADS`) — on a non-blocking stream that
+//!   [`crate::Device::synchronize`] and buffer frees do not wait for.
+//!   Thread 0 runs the engine's control (the same `poll_port` as the host
+//!   thread); copies of 1 KiB or more are moved by the whole block with
+//!   16-byte vectors, smaller ones by thread 0. Payload goes over the same
+//!   mappings as P2P (same-GPU pointers, peer access between GPUs); the
+//!   engine fences at `gpu` scope when every rank shares one GPU, else at
+//!   `sys`. **Cost**: one SM per rank (the block uses 231 registers per
+//!   thread, so its SM holds little else) — a kernel that sizes an
+//!   all-resident grid by the SM count must leave those SMs free, or it
+//!   and the engine wait for each other. The fabric then sends new
+//!   regions (`ibgda_register`) and fault configurations to the device
+//!   tables, and reads counters and the error log from them.
+//! * **Thread** (`SoftNicEngine::Thread`, the emulator's default): a host
+//!   thread per port polls the same tables in host memory. Refused on a
+//!   GPU: a host thread would need a driver copy per WQE (a mapped round
+//!   trip costs 3.2 µs, a launch 4.3 µs — more than the message).
+//!
+//! Teardown (the communicator's drop or [`Communicator::ibgda_reset`]):
+//! the host sets the engine's stop word, waits (20 s at most) for it to
+//! report that it exited, synchronizes its stream, and only then destroys
+//! QPs, CQs and regions and frees their memory. An engine that does not
+//! stop in time is reported and its memory is leaked, never freed under
+//! it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -501,8 +522,9 @@ impl Communicator {
     /// **Collective the first time** (every rank calls it, or
     /// [`Communicator::routed`]): sets the transport up with
     /// [`IbgdaOptions::from_env`]. Later calls return the handle at once.
-    /// Emulator only for now (see the module docs); peers must be threads of
-    /// this process (one soft fabric).
+    /// On a GPU the soft NIC's engine is a persistent kernel (see the
+    /// module docs); peers must be threads of this process (one soft
+    /// fabric).
     pub fn ibgda(&self) -> Result<Ibgda> {
         self.ibgda_state(None)
     }
