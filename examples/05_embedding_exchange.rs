@@ -8,7 +8,8 @@
 //! cargo run --release --example embedding_exchange -- --help
 //! cargo run --release --example embedding_exchange -- [--ranks N] [--tables T] [--rows R] [--dim D]
 //!     [--batch B] [--pooling P] [--zipf S] [--seed X] [--train-steps K] [--lr L] [--device gpu|cpu|auto]
-//!     [--ids PATH] [--dump PATH] [--dump-tables PATH] [--transport p2p|ibgda|routed] [--bench [--out DIR]]
+//!     [--ids PATH] [--dump PATH] [--dump-tables PATH] [--transport p2p|ibgda|routed]
+//!     [--bench [--quick] [--breakdown] [--iters N] [--out DIR]]
 //! ```
 //! Definitions (so any reference agrees): table `t`, global row `j`,
 //! element `k` starts as `((t*7 + j*13 + k*3) mod 23) - 11`; row `j` lives
@@ -24,6 +25,10 @@
 //! the host, one driver copy per peer per table) and NCCL (gather kernel →
 //! grouped ncclSend/ncclRecv → pooling kernel), forward and backward, over
 //! a DLRM-like sweep; writes `embedding_exchange.{json,png,svg}` to `--out`.
+//! `--quick` runs the three smaller shapes only; `--breakdown` adds the
+//! fused kernels' per-phase times (`%globaltimer` at the end of each phase,
+//! block 0's clock, mean over the timed iterations, the slowest rank at
+//! each phase end).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -31,6 +36,7 @@ use std::time::{Duration, Instant};
 use clap::{Parser, ValueEnum};
 use doorbell::comm::{CommOptions, Communicator};
 use doorbell::{DeviceBuffer, Stream};
+use doorbell_example_kernels::embedding as emb_k;
 use doorbell_examples::cli::{ranged, DeviceArgs};
 use doorbell_examples::embedding::{self as emb, Baseline, Exchange, Mover, Problem, Traffic};
 use doorbell_examples::plot::{write_chart, Chart, Series};
@@ -109,9 +115,15 @@ struct Args {
     /// Benchmark: fused vs CPU-driven copies vs NCCL over a DLRM-like sweep
     #[arg(long)]
     bench: bool,
-    /// Timed iterations per configuration and method (--bench) [default: 20 on a GPU, 2 on the emulator]
+    /// Timed iterations per configuration and method (--bench) [default: 20 on a GPU (10 with --quick), 2 on the emulator]
     #[arg(long, value_name = "N", value_parser = ranged(1, 100_000))]
     iters: Option<u64>,
+    /// --bench: the three smaller shapes only (batch x pooling 512x1, 512x8, 2048x8), 10 iterations
+    #[arg(long)]
+    quick: bool,
+    /// --bench: also time the fused kernels' phases (%globaltimer stamps of block 0; see `breakdown` lines and the JSON)
+    #[arg(long)]
+    breakdown: bool,
     /// Where the benchmark's JSON and plots go
     #[arg(long, value_name = "DIR", default_value = ".")]
     out: PathBuf,
@@ -251,7 +263,7 @@ fn run(args: &Args) -> Result<(), BoxError> {
             x.forward(&s, &ids_d, &mut out)?;
             x.finish(&s)?;
             outs.push(out.to_host()?);
-            x.backward(&s, &ids_d, &grad, lr)?;
+            x.backward(&s, &grad, lr)?;
             x.finish(&s)?;
         }
         Ok((dev.name(), dev.is_gpu(), outs, x.shard()?))
@@ -332,6 +344,69 @@ struct Row {
     gb_per_s: f64,
     /// Forward output checked against the reference (fused) or the fused output (baselines).
     checked: bool,
+    /// `--breakdown`: the fused kernels' phases, µs each (see [`Phases`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    phases_us: Option<Vec<(String, f64)>>,
+}
+
+/// Per-phase times of the fused kernels from their `%globaltimer` stamps
+/// (ns since the launch's start, block 0): summed over the timed
+/// iterations of one rank (the first call, `time_loop`'s warm-up, is left out).
+struct Phases {
+    sum: Vec<f64>,
+    seen: Vec<u64>,
+    warmed: bool,
+}
+
+impl Phases {
+    fn new(stamps: usize) -> Phases {
+        Phases {
+            sum: vec![0.0; stamps],
+            seen: vec![0; stamps],
+            warmed: false,
+        }
+    }
+
+    fn add(&mut self, stamps: &[Option<u64>]) {
+        if !std::mem::replace(&mut self.warmed, true) {
+            return;
+        }
+        for (i, v) in stamps.iter().enumerate() {
+            if let Some(ns) = v {
+                self.sum[i] += *ns as f64;
+                self.seen[i] += 1;
+            }
+        }
+    }
+
+    /// Collective: each phase end (µs since the start, mean over the
+    /// iterations), the slowest rank's; a phase never reached counts 0.
+    fn slowest(&self, comm: &Communicator) -> doorbell::Result<Vec<f64>> {
+        let mine: Vec<u8> = self
+            .sum
+            .iter()
+            .zip(&self.seen)
+            .flat_map(|(s, n)| (if *n > 0 { s / *n as f64 / 1e3 } else { 0.0 }).to_le_bytes())
+            .collect();
+        let all = comm.world().all_gather_bytes(&mine)?;
+        Ok((0..self.sum.len())
+            .map(|i| {
+                all.iter()
+                    .map(|b| f64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes")))
+                    .fold(0.0, f64::max)
+            })
+            .collect())
+    }
+}
+
+/// Phase ends (µs since the start) as named phase lengths: each phase's
+/// end minus the previous one's (the first stamp is the start itself).
+fn named(names: &[&str], ends: &[f64]) -> Vec<(String, f64)> {
+    let mut v: Vec<(String, f64)> = (1..names.len())
+        .map(|i| (names[i].to_string(), (ends[i] - ends[i - 1]).max(0.0)))
+        .collect();
+    v.push(("total".into(), ends.iter().copied().fold(0.0, f64::max)));
+    v
 }
 
 /// Mean per-iteration seconds of `step` over `iters` iterations after one
@@ -362,10 +437,15 @@ fn bench(args: &Args) -> Result<(), BoxError> {
     let backend = args.device.backend()?;
     let gpu = args.device.wants_gpu()?;
     let base = problem(args, true);
-    let iters = args.iters.unwrap_or(if gpu { 20 } else { 2 });
+    let iters = args.iters.unwrap_or(match (gpu, args.quick) {
+        (false, _) => 2,
+        (true, false) => 20,
+        (true, true) => 10,
+    });
     let skew = if args.zipf > 0.0 { args.zipf } else { 1.05 };
     let shapes: Vec<(u32, u32)> = if gpu {
-        vec![(512, 1), (512, 8), (2048, 8), (2048, 32), (8192, 8), (8192, 32)]
+        let all = vec![(512, 1), (512, 8), (2048, 8), (2048, 32), (8192, 8), (8192, 32)];
+        all.into_iter().take(if args.quick { 3 } else { 6 }).collect()
     } else {
         println!("note: the backend is the CPU emulator: the sweep is tiny and its timings say nothing about a GPU");
         vec![(16, 2), (32, 4)]
@@ -401,6 +481,8 @@ fn bench(args: &Args) -> Result<(), BoxError> {
         "batch", "pool", "zipf", "method", "dir", "lookups", "bytes", "time_us", "lookups/s", "GB/s", "ok"
     );
     let mut rows = Vec::new();
+    // The tables do not depend on the batch: made once.
+    let init = emb::initial_tables(&base);
     // Memory per rank kept under about 12 GiB / ranks-per-GPU.
     let budget: u64 = (12u64 << 30) / rpg as u64;
     for &(batch, pooling) in &shapes {
@@ -421,8 +503,15 @@ fn bench(args: &Args) -> Result<(), BoxError> {
                 continue;
             }
             let opts = comm_options(heap)?;
-            let init = emb::initial_tables(&p);
-            let want: Vec<Vec<f32>> = (0..p.ranks as usize).map(|r| emb::reference_forward(&p, &init, &ids[r])).collect();
+            let want: Vec<Vec<f32>> = std::thread::scope(|sc| {
+                let hs: Vec<_> = (0..p.ranks as usize)
+                    .map(|r| {
+                        let (init, ids) = (&init, &ids);
+                        sc.spawn(move || emb::reference_forward(&p, init, &ids[r]))
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().expect("reference thread")).collect()
+            });
             let nccl_on = nccl_note.is_none();
             let res = Communicator::local(p.ranks as usize, backend, opts, |comm| {
                 let r = comm.rank() as u32;
@@ -461,19 +550,30 @@ fn bench(args: &Args) -> Result<(), BoxError> {
                 x.finish(&s)?;
                 let pull_ok = compare(&out.to_host()?, &want[r as usize]).1;
                 // Fused push: forward alone, then forward + backward (backward timed alone).
-                t.push((
-                    "fused",
-                    "fwd",
-                    fused_ok,
-                    time_loop(comm, iters, || timed(&s, || x.forward(&s, &ids_d, &mut out)))?,
-                ));
+                x.set_stamps(args.breakdown);
+                let mut fwd_ph = Phases::new(emb_k::STAMP_FWD.len());
+                let fwd = time_loop(comm, iters, || {
+                    let t = timed(&s, || x.forward(&s, &ids_d, &mut out))?;
+                    if args.breakdown {
+                        fwd_ph.add(&x.stamps()?.0);
+                    }
+                    Ok(t)
+                })?;
+                t.push(("fused", "fwd", fused_ok, fwd));
+                let mut bwd_ph = Phases::new(emb_k::STAMP_BWD.len());
                 let bwd = time_loop(comm, iters, || {
                     x.forward(&s, &ids_d, &mut out)?;
                     x.finish(&s)?;
-                    timed(&s, || x.backward(&s, &ids_d, &grad, 0.0))
+                    let t = timed(&s, || x.backward(&s, &grad, 0.0))?;
+                    if args.breakdown {
+                        bwd_ph.add(&x.stamps()?.1);
+                    }
+                    Ok(t)
                 })?;
                 t.push(("fused", "bwd", fused_ok, bwd));
                 x.finish(&s)?;
+                x.set_stamps(false);
+                let phases = (fwd_ph.slowest(comm)?, bwd_ph.slowest(comm)?);
                 t.push((
                     "fused-pull",
                     "fwd",
@@ -498,8 +598,10 @@ fn bench(args: &Args) -> Result<(), BoxError> {
                     })?;
                     t.push((name, "bwd", ok, b));
                 }
-                Ok(t)
+                Ok((t, phases))
             })?;
+            let phases = res[0].1.clone();
+            let res: Vec<_> = res.into_iter().map(|(t, _)| t).collect();
             // Bytes between ranks: the fused exchange moves unique remote rows
             // (+ 8-byte keys), the baselines every remote lookup (+ keys).
             let remote_lookups = remote_lookups(&p, &ids);
@@ -514,7 +616,13 @@ fn bench(args: &Args) -> Result<(), BoxError> {
                     _ => remote_lookups * d,
                 };
                 let _ = ok;
+                let ph = match (*method, *dir, args.breakdown) {
+                    ("fused", "fwd", true) => Some(named(&emb_k::STAMP_FWD, &phases.0)),
+                    ("fused", "bwd", true) => Some(named(&emb_k::STAMP_BWD, &phases.1)),
+                    _ => None,
+                };
                 let row = Row {
+                    phases_us: ph.clone(),
                     batch,
                     pooling,
                     zipf,
@@ -541,6 +649,13 @@ fn bench(args: &Args) -> Result<(), BoxError> {
                     row.gb_per_s,
                     if row.checked { "yes" } else { "NO" }
                 );
+                if let Some(ph) = &ph {
+                    let parts: Vec<String> = ph.iter().map(|(n, us)| format!("{n} {us:.1}")).collect();
+                    println!(
+                        "       breakdown fused {dir} (µs per phase, block 0's clock, slowest rank): {}",
+                        parts.join(" | ")
+                    );
+                }
                 rows.push(row);
             }
             let (plain, dedup) = tr.row_bytes(p.dim);

@@ -133,7 +133,8 @@ impl PingpongArgs {
 }
 
 /// P2P transport benchmark against raw floors measured in the same run:
-/// signal round trip vs a flag ping-pong, put bandwidth vs a copy kernel.
+/// signal round trip (checked and unchecked) vs a flag ping-pong, put
+/// bandwidth vs two copy kernels; interleaved rounds, medians.
 /// Flags follow nccl-tests.
 #[derive(Parser, Debug, Clone, PartialEq, Eq)]
 #[command(name = "p2p_bench", version, about, long_about = None)]
@@ -152,16 +153,20 @@ pub struct P2pBenchArgs {
     /// Timed puts per size, in one launch [default: 256 MiB / size, clamped to 4..=2000]
     #[arg(short = 'n', long = "iters", value_name = "N", value_parser = ranged(1, 1_000_000))]
     pub iters: Option<u64>,
-    /// Untimed puts per size before the timed ones
+    /// Iterations of the untimed warm-up launch of the put and of each copy, per size
     #[arg(short = 'w', long = "warmup_iters", alias = "warmup-iters", value_name = "N", default_value = "1", value_parser = ranged(0, 1_000_000))]
     pub warmup_iters: u64,
-    /// Signal round trips timed (and flag ping-pongs of the floor) [default: 20000 on a GPU, 200 on the emulator]
+    /// Round trips timed per launch of each signal variant (floor, unchecked, checked) [default: 20000 on a GPU, 200 on the emulator]
     #[arg(long = "rtt-iters", value_name = "N", value_parser = ranged(1, u32::MAX as u64))]
     pub rtt_iters: Option<u64>,
+    /// Rounds of the interleaved measurements (floor, then the transport's
+    /// calls, in turn); the table reports each one's median and minimum
+    #[arg(long, value_name = "N", default_value = "5", value_parser = ranged(1, 1000))]
+    pub rounds: u64,
     /// Two GPUs: rank r on GPU r, puts cross NVLink
     #[arg(long)]
     pub spread: bool,
-    /// Where p2p_bench.{json,csv,png,svg} go
+    /// Where p2p_bench.{json,csv,png,svg} and p2p_bench_rtt.csv go
     #[arg(long, value_name = "DIR", default_value = ".")]
     pub out: std::path::PathBuf,
 }
@@ -173,8 +178,10 @@ pub struct P2pBenchPlan {
     pub sizes: Vec<u64>,
     /// The largest size asked for (buffers are this large).
     pub max_bytes: u64,
-    /// Timed signal round trips.
+    /// Timed signal round trips per launch.
     pub rtt_iters: u32,
+    /// Rounds of each interleaved measurement.
+    pub rounds: u32,
     /// Symmetric heap per rank.
     pub heap_bytes: u64,
 }
@@ -203,6 +210,7 @@ impl P2pBenchArgs {
             sizes,
             max_bytes: max,
             rtt_iters: self.rtt_iters.unwrap_or(if gpu { 20_000 } else { 200 }) as u32,
+            rounds: self.rounds as u32,
             // `max` is at most MAX_BYTES: no overflow.
             heap_bytes: max * 2 + (1 << 20),
         })
@@ -319,4 +327,42 @@ impl WqeDumpArgs {
         }
         doorbell_kernels::mlx5::dump::parse_args(&argv)
     }
+}
+
+/// 08 — IBGDA over the soft NIC against P2P, in one run: put_signal round
+/// trip, put bandwidth, WQE post rate, the engine's execution rate, and
+/// (with `DOORBELL_SOFTNIC_LINK`) achieved against promised bandwidth.
+#[derive(Parser, Debug, Clone, PartialEq, Eq)]
+#[command(name = "ibgda_bench", version, about, long_about = None)]
+pub struct IbgdaBenchArgs {
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    /// Smallest put size, bytes
+    #[arg(short = 'b', long = "minbytes", value_name = "BYTES", default_value = "4096", value_parser = ranged(16, MAX_BYTES))]
+    pub min_bytes: u64,
+    /// Largest put size, bytes [default: 268435456 on a GPU, 1048576 on the emulator]
+    #[arg(short = 'e', long = "maxbytes", value_name = "BYTES", value_parser = ranged(16, MAX_BYTES))]
+    pub max_bytes: Option<u64>,
+    /// Multiply the size by this factor from one row to the next
+    #[arg(short = 'f', long = "stepfactor", value_name = "F", default_value = "4", value_parser = ranged(2, 1024))]
+    pub step_factor: u64,
+    /// Blocks of rank 0 that put (each its share of the message)
+    #[arg(long, value_name = "N", default_value = "8", value_parser = ranged(1, 1024))]
+    pub blocks: u64,
+    /// put_signal round trips timed per launch [default: 2000 on a GPU, 50 on the emulator]
+    #[arg(long = "rtt-iters", value_name = "N", value_parser = ranged(1, 1_000_000))]
+    pub rtt_iters: Option<u64>,
+    /// WQEs of the post-rate burst (at most the send queue's size) and of
+    /// the engine-rate run
+    #[arg(long = "wqes", value_name = "N", default_value = "128", value_parser = ranged(1, 1_000_000))]
+    pub wqes: u64,
+    /// Rounds of every measurement; the table reports the median
+    #[arg(long, value_name = "N", default_value = "3", value_parser = ranged(1, 1000))]
+    pub rounds: u64,
+    /// Two GPUs: rank r on GPU r (the engine fences at sys scope)
+    #[arg(long)]
+    pub spread: bool,
+    /// Where ibgda_bench.json goes
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    pub out: std::path::PathBuf,
 }

@@ -99,9 +99,9 @@ impl Problem {
         if self.batch == 0 || self.pooling == 0 {
             return Err("batch and pooling must be at least 1".into());
         }
-        if self.lookups() as u64 >= 1 << 31 {
+        if self.lookups() as u64 > k::MAX_LOOKUPS {
             return Err(format!(
-                "{} lookups per rank: keep tables * batch * pooling below 2^31",
+                "{} lookups per rank: keep tables * batch * pooling at most 2^29",
                 self.lookups()
             ));
         }
@@ -377,6 +377,7 @@ pub fn heap_bytes_needed(p: &Problem, cap: u32) -> u64 {
         n * c * d * 4,
         n * 8,
         n * c * 8,
+        (n + 1) * k::ERR_WORDS as u64 * 4,
     ];
     parts.iter().map(|b| b + 256).sum::<u64>() + (1 << 20)
 }
@@ -392,12 +393,20 @@ pub struct Exchange<'c> {
     keys: DeviceBuffer<u64>,
     _local: Vec<DeviceBuffer<u32>>,
     _gacc: DeviceBuffer<f32>,
+    _errs: SymBuffer<'c, u32>,
+    _verdict: DeviceBuffer<u64>,
     status: DeviceBuffer<u32>,
+    stamps: DeviceBuffer<u64>,
+    zero: Function<emb_zero_words>,
     bufs: EmbBufs,
     kernels: Kernels,
     /// Launch shape (the same on every rank).
     pub cfg: LaunchConfig,
     epoch: u64,
+    /// The epoch of the last backward launched (0: none).
+    bwd_epoch: u64,
+    /// Backward launches so far (the owners' gradient signals count them).
+    bwd_seq: u64,
     budget_ns: u64,
 }
 
@@ -423,7 +432,11 @@ impl<'c> Exchange<'c> {
     ) -> Result<Exchange<'c>> {
         p.check().map_err(err)?;
         if p.ranks as usize != comm.world_size() {
-            return Err(err(format!("the problem has {} ranks, the communicator {}", p.ranks, comm.world_size())));
+            return Err(err(format!(
+                "the problem has {} ranks, the communicator {}",
+                p.ranks,
+                comm.world_size()
+            )));
         }
         let dev = comm.device();
         let m = dev.load_module(crate::USER_KERNELS_PTX)?;
@@ -447,6 +460,7 @@ impl<'c> Exchange<'c> {
         let grad_in = comm.alloc::<f32>(n * c * d)?;
         let grad_sig = comm.alloc::<u64>(n)?;
         let req_out = comm.alloc::<u64>(n * c)?;
+        let errs = comm.alloc::<u32>((n + 1) * k::ERR_WORDS)?;
         let mut keys = dev.alloc_zeroed::<u64>(1 << hash_bits)?;
         let mut vals = dev.alloc_zeroed::<u32>(1 << hash_bits)?;
         let mut slot_of = dev.alloc_zeroed::<u32>(p.lookups())?;
@@ -454,7 +468,9 @@ impl<'c> Exchange<'c> {
         let mut rcounts = dev.alloc_zeroed::<u32>(2 * n)?;
         let mut gacc = dev.alloc_zeroed::<f32>(p.shard_len())?;
         let mut grid = dev.alloc_zeroed::<u32>(2)?;
+        let mut verdict = dev.alloc_zeroed::<u64>(1)?;
         let mut status = dev.alloc_zeroed::<u32>(k::STATUS_WORDS)?;
+        let stamps = dev.alloc_zeroed::<u64>(k::STAMP_WORDS)?;
         let kernels = match transport {
             TransportKind::P2p => Kernels::P2p(comm.p2p(), m.function()?, m.function()?, m.function()?),
             TransportKind::Ibgda => Kernels::Ibgda(comm.ibgda()?, m.function()?, m.function()?),
@@ -469,6 +485,7 @@ impl<'c> Exchange<'c> {
             grad_in: grad_in.as_mut_ptr(),
             grad_sig: grad_sig.as_mut_ptr(),
             req_out: req_out.as_mut_ptr(),
+            errs: errs.as_mut_ptr(),
             keys: keys.as_mut_ptr(),
             vals: vals.as_mut_ptr(),
             slot_of: slot_of.as_mut_ptr(),
@@ -476,7 +493,9 @@ impl<'c> Exchange<'c> {
             rcounts: rcounts.as_mut_ptr(),
             gacc: gacc.as_mut_ptr(),
             grid: grid.as_mut_ptr(),
+            verdict: verdict.as_mut_ptr(),
             status: status.as_mut_ptr(),
+            stamps: std::ptr::null_mut(),
         };
         Ok(Exchange {
             comm,
@@ -487,13 +506,42 @@ impl<'c> Exchange<'c> {
             keys,
             _local: vec![vals, slot_of, counts, rcounts, grid],
             _gacc: gacc,
+            _errs: errs,
+            _verdict: verdict,
             status,
+            stamps,
+            zero: m.function()?,
             bufs,
             kernels,
             cfg,
             epoch: 0,
-            budget_ns: 30_000_000_000,
+            bwd_epoch: 0,
+            bwd_seq: 0,
+            // The communicator's wait budget (CommOptions::wait_timeout).
+            budget_ns: comm.p2p().budget_ns,
         })
+    }
+
+    /// Phase stamps on or off (off at first): with them on, every launch
+    /// records `%globaltimer` at the end of each phase (thread 0 of block
+    /// 0; see `doorbell_example_kernels::embedding`), read back with
+    /// [`Self::stamps`]. Costs one clock read and store per phase.
+    pub fn set_stamps(&mut self, on: bool) {
+        self.bufs.stamps = if on { self.stamps.as_mut_ptr() } else { std::ptr::null_mut() };
+    }
+
+    /// The last launches' phase stamps, ns: the forward's (`STAMP_FWD`) and
+    /// the backward's (`STAMP_BWD`), each minus its own start, `None` where
+    /// a phase was not reached. Synchronous; call after [`Self::finish`].
+    pub fn stamps(&self) -> Result<(Vec<Option<u64>>, Vec<Option<u64>>)> {
+        let v = self.stamps.to_host()?;
+        let rel = |at: usize, len: usize| -> Vec<Option<u64>> {
+            (0..len)
+                .map(|i| (v[at] != 0 && v[at + i] >= v[at]).then(|| v[at + i] - v[at]))
+                .collect()
+        };
+        // A stamp older than its launch's start is a previous launch's.
+        Ok((rel(0, k::STAMP_FWD.len()), rel(k::STAMP_BWD_AT, k::STAMP_BWD.len())))
     }
 
     /// Writes this rank's shard (`[table][local row][dim]`).
@@ -516,7 +564,15 @@ impl<'c> Exchange<'c> {
     pub fn forward(&mut self, s: &Stream, ids: &DeviceBuffer<u32>, out: &mut DeviceBuffer<f32>) -> Result<()> {
         self.epoch += 1;
         if self.epoch > 1 && k::hash_tag(self.epoch) == 1 {
-            self.keys.zero()?;
+            // In `s`'s order, before the forward that reuses the tags.
+            // SAFETY: `keys` holds its length in u64, twice as many u32 words.
+            unsafe {
+                s.launch(
+                    &self.zero,
+                    LaunchConfig::linear(self.cfg.grid.0, 256),
+                    (self.keys.as_mut_ptr() as *mut u32, 2 * self.keys.len() as u64),
+                )?
+            };
         }
         // SAFETY: buffers sized for `shape` (new); every rank launches the
         // same grid; each entry gets its own transport's handle.
@@ -530,11 +586,22 @@ impl<'c> Exchange<'c> {
     }
 
     /// Enqueues the fused backward of the last forward (`grad`
-    /// `[sample][table][dim]`), SGD step `lr`.
-    pub fn backward(&self, s: &Stream, ids: &DeviceBuffer<u32>, grad: &DeviceBuffer<f32>, lr: f32) -> Result<()> {
+    /// `[sample][table][dim]`), SGD step `lr`, at most once per forward. It
+    /// reuses the forward's routing (the ids are not read again); after a
+    /// forward that failed its vote it writes nothing and [`Self::finish`]
+    /// says so, on every rank.
+    pub fn backward(&mut self, s: &Stream, grad: &DeviceBuffer<f32>, lr: f32) -> Result<()> {
         if self.epoch == 0 {
-            return Err(err("backward before any forward"));
+            return Err(err("backward before any forward: run Exchange::forward first"));
         }
+        if self.bwd_epoch == self.epoch {
+            return Err(err(format!(
+                "a second backward of forward {}: each forward's gradients are applied once; run the next forward first",
+                self.epoch
+            )));
+        }
+        self.bwd_epoch = self.epoch;
+        self.bwd_seq += 1;
         // SAFETY: as for forward.
         with_transport!(&self.kernels, |t, _fwd, bwd| unsafe {
             s.launch(
@@ -544,10 +611,10 @@ impl<'c> Exchange<'c> {
                     t,
                     self.shape,
                     self.bufs,
-                    ids.as_ptr(),
                     grad.as_ptr(),
                     lr,
                     self.epoch,
+                    self.bwd_seq,
                     self.budget_ns,
                 ),
             )
@@ -571,38 +638,195 @@ impl<'c> Exchange<'c> {
         }
     }
 
-    /// Synchronizes `s`, then turns a device status into an error (and
-    /// clears it).
-    pub fn finish(&mut self, s: &Stream) -> Result<()> {
+    /// Synchronizes `s`, then turns a device status into an
+    /// [`ExchangeError`] (and clears it, in `s`'s order).
+    pub fn finish(&mut self, s: &Stream) -> std::result::Result<(), ExchangeError> {
         self.comm.synchronize(s)?;
         let st = self.status.to_host()?;
         if st[0] == k::STATUS_OK {
             return Ok(());
         }
-        self.status.zero()?;
-        let rank = self.comm.rank();
-        Err(err(match st[0] {
-            k::STATUS_BAD_ID => format!(
-                "rank {rank}: id {} (table {}, sample {}, position {}) is out of range: tables have {} rows; \
-                 nothing was written on any rank",
-                st[4], st[1], st[2], st[3], self.shape.rows
+        // SAFETY: `status` holds STATUS_WORDS words.
+        unsafe {
+            s.launch(
+                &self.zero,
+                LaunchConfig::linear(1, 32),
+                (self.status.as_mut_ptr(), k::STATUS_WORDS as u64),
+            )?
+        };
+        let rank = self.comm.rank() as u32;
+        Err(match st[0] {
+            k::STATUS_PEER_ERROR => ExchangeError::PeerFailed {
+                rank,
+                failed: st[1],
+                cause: Box::new(ExchangeError::from_status(st[1], &st[2..], &self.shape)),
+            },
+            _ => ExchangeError::from_status(rank, &st, &self.shape),
+        })
+    }
+}
+
+/// Why a fused exchange step failed, as [`Exchange::finish`] reports it.
+/// Every variant but `Device` and `Timeout` means that nothing was written
+/// on any rank (no output, no table) and that the next step can run.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ExchangeError {
+    /// A lookup id is not a row of its table (and not the padding id).
+    BadId {
+        /// The rank whose lookups held it.
+        rank: u32,
+        /// Table, sample and position in the bag of the lookup.
+        table: u32,
+        sample: u32,
+        position: u32,
+        /// The id, and the rows every table has.
+        id: u32,
+        rows: u32,
+    },
+    /// A (requester, owner) request list outgrew the capacity the exchange
+    /// was built with.
+    Capacity { rank: u32, owner: u32, needed: u32, cap: u32 },
+    /// Another rank failed this step (`cause`, as that rank reported it);
+    /// this rank learnt it from that rank's verdict.
+    PeerFailed { rank: u32, failed: u32, cause: Box<ExchangeError> },
+    /// A backward after a forward that failed (no rank ran it).
+    NoForward { rank: u32 },
+    /// An owner received a key that is not its own (a routing bug).
+    BadRequest { rank: u32, requester: u32, table: u32, id: u32 },
+    /// The pull forward found no direct access to a peer's memory.
+    NoPeerPointer { rank: u32, peer: u32 },
+    /// A wait or grid barrier ran out of its budget (`phase`: where).
+    Timeout { rank: u32, phase: u32 },
+    /// A transport call was refused (`detail`: which call and peer).
+    Transport { rank: u32, code: u32, detail: [u32; 2] },
+    /// The communicator or the device failed (a timed-out transport wait, a
+    /// driver error).
+    Device(Error),
+}
+
+impl ExchangeError {
+    /// Decodes the status words `st` (`[code, details...]`) of `rank`.
+    fn from_status(rank: u32, st: &[u32], shape: &EmbShape) -> ExchangeError {
+        let w = |i: usize| st.get(i).copied().unwrap_or(0);
+        match w(0) {
+            k::STATUS_BAD_ID => ExchangeError::BadId {
+                rank,
+                table: w(1),
+                sample: w(2),
+                position: w(3),
+                id: w(4),
+                rows: shape.rows,
+            },
+            k::STATUS_CAPACITY => ExchangeError::Capacity {
+                rank,
+                owner: w(1),
+                needed: w(2),
+                cap: w(3),
+            },
+            k::STATUS_NO_FORWARD => ExchangeError::NoForward { rank },
+            k::STATUS_BAD_REQUEST => ExchangeError::BadRequest {
+                rank,
+                requester: w(1),
+                table: w(2),
+                id: w(3),
+            },
+            k::STATUS_NO_PEER_PTR => ExchangeError::NoPeerPointer { rank, peer: w(1) },
+            k::STATUS_TIMEOUT => ExchangeError::Timeout { rank, phase: w(1) },
+            code => ExchangeError::Transport {
+                rank,
+                code,
+                detail: [w(1), w(2)],
+            },
+        }
+    }
+
+    /// True when the step wrote nothing anywhere and the exchange can go on.
+    pub fn nothing_written(&self) -> bool {
+        match self {
+            ExchangeError::BadId { .. } | ExchangeError::Capacity { .. } | ExchangeError::NoForward { .. } => true,
+            ExchangeError::PeerFailed { cause, .. } => cause.nothing_written(),
+            _ => false,
+        }
+    }
+}
+
+impl std::fmt::Display for ExchangeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExchangeError::BadId {
+                rank,
+                table,
+                sample,
+                position,
+                id,
+                rows,
+            } => write!(
+                f,
+                "rank {rank}: id {id} (table {table}, sample {sample}, position {position}) is out of range: tables have {rows} rows \
+                 (0xFFFFFFFF is padding); nothing was written on any rank"
             ),
-            k::STATUS_CAPACITY => format!(
-                "rank {rank}: {} unique keys for rank {} exceed the list capacity {}; nothing was written on any rank",
-                st[2], st[1], st[3]
+            ExchangeError::Capacity { rank, owner, needed, cap } => write!(
+                f,
+                "rank {rank}: {needed} unique keys for rank {owner} exceed the list capacity {cap}; nothing was written on any rank \
+                 (build the exchange with a capacity of at least the largest list, Traffic::max_pair)"
             ),
-            k::STATUS_PEER_ERROR => format!("rank {rank}: another rank reported an error; nothing was written"),
-            k::STATUS_BAD_REQUEST => format!(
-                "rank {rank}: rank {} asked for table {} id {} that this rank does not own",
-                st[1], st[2], st[3]
+            ExchangeError::PeerFailed { rank, failed, cause } => {
+                write!(f, "rank {rank}: rank {failed} failed this step, so no rank wrote anything: {cause}")
+            }
+            ExchangeError::NoForward { rank } => write!(
+                f,
+                "rank {rank}: the backward did not run because its forward failed; nothing was written on any rank"
             ),
-            k::STATUS_NO_PEER_PTR => format!(
-                "rank {rank}: no direct access to rank {}'s memory (the pull forward needs it)",
-                st[1]
+            ExchangeError::BadRequest {
+                rank,
+                requester,
+                table,
+                id,
+            } => write!(
+                f,
+                "rank {rank}: rank {requester} asked for table {table} id {id} that this rank does not own"
             ),
-            k::STATUS_TIMEOUT => format!("rank {rank}: a wait of the exchange ran out of budget (phase {})", st[1]),
-            c => format!("rank {rank}: transport call failed (status {c}, detail {} {})", st[1], st[2]),
-        }))
+            ExchangeError::NoPeerPointer { rank, peer } => write!(
+                f,
+                "rank {rank}: no direct access to rank {peer}'s memory (the pull forward needs it)"
+            ),
+            ExchangeError::Timeout { rank, phase } => {
+                write!(f, "rank {rank}: a wait of the exchange ran out of budget (phase {phase})")
+            }
+            ExchangeError::Transport { rank, code, detail } => write!(
+                f,
+                "rank {rank}: a transport call was refused (status {code}, detail {} {}); the communicator's report says which",
+                detail[0], detail[1]
+            ),
+            ExchangeError::Device(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for ExchangeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ExchangeError::Device(e) => Some(e),
+            ExchangeError::PeerFailed { cause, .. } => Some(cause.as_ref()),
+            _ => None,
+        }
+    }
+}
+
+impl From<Error> for ExchangeError {
+    fn from(e: Error) -> Self {
+        ExchangeError::Device(e)
+    }
+}
+
+impl From<ExchangeError> for Error {
+    /// The device error itself, or [`Error::Comm`] with the message.
+    fn from(e: ExchangeError) -> Self {
+        match e {
+            ExchangeError::Device(e) => e,
+            e => Error::Comm(e.to_string()),
+        }
     }
 }
 

@@ -1,5 +1,7 @@
 // Builds doorbell-kernels (the device side) to PTX and embeds it as
-// `doorbell::KERNELS_PTX`. The helper is shared with users' build scripts.
+// `doorbell::KERNELS_PTX`, and the soft NIC's engine kernel (a device of
+// its own, not a library kernel) to `doorbell_softnic.ptx`, which the
+// IBGDA set-up loads. The helper is shared with users' build scripts.
 #[path = "src/build.rs"]
 #[allow(dead_code)]
 mod ptx_build;
@@ -10,12 +12,14 @@ fn main() {
     if std::env::var_os("CARGO_FEATURE_RUNTIME").is_none() {
         return;
     }
-    match ptx_build::PtxBuilder::new("../gpu-kernels").build() {
-        Ok(out) => {
-            if !out.built {
-                println!("cargo:warning=doorbell: PTX build skipped (DOORBELL_SKIP_PTX=1); GPU launches will fail, the CPU emulator works");
+    for krate in ["../gpu-kernels", "../softnic"] {
+        match ptx_build::PtxBuilder::new(krate).build() {
+            Ok(out) => {
+                if !out.built {
+                    println!("cargo:warning=doorbell: PTX build of {krate} skipped (DOORBELL_SKIP_PTX=1); GPU launches will fail, the CPU emulator works");
+                }
             }
+            Err(e) => panic!("{e}"),
         }
-        Err(e) => panic!("{e}"),
     }
 }

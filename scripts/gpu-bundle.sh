@@ -4,15 +4,15 @@
 #   bash scripts/gpu-bundle.sh [test ...]      # default: every behaviour test
 # then, on the GPU machine, from the repository root:
 #   bash target/gpu-bundle/run-tests.sh        # tests/*, with DOORBELL_TEST_REQUIRE_GPU=1
-#   target/gpu-bundle/p2p_bench --device gpu   # or any example
+#   target/gpu-bundle/p2p_bench --device gpu   # or any example (ibgda_bench: IBGDA over the soft NIC)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tests=("$@")
 if [ ${#tests[@]} -eq 0 ]; then
-    tests=(comm contract kernels user_kernels wqe_bytes wqe_cq wqe_post wqe_bench comm_procs hardening ibgda)
+    tests=(comm contract kernels user_kernels wqe_bytes wqe_cq wqe_post wqe_bench comm_procs hardening ibgda ibgda_engine)
     for t in allreduce embedding; do [ -f "tests/tests/$t.rs" ] && tests+=("$t"); done
 fi
-examples=(fma pingpong p2p_bench histogram)
+examples=(fma pingpong p2p_bench histogram ibgda_bench)
 for e in allreduce embedding_exchange; do grep -q "name = \"$e\"" examples/Cargo.toml && examples+=("$e"); done
 out=target/gpu-bundle
 rm -rf "$out" && mkdir -p "$out/tests"

@@ -174,6 +174,11 @@ const _: () = assert!(core::mem::size_of::<ErrorReport>() == 72);
 /// passed by value so that recording an error never takes the address of
 /// the handle (which would copy the whole kernel parameter into local
 /// memory on every call path, error or not).
+///
+/// Its methods are inlined and pass only scalars to the one cold function
+/// that writes the report: the NVPTX ABI passes an aggregate argument or
+/// result (this struct, a `CommError`) through a local-memory copy, and the
+/// copy's stores would sit on the hot path of every checked call.
 #[derive(Clone, Copy, Debug)]
 pub struct Reporter {
     /// This rank.
@@ -186,8 +191,7 @@ pub struct Reporter {
 
 impl Reporter {
     /// Records `e` of `call` (the first error of the rank wins) and returns it.
-    #[cold]
-    #[inline(never)]
+    #[inline(always)]
     pub fn fail(self, e: crate::transport::CommError, call: Call, peer: u32, offset: u64) -> crate::transport::CommError {
         use crate::transport::CommError;
         let (kind, detail, bytes, seen) = match e {
@@ -198,28 +202,25 @@ impl Reporter {
             CommError::Misaligned { .. } => (ErrorKind::Misaligned, 0, 0, 0),
             CommError::BadCount { count } => (ErrorKind::BadCount, 0, count, 0),
         };
-        self.record(ErrorReport {
-            present: 0,
-            rank: self.rank,
-            kind: kind as u32,
-            call: call as u32,
+        record(
+            self.local_base,
+            self.rank,
+            kind as u32,
+            call as u32,
             peer,
-            block: crate::ptx::block_idx_x(),
             detail,
-            _pad: 0,
             offset,
             bytes,
-            expected: 0,
+            0,
             seen,
-            budget_ns: self.budget_ns,
-        });
+            self.budget_ns,
+        );
         e
     }
 
     /// A wait on the word at address `at` ran out of budget: the report
     /// carries the comparison and the value expected too.
-    #[cold]
-    #[inline(never)]
+    #[inline(always)]
     pub fn fail_wait(
         self,
         t: crate::sync::Timeout,
@@ -229,64 +230,85 @@ impl Reporter {
         cmp: crate::transport::Cmp,
         expected: u64,
     ) -> crate::transport::CommError {
-        self.record(ErrorReport {
-            present: 0,
-            rank: self.rank,
-            kind: ErrorKind::Timeout as u32,
-            call: call as u32,
+        record(
+            self.local_base,
+            self.rank,
+            ErrorKind::Timeout as u32,
+            call as u32,
             peer,
-            block: crate::ptx::block_idx_x(),
-            detail: cmp as u32,
-            _pad: 0,
-            offset: at.wrapping_sub(self.local_base),
-            bytes: 8,
+            cmp as u32,
+            at.wrapping_sub(self.local_base),
+            8,
             expected,
-            seen: t.seen,
-            budget_ns: self.budget_ns,
-        });
+            t.seen,
+            self.budget_ns,
+        );
         crate::transport::CommError::Timeout(t)
     }
 
     /// A send queue to `peer` made no progress within the budget: its
     /// completions reached `seen`, the call needed `expected`.
-    #[cold]
-    #[inline(never)]
+    #[inline(always)]
     pub fn fail_queue(self, call: Call, peer: u32, seen: u32, expected: u32) -> crate::transport::CommError {
-        self.record(ErrorReport {
-            present: 0,
-            rank: self.rank,
-            kind: ErrorKind::QueueStalled as u32,
-            call: call as u32,
+        record(
+            self.local_base,
+            self.rank,
+            ErrorKind::QueueStalled as u32,
+            call as u32,
             peer,
-            block: crate::ptx::block_idx_x(),
-            detail: 0,
-            _pad: 0,
-            offset: 0,
-            bytes: 0,
-            expected: expected as u64,
-            seen: seen as u64,
-            budget_ns: self.budget_ns,
-        });
+            0,
+            0,
+            0,
+            expected as u64,
+            seen as u64,
+            self.budget_ns,
+        );
         crate::transport::CommError::Timeout(crate::sync::Timeout { seen: seen as u64 })
     }
+}
 
-    /// Claims the report slot with a CAS on its flag (first error wins),
-    /// fills it and publishes it at system scope.
-    fn record(self, report: ErrorReport) {
-        let flag = (self.local_base + REPORT_OFFSET) as *mut u32;
-        // SAFETY: the report area lies in the reserved header of this rank's heap.
-        unsafe {
-            if crate::ptx::atom_cas_relaxed_gpu_u32(flag, 0, 1) == 0 {
-                // Every field but the flag (word 0), which stays atomic.
-                let words = &report as *const ErrorReport as *const u32;
-                let mut i = 1;
-                while i < core::mem::size_of::<ErrorReport>() / 4 {
-                    core::ptr::write_volatile(flag.add(i), *words.add(i));
-                    i += 1;
-                }
-                crate::ptx::fence_sc_sys();
-                crate::ptx::st_release_sys_u32(flag, 2);
-            }
+/// Claims the report slot of the heap at `local_base` with a CAS on its flag
+/// (first error wins), fills the fields (the calling thread's block index
+/// too) and publishes the report at system scope. Scalars only, fields
+/// written in place: nothing of the report passes through local memory.
+#[cold]
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn record(
+    local_base: u64,
+    rank: u32,
+    kind: u32,
+    call: u32,
+    peer: u32,
+    detail: u32,
+    offset: u64,
+    bytes: u64,
+    expected: u64,
+    seen: u64,
+    budget_ns: u64,
+) {
+    let report = (local_base + REPORT_OFFSET) as *mut ErrorReport;
+    // SAFETY: the report area lies in the reserved header of this rank's
+    // heap; the flag (word 0) stays atomic, the other fields are written
+    // only by the thread that claimed it, before it publishes.
+    unsafe {
+        let flag = core::ptr::addr_of_mut!((*report).present);
+        if crate::ptx::atom_cas_relaxed_gpu_u32(flag, 0, 1) == 0 {
+            use core::ptr::{addr_of_mut, write_volatile};
+            write_volatile(addr_of_mut!((*report).rank), rank);
+            write_volatile(addr_of_mut!((*report).kind), kind);
+            write_volatile(addr_of_mut!((*report).call), call);
+            write_volatile(addr_of_mut!((*report).peer), peer);
+            write_volatile(addr_of_mut!((*report).block), crate::ptx::block_idx_x());
+            write_volatile(addr_of_mut!((*report).detail), detail);
+            write_volatile(addr_of_mut!((*report)._pad), 0);
+            write_volatile(addr_of_mut!((*report).offset), offset);
+            write_volatile(addr_of_mut!((*report).bytes), bytes);
+            write_volatile(addr_of_mut!((*report).expected), expected);
+            write_volatile(addr_of_mut!((*report).seen), seen);
+            write_volatile(addr_of_mut!((*report).budget_ns), budget_ns);
+            crate::ptx::fence_sc_sys();
+            crate::ptx::st_release_sys_u32(flag, 2);
         }
     }
 }

@@ -59,5 +59,7 @@ pub fn check() -> Result<()> {
     doorbell_kernels::emu::try_barrier_timeout()?;
     doorbell_kernels::emu::max_threads()?;
     crate::logging::level_from_env()?;
+    crate::comm::IbgdaOptions::from_env()?;
+    crate::comm::RdmaPeers::from_env()?;
     Ok(())
 }

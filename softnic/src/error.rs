@@ -101,6 +101,25 @@ pub enum Error {
         /// `rq_max_sge`.
         max: u32,
     },
+    /// The port's tables belong to an engine running elsewhere (a
+    /// GPU-resident engine) and this change cannot be made to them.
+    #[error("soft NIC port {lid}: {what} is not possible while its engine runs elsewhere (a GPU-resident engine owns the tables); stop that engine first")]
+    Resident {
+        /// Port LID.
+        lid: u16,
+        /// What was asked.
+        what: &'static str,
+    },
+    /// Writing to a resident engine's tables failed.
+    #[error("soft NIC port {lid}: could not update the resident engine's {what}: {why}")]
+    ResidentWrite {
+        /// Port LID.
+        lid: u16,
+        /// Which table.
+        what: &'static str,
+        /// What the owner reported.
+        why: String,
+    },
     /// A bounded wait on the engine ran out.
     #[error("gave up after {waited_ns} ns of {clock} time waiting for {what}")]
     Timeout {

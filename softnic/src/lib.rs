@@ -70,7 +70,8 @@
 //! |---|---|
 //! | [`engine`] | the core: `no_std`, no allocation, no panics on ring contents; fixed-size `#[repr(C)]` tables ([`engine::Port`]) and [`engine::poll_port`], one pass over a port. Builds for `nvptx64` (checked with `cargo build --target nvptx64-nvidia-cuda -Zbuild-std=core`) |
 //! | [`verbs`] | the setup interface as traits ([`RdmaDevice`], [`QueuePair`], [`MemoryRegion`], [`CompletionQueue`]) shaped like verbs + mlx5 direct verbs, free of GPU specifics: a transport switches to a real NIC by opening another device |
-//! | [`host`] | the soft implementation: [`SoftFabric`] (ports that reach each other, a real or virtual clock), [`SoftDevice`] with [`SoftDevice::poll_once`] and [`SoftDevice::spawn_engine`], ring memory helpers, a host [`host::CqReader`] |
+//! | [`host`] | the soft implementation: [`SoftFabric`] (ports that reach each other, a real or virtual clock), [`SoftDevice`] with [`SoftDevice::poll_once`] and [`SoftDevice::spawn_engine`], ports resident elsewhere ([`host::ResidentPort`]), ring memory helpers, a host [`host::CqReader`] |
+//! | [`kernel`] | `softnic_engine`: the engine as a persistent block per port (control on thread 0, payload moved by the block), built into this crate's own PTX |
 //!
 //! ## What a WQE goes through
 //!
@@ -194,14 +195,20 @@
 //! Per port: 256 memory regions, 64 CQs, 64 QPs, 16 WQEs in flight per QP;
 //! 64 ports per fabric; WQEs up to 16 basic blocks; messages up to 2^31
 //! bytes. Peers must share the address space (threads of one process, the
-//! emulator's memory, or one GPU's device pointers). The host engine runs
-//! one device pass at a time (one lock); a GPU-resident engine would give
-//! each port its own blocks and make responder-side state (receive
-//! counters, CQ producer indices) atomic.
+//! emulator's memory, or one GPU's device pointers and peer mappings). The
+//! host engine runs one device pass at a time (one lock). The GPU-resident
+//! engine ([`engine::resident`], the [`kernel::softnic_engine`] kernel)
+//! gives each port its own block; ports reach each other through an
+//! [`engine::PortTable`], and responder-side state another port's engine
+//! writes (a responder QP moved to error, receive counters and CQ
+//! producer indices of sends) is not atomic yet — the IBGDA transport's
+//! WRITE, READ and fetch-add write none of it but on remote errors.
 #![cfg_attr(target_arch = "nvptx64", no_std)]
+#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx))]
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod engine;
+pub mod kernel;
 
 #[cfg(not(target_arch = "nvptx64"))]
 mod error;

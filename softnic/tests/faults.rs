@@ -17,6 +17,7 @@ fn cfg(faults: FaultConfig) -> FabricConfig {
             ..EngineConfig::default()
         },
         virtual_time: true,
+        device_rings: false,
     }
 }
 
@@ -272,6 +273,7 @@ fn a_peer_that_is_gone_fails_with_retry_exceeded_on_a_real_clock_without_hanging
                 ..EngineConfig::default()
             },
             virtual_time: false,
+            device_rings: false,
         },
         None,
         64,

@@ -163,6 +163,7 @@ fn atomic_reply_can_be_host_order() {
             ..Default::default()
         },
         virtual_time: true,
+        device_rings: false,
     };
     let mut rig = Rig::new(cfg);
     let target = Region::new(&rig.b.dev, &rig.b.pd, 8, access::LOCAL_WRITE | access::REMOTE_ATOMIC);

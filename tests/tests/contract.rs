@@ -337,8 +337,9 @@ fn wait_until_some_any_all_collect_every_word() {
     }
 }
 
-// ---- IBGDA over the soft NIC, and the routed transport (emulator only:
-// the soft NIC has no GPU engine yet) ------------------------------------
+// ---- IBGDA over the soft NIC, and the routed transport (on the emulator
+// with the host-thread engine, or the engine kernel under
+// DOORBELL_SOFTNIC_ENGINE=kernel; on a GPU with the engine kernel) --------
 
 impl Make for Ibgda {
     fn make(comm: &Communicator, _: &mut DeviceBuffer<u64>) -> Self {
@@ -349,9 +350,6 @@ impl Make for Ibgda {
         // SAFETY: `src` is a device buffer that outlives the communicator's use of it in the test.
         unsafe { comm.ibgda_register(src, bytes as usize) }.map(|_| ())
     }
-    fn runs_on(backend: Backend) -> bool {
-        backend == Backend::Cpu
-    }
 }
 impl Make for Routed {
     fn make(comm: &Communicator, _: &mut DeviceBuffer<u64>) -> Self {
@@ -360,9 +358,6 @@ impl Make for Routed {
     const NAME: &'static str = "routed";
     fn register(comm: &Communicator, src: u64, bytes: u64) -> doorbell::Result<()> {
         <Ibgda as Make>::register(comm, src, bytes)
-    }
-    fn runs_on(backend: Backend) -> bool {
-        backend == Backend::Cpu
     }
 }
 
@@ -378,14 +373,18 @@ fn bad_arguments_are_typed_errors_and_write_nothing_routed() {
 
 #[test]
 fn put_signal_data_is_visible_when_the_signal_is_seen_ibgda_and_routed() {
-    for mode in [0, 1, 2] {
-        flagged_rounds_for::<Ibgda>(Backend::Cpu, mode, false);
-        flagged_rounds_for::<Routed>(Backend::Cpu, mode, false);
+    for backend in backends() {
+        for mode in [0, 1, 2] {
+            flagged_rounds_for::<Ibgda>(backend, mode, false);
+            flagged_rounds_for::<Routed>(backend, mode, false);
+        }
     }
 }
 
 #[test]
 fn wait_until_some_any_all_collect_every_word_ibgda_and_routed() {
-    collect_for::<Ibgda>(Backend::Cpu);
-    collect_for::<Routed>(Backend::Cpu);
+    for backend in backends() {
+        collect_for::<Ibgda>(backend);
+        collect_for::<Routed>(backend);
+    }
 }

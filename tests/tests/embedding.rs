@@ -1,15 +1,16 @@
 //! The embedding exchange (forward, backward + SGD) against the sequential
 //! CPU reference, on every backend, for 1..=8 ranks: skewed ids, duplicates
 //! inside a bag, empty and partly padded bags, a rank with no traffic; an
-//! out-of-range id is an error on the device with nothing written anywhere,
-//! and the next step still runs; the host check names the id.
+//! out-of-range id is an error on the device, named on every rank, with
+//! nothing written anywhere, well within the wait budget, and the next step
+//! still runs; the host check names the id.
 
 use std::time::Duration;
 
 use doorbell::comm::{CommOptions, Communicator};
 use doorbell::{Backend, LaunchConfig};
 use doorbell_example_kernels::embedding::PAD;
-use doorbell_examples::embedding::{self as emb, Exchange, Problem, TransportKind};
+use doorbell_examples::embedding::{self as emb, Exchange, ExchangeError, Problem, TransportKind};
 
 fn backends() -> Vec<Backend> {
     doorbell_tests::backends().iter().map(|d| d.backend()).collect()
@@ -84,7 +85,7 @@ fn run_over(backend: Backend, p: &Problem, ids: &[Vec<u32>], steps: usize, lr: f
             x.forward(&s, &ids_d, &mut out)?;
             x.finish(&s)?;
             outs.push(out.to_host()?);
-            x.backward(&s, &ids_d, &grad, lr)?;
+            x.backward(&s, &grad, lr)?;
             x.finish(&s)?;
         }
         Ok((outs, x.shard()?))
@@ -171,8 +172,17 @@ fn dedup_counts_and_capacity() {
     assert_eq!(tr.row_bytes(4), (5 * 16, 3 * 16));
 }
 
+/// The wait budget of the out-of-range test: long, so that a rank left
+/// waiting for a peer that stopped shows up as a slow test, not only as an
+/// error.
+const LONG_WAIT: Duration = Duration::from_secs(60);
+/// How long a failed step may take, every rank included: far below
+/// `LONG_WAIT` (every rank learns of the error from one exchange of
+/// verdicts, nobody waits out a budget).
+const FAIL_FAST: Duration = Duration::from_secs(10);
+
 #[test]
-fn out_of_range_ids_fail_on_the_device_with_nothing_written_then_the_next_step_runs() {
+fn out_of_range_ids_fail_fast_on_every_rank_with_nothing_written_then_the_next_step_runs() {
     for backend in backends() {
         let p = Problem {
             ranks: 3,
@@ -183,51 +193,100 @@ fn out_of_range_ids_fail_on_the_device_with_nothing_written_then_the_next_step_r
             pooling: 3,
         };
         let good = emb::generate_ids(&p, 0.0, 7);
-        let mut bad = good.clone();
-        // Rank 1, table 1, sample 2, position 1.
-        bad[1][(p.batch as usize + 2) * p.pooling as usize + 1] = p.rows;
-        let err = emb::validate_ids(&p, &bad).unwrap_err();
-        assert!(err.contains("rank 1, table 1, sample 2, position 1"), "{err}");
-        let cap = (p.lookups() as u32).max(1);
-        let init = emb::initial_tables(&p);
-        let res = Communicator::local(3, backend, opts(&p, cap), |comm| {
-            let r = comm.rank() as u32;
-            let dev = comm.device();
-            let mut x = Exchange::new(comm, &p, cap, cfg(comm, p.ranks))?;
-            let shard = emb::shard_of(&p, &init, r);
-            x.load_shard(&shard)?;
-            let bad_d = dev.alloc_from(&bad[r as usize])?;
-            let good_d = dev.alloc_from(&good[r as usize])?;
-            let grad = dev.alloc_from(&emb::upstream_grad(&p, r))?;
-            let sentinel = vec![-7.5f32; p.out_len()];
-            let mut out = dev.alloc_from(&sentinel)?;
-            let s = dev.new_stream()?;
-            // Device-side check (the host check skipped on purpose).
-            x.forward(&s, &bad_d, &mut out)?;
-            let e = x.finish(&s).err().map(|e| e.to_string());
-            let untouched = out.to_host()? == sentinel && x.shard()? == shard;
-            // The protocol is intact: a good step runs and is right.
-            x.forward(&s, &good_d, &mut out)?;
-            x.finish(&s)?;
-            let next = out.to_host()?;
-            x.backward(&s, &good_d, &grad, 0.5)?;
-            x.finish(&s)?;
-            Ok((e, untouched, next))
-        })
-        .unwrap_or_else(|e| panic!("{backend:?}: {e}"));
-        for (r, (e, untouched, next)) in res.iter().enumerate() {
-            let e = e.as_deref().unwrap_or_else(|| panic!("{backend:?} rank {r}: no error"));
-            if r == 1 {
-                assert!(e.contains("id 20 (table 1, sample 2, position 1) is out of range"), "{e}");
-            } else {
-                assert!(e.contains("another rank reported an error"), "{e}");
+        // Rank 1, table 1, sample 2, position 1; in the second case rank 2
+        // too (the lowest failing rank is the one named to the others).
+        let at = (p.batch as usize + 2) * p.pooling as usize + 1;
+        for bad_ranks in [vec![1usize], vec![2, 1]] {
+            let mut bad = good.clone();
+            for &r in &bad_ranks {
+                bad[r][at] = p.rows + r as u32 - 1;
             }
-            assert!(untouched, "{backend:?} rank {r}: something was written");
-            assert_close(
-                next,
-                &emb::reference_forward(&p, &init, &good[r]),
-                &format!("{backend:?} rank {r}: next step"),
-            );
+            let err = emb::validate_ids(&p, &bad).unwrap_err();
+            assert!(err.contains("rank 1, table 1, sample 2, position 1"), "{err}");
+            let cap = (p.lookups() as u32).max(1);
+            let init = emb::initial_tables(&p);
+            let opts = CommOptions {
+                wait_timeout: LONG_WAIT,
+                ..opts(&p, cap)
+            };
+            let res = Communicator::local(3, backend, opts, |comm| {
+                let r = comm.rank() as u32;
+                let dev = comm.device();
+                let mut x = Exchange::new(comm, &p, cap, cfg(comm, p.ranks))?;
+                let shard = emb::shard_of(&p, &init, r);
+                x.load_shard(&shard)?;
+                let bad_d = dev.alloc_from(&bad[r as usize])?;
+                let good_d = dev.alloc_from(&good[r as usize])?;
+                let grad = dev.alloc_from(&emb::upstream_grad(&p, r))?;
+                let canary = vec![-7.5f32; p.out_len()];
+                let mut out = dev.alloc_from(&canary)?;
+                let s = dev.new_stream()?;
+                // Device-side check (the host check skipped on purpose),
+                // every rank starting together.
+                comm.barrier()?;
+                let t0 = std::time::Instant::now();
+                x.forward(&s, &bad_d, &mut out)?;
+                let e = x.finish(&s).err();
+                let took = t0.elapsed();
+                let untouched = out.to_host()? == canary && x.shard()? == shard;
+                // The backward of the failed forward runs nowhere.
+                x.backward(&s, &grad, 0.5)?;
+                let eb = x.finish(&s).err();
+                let still = out.to_host()? == canary && x.shard()? == shard;
+                // The protocol is intact: a good step runs and is right.
+                x.forward(&s, &good_d, &mut out)?;
+                x.finish(&s)?;
+                let next = out.to_host()?;
+                x.backward(&s, &grad, 0.5)?;
+                x.finish(&s)?;
+                Ok((e, took, untouched, eb, still, next, x.shard()?))
+            })
+            .unwrap_or_else(|e| panic!("{backend:?}: {e}"));
+            let first_bad = *bad_ranks.iter().min().unwrap() as u32;
+            let mut tables = vec![0f32; init.len()];
+            for (r, (e, took, untouched, eb, still, next, shard)) in res.iter().enumerate() {
+                let what = format!("{backend:?}, bad ids on ranks {bad_ranks:?}, rank {r}");
+                let e = e.as_ref().unwrap_or_else(|| panic!("{what}: no error"));
+                let msg = e.to_string();
+                let own = |e: &ExchangeError, rank: u32| {
+                    matches!(e, ExchangeError::BadId { rank: rr, table: 1, sample: 2, position: 1, id, rows: 20 }
+                        if *rr == rank && *id == p.rows + rank - 1)
+                };
+                match e {
+                    ExchangeError::PeerFailed { rank, failed, cause } if !bad_ranks.contains(&r) => {
+                        assert_eq!((*rank, *failed), (r as u32, first_bad), "{what}: {msg}");
+                        assert!(own(cause, first_bad), "{what}: {msg}");
+                        let id = p.rows + first_bad - 1;
+                        assert!(
+                            msg.contains(&format!("rank {first_bad} failed"))
+                                && msg.contains(&format!("id {id} (table 1, sample 2, position 1) is out of range")),
+                            "{what}: {msg}"
+                        );
+                    }
+                    e if bad_ranks.contains(&r) => {
+                        assert!(own(e, r as u32), "{what}: {msg}");
+                        assert!(msg.contains("is out of range: tables have 20 rows"), "{what}: {msg}");
+                    }
+                    _ => panic!("{what}: unexpected error {msg}"),
+                }
+                assert!(e.nothing_written(), "{what}: {msg}");
+                assert!(
+                    *took < FAIL_FAST,
+                    "{what}: the failed step took {took:?} with a wait budget of {LONG_WAIT:?}: a rank waited for a peer \
+                     that had stopped instead of learning of its error"
+                );
+                assert!(untouched, "{what}: the failed forward wrote the output or the tables");
+                match eb {
+                    Some(ExchangeError::NoForward { rank }) => assert_eq!(*rank, r as u32, "{what}"),
+                    other => panic!("{what}: the backward of a failed forward gave {other:?}"),
+                }
+                assert!(still, "{what}: the backward of a failed forward wrote something");
+                assert_close(next, &emb::reference_forward(&p, &init, &good[r]), &format!("{what}: next step"));
+                emb::unshard(&p, &mut tables, shard, r as u32);
+            }
+            let mut want = init.clone();
+            emb::reference_backward(&p, &mut want, &good, 0.5);
+            assert_close(&tables, &want, &format!("{backend:?}: tables after the next step"));
         }
     }
 }

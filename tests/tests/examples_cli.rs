@@ -82,6 +82,7 @@ fn help_lists_every_flag_with_its_default() {
         "-n, --iters",
         "-w, --warmup_iters",
         "--rtt-iters",
+        "--rounds",
         "--out",
         "--spread",
     ] {
@@ -114,6 +115,7 @@ fn p2p_bench_takes_nccl_tests_flags_and_checks_them() {
     // Used to print `ratio NaN`.
     refused::<P2pBenchArgs>("p2p_bench --rtt-iters 0", "--rtt-iters");
     refused::<P2pBenchArgs>("p2p_bench -f 1", "--stepfactor");
+    refused::<P2pBenchArgs>("p2p_bench --rounds 0", "--rounds");
     let a = P2pBenchArgs::try_parse_from(argv("p2p_bench -b 1024 -e 65536 -f 4 -n 7 -w 0")).unwrap();
     let plan = a.plan(false).unwrap();
     assert_eq!(plan.sizes, [1024, 4096, 16384, 65536]);
@@ -125,7 +127,7 @@ fn p2p_bench_takes_nccl_tests_flags_and_checks_them() {
     // Defaults per backend, old long name kept as an alias.
     let a = P2pBenchArgs::try_parse_from(argv("p2p_bench")).unwrap();
     assert_eq!(a.plan(true).unwrap().max_bytes, 256 << 20);
-    assert_eq!(a.plan(false).unwrap().rtt_iters, 200);
+    assert_eq!((a.plan(false).unwrap().rtt_iters, a.plan(true).unwrap().rounds), (200, 5));
     assert_eq!(a.iters_for(4096), 2000);
     let a = P2pBenchArgs::try_parse_from(argv("p2p_bench --max-size 8192 --warmup-iters 2")).unwrap();
     assert_eq!((a.max_bytes, a.warmup_iters), (Some(8192), 2));

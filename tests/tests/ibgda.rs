@@ -296,11 +296,19 @@ fn rdma_peers_setting_is_parsed_strictly() {
 }
 
 #[test]
-fn ibgda_on_another_process_or_a_gpu_is_refused_with_the_reason() {
-    if let Some(gpu) = doorbell_tests::gpu() {
-        let _ = gpu;
-        let r = Communicator::local(2, Backend::Gpu, CommOptions::default(), |comm| comm.ibgda().map(|_| ()));
-        let msg = r.unwrap_err().to_string();
-        assert!(msg.contains("GPU-resident engine"), "{msg}");
-    }
+fn ibgda_on_a_gpu_with_a_host_thread_engine_is_refused_with_the_reason() {
+    let Some(_gpu) = doorbell_tests::gpu() else {
+        eprintln!("no GPU: skipped (DOORBELL_TEST_REQUIRE_GPU=1 makes a missing GPU a failure)");
+        return;
+    };
+    let thread = IbgdaOptions {
+        engine: Some(doorbell::comm::SoftNicEngine::Thread),
+        ..Default::default()
+    };
+    let r = Communicator::local(2, Backend::Gpu, CommOptions::default(), |comm| comm.ibgda_with(&thread).map(|_| ()));
+    let msg = r.unwrap_err().to_string();
+    assert!(
+        msg.contains("device memory") && msg.contains("DOORBELL_SOFTNIC_ENGINE=kernel"),
+        "{msg}"
+    );
 }

@@ -11,6 +11,7 @@ fn modules() -> Vec<(&'static str, &'static str)> {
         ("doorbell_kernels", doorbell::KERNELS_PTX),
         ("doorbell_example_kernels", doorbell_examples::USER_KERNELS_PTX),
         ("doorbell_test_kernels", doorbell_tests::TEST_KERNELS_PTX),
+        ("doorbell_softnic", doorbell::comm::SOFTNIC_PTX),
     ]
 }
 
@@ -205,6 +206,11 @@ fn library_ptx_holds_no_test_example_or_bench_kernels() {
     for want in ["fused_multiply_add", "pingpong_p2p", "put_bw_p2p", "byte_histogram"] {
         assert!(examples.contains(&want), "{want} missing from the example kernels: {examples:?}");
     }
+    // The soft NIC is a device: its engine kernel is in its own PTX.
+    assert!(
+        entries(doorbell::comm::SOFTNIC_PTX).contains(&"softnic_engine"),
+        "softnic_engine missing from the soft NIC's PTX"
+    );
 }
 
 #[test]

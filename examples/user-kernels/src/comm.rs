@@ -2,7 +2,7 @@
 //! benchmark's kernels with their raw floors.
 
 use doorbell_kernels::transport::{Cmp, CommError, Ibgda, P2p, SignalOp, Transport};
-use doorbell_kernels::{kernel, ptx};
+use doorbell_kernels::{kernel, ptx, sync};
 
 /// Status word values written by communication kernels.
 pub const PINGPONG_OK: u32 = 1;
@@ -99,8 +99,11 @@ unsafe fn wait_block<T: Transport>(t: &T, sig: *mut u64, i: u64, result: *mut u3
 /// The contract's signal round trip: one thread per rank, ranks 0 and 1.
 /// Rank 0 `signal`s `sig = i` on rank 1 and `wait_until`s its own `sig >=
 /// i`; rank 1 mirrors it. Every call goes through the transport with its
-/// argument checks. Rank 0 writes the elapsed ns to `out_ns`, every rank
-/// its status to `status`.
+/// argument checks: four checked calls per round trip. Values continue from
+/// `epoch0`; the first round trip is a handshake (it absorbs the two
+/// launches' skew) and is not timed, so `iters + 1` round trips run and rank
+/// 0 writes the ns of the last `iters` to `out_ns`. Every rank writes its
+/// status to `status`.
 #[kernel(hot, transports(P2p))]
 pub unsafe fn signal_pingpong<T: Transport>(t: T, sig: *mut u64, epoch0: u64, iters: u32, out_ns: *mut u64, status: *mut u32) {
     let me = t.rank();
@@ -111,8 +114,8 @@ pub unsafe fn signal_pingpong<T: Transport>(t: T, sig: *mut u64, epoch0: u64, it
     // SAFETY: `sig` symmetric, `out_ns`/`status` one word each.
     unsafe {
         *status = PINGPONG_OK;
-        let start = ptx::globaltimer_ns();
-        for i in epoch0 + 1..=epoch0 + iters as u64 {
+        let mut start = 0;
+        for i in epoch0 + 1..=epoch0 + 1 + iters as u64 {
             let r = if me == 0 {
                 t.signal(sig, i, SignalOp::Set, peer).and_then(|_| t.wait_until(sig, Cmp::Ge, i))
             } else {
@@ -123,9 +126,109 @@ pub unsafe fn signal_pingpong<T: Transport>(t: T, sig: *mut u64, epoch0: u64, it
                 *status = status_of(e);
                 return;
             }
+            if i == epoch0 + 1 {
+                start = ptx::globaltimer_ns();
+            }
         }
         if me == 0 {
             *out_ns = ptx::globaltimer_ns() - start;
+        }
+    }
+}
+
+/// [`signal_pingpong`] without the per-call argument checks: the peer's
+/// word is translated once with `t.peer_ptr`, then each round trip is a
+/// release store to it and acquire loads of the own word, at the scope the
+/// transport's `signal` / `wait_until` use (`.gpu` when both ranks share a
+/// GPU, else `.sys`), polled under the same bounded spin ([`sync::spin_until`],
+/// the handle's budget). Against [`signal_pingpong`] it isolates what the
+/// checks cost; against [`flag_pingpong_pair`], what the bounded spin
+/// costs. Same handshake, epochs, `out_ns` and `status` as
+/// [`signal_pingpong`]; a spin out of budget writes `PINGPONG_TIMEOUT`
+/// (nothing is recorded in the heap's report), a peer without a load/store
+/// route `PINGPONG_ERROR`.
+#[kernel(hot)]
+pub unsafe fn signal_pingpong_unchecked(t: P2p, sig: *mut u64, epoch0: u64, iters: u32, out_ns: *mut u64, status: *mut u32) {
+    let me = t.rank();
+    if me > 1 || ptx::thread_rank_in_block() != 0 || ptx::block_idx_x() != 0 {
+        return;
+    }
+    let gpu_scope = t.same_gpu != 0;
+    // SAFETY: `sig` symmetric (its peer copy translated by the handle),
+    // `out_ns`/`status` one word each.
+    unsafe {
+        let Some(theirs) = t.peer_ptr(sig as *const u64, 1 - me) else {
+            *status = PINGPONG_ERROR;
+            return;
+        };
+        *status = PINGPONG_OK;
+        let post = |i: u64| {
+            if gpu_scope {
+                ptx::st_release_gpu_u64(theirs, i)
+            } else {
+                ptx::st_release_sys_u64(theirs, i)
+            }
+        };
+        let wait = |i: u64| {
+            let load = || {
+                if gpu_scope {
+                    ptx::ld_acquire_gpu_u64(sig)
+                } else {
+                    ptx::ld_acquire_sys_u64(sig)
+                }
+            };
+            sync::spin_until(t.budget_ns, load, |v| v >= i).is_ok()
+        };
+        let mut start = 0;
+        for i in epoch0 + 1..=epoch0 + 1 + iters as u64 {
+            let ok = if me == 0 {
+                post(i);
+                wait(i)
+            } else {
+                let ok = wait(i);
+                post(i);
+                ok
+            };
+            if !ok {
+                *status = PINGPONG_TIMEOUT;
+                return;
+            }
+            if i == epoch0 + 1 {
+                start = ptx::globaltimer_ns();
+            }
+        }
+        if me == 0 {
+            *out_ns = ptx::globaltimer_ns() - start;
+        }
+    }
+}
+
+/// `n` 16-byte vectors from `src` to `dst`, this thread taking vectors
+/// `me, me + stride, ...` with four in flight (as the transport's copy
+/// does): the loop of both copy floors.
+///
+/// # Safety
+/// Both pointers 16-byte aligned and valid for `n` vectors.
+#[inline(always)]
+unsafe fn copy_vectors(dst: *mut u8, src: *const u8, n: u64, me: u64, stride: u64) {
+    let v = |i: u64| (i * 16) as usize;
+    let mut i = me;
+    // SAFETY: in bounds, aligned (contract).
+    unsafe {
+        while i + 3 * stride < n {
+            let a = ptx::ld_v4_u32(src.add(v(i)) as *const u32);
+            let b = ptx::ld_v4_u32(src.add(v(i + stride)) as *const u32);
+            let c = ptx::ld_v4_u32(src.add(v(i + 2 * stride)) as *const u32);
+            let d = ptx::ld_v4_u32(src.add(v(i + 3 * stride)) as *const u32);
+            ptx::st_v4_u32(dst.add(v(i)) as *mut u32, a);
+            ptx::st_v4_u32(dst.add(v(i + stride)) as *mut u32, b);
+            ptx::st_v4_u32(dst.add(v(i + 2 * stride)) as *mut u32, c);
+            ptx::st_v4_u32(dst.add(v(i + 3 * stride)) as *mut u32, d);
+            i += 4 * stride;
+        }
+        while i < n {
+            ptx::st_v4_u32(dst.add(v(i)) as *mut u32, ptx::ld_v4_u32(src.add(v(i)) as *const u32));
+            i += stride;
         }
     }
 }
@@ -135,28 +238,33 @@ pub unsafe fn signal_pingpong<T: Transport>(t: T, sig: *mut u64, epoch0: u64, it
 /// with four vectors in flight per thread (as the transport's copy has).
 #[kernel(hot)]
 pub unsafe fn copy_raw(dst: *mut u8, src: *const u8, bytes: u64, iters: u32) {
-    let n = bytes / 16;
+    let me = ptx::global_thread_id_x() as u64;
     let stride = ptx::grid_stride_x() as u64;
-    let v = |i: u64| (i * 16) as usize;
     for _ in 0..iters {
-        let mut i = ptx::global_thread_id_x() as u64;
         // SAFETY: in bounds, aligned (contract).
-        unsafe {
-            while i + 3 * stride < n {
-                let a = ptx::ld_v4_u32(src.add(v(i)) as *const u32);
-                let b = ptx::ld_v4_u32(src.add(v(i + stride)) as *const u32);
-                let c = ptx::ld_v4_u32(src.add(v(i + 2 * stride)) as *const u32);
-                let d = ptx::ld_v4_u32(src.add(v(i + 3 * stride)) as *const u32);
-                ptx::st_v4_u32(dst.add(v(i)) as *mut u32, a);
-                ptx::st_v4_u32(dst.add(v(i + stride)) as *mut u32, b);
-                ptx::st_v4_u32(dst.add(v(i + 2 * stride)) as *mut u32, c);
-                ptx::st_v4_u32(dst.add(v(i + 3 * stride)) as *mut u32, d);
-                i += 4 * stride;
-            }
-            while i < n {
-                ptx::st_v4_u32(dst.add(v(i)) as *mut u32, ptx::ld_v4_u32(src.add(v(i)) as *const u32));
-                i += stride;
-            }
+        unsafe { copy_vectors(dst, src, bytes / 16, me, stride) };
+    }
+}
+
+/// The second raw floor for put bandwidth: [`put_bw`]'s split of the work
+/// without the transport. Pieces of [`PUT_PIECE`] bytes are dealt
+/// round-robin to the blocks, and a block copies its piece with its threads
+/// (16-byte vectors, four in flight), `iters` times. Same contract as
+/// [`copy_raw`].
+#[kernel(hot)]
+pub unsafe fn copy_pieces(dst: *mut u8, src: *const u8, bytes: u64, iters: u32) {
+    let me = ptx::thread_rank_in_block() as u64;
+    let threads = ptx::block_dim_x() as u64;
+    let blocks = ptx::grid_dim_x() as u64;
+    let pieces = bytes.div_ceil(PUT_PIECE);
+    for _ in 0..iters {
+        let mut p = ptx::block_idx_x() as u64;
+        while p < pieces {
+            let lo = p * PUT_PIECE;
+            let len = PUT_PIECE.min(bytes - lo);
+            // SAFETY: `[lo, lo + len)` in bounds, aligned (contract).
+            unsafe { copy_vectors(dst.add(lo as usize), src.add(lo as usize), len / 16, me, threads) };
+            p += blocks;
         }
     }
 }
@@ -220,38 +328,52 @@ pub unsafe fn put_bw<T: Transport>(
 /// Raw floor for the signal round trip between two ranks (possibly on two
 /// GPUs): rank 0 stores `i` to `their_flag` (the peer's word) with a release
 /// store and waits for its own word to reach `i` with acquire loads; rank 1
-/// mirrors it. Scope `.sys` when `sys_scope != 0`, else `.gpu`. One thread
-/// per rank; rank 0 writes the elapsed ns to `out_ns`. Unbounded spins: a
-/// measurement kernel, not for production.
-#[kernel]
-pub unsafe fn flag_pingpong_pair(my_flag: *mut u32, their_flag: *mut u32, rank: u32, sys_scope: u32, iters: u32, out_ns: *mut u64) {
+/// mirrors it. 8-byte words, like the transport's signals; scope `.sys`
+/// when `sys_scope != 0`, else `.gpu`. One thread per rank. Values continue
+/// from `epoch0`; the first round trip is an untimed handshake, then rank 0
+/// writes the ns of `iters` round trips to `out_ns` (as
+/// [`signal_pingpong`]). Unbounded spins: a measurement kernel, not for
+/// production.
+#[kernel(hot)]
+pub unsafe fn flag_pingpong_pair(
+    my_flag: *mut u64,
+    their_flag: *mut u64,
+    rank: u32,
+    sys_scope: u32,
+    epoch0: u64,
+    iters: u32,
+    out_ns: *mut u64,
+) {
     if ptx::thread_idx_x() != 0 || ptx::block_idx_x() != 0 {
         return;
     }
     // SAFETY: one word each; `their_flag` is the peer's word as this GPU sees it.
     unsafe {
-        let wait = |i: u32| {
+        let wait = |i: u64| {
             if sys_scope != 0 {
-                while ptx::ld_acquire_sys_u32(my_flag) < i {}
+                while ptx::ld_acquire_sys_u64(my_flag) < i {}
             } else {
-                while ptx::ld_acquire_gpu_u32(my_flag) < i {}
+                while ptx::ld_acquire_gpu_u64(my_flag) < i {}
             }
         };
-        let post = |i: u32| {
+        let post = |i: u64| {
             if sys_scope != 0 {
-                ptx::st_release_sys_u32(their_flag, i)
+                ptx::st_release_sys_u64(their_flag, i)
             } else {
-                ptx::st_release_gpu_u32(their_flag, i)
+                ptx::st_release_gpu_u64(their_flag, i)
             }
         };
-        let start = ptx::globaltimer_ns();
-        for i in 1..=iters {
+        let mut start = 0;
+        for i in epoch0 + 1..=epoch0 + 1 + iters as u64 {
             if rank == 0 {
                 post(i);
                 wait(i);
             } else {
                 wait(i);
                 post(i);
+            }
+            if i == epoch0 + 1 {
+                start = ptx::globaltimer_ns();
             }
         }
         if rank == 0 {

@@ -11,21 +11,31 @@
 //! bags of any length, empty ones included, fit the fixed layout. The pooled
 //! output is `out[sample][table][dim]` (sum pooling).
 //!
-//! ## Forward ([`emb_forward`]): route → dedup → request → gather → pool
-//! 1. **Dedup and route** (every block, grid-stride over the lookups): each
-//!    `(table, id)` is inserted into an open-addressing hash table (keys
-//!    tagged with the epoch, so it needs no clearing between steps). The
-//!    thread that inserts a key first takes the next index `u` of the
-//!    owner's request list and writes the key there; repeated ids get the
-//!    same slot. One grid barrier.
-//! 2. **Request**: block `g` sends its owners' lists
+//! ## Forward ([`emb_forward`]): validate and route → vote with the requests → gather → pool
+//! 1. **Validate, dedup and route** (every block, grid-stride over the
+//!    lookups; only this rank's scratch is written): an id `>= rows` (other
+//!    than [`PAD`]) is recorded as this rank's error. Every other `(table,
+//!    id)` is inserted into an open-addressing hash table (keys tagged with
+//!    the epoch, so it needs no clearing between steps). The thread that
+//!    inserts a key first takes the next index `u` of the owner's request
+//!    list, writes the key there and marks its lookup as the key's first
+//!    occurrence (the top bit of the lookup's slot). One grid barrier.
+//! 2. **Vote with the requests**: block `g` sends its owners' lists
 //!    (`owner % blocks == g`) into the owners' symmetric request buffers
-//!    with `put_signal_block`; the signal word carries the epoch, an error
-//!    bit and the count, so empty lists and errors travel the same way.
-//! 3. **Gather** (owner side): once every requester's list is in, warps take
-//!    the requested rows and `put_warp` them straight from the table into
-//!    the requester's receive buffer (`rows_in[owner][u]`); each block then
-//!    adds 1 to the requester's per-owner signal (`rows_sig`).
+//!    with `put_signal_block`. The signal word is the verdict: `epoch << 33
+//!    | bad << 32 | count`. A rank in error sends no list but its error
+//!    report (the status words, 32 bytes) with the bad bit set, so every
+//!    peer can say which rank failed, why, and which id. If the put is
+//!    refused, the bare signal still goes out: a rank never leaves its peers
+//!    waiting for its verdict.
+//! 3. **Gather** (owner side): once every requester's verdict is in, either
+//!    all of them are good — warps take the requested rows and `put_warp`
+//!    them straight from the table into the requester's receive buffer
+//!    (`rows_in[owner][u]`), each block then adds 1 to the requester's
+//!    per-owner signal (`rows_sig`) — or some rank is bad, and every rank
+//!    returns at once with nothing written (the blocks still add their 1,
+//!    without waiting, so the counts stay in step for the next launch).
+//!    Every rank sees the same verdicts, so every rank takes the same way.
 //! 4. **Pool** (requester side): once every owner's blocks have signalled,
 //!    one warp per bag sums its rows in bag order (`p = 0, 1, ...`) — the
 //!    same order as a sequential reference, so forward results are
@@ -46,38 +56,67 @@
 //! and has no backward of its own; the benchmark measures both.
 //!
 //! ## Backward ([`emb_backward`]), reusing the forward's routing
-//! 1. The requester sums the upstream gradient `g[sample][table]` of every
-//!    occurrence of a key into a staging row per unique key (the receive
-//!    buffer of the forward, zeroed first), then `put_signal_block`s each
-//!    owner its list of summed rows, in the order of the owner's request
-//!    list (so no keys travel back).
-//! 2. The owner adds the rows of every requester into a per-row accumulator
+//! It runs only if the forward of its epoch passed the vote (every rank
+//! knows the same verdict); otherwise every rank returns with
+//! [`STATUS_NO_FORWARD`] and nothing written. It reads the forward's
+//! routing (hash slots, keys, list indices), not the ids again, so ids
+//! changed on the device since the forward cannot send it out of bounds.
+//! 1. **First occurrences** (requester): the lookup that inserted a key
+//!    writes `0 + g` (its bag's upstream gradient) into the key's staging
+//!    row, the forward's receive buffer `rows_in[owner][u]`, with plain
+//!    stores: no zeroing pass, and with uniform ids, where most keys occur
+//!    once, no atomics at all. One grid barrier.
+//! 2. **Repeats** (requester): every other occurrence adds its gradient
+//!    with an atomic add. One grid barrier.
+//! 3. **Send**: every warp of the grid puts contiguous pieces of the
+//!    staging rows (up to [`PUT_PIECE_BYTES`]) into the owners' `grad_in`,
+//!    in the order of the owner's request list (so no keys travel back);
+//!    each block then fences and adds 1 to each owner's `grad_sig`. Rows
+//!    for this rank itself stay where they are.
+//! 4. **Accumulate and apply** (owner): once every requester's blocks have
+//!    signalled (`seq * blocks`, `seq` the backward's launch count), the
+//!    rows of every requester are added into a per-row accumulator
 //!    (`gacc`, kept all-zero between steps), one grid barrier, then each
 //!    element is taken with an atomic exchange against zero by exactly one
 //!    thread, which applies SGD: `row -= lr * sum`.
 //!
-//! **Float-sum order**: the gradient sums (steps 1 and 2) are atomic adds,
-//! so their order varies from run to run; when every partial sum is exactly
-//! representable (integer-valued gradients whose sums stay below 2^24, as in
-//! the example) the result is still bit-exact and deterministic, otherwise
-//! it matches a sequential reference within f32 rounding. `row -= lr * sum`
-//! is one multiply and one subtract (no fused multiply-add).
+//! **Float-sum order**: a key's first occurrence starts its sum (`0 + g`,
+//! as a sequential reference starting from zero); the other occurrences
+//! (step 2) and the requesters' partial sums (step 4) are atomic adds, so
+//! their order varies from run to run when a key occurs three times or more
+//! per requester or comes from several requesters. When every partial sum
+//! is exactly representable (integer-valued gradients whose sums stay below
+//! 2^24, as in the example) the result is still bit-exact and
+//! deterministic, otherwise it matches a sequential reference within f32
+//! rounding. `row -= lr * sum` is one multiply and one subtract (no fused
+//! multiply-add).
 //!
 //! ## Errors
-//! Ids are validated on the device too: an id `>= rows` (other than
-//! [`PAD`]) or a list past its capacity marks the rank's request signal with
-//! the error bit. Every rank sees every requester's signal before it gathers
-//! anything, so then **no rank writes any output or table** ([`STATUS_*`]
-//! in the `status` words say why; [`STATUS_PEER_ERROR`] on the ranks that
-//! only learnt of another rank's error), while the protocol itself still
-//! completes, so the next step can run. Waits are bounded by `budget_ns`.
+//! Ids are validated on the device, in the first phase, before anything
+//! moves: an id `>= rows` (other than [`PAD`]) or a list past its capacity
+//! makes this rank's verdict bad. Every rank waits for every rank's verdict
+//! (one exchange of signals, the same one that carries the requests), so
+//! every rank learns of an error in the time of one message, and then **no
+//! rank writes any output or table** ([`STATUS_*`](STATUS_OK) in the
+//! `status` words say why; [`STATUS_PEER_ERROR`] with the failing rank's
+//! own report on the ranks that only learnt of it), while the protocol
+//! itself completes, so the next step can run. Waits are bounded by
+//! `budget_ns`; they are only for peers that have not launched yet or have
+//! died, never for a peer that found an error.
+//!
+//! ## Phase stamps
+//! With [`EmbBufs::stamps`] non-null, thread 0 of block 0 records
+//! `%globaltimer` at the end of each phase ([`STAMP_FWD`], [`STAMP_BWD`]
+//! name the slots), so a benchmark can say where a step's time goes.
+//! Block 0's clock: a phase that ends in a grid barrier ends for every
+//! block; one that does not (sending) is block 0's share only.
 //!
 //! ## Launch
 //! Every rank launches the same grid (`blocks` × `threads`, threads a
 //! multiple of 32) with [`SHARED_BYTES`] of dynamic shared memory; the grid
 //! must be co-resident (grid barriers), and so must every rank's grid when
 //! ranks share a GPU. Epochs start at 1 and go up by one per forward; a
-//! backward uses the epoch of the forward before it.
+//! backward uses the epoch of the forward before it, at most once.
 
 use doorbell_kernels::transport::{Cmp, Ibgda, P2p, Routed, SignalOp, Transport};
 use doorbell_kernels::{kernel, ptx};
@@ -92,14 +131,22 @@ pub const MAX_DIM: u32 = 4096;
 pub const SHARED_BYTES: u32 = 16;
 /// Words of the status buffer.
 pub const STATUS_WORDS: usize = 8;
+/// u32 words of one error report in [`EmbBufs::errs`] (status words 0..5, padded).
+pub const ERR_WORDS: usize = 8;
+/// Most lookups per rank: the slot of a lookup keeps its top bit for
+/// "first occurrence", so the hash table (twice the lookups) stays below 2^31.
+pub const MAX_LOOKUPS: u64 = 1 << 29;
+/// Bytes a warp sends with one put in the backward (whole rows; at least one).
+pub const PUT_PIECE_BYTES: u32 = 16384;
 
 /// Status word 0: all went well.
 pub const STATUS_OK: u32 = 0;
 /// An id `>= rows` (words 1..5: table, sample, position, id).
 pub const STATUS_BAD_ID: u32 = 1;
-/// A request list outgrew its capacity (words 1..3: owner, count).
+/// A request list outgrew its capacity (words 1..4: owner, count, capacity).
 pub const STATUS_CAPACITY: u32 = 2;
-/// Another rank reported an error; nothing was written.
+/// Another rank reported an error; nothing was written (word 1: that rank;
+/// words 2..7: its status words 0..5, as it reported them).
 pub const STATUS_PEER_ERROR: u32 = 3;
 /// A transport call failed (the communicator's report says which).
 pub const STATUS_TRANSPORT: u32 = 4;
@@ -107,8 +154,26 @@ pub const STATUS_TRANSPORT: u32 = 4;
 pub const STATUS_BAD_REQUEST: u32 = 5;
 /// `peer_ptr` gave no direct access (the pull forward needs it).
 pub const STATUS_NO_PEER_PTR: u32 = 6;
-/// A wait or grid barrier ran out of budget.
+/// A wait or grid barrier ran out of budget (word 1: where).
 pub const STATUS_TIMEOUT: u32 = 7;
+/// A backward whose forward did not pass the vote: nothing was written
+/// (word 1: the last forward's verdict word, low 32 bits).
+pub const STATUS_NO_FORWARD: u32 = 8;
+
+/// Phase stamps of the forward, indices into [`EmbBufs::stamps`]: start,
+/// routed (grid barrier), verdicts in, rows sent, rows in, pooled.
+pub const STAMP_FWD: [&str; 6] = ["start", "route", "vote", "gather", "rows_in", "pool"];
+/// Phase stamps of the backward, at `STAMP_BWD_AT + i`: start, first
+/// occurrences (grid barrier), repeats (grid barrier), sent, grads in,
+/// accumulated (grid barrier), applied.
+pub const STAMP_BWD: [&str; 7] = ["start", "first", "repeat", "send", "grads_in", "accum", "apply"];
+/// Where the backward's stamps start in [`EmbBufs::stamps`].
+pub const STAMP_BWD_AT: usize = 8;
+/// u64 words of [`EmbBufs::stamps`].
+pub const STAMP_WORDS: usize = 16;
+
+/// The top bit of a lookup's slot: the lookup that inserted the key.
+const FIRST: u32 = 1 << 31;
 
 /// The problem's shape, the same on every rank.
 #[repr(C)]
@@ -128,7 +193,7 @@ pub struct EmbShape {
     pub shard_rows: u32,
     /// Capacity of one (requester, owner) request list, in keys.
     pub cap: u32,
-    /// The hash table has `1 << hash_bits` slots (at least twice the lookups).
+    /// The hash table has `1 << hash_bits` slots (at least twice the lookups, at most 2^30).
     pub hash_bits: u32,
 }
 const _: () = assert!(core::mem::size_of::<EmbShape>() == 32);
@@ -142,24 +207,29 @@ pub struct EmbBufs {
     pub tables: *mut f32,
     /// Symmetric `[2][N][cap]` keys received from each requester (by epoch parity).
     pub req_in: *mut u64,
-    /// Symmetric `[N]`: `epoch << 33 | error << 32 | count` from each requester.
+    /// Symmetric `[N]`: `epoch << 33 | bad << 32 | count` from each requester (its verdict).
     pub req_sig: *mut u64,
     /// Symmetric `[N][cap][dim]`: rows received from each owner; the
     /// backward's gradient staging.
     pub rows_in: *mut f32,
-    /// Symmetric `[N]`: +1 per block of each owner per epoch.
+    /// Symmetric `[N]`: +1 per block of each owner per forward.
     pub rows_sig: *mut u64,
     /// Symmetric `[N][cap][dim]`: summed gradients from each requester.
     pub grad_in: *mut f32,
-    /// Symmetric `[N]`: the epoch, from each requester.
+    /// Symmetric `[N]`: +1 per block of each requester per backward.
     pub grad_sig: *mut u64,
     /// Symmetric `[N][cap]`: this rank's request list for each owner.
     pub req_out: *mut u64,
+    /// Symmetric `[N + 1][ERR_WORDS]` u32: the error report of each
+    /// requester that was bad in the last forward; row `N`: this rank's own
+    /// (the source of its puts).
+    pub errs: *mut u32,
     /// Local `[1 << hash_bits]` keys: `tag << 40 | table << 32 | id`.
     pub keys: *mut u64,
     /// Local `[1 << hash_bits]`: a key's index in its owner's list.
     pub vals: *mut u32,
-    /// Local `[tables][batch][pooling]`: each lookup's hash slot (PAD: none).
+    /// Local `[tables][batch][pooling]`: each lookup's hash slot, top bit
+    /// set on the key's first occurrence (PAD: none).
     pub slot_of: *mut u32,
     /// Local `[2][N]`: requests to each owner, by epoch parity.
     pub counts: *mut u32,
@@ -169,8 +239,13 @@ pub struct EmbBufs {
     pub gacc: *mut f32,
     /// Local `[2]`: grid barrier (arrivals, generation).
     pub grid: *mut u32,
+    /// Local `[1]`: the last forward's verdict, `epoch << 1 | bad` (the
+    /// backward runs only on `epoch << 1`).
+    pub verdict: *mut u64,
     /// Local `[STATUS_WORDS]`: the first error (0: none).
     pub status: *mut u32,
+    /// Local `[STAMP_WORDS]` or null: phase stamps (see the module docs).
+    pub stamps: *mut u64,
 }
 
 #[cfg(not(target_arch = "nvptx64"))]
@@ -194,9 +269,11 @@ pub fn request_key(table: u32, id: u32) -> u64 {
     ((table as u64) << 32) | id as u64
 }
 
-/// Records the first error of this rank (first caller wins); one thread.
+/// Records the first error of this rank (first caller wins): `code` and
+/// six detail words (scalars: an array would live on the stack); one thread.
 #[inline(never)]
-unsafe fn set_status(status: *mut u32, code: u32, a: u32, b: u32, c: u32, d: u32) {
+#[allow(clippy::too_many_arguments)]
+unsafe fn set_status_words(status: *mut u32, code: u32, a: u32, b: u32, c: u32, d: u32, e: u32, f: u32) {
     // SAFETY: `status` holds STATUS_WORDS words (launch contract).
     unsafe {
         if ptx::atom_cas_relaxed_gpu_u32(status, 0, code) == 0 {
@@ -204,14 +281,32 @@ unsafe fn set_status(status: *mut u32, code: u32, a: u32, b: u32, c: u32, d: u32
             *status.add(2) = b;
             *status.add(3) = c;
             *status.add(4) = d;
+            *status.add(5) = e;
+            *status.add(6) = f;
         }
     }
+}
+
+/// [`set_status_words`] with four detail words.
+#[inline(always)]
+unsafe fn set_status(status: *mut u32, code: u32, a: u32, b: u32, c: u32, d: u32) {
+    // SAFETY: the caller's status words.
+    unsafe { set_status_words(status, code, a, b, c, d, 0, 0) }
 }
 
 #[inline(always)]
 unsafe fn status_code(status: *const u32) -> u32 {
     // SAFETY: as for `set_status`.
     unsafe { ptx::ld_relaxed_gpu_u32(status) }
+}
+
+/// Thread 0 of block 0 records `%globaltimer` in stamp `i` (if stamps are on).
+#[inline(always)]
+unsafe fn stamp(stamps: *mut u64, i: usize) {
+    if !stamps.is_null() && ptx::block_idx_x() == 0 && ptx::thread_rank_in_block() == 0 {
+        // SAFETY: `stamps` holds STAMP_WORDS words (launch contract), i < STAMP_WORDS.
+        unsafe { *stamps.add(i) = ptx::globaltimer_ns() };
+    }
 }
 
 /// `*p += v` for f32 with a compare-and-swap loop (lock-free; the order of
@@ -340,6 +435,49 @@ fn grid_warp() -> (u32, u32) {
     (ptx::block_idx_x() * wpb + ptx::warp_id_in_block(), ptx::grid_dim_x() * wpb)
 }
 
+/// The verdict signal of a requester: `epoch << 33 | bad << 32 | count`.
+#[inline(always)]
+fn verdict_sig(epoch: u64, bad: bool, count: u32) -> u64 {
+    (epoch << 33) | ((bad as u64) << 32) | count as u64
+}
+
+/// Phase 2 for one owner, by a whole block: this rank's request list, or
+/// (`bad`) its error report, into the owner's buffers, with the verdict as
+/// the signal. If the put is refused, the bare signal still goes out, so
+/// the owner is never left waiting; returns false then (the caller records
+/// the refusal after the vote, so that every block of this rank has sent
+/// the same verdict).
+#[inline(always)]
+unsafe fn send_verdict<T: Transport>(t: &T, s: &EmbShape, b: &EmbBufs, epoch: u64, owner: u32, bad: bool, count: u32) -> bool {
+    let n = t.world_size();
+    let me = t.rank();
+    let par = (epoch & 1) as usize;
+    let cap = s.cap as usize;
+    let sig = verdict_sig(epoch, bad, if bad { 0 } else { count });
+    // SAFETY: buffers as EmbBufs documents (the caller's launch contract).
+    unsafe {
+        let (dst, src, bytes) = if bad {
+            let row = ERR_WORDS;
+            (
+                b.errs.add(me as usize * row) as *mut u8,
+                b.errs.add(n as usize * row) as *const u8,
+                (ERR_WORDS * 4) as u64,
+            )
+        } else {
+            (
+                b.req_in.add((par * n as usize + me as usize) * cap) as *mut u8,
+                b.req_out.add(owner as usize * cap) as *const u8,
+                count as u64 * 8,
+            )
+        };
+        let r = t.put_signal_block(dst, src, bytes, b.req_sig.add(me as usize), sig, SignalOp::Set, owner);
+        if r.is_err() && ptx::thread_rank_in_block() == 0 {
+            let _ = t.signal(b.req_sig.add(me as usize), verdict_sig(epoch, true, 0), SignalOp::Set, owner);
+        }
+        r.is_ok()
+    }
+}
+
 /// Forward: see the module docs. `ids` `[tables][batch][pooling]`, `out`
 /// `[batch][tables][dim]` (local). `status` gets [`STATUS_OK`] or why not.
 ///
@@ -361,8 +499,9 @@ pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *con
     // SAFETY: buffers as EmbBufs documents, sized from `s` and the world
     // (launch contract); every index below stays inside them.
     unsafe {
+        stamp(b.stamps, 0);
         let counts = b.counts.add(par * n as usize);
-        // 1. Dedup and route.
+        // 1. Validate, dedup and route (this rank's scratch only).
         let mut i = ptx::global_thread_id_x() as u64;
         let stride = ptx::grid_stride_x() as u64;
         while i < lookups {
@@ -384,8 +523,8 @@ pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *con
                 *slot_p = PAD;
             } else {
                 let (slot, fresh) = hash_insert(b.keys, s.hash_bits, tag, table, id);
-                *slot_p = slot;
                 if fresh {
+                    *slot_p = slot | FIRST;
                     let owner = id % n;
                     let u = ptx::atom_add_relaxed_gpu_u32(counts.add(owner as usize), 1);
                     *b.vals.add(slot as usize) = u;
@@ -394,16 +533,31 @@ pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *con
                     } else {
                         set_status(b.status, STATUS_CAPACITY, owner, u + 1, s.cap, 0);
                     }
+                } else {
+                    *slot_p = slot;
                 }
             }
             i += stride;
         }
-        if !grid_sync_or_report(b.grid, b.status, budget_ns, 0) {
-            return;
-        }
+        let routed = grid_sync_or_report(b.grid, b.status, budget_ns, 0);
+        stamp(b.stamps, 1);
 
-        // 2. Request: every owner gets a signal, even for an empty list.
-        let my_err = status_code(b.status) != STATUS_OK;
+        // 2. Vote with the requests: every owner gets this rank's verdict,
+        // even for an empty list, and even when this rank is in error or its
+        // grid barrier ran out (then only this block's owners can be told).
+        // One reading per block, shared: the block's threads send alike.
+        let mut my_err = !routed;
+        if tid == 0 {
+            my_err |= status_code(b.status) != STATUS_OK;
+            if my_err {
+                let own = b.errs.add(n as usize * ERR_WORDS);
+                for w in 0..ERR_WORDS {
+                    *own.add(w) = if w < 6 { ptx::ld_relaxed_gpu_u32(b.status.add(w)) } else { 0 };
+                }
+            }
+        }
+        let my_err = block_share(my_err as u32) != 0;
+        let mut refused = u32::MAX;
         let mut owner = blk;
         while owner < n {
             let c = if my_err {
@@ -411,33 +565,28 @@ pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *con
             } else {
                 ptx::ld_relaxed_gpu_u32(counts.add(owner as usize))
             };
-            let sig = (epoch << 33) | ((my_err as u64) << 32) | c as u64;
-            let dst = b.req_in.add((par * n as usize + me as usize) * cap);
-            let src = b.req_out.add(owner as usize * cap);
-            let r = t.put_signal_block(
-                dst as *mut u8,
-                src as *const u8,
-                c as u64 * 8,
-                b.req_sig.add(me as usize),
-                sig,
-                SignalOp::Set,
-                owner,
-            );
-            if r.is_err() && tid == 0 {
-                set_status(b.status, STATUS_TRANSPORT, owner, 0, 0, 0);
+            if !send_verdict(&t, &s, &b, epoch, owner, my_err, c) {
+                refused = owner;
             }
             owner += blocks;
         }
+        if !routed {
+            return;
+        }
 
-        // 3. Gather: wait for every requester (this is where every rank
-        // learns whether any rank failed), then send the rows.
+        // 3. Every requester's verdict (the one wait of an error: one
+        // message), then the rows, or nothing.
         let mut verdict = 0u32; // 0 fine, 1 some rank failed, 2 timed out
         if tid == 0 {
+            let mut first_bad = u32::MAX;
             for r in 0..n {
                 match t.wait_until(b.req_sig.add(r as usize), Cmp::Ge, epoch << 33) {
                     Ok(v) => {
                         if (v >> 32) & 1 != 0 || (v as u32) > s.cap {
                             verdict = verdict.max(1);
+                            if first_bad == u32::MAX && r != me {
+                                first_bad = r;
+                            }
                         }
                         if blk == 0 {
                             *b.rcounts.add(par * n as usize + r as usize) = v as u32;
@@ -449,8 +598,21 @@ pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *con
                     }
                 }
             }
+            if verdict == 1 && status_code(b.status) == STATUS_OK && first_bad != u32::MAX {
+                // The lowest failing rank's report (its put came with its signal).
+                let rep = b.errs.add(first_bad as usize * ERR_WORDS);
+                let w = |k: usize| *rep.add(k);
+                set_status_words(b.status, STATUS_PEER_ERROR, first_bad, w(0), w(1), w(2), w(3), w(4));
+            }
+            if blk == 0 && verdict != 2 {
+                *b.verdict = (epoch << 1) | (verdict != 0) as u64;
+            }
         }
         let verdict = block_share(verdict);
+        if refused != u32::MAX && tid == 0 {
+            set_status(b.status, STATUS_TRANSPORT, refused, 0, 0, 0);
+        }
+        stamp(b.stamps, 2);
         if verdict == 2 {
             if tid == 0 {
                 set_status(b.status, STATUS_TIMEOUT, 1, 0, 0, 0);
@@ -483,13 +645,12 @@ pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *con
                     u += warps;
                 }
             }
-        } else if tid == 0 && status_code(b.status) == STATUS_OK {
-            set_status(b.status, STATUS_PEER_ERROR, 0, 0, 0, 0);
         }
         ptx::sync_threads();
         if tid == 0 {
             // The block's puts (its warps', ordered before this thread by the
-            // barrier) are published by the signals once fenced.
+            // barrier) are published by the signals once fenced. A bad step
+            // adds too (nothing to publish), so the counts stay in step.
             t.fence();
             for r in 0..n {
                 if t.signal(b.rows_sig.add(me as usize), 1, SignalOp::Add, r).is_err() {
@@ -497,24 +658,26 @@ pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *con
                 }
             }
         }
+        stamp(b.stamps, 3);
 
-        // 4. Pool, once every block of every owner has sent.
-        let mut waited = 0u32;
-        if tid == 0 {
-            for o in 0..n {
-                if t.wait_until(b.rows_sig.add(o as usize), Cmp::Ge, epoch * blocks as u64).is_err() {
-                    waited = 1;
-                    break;
+        if verdict == 0 {
+            // 4. Pool, once every block of every owner has sent.
+            let mut waited = 0u32;
+            if tid == 0 {
+                for o in 0..n {
+                    if t.wait_until(b.rows_sig.add(o as usize), Cmp::Ge, epoch * blocks as u64).is_err() {
+                        waited = 1;
+                        break;
+                    }
                 }
             }
-        }
-        if block_share(waited) != 0 {
-            if tid == 0 {
-                set_status(b.status, STATUS_TIMEOUT, 2, 0, 0, 0);
+            if block_share(waited) != 0 {
+                if tid == 0 {
+                    set_status(b.status, STATUS_TIMEOUT, 2, 0, 0, 0);
+                }
+                return;
             }
-            return;
-        }
-        if verdict == 0 {
+            stamp(b.stamps, 4);
             let lane = ptx::lane_id() as usize;
             let bags = s.batch * s.tables;
             let mut w = gw;
@@ -531,7 +694,8 @@ pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *con
                         if id == PAD {
                             continue;
                         }
-                        let u = *b.vals.add(*b.slot_of.add(bag + p) as usize) as usize;
+                        let slot = *b.slot_of.add(bag + p) & !FIRST;
+                        let u = *b.vals.add(slot as usize) as usize;
                         let row = b.rows_in.add(((id % n) as usize * cap + u) * dim + kc);
                         for (j, a) in acc.iter_mut().enumerate() {
                             let k = lane + 32 * j;
@@ -550,6 +714,7 @@ pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *con
                 }
                 w += warps;
             }
+            stamp(b.stamps, 5);
         }
         // The next epoch's counters start from zero.
         if blk == 0 {
@@ -563,99 +728,151 @@ pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *con
     }
 }
 
-/// Backward of the forward with the same `epoch` (same ids): see the module
-/// docs. `grad` `[batch][tables][dim]` (local), SGD step `lr`. Launch as
-/// for [`emb_forward`]; run it only after that forward succeeded.
+/// Every lookup of this rank that `pick`s its slot word (top bit: first
+/// occurrence), with its key's staging row and its bag's gradient row; one
+/// warp per bag, grid-stride. The forward's routing only: no id is read.
+#[inline(always)]
+unsafe fn for_lookups(s: &EmbShape, b: &EmbBufs, n: u32, grad: *const f32, pick: impl Fn(u32) -> bool, f: impl Fn(*mut f32, *const f32)) {
+    let (gw, warps) = grid_warp();
+    let per_table = s.batch as u64 * s.pooling as u64;
+    let (cap, dim) = (s.cap as usize, s.dim as usize);
+    let bags = s.batch * s.tables;
+    let mut w = gw;
+    // SAFETY: buffers as EmbBufs documents (the caller's launch contract);
+    // slots and list indices come from the forward, which passed its vote
+    // (every index below the hash size and the capacity).
+    unsafe {
+        while w < bags {
+            let bag = ((w % s.tables) as u64 * per_table + (w / s.tables) as u64 * s.pooling as u64) as usize;
+            let g = grad.add(w as usize * dim);
+            for p in 0..s.pooling as usize {
+                let sl = *b.slot_of.add(bag + p);
+                if sl == PAD || !pick(sl) {
+                    continue;
+                }
+                let slot = (sl & !FIRST) as usize;
+                let owner = (*b.keys.add(slot) as u32) % n;
+                let u = *b.vals.add(slot) as usize;
+                f(b.rows_in.add((owner as usize * cap + u) * dim), g);
+            }
+            w += warps;
+        }
+    }
+}
+
+/// Backward of the forward with the same `epoch`: see the module docs.
+/// `grad` `[batch][tables][dim]` (local), SGD step `lr`, `seq` the number
+/// of backward launches so far, this one included (the same on every
+/// rank). Launch as for [`emb_forward`].
 #[kernel(transports(P2p, Ibgda, Routed))]
-pub unsafe fn emb_backward<T: Transport>(
-    t: T,
-    s: EmbShape,
-    b: EmbBufs,
-    ids: *const u32,
-    grad: *const f32,
-    lr: f32,
-    epoch: u64,
-    budget_ns: u64,
-) {
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn emb_backward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, grad: *const f32, lr: f32, epoch: u64, seq: u64, budget_ns: u64) {
     let n = t.world_size();
     let me = t.rank();
     let par = (epoch & 1) as usize;
     let cap = s.cap as usize;
     let dim = s.dim as usize;
-    let per_table = s.batch as u64 * s.pooling as u64;
     let tid = ptx::thread_rank_in_block();
-    let blk = ptx::block_idx_x();
     let blocks = ptx::grid_dim_x();
     let lane = ptx::lane_id() as usize;
     let (gw, warps) = grid_warp();
     // SAFETY: as for emb_forward.
     unsafe {
+        stamp(b.stamps, STAMP_BWD_AT);
+        // Only after a forward that passed the vote: its verdict is the
+        // same on every rank, so every rank goes the same way.
+        let fwd = ptx::ld_relaxed_gpu_u64(b.verdict);
+        if fwd != epoch << 1 {
+            if tid == 0 {
+                set_status(b.status, STATUS_NO_FORWARD, fwd as u32, 0, 0, 0);
+                // No data; the adds keep the owners' counts in step.
+                for o in 0..n {
+                    if o != me {
+                        let _ = t.signal(b.grad_sig.add(me as usize), 1, SignalOp::Add, o);
+                    }
+                }
+            }
+            return;
+        }
         let counts = b.counts.add(par * n as usize);
         let rcounts = b.rcounts.add(par * n as usize);
-        // 1. Zero the staging rows (the forward's receive buffer).
-        for o in 0..n as usize {
-            let c = ptx::ld_relaxed_gpu_u32(counts.add(o)).min(s.cap) as usize;
-            let base = b.rows_in.add(o * cap * dim);
-            let mut i = ptx::global_thread_id_x() as usize;
-            while i < c * dim {
-                *base.add(i) = 0.0;
-                i += ptx::grid_stride_x() as usize;
-            }
-        }
+        // 1. A key's first occurrence starts its staging row: 0 + g.
+        for_lookups(
+            &s,
+            &b,
+            n,
+            grad,
+            |sl| sl & FIRST != 0,
+            |row, g| {
+                let mut k = lane;
+                while k < dim {
+                    *row.add(k) = 0.0 + *g.add(k);
+                    k += 32;
+                }
+            },
+        );
         if !grid_sync_or_report(b.grid, b.status, budget_ns, 3) {
             return;
         }
-        // 2. Sum the gradient of every occurrence per unique key.
-        let bags = s.batch * s.tables;
-        let mut w = gw;
-        while w < bags {
-            let sample = w / s.tables;
-            let table = w % s.tables;
-            let bag = (table as u64 * per_table + sample as u64 * s.pooling as u64) as usize;
-            let g = grad.add(w as usize * dim);
-            for p in 0..s.pooling as usize {
-                let id = *ids.add(bag + p);
-                if id == PAD || id >= s.rows {
-                    continue;
-                }
-                let u = *b.vals.add(*b.slot_of.add(bag + p) as usize) as usize;
-                let row = b.rows_in.add(((id % n) as usize * cap + u) * dim);
+        stamp(b.stamps, STAMP_BWD_AT + 1);
+        // 2. The other occurrences add theirs.
+        for_lookups(
+            &s,
+            &b,
+            n,
+            grad,
+            |sl| sl & FIRST == 0,
+            |row, g| {
                 let mut k = lane;
                 while k < dim {
                     atomic_add_f32(row.add(k), *g.add(k));
                     k += 32;
                 }
-            }
-            w += warps;
-        }
+            },
+        );
         if !grid_sync_or_report(b.grid, b.status, budget_ns, 4) {
             return;
         }
-        // 3. Send each owner its summed rows, in its request list's order.
-        let mut owner = blk;
-        while owner < n {
-            let c = ptx::ld_relaxed_gpu_u32(counts.add(owner as usize)).min(s.cap) as u64;
-            let dst = b.grad_in.add(me as usize * cap * dim);
-            let src = b.rows_in.add(owner as usize * cap * dim);
-            let r = t.put_signal_block(
-                dst as *mut u8,
-                src as *const u8,
-                c * dim as u64 * 4,
-                b.grad_sig.add(me as usize),
-                epoch,
-                SignalOp::Set,
-                owner,
-            );
-            if r.is_err() && tid == 0 {
-                set_status(b.status, STATUS_TRANSPORT, owner, 3, 0, 0);
+        stamp(b.stamps, STAMP_BWD_AT + 2);
+        // 3. Send: every warp puts whole rows, PUT_PIECE_BYTES at a time,
+        // in the owner's request-list order; this rank's own rows stay.
+        let piece = (PUT_PIECE_BYTES as usize / (dim * 4)).max(1);
+        let mut base = 0u32; // pieces of the owners before this one: spreads the owners over the warps
+        for o in 0..n {
+            if o == me {
+                continue;
             }
-            owner += blocks;
+            let c = ptx::ld_relaxed_gpu_u32(counts.add(o as usize)).min(s.cap) as usize;
+            let pieces = c.div_ceil(piece) as u32;
+            let mut q = (gw + warps - base % warps) % warps;
+            while q < pieces {
+                let u0 = q as usize * piece;
+                let rows = piece.min(c - u0);
+                let dst = b.grad_in.add((me as usize * cap + u0) * dim);
+                let src = b.rows_in.add((o as usize * cap + u0) * dim);
+                if t.put_warp(dst as *mut u8, src as *const u8, (rows * dim * 4) as u64, o).is_err() && lane == 0 {
+                    set_status(b.status, STATUS_TRANSPORT, o, 3, 0, 0);
+                }
+                q += warps;
+            }
+            base = base.wrapping_add(pieces);
         }
-        // 4. Owner: accumulate every requester's rows.
+        ptx::sync_threads();
+        if tid == 0 {
+            // As in the forward: the block's puts, then its signals.
+            t.fence();
+            for o in 0..n {
+                if o != me && t.signal(b.grad_sig.add(me as usize), 1, SignalOp::Add, o).is_err() {
+                    set_status(b.status, STATUS_TRANSPORT, o, 4, 0, 0);
+                }
+            }
+        }
+        stamp(b.stamps, STAMP_BWD_AT + 3);
+        // 4. Owner: every requester's blocks have sent; accumulate.
         let mut waited = 0u32;
         if tid == 0 {
             for r in 0..n {
-                if t.wait_until(b.grad_sig.add(r as usize), Cmp::Ge, epoch).is_err() {
+                if r != me && t.wait_until(b.grad_sig.add(r as usize), Cmp::Ge, seq * blocks as u64).is_err() {
                     waited = 1;
                     break;
                 }
@@ -667,16 +884,18 @@ pub unsafe fn emb_backward<T: Transport>(
             }
             return;
         }
+        stamp(b.stamps, STAMP_BWD_AT + 4);
         for r in 0..n as usize {
             let c = ptx::ld_relaxed_gpu_u32(rcounts.add(r)).min(s.cap);
             let list = b.req_in.add((par * n as usize + r) * cap);
+            let from = if r == me as usize { b.rows_in } else { b.grad_in };
             let mut u = gw;
             while u < c {
                 let key = *list.add(u as usize);
                 let (table, id) = ((key >> 32) as u32, key as u32);
                 if table < s.tables && id < s.rows && id % n == me {
                     let acc = b.gacc.add((table as usize * s.shard_rows as usize + (id / n) as usize) * dim);
-                    let src = b.grad_in.add((r * cap + u as usize) * dim);
+                    let src = from.add((r * cap + u as usize) * dim);
                     let mut k = lane;
                     while k < dim {
                         atomic_add_f32(acc.add(k), *src.add(k));
@@ -689,6 +908,7 @@ pub unsafe fn emb_backward<T: Transport>(
         if !grid_sync_or_report(b.grid, b.status, budget_ns, 6) {
             return;
         }
+        stamp(b.stamps, STAMP_BWD_AT + 5);
         // 5. Apply: each element's sum is taken (and reset) by one thread.
         for r in 0..n as usize {
             let c = ptx::ld_relaxed_gpu_u32(rcounts.add(r)).min(s.cap);
@@ -714,6 +934,7 @@ pub unsafe fn emb_backward<T: Transport>(
                 u += warps;
             }
         }
+        stamp(b.stamps, STAMP_BWD_AT + 6);
     }
 }
 

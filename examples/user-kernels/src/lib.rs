@@ -13,6 +13,7 @@ use doorbell_kernels::{kernel, ptx};
 pub mod allreduce;
 pub mod comm;
 pub mod embedding;
+pub mod ibgda_bench;
 
 /// `out[i] = a[i] * b[i] + c[i]` over `n` elements, grid-stride.
 #[kernel(hot)]

@@ -160,6 +160,12 @@ impl Device {
         Ok(Stream(s))
     }
 
+    /// A (non-blocking) stream [`Device::synchronize`] and `free` do not
+    /// wait for: for a persistent kernel that ends only when told to.
+    pub(crate) fn new_stream_untracked(&self) -> Result<Stream> {
+        Ok(Stream(self.ctx.new_stream().call("cuStreamCreate")?))
+    }
+
     /// Names the device in allocation errors.
     pub(crate) fn memory_label(&self) -> String {
         format!("GPU {}", self.ordinal())

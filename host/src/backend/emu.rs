@@ -108,6 +108,12 @@ impl Device {
         Ok(Stream(s))
     }
 
+    /// A stream [`Device::synchronize`] (and so `free`) does not wait for:
+    /// for a persistent kernel that ends only when told to.
+    pub(crate) fn new_stream_untracked(&self) -> Result<Stream> {
+        Ok(Stream(Queue::start()?))
+    }
+
     /// `bytes` (non-zero) of zeroed "device memory"; its address.
     pub(crate) fn alloc_zeroed(&self, bytes: usize) -> Result<u64> {
         Ok(alloc_zeroed(bytes)? as u64)

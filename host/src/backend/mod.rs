@@ -148,6 +148,14 @@ impl DeviceBackend {
         }
     }
 
+    /// A stream that [`DeviceBackend::synchronize`] does not wait for.
+    pub(crate) fn new_stream_untracked(&self) -> Result<StreamBackend> {
+        match self {
+            DeviceBackend::Cuda(d) => d.new_stream_untracked().map(StreamBackend::Cuda),
+            DeviceBackend::Emu(d) => d.new_stream_untracked().map(StreamBackend::Emu),
+        }
+    }
+
     pub(crate) fn load_module(&self, ptx: &str) -> Result<ModuleBackend> {
         match self {
             DeviceBackend::Cuda(d) => d.load_module(ptx).map(ModuleBackend::Cuda),

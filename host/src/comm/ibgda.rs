@@ -18,40 +18,71 @@
 //!    host collective (`all_gather_bytes`); QP `k` of rank `a` to rank `b`
 //!    connects to QP `k` of rank `b` to rank `a`: RESET → INIT → RTR → RTS.
 //! 5. A world barrier (every QP is in RTS before any kernel posts), then
-//!    the engine thread of this rank's port starts.
+//!    this rank's port gets its engine.
 //!
-//! Teardown (the communicator's drop, which already waited for every rank):
-//! the engine stops, then QPs, CQs and regions are destroyed, then their
-//! memory is freed — after which the NIC never touches it.
+//! The rings (SQ, doorbell records, UAR word, CQ), the scratch words and
+//! the QPs' software state are device memory (the emulator's is host
+//! memory); the host fills the CQ rings with invalid CQEs itself.
 //!
 //! ## Where the engine runs
-//! On the CPU emulator "device memory" is host memory, so the soft NIC's
-//! host thread executes WQEs directly on the heaps, rings and CQs. On a GPU
-//! the rings and the heap are device memory: a host-thread engine would
-//! need the rings in mapped pinned memory and one driver copy per WQE
-//! (the measured mapped round trip is 3.2 µs, a launch 4.3 µs: slower than
-//! the message); the intended engine is GPU-resident — a persistent kernel
-//! running the soft NIC's `no_std` `engine::poll_port` core. Until it
-//! exists, asking for IBGDA on a GPU is an error that says so.
+//! * **Kernel** (`SoftNicEngine::Kernel`; the default on a GPU,
+//!   `DOORBELL_SOFTNIC_ENGINE=kernel` on the emulator): each rank copies
+//!   its port's tables to its device memory, the ranks exchange those
+//!   addresses into a `PortTable`, and each rank launches `softnic_engine`
+//!   (from [`SOFTNIC_PTX`]) — **one block per port**, 256 threads on a GPU
+//!   (`DOORBELL_SOFTNIC_ENGINE_THREADS`) — on a non-blocking stream that
+//!   [`crate::Device::synchronize`] and buffer frees do not wait for.
+//!   Thread 0 runs the engine's control (the same `poll_port` as the host
+//!   thread); copies of 1 KiB or more are moved by the whole block with
+//!   16-byte vectors, smaller ones by thread 0. Payload goes over the same
+//!   mappings as P2P (same-GPU pointers, peer access between GPUs); the
+//!   engine fences at `gpu` scope when every rank shares one GPU, else at
+//!   `sys`. **Cost**: one SM per rank (the block uses 231 registers per
+//!   thread, so its SM holds little else) — a kernel that sizes an
+//!   all-resident grid by the SM count must leave those SMs free, or it
+//!   and the engine wait for each other. The fabric then sends new
+//!   regions (`ibgda_register`) and fault configurations to the device
+//!   tables, and reads counters and the error log from them.
+//! * **Thread** (`SoftNicEngine::Thread`, the emulator's default): a host
+//!   thread per port polls the same tables in host memory. Refused on a
+//!   GPU: a host thread would need a driver copy per WQE (a mapped round
+//!   trip costs 3.2 µs, a launch 4.3 µs — more than the message).
+//!
+//! Teardown (the communicator's drop or [`Communicator::ibgda_reset`]):
+//! the host sets the engine's stop word, waits (20 s at most) for it to
+//! report that it exited, synchronizes its stream, and only then destroys
+//! QPs, CQs and regions and frees their memory. An engine that does not
+//! stop in time is reported and its memory is leaked, never freed under
+//! it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use doorbell_kernels::mlx5::wire::CqeSyndrome;
+use doorbell_kernels::mlx5::{QpHandle, CQE_SIZE, SEND_WQE_BB};
 use doorbell_kernels::transport::ibgda::{IbgdaQp, QpState, RegRegion, MAX_BATCH, QP_ERR_COMPLETION, QP_ERR_WEDGED, REG_SLOTS};
 use doorbell_kernels::transport::routed::ROUTE_WORDS;
 use doorbell_kernels::transport::{Ibgda, Routed};
-use doorbell_softnic::engine::access;
-use doorbell_softnic::engine::LinkModel;
-use doorbell_softnic::host::{CqMemory, HostBuffer, QpMemory};
+use doorbell_softnic::engine::resident::{EngineCtl, SHARED_BYTES, STATE_EXITED, STATE_RUNNING};
+use doorbell_softnic::engine::{access, cqe, EngineConfig, LinkModel, MrEntry, Port, PortTable, MAX_PORTS};
+use doorbell_softnic::host::ResidentPort;
+use doorbell_softnic::kernel::softnic_engine;
 use doorbell_softnic::{
-    EngineThread, FabricConfig, MemoryRegion, QpEndpoint, QueuePair, RdmaDevice, SoftCq, SoftDevice, SoftFabric, SoftMr, SoftPd, SoftQp,
+    CqRing, EngineThread, FabricConfig, MemoryRegion, QpEndpoint, QpRings, QueuePair, RdmaDevice, SoftCq, SoftDevice, SoftFabric, SoftMr,
+    SoftPd, SoftQp,
 };
 
 use super::{Communicator, PeerRoute};
+use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::memory::DeviceBuffer;
+use crate::stream::{LaunchConfig, Stream};
+
+/// The soft NIC's engine kernel (`softnic_engine`), built from
+/// `doorbell-softnic` into a PTX of its own: the soft NIC is a device, not
+/// a library kernel, so it is not in [`crate::KERNELS_PTX`].
+pub const SOFTNIC_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/doorbell_softnic.ptx"));
 
 /// `DOORBELL_IBGDA_QPS_PER_PEER`: RC QPs per peer, 1..=16.
 pub const QPS_ENV: &str = "DOORBELL_IBGDA_QPS_PER_PEER";
@@ -60,6 +91,39 @@ pub const SQ_ENV: &str = "DOORBELL_IBGDA_SQ_SIZE";
 /// `DOORBELL_RDMA_PEERS`: which pairs of ranks the routed transport sends
 /// through the NIC although load/store reaches them.
 pub const RDMA_PEERS_ENV: &str = "DOORBELL_RDMA_PEERS";
+/// `DOORBELL_SOFTNIC_ENGINE`: `kernel` or `thread`, where the soft NIC's
+/// engine runs (see [`SoftNicEngine`]).
+pub const ENGINE_ENV: &str = "DOORBELL_SOFTNIC_ENGINE";
+/// `DOORBELL_SOFTNIC_ENGINE_THREADS`: threads of the engine kernel's block,
+/// a multiple of 32 in 32..=1024.
+pub const ENGINE_THREADS_ENV: &str = "DOORBELL_SOFTNIC_ENGINE_THREADS";
+
+/// Where the soft NIC's engine runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SoftNicEngine {
+    /// A host thread per port (`SoftDevice::spawn_engine`). The emulator's
+    /// default; refused on a GPU (the rings are device memory).
+    Thread,
+    /// A persistent kernel per port (`softnic_engine`, one block) on a
+    /// stream of its own: the GPU's engine, and selectable on the emulator
+    /// (`DOORBELL_SOFTNIC_ENGINE=kernel`) to test it there.
+    Kernel,
+}
+
+impl SoftNicEngine {
+    /// `kernel` or `thread`.
+    pub fn parse(var: &str, s: &str) -> Result<SoftNicEngine> {
+        match s.trim() {
+            "kernel" => Ok(SoftNicEngine::Kernel),
+            "thread" => Ok(SoftNicEngine::Thread),
+            _ => Err(Error::BadEnv {
+                var: var.to_string(),
+                value: s.to_string(),
+                reason: "is not `kernel` (a persistent engine kernel) or `thread` (a host thread; the CPU emulator only)".to_string(),
+            }),
+        }
+    }
+}
 
 /// IBGDA settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,6 +142,13 @@ pub struct IbgdaOptions {
     pub max_msg: u32,
     /// The soft NIC's link model (`DOORBELL_SOFTNIC_LINK`; `None`: off).
     pub link: Option<LinkModel>,
+    /// Where the soft NIC's engine runs (`DOORBELL_SOFTNIC_ENGINE`; `None`:
+    /// the kernel on a GPU, the host thread on the emulator).
+    pub engine: Option<SoftNicEngine>,
+    /// Threads of the engine kernel's one block per port
+    /// (`DOORBELL_SOFTNIC_ENGINE_THREADS`; `None`: 256 on a GPU, 32 on the
+    /// emulator, where every thread is an OS thread).
+    pub engine_threads: Option<u32>,
 }
 
 impl Default for IbgdaOptions {
@@ -87,6 +158,8 @@ impl Default for IbgdaOptions {
             sq_size: 256,
             max_msg: 1 << 20,
             link: None,
+            engine: None,
+            engine_threads: None,
         }
     }
 }
@@ -111,10 +184,30 @@ impl IbgdaOptions {
             value: std::env::var(doorbell_softnic::LINK_ENV).unwrap_or_default(),
             reason: e.to_string(),
         })?;
+        let engine = match crate::env::raw(ENGINE_ENV)? {
+            None => None,
+            Some(v) => Some(SoftNicEngine::parse(ENGINE_ENV, &v)?),
+        };
+        let engine_threads = match crate::env::raw(ENGINE_THREADS_ENV)? {
+            None => None,
+            Some(_) => {
+                let t = crate::env::uint(ENGINE_THREADS_ENV, 256, 32, 1024)? as u32;
+                if t % 32 != 0 {
+                    return Err(Error::BadEnv {
+                        var: ENGINE_THREADS_ENV.to_string(),
+                        value: t.to_string(),
+                        reason: "is not a multiple of 32 (whole warps)".to_string(),
+                    });
+                }
+                Some(t)
+            }
+        };
         Ok(IbgdaOptions {
             qps_per_peer: qps,
             sq_size: sq,
             link,
+            engine,
+            engine_threads,
             ..d
         })
     }
@@ -129,6 +222,11 @@ impl IbgdaOptions {
         }
         if self.max_msg == 0 || self.max_msg > 1 << 31 {
             return bad(format!("max_msg {} is not in 1..=2^31", self.max_msg));
+        }
+        if let Some(t) = self.engine_threads {
+            if !(32..=1024).contains(&t) || t % 32 != 0 {
+                return bad(format!("engine_threads {t} is not a multiple of 32 in 32..=1024"));
+            }
         }
         Ok(())
     }
@@ -214,25 +312,199 @@ impl RdmaPeers {
 static FABRICS: Mutex<Option<HashMap<u64, SoftFabric>>> = Mutex::new(None);
 static NEXT_FABRIC: AtomicU64 = AtomicU64::new(1);
 
-/// One QP and its memory (dropped QP first, memory last).
+/// One QP and its CQ (dropped QP first). Their memory is in [`Memory`].
 struct Qp {
     qp: SoftQp,
     _cq: SoftCq,
-    _qp_mem: QpMemory,
-    _cq_mem: CqMemory,
+}
+
+/// Bytes of ring memory per QP: the SQ, the CQ, then 64 bytes holding the
+/// QP's doorbell record pair (+0), the CQ's (+8) and the UAR word (+16).
+fn qp_bytes(sq: u32) -> usize {
+    2 * sq as usize * SEND_WQE_BB + 64
+}
+
+/// Everything the soft NIC's engine touches besides the heaps and the
+/// registered buffers, in device memory (the emulator's: host memory).
+struct Memory {
+    _rings: DeviceBuffer<u8>,
+    _scratch: DeviceBuffer<u64>,
+    states: DeviceBuffer<u8>,
+    table: DeviceBuffer<u64>,
+}
+
+/// The engine of this rank's port.
+enum Engine {
+    Thread(EngineThread),
+    Kernel(KernelEngine),
+}
+
+/// A running `softnic_engine` kernel and the device memory it owns.
+struct KernelEngine {
+    /// The untracked stream it runs on (nothing else runs there).
+    stream: Option<Stream>,
+    ctl: DeviceBuffer<u8>,
+    _ports: DeviceBuffer<u8>,
+    _port: DeviceBuffer<u8>,
+    device: Device,
+    threads: u32,
+}
+
+/// How long teardown waits for the engine kernel to stop, and setup for it
+/// to start.
+const ENGINE_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+
+impl KernelEngine {
+    fn ctl_word(&self, offset: usize) -> Result<u32> {
+        let mut b = [0u8; 4];
+        // SAFETY: inside the control block (offset of a u32 field).
+        unsafe { self.device.inner.read(self.ctl.as_raw() + offset as u64, &mut b)? };
+        Ok(u32::from_le_bytes(b))
+    }
+
+    /// Waits (bounded) until the engine's state word is `want`.
+    fn wait_state(&self, want: u32) -> bool {
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < ENGINE_WAIT {
+            match self.ctl_word(std::mem::offset_of!(EngineCtl, state)) {
+                Ok(s) if s == want => return true,
+                Ok(_) => std::thread::sleep(std::time::Duration::from_micros(100)),
+                Err(_) => return false,
+            }
+        }
+        false
+    }
+
+    /// Sets the stop word and waits for the kernel to exit and its stream
+    /// to drain. False when it did not stop in time (its memory must then
+    /// stay allocated: the caller leaks it).
+    fn stop(&mut self) -> bool {
+        // SAFETY: the stop word of the control block.
+        let w = unsafe {
+            self.device.inner.write(
+                self.ctl.as_raw() + std::mem::offset_of!(EngineCtl, stop) as u64,
+                &1u32.to_le_bytes(),
+            )
+        };
+        if w.is_err() || !self.wait_state(STATE_EXITED) {
+            return false;
+        }
+        if let Some(s) = self.stream.take() {
+            if let Err(e) = s.synchronize() {
+                tracing::error!("soft NIC engine kernel: {e}");
+            }
+        }
+        true
+    }
+
+    /// The engine's counters from its control block.
+    fn counters(&self) -> Result<EngineCtl> {
+        let mut b = vec![0u8; std::mem::size_of::<EngineCtl>()];
+        // SAFETY: the whole control block.
+        unsafe { self.device.inner.read(self.ctl.as_raw(), &mut b)? };
+        // SAFETY: EngineCtl is plain #[repr(C)] data.
+        Ok(unsafe { std::ptr::read_unaligned(b.as_ptr() as *const EngineCtl) })
+    }
+}
+
+/// This port's live tables in device memory, for the fabric (statistics,
+/// the error log, new regions, fault configuration).
+struct DevicePort {
+    device: Device,
+    port: u64,
+    ctl: u64,
+    lid: u16,
+}
+
+impl DevicePort {
+    fn write(&self, addr: u64, bytes: &[u8], what: &'static str) -> doorbell_softnic::Result<()> {
+        // SAFETY: `addr` lies in this port's table or control block (the
+        // callers compute it from field offsets).
+        unsafe { self.device.inner.write(addr, bytes) }.map_err(|e| doorbell_softnic::Error::ResidentWrite {
+            lid: self.lid,
+            what,
+            why: e.to_string(),
+        })
+    }
+}
+
+fn bytes_of<T>(v: &T) -> &[u8] {
+    // SAFETY: plain #[repr(C)] data read as bytes.
+    unsafe { std::slice::from_raw_parts(v as *const T as *const u8, std::mem::size_of::<T>()) }
+}
+
+impl ResidentPort for DevicePort {
+    fn read_port(&self, into: &mut Port) -> doorbell_softnic::Result<()> {
+        let mut b = vec![0u8; std::mem::size_of::<Port>()];
+        // SAFETY: the whole port table.
+        unsafe { self.device.inner.read(self.port, &mut b) }.map_err(|e| doorbell_softnic::Error::ResidentWrite {
+            lid: self.lid,
+            what: "port tables (reading)",
+            why: e.to_string(),
+        })?;
+        // SAFETY: Port is plain #[repr(C)] data; these bytes are one.
+        unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), into as *mut Port as *mut u8, b.len()) };
+        Ok(())
+    }
+
+    fn write_mr(&self, slot: usize, mr: &MrEntry) -> doorbell_softnic::Result<()> {
+        let at = self.port + (std::mem::offset_of!(Port, mrs) + slot * std::mem::size_of::<MrEntry>()) as u64;
+        let valid = at + std::mem::offset_of!(MrEntry, valid) as u64;
+        // Never a valid entry with stale fields: invalidate, write, validate.
+        self.write(valid, &0u32.to_le_bytes(), "memory region")?;
+        self.write(at, bytes_of(&MrEntry { valid: 0, ..*mr }), "memory region")?;
+        if mr.valid != 0 {
+            self.write(valid, &mr.valid.to_le_bytes(), "memory region")?;
+        }
+        Ok(())
+    }
+
+    fn write_config(&self, cfg: &EngineConfig) -> doorbell_softnic::Result<()> {
+        self.write(
+            self.ctl + std::mem::offset_of!(EngineCtl, cfg) as u64,
+            bytes_of(cfg),
+            "configuration",
+        )?;
+        let mut e = [0u8; 8];
+        let epoch_at = self.ctl + std::mem::offset_of!(EngineCtl, cfg_epoch) as u64;
+        // SAFETY: the epoch word of the control block.
+        unsafe { self.device.inner.read(epoch_at, &mut e) }.map_err(|x| doorbell_softnic::Error::ResidentWrite {
+            lid: self.lid,
+            what: "configuration",
+            why: x.to_string(),
+        })?;
+        self.write(epoch_at, &(u64::from_le_bytes(e) + 1).to_le_bytes(), "configuration")
+    }
+}
+
+/// What the engine of this rank's port is and has done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineReport {
+    /// Where it runs.
+    pub engine: SoftNicEngine,
+    /// Threads of its block (kernel engine; 1 for the host thread).
+    pub threads: u32,
+    /// Passes over the port (kernel engine; 0 for the host thread).
+    pub passes: u64,
+    /// Passes that made progress.
+    pub busy_passes: u64,
+    /// Copies the whole block made (at least 1 KiB each).
+    pub block_copies: u64,
+    /// Copies the control thread made alone.
+    pub thread_copies: u64,
+    /// Bytes the block copies moved.
+    pub block_bytes: u64,
 }
 
 /// This rank's IBGDA resources. Field order is drop order: the engine
 /// stops before anything it reads goes away.
 pub(crate) struct IbgdaState {
-    engine: Option<EngineThread>,
+    engine: Option<Engine>,
     qps: Vec<Option<Qp>>,
     registered: Vec<SoftMr>,
     _scratch_mr: SoftMr,
     _heap_mr: SoftMr,
-    _table: DeviceBuffer<u64>,
-    states: HostBuffer,
-    _scratch: HostBuffer,
+    memory: Option<Memory>,
     pd: SoftPd,
     device: SoftDevice,
     opts: IbgdaOptions,
@@ -250,8 +522,9 @@ impl Communicator {
     /// **Collective the first time** (every rank calls it, or
     /// [`Communicator::routed`]): sets the transport up with
     /// [`IbgdaOptions::from_env`]. Later calls return the handle at once.
-    /// Emulator only for now (see the module docs); peers must be threads of
-    /// this process (one soft fabric).
+    /// On a GPU the soft NIC's engine is a persistent kernel (see the
+    /// module docs); peers must be threads of this process (one soft
+    /// fabric).
     pub fn ibgda(&self) -> Result<Ibgda> {
         self.ibgda_state(None)
     }
@@ -354,9 +627,13 @@ impl Communicator {
         let Some(st) = guard.as_ref() else { return Ok(()) };
         let qpp = st.opts.qps_per_peer as usize;
         let mut bad = Vec::new();
+        let Some(mem) = st.memory.as_ref() else { return Ok(()) };
+        let mut raw = vec![0u8; mem.states.len()];
+        // SAFETY: the states buffer, whole; no kernel of this rank runs.
+        unsafe { self.device.read_raw(mem.states.as_raw(), &mut raw)? };
         for i in 0..self.size * qpp {
-            // SAFETY: `states` holds one QpState per QP; no kernel runs.
-            let s = unsafe { std::ptr::read_volatile((st.states.as_ptr() as *const QpState).add(i)) };
+            // SAFETY: `raw` holds one QpState per QP (plain data).
+            let s = unsafe { std::ptr::read_unaligned((raw.as_ptr() as *const QpState).add(i)) };
             if s.error != 0 {
                 let what = if s.error & QP_ERR_COMPLETION != 0 {
                     let syn = CqeSyndrome::from_u8(s.error as u8);
@@ -379,6 +656,35 @@ impl Communicator {
             bad.join("; "),
             log.join(", ")
         )))
+    }
+
+    /// Where this rank's soft NIC engine runs and what it has done (`None`
+    /// before the transport is set up).
+    pub fn ibgda_engine(&self) -> Option<EngineReport> {
+        let guard = self.ibgda.lock().unwrap_or_else(|p| p.into_inner());
+        match guard.as_ref()?.engine.as_ref()? {
+            Engine::Thread(_) => Some(EngineReport {
+                engine: SoftNicEngine::Thread,
+                threads: 1,
+                passes: 0,
+                busy_passes: 0,
+                block_copies: 0,
+                thread_copies: 0,
+                block_bytes: 0,
+            }),
+            Engine::Kernel(k) => {
+                let c = k.counters().ok()?;
+                Some(EngineReport {
+                    engine: SoftNicEngine::Kernel,
+                    threads: k.threads,
+                    passes: c.passes,
+                    busy_passes: c.busy_passes,
+                    block_copies: c.block_copies,
+                    thread_copies: c.thread_copies,
+                    block_bytes: c.block_bytes,
+                })
+            }
+        }
     }
 
     /// The set-up state's handle, setting it up first if needed.
@@ -406,11 +712,15 @@ impl Communicator {
                 .flat_map(|v| v.to_le_bytes())
                 .collect::<Vec<u8>>(),
         )?;
-        if self.device.is_gpu() {
-            return Err(Error::comm(
-                "the IBGDA transport over the soft NIC runs on the CPU emulator only for now: on a GPU the soft NIC needs its \
-                 GPU-resident engine, which is not built yet; use the P2P transport (comm.p2p()) or DOORBELL_DEVICE=cpu",
-            ));
+        let gpu = self.device.is_gpu();
+        let engine_kind = opts
+            .engine
+            .unwrap_or(if gpu { SoftNicEngine::Kernel } else { SoftNicEngine::Thread });
+        if gpu && engine_kind == SoftNicEngine::Thread {
+            return Err(Error::comm(format!(
+                "{ENGINE_ENV}=thread: on a GPU the soft NIC's rings and the heap are device memory, which a host-thread engine \
+                 cannot execute WQEs on; use {ENGINE_ENV}=kernel (the default on a GPU)"
+            )));
         }
         if let Some(p) = self
             .routes
@@ -430,7 +740,12 @@ impl Communicator {
         // 1. One fabric for the world, made by rank 0.
         let id = if self.rank == 0 {
             let id = NEXT_FABRIC.fetch_add(1, Ordering::Relaxed) ^ ((std::process::id() as u64) << 40);
-            let fabric = SoftFabric::new(FabricConfig::default());
+            // The rings are device memory (the emulator's is host memory,
+            // but the set-up is the same): this side initialises them.
+            let fabric = SoftFabric::new(FabricConfig {
+                device_rings: true,
+                ..FabricConfig::default()
+            });
             FABRICS
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -460,33 +775,57 @@ impl Communicator {
         }
         let fabric = fabric.ok_or_else(|| Error::comm(format!("rank {}: rank 0's soft NIC fabric is not in this process", self.rank)))?;
 
-        // 2. Port, PD, regions.
+        // 2. Port, PD, regions, ring memory.
         let device = fabric.open_device(opts.link).map_err(softnic_err)?;
         let pd = device.alloc_pd().map_err(softnic_err)?;
         // SAFETY: the heap outlives this state (the communicator drops the
         // state before its heap).
         let heap_mr = unsafe { device.reg_mr(&pd, self.heap_base as *mut u8, self.heap_len as usize, access::ALL) }.map_err(softnic_err)?;
         let nqps = size * qpp;
-        let scratch = HostBuffer::zeroed(nqps * sq as usize * 8, 64);
-        // SAFETY: the scratch buffer is owned by the state and outlives the region.
-        let scratch_mr = unsafe { device.reg_mr(&pd, scratch.as_ptr(), scratch.len(), access::LOCAL_WRITE) }.map_err(softnic_err)?;
-        let states = HostBuffer::zeroed(nqps * std::mem::size_of::<QpState>(), 64);
+        let per_qp = qp_bytes(sq);
+        let rings = self.device.alloc_zeroed::<u8>(nqps * per_qp)?;
+        let scratch = self.device.alloc_zeroed::<u64>(nqps * sq as usize)?;
+        let states = self.device.alloc_zeroed::<u8>(nqps * std::mem::size_of::<QpState>())?;
+        // SAFETY: the scratch buffer lives in `memory`, which outlives the region.
+        let scratch_mr =
+            unsafe { device.reg_mr(&pd, scratch.as_raw() as *mut u8, scratch.num_bytes(), access::LOCAL_WRITE) }.map_err(softnic_err)?;
+        // Every CQE invalid (owner 0), as rdma-core leaves a new CQ; the
+        // doorbell records and UAR words zero.
+        let invalid: Vec<u8> = cqe::invalid_cqe_words().iter().flat_map(|w| w.to_le_bytes()).collect();
+        let mut image = vec![0u8; nqps * per_qp];
+        for i in 0..nqps {
+            let cq = i * per_qp + sq as usize * SEND_WQE_BB;
+            for e in 0..sq as usize {
+                image[cq + e * CQE_SIZE..cq + (e + 1) * CQE_SIZE].copy_from_slice(&invalid);
+            }
+        }
+        // SAFETY: the ring buffer, whole.
+        unsafe { self.device.write_raw(rings.as_raw(), &image)? };
+        let at = |i: usize, off: usize| rings.as_raw() + (i * per_qp + off) as u64;
+        let tail = 2 * sq as usize * SEND_WQE_BB;
 
         // 3. QPs: to every rank, this one included (loopback).
         let mut qps = Vec::with_capacity(nqps);
-        for _ in 0..nqps {
-            let cq_mem = CqMemory::new(sq);
-            let qp_mem = QpMemory::new(sq, 0, 1);
-            // SAFETY: the rings live in `Qp` next to the objects, dropped after them.
-            let cq = unsafe { device.create_cq(cq_mem.ring()) }.map_err(softnic_err)?;
+        for i in 0..nqps {
+            let cq_ring = CqRing {
+                buf: at(i, sq as usize * SEND_WQE_BB) as *mut u8,
+                entries: sq,
+                dbrec: at(i, tail + 8) as *mut u32,
+            };
+            let qp_rings = QpRings {
+                sq: at(i, 0) as *mut u8,
+                sq_wqebbs: sq,
+                rq: std::ptr::null_mut(),
+                rq_wqes: 0,
+                rq_max_sge: 1,
+                dbrec: at(i, tail) as *mut u32,
+                uar: at(i, tail + 16) as *mut u64,
+            };
+            // SAFETY: the rings live in `memory`, dropped after the objects.
+            let cq = unsafe { device.create_cq(cq_ring) }.map_err(softnic_err)?;
             // SAFETY: as above.
-            let qp = unsafe { device.create_qp(&pd, &cq, &cq, qp_mem.rings()) }.map_err(softnic_err)?;
-            qps.push(Some(Qp {
-                qp,
-                _cq: cq,
-                _qp_mem: qp_mem,
-                _cq_mem: cq_mem,
-            }));
+            let qp = unsafe { device.create_qp(&pd, &cq, &cq, qp_rings) }.map_err(softnic_err)?;
+            qps.push(Some(Qp { qp, _cq: cq }));
         }
 
         // 4. Exchange endpoints: heap base, rkey, LID, then every QP number.
@@ -540,20 +879,26 @@ impl Communicator {
             for k in 0..qpp {
                 let i = p * qpp + k;
                 let q = qps[i].as_ref().expect("made above");
-                // SAFETY: inside the states buffer (one QpState per QP).
-                let state = unsafe { (states.as_ptr() as *mut QpState).add(i) };
-                let mut h = q._qp_mem.handle(q.qp.qpn(), &q._cq_mem);
-                // SAFETY: fields of the QP's state block.
-                unsafe {
-                    h.sq_producer = &raw mut (*state).producer;
-                    h.sq_ready = &raw mut (*state).ready;
-                    h.cq_consumer = &raw mut (*state).cq_consumer;
-                }
+                let state = (states.as_raw() as *mut QpState).wrapping_add(i);
+                // SAFETY (the three field addresses): inside the states buffer.
+                let h = QpHandle {
+                    sq: at(i, 0) as *mut u32,
+                    sq_producer: unsafe { &raw mut (*state).producer },
+                    sq_ready: unsafe { &raw mut (*state).ready },
+                    sq_dbr: at(i, tail + 4) as *mut u32,
+                    uar: at(i, tail + 16) as *mut u64,
+                    cq: at(i, sq as usize * SEND_WQE_BB) as *mut u32,
+                    cq_consumer: unsafe { &raw mut (*state).cq_consumer },
+                    cq_dbr: at(i, tail + 8) as *mut u32,
+                    sq_size: sq,
+                    qpn: q.qp.qpn(),
+                    cq_size: sq,
+                    reserved: 0,
+                };
                 let e = IbgdaQp {
                     qp: h,
                     state,
-                    // SAFETY: inside the scratch buffer (sq words per QP).
-                    scratch: unsafe { (scratch.as_ptr() as *mut u64).add(i * sq as usize) },
+                    scratch: (scratch.as_raw() as *mut u64).wrapping_add(i * sq as usize),
                     scratch_lkey: scratch_mr.lkey(),
                     peer: p as u32,
                     remote_base: remotes[p].base,
@@ -567,17 +912,26 @@ impl Communicator {
             }
         }
         let table = self.device.alloc_from(&words)?;
+        let memory = Memory {
+            _rings: rings,
+            _scratch: scratch,
+            states,
+            table,
+        };
 
         // 5. Everyone is in RTS before any kernel posts; then the engine.
         self.world.barrier()?;
-        let engine = device.spawn_engine();
+        let engine = match engine_kind {
+            SoftNicEngine::Thread => Engine::Thread(device.spawn_engine()),
+            SoftNicEngine::Kernel => Engine::Kernel(self.launch_engine(&fabric, &device, &opts)?),
+        };
         let handle = Ibgda {
             rank: self.rank as u32,
             world: size as u32,
             heap_bytes: self.heap_len,
             local_base: self.heap_base,
             budget_ns: self.budget_ns,
-            qps: table.as_ptr() as *const IbgdaQp,
+            qps: memory.table.as_ptr() as *const IbgdaQp,
             qps_per_peer: opts.qps_per_peer,
             max_msg: opts.max_msg,
             heap_lkey: heap_mr.lkey(),
@@ -585,13 +939,14 @@ impl Communicator {
             reg: [RegRegion::default(); REG_SLOTS],
         };
         tracing::info!(
-            "rank {}: IBGDA over the soft NIC: LID {}, {} QPs ({} per rank), SQ {} slots, link {:?}",
+            "rank {}: IBGDA over the soft NIC: LID {}, {} QPs ({} per rank), SQ {} slots, link {:?}, engine {:?}",
             self.rank,
             device.lid(),
             nqps,
             qpp,
             sq,
-            opts.link
+            opts.link,
+            engine_kind
         );
         Ok(IbgdaState {
             engine: Some(engine),
@@ -599,22 +954,131 @@ impl Communicator {
             registered: Vec::new(),
             _scratch_mr: scratch_mr,
             _heap_mr: heap_mr,
-            _table: table,
-            states,
-            _scratch: scratch,
+            memory: Some(memory),
             pd,
             device,
             opts,
             handle,
         })
     }
+
+    /// Collective: copies this rank's port tables to device memory, builds
+    /// the fabric's port table from every rank's, and launches this port's
+    /// engine kernel (one block) on a stream of its own; waits until it runs.
+    fn launch_engine(&self, fabric: &SoftFabric, device: &SoftDevice, opts: &IbgdaOptions) -> Result<KernelEngine> {
+        let port_bytes = std::mem::size_of::<Port>();
+        let port = self.device.alloc_zeroed::<u8>(port_bytes)?;
+        let image = device.port_image();
+        // SAFETY: the port buffer, whole; `image` is plain data of that size.
+        unsafe {
+            self.device.write_raw(
+                port.as_raw(),
+                std::slice::from_raw_parts(&*image as *const Port as *const u8, port_bytes),
+            )?
+        };
+        let mut mine = (device.port_index() as u64).to_le_bytes().to_vec();
+        mine.extend_from_slice(&port.as_raw().to_le_bytes());
+        let all = self.world.all_gather_bytes(&mine)?;
+        let mut table = PortTable::EMPTY;
+        for (r, b) in all.iter().enumerate() {
+            if b.len() != 16 {
+                return Err(Error::comm(format!("rank {r} sent a malformed soft NIC port address")));
+            }
+            let index = u64::from_le_bytes(b[..8].try_into().expect("8 bytes")) as usize;
+            if index >= MAX_PORTS {
+                return Err(Error::comm(format!(
+                    "rank {r} sent soft NIC port {index}; a fabric has at most {MAX_PORTS}"
+                )));
+            }
+            table.ports[index] = u64::from_le_bytes(b[8..].try_into().expect("8 bytes")) as *mut Port;
+            table.count = table.count.max(index as u32 + 1);
+        }
+        let ports = self.device.alloc_zeroed::<u8>(std::mem::size_of::<PortTable>())?;
+        // SAFETY: the table buffer, whole.
+        unsafe { self.device.write_raw(ports.as_raw(), bytes_of(&table))? };
+        let sys_scope = self.device.is_gpu() && !self.same_gpu;
+        let cfg = EngineCtl::new(
+            ports.as_raw() as *const PortTable,
+            device.port_index() as u32,
+            fabric.config(),
+            sys_scope,
+            fabric.now_ns(),
+        );
+        let ctl = self.device.alloc_zeroed::<u8>(std::mem::size_of::<EngineCtl>())?;
+        // SAFETY: the control block, whole.
+        unsafe { self.device.write_raw(ctl.as_raw(), bytes_of(&cfg))? };
+
+        let threads = opts.engine_threads.unwrap_or(if self.device.is_gpu() { 256 } else { 32 });
+        let module = self.device.load_module(SOFTNIC_PTX)?;
+        let f = module.function::<softnic_engine>()?;
+        let stream = self.device.new_stream_untracked()?;
+        let cfg_launch = LaunchConfig::linear(1, threads).with_shared_mem(SHARED_BYTES);
+        // SAFETY: the control block names this port's tables, the fabric's
+        // port table and (through them) rings and regions that stay
+        // allocated until the engine reports that it exited (teardown).
+        unsafe { stream.launch(&f, cfg_launch, (ctl.as_raw() as *mut EngineCtl,))? };
+        let engine = KernelEngine {
+            stream: Some(stream),
+            ctl,
+            _ports: ports,
+            _port: port,
+            device: self.device.clone(),
+            threads,
+        };
+        if !engine.wait_state(STATE_RUNNING) {
+            let mut engine = engine;
+            let launch = engine.stream.take().map(|s| s.synchronize());
+            std::mem::forget(engine);
+            return Err(Error::comm(format!(
+                "rank {}: the soft NIC's engine kernel did not start within {} s ({}); a persistent kernel needs a free SM: \
+                 leave room for it beside kernels that occupy every SM",
+                self.rank,
+                ENGINE_WAIT.as_secs(),
+                match launch {
+                    Some(Err(e)) => e.to_string(),
+                    _ => "no launch error".to_string(),
+                }
+            )));
+        }
+        device.set_resident(Some(std::sync::Arc::new(DevicePort {
+            device: self.device.clone(),
+            port: engine._port.as_raw(),
+            ctl: engine.ctl.as_raw(),
+            lid: device.lid(),
+        })));
+        tracing::info!(
+            "rank {}: soft NIC engine kernel running: port {}, one block of {threads} threads, fences at {} scope",
+            self.rank,
+            device.port_index(),
+            if sys_scope { "sys" } else { "gpu" }
+        );
+        Ok(engine)
+    }
 }
 
 impl Drop for IbgdaState {
     fn drop(&mut self) {
         // The engine first: nothing polls the rings while they go away.
-        drop(self.engine.take());
-        // Then the QPs (and their CQs and rings) before the regions.
+        match self.engine.take() {
+            Some(Engine::Kernel(mut k)) => {
+                if k.stop() {
+                    self.device.set_resident(None);
+                } else {
+                    // It may still touch its tables, the rings and the
+                    // scratch: keep them (and the stream) allocated.
+                    tracing::error!(
+                        "soft NIC engine kernel of port LID {} did not stop within {} s; its memory is leaked",
+                        self.device.lid(),
+                        ENGINE_WAIT.as_secs()
+                    );
+                    std::mem::forget(k);
+                    std::mem::forget(self.memory.take());
+                }
+            }
+            Some(Engine::Thread(t)) => drop(t),
+            None => {}
+        }
+        // Then the QPs and CQs before the regions, and the memory last.
         self.qps.clear();
         self.registered.clear();
     }

@@ -57,7 +57,7 @@ use crate::world::World;
 
 mod ibgda;
 mod shm;
-pub use ibgda::{IbgdaOptions, RdmaPeers};
+pub use ibgda::{EngineReport, IbgdaOptions, RdmaPeers, SoftNicEngine, SOFTNIC_PTX};
 use shm::ShmRegion;
 
 /// Communicator settings.

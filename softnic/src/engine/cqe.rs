@@ -107,6 +107,16 @@ pub fn error(cq: &CqEntry, responder: bool, syndrome: u8, vendor: u8, qpn: u32, 
     .to_words()
 }
 
+/// The words of an invalid CQE (`op_own = MLX5_CQE_INVALID << 4`, owner
+/// 0): what every entry of a fresh CQ ring holds.
+pub fn invalid_cqe_words() -> [u32; 16] {
+    Cqe64 {
+        opcode: CQE_INVALID,
+        ..Cqe64::default()
+    }
+    .to_words()
+}
+
 /// Fills a fresh CQ ring with invalid CQEs (`op_own = MLX5_CQE_INVALID <<
 /// 4`, owner 0), as rdma-core does at CQ creation, so no entry looks ready
 /// before the engine writes it.
@@ -114,11 +124,7 @@ pub fn error(cq: &CqEntry, responder: bool, syndrome: u8, vendor: u8, qpn: u32, 
 /// # Safety
 /// `ring` holds `entries` CQEs, 64-byte aligned.
 pub unsafe fn init_ring(ring: *mut u8, entries: u32) {
-    let w = Cqe64 {
-        opcode: CQE_INVALID,
-        ..Cqe64::default()
-    }
-    .to_words();
+    let w = invalid_cqe_words();
     for i in 0..entries as usize {
         // SAFETY: inside the ring (the caller's contract).
         unsafe { mem::store_cqe(ring.add(i * CQE_SIZE), &w) };

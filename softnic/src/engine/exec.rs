@@ -8,7 +8,8 @@ use doorbell_kernels::mlx5::{
 };
 
 use super::config::EngineConfig;
-use super::tables::{access, ErrorRecord, Inflight, Port, QpState, Reason, MAX_QPS, QP_CONNECTED};
+use super::mover::Mover;
+use super::tables::{access, ErrorRecord, Inflight, Port, Ports, QpState, Reason, MAX_QPS, QP_CONNECTED};
 use super::wqe::{self, Wqe};
 use super::{cqe, mem, rq};
 
@@ -72,7 +73,7 @@ enum Responder {
 
 /// The peer of QP `q` on port `p`, if it answers: in use, connected back to
 /// this QP, in RTR or RTS.
-fn resolve_peer(ports: &[Port], p: usize, q: usize) -> Result<(usize, usize), Reason> {
+fn resolve_peer<P: Ports + ?Sized>(ports: &P, p: usize, q: usize) -> Result<(usize, usize), Reason> {
     let qp = ports.get(p).and_then(|x| x.qps.get(q)).ok_or(Reason::PeerNotReady)?;
     if qp.flags & QP_CONNECTED == 0 {
         return Err(Reason::PeerNotReady);
@@ -114,7 +115,7 @@ unsafe fn check_local(port: &Port, q: usize, w: &Wqe, need: u32) -> Result<(), F
 
 /// Checks the remote range of `w` (`len` bytes) against the peer port's
 /// regions, the peer QP's protection domain and access rights.
-fn check_remote(ports: &[Port], pp: usize, pq: usize, w: &Wqe, len: u64, need: u32) -> Result<*mut u8, Fail> {
+fn check_remote<P: Ports + ?Sized>(ports: &P, pp: usize, pq: usize, w: &Wqe, len: u64, need: u32) -> Result<*mut u8, Fail> {
     let (addr, key) = (w.raddr.raddr, w.raddr.rkey);
     let denied = |r| Fail::new(CqeSyndrome::RemoteAccess, r, key, addr);
     let port = ports.get(pp).ok_or(denied(Reason::BadKey))?;
@@ -152,14 +153,14 @@ unsafe fn check_receive(port: &Port, pq: usize) -> Result<u64, (CqeSyndrome, Rea
 ///
 /// # Safety
 /// Checked by [`check_local`] and [`check_remote`].
-unsafe fn gather_to(port: &Port, q: usize, w: &Wqe, dst: *mut u8) {
+unsafe fn gather_to<M: Mover>(port: &Port, q: usize, w: &Wqe, dst: *mut u8, mover: &mut M) {
     let Some(qp) = port.qps.get(q) else { return };
     let mut off = 0usize;
     for n in 0..w.data_count {
         // SAFETY: the caller's contract.
         unsafe {
             let d = wqe::data_seg(qp, w, n);
-            mem::copy_bytes(dst.add(off), d.addr as usize as *const u8, d.byte_count as usize);
+            mover.copy(dst.add(off), d.addr as usize as *const u8, d.byte_count as usize);
             off += d.byte_count as usize;
         }
     }
@@ -169,14 +170,14 @@ unsafe fn gather_to(port: &Port, q: usize, w: &Wqe, dst: *mut u8) {
 ///
 /// # Safety
 /// Checked by [`check_local`] and [`check_remote`].
-unsafe fn scatter_from(port: &Port, q: usize, w: &Wqe, src: *const u8) {
+unsafe fn scatter_from<M: Mover>(port: &Port, q: usize, w: &Wqe, src: *const u8, mover: &mut M) {
     let Some(qp) = port.qps.get(q) else { return };
     let mut off = 0usize;
     for n in 0..w.data_count {
         // SAFETY: the caller's contract.
         unsafe {
             let d = wqe::data_seg(qp, w, n);
-            mem::copy_bytes(d.addr as usize as *mut u8, src.add(off), d.byte_count as usize);
+            mover.copy(d.addr as usize as *mut u8, src.add(off), d.byte_count as usize);
             off += d.byte_count as usize;
         }
     }
@@ -187,7 +188,7 @@ unsafe fn scatter_from(port: &Port, q: usize, w: &Wqe, src: *const u8) {
 ///
 /// # Safety
 /// Checked by [`check_local`] and [`check_receive`]; the message fits.
-unsafe fn gather_to_receive(ports: &[Port], p: usize, q: usize, w: &Wqe, pp: usize, pq: usize) {
+unsafe fn gather_to_receive<P: Ports + ?Sized, M: Mover>(ports: &P, p: usize, q: usize, w: &Wqe, pp: usize, pq: usize, mover: &mut M) {
     let (Some(qp), Some(peer)) = (ports.get(p).and_then(|x| x.qps.get(q)), ports.get(pp).and_then(|x| x.qps.get(pq))) else {
         return;
     };
@@ -209,7 +210,7 @@ unsafe fn gather_to_receive(ports: &[Port], p: usize, q: usize, w: &Wqe, pp: usi
             }
             let chunk = room.min(s.byte_count as u64 - src_off);
             unsafe {
-                mem::copy_bytes(
+                mover.copy(
                     (d.addr + dst_off) as usize as *mut u8,
                     (s.addr + src_off) as usize as *const u8,
                     chunk as usize,
@@ -241,7 +242,7 @@ fn record(port: &mut Port, now_ns: u64, qpn: u32, counter: u16, opcode: u8, synd
 ///
 /// # Safety
 /// The QP's send CQ ring is valid.
-pub unsafe fn fail_requester(ports: &mut [Port], p: usize, q: usize, idx: u32, opcode: u8, f: &Fail, now_ns: u64) {
+pub unsafe fn fail_requester<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, idx: u32, opcode: u8, f: &Fail, now_ns: u64) {
     let Some(port) = ports.get_mut(p) else { return };
     let Port { qps, cqs, stats, .. } = &mut *port;
     let Some(qp) = qps.get_mut(q) else { return };
@@ -263,7 +264,7 @@ pub unsafe fn fail_requester(ports: &mut [Port], p: usize, q: usize, idx: u32, o
 ///
 /// # Safety
 /// The responder's rings are valid.
-unsafe fn fail_responder(ports: &mut [Port], pp: usize, pq: usize, what: Responder, f: &Fail, opcode: u8, now_ns: u64) {
+unsafe fn fail_responder<P: Ports + ?Sized>(ports: &mut P, pp: usize, pq: usize, what: Responder, f: &Fail, opcode: u8, now_ns: u64) {
     if what == Responder::Untouched {
         return;
     }
@@ -297,7 +298,7 @@ unsafe fn fail_responder(ports: &mut [Port], pp: usize, pq: usize, what: Respond
 ///
 /// # Safety
 /// The QP's send CQ ring is valid.
-unsafe fn complete_requester(ports: &mut [Port], p: usize, q: usize, w: &Wqe, byte_cnt: u32, now_ns: u64) {
+unsafe fn complete_requester<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, w: &Wqe, byte_cnt: u32, now_ns: u64) {
     let Some(port) = ports.get_mut(p) else { return };
     let Port { qps, cqs, stats, .. } = port;
     let Some(qp) = qps.get(q) else { return };
@@ -320,7 +321,7 @@ unsafe fn complete_requester(ports: &mut [Port], p: usize, q: usize, w: &Wqe, by
 ///
 /// # Safety
 /// The peer's recv CQ ring is valid.
-unsafe fn complete_responder(ports: &mut [Port], pp: usize, pq: usize, w: &Wqe, opcode: u8, now_ns: u64) {
+unsafe fn complete_responder<P: Ports + ?Sized>(ports: &mut P, pp: usize, pq: usize, w: &Wqe, opcode: u8, now_ns: u64) {
     let Some(port) = ports.get_mut(pp) else { return };
     let Port { qps, cqs, stats, .. } = port;
     let Some(peer) = qps.get_mut(pq) else { return };
@@ -340,7 +341,7 @@ unsafe fn complete_responder(ports: &mut [Port], pp: usize, pq: usize, w: &Wqe, 
 ///
 /// # Safety
 /// Its doorbell record is valid.
-unsafe fn room(ports: &[Port], p: usize, cq: u32) -> bool {
+unsafe fn room<P: Ports + ?Sized>(ports: &P, p: usize, cq: u32) -> bool {
     match ports.get(p).and_then(|x| x.cqs.get(cq as usize)) {
         // SAFETY: the caller's contract.
         Some(c) => unsafe { cqe::has_room(c) },
@@ -348,12 +349,21 @@ unsafe fn room(ports: &[Port], p: usize, cq: u32) -> bool {
     }
 }
 
-/// Executes the WQE `head` of QP `q` on port `p` (its due time has come).
+/// Executes the WQE `head` of QP `q` on port `p` (its due time has come);
+/// its payload moves through `mover`, after every check and before its CQE.
 ///
 /// # Safety
 /// Every ring and doorbell record in the tables is valid; every registered
 /// region is valid memory.
-pub unsafe fn execute(ports: &mut [Port], p: usize, q: usize, head: &Inflight, now_ns: u64, cfg: &EngineConfig) -> Step {
+pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
+    ports: &mut P,
+    p: usize,
+    q: usize,
+    head: &Inflight,
+    now_ns: u64,
+    cfg: &EngineConfig,
+    mover: &mut M,
+) -> Step {
     if q >= MAX_QPS {
         return Step::Blocked;
     }
@@ -424,7 +434,7 @@ pub unsafe fn execute(ports: &mut [Port], p: usize, q: usize, head: &Inflight, n
             timeout_ns: cfg.transport_timeout_ns,
         };
     }
-    let remote_fail = |ports: &mut [Port], f: Fail, what: Responder| {
+    let remote_fail = |ports: &mut P, f: Fail, what: Responder| {
         unsafe {
             fail_requester(ports, p, q, w.idx, opcode, &f, now_ns);
             fail_responder(ports, pp, pq, what, &f, opcode, now_ns);
@@ -454,7 +464,7 @@ pub unsafe fn execute(ports: &mut [Port], p: usize, q: usize, head: &Inflight, n
                 }
             }
             if let Some(port) = ports.get(p) {
-                unsafe { gather_to(port, q, &w, dst) };
+                unsafe { gather_to(port, q, &w, dst, mover) };
             }
             if opcode == OPCODE_RDMA_WRITE_IMM {
                 unsafe { complete_responder(ports, pp, pq, &w, CQE_RESP_WR_IMM, now_ns) };
@@ -468,7 +478,7 @@ pub unsafe fn execute(ports: &mut [Port], p: usize, q: usize, head: &Inflight, n
                 Err(f) => return remote_fail(ports, f, Responder::Error),
             };
             if let Some(port) = ports.get(p) {
-                unsafe { scatter_from(port, q, &w, src) };
+                unsafe { scatter_from(port, q, &w, src, mover) };
             }
             unsafe { complete_requester(ports, p, q, &w, w.len as u32, now_ns) };
             Step::Done
@@ -498,6 +508,8 @@ pub unsafe fn execute(ports: &mut [Port], p: usize, q: usize, head: &Inflight, n
             } else {
                 old.to_ne_bytes()
             };
+            // The control thread writes the 8-byte result itself: the
+            // source is its own local memory.
             unsafe { mem::copy_bytes(result.addr as usize as *mut u8, bytes.as_ptr(), 8) };
             unsafe { complete_requester(ports, p, q, &w, 8, now_ns) };
             Step::Done
@@ -531,7 +543,7 @@ pub unsafe fn execute(ports: &mut [Port], p: usize, q: usize, head: &Inflight, n
                 }
                 Ok(_) => {}
             }
-            unsafe { gather_to_receive(ports, p, q, &w, pp, pq) };
+            unsafe { gather_to_receive(ports, p, q, &w, pp, pq, mover) };
             unsafe { complete_responder(ports, pp, pq, &w, CQE_RESP_SEND, now_ns) };
             unsafe { complete_requester(ports, p, q, &w, w.len as u32, now_ns) };
             Step::Done

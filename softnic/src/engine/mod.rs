@@ -1,7 +1,8 @@
 //! The engine core: `no_std`, no allocation, no panics on what the rings
 //! hold. It works on a fabric of [`Port`]s (fixed-size `#[repr(C)]` tables)
-//! that some owner — the host wrapper today, a GPU-resident engine later —
-//! keeps and passes in, and on a clock the owner supplies.
+//! that some owner — the host wrapper, or the GPU-resident engine kernel
+//! ([`resident`]) — keeps and passes in, and on a clock the owner supplies.
+//! One source, compiled for the host and for `nvptx64`.
 //!
 //! | module | what |
 //! |---|---|
@@ -14,18 +15,24 @@
 //! | [`link`] | bandwidth + latency model and its `400gbps,2us` syntax |
 //! | [`config`] | timeouts, atomic reply byte order, fault injection |
 //! | [`mem`] | every access to memory the engine does not own, at `sys` scope through `doorbell_kernels::ptx` |
+//! | [`mover`] | the byte movement, split from the control: [`Mover`], the host thread's `memmove`, the block's 16-byte split |
+//! | [`resident`] | the engine as a persistent block (the `softnic_engine` kernel): control block, block mover, stop word |
 
 pub mod config;
 pub mod cqe;
 pub mod exec;
 pub mod link;
 pub mod mem;
+pub mod mover;
 pub mod poll;
+pub mod resident;
 pub mod rq;
 pub mod tables;
 pub mod wqe;
 
 pub use config::{EngineConfig, FaultConfig, Rng};
 pub use link::{parse_link, LinkModel, LinkParseError, LINK_FORMS};
+pub use mover::{Mover, ThreadMover};
 pub use poll::{poll_port, PollReport};
-pub use tables::{access, CqEntry, ErrorRecord, MrEntry, Port, PortStats, QpEntry, QpState, Reason};
+pub use resident::EngineCtl;
+pub use tables::{access, CqEntry, ErrorRecord, MrEntry, Port, PortStats, PortTable, Ports, QpEntry, QpState, Reason, MAX_PORTS};

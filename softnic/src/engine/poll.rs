@@ -8,7 +8,8 @@ use doorbell_kernels::mlx5::CqeSyndrome;
 
 use super::config::{EngineConfig, Rng};
 use super::exec::{execute, fail_requester, Fail, Step};
-use super::tables::{ErrorRecord, Inflight, Port, QpState, Reason, MAX_QPS};
+use super::mover::Mover;
+use super::tables::{ErrorRecord, Inflight, Port, Ports, QpState, Reason, MAX_QPS};
 use super::wqe::{self, wqe_bbs};
 use super::{cqe, mem};
 
@@ -35,13 +36,22 @@ impl PollReport {
     }
 }
 
-/// One pass over port `p` of the fabric `ports` at time `now_ns`.
+/// One pass over port `p` of the fabric `ports` at time `now_ns`; payload
+/// bytes move through `mover` (the control — parsing, checks, CQEs — is
+/// this function's, on the calling thread).
 ///
 /// # Safety
 /// Every ring, doorbell record and UAR word in the tables of every port is
 /// valid memory of the stated size and alignment, and every registered
 /// region is valid memory, for the whole pass.
-pub unsafe fn poll_port(ports: &mut [Port], p: usize, now_ns: u64, cfg: &EngineConfig, rng: &mut Rng) -> PollReport {
+pub unsafe fn poll_port<P: Ports + ?Sized, M: Mover>(
+    ports: &mut P,
+    p: usize,
+    now_ns: u64,
+    cfg: &EngineConfig,
+    rng: &mut Rng,
+    mover: &mut M,
+) -> PollReport {
     let mut report = PollReport::IDLE;
     match ports.get(p) {
         Some(port) if port.valid != 0 => {}
@@ -55,14 +65,24 @@ pub unsafe fn poll_port(ports: &mut [Port], p: usize, now_ns: u64, cfg: &EngineC
     for k in 0..MAX_QPS {
         let q = (start + k) % MAX_QPS;
         // SAFETY: the caller's contract.
-        unsafe { poll_qp(ports, p, q, now_ns, cfg, rng, &mut report) };
+        unsafe { poll_qp(ports, p, q, now_ns, cfg, rng, mover, &mut report) };
     }
     report
 }
 
 /// # Safety
 /// As for [`poll_port`].
-unsafe fn poll_qp(ports: &mut [Port], p: usize, q: usize, now_ns: u64, cfg: &EngineConfig, rng: &mut Rng, report: &mut PollReport) {
+#[allow(clippy::too_many_arguments)]
+unsafe fn poll_qp<P: Ports + ?Sized, M: Mover>(
+    ports: &mut P,
+    p: usize,
+    q: usize,
+    now_ns: u64,
+    cfg: &EngineConfig,
+    rng: &mut Rng,
+    mover: &mut M,
+    report: &mut PollReport,
+) {
     let Some(qp) = ports.get(p).and_then(|x| x.qps.get(q)) else {
         return;
     };
@@ -90,7 +110,7 @@ unsafe fn poll_qp(ports: &mut [Port], p: usize, q: usize, now_ns: u64, cfg: &Eng
             qp.held = 0;
         }
     }
-    unsafe { execute_due(ports, p, q, now_ns, cfg, report) };
+    unsafe { execute_due(ports, p, q, now_ns, cfg, mover, report) };
 }
 
 /// Notices a doorbell (a new UAR value, or without a UAR a new doorbell
@@ -99,7 +119,7 @@ unsafe fn poll_qp(ports: &mut [Port], p: usize, q: usize, now_ns: u64, cfg: &Eng
 ///
 /// # Safety
 /// As for [`poll_port`].
-unsafe fn watch_doorbell(ports: &mut [Port], p: usize, q: usize, now_ns: u64, cfg: &EngineConfig, report: &mut PollReport) {
+unsafe fn watch_doorbell<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u64, cfg: &EngineConfig, report: &mut PollReport) {
     let Some(port) = ports.get_mut(p) else { return };
     let Port { qps, stats, .. } = port;
     let Some(qp) = qps.get_mut(q) else { return };
@@ -152,7 +172,7 @@ fn published(sq_pi: u32, sq_ci: u32) -> u32 {
 ///
 /// # Safety
 /// As for [`poll_port`].
-unsafe fn fetch(ports: &mut [Port], p: usize, q: usize, now_ns: u64, report: &mut PollReport) {
+unsafe fn fetch<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u64, report: &mut PollReport) {
     let Some(port) = ports.get_mut(p) else { return };
     let Port {
         qps,
@@ -235,7 +255,15 @@ unsafe fn fetch(ports: &mut [Port], p: usize, q: usize, now_ns: u64, report: &mu
 ///
 /// # Safety
 /// As for [`poll_port`].
-unsafe fn execute_due(ports: &mut [Port], p: usize, q: usize, now_ns: u64, cfg: &EngineConfig, report: &mut PollReport) {
+unsafe fn execute_due<P: Ports + ?Sized, M: Mover>(
+    ports: &mut P,
+    p: usize,
+    q: usize,
+    now_ns: u64,
+    cfg: &EngineConfig,
+    mover: &mut M,
+    report: &mut PollReport,
+) {
     let now_ps = now_ns.saturating_mul(1000);
     loop {
         let Some(qp) = ports.get(p).and_then(|x| x.qps.get(q)) else {
@@ -253,7 +281,7 @@ unsafe fn execute_due(ports: &mut [Port], p: usize, q: usize, now_ns: u64, cfg: 
             return;
         }
         // SAFETY: the caller's contract.
-        match unsafe { execute(ports, p, q, &head, now_ns, cfg) } {
+        match unsafe { execute(ports, p, q, &head, now_ns, cfg, mover) } {
             Step::Done | Step::Failed => {
                 if let Some(qp) = ports.get_mut(p).and_then(|x| x.qps.get_mut(q)) {
                     qp.inflight_pop();
@@ -306,7 +334,7 @@ unsafe fn execute_due(ports: &mut [Port], p: usize, q: usize, now_ns: u64, cfg: 
 ///
 /// # Safety
 /// As for [`poll_port`].
-unsafe fn flush(ports: &mut [Port], p: usize, q: usize, now_ns: u64, report: &mut PollReport) {
+unsafe fn flush<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u64, report: &mut PollReport) {
     let Some(port) = ports.get_mut(p) else { return };
     let Port { qps, cqs, stats, .. } = port;
     let Some(qp) = qps.get_mut(q) else { return };

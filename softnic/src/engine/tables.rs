@@ -16,6 +16,8 @@ pub const MAX_QPS: usize = 64;
 pub const MAX_INFLIGHT: usize = 16;
 /// Error records kept per port (a ring; older ones are overwritten).
 pub const ERROR_LOG: usize = 32;
+/// Ports in one fabric.
+pub const MAX_PORTS: usize = 64;
 
 /// Access rights of a memory region or a QP (the values of verbs'
 /// `IBV_ACCESS_*`). Local read is always allowed.
@@ -528,6 +530,7 @@ pub struct PortStats {
 
 /// One soft NIC port: its tables, link state and log.
 #[repr(C)]
+#[derive(Clone)]
 pub struct Port {
     /// Memory regions.
     pub mrs: [MrEntry; MAX_MRS],
@@ -627,5 +630,82 @@ impl Port {
             return Err(Reason::AccessDenied);
         }
         Ok(addr as usize as *mut u8)
+    }
+}
+
+/// The ports of a fabric as the engine sees them: port `i` is the port with
+/// LID `i + 1`. Two layouts: a slice (the host wrapper keeps every port in
+/// one `Vec`), and a [`PortTable`] of pointers (a GPU-resident engine keeps
+/// each port in its owner's device memory, peers' ports reached over the
+/// same peer mappings as the heaps).
+pub trait Ports {
+    /// Port `i`, if it exists.
+    fn get(&self, i: usize) -> Option<&Port>;
+    /// Port `i`, mutable, if it exists.
+    fn get_mut(&mut self, i: usize) -> Option<&mut Port>;
+}
+
+impl Ports for [Port] {
+    #[inline(always)]
+    fn get(&self, i: usize) -> Option<&Port> {
+        <[Port]>::get(self, i)
+    }
+    #[inline(always)]
+    fn get_mut(&mut self, i: usize) -> Option<&mut Port> {
+        <[Port]>::get_mut(self, i)
+    }
+}
+
+/// Ports in separate allocations: `ports[i]` points at port `i` (null: no
+/// such port). `#[repr(C)]`, 520 bytes: it lives in device memory next to
+/// the engine's control block.
+///
+/// Concurrency: each port's engine writes its own port; another port's
+/// engine reads it (the responder's regions and QP state) and, on a remote
+/// access error, moves the responder QP to the error state and logs there
+/// (IB responder class C). Those cross-port stores are plain word stores
+/// racing with the owner's own pass; the IBGDA transport's operations
+/// (RDMA WRITE, READ, fetch-add) touch no other responder state.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PortTable {
+    /// Port `i`'s tables.
+    pub ports: [*mut Port; MAX_PORTS],
+    /// Ports in use (`ports[count..]` are null).
+    pub count: u32,
+    /// Zero.
+    pub reserved: u32,
+}
+
+const _: () = assert!(core::mem::size_of::<PortTable>() == 8 * MAX_PORTS + 8);
+
+impl PortTable {
+    /// No ports.
+    pub const EMPTY: PortTable = PortTable {
+        ports: [core::ptr::null_mut(); MAX_PORTS],
+        count: 0,
+        reserved: 0,
+    };
+}
+
+impl Ports for PortTable {
+    #[inline(always)]
+    fn get(&self, i: usize) -> Option<&Port> {
+        if i >= self.count as usize {
+            return None;
+        }
+        let p = *self.ports.get(i)?;
+        // SAFETY: whoever fills the table points every entry below `count`
+        // at a live port (the engine's contract, `engine::resident`).
+        unsafe { p.as_ref() }
+    }
+    #[inline(always)]
+    fn get_mut(&mut self, i: usize) -> Option<&mut Port> {
+        if i >= self.count as usize {
+            return None;
+        }
+        let p = *self.ports.get(i)?;
+        // SAFETY: as above.
+        unsafe { p.as_mut() }
     }
 }

@@ -2,8 +2,10 @@
 //! verbs-shaped setup ([`crate::verbs`]) for them, an engine thread per
 //! device, and a clock (real or virtual).
 
+mod resident;
 mod rings;
 
+pub use resident::ResidentPort;
 pub use rings::{CqMemory, CqReader, Cqe, HostBuffer, QpMemory};
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -16,7 +18,7 @@ use doorbell_kernels::mlx5::DataSeg;
 use crate::engine::tables::{key_slot, make_key, MAX_CQS, MAX_MRS, MAX_QPS, QP_CONNECTED, QP_IN_USE};
 use crate::engine::{
     access, cqe, mem, parse_link, poll_port, rq, CqEntry, EngineConfig, ErrorRecord, LinkModel, MrEntry, PollReport, Port, PortStats,
-    QpEntry, QpState, Rng,
+    QpEntry, QpState, Rng, ThreadMover,
 };
 use crate::error::{Error, Result};
 use crate::verbs::{CompletionQueue, CqRing, MemoryRegion, QpEndpoint, QpRings, QueuePair, RdmaDevice};
@@ -25,7 +27,7 @@ use crate::verbs::{CompletionQueue, CqRing, MemoryRegion, QpEndpoint, QpRings, Q
 pub const LINK_ENV: &str = "DOORBELL_SOFTNIC_LINK";
 
 /// Most devices (ports) in one fabric.
-pub const MAX_PORTS: usize = 64;
+pub const MAX_PORTS: usize = crate::engine::MAX_PORTS;
 
 /// Reads [`LINK_ENV`]: unset or `off` → `None`; otherwise it must parse
 /// (`400gbps,2us`), and an error names the variable and the accepted forms.
@@ -78,11 +80,21 @@ pub struct FabricConfig {
     /// [`SoftFabric::advance_ns`] and [`SoftFabric::run_until`] move
     /// (deterministic tests of the link model and of timeouts).
     pub virtual_time: bool,
+    /// The rings, doorbell records and UAR words are memory the host
+    /// cannot touch (GPU memory for a GPU-resident engine): `create_cq`
+    /// and `create_qp` leave them as they are — the caller fills a new CQ
+    /// ring with [`crate::engine::cqe::invalid_cqe_words`] and zeroes the
+    /// doorbell records and UAR words itself — and moving a QP to RTS
+    /// takes its doorbell counters as zero (a fresh QP's).
+    pub device_rings: bool,
 }
 
 /// The tables of every port, owned by the fabric.
 struct State {
     ports: Vec<Port>,
+    /// Per port: where its live tables are while an engine other than this
+    /// fabric's runs it.
+    resident: Vec<Option<Arc<dyn ResidentPort>>>,
     cfg: EngineConfig,
     rng: Rng,
     next_pd: u32,
@@ -99,6 +111,7 @@ unsafe impl Send for State {}
 struct Shared {
     state: Mutex<State>,
     clock: Clock,
+    device_rings: bool,
 }
 
 impl Shared {
@@ -136,6 +149,7 @@ impl SoftFabric {
             shared: Arc::new(Shared {
                 state: Mutex::new(State {
                     ports: Vec::new(),
+                    resident: Vec::new(),
                     cfg: config.engine,
                     rng: Rng::new(config.engine.faults.seed),
                     next_pd: 1,
@@ -144,6 +158,7 @@ impl SoftFabric {
                     next_tag: 1,
                 }),
                 clock,
+                device_rings: config.device_rings,
             }),
         }
     }
@@ -162,6 +177,7 @@ impl SoftFabric {
         let port = st.ports.len();
         let lid = port as u32 + 1;
         st.ports.push(Port::new(lid, link.unwrap_or(LinkModel::OFF)));
+        st.resident.push(None);
         Ok(SoftDevice {
             shared: self.shared.clone(),
             port,
@@ -192,11 +208,25 @@ impl SoftFabric {
         matches!(self.shared.clock, Clock::Virtual(_))
     }
 
-    /// Replaces the engine configuration (faults, timeouts) from now on.
+    /// Replaces the engine configuration (faults, timeouts) from now on,
+    /// for resident engines too (best effort: see [`Self::try_set_config`]).
     pub fn set_config(&self, cfg: EngineConfig) {
-        let mut st = self.shared.lock();
-        st.cfg = cfg;
-        st.rng = Rng::new(cfg.faults.seed);
+        let _ = self.try_set_config(cfg);
+    }
+
+    /// As [`Self::set_config`], reporting a resident engine that could not
+    /// be told ([`ResidentPort::write_config`]).
+    pub fn try_set_config(&self, cfg: EngineConfig) -> Result<()> {
+        let resident: Vec<_> = {
+            let mut st = self.shared.lock();
+            st.cfg = cfg;
+            st.rng = Rng::new(cfg.faults.seed);
+            st.resident.iter().flatten().cloned().collect()
+        };
+        for r in resident {
+            r.write_config(&cfg)?;
+        }
+        Ok(())
     }
 
     /// The engine configuration.
@@ -208,13 +238,18 @@ impl SoftFabric {
     pub fn poll_all(&self) -> PollReport {
         let now = self.now_ns();
         let mut st = self.shared.lock();
-        let State { ports, cfg, rng, .. } = &mut *st;
+        let State {
+            ports, resident, cfg, rng, ..
+        } = &mut *st;
         let mut total = PollReport::IDLE;
         for p in 0..ports.len() {
+            if resident.get(p).is_some_and(Option::is_some) {
+                continue;
+            }
             // SAFETY: every pointer in the tables came through the unsafe
             // setup calls, whose callers keep the memory valid while the
             // objects live; dropped objects are removed from the tables.
-            let r = unsafe { poll_port(ports, p, now, cfg, rng) };
+            let r = unsafe { poll_port(ports.as_mut_slice(), p, now, cfg, rng, &mut ThreadMover) };
             total.progressed += r.progressed;
             total.next_event_ns = total.next_event_ns.min(r.next_event_ns);
         }
@@ -374,13 +409,56 @@ impl SoftDevice {
     }
 
     /// One engine pass over this device's QPs (deterministic tests drive
-    /// the engine with this instead of a thread).
+    /// the engine with this instead of a thread). Does nothing while the
+    /// port is resident elsewhere ([`Self::set_resident`]).
     pub fn poll_once(&self) -> PollReport {
         let now = self.shared.clock.now_ns();
         let mut st = self.lock();
-        let State { ports, cfg, rng, .. } = &mut *st;
+        let State {
+            ports, resident, cfg, rng, ..
+        } = &mut *st;
+        if resident.get(self.port).is_some_and(Option::is_some) {
+            return PollReport::IDLE;
+        }
         // SAFETY: see SoftFabric::poll_all.
-        unsafe { poll_port(ports, self.port, now, cfg, rng) }
+        unsafe { poll_port(ports.as_mut_slice(), self.port, now, cfg, rng, &mut ThreadMover) }
+    }
+
+    /// A copy of this port's tables as set up here: what a GPU-resident
+    /// engine starts from (copied into its memory before it is launched).
+    pub fn port_image(&self) -> Box<Port> {
+        let mut st = self.lock();
+        Box::new(self.port_mut(&mut st).clone())
+    }
+
+    /// Hands the port to an engine that runs elsewhere (`Some`), or takes
+    /// it back (`None`). While resident, this fabric's own engine
+    /// ([`Self::poll_once`], [`SoftFabric::poll_all`], the thread of
+    /// [`Self::spawn_engine`]) leaves the port alone; counters and the
+    /// error log are read from `r`, new memory regions and configurations
+    /// are written to it, and QP state changes are refused. Take the port
+    /// back only once that engine has stopped.
+    pub fn set_resident(&self, r: Option<Arc<dyn ResidentPort>>) {
+        let mut st = self.lock();
+        if let Some(slot) = st.resident.get_mut(self.port) {
+            *slot = r;
+        }
+    }
+
+    fn resident(&self) -> Option<Arc<dyn ResidentPort>> {
+        self.lock().resident.get(self.port).cloned().flatten()
+    }
+
+    /// The live tables: the resident engine's when there is one (read
+    /// racily: counters and the log may be mid-update), else this fabric's.
+    fn live_port(&self) -> Box<Port> {
+        if let Some(r) = self.resident() {
+            let mut p = self.port_image();
+            if r.read_port(&mut p).is_ok() {
+                return p;
+            }
+        }
+        self.port_image()
     }
 
     /// Starts a thread that polls this device until the returned guard is
@@ -421,15 +499,13 @@ impl SoftDevice {
 
     /// The port's counters.
     pub fn stats(&self) -> PortStats {
-        let mut st = self.lock();
-        self.port_mut(&mut st).stats
+        self.live_port().stats
     }
 
     /// The error log, oldest first (at most [`crate::engine::tables::ERROR_LOG`]
     /// most recent records).
     pub fn error_log(&self) -> Vec<ErrorRecord> {
-        let mut st = self.lock();
-        let port = self.port_mut(&mut st);
+        let port = self.live_port();
         let n = port.errors_written as usize;
         let len = port.errors.len();
         let first = n.saturating_sub(len);
@@ -456,7 +532,14 @@ impl SoftDevice {
 
     fn modify(&self, slot: usize, to: QpState, f: impl FnOnce(&mut State, &mut QpEntry) -> Result<()>) -> Result<()> {
         let now = self.shared.clock.now_ns();
+        let device_rings = self.shared.device_rings;
         let mut st = self.lock();
+        if st.resident.get(self.port).is_some_and(Option::is_some) {
+            return Err(Error::Resident {
+                lid: self.lid(),
+                what: "changing a QP's state",
+            });
+        }
         let mut qp = self.port_mut(&mut st).qps[slot];
         let from = qp.state();
         if !from.can_move_to(to) {
@@ -474,7 +557,9 @@ impl SoftDevice {
                 qp.last_dbr_read_ns = now.saturating_sub(st.cfg.dbr_reread_ns);
                 // SAFETY: create_qp's contract keeps the doorbell memory valid.
                 qp.last_doorbell = unsafe {
-                    if qp.uar.is_null() {
+                    if device_rings {
+                        0
+                    } else if qp.uar.is_null() {
                         (mem::load_dbrec(qp.dbrec.add(1)) & 0xffff) as u64
                     } else {
                         mem::load_uar(qp.uar)
@@ -543,7 +628,7 @@ impl RdmaDevice for SoftDevice {
         })?;
         let key = make_key(slot, tag);
         debug_assert_eq!(key_slot(key), Some(slot));
-        port.mrs[slot] = MrEntry {
+        let entry = MrEntry {
             addr: addr as u64,
             len: len as u64,
             key,
@@ -551,6 +636,13 @@ impl RdmaDevice for SoftDevice {
             pd: pd.pdn,
             valid: 1,
         };
+        port.mrs[slot] = entry;
+        if let Some(r) = st.resident.get(self.port).cloned().flatten() {
+            if let Err(e) = r.write_mr(slot, &entry) {
+                self.port_mut(&mut st).mrs[slot] = MrEntry::EMPTY;
+                return Err(e);
+            }
+        }
         Ok(SoftMr {
             dev: self.clone(),
             slot,
@@ -576,11 +668,13 @@ impl RdmaDevice for SoftDevice {
             what: "CQ",
             max: MAX_CQS,
         })?;
-        // SAFETY: the caller's contract: `entries` CQEs at `buf`.
-        unsafe { cqe::init_ring(ring.buf, ring.entries) };
-        if !ring.dbrec.is_null() {
-            // SAFETY: as above, for the doorbell record.
-            unsafe { mem::store_dbrec(ring.dbrec, 0) };
+        if !self.shared.device_rings {
+            // SAFETY: the caller's contract: `entries` CQEs at `buf`.
+            unsafe { cqe::init_ring(ring.buf, ring.entries) };
+            if !ring.dbrec.is_null() {
+                // SAFETY: as above, for the doorbell record.
+                unsafe { mem::store_dbrec(ring.dbrec, 0) };
+            }
         }
         port.cqs[slot] = CqEntry {
             ring: ring.buf,
@@ -626,10 +720,12 @@ impl RdmaDevice for SoftDevice {
             what: "QP",
             max: MAX_QPS,
         })?;
-        // SAFETY: the caller's contract: two doorbell words at `dbrec`.
-        unsafe {
-            mem::store_dbrec(rings.dbrec, 0);
-            mem::store_dbrec(rings.dbrec.add(1), 0);
+        if !self.shared.device_rings {
+            // SAFETY: the caller's contract: two doorbell words at `dbrec`.
+            unsafe {
+                mem::store_dbrec(rings.dbrec, 0);
+                mem::store_dbrec(rings.dbrec.add(1), 0);
+            }
         }
         port.qps[slot] = QpEntry {
             sq: rings.sq,
@@ -675,9 +771,15 @@ impl MemoryRegion for SoftMr {
 impl Drop for SoftMr {
     fn drop(&mut self) {
         let mut st = self.dev.lock();
+        let resident = st.resident.get(self.dev.port).cloned().flatten();
         let port = self.dev.port_mut(&mut st);
         if port.mrs[self.slot].key == self.key {
             port.mrs[self.slot] = MrEntry::EMPTY;
+            if let Some(r) = resident {
+                // Deregistration must reach the engine that checks keys; if
+                // it cannot, that engine's memory is unusable anyway.
+                let _ = r.write_mr(self.slot, &MrEntry::EMPTY);
+            }
         }
     }
 }

@@ -1,0 +1,134 @@
+//! The kernels of `ibgda_bench` (`examples/08_ibgda_bench.rs`): one body
+//! per measurement, instantiated for the P2P transport (the baseline) and
+//! for IBGDA over the soft NIC. Two ranks; rank 0 measures.
+
+use doorbell_kernels::transport::{Cmp, CommError, Ibgda, P2p, SignalOp, Transport};
+use doorbell_kernels::{kernel, ptx};
+
+/// Status: every call succeeded.
+pub const BENCH_OK: u32 = 1;
+/// Status: a transport call failed (the host reads the report).
+pub const BENCH_FAILED: u32 = 2;
+
+/// `iters` 8-byte `put_signal` round trips between ranks 0 and 1, one warp
+/// per rank (launch 1 × 32): rank 0 puts `buf[0]` into rank 1's `buf` with
+/// the signal `sig = epoch0 + i`, rank 1 waits for it and answers the same
+/// way. Round 0 is an untimed handshake; rank 0 writes the time of the
+/// other `iters` rounds to `out_ns[0]`.
+#[kernel(transports(P2p, Ibgda))]
+pub unsafe fn put_signal_rtt<T: Transport>(
+    t: T,
+    buf: *mut u64,
+    sig: *mut u64,
+    epoch0: u64,
+    iters: u32,
+    out_ns: *mut u64,
+    status: *mut u32,
+) {
+    let me = t.rank();
+    let peer = 1 - me.min(1);
+    let lead = ptx::lane_id() == 0;
+    let mut ok = true;
+    let mut t0 = 0u64;
+    let mut i = 0u32;
+    // SAFETY: symmetric `buf` and `sig` of one word each, launched 1 × 32.
+    unsafe {
+        while i <= iters && ok {
+            let v = epoch0 + i as u64;
+            if i == 1 {
+                t0 = ptx::globaltimer_ns();
+            }
+            if me == 0 {
+                ok = t
+                    .put_signal_warp(buf as *mut u8, buf as *const u8, 8, sig, v, SignalOp::Set, peer)
+                    .is_ok();
+                if ok && lead {
+                    ok = t.wait_until(sig, Cmp::Ge, v).is_ok();
+                }
+            } else {
+                if lead {
+                    ok = t.wait_until(sig, Cmp::Ge, v).is_ok();
+                }
+                ok = ptx::vote_sync_all(ptx::FULL_MASK, ok);
+                if ok {
+                    ok = t
+                        .put_signal_warp(buf as *mut u8, buf as *const u8, 8, sig, v, SignalOp::Set, peer)
+                        .is_ok();
+                }
+            }
+            ok = ptx::vote_sync_all(ptx::FULL_MASK, ok);
+            i += 1;
+        }
+        if lead {
+            *out_ns = ptx::globaltimer_ns().wrapping_sub(t0);
+            *status = if ok { BENCH_OK } else { BENCH_FAILED };
+        }
+    }
+}
+
+/// Rank 0 puts `bytes` from `src` to rank 1's `dst`, `iters` times, each
+/// block its share (cut at 16 bytes), non-blocking, then `quiet`. Rank 1
+/// returns at once. Timed by the host around the launch.
+#[kernel(transports(P2p, Ibgda))]
+pub unsafe fn put_stream<T: Transport>(t: T, dst: *mut u8, src: *const u8, bytes: u64, iters: u32, status: *mut u32) {
+    if t.rank() != 0 {
+        return;
+    }
+    let blocks = ptx::grid_dim_x() as u64;
+    let piece = bytes.div_ceil(blocks).div_ceil(16) * 16;
+    let lo = (ptx::block_idx_x() as u64 * piece).min(bytes);
+    let n = piece.min(bytes - lo);
+    let mut r: Result<(), CommError> = Ok(());
+    // SAFETY: `dst` (symmetric) and `src` hold `bytes`.
+    unsafe {
+        let mut i = 0;
+        while i < iters && r.is_ok() && n > 0 {
+            r = t.put_nbi_block(dst.add(lo as usize), src.add(lo as usize), n, 1);
+            i += 1;
+        }
+        if ptx::thread_idx_x() == 0 {
+            if r.is_ok() {
+                r = t.quiet();
+            }
+            if r.is_err() {
+                *status = BENCH_FAILED;
+            }
+        }
+    }
+}
+
+/// Rank 0 posts `wqes` 8-byte non-blocking puts to rank 1 by one warp
+/// (`use_warp != 0`; launch 1 × 32) or one block (launch 1 × 256), then
+/// `quiet`. `out_ns[0]`: time to post them all; `out_ns[1]`: until the last
+/// completed. Rank 1 returns at once.
+#[kernel(transports(Ibgda))]
+pub unsafe fn post_burst<T: Transport>(t: T, dst: *mut u64, src: *const u64, wqes: u32, use_warp: u32, out_ns: *mut u64, status: *mut u32) {
+    if t.rank() != 0 || (use_warp != 0 && ptx::warp_id_in_block() != 0) {
+        return;
+    }
+    let lead = ptx::thread_idx_x() == 0;
+    let mut r: Result<(), CommError> = Ok(());
+    // SAFETY: `dst` (symmetric) and `src` hold 64 words.
+    unsafe {
+        let t0 = ptx::globaltimer_ns();
+        let mut i = 0u32;
+        while i < wqes && r.is_ok() {
+            let d = dst.add((i % 64) as usize) as *mut u8;
+            r = if use_warp != 0 {
+                t.put_nbi_warp(d, src as *const u8, 8, 1)
+            } else {
+                t.put_nbi_block(d, src as *const u8, 8, 1)
+            };
+            i += 1;
+        }
+        let t1 = ptx::globaltimer_ns();
+        if lead {
+            if r.is_ok() {
+                r = t.quiet();
+            }
+            *out_ns = t1.wrapping_sub(t0);
+            *out_ns.add(1) = ptx::globaltimer_ns().wrapping_sub(t0);
+            *status = if r.is_ok() { BENCH_OK } else { BENCH_FAILED };
+        }
+    }
+}

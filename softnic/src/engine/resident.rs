@@ -1,0 +1,367 @@
+//! The engine as a persistent block: the GPU-resident soft NIC.
+//!
+//! One block per port runs [`run_block`] (the `softnic_engine` kernel)
+//! until the host sets [`EngineCtl::stop`]. Thread 0 is the NIC's control:
+//! it runs [`super::poll_port`] — doorbells, WQE parsing, key, bounds and
+//! access checks, the link model, faults, CQEs — exactly as the host thread
+//! does. The other threads wait at the block barrier for payload to move:
+//! [`BlockMover`] hands them each copy of at least [`BLOCK_COPY_MIN`]
+//! bytes, and the whole block copies it with 16-byte vectors
+//! ([`super::mover::copy_part`]); smaller copies (signals, short messages)
+//! thread 0 makes alone, which is cheaper than two barriers.
+//!
+//! ## Ordering
+//! * The producer (a user's kernel) writes WQEs, the doorbell record with
+//!   `st.release`, and the UAR word after `fence.sc.sys`; the engine reads
+//!   the UAR word and the record with `ld.acquire.sys` ([`super::mem`]).
+//! * A block copy ends with a barrier and then `fence.acq_rel` by thread 0
+//!   at [`EngineCtl::sys_scope`]'s scope (`gpu` when every port's memory
+//!   is on this GPU, `sys` across GPUs): the block's stores happen before
+//!   the barrier, so the fence orders them before everything thread 0
+//!   stores next — the next WQE's payload, a signal word, the CQE (itself
+//!   a `st.release.sys` of its last word).
+//! * Thread 0's own copies are followed by the same fence before its next
+//!   copy, so a put's data is visible before the signal WQE behind it on
+//!   the same QP (the in-order guarantee the transport's `put_signal`
+//!   builds on). Copies of 8 or 16 aligned bytes are whole 8-byte stores:
+//!   a signal word is never seen half written.
+//!
+//! ## Waits
+//! Thread 0 never waits for anything but the barrier with its own block;
+//! it checks the stop word every pass. The other threads wait at the
+//! barrier, which thread 0 visits at least every [`HEARTBEAT_NS`] (the CPU
+//! emulator fails barriers that wait too long). A pass is bounded: it
+//! executes what is due and returns.
+
+use doorbell_kernels::ptx;
+
+use super::config::{EngineConfig, Rng};
+use super::mover::{copy_part, overlaps, Mover};
+use super::poll::poll_port;
+use super::tables::PortTable;
+
+/// Copies of at least this many bytes are made by the whole block; smaller
+/// ones by the control thread alone.
+pub const BLOCK_COPY_MIN: usize = 1024;
+/// The control thread meets its block at least this often while idle, ns.
+pub const HEARTBEAT_NS: u64 = 5_000_000;
+/// Dynamic shared memory the engine kernel needs (one [`Job`]).
+pub const SHARED_BYTES: u32 = core::mem::size_of::<Job>() as u32;
+
+/// [`EngineCtl::state`]: launched, not started yet.
+pub const STATE_LAUNCHED: u32 = 0;
+/// [`EngineCtl::state`]: polling.
+pub const STATE_RUNNING: u32 = 1;
+/// [`EngineCtl::state`]: stopped; the engine touches nothing any more.
+pub const STATE_EXITED: u32 = 2;
+
+/// One engine's control block, in device memory (or the emulator's), shared
+/// by the host and the engine kernel.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct EngineCtl {
+    /// Host → engine: non-zero asks the engine to stop (read with
+    /// `ld.acquire.sys` every pass).
+    pub stop: u32,
+    /// Engine → host: [`STATE_LAUNCHED`], [`STATE_RUNNING`],
+    /// [`STATE_EXITED`] (stored with `st.release.sys`).
+    pub state: u32,
+    /// Host: bumped after each new [`Self::cfg`]; the engine reloads the
+    /// configuration (and reseeds its generator) when it changes.
+    pub cfg_epoch: u64,
+    /// Timeouts, faults.
+    pub cfg: EngineConfig,
+    /// Every port of the fabric.
+    pub table: *const PortTable,
+    /// The port this engine runs.
+    pub port: u32,
+    /// 1: some port's memory is on another GPU: fence at `sys` scope after
+    /// copies; 0: every port is on this GPU: `gpu` scope suffices.
+    pub sys_scope: u32,
+    /// The fabric's clock when the engine was launched, ns: the engine's
+    /// time is this plus `%globaltimer` elapsed since it started.
+    pub clock_base_ns: u64,
+    /// Engine: passes over the port.
+    pub passes: u64,
+    /// Engine: passes that made progress.
+    pub busy_passes: u64,
+    /// Engine: copies made by the whole block.
+    pub block_copies: u64,
+    /// Engine: copies made by the control thread alone.
+    pub thread_copies: u64,
+    /// Engine: bytes moved by block copies.
+    pub block_bytes: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<EngineCtl>() % 8 == 0);
+
+impl EngineCtl {
+    /// A control block for `port` of `table`.
+    pub const fn new(table: *const PortTable, port: u32, cfg: EngineConfig, sys_scope: bool, clock_base_ns: u64) -> EngineCtl {
+        EngineCtl {
+            stop: 0,
+            state: STATE_LAUNCHED,
+            cfg_epoch: 1,
+            cfg,
+            table,
+            port,
+            sys_scope: sys_scope as u32,
+            clock_base_ns,
+            passes: 0,
+            busy_passes: 0,
+            block_copies: 0,
+            thread_copies: 0,
+            block_bytes: 0,
+        }
+    }
+}
+
+/// [`Job::kind`]: nothing to copy (a heartbeat).
+const JOB_IDLE: u32 = 0;
+/// [`Job::kind`]: copy `len` bytes.
+const JOB_COPY: u32 = 1;
+/// [`Job::kind`]: the engine stops.
+const JOB_EXIT: u32 = 2;
+
+/// What the control thread asks of its block, in shared memory. Written by
+/// thread 0 before the first barrier of a round, read by the others after
+/// it; not written again before the round's second barrier.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Job {
+    kind: u32,
+    _pad: u32,
+    dst: u64,
+    src: u64,
+    len: u64,
+}
+
+/// The block's mover, run by thread 0 (the others are in [`serve`]).
+pub struct BlockMover {
+    job: *mut Job,
+    parts: usize,
+    sys: bool,
+    /// Thread 0 stored payload since its last fence.
+    dirty: bool,
+    last_barrier_ns: u64,
+    block_copies: u64,
+    thread_copies: u64,
+    block_bytes: u64,
+}
+
+impl BlockMover {
+    /// Orders thread 0's earlier stores (and, after a barrier, the block's)
+    /// before its later ones, at the engine's scope.
+    #[inline(always)]
+    fn fence(&self) {
+        if self.sys {
+            ptx::fence_acq_rel_sys();
+        } else {
+            ptx::fence_acq_rel_gpu();
+        }
+    }
+
+    /// One round with the block: publish `job`, barrier; the block copies
+    /// if asked; barrier (not for [`JOB_EXIT`]: the others return).
+    ///
+    /// # Safety
+    /// A copy job's ranges are valid and do not overlap.
+    unsafe fn round(&mut self, job: Job) {
+        // SAFETY: the job slot is this block's shared memory; the others
+        // read it only between the two barriers of a round.
+        unsafe { core::ptr::write_volatile(self.job, job) };
+        ptx::sync_threads();
+        if job.kind == JOB_EXIT {
+            return;
+        }
+        if job.kind == JOB_COPY {
+            // SAFETY: the caller's contract.
+            unsafe {
+                copy_part(
+                    job.dst as usize as *mut u8,
+                    job.src as usize as *const u8,
+                    job.len as usize,
+                    0,
+                    self.parts,
+                )
+            };
+        }
+        ptx::sync_threads();
+        self.last_barrier_ns = ptx::globaltimer_ns();
+    }
+}
+
+impl Mover for BlockMover {
+    unsafe fn copy(&mut self, dst: *mut u8, src: *const u8, len: usize) {
+        if len == 0 {
+            return;
+        }
+        if self.dirty {
+            self.fence();
+            self.dirty = false;
+        }
+        if overlaps(dst, src, len) {
+            // SAFETY: the caller's contract (memmove handles the overlap).
+            unsafe { super::mem::copy_bytes(dst, src, len) };
+            self.thread_copies += 1;
+            self.dirty = true;
+        } else if self.parts == 1 || len < BLOCK_COPY_MIN {
+            // SAFETY: the caller's contract; one part of one.
+            unsafe { copy_part(dst, src, len, 0, 1) };
+            self.thread_copies += 1;
+            self.dirty = true;
+        } else {
+            let job = Job {
+                kind: JOB_COPY,
+                _pad: 0,
+                dst: dst as usize as u64,
+                src: src as usize as u64,
+                len: len as u64,
+            };
+            // SAFETY: the caller's contract; no overlap (checked).
+            unsafe { self.round(job) };
+            self.fence();
+            self.block_copies += 1;
+            self.block_bytes += len as u64;
+        }
+    }
+}
+
+/// The threads other than the control thread: copy their part of each
+/// job until the engine exits.
+///
+/// # Safety
+/// `job` is the block's job slot; thread 0 runs [`control`].
+unsafe fn serve(job: *const Job, part: usize, parts: usize) {
+    loop {
+        ptx::sync_threads();
+        // SAFETY: written by thread 0 before the barrier above.
+        let j = unsafe { core::ptr::read_volatile(job) };
+        match j.kind {
+            JOB_EXIT => return,
+            JOB_COPY => {
+                // SAFETY: thread 0 checked the ranges (the engine's checks)
+                // and that they do not overlap.
+                unsafe { copy_part(j.dst as usize as *mut u8, j.src as usize as *const u8, j.len as usize, part, parts) }
+            }
+            _ => {}
+        }
+        ptx::sync_threads();
+    }
+}
+
+/// The engine kernel's body, called by every thread of its one block
+/// (launched with [`SHARED_BYTES`] of dynamic shared memory).
+///
+/// # Safety
+/// `ctl` is a valid control block whose table points at live ports, whose
+/// rings and regions stay valid until the engine reports
+/// [`STATE_EXITED`].
+pub unsafe fn run_block(ctl: *mut EngineCtl) {
+    let job = ptx::dynamic_shared_mem() as *mut Job;
+    let part = ptx::thread_idx_x() as usize;
+    let parts = ptx::block_dim_x() as usize;
+    if part != 0 {
+        // SAFETY: the caller's contract.
+        unsafe { serve(job, part, parts) };
+        return;
+    }
+    // SAFETY: the caller's contract.
+    unsafe { control(ctl, job, parts) };
+}
+
+/// Thread 0: passes over the port until the stop word is set.
+///
+/// # Safety
+/// As for [`run_block`].
+unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
+    // SAFETY (whole function): the caller's contract; the control block's
+    // engine fields are written by this thread only, the host's fields read
+    // with acquire where they change.
+    unsafe {
+        ptx::st_release_sys_u32(&raw mut (*ctl).state, STATE_RUNNING);
+        let t0 = ptx::globaltimer_ns();
+        let base = core::ptr::read_volatile(&raw const (*ctl).clock_base_ns);
+        let port = core::ptr::read_volatile(&raw const (*ctl).port) as usize;
+        let mut table: PortTable = core::ptr::read_volatile(core::ptr::read_volatile(&raw const (*ctl).table));
+        let mut mover = BlockMover {
+            job,
+            parts,
+            sys: core::ptr::read_volatile(&raw const (*ctl).sys_scope) != 0,
+            dirty: false,
+            last_barrier_ns: t0,
+            block_copies: 0,
+            thread_copies: 0,
+            block_bytes: 0,
+        };
+        let mut epoch = 0u64;
+        let mut cfg = EngineConfig::default();
+        let mut rng = Rng::new(0);
+        let (mut passes, mut busy) = (0u64, 0u64);
+        let mut idle = 0u32;
+        while ptx::ld_acquire_sys_u32(&raw const (*ctl).stop) == 0 {
+            let e = ptx::ld_acquire_sys_u64(&raw const (*ctl).cfg_epoch);
+            if e != epoch {
+                cfg = core::ptr::read_volatile(&raw const (*ctl).cfg);
+                rng = Rng::new(cfg.faults.seed);
+                epoch = e;
+            }
+            let t = ptx::globaltimer_ns();
+            let now = base.wrapping_add(t.wrapping_sub(t0));
+            let r = poll_port(&mut table, port, now, &cfg, &mut rng, &mut mover);
+            passes += 1;
+            if r.progressed != 0 {
+                busy += 1;
+                idle = 0;
+                publish_counters(ctl, passes, busy, &mover);
+            } else {
+                idle = idle.saturating_add(1);
+                if idle > 64 {
+                    // Long idle: back off a little (the next doorbell waits
+                    // at most this long more).
+                    ptx::nanosleep(200);
+                }
+                if idle % 1024 == 0 {
+                    publish_counters(ctl, passes, busy, &mover);
+                }
+            }
+            if t.wrapping_sub(mover.last_barrier_ns) > HEARTBEAT_NS {
+                mover.round(Job {
+                    kind: JOB_IDLE,
+                    _pad: 0,
+                    dst: 0,
+                    src: 0,
+                    len: 0,
+                });
+            }
+        }
+        if mover.dirty {
+            mover.fence();
+        }
+        publish_counters(ctl, passes, busy, &mover);
+        mover.round(Job {
+            kind: JOB_EXIT,
+            _pad: 0,
+            dst: 0,
+            src: 0,
+            len: 0,
+        });
+        ptx::st_release_sys_u32(&raw mut (*ctl).state, STATE_EXITED);
+    }
+}
+
+/// Stores the engine's counters into its control block (read by the host
+/// for statistics; no ordering needed).
+///
+/// # Safety
+/// `ctl` is valid.
+unsafe fn publish_counters(ctl: *mut EngineCtl, passes: u64, busy: u64, m: &BlockMover) {
+    // SAFETY: the caller's contract; 8-byte aligned fields.
+    unsafe {
+        ptx::st_relaxed_sys_u64(&raw mut (*ctl).passes, passes);
+        ptx::st_relaxed_sys_u64(&raw mut (*ctl).busy_passes, busy);
+        ptx::st_relaxed_sys_u64(&raw mut (*ctl).block_copies, m.block_copies);
+        ptx::st_relaxed_sys_u64(&raw mut (*ctl).thread_copies, m.thread_copies);
+        ptx::st_relaxed_sys_u64(&raw mut (*ctl).block_bytes, m.block_bytes);
+    }
+}

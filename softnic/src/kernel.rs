@@ -1,0 +1,19 @@
+//! The soft NIC's kernel: the GPU-resident engine ([`crate::engine::resident`])
+//! as one `#[kernel]`, built into this crate's own PTX (the soft NIC is a
+//! device of its own, not a library kernel) and, on the host, into the
+//! function the CPU emulator runs.
+
+use doorbell_kernels::kernel;
+
+use crate::engine::resident::{run_block, EngineCtl};
+
+/// One block per port, until `ctl.stop` is set: thread 0 runs the
+/// engine's control (`poll_port`), the block moves the payload. Launch
+/// with one block of 32..=1024 threads and
+/// [`crate::engine::resident::SHARED_BYTES`] of dynamic shared memory, on
+/// a stream of its own (it never ends by itself).
+#[kernel]
+pub unsafe fn softnic_engine(ctl: *mut EngineCtl) {
+    // SAFETY: the launcher's contract (see `run_block`).
+    unsafe { run_block(ctl) }
+}
