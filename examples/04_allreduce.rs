@@ -34,6 +34,7 @@
 use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use doorbell::coll::{Algo, AllReduce, AllReduceOptions, Bf16, DType, Elem, Plan, TransportKind};
 use doorbell::comm::{CommOptions, Communicator};
 use doorbell::{DeviceBuffer, ForTransport, LaunchConfig};
@@ -144,6 +145,9 @@ struct Args {
     /// Timed launches per size and variant [default: by size on a GPU, 2 on the emulator]
     #[arg(long = "bench-iters", value_name = "N", value_parser = ranged(1, 100_000))]
     bench_iters: Option<u64>,
+    /// Time the benchmark as CUDA-graph replays (ours and NCCL's alike) instead of a host loop
+    #[arg(long)]
+    graph: bool,
     /// Directory for the benchmark's JSON and plots
     #[arg(long, value_name = "DIR", default_value = ".")]
     out: PathBuf,
@@ -217,6 +221,8 @@ fn run(args: &Args) -> Result<(), BoxError> {
         algo: args.algo(),
         chunk_bytes: args.chunk,
         transport: args.transport.kind(),
+        // A producer computes in the all-reduce's blocks: the whole GPU.
+        fused: args.compute != Compute::None,
         ..Default::default()
     };
     // Bad combinations (--algo one-shot with one rank or over IBGDA, ...)
@@ -415,6 +421,16 @@ struct Report {
 const RING_BUDGET: u64 = 16 << 30;
 const FUSED_CHUNKS: [u64; 5] = [16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20];
 const TIMING: &str = "a host loop of launches between two events on each rank's stream (ours and NCCL's alike), after warm-up; the slowest rank's time per all-reduce";
+const TIMING_GRAPH: &str = "CUDA graphs: each variant's timed launches captured once on each rank's stream and replayed between two events (ours and NCCL's alike; the CPU-driven baseline stays a host loop), after warm-up; the slowest rank's time per all-reduce";
+
+/// How the bench times: `--graph` on a GPU, else a host loop.
+fn timing(args: &Args, gpu: bool) -> &'static str {
+    if args.graph && gpu {
+        TIMING_GRAPH
+    } else {
+        TIMING
+    }
+}
 
 fn bench(args: &Args, backend: doorbell::Backend, opts: CommOptions, topo: (bool, usize, usize, usize)) -> Result<(), BoxError> {
     let (gpu, _sms, per_gpu, gpus) = topo;
@@ -457,9 +473,10 @@ fn bench(args: &Args, backend: doorbell::Backend, opts: CommOptions, topo: (bool
     }
     let mut rows: Vec<Row> = Vec::new();
     println!(
-        "# allreduce bench: {placement}, {} sum, compute {:?}; {TIMING}",
+        "# allreduce bench: {placement}, {} sum, compute {:?}; {}",
         dtype.name(),
-        args.compute
+        args.compute,
+        timing(args, gpu)
     );
     println!(
         "# {:>12} {:>11} {:>5} | {:>26} | {:>26} | {:>26} | {:>26} | {:>12} | fused us by chunk",
@@ -519,7 +536,7 @@ fn bench(args: &Args, backend: doorbell::Backend, opts: CommOptions, topo: (bool
         placement,
         dtype: dtype.name(),
         compute: format!("{:?}", args.compute).to_lowercase(),
-        timing: TIMING,
+        timing: timing(args, gpu),
         notes,
         rows,
     };
@@ -617,6 +634,7 @@ fn bench_size(
 fn fused_opts(chunk: u64) -> AllReduceOptions {
     AllReduceOptions {
         chunk_bytes: Some(chunk),
+        fused: true,
         ..Default::default()
     }
 }
@@ -679,6 +697,7 @@ fn bench_rank<T: Elem>(
     // or the producer's output in `work`.
     let src = if compute == 0 { input.as_raw() } else { work.as_raw() };
     let samples = sample(count);
+    let graph_timing = args.graph && dev.is_gpu();
     let mut rows = Vec::new();
     let mut measure = |variant: &str,
                        chunk: u64,
@@ -690,13 +709,38 @@ fn bench_rank<T: Elem>(
             run()?;
         }
         comm.synchronize(&stream)?;
+        // --graph: the timed launches captured once (the kernels count their
+        // epochs on the device, so a replay is a new all-reduce).
+        let graph = match stream.as_cuda() {
+            Some(cu) if graph_timing && variant != "cpu-driven" => {
+                cu.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+                    .map_err(|e| format!("{variant}: starting a CUDA graph capture: {e:?}"))?;
+                let captured = (0..iters).try_for_each(|_| run());
+                let g = cu
+                    .end_capture(CUgraphInstantiate_flags(0))
+                    .map_err(|e| format!("{variant}: ending the CUDA graph capture: {e:?}"))?;
+                captured?;
+                let g = g.ok_or_else(|| format!("{variant}: the CUDA graph capture recorded nothing"))?;
+                // One replay untimed: uploads the graph.
+                g.launch().map_err(|e| format!("{variant}: replaying the CUDA graph: {e:?}"))?;
+                comm.synchronize(&stream)?;
+                Some(g)
+            }
+            _ => None,
+        };
         comm.barrier()?;
         let start = stream.record()?;
-        for _ in 0..iters {
-            run()?;
+        match &graph {
+            Some(g) => g.launch().map_err(|e| format!("{variant}: replaying the CUDA graph: {e:?}"))?,
+            None => {
+                for _ in 0..iters {
+                    run()?;
+                }
+            }
         }
         let end = stream.record()?;
         comm.synchronize(&stream)?;
+        drop(graph);
         let us = start.elapsed_ms(&end)? as f64 * 1e3 / iters as f64;
         let all = comm.world().all_gather_bytes(&us.to_le_bytes())?;
         let slowest = all

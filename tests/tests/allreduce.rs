@@ -268,6 +268,7 @@ fn fused_all_reduce_with_producers() {
                         algo: Some(algo),
                         chunk_bytes: Some(chunk),
                         stages: Some(2),
+                        fused: true,
                         ..Default::default()
                     },
                 )?;
@@ -317,6 +318,64 @@ fn fused_all_reduce_with_producers() {
                             );
                         }
                     }
+                }
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("{backend:?}: {e}"));
+        }
+    }
+}
+
+/// The arguments of one `fused_args` call serve every later launch into
+/// the same output, as a launch captured in a CUDA graph and replayed does:
+/// the blocks count their epochs on the device. Each launch's gradient
+/// differs (the step), so a launch that took an earlier launch's signals
+/// for its own would sum stale staging and mismatch.
+#[test]
+fn one_set_of_arguments_replays_launch_after_launch() {
+    type Fused = <fused_grad_allreduce as ForTransport<P2p>>::Kernel;
+    let (ranks, elems) = (3usize, 3000usize);
+    for backend in backends() {
+        for algo in [Algo::OneShot, Algo::TwoShot, Algo::Pipelined] {
+            Communicator::local(ranks, backend, opts(), |comm| {
+                let ar = AllReduce::with_options(
+                    comm,
+                    elems,
+                    DType::F32,
+                    &AllReduceOptions {
+                        algo: Some(algo),
+                        chunk_bytes: Some(1024),
+                        fused: true,
+                        ..Default::default()
+                    },
+                )?;
+                let dev = comm.device();
+                let module = dev.load_module(doorbell_examples::USER_KERNELS_PTX)?;
+                let f = module.function::<Fused>()?;
+                let s = dev.new_stream()?;
+                let mut out = dev.alloc_zeroed::<f32>(elems)?;
+                let (args, cfg) = ar.fused_args(&s, &mut out)?.expect("elements");
+                for step in 0..5u32 {
+                    // SAFETY: arguments from fused_args for this world and `out`.
+                    unsafe { s.launch(&f, cfg, (comm.p2p(), args, COMPUTE_HASH, step))? };
+                    comm.synchronize(&s)?;
+                    let want = allreduce_sum(
+                        &(0..ranks)
+                            .map(|r| {
+                                (0..elems)
+                                    .map(|i| grad(COMPUTE_HASH, r as u32, i as u64, step))
+                                    .collect::<Vec<f32>>()
+                            })
+                            .collect::<Vec<_>>(),
+                    );
+                    let got = out.to_host()?;
+                    assert_eq!(
+                        first_mismatch(&got, &want),
+                        None,
+                        "{}, launch {step}, rank {}",
+                        algo.name(),
+                        comm.rank()
+                    );
                 }
                 Ok(())
             })

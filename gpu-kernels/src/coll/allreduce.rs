@@ -29,16 +29,21 @@
 //! staged everywhere. Pipelined hands chunk `b + j * blocks` to block `b`,
 //! owned (reduced) by rank `(j + b) % world`.
 //!
-//! ## Epochs: consecutive launches need no reset
-//! Launch number `epoch` (from 1, the same on every rank, one more per
-//! launch) tags every signal: one-shot and two-shot chunk `k` of launch `e`
-//! signals `(e << 32) | (k + 1)`, and every wait is `>=`, so words left by
-//! earlier launches never satisfy a later wait. Their staging is
-//! double-buffered by epoch parity: a rank in launch `e + 2` rewrites the
-//! buffer of launch `e` only after every peer has staged launch `e + 1`,
-//! which they do only once their launch `e` is over — no barrier at the end
-//! of a launch. Pipelined numbers chunks across launches (see
-//! [`crate::pipeline`]): its credits carry over.
+//! ## Epochs: consecutive launches need no reset, and replay
+//! Each block counts its launches itself, in a word of the signal area
+//! ([`AllReduceArgs::epoch_word`]): launch `e` (from 1) of block `b`
+//! reads `e - 1` there at its start and writes `e` at its end. Since every
+//! rank launches the same plan the same number of times, block `b` of
+//! every rank agrees on `e` — with no epoch in the kernel argument, so one
+//! launch captured in a CUDA graph replays correctly. Every signal carries
+//! it: one-shot and two-shot chunk `k` of launch `e` signals
+//! `(e << 32) | (k + 1)`, and every wait is `>=`, so words left by earlier
+//! launches never satisfy a later wait. Their staging is double-buffered by
+//! epoch parity: a rank in launch `e + 2` rewrites the buffer of launch `e`
+//! only after every peer has staged launch `e + 1`, which they do only once
+//! their launch `e` is over — no barrier at the end of a launch. Pipelined
+//! numbers chunks across launches (see [`crate::pipeline`]): its credits
+//! carry over.
 //!
 //! ## Waits
 //! Every wait is the transport's bounded `wait_until*`; a wait that runs out
@@ -118,7 +123,8 @@ pub struct AllReduceArgs {
     pub elems: u64,
     /// Elements per signalled chunk (a multiple of [`ALIGN_ELEMS`]).
     pub chunk_elems: u64,
-    /// Launch number, from 1, one more per launch, the same on every rank.
+    /// Launches the host has made with these buffers (for its records; the
+    /// kernel counts its own epochs per block, see the module docs).
     pub epoch: u64,
     /// Symmetric scratch, [`Self::scratch_bytes`] bytes (this rank's address).
     pub scratch: u64,
@@ -205,14 +211,27 @@ impl AllReduceArgs {
     }
 
     /// Symmetric u64 signal words the launch needs (one control word per
-    /// block, then the algorithm's signals).
+    /// block, the algorithm's signals, one epoch word per block), zero
+    /// before the first launch.
     pub fn sig_words(&self) -> u64 {
+        self.algo_sig_words() + self.blocks as u64
+    }
+
+    /// The control words and the algorithm's signals.
+    #[inline(always)]
+    fn algo_sig_words(&self) -> u64 {
         let g = self.blocks as u64;
         g + match Algo::from_u32(self.algo) {
             Some(Algo::OneShot) | Some(Algo::TwoShot) => 2 * g * self.world as u64,
             Some(Algo::Pipelined) => 4 * g * self.ring_words(),
             _ => 0,
         }
+    }
+
+    /// Block `b`'s launch counter: the last epoch it completed.
+    #[inline(always)]
+    pub fn epoch_word(&self, b: u64) -> *mut u64 {
+        (self.sigs + (self.algo_sig_words() + b) * 8) as *mut u64
     }
 
     /// Part `b` of a padded shard of `sh` elements, as `[lo, hi)`.
@@ -588,7 +607,6 @@ fn check<T: Transport>(t: &T, a: &AllReduceArgs) {
         && a.world == t.world_size()
         && (a.world as usize) <= MAX_RANKS
         && a.chunk_elems > 0
-        && a.epoch > 0
         && DType::from_u32(a.dtype).is_some()
         && Algo::from_u32(a.algo).is_some();
     if !ok {
@@ -603,7 +621,8 @@ fn check<T: Transport>(t: &T, a: &AllReduceArgs) {
 /// `a` was made for this transport's world by the host (buffers allocated
 /// as [`AllReduceArgs::scratch_bytes`] / [`AllReduceArgs::sig_words`] say,
 /// input and output hold `elems` elements), and every rank launches it
-/// with the same epoch.
+/// the same number of times (each block counts its epochs; after a failed
+/// launch the counts of a rank's blocks may differ: rebuild the buffers).
 pub unsafe fn run<T: Transport>(t: &T, a: &AllReduceArgs) -> Result<(), Failed> {
     let e = a.elem_bytes();
     // SAFETY: the caller's contract: `input` holds `elems` elements.
@@ -631,8 +650,29 @@ pub unsafe fn run<T: Transport>(t: &T, a: &AllReduceArgs) -> Result<(), Failed> 
 /// # Safety
 /// As for [`run`]; `produce` writes only `chunk.dst[..chunk.len]`.
 #[inline(always)]
-pub unsafe fn fused<T: Transport, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, mut produce: P) -> Result<(), Failed> {
+pub unsafe fn fused<T: Transport, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, produce: P) -> Result<(), Failed> {
     check(t, a);
+    // This block's epoch: one more than the last it completed (module docs).
+    let word = a.epoch_word(ptx::block_idx_x() as u64);
+    let mut at = *a;
+    // SAFETY: this block's epoch word, written only by its thread 0 after
+    // the barrier below that follows every thread's read.
+    at.epoch = unsafe { core::ptr::read_volatile(word) } + 1;
+    // SAFETY: the caller's contract.
+    let r = unsafe { run_algo(t, &at, produce) };
+    if r.is_ok() {
+        ptx::sync_threads();
+        if ptx::thread_rank_in_block() == 0 {
+            // SAFETY: as above; the next launch reads it (stream order).
+            unsafe { core::ptr::write_volatile(word, at.epoch) };
+        }
+    }
+    r
+}
+
+/// The algorithm `a.algo` with the block's epoch in `a.epoch`.
+#[inline(always)]
+unsafe fn run_algo<T: Transport, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, mut produce: P) -> Result<(), Failed> {
     let bf16 = a.dtype == DType::Bf16 as u32;
     // SAFETY: the caller's contract, per algorithm.
     unsafe {

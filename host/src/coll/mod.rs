@@ -36,10 +36,12 @@
 //!
 //! ## Rules
 //! * `AllReduce::new` is collective (it allocates symmetric memory); every
-//!   rank calls `run` (or [`AllReduce::fused_args`]) the same number of
-//!   times, in the same order as its other collectives: each launch carries
-//!   an epoch counted on the host, so launches follow each other with no
-//!   reset and no barrier.
+//!   rank launches it (`run`, or a fused kernel with the arguments of
+//!   [`AllReduce::fused_args`]) the same number of times, in the same order
+//!   as its other collectives: each block of the kernel counts its launches
+//!   in device memory, so launches follow each other with no reset and no
+//!   barrier, and a launch captured in a CUDA graph can be replayed (the
+//!   arguments do not change from launch to launch).
 //! * Launches of one `AllReduce` go to one stream per rank (they are
 //!   ordered with each other); the host must not reuse the input or read
 //!   the output before the stream has reached the end of the launch.
@@ -173,6 +175,11 @@ pub struct AllReduceOptions {
     pub threads: Option<u32>,
     /// Stages per pipeline ring (default [`DEFAULT_STAGES`]).
     pub stages: Option<u32>,
+    /// Plan for a fused kernel ([`AllReduce::fused_args`]): by default the
+    /// grid is one block per SM of the rank's share of its GPU whatever
+    /// the size — the producer computes in the all-reduce's blocks and
+    /// needs the whole GPU — where a plain all-reduce sizes it by bytes.
+    pub fused: bool,
 }
 
 fn invalid(reason: impl Into<String>) -> Error {
@@ -265,6 +272,7 @@ impl Plan {
         let blocks = match opts.blocks {
             Some(b) if (1..=1024).contains(&b) => b,
             Some(b) => return Err(invalid(format!("{b} blocks per rank; use 1..=1024"))),
+            None if opts.fused && algo != Algo::Pipelined => max_blocks as u32,
             None => bytes.div_ceil(per_block).clamp(1, max_blocks) as u32,
         };
         let args = AllReduceArgs {
@@ -458,7 +466,8 @@ impl<'c> AllReduce<'c> {
     pub fn transport(&self) -> TransportKind {
         self.transport
     }
-    /// Launches so far (the last epoch).
+    /// Launches so far, as counted on the host (`run` and `fused_args`
+    /// calls; a captured launch replayed from a graph is not counted).
     pub fn launches(&self) -> u64 {
         self.epoch.load(Ordering::Relaxed)
     }
@@ -563,11 +572,14 @@ impl<'c> AllReduce<'c> {
 
     /// The argument and grid for one launch of a **fused** all-reduce
     /// kernel of your own (it calls `doorbell_kernels::coll::allreduce::fused`
-    /// with its producer), writing the sum into `output`. Counts as a launch:
-    /// launch exactly once with what it returns, on every rank, in order.
-    /// Any algorithm: one-shot and two-shot hand the producer the peers'
-    /// staging, pipelined its ring outbox. `None` for zero elements
-    /// (launch nothing).
+    /// with its producer), writing the sum into `output`. Launch it on every
+    /// rank, in the same order as this all-reduce's other launches; the same
+    /// arguments serve every launch into the same `output` (the kernel
+    /// counts its epochs), so a captured launch can be replayed. Plan with
+    /// [`AllReduceOptions::fused`] so the producer gets the whole GPU. Any
+    /// algorithm: one-shot and two-shot hand the producer the peers'
+    /// staging, pipelined its ring outbox. `None` for zero elements (launch
+    /// nothing).
     pub fn fused_args<T: Elem>(&self, stream: &Stream, output: &mut DeviceBuffer<T>) -> Result<Option<(AllReduceArgs, LaunchConfig)>> {
         self.check_buffer("output", output)?;
         // SAFETY: checked above.
