@@ -38,13 +38,16 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use doorbell::coll::{Algo, AllReduce, AllReduceOptions, Bf16, DType, Elem, Plan, TransportKind};
 use doorbell::comm::{CommOptions, Communicator};
 use doorbell::{DeviceBuffer, ForTransport, LaunchConfig};
-use doorbell_example_kernels::allreduce::{fused_grad_allreduce, grad, produce_grad, COMPUTE_GEMV, COMPUTE_HASH};
+use doorbell_example_kernels::allreduce::{
+    fused_grad_allreduce, fused_grad_allreduce_wide, grad, produce_grad, COMPUTE_GEMV, COMPUTE_HASH,
+};
 use doorbell_examples::cli::{ranged, DeviceArgs};
 use doorbell_examples::plot::{write_chart, Chart, Series};
 use doorbell_examples::{die, main_with, BoxError, USER_KERNELS_PTX};
 use doorbell_kernels::transport::{Ibgda, P2p, Routed};
 
 type FusedKernel = <fused_grad_allreduce as ForTransport<P2p>>::Kernel;
+type FusedWide = <fused_grad_allreduce_wide as ForTransport<P2p>>::Kernel;
 type FusedIbgda = <fused_grad_allreduce as ForTransport<Ibgda>>::Kernel;
 type FusedRouted = <fused_grad_allreduce as ForTransport<Routed>>::Kernel;
 
@@ -610,11 +613,15 @@ fn bench_size(
     let plan = |o: AllReduceOptions, n: usize| Plan::new(ranks, n, dtype, &o, gpu, sms, per_gpu, true);
     // Rings of the largest chunks can outgrow a GPU shared by many ranks:
     // keep each fused variant's buffers under RING_BUDGET per rank.
-    let mut chunks = chunks;
-    chunks.retain(|&c| plan(fused_opts(c), count).is_ok_and(|p| p.heap_bytes() <= RING_BUDGET / per_gpu.max(1) as u64));
+    // Fused variants: per chunk, blocks of 256 threads (the kernel's full
+    // register budget) and, with a producer on a GPU, 512 (the
+    // launch-bounded kernel: twice the warps, some registers spilled).
+    let widths: &[u32] = if gpu && args.compute != Compute::None { &[256, 512] } else { &[0] };
+    let mut variants: Vec<(u64, u32)> = chunks.iter().flat_map(|&c| widths.iter().map(move |&w| (c, w))).collect();
+    variants.retain(|&(c, w)| plan(fused_opts(c, w), count).is_ok_and(|p| p.heap_bytes() <= RING_BUDGET / per_gpu.max(1) as u64));
     let mut heap = 1 << 20;
-    for &c in &chunks {
-        heap += plan(fused_opts(c), count)?.heap_bytes();
+    for &(c, w) in &variants {
+        heap += plan(fused_opts(c, w), count)?.heap_bytes();
     }
     heap += plan(AllReduceOptions::default(), count)?.heap_bytes();
     let per_chunk = (base_chunk / dtype.size()).max(1) as usize;
@@ -623,18 +630,20 @@ fn bench_size(
     opts.heap_bytes = heap;
     let per_rank = Communicator::local(ranks, backend, opts, |comm| {
         let r = match dtype {
-            DType::F32 => bench_rank::<f32>(comm, args, count, &chunks, per_chunk, nccl),
-            DType::Bf16 => bench_rank::<Bf16>(comm, args, count, &chunks, per_chunk, nccl),
+            DType::F32 => bench_rank::<f32>(comm, args, count, &variants, per_chunk, nccl),
+            DType::Bf16 => bench_rank::<Bf16>(comm, args, count, &variants, per_chunk, nccl),
         };
         r.map_err(|e| doorbell::Error::Comm(format!("rank {}: {e}", comm.rank())))
     })?;
     Ok(per_rank.into_iter().next().unwrap_or_default())
 }
 
-fn fused_opts(chunk: u64) -> AllReduceOptions {
+/// A fused variant's plan: `threads` per block (0: the default).
+fn fused_opts(chunk: u64, threads: u32) -> AllReduceOptions {
     AllReduceOptions {
         chunk_bytes: Some(chunk),
         fused: true,
+        threads: (threads != 0).then_some(threads),
         ..Default::default()
     }
 }
@@ -657,7 +666,7 @@ fn bench_rank<T: Elem>(
     comm: &Communicator,
     args: &Args,
     count: usize,
-    chunks: &[u64],
+    variants: &[(u64, u32)],
     per_chunk: usize,
     nccl: Option<&nccl::Nccl>,
 ) -> Result<Vec<Row>, BoxError> {
@@ -668,6 +677,7 @@ fn bench_rank<T: Elem>(
     let compute = args.compute_code();
     let module = dev.load_module(USER_KERNELS_PTX)?;
     let fused_fn = module.function::<FusedKernel>()?;
+    let wide_fn = module.function::<FusedWide>()?;
     let produce_fn = module.function::<produce_grad>()?;
     let dtype = T::DTYPE;
     let bytes = count as u64 * dtype.size();
@@ -782,9 +792,9 @@ fn bench_rank<T: Elem>(
         Ok(())
     };
     let out_raw = out.as_raw();
-    // (a) fused, per chunk size.
-    for &c in chunks {
-        let ar = AllReduce::with_options(comm, count, dtype, &fused_opts(c))?;
+    // (a) fused, per chunk size and block width.
+    for &(c, width) in variants {
+        let ar = AllReduce::with_options(comm, count, dtype, &fused_opts(c, width))?;
         let mut run = || -> doorbell::Result<()> {
             if compute == 0 {
                 // SAFETY: both hold `count` elements of the dtype.
@@ -794,11 +804,23 @@ fn bench_rank<T: Elem>(
                 let Some((a, cfg)) = (unsafe { ar.fused_args_raw(&stream, out_raw) })? else {
                     return Ok(());
                 };
-                // SAFETY: arguments from fused_args for this world.
-                unsafe { stream.launch(&fused_fn, cfg, (comm.p2p(), a, compute, step)) }
+                // SAFETY: arguments from fused_args for this world; the
+                // wide kernel for the plan of 512 threads.
+                unsafe {
+                    if width == 512 {
+                        stream.launch(&wide_fn, cfg, (comm.p2p(), a, compute, step))
+                    } else {
+                        stream.launch(&fused_fn, cfg, (comm.p2p(), a, compute, step))
+                    }
+                }
             }
         };
-        measure("fused", c, ar.algo().name(), Some(&out), &mut run)?;
+        let label = if width == 0 {
+            ar.algo().name().to_string()
+        } else {
+            format!("{}/{width}", ar.algo().name())
+        };
+        measure("fused", c, &label, Some(&out), &mut run)?;
     }
     // (b) CPU-driven: one producer launch and one all-reduce launch per chunk.
     let full = AllReduce::new(comm, per_chunk.min(count), dtype)?;

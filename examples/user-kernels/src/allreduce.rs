@@ -57,11 +57,28 @@ pub fn grad(compute: u32, rank: u32, i: u64, step: u32) -> f32 {
 /// argument and grid `AllReduce::fused_args` returns.
 #[kernel(transports(P2p, Ibgda, Routed))]
 pub unsafe fn fused_grad_allreduce<T: Transport>(t: T, ar: AllReduceArgs, compute: u32, step: u32) {
+    // SAFETY: the kernel's contract.
+    unsafe { fused_grad(&t, &ar, compute, step) }
+}
+
+/// [`fused_grad_allreduce`] for blocks of up to 512 threads
+/// (`launch_bounds`: ptxas keeps it within 128 registers, so a block of
+/// 512 threads fits an SM): twice the warps for the producer, some
+/// registers spilled. Plan it with `AllReduceOptions::threads = Some(512)`.
+#[kernel(transports(P2p), launch_bounds(threads = 512, min_blocks = 1))]
+pub unsafe fn fused_grad_allreduce_wide<T: Transport>(t: T, ar: AllReduceArgs, compute: u32, step: u32) {
+    // SAFETY: the kernel's contract.
+    unsafe { fused_grad(&t, &ar, compute, step) }
+}
+
+/// The body of both: the producer closure handed to `fused`.
+#[inline(always)]
+unsafe fn fused_grad<T: Transport>(t: &T, ar: &AllReduceArgs, compute: u32, step: u32) {
     let rank = t.rank();
     // SAFETY: `ar` comes from AllReduce::fused_args on this world; the
     // producer writes only the chunk it is given.
     let _ = unsafe {
-        fused(&t, &ar, |chunk: Chunk| {
+        fused(t, ar, |chunk: Chunk| {
             for i in chunk.my_elements() {
                 chunk.write(i, grad(compute, rank, chunk.first + i, step));
             }
