@@ -12,8 +12,15 @@ fn main() {
     if std::env::var_os("CARGO_FEATURE_RUNTIME").is_none() {
         return;
     }
-    for krate in ["../gpu-kernels", "../softnic"] {
-        match ptx_build::PtxBuilder::new(krate).build() {
+    // The soft NIC's PTX leaves the library's kernels out: fat LTO would
+    // carry the collectives' exported entries in from doorbell-kernels, and
+    // the driver would JIT all of them before the engine can start.
+    let builds = [
+        ("../gpu-kernels", ptx_build::PtxBuilder::new("../gpu-kernels")),
+        ("../softnic", ptx_build::PtxBuilder::new("../softnic").feature("no-library-kernels")),
+    ];
+    for (krate, builder) in builds {
+        match builder.build() {
             Ok(out) => {
                 if !out.built {
                     println!("cargo:warning=doorbell: PTX build of {krate} skipped (DOORBELL_SKIP_PTX=1); GPU launches will fail, the CPU emulator works");

@@ -48,6 +48,11 @@ extern crate self as doorbell_kernels;
 
 pub use doorbell_macros::{descriptor, kernel};
 
+// The collectives are the library's only kernel entry points; a PTX module
+// that uses this crate only for its primitives (the soft NIC's engine)
+// leaves them out with `no-library-kernels`, so the driver's JIT of that
+// module does not compile them.
+#[cfg(not(feature = "no-library-kernels"))]
 pub mod coll;
 pub mod heap;
 pub mod layout;

@@ -88,19 +88,6 @@ impl Device {
     }
 }
 
-impl Device {
-    /// A stream that [`Device::synchronize`] and buffer frees do not wait
-    /// for: for a persistent kernel (the soft NIC's GPU-resident engine)
-    /// that ends only when its owner tells it to. Whoever launches there
-    /// stops the kernel before synchronizing this stream.
-    pub(crate) fn new_stream_untracked(&self) -> Result<Stream> {
-        Ok(Stream {
-            inner: self.inner.new_stream_untracked()?,
-            device: self.clone(),
-        })
-    }
-}
-
 impl Stream {
     /// The device.
     pub fn device(&self) -> &Device {

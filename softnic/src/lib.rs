@@ -204,7 +204,7 @@
 //! producer indices of sends) is not atomic yet — the IBGDA transport's
 //! WRITE, READ and fetch-add write none of it but on remote errors.
 #![cfg_attr(target_arch = "nvptx64", no_std)]
-#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx))]
+#![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, asm_experimental_arch))]
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod engine;

@@ -139,6 +139,23 @@ impl Device {
         self.ctx.bind_to_thread().call("cuCtxSetCurrent")
     }
 
+    /// Waits until the memsets and copies issued without a stream have
+    /// landed. `cuMemsetD8` and `cuMemcpyHtoD` (from pageable memory) go to
+    /// the legacy default stream and may return before the device memory
+    /// holds the bytes, and every stream doorbell makes is non-blocking, so
+    /// nothing orders a kernel launched next after them: without this, that
+    /// kernel may read the old bytes. Synchronizing the legacy stream waits
+    /// for those operations only, never for kernels on non-blocking streams
+    /// (another rank's spinning kernel, the soft NIC's engine).
+    fn settle(&self, call: &'static str) -> Result<()> {
+        // `CU_STREAM_LEGACY` is the handle value 1 (cuda.h).
+        let legacy = 0x1 as sys::CUstream;
+        // SAFETY: the legacy stream exists in every context; context bound.
+        unsafe { sys::cuStreamSynchronize(legacy) }
+            .result()
+            .map_err(|source| Error::Cuda { call, source })
+    }
+
     /// Waits for the streams created through this handle.
     pub(crate) fn synchronize(&self) -> Result<()> {
         let streams: Vec<_> = self
@@ -199,6 +216,11 @@ impl Device {
                 source: e,
             });
         }
+        if let Err(e) = self.settle("cuStreamSynchronize (after cuMemsetD8)") {
+            // SAFETY: just allocated, not handed out.
+            let _ = unsafe { result::free_sync(p) };
+            return Err(e);
+        }
         Ok(p)
     }
 
@@ -242,7 +264,8 @@ impl Device {
     pub(crate) unsafe fn zero(&self, addr: u64, bytes: usize) -> Result<()> {
         self.bind()?;
         // SAFETY: the caller vouches that the allocation spans `bytes`.
-        unsafe { result::memset_d8_sync(addr, 0, bytes) }.call("cuMemsetD8")
+        unsafe { result::memset_d8_sync(addr, 0, bytes) }.call("cuMemsetD8")?;
+        self.settle("cuStreamSynchronize (after cuMemsetD8)")
     }
 
     /// `bytes` of zeroed pinned host memory mapped into the device: its host
@@ -280,7 +303,8 @@ impl Device {
     pub(crate) unsafe fn write(&self, addr: u64, src: &[u8]) -> Result<()> {
         self.bind()?;
         // SAFETY: the caller vouches for the destination range.
-        unsafe { result::memcpy_htod_sync(addr, src) }.call("cuMemcpyHtoD")
+        unsafe { result::memcpy_htod_sync(addr, src) }.call("cuMemcpyHtoD")?;
+        self.settle("cuStreamSynchronize (after cuMemcpyHtoD)")
     }
 
     /// Copies device bytes at `addr` to the host (synchronous).
@@ -300,8 +324,17 @@ impl Device {
         }
         self.bind()?;
         let src = CString::new(ptx).map_err(|_| Error::PtxNotBuilt)?;
+        let t0 = std::time::Instant::now();
         // SAFETY: NUL-terminated PTX text; context bound.
         let module = unsafe { result::module::load_data(src.as_ptr() as *const _) }.call("cuModuleLoadData")?;
+        // The driver compiles the PTX here (seconds for a large module, the
+        // first time; its cache serves later loads).
+        tracing::debug!(
+            "GPU {}: loaded a module of {} bytes of PTX in {} ms",
+            self.ordinal(),
+            ptx.len(),
+            t0.elapsed().as_millis()
+        );
         Ok(Arc::new(Module {
             module,
             ctx: self.ctx.clone(),

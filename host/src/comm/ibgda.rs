@@ -32,6 +32,13 @@
 //!   (from [`SOFTNIC_PTX`]) — **one block per port**, 256 threads on a GPU
 //!   (`DOORBELL_SOFTNIC_ENGINE_THREADS`) — on a non-blocking stream that
 //!   [`crate::Device::synchronize`] and buffer frees do not wait for.
+//!   The engine's module is loaded once per device and process and never
+//!   unloaded (unloading it, or loading modules and allocating, while an
+//!   engine runs may wait for that engine, which never ends by itself), and
+//!   every rank loads and allocates before a world barrier that precedes
+//!   the first launch. The engine publishes its state (running, exited)
+//!   into a word of mapped host memory, so the host's waits for it read
+//!   host memory in a bounded loop and make no driver call.
 //!   Thread 0 runs the engine's control (the same `poll_port` as the host
 //!   thread); copies of 1 KiB or more are moved by the whole block with
 //!   16-byte vectors, smaller ones by thread 0. Payload goes over the same
@@ -48,6 +55,15 @@
 //!   GPU: a host thread would need a driver copy per WQE (a mapped round
 //!   trip costs 3.2 µs, a launch 4.3 µs — more than the message).
 //!
+//! While an engine runs, a module load or an allocation on its GPU may
+//! wait for every kernel there (with CUDA's lazy loading even a first
+//! launch may): load your modules before the first [`Communicator::ibgda`].
+//!
+//! Each step logs at `DOORBELL_LOG=debug` (rings allocated, QPs connected,
+//! engine tables allocated and copied, module loaded, engine launched and
+//! started, stop requested, engine stopped, with times), so a run that
+//! stops somewhere shows where.
+//!
 //! Teardown (the communicator's drop or [`Communicator::ibgda_reset`]):
 //! the host sets the engine's stop word, waits (20 s at most) for it to
 //! report that it exited, synchronizes its stream, and only then destroys
@@ -57,14 +73,15 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use doorbell_kernels::mlx5::wire::CqeSyndrome;
 use doorbell_kernels::mlx5::{QpHandle, CQE_SIZE, SEND_WQE_BB};
 use doorbell_kernels::transport::ibgda::{IbgdaQp, QpState, RegRegion, MAX_BATCH, QP_ERR_COMPLETION, QP_ERR_WEDGED, REG_SLOTS};
 use doorbell_kernels::transport::routed::ROUTE_WORDS;
 use doorbell_kernels::transport::{Ibgda, Routed};
-use doorbell_softnic::engine::resident::{EngineCtl, SHARED_BYTES, STATE_EXITED, STATE_RUNNING};
+use doorbell_kernels::Kernel;
+use doorbell_softnic::engine::resident::{EngineCtl, SHARED_BYTES, STATE_EXITED, STATE_LAUNCHED, STATE_RUNNING};
 use doorbell_softnic::engine::{access, cqe, EngineConfig, LinkModel, MrEntry, Port, PortTable, MAX_PORTS};
 use doorbell_softnic::host::ResidentPort;
 use doorbell_softnic::kernel::softnic_engine;
@@ -77,7 +94,7 @@ use super::{Communicator, PeerRoute};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::memory::DeviceBuffer;
-use crate::stream::{LaunchConfig, Stream};
+use crate::backend::{FunctionBackend, StreamBackend};
 
 /// The soft NIC's engine kernel (`softnic_engine`), built from
 /// `doorbell-softnic` into a PTX of its own: the soft NIC is a device, not
@@ -342,59 +359,169 @@ enum Engine {
 /// A running `softnic_engine` kernel and the device memory it owns.
 struct KernelEngine {
     /// The untracked stream it runs on (nothing else runs there).
-    stream: Option<Stream>,
+    stream: Option<StreamBackend>,
     ctl: DeviceBuffer<u8>,
     _ports: DeviceBuffer<u8>,
     _port: DeviceBuffer<u8>,
     device: Device,
     threads: u32,
+    /// Its state word in mapped host memory.
+    status: StatusSlot,
 }
 
 /// How long teardown waits for the engine kernel to stop, and setup for it
 /// to start.
 const ENGINE_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
 
-impl KernelEngine {
-    fn ctl_word(&self, offset: usize) -> Result<u32> {
-        let mut b = [0u8; 4];
-        // SAFETY: inside the control block (offset of a u32 field).
-        unsafe { self.device.inner.read(self.ctl.as_raw() + offset as u64, &mut b)? };
-        Ok(u32::from_le_bytes(b))
+/// State words per device (one 4 KiB page of mapped host memory): engines
+/// of one device running at once.
+const STATUS_SLOTS: usize = 1024;
+
+/// The engine kernel of one device and a page of mapped host memory for
+/// the engines' state words, made once per process and device and never
+/// freed: unloading a module whose kernel still runs, or freeing pinned
+/// memory (which waits for the whole device), while another rank's engine
+/// runs on the same GPU would hang or fault. Loading it once also means the
+/// driver compiles the PTX once, not at every set-up and reset.
+struct EngineImage {
+    function: Arc<FunctionBackend>,
+    status_host: usize,
+    status_dev: u64,
+    free: Vec<u32>,
+}
+
+/// Engine images by (GPU?, ordinal).
+static ENGINE_IMAGES: Mutex<Option<HashMap<(bool, usize), EngineImage>>> = Mutex::new(None);
+
+/// One engine's state word: [`STATUS_SLOTS`] per device.
+struct StatusSlot {
+    key: (bool, usize),
+    slot: u32,
+    host: *mut u32,
+    dev: u64,
+}
+
+impl StatusSlot {
+    /// The engine's state as it last published it (acquire: pairs with its
+    /// `st.release.sys`). Reads this process's memory: no driver call.
+    fn read(&self) -> u32 {
+        // SAFETY: a word of the image's page, which is never freed.
+        let v = unsafe { std::ptr::read_volatile(self.host) };
+        std::sync::atomic::fence(Ordering::Acquire);
+        v
     }
 
-    /// Waits (bounded) until the engine's state word is `want`.
-    fn wait_state(&self, want: u32) -> bool {
-        let t0 = std::time::Instant::now();
-        while t0.elapsed() < ENGINE_WAIT {
-            match self.ctl_word(std::mem::offset_of!(EngineCtl, state)) {
-                Ok(s) if s == want => return true,
-                Ok(_) => std::thread::sleep(std::time::Duration::from_micros(100)),
-                Err(_) => return false,
-            }
+    /// Hands the word back once its engine has exited.
+    fn release(self) {
+        if let Some(img) = ENGINE_IMAGES
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_mut()
+            .and_then(|m| m.get_mut(&self.key))
+        {
+            img.free.push(self.slot);
         }
-        false
+    }
+}
+
+/// The engine kernel on `dev` (loaded, and compiled by the driver, the
+/// first time) and a free state word, reset to [`STATE_LAUNCHED`].
+fn engine_image(dev: &Device, rank: usize) -> Result<(Arc<FunctionBackend>, StatusSlot)> {
+    let key = (dev.is_gpu(), dev.ordinal());
+    let mut guard = ENGINE_IMAGES.lock().unwrap_or_else(|p| p.into_inner());
+    let map = guard.get_or_insert_with(HashMap::new);
+    if !map.contains_key(&key) {
+        let t0 = std::time::Instant::now();
+        let module = dev.inner.load_module(SOFTNIC_PTX)?;
+        let function = Arc::new(module.function(<softnic_engine as Kernel>::NAME)?);
+        let (host, dev_addr) = dev.inner.alloc_mapped(STATUS_SLOTS * 4)?;
+        tracing::debug!(
+            "rank {rank}: IBGDA: soft NIC engine module loaded on {} ({} bytes of PTX) in {} ms; kept for the process",
+            dev.name(),
+            SOFTNIC_PTX.len(),
+            t0.elapsed().as_millis()
+        );
+        map.insert(
+            key,
+            EngineImage {
+                function,
+                status_host: host as usize,
+                status_dev: dev_addr,
+                free: (0..STATUS_SLOTS as u32).rev().collect(),
+            },
+        );
+    }
+    let img = map.get_mut(&key).expect("inserted above");
+    let slot = img.free.pop().ok_or_else(|| {
+        Error::comm(format!(
+            "rank {rank}: {STATUS_SLOTS} soft NIC engines already run on {}; drop communicators using IBGDA first",
+            dev.name()
+        ))
+    })?;
+    let s = StatusSlot {
+        key,
+        slot,
+        host: (img.status_host + 4 * slot as usize) as *mut u32,
+        dev: img.status_dev + 4 * slot as u64,
+    };
+    // SAFETY: a word of the page, no engine uses it (it was free).
+    unsafe { std::ptr::write_volatile(s.host, STATE_LAUNCHED) };
+    Ok((img.function.clone(), s))
+}
+
+impl KernelEngine {
+    /// Waits (bounded, reading host memory only) until the engine's state
+    /// word is `want`; the state seen last.
+    fn wait_state(&self, want: u32) -> std::result::Result<(), u32> {
+        let t0 = std::time::Instant::now();
+        loop {
+            let s = self.status.read();
+            if s == want {
+                return Ok(());
+            }
+            if t0.elapsed() >= ENGINE_WAIT {
+                return Err(s);
+            }
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
     }
 
-    /// Sets the stop word and waits for the kernel to exit and its stream
-    /// to drain. False when it did not stop in time (its memory must then
-    /// stay allocated: the caller leaks it).
-    fn stop(&mut self) -> bool {
+    /// Sets the stop word (a driver copy into the control block).
+    fn request_stop(&self) -> Result<()> {
         // SAFETY: the stop word of the control block.
-        let w = unsafe {
+        unsafe {
             self.device.inner.write(
                 self.ctl.as_raw() + std::mem::offset_of!(EngineCtl, stop) as u64,
                 &1u32.to_le_bytes(),
             )
-        };
-        if w.is_err() || !self.wait_state(STATE_EXITED) {
-            return false;
+        }
+    }
+
+    /// Sets the stop word and waits for the kernel to exit and its stream
+    /// to drain. On success the engine's state word is handed back; an
+    /// error means it did not stop in time (its memory must then stay
+    /// allocated: the caller leaks it).
+    fn stop(mut self, rank: usize) -> std::result::Result<(), (KernelEngine, String)> {
+        let t0 = std::time::Instant::now();
+        tracing::debug!("rank {rank}: IBGDA teardown: stop requested of the soft NIC engine kernel");
+        if let Err(e) = self.request_stop() {
+            return Err((self, format!("setting its stop word failed: {e}")));
+        }
+        if let Err(seen) = self.wait_state(STATE_EXITED) {
+            return Err((self, format!("its state word still reads {} ({seen})", state_name(seen))));
         }
         if let Some(s) = self.stream.take() {
             if let Err(e) = s.synchronize() {
-                tracing::error!("soft NIC engine kernel: {e}");
+                tracing::error!("rank {rank}: soft NIC engine kernel: {e}");
             }
         }
-        true
+        tracing::debug!(
+            "rank {rank}: IBGDA teardown: soft NIC engine kernel stopped after {} ms",
+            t0.elapsed().as_millis()
+        );
+        let KernelEngine { status, .. } = self;
+        status.release();
+        Ok(())
     }
 
     /// The engine's counters from its control block.
@@ -404,6 +531,16 @@ impl KernelEngine {
         unsafe { self.device.inner.read(self.ctl.as_raw(), &mut b)? };
         // SAFETY: EngineCtl is plain #[repr(C)] data.
         Ok(unsafe { std::ptr::read_unaligned(b.as_ptr() as *const EngineCtl) })
+    }
+}
+
+/// An engine state word in words.
+fn state_name(s: u32) -> &'static str {
+    match s {
+        STATE_LAUNCHED => "launched, never started",
+        STATE_RUNNING => "running",
+        STATE_EXITED => "exited",
+        _ => "not a state",
     }
 }
 
@@ -712,6 +849,7 @@ impl Communicator {
                 .flat_map(|v| v.to_le_bytes())
                 .collect::<Vec<u8>>(),
         )?;
+        let t_setup = std::time::Instant::now();
         let gpu = self.device.is_gpu();
         let engine_kind = opts
             .engine
@@ -801,6 +939,13 @@ impl Communicator {
         }
         // SAFETY: the ring buffer, whole.
         unsafe { self.device.write_raw(rings.as_raw(), &image)? };
+        tracing::debug!(
+            "rank {}: IBGDA set-up: port LID {} open; rings of {nqps} QPs ({} bytes), scratch and QP states allocated and initialised in {} ms",
+            self.rank,
+            device.lid(),
+            nqps * per_qp,
+            t_setup.elapsed().as_millis()
+        );
         let at = |i: usize, off: usize| rings.as_raw() + (i * per_qp + off) as u64;
         let tail = 2 * sq as usize * SEND_WQE_BB;
 
@@ -872,6 +1017,11 @@ impl Communicator {
                 q.qp.connect(ep, remote_access).map_err(softnic_err)?;
             }
         }
+        tracing::debug!(
+            "rank {}: IBGDA set-up: {nqps} QPs connected (RTS) in {} ms",
+            self.rank,
+            t_setup.elapsed().as_millis()
+        );
 
         // The device's view of every QP.
         let mut words: Vec<u64> = Vec::with_capacity(nqps * 16);
@@ -912,6 +1062,7 @@ impl Communicator {
             }
         }
         let table = self.device.alloc_from(&words)?;
+        tracing::debug!("rank {}: IBGDA set-up: the kernels' QP table copied to the device", self.rank);
         let memory = Memory {
             _rings: rings,
             _scratch: scratch,
@@ -948,6 +1099,11 @@ impl Communicator {
             opts.link,
             engine_kind
         );
+        tracing::debug!(
+            "rank {}: IBGDA set-up done in {} ms",
+            self.rank,
+            t_setup.elapsed().as_millis()
+        );
         Ok(IbgdaState {
             engine: Some(engine),
             qps,
@@ -963,9 +1119,18 @@ impl Communicator {
     }
 
     /// Collective: copies this rank's port tables to device memory, builds
-    /// the fabric's port table from every rank's, and launches this port's
-    /// engine kernel (one block) on a stream of its own; waits until it runs.
+    /// the fabric's port table from every rank's, loads the engine kernel
+    /// (once per device and process), and — once every rank has done all
+    /// of that — launches this port's engine kernel (one block) on a stream
+    /// of its own; waits (bounded) until it runs.
+    ///
+    /// Every step that may wait for the whole device (a module load, an
+    /// allocation) is done by every rank before the world barrier that
+    /// precedes the first launch, so no rank's step waits for another
+    /// rank's engine, which never ends by itself.
     fn launch_engine(&self, fabric: &SoftFabric, device: &SoftDevice, opts: &IbgdaOptions) -> Result<KernelEngine> {
+        let rank = self.rank;
+        let t0 = std::time::Instant::now();
         let port_bytes = std::mem::size_of::<Port>();
         let port = self.device.alloc_zeroed::<u8>(port_bytes)?;
         let image = device.port_image();
@@ -994,8 +1159,13 @@ impl Communicator {
             table.count = table.count.max(index as u32 + 1);
         }
         let ports = self.device.alloc_zeroed::<u8>(std::mem::size_of::<PortTable>())?;
-        // SAFETY: the table buffer, whole.
-        unsafe { self.device.write_raw(ports.as_raw(), bytes_of(&table))? };
+        let ctl = self.device.alloc_zeroed::<u8>(std::mem::size_of::<EngineCtl>())?;
+        tracing::debug!(
+            "rank {rank}: IBGDA engine set-up: tables allocated ({port_bytes} bytes of port tables, {} ports) in {} ms",
+            table.count,
+            t0.elapsed().as_millis()
+        );
+        let (function, status) = engine_image(&self.device, rank)?;
         let sys_scope = self.device.is_gpu() && !self.same_gpu;
         let cfg = EngineCtl::new(
             ports.as_raw() as *const PortTable,
@@ -1003,20 +1173,19 @@ impl Communicator {
             fabric.config(),
             sys_scope,
             fabric.now_ns(),
+            status.dev as *mut u32,
         );
-        let ctl = self.device.alloc_zeroed::<u8>(std::mem::size_of::<EngineCtl>())?;
-        // SAFETY: the control block, whole.
-        unsafe { self.device.write_raw(ctl.as_raw(), bytes_of(&cfg))? };
-
+        // SAFETY: the table buffer and the control block, whole.
+        unsafe {
+            self.device.write_raw(ports.as_raw(), bytes_of(&table))?;
+            self.device.write_raw(ctl.as_raw(), bytes_of(&cfg))?;
+        }
+        tracing::debug!(
+            "rank {rank}: IBGDA engine set-up: tables copied to the device in {} ms",
+            t0.elapsed().as_millis()
+        );
         let threads = opts.engine_threads.unwrap_or(if self.device.is_gpu() { 256 } else { 32 });
-        let module = self.device.load_module(SOFTNIC_PTX)?;
-        let f = module.function::<softnic_engine>()?;
-        let stream = self.device.new_stream_untracked()?;
-        let cfg_launch = LaunchConfig::linear(1, threads).with_shared_mem(SHARED_BYTES);
-        // SAFETY: the control block names this port's tables, the fabric's
-        // port table and (through them) rings and regions that stay
-        // allocated until the engine reports that it exited (teardown).
-        unsafe { stream.launch(&f, cfg_launch, (ctl.as_raw() as *mut EngineCtl,))? };
+        let stream = self.device.inner.new_stream_untracked()?;
         let engine = KernelEngine {
             stream: Some(stream),
             ctl,
@@ -1024,31 +1193,55 @@ impl Communicator {
             _port: port,
             device: self.device.clone(),
             threads,
+            status,
         };
-        if !engine.wait_state(STATE_RUNNING) {
-            let mut engine = engine;
-            let launch = engine.stream.take().map(|s| s.synchronize());
-            std::mem::forget(engine);
-            return Err(Error::comm(format!(
-                "rank {}: the soft NIC's engine kernel did not start within {} s ({}); a persistent kernel needs a free SM: \
-                 leave room for it beside kernels that occupy every SM",
-                self.rank,
+
+        // No rank launches before every rank is done loading and allocating.
+        self.world.barrier()?;
+        let launched = std::time::Instant::now();
+        // SAFETY: `function` is the engine's entry point (`softnic_engine`,
+        // one pointer argument); the control block names this port's
+        // tables, the fabric's port table and (through them) rings and
+        // regions that stay allocated until the engine reports that it
+        // exited (teardown), and its state word, which is never freed.
+        unsafe {
+            engine.stream.as_ref().expect("set above").launch::<softnic_engine>(
+                &function,
+                (1, 1, 1),
+                (threads, 1, 1),
+                SHARED_BYTES,
+                (engine.ctl.as_raw() as *mut EngineCtl,),
+            )?
+        };
+        tracing::debug!(
+            "rank {rank}: IBGDA engine set-up: engine kernel launched (one block of {threads} threads, {SHARED_BYTES} bytes of shared memory)"
+        );
+        if let Err(seen) = engine.wait_state(STATE_RUNNING) {
+            let msg = format!(
+                "rank {rank}: the soft NIC's engine kernel did not start within {} s (its state word reads {seen}: {}); \
+                 a persistent kernel needs a free SM: leave room for it beside kernels that occupy every SM",
                 ENGINE_WAIT.as_secs(),
-                match launch {
-                    Some(Err(e)) => e.to_string(),
-                    _ => "no launch error".to_string(),
-                }
-            )));
+                state_name(seen)
+            );
+            tracing::error!("{msg}");
+            // Should it start later, it exits at once; its memory and
+            // stream stay allocated (leaked), as it may still run.
+            let _ = engine.request_stop();
+            std::mem::forget(engine);
+            return Err(Error::comm(msg));
         }
-        device.set_resident(Some(std::sync::Arc::new(DevicePort {
+        tracing::debug!(
+            "rank {rank}: IBGDA engine set-up: engine kernel started {} ms after its launch",
+            launched.elapsed().as_millis()
+        );
+        device.set_resident(Some(Arc::new(DevicePort {
             device: self.device.clone(),
             port: engine._port.as_raw(),
             ctl: engine.ctl.as_raw(),
             lid: device.lid(),
         })));
         tracing::info!(
-            "rank {}: soft NIC engine kernel running: port {}, one block of {threads} threads, fences at {} scope",
-            self.rank,
+            "rank {rank}: soft NIC engine kernel running: port {}, one block of {threads} threads, fences at {} scope",
             device.port_index(),
             if sys_scope { "sys" } else { "gpu" }
         );
@@ -1060,21 +1253,21 @@ impl Drop for IbgdaState {
     fn drop(&mut self) {
         // The engine first: nothing polls the rings while they go away.
         match self.engine.take() {
-            Some(Engine::Kernel(mut k)) => {
-                if k.stop() {
-                    self.device.set_resident(None);
-                } else {
+            Some(Engine::Kernel(k)) => match k.stop(self.handle.rank as usize) {
+                Ok(()) => self.device.set_resident(None),
+                Err((k, why)) => {
                     // It may still touch its tables, the rings and the
                     // scratch: keep them (and the stream) allocated.
                     tracing::error!(
-                        "soft NIC engine kernel of port LID {} did not stop within {} s; its memory is leaked",
+                        "rank {}: soft NIC engine kernel of port LID {} did not stop within {} s ({why}); its memory is leaked",
+                        self.handle.rank,
                         self.device.lid(),
                         ENGINE_WAIT.as_secs()
                     );
                     std::mem::forget(k);
                     std::mem::forget(self.memory.take());
                 }
-            }
+            },
             Some(Engine::Thread(t)) => drop(t),
             None => {}
         }

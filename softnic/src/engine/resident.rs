@@ -32,6 +32,23 @@
 //! barrier, which thread 0 visits at least every [`HEARTBEAT_NS`] (the CPU
 //! emulator fails barriers that wait too long). A pass is bounded: it
 //! executes what is due and returns.
+//!
+//! ## The barrier
+//! Thread 0 and the other threads meet at *different* barrier instructions
+//! (thread 0 in [`BlockMover::round`], the others in [`serve`]), and warp 0
+//! is split between them. `bar.sync` is `barrier.sync.aligned`, which
+//! PTX allows only where every thread of the block executes the same
+//! instruction (undefined behaviour otherwise: the CPU emulator cannot
+//! show it, a GPU may hang). The engine therefore uses the non-aligned
+//! `barrier.sync 0` ([`block_barrier`]), which may be reached from
+//! divergent code.
+//!
+//! ## Start and stop, as the host sees them
+//! The engine stores its state ([`STATE_RUNNING`], [`STATE_EXITED`]) into
+//! its control block and, when [`EngineCtl::host_state`] is set, into that
+//! word of mapped host memory too, so the host waits for it by reading
+//! its own memory — a bounded loop that makes no driver call, which a
+//! driver call blocked behind a running kernel would turn into a hang.
 
 use doorbell_kernels::ptx;
 
@@ -91,13 +108,24 @@ pub struct EngineCtl {
     pub thread_copies: u64,
     /// Engine: bytes moved by block copies.
     pub block_bytes: u64,
+    /// Engine → host: a copy of [`Self::state`] in memory the host reads
+    /// without a driver call (mapped pinned host memory on a GPU; stored
+    /// with `st.release.sys`); null: none.
+    pub host_state: *mut u32,
 }
 
 const _: () = assert!(core::mem::size_of::<EngineCtl>() % 8 == 0);
 
 impl EngineCtl {
     /// A control block for `port` of `table`.
-    pub const fn new(table: *const PortTable, port: u32, cfg: EngineConfig, sys_scope: bool, clock_base_ns: u64) -> EngineCtl {
+    pub const fn new(
+        table: *const PortTable,
+        port: u32,
+        cfg: EngineConfig,
+        sys_scope: bool,
+        clock_base_ns: u64,
+        host_state: *mut u32,
+    ) -> EngineCtl {
         EngineCtl {
             stop: 0,
             state: STATE_LAUNCHED,
@@ -112,8 +140,44 @@ impl EngineCtl {
             block_copies: 0,
             thread_copies: 0,
             block_bytes: 0,
+            host_state,
         }
     }
+}
+
+/// Publishes the engine's state: `st.release.sys` into the control block
+/// and into [`EngineCtl::host_state`] when set. Pairs with the host's
+/// acquire read of either; release, so the host that sees
+/// [`STATE_EXITED`] also sees the counters stored before it.
+///
+/// # Safety
+/// `ctl` is valid; its `host_state`, when non-null, is a valid word.
+#[inline(always)]
+unsafe fn publish_state(ctl: *mut EngineCtl, state: u32) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        ptx::st_release_sys_u32(&raw mut (*ctl).state, state);
+        let h = core::ptr::read_volatile(&raw const (*ctl).host_state);
+        if !h.is_null() {
+            ptx::st_release_sys_u32(h, state);
+        }
+    }
+}
+
+/// The engine's block barrier: `barrier.sync 0`, the non-aligned form,
+/// because thread 0 and the other threads reach it from different code
+/// (see the module docs). Also orders the block's shared and global
+/// memory accesses (CTA scope), as `bar.sync` does. Called by every thread
+/// of the block, from any code path.
+#[inline(always)]
+fn block_barrier() {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: a barrier; it orders memory, so no `nomem`.
+    unsafe {
+        core::arch::asm!("barrier.sync 0;", options(nostack))
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    ptx::sync_threads();
 }
 
 /// [`Job::kind`]: nothing to copy (a heartbeat).
@@ -170,7 +234,7 @@ impl BlockMover {
         // SAFETY: the job slot is this block's shared memory; the others
         // read it only between the two barriers of a round.
         unsafe { core::ptr::write_volatile(self.job, job) };
-        ptx::sync_threads();
+        block_barrier();
         if job.kind == JOB_EXIT {
             return;
         }
@@ -186,7 +250,7 @@ impl BlockMover {
                 )
             };
         }
-        ptx::sync_threads();
+        block_barrier();
         self.last_barrier_ns = ptx::globaltimer_ns();
     }
 }
@@ -234,7 +298,7 @@ impl Mover for BlockMover {
 /// `job` is the block's job slot; thread 0 runs [`control`].
 unsafe fn serve(job: *const Job, part: usize, parts: usize) {
     loop {
-        ptx::sync_threads();
+        block_barrier();
         // SAFETY: written by thread 0 before the barrier above.
         let j = unsafe { core::ptr::read_volatile(job) };
         match j.kind {
@@ -246,7 +310,7 @@ unsafe fn serve(job: *const Job, part: usize, parts: usize) {
             }
             _ => {}
         }
-        ptx::sync_threads();
+        block_barrier();
     }
 }
 
@@ -279,7 +343,7 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
     // engine fields are written by this thread only, the host's fields read
     // with acquire where they change.
     unsafe {
-        ptx::st_release_sys_u32(&raw mut (*ctl).state, STATE_RUNNING);
+        publish_state(ctl, STATE_RUNNING);
         let t0 = ptx::globaltimer_ns();
         let base = core::ptr::read_volatile(&raw const (*ctl).clock_base_ns);
         let port = core::ptr::read_volatile(&raw const (*ctl).port) as usize;
@@ -346,7 +410,7 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
             src: 0,
             len: 0,
         });
-        ptx::st_release_sys_u32(&raw mut (*ctl).state, STATE_EXITED);
+        publish_state(ctl, STATE_EXITED);
     }
 }
 
