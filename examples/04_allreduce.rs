@@ -39,7 +39,7 @@ use doorbell::coll::{Algo, AllReduce, AllReduceOptions, Bf16, DType, Elem, Plan,
 use doorbell::comm::{CommOptions, Communicator};
 use doorbell::{DeviceBuffer, ForTransport, LaunchConfig};
 use doorbell_example_kernels::allreduce::{
-    fused_grad_allreduce, fused_grad_allreduce_wide, grad, produce_grad, COMPUTE_GEMV, COMPUTE_HASH,
+    fused_grad_allreduce, fused_grad_allreduce_wide, fused_grad_allreduce_wide2, grad, produce_grad, COMPUTE_GEMV, COMPUTE_HASH,
 };
 use doorbell_examples::cli::{ranged, DeviceArgs};
 use doorbell_examples::plot::{write_chart, Chart, Series};
@@ -48,6 +48,7 @@ use doorbell_kernels::transport::{Ibgda, P2p, Routed};
 
 type FusedKernel = <fused_grad_allreduce as ForTransport<P2p>>::Kernel;
 type FusedWide = <fused_grad_allreduce_wide as ForTransport<P2p>>::Kernel;
+type FusedWide2 = <fused_grad_allreduce_wide2 as ForTransport<P2p>>::Kernel;
 type FusedIbgda = <fused_grad_allreduce as ForTransport<Ibgda>>::Kernel;
 type FusedRouted = <fused_grad_allreduce as ForTransport<Routed>>::Kernel;
 
@@ -613,15 +614,24 @@ fn bench_size(
     let plan = |o: AllReduceOptions, n: usize| Plan::new(ranks, n, dtype, &o, gpu, sms, per_gpu, true);
     // Rings of the largest chunks can outgrow a GPU shared by many ranks:
     // keep each fused variant's buffers under RING_BUDGET per rank.
-    // Fused variants: per chunk, blocks of 256 threads (the kernel's full
-    // register budget) and, with a producer on a GPU, 512 (the
-    // launch-bounded kernel: twice the warps, some registers spilled).
-    let widths: &[u32] = if gpu && args.compute != Compute::None { &[256, 512] } else { &[0] };
-    let mut variants: Vec<(u64, u32)> = chunks.iter().flat_map(|&c| widths.iter().map(move |&w| (c, w))).collect();
-    variants.retain(|&(c, w)| plan(fused_opts(c, w), count).is_ok_and(|p| p.heap_bytes() <= RING_BUDGET / per_gpu.max(1) as u64));
+    // Fused variants: per chunk, the kernel's width — blocks of 256 threads
+    // (its full register budget), and with a producer on a GPU the
+    // launch-bounded kernels: one block of 512 per SM (128 registers), two
+    // (64 registers, more spilled): more warps for the producer.
+    let widths: &[Width] = if gpu && args.compute != Compute::None {
+        &[Width::Full, Width::Wide, Width::Wide2]
+    } else {
+        &[Width::Default]
+    };
+    let share = sms / per_gpu.max(1);
+    let mut variants: Vec<(u64, Width, AllReduceOptions)> = chunks
+        .iter()
+        .flat_map(|&c| widths.iter().map(move |&w| (c, w, fused_opts(c, w, share))))
+        .collect();
+    variants.retain(|(_, _, o)| plan(o.clone(), count).is_ok_and(|p| p.heap_bytes() <= RING_BUDGET / per_gpu.max(1) as u64));
     let mut heap = 1 << 20;
-    for &(c, w) in &variants {
-        heap += plan(fused_opts(c, w), count)?.heap_bytes();
+    for (_, _, o) in &variants {
+        heap += plan(o.clone(), count)?.heap_bytes();
     }
     heap += plan(AllReduceOptions::default(), count)?.heap_bytes();
     let per_chunk = (base_chunk / dtype.size()).max(1) as usize;
@@ -638,12 +648,43 @@ fn bench_size(
     Ok(per_rank.into_iter().next().unwrap_or_default())
 }
 
-/// A fused variant's plan: `threads` per block (0: the default).
-fn fused_opts(chunk: u64, threads: u32) -> AllReduceOptions {
+/// Which fused kernel, and its grid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Width {
+    /// The plan's defaults (the emulator; no producer).
+    Default,
+    /// `fused_grad_allreduce`, 256 threads, one block per SM.
+    Full,
+    /// `fused_grad_allreduce_wide`, 512 threads, one block per SM.
+    Wide,
+    /// `fused_grad_allreduce_wide2`, 512 threads, two blocks per SM.
+    Wide2,
+}
+
+impl Width {
+    fn label(self) -> &'static str {
+        match self {
+            Width::Default => "",
+            Width::Full => "/256",
+            Width::Wide => "/512",
+            Width::Wide2 => "/512x2",
+        }
+    }
+}
+
+/// A fused variant's plan; `share` is the rank's SMs.
+fn fused_opts(chunk: u64, width: Width, share: usize) -> AllReduceOptions {
+    let (threads, blocks) = match width {
+        Width::Default => (None, None),
+        Width::Full => (Some(256), None),
+        Width::Wide => (Some(512), None),
+        Width::Wide2 => (Some(512), Some(2 * share.max(1) as u32)),
+    };
     AllReduceOptions {
         chunk_bytes: Some(chunk),
         fused: true,
-        threads: (threads != 0).then_some(threads),
+        threads,
+        blocks,
         ..Default::default()
     }
 }
@@ -666,7 +707,7 @@ fn bench_rank<T: Elem>(
     comm: &Communicator,
     args: &Args,
     count: usize,
-    variants: &[(u64, u32)],
+    variants: &[(u64, Width, AllReduceOptions)],
     per_chunk: usize,
     nccl: Option<&nccl::Nccl>,
 ) -> Result<Vec<Row>, BoxError> {
@@ -678,6 +719,7 @@ fn bench_rank<T: Elem>(
     let module = dev.load_module(USER_KERNELS_PTX)?;
     let fused_fn = module.function::<FusedKernel>()?;
     let wide_fn = module.function::<FusedWide>()?;
+    let wide2_fn = module.function::<FusedWide2>()?;
     let produce_fn = module.function::<produce_grad>()?;
     let dtype = T::DTYPE;
     let bytes = count as u64 * dtype.size();
@@ -793,8 +835,8 @@ fn bench_rank<T: Elem>(
     };
     let out_raw = out.as_raw();
     // (a) fused, per chunk size and block width.
-    for &(c, width) in variants {
-        let ar = AllReduce::with_options(comm, count, dtype, &fused_opts(c, width))?;
+    for &(c, width, ref o) in variants {
+        let ar = AllReduce::with_options(comm, count, dtype, o)?;
         let mut run = || -> doorbell::Result<()> {
             if compute == 0 {
                 // SAFETY: both hold `count` elements of the dtype.
@@ -807,19 +849,15 @@ fn bench_rank<T: Elem>(
                 // SAFETY: arguments from fused_args for this world; the
                 // wide kernel for the plan of 512 threads.
                 unsafe {
-                    if width == 512 {
-                        stream.launch(&wide_fn, cfg, (comm.p2p(), a, compute, step))
-                    } else {
-                        stream.launch(&fused_fn, cfg, (comm.p2p(), a, compute, step))
+                    match width {
+                        Width::Wide => stream.launch(&wide_fn, cfg, (comm.p2p(), a, compute, step)),
+                        Width::Wide2 => stream.launch(&wide2_fn, cfg, (comm.p2p(), a, compute, step)),
+                        _ => stream.launch(&fused_fn, cfg, (comm.p2p(), a, compute, step)),
                     }
                 }
             }
         };
-        let label = if width == 0 {
-            ar.algo().name().to_string()
-        } else {
-            format!("{}/{width}", ar.algo().name())
-        };
+        let label = format!("{}{}", ar.algo().name(), width.label());
         measure("fused", c, &label, Some(&out), &mut run)?;
     }
     // (b) CPU-driven: one producer launch and one all-reduce launch per chunk.

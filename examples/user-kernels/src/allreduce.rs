@@ -71,7 +71,17 @@ pub unsafe fn fused_grad_allreduce_wide<T: Transport>(t: T, ar: AllReduceArgs, c
     unsafe { fused_grad(&t, &ar, compute, step) }
 }
 
-/// The body of both: the producer closure handed to `fused`.
+/// [`fused_grad_allreduce`] for two blocks of 512 threads per SM
+/// (`launch_bounds`: 64 registers, the rest spilled): the producer's warps
+/// of a plain kernel, the communication code spilling. Plan it with
+/// `threads = Some(512)` and two blocks per SM.
+#[kernel(transports(P2p), launch_bounds(threads = 512, min_blocks = 2))]
+pub unsafe fn fused_grad_allreduce_wide2<T: Transport>(t: T, ar: AllReduceArgs, compute: u32, step: u32) {
+    // SAFETY: the kernel's contract.
+    unsafe { fused_grad(&t, &ar, compute, step) }
+}
+
+/// The body of the three: the producer closure handed to `fused`.
 #[inline(always)]
 unsafe fn fused_grad<T: Transport>(t: &T, ar: &AllReduceArgs, compute: u32, step: u32) {
     let rank = t.rank();
