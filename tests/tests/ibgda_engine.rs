@@ -69,6 +69,8 @@ impl<'c> Guarded<'c> {
 /// The ring (put, signal-add, wait, barrier, get) on `ranks` ranks over the
 /// kernel engine, with messages large enough for block copies.
 fn ring_with_kernel_engine(dev_backend: Backend, ranks: usize, bytes: usize) {
+    // `DOORBELL_LOG=debug` shows each set-up step (run with --nocapture).
+    let _ = doorbell::init_logging();
     let io = kernel_engine(64, 64 << 10);
     let reports = Communicator::local(ranks, dev_backend, opts(dev_backend, Duration::from_secs(20)), |comm| {
         let dev = comm.device();
@@ -145,6 +147,7 @@ fn the_engine_kernel_runs_the_ring_with_block_copies_and_writes_nothing_else() {
 /// or the signal written, canaries intact; after a reset the same call
 /// delivers.
 fn forced_error_with_kernel_engine(backend: Backend) {
+    let _ = doorbell::init_logging();
     const BYTES: usize = 64 << 10;
     Communicator::local(2, backend, opts(backend, Duration::from_secs(20)), |comm| {
         let dev = comm.device();

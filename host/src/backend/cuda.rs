@@ -324,6 +324,11 @@ impl Device {
         }
         self.bind()?;
         let src = CString::new(ptx).map_err(|_| Error::PtxNotBuilt)?;
+        tracing::debug!(
+            "GPU {}: loading a module of {} bytes of PTX (the driver compiles it the first time: seconds per MB)",
+            self.ordinal(),
+            ptx.len()
+        );
         let t0 = std::time::Instant::now();
         // SAFETY: NUL-terminated PTX text; context bound.
         let module = unsafe { result::module::load_data(src.as_ptr() as *const _) }.call("cuModuleLoadData")?;

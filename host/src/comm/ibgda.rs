@@ -44,7 +44,7 @@
 //!   16-byte vectors, smaller ones by thread 0. Payload goes over the same
 //!   mappings as P2P (same-GPU pointers, peer access between GPUs); the
 //!   engine fences at `gpu` scope when every rank shares one GPU, else at
-//!   `sys`. **Cost**: one SM per rank (the block uses 231 registers per
+//!   `sys`. **Cost**: one SM per rank (the block uses 232 registers per
 //!   thread, so its SM holds little else) — a kernel that sizes an
 //!   all-resident grid by the SM count must leave those SMs free, or it
 //!   and the engine wait for each other. The fabric then sends new
