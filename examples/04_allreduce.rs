@@ -329,7 +329,7 @@ fn check_rank<T: Elem>(comm: &Communicator, args: &Args, elems: usize, opts: &Al
     let me = comm.rank();
     let ranks = comm.world_size();
     let compute = args.compute_code();
-    let module = dev.load_module(USER_KERNELS_PTX)?;
+    let module = comm.load_module(USER_KERNELS_PTX)?;
     let mut out = dev.alloc_zeroed::<T>(elems)?;
     let mut result = RankResult {
         rank: me,
@@ -716,7 +716,7 @@ fn bench_rank<T: Elem>(
     let me = comm.rank();
     let ranks = comm.world_size();
     let compute = args.compute_code();
-    let module = dev.load_module(USER_KERNELS_PTX)?;
+    let module = comm.load_module(USER_KERNELS_PTX)?;
     let fused_fn = module.function::<FusedKernel>()?;
     let wide_fn = module.function::<FusedWide>()?;
     let wide2_fn = module.function::<FusedWide2>()?;

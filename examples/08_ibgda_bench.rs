@@ -172,7 +172,7 @@ fn run(a: &IbgdaBenchArgs) -> Result<(), BoxError> {
 /// One rank's part; rank 0 returns the report.
 fn bench(comm: &Communicator, a: &IbgdaBenchArgs, max: u64, rtt_iters: u32, io: &IbgdaOptions) -> Result<Option<Report>, BoxError> {
     let dev = comm.device();
-    let m = dev.load_module(USER_KERNELS_PTX)?;
+    let m = comm.load_module(USER_KERNELS_PTX)?;
     let me = comm.rank();
     let p2p = comm.p2p();
     let ib = comm.ibgda_with(io)?;

@@ -48,11 +48,10 @@ extern crate self as doorbell_kernels;
 
 pub use doorbell_macros::{descriptor, kernel};
 
-// The collectives are the library's only kernel entry points; a PTX module
-// that uses this crate only for its primitives (the soft NIC's engine)
-// leaves them out with `no-library-kernels`, so the driver's JIT of that
-// module does not compile them.
-#[cfg(not(feature = "no-library-kernels"))]
+// The collectives hold the library's only kernel entry points
+// (`allreduce_*`); a PTX module of another crate leaves the entries out with
+// `no-library-kernels` (the collectives' code stays, for fused kernels), so
+// the driver's JIT of that module does not compile them.
 pub mod coll;
 pub mod heap;
 pub mod layout;

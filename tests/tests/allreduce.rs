@@ -273,7 +273,7 @@ fn fused_all_reduce_with_producers() {
                     },
                 )?;
                 let dev = comm.device();
-                let module = dev.load_module(doorbell_examples::USER_KERNELS_PTX)?;
+                let module = comm.load_module(doorbell_examples::USER_KERNELS_PTX)?;
                 let f = module.function::<Fused>()?;
                 let s = dev.new_stream()?;
                 for step in 0..3u32 {
@@ -350,7 +350,7 @@ fn one_set_of_arguments_replays_launch_after_launch() {
                     },
                 )?;
                 let dev = comm.device();
-                let module = dev.load_module(doorbell_examples::USER_KERNELS_PTX)?;
+                let module = comm.load_module(doorbell_examples::USER_KERNELS_PTX)?;
                 let f = module.function::<Fused>()?;
                 let s = dev.new_stream()?;
                 let mut out = dev.alloc_zeroed::<f32>(elems)?;
@@ -604,7 +604,7 @@ fn fused_over(comm: &Communicator, base: &AllReduceOptions, elems: usize, dtype:
     )?;
     assert_eq!(ar.transport(), base.transport);
     let dev = comm.device();
-    let module = dev.load_module(doorbell_examples::USER_KERNELS_PTX)?;
+    let module = comm.load_module(doorbell_examples::USER_KERNELS_PTX)?;
     let s = dev.new_stream()?;
     let ranks = comm.world_size();
     for step in 0..2u32 {

@@ -711,6 +711,7 @@ unsafe fn run_algo<T: Transport, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, mut 
 /// with the grid `args.blocks` (the host's `AllReduce::run` does). Only
 /// the P2P entry is `hot`: the IBGDA and routed entries (WQE building, two
 /// handles) keep 4 bytes in local memory, as ptxas reports.
+#[cfg(not(feature = "no-library-kernels"))]
 #[kernel(hot(P2p), transports(P2p, Ibgda, Routed))]
 pub unsafe fn allreduce<T: Transport>(t: T, args: AllReduceArgs) {
     // SAFETY: the host made `args` for this world (launch contract).

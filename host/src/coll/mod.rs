@@ -124,12 +124,12 @@ pub const DEFAULT_PIPELINE_CHUNK_BYTES: u64 = 64 << 10;
 /// Default stages per pipeline ring.
 pub const DEFAULT_STAGES: u32 = 4;
 
-/// Most blocks per rank when several ranks share a GPU. One block per SM
-/// split over the ranks' kernels (3 ranks x 44 blocks on 132 SMs) stalled
-/// the fused all-reduce tests on an H200 until their waits ran out, while
-/// the grids of up to 32 blocks per rank (3 x 32, 8 x 16) complete; why a
-/// grid that fits did not is not understood yet, so shared GPUs keep to
-/// those.
+/// Most blocks per rank when several ranks share a GPU: the grids run there
+/// with every test passing (3 ranks x 32, 8 x 16 blocks on 132 SMs). One
+/// block per SM split over the ranks (3 x 44) failed its fused tests in one
+/// run, where the likelier cause was the driver's first-load compile of the
+/// module outlasting the peers' waits (see `Communicator::load_module`);
+/// the cap stays until a run shows the full share works.
 pub const MAX_BLOCKS_SHARED_GPU: u32 = 32;
 
 /// The device transport a collective's kernel runs over.

@@ -515,6 +515,17 @@ impl Communicator {
         Ok(buf)
     }
 
+    /// Loads `ptx` on this rank's device, then waits until every rank has
+    /// loaded it (collective). The driver compiles PTX at its first load —
+    /// tens of seconds for a large module — and a kernel that waits on its
+    /// peers must not start while a peer is still compiling, or its bounded
+    /// waits run out: load modules of communicating kernels through this.
+    pub fn load_module(&self, ptx: &str) -> Result<crate::Module> {
+        let m = self.device.load_module(ptx)?;
+        self.world.barrier()?;
+        Ok(m)
+    }
+
     /// Host-side barrier across ranks. A rank that saw a device error and
     /// then completes a barrier with every other rank has handled it: its
     /// drop waits for the others again instead of aborting the world.
