@@ -2,7 +2,10 @@
 // downstream project builds its own kernels: doorbell's build helper as a
 // build-dependency, the PTX embedded with include_str!.
 fn main() {
-    if let Err(e) = doorbell::build::PtxBuilder::new("user-kernels").feature("no-library-kernels").build() {
+    if let Err(e) = doorbell::build::PtxBuilder::new("user-kernels")
+        .feature("no-library-kernels")
+        .build()
+    {
         panic!("{e}");
     }
 }

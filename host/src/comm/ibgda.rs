@@ -91,10 +91,10 @@ use doorbell_softnic::{
 };
 
 use super::{Communicator, PeerRoute};
+use crate::backend::{FunctionBackend, StreamBackend};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::memory::DeviceBuffer;
-use crate::backend::{FunctionBackend, StreamBackend};
 
 /// The soft NIC's engine kernel (`softnic_engine`), built from
 /// `doorbell-softnic` into a PTX of its own: the soft NIC is a device, not
@@ -1099,11 +1099,7 @@ impl Communicator {
             opts.link,
             engine_kind
         );
-        tracing::debug!(
-            "rank {}: IBGDA set-up done in {} ms",
-            self.rank,
-            t_setup.elapsed().as_millis()
-        );
+        tracing::debug!("rank {}: IBGDA set-up done in {} ms", self.rank, t_setup.elapsed().as_millis());
         Ok(IbgdaState {
             engine: Some(engine),
             qps,
