@@ -42,6 +42,7 @@ use doorbell_example_kernels::allreduce::{
     fused_grad_allreduce, fused_grad_allreduce_wide, fused_grad_allreduce_wide2, grad, produce_grad, COMPUTE_GEMV, COMPUTE_HASH,
 };
 use doorbell_examples::cli::{ranged, DeviceArgs};
+use doorbell_examples::nccl;
 use doorbell_examples::plot::{write_chart, Chart, Series};
 use doorbell_examples::{die, main_with, BoxError, USER_KERNELS_PTX};
 use doorbell_kernels::transport::{Ibgda, P2p, Routed};
@@ -453,10 +454,10 @@ fn bench(args: &Args, backend: doorbell::Backend, opts: CommOptions, topo: (bool
             "{per_gpu} ranks share a GPU; NCCL needs one GPU per rank (use --spread with as many GPUs as ranks)"
         ))
     } else {
-        nccl::Nccl::load()
+        nccl::library()
     };
     match &nccl {
-        Ok(n) => notes.push(format!("NCCL {} from {}", n.version(), n.path)),
+        Ok(n) => notes.push(format!("NCCL {} from {}", n.version, n.path)),
         Err(e) => notes.push(format!("NCCL column skipped: {e}")),
     }
     for n in &notes {
@@ -495,7 +496,7 @@ fn bench(args: &Args, backend: doorbell::Backend, opts: CommOptions, topo: (bool
     );
     for &bytes in &sizes {
         let count = (bytes / esz) as usize;
-        let size_rows = bench_size(args, backend, &opts, topo, count, nccl.as_ref().ok())?;
+        let size_rows = bench_size(args, backend, &opts, topo, count, nccl.is_ok())?;
         let cell = |v: &str| {
             size_rows
                 .iter()
@@ -597,7 +598,7 @@ fn bench_size(
     opts: &CommOptions,
     topo: (bool, usize, usize, usize),
     count: usize,
-    nccl: Option<&nccl::Nccl>,
+    nccl: bool,
 ) -> Result<Vec<Row>, BoxError> {
     let (gpu, sms, per_gpu, _) = topo;
     let ranks = args.ranks as usize;
@@ -709,7 +710,7 @@ fn bench_rank<T: Elem>(
     count: usize,
     variants: &[(u64, Width, AllReduceOptions)],
     per_chunk: usize,
-    nccl: Option<&nccl::Nccl>,
+    nccl: bool,
 ) -> Result<Vec<Row>, BoxError> {
     let dev = comm.device();
     let stream = dev.new_stream()?;
@@ -908,158 +909,20 @@ fn bench_rank<T: Elem>(
         measure("unfused", 0, ar.algo().name(), Some(&out), &mut run)?;
     }
     // (d) NCCL on the same buffers and stream, after the same producer.
-    if let Some(n) = nccl {
-        let id = if me == 0 { n.unique_id()? } else { [0u8; 128] };
-        let ids = comm.world().all_gather_bytes(&id)?;
-        let id: [u8; 128] = ids[0][..128].try_into().map_err(|_| "bad NCCL id")?;
-        if let Some(ctx) = dev.as_cuda() {
-            ctx.bind_to_thread().map_err(|e| format!("binding the CUDA context: {e:?}"))?;
-        }
-        let ncomm = n.init(ranks, &id, me)?;
-        let cu_stream = stream
-            .as_cuda()
-            .map(|s| s.cu_stream() as *mut std::ffi::c_void)
-            .ok_or("no CUDA stream")?;
+    if nccl {
+        let ncomm = nccl::Comm::new(comm, &stream)?;
         let r = {
             let mut run = || -> doorbell::Result<()> {
                 if compute != 0 {
                     produce(work.as_raw(), 0, count as u64)?;
                 }
-                n.all_reduce(src, out_raw, count, dtype, &ncomm, cu_stream)
-                    .map_err(|e| doorbell::Error::Comm(format!("ncclAllReduce: {e}")))
+                ncomm.all_reduce(src, out_raw, count, dtype, &stream)
             };
             measure("nccl", 0, "nccl", Some(&out), &mut run)
         };
-        n.destroy(ncomm);
+        // ncclCommDestroy, measured or not.
+        drop(ncomm);
         r?;
     }
     Ok(if me == 0 { rows } else { Vec::new() })
-}
-
-/// `ncclAllReduce` and what it needs, loaded from `libnccl.so.2` at run
-/// time. (cudarc 0.19's `nccl` feature looks for `libnccl.so` and
-/// `libnccl.so.<CUDA major>`, not for the runtime's `libnccl.so.2`, so the
-/// few calls are bound here.)
-mod nccl {
-    use std::ffi::{c_char, c_int, c_void};
-
-    use doorbell::coll::DType;
-
-    #[repr(C)]
-    #[derive(Clone, Copy)]
-    struct UniqueId([u8; 128]);
-
-    type GetUniqueId = unsafe extern "C" fn(*mut UniqueId) -> c_int;
-    type CommInitRank = unsafe extern "C" fn(*mut *mut c_void, c_int, UniqueId, c_int) -> c_int;
-    type AllReduce = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, *mut c_void, *mut c_void) -> c_int;
-    type CommDestroy = unsafe extern "C" fn(*mut c_void) -> c_int;
-    type GetErrorString = unsafe extern "C" fn(c_int) -> *const c_char;
-    type GetVersion = unsafe extern "C" fn(*mut c_int) -> c_int;
-
-    /// ncclFloat32, ncclBfloat16, ncclSum.
-    const NCCL_FLOAT32: c_int = 7;
-    const NCCL_BFLOAT16: c_int = 9;
-    const NCCL_SUM: c_int = 0;
-
-    pub struct Nccl {
-        _lib: libloading::Library,
-        pub path: &'static str,
-        get_unique_id: GetUniqueId,
-        comm_init_rank: CommInitRank,
-        all_reduce: AllReduce,
-        comm_destroy: CommDestroy,
-        error_string: GetErrorString,
-        get_version: GetVersion,
-    }
-
-    /// A communicator of one rank (destroy it with [`Nccl::destroy`]).
-    pub struct Comm(*mut c_void);
-
-    impl Nccl {
-        pub fn load() -> Result<Nccl, String> {
-            let mut last = String::new();
-            for path in ["libnccl.so.2", "libnccl.so"] {
-                // SAFETY: loading NCCL runs no code of ours; its initializers
-                // are the library's own.
-                match unsafe { libloading::Library::new(path) } {
-                    Ok(lib) => {
-                        // SAFETY: the symbols have the C signatures of nccl.h.
-                        unsafe {
-                            let sym = |name: &[u8]| lib.get::<*const c_void>(name).map(|s| *s).map_err(|e| format!("{path}: {e}"));
-                            let n = Nccl {
-                                get_unique_id: std::mem::transmute::<*const c_void, GetUniqueId>(sym(b"ncclGetUniqueId\0")?),
-                                comm_init_rank: std::mem::transmute::<*const c_void, CommInitRank>(sym(b"ncclCommInitRank\0")?),
-                                all_reduce: std::mem::transmute::<*const c_void, AllReduce>(sym(b"ncclAllReduce\0")?),
-                                comm_destroy: std::mem::transmute::<*const c_void, CommDestroy>(sym(b"ncclCommDestroy\0")?),
-                                error_string: std::mem::transmute::<*const c_void, GetErrorString>(sym(b"ncclGetErrorString\0")?),
-                                get_version: std::mem::transmute::<*const c_void, GetVersion>(sym(b"ncclGetVersion\0")?),
-                                _lib: lib,
-                                path,
-                            };
-                            return Ok(n);
-                        }
-                    }
-                    Err(e) => last = e.to_string(),
-                }
-            }
-            Err(format!("libnccl.so.2 does not load here ({last})"))
-        }
-
-        fn check(&self, what: &str, r: c_int) -> Result<(), String> {
-            if r == 0 {
-                return Ok(());
-            }
-            // SAFETY: returns a static string for any code.
-            let msg = unsafe { std::ffi::CStr::from_ptr((self.error_string)(r)) };
-            Err(format!("{what} failed: {} ({r})", msg.to_string_lossy()))
-        }
-
-        pub fn version(&self) -> String {
-            let mut v = 0;
-            // SAFETY: writes one int.
-            unsafe { (self.get_version)(&mut v) };
-            format!("{}.{}.{}", v / 10000, v / 100 % 100, v % 100)
-        }
-
-        pub fn unique_id(&self) -> Result<[u8; 128], String> {
-            let mut id = UniqueId([0; 128]);
-            // SAFETY: writes the 128-byte id.
-            self.check("ncclGetUniqueId", unsafe { (self.get_unique_id)(&mut id) })?;
-            Ok(id.0)
-        }
-
-        /// Collective over the ranks (each thread calls it, with the
-        /// CUDA context of its GPU current).
-        pub fn init(&self, ranks: usize, id: &[u8; 128], rank: usize) -> Result<Comm, String> {
-            let mut comm = std::ptr::null_mut();
-            // SAFETY: out-pointer and a by-value id.
-            self.check("ncclCommInitRank", unsafe {
-                (self.comm_init_rank)(&mut comm, ranks as c_int, UniqueId(*id), rank as c_int)
-            })?;
-            Ok(Comm(comm))
-        }
-
-        /// Enqueues a sum all-reduce of `count` elements on `stream`.
-        pub fn all_reduce(&self, src: u64, dst: u64, count: usize, dtype: DType, comm: &Comm, stream: *mut c_void) -> Result<(), String> {
-            let t = match dtype {
-                DType::F32 => NCCL_FLOAT32,
-                DType::Bf16 => NCCL_BFLOAT16,
-            };
-            // SAFETY: device buffers of `count` elements on this rank's GPU
-            // (the caller's), a live communicator and stream.
-            self.check("ncclAllReduce", unsafe {
-                (self.all_reduce)(src as *const c_void, dst as *mut c_void, count, t, NCCL_SUM, comm.0, stream)
-            })
-        }
-
-        pub fn destroy(&self, comm: Comm) {
-            // SAFETY: a communicator from `init`, destroyed once.
-            unsafe { (self.comm_destroy)(comm.0) };
-        }
-    }
-
-    // SAFETY: function pointers and a library handle, usable from any thread.
-    unsafe impl Sync for Nccl {}
-    // SAFETY: as above.
-    unsafe impl Send for Nccl {}
 }
