@@ -1,6 +1,7 @@
-//! trybuild UI tests of `#[descriptor]`: every rejected layout reports an
-//! error on the offending token (pinned in the .stderr next to each case),
-//! and accepted layouts compile and encode as documented.
+//! trybuild UI tests of `#[descriptor]` and `#[kernel]`: every rejected
+//! layout or kernel option reports an error on the offending token (pinned
+//! in the .stderr next to each case), and accepted layouts compile and
+//! encode as documented.
 //!
 //! After an intended change to a message: `TRYBUILD=overwrite cargo test -p
 //! doorbell-macros --test ui`, then review the .stderr diff.
@@ -10,4 +11,10 @@ fn descriptor_ui() {
     let t = trybuild::TestCases::new();
     t.compile_fail("tests/ui/descriptor/fail/*.rs");
     t.pass("tests/ui/descriptor/pass/*.rs");
+}
+
+#[test]
+fn kernel_ui() {
+    let t = trybuild::TestCases::new();
+    t.compile_fail("tests/ui/kernel/fail/*.rs");
 }

@@ -12,8 +12,8 @@ use std::time::Duration;
 use doorbell::coll::reference::{allreduce_sum, first_mismatch};
 use doorbell::coll::{Algo, AllReduce, AllReduceOptions, Bf16, DType, Elem, TransportKind};
 use doorbell::comm::{CommOptions, Communicator, RdmaPeers};
-use doorbell::{Backend, Error, ForTransport, LaunchConfig};
-use doorbell_example_kernels::allreduce::{fused_grad_allreduce, grad, COMPUTE_GEMV, COMPUTE_HASH};
+use doorbell::{Backend, Error, ForTransport, Kernel, LaunchConfig};
+use doorbell_example_kernels::allreduce::{fused_grad_allreduce, fused_grad_allreduce_wide, grad, COMPUTE_GEMV, COMPUTE_HASH};
 use doorbell_kernels::pipeline::RingSet;
 use doorbell_kernels::transport::{Ibgda, P2p, Routed};
 use doorbell_test_kernels::pipeline::ring_credits;
@@ -523,6 +523,71 @@ fn bad_arguments_are_clear_errors() {
     match r {
         Err(e) => assert!(e.to_string().contains("1..=8"), "{e}"),
         Ok(_) => panic!("9 ranks accepted"),
+    }
+}
+
+/// `#[kernel(launch_bounds(threads = 512))]`: a block of 1024 threads (the
+/// device's limit, so only the bound refuses it) is an `InvalidLaunch`
+/// naming the bound, refused before anything runs (the output stays zero);
+/// the planned 512 threads run and sum.
+#[test]
+fn launch_bounds_refuse_a_larger_block() {
+    type Wide = <fused_grad_allreduce_wide as ForTransport<P2p>>::Kernel;
+    assert_eq!(Wide::MAX_THREADS, 512);
+    assert_eq!(<fused_grad_allreduce as ForTransport<P2p>>::Kernel::MAX_THREADS, 0, "no bound");
+    let elems = 1000;
+    for backend in backends() {
+        Communicator::local(1, backend, opts(), |comm| {
+            let ar = AllReduce::with_options(
+                comm,
+                elems,
+                DType::F32,
+                &AllReduceOptions {
+                    algo: Some(Algo::Copy),
+                    threads: Some(512),
+                    blocks: Some(1),
+                    fused: true,
+                    ..Default::default()
+                },
+            )?;
+            let dev = comm.device();
+            let module = comm.load_module(doorbell_examples::USER_KERNELS_PTX)?;
+            let f = module.function::<Wide>()?;
+            let s = dev.new_stream()?;
+            let mut out = dev.alloc_zeroed::<f32>(elems)?;
+            let (args, cfg) = ar.fused_args(&s, &mut out)?.expect("elements");
+            assert_eq!(cfg.block, (512, 1, 1), "the plan's block");
+            let too_big = LaunchConfig {
+                block: (1024, 1, 1),
+                ..cfg
+            };
+            // SAFETY: the arguments are fused_args' for this world and
+            // output; the launch is refused before it runs anyway.
+            match unsafe { s.launch(&f, too_big, (comm.p2p(), args, COMPUTE_HASH, 0)) } {
+                Err(Error::InvalidLaunch { kernel, reason }) => {
+                    assert_eq!(kernel, "fused_grad_allreduce_wide_p2p");
+                    assert!(
+                        reason.contains("1024 threads") && reason.contains("launch_bounds(threads = 512)"),
+                        "the reason names the block and the bound: {reason}"
+                    );
+                }
+                other => panic!("{backend:?}: a block of 1024 threads was not refused: {other:?}"),
+            }
+            comm.synchronize(&s)?;
+            assert!(out.to_host()?.iter().all(|&x| x == 0.0), "{backend:?}: the refused launch ran");
+            // SAFETY: as above.
+            unsafe { s.launch(&f, cfg, (comm.p2p(), args, COMPUTE_HASH, 0))? };
+            comm.synchronize(&s)?;
+            let want = allreduce_sum(&[(0..elems).map(|i| grad(COMPUTE_HASH, 0, i as u64, 0)).collect::<Vec<f32>>()]);
+            let got: Vec<u32> = out.to_host()?.iter().map(|x| x.to_bits()).collect();
+            assert_eq!(
+                got,
+                want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                "{backend:?}: 512 threads"
+            );
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("{backend:?}: {e}"));
     }
 }
 

@@ -16,12 +16,20 @@ fn modules() -> Vec<(&'static str, &'static str)> {
 }
 
 fn find_ptxas() -> PathBuf {
+    try_find_ptxas().unwrap_or_else(|| {
+        panic!("ptxas not found: run scripts/setup.sh (it installs the PyPI wheel nvidia-cuda-nvcc-cu12), or set DOORBELL_PTXAS")
+    })
+}
+
+/// `DOORBELL_PTXAS`, `ptxas` on the `PATH`, or the one in the
+/// `nvidia-cuda-nvcc-cu12` wheel.
+fn try_find_ptxas() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("DOORBELL_PTXAS") {
-        return PathBuf::from(p);
+        return Some(PathBuf::from(p));
     }
     if let Ok(out) = Command::new("ptxas").arg("--version").output() {
         if out.status.success() {
-            return PathBuf::from("ptxas");
+            return Some(PathBuf::from("ptxas"));
         }
     }
     for py in ["python3", "python"] {
@@ -32,11 +40,11 @@ fn find_ptxas() -> PathBuf {
             let base = String::from_utf8_lossy(&out.stdout).trim().to_string();
             let cand = PathBuf::from(base).join("cuda_nvcc/bin/ptxas");
             if cand.exists() {
-                return cand;
+                return Some(cand);
             }
         }
     }
-    panic!("ptxas not found: run scripts/setup.sh (it installs the PyPI wheel nvidia-cuda-nvcc-cu12), or set DOORBELL_PTXAS");
+    None
 }
 
 /// Per entry function: (name, spill store bytes, spill load bytes, stack bytes).
@@ -225,4 +233,439 @@ fn expected_instruction_spelling() {
     assert_eq!(expected_instruction("atom_add_acq_rel_sys_u64"), "atom.acq_rel.sys.add.u64");
     assert_eq!(expected_instruction("atom_cas_relaxed_cta_u32"), "atom.relaxed.cta.cas.b32");
     assert_eq!(expected_instruction("atom_exch_release_gpu_u64"), "atom.release.gpu.exch.b64");
+}
+
+/// The `.maxntid` and `.minnctapersm` directives of `entry`: what sits
+/// between its parameter list and its body.
+fn entry_directives(ptx: &str, entry: &str) -> (Option<String>, Option<String>) {
+    let body = entry_body(ptx, entry);
+    let head = &body[..body.find("\n{").unwrap_or_else(|| panic!("{entry} has no body"))];
+    let directive = |name: &str| {
+        head.lines()
+            .map(str::trim)
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_string())
+    };
+    (directive(".maxntid"), directive(".minnctapersm"))
+}
+
+/// `#[kernel(launch_bounds(threads = 512, min_blocks = M))]` reaches the
+/// examples' PTX as the entry's directives; the unbounded entry of the same
+/// body has none.
+#[test]
+fn launch_bounds_are_written_into_the_examples_ptx() {
+    let ptx = doorbell_examples::USER_KERNELS_PTX;
+    if !doorbell::ptx_is_built(ptx) {
+        let skipped = std::env::var("DOORBELL_SKIP_PTX").is_ok_and(|v| v == "1");
+        assert!(skipped, "the examples' PTX was not built (and DOORBELL_SKIP_PTX=1 is not set)");
+        eprintln!("PTX not built (DOORBELL_SKIP_PTX=1): skipped");
+        return;
+    }
+    let some = |s: &str| Some(s.to_string());
+    assert_eq!(
+        entry_directives(ptx, "fused_grad_allreduce_wide_p2p"),
+        (some("512, 1, 1"), some("1")),
+        "fused_grad_allreduce_wide_p2p: launch_bounds(threads = 512, min_blocks = 1)"
+    );
+    assert_eq!(
+        entry_directives(ptx, "fused_grad_allreduce_wide2_p2p"),
+        (some("512, 1, 1"), some("2")),
+        "fused_grad_allreduce_wide2_p2p: launch_bounds(threads = 512, min_blocks = 2)"
+    );
+    assert_eq!(
+        entry_directives(ptx, "fused_grad_allreduce_p2p"),
+        (None, None),
+        "fused_grad_allreduce_p2p has no launch_bounds"
+    );
+    // Only the two bounded entries carry directives.
+    assert_eq!(ptx.matches(".maxntid").count(), 2, "entries with .maxntid");
+    assert_eq!(ptx.matches(".minnctapersm").count(), 2, "entries with .minnctapersm");
+}
+
+/// ptxas keeps the bounded entries within what `min_blocks` blocks of 512
+/// threads per SM allow (65 536 registers per SM): 128 registers a thread
+/// for one block, 64 for two.
+#[test]
+fn launch_bounds_cap_the_registers_ptxas_allocates() {
+    let ptx = doorbell_examples::USER_KERNELS_PTX;
+    if !doorbell::ptx_is_built(ptx) {
+        let skipped = std::env::var("DOORBELL_SKIP_PTX").is_ok_and(|v| v == "1");
+        assert!(skipped, "the examples' PTX was not built (and DOORBELL_SKIP_PTX=1 is not set)");
+        eprintln!("PTX not built (DOORBELL_SKIP_PTX=1): skipped");
+        return;
+    }
+    let Some(ptxas) = try_find_ptxas() else {
+        eprintln!("ptxas not found (scripts/setup.sh installs it, or set DOORBELL_PTXAS): register check skipped");
+        return;
+    };
+    let limits = [("fused_grad_allreduce_wide_p2p", 128), ("fused_grad_allreduce_wide2_p2p", 64)];
+    let dir = std::env::temp_dir().join(format!("doorbell-ptxas-bounds-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join("examples.ptx");
+    std::fs::write(&src, ptx).unwrap();
+    // Only these entries (and what they call): the whole module takes ptxas
+    // most of a minute.
+    let names: Vec<&str> = limits.iter().map(|(e, _)| *e).collect();
+    let out = Command::new(ptxas)
+        .args(["-arch=sm_90", "-v", "-e", &names.join(","), "-o"])
+        .arg(dir.join("out.cubin"))
+        .arg(&src)
+        .output()
+        .expect("run ptxas");
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "ptxas rejected the examples' PTX:\n{text}");
+    // "Compiling entry function 'E'" ... "Used N registers" (the entry's
+    // count covers the device functions it calls).
+    let mut used: Vec<(String, u32)> = Vec::new();
+    let mut current: Option<String> = None;
+    for line in text.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            current = Some(rest.split('\'').next().unwrap().to_string());
+        } else if let Some(rest) = line.split("Used ").nth(1).filter(|r| r.contains(" registers")) {
+            let n = rest.split_whitespace().next().unwrap().parse().unwrap();
+            if let Some(e) = current.take() {
+                used.push((e, n));
+            }
+        }
+    }
+    for (entry, limit) in limits {
+        let &(_, n) = used
+            .iter()
+            .find(|(e, _)| e == entry)
+            .unwrap_or_else(|| panic!("ptxas reported no register count for {entry}:\n{text}"));
+        assert!(n <= limit, "{entry} uses {n} registers; its launch bounds allow {limit}");
+    }
+}
+
+/// Every function defined in a PTX module (`.entry` and `.func`), by name:
+/// its body, from `{` to the closing `}`.
+fn functions(ptx: &str) -> Vec<(&str, &str)> {
+    let mut out = Vec::new();
+    let mut rest = ptx;
+    while let Some(at) = ["\n.func ", "\n.visible .func ", "\n.weak .func ", "\n.visible .entry ", "\n.entry "]
+        .iter()
+        .filter_map(|h| rest.find(h).map(|i| (i, h.len())))
+        .min()
+    {
+        let head = rest[at.0 + at.1..].trim_start();
+        // Skip a return value list: `.func (.param .b32 func_retval0) name(`.
+        let head = match head.strip_prefix('(') {
+            Some(h) => h[h.find(')').unwrap() + 1..].trim_start(),
+            None => head,
+        };
+        let name_len = head
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '$'))
+            .unwrap_or(head.len());
+        let name = &head[..name_len];
+        rest = &head[name_len..];
+        // A declaration ends in `;` before any body.
+        let next_head = rest
+            .find("\n.func ")
+            .unwrap_or(rest.len())
+            .min(rest.find("\n.visible ").unwrap_or(rest.len()));
+        match rest.find("\n{\n") {
+            Some(open) if open < next_head => {
+                let body = &rest[open..];
+                let end = body.find("\n}\n").map_or(body.len(), |e| e + 3);
+                out.push((name, &body[..end]));
+                rest = &body[end - 1..];
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The functions a body calls by name.
+fn callees(body: &str) -> Vec<&str> {
+    body.lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("call"))
+        .filter_map(|l| {
+            let args = l.split_once(char::is_whitespace)?.1.trim_start();
+            // `call.uni (retval0), name, (params);` or `call.uni name, (params);`
+            let args = match args.strip_prefix('(') {
+                Some(a) => a.split_once("),")?.1.trim_start(),
+                None => args,
+            };
+            let name = args.split(|c: char| c == ',' || c == ';' || c.is_whitespace()).next()?;
+            (!name.starts_with('%')).then_some(name)
+        })
+        .collect()
+}
+
+/// `entry` and every function it reaches through calls: the code a launch
+/// of it runs.
+fn reachable<'a>(ptx: &'a str, entry: &str) -> Vec<(&'a str, &'a str)> {
+    let all = functions(ptx);
+    let mut seen: Vec<(&str, &str)> = Vec::new();
+    let mut todo = vec![entry.to_string()];
+    while let Some(name) = todo.pop() {
+        if seen.iter().any(|(n, _)| *n == name) {
+            continue;
+        }
+        let Some(&(n, body)) = all.iter().find(|(n, _)| *n == name) else {
+            assert_ne!(name, entry, "no entry {entry} in the module");
+            continue; // declared only (none today), nothing to inspect
+        };
+        seen.push((n, body));
+        todo.extend(callees(body).into_iter().map(str::to_string));
+    }
+    seen
+}
+
+/// The instruction lines of a body: no labels, comments, braces or
+/// declarations.
+fn instructions(body: &str) -> Vec<&str> {
+    body.lines()
+        .map(|l| l.trim().trim_end_matches(';').trim())
+        .filter(|l| !l.is_empty() && !l.starts_with("//") && !l.starts_with('.') && !l.starts_with('$'))
+        .filter(|l| !l.starts_with('{') && !l.starts_with('}'))
+        .collect()
+}
+
+/// The operands of an instruction (`op a, [b], {c, d}` → `a`, `[b]`, `{c, d}`).
+fn operands(ins: &str) -> Vec<String> {
+    let Some((_, rest)) = ins.split_once(char::is_whitespace) else {
+        return Vec::new();
+    };
+    let (mut out, mut cur, mut depth) = (Vec::new(), String::new(), 0);
+    for c in rest.chars() {
+        match c {
+            '{' | '[' => depth += 1,
+            '}' | ']' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(cur.trim().to_string());
+                cur.clear();
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(c);
+    }
+    out.push(cur.trim().to_string());
+    out
+}
+
+/// A PTX integer literal: `60`, `0x123U`.
+fn int(s: &str) -> Option<i64> {
+    let s = s.trim_end_matches('U');
+    match s.strip_prefix("0x") {
+        Some(h) => i64::from_str_radix(h, 16).ok(),
+        None => s.parse().ok(),
+    }
+}
+
+/// Address operands resolved to (base register, byte offset) through the
+/// `add.s64 r, base, constant` lines of one body, so that patterns compare
+/// registers by name, never by number.
+struct Addrs {
+    adds: Vec<(String, String, i64)>,
+}
+
+impl Addrs {
+    fn of(body: &[&str]) -> Addrs {
+        let adds = body
+            .iter()
+            .filter(|l| l.starts_with("add.s64"))
+            .filter_map(|l| {
+                let ops = operands(l);
+                Some((ops[0].clone(), ops[1].clone(), int(&ops[2])?))
+            })
+            .collect();
+        Addrs { adds }
+    }
+
+    /// Every (base, offset) an address operand `[r]` / `[r+k]` may be.
+    fn resolve(&self, operand: &str) -> Vec<(String, i64)> {
+        let inner = operand.trim_start_matches('[').trim_end_matches(']');
+        let (reg, k) = match inner.split_once('+') {
+            Some((r, k)) => (r.trim(), int(k.trim()).unwrap_or(0)),
+            None => (inner.trim(), 0),
+        };
+        let mut v = vec![(reg.to_string(), k)];
+        v.extend(self.adds.iter().filter(|(d, _, _)| d == reg).map(|(_, b, o)| (b.clone(), o + k)));
+        v
+    }
+}
+
+/// What the IBGDA send and completion paths compile to (see
+/// `gpu-kernels/src/mlx5/{wqe,queue,cq}.rs`), each found by its shape:
+#[derive(Debug, Default, PartialEq)]
+struct IbgdaPath {
+    /// `store_wqe`: a 64-byte WQE as four 16-byte stores (`st.v4.u32`, or
+    /// `st.global.v4`) at +0 (the control segment: opcode, WQE index, QPN,
+    /// DS count, signaled flag), +16, +32, +48 of one send-queue slot. Data
+    /// copies store 16-byte vectors too, but strided by a register, never
+    /// at those four constant offsets of one base.
+    wqe: bool,
+    /// `update_doorbell_record`: `st.release.sys.u32` of a byte-reversed
+    /// (`prmt.b32 r, x, 0, 0x0123`: big-endian) counter. Also the CQ's
+    /// consumer-index record.
+    doorbell_record: bool,
+    /// `ring_doorbell`: right after a doorbell record, `fence.sc.sys` then
+    /// the 8-byte `st.relaxed.sys.u64` to the UAR, no memory operation in
+    /// between.
+    ring: bool,
+    /// `progress` / `poll_cq`: `ld.acquire.sys.u32` of a CQE's last word
+    /// (+60: `op_own`, the owner bit), then `ld.v4.u32` of the rest of the
+    /// same CQE (+32, +48) — read only after the acquire.
+    cq_poll: bool,
+}
+
+/// Memory and ordering instructions (not parameter or local-memory traffic).
+fn is_memory(l: &str) -> bool {
+    let op = l.split_whitespace().next().unwrap_or("");
+    (op.starts_with("ld.")
+        || op.starts_with("st.")
+        || op.starts_with("atom.")
+        || op.starts_with("red.")
+        || op.starts_with("fence.")
+        || op.starts_with("membar"))
+        && !op.contains(".param")
+        && !op.contains(".local")
+}
+
+fn ibgda_path(body: &str) -> IbgdaPath {
+    let ins = instructions(body);
+    let addrs = Addrs::of(&ins);
+    let mut found = IbgdaPath::default();
+
+    // WQE: stores at +0, +16, +32, +48 of one base.
+    let v4_stores: Vec<(String, i64)> = ins
+        .iter()
+        .filter(|l| l.starts_with("st.v4.") || l.starts_with("st.global.v4."))
+        .flat_map(|l| addrs.resolve(&operands(l)[0]))
+        .collect();
+    found.wqe = v4_stores
+        .iter()
+        .filter(|(_, o)| *o == 0)
+        .any(|(b, _)| [16, 32, 48].iter().all(|k| v4_stores.contains(&(b.clone(), *k))));
+
+    // Doorbell record, then fence and doorbell.
+    let bswapped: Vec<String> = ins
+        .iter()
+        .filter(|l| l.starts_with("prmt.b32"))
+        .map(|l| operands(l))
+        .filter(|o| o.len() == 4 && int(&o[3]) == Some(0x0123))
+        .map(|o| o[0].clone())
+        .collect();
+    let mem: Vec<&str> = ins.iter().copied().filter(|l| is_memory(l)).collect();
+    for (i, l) in mem.iter().enumerate() {
+        if l.starts_with("st.release.sys.u32") && bswapped.contains(&operands(l)[1]) {
+            found.doorbell_record = true;
+            if mem.get(i + 1).is_some_and(|f| f.starts_with("fence.sc.sys"))
+                && mem.get(i + 2).is_some_and(|d| d.starts_with("st.relaxed.sys.u64"))
+            {
+                found.ring = true;
+            }
+        }
+    }
+
+    // CQ poll: acquire of +60, then 16-byte loads of +32 and +48.
+    for (i, l) in ins.iter().enumerate() {
+        if !l.starts_with("ld.acquire.sys.u32") {
+            continue;
+        }
+        for (base, _) in addrs.resolve(&operands(l)[1]).into_iter().filter(|(_, o)| *o == 60) {
+            let later: Vec<(String, i64)> = ins[i + 1..]
+                .iter()
+                .filter(|l| l.starts_with("ld.v4.") || l.starts_with("ld.global.v4."))
+                .flat_map(|l| addrs.resolve(&operands(l)[1]))
+                .collect();
+            if later.contains(&(base.clone(), 32)) && later.contains(&(base, 48)) {
+                found.cq_poll = true;
+            }
+        }
+    }
+    found
+}
+
+/// [`ibgda_path`] over `entry` and everything it calls, with the functions
+/// each part was found in.
+fn ibgda_path_of(ptx: &str, entry: &str) -> (IbgdaPath, Vec<String>) {
+    let mut all = IbgdaPath::default();
+    let mut wher = Vec::new();
+    for (name, body) in reachable(ptx, entry) {
+        let p = ibgda_path(body);
+        if p != IbgdaPath::default() {
+            wher.push(format!("{name}: {p:?}"));
+        }
+        all.wqe |= p.wqe;
+        all.doorbell_record |= p.doorbell_record;
+        all.ring |= p.ring;
+        all.cq_poll |= p.cq_poll;
+    }
+    (all, wher)
+}
+
+/// The user's fused kernel over IBGDA does the networking itself: a launch
+/// of `fused_grad_allreduce_ibgda` writes WQEs, publishes the doorbell
+/// record, rings the doorbell and polls the CQ — no proxy, no other kernel.
+/// The P2P entry of the same body does none of it (stores into peer memory
+/// only), so an IBGDA entry that ran the P2P path would fail here. The
+/// routed entry (P2P or IBGDA per peer) does both.
+///
+/// Where: the producer loop and the all-reduce algorithm are inlined into
+/// the entry; the transport's send path (`Ibgda::post_xfer`, `transfer`,
+/// with the WQE writes, doorbell record and doorbell inlined into them) and
+/// its CQ poll (`Ibgda::progress`, `#[inline(never)]`) are device functions
+/// the entry calls, so the entry and everything it reaches are searched.
+#[test]
+fn fused_ibgda_entry_builds_wqes_rings_and_polls() {
+    let ptx = doorbell_examples::USER_KERNELS_PTX;
+    if !doorbell::ptx_is_built(ptx) {
+        let skipped = std::env::var("DOORBELL_SKIP_PTX").is_ok_and(|v| v == "1");
+        assert!(skipped, "the examples' PTX was not built (and DOORBELL_SKIP_PTX=1 is not set)");
+        eprintln!("PTX not built (DOORBELL_SKIP_PTX=1): skipped");
+        return;
+    }
+    let all = IbgdaPath {
+        wqe: true,
+        doorbell_record: true,
+        ring: true,
+        cq_poll: true,
+    };
+    let (ibgda, wher) = ibgda_path_of(ptx, "fused_grad_allreduce_ibgda");
+    assert_eq!(ibgda, all, "fused_grad_allreduce_ibgda; found in:\n{}", wher.join("\n"));
+    eprintln!("fused_grad_allreduce_ibgda:\n{}", wher.join("\n"));
+    let (routed, wher) = ibgda_path_of(ptx, "fused_grad_allreduce_routed");
+    assert_eq!(routed, all, "fused_grad_allreduce_routed; found in:\n{}", wher.join("\n"));
+    let (p2p, wher) = ibgda_path_of(ptx, "fused_grad_allreduce_p2p");
+    assert_eq!(
+        p2p,
+        IbgdaPath::default(),
+        "fused_grad_allreduce_p2p; found in:\n{}",
+        wher.join("\n")
+    );
+}
+
+/// The patterns on the library's own golden kernels: the mlx5 send path
+/// has the WQE stores, the doorbell record and the doorbell, the CQ poll
+/// the acquire-then-read; each has nothing of the other.
+#[test]
+fn ibgda_patterns_match_the_mlx5_golden_kernels() {
+    let ptx = doorbell_tests::TEST_KERNELS_PTX;
+    if !doorbell::ptx_is_built(ptx) {
+        let skipped = std::env::var("DOORBELL_SKIP_PTX").is_ok_and(|v| v == "1");
+        assert!(skipped, "the test kernels' PTX was not built (and DOORBELL_SKIP_PTX=1 is not set)");
+        eprintln!("PTX not built (DOORBELL_SKIP_PTX=1): skipped");
+        return;
+    }
+    let (post, _) = ibgda_path_of(ptx, "mlx5_post_wqes");
+    assert_eq!(
+        post,
+        IbgdaPath {
+            wqe: true,
+            doorbell_record: true,
+            ring: true,
+            cq_poll: false
+        },
+        "mlx5_post_wqes"
+    );
+    let (poll, _) = ibgda_path_of(ptx, "mlx5_poll_cq");
+    assert!(poll.cq_poll && !poll.wqe && !poll.ring, "mlx5_poll_cq: {poll:?}");
+    let (write, _) = ibgda_path_of(ptx, "mlx5_write_wqes");
+    assert!(write.wqe && !write.ring && !write.cq_poll, "mlx5_write_wqes: {write:?}");
 }
