@@ -103,16 +103,20 @@ fn parse(attr: TokenStream, item: ItemFn) -> syn::Result<KernelModel> {
 fn parse_bounds(l: &syn::MetaList) -> syn::Result<(u32, u32)> {
     let usage = "expected `launch_bounds(threads = N, min_blocks = M)` with N in 1..=1024 and M >= 1";
     let items = Punctuated::<syn::MetaNameValue, Token![,]>::parse_terminated.parse2(l.tokens.clone())?;
-    let (mut threads, mut min_blocks) = (None, 1u32);
+    let (mut threads, mut min_blocks, mut seen_min) = (None, 1u32, false);
     for nv in &items {
         let value = match &nv.value {
             syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(i), .. }) => i.base10_parse::<u32>()?,
             other => return Err(syn::Error::new_spanned(other, usage)),
         };
+        if (nv.path.is_ident("threads") && threads.is_some()) || (nv.path.is_ident("min_blocks") && seen_min) {
+            return Err(syn::Error::new_spanned(nv, "this `launch_bounds` key is given twice"));
+        }
         if nv.path.is_ident("threads") && (1..=1024).contains(&value) {
             threads = Some(value);
         } else if nv.path.is_ident("min_blocks") && value >= 1 {
             min_blocks = value;
+            seen_min = true;
         } else {
             return Err(syn::Error::new_spanned(nv, usage));
         }

@@ -56,7 +56,11 @@ mod kernel;
 /// over `T: Transport` emits entries `name_a`, `name_b` and maps each
 /// transport to its entry through `doorbell_kernels::ForTransport`;
 /// `hot(A)` with `transports(...)` makes only the listed transports'
-/// entries hot.
+/// entries hot; `launch_bounds(threads = N, min_blocks = M)` is CUDA's
+/// `__launch_bounds__(N, M)`: the PTX build writes `.maxntid N, 1, 1` and
+/// `.minnctapersm M` into the entry (ptxas then keeps its registers within
+/// what `M` blocks of `N` threads per SM allow), and a launch with more
+/// than `N` threads per block is refused (`Kernel::MAX_THREADS`).
 #[proc_macro_attribute]
 pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     kernel::expand(attr.into(), item.into()).into()

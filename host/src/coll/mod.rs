@@ -244,7 +244,7 @@ impl Plan {
         }
         if matches!(algo, Algo::OneShot | Algo::TwoShot) && !peer_pointers {
             return Err(invalid(format!(
-                "{} reads peers' memory through peer pointers, and a route of this communicator has none; use the pipelined algorithm",
+                "{} stores into peers' memory through peer pointers, and a route of this communicator has none; use the pipelined algorithm",
                 algo.name()
             )));
         }
@@ -437,7 +437,7 @@ impl<'c> AllReduce<'c> {
                 if matches!(algo, Algo::OneShot | Algo::TwoShot) {
                     if let Some(p) = (0..comm.world_size() as u32).find(|&p| t.is_rdma(p)) {
                         return Err(invalid(format!(
-                            "{} reads peers' memory through peer pointers, and rank {p} is reached through the NIC; use the pipelined algorithm",
+                            "{} stores into peers' memory through peer pointers, and rank {p} is reached through the NIC; use the pipelined algorithm",
                             algo.name()
                         )));
                     }
