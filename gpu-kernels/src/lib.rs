@@ -53,6 +53,7 @@ pub use doorbell_macros::{descriptor, kernel};
 // `no-library-kernels` (the collectives' code stays, for fused kernels), so
 // the driver's JIT of that module does not compile them.
 pub mod coll;
+pub mod copy;
 pub mod heap;
 pub mod layout;
 pub mod mlx5;

@@ -145,56 +145,12 @@ impl P2p {
     }
 }
 
-/// Copies `bytes` with the threads of `g`: 16-byte vectors (four in flight
-/// per thread) when both ends are 16-byte aligned, else 4-byte words, else
-/// bytes; the tail byte by byte.
+/// Copies `bytes` with the threads of `g` ([`crate::copy::copy_bytes`]).
 #[inline(always)]
 unsafe fn copy_coop(g: Coop, dst: *mut u8, src: *const u8, bytes: u64) {
     let (me, n) = g.index_and_size();
-    let align = (dst as u64 | src as u64) & 15;
-    let mut done = 0u64;
-    if align == 0 {
-        let vecs = bytes / 16;
-        let v = |i: u64| (i * 16) as usize;
-        let mut i = me;
-        // Four independent loads before their stores: more bytes in flight
-        // per thread, which a peer link needs to reach its bandwidth.
-        while i + 3 * n < vecs {
-            // SAFETY: in bounds, 16-byte aligned.
-            unsafe {
-                let a = ptx::ld_v4_u32(src.add(v(i)) as *const u32);
-                let b = ptx::ld_v4_u32(src.add(v(i + n)) as *const u32);
-                let c = ptx::ld_v4_u32(src.add(v(i + 2 * n)) as *const u32);
-                let d = ptx::ld_v4_u32(src.add(v(i + 3 * n)) as *const u32);
-                ptx::st_v4_u32(dst.add(v(i)) as *mut u32, a);
-                ptx::st_v4_u32(dst.add(v(i + n)) as *mut u32, b);
-                ptx::st_v4_u32(dst.add(v(i + 2 * n)) as *mut u32, c);
-                ptx::st_v4_u32(dst.add(v(i + 3 * n)) as *mut u32, d);
-            }
-            i += 4 * n;
-        }
-        while i < vecs {
-            // SAFETY: in bounds, 16-byte aligned.
-            unsafe { ptx::st_v4_u32(dst.add(v(i)) as *mut u32, ptx::ld_v4_u32(src.add(v(i)) as *const u32)) };
-            i += n;
-        }
-        done = vecs * 16;
-    } else if align & 3 == 0 {
-        let words = bytes / 4;
-        let mut i = me;
-        while i < words {
-            // SAFETY: in bounds, 4-byte aligned.
-            unsafe { *(dst.add((i * 4) as usize) as *mut u32) = *(src.add((i * 4) as usize) as *const u32) };
-            i += n;
-        }
-        done = words * 4;
-    }
-    let mut i = done + me;
-    while i < bytes {
-        // SAFETY: in bounds.
-        unsafe { *dst.add(i as usize) = *src.add(i as usize) };
-        i += n;
-    }
+    // SAFETY: the caller's contract.
+    unsafe { crate::copy::copy_bytes(dst, src, bytes, me, n) }
 }
 
 impl Checked for P2p {
