@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use doorbell::comm::{CommOptions, Communicator};
 use doorbell::{Backend, LaunchConfig};
-use doorbell_example_kernels::embedding::PAD;
+use doorbell_example_kernels::embedding::{self as emb_k, PAD};
 use doorbell_examples::embedding::{self as emb, Exchange, ExchangeError, Problem, TransportKind};
 
 fn backends() -> Vec<Backend> {
@@ -174,8 +174,9 @@ fn dedup_counts_and_capacity() {
 
 /// The wait budget of the out-of-range test: long, so that a rank left
 /// waiting for a peer that stopped shows up as a slow test, not only as an
-/// error.
-const LONG_WAIT: Duration = Duration::from_secs(60);
+/// error; short enough that such a wait still ends in an error naming its
+/// phase within a minute, rather than the test being killed.
+const LONG_WAIT: Duration = Duration::from_secs(20);
 /// How long a failed step may take, every rank included: far below
 /// `LONG_WAIT` (every rank learns of the error from one exchange of
 /// verdicts, nobody waits out a budget).
@@ -194,15 +195,18 @@ fn out_of_range_ids_fail_fast_on_every_rank_with_nothing_written_then_the_next_s
         };
         let good = emb::generate_ids(&p, 0.0, 7);
         // Rank 1, table 1, sample 2, position 1; in the second case rank 2
-        // too (the lowest failing rank is the one named to the others).
+        // too (the lowest failing rank is the one named to the others); in
+        // the third rank 2 alone, so that a good rank (1) hears a good rank's
+        // (0) verdict from a block other than the one that heard its own.
         let at = (p.batch as usize + 2) * p.pooling as usize + 1;
-        for bad_ranks in [vec![1usize], vec![2, 1]] {
+        for bad_ranks in [vec![1usize], vec![2, 1], vec![2]] {
+            let first_bad = *bad_ranks.iter().min().unwrap() as u32;
             let mut bad = good.clone();
             for &r in &bad_ranks {
                 bad[r][at] = p.rows + r as u32 - 1;
             }
             let err = emb::validate_ids(&p, &bad).unwrap_err();
-            assert!(err.contains("rank 1, table 1, sample 2, position 1"), "{err}");
+            assert!(err.contains(&format!("rank {first_bad}, table 1, sample 2, position 1")), "{err}");
             let cap = (p.lookups() as u32).max(1);
             let init = emb::initial_tables(&p);
             let opts = CommOptions {
@@ -221,6 +225,10 @@ fn out_of_range_ids_fail_fast_on_every_rank_with_nothing_written_then_the_next_s
                 let canary = vec![-7.5f32; p.out_len()];
                 let mut out = dev.alloc_from(&canary)?;
                 let s = dev.new_stream()?;
+                x.set_stamps(true);
+                // Progress on stderr as it happens (`--nocapture`): if a
+                // step stalls, the last line of each rank says where.
+                let note = |what: &str| eprintln!("{backend:?} bad {bad_ranks:?} rank {r}: {what}");
                 // Device-side check (the host check skipped on purpose),
                 // every rank starting together.
                 comm.barrier()?;
@@ -228,21 +236,31 @@ fn out_of_range_ids_fail_fast_on_every_rank_with_nothing_written_then_the_next_s
                 x.forward(&s, &bad_d, &mut out)?;
                 let e = x.finish(&s).err();
                 let took = t0.elapsed();
+                let (fwd, _) = x.stamps()?;
+                let phases: Vec<String> = emb_k::STAMP_FWD
+                    .iter()
+                    .zip(&fwd)
+                    .map(|(n, t)| t.map_or(format!("{n} -"), |t| format!("{n} {:.1}us", t as f64 / 1e3)))
+                    .collect();
+                let why = e.as_ref().map_or("no error".to_string(), |e| e.to_string());
+                note(&format!("failed forward in {took:?} [{}]: {why}", phases.join(", ")));
                 let untouched = out.to_host()? == canary && x.shard()? == shard;
                 // The backward of the failed forward runs nowhere.
                 x.backward(&s, &grad, 0.5)?;
                 let eb = x.finish(&s).err();
+                note("refused backward done");
                 let still = out.to_host()? == canary && x.shard()? == shard;
                 // The protocol is intact: a good step runs and is right.
                 x.forward(&s, &good_d, &mut out)?;
                 x.finish(&s)?;
+                note("next forward done");
                 let next = out.to_host()?;
                 x.backward(&s, &grad, 0.5)?;
                 x.finish(&s)?;
+                note("next backward done");
                 Ok((e, took, untouched, eb, still, next, x.shard()?))
             })
             .unwrap_or_else(|e| panic!("{backend:?}: {e}"));
-            let first_bad = *bad_ranks.iter().min().unwrap() as u32;
             let mut tables = vec![0f32; init.len()];
             for (r, (e, took, untouched, eb, still, next, shard)) in res.iter().enumerate() {
                 let what = format!("{backend:?}, bad ids on ranks {bad_ranks:?}, rank {r}");

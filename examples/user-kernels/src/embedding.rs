@@ -23,7 +23,9 @@
 //! 2. **Vote with the requests**: block `g` sends its owners' lists
 //!    (`owner % blocks == g`) into the owners' symmetric request buffers
 //!    with `put_signal_block`. The signal word is the verdict: `epoch << 33
-//!    | bad << 32 | count`. A rank in error sends no list but its error
+//!    | bad << 32 | count`. A rank in error (an id or capacity error of
+//!    phase 1, or a block whose grid barrier ran out: never an error a
+//!    sibling block recorded after its own vote) sends no list but its error
 //!    report (the status words, 32 bytes) with the bad bit set, so every
 //!    peer can say which rank failed, why, and which id. If the put is
 //!    refused, the bare signal still goes out: a rank never leaves its peers
@@ -546,9 +548,14 @@ pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *con
         // even for an empty list, and even when this rank is in error or its
         // grid barrier ran out (then only this block's owners can be told).
         // One reading per block, shared: the block's threads send alike.
+        // Only phase 1's codes are this rank's verdict: a sibling block
+        // already past its vote may have recorded a peer's error (or a
+        // later failure) by the time a slow block reads the word, and that
+        // block must not pass it on as this rank's own.
         let mut my_err = !routed;
         if tid == 0 {
-            my_err |= status_code(b.status) != STATUS_OK;
+            let code = status_code(b.status);
+            my_err |= code == STATUS_BAD_ID || code == STATUS_CAPACITY;
             if my_err {
                 let own = b.errs.add(n as usize * ERR_WORDS);
                 for w in 0..ERR_WORDS {
