@@ -34,11 +34,13 @@
 //!    all of them are good — warps take the requested rows and `put_warp`
 //!    them straight from the table into the requester's receive buffer
 //!    (`rows_in[owner][u]`), each block then adds 1 to the requester's
-//!    per-owner signal (`rows_sig`) — or some rank is bad, and every rank
-//!    returns at once with nothing written (the blocks still add their 1,
-//!    without waiting, so the counts stay in step for the next launch).
-//!    Every rank sees the same verdicts, so every rank takes the same way.
-//! 4. **Pool** (requester side): once every owner's blocks have signalled,
+//!    per-owner signal (`rows_sig`) — or some rank is bad, and nothing is
+//!    written (the blocks still add their 1). Every rank sees the same
+//!    verdicts, so every rank takes the same way.
+//! 4. **Pool** (requester side): once every owner's blocks have signalled
+//!    — a failed step waits for that too, then returns: an owner block's 1
+//!    comes after it read this epoch's verdicts, so no rank's next forward
+//!    overwrites a verdict signal some block has yet to read —
 //!    one warp per bag sums its rows in bag order (`p = 0, 1, ...`) — the
 //!    same order as a sequential reference, so forward results are
 //!    bit-exact — and writes `out`.
@@ -98,8 +100,9 @@
 //! moves: an id `>= rows` (other than [`PAD`]) or a list past its capacity
 //! makes this rank's verdict bad. Every rank waits for every rank's verdict
 //! (one exchange of signals, the same one that carries the requests), so
-//! every rank learns of an error in the time of one message, and then **no
-//! rank writes any output or table** ([`STATUS_*`](STATUS_OK) in the
+//! every rank learns of an error in the time of one message and ends the
+//! step after one more (every owner block's `rows_sig`); **no rank writes
+//! any output or table** ([`STATUS_*`](STATUS_OK) in the
 //! `status` words say why; [`STATUS_PEER_ERROR`] with the failing rank's
 //! own report on the ranks that only learnt of it), while the protocol
 //! itself completes, so the next step can run. Waits are bounded by
@@ -667,24 +670,29 @@ pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *con
         }
         stamp(b.stamps, 3);
 
-        if verdict == 0 {
-            // 4. Pool, once every block of every owner has sent.
-            let mut waited = 0u32;
+        // Every block of every owner has sent — and so has read every
+        // verdict of this epoch. A failed step waits too: a rank that left
+        // without it could launch its next forward and overwrite its verdict
+        // signal on an owner whose slower block has not read it yet, which
+        // would then vote on the next epoch's verdicts. One more message.
+        let mut waited = 0u32;
+        if tid == 0 {
+            for o in 0..n {
+                if t.wait_until(b.rows_sig.add(o as usize), Cmp::Ge, epoch * blocks as u64).is_err() {
+                    waited = 1;
+                    break;
+                }
+            }
+        }
+        if block_share(waited) != 0 {
             if tid == 0 {
-                for o in 0..n {
-                    if t.wait_until(b.rows_sig.add(o as usize), Cmp::Ge, epoch * blocks as u64).is_err() {
-                        waited = 1;
-                        break;
-                    }
-                }
+                set_status(b.status, STATUS_TIMEOUT, 2, 0, 0, 0);
             }
-            if block_share(waited) != 0 {
-                if tid == 0 {
-                    set_status(b.status, STATUS_TIMEOUT, 2, 0, 0, 0);
-                }
-                return;
-            }
-            stamp(b.stamps, 4);
+            return;
+        }
+        stamp(b.stamps, 4);
+        if verdict == 0 {
+            // 4. Pool.
             let lane = ptx::lane_id() as usize;
             let bags = s.batch * s.tables;
             let mut w = gw;
