@@ -99,7 +99,11 @@ fn ring_with_kernel_engine(dev_backend: Backend, ranks: usize, bytes: usize) {
         );
         // SAFETY: sizes as the ring kernel documents.
         unsafe { s.launch(&m.function::<ring_ibgda>()?, LaunchConfig::linear(1, 64), args)? };
-        comm.synchronize(&s)?;
+        if let Err(e) = comm.synchronize(&s) {
+            // Where the engine stands tells which step stalled.
+            eprintln!("rank {}: {e}; {}", comm.rank(), progress_of(comm));
+            return Err(e);
+        }
         comm.ibgda_check()?;
         assert_eq!(status.to_host()?[0], STATUS_OK, "rank {}", comm.rank());
         let prev = (comm.rank() + ranks - 1) % ranks;
@@ -113,11 +117,32 @@ fn ring_with_kernel_engine(dev_backend: Backend, ranks: usize, bytes: usize) {
         );
         let stats = comm.soft_nic().expect("set up").stats();
         let report = comm.ibgda_engine().expect("set up");
+        // The record is published every few hundred passes: wait for the
+        // one that includes this port's last WQE.
+        let t0 = std::time::Instant::now();
+        let progress = loop {
+            let p = comm.ibgda_progress().expect("set up");
+            if (p.record.wqes >= stats.wqes && p.record.cqes >= stats.cqes) || t0.elapsed() > Duration::from_secs(10) {
+                break p;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
         comm.barrier()?;
-        Ok((report, stats))
+        Ok((report, stats, progress))
     })
     .expect("the world");
-    for (r, (report, stats)) in reports.iter().enumerate() {
+    for (r, (report, stats, progress)) in reports.iter().enumerate() {
+        let p = &progress.record;
+        assert!(p.seq > 0 && p.passes > 0, "rank {r}: no progress record: {progress}");
+        assert!(
+            p.doorbells > 0 && p.last_uar != 0 && p.last_sq_pi != 0,
+            "rank {r}: no doorbell in the record: {progress}"
+        );
+        assert!(
+            p.wqes >= stats.wqes && p.fetched >= p.wqes && p.cqes > 0 && p.errors == 0,
+            "rank {r}: the record's WQE and CQE counts trail the port's ({stats:?}): {progress}"
+        );
+        assert!(progress.to_string().contains(&format!("{} passes", p.passes)), "{progress}");
         assert_eq!(report.engine, SoftNicEngine::Kernel, "rank {r}");
         assert!(report.passes > 0, "rank {r}: the engine made no pass: {report:?}");
         assert!(
@@ -129,6 +154,89 @@ fn ring_with_kernel_engine(dev_backend: Backend, ranks: usize, bytes: usize) {
             "rank {r}: signals are copied by the control thread: {report:?}"
         );
         assert!(stats.wqes > 0 && stats.errors == 0, "rank {r}: port counters {stats:?}");
+    }
+}
+
+/// The engine's progress record as one line, for error paths.
+fn progress_of(comm: &Communicator) -> String {
+    comm.ibgda_progress()
+        .map_or_else(|| "IBGDA not set up".to_string(), |p| p.to_string())
+}
+
+/// Every doorbell dropped and no doorbell-record re-read: the engine sees
+/// the doorbells but fetches nothing, the ring's waits run out of budget,
+/// and the progress record printed with the error says exactly that.
+#[test]
+fn a_stalled_wait_is_explained_by_the_engines_progress_record() {
+    let _ = doorbell::init_logging();
+    let b = Backend::Cpu;
+    let lines = Communicator::local(2, b, opts(b, Duration::from_secs(2)), |comm| {
+        let dev = comm.device();
+        let m = dev.load_module(TEST_KERNELS_PTX)?;
+        let src = comm.alloc::<u8>(4096)?;
+        let dst = comm.alloc::<u8>(4096)?;
+        let got = comm.alloc::<u8>(4096)?;
+        let sig = comm.alloc::<u64>(1)?;
+        let mut status = dev.alloc_zeroed::<u32>(1)?;
+        let t = comm.ibgda_with(&kernel_engine(64, 64 << 10))?;
+        let nic = comm.soft_nic().expect("set up");
+        if comm.rank() == 0 {
+            let mut cfg = nic.fabric().config();
+            cfg.faults.drop_doorbell_every = 1;
+            cfg.dbr_reread_ns = u64::MAX;
+            nic.fabric().try_set_config(cfg).expect("the engine kernel takes the configuration");
+        }
+        comm.barrier()?;
+        // A pass that began before the configuration arrived may still see
+        // a doorbell with the old one: wait for two publications (a pass
+        // that began after it) first.
+        let seq = comm.ibgda_progress().expect("set up").record.seq;
+        let t0 = std::time::Instant::now();
+        while comm.ibgda_progress().expect("set up").record.seq < seq + 2 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "rank {}: the engine stopped publishing",
+                comm.rank()
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        comm.barrier()?;
+        let s = dev.new_stream()?;
+        let args = (
+            t,
+            src.as_mut_ptr(),
+            dst.as_mut_ptr(),
+            got.as_mut_ptr(),
+            4096u64,
+            0u64,
+            sig.as_mut_ptr(),
+            1u64,
+            0u32,
+            status.as_mut_ptr(),
+        );
+        // SAFETY: sizes as the ring kernel documents.
+        unsafe { s.launch(&m.function::<ring_ibgda>()?, LaunchConfig::linear(1, 32), args)? };
+        let err = comm.synchronize(&s).err();
+        // Past the budget the record has had thousands of passes to land.
+        let p = comm.ibgda_progress().expect("set up");
+        let line = format!("{}; {p}", err.map(|e| e.to_string()).unwrap_or_else(|| "no error".to_string()));
+        comm.barrier()?;
+        Ok((line, p))
+    })
+    .expect("the world");
+    for (r, (line, p)) in lines.iter().enumerate() {
+        assert!(!line.starts_with("no error"), "rank {r}: the stalled ring finished: {line}");
+        let rec = &p.record;
+        assert!(rec.passes > 0 && rec.doorbells > 0, "rank {r}: {line}");
+        assert!(rec.fetched == 0 && rec.wqes == 0 && rec.cqes == 0, "rank {r}: {line}");
+        assert!(
+            line.contains(&format!(
+                "engine port {}: {} passes, doorbell record 0 (last UAR {:#x}), {} doorbells",
+                p.port, rec.passes, rec.last_uar, rec.doorbells
+            )),
+            "rank {r}: {line}"
+        );
+        assert!(line.contains("0 WQEs fetched") && rec.last_uar != 0, "rank {r}: {line}");
     }
 }
 
@@ -181,7 +289,7 @@ fn forced_error_with_kernel_engine(backend: Backend) {
         );
         // SAFETY: symmetric dst/sig, src of BYTES, two code words.
         unsafe { s.launch(&f, LaunchConfig::linear(1, 64), args)? };
-        let err = comm.synchronize(&s).err().map(|e| e.to_string());
+        let err = comm.synchronize(&s).err().map(|e| format!("{e}; {}", progress_of(comm)));
         let check = comm.ibgda_check().err().map(|e| e.to_string());
         comm.barrier()?;
         if comm.rank() == 0 {
@@ -225,7 +333,10 @@ fn forced_error_with_kernel_engine(backend: Backend) {
         );
         // SAFETY: as above.
         unsafe { s.launch(&f, LaunchConfig::linear(1, 64), args)? };
-        comm.synchronize(&s)?;
+        if let Err(e) = comm.synchronize(&s) {
+            eprintln!("rank {}: {e}; {}", comm.rank(), progress_of(comm));
+            return Err(e);
+        }
         comm.barrier()?;
         assert_eq!(codes.to_host()?[0], 0, "rank {} after reset", comm.rank());
         if comm.rank() == 1 {

@@ -62,7 +62,12 @@
 //! Each step logs at `DOORBELL_LOG=debug` (rings allocated, QPs connected,
 //! engine tables allocated and copied, module loaded, engine launched and
 //! started, stop requested, engine stopped, with times), so a run that
-//! stops somewhere shows where.
+//! stops somewhere shows where. Set-up checks that the engine's port table
+//! and the kernels' QP table name the same SQ, doorbell record, UAR word
+//! and CQ for every QP (and logs them). A running kernel engine publishes
+//! an `EngineProgress` record into mapped host memory; a watch thread
+//! logs it every few seconds ([`IbgdaProgress`] says how to read it), and
+//! teardown and [`Communicator::ibgda_progress`] report it.
 //!
 //! Teardown (the communicator's drop or [`Communicator::ibgda_reset`]):
 //! the host sets the engine's stop word, waits (20 s at most) for it to
@@ -81,8 +86,8 @@ use doorbell_kernels::transport::ibgda::{IbgdaQp, QpState, RegRegion, MAX_BATCH,
 use doorbell_kernels::transport::routed::ROUTE_WORDS;
 use doorbell_kernels::transport::{Ibgda, Routed};
 use doorbell_kernels::Kernel;
-use doorbell_softnic::engine::resident::{EngineCtl, SHARED_BYTES, STATE_EXITED, STATE_LAUNCHED, STATE_RUNNING};
-use doorbell_softnic::engine::{access, cqe, EngineConfig, LinkModel, MrEntry, Port, PortTable, MAX_PORTS};
+use doorbell_softnic::engine::resident::{EngineCtl, EngineProgress, SHARED_BYTES, STATE_EXITED, STATE_LAUNCHED, STATE_RUNNING};
+use doorbell_softnic::engine::{access, cqe, EngineConfig, LinkModel, MrEntry, Port, PortStats, PortTable, MAX_PORTS};
 use doorbell_softnic::host::ResidentPort;
 use doorbell_softnic::kernel::softnic_engine;
 use doorbell_softnic::{
@@ -365,8 +370,159 @@ struct KernelEngine {
     _port: DeviceBuffer<u8>,
     device: Device,
     threads: u32,
-    /// Its state word in mapped host memory.
+    /// Its state word and progress record in mapped host memory.
     status: StatusSlot,
+    /// Its port (index in the fabric).
+    port: u32,
+    /// Logs its progress record while it runs.
+    watch: Option<Watch>,
+}
+
+/// How often the watch logs an engine's progress record (at debug level,
+/// and at warn when the engine stopped passing).
+const WATCH_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A host thread that reads an engine's progress record (mapped host
+/// memory: no driver call, so it reports while a user kernel or a driver
+/// call is stuck) and logs it every [`WATCH_EVERY`]. Stopped on drop.
+struct Watch {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watch {
+    fn start(rank: usize, port: u32, record: *const EngineProgress, state: *const u32) -> Watch {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let (record, state) = (record as usize, state as usize);
+        let handle = std::thread::Builder::new()
+            .name(format!("softnic-watch-{port}"))
+            .spawn(move || {
+                let mut last_passes = 0u64;
+                let mut next = std::time::Instant::now() + WATCH_EVERY;
+                while !flag.load(Ordering::Acquire) {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                    if std::time::Instant::now() < next {
+                        continue;
+                    }
+                    next += WATCH_EVERY;
+                    // SAFETY: a record and a word of an engine image's pages,
+                    // which are never freed.
+                    let (p, st) = unsafe {
+                        (
+                            std::ptr::read_volatile(record as *const EngineProgress),
+                            std::ptr::read_volatile(state as *const u32),
+                        )
+                    };
+                    let line = IbgdaProgress {
+                        rank,
+                        port,
+                        engine: SoftNicEngine::Kernel,
+                        record: p,
+                    };
+                    if st == STATE_RUNNING && p.passes == last_passes {
+                        tracing::warn!(
+                            "rank {rank}: {line}; no pass for {} s: the engine kernel does not poll (not scheduled, or stuck)",
+                            WATCH_EVERY.as_secs()
+                        );
+                    } else {
+                        tracing::debug!("rank {rank}: {line} (state: {})", state_name(st));
+                    }
+                    last_passes = p.passes;
+                }
+            })
+            .ok();
+        Watch { stop, handle }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// What a soft NIC engine has seen and done, from its progress record:
+/// `Display` gives one line for logs and error messages, e.g.
+/// `engine port 0: 1234567 passes, doorbell record 0 (last UAR 0), 0
+/// doorbells, 0 WQEs fetched, 0 WQEs, 0 CQEs, 0 errors`.
+///
+/// Reading a stalled run: passes that do not grow — the engine does not
+/// poll; passes but no doorbells and doorbell record 0 — the producer's
+/// UAR and doorbell-record stores never reach the engine (visibility or
+/// a wrong address: compare the set-up's address log); doorbells but no
+/// WQEs fetched — the doorbell record or the WQE is not what the engine
+/// expects; WQEs and CQEs written but the user kernel's wait times out —
+/// the kernel's CQ poll does not see the engine's CQE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IbgdaProgress {
+    /// The rank whose engine this is.
+    pub rank: usize,
+    /// Its port (index in the fabric).
+    pub port: u32,
+    /// Where it runs (the host thread has no pass count: 0).
+    pub engine: SoftNicEngine,
+    /// The record.
+    pub record: EngineProgress,
+}
+
+impl IbgdaProgress {
+    /// The record of a host-thread engine, from its port's counters.
+    fn from_stats(rank: usize, port: u32, s: &PortStats) -> IbgdaProgress {
+        IbgdaProgress {
+            rank,
+            port,
+            engine: SoftNicEngine::Thread,
+            record: EngineProgress {
+                seq: 0,
+                passes: 0,
+                time_ns: 0,
+                doorbells: s.doorbells,
+                last_uar: s.last_uar,
+                last_sq_pi: s.last_sq_pi as u64,
+                dbr_rereads: s.dbr_rereads,
+                fetched: s.fetched,
+                executed: s.executed,
+                wqes: s.wqes,
+                cqes: s.cqes,
+                errors: s.errors,
+                flushes: s.flushes,
+                last_qpn: s.last_qpn as u64,
+                last_wqe: s.last_wqe as u64,
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for IbgdaProgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let p = &self.record;
+        write!(f, "engine port {}: ", self.port)?;
+        match self.engine {
+            SoftNicEngine::Kernel if p.seq == 0 => write!(f, "no progress record published yet, ")?,
+            SoftNicEngine::Kernel => write!(f, "{} passes, ", p.passes)?,
+            SoftNicEngine::Thread => write!(f, "host thread, ")?,
+        }
+        write!(
+            f,
+            "doorbell record {} (last UAR {:#x}), {} doorbells, {} re-reads, {} WQEs fetched, {} executed, {} WQEs, {} CQEs, {} errors, {} flushes, last QP {:#x} WQE {}",
+            p.last_sq_pi,
+            p.last_uar,
+            p.doorbells,
+            p.dbr_rereads,
+            p.fetched,
+            p.executed,
+            p.wqes,
+            p.cqes,
+            p.errors,
+            p.flushes,
+            p.last_qpn,
+            p.last_wqe
+        )
+    }
 }
 
 /// How long teardown waits for the engine kernel to stop, and setup for it
@@ -387,6 +543,9 @@ struct EngineImage {
     function: Arc<FunctionBackend>,
     status_host: usize,
     status_dev: u64,
+    /// [`STATUS_SLOTS`] progress records, mapped like the state words.
+    progress_host: usize,
+    progress_dev: u64,
     free: Vec<u32>,
 }
 
@@ -399,9 +558,22 @@ struct StatusSlot {
     slot: u32,
     host: *mut u32,
     dev: u64,
+    /// The engine's progress record (host and device addresses).
+    progress_host: *mut EngineProgress,
+    progress_dev: u64,
 }
 
 impl StatusSlot {
+    /// The engine's progress record as it last published it. Reads this
+    /// process's memory: no driver call, so it works while the engine or
+    /// a user kernel is stuck.
+    fn progress(&self) -> EngineProgress {
+        // SAFETY: a record of the image's page, which is never freed.
+        let v = unsafe { std::ptr::read_volatile(self.progress_host) };
+        std::sync::atomic::fence(Ordering::Acquire);
+        v
+    }
+
     /// The engine's state as it last published it (acquire: pairs with its
     /// `st.release.sys`). Reads this process's memory: no driver call.
     fn read(&self) -> u32 {
@@ -435,6 +607,7 @@ fn engine_image(dev: &Device, rank: usize) -> Result<(Arc<FunctionBackend>, Stat
         let module = dev.inner.load_module(SOFTNIC_PTX)?;
         let function = Arc::new(module.function(<softnic_engine as Kernel>::NAME)?);
         let (host, dev_addr) = dev.inner.alloc_mapped(STATUS_SLOTS * 4)?;
+        let (progress_host, progress_dev) = dev.inner.alloc_mapped(STATUS_SLOTS * std::mem::size_of::<EngineProgress>())?;
         tracing::debug!(
             "rank {rank}: IBGDA: soft NIC engine module loaded on {} ({} bytes of PTX) in {} ms; kept for the process",
             dev.name(),
@@ -447,6 +620,8 @@ fn engine_image(dev: &Device, rank: usize) -> Result<(Arc<FunctionBackend>, Stat
                 function,
                 status_host: host as usize,
                 status_dev: dev_addr,
+                progress_host: progress_host as usize,
+                progress_dev,
                 free: (0..STATUS_SLOTS as u32).rev().collect(),
             },
         );
@@ -463,9 +638,15 @@ fn engine_image(dev: &Device, rank: usize) -> Result<(Arc<FunctionBackend>, Stat
         slot,
         host: (img.status_host + 4 * slot as usize) as *mut u32,
         dev: img.status_dev + 4 * slot as u64,
+        progress_host: (img.progress_host + std::mem::size_of::<EngineProgress>() * slot as usize) as *mut EngineProgress,
+        progress_dev: img.progress_dev + (std::mem::size_of::<EngineProgress>() * slot as usize) as u64,
     };
-    // SAFETY: a word of the page, no engine uses it (it was free).
-    unsafe { std::ptr::write_volatile(s.host, STATE_LAUNCHED) };
+    // SAFETY: a word and a record of the pages, no engine uses them (the
+    // slot was free).
+    unsafe {
+        std::ptr::write_volatile(s.host, STATE_LAUNCHED);
+        std::ptr::write_volatile(s.progress_host, EngineProgress::default());
+    }
     Ok((img.function.clone(), s))
 }
 
@@ -508,8 +689,11 @@ impl KernelEngine {
             return Err((self, format!("setting its stop word failed: {e}")));
         }
         if let Err(seen) = self.wait_state(STATE_EXITED) {
-            return Err((self, format!("its state word still reads {} ({seen})", state_name(seen))));
+            let why = format!("its state word still reads {} ({seen}); {}", state_name(seen), self.progress(rank));
+            return Err((self, why));
         }
+        self.watch = None;
+        tracing::debug!("rank {rank}: IBGDA teardown: {}", self.progress(rank));
         if let Some(s) = self.stream.take() {
             if let Err(e) = s.synchronize() {
                 tracing::error!("rank {rank}: soft NIC engine kernel: {e}");
@@ -522,6 +706,16 @@ impl KernelEngine {
         let KernelEngine { status, .. } = self;
         status.release();
         Ok(())
+    }
+
+    /// The engine's progress record, read from mapped host memory.
+    fn progress(&self, rank: usize) -> IbgdaProgress {
+        IbgdaProgress {
+            rank,
+            port: self.port,
+            engine: SoftNicEngine::Kernel,
+            record: self.status.progress(),
+        }
     }
 
     /// The engine's counters from its control block.
@@ -555,13 +749,19 @@ struct DevicePort {
 
 impl DevicePort {
     fn write(&self, addr: u64, bytes: &[u8], what: &'static str) -> doorbell_softnic::Result<()> {
+        // A driver copy while the engine runs: logged on both sides, so a
+        // copy that waits behind a kernel shows in a stalled run's log.
+        let t0 = std::time::Instant::now();
+        tracing::debug!("soft NIC port LID {}: writing {what} into the running engine's tables", self.lid);
         // SAFETY: `addr` lies in this port's table or control block (the
         // callers compute it from field offsets).
-        unsafe { self.device.inner.write(addr, bytes) }.map_err(|e| doorbell_softnic::Error::ResidentWrite {
+        let r = unsafe { self.device.inner.write(addr, bytes) }.map_err(|e| doorbell_softnic::Error::ResidentWrite {
             lid: self.lid,
             what,
             why: e.to_string(),
-        })
+        });
+        tracing::debug!("soft NIC port LID {}: {what} written in {} us", self.lid, t0.elapsed().as_micros());
+        r
     }
 }
 
@@ -824,6 +1024,25 @@ impl Communicator {
         }
     }
 
+    /// What this rank's soft NIC engine has seen and done (`None` before
+    /// the transport is set up): passes, doorbells, WQEs, CQEs, the last
+    /// doorbell values read (see the `IbgdaProgress` docs on reading it). The
+    /// kernel engine's record is read from mapped host memory with no
+    /// driver call, so this answers while a kernel is stuck; print it
+    /// when a wait involving IBGDA fails.
+    pub fn ibgda_progress(&self) -> Option<IbgdaProgress> {
+        let guard = self.ibgda.lock().unwrap_or_else(|p| p.into_inner());
+        let st = guard.as_ref()?;
+        match st.engine.as_ref()? {
+            Engine::Kernel(k) => Some(k.progress(self.rank)),
+            Engine::Thread(_) => Some(IbgdaProgress::from_stats(
+                self.rank,
+                st.device.port_index() as u32,
+                &st.device.stats(),
+            )),
+        }
+    }
+
     /// The set-up state's handle, setting it up first if needed.
     fn ibgda_state(&self, opts: Option<&IbgdaOptions>) -> Result<Ibgda> {
         let mut guard = self.ibgda.lock().unwrap_or_else(|p| p.into_inner());
@@ -1070,11 +1289,15 @@ impl Communicator {
             table,
         };
 
+        if engine_kind == SoftNicEngine::Thread {
+            check_ring_addresses(self.rank, &device.port_image(), &read_qp_table(&self.device, &memory.table, nqps)?)?;
+        }
+
         // 5. Everyone is in RTS before any kernel posts; then the engine.
         self.world.barrier()?;
         let engine = match engine_kind {
             SoftNicEngine::Thread => Engine::Thread(device.spawn_engine()),
-            SoftNicEngine::Kernel => Engine::Kernel(self.launch_engine(&fabric, &device, &opts)?),
+            SoftNicEngine::Kernel => Engine::Kernel(self.launch_engine(&fabric, &device, &opts, &memory.table, nqps)?),
         };
         let handle = Ibgda {
             rank: self.rank as u32,
@@ -1124,7 +1347,14 @@ impl Communicator {
     /// allocation) is done by every rank before the world barrier that
     /// precedes the first launch, so no rank's step waits for another
     /// rank's engine, which never ends by itself.
-    fn launch_engine(&self, fabric: &SoftFabric, device: &SoftDevice, opts: &IbgdaOptions) -> Result<KernelEngine> {
+    fn launch_engine(
+        &self,
+        fabric: &SoftFabric,
+        device: &SoftDevice,
+        opts: &IbgdaOptions,
+        kernel_qps: &DeviceBuffer<u64>,
+        nqps: usize,
+    ) -> Result<KernelEngine> {
         let rank = self.rank;
         let t0 = std::time::Instant::now();
         let port_bytes = std::mem::size_of::<Port>();
@@ -1170,6 +1400,7 @@ impl Communicator {
             sys_scope,
             fabric.now_ns(),
             status.dev as *mut u32,
+            status.progress_dev as *mut EngineProgress,
         );
         // SAFETY: the table buffer and the control block, whole.
         unsafe {
@@ -1190,7 +1421,25 @@ impl Communicator {
             device: self.device.clone(),
             threads,
             status,
+            port: device.port_index() as u32,
+            watch: None,
         };
+        // The engine's view of the rings (its port table as copied to the
+        // device) against the kernels' (the QP table): a mismatch means the
+        // engine would poll other words than the kernels ring.
+        {
+            let mut b = vec![0u8; port_bytes];
+            // SAFETY: the port buffer, whole; no engine runs yet (every
+            // rank launches after the barrier below).
+            unsafe { self.device.read_raw(engine._port.as_raw(), &mut b)? };
+            // SAFETY: Port is plain #[repr(C)] data; these bytes are one.
+            let on_device: Box<Port> = unsafe {
+                let mut p = device.port_image();
+                std::ptr::copy_nonoverlapping(b.as_ptr(), &mut *p as *mut Port as *mut u8, port_bytes);
+                p
+            };
+            check_ring_addresses(rank, &on_device, &read_qp_table(&self.device, kernel_qps, nqps)?)?;
+        }
 
         // No rank launches before every rank is done loading and allocating.
         self.world.barrier()?;
@@ -1230,12 +1479,18 @@ impl Communicator {
             "rank {rank}: IBGDA engine set-up: engine kernel started {} ms after its launch",
             launched.elapsed().as_millis()
         );
+        let mut engine = engine;
+        engine.watch = Some(Watch::start(rank, engine.port, engine.status.progress_host, engine.status.host));
         device.set_resident(Some(Arc::new(DevicePort {
             device: self.device.clone(),
             port: engine._port.as_raw(),
             ctl: engine.ctl.as_raw(),
             lid: device.lid(),
         })));
+        // Every port reaches its running engine through the fabric before
+        // any rank returns: a configuration set right after set-up (fault
+        // injection) then reaches every engine, not only those done.
+        self.world.barrier()?;
         tracing::info!(
             "rank {rank}: soft NIC engine kernel running: port {}, one block of {threads} threads, fences at {} scope",
             device.port_index(),
@@ -1273,6 +1528,159 @@ impl Drop for IbgdaState {
     }
 }
 
+/// The kernels' QP table as the device holds it.
+fn read_qp_table(dev: &Device, table: &DeviceBuffer<u64>, nqps: usize) -> Result<Vec<IbgdaQp>> {
+    let mut b = vec![0u8; nqps * std::mem::size_of::<IbgdaQp>()];
+    // SAFETY: the table buffer holds `nqps` entries; no kernel uses it yet.
+    unsafe { dev.read_raw(table.as_raw(), &mut b)? };
+    Ok((0..nqps)
+        // SAFETY: IbgdaQp is plain #[repr(C)] data; entry `i` lies in `b`.
+        .map(|i| unsafe { std::ptr::read_unaligned((b.as_ptr() as *const IbgdaQp).add(i)) })
+        .collect())
+}
+
+/// Logs each QP's SQ, doorbell record, UAR word and CQ as the engine's
+/// port table holds them and as the kernels' QP table does, and fails
+/// when they differ: the engine would watch words no kernel writes.
+fn check_ring_addresses(rank: usize, port: &Port, kernel: &[IbgdaQp]) -> Result<()> {
+    for (i, k) in kernel.iter().enumerate() {
+        let h = &k.qp;
+        let Some(q) = port.qps.iter().find(|q| q.in_use() && q.qpn == h.qpn) else {
+            return Err(Error::comm(format!(
+                "rank {rank}: IBGDA set-up: QP {i} (QPN {:#x}, to rank {}) of the kernels' QP table is not in the soft NIC                  engine's port table; the engine would never see its doorbells",
+                h.qpn, k.peer
+            )));
+        };
+        let cq = port
+            .cqs
+            .get(q.send_cq as usize)
+            .copied()
+            .unwrap_or(doorbell_softnic::engine::CqEntry::EMPTY);
+        let pairs: [(&str, u64, u64); 7] = [
+            ("SQ", q.sq as u64, h.sq as u64),
+            ("send doorbell record", q.dbrec.wrapping_add(1) as u64, h.sq_dbr as u64),
+            ("UAR word", q.uar as u64, h.uar as u64),
+            ("CQ ring", cq.ring as u64, h.cq as u64),
+            ("CQ doorbell record", cq.dbrec as u64, h.cq_dbr as u64),
+            ("SQ size", q.sq_wqebbs as u64, h.sq_size as u64),
+            ("CQ size", cq.entries as u64, h.cq_size as u64),
+        ];
+        tracing::debug!(
+            "rank {rank}: IBGDA set-up: QP {i} (QPN {:#x}, to rank {}): SQ {:#x}, doorbell record {:#x}, UAR {:#x}, CQ {:#x} \
+             (CQ doorbell record {:#x}) in the engine's table; kernel handle {}",
+            h.qpn,
+            k.peer,
+            pairs[0].1,
+            pairs[1].1,
+            pairs[2].1,
+            pairs[3].1,
+            pairs[4].1,
+            if pairs.iter().all(|p| p.1 == p.2) { "agrees" } else { "DIFFERS" }
+        );
+        if let Some((what, e, kh)) = pairs.iter().find(|p| p.1 != p.2) {
+            return Err(Error::comm(format!(
+                "rank {rank}: IBGDA set-up: QP {i} (QPN {:#x}, to rank {}): the kernels' handle has {what} {kh:#x}, the soft NIC \
+                 engine's port table {e:#x}; the engine would watch other words than the kernels write (a set-up bug: the \
+                 two tables must be built from the same ring addresses)",
+                h.qpn, k.peer
+            )));
+        }
+        if q.state() != doorbell_softnic::engine::QpState::Rts {
+            return Err(Error::comm(format!(
+                "rank {rank}: IBGDA set-up: QP {i} (QPN {:#x}, to rank {}) is in {:?}, not RTS, in the engine's table; \
+                 the engine would ignore its doorbells",
+                h.qpn,
+                k.peer,
+                q.state()
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn softnic_err(e: doorbell_softnic::Error) -> Error {
     Error::comm(format!("soft NIC: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use doorbell_softnic::engine::tables::{QP_CONNECTED, QP_IN_USE};
+    use doorbell_softnic::engine::{CqEntry, QpEntry};
+
+    /// One QP in RTS with its CQ, in the engine's table and in the
+    /// kernels' handle, built from the same ring addresses.
+    fn views() -> (Box<Port>, IbgdaQp) {
+        let (sq, cq, dbr, uar) = (0x1000u64, 0x5000u64, 0x9000u64, 0x9010u64);
+        let mut port = Box::new(Port::new(1, LinkModel::OFF));
+        port.cqs[0] = CqEntry {
+            ring: cq as *mut u8,
+            dbrec: (dbr + 8) as *const u32,
+            entries: 64,
+            cqn: 1,
+            valid: 1,
+            ..CqEntry::EMPTY
+        };
+        port.qps[3] = QpEntry {
+            sq: sq as *mut u8,
+            dbrec: dbr as *mut u32,
+            uar: uar as *const u64,
+            qpn: 0x103,
+            state: doorbell_softnic::engine::QpState::Rts as u32,
+            sq_wqebbs: 64,
+            flags: QP_IN_USE | QP_CONNECTED,
+            ..QpEntry::EMPTY
+        };
+        let k = IbgdaQp {
+            qp: QpHandle {
+                sq: sq as *mut u32,
+                sq_producer: std::ptr::null_mut(),
+                sq_ready: std::ptr::null_mut(),
+                sq_dbr: (dbr + 4) as *mut u32,
+                uar: uar as *mut u64,
+                cq: cq as *mut u32,
+                cq_consumer: std::ptr::null_mut(),
+                cq_dbr: (dbr + 8) as *mut u32,
+                sq_size: 64,
+                qpn: 0x103,
+                cq_size: 64,
+                reserved: 0,
+            },
+            state: std::ptr::null_mut(),
+            scratch: std::ptr::null_mut(),
+            scratch_lkey: 0,
+            peer: 1,
+            remote_base: 0,
+            rkey: 0,
+            _pad: 0,
+            _reserved: 0,
+        };
+        (port, k)
+    }
+
+    #[test]
+    fn ring_addresses_that_agree_pass_and_each_mismatch_is_named() {
+        let (port, k) = views();
+        check_ring_addresses(0, &port, &[k]).expect("the same addresses");
+        let mut uar = k;
+        uar.qp.uar = 0x9018 as *mut u64;
+        let e = check_ring_addresses(0, &port, &[uar]).expect_err("another UAR word").to_string();
+        assert!(e.contains("UAR word 0x9018") && e.contains("0x9010"), "{e}");
+        let mut dbr = k;
+        dbr.qp.sq_dbr = 0x9000 as *mut u32;
+        let e = check_ring_addresses(0, &port, &[dbr]).expect_err("the receive counter").to_string();
+        assert!(e.contains("send doorbell record"), "{e}");
+        let mut cq = k;
+        cq.qp.cq = 0x5040 as *mut u32;
+        let e = check_ring_addresses(0, &port, &[cq]).expect_err("another CQ").to_string();
+        assert!(e.contains("CQ ring"), "{e}");
+        let mut qpn = k;
+        qpn.qp.qpn = 0x104;
+        let e = check_ring_addresses(0, &port, &[qpn]).expect_err("an unknown QP").to_string();
+        assert!(e.contains("not in the soft NIC"), "{e}");
+        let (mut init, k) = views();
+        init.qps[3].state = doorbell_softnic::engine::QpState::Init as u32;
+        let e = check_ring_addresses(0, &init, &[k]).expect_err("a QP not in RTS").to_string();
+        assert!(e.contains("not RTS"), "{e}");
+    }
 }

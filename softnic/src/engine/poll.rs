@@ -136,6 +136,10 @@ unsafe fn watch_doorbell<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, n
         qp.last_doorbell = seen;
         qp.doorbells += 1;
         stats.doorbells += 1;
+        if !qp.uar.is_null() {
+            stats.last_uar = seen;
+        }
+        stats.last_qpn = qp.qpn;
         let n = cfg.faults.drop_doorbell_every as u64;
         if n != 0 && qp.doorbells % n == 0 {
             stats.doorbells_dropped += 1;
@@ -150,7 +154,12 @@ unsafe fn watch_doorbell<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, n
         if !doorbell_due {
             stats.dbr_rereads += 1;
         }
-        qp.sq_pi = unsafe { mem::load_dbrec(qp.dbrec.add(1)) } & 0xffff;
+        let pi = unsafe { mem::load_dbrec(qp.dbrec.add(1)) } & 0xffff;
+        if pi != qp.sq_pi {
+            stats.last_sq_pi = pi;
+            stats.last_qpn = qp.qpn;
+        }
+        qp.sq_pi = pi;
         qp.db_pending = 0;
         qp.last_dbr_read_ns = now_ns;
     }
@@ -241,6 +250,9 @@ unsafe fn fetch<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u6
             due_ps,
             deadline_ns: 0,
         });
+        stats.fetched += 1;
+        stats.last_qpn = qp.qpn;
+        stats.last_wqe = qp.sq_ci;
         qp.sq_ci = qp.sq_ci.wrapping_add(bbs);
         report.progressed += 1;
     }

@@ -112,9 +112,64 @@ pub struct EngineCtl {
     /// without a driver call (mapped pinned host memory on a GPU; stored
     /// with `st.release.sys`); null: none.
     pub host_state: *mut u32,
+    /// Engine → host: the engine's [`EngineProgress`], in memory the host
+    /// reads without a driver call (mapped pinned host memory on a GPU);
+    /// null: none.
+    pub host_progress: *mut EngineProgress,
 }
 
 const _: () = assert!(core::mem::size_of::<EngineCtl>() % 8 == 0);
+
+/// The control thread stores its [`EngineProgress`] every this many passes
+/// (and when it exits): a compare per pass, fifteen stores per 256.
+pub const PROGRESS_EVERY: u64 = 256;
+
+/// What the engine has seen and done, as the host reads it at any time
+/// (while a user kernel's wait stalls, at teardown): passes tell whether
+/// the engine polls at all, the doorbell fields whether the producer's
+/// UAR and doorbell-record stores reach it, the WQE and CQE counts whether
+/// it executed and completed them. Each word is stored by the control
+/// thread with `st.relaxed.sys` every [`PROGRESS_EVERY`] passes, in no
+/// particular order: the words of one record may come from neighbouring
+/// publications (`seq` says which one was last).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineProgress {
+    /// Publications so far (0: the engine never published).
+    pub seq: u64,
+    /// Passes over the port.
+    pub passes: u64,
+    /// The engine's clock at this publication, ns.
+    pub time_ns: u64,
+    /// Doorbells seen: a new UAR value (or, without a UAR, a new
+    /// doorbell-record value) on some QP.
+    pub doorbells: u64,
+    /// The last new UAR value read (0: none).
+    pub last_uar: u64,
+    /// The last new send counter read from a doorbell record (0: no
+    /// doorbell record ever advanced).
+    pub last_sq_pi: u64,
+    /// Doorbell-record reads made by the re-read timeout.
+    pub dbr_rereads: u64,
+    /// WQEs fetched from send queues.
+    pub fetched: u64,
+    /// WQEs that began to execute.
+    pub executed: u64,
+    /// WQEs that completed successfully.
+    pub wqes: u64,
+    /// CQEs written.
+    pub cqes: u64,
+    /// Error CQEs (not counting flushes).
+    pub errors: u64,
+    /// Flush CQEs.
+    pub flushes: u64,
+    /// The QP number handled last.
+    pub last_qpn: u64,
+    /// The SQ counter (basic blocks) of the WQE fetched last.
+    pub last_wqe: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<EngineProgress>() == 15 * 8);
 
 impl EngineCtl {
     /// A control block for `port` of `table`.
@@ -125,6 +180,7 @@ impl EngineCtl {
         sys_scope: bool,
         clock_base_ns: u64,
         host_state: *mut u32,
+        host_progress: *mut EngineProgress,
     ) -> EngineCtl {
         EngineCtl {
             stop: 0,
@@ -141,6 +197,7 @@ impl EngineCtl {
             thread_copies: 0,
             block_bytes: 0,
             host_state,
+            host_progress,
         }
     }
 }
@@ -363,6 +420,9 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
         let mut rng = Rng::new(0);
         let (mut passes, mut busy) = (0u64, 0u64);
         let mut idle = 0u32;
+        let progress = core::ptr::read_volatile(&raw const (*ctl).host_progress);
+        let mut seq = 0u64;
+        let mut now = base;
         while ptx::ld_acquire_sys_u32(&raw const (*ctl).stop) == 0 {
             let e = ptx::ld_acquire_sys_u64(&raw const (*ctl).cfg_epoch);
             if e != epoch {
@@ -371,9 +431,13 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
                 epoch = e;
             }
             let t = ptx::globaltimer_ns();
-            let now = base.wrapping_add(t.wrapping_sub(t0));
+            now = base.wrapping_add(t.wrapping_sub(t0));
             let r = poll_port(&mut table, port, now, &cfg, &mut rng, &mut mover);
             passes += 1;
+            if passes % PROGRESS_EVERY == 1 {
+                seq += 1;
+                publish_progress(progress, seq, passes, now, &table, port);
+            }
             if r.progressed != 0 {
                 busy += 1;
                 idle = 0;
@@ -403,6 +467,7 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
             mover.fence();
         }
         publish_counters(ctl, passes, busy, &mover);
+        publish_progress(progress, seq + 1, passes, now, &table, port);
         mover.round(Job {
             kind: JOB_EXIT,
             _pad: 0,
@@ -427,5 +492,48 @@ unsafe fn publish_counters(ctl: *mut EngineCtl, passes: u64, busy: u64, m: &Bloc
         ptx::st_relaxed_sys_u64(&raw mut (*ctl).block_copies, m.block_copies);
         ptx::st_relaxed_sys_u64(&raw mut (*ctl).thread_copies, m.thread_copies);
         ptx::st_relaxed_sys_u64(&raw mut (*ctl).block_bytes, m.block_bytes);
+    }
+}
+
+/// Stores the engine's [`EngineProgress`] into `to` (null: nothing), from
+/// its own port's counters (written by this thread: plain reads).
+/// `st.relaxed.sys`: the host reads the words at any time and needs them
+/// only eventually; no ordering with anything else, so no fence on the
+/// engine's path.
+///
+/// # Safety
+/// `to`, when non-null, is a valid, 8-byte aligned record.
+unsafe fn publish_progress(to: *mut EngineProgress, seq: u64, passes: u64, now_ns: u64, table: &PortTable, port: usize) {
+    use super::tables::Ports;
+    if to.is_null() {
+        return;
+    }
+    let s = match table.get(port) {
+        Some(p) => p.stats,
+        None => super::tables::PortStats::default(),
+    };
+    // SAFETY: field addresses of the caller's record (no access yet).
+    let words = unsafe {
+        [
+            (&raw mut (*to).passes, passes),
+            (&raw mut (*to).time_ns, now_ns),
+            (&raw mut (*to).doorbells, s.doorbells),
+            (&raw mut (*to).last_uar, s.last_uar),
+            (&raw mut (*to).last_sq_pi, s.last_sq_pi as u64),
+            (&raw mut (*to).dbr_rereads, s.dbr_rereads),
+            (&raw mut (*to).fetched, s.fetched),
+            (&raw mut (*to).executed, s.executed),
+            (&raw mut (*to).wqes, s.wqes),
+            (&raw mut (*to).cqes, s.cqes),
+            (&raw mut (*to).errors, s.errors),
+            (&raw mut (*to).flushes, s.flushes),
+            (&raw mut (*to).last_qpn, s.last_qpn as u64),
+            (&raw mut (*to).last_wqe, s.last_wqe as u64),
+            (&raw mut (*to).seq, seq),
+        ]
+    };
+    for (p, v) in words {
+        // SAFETY: the caller's contract; fields of the record.
+        unsafe { ptx::st_relaxed_sys_u64(p, v) };
     }
 }

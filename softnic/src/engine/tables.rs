@@ -526,6 +526,20 @@ pub struct PortStats {
     pub dbr_rereads: u64,
     /// WQEs the engine began to execute (the forced-error fault counts these).
     pub executed: u64,
+    /// WQEs fetched from send queues (started; executed once due).
+    pub fetched: u64,
+    /// The UAR word last read that differed from the QP's previous one
+    /// (the first 8 bytes of the last ctrl segment rung); 0: none yet.
+    pub last_uar: u64,
+    /// The last new send counter read from a doorbell record (16 bits; a
+    /// value that advanced some QP's producer counter).
+    pub last_sq_pi: u32,
+    /// The QP number of the QP whose doorbell or WQE was handled last.
+    pub last_qpn: u32,
+    /// The SQ counter (basic blocks) of the WQE fetched last.
+    pub last_wqe: u32,
+    /// Zero.
+    pub reserved: u32,
 }
 
 /// One soft NIC port: its tables, link state and log.
@@ -591,6 +605,12 @@ impl Port {
                 doorbells_dropped: 0,
                 dbr_rereads: 0,
                 executed: 0,
+                fetched: 0,
+                last_uar: 0,
+                last_sq_pi: 0,
+                last_qpn: 0,
+                last_wqe: 0,
+                reserved: 0,
             },
         }
     }
