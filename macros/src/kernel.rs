@@ -304,6 +304,20 @@ fn generate_instances(m: &KernelModel) -> TokenStream {
     out
 }
 
+/// A one-byte global named `marker` in the PTX only: how the macro tells
+/// the PTX build and its checks about an entry (rustc has no attribute for
+/// what they do with it).
+fn ptx_marker(marker: &Ident) -> TokenStream {
+    quote! {
+        #[cfg(target_arch = "nvptx64")]
+        #[used]
+        #[no_mangle]
+        #[doc(hidden)]
+        #[allow(non_upper_case_globals)]
+        pub static #marker: u8 = 0;
+    }
+}
+
 fn generate(m: &KernelModel) -> TokenStream {
     if !m.transports.is_empty() {
         return generate_instances(m);
@@ -315,15 +329,7 @@ fn generate(m: &KernelModel) -> TokenStream {
     let names: Vec<&Ident> = m.params.iter().map(|(n, _)| n).collect();
     let types: Vec<&Type> = m.params.iter().map(|(_, t)| t).collect();
     let hot_marker = if m.hot {
-        let marker = format_ident!("DOORBELL_HOT_{}", name);
-        quote! {
-            #[cfg(target_arch = "nvptx64")]
-            #[used]
-            #[no_mangle]
-            #[doc(hidden)]
-            #[allow(non_upper_case_globals)]
-            pub static #marker: u8 = 0;
-        }
+        ptx_marker(&format_ident!("DOORBELL_HOT_{}", name))
     } else {
         quote! {}
     };
@@ -333,17 +339,7 @@ fn generate(m: &KernelModel) -> TokenStream {
     let (bounds_marker, max_threads) = match m.bounds {
         Some((threads, min_blocks)) => {
             let marker = format_ident!("DOORBELL_BOUNDS_{}_{}_{}", threads, min_blocks, name);
-            (
-                quote! {
-                    #[cfg(target_arch = "nvptx64")]
-                    #[used]
-                    #[no_mangle]
-                    #[doc(hidden)]
-                    #[allow(non_upper_case_globals)]
-                    pub static #marker: u8 = 0;
-                },
-                threads,
-            )
+            (ptx_marker(&marker), threads)
         }
         None => (quote! {}, 0),
     };

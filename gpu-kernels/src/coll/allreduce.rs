@@ -299,20 +299,66 @@ unsafe fn wait_all_block<T: Transport>(t: &T, ctl: BlockCtl, words: u64, value: 
     ctl.lead(|| unsafe { t.wait_until_all(words as *const u64, t.world_size(), Cmp::Ge, value) })
 }
 
-/// The staging of this launch's parity: `world` slots of `sh` elements
-/// (slot `r`: what rank `r` sent here), at this rank's address.
-#[inline(always)]
-fn staging(a: &AllReduceArgs, sh: u64, esz: u64) -> u64 {
-    a.scratch + (a.epoch & 1) * a.world as u64 * sh * esz
+/// What one block of a one-shot or two-shot launch works on, computed once
+/// at its start: its part `[lo, hi)` of every (padded) shard of `sh`
+/// elements, cut into `kn` chunks of `ch`, and this launch's staging —
+/// `world` slots of `sh` elements (slot `r`: what rank `r` sent here), of
+/// the epoch's parity.
+struct Shot {
+    w: u64,
+    me: u64,
+    esz: u64,
+    tid: u64,
+    nthr: u64,
+    ctl: BlockCtl,
+    sh: u64,
+    stg: u64,
+    /// This block's `world` ready words (one per rank).
+    ready: u64,
+    lo: u64,
+    hi: u64,
+    ch: u64,
+    kn: u64,
 }
 
-/// This rank's `world` staging slots as sources of a sum (local memory).
-#[inline(always)]
-fn slots(a: &AllReduceArgs, stg: u64, sh: u64, esz: u64) -> Sources {
-    Sources {
-        base: stg,
-        stride: sh * esz,
-        n: a.world,
+impl Shot {
+    #[inline(always)]
+    fn new<T: Transport>(t: &T, a: &AllReduceArgs, esz: u64) -> Shot {
+        let (w, b, g) = (a.world as u64, ptx::block_idx_x() as u64, a.blocks as u64);
+        let (tid, nthr) = Coop::Block.index_and_size();
+        let sh = a.shard_elems();
+        let (lo, hi) = a.part(sh, b);
+        Shot {
+            w,
+            me: t.rank() as u64,
+            esz,
+            tid,
+            nthr,
+            ctl: a.ctl(b),
+            sh,
+            stg: a.scratch + (a.epoch & 1) * w * sh * esz,
+            ready: a.sigs + (g + b * w) * 8,
+            lo,
+            hi,
+            ch: a.chunk_elems,
+            kn: chunk_count(lo, hi, a.chunk_elems),
+        }
+    }
+
+    /// Chunk `k` of this block's part of shard `s`, as absolute indices.
+    #[inline(always)]
+    fn chunk(&self, a: &AllReduceArgs, k: u64, s: u64) -> (u64, u64) {
+        chunk_abs(self.lo, self.hi, self.ch, k, s, self.sh, a.elems)
+    }
+
+    /// This rank's `world` staging slots as sources of a sum (local memory).
+    #[inline(always)]
+    fn slots(&self) -> Sources {
+        Sources {
+            base: self.stg,
+            stride: self.sh * self.esz,
+            n: self.w as u32,
+        }
     }
 }
 
@@ -321,19 +367,11 @@ fn slots(a: &AllReduceArgs, stg: u64, sh: u64, esz: u64) -> Sources {
 /// staging, and signalled; then every rank sums its `world` slots locally.
 /// One step of latency, remote writes only (no remote read round trips).
 unsafe fn one_shot<T: Transport, E: Element, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, mut produce: P) -> Result<(), Failed> {
-    let (w, me, b, g) = (a.world as u64, t.rank() as u64, ptx::block_idx_x() as u64, a.blocks as u64);
-    let esz = E::DTYPE.size();
-    let (tid, nthr) = Coop::Block.index_and_size();
-    let ctl = a.ctl(b);
-    let sh = a.shard_elems();
-    let stg = staging(a, sh, esz);
-    let mine = stg + me * sh * esz;
-    let ready = a.sigs + (g + b * w) * 8;
-    let (lo, hi) = a.part(sh, b);
-    let ch = a.chunk_elems;
-    let kn = chunk_count(lo, hi, ch);
-    for k in 0..kn {
-        let (a0, a1) = chunk_abs(lo, hi, ch, k, 0, sh, a.elems);
+    let p = Shot::new(t, a, E::DTYPE.size());
+    let (me, esz) = (p.me, p.esz);
+    let mine = p.stg + me * p.sh * esz;
+    for k in 0..p.kn {
+        let (a0, a1) = p.chunk(a, k, 0);
         if a1 > a0 {
             let at = mine + a0 * esz;
             produce(Chunk {
@@ -343,24 +381,24 @@ unsafe fn one_shot<T: Transport, E: Element, P: FnMut(Chunk)>(t: &T, a: &AllRedu
                 dtype: E::DTYPE,
             });
             ptx::sync_threads();
-            for q in 0..w {
+            for q in 0..p.w {
                 if q != me {
                     // SAFETY: slot `me` of rank q's staging (same offsets), `sh` elements.
-                    unsafe { copy_bytes(peer_at(t, at, q), at as *const u8, (a1 - a0) * esz, tid, nthr) };
+                    unsafe { copy_bytes(peer_at(t, at, q), at as *const u8, (a1 - a0) * esz, p.tid, p.nthr) };
                 }
             }
         }
         // SAFETY: this block's ready word of this rank, in the signal area.
-        unsafe { publish_block(t, ctl, ready + me * 8, tag(a.epoch, k)) }?;
+        unsafe { publish_block(t, p.ctl, p.ready + me * 8, tag(a.epoch, k)) }?;
     }
-    let srcs = slots(a, stg, sh, esz);
-    for k in 0..kn {
+    let srcs = p.slots();
+    for k in 0..p.kn {
         // SAFETY: the block's `world` ready words.
-        unsafe { wait_all_block(t, ctl, ready, tag(a.epoch, k)) }?;
-        let (a0, a1) = chunk_abs(lo, hi, ch, k, 0, sh, a.elems);
+        unsafe { wait_all_block(t, p.ctl, p.ready, tag(a.epoch, k)) }?;
+        let (a0, a1) = p.chunk(a, k, 0);
         if a1 > a0 {
             // SAFETY: every slot holds the chunk (signalled), output `elems`.
-            unsafe { sum_into::<E>((a.output + a0 * esz) as *mut u8, &srcs, a0 * esz, a1 - a0, tid, nthr) };
+            unsafe { sum_into::<E>((a.output + a0 * esz) as *mut u8, &srcs, a0 * esz, a1 - a0, p.tid, p.nthr) };
         }
     }
     Ok(())
@@ -378,28 +416,21 @@ const TWO_SHOT_LAG: u64 = 1;
 /// area; each rank then copies the other shards from its result area
 /// (local) into its output.
 unsafe fn two_shot<T: Transport, E: Element, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, mut produce: P) -> Result<(), Failed> {
-    let (w, me, b, g) = (a.world as u64, t.rank() as u64, ptx::block_idx_x() as u64, a.blocks as u64);
-    let esz = E::DTYPE.size();
-    let (tid, nthr) = Coop::Block.index_and_size();
-    let ctl = a.ctl(b);
-    let sh = a.shard_elems();
-    let stg = staging(a, sh, esz);
+    let p = Shot::new(t, a, E::DTYPE.size());
+    let (w, me, esz, sh) = (p.w, p.me, p.esz, p.sh);
+    let (b, g) = (ptx::block_idx_x() as u64, a.blocks as u64);
     // Result area of this parity: the padded vector, shard s at s * sh.
     let res = a.scratch + 2 * w * sh * esz + (a.epoch & 1) * w * sh * esz;
-    let ready = a.sigs + (g + b * w) * 8;
     let reduced = a.sigs + (g + g * w + b * w) * 8;
-    let (lo, hi) = a.part(sh, b);
-    let ch = a.chunk_elems;
-    let kn = chunk_count(lo, hi, ch);
-    let srcs = slots(a, stg, sh, esz);
-    for j in 0..kn + TWO_SHOT_LAG {
-        if j < kn {
+    let srcs = p.slots();
+    for j in 0..p.kn + TWO_SHOT_LAG {
+        if j < p.kn {
             // Produce chunk j of part b of every shard into its owner.
             for s in 0..w {
-                let (a0, a1) = chunk_abs(lo, hi, ch, j, s, sh, a.elems);
+                let (a0, a1) = p.chunk(a, j, s);
                 if a1 > a0 {
                     produce(Chunk {
-                        dst: peer_at(t, stg + me * sh * esz + (a0 - s * sh) * esz, s),
+                        dst: peer_at(t, p.stg + me * sh * esz + (a0 - s * sh) * esz, s),
                         first: a0,
                         len: a1 - a0,
                         dtype: E::DTYPE,
@@ -407,47 +438,40 @@ unsafe fn two_shot<T: Transport, E: Element, P: FnMut(Chunk)>(t: &T, a: &AllRedu
                 }
             }
             // SAFETY: this block's ready word of this rank.
-            unsafe { publish_block(t, ctl, ready + me * 8, tag(a.epoch, j)) }?;
+            unsafe { publish_block(t, p.ctl, p.ready + me * 8, tag(a.epoch, j)) }?;
         }
         if j >= TWO_SHOT_LAG {
             // Reduce chunk k of this rank's shard, push the sum.
             let k = j - TWO_SHOT_LAG;
             // SAFETY: the block's ready words.
-            unsafe { wait_all_block(t, ctl, ready, tag(a.epoch, k)) }?;
-            let (a0, a1) = chunk_abs(lo, hi, ch, k, me, sh, a.elems);
+            unsafe { wait_all_block(t, p.ctl, p.ready, tag(a.epoch, k)) }?;
+            let (a0, a1) = p.chunk(a, k, me);
             if a1 > a0 {
                 let out = (a.output + a0 * esz) as *mut u8;
                 // SAFETY: every slot holds the chunk (signalled); output `elems`.
-                unsafe { sum_into::<E>(out, &srcs, (a0 - me * sh) * esz, a1 - a0, tid, nthr) };
+                unsafe { sum_into::<E>(out, &srcs, (a0 - me * sh) * esz, a1 - a0, p.tid, p.nthr) };
                 ptx::sync_threads();
                 for q in 0..w {
                     if q != me {
                         // SAFETY: rank q's result area holds the padded vector.
-                        unsafe { copy_bytes(peer_at(t, res + a0 * esz, q), out, (a1 - a0) * esz, tid, nthr) };
+                        unsafe { copy_bytes(peer_at(t, res + a0 * esz, q), out, (a1 - a0) * esz, p.tid, p.nthr) };
                     }
                 }
             }
             // SAFETY: this block's reduced word of this rank.
-            unsafe { publish_block(t, ctl, reduced + me * 8, tag(a.epoch, k)) }?;
+            unsafe { publish_block(t, p.ctl, reduced + me * 8, tag(a.epoch, k)) }?;
         }
     }
     // All-gather: the other shards arrived in this rank's result area.
-    for k in 0..kn {
+    for k in 0..p.kn {
         // SAFETY: the block's reduced words.
-        unsafe { wait_all_block(t, ctl, reduced, tag(a.epoch, k)) }?;
+        unsafe { wait_all_block(t, p.ctl, reduced, tag(a.epoch, k)) }?;
         for s in 0..w {
-            let (a0, a1) = chunk_abs(lo, hi, ch, k, s, sh, a.elems);
+            let (a0, a1) = p.chunk(a, k, s);
             if s != me && a1 > a0 {
+                let at = a0 * esz;
                 // SAFETY: owner `s` has written and published the chunk; output `elems`.
-                unsafe {
-                    copy_bytes(
-                        (a.output + a0 * esz) as *mut u8,
-                        (res + a0 * esz) as *const u8,
-                        (a1 - a0) * esz,
-                        tid,
-                        nthr,
-                    )
-                };
+                unsafe { copy_bytes((a.output + at) as *mut u8, (res + at) as *const u8, (a1 - a0) * esz, p.tid, p.nthr) };
             }
         }
     }

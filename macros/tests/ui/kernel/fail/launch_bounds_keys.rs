@@ -23,4 +23,10 @@ pub unsafe fn positional(x: *mut u32) {
     unsafe { *x = 0 };
 }
 
+// A key given twice is refused (not: the last one wins).
+#[kernel(launch_bounds(threads = 256, threads = 512))]
+pub unsafe fn key_twice(x: *mut u32) {
+    unsafe { *x = 0 };
+}
+
 fn main() {}
