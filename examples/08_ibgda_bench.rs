@@ -250,6 +250,12 @@ fn bench(comm: &Communicator, a: &IbgdaBenchArgs, max: u64, rtt_iters: u32, io: 
     report.rtt_ibgda_us = median(ib_us);
     report.rtt_p2p_us = median(p2p_us);
     report.rtt_ratio = ratio(report.rtt_ibgda_us, report.rtt_p2p_us);
+    if me == 0 {
+        eprintln!(
+            "put_signal round trip: ibgda {:.2} us, p2p {:.2} us",
+            report.rtt_ibgda_us, report.rtt_p2p_us
+        );
+    }
 
     // 2. Put bandwidth, IBGDA and P2P in turn, every size checked.
     let f_put_ib = m.function::<put_stream_ibgda>()?;
@@ -336,6 +342,9 @@ fn bench(comm: &Communicator, a: &IbgdaBenchArgs, max: u64, rtt_iters: u32, io: 
     let (mut executed, mut busy_ns) = (0u64, 0u64);
     for round in 0..=a.rounds {
         for (k, (threads, use_warp)) in [(32u32, 1u32), (256, 0)].into_iter().enumerate() {
+            if me == 0 && round == 0 {
+                eprintln!("post rate: {} posting", if use_warp != 0 { "one warp" } else { "one block" });
+            }
             status.zero()?;
             comm.barrier()?;
             let before = nic.stats().wqes;

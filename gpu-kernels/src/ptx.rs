@@ -135,6 +135,29 @@ pub fn sync_threads() {
     emu::block_barrier();
 }
 
+/// `bar.red.or.pred`: [`sync_threads`] that also returns whether any
+/// thread of the block passed `pred` true (CUDA's `__syncthreads_or`).
+/// Every non-exited thread of the block must call it.
+#[inline(always)]
+pub fn sync_threads_or(pred: bool) -> bool {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        let out: u32;
+        // SAFETY: a barrier with a reduction; it orders memory, so no `nomem`.
+        unsafe {
+            asm!(
+                "{{ .reg .pred p, q; setp.ne.u32 p, {i}, 0; bar.red.or.pred q, 0, p; selp.u32 {o}, 1, 0, q; }}",
+                i = in(reg32) pred as u32,
+                o = out(reg32) out,
+                options(nostack)
+            )
+        };
+        out != 0
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    emu::block_barrier_or(pred)
+}
+
 /// `bar.warp.sync mask`: the lanes in `mask` converge; orders memory among
 /// them. Called by every lane in `mask`.
 #[inline(always)]

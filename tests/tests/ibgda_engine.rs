@@ -312,6 +312,7 @@ fn forced_error_with_kernel_engine(backend: Backend) {
             nic.fabric().try_set_config(EngineConfig::default()).expect("configuration");
         }
         comm.barrier()?;
+        eprintln!("rank {}: reset", comm.rank());
         comm.ibgda_reset()?;
         // SAFETY: as above.
         let t = unsafe { comm.ibgda_register(src.as_ptr() as u64, BYTES)? };
@@ -331,12 +332,14 @@ fn forced_error_with_kernel_engine(backend: Backend) {
             6u32,
             codes.as_mut_ptr(),
         );
+        eprintln!("rank {}: launching the put after reset", comm.rank());
         // SAFETY: as above.
         unsafe { s.launch(&f, LaunchConfig::linear(1, 64), args)? };
         if let Err(e) = comm.synchronize(&s) {
             eprintln!("rank {}: {e}; {}", comm.rank(), progress_of(comm));
             return Err(e);
         }
+        eprintln!("rank {}: the put after reset returned; {}", comm.rank(), progress_of(comm));
         comm.barrier()?;
         assert_eq!(codes.to_host()?[0], 0, "rank {} after reset", comm.rank());
         if comm.rank() == 1 {

@@ -14,6 +14,20 @@ struct State {
     expected: usize,
     arrived: usize,
     generation: u64,
+    /// OR of the predicates of this generation's arrivals so far.
+    or_acc: bool,
+    /// The OR of the last completed generation (read by its waiters; the
+    /// next generation cannot complete before they arrive at it).
+    last_or: bool,
+}
+
+impl State {
+    /// The last party arrived: the generation completes.
+    fn complete(&mut self) {
+        self.arrived = 0;
+        self.generation = self.generation.wrapping_add(1);
+        self.last_or = std::mem::take(&mut self.or_acc);
+    }
 }
 
 impl Barrier {
@@ -23,6 +37,8 @@ impl Barrier {
                 expected: n,
                 arrived: 0,
                 generation: 0,
+                or_acc: false,
+                last_or: false,
             }),
             cv: Condvar::new(),
         }
@@ -35,13 +51,19 @@ impl Barrier {
     /// Waits for every remaining party. Unwinds when `aborted` is set, panics
     /// (naming `what`) when the others do not arrive within the timeout.
     pub fn wait(&self, aborted: &AtomicBool, what: &str) {
+        self.wait_or(false, aborted, what);
+    }
+
+    /// As [`Self::wait`], returning whether any party passed `pred` true
+    /// (`bar.red.or.pred`).
+    pub fn wait_or(&self, pred: bool, aborted: &AtomicBool, what: &str) -> bool {
         let mut s = self.lock();
         s.arrived += 1;
+        s.or_acc |= pred;
         if s.arrived >= s.expected {
-            s.arrived = 0;
-            s.generation = s.generation.wrapping_add(1);
+            s.complete();
             self.cv.notify_all();
-            return;
+            return s.last_or;
         }
         let gen = s.generation;
         let deadline = Instant::now() + super::barrier_timeout();
@@ -65,6 +87,7 @@ impl Barrier {
             let wait = (deadline - now).min(Duration::from_millis(50));
             s = self.cv.wait_timeout(s, wait).unwrap_or_else(|e| e.into_inner()).0;
         }
+        s.last_or
     }
 
     /// The calling thread exits: it no longer counts toward the barrier.
@@ -72,8 +95,7 @@ impl Barrier {
         let mut s = self.lock();
         s.expected = s.expected.saturating_sub(1);
         if s.expected > 0 && s.arrived >= s.expected {
-            s.arrived = 0;
-            s.generation = s.generation.wrapping_add(1);
+            s.complete();
             self.cv.notify_all();
         }
     }

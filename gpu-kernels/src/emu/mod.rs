@@ -200,6 +200,12 @@ pub fn block_barrier() {
     with_thread(|t| t.block.barrier.wait(&t.launch.aborted, "sync_threads (block barrier)"));
 }
 
+/// `bar.red.or.pred` for the calling thread: a block barrier that returns
+/// whether any thread passed `pred` true.
+pub fn block_barrier_or(pred: bool) -> bool {
+    with_thread(|t| t.block.barrier.wait_or(pred, &t.launch.aborted, "sync_threads_or (block barrier)"))
+}
+
 /// The calling lane's part in a warp collective over `mask`.
 fn warp_exchange(mask: u32, value: u64, what: &str) -> (u32, warp::Exchange) {
     with_thread(|t| {

@@ -691,8 +691,23 @@ impl Ibgda {
                         Err(e) => Err(e),
                     }
                 };
-                ptx::sync_threads();
-                r
+                // Every thread returns the block's result: a thread that
+                // posted nothing learns of a failed post (the QP's error
+                // word says which), so a loop over calls ends on every
+                // thread at once instead of leaving some at a barrier.
+                let failed = ptx::sync_threads_or(r.is_err());
+                match r {
+                    Ok(()) if failed => {
+                        // SAFETY: the QP's state words.
+                        let err = unsafe { ptx::ld_acquire_gpu_u32(&raw const (*q.state).error) };
+                        Err(if err != 0 {
+                            self.qp_failed(err, call, peer)
+                        } else {
+                            CommError::Timeout(Timeout { seen: 0 })
+                        })
+                    }
+                    r => r,
+                }
             }
         }
     }

@@ -90,6 +90,77 @@ impl Drop for Device {
 /// Bytes of dropped allocations a handle keeps before freeing them anyway.
 pub(crate) const DEFERRED_FREE_LIMIT: usize = 4 << 30;
 
+/// What waits for a GPU's persistent kernels (soft NIC engines) to end:
+/// `cuModuleUnload` and `cuMemFree` may wait for every kernel of the GPU,
+/// and a persistent kernel ends only when told to, so while one runs on a
+/// GPU the unloads and frees on that GPU are kept here and made when the
+/// last one has stopped ([`PersistentKernel`]'s drop).
+#[derive(Default)]
+struct Persistent {
+    running: usize,
+    /// Modules (`CUmodule` as an integer) and allocations, with their
+    /// context.
+    modules: Vec<(usize, Arc<CudaContext>)>,
+    memory: Vec<(u64, Arc<CudaContext>)>,
+}
+
+static PERSISTENT: Mutex<std::collections::BTreeMap<usize, Persistent>> = Mutex::new(std::collections::BTreeMap::new());
+
+fn persistent() -> std::sync::MutexGuard<'static, std::collections::BTreeMap<usize, Persistent>> {
+    PERSISTENT.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whether a persistent kernel runs on GPU `ordinal` (then `what` is kept
+/// for later by `keep`).
+fn defer_while_persistent(ordinal: usize, keep: impl FnOnce(&mut Persistent)) -> bool {
+    let mut p = persistent();
+    match p.get_mut(&ordinal) {
+        Some(e) if e.running > 0 => {
+            keep(e);
+            true
+        }
+        _ => false,
+    }
+}
+
+/// A persistent kernel is running on a GPU (from [`Device::persistent_kernel`]
+/// until this is dropped): module unloads and frees on that GPU wait until
+/// none runs. Leak it (`mem::forget`) for a kernel that did not stop.
+pub(crate) struct PersistentKernel {
+    ordinal: usize,
+}
+
+impl Drop for PersistentKernel {
+    fn drop(&mut self) {
+        let (modules, memory) = {
+            let mut p = persistent();
+            let e = p.entry(self.ordinal).or_default();
+            e.running = e.running.saturating_sub(1);
+            if e.running > 0 {
+                return;
+            }
+            (std::mem::take(&mut e.modules), std::mem::take(&mut e.memory))
+        };
+        for (m, ctx) in modules {
+            unload_module(&ctx, m as sys::CUmodule);
+        }
+        for (a, ctx) in memory {
+            if ctx.bind_to_thread().is_ok() {
+                // SAFETY: allocated by cuMemAlloc in this context, dropped
+                // by its buffer, freed once (taken out of the list).
+                let _ = unsafe { result::free_sync(a) };
+            }
+        }
+    }
+}
+
+fn unload_module(ctx: &CudaContext, m: sys::CUmodule) {
+    if ctx.bind_to_thread().is_ok() {
+        // SAFETY: loaded by cuModuleLoadData; unloaded once.
+        let _ = unsafe { result::module::unload(m) };
+    }
+}
+
 impl Device {
     /// Opens GPU `ordinal` (its primary context).
     pub(crate) fn open(ordinal: usize) -> Result<Device> {
@@ -183,6 +254,14 @@ impl Device {
         Ok(Stream(self.ctx.new_stream().call("cuStreamCreate")?))
     }
 
+    /// Declares a persistent kernel on this GPU, until the guard drops
+    /// (see [`PersistentKernel`]).
+    pub(crate) fn persistent_kernel(&self) -> PersistentKernel {
+        let ordinal = self.ordinal();
+        persistent().entry(ordinal).or_default().running += 1;
+        PersistentKernel { ordinal }
+    }
+
     /// Names the device in allocation errors.
     pub(crate) fn memory_label(&self) -> String {
         format!("GPU {}", self.ordinal())
@@ -248,6 +327,10 @@ impl Device {
     fn release_deferred(&self) {
         let addrs = std::mem::take(&mut *self.deferred.lock().unwrap_or_else(|p| p.into_inner()));
         if addrs.0.is_empty() || self.bind().is_err() {
+            return;
+        }
+        let ctx = self.ctx.clone();
+        if defer_while_persistent(self.ordinal(), |e| e.memory.extend(addrs.0.iter().map(|&a| (a, ctx.clone())))) {
             return;
         }
         for a in addrs.0 {
@@ -585,9 +668,9 @@ unsafe impl Sync for Module {}
 
 impl Drop for Module {
     fn drop(&mut self) {
-        if self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: loaded by cuModuleLoadData; unloaded once.
-            let _ = unsafe { result::module::unload(self.module) };
+        let (m, ctx) = (self.module as usize, self.ctx.clone());
+        if !defer_while_persistent(self.ctx.ordinal(), |e| e.modules.push((m, ctx))) {
+            unload_module(&self.ctx, self.module);
         }
     }
 }

@@ -156,6 +156,17 @@ impl DeviceBackend {
         }
     }
 
+    /// Declares a persistent kernel (one that ends only when told to) on
+    /// this device until the guard drops: meanwhile module unloads and
+    /// memory frees on the GPU, which would wait for it, are postponed
+    /// until it has stopped. Nothing to do on the emulator.
+    pub(crate) fn persistent_kernel(&self) -> Option<cuda::PersistentKernel> {
+        match self {
+            DeviceBackend::Cuda(d) => Some(d.persistent_kernel()),
+            DeviceBackend::Emu(_) => None,
+        }
+    }
+
     pub(crate) fn load_module(&self, ptx: &str) -> Result<ModuleBackend> {
         match self {
             DeviceBackend::Cuda(d) => d.load_module(ptx).map(ModuleBackend::Cuda),

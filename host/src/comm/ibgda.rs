@@ -365,6 +365,10 @@ enum Engine {
 struct KernelEngine {
     /// The untracked stream it runs on (nothing else runs there).
     stream: Option<StreamBackend>,
+    /// While it runs, module unloads and frees on its GPU (which would wait
+    /// for it) are postponed; dropped once it stopped, leaked with it if
+    /// it did not.
+    _persistent: Option<crate::backend::cuda::PersistentKernel>,
     ctl: DeviceBuffer<u8>,
     _ports: DeviceBuffer<u8>,
     _port: DeviceBuffer<u8>,
@@ -1415,6 +1419,7 @@ impl Communicator {
         let stream = self.device.inner.new_stream_untracked()?;
         let engine = KernelEngine {
             stream: Some(stream),
+            _persistent: self.device.inner.persistent_kernel(),
             ctl,
             _ports: ports,
             _port: port,

@@ -34,6 +34,40 @@ pub unsafe fn load_uar(p: *const u64) -> u64 {
     unsafe { ptx::ld_acquire_sys_u64(p) }
 }
 
+/// Reads a doorbell record word without ordering (`ld.relaxed.sys`):
+/// the engine's idle polling. A relaxed load does not invalidate the
+/// reader's L1 as an acquire does, so the engine's own tables stay cached
+/// between doorbells; the caller follows a *changed* value with
+/// [`acquire`] before it reads what the value publishes. Returns the
+/// counter in host order.
+///
+/// # Safety
+/// `p` is valid and 4-byte aligned.
+#[inline(always)]
+pub unsafe fn peek_dbrec(p: *const u32) -> u32 {
+    // SAFETY: the caller's contract.
+    u32::from_be(unsafe { ptx::ld_relaxed_sys_u32(p) })
+}
+
+/// Reads the UAR doorbell word without ordering (see [`peek_dbrec`]).
+///
+/// # Safety
+/// `p` is valid and 8-byte aligned.
+#[inline(always)]
+pub unsafe fn peek_uar(p: *const u64) -> u64 {
+    // SAFETY: the caller's contract.
+    unsafe { ptx::ld_relaxed_sys_u64(p) }
+}
+
+/// Turns the relaxed loads before it into acquires (`fence.acq_rel.sys`:
+/// with a relaxed load that observed a release store it forms the PTX
+/// acquire pattern), so the loads after it see what the producer wrote
+/// before its release — the WQEs behind a new doorbell record.
+#[inline(always)]
+pub fn acquire() {
+    ptx::fence_acq_rel_sys();
+}
+
 /// Reads one 16-byte WQE segment as its four memory words (weak: ordered
 /// by the acquire of the doorbell record before it).
 ///

@@ -13,6 +13,9 @@ use super::tables::{ErrorRecord, Inflight, Port, Ports, QpState, Reason, MAX_QPS
 use super::wqe::{self, wqe_bbs};
 use super::{cqe, mem};
 
+// A QP mask is one u64.
+const _: () = assert!(MAX_QPS <= 64);
+
 /// What a pass did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PollReport {
@@ -52,6 +55,26 @@ pub unsafe fn poll_port<P: Ports + ?Sized, M: Mover>(
     rng: &mut Rng,
     mover: &mut M,
 ) -> PollReport {
+    // SAFETY: the caller's contract.
+    unsafe { poll_port_masked(ports, p, u64::MAX, now_ns, cfg, rng, mover) }
+}
+
+/// [`poll_port`] over the QP slots whose bit is set in `mask` (bit `q`:
+/// slot `q`) only: the GPU engine passes the slots in use, so an idle pass
+/// does not walk the whole table.
+///
+/// # Safety
+/// As for [`poll_port`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn poll_port_masked<P: Ports + ?Sized, M: Mover>(
+    ports: &mut P,
+    p: usize,
+    mask: u64,
+    now_ns: u64,
+    cfg: &EngineConfig,
+    rng: &mut Rng,
+    mover: &mut M,
+) -> PollReport {
     let mut report = PollReport::IDLE;
     match ports.get(p) {
         Some(port) if port.valid != 0 => {}
@@ -64,6 +87,9 @@ pub unsafe fn poll_port<P: Ports + ?Sized, M: Mover>(
     };
     for k in 0..MAX_QPS {
         let q = (start + k) % MAX_QPS;
+        if mask & (1u64 << q) == 0 {
+            continue;
+        }
         // SAFETY: the caller's contract.
         unsafe { poll_qp(ports, p, q, now_ns, cfg, rng, mover, &mut report) };
     }
@@ -113,6 +139,25 @@ unsafe fn poll_qp<P: Ports + ?Sized, M: Mover>(
     unsafe { execute_due(ports, p, q, now_ns, cfg, mover, report) };
 }
 
+/// The word that says a QP was rung, read without ordering: its UAR word,
+/// or without a UAR the send counter of its doorbell record. The engine
+/// compares it with [`super::tables::QpEntry::last_doorbell`]; a change
+/// is followed by [`mem::acquire`].
+///
+/// # Safety
+/// `qp.dbrec` is valid; `qp.uar`, when not null, too.
+#[inline(always)]
+pub(crate) unsafe fn doorbell_word(qp: &super::tables::QpEntry) -> u64 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if qp.uar.is_null() {
+            (mem::peek_dbrec(qp.dbrec.add(1)) & 0xffff) as u64
+        } else {
+            mem::peek_uar(qp.uar)
+        }
+    }
+}
+
 /// Notices a doorbell (a new UAR value, or without a UAR a new doorbell
 /// record value), applies the drop and delay faults, and reads the
 /// doorbell record when a doorbell is due or the re-read timeout expired.
@@ -127,12 +172,10 @@ unsafe fn watch_doorbell<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, n
         return;
     }
     // SAFETY (whole function): the caller's contract.
-    let seen = if qp.uar.is_null() {
-        (unsafe { mem::load_dbrec(qp.dbrec.add(1)) } & 0xffff) as u64
-    } else {
-        unsafe { mem::load_uar(qp.uar) }
-    };
+    let seen = unsafe { doorbell_word(qp) };
     if seen != qp.last_doorbell {
+        // The record read below is at least as new as this doorbell.
+        mem::acquire();
         qp.last_doorbell = seen;
         qp.doorbells += 1;
         stats.doorbells += 1;
@@ -154,8 +197,10 @@ unsafe fn watch_doorbell<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, n
         if !doorbell_due {
             stats.dbr_rereads += 1;
         }
-        let pi = unsafe { mem::load_dbrec(qp.dbrec.add(1)) } & 0xffff;
+        let pi = unsafe { mem::peek_dbrec(qp.dbrec.add(1)) } & 0xffff;
         if pi != qp.sq_pi {
+            // The WQEs the new record publishes are read after this.
+            mem::acquire();
             stats.last_sq_pi = pi;
             stats.last_qpn = qp.qpn;
         }

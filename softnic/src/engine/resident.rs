@@ -13,7 +13,16 @@
 //! ## Ordering
 //! * The producer (a user's kernel) writes WQEs, the doorbell record with
 //!   `st.release`, and the UAR word after `fence.sc.sys`; the engine reads
-//!   the UAR word and the record with `ld.acquire.sys` ([`super::mem`]).
+//!   the UAR word and the record with `ld.relaxed.sys` and follows a
+//!   changed value with `fence.acq_rel.sys` before it reads what the value
+//!   publishes ([`super::mem::acquire`]). An acquire load would invalidate
+//!   thread 0's L1 on every read, and an idle pass then paid a memory
+//!   round trip for every field of every QP slot it looked at (~29 µs a
+//!   pass on an H200, measured from the passes counter); see below for
+//!   what an idle pass reads now (`Watch`).
+//! * Every [`REFRESH_NS`] the control thread fences too, so table entries
+//!   the host or another port's engine wrote (new QPs and regions, QP
+//!   states) reach its plain loads, and lists the QP slots in use again.
 //! * A block copy ends with a barrier and then `fence.acq_rel` by thread 0
 //!   at [`EngineCtl::sys_scope`]'s scope (`gpu` when every port's memory
 //!   is on this GPU, `sys` across GPUs): the block's stores happen before
@@ -28,7 +37,7 @@
 //!
 //! ## Waits
 //! Thread 0 never waits for anything but the barrier with its own block;
-//! it checks the stop word every pass. The other threads wait at the
+//! it checks the stop word every [`CONTROL_EVERY`] passes. The other threads wait at the
 //! barrier, which thread 0 visits at least every [`HEARTBEAT_NS`] (the CPU
 //! emulator fails barriers that wait too long). A pass is bounded: it
 //! executes what is due and returns.
@@ -54,14 +63,30 @@ use doorbell_kernels::ptx;
 
 use super::config::{EngineConfig, Rng};
 use super::mover::{copy_part, overlaps, Mover};
-use super::poll::poll_port;
-use super::tables::PortTable;
+use super::mem;
+use super::poll::{doorbell_word, poll_port_masked, PollReport};
+use super::tables::{PortTable, Ports, MAX_QPS};
 
 /// Copies of at least this many bytes are made by the whole block; smaller
 /// ones by the control thread alone.
 pub const BLOCK_COPY_MIN: usize = 1024;
 /// The control thread meets its block at least this often while idle, ns.
 pub const HEARTBEAT_NS: u64 = 5_000_000;
+/// The control thread reads the stop word and the configuration epoch
+/// every this many passes.
+pub const CONTROL_EVERY: u64 = 16;
+/// At least this often (ns) the control thread makes the host's and the
+/// other ports' table writes visible (a fence) and lists the QP slots in
+/// use again; a QP created while the engine runs is polled within this.
+pub const REFRESH_NS: u64 = 100_000;
+/// Idle passes before the control thread sleeps between passes.
+const IDLE_SPINS: u32 = 64;
+/// The sleep of an idle pass, ns.
+const IDLE_SLEEP_NS: u32 = 100;
+/// Doorbell words an idle pass reads at once (QPs beyond these: every
+/// pass is a full one).
+const WATCHED: usize = 8;
+
 /// Dynamic shared memory the engine kernel needs (one [`Job`]).
 pub const SHARED_BYTES: u32 = core::mem::size_of::<Job>() as u32;
 
@@ -423,31 +448,59 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
         let progress = core::ptr::read_volatile(&raw const (*ctl).host_progress);
         let mut seq = 0u64;
         let mut now = base;
-        while ptx::ld_acquire_sys_u32(&raw const (*ctl).stop) == 0 {
-            let e = ptx::ld_acquire_sys_u64(&raw const (*ctl).cfg_epoch);
-            if e != epoch {
-                cfg = core::ptr::read_volatile(&raw const (*ctl).cfg);
-                rng = Rng::new(cfg.faults.seed);
-                epoch = e;
+        let mut watch = Watch::EMPTY;
+        // Forces a refresh and a full pass first.
+        let mut refreshed_ns = t0.wrapping_sub(REFRESH_NS + 1);
+        let mut last = PollReport {
+            progressed: 1,
+            next_event_ns: 0,
+        };
+        loop {
+            if passes % CONTROL_EVERY == 0 {
+                // Relaxed: the stop word orders nothing; a new epoch is
+                // followed by a fence before the configuration is read.
+                if ptx::ld_relaxed_sys_u32(&raw const (*ctl).stop) != 0 {
+                    break;
+                }
+                let e = ptx::ld_relaxed_sys_u64(&raw const (*ctl).cfg_epoch);
+                if e != epoch {
+                    mem::acquire();
+                    cfg = core::ptr::read_volatile(&raw const (*ctl).cfg);
+                    rng = Rng::new(cfg.faults.seed);
+                    epoch = e;
+                    last.progressed = 1;
+                }
             }
             let t = ptx::globaltimer_ns();
             now = base.wrapping_add(t.wrapping_sub(t0));
-            let r = poll_port(&mut table, port, now, &cfg, &mut rng, &mut mover);
             passes += 1;
+            if t.wrapping_sub(refreshed_ns) > REFRESH_NS {
+                // What the host (new QPs, regions, states) and other ports
+                // wrote into the tables becomes visible to the plain loads
+                // that follow; then the slots in use are listed again.
+                mem::acquire();
+                watch = Watch::of(&table, port);
+                refreshed_ns = t;
+                last.progressed = 1;
+            }
+            let full = last.progressed != 0 || now >= last.next_event_ns || watch.rung(&table, port);
+            if full {
+                last = poll_port_masked(&mut table, port, watch.mask, now, &cfg, &mut rng, &mut mover);
+            }
             if passes % PROGRESS_EVERY == 1 {
                 seq += 1;
                 publish_progress(progress, seq, passes, now, &table, port);
             }
-            if r.progressed != 0 {
+            if full && last.progressed != 0 {
                 busy += 1;
                 idle = 0;
                 publish_counters(ctl, passes, busy, &mover);
             } else {
                 idle = idle.saturating_add(1);
-                if idle > 64 {
+                if idle > IDLE_SPINS {
                     // Long idle: back off a little (the next doorbell waits
                     // at most this long more).
-                    ptx::nanosleep(200);
+                    ptx::nanosleep(IDLE_SLEEP_NS);
                 }
                 if idle % 1024 == 0 {
                     publish_counters(ctl, passes, busy, &mover);
@@ -476,6 +529,81 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
             len: 0,
         });
         publish_state(ctl, STATE_EXITED);
+    }
+}
+
+/// The QP slots of the engine's port in use, and the first [`WATCHED`] of
+/// them whose doorbell words an idle pass reads together.
+///
+/// An idle pass costs what its loads cost. A full pass
+/// ([`poll_port_masked`]) walks every slot in use with dependent loads and
+/// branches; when nothing was rung, nothing is due and the last pass did
+/// nothing, the engine instead issues the doorbell-word loads of the
+/// watched QPs back to back (independent `ld.relaxed.sys`, one memory
+/// latency for all) and compares them with what the tables last saw.
+#[derive(Clone, Copy)]
+struct Watch {
+    /// Bit `q`: slot `q` holds a QP.
+    mask: u64,
+    /// Watched slots, `n` of them.
+    slots: [u8; WATCHED],
+    n: usize,
+    /// Every slot in use is watched.
+    complete: bool,
+}
+
+impl Watch {
+    const EMPTY: Watch = Watch {
+        mask: 0,
+        slots: [0; WATCHED],
+        n: 0,
+        complete: true,
+    };
+
+    /// Lists the slots of `port` in use.
+    fn of(table: &PortTable, port: usize) -> Watch {
+        let mut w = Watch::EMPTY;
+        let Some(p) = table.get(port) else { return w };
+        for q in 0..MAX_QPS {
+            let qp = &p.qps[q];
+            if !qp.in_use() {
+                continue;
+            }
+            w.mask |= 1u64 << q;
+            if w.n < WATCHED && !qp.dbrec.is_null() {
+                w.slots[w.n] = q as u8;
+                w.n += 1;
+            } else {
+                w.complete = false;
+            }
+        }
+        w
+    }
+
+    /// Whether a watched QP was rung since its last full pass (or not
+    /// every slot is watched, so only a full pass can tell).
+    ///
+    /// # Safety
+    /// The watched QPs' doorbell words are valid (the tables' contract).
+    unsafe fn rung(&self, table: &PortTable, port: usize) -> bool {
+        if !self.complete {
+            return true;
+        }
+        let Some(p) = table.get(port) else { return false };
+        let mut seen = [0u64; WATCHED];
+        for (i, s) in seen.iter_mut().enumerate() {
+            if i < self.n {
+                // SAFETY: the caller's contract.
+                *s = unsafe { doorbell_word(&p.qps[self.slots[i] as usize]) };
+            }
+        }
+        let mut rung = false;
+        for (i, s) in seen.iter().enumerate() {
+            if i < self.n {
+                rung |= *s != p.qps[self.slots[i] as usize].last_doorbell;
+            }
+        }
+        rung
     }
 }
 
