@@ -77,6 +77,14 @@ struct Report {
     post_block_mwqe_s: f64,
     engine_mwqe_s: f64,
     engine_wqes: u64,
+    /// Where rank 0's engine kernel spent its busy cycles over the whole
+    /// run: shares of copying payload, fencing after copies, and the rest
+    /// (control: doorbells, WQE parsing, checks, CQEs); control cycles per
+    /// WQE executed.
+    engine_copy_share: Option<f64>,
+    engine_fence_share: Option<f64>,
+    engine_control_share: Option<f64>,
+    engine_control_cycles_per_wqe: Option<f64>,
     put_bw: Vec<BwRow>,
 }
 
@@ -159,6 +167,20 @@ fn run(a: &IbgdaBenchArgs) -> Result<(), BoxError> {
         "# engine execution rate: {:.3} M WQE/s ({} WQEs executed by rank 0's port)",
         r.engine_mwqe_s, r.engine_wqes
     );
+    if let (Some(c), Some(f), Some(k), Some(w)) = (
+        r.engine_copy_share,
+        r.engine_fence_share,
+        r.engine_control_share,
+        r.engine_control_cycles_per_wqe,
+    ) {
+        println!(
+            "# engine busy cycles: {:.1} % copying payload, {:.1} % fences after copies, {:.1} % control ({:.0} cycles per WQE)",
+            c * 100.0,
+            f * 100.0,
+            k * 100.0,
+            w
+        );
+    }
     if !gpu {
         println!("# CPU emulator: the timings say nothing about a GPU; every path ran and every put was checked");
     }
@@ -185,6 +207,8 @@ fn bench(comm: &Communicator, a: &IbgdaBenchArgs, max: u64, rtt_iters: u32, io: 
     let mut status = dev.alloc_zeroed::<u32>(1)?;
     let mut out = dev.alloc_zeroed::<u64>(2)?;
     let s: Stream = dev.new_stream()?;
+    let engine_before = comm.ibgda_engine();
+    let wqes_before = comm.soft_nic().map(|n| n.stats().wqes).unwrap_or(0);
     let mut report = Report {
         device: dev.name(),
         ranks_on: if a.spread { "one GPU per rank".into() } else { "one device".into() },
@@ -382,6 +406,19 @@ fn bench(comm: &Communicator, a: &IbgdaBenchArgs, max: u64, rtt_iters: u32, io: 
     if let Some(e) = comm.ibgda_engine() {
         report.engine = format!("{:?}", e.engine);
         report.engine_threads = e.threads;
+        let wqes = nic.stats().wqes - wqes_before;
+        if let Some(b) = engine_before {
+            let busy = e.busy_cycles - b.busy_cycles;
+            if busy > 0 && wqes > 0 {
+                let copy = (e.copy_cycles - b.copy_cycles) as f64;
+                let fence = (e.fence_cycles - b.fence_cycles) as f64;
+                let control = (busy as f64 - copy - fence).max(0.0);
+                report.engine_copy_share = Some(copy / busy as f64);
+                report.engine_fence_share = Some(fence / busy as f64);
+                report.engine_control_share = Some(control / busy as f64);
+                report.engine_control_cycles_per_wqe = Some(control / wqes as f64);
+            }
+        }
     }
     comm.barrier()?;
     Ok((me == 0).then_some(report))

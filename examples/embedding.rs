@@ -348,16 +348,24 @@ pub fn traffic(p: &Problem, ids: &[Vec<u32>]) -> Traffic {
 }
 
 /// Launch shape of the exchange's kernels on a device: the same on every
-/// rank, small enough that every rank's grid is resident at once.
-pub fn launch_config(comm: &Communicator, ranks_per_gpu: u32) -> LaunchConfig {
+/// rank, small enough that every rank's grid is resident at once (beside
+/// the soft NIC engines, one SM per rank of the GPU, when the transport
+/// goes through it: `soft_nic`).
+pub fn launch_config_for(comm: &Communicator, ranks_per_gpu: u32, soft_nic: bool) -> LaunchConfig {
     let dev = comm.device();
     if dev.is_gpu() {
-        let sms = dev.multiprocessor_count() as u32;
+        let all = dev.multiprocessor_count() as u32;
+        let sms = if soft_nic { all.saturating_sub(ranks_per_gpu.max(1)).max(1) } else { all };
         LaunchConfig::linear((2 * sms / ranks_per_gpu.max(1)).clamp(1, 256), 256)
     } else {
         LaunchConfig::linear(2, 64)
     }
     .with_shared_mem(k::SHARED_BYTES)
+}
+
+/// [`launch_config_for`] a transport of loads and stores (P2P).
+pub fn launch_config(comm: &Communicator, ranks_per_gpu: u32) -> LaunchConfig {
+    launch_config_for(comm, ranks_per_gpu, false)
 }
 
 fn err(msg: impl Into<String>) -> Error {

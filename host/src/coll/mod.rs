@@ -391,16 +391,15 @@ impl<'c> AllReduce<'c> {
             TransportKind::Ibgda => false,
             TransportKind::Routed => direct && (comm.world_size() == 1 || rdma_peers(opts)? == RdmaPeers::Needed),
         };
-        Plan::new(
-            comm.world_size(),
-            elems,
-            dtype,
-            opts,
-            dev.is_gpu(),
-            dev.multiprocessor_count(),
-            same_gpu,
-            peer_pointers,
-        )
+        // The soft NIC's engine kernels hold one SM per rank of this GPU
+        // while the transport goes through them: grids that must be
+        // resident at once leave those SMs free.
+        let sms = match opts.transport {
+            TransportKind::P2p => dev.multiprocessor_count(),
+            _ if dev.is_gpu() => dev.multiprocessor_count().saturating_sub(same_gpu + 1).max(1),
+            _ => dev.multiprocessor_count(),
+        };
+        Plan::new(comm.world_size(), elems, dtype, opts, dev.is_gpu(), sms, same_gpu, peer_pointers)
     }
 
     /// Collective: an all-reduce of `elems` elements of `dtype`, tuned by

@@ -835,6 +835,15 @@ pub struct EngineReport {
     pub thread_copies: u64,
     /// Bytes the block copies moved.
     pub block_bytes: u64,
+    /// SM cycles of the passes that made progress (the engine's busy
+    /// time; kernel engine only). `copy_cycles` and `fence_cycles` are
+    /// parts of it; the rest is control: doorbells, WQE parsing, checks,
+    /// CQEs.
+    pub busy_cycles: u64,
+    /// Cycles moving payload.
+    pub copy_cycles: u64,
+    /// Cycles in the fences after copies.
+    pub fence_cycles: u64,
 }
 
 /// This rank's IBGDA resources. Field order is drop order: the engine
@@ -1012,6 +1021,9 @@ impl Communicator {
                 block_copies: 0,
                 thread_copies: 0,
                 block_bytes: 0,
+                busy_cycles: 0,
+                copy_cycles: 0,
+                fence_cycles: 0,
             }),
             Engine::Kernel(k) => {
                 let c = k.counters().ok()?;
@@ -1023,6 +1035,9 @@ impl Communicator {
                     block_copies: c.block_copies,
                     thread_copies: c.thread_copies,
                     block_bytes: c.block_bytes,
+                    busy_cycles: c.busy_cycles,
+                    copy_cycles: c.copy_cycles,
+                    fence_cycles: c.fence_cycles,
                 })
             }
         }
@@ -1416,6 +1431,16 @@ impl Communicator {
             t0.elapsed().as_millis()
         );
         let threads = opts.engine_threads.unwrap_or(if self.device.is_gpu() { 256 } else { 32 });
+        if let Some(a) = function.attributes() {
+            if threads as i32 > a.max_threads_per_block {
+                return Err(Error::comm(format!(
+                    "rank {rank}: IBGDA options: engine_threads {threads}: the soft NIC engine kernel uses {} registers per thread, so a block of it holds at most {} threads on {}",
+                    a.registers,
+                    a.max_threads_per_block,
+                    self.device.name()
+                )));
+            }
+        }
         let stream = self.device.inner.new_stream_untracked()?;
         let engine = KernelEngine {
             stream: Some(stream),

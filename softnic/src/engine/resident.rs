@@ -133,6 +133,13 @@ pub struct EngineCtl {
     pub thread_copies: u64,
     /// Engine: bytes moved by block copies.
     pub block_bytes: u64,
+    /// Engine: SM cycles (`%clock64`) of the passes that made progress —
+    /// the engine's busy time, of which the next two are parts.
+    pub busy_cycles: u64,
+    /// Engine: cycles moving payload (thread copies, block rounds).
+    pub copy_cycles: u64,
+    /// Engine: cycles in fences (after copies, after a new doorbell).
+    pub fence_cycles: u64,
     /// Engine → host: a copy of [`Self::state`] in memory the host reads
     /// without a driver call (mapped pinned host memory on a GPU; stored
     /// with `st.release.sys`); null: none.
@@ -221,6 +228,9 @@ impl EngineCtl {
             block_copies: 0,
             thread_copies: 0,
             block_bytes: 0,
+            busy_cycles: 0,
+            copy_cycles: 0,
+            fence_cycles: 0,
             host_state,
             host_progress,
         }
@@ -293,18 +303,22 @@ pub struct BlockMover {
     block_copies: u64,
     thread_copies: u64,
     block_bytes: u64,
+    copy_cycles: u64,
+    fence_cycles: u64,
 }
 
 impl BlockMover {
     /// Orders thread 0's earlier stores (and, after a barrier, the block's)
     /// before its later ones, at the engine's scope.
     #[inline(always)]
-    fn fence(&self) {
+    fn fence(&mut self) {
+        let c0 = ptx::clock64();
         if self.sys {
             ptx::fence_acq_rel_sys();
         } else {
             ptx::fence_acq_rel_gpu();
         }
+        self.fence_cycles += ptx::clock64().wrapping_sub(c0);
     }
 
     /// One round with the block: publish `job`, barrier; the block copies
@@ -346,6 +360,7 @@ impl Mover for BlockMover {
             self.fence();
             self.dirty = false;
         }
+        let c0 = ptx::clock64();
         if overlaps(dst, src, len) {
             // SAFETY: the caller's contract (memmove handles the overlap).
             unsafe { super::mem::copy_bytes(dst, src, len) };
@@ -366,10 +381,13 @@ impl Mover for BlockMover {
             };
             // SAFETY: the caller's contract; no overlap (checked).
             unsafe { self.round(job) };
+            self.copy_cycles += ptx::clock64().wrapping_sub(c0);
             self.fence();
             self.block_copies += 1;
             self.block_bytes += len as u64;
+            return;
         }
+        self.copy_cycles += ptx::clock64().wrapping_sub(c0);
     }
 }
 
@@ -439,11 +457,13 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
             block_copies: 0,
             thread_copies: 0,
             block_bytes: 0,
+            copy_cycles: 0,
+            fence_cycles: 0,
         };
         let mut epoch = 0u64;
         let mut cfg = EngineConfig::default();
         let mut rng = Rng::new(0);
-        let (mut passes, mut busy) = (0u64, 0u64);
+        let (mut passes, mut busy, mut busy_cycles) = (0u64, 0u64, 0u64);
         let mut idle = 0u32;
         let progress = core::ptr::read_volatile(&raw const (*ctl).host_progress);
         let mut seq = 0u64;
@@ -485,7 +505,11 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
             }
             let full = last.progressed != 0 || now >= last.next_event_ns || watch.rung(&table, port);
             if full {
+                let c0 = ptx::clock64();
                 last = poll_port_masked(&mut table, port, watch.mask, now, &cfg, &mut rng, &mut mover);
+                if last.progressed != 0 {
+                    busy_cycles += ptx::clock64().wrapping_sub(c0);
+                }
             }
             if passes % PROGRESS_EVERY == 1 {
                 seq += 1;
@@ -494,7 +518,7 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
             if full && last.progressed != 0 {
                 busy += 1;
                 idle = 0;
-                publish_counters(ctl, passes, busy, &mover);
+                publish_counters(ctl, passes, busy, busy_cycles, &mover);
             } else {
                 idle = idle.saturating_add(1);
                 if idle > IDLE_SPINS {
@@ -503,7 +527,7 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
                     ptx::nanosleep(IDLE_SLEEP_NS);
                 }
                 if idle % 1024 == 0 {
-                    publish_counters(ctl, passes, busy, &mover);
+                    publish_counters(ctl, passes, busy, busy_cycles, &mover);
                 }
             }
             if t.wrapping_sub(mover.last_barrier_ns) > HEARTBEAT_NS {
@@ -519,7 +543,7 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
         if mover.dirty {
             mover.fence();
         }
-        publish_counters(ctl, passes, busy, &mover);
+        publish_counters(ctl, passes, busy, busy_cycles, &mover);
         publish_progress(progress, seq + 1, passes, now, &table, port);
         mover.round(Job {
             kind: JOB_EXIT,
@@ -612,7 +636,7 @@ impl Watch {
 ///
 /// # Safety
 /// `ctl` is valid.
-unsafe fn publish_counters(ctl: *mut EngineCtl, passes: u64, busy: u64, m: &BlockMover) {
+unsafe fn publish_counters(ctl: *mut EngineCtl, passes: u64, busy: u64, busy_cycles: u64, m: &BlockMover) {
     // SAFETY: the caller's contract; 8-byte aligned fields.
     unsafe {
         ptx::st_relaxed_sys_u64(&raw mut (*ctl).passes, passes);
@@ -620,6 +644,9 @@ unsafe fn publish_counters(ctl: *mut EngineCtl, passes: u64, busy: u64, m: &Bloc
         ptx::st_relaxed_sys_u64(&raw mut (*ctl).block_copies, m.block_copies);
         ptx::st_relaxed_sys_u64(&raw mut (*ctl).thread_copies, m.thread_copies);
         ptx::st_relaxed_sys_u64(&raw mut (*ctl).block_bytes, m.block_bytes);
+        ptx::st_relaxed_sys_u64(&raw mut (*ctl).busy_cycles, busy_cycles);
+        ptx::st_relaxed_sys_u64(&raw mut (*ctl).copy_cycles, m.copy_cycles);
+        ptx::st_relaxed_sys_u64(&raw mut (*ctl).fence_cycles, m.fence_cycles);
     }
 }
 
