@@ -324,13 +324,15 @@ fn to_le_bytes<T: Elem>(v: &[T]) -> Vec<u8> {
 }
 
 fn check_rank<T: Elem>(comm: &Communicator, args: &Args, elems: usize, opts: &AllReduceOptions) -> doorbell::Result<RankResult> {
+    // Modules first: over IBGDA on a GPU the all-reduce starts the soft
+    // NIC's engine kernel, and no module loads while it runs.
+    let module = comm.load_module(USER_KERNELS_PTX)?;
     let ar = AllReduce::with_options(comm, elems, T::DTYPE, opts)?;
     let dev = comm.device();
     let stream = dev.new_stream()?;
     let me = comm.rank();
     let ranks = comm.world_size();
     let compute = args.compute_code();
-    let module = comm.load_module(USER_KERNELS_PTX)?;
     let mut out = dev.alloc_zeroed::<T>(elems)?;
     let mut result = RankResult {
         rank: me,

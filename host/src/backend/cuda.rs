@@ -406,6 +406,14 @@ impl Device {
             return Err(Error::PtxNotBuilt);
         }
         self.bind()?;
+        if persistent().get(&self.ordinal()).is_some_and(|e| e.running > 0) {
+            // cuModuleLoadData waits for the GPU's running kernels, and the
+            // soft NIC's engine kernel runs until its teardown.
+            return Err(Error::Comm(format!(
+                "GPU {}: a module cannot be loaded while the soft NIC engine kernel runs on this GPU (the load would wait for it forever): load every module before the IBGDA transport is set up (the first Communicator::ibgda, routed or an all-reduce over them), or after the communicator is gone",
+                self.ordinal()
+            )));
+        }
         let src = CString::new(ptx).map_err(|_| Error::PtxNotBuilt)?;
         tracing::debug!(
             "GPU {}: loading a module of {} bytes of PTX (the driver compiles it the first time: seconds per MB)",

@@ -426,7 +426,7 @@ impl<'c> AllReduce<'c> {
         )?;
         let scratch = comm.alloc::<u8>(a.scratch_bytes().max(1) as usize)?;
         let sigs = comm.alloc::<u64>(a.sig_words() as usize)?;
-        let module = comm.device().load_module(crate::KERNELS_PTX)?;
+        let module = comm.library_module()?;
         let launcher = match opts.transport {
             TransportKind::P2p => Launcher::P2p(comm.p2p(), module.function()?),
             TransportKind::Ibgda => Launcher::Ibgda(comm.ibgda()?, module.function()?),

@@ -188,6 +188,10 @@ pub struct Communicator {
     /// The IBGDA transport's resources, once set up (`ibgda.rs`); dropped
     /// before the heap they name.
     ibgda: Mutex<Option<ibgda::IbgdaState>>,
+    /// The library's kernels ([`crate::KERNELS_PTX`]), loaded once: the
+    /// collectives take their entry points from it, so none loads a module
+    /// while the soft NIC's engine kernel runs.
+    library: std::sync::OnceLock<crate::Module>,
     // Drop order: mappings of peers before our own heap.
     _mappings: Vec<Mapping>,
     _heap: Option<Heap>,
@@ -362,6 +366,7 @@ impl Communicator {
             budget_ns: opts.wait_timeout.as_nanos().min(u64::MAX as u128) as u64,
             same_gpu,
             ibgda: Mutex::new(None),
+            library: std::sync::OnceLock::new(),
             _mappings: mappings,
             _heap: Some(heap),
         })
@@ -513,6 +518,17 @@ impl Communicator {
         // SAFETY: inside this rank's heap.
         unsafe { self.device.write_raw(self.heap_base + offset, &vec![0u8; bytes as usize])? };
         Ok(buf)
+    }
+
+    /// The library's kernels ([`crate::KERNELS_PTX`]) on this rank's
+    /// device, loaded on first use and kept.
+    pub fn library_module(&self) -> Result<&crate::Module> {
+        if let Some(m) = self.library.get() {
+            return Ok(m);
+        }
+        let m = self.device.load_module(crate::KERNELS_PTX)?;
+        let _ = self.library.set(m);
+        Ok(self.library.get().expect("set above"))
     }
 
     /// Loads `ptx` on this rank's device, then waits until every rank has
