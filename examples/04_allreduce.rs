@@ -74,9 +74,9 @@ enum Compute {
 enum TransportArg {
     /// Loads and stores into peers' memory.
     P2p,
-    /// GPU-built RDMA WQEs through the soft NIC (the CPU emulator only for now).
+    /// GPU-built RDMA WQEs through the soft NIC (its engine kernel on a GPU, slow: see the README).
     Ibgda,
-    /// Load/store or the soft NIC per pair of ranks (DOORBELL_RDMA_PEERS; the CPU emulator only for now).
+    /// Load/store or the soft NIC per pair of ranks (DOORBELL_RDMA_PEERS).
     Routed,
 }
 
@@ -123,7 +123,7 @@ struct Args {
     /// All-reduce algorithm, plain and fused (auto: one-shot, two-shot or pipelined by size and route)
     #[arg(long, value_enum, default_value_t = AlgoArg::Auto)]
     algo: AlgoArg,
-    /// Device transport (ibgda, routed: through the soft NIC, on the CPU emulator only for now; pipelined algorithm where a pair has no peer pointers)
+    /// Device transport (ibgda, routed: through the soft NIC; pipelined algorithm where a pair has no peer pointers)
     #[arg(long, value_enum, default_value_t = TransportArg::P2p)]
     transport: TransportArg,
     /// Checked all-reduces (steps)

@@ -138,8 +138,8 @@ pub enum TransportKind {
     /// Loads and stores into peers' memory ([`Communicator::p2p`]).
     #[default]
     P2p,
-    /// Every peer through the (soft) NIC ([`Communicator::ibgda`]): the CPU
-    /// emulator only for now. No peer pointers: the pipelined algorithm.
+    /// Every peer through the (soft) NIC ([`Communicator::ibgda`]). No
+    /// peer pointers: the pipelined algorithm.
     Ibgda,
     /// Per peer: load/store, or the NIC for the pairs
     /// [`AllReduceOptions::rdma_peers`] (default `DOORBELL_RDMA_PEERS`)
