@@ -172,6 +172,20 @@ fn dedup_counts_and_capacity() {
     assert_eq!(tr.row_bytes(4), (5 * 16, 3 * 16));
 }
 
+/// `f`, with its rank's error on stderr as it happens: `Communicator::local`
+/// returns the first error in rank order, so a rank that failed on the host
+/// (and never launched its next kernel) would otherwise hide behind the
+/// wait timeouts of the lower ranks it left waiting.
+fn noting<R>(f: impl Fn(&Communicator) -> doorbell::Result<R> + Sync) -> impl Fn(&Communicator) -> doorbell::Result<R> + Sync {
+    move |comm| {
+        let r = f(comm);
+        if let Err(e) = &r {
+            eprintln!("rank {}: failed: {e}", comm.rank());
+        }
+        r
+    }
+}
+
 /// The wait budget of the out-of-range test: long, so that a rank left
 /// waiting for a peer that stopped shows up as a slow test, not only as an
 /// error; short enough that such a wait still ends in an error naming its
@@ -213,7 +227,7 @@ fn out_of_range_ids_fail_fast_on_every_rank_with_nothing_written_then_the_next_s
                 wait_timeout: LONG_WAIT,
                 ..opts(&p, cap)
             };
-            let res = Communicator::local(3, backend, opts, |comm| {
+            let res = Communicator::local(3, backend, opts, noting(|comm| {
                 let r = comm.rank() as u32;
                 let dev = comm.device();
                 let mut x = Exchange::new(comm, &p, cap, cfg(comm, p.ranks))?;
@@ -252,6 +266,7 @@ fn out_of_range_ids_fail_fast_on_every_rank_with_nothing_written_then_the_next_s
                 let still = out.to_host()? == canary && x.shard()? == shard;
                 // The protocol is intact: a good step runs and is right.
                 x.forward(&s, &good_d, &mut out)?;
+                note("next forward launched");
                 x.finish(&s)?;
                 note("next forward done");
                 let next = out.to_host()?;
@@ -259,8 +274,8 @@ fn out_of_range_ids_fail_fast_on_every_rank_with_nothing_written_then_the_next_s
                 x.finish(&s)?;
                 note("next backward done");
                 Ok((e, took, untouched, eb, still, next, x.shard()?))
-            })
-            .unwrap_or_else(|e| panic!("{backend:?}: {e}"));
+            }))
+            .unwrap_or_else(|e| panic!("{backend:?} bad {bad_ranks:?}: {e}"));
             let mut tables = vec![0f32; init.len()];
             for (r, (e, took, untouched, eb, still, next, shard)) in res.iter().enumerate() {
                 let what = format!("{backend:?}, bad ids on ranks {bad_ranks:?}, rank {r}");
