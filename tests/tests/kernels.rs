@@ -2,7 +2,7 @@
 
 use doorbell::{Backend, Device, Error, LaunchConfig};
 use doorbell_example_kernels::fused_multiply_add;
-use doorbell_test_kernels::testing::{self, atomics_and_fences, record_indices, shuffle_barrier_flag, trap_in_one_thread};
+use doorbell_test_kernels::testing::{self, atomics_and_fences, block_or_rounds, record_indices, shuffle_barrier_flag, trap_in_one_thread};
 use doorbell_tests::backends;
 use doorbell_tests::TEST_KERNELS_PTX;
 
@@ -51,6 +51,31 @@ fn warp_shuffle_block_barrier_and_release_acquire_flag_agree_across_backends() {
         for r in &results[1..] {
             assert_eq!(r, &results[0]);
         }
+    }
+}
+
+/// `sync_threads_or` (`bar.red.or.pred`) is a barrier whose result every
+/// thread shares: rounds back to back, the one thread passing true moving
+/// (first, last, a middle warp, none), so a result left over from an
+/// earlier round, or one thread seeing another's, shows.
+#[test]
+fn sync_threads_or_gives_every_thread_the_blocks_or_round_after_round() {
+    let threads = 96u32;
+    let pick: Vec<u32> = vec![0, threads, 95, 40, threads + 7, 33, 1, threads];
+    let want: Vec<u32> = pick.iter().map(|&p| (p < threads) as u32).chain([0]).collect();
+    for dev in backends() {
+        let m = dev.load_module(TEST_KERNELS_PTX).unwrap();
+        let f = m.function::<block_or_rounds>().unwrap();
+        let dpick = dev.alloc_from(&pick).unwrap();
+        let mut out = dev.alloc_zeroed::<u32>(pick.len() + 1).unwrap();
+        let s = dev.new_stream().unwrap();
+        // SAFETY: `pick` and `out` as the kernel documents.
+        unsafe {
+            s.launch(&f, LaunchConfig::linear(1, threads), (dpick.as_ptr(), pick.len() as u32, out.as_mut_ptr()))
+                .unwrap()
+        };
+        s.synchronize().unwrap();
+        assert_eq!(out.to_host().unwrap(), want, "{}", dev.name());
     }
 }
 

@@ -267,3 +267,28 @@ pub unsafe fn divergent_barrier(flag: *mut u32) {
         }
     }
 }
+
+/// `out[round]` = `sync_threads_or` of "this thread is thread `pick[round]`"
+/// for each of `rounds` rounds in a row (`pick[round]` past the block:
+/// nobody passes true), as thread 0 of the block saw it; every other
+/// thread whose result differs from thread 0's adds 1 to `out[rounds]`.
+/// One block; `out` holds `rounds + 1` zeroed words.
+#[kernel]
+pub unsafe fn block_or_rounds(pick: *const u32, rounds: u32, out: *mut u32) {
+    let t = ptx::thread_idx_x();
+    for r in 0..rounds {
+        // SAFETY: `pick` holds `rounds` words.
+        let any = ptx::sync_threads_or(t == unsafe { *pick.add(r as usize) });
+        // SAFETY: `out` holds `rounds + 1` words.
+        unsafe {
+            if t == 0 {
+                *out.add(r as usize) = any as u32;
+            }
+            ptx::sync_threads();
+            if (*out.add(r as usize) != 0) != any {
+                ptx::atom_add_relaxed_gpu_u32(out.add(rounds as usize), 1);
+            }
+            ptx::sync_threads();
+        }
+    }
+}
