@@ -401,3 +401,72 @@ fn forward_and_backward_over_ibgda_on_the_emulator() {
         Ok(_) => panic!("the pull forward ran over IBGDA"),
     }
 }
+
+
+/// The IBGDA forward and backward with a grid like a GPU's, scaled down:
+/// 16 blocks of 2 warps per rank, so 8 blocks share each of the two QPs
+/// to a peer (block `b` posts on QP `b mod 2`), warps of different blocks
+/// interleave their reservations, most blocks signal before others have
+/// put their rows, and 32-slot send queues wrap many times per step (flow
+/// control and CQ polling under contention). Both soft NIC engines: the
+/// host thread and the engine kernel. The test the GPU stall
+/// (256 blocks x 256 threads, 256 slots) was chased with; it did not
+/// reproduce it.
+#[test]
+fn ibgda_with_many_blocks_sharing_small_send_queues() {
+    use doorbell::comm::{IbgdaOptions, SoftNicEngine};
+    let p = Problem {
+        ranks: 2,
+        tables: 4,
+        rows: 200,
+        dim: 16,
+        batch: 16,
+        pooling: 8,
+    };
+    let ids = emb::generate_ids(&p, 1.1, 3);
+    let cap = emb::traffic(&p, &ids).max_pair.max(1) as u32;
+    let init = emb::initial_tables(&p);
+    let (steps, lr) = (2, 0.125);
+    for engine in [SoftNicEngine::Thread, SoftNicEngine::Kernel] {
+        let res = Communicator::local(p.ranks as usize, Backend::Cpu, opts(&p, cap), |comm| {
+            let io = IbgdaOptions {
+                sq_size: 32,
+                engine: Some(engine),
+                ..IbgdaOptions::default()
+            };
+            comm.ibgda_with(&io)?;
+            let r = comm.rank() as u32;
+            let dev = comm.device();
+            let lc = LaunchConfig::linear(16, 64).with_shared_mem(emb_k::SHARED_BYTES);
+            let mut x = Exchange::with_transport(comm, &p, cap, lc, TransportKind::Ibgda)?;
+            x.load_shard(&emb::shard_of(&p, &init, r))?;
+            let ids_d = dev.alloc_from(&ids[r as usize])?;
+            let grad = dev.alloc_from(&emb::upstream_grad(&p, r))?;
+            let mut out = dev.alloc_zeroed::<f32>(p.out_len())?;
+            let s = dev.new_stream()?;
+            let mut outs = Vec::new();
+            for _ in 0..steps {
+                x.forward(&s, &ids_d, &mut out)?;
+                x.finish(&s)?;
+                outs.push(out.to_host()?);
+                x.backward(&s, &grad, lr)?;
+                x.finish(&s)?;
+            }
+            Ok((outs, x.shard()?))
+        })
+        .unwrap_or_else(|e| panic!("{engine:?}: {e}"));
+        let mut tables = init.clone();
+        for step in 0..steps {
+            for (r, (outs, _)) in res.iter().enumerate() {
+                let want = emb::reference_forward(&p, &tables, &ids[r]);
+                assert_close(&outs[step], &want, &format!("{engine:?}, step {step}, rank {r} forward"));
+            }
+            emb::reference_backward(&p, &mut tables, &ids, lr);
+        }
+        let mut got = vec![0f32; init.len()];
+        for (r, (_, shard)) in res.iter().enumerate() {
+            emb::unshard(&p, &mut got, shard, r as u32);
+        }
+        assert_close(&got, &tables, &format!("{engine:?}, tables"));
+    }
+}
