@@ -220,11 +220,21 @@ fn a_stalled_wait_is_explained_by_the_engines_progress_record() {
         // Past the budget the record has had thousands of passes to land.
         let p = comm.ibgda_progress().expect("set up");
         let line = format!("{}; {p}", err.map(|e| e.to_string()).unwrap_or_else(|| "no error".to_string()));
+        let queues = comm.ibgda_queues()?.expect("set up");
         comm.barrier()?;
-        Ok((line, p))
+        Ok((line, p, queues))
     })
     .expect("the world");
-    for (r, (line, p)) in lines.iter().enumerate() {
+    for (r, (line, p, queues)) in lines.iter().enumerate() {
+        // The queues say the same from the kernels' side: the WQEs to the
+        // next rank were rung and none completed.
+        let next = (r + 1) % 2;
+        let rung: Vec<_> = queues.iter().filter(|q| q.peer == next && q.ready != q.completed).collect();
+        assert!(!rung.is_empty(), "rank {r}: no queue to rank {next} with rung, uncompleted WQEs: {queues:?}");
+        for q in &rung {
+            assert!(q.rank == r && q.completed == 0 && q.ready == q.producer, "rank {r}: {q}");
+            assert!(q.to_string().contains(&format!("rung {}, completed 0", q.ready)), "{q}");
+        }
         assert!(!line.starts_with("no error"), "rank {r}: the stalled ring finished: {line}");
         let rec = &p.record;
         assert!(rec.passes > 0 && rec.doorbells > 0, "rank {r}: {line}");

@@ -501,6 +501,51 @@ impl IbgdaProgress {
     }
 }
 
+/// One send queue of the IBGDA transport as its kernels keep it
+/// ([`Communicator::ibgda_queues`]). Indices count WQEs and wrap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IbgdaQueue {
+    /// The rank that posts on it.
+    pub rank: usize,
+    /// The rank it reaches.
+    pub peer: usize,
+    /// Which of the QPs to that peer.
+    pub qp: usize,
+    /// WQEs reserved.
+    pub producer: u32,
+    /// WQEs rung (submitted in reservation order).
+    pub ready: u32,
+    /// WQEs known complete.
+    pub completed: u32,
+    /// CQEs consumed.
+    pub cq_consumer: u32,
+    /// 1 while a thread consumes CQEs.
+    pub poll_lock: u32,
+    /// 0, or the completion error / wedge word.
+    pub error: u32,
+    /// The first WQE not known good once `error` is set.
+    pub error_at: u32,
+}
+
+impl std::fmt::Display for IbgdaQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "rank {} QP {} to rank {}: reserved {}, rung {}, completed {}, CQEs consumed {}, poll lock {}, error {:#x} at {}",
+            self.rank,
+            self.qp,
+            self.peer,
+            self.producer,
+            self.ready,
+            self.completed,
+            self.cq_consumer,
+            self.poll_lock,
+            self.error,
+            self.error_at
+        )
+    }
+}
+
 impl std::fmt::Display for IbgdaProgress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let p = &self.record;
@@ -1060,6 +1105,46 @@ impl Communicator {
                 &st.device.stats(),
             )),
         }
+    }
+
+    /// A snapshot of this rank's send queues as the kernels keep them
+    /// (`None` before the transport is set up): per QP its reservation,
+    /// ready (rung), completed and CQ-consumer indices, the CQ poll lock
+    /// and the error word. Read from device memory with a driver copy,
+    /// which kernels running on other streams do not block, so it answers
+    /// while a kernel is stuck; read with `ibgda_progress` it tells a
+    /// queue whose turn never comes (`ready < producer`, `completed ==
+    /// ready`) from an engine that does not run what was rung.
+    pub fn ibgda_queues(&self) -> Result<Option<Vec<IbgdaQueue>>> {
+        let guard = self.ibgda.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(st) = guard.as_ref() else { return Ok(None) };
+        let Some(mem) = st.memory.as_ref() else { return Ok(None) };
+        let qpp = st.opts.qps_per_peer as usize;
+        let mut raw = vec![0u8; mem.states.len()];
+        // SAFETY: the states buffer, whole (plain words; a racing kernel
+        // makes the snapshot approximate, never invalid).
+        unsafe { self.device.read_raw(mem.states.as_raw(), &mut raw)? };
+        let n = (self.size * qpp).min(raw.len() / std::mem::size_of::<QpState>());
+        Ok(Some(
+            (0..n)
+                .map(|i| {
+                    // SAFETY: `raw` holds one QpState per QP (plain data).
+                    let s = unsafe { std::ptr::read_unaligned((raw.as_ptr() as *const QpState).add(i)) };
+                    IbgdaQueue {
+                        rank: self.rank,
+                        peer: i / qpp,
+                        qp: i % qpp,
+                        producer: s.producer,
+                        ready: s.ready,
+                        completed: s.completed,
+                        cq_consumer: s.cq_consumer,
+                        poll_lock: s.poll_lock,
+                        error: s.error,
+                        error_at: s.error_at,
+                    }
+                })
+                .collect(),
+        ))
     }
 
     /// The set-up state's handle, setting it up first if needed.

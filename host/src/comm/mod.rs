@@ -57,7 +57,7 @@ use crate::world::World;
 
 mod ibgda;
 mod shm;
-pub use ibgda::{EngineReport, IbgdaOptions, IbgdaProgress, RdmaPeers, SoftNicEngine, SOFTNIC_PTX};
+pub use ibgda::{EngineReport, IbgdaOptions, IbgdaProgress, IbgdaQueue, RdmaPeers, SoftNicEngine, SOFTNIC_PTX};
 use shm::ShmRegion;
 
 /// Communicator settings.
