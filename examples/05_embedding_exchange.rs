@@ -251,7 +251,13 @@ fn run(args: &Args) -> Result<(), BoxError> {
     let results = Communicator::local(p.ranks as usize, backend, opts, |comm| {
         let r = comm.rank() as u32;
         let dev = comm.device();
-        let mut x = Exchange::with_transport(comm, &p, cap, emb::launch_config_for(comm, rpg, args.transport.kind() != emb::TransportKind::P2p), args.transport.kind())?;
+        let mut x = Exchange::with_transport(
+            comm,
+            &p,
+            cap,
+            emb::launch_config_for(comm, rpg, args.transport.kind() != emb::TransportKind::P2p),
+            args.transport.kind(),
+        )?;
         x.load_shard(&emb::shard_of(&p, &init, r))?;
         let ids_d = dev.alloc_from(&ids[r as usize])?;
         let grad = dev.alloc_from(&emb::upstream_grad(&p, r))?;

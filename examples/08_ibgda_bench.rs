@@ -408,6 +408,7 @@ fn bench(comm: &Communicator, a: &IbgdaBenchArgs, max: u64, rtt_iters: u32, io: 
         report.engine_threads = e.threads;
         let wqes = nic.stats().wqes - wqes_before;
         if let Some(b) = engine_before {
+            let (e, b) = (e.counters, b.counters);
             let busy = e.busy_cycles - b.busy_cycles;
             if busy > 0 && wqes > 0 {
                 let copy = (e.copy_cycles - b.copy_cycles) as f64;

@@ -355,7 +355,11 @@ pub fn launch_config_for(comm: &Communicator, ranks_per_gpu: u32, soft_nic: bool
     let dev = comm.device();
     if dev.is_gpu() {
         let all = dev.multiprocessor_count() as u32;
-        let sms = if soft_nic { all.saturating_sub(ranks_per_gpu.max(1)).max(1) } else { all };
+        let sms = if soft_nic {
+            all.saturating_sub(ranks_per_gpu.max(1)).max(1)
+        } else {
+            all
+        };
         LaunchConfig::linear((2 * sms / ranks_per_gpu.max(1)).clamp(1, 256), 256)
     } else {
         LaunchConfig::linear(2, 64)

@@ -227,54 +227,59 @@ fn out_of_range_ids_fail_fast_on_every_rank_with_nothing_written_then_the_next_s
                 wait_timeout: LONG_WAIT,
                 ..opts(&p, cap)
             };
-            let res = Communicator::local(3, backend, opts, noting(|comm| {
-                let r = comm.rank() as u32;
-                let dev = comm.device();
-                let mut x = Exchange::new(comm, &p, cap, cfg(comm, p.ranks))?;
-                let shard = emb::shard_of(&p, &init, r);
-                x.load_shard(&shard)?;
-                let bad_d = dev.alloc_from(&bad[r as usize])?;
-                let good_d = dev.alloc_from(&good[r as usize])?;
-                let grad = dev.alloc_from(&emb::upstream_grad(&p, r))?;
-                let canary = vec![-7.5f32; p.out_len()];
-                let mut out = dev.alloc_from(&canary)?;
-                let s = dev.new_stream()?;
-                x.set_stamps(true);
-                // Progress on stderr as it happens (`--nocapture`): if a
-                // step stalls, the last line of each rank says where.
-                let note = |what: &str| eprintln!("{backend:?} bad {bad_ranks:?} rank {r}: {what}");
-                // Device-side check (the host check skipped on purpose),
-                // every rank starting together.
-                comm.barrier()?;
-                let t0 = std::time::Instant::now();
-                x.forward(&s, &bad_d, &mut out)?;
-                let e = x.finish(&s).err();
-                let took = t0.elapsed();
-                let (fwd, _) = x.stamps()?;
-                let phases: Vec<String> = emb_k::STAMP_FWD
-                    .iter()
-                    .zip(&fwd)
-                    .map(|(n, t)| t.map_or(format!("{n} -"), |t| format!("{n} {:.1}us", t as f64 / 1e3)))
-                    .collect();
-                let why = e.as_ref().map_or("no error".to_string(), |e| e.to_string());
-                note(&format!("failed forward in {took:?} [{}]: {why}", phases.join(", ")));
-                let untouched = out.to_host()? == canary && x.shard()? == shard;
-                // The backward of the failed forward runs nowhere.
-                x.backward(&s, &grad, 0.5)?;
-                let eb = x.finish(&s).err();
-                note("refused backward done");
-                let still = out.to_host()? == canary && x.shard()? == shard;
-                // The protocol is intact: a good step runs and is right.
-                x.forward(&s, &good_d, &mut out)?;
-                note("next forward launched");
-                x.finish(&s)?;
-                note("next forward done");
-                let next = out.to_host()?;
-                x.backward(&s, &grad, 0.5)?;
-                x.finish(&s)?;
-                note("next backward done");
-                Ok((e, took, untouched, eb, still, next, x.shard()?))
-            }))
+            let res = Communicator::local(
+                3,
+                backend,
+                opts,
+                noting(|comm| {
+                    let r = comm.rank() as u32;
+                    let dev = comm.device();
+                    let mut x = Exchange::new(comm, &p, cap, cfg(comm, p.ranks))?;
+                    let shard = emb::shard_of(&p, &init, r);
+                    x.load_shard(&shard)?;
+                    let bad_d = dev.alloc_from(&bad[r as usize])?;
+                    let good_d = dev.alloc_from(&good[r as usize])?;
+                    let grad = dev.alloc_from(&emb::upstream_grad(&p, r))?;
+                    let canary = vec![-7.5f32; p.out_len()];
+                    let mut out = dev.alloc_from(&canary)?;
+                    let s = dev.new_stream()?;
+                    x.set_stamps(true);
+                    // Progress on stderr as it happens (`--nocapture`): if a
+                    // step stalls, the last line of each rank says where.
+                    let note = |what: &str| eprintln!("{backend:?} bad {bad_ranks:?} rank {r}: {what}");
+                    // Device-side check (the host check skipped on purpose),
+                    // every rank starting together.
+                    comm.barrier()?;
+                    let t0 = std::time::Instant::now();
+                    x.forward(&s, &bad_d, &mut out)?;
+                    let e = x.finish(&s).err();
+                    let took = t0.elapsed();
+                    let (fwd, _) = x.stamps()?;
+                    let phases: Vec<String> = emb_k::STAMP_FWD
+                        .iter()
+                        .zip(&fwd)
+                        .map(|(n, t)| t.map_or(format!("{n} -"), |t| format!("{n} {:.1}us", t as f64 / 1e3)))
+                        .collect();
+                    let why = e.as_ref().map_or("no error".to_string(), |e| e.to_string());
+                    note(&format!("failed forward in {took:?} [{}]: {why}", phases.join(", ")));
+                    let untouched = out.to_host()? == canary && x.shard()? == shard;
+                    // The backward of the failed forward runs nowhere.
+                    x.backward(&s, &grad, 0.5)?;
+                    let eb = x.finish(&s).err();
+                    note("refused backward done");
+                    let still = out.to_host()? == canary && x.shard()? == shard;
+                    // The protocol is intact: a good step runs and is right.
+                    x.forward(&s, &good_d, &mut out)?;
+                    note("next forward launched");
+                    x.finish(&s)?;
+                    note("next forward done");
+                    let next = out.to_host()?;
+                    x.backward(&s, &grad, 0.5)?;
+                    x.finish(&s)?;
+                    note("next backward done");
+                    Ok((e, took, untouched, eb, still, next, x.shard()?))
+                }),
+            )
             .unwrap_or_else(|e| panic!("{backend:?} bad {bad_ranks:?}: {e}"));
             let mut tables = vec![0f32; init.len()];
             for (r, (e, took, untouched, eb, still, next, shard)) in res.iter().enumerate() {
@@ -401,7 +406,6 @@ fn forward_and_backward_over_ibgda_on_the_emulator() {
         Ok(_) => panic!("the pull forward ran over IBGDA"),
     }
 }
-
 
 /// The IBGDA forward and backward with a grid like a GPU's, scaled down:
 /// 16 blocks of 2 warps per rank, so 8 blocks share each of the two QPs

@@ -71,8 +71,12 @@ fn sync_threads_or_gives_every_thread_the_blocks_or_round_after_round() {
         let s = dev.new_stream().unwrap();
         // SAFETY: `pick` and `out` as the kernel documents.
         unsafe {
-            s.launch(&f, LaunchConfig::linear(1, threads), (dpick.as_ptr(), pick.len() as u32, out.as_mut_ptr()))
-                .unwrap()
+            s.launch(
+                &f,
+                LaunchConfig::linear(1, threads),
+                (dpick.as_ptr(), pick.len() as u32, out.as_mut_ptr()),
+            )
+            .unwrap()
         };
         s.synchronize().unwrap();
         assert_eq!(out.to_host().unwrap(), want, "{}", dev.name());

@@ -86,7 +86,9 @@ use doorbell_kernels::transport::ibgda::{IbgdaQp, QpState, RegRegion, MAX_BATCH,
 use doorbell_kernels::transport::routed::ROUTE_WORDS;
 use doorbell_kernels::transport::{Ibgda, Routed};
 use doorbell_kernels::Kernel;
-use doorbell_softnic::engine::resident::{EngineCtl, EngineProgress, SHARED_BYTES, STATE_EXITED, STATE_LAUNCHED, STATE_RUNNING};
+use doorbell_softnic::engine::resident::{
+    EngineCounters, EngineCtl, EngineProgress, SHARED_BYTES, STATE_EXITED, STATE_LAUNCHED, STATE_RUNNING,
+};
 use doorbell_softnic::engine::{access, cqe, EngineConfig, LinkModel, MrEntry, Port, PortStats, PortTable, MAX_PORTS};
 use doorbell_softnic::host::ResidentPort;
 use doorbell_softnic::kernel::softnic_engine;
@@ -870,25 +872,9 @@ pub struct EngineReport {
     pub engine: SoftNicEngine,
     /// Threads of its block (kernel engine; 1 for the host thread).
     pub threads: u32,
-    /// Passes over the port (kernel engine; 0 for the host thread).
-    pub passes: u64,
-    /// Passes that made progress.
-    pub busy_passes: u64,
-    /// Copies the whole block made (at least 1 KiB each).
-    pub block_copies: u64,
-    /// Copies the control thread made alone.
-    pub thread_copies: u64,
-    /// Bytes the block copies moved.
-    pub block_bytes: u64,
-    /// SM cycles of the passes that made progress (the engine's busy
-    /// time; kernel engine only). `copy_cycles` and `fence_cycles` are
-    /// parts of it; the rest is control: doorbells, WQE parsing, checks,
-    /// CQEs.
-    pub busy_cycles: u64,
-    /// Cycles moving payload.
-    pub copy_cycles: u64,
-    /// Cycles in the fences after copies.
-    pub fence_cycles: u64,
+    /// What it has done (kernel engine; zero for the host thread, whose
+    /// port statistics are `SoftDevice::stats`).
+    pub counters: EngineCounters,
 }
 
 /// This rank's IBGDA resources. Field order is drop order: the engine
@@ -1061,28 +1047,14 @@ impl Communicator {
             Engine::Thread(_) => Some(EngineReport {
                 engine: SoftNicEngine::Thread,
                 threads: 1,
-                passes: 0,
-                busy_passes: 0,
-                block_copies: 0,
-                thread_copies: 0,
-                block_bytes: 0,
-                busy_cycles: 0,
-                copy_cycles: 0,
-                fence_cycles: 0,
+                counters: EngineCounters::default(),
             }),
             Engine::Kernel(k) => {
                 let c = k.counters().ok()?;
                 Some(EngineReport {
                     engine: SoftNicEngine::Kernel,
                     threads: k.threads,
-                    passes: c.passes,
-                    busy_passes: c.busy_passes,
-                    block_copies: c.block_copies,
-                    thread_copies: c.thread_copies,
-                    block_bytes: c.block_bytes,
-                    busy_cycles: c.busy_cycles,
-                    copy_cycles: c.copy_cycles,
-                    fence_cycles: c.fence_cycles,
+                    counters: c.counters,
                 })
             }
         }

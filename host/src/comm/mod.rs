@@ -57,6 +57,7 @@ use crate::world::World;
 
 mod ibgda;
 mod shm;
+pub use doorbell_softnic::engine::EngineCounters;
 pub use ibgda::{EngineReport, IbgdaOptions, IbgdaProgress, IbgdaQueue, RdmaPeers, SoftNicEngine, SOFTNIC_PTX};
 use shm::ShmRegion;
 

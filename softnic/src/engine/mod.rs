@@ -34,5 +34,5 @@ pub use config::{EngineConfig, FaultConfig, Rng};
 pub use link::{parse_link, LinkModel, LinkParseError, LINK_FORMS};
 pub use mover::{Mover, ThreadMover};
 pub use poll::{poll_port, PollReport};
-pub use resident::EngineCtl;
+pub use resident::{EngineCounters, EngineCtl};
 pub use tables::{access, CqEntry, ErrorRecord, MrEntry, Port, PortStats, PortTable, Ports, QpEntry, QpState, Reason, MAX_PORTS};

@@ -62,8 +62,8 @@
 use doorbell_kernels::ptx;
 
 use super::config::{EngineConfig, Rng};
-use super::mover::{copy_part, overlaps, Mover};
 use super::mem;
+use super::mover::{copy_part, overlaps, Mover};
 use super::poll::{doorbell_word, poll_port_masked, PollReport};
 use super::tables::{PortTable, Ports, MAX_QPS};
 
@@ -123,23 +123,9 @@ pub struct EngineCtl {
     /// The fabric's clock when the engine was launched, ns: the engine's
     /// time is this plus `%globaltimer` elapsed since it started.
     pub clock_base_ns: u64,
-    /// Engine: passes over the port.
-    pub passes: u64,
-    /// Engine: passes that made progress.
-    pub busy_passes: u64,
-    /// Engine: copies made by the whole block.
-    pub block_copies: u64,
-    /// Engine: copies made by the control thread alone.
-    pub thread_copies: u64,
-    /// Engine: bytes moved by block copies.
-    pub block_bytes: u64,
-    /// Engine: SM cycles (`%clock64`) of the passes that made progress —
-    /// the engine's busy time, of which the next two are parts.
-    pub busy_cycles: u64,
-    /// Engine: cycles moving payload (thread copies, block rounds).
-    pub copy_cycles: u64,
-    /// Engine: cycles in fences (after copies, after a new doorbell).
-    pub fence_cycles: u64,
+    /// Engine: what it has done (stored with `st.relaxed.sys` now and
+    /// then; read by the host for statistics).
+    pub counters: EngineCounters,
     /// Engine → host: a copy of [`Self::state`] in memory the host reads
     /// without a driver call (mapped pinned host memory on a GPU; stored
     /// with `st.release.sys`); null: none.
@@ -151,6 +137,30 @@ pub struct EngineCtl {
 }
 
 const _: () = assert!(core::mem::size_of::<EngineCtl>() % 8 == 0);
+
+/// What an engine kernel has done, as its control block holds it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineCounters {
+    /// Passes over the port.
+    pub passes: u64,
+    /// Passes that made progress.
+    pub busy_passes: u64,
+    /// Copies made by the whole block (at least [`BLOCK_COPY_MIN`] bytes).
+    pub block_copies: u64,
+    /// Copies made by the control thread alone.
+    pub thread_copies: u64,
+    /// Bytes moved by block copies.
+    pub block_bytes: u64,
+    /// SM cycles (`%clock64`) of the passes that made progress — the
+    /// engine's busy time. `copy_cycles` and `fence_cycles` are parts of
+    /// it; the rest is control: doorbells, WQE parsing, checks, CQEs.
+    pub busy_cycles: u64,
+    /// Cycles moving payload (thread copies, block rounds).
+    pub copy_cycles: u64,
+    /// Cycles in the fences after copies.
+    pub fence_cycles: u64,
+}
 
 /// The control thread stores its [`EngineProgress`] every this many passes
 /// (and when it exits): a compare per pass, fifteen stores per 256.
@@ -223,14 +233,16 @@ impl EngineCtl {
             port,
             sys_scope: sys_scope as u32,
             clock_base_ns,
-            passes: 0,
-            busy_passes: 0,
-            block_copies: 0,
-            thread_copies: 0,
-            block_bytes: 0,
-            busy_cycles: 0,
-            copy_cycles: 0,
-            fence_cycles: 0,
+            counters: EngineCounters {
+                passes: 0,
+                busy_passes: 0,
+                block_copies: 0,
+                thread_copies: 0,
+                block_bytes: 0,
+                busy_cycles: 0,
+                copy_cycles: 0,
+                fence_cycles: 0,
+            },
             host_state,
             host_progress,
         }
@@ -639,14 +651,15 @@ impl Watch {
 unsafe fn publish_counters(ctl: *mut EngineCtl, passes: u64, busy: u64, busy_cycles: u64, m: &BlockMover) {
     // SAFETY: the caller's contract; 8-byte aligned fields.
     unsafe {
-        ptx::st_relaxed_sys_u64(&raw mut (*ctl).passes, passes);
-        ptx::st_relaxed_sys_u64(&raw mut (*ctl).busy_passes, busy);
-        ptx::st_relaxed_sys_u64(&raw mut (*ctl).block_copies, m.block_copies);
-        ptx::st_relaxed_sys_u64(&raw mut (*ctl).thread_copies, m.thread_copies);
-        ptx::st_relaxed_sys_u64(&raw mut (*ctl).block_bytes, m.block_bytes);
-        ptx::st_relaxed_sys_u64(&raw mut (*ctl).busy_cycles, busy_cycles);
-        ptx::st_relaxed_sys_u64(&raw mut (*ctl).copy_cycles, m.copy_cycles);
-        ptx::st_relaxed_sys_u64(&raw mut (*ctl).fence_cycles, m.fence_cycles);
+        let c = &raw mut (*ctl).counters;
+        ptx::st_relaxed_sys_u64(&raw mut (*c).passes, passes);
+        ptx::st_relaxed_sys_u64(&raw mut (*c).busy_passes, busy);
+        ptx::st_relaxed_sys_u64(&raw mut (*c).block_copies, m.block_copies);
+        ptx::st_relaxed_sys_u64(&raw mut (*c).thread_copies, m.thread_copies);
+        ptx::st_relaxed_sys_u64(&raw mut (*c).block_bytes, m.block_bytes);
+        ptx::st_relaxed_sys_u64(&raw mut (*c).busy_cycles, busy_cycles);
+        ptx::st_relaxed_sys_u64(&raw mut (*c).copy_cycles, m.copy_cycles);
+        ptx::st_relaxed_sys_u64(&raw mut (*c).fence_cycles, m.fence_cycles);
     }
 }
 
