@@ -853,15 +853,44 @@ impl ResidentPort for DevicePort {
             bytes_of(cfg),
             "configuration",
         )?;
-        let mut e = [0u8; 8];
         let epoch_at = self.ctl + std::mem::offset_of!(EngineCtl, cfg_epoch) as u64;
-        // SAFETY: the epoch word of the control block.
-        unsafe { self.device.inner.read(epoch_at, &mut e) }.map_err(|x| doorbell_softnic::Error::ResidentWrite {
+        let epoch = self.read_word(epoch_at)? + 1;
+        self.write(epoch_at, &epoch.to_le_bytes(), "configuration")?;
+        // In force before this returns: a kernel launched next sees it.
+        let applied_at = self.ctl + std::mem::offset_of!(EngineCtl, cfg_applied) as u64;
+        let t0 = std::time::Instant::now();
+        loop {
+            let seen = self.read_word(applied_at)?;
+            if seen >= epoch {
+                return Ok(());
+            }
+            if t0.elapsed() > ENGINE_WAIT {
+                return Err(doorbell_softnic::Error::ResidentWrite {
+                    lid: self.lid,
+                    what: "configuration",
+                    why: format!(
+                        "the engine kernel did not take it within {} s (it applied epoch {seen}, not {epoch})",
+                        ENGINE_WAIT.as_secs()
+                    ),
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+    }
+}
+
+impl DevicePort {
+    /// One 8-byte word of the control block.
+    fn read_word(&self, addr: u64) -> doorbell_softnic::Result<u64> {
+        let mut b = [0u8; 8];
+        // SAFETY: `addr` is a word of this port's control block (the
+        // callers compute it from field offsets).
+        unsafe { self.device.inner.read(addr, &mut b) }.map_err(|x| doorbell_softnic::Error::ResidentWrite {
             lid: self.lid,
             what: "configuration",
             why: x.to_string(),
         })?;
-        self.write(epoch_at, &(u64::from_le_bytes(e) + 1).to_le_bytes(), "configuration")
+        Ok(u64::from_le_bytes(b))
     }
 }
 

@@ -111,6 +111,10 @@ pub struct EngineCtl {
     /// Host: bumped after each new [`Self::cfg`]; the engine reloads the
     /// configuration (and reseeds its generator) when it changes.
     pub cfg_epoch: u64,
+    /// Engine → host: the last [`Self::cfg_epoch`] it applied (stored with
+    /// `st.release.sys` before the pass that first uses it), so the host
+    /// can wait until a new configuration is in force.
+    pub cfg_applied: u64,
     /// Timeouts, faults.
     pub cfg: EngineConfig,
     /// Every port of the fabric.
@@ -228,6 +232,7 @@ impl EngineCtl {
             stop: 0,
             state: STATE_LAUNCHED,
             cfg_epoch: 1,
+            cfg_applied: 0,
             cfg,
             table,
             port,
@@ -500,6 +505,7 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
                     cfg = core::ptr::read_volatile(&raw const (*ctl).cfg);
                     rng = Rng::new(cfg.faults.seed);
                     epoch = e;
+                    ptx::st_release_sys_u64(&raw mut (*ctl).cfg_applied, e);
                     last.progressed = 1;
                 }
             }
