@@ -7,7 +7,7 @@
 //! ```text
 //! cargo run --release --example allreduce -- --help
 //! cargo run --release --example allreduce -- [--ranks N] [--elems N] [--dtype f32|bf16] [--chunk BYTES]
-//!     [--compute none|hash|gemv] [--algo auto|one-shot|two-shot|pipelined] [--transport p2p|ibgda|routed]
+//!     [--compute none|hash|gemv] [--algo auto|ll|one-shot|two-shot|pipelined] [--transport p2p|ibgda|routed]
 //!     [--device gpu|cpu|auto] [--iters N] [--in-place] [--dump PATH] [--spread]
 //! cargo run --release --example allreduce -- --bench [--max-bytes BYTES] [--out DIR] ...
 //! ```
@@ -93,6 +93,7 @@ impl TransportArg {
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 enum AlgoArg {
     Auto,
+    Ll,
     OneShot,
     TwoShot,
     Pipelined,
@@ -120,7 +121,7 @@ struct Args {
     /// Producer of each rank's vector (hash, gemv: fused into the all-reduce)
     #[arg(long, value_enum, default_value_t = Compute::None)]
     compute: Compute,
-    /// All-reduce algorithm, plain and fused (auto: one-shot, two-shot or pipelined by size and route)
+    /// All-reduce algorithm, plain and fused (auto: ll, one-shot, two-shot or pipelined by size and route)
     #[arg(long, value_enum, default_value_t = AlgoArg::Auto)]
     algo: AlgoArg,
     /// Device transport (ibgda, routed: through the soft NIC; pipelined algorithm where a pair has no peer pointers)
@@ -175,6 +176,7 @@ impl Args {
     fn algo(&self) -> Option<Algo> {
         match (self.compute, self.algo) {
             (_, AlgoArg::Auto) => None,
+            (_, AlgoArg::Ll) => Some(Algo::Ll),
             (_, AlgoArg::OneShot) => Some(Algo::OneShot),
             (_, AlgoArg::TwoShot) => Some(Algo::TwoShot),
             (_, AlgoArg::Pipelined) => Some(Algo::Pipelined),
@@ -636,7 +638,11 @@ fn bench_size(
     for (_, _, o) in &variants {
         heap += plan(o.clone(), count)?.heap_bytes();
     }
-    heap += plan(AllReduceOptions::default(), count)?.heap_bytes();
+    let plain = AllReduceOptions {
+        algo: args.algo(),
+        ..Default::default()
+    };
+    heap += plan(plain, count)?.heap_bytes();
     let per_chunk = (base_chunk / dtype.size()).max(1) as usize;
     heap += plan(AllReduceOptions::default(), per_chunk.min(count))?.heap_bytes() * 2;
     let mut opts = opts.clone();
@@ -898,8 +904,12 @@ fn bench_rank<T: Elem>(
         let mut run = || produce(work.as_raw(), 0, count as u64);
         measure("producer", 0, "-", None, &mut run)?;
     }
-    // (c) unfused: the producer, then the all-reduce.
-    let ar = AllReduce::new(comm, count, dtype)?;
+    // (c) unfused: the producer, then the all-reduce (`--algo`, else by size).
+    let plain = AllReduceOptions {
+        algo: args.algo(),
+        ..Default::default()
+    };
+    let ar = AllReduce::with_options(comm, count, dtype, &plain)?;
     {
         let mut run = || -> doorbell::Result<()> {
             if compute != 0 {

@@ -140,7 +140,7 @@ fn one_to_eight_ranks_with_the_automatic_choice() {
 
 #[test]
 fn every_algorithm_type_placement_and_awkward_size() {
-    let algos = [Algo::OneShot, Algo::TwoShot, Algo::Pipelined];
+    let algos = [Algo::Ll, Algo::OneShot, Algo::TwoShot, Algo::Pipelined];
     for backend in backends() {
         for ranks in [2, 3, 5] {
             let mut cases = Vec::new();
@@ -196,7 +196,7 @@ fn a_million_and_three_elements() {
 #[test]
 fn consecutive_launches_need_no_reset() {
     for backend in backends() {
-        let cases: Vec<Case> = [Algo::OneShot, Algo::TwoShot, Algo::Pipelined]
+        let cases: Vec<Case> = [Algo::Ll, Algo::OneShot, Algo::TwoShot, Algo::Pipelined]
             .into_iter()
             .map(|algo| Case {
                 launches: 5,
@@ -257,6 +257,8 @@ fn fused_all_reduce_with_producers() {
             (4, 999, DType::F32, COMPUTE_GEMV, 256, Algo::OneShot),
             (4, 999, DType::F32, COMPUTE_GEMV, 256, Algo::TwoShot),
             (2, 130, DType::Bf16, COMPUTE_HASH, 256, Algo::OneShot),
+            (3, 1001, DType::F32, COMPUTE_GEMV, 256, Algo::Ll),
+            (2, 131, DType::Bf16, COMPUTE_HASH, 256, Algo::Ll),
             (1, 300, DType::Bf16, COMPUTE_HASH, 256, Algo::Copy),
         ] {
             Communicator::local(ranks, backend, opts(), |comm| {
@@ -336,7 +338,7 @@ fn one_set_of_arguments_replays_launch_after_launch() {
     type Fused = <fused_grad_allreduce as ForTransport<P2p>>::Kernel;
     let (ranks, elems) = (3usize, 3000usize);
     for backend in backends() {
-        for algo in [Algo::OneShot, Algo::TwoShot, Algo::Pipelined] {
+        for algo in [Algo::Ll, Algo::OneShot, Algo::TwoShot, Algo::Pipelined] {
             Communicator::local(ranks, backend, opts(), |comm| {
                 let ar = AllReduce::with_options(
                     comm,

@@ -14,6 +14,7 @@
 //! | `Copy` | `output = input` | one rank |
 //! | `OneShot` | copy input into the symmetric staging, signal; read every peer's staging through `peer_ptr` and sum | small messages (one step of latency) |
 //! | `TwoShot` | staging as above; rank `r` sums shard `r` from every peer (reduce-scatter), signals; every rank reads each shard from its owner (all-gather) | medium and large messages over peer pointers |
+//! | `Ll` | one-shot in 8-byte packets `(epoch << 32) \| 4 data bytes` stored straight into every peer's staging; each rank polls its own staging until every packet carries this launch's epoch, and sums | the smallest messages: one one-way trip, no fence, no signal, no barrier |
 //! | `Pipelined` | chunk by chunk through [`crate::pipeline`] rings: each chunk is put into its owner's ring (reduce-scatter), the owner sums and puts the result into every rank's ring (all-gather) | routes without peer pointers (puts and signals only: any transport), and the **fused** all-reduce: [`fused`] lets a producer compute each chunk, whose reduction starts the moment it is produced |
 //!
 //! The host (`doorbell::coll::AllReduce`) picks one by size and route.
@@ -79,6 +80,9 @@ pub enum Algo {
     TwoShot = 2,
     /// Reduce-scatter + all-gather through pipeline rings (puts, signals).
     Pipelined = 3,
+    /// One-shot with the flag in the data ("low latency"): 8-byte packets
+    /// of 4 data bytes and the launch's epoch, no fence, no signal word.
+    Ll = 4,
 }
 
 impl Algo {
@@ -89,6 +93,7 @@ impl Algo {
             1 => Algo::OneShot,
             2 => Algo::TwoShot,
             3 => Algo::Pipelined,
+            4 => Algo::Ll,
             _ => return None,
         })
     }
@@ -99,6 +104,7 @@ impl Algo {
             Algo::OneShot => "one-shot",
             Algo::TwoShot => "two-shot",
             Algo::Pipelined => "pipelined",
+            Algo::Ll => "ll",
         }
     }
 }
@@ -178,6 +184,13 @@ impl AllReduceArgs {
         round_up(self.elems.div_ceil(shards).max(1), ALIGN_ELEMS)
     }
 
+    /// LL: bytes of one rank's packet slot (8 bytes per 4 data bytes of
+    /// the padded vector).
+    #[inline(always)]
+    fn ll_slot_bytes(&self) -> u64 {
+        2 * self.shard_elems() * self.elem_bytes()
+    }
+
     /// Bytes of one pipelined ring slot.
     #[inline(always)]
     pub fn slot_bytes(&self) -> u64 {
@@ -205,6 +218,8 @@ impl AllReduceArgs {
             // result area, the padded vector).
             Some(Algo::OneShot) => 2 * self.world as u64 * self.shard_elems() * e,
             Some(Algo::TwoShot) => 4 * self.world as u64 * self.shard_elems() * e,
+            // Two parities of `world` packet slots (twice the data).
+            Some(Algo::Ll) => 2 * self.world as u64 * self.ll_slot_bytes(),
             Some(Algo::Pipelined) => self.blocks as u64 * self.block_scratch(),
             _ => 0,
         }
@@ -478,6 +493,108 @@ unsafe fn two_shot<T: Transport, E: Element, P: FnMut(Chunk)>(t: &T, a: &AllRedu
     Ok(())
 }
 
+/// LL, the one-shot for the smallest messages: each chunk is produced into
+/// this rank's own slot (plain layout), then every thread packs its share
+/// into 8-byte packets `(epoch << 32) | data` (4 data bytes: one `f32` or
+/// two `bf16`) and stores each packet into slot `me` of every peer's
+/// staging with one relaxed system-scope store. An aligned 8-byte store is
+/// seen whole or not at all, so a receiver that sees this launch's epoch in
+/// a packet sees its data: no fence, no signal word, no barrier — one
+/// one-way trip. Each rank then polls its own staging, packet by packet,
+/// with the transport's bounded `wait_until` (a packet is `>= epoch << 32`
+/// exactly when it carries this launch's epoch or a later one; the slot's
+/// previous content is from launch `epoch - 2`), and sums in rank order.
+///
+/// Epochs are 32 bits in a packet: after 2^32 launches of one plan a stale
+/// packet would pass; the host rebuilds nothing for it (12 hours at 10 µs
+/// per launch).
+unsafe fn ll<T: Transport, E: Element, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, mut produce: P) -> Result<(), Failed> {
+    let (w, me, b) = (a.world as u64, t.rank() as u64, ptx::block_idx_x() as u64);
+    let esz = E::DTYPE.size();
+    let epp = 4 / esz; // elements per packet
+    let (tid, nthr) = Coop::Block.index_and_size();
+    let sh = a.shard_elems();
+    let (lo, hi) = a.part(sh, b);
+    let slot = a.ll_slot_bytes();
+    let stg = a.scratch + (a.epoch & 1) * w * slot;
+    let mine = stg + me * slot;
+    let flag = (a.epoch & 0xffff_ffff) << 32;
+    let kn = chunk_count(lo, hi, a.chunk_elems);
+    for k in 0..kn {
+        let (a0, a1) = chunk_abs(lo, hi, a.chunk_elems, k, 0, sh, a.elems);
+        if a1 <= a0 {
+            continue;
+        }
+        produce(Chunk {
+            dst: (mine + a0 * esz) as *mut u8,
+            first: a0,
+            len: a1 - a0,
+            dtype: E::DTYPE,
+        });
+        ptx::sync_threads();
+        let mut pk = a0 / epp + tid;
+        while pk < a1.div_ceil(epp) {
+            // SAFETY: the own slot holds the chunk (plain layout, produced
+            // above); 4 bytes at 4 * pk lie inside the slot (8 * pk bytes).
+            let data = unsafe { *((mine + 4 * pk) as *const u32) };
+            for q in 0..w {
+                if q != me {
+                    // SAFETY: packet `pk` of slot `me` of rank q's staging.
+                    unsafe { ptx::st_relaxed_sys_u64(peer_at(t, mine + 8 * pk, q) as *mut u64, flag | data as u64) };
+                }
+            }
+            pk += nthr;
+        }
+    }
+    let (p0, p1) = (lo / epp, hi.min(a.elems).div_ceil(epp).max(lo / epp));
+    let mut pk = p0 + tid;
+    let mut failed = false;
+    'packets: while pk < p1 {
+        let mut acc = [0f32; 2];
+        for r in 0..w {
+            let data = if r == me {
+                // SAFETY: produced by this block above (the barrier after
+                // each chunk orders it for every thread of the block).
+                unsafe { *((mine + 4 * pk) as *const u32) }
+            } else {
+                let at = (stg + r * slot + 8 * pk) as *const u64;
+                // SAFETY: packet `pk` of slot r of this rank's staging.
+                match unsafe { t.wait_until(at, Cmp::Ge, flag) } {
+                    Ok(v) => v as u32,
+                    Err(_) => {
+                        // Recorded by the transport; stop waiting.
+                        failed = true;
+                        break 'packets;
+                    }
+                }
+            };
+            for (i, x) in acc.iter_mut().enumerate().take(epp as usize) {
+                let v = if E::DTYPE == DType::F32 {
+                    f32::from_bits(data)
+                } else {
+                    f32::from_bits((data >> (16 * i)) << 16)
+                };
+                *x = if r == 0 { v } else { *x + v };
+            }
+        }
+        for (i, x) in acc.iter().enumerate().take(epp as usize) {
+            let e = pk * epp + i as u64;
+            if e < a.elems {
+                // SAFETY: output holds `elems` elements.
+                unsafe { E::store(a.output as *mut u8, e, *x) };
+            }
+        }
+        pk += nthr;
+    }
+    // One outcome for the whole block (the epoch word is written only
+    // after a launch every thread of the block completed).
+    if ptx::sync_threads_or(failed) {
+        Err(Failed)
+    } else {
+        Ok(())
+    }
+}
+
 /// The chunk a producer fills, handed to the closure of [`fused`]: the
 /// elements `[first, first + len)` of this rank's vector go to `dst`
 /// (element `i` of the chunk at `dst[i]`).
@@ -705,6 +822,8 @@ unsafe fn run_algo<T: Transport, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, mut 
             Some(Algo::OneShot) => one_shot::<T, f32, P>(t, a, produce),
             Some(Algo::TwoShot) if bf16 => two_shot::<T, Bf16, P>(t, a, produce),
             Some(Algo::TwoShot) => two_shot::<T, f32, P>(t, a, produce),
+            Some(Algo::Ll) if bf16 => ll::<T, Bf16, P>(t, a, produce),
+            Some(Algo::Ll) => ll::<T, f32, P>(t, a, produce),
             Some(Algo::Pipelined) if bf16 => pipelined::<T, Bf16, P>(t, a, produce),
             Some(Algo::Pipelined) => pipelined::<T, f32, P>(t, a, produce),
             _ => {

@@ -28,6 +28,7 @@
 //!
 //! ## Algorithms
 //! Chosen by size and route ([`AllReduceOptions::algo`] overrides):
+//! LL (one-shot with the flag in the data) up to [`LL_MAX_BYTES`],
 //! one-shot up to [`ONE_SHOT_MAX_BYTES`], two-shot (reduce-scatter +
 //! all-gather, both by stores into the peers' memory) above, pipelined
 //! (reduce-scatter + all-gather through pipeline rings, with puts and
@@ -115,8 +116,16 @@ impl Elem for Bf16 {
     }
 }
 
+/// Largest message (bytes per rank) the automatic choice sends with the
+/// LL one-shot (flag in the data): its packets carry twice the bytes, and
+/// every thread polls its own, so it wins where latency, not bandwidth,
+/// is the cost.
+pub const LL_MAX_BYTES: u64 = 64 << 10;
 /// Largest message (bytes per rank) the automatic choice sends one-shot.
 pub const ONE_SHOT_MAX_BYTES: u64 = 256 << 10;
+/// LL: data bytes per block of a plain launch (two 4-byte packets per
+/// thread of 256: each thread's polls overlap the packets' trip).
+const LL_BYTES_PER_BLOCK: u64 = 2 << 10;
 /// Default bytes per signalled chunk of one-shot / two-shot.
 pub const DEFAULT_CHUNK_BYTES: u64 = 1 << 20;
 /// Default bytes per chunk of the pipelined (and fused) all-reduce.
@@ -233,6 +242,7 @@ impl Plan {
             Some(a) => a,
             None if world == 1 => Algo::Copy,
             None if !peer_pointers => Algo::Pipelined,
+            None if bytes <= LL_MAX_BYTES => Algo::Ll,
             None if bytes <= ONE_SHOT_MAX_BYTES => Algo::OneShot,
             None => Algo::TwoShot,
         };
@@ -242,7 +252,7 @@ impl Plan {
         if world > 1 && algo == Algo::Copy {
             return Err(invalid(format!("the copy algorithm is for one rank, not {world}")));
         }
-        if matches!(algo, Algo::OneShot | Algo::TwoShot) && !peer_pointers {
+        if matches!(algo, Algo::OneShot | Algo::TwoShot | Algo::Ll) && !peer_pointers {
             return Err(invalid(format!(
                 "{} stores into peers' memory through peer pointers, and a route of this communicator has none; use the pipelined algorithm",
                 algo.name()
@@ -281,8 +291,12 @@ impl Plan {
             2
         };
         // Enough work per block to pay for its signals: a chunk (pipelined)
-        // or 64 KiB.
-        let per_block = if algo == Algo::Pipelined { chunk_elems * esz } else { 64 << 10 };
+        // or 64 KiB; LL has no signals, and more threads poll sooner.
+        let per_block = match algo {
+            Algo::Pipelined => chunk_elems * esz,
+            Algo::Ll => LL_BYTES_PER_BLOCK * threads as u64 / 256,
+            _ => 64 << 10,
+        };
         let blocks = match opts.blocks {
             Some(b) if (1..=1024).contains(&b) => b,
             Some(b) => return Err(invalid(format!("{b} blocks per rank; use 1..=1024"))),
@@ -433,7 +447,7 @@ impl<'c> AllReduce<'c> {
             TransportKind::Routed => {
                 let t = comm.routed_with(&rdma_peers(opts)?)?;
                 let algo = plan.algo();
-                if matches!(algo, Algo::OneShot | Algo::TwoShot) {
+                if matches!(algo, Algo::OneShot | Algo::TwoShot | Algo::Ll) {
                     if let Some(p) = (0..comm.world_size() as u32).find(|&p| t.is_rdma(p)) {
                         return Err(invalid(format!(
                             "{} stores into peers' memory through peer pointers, and rank {p} is reached through the NIC; use the pipelined algorithm",
