@@ -258,6 +258,11 @@ fn run(args: &Args) -> Result<(), BoxError> {
             emb::launch_config_for(comm, rpg, args.transport.kind() != emb::TransportKind::P2p),
             args.transport.kind(),
         )?;
+        if r == 0 {
+            // The grid fitted to the kernels' registers: every block must be
+            // resident at once (grid barriers).
+            println!("grid: {} blocks x {} threads per rank", x.cfg.grid.0, x.cfg.block.0);
+        }
         x.load_shard(&emb::shard_of(&p, &init, r))?;
         let ids_d = dev.alloc_from(&ids[r as usize])?;
         let grad = dev.alloc_from(&emb::upstream_grad(&p, r))?;

@@ -48,6 +48,19 @@ macro_rules! with_transport {
     };
 }
 
+impl Kernels {
+    /// Registers per thread of the entry that uses the most (driver
+    /// attributes; `None` on the emulator).
+    fn max_registers(&self) -> Option<u32> {
+        let regs = match self {
+            Kernels::P2p(_, f, b, p) => [f.attributes(), b.attributes(), p.attributes()],
+            Kernels::Ibgda(_, f, b) => [f.attributes(), b.attributes(), None],
+            Kernels::Routed(_, f, b, p) => [f.attributes(), b.attributes(), p.attributes()],
+        };
+        regs.iter().flatten().map(|a| a.registers.max(0) as u32).max()
+    }
+}
+
 /// The problem: the same on every rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Problem {
@@ -347,20 +360,113 @@ pub fn traffic(p: &Problem, ids: &[Vec<u32>]) -> Traffic {
     tr
 }
 
+/// Most blocks per SM the fused kernels' grids ask for: more would only add
+/// warps that wait at the same barriers.
+pub const MAX_BLOCKS_PER_SM: u32 = 2;
+
+/// What bounds how many blocks one SM holds at once (sm_90: 65 536
+/// registers, 2048 threads, 32 blocks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SmLimits {
+    /// 32-bit registers per SM.
+    pub registers: u32,
+    /// Threads per SM.
+    pub threads: u32,
+    /// Blocks per SM.
+    pub blocks: u32,
+}
+
+impl SmLimits {
+    /// An H100 / H200 SM (compute capability 9.0).
+    pub const SM_90: SmLimits = SmLimits {
+        registers: 65536,
+        threads: 2048,
+        blocks: 32,
+    };
+
+    /// The limits of `comm`'s GPU as the driver reports them (`None` on the
+    /// emulator, where every thread of a launch runs at once).
+    pub fn of(comm: &Communicator) -> Option<SmLimits> {
+        use cudarc::driver::sys::CUdevice_attribute::*;
+        let ctx = comm.device().as_cuda()?;
+        let get = |a| ctx.attribute(a).ok().map(|v| v.max(0) as u32);
+        Some(SmLimits {
+            registers: get(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR)?,
+            threads: get(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)?,
+            blocks: get(CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR)?,
+        })
+    }
+}
+
+/// Blocks of `threads` threads of a kernel using `registers` registers per
+/// thread that one SM holds at once: registers are allocated per warp in
+/// units of 256 (every architecture since sm_50), so a warp takes
+/// `ceil(32 × registers / 256) × 256` of them. (The fused kernels' 16 bytes
+/// of shared memory never bound it.) 0: such a block does not fit at all.
+pub fn resident_blocks_per_sm(sm: &SmLimits, registers: u32, threads: u32) -> u32 {
+    let warps = threads.div_ceil(32).max(1);
+    let per_warp = (32 * registers.max(1)).div_ceil(256) * 256;
+    let by_registers = sm.registers / per_warp / warps;
+    let by_threads = sm.threads / (32 * warps);
+    by_registers.min(by_threads).min(sm.blocks)
+}
+
+/// The grid [`launch_config_for`] asks for, fitted to what the kernels it
+/// launches allow: `requested` assumes [`MAX_BLOCKS_PER_SM`] blocks per SM;
+/// when a kernel's registers leave room for only `per_sm` (fewer), the grid
+/// shrinks by the same factor, rounded down, so it stays within the SMs the
+/// request was sized for (every rank's grid, when ranks share a GPU). Err
+/// when even the fitted grid cannot be resident on `sms` SMs (a grid larger
+/// than the request's sizing allows).
+pub fn fit_grid(requested: u32, per_sm: u32, sms: u32) -> std::result::Result<u32, String> {
+    if per_sm == 0 {
+        return Err("a block of the exchange's kernels does not fit on one SM (registers or threads); use fewer threads per block".into());
+    }
+    let blocks = if per_sm < MAX_BLOCKS_PER_SM {
+        (requested * per_sm / MAX_BLOCKS_PER_SM).max(1)
+    } else {
+        requested
+    };
+    if blocks > per_sm * sms {
+        return Err(format!(
+            "{blocks} blocks cannot all be resident at once ({per_sm} per SM, {sms} SMs) and the exchange's grid barriers need them to be; size the grid with launch_config_for"
+        ));
+    }
+    Ok(blocks)
+}
+
+/// The phases of [`ExchangeError::Timeout`] that are grid barriers (the
+/// kernels' `grid_sync_or_report` steps): a timeout there means a block of
+/// the grid did not run, not that a peer was slow.
+pub const GRID_BARRIER_PHASES: [u32; 5] = [0, 3, 4, 6, 8];
+
+/// The blocks per rank [`launch_config_for`] asks for on a GPU of `sms` SMs
+/// shared by `ranks_per_gpu` ranks: [`MAX_BLOCKS_PER_SM`] per SM of the
+/// rank's share, the soft NIC engines' SMs (one per rank) left out when
+/// `soft_nic`; at most 256.
+pub fn grid_request(sms: u32, ranks_per_gpu: u32, soft_nic: bool) -> u32 {
+    let rpg = ranks_per_gpu.max(1);
+    let free = if soft_nic { sms.saturating_sub(rpg).max(1) } else { sms };
+    (MAX_BLOCKS_PER_SM * free / rpg).clamp(1, 256)
+}
+
 /// Launch shape of the exchange's kernels on a device: the same on every
 /// rank, small enough that every rank's grid is resident at once (beside
 /// the soft NIC engines, one SM per rank of the GPU, when the transport
-/// goes through it: `soft_nic`).
+/// goes through it: `soft_nic`), at [`MAX_BLOCKS_PER_SM`] blocks per SM.
+///
+/// **Residency is a property of the kernel, not only of the SM count**:
+/// [`Exchange::with_transport`] fits the grid to the registers of the
+/// kernels it loads ([`fit_grid`]). Over IBGDA and routed transports the
+/// forward uses ~180 registers a thread, so an SM holds one block of 256
+/// threads, not two; a grid of two blocks per SM then starts only half its
+/// blocks, which wait at the first grid barrier for blocks that cannot
+/// start until they leave (a stall of the whole wait budget).
 pub fn launch_config_for(comm: &Communicator, ranks_per_gpu: u32, soft_nic: bool) -> LaunchConfig {
     let dev = comm.device();
     if dev.is_gpu() {
-        let all = dev.multiprocessor_count() as u32;
-        let sms = if soft_nic {
-            all.saturating_sub(ranks_per_gpu.max(1)).max(1)
-        } else {
-            all
-        };
-        LaunchConfig::linear((2 * sms / ranks_per_gpu.max(1)).clamp(1, 256), 256)
+        let sms = dev.multiprocessor_count() as u32;
+        LaunchConfig::linear(grid_request(sms, ranks_per_gpu, soft_nic), 256)
     } else {
         LaunchConfig::linear(2, 64)
     }
@@ -412,7 +518,9 @@ pub struct Exchange<'c> {
     zero: Function<emb_zero_words>,
     bufs: EmbBufs,
     kernels: Kernels,
-    /// Launch shape (the same on every rank).
+    /// Launch shape (the same on every rank): the one asked for, its grid
+    /// fitted on a GPU to how many blocks the kernels' registers let every
+    /// SM hold ([`fit_grid`]).
     pub cfg: LaunchConfig,
     epoch: u64,
     /// The epoch of the last backward launched (0: none).
@@ -435,6 +543,12 @@ impl<'c> Exchange<'c> {
     /// (request lists, table shard, gradient staging), so nothing needs
     /// `Communicator::ibgda_register`. The pull forward needs peer pointers:
     /// not over IBGDA.
+    ///
+    /// On a GPU the grid of `cfg` is fitted to the loaded kernels'
+    /// registers ([`fit_grid`]): the IBGDA and routed entries hold one
+    /// block of 256 threads per SM where P2P's hold three. Every rank
+    /// computes the same grid when every rank's GPU is the same model
+    /// (the kernels' signal counts assume one grid size on every rank).
     pub fn with_transport(
         comm: &'c Communicator,
         p: &Problem,
@@ -488,6 +602,15 @@ impl<'c> Exchange<'c> {
             TransportKind::Ibgda => Kernels::Ibgda(comm.ibgda()?, m.function()?, m.function()?),
             TransportKind::Routed => Kernels::Routed(Box::new(comm.routed()?), m.function()?, m.function()?, m.function()?),
         };
+        // Every block of the grid must be resident at once (grid barriers),
+        // and how many an SM holds depends on the kernels' registers.
+        let mut cfg = cfg;
+        if let (Some(sm), Some(regs)) = (SmLimits::of(comm), kernels.max_registers()) {
+            let threads = cfg.block.0 * cfg.block.1 * cfg.block.2;
+            let per_sm = resident_blocks_per_sm(&sm, regs, threads);
+            cfg.grid.0 = fit_grid(cfg.grid.0, per_sm, dev.multiprocessor_count() as u32)
+                .map_err(|e| err(format!("rank {}: {e} ({regs} registers per thread)", comm.rank())))?;
+        }
         let bufs = EmbBufs {
             tables: tables.as_mut_ptr(),
             req_in: req_in.as_mut_ptr(),
@@ -708,7 +831,8 @@ pub enum ExchangeError {
     BadRequest { rank: u32, requester: u32, table: u32, id: u32 },
     /// The pull forward found no direct access to a peer's memory.
     NoPeerPointer { rank: u32, peer: u32 },
-    /// A wait or grid barrier ran out of its budget (`phase`: where).
+    /// A wait or grid barrier ran out of its budget (`phase`: where; the
+    /// grid barriers are [`GRID_BARRIER_PHASES`]).
     Timeout { rank: u32, phase: u32 },
     /// A transport call was refused (`detail`: which call and peer).
     Transport { rank: u32, code: u32, detail: [u32; 2] },
@@ -802,6 +926,10 @@ impl std::fmt::Display for ExchangeError {
             ExchangeError::NoPeerPointer { rank, peer } => write!(
                 f,
                 "rank {rank}: no direct access to rank {peer}'s memory (the pull forward needs it)"
+            ),
+            ExchangeError::Timeout { rank, phase } if GRID_BARRIER_PHASES.contains(phase) => write!(
+                f,
+                "rank {rank}: a grid barrier of the exchange ran out of budget (phase {phase}): some blocks of the grid never started — every block must be resident at once; launch the grid Exchange fitted (Exchange::cfg, from launch_config_for)"
             ),
             ExchangeError::Timeout { rank, phase } => {
                 write!(f, "rank {rank}: a wait of the exchange ran out of budget (phase {phase})")

@@ -414,8 +414,11 @@ fn forward_and_backward_over_ibgda_on_the_emulator() {
 /// put their rows, and 32-slot send queues wrap many times per step (flow
 /// control and CQ polling under contention). Both soft NIC engines: the
 /// host thread and the engine kernel. The test the GPU stall
-/// (256 blocks x 256 threads, 256 slots) was chased with; it did not
-/// reproduce it.
+/// (256 blocks x 256 threads, 256 slots) was chased with; it could not
+/// reproduce it: the stall was a grid of two blocks per SM where the
+/// IBGDA entries' registers leave room for one, so half the grid never
+/// started (the emulator runs every block at once); see
+/// `embedding_residency.rs`.
 #[test]
 fn ibgda_with_many_blocks_sharing_small_send_queues() {
     use doorbell::comm::{IbgdaOptions, SoftNicEngine};

@@ -122,6 +122,18 @@
 //! must be co-resident (grid barriers), and so must every rank's grid when
 //! ranks share a GPU. Epochs start at 1 and go up by one per forward; a
 //! backward uses the epoch of the forward before it, at most once.
+//!
+//! **Co-residency depends on the instantiation.** The `Ibgda` and `Routed`
+//! entries carry the send queue's code (reservation, flow control, CQ
+//! polling) and use ~150–190 registers a thread against P2P's ~80: an sm_90
+//! SM holds one block of 256 threads of them, not two. A grid sized for two
+//! per SM then starts only the blocks that fit; they wait at the first grid
+//! barrier for blocks that start only once they leave, and when its budget
+//! runs out they vote "bad" and return — the late blocks then pass the
+//! barrier among themselves, see the bad verdicts, send no rows and add
+//! their 1 to `rows_sig`, which stops at the number of late blocks. Size
+//! the grid from the entry's registers (the host's `fit_grid`), never from
+//! the SM count alone.
 
 use doorbell_kernels::transport::{Cmp, Ibgda, P2p, Routed, SignalOp, Transport};
 use doorbell_kernels::{kernel, ptx};
