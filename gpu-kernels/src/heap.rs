@@ -271,6 +271,12 @@ impl Reporter {
 /// (first error wins), fills the fields (the calling thread's block index
 /// too) and publishes the report at system scope. Scalars only, fields
 /// written in place: nothing of the report passes through local memory.
+///
+/// A cost to know: the claim's CAS returns a value that a branch uses, and
+/// ptxas then compiles every kernel that can reach this function for
+/// intra-warp forward progress — convergence barriers (`BSSY`/`BSYNC`,
+/// `BREAK`) around its divergent branches and a `YIELD` in its poll loops,
+/// the hot paths included (checked in the SASS of `signal_pingpong_p2p`).
 #[cold]
 #[inline(never)]
 #[allow(clippy::too_many_arguments)]
@@ -332,28 +338,81 @@ impl HeapBounds {
     /// the heap; returns the offset of `local`.
     #[inline(always)]
     pub fn range(self, call: Call, local: u64, bytes: u64, peer: u32) -> Result<u64, crate::transport::CommError> {
-        use crate::transport::CommError;
-        let off = local.wrapping_sub(self.reporter.local_base);
-        if peer >= self.world {
-            return Err(self.reporter.fail(CommError::BadPeer { peer }, call, peer, off));
-        }
-        if off < HEAP_RESERVED || off > self.heap_bytes || bytes > self.heap_bytes - off {
-            return Err(self.reporter.fail(CommError::OutOfRange { offset: off, bytes }, call, peer, off));
-        }
-        Ok(off)
+        self.checked(call, local, bytes, peer, 1)
     }
 
     /// [`Self::range`] for an 8-byte signal word, which must be aligned.
     #[inline(always)]
     pub fn signal(self, call: Call, sig: u64, peer: u32) -> Result<u64, crate::transport::CommError> {
-        let off = self.range(call, sig, 8, peer)?;
-        if off & 7 != 0 {
-            return Err(self
-                .reporter
-                .fail(crate::transport::CommError::Misaligned { offset: off }, call, peer, off));
+        self.checked(call, sig, 8, peer, 8)
+    }
+
+    /// All of a call's conditions folded into one predicate (`|`, not
+    /// `||`) and one branch, taken only by a bad argument. Which condition
+    /// failed is worked out out of line ([`reject`]): one cold call site
+    /// per checked call, instead of one inlined report per condition whose
+    /// arguments and error values the compiler kept on the hot path.
+    #[inline(always)]
+    fn checked(self, call: Call, local: u64, bytes: u64, peer: u32, align: u64) -> Result<u64, crate::transport::CommError> {
+        let off = local.wrapping_sub(self.reporter.local_base);
+        let bad = (peer >= self.world)
+            | (off < HEAP_RESERVED)
+            | (off > self.heap_bytes)
+            | (bytes > self.heap_bytes.wrapping_sub(off))
+            | (off & (align - 1) != 0);
+        if bad {
+            return Err(self.rejected(call, off, bytes, peer));
         }
         Ok(off)
     }
+
+    /// The cold half of [`Self::checked`]: [`reject`] records the report
+    /// and says which error it was; the error is built here from the
+    /// scalars at hand (scalars in, a scalar out: nothing passes through
+    /// local memory).
+    #[inline(always)]
+    fn rejected(self, call: Call, off: u64, bytes: u64, peer: u32) -> crate::transport::CommError {
+        use crate::transport::CommError;
+        let r = self.reporter;
+        let kind = reject(
+            r.local_base,
+            r.rank,
+            r.budget_ns,
+            self.world,
+            self.heap_bytes,
+            call as u32,
+            off,
+            bytes,
+            peer,
+        );
+        if kind == ErrorKind::BadPeer as u32 {
+            CommError::BadPeer { peer }
+        } else if kind == ErrorKind::OutOfRange as u32 {
+            CommError::OutOfRange { offset: off, bytes }
+        } else {
+            CommError::Misaligned { offset: off }
+        }
+    }
+}
+
+/// Which of [`HeapBounds::checked`]'s conditions failed, in the order the
+/// reports have always named them (peer, then range, then alignment — the
+/// only one left when the first two hold); records the report and returns
+/// the [`ErrorKind`] as u32. Out of line and cold: only a bad argument
+/// gets here.
+#[cold]
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn reject(local_base: u64, rank: u32, budget_ns: u64, world: u32, heap_bytes: u64, call: u32, off: u64, bytes: u64, peer: u32) -> u32 {
+    let (kind, report_bytes) = if peer >= world {
+        (ErrorKind::BadPeer, 0)
+    } else if off < HEAP_RESERVED || off > heap_bytes || bytes > heap_bytes - off {
+        (ErrorKind::OutOfRange, bytes)
+    } else {
+        (ErrorKind::Misaligned, 0)
+    };
+    record(local_base, rank, kind as u32, call, peer, 0, off, report_bytes, 0, 0, budget_ns);
+    kind as u32
 }
 
 /// A transport handle's argument checks and error reports, written once:
@@ -392,5 +451,103 @@ pub trait Checked {
     #[inline(always)]
     fn check_signal(&self, call: Call, sig: u64, peer: u32) -> Result<u64, crate::transport::CommError> {
         self.bounds().signal(call, sig, peer)
+    }
+}
+
+#[cfg(all(test, not(target_arch = "nvptx64")))]
+mod tests {
+    use super::*;
+    use crate::transport::CommError;
+
+    const HEAP: u64 = 2 * HEAP_RESERVED;
+
+    /// Runs `f` as one emulated thread (the report records its block index)
+    /// against a heap of `HEAP` bytes in host memory; returns what `f`
+    /// returned and the report left in the header.
+    fn with_heap<R: Send>(f: impl Fn(HeapBounds) -> R + Sync) -> (R, ErrorReport) {
+        let heap = vec![0u64; (HEAP / 8) as usize];
+        let base = heap.as_ptr() as u64;
+        let bounds = HeapBounds {
+            reporter: Reporter {
+                rank: 1,
+                local_base: base,
+                budget_ns: 5,
+            },
+            world: 2,
+            heap_bytes: HEAP,
+        };
+        let out = std::sync::Mutex::new(None);
+        let launch = crate::emu::EmuLaunch {
+            grid: [1, 1, 1],
+            block: [1, 1, 1],
+            shared_mem_bytes: 0,
+        };
+        crate::emu::run(launch, &|| *out.lock().unwrap() = Some(f(bounds))).unwrap();
+        // SAFETY: the report lies inside `heap`; the launch has ended.
+        let report = unsafe { core::ptr::read((base + REPORT_OFFSET) as *const ErrorReport) };
+        (out.into_inner().unwrap().unwrap(), report)
+    }
+
+    #[test]
+    fn good_arguments_pass_and_record_nothing() {
+        let (r, report) = with_heap(|b| {
+            let base = b.reporter.local_base;
+            (
+                b.signal(Call::Signal, base + HEAP - 8, 1),
+                b.range(Call::Put, base + HEAP_RESERVED, HEAP - HEAP_RESERVED, 0),
+                b.range(Call::Put, base + HEAP, 0, 1),
+            )
+        });
+        assert_eq!(r, (Ok(HEAP - 8), Ok(HEAP_RESERVED), Ok(HEAP)));
+        assert_eq!(report, ErrorReport::default());
+    }
+
+    #[test]
+    fn a_bad_peer_is_named_before_a_bad_range_or_alignment() {
+        // Peer, range (into the header) and alignment all wrong: the peer is reported.
+        let (r, report) = with_heap(|b| b.signal(Call::Signal, b.reporter.local_base + 12, 2));
+        assert_eq!(r, Err(CommError::BadPeer { peer: 2 }));
+        assert_eq!(
+            (report.present, report.rank, report.kind, report.call, report.peer),
+            (2, 1, ErrorKind::BadPeer as u32, Call::Signal as u32, 2)
+        );
+        assert_eq!((report.offset, report.bytes, report.budget_ns), (12, 0, 5));
+    }
+
+    #[test]
+    fn a_bad_range_is_named_before_alignment() {
+        for (off, bytes) in [(12, 8), (HEAP - 4, 8), (HEAP + 8, 8), (u64::MAX - 3, 8)] {
+            let (r, report) = with_heap(|b| b.range(Call::PutSignal, b.reporter.local_base.wrapping_add(off), bytes, 1));
+            assert_eq!(r, Err(CommError::OutOfRange { offset: off, bytes }), "offset {off}");
+            assert_eq!(
+                (report.kind, report.call, report.peer),
+                (ErrorKind::OutOfRange as u32, Call::PutSignal as u32, 1)
+            );
+            assert_eq!((report.offset, report.bytes), (off, bytes), "offset {off}");
+        }
+        let (r, _) = with_heap(|b| b.range(Call::Put, b.reporter.local_base + HEAP_RESERVED + 8, HEAP, 0));
+        assert_eq!(
+            r,
+            Err(CommError::OutOfRange {
+                offset: HEAP_RESERVED + 8,
+                bytes: HEAP
+            })
+        );
+    }
+
+    #[test]
+    fn a_misaligned_signal_inside_the_heap_is_named_and_the_first_error_stays() {
+        let off = HEAP_RESERVED + 4;
+        let (r, report) = with_heap(|b| {
+            let base = b.reporter.local_base;
+            let first = b.signal(Call::WaitUntil, base + off, 0);
+            let second = b.range(Call::Get, base, 8, 3);
+            (first, second)
+        });
+        assert_eq!(r, (Err(CommError::Misaligned { offset: off }), Err(CommError::BadPeer { peer: 3 })));
+        assert_eq!(
+            (report.kind, report.call, report.peer, report.offset, report.bytes),
+            (ErrorKind::Misaligned as u32, Call::WaitUntil as u32, 0, off, 0)
+        );
     }
 }
