@@ -508,7 +508,11 @@ unsafe fn two_shot<T: Transport, E: Element, P: FnMut(Chunk)>(t: &T, a: &AllRedu
 /// Epochs are 32 bits in a packet: after 2^32 launches of one plan a stale
 /// packet would pass; the host rebuilds nothing for it (12 hours at 10 µs
 /// per launch).
-unsafe fn ll<T: Transport, E: Element, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, mut produce: P) -> Result<(), Failed> {
+///
+/// `direct` (the plain all-reduce, [`run`]): the packets are read from
+/// `a.input` itself, with no produce pass, no copy and no block barrier
+/// before the first store.
+unsafe fn ll<T: Transport, E: Element, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, mut produce: P, direct: bool) -> Result<(), Failed> {
     let (w, me, b) = (a.world as u64, t.rank() as u64, ptx::block_idx_x() as u64);
     let esz = E::DTYPE.size();
     let epp = 4 / esz; // elements per packet
@@ -519,7 +523,45 @@ unsafe fn ll<T: Transport, E: Element, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs
     let stg = a.scratch + (a.epoch & 1) * w * slot;
     let mine = stg + me * slot;
     let flag = (a.epoch & 0xffff_ffff) << 32;
-    let kn = chunk_count(lo, hi, a.chunk_elems);
+    // This rank's packet `pk`: from the input (direct), else from the own
+    // slot, where the chunks were produced (plain layout; 4 bytes at
+    // 4 * pk lie inside the slot's 8 * pk).
+    let own = |pk: u64| -> u32 {
+        if !direct {
+            // SAFETY: as above; produced before a block barrier.
+            return unsafe { *((mine + 4 * pk) as *const u32) };
+        }
+        if E::DTYPE == DType::F32 {
+            // SAFETY: input holds `elems` f32, and pk < elems.
+            return unsafe { *((a.input + 4 * pk) as *const u32) };
+        }
+        // bf16: two elements, the second only if it exists (the input may
+        // end after the first, and is only 2-byte aligned).
+        // SAFETY: input holds `elems` bf16, and 2 * pk < elems.
+        let lo = unsafe { *((a.input + 4 * pk) as *const u16) } as u32;
+        let hi = if 2 * pk + 1 < a.elems {
+            // SAFETY: as above, element 2 * pk + 1 exists.
+            unsafe { *((a.input + 4 * pk + 2) as *const u16) as u32 }
+        } else {
+            0
+        };
+        lo | (hi << 16)
+    };
+    // Packets `[p0, p1)`, this thread's share, into slot `me` of every peer.
+    let send = |p0: u64, p1: u64| {
+        let mut pk = p0 + tid;
+        while pk < p1 {
+            let packet = flag | own(pk) as u64;
+            for q in 0..w {
+                if q != me {
+                    // SAFETY: packet `pk` of slot `me` of rank q's staging.
+                    unsafe { ptx::st_relaxed_sys_u64(peer_at(t, mine + 8 * pk, q) as *mut u64, packet) };
+                }
+            }
+            pk += nthr;
+        }
+    };
+    let kn = if direct { 0 } else { chunk_count(lo, hi, a.chunk_elems) };
     for k in 0..kn {
         let (a0, a1) = chunk_abs(lo, hi, a.chunk_elems, k, 0, sh, a.elems);
         if a1 <= a0 {
@@ -532,19 +574,10 @@ unsafe fn ll<T: Transport, E: Element, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs
             dtype: E::DTYPE,
         });
         ptx::sync_threads();
-        let mut pk = a0 / epp + tid;
-        while pk < a1.div_ceil(epp) {
-            // SAFETY: the own slot holds the chunk (plain layout, produced
-            // above); 4 bytes at 4 * pk lie inside the slot (8 * pk bytes).
-            let data = unsafe { *((mine + 4 * pk) as *const u32) };
-            for q in 0..w {
-                if q != me {
-                    // SAFETY: packet `pk` of slot `me` of rank q's staging.
-                    unsafe { ptx::st_relaxed_sys_u64(peer_at(t, mine + 8 * pk, q) as *mut u64, flag | data as u64) };
-                }
-            }
-            pk += nthr;
-        }
+        send(a0 / epp, a1.div_ceil(epp));
+    }
+    if direct && hi.min(a.elems) > lo {
+        send(lo / epp, hi.min(a.elems).div_ceil(epp));
     }
     let (p0, p1) = (lo / epp, hi.min(a.elems).div_ceil(epp).max(lo / epp));
     let mut pk = p0 + tid;
@@ -553,9 +586,7 @@ unsafe fn ll<T: Transport, E: Element, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs
         let mut acc = [0f32; 2];
         for r in 0..w {
             let data = if r == me {
-                // SAFETY: produced by this block above (the barrier after
-                // each chunk orders it for every thread of the block).
-                unsafe { *((mine + 4 * pk) as *const u32) }
+                own(pk)
             } else {
                 let at = (stg + r * slot + 8 * pk) as *const u64;
                 // SAFETY: packet `pk` of slot r of this rank's staging.
@@ -766,16 +797,16 @@ fn check<T: Transport>(t: &T, a: &AllReduceArgs) {
 /// launch the counts of a rank's blocks may differ: rebuild the buffers).
 pub unsafe fn run<T: Transport>(t: &T, a: &AllReduceArgs) -> Result<(), Failed> {
     let e = a.elem_bytes();
-    // SAFETY: the caller's contract: `input` holds `elems` elements.
-    unsafe {
-        fused(t, a, |c: Chunk| {
-            let (me, n) = Coop::Block.index_and_size();
-            let src = a.input + c.first * e;
-            if c.dst as u64 != src {
-                copy_bytes(c.dst, src as *const u8, c.len * e, me, n);
-            }
-        })
-    }
+    let copy_input = |c: Chunk| {
+        let (me, n) = Coop::Block.index_and_size();
+        let src = a.input + c.first * e;
+        if c.dst as u64 != src {
+            // SAFETY: the caller's contract: `input` holds `elems` elements.
+            unsafe { copy_bytes(c.dst, src as *const u8, c.len * e, me, n) };
+        }
+    };
+    // SAFETY: the caller's contract.
+    unsafe { counted(t, a, |at| run_algo(t, at, copy_input, true)) }
 }
 
 /// The **fused** all-reduce: `produce` computes each chunk of this rank's
@@ -792,6 +823,14 @@ pub unsafe fn run<T: Transport>(t: &T, a: &AllReduceArgs) -> Result<(), Failed> 
 /// As for [`run`]; `produce` writes only `chunk.dst[..chunk.len]`.
 #[inline(always)]
 pub unsafe fn fused<T: Transport, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, produce: P) -> Result<(), Failed> {
+    // SAFETY: the caller's contract.
+    unsafe { counted(t, a, |at| run_algo(t, at, produce, false)) }
+}
+
+/// Checks the launch, runs `body` with the block's epoch in `a.epoch` and
+/// counts the launch in the block's epoch word when it succeeded.
+#[inline(always)]
+unsafe fn counted<T: Transport>(t: &T, a: &AllReduceArgs, body: impl FnOnce(&AllReduceArgs) -> Result<(), Failed>) -> Result<(), Failed> {
     check(t, a);
     // This block's epoch: one more than the last it completed (module docs).
     let word = a.epoch_word(ptx::block_idx_x() as u64);
@@ -799,8 +838,7 @@ pub unsafe fn fused<T: Transport, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, pro
     // SAFETY: this block's epoch word, written only by its thread 0 after
     // the barrier below that follows every thread's read.
     at.epoch = unsafe { core::ptr::read_volatile(word) } + 1;
-    // SAFETY: the caller's contract.
-    let r = unsafe { run_algo(t, &at, produce) };
+    let r = body(&at);
     if r.is_ok() {
         ptx::sync_threads();
         if ptx::thread_rank_in_block() == 0 {
@@ -811,9 +849,11 @@ pub unsafe fn fused<T: Transport, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, pro
     r
 }
 
-/// The algorithm `a.algo` with the block's epoch in `a.epoch`.
+/// The algorithm `a.algo` with the block's epoch in `a.epoch`. `direct`:
+/// `produce` copies `a.input` (the plain all-reduce), which an algorithm
+/// may read itself instead.
 #[inline(always)]
-unsafe fn run_algo<T: Transport, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, mut produce: P) -> Result<(), Failed> {
+unsafe fn run_algo<T: Transport, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, mut produce: P, direct: bool) -> Result<(), Failed> {
     let bf16 = a.dtype == DType::Bf16 as u32;
     // SAFETY: the caller's contract, per algorithm.
     unsafe {
@@ -822,8 +862,8 @@ unsafe fn run_algo<T: Transport, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, mut 
             Some(Algo::OneShot) => one_shot::<T, f32, P>(t, a, produce),
             Some(Algo::TwoShot) if bf16 => two_shot::<T, Bf16, P>(t, a, produce),
             Some(Algo::TwoShot) => two_shot::<T, f32, P>(t, a, produce),
-            Some(Algo::Ll) if bf16 => ll::<T, Bf16, P>(t, a, produce),
-            Some(Algo::Ll) => ll::<T, f32, P>(t, a, produce),
+            Some(Algo::Ll) if bf16 => ll::<T, Bf16, P>(t, a, produce, direct),
+            Some(Algo::Ll) => ll::<T, f32, P>(t, a, produce, direct),
             Some(Algo::Pipelined) if bf16 => pipelined::<T, Bf16, P>(t, a, produce),
             Some(Algo::Pipelined) => pipelined::<T, f32, P>(t, a, produce),
             _ => {
