@@ -121,7 +121,7 @@ struct Args {
     /// Producer of each rank's vector (hash, gemv: fused into the all-reduce)
     #[arg(long, value_enum, default_value_t = Compute::None)]
     compute: Compute,
-    /// All-reduce algorithm, plain and fused (auto: ll, one-shot, two-shot or pipelined by size and route)
+    /// All-reduce algorithm, plain and fused (auto: ll, two-shot or pipelined by size and route)
     #[arg(long, value_enum, default_value_t = AlgoArg::Auto)]
     algo: AlgoArg,
     /// Device transport (ibgda, routed: through the soft NIC; pipelined algorithm where a pair has no peer pointers)

@@ -28,11 +28,12 @@
 //!
 //! ## Algorithms
 //! Chosen by size and route ([`AllReduceOptions::algo`] overrides):
-//! LL (one-shot with the flag in the data) up to [`LL_MAX_BYTES`],
-//! one-shot up to [`ONE_SHOT_MAX_BYTES`], two-shot (reduce-scatter +
-//! all-gather, both by stores into the peers' memory) above, pipelined
-//! (reduce-scatter + all-gather through pipeline rings, with puts and
-//! signals) where a route has no peer pointers. See
+//! LL (one-shot with the flag in the data) up to [`LL_MAX_BYTES`] (and
+//! [`LL_MAX_SCRATCH`]), two-shot (reduce-scatter + all-gather, both by
+//! stores into the peers' memory) above, pipelined (reduce-scatter +
+//! all-gather through pipeline rings, with puts and signals) where a route
+//! has no peer pointers; one-shot (staged copies and a signal per chunk)
+//! only when asked for. See
 //! `doorbell_kernels::coll::allreduce` for the data paths.
 //!
 //! ## Rules
@@ -119,10 +120,13 @@ impl Elem for Bf16 {
 /// Largest message (bytes per rank) the automatic choice sends with the
 /// LL one-shot (flag in the data): its packets carry twice the bytes, and
 /// every thread polls its own, so it wins where latency, not bandwidth,
-/// is the cost.
-pub const LL_MAX_BYTES: u64 = 64 << 10;
-/// Largest message (bytes per rank) the automatic choice sends one-shot.
-pub const ONE_SHOT_MAX_BYTES: u64 = 256 << 10;
+/// is the cost (on two H200s over NVLink it beat one-shot and two-shot at
+/// every size up to 1 MiB).
+pub const LL_MAX_BYTES: u64 = 1 << 20;
+/// Most symmetric scratch the automatic choice gives LL (it takes
+/// `4 * world * bytes`: two parities of a packet slot per rank): with 8
+/// ranks, LL stops at 512 KiB.
+pub const LL_MAX_SCRATCH: u64 = 16 << 20;
 /// LL: data bytes per block of a plain launch (two 4-byte packets per
 /// thread of 256: each thread's polls overlap the packets' trip).
 const LL_BYTES_PER_BLOCK: u64 = 2 << 10;
@@ -242,8 +246,7 @@ impl Plan {
             Some(a) => a,
             None if world == 1 => Algo::Copy,
             None if !peer_pointers => Algo::Pipelined,
-            None if bytes <= LL_MAX_BYTES => Algo::Ll,
-            None if bytes <= ONE_SHOT_MAX_BYTES => Algo::OneShot,
+            None if bytes <= LL_MAX_BYTES && 4 * world as u64 * bytes <= LL_MAX_SCRATCH => Algo::Ll,
             None => Algo::TwoShot,
         };
         if world == 1 && algo != Algo::Copy && algo != Algo::Pipelined {
