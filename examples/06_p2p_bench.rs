@@ -19,7 +19,7 @@
 //!   an untimed handshake); the table gives each one's median and minimum,
 //!   the ratios are of medians.
 //! * put bandwidth, 4 KiB .. 256 MiB (`put_bw`: rank 0's blocks put pieces
-//!   of 64 KiB into rank 1's symmetric buffer, repeatedly in one launch) vs
+//!   of `--piece` bytes (64 KiB) into rank 1's symmetric buffer, repeatedly in one launch) vs
 //!   two plain copy kernels with the same grid writing the same
 //!   destination: `copy_raw` (grid-stride) and `copy_pieces` (the put's
 //!   pieces, without the transport). The floor is the faster of the two
@@ -296,7 +296,7 @@ fn measure_puts(
     let rank0 = comm.rank() == 0;
     let mut rows = Vec::new();
     for &bytes in &plan.sizes {
-        let blocks = bytes.div_ceil(64 << 10).clamp(1, sm_blocks);
+        let blocks = bytes.div_ceil(plan.piece).clamp(1, sm_blocks);
         let iters = args.iters_for(bytes);
         let cfg = LaunchConfig::linear(blocks as u32, threads);
         // Fresh data for this size; rank 1 checks what the first put brought (#wrong).
@@ -319,6 +319,7 @@ fn measure_puts(
                         dst.as_mut_ptr(),
                         src.as_ptr(),
                         bytes,
+                        plan.piece,
                         n,
                         psig.as_mut_ptr(),
                         expect,
@@ -355,7 +356,7 @@ fn measure_puts(
             // SAFETY: `target` and `src` hold max_size >= bytes, 16-byte aligned.
             timed(s, n, || unsafe {
                 if pieces_floor {
-                    s.launch(&pieces, cfg, (target, src.as_ptr(), bytes, n))
+                    s.launch(&pieces, cfg, (target, src.as_ptr(), bytes, plan.piece, n))
                 } else {
                     s.launch(&copy, cfg, (target, src.as_ptr(), bytes, n))
                 }
@@ -403,6 +404,8 @@ struct Report<'a> {
     emulator: bool,
     rounds: u32,
     rtt_iters: u32,
+    /// Bytes per put call (and per piece of the piece-copy floor).
+    piece_bytes: u64,
     /// Checked signal round trip (`signal` + `wait_until`), median.
     signal_rtt_us: f64,
     /// The same round trip without argument checks, median.
@@ -458,7 +461,10 @@ fn report(
     route: &str,
     gpu: bool,
 ) -> Result<(), BoxError> {
-    println!("# doorbell P2P benchmark: 2 ranks on {name}, route {route}");
+    println!(
+        "# doorbell P2P benchmark: 2 ranks on {name}, route {route}; puts of {} bytes, one block per piece",
+        plan.piece
+    );
     if !gpu {
         println!("# note: the backend is the CPU emulator: emulator timings say nothing about a GPU");
     }
@@ -574,6 +580,7 @@ fn report(
         emulator: !gpu,
         rounds: plan.rounds,
         rtt_iters: plan.rtt_iters,
+        piece_bytes: plan.piece,
         signal_rtt_us: rtt.checked.median_us,
         unchecked_rtt_us: rtt.unchecked.median_us,
         flag_floor_rtt_us: rtt.floor.median_us,

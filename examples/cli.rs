@@ -163,6 +163,10 @@ pub struct P2pBenchArgs {
     /// calls, in turn); the table reports each one's median and minimum
     #[arg(long, value_name = "N", default_value = "5", value_parser = ranged(1, 1000))]
     pub rounds: u64,
+    /// Bytes per put call (and per piece of the piece-copy floor): one block
+    /// per piece, up to one block per SM; a multiple of 16
+    #[arg(long, value_name = "BYTES", default_value = "65536", value_parser = piece_bytes)]
+    pub piece: u64,
     /// Two GPUs: rank r on GPU r, puts cross NVLink
     #[arg(long)]
     pub spread: bool,
@@ -184,6 +188,17 @@ pub struct P2pBenchPlan {
     pub rounds: u32,
     /// Symmetric heap per rank.
     pub heap_bytes: u64,
+    /// Bytes per put call and per piece of the piece-copy floor.
+    pub piece: u64,
+}
+
+/// `--piece`: 1 KiB ..= 16 MiB, a multiple of 16 (the copies move 16-byte vectors).
+fn piece_bytes(v: &str) -> Result<u64, String> {
+    let n = ranged(1024, 16 << 20)(v)?;
+    if n % 16 != 0 {
+        return Err(format!("{n} is not a multiple of 16"));
+    }
+    Ok(n)
 }
 
 impl P2pBenchArgs {
@@ -213,6 +228,7 @@ impl P2pBenchArgs {
             rounds: self.rounds as u32,
             // `max` is at most MAX_BYTES: no overflow.
             heap_bytes: max * 2 + (1 << 20),
+            piece: self.piece,
         })
     }
 

@@ -247,21 +247,21 @@ pub unsafe fn copy_raw(dst: *mut u8, src: *const u8, bytes: u64, iters: u32) {
 }
 
 /// The second raw floor for put bandwidth: [`put_bw`]'s split of the work
-/// without the transport. Pieces of [`PUT_PIECE`] bytes are dealt
-/// round-robin to the blocks, and a block copies its piece with its threads
-/// (16-byte vectors, four in flight), `iters` times. Same contract as
-/// [`copy_raw`].
+/// without the transport. Pieces of `piece` bytes (a multiple of 16) are
+/// dealt round-robin to the blocks, and a block copies its piece with its
+/// threads (16-byte vectors, four in flight), `iters` times. Same contract
+/// as [`copy_raw`].
 #[kernel(hot)]
-pub unsafe fn copy_pieces(dst: *mut u8, src: *const u8, bytes: u64, iters: u32) {
+pub unsafe fn copy_pieces(dst: *mut u8, src: *const u8, bytes: u64, piece: u64, iters: u32) {
     let me = ptx::thread_rank_in_block() as u64;
     let threads = ptx::block_dim_x() as u64;
     let blocks = ptx::grid_dim_x() as u64;
-    let pieces = bytes.div_ceil(PUT_PIECE);
+    let pieces = bytes.div_ceil(piece);
     for _ in 0..iters {
         let mut p = ptx::block_idx_x() as u64;
         while p < pieces {
-            let lo = p * PUT_PIECE;
-            let len = PUT_PIECE.min(bytes - lo);
+            let lo = p * piece;
+            let len = piece.min(bytes - lo);
             // SAFETY: `[lo, lo + len)` in bounds, aligned (contract).
             unsafe { copy_vectors(dst.add(lo as usize), src.add(lo as usize), len / 16, me, threads) };
             p += blocks;
@@ -269,11 +269,11 @@ pub unsafe fn copy_pieces(dst: *mut u8, src: *const u8, bytes: u64, iters: u32) 
     }
 }
 
-/// Bytes per `put` call of [`put_bw`].
+/// Bytes per `put` call of [`put_bw`] by default.
 pub const PUT_PIECE: u64 = 64 << 10;
 
 /// Put bandwidth: rank 0's blocks put `src` (local) to `dst` (symmetric) on
-/// rank 1 in pieces of [`PUT_PIECE`] bytes dealt round-robin, `iters` times, then `quiet` and signal
+/// rank 1 in pieces of `piece` bytes (a multiple of 16) dealt round-robin, `iters` times, then `quiet` and signal
 /// `sig` on rank 1 (add 1 per block). Rank 1 waits until `sig >= expect`.
 /// `status` gets `PINGPONG_OK`, `PINGPONG_TIMEOUT` or `PINGPONG_ERROR`.
 #[kernel(hot, transports(P2p))]
@@ -282,6 +282,7 @@ pub unsafe fn put_bw<T: Transport>(
     dst: *mut u8,
     src: *const u8,
     bytes: u64,
+    piece: u64,
     iters: u32,
     sig: *mut u64,
     expect: u64,
@@ -291,17 +292,17 @@ pub unsafe fn put_bw<T: Transport>(
     // SAFETY: as documented; `status` one word, written by thread 0 of block 0.
     unsafe {
         if t.rank() == 0 {
-            // Pieces of PUT_PIECE bytes, dealt round-robin to the blocks (as
+            // Pieces of `piece` bytes, dealt round-robin to the blocks (as
             // the copy floor's grid-stride deals its vectors): neighbouring
             // blocks stream neighbouring memory at the same time.
             let blocks = ptx::grid_dim_x() as u64;
-            let pieces = bytes.div_ceil(PUT_PIECE);
+            let pieces = bytes.div_ceil(piece);
             let mut r = Ok(());
             for _ in 0..iters {
                 let mut p = ptx::block_idx_x() as u64;
                 while p < pieces {
-                    let lo = p * PUT_PIECE;
-                    let len = PUT_PIECE.min(bytes - lo);
+                    let lo = p * piece;
+                    let len = piece.min(bytes - lo);
                     r = r.and(t.put_nbi_block(dst.add(lo as usize), src.add(lo as usize), len, 1));
                     p += blocks;
                 }
