@@ -19,7 +19,7 @@
 //!   an untimed handshake); the table gives each one's median and minimum,
 //!   the ratios are of medians.
 //! * put bandwidth, 4 KiB .. 256 MiB (`put_bw`: rank 0's blocks put pieces
-//!   of `--piece` bytes (64 KiB) into rank 1's symmetric buffer, repeatedly in one launch) vs
+//!   of `--piece` bytes (32 KiB: a 4 MiB put fills 128 SMs) into rank 1's symmetric buffer, repeatedly in one launch) vs
 //!   two plain copy kernels with the same grid writing the same
 //!   destination: `copy_raw` (grid-stride) and `copy_pieces` (the put's
 //!   pieces, without the transport). The floor is the faster of the two

@@ -165,7 +165,7 @@ pub struct P2pBenchArgs {
     pub rounds: u64,
     /// Bytes per put call (and per piece of the piece-copy floor): one block
     /// per piece, up to one block per SM; a multiple of 16
-    #[arg(long, value_name = "BYTES", default_value = "65536", value_parser = piece_bytes)]
+    #[arg(long, value_name = "BYTES", default_value = "32768", value_parser = piece_bytes)]
     pub piece: u64,
     /// Two GPUs: rank r on GPU r, puts cross NVLink
     #[arg(long)]

@@ -269,9 +269,6 @@ pub unsafe fn copy_pieces(dst: *mut u8, src: *const u8, bytes: u64, piece: u64, 
     }
 }
 
-/// Bytes per `put` call of [`put_bw`] by default.
-pub const PUT_PIECE: u64 = 64 << 10;
-
 /// Put bandwidth: rank 0's blocks put `src` (local) to `dst` (symmetric) on
 /// rank 1 in pieces of `piece` bytes (a multiple of 16) dealt round-robin, `iters` times, then `quiet` and signal
 /// `sig` on rank 1 (add 1 per block). Rank 1 waits until `sig >= expect`.
