@@ -491,7 +491,7 @@ pub fn heap_bytes_needed(p: &Problem, cap: u32) -> u64 {
         2 * n * c * 8,
         n * 8,
         n * c * d * 4,
-        n * 8,
+        2 * n * 8,
         n * c * d * 4,
         n * 8,
         n * c * 8,
@@ -582,7 +582,7 @@ impl<'c> Exchange<'c> {
         let req_in = comm.alloc::<u64>(2 * n * c)?;
         let req_sig = comm.alloc::<u64>(n)?;
         let rows_in = comm.alloc::<f32>(n * c * d)?;
-        let rows_sig = comm.alloc::<u64>(n)?;
+        let rows_sig = comm.alloc::<u64>(2 * n)?;
         let grad_in = comm.alloc::<f32>(n * c * d)?;
         let grad_sig = comm.alloc::<u64>(n)?;
         let req_out = comm.alloc::<u64>(n * c)?;
@@ -774,21 +774,34 @@ impl<'c> Exchange<'c> {
     }
 
     /// Synchronizes `s`, then turns a device status into an
-    /// [`ExchangeError`] (and clears it, in `s`'s order).
+    /// [`ExchangeError`] (and clears it, in `s`'s order). A communicator
+    /// error (a wait that ran out of budget) is returned first, and the
+    /// status words are cleared then too: left in place, they would be the
+    /// first error of the next launch as well (its own is recorded only
+    /// where none is).
     pub fn finish(&mut self, s: &Stream) -> std::result::Result<(), ExchangeError> {
-        self.comm.synchronize(s)?;
-        let st = self.status.to_host()?;
+        let synced = self.comm.synchronize(s);
+        let st = match self.status.to_host() {
+            Ok(st) => st,
+            Err(e) => return Err(synced.err().unwrap_or(e).into()),
+        };
+        if st[0] != k::STATUS_OK {
+            // SAFETY: `status` holds STATUS_WORDS words.
+            let cleared = unsafe {
+                s.launch(
+                    &self.zero,
+                    LaunchConfig::linear(1, 32),
+                    (self.status.as_mut_ptr(), k::STATUS_WORDS as u64),
+                )
+            };
+            if let Err(e) = cleared {
+                return Err(synced.err().unwrap_or(e).into());
+            }
+        }
+        synced?;
         if st[0] == k::STATUS_OK {
             return Ok(());
         }
-        // SAFETY: `status` holds STATUS_WORDS words.
-        unsafe {
-            s.launch(
-                &self.zero,
-                LaunchConfig::linear(1, 32),
-                (self.status.as_mut_ptr(), k::STATUS_WORDS as u64),
-            )?
-        };
         let rank = self.comm.rank() as u32;
         Err(match st[0] {
             k::STATUS_PEER_ERROR => ExchangeError::PeerFailed {
@@ -827,6 +840,9 @@ pub enum ExchangeError {
     PeerFailed { rank: u32, failed: u32, cause: Box<ExchangeError> },
     /// A backward after a forward that failed (no rank ran it).
     NoForward { rank: u32 },
+    /// Another rank gave up on this step (its own wait ran out of budget:
+    /// that rank reports the timeout); no rank pooled anything.
+    PeerTimedOut { rank: u32, peer: u32 },
     /// An owner received a key that is not its own (a routing bug).
     BadRequest { rank: u32, requester: u32, table: u32, id: u32 },
     /// The pull forward found no direct access to a peer's memory.
@@ -861,6 +877,7 @@ impl ExchangeError {
                 cap: w(3),
             },
             k::STATUS_NO_FORWARD => ExchangeError::NoForward { rank },
+            k::STATUS_PEER_TIMEOUT => ExchangeError::PeerTimedOut { rank, peer: w(1) },
             k::STATUS_BAD_REQUEST => ExchangeError::BadRequest {
                 rank,
                 requester: w(1),
@@ -880,7 +897,10 @@ impl ExchangeError {
     /// True when the step wrote nothing anywhere and the exchange can go on.
     pub fn nothing_written(&self) -> bool {
         match self {
-            ExchangeError::BadId { .. } | ExchangeError::Capacity { .. } | ExchangeError::NoForward { .. } => true,
+            ExchangeError::BadId { .. }
+            | ExchangeError::Capacity { .. }
+            | ExchangeError::NoForward { .. }
+            | ExchangeError::PeerTimedOut { .. } => true,
             ExchangeError::PeerFailed { cause, .. } => cause.nothing_written(),
             _ => false,
         }
@@ -913,6 +933,12 @@ impl std::fmt::Display for ExchangeError {
             ExchangeError::NoForward { rank } => write!(
                 f,
                 "rank {rank}: the backward did not run because its forward failed; nothing was written on any rank"
+            ),
+            ExchangeError::PeerTimedOut { rank, peer } => write!(
+                f,
+                "rank {rank}: rank {peer} stopped waiting in this step (its wait ran out of budget: it reports the timeout), so no rank \
+                 pooled anything; nothing was written on any rank and the next step can run (if a rank can start this late, raise \
+                 DOORBELL_WAIT_TIMEOUT_S)"
             ),
             ExchangeError::BadRequest {
                 rank,

@@ -329,6 +329,123 @@ fn out_of_range_ids_fail_fast_on_every_rank_with_nothing_written_then_the_next_s
     }
 }
 
+/// The wait budget of the late-rank test: short, so that its timeouts
+/// come quickly; the late rank starts `LATE` after its peers, past it.
+const SHORT_WAIT: Duration = Duration::from_secs(2);
+const LATE: Duration = Duration::from_secs(3);
+
+/// A rank that launches a step later than the wait budget (what a driver
+/// call that waits for every kernel of the GPU did to rank 1 on an H200,
+/// right after a failed step): its peers give up on its verdict and report
+/// the timeout; their blocks still count in `rows_sig`, marked as given up,
+/// so the late rank learns of it in one message (no second budget: before,
+/// it waited for counts that never came), nothing is pooled or applied
+/// anywhere, and the step after runs and is right on every rank.
+#[test]
+fn a_rank_later_than_the_budget_learns_that_its_peers_gave_up_and_the_next_step_runs() {
+    for backend in backends() {
+        let p = Problem {
+            ranks: 3,
+            tables: 2,
+            rows: 20,
+            dim: 8,
+            batch: 4,
+            pooling: 3,
+        };
+        let late_rank = 1u32;
+        let good = emb::generate_ids(&p, 0.0, 7);
+        let at = (p.batch as usize + 2) * p.pooling as usize + 1;
+        // As on the GPU: a failed step first (ranks 2 and 1), its backward
+        // refused, then the late step.
+        let mut bad = good.clone();
+        for r in [2usize, 1] {
+            bad[r][at] = p.rows + r as u32 - 1;
+        }
+        let cap = (p.lookups() as u32).max(1);
+        let init = emb::initial_tables(&p);
+        let opts = CommOptions {
+            wait_timeout: SHORT_WAIT,
+            ..opts(&p, cap)
+        };
+        let res = Communicator::local(
+            3,
+            backend,
+            opts,
+            noting(|comm| {
+                let r = comm.rank() as u32;
+                let dev = comm.device();
+                let mut x = Exchange::new(comm, &p, cap, cfg(comm, p.ranks))?;
+                let shard = emb::shard_of(&p, &init, r);
+                x.load_shard(&shard)?;
+                let bad_d = dev.alloc_from(&bad[r as usize])?;
+                let good_d = dev.alloc_from(&good[r as usize])?;
+                let grad = dev.alloc_from(&emb::upstream_grad(&p, r))?;
+                let canary = vec![-7.5f32; p.out_len()];
+                let mut out = dev.alloc_from(&canary)?;
+                let s = dev.new_stream()?;
+                comm.barrier()?;
+                x.forward(&s, &bad_d, &mut out)?;
+                let failed = x.finish(&s).err().map(|e| e.to_string());
+                x.backward(&s, &grad, 0.5)?;
+                let refused = matches!(x.finish(&s), Err(ExchangeError::NoForward { .. }));
+                if r == late_rank {
+                    std::thread::sleep(LATE);
+                }
+                let t0 = std::time::Instant::now();
+                x.forward(&s, &good_d, &mut out)?;
+                let late = x.finish(&s).err();
+                let took = t0.elapsed();
+                let untouched = out.to_host()? == canary;
+                x.backward(&s, &grad, 0.5)?;
+                let late_bwd = x.finish(&s).err();
+                let still = out.to_host()? == canary && x.shard()? == shard;
+                // A rank that saw a device error has handled it once every
+                // rank is past it.
+                comm.barrier()?;
+                x.forward(&s, &good_d, &mut out)?;
+                x.finish(&s)?;
+                let next = out.to_host()?;
+                x.backward(&s, &grad, 0.5)?;
+                x.finish(&s)?;
+                Ok((failed, refused, late, took, untouched, late_bwd, still, next, x.shard()?))
+            }),
+        )
+        .unwrap_or_else(|e| panic!("{backend:?}: {e}"));
+        let mut tables = vec![0f32; init.len()];
+        for (r, (failed, refused, late, took, untouched, late_bwd, still, next, shard)) in res.iter().enumerate() {
+            let what = format!("{backend:?}, rank {late_rank} late by {LATE:?}, rank {r}");
+            assert!(failed.is_some() && *refused, "{what}: the failed step before: {failed:?}");
+            let e = late.as_ref().unwrap_or_else(|| panic!("{what}: the late step passed"));
+            if r as u32 == late_rank {
+                assert!(
+                    matches!(e, ExchangeError::PeerTimedOut { rank, peer } if *rank == late_rank && *peer != late_rank),
+                    "{what}: {e}"
+                );
+                assert!(e.nothing_written(), "{what}: {e}");
+                assert!(
+                    *took < SHORT_WAIT,
+                    "{what}: the late step took {took:?} with a budget of {SHORT_WAIT:?}: it waited for counts its peers never sent"
+                );
+            } else {
+                // The peers waited for the late rank's verdict and gave up.
+                assert!(matches!(e, ExchangeError::Device(_)), "{what}: {e}");
+                assert!(e.to_string().contains("gave up"), "{what}: {e}");
+            }
+            assert!(untouched, "{what}: the late step wrote the output");
+            assert!(
+                matches!(late_bwd, Some(ExchangeError::NoForward { .. })),
+                "{what}: the backward of the late step gave {late_bwd:?}"
+            );
+            assert!(still, "{what}: the late step's backward wrote something");
+            assert_close(next, &emb::reference_forward(&p, &init, &good[r]), &format!("{what}: next step"));
+            emb::unshard(&p, &mut tables, shard, r as u32);
+        }
+        let mut want = init.clone();
+        emb::reference_backward(&p, &mut want, &good, 0.5);
+        assert_close(&tables, &want, &format!("{backend:?}: tables after the next step"));
+    }
+}
+
 #[test]
 fn the_pull_forward_matches_the_reference() {
     for backend in backends() {

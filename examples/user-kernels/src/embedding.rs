@@ -107,7 +107,12 @@
 //! own report on the ranks that only learnt of it), while the protocol
 //! itself completes, so the next step can run. Waits are bounded by
 //! `budget_ns`; they are only for peers that have not launched yet or have
-//! died, never for a peer that found an error.
+//! died, never for a peer that found an error. A block whose own wait runs
+//! out still adds its 1 to `rows_sig`, marked as given up: a peer that
+//! launches later than the budget then learns of it in one message
+//! ([`STATUS_PEER_TIMEOUT`], nothing pooled) instead of waiting out a
+//! second budget, and the accumulated counts stay in step for the next
+//! step.
 //!
 //! ## Phase stamps
 //! With [`EmbBufs::stamps`] non-null, thread 0 of block 0 records
@@ -176,6 +181,10 @@ pub const STATUS_TIMEOUT: u32 = 7;
 /// A backward whose forward did not pass the vote: nothing was written
 /// (word 1: the last forward's verdict word, low 32 bits).
 pub const STATUS_NO_FORWARD: u32 = 8;
+/// A block of another rank gave up on this step (its own wait ran out of
+/// budget, it reports the timeout) and counted without sending its rows:
+/// nothing was pooled here (word 1: that rank).
+pub const STATUS_PEER_TIMEOUT: u32 = 9;
 
 /// Phase stamps of the forward, indices into [`EmbBufs::stamps`]: start,
 /// routed (grid barrier), verdicts in, rows sent, rows in, pooled.
@@ -229,7 +238,9 @@ pub struct EmbBufs {
     /// Symmetric `[N][cap][dim]`: rows received from each owner; the
     /// backward's gradient staging.
     pub rows_in: *mut f32,
-    /// Symmetric `[N]`: +1 per block of each owner per forward.
+    /// Symmetric `[2][N]`: `[o]` +1 per block of owner `o` per forward;
+    /// `[N + o]` the last epoch in which a block of owner `o` gave up (a
+    /// wait ran out of budget) and counted without sending its rows.
     pub rows_sig: *mut u64,
     /// Symmetric `[N][cap][dim]`: summed gradients from each requester.
     pub grad_in: *mut f32,
@@ -495,6 +506,49 @@ unsafe fn send_verdict<T: Transport>(t: &T, s: &EmbShape, b: &EmbBufs, epoch: u6
     }
 }
 
+/// A block of this rank that stops before its rows (its grid barrier or its
+/// wait for the verdicts ran out of budget) still adds its 1 to every
+/// requester's `rows_sig`, so the counts (`epoch * blocks`, accumulated over
+/// launches) stay in step; before that it marks the epoch in their
+/// `rows_sig[N + me]`, so that a requester whose wait completes with this
+/// count knows the rows never came. Without it, a rank that is late by more
+/// than the budget finds its peers gone and waits out a second budget for
+/// adds that never come, and so does every later step of every rank.
+/// Thread 0 of the block calls the transport; every thread may call it.
+/// The fence orders the marks before the adds (it pairs with the acquire
+/// of the requester's `rows_sig` wait, then [`gave_up_owner`]).
+#[inline(always)]
+unsafe fn give_up<T: Transport>(t: &T, b: &EmbBufs, epoch: u64) {
+    let n = t.world_size();
+    let me = t.rank();
+    if ptx::thread_rank_in_block() == 0 {
+        // SAFETY: `rows_sig` holds 2N words (launch contract). Refused
+        // signals are the communicator's report already.
+        unsafe {
+            for r in 0..n {
+                let _ = t.signal(b.rows_sig.add((n + me) as usize), epoch, SignalOp::Set, r);
+            }
+            t.fence();
+            for r in 0..n {
+                let _ = t.signal(b.rows_sig.add(me as usize), 1, SignalOp::Add, r);
+            }
+        }
+    }
+}
+
+/// The lowest owner with a block that gave up in `epoch` (or later), else
+/// `u32::MAX`. One thread, after its `rows_sig` wait (acquire) completed.
+#[inline(always)]
+unsafe fn gave_up_owner(b: &EmbBufs, n: u32, epoch: u64) -> u32 {
+    for o in 0..n {
+        // SAFETY: `rows_sig` holds 2N words (launch contract).
+        if unsafe { ptx::ld_acquire_sys_u64(b.rows_sig.add((n + o) as usize)) } >= epoch {
+            return o;
+        }
+    }
+    u32::MAX
+}
+
 /// Forward: see the module docs. `ids` `[tables][batch][pooling]`, `out`
 /// `[batch][tables][dim]` (local). `status` gets [`STATUS_OK`] or why not.
 ///
@@ -518,6 +572,19 @@ pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *con
     unsafe {
         stamp(b.stamps, 0);
         let counts = b.counts.add(par * n as usize);
+        // The next epoch's counters start from zero. Here, not at the end:
+        // a block that gives up returns early, and counters left from an
+        // earlier epoch would shift every list index of the next one (the
+        // backward would send those stale entries' staging rows too). The
+        // other parity is the last forward's, whose backward ran before.
+        if blk == 0 {
+            let next = b.counts.add((1 - par) * n as usize);
+            let mut o = tid;
+            while o < n {
+                *next.add(o as usize) = 0;
+                o += ptx::block_dim_x();
+            }
+        }
         // 1. Validate, dedup and route (this rank's scratch only).
         let mut i = ptx::global_thread_id_x() as u64;
         let stride = ptx::grid_stride_x() as u64;
@@ -593,6 +660,7 @@ pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *con
             owner += blocks;
         }
         if !routed {
+            give_up(&t, &b, epoch);
             return;
         }
 
@@ -639,6 +707,7 @@ pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *con
             if tid == 0 {
                 set_status(b.status, STATUS_TIMEOUT, 1, 0, 0, 0);
             }
+            give_up(&t, &b, epoch);
             return;
         }
         let (gw, warps) = grid_warp();
@@ -702,8 +771,21 @@ pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *con
             }
             return;
         }
+        // An owner block that gave up counted without sending its rows:
+        // nobody pools, and the backward of this epoch is refused. Every
+        // block of this rank reads the same marks (their sets came before
+        // the adds it just waited for), so every block goes the same way.
+        let mut gone = u32::MAX;
+        if tid == 0 && verdict == 0 {
+            gone = gave_up_owner(&b, n, epoch);
+            if gone != u32::MAX {
+                set_status(b.status, STATUS_PEER_TIMEOUT, gone, 0, 0, 0);
+                *b.verdict = (epoch << 1) | 1;
+            }
+        }
+        let gone = block_share(gone);
         stamp(b.stamps, 4);
-        if verdict == 0 {
+        if verdict == 0 && gone == u32::MAX {
             // 4. Pool.
             let lane = ptx::lane_id() as usize;
             let bags = s.batch * s.tables;
@@ -742,15 +824,6 @@ pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *con
                 w += warps;
             }
             stamp(b.stamps, 5);
-        }
-        // The next epoch's counters start from zero.
-        if blk == 0 {
-            let next = b.counts.add((1 - par) * n as usize);
-            let mut o = tid;
-            while o < n {
-                *next.add(o as usize) = 0;
-                o += ptx::block_dim_x();
-            }
         }
     }
 }
