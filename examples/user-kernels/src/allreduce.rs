@@ -10,7 +10,7 @@
 
 use doorbell_kernels::coll::allreduce::{fused, AllReduceArgs, Chunk};
 use doorbell_kernels::coll::{Bf16, DType};
-use doorbell_kernels::transport::{Ibgda, P2p, Routed, Transport};
+use doorbell_kernels::transport::{Coop, Ibgda, P2p, Routed, Transport};
 use doorbell_kernels::{kernel, ptx};
 
 /// `grad[i]` is [`grad_hash`].
@@ -52,6 +52,36 @@ pub fn grad(compute: u32, rank: u32, i: u64, step: u32) -> f32 {
     }
 }
 
+/// Elements a producer thread computes at once ([`grad_lanes`]).
+pub const ILP: usize = 4;
+
+/// [`grad`] of the elements `i + j * stride`, `j < ILP`, computed side by
+/// side: the same bits as [`grad`] per element (the same `fma`s in the
+/// same order), but `ILP` independent chains per thread, so a thread keeps
+/// the SM's pipelines busy at the fused kernel's occupancy (one or two
+/// blocks per SM: the all-reduce's registers), not only at a plain
+/// kernel's.
+#[inline(always)]
+pub fn grad_lanes(compute: u32, rank: u32, i: u64, stride: u64, step: u32) -> [f32; ILP] {
+    let mut out = [0.0f32; ILP];
+    if compute != COMPUTE_GEMV {
+        for (j, o) in out.iter_mut().enumerate() {
+            *o = grad_hash(rank, i + j as u64 * stride, step);
+        }
+        return out;
+    }
+    let mut k = 0;
+    while k < GEMV_K {
+        let x = ((rank as u64 * 3 + k * 5 + step as u64) % 9) as f32 - 4.0;
+        for (j, o) in out.iter_mut().enumerate() {
+            let w = (((i + j as u64 * stride) * 7 + k * 13) % 11) as f32 - 5.0;
+            *o = ptx::fma_f32(w * 0.125, x * 0.25, *o);
+        }
+        k += 1;
+    }
+    out
+}
+
 /// Fused: this rank's gradient (`compute`, `step`), summed over all ranks
 /// into `ar.output`, chunk by chunk as it is produced. Launch with the
 /// argument and grid `AllReduce::fused_args` returns.
@@ -89,8 +119,20 @@ unsafe fn fused_grad<T: Transport>(t: &T, ar: &AllReduceArgs, compute: u32, step
     // producer writes only the chunk it is given.
     let _ = unsafe {
         fused(t, ar, |chunk: Chunk| {
-            for i in chunk.my_elements() {
+            // ILP elements per thread at a time (stride: the block), then
+            // the rest one by one.
+            let (me, n) = Coop::Block.index_and_size();
+            let mut i = me;
+            while i + (ILP as u64 - 1) * n < chunk.len {
+                let g = grad_lanes(compute, rank, chunk.first + i, n, step);
+                for (j, v) in g.iter().enumerate() {
+                    chunk.write(i + j as u64 * n, *v);
+                }
+                i += ILP as u64 * n;
+            }
+            while i < chunk.len {
                 chunk.write(i, grad(compute, rank, chunk.first + i, step));
+                i += n;
             }
         })
     };
@@ -102,9 +144,8 @@ unsafe fn fused_grad<T: Transport>(t: &T, ar: &AllReduceArgs, compute: u32, step
 pub unsafe fn produce_grad(out: *mut u8, dtype: u32, first: u64, n: u64, rank: u32, compute: u32, step: u32) {
     let mut i = ptx::global_thread_id_x() as u64;
     let stride = ptx::grid_stride_x() as u64;
-    while i < n {
-        let g = grad(compute, rank, first + i, step);
-        // SAFETY: `out` holds `n` elements of `dtype`.
+    let put = |i: u64, g: f32| {
+        // SAFETY: `out` holds `n` elements of `dtype`, and i < n.
         unsafe {
             if dtype == DType::Bf16 as u32 {
                 *(out as *mut Bf16).add(i as usize) = Bf16::from_f32(g);
@@ -112,6 +153,17 @@ pub unsafe fn produce_grad(out: *mut u8, dtype: u32, first: u64, n: u64, rank: u
                 *(out as *mut f32).add(i as usize) = g;
             }
         }
+    };
+    // As the fused producer: ILP elements at a time, then the rest.
+    while i + (ILP as u64 - 1) * stride < n {
+        let g = grad_lanes(compute, rank, first + i, stride, step);
+        for (j, v) in g.iter().enumerate() {
+            put(i + j as u64 * stride, *v);
+        }
+        i += ILP as u64 * stride;
+    }
+    while i < n {
+        put(i, grad(compute, rank, first + i, step));
         i += stride;
     }
 }
