@@ -583,7 +583,8 @@ unsafe fn ll<T: Transport, E: Element, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs
     let mut pk = p0 + tid;
     let mut failed = false;
     'packets: while pk < p1 {
-        let mut acc = [0f32; 2];
+        // The packet's (up to) two elements, summed in rank order.
+        let (mut x0, mut x1) = (0f32, 0f32);
         for r in 0..w {
             let data = if r == me {
                 own(pk)
@@ -599,21 +600,23 @@ unsafe fn ll<T: Transport, E: Element, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs
                     }
                 }
             };
-            for (i, x) in acc.iter_mut().enumerate().take(epp as usize) {
-                let v = if E::DTYPE == DType::F32 {
-                    f32::from_bits(data)
-                } else {
-                    f32::from_bits((data >> (16 * i)) << 16)
-                };
-                *x = if r == 0 { v } else { *x + v };
+            let (v0, v1) = if E::DTYPE == DType::F32 {
+                (f32::from_bits(data), 0.0)
+            } else {
+                (f32::from_bits(data << 16), f32::from_bits(data & 0xffff_0000))
+            };
+            if r == 0 {
+                (x0, x1) = (v0, v1);
+            } else {
+                (x0, x1) = (x0 + v0, x1 + v1);
             }
         }
-        for (i, x) in acc.iter().enumerate().take(epp as usize) {
-            let e = pk * epp + i as u64;
-            if e < a.elems {
-                // SAFETY: output holds `elems` elements.
-                unsafe { E::store(a.output as *mut u8, e, *x) };
-            }
+        let e = pk * epp;
+        // SAFETY: output holds `elems` elements; e < elems (pk < p1).
+        unsafe { E::store(a.output as *mut u8, e, x0) };
+        if epp == 2 && e + 1 < a.elems {
+            // SAFETY: as above, element e + 1 exists.
+            unsafe { E::store(a.output as *mut u8, e + 1, x1) };
         }
         pk += nthr;
     }
@@ -795,6 +798,7 @@ fn check<T: Transport>(t: &T, a: &AllReduceArgs) {
 /// input and output hold `elems` elements), and every rank launches it
 /// the same number of times (each block counts its epochs; after a failed
 /// launch the counts of a rank's blocks may differ: rebuild the buffers).
+#[inline(always)]
 pub unsafe fn run<T: Transport>(t: &T, a: &AllReduceArgs) -> Result<(), Failed> {
     let e = a.elem_bytes();
     let copy_input = |c: Chunk| {
@@ -805,8 +809,9 @@ pub unsafe fn run<T: Transport>(t: &T, a: &AllReduceArgs) -> Result<(), Failed> 
             unsafe { copy_bytes(c.dst, src as *const u8, c.len * e, me, n) };
         }
     };
+    let at = begin(t, a);
     // SAFETY: the caller's contract.
-    unsafe { counted(t, a, |at| run_algo(t, at, copy_input, true)) }
+    finish(&at, unsafe { run_algo(t, &at, copy_input, true) })
 }
 
 /// The **fused** all-reduce: `produce` computes each chunk of this rank's
@@ -823,27 +828,33 @@ pub unsafe fn run<T: Transport>(t: &T, a: &AllReduceArgs) -> Result<(), Failed> 
 /// As for [`run`]; `produce` writes only `chunk.dst[..chunk.len]`.
 #[inline(always)]
 pub unsafe fn fused<T: Transport, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, produce: P) -> Result<(), Failed> {
+    let at = begin(t, a);
     // SAFETY: the caller's contract.
-    unsafe { counted(t, a, |at| run_algo(t, at, produce, false)) }
+    finish(&at, unsafe { run_algo(t, &at, produce, false) })
 }
 
-/// Checks the launch, runs `body` with the block's epoch in `a.epoch` and
-/// counts the launch in the block's epoch word when it succeeded.
+/// Checks the launch and returns `a` with the block's epoch in `epoch`:
+/// one more than the last launch it completed (module docs). (A plain
+/// pair of calls, not a function taking the body as a closure: such a
+/// closure was compiled out of line, its arguments through a stack frame.)
 #[inline(always)]
-unsafe fn counted<T: Transport>(t: &T, a: &AllReduceArgs, body: impl FnOnce(&AllReduceArgs) -> Result<(), Failed>) -> Result<(), Failed> {
+fn begin<T: Transport>(t: &T, a: &AllReduceArgs) -> AllReduceArgs {
     check(t, a);
-    // This block's epoch: one more than the last it completed (module docs).
-    let word = a.epoch_word(ptx::block_idx_x() as u64);
     let mut at = *a;
-    // SAFETY: this block's epoch word, written only by its thread 0 after
-    // the barrier below that follows every thread's read.
-    at.epoch = unsafe { core::ptr::read_volatile(word) } + 1;
-    let r = body(&at);
+    // SAFETY: this block's epoch word, written only by its thread 0 (in
+    // `finish`) after a barrier that follows every thread's read.
+    at.epoch = unsafe { core::ptr::read_volatile(a.epoch_word(ptx::block_idx_x() as u64)) } + 1;
+    at
+}
+
+/// Counts the launch `at` in the block's epoch word when it succeeded.
+#[inline(always)]
+fn finish(at: &AllReduceArgs, r: Result<(), Failed>) -> Result<(), Failed> {
     if r.is_ok() {
         ptx::sync_threads();
         if ptx::thread_rank_in_block() == 0 {
-            // SAFETY: as above; the next launch reads it (stream order).
-            unsafe { core::ptr::write_volatile(word, at.epoch) };
+            // SAFETY: as in `begin`; the next launch reads it (stream order).
+            unsafe { core::ptr::write_volatile(at.epoch_word(ptx::block_idx_x() as u64), at.epoch) };
         }
     }
     r
