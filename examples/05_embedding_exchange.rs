@@ -261,7 +261,13 @@ fn run(args: &Args) -> Result<(), BoxError> {
         if r == 0 {
             // The grid fitted to the kernels' registers: every block must be
             // resident at once (grid barriers).
-            println!("grid: {} blocks x {} threads per rank", x.cfg.grid.0, x.cfg.block.0);
+            match x.residency {
+                Some((regs, per_sm)) => println!(
+                    "grid: {} blocks x {} threads per rank ({regs} registers per thread: {per_sm} blocks per SM)",
+                    x.cfg.grid.0, x.cfg.block.0
+                ),
+                None => println!("grid: {} blocks x {} threads per rank", x.cfg.grid.0, x.cfg.block.0),
+            }
         }
         x.load_shard(&emb::shard_of(&p, &init, r))?;
         let ids_d = dev.alloc_from(&ids[r as usize])?;

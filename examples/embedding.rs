@@ -522,6 +522,10 @@ pub struct Exchange<'c> {
     /// fitted on a GPU to how many blocks the kernels' registers let every
     /// SM hold ([`fit_grid`]).
     pub cfg: LaunchConfig,
+    /// On a GPU: the most registers per thread of the kernels it launches,
+    /// as the driver compiled them, and how many blocks of `cfg` one SM
+    /// holds at that count.
+    pub residency: Option<(u32, u32)>,
     epoch: u64,
     /// The epoch of the last backward launched (0: none).
     bwd_epoch: u64,
@@ -605,9 +609,11 @@ impl<'c> Exchange<'c> {
         // Every block of the grid must be resident at once (grid barriers),
         // and how many an SM holds depends on the kernels' registers.
         let mut cfg = cfg;
+        let mut residency = None;
         if let (Some(sm), Some(regs)) = (SmLimits::of(comm), kernels.max_registers()) {
             let threads = cfg.block.0 * cfg.block.1 * cfg.block.2;
             let per_sm = resident_blocks_per_sm(&sm, regs, threads);
+            residency = Some((regs, per_sm));
             cfg.grid.0 = fit_grid(cfg.grid.0, per_sm, dev.multiprocessor_count() as u32)
                 .map_err(|e| err(format!("rank {}: {e} ({regs} registers per thread)", comm.rank())))?;
         }
@@ -633,6 +639,7 @@ impl<'c> Exchange<'c> {
             stamps: std::ptr::null_mut(),
         };
         Ok(Exchange {
+            residency,
             comm,
             shape,
             tables,

@@ -247,6 +247,10 @@ fn out_of_range_ids_fail_fast_on_every_rank_with_nothing_written_then_the_next_s
                     // Progress on stderr as it happens (`--nocapture`): if a
                     // step stalls, the last line of each rank says where.
                     let note = |what: &str| eprintln!("{backend:?} bad {bad_ranks:?} rank {r}: {what}");
+                    note(&format!(
+                        "grid {:?} x {:?}, (registers, blocks per SM) {:?}",
+                        x.cfg.grid, x.cfg.block, x.residency
+                    ));
                     // Device-side check (the host check skipped on purpose),
                     // every rank starting together.
                     comm.barrier()?;

@@ -277,9 +277,28 @@ fn launch_bounds_are_written_into_the_examples_ptx() {
         (None, None),
         "fused_grad_allreduce_p2p has no launch_bounds"
     );
-    // Only the two bounded entries carry directives.
-    assert_eq!(ptx.matches(".maxntid").count(), 2, "entries with .maxntid");
-    assert_eq!(ptx.matches(".minnctapersm").count(), 2, "entries with .minnctapersm");
+    // The embedding exchange's grid-barrier kernels: three blocks of 256
+    // per SM (their grids ask for two: one to spare), every transport.
+    let emb = [
+        "emb_forward_p2p",
+        "emb_forward_ibgda",
+        "emb_forward_routed",
+        "emb_backward_p2p",
+        "emb_backward_ibgda",
+        "emb_backward_routed",
+        "emb_forward_pull_p2p",
+        "emb_forward_pull_routed",
+    ];
+    for e in emb {
+        assert_eq!(
+            entry_directives(ptx, e),
+            (some("256, 1, 1"), some("3")),
+            "{e}: launch_bounds(threads = 256, min_blocks = 3)"
+        );
+    }
+    // Only the bounded entries carry directives.
+    assert_eq!(ptx.matches(".maxntid").count(), 2 + emb.len(), "entries with .maxntid");
+    assert_eq!(ptx.matches(".minnctapersm").count(), 2 + emb.len(), "entries with .minnctapersm");
 }
 
 /// ptxas keeps the bounded entries within what `min_blocks` blocks of 512

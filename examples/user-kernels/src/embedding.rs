@@ -552,9 +552,17 @@ unsafe fn gave_up_owner(b: &EmbBufs, n: u32, epoch: u64) -> u32 {
 /// Forward: see the module docs. `ids` `[tables][batch][pooling]`, `out`
 /// `[batch][tables][dim]` (local). `status` gets [`STATUS_OK`] or why not.
 ///
-/// Launch: the same grid on every rank, threads a multiple of 32,
-/// [`SHARED_BYTES`] of shared memory; epochs 1, 2, 3, ...
-#[kernel(transports(P2p, Ibgda, Routed))]
+/// Launch: the same grid on every rank, threads a multiple of 32 (at most
+/// 256), [`SHARED_BYTES`] of shared memory; epochs 1, 2, 3, ...
+///
+/// `launch_bounds(threads = 256, min_blocks = 3)` (on the backward and the
+/// pull forward too): the grids ask for two blocks per SM, and every block
+/// of every rank's grid must be resident at once (grid barriers). At 86
+/// registers a thread an SM held exactly two blocks of 256, so ranks
+/// sharing a GPU filled it to the last slot, and on the H200 a block of
+/// one rank then at times did not start until the others' waits ran out;
+/// capped at 80 registers an SM holds three, one to spare.
+#[kernel(transports(P2p, Ibgda, Routed), launch_bounds(threads = 256, min_blocks = 3))]
 pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *const u32, out: *mut f32, epoch: u64, budget_ns: u64) {
     let n = t.world_size();
     let me = t.rank();
@@ -864,7 +872,7 @@ unsafe fn for_lookups(s: &EmbShape, b: &EmbBufs, n: u32, grad: *const f32, pick:
 /// `grad` `[batch][tables][dim]` (local), SGD step `lr`, `seq` the number
 /// of backward launches so far, this one included (the same on every
 /// rank). Launch as for [`emb_forward`].
-#[kernel(transports(P2p, Ibgda, Routed))]
+#[kernel(transports(P2p, Ibgda, Routed), launch_bounds(threads = 256, min_blocks = 3))]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn emb_backward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, grad: *const f32, lr: f32, epoch: u64, seq: u64, budget_ns: u64) {
     let n = t.world_size();
@@ -1042,7 +1050,7 @@ pub unsafe fn emb_backward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, grad: *c
 /// routing and no dedup: see the module docs. Same arguments as
 /// [`emb_forward`] (only `tables`, `grid` and `status` of `b` are used).
 /// Bad ids are skipped and reported; the bags holding them are not written.
-#[kernel(transports(P2p, Routed))]
+#[kernel(transports(P2p, Routed), launch_bounds(threads = 256, min_blocks = 3))]
 pub unsafe fn emb_forward_pull<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *const u32, out: *mut f32, budget_ns: u64) {
     let n = t.world_size();
     let dim = s.dim as usize;
