@@ -246,7 +246,13 @@ fn out_of_range_ids_fail_fast_on_every_rank_with_nothing_written_then_the_next_s
                     x.set_stamps(true);
                     // Progress on stderr as it happens (`--nocapture`): if a
                     // step stalls, the last line of each rank says where.
-                    let note = |what: &str| eprintln!("{backend:?} bad {bad_ranks:?} rank {r}: {what}");
+                    let since = std::time::Instant::now();
+                    let note = |what: &str| {
+                        eprintln!(
+                            "{backend:?} bad {bad_ranks:?} rank {r} at {:.1} ms: {what}",
+                            since.elapsed().as_secs_f64() * 1e3
+                        )
+                    };
                     note(&format!(
                         "grid {:?} x {:?}, (registers, blocks per SM) {:?}",
                         x.cfg.grid, x.cfg.block, x.residency
@@ -258,7 +264,9 @@ fn out_of_range_ids_fail_fast_on_every_rank_with_nothing_written_then_the_next_s
                     x.forward(&s, &bad_d, &mut out)?;
                     let e = x.finish(&s).err();
                     let took = t0.elapsed();
+                    note("failed forward finished");
                     let (fwd, _) = x.stamps()?;
+                    note("stamps read");
                     let phases: Vec<String> = emb_k::STAMP_FWD
                         .iter()
                         .zip(&fwd)
@@ -267,11 +275,14 @@ fn out_of_range_ids_fail_fast_on_every_rank_with_nothing_written_then_the_next_s
                     let why = e.as_ref().map_or("no error".to_string(), |e| e.to_string());
                     note(&format!("failed forward in {took:?} [{}]: {why}", phases.join(", ")));
                     let untouched = out.to_host()? == canary && x.shard()? == shard;
+                    note("output and shard read");
                     // The backward of the failed forward runs nowhere.
                     x.backward(&s, &grad, 0.5)?;
+                    note("backward refused");
                     let eb = x.finish(&s).err();
                     note("refused backward done");
                     let still = out.to_host()? == canary && x.shard()? == shard;
+                    note("output and shard read again");
                     // The protocol is intact: a good step runs and is right.
                     x.forward(&s, &good_d, &mut out)?;
                     note("next forward launched");

@@ -27,15 +27,25 @@ pub fn driver_present() -> bool {
     unsafe { sys::is_culib_present() }
 }
 
-/// Kernels that wait on each other must be loaded before any of them runs:
-/// with CUDA's lazy loading (the default since CUDA 12.2) the first launch
-/// of a kernel can wait for a running kernel that spins on it. Like NVSHMEM,
-/// doorbell asks for eager loading unless `CUDA_MODULE_LOADING` is set.
+/// Driver settings for kernels that wait on each other, made before the
+/// driver is initialized unless the variable is already set:
+/// * `CUDA_MODULE_LOADING=EAGER`: with CUDA's lazy loading (the default
+///   since CUDA 12.2) the first launch of a kernel can wait for a running
+///   kernel that spins on it. NVSHMEM asks for eager loading too.
+/// * `CUDA_DEVICE_MAX_CONNECTIONS=32`: streams share the GPU's hardware
+///   work queues (8 by default), and work queued behind a spinning kernel
+///   of another stream in the same queue waits for it — on an H200, a rank's
+///   host copy waited there for peers' kernels that were waiting for this
+///   rank, until their waits ran out. More queues make such sharing rarer;
+///   the library's host copies also go through a stream of their own, never
+///   the legacy default stream.
 fn eager_module_loading() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        if std::env::var_os("CUDA_MODULE_LOADING").is_none() {
-            std::env::set_var("CUDA_MODULE_LOADING", "EAGER");
+        for (k, v) in [("CUDA_MODULE_LOADING", "EAGER"), ("CUDA_DEVICE_MAX_CONNECTIONS", "32")] {
+            if std::env::var_os(k).is_none() {
+                std::env::set_var(k, v);
+            }
         }
     });
 }
@@ -79,6 +89,10 @@ pub(crate) struct Device {
     /// world is past its collective drop then), or once they exceed
     /// [`DEFERRED_FREE_LIMIT`] bytes.
     deferred: Mutex<(Vec<u64>, usize)>,
+    /// The stream of this handle's host copies and memsets (non-blocking,
+    /// not waited for by `synchronize`): the legacy default stream's
+    /// synchronous copies were seen to wait for other ranks' kernels.
+    copier: Arc<CudaStream>,
 }
 
 impl Drop for Device {
@@ -175,10 +189,12 @@ impl Device {
             return Err(Error::NoSuchGpu { ordinal, count });
         }
         let ctx = shared_context(ordinal)?;
+        let copier = ctx.new_stream().call("cuStreamCreate")?;
         Ok(Device {
             ctx,
             streams: Mutex::new(Vec::new()),
             deferred: Mutex::new((Vec::new(), 0)),
+            copier,
         })
     }
 
@@ -210,21 +226,9 @@ impl Device {
         self.ctx.bind_to_thread().call("cuCtxSetCurrent")
     }
 
-    /// Waits until the memsets and copies issued without a stream have
-    /// landed. `cuMemsetD8` and `cuMemcpyHtoD` (from pageable memory) go to
-    /// the legacy default stream and may return before the device memory
-    /// holds the bytes, and every stream doorbell makes is non-blocking, so
-    /// nothing orders a kernel launched next after them: without this, that
-    /// kernel may read the old bytes. Synchronizing the legacy stream waits
-    /// for those operations only, never for kernels on non-blocking streams
-    /// (another rank's spinning kernel, the soft NIC's engine).
+    /// Waits until what was queued on the copy stream has landed.
     fn settle(&self, call: &'static str) -> Result<()> {
-        // `CU_STREAM_LEGACY` is the handle value 1 (cuda.h).
-        let legacy = 0x1 as sys::CUstream;
-        // SAFETY: the legacy stream exists in every context; context bound.
-        unsafe { sys::cuStreamSynchronize(legacy) }
-            .result()
-            .map_err(|source| Error::Cuda { call, source })
+        self.copier.synchronize().map_err(|source| Error::Cuda { call, source })
     }
 
     /// Waits for the streams created through this handle.
@@ -287,7 +291,7 @@ impl Device {
         // SAFETY: context bound; the allocation is freed by `free` when its buffer drops.
         let p = unsafe { result::malloc_sync(bytes) }.map_err(|e| self.alloc_error(e, "cuMemAlloc", bytes))?;
         // SAFETY: `p` spans `bytes` bytes.
-        if let Err(e) = unsafe { result::memset_d8_sync(p, 0, bytes) } {
+        if let Err(e) = unsafe { result::memset_d8_async(p, 0, bytes, self.copier.cu_stream()) } {
             // SAFETY: just allocated, not handed out.
             let _ = unsafe { result::free_sync(p) };
             return Err(Error::Cuda {
@@ -295,7 +299,7 @@ impl Device {
                 source: e,
             });
         }
-        if let Err(e) = self.settle("cuStreamSynchronize (after cuMemsetD8)") {
+        if let Err(e) = self.settle("cuStreamSynchronize (after cuMemsetD8Async)") {
             // SAFETY: just allocated, not handed out.
             let _ = unsafe { result::free_sync(p) };
             return Err(e);
@@ -347,8 +351,8 @@ impl Device {
     pub(crate) unsafe fn zero(&self, addr: u64, bytes: usize) -> Result<()> {
         self.bind()?;
         // SAFETY: the caller vouches that the allocation spans `bytes`.
-        unsafe { result::memset_d8_sync(addr, 0, bytes) }.call("cuMemsetD8")?;
-        self.settle("cuStreamSynchronize (after cuMemsetD8)")
+        unsafe { result::memset_d8_async(addr, 0, bytes, self.copier.cu_stream()) }.call("cuMemsetD8Async")?;
+        self.settle("cuStreamSynchronize (after cuMemsetD8Async)")
     }
 
     /// `bytes` of zeroed pinned host memory mapped into the device: its host
@@ -386,8 +390,8 @@ impl Device {
     pub(crate) unsafe fn write(&self, addr: u64, src: &[u8]) -> Result<()> {
         self.bind()?;
         // SAFETY: the caller vouches for the destination range.
-        unsafe { result::memcpy_htod_sync(addr, src) }.call("cuMemcpyHtoD")?;
-        self.settle("cuStreamSynchronize (after cuMemcpyHtoD)")
+        unsafe { result::memcpy_htod_async(addr, src, self.copier.cu_stream()) }.call("cuMemcpyHtoDAsync")?;
+        self.settle("cuStreamSynchronize (after cuMemcpyHtoDAsync)")
     }
 
     /// Copies device bytes at `addr` to the host (synchronous).
@@ -397,7 +401,8 @@ impl Device {
     pub(crate) unsafe fn read(&self, addr: u64, dst: &mut [u8]) -> Result<()> {
         self.bind()?;
         // SAFETY: the caller vouches for the source range.
-        unsafe { result::memcpy_dtoh_sync(dst, addr) }.call("cuMemcpyDtoH")
+        unsafe { result::memcpy_dtoh_async(dst, addr, self.copier.cu_stream()) }.call("cuMemcpyDtoHAsync")?;
+        self.settle("cuStreamSynchronize (after cuMemcpyDtoHAsync)")
     }
 
     /// Loads PTX text into this context.
