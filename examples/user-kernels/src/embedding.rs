@@ -559,9 +559,10 @@ unsafe fn gave_up_owner(b: &EmbBufs, n: u32, epoch: u64) -> u32 {
 /// pull forward too): the grids ask for two blocks per SM, and every block
 /// of every rank's grid must be resident at once (grid barriers). At 86
 /// registers a thread an SM held exactly two blocks of 256, so ranks
-/// sharing a GPU filled it to the last slot, and on the H200 a block of
-/// one rank then at times did not start until the others' waits ran out;
-/// capped at 80 registers an SM holds three, one to spare.
+/// sharing a GPU filled it to the last slot, with no room for any other
+/// kernel; capped at 80 registers an SM holds three, one to spare. (A
+/// stall seen on the H200 with the GPU filled so was in the end a host
+/// copy waiting for the peers' kernels, not a block left out.)
 #[kernel(transports(P2p, Ibgda, Routed), launch_bounds(threads = 256, min_blocks = 3))]
 pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *const u32, out: *mut f32, epoch: u64, budget_ns: u64) {
     let n = t.world_size();
