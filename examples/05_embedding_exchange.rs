@@ -274,31 +274,23 @@ fn run(args: &Args) -> Result<(), BoxError> {
         let grad = dev.alloc_from(&emb::upstream_grad(&p, r))?;
         let mut out = dev.alloc_zeroed::<f32>(p.out_len())?;
         let s = dev.new_stream()?;
-        let mut outs = Vec::new();
         comm.barrier()?;
-        let mut run = || -> doorbell::Result<()> {
-            for _ in 0..steps {
-                x.forward(&s, &ids_d, &mut out)?;
-                x.finish(&s)?;
-                outs.push(out.to_host()?);
-                x.backward(&s, &grad, lr)?;
-                x.finish(&s)?;
-            }
-            Ok(())
-        };
-        if let Err(e) = run() {
-            // Through the soft NIC: what its engine did and where each
-            // send queue stands, while the state is still there.
-            if let Some(p) = comm.ibgda_progress() {
-                eprintln!("rank {r}: {p}");
-            }
-            if let Ok(Some(queues)) = comm.ibgda_queues() {
-                for q in queues {
-                    eprintln!("{q}");
+        let outs = match x.train(&s, &ids_d, &grad, &mut out, lr, steps) {
+            Ok(outs) => outs,
+            Err(e) => {
+                // Through the soft NIC: what its engine did and where each
+                // send queue stands, while the state is still there.
+                if let Some(p) = comm.ibgda_progress() {
+                    eprintln!("rank {r}: {p}");
                 }
+                if let Ok(Some(queues)) = comm.ibgda_queues() {
+                    for q in queues {
+                        eprintln!("{q}");
+                    }
+                }
+                return Err(e);
             }
-            return Err(e);
-        }
+        };
         Ok((dev.name(), dev.is_gpu(), outs, x.shard()?))
     })?;
     println!(

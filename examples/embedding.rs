@@ -780,6 +780,30 @@ impl<'c> Exchange<'c> {
         }
     }
 
+    /// `steps` training steps with the same ids, each checked with
+    /// [`finish`](Self::finish): the forward into `out` (read back after
+    /// every step: the returned outputs), then the backward of `grad` with
+    /// SGD rate `lr`. Every rank calls it.
+    pub fn train(
+        &mut self,
+        s: &Stream,
+        ids: &DeviceBuffer<u32>,
+        grad: &DeviceBuffer<f32>,
+        out: &mut DeviceBuffer<f32>,
+        lr: f32,
+        steps: usize,
+    ) -> Result<Vec<Vec<f32>>> {
+        let mut outs = Vec::with_capacity(steps);
+        for _ in 0..steps {
+            self.forward(s, ids, out)?;
+            self.finish(s)?;
+            outs.push(out.to_host()?);
+            self.backward(s, grad, lr)?;
+            self.finish(s)?;
+        }
+        Ok(outs)
+    }
+
     /// Synchronizes `s`, then turns a device status into an
     /// [`ExchangeError`] (and clears it, in `s`'s order). A communicator
     /// error (a wait that ran out of budget) is returned first, and the

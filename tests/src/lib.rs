@@ -28,3 +28,83 @@ pub fn backends() -> Vec<Device> {
 pub fn gpu() -> Option<Device> {
     backends().into_iter().find(|d| d.is_gpu())
 }
+
+/// `ptx` when it was built; `None` when the PTX build was skipped on purpose
+/// (`DOORBELL_SKIP_PTX=1`), which it says. A build without it otherwise
+/// fails the calling test (`what`: whose PTX, e.g. "the examples'").
+pub fn built_ptx(what: &str, ptx: &'static str) -> Option<&'static str> {
+    if doorbell::ptx_is_built(ptx) {
+        return Some(ptx);
+    }
+    let skipped = std::env::var("DOORBELL_SKIP_PTX").is_ok_and(|v| v == "1");
+    assert!(skipped, "{what} PTX was not built (and DOORBELL_SKIP_PTX=1 is not set)");
+    eprintln!("PTX not built (DOORBELL_SKIP_PTX=1): skipped");
+    None
+}
+
+/// `DOORBELL_PTXAS`, `ptxas` on the `PATH`, or the one in the
+/// `nvidia-cuda-nvcc-cu12` wheel (`scripts/setup.sh` installs it).
+pub fn try_find_ptxas() -> Option<std::path::PathBuf> {
+    use std::path::PathBuf;
+    use std::process::Command;
+    if let Some(p) = std::env::var_os("DOORBELL_PTXAS") {
+        return Some(PathBuf::from(p));
+    }
+    if Command::new("ptxas").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        return Some(PathBuf::from("ptxas"));
+    }
+    for py in ["python3", "python"] {
+        if let Ok(out) = Command::new(py)
+            .args(["-c", "import nvidia; print(list(nvidia.__path__)[0])"])
+            .output()
+        {
+            let cand = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("cuda_nvcc/bin/ptxas");
+            if cand.exists() {
+                return Some(cand);
+            }
+        }
+    }
+    None
+}
+
+/// Registers per thread ptxas allocates (sm_90) for each of `entries` of
+/// `ptx` (the count of an entry covers the device functions it calls).
+/// Only those entries are compiled: a whole module takes ptxas most of a
+/// minute. Panics when ptxas rejects the module or reports no count for an
+/// entry.
+pub fn ptxas_registers(ptxas: &std::path::Path, ptx: &str, entries: &[&str]) -> Vec<(String, u32)> {
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("doorbell-ptxas-regs-{}-{call}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join("module.ptx");
+    std::fs::write(&src, ptx).unwrap();
+    let out = std::process::Command::new(ptxas)
+        .args(["-arch=sm_90", "-v", "-e", &entries.join(","), "-o"])
+        .arg(dir.join("out.cubin"))
+        .arg(&src)
+        .output()
+        .expect("run ptxas");
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "ptxas rejected the PTX:\n{text}");
+    // "Compiling entry function 'E'" ... "Used N registers".
+    let mut used = Vec::new();
+    let mut current: Option<String> = None;
+    for line in text.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            current = rest.split('\'').next().map(str::to_string);
+        } else if let Some(rest) = line.split("Used ").nth(1).filter(|r| r.contains(" registers")) {
+            if let (Some(e), Some(n)) = (current.take(), rest.split_whitespace().next().and_then(|n| n.parse().ok())) {
+                used.push((e, n));
+            }
+        }
+    }
+    for e in entries {
+        assert!(
+            used.iter().any(|(u, _)| u == e),
+            "ptxas reported no register count for {e}:\n{text}"
+        );
+    }
+    used
+}

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use doorbell::comm::{CommOptions, Communicator};
-use doorbell::{Backend, LaunchConfig};
+use doorbell::{Backend, DeviceBuffer, LaunchConfig, Stream};
 use doorbell_example_kernels::embedding::{self as emb_k, PAD};
 use doorbell_examples::embedding::{self as emb, Exchange, ExchangeError, Problem, TransportKind};
 
@@ -80,14 +80,7 @@ fn run_over(backend: Backend, p: &Problem, ids: &[Vec<u32>], steps: usize, lr: f
         let grad = dev.alloc_from(&emb::upstream_grad(p, r))?;
         let mut out = dev.alloc_zeroed::<f32>(p.out_len())?;
         let s = dev.new_stream()?;
-        let mut outs = Vec::new();
-        for _ in 0..steps {
-            x.forward(&s, &ids_d, &mut out)?;
-            x.finish(&s)?;
-            outs.push(out.to_host()?);
-            x.backward(&s, &grad, lr)?;
-            x.finish(&s)?;
-        }
+        let outs = x.train(&s, &ids_d, &grad, &mut out, lr, steps)?;
         Ok((outs, x.shard()?))
     })
     .unwrap_or_else(|e| panic!("{backend:?} {transport:?} {p:?}: {e}"));
@@ -186,6 +179,68 @@ fn noting<R>(f: impl Fn(&Communicator) -> doorbell::Result<R> + Sync) -> impl Fn
     }
 }
 
+/// The failure tests' problem: 3 ranks, 2 tables of 20 rows, 4 samples,
+/// bags of 3.
+const FAIL_PROBLEM: Problem = Problem {
+    ranks: 3,
+    tables: 2,
+    rows: 20,
+    dim: 8,
+    batch: 4,
+    pooling: 3,
+};
+
+/// `good` with an out-of-range id on each of `bad_ranks` (rank r gets
+/// `rows + r - 1`), at table 1, sample 2, position 1 of its ids.
+fn with_bad_ids(p: &Problem, good: &[Vec<u32>], bad_ranks: &[usize]) -> Vec<Vec<u32>> {
+    let at = (p.batch as usize + 2) * p.pooling as usize + 1;
+    let mut bad = good.to_vec();
+    for &r in bad_ranks {
+        bad[r][at] = p.rows + r as u32 - 1;
+    }
+    bad
+}
+
+/// One rank of a failure test: its exchange (tables loaded), its shard as
+/// loaded, its bad and good ids, its upstream gradient, and an output
+/// buffer filled with `canary`, on stream `s`.
+struct FailRank<'c> {
+    x: Exchange<'c>,
+    shard: Vec<f32>,
+    bad: DeviceBuffer<u32>,
+    good: DeviceBuffer<u32>,
+    grad: DeviceBuffer<f32>,
+    canary: Vec<f32>,
+    out: DeviceBuffer<f32>,
+    s: Stream,
+}
+
+impl<'c> FailRank<'c> {
+    fn new(comm: &'c Communicator, p: &Problem, cap: u32, init: &[f32], bad: &[Vec<u32>], good: &[Vec<u32>]) -> doorbell::Result<Self> {
+        let r = comm.rank() as u32;
+        let dev = comm.device();
+        let x = Exchange::new(comm, p, cap, cfg(comm, p.ranks))?;
+        let shard = emb::shard_of(p, init, r);
+        x.load_shard(&shard)?;
+        let canary = vec![-7.5f32; p.out_len()];
+        Ok(FailRank {
+            x,
+            shard,
+            bad: dev.alloc_from(&bad[r as usize])?,
+            good: dev.alloc_from(&good[r as usize])?,
+            grad: dev.alloc_from(&emb::upstream_grad(p, r))?,
+            out: dev.alloc_from(&canary)?,
+            canary,
+            s: dev.new_stream()?,
+        })
+    }
+
+    /// Neither the output nor the tables were written.
+    fn untouched(&mut self) -> doorbell::Result<bool> {
+        Ok(self.out.to_host()? == self.canary && self.x.shard()? == self.shard)
+    }
+}
+
 /// The wait budget of the out-of-range test: long, so that a rank left
 /// waiting for a peer that stopped shows up as a slow test, not only as an
 /// error; short enough that such a wait still ends in an error naming its
@@ -199,26 +254,15 @@ const FAIL_FAST: Duration = Duration::from_secs(10);
 #[test]
 fn out_of_range_ids_fail_fast_on_every_rank_with_nothing_written_then_the_next_step_runs() {
     for backend in backends() {
-        let p = Problem {
-            ranks: 3,
-            tables: 2,
-            rows: 20,
-            dim: 8,
-            batch: 4,
-            pooling: 3,
-        };
+        let p = FAIL_PROBLEM;
         let good = emb::generate_ids(&p, 0.0, 7);
         // Rank 1, table 1, sample 2, position 1; in the second case rank 2
         // too (the lowest failing rank is the one named to the others); in
         // the third rank 2 alone, so that a good rank (1) hears a good rank's
         // (0) verdict from a block other than the one that heard its own.
-        let at = (p.batch as usize + 2) * p.pooling as usize + 1;
         for bad_ranks in [vec![1usize], vec![2, 1], vec![2]] {
             let first_bad = *bad_ranks.iter().min().unwrap() as u32;
-            let mut bad = good.clone();
-            for &r in &bad_ranks {
-                bad[r][at] = p.rows + r as u32 - 1;
-            }
+            let bad = with_bad_ids(&p, &good, &bad_ranks);
             let err = emb::validate_ids(&p, &bad).unwrap_err();
             assert!(err.contains(&format!("rank {first_bad}, table 1, sample 2, position 1")), "{err}");
             let cap = (p.lookups() as u32).max(1);
@@ -233,17 +277,8 @@ fn out_of_range_ids_fail_fast_on_every_rank_with_nothing_written_then_the_next_s
                 opts,
                 noting(|comm| {
                     let r = comm.rank() as u32;
-                    let dev = comm.device();
-                    let mut x = Exchange::new(comm, &p, cap, cfg(comm, p.ranks))?;
-                    let shard = emb::shard_of(&p, &init, r);
-                    x.load_shard(&shard)?;
-                    let bad_d = dev.alloc_from(&bad[r as usize])?;
-                    let good_d = dev.alloc_from(&good[r as usize])?;
-                    let grad = dev.alloc_from(&emb::upstream_grad(&p, r))?;
-                    let canary = vec![-7.5f32; p.out_len()];
-                    let mut out = dev.alloc_from(&canary)?;
-                    let s = dev.new_stream()?;
-                    x.set_stamps(true);
+                    let mut f = FailRank::new(comm, &p, cap, &init, &bad, &good)?;
+                    f.x.set_stamps(true);
                     // Progress on stderr as it happens (`--nocapture`): if a
                     // step stalls, the last line of each rank says where.
                     let since = std::time::Instant::now();
@@ -255,17 +290,17 @@ fn out_of_range_ids_fail_fast_on_every_rank_with_nothing_written_then_the_next_s
                     };
                     note(&format!(
                         "grid {:?} x {:?}, (registers, blocks per SM) {:?}",
-                        x.cfg.grid, x.cfg.block, x.residency
+                        f.x.cfg.grid, f.x.cfg.block, f.x.residency
                     ));
                     // Device-side check (the host check skipped on purpose),
                     // every rank starting together.
                     comm.barrier()?;
                     let t0 = std::time::Instant::now();
-                    x.forward(&s, &bad_d, &mut out)?;
-                    let e = x.finish(&s).err();
+                    f.x.forward(&f.s, &f.bad, &mut f.out)?;
+                    let e = f.x.finish(&f.s).err();
                     let took = t0.elapsed();
                     note("failed forward finished");
-                    let (fwd, _) = x.stamps()?;
+                    let (fwd, _) = f.x.stamps()?;
                     note("stamps read");
                     let phases: Vec<String> = emb_k::STAMP_FWD
                         .iter()
@@ -274,25 +309,25 @@ fn out_of_range_ids_fail_fast_on_every_rank_with_nothing_written_then_the_next_s
                         .collect();
                     let why = e.as_ref().map_or("no error".to_string(), |e| e.to_string());
                     note(&format!("failed forward in {took:?} [{}]: {why}", phases.join(", ")));
-                    let untouched = out.to_host()? == canary && x.shard()? == shard;
+                    let untouched = f.untouched()?;
                     note("output and shard read");
                     // The backward of the failed forward runs nowhere.
-                    x.backward(&s, &grad, 0.5)?;
+                    f.x.backward(&f.s, &f.grad, 0.5)?;
                     note("backward refused");
-                    let eb = x.finish(&s).err();
+                    let eb = f.x.finish(&f.s).err();
                     note("refused backward done");
-                    let still = out.to_host()? == canary && x.shard()? == shard;
+                    let still = f.untouched()?;
                     note("output and shard read again");
                     // The protocol is intact: a good step runs and is right.
-                    x.forward(&s, &good_d, &mut out)?;
+                    f.x.forward(&f.s, &f.good, &mut f.out)?;
                     note("next forward launched");
-                    x.finish(&s)?;
+                    f.x.finish(&f.s)?;
                     note("next forward done");
-                    let next = out.to_host()?;
-                    x.backward(&s, &grad, 0.5)?;
-                    x.finish(&s)?;
+                    let next = f.out.to_host()?;
+                    f.x.backward(&f.s, &f.grad, 0.5)?;
+                    f.x.finish(&f.s)?;
                     note("next backward done");
-                    Ok((e, took, untouched, eb, still, next, x.shard()?))
+                    Ok((e, took, untouched, eb, still, next, f.x.shard()?))
                 }),
             )
             .unwrap_or_else(|e| panic!("{backend:?} bad {bad_ranks:?}: {e}"));
@@ -359,23 +394,12 @@ const LATE: Duration = Duration::from_secs(3);
 #[test]
 fn a_rank_later_than_the_budget_learns_that_its_peers_gave_up_and_the_next_step_runs() {
     for backend in backends() {
-        let p = Problem {
-            ranks: 3,
-            tables: 2,
-            rows: 20,
-            dim: 8,
-            batch: 4,
-            pooling: 3,
-        };
+        let p = FAIL_PROBLEM;
         let late_rank = 1u32;
         let good = emb::generate_ids(&p, 0.0, 7);
-        let at = (p.batch as usize + 2) * p.pooling as usize + 1;
         // As on the GPU: a failed step first (ranks 2 and 1), its backward
         // refused, then the late step.
-        let mut bad = good.clone();
-        for r in [2usize, 1] {
-            bad[r][at] = p.rows + r as u32 - 1;
-        }
+        let bad = with_bad_ids(&p, &good, &[2, 1]);
         let cap = (p.lookups() as u32).max(1);
         let init = emb::initial_tables(&p);
         let opts = CommOptions {
@@ -388,41 +412,28 @@ fn a_rank_later_than_the_budget_learns_that_its_peers_gave_up_and_the_next_step_
             opts,
             noting(|comm| {
                 let r = comm.rank() as u32;
-                let dev = comm.device();
-                let mut x = Exchange::new(comm, &p, cap, cfg(comm, p.ranks))?;
-                let shard = emb::shard_of(&p, &init, r);
-                x.load_shard(&shard)?;
-                let bad_d = dev.alloc_from(&bad[r as usize])?;
-                let good_d = dev.alloc_from(&good[r as usize])?;
-                let grad = dev.alloc_from(&emb::upstream_grad(&p, r))?;
-                let canary = vec![-7.5f32; p.out_len()];
-                let mut out = dev.alloc_from(&canary)?;
-                let s = dev.new_stream()?;
+                let mut f = FailRank::new(comm, &p, cap, &init, &bad, &good)?;
                 comm.barrier()?;
-                x.forward(&s, &bad_d, &mut out)?;
-                let failed = x.finish(&s).err().map(|e| e.to_string());
-                x.backward(&s, &grad, 0.5)?;
-                let refused = matches!(x.finish(&s), Err(ExchangeError::NoForward { .. }));
+                f.x.forward(&f.s, &f.bad, &mut f.out)?;
+                let failed = f.x.finish(&f.s).err().map(|e| e.to_string());
+                f.x.backward(&f.s, &f.grad, 0.5)?;
+                let refused = matches!(f.x.finish(&f.s), Err(ExchangeError::NoForward { .. }));
                 if r == late_rank {
                     std::thread::sleep(LATE);
                 }
                 let t0 = std::time::Instant::now();
-                x.forward(&s, &good_d, &mut out)?;
-                let late = x.finish(&s).err();
+                f.x.forward(&f.s, &f.good, &mut f.out)?;
+                let late = f.x.finish(&f.s).err();
                 let took = t0.elapsed();
-                let untouched = out.to_host()? == canary;
-                x.backward(&s, &grad, 0.5)?;
-                let late_bwd = x.finish(&s).err();
-                let still = out.to_host()? == canary && x.shard()? == shard;
+                let untouched = f.out.to_host()? == f.canary;
+                f.x.backward(&f.s, &f.grad, 0.5)?;
+                let late_bwd = f.x.finish(&f.s).err();
+                let still = f.untouched()?;
                 // A rank that saw a device error has handled it once every
                 // rank is past it.
                 comm.barrier()?;
-                x.forward(&s, &good_d, &mut out)?;
-                x.finish(&s)?;
-                let next = out.to_host()?;
-                x.backward(&s, &grad, 0.5)?;
-                x.finish(&s)?;
-                Ok((failed, refused, late, took, untouched, late_bwd, still, next, x.shard()?))
+                let next = f.x.train(&f.s, &f.good, &f.grad, &mut f.out, 0.5, 1)?.remove(0);
+                Ok((failed, refused, late, took, untouched, late_bwd, still, next, f.x.shard()?))
             }),
         )
         .unwrap_or_else(|e| panic!("{backend:?}: {e}"));
@@ -583,14 +594,7 @@ fn ibgda_with_many_blocks_sharing_small_send_queues() {
             let grad = dev.alloc_from(&emb::upstream_grad(&p, r))?;
             let mut out = dev.alloc_zeroed::<f32>(p.out_len())?;
             let s = dev.new_stream()?;
-            let mut outs = Vec::new();
-            for _ in 0..steps {
-                x.forward(&s, &ids_d, &mut out)?;
-                x.finish(&s)?;
-                outs.push(out.to_host()?);
-                x.backward(&s, &grad, lr)?;
-                x.finish(&s)?;
-            }
+            let outs = x.train(&s, &ids_d, &grad, &mut out, lr, steps)?;
             Ok((outs, x.shard()?))
         })
         .unwrap_or_else(|e| panic!("{engine:?}: {e}"));

@@ -11,10 +11,8 @@
 //! "bad" and left; the others then passed the barrier among themselves,
 //! sent no rows and counted 127 of the 256 signals the wait expected.
 
-use std::path::PathBuf;
-use std::process::Command;
-
 use doorbell_examples::embedding::{fit_grid, grid_request, resident_blocks_per_sm, SmLimits, MAX_BLOCKS_PER_SM};
+use doorbell_tests::{built_ptx, ptxas_registers, try_find_ptxas};
 
 const H200_SMS: u32 = 132;
 
@@ -55,64 +53,6 @@ fn the_fitted_grid_is_resident_where_the_request_assumed_two_blocks_per_sm() {
     assert_eq!(MAX_BLOCKS_PER_SM, 2);
 }
 
-/// `DOORBELL_PTXAS`, `ptxas` on the `PATH`, or the one in the
-/// `nvidia-cuda-nvcc-cu12` wheel.
-fn try_find_ptxas() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("DOORBELL_PTXAS") {
-        return Some(PathBuf::from(p));
-    }
-    if Command::new("ptxas").arg("--version").output().is_ok_and(|o| o.status.success()) {
-        return Some(PathBuf::from("ptxas"));
-    }
-    for py in ["python3", "python"] {
-        if let Ok(out) = Command::new(py)
-            .args(["-c", "import nvidia; print(list(nvidia.__path__)[0])"])
-            .output()
-        {
-            let cand = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("cuda_nvcc/bin/ptxas");
-            if cand.exists() {
-                return Some(cand);
-            }
-        }
-    }
-    None
-}
-
-/// Registers per thread of each entry, as ptxas allocates them for sm_90.
-fn registers(ptxas: &PathBuf, entries: &[&str]) -> Vec<(String, u32)> {
-    let dir = std::env::temp_dir().join(format!("doorbell-ptxas-residency-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = dir.join("examples.ptx");
-    std::fs::write(&src, doorbell_examples::USER_KERNELS_PTX).unwrap();
-    let out = Command::new(ptxas)
-        .args(["-arch=sm_90", "-v", "-e", &entries.join(","), "-o"])
-        .arg(dir.join("out.cubin"))
-        .arg(&src)
-        .output()
-        .expect("run ptxas");
-    let _ = std::fs::remove_dir_all(&dir);
-    let text = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "ptxas rejected the examples' PTX:\n{text}");
-    let mut used = Vec::new();
-    let mut current: Option<String> = None;
-    for line in text.lines() {
-        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
-            current = Some(rest.split('\'').next().unwrap().to_string());
-        } else if let Some(rest) = line.split("Used ").nth(1).filter(|r| r.contains(" registers")) {
-            if let Some(e) = current.take() {
-                used.push((e, rest.split_whitespace().next().unwrap().parse().unwrap()));
-            }
-        }
-    }
-    for e in entries {
-        assert!(
-            used.iter().any(|(u, _)| u == e),
-            "ptxas reported no register count for {e}:\n{text}"
-        );
-    }
-    used
-}
-
 /// For each transport, the grid `Exchange::with_transport` would launch on
 /// an H200 with one rank per GPU (the request of `launch_config_for`,
 /// fitted to the registers of the entries it loads) is resident beside the
@@ -120,13 +60,9 @@ fn registers(ptxas: &PathBuf, entries: &[&str]) -> Vec<(String, u32)> {
 /// per SM where its forward's registers leave room for one.
 #[test]
 fn the_exchange_grid_on_an_h200_is_resident_for_every_transport() {
-    let ptx = doorbell_examples::USER_KERNELS_PTX;
-    if !doorbell::ptx_is_built(ptx) {
-        let skipped = std::env::var("DOORBELL_SKIP_PTX").is_ok_and(|v| v == "1");
-        assert!(skipped, "the examples' PTX was not built (and DOORBELL_SKIP_PTX=1 is not set)");
-        eprintln!("PTX not built (DOORBELL_SKIP_PTX=1): skipped");
+    let Some(ptx) = built_ptx("the examples'", doorbell_examples::USER_KERNELS_PTX) else {
         return;
-    }
+    };
     let Some(ptxas) = try_find_ptxas() else {
         eprintln!("ptxas not found (scripts/setup.sh installs it, or set DOORBELL_PTXAS): residency check skipped");
         return;
@@ -141,7 +77,7 @@ fn the_exchange_grid_on_an_h200_is_resident_for_every_transport() {
         ),
     ];
     let all: Vec<&str> = transports.iter().flat_map(|(_, e, _)| e.iter().copied()).collect();
-    let used = registers(&ptxas, &all);
+    let used = ptxas_registers(&ptxas, ptx, &all);
     let sm = SmLimits::SM_90;
     let mut report = Vec::new();
     for (name, entries, soft_nic) in transports {

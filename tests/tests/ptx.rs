@@ -5,6 +5,8 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+use doorbell_tests::{built_ptx, ptxas_registers, try_find_ptxas};
+
 /// Every PTX module the workspace builds and embeds.
 fn modules() -> Vec<(&'static str, &'static str)> {
     vec![
@@ -19,32 +21,6 @@ fn find_ptxas() -> PathBuf {
     try_find_ptxas().unwrap_or_else(|| {
         panic!("ptxas not found: run scripts/setup.sh (it installs the PyPI wheel nvidia-cuda-nvcc-cu12), or set DOORBELL_PTXAS")
     })
-}
-
-/// `DOORBELL_PTXAS`, `ptxas` on the `PATH`, or the one in the
-/// `nvidia-cuda-nvcc-cu12` wheel.
-fn try_find_ptxas() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("DOORBELL_PTXAS") {
-        return Some(PathBuf::from(p));
-    }
-    if let Ok(out) = Command::new("ptxas").arg("--version").output() {
-        if out.status.success() {
-            return Some(PathBuf::from("ptxas"));
-        }
-    }
-    for py in ["python3", "python"] {
-        let out = Command::new(py)
-            .args(["-c", "import nvidia, os; print([p for p in nvidia.__path__][0])"])
-            .output();
-        if let Ok(out) = out {
-            let base = String::from_utf8_lossy(&out.stdout).trim().to_string();
-            let cand = PathBuf::from(base).join("cuda_nvcc/bin/ptxas");
-            if cand.exists() {
-                return Some(cand);
-            }
-        }
-    }
-    None
 }
 
 /// Per entry function: (name, spill store bytes, spill load bytes, stack bytes).
@@ -254,13 +230,9 @@ fn entry_directives(ptx: &str, entry: &str) -> (Option<String>, Option<String>) 
 /// body has none.
 #[test]
 fn launch_bounds_are_written_into_the_examples_ptx() {
-    let ptx = doorbell_examples::USER_KERNELS_PTX;
-    if !doorbell::ptx_is_built(ptx) {
-        let skipped = std::env::var("DOORBELL_SKIP_PTX").is_ok_and(|v| v == "1");
-        assert!(skipped, "the examples' PTX was not built (and DOORBELL_SKIP_PTX=1 is not set)");
-        eprintln!("PTX not built (DOORBELL_SKIP_PTX=1): skipped");
+    let Some(ptx) = built_ptx("the examples'", doorbell_examples::USER_KERNELS_PTX) else {
         return;
-    }
+    };
     let some = |s: &str| Some(s.to_string());
     assert_eq!(
         entry_directives(ptx, "fused_grad_allreduce_wide_p2p"),
@@ -306,53 +278,18 @@ fn launch_bounds_are_written_into_the_examples_ptx() {
 /// for one block, 64 for two.
 #[test]
 fn launch_bounds_cap_the_registers_ptxas_allocates() {
-    let ptx = doorbell_examples::USER_KERNELS_PTX;
-    if !doorbell::ptx_is_built(ptx) {
-        let skipped = std::env::var("DOORBELL_SKIP_PTX").is_ok_and(|v| v == "1");
-        assert!(skipped, "the examples' PTX was not built (and DOORBELL_SKIP_PTX=1 is not set)");
-        eprintln!("PTX not built (DOORBELL_SKIP_PTX=1): skipped");
+    let Some(ptx) = built_ptx("the examples'", doorbell_examples::USER_KERNELS_PTX) else {
         return;
-    }
+    };
     let Some(ptxas) = try_find_ptxas() else {
         eprintln!("ptxas not found (scripts/setup.sh installs it, or set DOORBELL_PTXAS): register check skipped");
         return;
     };
     let limits = [("fused_grad_allreduce_wide_p2p", 128), ("fused_grad_allreduce_wide2_p2p", 64)];
-    let dir = std::env::temp_dir().join(format!("doorbell-ptxas-bounds-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = dir.join("examples.ptx");
-    std::fs::write(&src, ptx).unwrap();
-    // Only these entries (and what they call): the whole module takes ptxas
-    // most of a minute.
     let names: Vec<&str> = limits.iter().map(|(e, _)| *e).collect();
-    let out = Command::new(ptxas)
-        .args(["-arch=sm_90", "-v", "-e", &names.join(","), "-o"])
-        .arg(dir.join("out.cubin"))
-        .arg(&src)
-        .output()
-        .expect("run ptxas");
-    let _ = std::fs::remove_dir_all(&dir);
-    let text = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "ptxas rejected the examples' PTX:\n{text}");
-    // "Compiling entry function 'E'" ... "Used N registers" (the entry's
-    // count covers the device functions it calls).
-    let mut used: Vec<(String, u32)> = Vec::new();
-    let mut current: Option<String> = None;
-    for line in text.lines() {
-        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
-            current = Some(rest.split('\'').next().unwrap().to_string());
-        } else if let Some(rest) = line.split("Used ").nth(1).filter(|r| r.contains(" registers")) {
-            let n = rest.split_whitespace().next().unwrap().parse().unwrap();
-            if let Some(e) = current.take() {
-                used.push((e, n));
-            }
-        }
-    }
+    let used = ptxas_registers(&ptxas, ptx, &names);
     for (entry, limit) in limits {
-        let &(_, n) = used
-            .iter()
-            .find(|(e, _)| e == entry)
-            .unwrap_or_else(|| panic!("ptxas reported no register count for {entry}:\n{text}"));
+        let &(_, n) = used.iter().find(|(e, _)| e == entry).expect("reported (ptxas_registers checks)");
         assert!(n <= limit, "{entry} uses {n} registers; its launch bounds allow {limit}");
     }
 }
@@ -633,13 +570,9 @@ fn ibgda_path_of(ptx: &str, entry: &str) -> (IbgdaPath, Vec<String>) {
 /// the entry calls, so the entry and everything it reaches are searched.
 #[test]
 fn fused_ibgda_entry_builds_wqes_rings_and_polls() {
-    let ptx = doorbell_examples::USER_KERNELS_PTX;
-    if !doorbell::ptx_is_built(ptx) {
-        let skipped = std::env::var("DOORBELL_SKIP_PTX").is_ok_and(|v| v == "1");
-        assert!(skipped, "the examples' PTX was not built (and DOORBELL_SKIP_PTX=1 is not set)");
-        eprintln!("PTX not built (DOORBELL_SKIP_PTX=1): skipped");
+    let Some(ptx) = built_ptx("the examples'", doorbell_examples::USER_KERNELS_PTX) else {
         return;
-    }
+    };
     let all = IbgdaPath {
         wqe: true,
         doorbell_record: true,
@@ -665,13 +598,9 @@ fn fused_ibgda_entry_builds_wqes_rings_and_polls() {
 /// the acquire-then-read; each has nothing of the other.
 #[test]
 fn ibgda_patterns_match_the_mlx5_golden_kernels() {
-    let ptx = doorbell_tests::TEST_KERNELS_PTX;
-    if !doorbell::ptx_is_built(ptx) {
-        let skipped = std::env::var("DOORBELL_SKIP_PTX").is_ok_and(|v| v == "1");
-        assert!(skipped, "the test kernels' PTX was not built (and DOORBELL_SKIP_PTX=1 is not set)");
-        eprintln!("PTX not built (DOORBELL_SKIP_PTX=1): skipped");
+    let Some(ptx) = built_ptx("the test kernels'", doorbell_tests::TEST_KERNELS_PTX) else {
         return;
-    }
+    };
     let (post, _) = ibgda_path_of(ptx, "mlx5_post_wqes");
     assert_eq!(
         post,

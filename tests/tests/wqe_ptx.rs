@@ -12,14 +12,7 @@ use std::path::PathBuf;
 /// The test kernels' PTX; a build without it fails these tests unless the
 /// PTX was skipped on purpose (`DOORBELL_SKIP_PTX=1`), which they say.
 fn ptx() -> Option<&'static str> {
-    let p = doorbell_tests::TEST_KERNELS_PTX;
-    if doorbell::ptx_is_built(p) {
-        return Some(p);
-    }
-    let skipped = std::env::var("DOORBELL_SKIP_PTX").is_ok_and(|v| v == "1");
-    assert!(skipped, "the test kernels' PTX was not built (and DOORBELL_SKIP_PTX=1 is not set)");
-    eprintln!("PTX not built (DOORBELL_SKIP_PTX=1): skipped");
-    None
+    doorbell_tests::built_ptx("the test kernels'", doorbell_tests::TEST_KERNELS_PTX)
 }
 
 fn entry_body<'a>(ptx: &'a str, entry: &str) -> &'a str {
