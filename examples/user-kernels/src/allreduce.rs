@@ -55,6 +55,27 @@ pub fn grad(compute: u32, rank: u32, i: u64, step: u32) -> f32 {
 /// Elements a producer thread computes at once ([`grad_lanes`]).
 pub const ILP: usize = 4;
 
+/// Calls `put(i, grad(first + i))` for `i = start, start + stride, ...`
+/// below `n`, [`ILP`] elements at a time ([`grad_lanes`]), then the rest
+/// one by one: the loop of the fused producer (stride: its block) and of
+/// the standalone one (stride: its grid).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub fn for_each_grad(compute: u32, rank: u32, step: u32, first: u64, start: u64, stride: u64, n: u64, mut put: impl FnMut(u64, f32)) {
+    let mut i = start;
+    while i + (ILP as u64 - 1) * stride < n {
+        let g = grad_lanes(compute, rank, first + i, stride, step);
+        for (j, v) in g.iter().enumerate() {
+            put(i + j as u64 * stride, *v);
+        }
+        i += ILP as u64 * stride;
+    }
+    while i < n {
+        put(i, grad(compute, rank, first + i, step));
+        i += stride;
+    }
+}
+
 /// [`grad`] of the elements `i + j * stride`, `j < ILP`, computed side by
 /// side: the same bits as [`grad`] per element (the same `fma`s in the
 /// same order), but `ILP` independent chains per thread, so a thread keeps
@@ -119,21 +140,9 @@ unsafe fn fused_grad<T: Transport>(t: &T, ar: &AllReduceArgs, compute: u32, step
     // producer writes only the chunk it is given.
     let _ = unsafe {
         fused(t, ar, |chunk: Chunk| {
-            // ILP elements per thread at a time (stride: the block), then
-            // the rest one by one.
             let (me, n) = Coop::Block.index_and_size();
-            let mut i = me;
-            while i + (ILP as u64 - 1) * n < chunk.len {
-                let g = grad_lanes(compute, rank, chunk.first + i, n, step);
-                for (j, v) in g.iter().enumerate() {
-                    chunk.write(i + j as u64 * n, *v);
-                }
-                i += ILP as u64 * n;
-            }
-            while i < chunk.len {
-                chunk.write(i, grad(compute, rank, chunk.first + i, step));
-                i += n;
-            }
+            // `chunk.write` (unsafe, in the block above): i < chunk.len.
+            for_each_grad(compute, rank, step, chunk.first, me, n, chunk.len, |i, g| chunk.write(i, g));
         })
     };
 }
@@ -142,8 +151,6 @@ unsafe fn fused_grad<T: Transport>(t: &T, ar: &AllReduceArgs, compute: u32, step
 /// gradient into `out[0..n]` (`dtype`: 0 f32, 1 bf16), grid-stride.
 #[kernel(hot)]
 pub unsafe fn produce_grad(out: *mut u8, dtype: u32, first: u64, n: u64, rank: u32, compute: u32, step: u32) {
-    let mut i = ptx::global_thread_id_x() as u64;
-    let stride = ptx::grid_stride_x() as u64;
     let put = |i: u64, g: f32| {
         // SAFETY: `out` holds `n` elements of `dtype`, and i < n.
         unsafe {
@@ -154,16 +161,6 @@ pub unsafe fn produce_grad(out: *mut u8, dtype: u32, first: u64, n: u64, rank: u
             }
         }
     };
-    // As the fused producer: ILP elements at a time, then the rest.
-    while i + (ILP as u64 - 1) * stride < n {
-        let g = grad_lanes(compute, rank, first + i, stride, step);
-        for (j, v) in g.iter().enumerate() {
-            put(i + j as u64 * stride, *v);
-        }
-        i += ILP as u64 * stride;
-    }
-    while i < n {
-        put(i, grad(compute, rank, first + i, step));
-        i += stride;
-    }
+    let (me, stride) = (ptx::global_thread_id_x() as u64, ptx::grid_stride_x() as u64);
+    for_each_grad(compute, rank, step, first, me, stride, n, put);
 }

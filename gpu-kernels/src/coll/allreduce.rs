@@ -576,10 +576,11 @@ unsafe fn ll<T: Transport, E: Element, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs
         ptx::sync_threads();
         send(a0 / epp, a1.div_ceil(epp));
     }
-    if direct && hi.min(a.elems) > lo {
-        send(lo / epp, hi.min(a.elems).div_ceil(epp));
-    }
+    // This block's packets (none where its part lies past the end).
     let (p0, p1) = (lo / epp, hi.min(a.elems).div_ceil(epp).max(lo / epp));
+    if direct {
+        send(p0, p1);
+    }
     let mut pk = p0 + tid;
     let mut failed = false;
     'packets: while pk < p1 {

@@ -22,7 +22,7 @@ pub fn gpu_count() -> usize {
 
 /// True when the CUDA driver library can be loaded.
 pub fn driver_present() -> bool {
-    eager_module_loading();
+    driver_settings();
     // SAFETY: only probes whether the library can be dlopen'd.
     unsafe { sys::is_culib_present() }
 }
@@ -39,7 +39,7 @@ pub fn driver_present() -> bool {
 ///   rank, until their waits ran out. More queues make such sharing rarer;
 ///   the library's host copies also go through a stream of their own, never
 ///   the legacy default stream.
-fn eager_module_loading() {
+fn driver_settings() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         for (k, v) in [("CUDA_MODULE_LOADING", "EAGER"), ("CUDA_DEVICE_MAX_CONNECTIONS", "32")] {
