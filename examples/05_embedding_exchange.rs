@@ -25,6 +25,10 @@
 //! the host, one driver copy per peer per table) and NCCL (gather kernel →
 //! grouped ncclSend/ncclRecv → pooling kernel), forward and backward, over
 //! a DLRM-like sweep; writes `embedding_exchange.{json,png,svg}` to `--out`.
+//! With two ranks or more it also times the put floor (`put-floor`): the
+//! fused forward's remote row bytes moved by plain puts from every rank to
+//! every peer at once, nothing else; each shape's line `put floor ...`
+//! gives the fused and pull forwards' row bandwidth as a share of it.
 //! `--quick` runs the three smaller shapes only; `--breakdown` adds the
 //! fused kernels' per-phase times (`%globaltimer` at the end of each phase,
 //! block 0's clock, mean over the timed iterations, the slowest rank at
@@ -537,6 +541,14 @@ fn bench(args: &Args) -> Result<(), BoxError> {
                     .collect();
                 hs.into_iter().map(|h| h.join().expect("reference thread")).collect()
             });
+            // The put floor moves the fused forward's remote rows, spread
+            // evenly over the (rank, peer) pairs.
+            let pairs = p.ranks as u64 * (p.ranks as u64).saturating_sub(1);
+            let floor_pair = if pairs > 0 {
+                (tr.unique - tr.unique_local) * p.dim as u64 * 4 / pairs / 16 * 16
+            } else {
+                0
+            };
             let nccl_on = nccl_note.is_none();
             let res = Communicator::local(p.ranks as usize, backend, opts, |comm| {
                 let r = comm.rank() as u32;
@@ -606,6 +618,13 @@ fn bench(args: &Args) -> Result<(), BoxError> {
                     time_loop(comm, iters, || timed(&s, || x.forward_pull(&s, &ids_d, &mut out)))?,
                 ));
                 x.finish(&s)?;
+                if floor_pair > 0 {
+                    // Every rank's steps above have finished (finish, barrier).
+                    comm.barrier()?;
+                    let f = time_loop(comm, iters, || timed(&s, || x.put_floor(&s, floor_pair)))?;
+                    let clean = x.finish(&s).is_ok();
+                    t.push(("put-floor", "fwd", clean, f));
+                }
                 let mut movers = vec![(Mover::Copies, "cpu-copies", copies_ok)];
                 if nccl.is_some() {
                     movers.push((Mover::Nccl, "nccl", nccl_ok));
@@ -637,6 +656,7 @@ fn bench(args: &Args) -> Result<(), BoxError> {
                     ("fused", "fwd") => (tr.unique - tr.unique_local) * (d + 8),
                     ("fused", _) => (tr.unique - tr.unique_local) * d,
                     ("fused-pull", _) => remote_lookups * d,
+                    ("put-floor", _) => floor_pair * pairs,
                     (_, "fwd") => remote_lookups * (d + 8),
                     _ => remote_lookups * d,
                 };
@@ -672,7 +692,11 @@ fn bench(args: &Args) -> Result<(), BoxError> {
                     row.time_us,
                     row.lookups_per_s,
                     row.gb_per_s,
-                    if row.checked { "yes" } else { "NO" }
+                    match (row.method.as_str(), row.checked) {
+                        ("put-floor", true) => "-",
+                        (_, true) => "yes",
+                        _ => "NO",
+                    }
                 );
                 if let Some(ph) = &ph {
                     let parts: Vec<String> = ph.iter().map(|(n, us)| format!("{n} {us:.1}")).collect();
@@ -682,6 +706,18 @@ fn bench(args: &Args) -> Result<(), BoxError> {
                     );
                 }
                 rows.push(row);
+            }
+            // The fused forward moves exactly the floor's row bytes (plus
+            // 8-byte keys): its share of the floor is the floor's time over
+            // its own. The pull moves every remote lookup's row (no dedup).
+            let fwd = |m: &str| rows.iter().rev().take(res[0].len()).find(|r: &&Row| r.method == m && r.direction == "fwd");
+            if let (Some(fl), Some(f), Some(pl)) = (fwd("put-floor"), fwd("fused"), fwd("fused-pull")) {
+                println!(
+                    "       put floor {:.2} GB/s (the fused forward's remote rows, plain puts, every pair at once); row bandwidth over it: fused fwd {:.2}, pull fwd {:.2}",
+                    fl.gb_per_s,
+                    fl.time_us / f.time_us,
+                    pl.gb_per_s / fl.gb_per_s
+                );
             }
             let (plain, dedup) = tr.row_bytes(p.dim);
             println!(
@@ -706,7 +742,7 @@ fn bench(args: &Args) -> Result<(), BoxError> {
     let jp = args.out.join("embedding_exchange.json");
     std::fs::write(&jp, serde_json::to_string_pretty(&json)?)?;
     let mut series_data: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
-    for r in rows.iter().filter(|r| r.direction == "fwd" && r.zipf == 0.0) {
+    for r in rows.iter().filter(|r| r.direction == "fwd" && r.zipf == 0.0 && r.method != "put-floor") {
         let name = r.method.clone();
         let x = (r.batch as f64) * r.pooling as f64;
         match series_data.iter_mut().find(|(n, _)| *n == name) {
@@ -738,7 +774,7 @@ fn bench(args: &Args) -> Result<(), BoxError> {
     )?;
     println!("wrote {} and embedding_exchange.png/.svg", jp.display());
     if rows.iter().any(|r| !r.checked) {
-        return Err("a method's forward output differs from the CPU reference".into());
+        return Err("a method's forward output differs from the CPU reference (or the put floor reported an error)".into());
     }
     Ok(())
 }

@@ -9,7 +9,7 @@ use doorbell::comm::{Communicator, SymBuffer};
 use doorbell::{DeviceBuffer, Error, ForTransport, Function, LaunchConfig, Result, Stream};
 use doorbell_example_kernels::embedding::{
     self as k, emb_backward, emb_bl_accumulate, emb_bl_apply, emb_bl_count, emb_bl_gather, emb_bl_grad_scatter, emb_bl_pool,
-    emb_bl_scatter, emb_copy_words, emb_forward, emb_forward_pull, emb_zero_words, EmbBufs, EmbShape, PAD,
+    emb_bl_scatter, emb_copy_words, emb_forward, emb_forward_pull, emb_put_floor, emb_zero_words, EmbBufs, EmbShape, PAD,
 };
 use doorbell_kernels::transport::{Ibgda, P2p, Routed};
 
@@ -18,6 +18,7 @@ pub use doorbell::coll::TransportKind;
 type Fwd<T> = Function<<emb_forward as ForTransport<T>>::Kernel>;
 type Bwd<T> = Function<<emb_backward as ForTransport<T>>::Kernel>;
 type Pull<T> = Function<<emb_forward_pull as ForTransport<T>>::Kernel>;
+type Floor = Function<<emb_put_floor as ForTransport<P2p>>::Kernel>;
 
 /// The transport handle and its entries (forward, backward, pull where
 /// peer pointers may exist).
@@ -516,6 +517,8 @@ pub struct Exchange<'c> {
     status: DeviceBuffer<u32>,
     stamps: DeviceBuffer<u64>,
     zero: Function<emb_zero_words>,
+    /// The benchmark's put floor (P2P only).
+    floor: Option<Floor>,
     bufs: EmbBufs,
     kernels: Kernels,
     /// Launch shape (the same on every rank): the one asked for, its grid
@@ -653,6 +656,10 @@ impl<'c> Exchange<'c> {
             status,
             stamps,
             zero: m.function()?,
+            floor: match transport {
+                TransportKind::P2p => Some(m.function()?),
+                _ => None,
+            },
             bufs,
             kernels,
             cfg,
@@ -778,6 +785,35 @@ impl<'c> Exchange<'c> {
                 )),
             }
         }
+    }
+
+    /// Largest `bytes` [`Self::put_floor`] takes: one shard, and one
+    /// owner's slot of a requester's receive buffer.
+    pub fn floor_max_bytes(&self) -> u64 {
+        let sh = &self.shape;
+        let slot = sh.cap as u64 * sh.dim as u64 * 4;
+        let shard = sh.tables as u64 * sh.shard_rows as u64 * sh.dim as u64 * 4;
+        slot.min(shard) / 16 * 16
+    }
+
+    /// Enqueues the benchmark's copy floor (P2P only; every rank calls
+    /// it): `bytes` (a multiple of 16, at most [`Self::floor_max_bytes`])
+    /// put from this rank's shard into every peer's receive buffer at
+    /// once, nothing else (see `emb_put_floor`). It writes into the peers'
+    /// receive buffers, which a forward or backward still running there
+    /// uses: call it only when every rank's earlier steps have finished
+    /// (`finish`, then a barrier). Check it with [`Self::finish`].
+    pub fn put_floor(&mut self, s: &Stream, bytes: u64) -> Result<()> {
+        let max = self.floor_max_bytes();
+        if bytes % 16 != 0 || bytes > max {
+            return Err(err(format!("put floor: {bytes} bytes; a multiple of 16 up to {max} expected")));
+        }
+        let Some(f) = &self.floor else {
+            return Err(err("the put floor is measured over the P2P transport only"));
+        };
+        // SAFETY: `bytes` within the shard and a receive slot (checked);
+        // every rank launches the same grid.
+        unsafe { s.launch(f, self.cfg, (self.comm.p2p(), self.shape, self.bufs, bytes)) }
     }
 
     /// `steps` training steps with the same ids, each checked with

@@ -492,6 +492,32 @@ pub unsafe fn ld_v4_u32(p: *const u32) -> [u32; 4] {
 }
 
 // ---------------------------------------------------------------------------
+// Float reductions
+// ---------------------------------------------------------------------------
+
+/// `red.relaxed.gpu.add.f32`: `*p += v` done by the memory system, no value
+/// returned. Unlike a compare-and-swap loop it never retries, so many
+/// threads adding into one hot word cost one L2 add each. The order of
+/// concurrent adds is not fixed (float sums then round differently).
+/// `p` must be 4-byte aligned.
+#[inline(always)]
+pub unsafe fn red_add_relaxed_gpu_f32(p: *mut f32, v: f32) {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: caller guarantees a valid, aligned destination.
+    unsafe {
+        asm!("red.relaxed.gpu.add.f32 [{0}], {1};", in(reg64) p, in(reg32) v, options(nostack))
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    {
+        use core::sync::atomic::{AtomicU32, Ordering};
+        emu::check_align(p as usize, 4, "red.relaxed.gpu.add.f32");
+        // SAFETY: valid (caller), aligned (checked), accessed atomically while shared.
+        let w = unsafe { AtomicU32::from_ptr(p as *mut u32) };
+        let _ = w.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| Some((f32::from_bits(old) + v).to_bits()));
+    }
+}
+
+// ---------------------------------------------------------------------------
 // Time, sleep, trap
 // ---------------------------------------------------------------------------
 

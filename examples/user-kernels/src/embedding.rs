@@ -19,7 +19,11 @@
 //!    the epoch, so it needs no clearing between steps). The thread that
 //!    inserts a key first takes the next index `u` of the owner's request
 //!    list, writes the key there and marks its lookup as the key's first
-//!    occurrence (the top bit of the lookup's slot). One grid barrier.
+//!    occurrence (the top bit of the lookup's slot). A warp takes its
+//!    lanes' indices with one atomic add per owner (the lanes joining that
+//!    owner's list counted with a ballot), not one per key: with two ranks
+//!    every fresh key of the grid adds to one of two words, and same-word
+//!    atomics serialize in L2. One grid barrier.
 //! 2. **Vote with the requests**: block `g` sends its owners' lists
 //!    (`owner % blocks == g`) into the owners' symmetric request buffers
 //!    with `put_signal_block`. The signal word is the verdict: `epoch << 33
@@ -71,7 +75,9 @@
 //!    stores: no zeroing pass, and with uniform ids, where most keys occur
 //!    once, no atomics at all. One grid barrier.
 //! 2. **Repeats** (requester): every other occurrence adds its gradient
-//!    with an atomic add. One grid barrier.
+//!    with an atomic float add (`red.add.f32`: done in L2, no retry loop,
+//!    so a hot key under skew costs one add per occurrence). One grid
+//!    barrier.
 //! 3. **Send**: every warp of the grid puts contiguous pieces of the
 //!    staging rows (up to [`PUT_PIECE_BYTES`]) into the owners' `grad_in`,
 //!    in the order of the owner's request list (so no keys travel back);
@@ -337,25 +343,6 @@ unsafe fn stamp(stamps: *mut u64, i: usize) {
     }
 }
 
-/// `*p += v` for f32 with a compare-and-swap loop (lock-free; the order of
-/// concurrent adds is not fixed).
-#[inline(always)]
-unsafe fn atomic_add_f32(p: *mut f32, v: f32) {
-    let w = p as *mut u32;
-    // SAFETY: a valid, 4-byte aligned f32 (caller).
-    unsafe {
-        let mut old = ptx::ld_relaxed_gpu_u32(w);
-        loop {
-            let new = (f32::from_bits(old) + v).to_bits();
-            let seen = ptx::atom_cas_relaxed_gpu_u32(w, old, new);
-            if seen == old {
-                break;
-            }
-            old = seen;
-        }
-    }
-}
-
 /// Barrier across the blocks of this rank's grid (all co-resident): every
 /// thread calls it. Publishes every write made before it to every block
 /// after it (gpu scope: one rank's grid lives on one GPU). Bounded: false
@@ -594,43 +581,71 @@ pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *con
                 o += ptx::block_dim_x();
             }
         }
-        // 1. Validate, dedup and route (this rank's scratch only).
-        let mut i = ptx::global_thread_id_x() as u64;
-        let stride = ptx::grid_stride_x() as u64;
-        while i < lookups {
-            let id = *ids.add(i as usize);
-            let table = (i / per_table) as u32;
-            let slot_p = b.slot_of.add(i as usize);
-            if id == PAD {
-                *slot_p = PAD;
-            } else if id >= s.rows {
-                let within = i % per_table;
-                set_status(
-                    b.status,
-                    STATUS_BAD_ID,
-                    table,
-                    (within / s.pooling as u64) as u32,
-                    (within % s.pooling as u64) as u32,
-                    id,
-                );
-                *slot_p = PAD;
-            } else {
-                let (slot, fresh) = hash_insert(b.keys, s.hash_bits, tag, table, id);
-                if fresh {
-                    *slot_p = slot | FIRST;
-                    let owner = id % n;
-                    let u = ptx::atom_add_relaxed_gpu_u32(counts.add(owner as usize), 1);
-                    *b.vals.add(slot as usize) = u;
+        // 1. Validate, dedup and route (this rank's scratch only). A warp
+        // takes 32 neighbouring lookups at a time, so its lanes loop
+        // together and can share one counter add per owner (below).
+        let lane = ptx::lane_id();
+        let (gw, warps) = grid_warp();
+        let mut base = gw as u64 * 32;
+        while base < lookups {
+            let i = base + lane as u64;
+            // The owner whose list this lane's fresh key joins, if any.
+            let mut joins = u32::MAX;
+            let mut key_slot = 0u32;
+            if i < lookups {
+                let id = *ids.add(i as usize);
+                let table = (i / per_table) as u32;
+                let slot_p = b.slot_of.add(i as usize);
+                if id == PAD {
+                    *slot_p = PAD;
+                } else if id >= s.rows {
+                    let within = i % per_table;
+                    set_status(
+                        b.status,
+                        STATUS_BAD_ID,
+                        table,
+                        (within / s.pooling as u64) as u32,
+                        (within % s.pooling as u64) as u32,
+                        id,
+                    );
+                    *slot_p = PAD;
+                } else {
+                    let (slot, fresh) = hash_insert(b.keys, s.hash_bits, tag, table, id);
+                    if fresh {
+                        *slot_p = slot | FIRST;
+                        joins = id % n;
+                        key_slot = slot;
+                    } else {
+                        *slot_p = slot;
+                    }
+                }
+            }
+            // One atomic add per owner per warp, not per key: with few
+            // ranks, every fresh key of the grid would otherwise add to the
+            // same one or two counters, and same-word atomics serialize.
+            let mut pending = ptx::vote_sync_ballot(ptx::FULL_MASK, joins != u32::MAX);
+            while pending != 0 {
+                let leader = pending.trailing_zeros();
+                let owner = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, joins, leader);
+                let group = ptx::vote_sync_ballot(ptx::FULL_MASK, joins == owner);
+                let mut first = 0;
+                if lane == leader {
+                    first = ptx::atom_add_relaxed_gpu_u32(counts.add(owner as usize), group.count_ones());
+                }
+                let first = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, first, leader);
+                if joins == owner {
+                    let u = first + (group & ((1u32 << lane) - 1)).count_ones();
+                    *b.vals.add(key_slot as usize) = u;
                     if u < s.cap {
-                        *b.req_out.add(owner as usize * cap + u as usize) = request_key(table, id);
+                        let id = *ids.add(i as usize);
+                        *b.req_out.add(owner as usize * cap + u as usize) = request_key((i / per_table) as u32, id);
                     } else {
                         set_status(b.status, STATUS_CAPACITY, owner, u + 1, s.cap, 0);
                     }
-                } else {
-                    *slot_p = slot;
                 }
+                pending &= !group;
             }
-            i += stride;
+            base += warps as u64 * 32;
         }
         let routed = grid_sync_or_report(b.grid, b.status, budget_ns, 0);
         stamp(b.stamps, 1);
@@ -719,7 +734,6 @@ pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *con
             give_up(&t, &b, epoch);
             return;
         }
-        let (gw, warps) = grid_warp();
         if verdict == 0 {
             for r in 0..n {
                 // Stable for this kernel's life (the requester's next
@@ -934,7 +948,7 @@ pub unsafe fn emb_backward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, grad: *c
             |row, g| {
                 let mut k = lane;
                 while k < dim {
-                    atomic_add_f32(row.add(k), *g.add(k));
+                    ptx::red_add_relaxed_gpu_f32(row.add(k), *g.add(k));
                     k += 32;
                 }
             },
@@ -1007,7 +1021,7 @@ pub unsafe fn emb_backward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, grad: *c
                     let src = from.add((r * cap + u as usize) * dim);
                     let mut k = lane;
                     while k < dim {
-                        atomic_add_f32(acc.add(k), *src.add(k));
+                        ptx::red_add_relaxed_gpu_f32(acc.add(k), *src.add(k));
                         k += 32;
                     }
                 }
@@ -1119,6 +1133,52 @@ pub unsafe fn emb_forward_pull<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids:
                 kc += CHUNK as usize;
             }
             w += warps;
+        }
+    }
+}
+
+/// Bytes a block moves with one put in [`emb_put_floor`] (the piece size
+/// `p2p_bench` measures its put floor with).
+pub const FLOOR_PIECE_BYTES: u64 = 32768;
+
+/// The copy floor a benchmark compares the exchange's bandwidth with: the
+/// same kind of traffic with nothing else. Every rank puts the first
+/// `bytes` of its shard (`bytes` a multiple of 16, at most the shard and
+/// one `rows_in` slot, `cap * dim * 4`) into every peer's `rows_in[me]`,
+/// in pieces of [`FLOOR_PIECE_BYTES`] dealt round-robin over (piece, peer)
+/// to the grid's blocks, with `put_nbi_block`, then `quiet`: when the
+/// kernel ends its data has arrived. No routing, no signals, no pooling.
+/// A refused put is reported as [`STATUS_TRANSPORT`].
+#[kernel(transports(P2p), launch_bounds(threads = 256, min_blocks = 3))]
+pub unsafe fn emb_put_floor<T: Transport>(t: T, s: EmbShape, b: EmbBufs, bytes: u64) {
+    let n = t.world_size();
+    let me = t.rank();
+    if n < 2 {
+        return;
+    }
+    let peers = (n - 1) as u64;
+    let pieces = bytes.div_ceil(FLOOR_PIECE_BYTES) * peers;
+    let slot = s.cap as usize * s.dim as usize;
+    let mut refused = u32::MAX;
+    let mut p = ptx::block_idx_x() as u64;
+    // SAFETY: `bytes` within the shard and a `rows_in` slot (contract).
+    unsafe {
+        while p < pieces {
+            let peer = (me + 1 + (p % peers) as u32) % n;
+            let lo = (p / peers) * FLOOR_PIECE_BYTES;
+            let len = FLOOR_PIECE_BYTES.min(bytes - lo);
+            let src = (b.tables as *const u8).add(lo as usize);
+            let dst = (b.rows_in.add(me as usize * slot) as *mut u8).add(lo as usize);
+            if t.put_nbi_block(dst, src, len, peer).is_err() {
+                refused = peer;
+            }
+            p += ptx::grid_dim_x() as u64;
+        }
+        if t.quiet().is_err() {
+            refused = me;
+        }
+        if refused != u32::MAX {
+            set_status(b.status, STATUS_TRANSPORT, refused, 3, 0, 0);
         }
     }
 }
@@ -1266,7 +1326,7 @@ pub unsafe fn emb_bl_accumulate(s: EmbShape, world: u32, keys: *const u64, count
             let acc = gacc.add((table * s.shard_rows as usize + (id / world) as usize) * dim);
             let mut k = ptx::lane_id() as usize;
             while k < dim {
-                atomic_add_f32(acc.add(k), *grads.add(j as usize * dim + k));
+                ptx::red_add_relaxed_gpu_f32(acc.add(k), *grads.add(j as usize * dim + k));
                 k += 32;
             }
         }
