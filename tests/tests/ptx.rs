@@ -250,7 +250,8 @@ fn launch_bounds_are_written_into_the_examples_ptx() {
         "fused_grad_allreduce_p2p has no launch_bounds"
     );
     // The embedding exchange's grid-barrier kernels: three blocks of 256
-    // per SM (their grids ask for two: one to spare), every transport.
+    // per SM (their grids ask for two: one to spare), every transport; and
+    // the benchmark's put floor, launched with the same grid.
     let emb = [
         "emb_forward_p2p",
         "emb_forward_ibgda",
@@ -260,6 +261,7 @@ fn launch_bounds_are_written_into_the_examples_ptx() {
         "emb_backward_routed",
         "emb_forward_pull_p2p",
         "emb_forward_pull_routed",
+        "emb_put_floor_p2p",
     ];
     for e in emb {
         assert_eq!(
