@@ -439,9 +439,235 @@ unsafe fn hash_insert(keys: *mut u64, bits: u32, tag: u64, table: u32, id: u32) 
     }
 }
 
-/// Elements of a row a lane handles per pass (`256 / 32`).
-const PER_LANE: usize = 8;
-const CHUNK: u32 = 32 * PER_LANE as u32;
+/// Rows a lane has in flight at once when pooling or copying rows: each
+/// row's load is issued before the first is used, so a warp waits for one
+/// memory round trip per group of rows, not per row. (`pool_bag` writes
+/// its four out by hand.)
+const IN_FLIGHT: usize = 4;
+
+/// What a bag's lookup contributes to its pooled row.
+#[derive(Clone, Copy)]
+enum Look {
+    /// Padding: nothing.
+    Pad,
+    /// An error (already reported): the bag is not written.
+    Bad,
+    /// The row to add (its first element).
+    Row(*const f32),
+}
+
+/// `W` consecutive f32 at `p` (`W` 4: one 16-byte load, `p` 16-byte aligned).
+#[inline(always)]
+unsafe fn load_w<const W: usize>(p: *const f32) -> [f32; W] {
+    // SAFETY: `W` readable, aligned elements (caller); in the first branch
+    // W == 4, so the two array types are one.
+    unsafe {
+        if W == 4 {
+            let q = ptx::ld_v4_u32(p as *const u32).map(f32::from_bits);
+            core::mem::transmute_copy::<[f32; 4], [f32; W]>(&q)
+        } else {
+            core::array::from_fn(|i| *p.add(i))
+        }
+    }
+}
+
+/// Stores `W` consecutive f32 at `p` (as [`load_w`]).
+#[inline(always)]
+unsafe fn store_w<const W: usize>(p: *mut f32, v: [f32; W]) {
+    // SAFETY: `W` writable, aligned elements (caller); W == 4 in the first branch.
+    unsafe {
+        if W == 4 {
+            let v = core::mem::transmute_copy::<[f32; W], [f32; 4]>(&v);
+            ptx::st_v4_u32(p as *mut u32, v.map(f32::to_bits));
+        } else {
+            for (i, x) in v.iter().enumerate() {
+                *p.add(i) = *x;
+            }
+        }
+    }
+}
+
+/// Sum-pools one bag into `dst` (`dim` elements): one warp, every lane
+/// calls it. `look(p)` for `p` in `0..pooling` says what the bag's `p`-th
+/// lookup adds; rows are summed from zero in `p` order (a sequential
+/// reference's order, so the result is bit-exact), [`IN_FLIGHT`] rows
+/// loaded before they are added. A lane takes `W` consecutive elements per
+/// pass of `32 * W` (`W` 4 needs `dim % 4 == 0` and 16-byte aligned rows).
+/// Nothing is written when some lookup is [`Look::Bad`]; returns false then.
+#[inline(always)]
+unsafe fn pool_bag<const W: usize>(dim: usize, pooling: usize, dst: *mut f32, look: impl Fn(usize) -> Look) -> bool {
+    let lane = ptx::lane_id() as usize;
+    let mut bad = false;
+    let mut kc = 0usize;
+    // SAFETY: rows and `dst` hold `dim` elements (the caller's `look`).
+    unsafe {
+        while kc < dim {
+            let k = kc + W * lane;
+            let on = k < dim;
+            let mut acc = [0f32; W];
+            let mut p = 0usize;
+            while p < pooling {
+                // Addresses first (null: nothing to add), then every load,
+                // then the adds in order. Written out four times (not a
+                // loop over arrays, which the compiler kept in local memory).
+                let mut addr = |q: usize| -> *const f32 {
+                    if q >= pooling {
+                        return core::ptr::null();
+                    }
+                    match look(q) {
+                        Look::Row(r) => r,
+                        Look::Bad => {
+                            bad = true;
+                            core::ptr::null()
+                        }
+                        Look::Pad => core::ptr::null(),
+                    }
+                };
+                let (a0, a1, a2, a3) = (addr(p), addr(p + 1), addr(p + 2), addr(p + 3));
+                let load = |a: *const f32| if on && !a.is_null() { load_w::<W>(a.add(k)) } else { [0f32; W] };
+                let (v0, v1, v2, v3) = (load(a0), load(a1), load(a2), load(a3));
+                for (a, v) in [(a0, v0), (a1, v1), (a2, v2), (a3, v3)] {
+                    if !a.is_null() {
+                        for i in 0..W {
+                            acc[i] += v[i];
+                        }
+                    }
+                }
+                p += IN_FLIGHT;
+            }
+            if on && !bad {
+                store_w::<W>(dst.add(k), acc);
+            }
+            kc += 32 * W;
+        }
+    }
+    !bad
+}
+
+/// Copies rows `u` in `0..count` from `src(u)` (None: skipped) to
+/// `dst + u * dim`, every warp of the grid taking [`IN_FLIGHT`] rows at a
+/// time, 16 bytes per lane per access, every load of a group issued before
+/// its stores. `dim % 4 == 0`; rows and `dst` 16-byte aligned. Every lane
+/// calls it.
+#[inline(always)]
+unsafe fn copy_rows(dim: usize, count: u32, dst: *mut f32, src: impl Fn(u32) -> Option<*const f32>) {
+    let (gw, warps) = grid_warp();
+    let lane = ptx::lane_id() as usize;
+    let words = dim / 4;
+    let mut u0 = gw * IN_FLIGHT as u32;
+    // SAFETY: the caller's rows and slot, `count` rows each way.
+    unsafe {
+        while u0 < count {
+            let total = (count - u0).min(IN_FLIGHT as u32) as usize * words;
+            let mut w = lane;
+            while w < total {
+                let mut v = [[0u32; 4]; IN_FLIGHT];
+                let mut at = [core::ptr::null_mut::<f32>(); IN_FLIGHT];
+                for j in 0..IN_FLIGHT {
+                    let x = w + 32 * j;
+                    if x < total {
+                        let u = u0 + (x / words) as u32;
+                        let off = (x % words) * 4;
+                        if let Some(r) = src(u) {
+                            v[j] = ptx::ld_v4_u32(r.add(off) as *const u32);
+                            at[j] = dst.add(u as usize * dim + off);
+                        }
+                    }
+                }
+                for j in 0..IN_FLIGHT {
+                    if !at[j].is_null() {
+                        ptx::st_v4_u32(at[j] as *mut u32, v[j]);
+                    }
+                }
+                w += 32 * IN_FLIGHT;
+            }
+            u0 += warps * IN_FLIGHT as u32;
+        }
+    }
+}
+
+/// `acc[k] += src[k]` for the `dim` elements of a row (one warp, every
+/// lane calls it): atomic float adds, a lane's four elements loaded at
+/// once when `dim % 4 == 0`.
+#[inline(always)]
+unsafe fn add_row(acc: *mut f32, src: *const f32, dim: usize) {
+    let lane = ptx::lane_id() as usize;
+    // SAFETY: two rows of `dim` elements, 16-byte aligned for W = 4 (caller).
+    unsafe {
+        if dim % 4 == 0 {
+            let mut k = 4 * lane;
+            while k < dim {
+                let [x0, x1, x2, x3] = load_w::<4>(src.add(k));
+                ptx::red_add_relaxed_gpu_f32(acc.add(k), x0);
+                ptx::red_add_relaxed_gpu_f32(acc.add(k + 1), x1);
+                ptx::red_add_relaxed_gpu_f32(acc.add(k + 2), x2);
+                ptx::red_add_relaxed_gpu_f32(acc.add(k + 3), x3);
+                k += 128;
+            }
+        } else {
+            let mut k = lane;
+            while k < dim {
+                ptx::red_add_relaxed_gpu_f32(acc.add(k), *src.add(k));
+                k += 32;
+            }
+        }
+    }
+}
+
+/// SGD on one row (one warp, every lane calls it): each element's
+/// accumulated sum is taken and reset with an atomic exchange, and an
+/// element whose sum was taken here gets `row -= lr * sum` (one multiply,
+/// one subtract). Only the elements taken here are written: when a row
+/// is applied from several lists, the second visit takes zeros and leaves
+/// the row alone. A lane has its (up to) four exchanges in flight at once.
+#[inline(always)]
+unsafe fn apply_row(acc: *mut f32, row: *mut f32, dim: usize, lr: f32) {
+    // SAFETY: the caller's rows; W = 4 only for dim % 4 == 0.
+    unsafe {
+        if dim % 4 == 0 {
+            apply_row_w::<4>(acc, row, dim, lr)
+        } else {
+            apply_row_w::<1>(acc, row, dim, lr)
+        }
+    }
+}
+
+/// [`apply_row`], a lane taking `W` consecutive elements per pass.
+#[inline(always)]
+unsafe fn apply_row_w<const W: usize>(acc: *mut f32, row: *mut f32, dim: usize, lr: f32) {
+    let acc = acc as *mut u32;
+    let mut k = W * ptx::lane_id() as usize;
+    // SAFETY: two rows of `dim` elements (caller).
+    unsafe {
+        while k < dim {
+            let mut sums = [0u32; W];
+            for (i, x) in sums.iter_mut().enumerate() {
+                *x = ptx::atom_exch_relaxed_gpu_u32(acc.add(k + i), 0);
+            }
+            for (i, x) in sums.into_iter().enumerate() {
+                if x != 0 {
+                    let v = *row.add(k + i);
+                    *row.add(k + i) = v - lr * f32::from_bits(x);
+                }
+            }
+            k += 32 * W;
+        }
+    }
+}
+
+/// [`pool_bag`] with 16-byte loads when every row allows them.
+#[inline(always)]
+unsafe fn pool_bag_any(dim: usize, pooling: usize, dst: *mut f32, look: impl Fn(usize) -> Look) -> bool {
+    // SAFETY: the caller's contract, and W = 4 only for dim % 4 == 0
+    // (rows and `dst` start 16-byte aligned: buffers are, rows are whole).
+    unsafe {
+        if dim % 4 == 0 {
+            pool_bag::<4>(dim, pooling, dst, look)
+        } else {
+            pool_bag::<1>(dim, pooling, dst, look)
+        }
+    }
+}
 
 /// One grid-wide warp index and the number of warps of the grid.
 #[inline(always)]
@@ -740,23 +966,36 @@ pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *con
                 // request needs this rank's next rows first).
                 let c = ptx::ld_relaxed_sys_u64(b.req_sig.add(r as usize)) as u32;
                 let list = b.req_in.add((par * n as usize + r as usize) * cap);
-                let mut u = gw;
-                while u < c {
+                // The row of request `u`, or None (reported) for a key that
+                // is not this rank's.
+                let row = |u: u32| -> Option<*const f32> {
                     let key = *list.add(u as usize);
                     let table = (key >> 32) as u32;
                     let id = key as u32;
                     if table >= s.tables || id >= s.rows || id % n != me {
-                        if ptx::lane_id() == 0 {
-                            set_status(b.status, STATUS_BAD_REQUEST, r, table, id, 0);
-                        }
-                    } else {
-                        let row = b.tables.add((table as usize * s.shard_rows as usize + (id / n) as usize) * dim);
-                        let dst = b.rows_in.add((me as usize * cap + u as usize) * dim);
-                        if t.put_warp(dst as *mut u8, row as *const u8, dim as u64 * 4, r).is_err() && ptx::lane_id() == 0 {
-                            set_status(b.status, STATUS_TRANSPORT, r, 1, 0, 0);
-                        }
+                        set_status(b.status, STATUS_BAD_REQUEST, r, table, id, 0);
+                        return None;
                     }
-                    u += warps;
+                    Some(b.tables.add((table as usize * s.shard_rows as usize + (id / n) as usize) * dim) as *const f32)
+                };
+                let slot = b.rows_in.add(me as usize * cap * dim);
+                // Where the requester's slot can be stored to directly, the
+                // warps copy rows themselves, several in flight; otherwise
+                // (a NIC between the two) one put per row.
+                let direct = if dim % 4 == 0 { t.peer_ptr(slot, r) } else { None };
+                if let Some(peer_slot) = direct {
+                    copy_rows(dim, c, peer_slot, row);
+                } else {
+                    let mut u = gw;
+                    while u < c {
+                        if let Some(src) = row(u) {
+                            let dst = slot.add(u as usize * dim);
+                            if t.put_warp(dst as *mut u8, src as *const u8, dim as u64 * 4, r).is_err() && ptx::lane_id() == 0 {
+                                set_status(b.status, STATUS_TRANSPORT, r, 1, 0, 0);
+                            }
+                        }
+                        u += warps;
+                    }
                 }
             }
         }
@@ -810,40 +1049,21 @@ pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *con
         stamp(b.stamps, 4);
         if verdict == 0 && gone == u32::MAX {
             // 4. Pool.
-            let lane = ptx::lane_id() as usize;
             let bags = s.batch * s.tables;
             let mut w = gw;
             while w < bags {
                 let sample = w / s.tables;
                 let table = w % s.tables;
                 let bag = (table as u64 * per_table + sample as u64 * s.pooling as u64) as usize;
-                let dst = out.add(w as usize * dim);
-                let mut kc = 0usize;
-                while kc < dim {
-                    let mut acc = [0f32; PER_LANE];
-                    for p in 0..s.pooling as usize {
-                        let id = *ids.add(bag + p);
-                        if id == PAD {
-                            continue;
-                        }
-                        let slot = *b.slot_of.add(bag + p) & !FIRST;
-                        let u = *b.vals.add(slot as usize) as usize;
-                        let row = b.rows_in.add(((id % n) as usize * cap + u) * dim + kc);
-                        for (j, a) in acc.iter_mut().enumerate() {
-                            let k = lane + 32 * j;
-                            if kc + k < dim {
-                                *a += *row.add(k);
-                            }
-                        }
+                pool_bag_any(dim, s.pooling as usize, out.add(w as usize * dim), |p| {
+                    let id = *ids.add(bag + p);
+                    if id == PAD {
+                        return Look::Pad;
                     }
-                    for (j, a) in acc.iter().enumerate() {
-                        let k = lane + 32 * j;
-                        if kc + k < dim {
-                            *dst.add(kc + k) = *a;
-                        }
-                    }
-                    kc += CHUNK as usize;
-                }
+                    let slot = *b.slot_of.add(bag + p) & !FIRST;
+                    let u = *b.vals.add(slot as usize) as usize;
+                    Look::Row(b.rows_in.add(((id % n) as usize * cap + u) * dim))
+                });
                 w += warps;
             }
             stamp(b.stamps, 5);
@@ -1018,12 +1238,7 @@ pub unsafe fn emb_backward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, grad: *c
                 let (table, id) = ((key >> 32) as u32, key as u32);
                 if table < s.tables && id < s.rows && id % n == me {
                     let acc = b.gacc.add((table as usize * s.shard_rows as usize + (id / n) as usize) * dim);
-                    let src = from.add((r * cap + u as usize) * dim);
-                    let mut k = lane;
-                    while k < dim {
-                        ptx::red_add_relaxed_gpu_f32(acc.add(k), *src.add(k));
-                        k += 32;
-                    }
+                    add_row(acc, from.add((r * cap + u as usize) * dim), dim);
                 }
                 u += warps;
             }
@@ -1042,17 +1257,7 @@ pub unsafe fn emb_backward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, grad: *c
                 let (table, id) = ((key >> 32) as u32, key as u32);
                 if table < s.tables && id < s.rows && id % n == me {
                     let off = (table as usize * s.shard_rows as usize + (id / n) as usize) * dim;
-                    let acc = b.gacc.add(off) as *mut u32;
-                    let row = b.tables.add(off);
-                    let mut k = lane;
-                    while k < dim {
-                        let bits = ptx::atom_exch_relaxed_gpu_u32(acc.add(k), 0);
-                        if bits != 0 {
-                            let v = *row.add(k);
-                            *row.add(k) = v - lr * f32::from_bits(bits);
-                        }
-                        k += 32;
-                    }
+                    apply_row(b.gacc.add(off), b.tables.add(off), dim, lr);
                 }
                 u += warps;
             }
@@ -1071,7 +1276,6 @@ pub unsafe fn emb_forward_pull<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids:
     let dim = s.dim as usize;
     let per_table = s.batch as u64 * s.pooling as u64;
     let tid = ptx::thread_rank_in_block();
-    let lane = ptx::lane_id() as usize;
     // SAFETY: as for emb_forward.
     unsafe {
         // No owner may still be applying a backward step to its table.
@@ -1088,50 +1292,28 @@ pub unsafe fn emb_forward_pull<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids:
             let sample = w / s.tables;
             let table = w % s.tables;
             let bag = (table as u64 * per_table + sample as u64 * s.pooling as u64) as usize;
-            let dst = out.add(w as usize * dim);
-            let mut kc = 0usize;
-            let mut bad = false;
-            while kc < dim {
-                let mut acc = [0f32; PER_LANE];
-                for p in 0..s.pooling as usize {
-                    let id = *ids.add(bag + p);
-                    if id == PAD {
-                        continue;
+            pool_bag_any(dim, s.pooling as usize, out.add(w as usize * dim), |p| {
+                let id = *ids.add(bag + p);
+                if id == PAD {
+                    return Look::Pad;
+                }
+                if id >= s.rows {
+                    if ptx::lane_id() == 0 {
+                        set_status(b.status, STATUS_BAD_ID, table, sample, p as u32, id);
                     }
-                    if id >= s.rows {
-                        if lane == 0 {
-                            set_status(b.status, STATUS_BAD_ID, table, sample, p as u32, id);
-                        }
-                        bad = true;
-                        continue;
-                    }
-                    let local = b
-                        .tables
-                        .add((table as usize * s.shard_rows as usize + (id / n) as usize) * dim + kc);
-                    let Some(row) = t.peer_ptr(local as *const f32, id % n) else {
-                        if lane == 0 {
+                    return Look::Bad;
+                }
+                let local = b.tables.add((table as usize * s.shard_rows as usize + (id / n) as usize) * dim);
+                match t.peer_ptr(local as *const f32, id % n) {
+                    Some(row) => Look::Row(row),
+                    None => {
+                        if ptx::lane_id() == 0 {
                             set_status(b.status, STATUS_NO_PEER_PTR, id % n, 0, 0, 0);
                         }
-                        bad = true;
-                        continue;
-                    };
-                    for (j, a) in acc.iter_mut().enumerate() {
-                        let k = lane + 32 * j;
-                        if kc + k < dim {
-                            *a += *row.add(k);
-                        }
+                        Look::Bad
                     }
                 }
-                if !bad {
-                    for (j, a) in acc.iter().enumerate() {
-                        let k = lane + 32 * j;
-                        if kc + k < dim {
-                            *dst.add(kc + k) = *a;
-                        }
-                    }
-                }
-                kc += CHUNK as usize;
-            }
+            });
             w += warps;
         }
     }
@@ -1237,23 +1419,31 @@ pub unsafe fn emb_bl_scatter(s: EmbShape, world: u32, ids: *const u32, soff: *co
 /// Baseline step 3 (owner): `rows[j]` = the row of `keys[j]`, `j < count`.
 #[kernel]
 pub unsafe fn emb_bl_gather(s: EmbShape, world: u32, tables: *const f32, keys: *const u64, count: u32, rows: *mut f32) {
-    let (gw, warps) = grid_warp();
     let dim = s.dim as usize;
-    let mut j = gw;
-    while j < count {
-        // SAFETY: `keys` holds `count` keys of this rank's rows; `rows` count × dim.
-        unsafe {
-            let key = *keys.add(j as usize);
-            let (table, id) = ((key >> 32) as usize, key as u32);
-            let src = tables.add((table * s.shard_rows as usize + (id / world) as usize) * dim);
-            let dst = rows.add(j as usize * dim);
-            let mut k = ptx::lane_id() as usize;
-            while k < dim {
-                *dst.add(k) = *src.add(k);
-                k += 32;
+    let src = |j: u32| -> Option<*const f32> {
+        // SAFETY: `keys` holds `count` keys of this rank's rows.
+        let key = unsafe { *keys.add(j as usize) };
+        let (table, id) = ((key >> 32) as usize, key as u32);
+        Some(tables.wrapping_add((table * s.shard_rows as usize + (id / world) as usize) * dim))
+    };
+    // SAFETY: `rows` holds count × dim; rows whole, so 16-byte aligned for dim % 4 == 0.
+    unsafe {
+        if dim % 4 == 0 {
+            copy_rows(dim, count, rows, src);
+        } else {
+            let (gw, warps) = grid_warp();
+            let mut j = gw;
+            while j < count {
+                if let Some(r) = src(j) {
+                    let mut k = ptx::lane_id() as usize;
+                    while k < dim {
+                        *rows.add(j as usize * dim + k) = *r.add(k);
+                        k += 32;
+                    }
+                }
+                j += warps;
             }
         }
-        j += warps;
     }
 }
 
@@ -1263,23 +1453,18 @@ pub unsafe fn emb_bl_pool(s: EmbShape, ids: *const u32, pos: *const u32, rows: *
     let (gw, warps) = grid_warp();
     let dim = s.dim as usize;
     let per_table = s.batch as u64 * s.pooling as u64;
-    let lane = ptx::lane_id() as usize;
     let mut w = gw;
     while w < s.batch * s.tables {
         let bag = ((w % s.tables) as u64 * per_table + (w / s.tables) as u64 * s.pooling as u64) as usize;
         // SAFETY: sizes as documented.
         unsafe {
-            let mut k = lane;
-            while k < dim {
-                let mut acc = 0f32;
-                for p in 0..s.pooling as usize {
-                    if *ids.add(bag + p) < s.rows {
-                        acc += *rows.add(*pos.add(bag + p) as usize * dim + k);
-                    }
+            pool_bag_any(dim, s.pooling as usize, out.add(w as usize * dim), |p| {
+                if *ids.add(bag + p) < s.rows {
+                    Look::Row(rows.add(*pos.add(bag + p) as usize * dim))
+                } else {
+                    Look::Pad
                 }
-                *out.add(w as usize * dim + k) = acc;
-                k += 32;
-            }
+            });
         }
         w += warps;
     }
@@ -1324,11 +1509,7 @@ pub unsafe fn emb_bl_accumulate(s: EmbShape, world: u32, keys: *const u64, count
             let key = *keys.add(j as usize);
             let (table, id) = ((key >> 32) as usize, key as u32);
             let acc = gacc.add((table * s.shard_rows as usize + (id / world) as usize) * dim);
-            let mut k = ptx::lane_id() as usize;
-            while k < dim {
-                ptx::red_add_relaxed_gpu_f32(acc.add(k), *grads.add(j as usize * dim + k));
-                k += 32;
-            }
+            add_row(acc, grads.add(j as usize * dim), dim);
         }
         j += warps;
     }
@@ -1347,15 +1528,7 @@ pub unsafe fn emb_bl_apply(s: EmbShape, world: u32, keys: *const u64, count: u32
             let key = *keys.add(j as usize);
             let (table, id) = ((key >> 32) as usize, key as u32);
             let off = (table * s.shard_rows as usize + (id / world) as usize) * dim;
-            let mut k = ptx::lane_id() as usize;
-            while k < dim {
-                let bits = ptx::atom_exch_relaxed_gpu_u32((gacc.add(off) as *mut u32).add(k), 0);
-                if bits != 0 {
-                    let v = *tables.add(off + k);
-                    *tables.add(off + k) = v - lr * f32::from_bits(bits);
-                }
-                k += 32;
-            }
+            apply_row(gacc.add(off), tables.add(off), dim, lr);
         }
         j += warps;
     }
