@@ -521,7 +521,7 @@ fn bench(args: &Args) -> Result<(), BoxError> {
             let ids = emb::generate_ids(&p, zipf, args.seed);
             let tr = emb::traffic(&p, &ids);
             let cap = tr.max_pair.max(1) as u32;
-            let max_recv = max_recv(&p, &ids);
+            let max_recv = emb::max_recv(&p, &ids);
             let heap = emb::heap_bytes_needed(&p, cap) + emb::baseline_heap_bytes(&p, max_recv);
             let local = p.lookups() as u64 * (16 + p.dim as u64 * 8) + max_recv * p.dim as u64 * 4;
             if heap + local > budget {
@@ -710,7 +710,12 @@ fn bench(args: &Args) -> Result<(), BoxError> {
             // The fused forward moves exactly the floor's row bytes (plus
             // 8-byte keys): its share of the floor is the floor's time over
             // its own. The pull moves every remote lookup's row (no dedup).
-            let fwd = |m: &str| rows.iter().rev().take(res[0].len()).find(|r: &&Row| r.method == m && r.direction == "fwd");
+            let fwd = |m: &str| {
+                rows.iter()
+                    .rev()
+                    .take(res[0].len())
+                    .find(|r: &&Row| r.method == m && r.direction == "fwd")
+            };
             if let (Some(fl), Some(f), Some(pl)) = (fwd("put-floor"), fwd("fused"), fwd("fused-pull")) {
                 println!(
                     "       put floor {:.2} GB/s (the fused forward's remote rows, plain puts, every pair at once); row bandwidth over it: fused fwd {:.2}, pull fwd {:.2}",
@@ -742,7 +747,10 @@ fn bench(args: &Args) -> Result<(), BoxError> {
     let jp = args.out.join("embedding_exchange.json");
     std::fs::write(&jp, serde_json::to_string_pretty(&json)?)?;
     let mut series_data: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
-    for r in rows.iter().filter(|r| r.direction == "fwd" && r.zipf == 0.0 && r.method != "put-floor") {
+    for r in rows
+        .iter()
+        .filter(|r| r.direction == "fwd" && r.zipf == 0.0 && r.method != "put-floor")
+    {
         let name = r.method.clone();
         let x = (r.batch as f64) * r.pooling as f64;
         match series_data.iter_mut().find(|(n, _)| *n == name) {
@@ -777,19 +785,6 @@ fn bench(args: &Args) -> Result<(), BoxError> {
         return Err("a method's forward output differs from the CPU reference (or the put floor reported an error)".into());
     }
     Ok(())
-}
-
-/// Most lookups any owner receives (the baselines' receive buffers).
-fn max_recv(p: &Problem, ids: &[Vec<u32>]) -> u64 {
-    let mut per = vec![0u64; p.ranks as usize];
-    for v in ids {
-        for &id in v {
-            if id < p.rows {
-                per[(id % p.ranks) as usize] += 1;
-            }
-        }
-    }
-    per.into_iter().max().unwrap_or(0)
 }
 
 /// Non-padding lookups whose row lives on another rank.

@@ -336,6 +336,20 @@ impl Traffic {
     }
 }
 
+/// Most lookups any owner receives: what a [`Baseline`]'s receive
+/// buffers must hold (`max_recv` of [`Baseline::new`]).
+pub fn max_recv(p: &Problem, ids: &[Vec<u32>]) -> u64 {
+    let mut per = vec![0u64; p.ranks as usize];
+    for v in ids {
+        for &id in v {
+            if id < p.rows {
+                per[(id % p.ranks) as usize] += 1;
+            }
+        }
+    }
+    per.into_iter().max().unwrap_or(0)
+}
+
 /// Counts the traffic of `ids` (every rank's).
 pub fn traffic(p: &Problem, ids: &[Vec<u32>]) -> Traffic {
     let mut tr = Traffic::default();
@@ -512,6 +526,7 @@ pub struct Exchange<'c> {
     keys: DeviceBuffer<u64>,
     _local: Vec<DeviceBuffer<u32>>,
     _gacc: DeviceBuffer<f32>,
+    _claims: DeviceBuffer<u64>,
     _errs: SymBuffer<'c, u32>,
     _verdict: DeviceBuffer<u64>,
     status: DeviceBuffer<u32>,
@@ -600,6 +615,7 @@ impl<'c> Exchange<'c> {
         let mut counts = dev.alloc_zeroed::<u32>(2 * n)?;
         let mut rcounts = dev.alloc_zeroed::<u32>(2 * n)?;
         let mut gacc = dev.alloc_zeroed::<f32>(p.shard_len())?;
+        let mut claims = dev.alloc_zeroed::<u64>(p.tables as usize * p.shard_rows() as usize)?;
         let mut grid = dev.alloc_zeroed::<u32>(2)?;
         let mut verdict = dev.alloc_zeroed::<u64>(1)?;
         let mut status = dev.alloc_zeroed::<u32>(k::STATUS_WORDS)?;
@@ -636,6 +652,7 @@ impl<'c> Exchange<'c> {
             counts: counts.as_mut_ptr(),
             rcounts: rcounts.as_mut_ptr(),
             gacc: gacc.as_mut_ptr(),
+            claims: claims.as_mut_ptr(),
             grid: grid.as_mut_ptr(),
             verdict: verdict.as_mut_ptr(),
             status: status.as_mut_ptr(),
@@ -651,6 +668,7 @@ impl<'c> Exchange<'c> {
             keys,
             _local: vec![vals, slot_of, counts, rcounts, grid],
             _gacc: gacc,
+            _claims: claims,
             _errs: errs,
             _verdict: verdict,
             status,
@@ -1122,6 +1140,10 @@ pub struct Baseline<'c> {
     cfg: LaunchConfig,
     tables: DeviceBuffer<f32>,
     gacc: DeviceBuffer<f32>,
+    /// The last backward that applied each row (see `emb_bl_apply`).
+    claims: DeviceBuffer<u64>,
+    /// Backward launches so far.
+    seq: u64,
     cnt: DeviceBuffer<u32>,
     cursor: DeviceBuffer<u32>,
     soff_d: DeviceBuffer<u32>,
@@ -1178,6 +1200,8 @@ impl<'c> Baseline<'c> {
             cfg,
             tables: dev.alloc_zeroed(p.shard_len())?,
             gacc: dev.alloc_zeroed(p.shard_len())?,
+            claims: dev.alloc_zeroed(p.tables as usize * p.shard_rows() as usize)?,
+            seq: 0,
             cnt: dev.alloc_zeroed(n * t)?,
             cursor: dev.alloc_zeroed(n * t)?,
             soff_d: dev.alloc_zeroed(n * t)?,
@@ -1347,6 +1371,7 @@ impl<'c> Baseline<'c> {
         let n = self.p.ranks as usize;
         let me = self.comm.rank();
         let d = self.p.dim as u64;
+        self.seq += 1;
         // SAFETY: `pos` from the forward indexes `send_grads`.
         unsafe {
             s.launch(
@@ -1395,6 +1420,8 @@ impl<'c> Baseline<'c> {
                     total,
                     self.gacc.as_mut_ptr(),
                     self.tables.as_mut_ptr(),
+                    self.claims.as_mut_ptr(),
+                    self.seq,
                     lr,
                 ),
             )?;

@@ -513,7 +513,9 @@ pub unsafe fn red_add_relaxed_gpu_f32(p: *mut f32, v: f32) {
         emu::check_align(p as usize, 4, "red.relaxed.gpu.add.f32");
         // SAFETY: valid (caller), aligned (checked), accessed atomically while shared.
         let w = unsafe { AtomicU32::from_ptr(p as *mut u32) };
-        let _ = w.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| Some((f32::from_bits(old) + v).to_bits()));
+        let _ = w.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+            Some((f32::from_bits(old) + v).to_bits())
+        });
     }
 }
 

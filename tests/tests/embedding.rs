@@ -613,3 +613,65 @@ fn ibgda_with_many_blocks_sharing_small_send_queues() {
         assert_close(&got, &tables, &format!("{engine:?}, tables"));
     }
 }
+
+/// The host-driven baseline the benchmark compares with (gather kernel →
+/// one copy per peer per table → pooling kernel, and back: gradient
+/// scatter, accumulate, apply) computes what the fused exchange does:
+/// forward and tables after two steps, skewed ids (rows asked for by
+/// several ranks and many times by one), 16-byte and scalar row paths.
+#[test]
+fn the_host_driven_baseline_matches_the_reference() {
+    use doorbell_examples::embedding::{Baseline, Mover};
+    for backend in backends() {
+        for dim in [40, 18] {
+            let p = Problem {
+                ranks: 3,
+                tables: 2,
+                rows: 50,
+                dim,
+                batch: 8,
+                pooling: 6,
+            };
+            let ids = emb::generate_ids(&p, 1.1, 11);
+            let max_recv = emb::max_recv(&p, &ids);
+            let init = emb::initial_tables(&p);
+            let (steps, lr) = (2, 0.125);
+            let o = CommOptions {
+                heap_bytes: emb::baseline_heap_bytes(&p, max_recv).next_multiple_of(1 << 20),
+                ..opts(&p, 1)
+            };
+            let res = Communicator::local(p.ranks as usize, backend, o, |comm| {
+                let r = comm.rank() as u32;
+                let dev = comm.device();
+                let mut bl = Baseline::new(comm, &p, max_recv, cfg(comm, p.ranks))?;
+                bl.load_shard(&emb::shard_of(&p, &init, r))?;
+                let ids_d = dev.alloc_from(&ids[r as usize])?;
+                let grad = dev.alloc_from(&emb::upstream_grad(&p, r))?;
+                let mut out = dev.alloc_zeroed::<f32>(p.out_len())?;
+                let s = dev.new_stream()?;
+                let mut outs = Vec::new();
+                for _ in 0..steps {
+                    bl.forward(&s, &ids_d, &mut out, Mover::Copies, None)?;
+                    outs.push(out.to_host()?);
+                    bl.backward(&s, &ids_d, &grad, lr, Mover::Copies, None)?;
+                }
+                Ok((outs, bl.shard()?))
+            })
+            .unwrap_or_else(|e| panic!("{backend:?} dim {dim}: {e}"));
+            let mut tables = init.clone();
+            for step in 0..steps {
+                for (r, (outs, _)) in res.iter().enumerate() {
+                    let want = emb::reference_forward(&p, &tables, &ids[r]);
+                    assert_close(&outs[step], &want, &format!("{backend:?} dim {dim}, step {step}, rank {r} forward"));
+                }
+                emb::reference_backward(&p, &mut tables, &ids, lr);
+            }
+            let mut got = vec![0f32; init.len()];
+            for (r, (_, shard)) in res.iter().enumerate() {
+                emb::unshard(&p, &mut got, shard, r as u32);
+            }
+            assert_close(&got, &tables, &format!("{backend:?} dim {dim}, tables"));
+            assert_ne!(tables, init, "the steps changed the tables");
+        }
+    }
+}

@@ -68,7 +68,11 @@ fn the_exchange_grid_on_an_h200_is_resident_for_every_transport() {
         return;
     };
     let transports: [(&str, &[&str], bool); 3] = [
-        ("p2p", &["emb_forward_p2p", "emb_backward_p2p", "emb_forward_pull_p2p", "emb_put_floor_p2p"], false),
+        (
+            "p2p",
+            &["emb_forward_p2p", "emb_backward_p2p", "emb_forward_pull_p2p", "emb_put_floor_p2p"],
+            false,
+        ),
         ("ibgda", &["emb_forward_ibgda", "emb_backward_ibgda"], true),
         (
             "routed",
