@@ -526,7 +526,6 @@ pub struct Exchange<'c> {
     keys: DeviceBuffer<u64>,
     _local: Vec<DeviceBuffer<u32>>,
     _gacc: DeviceBuffer<f32>,
-    _claims: DeviceBuffer<u64>,
     _errs: SymBuffer<'c, u32>,
     _verdict: DeviceBuffer<u64>,
     status: DeviceBuffer<u32>,
@@ -615,7 +614,6 @@ impl<'c> Exchange<'c> {
         let mut counts = dev.alloc_zeroed::<u32>(2 * n)?;
         let mut rcounts = dev.alloc_zeroed::<u32>(2 * n)?;
         let mut gacc = dev.alloc_zeroed::<f32>(p.shard_len())?;
-        let mut claims = dev.alloc_zeroed::<u64>(p.tables as usize * p.shard_rows() as usize)?;
         let mut grid = dev.alloc_zeroed::<u32>(2)?;
         let mut verdict = dev.alloc_zeroed::<u64>(1)?;
         let mut status = dev.alloc_zeroed::<u32>(k::STATUS_WORDS)?;
@@ -652,7 +650,6 @@ impl<'c> Exchange<'c> {
             counts: counts.as_mut_ptr(),
             rcounts: rcounts.as_mut_ptr(),
             gacc: gacc.as_mut_ptr(),
-            claims: claims.as_mut_ptr(),
             grid: grid.as_mut_ptr(),
             verdict: verdict.as_mut_ptr(),
             status: status.as_mut_ptr(),
@@ -668,7 +665,6 @@ impl<'c> Exchange<'c> {
             keys,
             _local: vec![vals, slot_of, counts, rcounts, grid],
             _gacc: gacc,
-            _claims: claims,
             _errs: errs,
             _verdict: verdict,
             status,
@@ -1140,10 +1136,6 @@ pub struct Baseline<'c> {
     cfg: LaunchConfig,
     tables: DeviceBuffer<f32>,
     gacc: DeviceBuffer<f32>,
-    /// The last backward that applied each row (see `emb_bl_apply`).
-    claims: DeviceBuffer<u64>,
-    /// Backward launches so far.
-    seq: u64,
     cnt: DeviceBuffer<u32>,
     cursor: DeviceBuffer<u32>,
     soff_d: DeviceBuffer<u32>,
@@ -1200,8 +1192,6 @@ impl<'c> Baseline<'c> {
             cfg,
             tables: dev.alloc_zeroed(p.shard_len())?,
             gacc: dev.alloc_zeroed(p.shard_len())?,
-            claims: dev.alloc_zeroed(p.tables as usize * p.shard_rows() as usize)?,
-            seq: 0,
             cnt: dev.alloc_zeroed(n * t)?,
             cursor: dev.alloc_zeroed(n * t)?,
             soff_d: dev.alloc_zeroed(n * t)?,
@@ -1371,7 +1361,6 @@ impl<'c> Baseline<'c> {
         let n = self.p.ranks as usize;
         let me = self.comm.rank();
         let d = self.p.dim as u64;
-        self.seq += 1;
         // SAFETY: `pos` from the forward indexes `send_grads`.
         unsafe {
             s.launch(
@@ -1420,8 +1409,6 @@ impl<'c> Baseline<'c> {
                     total,
                     self.gacc.as_mut_ptr(),
                     self.tables.as_mut_ptr(),
-                    self.claims.as_mut_ptr(),
-                    self.seq,
                     lr,
                 ),
             )?;

@@ -87,10 +87,8 @@
 //!    signalled (`seq * blocks`, `seq` the backward's launch count), the
 //!    rows of every requester are added into a per-row accumulator
 //!    (`gacc`, kept all-zero between steps), one grid barrier, then each
-//!    row is claimed for this backward by exactly one warp (one atomic
-//!    exchange of the row's `claims` word with `seq`: a row several
-//!    requesters asked for sits in several lists), which applies SGD,
-//!    `row -= lr * sum`, and zeroes the row's sums with plain stores.
+//!    element is taken with an atomic exchange against zero by exactly one
+//!    thread, which applies SGD: `row -= lr * sum`.
 //!
 //! **Float-sum order**: a key's first occurrence starts its sum (`0 + g`,
 //! as a sequential reference starting from zero); the other occurrences
@@ -273,9 +271,6 @@ pub struct EmbBufs {
     pub rcounts: *mut u32,
     /// Local `[tables][shard_rows][dim]`: gradient sums (all zero between steps).
     pub gacc: *mut f32,
-    /// Local `[tables][shard_rows]`: the last backward (`seq`) that applied
-    /// each row (zero at first).
-    pub claims: *mut u64,
     /// Local `[2]`: grid barrier (arrivals, generation).
     pub grid: *mut u32,
     /// Local `[1]`: the last forward's verdict, `epoch << 1 | bad` (the
@@ -619,51 +614,42 @@ unsafe fn add_row(acc: *mut f32, src: *const f32, dim: usize) {
     }
 }
 
-/// Claims row `row` for backward `seq` (one warp, every lane calls it):
-/// true, on every lane, for exactly one warp of the grid per row and
-/// backward, however many request lists hold the row. One atomic
-/// exchange per row (lane 0's), not one per element.
+/// SGD on one row (one warp, every lane calls it): each element's
+/// accumulated sum is taken and reset with an atomic exchange, and an
+/// element whose sum was taken here gets `row -= lr * sum` (one multiply,
+/// one subtract). Only the elements taken here are written: when a row
+/// is applied from several lists, the second visit takes zeros and leaves
+/// the row alone. A lane has its (up to) four exchanges in flight at once.
 #[inline(always)]
-unsafe fn claim_row(claims: *mut u64, row: usize, seq: u64) -> bool {
-    let mut mine = 0u32;
-    if ptx::lane_id() == 0 {
-        // SAFETY: `row` indexes the shard's rows (caller).
-        mine = (unsafe { ptx::atom_exch_relaxed_gpu_u64(claims.add(row), seq) } != seq) as u32;
-    }
-    ptx::shfl_sync_idx_u32(ptx::FULL_MASK, mine, 0) != 0
-}
-
-/// SGD on one claimed row (one warp, every lane calls it; no other warp
-/// touches the row now): `row -= lr * sum` (one multiply, one subtract)
-/// with `sum` its accumulated gradient, which is reset to zero for the
-/// next step. Plain loads and stores, four elements per lane when
-/// `dim % 4 == 0`. The accumulation must have finished (a grid barrier).
-#[inline(always)]
-unsafe fn take_row(acc: *mut f32, row: *mut f32, dim: usize, lr: f32) {
+unsafe fn apply_row(acc: *mut f32, row: *mut f32, dim: usize, lr: f32) {
     // SAFETY: the caller's rows; W = 4 only for dim % 4 == 0.
     unsafe {
         if dim % 4 == 0 {
-            take_row_w::<4>(acc, row, dim, lr)
+            apply_row_w::<4>(acc, row, dim, lr)
         } else {
-            take_row_w::<1>(acc, row, dim, lr)
+            apply_row_w::<1>(acc, row, dim, lr)
         }
     }
 }
 
-/// [`take_row`], a lane taking `W` consecutive elements per pass.
+/// [`apply_row`], a lane taking `W` consecutive elements per pass.
 #[inline(always)]
-unsafe fn take_row_w<const W: usize>(acc: *mut f32, row: *mut f32, dim: usize, lr: f32) {
+unsafe fn apply_row_w<const W: usize>(acc: *mut f32, row: *mut f32, dim: usize, lr: f32) {
+    let acc = acc as *mut u32;
     let mut k = W * ptx::lane_id() as usize;
-    // SAFETY: two rows of `dim` elements, aligned for W (caller).
+    // SAFETY: two rows of `dim` elements (caller).
     unsafe {
         while k < dim {
-            let sum = load_w::<W>(acc.add(k));
-            let mut v = load_w::<W>(row.add(k));
-            store_w::<W>(acc.add(k), [0f32; W]);
-            for i in 0..W {
-                v[i] = v[i] - lr * sum[i];
+            let mut sums = [0u32; W];
+            for (i, x) in sums.iter_mut().enumerate() {
+                *x = ptx::atom_exch_relaxed_gpu_u32(acc.add(k + i), 0);
             }
-            store_w::<W>(row.add(k), v);
+            for (i, x) in sums.into_iter().enumerate() {
+                if x != 0 {
+                    let v = *row.add(k + i);
+                    *row.add(k + i) = v - lr * f32::from_bits(x);
+                }
+            }
             k += 32 * W;
         }
     }
@@ -1261,7 +1247,7 @@ pub unsafe fn emb_backward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, grad: *c
             return;
         }
         stamp(b.stamps, STAMP_BWD_AT + 5);
-        // 5. Apply: each row by the one warp that claims it.
+        // 5. Apply: each element's sum is taken (and reset) by one thread.
         for r in 0..n as usize {
             let c = ptx::ld_relaxed_gpu_u32(rcounts.add(r)).min(s.cap);
             let list = b.req_in.add((par * n as usize + r) * cap);
@@ -1270,10 +1256,8 @@ pub unsafe fn emb_backward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, grad: *c
                 let key = *list.add(u as usize);
                 let (table, id) = ((key >> 32) as u32, key as u32);
                 if table < s.tables && id < s.rows && id % n == me {
-                    let at = table as usize * s.shard_rows as usize + (id / n) as usize;
-                    if claim_row(b.claims, at, seq) {
-                        take_row(b.gacc.add(at * dim), b.tables.add(at * dim), dim, lr);
-                    }
+                    let off = (table as usize * s.shard_rows as usize + (id / n) as usize) * dim;
+                    apply_row(b.gacc.add(off), b.tables.add(off), dim, lr);
                 }
                 u += warps;
             }
@@ -1531,22 +1515,10 @@ pub unsafe fn emb_bl_accumulate(s: EmbShape, world: u32, keys: *const u64, count
     }
 }
 
-/// Baseline backward step 3 (owner): SGD on the rows of `keys`, each row
-/// once (claimed for backward `seq`, as the fused backward does; `claims`
-/// `[tables][shard_rows]`, below `seq` between steps).
+/// Baseline backward step 3 (owner): SGD on the rows of `keys`, taking each
+/// accumulated element once (atomic exchange with zero).
 #[kernel]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn emb_bl_apply(
-    s: EmbShape,
-    world: u32,
-    keys: *const u64,
-    count: u32,
-    gacc: *mut f32,
-    tables: *mut f32,
-    claims: *mut u64,
-    seq: u64,
-    lr: f32,
-) {
+pub unsafe fn emb_bl_apply(s: EmbShape, world: u32, keys: *const u64, count: u32, gacc: *mut f32, tables: *mut f32, lr: f32) {
     let (gw, warps) = grid_warp();
     let dim = s.dim as usize;
     let mut j = gw;
@@ -1555,10 +1527,8 @@ pub unsafe fn emb_bl_apply(
         unsafe {
             let key = *keys.add(j as usize);
             let (table, id) = ((key >> 32) as usize, key as u32);
-            let at = table * s.shard_rows as usize + (id / world) as usize;
-            if claim_row(claims, at, seq) {
-                take_row(gacc.add(at * dim), tables.add(at * dim), dim, lr);
-            }
+            let off = (table * s.shard_rows as usize + (id / world) as usize) * dim;
+            apply_row(gacc.add(off), tables.add(off), dim, lr);
         }
         j += warps;
     }
