@@ -549,6 +549,9 @@ pub struct Exchange<'c> {
     /// Backward launches so far (the owners' gradient signals count them).
     bwd_seq: u64,
     budget_ns: u64,
+    /// Request lists this long or longer go out in slices from every block
+    /// (see `emb_forward`).
+    sliced_bytes: u64,
 }
 
 impl<'c> Exchange<'c> {
@@ -682,6 +685,7 @@ impl<'c> Exchange<'c> {
             bwd_seq: 0,
             // The communicator's wait budget (CommOptions::wait_timeout).
             budget_ns: comm.p2p().budget_ns,
+            sliced_bytes: k::SLICED_LIST_BYTES,
         })
     }
 
@@ -743,7 +747,16 @@ impl<'c> Exchange<'c> {
             s.launch(
                 fwd,
                 self.cfg,
-                (t, self.shape, self.bufs, ids.as_ptr(), out.as_mut_ptr(), self.epoch, self.budget_ns),
+                (
+                    t,
+                    self.shape,
+                    self.bufs,
+                    ids.as_ptr(),
+                    out.as_mut_ptr(),
+                    self.epoch,
+                    self.budget_ns,
+                    self.sliced_bytes,
+                ),
             )
         })
     }
@@ -799,6 +812,15 @@ impl<'c> Exchange<'c> {
                 )),
             }
         }
+    }
+
+    /// From how many bytes a rank's longest request list goes out in
+    /// slices from every block rather than from one block per owner
+    /// (default `SLICED_LIST_BYTES`, 256 KiB; 0: always, where the grid
+    /// has two blocks or more). Ranks may differ: it changes how a rank
+    /// sends, not what its peers receive.
+    pub fn set_sliced_list_bytes(&mut self, bytes: u64) {
+        self.sliced_bytes = bytes;
     }
 
     /// Largest `bytes` [`Self::put_floor`] takes: one shard, and one

@@ -63,11 +63,19 @@ struct Outcome {
     tables: Vec<f32>,
 }
 
-fn run(backend: Backend, p: &Problem, ids: &[Vec<u32>], steps: usize, lr: f32) -> Outcome {
-    run_over(backend, p, ids, steps, lr, TransportKind::P2p)
+/// How the ranks send their request lists: from one block per owner, or in
+/// slices from every block (every list, whatever its length).
+#[derive(Clone, Copy, Debug)]
+enum Lists {
+    PerOwner,
+    Sliced,
 }
 
-fn run_over(backend: Backend, p: &Problem, ids: &[Vec<u32>], steps: usize, lr: f32, transport: TransportKind) -> Outcome {
+fn run(backend: Backend, p: &Problem, ids: &[Vec<u32>], steps: usize, lr: f32, lists: Lists) -> Outcome {
+    run_over(backend, p, ids, steps, lr, TransportKind::P2p, lists)
+}
+
+fn run_over(backend: Backend, p: &Problem, ids: &[Vec<u32>], steps: usize, lr: f32, transport: TransportKind, lists: Lists) -> Outcome {
     let tr = emb::traffic(p, ids);
     let cap = tr.max_pair.max(1) as u32;
     let init = emb::initial_tables(p);
@@ -75,6 +83,9 @@ fn run_over(backend: Backend, p: &Problem, ids: &[Vec<u32>], steps: usize, lr: f
         let r = comm.rank() as u32;
         let dev = comm.device();
         let mut x = Exchange::with_transport(comm, p, cap, cfg(comm, p.ranks), transport)?;
+        if let Lists::Sliced = lists {
+            x.set_sliced_list_bytes(0);
+        }
         x.load_shard(&emb::shard_of(p, &init, r))?;
         let ids_d = dev.alloc_from(&ids[r as usize])?;
         let grad = dev.alloc_from(&emb::upstream_grad(p, r))?;
@@ -83,7 +94,7 @@ fn run_over(backend: Backend, p: &Problem, ids: &[Vec<u32>], steps: usize, lr: f
         let outs = x.train(&s, &ids_d, &grad, &mut out, lr, steps)?;
         Ok((outs, x.shard()?))
     })
-    .unwrap_or_else(|e| panic!("{backend:?} {transport:?} {p:?}: {e}"));
+    .unwrap_or_else(|e| panic!("{backend:?} {transport:?} {lists:?} {p:?}: {e}"));
     let mut tables = vec![0f32; init.len()];
     for (r, (_, shard)) in res.iter().enumerate() {
         emb::unshard(p, &mut tables, shard, r as u32);
@@ -117,7 +128,9 @@ fn forward_and_backward_match_the_reference_for_1_to_8_ranks() {
             };
             let ids = tricky_ids(&p, ranks as u64);
             let (steps, lr) = (2, 0.125);
-            let got = run(backend, &p, &ids, steps, lr);
+            // Odd rank counts send their lists in slices.
+            let lists = if ranks % 2 == 1 { Lists::Sliced } else { Lists::PerOwner };
+            let got = run(backend, &p, &ids, steps, lr, lists);
             let mut tables = emb::initial_tables(&p);
             for step in 0..steps {
                 for r in 0..ranks as usize {
@@ -523,9 +536,9 @@ fn forward_and_backward_over_ibgda_on_the_emulator() {
         batch: 6,
         pooling: 4,
     };
-    for ids in [tricky_ids(&p, 7), emb::generate_ids(&p, 1.1, 3)] {
+    for (ids, lists) in [(tricky_ids(&p, 7), Lists::PerOwner), (emb::generate_ids(&p, 1.1, 3), Lists::Sliced)] {
         let (steps, lr) = (2, 0.125);
-        let got = run_over(Backend::Cpu, &p, &ids, steps, lr, TransportKind::Ibgda);
+        let got = run_over(Backend::Cpu, &p, &ids, steps, lr, TransportKind::Ibgda, lists);
         let mut tables = emb::initial_tables(&p);
         for step in 0..steps {
             for r in 0..p.ranks as usize {

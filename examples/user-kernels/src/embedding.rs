@@ -33,10 +33,16 @@
 //!    report (the status words, 32 bytes) with the bad bit set, so every
 //!    peer can say which rank failed, why, and which id. If the put is
 //!    refused, the bare signal still goes out: a rank never leaves its peers
-//!    waiting for its verdict.
+//!    waiting for its verdict. A good rank whose longest list reaches
+//!    `sliced_bytes` (default [`SLICED_LIST_BYTES`]) sends its lists in
+//!    slices from every block instead (`put_nbi_block`, `quiet`), one more
+//!    grid barrier, then the verdicts as bare signals (bad if a slice was
+//!    refused or the barrier ran out): one block alone moves a few GB/s.
 //! 3. **Gather** (owner side): once every requester's verdict is in, either
-//!    all of them are good — warps take the requested rows and `put_warp`
-//!    them straight from the table into the requester's receive buffer
+//!    all of them are good — warps take the requested rows and copy them
+//!    straight from the table into the requester's receive buffer through
+//!    `peer_ptr` (several rows in flight per warp), or `put_warp` them
+//!    where no direct access exists
 //!    (`rows_in[owner][u]`), each block then adds 1 to the requester's
 //!    per-owner signal (`rows_sig`) — or some rank is bad, and nothing is
 //!    written (the blocks still add their 1). Every rank sees the same
@@ -719,6 +725,53 @@ unsafe fn send_verdict<T: Transport>(t: &T, s: &EmbShape, b: &EmbBufs, epoch: u6
     }
 }
 
+/// Request lists at least this long (bytes; the longest of a rank's lists)
+/// go out in slices from every block ([`send_list_slices`]) rather than
+/// from one block each: the default of [`emb_forward`]'s `sliced_bytes`.
+pub const SLICED_LIST_BYTES: u64 = 256 << 10;
+
+/// Every block's share of every owner's request list (this rank's
+/// `req_out[o]`, `counts[o]` keys, into the owner's `req_in` slot for this
+/// rank): pieces of [`FLOOR_PIECE_BYTES`] dealt round-robin over the grid,
+/// `put_nbi_block`, then `quiet`. Returns an owner whose piece was refused
+/// (`u32::MAX`: none). No signal: the caller sends the verdicts once every
+/// block is done.
+#[inline(always)]
+unsafe fn send_list_slices<T: Transport>(t: &T, s: &EmbShape, b: &EmbBufs, counts: *const u32, epoch: u64) -> u32 {
+    let n = t.world_size();
+    let me = t.rank() as usize;
+    let par = (epoch & 1) as usize;
+    let cap = s.cap as usize;
+    let blocks = ptx::grid_dim_x() as u64;
+    let mut failed = u32::MAX;
+    // SAFETY: counts <= cap (no capacity error on this path); buffers as
+    // EmbBufs documents.
+    unsafe {
+        let mut first = 0u64; // pieces of the owners before `o`
+        for o in 0..n {
+            let bytes = ptx::ld_relaxed_gpu_u32(counts.add(o as usize)).min(s.cap) as u64 * 8;
+            let pieces = bytes.div_ceil(FLOOR_PIECE_BYTES);
+            let dst = b.req_in.add((par * n as usize + me) * cap) as *mut u8;
+            let src = b.req_out.add(o as usize * cap) as *const u8;
+            // This block's pieces of owner `o`: global indices blk, blk + blocks, ...
+            let mut q = (ptx::block_idx_x() as u64 + blocks - first % blocks) % blocks;
+            while q < pieces {
+                let lo = q * FLOOR_PIECE_BYTES;
+                let len = FLOOR_PIECE_BYTES.min(bytes - lo);
+                if t.put_nbi_block(dst.add(lo as usize), src.add(lo as usize), len, o).is_err() {
+                    failed = o;
+                }
+                q += blocks;
+            }
+            first += pieces;
+        }
+        if t.quiet().is_err() {
+            failed = me as u32;
+        }
+    }
+    failed
+}
+
 /// A block of this rank that stops before its rows (its grid barrier or its
 /// wait for the verdicts ran out of budget) still adds its 1 to every
 /// requester's `rows_sig`, so the counts (`epoch * blocks`, accumulated over
@@ -777,7 +830,17 @@ unsafe fn gave_up_owner(b: &EmbBufs, n: u32, epoch: u64) -> u32 {
 /// stall seen on the H200 with the GPU filled so was in the end a host
 /// copy waiting for the peers' kernels, not a block left out.)
 #[kernel(transports(P2p, Ibgda, Routed), launch_bounds(threads = 256, min_blocks = 3))]
-pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *const u32, out: *mut f32, epoch: u64, budget_ns: u64) {
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn emb_forward<T: Transport>(
+    t: T,
+    s: EmbShape,
+    b: EmbBufs,
+    ids: *const u32,
+    out: *mut f32,
+    epoch: u64,
+    budget_ns: u64,
+    sliced_bytes: u64,
+) {
     let n = t.world_size();
     let me = t.rank();
     let par = (epoch & 1) as usize;
@@ -897,17 +960,52 @@ pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *con
         }
         let my_err = block_share(my_err as u32) != 0;
         let mut refused = u32::MAX;
-        let mut owner = blk;
-        while owner < n {
-            let c = if my_err {
-                0
-            } else {
-                ptx::ld_relaxed_gpu_u32(counts.add(owner as usize))
-            };
-            if !send_verdict(&t, &s, &b, epoch, owner, my_err, c) {
-                refused = owner;
+        // Long lists go out in slices from every block, then one grid
+        // barrier, then the verdicts as bare signals: one block alone moves
+        // a few GB/s, and a list of a million keys would take milliseconds.
+        // Every block reads the same counts (phase 1's barrier), so every
+        // block takes the same way.
+        let mut longest = 0u32;
+        for o in 0..n {
+            longest = longest.max(ptx::ld_relaxed_gpu_u32(counts.add(o as usize)));
+        }
+        let sliced = routed && !my_err && longest as u64 * 8 >= sliced_bytes && blocks > 1;
+        let mut routed = routed;
+        if sliced {
+            let failed = send_list_slices(&t, &s, &b, counts, epoch);
+            if failed != u32::MAX && tid == 0 {
+                set_status(b.status, STATUS_TRANSPORT, failed, 5, 0, 0);
             }
-            owner += blocks;
+            // Every slice in place (each block's quiet came before it).
+            routed = grid_sync_or_report(b.grid, b.status, budget_ns, 9);
+            // A refused slice anywhere makes this rank's verdict bad (the
+            // status words say why; no report travels with a bare signal).
+            let bad = !routed || block_share((tid == 0 && status_code(b.status) == STATUS_TRANSPORT) as u32) != 0;
+            if tid == 0 {
+                t.fence();
+                let mut owner = blk;
+                while owner < n {
+                    let c = ptx::ld_relaxed_gpu_u32(counts.add(owner as usize));
+                    let sig = verdict_sig(epoch, bad, if bad { 0 } else { c });
+                    if t.signal(b.req_sig.add(me as usize), sig, SignalOp::Set, owner).is_err() {
+                        refused = owner;
+                    }
+                    owner += blocks;
+                }
+            }
+        } else {
+            let mut owner = blk;
+            while owner < n {
+                let c = if my_err {
+                    0
+                } else {
+                    ptx::ld_relaxed_gpu_u32(counts.add(owner as usize))
+                };
+                if !send_verdict(&t, &s, &b, epoch, owner, my_err, c) {
+                    refused = owner;
+                }
+                owner += blocks;
+            }
         }
         if !routed {
             give_up(&t, &b, epoch);
