@@ -495,7 +495,7 @@ unsafe fn store_w<const W: usize>(p: *mut f32, v: [f32; W]) {
 
 /// Sum-pools one bag into `dst` (`dim` elements): one warp, every lane
 /// calls it. `look(p)` for `p` in `0..pooling` says what the bag's `p`-th
-/// lookup adds; rows are summed from zero in `p` order (a sequential
+/// lookup adds (lane `p % 32` asks it); rows are summed from zero in `p` order (a sequential
 /// reference's order, so the result is bit-exact), [`IN_FLIGHT`] rows
 /// loaded before they are added. A lane takes `W` consecutive elements per
 /// pass of `32 * W` (`W` 4 needs `dim % 4 == 0` and 16-byte aligned rows).
@@ -511,36 +511,42 @@ unsafe fn pool_bag<const W: usize>(dim: usize, pooling: usize, dst: *mut f32, lo
             let k = kc + W * lane;
             let on = k < dim;
             let mut acc = [0f32; W];
-            let mut p = 0usize;
-            while p < pooling {
-                // Addresses first (null: nothing to add), then every load,
-                // then the adds in order. Written out four times (not a
-                // loop over arrays, which the compiler kept in local memory).
-                let mut addr = |q: usize| -> *const f32 {
-                    if q >= pooling {
-                        return core::ptr::null();
-                    }
+            let mut p0 = 0usize;
+            while p0 < pooling {
+                // Lane `i` looks up lookup `p0 + i`: the bag's address
+                // chains (id, slot, list index) run side by side, not one
+                // after another. Null: nothing to add.
+                let q = p0 + lane;
+                let mut mine = core::ptr::null::<f32>();
+                if q < pooling {
                     match look(q) {
-                        Look::Row(r) => r,
-                        Look::Bad => {
-                            bad = true;
-                            core::ptr::null()
-                        }
-                        Look::Pad => core::ptr::null(),
-                    }
-                };
-                let (a0, a1, a2, a3) = (addr(p), addr(p + 1), addr(p + 2), addr(p + 3));
-                let load = |a: *const f32| if on && !a.is_null() { load_w::<W>(a.add(k)) } else { [0f32; W] };
-                let (v0, v1, v2, v3) = (load(a0), load(a1), load(a2), load(a3));
-                for (a, v) in [(a0, v0), (a1, v1), (a2, v2), (a3, v3)] {
-                    if !a.is_null() {
-                        for i in 0..W {
-                            acc[i] += v[i];
-                        }
+                        Look::Row(r) => mine = r,
+                        Look::Bad => bad = true,
+                        Look::Pad => {}
                     }
                 }
-                p += IN_FLIGHT;
+                let here = (pooling - p0).min(32);
+                let mut g = 0usize;
+                while g < here {
+                    // Four rows' addresses from their lanes, every load,
+                    // then the adds in order (written out: arrays indexed in
+                    // a loop were kept in local memory).
+                    let addr = |j: usize| ptx::shfl_sync_idx_u64(ptx::FULL_MASK, mine as u64, (g + j) as u32) as *const f32;
+                    let (a0, a1, a2, a3) = (addr(0), addr(1), addr(2), addr(3));
+                    let load = |a: *const f32| if on && !a.is_null() { load_w::<W>(a.add(k)) } else { [0f32; W] };
+                    let (v0, v1, v2, v3) = (load(a0), load(a1), load(a2), load(a3));
+                    for (a, v) in [(a0, v0), (a1, v1), (a2, v2), (a3, v3)] {
+                        if !a.is_null() {
+                            for i in 0..W {
+                                acc[i] += v[i];
+                            }
+                        }
+                    }
+                    g += IN_FLIGHT;
+                }
+                p0 += 32;
             }
+            bad = ptx::vote_sync_any(ptx::FULL_MASK, bad);
             if on && !bad {
                 store_w::<W>(dst.add(k), acc);
             }
@@ -1396,18 +1402,14 @@ pub unsafe fn emb_forward_pull<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids:
                     return Look::Pad;
                 }
                 if id >= s.rows {
-                    if ptx::lane_id() == 0 {
-                        set_status(b.status, STATUS_BAD_ID, table, sample, p as u32, id);
-                    }
+                    set_status(b.status, STATUS_BAD_ID, table, sample, p as u32, id);
                     return Look::Bad;
                 }
                 let local = b.tables.add((table as usize * s.shard_rows as usize + (id / n) as usize) * dim);
                 match t.peer_ptr(local as *const f32, id % n) {
                     Some(row) => Look::Row(row),
                     None => {
-                        if ptx::lane_id() == 0 {
-                            set_status(b.status, STATUS_NO_PEER_PTR, id % n, 0, 0, 0);
-                        }
+                        set_status(b.status, STATUS_NO_PEER_PTR, id % n, 0, 0, 0);
                         Look::Bad
                     }
                 }
