@@ -93,11 +93,36 @@ pub(crate) struct Device {
     /// not waited for by `synchronize`): the legacy default stream's
     /// synchronous copies were seen to wait for other ranks' kernels.
     copier: Arc<CudaStream>,
+    /// Pinned host memory ([`STAGING_BYTES`], allocated with the handle)
+    /// every host copy goes through, in pieces: a copy between the device
+    /// and pageable memory was seen, on the H200, to wait on the copy
+    /// stream for another rank's spinning kernels (20 s, until their
+    /// waits ran out), and allocating pinned memory on the way is itself
+    /// an implicit device-wide synchronization. A DMA between device and
+    /// pinned memory on a non-blocking stream waits for nothing else.
+    staging: Mutex<Staging>,
 }
+
+/// Bytes of a handle's pinned staging buffer (host copies move in pieces
+/// of this size).
+pub(crate) const STAGING_BYTES: usize = 8 << 20;
+
+/// A handle's pinned staging buffer (`cuMemHostAlloc`, freed with the
+/// handle).
+struct Staging(*mut u8);
+
+// SAFETY: plain host memory, used only under the handle's mutex.
+unsafe impl Send for Staging {}
 
 impl Drop for Device {
     fn drop(&mut self) {
         self.release_deferred();
+        let p = self.staging.get_mut().unwrap_or_else(|p| p.into_inner()).0;
+        if !p.is_null() && self.bind().is_ok() {
+            // SAFETY: allocated by cuMemHostAlloc in `open`; no copy uses it
+            // now (every copy waits for its DMA before returning).
+            let _ = unsafe { result::free_host(p as *mut std::ffi::c_void) };
+        }
     }
 }
 
@@ -190,11 +215,15 @@ impl Device {
         }
         let ctx = shared_context(ordinal)?;
         let copier = ctx.new_stream().call("cuStreamCreate")?;
+        ctx.bind_to_thread().call("cuCtxSetCurrent")?;
+        // SAFETY: a context is current; freed in Drop.
+        let staging = unsafe { result::malloc_host(STAGING_BYTES, 0) }.call("cuMemHostAlloc")? as *mut u8;
         Ok(Device {
             ctx,
             streams: Mutex::new(Vec::new()),
             deferred: Mutex::new((Vec::new(), 0)),
             copier,
+            staging: Mutex::new(Staging(staging)),
         })
     }
 
@@ -389,9 +418,19 @@ impl Device {
     /// `addr..addr+src.len()` is device memory of this device.
     pub(crate) unsafe fn write(&self, addr: u64, src: &[u8]) -> Result<()> {
         self.bind()?;
-        // SAFETY: the caller vouches for the destination range.
-        unsafe { result::memcpy_htod_async(addr, src, self.copier.cu_stream()) }.call("cuMemcpyHtoDAsync")?;
-        self.settle("cuStreamSynchronize (after cuMemcpyHtoDAsync)")
+        let st = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+        for (i, piece) in src.chunks(STAGING_BYTES).enumerate() {
+            // SAFETY: the staging buffer holds STAGING_BYTES >= piece.len()
+            // bytes, used by this copy alone (the lock), and the previous
+            // piece's DMA has landed (settle).
+            let buf = unsafe { std::slice::from_raw_parts_mut(st.0, piece.len()) };
+            buf.copy_from_slice(piece);
+            // SAFETY: the caller vouches for the destination range.
+            unsafe { result::memcpy_htod_async(addr + (i * STAGING_BYTES) as u64, &*buf, self.copier.cu_stream()) }
+                .call("cuMemcpyHtoDAsync")?;
+            self.settle("cuStreamSynchronize (after cuMemcpyHtoDAsync)")?;
+        }
+        Ok(())
     }
 
     /// Copies device bytes at `addr` to the host (synchronous).
@@ -400,9 +439,17 @@ impl Device {
     /// `addr..addr+dst.len()` is device memory of this device.
     pub(crate) unsafe fn read(&self, addr: u64, dst: &mut [u8]) -> Result<()> {
         self.bind()?;
-        // SAFETY: the caller vouches for the source range.
-        unsafe { result::memcpy_dtoh_async(dst, addr, self.copier.cu_stream()) }.call("cuMemcpyDtoHAsync")?;
-        self.settle("cuStreamSynchronize (after cuMemcpyDtoHAsync)")
+        let st = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+        for (i, piece) in dst.chunks_mut(STAGING_BYTES).enumerate() {
+            // SAFETY: as in `write`.
+            let buf = unsafe { std::slice::from_raw_parts_mut(st.0, piece.len()) };
+            // SAFETY: the caller vouches for the source range.
+            unsafe { result::memcpy_dtoh_async(&mut *buf, addr + (i * STAGING_BYTES) as u64, self.copier.cu_stream()) }
+                .call("cuMemcpyDtoHAsync")?;
+            self.settle("cuStreamSynchronize (after cuMemcpyDtoHAsync)")?;
+            piece.copy_from_slice(buf);
+        }
+        Ok(())
     }
 
     /// Loads PTX text into this context.
