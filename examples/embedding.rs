@@ -853,9 +853,14 @@ impl<'c> Exchange<'c> {
     }
 
     /// `steps` training steps with the same ids, each checked with
-    /// [`finish`](Self::finish): the forward into `out` (read back after
-    /// every step: the returned outputs), then the backward of `grad` with
-    /// SGD rate `lr`. Every rank calls it.
+    /// [`finish`](Self::finish): the forward into `out`, then the backward
+    /// of `grad` with SGD rate `lr`, then `out` read back (the returned
+    /// outputs) and a barrier. Every rank calls it. The reads come when no
+    /// kernel of this exchange waits for this rank, and no rank launches
+    /// its next forward before every rank has read: ranks sharing a GPU
+    /// share its hardware work queues, and a host copy queued behind a
+    /// peer's kernel that waits for this rank waits until that kernel's
+    /// budget runs out.
     pub fn train(
         &mut self,
         s: &Stream,
@@ -869,9 +874,10 @@ impl<'c> Exchange<'c> {
         for _ in 0..steps {
             self.forward(s, ids, out)?;
             self.finish(s)?;
-            outs.push(out.to_host()?);
             self.backward(s, grad, lr)?;
             self.finish(s)?;
+            outs.push(out.to_host()?);
+            self.comm.barrier()?;
         }
         Ok(outs)
     }

@@ -331,6 +331,12 @@ fn out_of_range_ids_fail_fast_on_every_rank_with_nothing_written_then_the_next_s
                     note("refused backward done");
                     let still = f.untouched()?;
                     note("output and shard read again");
+                    // Every rank's reads are done before any rank launches
+                    // the next step: ranks sharing a GPU share its hardware
+                    // work queues, and a copy queued behind a peer's kernel
+                    // that waits for this rank's vote waits for it (seen on
+                    // the H200, see the README's limits).
+                    comm.barrier()?;
                     // The protocol is intact: a good step runs and is right.
                     f.x.forward(&f.s, &f.good, &mut f.out)?;
                     note("next forward launched");

@@ -36,9 +36,12 @@ pub fn driver_present() -> bool {
 ///   work queues (8 by default), and work queued behind a spinning kernel
 ///   of another stream in the same queue waits for it — on an H200, a rank's
 ///   host copy waited there for peers' kernels that were waiting for this
-///   rank, until their waits ran out. More queues make such sharing rarer;
-///   the library's host copies also go through a stream of their own, never
-///   the legacy default stream.
+///   rank, until their waits ran out. More queues make such sharing rarer,
+///   not impossible (it was seen again with 32): ranks sharing a GPU should
+///   finish their host copies of a step before any of them launches a
+///   kernel that waits for the others (a barrier). The library's host
+///   copies go through a stream of their own and pinned memory, never the
+///   legacy default stream.
 fn driver_settings() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
@@ -94,12 +97,14 @@ pub(crate) struct Device {
     /// synchronous copies were seen to wait for other ranks' kernels.
     copier: Arc<CudaStream>,
     /// Pinned host memory ([`STAGING_BYTES`], allocated with the handle)
-    /// every host copy goes through, in pieces: a copy between the device
-    /// and pageable memory was seen, on the H200, to wait on the copy
-    /// stream for another rank's spinning kernels (20 s, until their
-    /// waits ran out), and allocating pinned memory on the way is itself
-    /// an implicit device-wide synchronization. A DMA between device and
-    /// pinned memory on a non-blocking stream waits for nothing else.
+    /// every host copy goes through, in pieces: a copy to or from pageable
+    /// memory is staged by the driver, and pinning memory on the way is an
+    /// implicit device-wide synchronization, which would wait for other
+    /// ranks' spinning kernels. A DMA between the device and pinned memory
+    /// on a non-blocking stream is ordered after that stream's work only.
+    /// (It can still queue behind another stream's kernel when both
+    /// streams share one of the GPU's hardware work queues: see
+    /// `driver_settings`.)
     staging: Mutex<Staging>,
 }
 
