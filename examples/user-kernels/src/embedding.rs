@@ -739,9 +739,10 @@ pub const SLICED_LIST_BYTES: u64 = 256 << 10;
 /// Every block's share of every owner's request list (this rank's
 /// `req_out[o]`, `counts[o]` keys, into the owner's `req_in` slot for this
 /// rank): pieces of [`FLOOR_PIECE_BYTES`] dealt round-robin over the grid,
-/// `put_nbi_block`, then `quiet`. Returns an owner whose piece was refused
-/// (`u32::MAX`: none). No signal: the caller sends the verdicts once every
-/// block is done.
+/// `put_nbi_block`, then `quiet` by thread 0. Returns, on thread 0, an
+/// owner whose piece was refused or this rank when the quiet failed
+/// (`u32::MAX`: none; other threads know only of refused puts). No
+/// signal: the caller sends the verdicts once every block is done.
 #[inline(always)]
 unsafe fn send_list_slices<T: Transport>(t: &T, s: &EmbShape, b: &EmbBufs, counts: *const u32, epoch: u64) -> u32 {
     let n = t.world_size();
@@ -771,7 +772,10 @@ unsafe fn send_list_slices<T: Transport>(t: &T, s: &EmbShape, b: &EmbBufs, count
             }
             first += pieces;
         }
-        if t.quiet().is_err() {
+        // The block's puts, then one thread completes them (quiet is a
+        // one-thread call); that thread's answer is the block's.
+        ptx::sync_threads();
+        if ptx::thread_rank_in_block() == 0 && t.quiet().is_err() {
             failed = me as u32;
         }
     }
@@ -1428,7 +1432,7 @@ pub const FLOOR_PIECE_BYTES: u64 = 32768;
 /// `bytes` of its shard (`bytes` a multiple of 16, at most the shard and
 /// one `rows_in` slot, `cap * dim * 4`) into every peer's `rows_in[me]`,
 /// in pieces of [`FLOOR_PIECE_BYTES`] dealt round-robin over (piece, peer)
-/// to the grid's blocks, with `put_nbi_block`, then `quiet`: when the
+/// to the grid's blocks, with `put_nbi_block`, then `quiet` (thread 0): when the
 /// kernel ends its data has arrived. No routing, no signals, no pooling.
 /// A refused put is reported as [`STATUS_TRANSPORT`].
 #[kernel(transports(P2p), launch_bounds(threads = 256, min_blocks = 3))]
@@ -1456,7 +1460,8 @@ pub unsafe fn emb_put_floor<T: Transport>(t: T, s: EmbShape, b: EmbBufs, bytes: 
             }
             p += ptx::grid_dim_x() as u64;
         }
-        if t.quiet().is_err() {
+        ptx::sync_threads();
+        if ptx::thread_rank_in_block() == 0 && t.quiet().is_err() {
             refused = me;
         }
         if refused != u32::MAX {
