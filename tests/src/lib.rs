@@ -42,6 +42,18 @@ pub fn built_ptx(what: &str, ptx: &'static str) -> Option<&'static str> {
     None
 }
 
+/// The examples' PTX and a `ptxas` to compile it with, for a check named
+/// `check`; `None` (said on stderr) when either is missing, so the check
+/// is skipped rather than passed.
+pub fn examples_ptx_and_ptxas(ptx: &'static str, check: &str) -> Option<(&'static str, std::path::PathBuf)> {
+    let ptx = built_ptx("the examples'", ptx)?;
+    let Some(ptxas) = try_find_ptxas() else {
+        eprintln!("ptxas not found (scripts/setup.sh installs it, or set DOORBELL_PTXAS): {check} skipped");
+        return None;
+    };
+    Some((ptx, ptxas))
+}
+
 /// `DOORBELL_PTXAS`, `ptxas` on the `PATH`, or the one in the
 /// `nvidia-cuda-nvcc-cu12` wheel (`scripts/setup.sh` installs it).
 pub fn try_find_ptxas() -> Option<std::path::PathBuf> {

@@ -63,6 +63,37 @@ struct Outcome {
     tables: Vec<f32>,
 }
 
+impl Outcome {
+    /// Every rank's (outputs per step, shard), the shards put back into
+    /// whole tables.
+    fn of(p: &Problem, res: Vec<(Vec<Vec<f32>>, Vec<f32>)>) -> Outcome {
+        let mut tables = vec![0f32; emb::initial_tables(p).len()];
+        for (r, (_, shard)) in res.iter().enumerate() {
+            emb::unshard(p, &mut tables, shard, r as u32);
+        }
+        Outcome {
+            outs: res.into_iter().map(|(o, _)| o).collect(),
+            tables,
+        }
+    }
+
+    /// Every step's forward on every rank and the tables after the last
+    /// step against the sequential reference (SGD rate `lr`, the same ids
+    /// every step); returns the reference tables.
+    fn check(&self, p: &Problem, ids: &[Vec<u32>], lr: f32, what: &str) -> Vec<f32> {
+        let mut tables = emb::initial_tables(p);
+        for step in 0..self.outs.first().map_or(0, Vec::len) {
+            for (r, outs) in self.outs.iter().enumerate() {
+                let want = emb::reference_forward(p, &tables, &ids[r]);
+                assert_close(&outs[step], &want, &format!("{what}, step {step}, rank {r} forward"));
+            }
+            emb::reference_backward(p, &mut tables, ids, lr);
+        }
+        assert_close(&self.tables, &tables, &format!("{what}, tables"));
+        tables
+    }
+}
+
 /// How the ranks send their request lists: from one block per owner, or in
 /// slices from every block (every list, whatever its length).
 #[derive(Clone, Copy, Debug)]
@@ -95,14 +126,7 @@ fn run_over(backend: Backend, p: &Problem, ids: &[Vec<u32>], steps: usize, lr: f
         Ok((outs, x.shard()?))
     })
     .unwrap_or_else(|e| panic!("{backend:?} {transport:?} {lists:?} {p:?}: {e}"));
-    let mut tables = vec![0f32; init.len()];
-    for (r, (_, shard)) in res.iter().enumerate() {
-        emb::unshard(p, &mut tables, shard, r as u32);
-    }
-    Outcome {
-        outs: res.into_iter().map(|(o, _)| o).collect(),
-        tables,
-    }
+    Outcome::of(p, res)
 }
 
 fn assert_close(got: &[f32], want: &[f32], what: &str) {
@@ -131,19 +155,7 @@ fn forward_and_backward_match_the_reference_for_1_to_8_ranks() {
             // Odd rank counts send their lists in slices.
             let lists = if ranks % 2 == 1 { Lists::Sliced } else { Lists::PerOwner };
             let got = run(backend, &p, &ids, steps, lr, lists);
-            let mut tables = emb::initial_tables(&p);
-            for step in 0..steps {
-                for r in 0..ranks as usize {
-                    let want = emb::reference_forward(&p, &tables, &ids[r]);
-                    assert_close(
-                        &got.outs[r][step],
-                        &want,
-                        &format!("{backend:?} {ranks} ranks, step {step}, rank {r} forward"),
-                    );
-                }
-                emb::reference_backward(&p, &mut tables, &ids, lr);
-            }
-            assert_close(&got.tables, &tables, &format!("{backend:?} {ranks} ranks, tables"));
+            let tables = got.check(&p, &ids, lr, &format!("{backend:?} {ranks} ranks"));
             // The tables did change, and a rank's empty bags gave zeros.
             assert_ne!(tables, emb::initial_tables(&p));
             assert!(
@@ -545,15 +557,7 @@ fn forward_and_backward_over_ibgda_on_the_emulator() {
     for (ids, lists) in [(tricky_ids(&p, 7), Lists::PerOwner), (emb::generate_ids(&p, 1.1, 3), Lists::Sliced)] {
         let (steps, lr) = (2, 0.125);
         let got = run_over(Backend::Cpu, &p, &ids, steps, lr, TransportKind::Ibgda, lists);
-        let mut tables = emb::initial_tables(&p);
-        for step in 0..steps {
-            for r in 0..p.ranks as usize {
-                let want = emb::reference_forward(&p, &tables, &ids[r]);
-                assert_close(&got.outs[r][step], &want, &format!("IBGDA, step {step}, rank {r} forward"));
-            }
-            emb::reference_backward(&p, &mut tables, &ids, lr);
-        }
-        assert_close(&got.tables, &tables, "IBGDA, tables");
+        let tables = got.check(&p, &ids, lr, "IBGDA");
         assert_ne!(tables, emb::initial_tables(&p));
     }
     let r = Communicator::local(2, Backend::Cpu, opts(&p, 64), |comm| {
@@ -617,19 +621,7 @@ fn ibgda_with_many_blocks_sharing_small_send_queues() {
             Ok((outs, x.shard()?))
         })
         .unwrap_or_else(|e| panic!("{engine:?}: {e}"));
-        let mut tables = init.clone();
-        for step in 0..steps {
-            for (r, (outs, _)) in res.iter().enumerate() {
-                let want = emb::reference_forward(&p, &tables, &ids[r]);
-                assert_close(&outs[step], &want, &format!("{engine:?}, step {step}, rank {r} forward"));
-            }
-            emb::reference_backward(&p, &mut tables, &ids, lr);
-        }
-        let mut got = vec![0f32; init.len()];
-        for (r, (_, shard)) in res.iter().enumerate() {
-            emb::unshard(&p, &mut got, shard, r as u32);
-        }
-        assert_close(&got, &tables, &format!("{engine:?}, tables"));
+        Outcome::of(&p, res).check(&p, &ids, lr, &format!("{engine:?}"));
     }
 }
 
@@ -677,19 +669,7 @@ fn the_host_driven_baseline_matches_the_reference() {
                 Ok((outs, bl.shard()?))
             })
             .unwrap_or_else(|e| panic!("{backend:?} dim {dim}: {e}"));
-            let mut tables = init.clone();
-            for step in 0..steps {
-                for (r, (outs, _)) in res.iter().enumerate() {
-                    let want = emb::reference_forward(&p, &tables, &ids[r]);
-                    assert_close(&outs[step], &want, &format!("{backend:?} dim {dim}, step {step}, rank {r} forward"));
-                }
-                emb::reference_backward(&p, &mut tables, &ids, lr);
-            }
-            let mut got = vec![0f32; init.len()];
-            for (r, (_, shard)) in res.iter().enumerate() {
-                emb::unshard(&p, &mut got, shard, r as u32);
-            }
-            assert_close(&got, &tables, &format!("{backend:?} dim {dim}, tables"));
+            let tables = Outcome::of(&p, res).check(&p, &ids, lr, &format!("{backend:?} dim {dim}"));
             assert_ne!(tables, init, "the steps changed the tables");
         }
     }

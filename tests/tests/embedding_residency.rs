@@ -12,7 +12,7 @@
 //! sent no rows and counted 127 of the 256 signals the wait expected.
 
 use doorbell_examples::embedding::{fit_grid, grid_request, resident_blocks_per_sm, SmLimits, MAX_BLOCKS_PER_SM};
-use doorbell_tests::{built_ptx, ptxas_registers, try_find_ptxas};
+use doorbell_tests::{examples_ptx_and_ptxas, ptxas_registers};
 
 const H200_SMS: u32 = 132;
 
@@ -60,11 +60,7 @@ fn the_fitted_grid_is_resident_where_the_request_assumed_two_blocks_per_sm() {
 /// per SM where its forward's registers leave room for one.
 #[test]
 fn the_exchange_grid_on_an_h200_is_resident_for_every_transport() {
-    let Some(ptx) = built_ptx("the examples'", doorbell_examples::USER_KERNELS_PTX) else {
-        return;
-    };
-    let Some(ptxas) = try_find_ptxas() else {
-        eprintln!("ptxas not found (scripts/setup.sh installs it, or set DOORBELL_PTXAS): residency check skipped");
+    let Some((ptx, ptxas)) = examples_ptx_and_ptxas(doorbell_examples::USER_KERNELS_PTX, "residency check") else {
         return;
     };
     let transports: [(&str, &[&str], bool); 3] = [

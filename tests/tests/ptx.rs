@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use doorbell_tests::{built_ptx, ptxas_registers, try_find_ptxas};
+use doorbell_tests::{built_ptx, examples_ptx_and_ptxas, ptxas_registers, try_find_ptxas};
 
 /// Every PTX module the workspace builds and embeds.
 fn modules() -> Vec<(&'static str, &'static str)> {
@@ -280,11 +280,7 @@ fn launch_bounds_are_written_into_the_examples_ptx() {
 /// for one block, 64 for two.
 #[test]
 fn launch_bounds_cap_the_registers_ptxas_allocates() {
-    let Some(ptx) = built_ptx("the examples'", doorbell_examples::USER_KERNELS_PTX) else {
-        return;
-    };
-    let Some(ptxas) = try_find_ptxas() else {
-        eprintln!("ptxas not found (scripts/setup.sh installs it, or set DOORBELL_PTXAS): register check skipped");
+    let Some((ptx, ptxas)) = examples_ptx_and_ptxas(doorbell_examples::USER_KERNELS_PTX, "register check") else {
         return;
     };
     let limits = [("fused_grad_allreduce_wide_p2p", 128), ("fused_grad_allreduce_wide2_p2p", 64)];

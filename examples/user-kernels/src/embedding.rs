@@ -599,29 +599,19 @@ unsafe fn copy_rows(dim: usize, count: u32, dst: *mut f32, src: impl Fn(u32) -> 
 }
 
 /// `acc[k] += src[k]` for the `dim` elements of a row (one warp, every
-/// lane calls it): atomic float adds, a lane's four elements loaded at
-/// once when `dim % 4 == 0`.
+/// lane calls it): atomic float adds, a lane's `W` consecutive elements
+/// loaded at once (choose `W` with [`by_row_width`]).
 #[inline(always)]
-unsafe fn add_row(acc: *mut f32, src: *const f32, dim: usize) {
-    let lane = ptx::lane_id() as usize;
-    // SAFETY: two rows of `dim` elements, 16-byte aligned for W = 4 (caller).
+unsafe fn add_row<const W: usize>(acc: *mut f32, src: *const f32, dim: usize) {
+    let mut k = W * ptx::lane_id() as usize;
+    // SAFETY: two rows of `dim` elements, aligned for `W` (caller).
     unsafe {
-        if dim % 4 == 0 {
-            let mut k = 4 * lane;
-            while k < dim {
-                let [x0, x1, x2, x3] = load_w::<4>(src.add(k));
-                ptx::red_add_relaxed_gpu_f32(acc.add(k), x0);
-                ptx::red_add_relaxed_gpu_f32(acc.add(k + 1), x1);
-                ptx::red_add_relaxed_gpu_f32(acc.add(k + 2), x2);
-                ptx::red_add_relaxed_gpu_f32(acc.add(k + 3), x3);
-                k += 128;
+        while k < dim {
+            let v = load_w::<W>(src.add(k));
+            for (i, x) in v.into_iter().enumerate() {
+                ptx::red_add_relaxed_gpu_f32(acc.add(k + i), x);
             }
-        } else {
-            let mut k = lane;
-            while k < dim {
-                ptx::red_add_relaxed_gpu_f32(acc.add(k), *src.add(k));
-                k += 32;
-            }
+            k += 32 * W;
         }
     }
 }
@@ -631,22 +621,10 @@ unsafe fn add_row(acc: *mut f32, src: *const f32, dim: usize) {
 /// element whose sum was taken here gets `row -= lr * sum` (one multiply,
 /// one subtract). Only the elements taken here are written: when a row
 /// is applied from several lists, the second visit takes zeros and leaves
-/// the row alone. A lane has its (up to) four exchanges in flight at once.
+/// the row alone. A lane has its `W` exchanges in flight at once (choose
+/// `W` with [`by_row_width`]).
 #[inline(always)]
-unsafe fn apply_row(acc: *mut f32, row: *mut f32, dim: usize, lr: f32) {
-    // SAFETY: the caller's rows; W = 4 only for dim % 4 == 0.
-    unsafe {
-        if dim % 4 == 0 {
-            apply_row_w::<4>(acc, row, dim, lr)
-        } else {
-            apply_row_w::<1>(acc, row, dim, lr)
-        }
-    }
-}
-
-/// [`apply_row`], a lane taking `W` consecutive elements per pass.
-#[inline(always)]
-unsafe fn apply_row_w<const W: usize>(acc: *mut f32, row: *mut f32, dim: usize, lr: f32) {
+unsafe fn apply_row<const W: usize>(acc: *mut f32, row: *mut f32, dim: usize, lr: f32) {
     let acc = acc as *mut u32;
     let mut k = W * ptx::lane_id() as usize;
     // SAFETY: two rows of `dim` elements (caller).
@@ -667,18 +645,17 @@ unsafe fn apply_row_w<const W: usize>(acc: *mut f32, row: *mut f32, dim: usize, 
     }
 }
 
-/// [`pool_bag`] with 16-byte loads when every row allows them.
-#[inline(always)]
-unsafe fn pool_bag_any(dim: usize, pooling: usize, dst: *mut f32, look: impl Fn(usize) -> Look) -> bool {
-    // SAFETY: the caller's contract, and W = 4 only for dim % 4 == 0
-    // (rows and `dst` start 16-byte aligned: buffers are, rows are whole).
-    unsafe {
-        if dim % 4 == 0 {
-            pool_bag::<4>(dim, pooling, dst, look)
+/// `$f::<4>(args)` when rows allow 16-byte accesses (`dim % 4 == 0`:
+/// the buffers start 16-byte aligned and rows are whole), else
+/// `$f::<1>(args)`: the row helpers' element width per lane.
+macro_rules! by_row_width {
+    ($dim:expr, $f:ident($($a:expr),* $(,)?)) => {
+        if $dim % 4 == 0 {
+            $f::<4>($($a),*)
         } else {
-            pool_bag::<1>(dim, pooling, dst, look)
+            $f::<1>($($a),*)
         }
-    }
+    };
 }
 
 /// One grid-wide warp index and the number of warps of the grid.
@@ -1163,15 +1140,18 @@ pub unsafe fn emb_forward<T: Transport>(
                 let sample = w / s.tables;
                 let table = w % s.tables;
                 let bag = (table as u64 * per_table + sample as u64 * s.pooling as u64) as usize;
-                pool_bag_any(dim, s.pooling as usize, out.add(w as usize * dim), |p| {
-                    let id = *ids.add(bag + p);
-                    if id == PAD {
-                        return Look::Pad;
-                    }
-                    let slot = *b.slot_of.add(bag + p) & !FIRST;
-                    let u = *b.vals.add(slot as usize) as usize;
-                    Look::Row(b.rows_in.add(((id % n) as usize * cap + u) * dim))
-                });
+                by_row_width!(
+                    dim,
+                    pool_bag(dim, s.pooling as usize, out.add(w as usize * dim), |p| {
+                        let id = *ids.add(bag + p);
+                        if id == PAD {
+                            return Look::Pad;
+                        }
+                        let slot = *b.slot_of.add(bag + p) & !FIRST;
+                        let u = *b.vals.add(slot as usize) as usize;
+                        Look::Row(b.rows_in.add(((id % n) as usize * cap + u) * dim))
+                    })
+                );
                 w += warps;
             }
             stamp(b.stamps, 5);
@@ -1346,7 +1326,7 @@ pub unsafe fn emb_backward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, grad: *c
                 let (table, id) = ((key >> 32) as u32, key as u32);
                 if table < s.tables && id < s.rows && id % n == me {
                     let acc = b.gacc.add((table as usize * s.shard_rows as usize + (id / n) as usize) * dim);
-                    add_row(acc, from.add((r * cap + u as usize) * dim), dim);
+                    by_row_width!(dim, add_row(acc, from.add((r * cap + u as usize) * dim), dim));
                 }
                 u += warps;
             }
@@ -1365,7 +1345,7 @@ pub unsafe fn emb_backward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, grad: *c
                 let (table, id) = ((key >> 32) as u32, key as u32);
                 if table < s.tables && id < s.rows && id % n == me {
                     let off = (table as usize * s.shard_rows as usize + (id / n) as usize) * dim;
-                    apply_row(b.gacc.add(off), b.tables.add(off), dim, lr);
+                    by_row_width!(dim, apply_row(b.gacc.add(off), b.tables.add(off), dim, lr));
                 }
                 u += warps;
             }
@@ -1400,24 +1380,27 @@ pub unsafe fn emb_forward_pull<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids:
             let sample = w / s.tables;
             let table = w % s.tables;
             let bag = (table as u64 * per_table + sample as u64 * s.pooling as u64) as usize;
-            pool_bag_any(dim, s.pooling as usize, out.add(w as usize * dim), |p| {
-                let id = *ids.add(bag + p);
-                if id == PAD {
-                    return Look::Pad;
-                }
-                if id >= s.rows {
-                    set_status(b.status, STATUS_BAD_ID, table, sample, p as u32, id);
-                    return Look::Bad;
-                }
-                let local = b.tables.add((table as usize * s.shard_rows as usize + (id / n) as usize) * dim);
-                match t.peer_ptr(local as *const f32, id % n) {
-                    Some(row) => Look::Row(row),
-                    None => {
-                        set_status(b.status, STATUS_NO_PEER_PTR, id % n, 0, 0, 0);
-                        Look::Bad
+            by_row_width!(
+                dim,
+                pool_bag(dim, s.pooling as usize, out.add(w as usize * dim), |p| {
+                    let id = *ids.add(bag + p);
+                    if id == PAD {
+                        return Look::Pad;
                     }
-                }
-            });
+                    if id >= s.rows {
+                        set_status(b.status, STATUS_BAD_ID, table, sample, p as u32, id);
+                        return Look::Bad;
+                    }
+                    let local = b.tables.add((table as usize * s.shard_rows as usize + (id / n) as usize) * dim);
+                    match t.peer_ptr(local as *const f32, id % n) {
+                        Some(row) => Look::Row(row),
+                        None => {
+                            set_status(b.status, STATUS_NO_PEER_PTR, id % n, 0, 0, 0);
+                            Look::Bad
+                        }
+                    }
+                })
+            );
             w += warps;
         }
     }
@@ -1563,13 +1546,16 @@ pub unsafe fn emb_bl_pool(s: EmbShape, ids: *const u32, pos: *const u32, rows: *
         let bag = ((w % s.tables) as u64 * per_table + (w / s.tables) as u64 * s.pooling as u64) as usize;
         // SAFETY: sizes as documented.
         unsafe {
-            pool_bag_any(dim, s.pooling as usize, out.add(w as usize * dim), |p| {
-                if *ids.add(bag + p) < s.rows {
-                    Look::Row(rows.add(*pos.add(bag + p) as usize * dim))
-                } else {
-                    Look::Pad
-                }
-            });
+            by_row_width!(
+                dim,
+                pool_bag(dim, s.pooling as usize, out.add(w as usize * dim), |p| {
+                    if *ids.add(bag + p) < s.rows {
+                        Look::Row(rows.add(*pos.add(bag + p) as usize * dim))
+                    } else {
+                        Look::Pad
+                    }
+                })
+            );
         }
         w += warps;
     }
@@ -1614,7 +1600,7 @@ pub unsafe fn emb_bl_accumulate(s: EmbShape, world: u32, keys: *const u64, count
             let key = *keys.add(j as usize);
             let (table, id) = ((key >> 32) as usize, key as u32);
             let acc = gacc.add((table * s.shard_rows as usize + (id / world) as usize) * dim);
-            add_row(acc, grads.add(j as usize * dim), dim);
+            by_row_width!(dim, add_row(acc, grads.add(j as usize * dim), dim));
         }
         j += warps;
     }
@@ -1633,7 +1619,7 @@ pub unsafe fn emb_bl_apply(s: EmbShape, world: u32, keys: *const u64, count: u32
             let key = *keys.add(j as usize);
             let (table, id) = ((key >> 32) as usize, key as u32);
             let off = (table * s.shard_rows as usize + (id / world) as usize) * dim;
-            apply_row(gacc.add(off), tables.add(off), dim, lr);
+            by_row_width!(dim, apply_row(gacc.add(off), tables.add(off), dim, lr));
         }
         j += warps;
     }
