@@ -90,6 +90,15 @@ impl TransportArg {
     }
 }
 
+/// Programmatic dependent launch of the plain all-reduces.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum OverlapArg {
+    /// On when every rank has a GPU of its own
+    Auto,
+    On,
+    Off,
+}
+
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 enum AlgoArg {
     Auto,
@@ -154,6 +163,9 @@ struct Args {
     /// Time the benchmark as CUDA-graph replays (ours and NCCL's alike) instead of a host loop
     #[arg(long)]
     graph: bool,
+    /// Launch each plain all-reduce to overlap the kernel before it on the stream (programmatic dependent launch)
+    #[arg(long = "launch-overlap", value_enum, default_value_t = OverlapArg::Auto)]
+    launch_overlap: OverlapArg,
     /// Directory for the benchmark's JSON and plots
     #[arg(long, value_name = "DIR", default_value = ".")]
     out: PathBuf,
@@ -171,6 +183,13 @@ impl Args {
             Compute::None => 0,
             Compute::Hash => COMPUTE_HASH,
             Compute::Gemv => COMPUTE_GEMV,
+        }
+    }
+    fn overlap_launch(&self) -> Option<bool> {
+        match self.launch_overlap {
+            OverlapArg::Auto => None,
+            OverlapArg::On => Some(true),
+            OverlapArg::Off => Some(false),
         }
     }
     fn algo(&self) -> Option<Algo> {
@@ -230,6 +249,7 @@ fn run(args: &Args) -> Result<(), BoxError> {
         transport: args.transport.kind(),
         // A producer computes in the all-reduce's blocks: the whole GPU.
         fused: args.compute != Compute::None,
+        overlap_launch: args.overlap_launch(),
         ..Default::default()
     };
     // Bad combinations (--algo one-shot with one rank or over IBGDA, ...)
@@ -464,6 +484,11 @@ fn bench(args: &Args, backend: doorbell::Backend, opts: CommOptions, topo: (bool
         Ok(n) => notes.push(format!("NCCL {} from {}", n.version, n.path)),
         Err(e) => notes.push(format!("NCCL column skipped: {e}")),
     }
+    let overlap = args.overlap_launch().unwrap_or(gpu && per_gpu <= 1);
+    notes.push(format!(
+        "launch overlap (programmatic dependent launch) of our plain all-reduces: {}",
+        if overlap && gpu { "on" } else { "off" }
+    ));
     for n in &notes {
         eprintln!("note: {n}");
     }
@@ -631,7 +656,7 @@ fn bench_size(
     let share = sms / per_gpu.max(1);
     let mut variants: Vec<(u64, Width, AllReduceOptions)> = chunks
         .iter()
-        .flat_map(|&c| widths.iter().map(move |&w| (c, w, fused_opts(c, w, share))))
+        .flat_map(|&c| widths.iter().map(move |&w| (c, w, fused_opts(c, w, share, args.overlap_launch()))))
         .collect();
     variants.retain(|(_, _, o)| plan(o.clone(), count).is_ok_and(|p| p.heap_bytes() <= RING_BUDGET / per_gpu.max(1) as u64));
     let mut heap = 1 << 20;
@@ -640,6 +665,7 @@ fn bench_size(
     }
     let plain = AllReduceOptions {
         algo: args.algo(),
+        overlap_launch: args.overlap_launch(),
         ..Default::default()
     };
     heap += plan(plain, count)?.heap_bytes();
@@ -682,7 +708,7 @@ impl Width {
 }
 
 /// A fused variant's plan; `share` is the rank's SMs.
-fn fused_opts(chunk: u64, width: Width, share: usize) -> AllReduceOptions {
+fn fused_opts(chunk: u64, width: Width, share: usize, overlap_launch: Option<bool>) -> AllReduceOptions {
     let (threads, blocks) = match width {
         Width::Default => (None, None),
         Width::Full => (Some(256), None),
@@ -692,6 +718,7 @@ fn fused_opts(chunk: u64, width: Width, share: usize) -> AllReduceOptions {
     AllReduceOptions {
         chunk_bytes: Some(chunk),
         fused: true,
+        overlap_launch,
         threads,
         blocks,
         ..Default::default()
@@ -870,10 +897,14 @@ fn bench_rank<T: Elem>(
         measure("fused", c, &label, Some(&out), &mut run)?;
     }
     // (b) CPU-driven: one producer launch and one all-reduce launch per chunk.
-    let full = AllReduce::new(comm, per_chunk.min(count), dtype)?;
+    let chunk_opts = AllReduceOptions {
+        overlap_launch: args.overlap_launch(),
+        ..Default::default()
+    };
+    let full = AllReduce::with_options(comm, per_chunk.min(count), dtype, &chunk_opts)?;
     let tail_len = count % per_chunk;
     let tail = if tail_len != 0 && count > per_chunk {
-        Some(AllReduce::new(comm, tail_len, dtype)?)
+        Some(AllReduce::with_options(comm, tail_len, dtype, &chunk_opts)?)
     } else {
         None
     };
@@ -907,6 +938,7 @@ fn bench_rank<T: Elem>(
     // (c) unfused: the producer, then the all-reduce (`--algo`, else by size).
     let plain = AllReduceOptions {
         algo: args.algo(),
+        overlap_launch: args.overlap_launch(),
         ..Default::default()
     };
     let ar = AllReduce::with_options(comm, count, dtype, &plain)?;

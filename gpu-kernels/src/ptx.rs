@@ -586,6 +586,40 @@ pub fn trap() -> ! {
 }
 
 // ---------------------------------------------------------------------------
+// Programmatic dependent launch
+// ---------------------------------------------------------------------------
+
+/// `griddepcontrol.wait`: waits until the grids this launch depends on
+/// have completed and their memory operations are visible to it. Only a
+/// kernel launched to overlap the previous kernel on its stream (the
+/// host's `LaunchConfig::overlap_previous`) has such grids; everywhere else
+/// it returns at once. Such a kernel calls it before it reads or writes
+/// anything the previous kernel may touch. On the emulator, where a
+/// stream's launches never overlap: nothing.
+#[inline(always)]
+pub fn wait_prior_grids() {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: a wait that orders memory (no `nomem`).
+    unsafe {
+        asm!("griddepcontrol.wait;", options(nostack))
+    };
+}
+
+/// `griddepcontrol.launch_dependents`: lets the next kernel on the stream,
+/// when it was launched to overlap this one, start launching before this
+/// grid ends (it still waits in [`wait_prior_grids`] for this grid to
+/// complete). Takes effect once every block has called it or exited. A
+/// hint with no memory effect; on the emulator: nothing.
+#[inline(always)]
+pub fn allow_dependent_launch() {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: no memory effects.
+    unsafe {
+        asm!("griddepcontrol.launch_dependents;", options(nostack))
+    };
+}
+
+// ---------------------------------------------------------------------------
 // Dynamic shared memory
 // ---------------------------------------------------------------------------
 

@@ -25,6 +25,16 @@ pub struct LaunchConfig {
     pub block: (u32, u32, u32),
     /// Dynamic shared memory per block, in bytes.
     pub shared_mem_bytes: u32,
+    /// Programmatic dependent launch: the kernel may start while the
+    /// previous kernel on the stream is still running (its launch overlaps
+    /// that kernel's tail; on a GPU, `cuLaunchKernelEx` with programmatic
+    /// stream serialization). The kernel must call
+    /// `doorbell_kernels::ptx::wait_prior_grids` before it touches anything
+    /// the previous kernel reads or writes; the previous kernel lets it
+    /// start early with `ptx::allow_dependent_launch` (else it starts when
+    /// that kernel ends, as usual). Ignored on the emulator, whose launches
+    /// never overlap.
+    pub overlap_previous: bool,
 }
 
 impl LaunchConfig {
@@ -34,12 +44,20 @@ impl LaunchConfig {
             grid: (blocks, 1, 1),
             block: (threads, 1, 1),
             shared_mem_bytes: 0,
+            overlap_previous: false,
         }
     }
 
     /// With `bytes` of dynamic shared memory per block.
     pub fn with_shared_mem(mut self, bytes: u32) -> Self {
         self.shared_mem_bytes = bytes;
+        self
+    }
+
+    /// Launched to overlap the previous kernel on the stream (see
+    /// [`LaunchConfig::overlap_previous`]).
+    pub fn with_overlap_previous(mut self, on: bool) -> Self {
+        self.overlap_previous = on;
         self
     }
 
@@ -108,7 +126,7 @@ impl Stream {
             ));
         }
         // SAFETY: `f` is K's handle, and the caller accepted K's contract.
-        unsafe { self.inner.launch::<K>(&f.inner, cfg.grid, cfg.block, cfg.shared_mem_bytes, args) }
+        unsafe { self.inner.launch::<K>(&f.inner, &cfg, args) }
     }
 
     /// Waits for everything enqueued so far; returns the first error any of it hit.

@@ -328,6 +328,56 @@ fn fused_all_reduce_with_producers() {
     }
 }
 
+/// Launches that overlap their predecessors (programmatic dependent launch,
+/// forced on) each read what the one before wrote: six in-place
+/// all-reduces queued back to back with no host wait between, every
+/// algorithm. A launch that read its input (or its epoch word) before its
+/// predecessor finished would sum a stale vector. The emulator never
+/// overlaps launches: there this checks the chain only.
+#[test]
+fn chained_launches_that_overlap_their_predecessors() {
+    let (ranks, elems) = (2usize, 5000usize);
+    for backend in backends() {
+        for algo in [Algo::Ll, Algo::OneShot, Algo::TwoShot, Algo::Pipelined] {
+            Communicator::local(ranks, backend, opts(), |comm| {
+                let ar = AllReduce::with_options(
+                    comm,
+                    elems,
+                    DType::F32,
+                    &AllReduceOptions {
+                        algo: Some(algo),
+                        chunk_bytes: Some(4096),
+                        overlap_launch: Some(true),
+                        ..Default::default()
+                    },
+                )?;
+                assert!(ar.plan_of().launch_config().overlap_previous, "the plan overlaps its launches");
+                let dev = comm.device();
+                let s = dev.new_stream()?;
+                let mut want: Vec<Vec<f32>> = (0..ranks)
+                    .map(|r| (0..elems).map(|i| ((r * 131 + i * 31) % 17) as f32 - 8.0).collect())
+                    .collect();
+                let mut buf = dev.alloc_from(&want[comm.rank()])?;
+                for _ in 0..6 {
+                    ar.run_in_place(&s, &mut buf)?;
+                    let sum = allreduce_sum(&want);
+                    want = vec![sum; ranks];
+                }
+                comm.synchronize(&s)?;
+                assert_eq!(
+                    first_mismatch(&buf.to_host()?, &want[0]),
+                    None,
+                    "{}, rank {}",
+                    algo.name(),
+                    comm.rank()
+                );
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("{backend:?}, {}: {e}", algo.name()));
+        }
+    }
+}
+
 /// The arguments of one `fused_args` call serve every later launch into
 /// the same output, as a launch captured in a CUDA graph and replayed does:
 /// the blocks count their epochs on the device. Each launch's gradient

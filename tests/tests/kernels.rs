@@ -120,7 +120,7 @@ fn thread_block_grid_indices_and_lanes_match_cuda_numbering() {
     let cfg = LaunchConfig {
         grid: (2, 3, 1),
         block: (8, 4, 2),
-        shared_mem_bytes: 0,
+        ..LaunchConfig::linear(1, 1)
     };
     let threads = 2 * 3 * 8 * 4 * 2;
     for dev in backends() {

@@ -799,8 +799,17 @@ fn check<T: Transport>(t: &T, a: &AllReduceArgs) {
 /// input and output hold `elems` elements), and every rank launches it
 /// the same number of times (each block counts its epochs; after a failed
 /// launch the counts of a rank's blocks may differ: rebuild the buffers).
+///
+/// A launch may overlap the kernel before it on the stream (the host's
+/// `AllReduceOptions::overlap_launch`): it waits for that kernel first
+/// ([`ptx::wait_prior_grids`]), then lets the next all-reduce launch
+/// early — a small all-reduce costs one launch gap less.
 #[inline(always)]
 pub unsafe fn run<T: Transport>(t: &T, a: &AllReduceArgs) -> Result<(), Failed> {
+    // Before anything the previous kernel writes: the input, the epoch
+    // word, the staging.
+    ptx::wait_prior_grids();
+    ptx::allow_dependent_launch();
     let e = a.elem_bytes();
     let copy_input = |c: Chunk| {
         let (me, n) = Coop::Block.index_and_size();

@@ -11,6 +11,7 @@ use doorbell_kernels::KernelArgs;
 
 use super::FunctionAttributes;
 use crate::error::{CudaCall, Error, Result};
+use crate::stream::LaunchConfig;
 
 /// Number of CUDA GPUs; 0 when no driver is present (never panics).
 pub fn gpu_count() -> usize {
@@ -675,21 +676,52 @@ impl Stream {
     /// `f` is the entry point whose parameters `A` describes (the `#[kernel]`
     /// macro derived both from one signature), and the values satisfy the
     /// kernel's contract.
-    pub(crate) unsafe fn launch<A: KernelArgs>(
-        &self,
-        f: &Function,
-        grid: (u32, u32, u32),
-        block: (u32, u32, u32),
-        shared_mem_bytes: u32,
-        args: A,
-    ) -> Result<()> {
+    pub(crate) unsafe fn launch<A: KernelArgs>(&self, f: &Function, cfg: &LaunchConfig, args: A) -> Result<()> {
         self.0.context().bind_to_thread().call("cuCtxSetCurrent")?;
         let mut args = args;
         let mut params = args.param_ptrs();
-        // SAFETY: `params` points at the fields of `args`, matching the entry
-        // point's parameters (the #[kernel] macro derived both from one
-        // signature); the caller vouches for their values.
-        unsafe { result::launch_kernel(f.f, grid, block, shared_mem_bytes, self.0.cu_stream(), &mut params) }.call("cuLaunchKernel")
+        let (grid, block) = (cfg.grid, cfg.block);
+        if !cfg.overlap_previous {
+            // SAFETY: `params` points at the fields of `args`, matching the
+            // entry point's parameters (the #[kernel] macro derived both from
+            // one signature); the caller vouches for their values.
+            return unsafe { result::launch_kernel(f.f, grid, block, cfg.shared_mem_bytes, self.0.cu_stream(), &mut params) }
+                .call("cuLaunchKernel");
+        }
+        // Programmatic stream serialization: the kernel may begin while the
+        // previous one on the stream runs; it waits for it in
+        // `griddepcontrol.wait` (`ptx::wait_prior_grids`).
+        // SAFETY: a plain C union of integers; zero is a valid value.
+        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+        value.programmaticStreamSerializationAllowed = 1;
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value,
+        };
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block.0,
+            blockDimY: block.1,
+            blockDimZ: block.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.0.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: as above; `config` and `attr` outlive the call.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                f.f,
+                params.as_mut_ptr() as *mut *mut std::ffi::c_void,
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .call("cuLaunchKernelEx")
     }
 
     pub(crate) fn synchronize(&self) -> Result<()> {

@@ -26,6 +26,7 @@ use cudarc::driver::{CudaContext, CudaStream};
 use doorbell_kernels::Kernel;
 
 use crate::error::{Error, Result};
+use crate::stream::LaunchConfig;
 
 pub(crate) mod cuda;
 pub(crate) mod emu;
@@ -321,20 +322,13 @@ impl StreamBackend {
     /// `f` is `K`'s entry point and the arguments satisfy the kernel's
     /// contract (valid device pointers of the sizes it reads and writes,
     /// alive until the launch completes).
-    pub(crate) unsafe fn launch<K: Kernel>(
-        &self,
-        f: &FunctionBackend,
-        grid: (u32, u32, u32),
-        block: (u32, u32, u32),
-        shared_mem_bytes: u32,
-        args: K::Args,
-    ) -> Result<()> {
+    pub(crate) unsafe fn launch<K: Kernel>(&self, f: &FunctionBackend, cfg: &LaunchConfig, args: K::Args) -> Result<()> {
         match (self, f) {
             // SAFETY: `f` is K's entry point and K::Args its parameters; the
             // caller vouches for their values.
-            (StreamBackend::Cuda(s), FunctionBackend::Cuda(f)) => unsafe { s.launch(f, grid, block, shared_mem_bytes, args) },
+            (StreamBackend::Cuda(s), FunctionBackend::Cuda(f)) => unsafe { s.launch(f, cfg, args) },
             // SAFETY: the caller vouches for the arguments.
-            (StreamBackend::Emu(s), FunctionBackend::Emu) => unsafe { s.launch::<K>(grid, block, shared_mem_bytes, args) },
+            (StreamBackend::Emu(s), FunctionBackend::Emu) => unsafe { s.launch::<K>(cfg.grid, cfg.block, cfg.shared_mem_bytes, args) },
             _ => Err(Error::DeviceMismatch("kernel and stream belong to different backends")),
         }
     }

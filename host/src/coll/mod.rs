@@ -127,9 +127,11 @@ pub const LL_MAX_BYTES: u64 = 1 << 20;
 /// `4 * world * bytes`: two parities of a packet slot per rank): with 8
 /// ranks, LL stops at 512 KiB.
 pub const LL_MAX_SCRATCH: u64 = 16 << 20;
-/// LL: data bytes per block of a plain launch (two 4-byte packets per
-/// thread of 256: each thread's polls overlap the packets' trip).
-const LL_BYTES_PER_BLOCK: u64 = 2 << 10;
+/// LL: data bytes per block of a plain launch: one 4-byte packet per
+/// thread of 256. A thread's polls of its packets run one after another;
+/// with two packets per thread, 2 KiB on one block took 3.22 µs on two
+/// H200s where 1 KiB took 2.56 and 2 KiB spread over every SM 2.82.
+const LL_BYTES_PER_BLOCK: u64 = 1 << 10;
 /// Default bytes per signalled chunk of one-shot / two-shot.
 pub const DEFAULT_CHUNK_BYTES: u64 = 1 << 20;
 /// Default bytes per chunk of the pipelined (and fused) all-reduce.
@@ -137,12 +139,14 @@ pub const DEFAULT_PIPELINE_CHUNK_BYTES: u64 = 64 << 10;
 /// Default stages per pipeline ring.
 pub const DEFAULT_STAGES: u32 = 4;
 
-/// Most blocks per rank when several ranks share a GPU: the grids run there
-/// with every test passing (3 ranks x 32, 8 x 16 blocks on 132 SMs). One
-/// block per SM split over the ranks (3 x 44) failed its fused tests in one
-/// run, where the likelier cause was the driver's first-load compile of the
-/// module outlasting the peers' waits (see `Communicator::load_module`);
-/// the cap stays until a run shows the full share works.
+/// Most blocks per rank when several ranks share a GPU; and all ranks'
+/// grids together take at most half of its SMs. Every block of every rank
+/// must be resident at once, and near-full grids were fragile on the H200:
+/// one block per SM split over the ranks (3 x 44 of 132 SMs) failed its
+/// fused tests in one run, and 4 ranks x 32 blocks (128 SMs) had a rank's
+/// first launch of a plan never start within the peers' 10 s waits in the
+/// benchmark (3 x 32 and 8 x 16 passed every test). The half leaves room
+/// for anything else the GPU runs.
 pub const MAX_BLOCKS_SHARED_GPU: u32 = 32;
 
 /// The device transport a collective's kernel runs over.
@@ -187,8 +191,9 @@ pub struct AllReduceOptions {
     /// [`DEFAULT_CHUNK_BYTES`], pipelined [`DEFAULT_PIPELINE_CHUNK_BYTES`]).
     pub chunk_bytes: Option<u64>,
     /// Blocks per rank (default: by size — a chunk (pipelined) or 64 KiB
-    /// per block — up to one per SM of the rank's share of its GPU; 2 on the
-    /// emulator).
+    /// per block — up to one per SM of the rank's GPU; when ranks share a
+    /// GPU, all ranks' grids together up to half its SMs, at most
+    /// [`MAX_BLOCKS_SHARED_GPU`] per rank; 2 on the emulator).
     pub blocks: Option<u32>,
     /// Threads per block, a multiple of 32 (default 256 on a GPU — any
     /// kernel fits 256 threads, whatever its register count — and 64 on the
@@ -197,10 +202,19 @@ pub struct AllReduceOptions {
     /// Stages per pipeline ring (default [`DEFAULT_STAGES`]).
     pub stages: Option<u32>,
     /// Plan for a fused kernel ([`AllReduce::fused_args`]): by default the
-    /// grid is one block per SM of the rank's share of its GPU whatever
+    /// grid is the most blocks the rank may have ([`Self::blocks`]) whatever
     /// the size — the producer computes in the all-reduce's blocks and
     /// needs the whole GPU — where a plain all-reduce sizes it by bytes.
     pub fused: bool,
+    /// Launch each all-reduce to overlap the tail of the kernel before it on
+    /// the stream (programmatic dependent launch,
+    /// [`crate::LaunchConfig::overlap_previous`]): the kernel waits for that
+    /// kernel on the device instead of being launched after it, and lets
+    /// the next one launch early. Default: on when the rank has its GPU to
+    /// itself, off when ranks share one (a kernel launched early holds SMs
+    /// while it waits, which a peer's all-reduce may need) and on the
+    /// emulator. Plain launches only: a fused kernel is yours to launch.
+    pub overlap_launch: Option<bool>,
 }
 
 fn invalid(reason: impl Into<String>) -> Error {
@@ -218,6 +232,9 @@ pub struct Plan {
     pub args: AllReduceArgs,
     /// Threads per block.
     pub threads: u32,
+    /// Plain launches overlap the previous kernel on the stream
+    /// ([`AllReduceOptions::overlap_launch`]).
+    pub overlap: bool,
 }
 
 impl Plan {
@@ -282,13 +299,12 @@ impl Plan {
         let max_blocks = if gpu {
             // Every block of every rank must be resident at once: at most
             // one per SM of this rank's share (the kernel's registers allow
-            // one block of the default 256 threads per SM), and at most
-            // MAX_BLOCKS_SHARED_GPU when ranks share the GPU.
-            let share = (sms / ranks_per_gpu.max(1)).max(1);
+            // one block of the default 256 threads per SM); when ranks share
+            // the GPU, half of that and at most MAX_BLOCKS_SHARED_GPU.
             if ranks_per_gpu > 1 {
-                share.min(MAX_BLOCKS_SHARED_GPU as usize) as u64
+                (sms / 2 / ranks_per_gpu).clamp(1, MAX_BLOCKS_SHARED_GPU as usize) as u64
             } else {
-                share as u64
+                sms.max(1) as u64
             }
         } else {
             2
@@ -321,7 +337,8 @@ impl Plan {
             world: world as u32,
             _pad: 0,
         };
-        Ok(Plan { args, threads })
+        let overlap = opts.overlap_launch.unwrap_or(gpu && ranks_per_gpu <= 1);
+        Ok(Plan { args, threads, overlap })
     }
 
     /// Symmetric bytes the plan allocates per rank (scratch and signals,
@@ -338,7 +355,7 @@ impl Plan {
 
     /// The grid and block of a launch.
     pub fn launch_config(&self) -> LaunchConfig {
-        LaunchConfig::linear(self.args.blocks, self.threads)
+        LaunchConfig::linear(self.args.blocks, self.threads).with_overlap_previous(self.overlap)
     }
 }
 
@@ -626,6 +643,11 @@ impl<'c> AllReduce<'c> {
         if self.elems() == 0 {
             return Ok(None);
         }
-        Ok(Some((self.next_args(0, output), self.plan.launch_config())))
+        // The user's kernel may read what earlier kernels wrote before it
+        // calls `fused`: launched after them, as usual.
+        Ok(Some((
+            self.next_args(0, output),
+            self.plan.launch_config().with_overlap_previous(false),
+        )))
     }
 }

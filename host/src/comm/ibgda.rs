@@ -1568,9 +1568,7 @@ impl Communicator {
         unsafe {
             engine.stream.as_ref().expect("set above").launch::<softnic_engine>(
                 &function,
-                (1, 1, 1),
-                (threads, 1, 1),
-                SHARED_BYTES,
+                &crate::LaunchConfig::linear(1, threads).with_shared_mem(SHARED_BYTES),
                 (engine.ctl.as_raw() as *mut EngineCtl,),
             )?
         };
