@@ -183,6 +183,9 @@ pub struct Communicator {
     next: Mutex<(u64, u64)>,
     budget_ns: u64,
     same_gpu: bool,
+    /// The most ranks of this world on one GPU (every rank computes the
+    /// same number from the gathered device ids).
+    ranks_per_gpu: usize,
     /// The first device-side failure this rank saw: its drop then aborts
     /// the world instead of waiting for every rank.
     failure: Mutex<Option<String>>,
@@ -352,6 +355,14 @@ impl Communicator {
         }
         let peer_table = device.alloc_from(&bases)?;
         let same_gpu = device.is_gpu() && !me.uuid.is_empty() && ids.iter().all(|i| i.uuid == me.uuid);
+        let ranks_per_gpu = if device.is_gpu() {
+            ids.iter()
+                .map(|i| ids.iter().filter(|j| j.uuid == i.uuid).count())
+                .max()
+                .unwrap_or(1)
+        } else {
+            size
+        };
         Ok(Communicator {
             world,
             device,
@@ -366,6 +377,7 @@ impl Communicator {
             failure: Mutex::new(None),
             budget_ns: opts.wait_timeout.as_nanos().min(u64::MAX as u128) as u64,
             same_gpu,
+            ranks_per_gpu,
             ibgda: Mutex::new(None),
             library: std::sync::OnceLock::new(),
             _mappings: mappings,
@@ -442,6 +454,13 @@ impl Communicator {
     pub fn heap_bytes(&self) -> u64 {
         self.heap_len
     }
+    /// The most ranks of this world that share one GPU (1 when every rank
+    /// has its own; the world's size on the emulator). The same on every
+    /// rank, so plans made from it agree.
+    pub fn ranks_per_gpu(&self) -> usize {
+        self.ranks_per_gpu
+    }
+
     /// How each peer is reached.
     pub fn describe_peers(&self) -> &[PeerRoute] {
         &self.routes
