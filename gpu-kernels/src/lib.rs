@@ -46,7 +46,7 @@
 
 extern crate self as doorbell_kernels;
 
-pub use doorbell_macros::{descriptor, kernel};
+pub use doorbell_macros::{descriptor, kernel, pipeline};
 
 // The collectives hold the library's only kernel entry points
 // (`allreduce_*`); a PTX module of another crate leaves the entries out with

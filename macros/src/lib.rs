@@ -6,6 +6,8 @@
 //!   arguments.
 //! * [`macro@descriptor`] declares a NIC descriptor layout (mlx5 WQE
 //!   segments, CQEs) and generates host encoders/decoders and device builders.
+//! * [`macro@pipeline`] writes a block's loop over chunks as produce → hand
+//!   off → send (or wait → consume → release) on a credit ring.
 //!
 //! Each macro is split into `parse` → `validate` → `generate`; errors point at
 //! the offending token, several are reported at once, and the original item is
@@ -15,6 +17,7 @@ use proc_macro::TokenStream;
 
 mod descriptor;
 mod kernel;
+mod pipeline;
 
 /// Declares a kernel.
 ///
@@ -108,4 +111,65 @@ pub fn kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
 #[proc_macro_attribute]
 pub fn descriptor(attr: TokenStream, item: TokenStream) -> TokenStream {
     descriptor::expand(attr.into(), item.into()).into()
+}
+
+/// A block's loop over its chunks of a credit ring
+/// (`doorbell_kernels::pipeline::RingSet`), as **produce → hand off →
+/// send** on the producer and **wait → consume → release** on the
+/// consumer; the credits, the per-chunk signal and the ordering are
+/// generated. An expression of type
+/// `Result<(), doorbell_kernels::pipeline::Failed>` (`Err` when a transport
+/// call failed; the transport recorded why for the host).
+///
+/// ```ignore
+/// // Producer: chunk j of this block (elements first..first + len) is
+/// // computed into `buf` (the outbox), then sent to rank `next`.
+/// let sent = doorbell_kernels::pipeline!(unsafe send {
+///     transport: t, ring: ring, ctl: ctl, chunks: chunks,
+///     first_seq: launch * chunks.count(), to: next, outbox: outbox, elem: f32,
+/// } |first, len, buf| {
+///     let mut i = tid;
+///     while i < len {
+///         unsafe { *buf.add(i as usize) = f(first + i) };
+///         i += nthr;
+///     }
+/// });
+/// // Consumer: the same chunks from rank `prev`, each read from its slot
+/// // the moment it has arrived.
+/// let got = doorbell_kernels::pipeline!(unsafe recv {
+///     transport: t, ring: ring, ctl: ctl, chunks: chunks,
+///     first_seq: launch * chunks.count(), from: prev, elem: f32,
+/// } |first, len, slot| {
+///     /* read slot[..len] */
+/// });
+/// ```
+///
+/// Every key is required: `transport` (any `Transport`, by value or
+/// reference), `ring` (`RingSet`), `ctl` (`BlockCtl`, the block's control
+/// word), `chunks` (`BlockChunks`: which chunks this block handles),
+/// `first_seq` (`u64`: the sequence number of the block's first chunk; go
+/// on from launch to launch, never restart), `to` / `from` (`u32`: the peer
+/// rank), `outbox` (send only: `*mut elem`, a symmetric or registered
+/// buffer of one chunk), `elem` (the element type). The body runs once per
+/// chunk, by every thread of the block, with `first` and `len` (`u64`
+/// elements) and `buf: *mut elem` (send) or `slot: *const elem` (recv); it
+/// cannot `break` or `continue` the generated loop (a compile error), and
+/// `return` leaves the kernel.
+///
+/// Generated per chunk, send: `acquire_block` (wait for the credit: the
+/// consumer released chunk `seq - stages` of that slot), the body, a block
+/// barrier, `commit_block` (one `put_signal`: the data, then the slot's
+/// full counter). Recv: `wait_block` (exactly that chunk's counter), the
+/// body, `release_block` (barrier, fence, the producer's empty counter).
+/// Over the IBGDA transport, `commit_block` is where WQEs are built, the
+/// doorbell rung and completions polled. A chunk larger than a slot traps
+/// the launch before any wait. `unsafe` is part of the syntax: the caller
+/// vouches that the ring, control word and outbox are this rank's symmetric
+/// allocations of the sizes they claim.
+///
+/// Rejected with an error on the token: a missing `unsafe`, an unknown,
+/// missing or repeated key, a body without exactly three plain names.
+#[proc_macro]
+pub fn pipeline(input: TokenStream) -> TokenStream {
+    pipeline::expand(input.into()).into()
 }

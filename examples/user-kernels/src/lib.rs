@@ -14,6 +14,7 @@ pub mod allreduce;
 pub mod comm;
 pub mod embedding;
 pub mod ibgda_bench;
+pub mod shift;
 
 /// `out[i] = a[i] * b[i] + c[i]` over `n` elements, grid-stride.
 #[kernel(hot)]

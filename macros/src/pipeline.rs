@@ -1,0 +1,450 @@
+//! `pipeline!`: a loop over a block's chunks written as produce → hand off
+//! → send (or wait → consume → release), with the credits, the per-chunk
+//! signal and the ordering generated from [`doorbell_kernels::pipeline`]'s
+//! ring calls. Split into [`parse`] → [`validate`] → [`generate`]; every
+//! error points at its token and all of them are reported at once.
+//!
+//! ```text
+//! pipeline!(unsafe send { transport: t, ring: r, ctl: c, chunks: ch,
+//!                         first_seq: s, to: dst, outbox: ob, elem: f32 }
+//!           |first, len, buf| { /* fill buf[..len] with elements first.. */ })
+//! pipeline!(unsafe recv { transport: t, ring: r, ctl: c, chunks: ch,
+//!                         first_seq: s, from: src, elem: f32 }
+//!           |first, len, slot| { /* read slot[..len] */ })
+//! ```
+
+use proc_macro2::{Span, TokenStream};
+use quote::{quote, quote_spanned};
+use syn::parse::{Parse, ParseStream};
+use syn::punctuated::Punctuated;
+use syn::spanned::Spanned;
+use syn::{braced, Token};
+
+/// Which side of the ring the loop is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Side {
+    Send,
+    Recv,
+}
+
+/// One `key: value` of the braced list (`elem` takes a type, the others an
+/// expression).
+struct Arg {
+    key: syn::Ident,
+    value: ArgValue,
+}
+
+enum ArgValue {
+    Expr(syn::Expr),
+    Type(syn::Type),
+}
+
+/// The parsed invocation.
+struct Invocation {
+    unsafety: Option<Token![unsafe]>,
+    side: Side,
+    side_span: Span,
+    args: Vec<Arg>,
+    args_span: Span,
+    params: Vec<syn::Pat>,
+    params_span: Span,
+    body: syn::Block,
+}
+
+// ---------------------------------------------------------------------------
+// parse
+// ---------------------------------------------------------------------------
+
+impl Parse for Arg {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let key: syn::Ident = input.parse()?;
+        input.parse::<Token![:]>()?;
+        let value = if key == "elem" {
+            ArgValue::Type(input.parse()?)
+        } else {
+            ArgValue::Expr(input.parse()?)
+        };
+        Ok(Arg { key, value })
+    }
+}
+
+impl Parse for Invocation {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let unsafety: Option<Token![unsafe]> = input.parse()?;
+        let side_ident: syn::Ident = input.parse()?;
+        let side = match side_ident.to_string().as_str() {
+            "send" => Side::Send,
+            "recv" => Side::Recv,
+            _ => {
+                return Err(syn::Error::new(
+                    side_ident.span(),
+                    "pipeline! is `unsafe send { ... } |first, len, buf| { ... }` or `unsafe recv { ... } |first, len, slot| { ... }`",
+                ))
+            }
+        };
+        let content;
+        let brace = braced!(content in input);
+        let args: Punctuated<Arg, Token![,]> = content.parse_terminated(Arg::parse, Token![,])?;
+        let closure: syn::ExprClosure = input.parse()?;
+        let params_span = closure
+            .or1_token
+            .span
+            .join(closure.or2_token.span)
+            .unwrap_or(closure.or1_token.span);
+        let body = match *closure.body {
+            syn::Expr::Block(b) => b.block,
+            other => {
+                return Err(syn::Error::new(
+                    other.span(),
+                    "the chunk's body is a block: `|first, len, buf| { ... }`",
+                ))
+            }
+        };
+        if !input.is_empty() {
+            return Err(input.error("unexpected tokens after the chunk's body"));
+        }
+        Ok(Invocation {
+            unsafety,
+            side,
+            side_span: side_ident.span(),
+            args: args.into_iter().collect(),
+            args_span: brace.span.join(),
+            params: closure.inputs.into_iter().collect(),
+            params_span,
+            body,
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------
+// validate
+// ---------------------------------------------------------------------------
+
+/// The checked invocation: every key present once, three plain parameter
+/// names.
+struct Model {
+    side: Side,
+    transport: syn::Expr,
+    ring: syn::Expr,
+    ctl: syn::Expr,
+    chunks: syn::Expr,
+    first_seq: syn::Expr,
+    peer: syn::Expr,
+    outbox: Option<syn::Expr>,
+    elem: syn::Type,
+    first: syn::Ident,
+    len: syn::Ident,
+    data: syn::Ident,
+    body: syn::Block,
+}
+
+const COMMON_KEYS: [&str; 6] = ["transport", "ring", "ctl", "chunks", "first_seq", "elem"];
+
+fn keys_of(side: Side) -> Vec<&'static str> {
+    let mut k = COMMON_KEYS.to_vec();
+    match side {
+        Side::Send => k.extend(["to", "outbox"]),
+        Side::Recv => k.push("from"),
+    }
+    k
+}
+
+fn validate(inv: Invocation) -> Result<Model, Vec<syn::Error>> {
+    let mut errors = Vec::new();
+    if inv.unsafety.is_none() {
+        errors.push(syn::Error::new(
+            inv.side_span,
+            "pipeline! moves data through the ring's raw device addresses: write `unsafe send` / `unsafe recv`, vouching that the ring, the control word and the outbox are this rank's symmetric allocations of the sizes they claim",
+        ));
+    }
+    let wanted = keys_of(inv.side);
+    let mut found: Vec<(String, ArgValue)> = Vec::new();
+    for arg in inv.args {
+        let name = arg.key.to_string();
+        if !wanted.contains(&name.as_str()) {
+            errors.push(syn::Error::new(
+                arg.key.span(),
+                format!("unknown key `{name}`; {} takes {}", side_name(inv.side), wanted.join(", ")),
+            ));
+        } else if found.iter().any(|(k, _)| *k == name) {
+            errors.push(syn::Error::new(arg.key.span(), format!("`{name}` is given twice")));
+        } else {
+            found.push((name, arg.value));
+        }
+    }
+    for k in &wanted {
+        if !found.iter().any(|(f, _)| f == k) {
+            errors.push(syn::Error::new(inv.args_span, format!("missing `{k}: ...`")));
+        }
+    }
+    let data_name = if inv.side == Side::Send { "buf" } else { "slot" };
+    let mut names = Vec::new();
+    if inv.params.len() != 3 {
+        errors.push(syn::Error::new(
+            inv.params_span,
+            format!("the chunk's body takes three names: `|first, len, {data_name}|`"),
+        ));
+    }
+    for p in &inv.params {
+        match p {
+            syn::Pat::Ident(pi) if pi.by_ref.is_none() && pi.subpat.is_none() => names.push(pi.ident.clone()),
+            other => errors.push(syn::Error::new(other.span(), "a plain name (the macro gives it its type)")),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    let mut take = |k: &str| found.iter().position(|(f, _)| f == k).map(|i| found.remove(i).1);
+    let expr = |v: Option<ArgValue>| match v {
+        Some(ArgValue::Expr(e)) => e,
+        _ => unreachable!("checked above"),
+    };
+    let elem = match take("elem") {
+        Some(ArgValue::Type(t)) => t,
+        _ => unreachable!("checked above"),
+    };
+    Ok(Model {
+        side: inv.side,
+        transport: expr(take("transport")),
+        ring: expr(take("ring")),
+        ctl: expr(take("ctl")),
+        chunks: expr(take("chunks")),
+        first_seq: expr(take("first_seq")),
+        peer: expr(take(if inv.side == Side::Send { "to" } else { "from" })),
+        outbox: take("outbox").map(|v| expr(Some(v))),
+        elem,
+        first: names[0].clone(),
+        len: names[1].clone(),
+        data: names[2].clone(),
+        body: inv.body,
+    })
+}
+
+fn side_name(side: Side) -> &'static str {
+    match side {
+        Side::Send => "`send`",
+        Side::Recv => "`recv`",
+    }
+}
+
+// ---------------------------------------------------------------------------
+// generate
+// ---------------------------------------------------------------------------
+
+fn generate(m: &Model) -> TokenStream {
+    let Model {
+        transport,
+        ring,
+        ctl,
+        chunks,
+        first_seq,
+        peer,
+        elem,
+        first,
+        len,
+        data,
+        body,
+        ..
+    } = m;
+    let k = quote!(::doorbell_kernels);
+    let prologue = quote! {
+        let __db_t = &(#transport);
+        let __db_ring: #k::pipeline::RingSet = #ring;
+        let __db_ctl: #k::pipeline::BlockCtl = #ctl;
+        let __db_chunks: #k::pipeline::BlockChunks = #chunks;
+        let __db_seq0: u64 = #first_seq;
+        let __db_peer: u32 = #peer;
+        let __db_elem_bytes: u64 = ::core::mem::size_of::<#elem>() as u64;
+        // A chunk must fit a slot: a bad argument, caught before any wait
+        // or store, with the launch (as the collectives' checks do).
+        if __db_chunks.chunk == 0 || __db_chunks.chunk * __db_elem_bytes > __db_ring.slot_bytes {
+            #k::ptx::trap();
+        }
+        let mut __db_result: ::core::result::Result<(), #k::pipeline::Failed> = ::core::result::Result::Ok(());
+        let mut __db_j: u64 = 0;
+    };
+    let step = match m.side {
+        Side::Send => {
+            let outbox = m.outbox.as_ref().expect("validated");
+            quote! {
+                let __db_outbox: *mut #elem = #outbox;
+                while __db_j < __db_chunks.count() {
+                    let (__db_first, __db_len) = __db_chunks.range(__db_j);
+                    let __db_seq = __db_seq0 + __db_j;
+                    // 1. Credit: the consumer has released chunk `seq - stages`
+                    //    of this slot (a wait on the producer's empty counter).
+                    // SAFETY: the invocation's `unsafe`: the ring and control
+                    // word are this rank's symmetric allocations.
+                    if let ::core::result::Result::Err(e) = unsafe { __db_ring.acquire_block(__db_t, __db_ctl, __db_seq, __db_peer) } {
+                        __db_result = ::core::result::Result::Err(e);
+                        break;
+                    }
+                    // 2. Produce: the user's body fills the outbox.
+                    'produce: {
+                        let #first: u64 = __db_first;
+                        let #len: u64 = __db_len;
+                        let #data: *mut #elem = __db_outbox;
+                        #body
+                    }
+                    // 3. Hand off: every thread's stores before the put.
+                    #k::ptx::sync_threads();
+                    // 4. Send: the chunk into the consumer's slot, then that
+                    //    slot's full counter, ordered by the transport (P2P:
+                    //    stores, a fence, a release store; IBGDA: a WRITE and
+                    //    an ordered atomic posted as WQEs, the doorbell rung,
+                    //    completions polled before the outbox is reused).
+                    // SAFETY: as above; the outbox holds `len` elements, and a
+                    // chunk fits a slot (checked before the loop).
+                    if let ::core::result::Result::Err(e) = unsafe {
+                        __db_ring.commit_block(__db_t, __db_seq, __db_peer, __db_outbox as *const u8, __db_len * __db_elem_bytes)
+                    } {
+                        __db_result = ::core::result::Result::Err(e);
+                        break;
+                    }
+                    __db_j += 1;
+                }
+            }
+        }
+        Side::Recv => quote! {
+            while __db_j < __db_chunks.count() {
+                let (__db_first, __db_len) = __db_chunks.range(__db_j);
+                let __db_seq = __db_seq0 + __db_j;
+                // 1. Wait for exactly this chunk: its slot's full counter.
+                // SAFETY: the invocation's `unsafe`: the ring and control
+                // word are this rank's symmetric allocations.
+                let __db_slot = match unsafe { __db_ring.wait_block(__db_t, __db_ctl, __db_seq, __db_peer) } {
+                    ::core::result::Result::Ok(s) => s as *const #elem,
+                    ::core::result::Result::Err(e) => {
+                        __db_result = ::core::result::Result::Err(e);
+                        break;
+                    }
+                };
+                // 2. Consume: the user's body reads the slot.
+                'consume: {
+                    let #first: u64 = __db_first;
+                    let #len: u64 = __db_len;
+                    let #data: *const #elem = __db_slot;
+                    #body
+                }
+                // 3. Release: a block barrier, a fence, then the producer's
+                //    empty counter (the slot may be overwritten after this).
+                // SAFETY: as above.
+                if let ::core::result::Result::Err(e) = unsafe { __db_ring.release_block(__db_t, __db_ctl, __db_seq, __db_peer) } {
+                    __db_result = ::core::result::Result::Err(e);
+                    break;
+                }
+                __db_j += 1;
+            }
+        },
+    };
+    quote! {
+        {
+            #prologue
+            #step
+            __db_result
+        }
+    }
+}
+
+/// The macro: the loop as one expression of type
+/// `Result<(), doorbell_kernels::pipeline::Failed>`, or the errors.
+pub fn expand(input: TokenStream) -> TokenStream {
+    let inv: Invocation = match syn::parse2(input) {
+        Ok(i) => i,
+        Err(e) => return e.to_compile_error(),
+    };
+    match validate(inv) {
+        Ok(m) => generate(&m),
+        Err(errors) => {
+            let errs = errors.iter().map(syn::Error::to_compile_error);
+            // An expression of the right type keeps later errors useful.
+            quote_spanned! {Span::call_site()=> {
+                #(#errs)*
+                ::core::result::Result::<(), ::doorbell_kernels::pipeline::Failed>::Ok(())
+            }}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pretty(ts: TokenStream) -> String {
+        let file: syn::File = syn::parse2(quote! { fn expansion() { let _ = #ts; } }).expect("the expansion parses");
+        prettyplease::unparse(&file)
+    }
+
+    /// The generated send and receive loops, pinned: a change to what the
+    /// macro writes into a user's kernel shows up in review. After an
+    /// intended change: `DOORBELL_BLESS=1 cargo test -p doorbell-macros`.
+    #[test]
+    fn expansion_snapshots() {
+        let cases = [
+            (
+                "pipeline_send",
+                quote! {
+                    unsafe send { transport: t, ring: ring, ctl: ctl, chunks: chunks, first_seq: base, to: next, outbox: outbox, elem: f32 }
+                    |first, len, buf| {
+                        let mut i = tid;
+                        while i < len {
+                            unsafe { *buf.add(i as usize) = value(first + i) };
+                            i += nthr;
+                        }
+                    }
+                },
+            ),
+            (
+                "pipeline_recv",
+                quote! {
+                    unsafe recv { transport: t, ring: ring, ctl: ctl, chunks: chunks, first_seq: base, from: prev, elem: f32 }
+                    |first, len, slot| {
+                        let mut i = tid;
+                        while i < len {
+                            unsafe { *out.add((first + i) as usize) = *slot.add(i as usize) };
+                            i += nthr;
+                        }
+                    }
+                },
+            ),
+        ];
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/expand");
+        for (name, input) in cases {
+            let got = pretty(expand(input));
+            let path = dir.join(format!("{name}.expanded.rs"));
+            if std::env::var_os("DOORBELL_BLESS").is_some() {
+                std::fs::create_dir_all(&dir).expect("create tests/expand");
+                std::fs::write(&path, &got).expect("write the snapshot");
+                continue;
+            }
+            let want = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e} (make it with DOORBELL_BLESS=1)", path.display()));
+            assert_eq!(got, want, "{name}: the expansion changed; review, then DOORBELL_BLESS=1");
+        }
+    }
+
+    #[test]
+    fn every_mistake_is_reported_at_its_token() {
+        let bad = quote! {
+            send { transport: t, ring: r, ring: r2, chunks: c, first_seq: 0, to: 1, outbox: o, elem: f32, speed: 3 }
+            |first, (a, b)| { }
+        };
+        let inv: Invocation = syn::parse2(bad).expect("parses");
+        let errors = match validate(inv) {
+            Err(e) => e.into_iter().map(|e| e.to_string()).collect::<Vec<_>>(),
+            Ok(_) => panic!("accepted"),
+        };
+        for want in [
+            "write `unsafe send`",
+            "`ring` is given twice",
+            "unknown key `speed`",
+            "missing `ctl: ...`",
+            "three names",
+            "a plain name",
+        ] {
+            assert!(
+                errors.iter().any(|e| e.contains(want)),
+                "no error containing {want:?} in {errors:#?}"
+            );
+        }
+    }
+}
