@@ -28,7 +28,8 @@
 //!
 //! ## Algorithms
 //! Chosen by size and route ([`AllReduceOptions::algo`] overrides):
-//! LL (one-shot with the flag in the data) up to [`LL_MAX_BYTES`] (and
+//! LL (one-shot with the flag in the data) up to [`LL_MAX_BYTES`]
+//! ([`LL_MAX_BYTES_SHARED_GPU`] when ranks share a GPU; and
 //! [`LL_MAX_SCRATCH`]), two-shot (reduce-scatter + all-gather, both by
 //! stores into the peers' memory) above, pipelined (reduce-scatter +
 //! all-gather through pipeline rings, with puts and signals) where a route
@@ -123,6 +124,11 @@ impl Elem for Bf16 {
 /// is the cost (on two H200s over NVLink it beat one-shot and two-shot at
 /// every size up to 1 MiB).
 pub const LL_MAX_BYTES: u64 = 1 << 20;
+/// [`LL_MAX_BYTES`] when ranks share a GPU, where its doubled bytes cost
+/// HBM bandwidth instead of a link's latency: with two ranks on one H200,
+/// LL took 15.6 µs at 512 KiB and 28.5 µs at 1 MiB while two-shot took
+/// 14.8 µs at 2 MiB (so less at those sizes); at 256 KiB LL took 9.1 µs.
+pub const LL_MAX_BYTES_SHARED_GPU: u64 = 256 << 10;
 /// Most symmetric scratch the automatic choice gives LL (it takes
 /// `4 * world * bytes`: two parities of a packet slot per rank): with 8
 /// ranks, LL stops at 512 KiB.
@@ -267,11 +273,16 @@ impl Plan {
         let bytes = elems64
             .checked_mul(esz)
             .ok_or_else(|| invalid(format!("{elems} elements overflow a byte count")))?;
+        let ll_max = if gpu && ranks_per_gpu > 1 {
+            LL_MAX_BYTES_SHARED_GPU
+        } else {
+            LL_MAX_BYTES
+        };
         let algo = match opts.algo {
             Some(a) => a,
             None if world == 1 => Algo::Copy,
             None if !peer_pointers => Algo::Pipelined,
-            None if bytes <= LL_MAX_BYTES && 4 * world as u64 * bytes <= LL_MAX_SCRATCH => Algo::Ll,
+            None if bytes <= ll_max && 4 * world as u64 * bytes <= LL_MAX_SCRATCH => Algo::Ll,
             None => Algo::TwoShot,
         };
         if world == 1 && algo != Algo::Copy && algo != Algo::Pipelined {
