@@ -144,8 +144,8 @@ pub fn descriptor(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// });
 /// ```
 ///
-/// Every key is required: `transport` (any `Transport`, by value or
-/// reference), `ring` (`RingSet`), `ctl` (`BlockCtl`, the block's control
+/// Every key is required: `transport` (a value of any `Transport` type,
+/// such as the kernel's `t`; `*t` through a reference), `ring` (`RingSet`), `ctl` (`BlockCtl`, the block's control
 /// word), `chunks` (`BlockChunks`: which chunks this block handles),
 /// `first_seq` (`u64`: the sequence number of the block's first chunk; go
 /// on from launch to launch, never restart), `to` / `from` (`u32`: the peer

@@ -1,4 +1,4 @@
-//! trybuild UI tests of `#[descriptor]` and `#[kernel]`: every rejected
+//! trybuild UI tests of `#[descriptor]`, `#[kernel]` and `pipeline!`: every rejected
 //! layout or kernel option reports an error on the offending token (pinned
 //! in the .stderr next to each case), and accepted layouts compile and
 //! encode as documented.
@@ -17,4 +17,11 @@ fn descriptor_ui() {
 fn kernel_ui() {
     let t = trybuild::TestCases::new();
     t.compile_fail("tests/ui/kernel/fail/*.rs");
+}
+
+#[test]
+fn pipeline_ui() {
+    let t = trybuild::TestCases::new();
+    t.compile_fail("tests/ui/pipeline/fail/*.rs");
+    t.pass("tests/ui/pipeline/pass/*.rs");
 }

@@ -789,3 +789,45 @@ fn fused_over(comm: &Communicator, base: &AllReduceOptions, elems: usize, dtype:
     }
     Ok(())
 }
+
+/// What the plan makes of the placement (no device needed): with a GPU per
+/// rank, LL up to 1 MiB, two-shot in 256 KiB chunks, launches overlapping
+/// their predecessors; with ranks sharing a GPU, LL only up to 256 KiB,
+/// 1 MiB chunks, no overlap, and all ranks' grids within half the SMs; the
+/// option overrides the overlap either way; the emulator never overlaps.
+#[test]
+fn plans_follow_the_placement() {
+    use doorbell::coll::{Plan, LL_MAX_BYTES_SHARED_GPU};
+    let plan = |ranks: usize, bytes: u64, gpu: bool, per_gpu: usize, opts: &AllReduceOptions| {
+        Plan::new(ranks, (bytes / 4) as usize, DType::F32, opts, gpu, 132, per_gpu, true).expect("a valid plan")
+    };
+    let auto = AllReduceOptions::default();
+    let own = plan(2, 512 << 10, true, 1, &auto);
+    assert_eq!((own.algo(), own.launch_config().overlap_previous), (Algo::Ll, true));
+    let big = plan(2, 64 << 20, true, 1, &auto);
+    assert_eq!((big.algo(), big.args.chunk_elems), (Algo::TwoShot, (256 << 10) / 4));
+    assert!(big.launch_config().overlap_previous);
+    let shared = plan(2, 512 << 10, true, 2, &auto);
+    assert_eq!((shared.algo(), shared.launch_config().overlap_previous), (Algo::TwoShot, false));
+    assert_eq!(shared.args.chunk_elems, (1 << 20) / 4);
+    assert_eq!(plan(2, LL_MAX_BYTES_SHARED_GPU, true, 2, &auto).algo(), Algo::Ll);
+    for per_gpu in [2usize, 3, 4, 8] {
+        let p = plan(per_gpu, 256 << 20, true, per_gpu, &auto);
+        assert!(
+            p.args.blocks as usize * per_gpu <= 132 / 2,
+            "{per_gpu} ranks on one GPU: {} blocks each",
+            p.args.blocks
+        );
+    }
+    let off = AllReduceOptions {
+        overlap_launch: Some(false),
+        ..Default::default()
+    };
+    let on = AllReduceOptions {
+        overlap_launch: Some(true),
+        ..Default::default()
+    };
+    assert!(!plan(2, 8, true, 1, &off).launch_config().overlap_previous);
+    assert!(plan(2, 8, true, 2, &on).launch_config().overlap_previous);
+    assert!(!plan(2, 8, false, 2, &auto).launch_config().overlap_previous);
+}
