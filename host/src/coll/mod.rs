@@ -436,36 +436,24 @@ impl<'c> AllReduce<'c> {
     pub fn plan(comm: &Communicator, elems: usize, dtype: DType, opts: &AllReduceOptions) -> Result<Plan> {
         let dev = comm.device();
         let routes = comm.describe_peers();
-        let same_gpu = routes
-            .iter()
-            .filter(|r| matches!(r, PeerRoute::Local | PeerRoute::SameProcess))
-            .count();
+        // The world's most ranks on one GPU, not this rank's count: the plan
+        // (grid, chunk) must be the same on every rank.
+        let per_gpu = comm.ranks_per_gpu();
         let direct = routes.iter().all(has_pointer);
         let peer_pointers = match opts.transport {
             TransportKind::P2p => direct,
             TransportKind::Ibgda => false,
             TransportKind::Routed => direct && (comm.world_size() == 1 || rdma_peers(opts)? == RdmaPeers::Needed),
         };
-        // The soft NIC's engine kernels hold one SM per rank of this GPU
-        // while the transport goes through them: grids that must be
-        // resident at once leave those SMs free.
+        // The soft NIC's engine kernels hold one SM per rank of a GPU while
+        // the transport goes through them: grids that must be resident at
+        // once leave those SMs free.
         let sms = match opts.transport {
             TransportKind::P2p => dev.multiprocessor_count(),
-            _ if dev.is_gpu() => dev.multiprocessor_count().saturating_sub(same_gpu + 1).max(1),
+            _ if dev.is_gpu() => dev.multiprocessor_count().saturating_sub(per_gpu + 1).max(1),
             _ => dev.multiprocessor_count(),
         };
-        // The world's most ranks on one GPU, not this rank's count: the plan
-        // (grid, chunk) must be the same on every rank.
-        Plan::new(
-            comm.world_size(),
-            elems,
-            dtype,
-            opts,
-            dev.is_gpu(),
-            sms,
-            comm.ranks_per_gpu(),
-            peer_pointers,
-        )
+        Plan::new(comm.world_size(), elems, dtype, opts, dev.is_gpu(), sms, per_gpu, peer_pointers)
     }
 
     /// Collective: an all-reduce of `elems` elements of `dtype`, tuned by
