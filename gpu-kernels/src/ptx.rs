@@ -593,8 +593,9 @@ pub fn trap() -> ! {
 /// have completed and their memory operations are visible to it. Only a
 /// kernel launched to overlap the previous kernel on its stream (the
 /// host's `LaunchConfig::overlap_previous`) has such grids; everywhere else
-/// it returns at once. Such a kernel calls it before it reads or writes
-/// anything the previous kernel may touch. On the emulator, where a
+/// it returns at once. Every block of such a kernel calls it first,
+/// unconditionally, before it reads or writes anything the previous kernel
+/// may touch. On the emulator, where a
 /// stream's launches never overlap: nothing.
 #[inline(always)]
 pub fn wait_prior_grids() {

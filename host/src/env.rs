@@ -2,7 +2,7 @@
 //!
 //! Every variable doorbell reads at run time goes through these functions:
 //! a value that does not parse, or lies outside its range, is
-//! [`Error::BadEnv`] naming the variable, the value and the accepted range.
+//! [`Error::BadEnv`](crate::Error::BadEnv) naming the variable, the value and the accepted range.
 //! Nothing is clamped or ignored in silence; an unset or empty variable
 //! means the default. The parser itself lives in
 //! `doorbell_kernels::emu::env`, so the emulator's own limits

@@ -32,8 +32,11 @@ pub struct LaunchConfig {
     /// `doorbell_kernels::ptx::wait_prior_grids` before it touches anything
     /// the previous kernel reads or writes; the previous kernel lets it
     /// start early with `ptx::allow_dependent_launch` (else it starts when
-    /// that kernel ends, as usual). Ignored on the emulator, whose launches
-    /// never overlap.
+    /// that kernel ends, as usual). Every block of the kernel calls
+    /// `wait_prior_grids` first, unconditionally: a block that ended
+    /// without waiting could end before the kernel before it, and the
+    /// stream's order would be lost. Ignored on the emulator, whose
+    /// launches never overlap.
     pub overlap_previous: bool,
 }
 

@@ -10,8 +10,10 @@
 //!   off → send (or wait → consume → release) on a credit ring.
 //!
 //! Each macro is split into `parse` → `validate` → `generate`; errors point at
-//! the offending token, several are reported at once, and the original item is
-//! emitted next to `compile_error!` so later diagnostics stay useful.
+//! the offending token and several are reported at once. The attribute macros
+//! emit the original item next to `compile_error!` so later diagnostics stay
+//! useful; `pipeline!` reports every invocation error at once (a syntax error:
+//! the first), and its body is compiled only once the invocation is right.
 
 use proc_macro::TokenStream;
 
@@ -125,7 +127,7 @@ pub fn descriptor(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// // Producer: chunk j of this block (elements first..first + len) is
 /// // computed into `buf` (the outbox), then sent to rank `next`.
 /// let sent = doorbell_kernels::pipeline!(unsafe send {
-///     transport: t, ring: ring, ctl: ctl, chunks: chunks,
+///     transport: t, ring: rings.nth(pair), ctl: ctl, chunks: chunks,
 ///     first_seq: launch * chunks.count(), to: next, outbox: outbox, elem: f32,
 /// } |first, len, buf| {
 ///     let mut i = tid;
@@ -137,7 +139,7 @@ pub fn descriptor(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// // Consumer: the same chunks from rank `prev`, each read from its slot
 /// // the moment it has arrived.
 /// let got = doorbell_kernels::pipeline!(unsafe recv {
-///     transport: t, ring: ring, ctl: ctl, chunks: chunks,
+///     transport: t, ring: rings.nth(pair), ctl: ctl, chunks: chunks,
 ///     first_seq: launch * chunks.count(), from: prev, elem: f32,
 /// } |first, len, slot| {
 ///     /* read slot[..len] */
@@ -152,9 +154,19 @@ pub fn descriptor(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// rank), `outbox` (send only: `*mut elem`, a symmetric or registered
 /// buffer of one chunk), `elem` (the element type). The body runs once per
 /// chunk, by every thread of the block, with `first` and `len` (`u64`
-/// elements) and `buf: *mut elem` (send) or `slot: *const elem` (recv); it
-/// cannot `break` or `continue` the generated loop (a compile error), and
-/// `return` leaves the kernel.
+/// elements) and `buf: *mut elem` (send) or `slot: *const elem` (recv)
+/// (names of your choice, `mut` allowed). It cannot name the generated
+/// loop's variables or labels, and `break` / `continue` out of it do not
+/// compile; it must run to its end on every thread: `return`, `?` or a
+/// labeled jump to a loop of yours skip the hand-off, and the peer waits
+/// until its budget runs out.
+///
+/// Blocks that move chunks at the same time each need a ring set
+/// (`RingSet::nth`) and a control word of their own: slots and counters
+/// are indexed by peer and stage only. Sequence numbers must never repeat
+/// on a ring: a launch replayed from a CUDA graph with the same
+/// `first_seq` would repeat them (count launches in device memory then, as
+/// the all-reduce does).
 ///
 /// Generated per chunk, send: `acquire_block` (wait for the credit: the
 /// consumer released chunk `seq - stages` of that slot), the body, a block
@@ -162,13 +174,16 @@ pub fn descriptor(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// full counter). Recv: `wait_block` (exactly that chunk's counter), the
 /// body, `release_block` (barrier, fence, the producer's empty counter).
 /// Over the IBGDA transport, `commit_block` is where WQEs are built, the
-/// doorbell rung and completions polled. A chunk larger than a slot traps
-/// the launch before any wait. `unsafe` is part of the syntax: the caller
+/// doorbell rung and completions polled. Bad arguments trap the launch
+/// before any wait: a chunk larger than a slot (or whose byte count
+/// overflows), no chunk or no block, a peer outside the ring set, slots not
+/// aligned for `elem`. `unsafe` is part of the syntax: the caller
 /// vouches that the ring, control word and outbox are this rank's symmetric
 /// allocations of the sizes they claim.
 ///
 /// Rejected with an error on the token: a missing `unsafe`, an unknown,
-/// missing or repeated key, a body without exactly three plain names.
+/// missing or repeated key, a body without exactly three plain names, a
+/// `transport` that is not a value of a `Transport` type.
 #[proc_macro]
 pub fn pipeline(input: TokenStream) -> TokenStream {
     pipeline::expand(input.into()).into()

@@ -132,9 +132,10 @@ struct Model {
     peer: syn::Expr,
     outbox: Option<syn::Expr>,
     elem: syn::Type,
-    first: syn::Ident,
-    len: syn::Ident,
-    data: syn::Ident,
+    /// The body's three names, `mut` kept.
+    first: syn::PatIdent,
+    len: syn::PatIdent,
+    data: syn::PatIdent,
     body: syn::Block,
 }
 
@@ -187,7 +188,7 @@ fn validate(inv: Invocation) -> Result<Model, Vec<syn::Error>> {
     }
     for p in &inv.params {
         match p {
-            syn::Pat::Ident(pi) if pi.by_ref.is_none() && pi.subpat.is_none() => names.push(pi.ident.clone()),
+            syn::Pat::Ident(pi) if pi.by_ref.is_none() && pi.subpat.is_none() && pi.attrs.is_empty() => names.push(pi.clone()),
             other => errors.push(syn::Error::new(other.span(), "a plain name (the macro gives it its type)")),
         }
     }
@@ -246,27 +247,46 @@ fn generate(m: &Model) -> TokenStream {
         body,
         ..
     } = m;
+    // The generated names, labels and loop live in `mixed_site` hygiene:
+    // the body (call-site tokens) cannot name `__db_j` or the labels, so it
+    // cannot step the loop or jump over the hand-off by them. The body's
+    // three names are the user's own tokens, so the body sees them.
+    let ms = Span::mixed_site();
     let k = quote!(::doorbell_kernels);
-    let prologue = quote! {
-        let __db_t = &(#transport);
+    // An error at the user's expression when it is not a `Transport` value.
+    let transport_ref = quote_spanned! {transport.span()=> #k::pipeline::transport_value(&(#transport)) };
+    let prologue = quote_spanned! {ms=>
+        let __db_t = #transport_ref;
         let __db_ring: #k::pipeline::RingSet = #ring;
         let __db_ctl: #k::pipeline::BlockCtl = #ctl;
         let __db_chunks: #k::pipeline::BlockChunks = #chunks;
         let __db_seq0: u64 = #first_seq;
         let __db_peer: u32 = #peer;
         let __db_elem_bytes: u64 = ::core::mem::size_of::<#elem>() as u64;
-        // A chunk must fit a slot: a bad argument, caught before any wait
-        // or store, with the launch (as the collectives' checks do).
-        if __db_chunks.chunk == 0 || __db_chunks.chunk * __db_elem_bytes > __db_ring.slot_bytes {
+        // Bad arguments are caught before any wait or store, and end the
+        // launch (as the collectives' checks do): a chunk that does not
+        // fit a slot (or overflows), no chunk or no block, a peer outside
+        // the ring set, slots not aligned for the element.
+        let __db_chunk_bytes = __db_chunks.chunk.checked_mul(__db_elem_bytes);
+        if __db_chunks.chunk == 0
+            || __db_chunks.blocks == 0
+            || __db_peer >= __db_ring.peers
+            || !::core::matches!(__db_chunk_bytes, ::core::option::Option::Some(b) if b <= __db_ring.slot_bytes)
+            || __db_ring.slot_bytes % (::core::mem::align_of::<#elem>() as u64) != 0
+            || __db_ring.slots % (::core::mem::align_of::<#elem>() as u64) != 0
+        {
             #k::ptx::trap();
         }
         let mut __db_result: ::core::result::Result<(), #k::pipeline::Failed> = ::core::result::Result::Ok(());
         let mut __db_j: u64 = 0;
     };
+    let first_let = bind(first, quote!(u64), quote_spanned!(ms=> __db_first));
+    let len_let = bind(len, quote!(u64), quote_spanned!(ms=> __db_len));
     let step = match m.side {
         Side::Send => {
             let outbox = m.outbox.as_ref().expect("validated");
-            quote! {
+            let data_let = bind(data, quote!(*mut #elem), quote_spanned!(ms=> __db_outbox));
+            quote_spanned! {ms=>
                 let __db_outbox: *mut #elem = #outbox;
                 while __db_j < __db_chunks.count() {
                     let (__db_first, __db_len) = __db_chunks.range(__db_j);
@@ -281,18 +301,15 @@ fn generate(m: &Model) -> TokenStream {
                     }
                     // 2. Produce: the user's body fills the outbox.
                     'produce: {
-                        let #first: u64 = __db_first;
-                        let #len: u64 = __db_len;
-                        let #data: *mut #elem = __db_outbox;
+                        #first_let
+                        #len_let
+                        #data_let
                         #body
                     }
                     // 3. Hand off: every thread's stores before the put.
                     #k::ptx::sync_threads();
                     // 4. Send: the chunk into the consumer's slot, then that
-                    //    slot's full counter, ordered by the transport (P2P:
-                    //    stores, a fence, a release store; IBGDA: a WRITE and
-                    //    an ordered atomic posted as WQEs, the doorbell rung,
-                    //    completions polled before the outbox is reused).
+                    //    slot's full counter, ordered by the transport.
                     // SAFETY: as above; the outbox holds `len` elements, and a
                     // chunk fits a slot (checked before the loop).
                     if let ::core::result::Result::Err(e) = unsafe {
@@ -305,39 +322,42 @@ fn generate(m: &Model) -> TokenStream {
                 }
             }
         }
-        Side::Recv => quote! {
-            while __db_j < __db_chunks.count() {
-                let (__db_first, __db_len) = __db_chunks.range(__db_j);
-                let __db_seq = __db_seq0 + __db_j;
-                // 1. Wait for exactly this chunk: its slot's full counter.
-                // SAFETY: the invocation's `unsafe`: the ring and control
-                // word are this rank's symmetric allocations.
-                let __db_slot = match unsafe { __db_ring.wait_block(__db_t, __db_ctl, __db_seq, __db_peer) } {
-                    ::core::result::Result::Ok(s) => s as *const #elem,
-                    ::core::result::Result::Err(e) => {
+        Side::Recv => {
+            let data_let = bind(data, quote!(*const #elem), quote_spanned!(ms=> __db_slot));
+            quote_spanned! {ms=>
+                while __db_j < __db_chunks.count() {
+                    let (__db_first, __db_len) = __db_chunks.range(__db_j);
+                    let __db_seq = __db_seq0 + __db_j;
+                    // 1. Wait for exactly this chunk: its slot's full counter.
+                    // SAFETY: the invocation's `unsafe`: the ring and control
+                    // word are this rank's symmetric allocations.
+                    let __db_slot = match unsafe { __db_ring.wait_block(__db_t, __db_ctl, __db_seq, __db_peer) } {
+                        ::core::result::Result::Ok(s) => s as *const #elem,
+                        ::core::result::Result::Err(e) => {
+                            __db_result = ::core::result::Result::Err(e);
+                            break;
+                        }
+                    };
+                    // 2. Consume: the user's body reads the slot.
+                    'consume: {
+                        #first_let
+                        #len_let
+                        #data_let
+                        #body
+                    }
+                    // 3. Release: a block barrier, a fence, then the producer's
+                    //    empty counter (the slot may be overwritten after this).
+                    // SAFETY: as above.
+                    if let ::core::result::Result::Err(e) = unsafe { __db_ring.release_block(__db_t, __db_ctl, __db_seq, __db_peer) } {
                         __db_result = ::core::result::Result::Err(e);
                         break;
                     }
-                };
-                // 2. Consume: the user's body reads the slot.
-                'consume: {
-                    let #first: u64 = __db_first;
-                    let #len: u64 = __db_len;
-                    let #data: *const #elem = __db_slot;
-                    #body
+                    __db_j += 1;
                 }
-                // 3. Release: a block barrier, a fence, then the producer's
-                //    empty counter (the slot may be overwritten after this).
-                // SAFETY: as above.
-                if let ::core::result::Result::Err(e) = unsafe { __db_ring.release_block(__db_t, __db_ctl, __db_seq, __db_peer) } {
-                    __db_result = ::core::result::Result::Err(e);
-                    break;
-                }
-                __db_j += 1;
             }
-        },
+        }
     };
-    quote! {
+    quote_spanned! {ms=>
         {
             #prologue
             #step
@@ -346,11 +366,19 @@ fn generate(m: &Model) -> TokenStream {
     }
 }
 
+/// `let [mut] name: ty = value;` for one of the body's names: the user's
+/// identifier (call-site: the body sees it) bound to a generated value.
+fn bind(name: &syn::PatIdent, ty: TokenStream, value: TokenStream) -> TokenStream {
+    let (mutability, ident) = (&name.mutability, &name.ident);
+    quote! { let #mutability #ident: #ty = #value; }
+}
+
 /// The macro: the loop as one expression of type
 /// `Result<(), doorbell_kernels::pipeline::Failed>`, or the errors.
 pub fn expand(input: TokenStream) -> TokenStream {
     let inv: Invocation = match syn::parse2(input) {
         Ok(i) => i,
+        // A syntax error stops at the first one (what syn reports).
         Err(e) => return e.to_compile_error(),
     };
     match validate(inv) {

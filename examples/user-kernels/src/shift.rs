@@ -5,9 +5,13 @@
 //! slot its consumer still reads, whatever the ring's depth.
 //!
 //! The grid is `2 * pairs` blocks: block `p < pairs` produces its share of
-//! the chunks into ring `p` of the next rank; block `pairs + p` consumes
-//! ring `p` of this rank (from the previous rank's block `p`). Every block
-//! of every rank must be resident at once.
+//! the chunks into ring set `p` of the next rank; block `pairs + p`
+//! consumes ring set `p` of this rank (from the previous rank's block `p`).
+//! Each pair has a ring set and each block a control word of its own. Every
+//! block of every rank must be resident at once. The launch counter is a
+//! kernel argument here, so a launch must not be replayed from a CUDA graph
+//! as is (its sequence numbers would repeat); the all-reduce counts its
+//! launches in device memory for that.
 
 use doorbell_kernels::pipeline::{BlockChunks, BlockCtl, RingSet};
 use doorbell_kernels::transport::{Ibgda, P2p, Transport};
@@ -21,24 +25,10 @@ pub fn shift_value(r: u32, i: u64, launch: u64) -> f32 {
     h as f32 - 8.0 + (i % 3) as f32 * 0.25
 }
 
-/// Ring `p` of the set `rings` describes: rings of one set lie one after
-/// the other (slots `slot_area` apart, counters `counter_words` apart).
-#[inline(always)]
-pub fn ring_of(rings: &RingSet, p: u64) -> RingSet {
-    let area = RingSet::slot_area(rings.peers, rings.stages, rings.slot_bytes);
-    let words = RingSet::counter_words(rings.peers, rings.stages) * 8;
-    RingSet {
-        slots: rings.slots + p * area,
-        full: rings.full + p * words,
-        empty: rings.empty + p * words,
-        ..*rings
-    }
-}
-
 /// One launch of the shift: this rank's vector of `elems` elements (chunks
 /// of `chunk`) goes to rank `me + 1`; the previous rank's lands in `out`.
-/// `rings`: `pairs` ring sets laid out as [`ring_of`] says, `ctl`: one
-/// control word per block, `outbox`: `pairs * chunk` elements, all
+/// `rings`: `pairs` ring sets laid out as `RingSet::nth` says (one per
+/// producer/consumer pair of blocks), `ctl`: one control word per block, `outbox`: `pairs * chunk` elements, all
 /// symmetric. `launch` counts from 0; sequence numbers go on from launch
 /// to launch.
 #[kernel(transports(P2p, Ibgda))]
@@ -53,7 +43,12 @@ pub unsafe fn pipeline_shift<T: Transport>(
     launch: u64,
 ) {
     let (me, world) = (t.rank(), t.world_size());
-    let (b, pairs) = (ptx::block_idx_x() as u64, ptx::grid_dim_x() as u64 / 2);
+    let (b, grid) = (ptx::block_idx_x() as u64, ptx::grid_dim_x() as u64);
+    // A producer and a consumer block per pair: an even grid of at least 2.
+    if grid < 2 || grid % 2 != 0 {
+        ptx::trap();
+    }
+    let pairs = grid / 2;
     let (tid, nthr) = (ptx::thread_rank_in_block() as u64, ptx::block_dim_x() as u64);
     let p = b % pairs;
     let chunks = BlockChunks {
@@ -62,7 +57,7 @@ pub unsafe fn pipeline_shift<T: Transport>(
         block: p,
         blocks: pairs,
     };
-    let ring = ring_of(&rings, p);
+    let ring = rings.nth(p);
     // SAFETY: one control word per block (the launcher's contract).
     let ctl = BlockCtl(unsafe { ctl.add(b as usize) });
     let first_seq = launch * chunks.count();

@@ -15,7 +15,7 @@
 //! | `OneShot` | copy input into the symmetric staging, signal; read every peer's staging through `peer_ptr` and sum | small messages (one step of latency) |
 //! | `TwoShot` | staging as above; rank `r` sums shard `r` from every peer (reduce-scatter), signals; every rank reads each shard from its owner (all-gather) | medium and large messages over peer pointers |
 //! | `Ll` | one-shot in 8-byte packets `(epoch << 32) \| 4 data bytes` stored straight into every peer's staging; each rank polls its own staging until every packet carries this launch's epoch, and sums | the smallest messages: one one-way trip, no fence, no signal, no barrier |
-//! | `Pipelined` | chunk by chunk through [`crate::pipeline`] rings: each chunk is put into its owner's ring (reduce-scatter), the owner sums and puts the result into every rank's ring (all-gather) | routes without peer pointers (puts and signals only: any transport), and the **fused** all-reduce: [`fused`] lets a producer compute each chunk, whose reduction starts the moment it is produced |
+//! | `Pipelined` | chunk by chunk through [`crate::pipeline`](mod@crate::pipeline) rings: each chunk is put into its owner's ring (reduce-scatter), the owner sums and puts the result into every rank's ring (all-gather) | routes without peer pointers (puts and signals only: any transport), and the **fused** all-reduce: [`fused`] lets a producer compute each chunk, whose reduction starts the moment it is produced |
 //!
 //! The host (`doorbell::coll::AllReduce`) picks one by size and route.
 //!
@@ -43,7 +43,7 @@
 //! epoch parity: a rank in launch `e + 2` rewrites the buffer of launch `e`
 //! only after every peer has staged launch `e + 1`, which they do only once
 //! their launch `e` is over — no barrier at the end of a launch. Pipelined
-//! numbers chunks across launches (see [`crate::pipeline`]): its credits
+//! numbers chunks across launches (see [`crate::pipeline`](mod@crate::pipeline)): its credits
 //! carry over.
 //!
 //! ## Waits
@@ -806,8 +806,8 @@ fn check<T: Transport>(t: &T, a: &AllReduceArgs) {
 /// early — a small all-reduce costs one launch gap less.
 #[inline(always)]
 pub unsafe fn run<T: Transport>(t: &T, a: &AllReduceArgs) -> Result<(), Failed> {
-    // Before anything the previous kernel writes: the input, the epoch
-    // word, the staging.
+    // First, in every block: before anything the previous kernel may read
+    // or write (the input and output, the epoch word, the staging).
     ptx::wait_prior_grids();
     ptx::allow_dependent_launch();
     let e = a.elem_bytes();

@@ -7,7 +7,7 @@
 //!   bit).
 //! * [`allreduce`] — sum all-reduce: one-shot, two-shot (reduce-scatter +
 //!   all-gather through peer pointers) and pipelined (reduce-scatter +
-//!   all-gather through [`crate::pipeline`] rings, with puts and signals: any
+//!   all-gather through [`crate::pipeline`](mod@crate::pipeline) rings, with puts and signals: any
 //!   transport; the fused all-reduce, where a producer computes each chunk
 //!   and its reduction starts the moment it is done).
 //!

@@ -194,7 +194,7 @@ pub use crate::copy::copy_bytes;
 
 /// `dst[i] = src_0[i] + ... + src_(n-1)[i]` for `i` in `0..elems`, summed
 /// in `f32` in that order, by the threads of `g` (`me` of `count`). 16-byte
-/// vectors ([`SUM_UNROLL`] per thread and source in flight) when every address is 16-byte
+/// vectors (`SUM_UNROLL` per thread and source in flight) when every address is 16-byte
 /// aligned, else one element at a time. `dst` may be one of the sources
 /// (each element is read before it is written, by the same thread).
 ///

@@ -209,7 +209,7 @@ pub mod err_cqe {
     pub const SRQN: usize = 32;
     /// `vendor_err_synd`: vendor-specific detail.
     pub const VENDOR_ERR_SYND: usize = 54;
-    /// `syndrome`: a [`CqeSyndrome`].
+    /// `syndrome`: a [`CqeSyndrome`](super::CqeSyndrome).
     pub const SYNDROME: usize = 55;
     /// `s_wqe_opcode_qpn` (BE32): failing WQE's opcode in the high byte, QP
     /// number in the low 24 bits.

@@ -142,6 +142,22 @@ impl RingSet {
         peers as u64 * stages as u64
     }
 
+    /// Ring set `n` of several laid out one after the other: slots
+    /// `peers * peer_stride` bytes apart, counters
+    /// [`Self::counter_words`] words apart. Blocks that move chunks at the
+    /// same time each need a ring set of their own (slots and counters are
+    /// indexed by peer and stage only), and a control word of their own.
+    #[inline(always)]
+    pub fn nth(&self, n: u64) -> RingSet {
+        let words = Self::counter_words(self.peers, self.stages) * 8;
+        RingSet {
+            slots: self.slots + n * self.peers as u64 * self.peer_stride,
+            full: self.full + n * words,
+            empty: self.empty + n * words,
+            ..*self
+        }
+    }
+
     /// The stage chunk `seq` goes through.
     #[inline(always)]
     pub fn stage(&self, seq: u64) -> u64 {
@@ -308,4 +324,12 @@ impl BlockChunks {
         let first = (self.block + j * self.blocks) * self.chunk;
         (first, self.chunk.min(self.elems - first))
     }
+}
+
+/// `pipeline!`'s check that its `transport` is a value of a `Transport`
+/// type (an error at the user's expression otherwise). Not for direct use.
+#[doc(hidden)]
+#[inline(always)]
+pub fn transport_value<T: Transport>(t: &T) -> &T {
+    t
 }

@@ -225,9 +225,10 @@ pub struct AllReduceOptions {
     /// [`crate::LaunchConfig::overlap_previous`]): the kernel waits for that
     /// kernel on the device instead of being launched after it, and lets
     /// the next one launch early. Default: on when the rank has its GPU to
-    /// itself, off when ranks share one (a kernel launched early holds SMs
-    /// while it waits, which a peer's all-reduce may need) and on the
-    /// emulator. Plain launches only: a fused kernel is yours to launch.
+    /// itself; off when ranks share one (a kernel launched early holds SMs
+    /// while it waits, which a peer's all-reduce may need), and off on the
+    /// emulator. Plain launches only: the launch [`AllReduce::fused_args`]
+    /// returns never overlaps (your kernel is yours to order).
     pub overlap_launch: Option<bool>,
 }
 
@@ -374,7 +375,8 @@ impl Plan {
         Algo::from_u32(self.args.algo).expect("made by Plan::new")
     }
 
-    /// The grid and block of a launch.
+    /// The grid and block of a plain launch, with the plan's overlap
+    /// ([`AllReduce::fused_args`] turns the overlap off).
     pub fn launch_config(&self) -> LaunchConfig {
         LaunchConfig::linear(self.args.blocks, self.threads).with_overlap_previous(self.overlap)
     }

@@ -1,14 +1,20 @@
 fn expansion() {
     let _ = {
-        let __db_t = &(t);
+        let __db_t = ::doorbell_kernels::pipeline::transport_value(&(t));
         let __db_ring: ::doorbell_kernels::pipeline::RingSet = ring;
         let __db_ctl: ::doorbell_kernels::pipeline::BlockCtl = ctl;
         let __db_chunks: ::doorbell_kernels::pipeline::BlockChunks = chunks;
         let __db_seq0: u64 = base;
         let __db_peer: u32 = next;
         let __db_elem_bytes: u64 = ::core::mem::size_of::<f32>() as u64;
-        if __db_chunks.chunk == 0
-            || __db_chunks.chunk * __db_elem_bytes > __db_ring.slot_bytes
+        let __db_chunk_bytes = __db_chunks.chunk.checked_mul(__db_elem_bytes);
+        if __db_chunks.chunk == 0 || __db_chunks.blocks == 0
+            || __db_peer >= __db_ring.peers
+            || !::core::matches!(
+                __db_chunk_bytes, ::core::option::Option::Some(b) if b <= __db_ring
+                .slot_bytes
+            ) || __db_ring.slot_bytes % (::core::mem::align_of::<f32>() as u64) != 0
+            || __db_ring.slots % (::core::mem::align_of::<f32>() as u64) != 0
         {
             ::doorbell_kernels::ptx::trap();
         }

@@ -8,10 +8,13 @@ pub unsafe fn both<T: Transport>(t: &T, ring: RingSet, ctl: BlockCtl, chunks: Bl
     let sent: Result<(), Failed> = pipeline!(unsafe send {
         transport: *t, ring: ring, ctl: ctl, chunks: chunks,
         first_seq: 7, to: 1, outbox: outbox, elem: u32,
-    } |first, len, buf| {
+    } |mut first, len, buf| {
+        // The names may be `mut`: the body's own copies.
+        let end = first + len;
         let mut i = 0;
-        while i < len {
-            unsafe { *buf.add(i as usize) = (first + i) as u32 };
+        while first < end {
+            unsafe { *buf.add(i) = first as u32 };
+            first += 1;
             i += 1;
         }
     });
