@@ -462,7 +462,7 @@ fn timing(args: &Args, gpu: bool) -> &'static str {
 }
 
 fn bench(args: &Args, backend: doorbell::Backend, opts: CommOptions, topo: (bool, usize, usize, usize)) -> Result<(), BoxError> {
-    let (gpu, _sms, per_gpu, gpus) = topo;
+    let (gpu, sms, per_gpu, gpus) = topo;
     let ranks = args.ranks as usize;
     let dtype = args.dtype();
     let esz = dtype.size();
@@ -484,7 +484,12 @@ fn bench(args: &Args, backend: doorbell::Backend, opts: CommOptions, topo: (bool
         Ok(n) => notes.push(format!("NCCL {} from {}", n.version, n.path)),
         Err(e) => notes.push(format!("NCCL column skipped: {e}")),
     }
-    let overlap = args.overlap_launch().unwrap_or(gpu && per_gpu <= 1);
+    // What the library makes of --launch-overlap here (a plan says).
+    let overlap_opts = AllReduceOptions {
+        overlap_launch: args.overlap_launch(),
+        ..Default::default()
+    };
+    let overlap = Plan::new(ranks, 1, dtype, &overlap_opts, gpu, sms, per_gpu, true)?.overlap;
     notes.push(format!(
         "launch overlap (programmatic dependent launch) of our plain all-reduces: {}",
         if overlap && gpu { "on" } else { "off" }

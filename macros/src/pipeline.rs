@@ -280,6 +280,25 @@ fn generate(m: &Model) -> TokenStream {
         let mut __db_result: ::core::result::Result<(), #k::pipeline::Failed> = ::core::result::Result::Ok(());
         let mut __db_j: u64 = 0;
     };
+    // A ring call inside the generated loop: its value, or on `Err` the
+    // loop ends with it as the result.
+    let ring_call = |call: TokenStream| {
+        quote_spanned! {ms=>
+            match unsafe { #call } {
+                ::core::result::Result::Ok(v) => v,
+                ::core::result::Result::Err(e) => {
+                    __db_result = ::core::result::Result::Err(e);
+                    break;
+                }
+            }
+        }
+    };
+    let acquire = ring_call(quote_spanned!(ms=> __db_ring.acquire_block(__db_t, __db_ctl, __db_seq, __db_peer)));
+    let commit = ring_call(
+        quote_spanned!(ms=> __db_ring.commit_block(__db_t, __db_seq, __db_peer, __db_outbox as *const u8, __db_len * __db_elem_bytes)),
+    );
+    let wait = ring_call(quote_spanned!(ms=> __db_ring.wait_block(__db_t, __db_ctl, __db_seq, __db_peer)));
+    let release = ring_call(quote_spanned!(ms=> __db_ring.release_block(__db_t, __db_ctl, __db_seq, __db_peer)));
     let first_let = bind(first, quote!(u64), quote_spanned!(ms=> __db_first));
     let len_let = bind(len, quote!(u64), quote_spanned!(ms=> __db_len));
     let step = match m.side {
@@ -295,10 +314,7 @@ fn generate(m: &Model) -> TokenStream {
                     //    of this slot (a wait on the producer's empty counter).
                     // SAFETY: the invocation's `unsafe`: the ring and control
                     // word are this rank's symmetric allocations.
-                    if let ::core::result::Result::Err(e) = unsafe { __db_ring.acquire_block(__db_t, __db_ctl, __db_seq, __db_peer) } {
-                        __db_result = ::core::result::Result::Err(e);
-                        break;
-                    }
+                    #acquire
                     // 2. Produce: the user's body fills the outbox.
                     'produce: {
                         #first_let
@@ -312,12 +328,7 @@ fn generate(m: &Model) -> TokenStream {
                     //    slot's full counter, ordered by the transport.
                     // SAFETY: as above; the outbox holds `len` elements, and a
                     // chunk fits a slot (checked before the loop).
-                    if let ::core::result::Result::Err(e) = unsafe {
-                        __db_ring.commit_block(__db_t, __db_seq, __db_peer, __db_outbox as *const u8, __db_len * __db_elem_bytes)
-                    } {
-                        __db_result = ::core::result::Result::Err(e);
-                        break;
-                    }
+                    #commit
                     __db_j += 1;
                 }
             }
@@ -331,13 +342,7 @@ fn generate(m: &Model) -> TokenStream {
                     // 1. Wait for exactly this chunk: its slot's full counter.
                     // SAFETY: the invocation's `unsafe`: the ring and control
                     // word are this rank's symmetric allocations.
-                    let __db_slot = match unsafe { __db_ring.wait_block(__db_t, __db_ctl, __db_seq, __db_peer) } {
-                        ::core::result::Result::Ok(s) => s as *const #elem,
-                        ::core::result::Result::Err(e) => {
-                            __db_result = ::core::result::Result::Err(e);
-                            break;
-                        }
-                    };
+                    let __db_slot = (#wait) as *const #elem;
                     // 2. Consume: the user's body reads the slot.
                     'consume: {
                         #first_let
@@ -348,10 +353,7 @@ fn generate(m: &Model) -> TokenStream {
                     // 3. Release: a block barrier, a fence, then the producer's
                     //    empty counter (the slot may be overwritten after this).
                     // SAFETY: as above.
-                    if let ::core::result::Result::Err(e) = unsafe { __db_ring.release_block(__db_t, __db_ctl, __db_seq, __db_peer) } {
-                        __db_result = ::core::result::Result::Err(e);
-                        break;
-                    }
+                    #release
                     __db_j += 1;
                 }
             }

@@ -274,11 +274,11 @@ impl Plan {
         let bytes = elems64
             .checked_mul(esz)
             .ok_or_else(|| invalid(format!("{elems} elements overflow a byte count")))?;
-        let ll_max = if gpu && ranks_per_gpu > 1 {
-            LL_MAX_BYTES_SHARED_GPU
-        } else {
-            LL_MAX_BYTES
-        };
+        // On a GPU shared with other ranks, or one of its own: several
+        // defaults differ (measured on the H200; the constants say how).
+        let shared_gpu = gpu && ranks_per_gpu > 1;
+        let own_gpu = gpu && !shared_gpu;
+        let ll_max = if shared_gpu { LL_MAX_BYTES_SHARED_GPU } else { LL_MAX_BYTES };
         let algo = match opts.algo {
             Some(a) => a,
             None if world == 1 => Algo::Copy,
@@ -300,7 +300,7 @@ impl Plan {
         }
         let default_chunk = if algo == Algo::Pipelined {
             DEFAULT_PIPELINE_CHUNK_BYTES
-        } else if gpu && ranks_per_gpu <= 1 {
+        } else if own_gpu {
             DEFAULT_CHUNK_BYTES_OWN_GPU
         } else {
             DEFAULT_CHUNK_BYTES
@@ -323,7 +323,7 @@ impl Plan {
             // one per SM of this rank's share (the kernel's registers allow
             // one block of the default 256 threads per SM); when ranks share
             // the GPU, half of that and at most MAX_BLOCKS_SHARED_GPU.
-            if ranks_per_gpu > 1 {
+            if shared_gpu {
                 (sms / 2 / ranks_per_gpu).clamp(1, MAX_BLOCKS_SHARED_GPU as usize) as u64
             } else {
                 sms.max(1) as u64
@@ -359,7 +359,7 @@ impl Plan {
             world: world as u32,
             _pad: 0,
         };
-        let overlap = opts.overlap_launch.unwrap_or(gpu && ranks_per_gpu <= 1);
+        let overlap = opts.overlap_launch.unwrap_or(own_gpu);
         Ok(Plan { args, threads, overlap })
     }
 

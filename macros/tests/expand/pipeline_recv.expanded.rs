@@ -26,15 +26,15 @@ fn expansion() {
         while __db_j < __db_chunks.count() {
             let (__db_first, __db_len) = __db_chunks.range(__db_j);
             let __db_seq = __db_seq0 + __db_j;
-            let __db_slot = match unsafe {
+            let __db_slot = (match unsafe {
                 __db_ring.wait_block(__db_t, __db_ctl, __db_seq, __db_peer)
             } {
-                ::core::result::Result::Ok(s) => s as *const f32,
+                ::core::result::Result::Ok(v) => v,
                 ::core::result::Result::Err(e) => {
                     __db_result = ::core::result::Result::Err(e);
                     break;
                 }
-            };
+            }) as *const f32;
             'consume: {
                 let first: u64 = __db_first;
                 let len: u64 = __db_len;
@@ -49,11 +49,14 @@ fn expansion() {
                     }
                 }
             }
-            if let ::core::result::Result::Err(e) = unsafe {
+            match unsafe {
                 __db_ring.release_block(__db_t, __db_ctl, __db_seq, __db_peer)
             } {
-                __db_result = ::core::result::Result::Err(e);
-                break;
+                ::core::result::Result::Ok(v) => v,
+                ::core::result::Result::Err(e) => {
+                    __db_result = ::core::result::Result::Err(e);
+                    break;
+                }
             }
             __db_j += 1;
         }

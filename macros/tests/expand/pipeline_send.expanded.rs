@@ -27,11 +27,14 @@ fn expansion() {
         while __db_j < __db_chunks.count() {
             let (__db_first, __db_len) = __db_chunks.range(__db_j);
             let __db_seq = __db_seq0 + __db_j;
-            if let ::core::result::Result::Err(e) = unsafe {
+            match unsafe {
                 __db_ring.acquire_block(__db_t, __db_ctl, __db_seq, __db_peer)
             } {
-                __db_result = ::core::result::Result::Err(e);
-                break;
+                ::core::result::Result::Ok(v) => v,
+                ::core::result::Result::Err(e) => {
+                    __db_result = ::core::result::Result::Err(e);
+                    break;
+                }
             }
             'produce: {
                 let first: u64 = __db_first;
@@ -46,7 +49,7 @@ fn expansion() {
                 }
             }
             ::doorbell_kernels::ptx::sync_threads();
-            if let ::core::result::Result::Err(e) = unsafe {
+            match unsafe {
                 __db_ring
                     .commit_block(
                         __db_t,
@@ -56,8 +59,11 @@ fn expansion() {
                         __db_len * __db_elem_bytes,
                     )
             } {
-                __db_result = ::core::result::Result::Err(e);
-                break;
+                ::core::result::Result::Ok(v) => v,
+                ::core::result::Result::Err(e) => {
+                    __db_result = ::core::result::Result::Err(e);
+                    break;
+                }
             }
             __db_j += 1;
         }
