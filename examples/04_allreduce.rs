@@ -798,10 +798,17 @@ fn bench_rank<T: Elem>(
                        out: Option<&DeviceBuffer<T>>,
                        run: &mut dyn FnMut() -> doorbell::Result<()>|
      -> Result<(), BoxError> {
+        // Ranks may share a GPU and its hardware queues: every rank's host
+        // work of the last variant (its result copy) is done before any rank
+        // launches kernels that wait for the others (README, "Ranks sharing
+        // a GPU").
+        comm.barrier()?;
+        tracing::debug!("rank {me}: {variant} ({algo}, chunk {chunk}): {warmup} warm-up launch(es)");
         for _ in 0..warmup {
             run()?;
         }
         comm.synchronize(&stream)?;
+        tracing::debug!("rank {me}: {variant}: warm-up done");
         // --graph: the timed launches captured once (the kernels count their
         // epochs on the device, so a replay is a new all-reduce).
         let graph = match stream.as_cuda() {
@@ -814,9 +821,16 @@ fn bench_rank<T: Elem>(
                     .map_err(|e| format!("{variant}: ending the CUDA graph capture: {e:?}"))?;
                 captured?;
                 let g = g.ok_or_else(|| format!("{variant}: the CUDA graph capture recorded nothing"))?;
-                // One replay untimed: uploads the graph.
+                // Uploaded on every rank before any rank replays (the same
+                // rule: no rank's set-up work queued behind a peer's waiting
+                // kernels), then one replay untimed.
+                g.upload().map_err(|e| format!("{variant}: uploading the CUDA graph: {e:?}"))?;
+                comm.synchronize(&stream)?;
+                tracing::debug!("rank {me}: {variant}: {iters} launch(es) captured and uploaded");
+                comm.barrier()?;
                 g.launch().map_err(|e| format!("{variant}: replaying the CUDA graph: {e:?}"))?;
                 comm.synchronize(&stream)?;
+                tracing::debug!("rank {me}: {variant}: untimed replay done");
                 Some(g)
             }
             _ => None,
@@ -833,6 +847,7 @@ fn bench_rank<T: Elem>(
         }
         let end = stream.record()?;
         comm.synchronize(&stream)?;
+        tracing::debug!("rank {me}: {variant}: timed launches done");
         drop(graph);
         let us = start.elapsed_ms(&end)? as f64 * 1e3 / iters as f64;
         let all = comm.world().all_gather_bytes(&us.to_le_bytes())?;

@@ -831,3 +831,36 @@ fn plans_follow_the_placement() {
     assert!(plan(2, 8, true, 2, &on).launch_config().overlap_previous);
     assert!(!plan(2, 8, false, 2, &auto).launch_config().overlap_previous);
 }
+
+/// Plain launches of plans made for a fused kernel (a block per SM share,
+/// most blocks with nothing to do at small sizes), on 3 and 4 ranks: what
+/// the benchmark's "fused" column runs with `--compute none`.
+#[test]
+fn plain_launches_of_wide_plans_on_several_ranks() {
+    for backend in backends() {
+        for ranks in [3, 4] {
+            Communicator::local(ranks, backend, opts(), |comm| {
+                for algo in [Algo::Ll, Algo::OneShot, Algo::TwoShot] {
+                    for elems in [2, 4099] {
+                        let base = AllReduceOptions {
+                            fused: true,
+                            blocks: Some(22),
+                            chunk_bytes: Some(16 << 10),
+                            ..Default::default()
+                        };
+                        let case = Case {
+                            elems,
+                            algo: Some(algo),
+                            in_place: false,
+                            chunk_bytes: Some(16 << 10),
+                            launches: 5,
+                        };
+                        run_case_with::<f32>(comm, case, base)?;
+                    }
+                }
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("{backend:?}, {ranks} ranks: {e}"));
+        }
+    }
+}

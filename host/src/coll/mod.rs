@@ -125,9 +125,10 @@ impl Elem for Bf16 {
 /// every size up to 1 MiB).
 pub const LL_MAX_BYTES: u64 = 1 << 20;
 /// [`LL_MAX_BYTES`] when ranks share a GPU, where its doubled bytes cost
-/// HBM bandwidth instead of a link's latency: with two ranks on one H200,
-/// LL took 15.6 µs at 512 KiB and 28.5 µs at 1 MiB while two-shot took
-/// 14.8 µs at 2 MiB (so less at those sizes); at 256 KiB LL took 9.1 µs.
+/// HBM bandwidth instead of a link's latency. Two ranks on one H200, both
+/// forced, same run: LL 6.0 / 9.0 / 15.5 / 28.6 µs, two-shot 13.1 / 14.0 /
+/// 13.6 / 14.5 µs at 128 KiB / 256 KiB / 512 KiB / 1 MiB
+/// (`benchmarks/allreduce_h200_2ranks_ll_vs_twoshot.txt`).
 pub const LL_MAX_BYTES_SHARED_GPU: u64 = 256 << 10;
 /// Most symmetric scratch the automatic choice gives LL (it takes
 /// `4 * world * bytes`: two parities of a packet slot per rank): with 8
@@ -500,6 +501,17 @@ impl<'c> AllReduce<'c> {
                 Launcher::Routed(Box::new(t), module.function()?)
             }
         };
+        tracing::debug!(
+            "rank {}: all-reduce of {} {} ({}, {} block(s), chunk {} elements): scratch at heap offset {:#x}, signal words at {:#x}",
+            comm.rank(),
+            a.elems,
+            dtype.name(),
+            plan.algo().name(),
+            a.blocks,
+            a.chunk_elems,
+            scratch.offset(),
+            sigs.offset()
+        );
         // Every rank has zeroed its copy of the signal words before any
         // rank's first launch may signal into it.
         comm.barrier()?;
