@@ -13,7 +13,7 @@ use clap::Parser;
 use doorbell::{Device, LaunchConfig};
 use doorbell_example_kernels::fused_multiply_add;
 use doorbell_examples::cli::FmaArgs;
-use doorbell_examples::{fingerprint, host_vec, main_with, BoxError, USER_KERNELS_PTX};
+use doorbell_examples::{fingerprint, host_vec, main_with, BoxError, USER_KERNELS};
 
 fn main() {
     let args = FmaArgs::parse();
@@ -32,7 +32,7 @@ fn run(args: &FmaArgs) -> Result<(), BoxError> {
     let c = host_vec(n, |i| ((i % 313) as f32) * -7.1e-4)?;
     let n = a.len();
 
-    let module = dev.load_module(USER_KERNELS_PTX)?;
+    let module = dev.load_module(&USER_KERNELS)?;
     let fma = module.function::<fused_multiply_add>()?;
     let da = dev.alloc_from(&a)?;
     let db = dev.alloc_from(&b)?;

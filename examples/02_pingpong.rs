@@ -89,7 +89,7 @@ fn run_rank(comm: &Communicator, o: &Opts) -> doorbell::Result<Option<String>> {
         return Err(doorbell::Error::Comm("pingpong needs at least 2 ranks".into()));
     }
     comm.world().check_same_params(&[("iters", o.iters as u64), ("size", o.size)])?;
-    let module = comm.load_module(doorbell_examples::USER_KERNELS_PTX)?;
+    let module = comm.load_module(&doorbell_examples::USER_KERNELS)?;
     let f = module.function::<pingpong>()?;
     // IBGDA: the same kernel body, its RDMA instantiation (setup is collective).
     let ibgda = match o.transport {

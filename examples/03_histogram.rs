@@ -12,7 +12,7 @@ use clap::Parser;
 use doorbell::{Device, LaunchConfig};
 use doorbell_example_kernels::byte_histogram;
 use doorbell_examples::cli::HistogramArgs;
-use doorbell_examples::{host_vec, main_with, ratio, BoxError, USER_KERNELS_PTX};
+use doorbell_examples::{host_vec, main_with, ratio, BoxError, USER_KERNELS};
 
 fn main() {
     let args = HistogramArgs::parse();
@@ -25,7 +25,7 @@ fn run(args: &HistogramArgs) -> Result<(), BoxError> {
     println!("device: {} ({:?} backend)", dev.name(), dev.backend());
     // Skewed bytes, so bins differ.
     let data = host_vec(n, |i| ((i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 57) as u8) ^ ((i % 7) as u8))?;
-    let module = dev.load_module(USER_KERNELS_PTX)?;
+    let module = dev.load_module(&USER_KERNELS)?;
     let f = module.function::<byte_histogram>()?;
     let ddata = dev.alloc_from(&data)?;
     let mut bins = dev.alloc_zeroed::<u32>(256)?;

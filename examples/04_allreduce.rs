@@ -44,7 +44,7 @@ use doorbell_example_kernels::allreduce::{
 use doorbell_examples::cli::{ranged, DeviceArgs};
 use doorbell_examples::nccl;
 use doorbell_examples::plot::{write_chart, Chart, Series};
-use doorbell_examples::{die, main_with, BoxError, USER_KERNELS_PTX};
+use doorbell_examples::{die, main_with, BoxError, USER_KERNELS};
 use doorbell_kernels::transport::{Ibgda, P2p, Routed};
 
 type FusedKernel = <fused_grad_allreduce as ForTransport<P2p>>::Kernel;
@@ -348,7 +348,7 @@ fn to_le_bytes<T: Elem>(v: &[T]) -> Vec<u8> {
 fn check_rank<T: Elem>(comm: &Communicator, args: &Args, elems: usize, opts: &AllReduceOptions) -> doorbell::Result<RankResult> {
     // Modules first: over IBGDA on a GPU the all-reduce starts the soft
     // NIC's engine kernel, and no module loads while it runs.
-    let module = comm.load_module(USER_KERNELS_PTX)?;
+    let module = comm.load_module(&USER_KERNELS)?;
     let ar = AllReduce::with_options(comm, elems, T::DTYPE, opts)?;
     let dev = comm.device();
     let stream = dev.new_stream()?;
@@ -757,7 +757,7 @@ fn bench_rank<T: Elem>(
     let me = comm.rank();
     let ranks = comm.world_size();
     let compute = args.compute_code();
-    let module = comm.load_module(USER_KERNELS_PTX)?;
+    let module = comm.load_module(&USER_KERNELS)?;
     let fused_fn = module.function::<FusedKernel>()?;
     let wide_fn = module.function::<FusedWide>()?;
     let wide2_fn = module.function::<FusedWide2>()?;

@@ -195,7 +195,7 @@ fn measure_rtt(comm: &Communicator, s: &Stream, iters: u32, rounds: u32) -> door
         Checked,
         Unchecked,
     }
-    let m = comm.load_module(doorbell_examples::USER_KERNELS_PTX)?;
+    let m = comm.load_module(&doorbell_examples::USER_KERNELS)?;
     let checked = m.function::<signal_pingpong>()?;
     let unchecked = m.function::<signal_pingpong_unchecked>()?;
     let floor = m.function::<flag_pingpong_pair>()?;
@@ -275,7 +275,7 @@ fn measure_puts(
     plan: &doorbell_examples::cli::P2pBenchPlan,
 ) -> doorbell::Result<Vec<Row>> {
     let dev = comm.device();
-    let m = comm.load_module(doorbell_examples::USER_KERNELS_PTX)?;
+    let m = comm.load_module(&doorbell_examples::USER_KERNELS)?;
     let copy = m.function::<copy_raw>()?;
     let pieces = m.function::<copy_pieces>()?;
     let put = m.function::<put_bw>()?;

@@ -35,7 +35,7 @@ use doorbell_example_kernels::ibgda_bench::{
     post_burst_ibgda, put_signal_rtt_ibgda, put_signal_rtt_p2p, put_stream_ibgda, put_stream_p2p, BENCH_OK,
 };
 use doorbell_examples::cli::IbgdaBenchArgs;
-use doorbell_examples::{main_with, ratio, BoxError, USER_KERNELS_PTX};
+use doorbell_examples::{main_with, ratio, BoxError, USER_KERNELS};
 
 fn main() {
     let args = IbgdaBenchArgs::parse();
@@ -194,7 +194,7 @@ fn run(a: &IbgdaBenchArgs) -> Result<(), BoxError> {
 /// One rank's part; rank 0 returns the report.
 fn bench(comm: &Communicator, a: &IbgdaBenchArgs, max: u64, rtt_iters: u32, io: &IbgdaOptions) -> Result<Option<Report>, BoxError> {
     let dev = comm.device();
-    let m = comm.load_module(USER_KERNELS_PTX)?;
+    let m = comm.load_module(&USER_KERNELS)?;
     let me = comm.rank();
     let p2p = comm.p2p();
     let ib = comm.ibgda_with(io)?;

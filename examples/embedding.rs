@@ -589,7 +589,7 @@ impl<'c> Exchange<'c> {
             )));
         }
         let dev = comm.device();
-        let m = comm.load_module(crate::USER_KERNELS_PTX)?;
+        let m = comm.load_module(&crate::USER_KERNELS)?;
         let (n, c, d) = (p.ranks as usize, cap.max(1) as usize, p.dim as usize);
         let hash_bits = (2 * p.lookups()).next_power_of_two().trailing_zeros().max(4);
         let shape = EmbShape {
@@ -1115,7 +1115,7 @@ pub struct Copier {
 impl Copier {
     /// Loads the copy kernel.
     pub fn new(comm: &Communicator) -> Result<Copier> {
-        let m = comm.load_module(crate::USER_KERNELS_PTX)?;
+        let m = comm.load_module(&crate::USER_KERNELS)?;
         Ok(Copier { copy: m.function()? })
     }
 
@@ -1200,7 +1200,7 @@ impl<'c> Baseline<'c> {
     /// Collective. `max_recv`: most lookups any owner receives in a step.
     pub fn new(comm: &'c Communicator, p: &Problem, max_recv: u64, cfg: LaunchConfig) -> Result<Baseline<'c>> {
         let dev = comm.device();
-        let m = comm.load_module(crate::USER_KERNELS_PTX)?;
+        let m = comm.load_module(&crate::USER_KERNELS)?;
         let (n, t, d, l) = (p.ranks as usize, p.tables as usize, p.dim as usize, p.lookups());
         let mr = max_recv.max(1) as usize;
         let shape = EmbShape {

@@ -14,6 +14,13 @@ if [ ${#tests[@]} -eq 0 ]; then
 fi
 examples=(fma pingpong p2p_bench histogram ibgda_bench)
 for e in allreduce embedding_exchange; do grep -q "name = \"$e\"" examples/Cargo.toml && examples+=("$e"); done
+# Cubins for sm_90 next to the PTX (no driver compile on the GPU machine):
+# the build takes ptxas from DOORBELL_PTXAS, the PATH or CUDA_HOME; else the
+# PyPI wheel's that scripts/setup.sh installs.
+if [ -z "${DOORBELL_PTXAS:-}" ] && ! command -v ptxas > /dev/null; then
+    wheel=$(python3 -c "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cuda_nvcc/bin/ptxas'))" 2>/dev/null || true)
+    if [ -n "$wheel" ] && [ -x "$wheel" ]; then export DOORBELL_PTXAS="$wheel"; fi
+fi
 out=target/gpu-bundle
 rm -rf "$out" && mkdir -p "$out/tests"
 args=()

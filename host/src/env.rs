@@ -16,6 +16,7 @@
 //! | `DOORBELL_EMU_MAX_THREADS` | 1..=1048576 | 16384 |
 //! | `DOORBELL_EMU_BARRIER_TIMEOUT_S` | seconds in 0.001..=86400 | 60 |
 //! | `DOORBELL_LOG` | `off`, `error`, `warn`, `info`, `debug`, `trace` | `warn` |
+//! | `DOORBELL_CUBIN` | `0` (load modules from their PTX), `1` (from an embedded cubin where it fits the GPU) | 1 |
 //!
 //! The launcher variables (`RANK`, `MASTER_PORT`, `DOORBELL_TOKEN`,
 //! `DOORBELL_*_TIMEOUT_S` of the world, ...) are read, just as strictly, by
@@ -59,6 +60,7 @@ pub fn check() -> Result<()> {
     doorbell_kernels::emu::try_barrier_timeout()?;
     doorbell_kernels::emu::max_threads()?;
     crate::logging::level_from_env()?;
+    flag("DOORBELL_CUBIN", true)?;
     crate::comm::IbgdaOptions::from_env()?;
     crate::comm::RdmaPeers::from_env()?;
     Ok(())

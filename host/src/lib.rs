@@ -88,7 +88,7 @@ pub use logging::init_logging;
 #[cfg(feature = "runtime")]
 pub use memory::{DeviceBuffer, DeviceCopy, MappedBuffer};
 #[cfg(feature = "runtime")]
-pub use module::{ptx_is_built, Function, FunctionAttributes, Module};
+pub use module::{ptx_is_built, Function, FunctionAttributes, Module, ModuleImage, ModuleSource};
 #[cfg(feature = "runtime")]
 pub use stream::{Event, LaunchConfig, Stream};
 #[cfg(feature = "runtime")]
@@ -104,3 +104,7 @@ pub use doorbell_kernels::{ForTransport, Kernel, KernelArgs, KernelParam};
 /// their kernels in kernel crates of their own.
 #[cfg(feature = "runtime")]
 pub const KERNELS_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/doorbell_kernels.ptx"));
+/// [`KERNELS_PTX`] with its cubin for `sm_90` when the build found a
+/// `ptxas` (see [`build`]): what the library loads.
+#[cfg(feature = "runtime")]
+pub const KERNELS: ModuleImage = module_image!("doorbell_kernels");

@@ -4,6 +4,8 @@ use doorbell::{Backend, Device};
 
 /// The PTX of the test kernel crate (`tests/kernels`), built by `tests/build.rs`.
 pub const TEST_KERNELS_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/doorbell_test_kernels.ptx"));
+/// [`TEST_KERNELS_PTX`] with its cubin where the build found a `ptxas`.
+pub const TEST_KERNELS: doorbell::ModuleImage = doorbell::module_image!("doorbell_test_kernels");
 
 /// The devices a behaviour test runs on: always the CPU emulator, plus GPU 0
 /// when one is present. `DOORBELL_TEST_REQUIRE_GPU=1` makes a missing GPU a

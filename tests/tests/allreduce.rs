@@ -275,7 +275,7 @@ fn fused_all_reduce_with_producers() {
                     },
                 )?;
                 let dev = comm.device();
-                let module = comm.load_module(doorbell_examples::USER_KERNELS_PTX)?;
+                let module = comm.load_module(&doorbell_examples::USER_KERNELS)?;
                 let f = module.function::<Fused>()?;
                 let s = dev.new_stream()?;
                 for step in 0..3u32 {
@@ -402,7 +402,7 @@ fn one_set_of_arguments_replays_launch_after_launch() {
                     },
                 )?;
                 let dev = comm.device();
-                let module = comm.load_module(doorbell_examples::USER_KERNELS_PTX)?;
+                let module = comm.load_module(&doorbell_examples::USER_KERNELS)?;
                 let f = module.function::<Fused>()?;
                 let s = dev.new_stream()?;
                 let mut out = dev.alloc_zeroed::<f32>(elems)?;
@@ -458,7 +458,7 @@ fn ring_run(backend: Backend, credits: bool, launches: u64) -> u32 {
             peers: 2,
         };
         let mut bad = dev.alloc_zeroed::<u32>(1)?;
-        let module = dev.load_module(doorbell_tests::TEST_KERNELS_PTX)?;
+        let module = dev.load_module(&doorbell_tests::TEST_KERNELS)?;
         let f = module.function::<Ring>()?;
         let s = dev.new_stream()?;
         // Every rank has zeroed its counters before the first signal.
@@ -603,7 +603,7 @@ fn launch_bounds_refuse_a_larger_block() {
                 },
             )?;
             let dev = comm.device();
-            let module = comm.load_module(doorbell_examples::USER_KERNELS_PTX)?;
+            let module = comm.load_module(&doorbell_examples::USER_KERNELS)?;
             let f = module.function::<Wide>()?;
             let s = dev.new_stream()?;
             let mut out = dev.alloc_zeroed::<f32>(elems)?;
@@ -721,7 +721,7 @@ fn fused_over(comm: &Communicator, base: &AllReduceOptions, elems: usize, dtype:
     )?;
     assert_eq!(ar.transport(), base.transport);
     let dev = comm.device();
-    let module = comm.load_module(doorbell_examples::USER_KERNELS_PTX)?;
+    let module = comm.load_module(&doorbell_examples::USER_KERNELS)?;
     let s = dev.new_stream()?;
     let ranks = comm.world_size();
     for step in 0..2u32 {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use doorbell::comm::{CommOptions, Communicator, PeerRoute};
 use doorbell::{Backend, Error, LaunchConfig};
 use doorbell_test_kernels::testing::{p2p_barrier_rounds, p2p_wait_forever, ring_p2p, STATUS_OK};
-use doorbell_tests::TEST_KERNELS_PTX;
+use doorbell_tests::TEST_KERNELS;
 
 fn backends() -> Vec<Backend> {
     doorbell_tests::backends().iter().map(|d| d.backend()).collect()
@@ -27,7 +27,7 @@ fn ring(backend: Backend, ranks: usize, bytes: usize, offset: usize, use_warp: b
     };
     Communicator::local(ranks, backend, opts, |comm| {
         let dev = comm.device();
-        let m = dev.load_module(TEST_KERNELS_PTX)?;
+        let m = dev.load_module(&TEST_KERNELS)?;
         let f = m.function::<ring_p2p>()?;
         let src = comm.alloc::<u8>(bytes.max(1))?;
         let dst = comm.alloc::<u8>(bytes + offset + 1)?;
@@ -117,7 +117,7 @@ fn barrier_rounds_count_every_rank() {
             let rounds = 25u32;
             let totals = Communicator::local(ranks, backend, CommOptions::default(), |comm| {
                 let dev = comm.device();
-                let m = dev.load_module(TEST_KERNELS_PTX)?;
+                let m = dev.load_module(&TEST_KERNELS)?;
                 let f = m.function::<p2p_barrier_rounds>()?;
                 let counter = comm.alloc::<u64>(1)?;
                 let mut status = dev.alloc_zeroed::<u32>(1)?;
@@ -151,7 +151,7 @@ fn a_peer_that_never_signals_is_an_error_not_a_hang() {
         };
         let errs = Communicator::local(2, backend, opts, |comm| {
             let dev = comm.device();
-            let m = dev.load_module(TEST_KERNELS_PTX)?;
+            let m = dev.load_module(&TEST_KERNELS)?;
             let f = m.function::<p2p_wait_forever>()?;
             let sig = comm.alloc::<u64>(4)?;
             let mut status = dev.alloc_zeroed::<u32>(1)?;
@@ -246,7 +246,7 @@ fn ring_rdma(ranks: usize, bytes: usize, offset: usize, use_warp: bool, routed: 
     };
     Communicator::local(ranks, Backend::Cpu, opts, |comm| {
         let dev = comm.device();
-        let m = dev.load_module(TEST_KERNELS_PTX)?;
+        let m = dev.load_module(&TEST_KERNELS)?;
         let src = comm.alloc::<u8>(bytes.max(1))?;
         let dst = comm.alloc::<u8>(bytes + offset + 1)?;
         let got = comm.alloc::<u8>(bytes + offset + 1)?;

@@ -10,7 +10,7 @@ use doorbell::world::{RendezvousHost, World, WorldConfig};
 use doorbell::{Backend, Device, LaunchConfig};
 use doorbell_test_kernels::contract::{flagged_rounds_p2p, payload};
 use doorbell_test_kernels::testing::{ring_p2p, STATUS_OK};
-use doorbell_tests::TEST_KERNELS_PTX;
+use doorbell_tests::TEST_KERNELS;
 
 const TOKEN: &str = "comm-procs-test-token-91c2";
 const BYTES: usize = 10_007;
@@ -34,7 +34,7 @@ fn run_rank(world: World, backend: Backend) -> Result<PeerRoute, doorbell::Error
     let rank = world.rank();
     let comm = Communicator::new(world, device(backend, rank), opts)?;
     let dev = comm.device();
-    let m = dev.load_module(TEST_KERNELS_PTX)?;
+    let m = dev.load_module(&TEST_KERNELS)?;
     let f = m.function::<ring_p2p>()?;
     let src = comm.alloc::<u8>(BYTES)?;
     let dst = comm.alloc::<u8>(BYTES)?;
@@ -80,7 +80,7 @@ fn run_rank(world: World, backend: Backend) -> Result<PeerRoute, doorbell::Error
 fn flagged_rounds_across(comm: &Communicator) -> Result<(), doorbell::Error> {
     let (blocks, words, iters) = (4u32, 1031u32, 20u32);
     let dev = comm.device();
-    let m = dev.load_module(TEST_KERNELS_PTX)?;
+    let m = dev.load_module(&TEST_KERNELS)?;
     let f = m.function::<flagged_rounds_p2p>()?;
     let n = (blocks * words) as usize;
     let data = comm.alloc::<u32>(n)?;

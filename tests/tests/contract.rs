@@ -10,7 +10,7 @@ use doorbell::comm::{CommOptions, Communicator, RdmaPeers};
 use doorbell::{Backend, DeviceBuffer, Error, ForTransport, Kernel, KernelParam, LaunchConfig};
 use doorbell_kernels::transport::{Ibgda, P2p, Routed, Transport};
 use doorbell_test_kernels::contract::{bad_call, collect_signals, flagged_rounds, payload, Shadow};
-use doorbell_tests::TEST_KERNELS_PTX;
+use doorbell_tests::TEST_KERNELS;
 
 fn backends() -> Vec<Backend> {
     doorbell_tests::backends().iter().map(|d| d.backend()).collect()
@@ -65,7 +65,7 @@ where
 {
     let out = Communicator::local(2, backend, opts(), |comm| {
         let dev = comm.device();
-        let m = dev.load_module(TEST_KERNELS_PTX)?;
+        let m = dev.load_module(&TEST_KERNELS)?;
         let f = m.function::<<bad_call as ForTransport<T>>::Kernel>()?;
         let dst = comm.alloc::<u8>(4096)?;
         let sig = comm.alloc::<u64>(2)?;
@@ -215,7 +215,7 @@ where
     };
     Communicator::local(2, backend, opts, |comm| {
         let dev = comm.device();
-        let m = dev.load_module(TEST_KERNELS_PTX)?;
+        let m = dev.load_module(&TEST_KERNELS)?;
         let f = m.function::<<flagged_rounds as ForTransport<T>>::Kernel>()?;
         let n = (blocks * words) as usize;
         let data = comm.alloc::<u32>(n)?;
@@ -302,7 +302,7 @@ where
     let count = 12u32;
     let out = Communicator::local(2, backend, opts(), |comm| {
         let dev = comm.device();
-        let m = dev.load_module(TEST_KERNELS_PTX)?;
+        let m = dev.load_module(&TEST_KERNELS)?;
         let f = m.function::<<collect_signals as ForTransport<T>>::Kernel>()?;
         let sigs = comm.alloc::<u64>(count as usize)?;
         let mut out = dev.alloc_zeroed::<u64>(4)?;

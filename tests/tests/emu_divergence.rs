@@ -5,13 +5,13 @@ use std::time::{Duration, Instant};
 
 use doorbell::{Device, Error, LaunchConfig};
 use doorbell_test_kernels::testing::divergent_barrier;
-use doorbell_tests::TEST_KERNELS_PTX;
+use doorbell_tests::TEST_KERNELS;
 
 #[test]
 fn a_barrier_some_threads_never_reach_fails_after_the_timeout() {
     std::env::set_var("DOORBELL_EMU_BARRIER_TIMEOUT_S", "1");
     let dev = Device::emulator(0);
-    let m = dev.load_module(TEST_KERNELS_PTX).unwrap();
+    let m = dev.load_module(&TEST_KERNELS).unwrap();
     let f = m.function::<divergent_barrier>().unwrap();
     let mut flag = dev.alloc_zeroed::<u32>(1).unwrap();
     let s = dev.new_stream().unwrap();

@@ -16,7 +16,7 @@ use doorbell_kernels::transport::Ibgda;
 use doorbell_softnic::engine::EngineConfig;
 use doorbell_test_kernels::contract::bad_call;
 use doorbell_test_kernels::testing::{ring_ibgda, STATUS_OK};
-use doorbell_tests::TEST_KERNELS_PTX;
+use doorbell_tests::TEST_KERNELS;
 
 const BYTES: u64 = 4096;
 
@@ -52,7 +52,7 @@ struct Outcome {
 fn faulty_put_signal(wait: Duration, register: bool, fault: impl Fn(&mut EngineConfig, usize) + Sync) -> Outcome {
     let out = Communicator::local(2, Backend::Cpu, opts(wait), |comm| {
         let dev = comm.device();
-        let m = dev.load_module(TEST_KERNELS_PTX)?;
+        let m = dev.load_module(&TEST_KERNELS)?;
         let f = m.function::<<bad_call as ForTransport<Ibgda>>::Kernel>()?;
         let dst = comm.alloc::<u8>(BYTES as usize)?;
         let sig = comm.alloc::<u64>(2)?;
@@ -214,7 +214,7 @@ fn ring_under(fault: impl Fn(&mut EngineConfig) + Sync, bytes: usize) {
     };
     Communicator::local(3, Backend::Cpu, opts(Duration::from_secs(20)), |comm| {
         let dev = comm.device();
-        let m = dev.load_module(TEST_KERNELS_PTX)?;
+        let m = dev.load_module(&TEST_KERNELS)?;
         let src = comm.alloc::<u8>(bytes)?;
         let dst = comm.alloc::<u8>(bytes)?;
         let got = comm.alloc::<u8>(bytes)?;

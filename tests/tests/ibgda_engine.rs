@@ -14,7 +14,7 @@ use doorbell_kernels::transport::Ibgda;
 use doorbell_softnic::engine::EngineConfig;
 use doorbell_test_kernels::contract::bad_call;
 use doorbell_test_kernels::testing::{ring_ibgda, STATUS_OK};
-use doorbell_tests::{backends, TEST_KERNELS_PTX};
+use doorbell_tests::{backends, TEST_KERNELS};
 
 const CANARY: u8 = 0xa5;
 
@@ -74,7 +74,7 @@ fn ring_with_kernel_engine(dev_backend: Backend, ranks: usize, bytes: usize) {
     let io = kernel_engine(64, 64 << 10);
     let reports = Communicator::local(ranks, dev_backend, opts(dev_backend, Duration::from_secs(20)), |comm| {
         let dev = comm.device();
-        let m = dev.load_module(TEST_KERNELS_PTX)?;
+        let m = dev.load_module(&TEST_KERNELS)?;
         let src = comm.alloc::<u8>(bytes)?;
         let dst = Guarded::new(comm, bytes)?;
         let got = Guarded::new(comm, bytes)?;
@@ -172,7 +172,7 @@ fn a_stalled_wait_is_explained_by_the_engines_progress_record() {
     let b = Backend::Cpu;
     let lines = Communicator::local(2, b, opts(b, Duration::from_secs(2)), |comm| {
         let dev = comm.device();
-        let m = dev.load_module(TEST_KERNELS_PTX)?;
+        let m = dev.load_module(&TEST_KERNELS)?;
         let src = comm.alloc::<u8>(4096)?;
         let dst = comm.alloc::<u8>(4096)?;
         let got = comm.alloc::<u8>(4096)?;
@@ -272,7 +272,7 @@ fn forced_error_with_kernel_engine(backend: Backend) {
     const BYTES: usize = 64 << 10;
     Communicator::local(2, backend, opts(backend, Duration::from_secs(20)), |comm| {
         let dev = comm.device();
-        let m = dev.load_module(TEST_KERNELS_PTX)?;
+        let m = dev.load_module(&TEST_KERNELS)?;
         let f = m.function::<<bad_call as ForTransport<Ibgda>>::Kernel>()?;
         let dst = Guarded::new(comm, BYTES)?;
         dst.buf.copy_from_host(&[0u8; BYTES])?;

@@ -4,10 +4,10 @@ use doorbell::{Backend, Device, Error, LaunchConfig};
 use doorbell_example_kernels::fused_multiply_add;
 use doorbell_test_kernels::testing::{self, atomics_and_fences, block_or_rounds, record_indices, shuffle_barrier_flag, trap_in_one_thread};
 use doorbell_tests::backends;
-use doorbell_tests::TEST_KERNELS_PTX;
+use doorbell_tests::TEST_KERNELS;
 
 fn run_shuffle_barrier_flag(dev: &Device, threads: u32) -> Vec<u32> {
-    let module = dev.load_module(TEST_KERNELS_PTX).unwrap();
+    let module = dev.load_module(&TEST_KERNELS).unwrap();
     let f = module.function::<shuffle_barrier_flag>().unwrap();
     let input: Vec<u32> = (0..threads).map(|i| i.wrapping_mul(2_654_435_761) >> 7).collect();
     let dinput = dev.alloc_from(&input).unwrap();
@@ -64,7 +64,7 @@ fn sync_threads_or_gives_every_thread_the_blocks_or_round_after_round() {
     let pick: Vec<u32> = vec![0, threads, 95, 40, threads + 7, 33, 1, threads];
     let want: Vec<u32> = pick.iter().map(|&p| (p < threads) as u32).chain([0]).collect();
     for dev in backends() {
-        let m = dev.load_module(TEST_KERNELS_PTX).unwrap();
+        let m = dev.load_module(&TEST_KERNELS).unwrap();
         let f = m.function::<block_or_rounds>().unwrap();
         let dpick = dev.alloc_from(&pick).unwrap();
         let mut out = dev.alloc_zeroed::<u32>(pick.len() + 1).unwrap();
@@ -91,7 +91,7 @@ fn fused_multiply_add_is_bit_exact_on_every_backend() {
     let c: Vec<f32> = (0..n).map(|i| (i % 17) as f32 * -0.1).collect();
     let want: Vec<u32> = (0..n).map(|i| a[i].mul_add(b[i], c[i]).to_bits()).collect();
     for dev in backends() {
-        let m = dev.load_module(doorbell_examples::USER_KERNELS_PTX).unwrap();
+        let m = dev.load_module(&doorbell_examples::USER_KERNELS).unwrap();
         let f = m.function::<fused_multiply_add>().unwrap();
         let (da, db, dc) = (
             dev.alloc_from(&a).unwrap(),
@@ -124,7 +124,7 @@ fn thread_block_grid_indices_and_lanes_match_cuda_numbering() {
     };
     let threads = 2 * 3 * 8 * 4 * 2;
     for dev in backends() {
-        let m = dev.load_module(TEST_KERNELS_PTX).unwrap();
+        let m = dev.load_module(&TEST_KERNELS).unwrap();
         let f = m.function::<record_indices>().unwrap();
         let mut out = dev.alloc_zeroed::<u32>(threads * 9).unwrap();
         let s = dev.new_stream().unwrap();
@@ -155,7 +155,7 @@ fn thread_block_grid_indices_and_lanes_match_cuda_numbering() {
 #[test]
 fn atomics_count_every_thread_and_release_acquire_publishes_the_total() {
     for dev in backends() {
-        let m = dev.load_module(TEST_KERNELS_PTX).unwrap();
+        let m = dev.load_module(&TEST_KERNELS).unwrap();
         let f = m.function::<atomics_and_fences>().unwrap();
         let mut counter = dev.alloc_zeroed::<u32>(1).unwrap();
         let mut done = dev.alloc_zeroed::<u32>(1).unwrap();
@@ -180,7 +180,7 @@ fn atomics_count_every_thread_and_release_acquire_publishes_the_total() {
 #[test]
 fn a_trapping_thread_fails_the_launch_instead_of_hanging() {
     let dev = Device::emulator(0);
-    let m = dev.load_module(TEST_KERNELS_PTX).unwrap();
+    let m = dev.load_module(&TEST_KERNELS).unwrap();
     let f = m.function::<trap_in_one_thread>().unwrap();
     let s = dev.new_stream().unwrap();
     // SAFETY: no pointers.
@@ -207,7 +207,7 @@ fn a_trapping_thread_fails_the_launch_instead_of_hanging() {
 #[test]
 fn bad_launch_shapes_are_errors() {
     for dev in backends() {
-        let m = dev.load_module(TEST_KERNELS_PTX).unwrap();
+        let m = dev.load_module(&TEST_KERNELS).unwrap();
         let f = m.function::<trap_in_one_thread>().unwrap();
         let s = dev.new_stream().unwrap();
         for cfg in [
@@ -225,7 +225,7 @@ fn bad_launch_shapes_are_errors() {
 #[test]
 fn emulator_refuses_launches_needing_too_many_threads() {
     let dev = Device::emulator(0);
-    let m = dev.load_module(TEST_KERNELS_PTX).unwrap();
+    let m = dev.load_module(&TEST_KERNELS).unwrap();
     let f = m.function::<trap_in_one_thread>().unwrap();
     let s = dev.new_stream().unwrap();
     // SAFETY: refused before running.
@@ -270,7 +270,7 @@ fn length_mismatch_is_reported() {
 #[test]
 fn mapped_memory_is_shared_between_host_and_kernel() {
     for dev in backends() {
-        let m = dev.load_module(TEST_KERNELS_PTX).unwrap();
+        let m = dev.load_module(&TEST_KERNELS).unwrap();
         let f = m.function::<atomics_and_fences>().unwrap();
         let counter = dev.alloc_mapped::<u32>(1).unwrap();
         let done = dev.alloc_mapped::<u32>(1).unwrap();

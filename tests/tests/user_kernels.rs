@@ -3,7 +3,7 @@
 
 use doorbell::LaunchConfig;
 use doorbell_example_kernels::byte_histogram;
-use doorbell_examples::USER_KERNELS_PTX;
+use doorbell_examples::USER_KERNELS;
 
 #[test]
 fn a_user_crate_kernel_with_shared_memory_and_atomics_runs_on_every_backend() {
@@ -14,7 +14,7 @@ fn a_user_crate_kernel_with_shared_memory_and_atomics_runs_on_every_backend() {
         want[*b as usize] += 1;
     }
     for dev in doorbell_tests::backends() {
-        let m = dev.load_module(USER_KERNELS_PTX).unwrap();
+        let m = dev.load_module(&USER_KERNELS).unwrap();
         let f = m.function::<byte_histogram>().unwrap();
         let d = dev.alloc_from(&data).unwrap();
         let mut bins = dev.alloc_zeroed::<u32>(256).unwrap();
@@ -78,7 +78,7 @@ fn a_pipeline_macro_kernel_shifts_vectors_chunk_by_chunk() {
                 stages,
                 peers: world,
             };
-            let module = comm.load_module(USER_KERNELS_PTX)?;
+            let module = comm.load_module(&USER_KERNELS)?;
             let s = dev.new_stream()?;
             let threads = if dev.is_gpu() { 256 } else { 32 };
             let cfg = LaunchConfig::linear(2 * pairs as u32, threads);

@@ -9,12 +9,12 @@ use doorbell::{Device, LaunchConfig};
 use doorbell_kernels::mlx5::WqeRequest;
 use doorbell_test_kernels::mlx5::mlx5_bench_write_wqes;
 use doorbell_tests::backends;
-use doorbell_tests::TEST_KERNELS_PTX;
+use doorbell_tests::TEST_KERNELS;
 use wqe_common::*;
 
 fn run(dev: &Device, warps: u32, k: u32, ring_wqes: u32) -> f64 {
     let reqs = random_requests(21, 32);
-    let module = dev.load_module(TEST_KERNELS_PTX).unwrap();
+    let module = dev.load_module(&TEST_KERNELS).unwrap();
     let f = module.function::<mlx5_bench_write_wqes>().unwrap();
     let dreqs = dev.alloc_from(&raw(&reqs)).unwrap();
     let mut ring = dev.alloc_zeroed::<u32>((warps * ring_wqes * 16) as usize).unwrap();

@@ -9,7 +9,7 @@ use doorbell::LaunchConfig;
 use doorbell_kernels::mlx5::{self as m, AtomicSeg, Cqe64, CtrlSeg, DataSeg, ErrCqe, RaddrSeg, WqeOp, WqeRequest};
 use doorbell_test_kernels::mlx5::mlx5_write_wqes;
 use doorbell_tests::backends;
-use doorbell_tests::TEST_KERNELS_PTX;
+use doorbell_tests::TEST_KERNELS;
 use rand::Rng;
 use wqe_common::*;
 
@@ -79,7 +79,7 @@ fn device_builders_match_the_host_encoder_on_every_backend() {
     let reqs = random_requests(3, n);
     let want: Vec<[u8; 64]> = reqs.iter().map(WqeRequest::to_bytes).collect();
     for dev in backends() {
-        let module = dev.load_module(TEST_KERNELS_PTX).unwrap();
+        let module = dev.load_module(&TEST_KERNELS).unwrap();
         let f = module.function::<mlx5_write_wqes>().unwrap();
         let dreqs = dev.alloc_from(&raw(&reqs)).unwrap();
         // Poisoned output: every byte must be written, including padding.
@@ -110,7 +110,7 @@ fn device_builders_match_rdma_core_helpers_on_every_backend() {
     let n = 1536usize;
     let reqs = random_requests(4, n);
     for dev in backends() {
-        let module = dev.load_module(TEST_KERNELS_PTX).unwrap();
+        let module = dev.load_module(&TEST_KERNELS).unwrap();
         let f = module.function::<mlx5_write_wqes>().unwrap();
         let dreqs = dev.alloc_from(&raw(&reqs)).unwrap();
         let mut out = dev.alloc_zeroed::<u32>(n * 16).unwrap();

@@ -9,7 +9,7 @@ use doorbell_kernels::mlx5::cq::{classify_cqe, decode_poll_result, CqeState, POL
 use doorbell_kernels::mlx5::{Completion, CqError, Cqe64, CqeSyndrome, CQE_REQ_ERR, CQE_RESP_ERR, CQE_RESP_SEND};
 use doorbell_test_kernels::mlx5::mlx5_poll_cq;
 use doorbell_tests::backends;
-use doorbell_tests::TEST_KERNELS_PTX;
+use doorbell_tests::TEST_KERNELS;
 use wqe_common::*;
 
 const QPN: u32 = 0x00ab_cdef;
@@ -23,7 +23,7 @@ struct Polled {
 }
 
 fn poll(dev: &Device, cq_size: u32, cqes: &[[u8; 64]], ci: u32, targets: &[u32], budget_ns: u64) -> Polled {
-    let module = dev.load_module(TEST_KERNELS_PTX).unwrap();
+    let module = dev.load_module(&TEST_KERNELS).unwrap();
     let f = module.function::<mlx5_poll_cq>().unwrap();
     let mut qp = TestQp::new(dev, 4, 0, QPN, cq_size, cqes, ci);
     let dtargets = dev.alloc_from(targets).unwrap();

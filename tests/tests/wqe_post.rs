@@ -8,7 +8,7 @@ use doorbell_kernels::mlx5::wqe::FLAG_SIGNALED;
 use doorbell_kernels::mlx5::{CtrlSeg, WqeOp, WqeRequest};
 use doorbell_test_kernels::mlx5::mlx5_post_wqes;
 use doorbell_tests::backends;
-use doorbell_tests::TEST_KERNELS_PTX;
+use doorbell_tests::TEST_KERNELS;
 use rand::Rng;
 use wqe_common::*;
 
@@ -26,7 +26,7 @@ fn post_and_check(dev: &Device, sq_size: u32, start: u32, n: usize, cfg: LaunchC
             ..random_request(&mut r, ops[i % ops.len()])
         })
         .collect();
-    let module = dev.load_module(TEST_KERNELS_PTX).unwrap();
+    let module = dev.load_module(&TEST_KERNELS).unwrap();
     let f = module.function::<mlx5_post_wqes>().unwrap();
     let mut qp = TestQp::new(dev, sq_size, start, QPN, 4, &[], 0);
     let dreqs = dev.alloc_from(&raw(&reqs)).unwrap();

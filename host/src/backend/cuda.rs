@@ -54,6 +54,10 @@ fn driver_settings() {
     });
 }
 
+/// `DOORBELL_CUBIN`: `0` loads modules from their PTX even where a cubin
+/// is embedded (the driver compiles it, as for a GPU of another arch).
+pub(crate) const CUBIN_ENV: &str = "DOORBELL_CUBIN";
+
 /// True when `ptx` is a real module rather than the placeholder the build
 /// helper writes when the PTX build was skipped.
 pub fn ptx_is_built(ptx: &str) -> bool {
@@ -459,7 +463,8 @@ impl Device {
     }
 
     /// Loads PTX text into this context.
-    pub(crate) fn load_module(&self, ptx: &str) -> Result<Arc<Module>> {
+    pub(crate) fn load_module(&self, src: crate::module::ModuleSource<'_>) -> Result<Arc<Module>> {
+        let ptx = src.ptx();
         if !ptx_is_built(ptx) {
             return Err(Error::PtxNotBuilt);
         }
@@ -471,6 +476,12 @@ impl Device {
                 "GPU {}: a module cannot be loaded while the soft NIC engine kernel runs on this GPU (the load would wait for it forever): load every module before the IBGDA transport is set up (the first Communicator::ibgda, routed or an all-reduce over them), or after the communicator is gone",
                 self.ordinal()
             )));
+        }
+        if let Some(module) = self.load_cubin(src.cubin())? {
+            return Ok(Arc::new(Module {
+                module,
+                ctx: self.ctx.clone(),
+            }));
         }
         let src = CString::new(ptx).map_err(|_| Error::PtxNotBuilt)?;
         tracing::debug!(
@@ -493,6 +504,43 @@ impl Device {
             module,
             ctx: self.ctx.clone(),
         }))
+    }
+
+    /// `cubin` loaded as a module, when there is one, `DOORBELL_CUBIN` does
+    /// not say `0`, and the driver takes it (a cubin for another arch it
+    /// refuses: then `None`, and the caller loads the PTX).
+    fn load_cubin(&self, cubin: &[u8]) -> Result<Option<sys::CUmodule>> {
+        if cubin.is_empty() || !crate::env::flag(CUBIN_ENV, true)? {
+            return Ok(None);
+        }
+        let t0 = std::time::Instant::now();
+        // An 8-byte aligned copy (`include_bytes!` promises no alignment;
+        // the driver reads the ELF headers in place).
+        let mut image = vec![0u64; cubin.len().div_ceil(8)];
+        // SAFETY: `image` holds at least `cubin.len()` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(cubin.as_ptr(), image.as_mut_ptr() as *mut u8, cubin.len()) };
+        let mut module: sys::CUmodule = std::ptr::null_mut();
+        // SAFETY: `image` is a whole ELF image the driver reads at this
+        // address (it needs no length); the context is bound.
+        let r = unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const _) }.result();
+        match r {
+            Ok(()) => {
+                tracing::debug!(
+                    "GPU {}: loaded a module from its cubin ({} bytes) in {} ms",
+                    self.ordinal(),
+                    cubin.len(),
+                    t0.elapsed().as_millis()
+                );
+                Ok(Some(module))
+            }
+            Err(e) => {
+                tracing::debug!(
+                    "GPU {}: the driver refused the module's cubin ({e:?}); loading its PTX",
+                    self.ordinal()
+                );
+                Ok(None)
+            }
+        }
     }
 
     /// The GPU's UUID in hex (empty when the driver does not say).

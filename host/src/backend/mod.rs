@@ -168,9 +168,9 @@ impl DeviceBackend {
         }
     }
 
-    pub(crate) fn load_module(&self, ptx: &str) -> Result<ModuleBackend> {
+    pub(crate) fn load_module(&self, src: crate::module::ModuleSource<'_>) -> Result<ModuleBackend> {
         match self {
-            DeviceBackend::Cuda(d) => d.load_module(ptx).map(ModuleBackend::Cuda),
+            DeviceBackend::Cuda(d) => d.load_module(src).map(ModuleBackend::Cuda),
             // Nothing to load: the kernels' host code is linked into the binary.
             DeviceBackend::Emu(_) => Ok(ModuleBackend::Emu),
         }

@@ -107,6 +107,9 @@ use crate::memory::DeviceBuffer;
 /// `doorbell-softnic` into a PTX of its own: the soft NIC is a device, not
 /// a library kernel, so it is not in [`crate::KERNELS_PTX`].
 pub const SOFTNIC_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/doorbell_softnic.ptx"));
+/// [`SOFTNIC_PTX`] with its cubin (see [`crate::ModuleImage`]): what the
+/// set-up loads.
+pub const SOFTNIC: crate::ModuleImage = crate::module_image!("doorbell_softnic");
 
 /// `DOORBELL_IBGDA_QPS_PER_PEER`: RC QPs per peer, 1..=16.
 pub const QPS_ENV: &str = "DOORBELL_IBGDA_QPS_PER_PEER";
@@ -655,7 +658,7 @@ fn engine_image(dev: &Device, rank: usize) -> Result<(Arc<FunctionBackend>, Stat
     let map = guard.get_or_insert_with(HashMap::new);
     if !map.contains_key(&key) {
         let t0 = std::time::Instant::now();
-        let module = dev.inner.load_module(SOFTNIC_PTX)?;
+        let module = dev.inner.load_module((&SOFTNIC).into())?;
         let function = Arc::new(module.function(<softnic_engine as Kernel>::NAME)?);
         let (host, dev_addr) = dev.inner.alloc_mapped(STATUS_SLOTS * 4)?;
         let (progress_host, progress_dev) = dev.inner.alloc_mapped(STATUS_SLOTS * std::mem::size_of::<EngineProgress>())?;

@@ -540,13 +540,13 @@ impl Communicator {
         Ok(buf)
     }
 
-    /// The library's kernels ([`crate::KERNELS_PTX`]) on this rank's
+    /// The library's kernels ([`crate::KERNELS`]) on this rank's
     /// device, loaded on first use and kept.
     pub fn library_module(&self) -> Result<&crate::Module> {
         if let Some(m) = self.library.get() {
             return Ok(m);
         }
-        let m = self.device.load_module(crate::KERNELS_PTX)?;
+        let m = self.device.load_module(&crate::KERNELS)?;
         let _ = self.library.set(m);
         Ok(self.library.get().expect("set above"))
     }
@@ -556,8 +556,8 @@ impl Communicator {
     /// tens of seconds for a large module — and a kernel that waits on its
     /// peers must not start while a peer is still compiling, or its bounded
     /// waits run out: load modules of communicating kernels through this.
-    pub fn load_module(&self, ptx: &str) -> Result<crate::Module> {
-        let m = self.device.load_module(ptx)?;
+    pub fn load_module<'a>(&self, src: impl Into<crate::ModuleSource<'a>>) -> Result<crate::Module> {
+        let m = self.device.load_module(src)?;
         self.world.barrier()?;
         Ok(m)
     }
