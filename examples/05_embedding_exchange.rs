@@ -51,9 +51,9 @@ use doorbell_examples::{main_with, BoxError};
 enum TransportArg {
     /// Stores into peers' memory (same GPU, NVLink/PCIe peers; the emulator).
     P2p,
-    /// GPU-built RDMA WQEs through the soft NIC (the CPU emulator only for now; push forward and backward).
+    /// GPU-built RDMA WQEs through the soft NIC (push forward and backward; emulator and GPU).
     Ibgda,
-    /// Load/store or the soft NIC per pair of ranks (DOORBELL_RDMA_PEERS; the CPU emulator only for now).
+    /// Load/store or the soft NIC per pair of ranks (DOORBELL_RDMA_PEERS; checked on the emulator).
     Routed,
 }
 
@@ -98,7 +98,7 @@ struct Args {
     /// Seed of the ids
     #[arg(long, value_name = "X", default_value = "1", value_parser = ranged(0, u64::MAX))]
     seed: u64,
-    /// The device transport (ibgda, routed: the soft NIC, CPU emulator only for now; not with --bench)
+    /// The device transport (ibgda, routed: through the soft NIC; not with --bench)
     #[arg(long, value_enum, default_value_t = TransportArg::P2p)]
     transport: TransportArg,
     /// Training steps (forward, backward, SGD), same ids every step

@@ -306,7 +306,7 @@ pub enum Error {
     #[error(
         "rank {rank}: {op} gave up after {budget_ms} ms in block {block}: the word at symmetric-heap offset {offset:#x} \
          never became {cmp} {expected} (last seen {seen}){peer_text}; check that every rank launched its kernel and signals, \
-         or raise DOORBELL_WAIT_TIMEOUT_S"
+         or raise DOORBELL_WAIT_TIMEOUT_S{hint}"
     )]
     WaitTimeout {
         /// Rank that gave up.
@@ -329,6 +329,8 @@ pub enum Error {
         seen: u64,
         /// The budget, ms.
         budget_ms: u64,
+        /// What else to suspect (empty, or text starting with `; `).
+        hint: String,
     },
     /// A device-side transport call was refused (bad argument: nothing was
     /// written) or failed (an error completion).

@@ -615,3 +615,53 @@ fn ibgda_patterns_match_the_mlx5_golden_kernels() {
     let (write, _) = ibgda_path_of(ptx, "mlx5_write_wqes");
     assert!(write.wqe && !write.ring && !write.cq_poll, "mlx5_write_wqes: {write:?}");
 }
+
+/// Every module image embeds the very PTX of its `*_PTX` constant, and a
+/// cubin that is either absent (no `ptxas` at build time) or an `sm_90`
+/// CUDA ELF image made from it — not some other file, and not a truncated
+/// one: the loader hands it to the driver as is.
+#[test]
+fn module_images_hold_their_ptx_and_an_elf_cubin_or_none() {
+    let images = [
+        ("doorbell_kernels", doorbell::KERNELS, doorbell::KERNELS_PTX),
+        (
+            "doorbell_example_kernels",
+            doorbell_examples::USER_KERNELS,
+            doorbell_examples::USER_KERNELS_PTX,
+        ),
+        (
+            "doorbell_test_kernels",
+            doorbell_tests::TEST_KERNELS,
+            doorbell_tests::TEST_KERNELS_PTX,
+        ),
+        ("doorbell_softnic", doorbell::comm::SOFTNIC, doorbell::comm::SOFTNIC_PTX),
+    ];
+    for (name, image, ptx) in images {
+        assert!(
+            std::ptr::eq(image.ptx, ptx) || image.ptx == ptx,
+            "{name}: the image's PTX is not the module's"
+        );
+        let c = image.cubin;
+        if c.is_empty() {
+            eprintln!("{name}: no cubin embedded (the build found no ptxas): the driver compiles the PTX");
+            continue;
+        }
+        // ELF64, little-endian, machine EM_CUDA (190).
+        assert_eq!(&c[..4], b"\x7fELF", "{name}: the cubin is not an ELF image");
+        assert_eq!((c[4], c[5]), (2, 1), "{name}: not a little-endian ELF64 image");
+        assert_eq!(u16::from_le_bytes([c[18], c[19]]), 190, "{name}: not a CUDA ELF image");
+        // Section headers lie inside the image: nothing cut off.
+        let shoff = u64::from_le_bytes(c[40..48].try_into().unwrap());
+        let (shentsize, shnum) = (u16::from_le_bytes([c[58], c[59]]) as u64, u16::from_le_bytes([c[60], c[61]]) as u64);
+        assert!(shoff + shentsize * shnum <= c.len() as u64, "{name}: the cubin is truncated");
+        // Every entry of the PTX is a function of the image (its name is in
+        // the string table).
+        for entry in ptx.lines().filter_map(|l| l.trim().strip_prefix(".visible .entry ")) {
+            let n = &entry[..entry.find('(').unwrap_or(entry.len())];
+            assert!(
+                c.windows(n.len()).any(|w| w == n.as_bytes()),
+                "{name}: entry {n} is not in the cubin"
+            );
+        }
+    }
+}

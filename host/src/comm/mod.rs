@@ -58,7 +58,7 @@ use crate::world::World;
 mod ibgda;
 mod shm;
 pub use doorbell_softnic::engine::EngineCounters;
-pub use ibgda::{EngineReport, IbgdaOptions, IbgdaProgress, IbgdaQueue, RdmaPeers, SoftNicEngine, SOFTNIC_PTX};
+pub use ibgda::{EngineReport, IbgdaOptions, IbgdaProgress, IbgdaQueue, RdmaPeers, SoftNicEngine, SOFTNIC, SOFTNIC_PTX};
 use shm::ShmRegion;
 
 /// Communicator settings.
@@ -609,6 +609,15 @@ impl Communicator {
                     expected: r.expected,
                     seen: r.seen,
                     budget_ms: r.budget_ns / 1_000_000,
+                    hint: if self.ranks_per_gpu > 1 && self.device.is_gpu() {
+                        format!(
+                            "; {} ranks share a GPU here: CUDA may hold one rank's kernel in a hardware queue behind \
+                             another's waiting kernel (README, \"Ranks sharing a GPU\"); one rank per GPU avoids it",
+                            self.ranks_per_gpu
+                        )
+                    } else {
+                        String::new()
+                    },
                 }
             }
             Some(ErrorKind::BadPeer) => format!("rank {} is not in this world of {} ranks; nothing was written", r.peer, self.size),
