@@ -197,7 +197,7 @@
 //! bytes. Peers must share the address space (threads of one process, the
 //! emulator's memory, or one GPU's device pointers and peer mappings). The
 //! host engine runs one device pass at a time (one lock). The GPU-resident
-//! engine ([`engine::resident`], the [`kernel::softnic_engine`] kernel)
+//! engine ([`engine::resident`], the [`kernel::softnic_engine()`] kernel)
 //! gives each port its own block; ports reach each other through an
 //! [`engine::PortTable`], and responder-side state another port's engine
 //! writes (a responder QP moved to error, receive counters and CQ

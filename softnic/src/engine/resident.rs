@@ -44,12 +44,12 @@
 //!
 //! ## The barrier
 //! Thread 0 and the other threads meet at *different* barrier instructions
-//! (thread 0 in [`BlockMover::round`], the others in [`serve`]), and warp 0
+//! (thread 0 in `BlockMover::round`, the others in `serve`), and warp 0
 //! is split between them. `bar.sync` is `barrier.sync.aligned`, which
 //! PTX allows only where every thread of the block executes the same
 //! instruction (undefined behaviour otherwise: the CPU emulator cannot
 //! show it, a GPU may hang). The engine therefore uses the non-aligned
-//! `barrier.sync 0` ([`block_barrier`]), which may be reached from
+//! `barrier.sync 0` (`block_barrier`), which may be reached from
 //! divergent code.
 //!
 //! ## Start and stop, as the host sees them
@@ -309,7 +309,7 @@ pub struct Job {
     len: u64,
 }
 
-/// The block's mover, run by thread 0 (the others are in [`serve`]).
+/// The block's mover, run by thread 0 (the others are in `serve`).
 pub struct BlockMover {
     job: *mut Job,
     parts: usize,
