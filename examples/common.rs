@@ -12,7 +12,7 @@ pub use clap;
 
 /// PTX of the user kernel crate (`examples/user-kernels`), built by this
 /// package's `build.rs` with `doorbell::build::PtxBuilder`.
-pub const USER_KERNELS_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/doorbell_example_kernels.ptx"));
+pub const USER_KERNELS_PTX: &str = USER_KERNELS.ptx;
 /// [`USER_KERNELS_PTX`] with its cubin where the build found a `ptxas`
 /// (`doorbell::ModuleImage`): what the examples load.
 pub const USER_KERNELS: doorbell::ModuleImage = doorbell::module_image!("doorbell_example_kernels");

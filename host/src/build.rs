@@ -59,6 +59,8 @@ pub enum BuildError {
     Io(PathBuf, std::io::Error),
     /// Not run from a build script (no `OUT_DIR`).
     NoOutDir,
+    /// The `ptxas` that `DOORBELL_PTXAS` names could not assemble the PTX.
+    Ptxas(String),
 }
 
 impl fmt::Display for BuildError {
@@ -70,6 +72,7 @@ impl fmt::Display for BuildError {
             BuildError::MissingOutput(p) => write!(f, "PTX build produced no {}", p.display()),
             BuildError::Io(p, e) => write!(f, "{}: {e}", p.display()),
             BuildError::NoOutDir => write!(f, "OUT_DIR is not set: call PtxBuilder from a build script, or set an output path"),
+            BuildError::Ptxas(m) => write!(f, "{m}; DOORBELL_PTXAS names the ptxas that makes the cubins (unset it to search PATH and CUDA_HOME, or set it to 0 for no cubin)"),
         }
     }
 }
@@ -283,8 +286,16 @@ impl PtxBuilder {
         let ptx = std::fs::read_to_string(&asm).map_err(|e| BuildError::Io(asm.clone(), e))?;
         let ptx = apply_launch_bounds(&ptx);
         std::fs::write(&out_path, &ptx).map_err(|e| BuildError::Io(out_path.clone(), e))?;
-        let explicit = std::env::var_os("DOORBELL_PTXAS").is_some_and(|v| !v.is_empty() && v != "0");
-        let cubin_built = assemble(&ptx, &out_path, &cubin_path, &self.arch, find_ptxas().as_deref(), explicit)?;
+        let ptxas = find_ptxas();
+        let named = ptxas.as_ref().is_some_and(|(_, named)| *named);
+        let cubin_built = assemble(
+            &ptx,
+            &out_path,
+            &cubin_path,
+            &self.arch,
+            ptxas.as_ref().map(|(p, _)| p.as_path()),
+            named,
+        )?;
         if rerun {
             // Every source file the kernels came from (path dependencies too).
             // The dep-info file is named after the crate (no `lib` prefix for
@@ -312,11 +323,12 @@ impl PtxBuilder {
     }
 }
 
-/// The `ptxas` to use: `DOORBELL_PTXAS` (`0`: none), else one on `PATH`,
-/// under `$CUDA_HOME/bin` or `/usr/local/cuda/bin`.
-fn find_ptxas() -> Option<PathBuf> {
+/// The `ptxas` to use, and whether `DOORBELL_PTXAS` named it: that one
+/// (`0`: none), else one on `PATH`, under `$CUDA_HOME/bin` or
+/// `/usr/local/cuda/bin`.
+fn find_ptxas() -> Option<(PathBuf, bool)> {
     if let Some(v) = std::env::var_os("DOORBELL_PTXAS").filter(|v| !v.is_empty()) {
-        return (v != "0").then(|| PathBuf::from(v));
+        return (v != "0").then(|| (PathBuf::from(v), true));
     }
     let on_path = std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).map(|d| d.join("ptxas")).collect::<Vec<_>>())
@@ -327,6 +339,7 @@ fn find_ptxas() -> Option<PathBuf> {
         .chain(cuda_home)
         .chain([PathBuf::from("/usr/local/cuda/bin/ptxas")])
         .find(|p| p.is_file())
+        .map(|p| (p, false))
 }
 
 /// Writes `cubin` (module docs): `ptx` (written at `ptx_path`) assembled
@@ -370,7 +383,7 @@ fn assemble(ptx: &str, ptx_path: &Path, cubin: &Path, arch: &str, ptxas: Option<
     };
     if let Some(f) = failure {
         if explicit {
-            return Err(BuildError::Toolchain(f));
+            return Err(BuildError::Ptxas(f));
         }
         return empty(Some(f));
     }

@@ -103,7 +103,7 @@ pub use doorbell_kernels::{ForTransport, Kernel, KernelArgs, KernelParam};
 /// built for `sm_90` by this crate's build script. Examples and tests keep
 /// their kernels in kernel crates of their own.
 #[cfg(feature = "runtime")]
-pub const KERNELS_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/doorbell_kernels.ptx"));
+pub const KERNELS_PTX: &str = KERNELS.ptx;
 /// [`KERNELS_PTX`] with its cubin for `sm_90` when the build found a
 /// `ptxas` (see [`build`]): what the library loads.
 #[cfg(feature = "runtime")]

@@ -3,7 +3,7 @@
 use doorbell::{Backend, Device};
 
 /// The PTX of the test kernel crate (`tests/kernels`), built by `tests/build.rs`.
-pub const TEST_KERNELS_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/doorbell_test_kernels.ptx"));
+pub const TEST_KERNELS_PTX: &str = TEST_KERNELS.ptx;
 /// [`TEST_KERNELS_PTX`] with its cubin where the build found a `ptxas`.
 pub const TEST_KERNELS: doorbell::ModuleImage = doorbell::module_image!("doorbell_test_kernels");
 

@@ -106,7 +106,7 @@ use crate::memory::DeviceBuffer;
 /// The soft NIC's engine kernel (`softnic_engine`), built from
 /// `doorbell-softnic` into a PTX of its own: the soft NIC is a device, not
 /// a library kernel, so it is not in [`crate::KERNELS_PTX`].
-pub const SOFTNIC_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/doorbell_softnic.ptx"));
+pub const SOFTNIC_PTX: &str = SOFTNIC.ptx;
 /// [`SOFTNIC_PTX`] with its cubin (see [`crate::ModuleImage`]): what the
 /// set-up loads.
 pub const SOFTNIC: crate::ModuleImage = crate::module_image!("doorbell_softnic");
