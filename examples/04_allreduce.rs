@@ -136,6 +136,9 @@ struct Args {
     /// Device transport (ibgda, routed: through the soft NIC; pipelined algorithm where a pair has no peer pointers)
     #[arg(long, value_enum, default_value_t = TransportArg::P2p)]
     transport: TransportArg,
+    /// Threads per block of the library's plain all-reduce (257..=512: two-shot only; --bench: applied to the sizes whose plan is two-shot) [default: 256 on a GPU]
+    #[arg(long, value_name = "N", value_parser = ranged(32, 1024))]
+    threads: Option<u64>,
     /// Checked all-reduces (steps)
     #[arg(long, value_name = "N", default_value = "3", value_parser = ranged(1, 1_000_000))]
     iters: u64,
@@ -250,6 +253,7 @@ fn run(args: &Args) -> Result<(), BoxError> {
         // A producer computes in the all-reduce's blocks: the whole GPU.
         fused: args.compute != Compute::None,
         overlap_launch: args.overlap_launch(),
+        threads: args.threads.map(|t| t as u32),
         ..Default::default()
     };
     // Bad combinations (--algo one-shot with one rank or over IBGDA, ...)
@@ -668,20 +672,30 @@ fn bench_size(
     for (_, _, o) in &variants {
         heap += plan(o.clone(), count)?.heap_bytes();
     }
-    let plain = AllReduceOptions {
+    // The plain all-reduce: --threads where its plan is two-shot.
+    let mut plain = AllReduceOptions {
         algo: args.algo(),
         overlap_launch: args.overlap_launch(),
         ..Default::default()
     };
-    heap += plan(plain, count)?.heap_bytes();
+    if let Some(t) = args.threads {
+        let wide = AllReduceOptions {
+            threads: Some(t as u32),
+            ..plain.clone()
+        };
+        if plan(wide.clone(), count)?.algo() == Algo::TwoShot {
+            plain = wide;
+        }
+    }
+    heap += plan(plain.clone(), count)?.heap_bytes();
     let per_chunk = (base_chunk / dtype.size()).max(1) as usize;
     heap += plan(AllReduceOptions::default(), per_chunk.min(count))?.heap_bytes() * 2;
     let mut opts = opts.clone();
     opts.heap_bytes = heap;
     let per_rank = Communicator::local(ranks, backend, opts, |comm| {
         let r = match dtype {
-            DType::F32 => bench_rank::<f32>(comm, args, count, &variants, per_chunk, nccl),
-            DType::Bf16 => bench_rank::<Bf16>(comm, args, count, &variants, per_chunk, nccl),
+            DType::F32 => bench_rank::<f32>(comm, args, count, &variants, &plain, per_chunk, nccl),
+            DType::Bf16 => bench_rank::<Bf16>(comm, args, count, &variants, &plain, per_chunk, nccl),
         };
         r.map_err(|e| doorbell::Error::Comm(format!("rank {}: {e}", comm.rank())))
     })?;
@@ -749,6 +763,7 @@ fn bench_rank<T: Elem>(
     args: &Args,
     count: usize,
     variants: &[(u64, Width, AllReduceOptions)],
+    plain: &AllReduceOptions,
     per_chunk: usize,
     nccl: bool,
 ) -> Result<Vec<Row>, BoxError> {
@@ -956,12 +971,7 @@ fn bench_rank<T: Elem>(
         measure("producer", 0, "-", None, &mut run)?;
     }
     // (c) unfused: the producer, then the all-reduce (`--algo`, else by size).
-    let plain = AllReduceOptions {
-        algo: args.algo(),
-        overlap_launch: args.overlap_launch(),
-        ..Default::default()
-    };
-    let ar = AllReduce::with_options(comm, count, dtype, &plain)?;
+    let ar = AllReduce::with_options(comm, count, dtype, plain)?;
     {
         let mut run = || -> doorbell::Result<()> {
             if compute != 0 {
@@ -970,7 +980,11 @@ fn bench_rank<T: Elem>(
             // SAFETY: both hold `count` elements.
             unsafe { ar.run_raw(&stream, src, out_raw) }
         };
-        measure("unfused", 0, ar.algo().name(), Some(&out), &mut run)?;
+        let label = match plain.threads {
+            Some(t) => format!("{} {t}t", ar.algo().name()),
+            None => ar.algo().name().to_string(),
+        };
+        measure("unfused", 0, &label, Some(&out), &mut run)?;
     }
     // (d) NCCL on the same buffers and stream, after the same producer.
     if nccl {

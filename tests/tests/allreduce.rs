@@ -864,3 +864,44 @@ fn plain_launches_of_wide_plans_on_several_ranks() {
         }
     }
 }
+
+/// Plain two-shot in blocks of 512 threads (the library's second entry,
+/// within 128 registers): f32 and bf16, in place and out of place, an
+/// awkward size, consecutive launches, 2 and 3 ranks. Another algorithm in
+/// such blocks, or a larger block, is refused before anything runs.
+#[test]
+fn two_shot_in_blocks_of_512_threads() {
+    for backend in backends() {
+        for ranks in [2, 3] {
+            Communicator::local(ranks, backend, opts(), |comm| {
+                let wide = AllReduceOptions {
+                    threads: Some(512),
+                    ..Default::default()
+                };
+                for in_place in [false, true] {
+                    let case = Case {
+                        elems: 30_011,
+                        algo: Some(Algo::TwoShot),
+                        in_place,
+                        chunk_bytes: Some(16 << 10),
+                        launches: 3,
+                    };
+                    run_case_with::<f32>(comm, case, wide.clone())?;
+                    run_case_with::<Bf16>(comm, case, wide.clone())?;
+                }
+                let refused = |algo, threads| {
+                    let o = AllReduceOptions {
+                        algo: Some(algo),
+                        threads: Some(threads),
+                        ..Default::default()
+                    };
+                    AllReduce::with_options(comm, 1000, DType::F32, &o).map(|_| ())
+                };
+                expect_collective_error(refused(Algo::OneShot, 512), "takes at most 256");
+                expect_collective_error(refused(Algo::TwoShot, 1024), "takes at most 512");
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("{backend:?}, {ranks} ranks: {e}"));
+        }
+    }
+}

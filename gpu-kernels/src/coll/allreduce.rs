@@ -806,6 +806,18 @@ fn check<T: Transport>(t: &T, a: &AllReduceArgs) {
 /// early — a small all-reduce costs one launch gap less.
 #[inline(always)]
 pub unsafe fn run<T: Transport>(t: &T, a: &AllReduceArgs) -> Result<(), Failed> {
+    // SAFETY: the caller's contract.
+    unsafe { run_for::<T, false>(t, a) }
+}
+
+/// [`run`] for one of the library's entries. `WIDE` ([`allreduce_wide`]):
+/// two-shot only (the algorithm of the largest messages; every other one
+/// adds to its spills within 128 registers), any other algorithm traps.
+/// The algorithms are instantiated once per entry (the input-copying
+/// closure's type differs), so each entry inlines its own — one
+/// out-of-line copy shared by both would be called through a stack frame.
+#[inline(always)]
+unsafe fn run_for<T: Transport, const WIDE: bool>(t: &T, a: &AllReduceArgs) -> Result<(), Failed> {
     // First, in every block: before anything the previous kernel may read
     // or write (the input and output, the epoch word, the staging).
     ptx::wait_prior_grids();
@@ -820,8 +832,20 @@ pub unsafe fn run<T: Transport>(t: &T, a: &AllReduceArgs) -> Result<(), Failed> 
         }
     };
     let at = begin(t, a);
-    // SAFETY: the caller's contract.
-    finish(&at, unsafe { run_algo(t, &at, copy_input, true) })
+    if !WIDE {
+        // SAFETY: the caller's contract.
+        return finish(&at, unsafe { run_algo(t, &at, copy_input, true) });
+    }
+    let bf16 = a.dtype == DType::Bf16 as u32;
+    // SAFETY: the caller's contract, per algorithm.
+    let r = unsafe {
+        match Algo::from_u32(a.algo) {
+            Some(Algo::TwoShot) if bf16 => two_shot::<T, Bf16, _>(t, &at, copy_input),
+            Some(Algo::TwoShot) => two_shot::<T, f32, _>(t, &at, copy_input),
+            _ => ptx::trap(),
+        }
+    };
+    finish(&at, r)
 }
 
 /// The **fused** all-reduce: `produce` computes each chunk of this rank's
@@ -920,4 +944,17 @@ unsafe fn run_algo<T: Transport, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, mut 
 pub unsafe fn allreduce<T: Transport>(t: T, args: AllReduceArgs) {
     // SAFETY: the host made `args` for this world (launch contract).
     let _ = unsafe { run(&t, &args) };
+}
+
+/// [`allreduce`] for blocks of up to 512 threads, two-shot over P2P only
+/// (another algorithm traps): ptxas keeps it within 128 registers
+/// (`launch_bounds`; it spills about 100 bytes), where the entry for every
+/// algorithm uses about 250 and so fits only 256 threads on an SM. The
+/// host launches it for two-shot plans of more than 256 threads per block:
+/// twice the loads and stores in flight per SM, for the largest messages.
+#[cfg(not(feature = "no-library-kernels"))]
+#[kernel(transports(P2p), launch_bounds(threads = 512, min_blocks = 1))]
+pub unsafe fn allreduce_wide<T: Transport>(t: T, args: AllReduceArgs) {
+    // SAFETY: the host made `args` for this world (launch contract).
+    let _ = unsafe { run_for::<T, true>(&t, &args) };
 }

@@ -62,9 +62,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use doorbell_kernels::coll::allreduce::{allreduce, AllReduceArgs, ALIGN_ELEMS};
+use doorbell_kernels::coll::allreduce::{allreduce, allreduce_wide, AllReduceArgs, ALIGN_ELEMS};
 use doorbell_kernels::transport::{Ibgda, P2p, Routed};
-use doorbell_kernels::ForTransport;
+use doorbell_kernels::{ForTransport, Kernel};
 
 pub use doorbell_kernels::coll::allreduce::Algo;
 pub use doorbell_kernels::coll::{Bf16, DType, MAX_RANKS};
@@ -212,7 +212,10 @@ pub struct AllReduceOptions {
     pub blocks: Option<u32>,
     /// Threads per block, a multiple of 32 (default 256 on a GPU — any
     /// kernel fits 256 threads, whatever its register count — and 64 on the
-    /// emulator, whose GPU threads are OS threads).
+    /// emulator, whose GPU threads are OS threads). Plain launches take at
+    /// most [`MAX_THREADS`], or [`MAX_THREADS_WIDE`] for two-shot over P2P
+    /// (a second entry, built for blocks that large); a fused plan's block
+    /// is your kernel's.
     pub threads: Option<u32>,
     /// Stages per pipeline ring (default [`DEFAULT_STAGES`]).
     pub stages: Option<u32>,
@@ -383,6 +386,27 @@ impl Plan {
     }
 }
 
+/// A plain launch of the library's kernel fits the plan's block: at most
+/// [`MAX_THREADS`] threads, or [`MAX_THREADS_WIDE`] for two-shot over P2P
+/// (a fused plan's block is the user's kernel's business).
+fn check_plain_threads(plan: &Plan, transport: TransportKind) -> Result<()> {
+    let wide = transport == TransportKind::P2p && plan.algo() == Algo::TwoShot;
+    let most = if wide { MAX_THREADS_WIDE } else { MAX_THREADS };
+    if plan.threads > most {
+        return Err(invalid(format!(
+            "{} threads per block; the library's {} kernel takes at most {most}{}",
+            plan.threads,
+            plan.algo().name(),
+            if wide {
+                String::new()
+            } else {
+                format!(" ({MAX_THREADS_WIDE} for two-shot over P2P)")
+            }
+        )));
+    }
+    Ok(())
+}
+
 /// The routed transport's pairs through the NIC: the option, else the
 /// environment.
 fn rdma_peers(opts: &AllReduceOptions) -> Result<RdmaPeers> {
@@ -402,10 +426,23 @@ fn has_pointer(route: &PeerRoute) -> bool {
 
 /// The library kernel's entry for transport `T`.
 type Entry<T> = Function<<allreduce as ForTransport<T>>::Kernel>;
+/// The entry for blocks of up to [`MAX_THREADS_WIDE`] threads (two-shot
+/// over P2P).
+type WideEntry = <allreduce_wide as ForTransport<P2p>>::Kernel;
+
+/// Most threads per block of a plain launch through the library's entry
+/// for every transport: it uses about 250 registers, so a larger block
+/// does not fit an SM.
+pub const MAX_THREADS: u32 = 256;
+/// Most threads per block of a plain two-shot launch over P2P: plans of
+/// more than [`MAX_THREADS`] launch the entry built for this many (within
+/// 128 registers; two-shot only).
+pub const MAX_THREADS_WIDE: u32 = WideEntry::MAX_THREADS;
 
 /// The transport handle and the matching kernel entry.
 enum Launcher {
     P2p(P2p, Entry<P2p>),
+    P2pWide(P2p, Function<WideEntry>),
     Ibgda(Ibgda, Entry<Ibgda>),
     Routed(Box<Routed>, Entry<Routed>),
 }
@@ -463,6 +500,9 @@ impl<'c> AllReduce<'c> {
     /// `opts`. Every rank must pass the same arguments (checked).
     pub fn with_options(comm: &'c Communicator, elems: usize, dtype: DType, opts: &AllReduceOptions) -> Result<AllReduce<'c>> {
         let plan = Self::plan(comm, elems, dtype, opts)?;
+        if !opts.fused {
+            check_plain_threads(&plan, opts.transport)?;
+        }
         let a = &plan.args;
         let mut desc = Vec::new();
         for v in [
@@ -485,6 +525,9 @@ impl<'c> AllReduce<'c> {
         let sigs = comm.alloc::<u64>(a.sig_words() as usize)?;
         let module = comm.library_module()?;
         let launcher = match opts.transport {
+            TransportKind::P2p if plan.threads > MAX_THREADS && plan.algo() == Algo::TwoShot => {
+                Launcher::P2pWide(comm.p2p(), module.function()?)
+            }
             TransportKind::P2p => Launcher::P2p(comm.p2p(), module.function()?),
             TransportKind::Ibgda => Launcher::Ibgda(comm.ibgda()?, module.function()?),
             TransportKind::Routed => {
@@ -635,6 +678,7 @@ impl<'c> AllReduce<'c> {
     /// address), alive and unused by others until the launch completes.
     pub unsafe fn run_raw(&self, stream: &Stream, input: u64, output: u64) -> Result<()> {
         self.check_stream(stream)?;
+        check_plain_threads(&self.plan, self.transport)?;
         if self.elems() == 0 {
             return Ok(());
         }
@@ -645,6 +689,7 @@ impl<'c> AllReduce<'c> {
         unsafe {
             match &self.launcher {
                 Launcher::P2p(t, f) => stream.launch(f, cfg, (*t, args)),
+                Launcher::P2pWide(t, f) => stream.launch(f, cfg, (*t, args)),
                 Launcher::Ibgda(t, f) => stream.launch(f, cfg, (*t, args)),
                 Launcher::Routed(t, f) => stream.launch(f, cfg, (**t, args)),
             }
