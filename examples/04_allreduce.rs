@@ -136,7 +136,7 @@ struct Args {
     /// Device transport (ibgda, routed: through the soft NIC; pipelined algorithm where a pair has no peer pointers)
     #[arg(long, value_enum, default_value_t = TransportArg::P2p)]
     transport: TransportArg,
-    /// Threads per block of the library's plain all-reduce (257..=512: two-shot only; --bench: applied to the sizes whose plan is two-shot) [default: 256 on a GPU]
+    /// Threads per block of the library's plain all-reduce (257..=512: two-shot only; --bench: applied to the sizes whose plan is two-shot) [default: 512 for two-shot with a GPU per rank, else 256]
     #[arg(long, value_name = "N", value_parser = ranged(32, 1024))]
     threads: Option<u64>,
     /// Checked all-reduces (steps)
@@ -498,6 +498,11 @@ fn bench(args: &Args, backend: doorbell::Backend, opts: CommOptions, topo: (bool
         "launch overlap (programmatic dependent launch) of our plain all-reduces: {}",
         if overlap && gpu { "on" } else { "off" }
     ));
+    if one_launch_at_a_time(gpu, per_gpu) {
+        notes.push(format!(
+            "{per_gpu} ranks share a GPU: each rank waits for every launch (the CPU-driven baseline: every chunk's) before the next; each launch or replay is timed by its own pair of events"
+        ));
+    }
     for n in &notes {
         eprintln!("note: {n}");
     }
@@ -626,6 +631,14 @@ fn iters_for(args: &Args, gpu: bool, bytes: u64) -> (u64, u64) {
         return (1, 2);
     }
     (5, ((1u64 << 32) / bytes.max(1)).clamp(5, 200))
+}
+
+/// Whether the benchmark keeps one launch in flight per rank: with three
+/// or more ranks on one GPU, launches queued behind a rank's waiting
+/// kernel stopped the benchmark on the H200 (README, "Ranks sharing a
+/// GPU"); two ranks ran queued launches in every run.
+fn one_launch_at_a_time(gpu: bool, ranks_per_gpu: usize) -> bool {
+    gpu && ranks_per_gpu >= 3
 }
 
 /// All variants at one size, in a communicator of their own (its heap sized
@@ -806,6 +819,9 @@ fn bench_rank<T: Elem>(
     let src = if compute == 0 { input.as_raw() } else { work.as_raw() };
     let samples = sample(count);
     let graph_timing = args.graph && dev.is_gpu();
+    // Three or more ranks on one GPU: one launch in flight per rank (README,
+    // "Ranks sharing a GPU"), each timed by its own pair of events.
+    let one_at_a_time = one_launch_at_a_time(dev.is_gpu(), comm.ranks_per_gpu());
     let mut rows = Vec::new();
     let mut measure = |variant: &str,
                        chunk: u64,
@@ -821,6 +837,9 @@ fn bench_rank<T: Elem>(
         tracing::debug!("rank {me}: {variant} ({algo}, chunk {chunk}): {warmup} warm-up launch(es)");
         for _ in 0..warmup {
             run()?;
+            if one_at_a_time {
+                comm.synchronize(&stream)?;
+            }
         }
         comm.synchronize(&stream)?;
         tracing::debug!("rank {me}: {variant}: warm-up done");
@@ -830,7 +849,7 @@ fn bench_rank<T: Elem>(
             Some(cu) if graph_timing && variant != "cpu-driven" => {
                 cu.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
                     .map_err(|e| format!("{variant}: starting a CUDA graph capture: {e:?}"))?;
-                let captured = (0..iters).try_for_each(|_| run());
+                let captured = (0..if one_at_a_time { 1 } else { iters }).try_for_each(|_| run());
                 let g = cu
                     .end_capture(CUgraphInstantiate_flags(0))
                     .map_err(|e| format!("{variant}: ending the CUDA graph capture: {e:?}"))?;
@@ -851,20 +870,29 @@ fn bench_rank<T: Elem>(
             _ => None,
         };
         comm.barrier()?;
-        let start = stream.record()?;
-        match &graph {
-            Some(g) => g.launch().map_err(|e| format!("{variant}: replaying the CUDA graph: {e:?}"))?,
-            None => {
-                for _ in 0..iters {
-                    run()?;
+        let mut launch = || -> Result<(), BoxError> {
+            match &graph {
+                Some(g) => g.launch().map_err(|e| format!("{variant}: replaying the CUDA graph: {e:?}"))?,
+                None if one_at_a_time => run()?,
+                None => {
+                    for _ in 0..iters {
+                        run()?;
+                    }
                 }
             }
+            Ok(())
+        };
+        let mut ms = 0.0;
+        for _ in 0..if one_at_a_time { iters } else { 1 } {
+            let start = stream.record()?;
+            launch()?;
+            let end = stream.record()?;
+            comm.synchronize(&stream)?;
+            ms += start.elapsed_ms(&end)? as f64;
         }
-        let end = stream.record()?;
-        comm.synchronize(&stream)?;
         tracing::debug!("rank {me}: {variant}: timed launches done");
         drop(graph);
-        let us = start.elapsed_ms(&end)? as f64 * 1e3 / iters as f64;
+        let us = ms * 1e3 / iters as f64;
         let all = comm.world().all_gather_bytes(&us.to_le_bytes())?;
         let slowest = all
             .iter()
@@ -959,6 +987,9 @@ fn bench_rank<T: Elem>(
                 }
                 // SAFETY: both ranges hold `n` elements.
                 unsafe { ar.run_raw(&stream, src + first as u64 * esz, out_raw + first as u64 * esz)? };
+                if one_at_a_time {
+                    comm.synchronize(&stream)?;
+                }
                 first += n;
             }
             Ok(())
@@ -980,9 +1011,10 @@ fn bench_rank<T: Elem>(
             // SAFETY: both hold `count` elements.
             unsafe { ar.run_raw(&stream, src, out_raw) }
         };
-        let label = match plain.threads {
-            Some(t) => format!("{} {t}t", ar.algo().name()),
-            None => ar.algo().name().to_string(),
+        // The block size where it is not the 256 every entry fits.
+        let label = match ar.plan_of().threads {
+            t if dev.is_gpu() && t != 256 => format!("{} {t}t", ar.algo().name()),
+            _ => ar.algo().name().to_string(),
         };
         measure("unfused", 0, &label, Some(&out), &mut run)?;
     }

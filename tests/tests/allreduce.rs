@@ -807,6 +807,16 @@ fn plans_follow_the_placement() {
     let big = plan(2, 64 << 20, true, 1, &auto);
     assert_eq!((big.algo(), big.args.chunk_elems), (Algo::TwoShot, (256 << 10) / 4));
     assert!(big.launch_config().overlap_previous);
+    // Plain two-shot on its own GPU: the wide entry's 512 threads; fused,
+    // shared or on the emulator: 256 (64).
+    assert_eq!(big.threads, 512);
+    let fused = AllReduceOptions {
+        fused: true,
+        ..Default::default()
+    };
+    assert_eq!(plan(2, 64 << 20, true, 1, &fused).threads, 256);
+    assert_eq!(plan(2, 64 << 20, true, 2, &auto).threads, 256);
+    assert_eq!(plan(2, 64 << 20, false, 2, &auto).threads, 64);
     let shared = plan(2, 512 << 10, true, 2, &auto);
     assert_eq!((shared.algo(), shared.launch_config().overlap_previous), (Algo::TwoShot, false));
     assert_eq!(shared.args.chunk_elems, (1 << 20) / 4);

@@ -210,9 +210,11 @@ pub struct AllReduceOptions {
     /// GPU, all ranks' grids together up to half its SMs, at most
     /// [`MAX_BLOCKS_SHARED_GPU`] per rank; 2 on the emulator).
     pub blocks: Option<u32>,
-    /// Threads per block, a multiple of 32 (default 256 on a GPU — any
-    /// kernel fits 256 threads, whatever its register count — and 64 on the
-    /// emulator, whose GPU threads are OS threads). Plain launches take at
+    /// Threads per block, a multiple of 32 (default on a GPU: 256 — any
+    /// kernel fits 256 threads, whatever its register count — except
+    /// [`MAX_THREADS_WIDE`] for a plain two-shot over P2P when every rank
+    /// has its own GPU; 64 on the emulator, whose GPU threads are OS
+    /// threads). Plain launches take at
     /// most [`MAX_THREADS`], or [`MAX_THREADS_WIDE`] for two-shot over P2P
     /// (a second entry, built for blocks that large); a fused plan's block
     /// is your kernel's.
@@ -314,7 +316,17 @@ impl Plan {
             return Err(invalid(format!("a chunk of {chunk_bytes} bytes; use 1..=1073741824")));
         }
         let chunk_elems = chunk_bytes.div_ceil(esz).div_ceil(ALIGN_ELEMS) * ALIGN_ELEMS;
-        let threads = opts.threads.unwrap_or(if gpu { 256 } else { 64 });
+        // Plain two-shot with a GPU to itself: the wide entry's blocks
+        // (busbw 1.03-1.10x NCCL's from 64 MiB to 1 GiB on two H200s,
+        // where 256 threads reached 0.97-1.01x: benchmarks/README.md).
+        let wide = own_gpu && algo == Algo::TwoShot && !opts.fused && opts.transport == TransportKind::P2p;
+        let threads = opts.threads.unwrap_or(if wide {
+            MAX_THREADS_WIDE
+        } else if gpu {
+            MAX_THREADS
+        } else {
+            64
+        });
         if threads == 0 || threads > 1024 || threads % 32 != 0 {
             return Err(invalid(format!("{threads} threads per block; use a multiple of 32 in 32..=1024")));
         }
