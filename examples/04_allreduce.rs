@@ -456,12 +456,17 @@ const FUSED_CHUNKS: [u64; 5] = [16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20]
 const TIMING: &str = "a host loop of launches between two events on each rank's stream (ours and NCCL's alike), after warm-up; the slowest rank's time per all-reduce";
 const TIMING_GRAPH: &str = "CUDA graphs: each variant's timed launches captured once on each rank's stream and replayed between two events (ours and NCCL's alike; the CPU-driven baseline stays a host loop), after warm-up; the slowest rank's time per all-reduce";
 
-/// How the bench times: `--graph` on a GPU, else a host loop.
-fn timing(args: &Args, gpu: bool) -> &'static str {
-    if args.graph && gpu {
-        TIMING_GRAPH
-    } else {
-        TIMING
+const TIMING_ONE: &str = "one launch in flight per rank: each launch (the CPU-driven baseline: each chunk's launches) waited for before the next, and timed between its own two events, after warm-up; the slowest rank's mean time per all-reduce";
+const TIMING_GRAPH_ONE: &str = "CUDA graphs of one launch, one in flight per rank: each replay waited for before the next and timed between its own two events (the CPU-driven baseline stays a host loop), after warm-up; the slowest rank's mean time per all-reduce";
+
+/// How the bench times: `--graph` on a GPU, else a host loop; one launch
+/// at a time when three or more ranks share a GPU.
+fn timing(args: &Args, gpu: bool, per_gpu: usize) -> &'static str {
+    match (args.graph && gpu, one_launch_at_a_time(gpu, per_gpu)) {
+        (true, false) => TIMING_GRAPH,
+        (false, false) => TIMING,
+        (true, true) => TIMING_GRAPH_ONE,
+        (false, true) => TIMING_ONE,
     }
 }
 
@@ -500,7 +505,7 @@ fn bench(args: &Args, backend: doorbell::Backend, opts: CommOptions, topo: (bool
     ));
     if one_launch_at_a_time(gpu, per_gpu) {
         notes.push(format!(
-            "{per_gpu} ranks share a GPU: each rank waits for every launch (the CPU-driven baseline: every chunk's) before the next; each launch or replay is timed by its own pair of events"
+            "{per_gpu} ranks share a GPU: one launch in flight per rank (README, \"Ranks sharing a GPU\")"
         ));
     }
     for n in &notes {
@@ -524,7 +529,7 @@ fn bench(args: &Args, backend: doorbell::Backend, opts: CommOptions, topo: (bool
         "# allreduce bench: {placement}, {} sum, compute {:?}; {}",
         dtype.name(),
         args.compute,
-        timing(args, gpu)
+        timing(args, gpu, per_gpu)
     );
     println!(
         "# {:>12} {:>11} {:>5} | {:>26} | {:>26} | {:>26} | {:>26} | {:>12} | fused us by chunk",
@@ -584,7 +589,7 @@ fn bench(args: &Args, backend: doorbell::Backend, opts: CommOptions, topo: (bool
         placement,
         dtype: dtype.name(),
         compute: format!("{:?}", args.compute).to_lowercase(),
-        timing: timing(args, gpu),
+        timing: timing(args, gpu, per_gpu),
         notes,
         rows,
     };

@@ -612,7 +612,9 @@ impl Communicator {
                     hint: if self.ranks_per_gpu > 1 && self.device.is_gpu() {
                         format!(
                             "; {} ranks share a GPU here: CUDA may hold one rank's kernel in a hardware queue behind \
-                             another's waiting kernel (README, \"Ranks sharing a GPU\"); one rank per GPU avoids it",
+                             another's waiting kernel — keep one launch in flight per rank (synchronize each before \
+                             the next) and finish host copies before peers launch (README, \"Ranks sharing a GPU\"); \
+                             one rank per GPU avoids it",
                             self.ranks_per_gpu
                         )
                     } else {
