@@ -337,7 +337,8 @@ unsafe fn complete_responder<P: Ports + ?Sized>(ports: &mut P, pp: usize, pq: us
     peer.rq_ci = peer.rq_ci.wrapping_add(1);
 }
 
-/// Whether the CQ in slot `cq` of port `p` has room.
+/// Whether the CQ in slot `cq` of port `p` — another port's, a
+/// responder's — has room (read only: that port's engine owns the entry).
 ///
 /// # Safety
 /// Its doorbell record is valid.
@@ -345,6 +346,19 @@ unsafe fn room<P: Ports + ?Sized>(ports: &P, p: usize, cq: u32) -> bool {
     match ports.get(p).and_then(|x| x.cqs.get(cq as usize)) {
         // SAFETY: the caller's contract.
         Some(c) => unsafe { cqe::has_room(c) },
+        None => false,
+    }
+}
+
+/// [`room`] for a CQ of the executing port itself, with its cached
+/// consumer index ([`cqe::has_room_cached`]).
+///
+/// # Safety
+/// As for [`room`].
+unsafe fn own_room<P: Ports + ?Sized>(ports: &mut P, p: usize, cq: u32) -> bool {
+    match ports.get_mut(p).and_then(|x| x.cqs.get_mut(cq as usize)) {
+        // SAFETY: the caller's contract.
+        Some(c) => unsafe { cqe::has_room_cached(c) },
         None => false,
     }
 }
@@ -367,15 +381,17 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
     if q >= MAX_QPS {
         return Step::Blocked;
     }
+    let Some(send_cq) = ports.get(p).and_then(|x| x.qps.get(q)).map(|qp| qp.send_cq) else {
+        return Step::Blocked;
+    };
+    // SAFETY (whole function): the caller's contract; every pointer below
+    // was checked against the tables first.
+    if !unsafe { own_room(ports, p, send_cq) } {
+        return Step::Blocked;
+    }
     let Some(qp) = ports.get(p).and_then(|x| x.qps.get(q)) else {
         return Step::Blocked;
     };
-    let send_cq = qp.send_cq;
-    // SAFETY (whole function): the caller's contract; every pointer below
-    // was checked against the tables first.
-    if !unsafe { room(ports, p, send_cq) } {
-        return Step::Blocked;
-    }
     let w = match unsafe { wqe::parse(qp, head.wqe_idx) } {
         Ok(w) => w,
         Err(m) => {

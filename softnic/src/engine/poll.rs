@@ -400,7 +400,7 @@ unsafe fn flush<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u6
     // SAFETY (whole function): the caller's contract.
     if let Some(cq) = cqs.get_mut(qp.send_cq as usize) {
         loop {
-            if !unsafe { cqe::has_room(cq) } {
+            if !unsafe { cqe::has_room_cached(cq) } {
                 report.due(now_ns.saturating_add(1_000));
                 break;
             }
@@ -434,7 +434,7 @@ unsafe fn flush<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u6
     if let Some(cq) = cqs.get_mut(qp.recv_cq as usize) {
         let mut pending = unsafe { super::rq::posted(qp) };
         while pending > 0 {
-            if !unsafe { cqe::has_room(cq) } {
+            if !unsafe { cqe::has_room_cached(cq) } {
                 report.due(now_ns.saturating_add(1_000));
                 break;
             }

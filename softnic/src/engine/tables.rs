@@ -254,6 +254,12 @@ pub struct CqEntry {
     pub pi: u32,
     /// Engine: completion events fired.
     pub events: u32,
+    /// Engine: the consumer index it read from `dbrec` last (mod 2^24).
+    /// It only grows, so a stale one under-reports room: the owner port's
+    /// engine reads the record again only when this one says "full".
+    pub ci_seen: u32,
+    /// Zero.
+    pub reserved: u32,
 }
 
 impl CqEntry {
@@ -267,6 +273,8 @@ impl CqEntry {
         armed: 0,
         pi: 0,
         events: 0,
+        ci_seen: 0,
+        reserved: 0,
     };
 }
 
