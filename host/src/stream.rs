@@ -144,6 +144,21 @@ impl Stream {
         })
     }
 
+    /// Whether the stream is being captured into a CUDA graph (never on the
+    /// emulator).
+    pub fn is_capturing(&self) -> Result<bool> {
+        match self.inner.as_cuda() {
+            Some(s) => {
+                let status = s.capture_status().map_err(|source| Error::Cuda {
+                    call: "cuStreamGetCaptureInfo",
+                    source,
+                })?;
+                Ok(status != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+            }
+            None => Ok(false),
+        }
+    }
+
     /// The CUDA stream (`None` on the emulator): the escape hatch to cudarc.
     pub fn as_cuda(&self) -> Option<&Arc<CudaStream>> {
         self.inner.as_cuda()

@@ -915,3 +915,58 @@ fn two_shot_in_blocks_of_512_threads() {
         }
     }
 }
+
+/// Four ranks (on a GPU machine: all on one GPU unless spread), each
+/// queueing 12 plain all-reduces back to back with no wait in between, on
+/// inputs that differ per launch; every output is checked after one
+/// synchronize. Where three or more ranks share a GPU, the library keeps
+/// one waiting launch in flight per rank (`Communicator::launch_waiting`):
+/// queued launches had stopped the all-reduce benchmark on the H200.
+#[test]
+fn queued_launches_on_ranks_that_share_a_gpu() {
+    const LAUNCHES: u64 = 12;
+    let elems = 4099;
+    for backend in backends() {
+        Communicator::local(4, backend, opts(), |comm| {
+            let dev = comm.device();
+            assert_eq!(comm.one_launch_in_flight(), dev.is_gpu() && comm.ranks_per_gpu() >= 3);
+            let s = dev.new_stream()?;
+            for algo in [Algo::Ll, Algo::TwoShot] {
+                let o = AllReduceOptions {
+                    algo: Some(algo),
+                    chunk_bytes: Some(4 << 10),
+                    ..Default::default()
+                };
+                let ar = AllReduce::with_options(comm, elems, DType::F32, &o)?;
+                let inputs: Vec<_> = (1..=LAUNCHES)
+                    .map(|l| dev.alloc_from(&(0..elems).map(|i| value(comm.rank(), i, l)).collect::<Vec<f32>>()))
+                    .collect::<doorbell::Result<_>>()?;
+                let mut outs: Vec<_> = (0..LAUNCHES)
+                    .map(|_| dev.alloc_zeroed::<f32>(elems))
+                    .collect::<doorbell::Result<_>>()?;
+                for (input, out) in inputs.iter().zip(outs.iter_mut()) {
+                    ar.run(&s, input, out)?;
+                }
+                comm.synchronize(&s)?;
+                for (l, out) in (1..=LAUNCHES).zip(&outs) {
+                    let per_rank: Vec<Vec<f32>> = (0..4).map(|r| (0..elems).map(|i| value(r, i, l)).collect()).collect();
+                    let want = allreduce_sum(&per_rank);
+                    let got = out.to_host()?;
+                    if let Some(i) = first_mismatch(&got, &want) {
+                        panic!(
+                            "{backend:?} {algo:?}, rank {}, launch {l}: element {i} is {}, want {}",
+                            comm.rank(),
+                            got[i],
+                            want[i]
+                        );
+                    }
+                }
+                // The host copies of this round end on every rank before
+                // any rank launches the next (README, "Ranks sharing a GPU").
+                comm.barrier()?;
+            }
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("{backend:?}: {e}"));
+    }
+}

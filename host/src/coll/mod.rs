@@ -694,18 +694,22 @@ impl<'c> AllReduce<'c> {
         if self.elems() == 0 {
             return Ok(());
         }
-        let args = self.next_args(input, output);
         let cfg = self.plan.launch_config();
-        // SAFETY: the plan's buffers are allocated; the caller vouches for
-        // input and output; each entry gets its own transport's handle.
-        unsafe {
-            match &self.launcher {
-                Launcher::P2p(t, f) => stream.launch(f, cfg, (*t, args)),
-                Launcher::P2pWide(t, f) => stream.launch(f, cfg, (*t, args)),
-                Launcher::Ibgda(t, f) => stream.launch(f, cfg, (*t, args)),
-                Launcher::Routed(t, f) => stream.launch(f, cfg, (**t, args)),
+        // One at a time where ranks crowd a GPU (Communicator::launch_waiting).
+        self.comm.launch_waiting(stream, || {
+            let args = self.next_args(input, output);
+            // SAFETY: the plan's buffers are allocated; the caller vouches
+            // for input and output; each entry gets its own transport's
+            // handle.
+            unsafe {
+                match &self.launcher {
+                    Launcher::P2p(t, f) => stream.launch(f, cfg, (*t, args)),
+                    Launcher::P2pWide(t, f) => stream.launch(f, cfg, (*t, args)),
+                    Launcher::Ibgda(t, f) => stream.launch(f, cfg, (*t, args)),
+                    Launcher::Routed(t, f) => stream.launch(f, cfg, (**t, args)),
+                }
             }
-        }
+        })
     }
 
     /// The argument and grid for one launch of a **fused** all-reduce

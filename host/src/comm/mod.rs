@@ -169,6 +169,13 @@ impl DeviceId {
     }
 }
 
+/// Ranks on one GPU from which each rank keeps one launch that waits for
+/// peers in flight ([`Communicator::launch_waiting`]): with 3 and 4 thread
+/// ranks on one H200, launches queued back to back stopped the all-reduce
+/// benchmark in nearly every run, and one at a time passed every run; two
+/// ranks ran queued launches in every run.
+pub const ONE_LAUNCH_IN_FLIGHT_FROM: usize = 3;
+
 /// One rank's communicator. Created collectively by every rank.
 pub struct Communicator {
     world: World,
@@ -196,6 +203,10 @@ pub struct Communicator {
     /// collectives take their entry points from it, so none loads a module
     /// while the soft NIC's engine kernel runs.
     library: std::sync::OnceLock<crate::Module>,
+    /// The end of this rank's last launch that waits for peers, while
+    /// [`ONE_LAUNCH_IN_FLIGHT_FROM`] or more ranks share a GPU
+    /// ([`Communicator::launch_waiting`]).
+    in_flight: Mutex<Option<crate::stream::Event>>,
     // Drop order: mappings of peers before our own heap.
     _mappings: Vec<Mapping>,
     _heap: Option<Heap>,
@@ -380,6 +391,7 @@ impl Communicator {
             ranks_per_gpu,
             ibgda: Mutex::new(None),
             library: std::sync::OnceLock::new(),
+            in_flight: Mutex::new(None),
             _mappings: mappings,
             _heap: Some(heap),
         })
@@ -459,6 +471,37 @@ impl Communicator {
     /// rank, so plans made from it agree.
     pub fn ranks_per_gpu(&self) -> usize {
         self.ranks_per_gpu
+    }
+
+    /// Whether this rank's launches that wait for peers go one at a time
+    /// ([`Self::launch_waiting`]): on a GPU shared by
+    /// [`ONE_LAUNCH_IN_FLIGHT_FROM`] or more ranks of the world.
+    pub fn one_launch_in_flight(&self) -> bool {
+        self.device.is_gpu() && self.ranks_per_gpu >= ONE_LAUNCH_IN_FLIGHT_FROM
+    }
+
+    /// Runs `launch` (which enqueues one kernel that waits for peers on
+    /// `stream`). Where [`Self::one_launch_in_flight`], it first waits on
+    /// the host until this rank's previous such launch has ended, and
+    /// records this one's end: a launch queued behind a rank's own waiting
+    /// kernel can hold a peer's kernel in the GPU's hardware queues, and
+    /// the peers then wait for each other until their budgets run out
+    /// (README, "Ranks sharing a GPU"). A stream being captured into a CUDA
+    /// graph is not waited for (nothing runs during capture): keep such a
+    /// graph to one waiting launch per replay, and wait for each replay.
+    /// The collectives' plain launches go through here; launch your own
+    /// waiting kernels through it too.
+    pub fn launch_waiting(&self, stream: &Stream, launch: impl FnOnce() -> Result<()>) -> Result<()> {
+        if !self.one_launch_in_flight() || stream.is_capturing()? {
+            return launch();
+        }
+        let mut last = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(prev) = last.take() {
+            prev.synchronize()?;
+        }
+        launch()?;
+        *last = Some(stream.record()?);
+        Ok(())
     }
 
     /// How each peer is reached.
