@@ -170,10 +170,12 @@ mod tests {
     fn the_cached_room_check_reads_the_record_only_when_full() {
         let mut ring = vec![0u8; 4 * CQE_SIZE + 64];
         let ring_ptr = ring.as_mut_ptr().wrapping_add(ring.as_ptr().align_offset(64));
-        let mut dbrec = [0u32; 2];
+        let mut record = [0u32; 2];
+        // Written below through this pointer only, as a consumer would.
+        let dbrec = record.as_mut_ptr();
         let mut cq = CqEntry {
             ring: ring_ptr,
-            dbrec: dbrec.as_ptr(),
+            dbrec,
             entries: 4,
             cqn: 1,
             valid: 1,
@@ -190,14 +192,16 @@ mod tests {
         // SAFETY: as above.
         assert!(!unsafe { has_room_cached(&mut cq) } && !unsafe { has_room(&cq) });
         // The consumer takes three: the record is read again.
-        dbrec[0] = 3u32.to_be();
+        // SAFETY: `record` outlives the test.
+        unsafe { dbrec.write_volatile(3u32.to_be()) };
         // SAFETY: as above.
         assert!(unsafe { has_room_cached(&mut cq) });
         assert_eq!(cq.ci_seen, 3);
         // While the cached index leaves room, the record is not read: a
         // record that went backwards (impossible for a real consumer) is
         // not seen — the proof that no load was made.
-        dbrec[0] = 0;
+        // SAFETY: as above.
+        unsafe { dbrec.write_volatile(0) };
         // SAFETY: as above.
         assert!(unsafe { has_room_cached(&mut cq) });
         // SAFETY: as above.
