@@ -173,7 +173,7 @@ fn entries(ptx: &str) -> Vec<&str> {
 #[test]
 fn library_ptx_holds_no_test_example_or_bench_kernels() {
     let lib = entries(doorbell::KERNELS_PTX);
-    let library_kernels: &[&str] = &["allreduce_ibgda", "allreduce_p2p", "allreduce_routed"];
+    let library_kernels: &[&str] = &["allreduce_ibgda", "allreduce_p2p", "allreduce_routed", "allreduce_wide_p2p"];
     assert_eq!(lib, library_kernels, "entry points in doorbell::KERNELS_PTX");
     // The test and example kernels are built, just elsewhere.
     let tests = entries(doorbell_tests::TEST_KERNELS_PTX);
