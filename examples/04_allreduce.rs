@@ -8,8 +8,8 @@
 //! cargo run --release --example allreduce -- --help
 //! cargo run --release --example allreduce -- [--ranks N] [--elems N] [--dtype f32|bf16] [--chunk BYTES]
 //!     [--compute none|hash|gemv] [--algo auto|ll|one-shot|two-shot|pipelined] [--transport p2p|ibgda|routed]
-//!     [--device gpu|cpu|auto] [--iters N] [--in-place] [--dump PATH] [--spread]
-//! cargo run --release --example allreduce -- --bench [--max-bytes BYTES] [--out DIR] ...
+//!     [--device gpu|cpu|auto] [--iters N] [--in-place] [--dump PATH] [--spread] [--threads N]
+//! cargo run --release --example allreduce -- --bench [--max-bytes BYTES] [--graph] [--threads N] [--out DIR] ...
 //! ```
 //!
 //! Inputs: with `--compute none` rank `r`'s element `i` is
@@ -28,7 +28,9 @@
 //! same buffers and streams, after the same producer kernel, when
 //! `libnccl.so.2` loads and every rank has a GPU of its own (NCCL refuses
 //! several ranks on one GPU). Every variant is timed the same way: a host
-//! loop of launches between two events, the slowest rank's time. Writes
+//! loop of launches between two events (`--graph`: replays of a captured
+//! CUDA graph), the slowest rank's time; with three or more ranks on one
+//! GPU, one launch in flight per rank, each timed by its own events. Writes
 //! `allreduce_bench.json`, `.png` and `.svg` into `--out`.
 
 use std::path::PathBuf;
@@ -136,7 +138,7 @@ struct Args {
     /// Device transport (ibgda, routed: through the soft NIC; pipelined algorithm where a pair has no peer pointers)
     #[arg(long, value_enum, default_value_t = TransportArg::P2p)]
     transport: TransportArg,
-    /// Threads per block of the library's plain all-reduce (257..=512: two-shot only; --bench: applied to the sizes whose plan is two-shot) [default: 512 for two-shot with a GPU per rank, else 256]
+    /// Threads per block of the library's plain all-reduce, --compute none (257..=512: two-shot over p2p only; --bench: applied to the sizes whose plan is two-shot) [default: 512 for two-shot with a GPU per rank, else 256 on a GPU, 64 on the emulator]
     #[arg(long, value_name = "N", value_parser = ranged(32, 1024))]
     threads: Option<u64>,
     /// Checked all-reduces (steps)
@@ -235,6 +237,9 @@ fn run(args: &Args) -> Result<(), BoxError> {
     if args.min_bytes > args.max_bytes.unwrap_or(u64::MAX) {
         die("--min-bytes is larger than --max-bytes");
     }
+    if args.threads.is_some() && args.compute != Compute::None {
+        die("--threads sizes the library's plain all-reduce (--compute none); a fused producer runs in the example's own kernels");
+    }
     let gpu = args.device.wants_gpu()?;
     let backend = args.device.backend()?;
     let mut opts = CommOptions::from_env()?;
@@ -264,6 +269,9 @@ fn run(args: &Args) -> Result<(), BoxError> {
         TransportArg::Routed => doorbell::comm::RdmaPeers::from_env()? == doorbell::comm::RdmaPeers::Needed,
     };
     let plan = Plan::new(ranks, elems, args.dtype(), &ar_opts, topo.0, topo.1, topo.2, pointers || ranks == 1).unwrap_or_else(|e| die(e));
+    if args.compute == Compute::None {
+        plan.check_plain_launch(args.transport.kind()).unwrap_or_else(|e| die(e));
+    }
     opts.heap_bytes = plan.heap_bytes() + (1 << 20);
     let start = std::time::Instant::now();
     let results = Communicator::local(ranks, backend, opts, |comm| match args.dtype() {
@@ -643,7 +651,7 @@ fn iters_for(args: &Args, gpu: bool, bytes: u64) -> (u64, u64) {
 /// kernel stopped the benchmark on the H200 (README, "Ranks sharing a
 /// GPU"); two ranks ran queued launches in every run.
 fn one_launch_at_a_time(gpu: bool, ranks_per_gpu: usize) -> bool {
-    gpu && ranks_per_gpu >= 3
+    gpu && ranks_per_gpu >= doorbell::comm::ONE_LAUNCH_IN_FLIGHT_FROM
 }
 
 /// All variants at one size, in a communicator of their own (its heap sized

@@ -150,7 +150,7 @@ impl Stream {
         match self.inner.as_cuda() {
             Some(s) => {
                 let status = s.capture_status().map_err(|source| Error::Cuda {
-                    call: "cuStreamGetCaptureInfo",
+                    call: "cuStreamIsCapturing",
                     source,
                 })?;
                 Ok(status != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)

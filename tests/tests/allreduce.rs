@@ -909,6 +909,22 @@ fn two_shot_in_blocks_of_512_threads() {
                 };
                 expect_collective_error(refused(Algo::OneShot, 512), "takes at most 256");
                 expect_collective_error(refused(Algo::TwoShot, 1024), "takes at most 512");
+                // A plan for the wide plain entry gives no arguments for a
+                // fused kernel of the user's (its block would not fit one
+                // without launch bounds).
+                let plain = AllReduce::with_options(
+                    comm,
+                    1000,
+                    DType::F32,
+                    &AllReduceOptions {
+                        algo: Some(Algo::TwoShot),
+                        threads: Some(512),
+                        ..Default::default()
+                    },
+                )?;
+                let s = comm.device().new_stream()?;
+                let mut out = comm.device().alloc_zeroed::<f32>(1000)?;
+                expect_collective_error(plain.fused_args(&s, &mut out).map(|_| ()), "planned for plain launches");
                 Ok(())
             })
             .unwrap_or_else(|e| panic!("{backend:?}, {ranks} ranks: {e}"));

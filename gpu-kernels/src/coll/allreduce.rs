@@ -946,7 +946,7 @@ pub unsafe fn allreduce<T: Transport>(t: T, args: AllReduceArgs) {
     let _ = unsafe { run(&t, &args) };
 }
 
-/// [`allreduce`] for blocks of up to 512 threads, two-shot over P2P only
+/// [`allreduce()`] for blocks of up to 512 threads, two-shot over P2P only
 /// (another algorithm traps): ptxas keeps it within 128 registers
 /// (`launch_bounds`; it spills about 100 bytes), where the entry for every
 /// algorithm uses about 250 and so fits only 256 threads on an SM. The

@@ -317,8 +317,9 @@ impl Plan {
         }
         let chunk_elems = chunk_bytes.div_ceil(esz).div_ceil(ALIGN_ELEMS) * ALIGN_ELEMS;
         // Plain two-shot with a GPU to itself: the wide entry's blocks
-        // (busbw 1.03-1.10x NCCL's from 64 MiB to 1 GiB on two H200s,
-        // where 256 threads reached 0.97-1.01x: benchmarks/README.md).
+        // (busbw 1.01-1.10x NCCL's from 64 MiB to 1 GiB on two H200s in
+        // two runs, where 256 threads reached 0.97-1.01x:
+        // benchmarks/README.md).
         let wide = own_gpu && algo == Algo::TwoShot && !opts.fused && opts.transport == TransportKind::P2p;
         let threads = opts.threads.unwrap_or(if wide {
             MAX_THREADS_WIDE
@@ -336,9 +337,10 @@ impl Plan {
         }
         let max_blocks = if gpu {
             // Every block of every rank must be resident at once: at most
-            // one per SM of this rank's share (the kernel's registers allow
-            // one block of the default 256 threads per SM); when ranks share
-            // the GPU, half of that and at most MAX_BLOCKS_SHARED_GPU.
+            // one per SM of this rank's share (the entries' registers allow
+            // one block of 256 threads per SM, or of 512 for the wide one);
+            // when ranks share the GPU, half of that and at most
+            // MAX_BLOCKS_SHARED_GPU.
             if shared_gpu {
                 (sms / 2 / ranks_per_gpu).clamp(1, MAX_BLOCKS_SHARED_GPU as usize) as u64
             } else {
@@ -389,6 +391,15 @@ impl Plan {
     /// The algorithm.
     pub fn algo(&self) -> Algo {
         Algo::from_u32(self.args.algo).expect("made by Plan::new")
+    }
+
+    /// Whether the library's kernel over `transport` can run a plain
+    /// launch of this plan: its block fits the entry ([`MAX_THREADS`], or
+    /// [`MAX_THREADS_WIDE`] for two-shot over P2P). `AllReduce` checks it
+    /// when it is made for plain launches; this is the same check before
+    /// any communicator exists.
+    pub fn check_plain_launch(&self, transport: TransportKind) -> Result<()> {
+        check_plain_threads(self, transport)
     }
 
     /// The grid and block of a plain launch, with the plan's overlap
@@ -464,6 +475,8 @@ enum Launcher {
 /// module docs.
 pub struct AllReduce<'c> {
     comm: &'c Communicator,
+    /// Planned for a fused kernel ([`AllReduceOptions::fused`]).
+    fused: bool,
     plan: Plan,
     transport: TransportKind,
     scratch: SymBuffer<'c, u8>,
@@ -572,6 +585,7 @@ impl<'c> AllReduce<'c> {
         comm.barrier()?;
         Ok(AllReduce {
             comm,
+            fused: opts.fused,
             plan,
             transport: opts.transport,
             scratch,
@@ -651,7 +665,9 @@ impl<'c> AllReduce<'c> {
 
     /// Enqueues `output = sum over ranks of input` on `stream`. Every rank
     /// calls it, in the same order; errors of the device's waits surface at
-    /// `Communicator::synchronize`.
+    /// `Communicator::synchronize`. Where three or more ranks share a GPU
+    /// it first waits on the host for this rank's previous launch to end
+    /// ([`Communicator::launch_waiting`]).
     pub fn run<T: Elem>(&self, stream: &Stream, input: &DeviceBuffer<T>, output: &mut DeviceBuffer<T>) -> Result<()> {
         self.check_buffer("input", input)?;
         self.check_buffer("output", output)?;
@@ -735,6 +751,13 @@ impl<'c> AllReduce<'c> {
     /// rank's device.
     pub unsafe fn fused_args_raw(&self, stream: &Stream, output: u64) -> Result<Option<(AllReduceArgs, LaunchConfig)>> {
         self.check_stream(stream)?;
+        if !self.fused && self.plan.threads > MAX_THREADS {
+            return Err(invalid(format!(
+                "this all-reduce was planned for plain launches in blocks of {} threads (the library's two-shot entry); \
+                 plan with `AllReduceOptions::fused` for a kernel of your own",
+                self.plan.threads
+            )));
+        }
         if self.elems() == 0 {
             return Ok(None);
         }

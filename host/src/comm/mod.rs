@@ -488,19 +488,24 @@ impl Communicator {
     /// the peers then wait for each other until their budgets run out
     /// (README, "Ranks sharing a GPU"). A stream being captured into a CUDA
     /// graph is not waited for (nothing runs during capture): keep such a
-    /// graph to one waiting launch per replay, and wait for each replay.
-    /// The collectives' plain launches go through here; launch your own
-    /// waiting kernels through it too.
+    /// graph to one waiting launch per replay, and wait for each replay;
+    /// and capture in `CU_STREAM_CAPTURE_MODE_RELAXED` (or thread-local)
+    /// mode, since the wait here is a `cuEventSynchronize` that a global
+    /// capture on another rank's thread would forbid. The collectives'
+    /// plain launches go through here (`AllReduce::run`); launch your own
+    /// waiting kernels through it too (a launch inside `launch` that goes
+    /// through it as well is not waited for twice).
     pub fn launch_waiting(&self, stream: &Stream, launch: impl FnOnce() -> Result<()>) -> Result<()> {
         if !self.one_launch_in_flight() || stream.is_capturing()? {
             return launch();
         }
-        let mut last = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(prev) = last.take() {
+        // Not held while `launch` runs: it may come back here.
+        let prev = self.in_flight.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(prev) = prev {
             prev.synchronize()?;
         }
         launch()?;
-        *last = Some(stream.record()?);
+        *self.in_flight.lock().unwrap_or_else(|p| p.into_inner()) = Some(stream.record()?);
         Ok(())
     }
 

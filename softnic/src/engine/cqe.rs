@@ -48,12 +48,17 @@ pub unsafe fn has_room_cached(cq: &mut CqEntry) -> bool {
     if cq.dbrec.is_null() {
         return true;
     }
-    if used(cq, cq.ci_seen) < cq.entries {
+    // `ci_seen` is kept at the producer counter's full width, so CQEs other
+    // ports push meanwhile (responder completions) count until 2^32 of
+    // them, not 2^24.
+    if cq.pi.wrapping_sub(cq.ci_seen) < cq.entries {
         return true;
     }
     // SAFETY: the caller's contract.
-    cq.ci_seen = unsafe { mem::load_dbrec(cq.dbrec) } & 0xff_ffff;
-    used(cq, cq.ci_seen) < cq.entries
+    let ci = unsafe { mem::load_dbrec(cq.dbrec) } & 0xff_ffff;
+    let used = used(cq, ci);
+    cq.ci_seen = cq.pi.wrapping_sub(used);
+    used < cq.entries
 }
 
 /// CQEs written and not consumed, for consumer index `ci` (mod 2^24).

@@ -254,9 +254,10 @@ pub struct CqEntry {
     pub pi: u32,
     /// Engine: completion events fired.
     pub events: u32,
-    /// Engine: the consumer index it read from `dbrec` last (mod 2^24).
-    /// It only grows, so a stale one under-reports room: the owner port's
-    /// engine reads the record again only when this one says "full".
+    /// Engine: the consumer index it read from `dbrec` last, at the width
+    /// of `pi` (`pi` then, less the CQEs it left unconsumed). It only
+    /// grows, so a stale one under-reports room: the owner port's engine
+    /// reads the record again only when this one says "full".
     pub ci_seen: u32,
     /// Zero.
     pub reserved: u32,
