@@ -67,11 +67,16 @@ impl<'c> Guarded<'c> {
 }
 
 /// The ring (put, signal-add, wait, barrier, get) on `ranks` ranks over the
-/// kernel engine, with messages large enough for block copies.
-fn ring_with_kernel_engine(dev_backend: Backend, ranks: usize, bytes: usize) {
+/// kernel engine, with messages large enough for block copies; `threads`:
+/// the engine block's (default: the plain entry's 256, 32 on the emulator;
+/// more: the wide entry).
+fn ring_with_kernel_engine(dev_backend: Backend, ranks: usize, bytes: usize, threads: Option<u32>) {
     // `DOORBELL_LOG=debug` shows each set-up step (run with --nocapture).
     let _ = doorbell::init_logging();
-    let io = kernel_engine(64, 64 << 10);
+    let io = IbgdaOptions {
+        engine_threads: threads,
+        ..kernel_engine(64, 64 << 10)
+    };
     let reports = Communicator::local(ranks, dev_backend, opts(dev_backend, Duration::from_secs(20)), |comm| {
         let dev = comm.device();
         let m = dev.load_module(&TEST_KERNELS)?;
@@ -144,6 +149,9 @@ fn ring_with_kernel_engine(dev_backend: Backend, ranks: usize, bytes: usize) {
         );
         assert!(progress.to_string().contains(&format!("{} passes", p.passes)), "{progress}");
         assert_eq!(report.engine, SoftNicEngine::Kernel, "rank {r}");
+        if let Some(t) = threads {
+            assert_eq!(report.threads, t, "rank {r}: the engine block's threads");
+        }
         assert!(report.counters.passes > 0, "rank {r}: the engine made no pass: {report:?}");
         assert!(
             report.counters.block_copies > 0,
@@ -258,8 +266,10 @@ fn the_engine_kernel_runs_the_ring_with_block_copies_and_writes_nothing_else() {
     for dev in backends() {
         let b = dev.backend();
         // Odd sizes: unaligned tails in every block copy; several WQEs per put.
-        ring_with_kernel_engine(b, 3, 200_003);
-        ring_with_kernel_engine(b, 2, 5_000);
+        ring_with_kernel_engine(b, 3, 200_003, None);
+        ring_with_kernel_engine(b, 2, 5_000, None);
+        // The wide entry (blocks of more than 256 threads).
+        ring_with_kernel_engine(b, 2, 200_003, Some(512));
     }
 }
 

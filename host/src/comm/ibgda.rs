@@ -91,7 +91,7 @@ use doorbell_softnic::engine::resident::{
 };
 use doorbell_softnic::engine::{access, cqe, EngineConfig, LinkModel, MrEntry, Port, PortStats, PortTable, MAX_PORTS};
 use doorbell_softnic::host::ResidentPort;
-use doorbell_softnic::kernel::softnic_engine;
+use doorbell_softnic::kernel::{softnic_engine, softnic_engine_wide, ENGINE_THREADS};
 use doorbell_softnic::{
     CqRing, EngineThread, FabricConfig, MemoryRegion, QpEndpoint, QpRings, QueuePair, RdmaDevice, SoftCq, SoftDevice, SoftFabric, SoftMr,
     SoftPd, SoftQp,
@@ -595,6 +595,8 @@ const STATUS_SLOTS: usize = 1024;
 /// driver compiles the PTX once, not at every set-up and reset.
 struct EngineImage {
     function: Arc<FunctionBackend>,
+    /// `softnic_engine_wide`, for blocks of more than `ENGINE_THREADS`.
+    wide: Arc<FunctionBackend>,
     status_host: usize,
     status_dev: u64,
     /// [`STATUS_SLOTS`] progress records, mapped like the state words.
@@ -652,7 +654,7 @@ impl StatusSlot {
 
 /// The engine kernel on `dev` (loaded, and compiled by the driver, the
 /// first time) and a free state word, reset to [`STATE_LAUNCHED`].
-fn engine_image(dev: &Device, rank: usize) -> Result<(Arc<FunctionBackend>, StatusSlot)> {
+fn engine_image(dev: &Device, rank: usize, threads: u32) -> Result<(Arc<FunctionBackend>, StatusSlot)> {
     let key = (dev.is_gpu(), dev.ordinal());
     let mut guard = ENGINE_IMAGES.lock().unwrap_or_else(|p| p.into_inner());
     let map = guard.get_or_insert_with(HashMap::new);
@@ -660,6 +662,7 @@ fn engine_image(dev: &Device, rank: usize) -> Result<(Arc<FunctionBackend>, Stat
         let t0 = std::time::Instant::now();
         let module = dev.inner.load_module((&SOFTNIC).into())?;
         let function = Arc::new(module.function(<softnic_engine as Kernel>::NAME)?);
+        let wide = Arc::new(module.function(<softnic_engine_wide as Kernel>::NAME)?);
         let (host, dev_addr) = dev.inner.alloc_mapped(STATUS_SLOTS * 4)?;
         let (progress_host, progress_dev) = dev.inner.alloc_mapped(STATUS_SLOTS * std::mem::size_of::<EngineProgress>())?;
         tracing::debug!(
@@ -672,6 +675,7 @@ fn engine_image(dev: &Device, rank: usize) -> Result<(Arc<FunctionBackend>, Stat
             key,
             EngineImage {
                 function,
+                wide,
                 status_host: host as usize,
                 status_dev: dev_addr,
                 progress_host: progress_host as usize,
@@ -701,7 +705,8 @@ fn engine_image(dev: &Device, rank: usize) -> Result<(Arc<FunctionBackend>, Stat
         std::ptr::write_volatile(s.host, STATE_LAUNCHED);
         std::ptr::write_volatile(s.progress_host, EngineProgress::default());
     }
-    Ok((img.function.clone(), s))
+    let f = if threads > ENGINE_THREADS { &img.wide } else { &img.function };
+    Ok((f.clone(), s))
 }
 
 impl KernelEngine {
@@ -1499,7 +1504,10 @@ impl Communicator {
             table.count,
             t0.elapsed().as_millis()
         );
-        let (function, status) = engine_image(&self.device, rank)?;
+        let threads = opts
+            .engine_threads
+            .unwrap_or(if self.device.is_gpu() { ENGINE_THREADS } else { 32 });
+        let (function, status) = engine_image(&self.device, rank, threads)?;
         let sys_scope = self.device.is_gpu() && !self.same_gpu;
         let cfg = EngineCtl::new(
             ports.as_raw() as *const PortTable,
@@ -1519,7 +1527,6 @@ impl Communicator {
             "rank {rank}: IBGDA engine set-up: tables copied to the device in {} ms",
             t0.elapsed().as_millis()
         );
-        let threads = opts.engine_threads.unwrap_or(if self.device.is_gpu() { 256 } else { 32 });
         if let Some(a) = function.attributes() {
             if threads as i32 > a.max_threads_per_block {
                 return Err(Error::comm(format!(
@@ -1563,17 +1570,21 @@ impl Communicator {
         // No rank launches before every rank is done loading and allocating.
         self.world.barrier()?;
         let launched = std::time::Instant::now();
-        // SAFETY: `function` is the engine's entry point (`softnic_engine`,
-        // one pointer argument); the control block names this port's
+        // SAFETY: `function` is the engine's entry point for this many
+        // threads (`softnic_engine` or `softnic_engine_wide`, one pointer
+        // argument each); the control block names this port's
         // tables, the fabric's port table and (through them) rings and
         // regions that stay allocated until the engine reports that it
         // exited (teardown), and its state word, which is never freed.
         unsafe {
-            engine.stream.as_ref().expect("set above").launch::<softnic_engine>(
-                &function,
-                &crate::LaunchConfig::linear(1, threads).with_shared_mem(SHARED_BYTES),
-                (engine.ctl.as_raw() as *mut EngineCtl,),
-            )?
+            let stream = engine.stream.as_ref().expect("set above");
+            let cfg = crate::LaunchConfig::linear(1, threads).with_shared_mem(SHARED_BYTES);
+            let args = (engine.ctl.as_raw() as *mut EngineCtl,);
+            if threads > ENGINE_THREADS {
+                stream.launch::<softnic_engine_wide>(&function, &cfg, args)?
+            } else {
+                stream.launch::<softnic_engine>(&function, &cfg, args)?
+            }
         };
         tracing::debug!(
             "rank {rank}: IBGDA engine set-up: engine kernel launched (one block of {threads} threads, {SHARED_BYTES} bytes of shared memory)"
