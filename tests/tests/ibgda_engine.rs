@@ -389,7 +389,12 @@ fn on_a_gpu_the_kernel_engine_is_the_default_and_the_thread_engine_is_refused() 
         Ok(comm.ibgda_engine().map(|e| (e.engine, e.threads)))
     })
     .expect("IBGDA on a GPU");
-    assert!(kinds.iter().all(|k| *k == Some((SoftNicEngine::Kernel, 256))), "{kinds:?}");
+    assert!(
+        kinds
+            .iter()
+            .all(|k| *k == Some((SoftNicEngine::Kernel, doorbell::comm::ENGINE_THREADS_GPU))),
+        "{kinds:?}"
+    );
     let thread = IbgdaOptions {
         engine: Some(SoftNicEngine::Thread),
         ..IbgdaOptions::default()

@@ -58,7 +58,9 @@ use crate::world::World;
 mod ibgda;
 mod shm;
 pub use doorbell_softnic::engine::EngineCounters;
-pub use ibgda::{EngineReport, IbgdaOptions, IbgdaProgress, IbgdaQueue, RdmaPeers, SoftNicEngine, SOFTNIC, SOFTNIC_PTX};
+pub use ibgda::{
+    EngineReport, IbgdaOptions, IbgdaProgress, IbgdaQueue, RdmaPeers, SoftNicEngine, ENGINE_THREADS_GPU, SOFTNIC, SOFTNIC_PTX,
+};
 use shm::ShmRegion;
 
 /// Communicator settings.
