@@ -18,9 +18,9 @@ pub unsafe fn softnic_engine(ctl: *mut EngineCtl) {
     unsafe { run_block(ctl) }
 }
 
-/// [`softnic_engine`] for blocks of up to 1024 threads (the launcher takes
+/// [`softnic_engine()`] for blocks of up to 1024 threads (the launcher takes
 /// it for more than [`ENGINE_THREADS`]): ptxas keeps it within 64
-/// registers (`launch_bounds`), where [`softnic_engine`] uses about 255
+/// registers (`launch_bounds`), where [`softnic_engine()`] uses about 255
 /// and so fits 256 threads. More threads keep more of a block copy's loads
 /// in flight; the control thread's code spills to local memory.
 #[kernel(launch_bounds(threads = 1024, min_blocks = 1))]
@@ -29,6 +29,6 @@ pub unsafe fn softnic_engine_wide(ctl: *mut EngineCtl) {
     unsafe { run_block(ctl) }
 }
 
-/// Most threads of a [`softnic_engine`] block; more take
-/// [`softnic_engine_wide`].
+/// Most threads of a [`softnic_engine()`] block; more take
+/// [`softnic_engine_wide()`].
 pub const ENGINE_THREADS: u32 = 256;
