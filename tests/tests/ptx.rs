@@ -190,12 +190,13 @@ fn library_ptx_holds_no_test_example_or_bench_kernels() {
     for want in ["fused_multiply_add", "pingpong_p2p", "put_bw_p2p", "byte_histogram"] {
         assert!(examples.contains(&want), "{want} missing from the example kernels: {examples:?}");
     }
-    // The soft NIC is a device: its engine kernel is in its own PTX, alone
-    // (built without the library's kernels, which fat LTO would carry in
-    // and the driver would JIT before the engine could start).
+    // The soft NIC is a device: its engine kernel (two entries: blocks of
+    // up to 256 threads, and up to 1024) is in its own PTX, alone (built
+    // without the library's kernels, which fat LTO would carry in and the
+    // driver would JIT before the engine could start).
     assert_eq!(
         entries(doorbell::comm::SOFTNIC_PTX),
-        ["softnic_engine"],
+        ["softnic_engine", "softnic_engine_wide"],
         "entry points in the soft NIC's PTX"
     );
 }
