@@ -128,9 +128,10 @@ pub const ENGINE_THREADS_ENV: &str = "DOORBELL_SOFTNIC_ENGINE_THREADS";
 /// Threads of the engine kernel's block on a GPU by default. Measured on
 /// one H200 (`ibgda_bench`, the three sizes alternated in one run): 512
 /// moved 64 – 256 MiB puts at 19.6 GB/s against 14.9 with 256, with the
-/// `put_signal` round trip at 51.7 µs against 53.5 – 53.8; 1024 reached
-/// 23.5 GB/s but a 60.3 µs round trip (its control thread spills within
-/// 64 registers). Blocks above 256 threads run `softnic_engine_wide`.
+/// `put_signal` round trip at 51.7 µs against 53.5 – 53.8 (56.9 in a
+/// later run of 512 alone: about the same); 1024 reached 23.5 GB/s but a
+/// 60.3 µs round trip (its control thread spills within 64 registers).
+/// Blocks above 256 threads run `softnic_engine_wide`.
 pub const ENGINE_THREADS_GPU: u32 = 512;
 
 /// Where the soft NIC's engine runs.
