@@ -727,37 +727,45 @@ impl<'c> Exchange<'c> {
     }
 
     /// Enqueues the fused forward (`ids` `[table][sample][pooling]`, `out`
-    /// `[sample][table][dim]`, both local). Every rank calls it.
+    /// `[sample][table][dim]`, both local). Every rank calls it. Its
+    /// kernels wait for the peers': where three or more ranks share a GPU,
+    /// they are queued only once this rank's previous such launch has
+    /// ended (`Communicator::launch_waiting`), as are the backward's and
+    /// the pull forward's.
     pub fn forward(&mut self, s: &Stream, ids: &DeviceBuffer<u32>, out: &mut DeviceBuffer<f32>) -> Result<()> {
         self.epoch += 1;
-        if self.epoch > 1 && k::hash_tag(self.epoch) == 1 {
-            // In `s`'s order, before the forward that reuses the tags.
-            // SAFETY: `keys` holds its length in u64, twice as many u32 words.
-            unsafe {
+        let comm = self.comm;
+        let this = &mut *self;
+        comm.launch_waiting(s, || {
+            if this.epoch > 1 && k::hash_tag(this.epoch) == 1 {
+                // In `s`'s order, before the forward that reuses the tags.
+                // SAFETY: `keys` holds its length in u64, twice as many u32 words.
+                unsafe {
+                    s.launch(
+                        &this.zero,
+                        LaunchConfig::linear(this.cfg.grid.0, 256),
+                        (this.keys.as_mut_ptr() as *mut u32, 2 * this.keys.len() as u64),
+                    )?
+                };
+            }
+            // SAFETY: buffers sized for `shape` (new); every rank launches
+            // the same grid; each entry gets its own transport's handle.
+            with_transport!(&this.kernels, |t, fwd, _bwd| unsafe {
                 s.launch(
-                    &self.zero,
-                    LaunchConfig::linear(self.cfg.grid.0, 256),
-                    (self.keys.as_mut_ptr() as *mut u32, 2 * self.keys.len() as u64),
-                )?
-            };
-        }
-        // SAFETY: buffers sized for `shape` (new); every rank launches the
-        // same grid; each entry gets its own transport's handle.
-        with_transport!(&self.kernels, |t, fwd, _bwd| unsafe {
-            s.launch(
-                fwd,
-                self.cfg,
-                (
-                    t,
-                    self.shape,
-                    self.bufs,
-                    ids.as_ptr(),
-                    out.as_mut_ptr(),
-                    self.epoch,
-                    self.budget_ns,
-                    self.sliced_bytes,
-                ),
-            )
+                    fwd,
+                    this.cfg,
+                    (
+                        t,
+                        this.shape,
+                        this.bufs,
+                        ids.as_ptr(),
+                        out.as_mut_ptr(),
+                        this.epoch,
+                        this.budget_ns,
+                        this.sliced_bytes,
+                    ),
+                )
+            })
         })
     }
 
@@ -779,21 +787,23 @@ impl<'c> Exchange<'c> {
         self.bwd_epoch = self.epoch;
         self.bwd_seq += 1;
         // SAFETY: as for forward.
-        with_transport!(&self.kernels, |t, _fwd, bwd| unsafe {
-            s.launch(
-                bwd,
-                self.cfg,
-                (
-                    t,
-                    self.shape,
-                    self.bufs,
-                    grad.as_ptr(),
-                    lr,
-                    self.epoch,
-                    self.bwd_seq,
-                    self.budget_ns,
-                ),
-            )
+        self.comm.launch_waiting(s, || {
+            with_transport!(&self.kernels, |t, _fwd, bwd| unsafe {
+                s.launch(
+                    bwd,
+                    self.cfg,
+                    (
+                        t,
+                        self.shape,
+                        self.bufs,
+                        grad.as_ptr(),
+                        lr,
+                        self.epoch,
+                        self.bwd_seq,
+                        self.budget_ns,
+                    ),
+                )
+            })
         })
     }
 
@@ -802,16 +812,19 @@ impl<'c> Exchange<'c> {
     /// transport a pair through the NIC reports `STATUS_NO_PEER_PTR`.
     pub fn forward_pull(&self, s: &Stream, ids: &DeviceBuffer<u32>, out: &mut DeviceBuffer<f32>) -> Result<()> {
         let out = out.as_mut_ptr();
+        if let Kernels::Ibgda(..) = &self.kernels {
+            return Err(err(
+                "the pull forward loads rows through peer pointers, and the IBGDA transport has none; use the push forward (Exchange::forward) or the P2P transport",
+            ));
+        }
         // SAFETY: as for forward.
-        unsafe {
+        self.comm.launch_waiting(s, || unsafe {
             match &self.kernels {
                 Kernels::P2p(t, _, _, pull) => s.launch(pull, self.cfg, (*t, self.shape, self.bufs, ids.as_ptr(), out, self.budget_ns)),
                 Kernels::Routed(t, _, _, pull) => s.launch(pull, self.cfg, (**t, self.shape, self.bufs, ids.as_ptr(), out, self.budget_ns)),
-                Kernels::Ibgda(..) => Err(err(
-                    "the pull forward loads rows through peer pointers, and the IBGDA transport has none; use the push forward (Exchange::forward) or the P2P transport",
-                )),
+                Kernels::Ibgda(..) => Err(err("the pull forward has no IBGDA entry")),
             }
-        }
+        })
     }
 
     /// From how many bytes a rank's longest request list goes out in
