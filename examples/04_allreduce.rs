@@ -37,8 +37,8 @@ use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use doorbell::coll::{Algo, AllReduce, AllReduceOptions, Bf16, DType, Elem, Plan, TransportKind};
-use doorbell::comm::{CommOptions, Communicator};
+use doorbell::coll::{Algo, AllReduce, AllReduceOptions, Bf16, DType, Elem, Plan, TransportKind, MAX_THREADS};
+use doorbell::comm::{one_launch_in_flight, CommOptions, Communicator};
 use doorbell::{DeviceBuffer, ForTransport, LaunchConfig};
 use doorbell_example_kernels::allreduce::{
     fused_grad_allreduce, fused_grad_allreduce_wide, fused_grad_allreduce_wide2, grad, produce_grad, COMPUTE_GEMV, COMPUTE_HASH,
@@ -470,7 +470,7 @@ const TIMING_GRAPH_ONE: &str = "CUDA graphs of one launch, one in flight per ran
 /// How the bench times: `--graph` on a GPU, else a host loop; one launch
 /// at a time when three or more ranks share a GPU.
 fn timing(args: &Args, gpu: bool, per_gpu: usize) -> &'static str {
-    match (args.graph && gpu, one_launch_at_a_time(gpu, per_gpu)) {
+    match (args.graph && gpu, one_launch_in_flight(gpu, per_gpu)) {
         (true, false) => TIMING_GRAPH,
         (false, false) => TIMING,
         (true, true) => TIMING_GRAPH_ONE,
@@ -511,7 +511,7 @@ fn bench(args: &Args, backend: doorbell::Backend, opts: CommOptions, topo: (bool
         "launch overlap (programmatic dependent launch) of our plain all-reduces: {}",
         if overlap && gpu { "on" } else { "off" }
     ));
-    if one_launch_at_a_time(gpu, per_gpu) {
+    if one_launch_in_flight(gpu, per_gpu) {
         notes.push(format!(
             "{per_gpu} ranks share a GPU: one launch in flight per rank (README, \"Ranks sharing a GPU\")"
         ));
@@ -644,14 +644,6 @@ fn iters_for(args: &Args, gpu: bool, bytes: u64) -> (u64, u64) {
         return (1, 2);
     }
     (5, ((1u64 << 32) / bytes.max(1)).clamp(5, 200))
-}
-
-/// Whether the benchmark keeps one launch in flight per rank: with three
-/// or more ranks on one GPU, launches queued behind a rank's waiting
-/// kernel stopped the benchmark on the H200 (README, "Ranks sharing a
-/// GPU"); two ranks ran queued launches in every run.
-fn one_launch_at_a_time(gpu: bool, ranks_per_gpu: usize) -> bool {
-    gpu && ranks_per_gpu >= doorbell::comm::ONE_LAUNCH_IN_FLIGHT_FROM
 }
 
 /// All variants at one size, in a communicator of their own (its heap sized
@@ -834,7 +826,7 @@ fn bench_rank<T: Elem>(
     let graph_timing = args.graph && dev.is_gpu();
     // Three or more ranks on one GPU: one launch in flight per rank (README,
     // "Ranks sharing a GPU"), each timed by its own pair of events.
-    let one_at_a_time = one_launch_at_a_time(dev.is_gpu(), comm.ranks_per_gpu());
+    let one_at_a_time = comm.one_launch_in_flight();
     let mut rows = Vec::new();
     let mut measure = |variant: &str,
                        chunk: u64,
@@ -1026,7 +1018,7 @@ fn bench_rank<T: Elem>(
         };
         // The block size where it is not the 256 every entry fits.
         let label = match ar.plan_of().threads {
-            t if dev.is_gpu() && t != 256 => format!("{} {t}t", ar.algo().name()),
+            t if dev.is_gpu() && t != MAX_THREADS => format!("{} {t}t", ar.algo().name()),
             _ => ar.algo().name().to_string(),
         };
         measure("unfused", 0, &label, Some(&out), &mut run)?;

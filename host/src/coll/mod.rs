@@ -320,7 +320,7 @@ impl Plan {
         // (busbw 1.01-1.10x NCCL's from 64 MiB to 1 GiB on two H200s in
         // two runs, where 256 threads reached 0.97-1.01x:
         // benchmarks/README.md).
-        let wide = own_gpu && algo == Algo::TwoShot && !opts.fused && opts.transport == TransportKind::P2p;
+        let wide = own_gpu && !opts.fused && has_wide_entry(algo, opts.transport);
         let threads = opts.threads.unwrap_or(if wide {
             MAX_THREADS_WIDE
         } else if gpu {
@@ -413,7 +413,7 @@ impl Plan {
 /// [`MAX_THREADS`] threads, or [`MAX_THREADS_WIDE`] for two-shot over P2P
 /// (a fused plan's block is the user's kernel's business).
 fn check_plain_threads(plan: &Plan, transport: TransportKind) -> Result<()> {
-    let wide = transport == TransportKind::P2p && plan.algo() == Algo::TwoShot;
+    let wide = has_wide_entry(plan.algo(), transport);
     let most = if wide { MAX_THREADS_WIDE } else { MAX_THREADS };
     if plan.threads > most {
         return Err(invalid(format!(
@@ -428,6 +428,13 @@ fn check_plain_threads(plan: &Plan, transport: TransportKind) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Whether the library has an entry for blocks of up to
+/// [`MAX_THREADS_WIDE`] threads for `algo` over `transport`: two-shot over
+/// P2P only.
+fn has_wide_entry(algo: Algo, transport: TransportKind) -> bool {
+    algo == Algo::TwoShot && transport == TransportKind::P2p
 }
 
 /// The routed transport's pairs through the NIC: the option, else the
@@ -550,7 +557,7 @@ impl<'c> AllReduce<'c> {
         let sigs = comm.alloc::<u64>(a.sig_words() as usize)?;
         let module = comm.library_module()?;
         let launcher = match opts.transport {
-            TransportKind::P2p if plan.threads > MAX_THREADS && plan.algo() == Algo::TwoShot => {
+            TransportKind::P2p if plan.threads > MAX_THREADS && has_wide_entry(plan.algo(), opts.transport) => {
                 Launcher::P2pWide(comm.p2p(), module.function()?)
             }
             TransportKind::P2p => Launcher::P2p(comm.p2p(), module.function()?),

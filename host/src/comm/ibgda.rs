@@ -662,8 +662,9 @@ impl StatusSlot {
 }
 
 /// The engine kernel on `dev` (loaded, and compiled by the driver, the
-/// first time) and a free state word, reset to [`STATE_LAUNCHED`].
-fn engine_image(dev: &Device, rank: usize, threads: u32) -> Result<(Arc<FunctionBackend>, StatusSlot)> {
+/// first time) — its entry for blocks of more than [`ENGINE_THREADS`] when
+/// `wide` — and a free state word, reset to [`STATE_LAUNCHED`].
+fn engine_image(dev: &Device, rank: usize, wide: bool) -> Result<(Arc<FunctionBackend>, StatusSlot)> {
     let key = (dev.is_gpu(), dev.ordinal());
     let mut guard = ENGINE_IMAGES.lock().unwrap_or_else(|p| p.into_inner());
     let map = guard.get_or_insert_with(HashMap::new);
@@ -714,7 +715,7 @@ fn engine_image(dev: &Device, rank: usize, threads: u32) -> Result<(Arc<Function
         std::ptr::write_volatile(s.host, STATE_LAUNCHED);
         std::ptr::write_volatile(s.progress_host, EngineProgress::default());
     }
-    let f = if threads > ENGINE_THREADS { &img.wide } else { &img.function };
+    let f = if wide { &img.wide } else { &img.function };
     Ok((f.clone(), s))
 }
 
@@ -1516,7 +1517,8 @@ impl Communicator {
         let threads = opts
             .engine_threads
             .unwrap_or(if self.device.is_gpu() { ENGINE_THREADS_GPU } else { 32 });
-        let (function, status) = engine_image(&self.device, rank, threads)?;
+        let wide = threads > ENGINE_THREADS;
+        let (function, status) = engine_image(&self.device, rank, wide)?;
         let sys_scope = self.device.is_gpu() && !self.same_gpu;
         let cfg = EngineCtl::new(
             ports.as_raw() as *const PortTable,
@@ -1589,7 +1591,7 @@ impl Communicator {
             let stream = engine.stream.as_ref().expect("set above");
             let cfg = crate::LaunchConfig::linear(1, threads).with_shared_mem(SHARED_BYTES);
             let args = (engine.ctl.as_raw() as *mut EngineCtl,);
-            if threads > ENGINE_THREADS {
+            if wide {
                 stream.launch::<softnic_engine_wide>(&function, &cfg, args)?
             } else {
                 stream.launch::<softnic_engine>(&function, &cfg, args)?

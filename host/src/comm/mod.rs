@@ -178,6 +178,14 @@ impl DeviceId {
 /// ranks ran queued launches in every run.
 pub const ONE_LAUNCH_IN_FLIGHT_FROM: usize = 3;
 
+/// Whether ranks on a GPU (`gpu`) shared by `ranks_per_gpu` ranks keep one
+/// launch that waits for peers in flight each
+/// ([`Communicator::one_launch_in_flight`], for programs that decide before
+/// a communicator exists).
+pub fn one_launch_in_flight(gpu: bool, ranks_per_gpu: usize) -> bool {
+    gpu && ranks_per_gpu >= ONE_LAUNCH_IN_FLIGHT_FROM
+}
+
 /// One rank's communicator. Created collectively by every rank.
 pub struct Communicator {
     world: World,
@@ -479,7 +487,7 @@ impl Communicator {
     /// ([`Self::launch_waiting`]): on a GPU shared by
     /// [`ONE_LAUNCH_IN_FLIGHT_FROM`] or more ranks of the world.
     pub fn one_launch_in_flight(&self) -> bool {
-        self.device.is_gpu() && self.ranks_per_gpu >= ONE_LAUNCH_IN_FLIGHT_FROM
+        one_launch_in_flight(self.device.is_gpu(), self.ranks_per_gpu)
     }
 
     /// Runs `launch` (which enqueues one kernel that waits for peers on
