@@ -29,7 +29,7 @@
 use std::time::Instant;
 
 use clap::Parser;
-use doorbell::comm::{CommOptions, Communicator, IbgdaOptions};
+use doorbell::comm::{CommOptions, Communicator, EnginePhase as Phase, IbgdaOptions};
 use doorbell::{LaunchConfig, Stream};
 use doorbell_example_kernels::ibgda_bench::{
     post_burst_ibgda, put_signal_rtt_ibgda, put_signal_rtt_p2p, put_stream_ibgda, put_stream_p2p, BENCH_OK,
@@ -85,7 +85,21 @@ struct Report {
     engine_fence_share: Option<f64>,
     engine_control_share: Option<f64>,
     engine_control_cycles_per_wqe: Option<f64>,
+    /// The control cycles per WQE by phase (the soft NIC's `Phase`), and
+    /// the rest: the pass's own walk over the QPs.
+    engine_phase_cycles_per_wqe: Option<PhaseCycles>,
     put_bw: Vec<BwRow>,
+}
+
+/// Control cycles per WQE executed, by phase of the engine's pass.
+#[derive(serde::Serialize, Clone, Copy, Debug, Default)]
+struct PhaseCycles {
+    doorbell: f64,
+    fetch: f64,
+    check: f64,
+    atomic: f64,
+    complete: f64,
+    walk: f64,
 }
 
 fn check(status: &doorbell::DeviceBuffer<u32>, what: &str) -> Result<(), BoxError> {
@@ -179,6 +193,12 @@ fn run(a: &IbgdaBenchArgs) -> Result<(), BoxError> {
             f * 100.0,
             k * 100.0,
             w
+        );
+    }
+    if let Some(p) = r.engine_phase_cycles_per_wqe {
+        println!(
+            "# control cycles per WQE by phase: doorbell {:.0}, fetch {:.0}, check {:.0}, atomic {:.0}, complete {:.0}, pass walk {:.0}",
+            p.doorbell, p.fetch, p.check, p.atomic, p.complete, p.walk
         );
     }
     if !gpu {
@@ -418,6 +438,18 @@ fn bench(comm: &Communicator, a: &IbgdaBenchArgs, max: u64, rtt_iters: u32, io: 
                 report.engine_fence_share = Some(fence / busy as f64);
                 report.engine_control_share = Some(control / busy as f64);
                 report.engine_control_cycles_per_wqe = Some(control / wqes as f64);
+                let ph: Vec<f64> = (0..e.phase_cycles.len())
+                    .map(|i| e.phase_cycles[i].wrapping_sub(b.phase_cycles[i]) as f64 / wqes as f64)
+                    .collect();
+                let walk = (control / wqes as f64 - ph.iter().sum::<f64>()).max(0.0);
+                report.engine_phase_cycles_per_wqe = Some(PhaseCycles {
+                    doorbell: ph[Phase::Doorbell as usize],
+                    fetch: ph[Phase::Fetch as usize],
+                    check: ph[Phase::Check as usize],
+                    atomic: ph[Phase::Atomic as usize],
+                    complete: ph[Phase::Complete as usize],
+                    walk,
+                });
             }
         }
     }

@@ -44,7 +44,8 @@
 //!   thread); copies of 1 KiB or more are moved by the whole block with
 //!   16-byte vectors, smaller ones by thread 0. Payload goes over the same
 //!   mappings as P2P (same-GPU pointers, peer access between GPUs); the
-//!   engine fences at `gpu` scope when every rank shares one GPU, else at
+//!   engine's fences and CQE releases are at `gpu` scope when every rank
+//!   shares one GPU (`DOORBELL_SOFTNIC_SCOPE=sys` widens them), else at
 //!   `sys`. **Cost**: one SM per rank (the block uses 232 registers per
 //!   thread, so its SM holds little else) — a kernel that sizes an
 //!   all-resident grid by the SM count must leave those SMs free, or it
@@ -125,6 +126,10 @@ pub const ENGINE_ENV: &str = "DOORBELL_SOFTNIC_ENGINE";
 /// `DOORBELL_SOFTNIC_ENGINE_THREADS`: threads of the engine kernel's block,
 /// a multiple of 32 in 32..=1024.
 pub const ENGINE_THREADS_ENV: &str = "DOORBELL_SOFTNIC_ENGINE_THREADS";
+/// `DOORBELL_SOFTNIC_SCOPE`: `auto` or `sys`, the scope of the engine
+/// kernel's acquire fences and CQE releases (see
+/// [`IbgdaOptions::engine_sys_scope`]).
+pub const SCOPE_ENV: &str = "DOORBELL_SOFTNIC_SCOPE";
 /// Threads of the engine kernel's block on a GPU by default. Measured on
 /// one H200 (`ibgda_bench`, the three sizes alternated in one run): 512
 /// moved 64 – 256 MiB puts at 19.6 GB/s against 14.9 with 256, with the
@@ -185,6 +190,12 @@ pub struct IbgdaOptions {
     /// (`DOORBELL_SOFTNIC_ENGINE_THREADS`; `None`: [`ENGINE_THREADS_GPU`] on
     /// a GPU, 32 on the emulator, where every thread is an OS thread).
     pub engine_threads: Option<u32>,
+    /// Makes the engine kernel's acquire fences (after a doorbell) and CQE
+    /// releases `sys`-scoped even when every rank runs on the engine's GPU,
+    /// where they are `gpu`-scoped otherwise (`DOORBELL_SOFTNIC_SCOPE=sys`;
+    /// default `auto`). With ranks on several GPUs they are `sys` either
+    /// way. For measuring what the narrower scope saves.
+    pub engine_sys_scope: bool,
 }
 
 impl Default for IbgdaOptions {
@@ -196,14 +207,16 @@ impl Default for IbgdaOptions {
             link: None,
             engine: None,
             engine_threads: None,
+            engine_sys_scope: false,
         }
     }
 }
 
 impl IbgdaOptions {
     /// The defaults with `DOORBELL_IBGDA_QPS_PER_PEER`,
-    /// `DOORBELL_IBGDA_SQ_SIZE` and `DOORBELL_SOFTNIC_LINK` applied,
-    /// strictly.
+    /// `DOORBELL_IBGDA_SQ_SIZE`, `DOORBELL_SOFTNIC_LINK`,
+    /// `DOORBELL_SOFTNIC_ENGINE`, `DOORBELL_SOFTNIC_ENGINE_THREADS` and
+    /// `DOORBELL_SOFTNIC_SCOPE` applied, strictly.
     pub fn from_env() -> Result<IbgdaOptions> {
         let d = IbgdaOptions::default();
         let qps = crate::env::uint(QPS_ENV, d.qps_per_peer as u64, 1, 16)? as u32;
@@ -238,12 +251,24 @@ impl IbgdaOptions {
                 Some(t)
             }
         };
+        let engine_sys_scope = match crate::env::raw(SCOPE_ENV)?.as_deref().map(str::trim) {
+            None | Some("auto") => false,
+            Some("sys") => true,
+            Some(v) => {
+                return Err(Error::BadEnv {
+                    var: SCOPE_ENV.to_string(),
+                    value: v.to_string(),
+                    reason: "is not `auto` (gpu scope when every rank shares the engine's GPU) or `sys`".to_string(),
+                })
+            }
+        };
         Ok(IbgdaOptions {
             qps_per_peer: qps,
             sq_size: sq,
             link,
             engine,
             engine_threads,
+            engine_sys_scope,
             ..d
         })
     }
@@ -1519,7 +1544,7 @@ impl Communicator {
             .unwrap_or(if self.device.is_gpu() { ENGINE_THREADS_GPU } else { 32 });
         let wide = threads > ENGINE_THREADS;
         let (function, status) = engine_image(&self.device, rank, wide)?;
-        let sys_scope = self.device.is_gpu() && !self.same_gpu;
+        let sys_scope = self.device.is_gpu() && (!self.same_gpu || opts.engine_sys_scope);
         let cfg = EngineCtl::new(
             ports.as_raw() as *const PortTable,
             device.port_index() as u32,

@@ -57,7 +57,7 @@ use crate::world::World;
 
 mod ibgda;
 mod shm;
-pub use doorbell_softnic::engine::EngineCounters;
+pub use doorbell_softnic::engine::{EngineCounters, Phase as EnginePhase};
 pub use ibgda::{
     EngineReport, IbgdaOptions, IbgdaProgress, IbgdaQueue, RdmaPeers, SoftNicEngine, ENGINE_THREADS_GPU, SOFTNIC, SOFTNIC_PTX,
 };

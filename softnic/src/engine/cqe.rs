@@ -76,17 +76,18 @@ pub fn next_owner(cq: &CqEntry) -> bool {
 /// [`next_owner`]) at the producer position, advances it, and fires the
 /// armed event if this completion qualifies (`solicited` or an error for a
 /// CQ armed for solicited completions only). Returns false, writing
-/// nothing, when the CQ is not valid.
+/// nothing, when the CQ is not valid. The CQE's last word is a release at
+/// `scope` ([`mem::store_cqe`]).
 ///
 /// # Safety
 /// `cq.ring` holds `cq.entries` CQEs, 64-byte aligned.
-pub unsafe fn push(cq: &mut CqEntry, w: &[u32; 16], solicited_or_error: bool) -> bool {
+pub unsafe fn push(cq: &mut CqEntry, w: &[u32; 16], solicited_or_error: bool, scope: mem::Scope) -> bool {
     if cq.valid == 0 || cq.ring.is_null() || cq.entries == 0 {
         return false;
     }
     let slot = (cq.pi & (cq.entries - 1)) as usize;
     // SAFETY: the slot is inside the ring (the caller's contract).
-    unsafe { mem::store_cqe(cq.ring.add(slot * CQE_SIZE), w) };
+    unsafe { mem::store_cqe(cq.ring.add(slot * CQE_SIZE), w, scope) };
     cq.pi = cq.pi.wrapping_add(1);
     if cq.armed == 1 || (cq.armed == 2 && solicited_or_error) {
         cq.armed = 0;
@@ -161,7 +162,7 @@ pub unsafe fn init_ring(ring: *mut u8, entries: u32) {
     let w = invalid_cqe_words();
     for i in 0..entries as usize {
         // SAFETY: inside the ring (the caller's contract).
-        unsafe { mem::store_cqe(ring.add(i * CQE_SIZE), &w) };
+        unsafe { mem::store_cqe(ring.add(i * CQE_SIZE), &w, mem::Scope::Sys) };
     }
 }
 
@@ -191,7 +192,7 @@ mod tests {
             // SAFETY: `dbrec` and the 4-entry ring live through the test.
             assert!(unsafe { has_room_cached(&mut cq) });
             // SAFETY: as above.
-            assert!(unsafe { push(&mut cq, &img, false) });
+            assert!(unsafe { push(&mut cq, &img, false, mem::Scope::Sys) });
         }
         // Full by the record (consumer index 0) and by the cache.
         // SAFETY: as above.

@@ -8,7 +8,8 @@ use doorbell_kernels::mlx5::{
 };
 
 use super::config::EngineConfig;
-use super::mover::Mover;
+use super::mem::Scope;
+use super::mover::{Mover, Phase};
 use super::tables::{access, ErrorRecord, Inflight, Port, Ports, QpState, Reason, MAX_QPS, QP_CONNECTED};
 use super::wqe::{self, Wqe};
 use super::{cqe, mem, rq};
@@ -242,7 +243,17 @@ fn record(port: &mut Port, now_ns: u64, qpn: u32, counter: u16, opcode: u8, synd
 ///
 /// # Safety
 /// The QP's send CQ ring is valid.
-pub unsafe fn fail_requester<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, idx: u32, opcode: u8, f: &Fail, now_ns: u64) {
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn fail_requester<P: Ports + ?Sized>(
+    ports: &mut P,
+    p: usize,
+    q: usize,
+    idx: u32,
+    opcode: u8,
+    f: &Fail,
+    now_ns: u64,
+    scope: Scope,
+) {
     let Some(port) = ports.get_mut(p) else { return };
     let Port { qps, cqs, stats, .. } = &mut *port;
     let Some(qp) = qps.get_mut(q) else { return };
@@ -251,7 +262,7 @@ pub unsafe fn fail_requester<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usiz
     if let Some(cq) = cqs.get_mut(qp.send_cq as usize) {
         let img = cqe::error(cq, false, f.syndrome.as_u8(), f.reason as u8, qpn, opcode, idx as u16);
         // SAFETY: the caller's contract.
-        if unsafe { cqe::push(cq, &img, true) } {
+        if unsafe { cqe::push(cq, &img, true, scope) } {
             stats.cqes += 1;
         }
     }
@@ -264,7 +275,17 @@ pub unsafe fn fail_requester<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usiz
 ///
 /// # Safety
 /// The responder's rings are valid.
-unsafe fn fail_responder<P: Ports + ?Sized>(ports: &mut P, pp: usize, pq: usize, what: Responder, f: &Fail, opcode: u8, now_ns: u64) {
+#[allow(clippy::too_many_arguments)]
+unsafe fn fail_responder<P: Ports + ?Sized>(
+    ports: &mut P,
+    pp: usize,
+    pq: usize,
+    what: Responder,
+    f: &Fail,
+    opcode: u8,
+    now_ns: u64,
+    scope: Scope,
+) {
     if what == Responder::Untouched {
         return;
     }
@@ -279,7 +300,7 @@ unsafe fn fail_responder<P: Ports + ?Sized>(ports: &mut P, pp: usize, pq: usize,
             if let Some(cq) = cqs.get_mut(peer.recv_cq as usize) {
                 let img = cqe::error(cq, true, s.as_u8(), r as u8, qpn, opcode, counter);
                 // SAFETY: the caller's contract (room was checked).
-                if unsafe { cqe::push(cq, &img, true) } {
+                if unsafe { cqe::push(cq, &img, true, scope) } {
                     stats.cqes += 1;
                 }
             }
@@ -298,7 +319,7 @@ unsafe fn fail_responder<P: Ports + ?Sized>(ports: &mut P, pp: usize, pq: usize,
 ///
 /// # Safety
 /// The QP's send CQ ring is valid.
-unsafe fn complete_requester<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, w: &Wqe, byte_cnt: u32, now_ns: u64) {
+unsafe fn complete_requester<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, w: &Wqe, byte_cnt: u32, now_ns: u64, scope: Scope) {
     let Some(port) = ports.get_mut(p) else { return };
     let Port { qps, cqs, stats, .. } = port;
     let Some(qp) = qps.get(q) else { return };
@@ -308,7 +329,7 @@ unsafe fn complete_requester<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usiz
         if let Some(cq) = cqs.get_mut(qp.send_cq as usize) {
             let img = cqe::success(cq, CQE_REQ, qp.qpn, w.idx as u16, byte_cnt, 0, w.ctrl.opcode, false, now_ns);
             // SAFETY: the caller's contract (room was checked).
-            if unsafe { cqe::push(cq, &img, false) } {
+            if unsafe { cqe::push(cq, &img, false, scope) } {
                 stats.cqes += 1;
             }
         }
@@ -321,7 +342,8 @@ unsafe fn complete_requester<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usiz
 ///
 /// # Safety
 /// The peer's recv CQ ring is valid.
-unsafe fn complete_responder<P: Ports + ?Sized>(ports: &mut P, pp: usize, pq: usize, w: &Wqe, opcode: u8, now_ns: u64) {
+#[allow(clippy::too_many_arguments)]
+unsafe fn complete_responder<P: Ports + ?Sized>(ports: &mut P, pp: usize, pq: usize, w: &Wqe, opcode: u8, now_ns: u64, scope: Scope) {
     let Some(port) = ports.get_mut(pp) else { return };
     let Port { qps, cqs, stats, .. } = port;
     let Some(peer) = qps.get_mut(pq) else { return };
@@ -330,7 +352,7 @@ unsafe fn complete_responder<P: Ports + ?Sized>(ports: &mut P, pp: usize, pq: us
     if let Some(cq) = cqs.get_mut(peer.recv_cq as usize) {
         let img = cqe::success(cq, opcode, peer.qpn, peer.rq_ci as u16, w.len as u32, imm, 0, solicited, now_ns);
         // SAFETY: the caller's contract (room was checked).
-        if unsafe { cqe::push(cq, &img, solicited) } {
+        if unsafe { cqe::push(cq, &img, solicited, scope) } {
             stats.cqes += 1;
         }
     }
@@ -381,6 +403,7 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
     if q >= MAX_QPS {
         return Step::Blocked;
     }
+    let scope = mover.scope();
     let Some(send_cq) = ports.get(p).and_then(|x| x.qps.get(q)).map(|qp| qp.send_cq) else {
         return Step::Blocked;
     };
@@ -396,7 +419,18 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
         Ok(w) => w,
         Err(m) => {
             let opcode = unsafe { wqe::read_ctrl(qp, head.wqe_idx) }.opcode;
-            unsafe { fail_requester(ports, p, q, head.wqe_idx, opcode, &Fail::new(m.syndrome, m.reason, 0, 0), now_ns) };
+            unsafe {
+                fail_requester(
+                    ports,
+                    p,
+                    q,
+                    head.wqe_idx,
+                    opcode,
+                    &Fail::new(m.syndrome, m.reason, 0, 0),
+                    now_ns,
+                    scope,
+                )
+            };
             return Step::Failed;
         }
     };
@@ -407,13 +441,13 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
             let n = cfg.faults.force_error_every as u64;
             if n != 0 && port.stats.executed % n == 0 {
                 let f = Fail::new(cfg.faults.forced(), Reason::Injected, 0, 0);
-                unsafe { fail_requester(ports, p, q, w.idx, opcode, &f, now_ns) };
+                unsafe { fail_requester(ports, p, q, w.idx, opcode, &f, now_ns, scope) };
                 return Step::Failed;
             }
         }
     }
     if opcode == OPCODE_NOP {
-        unsafe { complete_requester(ports, p, q, &w, 0, now_ns) };
+        unsafe { complete_requester(ports, p, q, &w, 0, now_ns, scope) };
         return Step::Done;
     }
 
@@ -428,7 +462,7 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
         None => return Step::Blocked,
     };
     if let Err(f) = local {
-        unsafe { fail_requester(ports, p, q, w.idx, opcode, &f, now_ns) };
+        unsafe { fail_requester(ports, p, q, w.idx, opcode, &f, now_ns, scope) };
         return Step::Failed;
     }
 
@@ -452,8 +486,8 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
     }
     let remote_fail = |ports: &mut P, f: Fail, what: Responder| {
         unsafe {
-            fail_requester(ports, p, q, w.idx, opcode, &f, now_ns);
-            fail_responder(ports, pp, pq, what, &f, opcode, now_ns);
+            fail_requester(ports, p, q, w.idx, opcode, &f, now_ns, scope);
+            fail_responder(ports, pp, pq, what, &f, opcode, now_ns, scope);
         }
         Step::Failed
     };
@@ -483,9 +517,9 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
                 unsafe { gather_to(port, q, &w, dst, mover) };
             }
             if opcode == OPCODE_RDMA_WRITE_IMM {
-                unsafe { complete_responder(ports, pp, pq, &w, CQE_RESP_WR_IMM, now_ns) };
+                unsafe { complete_responder(ports, pp, pq, &w, CQE_RESP_WR_IMM, now_ns, scope) };
             }
-            unsafe { complete_requester(ports, p, q, &w, w.len as u32, now_ns) };
+            unsafe { complete_requester(ports, p, q, &w, w.len as u32, now_ns, scope) };
             Step::Done
         }
         OPCODE_RDMA_READ => {
@@ -496,7 +530,7 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
             if let Some(port) = ports.get(p) {
                 unsafe { scatter_from(port, q, &w, src, mover) };
             }
-            unsafe { complete_requester(ports, p, q, &w, w.len as u32, now_ns) };
+            unsafe { complete_requester(ports, p, q, &w, w.len as u32, now_ns, scope) };
             Step::Done
         }
         OPCODE_ATOMIC_CS | OPCODE_ATOMIC_FA => {
@@ -512,6 +546,7 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
                 return Step::Blocked;
             };
             let result = unsafe { wqe::data_seg(qp, &w, 0) };
+            mover.lap(Phase::Check);
             let old = unsafe {
                 if opcode == OPCODE_ATOMIC_FA {
                     mem::atomic_fetch_add_u64(target, w.atomic.swap_add)
@@ -527,7 +562,8 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
             // The control thread writes the 8-byte result itself: the
             // source is its own local memory.
             unsafe { mem::copy_bytes(result.addr as usize as *mut u8, bytes.as_ptr(), 8) };
-            unsafe { complete_requester(ports, p, q, &w, 8, now_ns) };
+            mover.lap(Phase::Atomic);
+            unsafe { complete_requester(ports, p, q, &w, 8, now_ns, scope) };
             Step::Done
         }
         OPCODE_SEND => {
@@ -560,14 +596,14 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
                 Ok(_) => {}
             }
             unsafe { gather_to_receive(ports, p, q, &w, pp, pq, mover) };
-            unsafe { complete_responder(ports, pp, pq, &w, CQE_RESP_SEND, now_ns) };
-            unsafe { complete_requester(ports, p, q, &w, w.len as u32, now_ns) };
+            unsafe { complete_responder(ports, pp, pq, &w, CQE_RESP_SEND, now_ns, scope) };
+            unsafe { complete_requester(ports, p, q, &w, w.len as u32, now_ns, scope) };
             Step::Done
         }
         _ => {
             // parse() accepts only the opcodes above.
             let f = Fail::new(CqeSyndrome::LocalQpOp, Reason::BadOpcode, 0, 0);
-            unsafe { fail_requester(ports, p, q, w.idx, opcode, &f, now_ns) };
+            unsafe { fail_requester(ports, p, q, w.idx, opcode, &f, now_ns, scope) };
             Step::Failed
         }
     }

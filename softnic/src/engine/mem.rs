@@ -5,7 +5,10 @@
 //! Each function goes through `doorbell_kernels::ptx` (inline PTX on
 //! nvptx64, `core::sync::atomic` with the same semantics on the host), at
 //! `sys` scope: the other side is a GPU kernel, a CPU thread or the
-//! emulator, and the soft NIC plays a device that sees all of them.
+//! emulator, and the soft NIC plays a device that sees all of them. The
+//! two that the engine makes per doorbell and per CQE — its acquire fence
+//! and the CQE's release — take a [`Scope`] instead: the GPU-resident
+//! engine narrows them to `gpu` when every party is on its GPU.
 
 use doorbell_kernels::ptx;
 
@@ -59,13 +62,29 @@ pub unsafe fn peek_uar(p: *const u64) -> u64 {
     unsafe { ptx::ld_relaxed_sys_u64(p) }
 }
 
-/// Turns the relaxed loads before it into acquires (`fence.acq_rel.sys`:
-/// with a relaxed load that observed a release store it forms the PTX
-/// acquire pattern), so the loads after it see what the producer wrote
+/// The scope of the engine's acquire fences ([`acquire`]) and CQE
+/// releases ([`store_cqe`]): which threads they order the engine with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Every party is on the engine's GPU: the producers ringing its
+    /// doorbells, the consumers polling its CQs, the other ports' engines,
+    /// and the memory of every port (thread ranks sharing one GPU). A
+    /// `gpu`-scope fence costs a fraction of a `sys`-scope one.
+    Gpu,
+    /// Some party may be elsewhere: another GPU, a CPU thread, a NIC.
+    Sys,
+}
+
+/// Turns the relaxed loads before it into acquires (`fence.acq_rel` at
+/// `scope`: with a relaxed load that observed a release store it forms the
+/// PTX acquire pattern), so the loads after it see what the producer wrote
 /// before its release — the WQEs behind a new doorbell record.
 #[inline(always)]
-pub fn acquire() {
-    ptx::fence_acq_rel_sys();
+pub fn acquire(scope: Scope) {
+    match scope {
+        Scope::Gpu => ptx::fence_acq_rel_gpu(),
+        Scope::Sys => ptx::fence_acq_rel_sys(),
+    }
 }
 
 /// Reads one 16-byte WQE segment as its four memory words (weak: ordered
@@ -90,7 +109,7 @@ pub unsafe fn store_seg(p: *mut u8, w: [u32; 4]) {
 }
 
 /// Publishes a CQE: words 0..15 with weak stores, then word 15 (which holds
-/// `op_own`) with `st.release.sys`. Pairs with the poller's
+/// `op_own`) with `st.release` at `scope`. Pairs with the poller's
 /// `ld.acquire.sys` of word 15 (`poll_cq`): once it sees the new owner bit,
 /// the rest of the CQE and every data write the engine made before are
 /// visible.
@@ -98,7 +117,7 @@ pub unsafe fn store_seg(p: *mut u8, w: [u32; 4]) {
 /// # Safety
 /// `p` is valid for 64 bytes and 16-byte aligned.
 #[inline(always)]
-pub unsafe fn store_cqe(p: *mut u8, w: &[u32; 16]) {
+pub unsafe fn store_cqe(p: *mut u8, w: &[u32; 16], scope: Scope) {
     let q = p as *mut u32;
     // SAFETY: the caller's contract.
     unsafe {
@@ -108,7 +127,10 @@ pub unsafe fn store_cqe(p: *mut u8, w: &[u32; 16]) {
         ptx::st_relaxed_sys_u32(q.add(12), w[12]);
         ptx::st_relaxed_sys_u32(q.add(13), w[13]);
         ptx::st_relaxed_sys_u32(q.add(14), w[14]);
-        ptx::st_release_sys_u32(q.add(15), w[15]);
+        match scope {
+            Scope::Gpu => ptx::st_release_gpu_u32(q.add(15), w[15]),
+            Scope::Sys => ptx::st_release_sys_u32(q.add(15), w[15]),
+        }
     }
 }
 

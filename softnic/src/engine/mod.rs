@@ -32,7 +32,7 @@ pub mod wqe;
 
 pub use config::{EngineConfig, FaultConfig, Rng};
 pub use link::{parse_link, LinkModel, LinkParseError, LINK_FORMS};
-pub use mover::{Mover, ThreadMover};
+pub use mover::{Mover, Phase, ThreadMover, PHASES};
 pub use poll::{poll_port, PollReport};
 pub use resident::{EngineCounters, EngineCtl};
 pub use tables::{access, CqEntry, ErrorRecord, MrEntry, Port, PortStats, PortTable, Ports, QpEntry, QpState, Reason, MAX_PORTS};

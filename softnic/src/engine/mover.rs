@@ -7,7 +7,35 @@
 //! rest of its block and copies with every thread, 16 bytes at a time
 //! ([`copy_part`]). The control logic is the same code either way.
 
-/// Where the engine's payload copies go.
+/// The parts of a busy pass whose cycles the GPU-resident engine counts
+/// ([`Mover::lap`]; `EngineCounters::phase_cycles`), in pass order. Copies
+/// and the fences after them are counted apart (`copy_cycles`,
+/// `fence_cycles`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Phase {
+    /// Noticing a doorbell and reading the doorbell record, with the
+    /// acquire fences that make the WQEs behind them visible.
+    Doorbell = 0,
+    /// Starting the published WQEs: reading and parsing them, the link
+    /// model, the in-flight ring.
+    Fetch = 1,
+    /// Executing a WQE up to its data movement: CQ room, parsing it again,
+    /// local and remote key, bounds and access checks, the responder's
+    /// state and receive queue.
+    Check = 2,
+    /// An atomic's remote read-modify-write and the write of its result.
+    Atomic = 3,
+    /// After the data: responder and requester completions (the CQE
+    /// stores and their release), counters, the in-flight ring; flushes.
+    Complete = 4,
+}
+
+/// Number of [`Phase`]s.
+pub const PHASES: usize = 5;
+
+/// Where the engine's payload copies go, the scope of its ordering, and
+/// the cycle count of its control.
 pub trait Mover {
     /// Moves `len` bytes from `src` to `dst` (an RDMA WRITE's gather list,
     /// a READ's scatter list, a send, an atomic's result). The ranges may
@@ -18,6 +46,18 @@ pub trait Mover {
     /// # Safety
     /// Both ranges are valid for `len` bytes.
     unsafe fn copy(&mut self, dst: *mut u8, src: *const u8, len: usize);
+
+    /// The scope of the engine's acquire fences and CQE releases: `sys`
+    /// unless every party is known to be on the engine's GPU.
+    #[inline(always)]
+    fn scope(&self) -> super::mem::Scope {
+        super::mem::Scope::Sys
+    }
+
+    /// Counts the cycles since the last lap as `phase`'s (the GPU engine's
+    /// profile; a no-op elsewhere).
+    #[inline(always)]
+    fn lap(&mut self, _phase: Phase) {}
 }
 
 /// The one-thread mover of the host-thread engine: `memmove`.

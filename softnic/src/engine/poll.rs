@@ -8,7 +8,7 @@ use doorbell_kernels::mlx5::CqeSyndrome;
 
 use super::config::{EngineConfig, Rng};
 use super::exec::{execute, fail_requester, Fail, Step};
-use super::mover::Mover;
+use super::mover::{Mover, Phase};
 use super::tables::{ErrorRecord, Inflight, Port, Ports, QpState, Reason, MAX_QPS};
 use super::wqe::{self, wqe_bbs};
 use super::{cqe, mem};
@@ -119,13 +119,17 @@ unsafe fn poll_qp<P: Ports + ?Sized, M: Mover>(
     if !matches!(state, QpState::Rts | QpState::Err) {
         return;
     }
+    let scope = mover.scope();
     // SAFETY (whole function): the caller's contract.
-    unsafe { watch_doorbell(ports, p, q, now_ns, cfg, report) };
+    unsafe { watch_doorbell(ports, p, q, now_ns, cfg, scope, report) };
+    mover.lap(Phase::Doorbell);
     if state == QpState::Err {
-        unsafe { flush(ports, p, q, now_ns, report) };
+        unsafe { flush(ports, p, q, now_ns, scope, report) };
+        mover.lap(Phase::Complete);
         return;
     }
     unsafe { fetch(ports, p, q, now_ns, report) };
+    mover.lap(Phase::Fetch);
     if cfg.faults.reorder_across_qps != 0 {
         if let Some(qp) = ports.get_mut(p).and_then(|x| x.qps.get_mut(q)) {
             if qp.inflight_len > 0 && qp.held < 2 && rng.below(2) == 0 {
@@ -164,7 +168,15 @@ pub(crate) unsafe fn doorbell_word(qp: &super::tables::QpEntry) -> u64 {
 ///
 /// # Safety
 /// As for [`poll_port`].
-unsafe fn watch_doorbell<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u64, cfg: &EngineConfig, report: &mut PollReport) {
+unsafe fn watch_doorbell<P: Ports + ?Sized>(
+    ports: &mut P,
+    p: usize,
+    q: usize,
+    now_ns: u64,
+    cfg: &EngineConfig,
+    scope: mem::Scope,
+    report: &mut PollReport,
+) {
     let Some(port) = ports.get_mut(p) else { return };
     let Port { qps, stats, .. } = port;
     let Some(qp) = qps.get_mut(q) else { return };
@@ -175,7 +187,7 @@ unsafe fn watch_doorbell<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, n
     let seen = unsafe { doorbell_word(qp) };
     if seen != qp.last_doorbell {
         // The record read below is at least as new as this doorbell.
-        mem::acquire();
+        mem::acquire(scope);
         qp.last_doorbell = seen;
         qp.doorbells += 1;
         stats.doorbells += 1;
@@ -200,7 +212,7 @@ unsafe fn watch_doorbell<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, n
         let pi = unsafe { mem::peek_dbrec(qp.dbrec.add(1)) } & 0xffff;
         if pi != qp.sq_pi {
             // The WQEs the new record publishes are read after this.
-            mem::acquire();
+            mem::acquire(scope);
             stats.last_sq_pi = pi;
             stats.last_qpn = qp.qpn;
         }
@@ -338,7 +350,9 @@ unsafe fn execute_due<P: Ports + ?Sized, M: Mover>(
             return;
         }
         // SAFETY: the caller's contract.
-        match unsafe { execute(ports, p, q, &head, now_ns, cfg, mover) } {
+        let step = unsafe { execute(ports, p, q, &head, now_ns, cfg, mover) };
+        mover.lap(Phase::Complete);
+        match step {
             Step::Done | Step::Failed => {
                 if let Some(qp) = ports.get_mut(p).and_then(|x| x.qps.get_mut(q)) {
                     qp.inflight_pop();
@@ -375,7 +389,7 @@ unsafe fn execute_due<P: Ports + ?Sized, M: Mover>(
                     addr: 0,
                 };
                 // SAFETY: the caller's contract; execute() checked the room.
-                unsafe { fail_requester(ports, p, q, head.wqe_idx, opcode, &f, now_ns) };
+                unsafe { fail_requester(ports, p, q, head.wqe_idx, opcode, &f, now_ns, mover.scope()) };
                 if let Some(qp) = ports.get_mut(p).and_then(|x| x.qps.get_mut(q)) {
                     qp.inflight_pop();
                 }
@@ -391,7 +405,7 @@ unsafe fn execute_due<P: Ports + ?Sized, M: Mover>(
 ///
 /// # Safety
 /// As for [`poll_port`].
-unsafe fn flush<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u64, report: &mut PollReport) {
+unsafe fn flush<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u64, scope: mem::Scope, report: &mut PollReport) {
     let Some(port) = ports.get_mut(p) else { return };
     let Port { qps, cqs, stats, .. } = port;
     let Some(qp) = qps.get_mut(q) else { return };
@@ -420,7 +434,7 @@ unsafe fn flush<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u6
             };
             let opcode = unsafe { wqe::read_ctrl(qp, idx) }.opcode;
             let img = cqe::error(cq, false, syndrome, flushed, qp.qpn, opcode, idx as u16);
-            if unsafe { cqe::push(cq, &img, true) } {
+            if unsafe { cqe::push(cq, &img, true, scope) } {
                 stats.cqes += 1;
                 stats.flushes += 1;
             }
@@ -439,7 +453,7 @@ unsafe fn flush<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u6
                 break;
             }
             let img = cqe::error(cq, true, syndrome, flushed, qp.qpn, 0, qp.rq_ci as u16);
-            if unsafe { cqe::push(cq, &img, true) } {
+            if unsafe { cqe::push(cq, &img, true, scope) } {
                 stats.cqes += 1;
                 stats.flushes += 1;
             }

@@ -14,8 +14,9 @@
 //! * The producer (a user's kernel) writes WQEs, the doorbell record with
 //!   `st.release`, and the UAR word after `fence.sc.sys`; the engine reads
 //!   the UAR word and the record with `ld.relaxed.sys` and follows a
-//!   changed value with `fence.acq_rel.sys` before it reads what the value
-//!   publishes ([`super::mem::acquire`]). An acquire load would invalidate
+//!   changed value with `fence.acq_rel` before it reads what the value
+//!   publishes ([`super::mem::acquire`]), at [`EngineCtl::sys_scope`]'s
+//!   scope like every fence below. An acquire load would invalidate
 //!   thread 0's L1 on every read, and an idle pass then paid a memory
 //!   round trip for every field of every QP slot it looked at (~29 µs a
 //!   pass on an H200, measured from the passes counter); see below for
@@ -28,7 +29,7 @@
 //!   is on this GPU, `sys` across GPUs): the block's stores happen before
 //!   the barrier, so the fence orders them before everything thread 0
 //!   stores next — the next WQE's payload, a signal word, the CQE (itself
-//!   a `st.release.sys` of its last word).
+//!   a `st.release` of its last word, at the same scope).
 //! * Thread 0's own copies are followed by the same fence before its next
 //!   copy, so a put's data is visible before the signal WQE behind it on
 //!   the same QP (the in-order guarantee the transport's `put_signal`
@@ -62,8 +63,8 @@
 use doorbell_kernels::ptx;
 
 use super::config::{EngineConfig, Rng};
-use super::mem;
-use super::mover::{copy_part, overlaps, Mover};
+use super::mem::{self, Scope};
+use super::mover::{copy_part, overlaps, Mover, Phase, PHASES};
 use super::poll::{doorbell_word, poll_port_masked, PollReport};
 use super::tables::{PortTable, Ports, MAX_QPS};
 
@@ -121,8 +122,10 @@ pub struct EngineCtl {
     pub table: *const PortTable,
     /// The port this engine runs.
     pub port: u32,
-    /// 1: some port's memory is on another GPU: fence at `sys` scope after
-    /// copies; 0: every port is on this GPU: `gpu` scope suffices.
+    /// 1: some port's memory or some rank is on another GPU: the engine's
+    /// fences (after copies, after doorbells) and CQE releases are at `sys`
+    /// scope; 0: every port and every rank is on this GPU: `gpu` scope
+    /// suffices.
     pub sys_scope: u32,
     /// The fabric's clock when the engine was launched, ns: the engine's
     /// time is this plus `%globaltimer` elapsed since it started.
@@ -164,6 +167,10 @@ pub struct EngineCounters {
     pub copy_cycles: u64,
     /// Cycles in the fences after copies.
     pub fence_cycles: u64,
+    /// The rest of the busy cycles by [`Phase`] (index: `Phase as usize`):
+    /// where the control's time goes. The part of `busy_cycles` in none of
+    /// these or the copies and fences is the pass's own walk over the QPs.
+    pub phase_cycles: [u64; PHASES],
 }
 
 /// The control thread stores its [`EngineProgress`] every this many passes
@@ -247,6 +254,7 @@ impl EngineCtl {
                 busy_cycles: 0,
                 copy_cycles: 0,
                 fence_cycles: 0,
+                phase_cycles: [0; PHASES],
             },
             host_state,
             host_progress,
@@ -322,9 +330,30 @@ pub struct BlockMover {
     block_bytes: u64,
     copy_cycles: u64,
     fence_cycles: u64,
+    /// `%clock64` at the last lap.
+    lap_start: u64,
+    /// This pass's cycles by phase (kept only if the pass made progress).
+    pass_phases: [u64; PHASES],
+    /// Busy passes' cycles by phase.
+    phase_cycles: [u64; PHASES],
 }
 
 impl BlockMover {
+    /// A pass begins: its laps count from here.
+    #[inline(always)]
+    fn begin_pass(&mut self) {
+        self.pass_phases = [0; PHASES];
+        self.lap_start = ptx::clock64();
+    }
+
+    /// The pass made progress: its laps join the busy cycles' profile.
+    #[inline(always)]
+    fn keep_pass(&mut self) {
+        for (t, c) in self.phase_cycles.iter_mut().zip(self.pass_phases) {
+            *t += c;
+        }
+    }
+
     /// Orders thread 0's earlier stores (and, after a barrier, the block's)
     /// before its later ones, at the engine's scope.
     #[inline(always)]
@@ -369,10 +398,28 @@ impl BlockMover {
 }
 
 impl Mover for BlockMover {
+    #[inline(always)]
+    fn scope(&self) -> Scope {
+        if self.sys {
+            Scope::Sys
+        } else {
+            Scope::Gpu
+        }
+    }
+
+    #[inline(always)]
+    fn lap(&mut self, phase: Phase) {
+        let now = ptx::clock64();
+        self.pass_phases[phase as usize] += now.wrapping_sub(self.lap_start);
+        self.lap_start = now;
+    }
+
     unsafe fn copy(&mut self, dst: *mut u8, src: *const u8, len: usize) {
         if len == 0 {
             return;
         }
+        // What the control did since its last lap was checking this WQE.
+        self.lap(Phase::Check);
         if self.dirty {
             self.fence();
             self.dirty = false;
@@ -402,9 +449,11 @@ impl Mover for BlockMover {
             self.fence();
             self.block_copies += 1;
             self.block_bytes += len as u64;
+            self.lap_start = ptx::clock64();
             return;
         }
-        self.copy_cycles += ptx::clock64().wrapping_sub(c0);
+        self.lap_start = ptx::clock64();
+        self.copy_cycles += self.lap_start.wrapping_sub(c0);
     }
 }
 
@@ -476,7 +525,11 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
             block_bytes: 0,
             copy_cycles: 0,
             fence_cycles: 0,
+            lap_start: 0,
+            pass_phases: [0; PHASES],
+            phase_cycles: [0; PHASES],
         };
+        let scope = mover.scope();
         let mut epoch = 0u64;
         let mut cfg = EngineConfig::default();
         let mut rng = Rng::new(0);
@@ -501,7 +554,7 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
                 }
                 let e = ptx::ld_relaxed_sys_u64(&raw const (*ctl).cfg_epoch);
                 if e != epoch {
-                    mem::acquire();
+                    mem::acquire(scope);
                     cfg = core::ptr::read_volatile(&raw const (*ctl).cfg);
                     rng = Rng::new(cfg.faults.seed);
                     epoch = e;
@@ -516,7 +569,7 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
                 // What the host (new QPs, regions, states) and other ports
                 // wrote into the tables becomes visible to the plain loads
                 // that follow; then the slots in use are listed again.
-                mem::acquire();
+                mem::acquire(scope);
                 watch = Watch::of(&table, port);
                 refreshed_ns = t;
                 last.progressed = 1;
@@ -524,9 +577,11 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
             let full = last.progressed != 0 || now >= last.next_event_ns || watch.rung(&table, port);
             if full {
                 let c0 = ptx::clock64();
+                mover.begin_pass();
                 last = poll_port_masked(&mut table, port, watch.mask, now, &cfg, &mut rng, &mut mover);
                 if last.progressed != 0 {
                     busy_cycles += ptx::clock64().wrapping_sub(c0);
+                    mover.keep_pass();
                 }
             }
             if passes % PROGRESS_EVERY == 1 {
@@ -666,6 +721,9 @@ unsafe fn publish_counters(ctl: *mut EngineCtl, passes: u64, busy: u64, busy_cyc
         ptx::st_relaxed_sys_u64(&raw mut (*c).busy_cycles, busy_cycles);
         ptx::st_relaxed_sys_u64(&raw mut (*c).copy_cycles, m.copy_cycles);
         ptx::st_relaxed_sys_u64(&raw mut (*c).fence_cycles, m.fence_cycles);
+        for (i, v) in m.phase_cycles.iter().enumerate() {
+            ptx::st_relaxed_sys_u64(&raw mut (*c).phase_cycles[i], *v);
+        }
     }
 }
 
