@@ -88,6 +88,7 @@ struct Report {
     /// The control cycles per WQE by phase (the soft NIC's `Phase`), and
     /// the rest: the pass's own walk over the QPs.
     engine_phase_cycles_per_wqe: Option<PhaseCycles>,
+    fine: Vec<u64>,
     put_bw: Vec<BwRow>,
 }
 
@@ -195,6 +196,7 @@ fn run(a: &IbgdaBenchArgs) -> Result<(), BoxError> {
             w
         );
     }
+    println!("# fine phases per WQE: {:?}", r.fine);
     if let Some(p) = r.engine_phase_cycles_per_wqe {
         println!(
             "# control cycles per WQE by phase: doorbell {:.0}, fetch {:.0}, check {:.0}, atomic {:.0}, complete {:.0}, pass walk {:.0}",
@@ -442,6 +444,7 @@ fn bench(comm: &Communicator, a: &IbgdaBenchArgs, max: u64, rtt_iters: u32, io: 
                     .map(|i| e.phase_cycles[i].wrapping_sub(b.phase_cycles[i]) as f64 / wqes as f64)
                     .collect();
                 let walk = (control / wqes as f64 - ph.iter().sum::<f64>()).max(0.0);
+                report.fine = ph.iter().map(|x| *x as u64).collect();
                 report.engine_phase_cycles_per_wqe = Some(PhaseCycles {
                     doorbell: ph[Phase::Doorbell as usize],
                     fetch: ph[Phase::Fetch as usize],

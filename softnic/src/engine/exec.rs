@@ -412,6 +412,7 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
     if !unsafe { own_room(ports, p, send_cq) } {
         return Step::Blocked;
     }
+    mover.lap(Phase::Room);
     let Some(qp) = ports.get(p).and_then(|x| x.qps.get(q)) else {
         return Step::Blocked;
     };
@@ -435,6 +436,7 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
         }
     };
     let opcode = w.ctrl.opcode;
+    mover.lap(Phase::Parse);
     if head.deadline_ns == 0 {
         if let Some(port) = ports.get_mut(p) {
             port.stats.executed += 1;
@@ -450,6 +452,7 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
         unsafe { complete_requester(ports, p, q, &w, 0, now_ns, scope) };
         return Step::Done;
     }
+    mover.lap(Phase::Stats);
 
     // Local checks.
     let local_need = if matches!(opcode, OPCODE_RDMA_READ | OPCODE_ATOMIC_CS | OPCODE_ATOMIC_FA) {
@@ -465,6 +468,7 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
         unsafe { fail_requester(ports, p, q, w.idx, opcode, &f, now_ns, scope) };
         return Step::Failed;
     }
+    mover.lap(Phase::Local);
 
     // The responder.
     let (pp, pq) = match resolve_peer(ports, p, q) {
@@ -484,6 +488,7 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
             timeout_ns: cfg.transport_timeout_ns,
         };
     }
+    mover.lap(Phase::Peer);
     let remote_fail = |ports: &mut P, f: Fail, what: Responder| {
         unsafe {
             fail_requester(ports, p, q, w.idx, opcode, &f, now_ns, scope);
@@ -498,6 +503,7 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
                 Ok(d) => d,
                 Err(f) => return remote_fail(ports, f, Responder::Error),
             };
+            mover.lap(Phase::Remote);
             if opcode == OPCODE_RDMA_WRITE_IMM {
                 let Some(peer) = ports.get(pp).and_then(|x| x.qps.get(pq)) else {
                     return Step::Blocked;
@@ -512,14 +518,17 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
                 if !unsafe { room(ports, pp, peer.recv_cq) } {
                     return Step::Blocked;
                 }
+                mover.lap(Phase::Receive);
             }
             if let Some(port) = ports.get(p) {
                 unsafe { gather_to(port, q, &w, dst, mover) };
             }
             if opcode == OPCODE_RDMA_WRITE_IMM {
                 unsafe { complete_responder(ports, pp, pq, &w, CQE_RESP_WR_IMM, now_ns, scope) };
+                mover.lap(Phase::Responder);
             }
             unsafe { complete_requester(ports, p, q, &w, w.len as u32, now_ns, scope) };
+            mover.lap(Phase::Requester);
             Step::Done
         }
         OPCODE_RDMA_READ => {
@@ -549,9 +558,9 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
             mover.lap(Phase::Check);
             let old = unsafe {
                 if opcode == OPCODE_ATOMIC_FA {
-                    mem::atomic_fetch_add_u64(target, w.atomic.swap_add)
+                    mem::atomic_fetch_add_u64(target, w.atomic.swap_add, scope)
                 } else {
-                    mem::atomic_cas_u64(target, w.atomic.compare, w.atomic.swap_add)
+                    mem::atomic_cas_u64(target, w.atomic.compare, w.atomic.swap_add, scope)
                 }
             };
             let bytes = if cfg.atomic_reply_be != 0 {

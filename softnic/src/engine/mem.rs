@@ -156,16 +156,23 @@ pub unsafe fn copy_bytes(dst: *mut u8, src: *const u8, len: usize) {
     unsafe { core::ptr::copy(src, dst, len) }
 }
 
-/// Atomic fetch-and-add on a remote 8-byte word (relaxed, `sys` scope: the
-/// NIC's atomics are atomic with respect to other NIC atomics and to CPU
-/// and GPU atomics on the same word; they order nothing else).
+/// Atomic fetch-and-add on a remote 8-byte word. Atomic with respect to
+/// other NIC atomics and to CPU and GPU atomics on the same word at
+/// `scope`; a release at `scope`, so the payload the engine moved before
+/// (the WRITE ahead of it on the QP: `put_signal`) is visible to whoever
+/// observes the new value.
 ///
 /// # Safety
 /// `p` is valid and 8-byte aligned.
 #[inline(always)]
-pub unsafe fn atomic_fetch_add_u64(p: *mut u64, v: u64) -> u64 {
+pub unsafe fn atomic_fetch_add_u64(p: *mut u64, v: u64, scope: Scope) -> u64 {
     // SAFETY: the caller's contract.
-    unsafe { ptx::atom_add_relaxed_sys_u64(p, v) }
+    unsafe {
+        match scope {
+            Scope::Gpu => ptx::atom_add_release_gpu_u64(p, v),
+            Scope::Sys => ptx::atom_add_release_sys_u64(p, v),
+        }
+    }
 }
 
 /// Atomic compare-and-swap on a remote 8-byte word; returns the old value.
@@ -174,7 +181,29 @@ pub unsafe fn atomic_fetch_add_u64(p: *mut u64, v: u64) -> u64 {
 /// # Safety
 /// `p` is valid and 8-byte aligned.
 #[inline(always)]
-pub unsafe fn atomic_cas_u64(p: *mut u64, compare: u64, swap: u64) -> u64 {
+pub unsafe fn atomic_cas_u64(p: *mut u64, compare: u64, swap: u64, scope: Scope) -> u64 {
     // SAFETY: the caller's contract.
-    unsafe { ptx::atom_cas_relaxed_sys_u64(p, compare, swap) }
+    unsafe {
+        match scope {
+            Scope::Gpu => ptx::atom_cas_release_gpu_u64(p, compare, swap),
+            Scope::Sys => ptx::atom_cas_release_sys_u64(p, compare, swap),
+        }
+    }
+}
+
+/// Stores an 8-byte word with release at `scope`: a signal word written
+/// after payload, ordered behind it without a fence (a fence would also
+/// empty the control thread's L1).
+///
+/// # Safety
+/// `p` is valid and 8-byte aligned.
+#[inline(always)]
+pub unsafe fn store_release_u64(p: *mut u64, v: u64, scope: Scope) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match scope {
+            Scope::Gpu => ptx::st_release_gpu_u64(p, v),
+            Scope::Sys => ptx::st_release_sys_u64(p, v),
+        }
+    }
 }

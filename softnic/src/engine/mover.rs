@@ -20,28 +20,46 @@ pub enum Phase {
     /// Starting the published WQEs: reading and parsing them, the link
     /// model, the in-flight ring.
     Fetch = 1,
-    /// Executing a WQE up to its data movement: CQ room, parsing it again,
-    /// local and remote key, bounds and access checks, the responder's
-    /// state and receive queue.
-    Check = 2,
+    /// CQ room.
+    Room = 2,
+    /// Parsing again.
+    Parse = 3,
+    /// Stats and faults.
+    Stats = 4,
+    /// Local checks.
+    Local = 5,
+    /// The responder.
+    Peer = 6,
+    /// Remote check.
+    Remote = 7,
+    /// Receive queue.
+    Receive = 8,
+    /// Rest of the checks.
+    Check = 9,
     /// An atomic's remote read-modify-write and the write of its result.
-    Atomic = 3,
+    Atomic = 10,
+    /// Responder completion.
+    Responder = 11,
+    /// Requester completion.
+    Requester = 12,
     /// After the data: responder and requester completions (the CQE
     /// stores and their release), counters, the in-flight ring; flushes.
-    Complete = 4,
+    Complete = 13,
 }
 
 /// Number of [`Phase`]s.
-pub const PHASES: usize = 5;
+pub const PHASES: usize = 14;
 
 /// Where the engine's payload copies go, the scope of its ordering, and
 /// the cycle count of its control.
 pub trait Mover {
     /// Moves `len` bytes from `src` to `dst` (an RDMA WRITE's gather list,
     /// a READ's scatter list, a send, an atomic's result). The ranges may
-    /// overlap (loopback into one region). Every byte has landed, and is
-    /// ordered before the engine's later stores (the next WQE's data, the
-    /// CQE), when it returns.
+    /// overlap (loopback into one region). Every byte has landed when it
+    /// returns, and is ordered before what an observer may poll after it:
+    /// the engine's later CQEs and atomics (releases), signal words (later
+    /// copies of 8 or 16 aligned bytes) and short copies; not before later
+    /// bulk payload.
     ///
     /// # Safety
     /// Both ranges are valid for `len` bytes.

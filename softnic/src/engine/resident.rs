@@ -13,28 +13,34 @@
 //! ## Ordering
 //! * The producer (a user's kernel) writes WQEs, the doorbell record with
 //!   `st.release`, and the UAR word after `fence.sc.sys`; the engine reads
-//!   the UAR word and the record with `ld.relaxed.sys` and follows a
-//!   changed value with `fence.acq_rel` before it reads what the value
-//!   publishes ([`super::mem::acquire`]), at [`EngineCtl::sys_scope`]'s
-//!   scope like every fence below. An acquire load would invalidate
-//!   thread 0's L1 on every read, and an idle pass then paid a memory
-//!   round trip for every field of every QP slot it looked at (~29 µs a
-//!   pass on an H200, measured from the passes counter); see below for
-//!   what an idle pass reads now (`Watch`).
-//! * Every [`REFRESH_NS`] the control thread fences too, so table entries
+//!   the UAR word and the record with `ld.relaxed.sys`, and follows a
+//!   record that moved with one `fence.acq_rel` before it reads the WQEs
+//!   ([`super::mem::acquire`]), at [`EngineCtl::sys_scope`]'s scope (`gpu`
+//!   when every rank and port is on this GPU, `sys` otherwise) like every
+//!   fence and release below.
+//! * **Fences are few on purpose.** Every `fence.acq_rel` (and every
+//!   acquire load) empties thread 0's L1, and the control's table reads
+//!   then each wait for L2: profiled on an H200 (`ibgda_bench`'s phase
+//!   line), a WQE's control cost ~17 000 cycles, nearly all of it such
+//!   reads, while it took an acquire per doorbell, another per doorbell
+//!   record and a fence after each copy. An idle pass would pay the same
+//!   for every QP slot it looked at (~29 µs a pass, measured), hence
+//!   `Watch`. Publication therefore uses release *operations* (a fence
+//!   without the invalidation), placed on what an observer polls.
+//! * Every [`REFRESH_NS`] the control thread fences, so table entries
 //!   the host or another port's engine wrote (new QPs and regions, QP
 //!   states) reach its plain loads, and lists the QP slots in use again.
-//! * A block copy ends with a barrier and then `fence.acq_rel` by thread 0
-//!   at [`EngineCtl::sys_scope`]'s scope (`gpu` when every port's memory
-//!   is on this GPU, `sys` across GPUs): the block's stores happen before
-//!   the barrier, so the fence orders them before everything thread 0
-//!   stores next — the next WQE's payload, a signal word, the CQE (itself
-//!   a `st.release` of its last word, at the same scope).
-//! * Thread 0's own copies are followed by the same fence before its next
-//!   copy, so a put's data is visible before the signal WQE behind it on
-//!   the same QP (the in-order guarantee the transport's `put_signal`
-//!   builds on). Copies of 8 or 16 aligned bytes are whole 8-byte stores:
-//!   a signal word is never seen half written.
+//! * Payload is ordered before what an observer may poll after it: a CQE
+//!   (`st.release` of its last word), an atomic (`atom.release`), a signal
+//!   word — a copy of 8 or 16 aligned bytes, stored as whole 8-byte words
+//!   (never seen half written), each a `st.release` once payload is
+//!   pending — so a put's data is visible before the signal WQE behind it
+//!   on the same QP (the in-order guarantee the transport's `put_signal`
+//!   builds on). A block copy ends with a barrier, which orders the
+//!   block's stores before thread 0's next release. Other copies shorter
+//!   than [`BLOCK_COPY_MIN`] after pending payload are preceded by a
+//!   fence, as before; bulk payload after bulk payload is not ordered
+//!   (weak stores cannot be polled).
 //!
 //! ## Waits
 //! Thread 0 never waits for anything but the barrier with its own block;
@@ -66,7 +72,7 @@ use super::config::{EngineConfig, Rng};
 use super::mem::{self, Scope};
 use super::mover::{copy_part, overlaps, Mover, Phase, PHASES};
 use super::poll::{doorbell_word, poll_port_masked, PollReport};
-use super::tables::{PortTable, Ports, MAX_QPS};
+use super::tables::{Port, PortTable, Ports, MAX_PORTS, MAX_QPS};
 
 /// Copies of at least this many bytes are made by the whole block; smaller
 /// ones by the control thread alone.
@@ -420,17 +426,40 @@ impl Mover for BlockMover {
         }
         // What the control did since its last lap was checking this WQE.
         self.lap(Phase::Check);
-        if self.dirty {
+        let overlap = overlaps(dst, src, len);
+        // A signal word: one or two aligned 8-byte words.
+        let word = !overlap && len <= 16 && (dst as usize | src as usize | len) & 7 == 0;
+        let bulk = !overlap && self.parts > 1 && len >= BLOCK_COPY_MIN;
+        // Earlier payload is ordered before a signal word by the word's
+        // release stores, and need not be before bulk payload (nobody can
+        // poll weak stores); anything else gets a fence, as before.
+        if self.dirty && !word && !bulk {
             self.fence();
             self.dirty = false;
         }
         let c0 = ptx::clock64();
-        if overlaps(dst, src, len) {
+        if word {
+            let (d, s) = (dst as *mut u64, src as *const u64);
+            let scope = self.scope();
+            for k in 0..len / 8 {
+                // SAFETY: the caller's contract; 8-byte aligned (checked).
+                unsafe {
+                    let v = core::ptr::read_volatile(s.add(k));
+                    if self.dirty {
+                        super::mem::store_release_u64(d.add(k), v, scope);
+                    } else {
+                        core::ptr::write_volatile(d.add(k), v);
+                    }
+                }
+            }
+            self.thread_copies += 1;
+            self.dirty = true;
+        } else if overlap {
             // SAFETY: the caller's contract (memmove handles the overlap).
             unsafe { super::mem::copy_bytes(dst, src, len) };
             self.thread_copies += 1;
             self.dirty = true;
-        } else if self.parts == 1 || len < BLOCK_COPY_MIN {
+        } else if !bulk {
             // SAFETY: the caller's contract; one part of one.
             unsafe { copy_part(dst, src, len, 0, 1) };
             self.thread_copies += 1;
@@ -445,12 +474,12 @@ impl Mover for BlockMover {
             };
             // SAFETY: the caller's contract; no overlap (checked).
             unsafe { self.round(job) };
-            self.copy_cycles += ptx::clock64().wrapping_sub(c0);
-            self.fence();
+            // The block's stores are ordered before the barrier that ended
+            // the round, so thread 0's next release (a signal word, an
+            // atomic, a CQE) or fence publishes them too.
+            self.dirty = true;
             self.block_copies += 1;
             self.block_bytes += len as u64;
-            self.lap_start = ptx::clock64();
-            return;
         }
         self.lap_start = ptx::clock64();
         self.copy_cycles += self.lap_start.wrapping_sub(c0);
@@ -513,7 +542,7 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
         let t0 = ptx::globaltimer_ns();
         let base = core::ptr::read_volatile(&raw const (*ctl).clock_base_ns);
         let port = core::ptr::read_volatile(&raw const (*ctl).port) as usize;
-        let mut table: PortTable = core::ptr::read_volatile(core::ptr::read_volatile(&raw const (*ctl).table));
+        let mut table = View::new(core::ptr::read_volatile(&raw const (*ctl).table), port);
         let mut mover = BlockMover {
             job,
             parts,
@@ -629,6 +658,61 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
     }
 }
 
+/// The fabric as the control thread sees it: its own port's address held
+/// in a register, the other ports' read from the port table in device
+/// memory when asked for. Every fence empties the thread's L1, and a copy
+/// of the table in its local memory would then cost a trip to L2 on every
+/// lookup of its own port, the one the control looks up most.
+struct View {
+    port: usize,
+    own: *mut Port,
+    table: *const PortTable,
+}
+
+impl View {
+    /// The view of port `port` of `table`.
+    ///
+    /// # Safety
+    /// `table` is a valid port table whose entries below its count point at
+    /// live ports, and stays so while the view is used.
+    unsafe fn new(table: *const PortTable, port: usize) -> View {
+        let mut v = View {
+            port,
+            own: core::ptr::null_mut(),
+            table,
+        };
+        v.own = v.lookup(port);
+        v
+    }
+
+    /// Port `i`'s address from the table (null: no such port).
+    #[inline(always)]
+    fn lookup(&self, i: usize) -> *mut Port {
+        // SAFETY: the constructor's contract.
+        let t = unsafe { &*self.table };
+        if i >= t.count as usize || i >= MAX_PORTS {
+            return core::ptr::null_mut();
+        }
+        t.ports[i]
+    }
+}
+
+impl Ports for View {
+    #[inline(always)]
+    fn get(&self, i: usize) -> Option<&Port> {
+        let p = if i == self.port { self.own } else { self.lookup(i) };
+        // SAFETY: null or a live port (the constructor's contract).
+        unsafe { p.as_ref() }
+    }
+    #[inline(always)]
+    fn get_mut(&mut self, i: usize) -> Option<&mut Port> {
+        let p = if i == self.port { self.own } else { self.lookup(i) };
+        // SAFETY: null or a live port (the constructor's contract), whose
+        // fields an engine writes as the tables' concurrency rules say.
+        unsafe { p.as_mut() }
+    }
+}
+
 /// The QP slots of the engine's port in use, and the first [`WATCHED`] of
 /// them whose doorbell words an idle pass reads together.
 ///
@@ -658,7 +742,7 @@ impl Watch {
     };
 
     /// Lists the slots of `port` in use.
-    fn of(table: &PortTable, port: usize) -> Watch {
+    fn of(table: &View, port: usize) -> Watch {
         let mut w = Watch::EMPTY;
         let Some(p) = table.get(port) else { return w };
         for q in 0..MAX_QPS {
@@ -682,7 +766,7 @@ impl Watch {
     ///
     /// # Safety
     /// The watched QPs' doorbell words are valid (the tables' contract).
-    unsafe fn rung(&self, table: &PortTable, port: usize) -> bool {
+    unsafe fn rung(&self, table: &View, port: usize) -> bool {
         if !self.complete {
             return true;
         }
@@ -735,8 +819,7 @@ unsafe fn publish_counters(ctl: *mut EngineCtl, passes: u64, busy: u64, busy_cyc
 ///
 /// # Safety
 /// `to`, when non-null, is a valid, 8-byte aligned record.
-unsafe fn publish_progress(to: *mut EngineProgress, seq: u64, passes: u64, now_ns: u64, table: &PortTable, port: usize) {
-    use super::tables::Ports;
+unsafe fn publish_progress(to: *mut EngineProgress, seq: u64, passes: u64, now_ns: u64, table: &View, port: usize) {
     if to.is_null() {
         return;
     }
