@@ -85,22 +85,10 @@ struct Report {
     engine_fence_share: Option<f64>,
     engine_control_share: Option<f64>,
     engine_control_cycles_per_wqe: Option<f64>,
-    /// The control cycles per WQE by phase (the soft NIC's `Phase`), and
-    /// the rest: the pass's own walk over the QPs.
-    engine_phase_cycles_per_wqe: Option<PhaseCycles>,
-    fine: Vec<u64>,
+    /// The control cycles per WQE by phase (the soft NIC's `Phase`, by
+    /// name), and `walk`: the rest, the pass's own walk over the QPs.
+    engine_phase_cycles_per_wqe: Vec<(String, f64)>,
     put_bw: Vec<BwRow>,
-}
-
-/// Control cycles per WQE executed, by phase of the engine's pass.
-#[derive(serde::Serialize, Clone, Copy, Debug, Default)]
-struct PhaseCycles {
-    doorbell: f64,
-    fetch: f64,
-    check: f64,
-    atomic: f64,
-    complete: f64,
-    walk: f64,
 }
 
 fn check(status: &doorbell::DeviceBuffer<u32>, what: &str) -> Result<(), BoxError> {
@@ -196,12 +184,9 @@ fn run(a: &IbgdaBenchArgs) -> Result<(), BoxError> {
             w
         );
     }
-    println!("# fine phases per WQE: {:?}", r.fine);
-    if let Some(p) = r.engine_phase_cycles_per_wqe {
-        println!(
-            "# control cycles per WQE by phase: doorbell {:.0}, fetch {:.0}, check {:.0}, atomic {:.0}, complete {:.0}, pass walk {:.0}",
-            p.doorbell, p.fetch, p.check, p.atomic, p.complete, p.walk
-        );
+    if !r.engine_phase_cycles_per_wqe.is_empty() {
+        let parts: Vec<String> = r.engine_phase_cycles_per_wqe.iter().map(|(n, c)| format!("{n} {c:.0}")).collect();
+        println!("# control cycles per WQE by phase: {}", parts.join(", "));
     }
     if !gpu {
         println!("# CPU emulator: the timings say nothing about a GPU; every path ran and every put was checked");
@@ -440,19 +425,19 @@ fn bench(comm: &Communicator, a: &IbgdaBenchArgs, max: u64, rtt_iters: u32, io: 
                 report.engine_fence_share = Some(fence / busy as f64);
                 report.engine_control_share = Some(control / busy as f64);
                 report.engine_control_cycles_per_wqe = Some(control / wqes as f64);
-                let ph: Vec<f64> = (0..e.phase_cycles.len())
-                    .map(|i| e.phase_cycles[i].wrapping_sub(b.phase_cycles[i]) as f64 / wqes as f64)
+                let mut phases: Vec<(String, f64)> = Phase::ALL
+                    .iter()
+                    .map(|&p| {
+                        let i = p as usize;
+                        (
+                            p.name().to_string(),
+                            e.phase_cycles[i].wrapping_sub(b.phase_cycles[i]) as f64 / wqes as f64,
+                        )
+                    })
                     .collect();
-                let walk = (control / wqes as f64 - ph.iter().sum::<f64>()).max(0.0);
-                report.fine = ph.iter().map(|x| *x as u64).collect();
-                report.engine_phase_cycles_per_wqe = Some(PhaseCycles {
-                    doorbell: ph[Phase::Doorbell as usize],
-                    fetch: ph[Phase::Fetch as usize],
-                    check: ph[Phase::Check as usize],
-                    atomic: ph[Phase::Atomic as usize],
-                    complete: ph[Phase::Complete as usize],
-                    walk,
-                });
+                let walk = control / wqes as f64 - phases.iter().map(|(_, c)| c).sum::<f64>();
+                phases.push(("walk".to_string(), walk.max(0.0)));
+                report.engine_phase_cycles_per_wqe = phases;
             }
         }
     }

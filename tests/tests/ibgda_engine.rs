@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use doorbell::comm::{CommOptions, Communicator, IbgdaOptions, SoftNicEngine};
+use doorbell::comm::{CommOptions, Communicator, EnginePhase, IbgdaOptions, SoftNicEngine};
 use doorbell::{Backend, Device, ForTransport, LaunchConfig};
 use doorbell_kernels::transport::Ibgda;
 use doorbell_softnic::engine::EngineConfig;
@@ -162,6 +162,25 @@ fn ring_with_kernel_engine(dev_backend: Backend, ranks: usize, bytes: usize, thr
             "rank {r}: signals are copied by the control thread: {report:?}"
         );
         assert!(stats.wqes > 0 && stats.errors == 0, "rank {r}: port counters {stats:?}");
+        // The profile: every step a WRITE or READ takes counted cycles; the
+        // responder's receive steps, which no operation of the ring takes
+        // (no sends, no writes with immediate), none.
+        let cycles = |p: EnginePhase| report.counters.phase_cycles[p as usize];
+        for p in [
+            EnginePhase::Doorbell,
+            EnginePhase::Fetch,
+            EnginePhase::Room,
+            EnginePhase::Parse,
+            EnginePhase::Local,
+            EnginePhase::Peer,
+            EnginePhase::Remote,
+            EnginePhase::Requester,
+        ] {
+            assert!(cycles(p) > 0, "rank {r}: no cycles in phase {}: {report:?}", p.name());
+        }
+        for p in [EnginePhase::Receive, EnginePhase::Responder] {
+            assert_eq!(cycles(p), 0, "rank {r}: cycles in phase {}: {report:?}", p.name());
+        }
     }
 }
 

@@ -46,8 +46,9 @@
 //!   mappings as P2P (same-GPU pointers, peer access between GPUs); the
 //!   engine's fences and CQE releases are at `gpu` scope when every rank
 //!   shares one GPU (`DOORBELL_SOFTNIC_SCOPE=sys` widens them), else at
-//!   `sys`. **Cost**: one SM per rank (the block uses 232 registers per
-//!   thread, so its SM holds little else) — a kernel that sizes an
+//!   `sys`. **Cost**: one SM per rank (the default block of 512 threads
+//!   holds half of its registers, a block of 256 nearly all, 1024 all) —
+//!   a kernel that sizes an
 //!   all-resident grid by the SM count must leave those SMs free, or it
 //!   and the engine wait for each other. The fabric then sends new
 //!   regions (`ibgda_register`) and fault configurations to the device
@@ -131,12 +132,14 @@ pub const ENGINE_THREADS_ENV: &str = "DOORBELL_SOFTNIC_ENGINE_THREADS";
 /// [`IbgdaOptions::engine_sys_scope`]).
 pub const SCOPE_ENV: &str = "DOORBELL_SOFTNIC_SCOPE";
 /// Threads of the engine kernel's block on a GPU by default. Measured on
-/// one H200 (`ibgda_bench`, the three sizes alternated in one run): 512
-/// moved 64 – 256 MiB puts at 19.6 GB/s against 14.9 with 256, with the
-/// `put_signal` round trip at 51.7 µs against 53.5 – 53.8 (56.9 in a
-/// later run of 512 alone: about the same); 1024 reached 23.5 GB/s but a
-/// 60.3 µs round trip (its control thread spills within 64 registers).
-/// Blocks above 256 threads run `softnic_engine_wide`.
+/// one H200 (`ibgda_bench`, 512 and 1024 alternated in one run, the block
+/// copy keeping eight 16-byte vectors in flight per thread): 256 MiB puts
+/// at 26.8 – 26.9 GB/s with 512 and 30.1 – 30.2 with 1024, the
+/// `put_signal` round trip the same (54.5 – 54.9 µs). 512 is the default
+/// because it leaves half of the SM's registers to other kernels (the wide
+/// entry holds 64 registers per thread); 1024 takes the whole SM. (With
+/// four vectors in flight, 512 moved 19.8 – 19.9 GB/s.) Blocks above 256
+/// threads run `softnic_engine_wide`.
 pub const ENGINE_THREADS_GPU: u32 = 512;
 
 /// Where the soft NIC's engine runs.

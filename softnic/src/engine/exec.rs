@@ -448,11 +448,12 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
             }
         }
     }
+    mover.lap(Phase::Admit);
     if opcode == OPCODE_NOP {
         unsafe { complete_requester(ports, p, q, &w, 0, now_ns, scope) };
+        mover.lap(Phase::Requester);
         return Step::Done;
     }
-    mover.lap(Phase::Stats);
 
     // Local checks.
     let local_need = if matches!(opcode, OPCODE_RDMA_READ | OPCODE_ATOMIC_CS | OPCODE_ATOMIC_FA) {
@@ -536,10 +537,12 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
                 Ok(s) => s,
                 Err(f) => return remote_fail(ports, f, Responder::Error),
             };
+            mover.lap(Phase::Remote);
             if let Some(port) = ports.get(p) {
                 unsafe { scatter_from(port, q, &w, src, mover) };
             }
             unsafe { complete_requester(ports, p, q, &w, w.len as u32, now_ns, scope) };
+            mover.lap(Phase::Requester);
             Step::Done
         }
         OPCODE_ATOMIC_CS | OPCODE_ATOMIC_FA => {
@@ -551,6 +554,7 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
                 Ok(t) => t as *mut u64,
                 Err(f) => return remote_fail(ports, f, Responder::Error),
             };
+            mover.lap(Phase::Remote);
             let Some(qp) = ports.get(p).and_then(|x| x.qps.get(q)) else {
                 return Step::Blocked;
             };
@@ -573,6 +577,7 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
             unsafe { mem::copy_bytes(result.addr as usize as *mut u8, bytes.as_ptr(), 8) };
             mover.lap(Phase::Atomic);
             unsafe { complete_requester(ports, p, q, &w, 8, now_ns, scope) };
+            mover.lap(Phase::Requester);
             Step::Done
         }
         OPCODE_SEND => {
@@ -604,9 +609,12 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
                 }
                 Ok(_) => {}
             }
+            mover.lap(Phase::Receive);
             unsafe { gather_to_receive(ports, p, q, &w, pp, pq, mover) };
             unsafe { complete_responder(ports, pp, pq, &w, CQE_RESP_SEND, now_ns, scope) };
+            mover.lap(Phase::Responder);
             unsafe { complete_requester(ports, p, q, &w, w.len as u32, now_ns, scope) };
+            mover.lap(Phase::Requester);
             Step::Done
         }
         _ => {

@@ -8,47 +8,88 @@
 //! ([`copy_part`]). The control logic is the same code either way.
 
 /// The parts of a busy pass whose cycles the GPU-resident engine counts
-/// ([`Mover::lap`]; `EngineCounters::phase_cycles`), in pass order. Copies
-/// and the fences after them are counted apart (`copy_cycles`,
-/// `fence_cycles`).
+/// ([`Mover::lap`]; `EngineCounters::phase_cycles`), in pass order: the
+/// engine's profile (`ibgda_bench` prints it per WQE). Copies and the
+/// fences after them are counted apart (`copy_cycles`, `fence_cycles`);
+/// what none of these holds is the pass's walk over its QPs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(usize)]
 pub enum Phase {
     /// Noticing a doorbell and reading the doorbell record, with the
-    /// acquire fences that make the WQEs behind them visible.
+    /// acquire fence that makes the WQEs behind it visible.
     Doorbell = 0,
     /// Starting the published WQEs: reading and parsing them, the link
     /// model, the in-flight ring.
     Fetch = 1,
-    /// CQ room.
+    /// Execution begins: room in the send CQ.
     Room = 2,
-    /// Parsing again.
+    /// Parsing the WQE again (the in-flight ring keeps only its index).
     Parse = 3,
-    /// Stats and faults.
-    Stats = 4,
-    /// Local checks.
+    /// Counting it, and the injected-error fault.
+    Admit = 4,
+    /// Local key, bounds and access checks of its gather or scatter list.
     Local = 5,
-    /// The responder.
+    /// The responder: its QP, connection and state; the stalled-peer fault.
     Peer = 6,
-    /// Remote check.
+    /// Remote key, bounds and access checks (WRITE, READ, atomics).
     Remote = 7,
-    /// Receive queue.
+    /// The responder's receive WQE, its checks and CQ room (sends, writes
+    /// with immediate).
     Receive = 8,
-    /// Rest of the checks.
+    /// The rest up to the data: walking the gather or scatter list.
     Check = 9,
     /// An atomic's remote read-modify-write and the write of its result.
     Atomic = 10,
-    /// Responder completion.
+    /// The responder's completion: its receive CQE, its RQ counter.
     Responder = 11,
-    /// Requester completion.
+    /// The requester's completion: counters, its CQE and the release.
     Requester = 12,
-    /// After the data: responder and requester completions (the CQE
-    /// stores and their release), counters, the in-flight ring; flushes.
+    /// The rest: the in-flight ring, failed WQEs, flushes.
     Complete = 13,
 }
 
 /// Number of [`Phase`]s.
 pub const PHASES: usize = 14;
+
+impl Phase {
+    /// Every phase, in order.
+    pub const ALL: [Phase; PHASES] = [
+        Phase::Doorbell,
+        Phase::Fetch,
+        Phase::Room,
+        Phase::Parse,
+        Phase::Admit,
+        Phase::Local,
+        Phase::Peer,
+        Phase::Remote,
+        Phase::Receive,
+        Phase::Check,
+        Phase::Atomic,
+        Phase::Responder,
+        Phase::Requester,
+        Phase::Complete,
+    ];
+
+    /// Its name in lower case, as reports print it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Phase::Doorbell => "doorbell",
+            Phase::Fetch => "fetch",
+            Phase::Room => "room",
+            Phase::Parse => "parse",
+            Phase::Admit => "admit",
+            Phase::Local => "local",
+            Phase::Peer => "peer",
+            Phase::Remote => "remote",
+            Phase::Receive => "receive",
+            Phase::Check => "check",
+            Phase::Atomic => "atomic",
+            Phase::Responder => "responder",
+            Phase::Requester => "requester",
+            Phase::Complete => "complete",
+        }
+    }
+}
 
 /// Where the engine's payload copies go, the scope of its ordering, and
 /// the cycle count of its control.
@@ -90,6 +131,11 @@ impl Mover for ThreadMover {
     }
 }
 
+/// 16-byte vectors each thread of a block copy keeps in flight: the
+/// engine is one block, whose copy rate is bytes in flight over memory
+/// latency.
+pub const COPY_UNROLL: usize = 8;
+
 /// Whether `[dst, dst + len)` and `[src, src + len)` overlap.
 #[inline(always)]
 pub fn overlaps(dst: *const u8, src: *const u8, len: usize) -> bool {
@@ -101,7 +147,7 @@ pub fn overlaps(dst: *const u8, src: *const u8, len: usize) -> bool {
 /// ranges): called by `parts` threads, each with its own `part`, together
 /// they copy every byte once. One or two aligned 8-byte words (a signal)
 /// move as whole 8-byte stores. Otherwise, when `dst` and `src` share their
-/// offset mod 16, the body moves in 16-byte vectors, four in flight per
+/// offset mod 16, the body moves in 16-byte vectors, [`COPY_UNROLL`] in flight per
 /// thread, and the unaligned head and tail byte by byte; else in the widest
 /// unit both share (8, 4, or 1 bytes).
 ///
@@ -147,16 +193,15 @@ pub unsafe fn copy_part(dst: *mut u8, src: *const u8, len: usize, part: usize, p
             16 => {
                 let (d, s) = (d as *mut u32, s as *const u32);
                 let mut k = part;
-                while k + 3 * parts < body {
-                    let a = doorbell_kernels::ptx::ld_v4_u32(s.add(4 * k));
-                    let b = doorbell_kernels::ptx::ld_v4_u32(s.add(4 * (k + parts)));
-                    let c = doorbell_kernels::ptx::ld_v4_u32(s.add(4 * (k + 2 * parts)));
-                    let e = doorbell_kernels::ptx::ld_v4_u32(s.add(4 * (k + 3 * parts)));
-                    doorbell_kernels::ptx::st_v4_u32(d.add(4 * k), a);
-                    doorbell_kernels::ptx::st_v4_u32(d.add(4 * (k + parts)), b);
-                    doorbell_kernels::ptx::st_v4_u32(d.add(4 * (k + 2 * parts)), c);
-                    doorbell_kernels::ptx::st_v4_u32(d.add(4 * (k + 3 * parts)), e);
-                    k += 4 * parts;
+                while k + (COPY_UNROLL - 1) * parts < body {
+                    let mut x = [[0u32; 4]; COPY_UNROLL];
+                    for (u, x) in x.iter_mut().enumerate() {
+                        *x = doorbell_kernels::ptx::ld_v4_u32(s.add(4 * (k + u * parts)));
+                    }
+                    for (u, x) in x.iter().enumerate() {
+                        doorbell_kernels::ptx::st_v4_u32(d.add(4 * (k + u * parts)), *x);
+                    }
+                    k += COPY_UNROLL * parts;
                 }
                 while k < body {
                     doorbell_kernels::ptx::st_v4_u32(d.add(4 * k), doorbell_kernels::ptx::ld_v4_u32(s.add(4 * k)));

@@ -80,11 +80,20 @@ pub unsafe fn poll_port_masked<P: Ports + ?Sized, M: Mover>(
         Some(port) if port.valid != 0 => {}
         _ => return report,
     }
-    let start = if cfg.faults.reorder_across_qps != 0 {
-        rng.below(MAX_QPS as u64) as usize
-    } else {
-        0
-    };
+    if cfg.faults.reorder_across_qps == 0 {
+        // The slots in use, lowest first, one step per slot (not per
+        // table slot: the GPU engine's control is one thread, where a walk
+        // over all 64 cost ~1 900 cycles a pass).
+        let mut left = mask;
+        while left != 0 {
+            let q = left.trailing_zeros() as usize;
+            left &= left - 1;
+            // SAFETY: the caller's contract.
+            unsafe { poll_qp(ports, p, q, now_ns, cfg, rng, mover, &mut report) };
+        }
+        return report;
+    }
+    let start = rng.below(MAX_QPS as u64) as usize;
     for k in 0..MAX_QPS {
         let q = (start + k) % MAX_QPS;
         if mask & (1u64 << q) == 0 {
