@@ -19,11 +19,11 @@
 //!   when every rank and port is on this GPU, `sys` otherwise) like every
 //!   fence and release below.
 //! * **Fences are few on purpose.** Every `fence.acq_rel` (and every
-//!   acquire load) empties thread 0's L1, and the control's table reads
-//!   then each wait for L2: profiled on an H200 (`ibgda_bench`'s phase
-//!   line), a WQE's control cost ~17 000 cycles, nearly all of it such
-//!   reads, while it took an acquire per doorbell, another per doorbell
-//!   record and a fence after each copy. An idle pass would pay the same
+//!   acquire load) empties thread 0's L1, and the control's next table
+//!   reads each wait for L2. On an H200 (`ibgda_bench`), cutting the
+//!   fences from an acquire per doorbell, another per doorbell record and
+//!   one after each copy to one acquire per doorbell record took a WQE's
+//!   control from ~18 000 cycles to ~15 300. An idle pass would pay the same
 //!   for every QP slot it looked at (~29 µs a pass, measured), hence
 //!   `Watch`. Publication therefore uses release *operations* (a fence
 //!   without the invalidation), placed on what an observer polls.
@@ -171,7 +171,8 @@ pub struct EngineCounters {
     pub busy_cycles: u64,
     /// Cycles moving payload (thread copies, block rounds).
     pub copy_cycles: u64,
-    /// Cycles in the fences after copies.
+    /// Cycles in the fences between copies (before a short copy that
+    /// follows payload; printed as "fences after copies").
     pub fence_cycles: u64,
     /// The rest of the busy cycles by [`Phase`] (index: `Phase as usize`):
     /// where the control's time goes. The part of `busy_cycles` in none of
