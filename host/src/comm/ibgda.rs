@@ -128,8 +128,7 @@ pub const ENGINE_ENV: &str = "DOORBELL_SOFTNIC_ENGINE";
 /// a multiple of 32 in 32..=1024.
 pub const ENGINE_THREADS_ENV: &str = "DOORBELL_SOFTNIC_ENGINE_THREADS";
 /// `DOORBELL_SOFTNIC_SCOPE`: `auto` or `sys`, the scope of the engine
-/// kernel's acquire fences and CQE releases (see
-/// [`IbgdaOptions::engine_sys_scope`]).
+/// kernel's ordering with the ranks (see [`IbgdaOptions::engine_sys_scope`]).
 pub const SCOPE_ENV: &str = "DOORBELL_SOFTNIC_SCOPE";
 /// Threads of the engine kernel's block on a GPU by default. Measured on
 /// one H200 (`ibgda_bench`, 512 and 1024 alternated in one run, the block
@@ -193,11 +192,14 @@ pub struct IbgdaOptions {
     /// (`DOORBELL_SOFTNIC_ENGINE_THREADS`; `None`: [`ENGINE_THREADS_GPU`] on
     /// a GPU, 32 on the emulator, where every thread is an OS thread).
     pub engine_threads: Option<u32>,
-    /// Makes the engine kernel's acquire fences (after a doorbell) and CQE
-    /// releases `sys`-scoped even when every rank runs on the engine's GPU,
-    /// where they are `gpu`-scoped otherwise (`DOORBELL_SOFTNIC_SCOPE=sys`;
-    /// default `auto`). With ranks on several GPUs they are `sys` either
-    /// way. For measuring what the narrower scope saves.
+    /// Makes the engine kernel's ordering with the ranks (the acquire after
+    /// a doorbell record, the fence before a short copy after payload, the
+    /// releases of CQEs, atomics and signal words) `sys`-scoped even when
+    /// every rank runs on the engine's GPU, where it is `gpu`-scoped
+    /// otherwise (`DOORBELL_SOFTNIC_SCOPE=sys`; default `auto`). With
+    /// ranks on several GPUs it is `sys` either way. For measuring what the
+    /// narrower scope saves (on one H200: within the spread between runs,
+    /// `benchmarks/ibgda_h200_scope_ab.txt`).
     pub engine_sys_scope: bool,
 }
 

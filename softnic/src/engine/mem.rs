@@ -5,10 +5,11 @@
 //! Each function goes through `doorbell_kernels::ptx` (inline PTX on
 //! nvptx64, `core::sync::atomic` with the same semantics on the host), at
 //! `sys` scope: the other side is a GPU kernel, a CPU thread or the
-//! emulator, and the soft NIC plays a device that sees all of them. The
-//! two that the engine makes per doorbell and per CQE — its acquire fence
-//! and the CQE's release — take a [`Scope`] instead: the GPU-resident
-//! engine narrows them to `gpu` when every party is on its GPU.
+//! emulator, and the soft NIC plays a device that sees all of them. Those
+//! that order the engine with the ranks — the acquire after a doorbell
+//! record, the CQE's release, atomics, a signal word's release — take a
+//! [`Scope`] instead: the GPU-resident engine narrows them to `gpu` when
+//! every party is on its GPU.
 
 use doorbell_kernels::ptx;
 

@@ -10,13 +10,14 @@
 /// The parts of a busy pass whose cycles the GPU-resident engine counts
 /// ([`Mover::lap`]; `EngineCounters::phase_cycles`), in pass order: the
 /// engine's profile (`ibgda_bench` prints it per WQE). Copies and the
-/// fences after them are counted apart (`copy_cycles`, `fence_cycles`);
+/// fences between them are counted apart (`copy_cycles`, `fence_cycles`);
 /// what none of these holds is the pass's walk over its QPs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(usize)]
 pub enum Phase {
-    /// Noticing a doorbell and reading the doorbell record, with the
-    /// acquire fence that makes the WQEs behind it visible.
+    /// A QP slot's own checks (in use, state), noticing a doorbell and
+    /// reading the doorbell record, with the acquire fence that makes the
+    /// WQEs behind it visible.
     Doorbell = 0,
     /// Starting the published WQEs: reading and parsing them, the link
     /// model, the in-flight ring.
@@ -106,8 +107,9 @@ pub trait Mover {
     /// Both ranges are valid for `len` bytes.
     unsafe fn copy(&mut self, dst: *mut u8, src: *const u8, len: usize);
 
-    /// The scope of the engine's acquire fences and CQE releases: `sys`
-    /// unless every party is known to be on the engine's GPU.
+    /// The scope of the engine's ordering with the ranks (the acquire after
+    /// a doorbell record; the releases of CQEs, atomics and signal words):
+    /// `sys` unless every party is known to be on the engine's GPU.
     #[inline(always)]
     fn scope(&self) -> super::mem::Scope {
         super::mem::Scope::Sys

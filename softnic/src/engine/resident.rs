@@ -16,8 +16,9 @@
 //!   the UAR word and the record with `ld.relaxed.sys`, and follows a
 //!   record that moved with one `fence.acq_rel` before it reads the WQEs
 //!   ([`super::mem::acquire`]), at [`EngineCtl::sys_scope`]'s scope (`gpu`
-//!   when every rank and port is on this GPU, `sys` otherwise) like every
-//!   fence and release below.
+//!   when every rank and port is on this GPU, `sys` otherwise), as is
+//!   every fence and release below that orders it with the ranks (those
+//!   with the host — the refresh, the state words — are `sys`).
 //! * **Fences are few on purpose.** Every `fence.acq_rel` (and every
 //!   acquire load) empties thread 0's L1, and the control's next table
 //!   reads each wait for L2. On an H200 (`ibgda_bench`), cutting the
@@ -110,7 +111,7 @@ pub const STATE_EXITED: u32 = 2;
 #[derive(Clone, Copy, Debug)]
 pub struct EngineCtl {
     /// Host → engine: non-zero asks the engine to stop (read with
-    /// `ld.acquire.sys` every pass).
+    /// `ld.relaxed.sys` every [`CONTROL_EVERY`] passes).
     pub stop: u32,
     /// Engine → host: [`STATE_LAUNCHED`], [`STATE_RUNNING`],
     /// [`STATE_EXITED`] (stored with `st.release.sys`).
@@ -129,9 +130,11 @@ pub struct EngineCtl {
     /// The port this engine runs.
     pub port: u32,
     /// 1: some port's memory or some rank is on another GPU: the engine's
-    /// fences (after copies, after doorbells) and CQE releases are at `sys`
-    /// scope; 0: every port and every rank is on this GPU: `gpu` scope
-    /// suffices.
+    /// ordering with the ranks (the acquire after a doorbell record, the
+    /// fence before a short copy after payload, the releases of CQEs,
+    /// atomics and signal words) is at `sys` scope; 0: every port and every
+    /// rank is on this GPU: `gpu` scope suffices. What the host writes
+    /// (tables, configuration) is acquired at `sys` either way.
     pub sys_scope: u32,
     /// The fabric's clock when the engine was launched, ns: the engine's
     /// time is this plus `%globaltimer` elapsed since it started.
@@ -559,7 +562,6 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
             pass_phases: [0; PHASES],
             phase_cycles: [0; PHASES],
         };
-        let scope = mover.scope();
         let mut epoch = 0u64;
         let mut cfg = EngineConfig::default();
         let mut rng = Rng::new(0);
@@ -584,7 +586,8 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
                 }
                 let e = ptx::ld_relaxed_sys_u64(&raw const (*ctl).cfg_epoch);
                 if e != epoch {
-                    mem::acquire(scope);
+                    // `sys`: the host wrote the configuration.
+                    mem::acquire(Scope::Sys);
                     cfg = core::ptr::read_volatile(&raw const (*ctl).cfg);
                     rng = Rng::new(cfg.faults.seed);
                     epoch = e;
@@ -599,7 +602,8 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
                 // What the host (new QPs, regions, states) and other ports
                 // wrote into the tables becomes visible to the plain loads
                 // that follow; then the slots in use are listed again.
-                mem::acquire(scope);
+                // `sys`: the host writes tables too.
+                mem::acquire(Scope::Sys);
                 watch = Watch::of(&table, port);
                 refreshed_ns = t;
                 last.progressed = 1;
@@ -661,9 +665,11 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
 
 /// The fabric as the control thread sees it: its own port's address held
 /// in a register, the other ports' read from the port table in device
-/// memory when asked for. Every fence empties the thread's L1, and a copy
-/// of the table in its local memory would then cost a trip to L2 on every
-/// lookup of its own port, the one the control looks up most.
+/// memory when asked for (a copy of the table in the thread's local memory
+/// was looked up for every access to its own port). Measured on an H200
+/// against that copy, in one run: the control's cycles per WQE about the
+/// same (3 – 4 % more), the `put_signal` round trip 52.7 – 53.1 µs
+/// against 57.0 – 62.5.
 struct View {
     port: usize,
     own: *mut Port,
