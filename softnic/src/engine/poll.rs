@@ -310,13 +310,22 @@ unsafe fn fetch<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u6
         if bbs > avail {
             break; // the rest of the WQE is not published yet
         }
-        let (bytes, fenced, rd_atomic) = match unsafe { wqe::parse(qp, qp.sq_ci) } {
-            Ok(w) => (
-                w.len,
-                w.ctrl.fm_ce_se & doorbell_kernels::mlx5::WQE_CTRL_FENCE != 0,
-                wqe::is_read_or_atomic(w.ctrl.opcode),
-            ),
-            Err(_) => (0, false, false),
+        // Only the link model needs the WQE's length, fence bit and kind
+        // here (execution parses it again, and reports a bad one): without
+        // it the parse is skipped. Measured on an H200: fetch 2 470 → 1 735
+        // cycles per WQE, the parse at execution 1 530 → 1 690 (its lines
+        // no longer warm), the control ~2 % faster.
+        let (bytes, fenced, rd_atomic) = if !link.enabled() {
+            (0, false, false)
+        } else {
+            match unsafe { wqe::parse(qp, qp.sq_ci) } {
+                Ok(w) => (
+                    w.len,
+                    w.ctrl.fm_ce_se & doorbell_kernels::mlx5::WQE_CTRL_FENCE != 0,
+                    wqe::is_read_or_atomic(w.ctrl.opcode),
+                ),
+                Err(_) => (0, false, false),
+            }
         };
         let due_ps = if link.enabled() {
             let mut start = now_ps.max(*tx_free_ps);
