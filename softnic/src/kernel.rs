@@ -19,7 +19,7 @@ pub unsafe fn softnic_engine(ctl: *mut EngineCtl) {
 }
 
 /// [`softnic_engine()`] for blocks of up to 1024 threads (the launcher takes
-/// it for more than [`ENGINE_THREADS`]): ptxas keeps it within 64
+/// it for more than [`ENGINE_THREADS_MID`]): ptxas keeps it within 64
 /// registers (`launch_bounds`), where [`softnic_engine()`] uses about 255
 /// and so fits 256 threads. More threads keep more of a block copy's loads
 /// in flight; the control thread's code spills to local memory.
@@ -29,6 +29,20 @@ pub unsafe fn softnic_engine_wide(ctl: *mut EngineCtl) {
     unsafe { run_block(ctl) }
 }
 
+/// [`softnic_engine()`] for blocks of up to 512 threads (the launcher takes
+/// it for more than [`ENGINE_THREADS`], up to [`ENGINE_THREADS_MID`]):
+/// ptxas keeps it within 128 registers, where the control thread's code
+/// does not spill (it does within [`softnic_engine_wide()`]'s 64).
+#[kernel(launch_bounds(threads = 512, min_blocks = 1))]
+pub unsafe fn softnic_engine_mid(ctl: *mut EngineCtl) {
+    // SAFETY: the launcher's contract (see `run_block`).
+    unsafe { run_block(ctl) }
+}
+
 /// Most threads of a [`softnic_engine()`] block; more take
-/// [`softnic_engine_wide()`].
+/// [`softnic_engine_mid()`].
 pub const ENGINE_THREADS: u32 = 256;
+
+/// Most threads of a [`softnic_engine_mid()`] block; more take
+/// [`softnic_engine_wide()`].
+pub const ENGINE_THREADS_MID: u32 = 512;

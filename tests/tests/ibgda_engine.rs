@@ -287,8 +287,9 @@ fn the_engine_kernel_runs_the_ring_with_block_copies_and_writes_nothing_else() {
         // Odd sizes: unaligned tails in every block copy; several WQEs per put.
         ring_with_kernel_engine(b, 3, 200_003, None);
         ring_with_kernel_engine(b, 2, 5_000, None);
-        // The wide entry (blocks of more than 256 threads).
+        // The other two entries: blocks of 257..=512 threads, and more.
         ring_with_kernel_engine(b, 2, 200_003, Some(512));
+        ring_with_kernel_engine(b, 2, 200_003, Some(640));
     }
 }
 

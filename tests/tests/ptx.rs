@@ -196,7 +196,7 @@ fn library_ptx_holds_no_test_example_or_bench_kernels() {
     // driver would JIT before the engine could start).
     assert_eq!(
         entries(doorbell::comm::SOFTNIC_PTX),
-        ["softnic_engine", "softnic_engine_wide"],
+        ["softnic_engine", "softnic_engine_mid", "softnic_engine_wide"],
         "entry points in the soft NIC's PTX"
     );
 }

@@ -46,8 +46,8 @@
 //!   mappings as P2P (same-GPU pointers, peer access between GPUs); the
 //!   engine's fences and CQE releases are at `gpu` scope when every rank
 //!   shares one GPU (`DOORBELL_SOFTNIC_SCOPE=sys` widens them), else at
-//!   `sys`. **Cost**: one SM per rank (the default block of 512 threads
-//!   holds half of its registers, a block of 256 nearly all, 1024 all) —
+//!   `sys`. **Cost**: one SM per rank (a block of 256, 512 or 1024
+//!   threads holds all of its registers: 255, 128 or 64 per thread) —
 //!   a kernel that sizes an
 //!   all-resident grid by the SM count must leave those SMs free, or it
 //!   and the engine wait for each other. The fabric then sends new
@@ -94,7 +94,7 @@ use doorbell_softnic::engine::resident::{
 };
 use doorbell_softnic::engine::{access, cqe, EngineConfig, LinkModel, MrEntry, Port, PortStats, PortTable, MAX_PORTS};
 use doorbell_softnic::host::ResidentPort;
-use doorbell_softnic::kernel::{softnic_engine, softnic_engine_wide, ENGINE_THREADS};
+use doorbell_softnic::kernel::{softnic_engine, softnic_engine_mid, softnic_engine_wide, ENGINE_THREADS, ENGINE_THREADS_MID};
 use doorbell_softnic::{
     CqRing, EngineThread, FabricConfig, MemoryRegion, QpEndpoint, QpRings, QueuePair, RdmaDevice, SoftCq, SoftDevice, SoftFabric, SoftMr,
     SoftPd, SoftQp,
@@ -130,15 +130,19 @@ pub const ENGINE_THREADS_ENV: &str = "DOORBELL_SOFTNIC_ENGINE_THREADS";
 /// `DOORBELL_SOFTNIC_SCOPE`: `auto` or `sys`, the scope of the engine
 /// kernel's ordering with the ranks (see [`IbgdaOptions::engine_sys_scope`]).
 pub const SCOPE_ENV: &str = "DOORBELL_SOFTNIC_SCOPE";
-/// Threads of the engine kernel's block on a GPU by default. Measured on
-/// one H200 (`ibgda_bench`, 512 and 1024 alternated in one run, the block
-/// copy keeping eight 16-byte vectors in flight per thread): 256 MiB puts
-/// at 26.8 – 26.9 GB/s with 512 and 30.1 – 30.2 with 1024, the
-/// `put_signal` round trip the same (54.5 – 54.9 µs). 512 is the default
-/// because it leaves half of the SM's registers to other kernels (the wide
-/// entry holds 64 registers per thread); 1024 takes the whole SM. (With
-/// four vectors in flight, 512 moved 19.8 – 19.9 GB/s.) Blocks above 256
-/// threads run `softnic_engine_wide`.
+/// Threads of the engine kernel's block on a GPU by default: 512, on
+/// `softnic_engine_mid` (128 registers per thread). Measured on one H200
+/// (`ibgda_bench`, the block sizes alternated in one run:
+/// `benchmarks/ibgda_h200_engine_entries.txt`):
+///
+/// | threads (entry) | control cycles / WQE | engine M WQE/s | 256 MiB puts | `put_signal` round trip |
+/// |---|---|---|---|---|
+/// | 256 (`softnic_engine`, 255 registers) | 12 540 – 12 640 | 0.127 – 0.128 | 22.7 – 22.8 GB/s | 50.4 – 50.5 µs |
+/// | 512 (`softnic_engine_mid`) | 13 390 – 13 410 | 0.122 – 0.123 | 28.7 – 29.0 GB/s | 51.4 – 51.7 µs |
+/// | 512 on `softnic_engine_wide` (64 registers, before) | 14 700 – 14 740 | 0.113 | 26.9 – 27.0 GB/s | 54.6 – 54.7 µs |
+/// | 1024 (`softnic_engine_wide`) | 14 720 – 14 790 | 0.113 – 0.114 | 30.5 – 30.6 GB/s | 54.5 – 54.6 µs |
+///
+/// Each of 256, 512 and 1024 holds all of its SM's registers.
 pub const ENGINE_THREADS_GPU: u32 = 512;
 
 /// Where the soft NIC's engine runs.
@@ -633,9 +637,8 @@ const STATUS_SLOTS: usize = 1024;
 /// runs on the same GPU would hang or fault. Loading it once also means the
 /// driver compiles the PTX once, not at every set-up and reset.
 struct EngineImage {
-    function: Arc<FunctionBackend>,
-    /// `softnic_engine_wide`, for blocks of more than `ENGINE_THREADS`.
-    wide: Arc<FunctionBackend>,
+    /// The entries, by [`EngineEntry`].
+    functions: [Arc<FunctionBackend>; 3],
     status_host: usize,
     status_dev: u64,
     /// [`STATUS_SLOTS`] progress records, mapped like the state words.
@@ -691,18 +694,47 @@ impl StatusSlot {
     }
 }
 
+/// The engine kernel's entry for a block size: each is the same engine,
+/// built for at most that many threads (so with at most 255, 128 or 64
+/// registers per thread).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum EngineEntry {
+    /// `softnic_engine`: up to [`ENGINE_THREADS`] (256).
+    Narrow = 0,
+    /// `softnic_engine_mid`: up to [`ENGINE_THREADS_MID`] (512).
+    Mid = 1,
+    /// `softnic_engine_wide`: up to 1024.
+    Wide = 2,
+}
+
+impl EngineEntry {
+    /// The entry for blocks of `threads`.
+    fn for_threads(threads: u32) -> EngineEntry {
+        if threads <= ENGINE_THREADS {
+            EngineEntry::Narrow
+        } else if threads <= ENGINE_THREADS_MID {
+            EngineEntry::Mid
+        } else {
+            EngineEntry::Wide
+        }
+    }
+}
+
 /// The engine kernel on `dev` (loaded, and compiled by the driver, the
-/// first time) — its entry for blocks of more than [`ENGINE_THREADS`] when
-/// `wide` — and a free state word, reset to [`STATE_LAUNCHED`].
-fn engine_image(dev: &Device, rank: usize, wide: bool) -> Result<(Arc<FunctionBackend>, StatusSlot)> {
+/// first time) — its `entry` — and a free state word, reset to
+/// [`STATE_LAUNCHED`].
+fn engine_image(dev: &Device, rank: usize, entry: EngineEntry) -> Result<(Arc<FunctionBackend>, StatusSlot)> {
     let key = (dev.is_gpu(), dev.ordinal());
     let mut guard = ENGINE_IMAGES.lock().unwrap_or_else(|p| p.into_inner());
     let map = guard.get_or_insert_with(HashMap::new);
     if !map.contains_key(&key) {
         let t0 = std::time::Instant::now();
         let module = dev.inner.load_module((&SOFTNIC).into())?;
-        let function = Arc::new(module.function(<softnic_engine as Kernel>::NAME)?);
-        let wide = Arc::new(module.function(<softnic_engine_wide as Kernel>::NAME)?);
+        let functions = [
+            Arc::new(module.function(<softnic_engine as Kernel>::NAME)?),
+            Arc::new(module.function(<softnic_engine_mid as Kernel>::NAME)?),
+            Arc::new(module.function(<softnic_engine_wide as Kernel>::NAME)?),
+        ];
         let (host, dev_addr) = dev.inner.alloc_mapped(STATUS_SLOTS * 4)?;
         let (progress_host, progress_dev) = dev.inner.alloc_mapped(STATUS_SLOTS * std::mem::size_of::<EngineProgress>())?;
         tracing::debug!(
@@ -714,8 +746,7 @@ fn engine_image(dev: &Device, rank: usize, wide: bool) -> Result<(Arc<FunctionBa
         map.insert(
             key,
             EngineImage {
-                function,
-                wide,
+                functions,
                 status_host: host as usize,
                 status_dev: dev_addr,
                 progress_host: progress_host as usize,
@@ -745,8 +776,7 @@ fn engine_image(dev: &Device, rank: usize, wide: bool) -> Result<(Arc<FunctionBa
         std::ptr::write_volatile(s.host, STATE_LAUNCHED);
         std::ptr::write_volatile(s.progress_host, EngineProgress::default());
     }
-    let f = if wide { &img.wide } else { &img.function };
-    Ok((f.clone(), s))
+    Ok((img.functions[entry as usize].clone(), s))
 }
 
 impl KernelEngine {
@@ -1547,8 +1577,8 @@ impl Communicator {
         let threads = opts
             .engine_threads
             .unwrap_or(if self.device.is_gpu() { ENGINE_THREADS_GPU } else { 32 });
-        let wide = threads > ENGINE_THREADS;
-        let (function, status) = engine_image(&self.device, rank, wide)?;
+        let entry = EngineEntry::for_threads(threads);
+        let (function, status) = engine_image(&self.device, rank, entry)?;
         let sys_scope = self.device.is_gpu() && (!self.same_gpu || opts.engine_sys_scope);
         let cfg = EngineCtl::new(
             ports.as_raw() as *const PortTable,
@@ -1612,7 +1642,7 @@ impl Communicator {
         self.world.barrier()?;
         let launched = std::time::Instant::now();
         // SAFETY: `function` is the engine's entry point for this many
-        // threads (`softnic_engine` or `softnic_engine_wide`, one pointer
+        // threads (`softnic_engine`, `_mid` or `_wide`, one pointer
         // argument each); the control block names this port's
         // tables, the fabric's port table and (through them) rings and
         // regions that stay allocated until the engine reports that it
@@ -1621,10 +1651,10 @@ impl Communicator {
             let stream = engine.stream.as_ref().expect("set above");
             let cfg = crate::LaunchConfig::linear(1, threads).with_shared_mem(SHARED_BYTES);
             let args = (engine.ctl.as_raw() as *mut EngineCtl,);
-            if wide {
-                stream.launch::<softnic_engine_wide>(&function, &cfg, args)?
-            } else {
-                stream.launch::<softnic_engine>(&function, &cfg, args)?
+            match entry {
+                EngineEntry::Narrow => stream.launch::<softnic_engine>(&function, &cfg, args)?,
+                EngineEntry::Mid => stream.launch::<softnic_engine_mid>(&function, &cfg, args)?,
+                EngineEntry::Wide => stream.launch::<softnic_engine_wide>(&function, &cfg, args)?,
             }
         };
         tracing::debug!(
