@@ -342,7 +342,6 @@ unsafe fn complete_requester<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usiz
 ///
 /// # Safety
 /// The peer's recv CQ ring is valid.
-#[allow(clippy::too_many_arguments)]
 unsafe fn complete_responder<P: Ports + ?Sized>(ports: &mut P, pp: usize, pq: usize, w: &Wqe, opcode: u8, now_ns: u64, scope: Scope) {
     let Some(port) = ports.get_mut(pp) else { return };
     let Port { qps, cqs, stats, .. } = port;

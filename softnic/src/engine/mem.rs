@@ -63,14 +63,15 @@ pub unsafe fn peek_uar(p: *const u64) -> u64 {
     unsafe { ptx::ld_relaxed_sys_u64(p) }
 }
 
-/// The scope of the engine's acquire fences ([`acquire`]) and CQE
-/// releases ([`store_cqe`]): which threads they order the engine with.
+/// The scope of the engine's ordering with the ranks — its acquire fences
+/// ([`acquire`]), CQE releases ([`store_cqe`]), atomics and signal-word
+/// releases: which threads they order the engine with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scope {
     /// Every party is on the engine's GPU: the producers ringing its
     /// doorbells, the consumers polling its CQs, the other ports' engines,
-    /// and the memory of every port (thread ranks sharing one GPU). A
-    /// `gpu`-scope fence costs a fraction of a `sys`-scope one.
+    /// and the memory of every port (thread ranks sharing one GPU). (On
+    /// one H200 the saving over `sys` was within the spread between runs.)
     Gpu,
     /// Some party may be elsewhere: another GPU, a CPU thread, a NIC.
     Sys,

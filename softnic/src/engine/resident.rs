@@ -604,11 +604,11 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
                 // that follow; then the slots in use are listed again.
                 // `sys`: the host writes tables too.
                 mem::acquire(Scope::Sys);
-                watch = Watch::of(&table, port);
+                watch = Watch::of(&table);
                 refreshed_ns = t;
                 last.progressed = 1;
             }
-            let full = last.progressed != 0 || now >= last.next_event_ns || watch.rung(&table, port);
+            let full = last.progressed != 0 || now >= last.next_event_ns || watch.rung(&table);
             if full {
                 let c0 = ptx::clock64();
                 mover.begin_pass();
@@ -620,7 +620,7 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
             }
             if passes % PROGRESS_EVERY == 1 {
                 seq += 1;
-                publish_progress(progress, seq, passes, now, &table, port);
+                publish_progress(progress, seq, passes, now, &table);
             }
             if full && last.progressed != 0 {
                 busy += 1;
@@ -651,7 +651,7 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
             mover.fence();
         }
         publish_counters(ctl, passes, busy, busy_cycles, &mover);
-        publish_progress(progress, seq + 1, passes, now, &table, port);
+        publish_progress(progress, seq + 1, passes, now, &table);
         mover.round(Job {
             kind: JOB_EXIT,
             _pad: 0,
@@ -690,6 +690,13 @@ impl View {
         };
         v.own = v.lookup(port);
         v
+    }
+
+    /// The engine's own port.
+    #[inline(always)]
+    fn own(&self) -> Option<&Port> {
+        // SAFETY: null or a live port (the constructor's contract).
+        unsafe { self.own.as_ref() }
     }
 
     /// Port `i`'s address from the table (null: no such port).
@@ -748,10 +755,10 @@ impl Watch {
         complete: true,
     };
 
-    /// Lists the slots of `port` in use.
-    fn of(table: &View, port: usize) -> Watch {
+    /// Lists the slots of the engine's own port in use.
+    fn of(view: &View) -> Watch {
         let mut w = Watch::EMPTY;
-        let Some(p) = table.get(port) else { return w };
+        let Some(p) = view.own() else { return w };
         for q in 0..MAX_QPS {
             let qp = &p.qps[q];
             if !qp.in_use() {
@@ -773,11 +780,11 @@ impl Watch {
     ///
     /// # Safety
     /// The watched QPs' doorbell words are valid (the tables' contract).
-    unsafe fn rung(&self, table: &View, port: usize) -> bool {
+    unsafe fn rung(&self, view: &View) -> bool {
         if !self.complete {
             return true;
         }
-        let Some(p) = table.get(port) else { return false };
+        let Some(p) = view.own() else { return false };
         let mut seen = [0u64; WATCHED];
         for (i, s) in seen.iter_mut().enumerate() {
             if i < self.n {
@@ -826,11 +833,11 @@ unsafe fn publish_counters(ctl: *mut EngineCtl, passes: u64, busy: u64, busy_cyc
 ///
 /// # Safety
 /// `to`, when non-null, is a valid, 8-byte aligned record.
-unsafe fn publish_progress(to: *mut EngineProgress, seq: u64, passes: u64, now_ns: u64, table: &View, port: usize) {
+unsafe fn publish_progress(to: *mut EngineProgress, seq: u64, passes: u64, now_ns: u64, view: &View) {
     if to.is_null() {
         return;
     }
-    let s = match table.get(port) {
+    let s = match view.own() {
         Some(p) => p.stats,
         None => super::tables::PortStats::default(),
     };
