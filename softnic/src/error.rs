@@ -71,6 +71,14 @@ pub enum Error {
         /// Remote QP number.
         qpn: u32,
     },
+    /// A port index that [`crate::SoftFabric::open_device_at`] cannot give.
+    #[error("soft NIC port index {index}: {why}")]
+    PortIndex {
+        /// The index asked for.
+        index: usize,
+        /// Why not.
+        why: &'static str,
+    },
     /// An object of another device or fabric was passed in.
     #[error("{what} belongs to another soft NIC device or fabric")]
     Foreign {

@@ -1,15 +1,17 @@
 //! Two OS processes forming a communicator through the TCP rendezvous and
-//! exchanging data with the P2P transport: shared-memory heaps on the CPU
-//! emulator, CUDA IPC on a GPU. The test binary re-runs itself as rank 1.
+//! exchanging data with the P2P transport, and with IBGDA over the soft NIC
+//! (plain and routed): shared-memory heaps on the CPU emulator, CUDA IPC on
+//! a GPU. The test binary re-runs itself as rank 1.
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use doorbell::comm::{CommOptions, Communicator, PeerRoute};
+use doorbell::comm::{CommOptions, Communicator, PeerRoute, RdmaPeers};
 use doorbell::world::{RendezvousHost, World, WorldConfig};
-use doorbell::{Backend, Device, LaunchConfig};
-use doorbell_test_kernels::contract::{flagged_rounds_p2p, payload};
-use doorbell_test_kernels::testing::{ring_p2p, STATUS_OK};
+use doorbell::{Backend, Device, ForTransport, Kernel, KernelParam, LaunchConfig};
+use doorbell_kernels::transport::Transport;
+use doorbell_test_kernels::contract::{flagged_rounds, payload};
+use doorbell_test_kernels::testing::{ring, STATUS_OK};
 use doorbell_tests::TEST_KERNELS;
 
 const TOKEN: &str = "comm-procs-test-token-91c2";
@@ -24,8 +26,40 @@ fn device(backend: Backend, rank: usize) -> Device {
     }
 }
 
-/// Both ranks: ring put/get of BYTES with a signal and a barrier; returns the route to the peer.
-fn run_rank(world: World, backend: Backend) -> Result<PeerRoute, doorbell::Error> {
+/// The transport a two-process run uses: P2P (load/store through the
+/// mapped heaps), IBGDA over the soft NIC (each process runs its port's
+/// engine, which reaches the peer's tables and heap through the same
+/// mapping), or the routed transport with every pair sent through the NIC.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Via {
+    P2p,
+    Ibgda,
+    Routed,
+}
+
+impl Via {
+    fn name(self) -> &'static str {
+        match self {
+            Via::P2p => "p2p",
+            Via::Ibgda => "ibgda",
+            Via::Routed => "routed",
+        }
+    }
+    fn parse(s: &str) -> Via {
+        match s {
+            "ibgda" => Via::Ibgda,
+            "routed" => Via::Routed,
+            _ => Via::P2p,
+        }
+    }
+}
+
+type RingArgs<T> = (T, *mut u8, *mut u8, *mut u8, u64, u64, *mut u64, u64, u32, *mut u32);
+type RoundArgs<T> = (T, *mut u32, *mut u32, u32, *mut u64, *mut u64, u32, u32, *mut u32, *mut u32);
+
+/// Both ranks: ring put/get of BYTES with a signal and a barrier, then
+/// flagged rounds, over `via`; returns the route to the peer.
+fn run_rank(world: World, backend: Backend, via: Via) -> Result<PeerRoute, doorbell::Error> {
     let opts = CommOptions {
         heap_bytes: 1 << 20,
         wait_timeout: Duration::from_secs(20),
@@ -33,9 +67,31 @@ fn run_rank(world: World, backend: Backend) -> Result<PeerRoute, doorbell::Error
     };
     let rank = world.rank();
     let comm = Communicator::new(world, device(backend, rank), opts)?;
+    match via {
+        Via::P2p => exchange(&comm, comm.p2p())?,
+        Via::Ibgda => exchange(&comm, comm.ibgda()?)?,
+        Via::Routed => {
+            let t = comm.routed_with(&RdmaPeers::All)?;
+            exchange(&comm, t)?;
+        }
+    }
+    // The NIC's queues are clean after both exchanges.
+    if via != Via::P2p {
+        comm.ibgda_check()?;
+    }
+    Ok(comm.describe_peers()[1 - comm.rank()].clone())
+}
+
+fn exchange<T: Transport + KernelParam>(comm: &Communicator, t: T) -> Result<(), doorbell::Error>
+where
+    ring: ForTransport<T>,
+    <ring as ForTransport<T>>::Kernel: Kernel<Args = RingArgs<T>>,
+    flagged_rounds: ForTransport<T>,
+    <flagged_rounds as ForTransport<T>>::Kernel: Kernel<Args = RoundArgs<T>>,
+{
     let dev = comm.device();
     let m = dev.load_module(&TEST_KERNELS)?;
-    let f = m.function::<ring_p2p>()?;
+    let f = m.function::<<ring as ForTransport<T>>::Kernel>()?;
     let src = comm.alloc::<u8>(BYTES)?;
     let dst = comm.alloc::<u8>(BYTES)?;
     let got = comm.alloc::<u8>(BYTES)?;
@@ -45,13 +101,13 @@ fn run_rank(world: World, backend: Backend) -> Result<PeerRoute, doorbell::Error
     src.copy_from_host(&(0..BYTES).map(|i| (i * 7 + r * 100) as u8).collect::<Vec<_>>())?;
     comm.barrier()?;
     let s = dev.new_stream()?;
-    // SAFETY: sizes as ring_p2p documents.
+    // SAFETY: sizes as ring documents.
     unsafe {
         s.launch(
             &f,
             LaunchConfig::linear(1, 64),
             (
-                comm.p2p(),
+                t,
                 src.as_mut_ptr(),
                 dst.as_mut_ptr(),
                 got.as_mut_ptr(),
@@ -70,18 +126,21 @@ fn run_rank(world: World, backend: Backend) -> Result<PeerRoute, doorbell::Error
     let want: Vec<u8> = (0..BYTES).map(|i| (i * 7 + peer * 100) as u8).collect();
     assert!(dst.to_host()? == want, "rank {r}: put data wrong");
     assert!(got.to_host()? == want, "rank {r}: get data wrong");
-    flagged_rounds_across(&comm)?;
-    Ok(comm.describe_peers()[peer].clone())
+    flagged_rounds_across(comm, t)
 }
 
 /// Data visible when its signal is seen, between two processes: rank 0
 /// `put_signal`s a payload that changes every round, rank 1 checks every
 /// word after each signal (see `flagged_rounds`).
-fn flagged_rounds_across(comm: &Communicator) -> Result<(), doorbell::Error> {
+fn flagged_rounds_across<T: Transport + KernelParam>(comm: &Communicator, t: T) -> Result<(), doorbell::Error>
+where
+    flagged_rounds: ForTransport<T>,
+    <flagged_rounds as ForTransport<T>>::Kernel: Kernel<Args = RoundArgs<T>>,
+{
     let (blocks, words, iters) = (4u32, 1031u32, 20u32);
     let dev = comm.device();
     let m = dev.load_module(&TEST_KERNELS)?;
-    let f = m.function::<flagged_rounds_p2p>()?;
+    let f = m.function::<<flagged_rounds as ForTransport<T>>::Kernel>()?;
     let n = (blocks * words) as usize;
     let data = comm.alloc::<u32>(n)?;
     let src = comm.alloc::<u32>(n)?;
@@ -97,7 +156,7 @@ fn flagged_rounds_across(comm: &Communicator) -> Result<(), doorbell::Error> {
             &f,
             LaunchConfig::linear(blocks, 64),
             (
-                comm.p2p(),
+                t,
                 data.as_mut_ptr(),
                 src.as_mut_ptr(),
                 words,
@@ -124,6 +183,7 @@ fn flagged_rounds_across(comm: &Communicator) -> Result<(), doorbell::Error> {
             (0..n).all(|k| d[k] == payload(iters, k as u32 / words, k as u32 % words)),
             "last round's data"
         );
+        assert_eq!(sig.to_host()?, vec![iters as u64; blocks as usize], "signals");
     }
     Ok(())
 }
@@ -134,19 +194,21 @@ fn child_rank() {
         return;
     };
     let backend: Backend = backend.parse().unwrap();
+    let via = Via::parse(&std::env::var("DOORBELL_TEST_COMM_VIA").unwrap_or_default());
     let cfg = WorldConfig::from_env().unwrap().expect("launcher variables set by the parent");
     let world = World::rendezvous(&cfg, b"comm-procs").unwrap();
-    let route = run_rank(world, backend).unwrap();
+    let route = run_rank(world, backend, via).unwrap();
     println!("CHILD-ROUTE {route:?}");
 }
 
-fn two_processes(backend: Backend) -> (PeerRoute, String) {
+fn two_processes(backend: Backend, via: Via) -> (PeerRoute, String) {
     let cfg = WorldConfig::new(0, 2, "127.0.0.1", 0, TOKEN).with_rendezvous_timeout(Duration::from_secs(30));
     let host = RendezvousHost::bind(&cfg).unwrap();
     let port = host.local_addr().port();
     let child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child_rank", "--nocapture", "--test-threads", "1"])
         .env("DOORBELL_TEST_COMM_CHILD", if backend == Backend::Gpu { "gpu" } else { "cpu" })
+        .env("DOORBELL_TEST_COMM_VIA", via.name())
         .env("RANK", "1")
         .env("WORLD_SIZE", "2")
         .env("LOCAL_RANK", "1")
@@ -159,7 +221,7 @@ fn two_processes(backend: Backend) -> (PeerRoute, String) {
         .spawn()
         .unwrap();
     let world = host.accept(b"comm-procs").unwrap();
-    let route = run_rank(world, backend).unwrap();
+    let route = run_rank(world, backend, via).unwrap_or_else(|e| panic!("{} rank 0: {e}", via.name()));
     let out = child.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
@@ -172,7 +234,7 @@ fn two_processes(backend: Backend) -> (PeerRoute, String) {
 
 #[test]
 fn two_processes_exchange_data_through_shared_memory_on_the_emulator() {
-    let (route, child) = two_processes(Backend::Cpu);
+    let (route, child) = two_processes(Backend::Cpu, Via::P2p);
     assert_eq!(route, PeerRoute::SharedMemory);
     assert!(child.contains("CHILD-ROUTE SharedMemory"), "{child}");
 }
@@ -183,9 +245,34 @@ fn two_processes_exchange_data_through_cuda_ipc_on_a_gpu() {
         eprintln!("no GPU: skipped (DOORBELL_TEST_REQUIRE_GPU=1 makes this a failure)");
         return;
     }
-    let (route, child) = two_processes(Backend::Gpu);
+    let (route, child) = two_processes(Backend::Gpu, Via::P2p);
     assert_eq!(route, PeerRoute::CudaIpc);
     assert!(child.contains("CHILD-ROUTE CudaIpc"), "{child}");
+}
+
+/// IBGDA between processes: each process runs its own port's engine
+/// (the kernel engine, the default when a peer is in another process),
+/// which finds the peer's tables and regions in the peer's mapped heap.
+#[test]
+fn two_processes_over_ibgda_and_routed_rdma_on_the_emulator() {
+    for via in [Via::Ibgda, Via::Routed] {
+        let (route, child) = two_processes(Backend::Cpu, via);
+        assert_eq!(route, PeerRoute::SharedMemory, "{}", via.name());
+        assert!(child.contains("CHILD-ROUTE SharedMemory"), "{}: {child}", via.name());
+    }
+}
+
+#[test]
+fn two_processes_over_ibgda_and_routed_rdma_on_a_gpu() {
+    if doorbell_tests::gpu().is_none() {
+        eprintln!("no GPU: skipped (DOORBELL_TEST_REQUIRE_GPU=1 makes this a failure)");
+        return;
+    }
+    for via in [Via::Ibgda, Via::Routed] {
+        let (route, child) = two_processes(Backend::Gpu, via);
+        assert_eq!(route, PeerRoute::CudaIpc, "{}", via.name());
+        assert!(child.contains("CHILD-ROUTE CudaIpc"), "{}: {child}", via.name());
+    }
 }
 
 // ---- Heap files of a killed rank ----

@@ -92,7 +92,7 @@ use doorbell_kernels::Kernel;
 use doorbell_softnic::engine::resident::{
     EngineCounters, EngineCtl, EngineProgress, SHARED_BYTES, STATE_EXITED, STATE_LAUNCHED, STATE_RUNNING,
 };
-use doorbell_softnic::engine::{access, cqe, EngineConfig, LinkModel, MrEntry, Port, PortStats, PortTable, MAX_PORTS};
+use doorbell_softnic::engine::{access, cqe, EngineConfig, LinkModel, MrEntry, Port, PortStats, PortTable, Window, MAX_PORTS};
 use doorbell_softnic::host::ResidentPort;
 use doorbell_softnic::kernel::{softnic_engine, softnic_engine_mid, softnic_engine_wide, ENGINE_THREADS, ENGINE_THREADS_MID};
 use doorbell_softnic::{
@@ -419,7 +419,10 @@ struct KernelEngine {
     _persistent: Option<crate::backend::cuda::PersistentKernel>,
     ctl: DeviceBuffer<u8>,
     _ports: DeviceBuffer<u8>,
-    _port: DeviceBuffer<u8>,
+    /// Its port's tables, when not in the symmetric heap.
+    _port: Option<DeviceBuffer<u8>>,
+    /// Where its port's tables are.
+    port_addr: u64,
     device: Device,
     threads: u32,
     /// Its state word and progress record in mapped host memory.
@@ -1242,42 +1245,18 @@ impl Communicator {
         Ok(h)
     }
 
-    fn ibgda_setup(&self, opts: IbgdaOptions) -> Result<IbgdaState> {
-        opts.validate()?;
-        self.world.check_same(
-            "IBGDA options (QPs per peer, SQ size, largest message)",
-            &[opts.qps_per_peer, opts.sq_size, opts.max_msg]
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect::<Vec<u8>>(),
-        )?;
-        let t_setup = std::time::Instant::now();
-        let gpu = self.device.is_gpu();
-        let engine_kind = opts
-            .engine
-            .unwrap_or(if gpu { SoftNicEngine::Kernel } else { SoftNicEngine::Thread });
-        if gpu && engine_kind == SoftNicEngine::Thread {
-            return Err(Error::comm(format!(
-                "{ENGINE_ENV}=thread: on a GPU the soft NIC's rings and the heap are device memory, which a host-thread engine \
-                 cannot execute WQEs on; use {ENGINE_ENV}=kernel (the default on a GPU)"
-            )));
-        }
-        if let Some(p) = self
-            .routes
+    /// Whether a peer runs in another process (then every rank makes a
+    /// fabric of its own, and the engines reach each other's tables through
+    /// the symmetric heaps).
+    fn cross_process(&self) -> bool {
+        self.routes
             .iter()
-            .position(|r| !matches!(r, PeerRoute::Local | PeerRoute::SameProcess | PeerRoute::PeerAccess))
-        {
-            return Err(Error::comm(format!(
-                "rank {}: rank {p} runs in another process; the soft NIC connects ranks of one process only \
-                 (use thread ranks, Communicator::local, for IBGDA over the soft NIC)",
-                self.rank
-            )));
-        }
-        let size = self.size;
-        let qpp = opts.qps_per_peer as usize;
-        let sq = opts.sq_size;
+            .any(|r| matches!(r, PeerRoute::CudaIpc | PeerRoute::SharedMemory))
+    }
 
-        // 1. One fabric for the world, made by rank 0.
+    /// Collective over a world of one process: the fabric rank 0 makes,
+    /// handed to every rank.
+    fn shared_fabric(&self) -> Result<SoftFabric> {
         let id = if self.rank == 0 {
             let id = NEXT_FABRIC.fetch_add(1, Ordering::Relaxed) ^ ((std::process::id() as u64) << 40);
             // The rings are device memory (the emulator's is host memory,
@@ -1313,10 +1292,59 @@ impl Communicator {
                 m.remove(&id);
             }
         }
-        let fabric = fabric.ok_or_else(|| Error::comm(format!("rank {}: rank 0's soft NIC fabric is not in this process", self.rank)))?;
+        fabric.ok_or_else(|| Error::comm(format!("rank {}: rank 0's soft NIC fabric is not in this process", self.rank)))
+    }
 
-        // 2. Port, PD, regions, ring memory.
-        let device = fabric.open_device(opts.link).map_err(softnic_err)?;
+    fn ibgda_setup(&self, opts: IbgdaOptions) -> Result<IbgdaState> {
+        opts.validate()?;
+        self.world.check_same(
+            "IBGDA options (QPs per peer, SQ size, largest message)",
+            &[opts.qps_per_peer, opts.sq_size, opts.max_msg]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        )?;
+        let t_setup = std::time::Instant::now();
+        let gpu = self.device.is_gpu();
+        let engine_kind = opts.engine.unwrap_or(if gpu || self.cross_process() {
+            SoftNicEngine::Kernel
+        } else {
+            SoftNicEngine::Thread
+        });
+        if gpu && engine_kind == SoftNicEngine::Thread {
+            return Err(Error::comm(format!(
+                "{ENGINE_ENV}=thread: on a GPU the soft NIC's rings and the heap are device memory, which a host-thread engine \
+                 cannot execute WQEs on; use {ENGINE_ENV}=kernel (the default on a GPU)"
+            )));
+        }
+        let cross_process = self.cross_process();
+        if cross_process && engine_kind == SoftNicEngine::Thread {
+            return Err(Error::comm(format!(
+                "rank {}: {ENGINE_ENV}=thread: ranks of this world run in other processes, and a host-thread engine \
+                 executes WQEs of one process's fabric only; use {ENGINE_ENV}=kernel (the default in such a world)",
+                self.rank
+            )));
+        }
+        let size = self.size;
+        let qpp = opts.qps_per_peer as usize;
+        let sq = opts.sq_size;
+
+        // 1. One fabric for the world, made by rank 0; in a world spanning
+        // processes, one per rank, its port at the rank's index.
+        let (fabric, device) = if cross_process {
+            let fabric = SoftFabric::new(FabricConfig {
+                device_rings: true,
+                ..FabricConfig::default()
+            });
+            let device = fabric.open_device_at(self.rank, opts.link).map_err(softnic_err)?;
+            (fabric, device)
+        } else {
+            let fabric = self.shared_fabric()?;
+            let device = fabric.open_device(opts.link).map_err(softnic_err)?;
+            (fabric, device)
+        };
+
+        // 2. PD, regions, ring memory.
         let pd = device.alloc_pd().map_err(softnic_err)?;
         // SAFETY: the heap outlives this state (the communicator drops the
         // state before its heap).
@@ -1382,19 +1410,21 @@ impl Communicator {
         mine.extend_from_slice(&(device.lid() as u32).to_le_bytes());
         for q in qps.iter().flatten() {
             mine.extend_from_slice(&q.qp.qpn().to_le_bytes());
+            mine.extend_from_slice(&(q.qp.slot() as u32).to_le_bytes());
         }
         let all = self.world.all_gather_bytes(&mine)?;
         struct Remote {
             base: u64,
             rkey: u32,
             lid: u16,
-            qpns: Vec<u32>,
+            /// (QP number, slot in the port's table) per QP.
+            qps: Vec<(u32, usize)>,
         }
         let remotes = all
             .iter()
             .enumerate()
             .map(|(r, b)| {
-                if b.len() != 16 + 4 * nqps {
+                if b.len() != 16 + 8 * nqps {
                     return Err(Error::comm(format!("rank {r} sent a malformed IBGDA endpoint ({} bytes)", b.len())));
                 }
                 let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4 bytes"));
@@ -1402,7 +1432,7 @@ impl Communicator {
                     base: u64::from_le_bytes(b[..8].try_into().expect("8 bytes")),
                     rkey: u32_at(8),
                     lid: u32_at(12) as u16,
-                    qpns: (0..nqps).map(|i| u32_at(16 + 4 * i)).collect(),
+                    qps: (0..nqps).map(|i| (u32_at(16 + 8 * i), u32_at(20 + 8 * i) as usize)).collect(),
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -1412,11 +1442,9 @@ impl Communicator {
         for p in 0..size {
             for k in 0..qpp {
                 let q = qps[p * qpp + k].as_ref().expect("made above");
-                let ep = QpEndpoint {
-                    lid: remotes[p].lid,
-                    qpn: remotes[p].qpns[self.rank * qpp + k],
-                };
-                q.qp.connect(ep, remote_access).map_err(softnic_err)?;
+                let (qpn, slot) = remotes[p].qps[self.rank * qpp + k];
+                let ep = QpEndpoint { lid: remotes[p].lid, qpn };
+                q.qp.connect_remote(ep, slot, remote_access).map_err(softnic_err)?;
             }
         }
         tracing::debug!(
@@ -1541,30 +1569,67 @@ impl Communicator {
         let rank = self.rank;
         let t0 = std::time::Instant::now();
         let port_bytes = std::mem::size_of::<Port>();
-        let port = self.device.alloc_zeroed::<u8>(port_bytes)?;
+        // Where this port's tables live: device memory of their own; in a
+        // world spanning processes, the symmetric heap, which every rank
+        // has mapped (the same offset on every rank; kept across resets).
+        let (port, port_addr) = if self.cross_process() {
+            let mut kept = self.softnic_tables.lock().unwrap_or_else(|p| p.into_inner());
+            let addr = match *kept {
+                Some(a) => a,
+                None => {
+                    let a = self.alloc::<u8>(port_bytes)?.as_ptr() as u64;
+                    *kept = Some(a);
+                    a
+                }
+            };
+            (None, addr)
+        } else {
+            let b = self.device.alloc_zeroed::<u8>(port_bytes)?;
+            let a = b.as_raw();
+            (Some(b), a)
+        };
         let image = device.port_image();
-        // SAFETY: the port buffer, whole; `image` is plain data of that size.
+        // SAFETY: the port's memory, whole; `image` is plain data of that size.
         unsafe {
             self.device.write_raw(
-                port.as_raw(),
+                port_addr,
                 std::slice::from_raw_parts(&*image as *const Port as *const u8, port_bytes),
             )?
         };
         let mut mine = (device.port_index() as u64).to_le_bytes().to_vec();
-        mine.extend_from_slice(&port.as_raw().to_le_bytes());
+        mine.extend_from_slice(&port_addr.to_le_bytes());
+        mine.extend_from_slice(&self.heap_base.to_le_bytes());
         let all = self.world.all_gather_bytes(&mine)?;
         let mut table = PortTable::EMPTY;
         for (r, b) in all.iter().enumerate() {
-            if b.len() != 16 {
+            if b.len() != 24 {
                 return Err(Error::comm(format!("rank {r} sent a malformed soft NIC port address")));
             }
-            let index = u64::from_le_bytes(b[..8].try_into().expect("8 bytes")) as usize;
+            let word = |i: usize| u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().expect("8 bytes"));
+            let index = word(0) as usize;
             if index >= MAX_PORTS {
                 return Err(Error::comm(format!(
                     "rank {r} sent soft NIC port {index}; a fabric has at most {MAX_PORTS}"
                 )));
             }
-            table.ports[index] = u64::from_le_bytes(b[8..].try_into().expect("8 bytes")) as *mut Port;
+            let (at, heap) = (word(1), word(2));
+            if matches!(self.routes[r], PeerRoute::CudaIpc | PeerRoute::SharedMemory) {
+                // Its tables and its regions as this process maps its heap.
+                let off = at.wrapping_sub(heap);
+                if off.checked_add(port_bytes as u64).is_none_or(|end| end > self.heap_len) {
+                    return Err(Error::comm(format!(
+                        "rank {r} sent soft NIC port tables outside its symmetric heap"
+                    )));
+                }
+                table.ports[index] = (self.bases[r] + off) as *mut Port;
+                table.windows[index] = Window {
+                    from: heap,
+                    len: self.heap_len,
+                    to: self.bases[r],
+                };
+            } else {
+                table.ports[index] = at as *mut Port;
+            }
             table.count = table.count.max(index as u32 + 1);
         }
         let ports = self.device.alloc_zeroed::<u8>(std::mem::size_of::<PortTable>())?;
@@ -1615,6 +1680,7 @@ impl Communicator {
             ctl,
             _ports: ports,
             _port: port,
+            port_addr,
             device: self.device.clone(),
             threads,
             status,
@@ -1628,7 +1694,7 @@ impl Communicator {
             let mut b = vec![0u8; port_bytes];
             // SAFETY: the port buffer, whole; no engine runs yet (every
             // rank launches after the barrier below).
-            unsafe { self.device.read_raw(engine._port.as_raw(), &mut b)? };
+            unsafe { self.device.read_raw(engine.port_addr, &mut b)? };
             // SAFETY: Port is plain #[repr(C)] data; these bytes are one.
             let on_device: Box<Port> = unsafe {
                 let mut p = device.port_image();
@@ -1682,7 +1748,7 @@ impl Communicator {
         engine.watch = Some(Watch::start(rank, engine.port, engine.status.progress_host, engine.status.host));
         device.set_resident(Some(Arc::new(DevicePort {
             device: self.device.clone(),
-            port: engine._port.as_raw(),
+            port: engine.port_addr,
             ctl: engine.ctl.as_raw(),
             lid: device.lid(),
         })));

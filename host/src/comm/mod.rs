@@ -209,6 +209,10 @@ pub struct Communicator {
     /// The IBGDA transport's resources, once set up (`ibgda.rs`); dropped
     /// before the heap they name.
     ibgda: Mutex<Option<ibgda::IbgdaState>>,
+    /// In a world spanning processes: where the soft NIC's port tables lie
+    /// in the symmetric heap (allocated at the first set-up, kept for
+    /// later ones; `ibgda.rs`).
+    softnic_tables: Mutex<Option<u64>>,
     /// The library's kernels ([`crate::KERNELS_PTX`]), loaded once: the
     /// collectives take their entry points from it, so none loads a module
     /// while the soft NIC's engine kernel runs.
@@ -400,6 +404,7 @@ impl Communicator {
             same_gpu,
             ranks_per_gpu,
             ibgda: Mutex::new(None),
+            softnic_tables: Mutex::new(None),
             library: std::sync::OnceLock::new(),
             in_flight: Mutex::new(None),
             _mappings: mappings,

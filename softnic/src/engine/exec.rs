@@ -122,10 +122,15 @@ fn check_remote<P: Ports + ?Sized>(ports: &P, pp: usize, pq: usize, w: &Wqe, len
     let port = ports.get(pp).ok_or(denied(Reason::BadKey))?;
     let peer = port.qps.get(pq).ok_or(denied(Reason::BadKey))?;
     let ptr = port.check_mr(key, peer.pd, addr, len, need).map_err(denied)?;
-    if len != 0 && peer.access & need != need {
+    if len == 0 {
+        return Ok(ptr);
+    }
+    if peer.access & need != need {
         return Err(denied(Reason::AccessDenied));
     }
-    Ok(ptr)
+    // The responder's address as this engine reaches it (a port of another
+    // process: through the mapping of its heap).
+    ports.reach(pp, ptr as u64, len).ok_or(denied(Reason::Unmapped))
 }
 
 /// The scatter list of the peer's next receive WQE: checks each entry
@@ -496,6 +501,13 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
         }
         Step::Failed
     };
+
+    if matches!(opcode, OPCODE_RDMA_WRITE_IMM | OPCODE_SEND) && ports.foreign(pp) {
+        // The responder's receive queue and CQ are rings of another
+        // process, which this engine cannot reach.
+        let f = Fail::new(CqeSyndrome::RemoteInvalReq, Reason::Unmapped, 0, 0);
+        return remote_fail(ports, f, Responder::Error);
+    }
 
     match opcode {
         OPCODE_RDMA_WRITE | OPCODE_RDMA_WRITE_IMM => {

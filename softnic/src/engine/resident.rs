@@ -725,6 +725,19 @@ impl Ports for View {
         // fields an engine writes as the tables' concurrency rules say.
         unsafe { p.as_mut() }
     }
+    #[inline(always)]
+    fn reach(&self, i: usize, addr: u64, len: u64) -> Option<*mut u8> {
+        if i == self.port {
+            return Some(addr as usize as *mut u8);
+        }
+        // SAFETY: the constructor's contract.
+        unsafe { (*self.table).window(i) }.reach(addr, len)
+    }
+    #[inline(always)]
+    fn foreign(&self, i: usize) -> bool {
+        // SAFETY: the constructor's contract.
+        i != self.port && unsafe { (*self.table).window(i) }.len != 0
+    }
 }
 
 /// The QP slots of the engine's port in use, and the first [`WATCHED`] of

@@ -131,6 +131,10 @@ pub enum Reason {
     SqOverrun = 16,
     /// The WQE was flushed because the QP is in the error state.
     Flushed = 17,
+    /// The responder's memory is not mapped in the requester's process: a
+    /// port of another process is reached only through its symmetric heap
+    /// (its tables and remotely accessible regions), never its rings.
+    Unmapped = 18,
 }
 
 impl Reason {
@@ -154,6 +158,7 @@ impl Reason {
             15 => Reason::InlineUnsupported,
             16 => Reason::SqOverrun,
             17 => Reason::Flushed,
+            18 => Reason::Unmapped,
             _ => Reason::None,
         }
     }
@@ -179,6 +184,10 @@ impl Reason {
             Reason::InlineUnsupported => "an inline data segment (the soft NIC does not execute inline data)",
             Reason::SqOverrun => "the producer published more WQE basic blocks than the send queue holds",
             Reason::Flushed => "flushed: the QP is in the error state",
+            Reason::Unmapped => {
+                "the responder lives in another process and this memory of it is not mapped here (only its symmetric heap is; \
+                 SEND and WRITE with immediate, which consume its receive queue, do not cross processes)"
+            }
         }
     }
 }
@@ -672,6 +681,23 @@ pub trait Ports {
     fn get(&self, i: usize) -> Option<&Port>;
     /// Port `i`, mutable, if it exists.
     fn get_mut(&mut self, i: usize) -> Option<&mut Port>;
+    /// Where this engine reaches the `len` bytes at `addr` of port `i`'s
+    /// memory (an address as port `i`'s owner sees it, e.g. inside one of
+    /// its regions); `None` when that memory is not mapped here. Ports of
+    /// this engine's address space: `addr` itself.
+    #[inline(always)]
+    fn reach(&self, i: usize, addr: u64, len: u64) -> Option<*mut u8> {
+        let _ = (i, len);
+        Some(addr as usize as *mut u8)
+    }
+    /// Whether port `i` lives in another process: its tables are reachable
+    /// (they lie in its symmetric heap) but its rings are not, so nothing
+    /// that consumes its receive queue or writes its CQs can run.
+    #[inline(always)]
+    fn foreign(&self, i: usize) -> bool {
+        let _ = i;
+        false
+    }
 }
 
 impl Ports for [Port] {
@@ -685,9 +711,45 @@ impl Ports for [Port] {
     }
 }
 
+/// How an engine reaches a port of another process: the memory of it that
+/// the engine's process has mapped — its symmetric heap, where its tables
+/// and its remotely accessible regions lie — as the owner addresses it
+/// (`from`, `len` bytes) and as this process does (`to`). `len == 0`: the
+/// port shares the engine's address space and its addresses are used as
+/// they are.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Window {
+    /// First byte, in the owner's address space.
+    pub from: u64,
+    /// Bytes (0: the same address space, no translation).
+    pub len: u64,
+    /// First byte, in this engine's address space.
+    pub to: u64,
+}
+
+impl Window {
+    /// The same address space.
+    pub const SAME: Window = Window { from: 0, len: 0, to: 0 };
+
+    /// `addr..addr + len` of the owner's memory, here (see [`Ports::reach`]).
+    #[inline(always)]
+    pub fn reach(&self, addr: u64, len: u64) -> Option<*mut u8> {
+        if self.len == 0 {
+            return Some(addr as usize as *mut u8);
+        }
+        let off = addr.wrapping_sub(self.from);
+        if addr < self.from || off > self.len || len > self.len - off {
+            return None;
+        }
+        Some((self.to + off) as usize as *mut u8)
+    }
+}
+
 /// Ports in separate allocations: `ports[i]` points at port `i` (null: no
-/// such port). `#[repr(C)]`, 520 bytes: it lives in device memory next to
-/// the engine's control block.
+/// such port), and `windows[i]` says how its memory is reached (a port of
+/// another process: through the mapping of its heap). `#[repr(C)]`,
+/// 2056 bytes: it lives in device memory next to the engine's control block.
 ///
 /// Concurrency: each port's engine writes its own port; another port's
 /// engine reads it (the responder's regions and QP state) and, on a remote
@@ -704,9 +766,11 @@ pub struct PortTable {
     pub count: u32,
     /// Zero.
     pub reserved: u32,
+    /// How port `i`'s memory is reached ([`Window::SAME`]: directly).
+    pub windows: [Window; MAX_PORTS],
 }
 
-const _: () = assert!(core::mem::size_of::<PortTable>() == 8 * MAX_PORTS + 8);
+const _: () = assert!(core::mem::size_of::<PortTable>() == 8 * MAX_PORTS + 8 + 24 * MAX_PORTS);
 
 impl PortTable {
     /// No ports.
@@ -714,7 +778,17 @@ impl PortTable {
         ports: [core::ptr::null_mut(); MAX_PORTS],
         count: 0,
         reserved: 0,
+        windows: [Window::SAME; MAX_PORTS],
     };
+
+    /// Port `i`'s window ([`Window::SAME`] past the table).
+    #[inline(always)]
+    pub fn window(&self, i: usize) -> Window {
+        match self.windows.get(i) {
+            Some(w) if i < self.count as usize => *w,
+            _ => Window::SAME,
+        }
+    }
 }
 
 impl Ports for PortTable {
@@ -736,5 +810,13 @@ impl Ports for PortTable {
         let p = *self.ports.get(i)?;
         // SAFETY: as above.
         unsafe { p.as_mut() }
+    }
+    #[inline(always)]
+    fn reach(&self, i: usize, addr: u64, len: u64) -> Option<*mut u8> {
+        self.window(i).reach(addr, len)
+    }
+    #[inline(always)]
+    fn foreign(&self, i: usize) -> bool {
+        self.window(i).len != 0
     }
 }

@@ -184,6 +184,42 @@ impl SoftFabric {
         })
     }
 
+    /// Opens the device that is port `index` (LID `index + 1`) of a fabric
+    /// spread over several processes: each process makes a fabric of its
+    /// own and opens its ports at indices every process agrees on (a
+    /// rank's, say), so LIDs name the same port everywhere. Indices below
+    /// `index` that this fabric does not hold stay empty (never valid
+    /// here: their ports live in another process). Connect to those
+    /// ports' QPs with [`SoftQp::connect_remote`]. Errors: `index` past
+    /// [`MAX_PORTS`], or already open in this fabric.
+    pub fn open_device_at(&self, index: usize, link: Option<LinkModel>) -> Result<SoftDevice> {
+        let mut st = self.shared.lock();
+        if index >= MAX_PORTS {
+            return Err(Error::PortIndex {
+                index,
+                why: "a fabric has at most engine::MAX_PORTS ports",
+            });
+        }
+        if st.ports.get(index).is_some_and(|p| p.valid != 0) {
+            return Err(Error::PortIndex {
+                index,
+                why: "already open in this fabric",
+            });
+        }
+        while st.ports.len() <= index {
+            let lid = st.ports.len() as u32 + 1;
+            let mut empty = Port::new(lid, LinkModel::OFF);
+            empty.valid = 0;
+            st.ports.push(empty);
+            st.resident.push(None);
+        }
+        st.ports[index] = Port::new(index as u32 + 1, link.unwrap_or(LinkModel::OFF));
+        Ok(SoftDevice {
+            shared: self.shared.clone(),
+            port: index,
+        })
+    }
+
     /// The engine's time, ns.
     pub fn now_ns(&self) -> u64 {
         self.shared.clock.now_ns()
@@ -915,29 +951,7 @@ impl QueuePair for SoftQp {
     }
 
     fn modify_to_rtr(&self, remote: QpEndpoint) -> Result<()> {
-        self.dev.modify(self.slot, QpState::Rtr, |st, qp| {
-            let not_found = Error::NoSuchRemote {
-                lid: remote.lid,
-                qpn: remote.qpn,
-            };
-            let pp = (remote.lid as usize).checked_sub(1).ok_or(not_found)?;
-            let port = st.ports.get(pp).ok_or(Error::NoSuchRemote {
-                lid: remote.lid,
-                qpn: remote.qpn,
-            })?;
-            let pq = port
-                .qps
-                .iter()
-                .position(|q| q.in_use() && q.qpn == remote.qpn)
-                .ok_or(Error::NoSuchRemote {
-                    lid: remote.lid,
-                    qpn: remote.qpn,
-                })?;
-            qp.peer_port = pp as u32;
-            qp.peer_qp = pq as u32;
-            qp.flags |= QP_CONNECTED;
-            Ok(())
-        })
+        self.rtr_to(remote, None)
     }
 
     fn modify_to_rts(&self) -> Result<()> {
@@ -951,6 +965,60 @@ impl QueuePair for SoftQp {
     fn modify_to_reset(&self) -> Result<()> {
         self.rq_pi.store(0, Ordering::Release);
         self.dev.modify(self.slot, QpState::Reset, |_, _| Ok(()))
+    }
+}
+
+impl SoftQp {
+    /// The QP's slot in its port's table: what the owner of a port in
+    /// another process's fabric sends along with [`QueuePair::endpoint`]
+    /// for [`Self::connect_remote`].
+    pub fn slot(&self) -> usize {
+        self.slot
+    }
+
+    /// INIT → RTR → RTS toward `remote`, whose QP sits in `slot` of its
+    /// port's table ([`Self::slot`] on its side). A port this fabric
+    /// holds is checked as [`QueuePair::connect`] checks it (the QP
+    /// exists, with that number, in that slot); a port of another
+    /// process's fabric ([`SoftFabric::open_device_at`]) is taken on
+    /// trust, as an RC NIC takes an address vector: its engine checks at
+    /// run time that the peer QP is connected back and ready, and a WQE
+    /// toward one that is not ends in a transport-retry error.
+    pub fn connect_remote(&self, remote: QpEndpoint, slot: usize, remote_access: u32) -> Result<()> {
+        self.modify_to_init(remote_access)?;
+        self.rtr_to(remote, Some(slot))?;
+        self.modify_to_rts()
+    }
+
+    /// INIT → RTR toward `remote` (in `slot`, when the caller knows it).
+    fn rtr_to(&self, remote: QpEndpoint, slot: Option<usize>) -> Result<()> {
+        self.dev.modify(self.slot, QpState::Rtr, |st, qp| {
+            let not_found = || Error::NoSuchRemote {
+                lid: remote.lid,
+                qpn: remote.qpn,
+            };
+            let pp = (remote.lid as usize).checked_sub(1).ok_or_else(not_found)?;
+            if pp >= MAX_PORTS {
+                return Err(not_found());
+            }
+            let pq = match (st.ports.get(pp).filter(|p| p.valid != 0), slot) {
+                // A port of this fabric: the QP must be there.
+                (Some(port), _) => {
+                    let at = port.qps.iter().position(|q| q.in_use() && q.qpn == remote.qpn).ok_or_else(not_found)?;
+                    if slot.is_some_and(|s| s != at) {
+                        return Err(not_found());
+                    }
+                    at
+                }
+                // Another process's port: its owner named the slot.
+                (None, Some(s)) if s < MAX_QPS => s,
+                _ => return Err(not_found()),
+            };
+            qp.peer_port = pp as u32;
+            qp.peer_qp = pq as u32;
+            qp.flags |= QP_CONNECTED;
+            Ok(())
+        })
     }
 }
 
