@@ -96,7 +96,16 @@ fn run_rank(comm: &Communicator, o: &Opts) -> doorbell::Result<Option<String>> {
         Transport::Ibgda => Some((module.function::<pingpong_ibgda>()?, comm.ibgda()?)),
         Transport::P2p => None,
     };
-    let (max_blocks, threads) = if dev.is_gpu() { (32u64, 512u32) } else { (2, 32) };
+    let (max_blocks, mut threads) = if dev.is_gpu() { (32u64, 512u32) } else { (2, 32) };
+    // A block no larger than the entry's registers allow (the IBGDA
+    // instantiation holds more registers per thread than the P2P one).
+    let attributes = match &ibgda {
+        Some((fi, _)) => fi.attributes(),
+        None => f.attributes(),
+    };
+    if let Some(a) = attributes {
+        threads = threads.min((a.max_threads_per_block.max(32) as u32) / 32 * 32);
+    }
     let blocks = o.size.div_ceil(256 << 10).clamp(1, max_blocks);
     let chunk = o.size.div_ceil(blocks).div_ceil(16) * 16;
     let buf = comm.alloc::<u8>(o.size.max(16) as usize)?;

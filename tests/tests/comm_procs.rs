@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use doorbell::comm::{CommOptions, Communicator, PeerRoute, RdmaPeers};
 use doorbell::world::{RendezvousHost, World, WorldConfig};
-use doorbell::{Backend, Device, ForTransport, Kernel, KernelParam, LaunchConfig};
+use doorbell::{Backend, Device, ForTransport, Kernel, KernelParam, LaunchConfig, Module};
 use doorbell_kernels::transport::Transport;
 use doorbell_test_kernels::contract::{flagged_rounds, payload};
 use doorbell_test_kernels::testing::{ring, STATUS_OK};
@@ -67,12 +67,14 @@ fn run_rank(world: World, backend: Backend, via: Via) -> Result<PeerRoute, doorb
     };
     let rank = world.rank();
     let comm = Communicator::new(world, device(backend, rank), opts)?;
+    // Before the IBGDA set-up: no module loads while a GPU engine runs.
+    let m = comm.device().load_module(&TEST_KERNELS)?;
     match via {
-        Via::P2p => exchange(&comm, comm.p2p())?,
-        Via::Ibgda => exchange(&comm, comm.ibgda()?)?,
+        Via::P2p => exchange(&comm, &m, comm.p2p())?,
+        Via::Ibgda => exchange(&comm, &m, comm.ibgda()?)?,
         Via::Routed => {
             let t = comm.routed_with(&RdmaPeers::All)?;
-            exchange(&comm, t)?;
+            exchange(&comm, &m, t)?;
         }
     }
     // The NIC's queues are clean after both exchanges.
@@ -82,7 +84,7 @@ fn run_rank(world: World, backend: Backend, via: Via) -> Result<PeerRoute, doorb
     Ok(comm.describe_peers()[1 - comm.rank()].clone())
 }
 
-fn exchange<T: Transport + KernelParam>(comm: &Communicator, t: T) -> Result<(), doorbell::Error>
+fn exchange<T: Transport + KernelParam>(comm: &Communicator, m: &Module, t: T) -> Result<(), doorbell::Error>
 where
     ring: ForTransport<T>,
     <ring as ForTransport<T>>::Kernel: Kernel<Args = RingArgs<T>>,
@@ -90,7 +92,6 @@ where
     <flagged_rounds as ForTransport<T>>::Kernel: Kernel<Args = RoundArgs<T>>,
 {
     let dev = comm.device();
-    let m = dev.load_module(&TEST_KERNELS)?;
     let f = m.function::<<ring as ForTransport<T>>::Kernel>()?;
     let src = comm.alloc::<u8>(BYTES)?;
     let dst = comm.alloc::<u8>(BYTES)?;
@@ -126,20 +127,19 @@ where
     let want: Vec<u8> = (0..BYTES).map(|i| (i * 7 + peer * 100) as u8).collect();
     assert!(dst.to_host()? == want, "rank {r}: put data wrong");
     assert!(got.to_host()? == want, "rank {r}: get data wrong");
-    flagged_rounds_across(comm, t)
+    flagged_rounds_across(comm, m, t)
 }
 
 /// Data visible when its signal is seen, between two processes: rank 0
 /// `put_signal`s a payload that changes every round, rank 1 checks every
 /// word after each signal (see `flagged_rounds`).
-fn flagged_rounds_across<T: Transport + KernelParam>(comm: &Communicator, t: T) -> Result<(), doorbell::Error>
+fn flagged_rounds_across<T: Transport + KernelParam>(comm: &Communicator, m: &Module, t: T) -> Result<(), doorbell::Error>
 where
     flagged_rounds: ForTransport<T>,
     <flagged_rounds as ForTransport<T>>::Kernel: Kernel<Args = RoundArgs<T>>,
 {
     let (blocks, words, iters) = (4u32, 1031u32, 20u32);
     let dev = comm.device();
-    let m = dev.load_module(&TEST_KERNELS)?;
     let f = m.function::<<flagged_rounds as ForTransport<T>>::Kernel>()?;
     let n = (blocks * words) as usize;
     let data = comm.alloc::<u32>(n)?;
