@@ -194,8 +194,16 @@
 //!
 //! Per port: 256 memory regions, 64 CQs, 64 QPs, 16 WQEs in flight per QP;
 //! 64 ports per fabric; WQEs up to 16 basic blocks; messages up to 2^31
-//! bytes. Peers must share the address space (threads of one process, the
-//! emulator's memory, or one GPU's device pointers and peer mappings). The
+//! bytes. The ports of one fabric share an address space (threads of one
+//! process, the emulator's memory, or one GPU's device pointers and peer
+//! mappings). Ports of several processes are several fabrics, one per
+//! process, each opening its ports at agreed indices
+//! ([`SoftFabric::open_device_at`]) and connecting with
+//! [`SoftQp::connect_remote`]; a GPU-resident engine then reaches another
+//! process's port through an [`engine::Window`] onto the memory of it this
+//! process has mapped (its symmetric heap, where its tables and its remote
+//! regions lie) — never its rings, so SEND and WRITE with immediate toward
+//! it fail ([`engine::Reason::Unmapped`]). The
 //! host engine runs one device pass at a time (one lock). The GPU-resident
 //! engine ([`engine::resident`], the [`kernel::softnic_engine()`] kernel)
 //! gives each port its own block; ports reach each other through an

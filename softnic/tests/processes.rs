@@ -73,7 +73,10 @@ impl Pair {
             heap_mr,
             outside,
             table: PortTable::EMPTY,
-            images: (Box::new(Port::new(0, Default::default())), Box::new(Port::new(0, Default::default()))),
+            images: (
+                Box::new(Port::new(0, Default::default())),
+                Box::new(Port::new(0, Default::default())),
+            ),
         };
         p.images = (p.a.dev.port_image(), p.b.dev.port_image());
         p.table.ports[0] = &mut *p.images.0;
@@ -129,16 +132,14 @@ fn write_read_and_atomic_reach_the_responder_through_its_window() {
         p.src.fill(&data);
         let off = 64 * round + 8;
         let rkey = p.heap_mr.rkey();
-        let (_, head) = p
-            .a
-            .sq
-            .write(&req(WqeOp::Write, src, skey, OWNER_BASE + off, rkey, 200, true));
+        let (_, head) = p.a.sq.write(&req(WqeOp::Write, src, skey, OWNER_BASE + off, rkey, 200, true));
         expect_ok(p.run(head));
-        assert_eq!(&p.heap_bytes()[off as usize..off as usize + 200], &data[..], "round {round}: written bytes");
-        let (_, head) = p
-            .a
-            .sq
-            .write(&req(WqeOp::Read, back, bkey, OWNER_BASE + off, rkey, 200, true));
+        assert_eq!(
+            &p.heap_bytes()[off as usize..off as usize + 200],
+            &data[..],
+            "round {round}: written bytes"
+        );
+        let (_, head) = p.a.sq.write(&req(WqeOp::Read, back, bkey, OWNER_BASE + off, rkey, 200, true));
         expect_ok(p.run(head));
         assert_eq!(&p.back.bytes()[..200], &data[..], "round {round}: read back");
     }
@@ -178,7 +179,12 @@ fn a_region_outside_the_window_is_a_remote_access_error_that_writes_nothing() {
     ));
     let e = expect_err(p.run(head));
     assert_eq!(CqeSyndrome::from_u8(e.syndrome), CqeSyndrome::RemoteAccess);
-    assert_eq!(Reason::from_u8(e.vendor_err_synd), Reason::Unmapped, "{}", reason_of(e.vendor_err_synd));
+    assert_eq!(
+        Reason::from_u8(e.vendor_err_synd),
+        Reason::Unmapped,
+        "{}",
+        reason_of(e.vendor_err_synd)
+    );
     assert_eq!(p.outside.bytes(), vec![0; 64], "the region outside the window was written");
     p.outside.check_canaries();
     p.heap_canaries();
@@ -195,7 +201,12 @@ fn write_with_immediate_toward_another_process_fails_as_unmapped() {
     let (_, head) = p.a.sq.write(&w);
     let e = expect_err(p.run(head));
     assert_eq!(CqeSyndrome::from_u8(e.syndrome), CqeSyndrome::RemoteInvalReq);
-    assert_eq!(Reason::from_u8(e.vendor_err_synd), Reason::Unmapped, "{}", reason_of(e.vendor_err_synd));
+    assert_eq!(
+        Reason::from_u8(e.vendor_err_synd),
+        Reason::Unmapped,
+        "{}",
+        reason_of(e.vendor_err_synd)
+    );
     assert_eq!(p.heap_bytes(), vec![0; HEAP], "the responder's heap was written");
     p.heap_canaries();
     let _ = &p.b;

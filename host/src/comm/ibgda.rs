@@ -6,7 +6,10 @@
 //! ## Setup (collective: the first [`Communicator::ibgda`] or
 //! [`Communicator::routed`] call of every rank)
 //! 1. Rank 0 makes a [`SoftFabric`] (the switch between the ports) and
-//!    hands it to the other ranks of this process.
+//!    hands it to the other ranks of this process. In a world where a
+//!    peer runs in another process, every rank makes a fabric of its own
+//!    instead and opens its port at its rank's index
+//!    ([`SoftFabric::open_device_at`]), so LIDs agree across processes.
 //! 2. Each rank opens its own port ([`SoftFabric::open_device`], with the
 //!    `DOORBELL_SOFTNIC_LINK` model), allocates a PD, registers its
 //!    symmetric heap (local write, remote read/write/atomic) and a scratch
@@ -14,9 +17,12 @@
 //! 3. Per peer (itself included: loopback) `qps_per_peer` RC QPs, each with
 //!    its own CQ of `sq_size` entries (see the device docs: it cannot
 //!    overflow).
-//! 4. Endpoints (LID, QP numbers, heap base, rkey) go through the world's
-//!    host collective (`all_gather_bytes`); QP `k` of rank `a` to rank `b`
-//!    connects to QP `k` of rank `b` to rank `a`: RESET → INIT → RTR → RTS.
+//! 4. Endpoints (LID, QP numbers and table slots, heap base, rkey) go
+//!    through the world's host collective (`all_gather_bytes`); QP `k` of
+//!    rank `a` to rank `b` connects to QP `k` of rank `b` to rank `a`:
+//!    RESET → INIT → RTR → RTS ([`SoftQp::connect_remote`], which takes a
+//!    port of another process's fabric on trust, as an RC NIC takes an
+//!    address vector).
 //! 5. A world barrier (every QP is in RTS before any kernel posts), then
 //!    this rank's port gets its engine.
 //!
@@ -53,8 +59,27 @@
 //!   and the engine wait for each other. The fabric then sends new
 //!   regions (`ibgda_register`) and fault configurations to the device
 //!   tables, and reads counters and the error log from them.
+//!
+//!   **Across processes** the engines reach each other through the
+//!   symmetric heaps, which every rank has mapped (CUDA IPC, or shared
+//!   memory on the emulator): each port's tables lie in its rank's heap
+//!   (`size_of::<Port>()` bytes, 46 736, allocated at the first set-up and
+//!   kept for later ones), and the port table gives each port of another
+//!   process a [`Window`] — its heap as its owner addresses it, and as
+//!   this process maps it — through which the engine translates the
+//!   responder's addresses. So a remote region must lie in the peer's heap
+//!   (the transport's targets always do; a buffer a peer gave
+//!   `ibgda_register` is a local source or destination only), and SEND
+//!   and WRITE with immediate, which consume the responder's receive
+//!   queue, fail toward another process (`Reason::Unmapped`; the transport
+//!   uses neither). A fault configuration set through
+//!   [`Communicator::soft_nic`] reaches this process's engine only. A put
+//!   that writes where the heap holds the tables corrupts the NIC's
+//!   state (hardware keeps it out of reach); keep puts inside your
+//!   allocations.
 //! * **Thread** (`SoftNicEngine::Thread`, the emulator's default): a host
-//!   thread per port polls the same tables in host memory. Refused on a
+//!   thread per port polls the same tables in host memory. Refused in a
+//!   world of several processes (it executes one fabric), and on a
 //!   GPU: a host thread would need a driver copy per WQE (a mapped round
 //!   trip costs 3.2 µs, a launch 4.3 µs — more than the message).
 //!
@@ -1014,8 +1039,9 @@ impl Communicator {
     /// [`Communicator::routed`]): sets the transport up with
     /// [`IbgdaOptions::from_env`]. Later calls return the handle at once.
     /// On a GPU the soft NIC's engine is a persistent kernel (see the
-    /// module docs); peers must be threads of this process (one soft
-    /// fabric).
+    /// module docs). Peers may be threads of this process or other
+    /// processes (then each rank runs its own fabric and the kernel engine;
+    /// see the module docs for what crosses processes).
     pub fn ibgda(&self) -> Result<Ibgda> {
         self.ibgda_state(None)
     }

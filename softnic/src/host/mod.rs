@@ -1004,7 +1004,11 @@ impl SoftQp {
             let pq = match (st.ports.get(pp).filter(|p| p.valid != 0), slot) {
                 // A port of this fabric: the QP must be there.
                 (Some(port), _) => {
-                    let at = port.qps.iter().position(|q| q.in_use() && q.qpn == remote.qpn).ok_or_else(not_found)?;
+                    let at = port
+                        .qps
+                        .iter()
+                        .position(|q| q.in_use() && q.qpn == remote.qpn)
+                        .ok_or_else(not_found)?;
                     if slot.is_some_and(|s| s != at) {
                         return Err(not_found());
                     }
