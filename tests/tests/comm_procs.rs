@@ -1,7 +1,9 @@
 //! Two OS processes forming a communicator through the TCP rendezvous and
 //! exchanging data with the P2P transport, and with IBGDA over the soft NIC
 //! (plain and routed): shared-memory heaps on the CPU emulator, CUDA IPC on
-//! a GPU. The test binary re-runs itself as rank 1.
+//! a GPU. Each transport runs the ring, the flagged rounds and the
+//! contract's argument checks and multi-word waits across the two
+//! processes. The test binary re-runs itself as rank 1.
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -10,7 +12,7 @@ use doorbell::comm::{CommOptions, Communicator, PeerRoute, RdmaPeers};
 use doorbell::world::{RendezvousHost, World, WorldConfig};
 use doorbell::{Backend, Device, ForTransport, Kernel, KernelParam, LaunchConfig, Module};
 use doorbell_kernels::transport::Transport;
-use doorbell_test_kernels::contract::{flagged_rounds, payload};
+use doorbell_test_kernels::contract::{bad_call, collect_signals, flagged_rounds, payload};
 use doorbell_test_kernels::testing::{ring, STATUS_OK};
 use doorbell_tests::TEST_KERNELS;
 
@@ -56,6 +58,8 @@ impl Via {
 
 type RingArgs<T> = (T, *mut u8, *mut u8, *mut u8, u64, u64, *mut u64, u64, u32, *mut u32);
 type RoundArgs<T> = (T, *mut u32, *mut u32, u32, *mut u64, *mut u64, u32, u32, *mut u32, *mut u32);
+type BadArgs<T> = (T, *mut u8, *const u8, u64, *mut u64, u32, *mut u32);
+type CollectArgs<T> = (T, *mut u64, u32, u64, *mut u64);
 
 /// Both ranks: ring put/get of BYTES with a signal and a barrier, then
 /// flagged rounds, over `via`; returns the route to the peer.
@@ -90,6 +94,10 @@ where
     <ring as ForTransport<T>>::Kernel: Kernel<Args = RingArgs<T>>,
     flagged_rounds: ForTransport<T>,
     <flagged_rounds as ForTransport<T>>::Kernel: Kernel<Args = RoundArgs<T>>,
+    bad_call: ForTransport<T>,
+    <bad_call as ForTransport<T>>::Kernel: Kernel<Args = BadArgs<T>>,
+    collect_signals: ForTransport<T>,
+    <collect_signals as ForTransport<T>>::Kernel: Kernel<Args = CollectArgs<T>>,
 {
     let dev = comm.device();
     let f = m.function::<<ring as ForTransport<T>>::Kernel>()?;
@@ -127,7 +135,8 @@ where
     let want: Vec<u8> = (0..BYTES).map(|i| (i * 7 + peer * 100) as u8).collect();
     assert!(dst.to_host()? == want, "rank {r}: put data wrong");
     assert!(got.to_host()? == want, "rank {r}: get data wrong");
-    flagged_rounds_across(comm, m, t)
+    flagged_rounds_across(comm, m, t)?;
+    contract_across(comm, m, t)
 }
 
 /// Data visible when its signal is seen, between two processes: rank 0
@@ -184,6 +193,115 @@ where
             "last round's data"
         );
         assert_eq!(sig.to_host()?, vec![iters as u64; blocks as usize], "signals");
+    }
+    Ok(())
+}
+
+/// The contract's argument checks and multi-word waits between two
+/// processes: rank 0 makes each bad call toward rank 1 (a rank outside the
+/// world, a range past the heap's end, a misaligned signal word alone and
+/// behind a put, a get from a rank outside the world, a wait over too many
+/// words); each is a typed error naming rank 0, the call and the peer, and
+/// rank 1's target and signal words stay zero. The same call with good
+/// arguments then delivers, and rank 1 collects 12 signals set one by one
+/// with `wait_until_some`.
+fn contract_across<T: Transport + KernelParam>(comm: &Communicator, m: &Module, t: T) -> Result<(), doorbell::Error>
+where
+    bad_call: ForTransport<T>,
+    <bad_call as ForTransport<T>>::Kernel: Kernel<Args = BadArgs<T>>,
+    collect_signals: ForTransport<T>,
+    <collect_signals as ForTransport<T>>::Kernel: Kernel<Args = CollectArgs<T>>,
+{
+    let dev = comm.device();
+    let r = comm.rank();
+    let f = m.function::<<bad_call as ForTransport<T>>::Kernel>()?;
+    let dst = comm.alloc::<u8>(4096)?;
+    let sig = comm.alloc::<u64>(2)?;
+    let src = comm.alloc::<u8>(4096)?;
+    let pattern: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8 + 1).collect();
+    src.copy_from_host(&pattern)?;
+    let mut codes = dev.alloc_zeroed::<u32>(2)?;
+    let s = dev.new_stream()?;
+    // (case, code, call, peer, words in the message, offset named)
+    let cases: [(u32, u32, &str, Option<u32>, &str, Option<u64>); 7] = [
+        (0, 3, "put", Some(2), "rank 2 is not in this world of 2 ranks", None),
+        (1, 4, "put", Some(1), "not inside the heap", Some(dst.offset())),
+        (2, 5, "signal", Some(1), "not 8-byte aligned", Some(sig.offset() + 4)),
+        (3, 5, "put_signal", Some(1), "not 8-byte aligned", Some(sig.offset() + 4)),
+        (4, 3, "get", Some(2), "not in this world", None),
+        (5, 6, "wait_until_some", None, "out of range", None),
+        (6, 0, "", None, "", None),
+    ];
+    for (case, code, call, peer, words, offset) in cases {
+        let what = format!("rank {r} case {case}");
+        dst.copy_from_host(&[0; 4096])?;
+        sig.copy_from_host(&[0; 2])?;
+        codes.copy_from_host(&[0, 0])?;
+        comm.barrier()?;
+        // Case 1: a range from `dst` one byte past the heap's end (never read).
+        let bytes = if case == 1 { comm.heap_bytes() - dst.offset() + 1 } else { 4096 };
+        // SAFETY: symmetric dst/sig; src holds 4096 bytes, all a call may read.
+        unsafe {
+            s.launch(
+                &f,
+                LaunchConfig::linear(1, 64),
+                (t, dst.as_mut_ptr(), src.as_ptr(), bytes, sig.as_mut_ptr(), case, codes.as_mut_ptr()),
+            )?
+        };
+        let err = comm.synchronize(&s).err();
+        comm.barrier()?;
+        if r == 0 {
+            assert_eq!(codes.to_host()?, vec![code, 0], "{what}: error code, threads that disagreed");
+            match (case, err) {
+                (6, None) => {}
+                (
+                    _,
+                    Some(doorbell::Error::DeviceCall {
+                        rank,
+                        call: c,
+                        peer: p,
+                        offset: o,
+                        reason,
+                        ..
+                    }),
+                ) if case != 6 => {
+                    assert_eq!((rank, c, p), (0, call, peer), "{what}");
+                    assert!(reason.contains(words), "{what}: {reason}");
+                    if let Some(want) = offset {
+                        assert_eq!(o, want, "{what}: offset named");
+                    }
+                }
+                (_, other) => panic!("{what}: unexpected outcome {other:?}"),
+            }
+        } else if case == 6 {
+            assert_eq!(dst.to_host()?, pattern, "{what}: the control put_signal's data");
+            assert_eq!(sig.to_host()?, vec![7, 0], "{what}: the control put_signal's signal");
+        } else {
+            assert!(dst.to_host()?.iter().all(|&b| b == 0), "{what}: the target buffer changed");
+            assert_eq!(sig.to_host()?, vec![0, 0], "{what}: the signal words changed");
+        }
+    }
+    let count = 12u32;
+    let f = m.function::<<collect_signals as ForTransport<T>>::Kernel>()?;
+    let sigs = comm.alloc::<u64>(count as usize)?;
+    let mut out = dev.alloc_zeroed::<u64>(4)?;
+    comm.barrier()?;
+    // SAFETY: symmetric words, four output words.
+    unsafe {
+        s.launch(
+            &f,
+            LaunchConfig::linear(1, 32),
+            (t, sigs.as_mut_ptr(), count, 20_000u64, out.as_mut_ptr()),
+        )?
+    };
+    comm.synchronize(&s)?;
+    comm.barrier()?;
+    if r == 1 {
+        let o = out.to_host()?;
+        assert_eq!(o[0], (1u64 << count) - 1, "every signal collected");
+        assert!(o[1] >= 1 && o[1] <= count as u64, "wait_until_some calls {}", o[1]);
+        assert_eq!(o[2], 0, "error code");
+        assert!(o[3] < count as u64, "wait_until_any's index {}", o[3]);
     }
     Ok(())
 }
