@@ -177,6 +177,17 @@ pub unsafe fn atomic_fetch_add_u64(p: *mut u64, v: u64, scope: Scope) -> u64 {
     }
 }
 
+/// Adds one to a counter that engines of several ports (and GPUs) may bump
+/// at once; returns the old value. Relaxed, at `sys` scope.
+///
+/// # Safety
+/// `p` is valid and 4-byte aligned.
+#[inline(always)]
+pub unsafe fn claim_u32(p: *mut u32) -> u32 {
+    // SAFETY: the caller's contract.
+    unsafe { ptx::atom_add_relaxed_sys_u32(p, 1) }
+}
+
 /// Atomic compare-and-swap on a remote 8-byte word; returns the old value.
 /// Same scope and ordering as [`atomic_fetch_add_u64`].
 ///

@@ -633,13 +633,17 @@ impl Port {
         }
     }
 
-    /// Appends to the error log.
+    /// Appends to the error log. The slot is claimed with an atomic add on
+    /// `errors_written` (at `sys` scope: error paths are rare), because the
+    /// engine of another port logs here too when this port's QP is the
+    /// responder of a remote access error; two records written at once
+    /// land in two slots.
     pub fn log_error(&mut self, r: ErrorRecord) {
-        let i = self.errors_written as usize % ERROR_LOG;
-        if let Some(slot) = self.errors.get_mut(i) {
+        // SAFETY: a field of this live port, 4-byte aligned.
+        let n = unsafe { super::mem::claim_u32(&raw mut self.errors_written) };
+        if let Some(slot) = self.errors.get_mut(n as usize % ERROR_LOG) {
             *slot = r;
         }
-        self.errors_written = self.errors_written.wrapping_add(1);
     }
 
     /// Checks `[addr, addr + len)` against the region of `key`: registered,
@@ -754,9 +758,14 @@ impl Window {
 /// Concurrency: each port's engine writes its own port; another port's
 /// engine reads it (the responder's regions and QP state) and, on a remote
 /// access error, moves the responder QP to the error state and logs there
-/// (IB responder class C). Those cross-port stores are plain word stores
-/// racing with the owner's own pass; the IBGDA transport's operations
-/// (RDMA WRITE, READ, fetch-add) touch no other responder state.
+/// (IB responder class C). The state store is one word that only moves
+/// the QP to error, and the log slot is claimed atomically
+/// ([`Port::log_error`]); the responder's counters (`stats.errors`,
+/// `stats.cqes`) and — for SEND and WRITE with immediate between two
+/// engines of one process — its receive-queue index and receive CQ's
+/// producer index are plain stores that race with the owner's pass. The
+/// IBGDA transport's operations (RDMA WRITE, READ, fetch-add) touch no
+/// other responder state.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct PortTable {
