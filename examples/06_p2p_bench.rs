@@ -177,7 +177,7 @@ fn run(args: &P2pBenchArgs) -> Result<(), BoxError> {
     })?;
     let (rtt, rows, name, route) = results.into_iter().next().expect("rank 0");
 
-    report(&args.out, &plan, &rtt, &rows, &name, &route, gpu)?;
+    report(&args.out, &plan, &rtt, &rows, &name, &route, gpu, &args.put_by)?;
     let wrong: u64 = rows.iter().map(|r| r.wrong).sum();
     if wrong > 0 {
         return Err(format!("{wrong} bytes arrived wrong (see the #wrong column)").into());
@@ -321,6 +321,7 @@ fn measure_puts(
                         bytes,
                         plan.piece,
                         n,
+                        (args.put_by == "warp") as u32,
                         psig.as_mut_ptr(),
                         expect,
                         status.as_mut_ptr(),
@@ -460,11 +461,19 @@ fn report(
     name: &str,
     route: &str,
     gpu: bool,
+    put_by: &str,
 ) -> Result<(), BoxError> {
-    println!(
-        "# doorbell P2P benchmark: 2 ranks on {name}, route {route}; puts of {} bytes, one block per piece",
-        plan.piece
-    );
+    let who = if put_by == "warp" {
+        "each put by one warp, pieces dealt round-robin to every warp of the grid (as many blocks as for block puts)"
+    } else {
+        "one block per piece"
+    };
+    let shown = if put_by == "warp" {
+        format!("{} bytes per block split over its warps", plan.piece)
+    } else {
+        format!("{} bytes", plan.piece)
+    };
+    println!("# doorbell P2P benchmark: 2 ranks on {name}, route {route}; puts of {shown}, {who}");
     if !gpu {
         println!("# note: the backend is the CPU emulator: emulator timings say nothing about a GPU");
     }

@@ -167,6 +167,11 @@ pub struct P2pBenchArgs {
     /// per piece, up to one block per SM; a multiple of 16
     #[arg(long, value_name = "BYTES", default_value = "32768", value_parser = piece_bytes)]
     pub piece: u64,
+    /// Who calls the put: `block` (one `put_nbi_block` per piece) or `warp`
+    /// (pieces of `--piece / warps per block` bytes dealt round-robin to
+    /// every warp of the grid, one `put_nbi_warp` each; the same grid)
+    #[arg(long = "put-by", value_name = "WHO", default_value = "block", value_parser = ["block", "warp"])]
+    pub put_by: String,
     /// Two GPUs: rank r on GPU r, puts cross NVLink
     #[arg(long)]
     pub spread: bool,

@@ -116,6 +116,12 @@ fn p2p_bench_takes_nccl_tests_flags_and_checks_them() {
     refused::<P2pBenchArgs>("p2p_bench --rtt-iters 0", "--rtt-iters");
     refused::<P2pBenchArgs>("p2p_bench -f 1", "--stepfactor");
     refused::<P2pBenchArgs>("p2p_bench --rounds 0", "--rounds");
+    refused::<P2pBenchArgs>("p2p_bench --put-by thread", "--put-by");
+    assert_eq!(P2pBenchArgs::try_parse_from(argv("p2p_bench")).unwrap().put_by, "block");
+    assert_eq!(
+        P2pBenchArgs::try_parse_from(argv("p2p_bench --put-by warp")).unwrap().put_by,
+        "warp"
+    );
     let a = P2pBenchArgs::try_parse_from(argv("p2p_bench -b 1024 -e 65536 -f 4 -n 7 -w 0")).unwrap();
     let plan = a.plan(false).unwrap();
     assert_eq!(plan.sizes, [1024, 4096, 16384, 65536]);

@@ -131,3 +131,64 @@ fn a_pipeline_macro_kernel_shifts_vectors_chunk_by_chunk() {
         .unwrap_or_else(|e| panic!("{backend:?}, ibgda {ibgda}: {e}"));
     }
 }
+
+/// `p2p_bench`'s put kernel, issued by blocks and by every warp of the
+/// grid (`--put-by warp`): rank 1 receives every byte of an awkward size
+/// (a short last piece), the pattern different for each issuer and launch.
+#[test]
+fn the_bandwidth_put_delivers_every_byte_by_blocks_and_by_warps() {
+    use doorbell::comm::{CommOptions, Communicator};
+    use doorbell_example_kernels::comm::{put_bw_p2p, PINGPONG_OK};
+    let bytes = 100_016u64;
+    for dev in doorbell_tests::backends() {
+        let backend = dev.backend();
+        let threads = if dev.is_gpu() { 256 } else { 64 };
+        Communicator::local(2, backend, CommOptions::default(), |comm| {
+            let module = comm.load_module(&USER_KERNELS)?;
+            let f = module.function::<put_bw_p2p>()?;
+            let dev = comm.device();
+            let dst = comm.alloc::<u8>(bytes as usize)?;
+            let sig = comm.alloc::<u64>(1)?;
+            let s = dev.new_stream()?;
+            let mut expect = 0u64;
+            for (launch, by_warp) in [(0u64, 0u32), (1, 1), (2, 0), (3, 1)] {
+                let pattern: Vec<u8> = (0..bytes)
+                    .map(|i| (i.wrapping_mul(7 + 2 * launch) >> 3) as u8 ^ launch as u8)
+                    .collect();
+                let src = dev.alloc_from(&pattern)?;
+                let mut status = dev.alloc_zeroed::<u32>(1)?;
+                let blocks = 3u32;
+                expect += blocks as u64;
+                comm.barrier()?;
+                // SAFETY: `dst` and `src` hold `bytes`; `sig` symmetric, `status` one word.
+                unsafe {
+                    s.launch(
+                        &f,
+                        LaunchConfig::linear(blocks, threads),
+                        (
+                            comm.p2p(),
+                            dst.as_mut_ptr(),
+                            src.as_ptr(),
+                            bytes,
+                            16384u64,
+                            2u32,
+                            by_warp,
+                            sig.as_mut_ptr(),
+                            expect,
+                            status.as_mut_ptr(),
+                        ),
+                    )?
+                };
+                comm.synchronize(&s)?;
+                assert_eq!(status.to_host()?[0], PINGPONG_OK, "rank {} launch {launch}", comm.rank());
+                if comm.rank() == 1 {
+                    let got = dst.to_host()?;
+                    let wrong = (0..bytes as usize).filter(|&i| got[i] != pattern[i]).count();
+                    assert_eq!(wrong, 0, "{backend:?} launch {launch} by_warp {by_warp}: bytes wrong");
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+    }
+}

@@ -271,7 +271,9 @@ pub unsafe fn copy_pieces(dst: *mut u8, src: *const u8, bytes: u64, piece: u64, 
 
 /// Put bandwidth: rank 0's blocks put `src` (local) to `dst` (symmetric) on
 /// rank 1 in pieces of `piece` bytes (a multiple of 16) dealt round-robin, `iters` times, then `quiet` and signal
-/// `sig` on rank 1 (add 1 per block). Rank 1 waits until `sig >= expect`.
+/// `sig` on rank 1 (add 1 per block). With `by_warp != 0` the pieces are
+/// `piece / warps per block` bytes (a multiple of 16) dealt round-robin to
+/// every warp of the grid, each put by its warp. Rank 1 waits until `sig >= expect`.
 /// `status` gets `PINGPONG_OK`, `PINGPONG_TIMEOUT` or `PINGPONG_ERROR`.
 #[kernel(hot, transports(P2p))]
 pub unsafe fn put_bw<T: Transport>(
@@ -281,6 +283,7 @@ pub unsafe fn put_bw<T: Transport>(
     bytes: u64,
     piece: u64,
     iters: u32,
+    by_warp: u32,
     sig: *mut u64,
     expect: u64,
     status: *mut u32,
@@ -288,7 +291,41 @@ pub unsafe fn put_bw<T: Transport>(
     let first = ptx::thread_rank_in_block() == 0;
     // SAFETY: as documented; `status` one word, written by thread 0 of block 0.
     unsafe {
-        if t.rank() == 0 {
+        if t.rank() == 0 && by_warp != 0 {
+            // Pieces dealt to every warp of the grid, as the grid-stride
+            // copy deals its vectors to every thread.
+            let per_block = (ptx::block_dim_x() / 32) as u64;
+            let warps = ptx::grid_dim_x() as u64 * per_block;
+            let wpiece = (piece / per_block) / 16 * 16;
+            let pieces = bytes.div_ceil(wpiece);
+            let me = ptx::block_idx_x() as u64 * per_block + ptx::warp_id_in_block() as u64;
+            let mut r = Ok(());
+            for _ in 0..iters {
+                let mut p = me;
+                while p < pieces {
+                    let lo = p * wpiece;
+                    let len = wpiece.min(bytes - lo);
+                    r = r.and(t.put_nbi_warp(dst.add(lo as usize), src.add(lo as usize), len, 1));
+                    p += warps;
+                }
+            }
+            // Every warp's puts are issued before thread 0 quiets and signals.
+            let any_failed = ptx::sync_threads_or(r.is_err());
+            if first {
+                if any_failed && r.is_ok() {
+                    // Another warp's put failed (its error is in the report).
+                    *status = PINGPONG_ERROR;
+                    return;
+                }
+                r = r.and_then(|_| t.quiet()).and_then(|_| t.signal(sig, 1, SignalOp::Add, 1));
+                if ptx::block_idx_x() == 0 || r.is_err() {
+                    *status = match r {
+                        Ok(()) => PINGPONG_OK,
+                        Err(e) => status_of(e),
+                    };
+                }
+            }
+        } else if t.rank() == 0 {
             // Pieces of `piece` bytes, dealt round-robin to the blocks (as
             // the copy floor's grid-stride deals its vectors): neighbouring
             // blocks stream neighbouring memory at the same time.
