@@ -1,5 +1,9 @@
 //! IBGDA over the soft NIC against P2P, measured in one run on the same
-//! two ranks (threads of this process; `--spread`: one GPU each):
+//! two ranks (threads of this process, `--spread`: one GPU each; or one
+//! rank per process when launcher variables are set, e.g.
+//! `RANK=0 ./ibgda_bench & RANK=1 ./ibgda_bench` with `WORLD_SIZE=2`,
+//! `MASTER_ADDR`, `MASTER_PORT` and `DOORBELL_TOKEN`, each on GPU
+//! `LOCAL_RANK`):
 //!
 //! * **put_signal round trip**, 8 bytes, one warp per rank
 //!   (`put_signal_rtt`): through the soft NIC (WQEs, doorbell, the engine
@@ -30,7 +34,8 @@ use std::time::Instant;
 
 use clap::Parser;
 use doorbell::comm::{CommOptions, Communicator, EnginePhase as Phase, IbgdaOptions};
-use doorbell::{LaunchConfig, Stream};
+use doorbell::world::{World, WorldConfig};
+use doorbell::{Backend, Device, LaunchConfig, Stream};
 use doorbell_example_kernels::ibgda_bench::{
     post_burst_ibgda, put_signal_rtt_ibgda, put_signal_rtt_p2p, put_stream_ibgda, put_stream_p2p, BENCH_OK,
 };
@@ -118,10 +123,40 @@ fn run(a: &IbgdaBenchArgs) -> Result<(), BoxError> {
         spread_gpus: a.spread,
         ..CommOptions::from_env()?
     };
-    let reports = Communicator::local(2, a.device.backend()?, opts, |comm| -> doorbell::Result<Option<Report>> {
-        bench(comm, a, max, rtt_iters, &io).map_err(|e| doorbell::Error::Comm(e.to_string()))
-    })?;
-    let r = reports.into_iter().flatten().next().ok_or("rank 0 produced no report")?;
+    let backend = a.device.backend()?;
+    let r = match WorldConfig::from_env()? {
+        // Two thread ranks of this process.
+        None => {
+            let reports = Communicator::local(2, backend, opts, |comm| -> doorbell::Result<Option<Report>> {
+                bench(comm, a, max, rtt_iters, &io).map_err(|e| doorbell::Error::Comm(e.to_string()))
+            })?;
+            reports.into_iter().flatten().next().ok_or("rank 0 produced no report")?
+        }
+        // One rank per process (torchrun, mpirun, srun, or RANK=0/1 by hand).
+        Some(cfg) => {
+            let world = World::rendezvous(&cfg, b"ibgda_bench v1")?;
+            if world.world_size() != 2 {
+                return Err(format!("ibgda_bench runs on 2 ranks; this world has {}", world.world_size()).into());
+            }
+            let dev = match backend {
+                Backend::Cpu => Device::emulator(world.local_rank()),
+                b => Device::open(b, world.local_rank() % doorbell::gpu_count().max(1))?,
+            };
+            let comm = Communicator::new(world, dev, opts)?;
+            match bench(&comm, a, max, rtt_iters, &io) {
+                Ok(Some(mut r)) => {
+                    r.ranks_on = format!("one process per rank, {}", r.ranks_on);
+                    r
+                }
+                Ok(None) => return Ok(()),
+                Err(e) => {
+                    // Tell the other rank now rather than let it time out.
+                    comm.abort(&e.to_string());
+                    return Err(e);
+                }
+            }
+        }
+    };
 
     println!(
         "# ibgda_bench on {} ({}), soft NIC engine: {} ({} threads), link model: {}",
@@ -218,7 +253,11 @@ fn bench(comm: &Communicator, a: &IbgdaBenchArgs, max: u64, rtt_iters: u32, io: 
     let wqes_before = comm.soft_nic().map(|n| n.stats().wqes).unwrap_or(0);
     let mut report = Report {
         device: dev.name(),
-        ranks_on: if a.spread { "one GPU per rank".into() } else { "one device".into() },
+        ranks_on: if a.spread || comm.ranks_per_gpu() == 1 && dev.is_gpu() {
+            "one GPU per rank".into()
+        } else {
+            "one device".into()
+        },
         link: io.link.map(|l| format!("{} bit/s, {} ns", l.bits_per_second(), l.latency_ns)),
         rtt_iters,
         ..Report::default()
