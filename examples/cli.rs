@@ -107,7 +107,7 @@ pub enum Transport {
 pub struct PingpongArgs {
     #[command(flatten)]
     pub device: DeviceArgs,
-    /// The device transport (ibgda: RDMA through the soft NIC; CPU emulator and thread ranks only for now)
+    /// The device transport (ibgda: RDMA through the soft NIC, on a GPU or the CPU emulator, thread ranks or one rank per process)
     #[arg(long, value_enum, default_value_t = Transport::P2p)]
     pub transport: Transport,
     /// Round trips inside one kernel launch

@@ -77,7 +77,7 @@ pub enum Error {
         /// The index asked for.
         index: usize,
         /// Why not.
-        why: &'static str,
+        why: String,
     },
     /// An object of another device or fabric was passed in.
     #[error("{what} belongs to another soft NIC device or fabric")]

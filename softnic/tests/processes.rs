@@ -11,7 +11,7 @@ mod common;
 use common::*;
 use doorbell_kernels::mlx5::wire::CqeSyndrome;
 use doorbell_kernels::mlx5::WqeOp;
-use doorbell_softnic::engine::{access, poll_port, EngineConfig, Port, PortTable, Reason, Rng, ThreadMover, Window};
+use doorbell_softnic::engine::{access, poll_port, EngineConfig, Port, PortTable, QpState, Reason, Rng, ThreadMover, Window};
 use doorbell_softnic::host::{Cqe, HostBuffer};
 use doorbell_softnic::{FabricConfig, MemoryRegion, QueuePair, RdmaDevice, SoftFabric, SoftMr};
 
@@ -209,7 +209,9 @@ fn write_with_immediate_toward_another_process_fails_as_unmapped() {
     );
     assert_eq!(p.heap_bytes(), vec![0; HEAP], "the responder's heap was written");
     p.heap_canaries();
-    let _ = &p.b;
+    // The responder did nothing wrong: its QP stays ready.
+    let slot = p.b.qp.slot();
+    assert_eq!(p.images.1.qps[slot].state(), QpState::Rts, "the responder's QP changed state");
 }
 
 #[test]

@@ -62,9 +62,11 @@
 //!
 //!   **Across processes** the engines reach each other through the
 //!   symmetric heaps, which every rank has mapped (CUDA IPC, or shared
-//!   memory on the emulator): each port's tables lie in its rank's heap
-//!   (`size_of::<Port>()` bytes, 46 736, allocated at the first set-up and
-//!   kept for later ones), and the port table gives each port of another
+//!   memory on the emulator): each port's tables lie in a tail of its
+//!   rank's heap allocation, past the heap's end ([`TABLES_TAIL`] bytes,
+//!   made with the heap in such a world), which peers map with the heap
+//!   but which no transport call (their range checks end at the heap's
+//!   end) and no registered region reaches; and the port table gives each port of another
 //!   process a [`Window`] — its heap as its owner addresses it, and as
 //!   this process maps it — through which the engine translates the
 //!   responder's addresses. So a remote region must lie in the peer's heap
@@ -73,10 +75,9 @@
 //!   and WRITE with immediate, which consume the responder's receive
 //!   queue, fail toward another process (`Reason::Unmapped`; the transport
 //!   uses neither). A fault configuration set through
-//!   [`Communicator::soft_nic`] reaches this process's engine only. A put
-//!   that writes where the heap holds the tables corrupts the NIC's
-//!   state (hardware keeps it out of reach); keep puts inside your
-//!   allocations.
+//!   [`Communicator::soft_nic`] reaches this process's engine only. An
+//!   engine that does not stop at teardown leaves its tables in use: a
+//!   later set-up of the same communicator is then refused.
 //! * **Thread** (`SoftNicEngine::Thread`, the emulator's default): a host
 //!   thread per port polls the same tables in host memory. Refused in a
 //!   world of several processes (it executes one fabric), and on a
@@ -138,6 +139,12 @@ pub const SOFTNIC_PTX: &str = SOFTNIC.ptx;
 /// [`SOFTNIC_PTX`] with its cubin (see [`crate::ModuleImage`]): what the
 /// set-up loads.
 pub const SOFTNIC: crate::ModuleImage = crate::module_image!("doorbell_softnic");
+
+/// Bytes after the symmetric heap, in the same allocation, that hold this
+/// rank's soft NIC port tables in a world of several processes: every peer
+/// maps them with the heap, and neither the transports' range checks nor
+/// the heap's registered region reach past the heap's end.
+pub(crate) const TABLES_TAIL: u64 = (std::mem::size_of::<Port>() as u64).next_multiple_of(4096);
 
 /// `DOORBELL_IBGDA_QPS_PER_PEER`: RC QPs per peer, 1..=16.
 pub const QPS_ENV: &str = "DOORBELL_IBGDA_QPS_PER_PEER";
@@ -1025,6 +1032,9 @@ pub(crate) struct IbgdaState {
     device: SoftDevice,
     opts: IbgdaOptions,
     handle: Ibgda,
+    /// In a world of several processes: the communicator's flag that an
+    /// engine on the heap's table tail did not stop (set by the drop).
+    tail_leaked: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 // SAFETY: the raw pointers inside (rings, the device handle) name memory
@@ -1571,6 +1581,7 @@ impl Communicator {
             device,
             opts,
             handle,
+            tail_leaked: self.cross_process().then(|| self.softnic_tail_leaked.clone()),
         })
     }
 
@@ -1596,19 +1607,23 @@ impl Communicator {
         let t0 = std::time::Instant::now();
         let port_bytes = std::mem::size_of::<Port>();
         // Where this port's tables live: device memory of their own; in a
-        // world spanning processes, the symmetric heap, which every rank
-        // has mapped (the same offset on every rank; kept across resets).
+        // world spanning processes, the tail past the heap in the heap's
+        // allocation, which every rank has mapped (see the module docs).
         let (port, port_addr) = if self.cross_process() {
-            let mut kept = self.softnic_tables.lock().unwrap_or_else(|p| p.into_inner());
-            let addr = match *kept {
-                Some(a) => a,
-                None => {
-                    let a = self.alloc::<u8>(port_bytes)?.as_ptr() as u64;
-                    *kept = Some(a);
-                    a
-                }
-            };
-            (None, addr)
+            if self.tail_len < port_bytes as u64 {
+                return Err(Error::comm(format!(
+                    "rank {rank}: IBGDA set-up: the heap allocation has no room after the heap for the soft NIC's port tables \
+                     ({} of {port_bytes} bytes)",
+                    self.tail_len
+                )));
+            }
+            if self.softnic_tail_leaked.load(Ordering::Acquire) {
+                return Err(Error::comm(format!(
+                    "rank {rank}: IBGDA set-up: the soft NIC engine of an earlier set-up did not stop and may still use this \
+                     rank's port tables; this communicator cannot set IBGDA up again (make a new one)"
+                )));
+            }
+            (None, self.heap_base + super::tail_off(self.heap_len))
         } else {
             let b = self.device.alloc_zeroed::<u8>(port_bytes)?;
             let a = b.as_raw();
@@ -1640,11 +1655,14 @@ impl Communicator {
             }
             let (at, heap) = (word(1), word(2));
             if matches!(self.routes[r], PeerRoute::CudaIpc | PeerRoute::SharedMemory) {
-                // Its tables and its regions as this process maps its heap.
-                let off = at.wrapping_sub(heap);
-                if off.checked_add(port_bytes as u64).is_none_or(|end| end > self.heap_len) {
+                // Its tables (in the tail past its heap) and its regions as
+                // this process maps its heap allocation.
+                let off = super::tail_off(self.heap_len);
+                if index != r || at != heap.wrapping_add(off) {
                     return Err(Error::comm(format!(
-                        "rank {r} sent soft NIC port tables outside its symmetric heap"
+                        "rank {r} sent soft NIC port {index} with tables at {at:#x}, not port {r} at the end of its heap \
+                         allocation ({:#x}); every rank must run this doorbell version",
+                        heap.wrapping_add(off)
                     )));
                 }
                 table.ports[index] = (self.bases[r] + off) as *mut Port;
@@ -1808,6 +1826,11 @@ impl Drop for IbgdaState {
                     );
                     std::mem::forget(k);
                     std::mem::forget(self.memory.take());
+                    // Its tables in the heap's tail stay in use: no later
+                    // set-up of this communicator may write them.
+                    if let Some(f) = &self.tail_leaked {
+                        f.store(true, Ordering::Release);
+                    }
                 }
             },
             Some(Engine::Thread(t)) => drop(t),

@@ -124,6 +124,12 @@ pub enum PeerRoute {
     SharedMemory,
 }
 
+/// Where the soft NIC's table tail starts in a heap allocation of a world of
+/// several processes: past the heap, 256-byte aligned.
+fn tail_off(heap_len: u64) -> u64 {
+    heap_len.next_multiple_of(256)
+}
+
 enum Heap {
     Device(DeviceBuffer<u8>),
     Shm(ShmRegion),
@@ -194,6 +200,9 @@ pub struct Communicator {
     size: usize,
     heap_base: u64,
     heap_len: u64,
+    /// Bytes of the soft NIC's table tail after the heap, at
+    /// [`tail_off`]`(heap_len)` (0: none; see `ibgda.rs`).
+    tail_len: u64,
     routes: Vec<PeerRoute>,
     bases: Vec<u64>,
     peer_table: DeviceBuffer<u64>,
@@ -209,10 +218,9 @@ pub struct Communicator {
     /// The IBGDA transport's resources, once set up (`ibgda.rs`); dropped
     /// before the heap they name.
     ibgda: Mutex<Option<ibgda::IbgdaState>>,
-    /// In a world spanning processes: where the soft NIC's port tables lie
-    /// in the symmetric heap (allocated at the first set-up, kept for
-    /// later ones; `ibgda.rs`).
-    softnic_tables: Mutex<Option<u64>>,
+    /// Set when a soft NIC engine that used the heap's table tail did not
+    /// stop (its tables are still in use: no later set-up may reuse them).
+    softnic_tail_leaked: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// The library's kernels ([`crate::KERNELS_PTX`]), loaded once: the
     /// collectives take their entry points from it, so none loads a module
     /// while the soft NIC's engine kernel runs.
@@ -304,10 +312,15 @@ impl Communicator {
             }
         }
 
-        // Phase 3: allocate the heap, publish how to reach it.
+        // Phase 3: allocate the heap, publish how to reach it. In a world of
+        // several processes the allocation carries a tail past the heap for
+        // the soft NIC's port tables (`ibgda.rs`): peers map it with the heap,
+        // but no transport call and no registered region reaches it.
+        let tail_len = if multi_process { ibgda::TABLES_TAIL } else { 0 };
+        let alloc_len = (tail_off(heap_len) + tail_len) as usize;
         let (heap, handle): (Heap, Vec<u8>) = match device.backend() {
             Backend::Gpu => {
-                let buf = device.alloc_zeroed::<u8>(heap_len as usize)?;
+                let buf = device.alloc_zeroed::<u8>(alloc_len)?;
                 let mut h = buf.as_raw().to_le_bytes().to_vec();
                 if multi_process {
                     h.extend_from_slice(&device.inner.ipc_export(buf.as_raw())?);
@@ -316,7 +329,7 @@ impl Communicator {
             }
             Backend::Cpu | Backend::Auto => {
                 if let (Some(path), true) = (&my_file, multi_process) {
-                    let region = ShmRegion::create(path, heap_len as usize)?;
+                    let region = ShmRegion::create(path, alloc_len)?;
                     let h = (region.ptr as u64).to_le_bytes().to_vec();
                     (Heap::Shm(region), h)
                 } else {
@@ -365,7 +378,7 @@ impl Communicator {
                 routes[p] = PeerRoute::CudaIpc;
             } else {
                 let path = peer_files[p].as_ref().expect("checked in phase 2");
-                let region = ShmRegion::open(path, heap_len as usize, rank, p)?;
+                let region = ShmRegion::open(path, alloc_len, rank, p)?;
                 bases[p] = region.ptr as u64;
                 mappings.push(Mapping::Shm(region));
                 routes[p] = PeerRoute::SharedMemory;
@@ -395,6 +408,7 @@ impl Communicator {
             size,
             heap_base,
             heap_len,
+            tail_len,
             routes,
             bases,
             peer_table,
@@ -404,7 +418,7 @@ impl Communicator {
             same_gpu,
             ranks_per_gpu,
             ibgda: Mutex::new(None),
-            softnic_tables: Mutex::new(None),
+            softnic_tail_leaked: Default::default(),
             library: std::sync::OnceLock::new(),
             in_flight: Mutex::new(None),
             _mappings: mappings,

@@ -505,8 +505,9 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
     if matches!(opcode, OPCODE_RDMA_WRITE_IMM | OPCODE_SEND) && ports.foreign(pp) {
         // The responder's receive queue and CQ are rings of another
         // process, which this engine cannot reach.
+        // The responder did nothing wrong: its QP stays as it is.
         let f = Fail::new(CqeSyndrome::RemoteInvalReq, Reason::Unmapped, 0, 0);
-        return remote_fail(ports, f, Responder::Error);
+        return remote_fail(ports, f, Responder::Untouched);
     }
 
     match opcode {

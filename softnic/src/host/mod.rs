@@ -197,13 +197,13 @@ impl SoftFabric {
         if index >= MAX_PORTS {
             return Err(Error::PortIndex {
                 index,
-                why: "a fabric has at most engine::MAX_PORTS ports",
+                why: format!("a fabric has at most {MAX_PORTS} ports (indices 0..{MAX_PORTS})"),
             });
         }
         if st.ports.get(index).is_some_and(|p| p.valid != 0) {
             return Err(Error::PortIndex {
                 index,
-                why: "already open in this fabric",
+                why: "already open in this fabric".to_string(),
             });
         }
         while st.ports.len() <= index {
