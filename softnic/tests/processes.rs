@@ -122,6 +122,18 @@ impl Pair {
     }
 }
 
+/// An error CQE with `syndrome` and the soft NIC's reason `Unmapped`.
+fn expect_unmapped(c: Cqe, syndrome: CqeSyndrome) {
+    let e = expect_err(c);
+    assert_eq!(CqeSyndrome::from_u8(e.syndrome), syndrome);
+    assert_eq!(
+        Reason::from_u8(e.vendor_err_synd),
+        Reason::Unmapped,
+        "{}",
+        reason_of(e.vendor_err_synd)
+    );
+}
+
 #[test]
 fn write_read_and_atomic_reach_the_responder_through_its_window() {
     let mut p = Pair::new();
@@ -177,14 +189,7 @@ fn a_region_outside_the_window_is_a_remote_access_error_that_writes_nothing() {
         64,
         true,
     ));
-    let e = expect_err(p.run(head));
-    assert_eq!(CqeSyndrome::from_u8(e.syndrome), CqeSyndrome::RemoteAccess);
-    assert_eq!(
-        Reason::from_u8(e.vendor_err_synd),
-        Reason::Unmapped,
-        "{}",
-        reason_of(e.vendor_err_synd)
-    );
+    expect_unmapped(p.run(head), CqeSyndrome::RemoteAccess);
     assert_eq!(p.outside.bytes(), vec![0; 64], "the region outside the window was written");
     p.outside.check_canaries();
     p.heap_canaries();
@@ -199,14 +204,7 @@ fn write_with_immediate_toward_another_process_fails_as_unmapped() {
         ..req(WqeOp::WriteImm, p.src.addr(), p.src.key(), OWNER_BASE, p.heap_mr.rkey(), 64, true)
     };
     let (_, head) = p.a.sq.write(&w);
-    let e = expect_err(p.run(head));
-    assert_eq!(CqeSyndrome::from_u8(e.syndrome), CqeSyndrome::RemoteInvalReq);
-    assert_eq!(
-        Reason::from_u8(e.vendor_err_synd),
-        Reason::Unmapped,
-        "{}",
-        reason_of(e.vendor_err_synd)
-    );
+    expect_unmapped(p.run(head), CqeSyndrome::RemoteInvalReq);
     assert_eq!(p.heap_bytes(), vec![0; HEAP], "the responder's heap was written");
     p.heap_canaries();
     // The responder did nothing wrong: its QP stays ready.

@@ -122,3 +122,18 @@ pub fn ptxas_registers(ptxas: &std::path::Path, ptx: &str, entries: &[&str]) -> 
     }
     used
 }
+
+/// The bad calls of the test kernel `bad_call` (its cases 0 ..= 5; case 6 is
+/// the good control call) and what each must report: (case, the kernel's
+/// error code, the call named, the peer named, words in the reason).
+pub const BAD_CALLS: [(u32, u32, &str, Option<u32>, &str); 6] = [
+    (0, 3, "put", Some(2), "rank 2 is not in this world of 2 ranks"),
+    (1, 4, "put", Some(1), "not inside the heap"),
+    (2, 5, "signal", Some(1), "not 8-byte aligned"),
+    (3, 5, "put_signal", Some(1), "not 8-byte aligned"),
+    (4, 3, "get", Some(2), "not in this world"),
+    (5, 6, "wait_until_some", None, "out of range"),
+];
+
+/// `bad_call`'s good control case.
+pub const BAD_CALL_CONTROL: u32 = 6;

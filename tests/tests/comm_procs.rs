@@ -14,7 +14,7 @@ use doorbell::{Backend, Device, ForTransport, Kernel, KernelParam, LaunchConfig,
 use doorbell_kernels::transport::Transport;
 use doorbell_test_kernels::contract::{bad_call, collect_signals, flagged_rounds, payload};
 use doorbell_test_kernels::testing::{ring, STATUS_OK};
-use doorbell_tests::TEST_KERNELS;
+use doorbell_tests::{BAD_CALLS, BAD_CALL_CONTROL, TEST_KERNELS};
 
 const TOKEN: &str = "comm-procs-test-token-91c2";
 const BYTES: usize = 10_007;
@@ -222,17 +222,14 @@ where
     src.copy_from_host(&pattern)?;
     let mut codes = dev.alloc_zeroed::<u32>(2)?;
     let s = dev.new_stream()?;
-    // (case, code, call, peer, words in the message, offset named)
-    let cases: [(u32, u32, &str, Option<u32>, &str, Option<u64>); 7] = [
-        (0, 3, "put", Some(2), "rank 2 is not in this world of 2 ranks", None),
-        (1, 4, "put", Some(1), "not inside the heap", Some(dst.offset())),
-        (2, 5, "signal", Some(1), "not 8-byte aligned", Some(sig.offset() + 4)),
-        (3, 5, "put_signal", Some(1), "not 8-byte aligned", Some(sig.offset() + 4)),
-        (4, 3, "get", Some(2), "not in this world", None),
-        (5, 6, "wait_until_some", None, "out of range", None),
-        (6, 0, "", None, "", None),
-    ];
-    for (case, code, call, peer, words, offset) in cases {
+    let control = (BAD_CALL_CONTROL, 0, "", None, "");
+    for (case, code, call, peer, words) in BAD_CALLS.into_iter().chain([control]) {
+        // The offset named: the range's start, or the misaligned signal word.
+        let offset = match case {
+            1 => Some(dst.offset()),
+            2 | 3 => Some(sig.offset() + 4),
+            _ => None,
+        };
         let what = format!("rank {r} case {case}");
         dst.copy_from_host(&[0; 4096])?;
         sig.copy_from_host(&[0; 2])?;
@@ -253,7 +250,7 @@ where
         if r == 0 {
             assert_eq!(codes.to_host()?, vec![code, 0], "{what}: error code, threads that disagreed");
             match (case, err) {
-                (6, None) => {}
+                (BAD_CALL_CONTROL, None) => {}
                 (
                     _,
                     Some(doorbell::Error::DeviceCall {
@@ -264,7 +261,7 @@ where
                         reason,
                         ..
                     }),
-                ) if case != 6 => {
+                ) if case != BAD_CALL_CONTROL => {
                     assert_eq!((rank, c, p), (0, call, peer), "{what}");
                     assert!(reason.contains(words), "{what}: {reason}");
                     if let Some(want) = offset {
@@ -273,7 +270,7 @@ where
                 }
                 (_, other) => panic!("{what}: unexpected outcome {other:?}"),
             }
-        } else if case == 6 {
+        } else if case == BAD_CALL_CONTROL {
             assert_eq!(dst.to_host()?, pattern, "{what}: the control put_signal's data");
             assert_eq!(sig.to_host()?, vec![7, 0], "{what}: the control put_signal's signal");
         } else {

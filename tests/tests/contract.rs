@@ -147,17 +147,8 @@ where
     bad_call: ForTransport<T>,
     <bad_call as ForTransport<T>>::Kernel: Kernel<Args = BadArgs<T>>,
 {
-    // (case, code, call, peer, words in the message)
-    let cases: [(u32, u32, &str, Option<u32>, &str); 6] = [
-        (0, 3, "put", Some(2), "rank 2 is not in this world of 2 ranks"),
-        (1, 4, "put", Some(1), "not inside the heap"),
-        (2, 5, "signal", Some(1), "not 8-byte aligned"),
-        (3, 5, "put_signal", Some(1), "not 8-byte aligned"),
-        (4, 3, "get", Some(2), "not in this world"),
-        (5, 6, "wait_until_some", None, "out of range"),
-    ];
     for backend in backends().into_iter().filter(|&b| T::runs_on(b)) {
-        for (case, code, call, peer, words) in cases {
+        for (case, code, call, peer, words) in doorbell_tests::BAD_CALLS {
             let (err, dst, sig, codes, _) = bad_case::<T>(backend, case);
             let what = format!("{backend:?} {} case {case}", T::NAME);
             assert_eq!(codes, [code, 0], "{what}: error code, threads that disagreed");
@@ -178,7 +169,7 @@ where
             assert_eq!(sig, vec![0, 0], "{what}: the signal words changed");
         }
         // The control case: the same call with good arguments delivers.
-        let (err, dst, sig, codes, calls) = bad_case::<T>(backend, 6);
+        let (err, dst, sig, codes, calls) = bad_case::<T>(backend, doorbell_tests::BAD_CALL_CONTROL);
         assert!(err.is_none(), "{backend:?} {}: {err:?}", T::NAME);
         assert_eq!(codes, [0, 0]);
         let want: Vec<u8> = (0..4096u64).map(|i| (i % 251) as u8 + 1).collect();

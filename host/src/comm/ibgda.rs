@@ -1342,7 +1342,15 @@ impl Communicator {
         )?;
         let t_setup = std::time::Instant::now();
         let gpu = self.device.is_gpu();
-        let engine_kind = opts.engine.unwrap_or(if gpu || self.cross_process() {
+        let cross_process = self.cross_process();
+        if cross_process && self.softnic_tail_leaked.load(Ordering::Acquire) {
+            return Err(Error::comm(format!(
+                "rank {}: IBGDA set-up: the soft NIC engine of an earlier set-up did not stop and may still use this \
+                 rank's port tables; this communicator cannot set IBGDA up again (make a new one)",
+                self.rank
+            )));
+        }
+        let engine_kind = opts.engine.unwrap_or(if gpu || cross_process {
             SoftNicEngine::Kernel
         } else {
             SoftNicEngine::Thread
@@ -1353,7 +1361,6 @@ impl Communicator {
                  cannot execute WQEs on; use {ENGINE_ENV}=kernel (the default on a GPU)"
             )));
         }
-        let cross_process = self.cross_process();
         if cross_process && engine_kind == SoftNicEngine::Thread {
             return Err(Error::comm(format!(
                 "rank {}: {ENGINE_ENV}=thread: ranks of this world run in other processes, and a host-thread engine \
@@ -1581,7 +1588,7 @@ impl Communicator {
             device,
             opts,
             handle,
-            tail_leaked: self.cross_process().then(|| self.softnic_tail_leaked.clone()),
+            tail_leaked: cross_process.then(|| self.softnic_tail_leaked.clone()),
         })
     }
 
@@ -1610,19 +1617,6 @@ impl Communicator {
         // world spanning processes, the tail past the heap in the heap's
         // allocation, which every rank has mapped (see the module docs).
         let (port, port_addr) = if self.cross_process() {
-            if self.tail_len < port_bytes as u64 {
-                return Err(Error::comm(format!(
-                    "rank {rank}: IBGDA set-up: the heap allocation has no room after the heap for the soft NIC's port tables \
-                     ({} of {port_bytes} bytes)",
-                    self.tail_len
-                )));
-            }
-            if self.softnic_tail_leaked.load(Ordering::Acquire) {
-                return Err(Error::comm(format!(
-                    "rank {rank}: IBGDA set-up: the soft NIC engine of an earlier set-up did not stop and may still use this \
-                     rank's port tables; this communicator cannot set IBGDA up again (make a new one)"
-                )));
-            }
             (None, self.heap_base + super::tail_off(self.heap_len))
         } else {
             let b = self.device.alloc_zeroed::<u8>(port_bytes)?;

@@ -124,8 +124,9 @@ pub enum PeerRoute {
     SharedMemory,
 }
 
-/// Where the soft NIC's table tail starts in a heap allocation of a world of
-/// several processes: past the heap, 256-byte aligned.
+/// Where the soft NIC's table tail ([`ibgda::TABLES_TAIL`] bytes) starts in
+/// a heap allocation of a world of several processes: past the heap,
+/// 256-byte aligned.
 fn tail_off(heap_len: u64) -> u64 {
     heap_len.next_multiple_of(256)
 }
@@ -200,9 +201,6 @@ pub struct Communicator {
     size: usize,
     heap_base: u64,
     heap_len: u64,
-    /// Bytes of the soft NIC's table tail after the heap, at
-    /// [`tail_off`]`(heap_len)` (0: none; see `ibgda.rs`).
-    tail_len: u64,
     routes: Vec<PeerRoute>,
     bases: Vec<u64>,
     peer_table: DeviceBuffer<u64>,
@@ -316,8 +314,11 @@ impl Communicator {
         // several processes the allocation carries a tail past the heap for
         // the soft NIC's port tables (`ibgda.rs`): peers map it with the heap,
         // but no transport call and no registered region reaches it.
-        let tail_len = if multi_process { ibgda::TABLES_TAIL } else { 0 };
-        let alloc_len = (tail_off(heap_len) + tail_len) as usize;
+        let alloc_len = if multi_process {
+            (tail_off(heap_len) + ibgda::TABLES_TAIL) as usize
+        } else {
+            heap_len as usize
+        };
         let (heap, handle): (Heap, Vec<u8>) = match device.backend() {
             Backend::Gpu => {
                 let buf = device.alloc_zeroed::<u8>(alloc_len)?;
@@ -408,7 +409,6 @@ impl Communicator {
             size,
             heap_base,
             heap_len,
-            tail_len,
             routes,
             bases,
             peer_table,

@@ -73,7 +73,7 @@ use super::config::{EngineConfig, Rng};
 use super::mem::{self, Scope};
 use super::mover::{copy_part, overlaps, Mover, Phase, PHASES};
 use super::poll::{doorbell_word, poll_port_masked, PollReport};
-use super::tables::{Port, PortTable, Ports, MAX_PORTS, MAX_QPS};
+use super::tables::{Port, PortTable, Ports, MAX_QPS};
 
 /// Copies of at least this many bytes are made by the whole block; smaller
 /// ones by the control thread alone.
@@ -699,15 +699,17 @@ impl View {
         unsafe { self.own.as_ref() }
     }
 
+    /// The port table (the constructor's contract keeps it valid).
+    #[inline(always)]
+    fn table(&self) -> &PortTable {
+        // SAFETY: the constructor's contract.
+        unsafe { &*self.table }
+    }
+
     /// Port `i`'s address from the table (null: no such port).
     #[inline(always)]
     fn lookup(&self, i: usize) -> *mut Port {
-        // SAFETY: the constructor's contract.
-        let t = unsafe { &*self.table };
-        if i >= t.count as usize || i >= MAX_PORTS {
-            return core::ptr::null_mut();
-        }
-        t.ports[i]
+        self.table().port_ptr(i)
     }
 }
 
@@ -730,13 +732,11 @@ impl Ports for View {
         if i == self.port {
             return Some(addr as usize as *mut u8);
         }
-        // SAFETY: the constructor's contract.
-        unsafe { (*self.table).window(i) }.reach(addr, len)
+        self.table().reach(i, addr, len)
     }
     #[inline(always)]
     fn foreign(&self, i: usize) -> bool {
-        // SAFETY: the constructor's contract.
-        i != self.port && unsafe { (*self.table).window(i) }.len != 0
+        i != self.port && self.table().foreign(i)
     }
 }
 

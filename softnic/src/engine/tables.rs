@@ -798,27 +798,28 @@ impl PortTable {
             _ => Window::SAME,
         }
     }
+
+    /// Port `i`'s address (null past the table or for no such port).
+    #[inline(always)]
+    pub fn port_ptr(&self, i: usize) -> *mut Port {
+        match self.ports.get(i) {
+            Some(&p) if i < self.count as usize => p,
+            _ => core::ptr::null_mut(),
+        }
+    }
 }
 
 impl Ports for PortTable {
     #[inline(always)]
     fn get(&self, i: usize) -> Option<&Port> {
-        if i >= self.count as usize {
-            return None;
-        }
-        let p = *self.ports.get(i)?;
         // SAFETY: whoever fills the table points every entry below `count`
         // at a live port (the engine's contract, `engine::resident`).
-        unsafe { p.as_ref() }
+        unsafe { self.port_ptr(i).as_ref() }
     }
     #[inline(always)]
     fn get_mut(&mut self, i: usize) -> Option<&mut Port> {
-        if i >= self.count as usize {
-            return None;
-        }
-        let p = *self.ports.get(i)?;
         // SAFETY: as above.
-        unsafe { p.as_mut() }
+        unsafe { self.port_ptr(i).as_mut() }
     }
     #[inline(always)]
     fn reach(&self, i: usize, addr: u64, len: u64) -> Option<*mut u8> {

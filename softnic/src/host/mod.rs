@@ -174,14 +174,8 @@ impl SoftFabric {
                 max: MAX_PORTS,
             });
         }
-        let port = st.ports.len();
-        let lid = port as u32 + 1;
-        st.ports.push(Port::new(lid, link.unwrap_or(LinkModel::OFF)));
-        st.resident.push(None);
-        Ok(SoftDevice {
-            shared: self.shared.clone(),
-            port,
-        })
+        let index = st.ports.len();
+        Ok(self.install(&mut st, index, link))
     }
 
     /// Opens the device that is port `index` (LID `index + 1`) of a fabric
@@ -206,18 +200,23 @@ impl SoftFabric {
                 why: "already open in this fabric".to_string(),
             });
         }
+        Ok(self.install(&mut st, index, link))
+    }
+
+    /// Puts a new port at `index` (below [`MAX_PORTS`], not open), the
+    /// indices before it that this fabric lacks as empty, never-valid ports.
+    fn install(&self, st: &mut State, index: usize, link: Option<LinkModel>) -> SoftDevice {
         while st.ports.len() <= index {
-            let lid = st.ports.len() as u32 + 1;
-            let mut empty = Port::new(lid, LinkModel::OFF);
+            let mut empty = Port::new(st.ports.len() as u32 + 1, LinkModel::OFF);
             empty.valid = 0;
             st.ports.push(empty);
             st.resident.push(None);
         }
         st.ports[index] = Port::new(index as u32 + 1, link.unwrap_or(LinkModel::OFF));
-        Ok(SoftDevice {
+        SoftDevice {
             shared: self.shared.clone(),
             port: index,
-        })
+        }
     }
 
     /// The engine's time, ns.
