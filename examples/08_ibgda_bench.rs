@@ -40,7 +40,7 @@ use doorbell_example_kernels::ibgda_bench::{
     post_burst_ibgda, put_signal_rtt_ibgda, put_signal_rtt_p2p, put_stream_ibgda, put_stream_p2p, BENCH_OK,
 };
 use doorbell_examples::cli::IbgdaBenchArgs;
-use doorbell_examples::{main_with, ratio, BoxError, USER_KERNELS};
+use doorbell_examples::{die, main_with, ratio, BoxError, USER_KERNELS};
 
 fn main() {
     let args = IbgdaBenchArgs::parse();
@@ -108,7 +108,7 @@ fn run(a: &IbgdaBenchArgs) -> Result<(), BoxError> {
     let gpu = a.device.wants_gpu()?;
     let max = a.max_bytes.unwrap_or(if gpu { 256 << 20 } else { 1 << 20 });
     if a.min_bytes > max {
-        return Err(format!("--minbytes {} is larger than --maxbytes {max}", a.min_bytes).into());
+        die(format!("--minbytes {} is larger than --maxbytes {max}", a.min_bytes));
     }
     let rtt_iters = a.rtt_iters.unwrap_or(if gpu { 2000 } else { 50 }) as u32;
     let io = IbgdaOptions::from_env()?;
@@ -136,7 +136,11 @@ fn run(a: &IbgdaBenchArgs) -> Result<(), BoxError> {
         Some(cfg) => {
             let world = World::rendezvous(&cfg, b"ibgda_bench v1")?;
             if world.world_size() != 2 {
-                return Err(format!("ibgda_bench runs on 2 ranks; this world has {}", world.world_size()).into());
+                // Bad input: exit 2.
+                die(format!(
+                    "ibgda_bench runs on 2 ranks; the launcher made a world of {}",
+                    world.world_size()
+                ));
             }
             let dev = match backend {
                 Backend::Cpu => Device::emulator(world.local_rank()),
