@@ -306,11 +306,13 @@ fn measure_puts(
         let mut wrong = None;
         // One put launch on both ranks (rank 0 puts, rank 1 waits for the
         // blocks' signals), timed on rank 0; the first of a size is checked.
+        // Rank 1 launches before the barrier and rank 0 after it, so rank
+        // 0's launch never waits for rank 1's at the driver (as the floors'
+        // launches do not): that wait would land between rank 0's events.
         let mut put_once = |n: u32| -> doorbell::Result<f64> {
             expect += blocks;
-            comm.barrier()?;
             // SAFETY: buffers hold max_size >= bytes; `psig` symmetric, `status` one word.
-            let us = timed(s, n, || unsafe {
+            let mut launch = || unsafe {
                 s.launch(
                     &put,
                     cfg,
@@ -327,7 +329,15 @@ fn measure_puts(
                         status.as_mut_ptr(),
                     ),
                 )
-            })?;
+            };
+            let us = if rank0 {
+                comm.barrier()?;
+                timed(s, n, launch)?
+            } else {
+                launch()?;
+                comm.barrier()?;
+                0.0
+            };
             comm.synchronize(s)?;
             if status.to_host()?[0] != PINGPONG_OK {
                 return Err(doorbell::Error::Comm(format!("put of {bytes} bytes did not complete")));

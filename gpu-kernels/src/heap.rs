@@ -1,28 +1,33 @@
 //! The runtime's header at the start of every symmetric heap, and the
-//! error record a kernel leaves there for the host.
+//! error reports a kernel leaves there for the host.
 //!
 //! | offset | bytes | what |
 //! |---|---|---|
 //! | 0 | 8 × [`MAX_RANKS`] | barrier slots: slot `r` holds rank `r`'s latest barrier epoch |
 //! | [`EPOCH_OFFSET`] | 8 | this rank's barrier epoch (local) |
-//! | [`REPORT_OFFSET`] | 128 | the first [`ErrorReport`] of this rank (host reads and clears it) |
+//! | [`REPORTED_OFFSET`] | 4 | nonzero once an error of this rank is recorded (host reads and clears it) |
 //! | [`BLOCK_RESULT_OFFSET`] | 8 | result word of `barrier_block` |
+//! | [`REPORT_OFFSET`] | [`REPORT_SLOTS`] × 96 | the [`ErrorReport`] slots (host reads and clears them) |
 //!
 //! User allocations start at [`HEAP_RESERVED`]; transports refuse ranges
 //! that reach into the header.
 
 /// Bytes at the start of every symmetric heap reserved for the runtime.
-pub const HEAP_RESERVED: u64 = 4096;
+pub const HEAP_RESERVED: u64 = 8192;
 /// Most ranks a communicator supports.
 pub const MAX_RANKS: u32 = 256;
 /// Offset of the barrier epoch word (local to each rank).
 pub const EPOCH_OFFSET: u64 = MAX_RANKS as u64 * 8;
-/// Offset of the error report (its first word is the "present" flag).
-pub const REPORT_OFFSET: u64 = EPOCH_OFFSET + 64;
+/// Offset of the word that says an error of this rank is recorded.
+pub const REPORTED_OFFSET: u64 = EPOCH_OFFSET + 8;
 /// Offset of the block-barrier result word.
-pub const BLOCK_RESULT_OFFSET: u64 = REPORT_OFFSET + 128;
-const _: () = assert!(BLOCK_RESULT_OFFSET + 8 <= HEAP_RESERVED);
-const _: () = assert!(REPORT_OFFSET + core::mem::size_of::<ErrorReport>() as u64 <= BLOCK_RESULT_OFFSET);
+pub const BLOCK_RESULT_OFFSET: u64 = EPOCH_OFFSET + 16;
+/// Offset of the first report slot.
+pub const REPORT_OFFSET: u64 = EPOCH_OFFSET + 64;
+/// Report slots: writers that fail at the same moment mostly pick
+/// different slots, so one of them survives intact ([`record`]'s protocol).
+pub const REPORT_SLOTS: u64 = 32;
+const _: () = assert!(REPORT_OFFSET + REPORT_SLOTS * core::mem::size_of::<ErrorReport>() as u64 <= HEAP_RESERVED);
 
 /// What went wrong ([`ErrorReport::kind`]).
 #[repr(u32)]
@@ -133,14 +138,13 @@ impl Call {
     }
 }
 
-/// The first error of a rank's kernels, in its heap header. The first
-/// failing thread claims the record with a CAS on `present`, fills it, and
-/// publishes it; later errors leave it alone. The host reads and clears it
-/// (`Communicator::check`).
+/// An error of a rank's kernels, as one report slot of its heap header
+/// holds it ([`record`] writes it, the host picks the earliest intact one
+/// with [`first_report`] and clears the slots).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ErrorReport {
-    /// 0: none; 1: being written; 2: complete.
+    /// 0: empty; 1: written (stored last, after a fence).
     pub present: u32,
     /// Rank that failed.
     pub rank: u32,
@@ -167,8 +171,73 @@ pub struct ErrorReport {
     pub seen: u64,
     /// Timeouts: the budget that ran out, ns.
     pub budget_ns: u64,
+    /// `%globaltimer` when the error was recorded: the host reports the
+    /// earliest of several.
+    pub at_ns: u64,
+    /// Who wrote it: SM and warp slot, plus one.
+    pub writer: u64,
+    /// [`ErrorReport::digest`] of every field above (`present` as 1): a
+    /// slot two writers filled at once does not match it.
+    pub check: u64,
 }
-const _: () = assert!(core::mem::size_of::<ErrorReport>() == 72);
+const _: () = assert!(core::mem::size_of::<ErrorReport>() == 96);
+
+impl ErrorReport {
+    /// A 64-bit mix of every field but `check` (`present` taken as 1).
+    #[inline(always)]
+    pub fn digest(&self) -> u64 {
+        let pair = |a: u32, b: u32| a as u64 | (b as u64) << 32;
+        let words = [
+            pair(1, self.rank),
+            pair(self.kind, self.call),
+            pair(self.peer, self.block),
+            pair(self.detail, self._pad),
+            self.offset,
+            self.bytes,
+            self.expected,
+            self.seen,
+            self.budget_ns,
+            self.at_ns,
+            self.writer,
+        ];
+        let mut h = 0x9e37_79b9_7f4a_7c15u64;
+        for w in words {
+            h = (h ^ w).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            h ^= h >> 31;
+        }
+        h
+    }
+
+    /// Written completely by one writer: present, and its check matches.
+    pub fn intact(&self) -> bool {
+        self.present == 1 && self.check == self.digest()
+    }
+}
+
+/// What the host finds in a rank's report slots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reports {
+    /// No slot holds a report.
+    None,
+    /// The earliest intact report.
+    First(ErrorReport),
+    /// Reports were written, but writers that failed at the same moment
+    /// overwrote each other in every one of those slots.
+    Collided {
+        /// Slots written.
+        slots: u32,
+    },
+}
+
+/// The earliest intact report of `slots` (by `at_ns`, then slot order).
+pub fn first_report(slots: &[ErrorReport]) -> Reports {
+    let written = slots.iter().filter(|r| r.present != 0).count() as u32;
+    match slots.iter().filter(|r| r.intact()).min_by_key(|r| r.at_ns) {
+        Some(r) => Reports::First(*r),
+        None if written > 0 => Reports::Collided { slots: written },
+        None => Reports::None,
+    }
+}
 
 /// What a transport handle contributes to an error report: three scalars,
 /// passed by value so that recording an error never takes the address of
@@ -267,16 +336,30 @@ impl Reporter {
     }
 }
 
-/// Claims the report slot of the heap at `local_base` with a CAS on its flag
-/// (first error wins), fills the fields (the calling thread's block index
-/// too) and publishes the report at system scope. Scalars only, fields
-/// written in place: nothing of the report passes through local memory.
+/// Records an error of this rank in its heap header (at `local_base`),
+/// unless one is recorded already (the first error wins). Scalars only,
+/// fields written in place: nothing of the report passes through local
+/// memory.
 ///
-/// A cost to know: the claim's CAS returns a value that a branch uses, and
-/// ptxas then compiles every kernel that can reach this function for
-/// intra-warp forward progress — convergence barriers (`BSSY`/`BSYNC`,
-/// `BREAK`) around its divergent branches and a `YIELD` in its poll loops,
-/// the hot paths included (checked in the SASS of `signal_pingpong_p2p`).
+/// No read-modify-write atomic claims the record, and nothing here reads a
+/// lane's identity (`%laneid`, `%tid`, `activemask`), on purpose: ptxas
+/// compiles a loop that can reach either for intra-warp forward progress,
+/// with a `YIELD` in its poll loops and convergence barriers
+/// (`BSSY`/`BSYNC`) around its branches. The failing branches of the
+/// checked calls stay inside the caller's loops (LLVM does not thread jumps
+/// on a GPU target, so the `Result`'s tag is tested again after each
+/// call), so a CAS claim here put those on every hot path: about 35 ns per
+/// call of a signal round trip on an H200 (`p2p_bench`). Instead:
+///
+/// * the slot is picked by a hash of the SM, the warp slot and what
+///   failed: warps resident at one moment differ in SM or warp slot, and
+///   lanes of one warp that fail together differ in what failed (lanes
+///   that fail alike write the same values in lockstep);
+/// * the report carries a check of its fields ([`ErrorReport::digest`]):
+///   a slot two writers filled at once fails it, and the host takes the
+///   earliest intact slot ([`first_report`]);
+/// * once a report is published (fields, fence, `present`, then the
+///   header's reported word), later errors leave the slots alone.
 #[cold]
 #[inline(never)]
 #[allow(clippy::too_many_arguments)]
@@ -293,29 +376,57 @@ fn record(
     seen: u64,
     budget_ns: u64,
 ) {
-    let report = (local_base + REPORT_OFFSET) as *mut ErrorReport;
-    // SAFETY: the report area lies in the reserved header of this rank's
-    // heap; the flag (word 0) stays atomic, the other fields are written
-    // only by the thread that claimed it, before it publishes.
+    use crate::ptx;
+    let reported = (local_base + REPORTED_OFFSET) as *mut u32;
+    // SAFETY: the reported word and the slots lie in the reserved header of
+    // this rank's heap; the words other threads poll are accessed atomically.
     unsafe {
-        let flag = core::ptr::addr_of_mut!((*report).present);
-        if crate::ptx::atom_cas_relaxed_gpu_u32(flag, 0, 1) == 0 {
-            use core::ptr::{addr_of_mut, write_volatile};
-            write_volatile(addr_of_mut!((*report).rank), rank);
-            write_volatile(addr_of_mut!((*report).kind), kind);
-            write_volatile(addr_of_mut!((*report).call), call);
-            write_volatile(addr_of_mut!((*report).peer), peer);
-            write_volatile(addr_of_mut!((*report).block), crate::ptx::block_idx_x());
-            write_volatile(addr_of_mut!((*report).detail), detail);
-            write_volatile(addr_of_mut!((*report)._pad), 0);
-            write_volatile(addr_of_mut!((*report).offset), offset);
-            write_volatile(addr_of_mut!((*report).bytes), bytes);
-            write_volatile(addr_of_mut!((*report).expected), expected);
-            write_volatile(addr_of_mut!((*report).seen), seen);
-            write_volatile(addr_of_mut!((*report).budget_ns), budget_ns);
-            crate::ptx::fence_sc_sys();
-            crate::ptx::st_release_sys_u32(flag, 2);
+        if ptx::ld_relaxed_sys_u32(reported) != 0 {
+            return;
         }
+        let (sm, warp) = ptx::sm_and_warp_slot();
+        let mut r = ErrorReport {
+            present: 1,
+            rank,
+            kind,
+            call,
+            peer,
+            block: ptx::block_idx_x(),
+            detail,
+            _pad: 0,
+            offset,
+            bytes,
+            expected,
+            seen,
+            budget_ns,
+            at_ns: ptx::globaltimer_ns(),
+            writer: ((sm as u64) << 32 | warp as u64) + 1,
+            check: 0,
+        };
+        r.check = r.digest();
+        let what = ((kind as u64) << 56 ^ (call as u64) << 48 ^ (peer as u64) << 16) ^ offset ^ seen.rotate_left(32);
+        let slot = (what ^ r.writer.wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_mul(0xbf58_476d_1ce4_e5b9) >> 59;
+        const _: () = assert!(REPORT_SLOTS == 32);
+        let at = (local_base + REPORT_OFFSET + slot * core::mem::size_of::<ErrorReport>() as u64) as *mut ErrorReport;
+        use core::ptr::{addr_of_mut, write_volatile};
+        write_volatile(addr_of_mut!((*at).rank), r.rank);
+        write_volatile(addr_of_mut!((*at).kind), r.kind);
+        write_volatile(addr_of_mut!((*at).call), r.call);
+        write_volatile(addr_of_mut!((*at).peer), r.peer);
+        write_volatile(addr_of_mut!((*at).block), r.block);
+        write_volatile(addr_of_mut!((*at).detail), r.detail);
+        write_volatile(addr_of_mut!((*at)._pad), 0);
+        write_volatile(addr_of_mut!((*at).offset), r.offset);
+        write_volatile(addr_of_mut!((*at).bytes), r.bytes);
+        write_volatile(addr_of_mut!((*at).expected), r.expected);
+        write_volatile(addr_of_mut!((*at).seen), r.seen);
+        write_volatile(addr_of_mut!((*at).budget_ns), r.budget_ns);
+        write_volatile(addr_of_mut!((*at).at_ns), r.at_ns);
+        write_volatile(addr_of_mut!((*at).writer), r.writer);
+        write_volatile(addr_of_mut!((*at).check), r.check);
+        ptx::fence_sc_sys();
+        ptx::st_release_sys_u32(addr_of_mut!((*at).present), 1);
+        ptx::st_release_sys_u32(reported, 1);
     }
 }
 
@@ -483,9 +594,18 @@ mod tests {
             shared_mem_bytes: 0,
         };
         crate::emu::run(launch, &|| *out.lock().unwrap() = Some(f(bounds))).unwrap();
-        // SAFETY: the report lies inside `heap`; the launch has ended.
-        let report = unsafe { core::ptr::read((base + REPORT_OFFSET) as *const ErrorReport) };
-        (out.into_inner().unwrap().unwrap(), report)
+        (out.into_inner().unwrap().unwrap(), first(base))
+    }
+
+    /// The report the host would take from the heap at `base`.
+    fn first(base: u64) -> ErrorReport {
+        // SAFETY: the slots lie inside the heap; the launch has ended.
+        let slots = unsafe { core::slice::from_raw_parts((base + REPORT_OFFSET) as *const ErrorReport, REPORT_SLOTS as usize) };
+        match first_report(slots) {
+            Reports::First(r) => r,
+            Reports::None => ErrorReport::default(),
+            Reports::Collided { slots } => panic!("{slots} report slots written, none intact"),
+        }
     }
 
     #[test]
@@ -509,7 +629,7 @@ mod tests {
         assert_eq!(r, Err(CommError::BadPeer { peer: 2 }));
         assert_eq!(
             (report.present, report.rank, report.kind, report.call, report.peer),
-            (2, 1, ErrorKind::BadPeer as u32, Call::Signal as u32, 2)
+            (1, 1, ErrorKind::BadPeer as u32, Call::Signal as u32, 2)
         );
         assert_eq!((report.offset, report.bytes, report.budget_ns), (12, 0, 5));
     }
@@ -548,6 +668,84 @@ mod tests {
         assert_eq!(
             (report.kind, report.call, report.peer, report.offset, report.bytes),
             (ErrorKind::Misaligned as u32, Call::WaitUntil as u32, 0, off, 0)
+        );
+    }
+
+    /// An intact report of `kind` at `at_ns` written by `writer`.
+    fn report(kind: ErrorKind, at_ns: u64, writer: u64) -> ErrorReport {
+        let mut r = ErrorReport {
+            present: 1,
+            rank: 3,
+            kind: kind as u32,
+            call: Call::Signal as u32,
+            peer: 1,
+            offset: 0x2000 + writer,
+            at_ns,
+            writer,
+            ..ErrorReport::default()
+        };
+        r.check = r.digest();
+        r
+    }
+
+    #[test]
+    fn the_host_takes_the_earliest_intact_report_and_skips_mixed_ones() {
+        let early = report(ErrorKind::Timeout, 100, 1);
+        let late = report(ErrorKind::BadPeer, 200, 2);
+        // A slot two writers filled at once: the first's fields, the second's check.
+        let mut mixed = report(ErrorKind::OutOfRange, 50, 3);
+        mixed.check = report(ErrorKind::Misaligned, 51, 4).check;
+        let mut slots = [ErrorReport::default(); REPORT_SLOTS as usize];
+        assert_eq!(first_report(&slots), Reports::None);
+        (slots[3], slots[9], slots[20]) = (late, mixed, early);
+        assert_eq!(first_report(&slots), Reports::First(early));
+        // One field of another writer is enough to spoil a slot.
+        slots[20].seen = 7;
+        assert_eq!(first_report(&slots), Reports::First(late));
+        slots[3].block = 1;
+        assert_eq!(first_report(&slots), Reports::Collided { slots: 3 });
+    }
+
+    #[test]
+    fn threads_failing_together_leave_one_intact_report_of_one_of_them() {
+        // 4 blocks of 64 threads each fail a different range check at once
+        // (bytes = 1 + the thread's global index): whichever report the
+        // host takes, its fields all come from the same thread.
+        let heap = vec![0u64; (HEAP / 8) as usize];
+        let base = heap.as_ptr() as u64;
+        let bounds = HeapBounds {
+            reporter: Reporter {
+                rank: 1,
+                local_base: base,
+                budget_ns: 5,
+            },
+            world: 2,
+            heap_bytes: HEAP,
+        };
+        let launch = crate::emu::EmuLaunch {
+            grid: [4, 1, 1],
+            block: [64, 1, 1],
+            shared_mem_bytes: 0,
+        };
+        crate::emu::run(launch, &|| {
+            let me = crate::ptx::global_thread_id_x() as u64;
+            let r = bounds.range(Call::Get, base + HEAP + 16 * me, me + 1, 0);
+            assert_eq!(
+                r,
+                Err(CommError::OutOfRange {
+                    offset: HEAP + 16 * me,
+                    bytes: me + 1
+                })
+            );
+        })
+        .unwrap();
+        let r = first(base);
+        let me = r.bytes - 1;
+        assert!(me < 256, "{r:?}");
+        assert_eq!(
+            (r.present, r.kind, r.call, r.offset, r.block as u64),
+            (1, ErrorKind::OutOfRange as u32, Call::Get as u32, HEAP + 16 * me, me / 64),
+            "{r:?}"
         );
     }
 }

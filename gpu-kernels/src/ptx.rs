@@ -90,6 +90,33 @@ pub fn lane_id() -> u32 {
     }
 }
 
+/// `%smid` and `%warpid`: the SM the calling thread runs on and its warp's
+/// slot on that SM. Together they tell apart every warp resident at one
+/// moment (a warp's pair may change over its life and be reused after it
+/// exits). The emulator gives the block's linear index and the thread's
+/// rank in its block: each emulated thread is a warp of its own there,
+/// since emulated lanes do not run in lockstep.
+#[inline(always)]
+pub fn sm_and_warp_slot() -> (u32, u32) {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        let (sm, warp): (u32, u32);
+        // SAFETY: reads special registers. Not `pure`: they may change.
+        unsafe {
+            asm!("mov.u32 {0}, %smid;", out(reg32) sm, options(nomem, nostack));
+            asm!("mov.u32 {0}, %warpid;", out(reg32) warp, options(nomem, nostack));
+        }
+        (sm, warp)
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    {
+        (
+            block_idx_x() + grid_dim_x() * (block_idx_y() + grid_dim_y() * block_idx_z()),
+            thread_rank_in_block(),
+        )
+    }
+}
+
 /// Warp size (32 on every NVIDIA GPU this crate targets).
 pub const WARP_SIZE: u32 = 32;
 

@@ -332,6 +332,19 @@ pub enum Error {
         /// What else to suspect (empty, or text starting with `; `).
         hint: String,
     },
+    /// Device calls of a rank failed at the same moment and every report
+    /// slot they wrote holds a mix of two of them: the calls are not known.
+    #[error(
+        "rank {rank}: device calls failed at the same moment and their error reports overwrote each other \
+         ({slots} report slots written, none intact); a peer that stopped answering while several blocks \
+         waited for it is the usual cause"
+    )]
+    DeviceReportsCollided {
+        /// Rank whose kernels failed.
+        rank: u32,
+        /// Report slots written.
+        slots: u32,
+    },
     /// A device-side transport call was refused (bad argument: nothing was
     /// written) or failed (an error completion).
     #[error("rank {rank}: {call} failed in block {block}: {reason}")]

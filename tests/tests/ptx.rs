@@ -666,3 +666,49 @@ fn module_images_hold_their_ptx_and_an_elf_cubin_or_none() {
         }
     }
 }
+
+/// The definition (not a forward declaration) of the `.func` whose name
+/// contains `name`.
+fn func_body<'a>(ptx: &'a str, name: &str) -> Option<&'a str> {
+    let mut from = 0;
+    while let Some(at) = ptx[from..].find(".func") {
+        let start = from + at;
+        let rest = &ptx[start..];
+        let head_end = rest.find(')').map_or(rest.len(), |i| i + 1);
+        let head = &rest[..head_end];
+        if head.lines().next().is_some_and(|l| l.contains(name)) && rest[head_end..].trim_start().starts_with('{') {
+            return Some(&rest[..rest.find("\n}\n").unwrap_or(rest.len())]);
+        }
+        from = start + head_end;
+    }
+    None
+}
+
+/// What makes ptxas compile a loop for intra-warp forward progress (a
+/// `YIELD` in its poll loops, `BSSY`/`BSYNC` around its branches) when the
+/// loop can reach it: a read-modify-write atomic, or reading the lane's
+/// identity.
+const FORWARD_PROGRESS: [&str; 6] = ["atom.", "red.", "%laneid", "%tid", "activemask", "vote."];
+
+/// The error record every checked call can reach stays free of those
+/// (heap.rs, `record`): with a CAS claim in it, every signal round trip
+/// paid about 35 ns per call on an H200. The signal ping-pong's entry
+/// (`p2p_bench`'s checked round trip) then has none anywhere.
+#[test]
+fn the_error_record_and_the_signal_round_trip_keep_ptxas_from_adding_forward_progress_barriers() {
+    for (module, ptx) in [
+        ("doorbell_kernels", doorbell::KERNELS_PTX),
+        ("doorbell_example_kernels", doorbell_examples::USER_KERNELS_PTX),
+    ] {
+        let body = func_body(ptx, "4heap6record").unwrap_or_else(|| panic!("{module}: no error record function"));
+        for bad in FORWARD_PROGRESS {
+            assert!(!body.contains(bad), "{module}: the error record uses `{bad}`:\n{body}");
+        }
+    }
+    // The entry reads `%tid` once, before its loop, to pick its one thread.
+    let entry = entry_body(doorbell_examples::USER_KERNELS_PTX, "signal_pingpong_p2p");
+    for bad in FORWARD_PROGRESS.iter().filter(|&&b| b != "%tid") {
+        let hits: Vec<&str> = entry.lines().filter(|l| l.contains(bad)).collect();
+        assert!(hits.is_empty(), "signal_pingpong_p2p uses `{bad}`: {hits:?}");
+    }
+}

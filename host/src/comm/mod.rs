@@ -44,7 +44,9 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use doorbell_kernels::heap::{Call, ErrorKind, ErrorReport, HEAP_RESERVED, MAX_RANKS, REPORT_OFFSET};
+use doorbell_kernels::heap::{
+    first_report, Call, ErrorKind, ErrorReport, Reports, HEAP_RESERVED, MAX_RANKS, REPORTED_OFFSET, REPORT_OFFSET, REPORT_SLOTS,
+};
 use doorbell_kernels::transport::p2p::NEAR_PEERS;
 use doorbell_kernels::transport::{Cmp, P2p};
 
@@ -650,22 +652,40 @@ impl Communicator {
 
     /// Returns (and clears) the first error this rank's kernels recorded:
     /// a wait that ran out of budget ([`Error::WaitTimeout`]), a refused or
-    /// failed transport call ([`Error::DeviceCall`]).
+    /// failed transport call ([`Error::DeviceCall`]); when every report was
+    /// overwritten by another failing at the same moment,
+    /// [`Error::DeviceReportsCollided`].
     pub fn check(&self) -> Result<()> {
-        let mut raw = [0u8; std::mem::size_of::<ErrorReport>()];
-        // SAFETY: the report lives in this rank's heap header.
-        unsafe { self.device.read_raw(self.heap_base + REPORT_OFFSET, &mut raw)? };
-        // SAFETY: ErrorReport is plain #[repr(C)] integers.
-        let r: ErrorReport = unsafe { std::ptr::read_unaligned(raw.as_ptr() as *const ErrorReport) };
-        if r.present == 0 {
+        let mut flag = [0u8; 4];
+        // SAFETY: the reported word lives in this rank's heap header.
+        unsafe { self.device.read_raw(self.heap_base + REPORTED_OFFSET, &mut flag)? };
+        if flag == [0; 4] {
             return Ok(());
         }
+        const BYTES: usize = REPORT_SLOTS as usize * std::mem::size_of::<ErrorReport>();
+        let mut raw = [0u8; BYTES];
+        // SAFETY: the slots live in this rank's heap header; the kernels
+        // that wrote them have completed (the caller synchronized).
+        unsafe { self.device.read_raw(self.heap_base + REPORT_OFFSET, &mut raw)? };
+        let slots: Vec<ErrorReport> = raw
+            .chunks_exact(std::mem::size_of::<ErrorReport>())
+            // SAFETY: ErrorReport is plain #[repr(C)] integers.
+            .map(|c| unsafe { std::ptr::read_unaligned(c.as_ptr() as *const ErrorReport) })
+            .collect();
+        // Cleared before the next launch can record again: slots, then the word.
         // SAFETY: as above.
         unsafe {
-            self.device
-                .write_raw(self.heap_base + REPORT_OFFSET, &[0u8; std::mem::size_of::<ErrorReport>()])?
-        };
-        Err(self.report_error(&r))
+            self.device.write_raw(self.heap_base + REPORT_OFFSET, &[0u8; BYTES])?;
+            self.device.write_raw(self.heap_base + REPORTED_OFFSET, &[0u8; 4])?;
+        }
+        match first_report(&slots) {
+            Reports::None => Ok(()),
+            Reports::First(r) => Err(self.report_error(&r)),
+            Reports::Collided { slots } => Err(Error::DeviceReportsCollided {
+                rank: self.rank as u32,
+                slots,
+            }),
+        }
     }
 
     /// The host error for a device report.
