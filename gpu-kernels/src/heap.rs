@@ -348,7 +348,7 @@ impl Reporter {
 /// (`BSSY`/`BSYNC`) around its branches. The failing branches of the
 /// checked calls stay inside the caller's loops (LLVM does not thread jumps
 /// on a GPU target, so the `Result`'s tag is tested again after each
-/// call), so a CAS claim here put those on every hot path: about 35 ns per
+/// call), so a CAS claim here put those on every hot path: 40 - 60 ns per
 /// call of a signal round trip on an H200 (`p2p_bench`). Instead:
 ///
 /// * the slot is picked by a hash of the SM, the warp slot and what

@@ -692,7 +692,7 @@ const FORWARD_PROGRESS: [&str; 6] = ["atom.", "red.", "%laneid", "%tid", "active
 
 /// The error record every checked call can reach stays free of those
 /// (heap.rs, `record`): with a CAS claim in it, every signal round trip
-/// paid about 35 ns per call on an H200. The signal ping-pong's entry
+/// paid 40 - 60 ns more per call on an H200. The signal ping-pong's entry
 /// (`p2p_bench`'s checked round trip) then has none anywhere.
 #[test]
 fn the_error_record_and_the_signal_round_trip_keep_ptxas_from_adding_forward_progress_barriers() {

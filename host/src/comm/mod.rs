@@ -866,3 +866,67 @@ impl Drop for Communicator {
         let _ = self.world.barrier();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An intact report of a timed-out wait, recorded at `at_ns`.
+    fn timeout(rank: u32, block: u32, at_ns: u64) -> ErrorReport {
+        let mut r = ErrorReport {
+            present: 1,
+            rank,
+            kind: ErrorKind::Timeout as u32,
+            call: Call::WaitUntil as u32,
+            peer: u32::MAX,
+            block,
+            offset: HEAP_RESERVED + 8 * block as u64,
+            expected: 5,
+            seen: 4,
+            budget_ns: 2_000_000_000,
+            at_ns,
+            writer: 1 + block as u64,
+            ..ErrorReport::default()
+        };
+        r.check = r.digest();
+        r
+    }
+
+    /// Writes `slots` and the reported word as the device would.
+    fn plant(comm: &Communicator, slots: &[(usize, ErrorReport)]) -> Result<()> {
+        for (i, r) in slots {
+            // SAFETY: ErrorReport is plain #[repr(C)] integers.
+            let bytes = unsafe { std::slice::from_raw_parts(r as *const ErrorReport as *const u8, std::mem::size_of::<ErrorReport>()) };
+            let at = comm.heap_base + REPORT_OFFSET + (*i * std::mem::size_of::<ErrorReport>()) as u64;
+            // SAFETY: the slots lie in this rank's heap header.
+            unsafe { comm.device.write_raw(at, bytes)? };
+        }
+        // SAFETY: as above.
+        unsafe { comm.device.write_raw(comm.heap_base + REPORTED_OFFSET, &1u32.to_le_bytes()) }
+    }
+
+    #[test]
+    fn check_names_the_earliest_intact_report_then_the_collision_then_nothing() {
+        Communicator::local(1, Backend::Cpu, CommOptions::default(), |comm| {
+            assert!(comm.check().is_ok(), "nothing recorded yet");
+            // Block 7's wait failed first; slot 2 holds a mix of two writers.
+            let mut mixed = timeout(0, 3, 10);
+            mixed.seen = 99;
+            plant(comm, &[(5, timeout(0, 9, 300)), (2, mixed), (30, timeout(0, 7, 200))])?;
+            match comm.check() {
+                Err(Error::WaitTimeout { block, offset, .. }) => {
+                    assert_eq!((block, offset), (7, HEAP_RESERVED + 56))
+                }
+                other => panic!("expected block 7's timeout, got {other:?}"),
+            }
+            assert!(comm.check().is_ok(), "check clears the slots and the word");
+            plant(comm, &[(4, mixed)])?;
+            let e = comm.check().unwrap_err();
+            assert!(matches!(e, Error::DeviceReportsCollided { rank: 0, slots: 1 }), "{e}");
+            assert!(e.to_string().contains("overwrote each other"), "{e}");
+            assert!(comm.check().is_ok());
+            Ok(())
+        })
+        .unwrap();
+    }
+}
