@@ -358,20 +358,25 @@ fn measure_puts(
             }
             Ok(us)
         };
-        // A copy floor on rank 0 (rank 1 only keeps step).
+        // A copy floor on rank 0. Rank 1 only keeps step: it waits at a
+        // second barrier until the floor is timed, so its next put waiter
+        // is not launched inside the floor's timed window.
         let floor_once = |pieces_floor: bool, n: u32| -> doorbell::Result<f64> {
             comm.barrier()?;
-            if !rank0 {
-                return Ok(0.0);
-            }
-            // SAFETY: `target` and `src` hold max_size >= bytes, 16-byte aligned.
-            timed(s, n, || unsafe {
-                if pieces_floor {
-                    s.launch(&pieces, cfg, (target, src.as_ptr(), bytes, plan.piece, n))
-                } else {
-                    s.launch(&copy, cfg, (target, src.as_ptr(), bytes, n))
-                }
-            })
+            let us = if rank0 {
+                // SAFETY: `target` and `src` hold max_size >= bytes, 16-byte aligned.
+                timed(s, n, || unsafe {
+                    if pieces_floor {
+                        s.launch(&pieces, cfg, (target, src.as_ptr(), bytes, plan.piece, n))
+                    } else {
+                        s.launch(&copy, cfg, (target, src.as_ptr(), bytes, n))
+                    }
+                })?
+            } else {
+                0.0
+            };
+            comm.barrier()?;
+            Ok(us)
         };
         if args.warmup_iters > 0 {
             let w = args.warmup_iters as u32;

@@ -27,6 +27,8 @@ pub const REPORT_OFFSET: u64 = EPOCH_OFFSET + 64;
 /// Report slots: writers that fail at the same moment mostly pick
 /// different slots, so one of them survives intact ([`record`]'s protocol).
 pub const REPORT_SLOTS: u64 = 32;
+const _: () = assert!(EPOCH_OFFSET + 8 <= REPORTED_OFFSET && REPORTED_OFFSET + 4 <= BLOCK_RESULT_OFFSET);
+const _: () = assert!(BLOCK_RESULT_OFFSET + 8 <= REPORT_OFFSET && REPORT_OFFSET % 64 == 0);
 const _: () = assert!(REPORT_OFFSET + REPORT_SLOTS * core::mem::size_of::<ErrorReport>() as u64 <= HEAP_RESERVED);
 
 /// What went wrong ([`ErrorReport::kind`]).
@@ -226,15 +228,28 @@ pub enum Reports {
     Collided {
         /// Slots written.
         slots: u32,
+        /// The [`ErrorKind`] and [`Call`] (as u32) every written slot
+        /// names, when they all name the same (what the writers had in
+        /// common, then).
+        common: Option<(u32, u32)>,
     },
 }
 
 /// The earliest intact report of `slots` (by `at_ns`, then slot order).
 pub fn first_report(slots: &[ErrorReport]) -> Reports {
-    let written = slots.iter().filter(|r| r.present != 0).count() as u32;
+    let mut written = slots.iter().filter(|r| r.present != 0 || r.writer != 0);
+    let first = written.next().map(|r| (r.kind, r.call));
+    let mut count = first.map_or(0, |_| 1);
+    let mut common = first;
+    for r in written {
+        count += 1;
+        if common != Some((r.kind, r.call)) {
+            common = None;
+        }
+    }
     match slots.iter().filter(|r| r.intact()).min_by_key(|r| r.at_ns) {
         Some(r) => Reports::First(*r),
-        None if written > 0 => Reports::Collided { slots: written },
+        None if count > 0 => Reports::Collided { slots: count, common },
         None => Reports::None,
     }
 }
@@ -348,13 +363,15 @@ impl Reporter {
 /// (`BSSY`/`BSYNC`) around its branches. The failing branches of the
 /// checked calls stay inside the caller's loops (LLVM does not thread jumps
 /// on a GPU target, so the `Result`'s tag is tested again after each
-/// call), so a CAS claim here put those on every hot path: 40 - 60 ns per
+/// call), so a CAS claim here put those on every hot path: about 30 ns per
 /// call of a signal round trip on an H200 (`p2p_bench`). Instead:
 ///
-/// * the slot is picked by a hash of the SM, the warp slot and what
-///   failed: warps resident at one moment differ in SM or warp slot, and
-///   lanes of one warp that fail together differ in what failed (lanes
-///   that fail alike write the same values in lockstep);
+/// * the slot is picked by the report's check, a hash of every field, the
+///   SM and warp slot of the writer included: warps resident at one moment
+///   differ in SM or warp slot, and lanes of one warp that fail together
+///   differ in some field (lanes that fail alike write the same values in
+///   lockstep); a slot another writer has started (`writer` set) is left
+///   to it;
 /// * the report carries a check of its fields ([`ErrorReport::digest`]):
 ///   a slot two writers filled at once fails it, and the host takes the
 ///   earliest intact slot ([`first_report`]);
@@ -404,11 +421,14 @@ fn record(
             check: 0,
         };
         r.check = r.digest();
-        let what = ((kind as u64) << 56 ^ (call as u64) << 48 ^ (peer as u64) << 16) ^ offset ^ seen.rotate_left(32);
-        let slot = (what ^ r.writer.wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_mul(0xbf58_476d_1ce4_e5b9) >> 59;
+        let slot = r.check.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 59;
         const _: () = assert!(REPORT_SLOTS == 32);
         let at = (local_base + REPORT_OFFSET + slot * core::mem::size_of::<ErrorReport>() as u64) as *mut ErrorReport;
         use core::ptr::{addr_of_mut, write_volatile};
+        if ptx::ld_relaxed_sys_u64(addr_of_mut!((*at).writer)) != 0 {
+            return;
+        }
+        write_volatile(addr_of_mut!((*at).writer), r.writer);
         write_volatile(addr_of_mut!((*at).rank), r.rank);
         write_volatile(addr_of_mut!((*at).kind), r.kind);
         write_volatile(addr_of_mut!((*at).call), r.call);
@@ -422,7 +442,6 @@ fn record(
         write_volatile(addr_of_mut!((*at).seen), r.seen);
         write_volatile(addr_of_mut!((*at).budget_ns), r.budget_ns);
         write_volatile(addr_of_mut!((*at).at_ns), r.at_ns);
-        write_volatile(addr_of_mut!((*at).writer), r.writer);
         write_volatile(addr_of_mut!((*at).check), r.check);
         ptx::fence_sc_sys();
         ptx::st_release_sys_u32(addr_of_mut!((*at).present), 1);
@@ -574,8 +593,8 @@ mod tests {
 
     /// Runs `f` as one emulated thread (the report records its block index)
     /// against a heap of `HEAP` bytes in host memory; returns what `f`
-    /// returned and the report left in the header.
-    fn with_heap<R: Send>(f: impl Fn(HeapBounds) -> R + Sync) -> (R, ErrorReport) {
+    /// returned, the report the host would take and the slots written.
+    fn with_heap<R: Send>(f: impl Fn(HeapBounds) -> R + Sync) -> (R, ErrorReport, usize) {
         let heap = vec![0u64; (HEAP / 8) as usize];
         let base = heap.as_ptr() as u64;
         let bounds = HeapBounds {
@@ -594,7 +613,10 @@ mod tests {
             shared_mem_bytes: 0,
         };
         crate::emu::run(launch, &|| *out.lock().unwrap() = Some(f(bounds))).unwrap();
-        (out.into_inner().unwrap().unwrap(), first(base))
+        // SAFETY: the slots lie inside the heap; the launch has ended.
+        let slots = unsafe { core::slice::from_raw_parts((base + REPORT_OFFSET) as *const ErrorReport, REPORT_SLOTS as usize) };
+        let written = slots.iter().filter(|r| r.present != 0).count();
+        (out.into_inner().unwrap().unwrap(), first(base), written)
     }
 
     /// The report the host would take from the heap at `base`.
@@ -604,13 +626,13 @@ mod tests {
         match first_report(slots) {
             Reports::First(r) => r,
             Reports::None => ErrorReport::default(),
-            Reports::Collided { slots } => panic!("{slots} report slots written, none intact"),
+            Reports::Collided { slots, .. } => panic!("{slots} report slots written, none intact"),
         }
     }
 
     #[test]
     fn good_arguments_pass_and_record_nothing() {
-        let (r, report) = with_heap(|b| {
+        let (r, report, written) = with_heap(|b| {
             let base = b.reporter.local_base;
             (
                 b.signal(Call::Signal, base + HEAP - 8, 1),
@@ -619,13 +641,13 @@ mod tests {
             )
         });
         assert_eq!(r, (Ok(HEAP - 8), Ok(HEAP_RESERVED), Ok(HEAP)));
-        assert_eq!(report, ErrorReport::default());
+        assert_eq!((report, written), (ErrorReport::default(), 0));
     }
 
     #[test]
     fn a_bad_peer_is_named_before_a_bad_range_or_alignment() {
         // Peer, range (into the header) and alignment all wrong: the peer is reported.
-        let (r, report) = with_heap(|b| b.signal(Call::Signal, b.reporter.local_base + 12, 2));
+        let (r, report, _) = with_heap(|b| b.signal(Call::Signal, b.reporter.local_base + 12, 2));
         assert_eq!(r, Err(CommError::BadPeer { peer: 2 }));
         assert_eq!(
             (report.present, report.rank, report.kind, report.call, report.peer),
@@ -637,7 +659,7 @@ mod tests {
     #[test]
     fn a_bad_range_is_named_before_alignment() {
         for (off, bytes) in [(12, 8), (HEAP - 4, 8), (HEAP + 8, 8), (u64::MAX - 3, 8)] {
-            let (r, report) = with_heap(|b| b.range(Call::PutSignal, b.reporter.local_base.wrapping_add(off), bytes, 1));
+            let (r, report, _) = with_heap(|b| b.range(Call::PutSignal, b.reporter.local_base.wrapping_add(off), bytes, 1));
             assert_eq!(r, Err(CommError::OutOfRange { offset: off, bytes }), "offset {off}");
             assert_eq!(
                 (report.kind, report.call, report.peer),
@@ -645,7 +667,7 @@ mod tests {
             );
             assert_eq!((report.offset, report.bytes), (off, bytes), "offset {off}");
         }
-        let (r, _) = with_heap(|b| b.range(Call::Put, b.reporter.local_base + HEAP_RESERVED + 8, HEAP, 0));
+        let (r, _, _) = with_heap(|b| b.range(Call::Put, b.reporter.local_base + HEAP_RESERVED + 8, HEAP, 0));
         assert_eq!(
             r,
             Err(CommError::OutOfRange {
@@ -658,7 +680,7 @@ mod tests {
     #[test]
     fn a_misaligned_signal_inside_the_heap_is_named_and_the_first_error_stays() {
         let off = HEAP_RESERVED + 4;
-        let (r, report) = with_heap(|b| {
+        let (r, report, written) = with_heap(|b| {
             let base = b.reporter.local_base;
             let first = b.signal(Call::WaitUntil, base + off, 0);
             let second = b.range(Call::Get, base, 8, 3);
@@ -669,6 +691,7 @@ mod tests {
             (report.kind, report.call, report.peer, report.offset, report.bytes),
             (ErrorKind::Misaligned as u32, Call::WaitUntil as u32, 0, off, 0)
         );
+        assert_eq!(written, 1, "the second error left the slots alone");
     }
 
     /// An intact report of `kind` at `at_ns` written by `writer`.
@@ -703,49 +726,17 @@ mod tests {
         slots[20].seen = 7;
         assert_eq!(first_report(&slots), Reports::First(late));
         slots[3].block = 1;
-        assert_eq!(first_report(&slots), Reports::Collided { slots: 3 });
-    }
-
-    #[test]
-    fn threads_failing_together_leave_one_intact_report_of_one_of_them() {
-        // 4 blocks of 64 threads each fail a different range check at once
-        // (bytes = 1 + the thread's global index): whichever report the
-        // host takes, its fields all come from the same thread.
-        let heap = vec![0u64; (HEAP / 8) as usize];
-        let base = heap.as_ptr() as u64;
-        let bounds = HeapBounds {
-            reporter: Reporter {
-                rank: 1,
-                local_base: base,
-                budget_ns: 5,
-            },
-            world: 2,
-            heap_bytes: HEAP,
-        };
-        let launch = crate::emu::EmuLaunch {
-            grid: [4, 1, 1],
-            block: [64, 1, 1],
-            shared_mem_bytes: 0,
-        };
-        crate::emu::run(launch, &|| {
-            let me = crate::ptx::global_thread_id_x() as u64;
-            let r = bounds.range(Call::Get, base + HEAP + 16 * me, me + 1, 0);
-            assert_eq!(
-                r,
-                Err(CommError::OutOfRange {
-                    offset: HEAP + 16 * me,
-                    bytes: me + 1
-                })
-            );
-        })
-        .unwrap();
-        let r = first(base);
-        let me = r.bytes - 1;
-        assert!(me < 256, "{r:?}");
+        assert_eq!(first_report(&slots), Reports::Collided { slots: 3, common: None });
+        // Spoiled slots that agree on kind and call say so.
+        let mut a = report(ErrorKind::Timeout, 1, 5);
+        let mut b = report(ErrorKind::Timeout, 2, 6);
+        (a.seen, b.offset) = (1, 2);
         assert_eq!(
-            (r.present, r.kind, r.call, r.offset, r.block as u64),
-            (1, ErrorKind::OutOfRange as u32, Call::Get as u32, HEAP + 16 * me, me / 64),
-            "{r:?}"
+            first_report(&[a, b, ErrorReport::default()]),
+            Reports::Collided {
+                slots: 2,
+                common: Some((ErrorKind::Timeout as u32, Call::Signal as u32))
+            }
         );
     }
 }

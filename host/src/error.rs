@@ -336,14 +336,17 @@ pub enum Error {
     /// slot they wrote holds a mix of two of them: the calls are not known.
     #[error(
         "rank {rank}: device calls failed at the same moment and their error reports overwrote each other \
-         ({slots} report slots written, none intact); a peer that stopped answering while several blocks \
-         waited for it is the usual cause"
+         ({slots} report slots written, none intact{what}); a peer that stopped answering while several \
+         blocks waited for it is the usual cause"
     )]
     DeviceReportsCollided {
         /// Rank whose kernels failed.
         rank: u32,
         /// Report slots written.
         slots: u32,
+        /// What the written slots had in common, if anything (empty, or
+        /// text starting with `; `).
+        what: String,
     },
     /// A device-side transport call was refused (bad argument: nothing was
     /// written) or failed (an error completion).

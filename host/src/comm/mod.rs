@@ -654,7 +654,9 @@ impl Communicator {
     /// a wait that ran out of budget ([`Error::WaitTimeout`]), a refused or
     /// failed transport call ([`Error::DeviceCall`]); when every report was
     /// overwritten by another failing at the same moment,
-    /// [`Error::DeviceReportsCollided`].
+    /// [`Error::DeviceReportsCollided`]. Call it when no kernel of this
+    /// rank runs (after synchronizing its streams): a kernel recording
+    /// while the host clears could leave a stale report behind.
     pub fn check(&self) -> Result<()> {
         let mut flag = [0u8; 4];
         // SAFETY: the reported word lives in this rank's heap header.
@@ -678,12 +680,29 @@ impl Communicator {
             self.device.write_raw(self.heap_base + REPORT_OFFSET, &[0u8; BYTES])?;
             self.device.write_raw(self.heap_base + REPORTED_OFFSET, &[0u8; 4])?;
         }
+        let common = |kind: u32, call: u32| {
+            let call = Call::from_u32(call).map_or("a transport call", Call::name);
+            match ErrorKind::from_u32(kind) {
+                Some(ErrorKind::Timeout) => format!("; every one was a {call} that ran out of budget"),
+                Some(k) => format!("; every one was a {call} that failed ({k:?})"),
+                None => String::new(),
+            }
+        };
         match first_report(&slots) {
-            Reports::None => Ok(()),
             Reports::First(r) => Err(self.report_error(&r)),
-            Reports::Collided { slots } => Err(Error::DeviceReportsCollided {
+            Reports::Collided { slots, common: c } => Err(Error::DeviceReportsCollided {
                 rank: self.rank as u32,
                 slots,
+                what: c.map(|(k, call)| common(k, call)).unwrap_or_default(),
+            }),
+            // The word is published after a slot: a kernel that set it
+            // wrote one, unless it ran while the host cleared them.
+            Reports::None => Err(Error::DeviceReportsCollided {
+                rank: self.rank as u32,
+                slots: 0,
+                what: "; the header said an error was recorded but no slot held one (was a kernel of this rank \
+                       still running?)"
+                    .into(),
             }),
         }
     }
@@ -922,8 +941,9 @@ mod tests {
             assert!(comm.check().is_ok(), "check clears the slots and the word");
             plant(comm, &[(4, mixed)])?;
             let e = comm.check().unwrap_err();
-            assert!(matches!(e, Error::DeviceReportsCollided { rank: 0, slots: 1 }), "{e}");
+            assert!(matches!(e, Error::DeviceReportsCollided { rank: 0, slots: 1, .. }), "{e}");
             assert!(e.to_string().contains("overwrote each other"), "{e}");
+            assert!(e.to_string().contains("every one was a wait_until that ran out of budget"), "{e}");
             assert!(comm.check().is_ok());
             Ok(())
         })
