@@ -25,7 +25,8 @@ pub const BLOCK_RESULT_OFFSET: u64 = EPOCH_OFFSET + 16;
 /// Offset of the first report slot.
 pub const REPORT_OFFSET: u64 = EPOCH_OFFSET + 64;
 /// Report slots: writers that fail at the same moment mostly pick
-/// different slots, so one of them survives intact ([`record`]'s protocol).
+/// different slots, so one of them survives intact (the protocol of
+/// `record`, the private function that writes them).
 pub const REPORT_SLOTS: u64 = 32;
 const _: () = assert!(EPOCH_OFFSET + 8 <= REPORTED_OFFSET && REPORTED_OFFSET + 4 <= BLOCK_RESULT_OFFSET);
 const _: () = assert!(BLOCK_RESULT_OFFSET + 8 <= REPORT_OFFSET && REPORT_OFFSET % 64 == 0);
@@ -141,8 +142,8 @@ impl Call {
 }
 
 /// An error of a rank's kernels, as one report slot of its heap header
-/// holds it ([`record`] writes it, the host picks the earliest intact one
-/// with [`first_report`] and clears the slots).
+/// holds it (the private `record` writes it; the host picks the earliest
+/// intact one with [`first_report`] and clears the slots).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ErrorReport {
