@@ -617,18 +617,12 @@ mod tests {
         // SAFETY: the slots lie inside the heap; the launch has ended.
         let slots = unsafe { core::slice::from_raw_parts((base + REPORT_OFFSET) as *const ErrorReport, REPORT_SLOTS as usize) };
         let written = slots.iter().filter(|r| r.present != 0).count();
-        (out.into_inner().unwrap().unwrap(), first(base), written)
-    }
-
-    /// The report the host would take from the heap at `base`.
-    fn first(base: u64) -> ErrorReport {
-        // SAFETY: the slots lie inside the heap; the launch has ended.
-        let slots = unsafe { core::slice::from_raw_parts((base + REPORT_OFFSET) as *const ErrorReport, REPORT_SLOTS as usize) };
-        match first_report(slots) {
+        let first = match first_report(slots) {
             Reports::First(r) => r,
             Reports::None => ErrorReport::default(),
             Reports::Collided { slots, .. } => panic!("{slots} report slots written, none intact"),
-        }
+        };
+        (out.into_inner().unwrap().unwrap(), first, written)
     }
 
     #[test]

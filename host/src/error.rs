@@ -348,6 +348,17 @@ pub enum Error {
         /// text starting with `; `).
         what: String,
     },
+    /// The heap header said an error of the rank was recorded, but no report
+    /// slot held one: the slots were cleared while a kernel of the rank was
+    /// still recording.
+    #[error(
+        "rank {rank}: a device call recorded an error but no report of it was found (was a kernel of this \
+         rank still running when its errors were checked?)"
+    )]
+    DeviceReportMissing {
+        /// Rank whose kernel recorded the error.
+        rank: u32,
+    },
     /// A device-side transport call was refused (bad argument: nothing was
     /// written) or failed (an error completion).
     #[error("rank {rank}: {call} failed in block {block}: {reason}")]

@@ -654,7 +654,9 @@ impl Communicator {
     /// a wait that ran out of budget ([`Error::WaitTimeout`]), a refused or
     /// failed transport call ([`Error::DeviceCall`]); when every report was
     /// overwritten by another failing at the same moment,
-    /// [`Error::DeviceReportsCollided`]. Call it when no kernel of this
+    /// [`Error::DeviceReportsCollided`] (and [`Error::DeviceReportMissing`]
+    /// when the header says an error was recorded but no slot holds one).
+    /// Call it when no kernel of this
     /// rank runs (after synchronizing its streams): a kernel recording
     /// while the host clears could leave a stale report behind.
     pub fn check(&self) -> Result<()> {
@@ -697,13 +699,7 @@ impl Communicator {
             }),
             // The word is published after a slot: a kernel that set it
             // wrote one, unless it ran while the host cleared them.
-            Reports::None => Err(Error::DeviceReportsCollided {
-                rank: self.rank as u32,
-                slots: 0,
-                what: "; the header said an error was recorded but no slot held one (was a kernel of this rank \
-                       still running?)"
-                    .into(),
-            }),
+            Reports::None => Err(Error::DeviceReportMissing { rank: self.rank as u32 }),
         }
     }
 
@@ -925,7 +921,7 @@ mod tests {
     }
 
     #[test]
-    fn check_names_the_earliest_intact_report_then_the_collision_then_nothing() {
+    fn check_names_the_earliest_intact_report_then_the_collision_then_a_missing_one_then_nothing() {
         Communicator::local(1, Backend::Cpu, CommOptions::default(), |comm| {
             assert!(comm.check().is_ok(), "nothing recorded yet");
             // Block 7's wait failed first; slot 2 holds a mix of two writers.
@@ -944,6 +940,11 @@ mod tests {
             assert!(matches!(e, Error::DeviceReportsCollided { rank: 0, slots: 1, .. }), "{e}");
             assert!(e.to_string().contains("overwrote each other"), "{e}");
             assert!(e.to_string().contains("every one was a wait_until that ran out of budget"), "{e}");
+            assert!(comm.check().is_ok());
+            // The reported word without a slot behind it.
+            plant(comm, &[])?;
+            let e = comm.check().unwrap_err();
+            assert!(matches!(e, Error::DeviceReportMissing { rank: 0 }), "{e}");
             assert!(comm.check().is_ok());
             Ok(())
         })
