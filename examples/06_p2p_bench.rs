@@ -24,7 +24,12 @@
 //!   destination: `copy_raw` (grid-stride) and `copy_pieces` (the put's
 //!   pieces, without the transport). The floor is the faster of the two
 //!   (medians). After a warm-up launch of each, `--rounds` rounds run put,
-//!   grid-stride copy, piece copy in turn.
+//!   grid-stride copy, piece copy in turn. Rank 1 launches its wait for
+//!   the put's signal once rank 0's timed launch has finished
+//!   (`--peer-waits after`, the default: the puts, their `quiet` and the
+//!   signal are timed with the GPU to themselves, as the floors are);
+//!   `--peer-waits during` launches it first, and on one GPU the waiter
+//!   then shares the GPU with the put it waits for.
 //!
 //! ```text
 //! cargo run --release --example p2p_bench -- --help
@@ -177,7 +182,7 @@ fn run(args: &P2pBenchArgs) -> Result<(), BoxError> {
     })?;
     let (rtt, rows, name, route) = results.into_iter().next().expect("rank 0");
 
-    report(&args.out, &plan, &rtt, &rows, &name, &route, gpu, &args.put_by)?;
+    report(&args.out, &plan, &rtt, &rows, &name, &route, gpu, &args.put_by, &args.peer_waits)?;
     let wrong: u64 = rows.iter().map(|r| r.wrong).sum();
     if wrong > 0 {
         return Err(format!("{wrong} bytes arrived wrong (see the #wrong column)").into());
@@ -294,10 +299,11 @@ fn measure_puts(
     let mut status = dev.alloc_zeroed::<u32>(1)?;
     let mut expect = 0u64;
     let rank0 = comm.rank() == 0;
+    let waits_during = args.peer_waits == "during";
     let mut rows = Vec::new();
     for &bytes in &plan.sizes {
         let blocks = bytes.div_ceil(plan.piece).clamp(1, sm_blocks);
-        let iters = args.iters_for(bytes);
+        let iters = plan.iters_for(bytes);
         let cfg = LaunchConfig::linear(blocks as u32, threads);
         // Fresh data for this size; rank 1 checks what the first put brought (#wrong).
         if rank0 {
@@ -306,9 +312,11 @@ fn measure_puts(
         let mut wrong = None;
         // One put launch on both ranks (rank 0 puts, rank 1 waits for the
         // blocks' signals), timed on rank 0; the first of a size is checked.
-        // Rank 1 launches before the barrier and rank 0 after it, so rank
-        // 0's launch never waits for rank 1's at the driver (as the floors'
-        // launches do not): that wait would land between rank 0's events.
+        // With `--peer-waits during` rank 1 launches before the barrier and
+        // rank 0 after it, so rank 0's launch never waits for rank 1's at
+        // the driver (as the floors' launches do not): that wait would land
+        // between rank 0's events. With `after` rank 1 launches once rank
+        // 0's timed launch has finished.
         let mut put_once = |n: u32| -> doorbell::Result<f64> {
             expect += blocks;
             // SAFETY: buffers hold max_size >= bytes; `psig` symmetric, `status` one word.
@@ -332,10 +340,21 @@ fn measure_puts(
             };
             let us = if rank0 {
                 comm.barrier()?;
-                timed(s, n, launch)?
-            } else {
+                let us = timed(s, n, launch)?;
+                if !waits_during {
+                    comm.barrier()?;
+                }
+                us
+            } else if waits_during {
                 launch()?;
                 comm.barrier()?;
+                0.0
+            } else {
+                // Rank 0's put has finished, signal included: the wait
+                // only confirms it.
+                comm.barrier()?;
+                comm.barrier()?;
+                launch()?;
                 0.0
             };
             comm.synchronize(s)?;
@@ -422,6 +441,10 @@ struct Report<'a> {
     rtt_iters: u32,
     /// Bytes per put call (and per piece of the piece-copy floor).
     piece_bytes: u64,
+    /// Who calls each put: `block` or `warp`.
+    put_by: &'a str,
+    /// When rank 1's waiter ran: `after` or `during` the timed put launch.
+    peer_waits: &'a str,
     /// Checked signal round trip (`signal` + `wait_until`), median.
     signal_rtt_us: f64,
     /// The same round trip without argument checks, median.
@@ -477,6 +500,7 @@ fn report(
     route: &str,
     gpu: bool,
     put_by: &str,
+    peer_waits: &str,
 ) -> Result<(), BoxError> {
     let who = if put_by == "warp" {
         "each put by one warp, pieces dealt round-robin to every warp of the grid (as many blocks as for block puts)"
@@ -488,7 +512,7 @@ fn report(
     } else {
         format!("{} bytes", plan.piece)
     };
-    println!("# doorbell P2P benchmark: 2 ranks on {name}, route {route}; puts of {shown}, {who}");
+    println!("# doorbell P2P benchmark: 2 ranks on {name}, route {route}; puts of {shown}, {who}; rank 1 waits {peer_waits} the timed put launch");
     if !gpu {
         println!("# note: the backend is the CPU emulator: emulator timings say nothing about a GPU");
     }
@@ -605,6 +629,8 @@ fn report(
         rounds: plan.rounds,
         rtt_iters: plan.rtt_iters,
         piece_bytes: plan.piece,
+        put_by,
+        peer_waits,
         signal_rtt_us: rtt.checked.median_us,
         unchecked_rtt_us: rtt.unchecked.median_us,
         flag_floor_rtt_us: rtt.floor.median_us,

@@ -150,7 +150,7 @@ pub struct P2pBenchArgs {
     /// Multiply the size by this factor from one row to the next
     #[arg(short = 'f', long = "stepfactor", value_name = "F", default_value = "4", value_parser = ranged(2, 1024))]
     pub step_factor: u64,
-    /// Timed puts per size, in one launch [default: 256 MiB / size, clamped to 4..=2000]
+    /// Timed puts per size, in one launch [default: 1 GiB / size on a GPU, 256 MiB / size on the emulator, clamped to 4..=2000]
     #[arg(short = 'n', long = "iters", value_name = "N", value_parser = ranged(1, 1_000_000))]
     pub iters: Option<u64>,
     /// Iterations of the untimed warm-up launch of the put and of each copy, per size
@@ -172,6 +172,13 @@ pub struct P2pBenchArgs {
     /// every warp of the grid, one `put_nbi_warp` each; the same grid)
     #[arg(long = "put-by", value_name = "WHO", default_value = "block", value_parser = ["block", "warp"])]
     pub put_by: String,
+    /// When rank 1 launches the kernel that waits for a put's signal:
+    /// `after` rank 0's timed put launch has finished (its `quiet` and
+    /// signal are inside the timed window; the put runs alone, as the copy
+    /// floors do), or `during` it (launched first: on one GPU the waiter
+    /// then shares the GPU with the put it waits for)
+    #[arg(long = "peer-waits", value_name = "WHEN", default_value = "after", value_parser = ["after", "during"])]
+    pub peer_waits: String,
     /// Two GPUs: rank r on GPU r, puts cross NVLink
     #[arg(long)]
     pub spread: bool,
@@ -195,6 +202,18 @@ pub struct P2pBenchPlan {
     pub heap_bytes: u64,
     /// Bytes per put call and per piece of the piece-copy floor.
     pub piece: u64,
+    /// `--iters`, when given.
+    pub iters: Option<u64>,
+    /// Without `--iters`: the bytes one timed launch puts (a long launch
+    /// makes the launch's own jitter a small part of what is timed).
+    pub launch_bytes: u64,
+}
+
+impl P2pBenchPlan {
+    /// Timed puts for `bytes`, in one launch.
+    pub fn iters_for(&self, bytes: u64) -> u32 {
+        self.iters.unwrap_or_else(|| (self.launch_bytes / bytes.max(1)).clamp(4, 2000)) as u32
+    }
 }
 
 /// `--piece`: 1 KiB ..= 16 MiB, a multiple of 16 (the copies move 16-byte vectors).
@@ -234,12 +253,9 @@ impl P2pBenchArgs {
             // `max` is at most MAX_BYTES: no overflow.
             heap_bytes: max * 2 + (1 << 20),
             piece: self.piece,
+            iters: self.iters,
+            launch_bytes: if gpu { 1 << 30 } else { 256 << 20 },
         })
-    }
-
-    /// Timed puts for `bytes`.
-    pub fn iters_for(&self, bytes: u64) -> u32 {
-        self.iters.unwrap_or_else(|| ((256u64 << 20) / bytes).clamp(4, 2000)) as u32
     }
 }
 

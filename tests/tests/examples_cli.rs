@@ -125,7 +125,7 @@ fn p2p_bench_takes_nccl_tests_flags_and_checks_them() {
     let a = P2pBenchArgs::try_parse_from(argv("p2p_bench -b 1024 -e 65536 -f 4 -n 7 -w 0")).unwrap();
     let plan = a.plan(false).unwrap();
     assert_eq!(plan.sizes, [1024, 4096, 16384, 65536]);
-    assert_eq!((a.iters_for(1024), a.warmup_iters, plan.max_bytes), (7, 0, 65536));
+    assert_eq!((plan.iters_for(1024), a.warmup_iters, plan.max_bytes), (7, 0, 65536));
     assert_eq!(plan.heap_bytes, 2 * 65536 + (1 << 20));
     let a = P2pBenchArgs::try_parse_from(argv("p2p_bench --minbytes 8192 --maxbytes 4096")).unwrap();
     let e = a.plan(true).unwrap_err();
@@ -134,7 +134,22 @@ fn p2p_bench_takes_nccl_tests_flags_and_checks_them() {
     let a = P2pBenchArgs::try_parse_from(argv("p2p_bench")).unwrap();
     assert_eq!(a.plan(true).unwrap().max_bytes, 256 << 20);
     assert_eq!((a.plan(false).unwrap().rtt_iters, a.plan(true).unwrap().rounds), (200, 5));
-    assert_eq!(a.iters_for(4096), 2000);
+    let (gpu, emu) = (a.plan(true).unwrap(), a.plan(false).unwrap());
+    assert_eq!(gpu.iters_for(4096), 2000);
+    assert_eq!(
+        [gpu.iters_for(1 << 20), gpu.iters_for(16 << 20), gpu.iters_for(256 << 20)],
+        [1024, 64, 4]
+    );
+    assert_eq!([emu.iters_for(1 << 20), emu.iters_for(4 << 20)], [256, 64]);
+    // Rank 1 waits for a put after rank 0's timed launch unless asked.
+    assert_eq!(a.peer_waits, "after");
+    assert_eq!(
+        P2pBenchArgs::try_parse_from(argv("p2p_bench --peer-waits during"))
+            .unwrap()
+            .peer_waits,
+        "during"
+    );
+    refused::<P2pBenchArgs>("p2p_bench --peer-waits sometimes", "--peer-waits");
     let a = P2pBenchArgs::try_parse_from(argv("p2p_bench --max-size 8192 --warmup-iters 2")).unwrap();
     assert_eq!((a.max_bytes, a.warmup_iters), (Some(8192), 2));
 }
