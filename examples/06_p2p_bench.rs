@@ -52,10 +52,10 @@ use std::time::Duration;
 
 use clap::Parser;
 use doorbell::comm::{CommOptions, Communicator};
-use doorbell::{LaunchConfig, Stream};
+use doorbell::{Function, LaunchConfig, Stream};
 use doorbell_example_kernels::comm::{
-    copy_pieces, copy_raw, flag_pingpong_pair, put_bw_p2p as put_bw, signal_pingpong_p2p as signal_pingpong, signal_pingpong_unchecked,
-    PINGPONG_OK,
+    copy_pieces, copy_raw, flag_pingpong_pair, hold_stream, put_bw_p2p as put_bw, signal_pingpong_p2p as signal_pingpong,
+    signal_pingpong_unchecked, PINGPONG_OK,
 };
 use doorbell_examples::cli::P2pBenchArgs;
 use doorbell_examples::plot::{write_chart, Chart, Series};
@@ -140,9 +140,25 @@ fn pattern_byte(i: u64, size: u64) -> u8 {
     (i.wrapping_mul(131) ^ size.trailing_zeros() as u64 ^ (i >> 8)) as u8
 }
 
+/// How long a GPU stream is held before each timed put or copy launch
+/// ([`hold_stream`]): far longer than the host takes to submit the two
+/// events and the launch.
+const HOLD_NS: u64 = 200_000;
+
 /// µs per iteration of the launch that `launch` enqueues on `s`, timed with
-/// events around it.
-fn timed(s: &Stream, iters: u32, launch: impl FnOnce() -> doorbell::Result<()>) -> doorbell::Result<f64> {
+/// events around it. With `hold` (on a GPU), the stream is first held for
+/// [`HOLD_NS`], so the first event fires right before the launch starts
+/// instead of while the host is still submitting it.
+fn timed(
+    s: &Stream,
+    hold: Option<&Function<hold_stream>>,
+    iters: u32,
+    launch: impl FnOnce() -> doorbell::Result<()>,
+) -> doorbell::Result<f64> {
+    if let Some(h) = hold {
+        // SAFETY: one scalar argument; the kernel touches no memory.
+        unsafe { s.launch(h, LaunchConfig::linear(1, 32), (HOLD_NS,))? };
+    }
     let t0 = s.record()?;
     launch()?;
     let t1 = s.record()?;
@@ -284,6 +300,7 @@ fn measure_puts(
     let copy = m.function::<copy_raw>()?;
     let pieces = m.function::<copy_pieces>()?;
     let put = m.function::<put_bw>()?;
+    let hold = if dev.is_gpu() { Some(m.function::<hold_stream>()?) } else { None };
     let (sm_blocks, threads) = if dev.is_gpu() {
         (dev.multiprocessor_count() as u64, 512u32)
     } else {
@@ -340,7 +357,7 @@ fn measure_puts(
             };
             let us = if rank0 {
                 comm.barrier()?;
-                let us = timed(s, n, launch)?;
+                let us = timed(s, hold.as_ref(), n, launch)?;
                 if !waits_during {
                     comm.barrier()?;
                 }
@@ -384,7 +401,7 @@ fn measure_puts(
             comm.barrier()?;
             let us = if rank0 {
                 // SAFETY: `target` and `src` hold max_size >= bytes, 16-byte aligned.
-                timed(s, n, || unsafe {
+                timed(s, hold.as_ref(), n, || unsafe {
                     if pieces_floor {
                         s.launch(&pieces, cfg, (target, src.as_ptr(), bytes, plan.piece, n))
                     } else {

@@ -233,6 +233,20 @@ unsafe fn copy_vectors(dst: *mut u8, src: *const u8, n: u64, me: u64, stride: u6
     }
 }
 
+/// Keeps the stream busy for `ns` of `%globaltimer`: thread 0 of block 0
+/// spins, every other thread returns. A benchmark launches it just before
+/// its first timed event, so that the event and the timed launch queue
+/// behind it and the timed window opens when the GPU reaches them, not
+/// while the host is still submitting the launch.
+#[kernel]
+pub unsafe fn hold_stream(ns: u64) {
+    if ptx::global_thread_id_x() != 0 {
+        return;
+    }
+    let start = ptx::globaltimer_ns();
+    while ptx::globaltimer_ns().wrapping_sub(start) < ns {}
+}
+
 /// Raw floor for put bandwidth: a grid-stride 16-byte vector copy of
 /// `bytes` (a multiple of 16; both pointers 16-byte aligned), `iters` times,
 /// with four vectors in flight per thread (as the transport's copy has).
