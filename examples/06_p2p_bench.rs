@@ -29,7 +29,10 @@
 //!   (`--peer-waits after`, the default: the puts, their `quiet` and the
 //!   signal are timed with the GPU to themselves, as the floors are);
 //!   `--peer-waits during` launches it first, and on one GPU the waiter
-//!   then shares the GPU with the put it waits for.
+//!   then shares the GPU with the put it waits for. Each timed launch
+//!   repeats its put or copy until 1 GiB has moved (`-n` sets the count)
+//!   and, on a GPU, queues behind a 200 µs `hold_stream` kernel: the
+//!   events time the GPU's work, not the host's submission.
 //!
 //! ```text
 //! cargo run --release --example p2p_bench -- --help
