@@ -201,7 +201,7 @@ fn run(args: &P2pBenchArgs) -> Result<(), BoxError> {
     })?;
     let (rtt, rows, name, route) = results.into_iter().next().expect("rank 0");
 
-    report(&args.out, &plan, &rtt, &rows, &name, &route, gpu, &args.put_by, &args.peer_waits)?;
+    report(args, &plan, &rtt, &rows, &name, &route, gpu)?;
     let wrong: u64 = rows.iter().map(|r| r.wrong).sum();
     if wrong > 0 {
         return Err(format!("{wrong} bytes arrived wrong (see the #wrong column)").into());
@@ -512,16 +512,15 @@ fn fmt_opt(v: Option<f64>, prec: usize) -> String {
 }
 
 fn report(
-    out_dir: &std::path::Path,
+    args: &P2pBenchArgs,
     plan: &doorbell_examples::cli::P2pBenchPlan,
     rtt: &Rtt,
     rows: &[Row],
     name: &str,
     route: &str,
     gpu: bool,
-    put_by: &str,
-    peer_waits: &str,
 ) -> Result<(), BoxError> {
+    let (out_dir, put_by, peer_waits) = (args.out.as_path(), args.put_by.as_str(), args.peer_waits.as_str());
     let who = if put_by == "warp" {
         "each put by one warp, pieces dealt round-robin to every warp of the grid (as many blocks as for block puts)"
     } else {
