@@ -76,6 +76,8 @@ mod memory;
 #[cfg(feature = "runtime")]
 mod module;
 #[cfg(feature = "runtime")]
+pub mod nic;
+#[cfg(feature = "runtime")]
 mod stream;
 #[cfg(feature = "runtime")]
 pub mod world;
