@@ -3,6 +3,9 @@
 #  - Debian's rustc-web 1.96 + cargo-web + rust-web-src (+ rustfmt-web): the compiler for host
 #    AND device code (its core source is what -Zbuild-std needs for nvptx64);
 #  - libibverbs-dev: rdma-core headers for the mlx5 reference shim in tests;
+#  - ibverbs-providers: libmlx5 (mlx5 direct verbs and DevX) at run time;
+#  - linux-headers-<newest>-common: include/linux/mlx5/mlx5_ifc.h, the PRM
+#    layouts rdma-sys-ext's DevX command builders are checked against;
 #  - ptxas from the PyPI wheel nvidia-cuda-nvcc-cu12, for PTX validation;
 #  - links the Debian toolchain into rustup as `doorbell-web`, the name
 #    rust-toolchain.toml pins.
@@ -11,7 +14,24 @@ set -euo pipefail
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
-pkgs=(rustc-web cargo-web rust-web-src rustfmt-web libibverbs-dev gcc)
+pkgs=(rustc-web cargo-web rust-web-src rustfmt-web libibverbs-dev ibverbs-providers gcc)
+
+# One linux-headers-*-common package for mlx5_ifc.h: any one already
+# installed will do; otherwise the newest non-realtime one apt knows.
+if ! ls /usr/src/linux-headers-*/include/linux/mlx5/mlx5_ifc.h >/dev/null 2>&1; then
+    hdr=$(apt-cache search --names-only '^linux-headers-.*-common$' 2>/dev/null \
+        | awk '{print $1}' | grep -v -- '-rt' | sort -V | tail -n 1 || true)
+    if [ -z "$hdr" ]; then
+        $SUDO apt-get update -qq
+        hdr=$(apt-cache search --names-only '^linux-headers-.*-common$' \
+            | awk '{print $1}' | grep -v -- '-rt' | sort -V | tail -n 1 || true)
+    fi
+    if [ -z "$hdr" ]; then
+        echo "setup: apt lists no linux-headers-*-common package (needed for mlx5_ifc.h)" >&2
+        exit 1
+    fi
+    pkgs+=("$hdr")
+fi
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
