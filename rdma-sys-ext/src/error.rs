@@ -237,6 +237,52 @@ pub enum Error {
         /// errno.
         source: io::Error,
     },
+    /// A DevX command failed: the C call, the command (name and opcode)
+    /// and the firmware's status and syndrome from the output mailbox
+    /// (status 0 with an errno: the kernel refused it before the device
+    /// saw it, e.g. `EPERM` without DevX rights).
+    #[error(
+        "{call}({command}, opcode {opcode:#x}) failed: status {status:#x} ({status_name}), syndrome {syndrome:#010x}: {source}",
+        status_name = crate::prm::status_name(*status)
+    )]
+    DevxCmd {
+        /// `mlx5dv_devx_obj_create`, `..._modify`, `..._query` or `mlx5dv_devx_general_cmd`.
+        call: &'static str,
+        /// The command's PRM name, e.g. `"CREATE_QP"`.
+        command: &'static str,
+        /// Its opcode (`MLX5_CMD_OP_*`).
+        opcode: u16,
+        /// The output mailbox's status (`MLX5_CMD_STAT_*`).
+        status: u8,
+        /// The output mailbox's syndrome (firmware-specific detail).
+        syndrome: u32,
+        /// errno.
+        source: io::Error,
+    },
+    /// A DevX mailbox shorter than its 16-byte header was passed.
+    #[error("{call}: mailboxes must hold at least their 16-byte header (in {in_len} bytes, out {out_len} bytes)")]
+    DevxMailbox {
+        /// The C call.
+        call: &'static str,
+        /// Input mailbox length.
+        in_len: usize,
+        /// Output mailbox length.
+        out_len: usize,
+    },
+    /// `mlx5dv_devx_obj_destroy` failed.
+    #[error("mlx5dv_devx_obj_destroy failed: {source}")]
+    DevxDestroy {
+        /// errno.
+        source: io::Error,
+    },
+    /// `mlx5dv_devx_query_eqn` failed.
+    #[error("mlx5dv_devx_query_eqn(vector {vector}) failed: {source}")]
+    DevxQueryEqn {
+        /// The completion vector.
+        vector: u32,
+        /// errno.
+        source: io::Error,
+    },
 }
 
 /// errno for an `int`-returning verb: positive errno, negative errno, or

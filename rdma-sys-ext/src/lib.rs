@@ -122,6 +122,7 @@
 
 mod error;
 pub mod mlx5;
+pub mod prm;
 mod safe;
 #[cfg(doorbell_mlx5_shim)]
 pub mod shim;

@@ -33,6 +33,7 @@ pub struct Verbs {
     ibv_name: &'static str,
     mlx5: Result<sys::Mlx5Fns, String>,
     mlx5_name: &'static str,
+    devx: Result<sys::DevxFns, String>,
 }
 
 impl core::fmt::Debug for Verbs {
@@ -66,6 +67,13 @@ macro_rules! ibv {
     ($self:ident . $name:ident) => {
         sym(&$self.ibv.$name, $self.ibv_name, stringify!($name))?
     };
+}
+
+macro_rules! devx {
+    ($self:ident . $name:ident) => {{
+        let fns = $self.devx_fns()?;
+        sym(&fns.$name, $self.mlx5_name, stringify!($name))?
+    }};
 }
 
 macro_rules! mlx5 {
@@ -135,11 +143,14 @@ impl Verbs {
         let ibv = unsafe { sys::IbverbsFns::new(ibverbs) }.map_err(|source| Error::LibraryNotFound { library: ibverbs, source })?;
         // SAFETY: as above, for libmlx5.
         let mlx5_fns = unsafe { sys::Mlx5Fns::new(mlx5) }.map_err(|e| e.to_string());
+        // SAFETY: the same library again (dlopen counts references).
+        let devx = unsafe { sys::DevxFns::new(mlx5) }.map_err(|e| e.to_string());
         Ok(Verbs {
             ibv,
             ibv_name: ibverbs,
             mlx5: mlx5_fns,
             mlx5_name: mlx5,
+            devx,
         })
     }
 
@@ -169,6 +180,18 @@ impl Verbs {
     /// [`Error::Mlx5Unavailable`] when libmlx5 was not loaded.
     pub fn mlx5_fns(&self) -> Result<&sys::Mlx5Fns, Error> {
         self.mlx5
+            .as_ref()
+            .map_err(|reason| Error::Mlx5Unavailable { reason: reason.clone() })
+    }
+
+    /// The raw libmlx5 DevX symbol table (`mlx5dv_devx_obj_*`,
+    /// `mlx5dv_devx_general_cmd`, `mlx5dv_devx_query_eqn`,
+    /// `mlx5dv_devx_umem_reg_ex`).
+    ///
+    /// # Errors
+    /// [`Error::Mlx5Unavailable`] when libmlx5 was not loaded.
+    pub fn devx_fns(&self) -> Result<&sys::DevxFns, Error> {
+        self.devx
             .as_ref()
             .map_err(|reason| Error::Mlx5Unavailable { reason: reason.clone() })
     }
@@ -652,6 +675,188 @@ impl Verbs {
         // SAFETY: caller's contract.
         unsafe { f(uar) };
         Ok(())
+    }
+}
+
+/// The error of a DevX command that returned `rc`: errno, plus the
+/// opcode from `inp` and status/syndrome from `out` (the firmware's word,
+/// which `errno` alone, usually `EREMOTEIO`, does not carry).
+fn devx_error(call: &'static str, rc: c_int, inp: &[u8], out: &[u8]) -> Error {
+    let source = if rc == 0 { errno_from_null() } else { errno_from_rc(rc) };
+    let opcode = crate::prm::input_opcode(inp).unwrap_or(0);
+    let (status, syndrome) = crate::prm::output_status(out).unwrap_or((0, 0));
+    Error::DevxCmd {
+        call,
+        command: crate::prm::opcode_name(opcode),
+        opcode,
+        status,
+        syndrome,
+        source,
+    }
+}
+
+/// Checks a DevX mailbox pair's sizes before C reads and writes them.
+fn devx_lens(call: &'static str, inp: &[u8], out: &[u8]) -> Result<(), Error> {
+    if inp.len() < crate::prm::MBOX_HDR_BYTES || out.len() < crate::prm::MBOX_HDR_BYTES {
+        return Err(Error::DevxMailbox {
+            call,
+            in_len: inp.len(),
+            out_len: out.len(),
+        });
+    }
+    Ok(())
+}
+
+impl Verbs {
+    /// `mlx5dv_devx_obj_create`: runs the CREATE_* command in `inp`
+    /// ([`crate::prm`] builds them) and returns the object; `out` receives
+    /// the output mailbox (the new object's number is in it).
+    ///
+    /// # Errors
+    /// [`Error::DevxCmd`] with the firmware's status and syndrome.
+    ///
+    /// # Safety
+    /// `ctx` is a live context opened with DevX, and every umem, UAR, PD,
+    /// CQ or other object the command names is alive.
+    pub unsafe fn devx_obj_create(
+        &self,
+        ctx: *mut sys::ibv_context,
+        inp: &[u8],
+        out: &mut [u8],
+    ) -> Result<*mut sys::mlx5dv_devx_obj, Error> {
+        devx_lens("mlx5dv_devx_obj_create", inp, out)?;
+        let f = devx!(self.mlx5dv_devx_obj_create);
+        // SAFETY: caller's contract; the buffers are valid for their lengths.
+        let obj = unsafe { f(ctx, inp.as_ptr().cast(), inp.len(), out.as_mut_ptr().cast(), out.len()) };
+        if obj.is_null() {
+            return Err(devx_error("mlx5dv_devx_obj_create", 0, inp, out));
+        }
+        Ok(obj)
+    }
+
+    /// `mlx5dv_devx_obj_modify`: runs a modify command (e.g. a QP state
+    /// transition) on `obj`.
+    ///
+    /// # Errors
+    /// [`Error::DevxCmd`] with the firmware's status and syndrome.
+    ///
+    /// # Safety
+    /// `obj` came from [`Verbs::devx_obj_create`] and is alive.
+    pub unsafe fn devx_obj_modify(&self, obj: *mut sys::mlx5dv_devx_obj, inp: &[u8], out: &mut [u8]) -> Result<(), Error> {
+        devx_lens("mlx5dv_devx_obj_modify", inp, out)?;
+        let f = devx!(self.mlx5dv_devx_obj_modify);
+        // SAFETY: caller's contract; the buffers are valid for their lengths.
+        let rc = unsafe { f(obj, inp.as_ptr().cast(), inp.len(), out.as_mut_ptr().cast(), out.len()) };
+        if rc != 0 {
+            return Err(devx_error("mlx5dv_devx_obj_modify", rc, inp, out));
+        }
+        Ok(())
+    }
+
+    /// `mlx5dv_devx_obj_query`: runs a query command on `obj`.
+    ///
+    /// # Errors
+    /// [`Error::DevxCmd`] with the firmware's status and syndrome.
+    ///
+    /// # Safety
+    /// `obj` came from [`Verbs::devx_obj_create`] and is alive.
+    pub unsafe fn devx_obj_query(&self, obj: *mut sys::mlx5dv_devx_obj, inp: &[u8], out: &mut [u8]) -> Result<(), Error> {
+        devx_lens("mlx5dv_devx_obj_query", inp, out)?;
+        let f = devx!(self.mlx5dv_devx_obj_query);
+        // SAFETY: caller's contract; the buffers are valid for their lengths.
+        let rc = unsafe { f(obj, inp.as_ptr().cast(), inp.len(), out.as_mut_ptr().cast(), out.len()) };
+        if rc != 0 {
+            return Err(devx_error("mlx5dv_devx_obj_query", rc, inp, out));
+        }
+        Ok(())
+    }
+
+    /// `mlx5dv_devx_obj_destroy`.
+    ///
+    /// # Errors
+    /// [`Error::DevxDestroy`] (`EBUSY`: another object still uses it).
+    ///
+    /// # Safety
+    /// `obj` came from [`Verbs::devx_obj_create`] and is not used afterwards.
+    pub unsafe fn devx_obj_destroy(&self, obj: *mut sys::mlx5dv_devx_obj) -> Result<(), Error> {
+        let f = devx!(self.mlx5dv_devx_obj_destroy);
+        // SAFETY: caller's contract.
+        check(unsafe { f(obj) }, |source| Error::DevxDestroy { source })
+    }
+
+    /// `mlx5dv_devx_general_cmd`: a command that creates no object (e.g.
+    /// QUERY_HCA_CAP).
+    ///
+    /// # Errors
+    /// [`Error::DevxCmd`] with the firmware's status and syndrome.
+    ///
+    /// # Safety
+    /// `ctx` is a live context opened with DevX.
+    pub unsafe fn devx_general_cmd(&self, ctx: *mut sys::ibv_context, inp: &[u8], out: &mut [u8]) -> Result<(), Error> {
+        devx_lens("mlx5dv_devx_general_cmd", inp, out)?;
+        let f = devx!(self.mlx5dv_devx_general_cmd);
+        // SAFETY: caller's contract; the buffers are valid for their lengths.
+        let rc = unsafe { f(ctx, inp.as_ptr().cast(), inp.len(), out.as_mut_ptr().cast(), out.len()) };
+        if rc != 0 {
+            return Err(devx_error("mlx5dv_devx_general_cmd", rc, inp, out));
+        }
+        Ok(())
+    }
+
+    /// `mlx5dv_devx_query_eqn`: the EQ number of completion vector
+    /// `vector`, for a CQ's `c_eqn`.
+    ///
+    /// # Errors
+    /// [`Error::DevxQueryEqn`].
+    ///
+    /// # Safety
+    /// `ctx` is a live context opened with DevX.
+    pub unsafe fn devx_query_eqn(&self, ctx: *mut sys::ibv_context, vector: u32) -> Result<u32, Error> {
+        let f = devx!(self.mlx5dv_devx_query_eqn);
+        let mut eqn = 0u32;
+        // SAFETY: caller's contract; `eqn` is a valid out-pointer.
+        let rc = unsafe { f(ctx, vector, &mut eqn) };
+        check(rc, |source| Error::DevxQueryEqn { vector, source })?;
+        Ok(eqn)
+    }
+
+    /// `mlx5dv_devx_umem_reg_ex` with `MLX5DV_UMEM_MASK_DMABUF`: registers
+    /// `len` bytes at `addr` as a DevX umem whose pages the kernel takes
+    /// from dma-buf `fd` (exported GPU memory) rather than pinning them.
+    ///
+    /// # Errors
+    /// [`Error::DevxUmemReg`], or [`Error::MissingSymbol`] on an rdma-core
+    /// without `mlx5dv_devx_umem_reg_ex`.
+    ///
+    /// # Safety
+    /// `ctx` is a live context opened with DevX; `fd` is a dma-buf of the
+    /// memory at `addr..addr+len`, which stays allocated until the umem is
+    /// deregistered.
+    pub unsafe fn devx_umem_reg_dmabuf(
+        &self,
+        ctx: *mut sys::ibv_context,
+        addr: *mut c_void,
+        len: usize,
+        access: u32,
+        fd: i32,
+    ) -> Result<*mut sys::mlx5dv_devx_umem, Error> {
+        let f = devx!(self.mlx5dv_devx_umem_reg_ex);
+        let mut inp = sys::mlx5dv_devx_umem_in {
+            addr,
+            size: len,
+            access,
+            pgsz_bitmap: !0u64,
+            comp_mask: sys::MLX5DV_UMEM_MASK_DMABUF,
+            dmabuf_fd: fd,
+        };
+        // SAFETY: caller's contract; `inp` is valid for the call.
+        let umem = unsafe { f(ctx, &mut inp) };
+        nonnull(umem, |source| Error::DevxUmemReg {
+            addr: addr as usize,
+            len,
+            access,
+            source,
+        })
     }
 }
 

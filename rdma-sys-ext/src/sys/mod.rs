@@ -39,10 +39,13 @@ pub mod generated;
 mod ibverbs_fns;
 #[rustfmt::skip]
 mod mlx5_fns;
+#[rustfmt::skip]
+mod devx_fns;
 
 pub use generated::*;
 pub use ibverbs_fns::IbverbsFns;
 pub use mlx5_fns::Mlx5Fns;
+pub use devx_fns::{mlx5dv_devx_obj, mlx5dv_devx_umem_in, DevxFns, MLX5DV_UMEM_MASK_DMABUF};
 
 /// `__VERBS_ABI_IS_EXTENDED` from verbs.h: the value of
 /// `ibv_context::abi_compat` when the context is embedded in a
