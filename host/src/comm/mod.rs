@@ -59,10 +59,10 @@ use crate::world::World;
 
 mod ibgda;
 mod shm;
-pub use doorbell_softnic::engine::{EngineCounters, Phase as EnginePhase};
-pub use ibgda::{
-    EngineReport, IbgdaOptions, IbgdaProgress, IbgdaQueue, RdmaPeers, SoftNicEngine, ENGINE_THREADS_GPU, SOFTNIC, SOFTNIC_PTX,
+pub use crate::nic::soft::{
+    EngineCounters, EnginePhase, EngineReport, IbgdaProgress, SoftNicEngine, ENGINE_THREADS_GPU, SOFTNIC, SOFTNIC_PTX,
 };
+pub use ibgda::{IbgdaOptions, IbgdaQueue, RdmaPeers};
 use shm::ShmRegion;
 
 /// Communicator settings.
@@ -126,7 +126,7 @@ pub enum PeerRoute {
     SharedMemory,
 }
 
-/// Where the soft NIC's table tail ([`ibgda::TABLES_TAIL`] bytes) starts in
+/// Where the soft NIC's table tail ([`crate::nic::soft::TABLES_TAIL`] bytes) starts in
 /// a heap allocation of a world of several processes: past the heap,
 /// 256-byte aligned.
 fn tail_off(heap_len: u64) -> u64 {
@@ -317,7 +317,7 @@ impl Communicator {
         // the soft NIC's port tables (`ibgda.rs`): peers map it with the heap,
         // but no transport call and no registered region reaches it.
         let alloc_len = if multi_process {
-            (tail_off(heap_len) + ibgda::TABLES_TAIL) as usize
+            (tail_off(heap_len) + crate::nic::soft::TABLES_TAIL) as usize
         } else {
             heap_len as usize
         };

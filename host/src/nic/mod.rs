@@ -25,6 +25,8 @@ use std::any::Any;
 
 use crate::error::{Error, Result};
 
+pub mod soft;
+
 pub use doorbell_softnic::{CqRing, QpRings};
 
 /// `DOORBELL_NIC`: `auto` (default), `soft` or `mlx5`.

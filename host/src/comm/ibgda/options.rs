@@ -1,0 +1,192 @@
+//! The IBGDA transport's settings ([`IbgdaOptions`]) and the routed
+//! transport's choice of peers reached through the NIC ([`RdmaPeers`]).
+
+use doorbell_kernels::transport::ibgda::MAX_BATCH;
+
+use crate::error::{Error, Result};
+use crate::nic::soft::{LinkModel, SoftNicEngine, SoftOptions};
+
+/// `DOORBELL_IBGDA_QPS_PER_PEER`: RC QPs per peer, 1..=16.
+pub const QPS_ENV: &str = "DOORBELL_IBGDA_QPS_PER_PEER";
+/// `DOORBELL_IBGDA_SQ_SIZE`: send-queue slots per QP, a power of two in 32..=32768.
+pub const SQ_ENV: &str = "DOORBELL_IBGDA_SQ_SIZE";
+/// `DOORBELL_RDMA_PEERS`: which pairs of ranks the routed transport sends
+/// through the NIC although load/store reaches them.
+pub const RDMA_PEERS_ENV: &str = "DOORBELL_RDMA_PEERS";
+
+/// IBGDA settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IbgdaOptions {
+    /// RC QPs per peer (default 2). Block `b` posts on QP `b mod n`, so
+    /// more QPs let more blocks post without taking turns on one send
+    /// queue; every QP costs a CQ, rings and a slot of the port's 64. Two,
+    /// as NVSHMEM's IBGDA defaults to, keeps worlds of up to 32 ranks
+    /// within the soft NIC's port limits.
+    pub qps_per_peer: u32,
+    /// Send-queue slots per QP, a power of two ≥ 32 (one warp's batch);
+    /// each QP's CQ has as many entries. Default 256.
+    pub sq_size: u32,
+    /// Largest message of one WQE; longer puts and gets are split (default
+    /// 1 MiB: long transfers become several WQEs the NIC can pipeline).
+    pub max_msg: u32,
+    /// The soft NIC's link model (`DOORBELL_SOFTNIC_LINK`; `None`: off).
+    pub link: Option<LinkModel>,
+    /// Where the soft NIC's engine runs (`DOORBELL_SOFTNIC_ENGINE`; `None`:
+    /// the kernel on a GPU, the host thread on the emulator).
+    pub engine: Option<SoftNicEngine>,
+    /// Threads of the engine kernel's one block per port
+    /// (`DOORBELL_SOFTNIC_ENGINE_THREADS`; `None`: [`ENGINE_THREADS_GPU`](crate::nic::soft::ENGINE_THREADS_GPU) on
+    /// a GPU, 32 on the emulator, where every thread is an OS thread).
+    pub engine_threads: Option<u32>,
+    /// Makes the engine kernel's ordering with the ranks (the acquire after
+    /// a doorbell record, the fence before a short copy after payload, the
+    /// releases of CQEs, atomics and signal words) `sys`-scoped even when
+    /// every rank runs on the engine's GPU, where it is `gpu`-scoped
+    /// otherwise (`DOORBELL_SOFTNIC_SCOPE=sys`; default `auto`). With
+    /// ranks on several GPUs it is `sys` either way. For measuring what the
+    /// narrower scope saves (on one H200: within the spread between runs,
+    /// `benchmarks/ibgda_h200_scope_ab.txt`).
+    pub engine_sys_scope: bool,
+}
+
+impl Default for IbgdaOptions {
+    fn default() -> Self {
+        IbgdaOptions {
+            qps_per_peer: 2,
+            sq_size: 256,
+            max_msg: 1 << 20,
+            link: None,
+            engine: None,
+            engine_threads: None,
+            engine_sys_scope: false,
+        }
+    }
+}
+
+impl IbgdaOptions {
+    /// The defaults with `DOORBELL_IBGDA_QPS_PER_PEER`,
+    /// `DOORBELL_IBGDA_SQ_SIZE`, `DOORBELL_SOFTNIC_LINK`,
+    /// `DOORBELL_SOFTNIC_ENGINE`, `DOORBELL_SOFTNIC_ENGINE_THREADS` and
+    /// `DOORBELL_SOFTNIC_SCOPE` applied, strictly.
+    pub fn from_env() -> Result<IbgdaOptions> {
+        let d = IbgdaOptions::default();
+        let qps = crate::env::uint(QPS_ENV, d.qps_per_peer as u64, 1, 16)? as u32;
+        let sq = crate::env::uint(SQ_ENV, d.sq_size as u64, MAX_BATCH as u64, 32768)? as u32;
+        if !sq.is_power_of_two() {
+            return Err(Error::BadEnv {
+                var: SQ_ENV.to_string(),
+                value: sq.to_string(),
+                reason: "is not a power of two; use 32, 64, 128, ... 32768".to_string(),
+            });
+        }
+        let soft = SoftOptions::from_env()?;
+        Ok(IbgdaOptions {
+            qps_per_peer: qps,
+            sq_size: sq,
+            link: soft.link,
+            engine: soft.engine,
+            engine_threads: soft.engine_threads,
+            engine_sys_scope: soft.sys_scope,
+            ..d
+        })
+    }
+
+    pub(super) fn validate(&self) -> Result<()> {
+        let bad = |what: String| Err(Error::comm(format!("IBGDA options: {what}")));
+        if !(1..=16).contains(&self.qps_per_peer) {
+            return bad(format!("qps_per_peer {} is not in 1..=16", self.qps_per_peer));
+        }
+        if !self.sq_size.is_power_of_two() || !(MAX_BATCH..=32768).contains(&self.sq_size) {
+            return bad(format!("sq_size {} is not a power of two in 32..=32768", self.sq_size));
+        }
+        if self.max_msg == 0 || self.max_msg > 1 << 31 {
+            return bad(format!("max_msg {} is not in 1..=2^31", self.max_msg));
+        }
+        self.soft().check().or_else(bad)
+    }
+
+    /// The soft NIC's part of these settings.
+    pub(crate) fn soft(&self) -> SoftOptions {
+        SoftOptions {
+            link: self.link,
+            engine: self.engine,
+            engine_threads: self.engine_threads,
+            sys_scope: self.engine_sys_scope,
+        }
+    }
+}
+
+/// Which pairs of ranks the routed transport sends through the NIC.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum RdmaPeers {
+    /// Only peers that load/store cannot reach (none, within one host).
+    #[default]
+    Needed,
+    /// Every pair.
+    All,
+    /// These pairs (both directions), on top of the needed ones.
+    Pairs(Vec<(usize, usize)>),
+}
+
+impl RdmaPeers {
+    /// Parses `all`, `none` or `a-b,c-d,...` (ranks, `a != b`).
+    pub fn parse(var: &str, s: &str) -> Result<RdmaPeers> {
+        let bad = |reason: String| Error::BadEnv {
+            var: var.to_string(),
+            value: s.to_string(),
+            reason,
+        };
+        let t = s.trim();
+        match t {
+            "" | "none" => return Ok(RdmaPeers::Needed),
+            "all" => return Ok(RdmaPeers::All),
+            _ => {}
+        }
+        let mut pairs = Vec::new();
+        for item in t.split(',') {
+            let (a, b) = item.split_once('-').ok_or_else(|| {
+                bad(format!(
+                    "has {item:?}, not a pair `a-b`; accepted: all, none, or pairs like 0-1,2-3"
+                ))
+            })?;
+            let rank = |x: &str| {
+                x.trim()
+                    .parse::<usize>()
+                    .map_err(|_| bad(format!("has {x:?}, not a rank number; accepted: all, none, or pairs like 0-1,2-3")))
+            };
+            let (a, b) = (rank(a)?, rank(b)?);
+            if a == b {
+                return Err(bad(format!("pairs rank {a} with itself; a rank reaches itself by load/store")));
+            }
+            pairs.push((a, b));
+        }
+        Ok(RdmaPeers::Pairs(pairs))
+    }
+
+    /// `DOORBELL_RDMA_PEERS` (unset or empty: [`RdmaPeers::Needed`]).
+    pub fn from_env() -> Result<RdmaPeers> {
+        match crate::env::raw(RDMA_PEERS_ENV)? {
+            None => Ok(RdmaPeers::Needed),
+            Some(v) => RdmaPeers::parse(RDMA_PEERS_ENV, &v),
+        }
+    }
+
+    /// Whether `rank` reaches `peer` by RDMA under this setting (checking
+    /// the ranks named against the world size).
+    pub(super) fn forced(&self, rank: usize, peer: usize, size: usize) -> Result<bool> {
+        Ok(match self {
+            RdmaPeers::Needed => false,
+            RdmaPeers::All => peer != rank,
+            RdmaPeers::Pairs(p) => {
+                if let Some(&(a, b)) = p.iter().find(|(a, b)| *a >= size || *b >= size) {
+                    return Err(Error::BadEnv {
+                        var: RDMA_PEERS_ENV.to_string(),
+                        value: format!("{a}-{b}"),
+                        reason: format!("names a rank outside this world of {size} ranks"),
+                    });
+                }
+                p.iter().any(|&(a, b)| (a, b) == (rank, peer) || (b, a) == (rank, peer))
+            }
+        })
+    }
+}
