@@ -400,6 +400,15 @@ pub enum Error {
     /// Communicator set-up failed.
     #[error("communicator: {0}")]
     Comm(String),
+    /// The RDMA device asked for (`DOORBELL_NIC=mlx5`, or a port named by
+    /// `DOORBELL_IB_HCA`) cannot be used on this machine: `missing` says
+    /// what is missing and what to change. Examples exit with status 2 on
+    /// it, as on a bad flag.
+    #[error("NIC: {missing}")]
+    NicUnavailable {
+        /// What is missing, and what to do.
+        missing: String,
+    },
     /// A collective (`doorbell::coll`) was given arguments it cannot use.
     #[error("{op}: {reason}")]
     Collective {
