@@ -121,12 +121,14 @@
 #![warn(missing_docs)]
 
 mod error;
+pub mod hca;
 pub mod mlx5;
 pub mod prm;
 mod safe;
 #[cfg(doorbell_mlx5_shim)]
 pub mod shim;
 pub mod sys;
+pub mod topo;
 mod verbs;
 
 pub use error::Error;
