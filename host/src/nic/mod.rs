@@ -25,6 +25,7 @@ use std::any::Any;
 
 use crate::error::{Error, Result};
 
+pub mod select;
 pub mod soft;
 
 pub use doorbell_softnic::{CqRing, QpRings};
