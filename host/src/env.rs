@@ -63,5 +63,6 @@ pub fn check() -> Result<()> {
     flag("DOORBELL_CUBIN", true)?;
     crate::comm::IbgdaOptions::from_env()?;
     crate::comm::RdmaPeers::from_env()?;
+    crate::nic::check_env()?;
     Ok(())
 }

@@ -208,6 +208,52 @@ impl Default for QpOptions {
     }
 }
 
+impl QpOptions {
+    /// The defaults with `DOORBELL_IB_MTU` (256, 512, 1024, 2048 or 4096),
+    /// `DOORBELL_IB_TIMEOUT` (0..=31), `DOORBELL_IB_RETRY_CNT` (0..=7),
+    /// `DOORBELL_IB_MAX_RD_ATOMIC` (1..=16), `DOORBELL_IB_SL` (0..=15) and
+    /// `DOORBELL_IB_TC` (0..=255) applied; a value out of range is an
+    /// error naming the variable.
+    pub fn from_env() -> Result<QpOptions> {
+        let d = QpOptions::default();
+        let small = |var: &str, default: u8, min: u64, max: u64| -> Result<u8> {
+            Ok(crate::env::uint(var, default as u64, min, max)? as u8)
+        };
+        let mtu = match crate::env::raw("DOORBELL_IB_MTU")? {
+            None => None,
+            Some(v) => match v.trim() {
+                m @ ("256" | "512" | "1024" | "2048" | "4096") => Some(m.parse().expect("listed")),
+                _ => {
+                    return Err(Error::BadEnv {
+                        var: "DOORBELL_IB_MTU".to_string(),
+                        value: v,
+                        reason: "expected 256, 512, 1024, 2048 or 4096 (bytes)".to_string(),
+                    })
+                }
+            },
+        };
+        Ok(QpOptions {
+            mtu,
+            timeout: small("DOORBELL_IB_TIMEOUT", d.timeout, 0, 31)?,
+            retry_cnt: small("DOORBELL_IB_RETRY_CNT", d.retry_cnt, 0, 7)?,
+            rnr_retry: d.rnr_retry,
+            max_rd_atomic: small("DOORBELL_IB_MAX_RD_ATOMIC", d.max_rd_atomic, 1, 16)?,
+            sl: small("DOORBELL_IB_SL", d.sl, 0, 15)?,
+            traffic_class: small("DOORBELL_IB_TC", d.traffic_class, 0, 255)?,
+        })
+    }
+}
+
+/// Checks every NIC variable (`DOORBELL_NIC`, `DOORBELL_IB_HCA`,
+/// `DOORBELL_IB_*`) without opening anything: what `doorbell::env::check`
+/// runs.
+pub fn check_env() -> Result<()> {
+    NicChoice::from_env()?;
+    select::Probe::system()?;
+    QpOptions::from_env()?;
+    Ok(())
+}
+
 /// A registered memory region.
 pub trait MemoryRegion: Send + Sync {
     /// Key for this port's own WQEs.
@@ -302,4 +348,48 @@ pub trait Nic: Send + Sync {
     fn stop(&mut self) -> std::result::Result<(), String>;
     /// The soft NIC, for its diagnostics and fault injection.
     fn as_any(&self) -> &dyn Any;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_round_trip_and_other_lengths_are_refused() {
+        let e = Endpoint {
+            lid: 0x1234,
+            gid: std::array::from_fn(|i| i as u8 + 1),
+            qpn: 0xab_cdef,
+            psn: 0x12_3456,
+            mtu: 4096,
+            slot: 7,
+        };
+        let b = e.to_bytes();
+        assert_eq!(Endpoint::from_bytes(&b), Some(e));
+        assert_eq!(Endpoint::from_bytes(&b[1..]), None);
+        assert_eq!(Endpoint::from_bytes(&[b.as_slice(), &[0]].concat()), None);
+    }
+
+    /// The only test that sets `DOORBELL_IB_*` (the process's environment
+    /// is shared by the tests).
+    #[test]
+    fn qp_options_from_env_apply_values_and_refuse_out_of_range() {
+        std::env::set_var("DOORBELL_IB_MTU", "2048");
+        std::env::set_var("DOORBELL_IB_TIMEOUT", "14");
+        let o = QpOptions::from_env().expect("valid");
+        assert_eq!((o.mtu, o.timeout, o.retry_cnt), (Some(2048), 14, 7));
+        std::env::set_var("DOORBELL_IB_MTU", "1500");
+        match QpOptions::from_env() {
+            Err(Error::BadEnv { var, .. }) => assert_eq!(var, "DOORBELL_IB_MTU"),
+            r => panic!("{r:?}"),
+        }
+        std::env::remove_var("DOORBELL_IB_MTU");
+        std::env::set_var("DOORBELL_IB_TIMEOUT", "32");
+        match QpOptions::from_env() {
+            Err(Error::BadEnv { var, .. }) => assert_eq!(var, "DOORBELL_IB_TIMEOUT"),
+            r => panic!("{r:?}"),
+        }
+        std::env::remove_var("DOORBELL_IB_TIMEOUT");
+        assert_eq!(QpOptions::from_env().expect("defaults"), QpOptions::default());
+    }
 }
