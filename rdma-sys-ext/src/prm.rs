@@ -316,10 +316,7 @@ impl Command {
 
 /// The command name of `opcode`, `"UNKNOWN"` for one this module does not build.
 pub fn opcode_name(opcode: u16) -> &'static str {
-    Command::ALL
-        .iter()
-        .find(|c| c.opcode() == opcode)
-        .map_or("UNKNOWN", |c| c.name())
+    Command::ALL.iter().find(|c| c.opcode() == opcode).map_or("UNKNOWN", |c| c.name())
 }
 
 /// The name of a mailbox `status` (`MLX5_CMD_STAT_*`).
@@ -860,7 +857,11 @@ pub fn init2rtr(p: &RtrParams) -> Result<Mailbox, PrmError> {
             m.set(a, ads::HOP_LIMIT, u64::from(hop_limit))?;
             m.set(a, ads::TCLASS, u64::from(tclass))?;
             m.set(a, ads::RMAC_47_32, u64::from(u16::from_be_bytes([rmac[0], rmac[1]])))?;
-            m.set(a, ads::RMAC_31_0, u64::from(u32::from_be_bytes([rmac[2], rmac[3], rmac[4], rmac[5]])))?;
+            m.set(
+                a,
+                ads::RMAC_31_0,
+                u64::from(u32::from_be_bytes([rmac[2], rmac[3], rmac[4], rmac[5]])),
+            )?;
             m.set(a, ads::UDP_SPORT, u64::from(udp_sport))?;
         }
     }
