@@ -58,9 +58,7 @@ pub enum HcaFilterError {
     #[error("empty device filter: expected a comma-separated list of `name[:port]` entries, e.g. `mlx5_0:1,mlx5_1:1`")]
     Empty,
     /// The spec is only `^`, `=` or `^=` with no entries after it.
-    #[error(
-        "device filter `{spec}` has no entries after its `^`/`=` prefix: expected e.g. `^mlx5_0` or `=mlx5_1:1`"
-    )]
+    #[error("device filter `{spec}` has no entries after its `^`/`=` prefix: expected e.g. `^mlx5_0` or `=mlx5_1:1`")]
     NoEntries {
         /// The whole spec.
         spec: String,
@@ -122,7 +120,10 @@ impl HcaFilter {
         for (i, raw) in rest.split(',').enumerate() {
             let entry = raw.trim();
             if entry.is_empty() {
-                return Err(HcaFilterError::EmptyEntry { spec: trimmed.to_string(), position: i + 1 });
+                return Err(HcaFilterError::EmptyEntry {
+                    spec: trimmed.to_string(),
+                    position: i + 1,
+                });
             }
             let (name, port) = match entry.split_once(':') {
                 Some((name, port_text)) => {
@@ -130,7 +131,12 @@ impl HcaFilter {
                     let parsed = port.parse::<u8>().ok().filter(|&p| p != 0 && !port.starts_with('+'));
                     match parsed {
                         Some(p) => (name.trim(), Some(p)),
-                        None => return Err(HcaFilterError::BadPort { entry: entry.to_string(), port: port.to_string() }),
+                        None => {
+                            return Err(HcaFilterError::BadPort {
+                                entry: entry.to_string(),
+                                port: port.to_string(),
+                            })
+                        }
                     }
                 }
                 None => (entry, None),
@@ -139,11 +145,22 @@ impl HcaFilter {
                 return Err(HcaFilterError::EmptyName { entry: entry.to_string() });
             }
             if let Some(ch) = name.chars().find(|c| matches!(c, '^' | '=' | ':') || c.is_whitespace()) {
-                return Err(HcaFilterError::BadName { entry: entry.to_string(), ch });
+                return Err(HcaFilterError::BadName {
+                    entry: entry.to_string(),
+                    ch,
+                });
             }
-            entries.push(HcaEntry { name: name.to_string(), port });
+            entries.push(HcaEntry {
+                name: name.to_string(),
+                port,
+            });
         }
-        Ok(HcaFilter { spec: trimmed.to_string(), exclude, exact, entries })
+        Ok(HcaFilter {
+            spec: trimmed.to_string(),
+            exclude,
+            exact,
+            entries,
+        })
     }
 
     /// Reads [`ENV_VAR`]: `Ok(None)` when it is unset or empty, an error
@@ -166,7 +183,11 @@ impl HcaFilter {
     /// Whether port `port` of device `device` may be used.
     pub fn accepts(&self, device: &str, port: u8) -> bool {
         let listed = self.entries.iter().any(|e| {
-            let name_ok = if self.exact { device == e.name } else { device.starts_with(e.name.as_str()) };
+            let name_ok = if self.exact {
+                device == e.name
+            } else {
+                device.starts_with(e.name.as_str())
+            };
             name_ok && e.port.is_none_or(|p| p == port)
         });
         listed != self.exclude
@@ -232,7 +253,16 @@ mod tests {
         let f = p("mlx5_0:1,mlx5_1:2");
         assert_eq!(
             f.entries(),
-            &[HcaEntry { name: "mlx5_0".into(), port: Some(1) }, HcaEntry { name: "mlx5_1".into(), port: Some(2) }]
+            &[
+                HcaEntry {
+                    name: "mlx5_0".into(),
+                    port: Some(1)
+                },
+                HcaEntry {
+                    name: "mlx5_1".into(),
+                    port: Some(2)
+                }
+            ]
         );
         assert!(f.accepts("mlx5_0", 1));
         assert!(!f.accepts("mlx5_0", 2));
@@ -300,21 +330,73 @@ mod tests {
         for lone in ["^", "=", "^=", "^ "] {
             assert!(matches!(HcaFilter::parse(lone), Err(HcaFilterError::NoEntries { .. })), "{lone}");
         }
-        assert_eq!(HcaFilter::parse("a,,b"), Err(HcaFilterError::EmptyEntry { spec: "a,,b".into(), position: 2 }));
-        assert_eq!(HcaFilter::parse("a,"), Err(HcaFilterError::EmptyEntry { spec: "a,".into(), position: 2 }));
-        assert_eq!(HcaFilter::parse("^,a"), Err(HcaFilterError::EmptyEntry { spec: "^,a".into(), position: 1 }));
-        for (spec, port) in [("mlx5_0:0", "0"), ("mlx5_0:256", "256"), ("mlx5_0:x", "x"), ("mlx5_0:", ""), ("mlx5_0:-1", "-1"), ("mlx5_0:+1", "+1")] {
+        assert_eq!(
+            HcaFilter::parse("a,,b"),
+            Err(HcaFilterError::EmptyEntry {
+                spec: "a,,b".into(),
+                position: 2
+            })
+        );
+        assert_eq!(
+            HcaFilter::parse("a,"),
+            Err(HcaFilterError::EmptyEntry {
+                spec: "a,".into(),
+                position: 2
+            })
+        );
+        assert_eq!(
+            HcaFilter::parse("^,a"),
+            Err(HcaFilterError::EmptyEntry {
+                spec: "^,a".into(),
+                position: 1
+            })
+        );
+        for (spec, port) in [
+            ("mlx5_0:0", "0"),
+            ("mlx5_0:256", "256"),
+            ("mlx5_0:x", "x"),
+            ("mlx5_0:", ""),
+            ("mlx5_0:-1", "-1"),
+            ("mlx5_0:+1", "+1"),
+        ] {
             assert_eq!(
                 HcaFilter::parse(spec),
-                Err(HcaFilterError::BadPort { entry: spec.into(), port: port.into() }),
+                Err(HcaFilterError::BadPort {
+                    entry: spec.into(),
+                    port: port.into()
+                }),
                 "{spec}"
             );
         }
-        assert_eq!(HcaFilter::parse("mlx5_0:1:2"), Err(HcaFilterError::BadPort { entry: "mlx5_0:1:2".into(), port: "1:2".into() }));
+        assert_eq!(
+            HcaFilter::parse("mlx5_0:1:2"),
+            Err(HcaFilterError::BadPort {
+                entry: "mlx5_0:1:2".into(),
+                port: "1:2".into()
+            })
+        );
         assert_eq!(HcaFilter::parse(":1"), Err(HcaFilterError::EmptyName { entry: ":1".into() }));
-        assert_eq!(HcaFilter::parse("=^mlx5_0"), Err(HcaFilterError::BadName { entry: "^mlx5_0".into(), ch: '^' }));
-        assert_eq!(HcaFilter::parse("a,^b"), Err(HcaFilterError::BadName { entry: "^b".into(), ch: '^' }));
-        assert_eq!(HcaFilter::parse("mlx5_0 mlx5_1"), Err(HcaFilterError::BadName { entry: "mlx5_0 mlx5_1".into(), ch: ' ' }));
+        assert_eq!(
+            HcaFilter::parse("=^mlx5_0"),
+            Err(HcaFilterError::BadName {
+                entry: "^mlx5_0".into(),
+                ch: '^'
+            })
+        );
+        assert_eq!(
+            HcaFilter::parse("a,^b"),
+            Err(HcaFilterError::BadName {
+                entry: "^b".into(),
+                ch: '^'
+            })
+        );
+        assert_eq!(
+            HcaFilter::parse("mlx5_0 mlx5_1"),
+            Err(HcaFilterError::BadName {
+                entry: "mlx5_0 mlx5_1".into(),
+                ch: ' '
+            })
+        );
     }
 
     #[test]

@@ -300,7 +300,11 @@ impl Port {
                 2
             }
         };
-        self.gids.iter().filter(|g| g.gid_type == Some(GidType::RoceV2)).min_by_key(|g| (rank(g), g.index)).map(|g| g.index)
+        self.gids
+            .iter()
+            .filter(|g| g.gid_type == Some(GidType::RoceV2))
+            .min_by_key(|g| (rank(g), g.index))
+            .map(|g| g.index)
     }
 }
 
@@ -341,7 +345,10 @@ impl PciPath {
         if chain.is_empty() {
             return None;
         }
-        Some(PciPath { host_bridge: host_bridge.to_string(), chain })
+        Some(PciPath {
+            host_bridge: host_bridge.to_string(),
+            chain,
+        })
     }
 
     /// The device's own bus id (the last element of the chain).
@@ -474,7 +481,10 @@ pub struct Topology {
 }
 
 fn io_err(path: &Path, source: io::Error) -> TopoError {
-    TopoError::Io { path: path.to_path_buf(), source }
+    TopoError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 fn read_trimmed(path: &Path) -> Option<String> {
@@ -522,7 +532,10 @@ pub fn natural_cmp(a: &str, b: &str) -> Ordering {
         let ord = match (x, y) {
             ((true, nx), (true, ny)) => {
                 let (tx, ty) = (nx.trim_start_matches('0'), ny.trim_start_matches('0'));
-                tx.len().cmp(&ty.len()).then_with(|| tx.cmp(ty)).then_with(|| nx.len().cmp(&ny.len()))
+                tx.len()
+                    .cmp(&ty.len())
+                    .then_with(|| tx.cmp(ty))
+                    .then_with(|| nx.len().cmp(&ny.len()))
             }
             ((_, sx), (_, sy)) => sx.cmp(sy),
         };
@@ -572,24 +585,40 @@ impl Topology {
         for name in list_dir(&class)?.unwrap_or_default() {
             let dev_dir = class.join(&name);
             let pci_dev = dev_dir.join("device");
-            let pci = fs::canonicalize(&pci_dev).ok().and_then(|c| PciPath::from_sysfs(&canonical_root, &c));
+            let pci = fs::canonicalize(&pci_dev)
+                .ok()
+                .and_then(|c| PciPath::from_sysfs(&canonical_root, &c));
             let numa_node = read_numa(&pci_dev.join("numa_node"));
-            let driver = fs::read_link(pci_dev.join("driver")).ok().and_then(|l| l.file_name().and_then(|n| n.to_str()).map(String::from));
+            let driver = fs::read_link(pci_dev.join("driver"))
+                .ok()
+                .and_then(|l| l.file_name().and_then(|n| n.to_str()).map(String::from));
             let mut ports = Vec::new();
             for pname in list_dir(&dev_dir.join("ports"))?.unwrap_or_default() {
                 let Ok(number) = pname.parse::<u8>() else { continue };
                 ports.push(read_port(&dev_dir.join("ports").join(&pname), number)?);
             }
-            devices.push(RdmaDevice { name, pci, numa_node, driver, ports });
+            devices.push(RdmaDevice {
+                name,
+                pci,
+                numa_node,
+                driver,
+                ports,
+            });
         }
-        Ok(Topology { root: root.to_path_buf(), devices })
+        Ok(Topology {
+            root: root.to_path_buf(),
+            devices,
+        })
     }
 
     /// Builds a topology from devices described directly (for callers that
     /// learned them elsewhere, and for tests). GPUs are still looked up
     /// below `root`.
     pub fn from_devices(root: &Path, devices: Vec<RdmaDevice>) -> Topology {
-        Topology { root: root.to_path_buf(), devices }
+        Topology {
+            root: root.to_path_buf(),
+            devices,
+        }
     }
 
     /// The root the topology was read from.
@@ -605,13 +634,22 @@ impl Topology {
     /// Finds a GPU by PCI bus id (see [`normalize_bus_id`]) under
     /// `sys/bus/pci/devices/`.
     pub fn gpu(&self, bus_id: &str) -> Result<GpuInfo, TopoError> {
-        let norm = normalize_bus_id(bus_id).ok_or_else(|| TopoError::BadBusId { bus_id: bus_id.to_string() })?;
+        let norm = normalize_bus_id(bus_id).ok_or_else(|| TopoError::BadBusId {
+            bus_id: bus_id.to_string(),
+        })?;
         let link = self.root.join(PCI_DEVICES_DIR).join(&norm);
-        let canonical = fs::canonicalize(&link).map_err(|_| TopoError::GpuNotFound { bus_id: norm.clone(), path: link.clone() })?;
+        let canonical = fs::canonicalize(&link).map_err(|_| TopoError::GpuNotFound {
+            bus_id: norm.clone(),
+            path: link.clone(),
+        })?;
         let canonical_root = fs::canonicalize(&self.root).map_err(|e| io_err(&self.root, e))?;
         let pci = PciPath::from_sysfs(&canonical_root, &canonical);
         let numa_node = read_numa(&link.join("numa_node"));
-        Ok(GpuInfo { bus_id: norm, pci, numa_node })
+        Ok(GpuInfo {
+            bus_id: norm,
+            pci,
+            numa_node,
+        })
     }
 
     /// The distance from a GPU to a device; SYS when either is not on PCI.
@@ -626,7 +664,9 @@ impl Topology {
     /// then port order; or the error saying why there are none.
     fn candidates(&self, gpu: &GpuInfo, filter: Option<&HcaFilter>) -> Result<Vec<Candidate>, TopoError> {
         if self.devices.is_empty() {
-            return Err(TopoError::NoDevice { path: self.root.join(INFINIBAND_CLASS_DIR) });
+            return Err(TopoError::NoDevice {
+                path: self.root.join(INFINIBAND_CLASS_DIR),
+            });
         }
         let mut accepted = Vec::new();
         let mut available = Vec::new();
@@ -640,8 +680,14 @@ impl Topology {
         }
         if accepted.is_empty() {
             return Err(match filter {
-                Some(f) if !available.is_empty() => TopoError::FilterExcludesAll { filter: f.spec().to_string(), available },
-                _ => TopoError::AllPortsDown { ports: Vec::new(), filter: filter.map(|f| f.spec().to_string()) },
+                Some(f) if !available.is_empty() => TopoError::FilterExcludesAll {
+                    filter: f.spec().to_string(),
+                    available,
+                },
+                _ => TopoError::AllPortsDown {
+                    ports: Vec::new(),
+                    filter: filter.map(|f| f.spec().to_string()),
+                },
             });
         }
         let mut out = Vec::new();
@@ -650,7 +696,11 @@ impl Topology {
         for (di, pi) in accepted {
             let dev = &self.devices[di];
             let port = &dev.ports[pi];
-            let status = PortStatus { device: dev.name.clone(), port: port.number, state: port.state_text.clone() };
+            let status = PortStatus {
+                device: dev.name.clone(),
+                port: port.number,
+                state: port.state_text.clone(),
+            };
             let distance = Self::distance(gpu, dev);
             if !port.state.is_active() {
                 down.push((distance, status));
@@ -666,19 +716,33 @@ impl Topology {
                 },
                 _ => None,
             };
-            out.push(Candidate { dev: di, port: pi, distance, gid_index, skipped: Vec::new() });
+            out.push(Candidate {
+                dev: di,
+                port: pi,
+                distance,
+                gid_index,
+                skipped: Vec::new(),
+            });
         }
         if out.is_empty() {
             return Err(if no_gid.is_empty() {
-                TopoError::AllPortsDown { ports: down.into_iter().map(|(_, s)| s).collect(), filter: filter.map(|f| f.spec().to_string()) }
+                TopoError::AllPortsDown {
+                    ports: down.into_iter().map(|(_, s)| s).collect(),
+                    filter: filter.map(|f| f.spec().to_string()),
+                }
             } else {
                 TopoError::NoRoceV2Gid { ports: no_gid }
             });
         }
         out.sort_by(|a, b| {
-            a.distance.cmp(&b.distance).then_with(|| natural_cmp(&self.devices[a.dev].name, &self.devices[b.dev].name)).then_with(|| {
-                self.devices[a.dev].ports[a.port].number.cmp(&self.devices[b.dev].ports[b.port].number)
-            })
+            a.distance
+                .cmp(&b.distance)
+                .then_with(|| natural_cmp(&self.devices[a.dev].name, &self.devices[b.dev].name))
+                .then_with(|| {
+                    self.devices[a.dev].ports[a.port]
+                        .number
+                        .cmp(&self.devices[b.dev].ports[b.port].number)
+                })
         });
         // Nearer ports that were passed over, for the reason text.
         let best = out[0].distance;
@@ -686,7 +750,11 @@ impl Topology {
             .iter()
             .filter(|(d, _)| *d < best)
             .map(|(d, s)| format!("{}:{} is nearer ({d}) but {}", s.device, s.port, s.state))
-            .chain(no_gid.iter().map(|s| format!("{}:{} is Ethernet without a RoCE v2 GID", s.device, s.port)))
+            .chain(
+                no_gid
+                    .iter()
+                    .map(|s| format!("{}:{} is Ethernet without a RoCE v2 GID", s.device, s.port)),
+            )
             .collect();
         for c in &mut out {
             c.skipped = skipped.clone();
@@ -802,7 +870,9 @@ impl Topology {
         for g in 0..gpus.len() {
             if matched[g].is_none() {
                 // Least loaded; min_by_key keeps the first (name order) on ties.
-                let ci = (0..best[g].len()).min_by_key(|&ci| load.get(&key(&best[g][ci])).copied().unwrap_or(0)).unwrap_or(0);
+                let ci = (0..best[g].len())
+                    .min_by_key(|&ci| load.get(&key(&best[g][ci])).copied().unwrap_or(0))
+                    .unwrap_or(0);
                 *load.entry(key(&best[g][ci])).or_default() += 1;
                 matched[g] = Some(ci);
             }
@@ -811,13 +881,22 @@ impl Topology {
         let mut choices: Vec<Choice> = Vec::with_capacity(gpus.len());
         for (g, gpu) in gpus.iter().enumerate() {
             let k = key(picked[g]);
-            let shared_with: Vec<String> =
-                gpus.iter().enumerate().filter(|&(h, _)| h != g && key(picked[h]) == k).map(|(_, o)| o.bus_id.clone()).collect();
+            let shared_with: Vec<String> = gpus
+                .iter()
+                .enumerate()
+                .filter(|&(h, _)| h != g && key(picked[h]) == k)
+                .map(|(_, o)| o.bus_id.clone())
+                .collect();
             let alternatives = best[g].len();
             let note = match (shared_with.is_empty(), alternatives) {
                 (true, 1) => None,
-                (true, n) => Some(format!("{n} ports are at this distance; the others went to other GPUs or follow in name order")),
-                (false, 1) => Some(format!("it is the only port at this distance, shared with GPU(s) {}", shared_with.join(", "))),
+                (true, n) => Some(format!(
+                    "{n} ports are at this distance; the others went to other GPUs or follow in name order"
+                )),
+                (false, 1) => Some(format!(
+                    "it is the only port at this distance, shared with GPU(s) {}",
+                    shared_with.join(", ")
+                )),
                 (false, n) => Some(format!(
                     "{n} ports are at this distance but there are more GPUs than ports; shared with GPU(s) {}",
                     shared_with.join(", ")
@@ -886,13 +965,17 @@ fn max_matching(edges: &[Vec<(usize, usize)>], gpus: &[usize], blocked: &[(usize
 fn read_port(dir: &Path, number: u8) -> Result<Port, TopoError> {
     let state_text = read_trimmed(&dir.join("state")).unwrap_or_else(|| "unreadable".to_string());
     let state = PortState::parse(&state_text);
-    let link_layer = read_trimmed(&dir.join("link_layer")).map(|t| LinkLayer::parse(&t)).unwrap_or(LinkLayer::Other("unreadable".into()));
+    let link_layer = read_trimmed(&dir.join("link_layer"))
+        .map(|t| LinkLayer::parse(&t))
+        .unwrap_or(LinkLayer::Other("unreadable".into()));
     let lid = read_trimmed(&dir.join("lid")).and_then(|t| u16::from_str_radix(t.trim_start_matches("0x"), 16).ok());
     let mut gids = Vec::new();
     for name in list_dir(&dir.join("gids"))?.unwrap_or_default() {
         let Ok(index) = name.parse::<u32>() else { continue };
         // Unused entries fail to read (EINVAL) or read as the zero GID.
-        let Some(gid) = read_trimmed(&dir.join("gids").join(&name)).and_then(|t| parse_gid(&t)) else { continue };
+        let Some(gid) = read_trimmed(&dir.join("gids").join(&name)).and_then(|t| parse_gid(&t)) else {
+            continue;
+        };
         if gid == [0; 16] {
             continue;
         }
@@ -925,7 +1008,10 @@ pub fn nvidia_peermem_loaded(root: &Path) -> bool {
 pub fn kernel_version(root: &Path) -> Result<(u32, u32), TopoError> {
     let path = root.join("proc/sys/kernel/osrelease");
     let text = fs::read_to_string(&path).map_err(|e| io_err(&path, e))?;
-    let bad = || TopoError::BadKernelRelease { text: text.trim().to_string(), path: path.clone() };
+    let bad = || TopoError::BadKernelRelease {
+        text: text.trim().to_string(),
+        path: path.clone(),
+    };
     let mut it = text.trim().splitn(3, |c: char| !c.is_ascii_digit());
     let major = it.next().and_then(|s| s.parse().ok()).ok_or_else(bad)?;
     let minor = it.next().and_then(|s| s.parse().ok()).ok_or_else(bad)?;
@@ -963,7 +1049,10 @@ mod tests {
     use super::*;
 
     fn path(hb: &str, chain: &[&str]) -> PciPath {
-        PciPath { host_bridge: hb.into(), chain: chain.iter().map(|s| s.to_string()).collect() }
+        PciPath {
+            host_bridge: hb.into(),
+            chain: chain.iter().map(|s| s.to_string()).collect(),
+        }
     }
 
     #[test]
@@ -972,7 +1061,17 @@ mod tests {
         assert_eq!(normalize_bus_id("00000000:1B:00.0").as_deref(), Some("0000:1b:00.0"));
         assert_eq!(normalize_bus_id("1b:00.1").as_deref(), Some("0000:1b:00.1"));
         assert_eq!(normalize_bus_id("0001:c1:1f.7").as_deref(), Some("0001:c1:1f.7"));
-        for bad in ["", "1b", "0000:1b:00", "0000:1b:20.0", "0000:1b:00.8", "0000:1bb:00.0", "0000:1b:00.0x", "x:1b:00.0", "10000:1b:00.0"] {
+        for bad in [
+            "",
+            "1b",
+            "0000:1b:00",
+            "0000:1b:20.0",
+            "0000:1b:00.8",
+            "0000:1bb:00.0",
+            "0000:1b:00.0x",
+            "x:1b:00.0",
+            "10000:1b:00.0",
+        ] {
             assert_eq!(normalize_bus_id(bad), None, "{bad}");
         }
     }
@@ -981,9 +1080,17 @@ mod tests {
     fn gids() {
         let g = parse_gid("0000:0000:0000:0000:0000:ffff:0a00:0001").unwrap();
         assert_eq!(&g[10..], &[0xff, 0xff, 10, 0, 0, 1]);
-        let e = GidEntry { index: 0, gid: g, gid_type: None };
+        let e = GidEntry {
+            index: 0,
+            gid: g,
+            gid_type: None,
+        };
         assert!(e.is_ipv4_mapped() && !e.is_link_local());
-        let ll = GidEntry { index: 0, gid: parse_gid("fe80:0000:0000:0000:0e42:a1ff:fe2b:3c4d").unwrap(), gid_type: None };
+        let ll = GidEntry {
+            index: 0,
+            gid: parse_gid("fe80:0000:0000:0000:0e42:a1ff:fe2b:3c4d").unwrap(),
+            gid_type: None,
+        };
         assert!(ll.is_link_local() && !ll.is_ipv4_mapped());
         assert_eq!(parse_gid("fe80::1"), None);
         assert_eq!(parse_gid("0000:0000:0000:0000:0000:ffff:0a00:0001:0000"), None);
@@ -1014,18 +1121,30 @@ mod tests {
         assert_eq!(Distance::between(&gpu, None, &other_hb, None), Distance::Node);
         assert_eq!(Distance::between(&gpu, Some(0), &other_hb, Some(1)), Distance::Sys);
         assert_eq!(Distance::between(&gpu, Some(0), &other_hb, None), Distance::Sys);
-        assert!(Distance::Pix < Distance::Pxb && Distance::Pxb < Distance::Phb && Distance::Phb < Distance::Node && Distance::Node < Distance::Sys);
+        assert!(
+            Distance::Pix < Distance::Pxb
+                && Distance::Pxb < Distance::Phb
+                && Distance::Phb < Distance::Node
+                && Distance::Node < Distance::Sys
+        );
     }
 
     #[test]
     fn pci_paths() {
         let root = Path::new("/r");
-        let p = PciPath::from_sysfs(root, Path::new("/r/sys/devices/pci0000:17/0000:17:01.0/0000:18:00.0/infiniband/mlx5_0")).unwrap();
+        let p = PciPath::from_sysfs(
+            root,
+            Path::new("/r/sys/devices/pci0000:17/0000:17:01.0/0000:18:00.0/infiniband/mlx5_0"),
+        )
+        .unwrap();
         assert_eq!(p, path("pci0000:17", &["0000:17:01.0", "0000:18:00.0"]));
         assert_eq!(p.bus_id(), "0000:18:00.0");
         assert_eq!(p.bridges(), &["0000:17:01.0".to_string()]);
         assert_eq!(PciPath::from_sysfs(root, Path::new("/r/sys/devices/virtual/net/eth0")), None);
-        assert_eq!(PciPath::from_sysfs(root, Path::new("/other/sys/devices/pci0000:17/0000:17:01.0")), None);
+        assert_eq!(
+            PciPath::from_sysfs(root, Path::new("/other/sys/devices/pci0000:17/0000:17:01.0")),
+            None
+        );
         assert_eq!(PciPath::from_sysfs(root, Path::new("/r/sys/devices/pci0000:17")), None);
     }
 
@@ -1038,7 +1157,11 @@ mod tests {
 
     #[test]
     fn roce_gid_choice() {
-        let g = |index, text: &str, t: Option<GidType>| GidEntry { index, gid: parse_gid(text).unwrap(), gid_type: t };
+        let g = |index, text: &str, t: Option<GidType>| GidEntry {
+            index,
+            gid: parse_gid(text).unwrap(),
+            gid_type: t,
+        };
         let mut port = Port {
             number: 1,
             state: PortState::Active,
@@ -1057,7 +1180,8 @@ mod tests {
         assert_eq!(port.roce_v2_gid_index(), Some(3));
         port.gids.truncate(2);
         assert_eq!(port.roce_v2_gid_index(), Some(1));
-        port.gids.push(g(5, "2001:0db8:0000:0000:0000:0000:0000:0001", Some(GidType::RoceV2)));
+        port.gids
+            .push(g(5, "2001:0db8:0000:0000:0000:0000:0000:0001", Some(GidType::RoceV2)));
         assert_eq!(port.roce_v2_gid_index(), Some(5));
         port.gids.retain(|e| e.gid_type != Some(GidType::RoceV2));
         assert_eq!(port.roce_v2_gid_index(), None);

@@ -48,7 +48,10 @@ fn reads_devices_and_ports() {
     let (t, _) = dgx();
     let topo = Topology::read(t.root()).unwrap();
     let names: Vec<&str> = topo.devices().iter().map(|d| d.name.as_str()).collect();
-    assert_eq!(names, ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7"]);
+    assert_eq!(
+        names,
+        ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7"]
+    );
     let d = &topo.devices()[7]; // paired with GPU 0 under host bridge 0x10
     assert_eq!(d.driver.as_deref(), Some("mlx5_core"));
     assert_eq!(d.numa_node, Some(0));
@@ -69,7 +72,10 @@ fn reads_devices_and_ports() {
     let g = topo.gpu("0000:13:00.0").unwrap();
     assert_eq!(g.bus_id, "0000:13:00.0");
     assert_eq!(g.numa_node, Some(0));
-    assert_eq!(g.pci.unwrap().chain, ["0000:10:01.0", "0000:11:00.0", "0000:12:00.0", "0000:13:00.0"]);
+    assert_eq!(
+        g.pci.unwrap().chain,
+        ["0000:10:01.0", "0000:11:00.0", "0000:12:00.0", "0000:13:00.0"]
+    );
 }
 
 #[test]
@@ -149,7 +155,10 @@ fn filters_applied() {
     // A prefix matching everything changes nothing.
     let f: HcaFilter = "mlx5".parse().unwrap();
     let all = topo.assign(&ids(&gpus), Some(&f)).unwrap();
-    assert_eq!(all.iter().map(|c| c.device.clone()).collect::<Vec<_>>(), (0..8).rev().map(|i| format!("mlx5_{i}")).collect::<Vec<_>>());
+    assert_eq!(
+        all.iter().map(|c| c.device.clone()).collect::<Vec<_>>(),
+        (0..8).rev().map(|i| format!("mlx5_{i}")).collect::<Vec<_>>()
+    );
 
     // Filters that match nothing say so, quoting the filter.
     for spec in ["mlx4", "=mlx5_1:2", "^mlx5"] {
@@ -211,13 +220,28 @@ fn equal_distance_spreads_over_nics() {
     t.rdma("mlx5_0", &n0, &[PortSpec::ib_active(1)]);
     t.rdma("mlx5_1", &n1, &[PortSpec::ib_active(1)]);
     // Another root port: GPU B beside a dual-port mlx5_2 whose port 1 is down.
-    t.pci("pci0000:10", &["0000:10:02.0", "0000:20:00.0", "0000:21:00.0", "0000:22:00.0"], 0, None); // B
-    let n2 = t.pci("pci0000:10", &["0000:10:02.0", "0000:20:00.0", "0000:21:01.0", "0000:23:00.0"], 0, Some("mlx5_core"));
+    t.pci(
+        "pci0000:10",
+        &["0000:10:02.0", "0000:20:00.0", "0000:21:00.0", "0000:22:00.0"],
+        0,
+        None,
+    ); // B
+    let n2 = t.pci(
+        "pci0000:10",
+        &["0000:10:02.0", "0000:20:00.0", "0000:21:01.0", "0000:23:00.0"],
+        0,
+        Some("mlx5_core"),
+    );
     t.rdma("mlx5_2", &n2, &[PortSpec::ib(1, "1: DOWN"), PortSpec::ib_active(2)]);
 
     let topo = Topology::read(t.root()).unwrap();
-    let all = topo.assign(&["0000:13:00.0", "0000:16:00.0", "0000:22:00.0", "0000:17:00.0"], None).unwrap();
-    assert_eq!(all.iter().map(|c| (c.device.as_str(), c.port)).collect::<Vec<_>>(), [("mlx5_0", 1), ("mlx5_1", 1), ("mlx5_2", 2), ("mlx5_0", 1)]);
+    let all = topo
+        .assign(&["0000:13:00.0", "0000:16:00.0", "0000:22:00.0", "0000:17:00.0"], None)
+        .unwrap();
+    assert_eq!(
+        all.iter().map(|c| (c.device.as_str(), c.port)).collect::<Vec<_>>(),
+        [("mlx5_0", 1), ("mlx5_1", 1), ("mlx5_2", 2), ("mlx5_0", 1)]
+    );
     assert!(all.iter().all(|c| c.distance == Distance::Pix));
     assert_eq!(all[0].shared_with, ["0000:17:00.0"]);
     assert_eq!(all[3].shared_with, ["0000:13:00.0"]);
@@ -285,7 +309,10 @@ fn down_port_skipped_for_farther_active_one() {
         other => panic!("{other:?}"),
     }
     let msg = e.to_string();
-    assert!(msg.contains("mlx5_0:1 is 1: DOWN") && msg.contains("subnet manager") && msg.contains("^=mlx5_1"), "{msg}");
+    assert!(
+        msg.contains("mlx5_0:1 is 1: DOWN") && msg.contains("subnet manager") && msg.contains("^=mlx5_1"),
+        "{msg}"
+    );
 }
 
 fn roce_tree(gids: Vec<Gid>) -> Tree {
@@ -293,7 +320,16 @@ fn roce_tree(gids: Vec<Gid>) -> Tree {
     let (rp, up) = ("0000:10:01.0", "0000:11:00.0");
     t.pci("pci0000:10", &[rp, up, "0000:12:00.0", "0000:13:00.0"], 0, Some("nvidia"));
     let nic = t.pci("pci0000:10", &[rp, up, "0000:12:01.0", "0000:14:00.0"], 0, Some("mlx5_core"));
-    t.rdma("mlx5_0", &nic, &[PortSpec { number: 1, state: "4: ACTIVE", link_layer: "Ethernet", gids }]);
+    t.rdma(
+        "mlx5_0",
+        &nic,
+        &[PortSpec {
+            number: 1,
+            state: "4: ACTIVE",
+            link_layer: "Ethernet",
+            gids,
+        }],
+    );
     t
 }
 
@@ -330,12 +366,28 @@ fn roce_gid_index() {
     assert!(c.reason.contains("RoCE v2 GID index 4"), "{}", c.reason);
 
     // No IPv4-mapped v2: a global IPv6 v2 beats a lower link-local v2.
-    let t = roce_tree(vec![gid(0, Some(LL), v1), gid(1, Some(LL), v2), gid(2, Some(V4), v1), gid(3, Some(V6), v2)]);
-    assert_eq!(Topology::read(t.root()).unwrap().nearest("0000:13:00.0", None).unwrap().gid_index, Some(3));
+    let t = roce_tree(vec![
+        gid(0, Some(LL), v1),
+        gid(1, Some(LL), v2),
+        gid(2, Some(V4), v1),
+        gid(3, Some(V6), v2),
+    ]);
+    assert_eq!(
+        Topology::read(t.root()).unwrap().nearest("0000:13:00.0", None).unwrap().gid_index,
+        Some(3)
+    );
 
     // Only link-local v2: the lowest such index.
-    let t = roce_tree(vec![gid(0, Some(LL), v1), gid(1, None, None), gid(2, Some(LL), v2), gid(3, Some(LL), v2)]);
-    assert_eq!(Topology::read(t.root()).unwrap().nearest("0000:13:00.0", None).unwrap().gid_index, Some(2));
+    let t = roce_tree(vec![
+        gid(0, Some(LL), v1),
+        gid(1, None, None),
+        gid(2, Some(LL), v2),
+        gid(3, Some(LL), v2),
+    ]);
+    assert_eq!(
+        Topology::read(t.root()).unwrap().nearest("0000:13:00.0", None).unwrap().gid_index,
+        Some(2)
+    );
 
     // No RoCE v2 entry at all: a clear error naming the port.
     let t = roce_tree(vec![gid(0, Some(LL), v1), gid(1, Some(V4), v1), gid(2, Some(ZERO_GID), v2)]);
@@ -385,14 +437,25 @@ fn gpu_lookup_errors() {
             other => panic!("{bad}: {other:?}"),
         }
     }
-    assert!(matches!(topo.assign(&["0000:13:00.0", "nope"], None), Err(TopoError::BadBusId { .. })));
+    assert!(matches!(
+        topo.assign(&["0000:13:00.0", "nope"], None),
+        Err(TopoError::BadBusId { .. })
+    ));
 }
 
 #[test]
 fn device_not_on_pci_counts_as_sys() {
     let t = Tree::new("rxe");
     t.pci("pci0000:10", &["0000:10:01.0", "0000:11:00.0"], 0, Some("nvidia"));
-    t.virtual_rdma("rxe0", &[PortSpec { number: 1, state: "4: ACTIVE", link_layer: "Ethernet", gids: vec![gid(1, Some(V4), Some("RoCE v2"))] }]);
+    t.virtual_rdma(
+        "rxe0",
+        &[PortSpec {
+            number: 1,
+            state: "4: ACTIVE",
+            link_layer: "Ethernet",
+            gids: vec![gid(1, Some(V4), Some("RoCE v2"))],
+        }],
+    );
     let topo = Topology::read(t.root()).unwrap();
     assert_eq!(topo.devices()[0].pci, None);
     assert_eq!(topo.devices()[0].driver, None);
