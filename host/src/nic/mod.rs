@@ -25,6 +25,7 @@ use std::any::Any;
 
 use crate::error::{Error, Result};
 
+pub mod mlx5;
 pub mod select;
 pub mod soft;
 
