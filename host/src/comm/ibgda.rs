@@ -397,6 +397,8 @@ impl Communicator {
 
     fn ibgda_setup(&self, opts: IbgdaOptions) -> Result<IbgdaState> {
         opts.validate()?;
+        // Read before any collective: a bad value fails every rank alike.
+        let qp_opts = QpOptions::from_env()?;
         self.world.check_same(
             "IBGDA options (QPs per peer, SQ size, largest message)",
             &[opts.qps_per_peer, opts.sq_size, opts.max_msg]
@@ -517,10 +519,9 @@ impl Communicator {
 
         // Connect QP k to peer p with the peer's QP k to this rank.
         let remote_access = access::REMOTE_WRITE | access::REMOTE_READ | access::REMOTE_ATOMIC;
-        let qp_opts = QpOptions::default();
-        for p in 0..size {
+        for (p, remote) in remotes.iter().enumerate() {
             for k in 0..qpp {
-                qps[p * qpp + k].connect(&remotes[p].qps[rank * qpp + k], remote_access, &qp_opts)?;
+                qps[p * qpp + k].connect(&remote.qps[rank * qpp + k], remote_access, &qp_opts)?;
             }
         }
         tracing::debug!(
@@ -530,7 +531,7 @@ impl Communicator {
 
         // The kernels' view of every QP.
         let mut words: Vec<u64> = Vec::with_capacity(nqps * 16);
-        for p in 0..size {
+        for (p, remote) in remotes.iter().enumerate() {
             for k in 0..qpp {
                 let i = p * qpp + k;
                 let state = (states.as_raw() as *mut QpState).wrapping_add(i);
@@ -555,8 +556,8 @@ impl Communicator {
                     scratch: (scratch.as_raw() as *mut u64).wrapping_add(i * sq as usize),
                     scratch_lkey: scratch_mr.lkey(),
                     peer: p as u32,
-                    remote_base: remotes[p].base,
-                    rkey: remotes[p].rkey,
+                    remote_base: remote.base,
+                    rkey: remote.rkey,
                     _pad: 0,
                     _reserved: 0,
                 };

@@ -165,7 +165,7 @@ fn engine_image(dev: &Device, rank: usize, entry: EngineEntry) -> Result<(Arc<Fu
     let key = (dev.is_gpu(), dev.ordinal());
     let mut guard = ENGINE_IMAGES.lock().unwrap_or_else(|p| p.into_inner());
     let map = guard.get_or_insert_with(HashMap::new);
-    if !map.contains_key(&key) {
+    if let std::collections::hash_map::Entry::Vacant(vacant) = map.entry(key) {
         let t0 = std::time::Instant::now();
         let module = dev.inner.load_module((&SOFTNIC).into())?;
         let functions = [
@@ -181,17 +181,14 @@ fn engine_image(dev: &Device, rank: usize, entry: EngineEntry) -> Result<(Arc<Fu
             SOFTNIC_PTX.len(),
             t0.elapsed().as_millis()
         );
-        map.insert(
-            key,
-            EngineImage {
-                functions,
-                status_host: host as usize,
-                status_dev: dev_addr,
-                progress_host: progress_host as usize,
-                progress_dev,
-                free: (0..STATUS_SLOTS as u32).rev().collect(),
-            },
-        );
+        vacant.insert(EngineImage {
+            functions,
+            status_host: host as usize,
+            status_dev: dev_addr,
+            progress_host: progress_host as usize,
+            progress_dev,
+            free: (0..STATUS_SLOTS as u32).rev().collect(),
+        });
     }
     let img = map.get_mut(&key).expect("inserted above");
     let slot = img.free.pop().ok_or_else(|| {

@@ -194,7 +194,7 @@ impl SoftOptions {
             None => None,
             Some(_) => {
                 let t = crate::env::uint(ENGINE_THREADS_ENV, 256, 32, 1024)? as u32;
-                if t % 32 != 0 {
+                if !t.is_multiple_of(32) {
                     return Err(Error::BadEnv {
                         var: ENGINE_THREADS_ENV.to_string(),
                         value: t.to_string(),
@@ -226,7 +226,7 @@ impl SoftOptions {
     /// Why these settings are unusable, if they are.
     pub fn check(&self) -> std::result::Result<(), String> {
         if let Some(t) = self.engine_threads {
-            if !(32..=1024).contains(&t) || t % 32 != 0 {
+            if !(32..=1024).contains(&t) || !t.is_multiple_of(32) {
                 return Err(format!("engine_threads {t} is not a multiple of 32 in 32..=1024"));
             }
         }
