@@ -85,6 +85,12 @@ pub enum HcaFilterError {
         /// The text after the colon.
         port: String,
     },
+    /// The environment variable's value is not UTF-8.
+    #[error("DOORBELL_IB_HCA is not valid UTF-8 (`{lossy}`): device names are ASCII, e.g. `mlx5_0:1`")]
+    NotUnicode {
+        /// The value with invalid bytes replaced.
+        lossy: String,
+    },
     /// A name contains a character that cannot be part of one (`^`, `=`,
     /// whitespace), e.g. `=^mlx5_0` (the `^` must come first) or `mlx5_0 mlx5_1`.
     #[error("device filter entry `{entry}` contains `{ch}`: `^` and `=` may only open the whole list (`^` first), and entries are separated by commas")]
@@ -164,19 +170,17 @@ impl HcaFilter {
     }
 
     /// Reads [`ENV_VAR`]: `Ok(None)` when it is unset or empty, an error
-    /// when it is set but malformed (or not UTF-8, reported as
-    /// [`HcaFilterError::BadName`] with the replacement character).
+    /// when it is set but malformed or not UTF-8.
     pub fn from_env() -> Result<Option<Self>, HcaFilterError> {
         match std::env::var_os(ENV_VAR) {
             None => Ok(None),
-            Some(v) => {
-                let text = v.to_string_lossy();
-                if text.trim().is_empty() {
-                    Ok(None)
-                } else {
-                    Self::parse(&text).map(Some)
-                }
-            }
+            Some(v) => match v.into_string() {
+                Err(raw) => Err(HcaFilterError::NotUnicode {
+                    lossy: raw.to_string_lossy().into_owned(),
+                }),
+                Ok(text) if text.trim().is_empty() => Ok(None),
+                Ok(text) => Self::parse(&text).map(Some),
+            },
         }
     }
 
@@ -407,5 +411,30 @@ mod tests {
         assert!(e.contains("`^`") && e.contains("^mlx5_0"), "{e}");
         let e = HcaFilter::parse("a,,b").unwrap_err().to_string();
         assert!(e.contains("a,,b") && e.contains("number 2"), "{e}");
+    }
+
+    /// The only test touching the variable, so parallel tests do not race on it.
+    #[test]
+    fn from_env() {
+        std::env::remove_var(ENV_VAR);
+        assert_eq!(HcaFilter::from_env(), Ok(None));
+        std::env::set_var(ENV_VAR, " ");
+        assert_eq!(HcaFilter::from_env(), Ok(None));
+        std::env::set_var(ENV_VAR, "^=mlx5_2");
+        let f = HcaFilter::from_env().unwrap().unwrap();
+        assert!(!f.accepts("mlx5_2", 1) && f.accepts("mlx5_3", 1));
+        std::env::set_var(ENV_VAR, "mlx5_0:0");
+        assert!(matches!(HcaFilter::from_env(), Err(HcaFilterError::BadPort { .. })));
+        {
+            use std::os::unix::ffi::OsStrExt;
+            std::env::set_var(ENV_VAR, std::ffi::OsStr::from_bytes(b"mlx5_\xff"));
+            assert_eq!(
+                HcaFilter::from_env(),
+                Err(HcaFilterError::NotUnicode {
+                    lossy: "mlx5_\u{fffd}".into()
+                })
+            );
+        }
+        std::env::remove_var(ENV_VAR);
     }
 }

@@ -76,6 +76,16 @@ pub enum TopoError {
         /// Every `device:port` present.
         available: Vec<String>,
     },
+    /// RDMA devices exist but none lists a port.
+    #[error(
+        "RDMA device(s) {} list no ports (sys/class/infiniband/<device>/ports is empty or missing): the driver may \
+         still be starting or the device failed to initialise; check `ibv_devinfo` and `dmesg`",
+        devices.join(", ")
+    )]
+    NoPorts {
+        /// The devices.
+        devices: Vec<String>,
+    },
     /// Every port the filter accepts is not ACTIVE.
     #[error(
         "no RDMA port is ACTIVE: {}; connect the cable and check the switch / subnet manager \
@@ -331,10 +341,14 @@ impl PciPath {
         if comps.next()? != Some("sys") || comps.next()? != Some("devices") {
             return None;
         }
-        let host_bridge = comps.next()??;
-        if !host_bridge.starts_with("pci") {
-            return None;
-        }
+        // Usually `sys/devices/pci0000:17/...`; in Hyper-V guests the host
+        // bridge sits deeper (`sys/devices/LNXSYSTM:00/.../VMBUS:01/<guid>/pci0001:00/...`).
+        let host_bridge = loop {
+            let c = comps.next()??;
+            if is_host_bridge(c) {
+                break c;
+            }
+        };
         let mut chain = Vec::new();
         for c in comps {
             match c {
@@ -360,6 +374,15 @@ impl PciPath {
     pub fn bridges(&self) -> &[String] {
         &self.chain[..self.chain.len().saturating_sub(1)]
     }
+}
+
+/// Whether a sysfs directory name is a PCI host bridge, `pci<domain>:<bus>`.
+fn is_host_bridge(name: &str) -> bool {
+    let Some((domain, bus)) = name.strip_prefix("pci").and_then(|r| r.split_once(':')) else {
+        return false;
+    };
+    let hex = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_hexdigit());
+    domain.len() >= 4 && hex(domain) && bus.len() == 2 && hex(bus)
 }
 
 /// How far apart a GPU and a NIC are, nearest first (NCCL's classes).
@@ -546,8 +569,10 @@ pub fn natural_cmp(a: &str, b: &str) -> Ordering {
     pa.len().cmp(&pb.len())
 }
 
-/// Normalises a PCI bus id to `dddd:bb:dd.f` in lower case. Accepts an
-/// optional domain of up to 8 hex digits (`nvidia-smi` prints 8), any case.
+/// Normalises a PCI bus id to `dddd:bb:dd.f` in lower case, as sysfs names
+/// devices (a domain above `ffff`, as in some Hyper-V guests, keeps its
+/// extra digits). Accepts an optional domain of up to 8 hex digits
+/// (`nvidia-smi` prints 8), any case.
 pub fn normalize_bus_id(bus_id: &str) -> Option<String> {
     let s = bus_id.trim();
     let mut parts: Vec<&str> = s.split(':').collect();
@@ -566,7 +591,7 @@ pub fn normalize_bus_id(bus_id: &str) -> Option<String> {
     let bus = hex(bus, 2)?;
     let dev = hex(dev, 2)?;
     let func = hex(func, 1)?;
-    if domain > 0xffff || dev > 0x1f || func > 7 {
+    if dev > 0x1f || func > 7 {
         return None;
     }
     Some(format!("{domain:04x}:{bus:02x}:{dev:02x}.{func:x}"))
@@ -678,17 +703,14 @@ impl Topology {
                 }
             }
         }
-        if accepted.is_empty() {
-            return Err(match filter {
-                Some(f) if !available.is_empty() => TopoError::FilterExcludesAll {
-                    filter: f.spec().to_string(),
-                    available,
-                },
-                _ => TopoError::AllPortsDown {
-                    ports: Vec::new(),
-                    filter: filter.map(|f| f.spec().to_string()),
-                },
+        if available.is_empty() {
+            return Err(TopoError::NoPorts {
+                devices: self.devices.iter().map(|d| d.name.clone()).collect(),
             });
+        }
+        if accepted.is_empty() {
+            let filter = filter.map(|f| f.spec().to_string()).unwrap_or_default();
+            return Err(TopoError::FilterExcludesAll { filter, available });
         }
         let mut out = Vec::new();
         let mut down = Vec::new();
@@ -1012,17 +1034,11 @@ pub fn kernel_version(root: &Path) -> Result<(u32, u32), TopoError> {
         text: text.trim().to_string(),
         path: path.clone(),
     };
-    let mut it = text.trim().splitn(3, |c: char| !c.is_ascii_digit());
-    let major = it.next().and_then(|s| s.parse().ok()).ok_or_else(bad)?;
-    let minor = it.next().and_then(|s| s.parse().ok()).ok_or_else(bad)?;
-    if !text.trim()[major_len(&text)..].starts_with('.') {
-        return Err(bad());
-    }
+    let (major, rest) = text.trim().split_once('.').ok_or_else(bad)?;
+    let minor_len = rest.bytes().take_while(u8::is_ascii_digit).count();
+    let major = major.parse().map_err(|_| bad())?;
+    let minor = rest[..minor_len].parse().map_err(|_| bad())?;
     Ok((major, minor))
-}
-
-fn major_len(text: &str) -> usize {
-    text.trim().bytes().take_while(u8::is_ascii_digit).count()
 }
 
 /// Whether the kernel is new enough (5.12 or later) for RDMA dma-buf
@@ -1061,6 +1077,7 @@ mod tests {
         assert_eq!(normalize_bus_id("00000000:1B:00.0").as_deref(), Some("0000:1b:00.0"));
         assert_eq!(normalize_bus_id("1b:00.1").as_deref(), Some("0000:1b:00.1"));
         assert_eq!(normalize_bus_id("0001:c1:1f.7").as_deref(), Some("0001:c1:1f.7"));
+        assert_eq!(normalize_bus_id("0001C8B2:00:00.0").as_deref(), Some("1c8b2:00:00.0"));
         for bad in [
             "",
             "1b",
@@ -1070,7 +1087,7 @@ mod tests {
             "0000:1bb:00.0",
             "0000:1b:00.0x",
             "x:1b:00.0",
-            "10000:1b:00.0",
+            "100000000:1b:00.0",
         ] {
             assert_eq!(normalize_bus_id(bad), None, "{bad}");
         }
@@ -1146,6 +1163,13 @@ mod tests {
             None
         );
         assert_eq!(PciPath::from_sysfs(root, Path::new("/r/sys/devices/pci0000:17")), None);
+        let hv = PciPath::from_sysfs(
+            root,
+            Path::new("/r/sys/devices/LNXSYSTM:00/LNXSYBUS:00/PNP0A03:00/device:07/VMBUS:01/47505500-0001-0000-3130-444531304235/pci0001:00/0001:00:00.0"),
+        )
+        .unwrap();
+        assert_eq!(hv, path("pci0001:00", &["0001:00:00.0"]));
+        assert_eq!(PciPath::from_sysfs(root, Path::new("/r/sys/devices/platform/pcie-0/x")), None);
     }
 
     #[test]
@@ -1204,6 +1228,12 @@ mod tests {
         assert!(!dmabuf_supported_by_kernel(&dir).unwrap());
         write("5-12");
         assert!(matches!(kernel_version(&dir), Err(TopoError::BadKernelRelease { .. })));
+        write("6");
+        assert!(matches!(kernel_version(&dir), Err(TopoError::BadKernelRelease { .. })));
+        write("6.x");
+        assert!(matches!(kernel_version(&dir), Err(TopoError::BadKernelRelease { .. })));
+        write("6.10-rc1");
+        assert_eq!(kernel_version(&dir).unwrap(), (6, 10));
         write("linux");
         assert!(matches!(kernel_version(&dir), Err(TopoError::BadKernelRelease { .. })));
         fs::remove_dir_all(&dir).unwrap();

@@ -424,6 +424,21 @@ fn no_device_at_all() {
 }
 
 #[test]
+fn devices_without_ports() {
+    let t = Tree::new("noports");
+    t.pci("pci0000:10", &["0000:10:01.0", "0000:11:00.0"], 0, Some("nvidia"));
+    let nic = t.pci("pci0000:10", &["0000:10:02.0", "0000:12:00.0"], 0, Some("mlx5_core"));
+    t.rdma("mlx5_0", &nic, &[]);
+    let topo = Topology::read(t.root()).unwrap();
+    let e = topo.nearest("0000:11:00.0", None).unwrap_err();
+    match &e {
+        TopoError::NoPorts { devices } => assert_eq!(devices, &["mlx5_0"]),
+        other => panic!("{other:?}"),
+    }
+    assert!(e.to_string().contains("mlx5_0") && e.to_string().contains("ibv_devinfo"), "{e}");
+}
+
+#[test]
 fn gpu_lookup_errors() {
     let (t, _) = dgx();
     let topo = Topology::read(t.root()).unwrap();
