@@ -72,6 +72,8 @@
 mod engine;
 mod port;
 mod report;
+#[cfg(test)]
+mod tests;
 
 use std::any::Any;
 use std::collections::HashMap;
