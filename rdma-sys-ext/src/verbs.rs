@@ -845,7 +845,8 @@ impl Verbs {
             addr,
             size: len,
             access,
-            pgsz_bitmap: !0u64,
+            // Any page size from 4 KiB up, as mlx5dv_devx_umem_reg asks.
+            pgsz_bitmap: !0xfffu64,
             comp_mask: sys::MLX5DV_UMEM_MASK_DMABUF,
             dmabuf_fd: fd,
         };

@@ -309,6 +309,23 @@ impl Mlx5Nic {
         self.shared.uar_gpu.is_none()
     }
 
+    /// What [`Nic::start`] does, without the world: starts the
+    /// CPU-assisted doorbell thread where the GPU cannot map the UAR page
+    /// (idempotent; nothing to do otherwise).
+    ///
+    /// # Errors
+    /// [`Error::Thread`] when the thread cannot be spawned.
+    pub fn start_doorbells(&mut self) -> Result<()> {
+        if self.shared.uar_gpu.is_none() && self.proxy.is_none() {
+            tracing::info!(
+                "mlx5 {}: starting the CPU-assisted doorbell thread (the GPU cannot map the UAR page)",
+                self.shared.port.name
+            );
+            self.proxy = Some(Proxy::start(self.shared.clone())?);
+        }
+        Ok(())
+    }
+
     /// The PD number (what DevX commands name).
     pub fn pdn(&self) -> u32 {
         self.shared.pdn
@@ -474,14 +491,7 @@ impl Nic for Mlx5Nic {
 
     fn start(&mut self, ctx: &StartCtx<'_>) -> Result<()> {
         let _ = ctx;
-        if self.shared.uar_gpu.is_none() && self.proxy.is_none() {
-            tracing::info!(
-                "mlx5 {}: starting the CPU-assisted doorbell thread (the GPU cannot map the UAR page)",
-                self.shared.port.name
-            );
-            self.proxy = Some(Proxy::start(self.shared.clone())?);
-        }
-        Ok(())
+        self.start_doorbells()
     }
 
     fn stop(&mut self) -> std::result::Result<(), String> {

@@ -109,7 +109,10 @@ fn run(shared: &Shared, stop: &AtomicBool) {
                     continue;
                 }
                 let v = t.words.read(slot * WORDS);
-                if v != 0 && v != last[slot] {
+                if v == 0 {
+                    // A fresh slot (claimed again after a QP was dropped).
+                    last[slot] = 0;
+                } else if v != last[slot] {
                     last[slot] = v;
                     std::sync::atomic::fence(Ordering::SeqCst);
                     // SAFETY: the UAR register is mapped for the port's life
