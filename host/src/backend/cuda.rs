@@ -892,7 +892,9 @@ pub(crate) unsafe fn host_register_io(ctx: &CudaContext, ptr: *mut core::ffi::c_
     ctx.bind_to_thread().call("cuCtxSetCurrent")?;
     let flags = sys::CU_MEMHOSTREGISTER_IOMEMORY | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
     // SAFETY: caller's contract.
-    unsafe { sys::cuMemHostRegister_v2(ptr, len, flags) }.result().call("cuMemHostRegister")?;
+    unsafe { sys::cuMemHostRegister_v2(ptr, len, flags) }
+        .result()
+        .call("cuMemHostRegister")?;
     let mut dptr: sys::CUdeviceptr = 0;
     // SAFETY: `ptr` was just registered; `dptr` is a valid out-pointer.
     if let Err(e) = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, ptr, 0) }.result() {

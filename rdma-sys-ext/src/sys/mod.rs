@@ -4,6 +4,12 @@
 //! [`IbverbsFns`] and [`Mlx5Fns`] is produced by `scripts/gen-rdma-bindings.sh`
 //! (bindgen over `<infiniband/verbs.h>` + `<infiniband/mlx5dv.h>`, rdma-core
 //! 44 on Debian 12). Do not edit those files by hand: rerun the script.
+//! The third table, [`DevxFns`] (`mlx5dv_devx_obj_*`,
+//! `mlx5dv_devx_general_cmd`, `mlx5dv_devx_query_eqn`,
+//! `mlx5dv_devx_umem_reg_ex`) with the opaque [`mlx5dv_devx_obj`] and
+//! [`mlx5dv_devx_umem_in`], is written by hand in the same style
+//! (`devx_fns.rs`, which the script leaves alone), with compile-time
+//! layout checks of its struct.
 //!
 //! The types carry bindgen's compile-time layout assertions (size, alignment
 //! and every field offset as clang computed them from the header), so a
@@ -42,10 +48,10 @@ mod mlx5_fns;
 #[rustfmt::skip]
 mod devx_fns;
 
+pub use devx_fns::{mlx5dv_devx_obj, mlx5dv_devx_umem_in, DevxFns, MLX5DV_UMEM_MASK_DMABUF};
 pub use generated::*;
 pub use ibverbs_fns::IbverbsFns;
 pub use mlx5_fns::Mlx5Fns;
-pub use devx_fns::{mlx5dv_devx_obj, mlx5dv_devx_umem_in, DevxFns, MLX5DV_UMEM_MASK_DMABUF};
 
 /// `__VERBS_ABI_IS_EXTENDED` from verbs.h: the value of
 /// `ibv_context::abi_compat` when the context is embedded in a
