@@ -323,4 +323,30 @@ mod tests {
         assert!(e.to_string().starts_with("ibv_query_port(port 1) failed: "), "{e}");
         assert!(std::error::Error::source(&e).is_some());
     }
+
+    #[test]
+    fn devx_errors_name_the_command_status_and_syndrome() {
+        let e = Error::DevxCmd {
+            call: "mlx5dv_devx_obj_create",
+            command: crate::prm::opcode_name(0x500),
+            opcode: 0x500,
+            status: 0x3,
+            syndrome: 0x1a2b_3c4d,
+            source: errno_from_rc(121),
+        };
+        let s = e.to_string();
+        assert!(
+            s.starts_with("mlx5dv_devx_obj_create(CREATE_QP, opcode 0x500) failed: status 0x3 (BAD_PARAM_ERR), syndrome 0x1a2b3c4d: "),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn short_devx_mailboxes_are_refused_before_any_call() {
+        let verbs = crate::Verbs::load().expect("rdma-core (libibverbs1, ibverbs-providers): run scripts/setup.sh");
+        let mut out = [0u8; 8];
+        // SAFETY: refused before the context is used.
+        let r = unsafe { verbs.devx_general_cmd(core::ptr::null_mut(), &[0u8; 4], &mut out) };
+        assert!(matches!(r, Err(Error::DevxMailbox { in_len: 4, out_len: 8, .. })), "{r:?}");
+    }
 }
