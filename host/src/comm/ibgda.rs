@@ -371,28 +371,103 @@ impl Communicator {
             .any(|r| matches!(r, PeerRoute::CudaIpc | PeerRoute::SharedMemory))
     }
 
-    /// Opens this rank's NIC port: the one place that chooses the NIC.
-    /// Collective (the soft NIC hands rank 0's fabric to every rank of a
-    /// one-process world).
+    /// Opens this rank's NIC port: the one place that chooses the NIC
+    /// (`nic::select`: `DOORBELL_NIC`, rdma-core, `DOORBELL_IB_HCA`, the
+    /// port nearest the GPU). Collective: every rank takes part in every
+    /// step, so a rank that cannot open its NIC makes every rank fail with
+    /// its name instead of leaving them in a later exchange; ranks must
+    /// agree on the library version and on the kind of NIC (a soft NIC
+    /// port cannot reach a ConnectX one).
     fn open_nic(&self, opts: &IbgdaOptions) -> Result<Box<dyn Nic>> {
-        let cross_process = self.cross_process().then(|| CrossProcess {
-            heap_base: self.heap_base,
-            heap_len: self.heap_len,
-            tables_offset: super::tail_off(self.heap_len),
-            mapped: (0..self.size)
-                .map(|p| matches!(self.routes[p], PeerRoute::CudaIpc | PeerRoute::SharedMemory).then(|| self.bases[p]))
-                .collect(),
-            tail_in_use: self.softnic_tail_leaked.clone(),
-        });
-        let nic = crate::nic::soft::open(SoftOpen {
-            rank: self.rank,
-            device: &self.device,
-            world: &self.world,
-            options: opts.soft(),
-            cross_process,
-            same_gpu: self.same_gpu,
-        })?;
-        Ok(Box::new(nic))
+        use crate::nic::select::Selection;
+        let mut layout = Vec::new();
+        layout.extend_from_slice(env!("CARGO_PKG_VERSION").as_bytes());
+        layout.extend_from_slice(&(std::mem::size_of::<IbgdaQp>() as u64).to_le_bytes());
+        layout.extend_from_slice(&(Endpoint::BYTES as u64).to_le_bytes());
+        self.world.check_same("doorbell version and IBGDA layout (build every rank from the same version)", &layout)?;
+
+        // This rank's GPU, and every GPU on this host (so GPUs at the same
+        // distance are spread over NICs, and sharing is reported).
+        let gpu = match self.device.as_cuda() {
+            Some(ctx) => crate::backend::cuda::pci_bus_id(ctx).ok(),
+            None => None,
+        };
+        let host = hostname();
+        let mine = format!("{host}\n{}", gpu.as_deref().unwrap_or(""));
+        let all = self.world.all_gather_bytes(mine.as_bytes())?;
+        let here: Vec<String> = all
+            .iter()
+            .filter_map(|b| {
+                let t = String::from_utf8_lossy(b);
+                let (h, g) = t.split_once('\n')?;
+                (h == host && !g.is_empty()).then(|| g.to_string())
+            })
+            .collect();
+
+        let selection = crate::nic::select::select(self.rank, gpu.as_deref(), &here);
+        let kind = match &selection {
+            Err(_) => 0u8,
+            Ok(Selection::Soft { .. }) => 1,
+            Ok(Selection::Mlx5 { .. }) => 2,
+        };
+        let kinds = self.world.all_gather_bytes(&[kind])?;
+        let selection = selection?;
+        let failed: Vec<usize> = (0..self.size).filter(|&r| kinds[r].first() != Some(&1) && kinds[r].first() != Some(&2)).collect();
+        if !failed.is_empty() {
+            return Err(Error::comm(format!(
+                "rank {}: IBGDA set-up: rank(s) {failed:?} could not choose a NIC (their own errors say why)",
+                self.rank
+            )));
+        }
+        if kinds.iter().any(|k| k.first() != Some(&kind)) {
+            let name = |k: Option<&u8>| if k == Some(&1) { "the soft NIC" } else { "mlx5" };
+            let list: Vec<String> = kinds.iter().enumerate().map(|(r, k)| format!("rank {r}: {}", name(k.first()))).collect();
+            return Err(Error::NicUnavailable {
+                missing: format!(
+                    "ranks chose different NICs ({}), and a soft NIC port cannot reach a ConnectX one: give every rank \
+                     the same {} (and, with auto, the same rdma-core and devices)",
+                    list.join(", "),
+                    crate::nic::NIC_ENV
+                ),
+            });
+        }
+        tracing::info!("rank {}: IBGDA NIC: {}", self.rank, selection.describe());
+        let opened: Result<Box<dyn Nic>> = match selection {
+            Selection::Soft { .. } => {
+                let cross_process = self.cross_process().then(|| CrossProcess {
+                    heap_base: self.heap_base,
+                    heap_len: self.heap_len,
+                    tables_offset: super::tail_off(self.heap_len),
+                    mapped: (0..self.size)
+                        .map(|p| matches!(self.routes[p], PeerRoute::CudaIpc | PeerRoute::SharedMemory).then(|| self.bases[p]))
+                        .collect(),
+                    tail_in_use: self.softnic_tail_leaked.clone(),
+                });
+                // Collective inside (rank 0's fabric handed to the others).
+                return Ok(Box::new(crate::nic::soft::open(SoftOpen {
+                    rank: self.rank,
+                    device: &self.device,
+                    world: &self.world,
+                    options: opts.soft(),
+                    cross_process,
+                    same_gpu: self.same_gpu,
+                })?));
+            }
+            Selection::Mlx5 { choice, verbs } => {
+                crate::nic::mlx5::Mlx5Nic::open(&verbs, &choice, &self.device).map(|n| Box::new(n) as Box<dyn Nic>)
+            }
+        };
+        let oks = self.world.all_gather_bytes(&[opened.is_ok() as u8])?;
+        let nic = opened?;
+        let failed: Vec<usize> = (0..self.size).filter(|&r| oks[r].first() != Some(&1)).collect();
+        if !failed.is_empty() {
+            return Err(Error::comm(format!(
+                "rank {}: IBGDA set-up: rank(s) {failed:?} could not open their NIC port (their own errors say why)",
+                self.rank
+            )));
+        }
+        tracing::info!("rank {}: IBGDA NIC opened: {}", self.rank, nic.describe());
+        Ok(nic)
     }
 
     fn ibgda_setup(&self, opts: IbgdaOptions) -> Result<IbgdaState> {
@@ -637,4 +712,17 @@ impl Drop for IbgdaState {
         self.cqs.clear();
         self.registered.clear();
     }
+}
+
+/// This host's name (what tells ranks on one host apart from the others).
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is writable for its length; the result is
+    // NUL-terminated when it fits, and the last byte stays 0.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len() - 1) };
+    if rc != 0 {
+        return String::new();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
 }
