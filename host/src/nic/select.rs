@@ -133,7 +133,7 @@ pub fn select_with(choice: NicChoice, rank: usize, gpu: Option<&str>, gpus_here:
                 reason: format!("{}=auto: {what}", super::NIC_ENV),
             }),
             _ => Err(Error::NicUnavailable {
-                missing: format!("rank {rank}: {}=mlx5, but {what}", super::NIC_ENV),
+                missing: format!("rank {rank}: {nic}=mlx5, but {what}; or set {nic}=soft (or auto) for the soft NIC", nic = super::NIC_ENV),
             }),
         }
     };
@@ -155,8 +155,7 @@ pub fn select_with(choice: NicChoice, rank: usize, gpu: Option<&str>, gpus_here:
     if names.is_empty() {
         return missing(
             "rdma-core reports no RDMA device (no ConnectX NIC, or its drivers mlx5_core/mlx5_ib and ib_uverbs are not \
-             loaded; in a container, pass the devices with `--device /dev/infiniband`); set DOORBELL_NIC=soft to use the \
-             soft NIC"
+             loaded; in a container, pass the devices with `--device /dev/infiniband`)"
                 .to_string(),
         );
     }
