@@ -245,13 +245,49 @@ impl QpOptions {
     }
 }
 
+/// `DOORBELL_IB_DOORBELL`: how a ConnectX's doorbell is rung.
+pub const DOORBELL_ENV: &str = "DOORBELL_IB_DOORBELL";
+
+/// How kernels ring a ConnectX's doorbell (`DOORBELL_IB_DOORBELL`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DoorbellPath {
+    /// The UAR page mapped into the GPU where the driver allows it, else
+    /// a host thread forwards the GPU's doorbells (said in the log).
+    Auto,
+    /// The UAR page mapped into the GPU; where the driver refuses, an
+    /// error naming what to change (`PeerMappingOverride`).
+    Gpu,
+    /// Always CPU-assisted (a host thread rings the UAR).
+    Cpu,
+}
+
+impl DoorbellPath {
+    /// From [`DOORBELL_ENV`]: `auto` (default), `gpu` or `cpu`.
+    pub fn from_env() -> Result<DoorbellPath> {
+        let Some(v) = crate::env::raw(DOORBELL_ENV)? else {
+            return Ok(DoorbellPath::Auto);
+        };
+        match v.trim() {
+            "auto" => Ok(DoorbellPath::Auto),
+            "gpu" => Ok(DoorbellPath::Gpu),
+            "cpu" => Ok(DoorbellPath::Cpu),
+            _ => Err(Error::BadEnv {
+                var: DOORBELL_ENV.to_string(),
+                value: v,
+                reason: "expected auto, gpu or cpu".to_string(),
+            }),
+        }
+    }
+}
+
 /// Checks every NIC variable (`DOORBELL_NIC`, `DOORBELL_IB_HCA`,
-/// `DOORBELL_IB_*`) without opening anything: what `doorbell::env::check`
+/// `DOORBELL_IB_*`, `DOORBELL_IB_DOORBELL`) without opening anything: what `doorbell::env::check`
 /// runs.
 pub fn check_env() -> Result<()> {
     NicChoice::from_env()?;
     select::Probe::system()?;
     QpOptions::from_env()?;
+    DoorbellPath::from_env()?;
     Ok(())
 }
 
@@ -392,5 +428,11 @@ mod tests {
         }
         std::env::remove_var("DOORBELL_IB_TIMEOUT");
         assert_eq!(QpOptions::from_env().expect("defaults"), QpOptions::default());
+        assert_eq!(DoorbellPath::from_env().expect("unset"), DoorbellPath::Auto);
+        std::env::set_var(DOORBELL_ENV, "gpu");
+        assert_eq!(DoorbellPath::from_env().expect("gpu"), DoorbellPath::Gpu);
+        std::env::set_var(DOORBELL_ENV, "uar");
+        assert!(matches!(DoorbellPath::from_env(), Err(Error::BadEnv { .. })));
+        std::env::remove_var(DOORBELL_ENV);
     }
 }

@@ -46,7 +46,7 @@ use rdma_sys_ext::{DeviceList, Verbs};
 use self::plan::RegMethod;
 use self::proxy::{Proxy, ProxyTable};
 use self::queues::{nic_err, Cq, DevxObj, Mr, Qp, Umem};
-use super::{CompletionQueue, CqRing, LinkLayer, MemoryRegion, Nic, NicKind, PortInfo, QpRings, QueuePair, StartCtx};
+use super::{CompletionQueue, CqRing, DoorbellPath, LinkLayer, MemoryRegion, Nic, NicKind, PortInfo, QpRings, QueuePair, StartCtx};
 use crate::backend::cuda;
 use crate::error::{Error, Result};
 
@@ -248,11 +248,26 @@ impl Mlx5Nic {
                 Err(_) => unsafe { verbs.mlx5dv_devx_alloc_uar(ctx, sys::MLX5DV_UAR_ALLOC_TYPE_BF) }.map_err(|x| e(x.to_string()))?,
             };
             // SAFETY: the UAR page stays mapped until it is freed in Shared::drop, after this unregisters it.
-            let uar_gpu = match unsafe { cuda::host_register_io(&cuda_ctx, (*uar).base_addr, UAR_PAGE_BYTES) } {
-                Ok(d) => Some(d),
-                Err(x) => {
+            let path = DoorbellPath::from_env()?;
+            let mapped = match path {
+                DoorbellPath::Cpu => Err("DOORBELL_IB_DOORBELL=cpu".to_string()),
+                // SAFETY: the UAR page stays mapped until it is freed in Shared::drop, after this unregisters it.
+                _ => unsafe { cuda::host_register_io(&cuda_ctx, (*uar).base_addr, UAR_PAGE_BYTES) }.map_err(|x| x.to_string()),
+            };
+            let uar_gpu = match (mapped, path) {
+                (Ok(d), _) => Some(d),
+                (Err(x), DoorbellPath::Gpu) => {
+                    return Err(unavailable(format!(
+                        "{name}: DOORBELL_IB_DOORBELL=gpu, but the GPU cannot map the NIC's UAR page ({x}); the NVIDIA \
+                         driver allows that mapping to root, or to everyone with `options nvidia \
+                         NVreg_RegistryDwords=\"PeerMappingOverride=1;\"` in /etc/modprobe.d/nvidia.conf (then reload the \
+                         driver); or set DOORBELL_IB_DOORBELL=auto for CPU-assisted doorbells"
+                    )))
+                }
+                (Err(x), _) => {
                     tracing::info!(
-                        "mlx5 {name}: the GPU cannot map the UAR page ({x}); doorbells are CPU-assisted (a host thread forwards them)"
+                        "mlx5 {name}: doorbells are CPU-assisted, a host thread forwards them ({x}; the GPU maps the UAR \
+                         page as root or with the NVIDIA driver's PeerMappingOverride=1)"
                     );
                     None
                 }
