@@ -146,7 +146,7 @@ fn run_rank(comm: &Communicator, o: &Opts) -> doorbell::Result<Option<String>> {
                 &f,
                 cfg,
                 (
-                    comm.p2p(),
+                    comm.p2p()?,
                     buf.as_mut_ptr(),
                     o.size,
                     chunk,

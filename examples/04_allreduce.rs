@@ -393,7 +393,7 @@ fn check_rank<T: Elem>(comm: &Communicator, args: &Args, elems: usize, opts: &Al
             // launched with the transport the all-reduce was made for.
             unsafe {
                 match ar.transport() {
-                    TransportKind::P2p => stream.launch(&module.function::<FusedKernel>()?, cfg, (comm.p2p(), a, compute, step))?,
+                    TransportKind::P2p => stream.launch(&module.function::<FusedKernel>()?, cfg, (comm.p2p()?, a, compute, step))?,
                     TransportKind::Ibgda => stream.launch(&module.function::<FusedIbgda>()?, cfg, (comm.ibgda()?, a, compute, step))?,
                     TransportKind::Routed => stream.launch(&module.function::<FusedRouted>()?, cfg, (comm.routed()?, a, compute, step))?,
                 }
@@ -954,9 +954,9 @@ fn bench_rank<T: Elem>(
                 // wide kernel for the plan of 512 threads.
                 unsafe {
                     match width {
-                        Width::Wide => stream.launch(&wide_fn, cfg, (comm.p2p(), a, compute, step)),
-                        Width::Wide2 => stream.launch(&wide2_fn, cfg, (comm.p2p(), a, compute, step)),
-                        _ => stream.launch(&fused_fn, cfg, (comm.p2p(), a, compute, step)),
+                        Width::Wide => stream.launch(&wide_fn, cfg, (comm.p2p()?, a, compute, step)),
+                        Width::Wide2 => stream.launch(&wide2_fn, cfg, (comm.p2p()?, a, compute, step)),
+                        _ => stream.launch(&fused_fn, cfg, (comm.p2p()?, a, compute, step)),
                     }
                 }
             }

@@ -191,7 +191,7 @@ fn run(args: &P2pBenchArgs) -> Result<(), BoxError> {
         let s = dev.new_stream()?;
         let rtt = measure_rtt(comm, &s, plan.rtt_iters, plan.rounds)?;
         let rows = measure_puts(comm, &s, args, &plan)?;
-        let scope = if comm.p2p().same_gpu != 0 { "gpu" } else { "sys" };
+        let scope = if comm.p2p()?.same_gpu != 0 { "gpu" } else { "sys" };
         Ok((
             rtt,
             rows,
@@ -226,7 +226,7 @@ fn measure_rtt(comm: &Communicator, s: &Stream, iters: u32, rounds: u32) -> door
     let me = comm.rank();
     let word = comm.alloc::<u64>(1)?;
     let theirs = comm.peer_address(word.as_ptr(), 1 - me)?;
-    let handle = comm.p2p();
+    let handle = comm.p2p()?;
     let sys_scope = (handle.same_gpu == 0) as u32;
     let mut out_ns = comm.device().alloc_zeroed::<u64>(1)?;
     let mut status = comm.device().alloc_zeroed::<u32>(1)?;
@@ -345,7 +345,7 @@ fn measure_puts(
                     &put,
                     cfg,
                     (
-                        comm.p2p(),
+                        comm.p2p()?,
                         dst.as_mut_ptr(),
                         src.as_ptr(),
                         bytes,

@@ -246,7 +246,7 @@ fn bench(comm: &Communicator, a: &IbgdaBenchArgs, max: u64, rtt_iters: u32, io: 
     let dev = comm.device();
     let m = comm.load_module(&USER_KERNELS)?;
     let me = comm.rank();
-    let p2p = comm.p2p();
+    let p2p = comm.p2p()?;
     let ib = comm.ibgda_with(io)?;
     let src = comm.alloc::<u8>(max as usize)?;
     let dst = comm.alloc::<u8>(max as usize)?;

@@ -622,7 +622,7 @@ impl<'c> Exchange<'c> {
         let mut status = dev.alloc_zeroed::<u32>(k::STATUS_WORDS)?;
         let stamps = dev.alloc_zeroed::<u64>(k::STAMP_WORDS)?;
         let kernels = match transport {
-            TransportKind::P2p => Kernels::P2p(comm.p2p(), m.function()?, m.function()?, m.function()?),
+            TransportKind::P2p => Kernels::P2p(comm.p2p()?, m.function()?, m.function()?, m.function()?),
             TransportKind::Ibgda => Kernels::Ibgda(comm.ibgda()?, m.function()?, m.function()?),
             TransportKind::Routed => Kernels::Routed(Box::new(comm.routed()?), m.function()?, m.function()?, m.function()?),
         };
@@ -684,7 +684,7 @@ impl<'c> Exchange<'c> {
             bwd_epoch: 0,
             bwd_seq: 0,
             // The communicator's wait budget (CommOptions::wait_timeout).
-            budget_ns: comm.p2p().budget_ns,
+            budget_ns: comm.wait_budget_ns(),
             sliced_bytes: k::SLICED_LIST_BYTES,
         })
     }
@@ -862,7 +862,7 @@ impl<'c> Exchange<'c> {
         };
         // SAFETY: `bytes` within the shard and a receive slot (checked);
         // every rank launches the same grid.
-        unsafe { s.launch(f, self.cfg, (self.comm.p2p(), self.shape, self.bufs, bytes)) }
+        unsafe { s.launch(f, self.cfg, (self.comm.p2p()?, self.shape, self.bufs, bytes)) }
     }
 
     /// `steps` training steps with the same ids, each checked with

@@ -298,7 +298,7 @@ fn fused_all_reduce_with_producers() {
                             let mut out = dev.alloc_zeroed::<f32>(elems)?;
                             let (args, cfg) = ar.fused_args(&s, &mut out)?.expect("elements");
                             // SAFETY: arguments from fused_args for this world.
-                            unsafe { s.launch(&f, cfg, (comm.p2p(), args, compute, step))? };
+                            unsafe { s.launch(&f, cfg, (comm.p2p()?, args, compute, step))? };
                             comm.synchronize(&s)?;
                             let want = allreduce_sum(&want32);
                             check(
@@ -310,7 +310,7 @@ fn fused_all_reduce_with_producers() {
                             let mut out = dev.alloc_zeroed::<Bf16>(elems)?;
                             let (args, cfg) = ar.fused_args(&s, &mut out)?.expect("elements");
                             // SAFETY: as above.
-                            unsafe { s.launch(&f, cfg, (comm.p2p(), args, compute, step))? };
+                            unsafe { s.launch(&f, cfg, (comm.p2p()?, args, compute, step))? };
                             comm.synchronize(&s)?;
                             let inputs: Vec<Vec<Bf16>> = want32.iter().map(|v| v.iter().map(|&x| Bf16::from_f32(x)).collect()).collect();
                             let want = allreduce_sum(&inputs);
@@ -409,7 +409,7 @@ fn one_set_of_arguments_replays_launch_after_launch() {
                 let (args, cfg) = ar.fused_args(&s, &mut out)?.expect("elements");
                 for step in 0..5u32 {
                     // SAFETY: arguments from fused_args for this world and `out`.
-                    unsafe { s.launch(&f, cfg, (comm.p2p(), args, COMPUTE_HASH, step))? };
+                    unsafe { s.launch(&f, cfg, (comm.p2p()?, args, COMPUTE_HASH, step))? };
                     comm.synchronize(&s)?;
                     let want = allreduce_sum(
                         &(0..ranks)
@@ -472,7 +472,7 @@ fn ring_run(backend: Backend, credits: bool, launches: u64) -> u32 {
                     &f,
                     LaunchConfig::linear(1, threads),
                     (
-                        comm.p2p(),
+                        comm.p2p()?,
                         ring,
                         ctl.as_mut_ptr(),
                         outbox.as_mut_ptr(),
@@ -615,7 +615,7 @@ fn launch_bounds_refuse_a_larger_block() {
             };
             // SAFETY: the arguments are fused_args' for this world and
             // output; the launch is refused before it runs anyway.
-            match unsafe { s.launch(&f, too_big, (comm.p2p(), args, COMPUTE_HASH, 0)) } {
+            match unsafe { s.launch(&f, too_big, (comm.p2p()?, args, COMPUTE_HASH, 0)) } {
                 Err(Error::InvalidLaunch { kernel, reason }) => {
                     assert_eq!(kernel, "fused_grad_allreduce_wide_p2p");
                     assert!(
@@ -628,7 +628,7 @@ fn launch_bounds_refuse_a_larger_block() {
             comm.synchronize(&s)?;
             assert!(out.to_host()?.iter().all(|&x| x == 0.0), "{backend:?}: the refused launch ran");
             // SAFETY: as above.
-            unsafe { s.launch(&f, cfg, (comm.p2p(), args, COMPUTE_HASH, 0))? };
+            unsafe { s.launch(&f, cfg, (comm.p2p()?, args, COMPUTE_HASH, 0))? };
             comm.synchronize(&s)?;
             let want = allreduce_sum(&[(0..elems).map(|i| grad(COMPUTE_HASH, 0, i as u64, 0)).collect::<Vec<f32>>()]);
             let got: Vec<u32> = out.to_host()?.iter().map(|x| x.to_bits()).collect();
@@ -736,7 +736,7 @@ fn fused_over(comm: &Communicator, base: &AllReduceOptions, elems: usize, dtype:
                     TransportKind::P2p => s.launch(
                         &module.function::<<fused_grad_allreduce as ForTransport<P2p>>::Kernel>()?,
                         cfg,
-                        (comm.p2p(), args, COMPUTE_HASH, step),
+                        (comm.p2p()?, args, COMPUTE_HASH, step),
                     ),
                     TransportKind::Ibgda => s.launch(
                         &module.function::<<fused_grad_allreduce as ForTransport<Ibgda>>::Kernel>()?,

@@ -44,7 +44,7 @@ fn ring(backend: Backend, ranks: usize, bytes: usize, offset: usize, use_warp: b
                 &f,
                 LaunchConfig::linear(1, threads),
                 (
-                    comm.p2p(),
+                    comm.p2p()?,
                     src.as_mut_ptr(),
                     dst.as_mut_ptr(),
                     got.as_mut_ptr(),
@@ -128,7 +128,7 @@ fn barrier_rounds_count_every_rank() {
                     s.launch(
                         &f,
                         LaunchConfig::linear(1, 64),
-                        (comm.p2p(), counter.as_mut_ptr(), rounds, status.as_mut_ptr()),
+                        (comm.p2p()?, counter.as_mut_ptr(), rounds, status.as_mut_ptr()),
                     )?
                 };
                 comm.synchronize(&s)?;
@@ -163,7 +163,7 @@ fn a_peer_that_never_signals_is_an_error_not_a_hang() {
                     s.launch(
                         &f,
                         LaunchConfig::linear(1, 32),
-                        (comm.p2p(), sig.as_mut_ptr().wrapping_add(2), status.as_mut_ptr()),
+                        (comm.p2p()?, sig.as_mut_ptr().wrapping_add(2), status.as_mut_ptr()),
                     )?
                 };
                 let r = comm.synchronize(&s);

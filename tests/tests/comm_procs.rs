@@ -74,7 +74,7 @@ fn run_rank(world: World, backend: Backend, via: Via) -> Result<PeerRoute, doorb
     // Before the IBGDA set-up: no module loads while a GPU engine runs.
     let m = comm.device().load_module(&TEST_KERNELS)?;
     match via {
-        Via::P2p => exchange(&comm, &m, comm.p2p())?,
+        Via::P2p => exchange(&comm, &m, comm.p2p()?)?,
         Via::Ibgda => exchange(&comm, &m, comm.ibgda()?)?,
         Via::Routed => {
             let t = comm.routed_with(&RdmaPeers::All)?;

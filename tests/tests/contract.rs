@@ -40,14 +40,14 @@ trait Make: Transport + KernelParam {
 }
 impl Make for P2p {
     fn make(comm: &Communicator, _: &mut DeviceBuffer<u64>) -> Self {
-        comm.p2p()
+        comm.p2p().expect("every rank of a test world is on one host")
     }
     const NAME: &'static str = "p2p";
 }
 impl Make for Shadow {
     fn make(comm: &Communicator, calls: &mut DeviceBuffer<u64>) -> Self {
         Shadow {
-            inner: comm.p2p(),
+            inner: comm.p2p().expect("every rank of a test world is on one host"),
             calls: calls.as_mut_ptr(),
         }
     }

@@ -106,7 +106,7 @@ fn a_pipeline_macro_kernel_shifts_vectors_chunk_by_chunk() {
                 unsafe {
                     match &ib {
                         Some(t) => s.launch(&f_ibgda, cfg, (t.clone(), args.0, args.1, args.2, args.3, args.4, args.5, args.6))?,
-                        None => s.launch(&f_p2p, cfg, (comm.p2p(), args.0, args.1, args.2, args.3, args.4, args.5, args.6))?,
+                        None => s.launch(&f_p2p, cfg, (comm.p2p()?, args.0, args.1, args.2, args.3, args.4, args.5, args.6))?,
                     }
                 };
                 comm.synchronize(&s)?;
@@ -166,7 +166,7 @@ fn the_bandwidth_put_delivers_every_byte_by_blocks_and_by_warps() {
                         &f,
                         LaunchConfig::linear(blocks, threads),
                         (
-                            comm.p2p(),
+                            comm.p2p()?,
                             dst.as_mut_ptr(),
                             src.as_ptr(),
                             bytes,

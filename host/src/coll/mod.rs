@@ -558,9 +558,9 @@ impl<'c> AllReduce<'c> {
         let module = comm.library_module()?;
         let launcher = match opts.transport {
             TransportKind::P2p if plan.threads > MAX_THREADS && has_wide_entry(plan.algo(), opts.transport) => {
-                Launcher::P2pWide(comm.p2p(), module.function()?)
+                Launcher::P2pWide(comm.p2p()?, module.function()?)
             }
-            TransportKind::P2p => Launcher::P2p(comm.p2p(), module.function()?),
+            TransportKind::P2p => Launcher::P2p(comm.p2p()?, module.function()?),
             TransportKind::Ibgda => Launcher::Ibgda(comm.ibgda()?, module.function()?),
             TransportKind::Routed => {
                 let t = comm.routed_with(&rdma_peers(opts)?)?;

@@ -183,15 +183,15 @@ impl Communicator {
     pub fn routed_with(&self, peers: &RdmaPeers) -> Result<Routed> {
         let ibgda = self.ibgda()?;
         let mut rdma = [0u64; ROUTE_WORDS];
-        // Every peer of a communicator is on this host and reachable by
-        // load/store, so only the setting sends pairs through the NIC.
+        // Peers of other hosts go through the NIC; of the others, those
+        // the setting names.
         for p in 0..self.size {
-            if peers.forced(self.rank, p, self.size)? {
+            if self.routes[p] == PeerRoute::Remote || peers.forced(self.rank, p, self.size)? {
                 rdma[p / 64] |= 1 << (p % 64);
             }
         }
         Ok(Routed {
-            p2p: self.p2p(),
+            p2p: self.p2p_handle(),
             ibgda,
             rdma,
         })
@@ -392,7 +392,7 @@ impl Communicator {
             Some(ctx) => crate::backend::cuda::pci_bus_id(ctx).ok(),
             None => None,
         };
-        let host = hostname();
+        let host = self.world.peers()[self.rank].hostname.clone();
         let mine = format!("{host}\n{}", gpu.as_deref().unwrap_or(""));
         let all = self.world.all_gather_bytes(mine.as_bytes())?;
         let here: Vec<String> = all
@@ -404,7 +404,21 @@ impl Communicator {
             })
             .collect();
 
-        let selection = crate::nic::select::select(self.rank, gpu.as_deref(), &here);
+        let selection = match (
+            crate::nic::select::select(self.rank, gpu.as_deref(), &here),
+            self.routes.iter().position(|r| *r == PeerRoute::Remote),
+        ) {
+            (Ok(Selection::Soft { reason }), Some(p)) => Err(Error::NicUnavailable {
+                missing: format!(
+                    "rank {}: rank {p} runs on another host ({:?}), and the soft NIC ({reason}) reaches only ranks of \
+                     this host (its engine executes WQEs through the mapped heaps); across hosts IBGDA needs ConnectX \
+                     NICs (DOORBELL_NIC=mlx5)",
+                    self.rank,
+                    self.world.peers()[p].hostname
+                ),
+            }),
+            (s, _) => s,
+        };
         let kind = match &selection {
             Err(_) => 0u8,
             Ok(Selection::Soft { .. }) => 1,
@@ -714,15 +728,3 @@ impl Drop for IbgdaState {
     }
 }
 
-/// This host's name (what tells ranks on one host apart from the others).
-fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is writable for its length; the result is
-    // NUL-terminated when it fits, and the last byte stays 0.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len() - 1) };
-    if rc != 0 {
-        return String::new();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
-}

@@ -124,6 +124,9 @@ pub enum PeerRoute {
     CudaIpc,
     /// Another process on this host, through shared memory (emulator).
     SharedMemory,
+    /// Another host: no load/store path, only the NIC reaches it (IBGDA
+    /// over a ConnectX, or the NIC half of the routed transport).
+    Remote,
 }
 
 /// Where the soft NIC's table tail ([`crate::nic::soft::TABLES_TAIL`] bytes) starts in
@@ -255,18 +258,8 @@ impl Communicator {
         // Phase 1: who is where.
         let peers = world.peers();
         let (my_pid, my_host) = (peers[rank].pid, peers[rank].hostname.clone());
-        for (p, info) in peers.iter().enumerate() {
-            if info.hostname != my_host {
-                return Err(Error::PeerUnreachable {
-                    rank,
-                    peer: p,
-                    reason: format!(
-                        "it runs on host {:?}, this rank on {my_host:?}; P2P reaches only ranks of one host (the IBGDA transport is not available yet)",
-                        info.hostname
-                    ),
-                });
-            }
-        }
+        // Ranks of other hosts are reached only through the NIC.
+        let remote: Vec<bool> = peers.iter().map(|info| info.hostname != my_host).collect();
         let me = DeviceId::of(&device);
         let ids = world
             .all_gather_bytes(&me.encode())?
@@ -289,7 +282,7 @@ impl Communicator {
         let mut same_process = vec![true; size];
         for p in (0..size).filter(|&p| p != rank) {
             same_process[p] = world.proves_same_process(p, intros[p].get(..32).unwrap_or_default())?;
-            if !same_process[p] && peers[p].pid == my_pid {
+            if !same_process[p] && !remote[p] && peers[p].pid == my_pid {
                 return Err(Error::PeerUnreachable {
                     rank,
                     peer: p,
@@ -305,7 +298,7 @@ impl Communicator {
         let mut peer_files = vec![None; size];
         if let (Some(f), true) = (&my_file, multi_process) {
             heap_files.add(f.clone());
-            for p in (0..size).filter(|&p| !same_process[p]) {
+            for p in (0..size).filter(|&p| !same_process[p] && !remote[p]) {
                 let path = shm::check_heap_path(intros[p].get(32..).unwrap_or_default(), rank, p)?;
                 heap_files.add(path.clone());
                 peer_files[p] = Some(path);
@@ -356,6 +349,10 @@ impl Communicator {
         for p in 0..size {
             if p == rank {
                 bases[p] = heap_base;
+                continue;
+            }
+            if remote[p] {
+                routes[p] = PeerRoute::Remote;
                 continue;
             }
             let h = &handles[p];
@@ -556,11 +553,43 @@ impl Communicator {
                 self.rank
             )));
         }
+        if self.routes[peer] == PeerRoute::Remote {
+            return Err(Error::PeerUnreachable {
+                rank: self.rank,
+                peer,
+                reason: "it runs on another host: its heap has no address here (reach it through the NIC)".to_string(),
+            });
+        }
         Ok((self.bases[peer] + off) as *mut T)
     }
 
-    /// The P2P transport's device handle (a kernel argument).
-    pub fn p2p(&self) -> P2p {
+    /// The budget of every device-side wait, in nanoseconds
+    /// ([`CommOptions::wait_timeout`]), as the transport handles carry it.
+    pub fn wait_budget_ns(&self) -> u64 {
+        self.budget_ns
+    }
+
+    /// The P2P transport's device handle (a kernel argument). An error
+    /// ([`Error::PeerUnreachable`]) in a world spanning hosts, where
+    /// load/store cannot reach every peer.
+    pub fn p2p(&self) -> Result<P2p> {
+        if let Some(p) = self.routes.iter().position(|r| *r == PeerRoute::Remote) {
+            return Err(Error::PeerUnreachable {
+                rank: self.rank,
+                peer: p,
+                reason: format!(
+                    "it runs on another host ({:?}), which load/store cannot reach; use the NIC: `Communicator::ibgda` \
+                     (every peer through it) or `Communicator::routed` (load/store where it reaches, the NIC elsewhere)",
+                    self.world.peers()[p].hostname
+                ),
+            });
+        }
+        Ok(self.p2p_handle())
+    }
+
+    /// The P2P handle whatever the routes (a remote peer's base is 0):
+    /// for the routed transport, which sends remote peers through the NIC.
+    pub(crate) fn p2p_handle(&self) -> P2p {
         let mut near = [0u64; NEAR_PEERS];
         for (n, b) in near.iter_mut().zip(&self.bases) {
             *n = *b;

@@ -56,7 +56,14 @@ const NOTIFY_GRACE: Duration = Duration::from_secs(1);
 /// rank 0's report naming the slow rank arrives before the peer gives up.
 const PEER_GRACE: Duration = Duration::from_secs(5);
 
+/// This host's name as the world reports it: `DOORBELL_HOSTNAME` where
+/// set (ranks that must not be taken for one host, e.g. containers on
+/// different nodes with one hostname), else the kernel's. Ranks with
+/// different names reach each other only through the NIC.
 pub(crate) fn hostname() -> String {
+    if let Some(h) = std::env::var("DOORBELL_HOSTNAME").ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()) {
+        return h;
+    }
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .ok()
