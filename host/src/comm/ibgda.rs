@@ -96,10 +96,31 @@ impl std::fmt::Display for IbgdaQueue {
     }
 }
 
-/// Bytes of ring memory per QP: the SQ, the CQ, then 64 bytes holding the
-/// QP's doorbell record pair (+0), the CQ's (+8) and the UAR word (+16).
-fn qp_bytes(sq: u32) -> usize {
-    2 * sq as usize * SEND_WQE_BB + 64
+/// Alignment of each QP's rings: a page, as a ConnectX wants the work and
+/// completion queues it reads through DevX UMEMs (the soft NIC does not
+/// care).
+const RING_ALIGN: usize = 4096;
+
+/// Where one QP's rings lie in the ring memory: the SQ at 0, the CQ at
+/// `cq`, then `tail` holding the QP's doorbell record pair (+0), the CQ's
+/// (+8) and the UAR word (+16); each part page-aligned, `per_qp` bytes in
+/// all.
+#[derive(Clone, Copy)]
+struct RingLayout {
+    cq: usize,
+    tail: usize,
+    per_qp: usize,
+}
+
+impl RingLayout {
+    fn new(sq: u32) -> RingLayout {
+        let ring = (sq as usize * SEND_WQE_BB).next_multiple_of(RING_ALIGN);
+        RingLayout {
+            cq: ring,
+            tail: 2 * ring,
+            per_qp: 2 * ring + RING_ALIGN,
+        }
+    }
 }
 
 /// Everything the NIC touches besides the heaps and the registered
@@ -508,8 +529,11 @@ impl Communicator {
 
         // 2. Ring memory, scratch, the kernels' queue states.
         let nqps = size * qpp;
-        let per_qp = qp_bytes(sq);
-        let rings = self.device.alloc_zeroed::<u8>(nqps * per_qp)?;
+        let layout = RingLayout::new(sq);
+        let per_qp = layout.per_qp;
+        // A page more, so the first QP's rings can start on a page.
+        let rings = self.device.alloc_zeroed::<u8>(nqps * per_qp + RING_ALIGN)?;
+        let rings_base = rings.as_raw().next_multiple_of(RING_ALIGN as u64);
         let scratch = self.device.alloc_zeroed::<u64>(nqps * sq as usize)?;
         let states = self.device.alloc_zeroed::<u8>(nqps * std::mem::size_of::<QpState>())?;
         // SAFETY: the scratch buffer lives in `memory`, which outlives the region.
@@ -526,13 +550,13 @@ impl Communicator {
         .collect();
         let mut image = vec![0u8; nqps * per_qp];
         for i in 0..nqps {
-            let cq = i * per_qp + sq as usize * SEND_WQE_BB;
+            let cq = i * per_qp + layout.cq;
             for e in 0..sq as usize {
                 image[cq + e * CQE_SIZE..cq + (e + 1) * CQE_SIZE].copy_from_slice(&invalid);
             }
         }
         // SAFETY: the ring buffer, whole.
-        unsafe { self.device.write_raw(rings.as_raw(), &image)? };
+        unsafe { self.device.write_raw(rings_base, &image)? };
         tracing::debug!(
             "rank {rank}: IBGDA set-up: port {} (LID {}) open; rings of {nqps} QPs ({} bytes), scratch and QP states allocated and initialised in {} ms",
             nic.port().name,
@@ -540,15 +564,15 @@ impl Communicator {
             nqps * per_qp,
             t_setup.elapsed().as_millis()
         );
-        let at = |i: usize, off: usize| rings.as_raw() + (i * per_qp + off) as u64;
-        let tail = 2 * sq as usize * SEND_WQE_BB;
+        let at = |i: usize, off: usize| rings_base + (i * per_qp + off) as u64;
+        let tail = layout.tail;
 
         // 3. QPs: to every rank, this one included (loopback).
         let mut cqs = Vec::with_capacity(nqps);
         let mut qps = Vec::with_capacity(nqps);
         for i in 0..nqps {
             let cq_ring = CqRing {
-                buf: at(i, sq as usize * SEND_WQE_BB) as *mut u8,
+                buf: at(i, layout.cq) as *mut u8,
                 entries: sq,
                 dbrec: at(i, tail + 8) as *mut u32,
             };
@@ -631,7 +655,7 @@ impl Communicator {
                     sq_ready: unsafe { &raw mut (*state).ready },
                     sq_dbr: at(i, tail + 4) as *mut u32,
                     uar: qps[i].doorbell() as *mut u64,
-                    cq: at(i, sq as usize * SEND_WQE_BB) as *mut u32,
+                    cq: at(i, layout.cq) as *mut u32,
                     cq_consumer: unsafe { &raw mut (*state).cq_consumer },
                     cq_dbr: at(i, tail + 8) as *mut u32,
                     sq_size: sq,
