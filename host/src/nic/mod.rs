@@ -35,20 +35,9 @@ pub use doorbell_softnic::{CqRing, QpRings};
 pub const NIC_ENV: &str = "DOORBELL_NIC";
 
 /// Access flags of a memory region or a QP, with verbs' values
-/// (`IBV_ACCESS_*`), which both implementations take.
-pub mod access {
-    /// The NIC may write it for this port's own WQEs (receives, reads'
-    /// results, atomics' results).
-    pub const LOCAL_WRITE: u32 = 1;
-    /// Peers may write it.
-    pub const REMOTE_WRITE: u32 = 2;
-    /// Peers may read it.
-    pub const REMOTE_READ: u32 = 4;
-    /// Peers may apply atomics to it.
-    pub const REMOTE_ATOMIC: u32 = 8;
-    /// Everything.
-    pub const ALL: u32 = LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ | REMOTE_ATOMIC;
-}
+/// (`IBV_ACCESS_*`), which both implementations take (the soft NIC defines
+/// them, as it checks them itself).
+pub use doorbell_softnic::engine::access;
 
 /// Which implementation: `DOORBELL_NIC`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -213,15 +213,20 @@ mod tests {
         unreachable!("not reached without the libraries")
     }
 
-    #[test]
-    fn soft_is_chosen_without_looking_at_the_machine() {
-        let root = empty_root();
-        let p = Probe {
-            root: &root,
+    /// A probe of an empty sysfs tree, without rdma-core.
+    fn probe_without_rdma_core(root: &Path) -> Probe<'_> {
+        Probe {
+            root,
             load: &no_rdma_core,
             list: &never_listed,
             filter: None,
-        };
+        }
+    }
+
+    #[test]
+    fn soft_is_chosen_without_looking_at_the_machine() {
+        let root = empty_root();
+        let p = probe_without_rdma_core(&root);
         match select_with(NicChoice::Soft, 0, Some("0000:1b:00.0"), &[], &p).expect("soft") {
             Selection::Soft { reason } => assert_eq!(reason, "DOORBELL_NIC=soft"),
             s => panic!("{s:?}"),
@@ -231,12 +236,7 @@ mod tests {
     #[test]
     fn missing_rdma_core_is_soft_under_auto_and_an_error_naming_it_under_mlx5() {
         let root = empty_root();
-        let p = Probe {
-            root: &root,
-            load: &no_rdma_core,
-            list: &never_listed,
-            filter: None,
-        };
+        let p = probe_without_rdma_core(&root);
         match select_with(NicChoice::Auto, 3, Some("0000:1b:00.0"), &[], &p).expect("auto") {
             Selection::Soft { reason } => assert!(reason.contains("rdma-core cannot be used"), "{reason}"),
             s => panic!("{s:?}"),
