@@ -135,6 +135,19 @@ impl DeviceBackend {
         }
     }
 
+    /// Waits for the streams created through this handle without consuming
+    /// a kernel failure (CUDA keeps its own sticky errors; the emulator keeps
+    /// its failure for the user's next synchronize): for internal waits
+    /// before memory is freed.
+    pub(crate) fn wait_idle(&self) {
+        match self {
+            DeviceBackend::Cuda(d) => {
+                let _ = d.synchronize();
+            }
+            DeviceBackend::Emu(d) => d.wait_idle(),
+        }
+    }
+
     pub(crate) fn as_cuda(&self) -> Option<&Arc<CudaContext>> {
         match self {
             DeviceBackend::Cuda(d) => Some(d.context()),
