@@ -580,6 +580,8 @@ impl Communicator {
 
     /// Collective: `len` elements of `T` at the same heap offset on every rank,
     /// zeroed. Every rank must make the same allocations in the same order.
+    /// Returns once every rank's copy is zeroed, so puts and signals into
+    /// peers may start at once.
     pub fn alloc<T: DeviceCopy>(&self, len: usize) -> Result<SymBuffer<'_, T>> {
         let bytes = u64::try_from(len)
             .ok()
@@ -613,9 +615,17 @@ impl Communicator {
             len,
             _t: std::marker::PhantomData,
         };
-        // Zero it (the heap may hold data of an earlier run of this process).
+        // Zero it (the heap may hold data of an earlier run of this process),
+        // then wait until every rank has zeroed its copy: a rank that returned
+        // first could otherwise put into a peer's copy that the peer zeroes
+        // afterwards. A rank whose zeroing fails aborts the world, so the
+        // others' barrier fails at once naming it.
         // SAFETY: inside this rank's heap.
-        unsafe { self.device.write_raw(self.heap_base + offset, &vec![0u8; bytes as usize])? };
+        if let Err(e) = unsafe { self.device.write_raw(self.heap_base + offset, &vec![0u8; bytes as usize]) } {
+            self.abort(&format!("zeroing symmetric allocation #{index} failed: {e}"));
+            return Err(e);
+        }
+        self.world.barrier()?;
         Ok(buf)
     }
 
@@ -864,7 +874,8 @@ impl Drop for Communicator {
     /// naming it, and leaks its heap when ranks of this process might still
     /// write into it.
     fn drop(&mut self) {
-        let _ = self.device.synchronize();
+        // Leaves a kernel failure for the user's own synchronize.
+        self.device.wait_idle();
         let noted = self.failure.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let failure = noted.or_else(|| std::thread::panicking().then(|| "it panicked".to_string()));
         if let Some(reason) = failure {
