@@ -28,10 +28,10 @@
 //! table of everyone's bytes back. On any failure rank 0 tells the others why
 //! (`Fail`), so each rank's error names the rank at fault.
 
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
 use super::auth::{self, Nonce, Side, NONCE_LEN, PEER_LABEL, PROOF_LEN, ROOT_LABEL};
@@ -759,6 +759,12 @@ pub(crate) fn join(cfg: &WorldConfig, layout: &[u8]) -> Result<World> {
 /// The connections of a formed TCP world.
 /// The world of a rank whose rendezvous finished with `links`.
 fn star_world(rank: usize, size: usize, cfg: &WorldConfig, table: Vec<PeerInfo>, id: WorldId, links: Links) -> World {
+    let sockets: Vec<&TcpStream> = match &links {
+        Links::Root(v) => v.iter().flatten().map(Link::stream).collect(),
+        Links::Peer(l) => vec![l.stream()],
+    };
+    // A socket that cannot be cloned only costs an abort its quick wake-up.
+    let wakers = sockets.into_iter().filter_map(|s| s.try_clone().ok()).collect();
     let star = Star {
         rank,
         size,
@@ -768,6 +774,8 @@ fn star_world(rank: usize, size: usize, cfg: &WorldConfig, table: Vec<PeerInfo>,
             links,
             broken: None,
         }),
+        pending_abort: Mutex::new(None),
+        wakers,
     };
     World::from_parts(rank, size, cfg.local_rank, table, id, Inner::Tcp(star))
 }
@@ -776,7 +784,20 @@ pub(crate) struct Star {
     rank: usize,
     size: usize,
     timeout: Duration,
+    /// Held for a whole collective (up to the world timeout).
     state: Mutex<StarState>,
+    /// An abort that found a collective in progress: what this rank's
+    /// handle reports from now on, and the reason the others are sent. The
+    /// thread holding `state` sends it (the links' frame counters are its).
+    pending_abort: Mutex<Option<PendingAbort>>,
+    /// Clones of the links' sockets: shutting their read side down ends a
+    /// collective's blocking reads at once, so it sees the pending abort.
+    wakers: Vec<TcpStream>,
+}
+
+struct PendingAbort {
+    broken: String,
+    reason: String,
 }
 
 struct StarState {
@@ -845,6 +866,7 @@ impl Star {
     pub(crate) fn exchange(&self, op: Op, mine: &[u8]) -> Result<Arc<Vec<Vec<u8>>>> {
         let rank = self.rank;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        self.send_pending_abort(&mut st);
         if let Some(reason) = &st.broken {
             return Err(Error::WorldBroken {
                 rank,
@@ -861,28 +883,64 @@ impl Star {
         if let Err(e) = &result {
             st.broken = Some(e.to_string());
         }
+        if self.send_pending_abort(&mut st) {
+            // Aborted during this collective (its reads were cut short).
+            return Err(Error::WorldBroken {
+                rank,
+                reason: st.broken.clone().unwrap_or_default(),
+            });
+        }
         result
+    }
+
+    /// Sends an abort that [`Star::abort`] left to the holder of the lock;
+    /// whether there was one.
+    fn send_pending_abort(&self, st: &mut StarState) -> bool {
+        let Some(p) = self.pending_abort.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+            return false;
+        };
+        st.broken = Some(p.broken);
+        notify_failure(&mut st.links, st.seq, &p.reason);
+        true
     }
 
     /// This rank failed: tell the others without waiting for them. Rank 0
     /// fails every peer's current or next collective; a peer sends rank 0 a
     /// `Fail` frame, which rank 0's next collective relays to the others.
     /// Returns false when the world had already broken.
+    ///
+    /// Returns within about a second: when a collective of another thread
+    /// holds the world (possibly until its timeout), the abort is left to
+    /// that thread and the links' read sides are shut down, which ends its
+    /// blocking reads at once; it then sends the notification.
     pub(crate) fn abort(&self, reason: &str) -> bool {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if st.broken.is_some() {
+        let pending = PendingAbort {
+            broken: format!("this rank aborted the world: {reason}"),
+            reason: format!("rank {} failed: {reason}", self.rank),
+        };
+        let mut st = match self.state.try_lock() {
+            Ok(st) => st,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                let mut slot = self.pending_abort.lock().unwrap_or_else(|p| p.into_inner());
+                if slot.is_some() {
+                    return false;
+                }
+                *slot = Some(pending);
+                drop(slot);
+                for s in &self.wakers {
+                    let _ = s.shutdown(Shutdown::Read);
+                }
+                return true;
+            }
+        };
+        // A pending abort of another thread is sent now, and this one is not.
+        if self.send_pending_abort(&mut st) || st.broken.is_some() {
             return false;
         }
-        st.broken = Some(format!("this rank aborted the world: {reason}"));
-        let seq = st.seq;
-        let reason = format!("rank {} failed: {reason}", self.rank);
-        match &mut st.links {
-            Links::Root(links) => fail_all(links, Op::Barrier, seq, &reason),
-            Links::Peer(s) => {
-                let body = encode_step(Op::Barrier, seq).str(&reason).0;
-                let _ = s.write(Kind::Fail, &body, Instant::now() + NOTIFY_GRACE);
-            }
-        }
+        let st = &mut *st;
+        st.broken = Some(pending.broken);
+        notify_failure(&mut st.links, st.seq, &pending.reason);
         true
     }
 
@@ -1070,7 +1128,33 @@ fn has_pending(s: &TcpStream) -> bool {
 
 fn fail_all(links: &mut [Option<Link>], op: Op, seq: u64, reason: &str) {
     let body = encode_step(op, seq).str(reason).0;
+    // One grace for all the links, so that a dead peer or many cannot
+    // stretch it.
+    let deadline = Instant::now() + NOTIFY_GRACE;
     for link in links.iter_mut().flatten() {
-        let _ = link.write(Kind::Fail, &body, Instant::now() + NOTIFY_GRACE);
+        let _ = link.write(Kind::Fail, &body, deadline);
+    }
+}
+
+/// Tells the other ranks that this one failed (`reason`): rank 0 tells
+/// every peer, a peer tells rank 0 (which relays it).
+fn notify_failure(links: &mut Links, seq: u64, reason: &str) {
+    match links {
+        Links::Root(links) => fail_all(links, Op::Barrier, seq, reason),
+        Links::Peer(s) => {
+            let body = encode_step(Op::Barrier, seq).str(reason).0;
+            let _ = s.write(Kind::Fail, &body, Instant::now() + NOTIFY_GRACE);
+        }
+    }
+}
+
+impl Drop for Star {
+    /// An abort left to a collective that ended before it saw it is sent now.
+    fn drop(&mut self) {
+        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        let p = self.pending_abort.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(p) = p {
+            notify_failure(&mut st.links, st.seq, &p.reason);
+        }
     }
 }
