@@ -5,9 +5,9 @@
 //! ```text
 //! rank 0                                   peer
 //!   Challenge { version, n0 }        ──▶
-//!                                    ◀──   Proof { n1, HMAC(token, peer | n0 | n1) }
+//!                                    ◀──   Proof { n1, HMAC(key, peer | n0 | n1) }
 //!   Refuse                           ──▶   (wrong token: the peer fails with TokenMismatch)
-//!   RootProof { HMAC(token, root | n1 | n0) } ──▶   (checked: a wrong one is TokenMismatch too)
+//!   RootProof { HMAC(key, root | n1 | n0) } ──▶   (checked: a wrong one is TokenMismatch too)
 //!   ... from here on every frame is tagged with its direction's session key ...
 //!                                    ◀──   Hello { version, rank, size, local rank, host, pid, layout }
 //!   Status { missing }               ──▶
@@ -15,11 +15,17 @@
 //!   Welcome { world id, table of all ranks } ──▶   or Abort { mismatch | timeout | failure }
 //! ```
 //!
+//! `key` is the job token stretched by PBKDF2 ([`super::auth`]), so a
+//! proof seen by a squatter on the port costs it that stretching per guess.
+//!
 //! Rank 0 runs each handshake on its own thread, so a silent or hostile
 //! connection cannot hold up the others; refused connections are reported on
 //! stderr and otherwise ignored. At most [`MAX_PENDING_HANDSHAKES`] run at
-//! once (later connections are closed at once, and a real rank retries), and
-//! each has [`HANDSHAKE_TIMEOUT`] to prove the token and say hello. A frame
+//! once, at most [`MAX_PENDING_PER_ADDRESS`] of them from one source address,
+//! and each has [`HANDSHAKE_TIMEOUT`] to prove the token and say hello; a
+//! connection that finds those taken gets one of [`QUICK_SLOTS`] further
+//! slots, where it must prove the token within [`QUICK_PROOF_TIMEOUT`]; past
+//! those, connections are closed at once (a real rank retries). A frame
 //! that fails its tag after the proofs ends the rendezvous or the collective
 //! with an error naming the peer.
 //!
@@ -40,8 +46,9 @@ use super::{Inner, Op, PeerInfo, World, WorldConfig, WorldId, MAX_FRAME_BYTES, W
 use crate::error::{Error, Result};
 
 /// Version of the rendezvous and collective protocol; ranks must agree.
-/// Version 2 tags every frame after the token proofs.
-pub const PROTOCOL_VERSION: u32 = 2;
+/// Version 2 tags every frame after the token proofs; version 3 proves a
+/// stretched token (PBKDF2) instead of the token itself.
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Connections rank 0 handshakes with at once; it closes further ones until
 /// a handshake finishes (a joining rank then retries).
@@ -49,6 +56,17 @@ pub const MAX_PENDING_HANDSHAKES: usize = 64;
 /// How long a connection has, from being accepted, to prove the token and
 /// say hello (never longer than the rendezvous timeout).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Of the [`MAX_PENDING_HANDSHAKES`], how many connections from one source
+/// address may hold at once, so that one client cannot take them all.
+pub const MAX_PENDING_PER_ADDRESS: usize = 8;
+/// Handshake slots kept apart for connections that find the others taken
+/// (all of them, or all their address may hold): such a connection must
+/// send its token proof within [`QUICK_PROOF_TIMEOUT`]. A real rank proves
+/// within milliseconds of the challenge; a client that only holds slots
+/// gives them up at once.
+pub const QUICK_SLOTS: usize = 4;
+/// How long a connection in one of the [`QUICK_SLOTS`] has to send its proof.
+pub const QUICK_PROOF_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How long rank 0 spends telling a peer about a failure.
 const NOTIFY_GRACE: Duration = Duration::from_secs(1);
@@ -210,6 +228,8 @@ pub struct RendezvousHost {
     listener: TcpListener,
     config: WorldConfig,
     max_pending: usize,
+    per_address: usize,
+    quick_slots: usize,
     handshake_timeout: Duration,
 }
 
@@ -230,12 +250,69 @@ enum Handshake {
     Forged(SocketAddr, String),
 }
 
+/// The handshakes rank 0 is running: how many hold a regular slot, how
+/// many a quick one, and the regular ones per source address.
+#[derive(Default)]
+struct Pending {
+    regular: AtomicUsize,
+    quick: AtomicUsize,
+    by_address: Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+}
+
+impl Pending {
+    fn by_address(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<std::net::IpAddr, usize>> {
+        self.by_address.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A slot for a connection from `ip`: a regular one while fewer than
+    /// `max` run and fewer than `per_address` from `ip`; else a quick one
+    /// while fewer than `quick` run; else none.
+    fn take(self: &Arc<Self>, ip: std::net::IpAddr, max: usize, per_address: usize, quick: usize) -> Option<PendingSlot> {
+        let mut by = self.by_address();
+        let mine = by.get(&ip).copied().unwrap_or(0);
+        if self.regular.load(Ordering::Acquire) < max && mine < per_address {
+            self.regular.fetch_add(1, Ordering::AcqRel);
+            *by.entry(ip).or_insert(0) += 1;
+            return Some(PendingSlot {
+                pending: self.clone(),
+                regular_for: Some(ip),
+            });
+        }
+        if self.quick.load(Ordering::Acquire) < quick {
+            self.quick.fetch_add(1, Ordering::AcqRel);
+            return Some(PendingSlot {
+                pending: self.clone(),
+                regular_for: None,
+            });
+        }
+        None
+    }
+}
+
 /// Frees a handshake slot when its thread ends.
-struct PendingSlot(Arc<AtomicUsize>);
+struct PendingSlot {
+    pending: Arc<Pending>,
+    /// The source address of a regular slot; `None` for a quick one.
+    regular_for: Option<std::net::IpAddr>,
+}
 
 impl Drop for PendingSlot {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        match self.regular_for {
+            Some(ip) => {
+                let mut by = self.pending.by_address();
+                if let Some(n) = by.get_mut(&ip) {
+                    *n -= 1;
+                    if *n == 0 {
+                        by.remove(&ip);
+                    }
+                }
+                self.pending.regular.fetch_sub(1, Ordering::AcqRel);
+            }
+            None => {
+                self.pending.quick.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
     }
 }
 
@@ -258,15 +335,25 @@ impl RendezvousHost {
             listener,
             config: config.clone(),
             max_pending: MAX_PENDING_HANDSHAKES,
+            per_address: MAX_PENDING_PER_ADDRESS,
+            quick_slots: QUICK_SLOTS,
             handshake_timeout: HANDSHAKE_TIMEOUT,
         })
     }
 
-    /// Shorter handshake limits, for tests of a connection flood.
+    /// Other handshake limits, for tests of a connection flood.
     #[cfg(test)]
     pub(crate) fn with_handshake_limits(mut self, max_pending: usize, timeout: Duration) -> RendezvousHost {
         self.max_pending = max_pending;
         self.handshake_timeout = timeout;
+        self
+    }
+
+    /// Other per-address and quick-slot limits, for tests of a connection flood.
+    #[cfg(test)]
+    pub(crate) fn with_address_limits(mut self, per_address: usize, quick_slots: usize) -> RendezvousHost {
+        self.per_address = per_address;
+        self.quick_slots = quick_slots;
         self
     }
 
@@ -298,41 +385,47 @@ impl RendezvousHost {
         self.listener
             .set_nonblocking(true)
             .map_err(|e| io("making the rendezvous listener non-blocking", e))?;
-        let token: Arc<[u8]> = Arc::from(cfg.token());
+        let token: Arc<[u8]> = Arc::from(&auth::stretch(cfg.token())[..]);
         let (tx, rx) = mpsc::channel::<Handshake>();
         let mut joined: Vec<Option<(Link, PeerInfo)>> = (0..size).map(|_| None).collect();
         let missing_of = |joined: &[Option<(Link, PeerInfo)>]| -> Vec<usize> { (1..size).filter(|&r| joined[r].is_none()).collect() };
-        let pending = Arc::new(AtomicUsize::new(0));
+        let pending = Arc::new(Pending::default());
         let mut turned_away = 0u64;
         let mut poll = Duration::from_micros(200);
         loop {
             let mut busy = false;
             match self.listener.accept() {
-                Ok((stream, addr)) if pending.load(Ordering::Acquire) >= self.max_pending => {
-                    busy = true;
-                    drop(stream);
-                    turned_away += 1;
-                    if turned_away == 1 {
-                        eprintln!(
-                            "doorbell: rendezvous: {} connections are already in their handshake; closing new ones \
-                             (first from {addr}) until one finishes; real ranks retry",
-                            self.max_pending
-                        );
-                    }
-                }
                 Ok((stream, addr)) => {
                     busy = true;
-                    pending.fetch_add(1, Ordering::AcqRel);
-                    let slot = PendingSlot(pending.clone());
-                    let (tx, token) = (tx.clone(), token.clone());
-                    let by = deadline.min(Instant::now() + self.handshake_timeout);
-                    std::thread::Builder::new()
-                        .name("doorbell-rendezvous".into())
-                        .spawn(move || {
-                            let _slot = slot;
-                            let _ = tx.send(root_handshake(stream, addr, &token, by));
-                        })
-                        .map_err(|e| io("starting a rendezvous handshake thread", e))?;
+                    match pending.take(addr.ip(), self.max_pending, self.per_address, self.quick_slots) {
+                        None => {
+                            drop(stream);
+                            turned_away += 1;
+                            if turned_away == 1 {
+                                eprintln!(
+                                    "doorbell: rendezvous: every handshake slot is taken ({} in all, at most {} per \
+                                     address, and {} for quick provers); closing new connections (first from {addr}) \
+                                     until one finishes; real ranks retry",
+                                    self.max_pending, self.per_address, self.quick_slots
+                                );
+                            }
+                        }
+                        Some(slot) => {
+                            let (tx, token) = (tx.clone(), token.clone());
+                            let by = deadline.min(Instant::now() + self.handshake_timeout);
+                            let proof_by = match slot.regular_for {
+                                Some(_) => by,
+                                None => by.min(Instant::now() + QUICK_PROOF_TIMEOUT),
+                            };
+                            std::thread::Builder::new()
+                                .name("doorbell-rendezvous".into())
+                                .spawn(move || {
+                                    let _slot = slot;
+                                    let _ = tx.send(root_handshake(stream, addr, &token, proof_by, by));
+                                })
+                                .map_err(|e| io("starting a rendezvous handshake thread", e))?;
+                        }
+                    }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 // Running out of descriptors and the like pass; the deadline bounds us.
@@ -517,7 +610,9 @@ fn check_hello(
     Ok(Some(info))
 }
 
-fn root_handshake(mut s: TcpStream, addr: SocketAddr, token: &[u8], deadline: Instant) -> Handshake {
+/// Rank 0's side of one handshake: the proof must arrive by `proof_by`,
+/// the hello by `deadline`.
+fn root_handshake(mut s: TcpStream, addr: SocketAddr, token: &[u8], proof_by: Instant, deadline: Instant) -> Handshake {
     let fail = |why: String| Handshake::Failed(addr, why);
     let _ = s.set_nodelay(true);
     if let Err(e) = s.set_nonblocking(false) {
@@ -531,7 +626,7 @@ fn root_handshake(mut s: TcpStream, addr: SocketAddr, token: &[u8], deadline: In
     if let Err(e) = wire::write_frame(&mut s, Kind::Challenge, &challenge, deadline) {
         return fail(format!("sending the challenge: {e}"));
     }
-    let proof = match wire::read_frame(&mut s, wire::MAX_UNAUTHENTICATED, deadline) {
+    let proof = match wire::read_frame(&mut s, wire::MAX_UNAUTHENTICATED, proof_by) {
         Ok(Frame { kind: Kind::Proof, body }) if body.len() == NONCE_LEN + PROOF_LEN => body,
         Ok(f) => {
             return fail(format!(
@@ -625,6 +720,8 @@ pub(crate) fn join(cfg: &WorldConfig, layout: &[u8]) -> Result<World> {
         detail,
     };
 
+    // Stretched once, before the first connection.
+    let key = auth::stretch(cfg.token());
     // Rank 0 may start after us: retry until it answers with a challenge.
     let mut backoff = Duration::from_millis(10);
     let mut last_failure = String::new();
@@ -695,7 +792,7 @@ pub(crate) fn join(cfg: &WorldConfig, layout: &[u8]) -> Result<World> {
         what: "reading /dev/urandom",
         source,
     })?;
-    let proof = Enc::default().raw(&n1).raw(&auth::prove(cfg.token(), PEER_LABEL, &n0, &n1)).0;
+    let proof = Enc::default().raw(&n1).raw(&auth::prove(&key, PEER_LABEL, &n0, &n1)).0;
     wire::write_frame(&mut s, Kind::Proof, &proof, deadline).map_err(|e| wire_err(e, "sending the token proof"))?;
     match wire::read_frame(&mut s, wire::MAX_UNAUTHENTICATED, deadline) {
         Ok(Frame { kind: Kind::Refuse, .. }) => return Err(Error::TokenMismatch { rank, addr: target }),
@@ -703,14 +800,14 @@ pub(crate) fn join(cfg: &WorldConfig, layout: &[u8]) -> Result<World> {
             kind: Kind::RootProof,
             body,
         }) => {
-            if !auth::verify(cfg.token(), ROOT_LABEL, &n1, &n0, &body) {
+            if !auth::verify(&key, ROOT_LABEL, &n1, &n0, &body) {
                 return Err(Error::TokenMismatch { rank, addr: target });
             }
         }
         Ok(f) => return Err(protocol(format!("expected rank 0's proof, got a {:?} frame", f.kind))),
         Err(e) => return Err(wire_err(e, "waiting for rank 0's proof")),
     }
-    let mut link = Link::new(s, auth::session_keys(cfg.token(), &n0, &n1, Side::Peer));
+    let mut link = Link::new(s, auth::session_keys(&key, &n0, &n1, Side::Peer));
     let me = PeerInfo {
         rank,
         local_rank: cfg.local_rank,
