@@ -26,6 +26,45 @@ pub fn backends() -> Vec<Device> {
     v
 }
 
+/// How many GPUs this run insists on: `DOORBELL_TEST_REQUIRE_GPUS=<n>`, or 1
+/// with `DOORBELL_TEST_REQUIRE_GPU=1`, else 0. An unparsable count fails.
+pub fn required_gpus() -> usize {
+    let one = std::env::var("DOORBELL_TEST_REQUIRE_GPU").is_ok_and(|x| x == "1") as usize;
+    let n = match std::env::var("DOORBELL_TEST_REQUIRE_GPUS") {
+        Ok(v) => v
+            .trim()
+            .parse::<usize>()
+            .unwrap_or_else(|_| panic!("DOORBELL_TEST_REQUIRE_GPUS={v:?} is not a count of GPUs")),
+        Err(_) => 0,
+    };
+    n.max(one)
+}
+
+/// Whether `test` can run on `n` GPUs here. When it cannot, says so on
+/// stderr (naming the test and what it would have checked) and returns
+/// false, so the caller returns without passing silently; and fails when
+/// the run insists on at least `n` GPUs ([`required_gpus`]:
+/// `DOORBELL_TEST_REQUIRE_GPU=1` for one, `DOORBELL_TEST_REQUIRE_GPUS=2` for
+/// two-GPU tests), so that a GPU machine's run cannot quietly become an
+/// emulator-only one.
+pub fn have_gpus(n: usize, test: &str) -> bool {
+    let found = doorbell::gpu_count();
+    if found >= n {
+        return true;
+    }
+    let required = required_gpus();
+    assert!(
+        required < n,
+        "{test}: needs {n} GPU(s), this machine has {found}, and the run requires {required} \
+         (DOORBELL_TEST_REQUIRE_GPU / DOORBELL_TEST_REQUIRE_GPUS)"
+    );
+    eprintln!(
+        "SKIPPED {test}: needs {n} GPU(s), this machine has {found}; NOT RUN \
+         (DOORBELL_TEST_REQUIRE_GPUS={n} makes this a failure)"
+    );
+    false
+}
+
 /// The GPU, if present.
 pub fn gpu() -> Option<Device> {
     backends().into_iter().find(|d| d.is_gpu())

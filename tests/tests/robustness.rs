@@ -180,3 +180,52 @@ fn tcp_abort_does_not_wait_behind_a_collective() {
         );
     });
 }
+
+/// Run by the test below in a child process: a two-GPU check.
+#[test]
+#[ignore = "a child process's entry point: the test below runs it with --ignored"]
+fn two_gpu_requirement_child() {
+    if doorbell_tests::have_gpus(2, "two_gpu_requirement_child") {
+        println!("RAN ON TWO GPUS");
+    }
+}
+
+/// A two-GPU test on a machine without two GPUs says that it did not run,
+/// and fails when the run requires two GPUs (`DOORBELL_TEST_REQUIRE_GPUS=2`);
+/// a run that requires one GPU does not make it fail.
+#[test]
+fn a_two_gpu_test_without_two_gpus_says_so_and_fails_when_they_are_required() {
+    let run = |vars: &[(&str, &str)]| {
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "two_gpu_requirement_child",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env_remove("DOORBELL_TEST_REQUIRE_GPU")
+            .env_remove("DOORBELL_TEST_REQUIRE_GPUS")
+            .envs(vars.iter().copied())
+            .output()
+            .unwrap()
+    };
+    let two = doorbell::gpu_count() >= 2;
+    let text = |o: &std::process::Output| format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    for vars in [&[][..], &[("DOORBELL_TEST_REQUIRE_GPU", "1")][..]] {
+        let o = run(vars);
+        assert!(o.status.success(), "{vars:?}: {}", text(&o));
+        if !two {
+            assert!(
+                text(&o).contains("SKIPPED two_gpu_requirement_child") && text(&o).contains("NOT RUN"),
+                "{}",
+                text(&o)
+            );
+        }
+    }
+    let o = run(&[("DOORBELL_TEST_REQUIRE_GPUS", "2")]);
+    assert_eq!(o.status.success(), two, "{}", text(&o));
+    if !two {
+        assert!(text(&o).contains("needs 2 GPU(s)"), "{}", text(&o));
+    }
+}
