@@ -229,3 +229,60 @@ fn a_two_gpu_test_without_two_gpus_says_so_and_fails_when_they_are_required() {
         assert!(text(&o).contains("needs 2 GPU(s)"), "{}", text(&o));
     }
 }
+
+/// Run in a child process by the test below: rank 1 keeps copying into
+/// rank 0's heap while it fails; rank 0 fails at once because of it. No
+/// rank may free its heap while the other's kernel can still write there
+/// (a freed heap is unmapped: the write would crash the process).
+#[test]
+#[ignore = "a child process's entry point: the test below runs it with --ignored"]
+fn heap_freed_under_a_writer_child() {
+    use doorbell_example_kernels::comm::copy_raw;
+    if std::env::var("DOORBELL_TEST_HEAP_WRITER").is_err() {
+        eprintln!("not a test: a child process's entry point, run by its parent test");
+        return;
+    }
+    let opts = CommOptions {
+        heap_bytes: 64 << 20,
+        ..CommOptions::default()
+    };
+    let r = Communicator::local(2, Backend::Cpu, opts, |comm| {
+        let bytes = 8usize << 20;
+        let buf = comm.alloc::<u8>(bytes)?;
+        if comm.rank() == 0 {
+            // Done: its drop's final barrier fails as soon as rank 1 aborts.
+            return Ok(());
+        }
+        let dev = comm.device();
+        let m = dev.load_module(&doorbell_examples::USER_KERNELS)?;
+        let f = m.function::<copy_raw>()?;
+        let src = dev.alloc_zeroed::<u8>(bytes)?;
+        let s = dev.new_stream()?;
+        let dst = comm.peer_address(buf.as_ptr(), 0)?;
+        // SAFETY: rank 0's copy of `buf` and `src` both hold `bytes`, 16-byte aligned.
+        unsafe { s.launch(&f, LaunchConfig::linear(4, 64), (dst, src.as_ptr(), bytes as u64, 400))? };
+        std::thread::sleep(Duration::from_millis(50));
+        comm.abort("rank 1 failed while its kernel still writes into rank 0's heap");
+        Err(Error::Comm("rank 1 failed".into()))
+    });
+    let e = r.unwrap_err().to_string();
+    assert!(e.contains("rank 1"), "{e}");
+    println!("HEAP-WRITER-DONE");
+}
+
+#[test]
+fn no_rank_frees_its_heap_while_a_peer_still_writes_into_it() {
+    let o = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "heap_freed_under_a_writer_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("DOORBELL_TEST_HEAP_WRITER", "1")
+        .output()
+        .unwrap();
+    let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success() && out.contains("HEAP-WRITER-DONE"), "{:?}:\n{out}", o.status);
+}
