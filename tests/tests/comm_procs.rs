@@ -228,6 +228,7 @@ where
         let offset = match case {
             1 => Some(dst.offset()),
             2 | 3 => Some(sig.offset() + 4),
+            7 => Some(0),
             _ => None,
         };
         let what = format!("rank {r} case {case}");
@@ -236,7 +237,7 @@ where
         codes.copy_from_host(&[0, 0])?;
         comm.barrier()?;
         // Case 1: a range from `dst` one byte past the heap's end (never read).
-        let bytes = if case == 1 { comm.heap_bytes() - dst.offset() + 1 } else { 4096 };
+        let bytes = doorbell_tests::bad_call_bytes(case, dst.offset(), comm.heap_bytes());
         // SAFETY: symmetric dst/sig; src holds 4096 bytes, all a call may read.
         unsafe {
             s.launch(

@@ -922,6 +922,8 @@ impl Transport for Ibgda {
     unsafe fn get_coop(&self, g: Coop, dst: *mut u8, src: *const u8, bytes: u64, peer: u32, nbi: bool) -> Result<(), CommError> {
         let call = if nbi { Call::GetNbi } else { Call::Get };
         let off = self.check_range(call, src as u64, bytes, peer)?;
+        // The NIC would write the heap's header as readily as its user part.
+        self.check_local_dst(call, dst as u64, bytes, peer)?;
         let lkey = self.local_key(call, dst as u64, bytes, peer)?;
         if bytes == 0 {
             return Ok(());
