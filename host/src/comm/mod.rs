@@ -379,7 +379,9 @@ impl Communicator {
                 let Ok(ipc) = <&[u8; IPC_HANDLE_BYTES]>::try_from(&h[8..]) else {
                     return Err(Error::comm(format!("rank {p} sent no CUDA IPC handle")));
                 };
-                let mapping = device.inner.ipc_open(ipc, ids[p].ordinal, rank, p)?;
+                // The mapping must span what this rank will touch: the heap
+                // and the tables tail (the peer's word for its size is not trusted).
+                let mapping = device.inner.ipc_open(ipc, alloc_len as u64, ids[p].ordinal, rank, p)?;
                 bases[p] = mapping.as_raw();
                 mappings.push(Mapping::Ipc(mapping));
                 routes[p] = PeerRoute::CudaIpc;

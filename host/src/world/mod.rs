@@ -203,6 +203,32 @@ pub(crate) const WORLD_ID_LEN: usize = 16;
 /// A world's random identity: binds per-world proofs to this world.
 pub(crate) type WorldId = [u8; WORLD_ID_LEN];
 
+/// The doorbell library version this process was built from: a process
+/// world's ranks must all run the same one (checked at the rendezvous,
+/// [`Error::RendezvousMismatch`] naming both).
+pub const LIBRARY_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// A word that changes with the layout of what ranks of different
+/// processes share in memory (the heap's reserved header, the IBGDA QP
+/// state and handles, the soft NIC's tables tail): ranks built with other
+/// layouts are refused at the rendezvous even under one version number.
+pub fn heap_layout_word() -> u64 {
+    use doorbell_kernels::heap::{ErrorReport, HEAP_RESERVED};
+    use doorbell_kernels::transport::ibgda::{IbgdaQp, QpState};
+    let parts = [
+        HEAP_RESERVED,
+        std::mem::size_of::<ErrorReport>() as u64,
+        std::mem::size_of::<QpState>() as u64,
+        std::mem::size_of::<IbgdaQp>() as u64,
+        crate::nic::soft::TABLES_TAIL,
+    ];
+    // FNV-1a over the parts' little-endian bytes.
+    parts
+        .iter()
+        .flat_map(|p| p.to_le_bytes())
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
 /// Most ranks a world may have: rank 0 of a process world keeps a
 /// connection and a table slot per rank (and sets the slots aside before
 /// anyone joins), so the size a launcher variable or a caller names is

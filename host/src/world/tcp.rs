@@ -9,7 +9,8 @@
 //!   Refuse                           ──▶   (wrong token: the peer fails with TokenMismatch)
 //!   RootProof { HMAC(key, root | n1 | n0) } ──▶   (checked: a wrong one is TokenMismatch too)
 //!   ... from here on every frame is tagged with its direction's session key ...
-//!                                    ◀──   Hello { version, rank, size, local rank, host, pid, layout }
+//!                                    ◀──   Hello { version, rank, size, local rank, host, pid, layout,
+//!                                                   library version, heap layout word }
 //!   Status { missing }               ──▶
 //!   ... once every rank is in ...
 //!   Welcome { world id, table of all ranks } ──▶   or Abort { mismatch | timeout | failure }
@@ -87,6 +88,10 @@ struct Hello {
     version: u32,
     size: usize,
     info: PeerInfo,
+    /// The doorbell library version the process was built from.
+    library: String,
+    /// [`super::heap_layout_word`] of that build.
+    heap_layout: u64,
 }
 
 fn encode_info(e: Enc, p: &PeerInfo) -> Enc {
@@ -115,7 +120,10 @@ impl Hello {
     // version, size and rank come first in every protocol version, so a
     // mismatch can always be named.
     fn encode(&self) -> Vec<u8> {
-        encode_info(Enc::default().u32(self.version).u64(self.size as u64), &self.info).0
+        encode_info(Enc::default().u32(self.version).u64(self.size as u64), &self.info)
+            .str(&self.library)
+            .u64(self.heap_layout)
+            .0
     }
     fn decode(body: &[u8]) -> RawHello {
         let mut d = Dec::new(body);
@@ -125,20 +133,28 @@ impl Hello {
             let hostname = d.str("hostname")?;
             let pid = d.u32("pid")?;
             let layout = d.bytes("layout")?.to_vec();
+            let library = d.str("library version")?;
+            let heap_layout = d.u64("heap layout word")?;
             d.end("hello")?;
-            Ok::<_, String>(PeerInfo {
-                rank: head.2,
-                local_rank,
-                hostname,
-                pid,
-                layout,
-            })
+            Ok::<_, String>((
+                PeerInfo {
+                    rank: head.2,
+                    local_rank,
+                    hostname,
+                    pid,
+                    layout,
+                },
+                library,
+                heap_layout,
+            ))
         })();
         match rest {
-            Ok(info) => Ok(Hello {
+            Ok((info, library, heap_layout)) => Ok(Hello {
                 version: head.0,
                 size: head.1,
                 info,
+                library,
+                heap_layout,
             }),
             Err(e) => Err((Some(head), e)),
         }
@@ -570,6 +586,22 @@ fn check_hello(
         theirs,
     };
     let (version, size, rank, info) = match hello {
+        Ok(h) if h.library != super::LIBRARY_VERSION => {
+            return Err(mismatch(
+                h.info.rank,
+                "doorbell library version",
+                super::LIBRARY_VERSION.to_string(),
+                h.library,
+            ))
+        }
+        Ok(h) if h.heap_layout != super::heap_layout_word() => {
+            return Err(mismatch(
+                h.info.rank,
+                "heap layout word (the shared structures of another build)",
+                format!("{:#018x}", super::heap_layout_word()),
+                format!("{:#018x}", h.heap_layout),
+            ))
+        }
         Ok(h) => (h.version, h.size, h.info.rank, Some(h.info)),
         Err((Some((v, s, r)), _)) if v != PROTOCOL_VERSION => (v, s, r, None),
         Err((_, why)) => {
@@ -819,6 +851,8 @@ pub(crate) fn join(cfg: &WorldConfig, layout: &[u8]) -> Result<World> {
         version: PROTOCOL_VERSION,
         size,
         info: me,
+        library: super::LIBRARY_VERSION.to_string(),
+        heap_layout: super::heap_layout_word(),
     }
     .encode();
     link.write(Kind::Hello, &hello, deadline)

@@ -380,6 +380,11 @@ impl FakePeer {
     /// Proves the token to rank 0 at `port` and says hello as `rank` of
     /// `size`, claiming process id `pid`.
     fn join(port: u16, rank: usize, size: usize, pid: u32) -> FakePeer {
+        Self::join_built(port, rank, size, pid, LIBRARY_VERSION, heap_layout_word())
+    }
+
+    /// [`Self::join`] claiming the build `library` with heap layout `layout_word`.
+    fn join_built(port: u16, rank: usize, size: usize, pid: u32, library: &str, layout_word: u64) -> FakePeer {
         let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
         let ch = w::read_frame(&mut s, w::MAX_UNAUTHENTICATED, soon()).unwrap();
         assert_eq!(ch.kind, Kind::Challenge);
@@ -408,6 +413,8 @@ impl FakePeer {
             .str("fake-host")
             .u32(pid)
             .bytes(b"")
+            .str(library)
+            .u64(layout_word)
             .0;
         p.send(Kind::Hello, &hello);
         p
@@ -804,4 +811,25 @@ fn tcp_a_connection_flood_from_one_address_does_not_starve_real_ranks() {
     root.barrier().unwrap();
     h.join().unwrap().unwrap();
     assert!(took < Duration::from_secs(5), "the real rank waited {took:?}");
+}
+
+/// A rank of another doorbell version, or of a build whose shared
+/// structures differ, is refused at the rendezvous naming both.
+#[test]
+fn tcp_peers_of_another_build_are_refused_naming_both_versions() {
+    for (library, layout_word, words) in [
+        ("0.0.0-elsewhere", heap_layout_word(), ["doorbell library version", "0.0.0-elsewhere", LIBRARY_VERSION]),
+        (LIBRARY_VERSION, heap_layout_word() ^ 1, ["heap layout word", "0x", "0x"]),
+    ] {
+        let host = RendezvousHost::bind(&cfg(0, 2, 0)).unwrap();
+        let port = host.local_addr().port();
+        let root = std::thread::spawn(move || host.accept(b""));
+        let _fake = FakePeer::join_built(port, 1, 2, 1, library, layout_word);
+        let e = root.join().unwrap().unwrap_err();
+        assert!(matches!(e, Error::RendezvousMismatch { rank: 1, .. }), "{e}");
+        let msg = e.to_string();
+        for w in words {
+            assert!(msg.contains(w), "{msg}");
+        }
+    }
 }
