@@ -301,7 +301,14 @@ impl DeviceBackend {
     /// Opens an allocation another process exported with
     /// [`DeviceBackend::ipc_export`] and checks that the mapping spans `need`
     /// bytes; `peer_ordinal`, `rank` and `peer` only describe the failure.
-    pub(crate) fn ipc_open(&self, handle: &[u8; IPC_HANDLE_BYTES], need: u64, peer_ordinal: u32, rank: usize, peer: usize) -> Result<IpcMapping> {
+    pub(crate) fn ipc_open(
+        &self,
+        handle: &[u8; IPC_HANDLE_BYTES],
+        need: u64,
+        peer_ordinal: u32,
+        rank: usize,
+        peer: usize,
+    ) -> Result<IpcMapping> {
         match self {
             DeviceBackend::Cuda(d) => d.ipc_open(handle, need, (peer_ordinal, rank, peer)),
             DeviceBackend::Emu(_) => Err(no_ipc()),

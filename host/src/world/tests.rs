@@ -818,7 +818,11 @@ fn tcp_a_connection_flood_from_one_address_does_not_starve_real_ranks() {
 #[test]
 fn tcp_peers_of_another_build_are_refused_naming_both_versions() {
     for (library, layout_word, words) in [
-        ("0.0.0-elsewhere", heap_layout_word(), ["doorbell library version", "0.0.0-elsewhere", LIBRARY_VERSION]),
+        (
+            "0.0.0-elsewhere",
+            heap_layout_word(),
+            ["doorbell library version", "0.0.0-elsewhere", LIBRARY_VERSION],
+        ),
         (LIBRARY_VERSION, heap_layout_word() ^ 1, ["heap layout word", "0x", "0x"]),
     ] {
         let host = RendezvousHost::bind(&cfg(0, 2, 0)).unwrap();
