@@ -899,10 +899,7 @@ fn bench_rank<T: Elem>(
         drop(graph);
         let us = ms * 1e3 / iters as f64;
         let all = comm.world().all_gather_bytes(&us.to_le_bytes())?;
-        let slowest = all
-            .iter()
-            .map(|b| f64::from_le_bytes(b[..8].try_into().expect("8 bytes")))
-            .fold(0.0, f64::max);
+        let slowest = doorbell_examples::slowest(&all, "the time per launch")?;
         // Check (sampled) every rank's result (`None`: the producer alone,
         // whose output the unfused variant checks).
         let bad = match out {

@@ -418,13 +418,8 @@ impl Phases {
             .flat_map(|(s, n)| (if *n > 0 { s / *n as f64 / 1e3 } else { 0.0 }).to_le_bytes())
             .collect();
         let all = comm.world().all_gather_bytes(&mine)?;
-        Ok((0..self.sum.len())
-            .map(|i| {
-                all.iter()
-                    .map(|b| f64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes")))
-                    .fold(0.0, f64::max)
-            })
-            .collect())
+        let all = doorbell_examples::gathered(&all, self.sum.len(), "the phase times", f64::from_le_bytes)?;
+        Ok((0..self.sum.len()).map(|i| all.iter().map(|v| v[i]).fold(0.0, f64::max)).collect())
     }
 }
 
@@ -449,10 +444,7 @@ fn time_loop(comm: &Communicator, iters: u64, mut step: impl FnMut() -> doorbell
     }
     let mine = total / iters as f64;
     let all = comm.world().all_gather_bytes(&mine.to_le_bytes())?;
-    Ok(all
-        .iter()
-        .map(|b| f64::from_le_bytes(b[..8].try_into().expect("8 bytes")))
-        .fold(0.0, f64::max))
+    doorbell_examples::slowest(&all, "the time per iteration")
 }
 
 fn timed(s: &Stream, f: impl FnOnce() -> doorbell::Result<()>) -> doorbell::Result<f64> {

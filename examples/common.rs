@@ -72,3 +72,63 @@ pub fn fingerprint(bytes: &[u8]) -> u64 {
     }
     h
 }
+
+/// Every rank's part of an all-gather read as exactly `count` little-endian
+/// values of `N` bytes each (`decode` makes one): a part of another length
+/// (a peer built from other code, or a malformed one) is an error naming
+/// the rank and `what`, never a slice out of bounds.
+pub fn gathered<const N: usize, T>(
+    all: &[Vec<u8>],
+    count: usize,
+    what: &str,
+    decode: impl Fn([u8; N]) -> T,
+) -> doorbell::Result<Vec<Vec<T>>> {
+    all.iter()
+        .enumerate()
+        .map(|(r, b)| {
+            if count.checked_mul(N) != Some(b.len()) {
+                return Err(doorbell::Error::Comm(format!(
+                    "rank {r} sent {} bytes for {what}, not {count} values of {N} bytes",
+                    b.len()
+                )));
+            }
+            Ok(b.chunks_exact(N)
+                .map(|c| decode(c.try_into().expect("chunks_exact gives N bytes")))
+                .collect())
+        })
+        .collect()
+}
+
+/// The largest of every rank's one `f64` (an all-gather of
+/// `x.to_le_bytes()`): e.g. the slowest rank's time. A malformed part is an
+/// error naming the rank.
+pub fn slowest(all: &[Vec<u8>], what: &str) -> doorbell::Result<f64> {
+    Ok(gathered(all, 1, what, f64::from_le_bytes)?.iter().map(|v| v[0]).fold(0.0, f64::max))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gathered_parts_of_the_wrong_length_are_errors_naming_the_rank() {
+        let good = vec![1.5f64.to_le_bytes().to_vec(), 4.0f64.to_le_bytes().to_vec()];
+        assert_eq!(slowest(&good, "the time").unwrap(), 4.0);
+        for bad in [vec![], vec![0u8; 7], vec![0u8; 9], vec![0u8; 16]] {
+            let all = vec![good[0].clone(), bad.clone()];
+            let e = slowest(&all, "the time").unwrap_err().to_string();
+            assert!(e.contains("rank 1") && e.contains(&format!("{} bytes", bad.len())), "{e}");
+        }
+        let words: Vec<Vec<u8>> = vec![
+            [1u32, 2].iter().flat_map(|w| w.to_le_bytes()).collect(),
+            vec![9, 0, 0, 0, 3, 0, 0, 0],
+        ];
+        assert_eq!(
+            gathered(&words, 2, "counts", u32::from_le_bytes).unwrap(),
+            vec![vec![1, 2], vec![9, 3]]
+        );
+        let e = gathered(&words, 3, "counts", u32::from_le_bytes).unwrap_err().to_string();
+        assert!(e.contains("rank 0 sent 8 bytes for counts"), "{e}");
+        assert!(gathered(&words, usize::MAX, "counts", u32::from_le_bytes).is_err());
+    }
+}

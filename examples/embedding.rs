@@ -1308,9 +1308,9 @@ impl<'c> Baseline<'c> {
         let bytes: Vec<u8> = mine.iter().flat_map(|c| c.to_le_bytes()).collect();
         // Collective: also a barrier (every rank's previous step is done).
         let all = self.comm.world().all_gather_bytes(&bytes)?;
-        self.all = all
-            .iter()
-            .flat_map(|b| b.chunks(4).map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))))
+        self.all = crate::gathered(&all, n * tt, "the per-rank row counts", u32::from_le_bytes)?
+            .into_iter()
+            .flatten()
             .collect();
         let soff: Vec<u32> = (0..n * tt).map(|i| self.soff(me, i / tt, i % tt) as u32).collect();
         self.soff_d.copy_from_host(&soff)?;

@@ -478,6 +478,20 @@ impl HeapBounds {
         self.checked(call, sig, 8, peer, 8)
     }
 
+    /// A get's local destination `[local, local + bytes)` must not overlap
+    /// this rank's reserved header (error reports, epochs, block results):
+    /// a get there would overwrite it. Anywhere else is the caller's
+    /// contract (the heap's user part, or other device memory).
+    #[inline(always)]
+    pub fn local_dst(self, call: Call, local: u64, bytes: u64, peer: u32) -> Result<(), crate::transport::CommError> {
+        let base = self.reporter.local_base;
+        let hits_header = (bytes != 0) & (local < base.saturating_add(HEAP_RESERVED)) & (local.saturating_add(bytes) > base);
+        if hits_header {
+            return Err(self.rejected(call, local.wrapping_sub(base), bytes, peer));
+        }
+        Ok(())
+    }
+
     /// All of a call's conditions folded into one predicate (`|`, not
     /// `||`) and one branch, taken only by a bad argument. Which condition
     /// failed is worked out out of line ([`reject`]): one cold call site
@@ -576,6 +590,12 @@ pub trait Checked {
     #[inline(always)]
     fn check_range(&self, call: Call, local: u64, bytes: u64, peer: u32) -> Result<u64, crate::transport::CommError> {
         self.bounds().range(call, local, bytes, peer)
+    }
+
+    /// [`HeapBounds::local_dst`].
+    #[inline(always)]
+    fn check_local_dst(&self, call: Call, local: u64, bytes: u64, peer: u32) -> Result<(), crate::transport::CommError> {
+        self.bounds().local_dst(call, local, bytes, peer)
     }
 
     /// [`HeapBounds::signal`].

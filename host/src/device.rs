@@ -87,6 +87,12 @@ impl Device {
         self.inner.synchronize()
     }
 
+    /// Waits like [`Device::synchronize`] but leaves a kernel failure for the
+    /// user's own synchronize (internal waits before freeing memory).
+    pub(crate) fn wait_idle(&self) {
+        self.inner.wait_idle()
+    }
+
     /// The GPU's CUDA context (`None` on the emulator): the escape hatch to cudarc.
     pub fn as_cuda(&self) -> Option<&Arc<CudaContext>> {
         self.inner.as_cuda()

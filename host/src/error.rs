@@ -152,7 +152,7 @@ pub enum Error {
     /// The job token is too short to keep guessers out.
     #[error(
         "rank {rank}: the job token (DOORBELL_TOKEN) has {len} bytes, fewer than the {min} it needs; generate one per job \
-         with `export DOORBELL_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n')` (32 hex characters) \
+         with `export DOORBELL_TOKEN=$(head -c16 /dev/urandom | od -An -tx1 | tr -d ' \\n')` (32 hex characters) \
          and give the same one to every process"
     )]
     TokenTooShort {
@@ -162,6 +162,32 @@ pub enum Error {
         len: usize,
         /// The least accepted (`doorbell::world::MIN_TOKEN_BYTES`).
         min: usize,
+    },
+    /// The job token looks guessable (one symbol repeated, a short pattern
+    /// repeated, a run like `abcdef…`, too few distinct characters).
+    #[error(
+        "rank {rank}: the job token (DOORBELL_TOKEN) is low-entropy: {reason}; a squatter on the rendezvous port could \
+         guess it offline. Generate a random one per job with \
+         `export DOORBELL_TOKEN=$(head -c16 /dev/urandom | od -An -tx1 | tr -d ' \\n')` and give the same one to every process"
+    )]
+    WeakToken {
+        /// The rank that reports it.
+        rank: usize,
+        /// What makes it guessable.
+        reason: String,
+    },
+    /// A world larger than doorbell forms.
+    #[error(
+        "rank {rank}: a world of {size} ranks is more than the {max} doorbell forms (doorbell::world::MAX_WORLD_SIZE: \
+         rank 0 holds a connection and a slot per rank)"
+    )]
+    WorldTooLarge {
+        /// The rank that reports it.
+        rank: usize,
+        /// The world size asked for.
+        size: usize,
+        /// The largest accepted.
+        max: usize,
     },
     /// A frame of a process world would exceed its limit.
     #[error(

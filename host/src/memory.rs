@@ -235,7 +235,7 @@ impl<T: DeviceCopy> MappedBuffer<T> {
 
 impl<T: DeviceCopy> Drop for MappedBuffer<T> {
     fn drop(&mut self) {
-        let _ = self.device.synchronize();
+        self.device.wait_idle();
         // SAFETY: allocated by the device's alloc_mapped with this size (see
         // alloc_mapped), idle after the synchronize; freed once.
         unsafe {

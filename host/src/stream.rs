@@ -64,32 +64,44 @@ impl LaunchConfig {
         self
     }
 
+    /// Checks the shape against CUDA's limits (every dimension non-zero;
+    /// grid x below 2^31, grid y and z at most 65535; block x and y at most
+    /// 1024, block z at most 64, at most 1024 threads per block) and the
+    /// kernel's launch bounds. Products are computed without overflow, so a
+    /// shape whose thread count wraps 64 bits is refused, not run.
     fn validate(&self, kernel: &'static str, max_threads: u32) -> Result<()> {
         let (g, b) = (self.grid, self.block);
+        let invalid = |reason: String| Error::InvalidLaunch { kernel, reason };
         if [g.0, g.1, g.2, b.0, b.1, b.2].contains(&0) {
-            return Err(Error::InvalidLaunch {
-                kernel,
-                reason: format!("grid {g:?} / block {b:?} has a zero dimension"),
-            });
+            return Err(invalid(format!("grid {g:?} / block {b:?} has a zero dimension")));
         }
-        let threads = b.0 as u64 * b.1 as u64 * b.2 as u64;
+        if g.0 > GRID_X_MAX || g.1 > GRID_YZ_MAX || g.2 > GRID_YZ_MAX {
+            return Err(invalid(format!(
+                "grid {g:?} exceeds the device limits (x at most {GRID_X_MAX}, y and z at most {GRID_YZ_MAX})"
+            )));
+        }
+        if b.0 > 1024 || b.1 > 1024 || b.2 > 64 {
+            return Err(invalid(format!(
+                "block {b:?} exceeds the device limits (x and y at most 1024, z at most 64)"
+            )));
+        }
+        let threads = u128::from(b.0) * u128::from(b.1) * u128::from(b.2);
         if threads > 1024 {
-            return Err(Error::InvalidLaunch {
-                kernel,
-                reason: format!("{threads} threads per block; at most 1024"),
-            });
+            return Err(invalid(format!("block {b:?} has {threads} threads per block; at most 1024")));
         }
-        if max_threads > 0 && threads > max_threads as u64 {
-            return Err(Error::InvalidLaunch {
-                kernel,
-                reason: format!(
-                    "{threads} threads per block; its #[kernel(launch_bounds(threads = {max_threads}))] allows at most {max_threads}"
-                ),
-            });
+        if max_threads > 0 && threads > u128::from(max_threads) {
+            return Err(invalid(format!(
+                "block {b:?} has {threads} threads per block; its #[kernel(launch_bounds(threads = {max_threads}))] allows at most {max_threads}"
+            )));
         }
         Ok(())
     }
 }
+
+/// CUDA's largest grid x dimension (2^31 - 1).
+const GRID_X_MAX: u32 = i32::MAX as u32;
+/// CUDA's largest grid y and z dimension.
+const GRID_YZ_MAX: u32 = 65535;
 
 /// An in-order queue of work on a device.
 pub struct Stream {

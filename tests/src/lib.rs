@@ -26,6 +26,45 @@ pub fn backends() -> Vec<Device> {
     v
 }
 
+/// How many GPUs this run insists on: `DOORBELL_TEST_REQUIRE_GPUS=<n>`, or 1
+/// with `DOORBELL_TEST_REQUIRE_GPU=1`, else 0. An unparsable count fails.
+pub fn required_gpus() -> usize {
+    let one = std::env::var("DOORBELL_TEST_REQUIRE_GPU").is_ok_and(|x| x == "1") as usize;
+    let n = match std::env::var("DOORBELL_TEST_REQUIRE_GPUS") {
+        Ok(v) => v
+            .trim()
+            .parse::<usize>()
+            .unwrap_or_else(|_| panic!("DOORBELL_TEST_REQUIRE_GPUS={v:?} is not a count of GPUs")),
+        Err(_) => 0,
+    };
+    n.max(one)
+}
+
+/// Whether `test` can run on `n` GPUs here. When it cannot, says so on
+/// stderr (naming the test and what it would have checked) and returns
+/// false, so the caller returns without passing silently; and fails when
+/// the run insists on at least `n` GPUs ([`required_gpus`]:
+/// `DOORBELL_TEST_REQUIRE_GPU=1` for one, `DOORBELL_TEST_REQUIRE_GPUS=2` for
+/// two-GPU tests), so that a GPU machine's run cannot quietly become an
+/// emulator-only one.
+pub fn have_gpus(n: usize, test: &str) -> bool {
+    let found = doorbell::gpu_count();
+    if found >= n {
+        return true;
+    }
+    let required = required_gpus();
+    assert!(
+        required < n,
+        "{test}: needs {n} GPU(s), this machine has {found}, and the run requires {required} \
+         (DOORBELL_TEST_REQUIRE_GPU / DOORBELL_TEST_REQUIRE_GPUS)"
+    );
+    eprintln!(
+        "SKIPPED {test}: needs {n} GPU(s), this machine has {found}; NOT RUN \
+         (DOORBELL_TEST_REQUIRE_GPUS={n} makes this a failure)"
+    );
+    false
+}
+
 /// The GPU, if present.
 pub fn gpu() -> Option<Device> {
     backends().into_iter().find(|d| d.is_gpu())
@@ -123,17 +162,30 @@ pub fn ptxas_registers(ptxas: &std::path::Path, ptx: &str, entries: &[&str]) -> 
     used
 }
 
-/// The bad calls of the test kernel `bad_call` (its cases 0 ..= 5; case 6 is
-/// the good control call) and what each must report: (case, the kernel's
-/// error code, the call named, the peer named, words in the reason).
-pub const BAD_CALLS: [(u32, u32, &str, Option<u32>, &str); 6] = [
+/// The bad calls of the test kernel `bad_call` (its cases 0 ..= 5 and 7;
+/// case 6 is the good control call) and what each must report: (case, the
+/// kernel's error code, the call named, the peer named, words in the
+/// reason). Case 7 takes `dst`'s heap offset as its `bytes` ([`bad_call_bytes`]).
+pub const BAD_CALLS: [(u32, u32, &str, Option<u32>, &str); 7] = [
     (0, 3, "put", Some(2), "rank 2 is not in this world of 2 ranks"),
     (1, 4, "put", Some(1), "not inside the heap"),
     (2, 5, "signal", Some(1), "not 8-byte aligned"),
     (3, 5, "put_signal", Some(1), "not 8-byte aligned"),
     (4, 3, "get", Some(2), "not in this world"),
     (5, 6, "wait_until_some", None, "out of range"),
+    (7, 4, "get", Some(1), "not inside the heap"),
 ];
+
+/// The `bytes` argument of `bad_call`'s `case` for a `dst` at heap offset
+/// `dst_offset` in a heap of `heap_bytes`: one past the heap's end (case 1),
+/// the distance back to the heap's header (case 7), else 4096.
+pub fn bad_call_bytes(case: u32, dst_offset: u64, heap_bytes: u64) -> u64 {
+    match case {
+        1 => heap_bytes - dst_offset + 1,
+        7 => dst_offset,
+        _ => 4096,
+    }
+}
 
 /// `bad_call`'s good control case.
 pub const BAD_CALL_CONTROL: u32 = 6;

@@ -71,10 +71,12 @@ where
         let sig = comm.alloc::<u64>(2)?;
         let mut calls = dev.alloc_zeroed::<u64>(1)?;
         // Case 1: a range from `dst` one byte past the heap's end.
-        let bytes = if case == 1 { comm.heap_bytes() - dst.offset() + 1 } else { 4096 };
-        let src_host: Vec<u8> = (0..bytes).map(|i| (i % 251) as u8 + 1).collect();
+        let bytes = doorbell_tests::bad_call_bytes(case, dst.offset(), comm.heap_bytes());
+        // Case 7's `bytes` is an offset, not a length: the source holds 4096.
+        let src_len = if case == 7 { 4096 } else { bytes };
+        let src_host: Vec<u8> = (0..src_len).map(|i| (i % 251) as u8 + 1).collect();
         let src = dev.alloc_from(&src_host)?;
-        T::register(comm, src.as_ptr() as u64, bytes)?;
+        T::register(comm, src.as_ptr() as u64, src_len)?;
         let mut codes = dev.alloc_zeroed::<u32>(2)?;
         let s = dev.new_stream()?;
         comm.barrier()?;
@@ -107,6 +109,8 @@ where
         // Offsets name the argument: the dst range, or the (misaligned) signal word.
         match case {
             1 => assert_eq!(*offset, r0.5, "{} case {case}", T::NAME),
+            // The header's start: the get's local destination.
+            7 => assert_eq!(*offset, 0, "{} case {case}", T::NAME),
             2 | 3 => assert_eq!(*offset, r0.6 + 4, "{} case {case}", T::NAME),
             _ => {}
         }
@@ -274,8 +278,8 @@ fn put_signal_data_is_visible_when_the_signal_is_seen() {
 
 #[test]
 fn put_signal_data_is_visible_when_the_signal_is_seen_across_two_gpus() {
-    if doorbell::gpu_count() < 2 {
-        eprintln!("fewer than two GPUs: skipped (the same-GPU and emulator variants ran in the test above)");
+    // The same-GPU and emulator variants run in the test above.
+    if !doorbell_tests::have_gpus(2, "put_signal_data_is_visible_when_the_signal_is_seen_across_two_gpus") {
         return;
     }
     for mode in [0, 1, 2] {

@@ -674,3 +674,42 @@ fn the_host_driven_baseline_matches_the_reference() {
         }
     }
 }
+
+/// A peer whose part of the baseline's all-gather of row counts has the
+/// wrong length makes `forward` fail with an error naming it, not panic.
+#[test]
+fn the_baseline_refuses_a_malformed_peer_part() {
+    use doorbell_examples::embedding::{Baseline, Mover};
+    let p = Problem {
+        ranks: 2,
+        tables: 2,
+        rows: 16,
+        dim: 8,
+        batch: 4,
+        pooling: 2,
+    };
+    let ids = emb::generate_ids(&p, 1.1, 3);
+    let max_recv = emb::max_recv(&p, &ids);
+    let init = emb::initial_tables(&p);
+    let o = CommOptions {
+        heap_bytes: emb::baseline_heap_bytes(&p, max_recv).next_multiple_of(1 << 20),
+        ..opts(&p, 1)
+    };
+    let res = Communicator::local(2, Backend::Cpu, o, |comm| {
+        let r = comm.rank() as u32;
+        let dev = comm.device();
+        let mut bl = Baseline::new(comm, &p, max_recv, cfg(comm, p.ranks))?;
+        bl.load_shard(&emb::shard_of(&p, &init, r))?;
+        if r == 1 {
+            // Three bytes where rank 0 expects whole u32 counts.
+            comm.world().all_gather_bytes(&[1, 2, 3])?;
+            return Ok(());
+        }
+        let ids_d = dev.alloc_from(&ids[0])?;
+        let mut out = dev.alloc_zeroed::<f32>(p.out_len())?;
+        let s = dev.new_stream()?;
+        bl.forward(&s, &ids_d, &mut out, Mover::Copies, None)
+    });
+    let e = res.unwrap_err().to_string();
+    assert!(e.contains("rank 1 sent 3 bytes"), "{e}");
+}

@@ -36,8 +36,8 @@ fn emulator_allocation_failure_is_an_error_not_an_abort() {
 
 #[test]
 fn gpu_allocation_failure_is_an_error_not_an_abort() {
-    let Ok(dev) = Device::gpu(0) else {
-        eprintln!("no GPU: skipping the GPU allocation check");
+    // Says that it skipped, and fails under DOORBELL_TEST_REQUIRE_GPU=1.
+    let Some(dev) = doorbell_tests::gpu() else {
         return;
     };
     let e = dev.alloc_zeroed::<u8>(1 << 50).unwrap_err();
@@ -121,7 +121,7 @@ fn local_ranks_whose_closure_fails_abort_the_others() {
 }
 
 fn tcp_pair(f0: impl FnOnce(World) -> Error + Send, f1: impl FnOnce(World) -> Error + Send) -> (Error, Error) {
-    const TOKEN: &str = "0123456789abcdef0123456789abcdef";
+    const TOKEN: &str = "9e51c07a3fd2486b0c7e1a95d3f26b48";
     let host = RendezvousHost::bind(&WorldConfig::new(0, 2, "127.0.0.1", 0, TOKEN)).unwrap();
     let port = host.local_addr().port();
     std::thread::scope(|s| {
@@ -260,4 +260,62 @@ fn environment_variables_are_parsed_strictly() {
     doorbell::env::check().unwrap();
     // DOORBELL_EMU_BARRIER_TIMEOUT_S is read once per process (the first
     // launch above read it); its parser is tested in doorbell-kernels.
+
+    // Launcher variables: a non-UTF-8 value is an error naming the variable
+    // (it used to count as unset, so a torchrun rank silently ran alone).
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let garbled = std::ffi::OsStr::from_bytes(b"\xff\xfe1");
+        std::env::set_var("RANK", garbled);
+        let r = WorldConfig::from_env();
+        std::env::set_var("WORLD_SIZE", "2");
+        let r2 = WorldConfig::from_env();
+        std::env::remove_var("RANK");
+        std::env::remove_var("WORLD_SIZE");
+        for r in [r, r2] {
+            let e = r.expect_err("a non-UTF-8 RANK must be refused");
+            assert!(matches!(&e, Error::BadEnv { var, .. } if var == "RANK"), "{e}");
+            assert!(e.to_string().contains("UTF-8"), "{e}");
+        }
+        std::env::set_var("MASTER_ADDR", garbled);
+        std::env::set_var("RANK", "1");
+        std::env::set_var("WORLD_SIZE", "2");
+        std::env::set_var("DOORBELL_TOKEN", "5f0c2e9a7b3d41e8a6c09d7f2b1e4a38");
+        let r = WorldConfig::from_env();
+        for v in ["MASTER_ADDR", "RANK", "WORLD_SIZE", "DOORBELL_TOKEN"] {
+            std::env::remove_var(v);
+        }
+        let e = r.expect_err("a non-UTF-8 MASTER_ADDR must be refused");
+        assert!(matches!(&e, Error::BadEnv { var, .. } if var == "MASTER_ADDR"), "{e}");
+    }
+    // WORLD_SIZE is bounded (rank 0 sets aside a slot per rank first).
+    std::env::set_var("RANK", "1");
+    std::env::set_var("WORLD_SIZE", "1000000000000");
+    let r = WorldConfig::from_env();
+    std::env::remove_var("RANK");
+    std::env::remove_var("WORLD_SIZE");
+    let e = r.expect_err("a world of 10^12 ranks must be refused");
+    let msg = e.to_string();
+    assert!(
+        matches!(&e, Error::BadEnv { var, .. } if var == "WORLD_SIZE") && msg.contains("65536"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn world_sizes_are_bounded() {
+    const TOKEN: &str = "5f0c2e9a7b3d41e8a6c09d7f2b1e4a38";
+    for size in [65537, 1 << 40] {
+        let e = RendezvousHost::bind(&WorldConfig::new(0, size, "127.0.0.1", 0, TOKEN))
+            .err()
+            .unwrap_or_else(|| panic!("a world of {size} ranks was accepted"));
+        assert!(e.to_string().contains("65536"), "{e}");
+        let e = World::rendezvous(
+            &WorldConfig::new(1, size, "127.0.0.1", 1, TOKEN).with_rendezvous_timeout(Duration::from_secs(2)),
+            b"",
+        )
+        .err()
+        .unwrap_or_else(|| panic!("a world of {size} ranks was accepted"));
+        assert!(e.to_string().contains("65536"), "{e}");
+    }
 }

@@ -123,3 +123,52 @@ fn producer_index_wraps_the_ring_and_the_16_bit_wqe_index() {
         post_and_check(&dev, 128, 0xfff0, 37, LaunchConfig::linear(2, 32), 13);
     }
 }
+
+/// A batch that reserved slots and never rang (its warp died) makes the
+/// next submit time out; after that the queue is failed, and every later
+/// batch fails at once instead of waiting out its own budget.
+#[test]
+fn after_one_submit_times_out_later_batches_fail_fast() {
+    use std::time::{Duration, Instant};
+    let budget = Duration::from_millis(400);
+    for dev in backends() {
+        let module = dev.load_module(&TEST_KERNELS).unwrap();
+        let f = module.function::<mlx5_post_wqes>().unwrap();
+        let mut r = rng(7);
+        let reqs: Vec<WqeRequest> = (0..32).map(|_| random_request(&mut r, WqeOp::Write)).collect();
+        let dreqs = dev.alloc_from(&raw(&reqs)).unwrap();
+        let mut qp = TestQp::new(&dev, 256, 0, QPN, 4, &[], 0);
+        // Slot 0 reserved by a batch that never rings.
+        qp.producer.copy_from_host(&[1]).unwrap();
+        let s = dev.new_stream().unwrap();
+        let mut post = || {
+            let mut status = dev.alloc_zeroed::<u32>(1).unwrap();
+            let t0 = Instant::now();
+            // SAFETY: the handle's buffers live in `qp`; 32 requests <= sq_size; one warp, one status word.
+            unsafe {
+                s.launch(
+                    &f,
+                    LaunchConfig::linear(1, 32),
+                    (
+                        qp.handle(),
+                        dreqs.as_ptr() as *const WqeRequest,
+                        32u32,
+                        budget.as_nanos() as u64,
+                        status.as_mut_ptr(),
+                    ),
+                )
+                .unwrap()
+            };
+            s.synchronize().unwrap();
+            (status.to_host().unwrap()[0], t0.elapsed())
+        };
+        let (first, waited) = post();
+        assert_eq!(first, 2, "{dev:?}: the first batch must time out");
+        assert!(waited >= budget, "{dev:?}: it gave up after {waited:?}");
+        for k in 0..3 {
+            let (status, took) = post();
+            assert_eq!(status, 2, "{dev:?}: batch {k} after the failure");
+            assert!(took < budget / 2, "{dev:?}: batch {k} after the failure waited {took:?}");
+        }
+    }
+}

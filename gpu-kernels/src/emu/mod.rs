@@ -315,17 +315,24 @@ pub fn run(cfg: EmuLaunch, body: &(dyn Fn() + Sync)) -> Result<(), EmuError> {
             "grid {grid:?} and block {block:?} must have no zero dimension"
         )));
     }
-    let per_block = block.iter().map(|&d| d as u64).product::<u64>();
+    // Three u32 factors fit in u128 (and 2^96 blocks of at most 1024
+    // threads too): no product here can wrap.
+    let per_block = block.iter().map(|&d| u128::from(d)).product::<u128>();
     if per_block > 1024 {
         return Err(EmuError::InvalidLaunch(format!(
-            "{per_block} threads per block; the GPU allows at most 1024"
+            "block {block:?} has {per_block} threads per block; the GPU allows at most 1024"
         )));
     }
-    let blocks = grid.iter().map(|&d| d as u64).product::<u64>();
+    let blocks = grid.iter().map(|&d| u128::from(d)).product::<u128>();
     let threads = blocks * per_block;
     try_barrier_timeout().map_err(EmuError::BadEnv)?;
     let limit = max_threads().map_err(EmuError::BadEnv)?;
-    if threads > limit {
+    if threads > u128::from(limit) {
+        let Ok(threads) = u64::try_from(threads) else {
+            return Err(EmuError::InvalidLaunch(format!(
+                "grid {grid:?} of block {block:?} is {threads} threads, more than 2^64"
+            )));
+        };
         return Err(EmuError::TooManyThreads { threads, limit });
     }
     install_quiet_hook();

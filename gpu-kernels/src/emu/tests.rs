@@ -172,3 +172,38 @@ fn a_mask_without_the_calling_lane_is_an_error() {
     assert_eq!(thread, [1, 0, 0]);
     assert!(msg.contains("does not include the lane itself"), "{msg}");
 }
+
+/// Shapes whose thread counts overflow 64 bits are refused before any
+/// thread starts (they used to wrap to a count under the limit, and the
+/// launch then spawned threads without bound). Each runs on a helper thread
+/// so that a regression fails here instead of exhausting the host.
+#[test]
+fn launch_shapes_that_overflow_64_bits_are_refused() {
+    let cases: [([u32; 3], [u32; 3]); 3] = [
+        ([1 << 22, 1 << 21, 1 << 21], [1, 1, 1]),
+        ([1, 1, 1], [1 << 22, 1 << 21, 1 << 21]),
+        ([u32::MAX, u32::MAX, 2], [32, 1, 1]),
+    ];
+    for (grid, block) in cases {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let r = run(
+                EmuLaunch {
+                    grid,
+                    block,
+                    shared_mem_bytes: 0,
+                },
+                &|| {},
+            );
+            let _ = tx.send(r);
+        });
+        match rx.recv_timeout(Duration::from_secs(5)) {
+            Ok(Err(EmuError::InvalidLaunch(m))) => assert!(m.contains("grid") || m.contains("block"), "{m}"),
+            Ok(Err(EmuError::TooManyThreads { threads, .. })) => {
+                panic!("grid {grid:?} block {block:?}: reported {threads} threads (a wrapped count)")
+            }
+            Ok(other) => panic!("grid {grid:?} block {block:?}: expected a refusal, got {other:?}"),
+            Err(_) => panic!("grid {grid:?} block {block:?}: still spawning threads after 5 s"),
+        }
+    }
+}

@@ -64,13 +64,30 @@ const _: () = assert!(core::mem::align_of::<QpHandle>() == 8);
 #[cfg(not(target_arch = "nvptx64"))]
 unsafe impl crate::KernelParam for QpHandle {}
 
-/// A batch waited longer than its budget for its turn to ring the doorbell.
+/// A batch waited longer than its budget for its turn to ring the doorbell,
+/// or found the queue failed by an earlier such batch (then `seen` is the
+/// failure mark, see [`queue_failed`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SubmitTimeout {
     /// The ready index this batch waited for (its first WQEBB).
     pub expected: u32,
     /// The ready index it last saw.
     pub seen: u32,
+}
+
+/// How far (wrapping) past a batch's start the failure mark puts the ready
+/// index: half the index space, where no live ready index can be (at most
+/// `sq_size` WQEBBs are outstanding).
+const FAILED_OFFSET: u32 = 1 << 31;
+
+/// Whether the ready index `ready`, as seen by a batch starting at `start`,
+/// is the failure mark: a batch that ran out of budget waiting for its turn
+/// moves the ready index half the index space away, so that every batch
+/// still waiting, and every later one, gives up at once instead of waiting
+/// out its own budget for a turn that cannot come.
+#[inline(always)]
+pub fn queue_failed(ready: u32, start: u32) -> bool {
+    start.wrapping_sub(ready) > FAILED_OFFSET / 2
 }
 
 /// Pointer to the basic block of producer index `idx`.
@@ -146,7 +163,9 @@ pub unsafe fn ring_doorbell(qp: &QpHandle, ctrl_head: u64) {
 /// the next batch with a release of the ready index.
 ///
 /// Called by one lane, after the warp's `sync_warp`. Gives up after
-/// `budget_ns` without writing anything.
+/// `budget_ns` without writing anything, and then marks the queue failed
+/// ([`queue_failed`]): batches waiting or posted later give up at once.
+/// A batch that finds the queue failed gives up at once too.
 ///
 /// # Safety
 /// The handle's pointers are valid.
@@ -157,13 +176,18 @@ pub unsafe fn submit(qp: &QpHandle, start: u32, count: u32, ctrl_head: u64, budg
     let turn = crate::sync::spin_until(
         budget_ns,
         || unsafe { ptx::ld_acquire_gpu_u32(qp.sq_ready) } as u64,
-        |v| v == start as u64,
+        |v| v == start as u64 || queue_failed(v as u32, start),
     );
-    if let Err(t) = turn {
-        return Err(SubmitTimeout {
-            expected: start,
-            seen: t.seen as u32,
-        });
+    match turn {
+        Ok(v) if v as u32 != start => {
+            return Err(SubmitTimeout {
+                expected: start,
+                seen: v as u32,
+            })
+        }
+        Ok(_) => {}
+        // SAFETY: the caller's contract.
+        Err(t) => unsafe { fail_queue(qp, start, t.seen as u32)? },
     }
     let end = start.wrapping_add(count);
     // SAFETY: the caller's contract.
@@ -173,6 +197,34 @@ pub unsafe fn submit(qp: &QpHandle, start: u32, count: u32, ctrl_head: u64, budg
         ptx::st_release_gpu_u32(qp.sq_ready, end);
     }
     Ok(())
+}
+
+/// The slow path of [`submit`] once its budget ran out: marks the queue
+/// failed unless the turn came meanwhile (then rings as usual) or another
+/// batch marked it first. A batch whose turn it was and that rings after
+/// the mark overwrites it; the next waiter then marks it again.
+///
+/// # Safety
+/// As for [`submit`].
+#[inline(never)]
+unsafe fn fail_queue(qp: &QpHandle, start: u32, mut seen: u32) -> Result<(), SubmitTimeout> {
+    let mark = start.wrapping_add(FAILED_OFFSET);
+    loop {
+        if queue_failed(seen, start) {
+            return Err(SubmitTimeout { expected: start, seen });
+        }
+        // SAFETY: the caller's contract. Acquire: when the turn came after
+        // all, the previous batch's doorbell happens before ours.
+        let was = unsafe { ptx::atom_cas_acquire_gpu_u32(qp.sq_ready, seen, mark) };
+        if was == seen {
+            return Err(SubmitTimeout { expected: start, seen });
+        }
+        if was == start {
+            // The turn came after all: the caller rings.
+            return Ok(());
+        }
+        seen = was;
+    }
 }
 
 /// The whole send path for one warp: lanes `0..count` each post `req` (its

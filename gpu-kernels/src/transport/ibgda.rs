@@ -86,6 +86,48 @@ pub const MAX_BATCH: u32 = 32;
 pub const QP_ERR_COMPLETION: u32 = 0x100;
 /// [`QpState::error`]: a post or completion wait timed out (the QP is wedged).
 pub const QP_ERR_WEDGED: u32 = 0x200;
+/// [`QpState::error`]: set, with the kind, while the first failure's
+/// `error_at` is being written ([`publish_qp_error`]); cleared when the word
+/// is published. Readers that need `error_at` wait until it is clear.
+pub const QP_ERR_PENDING: u32 = 0x8000_0000;
+
+/// Records a QP failure `err` (first wins) at WQE index `at`: claims the
+/// error word with [`QP_ERR_PENDING`], writes `error_at`, then publishes the
+/// word with release, so a reader that sees the word without the pending
+/// bit (acquire) sees `error_at` too. Whether this call won.
+///
+/// # Safety
+/// `s` is a valid QP state.
+#[inline(always)]
+pub unsafe fn publish_qp_error(s: *mut QpState, err: u32, at: u32) -> bool {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if ptx::atom_cas_relaxed_gpu_u32(&raw mut (*s).error, 0, err | QP_ERR_PENDING) != 0 {
+            return false;
+        }
+        ptx::st_relaxed_gpu_u32(&raw mut (*s).error_at, at);
+        ptx::st_release_gpu_u32(&raw mut (*s).error, err);
+    }
+    true
+}
+
+/// The QP's published failure: `(error word, error_at)`, or `None` while
+/// healthy or while the first failure is still being recorded.
+///
+/// # Safety
+/// `s` is a valid QP state.
+#[inline(always)]
+pub unsafe fn published_qp_error(s: *const QpState) -> Option<(u32, u32)> {
+    // SAFETY: the caller's contract. Acquire pairs with the release in
+    // `publish_qp_error`: `error_at` was written before.
+    unsafe {
+        let err = ptx::ld_acquire_gpu_u32(&raw const (*s).error);
+        if err == 0 || err & QP_ERR_PENDING != 0 {
+            return None;
+        }
+        Some((err, ptx::ld_relaxed_gpu_u32(&raw const (*s).error_at)))
+    }
+}
 
 /// The software state of one QP, in device memory (64 bytes). The
 /// [`QpHandle`] of the QP points at its first three words.
@@ -102,7 +144,8 @@ pub struct QpState {
     pub completed: u32,
     /// 1 while a thread consumes CQEs.
     pub poll_lock: u32,
-    /// 0: healthy; [`QP_ERR_COMPLETION`] | syndrome; [`QP_ERR_WEDGED`].
+    /// 0: healthy; [`QP_ERR_COMPLETION`] | syndrome; [`QP_ERR_WEDGED`]
+    /// (with [`QP_ERR_PENDING`] while `error_at` is being written).
     pub error: u32,
     /// The index of the first WQE not known good once `error` is set.
     pub error_at: u32,
@@ -312,9 +355,7 @@ impl Ibgda {
         unsafe {
             let s = q.state;
             let done = ptx::ld_acquire_gpu_u32(&raw const (*s).completed);
-            if ptx::atom_cas_relaxed_gpu_u32(&raw mut (*s).error, 0, QP_ERR_WEDGED) == 0 {
-                ptx::st_release_gpu_u32(&raw mut (*s).error_at, done);
-            }
+            publish_qp_error(s, QP_ERR_WEDGED, done);
         }
         self.bounds().reporter.fail_queue(call, peer, seen, expected)
     }
@@ -366,8 +407,8 @@ impl Ibgda {
                 // The 16-bit counter of the WQE reported, widened: every WQE
                 // up to it is complete.
                 let failed_at = done.wrapping_add(counter.wrapping_sub(done as u16) as u32);
-                if err != 0 && ptx::atom_cas_relaxed_gpu_u32(&raw mut (*s).error, 0, err) == 0 {
-                    core::ptr::write_volatile(&raw mut (*s).error_at, failed_at);
+                if err != 0 {
+                    publish_qp_error(s, err, failed_at);
                 }
                 done = failed_at.wrapping_add(1);
                 ci = ci.wrapping_add(1);
@@ -394,11 +435,9 @@ impl Ibgda {
         // SAFETY: the QP's state words.
         let mut last = unsafe { ptx::ld_acquire_gpu_u32(&raw const (*s).completed) };
         loop {
-            // SAFETY: as above.
-            let err = unsafe { ptx::ld_acquire_gpu_u32(&raw const (*s).error) };
-            if err != 0 {
-                // SAFETY: as above; written before `error` was published.
-                let at = unsafe { ptx::ld_relaxed_gpu_u32(&raw const (*s).error_at) };
+            // SAFETY: as above. A failure still being recorded is looked
+            // at again next round, once its `error_at` is published.
+            if let Some((err, at)) = unsafe { published_qp_error(s) } {
                 if !reached(at, target) {
                     return Err(self.qp_failed(err, call, peer));
                 }
@@ -922,6 +961,8 @@ impl Transport for Ibgda {
     unsafe fn get_coop(&self, g: Coop, dst: *mut u8, src: *const u8, bytes: u64, peer: u32, nbi: bool) -> Result<(), CommError> {
         let call = if nbi { Call::GetNbi } else { Call::Get };
         let off = self.check_range(call, src as u64, bytes, peer)?;
+        // The NIC would write the heap's header as readily as its user part.
+        self.check_local_dst(call, dst as u64, bytes, peer)?;
         let lkey = self.local_key(call, dst as u64, bytes, peer)?;
         if bytes == 0 {
             return Ok(());
@@ -1059,5 +1100,33 @@ impl Ibgda {
         // SAFETY: `qps` has world × qps_per_peer entries; every QP of a
         // peer carries the same base.
         unsafe { (*self.qps.add((peer * self.qps_per_peer) as usize)).remote_base }
+    }
+}
+
+#[cfg(all(test, not(target_arch = "nvptx64")))]
+mod tests {
+    use super::*;
+
+    /// The error word is published after its `error_at`, and a reader never
+    /// takes a word still being recorded (whose `error_at` may be stale).
+    #[test]
+    fn a_qp_error_is_published_after_its_index_and_first_wins() {
+        let mut s = QpState::default();
+        let p = &raw mut s;
+        // SAFETY: a valid state on this stack.
+        unsafe {
+            assert_eq!(published_qp_error(p), None);
+            // Another thread claimed the word and has not written error_at yet.
+            (*p).error = QP_ERR_COMPLETION | 5 | QP_ERR_PENDING;
+            (*p).error_at = 0;
+            assert_eq!(published_qp_error(p), None, "a word still being recorded was taken");
+            assert!(!publish_qp_error(p, QP_ERR_WEDGED, 9), "a second failure must not win");
+            (*p).error = 0;
+            assert!(publish_qp_error(p, QP_ERR_COMPLETION | 5, 42));
+            assert_eq!((s.error, s.error_at), (QP_ERR_COMPLETION | 5, 42));
+            assert_eq!(published_qp_error(p), Some((QP_ERR_COMPLETION | 5, 42)));
+            assert!(!publish_qp_error(p, QP_ERR_WEDGED, 7));
+            assert_eq!((s.error, s.error_at), (QP_ERR_COMPLETION | 5, 42), "first wins");
+        }
     }
 }

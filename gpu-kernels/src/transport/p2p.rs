@@ -205,6 +205,7 @@ impl Transport for P2p {
     unsafe fn get_coop(&self, g: Coop, dst: *mut u8, src: *const u8, bytes: u64, peer: u32, nbi: bool) -> Result<(), CommError> {
         let call = if nbi { Call::GetNbi } else { Call::Get };
         let off = self.check_range(call, src as u64, bytes, peer)?;
+        self.check_local_dst(call, dst as u64, bytes, peer)?;
         let remote = (self.base_of(peer) + off) as *const u8;
         // SAFETY: as for put.
         unsafe { copy_coop(g, dst, remote, bytes) };

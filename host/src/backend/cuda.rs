@@ -568,9 +568,17 @@ impl Device {
     }
 
     /// Opens the allocation another process exported with
-    /// [`Device::ipc_export`]. `rank`, `peer` and `peer_ordinal` (the GPU
-    /// the peer runs on) only describe the failure.
-    pub(crate) fn ipc_open(&self, handle: &[u8; IPC_HANDLE_BYTES], peer_ordinal: u32, rank: usize, peer: usize) -> Result<IpcMapping> {
+    /// [`Device::ipc_export`], and checks that it spans at least `need`
+    /// bytes from the opened address (the peer's claim of its size is not
+    /// trusted: the driver's `cuMemGetAddressRange` of the mapping is).
+    /// `rank`, `peer` and `peer_ordinal` (the GPU the peer runs on) only
+    /// describe the failure.
+    pub(crate) fn ipc_open(
+        &self,
+        handle: &[u8; IPC_HANDLE_BYTES],
+        need: u64,
+        (peer_ordinal, rank, peer): (u32, usize, usize),
+    ) -> Result<IpcMapping> {
         let mut ipc = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
         // SAFETY: CUipcMemHandle is 64 plain bytes.
         unsafe { std::ptr::copy_nonoverlapping(handle.as_ptr(), ipc.as_mut_ptr() as *mut u8, IPC_HANDLE_BYTES) };
@@ -596,10 +604,28 @@ impl Device {
                 ),
             });
         }
-        Ok(IpcMapping {
+        // Closed on drop, also when the check below refuses it.
+        let mapping = IpcMapping {
             ctx: self.ctx.clone(),
             ptr: dptr,
-        })
+        };
+        let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+        // SAFETY: a plain query of an address this context just mapped.
+        unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, dptr) }
+            .result()
+            .call("cuMemGetAddressRange")?;
+        let usable = (base + size as u64).saturating_sub(dptr);
+        if usable < need {
+            return Err(Error::PeerUnreachable {
+                rank,
+                peer,
+                reason: format!(
+                    "its CUDA IPC heap handle maps {usable} bytes, fewer than the {need} this rank will touch \
+                     (heap and tables); the peer claims a heap it did not export"
+                ),
+            });
+        }
+        Ok(mapping)
     }
 
     /// Lets this context access GPU `peer_ordinal`'s memory (NVLink/PCIe).

@@ -56,10 +56,38 @@ fn host_threads() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
 }
 
+/// A kernel failure as the emulator keeps it until someone is told: the
+/// kernel's name and what went wrong (both cheap to copy, so the same failure
+/// can be reported again).
+#[derive(Clone, Debug)]
+struct Failure {
+    kernel: &'static str,
+    source: emu::EmuError,
+}
+
+impl Failure {
+    fn to_error(&self) -> Error {
+        Error::Emulator {
+            kernel: self.kernel,
+            source: self.source.clone(),
+        }
+    }
+}
+
+/// Where a dropped stream leaves a failure nobody has been told about, so
+/// that the device's next [`Device::synchronize`] reports it.
+type Orphans = Arc<Mutex<Option<Failure>>>;
+
 /// An emulator instance (`ordinal` only labels it) and its streams.
+///
+/// A kernel failure is sticky, as a CUDA launch failure is: internal waits
+/// (freeing memory, dropping a buffer, a stream or a communicator) never
+/// consume it; it stays until a user-facing synchronize (of the stream, an
+/// event on it, or the device) returns it.
 pub(crate) struct Device {
     ordinal: usize,
     streams: Mutex<Vec<Weak<Queue>>>,
+    orphans: Orphans,
 }
 
 impl Device {
@@ -67,6 +95,25 @@ impl Device {
         Device {
             ordinal,
             streams: Mutex::new(Vec::new()),
+            orphans: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    fn live_streams(&self) -> Vec<Arc<Queue>> {
+        self.streams
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
+
+    /// Waits for every stream of this device without consuming a failure:
+    /// for internal waits (before freeing memory), which must leave a kernel
+    /// error for the user to see.
+    pub(crate) fn wait_idle(&self) {
+        for s in self.live_streams() {
+            s.wait_idle();
         }
     }
 
@@ -83,35 +130,39 @@ impl Device {
         host_threads()
     }
 
-    /// Waits for every stream of this device; the first error any hit.
+    /// Waits for every stream of this device; reports (and clears) the
+    /// first failure found: a live stream's, else one a dropped stream left.
+    /// Failures of other streams stay for the next call.
     pub(crate) fn synchronize(&self) -> Result<()> {
-        let streams: Vec<_> = self
-            .streams
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
-        let mut first = Ok(());
-        for s in streams {
-            let r = s.synchronize();
-            if first.is_ok() {
-                first = r;
-            }
+        let streams = self.live_streams();
+        for s in &streams {
+            s.wait_idle();
         }
-        first
+        for s in &streams {
+            s.synchronize()?;
+        }
+        match self.orphans.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            Some(f) => Err(f.to_error()),
+            None => Ok(()),
+        }
     }
 
     pub(crate) fn new_stream(&self) -> Result<Stream> {
         let s = Queue::start()?;
         self.streams.lock().unwrap_or_else(|p| p.into_inner()).push(Arc::downgrade(&s));
-        Ok(Stream(s))
+        Ok(Stream {
+            queue: s,
+            orphans: self.orphans.clone(),
+        })
     }
 
     /// A stream [`Device::synchronize`] (and so `free`) does not wait for:
     /// for a persistent kernel that ends only when told to.
     pub(crate) fn new_stream_untracked(&self) -> Result<Stream> {
-        Ok(Stream(Queue::start()?))
+        Ok(Stream {
+            queue: Queue::start()?,
+            orphans: self.orphans.clone(),
+        })
     }
 
     /// `bytes` (non-zero) of zeroed "device memory"; its address.
@@ -125,8 +176,9 @@ impl Device {
     /// # Safety
     /// `addr` came from `alloc_zeroed(bytes)` on this device and is freed once.
     pub(crate) unsafe fn free(&self, addr: u64, bytes: usize) {
-        // Kernels still running may use the memory: wait, as cudaFree does.
-        let _ = self.synchronize();
+        // Kernels still running may use the memory: wait, as cudaFree does,
+        // leaving any kernel failure for the user's own synchronize.
+        self.wait_idle();
         // SAFETY: allocated by alloc_zeroed with this size; freed once.
         unsafe { free(addr as *mut u8, bytes) };
     }
@@ -177,7 +229,7 @@ impl Device {
     }
 }
 
-type Job = Box<dyn FnOnce() -> Result<()> + Send>;
+type Job = Box<dyn FnOnce() -> Result<(), Failure> + Send>;
 
 /// The worker behind an emulator stream: a thread draining a queue.
 pub(crate) struct Queue {
@@ -188,7 +240,7 @@ pub(crate) struct Queue {
 struct QueueState {
     queue: VecDeque<Job>,
     busy: bool,
-    error: Option<Error>,
+    error: Option<Failure>,
     closed: bool,
 }
 
@@ -248,15 +300,33 @@ impl Queue {
         self.cv.notify_all();
     }
 
-    fn synchronize(&self) -> Result<()> {
+    /// Waits until the queue is drained; the lock, held, for the caller.
+    fn drained(&self) -> std::sync::MutexGuard<'_, QueueState> {
         let mut st = self.lock();
         while st.busy || !st.queue.is_empty() {
             st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
         }
-        match st.error.take() {
-            Some(e) => Err(e),
+        st
+    }
+
+    /// Waits until the queue is drained, leaving a failure in place.
+    fn wait_idle(&self) {
+        drop(self.drained());
+    }
+
+    /// Waits until the queue is drained; reports a failure once (to the
+    /// caller, who is the user or passes it to the user).
+    fn synchronize(&self) -> Result<()> {
+        match self.drained().error.take() {
+            Some(f) => Err(f.to_error()),
             None => Ok(()),
         }
+    }
+
+    /// Waits until the queue is drained; takes a failure still there (for a
+    /// stream being dropped, which hands it on to its device).
+    fn take_failure(&self) -> Option<Failure> {
+        self.drained().error.take()
     }
 
     fn close(&self) {
@@ -276,8 +346,12 @@ unsafe impl<T> Send for AssertSend<T> {}
 unsafe impl<T> Sync for AssertSend<T> {}
 
 /// An emulator stream: owns its worker, which finishes the queued work and
-/// stops when the stream is dropped.
-pub(crate) struct Stream(Arc<Queue>);
+/// stops when the stream is dropped (a failure nobody was told about then
+/// moves to the device, see [`Device::synchronize`]).
+pub(crate) struct Stream {
+    queue: Arc<Queue>,
+    orphans: Orphans,
+}
 
 impl Stream {
     /// Enqueues kernel `K` with `args`.
@@ -297,40 +371,45 @@ impl Stream {
             shared_mem_bytes,
         };
         let args = AssertSend(args);
-        self.0.push(Box::new(move || {
+        self.queue.push(Box::new(move || {
             let args = &args;
             let body = move || {
                 // SAFETY: the launch's caller accepted the kernel's contract.
                 unsafe { K::emulate(args.0) }
             };
-            emu::run(launch, &body).map_err(|source| Error::Emulator { kernel: K::NAME, source })
+            emu::run(launch, &body).map_err(|source| Failure { kernel: K::NAME, source })
         }));
         Ok(())
     }
 
     pub(crate) fn synchronize(&self) -> Result<()> {
-        self.0.synchronize()
+        self.queue.synchronize()
     }
 
     /// An event that the worker stamps when it reaches it.
     pub(crate) fn record(&self) -> Result<Event> {
         let slot = Arc::new(Mutex::new(None));
         let w = slot.clone();
-        self.0.push(Box::new(move || {
+        self.queue.push(Box::new(move || {
             *w.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
             Ok(())
         }));
         Ok(Event {
             at: slot,
-            queue: self.0.clone(),
+            queue: self.queue.clone(),
         })
     }
 }
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        let _ = self.0.synchronize();
-        self.0.close();
+        if let Some(f) = self.queue.take_failure() {
+            let mut slot = self.orphans.lock().unwrap_or_else(|p| p.into_inner());
+            if slot.is_none() {
+                *slot = Some(f);
+            }
+        }
+        self.queue.close();
     }
 }
 

@@ -135,6 +135,19 @@ impl DeviceBackend {
         }
     }
 
+    /// Waits for the streams created through this handle without consuming
+    /// a kernel failure (CUDA keeps its own sticky errors; the emulator keeps
+    /// its failure for the user's next synchronize): for internal waits
+    /// before memory is freed.
+    pub(crate) fn wait_idle(&self) {
+        match self {
+            DeviceBackend::Cuda(d) => {
+                let _ = d.synchronize();
+            }
+            DeviceBackend::Emu(d) => d.wait_idle(),
+        }
+    }
+
     pub(crate) fn as_cuda(&self) -> Option<&Arc<CudaContext>> {
         match self {
             DeviceBackend::Cuda(d) => Some(d.context()),
@@ -286,11 +299,18 @@ impl DeviceBackend {
     }
 
     /// Opens an allocation another process exported with
-    /// [`DeviceBackend::ipc_export`]; `peer_ordinal`, `rank` and `peer` only
-    /// describe the failure.
-    pub(crate) fn ipc_open(&self, handle: &[u8; IPC_HANDLE_BYTES], peer_ordinal: u32, rank: usize, peer: usize) -> Result<IpcMapping> {
+    /// [`DeviceBackend::ipc_export`] and checks that the mapping spans `need`
+    /// bytes; `peer_ordinal`, `rank` and `peer` only describe the failure.
+    pub(crate) fn ipc_open(
+        &self,
+        handle: &[u8; IPC_HANDLE_BYTES],
+        need: u64,
+        peer_ordinal: u32,
+        rank: usize,
+        peer: usize,
+    ) -> Result<IpcMapping> {
         match self {
-            DeviceBackend::Cuda(d) => d.ipc_open(handle, peer_ordinal, rank, peer),
+            DeviceBackend::Cuda(d) => d.ipc_open(handle, need, (peer_ordinal, rank, peer)),
             DeviceBackend::Emu(_) => Err(no_ipc()),
         }
     }

@@ -235,6 +235,10 @@ pub struct Communicator {
     // Drop order: mappings of peers before our own heap.
     _mappings: Vec<Mapping>,
     _heap: Option<Heap>,
+    /// Set by [`Communicator::local`] once every rank's device is idle:
+    /// no peer can write into this heap any more, so the drop may free it
+    /// even when the world broke.
+    quiesced: bool,
 }
 
 impl Communicator {
@@ -372,7 +376,9 @@ impl Communicator {
                 let Ok(ipc) = <&[u8; IPC_HANDLE_BYTES]>::try_from(&h[8..]) else {
                     return Err(Error::comm(format!("rank {p} sent no CUDA IPC handle")));
                 };
-                let mapping = device.inner.ipc_open(ipc, ids[p].ordinal, rank, p)?;
+                // The mapping must span what this rank will touch: the heap
+                // and the tables tail (the peer's word for its size is not trusted).
+                let mapping = device.inner.ipc_open(ipc, alloc_len as u64, ids[p].ordinal, rank, p)?;
                 bases[p] = mapping.as_raw();
                 mappings.push(Mapping::Ipc(mapping));
                 routes[p] = PeerRoute::CudaIpc;
@@ -422,6 +428,7 @@ impl Communicator {
             in_flight: Mutex::new(None),
             _mappings: mappings,
             _heap: Some(heap),
+            quiesced: false,
         })
     }
 
@@ -441,25 +448,36 @@ impl Communicator {
         } else {
             1
         };
+        // No rank frees its heap until every rank's kernels, which may
+        // write into it, have stopped: each waits for its own device, then
+        // for the others (a rank's thread that ends early counts as arrived).
+        let gate = Quiesce::new(n);
         let results: Vec<Result<R>> = std::thread::scope(|s| {
             let handles: Vec<_> = worlds
                 .into_iter()
                 .enumerate()
                 .map(|(r, w)| {
-                    let f = &f;
+                    let (f, gate) = (&f, &gate);
                     let opts = opts.clone();
                     s.spawn(move || -> Result<R> {
+                        let arrival = gate.arrival();
                         let ordinal = if opts.spread_gpus { r % gpus } else { 0 };
                         let dev = match backend {
                             Backend::Gpu => Device::gpu(ordinal)?,
                             _ => Device::emulator(r),
                         };
-                        let comm = Communicator::new(w, dev, opts)?;
-                        let r = f(&comm);
-                        if let Err(e) = &r {
-                            comm.abort(&e.to_string());
+                        let mut comm = Communicator::new(w, dev, opts)?;
+                        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&comm)));
+                        match &r {
+                            Ok(Err(e)) => comm.abort(&e.to_string()),
+                            Err(_) => comm.abort("it panicked"),
+                            Ok(Ok(_)) => {}
                         }
-                        r
+                        comm.device.wait_idle();
+                        arrival.wait_for_all();
+                        comm.quiesced = true;
+                        drop(comm);
+                        r.unwrap_or_else(|p| std::panic::resume_unwind(p))
                     })
                 })
                 .collect();
@@ -609,6 +627,8 @@ impl Communicator {
 
     /// Collective: `len` elements of `T` at the same heap offset on every rank,
     /// zeroed. Every rank must make the same allocations in the same order.
+    /// Returns once every rank's copy is zeroed, so puts and signals into
+    /// peers may start at once.
     pub fn alloc<T: DeviceCopy>(&self, len: usize) -> Result<SymBuffer<'_, T>> {
         let bytes = u64::try_from(len)
             .ok()
@@ -642,9 +662,17 @@ impl Communicator {
             len,
             _t: std::marker::PhantomData,
         };
-        // Zero it (the heap may hold data of an earlier run of this process).
+        // Zero it (the heap may hold data of an earlier run of this process),
+        // then wait until every rank has zeroed its copy: a rank that returned
+        // first could otherwise put into a peer's copy that the peer zeroes
+        // afterwards. A rank whose zeroing fails aborts the world, so the
+        // others' barrier fails at once naming it.
         // SAFETY: inside this rank's heap.
-        unsafe { self.device.write_raw(self.heap_base + offset, &vec![0u8; bytes as usize])? };
+        if let Err(e) = unsafe { self.device.write_raw(self.heap_base + offset, &vec![0u8; bytes as usize]) } {
+            self.abort(&format!("zeroing symmetric allocation #{index} failed: {e}"));
+            return Err(e);
+        }
+        self.world.barrier()?;
         Ok(buf)
     }
 
@@ -882,6 +910,63 @@ impl<T: DeviceCopy> SymBuffer<'_, T> {
     }
 }
 
+/// Where the ranks of [`Communicator::local`] wait for each other once
+/// their own devices are idle, before any frees its heap.
+struct Quiesce {
+    n: usize,
+    arrived: Mutex<usize>,
+    cv: std::sync::Condvar,
+}
+
+impl Quiesce {
+    fn new(n: usize) -> Quiesce {
+        Quiesce {
+            n,
+            arrived: Mutex::new(0),
+            cv: std::sync::Condvar::new(),
+        }
+    }
+
+    /// One rank's arrival: counted at [`Arrival::wait_for_all`], or when
+    /// dropped unused (a rank's thread that ended early).
+    fn arrival(&self) -> Arrival<'_> {
+        Arrival { gate: self, done: false }
+    }
+}
+
+struct Arrival<'a> {
+    gate: &'a Quiesce,
+    done: bool,
+}
+
+impl Arrival<'_> {
+    fn arrive(&mut self) -> std::sync::MutexGuard<'_, usize> {
+        let mut a = self.gate.arrived.lock().unwrap_or_else(|p| p.into_inner());
+        if !self.done {
+            self.done = true;
+            *a += 1;
+            self.gate.cv.notify_all();
+        }
+        a
+    }
+
+    /// Counts this rank in and waits until every rank has arrived.
+    fn wait_for_all(mut self) {
+        let n = self.gate.n;
+        let cv = &self.gate.cv;
+        let mut a = self.arrive();
+        while *a < n {
+            a = cv.wait(a).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+impl Drop for Arrival<'_> {
+    fn drop(&mut self) {
+        drop(self.arrive());
+    }
+}
+
 impl Drop for Communicator {
     /// Destruction is collective: peers may still read or write this rank's
     /// heap until every rank's kernels are done, so wait for this rank's
@@ -890,24 +975,38 @@ impl Drop for Communicator {
     /// A rank that failed (a device error, a timed-out wait, [`abort`](Self::abort),
     /// a panic) does not wait for the others, which may be the reason it
     /// failed: it aborts the world, so the others' collectives fail at once
-    /// naming it, and leaks its heap when ranks of this process might still
-    /// write into it.
+    /// naming it. A rank whose final barrier did not complete (it failed, or
+    /// a peer did) leaks its heap, saying so in a log line, when ranks of
+    /// this process might still write into it; [`Communicator::local`]
+    /// first waits until every rank's device is idle, and then frees.
     fn drop(&mut self) {
-        let _ = self.device.synchronize();
+        // Leaves a kernel failure for the user's own synchronize.
+        self.device.wait_idle();
         let noted = self.failure.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let failure = noted.or_else(|| std::thread::panicking().then(|| "it panicked".to_string()));
-        if let Some(reason) = failure {
-            self.world.abort(&reason);
-            if self
-                .routes
-                .iter()
-                .any(|r| matches!(r, PeerRoute::SameProcess | PeerRoute::PeerAccess))
-            {
-                std::mem::forget(self._heap.take());
+        let in_process_peers = self
+            .routes
+            .iter()
+            .any(|r| matches!(r, PeerRoute::SameProcess | PeerRoute::PeerAccess));
+        let synced = match &failure {
+            Some(reason) => {
+                self.world.abort(reason);
+                false
             }
-            return;
+            None => self.world.barrier().is_ok(),
+        };
+        // A peer of this process whose kernels may still run can write into
+        // this heap: without the final barrier (or `local`'s wait for every
+        // rank's device) nothing says they stopped, so the heap is leaked.
+        if !synced && !self.quiesced && in_process_peers {
+            tracing::warn!(
+                "rank {}: the world ended without every rank's kernels known to be done; leaking this rank's \
+                 heap ({} bytes), which kernels of other ranks of this process may still write",
+                self.rank,
+                self.heap_len
+            );
+            std::mem::forget(self._heap.take());
         }
-        let _ = self.world.barrier();
     }
 }
 

@@ -12,6 +12,14 @@
 //! ([`FrameKey`]). The sequence number is implicit (each side counts), so a
 //! dropped, replayed or reordered frame fails its tag like an altered one.
 //!
+//! `token` above is not the job token itself but [`stretch`] of it: PBKDF2
+//! with HMAC-SHA256 over [`STRETCH_ROUNDS`] rounds. Whoever squats the
+//! rendezvous port sees a peer's proof and can test token guesses against
+//! it offline; stretching makes every guess cost those rounds instead of one
+//! HMAC, and obviously guessable tokens are refused before any of this
+//! ([`crate::Error::WeakToken`]). Each process stretches its token once per
+//! rendezvous (tens of milliseconds).
+//!
 //! Ranks of one process recognise each other by [`process_tag`]: an HMAC
 //! under a random secret that never leaves the process, so a peer cannot
 //! claim to share our address space by copying our pid.
@@ -30,6 +38,11 @@ pub(crate) const TAG_LEN: usize = PROOF_LEN;
 
 pub(crate) const PEER_LABEL: &[u8] = b"doorbell-rendezvous-v1 peer";
 pub(crate) const ROOT_LABEL: &[u8] = b"doorbell-rendezvous-v1 root";
+/// The salt of [`stretch`]: fixed, so that every rank derives the same key
+/// before it has talked to anyone.
+const STRETCH_SALT: &[u8] = b"doorbell-token-stretch-v1";
+/// PBKDF2 rounds of [`stretch`].
+pub(crate) const STRETCH_ROUNDS: u32 = 100_000;
 const ROOT_TO_PEER_LABEL: &[u8] = b"doorbell-session-v2 root->peer";
 const PEER_TO_ROOT_LABEL: &[u8] = b"doorbell-session-v2 peer->root";
 const PROCESS_LABEL: &[u8] = b"doorbell-process-v1";
@@ -59,6 +72,30 @@ fn mac(token: &[u8], label: &[u8], first: &Nonce, second: &Nonce) -> Hmac<Sha256
     m.update(first);
     m.update(second);
     m
+}
+
+/// PBKDF2-HMAC-SHA256 (RFC 8018) of `password` and `salt` over `rounds`
+/// rounds, first 32-byte block.
+fn pbkdf2_sha256(password: &[u8], salt: &[u8], rounds: u32) -> [u8; PROOF_LEN] {
+    let prf = keyed(password);
+    let mut m = prf.clone();
+    m.update(salt);
+    m.update(&1u32.to_be_bytes());
+    let mut u: [u8; PROOF_LEN] = m.finalize().into_bytes().into();
+    let mut out = u;
+    for _ in 1..rounds {
+        let mut m = prf.clone();
+        m.update(&u);
+        u = m.finalize().into_bytes().into();
+        out.iter_mut().zip(&u).for_each(|(o, x)| *o ^= x);
+    }
+    out
+}
+
+/// The key the handshake proves and derives session keys from: the job
+/// token stretched over [`STRETCH_ROUNDS`] PBKDF2 rounds.
+pub(crate) fn stretch(token: &[u8]) -> [u8; PROOF_LEN] {
+    pbkdf2_sha256(token, STRETCH_SALT, STRETCH_ROUNDS)
 }
 
 /// The proof of knowing `token` for this pair of nonces.
@@ -150,6 +187,26 @@ mod tests {
         m.update(b"what do ya want for nothing?");
         let hex: String = m.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect();
         assert_eq!(hex, "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+    }
+
+    fn hex(b: &[u8]) -> String {
+        b.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    #[test]
+    fn pbkdf2_matches_rfc7914_vectors() {
+        // RFC 7914 section 11 (PBKDF2-HMAC-SHA256), first 32 bytes.
+        assert_eq!(
+            hex(&pbkdf2_sha256(b"passwd", b"salt", 1)),
+            "55ac046e56e3089fec1691c22544b605f94185216dde0465e68b9d57c20dacbc"
+        );
+        assert_eq!(
+            hex(&pbkdf2_sha256(b"Password", b"NaCl", 80000)),
+            "4ddcd8f60b98be21830cee5ef22701f9641a4418d04c0414aeff08876b34ab56"
+        );
+        let k = stretch(b"5f0c2e9a7b3d41e8");
+        assert_eq!(k, pbkdf2_sha256(b"5f0c2e9a7b3d41e8", STRETCH_SALT, STRETCH_ROUNDS));
+        assert_ne!(k, stretch(b"5f0c2e9a7b3d41e9"));
     }
 
     #[test]

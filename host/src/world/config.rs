@@ -117,8 +117,31 @@ impl WorldConfig {
     }
 
     /// Reads the process environment; see [`from_vars`](Self::from_vars).
+    /// A variable it consults whose value is not UTF-8 is
+    /// [`Error::BadEnv`] naming it (never taken for unset).
     pub fn from_env() -> Result<Option<WorldConfig>> {
-        Self::from_vars(&|name| std::env::var(name).ok())
+        Self::from_os_vars(&|name| std::env::var_os(name))
+    }
+
+    /// [`from_vars`](Self::from_vars) over raw values: the first variable
+    /// consulted whose value is not UTF-8 is [`Error::BadEnv`] naming it.
+    pub(crate) fn from_os_vars(get: &dyn Fn(&str) -> Option<std::ffi::OsString>) -> Result<Option<WorldConfig>> {
+        let garbled = std::cell::RefCell::new(None);
+        let r = Self::from_vars(&|name| match get(name)?.into_string() {
+            Ok(v) => Some(v),
+            Err(raw) => {
+                garbled.borrow_mut().get_or_insert((name.to_string(), raw));
+                None
+            }
+        });
+        match garbled.into_inner() {
+            Some((var, raw)) => Err(Error::BadEnv {
+                var,
+                value: raw.to_string_lossy().into_owned(),
+                reason: "is not valid UTF-8".into(),
+            }),
+            None => r,
+        }
     }
 
     /// Detects the launch from variables looked up through `get`.
@@ -127,7 +150,8 @@ impl WorldConfig {
     /// size of 1). Launchers are tried in the order torchrun (`RANK`,
     /// `WORLD_SIZE`), mpirun (`OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_SIZE`),
     /// srun (`SLURM_PROCID`, `SLURM_NTASKS`). Inconsistent or unparsable
-    /// values are errors naming the variable and its value.
+    /// values are errors naming the variable and its value; a world size above
+    /// [`MAX_WORLD_SIZE`](super::MAX_WORLD_SIZE) is one.
     pub fn from_vars(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<WorldConfig>> {
         // Empty values count as unset: `export RANK=` is a common leftover.
         let get = |name: &str| get(name).filter(|v| !v.trim().is_empty());
@@ -162,6 +186,13 @@ impl WorldConfig {
         let rank = parse_num::<usize>(rank_var, &need(rank_var)?)?;
         if size == 0 {
             return Err(bad(size_var, "0", "must be at least 1"));
+        }
+        if size > super::MAX_WORLD_SIZE {
+            return Err(bad(
+                size_var,
+                &size.to_string(),
+                &format!("must be at most {} (doorbell::world::MAX_WORLD_SIZE)", super::MAX_WORLD_SIZE),
+            ));
         }
         if rank >= size {
             return Err(bad(rank_var, &rank.to_string(), &format!("must be below {size_var}={size}")));
@@ -243,7 +274,7 @@ impl WorldConfig {
             var: "DOORBELL_TOKEN",
             hint: format!(
                 "a job of {size} processes needs a shared secret so that only its own processes join: generate one per job \
-                 and export it to every process, e.g. `export DOORBELL_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n')` \
+                 and export it to every process, e.g. `export DOORBELL_TOKEN=$(head -c16 /dev/urandom | od -An -tx1 | tr -d ' \\n')` \
                  before torchrun/srun, and `mpirun -x DOORBELL_TOKEN ...` under Open MPI"
             ),
         })?;
@@ -253,6 +284,9 @@ impl WorldConfig {
                 len: token.len(),
                 min: super::MIN_TOKEN_BYTES,
             });
+        }
+        if let Some(reason) = super::low_entropy(token.as_bytes()) {
+            return Err(Error::WeakToken { rank, reason });
         }
         Ok(Some(WorldConfig {
             rank,
@@ -320,7 +354,7 @@ mod tests {
     use std::collections::HashMap;
 
     /// A token of the least accepted length.
-    const T: &str = "0123456789abcdef";
+    const T: &str = "5f0c2e9a7b3d41e8";
 
     fn detect(vars: &[(&str, &str)]) -> Result<Option<WorldConfig>> {
         let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
@@ -564,7 +598,10 @@ mod tests {
         let e = detect(&vars("0123456789abcde")).unwrap_err();
         assert!(matches!(e, Error::TokenTooShort { rank: 1, len: 15, min: 16 }), "{e}");
         let msg = e.to_string();
-        assert!(msg.contains("DOORBELL_TOKEN") && msg.contains("head -c 16 /dev/urandom"), "{msg}");
+        assert!(msg.contains("DOORBELL_TOKEN") && msg.contains("head -c16 /dev/urandom"), "{msg}");
+        let e = detect(&vars("aaaaaaaaaaaaaaaa")).unwrap_err();
+        assert!(matches!(e, Error::WeakToken { rank: 1, .. }), "{e}");
+        assert!(e.to_string().contains("head -c16 /dev/urandom | od -An -tx1"), "{e}");
         assert!(!msg.contains("0123456789abcde"), "the message must not print the token: {msg}");
         assert_eq!(detect(&vars(T)).unwrap().unwrap().token(), T.as_bytes());
     }

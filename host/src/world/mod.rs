@@ -33,7 +33,7 @@
 //! Generate a fresh one per job:
 //!
 //! ```sh
-//! export DOORBELL_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+//! export DOORBELL_TOKEN=$(head -c16 /dev/urandom | od -An -tx1 | tr -d ' \n')
 //!
 //! # torchrun: sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
 //! torchrun --nproc-per-node 8 --nnodes 2 --rdzv-endpoint node0:29400 ./my_app
@@ -100,11 +100,17 @@
 //! - **Joining.** The token is **never sent**, in clear or otherwise: rank 0
 //!   sends a fresh random 16-byte nonce from `/dev/urandom`, the joining
 //!   process answers with its own nonce and
-//!   `HMAC-SHA256(token, "peer" | nonce0 | nonce1)`, and rank 0 then proves
-//!   itself with `HMAC-SHA256(token, "root" | nonce1 | nonce0)`; proofs are
+//!   `HMAC-SHA256(key, "peer" | nonce0 | nonce1)`, and rank 0 then proves
+//!   itself with `HMAC-SHA256(key, "root" | nonce1 | nonce0)`; proofs are
 //!   checked in constant time. Both sides prove knowledge of the token, so a
-//!   process also refuses an impostor rank 0. Tokens shorter than
-//!   [`MIN_TOKEN_BYTES`] are refused ([`Error::TokenTooShort`]).
+//!   process also refuses an impostor rank 0. `key` is the token stretched
+//!   by PBKDF2-HMAC-SHA256 over 100 000 rounds: whoever squats the port and
+//!   collects a peer's proof pays those rounds for every guess it tests
+//!   offline. Tokens shorter than [`MIN_TOKEN_BYTES`] are refused
+//!   ([`Error::TokenTooShort`]), and so are obviously guessable ones (a
+//!   repeated character or unit, an `abcdef…` run, fewer than six distinct
+//!   characters: [`Error::WeakToken`]); make one with
+//!   `head -c16 /dev/urandom | od -An -tx1 | tr -d ' \n'`.
 //! - **Every later frame** (hello, welcome, every collective: CUDA IPC
 //!   handles, heap file names, addresses) carries
 //!   `HMAC-SHA256(key, sequence number | header | body)` under a key per
@@ -117,8 +123,13 @@
 //!   [`MAX_FRAME_BYTES`] ([`Error::FrameTooLarge`]); bodies are read in
 //!   chunks, so memory grows only with bytes that really arrive.
 //! - **Unauthenticated connections are bounded**: rank 0 handshakes with at
-//!   most [`MAX_PENDING_HANDSHAKES`] at once (it closes further ones at once;
-//!   real ranks retry), and each has [`HANDSHAKE_TIMEOUT`] to finish.
+//!   most [`MAX_PENDING_HANDSHAKES`] at once, at most
+//!   [`MAX_PENDING_PER_ADDRESS`] from one source address, and each has
+//!   [`HANDSHAKE_TIMEOUT`] to finish; [`QUICK_SLOTS`] more are kept for
+//!   connections that find those taken and prove the token within
+//!   [`QUICK_PROOF_TIMEOUT`], so a client that refills every slot it can
+//!   get does not keep real ranks out. Further connections are closed at
+//!   once (real ranks retry).
 //! - **Peers' claims are not trusted with memory.** A pid proves nothing;
 //!   ranks of one process recognise each other by an HMAC under a random
 //!   per-process secret that never leaves the process, bound to this world
@@ -164,7 +175,9 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 pub use config::{Launcher, WorldConfig, DEFAULT_PORT, DEFAULT_RENDEZVOUS_TIMEOUT, DEFAULT_WORLD_TIMEOUT};
-pub use tcp::{RendezvousHost, HANDSHAKE_TIMEOUT, MAX_PENDING_HANDSHAKES, PROTOCOL_VERSION};
+pub use tcp::{
+    RendezvousHost, HANDSHAKE_TIMEOUT, MAX_PENDING_HANDSHAKES, MAX_PENDING_PER_ADDRESS, PROTOCOL_VERSION, QUICK_PROOF_TIMEOUT, QUICK_SLOTS,
+};
 
 pub(crate) use auth::random_bytes;
 
@@ -190,8 +203,49 @@ pub(crate) const WORLD_ID_LEN: usize = 16;
 /// A world's random identity: binds per-world proofs to this world.
 pub(crate) type WorldId = [u8; WORLD_ID_LEN];
 
-/// Refuses tokens too short to resist guessing.
+/// The doorbell library version this process was built from: a process
+/// world's ranks must all run the same one (checked at the rendezvous,
+/// [`Error::RendezvousMismatch`] naming both).
+pub const LIBRARY_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// A word that changes with the layout of what ranks of different
+/// processes share in memory (the heap's reserved header, the IBGDA QP
+/// state and handles, the soft NIC's tables tail): ranks built with other
+/// layouts are refused at the rendezvous even under one version number.
+pub fn heap_layout_word() -> u64 {
+    use doorbell_kernels::heap::{ErrorReport, HEAP_RESERVED};
+    use doorbell_kernels::transport::ibgda::{IbgdaQp, QpState};
+    let parts = [
+        HEAP_RESERVED,
+        std::mem::size_of::<ErrorReport>() as u64,
+        std::mem::size_of::<QpState>() as u64,
+        std::mem::size_of::<IbgdaQp>() as u64,
+        crate::nic::soft::TABLES_TAIL,
+    ];
+    // FNV-1a over the parts' little-endian bytes.
+    parts
+        .iter()
+        .flat_map(|p| p.to_le_bytes())
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// Most ranks a world may have: rank 0 of a process world keeps a
+/// connection and a table slot per rank (and sets the slots aside before
+/// anyone joins), so the size a launcher variable or a caller names is
+/// bounded ([`Error::WorldTooLarge`], or [`Error::BadEnv`] naming the
+/// launcher's variable).
+pub const MAX_WORLD_SIZE: usize = 65536;
+
+/// Refuses tokens too short or too regular to resist guessing, and worlds
+/// larger than [`MAX_WORLD_SIZE`].
 fn check_token(config: &WorldConfig) -> Result<()> {
+    if config.size > MAX_WORLD_SIZE {
+        return Err(Error::WorldTooLarge {
+            rank: config.rank,
+            size: config.size,
+            max: MAX_WORLD_SIZE,
+        });
+    }
     let len = config.token().len();
     if len < MIN_TOKEN_BYTES {
         return Err(Error::TokenTooShort {
@@ -200,7 +254,41 @@ fn check_token(config: &WorldConfig) -> Result<()> {
             min: MIN_TOKEN_BYTES,
         });
     }
+    if let Some(reason) = low_entropy(config.token()) {
+        return Err(Error::WeakToken { rank: config.rank, reason });
+    }
     Ok(())
+}
+
+/// Why `token` is obviously guessable, if it is: fewer than six distinct
+/// bytes, a shorter unit repeated (`passwordpassword`), or a run of evenly
+/// spaced bytes (`abcdefgh`, `98765432`, `aaaaaaaa`) over more than half of
+/// it. A random token of 16 hex digits or more trips none of these but
+/// with a probability around 10^-5 (a second one then passes).
+pub(crate) fn low_entropy(token: &[u8]) -> Option<String> {
+    let n = token.len();
+    let distinct = {
+        let mut seen = [false; 256];
+        token.iter().for_each(|&b| seen[b as usize] = true);
+        seen.iter().filter(|&&s| s).count()
+    };
+    if distinct < 6 {
+        return Some(format!("it uses only {distinct} distinct character(s)"));
+    }
+    if let Some(p) = (1..=n / 2).find(|&p| (p..n).all(|i| token[i] == token[i - p])) {
+        return Some(format!("it repeats its first {p} characters"));
+    }
+    // The longest run of bytes with one constant step between neighbours.
+    let (mut best, mut run) = (2.min(n), 2);
+    for i in 2..n {
+        let step = |j: usize| i16::from(token[j]) - i16::from(token[j - 1]);
+        run = if step(i) == step(i - 1) { run + 1 } else { 2 };
+        best = best.max(run);
+    }
+    if 2 * best > n {
+        return Some(format!("{best} of its {n} characters form an evenly spaced run"));
+    }
+    None
 }
 
 /// A fresh world identity. Thread and single worlds have no remote peers to

@@ -5,21 +5,28 @@
 //! ```text
 //! rank 0                                   peer
 //!   Challenge { version, n0 }        ──▶
-//!                                    ◀──   Proof { n1, HMAC(token, peer | n0 | n1) }
+//!                                    ◀──   Proof { n1, HMAC(key, peer | n0 | n1) }
 //!   Refuse                           ──▶   (wrong token: the peer fails with TokenMismatch)
-//!   RootProof { HMAC(token, root | n1 | n0) } ──▶   (checked: a wrong one is TokenMismatch too)
+//!   RootProof { HMAC(key, root | n1 | n0) } ──▶   (checked: a wrong one is TokenMismatch too)
 //!   ... from here on every frame is tagged with its direction's session key ...
-//!                                    ◀──   Hello { version, rank, size, local rank, host, pid, layout }
+//!                                    ◀──   Hello { version, rank, size, local rank, host, pid, layout,
+//!                                                   library version, heap layout word }
 //!   Status { missing }               ──▶
 //!   ... once every rank is in ...
 //!   Welcome { world id, table of all ranks } ──▶   or Abort { mismatch | timeout | failure }
 //! ```
 //!
+//! `key` is the job token stretched by PBKDF2 ([`super::auth`]), so a
+//! proof seen by a squatter on the port costs it that stretching per guess.
+//!
 //! Rank 0 runs each handshake on its own thread, so a silent or hostile
 //! connection cannot hold up the others; refused connections are reported on
 //! stderr and otherwise ignored. At most [`MAX_PENDING_HANDSHAKES`] run at
-//! once (later connections are closed at once, and a real rank retries), and
-//! each has [`HANDSHAKE_TIMEOUT`] to prove the token and say hello. A frame
+//! once, at most [`MAX_PENDING_PER_ADDRESS`] of them from one source address,
+//! and each has [`HANDSHAKE_TIMEOUT`] to prove the token and say hello; a
+//! connection that finds those taken gets one of [`QUICK_SLOTS`] further
+//! slots, where it must prove the token within [`QUICK_PROOF_TIMEOUT`]; past
+//! those, connections are closed at once (a real rank retries). A frame
 //! that fails its tag after the proofs ends the rendezvous or the collective
 //! with an error naming the peer.
 //!
@@ -28,10 +35,10 @@
 //! table of everyone's bytes back. On any failure rank 0 tells the others why
 //! (`Fail`), so each rank's error names the rank at fault.
 
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
 use super::auth::{self, Nonce, Side, NONCE_LEN, PEER_LABEL, PROOF_LEN, ROOT_LABEL};
@@ -40,8 +47,9 @@ use super::{Inner, Op, PeerInfo, World, WorldConfig, WorldId, MAX_FRAME_BYTES, W
 use crate::error::{Error, Result};
 
 /// Version of the rendezvous and collective protocol; ranks must agree.
-/// Version 2 tags every frame after the token proofs.
-pub const PROTOCOL_VERSION: u32 = 2;
+/// Version 2 tags every frame after the token proofs; version 3 proves a
+/// stretched token (PBKDF2) instead of the token itself.
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Connections rank 0 handshakes with at once; it closes further ones until
 /// a handshake finishes (a joining rank then retries).
@@ -49,6 +57,17 @@ pub const MAX_PENDING_HANDSHAKES: usize = 64;
 /// How long a connection has, from being accepted, to prove the token and
 /// say hello (never longer than the rendezvous timeout).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Of the [`MAX_PENDING_HANDSHAKES`], how many connections from one source
+/// address may hold at once, so that one client cannot take them all.
+pub const MAX_PENDING_PER_ADDRESS: usize = 8;
+/// Handshake slots kept apart for connections that find the others taken
+/// (all of them, or all their address may hold): such a connection must
+/// send its token proof within [`QUICK_PROOF_TIMEOUT`]. A real rank proves
+/// within milliseconds of the challenge; a client that only holds slots
+/// gives them up at once.
+pub const QUICK_SLOTS: usize = 4;
+/// How long a connection in one of the [`QUICK_SLOTS`] has to send its proof.
+pub const QUICK_PROOF_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How long rank 0 spends telling a peer about a failure.
 const NOTIFY_GRACE: Duration = Duration::from_secs(1);
@@ -76,6 +95,10 @@ struct Hello {
     version: u32,
     size: usize,
     info: PeerInfo,
+    /// The doorbell library version the process was built from.
+    library: String,
+    /// [`super::heap_layout_word`] of that build.
+    heap_layout: u64,
 }
 
 fn encode_info(e: Enc, p: &PeerInfo) -> Enc {
@@ -104,7 +127,10 @@ impl Hello {
     // version, size and rank come first in every protocol version, so a
     // mismatch can always be named.
     fn encode(&self) -> Vec<u8> {
-        encode_info(Enc::default().u32(self.version).u64(self.size as u64), &self.info).0
+        encode_info(Enc::default().u32(self.version).u64(self.size as u64), &self.info)
+            .str(&self.library)
+            .u64(self.heap_layout)
+            .0
     }
     fn decode(body: &[u8]) -> RawHello {
         let mut d = Dec::new(body);
@@ -114,20 +140,28 @@ impl Hello {
             let hostname = d.str("hostname")?;
             let pid = d.u32("pid")?;
             let layout = d.bytes("layout")?.to_vec();
+            let library = d.str("library version")?;
+            let heap_layout = d.u64("heap layout word")?;
             d.end("hello")?;
-            Ok::<_, String>(PeerInfo {
-                rank: head.2,
-                local_rank,
-                hostname,
-                pid,
-                layout,
-            })
+            Ok::<_, String>((
+                PeerInfo {
+                    rank: head.2,
+                    local_rank,
+                    hostname,
+                    pid,
+                    layout,
+                },
+                library,
+                heap_layout,
+            ))
         })();
         match rest {
-            Ok(info) => Ok(Hello {
+            Ok((info, library, heap_layout)) => Ok(Hello {
                 version: head.0,
                 size: head.1,
                 info,
+                library,
+                heap_layout,
             }),
             Err(e) => Err((Some(head), e)),
         }
@@ -217,6 +251,8 @@ pub struct RendezvousHost {
     listener: TcpListener,
     config: WorldConfig,
     max_pending: usize,
+    per_address: usize,
+    quick_slots: usize,
     handshake_timeout: Duration,
 }
 
@@ -237,12 +273,69 @@ enum Handshake {
     Forged(SocketAddr, String),
 }
 
+/// The handshakes rank 0 is running: how many hold a regular slot, how
+/// many a quick one, and the regular ones per source address.
+#[derive(Default)]
+struct Pending {
+    regular: AtomicUsize,
+    quick: AtomicUsize,
+    by_address: Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+}
+
+impl Pending {
+    fn by_address(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<std::net::IpAddr, usize>> {
+        self.by_address.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A slot for a connection from `ip`: a regular one while fewer than
+    /// `max` run and fewer than `per_address` from `ip`; else a quick one
+    /// while fewer than `quick` run; else none.
+    fn take(self: &Arc<Self>, ip: std::net::IpAddr, max: usize, per_address: usize, quick: usize) -> Option<PendingSlot> {
+        let mut by = self.by_address();
+        let mine = by.get(&ip).copied().unwrap_or(0);
+        if self.regular.load(Ordering::Acquire) < max && mine < per_address {
+            self.regular.fetch_add(1, Ordering::AcqRel);
+            *by.entry(ip).or_insert(0) += 1;
+            return Some(PendingSlot {
+                pending: self.clone(),
+                regular_for: Some(ip),
+            });
+        }
+        if self.quick.load(Ordering::Acquire) < quick {
+            self.quick.fetch_add(1, Ordering::AcqRel);
+            return Some(PendingSlot {
+                pending: self.clone(),
+                regular_for: None,
+            });
+        }
+        None
+    }
+}
+
 /// Frees a handshake slot when its thread ends.
-struct PendingSlot(Arc<AtomicUsize>);
+struct PendingSlot {
+    pending: Arc<Pending>,
+    /// The source address of a regular slot; `None` for a quick one.
+    regular_for: Option<std::net::IpAddr>,
+}
 
 impl Drop for PendingSlot {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        match self.regular_for {
+            Some(ip) => {
+                let mut by = self.pending.by_address();
+                if let Some(n) = by.get_mut(&ip) {
+                    *n -= 1;
+                    if *n == 0 {
+                        by.remove(&ip);
+                    }
+                }
+                self.pending.regular.fetch_sub(1, Ordering::AcqRel);
+            }
+            None => {
+                self.pending.quick.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
     }
 }
 
@@ -265,15 +358,25 @@ impl RendezvousHost {
             listener,
             config: config.clone(),
             max_pending: MAX_PENDING_HANDSHAKES,
+            per_address: MAX_PENDING_PER_ADDRESS,
+            quick_slots: QUICK_SLOTS,
             handshake_timeout: HANDSHAKE_TIMEOUT,
         })
     }
 
-    /// Shorter handshake limits, for tests of a connection flood.
+    /// Other handshake limits, for tests of a connection flood.
     #[cfg(test)]
     pub(crate) fn with_handshake_limits(mut self, max_pending: usize, timeout: Duration) -> RendezvousHost {
         self.max_pending = max_pending;
         self.handshake_timeout = timeout;
+        self
+    }
+
+    /// Other per-address and quick-slot limits, for tests of a connection flood.
+    #[cfg(test)]
+    pub(crate) fn with_address_limits(mut self, per_address: usize, quick_slots: usize) -> RendezvousHost {
+        self.per_address = per_address;
+        self.quick_slots = quick_slots;
         self
     }
 
@@ -305,41 +408,47 @@ impl RendezvousHost {
         self.listener
             .set_nonblocking(true)
             .map_err(|e| io("making the rendezvous listener non-blocking", e))?;
-        let token: Arc<[u8]> = Arc::from(cfg.token());
+        let token: Arc<[u8]> = Arc::from(&auth::stretch(cfg.token())[..]);
         let (tx, rx) = mpsc::channel::<Handshake>();
         let mut joined: Vec<Option<(Link, PeerInfo)>> = (0..size).map(|_| None).collect();
         let missing_of = |joined: &[Option<(Link, PeerInfo)>]| -> Vec<usize> { (1..size).filter(|&r| joined[r].is_none()).collect() };
-        let pending = Arc::new(AtomicUsize::new(0));
+        let pending = Arc::new(Pending::default());
         let mut turned_away = 0u64;
         let mut poll = Duration::from_micros(200);
         loop {
             let mut busy = false;
             match self.listener.accept() {
-                Ok((stream, addr)) if pending.load(Ordering::Acquire) >= self.max_pending => {
-                    busy = true;
-                    drop(stream);
-                    turned_away += 1;
-                    if turned_away == 1 {
-                        eprintln!(
-                            "doorbell: rendezvous: {} connections are already in their handshake; closing new ones \
-                             (first from {addr}) until one finishes; real ranks retry",
-                            self.max_pending
-                        );
-                    }
-                }
                 Ok((stream, addr)) => {
                     busy = true;
-                    pending.fetch_add(1, Ordering::AcqRel);
-                    let slot = PendingSlot(pending.clone());
-                    let (tx, token) = (tx.clone(), token.clone());
-                    let by = deadline.min(Instant::now() + self.handshake_timeout);
-                    std::thread::Builder::new()
-                        .name("doorbell-rendezvous".into())
-                        .spawn(move || {
-                            let _slot = slot;
-                            let _ = tx.send(root_handshake(stream, addr, &token, by));
-                        })
-                        .map_err(|e| io("starting a rendezvous handshake thread", e))?;
+                    match pending.take(addr.ip(), self.max_pending, self.per_address, self.quick_slots) {
+                        None => {
+                            drop(stream);
+                            turned_away += 1;
+                            if turned_away == 1 {
+                                eprintln!(
+                                    "doorbell: rendezvous: every handshake slot is taken ({} in all, at most {} per \
+                                     address, and {} for quick provers); closing new connections (first from {addr}) \
+                                     until one finishes; real ranks retry",
+                                    self.max_pending, self.per_address, self.quick_slots
+                                );
+                            }
+                        }
+                        Some(slot) => {
+                            let (tx, token) = (tx.clone(), token.clone());
+                            let by = deadline.min(Instant::now() + self.handshake_timeout);
+                            let proof_by = match slot.regular_for {
+                                Some(_) => by,
+                                None => by.min(Instant::now() + QUICK_PROOF_TIMEOUT),
+                            };
+                            std::thread::Builder::new()
+                                .name("doorbell-rendezvous".into())
+                                .spawn(move || {
+                                    let _slot = slot;
+                                    let _ = tx.send(root_handshake(stream, addr, &token, proof_by, by));
+                                })
+                                .map_err(|e| io("starting a rendezvous handshake thread", e))?;
+                        }
+                    }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 // Running out of descriptors and the like pass; the deadline bounds us.
@@ -484,6 +593,22 @@ fn check_hello(
         theirs,
     };
     let (version, size, rank, info) = match hello {
+        Ok(h) if h.library != super::LIBRARY_VERSION => {
+            return Err(mismatch(
+                h.info.rank,
+                "doorbell library version",
+                super::LIBRARY_VERSION.to_string(),
+                h.library,
+            ))
+        }
+        Ok(h) if h.heap_layout != super::heap_layout_word() => {
+            return Err(mismatch(
+                h.info.rank,
+                "heap layout word (the shared structures of another build)",
+                format!("{:#018x}", super::heap_layout_word()),
+                format!("{:#018x}", h.heap_layout),
+            ))
+        }
         Ok(h) => (h.version, h.size, h.info.rank, Some(h.info)),
         Err((Some((v, s, r)), _)) if v != PROTOCOL_VERSION => (v, s, r, None),
         Err((_, why)) => {
@@ -524,7 +649,9 @@ fn check_hello(
     Ok(Some(info))
 }
 
-fn root_handshake(mut s: TcpStream, addr: SocketAddr, token: &[u8], deadline: Instant) -> Handshake {
+/// Rank 0's side of one handshake: the proof must arrive by `proof_by`,
+/// the hello by `deadline`.
+fn root_handshake(mut s: TcpStream, addr: SocketAddr, token: &[u8], proof_by: Instant, deadline: Instant) -> Handshake {
     let fail = |why: String| Handshake::Failed(addr, why);
     let _ = s.set_nodelay(true);
     if let Err(e) = s.set_nonblocking(false) {
@@ -538,7 +665,7 @@ fn root_handshake(mut s: TcpStream, addr: SocketAddr, token: &[u8], deadline: In
     if let Err(e) = wire::write_frame(&mut s, Kind::Challenge, &challenge, deadline) {
         return fail(format!("sending the challenge: {e}"));
     }
-    let proof = match wire::read_frame(&mut s, wire::MAX_UNAUTHENTICATED, deadline) {
+    let proof = match wire::read_frame(&mut s, wire::MAX_UNAUTHENTICATED, proof_by) {
         Ok(Frame { kind: Kind::Proof, body }) if body.len() == NONCE_LEN + PROOF_LEN => body,
         Ok(f) => {
             return fail(format!(
@@ -632,6 +759,8 @@ pub(crate) fn join(cfg: &WorldConfig, layout: &[u8]) -> Result<World> {
         detail,
     };
 
+    // Stretched once, before the first connection.
+    let key = auth::stretch(cfg.token());
     // Rank 0 may start after us: retry until it answers with a challenge.
     let mut backoff = Duration::from_millis(10);
     let mut last_failure = String::new();
@@ -702,7 +831,7 @@ pub(crate) fn join(cfg: &WorldConfig, layout: &[u8]) -> Result<World> {
         what: "reading /dev/urandom",
         source,
     })?;
-    let proof = Enc::default().raw(&n1).raw(&auth::prove(cfg.token(), PEER_LABEL, &n0, &n1)).0;
+    let proof = Enc::default().raw(&n1).raw(&auth::prove(&key, PEER_LABEL, &n0, &n1)).0;
     wire::write_frame(&mut s, Kind::Proof, &proof, deadline).map_err(|e| wire_err(e, "sending the token proof"))?;
     match wire::read_frame(&mut s, wire::MAX_UNAUTHENTICATED, deadline) {
         Ok(Frame { kind: Kind::Refuse, .. }) => return Err(Error::TokenMismatch { rank, addr: target }),
@@ -710,14 +839,14 @@ pub(crate) fn join(cfg: &WorldConfig, layout: &[u8]) -> Result<World> {
             kind: Kind::RootProof,
             body,
         }) => {
-            if !auth::verify(cfg.token(), ROOT_LABEL, &n1, &n0, &body) {
+            if !auth::verify(&key, ROOT_LABEL, &n1, &n0, &body) {
                 return Err(Error::TokenMismatch { rank, addr: target });
             }
         }
         Ok(f) => return Err(protocol(format!("expected rank 0's proof, got a {:?} frame", f.kind))),
         Err(e) => return Err(wire_err(e, "waiting for rank 0's proof")),
     }
-    let mut link = Link::new(s, auth::session_keys(cfg.token(), &n0, &n1, Side::Peer));
+    let mut link = Link::new(s, auth::session_keys(&key, &n0, &n1, Side::Peer));
     let me = PeerInfo {
         rank,
         local_rank: cfg.local_rank,
@@ -729,6 +858,8 @@ pub(crate) fn join(cfg: &WorldConfig, layout: &[u8]) -> Result<World> {
         version: PROTOCOL_VERSION,
         size,
         info: me,
+        library: super::LIBRARY_VERSION.to_string(),
+        heap_layout: super::heap_layout_word(),
     }
     .encode();
     link.write(Kind::Hello, &hello, deadline)
@@ -766,6 +897,12 @@ pub(crate) fn join(cfg: &WorldConfig, layout: &[u8]) -> Result<World> {
 /// The connections of a formed TCP world.
 /// The world of a rank whose rendezvous finished with `links`.
 fn star_world(rank: usize, size: usize, cfg: &WorldConfig, table: Vec<PeerInfo>, id: WorldId, links: Links) -> World {
+    let sockets: Vec<&TcpStream> = match &links {
+        Links::Root(v) => v.iter().flatten().map(Link::stream).collect(),
+        Links::Peer(l) => vec![l.stream()],
+    };
+    // A socket that cannot be cloned only costs an abort its quick wake-up.
+    let wakers = sockets.into_iter().filter_map(|s| s.try_clone().ok()).collect();
     let star = Star {
         rank,
         size,
@@ -775,6 +912,8 @@ fn star_world(rank: usize, size: usize, cfg: &WorldConfig, table: Vec<PeerInfo>,
             links,
             broken: None,
         }),
+        pending_abort: Mutex::new(None),
+        wakers,
     };
     World::from_parts(rank, size, cfg.local_rank, table, id, Inner::Tcp(star))
 }
@@ -783,7 +922,20 @@ pub(crate) struct Star {
     rank: usize,
     size: usize,
     timeout: Duration,
+    /// Held for a whole collective (up to the world timeout).
     state: Mutex<StarState>,
+    /// An abort that found a collective in progress: what this rank's
+    /// handle reports from now on, and the reason the others are sent. The
+    /// thread holding `state` sends it (the links' frame counters are its).
+    pending_abort: Mutex<Option<PendingAbort>>,
+    /// Clones of the links' sockets: shutting their read side down ends a
+    /// collective's blocking reads at once, so it sees the pending abort.
+    wakers: Vec<TcpStream>,
+}
+
+struct PendingAbort {
+    broken: String,
+    reason: String,
 }
 
 struct StarState {
@@ -852,6 +1004,7 @@ impl Star {
     pub(crate) fn exchange(&self, op: Op, mine: &[u8]) -> Result<Arc<Vec<Vec<u8>>>> {
         let rank = self.rank;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        self.send_pending_abort(&mut st);
         if let Some(reason) = &st.broken {
             return Err(Error::WorldBroken {
                 rank,
@@ -868,28 +1021,64 @@ impl Star {
         if let Err(e) = &result {
             st.broken = Some(e.to_string());
         }
+        if self.send_pending_abort(&mut st) {
+            // Aborted during this collective (its reads were cut short).
+            return Err(Error::WorldBroken {
+                rank,
+                reason: st.broken.clone().unwrap_or_default(),
+            });
+        }
         result
+    }
+
+    /// Sends an abort that [`Star::abort`] left to the holder of the lock;
+    /// whether there was one.
+    fn send_pending_abort(&self, st: &mut StarState) -> bool {
+        let Some(p) = self.pending_abort.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+            return false;
+        };
+        st.broken = Some(p.broken);
+        notify_failure(&mut st.links, st.seq, &p.reason);
+        true
     }
 
     /// This rank failed: tell the others without waiting for them. Rank 0
     /// fails every peer's current or next collective; a peer sends rank 0 a
     /// `Fail` frame, which rank 0's next collective relays to the others.
     /// Returns false when the world had already broken.
+    ///
+    /// Returns within about a second: when a collective of another thread
+    /// holds the world (possibly until its timeout), the abort is left to
+    /// that thread and the links' read sides are shut down, which ends its
+    /// blocking reads at once; it then sends the notification.
     pub(crate) fn abort(&self, reason: &str) -> bool {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if st.broken.is_some() {
+        let pending = PendingAbort {
+            broken: format!("this rank aborted the world: {reason}"),
+            reason: format!("rank {} failed: {reason}", self.rank),
+        };
+        let mut st = match self.state.try_lock() {
+            Ok(st) => st,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                let mut slot = self.pending_abort.lock().unwrap_or_else(|p| p.into_inner());
+                if slot.is_some() {
+                    return false;
+                }
+                *slot = Some(pending);
+                drop(slot);
+                for s in &self.wakers {
+                    let _ = s.shutdown(Shutdown::Read);
+                }
+                return true;
+            }
+        };
+        // A pending abort of another thread is sent now, and this one is not.
+        if self.send_pending_abort(&mut st) || st.broken.is_some() {
             return false;
         }
-        st.broken = Some(format!("this rank aborted the world: {reason}"));
-        let seq = st.seq;
-        let reason = format!("rank {} failed: {reason}", self.rank);
-        match &mut st.links {
-            Links::Root(links) => fail_all(links, Op::Barrier, seq, &reason),
-            Links::Peer(s) => {
-                let body = encode_step(Op::Barrier, seq).str(&reason).0;
-                let _ = s.write(Kind::Fail, &body, Instant::now() + NOTIFY_GRACE);
-            }
-        }
+        let st = &mut *st;
+        st.broken = Some(pending.broken);
+        notify_failure(&mut st.links, st.seq, &pending.reason);
         true
     }
 
@@ -1077,7 +1266,33 @@ fn has_pending(s: &TcpStream) -> bool {
 
 fn fail_all(links: &mut [Option<Link>], op: Op, seq: u64, reason: &str) {
     let body = encode_step(op, seq).str(reason).0;
+    // One grace for all the links, so that a dead peer or many cannot
+    // stretch it.
+    let deadline = Instant::now() + NOTIFY_GRACE;
     for link in links.iter_mut().flatten() {
-        let _ = link.write(Kind::Fail, &body, Instant::now() + NOTIFY_GRACE);
+        let _ = link.write(Kind::Fail, &body, deadline);
+    }
+}
+
+/// Tells the other ranks that this one failed (`reason`): rank 0 tells
+/// every peer, a peer tells rank 0 (which relays it).
+fn notify_failure(links: &mut Links, seq: u64, reason: &str) {
+    match links {
+        Links::Root(links) => fail_all(links, Op::Barrier, seq, reason),
+        Links::Peer(s) => {
+            let body = encode_step(Op::Barrier, seq).str(reason).0;
+            let _ = s.write(Kind::Fail, &body, Instant::now() + NOTIFY_GRACE);
+        }
+    }
+}
+
+impl Drop for Star {
+    /// An abort left to a collective that ended before it saw it is sent now.
+    fn drop(&mut self) {
+        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        let p = self.pending_abort.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(p) = p {
+            notify_failure(&mut st.links, st.seq, &p.reason);
+        }
     }
 }

@@ -380,16 +380,24 @@ impl FakePeer {
     /// Proves the token to rank 0 at `port` and says hello as `rank` of
     /// `size`, claiming process id `pid`.
     fn join(port: u16, rank: usize, size: usize, pid: u32) -> FakePeer {
+        Self::join_built(port, rank, size, pid, LIBRARY_VERSION, heap_layout_word())
+    }
+
+    /// [`Self::join`] claiming the build `library` with heap layout `layout_word`.
+    fn join_built(port: u16, rank: usize, size: usize, pid: u32, library: &str, layout_word: u64) -> FakePeer {
         let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
         let ch = w::read_frame(&mut s, w::MAX_UNAUTHENTICATED, soon()).unwrap();
         assert_eq!(ch.kind, Kind::Challenge);
         let n0: auth::Nonce = ch.body[4..].try_into().unwrap();
         let n1 = auth::nonce().unwrap();
-        let proof = E::default().raw(&n1).raw(&auth::prove(TOKEN.as_bytes(), PEER_LABEL, &n0, &n1)).0;
+        let proof = E::default()
+            .raw(&n1)
+            .raw(&auth::prove(&auth::stretch(TOKEN.as_bytes()), PEER_LABEL, &n0, &n1))
+            .0;
         w::write_frame(&mut s, Kind::Proof, &proof, soon()).unwrap();
         let rp = w::read_frame(&mut s, w::MAX_UNAUTHENTICATED, soon()).unwrap();
-        assert!(auth::verify(TOKEN.as_bytes(), ROOT_LABEL, &n1, &n0, &rp.body));
-        let (send, recv) = auth::session_keys(TOKEN.as_bytes(), &n0, &n1, Side::Peer);
+        assert!(auth::verify(&auth::stretch(TOKEN.as_bytes()), ROOT_LABEL, &n1, &n0, &rp.body));
+        let (send, recv) = auth::session_keys(&auth::stretch(TOKEN.as_bytes()), &n0, &n1, Side::Peer);
         let link = Link::new(s.try_clone().unwrap(), (send.clone(), recv));
         let mut p = FakePeer {
             raw: s,
@@ -405,6 +413,8 @@ impl FakePeer {
             .str("fake-host")
             .u32(pid)
             .bytes(b"")
+            .str(library)
+            .u64(layout_word)
             .0;
         p.send(Kind::Hello, &hello);
         p
@@ -515,11 +525,11 @@ fn tcp_peer_ends_the_world_on_a_forged_answer_naming_rank_0() {
     w::write_frame(
         &mut s,
         Kind::RootProof,
-        &auth::prove(TOKEN.as_bytes(), ROOT_LABEL, &n1, &n0),
+        &auth::prove(&auth::stretch(TOKEN.as_bytes()), ROOT_LABEL, &n1, &n0),
         soon(),
     )
     .unwrap();
-    let (send, recv) = auth::session_keys(TOKEN.as_bytes(), &n0, &n1, Side::Root);
+    let (send, recv) = auth::session_keys(&auth::stretch(TOKEN.as_bytes()), &n0, &n1, Side::Root);
     let mut link = Link::new(s.try_clone().unwrap(), (send.clone(), recv));
     assert_eq!(link.read(MAX_FRAME_BYTES, soon()).unwrap().kind, Kind::Hello);
     let info = |r: u64| E::default().u64(r).u64(r).str("h").u32(7).bytes(b"");
@@ -566,7 +576,7 @@ fn tcp_short_tokens_are_refused_with_how_to_make_one() {
             "{r:?}"
         );
         let e = RendezvousHost::bind(&cfg(0, 2, 0).with_token(token)).unwrap_err();
-        assert!(e.to_string().contains("head -c 16 /dev/urandom"), "{e}");
+        assert!(e.to_string().contains("head -c16 /dev/urandom"), "{e}");
     }
 }
 
@@ -574,11 +584,25 @@ fn tcp_short_tokens_are_refused_with_how_to_make_one() {
 fn tcp_pre_auth_connections_are_capped_and_timed_out() {
     let cap = 8;
     let handshake = Duration::from_millis(600);
-    let host = RendezvousHost::bind(&cfg(0, 2, 0)).unwrap().with_handshake_limits(cap, handshake);
+    let quick = 2;
+    let host = RendezvousHost::bind(&cfg(0, 2, 0))
+        .unwrap()
+        .with_handshake_limits(cap, handshake)
+        .with_address_limits(cap, quick);
     let port = host.local_addr().port();
     let root = std::thread::spawn(move || host.accept(b""));
     // `cap` silent connections each get a challenge, and hold a slot.
     let mut silent: Vec<TcpStream> = (0..cap)
+        .map(|_| {
+            let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            assert_eq!(w::read_frame(&mut s, 256, soon()).unwrap().kind, Kind::Challenge);
+            s
+        })
+        .collect();
+    // `quick` more get a challenge too, in the quick slots, and lose them
+    // when no proof comes within QUICK_PROOF_TIMEOUT.
+    let t0 = Instant::now();
+    let mut quick_ones: Vec<TcpStream> = (0..quick)
         .map(|_| {
             let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
             assert_eq!(w::read_frame(&mut s, 256, soon()).unwrap().kind, Kind::Challenge);
@@ -590,6 +614,19 @@ fn tcp_pre_auth_connections_are_capped_and_timed_out() {
     extra.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut b = [0u8; 1];
     assert_eq!(extra.read(&mut b).unwrap(), 0, "a connection over the cap got an answer");
+    for s in &mut quick_ones {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        match s.read(&mut b) {
+            Ok(0) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            other => panic!("a silent connection kept its quick slot: {other:?}"),
+        }
+    }
+    let held = t0.elapsed();
+    assert!(
+        held < QUICK_PROOF_TIMEOUT.min(handshake) + Duration::from_secs(1),
+        "quick slots held for {held:?}"
+    );
     // The silent ones are dropped after the handshake timeout.
     let t0 = Instant::now();
     for s in &mut silent {
@@ -633,4 +670,170 @@ fn claiming_our_pid_does_not_prove_sharing_our_process() {
         (0..2).all(|p| w.proves_same_process(p, &all[p]).unwrap())
     });
     assert!(root && peers[0]);
+}
+
+#[test]
+fn tcp_low_entropy_tokens_are_refused_with_how_to_make_one() {
+    for token in [
+        "aaaaaaaaaaaaaaaa",
+        "abababababababab",
+        "0123456789abcdef",
+        "0123456789abcdef0123456789abcdef",
+        "passwordpassword",
+        "zyxwvutsrqponmlk",
+    ] {
+        let r = World::rendezvous(&cfg(1, 2, 1).with_token(token), b"");
+        let e = r.err().unwrap_or_else(|| panic!("{token:?} was accepted"));
+        let msg = e.to_string();
+        assert!(
+            msg.contains("head -c16 /dev/urandom | od -An -tx1 | tr -d ' \\n'"),
+            "{token}: {msg}"
+        );
+        let e = RendezvousHost::bind(&cfg(0, 2, 0).with_token(token))
+            .err()
+            .unwrap_or_else(|| panic!("{token:?} was accepted by rank 0"));
+        assert!(e.to_string().contains("low-entropy"), "{token}: {e}");
+    }
+    // Random tokens pass, the shortest accepted length included.
+    for token in ["5f0c2e9a7b3d41e8", "5f0c2e9a7b3d41e8a6c09d7f2b1e4a38", "Zq7-vR2m_Kx9pLw4"] {
+        RendezvousHost::bind(&cfg(0, 2, 0).with_token(token)).unwrap();
+    }
+}
+
+/// Whoever squats the rendezvous port gets the peer's proof; it must not be
+/// a plain HMAC of the token over the nonces, which would let the squatter
+/// test token guesses offline at the speed of one HMAC each.
+#[test]
+fn tcp_a_squatting_rank_0_gets_no_cheap_verifier() {
+    let squat = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = squat.local_addr().unwrap().port();
+    let peer = std::thread::spawn(move || World::rendezvous(&cfg(1, 2, port).with_rendezvous_timeout(Duration::from_secs(5)), b""));
+    let (mut s, _) = squat.accept().unwrap();
+    let n0: auth::Nonce = [0u8; auth::NONCE_LEN];
+    let challenge = E::default().u32(PROTOCOL_VERSION).raw(&n0).0;
+    w::write_frame(&mut s, Kind::Challenge, &challenge, soon()).unwrap();
+    let f = w::read_frame(&mut s, w::MAX_UNAUTHENTICATED, soon()).unwrap();
+    assert_eq!(f.kind, Kind::Proof);
+    let n1: auth::Nonce = f.body[..auth::NONCE_LEN].try_into().unwrap();
+    let proof = &f.body[auth::NONCE_LEN..];
+    assert!(
+        !auth::verify(TOKEN.as_bytes(), PEER_LABEL, &n0, &n1, proof),
+        "the proof is a plain HMAC of the token: each offline guess costs one HMAC"
+    );
+    // It is an HMAC under the stretched token.
+    let key = auth::stretch(TOKEN.as_bytes());
+    assert!(auth::verify(&key, PEER_LABEL, &n0, &n1, proof));
+    drop(s);
+    assert!(peer.join().unwrap().is_err());
+}
+
+/// A TCP connection to `127.0.0.1:port` from the source address `src`.
+fn connect_from(src: std::net::Ipv4Addr, port: u16) -> std::io::Result<TcpStream> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain socket calls on a descriptor this function owns; the
+    // sockaddr_in structures are fully initialised.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let s = TcpStream::from_raw_fd(fd);
+        let addr = |ip: std::net::Ipv4Addr, port: u16| libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: port.to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(ip).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        let local = addr(src, 0);
+        if libc::bind(fd, &local as *const libc::sockaddr_in as *const libc::sockaddr, len) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let remote = addr(std::net::Ipv4Addr::LOCALHOST, port);
+        if libc::connect(fd, &remote as *const libc::sockaddr_in as *const libc::sockaddr, len) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(s)
+    }
+}
+
+/// A client that keeps every handshake slot it can get filled with silent
+/// connections (from 127.0.0.2) must not keep a real rank (from 127.0.0.1)
+/// out until the rendezvous deadline.
+#[test]
+fn tcp_a_connection_flood_from_one_address_does_not_starve_real_ranks() {
+    let host = RendezvousHost::bind(&cfg(0, 2, 0).with_rendezvous_timeout(Duration::from_secs(30)))
+        .unwrap()
+        .with_handshake_limits(16, Duration::from_secs(30));
+    let port = host.local_addr().port();
+    let root = std::thread::spawn(move || host.accept(b""));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flood = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let src = std::net::Ipv4Addr::new(127, 0, 0, 2);
+            let mut held: Vec<TcpStream> = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // Drop the connections rank 0 closed; refill up to 40.
+                held.retain(|s| {
+                    let _ = s.set_nonblocking(true);
+                    let mut b = [0u8; 64];
+                    loop {
+                        match (&*s).read(&mut b) {
+                            Ok(0) => return false,
+                            Ok(_) => continue,
+                            Err(e) => return e.kind() == std::io::ErrorKind::WouldBlock,
+                        }
+                    }
+                });
+                while held.len() < 40 {
+                    match connect_from(src, port) {
+                        Ok(s) => held.push(s),
+                        Err(_) => break,
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+    // Let the flood take every slot it can.
+    std::thread::sleep(Duration::from_millis(500));
+    let t0 = Instant::now();
+    let peer = World::rendezvous(&cfg(1, 2, port).with_rendezvous_timeout(Duration::from_secs(8)), b"");
+    let took = t0.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    flood.join().unwrap();
+    let peer = peer.unwrap_or_else(|e| panic!("the real rank was starved for {took:?}: {e}"));
+    let root = root.join().unwrap().unwrap();
+    let h = std::thread::spawn(move || peer.barrier());
+    root.barrier().unwrap();
+    h.join().unwrap().unwrap();
+    assert!(took < Duration::from_secs(5), "the real rank waited {took:?}");
+}
+
+/// A rank of another doorbell version, or of a build whose shared
+/// structures differ, is refused at the rendezvous naming both.
+#[test]
+fn tcp_peers_of_another_build_are_refused_naming_both_versions() {
+    for (library, layout_word, words) in [
+        (
+            "0.0.0-elsewhere",
+            heap_layout_word(),
+            ["doorbell library version", "0.0.0-elsewhere", LIBRARY_VERSION],
+        ),
+        (LIBRARY_VERSION, heap_layout_word() ^ 1, ["heap layout word", "0x", "0x"]),
+    ] {
+        let host = RendezvousHost::bind(&cfg(0, 2, 0)).unwrap();
+        let port = host.local_addr().port();
+        let root = std::thread::spawn(move || host.accept(b""));
+        let _fake = FakePeer::join_built(port, 1, 2, 1, library, layout_word);
+        let e = root.join().unwrap().unwrap_err();
+        assert!(matches!(e, Error::RendezvousMismatch { rank: 1, .. }), "{e}");
+        let msg = e.to_string();
+        for w in words {
+            assert!(msg.contains(w), "{msg}");
+        }
+    }
 }

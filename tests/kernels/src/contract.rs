@@ -121,8 +121,10 @@ pub fn code(r: Result<(), CommError>) -> u32 {
 /// misaligned word (`sig + 4 bytes`); 3 `put_signal_block` with a good range
 /// and a misaligned signal (must write no data either); 4 `get_block` from
 /// rank `world`; 5 `wait_until_some` over 65 words; 6 a good
-/// `put_signal_block` (the control case). `out[0]` = [`code`] of thread 0's
-/// result, `out[1]` = how many threads got a different code.
+/// `put_signal_block` (the control case); 7 `get_block` of 64 bytes from
+/// rank 1's `dst` into this rank's heap header, which starts `bytes` before
+/// `dst` (the host passes `dst`'s heap offset). `out[0]` = [`code`] of
+/// thread 0's result, `out[1]` = how many threads got a different code.
 #[kernel(transports(P2p, Shadow, Ibgda, Routed))]
 pub unsafe fn bad_call<T: Transport>(t: T, dst: *mut u8, src: *const u8, bytes: u64, sig: *mut u64, case: u32, out: *mut u32) {
     if t.rank() != 0 {
@@ -144,6 +146,7 @@ pub unsafe fn bad_call<T: Transport>(t: T, dst: *mut u8, src: *const u8, bytes: 
             }
             3 => t.put_signal_block(dst, src, bytes, misaligned, 7, SignalOp::Set, 1),
             4 => t.get_block(dst, src, bytes, bad_peer),
+            7 => t.get_block(dst.sub(bytes as usize), dst, 64, 1),
             5 => {
                 if ptx::thread_rank_in_block() == 0 {
                     t.wait_until_some(sig, 65, 0, Cmp::Ge, 1).map(|_| ())
