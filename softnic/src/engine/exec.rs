@@ -1,15 +1,18 @@
 //! Executing one WQE: every check first (keys, bounds, access, receive
 //! WQE, CQ room), then the data movement, then the CQEs. A WQE that fails
-//! a check touches no memory but its error CQE.
+//! a check touches no memory but its error CQE. The WQE and the receive
+//! WQE it consumes are each read out of their rings once ([`wqe::parse`],
+//! [`rq::read_wqe`]); the checks and the copies use those copies only.
 
 use doorbell_kernels::mlx5::{
-    CqeSyndrome, DataSeg, CQE_REQ, CQE_RESP_SEND, CQE_RESP_WR_IMM, OPCODE_ATOMIC_CS, OPCODE_ATOMIC_FA, OPCODE_NOP, OPCODE_RDMA_READ,
+    CqeSyndrome, CQE_REQ, CQE_RESP_SEND, CQE_RESP_WR_IMM, OPCODE_ATOMIC_CS, OPCODE_ATOMIC_FA, OPCODE_NOP, OPCODE_RDMA_READ,
     OPCODE_RDMA_WRITE, OPCODE_RDMA_WRITE_IMM, OPCODE_SEND, WQE_CTRL_CQ_UPDATE, WQE_CTRL_SOLICITED,
 };
 
 use super::config::EngineConfig;
 use super::mem::Scope;
 use super::mover::{Mover, Phase};
+use super::rq::RecvWqe;
 use super::tables::{access, ErrorRecord, Inflight, Port, Ports, QpState, Reason, MAX_QPS, QP_CONNECTED};
 use super::wqe::{self, Wqe};
 use super::{cqe, mem, rq};
@@ -28,6 +31,8 @@ pub enum Step {
         syndrome: CqeSyndrome,
         /// How long it may wait, ns.
         timeout_ns: u64,
+        /// Its opcode (for the error CQE if it never proceeds).
+        opcode: u8,
     },
     /// A CQ it completes to is full; retry later (no deadline).
     Blocked,
@@ -95,19 +100,15 @@ fn resolve_peer<P: Ports + ?Sized>(ports: &P, p: usize, q: usize) -> Result<(usi
     }
 }
 
-/// Checks every data segment of `w` against port `p`'s regions with the
-/// QP's protection domain and `need` (0 for a gather list: local read is
-/// always allowed; [`access::LOCAL_WRITE`] for a scatter list).
-///
-/// # Safety
-/// The QP's SQ ring is valid.
-unsafe fn check_local(port: &Port, q: usize, w: &Wqe, need: u32) -> Result<(), Fail> {
+/// Checks every data segment of `w` (the engine's copy) against port
+/// `p`'s regions with the QP's protection domain and `need` (0 for a
+/// gather list: local read is always allowed; [`access::LOCAL_WRITE`] for
+/// a scatter list).
+fn check_local(port: &Port, q: usize, w: &Wqe, need: u32) -> Result<(), Fail> {
     let Some(qp) = port.qps.get(q) else {
         return Err(Fail::new(CqeSyndrome::LocalQpOp, Reason::None, 0, 0));
     };
-    for n in 0..w.data_count {
-        // SAFETY: the caller's contract.
-        let d = unsafe { wqe::data_seg(qp, w, n) };
+    for d in w.segments() {
         port.check_mr(d.lkey, qp.pd, d.addr, d.byte_count as u64, need)
             .map_err(|r| Fail::new(CqeSyndrome::LocalProt, r, d.lkey, d.addr))?;
     }
@@ -133,88 +134,74 @@ fn check_remote<P: Ports + ?Sized>(ports: &P, pp: usize, pq: usize, w: &Wqe, len
     ports.reach(pp, ptr as u64, len).ok_or(denied(Reason::Unmapped))
 }
 
-/// The scatter list of the peer's next receive WQE: checks each entry
-/// against the peer port's regions (local write) and returns the total
-/// capacity.
+/// Copies the peer's receive WQE `idx` out of its ring and checks each
+/// entry of the copy against the peer port's regions (local write).
+/// Returns the copy and its total capacity.
 ///
 /// # Safety
 /// The peer's RQ ring is valid.
-unsafe fn check_receive(port: &Port, pq: usize) -> Result<u64, (CqeSyndrome, Reason, u32, u64)> {
+unsafe fn check_receive(port: &Port, pq: usize, idx: u32) -> Result<(RecvWqe, u64), (CqeSyndrome, Reason, u32, u64)> {
     let Some(peer) = port.qps.get(pq) else {
         return Err((CqeSyndrome::LocalQpOp, Reason::None, 0, 0));
     };
-    let mut cap = 0u64;
-    let mut k = 0;
     // SAFETY: the caller's contract.
-    while let Some(d) = unsafe { rq::read_sge(peer, peer.rq_ci, k) } {
+    let recv = unsafe { rq::read_wqe(peer, idx) }.map_err(|r| (CqeSyndrome::LocalQpOp, r, 0, 0))?;
+    let mut cap = 0u64;
+    for d in recv.entries() {
         port.check_mr(d.lkey, peer.pd, d.addr, d.byte_count as u64, access::LOCAL_WRITE)
             .map_err(|r| (CqeSyndrome::LocalProt, r, d.lkey, d.addr))?;
         cap += d.byte_count as u64;
-        k += 1;
     }
-    Ok(cap)
+    Ok((recv, cap))
 }
 
-/// Copies `w`'s gather list to the contiguous `dst`.
+/// Copies `w`'s gather list (the engine's copy) to the contiguous `dst`.
 ///
 /// # Safety
 /// Checked by [`check_local`] and [`check_remote`].
-unsafe fn gather_to<M: Mover>(port: &Port, q: usize, w: &Wqe, dst: *mut u8, mover: &mut M) {
-    let Some(qp) = port.qps.get(q) else { return };
+unsafe fn gather_to<M: Mover>(w: &Wqe, dst: *mut u8, mover: &mut M) {
     let mut off = 0usize;
-    for n in 0..w.data_count {
+    for d in w.segments() {
         // SAFETY: the caller's contract.
-        unsafe {
-            let d = wqe::data_seg(qp, w, n);
-            mover.copy(dst.add(off), d.addr as usize as *const u8, d.byte_count as usize);
-            off += d.byte_count as usize;
-        }
+        unsafe { mover.copy(dst.add(off), d.addr as usize as *const u8, d.byte_count as usize) };
+        off += d.byte_count as usize;
     }
 }
 
-/// Copies the contiguous `src` into `w`'s scatter list.
+/// Copies the contiguous `src` into `w`'s scatter list (the engine's copy).
 ///
 /// # Safety
 /// Checked by [`check_local`] and [`check_remote`].
-unsafe fn scatter_from<M: Mover>(port: &Port, q: usize, w: &Wqe, src: *const u8, mover: &mut M) {
-    let Some(qp) = port.qps.get(q) else { return };
+unsafe fn scatter_from<M: Mover>(w: &Wqe, src: *const u8, mover: &mut M) {
     let mut off = 0usize;
-    for n in 0..w.data_count {
+    for d in w.segments() {
         // SAFETY: the caller's contract.
-        unsafe {
-            let d = wqe::data_seg(qp, w, n);
-            mover.copy(d.addr as usize as *mut u8, src.add(off), d.byte_count as usize);
-            off += d.byte_count as usize;
-        }
+        unsafe { mover.copy(d.addr as usize as *mut u8, src.add(off), d.byte_count as usize) };
+        off += d.byte_count as usize;
     }
 }
 
-/// Copies `w`'s gather list into the peer's next receive WQE's scatter
-/// list (a send).
+/// Copies `w`'s gather list into the scatter list of `recv` (both the
+/// engine's copies, checked): a send.
 ///
 /// # Safety
 /// Checked by [`check_local`] and [`check_receive`]; the message fits.
-unsafe fn gather_to_receive<P: Ports + ?Sized, M: Mover>(ports: &P, p: usize, q: usize, w: &Wqe, pp: usize, pq: usize, mover: &mut M) {
-    let (Some(qp), Some(peer)) = (ports.get(p).and_then(|x| x.qps.get(q)), ports.get(pp).and_then(|x| x.qps.get(pq))) else {
-        return;
-    };
-    let mut k = 0u32;
-    // SAFETY (whole function): the caller's contract.
-    let mut dst: Option<DataSeg> = unsafe { rq::read_sge(peer, peer.rq_ci, 0) };
+unsafe fn gather_to_receive<M: Mover>(w: &Wqe, recv: &RecvWqe, mover: &mut M) {
+    let dsts = recv.entries();
+    let mut k = 0usize;
     let mut dst_off = 0u64;
-    for n in 0..w.data_count {
-        let s = unsafe { wqe::data_seg(qp, w, n) };
+    for s in w.segments() {
         let mut src_off = 0u64;
         while src_off < s.byte_count as u64 {
-            let Some(d) = dst else { return };
-            let room = d.byte_count as u64 - dst_off;
+            let Some(d) = dsts.get(k) else { return };
+            let room = (d.byte_count as u64).saturating_sub(dst_off);
             if room == 0 {
                 k += 1;
-                dst = unsafe { rq::read_sge(peer, peer.rq_ci, k) };
                 dst_off = 0;
                 continue;
             }
             let chunk = room.min(s.byte_count as u64 - src_off);
+            // SAFETY: the caller's contract.
             unsafe {
                 mover.copy(
                     (d.addr + dst_off) as usize as *mut u8,
@@ -420,10 +407,21 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
     let Some(qp) = ports.get(p).and_then(|x| x.qps.get(q)) else {
         return Step::Blocked;
     };
-    let w = match unsafe { wqe::parse(qp, head.wqe_idx) } {
+    // The WQE's one read out of the ring: everything below uses `w`.
+    let parsed = match unsafe { wqe::parse(qp, head.wqe_idx) } {
+        // The producer rewrote the ctrl segment since the fetch stepped
+        // over it: the ring's basic blocks no longer line up.
+        Ok(w) if w.bbs != head.bbs => Err(wqe::Malformed {
+            syndrome: CqeSyndrome::LocalQpOp,
+            reason: Reason::BadDs,
+            opcode: w.ctrl.opcode,
+        }),
+        other => other,
+    };
+    let w = match parsed {
         Ok(w) => w,
         Err(m) => {
-            let opcode = unsafe { wqe::read_ctrl(qp, head.wqe_idx) }.opcode;
+            let opcode = m.opcode;
             unsafe {
                 fail_requester(
                     ports,
@@ -466,7 +464,7 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
         0
     };
     let local = match ports.get(p) {
-        Some(port) => unsafe { check_local(port, q, &w, local_need) },
+        Some(port) => check_local(port, q, &w, local_need),
         None => return Step::Blocked,
     };
     if let Err(f) = local {
@@ -483,6 +481,7 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
                 reason,
                 syndrome: CqeSyndrome::TransportRetryExc,
                 timeout_ns: cfg.transport_timeout_ns,
+                opcode,
             }
         }
     };
@@ -491,6 +490,7 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
             reason: Reason::PeerStalled,
             syndrome: CqeSyndrome::TransportRetryExc,
             timeout_ns: cfg.transport_timeout_ns,
+            opcode,
         };
     }
     mover.lap(Phase::Peer);
@@ -526,6 +526,7 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
                         reason: Reason::NoReceiveWqe,
                         syndrome: CqeSyndrome::RnrRetryExc,
                         timeout_ns: cfg.rnr_timeout_ns,
+                        opcode,
                     };
                 }
                 if !unsafe { room(ports, pp, peer.recv_cq) } {
@@ -533,9 +534,7 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
                 }
                 mover.lap(Phase::Receive);
             }
-            if let Some(port) = ports.get(p) {
-                unsafe { gather_to(port, q, &w, dst, mover) };
-            }
+            unsafe { gather_to(&w, dst, mover) };
             if opcode == OPCODE_RDMA_WRITE_IMM {
                 unsafe { complete_responder(ports, pp, pq, &w, CQE_RESP_WR_IMM, now_ns, scope) };
                 mover.lap(Phase::Responder);
@@ -550,9 +549,7 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
                 Err(f) => return remote_fail(ports, f, Responder::Error),
             };
             mover.lap(Phase::Remote);
-            if let Some(port) = ports.get(p) {
-                unsafe { scatter_from(port, q, &w, src, mover) };
-            }
+            unsafe { scatter_from(&w, src, mover) };
             unsafe { complete_requester(ports, p, q, &w, w.len as u32, now_ns, scope) };
             mover.lap(Phase::Requester);
             Step::Done
@@ -567,10 +564,8 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
                 Err(f) => return remote_fail(ports, f, Responder::Error),
             };
             mover.lap(Phase::Remote);
-            let Some(qp) = ports.get(p).and_then(|x| x.qps.get(q)) else {
-                return Step::Blocked;
-            };
-            let result = unsafe { wqe::data_seg(qp, &w, 0) };
+            // The result address as checked: the copy's one data segment.
+            let result = w.data[0];
             mover.lap(Phase::Check);
             let old = unsafe {
                 if opcode == OPCODE_ATOMIC_FA {
@@ -601,28 +596,30 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
                     reason: Reason::NoReceiveWqe,
                     syndrome: CqeSyndrome::RnrRetryExc,
                     timeout_ns: cfg.rnr_timeout_ns,
+                    opcode,
                 };
             }
             if !unsafe { room(ports, pp, peer.recv_cq) } {
                 return Step::Blocked;
             }
-            let cap = match ports.get(pp) {
-                Some(port) => unsafe { check_receive(port, pq) },
+            let rq_idx = peer.rq_ci;
+            let checked = match ports.get(pp) {
+                Some(port) => unsafe { check_receive(port, pq, rq_idx) },
                 None => return Step::Blocked,
             };
-            match cap {
+            let recv = match checked {
                 Err((s, r, key, addr)) => {
                     let f = Fail::new(CqeSyndrome::RemoteOp, r, key, addr);
                     return remote_fail(ports, f, Responder::ErrorWithReceive(s, r));
                 }
-                Ok(cap) if cap < w.len => {
+                Ok((_, cap)) if cap < w.len => {
                     let f = Fail::new(CqeSyndrome::RemoteInvalReq, Reason::Length, 0, 0);
                     return remote_fail(ports, f, Responder::ErrorWithReceive(CqeSyndrome::LocalLength, Reason::Length));
                 }
-                Ok(_) => {}
-            }
+                Ok((recv, _)) => recv,
+            };
             mover.lap(Phase::Receive);
-            unsafe { gather_to_receive(ports, p, q, &w, pp, pq, mover) };
+            unsafe { gather_to_receive(&w, &recv, mover) };
             unsafe { complete_responder(ports, pp, pq, &w, CQE_RESP_SEND, now_ns, scope) };
             mover.lap(Phase::Responder);
             unsafe { complete_requester(ports, p, q, &w, w.len as u32, now_ns, scope) };

@@ -408,6 +408,7 @@ unsafe fn execute_due<P: Ports + ?Sized, M: Mover>(
                 reason,
                 syndrome,
                 timeout_ns,
+                opcode,
             } => {
                 let Some(qp) = ports.get_mut(p).and_then(|x| x.qps.get_mut(q)) else {
                     return;
@@ -421,8 +422,6 @@ unsafe fn execute_due<P: Ports + ?Sized, M: Mover>(
                     report.due(deadline.min(now_ns.saturating_add(1_000)));
                     return;
                 }
-                // SAFETY: the caller's contract.
-                let opcode = unsafe { wqe::read_ctrl(qp, head.wqe_idx) }.opcode;
                 let f = Fail {
                     syndrome,
                     reason,
@@ -459,21 +458,22 @@ unsafe fn flush<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u6
                 report.due(now_ns.saturating_add(1_000));
                 break;
             }
-            let idx = if let Some(h) = qp.inflight_front().copied() {
+            // One read of the ctrl segment per flushed WQE: its opcode
+            // for the CQE and, for one not started yet, its length.
+            let (idx, opcode) = if let Some(h) = qp.inflight_front().copied() {
                 qp.inflight_pop();
-                h.wqe_idx
+                (h.wqe_idx, unsafe { wqe::read_ctrl(qp, h.wqe_idx) }.opcode)
             } else {
                 let avail = published(qp.sq_pi, qp.sq_ci).min(qp.sq_wqebbs);
                 if avail == 0 {
                     break;
                 }
                 let idx = qp.sq_ci;
-                let ds = unsafe { wqe::read_ctrl(qp, idx) }.ds;
-                let bbs = wqe_bbs(ds, qp.sq_wqebbs).unwrap_or(1).min(avail);
+                let ctrl = unsafe { wqe::read_ctrl(qp, idx) };
+                let bbs = wqe_bbs(ctrl.ds, qp.sq_wqebbs).unwrap_or(1).min(avail);
                 qp.sq_ci = qp.sq_ci.wrapping_add(bbs);
-                idx
+                (idx, ctrl.opcode)
             };
-            let opcode = unsafe { wqe::read_ctrl(qp, idx) }.opcode;
             let img = cqe::error(cq, false, syndrome, flushed, qp.qpn, opcode, idx as u16);
             if unsafe { cqe::push(cq, &img, true, scope) } {
                 stats.cqes += 1;

@@ -7,7 +7,56 @@
 use doorbell_kernels::mlx5::DataSeg;
 
 use super::mem;
-use super::tables::{QpEntry, INVALID_LKEY};
+use super::tables::{QpEntry, Reason, INVALID_LKEY};
+
+/// Most scatter entries of one receive WQE the engine copies and executes
+/// (`create_qp` refuses a larger `rq_max_sge`; a receive WQE of a larger
+/// stride with more live entries fails with [`Reason::TooManySegments`]).
+pub const MAX_RECV_SGE: usize = 16;
+
+/// A receive WQE as the engine copied it out of the RQ ring: its scatter
+/// list, up to the terminator. The engine checks and scatters from this
+/// copy only (a consumer that rewrites the slot after posting it cannot
+/// move the scatter past what was checked).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecvWqe {
+    /// Its scatter entries, `count` of them.
+    pub sges: [DataSeg; MAX_RECV_SGE],
+    /// Entries.
+    pub count: u32,
+}
+
+impl RecvWqe {
+    /// Its scatter entries.
+    #[inline(always)]
+    pub fn entries(&self) -> &[DataSeg] {
+        self.sges.get(..(self.count as usize).min(MAX_RECV_SGE)).unwrap_or(&[])
+    }
+}
+
+/// Copies receive WQE `idx` of `qp` out of the ring, each entry with one
+/// 16-byte load, up to its terminator (an [`INVALID_LKEY`] entry) or
+/// `rq_max_sge` entries.
+///
+/// # Safety
+/// As for [`sge_ptr`].
+pub unsafe fn read_wqe(qp: &QpEntry, idx: u32) -> Result<RecvWqe, Reason> {
+    let mut r = RecvWqe {
+        sges: [DataSeg::default(); MAX_RECV_SGE],
+        count: 0,
+    };
+    let mut k = 0u32;
+    // SAFETY: the caller's contract.
+    while let Some(d) = unsafe { read_sge(qp, idx, k) } {
+        let Some(slot) = r.sges.get_mut(k as usize) else {
+            return Err(Reason::TooManySegments);
+        };
+        *slot = d;
+        k += 1;
+    }
+    r.count = k;
+    Ok(r)
+}
 
 /// Address of scatter entry `k` of receive WQE `idx`.
 ///

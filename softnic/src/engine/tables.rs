@@ -122,7 +122,7 @@ pub enum Reason {
     NoReceiveWqe = 12,
     /// A fault injected on purpose (`FaultConfig::force_error_every`).
     Injected = 13,
-    /// A message longer than 2^31 bytes, an atomic whose data segment is not
+    /// A message of 2^31 bytes or more, an atomic whose data segment is not
     /// 8 bytes, or a send longer than the receive buffers.
     Length = 14,
     /// A data segment with the inline flag (not executed by the soft NIC).
@@ -135,6 +135,10 @@ pub enum Reason {
     /// port of another process is reached only through its symmetric heap
     /// (its tables and remotely accessible regions), never its rings.
     Unmapped = 18,
+    /// A WQE with more data segments than the engine copies
+    /// ([`super::wqe::MAX_SGE`]), or a receive WQE with more scatter
+    /// entries than it copies ([`super::rq::MAX_RECV_SGE`]).
+    TooManySegments = 19,
 }
 
 impl Reason {
@@ -159,6 +163,7 @@ impl Reason {
             16 => Reason::SqOverrun,
             17 => Reason::Flushed,
             18 => Reason::Unmapped,
+            19 => Reason::TooManySegments,
             _ => Reason::None,
         }
     }
@@ -180,10 +185,11 @@ impl Reason {
             Reason::PeerStalled => "the peer port stopped answering (injected stall)",
             Reason::NoReceiveWqe => "the responder had no receive WQE posted",
             Reason::Injected => "an error injected by the fault configuration",
-            Reason::Length => "a length error: over 2^31 bytes, an atomic not of 8 bytes, or a send longer than the receive buffers",
+            Reason::Length => "a length error: 2^31 bytes or more, an atomic not of 8 bytes, or a send longer than the receive buffers",
             Reason::InlineUnsupported => "an inline data segment (the soft NIC does not execute inline data)",
             Reason::SqOverrun => "the producer published more WQE basic blocks than the send queue holds",
             Reason::Flushed => "flushed: the QP is in the error state",
+            Reason::TooManySegments => "more data segments in a WQE (or scatter entries in a receive WQE) than the soft NIC executes (16)",
             Reason::Unmapped => {
                 "the responder lives in another process and this memory of it is not mapped here (only its symmetric heap is; \
                  SEND and WRITE with immediate, which consume its receive queue, do not cross processes)"

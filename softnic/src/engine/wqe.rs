@@ -1,6 +1,20 @@
 //! Reading WQEs out of the SQ ring with the `#[descriptor]` decoders of
 //! `doorbell_kernels::mlx5::segments`: 16-byte segments addressed by
 //! (WQE counter, segment number), wrapping at the end of the ring.
+//!
+//! ## One read
+//! [`parse`] copies a WQE out of the ring once — each of its segments with
+//! one 16-byte load — into a [`Wqe`], and execution checks and moves data
+//! from that copy only: a producer that rewrites the slot after the
+//! doorbell (a bug, or a hostile rank) changes what the engine reads at
+//! most before the copy, never between a check and the access it
+//! guards. Each execution attempt makes its own copy: a WQE that waited
+//! for its responder (no receive WQE yet, a peer not ready) touched
+//! nothing and is copied and checked again when retried. What the fetch
+//! reads ahead of execution (the ctrl segment's `ds`, and with a link
+//! model the length and fence bit) only steps the ring and times the
+//! WQE; execution refuses a WQE whose `ds` no longer spans the basic
+//! blocks fetched ([`Reason::BadDs`]).
 
 use doorbell_kernels::mlx5::{
     AtomicSeg, CqeSyndrome, CtrlSeg, DataSeg, RaddrSeg, INLINE_SEG, OPCODE_ATOMIC_CS, OPCODE_ATOMIC_FA, OPCODE_NOP, OPCODE_RDMA_READ,
@@ -12,10 +26,17 @@ use super::tables::{QpEntry, Reason};
 
 /// Most basic blocks one WQE may span (`MLX5_SEND_WQE_MAX_WQEBBS`: 1 KiB).
 pub const MAX_WQEBBS: u32 = 16;
-/// Largest message (bytes) of one WQE: 2^31.
-pub const MAX_MESSAGE: u64 = 1 << 31;
+/// Largest message (bytes) of one WQE: 2^31 − 1. A data segment's
+/// `byte_count` of `0x8000_0000` is the inline flag ([`INLINE_SEG`]), so no
+/// segment — and no message — reaches 2^31; a longer total fails with
+/// `LOCAL_LENGTH` ([`Reason::Length`]).
+pub const MAX_MESSAGE: u64 = (1 << 31) - 1;
+/// Most data segments of one WQE the engine executes (its copy of the
+/// gather or scatter list holds this many); more fail with `LOCAL_QP_OP`
+/// ([`Reason::TooManySegments`]).
+pub const MAX_SGE: usize = 16;
 
-/// A parsed WQE.
+/// A parsed WQE: the engine's only copy of it (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Wqe {
     /// SQ counter (basic blocks) of its first basic block.
@@ -34,6 +55,18 @@ pub struct Wqe {
     pub data_count: u32,
     /// Bytes of every data segment together.
     pub len: u64,
+    /// Its data segments, `data_count` of them (the rest zero).
+    pub data: [DataSeg; MAX_SGE],
+}
+
+impl Wqe {
+    /// Its data segments.
+    #[inline(always)]
+    pub fn segments(&self) -> &[DataSeg] {
+        let n = (self.data_count as usize).min(MAX_SGE);
+        // `n` is at most the array's length.
+        self.data.get(..n).unwrap_or(&[])
+    }
 }
 
 /// Why a WQE cannot be executed as written (`LOCAL_QP_OP_ERR` or
@@ -44,6 +77,8 @@ pub struct Malformed {
     pub syndrome: CqeSyndrome,
     /// Why.
     pub reason: Reason,
+    /// The opcode its ctrl segment held (for the error CQE).
+    pub opcode: u8,
 }
 
 /// Address of segment `k` of the WQE whose first basic block has SQ
@@ -79,16 +114,6 @@ pub unsafe fn read_ctrl(qp: &QpEntry, idx: u32) -> CtrlSeg {
     CtrlSeg::from_words(&unsafe { load_seg(qp, idx, 0) })
 }
 
-/// Data segment `n` (0-based among the data segments) of `w`.
-///
-/// # Safety
-/// As for [`load_seg`].
-#[inline(always)]
-pub unsafe fn data_seg(qp: &QpEntry, w: &Wqe, n: u32) -> DataSeg {
-    // SAFETY: the caller's contract.
-    DataSeg::from_words(&unsafe { load_seg(qp, w.idx, w.data_first + n) })
-}
-
 /// Basic blocks a WQE of `ds` 16-byte units spans, if `ds` is possible for
 /// a ring of `sq_wqebbs` basic blocks.
 #[inline(always)]
@@ -113,37 +138,48 @@ const fn layout(opcode: u8) -> Option<u32> {
     }
 }
 
-const fn malformed(reason: Reason) -> Malformed {
+const fn malformed(reason: Reason, opcode: u8) -> Malformed {
     Malformed {
         syndrome: CqeSyndrome::LocalQpOp,
         reason,
+        opcode,
     }
 }
 
-/// Parses the WQE at SQ counter `idx` and checks its shape: a known
-/// opcode, a `ds` that fits the opcode and the ring, `wqe_index` equal to
-/// the consumer index and the QP's own number in the ctrl segment (the soft
-/// NIC is stricter than hardware here: it catches producer bugs), no inline
-/// data, at most 2^31 bytes, and an atomic with exactly one 8-byte data
-/// segment. Reads only the ring.
+/// Copies the WQE at SQ counter `idx` out of the ring (each segment once)
+/// and checks its shape: a known opcode, a `ds` that fits the opcode and
+/// the ring, `wqe_index` equal to the consumer index and the QP's own
+/// number in the ctrl segment (the soft NIC is stricter than hardware
+/// here: it catches producer bugs), at most [`MAX_SGE`] data segments, no
+/// inline data, at most [`MAX_MESSAGE`] bytes, and an atomic with exactly
+/// one 8-byte data segment. Reads only the ring; everything after works
+/// from the returned copy.
 ///
 /// # Safety
 /// As for [`load_seg`].
 pub unsafe fn parse(qp: &QpEntry, idx: u32) -> Result<Wqe, Malformed> {
     // SAFETY: the caller's contract.
     let ctrl = unsafe { read_ctrl(qp, idx) };
-    let head = layout(ctrl.opcode).ok_or(malformed(Reason::BadOpcode))?;
-    let bbs = wqe_bbs(ctrl.ds, qp.sq_wqebbs).ok_or(malformed(Reason::BadDs))?;
+    let op = ctrl.opcode;
+    let head = layout(op).ok_or(malformed(Reason::BadOpcode, op))?;
+    let bbs = wqe_bbs(ctrl.ds, qp.sq_wqebbs).ok_or(malformed(Reason::BadDs, op))?;
     if (ctrl.ds as u32) < head {
-        return Err(malformed(Reason::BadDs));
+        return Err(malformed(Reason::BadDs, op));
     }
     if ctrl.wqe_index != idx as u16 {
-        return Err(malformed(Reason::WqeIndexMismatch));
+        return Err(malformed(Reason::WqeIndexMismatch, op));
     }
     if ctrl.qpn != qp.qpn & 0xff_ffff {
-        return Err(malformed(Reason::QpnMismatch));
+        return Err(malformed(Reason::QpnMismatch, op));
     }
-    let is_atomic = matches!(ctrl.opcode, OPCODE_ATOMIC_CS | OPCODE_ATOMIC_FA);
+    let is_atomic = matches!(op, OPCODE_ATOMIC_CS | OPCODE_ATOMIC_FA);
+    let data_count = if op == OPCODE_NOP { 0 } else { ctrl.ds as u32 - head };
+    if data_count as usize > MAX_SGE {
+        return Err(malformed(Reason::TooManySegments, op));
+    }
+    if is_atomic && data_count != 1 {
+        return Err(malformed(Reason::BadDs, op));
+    }
     let mut w = Wqe {
         idx,
         bbs,
@@ -151,8 +187,9 @@ pub unsafe fn parse(qp: &QpEntry, idx: u32) -> Result<Wqe, Malformed> {
         raddr: RaddrSeg::default(),
         atomic: AtomicSeg::default(),
         data_first: head,
-        data_count: if ctrl.opcode == OPCODE_NOP { 0 } else { ctrl.ds as u32 - head },
+        data_count,
         len: 0,
+        data: [DataSeg::default(); MAX_SGE],
     };
     if head >= 2 {
         // SAFETY: the caller's contract.
@@ -161,24 +198,21 @@ pub unsafe fn parse(qp: &QpEntry, idx: u32) -> Result<Wqe, Malformed> {
     if is_atomic {
         // SAFETY: the caller's contract.
         w.atomic = AtomicSeg::from_words(&unsafe { load_seg(qp, idx, 2) });
-        if w.data_count != 1 {
-            return Err(malformed(Reason::BadDs));
-        }
     }
-    let mut n = 0;
-    while n < w.data_count {
+    for (n, slot) in w.data.iter_mut().take(data_count as usize).enumerate() {
         // SAFETY: the caller's contract.
-        let d = unsafe { data_seg(qp, &w, n) };
+        let d = DataSeg::from_words(&unsafe { load_seg(qp, idx, head + n as u32) });
         if d.byte_count & INLINE_SEG != 0 {
-            return Err(malformed(Reason::InlineUnsupported));
+            return Err(malformed(Reason::InlineUnsupported, op));
         }
         w.len += d.byte_count as u64;
-        n += 1;
+        *slot = d;
     }
     if w.len > MAX_MESSAGE || (is_atomic && w.len != 8) {
         return Err(Malformed {
             syndrome: CqeSyndrome::LocalLength,
             reason: Reason::Length,
+            opcode: op,
         });
     }
     Ok(w)

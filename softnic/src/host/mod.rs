@@ -459,6 +459,24 @@ impl SoftDevice {
         unsafe { poll_port(ports.as_mut_slice(), self.port, now, cfg, rng, &mut ThreadMover) }
     }
 
+    /// [`Self::poll_once`] with the payload moved by `mover` instead of
+    /// the host thread's `memmove`: its [`crate::engine::Mover::lap`] is
+    /// called between the steps of each WQE (parse, local checks, peer,
+    /// remote checks, receive WQE, data, completions), which is where a
+    /// profiler — or a test that plays a misbehaving producer — steps in.
+    pub fn poll_once_with<M: crate::engine::Mover>(&self, mover: &mut M) -> PollReport {
+        let now = self.shared.clock.now_ns();
+        let mut st = self.lock();
+        let State {
+            ports, resident, cfg, rng, ..
+        } = &mut *st;
+        if resident.get(self.port).is_some_and(Option::is_some) {
+            return PollReport::IDLE;
+        }
+        // SAFETY: see SoftFabric::poll_all.
+        unsafe { poll_port(ports.as_mut_slice(), self.port, now, cfg, rng, mover) }
+    }
+
     /// A copy of this port's tables as set up here: what a GPU-resident
     /// engine starts from (copied into its memory before it is launched).
     pub fn port_image(&self) -> Box<Port> {
