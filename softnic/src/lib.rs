@@ -99,12 +99,20 @@
 //!    write-with-immediate / send take the peer's next receive WQE (else
 //!    wait up to the RNR timeout), check CQ room; only then move data or run
 //!    the 8-byte atomic.
+//!    The WQE is copied out of the ring once, and every check and every
+//!    byte moved uses that copy (likewise the receive WQE a send
+//!    consumes): a producer rewriting the slot after the doorbell cannot
+//!    move an access past what was checked.
 //! 5. **Complete.** A signaled WQE gets a CQE64 (`MLX5_CQE_REQ`, its
 //!    `wqe_counter`, `byte_cnt`, its opcode in `sop_drop_qpn`'s high byte,
 //!    the engine's clock as `timestamp`) with the owner bit of the CQ's pass,
 //!    published by a release store of its last word; an unsignaled one is
 //!    consumed silently. The responder's receive WQE completes with
-//!    `RESP_WR_IMM` (immediate, length, solicited bit) or `RESP_SEND`.
+//!    `RESP_WR_IMM` (immediate, length, solicited bit) or `RESP_SEND`:
+//!    the requester's engine posts the event into the responder QP's
+//!    inbox ([`engine::tables::Inbox`]) and the responder's own engine
+//!    writes the CQE when it drains it, so each port's CQs, receive
+//!    queues, states and counters have one writer.
 //! 6. **Errors.** A failed check writes an error CQE (signaled or not) with
 //!    the mlx5 syndrome — `LOCAL_PROT` (lkey, bounds, local access),
 //!    `LOCAL_QP_OP` (malformed WQE), `LOCAL_LENGTH`, `REMOTE_ACCESS` (rkey,
@@ -193,8 +201,10 @@
 //! ## Limits
 //!
 //! Per port: 256 memory regions, 64 CQs, 64 QPs, 16 WQEs in flight per QP;
-//! 64 ports per fabric; WQEs up to 16 basic blocks; messages up to 2^31
-//! bytes. The ports of one fabric share an address space (threads of one
+//! 64 ports per fabric; SQs up to 2^15 basic blocks (the doorbell record's
+//! 16-bit counter tells no more apart); WQEs up to 16 basic blocks and 16
+//! data segments; receive WQEs up to 16 scatter entries; messages up to
+//! 2^31 − 1 bytes (a byte count of 2^31 is the inline flag). The ports of one fabric share an address space (threads of one
 //! process, the emulator's memory, or one GPU's device pointers and peer
 //! mappings). Ports of several processes are several fabrics, one per
 //! process, each opening its ports at agreed indices
@@ -207,10 +217,11 @@
 //! host engine runs one device pass at a time (one lock). The GPU-resident
 //! engine ([`engine::resident`], the [`kernel::softnic_engine()`] kernel)
 //! gives each port its own block; ports reach each other through an
-//! [`engine::PortTable`], and responder-side state another port's engine
-//! writes (a responder QP moved to error, receive counters and CQ
-//! producer indices of sends) is not atomic yet — the IBGDA transport's
-//! WRITE, READ and fetch-add write none of it but on remote errors.
+//! [`engine::PortTable`]. An engine writes no other port's tables but the
+//! inbox of the responder QP it is connected to (single producer, single
+//! consumer, release/acquire: see [`engine::tables`]); the responder's
+//! engine applies those events to its own CQs, receive queue, QP state,
+//! counters and error log.
 #![cfg_attr(target_arch = "nvptx64", no_std)]
 #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, asm_experimental_arch))]
 #![deny(unsafe_op_in_unsafe_fn)]

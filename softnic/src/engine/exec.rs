@@ -13,7 +13,10 @@ use super::config::EngineConfig;
 use super::mem::Scope;
 use super::mover::{Mover, Phase};
 use super::rq::RecvWqe;
-use super::tables::{access, ErrorRecord, Inflight, Port, Ports, QpState, Reason, MAX_QPS, QP_CONNECTED};
+use super::tables::{
+    access, ErrorRecord, InboxEvent, Inflight, Port, Ports, QpState, Reason, EVENT_ERROR, EVENT_ERROR_RECEIVE, EVENT_RECEIVE,
+    EVENT_SOLICITED, INBOX, MAX_QPS, QP_CONNECTED,
+};
 use super::wqe::{self, Wqe};
 use super::{cqe, mem, rq};
 
@@ -215,7 +218,9 @@ unsafe fn gather_to_receive<M: Mover>(w: &Wqe, recv: &RecvWqe, mover: &mut M) {
     }
 }
 
-fn record(port: &mut Port, now_ns: u64, qpn: u32, counter: u16, opcode: u8, syndrome: CqeSyndrome, f: &Fail, responder: bool) {
+/// Appends `f` to `port`'s error log: the WQE (or receive WQE) `counter`
+/// of QP `qpn`, reported with `syndrome`.
+fn record(port: &mut Port, now_ns: u64, qpn: u32, counter: u16, opcode: u8, syndrome: CqeSyndrome, f: &Fail) {
     port.log_error(ErrorRecord {
         time_ns: now_ns,
         addr: f.addr,
@@ -225,7 +230,7 @@ fn record(port: &mut Port, now_ns: u64, qpn: u32, counter: u16, opcode: u8, synd
         opcode,
         syndrome: syndrome.as_u8(),
         reason: f.reason as u8,
-        responder: responder as u8,
+        responder: 0,
         reserved: [0; 2],
     });
 }
@@ -259,51 +264,98 @@ pub unsafe fn fail_requester<P: Ports + ?Sized>(
         }
     }
     stats.errors += 1;
-    record(port, now_ns, qpn, idx as u16, opcode, f.syndrome, f, false);
+    record(port, now_ns, qpn, idx as u16, opcode, f.syndrome, f);
 }
 
-/// Moves the responder QP to the error state; with a receive syndrome,
-/// also completes its next receive WQE with a `RESP_ERR` CQE.
+/// Whether the inbox of the peer QP `pq` of port `pp` has room for one
+/// more event from its requester, QP `q` of port `p`. The peer's
+/// `inbox_tail` (a load from another port's tables) is read only when
+/// the events this QP wrote since it last read it fill the inbox.
 ///
 /// # Safety
-/// The responder's rings are valid.
-#[allow(clippy::too_many_arguments)]
-unsafe fn fail_responder<P: Ports + ?Sized>(
+/// The ports' tables are valid.
+unsafe fn inbox_room<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, pp: usize, pq: usize) -> bool {
+    let peer = ports.raw(pp);
+    if peer.is_null() || pq >= MAX_QPS {
+        return false;
+    }
+    // SAFETY: a live port (the caller's contract); the field's address
+    // only, no reference to the peer's tables.
+    let tail_at = unsafe { &raw const (*peer).qps[pq].inbox_tail };
+    let Some(qp) = ports.get_mut(p).and_then(|x| x.qps.get_mut(q)) else {
+        return false;
+    };
+    if qp.out_head.wrapping_sub(qp.out_tail_seen) < INBOX as u32 {
+        return true;
+    }
+    // SAFETY: as above.
+    qp.out_tail_seen = unsafe { mem::peek_word(tail_at) };
+    qp.out_head.wrapping_sub(qp.out_tail_seen) < INBOX as u32
+}
+
+/// Tells the peer QP `pq` of port `pp` what happened to it as the
+/// responder of QP `q` of port `p`: writes `ev` into its inbox and
+/// publishes the inbox head with a release at `scope` (ordered after the
+/// payload this engine moved for it). Room was checked ([`inbox_room`]).
+///
+/// # Safety
+/// As for [`inbox_room`].
+unsafe fn post_event<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, pp: usize, pq: usize, ev: &InboxEvent, scope: Scope) {
+    let Some(qp) = ports.get_mut(p).and_then(|x| x.qps.get_mut(q)) else {
+        return;
+    };
+    let head = qp.out_head;
+    qp.out_head = head.wrapping_add(1);
+    let peer = ports.raw(pp);
+    if peer.is_null() || pq >= MAX_QPS {
+        return;
+    }
+    // SAFETY: a live port (the caller's contract); addresses of its inbox
+    // only, written through `mem` as the tables' concurrency rules say.
+    unsafe {
+        let inbox = &raw mut (*peer).inbox[pq];
+        let slot = &raw mut (*inbox).events[head as usize % INBOX];
+        mem::store_event(slot as *mut [u32; 8], &ev.to_words());
+        mem::publish_word(&raw mut (*inbox).head, head.wrapping_add(1), scope);
+    }
+}
+
+/// The responder side of a failed WQE of QP `q` of port `p`, as an event
+/// for the responder's owner ([`post_event`]): its QP moves to the error
+/// state, and with a receive syndrome the receive WQE being consumed (the
+/// requester's next, which it then counts as consumed) completes with a
+/// `RESP_ERR` CQE. `None`: the responder is not involved.
+fn fail_event<P: Ports + ?Sized>(
     ports: &mut P,
-    pp: usize,
-    pq: usize,
+    p: usize,
+    q: usize,
     what: Responder,
     f: &Fail,
     opcode: u8,
     now_ns: u64,
-    scope: Scope,
-) {
-    if what == Responder::Untouched {
-        return;
-    }
-    let Some(port) = ports.get_mut(pp) else { return };
-    let Port { qps, cqs, stats, .. } = &mut *port;
-    let Some(peer) = qps.get_mut(pq) else { return };
-    peer.state = QpState::Err as u32;
-    let qpn = peer.qpn;
-    let counter = peer.rq_ci as u16;
-    let (syndrome, reason) = match what {
+) -> Option<InboxEvent> {
+    let qp = ports.get_mut(p).and_then(|x| x.qps.get_mut(q))?;
+    let rq_idx = qp.peer_rq_ci;
+    let (kind, syndrome, reason) = match what {
+        Responder::Untouched => return None,
+        Responder::Error => (EVENT_ERROR, f.syndrome, f.reason),
         Responder::ErrorWithReceive(s, r) => {
-            if let Some(cq) = cqs.get_mut(peer.recv_cq as usize) {
-                let img = cqe::error(cq, true, s.as_u8(), r as u8, qpn, opcode, counter);
-                // SAFETY: the caller's contract (room was checked).
-                if unsafe { cqe::push(cq, &img, true, scope) } {
-                    stats.cqes += 1;
-                }
-            }
-            peer.rq_ci = peer.rq_ci.wrapping_add(1);
-            stats.errors += 1;
-            (s, r)
+            qp.peer_rq_ci = rq_idx.wrapping_add(1);
+            (EVENT_ERROR_RECEIVE, s, r)
         }
-        _ => (f.syndrome, f.reason),
     };
-    let rf = Fail { reason, ..*f };
-    record(port, now_ns, qpn, counter, opcode, syndrome, &rf, true);
+    Some(InboxEvent {
+        kind,
+        opcode,
+        syndrome: syndrome.as_u8(),
+        reason: reason as u8,
+        rq_idx: rq_idx as u16,
+        flags: 0,
+        byte_cnt: 0,
+        imm_or_key: f.key,
+        addr: f.addr,
+        time_ns: now_ns,
+    })
 }
 
 /// A successful requester completion: counters, and the CQE if the WQE
@@ -328,26 +380,116 @@ unsafe fn complete_requester<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usiz
     }
 }
 
-/// A successful responder completion: consumes the receive WQE and writes
-/// its CQE (`RESP_WR_IMM` or `RESP_SEND`), solicited bit as the sender
-/// asked.
+/// A successful responder completion, as an event for the responder's
+/// owner: the receive WQE this QP consumed (`RESP_WR_IMM` or `RESP_SEND`
+/// as `opcode`, solicited bit as the sender asked). Room was checked.
 ///
 /// # Safety
-/// The peer's recv CQ ring is valid.
-unsafe fn complete_responder<P: Ports + ?Sized>(ports: &mut P, pp: usize, pq: usize, w: &Wqe, opcode: u8, now_ns: u64, scope: Scope) {
-    let Some(port) = ports.get_mut(pp) else { return };
-    let Port { qps, cqs, stats, .. } = port;
-    let Some(peer) = qps.get_mut(pq) else { return };
+/// As for [`inbox_room`].
+unsafe fn complete_responder<P: Ports + ?Sized>(
+    ports: &mut P,
+    (p, q): (usize, usize),
+    (pp, pq): (usize, usize),
+    w: &Wqe,
+    opcode: u8,
+    now_ns: u64,
+    scope: Scope,
+) {
+    let Some(qp) = ports.get_mut(p).and_then(|x| x.qps.get_mut(q)) else {
+        return;
+    };
+    let rq_idx = qp.peer_rq_ci;
+    qp.peer_rq_ci = rq_idx.wrapping_add(1);
     let solicited = w.ctrl.fm_ce_se & WQE_CTRL_SOLICITED != 0;
-    let imm = if opcode == CQE_RESP_WR_IMM { w.ctrl.imm } else { 0 };
-    if let Some(cq) = cqs.get_mut(peer.recv_cq as usize) {
-        let img = cqe::success(cq, opcode, peer.qpn, peer.rq_ci as u16, w.len as u32, imm, 0, solicited, now_ns);
-        // SAFETY: the caller's contract (room was checked).
-        if unsafe { cqe::push(cq, &img, solicited, scope) } {
-            stats.cqes += 1;
+    let ev = InboxEvent {
+        kind: EVENT_RECEIVE,
+        opcode,
+        syndrome: 0,
+        reason: 0,
+        rq_idx: rq_idx as u16,
+        flags: if solicited { EVENT_SOLICITED } else { 0 },
+        byte_cnt: w.len as u32,
+        imm_or_key: if opcode == CQE_RESP_WR_IMM { w.ctrl.imm } else { 0 },
+        addr: 0,
+        time_ns: now_ns,
+    };
+    // SAFETY: the caller's contract.
+    unsafe { post_event(ports, p, q, pp, pq, &ev, scope) };
+}
+
+/// Applies one responder event to port `port`'s QP `q` (the owner's
+/// engine draining its inbox): the receive CQE (success or `RESP_ERR`),
+/// the receive-queue index, the error state, counters and error log.
+/// Returns false, changing nothing, when the event needs a CQE and the
+/// receive CQ is full (the event waits in the inbox).
+///
+/// # Safety
+/// The QP's receive CQ ring is valid.
+pub unsafe fn apply_event(port: &mut Port, q: usize, ev: &InboxEvent, scope: Scope) -> bool {
+    let Port { qps, cqs, stats, .. } = &mut *port;
+    let Some(qp) = qps.get_mut(q) else { return true };
+    let qpn = qp.qpn;
+    // How far the event's receive WQE is past the next one this QP
+    // completes: negative when a flush completed it already.
+    let ahead = (ev.rq_idx).wrapping_sub(qp.rq_ci as u16) as i16;
+    let cq = cqs.get_mut(qp.recv_cq as usize);
+    match ev.kind {
+        EVENT_RECEIVE => {
+            if ahead < 0 {
+                // Flushed before the event came in (the QP moved to the
+                // error state meanwhile): one completion per receive WQE.
+                return true;
+            }
+            if let Some(cq) = cq {
+                // SAFETY: the caller's contract.
+                if !unsafe { cqe::has_room_cached(cq) } {
+                    return false;
+                }
+                let solicited = ev.flags & EVENT_SOLICITED != 0;
+                let img = cqe::success(cq, ev.opcode, qpn, ev.rq_idx, ev.byte_cnt, ev.imm_or_key, 0, solicited, ev.time_ns);
+                // SAFETY: the caller's contract; room checked.
+                if unsafe { cqe::push(cq, &img, solicited, scope) } {
+                    stats.cqes += 1;
+                }
+            }
+            qp.rq_ci = qp.rq_ci.wrapping_add(ahead as u32 + 1);
+            true
         }
+        EVENT_ERROR | EVENT_ERROR_RECEIVE => {
+            let receive = ev.kind == EVENT_ERROR_RECEIVE && ahead >= 0;
+            if receive {
+                if let Some(cq) = cq {
+                    // SAFETY: the caller's contract.
+                    if !unsafe { cqe::has_room_cached(cq) } {
+                        return false;
+                    }
+                    let img = cqe::error(cq, true, ev.syndrome, ev.reason, qpn, ev.opcode, ev.rq_idx);
+                    // SAFETY: the caller's contract; room checked.
+                    if unsafe { cqe::push(cq, &img, true, scope) } {
+                        stats.cqes += 1;
+                    }
+                }
+                qp.rq_ci = qp.rq_ci.wrapping_add(ahead as u32 + 1);
+                stats.errors += 1;
+            }
+            qp.state = QpState::Err as u32;
+            port.log_error(ErrorRecord {
+                time_ns: ev.time_ns,
+                addr: ev.addr,
+                key: ev.imm_or_key,
+                qpn,
+                wqe_counter: ev.rq_idx,
+                opcode: ev.opcode,
+                syndrome: ev.syndrome,
+                reason: ev.reason,
+                responder: 1,
+                reserved: [0; 2],
+            });
+            true
+        }
+        // Not an event this engine writes: nothing to apply.
+        _ => true,
     }
-    peer.rq_ci = peer.rq_ci.wrapping_add(1);
 }
 
 /// Whether the CQ in slot `cq` of port `p` — another port's, a
@@ -495,9 +637,16 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
     }
     mover.lap(Phase::Peer);
     let remote_fail = |ports: &mut P, f: Fail, what: Responder| {
+        // The responder hears of it through its inbox: wait for room
+        // (nothing was touched yet, so the retry fails the same way).
+        if what != Responder::Untouched && !unsafe { inbox_room(ports, p, q, pp, pq) } {
+            return Step::Blocked;
+        }
         unsafe {
             fail_requester(ports, p, q, w.idx, opcode, &f, now_ns, scope);
-            fail_responder(ports, pp, pq, what, &f, opcode, now_ns, scope);
+            if let Some(ev) = fail_event(ports, p, q, what, &f, opcode, now_ns) {
+                post_event(ports, p, q, pp, pq, &ev, scope);
+            }
         }
         Step::Failed
     };
@@ -518,10 +667,13 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
             };
             mover.lap(Phase::Remote);
             if opcode == OPCODE_RDMA_WRITE_IMM {
+                let Some(consumed) = ports.get(p).and_then(|x| x.qps.get(q)).map(|x| x.peer_rq_ci) else {
+                    return Step::Blocked;
+                };
                 let Some(peer) = ports.get(pp).and_then(|x| x.qps.get(pq)) else {
                     return Step::Blocked;
                 };
-                if unsafe { rq::posted(peer) } == 0 {
+                if unsafe { rq::posted_since(peer, consumed) } == 0 {
                     return Step::Wait {
                         reason: Reason::NoReceiveWqe,
                         syndrome: CqeSyndrome::RnrRetryExc,
@@ -529,14 +681,14 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
                         opcode,
                     };
                 }
-                if !unsafe { room(ports, pp, peer.recv_cq) } {
+                if !unsafe { room(ports, pp, peer.recv_cq) } || !unsafe { inbox_room(ports, p, q, pp, pq) } {
                     return Step::Blocked;
                 }
                 mover.lap(Phase::Receive);
             }
             unsafe { gather_to(&w, dst, mover) };
             if opcode == OPCODE_RDMA_WRITE_IMM {
-                unsafe { complete_responder(ports, pp, pq, &w, CQE_RESP_WR_IMM, now_ns, scope) };
+                unsafe { complete_responder(ports, (p, q), (pp, pq), &w, CQE_RESP_WR_IMM, now_ns, scope) };
                 mover.lap(Phase::Responder);
             }
             unsafe { complete_requester(ports, p, q, &w, w.len as u32, now_ns, scope) };
@@ -588,10 +740,13 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
             Step::Done
         }
         OPCODE_SEND => {
+            let Some(consumed) = ports.get(p).and_then(|x| x.qps.get(q)).map(|x| x.peer_rq_ci) else {
+                return Step::Blocked;
+            };
             let Some(peer) = ports.get(pp).and_then(|x| x.qps.get(pq)) else {
                 return Step::Blocked;
             };
-            if unsafe { rq::posted(peer) } == 0 {
+            if unsafe { rq::posted_since(peer, consumed) } == 0 {
                 return Step::Wait {
                     reason: Reason::NoReceiveWqe,
                     syndrome: CqeSyndrome::RnrRetryExc,
@@ -599,10 +754,10 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
                     opcode,
                 };
             }
-            if !unsafe { room(ports, pp, peer.recv_cq) } {
+            if !unsafe { room(ports, pp, peer.recv_cq) } || !unsafe { inbox_room(ports, p, q, pp, pq) } {
                 return Step::Blocked;
             }
-            let rq_idx = peer.rq_ci;
+            let rq_idx = consumed;
             let checked = match ports.get(pp) {
                 Some(port) => unsafe { check_receive(port, pq, rq_idx) },
                 None => return Step::Blocked,
@@ -620,7 +775,7 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
             };
             mover.lap(Phase::Receive);
             unsafe { gather_to_receive(&w, &recv, mover) };
-            unsafe { complete_responder(ports, pp, pq, &w, CQE_RESP_SEND, now_ns, scope) };
+            unsafe { complete_responder(ports, (p, q), (pp, pq), &w, CQE_RESP_SEND, now_ns, scope) };
             mover.lap(Phase::Responder);
             unsafe { complete_requester(ports, p, q, &w, w.len as u32, now_ns, scope) };
             mover.lap(Phase::Requester);

@@ -220,3 +220,59 @@ pub unsafe fn store_release_u64(p: *mut u64, v: u64, scope: Scope) {
         }
     }
 }
+
+/// Reads a word another engine publishes (an inbox's head, a receiver's
+/// inbox tail) without ordering (`ld.relaxed.sys`): a changed value is
+/// followed by [`acquire`] before what it publishes is read.
+///
+/// # Safety
+/// `p` is valid and 4-byte aligned.
+#[inline(always)]
+pub unsafe fn peek_word(p: *const u32) -> u32 {
+    // SAFETY: the caller's contract.
+    unsafe { ptx::ld_relaxed_sys_u32(p) }
+}
+
+/// Publishes a word with release at `scope` (an inbox's head after its
+/// events, a receiver's inbox tail after it read them).
+///
+/// # Safety
+/// `p` is valid and 4-byte aligned.
+#[inline(always)]
+pub unsafe fn publish_word(p: *mut u32, v: u32, scope: Scope) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match scope {
+            Scope::Gpu => ptx::st_release_gpu_u32(p, v),
+            Scope::Sys => ptx::st_release_sys_u32(p, v),
+        }
+    }
+}
+
+/// Writes a 32-byte inbox event (two 16-byte stores; published by the
+/// inbox head's [`publish_word`] after it).
+///
+/// # Safety
+/// `p` is valid for 32 bytes and 16-byte aligned.
+#[inline(always)]
+pub unsafe fn store_event(p: *mut [u32; 8], w: &[u32; 8]) {
+    let q = p as *mut u32;
+    // SAFETY: the caller's contract.
+    unsafe {
+        ptx::st_v4_u32(q, [w[0], w[1], w[2], w[3]]);
+        ptx::st_v4_u32(q.add(4), [w[4], w[5], w[6], w[7]]);
+    }
+}
+
+/// Reads a 32-byte inbox event (weak: ordered by the [`acquire`] after the
+/// head that published it).
+///
+/// # Safety
+/// `p` is valid for 32 bytes and 16-byte aligned.
+#[inline(always)]
+pub unsafe fn load_event(p: *const [u32; 8]) -> [u32; 8] {
+    let q = p as *const u32;
+    // SAFETY: the caller's contract.
+    let (a, b) = unsafe { (ptx::ld_v4_u32(q), ptx::ld_v4_u32(q.add(4))) };
+    [a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]]
+}

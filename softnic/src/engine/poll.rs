@@ -7,9 +7,9 @@
 use doorbell_kernels::mlx5::CqeSyndrome;
 
 use super::config::{EngineConfig, Rng};
-use super::exec::{execute, fail_requester, Fail, Step};
+use super::exec::{apply_event, execute, fail_requester, Fail, Step};
 use super::mover::{Mover, Phase};
-use super::tables::{ErrorRecord, Inflight, Port, Ports, QpState, Reason, MAX_QPS};
+use super::tables::{ErrorRecord, InboxEvent, Inflight, Port, Ports, QpState, Reason, INBOX, MAX_QPS};
 use super::wqe::{self, wqe_bbs};
 use super::{cqe, mem};
 
@@ -124,11 +124,16 @@ unsafe fn poll_qp<P: Ports + ?Sized, M: Mover>(
     if !qp.in_use() {
         return;
     }
+    let scope = mover.scope();
+    // SAFETY: the caller's contract.
+    unsafe { drain_inbox(ports, p, q, now_ns, scope, report) };
+    let Some(qp) = ports.get(p).and_then(|x| x.qps.get(q)) else {
+        return;
+    };
     let state = qp.state();
     if !matches!(state, QpState::Rts | QpState::Err) {
         return;
     }
-    let scope = mover.scope();
     // SAFETY (whole function): the caller's contract.
     unsafe { watch_doorbell(ports, p, q, now_ns, cfg, scope, report) };
     mover.lap(Phase::Doorbell);
@@ -151,6 +156,51 @@ unsafe fn poll_qp<P: Ports + ?Sized, M: Mover>(
     }
     unsafe { execute_due(ports, p, q, now_ns, cfg, mover, report) };
     mover.lap(Phase::Complete);
+}
+
+/// Applies the responder events the QP's peer wrote into its inbox since
+/// the last pass (see [`super::tables`]' module docs): one relaxed load of
+/// the inbox head when nothing is new; otherwise an acquire, the events in
+/// order, and a release of the new tail. An event that needs room in a
+/// full receive CQ stays, with those after it, for a later pass.
+///
+/// # Safety
+/// As for [`poll_port`].
+unsafe fn drain_inbox<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u64, scope: mem::Scope, report: &mut PollReport) {
+    let port = ports.raw(p);
+    if port.is_null() || q >= MAX_QPS {
+        return;
+    }
+    // SAFETY (whole function): a live port (the caller's contract); the
+    // inbox is reached through its address and `mem` only, as the peer
+    // writes it concurrently.
+    unsafe {
+        let inbox = &raw const (*port).inbox[q];
+        let head = mem::peek_word(&raw const (*inbox).head);
+        let mut tail = (*port).qps[q].inbox_tail;
+        if head == tail {
+            return;
+        }
+        // The events before the head are read after it.
+        mem::acquire(scope);
+        // A head more than a full inbox ahead is no head this QP's peer
+        // wrote (a stale connection's): take the last INBOX events only.
+        if head.wrapping_sub(tail) > INBOX as u32 {
+            tail = head.wrapping_sub(INBOX as u32);
+        }
+        while tail != head {
+            let slot = &raw const (*inbox).events[tail as usize % INBOX];
+            let ev = InboxEvent::from_words(&mem::load_event(slot as *const [u32; 8]));
+            if !apply_event(&mut *port, q, &ev, scope) {
+                report.due(now_ns.saturating_add(1_000));
+                break;
+            }
+            tail = tail.wrapping_add(1);
+            report.progressed += 1;
+        }
+        // The peer reuses the slots up to here once it sees this.
+        mem::publish_word(&raw mut (*port).qps[q].inbox_tail, tail, scope);
+    }
 }
 
 /// The word that says a QP was rung, read without ordering: its UAR word,

@@ -747,8 +747,9 @@ impl Ports for View {
 /// ([`poll_port_masked`]) walks every slot in use with dependent loads and
 /// branches; when nothing was rung, nothing is due and the last pass did
 /// nothing, the engine instead issues the doorbell-word loads of the
-/// watched QPs back to back (independent `ld.relaxed.sys`, one memory
-/// latency for all) and compares them with what the tables last saw.
+/// watched QPs and their inbox heads (responder events their peers wrote)
+/// back to back (independent `ld.relaxed.sys`, one memory latency for
+/// all) and compares them with what the tables last saw.
 #[derive(Clone, Copy)]
 struct Watch {
     /// Bit `q`: slot `q` holds a QP.
@@ -798,17 +799,25 @@ impl Watch {
             return true;
         }
         let Some(p) = view.own() else { return false };
+        let own = view.own;
         let mut seen = [0u64; WATCHED];
-        for (i, s) in seen.iter_mut().enumerate() {
+        let mut mail = [0u32; WATCHED];
+        for (i, (s, m)) in seen.iter_mut().zip(mail.iter_mut()).enumerate() {
             if i < self.n {
-                // SAFETY: the caller's contract.
-                *s = unsafe { doorbell_word(&p.qps[self.slots[i] as usize]) };
+                let q = self.slots[i] as usize;
+                // SAFETY: the caller's contract; the inbox head (written by
+                // the QP's peer) through its address only.
+                unsafe {
+                    *s = doorbell_word(&p.qps[q]);
+                    *m = mem::peek_word(&raw const (*own).inbox[q].head);
+                }
             }
         }
         let mut rung = false;
-        for (i, s) in seen.iter().enumerate() {
+        for (i, (s, m)) in seen.iter().zip(mail.iter()).enumerate() {
             if i < self.n {
-                rung |= *s != p.qps[self.slots[i] as usize].last_doorbell;
+                let qp = &p.qps[self.slots[i] as usize];
+                rung |= *s != qp.last_doorbell || *m != qp.inbox_tail;
             }
         }
         rung

@@ -88,7 +88,22 @@ pub unsafe fn read_sge(qp: &QpEntry, idx: u32, k: u32) -> Option<DataSeg> {
     }
 }
 
-/// Receive WQEs posted and not consumed.
+/// Receive WQEs posted past `consumed` (the receive WQEs a requester
+/// took: its [`super::tables::QpEntry::peer_rq_ci`]).
+///
+/// # Safety
+/// `qp.dbrec` is valid when `qp.rq` is not null.
+pub unsafe fn posted_since(qp: &QpEntry, consumed: u32) -> u32 {
+    if qp.rq.is_null() || qp.rq_wqes == 0 || qp.dbrec.is_null() {
+        return 0;
+    }
+    // SAFETY: the caller's contract.
+    let pi = unsafe { mem::load_dbrec(qp.dbrec) } as u16;
+    pi.wrapping_sub(consumed as u16) as u32
+}
+
+/// Receive WQEs posted and not completed (the owner's view: its
+/// `rq_ci`).
 ///
 /// # Safety
 /// `qp.dbrec` is valid when `qp.rq` is not null.

@@ -2,6 +2,27 @@
 //! allocation; the same bytes can live in device memory for a GPU-resident
 //! engine). The host wrapper owns them and fills the setup fields; the
 //! engine owns the fields marked "engine".
+//!
+//! ## Who writes a port's tables
+//! Every field of a [`Port`] has one writer: its host (the setup fields,
+//! while no engine of its own runs them) or its own port's engine (the
+//! fields marked "engine"). Another port's engine — a requester whose
+//! responder QP lives here — writes exactly two things: the events of the
+//! [`Inbox`] of the one QP connected to it, and that inbox's `head`. It
+//! reads the rest (regions, QP states, receive queues, the inbox's
+//! `QpEntry::inbox_tail`, CQ producer indices) and never stores into it.
+//! Everything a responder's completion changes — its receive CQ's
+//! producer index and CQEs, its receive-queue index, its QP state, its
+//! counters and error log — the owner's engine changes when it drains the
+//! inbox ([`super::poll`]). An inbox has one producer (the QP's connected
+//! peer: only the requester that RC pairs with a QP reaches it) and one
+//! consumer (the owner), so it needs no atomic read-modify-write: the
+//! producer writes an event and publishes the head with a release store;
+//! the owner reads the head relaxed, acquires before reading events, and
+//! publishes how far it read (`inbox_tail`) with a release store; the
+//! producer reads that tail only when its cached copy says the inbox is
+//! full. The inbox's memory is written by the peer and read by the owner
+//! only through [`super::mem`]'s volatile and atomic accesses.
 
 use super::link::LinkModel;
 
@@ -18,6 +39,119 @@ pub const MAX_INFLIGHT: usize = 16;
 pub const ERROR_LOG: usize = 32;
 /// Ports in one fabric.
 pub const MAX_PORTS: usize = 64;
+/// Responder events one QP's [`Inbox`] holds (as many as a requester has
+/// WQEs in flight).
+pub const INBOX: usize = MAX_INFLIGHT;
+
+/// [`InboxEvent::kind`]: a receive WQE was consumed by a SEND or an RDMA
+/// WRITE with immediate; its CQE is `opcode` (`RESP_SEND`, `RESP_WR_IMM`).
+pub const EVENT_RECEIVE: u8 = 1;
+/// [`InboxEvent::kind`]: a remote access or invalid-request error: the QP
+/// moves to the error state (IB responder class C) and logs it.
+pub const EVENT_ERROR: u8 = 2;
+/// [`InboxEvent::kind`]: as [`EVENT_ERROR`], and the receive WQE being
+/// consumed completes with a `RESP_ERR` CQE of `syndrome`.
+pub const EVENT_ERROR_RECEIVE: u8 = 3;
+/// [`InboxEvent::flags`]: the sender asked for a solicited event.
+pub const EVENT_SOLICITED: u16 = 1;
+
+/// What a requester's engine tells a responder QP's owner (see the module
+/// docs): 32 bytes, two 16-byte stores.
+#[repr(C, align(16))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InboxEvent {
+    /// [`EVENT_RECEIVE`], [`EVENT_ERROR`] or [`EVENT_ERROR_RECEIVE`].
+    pub kind: u8,
+    /// The CQE opcode (a receive) or the WQE opcode (an error).
+    pub opcode: u8,
+    /// `MLX5_CQE_SYNDROME_*` (errors).
+    pub syndrome: u8,
+    /// [`Reason`] as `u8` (errors).
+    pub reason: u8,
+    /// The receive WQE's counter (mod 2^16).
+    pub rq_idx: u16,
+    /// [`EVENT_SOLICITED`].
+    pub flags: u16,
+    /// Bytes received.
+    pub byte_cnt: u32,
+    /// The immediate (a receive) or the key involved (an error).
+    pub imm_or_key: u32,
+    /// The address involved (an error).
+    pub addr: u64,
+    /// The requester's clock when it happened, ns.
+    pub time_ns: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<InboxEvent>() == 32);
+
+impl InboxEvent {
+    /// The event as the eight words [`super::mem::store_event`] writes.
+    #[inline(always)]
+    pub fn to_words(&self) -> [u32; 8] {
+        [
+            u32::from_le_bytes([self.kind, self.opcode, self.syndrome, self.reason]),
+            self.rq_idx as u32 | (self.flags as u32) << 16,
+            self.byte_cnt,
+            self.imm_or_key,
+            self.addr as u32,
+            (self.addr >> 32) as u32,
+            self.time_ns as u32,
+            (self.time_ns >> 32) as u32,
+        ]
+    }
+
+    /// The event from the eight words [`super::mem::load_event`] read.
+    #[inline(always)]
+    pub fn from_words(w: &[u32; 8]) -> InboxEvent {
+        let [kind, opcode, syndrome, reason] = w[0].to_le_bytes();
+        InboxEvent {
+            kind,
+            opcode,
+            syndrome,
+            reason,
+            rq_idx: w[1] as u16,
+            flags: (w[1] >> 16) as u16,
+            byte_cnt: w[2],
+            imm_or_key: w[3],
+            addr: w[4] as u64 | (w[5] as u64) << 32,
+            time_ns: w[6] as u64 | (w[7] as u64) << 32,
+        }
+    }
+}
+
+/// The responder events of one QP, written by its connected peer's engine
+/// (the only thing another port's engine writes in this port's tables)
+/// and drained by the owner's engine.
+#[repr(C, align(16))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Inbox {
+    /// Peer: events written (wrapping); published with release after them.
+    pub head: u32,
+    /// Zero.
+    pub reserved: [u32; 3],
+    /// Peer: event `i` at `events[i % INBOX]`.
+    pub events: [InboxEvent; INBOX],
+}
+
+impl Inbox {
+    /// An empty inbox.
+    pub const EMPTY: Inbox = Inbox {
+        head: 0,
+        reserved: [0; 3],
+        events: [InboxEvent {
+            kind: 0,
+            opcode: 0,
+            syndrome: 0,
+            reason: 0,
+            rq_idx: 0,
+            flags: 0,
+            byte_cnt: 0,
+            imm_or_key: 0,
+            addr: 0,
+            time_ns: 0,
+        }; INBOX],
+    };
+}
 
 /// Access rights of a memory region or a QP (the values of verbs'
 /// `IBV_ACCESS_*`). Local read is always allowed.
@@ -360,7 +494,8 @@ pub struct QpEntry {
     pub sq_ci: u32,
     /// Engine: the send counter last read from the doorbell record (16 bits).
     pub sq_pi: u32,
-    /// Engine: RQ consumer counter (wrapping).
+    /// Engine: RQ consumer counter (wrapping): receive WQEs completed
+    /// (drained from the inbox) or flushed.
     pub rq_ci: u32,
     /// Engine: 1 while a doorbell was seen and not acted on yet.
     pub db_pending: u32,
@@ -385,6 +520,18 @@ pub struct QpEntry {
     pub inflight_len: u32,
     /// Zero.
     pub reserved: u32,
+    /// Engine (as the responder): events of this QP's [`Inbox`] drained
+    /// (wrapping); published with release, read by the peer.
+    pub inbox_tail: u32,
+    /// Engine (as the requester): events written into the peer QP's inbox
+    /// (wrapping).
+    pub out_head: u32,
+    /// Engine (as the requester): the peer's `inbox_tail` as last read.
+    pub out_tail_seen: u32,
+    /// Engine (as the requester): the peer's receive WQEs this QP consumed
+    /// (wrapping): the next SEND or WRITE with immediate takes receive WQE
+    /// `peer_rq_ci`.
+    pub peer_rq_ci: u32,
     /// Engine: WQEs started and not completed, oldest first.
     pub inflight: [Inflight; MAX_INFLIGHT],
 }
@@ -421,6 +568,10 @@ impl QpEntry {
         inflight_head: 0,
         inflight_len: 0,
         reserved: 0,
+        inbox_tail: 0,
+        out_head: 0,
+        out_tail_seen: 0,
+        peer_rq_ci: 0,
         inflight: [Inflight {
             wqe_idx: 0,
             bbs: 0,
@@ -499,6 +650,10 @@ impl QpEntry {
         self.held = 0;
         self.inflight_head = 0;
         self.inflight_len = 0;
+        self.inbox_tail = 0;
+        self.out_head = 0;
+        self.out_tail_seen = 0;
+        self.peer_rq_ci = 0;
     }
 }
 
@@ -592,6 +747,9 @@ pub struct Port {
     pub reserved: u32,
     /// Counters.
     pub stats: PortStats,
+    /// Each QP's responder events, written by its connected peer's engine
+    /// (see the module docs).
+    pub inbox: [Inbox; MAX_QPS],
 }
 
 impl Port {
@@ -636,14 +794,15 @@ impl Port {
                 last_wqe: 0,
                 reserved: 0,
             },
+            inbox: [Inbox::EMPTY; MAX_QPS],
         }
     }
 
-    /// Appends to the error log. The slot is claimed with an atomic add on
-    /// `errors_written` (at `sys` scope: error paths are rare), because the
-    /// engine of another port logs here too when this port's QP is the
-    /// responder of a remote access error; two records written at once
-    /// land in two slots.
+    /// Appends to the error log (the owner's engine and, while no engine
+    /// runs the port, its host). The slot is claimed with an atomic add on
+    /// `errors_written` (at `sys` scope: error paths are rare), so the
+    /// host reading the log concurrently sees each record's slot claimed
+    /// once.
     pub fn log_error(&mut self, r: ErrorRecord) {
         // SAFETY: a field of this live port, 4-byte aligned.
         let n = unsafe { super::mem::claim_u32(&raw mut self.errors_written) };
@@ -691,6 +850,15 @@ pub trait Ports {
     fn get(&self, i: usize) -> Option<&Port>;
     /// Port `i`, mutable, if it exists.
     fn get_mut(&mut self, i: usize) -> Option<&mut Port>;
+    /// Port `i`'s address (null: none), without forming a reference: how
+    /// an engine reaches another port's [`Inbox`] to write into it.
+    #[inline(always)]
+    fn raw(&mut self, i: usize) -> *mut Port {
+        match self.get_mut(i) {
+            Some(p) => p,
+            None => core::ptr::null_mut(),
+        }
+    }
     /// Where this engine reaches the `len` bytes at `addr` of port `i`'s
     /// memory (an address as port `i`'s owner sees it, e.g. inside one of
     /// its regions); `None` when that memory is not mapped here. Ports of
@@ -762,16 +930,12 @@ impl Window {
 /// 2056 bytes: it lives in device memory next to the engine's control block.
 ///
 /// Concurrency: each port's engine writes its own port; another port's
-/// engine reads it (the responder's regions and QP state) and, on a remote
-/// access error, moves the responder QP to the error state and logs there
-/// (IB responder class C). The state store is one word that only moves
-/// the QP to error, and the log slot is claimed atomically
-/// ([`Port::log_error`]); the responder's counters (`stats.errors`,
-/// `stats.cqes`) and — for SEND and WRITE with immediate between two
-/// engines of one process — its receive-queue index and receive CQ's
-/// producer index are plain stores that race with the owner's pass. The
-/// IBGDA transport's operations (RDMA WRITE, READ, fetch-add) touch no
-/// other responder state.
+/// engine reads it (the responder's regions, QP state, receive queue) and
+/// writes only the [`Inbox`] of the responder QP it is connected to: a
+/// consumed receive WQE (SEND, WRITE with immediate) and a responder
+/// error (IB responder class C) are events there, which the owner's
+/// engine drains and applies itself — its receive CQEs, receive-queue
+/// index, QP state, counters and error log (see the module docs).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct PortTable {
@@ -826,6 +990,10 @@ impl Ports for PortTable {
     fn get_mut(&mut self, i: usize) -> Option<&mut Port> {
         // SAFETY: as above.
         unsafe { self.port_ptr(i).as_mut() }
+    }
+    #[inline(always)]
+    fn raw(&mut self, i: usize) -> *mut Port {
+        self.port_ptr(i)
     }
     #[inline(always)]
     fn reach(&self, i: usize, addr: u64, len: u64) -> Option<*mut u8> {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use doorbell_kernels::mlx5::DataSeg;
 
-use crate::engine::tables::{key_slot, make_key, MAX_CQS, MAX_MRS, MAX_QPS, QP_CONNECTED, QP_IN_USE};
+use crate::engine::tables::{key_slot, make_key, Inbox, MAX_CQS, MAX_MRS, MAX_QPS, QP_CONNECTED, QP_IN_USE};
 use crate::engine::{
     access, cqe, mem, parse_link, poll_port, rq, CqEntry, EngineConfig, ErrorRecord, LinkModel, MrEntry, PollReport, Port, PortStats,
     QpEntry, QpState, Rng, ThreadMover,
@@ -604,6 +604,17 @@ impl SoftDevice {
             QpState::Reset => {
                 qp.reset_progress();
                 qp.flags &= !QP_CONNECTED;
+                // No engine runs this port now that would read it (the
+                // fabric's lock; a resident port refused above).
+                self.port_mut(&mut st).inbox[slot] = Inbox::EMPTY;
+            }
+            QpState::Rtr => {
+                // A new connection: its inbox starts empty on both sides
+                // (the peer's requester counts from zero after its RTR).
+                qp.inbox_tail = 0;
+                qp.out_head = 0;
+                qp.out_tail_seen = 0;
+                self.port_mut(&mut st).inbox[slot] = Inbox::EMPTY;
             }
             QpState::Rts if from != QpState::Rts => {
                 // Doorbells rung before RTS count from here: read the record now.
@@ -780,6 +791,7 @@ impl RdmaDevice for SoftDevice {
                 mem::store_dbrec(rings.dbrec.add(1), 0);
             }
         }
+        port.inbox[slot] = Inbox::EMPTY;
         port.qps[slot] = QpEntry {
             sq: rings.sq,
             rq: if rings.rq_wqes == 0 { std::ptr::null_mut() } else { rings.rq },
@@ -1038,6 +1050,9 @@ impl SoftQp {
             qp.peer_port = pp as u32;
             qp.peer_qp = pq as u32;
             qp.flags |= QP_CONNECTED;
+            // The peer's next receive WQE is the one its engine completes
+            // next (0 for a port of another process: a fresh QP's).
+            qp.peer_rq_ci = st.ports.get(pp).filter(|p| p.valid != 0).map_or(0, |p| p.qps[pq].rq_ci);
             Ok(())
         })
     }
