@@ -128,6 +128,26 @@ pub enum Error {
         /// What the owner reported.
         why: String,
     },
+    /// Deregistering a memory region did not reach the engine that checks
+    /// its key (a resident engine whose tables could not be written): the
+    /// region is still registered there, and its memory must stay
+    /// allocated.
+    #[error(
+        "soft NIC port {lid}: memory region with key {key:#x} at {addr:#x} ({len} bytes) is still registered with the engine: {why}; \
+         keep its memory allocated, and deregister again once the engine's tables can be written (or after stopping the engine)"
+    )]
+    Deregistration {
+        /// Port LID.
+        lid: u16,
+        /// The region's key.
+        key: u32,
+        /// Its first byte.
+        addr: u64,
+        /// Its length.
+        len: usize,
+        /// What the engine's owner reported.
+        why: String,
+    },
     /// A bounded wait on the engine ran out.
     #[error("gave up after {waited_ns} ns of {clock} time waiting for {what}")]
     Timeout {

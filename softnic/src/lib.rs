@@ -240,7 +240,8 @@ pub mod verbs;
 pub use error::{Error, Result};
 #[cfg(not(target_arch = "nvptx64"))]
 pub use host::{
-    link_from_env, link_from_str, EngineThread, FabricConfig, Sge, SoftCq, SoftDevice, SoftFabric, SoftMr, SoftPd, SoftQp, LINK_ENV,
+    link_from_env, link_from_str, DeregisterError, EngineThread, FabricConfig, Sge, SoftCq, SoftDevice, SoftFabric, SoftMr, SoftPd, SoftQp,
+    LINK_ENV,
 };
 #[cfg(not(target_arch = "nvptx64"))]
 pub use verbs::{CompletionQueue, CqRing, MemoryRegion, QpEndpoint, QpRings, QueuePair, RdmaDevice};

@@ -121,7 +121,7 @@ fn round(iteration: usize) {
             let laddr = s.src.as_ptr() as u64 + (j * SIZE) as u64;
             // SAFETY: basic block j of an SQ of MSGS basic blocks.
             let slot = unsafe { h.sq.add(j * 16) };
-            if j % 2 == 0 {
+            if j.is_multiple_of(2) {
                 let ctrl = CtrlSeg {
                     opcode: OPCODE_SEND,
                     wqe_index: j as u16,
@@ -230,7 +230,7 @@ fn round(iteration: usize) {
             assert!(!seen[i * MSGS + j], "round {iteration}: receive WQE {j} of QP {i} completed twice");
             seen[i * MSGS + j] = true;
             assert_eq!(c.byte_cnt, SIZE as u32, "round {iteration}: message {j} of sender {i}");
-            if j % 2 == 0 {
+            if j.is_multiple_of(2) {
                 assert_eq!(c.opcode, CQE_RESP_SEND, "round {iteration}: message {j} of sender {i}");
             } else {
                 assert_eq!(c.opcode, CQE_RESP_WR_IMM, "round {iteration}: message {j} of sender {i}");

@@ -339,8 +339,9 @@ unsafe fn fetch<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u6
         if avail == 0 {
             break;
         }
-        if avail > qp.sq_wqebbs {
-            // The producer overran the ring: nothing in it can be trusted.
+        if avail > qp.sq_wqebbs || qp.sq_wqebbs > wqe::MAX_SQ_WQEBBS {
+            // The producer overran the ring (or the ring is too large to
+            // tell an overrun): nothing in it can be trusted.
             qp.state = QpState::Err as u32;
             stats.errors += 1;
             overrun = Some(ErrorRecord {

@@ -31,6 +31,15 @@ pub const MAX_WQEBBS: u32 = 16;
 /// segment — and no message — reaches 2^31; a longer total fails with
 /// `LOCAL_LENGTH` ([`Reason::Length`]).
 pub const MAX_MESSAGE: u64 = (1 << 31) - 1;
+/// Most basic blocks of a send queue: the doorbell record's send counter
+/// has 16 bits, so a producer a whole ring of 2^16 ahead reads as nothing
+/// published (and further overruns as a few WQEs); with at most 2^15 every
+/// overrun short of 2^16 shows ([`Reason::SqOverrun`]). A QP with a larger
+/// ring fails at its first doorbell.
+pub const MAX_SQ_WQEBBS: u32 = 1 << 15;
+/// Most receive WQEs of a receive queue (a 16-bit counter, as for
+/// [`MAX_SQ_WQEBBS`]).
+pub const MAX_RQ_WQES: u32 = 1 << 15;
 /// Most data segments of one WQE the engine executes (its copy of the
 /// gather or scatter list holds this many); more fail with `LOCAL_QP_OP`
 /// ([`Reason::TooManySegments`]).

@@ -95,6 +95,12 @@ struct State {
     /// Per port: where its live tables are while an engine other than this
     /// fabric's runs it.
     resident: Vec<Option<Arc<dyn ResidentPort>>>,
+    /// Per port: memory regions whose deregistration on drop did not reach
+    /// the resident engine (slot, key). Their entries stay valid in the
+    /// table (the engine still honours them) and their slots are not
+    /// reused; [`SoftDevice::retry_deregistrations`] tries again, and
+    /// taking the port back invalidates them.
+    stuck: Vec<Vec<(usize, u32)>>,
     cfg: EngineConfig,
     rng: Rng,
     next_pd: u32,
@@ -150,6 +156,7 @@ impl SoftFabric {
                 state: Mutex::new(State {
                     ports: Vec::new(),
                     resident: Vec::new(),
+                    stuck: Vec::new(),
                     cfg: config.engine,
                     rng: Rng::new(config.engine.faults.seed),
                     next_pd: 1,
@@ -211,6 +218,7 @@ impl SoftFabric {
             empty.valid = 0;
             st.ports.push(empty);
             st.resident.push(None);
+            st.stuck.push(Vec::new());
         }
         st.ports[index] = Port::new(index as u32 + 1, link.unwrap_or(LinkModel::OFF));
         SoftDevice {
@@ -411,6 +419,20 @@ fn check_pow2(what: &'static str, n: u32) -> Result<()> {
     Ok(())
 }
 
+pub use crate::engine::wqe::{MAX_RQ_WQES, MAX_SQ_WQEBBS};
+
+fn check_at_most(what: &'static str, unit: &str, n: u32, max: u32, because: &str) -> Result<()> {
+    if n > max {
+        return Err(Error::BadRing {
+            what,
+            why: format!("{n} {unit}: at most {max} ({because})"),
+        });
+    }
+    Ok(())
+}
+
+const COUNTER_16: &str = "the doorbell record's counters have 16 bits, so a larger ring's overruns cannot be told apart";
+
 fn check_align(what: &'static str, p: *const u8, align: usize) -> Result<()> {
     if p.is_null() || (p as usize) % align != 0 {
         return Err(Error::BadRing {
@@ -493,9 +515,59 @@ impl SoftDevice {
     /// back only once that engine has stopped.
     pub fn set_resident(&self, r: Option<Arc<dyn ResidentPort>>) {
         let mut st = self.lock();
+        let back = r.is_none();
         if let Some(slot) = st.resident.get_mut(self.port) {
             *slot = r;
         }
+        if back {
+            // The engine that could not be told is stopped: the regions
+            // whose deregistration it missed end here.
+            let stuck = std::mem::take(&mut st.stuck[self.port]);
+            let port = self.port_mut(&mut st);
+            for (slot, key) in stuck {
+                if port.mrs[slot].key == key {
+                    port.mrs[slot] = MrEntry::EMPTY;
+                }
+            }
+        }
+    }
+
+    /// Keys of memory regions dropped while this port's engine ran
+    /// elsewhere and could not be told ([`ResidentPort::write_mr`]
+    /// failed): that engine still accepts them, so their memory must not
+    /// be freed until [`Self::retry_deregistrations`] succeeds or the
+    /// engine is stopped and the port taken back. Empty in a healthy run;
+    /// [`SoftMr::deregister`] reports the same failure to its caller
+    /// instead.
+    pub fn undead_regions(&self) -> Vec<u32> {
+        self.lock().stuck[self.port].iter().map(|&(_, key)| key).collect()
+    }
+
+    /// Tells the resident engine again about every region of
+    /// [`Self::undead_regions`]; those it takes are deregistered. Errors:
+    /// the first write that failed again (those regions stay).
+    pub fn retry_deregistrations(&self) -> Result<()> {
+        let mut st = self.lock();
+        let resident = st.resident.get(self.port).cloned().flatten();
+        let stuck = std::mem::take(&mut st.stuck[self.port]);
+        let mut first = None;
+        for (slot, key) in stuck {
+            if st.ports[self.port].mrs[slot].key != key {
+                continue;
+            }
+            let r = match &resident {
+                Some(r) => r.write_mr(slot, &MrEntry::EMPTY),
+                None => Ok(()),
+            };
+            match r {
+                Ok(()) => st.ports[self.port].mrs[slot] = MrEntry::EMPTY,
+                Err(e) => {
+                    st.stuck[self.port].push((slot, key));
+                    first.get_or_insert(e);
+                }
+            }
+        }
+        first.map_or(Ok(()), Err)
     }
 
     fn resident(&self) -> Option<Arc<dyn ResidentPort>> {
@@ -685,6 +757,7 @@ impl RdmaDevice for SoftDevice {
         st.next_tag = st.next_tag.wrapping_add(1).max(1);
         let lid = self.lid();
         let port = self.port_mut(&mut st);
+        // A slot of an undead region stays valid, so it is never taken.
         let slot = port.mrs.iter().position(|m| m.valid == 0).ok_or(Error::TableFull {
             lid,
             what: "memory region",
@@ -764,6 +837,7 @@ impl RdmaDevice for SoftDevice {
             }
         }
         check_pow2("SQ", rings.sq_wqebbs)?;
+        check_at_most("SQ", "basic blocks", rings.sq_wqebbs, MAX_SQ_WQEBBS, COUNTER_16)?;
         check_align("SQ ring", rings.sq, 64)?;
         check_align("QP doorbell record", rings.dbrec as *const u8, 8)?;
         if !rings.uar.is_null() {
@@ -771,7 +845,15 @@ impl RdmaDevice for SoftDevice {
         }
         if rings.rq_wqes != 0 {
             check_pow2("RQ", rings.rq_wqes)?;
+            check_at_most("RQ", "receive WQEs", rings.rq_wqes, MAX_RQ_WQES, COUNTER_16)?;
             check_pow2("RQ max_sge", rings.rq_max_sge)?;
+            check_at_most(
+                "RQ max_sge",
+                "scatter entries",
+                rings.rq_max_sge,
+                rq::MAX_RECV_SGE as u32,
+                "the engine copies at most that many of a receive WQE",
+            )?;
             check_align("RQ ring", rings.rq, 16)?;
         }
         let mut st = self.lock();
@@ -833,18 +915,92 @@ impl MemoryRegion for SoftMr {
     }
 }
 
+impl SoftMr {
+    /// Deregisters the region, reporting whether the engine that checks
+    /// its key took it: the key is invalidated in the engine's tables
+    /// first (a resident engine's, through
+    /// [`ResidentPort::write_mr`]), and only then in the fabric's. On
+    /// success no engine pass touches the memory any more and it may be
+    /// freed. On failure nothing changed — the region is registered as
+    /// before, everywhere — and the error gives the region back: keep its
+    /// memory allocated, and deregister again (or stop the engine, take
+    /// the port back with [`SoftDevice::set_resident`], then drop it).
+    /// Dropping a `SoftMr` deregisters it too, but cannot report a failure
+    /// (see [`SoftDevice::undead_regions`]).
+    pub fn deregister(self) -> std::result::Result<(), DeregisterError> {
+        match self.try_deregister() {
+            Ok(()) => {
+                // Its entry is gone: the drop finds nothing to do.
+                drop(self);
+                Ok(())
+            }
+            Err(error) => Err(DeregisterError { mr: self, error }),
+        }
+    }
+
+    /// Invalidates the key where it is checked, then in the fabric's
+    /// table; on failure changes nothing.
+    fn try_deregister(&self) -> Result<()> {
+        let mut st = self.dev.lock();
+        if st.ports[self.dev.port].mrs[self.slot].key != self.key {
+            return Ok(());
+        }
+        if let Some(r) = st.resident.get(self.dev.port).cloned().flatten() {
+            r.write_mr(self.slot, &MrEntry::EMPTY).map_err(|e| Error::Deregistration {
+                lid: self.dev.lid(),
+                key: self.key,
+                addr: self.addr,
+                len: self.len,
+                why: e.to_string(),
+            })?;
+        }
+        self.dev.port_mut(&mut st).mrs[self.slot] = MrEntry::EMPTY;
+        Ok(())
+    }
+}
+
+/// A deregistration the engine did not take ([`SoftMr::deregister`]): the
+/// region is still registered, its memory must stay allocated.
+#[derive(Debug)]
+pub struct DeregisterError {
+    mr: SoftMr,
+    error: Error,
+}
+
+impl DeregisterError {
+    /// Why ([`Error::Deregistration`]).
+    pub fn error(&self) -> &Error {
+        &self.error
+    }
+
+    /// The region, still registered: deregister it again later.
+    pub fn into_region(self) -> SoftMr {
+        self.mr
+    }
+}
+
+impl std::fmt::Display for DeregisterError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for DeregisterError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
 impl Drop for SoftMr {
     fn drop(&mut self) {
-        let mut st = self.dev.lock();
-        let resident = st.resident.get(self.dev.port).cloned().flatten();
-        let port = self.dev.port_mut(&mut st);
-        if port.mrs[self.slot].key == self.key {
-            port.mrs[self.slot] = MrEntry::EMPTY;
-            if let Some(r) = resident {
-                // Deregistration must reach the engine that checks keys; if
-                // it cannot, that engine's memory is unusable anyway.
-                let _ = r.write_mr(self.slot, &MrEntry::EMPTY);
-            }
+        if self.try_deregister().is_err() {
+            // The engine still accepts the key and nobody can be told
+            // here: keep the entry valid (the slot is not reused, the
+            // fabric's view stays the engine's) and list it, so
+            // `undead_regions` reports it and taking the port back or a
+            // retry ends it.
+            let mut st = self.dev.lock();
+            st.stuck[self.dev.port].push((self.slot, self.key));
         }
     }
 }
