@@ -23,6 +23,11 @@
 //! producer reads that tail only when its cached copy says the inbox is
 //! full. The inbox's memory is written by the peer and read by the owner
 //! only through [`super::mem`]'s volatile and atomic accesses.
+//!
+//! The inboxes are the first [`PEER_WRITABLE_BYTES`] of a [`Port`], whole
+//! pages, so that memory protection can enforce this: a peer process
+//! needs write access to those pages of another process's tables and to
+//! nothing after them (its remote regions, the data path, aside).
 
 use super::link::LinkModel;
 
@@ -721,10 +726,29 @@ pub struct PortStats {
     pub reserved: u32,
 }
 
+/// The page size the peer-writable part of a [`Port`] is rounded to.
+pub const PAGE: usize = 4096;
+/// Bytes of the inboxes of a port's QPs.
+const INBOX_TABLE: usize = MAX_QPS * core::mem::size_of::<Inbox>();
+/// Zeros after the inboxes, up to a page boundary.
+const INBOX_PAD: usize = INBOX_TABLE.next_multiple_of(PAGE) - INBOX_TABLE;
+/// The bytes at the start of a [`Port`] that another port's engine may
+/// write: its QPs' [`Inbox`]es, a whole number of pages. Everything past
+/// them only the port's own engine and host write. A process that maps a
+/// port's tables for its peers (a port of another process, whose tables
+/// lie in its symmetric heap) can map these pages read-write and the rest
+/// read-only, when the tables start on a page boundary.
+pub const PEER_WRITABLE_BYTES: usize = INBOX_TABLE + INBOX_PAD;
+
 /// One soft NIC port: its tables, link state and log.
 #[repr(C)]
 #[derive(Clone)]
 pub struct Port {
+    /// Each QP's responder events, written by its connected peer's engine
+    /// (see the module docs): the first [`PEER_WRITABLE_BYTES`] bytes.
+    pub inbox: [Inbox; MAX_QPS],
+    /// Zero (the inboxes end on a page boundary).
+    pub inbox_pad: [u8; INBOX_PAD],
     /// Memory regions.
     pub mrs: [MrEntry; MAX_MRS],
     /// Completion queues.
@@ -747,15 +771,16 @@ pub struct Port {
     pub reserved: u32,
     /// Counters.
     pub stats: PortStats,
-    /// Each QP's responder events, written by its connected peer's engine
-    /// (see the module docs).
-    pub inbox: [Inbox; MAX_QPS],
 }
+
+const _: () = assert!(core::mem::offset_of!(Port, mrs) == PEER_WRITABLE_BYTES && PEER_WRITABLE_BYTES % PAGE == 0);
 
 impl Port {
     /// An empty port with LID `lid`.
     pub const fn new(lid: u32, link: LinkModel) -> Port {
         Port {
+            inbox: [Inbox::EMPTY; MAX_QPS],
+            inbox_pad: [0; INBOX_PAD],
             mrs: [MrEntry::EMPTY; MAX_MRS],
             cqs: [CqEntry::EMPTY; MAX_CQS],
             qps: [QpEntry::EMPTY; MAX_QPS],
@@ -794,7 +819,6 @@ impl Port {
                 last_wqe: 0,
                 reserved: 0,
             },
-            inbox: [Inbox::EMPTY; MAX_QPS],
         }
     }
 
