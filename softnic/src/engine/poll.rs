@@ -125,8 +125,17 @@ unsafe fn poll_qp<P: Ports + ?Sized, M: Mover>(
         return;
     }
     let scope = mover.scope();
-    // SAFETY: the caller's contract.
-    unsafe { drain_inbox(ports, p, q, now_ns, scope, report) };
+    let before = qp.state();
+    // SAFETY (whole function): the caller's contract.
+    // The inbox head's load is issued first and used after the doorbell
+    // word's, so the two memory latencies overlap.
+    let mail = unsafe { inbox_head(ports, p, q) };
+    if matches!(before, QpState::Rts | QpState::Err) {
+        unsafe { watch_doorbell(ports, p, q, now_ns, cfg, scope, report) };
+    }
+    unsafe { drain_inbox(ports, p, q, mail, now_ns, scope, report) };
+    mover.lap(Phase::Doorbell);
+    // A responder error drained just now moved the QP to the error state.
     let Some(qp) = ports.get(p).and_then(|x| x.qps.get(q)) else {
         return;
     };
@@ -134,9 +143,6 @@ unsafe fn poll_qp<P: Ports + ?Sized, M: Mover>(
     if !matches!(state, QpState::Rts | QpState::Err) {
         return;
     }
-    // SAFETY (whole function): the caller's contract.
-    unsafe { watch_doorbell(ports, p, q, now_ns, cfg, scope, report) };
-    mover.lap(Phase::Doorbell);
     if state == QpState::Err {
         unsafe { flush(ports, p, q, now_ns, scope, report) };
         mover.lap(Phase::Complete);
@@ -158,15 +164,39 @@ unsafe fn poll_qp<P: Ports + ?Sized, M: Mover>(
     mover.lap(Phase::Complete);
 }
 
-/// Applies the responder events the QP's peer wrote into its inbox since
-/// the last pass (see [`super::tables`]' module docs): one relaxed load of
-/// the inbox head when nothing is new; otherwise an acquire, the events in
-/// order, and a release of the new tail. An event that needs room in a
-/// full receive CQ stays, with those after it, for a later pass.
+/// The head of QP `q`'s inbox (events its peer wrote), read without
+/// ordering; [`drain_inbox`] acquires before reading what it publishes.
 ///
 /// # Safety
 /// As for [`poll_port`].
-unsafe fn drain_inbox<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u64, scope: mem::Scope, report: &mut PollReport) {
+#[inline(always)]
+unsafe fn inbox_head<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize) -> u32 {
+    let port = ports.raw(p);
+    if port.is_null() || q >= MAX_QPS {
+        return 0;
+    }
+    // SAFETY: a live port (the caller's contract); the head's address
+    // only, as the peer writes it concurrently.
+    unsafe { mem::peek_word(&raw const (*port).inbox[q].head) }
+}
+
+/// Applies the responder events the QP's peer wrote into its inbox up to
+/// `head` ([`inbox_head`]; see [`super::tables`]' module docs): nothing
+/// when it is the QP's tail; otherwise an acquire, the events in order,
+/// and a release of the new tail. An event that needs room in a full
+/// receive CQ stays, with those after it, for a later pass.
+///
+/// # Safety
+/// As for [`poll_port`].
+unsafe fn drain_inbox<P: Ports + ?Sized>(
+    ports: &mut P,
+    p: usize,
+    q: usize,
+    head: u32,
+    now_ns: u64,
+    scope: mem::Scope,
+    report: &mut PollReport,
+) {
     let port = ports.raw(p);
     if port.is_null() || q >= MAX_QPS {
         return;
@@ -176,7 +206,6 @@ unsafe fn drain_inbox<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_
     // writes it concurrently.
     unsafe {
         let inbox = &raw const (*port).inbox[q];
-        let head = mem::peek_word(&raw const (*inbox).head);
         let mut tail = (*port).qps[q].inbox_tail;
         if head == tail {
             return;

@@ -773,7 +773,7 @@ pub struct Port {
     pub stats: PortStats,
 }
 
-const _: () = assert!(core::mem::offset_of!(Port, mrs) == PEER_WRITABLE_BYTES && PEER_WRITABLE_BYTES % PAGE == 0);
+const _: () = assert!(core::mem::offset_of!(Port, mrs) == PEER_WRITABLE_BYTES && PEER_WRITABLE_BYTES.is_multiple_of(PAGE));
 
 impl Port {
     /// An empty port with LID `lid`.
