@@ -550,32 +550,21 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
         return Step::Blocked;
     };
     // The WQE's one read out of the ring: everything below uses `w`.
-    let parsed = match unsafe { wqe::parse(qp, head.wqe_idx) } {
-        // The producer rewrote the ctrl segment since the fetch stepped
-        // over it: the ring's basic blocks no longer line up.
-        Ok(w) if w.bbs != head.bbs => Err(wqe::Malformed {
-            syndrome: CqeSyndrome::LocalQpOp,
-            reason: Reason::BadDs,
-            opcode: w.ctrl.opcode,
-        }),
-        other => other,
-    };
-    let w = match parsed {
-        Ok(w) => w,
-        Err(m) => {
-            let opcode = m.opcode;
-            unsafe {
-                fail_requester(
-                    ports,
-                    p,
-                    q,
-                    head.wqe_idx,
-                    opcode,
-                    &Fail::new(m.syndrome, m.reason, 0, 0),
-                    now_ns,
-                    scope,
-                )
+    let w = match unsafe { wqe::parse(qp, head.wqe_idx) } {
+        Ok(w) if w.bbs == head.bbs => w,
+        other => {
+            let m = match other {
+                Err(m) => m,
+                // The producer rewrote the ctrl segment since the fetch
+                // stepped over it: the ring's basic blocks no longer line up.
+                Ok(w) => wqe::Malformed {
+                    syndrome: CqeSyndrome::LocalQpOp,
+                    reason: Reason::BadDs,
+                    opcode: w.ctrl.opcode,
+                },
             };
+            let f = Fail::new(m.syndrome, m.reason, 0, 0);
+            unsafe { fail_requester(ports, p, q, head.wqe_idx, m.opcode, &f, now_ns, scope) };
             return Step::Failed;
         }
     };
