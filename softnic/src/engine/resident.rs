@@ -804,7 +804,7 @@ impl Watch {
         let mut mail = [0u32; WATCHED];
         for (i, (s, m)) in seen.iter_mut().zip(mail.iter_mut()).enumerate() {
             if i < self.n {
-                let q = self.slots[i] as usize;
+                let q = self.slots[i] as usize % MAX_QPS;
                 // SAFETY: the caller's contract; the inbox head (written by
                 // the QP's peer) through its address only.
                 unsafe {
@@ -816,7 +816,7 @@ impl Watch {
         let mut rung = false;
         for (i, (s, m)) in seen.iter().zip(mail.iter()).enumerate() {
             if i < self.n {
-                let qp = &p.qps[self.slots[i] as usize];
+                let qp = &p.qps[self.slots[i] as usize % MAX_QPS];
                 rung |= *s != qp.last_doorbell || *m != qp.inbox_tail;
             }
         }
