@@ -706,7 +706,10 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
             };
             mover.lap(Phase::Remote);
             // The result address as checked: the copy's one data segment.
-            let result = w.data[0];
+            let Some(&result) = w.segments().first() else {
+                // parse() gives an atomic exactly one data segment.
+                return Step::Failed;
+            };
             mover.lap(Phase::Check);
             let old = unsafe {
                 if opcode == OPCODE_ATOMIC_FA {

@@ -46,7 +46,13 @@ pub const MAX_RQ_WQES: u32 = 1 << 15;
 pub const MAX_SGE: usize = 16;
 
 /// A parsed WQE: the engine's only copy of it (see the module docs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+///
+/// Only its first `data_count` data segments are written ([`Wqe::segments`]
+/// reads exactly those): the copy costs what the WQE holds, not the
+/// [`MAX_SGE`] the array can hold (on the GPU the array lives in the
+/// engine thread's local memory, where filling all of it per WQE cost more
+/// than the rest of the parse).
+#[derive(Clone, Copy)]
 pub struct Wqe {
     /// SQ counter (basic blocks) of its first basic block.
     pub idx: u32,
@@ -64,8 +70,9 @@ pub struct Wqe {
     pub data_count: u32,
     /// Bytes of every data segment together.
     pub len: u64,
-    /// Its data segments, `data_count` of them (the rest zero).
-    pub data: [DataSeg; MAX_SGE],
+    /// Its data segments: the first `data_count` are written, the rest
+    /// never read.
+    data: [core::mem::MaybeUninit<DataSeg>; MAX_SGE],
 }
 
 impl Wqe {
@@ -73,10 +80,36 @@ impl Wqe {
     #[inline(always)]
     pub fn segments(&self) -> &[DataSeg] {
         let n = (self.data_count as usize).min(MAX_SGE);
-        // `n` is at most the array's length.
-        self.data.get(..n).unwrap_or(&[])
+        // SAFETY: `parse` writes the first `data_count` (at most MAX_SGE)
+        // entries before it returns the WQE, and nothing else builds one.
+        unsafe { core::slice::from_raw_parts(self.data.as_ptr().cast::<DataSeg>(), n) }
     }
 }
+
+impl core::fmt::Debug for Wqe {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Wqe")
+            .field("idx", &self.idx)
+            .field("bbs", &self.bbs)
+            .field("ctrl", &self.ctrl)
+            .field("raddr", &self.raddr)
+            .field("atomic", &self.atomic)
+            .field("data_first", &self.data_first)
+            .field("len", &self.len)
+            .field("data", &self.segments())
+            .finish()
+    }
+}
+
+impl PartialEq for Wqe {
+    fn eq(&self, o: &Wqe) -> bool {
+        (self.idx, self.bbs, self.ctrl, self.raddr, self.atomic, self.data_first, self.len)
+            == (o.idx, o.bbs, o.ctrl, o.raddr, o.atomic, o.data_first, o.len)
+            && self.segments() == o.segments()
+    }
+}
+
+impl Eq for Wqe {}
 
 /// Why a WQE cannot be executed as written (`LOCAL_QP_OP_ERR` or
 /// `LOCAL_LENGTH_ERR`).
@@ -166,6 +199,7 @@ const fn malformed(reason: Reason, opcode: u8) -> Malformed {
 ///
 /// # Safety
 /// As for [`load_seg`].
+#[inline(always)]
 pub unsafe fn parse(qp: &QpEntry, idx: u32) -> Result<Wqe, Malformed> {
     // SAFETY: the caller's contract.
     let ctrl = unsafe { read_ctrl(qp, idx) };
@@ -198,7 +232,7 @@ pub unsafe fn parse(qp: &QpEntry, idx: u32) -> Result<Wqe, Malformed> {
         data_first: head,
         data_count,
         len: 0,
-        data: [DataSeg::default(); MAX_SGE],
+        data: [core::mem::MaybeUninit::uninit(); MAX_SGE],
     };
     if head >= 2 {
         // SAFETY: the caller's contract.
@@ -215,7 +249,7 @@ pub unsafe fn parse(qp: &QpEntry, idx: u32) -> Result<Wqe, Malformed> {
             return Err(malformed(Reason::InlineUnsupported, op));
         }
         w.len += d.byte_count as u64;
-        *slot = d;
+        slot.write(d);
     }
     if w.len > MAX_MESSAGE || (is_atomic && w.len != 8) {
         return Err(Malformed {
