@@ -26,8 +26,9 @@ pub struct IbgdaOptions {
     /// Send-queue slots per QP, a power of two ≥ 32 (one warp's batch);
     /// each QP's CQ has as many entries. Default 256.
     pub sq_size: u32,
-    /// Largest message of one WQE; longer puts and gets are split (default
-    /// 1 MiB: long transfers become several WQEs the NIC can pipeline).
+    /// Largest message of one WQE, below 2^31; longer puts and gets are
+    /// split (default 1 MiB: long transfers become several WQEs the NIC can
+    /// pipeline).
     pub max_msg: u32,
     /// The soft NIC's link model (`DOORBELL_SOFTNIC_LINK`; `None`: off).
     pub link: Option<LinkModel>,
@@ -99,8 +100,12 @@ impl IbgdaOptions {
         if !self.sq_size.is_power_of_two() || !(MAX_BATCH..=32768).contains(&self.sq_size) {
             return bad(format!("sq_size {} is not a power of two in 32..=32768", self.sq_size));
         }
-        if self.max_msg == 0 || self.max_msg > 1 << 31 {
-            return bad(format!("max_msg {} is not in 1..=2^31", self.max_msg));
+        // A WQE's byte count of 2^31 is mlx5's inline-segment flag.
+        if self.max_msg == 0 || self.max_msg >= 1 << 31 {
+            return bad(format!(
+                "max_msg {} is not in 1..2^31 (a data segment's byte count of 2^31 or more is mlx5's inline flag)",
+                self.max_msg
+            ));
         }
         self.soft().check().or_else(bad)
     }
@@ -188,5 +193,22 @@ impl RdmaPeers {
                 p.iter().any(|&(a, b)| (a, b) == (rank, peer) || (b, a) == (rank, peer))
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_largest_message_of_2_31_is_refused_as_the_inline_flag() {
+        let with = |max_msg| IbgdaOptions { max_msg, ..IbgdaOptions::default() }.validate();
+        assert!(with((1 << 31) - 1).is_ok());
+        for bad in [0, 1 << 31, u32::MAX] {
+            match with(bad) {
+                Err(e) => assert!(e.to_string().contains("max_msg"), "{e}"),
+                Ok(()) => panic!("max_msg {bad} accepted"),
+            }
+        }
     }
 }
