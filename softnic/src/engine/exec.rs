@@ -550,7 +550,8 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
         return Step::Blocked;
     };
     // The WQE's one read out of the ring: everything below uses `w`.
-    let w = match unsafe { wqe::parse(qp, head.wqe_idx) } {
+    let mut more = wqe::more_segs();
+    let w = match unsafe { wqe::parse(qp, head.wqe_idx, &mut more) } {
         Ok(w) if w.bbs == head.bbs => w,
         other => {
             let m = match other {
@@ -706,7 +707,7 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
             };
             mover.lap(Phase::Remote);
             // The result address as checked: the copy's one data segment.
-            let Some(&result) = w.segments().first() else {
+            let Some(result) = w.segments().next() else {
                 // parse() gives an atomic exactly one data segment.
                 return Step::Failed;
             };

@@ -398,7 +398,8 @@ unsafe fn fetch<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u6
         let (bytes, fenced, rd_atomic) = if !link.enabled() {
             (0, false, false)
         } else {
-            match unsafe { wqe::parse(qp, qp.sq_ci) } {
+            let mut more = wqe::more_segs();
+            match unsafe { wqe::parse(qp, qp.sq_ci, &mut more) } {
                 Ok(w) => (
                     w.len,
                     w.ctrl.fm_ce_se & doorbell_kernels::mlx5::WQE_CTRL_FENCE != 0,

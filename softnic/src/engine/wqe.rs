@@ -47,13 +47,16 @@ pub const MAX_SGE: usize = 16;
 
 /// A parsed WQE: the engine's only copy of it (see the module docs).
 ///
-/// Only its first `data_count` data segments are written ([`Wqe::segments`]
-/// reads exactly those): the copy costs what the WQE holds, not the
-/// [`MAX_SGE`] the array can hold (on the GPU the array lives in the
-/// engine thread's local memory, where filling all of it per WQE cost more
-/// than the rest of the parse).
+/// Its first data segment is a field of its own; the others are written
+/// into the caller's [`MoreSegs`], of which only the first
+/// `data_count - 1` entries are written and read ([`Wqe::segments`]). So
+/// the WQE stays small and a WQE of one data segment — every WQE the
+/// transport posts — never touches the array, which on the GPU lives in
+/// the engine thread's local memory (slow after every fence): a copy of a
+/// WQE with all sixteen segments inline cost the GPU's engine ~8 000
+/// cycles per WQE.
 #[derive(Clone, Copy)]
-pub struct Wqe {
+pub struct Wqe<'a> {
     /// SQ counter (basic blocks) of its first basic block.
     pub idx: u32,
     /// Basic blocks it spans.
@@ -70,23 +73,45 @@ pub struct Wqe {
     pub data_count: u32,
     /// Bytes of every data segment together.
     pub len: u64,
-    /// Its data segments: the first `data_count` are written, the rest
-    /// never read.
-    data: [core::mem::MaybeUninit<DataSeg>; MAX_SGE],
+    /// Its first data segment (zero when it has none).
+    first: DataSeg,
+    /// Its other data segments: the first `data_count - 1` are written,
+    /// the rest never read.
+    rest: &'a MoreSegs,
 }
 
-impl Wqe {
-    /// Its data segments.
+/// Room for a WQE's data segments after the first, which the caller of
+/// [`parse`] provides (uninitialised: [`more_segs`]).
+pub type MoreSegs = [core::mem::MaybeUninit<DataSeg>; MAX_SGE - 1];
+
+/// Uninitialised room for [`parse`]'s further data segments.
+#[inline(always)]
+pub const fn more_segs() -> MoreSegs {
+    [core::mem::MaybeUninit::uninit(); MAX_SGE - 1]
+}
+
+impl Wqe<'_> {
+    /// Its data segment `k` (`k < data_count`).
     #[inline(always)]
-    pub fn segments(&self) -> &[DataSeg] {
+    fn seg(&self, k: usize) -> DataSeg {
+        match k.checked_sub(1) {
+            None => self.first,
+            // SAFETY: `parse` writes entries 0..data_count-1 of `rest`
+            // (data_count ≤ MAX_SGE) before it returns the WQE, and nothing
+            // else builds one; `segments` asks only for k < data_count.
+            Some(r) => unsafe { self.rest.get(r).map_or(DataSeg::default(), |d| d.assume_init()) },
+        }
+    }
+
+    /// Its data segments, by value.
+    #[inline(always)]
+    pub fn segments(&self) -> impl Iterator<Item = DataSeg> + '_ {
         let n = (self.data_count as usize).min(MAX_SGE);
-        // SAFETY: `parse` writes the first `data_count` (at most MAX_SGE)
-        // entries before it returns the WQE, and nothing else builds one.
-        unsafe { core::slice::from_raw_parts(self.data.as_ptr().cast::<DataSeg>(), n) }
+        (0..n).map(move |k| self.seg(k))
     }
 }
 
-impl core::fmt::Debug for Wqe {
+impl core::fmt::Debug for Wqe<'_> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("Wqe")
             .field("idx", &self.idx)
@@ -96,20 +121,21 @@ impl core::fmt::Debug for Wqe {
             .field("atomic", &self.atomic)
             .field("data_first", &self.data_first)
             .field("len", &self.len)
-            .field("data", &self.segments())
-            .finish()
+            .field("data_count", &self.data_count)
+            .finish_non_exhaustive()?;
+        f.debug_list().entries(self.segments()).finish()
     }
 }
 
-impl PartialEq for Wqe {
-    fn eq(&self, o: &Wqe) -> bool {
+impl PartialEq for Wqe<'_> {
+    fn eq(&self, o: &Wqe<'_>) -> bool {
         (self.idx, self.bbs, self.ctrl, self.raddr, self.atomic, self.data_first, self.len)
             == (o.idx, o.bbs, o.ctrl, o.raddr, o.atomic, o.data_first, o.len)
-            && self.segments() == o.segments()
+            && self.segments().eq(o.segments())
     }
 }
 
-impl Eq for Wqe {}
+impl Eq for Wqe<'_> {}
 
 /// Why a WQE cannot be executed as written (`LOCAL_QP_OP_ERR` or
 /// `LOCAL_LENGTH_ERR`).
@@ -200,7 +226,7 @@ const fn malformed(reason: Reason, opcode: u8) -> Malformed {
 /// # Safety
 /// As for [`load_seg`].
 #[inline(always)]
-pub unsafe fn parse(qp: &QpEntry, idx: u32) -> Result<Wqe, Malformed> {
+pub unsafe fn parse<'a>(qp: &QpEntry, idx: u32, more: &'a mut MoreSegs) -> Result<Wqe<'a>, Malformed> {
     // SAFETY: the caller's contract.
     let ctrl = unsafe { read_ctrl(qp, idx) };
     let op = ctrl.opcode;
@@ -223,41 +249,53 @@ pub unsafe fn parse(qp: &QpEntry, idx: u32) -> Result<Wqe, Malformed> {
     if is_atomic && data_count != 1 {
         return Err(malformed(Reason::BadDs, op));
     }
-    let mut w = Wqe {
-        idx,
-        bbs,
-        ctrl,
-        raddr: RaddrSeg::default(),
-        atomic: AtomicSeg::default(),
-        data_first: head,
-        data_count,
-        len: 0,
-        data: [core::mem::MaybeUninit::uninit(); MAX_SGE],
-    };
+    let mut raddr = RaddrSeg::default();
+    let mut atomic = AtomicSeg::default();
     if head >= 2 {
         // SAFETY: the caller's contract.
-        w.raddr = RaddrSeg::from_words(&unsafe { load_seg(qp, idx, 1) });
+        raddr = RaddrSeg::from_words(&unsafe { load_seg(qp, idx, 1) });
     }
     if is_atomic {
         // SAFETY: the caller's contract.
-        w.atomic = AtomicSeg::from_words(&unsafe { load_seg(qp, idx, 2) });
+        atomic = AtomicSeg::from_words(&unsafe { load_seg(qp, idx, 2) });
     }
-    for (n, slot) in w.data.iter_mut().take(data_count as usize).enumerate() {
+    let mut first = DataSeg::default();
+    let mut len = 0u64;
+    for n in 0..data_count {
         // SAFETY: the caller's contract.
-        let d = DataSeg::from_words(&unsafe { load_seg(qp, idx, head + n as u32) });
+        let d = DataSeg::from_words(&unsafe { load_seg(qp, idx, head + n) });
         if d.byte_count & INLINE_SEG != 0 {
             return Err(malformed(Reason::InlineUnsupported, op));
         }
-        w.len += d.byte_count as u64;
-        slot.write(d);
+        len += d.byte_count as u64;
+        match (n as usize).checked_sub(1) {
+            None => first = d,
+            Some(r) => {
+                if let Some(slot) = more.get_mut(r) {
+                    slot.write(d);
+                }
+            }
+        }
     }
-    if w.len > MAX_MESSAGE || (is_atomic && w.len != 8) {
+    if len > MAX_MESSAGE || (is_atomic && len != 8) {
         return Err(Malformed {
             syndrome: CqeSyndrome::LocalLength,
             reason: Reason::Length,
             opcode: op,
         });
     }
+    let w = Wqe {
+        idx,
+        bbs,
+        ctrl,
+        raddr,
+        atomic,
+        data_first: head,
+        data_count,
+        len,
+        first,
+        rest: more,
+    };
     Ok(w)
 }
 
