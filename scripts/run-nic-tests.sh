@@ -3,7 +3,9 @@
 #  1. tests/tests/nic_hw.rs (ignored elsewhere): loopback RC RDMA write posted
 #     and polled by the GPU, GPU memory registration;
 #  2. the IBGDA examples with DOORBELL_NIC=mlx5 (no fallback to the soft NIC):
-#     ibgda_bench, allreduce --transport ibgda, embedding_exchange --transport ibgda.
+#     pingpong --transport ibgda in two processes, ibgda_bench (put_signal round
+#     trip, puts, post rate), allreduce --transport ibgda, embedding_exchange
+#     --transport ibgda.
 #
 #   scripts/run-nic-tests.sh mlx5_0        # or mlx5_0:1; or DOORBELL_TEST_NIC=mlx5_0
 #
@@ -50,8 +52,22 @@ step() {
 
 step "nic_hw tests" cargo test --release -p doorbell-tests --test nic_hw -- --ignored --test-threads=1
 
-if cargo build --release -p doorbell-examples --example ibgda_bench --example allreduce --example embedding_exchange; then
+# Two processes on this host, each its own rank, over the NIC (CUDA IPC maps
+# the heaps too, but --transport ibgda sends every byte through the port).
+two_processes() {
+    local token
+    token=$(head -c16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+    DOORBELL_TOKEN=$token MASTER_ADDR=127.0.0.1 MASTER_PORT=${MASTER_PORT:-29517} WORLD_SIZE=2 RANK=0 LOCAL_RANK=0 \
+        "$@" & local p0=$!
+    DOORBELL_TOKEN=$token MASTER_ADDR=127.0.0.1 MASTER_PORT=${MASTER_PORT:-29517} WORLD_SIZE=2 RANK=1 LOCAL_RANK=1 \
+        "$@"; local r1=$?
+    wait "$p0"; local r0=$?
+    [ "$r0" = 0 ] && [ "$r1" = 0 ]
+}
+
+if cargo build --release -p doorbell-examples --example ibgda_bench --example allreduce --example embedding_exchange --example pingpong; then
     ex="$here/target/release/examples"
+    step "pingpong --transport ibgda, two processes" two_processes "$ex/pingpong" --device gpu --transport ibgda
     step "ibgda_bench" "$ex/ibgda_bench" --device gpu --maxbytes 67108864 --out "${TMPDIR:-/tmp}"
     step "allreduce --transport ibgda" "$ex/allreduce" --device gpu --transport ibgda
     step "embedding_exchange --transport ibgda" "$ex/embedding_exchange" --device gpu --transport ibgda
