@@ -35,7 +35,9 @@ fn doorbell_nic_picks_the_nic_and_mlx5_without_one_is_named_on_every_rank() {
         match r {
             Ok(per_rank) => {
                 for (rank, m) in per_rank.iter().enumerate() {
-                    let m = m.as_ref().unwrap_or_else(|| panic!("rank {rank} opened IBGDA with DOORBELL_NIC=mlx5 and no NIC"));
+                    let m = m
+                        .as_ref()
+                        .unwrap_or_else(|| panic!("rank {rank} opened IBGDA with DOORBELL_NIC=mlx5 and no NIC"));
                     assert!(m.starts_with(&format!("rank {rank}: DOORBELL_NIC=mlx5, but ")), "{m}");
                     assert!(m.contains("DOORBELL_NIC=soft"), "{m}");
                 }

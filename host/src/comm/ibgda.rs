@@ -405,7 +405,10 @@ impl Communicator {
         layout.extend_from_slice(env!("CARGO_PKG_VERSION").as_bytes());
         layout.extend_from_slice(&(std::mem::size_of::<IbgdaQp>() as u64).to_le_bytes());
         layout.extend_from_slice(&(Endpoint::BYTES as u64).to_le_bytes());
-        self.world.check_same("doorbell version and IBGDA layout (build every rank from the same version)", &layout)?;
+        self.world.check_same(
+            "doorbell version and IBGDA layout (build every rank from the same version)",
+            &layout,
+        )?;
 
         // This rank's GPU, and every GPU on this host (so GPUs at the same
         // distance are spread over NICs, and sharing is reported).
@@ -447,7 +450,9 @@ impl Communicator {
         };
         let kinds = self.world.all_gather_bytes(&[kind])?;
         let selection = selection?;
-        let failed: Vec<usize> = (0..self.size).filter(|&r| kinds[r].first() != Some(&1) && kinds[r].first() != Some(&2)).collect();
+        let failed: Vec<usize> = (0..self.size)
+            .filter(|&r| kinds[r].first() != Some(&1) && kinds[r].first() != Some(&2))
+            .collect();
         if !failed.is_empty() {
             return Err(Error::comm(format!(
                 "rank {}: IBGDA set-up: rank(s) {failed:?} could not choose a NIC (their own errors say why)",
@@ -456,7 +461,11 @@ impl Communicator {
         }
         if kinds.iter().any(|k| k.first() != Some(&kind)) {
             let name = |k: Option<&u8>| if k == Some(&1) { "the soft NIC" } else { "mlx5" };
-            let list: Vec<String> = kinds.iter().enumerate().map(|(r, k)| format!("rank {r}: {}", name(k.first()))).collect();
+            let list: Vec<String> = kinds
+                .iter()
+                .enumerate()
+                .map(|(r, k)| format!("rank {r}: {}", name(k.first())))
+                .collect();
             return Err(Error::NicUnavailable {
                 missing: format!(
                     "ranks chose different NICs ({}), and a soft NIC port cannot reach a ConnectX one: give every rank \
@@ -751,4 +760,3 @@ impl Drop for IbgdaState {
         self.registered.clear();
     }
 }
-

@@ -206,9 +206,8 @@ impl QpOptions {
     /// error naming the variable.
     pub fn from_env() -> Result<QpOptions> {
         let d = QpOptions::default();
-        let small = |var: &str, default: u8, min: u64, max: u64| -> Result<u8> {
-            Ok(crate::env::uint(var, default as u64, min, max)? as u8)
-        };
+        let small =
+            |var: &str, default: u8, min: u64, max: u64| -> Result<u8> { Ok(crate::env::uint(var, default as u64, min, max)? as u8) };
         let mtu = match crate::env::raw("DOORBELL_IB_MTU")? {
             None => None,
             Some(v) => match v.trim() {

@@ -133,7 +133,10 @@ pub fn select_with(choice: NicChoice, rank: usize, gpu: Option<&str>, gpus_here:
                 reason: format!("{}=auto: {what}", super::NIC_ENV),
             }),
             _ => Err(Error::NicUnavailable {
-                missing: format!("rank {rank}: {nic}=mlx5, but {what}; or set {nic}=soft (or auto) for the soft NIC", nic = super::NIC_ENV),
+                missing: format!(
+                    "rank {rank}: {nic}=mlx5, but {what}; or set {nic}=soft (or auto) for the soft NIC",
+                    nic = super::NIC_ENV
+                ),
             }),
         }
     };
@@ -176,9 +179,9 @@ pub fn select_with(choice: NicChoice, rank: usize, gpu: Option<&str>, gpus_here:
         here.push(gpu);
     }
     let picked = match topo.assign(&here, probe.filter.as_ref()) {
-        Ok(all) => all.into_iter().find(|c| {
-            rdma_sys_ext::topo::normalize_bus_id(gpu).is_some_and(|g| g == c.gpu)
-        }),
+        Ok(all) => all
+            .into_iter()
+            .find(|c| rdma_sys_ext::topo::normalize_bus_id(gpu).is_some_and(|g| g == c.gpu)),
         Err(e) => return missing(e.to_string()),
     };
     let Some(choice) = picked else {
@@ -200,7 +203,11 @@ mod tests {
     use super::*;
 
     fn empty_root() -> std::path::PathBuf {
-        let d = std::env::temp_dir().join(format!("doorbell-nic-select-{}-{:?}", std::process::id(), std::thread::current().id()));
+        let d = std::env::temp_dir().join(format!(
+            "doorbell-nic-select-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
         std::fs::create_dir_all(d.join("sys/class")).expect("temp dir");
         d
     }
@@ -243,7 +250,10 @@ mod tests {
         }
         match select_with(NicChoice::Mlx5, 3, Some("0000:1b:00.0"), &[], &p) {
             Err(Error::NicUnavailable { missing }) => {
-                assert!(missing.starts_with("rank 3: DOORBELL_NIC=mlx5, but rdma-core cannot be used"), "{missing}");
+                assert!(
+                    missing.starts_with("rank 3: DOORBELL_NIC=mlx5, but rdma-core cannot be used"),
+                    "{missing}"
+                );
                 assert!(missing.contains("libibverbs.so.1"), "{missing}");
             }
             r => panic!("{r:?}"),
@@ -259,7 +269,11 @@ mod tests {
             Ok(v) => Arc::new(v),
             Err(e) => panic!("rdma-core's libraries are not installed ({e}); run scripts/setup.sh"),
         };
-        assert!(verbs.has_mlx5(), "libmlx5.so.1 did not load: {:?}; run scripts/setup.sh", verbs.mlx5_load_error());
+        assert!(
+            verbs.has_mlx5(),
+            "libmlx5.so.1 did not load: {:?}; run scripts/setup.sh",
+            verbs.mlx5_load_error()
+        );
         let names = list_system(&verbs).expect("device list");
         if !names.is_empty() {
             eprintln!("this machine has RDMA devices ({names:?}): the no-device path is not what runs here");

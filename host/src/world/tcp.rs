@@ -80,7 +80,11 @@ const PEER_GRACE: Duration = Duration::from_secs(5);
 /// different nodes with one hostname), else the kernel's. Ranks with
 /// different names reach each other only through the NIC.
 pub(crate) fn hostname() -> String {
-    if let Some(h) = std::env::var("DOORBELL_HOSTNAME").ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()) {
+    if let Some(h) = std::env::var("DOORBELL_HOSTNAME")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+    {
         return h;
     }
     std::fs::read_to_string("/proc/sys/kernel/hostname")

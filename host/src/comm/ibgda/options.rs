@@ -202,7 +202,13 @@ mod tests {
 
     #[test]
     fn a_largest_message_of_2_31_is_refused_as_the_inline_flag() {
-        let with = |max_msg| IbgdaOptions { max_msg, ..IbgdaOptions::default() }.validate();
+        let with = |max_msg| {
+            IbgdaOptions {
+                max_msg,
+                ..IbgdaOptions::default()
+            }
+            .validate()
+        };
         assert!(with((1 << 31) - 1).is_ok());
         for bad in [0, 1 << 31, u32::MAX] {
             match with(bad) {
