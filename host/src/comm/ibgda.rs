@@ -397,27 +397,19 @@ impl Communicator {
     /// port nearest the GPU). Collective: every rank takes part in every
     /// step, so a rank that cannot open its NIC makes every rank fail with
     /// its name instead of leaving them in a later exchange; ranks must
-    /// agree on the library version and on the kind of NIC (a soft NIC
-    /// port cannot reach a ConnectX one).
+    /// agree on the kind of NIC (a soft NIC port cannot reach a ConnectX
+    /// one). Ranks of other processes were checked to run the same version
+    /// and layout at the rendezvous.
     fn open_nic(&self, opts: &IbgdaOptions) -> Result<Box<dyn Nic>> {
         use crate::nic::select::Selection;
-        let mut layout = Vec::new();
-        layout.extend_from_slice(env!("CARGO_PKG_VERSION").as_bytes());
-        layout.extend_from_slice(&(std::mem::size_of::<IbgdaQp>() as u64).to_le_bytes());
-        layout.extend_from_slice(&(Endpoint::BYTES as u64).to_le_bytes());
-        self.world.check_same(
-            "doorbell version and IBGDA layout (build every rank from the same version)",
-            &layout,
-        )?;
-
         // This rank's GPU, and every GPU on this host (so GPUs at the same
         // distance are spread over NICs, and sharing is reported).
-        let gpu = match self.device.as_cuda() {
-            Some(ctx) => crate::backend::cuda::pci_bus_id(ctx).ok(),
-            None => None,
-        };
+        // (A failed query is this rank's selection error, reported after
+        // the exchanges below, which every rank must take part in.)
+        let gpu = crate::nic::mlx5::gpu_pci_bus_id(&self.device);
+        let bus = gpu.as_ref().ok().and_then(|g| g.as_deref());
         let host = self.world.peers()[self.rank].hostname.clone();
-        let mine = format!("{host}\n{}", gpu.as_deref().unwrap_or(""));
+        let mine = format!("{host}\n{}", bus.unwrap_or(""));
         let all = self.world.all_gather_bytes(mine.as_bytes())?;
         let here: Vec<String> = all
             .iter()
@@ -429,7 +421,7 @@ impl Communicator {
             .collect();
 
         let selection = match (
-            crate::nic::select::select(self.rank, gpu.as_deref(), &here),
+            gpu.and_then(|g| crate::nic::select::select(self.rank, g.as_deref(), &here)),
             self.routes.iter().position(|r| *r == PeerRoute::Remote),
         ) {
             (Ok(Selection::Soft { reason }), Some(p)) => Err(Error::NicUnavailable {

@@ -707,10 +707,7 @@ pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
             };
             mover.lap(Phase::Remote);
             // The result address as checked: the copy's one data segment.
-            let Some(result) = w.segments().next() else {
-                // parse() gives an atomic exactly one data segment.
-                return Step::Failed;
-            };
+            let result = w.first_segment();
             mover.lap(Phase::Check);
             let old = unsafe {
                 if opcode == OPCODE_ATOMIC_FA {

@@ -103,6 +103,13 @@ impl Wqe<'_> {
         }
     }
 
+    /// Its first data segment (an atomic's result address: `parse` gives
+    /// an atomic exactly one).
+    #[inline(always)]
+    pub fn first_segment(&self) -> DataSeg {
+        self.first
+    }
+
     /// Its data segments, by value.
     #[inline(always)]
     pub fn segments(&self) -> impl Iterator<Item = DataSeg> + '_ {

@@ -469,16 +469,7 @@ impl SoftDevice {
     /// the engine with this instead of a thread). Does nothing while the
     /// port is resident elsewhere ([`Self::set_resident`]).
     pub fn poll_once(&self) -> PollReport {
-        let now = self.shared.clock.now_ns();
-        let mut st = self.lock();
-        let State {
-            ports, resident, cfg, rng, ..
-        } = &mut *st;
-        if resident.get(self.port).is_some_and(Option::is_some) {
-            return PollReport::IDLE;
-        }
-        // SAFETY: see SoftFabric::poll_all.
-        unsafe { poll_port(ports.as_mut_slice(), self.port, now, cfg, rng, &mut ThreadMover) }
+        self.poll_once_with(&mut ThreadMover)
     }
 
     /// [`Self::poll_once`] with the payload moved by `mover` instead of
