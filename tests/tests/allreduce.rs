@@ -73,12 +73,17 @@ fn run_case_with<T: Elem>(comm: &Communicator, case: Case, base: AllReduceOption
             .collect();
         let want = allreduce_sum(&inputs);
         let mut input = dev.alloc_from(&inputs[me])?;
+        let mut out = dev.alloc_zeroed::<T>(if case.in_place { 0 } else { case.elems })?;
+        // Every rank's host copies of the previous launch (reads) and of
+        // this one (writes) are done before any rank launches: with ranks
+        // sharing a GPU, a copy can queue behind a peer's kernel that waits
+        // for this rank (docs: ranks sharing a GPU).
+        comm.barrier()?;
         let got = if case.in_place {
             ar.run_in_place(&stream, &mut input)?;
             comm.synchronize(&stream)?;
             input.to_host()?
         } else {
-            let mut out = dev.alloc_zeroed::<T>(case.elems)?;
             ar.run(&stream, &input, &mut out)?;
             comm.synchronize(&stream)?;
             assert_eq!(input.to_host()?, inputs[me], "rank {me}: the input changed (out of place)");
@@ -223,6 +228,7 @@ fn consecutive_launches_need_no_reset() {
             for launch in 1..=4u64 {
                 for ar in [&a, &b] {
                     let mut buf = dev.alloc_from(&(0..100).map(|i| value(comm.rank(), i, launch)).collect::<Vec<_>>())?;
+                    comm.barrier()?; // host copies done on every rank before any launches
                     ar.run_in_place(&s, &mut buf)?;
                     comm.synchronize(&s)?;
                     let want: Vec<f32> = (0..100)
@@ -297,6 +303,7 @@ fn fused_all_reduce_with_producers() {
                         DType::F32 => {
                             let mut out = dev.alloc_zeroed::<f32>(elems)?;
                             let (args, cfg) = ar.fused_args(&s, &mut out)?.expect("elements");
+                            comm.barrier()?; // host copies done on every rank first
                             // SAFETY: arguments from fused_args for this world.
                             unsafe { s.launch(&f, cfg, (comm.p2p()?, args, compute, step))? };
                             comm.synchronize(&s)?;
@@ -309,6 +316,7 @@ fn fused_all_reduce_with_producers() {
                         DType::Bf16 => {
                             let mut out = dev.alloc_zeroed::<Bf16>(elems)?;
                             let (args, cfg) = ar.fused_args(&s, &mut out)?.expect("elements");
+                            comm.barrier()?; // host copies done on every rank first
                             // SAFETY: as above.
                             unsafe { s.launch(&f, cfg, (comm.p2p()?, args, compute, step))? };
                             comm.synchronize(&s)?;
@@ -408,6 +416,7 @@ fn one_set_of_arguments_replays_launch_after_launch() {
                 let mut out = dev.alloc_zeroed::<f32>(elems)?;
                 let (args, cfg) = ar.fused_args(&s, &mut out)?.expect("elements");
                 for step in 0..5u32 {
+                    comm.barrier()?; // every rank's read of the previous step is done
                     // SAFETY: arguments from fused_args for this world and `out`.
                     unsafe { s.launch(&f, cfg, (comm.p2p()?, args, COMPUTE_HASH, step))? };
                     comm.synchronize(&s)?;
