@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use doorbell::coll::reference::{allreduce_sum, first_mismatch};
-use doorbell::coll::{Algo, AllReduce, AllReduceOptions, Bf16, DType, Elem, TransportKind};
+use doorbell::coll::{Algo, AllReduce, AllReduceOptions, Bf16, DType, HostElement, TransportKind};
 use doorbell::comm::{CommOptions, Communicator, RdmaPeers};
 use doorbell::{Backend, Error, ForTransport, Kernel, LaunchConfig};
 use doorbell_example_kernels::allreduce::{fused_grad_allreduce, fused_grad_allreduce_wide, grad, COMPUTE_GEMV, COMPUTE_HASH};
@@ -47,13 +47,13 @@ struct Case {
 }
 
 /// Runs `case` on this rank with element type `T`; checks every element.
-fn run_case<T: Elem>(comm: &Communicator, case: Case) -> doorbell::Result<()> {
+fn run_case<T: HostElement>(comm: &Communicator, case: Case) -> doorbell::Result<()> {
     run_case_with::<T>(comm, case, AllReduceOptions::default())
 }
 
 /// [`run_case`] with `base` for the options the case does not set (the
 /// transport, its routes).
-fn run_case_with<T: Elem>(comm: &Communicator, case: Case, base: AllReduceOptions) -> doorbell::Result<()> {
+fn run_case_with<T: HostElement>(comm: &Communicator, case: Case, base: AllReduceOptions) -> doorbell::Result<()> {
     let opts = AllReduceOptions {
         algo: case.algo,
         chunk_bytes: case.chunk_bytes,
@@ -359,7 +359,7 @@ fn chained_launches_that_overlap_their_predecessors() {
                         ..Default::default()
                     },
                 )?;
-                assert!(ar.plan_of().launch_config().overlap_previous, "the plan overlaps its launches");
+                assert!(ar.plan().launch_config().overlap_previous, "the plan overlaps its launches");
                 let dev = comm.device();
                 let s = dev.new_stream()?;
                 let mut want: Vec<Vec<f32>> = (0..ranks)
