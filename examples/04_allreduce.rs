@@ -37,7 +37,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use doorbell::coll::{Algo, AllReduce, AllReduceOptions, Bf16, DType, Elem, Plan, TransportKind, MAX_THREADS};
+use doorbell::coll::{Algo, AllReduce, AllReduceOptions, Bf16, DType, HostElement, Plan, TransportKind, MAX_THREADS};
 use doorbell::comm::{one_launch_in_flight, CommOptions, Communicator};
 use doorbell::{DeviceBuffer, ForTransport, LaunchConfig};
 use doorbell_example_kernels::allreduce::{
@@ -329,7 +329,7 @@ fn input_value(r: usize, i: usize) -> f32 {
 }
 
 /// Rank `r`'s contribution to element `i` at `step`, as the element type.
-fn contribution<T: Elem>(compute: u32, r: usize, i: usize, step: u32) -> T {
+fn contribution<T: HostElement>(compute: u32, r: usize, i: usize, step: u32) -> T {
     if compute == 0 {
         T::from_f32(input_value(r, i))
     } else {
@@ -338,7 +338,7 @@ fn contribution<T: Elem>(compute: u32, r: usize, i: usize, step: u32) -> T {
 }
 
 /// The reference sum of element `i` over `ranks` ranks.
-fn want<T: Elem>(compute: u32, ranks: usize, i: usize, step: u32) -> T {
+fn want<T: HostElement>(compute: u32, ranks: usize, i: usize, step: u32) -> T {
     let mut acc = contribution::<T>(compute, 0, i, step).to_f32();
     for r in 1..ranks {
         acc += contribution::<T>(compute, r, i, step).to_f32();
@@ -346,7 +346,7 @@ fn want<T: Elem>(compute: u32, ranks: usize, i: usize, step: u32) -> T {
     T::from_f32(acc)
 }
 
-fn to_le_bytes<T: Elem>(v: &[T]) -> Vec<u8> {
+fn to_le_bytes<T: HostElement>(v: &[T]) -> Vec<u8> {
     let mut out = Vec::with_capacity(v.len() * T::DTYPE.size() as usize);
     for x in v {
         match T::DTYPE {
@@ -357,7 +357,7 @@ fn to_le_bytes<T: Elem>(v: &[T]) -> Vec<u8> {
     out
 }
 
-fn check_rank<T: Elem>(comm: &Communicator, args: &Args, elems: usize, opts: &AllReduceOptions) -> doorbell::Result<RankResult> {
+fn check_rank<T: HostElement>(comm: &Communicator, args: &Args, elems: usize, opts: &AllReduceOptions) -> doorbell::Result<RankResult> {
     // Modules first: over IBGDA on a GPU the all-reduce starts the soft
     // NIC's engine kernel, and no module loads while it runs.
     let module = comm.load_module(&USER_KERNELS)?;
@@ -776,7 +776,7 @@ fn sample(count: usize) -> Vec<usize> {
 
 /// Everything one rank runs at one size; rank 0's rows (times are the
 /// slowest rank's).
-fn bench_rank<T: Elem>(
+fn bench_rank<T: HostElement>(
     comm: &Communicator,
     args: &Args,
     count: usize,
@@ -1014,7 +1014,7 @@ fn bench_rank<T: Elem>(
             unsafe { ar.run_raw(&stream, src, out_raw) }
         };
         // The block size where it is not the 256 every entry fits.
-        let label = match ar.plan_of().threads {
+        let label = match ar.plan().threads {
             t if dev.is_gpu() && t != MAX_THREADS => format!("{} {t}t", ar.algo().name()),
             _ => ar.algo().name().to_string(),
         };

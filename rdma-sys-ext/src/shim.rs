@@ -10,7 +10,7 @@ use core::ffi::{c_char, c_int, CStr};
 
 /// The work request a reference WQE is built for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum WqeOp {
+pub enum RefWqeOp {
     /// `MLX5_OPCODE_NOP`: ctrl segment only (ds = 1).
     #[default]
     Nop,
@@ -28,15 +28,15 @@ pub enum WqeOp {
     CompareSwap,
 }
 
-impl WqeOp {
+impl RefWqeOp {
     fn code(self) -> u32 {
         match self {
-            WqeOp::Nop => 0,
-            WqeOp::Write => 1,
-            WqeOp::WriteImm => 2,
-            WqeOp::Read => 3,
-            WqeOp::FetchAdd => 4,
-            WqeOp::CompareSwap => 5,
+            RefWqeOp::Nop => 0,
+            RefWqeOp::Write => 1,
+            RefWqeOp::WriteImm => 2,
+            RefWqeOp::Read => 3,
+            RefWqeOp::FetchAdd => 4,
+            RefWqeOp::CompareSwap => 5,
         }
     }
 }
@@ -48,7 +48,7 @@ impl WqeOp {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct WqeParams {
     /// The operation.
-    pub op: WqeOp,
+    pub op: RefWqeOp,
     /// Producer index of the WQE (goes into ctrl word 0, bits 8..24).
     pub wqe_index: u16,
     /// QP number (24 bits; higher bits are dropped).
@@ -63,14 +63,14 @@ pub struct WqeParams {
     pub lkey: u32,
     /// Byte count of the data segment (ignored for atomics, which use 8).
     pub len: u32,
-    /// Immediate for [`WqeOp::WriteImm`], as the receiver reads it (host
+    /// Immediate for [`RefWqeOp::WriteImm`], as the receiver reads it (host
     /// order); the ctrl segment stores it big-endian.
     pub imm: u32,
-    /// Addend of [`WqeOp::FetchAdd`].
+    /// Addend of [`RefWqeOp::FetchAdd`].
     pub add: u64,
-    /// Compare value of [`WqeOp::CompareSwap`].
+    /// Compare value of [`RefWqeOp::CompareSwap`].
     pub compare: u64,
-    /// Swap value of [`WqeOp::CompareSwap`].
+    /// Swap value of [`RefWqeOp::CompareSwap`].
     pub swap: u64,
     /// Request a CQE ([`crate::mlx5::WQE_CTRL_CQ_UPDATE`]).
     pub signaled: bool,
@@ -114,7 +114,7 @@ unsafe extern "C" {
 }
 
 /// The WQE that mlx5dv.h's helpers build for `p`: 16, 48 or 64 bytes
-/// (ds × 16), see [`WqeOp`].
+/// (ds × 16), see [`RefWqeOp`].
 pub fn reference_wqe(p: &WqeParams) -> Vec<u8> {
     // SAFETY: a pure function of its argument.
     assert_eq!(
@@ -143,7 +143,7 @@ pub fn reference_wqe(p: &WqeParams) -> Vec<u8> {
     // SAFETY: `raw` is a valid params struct and `buf` has `buf.len()`
     // writable bytes; the shim writes at most that many.
     let n = unsafe { doorbell_ref_wqe(&raw, buf.as_mut_ptr(), buf.len()) };
-    let n = usize::try_from(n).expect("shim rejected a WqeOp it should know");
+    let n = usize::try_from(n).expect("shim rejected a RefWqeOp it should know");
     buf.truncate(n);
     buf
 }

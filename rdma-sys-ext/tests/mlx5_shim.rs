@@ -4,7 +4,7 @@
 #![cfg(doorbell_mlx5_shim)]
 
 use rdma_sys_ext::mlx5::{self, CqeSyndrome};
-use rdma_sys_ext::shim::{header_value, header_values, reference_cqe, reference_wqe, WqeOp, WqeParams};
+use rdma_sys_ext::shim::{header_value, header_values, reference_cqe, reference_wqe, RefWqeOp, WqeParams};
 
 fn be32(b: &[u8], off: usize) -> u32 {
     u32::from_be_bytes(b[off..off + 4].try_into().unwrap())
@@ -148,7 +148,7 @@ fn hand_written_ctrl_seg_matches_the_header() {
 #[test]
 fn write_wqe_hand_computed() {
     let p = WqeParams {
-        op: WqeOp::Write,
+        op: RefWqeOp::Write,
         wqe_index: 0x1234,
         qpn: 0x00ab_cdef,
         raddr: 0x1122_3344_5566_7788,
@@ -183,7 +183,7 @@ fn write_wqe_hand_computed() {
 #[test]
 fn nop_wqe_is_ctrl_only() {
     let w = reference_wqe(&WqeParams {
-        op: WqeOp::Nop,
+        op: RefWqeOp::Nop,
         wqe_index: 7,
         qpn: 0x0100_0042, // bit 24 is dropped
         fence: true,
@@ -196,7 +196,7 @@ fn nop_wqe_is_ctrl_only() {
 #[test]
 fn write_imm_stores_imm_big_endian() {
     let w = reference_wqe(&WqeParams {
-        op: WqeOp::WriteImm,
+        op: RefWqeOp::WriteImm,
         imm: 0xcafe_f00d,
         ..Default::default()
     });
@@ -220,7 +220,7 @@ fn atomic_wqes_hand_computed() {
         ..Default::default()
     };
     let fa = reference_wqe(&WqeParams {
-        op: WqeOp::FetchAdd,
+        op: RefWqeOp::FetchAdd,
         ..base
     });
     assert_eq!(fa.len(), 64);
@@ -234,7 +234,7 @@ fn atomic_wqes_hand_computed() {
     assert_eq!(be64(&fa, 56), 0x2000);
 
     let cs = reference_wqe(&WqeParams {
-        op: WqeOp::CompareSwap,
+        op: RefWqeOp::CompareSwap,
         ..base
     });
     assert_eq!(cs[3], 0x11);
@@ -248,12 +248,12 @@ fn atomic_wqes_hand_computed() {
 fn rust_wqe(p: &WqeParams) -> Vec<u8> {
     use mlx5::*;
     let (opcode, ds) = match p.op {
-        WqeOp::Nop => (OPCODE_NOP, 1),
-        WqeOp::Write => (OPCODE_RDMA_WRITE, 3),
-        WqeOp::WriteImm => (OPCODE_RDMA_WRITE_IMM, 3),
-        WqeOp::Read => (OPCODE_RDMA_READ, 3),
-        WqeOp::FetchAdd => (OPCODE_ATOMIC_FA, 4),
-        WqeOp::CompareSwap => (OPCODE_ATOMIC_CS, 4),
+        RefWqeOp::Nop => (OPCODE_NOP, 1),
+        RefWqeOp::Write => (OPCODE_RDMA_WRITE, 3),
+        RefWqeOp::WriteImm => (OPCODE_RDMA_WRITE_IMM, 3),
+        RefWqeOp::Read => (OPCODE_RDMA_READ, 3),
+        RefWqeOp::FetchAdd => (OPCODE_ATOMIC_FA, 4),
+        RefWqeOp::CompareSwap => (OPCODE_ATOMIC_CS, 4),
     };
     let mut w = vec![0u8; ds * SEG_UNIT];
     let put32 = |w: &mut Vec<u8>, off: usize, v: u32| w[off..off + 4].copy_from_slice(&v.to_be_bytes());
@@ -263,7 +263,7 @@ fn rust_wqe(p: &WqeParams) -> Vec<u8> {
     w[ctrl::FM_CE_SE] = if p.fence { WQE_CTRL_FENCE } else { 0 }
         | if p.signaled { WQE_CTRL_CQ_UPDATE } else { 0 }
         | if p.solicited { WQE_CTRL_SOLICITED } else { 0 };
-    if p.op == WqeOp::WriteImm {
+    if p.op == RefWqeOp::WriteImm {
         put32(&mut w, ctrl::IMM, p.imm);
     }
     if ds == 1 {
@@ -275,7 +275,11 @@ fn rust_wqe(p: &WqeParams) -> Vec<u8> {
     let mut d = r + RADDR_SEG_SIZE;
     let mut len = p.len;
     if ds == 4 {
-        let (swap_add, compare) = if p.op == WqeOp::FetchAdd { (p.add, 0) } else { (p.swap, p.compare) };
+        let (swap_add, compare) = if p.op == RefWqeOp::FetchAdd {
+            (p.add, 0)
+        } else {
+            (p.swap, p.compare)
+        };
         put64(&mut w, d + atomic::SWAP_ADD, swap_add);
         put64(&mut w, d + atomic::COMPARE, compare);
         d += ATOMIC_SEG_SIZE;
@@ -301,12 +305,12 @@ impl Rng {
 #[test]
 fn rust_builder_agrees_with_header_helpers() {
     let ops = [
-        WqeOp::Nop,
-        WqeOp::Write,
-        WqeOp::WriteImm,
-        WqeOp::Read,
-        WqeOp::FetchAdd,
-        WqeOp::CompareSwap,
+        RefWqeOp::Nop,
+        RefWqeOp::Write,
+        RefWqeOp::WriteImm,
+        RefWqeOp::Read,
+        RefWqeOp::FetchAdd,
+        RefWqeOp::CompareSwap,
     ];
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     for i in 0..3000 {

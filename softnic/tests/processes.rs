@@ -11,7 +11,7 @@ mod common;
 use common::*;
 use doorbell_kernels::mlx5::wire::CqeSyndrome;
 use doorbell_kernels::mlx5::WqeOp;
-use doorbell_softnic::engine::{access, poll_port, EngineConfig, Port, PortTable, QpState, Reason, Rng, ThreadMover, Window};
+use doorbell_softnic::engine::{access, poll_port, EngineConfig, EngineRng, Port, PortTable, QpState, Reason, ThreadMover, Window};
 use doorbell_softnic::host::{Cqe, HostBuffer};
 use doorbell_softnic::{FabricConfig, MemoryRegion, QueuePair, RdmaDevice, SoftFabric, SoftMr};
 
@@ -95,7 +95,7 @@ impl Pair {
     fn run(&mut self, head: u64) -> Cqe {
         self.a.sq.ring(head);
         let cfg = EngineConfig::default();
-        let mut rng = Rng::new(1);
+        let mut rng = EngineRng::new(1);
         let t0 = std::time::Instant::now();
         loop {
             let now = t0.elapsed().as_nanos() as u64;

@@ -9,7 +9,7 @@ mod common;
 use common::*;
 use doorbell_kernels::mlx5::{CtrlSeg, DataSeg, RaddrSeg, WqeOp, OPCODE_SEND, WQE_CTRL_CQ_UPDATE};
 use doorbell_softnic::engine::mover::Phase;
-use doorbell_softnic::engine::{access, mem, Mover};
+use doorbell_softnic::engine::{access, mem, PayloadMover};
 use doorbell_softnic::host::Cqe;
 use doorbell_softnic::Sge;
 
@@ -51,7 +51,7 @@ impl Saboteur {
     }
 }
 
-impl Mover for Saboteur {
+impl PayloadMover for Saboteur {
     unsafe fn copy(&mut self, dst: *mut u8, src: *const u8, len: usize) {
         self.tick();
         // SAFETY: the caller's contract.

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use doorbell_kernels::mlx5::queue::{ring_doorbell, update_doorbell_record};
 use doorbell_kernels::mlx5::wqe::{write_wqe, FLAG_SIGNALED};
 use doorbell_kernels::mlx5::{CtrlSeg, DataSeg, WqeOp, WqeRequest, CQE_RESP_SEND, CQE_RESP_WR_IMM, OPCODE_SEND, WQE_CTRL_CQ_UPDATE};
-use doorbell_softnic::engine::{access, poll_port, rq, EngineConfig, Port, PortTable, Rng, ThreadMover};
+use doorbell_softnic::engine::{access, poll_port, rq, EngineConfig, EngineRng, Port, PortTable, ThreadMover};
 use doorbell_softnic::host::{CqMemory, CqReader, Cqe, HostBuffer, QpMemory};
 use doorbell_softnic::{CompletionQueue, FabricConfig, MemoryRegion, QueuePair, RdmaDevice, SoftFabric};
 
@@ -197,7 +197,7 @@ fn round(iteration: usize) {
         threads.push(std::thread::spawn(move || {
             let t = t;
             let mut t = t.0;
-            let mut rng = Rng::new(p as u64);
+            let mut rng = EngineRng::new(p as u64);
             while !stop.load(Ordering::Acquire) {
                 let now = t0.elapsed().as_nanos() as u64;
                 // SAFETY: every port, ring and region outlives the threads.

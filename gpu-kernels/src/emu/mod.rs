@@ -207,7 +207,7 @@ pub fn block_barrier_or(pred: bool) -> bool {
 }
 
 /// The calling lane's part in a warp collective over `mask`.
-fn warp_exchange(mask: u32, value: u64, what: &str) -> (u32, warp::Exchange) {
+fn warp_exchange(mask: u32, value: u64, what: &str) -> (u32, warp::GroupResult) {
     with_thread(|t| {
         let w = &t.block.warps[t.warp as usize];
         (t.lane, w.exchange(t.lane, mask, value, &t.launch.aborted, barrier_timeout(), what))

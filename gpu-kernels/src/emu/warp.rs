@@ -35,7 +35,7 @@ struct Group {
 }
 
 /// What a lane sees once its group is complete.
-pub struct Exchange {
+pub struct GroupResult {
     /// Every participating lane's value, indexed by lane.
     pub values: [u64; 32],
     /// The lanes that took part.
@@ -82,7 +82,7 @@ impl Warp {
     /// Lane `lane` joins the collective over `mask` with `value`; returns
     /// once every live lane of `mask` has joined. Unwinds when `aborted` is
     /// set; panics (naming `what` and the missing lanes) after `timeout`.
-    pub fn exchange(&self, lane: u32, mask: u32, value: u64, aborted: &AtomicBool, timeout: Duration, what: &str) -> Exchange {
+    pub fn exchange(&self, lane: u32, mask: u32, value: u64, aborted: &AtomicBool, timeout: Duration, what: &str) -> GroupResult {
         let bit = 1u32 << lane;
         if mask & bit == 0 {
             panic!("{what}: lane {lane} called it with mask {mask:#010x}, which does not include the lane itself");
@@ -119,7 +119,7 @@ impl Warp {
             let i = find(&st);
             if st.groups[i].done {
                 let g = &mut st.groups[i];
-                let out = Exchange {
+                let out = GroupResult {
                     values: g.values,
                     members: g.arrived,
                 };

@@ -39,7 +39,7 @@
 //! `ld.acquire.sys` loads bounded by [`crate::sync::Spin`].
 //!
 //! ## The send queue shared by warps
-//! Per QP, a small state block in device memory ([`QpState`]): producer
+//! Per QP, a small state block in device memory ([`QpCounters`]): producer
 //! and ready indices (the mlx5 pipeline's), the CQ consumer index, the
 //! **completed** index (WQEs known complete), a poll lock, an error word.
 //!
@@ -82,11 +82,11 @@ use crate::sync::{Spin, Timeout};
 pub const REG_SLOTS: usize = 4;
 /// Most WQEs in one batch (one per lane).
 pub const MAX_BATCH: u32 = 32;
-/// [`QpState::error`]: a completion error; the low byte is the syndrome.
+/// [`QpCounters::error`]: a completion error; the low byte is the syndrome.
 pub const QP_ERR_COMPLETION: u32 = 0x100;
-/// [`QpState::error`]: a post or completion wait timed out (the QP is wedged).
+/// [`QpCounters::error`]: a post or completion wait timed out (the QP is wedged).
 pub const QP_ERR_WEDGED: u32 = 0x200;
-/// [`QpState::error`]: set, with the kind, while the first failure's
+/// [`QpCounters::error`]: set, with the kind, while the first failure's
 /// `error_at` is being written ([`publish_qp_error`]); cleared when the word
 /// is published. Readers that need `error_at` wait until it is clear.
 pub const QP_ERR_PENDING: u32 = 0x8000_0000;
@@ -99,7 +99,7 @@ pub const QP_ERR_PENDING: u32 = 0x8000_0000;
 /// # Safety
 /// `s` is a valid QP state.
 #[inline(always)]
-pub unsafe fn publish_qp_error(s: *mut QpState, err: u32, at: u32) -> bool {
+pub unsafe fn publish_qp_error(s: *mut QpCounters, err: u32, at: u32) -> bool {
     // SAFETY: the caller's contract.
     unsafe {
         if ptx::atom_cas_relaxed_gpu_u32(&raw mut (*s).error, 0, err | QP_ERR_PENDING) != 0 {
@@ -117,7 +117,7 @@ pub unsafe fn publish_qp_error(s: *mut QpState, err: u32, at: u32) -> bool {
 /// # Safety
 /// `s` is a valid QP state.
 #[inline(always)]
-pub unsafe fn published_qp_error(s: *const QpState) -> Option<(u32, u32)> {
+pub unsafe fn published_qp_error(s: *const QpCounters) -> Option<(u32, u32)> {
     // SAFETY: the caller's contract. Acquire pairs with the release in
     // `publish_qp_error`: `error_at` was written before.
     unsafe {
@@ -133,7 +133,7 @@ pub unsafe fn published_qp_error(s: *const QpState) -> Option<(u32, u32)> {
 /// [`QpHandle`] of the QP points at its first three words.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct QpState {
+pub struct QpCounters {
     /// Producer index: WQEs reserved (wrapping).
     pub producer: u32,
     /// Ready index: WQEs whose doorbell has rung.
@@ -152,7 +152,7 @@ pub struct QpState {
     /// Reserved, zero.
     pub _reserved: [u32; 9],
 }
-const _: () = assert!(core::mem::size_of::<QpState>() == 64);
+const _: () = assert!(core::mem::size_of::<QpCounters>() == 64);
 
 /// One QP as kernels see it (128 bytes, in device memory).
 #[repr(C)]
@@ -161,7 +161,7 @@ pub struct IbgdaQp {
     /// The mlx5 rings, doorbells and counters.
     pub qp: QpHandle,
     /// Its software state (`qp.sq_producer` etc. point into it).
-    pub state: *mut QpState,
+    pub state: *mut QpCounters,
     /// One 8-byte word per SQ slot: the value of a `Set` signal, the
     /// returned old value of a fetch-add. Registered with `scratch_lkey`.
     pub scratch: *mut u64,
@@ -1111,7 +1111,7 @@ mod tests {
     /// takes a word still being recorded (whose `error_at` may be stale).
     #[test]
     fn a_qp_error_is_published_after_its_index_and_first_wins() {
-        let mut s = QpState::default();
+        let mut s = QpCounters::default();
         let p = &raw mut s;
         // SAFETY: a valid state on this stack.
         unsafe {

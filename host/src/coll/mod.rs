@@ -80,8 +80,10 @@ pub mod reference;
 // SAFETY: a transparent u16: plain data, valid for every bit pattern.
 unsafe impl DeviceCopy for Bf16 {}
 
-/// Element types of the collectives.
-pub trait Elem: DeviceCopy + PartialEq + std::fmt::Debug {
+/// Element types of the collectives, as the host handles them (upload,
+/// round, compare). The device side of the same types is
+/// [`doorbell_kernels::coll::Element`].
+pub trait HostElement: DeviceCopy + PartialEq + std::fmt::Debug {
     /// The kernel-side tag.
     const DTYPE: DType;
     /// Widens to `f32` exactly.
@@ -92,7 +94,7 @@ pub trait Elem: DeviceCopy + PartialEq + std::fmt::Debug {
     fn to_bits(self) -> u32;
 }
 
-impl Elem for f32 {
+impl HostElement for f32 {
     const DTYPE: DType = DType::F32;
     fn to_f32(self) -> f32 {
         self
@@ -105,7 +107,7 @@ impl Elem for f32 {
     }
 }
 
-impl Elem for Bf16 {
+impl HostElement for Bf16 {
     const DTYPE: DType = DType::Bf16;
     fn to_f32(self) -> f32 {
         Bf16::to_f32(self)
@@ -505,7 +507,7 @@ impl<'c> AllReduce<'c> {
     /// routed transport, only when [`AllReduceOptions::rdma_peers`] sends no
     /// pair through the NIC (the plan is the same on every rank, so one pair
     /// without pointers makes the whole world pipelined).
-    pub fn plan(comm: &Communicator, elems: usize, dtype: DType, opts: &AllReduceOptions) -> Result<Plan> {
+    pub fn plan_for(comm: &Communicator, elems: usize, dtype: DType, opts: &AllReduceOptions) -> Result<Plan> {
         let dev = comm.device();
         let routes = comm.describe_peers();
         // The world's most ranks on one GPU, not this rank's count: the plan
@@ -531,7 +533,7 @@ impl<'c> AllReduce<'c> {
     /// Collective: an all-reduce of `elems` elements of `dtype`, tuned by
     /// `opts`. Every rank must pass the same arguments (checked).
     pub fn with_options(comm: &'c Communicator, elems: usize, dtype: DType, opts: &AllReduceOptions) -> Result<AllReduce<'c>> {
-        let plan = Self::plan(comm, elems, dtype, opts)?;
+        let plan = Self::plan_for(comm, elems, dtype, opts)?;
         if !opts.fused {
             check_plain_threads(&plan, opts.transport)?;
         }
@@ -636,7 +638,7 @@ impl<'c> AllReduce<'c> {
         Ok(())
     }
 
-    fn check_buffer<T: Elem>(&self, what: &str, buf: &DeviceBuffer<T>) -> Result<()> {
+    fn check_buffer<T: HostElement>(&self, what: &str, buf: &DeviceBuffer<T>) -> Result<()> {
         if T::DTYPE != self.dtype() {
             return Err(invalid(format!(
                 "the {what} holds {} elements, this all-reduce was made for {}",
@@ -675,7 +677,7 @@ impl<'c> AllReduce<'c> {
     /// `Communicator::synchronize`. Where three or more ranks share a GPU
     /// it first waits on the host for this rank's previous launch to end
     /// ([`Communicator::launch_waiting`]).
-    pub fn run<T: Elem>(&self, stream: &Stream, input: &DeviceBuffer<T>, output: &mut DeviceBuffer<T>) -> Result<()> {
+    pub fn run<T: HostElement>(&self, stream: &Stream, input: &DeviceBuffer<T>, output: &mut DeviceBuffer<T>) -> Result<()> {
         self.check_buffer("input", input)?;
         self.check_buffer("output", output)?;
         // SAFETY: both hold `elems` elements of the right type on this device.
@@ -683,14 +685,14 @@ impl<'c> AllReduce<'c> {
     }
 
     /// [`Self::run`] in place: `buf = sum over ranks of buf`.
-    pub fn run_in_place<T: Elem>(&self, stream: &Stream, buf: &mut DeviceBuffer<T>) -> Result<()> {
+    pub fn run_in_place<T: HostElement>(&self, stream: &Stream, buf: &mut DeviceBuffer<T>) -> Result<()> {
         self.check_buffer("buffer", buf)?;
         // SAFETY: as for `run`.
         unsafe { self.run_raw(stream, buf.as_raw(), buf.as_raw()) }
     }
 
     /// [`Self::run`] on symmetric buffers (`input` may be `output`).
-    pub fn run_sym<T: Elem>(&self, stream: &Stream, input: &SymBuffer<'_, T>, output: &SymBuffer<'_, T>) -> Result<()> {
+    pub fn run_sym<T: HostElement>(&self, stream: &Stream, input: &SymBuffer<'_, T>, output: &SymBuffer<'_, T>) -> Result<()> {
         for (what, len) in [("input", input.len()), ("output", output.len())] {
             if T::DTYPE != self.dtype() || len != self.elems() {
                 return Err(invalid(format!(
@@ -745,7 +747,11 @@ impl<'c> AllReduce<'c> {
     /// algorithm: one-shot and two-shot hand the producer the peers'
     /// staging, pipelined its ring outbox. `None` for zero elements (launch
     /// nothing).
-    pub fn fused_args<T: Elem>(&self, stream: &Stream, output: &mut DeviceBuffer<T>) -> Result<Option<(AllReduceArgs, LaunchConfig)>> {
+    pub fn fused_args<T: HostElement>(
+        &self,
+        stream: &Stream,
+        output: &mut DeviceBuffer<T>,
+    ) -> Result<Option<(AllReduceArgs, LaunchConfig)>> {
         self.check_buffer("output", output)?;
         // SAFETY: checked above.
         unsafe { self.fused_args_raw(stream, output.as_raw()) }

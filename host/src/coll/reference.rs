@@ -1,7 +1,7 @@
 //! CPU references of the collectives: what every rank must get, computed
 //! the way the kernels compute it (sum in `f32`, rank order, one rounding).
 
-use super::Elem;
+use super::HostElement;
 
 /// The sum all-reduce of `inputs` (one slice per rank, in rank order, all
 /// the same length): element `i` is `inputs[0][i] + ... + inputs[n-1][i]`
@@ -10,7 +10,7 @@ use super::Elem;
 ///
 /// # Panics
 /// When the slices differ in length.
-pub fn allreduce_sum<T: Elem, S: AsRef<[T]>>(inputs: &[S]) -> Vec<T> {
+pub fn allreduce_sum<T: HostElement, S: AsRef<[T]>>(inputs: &[S]) -> Vec<T> {
     let Some(first) = inputs.first() else { return Vec::new() };
     let n = first.as_ref().len();
     assert!(
@@ -30,7 +30,7 @@ pub fn allreduce_sum<T: Elem, S: AsRef<[T]>>(inputs: &[S]) -> Vec<T> {
 
 /// The first index where `got` and `want` differ bit for bit (`None` when
 /// they are identical, lengths included).
-pub fn first_mismatch<T: Elem>(got: &[T], want: &[T]) -> Option<usize> {
+pub fn first_mismatch<T: HostElement>(got: &[T], want: &[T]) -> Option<usize> {
     if got.len() != want.len() {
         return Some(got.len().min(want.len()));
     }

@@ -39,7 +39,7 @@ mod options;
 
 use doorbell_kernels::mlx5::wire::CqeSyndrome;
 use doorbell_kernels::mlx5::{Cqe64, QpHandle, CQE_INVALID, CQE_SIZE, SEND_WQE_BB};
-use doorbell_kernels::transport::ibgda::{IbgdaQp, QpState, RegRegion, QP_ERR_COMPLETION, QP_ERR_WEDGED, REG_SLOTS};
+use doorbell_kernels::transport::ibgda::{IbgdaQp, QpCounters, RegRegion, QP_ERR_COMPLETION, QP_ERR_WEDGED, REG_SLOTS};
 use doorbell_kernels::transport::routed::ROUTE_WORDS;
 use doorbell_kernels::transport::{Ibgda, Routed};
 
@@ -158,16 +158,16 @@ impl IbgdaState {
     }
 
     /// The kernels' per-QP state words, read from the device.
-    fn queue_states(&self, comm: &Communicator) -> Result<Vec<QpState>> {
+    fn queue_states(&self, comm: &Communicator) -> Result<Vec<QpCounters>> {
         let Some(mem) = self.memory.as_ref() else { return Ok(Vec::new()) };
         let mut raw = vec![0u8; mem.states.len()];
         // SAFETY: the states buffer, whole (plain words; a racing kernel
         // makes the snapshot approximate, never invalid).
         unsafe { comm.device.read_raw(mem.states.as_raw(), &mut raw)? };
-        let n = (comm.size * self.opts.qps_per_peer as usize).min(raw.len() / std::mem::size_of::<QpState>());
-        // SAFETY: `raw` holds one QpState per QP (plain data).
+        let n = (comm.size * self.opts.qps_per_peer as usize).min(raw.len() / std::mem::size_of::<QpCounters>());
+        // SAFETY: `raw` holds one QpCounters per QP (plain data).
         Ok((0..n)
-            .map(|i| unsafe { std::ptr::read_unaligned((raw.as_ptr() as *const QpState).add(i)) })
+            .map(|i| unsafe { std::ptr::read_unaligned((raw.as_ptr() as *const QpCounters).add(i)) })
             .collect())
     }
 }
@@ -536,7 +536,7 @@ impl Communicator {
         let rings = self.device.alloc_zeroed::<u8>(nqps * per_qp + RING_ALIGN)?;
         let rings_base = rings.as_raw().next_multiple_of(RING_ALIGN as u64);
         let scratch = self.device.alloc_zeroed::<u64>(nqps * sq as usize)?;
-        let states = self.device.alloc_zeroed::<u8>(nqps * std::mem::size_of::<QpState>())?;
+        let states = self.device.alloc_zeroed::<u8>(nqps * std::mem::size_of::<QpCounters>())?;
         // SAFETY: the scratch buffer lives in `memory`, which outlives the region.
         let scratch_mr = unsafe { nic.reg_mr(scratch.as_raw(), scratch.num_bytes(), access::LOCAL_WRITE) }?;
         // Every CQE invalid (owner 0, opcode invalid), as rdma-core leaves
@@ -648,7 +648,7 @@ impl Communicator {
         for (p, remote) in remotes.iter().enumerate() {
             for k in 0..qpp {
                 let i = p * qpp + k;
-                let state = (states.as_raw() as *mut QpState).wrapping_add(i);
+                let state = (states.as_raw() as *mut QpCounters).wrapping_add(i);
                 // SAFETY (the three field addresses): inside the states buffer.
                 let h = QpHandle {
                     sq: at(i, 0) as *mut u32,

@@ -214,11 +214,11 @@ pub const LIBRARY_VERSION: &str = env!("CARGO_PKG_VERSION");
 /// layouts are refused at the rendezvous even under one version number.
 pub fn heap_layout_word() -> u64 {
     use doorbell_kernels::heap::{ErrorReport, HEAP_RESERVED};
-    use doorbell_kernels::transport::ibgda::{IbgdaQp, QpState};
+    use doorbell_kernels::transport::ibgda::{IbgdaQp, QpCounters};
     let parts = [
         HEAP_RESERVED,
         std::mem::size_of::<ErrorReport>() as u64,
-        std::mem::size_of::<QpState>() as u64,
+        std::mem::size_of::<QpCounters>() as u64,
         std::mem::size_of::<IbgdaQp>() as u64,
         // The soft NIC's port tables, which lie in the heap allocation's tail.
         std::mem::size_of::<doorbell_softnic::engine::Port>() as u64,

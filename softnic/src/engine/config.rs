@@ -93,19 +93,19 @@ impl FaultConfig {
     }
 }
 
-/// A small deterministic generator (splitmix64) for the engine's random
-/// choices.
+/// The engine's deterministic generator (splitmix64): the QP a pass starts
+/// at and the fault injection's choices, seeded by [`FaultConfig::seed`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct Rng {
+pub struct EngineRng {
     /// State.
     pub state: u64,
 }
 
-impl Rng {
+impl EngineRng {
     /// A generator from `seed`.
-    pub const fn new(seed: u64) -> Rng {
-        Rng { state: seed }
+    pub const fn new(seed: u64) -> EngineRng {
+        EngineRng { state: seed }
     }
 
     /// The next 64 random bits.

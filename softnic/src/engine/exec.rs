@@ -11,7 +11,7 @@ use doorbell_kernels::mlx5::{
 
 use super::config::EngineConfig;
 use super::mem::Scope;
-use super::mover::{Mover, Phase};
+use super::mover::{PayloadMover, Phase};
 use super::rq::RecvWqe;
 use super::tables::{
     access, ErrorRecord, InboxEvent, Inflight, Port, Ports, QpState, Reason, EVENT_ERROR, EVENT_ERROR_RECEIVE, EVENT_RECEIVE,
@@ -162,7 +162,7 @@ unsafe fn check_receive(port: &Port, pq: usize, idx: u32) -> Result<(RecvWqe, u6
 ///
 /// # Safety
 /// Checked by [`check_local`] and [`check_remote`].
-unsafe fn gather_to<M: Mover>(w: &Wqe, dst: *mut u8, mover: &mut M) {
+unsafe fn gather_to<M: PayloadMover>(w: &Wqe, dst: *mut u8, mover: &mut M) {
     let mut off = 0usize;
     for d in w.segments() {
         // SAFETY: the caller's contract.
@@ -175,7 +175,7 @@ unsafe fn gather_to<M: Mover>(w: &Wqe, dst: *mut u8, mover: &mut M) {
 ///
 /// # Safety
 /// Checked by [`check_local`] and [`check_remote`].
-unsafe fn scatter_from<M: Mover>(w: &Wqe, src: *const u8, mover: &mut M) {
+unsafe fn scatter_from<M: PayloadMover>(w: &Wqe, src: *const u8, mover: &mut M) {
     let mut off = 0usize;
     for d in w.segments() {
         // SAFETY: the caller's contract.
@@ -189,7 +189,7 @@ unsafe fn scatter_from<M: Mover>(w: &Wqe, src: *const u8, mover: &mut M) {
 ///
 /// # Safety
 /// Checked by [`check_local`] and [`check_receive`]; the message fits.
-unsafe fn gather_to_receive<M: Mover>(w: &Wqe, recv: &RecvWqe, mover: &mut M) {
+unsafe fn gather_to_receive<M: PayloadMover>(w: &Wqe, recv: &RecvWqe, mover: &mut M) {
     let dsts = recv.entries();
     let mut k = 0usize;
     let mut dst_off = 0u64;
@@ -524,7 +524,7 @@ unsafe fn own_room<P: Ports + ?Sized>(ports: &mut P, p: usize, cq: u32) -> bool 
 /// # Safety
 /// Every ring and doorbell record in the tables is valid; every registered
 /// region is valid memory.
-pub unsafe fn execute<P: Ports + ?Sized, M: Mover>(
+pub unsafe fn execute<P: Ports + ?Sized, M: PayloadMover>(
     ports: &mut P,
     p: usize,
     q: usize,

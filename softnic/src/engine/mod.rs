@@ -15,7 +15,7 @@
 //! | [`link`] | bandwidth + latency model and its `400gbps,2us` syntax |
 //! | [`config`] | timeouts, atomic reply byte order, fault injection |
 //! | [`mem`] | every access to memory the engine does not own, at `sys` scope through `doorbell_kernels::ptx` |
-//! | [`mover`] | the byte movement, split from the control: [`Mover`], the host thread's `memmove`, the block's 16-byte split |
+//! | [`mover`] | the byte movement, split from the control: [`PayloadMover`], the host thread's `memmove`, the block's 16-byte split |
 //! | [`resident`] | the engine as a persistent block (the `softnic_engine` kernel): control block, block mover, stop word |
 
 pub mod config;
@@ -30,9 +30,9 @@ pub mod rq;
 pub mod tables;
 pub mod wqe;
 
-pub use config::{EngineConfig, FaultConfig, Rng};
+pub use config::{EngineConfig, EngineRng, FaultConfig};
 pub use link::{parse_link, LinkModel, LinkParseError, LINK_FORMS};
-pub use mover::{Mover, Phase, ThreadMover, PHASES};
+pub use mover::{PayloadMover, Phase, ThreadMover, PHASES};
 pub use poll::{poll_port, PollReport};
 pub use resident::{EngineCounters, EngineCtl};
 pub use tables::{access, CqEntry, ErrorRecord, MrEntry, Port, PortStats, PortTable, Ports, QpEntry, QpState, Reason, Window, MAX_PORTS};

@@ -1,14 +1,14 @@
 //! The engine's byte movement (its DMA), split from its control.
 //!
 //! [`super::poll_port`] decides *what* moves — after every key, bounds and
-//! access check, before the CQE — and hands each copy to a [`Mover`]. The
+//! access check, before the CQE — and hands each copy to a [`PayloadMover`]. The
 //! host thread's mover is one thread doing `memmove` ([`ThreadMover`]); the
 //! GPU-resident engine's mover ([`super::resident::BlockMover`]) wakes the
 //! rest of its block and copies with every thread, 16 bytes at a time
 //! ([`copy_part`]). The control logic is the same code either way.
 
 /// The parts of a busy pass whose cycles the GPU-resident engine counts
-/// ([`Mover::lap`]; `EngineCounters::phase_cycles`), in pass order: the
+/// ([`PayloadMover::lap`]; `EngineCounters::phase_cycles`), in pass order: the
 /// engine's profile (`ibgda_bench` prints it per WQE). Copies and the
 /// fences between them are counted apart (`copy_cycles`, `fence_cycles`);
 /// what none of these holds is the pass's walk over its QPs.
@@ -94,7 +94,7 @@ impl Phase {
 
 /// Where the engine's payload copies go, the scope of its ordering, and
 /// the cycle count of its control.
-pub trait Mover {
+pub trait PayloadMover {
     /// Moves `len` bytes from `src` to `dst` (an RDMA WRITE's gather list,
     /// a READ's scatter list, a send, an atomic's result). The ranges may
     /// overlap (loopback into one region). Every byte has landed when it
@@ -125,7 +125,7 @@ pub trait Mover {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ThreadMover;
 
-impl Mover for ThreadMover {
+impl PayloadMover for ThreadMover {
     #[inline(always)]
     unsafe fn copy(&mut self, dst: *mut u8, src: *const u8, len: usize) {
         // SAFETY: the caller's contract.

@@ -6,9 +6,9 @@
 
 use doorbell_kernels::mlx5::CqeSyndrome;
 
-use super::config::{EngineConfig, Rng};
+use super::config::{EngineConfig, EngineRng};
 use super::exec::{apply_event, execute, fail_requester, Fail, Step};
-use super::mover::{Mover, Phase};
+use super::mover::{PayloadMover, Phase};
 use super::tables::{ErrorRecord, InboxEvent, Inflight, Port, Ports, QpState, Reason, INBOX, MAX_QPS};
 use super::wqe::{self, wqe_bbs};
 use super::{cqe, mem};
@@ -47,12 +47,12 @@ impl PollReport {
 /// Every ring, doorbell record and UAR word in the tables of every port is
 /// valid memory of the stated size and alignment, and every registered
 /// region is valid memory, for the whole pass.
-pub unsafe fn poll_port<P: Ports + ?Sized, M: Mover>(
+pub unsafe fn poll_port<P: Ports + ?Sized, M: PayloadMover>(
     ports: &mut P,
     p: usize,
     now_ns: u64,
     cfg: &EngineConfig,
-    rng: &mut Rng,
+    rng: &mut EngineRng,
     mover: &mut M,
 ) -> PollReport {
     // SAFETY: the caller's contract.
@@ -66,13 +66,13 @@ pub unsafe fn poll_port<P: Ports + ?Sized, M: Mover>(
 /// # Safety
 /// As for [`poll_port`].
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn poll_port_masked<P: Ports + ?Sized, M: Mover>(
+pub unsafe fn poll_port_masked<P: Ports + ?Sized, M: PayloadMover>(
     ports: &mut P,
     p: usize,
     mask: u64,
     now_ns: u64,
     cfg: &EngineConfig,
-    rng: &mut Rng,
+    rng: &mut EngineRng,
     mover: &mut M,
 ) -> PollReport {
     let mut report = PollReport::IDLE;
@@ -108,13 +108,13 @@ pub unsafe fn poll_port_masked<P: Ports + ?Sized, M: Mover>(
 /// # Safety
 /// As for [`poll_port`].
 #[allow(clippy::too_many_arguments)]
-unsafe fn poll_qp<P: Ports + ?Sized, M: Mover>(
+unsafe fn poll_qp<P: Ports + ?Sized, M: PayloadMover>(
     ports: &mut P,
     p: usize,
     q: usize,
     now_ns: u64,
     cfg: &EngineConfig,
-    rng: &mut Rng,
+    rng: &mut EngineRng,
     mover: &mut M,
     report: &mut PollReport,
 ) {
@@ -445,7 +445,7 @@ unsafe fn fetch<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u6
 ///
 /// # Safety
 /// As for [`poll_port`].
-unsafe fn execute_due<P: Ports + ?Sized, M: Mover>(
+unsafe fn execute_due<P: Ports + ?Sized, M: PayloadMover>(
     ports: &mut P,
     p: usize,
     q: usize,

@@ -69,9 +69,9 @@
 
 use doorbell_kernels::ptx;
 
-use super::config::{EngineConfig, Rng};
+use super::config::{EngineConfig, EngineRng};
 use super::mem::{self, Scope};
-use super::mover::{copy_part, overlaps, Mover, Phase, PHASES};
+use super::mover::{copy_part, overlaps, PayloadMover, Phase, PHASES};
 use super::poll::{doorbell_word, poll_port_masked, PollReport};
 use super::tables::{Port, PortTable, Ports, MAX_QPS};
 
@@ -407,7 +407,7 @@ impl BlockMover {
     }
 }
 
-impl Mover for BlockMover {
+impl PayloadMover for BlockMover {
     #[inline(always)]
     fn scope(&self) -> Scope {
         if self.sys {
@@ -564,7 +564,7 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
         };
         let mut epoch = 0u64;
         let mut cfg = EngineConfig::default();
-        let mut rng = Rng::new(0);
+        let mut rng = EngineRng::new(0);
         let (mut passes, mut busy, mut busy_cycles) = (0u64, 0u64, 0u64);
         let mut idle = 0u32;
         let progress = core::ptr::read_volatile(&raw const (*ctl).host_progress);
@@ -589,7 +589,7 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
                     // `sys`: the host wrote the configuration.
                     mem::acquire(Scope::Sys);
                     cfg = core::ptr::read_volatile(&raw const (*ctl).cfg);
-                    rng = Rng::new(cfg.faults.seed);
+                    rng = EngineRng::new(cfg.faults.seed);
                     epoch = e;
                     ptx::st_release_sys_u64(&raw mut (*ctl).cfg_applied, e);
                     last.progressed = 1;

@@ -17,8 +17,8 @@ use doorbell_kernels::mlx5::DataSeg;
 
 use crate::engine::tables::{key_slot, make_key, Inbox, MAX_CQS, MAX_MRS, MAX_QPS, QP_CONNECTED, QP_IN_USE};
 use crate::engine::{
-    access, cqe, mem, parse_link, poll_port, rq, CqEntry, EngineConfig, ErrorRecord, LinkModel, MrEntry, PollReport, Port, PortStats,
-    QpEntry, QpState, Rng, ThreadMover,
+    access, cqe, mem, parse_link, poll_port, rq, CqEntry, EngineConfig, EngineRng, ErrorRecord, LinkModel, MrEntry, PollReport, Port,
+    PortStats, QpEntry, QpState, ThreadMover,
 };
 use crate::error::{Error, Result};
 use crate::verbs::{CompletionQueue, CqRing, MemoryRegion, QpEndpoint, QpRings, QueuePair, RdmaDevice};
@@ -102,7 +102,7 @@ struct State {
     /// taking the port back invalidates them.
     stuck: Vec<Vec<(usize, u32)>>,
     cfg: EngineConfig,
-    rng: Rng,
+    rng: EngineRng,
     next_pd: u32,
     next_qpn: u32,
     next_cqn: u32,
@@ -158,7 +158,7 @@ impl SoftFabric {
                     resident: Vec::new(),
                     stuck: Vec::new(),
                     cfg: config.engine,
-                    rng: Rng::new(config.engine.faults.seed),
+                    rng: EngineRng::new(config.engine.faults.seed),
                     next_pd: 1,
                     next_qpn: 0x100,
                     next_cqn: 1,
@@ -263,7 +263,7 @@ impl SoftFabric {
         let resident: Vec<_> = {
             let mut st = self.shared.lock();
             st.cfg = cfg;
-            st.rng = Rng::new(cfg.faults.seed);
+            st.rng = EngineRng::new(cfg.faults.seed);
             st.resident.iter().flatten().cloned().collect()
         };
         for r in resident {
@@ -473,11 +473,11 @@ impl SoftDevice {
     }
 
     /// [`Self::poll_once`] with the payload moved by `mover` instead of
-    /// the host thread's `memmove`: its [`crate::engine::Mover::lap`] is
+    /// the host thread's `memmove`: its [`crate::engine::PayloadMover::lap`] is
     /// called between the steps of each WQE (parse, local checks, peer,
     /// remote checks, receive WQE, data, completions), which is where a
     /// profiler — or a test that plays a misbehaving producer — steps in.
-    pub fn poll_once_with<M: crate::engine::Mover>(&self, mover: &mut M) -> PollReport {
+    pub fn poll_once_with<M: crate::engine::PayloadMover>(&self, mover: &mut M) -> PollReport {
         let now = self.shared.clock.now_ns();
         let mut st = self.lock();
         let State {

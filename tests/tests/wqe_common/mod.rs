@@ -44,7 +44,7 @@ pub fn raw(reqs: &[WqeRequest]) -> Vec<[u64; 9]> {
 
 #[cfg(feature = "mlx5-shim")]
 pub fn shim_params(r: &WqeRequest) -> rdma_sys_ext::shim::WqeParams {
-    use rdma_sys_ext::shim::WqeOp as S;
+    use rdma_sys_ext::shim::RefWqeOp as S;
     let op = match r.op().unwrap() {
         WqeOp::Nop => S::Nop,
         WqeOp::Write => S::Write,
