@@ -70,6 +70,10 @@ mod device;
 pub mod env;
 mod error;
 #[cfg(feature = "runtime")]
+mod image;
+#[cfg(feature = "runtime")]
+mod launch;
+#[cfg(feature = "runtime")]
 mod logging;
 #[cfg(feature = "runtime")]
 mod memory;
@@ -80,19 +84,25 @@ pub mod nic;
 #[cfg(feature = "runtime")]
 mod stream;
 #[cfg(feature = "runtime")]
+mod vars;
+#[cfg(feature = "runtime")]
 pub mod world;
 
 #[cfg(feature = "runtime")]
 pub use device::{driver_present, gpu_count, Backend, Device};
 pub use error::{Error, Result};
 #[cfg(feature = "runtime")]
+pub use image::{ModuleImage, ModuleSource};
+#[cfg(feature = "runtime")]
+pub use launch::{FunctionAttributes, LaunchConfig};
+#[cfg(feature = "runtime")]
 pub use logging::init_logging;
 #[cfg(feature = "runtime")]
 pub use memory::{DeviceBuffer, DeviceCopy, MappedBuffer};
 #[cfg(feature = "runtime")]
-pub use module::{ptx_is_built, Function, FunctionAttributes, Module, ModuleImage, ModuleSource};
+pub use module::{ptx_is_built, Function, Module};
 #[cfg(feature = "runtime")]
-pub use stream::{Event, LaunchConfig, Stream};
+pub use stream::{Event, Stream};
 #[cfg(feature = "runtime")]
 pub use world::{World, WorldConfig};
 

@@ -7,9 +7,9 @@ use crate::error::Result;
 /// The level `DOORBELL_LOG` names (`warn` when unset).
 pub(crate) fn level_from_env() -> Result<&'static str> {
     const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
-    match crate::env::raw("DOORBELL_LOG")? {
+    match crate::vars::raw("DOORBELL_LOG")? {
         None => Ok("warn"),
-        Some(v) => Ok(LEVELS[crate::env::parse_choice("DOORBELL_LOG", &v, &LEVELS)?]),
+        Some(v) => Ok(LEVELS[crate::vars::parse_choice("DOORBELL_LOG", &v, &LEVELS)?]),
     }
 }
 

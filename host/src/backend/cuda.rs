@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex, Weak};
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream, DriverError};
 use doorbell_kernels::KernelArgs;
 
-use super::FunctionAttributes;
 use crate::error::{CudaCall, Error, Result};
-use crate::stream::LaunchConfig;
+use crate::image::ModuleSource;
+use crate::launch::{FunctionAttributes, LaunchConfig};
 
 /// Number of CUDA GPUs; 0 when no driver is present (never panics).
 pub fn gpu_count() -> usize {
@@ -463,7 +463,7 @@ impl Device {
     }
 
     /// Loads PTX text into this context.
-    pub(crate) fn load_module(&self, src: crate::module::ModuleSource<'_>) -> Result<Arc<Module>> {
+    pub(crate) fn load_module(&self, src: ModuleSource<'_>) -> Result<Arc<Module>> {
         let ptx = src.ptx();
         if !ptx_is_built(ptx) {
             return Err(Error::PtxNotBuilt);
@@ -510,7 +510,7 @@ impl Device {
     /// not say `0`, and the driver takes it (a cubin for another arch it
     /// refuses: then `None`, and the caller loads the PTX).
     fn load_cubin(&self, cubin: &[u8]) -> Result<Option<sys::CUmodule>> {
-        if cubin.is_empty() || !crate::env::flag(CUBIN_ENV, true)? {
+        if cubin.is_empty() || !crate::vars::flag(CUBIN_ENV, true)? {
             return Ok(None);
         }
         let t0 = std::time::Instant::now();

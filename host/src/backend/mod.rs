@@ -17,8 +17,9 @@
 //!   only by boxing the arguments and an emulator closure on every GPU
 //!   launch.
 //!
-//! This module depends only on [`crate::error`] and [`crate::env`], never on
-//! the public-type modules, so those import it without cycles.
+//! This module depends only on [`crate::error`], the environment's parsers
+//! and the plain launch descriptions (`LaunchConfig`, `ModuleSource`), never
+//! on the public-type modules, so those import it without cycles.
 
 use std::sync::Arc;
 
@@ -26,7 +27,8 @@ use cudarc::driver::{CudaContext, CudaStream};
 use doorbell_kernels::Kernel;
 
 use crate::error::{Error, Result};
-use crate::stream::LaunchConfig;
+use crate::image::ModuleSource;
+use crate::launch::{FunctionAttributes, LaunchConfig};
 
 pub(crate) mod cuda;
 pub(crate) mod emu;
@@ -49,7 +51,7 @@ impl Backend {
     /// Reads `DOORBELL_DEVICE` (`gpu`, `cpu`, `auto`; unset or empty means
     /// auto). Anything else is [`Error::BadEnv`] naming the variable.
     pub fn from_env() -> Result<Backend> {
-        match crate::env::raw("DOORBELL_DEVICE")? {
+        match crate::vars::raw("DOORBELL_DEVICE")? {
             None => Ok(Backend::Auto),
             Some(v) => v.parse().map_err(|_| Error::BadEnv {
                 var: "DOORBELL_DEVICE".into(),
@@ -71,17 +73,6 @@ impl std::str::FromStr for Backend {
             _ => Err(Error::BadBackend(s.to_string())),
         }
     }
-}
-
-/// What the driver says about a compiled kernel.
-#[derive(Clone, Copy, Debug)]
-pub struct FunctionAttributes {
-    /// Registers per thread.
-    pub registers: i32,
-    /// Local memory per thread (spills, stack), bytes.
-    pub local_bytes: i32,
-    /// Largest block the kernel can run with.
-    pub max_threads_per_block: i32,
 }
 
 /// A device handle's backend.
@@ -181,7 +172,7 @@ impl DeviceBackend {
         }
     }
 
-    pub(crate) fn load_module(&self, src: crate::module::ModuleSource<'_>) -> Result<ModuleBackend> {
+    pub(crate) fn load_module(&self, src: ModuleSource<'_>) -> Result<ModuleBackend> {
         match self {
             DeviceBackend::Cuda(d) => d.load_module(src).map(ModuleBackend::Cuda),
             // Nothing to load: the kernels' host code is linked into the binary.

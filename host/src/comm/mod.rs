@@ -104,8 +104,8 @@ impl CommOptions {
     /// unusable value is [`Error::BadEnv`] naming the variable and the range.
     pub fn from_env() -> Result<CommOptions> {
         Ok(CommOptions {
-            wait_timeout: crate::env::secs("DOORBELL_WAIT_TIMEOUT_S", DEFAULT_WAIT_TIMEOUT, 0.001, 86400.0)?,
-            spread_gpus: crate::env::flag("DOORBELL_SPREAD_GPUS", false)?,
+            wait_timeout: crate::vars::secs("DOORBELL_WAIT_TIMEOUT_S", DEFAULT_WAIT_TIMEOUT, 0.001, 86400.0)?,
+            spread_gpus: crate::vars::flag("DOORBELL_SPREAD_GPUS", false)?,
             ..CommOptions::default()
         })
     }

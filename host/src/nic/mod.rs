@@ -67,7 +67,7 @@ impl NicChoice {
 
     /// From [`NIC_ENV`] (unset: [`NicChoice::Auto`]).
     pub fn from_env() -> Result<NicChoice> {
-        match crate::env::raw(NIC_ENV)? {
+        match crate::vars::raw(NIC_ENV)? {
             None => Ok(NicChoice::Auto),
             Some(v) => NicChoice::parse(NIC_ENV, &v),
         }
@@ -207,8 +207,8 @@ impl QpOptions {
     pub fn from_env() -> Result<QpOptions> {
         let d = QpOptions::default();
         let small =
-            |var: &str, default: u8, min: u64, max: u64| -> Result<u8> { Ok(crate::env::uint(var, default as u64, min, max)? as u8) };
-        let mtu = match crate::env::raw("DOORBELL_IB_MTU")? {
+            |var: &str, default: u8, min: u64, max: u64| -> Result<u8> { Ok(crate::vars::uint(var, default as u64, min, max)? as u8) };
+        let mtu = match crate::vars::raw("DOORBELL_IB_MTU")? {
             None => None,
             Some(v) => match v.trim() {
                 m @ ("256" | "512" | "1024" | "2048" | "4096") => Some(m.parse().expect("listed")),
@@ -252,7 +252,7 @@ pub enum DoorbellPath {
 impl DoorbellPath {
     /// From [`DOORBELL_ENV`]: `auto` (default), `gpu` or `cpu`.
     pub fn from_env() -> Result<DoorbellPath> {
-        let Some(v) = crate::env::raw(DOORBELL_ENV)? else {
+        let Some(v) = crate::vars::raw(DOORBELL_ENV)? else {
             return Ok(DoorbellPath::Auto);
         };
         match v.trim() {

@@ -71,8 +71,8 @@ impl IbgdaOptions {
     /// `DOORBELL_SOFTNIC_SCOPE` applied, strictly.
     pub fn from_env() -> Result<IbgdaOptions> {
         let d = IbgdaOptions::default();
-        let qps = crate::env::uint(QPS_ENV, d.qps_per_peer as u64, 1, 16)? as u32;
-        let sq = crate::env::uint(SQ_ENV, d.sq_size as u64, MAX_BATCH as u64, 32768)? as u32;
+        let qps = crate::vars::uint(QPS_ENV, d.qps_per_peer as u64, 1, 16)? as u32;
+        let sq = crate::vars::uint(SQ_ENV, d.sq_size as u64, MAX_BATCH as u64, 32768)? as u32;
         if !sq.is_power_of_two() {
             return Err(Error::BadEnv {
                 var: SQ_ENV.to_string(),
@@ -170,7 +170,7 @@ impl RdmaPeers {
 
     /// `DOORBELL_RDMA_PEERS` (unset or empty: [`RdmaPeers::Needed`]).
     pub fn from_env() -> Result<RdmaPeers> {
-        match crate::env::raw(RDMA_PEERS_ENV)? {
+        match crate::vars::raw(RDMA_PEERS_ENV)? {
             None => Ok(RdmaPeers::Needed),
             Some(v) => RdmaPeers::parse(RDMA_PEERS_ENV, &v),
         }

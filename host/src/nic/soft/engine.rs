@@ -13,8 +13,8 @@ use doorbell_softnic::kernel::{softnic_engine, softnic_engine_mid, softnic_engin
 use doorbell_softnic::{EngineThread, RdmaDevice as _};
 
 use super::port::{bytes_of, check_ring_addresses, read_qp_table, DevicePort};
-use super::report::{IbgdaProgress, Watch};
-use super::{SoftNic, SoftNicEngine, ENGINE_THREADS_GPU, SOFTNIC, SOFTNIC_PTX};
+use super::report::{state_name, IbgdaProgress, Watch};
+use super::{SoftNic, SoftNicEngine, ENGINE_THREADS_GPU, ENGINE_WAIT, SOFTNIC, SOFTNIC_PTX};
 use crate::backend::{FunctionBackend, StreamBackend};
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -52,10 +52,6 @@ pub(super) struct KernelEngine {
     /// Logs its progress record while it runs.
     watch: Option<Watch>,
 }
-
-/// How long teardown waits for the engine kernel to stop, and setup for it
-/// to start.
-pub(super) const ENGINE_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// State words per device (one 4 KiB page of mapped host memory): engines
 /// of one device running at once.
@@ -289,16 +285,6 @@ impl KernelEngine {
         unsafe { self.device.inner.read(self.ctl.as_raw(), &mut b)? };
         // SAFETY: EngineCtl is plain #[repr(C)] data.
         Ok(unsafe { std::ptr::read_unaligned(b.as_ptr() as *const EngineCtl) })
-    }
-}
-
-/// An engine state word in words.
-pub(super) fn state_name(s: u32) -> &'static str {
-    match s {
-        STATE_LAUNCHED => "launched, never started",
-        STATE_RUNNING => "running",
-        STATE_EXITED => "exited",
-        _ => "not a state",
     }
 }
 

@@ -87,7 +87,7 @@ use super::{CompletionQueue, CqRing, Endpoint, LinkLayer, MemoryRegion, Nic, Nic
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::world::World;
-use engine::{Engine, ENGINE_WAIT};
+use engine::Engine;
 
 pub use doorbell_softnic::engine::resident::EngineProgress;
 pub use doorbell_softnic::engine::{EngineConfig, EngineCounters, LinkModel, Phase as EnginePhase};
@@ -101,6 +101,10 @@ pub const SOFTNIC_PTX: &str = SOFTNIC.ptx;
 /// [`SOFTNIC_PTX`] with its cubin (see [`crate::ModuleImage`]): what
 /// [`Nic::start`] loads.
 pub const SOFTNIC: crate::ModuleImage = crate::module_image!("doorbell_softnic");
+
+/// How long teardown waits for the engine kernel to stop, and setup for it
+/// to start.
+pub(super) const ENGINE_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// Bytes after the symmetric heap, in the same allocation, that hold a
 /// rank's soft NIC port tables in a world of several processes: every peer
@@ -188,14 +192,14 @@ impl SoftOptions {
             value: std::env::var(doorbell_softnic::LINK_ENV).unwrap_or_default(),
             reason: e.to_string(),
         })?;
-        let engine = match crate::env::raw(ENGINE_ENV)? {
+        let engine = match crate::vars::raw(ENGINE_ENV)? {
             None => None,
             Some(v) => Some(SoftNicEngine::parse(ENGINE_ENV, &v)?),
         };
-        let engine_threads = match crate::env::raw(ENGINE_THREADS_ENV)? {
+        let engine_threads = match crate::vars::raw(ENGINE_THREADS_ENV)? {
             None => None,
             Some(_) => {
-                let t = crate::env::uint(ENGINE_THREADS_ENV, 256, 32, 1024)? as u32;
+                let t = crate::vars::uint(ENGINE_THREADS_ENV, 256, 32, 1024)? as u32;
                 if !t.is_multiple_of(32) {
                     return Err(Error::BadEnv {
                         var: ENGINE_THREADS_ENV.to_string(),
@@ -206,7 +210,7 @@ impl SoftOptions {
                 Some(t)
             }
         };
-        let sys_scope = match crate::env::raw(SCOPE_ENV)?.as_deref().map(str::trim) {
+        let sys_scope = match crate::vars::raw(SCOPE_ENV)?.as_deref().map(str::trim) {
             None | Some("auto") => false,
             Some("sys") => true,
             Some(v) => {

@@ -7,7 +7,7 @@ use doorbell_softnic::engine::resident::EngineCtl;
 use doorbell_softnic::engine::{EngineConfig, MrEntry, Port};
 use doorbell_softnic::host::ResidentPort;
 
-use super::engine::ENGINE_WAIT;
+use super::ENGINE_WAIT;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::memory::DeviceBuffer;

@@ -5,10 +5,9 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use doorbell_softnic::engine::resident::{EngineCounters, EngineProgress, STATE_RUNNING};
+use doorbell_softnic::engine::resident::{EngineCounters, EngineProgress, STATE_EXITED, STATE_LAUNCHED, STATE_RUNNING};
 use doorbell_softnic::engine::PortStats;
 
-use super::engine::state_name;
 use super::SoftNicEngine;
 
 /// How often the watch logs an engine's progress record (at debug level,
@@ -168,4 +167,14 @@ pub struct EngineReport {
     /// What it has done (kernel engine; zero for the host thread, whose
     /// port statistics are `SoftDevice::stats`).
     pub counters: EngineCounters,
+}
+
+/// An engine state word in words.
+pub(super) fn state_name(s: u32) -> &'static str {
+    match s {
+        STATE_LAUNCHED => "launched, never started",
+        STATE_RUNNING => "running",
+        STATE_EXITED => "exited",
+        _ => "not a state",
+    }
 }

@@ -24,36 +24,14 @@
 
 use std::time::Duration;
 
-use doorbell_kernels::emu::env as parse;
-pub use doorbell_kernels::emu::env::{parse_choice, parse_flag, parse_secs, parse_uint, EnvError};
-
 use crate::error::Result;
-
-/// The raw value of `var`; `None` when unset or empty.
-pub fn raw(var: &str) -> Result<Option<String>> {
-    Ok(parse::raw(var)?)
-}
-
-/// `var` as seconds in `min..=max`, or `default` when unset.
-pub fn secs(var: &str, default: Duration, min: f64, max: f64) -> Result<Duration> {
-    Ok(parse::secs(var, default, min, max)?)
-}
-
-/// `var` as an integer in `min..=max`, or `default` when unset.
-pub fn uint(var: &str, default: u64, min: u64, max: u64) -> Result<u64> {
-    Ok(parse::uint(var, default, min, max)?)
-}
-
-/// `var` as a `0`/`1` switch, or `default` when unset.
-pub fn flag(var: &str, default: bool) -> Result<bool> {
-    Ok(parse::flag(var, default)?)
-}
+pub use crate::vars::{flag, parse_choice, parse_flag, parse_secs, parse_uint, raw, secs, uint, EnvError};
 
 /// Parses every run-time `DOORBELL_*` variable of the table above and
 /// returns the first unusable one, so that a program can refuse a bad
 /// environment before it starts any work.
 pub fn check() -> Result<()> {
-    crate::Backend::from_env()?;
+    crate::backend::Backend::from_env()?;
     // As `CommOptions::from_env` reads them.
     secs("DOORBELL_WAIT_TIMEOUT_S", Duration::from_secs(10), 0.001, 86400.0)?;
     flag("DOORBELL_SPREAD_GPUS", false)?;
