@@ -25,7 +25,7 @@ out=target/gpu-bundle
 rm -rf "$out" && mkdir -p "$out/tests"
 args=()
 for t in "${tests[@]}"; do args+=(--test "$t"); done
-cargo test --release -p doorbell-tests "${args[@]}" --no-run --message-format=json |
+cargo test --release -p doorbell-tests --features gpu "${args[@]}" --no-run --message-format=json |
     python3 -c '
 import json, sys
 for line in sys.stdin:

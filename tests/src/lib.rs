@@ -26,6 +26,73 @@ pub fn backends() -> Vec<Device> {
     v
 }
 
+/// What a [`per_backend!`] test body takes: a [`Device`] or its [`Backend`].
+pub trait OnBackend {
+    /// `device` as this type.
+    fn on(device: Device) -> Self;
+}
+
+impl OnBackend for Device {
+    fn on(device: Device) -> Self {
+        device
+    }
+}
+
+impl OnBackend for Backend {
+    fn on(device: Device) -> Self {
+        device.backend()
+    }
+}
+
+/// GPU 0, for a test's GPU half; a missing GPU fails the test (the half is
+/// compiled in only with the `gpu` feature, i.e. where a GPU is promised).
+pub fn require_gpu() -> Device {
+    Device::open(Backend::Gpu, 0).unwrap_or_else(|e| panic!("this is a GPU test (built with the `gpu` feature) and there is no GPU: {e}"))
+}
+
+/// Declares a behaviour test once per backend, as a module holding two
+/// tests: `name::emulator` (always) and `name::gpu`. Without the crate's
+/// `gpu` feature the GPU half is listed as ignored, saying why, so a run
+/// that could not reach a GPU shows it in the test list instead of passing;
+/// `scripts/gpu-bundle.sh` builds with `--features gpu`, where a missing GPU
+/// fails the half.
+///
+/// ```ignore
+/// per_backend! {
+///     /// What the test checks.
+///     fn adds_two_numbers(dev: Device) {
+///         let buf = dev.alloc_zeroed::<u32>(4).unwrap();
+///         // ...
+///     }
+/// }
+/// ```
+#[macro_export]
+macro_rules! per_backend {
+    ($($(#[$meta:meta])* fn $name:ident($arg:ident: $ty:ty) $body:block)*) => {$(
+        $(#[$meta])*
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            fn body($arg: $ty) $body
+
+            #[test]
+            fn emulator() {
+                body(<$ty as $crate::OnBackend>::on(doorbell::Device::emulator(0)))
+            }
+
+            #[test]
+            #[cfg_attr(
+                not(feature = "gpu"),
+                ignore = "the GPU half: needs a GPU, run by the GPU bundle (scripts/gpu-bundle.sh builds with --features gpu)"
+            )]
+            fn gpu() {
+                body(<$ty as $crate::OnBackend>::on($crate::require_gpu()))
+            }
+        }
+    )*};
+}
+
 /// How many GPUs this run insists on: `DOORBELL_TEST_REQUIRE_GPUS=<n>`, or 1
 /// with `DOORBELL_TEST_REQUIRE_GPU=1`, else 0. An unparsable count fails.
 pub fn required_gpus() -> usize {

@@ -7,13 +7,14 @@
 //!
 //! Zero elements is a valid all-reduce that launches nothing.
 
+use doorbell_tests::per_backend;
 use std::time::Duration;
 
 use doorbell::coll::reference::{allreduce_sum, first_mismatch};
 use doorbell::coll::{Algo, AllReduce, AllReduceOptions, Bf16, DType, HostElement, TransportKind};
 use doorbell::comm::{CommOptions, Communicator, RdmaPeers};
 use doorbell::{Backend, Error, ForTransport, Kernel, LaunchConfig};
-use doorbell_example_kernels::allreduce::{fused_grad_allreduce, fused_grad_allreduce_wide, grad, COMPUTE_GEMV, COMPUTE_HASH};
+use doorbell_example_kernels::allreduce::{fused_grad_allreduce, fused_grad_allreduce_512, grad, COMPUTE_GEMV, COMPUTE_HASH};
 use doorbell_kernels::pipeline::RingSet;
 use doorbell_kernels::transport::{Ibgda, P2p, Routed};
 use doorbell_test_kernels::pipeline::ring_credits;
@@ -129,9 +130,8 @@ fn case(elems: usize, algo: Option<Algo>, in_place: bool, chunk_bytes: Option<u6
     }
 }
 
-#[test]
-fn one_to_eight_ranks_with_the_automatic_choice() {
-    for backend in backends() {
+per_backend! {
+    fn one_to_eight_ranks_with_the_automatic_choice(backend: Backend) {
         for ranks in 1..=8 {
             run_cases(
                 backend,
@@ -143,10 +143,9 @@ fn one_to_eight_ranks_with_the_automatic_choice() {
     }
 }
 
-#[test]
-fn every_algorithm_type_placement_and_awkward_size() {
-    let algos = [Algo::Ll, Algo::OneShot, Algo::TwoShot, Algo::Pipelined];
-    for backend in backends() {
+per_backend! {
+    fn every_algorithm_type_placement_and_awkward_size(backend: Backend) {
+        let algos = [Algo::Ll, Algo::OneShot, Algo::TwoShot, Algo::Pipelined];
         for ranks in [2, 3, 5] {
             let mut cases = Vec::new();
             for algo in algos {
@@ -163,9 +162,8 @@ fn every_algorithm_type_placement_and_awkward_size() {
     }
 }
 
-#[test]
-fn one_rank_is_a_copy_in_place_or_not() {
-    for backend in backends() {
+per_backend! {
+    fn one_rank_is_a_copy_in_place_or_not(backend: Backend) {
         run_cases(
             backend,
             1,
@@ -179,9 +177,8 @@ fn one_rank_is_a_copy_in_place_or_not() {
     }
 }
 
-#[test]
-fn a_million_and_three_elements() {
-    for backend in backends() {
+per_backend! {
+    fn a_million_and_three_elements(backend: Backend) {
         run_cases(
             backend,
             2,
@@ -198,9 +195,8 @@ fn a_million_and_three_elements() {
     }
 }
 
-#[test]
-fn consecutive_launches_need_no_reset() {
-    for backend in backends() {
+per_backend! {
+    fn consecutive_launches_need_no_reset(backend: Backend) {
         let cases: Vec<Case> = [Algo::Ll, Algo::OneShot, Algo::TwoShot, Algo::Pipelined]
             .into_iter()
             .map(|algo| Case {
@@ -249,10 +245,9 @@ fn consecutive_launches_need_no_reset() {
     }
 }
 
-#[test]
-fn fused_all_reduce_with_producers() {
-    type Fused = <fused_grad_allreduce as ForTransport<P2p>>::Kernel;
-    for backend in backends() {
+per_backend! {
+    fn fused_all_reduce_with_producers(backend: Backend) {
+        type Fused = <fused_grad_allreduce as ForTransport<P2p>>::Kernel;
         // Every algorithm: one-shot and two-shot hand the producer the
         // peers' staging, pipelined its ring outbox, one rank the output.
         for (ranks, elems, dtype, compute, chunk, algo) in [
@@ -336,16 +331,15 @@ fn fused_all_reduce_with_producers() {
     }
 }
 
-/// Launches that overlap their predecessors (programmatic dependent launch,
-/// forced on) each read what the one before wrote: six in-place
-/// all-reduces queued back to back with no host wait between, every
-/// algorithm. A launch that read its input (or its epoch word) before its
-/// predecessor finished would sum a stale vector. The emulator never
-/// overlaps launches: there this checks the chain only.
-#[test]
-fn chained_launches_that_overlap_their_predecessors() {
-    let (ranks, elems) = (2usize, 5000usize);
-    for backend in backends() {
+per_backend! {
+    /// Launches that overlap their predecessors (programmatic dependent launch,
+    /// forced on) each read what the one before wrote: six in-place
+    /// all-reduces queued back to back with no host wait between, every
+    /// algorithm. A launch that read its input (or its epoch word) before its
+    /// predecessor finished would sum a stale vector. The emulator never
+    /// overlaps launches: there this checks the chain only.
+    fn chained_launches_that_overlap_their_predecessors(backend: Backend) {
+        let (ranks, elems) = (2usize, 5000usize);
         for algo in [Algo::Ll, Algo::OneShot, Algo::TwoShot, Algo::Pipelined] {
             Communicator::local(ranks, backend, opts(), |comm| {
                 let ar = AllReduce::with_options(
@@ -386,16 +380,15 @@ fn chained_launches_that_overlap_their_predecessors() {
     }
 }
 
-/// The arguments of one `fused_args` call serve every later launch into
-/// the same output, as a launch captured in a CUDA graph and replayed does:
-/// the blocks count their epochs on the device. Each launch's gradient
-/// differs (the step), so a launch that took an earlier launch's signals
-/// for its own would sum stale staging and mismatch.
-#[test]
-fn one_set_of_arguments_replays_launch_after_launch() {
-    type Fused = <fused_grad_allreduce as ForTransport<P2p>>::Kernel;
-    let (ranks, elems) = (3usize, 3000usize);
-    for backend in backends() {
+per_backend! {
+    /// The arguments of one `fused_args` call serve every later launch into
+    /// the same output, as a launch captured in a CUDA graph and replayed does:
+    /// the blocks count their epochs on the device. Each launch's gradient
+    /// differs (the step), so a launch that took an earlier launch's signals
+    /// for its own would sum stale staging and mismatch.
+    fn one_set_of_arguments_replays_launch_after_launch(backend: Backend) {
+        type Fused = <fused_grad_allreduce as ForTransport<P2p>>::Kernel;
+        let (ranks, elems) = (3usize, 3000usize);
         for algo in [Algo::Ll, Algo::OneShot, Algo::TwoShot, Algo::Pipelined] {
             Communicator::local(ranks, backend, opts(), |comm| {
                 let ar = AllReduce::with_options(
@@ -502,9 +495,8 @@ fn ring_run(backend: Backend, credits: bool, launches: u64) -> u32 {
     out[1]
 }
 
-#[test]
-fn a_slow_consumer_never_sees_an_overwritten_chunk() {
-    for backend in backends() {
+per_backend! {
+    fn a_slow_consumer_never_sees_an_overwritten_chunk(backend: Backend) {
         assert_eq!(ring_run(backend, true, 2), 0, "{backend:?}: with credits");
         // The negative control: without credits the producer overwrites
         // slots under the slow consumer, and the test sees it.
@@ -515,9 +507,8 @@ fn a_slow_consumer_never_sees_an_overwritten_chunk() {
     }
 }
 
-#[test]
-fn zero_elements_launch_nothing() {
-    for backend in backends() {
+per_backend! {
+    fn zero_elements_launch_nothing(backend: Backend) {
         Communicator::local(2, backend, opts(), |comm| {
             let ar = AllReduce::new(comm, 0, DType::F32)?;
             let dev = comm.device();
@@ -587,17 +578,16 @@ fn bad_arguments_are_clear_errors() {
     }
 }
 
-/// `#[kernel(launch_bounds(threads = 512))]`: a block of 1024 threads (the
-/// device's limit, so only the bound refuses it) is an `InvalidLaunch`
-/// naming the bound, refused before anything runs (the output stays zero);
-/// the planned 512 threads run and sum.
-#[test]
-fn launch_bounds_refuse_a_larger_block() {
-    type Wide = <fused_grad_allreduce_wide as ForTransport<P2p>>::Kernel;
-    assert_eq!(Wide::MAX_THREADS, 512);
-    assert_eq!(<fused_grad_allreduce as ForTransport<P2p>>::Kernel::MAX_THREADS, 0, "no bound");
-    let elems = 1000;
-    for backend in backends() {
+per_backend! {
+    /// `#[kernel(launch_bounds(threads = 512))]`: a block of 1024 threads (the
+    /// device's limit, so only the bound refuses it) is an `InvalidLaunch`
+    /// naming the bound, refused before anything runs (the output stays zero);
+    /// the planned 512 threads run and sum.
+    fn launch_bounds_refuse_a_larger_block(backend: Backend) {
+        type Wide = <fused_grad_allreduce_512 as ForTransport<P2p>>::Kernel;
+        assert_eq!(Wide::MAX_THREADS, 512);
+        assert_eq!(<fused_grad_allreduce as ForTransport<P2p>>::Kernel::MAX_THREADS, 0, "no bound");
+        let elems = 1000;
         Communicator::local(1, backend, opts(), |comm| {
             let ar = AllReduce::with_options(
                 comm,
@@ -626,7 +616,7 @@ fn launch_bounds_refuse_a_larger_block() {
             // output; the launch is refused before it runs anyway.
             match unsafe { s.launch(&f, too_big, (comm.p2p()?, args, COMPUTE_HASH, 0)) } {
                 Err(Error::InvalidLaunch { kernel, reason }) => {
-                    assert_eq!(kernel, "fused_grad_allreduce_wide_p2p");
+                    assert_eq!(kernel, "fused_grad_allreduce_512_p2p");
                     assert!(
                         reason.contains("1024 threads") && reason.contains("launch_bounds(threads = 512)"),
                         "the reason names the block and the bound: {reason}"
@@ -851,12 +841,11 @@ fn plans_follow_the_placement() {
     assert!(!plan(2, 8, false, 2, &auto).launch_config().overlap_previous);
 }
 
-/// Plain launches of plans made for a fused kernel (a block per SM share,
-/// most blocks with nothing to do at small sizes), on 3 and 4 ranks: what
-/// the benchmark's "fused" column runs with `--compute none`.
-#[test]
-fn plain_launches_of_wide_plans_on_several_ranks() {
-    for backend in backends() {
+per_backend! {
+    /// Plain launches of plans made for a fused kernel (a block per SM share,
+    /// most blocks with nothing to do at small sizes), on 3 and 4 ranks: what
+    /// the benchmark's "fused" column runs with `--compute none`.
+    fn plain_launches_of_wide_plans_on_several_ranks(backend: Backend) {
         for ranks in [3, 4] {
             Communicator::local(ranks, backend, opts(), |comm| {
                 for algo in [Algo::Ll, Algo::OneShot, Algo::TwoShot] {
@@ -884,13 +873,12 @@ fn plain_launches_of_wide_plans_on_several_ranks() {
     }
 }
 
-/// Plain two-shot in blocks of 512 threads (the library's second entry,
-/// within 128 registers): f32 and bf16, in place and out of place, an
-/// awkward size, consecutive launches, 2 and 3 ranks. Another algorithm in
-/// such blocks, or a larger block, is refused before anything runs.
-#[test]
-fn two_shot_in_blocks_of_512_threads() {
-    for backend in backends() {
+per_backend! {
+    /// Plain two-shot in blocks of 512 threads (the library's second entry,
+    /// within 128 registers): f32 and bf16, in place and out of place, an
+    /// awkward size, consecutive launches, 2 and 3 ranks. Another algorithm in
+    /// such blocks, or a larger block, is refused before anything runs.
+    fn two_shot_in_blocks_of_512_threads(backend: Backend) {
         for ranks in [2, 3] {
             Communicator::local(ranks, backend, opts(), |comm| {
                 let wide = AllReduceOptions {
@@ -941,17 +929,16 @@ fn two_shot_in_blocks_of_512_threads() {
     }
 }
 
-/// Four ranks (on a GPU machine: all on one GPU unless spread), each
-/// queueing 12 plain all-reduces back to back with no wait in between, on
-/// inputs that differ per launch; every output is checked after one
-/// synchronize. Where three or more ranks share a GPU, the library keeps
-/// one waiting launch in flight per rank (`Communicator::launch_waiting`):
-/// queued launches had stopped the all-reduce benchmark on the H200.
-#[test]
-fn queued_launches_on_ranks_that_share_a_gpu() {
-    const LAUNCHES: u64 = 12;
-    let elems = 4099;
-    for backend in backends() {
+per_backend! {
+    /// Four ranks (on a GPU machine: all on one GPU unless spread), each
+    /// queueing 12 plain all-reduces back to back with no wait in between, on
+    /// inputs that differ per launch; every output is checked after one
+    /// synchronize. Where three or more ranks share a GPU, the library keeps
+    /// one waiting launch in flight per rank (`Communicator::launch_waiting`):
+    /// queued launches had stopped the all-reduce benchmark on the H200.
+    fn queued_launches_on_ranks_that_share_a_gpu(backend: Backend) {
+        const LAUNCHES: u64 = 12;
+        let elems = 4099;
         Communicator::local(4, backend, opts(), |comm| {
             let dev = comm.device();
             assert_eq!(comm.one_launch_in_flight(), dev.is_gpu() && comm.ranks_per_gpu() >= 3);

@@ -2,6 +2,7 @@
 //! wait/barrier across 2..8 ranks, odd sizes and offsets, bounded waits, and
 //! symmetric-allocation checks.
 
+use doorbell_tests::per_backend;
 use std::time::Duration;
 
 use doorbell::comm::{CommOptions, Communicator, PeerRoute};
@@ -90,18 +91,16 @@ fn ring(backend: Backend, ranks: usize, bytes: usize, offset: usize, use_warp: b
     .unwrap_or_else(|e| panic!("{backend:?}, {ranks} ranks, {bytes} B at +{offset}, warp={use_warp}: {e}"));
 }
 
-#[test]
-fn put_get_signal_wait_barrier_ring_2_to_8_ranks() {
-    for backend in backends() {
+per_backend! {
+    fn put_get_signal_wait_barrier_ring_2_to_8_ranks(backend: Backend) {
         for ranks in [2, 3, 5, 8] {
             ring(backend, ranks, 4096, 0, false);
         }
     }
 }
 
-#[test]
-fn odd_sizes_and_offsets_block_and_warp() {
-    for backend in backends() {
+per_backend! {
+    fn odd_sizes_and_offsets_block_and_warp(backend: Backend) {
         for (bytes, offset) in [(0, 0), (1, 0), (7, 3), (33, 1), (4093, 5), (65536 + 3, 16), (100_000, 12)] {
             for warp in [false, true] {
                 ring(backend, 3, bytes, offset, warp);
@@ -110,9 +109,8 @@ fn odd_sizes_and_offsets_block_and_warp() {
     }
 }
 
-#[test]
-fn barrier_rounds_count_every_rank() {
-    for backend in backends() {
+per_backend! {
+    fn barrier_rounds_count_every_rank(backend: Backend) {
         for ranks in [2, 4, 8] {
             let rounds = 25u32;
             let totals = Communicator::local(ranks, backend, CommOptions::default(), |comm| {
@@ -142,9 +140,8 @@ fn barrier_rounds_count_every_rank() {
     }
 }
 
-#[test]
-fn a_peer_that_never_signals_is_an_error_not_a_hang() {
-    for backend in backends() {
+per_backend! {
+    fn a_peer_that_never_signals_is_an_error_not_a_hang(backend: Backend) {
         let opts = CommOptions {
             wait_timeout: Duration::from_millis(300),
             ..Default::default()

@@ -1,9 +1,10 @@
-//! The transport contract (v2) on every backend, for two transports (P2P
+//! The transport contract on every backend, for two transports (P2P
 //! and the `Shadow` test transport) instantiated from one kernel body:
 //! bad arguments are typed errors naming rank, call, peer and offset, with
 //! the target memory unchanged; data is visible when its signal is seen;
 //! multi-word waits.
 
+use doorbell_tests::per_backend;
 use std::time::Duration;
 
 use doorbell::comm::{CommOptions, Communicator, RdmaPeers};
@@ -266,9 +267,8 @@ where
     .unwrap_or_else(|e| panic!("{backend:?} {} mode {mode}: {e}", T::NAME));
 }
 
-#[test]
-fn put_signal_data_is_visible_when_the_signal_is_seen() {
-    for backend in backends() {
+per_backend! {
+    fn put_signal_data_is_visible_when_the_signal_is_seen(backend: Backend) {
         for mode in [0, 1, 2] {
             flagged_rounds_for::<P2p>(backend, mode, false);
         }
@@ -324,9 +324,8 @@ where
     assert!(r[3] < count as u64);
 }
 
-#[test]
-fn wait_until_some_any_all_collect_every_word() {
-    for backend in backends() {
+per_backend! {
+    fn wait_until_some_any_all_collect_every_word(backend: Backend) {
         collect_for::<P2p>(backend);
         collect_for::<Shadow>(backend);
     }
@@ -366,9 +365,8 @@ fn bad_arguments_are_typed_errors_and_write_nothing_routed() {
     bad_arguments_for::<Routed>();
 }
 
-#[test]
-fn put_signal_data_is_visible_when_the_signal_is_seen_ibgda_and_routed() {
-    for backend in backends() {
+per_backend! {
+    fn put_signal_data_is_visible_when_the_signal_is_seen_ibgda_and_routed(backend: Backend) {
         for mode in [0, 1, 2] {
             flagged_rounds_for::<Ibgda>(backend, mode, false);
             flagged_rounds_for::<Routed>(backend, mode, false);
@@ -376,9 +374,8 @@ fn put_signal_data_is_visible_when_the_signal_is_seen_ibgda_and_routed() {
     }
 }
 
-#[test]
-fn wait_until_some_any_all_collect_every_word_ibgda_and_routed() {
-    for backend in backends() {
+per_backend! {
+    fn wait_until_some_any_all_collect_every_word_ibgda_and_routed(backend: Backend) {
         collect_for::<Ibgda>(backend);
         collect_for::<Routed>(backend);
     }

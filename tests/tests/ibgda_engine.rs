@@ -1,4 +1,4 @@
-//! The soft NIC's engine kernel (`softnic_engine`, one persistent block
+//! The soft NIC's engine kernel (`softnic_engine_256`, one persistent block
 //! per port): the IBGDA ring and a fault-injection case run with it on the
 //! CPU emulator and, when present, on the GPU (two GPUs: one rank per GPU,
 //! the engine fencing at `sys` scope). Canaries around every target show
@@ -6,6 +6,7 @@
 //! behaviour tests run with the kernel engine on the emulator under
 //! `DOORBELL_SOFTNIC_ENGINE=kernel` (and with it by default on a GPU).
 
+use doorbell_tests::per_backend;
 use std::time::Duration;
 
 use doorbell::comm::{CommOptions, Communicator, EnginePhase, IbgdaOptions, SoftNicEngine};
@@ -14,7 +15,7 @@ use doorbell_kernels::transport::Ibgda;
 use doorbell_softnic::engine::EngineConfig;
 use doorbell_test_kernels::contract::bad_call;
 use doorbell_test_kernels::testing::{ring_ibgda, STATUS_OK};
-use doorbell_tests::{backends, TEST_KERNELS};
+use doorbell_tests::TEST_KERNELS;
 
 const CANARY: u8 = 0xa5;
 
@@ -280,9 +281,8 @@ fn a_stalled_wait_is_explained_by_the_engines_progress_record() {
     }
 }
 
-#[test]
-fn the_engine_kernel_runs_the_ring_with_block_copies_and_writes_nothing_else() {
-    for dev in backends() {
+per_backend! {
+    fn the_engine_kernel_runs_the_ring_with_block_copies_and_writes_nothing_else(dev: Device) {
         let b = dev.backend();
         // Odd sizes: unaligned tails in every block copy; several WQEs per put.
         ring_with_kernel_engine(b, 3, 200_003, None);
@@ -391,9 +391,8 @@ fn forced_error_with_kernel_engine(backend: Backend) {
     .expect("the world");
 }
 
-#[test]
-fn forced_error_completions_with_the_engine_kernel_are_typed_and_write_nothing() {
-    for dev in backends() {
+per_backend! {
+    fn forced_error_completions_with_the_engine_kernel_are_typed_and_write_nothing(dev: Device) {
         forced_error_with_kernel_engine(dev.backend());
     }
 }

@@ -4,6 +4,7 @@ use doorbell::{Backend, Device, Error, LaunchConfig};
 use doorbell_example_kernels::fused_multiply_add;
 use doorbell_test_kernels::testing::{self, atomics_and_fences, block_or_rounds, record_indices, shuffle_barrier_flag, trap_in_one_thread};
 use doorbell_tests::backends;
+use doorbell_tests::per_backend;
 use doorbell_tests::TEST_KERNELS;
 
 fn run_shuffle_barrier_flag(dev: &Device, threads: u32) -> Vec<u32> {
@@ -54,16 +55,15 @@ fn warp_shuffle_block_barrier_and_release_acquire_flag_agree_across_backends() {
     }
 }
 
-/// `sync_threads_or` (`bar.red.or.pred`) is a barrier whose result every
-/// thread shares: rounds back to back, the one thread passing true moving
-/// (first, last, a middle warp, none), so a result left over from an
-/// earlier round, or one thread seeing another's, shows.
-#[test]
-fn sync_threads_or_gives_every_thread_the_blocks_or_round_after_round() {
-    let threads = 96u32;
-    let pick: Vec<u32> = vec![0, threads, 95, 40, threads + 7, 33, 1, threads];
-    let want: Vec<u32> = pick.iter().map(|&p| (p < threads) as u32).chain([0]).collect();
-    for dev in backends() {
+per_backend! {
+    /// `sync_threads_or` (`bar.red.or.pred`) is a barrier whose result every
+    /// thread shares: rounds back to back, the one thread passing true moving
+    /// (first, last, a middle warp, none), so a result left over from an
+    /// earlier round, or one thread seeing another's, shows.
+    fn sync_threads_or_gives_every_thread_the_blocks_or_round_after_round(dev: Device) {
+        let threads = 96u32;
+        let pick: Vec<u32> = vec![0, threads, 95, 40, threads + 7, 33, 1, threads];
+        let want: Vec<u32> = pick.iter().map(|&p| (p < threads) as u32).chain([0]).collect();
         let m = dev.load_module(&TEST_KERNELS).unwrap();
         let f = m.function::<block_or_rounds>().unwrap();
         let dpick = dev.alloc_from(&pick).unwrap();
@@ -83,14 +83,13 @@ fn sync_threads_or_gives_every_thread_the_blocks_or_round_after_round() {
     }
 }
 
-#[test]
-fn fused_multiply_add_is_bit_exact_on_every_backend() {
-    let n = 100_003usize;
-    let a: Vec<f32> = (0..n).map(|i| (i as f32).sin() * 1e3).collect();
-    let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).cos()).collect();
-    let c: Vec<f32> = (0..n).map(|i| (i % 17) as f32 * -0.1).collect();
-    let want: Vec<u32> = (0..n).map(|i| a[i].mul_add(b[i], c[i]).to_bits()).collect();
-    for dev in backends() {
+per_backend! {
+    fn fused_multiply_add_is_bit_exact_on_every_backend(dev: Device) {
+        let n = 100_003usize;
+        let a: Vec<f32> = (0..n).map(|i| (i as f32).sin() * 1e3).collect();
+        let b: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).cos()).collect();
+        let c: Vec<f32> = (0..n).map(|i| (i % 17) as f32 * -0.1).collect();
+        let want: Vec<u32> = (0..n).map(|i| a[i].mul_add(b[i], c[i]).to_bits()).collect();
         let m = dev.load_module(&doorbell_examples::USER_KERNELS).unwrap();
         let f = m.function::<fused_multiply_add>().unwrap();
         let (da, db, dc) = (
@@ -115,15 +114,14 @@ fn fused_multiply_add_is_bit_exact_on_every_backend() {
     }
 }
 
-#[test]
-fn thread_block_grid_indices_and_lanes_match_cuda_numbering() {
-    let cfg = LaunchConfig {
-        grid: (2, 3, 1),
-        block: (8, 4, 2),
-        ..LaunchConfig::linear(1, 1)
-    };
-    let threads = 2 * 3 * 8 * 4 * 2;
-    for dev in backends() {
+per_backend! {
+    fn thread_block_grid_indices_and_lanes_match_cuda_numbering(dev: Device) {
+        let cfg = LaunchConfig {
+            grid: (2, 3, 1),
+            block: (8, 4, 2),
+            ..LaunchConfig::linear(1, 1)
+        };
+        let threads = 2 * 3 * 8 * 4 * 2;
         let m = dev.load_module(&TEST_KERNELS).unwrap();
         let f = m.function::<record_indices>().unwrap();
         let mut out = dev.alloc_zeroed::<u32>(threads * 9).unwrap();
@@ -152,9 +150,8 @@ fn thread_block_grid_indices_and_lanes_match_cuda_numbering() {
     }
 }
 
-#[test]
-fn atomics_count_every_thread_and_release_acquire_publishes_the_total() {
-    for dev in backends() {
+per_backend! {
+    fn atomics_count_every_thread_and_release_acquire_publishes_the_total(dev: Device) {
         let m = dev.load_module(&TEST_KERNELS).unwrap();
         let f = m.function::<atomics_and_fences>().unwrap();
         let mut counter = dev.alloc_zeroed::<u32>(1).unwrap();
@@ -204,9 +201,8 @@ fn a_trapping_thread_fails_the_launch_instead_of_hanging() {
     s.synchronize().unwrap();
 }
 
-#[test]
-fn bad_launch_shapes_are_errors() {
-    for dev in backends() {
+per_backend! {
+    fn bad_launch_shapes_are_errors(dev: Device) {
         let m = dev.load_module(&TEST_KERNELS).unwrap();
         let f = m.function::<trap_in_one_thread>().unwrap();
         let s = dev.new_stream().unwrap();
@@ -267,9 +263,8 @@ fn length_mismatch_is_reported() {
     ));
 }
 
-#[test]
-fn mapped_memory_is_shared_between_host_and_kernel() {
-    for dev in backends() {
+per_backend! {
+    fn mapped_memory_is_shared_between_host_and_kernel(dev: Device) {
         let m = dev.load_module(&TEST_KERNELS).unwrap();
         let f = m.function::<atomics_and_fences>().unwrap();
         let counter = dev.alloc_mapped::<u32>(1).unwrap();

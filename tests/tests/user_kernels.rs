@@ -1,19 +1,19 @@
 //! A kernel from a user's own crate, built to PTX through the build helper,
 //! runs on every backend.
 
-use doorbell::LaunchConfig;
+use doorbell::{Device, LaunchConfig};
 use doorbell_example_kernels::byte_histogram;
 use doorbell_examples::USER_KERNELS;
+use doorbell_tests::per_backend;
 
-#[test]
-fn a_user_crate_kernel_with_shared_memory_and_atomics_runs_on_every_backend() {
-    let n = 300_007usize;
-    let data: Vec<u8> = (0..n).map(|i| (i * i % 251) as u8).collect();
-    let mut want = vec![0u32; 256];
-    for b in &data {
-        want[*b as usize] += 1;
-    }
-    for dev in doorbell_tests::backends() {
+per_backend! {
+    fn a_user_crate_kernel_with_shared_memory_and_atomics_runs_on_every_backend(dev: Device) {
+        let n = 300_007usize;
+        let data: Vec<u8> = (0..n).map(|i| (i * i % 251) as u8).collect();
+        let mut want = vec![0u32; 256];
+        for b in &data {
+            want[*b as usize] += 1;
+        }
         let m = dev.load_module(&USER_KERNELS).unwrap();
         let f = m.function::<byte_histogram>().unwrap();
         let d = dev.alloc_from(&data).unwrap();
@@ -132,15 +132,14 @@ fn a_pipeline_macro_kernel_shifts_vectors_chunk_by_chunk() {
     }
 }
 
-/// `p2p_bench`'s put kernel, issued by blocks and by every warp of the
-/// grid (`--put-by warp`): rank 1 receives every byte of an awkward size
-/// (a short last piece), the pattern different for each issuer and launch.
-#[test]
-fn the_bandwidth_put_delivers_every_byte_by_blocks_and_by_warps() {
-    use doorbell::comm::{CommOptions, Communicator};
-    use doorbell_example_kernels::comm::{put_bw_p2p, PINGPONG_OK};
-    let bytes = 100_016u64;
-    for dev in doorbell_tests::backends() {
+per_backend! {
+    /// `p2p_bench`'s put kernel, issued by blocks and by every warp of the
+    /// grid (`--put-by warp`): rank 1 receives every byte of an awkward size
+    /// (a short last piece), the pattern different for each issuer and launch.
+    fn the_bandwidth_put_delivers_every_byte_by_blocks_and_by_warps(dev: Device) {
+        use doorbell::comm::{CommOptions, Communicator};
+        use doorbell_example_kernels::comm::{put_bw_p2p, PINGPONG_OK};
+        let bytes = 100_016u64;
         let backend = dev.backend();
         let threads = if dev.is_gpu() { 256 } else { 64 };
         Communicator::local(2, backend, CommOptions::default(), |comm| {

@@ -8,7 +8,7 @@ mod wqe_common;
 use doorbell::{Device, LaunchConfig};
 use doorbell_kernels::mlx5::WqeRequest;
 use doorbell_test_kernels::mlx5::mlx5_bench_write_wqes;
-use doorbell_tests::backends;
+use doorbell_tests::per_backend;
 use doorbell_tests::TEST_KERNELS;
 use wqe_common::*;
 
@@ -58,9 +58,8 @@ fn run(dev: &Device, warps: u32, k: u32, ring_wqes: u32) -> f64 {
     (warps as f64 * k as f64) / (max_ns as f64 * 1e-9)
 }
 
-#[test]
-fn wqes_built_per_second_by_one_warp_and_one_block() {
-    for dev in backends() {
+per_backend! {
+    fn wqes_built_per_second_by_one_warp_and_one_block(dev: Device) {
         let (k, block_warps) = if dev.is_gpu() { (32 * 4096, 32) } else { (32 * 64, 2) };
         let one_warp = run(&dev, 1, k, 256);
         let block = run(&dev, block_warps, k, 256);

@@ -9,6 +9,7 @@ use doorbell::LaunchConfig;
 use doorbell_kernels::mlx5::{self as m, AtomicSeg, Cqe64, CtrlSeg, DataSeg, ErrCqe, RaddrSeg, WqeOp, WqeRequest};
 use doorbell_test_kernels::mlx5::mlx5_write_wqes;
 use doorbell_tests::backends;
+use doorbell_tests::per_backend;
 use doorbell_tests::TEST_KERNELS;
 use rand::Rng;
 use wqe_common::*;
@@ -73,12 +74,11 @@ fn host_encoder_matches_rdma_core_helpers() {
     }
 }
 
-#[test]
-fn device_builders_match_the_host_encoder_on_every_backend() {
-    let n = 4096usize;
-    let reqs = random_requests(3, n);
-    let want: Vec<[u8; 64]> = reqs.iter().map(WqeRequest::to_bytes).collect();
-    for dev in backends() {
+per_backend! {
+    fn device_builders_match_the_host_encoder_on_every_backend(dev: Device) {
+        let n = 4096usize;
+        let reqs = random_requests(3, n);
+        let want: Vec<[u8; 64]> = reqs.iter().map(WqeRequest::to_bytes).collect();
         let module = dev.load_module(&TEST_KERNELS).unwrap();
         let f = module.function::<mlx5_write_wqes>().unwrap();
         let dreqs = dev.alloc_from(&raw(&reqs)).unwrap();
@@ -105,11 +105,10 @@ fn device_builders_match_the_host_encoder_on_every_backend() {
 }
 
 #[cfg(feature = "mlx5-shim")]
-#[test]
-fn device_builders_match_rdma_core_helpers_on_every_backend() {
-    let n = 1536usize;
-    let reqs = random_requests(4, n);
-    for dev in backends() {
+per_backend! {
+    fn device_builders_match_rdma_core_helpers_on_every_backend(dev: Device) {
+        let n = 1536usize;
+        let reqs = random_requests(4, n);
         let module = dev.load_module(&TEST_KERNELS).unwrap();
         let f = module.function::<mlx5_write_wqes>().unwrap();
         let dreqs = dev.alloc_from(&raw(&reqs)).unwrap();

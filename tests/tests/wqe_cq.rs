@@ -8,7 +8,7 @@ use doorbell::{Device, LaunchConfig};
 use doorbell_kernels::mlx5::cq::{classify_cqe, decode_poll_result, CqeState, POLL_RESULT_WORDS};
 use doorbell_kernels::mlx5::{Completion, CqError, Cqe64, CqeSyndrome, CQE_REQ_ERR, CQE_RESP_ERR, CQE_RESP_SEND};
 use doorbell_test_kernels::mlx5::mlx5_poll_cq;
-use doorbell_tests::backends;
+use doorbell_tests::per_backend;
 use doorbell_tests::TEST_KERNELS;
 use wqe_common::*;
 
@@ -55,9 +55,8 @@ fn be(v: u32) -> u32 {
     v.swap_bytes()
 }
 
-#[test]
-fn success_completion_is_returned_and_consumed() {
-    for dev in backends() {
+per_backend! {
+    fn success_completion_is_returned_and_consumed(dev: Device) {
         let p = poll(&dev, 4, &[req_cqe(false, 7, QPN, 4096)], 0, &[7], LONG_BUDGET_NS);
         assert_eq!(
             p.results,
@@ -74,9 +73,8 @@ fn success_completion_is_returned_and_consumed() {
     }
 }
 
-#[test]
-fn earlier_completions_are_consumed_until_the_target() {
-    for dev in backends() {
+per_backend! {
+    fn earlier_completions_are_consumed_until_the_target(dev: Device) {
         let cqes = [req_cqe(false, 31, QPN, 0), req_cqe(false, 63, QPN, 0), req_cqe(false, 95, QPN, 0)];
         let p = poll(&dev, 8, &cqes, 0, &[63, 80], LONG_BUDGET_NS);
         assert_eq!(p.results[0].unwrap().cq_index, 1, "{dev:?}");
@@ -86,9 +84,8 @@ fn earlier_completions_are_consumed_until_the_target() {
     }
 }
 
-#[test]
-fn error_completions_are_decoded_into_typed_errors() {
-    for dev in backends() {
+per_backend! {
+    fn error_completions_are_decoded_into_typed_errors(dev: Device) {
         let cqes = [req_cqe(false, 3, QPN, 0), err_cqe(CQE_REQ_ERR, false, 4, 0x13, 0x88, 0x08, QPN)];
         let p = poll(&dev, 4, &cqes, 0, &[3, 9], LONG_BUDGET_NS);
         assert_eq!(p.results.len(), 2, "{dev:?}");
@@ -153,9 +150,8 @@ fn error_completions_are_decoded_into_typed_errors() {
     }
 }
 
-#[test]
-fn owner_bit_phase_follows_the_ring_across_its_wrap() {
-    for dev in backends() {
+per_backend! {
+    fn owner_bit_phase_follows_the_ring_across_its_wrap(dev: Device) {
         // cq_size 4, consumer at 6: entries 2, 3 belong to pass 1 (owner 1),
         // entries 0, 1 to pass 2 (owner 0) — the NIC wrote them after wrapping.
         let cqes = [
@@ -183,9 +179,8 @@ fn owner_bit_phase_follows_the_ring_across_its_wrap() {
     }
 }
 
-#[test]
-fn budget_exhaustion_reports_expected_and_seen() {
-    for dev in backends() {
+per_backend! {
+    fn budget_exhaustion_reports_expected_and_seen(dev: Device) {
         let p = poll(&dev, 4, &[], 0, &[5], SHORT_BUDGET_NS);
         assert_eq!(
             p.results,
@@ -256,12 +251,11 @@ fn hand_built_cqes_match_rdma_core_structs() {
     }
 }
 
-/// Polling CQEs made by rdma-core's structs on every backend.
-#[cfg(feature = "mlx5-shim")]
-#[test]
-fn polling_rdma_core_cqes() {
-    use rdma_sys_ext::shim::reference_cqe;
-    for dev in backends() {
+per_backend! {
+    /// Polling CQEs made by rdma-core's structs on every backend.
+    #[cfg(feature = "mlx5-shim")]
+    fn polling_rdma_core_cqes(dev: Device) {
+        use rdma_sys_ext::shim::reference_cqe;
         let cqes = [
             reference_cqe(0, false, 41, 0, 0, QPN, 77),
             reference_cqe(CQE_REQ_ERR, false, 42, 0x15, 0x81, QPN, 0),

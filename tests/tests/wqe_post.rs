@@ -8,6 +8,7 @@ use doorbell_kernels::mlx5::wqe::FLAG_SIGNALED;
 use doorbell_kernels::mlx5::{CtrlSeg, WqeOp, WqeRequest};
 use doorbell_test_kernels::mlx5::mlx5_post_wqes;
 use doorbell_tests::backends;
+use doorbell_tests::per_backend;
 use doorbell_tests::TEST_KERNELS;
 use rand::Rng;
 use wqe_common::*;
@@ -103,9 +104,8 @@ fn post_and_check(dev: &Device, sq_size: u32, start: u32, n: usize, cfg: LaunchC
     );
 }
 
-#[test]
-fn warps_post_batches_in_order_and_ring_the_doorbell() {
-    for dev in backends() {
+per_backend! {
+    fn warps_post_batches_in_order_and_ring_the_doorbell(dev: Device) {
         let cfg = if dev.is_gpu() {
             LaunchConfig::linear(16, 256)
         } else {
@@ -115,23 +115,21 @@ fn warps_post_batches_in_order_and_ring_the_doorbell() {
     }
 }
 
-#[test]
-fn producer_index_wraps_the_ring_and_the_16_bit_wqe_index() {
-    for dev in backends() {
+per_backend! {
+    fn producer_index_wraps_the_ring_and_the_16_bit_wqe_index(dev: Device) {
         // Producer near u32::MAX: slots wrap the 64-entry ring, wqe_index wraps 2^16.
         post_and_check(&dev, 64, u32::MAX - 20, 64, LaunchConfig::linear(1, 64), 12);
         post_and_check(&dev, 128, 0xfff0, 37, LaunchConfig::linear(2, 32), 13);
     }
 }
 
-/// A batch that reserved slots and never rang (its warp died) makes the
-/// next submit time out; after that the queue is failed, and every later
-/// batch fails at once instead of waiting out its own budget.
-#[test]
-fn after_one_submit_times_out_later_batches_fail_fast() {
-    use std::time::{Duration, Instant};
-    let budget = Duration::from_millis(400);
-    for dev in backends() {
+per_backend! {
+    /// A batch that reserved slots and never rang (its warp died) makes the
+    /// next submit time out; after that the queue is failed, and every later
+    /// batch fails at once instead of waiting out its own budget.
+    fn after_one_submit_times_out_later_batches_fail_fast(dev: Device) {
+        use std::time::{Duration, Instant};
+        let budget = Duration::from_millis(400);
         let module = dev.load_module(&TEST_KERNELS).unwrap();
         let f = module.function::<mlx5_post_wqes>().unwrap();
         let mut r = rng(7);
