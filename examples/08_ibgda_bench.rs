@@ -23,37 +23,36 @@
 //!   over the time from the first post to the last completion.
 //!
 //! ```text
-//! cargo run --release --example ibgda_bench -- [--device gpu|cpu] [-b BYTES] [-e BYTES] [-f F] [--blocks N]
+//! cargo run --release --example ibgda_bench -- [--device gpu|cpu] [-b 4K] [-e 256M] [-f F] [--blocks N]
 //!     [--rtt-iters N] [--wqes N] [--rounds N] [--spread] [--out DIR]
 //! ```
-//! Prints a text table and writes `ibgda_bench.json` to `--out`. On the
-//! CPU emulator the timings mean nothing about a GPU; the run checks that
-//! every path works (each put's bytes are checked on rank 1).
+//! Every measurement runs a warm-up round, then `--rounds` rounds with
+//! IBGDA and P2P in turn (the shared harness, `bench/`). Prints a text
+//! table and writes `ibgda_bench.json` and `ibgda_bench.{png,svg}` (put
+//! bandwidth beside time per launch) to `--out`. On the CPU emulator the
+//! timings mean nothing about a GPU; the run checks that every path works
+//! (each size's first IBGDA put is checked byte for byte on rank 1).
+
+#[path = "bench/mod.rs"]
+mod bench;
 
 use std::time::Instant;
 
+use bench::{interleaved, median_upper as median, run_ranks, Table};
 use clap::Parser;
-use doorbell::comm::{CommOptions, Communicator, EnginePhase as Phase, IbgdaOptions};
-use doorbell::world::{World, WorldConfig};
-use doorbell::{Backend, Device, LaunchConfig, Stream};
+use doorbell::comm::{CommOptions, Communicator, EnginePhase as Phase, EngineReport, IbgdaOptions, SymBuffer};
+use doorbell::{DeviceBuffer, LaunchConfig, Stream};
 use doorbell_example_kernels::ibgda_bench::{
     post_burst_ibgda, put_signal_rtt_ibgda, put_signal_rtt_p2p, put_stream_ibgda, put_stream_p2p, BENCH_OK,
 };
-use doorbell_examples::cli::IbgdaBenchArgs;
+use doorbell_examples::cli::{sweep, IbgdaBenchArgs};
+use doorbell_examples::plot::{Chart, Series};
 use doorbell_examples::{die, main_with, ratio, BoxError, USER_KERNELS};
+use doorbell_kernels::transport::{Ibgda, P2p};
 
 fn main() {
     let args = IbgdaBenchArgs::parse();
     main_with(|| run(&args));
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        f64::NAN
-    } else {
-        v[v.len() / 2]
-    }
 }
 
 #[derive(serde::Serialize, Clone, Debug)]
@@ -96,12 +95,20 @@ struct Report {
     put_bw: Vec<BwRow>,
 }
 
-fn check(status: &doorbell::DeviceBuffer<u32>, what: &str) -> Result<(), BoxError> {
+fn check(status: &DeviceBuffer<u32>, what: &str) -> Result<(), BoxError> {
     let s = status.to_host()?[0];
     if s != BENCH_OK && s != 0 {
         return Err(format!("{what}: a transport call failed (status {s})").into());
     }
     Ok(())
+}
+
+/// The settings every rank runs with.
+struct Plan<'a> {
+    args: &'a IbgdaBenchArgs,
+    max: u64,
+    rtt_iters: u32,
+    io: IbgdaOptions,
 }
 
 fn run(a: &IbgdaBenchArgs) -> Result<(), BoxError> {
@@ -110,12 +117,17 @@ fn run(a: &IbgdaBenchArgs) -> Result<(), BoxError> {
     if a.min_bytes > max {
         die(format!("--minbytes {} is larger than --maxbytes {max}", a.min_bytes));
     }
-    let rtt_iters = a.rtt_iters.unwrap_or(if gpu { 2000 } else { 50 }) as u32;
-    let io = IbgdaOptions::from_env()?;
-    if a.wqes > io.sq_size as u64 {
+    let plan = Plan {
+        args: a,
+        max,
+        rtt_iters: a.rtt_iters.unwrap_or(if gpu { 2000 } else { 50 }) as u32,
+        io: IbgdaOptions::from_env()?,
+    };
+    if a.wqes > plan.io.sq_size as u64 {
+        let sq = plan.io.sq_size;
         eprintln!(
-            "note: --wqes {} exceeds the send queue ({}); the post rate then includes waiting for completions",
-            a.wqes, io.sq_size
+            "note: --wqes {} exceeds the send queue ({sq}); the post rate then includes waiting for completions",
+            a.wqes
         );
     }
     let opts = CommOptions {
@@ -123,87 +135,87 @@ fn run(a: &IbgdaBenchArgs) -> Result<(), BoxError> {
         spread_gpus: a.spread,
         ..CommOptions::from_env()?
     };
-    let backend = a.device.backend()?;
-    let r = match WorldConfig::from_env()? {
-        // Two thread ranks of this process.
-        None => {
-            let reports = Communicator::local(2, backend, opts, |comm| -> doorbell::Result<Option<Report>> {
-                bench(comm, a, max, rtt_iters, &io).map_err(|e| match e.downcast::<doorbell::Error>() {
-                    // Kept as it is, so main_with sees what kind it is (a NIC this machine lacks: status 2).
-                    Ok(e) => *e,
-                    Err(e) => doorbell::Error::Comm(e.to_string()),
-                })
-            })?;
-            reports.into_iter().flatten().next().ok_or("rank 0 produced no report")?
-        }
-        // One rank per process (torchrun, mpirun, srun, or RANK=0/1 by hand).
-        Some(cfg) => {
-            let world = World::rendezvous(&cfg, b"ibgda_bench v1")?;
-            if world.world_size() != 2 {
-                // Bad input: exit 2.
-                die(format!(
-                    "ibgda_bench runs on 2 ranks; the launcher made a world of {}",
-                    world.world_size()
-                ));
-            }
-            let dev = match backend {
-                Backend::Cpu => Device::emulator(world.local_rank()),
-                b => Device::open(b, world.local_rank() % doorbell::gpu_count().max(1))?,
-            };
-            let comm = Communicator::new(world, dev, opts)?;
-            match bench(&comm, a, max, rtt_iters, &io) {
-                Ok(Some(mut r)) => {
-                    r.ranks_on = format!("one process per rank, {}", r.ranks_on);
-                    r
-                }
-                Ok(None) => return Ok(()),
-                Err(e) => {
-                    // Tell the other rank now rather than let it time out.
-                    comm.abort(&e.to_string());
-                    return Err(e);
-                }
-            }
-        }
+    let ran = run_ranks("ibgda_bench", 2, Some(2), a.device.backend()?, opts, |comm| bench(comm, &plan))?;
+    let mut r = match ran.results.into_iter().flatten().next() {
+        Some(r) => r,
+        // Rank 1 of a world of processes: rank 0 reports.
+        None if ran.one_process_per_rank => return Ok(()),
+        None => return Err("rank 0 produced no report".into()),
     };
+    if ran.one_process_per_rank {
+        r.ranks_on = format!("one process per rank, {}", r.ranks_on);
+    }
+    print_report(&r, a, gpu);
+    let path = bench::write_json(&a.out, "ibgda_bench.json", &r)?;
+    let points = |f: &dyn Fn(&BwRow) -> f64| r.put_bw.iter().map(|b| (b.bytes as f64, f(b))).collect::<Vec<_>>();
+    let us = |gbps: f64, b: &BwRow| b.bytes as f64 * b.iters as f64 / (gbps * 1e3);
+    let bw = [("ibgda (soft NIC)", points(&|b| b.ibgda_gbps)), ("p2p", points(&|b| b.p2p_gbps))];
+    let time = [
+        ("ibgda (soft NIC)", points(&|b| us(b.ibgda_gbps, b))),
+        ("p2p", points(&|b| us(b.p2p_gbps, b))),
+    ];
+    let series = |s: [(&'static str, Vec<(f64, f64)>); 2]| s.map(|(name, points)| Series { name, points });
+    let title = format!("IBGDA vs P2P put bandwidth ({})", r.device);
+    let bw = series(bw);
+    let chart = Chart {
+        title: &title,
+        x_label: "bytes per put",
+        y_label: "GB/s",
+        series: &bw,
+    };
+    let (png, svg) = bench::write_figure(&a.out, "ibgda_bench", &chart, &series(time))?;
+    println!("# wrote {}", path.display());
+    eprintln!(
+        "wrote {} and {} (us per launch of {} blocks' puts)",
+        png.display(),
+        svg.display(),
+        a.blocks
+    );
+    Ok(())
+}
 
+fn print_report(r: &Report, a: &IbgdaBenchArgs, gpu: bool) {
+    let link = r.link.as_deref().unwrap_or("off");
     println!(
-        "# ibgda_bench on {} ({}), soft NIC engine: {} ({} threads), link model: {}",
-        r.device,
-        r.ranks_on,
-        r.engine,
-        r.engine_threads,
-        r.link.as_deref().unwrap_or("off")
+        "# ibgda_bench on {} ({}), soft NIC engine: {} ({} threads), link model: {link}",
+        r.device, r.ranks_on, r.engine, r.engine_threads
     );
     println!(
         "# 8-byte put_signal round trip, one warp per rank, {} round trips per launch, median of {} launches",
         r.rtt_iters, a.rounds
     );
-    println!("{:>12} {:>12} {:>8}", "ibgda (us)", "p2p (us)", "ratio");
+    let opt = |v: Option<f64>, prec: usize| v.map_or("-".into(), |x| format!("{x:.prec$}"));
+    let t = Table::new().col("ibgda (us)", 12).col("p2p (us)", 12).col("ratio", 8);
+    println!("{}", t.heading());
     println!(
-        "{:>12.2} {:>12.2} {:>8}",
-        r.rtt_ibgda_us,
-        r.rtt_p2p_us,
-        r.rtt_ratio.map_or("-".into(), |x| format!("{x:.2}"))
+        "{}",
+        t.row(&[
+            format!("{:.2}", r.rtt_ibgda_us),
+            format!("{:.2}", r.rtt_p2p_us),
+            opt(r.rtt_ratio, 2)
+        ])
     );
     println!(
         "# put bandwidth (GB/s = 1e9 bytes/s), {} blocks of rank 0, non-blocking puts then quiet",
         a.blocks
     );
-    println!(
-        "{:>12} {:>7} {:>11} {:>11} {:>8} {:>13} {:>9}",
-        "bytes", "iters", "ibgda", "p2p", "ratio", "link promised", "achieved"
-    );
+    let t = [
+        ("bytes", 12),
+        ("iters", 7),
+        ("ibgda", 11),
+        ("p2p", 11),
+        ("ratio", 8),
+        ("link promised", 13),
+        ("achieved", 9),
+    ]
+    .into_iter()
+    .fold(Table::new(), |t, (h, w)| t.col(h, w));
+    println!("{}", t.heading());
     for b in &r.put_bw {
-        println!(
-            "{:>12} {:>7} {:>11.2} {:>11.2} {:>8} {:>13} {:>9}",
-            b.bytes,
-            b.iters,
-            b.ibgda_gbps,
-            b.p2p_gbps,
-            b.ratio.map_or("-".into(), |x| format!("{x:.3}")),
-            b.link_promised_gbps.map_or("-".into(), |x| format!("{x:.2}")),
-            b.link_achieved.map_or("-".into(), |x| format!("{x:.3}"))
-        );
+        let (ib, p2p) = (format!("{:.2}", b.ibgda_gbps), format!("{:.2}", b.p2p_gbps));
+        let cells = [b.bytes.to_string(), b.iters.to_string(), ib, p2p, opt(b.ratio, 3)];
+        let link = [opt(b.link_promised_gbps, 2), opt(b.link_achieved, 3)];
+        println!("{}", t.row(&[&cells[..], &link[..]].concat()));
     }
     println!(
         "# WQE post rate ({} 8-byte puts): one warp {:.3} M WQE/s, one block {:.3} M WQE/s",
@@ -219,13 +231,8 @@ fn run(a: &IbgdaBenchArgs) -> Result<(), BoxError> {
         r.engine_control_share,
         r.engine_control_cycles_per_wqe,
     ) {
-        println!(
-            "# engine busy cycles: {:.1} % copying payload, {:.1} % fences after copies, {:.1} % control ({:.0} cycles per WQE)",
-            c * 100.0,
-            f * 100.0,
-            k * 100.0,
-            w
-        );
+        let (c, f, k) = (c * 100.0, f * 100.0, k * 100.0);
+        println!("# engine busy cycles: {c:.1} % copying payload, {f:.1} % fences after copies, {k:.1} % control ({w:.0} cycles per WQE)");
     }
     if !r.engine_phase_cycles_per_wqe.is_empty() {
         let parts: Vec<String> = r.engine_phase_cycles_per_wqe.iter().map(|(n, c)| format!("{n} {c:.0}")).collect();
@@ -234,162 +241,143 @@ fn run(a: &IbgdaBenchArgs) -> Result<(), BoxError> {
     if !gpu {
         println!("# CPU emulator: the timings say nothing about a GPU; every path ran and every put was checked");
     }
-    std::fs::create_dir_all(&a.out)?;
-    let path = a.out.join("ibgda_bench.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&r)?).map_err(|e| format!("writing {}: {e}", path.display()))?;
-    println!("# wrote {}", path.display());
-    Ok(())
+}
+
+/// One rank's buffers and kernels.
+struct Rank<'c> {
+    comm: &'c Communicator,
+    s: Stream,
+    m: doorbell::Module,
+    ib: Ibgda,
+    p2p: P2p,
+    src: SymBuffer<'c, u8>,
+    dst: SymBuffer<'c, u8>,
+    words: SymBuffer<'c, u64>,
+    sig: SymBuffer<'c, u64>,
+    pattern: Vec<u8>,
+    status: DeviceBuffer<u32>,
+    out: DeviceBuffer<u64>,
 }
 
 /// One rank's part; rank 0 returns the report.
-fn bench(comm: &Communicator, a: &IbgdaBenchArgs, max: u64, rtt_iters: u32, io: &IbgdaOptions) -> Result<Option<Report>, BoxError> {
+fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
     let dev = comm.device();
-    let m = comm.load_module(&USER_KERNELS)?;
-    let me = comm.rank();
-    let p2p = comm.p2p()?;
-    let ib = comm.ibgda_with(io)?;
-    let src = comm.alloc::<u8>(max as usize)?;
-    let dst = comm.alloc::<u8>(max as usize)?;
-    let words = comm.alloc::<u64>(128)?;
-    let sig = comm.alloc::<u64>(1)?;
-    let pattern: Vec<u8> = (0..max).map(|i| (i % 251) as u8 ^ 0x5a).collect();
-    src.copy_from_host(&pattern)?;
-    let mut status = dev.alloc_zeroed::<u32>(1)?;
-    let mut out = dev.alloc_zeroed::<u64>(2)?;
-    let s: Stream = dev.new_stream()?;
+    let mut r = Rank {
+        comm,
+        m: comm.load_module(&USER_KERNELS)?,
+        p2p: comm.p2p()?,
+        ib: comm.ibgda_with(&p.io)?,
+        src: comm.alloc::<u8>(p.max as usize)?,
+        dst: comm.alloc::<u8>(p.max as usize)?,
+        words: comm.alloc::<u64>(128)?,
+        sig: comm.alloc::<u64>(1)?,
+        s: dev.new_stream()?,
+        pattern: (0..p.max).map(|i| (i % 251) as u8 ^ 0x5a).collect(),
+        status: dev.alloc_zeroed::<u32>(1)?,
+        out: dev.alloc_zeroed::<u64>(2)?,
+    };
+    r.src.copy_from_host(&r.pattern)?;
     let engine_before = comm.ibgda_engine();
     let wqes_before = comm.soft_nic().map(|n| n.stats().wqes).unwrap_or(0);
+    let ranks_on = match p.args.spread || comm.ranks_per_gpu() == 1 && dev.is_gpu() {
+        true => "one GPU per rank",
+        false => "one device",
+    };
     let mut report = Report {
         device: dev.name(),
-        ranks_on: if a.spread || comm.ranks_per_gpu() == 1 && dev.is_gpu() {
-            "one GPU per rank".into()
-        } else {
-            "one device".into()
-        },
-        link: io.link.map(|l| format!("{} bit/s, {} ns", l.bits_per_second(), l.latency_ns)),
-        rtt_iters,
+        ranks_on: ranks_on.into(),
+        link: p.io.link.map(|l| format!("{} bit/s, {} ns", l.bits_per_second(), l.latency_ns)),
+        rtt_iters: p.rtt_iters,
         ..Report::default()
     };
+    round_trips(&mut r, p, &mut report)?;
+    put_bandwidth(&mut r, p, &mut report)?;
+    post_rates(&mut r, p, &mut report)?;
+    engine_shares(comm, engine_before, wqes_before, &mut report)?;
+    comm.barrier()?;
+    Ok((comm.rank() == 0).then_some(report))
+}
 
-    // 1. put_signal round trips, IBGDA and P2P in turn.
-    let f_rtt_ib = m.function::<put_signal_rtt_ibgda>()?;
-    let f_rtt_p2p = m.function::<put_signal_rtt_p2p>()?;
-    let (mut ib_us, mut p2p_us) = (Vec::new(), Vec::new());
+/// 1. put_signal round trips, IBGDA and P2P in turn.
+fn round_trips(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), BoxError> {
+    let (comm, me) = (r.comm, r.comm.rank());
+    let (ib, p2p) = (r.ib, r.p2p);
+    let (f_ib, f_p2p) = (r.m.function::<put_signal_rtt_ibgda>()?, r.m.function::<put_signal_rtt_p2p>()?);
     let mut epoch = 1u64;
-    for round in 0..=a.rounds {
-        for use_ib in [true, false] {
-            status.zero()?;
-            comm.barrier()?;
-            // SAFETY: symmetric `words` and `sig`; one warp per rank.
-            unsafe {
-                if use_ib {
-                    s.launch(
-                        &f_rtt_ib,
-                        LaunchConfig::linear(1, 32),
-                        (
-                            ib,
-                            words.as_mut_ptr(),
-                            sig.as_mut_ptr(),
-                            epoch,
-                            rtt_iters,
-                            out.as_mut_ptr(),
-                            status.as_mut_ptr(),
-                        ),
-                    )?;
-                } else {
-                    s.launch(
-                        &f_rtt_p2p,
-                        LaunchConfig::linear(1, 32),
-                        (
-                            p2p,
-                            words.as_mut_ptr(),
-                            sig.as_mut_ptr(),
-                            epoch,
-                            rtt_iters,
-                            out.as_mut_ptr(),
-                            status.as_mut_ptr(),
-                        ),
-                    )?;
-                }
-            }
-            comm.synchronize(&s)?;
-            check(&status, "put_signal round trip")?;
-            epoch += rtt_iters as u64 + 1;
-            let us = out.to_host()?[0] as f64 / 1e3 / rtt_iters as f64;
-            if round > 0 && me == 0 {
-                if use_ib {
-                    ib_us.push(us)
-                } else {
-                    p2p_us.push(us)
-                }
+    let [ib_us, p2p_us] = interleaved::<2, BoxError>(true, p.args.rounds as u32, |v, _| {
+        r.status.zero()?;
+        comm.barrier()?;
+        let a = (
+            r.words.as_mut_ptr(),
+            r.sig.as_mut_ptr(),
+            epoch,
+            p.rtt_iters,
+            r.out.as_mut_ptr(),
+            r.status.as_mut_ptr(),
+        );
+        let one = LaunchConfig::linear(1, 32);
+        // SAFETY: symmetric `words` and `sig`; one warp per rank.
+        unsafe {
+            match v {
+                0 => r.s.launch(&f_ib, one, (ib, a.0, a.1, a.2, a.3, a.4, a.5))?,
+                _ => r.s.launch(&f_p2p, one, (p2p, a.0, a.1, a.2, a.3, a.4, a.5))?,
             }
         }
-    }
-    report.rtt_ibgda_us = median(ib_us);
-    report.rtt_p2p_us = median(p2p_us);
-    report.rtt_ratio = ratio(report.rtt_ibgda_us, report.rtt_p2p_us);
+        comm.synchronize(&r.s)?;
+        check(&r.status, "put_signal round trip")?;
+        epoch += p.rtt_iters as u64 + 1;
+        Ok(r.out.to_host()?[0] as f64 / 1e3 / p.rtt_iters as f64)
+    })?;
     if me == 0 {
+        (report.rtt_ibgda_us, report.rtt_p2p_us) = (median(ib_us), median(p2p_us));
+        report.rtt_ratio = ratio(report.rtt_ibgda_us, report.rtt_p2p_us);
         eprintln!(
             "put_signal round trip: ibgda {:.2} us, p2p {:.2} us",
             report.rtt_ibgda_us, report.rtt_p2p_us
         );
     }
+    Ok(())
+}
 
-    // 2. Put bandwidth, IBGDA and P2P in turn, every size checked.
-    let f_put_ib = m.function::<put_stream_ibgda>()?;
-    let f_put_p2p = m.function::<put_stream_p2p>()?;
-    let mut bytes = a.min_bytes;
-    while bytes <= max {
-        let iters = ((256u64 << 20) / bytes).clamp(if dev.is_gpu() { 4 } else { 1 }, if dev.is_gpu() { 1000 } else { 8 }) as u32;
-        let (mut ib_t, mut p2p_t) = (Vec::new(), Vec::new());
-        for round in 0..=a.rounds {
-            for use_ib in [true, false] {
-                if round == 0 && use_ib {
-                    comm.barrier()?;
-                    dst.copy_from_host(&vec![0u8; max as usize])?;
-                }
-                status.zero()?;
+/// 2. Put bandwidth, IBGDA and P2P in turn; each size's first IBGDA put
+/// is checked on rank 1 (exactly the put's bytes, nothing past them).
+fn put_bandwidth(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), BoxError> {
+    let (comm, me, gpu) = (r.comm, r.comm.rank(), r.comm.device().is_gpu());
+    let (ib, p2p) = (r.ib, r.p2p);
+    let (f_ib, f_p2p) = (r.m.function::<put_stream_ibgda>()?, r.m.function::<put_stream_p2p>()?);
+    for bytes in sweep(p.args.min_bytes, p.max, p.args.step_factor) {
+        let iters = ((256u64 << 20) / bytes).clamp(if gpu { 4 } else { 1 }, if gpu { 1000 } else { 8 }) as u32;
+        let [ib_t, p2p_t] = interleaved::<2, BoxError>(true, p.args.rounds as u32, |v, warm| {
+            if warm && v == 0 {
                 comm.barrier()?;
-                let t0 = Instant::now();
-                // SAFETY: symmetric src/dst of `max` >= `bytes` bytes.
-                unsafe {
-                    let cfg = LaunchConfig::linear(a.blocks as u32, 256);
-                    if use_ib {
-                        s.launch(
-                            &f_put_ib,
-                            cfg,
-                            (ib, dst.as_mut_ptr(), src.as_ptr(), bytes, iters, status.as_mut_ptr()),
-                        )?;
-                    } else {
-                        s.launch(
-                            &f_put_p2p,
-                            cfg,
-                            (p2p, dst.as_mut_ptr(), src.as_ptr(), bytes, iters, status.as_mut_ptr()),
-                        )?;
-                    }
-                }
-                comm.synchronize(&s)?;
-                let secs = t0.elapsed().as_secs_f64();
-                check(&status, "put")?;
-                comm.barrier()?;
-                if round == 0 && use_ib && me == 1 {
-                    let got = dst.to_host()?;
-                    if got[..bytes as usize] != pattern[..bytes as usize] || got[bytes as usize..].iter().any(|&b| b != 0) {
-                        return Err(format!("the IBGDA put of {bytes} bytes did not land exactly in rank 1's buffer").into());
-                    }
-                }
-                if round > 0 {
-                    let gbps = bytes as f64 * iters as f64 / secs / 1e9;
-                    if use_ib {
-                        ib_t.push(gbps)
-                    } else {
-                        p2p_t.push(gbps)
-                    }
+                r.dst.copy_from_host(&vec![0u8; p.max as usize])?;
+            }
+            r.status.zero()?;
+            comm.barrier()?;
+            let t0 = Instant::now();
+            let cfg = LaunchConfig::linear(p.args.blocks as u32, 256);
+            let a = (r.dst.as_mut_ptr(), r.src.as_ptr(), bytes, iters, r.status.as_mut_ptr());
+            // SAFETY: symmetric src/dst of `max` >= `bytes` bytes.
+            unsafe {
+                match v {
+                    0 => r.s.launch(&f_ib, cfg, (ib, a.0, a.1, a.2, a.3, a.4))?,
+                    _ => r.s.launch(&f_p2p, cfg, (p2p, a.0, a.1, a.2, a.3, a.4))?,
                 }
             }
-        }
+            comm.synchronize(&r.s)?;
+            let secs = t0.elapsed().as_secs_f64();
+            check(&r.status, "put")?;
+            comm.barrier()?;
+            if warm && v == 0 && me == 1 {
+                let (got, n) = (r.dst.to_host()?, bytes as usize);
+                if got[..n] != r.pattern[..n] || got[n..].iter().any(|&b| b != 0) {
+                    return Err(format!("the IBGDA put of {bytes} bytes did not land exactly in rank 1's buffer").into());
+                }
+            }
+            Ok(bytes as f64 * iters as f64 / secs / 1e9)
+        })?;
         let (ibg, p2g) = (median(ib_t), median(p2p_t));
-        let promised = io.link.filter(|l| l.enabled()).map(|l| {
+        let promised = p.io.link.filter(|l| l.enabled()).map(|l| {
             // `iters` puts stream through one link: one latency, then the wire.
             let total = bytes * iters as u64;
             let wire_s = l.wire_ps(total) as f64 * 1e-12 + l.latency_ns as f64 * 1e-9;
@@ -407,87 +395,80 @@ fn bench(comm: &Communicator, a: &IbgdaBenchArgs, max: u64, rtt_iters: u32, io: 
         if me == 0 {
             eprintln!("put {bytes} bytes: ibgda {ibg:.2} GB/s, p2p {p2g:.2} GB/s");
         }
-        bytes = match bytes.checked_mul(a.step_factor) {
-            Some(b) => b,
-            None => break,
-        };
     }
+    Ok(())
+}
 
-    // 3. Post rate (one warp, one block) and 4. the engine's execution rate.
-    let f_post = m.function::<post_burst_ibgda>()?;
+/// 3. Post rate (one warp, one block) and 4. the engine's execution rate.
+fn post_rates(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), BoxError> {
+    let (comm, me) = (r.comm, r.comm.rank());
+    let ib = r.ib;
+    let f_post = r.m.function::<post_burst_ibgda>()?;
     let nic = comm.soft_nic().ok_or("the soft NIC is not set up")?;
-    let mut rates = [Vec::new(), Vec::new()];
     let (mut executed, mut busy_ns) = (0u64, 0u64);
-    for round in 0..=a.rounds {
-        for (k, (threads, use_warp)) in [(32u32, 1u32), (256, 0)].into_iter().enumerate() {
-            if me == 0 && round == 0 {
-                eprintln!("post rate: {} posting", if use_warp != 0 { "one warp" } else { "one block" });
-            }
-            status.zero()?;
-            comm.barrier()?;
-            let before = nic.stats().wqes;
-            // SAFETY: symmetric `words` of 128 words, `src` at least 16 bytes.
-            unsafe {
-                s.launch(
-                    &f_post,
-                    LaunchConfig::linear(1, threads),
-                    (
-                        ib,
-                        words.as_mut_ptr(),
-                        src.as_ptr() as *const u64,
-                        a.wqes as u32,
-                        use_warp,
-                        out.as_mut_ptr(),
-                        status.as_mut_ptr(),
-                    ),
-                )?;
-            }
-            comm.synchronize(&s)?;
-            check(&status, "post burst")?;
-            let ns = out.to_host()?;
-            let after = nic.stats().wqes;
-            if round > 0 && me == 0 {
-                rates[k].push(a.wqes as f64 / (ns[0].max(1) as f64 * 1e-9) / 1e6);
-                executed += after - before;
-                busy_ns += ns[1];
-            }
+    let [warp, block] = interleaved::<2, BoxError>(true, p.args.rounds as u32, |v, warm| {
+        let (threads, use_warp) = [(32u32, 1u32), (256, 0)][v];
+        if me == 0 && warm {
+            eprintln!("post rate: {} posting", if use_warp != 0 { "one warp" } else { "one block" });
         }
-    }
-    report.post_warp_mwqe_s = median(std::mem::take(&mut rates[0]));
-    report.post_block_mwqe_s = median(std::mem::take(&mut rates[1]));
-    report.engine_wqes = executed;
-    report.engine_mwqe_s = executed as f64 / (busy_ns.max(1) as f64 * 1e-9) / 1e6;
-    if let Some(e) = comm.ibgda_engine() {
-        report.engine = format!("{:?}", e.engine);
-        report.engine_threads = e.threads;
-        let wqes = nic.stats().wqes - wqes_before;
-        if let Some(b) = engine_before {
-            let (e, b) = (e.counters, b.counters);
-            let busy = e.busy_cycles - b.busy_cycles;
-            if busy > 0 && wqes > 0 {
-                let copy = (e.copy_cycles - b.copy_cycles) as f64;
-                let fence = (e.fence_cycles - b.fence_cycles) as f64;
-                let control = (busy as f64 - copy - fence).max(0.0);
-                report.engine_copy_share = Some(copy / busy as f64);
-                report.engine_fence_share = Some(fence / busy as f64);
-                report.engine_control_share = Some(control / busy as f64);
-                report.engine_control_cycles_per_wqe = Some(control / wqes as f64);
-                let mut phases: Vec<(String, f64)> = Phase::ALL
-                    .iter()
-                    .map(|&p| {
-                        let i = p as usize;
-                        (
-                            p.name().to_string(),
-                            e.phase_cycles[i].wrapping_sub(b.phase_cycles[i]) as f64 / wqes as f64,
-                        )
-                    })
-                    .collect();
-                let walk = control / wqes as f64 - phases.iter().map(|(_, c)| c).sum::<f64>();
-                phases.push(("walk".to_string(), walk.max(0.0)));
-                report.engine_phase_cycles_per_wqe = phases;
-            }
+        r.status.zero()?;
+        comm.barrier()?;
+        let before = nic.stats().wqes;
+        let a = (r.words.as_mut_ptr(), r.src.as_ptr() as *const u64, p.args.wqes as u32, use_warp);
+        // SAFETY: symmetric `words` of 128 words, `src` at least 16 bytes.
+        unsafe {
+            let cfg = LaunchConfig::linear(1, threads);
+            r.s.launch(&f_post, cfg, (ib, a.0, a.1, a.2, a.3, r.out.as_mut_ptr(), r.status.as_mut_ptr()))?;
         }
+        comm.synchronize(&r.s)?;
+        check(&r.status, "post burst")?;
+        let ns = r.out.to_host()?;
+        if !warm && me == 0 {
+            executed += nic.stats().wqes - before;
+            busy_ns += ns[1];
+        }
+        Ok(p.args.wqes as f64 / (ns[0].max(1) as f64 * 1e-9) / 1e6)
+    })?;
+    if me == 0 {
+        (report.post_warp_mwqe_s, report.post_block_mwqe_s) = (median(warp), median(block));
+        report.engine_wqes = executed;
+        report.engine_mwqe_s = executed as f64 / (busy_ns.max(1) as f64 * 1e-9) / 1e6;
     }
-    comm.barrier()?;
-    Ok((me == 0).then_some(report))
+    Ok(())
+}
+
+/// Where rank 0's engine spent its busy cycles since `before`.
+fn engine_shares(comm: &Communicator, before: Option<EngineReport>, wqes_before: u64, report: &mut Report) -> Result<(), BoxError> {
+    let (Some(e), Some(nic)) = (comm.ibgda_engine(), comm.soft_nic()) else {
+        return Ok(());
+    };
+    report.engine = format!("{:?}", e.engine);
+    report.engine_threads = e.threads;
+    let wqes = nic.stats().wqes - wqes_before;
+    let Some(b) = before else { return Ok(()) };
+    let (e, b) = (e.counters, b.counters);
+    let busy = e.busy_cycles - b.busy_cycles;
+    if busy == 0 || wqes == 0 {
+        return Ok(());
+    }
+    let copy = (e.copy_cycles - b.copy_cycles) as f64;
+    let fence = (e.fence_cycles - b.fence_cycles) as f64;
+    let control = (busy as f64 - copy - fence).max(0.0);
+    report.engine_copy_share = Some(copy / busy as f64);
+    report.engine_fence_share = Some(fence / busy as f64);
+    report.engine_control_share = Some(control / busy as f64);
+    report.engine_control_cycles_per_wqe = Some(control / wqes as f64);
+    let mut phases: Vec<(String, f64)> = Phase::ALL
+        .iter()
+        .map(|&p| {
+            (
+                p.name().to_string(),
+                e.phase_cycles[p as usize].wrapping_sub(b.phase_cycles[p as usize]) as f64 / wqes as f64,
+            )
+        })
+        .collect();
+    let walk = control / wqes as f64 - phases.iter().map(|(_, c)| c).sum::<f64>();
+    phases.push(("walk".to_string(), walk.max(0.0)));
+    report.engine_phase_cycles_per_wqe = phases;
+    Ok(())
 }

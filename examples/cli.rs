@@ -28,6 +28,76 @@ pub fn parse_number(s: &str) -> Option<u64> {
     doorbell_kernels::mlx5::dump::parse_number(s)
 }
 
+/// A byte count as nccl-tests writes one: a whole number (decimal or `0x`
+/// hex, `_` separators allowed) with an optional binary suffix `K`, `M`,
+/// `G` or `T` (either case: 2^10, 2^20, 2^30, 2^40). `128M` is 134217728.
+/// Fractions (`1.5M`), negative numbers, other suffixes and counts past
+/// `u64::MAX` are errors naming the text.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (digits, shift) = match t.char_indices().last() {
+        Some((i, c)) if !t.starts_with("0x") && !t.starts_with("0X") && c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => return Err(format!("`{s}` has an unknown size suffix `{c}`; use K, M, G or T (powers of 1024)")),
+            };
+            (&t[..i], shift)
+        }
+        _ => (t, 0),
+    };
+    let n = parse_number(digits)
+        .ok_or_else(|| format!("`{s}` is not a size: give a whole number, optionally with K, M, G or T (e.g. 8, 4096, 64K, 128M)"))?;
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("`{s}` is too large: more than {} bytes", u64::MAX))
+}
+
+/// `bytes` the way [`parse_size`] reads it back, shortest first: `64K`,
+/// `128M`, `1G` for whole multiples of a unit, else the plain number.
+pub fn format_size(bytes: u64) -> String {
+    for (shift, unit) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
+        if bytes != 0 && bytes % (1 << shift) == 0 {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    bytes.to_string()
+}
+
+/// A value parser for a byte count in `min..=max`, in [`parse_size`]'s
+/// syntax (`-e 128M`, `--size 4K`, or plain numbers as before).
+pub fn sized(min: u64, max: u64) -> impl Fn(&str) -> Result<u64, String> + Clone + Send + Sync + 'static {
+    move |s: &str| {
+        let v = parse_size(s)?;
+        if (min..=max).contains(&v) {
+            Ok(v)
+        } else {
+            Err(format!(
+                "{v} is out of range; use {}..={} ({min}..={max} bytes)",
+                format_size(min),
+                format_size(max)
+            ))
+        }
+    }
+}
+
+/// A sweep of sizes as nccl-tests makes one: `min`, `min * factor`, ...
+/// while at most `max` (nothing when `min > max`; stops before a size
+/// that would overflow).
+pub fn sweep(min: u64, max: u64, factor: u64) -> Vec<u64> {
+    let mut sizes = Vec::new();
+    let mut b = min;
+    while b <= max {
+        sizes.push(b);
+        match b.checked_mul(factor) {
+            Some(n) if factor > 1 => b = n,
+            _ => break,
+        }
+    }
+    sizes
+}
+
 fn parse_backend(s: &str) -> Result<Backend, String> {
     s.parse::<Backend>()
         .map_err(|_| format!("`{s}` is not a backend; use gpu, cpu or auto"))
@@ -82,8 +152,8 @@ pub struct FmaArgs {
 pub struct HistogramArgs {
     #[command(flatten)]
     pub device: DeviceArgs,
-    /// Input bytes [default: 268435456 on a GPU, 4194304 on the emulator]
-    #[arg(long, value_name = "BYTES", value_parser = ranged(1, MAX_BYTES))]
+    /// Input bytes (K, M, G suffixes: powers of 1024) [default: 268435456 on a GPU, 4194304 on the emulator]
+    #[arg(long, value_name = "BYTES", value_parser = sized(1, MAX_BYTES))]
     pub n: Option<u64>,
 }
 
@@ -113,8 +183,8 @@ pub struct PingpongArgs {
     /// Round trips inside one kernel launch
     #[arg(long, value_name = "N", default_value = "1000", value_parser = ranged(1, u32::MAX as u64))]
     pub iters: u64,
-    /// Bytes put each way per round trip
-    #[arg(long, value_name = "BYTES", default_value = "8", value_parser = ranged(0, MAX_BYTES))]
+    /// Bytes put each way per round trip (K, M, G suffixes: powers of 1024)
+    #[arg(long, value_name = "BYTES", default_value = "8", value_parser = sized(0, MAX_BYTES))]
     pub size: u64,
 }
 
@@ -141,11 +211,11 @@ impl PingpongArgs {
 pub struct P2pBenchArgs {
     #[command(flatten)]
     pub device: DeviceArgs,
-    /// Smallest put size, bytes
-    #[arg(short = 'b', long = "minbytes", value_name = "BYTES", default_value = "4096", value_parser = ranged(1, MAX_BYTES))]
+    /// Smallest put size, bytes (K, M, G suffixes: powers of 1024)
+    #[arg(short = 'b', long = "minbytes", value_name = "BYTES", default_value = "4096", value_parser = sized(1, MAX_BYTES))]
     pub min_bytes: u64,
-    /// Largest put size, bytes [default: 268435456 on a GPU, 4194304 on the emulator]
-    #[arg(short = 'e', long = "maxbytes", alias = "max-size", value_name = "BYTES", value_parser = ranged(1, MAX_BYTES))]
+    /// Largest put size, bytes (K, M, G suffixes) [default: 268435456 on a GPU, 4194304 on the emulator]
+    #[arg(short = 'e', long = "maxbytes", alias = "max-size", value_name = "BYTES", value_parser = sized(1, MAX_BYTES))]
     pub max_bytes: Option<u64>,
     /// Multiply the size by this factor from one row to the next
     #[arg(short = 'f', long = "stepfactor", value_name = "F", default_value = "4", value_parser = ranged(2, 1024))]
@@ -218,7 +288,7 @@ impl P2pBenchPlan {
 
 /// `--piece`: 1 KiB ..= 16 MiB, a multiple of 16 (the copies move 16-byte vectors).
 fn piece_bytes(v: &str) -> Result<u64, String> {
-    let n = ranged(1024, 16 << 20)(v)?;
+    let n = sized(1024, 16 << 20)(v)?;
     if n % 16 != 0 {
         return Err(format!("{n} is not a multiple of 16"));
     }
@@ -236,17 +306,8 @@ impl P2pBenchArgs {
                 self.min_bytes
             ));
         }
-        let mut sizes = Vec::new();
-        let mut b = self.min_bytes;
-        while b <= max {
-            sizes.push(b);
-            match b.checked_mul(self.step_factor) {
-                Some(n) => b = n,
-                None => break,
-            }
-        }
         Ok(P2pBenchPlan {
-            sizes,
+            sizes: sweep(self.min_bytes, max, self.step_factor),
             max_bytes: max,
             rtt_iters: self.rtt_iters.unwrap_or(if gpu { 20_000 } else { 200 }) as u32,
             rounds: self.rounds as u32,
@@ -374,11 +435,11 @@ impl WqeDumpArgs {
 pub struct IbgdaBenchArgs {
     #[command(flatten)]
     pub device: DeviceArgs,
-    /// Smallest put size, bytes
-    #[arg(short = 'b', long = "minbytes", value_name = "BYTES", default_value = "4096", value_parser = ranged(16, MAX_BYTES))]
+    /// Smallest put size, bytes (K, M, G suffixes: powers of 1024)
+    #[arg(short = 'b', long = "minbytes", value_name = "BYTES", default_value = "4096", value_parser = sized(16, MAX_BYTES))]
     pub min_bytes: u64,
-    /// Largest put size, bytes [default: 268435456 on a GPU, 1048576 on the emulator]
-    #[arg(short = 'e', long = "maxbytes", value_name = "BYTES", value_parser = ranged(16, MAX_BYTES))]
+    /// Largest put size, bytes (K, M, G suffixes) [default: 268435456 on a GPU, 1048576 on the emulator]
+    #[arg(short = 'e', long = "maxbytes", value_name = "BYTES", value_parser = sized(16, MAX_BYTES))]
     pub max_bytes: Option<u64>,
     /// Multiply the size by this factor from one row to the next
     #[arg(short = 'f', long = "stepfactor", value_name = "F", default_value = "4", value_parser = ranged(2, 1024))]
@@ -402,4 +463,88 @@ pub struct IbgdaBenchArgs {
     /// Where ibgda_bench.json goes
     #[arg(long, value_name = "DIR", default_value = ".")]
     pub out: std::path::PathBuf,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_take_nccl_tests_suffixes() {
+        for (text, want) in [
+            ("8", 8),
+            ("0", 0),
+            ("4096", 4096),
+            ("0x1000", 4096),
+            ("1_024", 1024),
+            ("1K", 1 << 10),
+            ("64k", 64 << 10),
+            ("128M", 128 << 20),
+            ("256m", 256 << 20),
+            ("1G", 1 << 30),
+            ("2T", 2 << 40),
+            (" 16K ", 16 << 10),
+        ] {
+            assert_eq!(parse_size(text), Ok(want), "{text}");
+        }
+    }
+
+    #[test]
+    fn bad_sizes_are_errors_naming_the_text() {
+        for (text, needle) in [
+            ("", "not a size"),
+            ("K", "not a size"),
+            ("1.5M", "not a size"),
+            ("-1", "not a size"),
+            ("12X", "unknown size suffix `X`"),
+            ("4KB", "unknown size suffix `B`"),
+            ("0x10K", "not a size"),
+            ("16777216T", "too large"),
+            ("18446744073709551616", "not a size"),
+        ] {
+            let e = parse_size(text).expect_err(text);
+            assert!(e.contains(needle) && e.contains(&format!("`{text}`")), "{text}: {e}");
+        }
+        let limit = sized(16, 64 << 30);
+        assert_eq!(limit("256M"), Ok(256 << 20));
+        let e = limit("128G").unwrap_err();
+        assert!(
+            e.contains("out of range") && e.contains("16..=64G") && e.contains("137438953472"),
+            "{e}"
+        );
+        assert!(limit("8").unwrap_err().contains("out of range"));
+    }
+
+    #[test]
+    fn sizes_print_as_they_parse() {
+        for (bytes, text) in [
+            (0, "0"),
+            (8, "8"),
+            (1000, "1000"),
+            (1536, "1536"),
+            (1 << 10, "1K"),
+            (3 << 20, "3M"),
+            (1 << 30, "1G"),
+            (1 << 40, "1T"),
+        ] {
+            assert_eq!(format_size(bytes), text);
+            assert_eq!(parse_size(text), Ok(bytes));
+        }
+    }
+
+    #[test]
+    fn sweeps_multiply_and_stop_at_the_largest_size() {
+        assert_eq!(sweep(8, 64, 2), [8, 16, 32, 64]);
+        assert_eq!(sweep(4096, 65536, 4), [4096, 16384, 65536]);
+        assert_eq!(sweep(1000, 9000, 3), [1000, 3000, 9000]);
+        assert_eq!(sweep(5, 4, 2), Vec::<u64>::new());
+        assert_eq!(sweep(1 << 62, u64::MAX, 4), [1 << 62]);
+        assert_eq!(sweep(7, 100, 1), [7]);
+        let a = P2pBenchArgs::try_parse_from(["p2p_bench", "-b", "4K", "-e", "256K", "-f", "4"]).unwrap();
+        assert_eq!(a.plan(false).unwrap().sizes, [4 << 10, 16 << 10, 64 << 10, 256 << 10]);
+        let a = IbgdaBenchArgs::try_parse_from(["ibgda_bench", "--maxbytes", "1M"]).unwrap();
+        assert_eq!(a.max_bytes, Some(1 << 20));
+        assert!(PingpongArgs::try_parse_from(["pingpong", "--size", "65G"]).is_err());
+        assert_eq!(PingpongArgs::try_parse_from(["pingpong", "--size", "4K"]).unwrap().size, 4096);
+    }
 }

@@ -1,7 +1,8 @@
 //! NCCL for the benchmarks' baselines, loaded at run time (`libnccl.so.2`,
 //! else `libnccl.so`), so one binary runs with and without NCCL: grouped
 //! `ncclSend`/`ncclRecv` for the embedding exchange, `ncclAllReduce` for
-//! the all-reduce bench.
+//! the all-reduce bench; [`baseline`] says whether a benchmark's NCCL
+//! column can run here.
 //!
 //! cudarc's `nccl` feature is not used: its loader looks for `libnccl.so`
 //! and `libnccl.so.<CUDA major>` but not `libnccl.so.2`, the name NCCL
@@ -94,6 +95,31 @@ pub struct Library {
     pub version: String,
     /// The name it loaded under (`libnccl.so.2` or `libnccl.so`).
     pub path: &'static str,
+}
+
+/// Whether a benchmark's NCCL baseline can run: it needs a GPU, one GPU
+/// per rank (NCCL refuses several ranks on one GPU: `ranks_per_gpu` > 1
+/// is refused with a hint) and the library. `Ok` says which NCCL; `Err`
+/// why the NCCL column is skipped.
+pub fn baseline(gpu: bool, ranks_per_gpu: usize) -> Result<Library, String> {
+    if !gpu {
+        Err("no GPU".to_string())
+    } else if ranks_per_gpu > 1 {
+        Err(format!(
+            "{ranks_per_gpu} ranks share a GPU; NCCL needs one GPU per rank (use --spread with as many GPUs as ranks)"
+        ))
+    } else {
+        library()
+    }
+}
+
+/// The report's note on [`baseline`]'s answer: which NCCL runs, or why
+/// its column is skipped.
+pub fn baseline_note(b: &Result<Library, String>) -> String {
+    match b {
+        Ok(n) => format!("NCCL {} from {}", n.version, n.path),
+        Err(e) => format!("NCCL column skipped: {e}"),
+    }
 }
 
 /// Loads NCCL (once per process) and says which.
