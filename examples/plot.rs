@@ -81,6 +81,42 @@ pub fn pow2_ticks(x0: f64, x1: f64) -> Vec<f64> {
     (lo..=hi).filter(|e| e.rem_euclid(step as i32) == 0).map(|e| 2f64.powi(e)).collect()
 }
 
+/// Tick positions for a log y axis over `lo..=hi`: 1, 2 and 5 times the
+/// powers of ten in the range (only the powers of ten when those are more
+/// than [`MAX_TICKS`]); a range holding fewer than two of them gets its
+/// ends and their geometric mean, to two significant digits. Empty for a
+/// range that is not positive and finite.
+pub fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    if !(lo > 0.0 && hi >= lo && hi.is_finite()) {
+        return Vec::new();
+    }
+    let (e0, e1) = (lo.log10().floor() as i32, hi.log10().ceil() as i32);
+    let in_range = |mults: &[f64]| -> Vec<f64> {
+        (e0..=e1)
+            .flat_map(|e| mults.iter().map(move |m| m * 10f64.powi(e)))
+            .filter(|t| (lo..=hi).contains(t))
+            .collect()
+    };
+    let ticks = in_range(&[1.0, 2.0, 5.0]);
+    if ticks.len() > MAX_TICKS {
+        return in_range(&[1.0]);
+    }
+    if ticks.len() >= 2 {
+        return ticks;
+    }
+    let two_digits = |x: f64| {
+        let scale = 10f64.powi(x.log10().floor() as i32 - 1);
+        (x / scale).round() * scale
+    };
+    let mut v: Vec<f64> = [lo, (lo * hi).sqrt(), hi]
+        .into_iter()
+        .map(two_digits)
+        .filter(|t| (lo..=hi).contains(t))
+        .collect();
+    v.dedup();
+    v
+}
+
 /// The label of a byte count on an axis: `8`, `1K`, `64K`, `1M`, `4G` for
 /// whole multiples of a unit (every power of two), else one decimal of the
 /// largest unit below it (`1.5K`).
@@ -180,7 +216,7 @@ where
             YScale::Log => {
                 let (lo, hi) = ys(chart, true).fold((f64::MAX, 0.0f64), |(a, b), y| (a.min(y), b.max(y)));
                 let (lo, hi) = if lo <= hi { (lo / 1.25, hi * 1.25) } else { (0.1, 1.0) };
-                panel(area, chart, (lo..hi).log_scale())?;
+                panel(area, chart, (lo..hi).log_scale().with_key_points(log_ticks(lo, hi)))?;
             }
         }
     }
@@ -241,6 +277,21 @@ mod tests {
     }
 
     #[test]
+    fn log_ticks_are_one_two_five_and_never_empty_for_a_real_range() {
+        assert_eq!(log_ticks(0.8, 60.0), [1.0, 2.0, 5.0, 10.0, 20.0, 50.0]);
+        let wide = log_ticks(0.01, 1e9);
+        assert_eq!(wide.first().copied(), Some(0.01));
+        assert!(
+            wide.len() <= MAX_TICKS && wide.iter().all(|t| (t.log10().round() - t.log10()).abs() < 1e-9),
+            "{wide:?}"
+        );
+        // No 1-2-5 value inside: the ends and the middle, rounded inward.
+        let tight = log_ticks(2.1, 4.9);
+        assert!(tight.len() >= 2 && tight.iter().all(|t| (2.1..=4.9).contains(t)), "{tight:?}");
+        assert!(log_ticks(0.0, 1.0).is_empty() && log_ticks(2.0, 1.0).is_empty());
+    }
+
+    #[test]
     fn byte_labels_are_exact_for_whole_units() {
         for (x, want) in [
             (8.0, "8"),
@@ -277,7 +328,7 @@ mod tests {
         write_charts(&[(&chart, YScale::Linear), (&chart, YScale::Log)], &png, &svg).unwrap();
         let svg_text = std::fs::read_to_string(&svg).unwrap();
         assert!(
-            svg_text.contains(">1K<") && svg_text.contains(">1M<") && !svg_text.contains("976.6K"),
+            svg_text.contains("\n1K\n") && svg_text.contains("\n1M\n") && !svg_text.contains("976.6K"),
             "ticks"
         );
         assert!(std::fs::metadata(&png).unwrap().len() > 1000);
