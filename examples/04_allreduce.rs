@@ -41,7 +41,7 @@ use doorbell::coll::{Algo, AllReduce, AllReduceOptions, Bf16, DType, HostElement
 use doorbell::comm::{one_launch_in_flight, CommOptions, Communicator};
 use doorbell::{DeviceBuffer, ForTransport, LaunchConfig};
 use doorbell_example_kernels::allreduce::{
-    fused_grad_allreduce, fused_grad_allreduce_wide, fused_grad_allreduce_wide2, grad, produce_grad, COMPUTE_GEMV, COMPUTE_HASH,
+    fused_grad_allreduce, fused_grad_allreduce_512, fused_grad_allreduce_512x2, grad, produce_grad, COMPUTE_GEMV, COMPUTE_HASH,
 };
 use doorbell_examples::cli::{ranged, DeviceArgs};
 use doorbell_examples::nccl;
@@ -50,8 +50,8 @@ use doorbell_examples::{die, main_with, BoxError, USER_KERNELS};
 use doorbell_kernels::transport::{Ibgda, P2p, Routed};
 
 type FusedKernel = <fused_grad_allreduce as ForTransport<P2p>>::Kernel;
-type FusedWide = <fused_grad_allreduce_wide as ForTransport<P2p>>::Kernel;
-type FusedWide2 = <fused_grad_allreduce_wide2 as ForTransport<P2p>>::Kernel;
+type Fused512 = <fused_grad_allreduce_512 as ForTransport<P2p>>::Kernel;
+type Fused512x2 = <fused_grad_allreduce_512x2 as ForTransport<P2p>>::Kernel;
 type FusedIbgda = <fused_grad_allreduce as ForTransport<Ibgda>>::Kernel;
 type FusedRouted = <fused_grad_allreduce as ForTransport<Routed>>::Kernel;
 
@@ -676,7 +676,7 @@ fn bench_size(
     // launch-bounded kernels: one block of 512 per SM (128 registers), two
     // (64 registers, more spilled): more warps for the producer.
     let widths: &[Width] = if gpu && args.compute != Compute::None {
-        &[Width::Full, Width::Wide, Width::Wide2]
+        &[Width::Threads256, Width::Threads512, Width::Threads512x2]
     } else {
         &[Width::Default]
     };
@@ -726,20 +726,20 @@ enum Width {
     /// The plan's defaults (the emulator; no producer).
     Default,
     /// `fused_grad_allreduce`, 256 threads, one block per SM.
-    Full,
-    /// `fused_grad_allreduce_wide`, 512 threads, one block per SM.
-    Wide,
-    /// `fused_grad_allreduce_wide2`, 512 threads, two blocks per SM.
-    Wide2,
+    Threads256,
+    /// `fused_grad_allreduce_512`, 512 threads, one block per SM.
+    Threads512,
+    /// `fused_grad_allreduce_512x2`, 512 threads, two blocks per SM.
+    Threads512x2,
 }
 
 impl Width {
     fn label(self) -> &'static str {
         match self {
             Width::Default => "",
-            Width::Full => "/256",
-            Width::Wide => "/512",
-            Width::Wide2 => "/512x2",
+            Width::Threads256 => "/256",
+            Width::Threads512 => "/512",
+            Width::Threads512x2 => "/512x2",
         }
     }
 }
@@ -748,9 +748,9 @@ impl Width {
 fn fused_opts(chunk: u64, width: Width, share: usize, overlap_launch: Option<bool>) -> AllReduceOptions {
     let (threads, blocks) = match width {
         Width::Default => (None, None),
-        Width::Full => (Some(256), None),
-        Width::Wide => (Some(512), None),
-        Width::Wide2 => (Some(512), Some(2 * share.max(1) as u32)),
+        Width::Threads256 => (Some(256), None),
+        Width::Threads512 => (Some(512), None),
+        Width::Threads512x2 => (Some(512), Some(2 * share.max(1) as u32)),
     };
     AllReduceOptions {
         chunk_bytes: Some(chunk),
@@ -792,8 +792,8 @@ fn bench_rank<T: HostElement>(
     let compute = args.compute_code();
     let module = comm.load_module(&USER_KERNELS)?;
     let fused_fn = module.function::<FusedKernel>()?;
-    let wide_fn = module.function::<FusedWide>()?;
-    let wide2_fn = module.function::<FusedWide2>()?;
+    let fn_512 = module.function::<Fused512>()?;
+    let fn_512x2 = module.function::<Fused512x2>()?;
     let produce_fn = module.function::<produce_grad>()?;
     let dtype = T::DTYPE;
     let bytes = count as u64 * dtype.size();
@@ -948,11 +948,11 @@ fn bench_rank<T: HostElement>(
                     return Ok(());
                 };
                 // SAFETY: arguments from fused_args for this world; the
-                // wide kernel for the plan of 512 threads.
+                // 512-thread kernel for the plan of 512 threads.
                 unsafe {
                     match width {
-                        Width::Wide => stream.launch(&wide_fn, cfg, (comm.p2p()?, a, compute, step)),
-                        Width::Wide2 => stream.launch(&wide2_fn, cfg, (comm.p2p()?, a, compute, step)),
+                        Width::Threads512 => stream.launch(&fn_512, cfg, (comm.p2p()?, a, compute, step)),
+                        Width::Threads512x2 => stream.launch(&fn_512x2, cfg, (comm.p2p()?, a, compute, step)),
                         _ => stream.launch(&fused_fn, cfg, (comm.p2p()?, a, compute, step)),
                     }
                 }

@@ -10,8 +10,8 @@ use core::ffi::c_void;
 pub trait Kernel: 'static {
     /// PTX entry point name (the function's name, unmangled).
     const NAME: &'static str;
-    /// Marked `#[kernel(hot)]`: the PTX check fails on local-memory spills.
-    const HOT: bool;
+    /// Marked `#[kernel(no_spill)]`: the PTX check fails on local-memory spills.
+    const NO_SPILL: bool;
     /// `#[kernel(launch_bounds(threads = N, ...))]`: the most threads per
     /// block the entry may be launched with (the PTX says `.maxntid N`);
     /// 0 when unbounded (1024).

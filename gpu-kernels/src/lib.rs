@@ -16,7 +16,7 @@
 //!    we never rely on them), `std::sync::atomic` with the same semantics on
 //!    the host.
 //! 2. [`sync`] — documented publish/observe pairs and bounded spins.
-//! 3. [`transport`] — the device communication API (contract v2) and its
+//! 3. [`transport`] — the device communication API (the transport contract) and its
 //!    transports; [`heap`] — the symmetric heap's runtime header; [`mlx5`] —
 //!    the NIC's wire vocabulary and the GPU-driven send pipeline.
 //!

@@ -5,9 +5,11 @@ use syn::{parse::Parser, punctuated::Punctuated, visit_mut::VisitMut, FnArg, Ide
 /// Parsed model of `#[kernel(...)] fn ...`.
 struct KernelModel {
     item: ItemFn,
-    hot: bool,
-    /// `hot(A, B)`: hot for these transports' entries only.
-    hot_only: Vec<Path>,
+    /// `no_spill`: ptxas must report no local-memory spills for the entry
+    /// (checked by the PTX tests through the `DOORBELL_NO_SPILL_` marker).
+    no_spill: bool,
+    /// `no_spill(A, B)`: only these transports' entries.
+    no_spill_only: Vec<Path>,
     params: Vec<(Ident, Type)>,
     /// `transports(A, B)`: instantiate the generic body once per type.
     transports: Vec<Path>,
@@ -36,8 +38,8 @@ pub fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
 }
 
 fn parse(attr: TokenStream, item: ItemFn) -> syn::Result<KernelModel> {
-    let mut hot = false;
-    let mut hot_only = Vec::new();
+    let mut no_spill = false;
+    let mut no_spill_only = Vec::new();
     let mut transports = Vec::new();
     let mut bounds = None;
     let mut errors: Option<syn::Error> = None;
@@ -48,15 +50,19 @@ fn parse(attr: TokenStream, item: ItemFn) -> syn::Result<KernelModel> {
     let opts = Punctuated::<Meta, Token![,]>::parse_terminated.parse2(attr)?;
     for opt in opts {
         match &opt {
-            Meta::Path(p) if p.is_ident("hot") => hot = true,
-            Meta::List(l) if l.path.is_ident("hot") => match Punctuated::<Path, Token![,]>::parse_terminated.parse2(l.tokens.clone()) {
-                Ok(list) if !list.is_empty() => hot_only.extend(list),
-                Ok(_) => push(syn::Error::new_spanned(
-                    l,
-                    "`hot(...)` needs at least one transport type (or plain `hot`)",
-                )),
-                Err(e) => push(e),
-            },
+            Meta::Path(p) if p.is_ident("no_spill") => no_spill = true,
+            Meta::Path(p) if p.is_ident("hot") => push(syn::Error::new_spanned(p, "`hot` is now `no_spill`")),
+            Meta::List(l) if l.path.is_ident("hot") => push(syn::Error::new_spanned(&l.path, "`hot(...)` is now `no_spill(...)`")),
+            Meta::List(l) if l.path.is_ident("no_spill") => {
+                match Punctuated::<Path, Token![,]>::parse_terminated.parse2(l.tokens.clone()) {
+                    Ok(list) if !list.is_empty() => no_spill_only.extend(list),
+                    Ok(_) => push(syn::Error::new_spanned(
+                        l,
+                        "`no_spill(...)` needs at least one transport type (or plain `no_spill`)",
+                    )),
+                    Err(e) => push(e),
+                }
+            }
             Meta::List(l) if l.path.is_ident("transports") => {
                 match Punctuated::<Path, Token![,]>::parse_terminated.parse2(l.tokens.clone()) {
                     Ok(list) if !list.is_empty() => transports.extend(list),
@@ -70,7 +76,7 @@ fn parse(attr: TokenStream, item: ItemFn) -> syn::Result<KernelModel> {
             },
             other => push(syn::Error::new_spanned(
                 other,
-                "unknown kernel option; expected `hot`, `hot(Type, ...)`, `transports(Type, ...)` \
+                "unknown kernel option; expected `no_spill`, `no_spill(Type, ...)`, `transports(Type, ...)` \
                  or `launch_bounds(threads = N, min_blocks = M)`",
             )),
         }
@@ -89,8 +95,8 @@ fn parse(attr: TokenStream, item: ItemFn) -> syn::Result<KernelModel> {
         Some(e) => Err(e),
         None => Ok(KernelModel {
             item,
-            hot,
-            hot_only,
+            no_spill,
+            no_spill_only,
             params,
             transports,
             bounds,
@@ -137,11 +143,11 @@ fn validate(m: &KernelModel) -> syn::Result<()> {
         ));
     }
     let key = |p: &Path| quote!(#p).to_string();
-    for p in &m.hot_only {
+    for p in &m.no_spill_only {
         if !m.transports.iter().any(|t| key(t) == key(p)) {
             errors.push(syn::Error::new_spanned(
                 p,
-                "`hot(...)` names a transport that is not in `transports(...)`",
+                "`no_spill(...)` names a transport that is not in `transports(...)`",
             ));
         }
     }
@@ -285,8 +291,8 @@ fn generate_instances(m: &KernelModel) -> TokenStream {
         let key = |p: &Path| quote!(#p).to_string();
         let inst_model = KernelModel {
             item: inst,
-            hot: m.hot || m.hot_only.iter().any(|p| key(p) == key(tr)),
-            hot_only: Vec::new(),
+            no_spill: m.no_spill || m.no_spill_only.iter().any(|p| key(p) == key(tr)),
+            no_spill_only: Vec::new(),
             params,
             transports: Vec::new(),
             bounds: m.bounds,
@@ -328,12 +334,12 @@ fn generate(m: &KernelModel) -> TokenStream {
     let inputs = &sig.inputs;
     let names: Vec<&Ident> = m.params.iter().map(|(n, _)| n).collect();
     let types: Vec<&Type> = m.params.iter().map(|(_, t)| t).collect();
-    let hot_marker = if m.hot {
-        ptx_marker(&format_ident!("DOORBELL_HOT_{}", name))
+    let no_spill_marker = if m.no_spill {
+        ptx_marker(&format_ident!("DOORBELL_NO_SPILL_{}", name))
     } else {
         quote! {}
     };
-    let hot = m.hot;
+    let no_spill = m.no_spill;
     // The PTX build turns this marker into the entry's `.maxntid` and
     // `.minnctapersm` directives (rustc has no attribute for them).
     let (bounds_marker, max_threads) = match m.bounds {
@@ -355,7 +361,7 @@ fn generate(m: &KernelModel) -> TokenStream {
         #[allow(clippy::missing_safety_doc)]
         #vis unsafe fn #name(#inputs) #block
 
-        #hot_marker
+        #no_spill_marker
         #bounds_marker
 
         #[cfg(not(target_arch = "nvptx64"))]
@@ -366,7 +372,7 @@ fn generate(m: &KernelModel) -> TokenStream {
         #[cfg(not(target_arch = "nvptx64"))]
         impl ::doorbell_kernels::Kernel for #name {
             const NAME: &'static str = #name_str;
-            const HOT: bool = #hot;
+            const NO_SPILL: bool = #no_spill;
             const MAX_THREADS: u32 = #max_threads;
             type Args = #args_ty;
             unsafe fn emulate(args: Self::Args) {

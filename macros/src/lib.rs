@@ -32,7 +32,7 @@ mod pipeline;
 ///     }
 /// }
 ///
-/// #[doorbell_kernels::kernel(hot)] // ptxas must report no local-memory spills
+/// #[doorbell_kernels::kernel(no_spill)] // ptxas must report no local-memory spills
 /// pub unsafe fn inner_loop(x: *mut u32) {
 ///     unsafe { *x += 1 };
 /// }
@@ -57,11 +57,11 @@ mod pipeline;
 /// `unsafe` (kernels dereference raw device pointers), has no generics
 /// (except the one transport parameter with `transports(...)`), no `self`,
 /// no return type, plain identifier parameters, is not `async`/`const` and
-/// has no explicit ABI. Options: `hot`; `transports(A, B)` on a body generic
+/// has no explicit ABI. Options: `no_spill`; `transports(A, B)` on a body generic
 /// over `T: Transport` emits entries `name_a`, `name_b` and maps each
 /// transport to its entry through `doorbell_kernels::ForTransport`;
-/// `hot(A)` with `transports(...)` makes only the listed transports'
-/// entries hot; `launch_bounds(threads = N, min_blocks = M)` is CUDA's
+/// `no_spill(A)` with `transports(...)` asks it of the listed transports'
+/// entries only; `launch_bounds(threads = N, min_blocks = M)` is CUDA's
 /// `__launch_bounds__(N, M)`: the PTX build writes `.maxntid N, 1, 1` and
 /// `.minnctapersm M` into the entry (ptxas then keeps its registers within
 /// what `M` blocks of `N` threads per SM allow), and a launch with more

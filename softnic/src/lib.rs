@@ -71,7 +71,7 @@
 //! | [`engine`] | the core: `no_std`, no allocation, no panics on ring contents; fixed-size `#[repr(C)]` tables ([`engine::Port`]) and [`engine::poll_port`], one pass over a port. Builds for `nvptx64` (checked with `cargo build --target nvptx64-nvidia-cuda -Zbuild-std=core`) |
 //! | [`verbs`] | the setup interface as traits ([`RdmaDevice`], [`QueuePair`], [`MemoryRegion`], [`CompletionQueue`]) shaped like verbs + mlx5 direct verbs, free of GPU specifics: a transport switches to a real NIC by opening another device |
 //! | [`host`] | the soft implementation: [`SoftFabric`] (ports that reach each other, a real or virtual clock), [`SoftDevice`] with [`SoftDevice::poll_once`] and [`SoftDevice::spawn_engine`], ports resident elsewhere ([`host::ResidentPort`]), ring memory helpers, a host [`host::CqReader`] |
-//! | [`kernel`] | `softnic_engine`: the engine as a persistent block per port (control on thread 0, payload moved by the block), built into this crate's own PTX |
+//! | [`kernel`] | `softnic_engine_256`, `_512`, `_1024`: the engine as a persistent block per port (control on thread 0, payload moved by the block), built into this crate's own PTX |
 //!
 //! ## What a WQE goes through
 //!
@@ -215,7 +215,7 @@
 //! regions lie) — never its rings, so SEND and WRITE with immediate toward
 //! it fail ([`engine::Reason::Unmapped`]). The
 //! host engine runs one device pass at a time (one lock). The GPU-resident
-//! engine ([`engine::resident`], the [`kernel::softnic_engine()`] kernel)
+//! engine ([`engine::resident`], the [`kernel::softnic_engine_256()`] kernels and its siblings)
 //! gives each port its own block; ports reach each other through an
 //! [`engine::PortTable`]. An engine writes no other port's tables but the
 //! inbox of the responder QP it is connected to (single producer, single

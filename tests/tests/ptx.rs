@@ -1,5 +1,5 @@
 //! Checks on the PTX the workspace produces: ptxas accepts every module for
-//! sm_90, kernels marked `#[kernel(hot)]` do not spill to local memory, and
+//! sm_90, kernels marked `#[kernel(no_spill)]` do not spill to local memory, and
 //! every memory-ordering primitive emits the instruction its name spells.
 
 use std::path::PathBuf;
@@ -59,7 +59,7 @@ fn ptxas_report(name: &str, ptx: &str) -> Vec<(String, u64, u64, u64)> {
 }
 
 #[test]
-fn ptxas_accepts_every_module_and_hot_kernels_do_not_spill() {
+fn ptxas_accepts_every_module_and_no_spill_kernels_do_not_spill() {
     for (name, ptx) in modules() {
         assert!(doorbell::ptx_is_built(ptx), "{name}: the PTX was not built (DOORBELL_SKIP_PTX?)");
         assert!(ptx.contains(".target sm_90"), "{name} is not built for sm_90");
@@ -71,16 +71,16 @@ fn ptxas_accepts_every_module_and_hot_kernels_do_not_spill() {
             "{name}: ptxas reported {} of {entries} entries",
             report.len()
         );
-        let hot: Vec<&str> = ptx
+        let no_spill: Vec<&str> = ptx
             .lines()
-            .filter_map(|l| l.split("DOORBELL_HOT_").nth(1))
+            .filter_map(|l| l.split("DOORBELL_NO_SPILL_").nth(1))
             .map(|s| s.split(|c: char| !(c.is_alphanumeric() || c == '_')).next().unwrap())
             .collect();
         for (kernel, st, ld, _) in &report {
-            if hot.contains(&kernel.as_str()) {
+            if no_spill.contains(&kernel.as_str()) {
                 assert!(
                     *st == 0 && *ld == 0,
-                    "{name}: hot kernel {kernel} spills ({st} bytes stored, {ld} loaded)"
+                    "{name}: no_spill kernel {kernel} spills ({st} bytes stored, {ld} loaded)"
                 );
             }
         }
@@ -196,7 +196,7 @@ fn library_ptx_holds_no_test_example_or_bench_kernels() {
     // driver would JIT before the engine could start).
     assert_eq!(
         entries(doorbell::comm::SOFTNIC_PTX),
-        ["softnic_engine", "softnic_engine_mid", "softnic_engine_wide"],
+        ["softnic_engine_256", "softnic_engine_512", "softnic_engine_1024"],
         "entry points in the soft NIC's PTX"
     );
 }
@@ -236,14 +236,14 @@ fn launch_bounds_are_written_into_the_examples_ptx() {
     };
     let some = |s: &str| Some(s.to_string());
     assert_eq!(
-        entry_directives(ptx, "fused_grad_allreduce_wide_p2p"),
+        entry_directives(ptx, "fused_grad_allreduce_512_p2p"),
         (some("512, 1, 1"), some("1")),
-        "fused_grad_allreduce_wide_p2p: launch_bounds(threads = 512, min_blocks = 1)"
+        "fused_grad_allreduce_512_p2p: launch_bounds(threads = 512, min_blocks = 1)"
     );
     assert_eq!(
-        entry_directives(ptx, "fused_grad_allreduce_wide2_p2p"),
+        entry_directives(ptx, "fused_grad_allreduce_512x2_p2p"),
         (some("512, 1, 1"), some("2")),
-        "fused_grad_allreduce_wide2_p2p: launch_bounds(threads = 512, min_blocks = 2)"
+        "fused_grad_allreduce_512x2_p2p: launch_bounds(threads = 512, min_blocks = 2)"
     );
     assert_eq!(
         entry_directives(ptx, "fused_grad_allreduce_p2p"),
@@ -284,7 +284,7 @@ fn launch_bounds_cap_the_registers_ptxas_allocates() {
     let Some((ptx, ptxas)) = examples_ptx_and_ptxas(doorbell_examples::USER_KERNELS_PTX, "register check") else {
         return;
     };
-    let limits = [("fused_grad_allreduce_wide_p2p", 128), ("fused_grad_allreduce_wide2_p2p", 64)];
+    let limits = [("fused_grad_allreduce_512_p2p", 128), ("fused_grad_allreduce_512x2_p2p", 64)];
     let names: Vec<&str> = limits.iter().map(|(e, _)| *e).collect();
     let used = ptxas_registers(&ptxas, ptx, &names);
     for (entry, limit) in limits {

@@ -112,22 +112,23 @@ pub unsafe fn fused_grad_allreduce<T: Transport>(t: T, ar: AllReduceArgs, comput
     unsafe { fused_grad(&t, &ar, compute, step) }
 }
 
-/// [`fused_grad_allreduce`] for blocks of up to 512 threads
-/// (`launch_bounds`: ptxas keeps it within 128 registers, so a block of
-/// 512 threads fits an SM): twice the warps for the producer, some
-/// registers spilled. Plan it with `AllReduceOptions::threads = Some(512)`.
+/// [`fused_grad_allreduce`] for blocks of up to 512 threads, one block
+/// per SM (the name gives the block size it is built for; `launch_bounds`:
+/// ptxas keeps it within 128 registers, so a block of 512 threads fits an
+/// SM): twice the warps for the producer, some registers spilled. Plan it with `AllReduceOptions::threads = Some(512)`.
 #[kernel(transports(P2p), launch_bounds(threads = 512, min_blocks = 1))]
-pub unsafe fn fused_grad_allreduce_wide<T: Transport>(t: T, ar: AllReduceArgs, compute: u32, step: u32) {
+pub unsafe fn fused_grad_allreduce_512<T: Transport>(t: T, ar: AllReduceArgs, compute: u32, step: u32) {
     // SAFETY: the kernel's contract.
     unsafe { fused_grad(&t, &ar, compute, step) }
 }
 
-/// [`fused_grad_allreduce`] for two blocks of 512 threads per SM
-/// (`launch_bounds`: 64 registers, the rest spilled): the producer's warps
-/// of a plain kernel, the communication code spilling. Plan it with
+/// [`fused_grad_allreduce`] for two blocks of 512 threads per SM (the
+/// name: 512 threads, times 2 blocks; `launch_bounds`: 64 registers, the
+/// rest spilled): the producer's warps of a plain kernel, the
+/// communication code spilling. Plan it with
 /// `threads = Some(512)` and two blocks per SM.
 #[kernel(transports(P2p), launch_bounds(threads = 512, min_blocks = 2))]
-pub unsafe fn fused_grad_allreduce_wide2<T: Transport>(t: T, ar: AllReduceArgs, compute: u32, step: u32) {
+pub unsafe fn fused_grad_allreduce_512x2<T: Transport>(t: T, ar: AllReduceArgs, compute: u32, step: u32) {
     // SAFETY: the kernel's contract.
     unsafe { fused_grad(&t, &ar, compute, step) }
 }
@@ -149,7 +150,7 @@ unsafe fn fused_grad<T: Transport>(t: &T, ar: &AllReduceArgs, compute: u32, step
 
 /// The producer alone: elements `[first, first + n)` of this rank's
 /// gradient into `out[0..n]` (`dtype`: 0 f32, 1 bf16), grid-stride.
-#[kernel(hot)]
+#[kernel(no_spill)]
 pub unsafe fn produce_grad(out: *mut u8, dtype: u32, first: u64, n: u64, rank: u32, compute: u32, step: u32) {
     let put = |i: u64, g: f32| {
         // SAFETY: `out` holds `n` elements of `dtype`, and i < n.

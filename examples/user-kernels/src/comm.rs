@@ -18,7 +18,7 @@ pub const PINGPONG_TIMEOUT: u32 = 2;
 /// launch ended at), so launches can follow each other without resetting.
 /// Rank 0's block `b` writes its elapsed ns to `out_ns[b]`; `status[b]`
 /// gets `PINGPONG_OK`, `PINGPONG_TIMEOUT` or `PINGPONG_ERROR`.
-#[kernel(hot, transports(P2p, Ibgda))]
+#[kernel(no_spill, transports(P2p, Ibgda))]
 pub unsafe fn pingpong<T: Transport>(
     t: T,
     buf: *mut u8,
@@ -104,7 +104,7 @@ unsafe fn wait_block<T: Transport>(t: &T, sig: *mut u64, i: u64, result: *mut u3
 /// launches' skew) and is not timed, so `iters + 1` round trips run and rank
 /// 0 writes the ns of the last `iters` to `out_ns`. Every rank writes its
 /// status to `status`.
-#[kernel(hot, transports(P2p))]
+#[kernel(no_spill, transports(P2p))]
 pub unsafe fn signal_pingpong<T: Transport>(t: T, sig: *mut u64, epoch0: u64, iters: u32, out_ns: *mut u64, status: *mut u32) {
     let me = t.rank();
     if me > 1 || ptx::thread_rank_in_block() != 0 || ptx::block_idx_x() != 0 {
@@ -147,7 +147,7 @@ pub unsafe fn signal_pingpong<T: Transport>(t: T, sig: *mut u64, epoch0: u64, it
 /// [`signal_pingpong`]; a spin out of budget writes `PINGPONG_TIMEOUT`
 /// (nothing is recorded in the heap's report), a peer without a load/store
 /// route `PINGPONG_ERROR`.
-#[kernel(hot)]
+#[kernel(no_spill)]
 pub unsafe fn signal_pingpong_unchecked(t: P2p, sig: *mut u64, epoch0: u64, iters: u32, out_ns: *mut u64, status: *mut u32) {
     let me = t.rank();
     if me > 1 || ptx::thread_rank_in_block() != 0 || ptx::block_idx_x() != 0 {
@@ -250,7 +250,7 @@ pub unsafe fn hold_stream(ns: u64) {
 /// Raw floor for put bandwidth: a grid-stride 16-byte vector copy of
 /// `bytes` (a multiple of 16; both pointers 16-byte aligned), `iters` times,
 /// with four vectors in flight per thread (as the transport's copy has).
-#[kernel(hot)]
+#[kernel(no_spill)]
 pub unsafe fn copy_raw(dst: *mut u8, src: *const u8, bytes: u64, iters: u32) {
     let me = ptx::global_thread_id_x() as u64;
     let stride = ptx::grid_stride_x() as u64;
@@ -265,7 +265,7 @@ pub unsafe fn copy_raw(dst: *mut u8, src: *const u8, bytes: u64, iters: u32) {
 /// dealt round-robin to the blocks, and a block copies its piece with its
 /// threads (16-byte vectors, four in flight), `iters` times. Same contract
 /// as [`copy_raw`].
-#[kernel(hot)]
+#[kernel(no_spill)]
 pub unsafe fn copy_pieces(dst: *mut u8, src: *const u8, bytes: u64, piece: u64, iters: u32) {
     let me = ptx::thread_rank_in_block() as u64;
     let threads = ptx::block_dim_x() as u64;
@@ -289,7 +289,7 @@ pub unsafe fn copy_pieces(dst: *mut u8, src: *const u8, bytes: u64, piece: u64, 
 /// `piece / warps per block` bytes (a multiple of 16) dealt round-robin to
 /// every warp of the grid, each put by its warp. Rank 1 waits until `sig >= expect`.
 /// `status` gets `PINGPONG_OK`, `PINGPONG_TIMEOUT` or `PINGPONG_ERROR`.
-#[kernel(hot, transports(P2p))]
+#[kernel(no_spill, transports(P2p))]
 pub unsafe fn put_bw<T: Transport>(
     t: T,
     dst: *mut u8,
@@ -383,7 +383,7 @@ pub unsafe fn put_bw<T: Transport>(
 /// writes the ns of `iters` round trips to `out_ns` (as
 /// [`signal_pingpong`]). Unbounded spins: a measurement kernel, not for
 /// production.
-#[kernel(hot)]
+#[kernel(no_spill)]
 pub unsafe fn flag_pingpong_pair(
     my_flag: *mut u64,
     their_flag: *mut u64,

@@ -17,7 +17,7 @@ pub mod ibgda_bench;
 pub mod shift;
 
 /// `out[i] = a[i] * b[i] + c[i]` over `n` elements, grid-stride.
-#[kernel(hot)]
+#[kernel(no_spill)]
 pub unsafe fn fused_multiply_add(a: *const f32, b: *const f32, c: *const f32, out: *mut f32, n: u64) {
     let mut i = ptx::global_thread_id_x() as u64;
     let stride = ptx::grid_stride_x() as u64;
@@ -33,7 +33,7 @@ pub unsafe fn fused_multiply_add(a: *const f32, b: *const f32, c: *const f32, ou
 /// Each block counts into its own 256 bins in shared memory (launch with
 /// 1024 bytes of dynamic shared memory), then adds them to `bins` with
 /// relaxed GPU-scope atomics.
-#[kernel(hot)]
+#[kernel(no_spill)]
 pub unsafe fn byte_histogram(data: *const u8, n: u64, bins: *mut u32) {
     let local = ptx::dynamic_shared_mem() as *mut u32;
     let t = ptx::thread_idx_x();

@@ -937,10 +937,10 @@ unsafe fn run_algo<T: Transport, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, mut 
 
 /// The library's all-reduce kernel: [`run`] over the transport. Launch it
 /// with the grid `args.blocks` (the host's `AllReduce::run` does). Only
-/// the P2P entry is `hot`: the IBGDA and routed entries (WQE building, two
+/// the P2P entry is `no_spill`: the IBGDA and routed entries (WQE building, two
 /// handles) keep 4 bytes in local memory, as ptxas reports.
 #[cfg(not(feature = "no-library-kernels"))]
-#[kernel(hot(P2p), transports(P2p, Ibgda, Routed))]
+#[kernel(no_spill(P2p), transports(P2p, Ibgda, Routed))]
 pub unsafe fn allreduce<T: Transport>(t: T, args: AllReduceArgs) {
     // SAFETY: the host made `args` for this world (launch contract).
     let _ = unsafe { run(&t, &args) };

@@ -1,4 +1,4 @@
-//! The device API every transport implements: **contract v2**.
+//! The device API every transport implements: **the transport contract**.
 //!
 //! A kernel receives a transport handle (e.g. [`P2p`]) by value and calls the
 //! [`Transport`] methods on it. Write the body once, generic over the
@@ -227,7 +227,7 @@ pub enum CommError {
     },
 }
 
-/// The device communication API (contract v2), implemented by every
+/// The device communication API (the transport contract), implemented by every
 /// transport. See the module docs for the per-call table.
 ///
 /// The required methods take a [`Coop`] so each transport writes each

@@ -16,7 +16,7 @@
 //! | [`config`] | timeouts, atomic reply byte order, fault injection |
 //! | [`mem`] | every access to memory the engine does not own, at `sys` scope through `doorbell_kernels::ptx` |
 //! | [`mover`] | the byte movement, split from the control: [`PayloadMover`], the host thread's `memmove`, the block's 16-byte split |
-//! | [`resident`] | the engine as a persistent block (the `softnic_engine` kernel): control block, block mover, stop word |
+//! | [`resident`] | the engine as a persistent block (the `softnic_engine_*` kernels): control block, block mover, stop word |
 
 pub mod config;
 pub mod cqe;

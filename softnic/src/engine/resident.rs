@@ -1,6 +1,6 @@
 //! The engine as a persistent block: the GPU-resident soft NIC.
 //!
-//! One block per port runs [`run_block`] (the `softnic_engine` kernel)
+//! One block per port runs [`run_block`] (the `softnic_engine_*` kernels)
 //! until the host sets [`EngineCtl::stop`]. Thread 0 is the NIC's control:
 //! it runs [`super::poll_port`] — doorbells, WQE parsing, key, bounds and
 //! access checks, the link model, faults, CQEs — exactly as the host thread

@@ -1,4 +1,4 @@
-//! Kernels that test the transport contract (v2): argument checks, data
+//! Kernels that test the transport contract: argument checks, data
 //! visible when its signal is seen, multi-word waits — and `Shadow`, a
 //! second transport, so every body here is instantiated for two.
 

@@ -10,7 +10,7 @@ use doorbell_kernels::{kernel, ptx};
 /// Builds WQE `i` of `reqs[0..n]` into `out[16 i .. 16 i + 16]` (64 bytes
 /// each, 16-byte aligned), one WQE per thread, grid-stride. The requests'
 /// own `wqe_index`, `qpn` and flags are used as given.
-#[kernel(hot)]
+#[kernel(no_spill)]
 pub unsafe fn mlx5_write_wqes(reqs: *const WqeRequest, n: u32, out: *mut u32) {
     let mut i = ptx::global_thread_id_x();
     while i < n {
@@ -32,7 +32,7 @@ pub unsafe fn mlx5_write_wqes(reqs: *const WqeRequest, n: u32, out: *mut u32) {
 ///
 /// Launch with a multiple of 32 threads per block; `status` holds one word
 /// per warp of the grid; at most `qp.sq_size` requests.
-#[kernel(hot)]
+#[kernel(no_spill)]
 pub unsafe fn mlx5_post_wqes(qp: QpHandle, reqs: *const WqeRequest, n: u32, budget_ns: u64, status: *mut u32) {
     let warps_per_block = ptx::block_dim_x() / 32;
     let warp = ptx::block_idx_x() * warps_per_block + ptx::thread_idx_x() / 32;
@@ -62,7 +62,7 @@ pub unsafe fn mlx5_post_wqes(qp: QpHandle, reqs: *const WqeRequest, n: u32, budg
 /// Thread 0 polls the QP's CQ `count` times, for `targets[k]` (a
 /// `wqe_counter`), writing 8 result words per poll to `out`
 /// ([`super::cq::encode_poll_result`]); stops after the first error.
-#[kernel(hot)]
+#[kernel(no_spill)]
 pub unsafe fn mlx5_poll_cq(qp: QpHandle, targets: *const u32, count: u32, budget_ns: u64, out: *mut u32) {
     if ptx::global_thread_id_x() != 0 {
         return;
@@ -87,7 +87,7 @@ pub unsafe fn mlx5_poll_cq(qp: QpHandle, targets: *const u32, count: u32, budget
 /// into its own ring of `ring_wqes` basic blocks (a power of 2) at
 /// `ring + warp × ring_wqes × 16` words. Lane 0 writes the warp's elapsed
 /// `%globaltimer` nanoseconds to `ns[global warp]`.
-#[kernel(hot)]
+#[kernel(no_spill)]
 pub unsafe fn mlx5_bench_write_wqes(reqs: *const WqeRequest, ring: *mut u32, ring_wqes: u32, k: u32, ns: *mut u64) {
     let warps_per_block = ptx::block_dim_x().div_ceil(32);
     let warp = ptx::block_idx_x() * warps_per_block + ptx::thread_idx_x() / 32;

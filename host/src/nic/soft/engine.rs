@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use doorbell_kernels::Kernel;
 use doorbell_softnic::engine::resident::{EngineCtl, EngineProgress, SHARED_BYTES, STATE_EXITED, STATE_LAUNCHED, STATE_RUNNING};
 use doorbell_softnic::engine::{Port, PortTable, Window, MAX_PORTS};
-use doorbell_softnic::kernel::{softnic_engine, softnic_engine_mid, softnic_engine_wide, ENGINE_THREADS, ENGINE_THREADS_MID};
+use doorbell_softnic::kernel::{softnic_engine_256, softnic_engine_512, softnic_engine_1024, ENGINE_256_THREADS, ENGINE_512_THREADS};
 use doorbell_softnic::{EngineThread, RdmaDevice as _};
 
 use super::port::{bytes_of, check_ring_addresses, read_qp_table, DevicePort};
@@ -25,11 +25,11 @@ use crate::nic::StartCtx;
 pub(super) enum Engine {
     /// A host thread (stopped and joined on drop).
     Thread(EngineThread),
-    /// A running `softnic_engine` kernel.
+    /// A running `softnic_engine_256` kernel.
     Kernel(KernelEngine),
 }
 
-/// A running `softnic_engine` kernel and the device memory it owns.
+/// A running `softnic_engine_256` kernel and the device memory it owns.
 pub(super) struct KernelEngine {
     /// The untracked stream it runs on (nothing else runs there).
     stream: Option<StreamBackend>,
@@ -133,23 +133,23 @@ impl StatusSlot {
 /// registers per thread).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum EngineEntry {
-    /// `softnic_engine`: up to [`ENGINE_THREADS`] (256).
-    Narrow = 0,
-    /// `softnic_engine_mid`: up to [`ENGINE_THREADS_MID`] (512).
-    Mid = 1,
-    /// `softnic_engine_wide`: up to 1024.
-    Wide = 2,
+    /// `softnic_engine_256`: up to [`ENGINE_256_THREADS`] (256).
+    UpTo256 = 0,
+    /// `softnic_engine_512`: up to [`ENGINE_512_THREADS`] (512).
+    UpTo512 = 1,
+    /// `softnic_engine_1024`: up to 1024.
+    UpTo1024 = 2,
 }
 
 impl EngineEntry {
     /// The entry for blocks of `threads`.
     fn for_threads(threads: u32) -> EngineEntry {
-        if threads <= ENGINE_THREADS {
-            EngineEntry::Narrow
-        } else if threads <= ENGINE_THREADS_MID {
-            EngineEntry::Mid
+        if threads <= ENGINE_256_THREADS {
+            EngineEntry::UpTo256
+        } else if threads <= ENGINE_512_THREADS {
+            EngineEntry::UpTo512
         } else {
-            EngineEntry::Wide
+            EngineEntry::UpTo1024
         }
     }
 }
@@ -165,9 +165,9 @@ fn engine_image(dev: &Device, rank: usize, entry: EngineEntry) -> Result<(Arc<Fu
         let t0 = std::time::Instant::now();
         let module = dev.inner.load_module((&SOFTNIC).into())?;
         let functions = [
-            Arc::new(module.function(<softnic_engine as Kernel>::NAME)?),
-            Arc::new(module.function(<softnic_engine_mid as Kernel>::NAME)?),
-            Arc::new(module.function(<softnic_engine_wide as Kernel>::NAME)?),
+            Arc::new(module.function(<softnic_engine_256 as Kernel>::NAME)?),
+            Arc::new(module.function(<softnic_engine_512 as Kernel>::NAME)?),
+            Arc::new(module.function(<softnic_engine_1024 as Kernel>::NAME)?),
         ];
         let (host, dev_addr) = dev.inner.alloc_mapped(STATUS_SLOTS * 4)?;
         let (progress_host, progress_dev) = dev.inner.alloc_mapped(STATUS_SLOTS * std::mem::size_of::<EngineProgress>())?;
@@ -439,7 +439,7 @@ pub(super) fn launch(nic: &SoftNic, ctx: &StartCtx<'_>) -> Result<KernelEngine> 
     ctx.world.barrier()?;
     let launched = std::time::Instant::now();
     // SAFETY: `function` is the engine's entry point for this many threads
-    // (`softnic_engine`, `_mid` or `_wide`, one pointer argument each); the
+    // (`softnic_engine_256`, `_512` or `_1024`, one pointer argument each); the
     // control block names this port's tables, the fabric's port table and
     // (through them) rings and regions that stay allocated until the
     // engine reports that it exited (the stop), and its state word, which
@@ -449,9 +449,9 @@ pub(super) fn launch(nic: &SoftNic, ctx: &StartCtx<'_>) -> Result<KernelEngine> 
         let cfg = crate::LaunchConfig::linear(1, threads).with_shared_mem(SHARED_BYTES);
         let args = (engine.ctl.as_raw() as *mut EngineCtl,);
         match entry {
-            EngineEntry::Narrow => stream.launch::<softnic_engine>(&function, &cfg, args)?,
-            EngineEntry::Mid => stream.launch::<softnic_engine_mid>(&function, &cfg, args)?,
-            EngineEntry::Wide => stream.launch::<softnic_engine_wide>(&function, &cfg, args)?,
+            EngineEntry::UpTo256 => stream.launch::<softnic_engine_256>(&function, &cfg, args)?,
+            EngineEntry::UpTo512 => stream.launch::<softnic_engine_512>(&function, &cfg, args)?,
+            EngineEntry::UpTo1024 => stream.launch::<softnic_engine_1024>(&function, &cfg, args)?,
         }
     };
     tracing::debug!(

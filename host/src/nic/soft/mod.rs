@@ -17,7 +17,7 @@
 //!   world of several processes, [`ENGINE_ENV`]`=kernel` on the emulator):
 //!   each rank copies its port's tables to its device memory, the ranks
 //!   exchange those addresses into a port table, and each rank launches
-//!   `softnic_engine` (from [`SOFTNIC_PTX`]) — **one block per port**,
+//!   `softnic_engine_256` (from [`SOFTNIC_PTX`]) — **one block per port**,
 //!   [`ENGINE_THREADS_GPU`] threads on a GPU ([`ENGINE_THREADS_ENV`]) — on
 //!   a non-blocking stream that [`crate::Device::synchronize`] and buffer
 //!   frees do not wait for. The engine's module is loaded once per device
@@ -94,7 +94,7 @@ pub use doorbell_softnic::engine::{EngineConfig, EngineCounters, LinkModel, Phas
 pub use doorbell_softnic::SoftDevice;
 pub use report::{EngineReport, IbgdaProgress};
 
-/// The soft NIC's engine kernel (`softnic_engine`), built from
+/// The soft NIC's engine kernel (`softnic_engine_256`), built from
 /// `doorbell-softnic` into a PTX of its own: the soft NIC is a device, not
 /// a library kernel, so it is not in [`crate::KERNELS_PTX`].
 pub const SOFTNIC_PTX: &str = SOFTNIC.ptx;
@@ -122,16 +122,16 @@ pub const ENGINE_THREADS_ENV: &str = "DOORBELL_SOFTNIC_ENGINE_THREADS";
 /// kernel's ordering with the ranks (see [`SoftOptions::sys_scope`]).
 pub const SCOPE_ENV: &str = "DOORBELL_SOFTNIC_SCOPE";
 /// Threads of the engine kernel's block on a GPU by default: 512, on
-/// `softnic_engine_mid` (128 registers per thread). Measured on one H200
+/// `softnic_engine_512` (128 registers per thread). Measured on one H200
 /// (`ibgda_bench`, the block sizes alternated in one run:
 /// `benchmarks/ibgda_h200_engine_entries.txt`):
 ///
 /// | threads (entry) | control cycles / WQE | engine M WQE/s | 256 MiB puts | `put_signal` round trip |
 /// |---|---|---|---|---|
-/// | 256 (`softnic_engine`, 255 registers) | 12 540 – 12 640 | 0.127 – 0.128 | 22.7 – 22.8 GB/s | 50.4 – 50.5 µs |
-/// | 512 (`softnic_engine_mid`) | 13 390 – 13 410 | 0.122 – 0.123 | 28.7 – 29.0 GB/s | 51.4 – 51.7 µs |
-/// | 512 on `softnic_engine_wide` (64 registers, before) | 14 700 – 14 740 | 0.113 | 26.9 – 27.0 GB/s | 54.6 – 54.7 µs |
-/// | 1024 (`softnic_engine_wide`) | 14 720 – 14 790 | 0.113 – 0.114 | 30.5 – 30.6 GB/s | 54.5 – 54.6 µs |
+/// | 256 (`softnic_engine_256`, 255 registers) | 12 540 – 12 640 | 0.127 – 0.128 | 22.7 – 22.8 GB/s | 50.4 – 50.5 µs |
+/// | 512 (`softnic_engine_512`) | 13 390 – 13 410 | 0.122 – 0.123 | 28.7 – 29.0 GB/s | 51.4 – 51.7 µs |
+/// | 512 on `softnic_engine_1024` (64 registers, before) | 14 700 – 14 740 | 0.113 | 26.9 – 27.0 GB/s | 54.6 – 54.7 µs |
+/// | 1024 (`softnic_engine_1024`) | 14 720 – 14 790 | 0.113 – 0.114 | 30.5 – 30.6 GB/s | 54.5 – 54.6 µs |
 ///
 /// Each of 256, 512 and 1024 holds all of its SM's registers.
 pub const ENGINE_THREADS_GPU: u32 = 512;
@@ -145,7 +145,7 @@ pub enum SoftNicEngine {
     /// A host thread per port (`SoftDevice::spawn_engine`). The emulator's
     /// default; refused on a GPU (the rings are device memory).
     Thread,
-    /// A persistent kernel per port (`softnic_engine`, one block) on a
+    /// A persistent kernel per port (`softnic_engine_256`, one block) on a
     /// stream of its own: the GPU's engine, and selectable on the emulator
     /// (`DOORBELL_SOFTNIC_ENGINE=kernel`) to test it there.
     Kernel,
