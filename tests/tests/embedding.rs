@@ -7,10 +7,11 @@
 
 use std::time::Duration;
 
+use doorbell::coll::embedding::{EmbeddingError, EmbeddingExchange, EmbeddingOptions, Problem, PAD, SHARED_BYTES, STAMP_FWD};
+use doorbell::coll::TransportKind;
 use doorbell::comm::{CommOptions, Communicator};
 use doorbell::{Backend, DeviceBuffer, LaunchConfig, Stream};
-use doorbell_example_kernels::embedding::{self as emb_k, PAD};
-use doorbell_examples::embedding::{self as emb, Exchange, ExchangeError, Problem, TransportKind};
+use doorbell_examples::embedding as emb;
 
 fn backends() -> Vec<Backend> {
     doorbell_tests::backends().iter().map(|d| d.backend()).collect()
@@ -29,8 +30,24 @@ fn cfg(comm: &Communicator, ranks: u32) -> LaunchConfig {
         emb::launch_config(comm, ranks)
     } else {
         // Few blocks and threads: every emulated thread is an OS thread.
-        LaunchConfig::linear(2, 32).with_shared_mem(doorbell_example_kernels::embedding::SHARED_BYTES)
+        LaunchConfig::linear(2, 32).with_shared_mem(SHARED_BYTES)
     }
+}
+
+/// The library's exchange over `transport`, launched with `cfg`.
+fn exchange<'c>(
+    comm: &'c Communicator,
+    p: &Problem,
+    cap: u32,
+    cfg: LaunchConfig,
+    transport: TransportKind,
+) -> doorbell::Result<EmbeddingExchange<'c>> {
+    let opts = EmbeddingOptions {
+        transport,
+        launch: Some(cfg),
+        ..EmbeddingOptions::default()
+    };
+    EmbeddingExchange::with_options(comm, p, cap, &opts)
 }
 
 /// Zipf ids with the awkward cases mixed in: every third bag of table 0
@@ -113,7 +130,7 @@ fn run_over(backend: Backend, p: &Problem, ids: &[Vec<u32>], steps: usize, lr: f
     let res = Communicator::local(p.ranks as usize, backend, opts(p, cap), |comm| {
         let r = comm.rank() as u32;
         let dev = comm.device();
-        let mut x = Exchange::with_transport(comm, p, cap, cfg(comm, p.ranks), transport)?;
+        let mut x = exchange(comm, p, cap, cfg(comm, p.ranks), transport)?;
         if let Lists::Sliced = lists {
             x.set_sliced_list_bytes(0);
         }
@@ -230,7 +247,7 @@ fn with_bad_ids(p: &Problem, good: &[Vec<u32>], bad_ranks: &[usize]) -> Vec<Vec<
 /// loaded, its bad and good ids, its upstream gradient, and an output
 /// buffer filled with `canary`, on stream `s`.
 struct FailRank<'c> {
-    x: Exchange<'c>,
+    x: EmbeddingExchange<'c>,
     shard: Vec<f32>,
     bad: DeviceBuffer<u32>,
     good: DeviceBuffer<u32>,
@@ -244,7 +261,7 @@ impl<'c> FailRank<'c> {
     fn new(comm: &'c Communicator, p: &Problem, cap: u32, init: &[f32], bad: &[Vec<u32>], good: &[Vec<u32>]) -> doorbell::Result<Self> {
         let r = comm.rank() as u32;
         let dev = comm.device();
-        let x = Exchange::new(comm, p, cap, cfg(comm, p.ranks))?;
+        let x = exchange(comm, p, cap, cfg(comm, p.ranks), TransportKind::P2p)?;
         let shard = emb::shard_of(p, init, r);
         x.load_shard(&shard)?;
         let canary = vec![-7.5f32; p.out_len()];
@@ -288,7 +305,7 @@ fn out_of_range_ids_fail_fast_on_every_rank_with_nothing_written_then_the_next_s
         for bad_ranks in [vec![1usize], vec![2, 1], vec![2]] {
             let first_bad = *bad_ranks.iter().min().unwrap() as u32;
             let bad = with_bad_ids(&p, &good, &bad_ranks);
-            let err = emb::validate_ids(&p, &bad).unwrap_err();
+            let err = emb::validate_ids(&p, &bad).unwrap_err().to_string();
             assert!(err.contains(&format!("rank {first_bad}, table 1, sample 2, position 1")), "{err}");
             let cap = (p.lookups() as u32).max(1);
             let init = emb::initial_tables(&p);
@@ -315,7 +332,9 @@ fn out_of_range_ids_fail_fast_on_every_rank_with_nothing_written_then_the_next_s
                     };
                     note(&format!(
                         "grid {:?} x {:?}, (registers, blocks per SM) {:?}",
-                        f.x.cfg.grid, f.x.cfg.block, f.x.residency
+                        f.x.launch_config().grid,
+                        f.x.launch_config().block,
+                        f.x.residency()
                     ));
                     // Device-side check (the host check skipped on purpose),
                     // every rank starting together.
@@ -327,7 +346,7 @@ fn out_of_range_ids_fail_fast_on_every_rank_with_nothing_written_then_the_next_s
                     note("failed forward finished");
                     let (fwd, _) = f.x.stamps()?;
                     note("stamps read");
-                    let phases: Vec<String> = emb_k::STAMP_FWD
+                    let phases: Vec<String> = STAMP_FWD
                         .iter()
                         .zip(&fwd)
                         .map(|(n, t)| t.map_or(format!("{n} -"), |t| format!("{n} {:.1}us", t as f64 / 1e3)))
@@ -367,12 +386,12 @@ fn out_of_range_ids_fail_fast_on_every_rank_with_nothing_written_then_the_next_s
                 let what = format!("{backend:?}, bad ids on ranks {bad_ranks:?}, rank {r}");
                 let e = e.as_ref().unwrap_or_else(|| panic!("{what}: no error"));
                 let msg = e.to_string();
-                let own = |e: &ExchangeError, rank: u32| {
-                    matches!(e, ExchangeError::BadId { rank: rr, table: 1, sample: 2, position: 1, id, rows: 20 }
+                let own = |e: &EmbeddingError, rank: u32| {
+                    matches!(e, EmbeddingError::BadId { rank: rr, table: 1, sample: 2, position: 1, id, rows: 20 }
                         if *rr == rank && *id == p.rows + rank - 1)
                 };
                 match e {
-                    ExchangeError::PeerFailed { rank, failed, cause } if !bad_ranks.contains(&r) => {
+                    EmbeddingError::PeerFailed { rank, failed, cause } if !bad_ranks.contains(&r) => {
                         assert_eq!((*rank, *failed), (r as u32, first_bad), "{what}: {msg}");
                         assert!(own(cause, first_bad), "{what}: {msg}");
                         let id = p.rows + first_bad - 1;
@@ -396,7 +415,7 @@ fn out_of_range_ids_fail_fast_on_every_rank_with_nothing_written_then_the_next_s
                 );
                 assert!(untouched, "{what}: the failed forward wrote the output or the tables");
                 match eb {
-                    Some(ExchangeError::NoForward { rank }) => assert_eq!(*rank, r as u32, "{what}"),
+                    Some(EmbeddingError::NoForward { rank }) => assert_eq!(*rank, r as u32, "{what}"),
                     other => panic!("{what}: the backward of a failed forward gave {other:?}"),
                 }
                 assert!(still, "{what}: the backward of a failed forward wrote something");
@@ -448,7 +467,7 @@ fn a_rank_later_than_the_budget_learns_that_its_peers_gave_up_and_the_next_step_
                 f.x.forward(&f.s, &f.bad, &mut f.out)?;
                 let failed = f.x.finish(&f.s).err().map(|e| e.to_string());
                 f.x.backward(&f.s, &f.grad, 0.5)?;
-                let refused = matches!(f.x.finish(&f.s), Err(ExchangeError::NoForward { .. }));
+                let refused = matches!(f.x.finish(&f.s), Err(EmbeddingError::NoForward { .. }));
                 if r == late_rank {
                     std::thread::sleep(LATE);
                 }
@@ -475,7 +494,7 @@ fn a_rank_later_than_the_budget_learns_that_its_peers_gave_up_and_the_next_step_
             let e = late.as_ref().unwrap_or_else(|| panic!("{what}: the late step passed"));
             if r as u32 == late_rank {
                 assert!(
-                    matches!(e, ExchangeError::PeerTimedOut { rank, peer } if *rank == late_rank && *peer != late_rank),
+                    matches!(e, EmbeddingError::PeerTimedOut { rank, peer } if *rank == late_rank && *peer != late_rank),
                     "{what}: {e}"
                 );
                 assert!(e.nothing_written(), "{what}: {e}");
@@ -485,12 +504,12 @@ fn a_rank_later_than_the_budget_learns_that_its_peers_gave_up_and_the_next_step_
                 );
             } else {
                 // The peers waited for the late rank's verdict and gave up.
-                assert!(matches!(e, ExchangeError::Device(_)), "{what}: {e}");
+                assert!(matches!(e, EmbeddingError::Device(_)), "{what}: {e}");
                 assert!(e.to_string().contains("gave up"), "{what}: {e}");
             }
             assert!(untouched, "{what}: the late step wrote the output");
             assert!(
-                matches!(late_bwd, Some(ExchangeError::NoForward { .. })),
+                matches!(late_bwd, Some(EmbeddingError::NoForward { .. })),
                 "{what}: the backward of the late step gave {late_bwd:?}"
             );
             assert!(still, "{what}: the late step's backward wrote something");
@@ -520,7 +539,7 @@ fn the_pull_forward_matches_the_reference() {
         let outs = Communicator::local(4, backend, opts(&p, cap), |comm| {
             let r = comm.rank() as u32;
             let dev = comm.device();
-            let x = Exchange::new(comm, &p, cap, cfg(comm, p.ranks))?;
+            let x = exchange(comm, &p, cap, cfg(comm, p.ranks), TransportKind::P2p)?;
             x.load_shard(&emb::shard_of(&p, &init, r))?;
             let ids_d = dev.alloc_from(&ids[r as usize])?;
             let mut out = dev.alloc_zeroed::<f32>(p.out_len())?;
@@ -561,7 +580,7 @@ fn forward_and_backward_over_ibgda_on_the_emulator() {
         assert_ne!(tables, emb::initial_tables(&p));
     }
     let r = Communicator::local(2, Backend::Cpu, opts(&p, 64), |comm| {
-        let x = Exchange::with_transport(comm, &p, 64, cfg(comm, 2), TransportKind::Ibgda)?;
+        let x = exchange(comm, &p, 64, cfg(comm, 2), TransportKind::Ibgda)?;
         let dev = comm.device();
         let ids = dev.alloc_zeroed::<u32>(p.lookups())?;
         let mut out = dev.alloc_zeroed::<f32>(p.out_len())?;
@@ -610,8 +629,8 @@ fn ibgda_with_many_blocks_sharing_small_send_queues() {
             comm.ibgda_with(&io)?;
             let r = comm.rank() as u32;
             let dev = comm.device();
-            let lc = LaunchConfig::linear(16, 64).with_shared_mem(emb_k::SHARED_BYTES);
-            let mut x = Exchange::with_transport(comm, &p, cap, lc, TransportKind::Ibgda)?;
+            let lc = LaunchConfig::linear(16, 64).with_shared_mem(SHARED_BYTES);
+            let mut x = exchange(comm, &p, cap, lc, TransportKind::Ibgda)?;
             x.load_shard(&emb::shard_of(&p, &init, r))?;
             let ids_d = dev.alloc_from(&ids[r as usize])?;
             let grad = dev.alloc_from(&emb::upstream_grad(&p, r))?;

@@ -169,10 +169,26 @@ fn entries(ptx: &str) -> Vec<&str> {
 
 /// The library's PTX holds the library's kernels only: no golden, test,
 /// WQE-test, example or benchmark entry points (those live in their own
-/// kernel crates): today, the all-reduce.
+/// kernel crates): today, the all-reduce and the embedding exchange.
 #[test]
 fn library_ptx_holds_no_test_example_or_bench_kernels() {
     let lib = entries(doorbell::KERNELS_PTX);
+    // The embedding exchange's entries (`doorbell::coll::EmbeddingExchange`).
+    let embedding = [
+        "emb_backward_ibgda",
+        "emb_backward_p2p",
+        "emb_backward_routed",
+        "emb_forward_ibgda",
+        "emb_forward_p2p",
+        "emb_forward_pull_p2p",
+        "emb_forward_pull_routed",
+        "emb_forward_routed",
+        "emb_zero_words",
+    ];
+    for want in embedding {
+        assert!(lib.contains(&want), "{want} missing from doorbell::KERNELS_PTX: {lib:?}");
+    }
+    let lib: Vec<&str> = lib.into_iter().filter(|e| !embedding.contains(e)).collect();
     let library_kernels: &[&str] = &["allreduce_ibgda", "allreduce_p2p", "allreduce_routed", "allreduce_wide_p2p"];
     assert_eq!(lib, library_kernels, "entry points in doorbell::KERNELS_PTX");
     // The test and example kernels are built, just elsewhere.
@@ -250,9 +266,19 @@ fn launch_bounds_are_written_into_the_examples_ptx() {
         (None, None),
         "fused_grad_allreduce_p2p has no launch_bounds"
     );
-    // The embedding exchange's grid-barrier kernels: three blocks of 256
-    // per SM (their grids ask for two: one to spare), every transport; and
-    // the benchmark's put floor, launched with the same grid.
+    // The benchmark's put floor, launched with the embedding exchange's grid.
+    assert_eq!(
+        entry_directives(ptx, "emb_put_floor_p2p"),
+        (some("256, 1, 1"), some("3")),
+        "emb_put_floor_p2p: launch_bounds(threads = 256, min_blocks = 3)"
+    );
+    // Only the bounded entries carry directives.
+    assert_eq!(ptx.matches(".maxntid").count(), 3, "entries with .maxntid");
+    assert_eq!(ptx.matches(".minnctapersm").count(), 3, "entries with .minnctapersm");
+    // The embedding exchange's grid-barrier kernels, in the library's PTX:
+    // three blocks of 256 per SM (their grids ask for two: one to spare),
+    // every transport.
+    let lib = doorbell::KERNELS_PTX;
     let emb = [
         "emb_forward_p2p",
         "emb_forward_ibgda",
@@ -262,18 +288,21 @@ fn launch_bounds_are_written_into_the_examples_ptx() {
         "emb_backward_routed",
         "emb_forward_pull_p2p",
         "emb_forward_pull_routed",
-        "emb_put_floor_p2p",
     ];
     for e in emb {
         assert_eq!(
-            entry_directives(ptx, e),
+            entry_directives(lib, e),
             (some("256, 1, 1"), some("3")),
             "{e}: launch_bounds(threads = 256, min_blocks = 3)"
         );
     }
-    // Only the bounded entries carry directives.
-    assert_eq!(ptx.matches(".maxntid").count(), 2 + emb.len(), "entries with .maxntid");
-    assert_eq!(ptx.matches(".minnctapersm").count(), 2 + emb.len(), "entries with .minnctapersm");
+    // With the all-reduce's entry for blocks of 512.
+    assert_eq!(lib.matches(".maxntid").count(), 1 + emb.len(), "library entries with .maxntid");
+    assert_eq!(
+        lib.matches(".minnctapersm").count(),
+        1 + emb.len(),
+        "library entries with .minnctapersm"
+    );
 }
 
 /// ptxas keeps the bounded entries within what `min_blocks` blocks of 512

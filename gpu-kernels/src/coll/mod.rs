@@ -16,6 +16,7 @@
 //! picks the algorithm and launches them.
 
 pub mod allreduce;
+pub mod embedding;
 pub mod reduce;
 
 pub use reduce::{Bf16, DType, Element};

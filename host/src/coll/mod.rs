@@ -75,7 +75,10 @@ use crate::memory::{DeviceBuffer, DeviceCopy};
 use crate::module::Function;
 use crate::stream::{LaunchConfig, Stream};
 
+pub mod embedding;
 pub mod reference;
+
+pub use embedding::{EmbeddingError, EmbeddingExchange, EmbeddingOptions};
 
 // SAFETY: a transparent u16: plain data, valid for every bit pattern.
 unsafe impl DeviceCopy for Bf16 {}
@@ -605,7 +608,7 @@ impl<'c> AllReduce<'c> {
     }
 
     /// The plan (algorithm, grid, chunk).
-    pub fn plan(&self) -> &Plan {
+    pub fn plan_of(&self) -> &Plan {
         &self.plan
     }
     /// Elements per rank.
