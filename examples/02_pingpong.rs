@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo run --release --example pingpong -- --help
-//! cargo run --release --example pingpong -- [--device gpu|cpu|auto] [--transport p2p|ibgda] [--iters N] [--size BYTES]
+//! cargo run --release --example pingpong -- [--device gpu|cpu|auto] [--transport p2p|ibgda] [--iters N] [--size BYTES|4K|1M]
 //! ```
 //! Two ranks as threads of this process by default. One rank per process
 //! when `RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` are set (as
@@ -20,10 +20,13 @@
 //! showing each rank's values; a rank that fails tells the others at once
 //! (they exit non-zero within seconds, naming it).
 
+#[path = "bench/mod.rs"]
+mod bench;
+
+use bench::run_ranks;
 use clap::Parser;
 use doorbell::comm::{CommOptions, Communicator};
-use doorbell::world::{World, WorldConfig};
-use doorbell::{Backend, Device, LaunchConfig};
+use doorbell::{Backend, LaunchConfig};
 use doorbell_example_kernels::comm::{pingpong_ibgda, pingpong_p2p as pingpong, PINGPONG_OK};
 use doorbell_examples::cli::{PingpongArgs, Transport};
 use doorbell_examples::{main_with, BoxError};
@@ -52,33 +55,10 @@ fn run(args: &PingpongArgs) -> Result<(), BoxError> {
         heap_bytes: args.heap_bytes(),
         ..CommOptions::from_env()?
     };
-
-    match WorldConfig::from_env()? {
-        None => {
-            let results = Communicator::local(2, opts.backend, comm_opts, |comm| run_rank(comm, &opts))?;
-            if let Some(line) = results.into_iter().flatten().next() {
-                println!("{line}");
-            }
-        }
-        Some(cfg) => {
-            let world = World::rendezvous(&cfg, b"pingpong v1")?;
-            let dev = match opts.backend {
-                Backend::Cpu => Device::emulator(world.local_rank()),
-                b => {
-                    let gpus = doorbell::gpu_count().max(1);
-                    Device::open(b, world.local_rank() % gpus)?
-                }
-            };
-            let comm = Communicator::new(world, dev, comm_opts)?;
-            let r = run_rank(&comm, &opts);
-            if let Err(e) = &r {
-                // Tell the other ranks now rather than let them time out.
-                comm.abort(&e.to_string());
-            }
-            if let Some(line) = r? {
-                println!("{line}");
-            }
-        }
+    // Two thread ranks, or this process's rank of a launcher's world.
+    let ran = run_ranks("pingpong", 2, None, opts.backend, comm_opts, |comm| Ok(run_rank(comm, &opts)?))?;
+    if let Some(line) = ran.results.into_iter().flatten().next() {
+        println!("{line}");
     }
     Ok(())
 }
@@ -121,42 +101,15 @@ fn run_rank(comm: &Communicator, o: &Opts) -> doorbell::Result<Option<String>> {
     let mut epoch = 0u64;
     let mut launch = |iters: u32, epoch: &mut u64| -> doorbell::Result<()> {
         comm.barrier()?;
+        let (bp, sp, e) = (buf.as_mut_ptr(), sig.as_mut_ptr(), *epoch);
+        let (ns, st) = (out_ns.as_mut_ptr(), status.as_mut_ptr());
         // SAFETY: `buf` holds `size` bytes and `sig` one word per block on
         // every rank; `out_ns`/`status` one entry per block.
-        let rest = (
-            buf.as_mut_ptr(),
-            o.size,
-            chunk,
-            sig.as_mut_ptr(),
-            *epoch,
-            iters,
-            out_ns.as_mut_ptr(),
-            status.as_mut_ptr(),
-        );
-        let (a, b, c, d, e, g, h, i) = rest;
-        if let Some((fi, t)) = &ibgda {
-            // SAFETY: as below.
-            unsafe { stream.launch(fi, cfg, (*t, a, b, c, d, e, g, h, i))? };
-            comm.synchronize(&stream)?;
-            *epoch += iters as u64;
-            return Ok(());
-        }
         unsafe {
-            stream.launch(
-                &f,
-                cfg,
-                (
-                    comm.p2p()?,
-                    buf.as_mut_ptr(),
-                    o.size,
-                    chunk,
-                    sig.as_mut_ptr(),
-                    *epoch,
-                    iters,
-                    out_ns.as_mut_ptr(),
-                    status.as_mut_ptr(),
-                ),
-            )?
+            match &ibgda {
+                Some((fi, t)) => stream.launch(fi, cfg, (*t, bp, o.size, chunk, sp, e, iters, ns, st))?,
+                None => stream.launch(&f, cfg, (comm.p2p()?, bp, o.size, chunk, sp, e, iters, ns, st))?,
+            }
         };
         comm.synchronize(&stream)?;
         *epoch += iters as u64;
