@@ -2,10 +2,7 @@
 // downstream project builds its own kernels: doorbell's build helper as a
 // build-dependency, the PTX embedded with include_str!.
 fn main() {
-    if let Err(e) = doorbell::build::PtxBuilder::new("user-kernels")
+    doorbell::build::PtxBuilder::new("user-kernels")
         .feature("no-library-kernels")
-        .build()
-    {
-        panic!("{e}");
-    }
+        .build_or_report();
 }

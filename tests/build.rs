@@ -2,7 +2,7 @@
 // helper, as any user's kernel crate is built; the tests embed it as
 // `doorbell_tests::TEST_KERNELS_PTX`.
 fn main() {
-    if let Err(e) = doorbell::build::PtxBuilder::new("kernels").feature("no-library-kernels").build() {
-        panic!("{e}");
-    }
+    doorbell::build::PtxBuilder::new("kernels")
+        .feature("no-library-kernels")
+        .build_or_report();
 }

@@ -28,7 +28,7 @@
 //! | `DOORBELL_PTX_ARCH` | `sm_90` by default |
 //! | `DOORBELL_PTX_TARGET_DIR` | nested target directory (default `<target>/doorbell-ptx`) |
 //! | `DOORBELL_SKIP_PTX=1` | write a placeholder instead (GPU launches then fail with a clear error) |
-//! | `DOORBELL_PTXAS` | the `ptxas` that turns the PTX into a cubin for the arch (default: `ptxas` on `PATH`, then `$CUDA_HOME/bin`, `/usr/local/cuda/bin`); `0` for none |
+//! | `DOORBELL_PTXAS` | the `ptxas` that turns the PTX into a cubin for the arch (default: `ptxas` on `PATH`, then `$CUDA_HOME/bin`, `/usr/local/cuda/bin`, then the `nvidia-cuda-nvcc` wheel's that `scripts/setup.sh` installs); `0` for none |
 //!
 //! ## Cubins
 //! Next to `<crate>.ptx` the build writes `<crate>.cubin`: the PTX
@@ -37,7 +37,20 @@
 //! ([`crate::ModuleImage`]) loads without the driver compiling its PTX — on
 //! an H200 that compile took 56 s for the examples' 2.9 MB of PTX on a
 //! fresh machine; the driver's cache serves later runs. The cubin is
-//! rebuilt only when the PTX changed.
+//! rebuilt only when the PTX (or the arch) changed.
+//!
+//! The build never degrades silently: whenever it writes no cubin it says
+//! why in a `cargo:warning` (no `ptxas` found — and where it looked —,
+//! `DOORBELL_PTXAS=0`, a `ptxas` that failed), and a cubin assembled
+//! earlier from the very same PTX and arch is kept when no `ptxas` is found
+//! any more (a shell without `DOORBELL_PTXAS`, say), never replaced by an
+//! empty one.
+//!
+//! ## Errors
+//! [`PtxBuilder::build_or_report`] is the call for a build script: a kernel
+//! that does not compile is reported as the compiler's own errors (the
+//! kernel crate's, without the library's warnings, the nested cargo's
+//! progress lines or a panic's backtrace), one `cargo::error` line each.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -78,6 +91,28 @@ impl fmt::Display for BuildError {
 }
 
 impl std::error::Error for BuildError {}
+
+impl BuildError {
+    /// The error as lines for a build script's `cargo::error` (`krate`: the
+    /// kernel crate's directory): a compile failure as its error
+    /// diagnostics only, anything else as its message.
+    pub fn report_lines(&self, krate: &str) -> Vec<String> {
+        match self {
+            BuildError::Cargo { status, stderr } => {
+                let diags = error_diagnostics(stderr);
+                let mut lines = vec![format!("the kernel crate {krate} did not compile for the GPU ({status}):")];
+                if diags.is_empty() {
+                    // Nothing shaped like a diagnostic: the whole output.
+                    lines.extend(stderr.lines().map(str::to_string));
+                } else {
+                    lines.extend(diags.into_iter().map(str::to_string));
+                }
+                lines
+            }
+            other => vec![format!("PTX build of {krate}: {other}")],
+        }
+    }
+}
 
 /// Builds one kernel crate into one PTX file.
 #[derive(Clone, Debug)]
@@ -171,6 +206,31 @@ impl PtxBuilder {
             }
         }
         Err(BuildError::Manifest(manifest, std::io::Error::other("no [package] name")))
+    }
+
+    /// [`PtxBuilder::build`] for a build script: on failure, reports the
+    /// error as `cargo::error` lines — for a kernel that does not compile,
+    /// the compiler's own error diagnostics only (module docs) — and
+    /// returns `None`; cargo then fails the build with those lines and
+    /// nothing else.
+    ///
+    /// ```no_run
+    /// // build.rs
+    /// fn main() {
+    ///     doorbell::build::PtxBuilder::new("../my-kernels").build_or_report();
+    /// }
+    /// ```
+    pub fn build_or_report(self) -> Option<PtxOutput> {
+        let krate = self.crate_dir.display().to_string();
+        match self.build() {
+            Ok(out) => Some(out),
+            Err(e) => {
+                for line in e.report_lines(&krate) {
+                    println!("cargo::error={line}");
+                }
+                None
+            }
+        }
     }
 
     /// Runs the build. In a build script, also prints the `rerun-if-changed`
@@ -286,16 +346,7 @@ impl PtxBuilder {
         let ptx = std::fs::read_to_string(&asm).map_err(|e| BuildError::Io(asm.clone(), e))?;
         let ptx = apply_launch_bounds(&ptx);
         std::fs::write(&out_path, &ptx).map_err(|e| BuildError::Io(out_path.clone(), e))?;
-        let ptxas = find_ptxas();
-        let named = ptxas.as_ref().is_some_and(|(_, named)| *named);
-        let cubin_built = assemble(
-            &ptx,
-            &out_path,
-            &cubin_path,
-            &self.arch,
-            ptxas.as_ref().map(|(p, _)| p.as_path()),
-            named,
-        )?;
+        let cubin_built = assemble(&ptx, &out_path, &cubin_path, &self.arch, &find_ptxas())?;
         if rerun {
             // Every source file the kernels came from (path dependencies too).
             // The dep-info file is named after the crate (no `lib` prefix for
@@ -323,12 +374,32 @@ impl PtxBuilder {
     }
 }
 
-/// The `ptxas` to use, and whether `DOORBELL_PTXAS` named it: that one
-/// (`0`: none), else one on `PATH`, under `$CUDA_HOME/bin` or
-/// `/usr/local/cuda/bin`.
-fn find_ptxas() -> Option<(PathBuf, bool)> {
+/// Where a `ptxas` comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum PtxasChoice {
+    /// `DOORBELL_PTXAS` names it: a failure is an error.
+    Named(PathBuf),
+    /// Found on its own (PATH, CUDA_HOME, the wheel): a failure is a warning.
+    Found(PathBuf),
+    /// `DOORBELL_PTXAS=0`: no cubin, on purpose.
+    Off,
+    /// None anywhere it looked.
+    Missing,
+}
+
+/// What [`find_ptxas`] searched, for the warning when it found nothing.
+const PTXAS_SEARCHED: &str = "DOORBELL_PTXAS, PATH, $CUDA_HOME/bin, /usr/local/cuda/bin and the nvidia-cuda-nvcc wheel of python3";
+
+/// The `ptxas` to use: `DOORBELL_PTXAS` (`0`: none), else one on `PATH`,
+/// under `$CUDA_HOME/bin` or `/usr/local/cuda/bin`, else the one of the
+/// PyPI wheel `nvidia-cuda-nvcc-cu12` (what `scripts/setup.sh` installs).
+fn find_ptxas() -> PtxasChoice {
     if let Some(v) = std::env::var_os("DOORBELL_PTXAS").filter(|v| !v.is_empty()) {
-        return (v != "0").then(|| (PathBuf::from(v), true));
+        return if v == "0" {
+            PtxasChoice::Off
+        } else {
+            PtxasChoice::Named(PathBuf::from(v))
+        };
     }
     let on_path = std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).map(|d| d.join("ptxas")).collect::<Vec<_>>())
@@ -339,33 +410,62 @@ fn find_ptxas() -> Option<(PathBuf, bool)> {
         .chain(cuda_home)
         .chain([PathBuf::from("/usr/local/cuda/bin/ptxas")])
         .find(|p| p.is_file())
-        .map(|p| (p, false))
+        .or_else(wheel_ptxas)
+        .map_or(PtxasChoice::Missing, PtxasChoice::Found)
+}
+
+/// The `ptxas` inside the `nvidia-cuda-nvcc-cu12` wheel of `python3`, if
+/// that wheel is installed.
+fn wheel_ptxas() -> Option<PathBuf> {
+    let out = Command::new("python3")
+        .args(["-c", "import nvidia; print(list(nvidia.__path__)[0])"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())?;
+    let p = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("cuda_nvcc/bin/ptxas");
+    p.is_file().then_some(p)
 }
 
 /// Writes `cubin` (module docs): `ptx` (written at `ptx_path`) assembled
-/// by `ptxas` for `arch`, or an empty file without one. Skips `ptxas` when
-/// the cubin was made from this very PTX (a hash beside it says so). A
-/// `ptxas` that fails is an error when it was named (`explicit`:
-/// `DOORBELL_PTXAS`), a warning (and no cubin) when it was found on its own.
-fn assemble(ptx: &str, ptx_path: &Path, cubin: &Path, arch: &str, ptxas: Option<&Path>, explicit: bool) -> Result<bool, BuildError> {
+/// by the chosen `ptxas` for `arch`, or an empty file without one, saying
+/// why (`cargo:warning`). Skips `ptxas` when the cubin was made from this
+/// very PTX and arch (a hash beside it says so), and keeps such a cubin when
+/// no `ptxas` is found now. A `ptxas` that fails is an error when
+/// `DOORBELL_PTXAS` named it, a warning (and no cubin) when it was found on
+/// its own. Returns whether `cubin` holds a cubin.
+fn assemble(ptx: &str, ptx_path: &Path, cubin: &Path, arch: &str, ptxas: &PtxasChoice) -> Result<bool, BuildError> {
     use std::hash::{Hash, Hasher};
-    let empty = |why: Option<String>| -> Result<bool, BuildError> {
-        if let Some(w) = why {
-            println!("cargo:warning=doorbell: no cubin for {}: {w}", ptx_path.display());
-        }
-        std::fs::write(cubin, []).map_err(|e| BuildError::Io(cubin.to_path_buf(), e))?;
-        Ok(false)
-    };
-    let Some(ptxas) = ptxas else { return empty(None) };
     let mut h = std::hash::DefaultHasher::new();
-    (ptx, arch, ptxas.as_os_str()).hash(&mut h);
+    (ptx, arch).hash(&mut h);
     let stamp = format!("{:016x}", h.finish());
     let stamp_path = cubin.with_extension("cubin.src");
-    if std::fs::read_to_string(&stamp_path).is_ok_and(|s| s == stamp) && std::fs::metadata(cubin).is_ok_and(|m| m.len() > 0) {
+    let current = std::fs::read_to_string(&stamp_path).is_ok_and(|s| s == stamp) && std::fs::metadata(cubin).is_ok_and(|m| m.len() > 0);
+    let empty = |why: String| -> Result<bool, BuildError> {
+        println!(
+            "cargo:warning=doorbell: no cubin for {}: {why}; the driver compiles the PTX when the module is first loaded (tens of seconds for a large module)",
+            ptx_path.display()
+        );
+        std::fs::write(cubin, []).map_err(|e| BuildError::Io(cubin.to_path_buf(), e))?;
+        let _ = std::fs::remove_file(&stamp_path);
+        Ok(false)
+    };
+    let (ptxas, explicit) = match ptxas {
+        PtxasChoice::Named(p) => (p, true),
+        PtxasChoice::Found(p) => (p, false),
+        PtxasChoice::Off => return empty("DOORBELL_PTXAS=0 asks for none".into()),
+        // A cubin of this very PTX stays: nothing it was made from changed.
+        PtxasChoice::Missing if current => return Ok(true),
+        PtxasChoice::Missing => {
+            return empty(format!(
+                "no ptxas found (looked at {PTXAS_SEARCHED}); run scripts/setup.sh or set DOORBELL_PTXAS"
+            ))
+        }
+    };
+    if current {
         return Ok(true);
     }
     let tmp = cubin.with_extension("cubin.tmp");
-    let out = Command::new(&ptxas)
+    let out = Command::new(ptxas)
         .arg(format!("-arch={arch}"))
         .arg(ptx_path)
         .arg("-o")
@@ -382,14 +482,44 @@ fn assemble(ptx: &str, ptx_path: &Path, cubin: &Path, arch: &str, ptxas: Option<
         Err(e) => Some(format!("cannot run {}: {e}", ptxas.display())),
     };
     if let Some(f) = failure {
+        let _ = std::fs::remove_file(&tmp);
         if explicit {
             return Err(BuildError::Ptxas(f));
         }
-        return empty(Some(f));
+        return empty(f);
     }
     std::fs::rename(&tmp, cubin).map_err(|e| BuildError::Io(cubin.to_path_buf(), e))?;
     std::fs::write(&stamp_path, stamp).map_err(|e| BuildError::Io(stamp_path.clone(), e))?;
     Ok(true)
+}
+
+/// The error diagnostics of a nested cargo's stderr: every block that
+/// starts with `error` (up to the next blank line or the next diagnostic),
+/// without warnings (the library's among them) and progress lines.
+fn error_diagnostics(stderr: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut keep = false;
+    for line in stderr.lines() {
+        let head = line.trim_start();
+        let starts_diagnostic = !line.starts_with(' ') && (line.starts_with("error") || line.starts_with("warning"));
+        if starts_diagnostic {
+            keep = line.starts_with("error") && !line.starts_with("error: could not compile") && !head.starts_with("error: aborting");
+        } else if head.starts_with("Compiling ")
+            || head.starts_with("Finished ")
+            || head.starts_with("Updating ")
+            || head.starts_with("Locking ")
+        {
+            keep = false;
+            continue;
+        }
+        if keep {
+            out.push(line);
+        }
+    }
+    while out.last().is_some_and(|l| l.trim().is_empty()) {
+        out.pop();
+    }
+    out
 }
 
 fn check_toolchain(rustc: &str) -> Result<(), BuildError> {
@@ -517,37 +647,80 @@ mod tests {
     }
 
     #[test]
-    fn a_cubin_is_assembled_once_per_ptx_and_empty_without_ptxas() {
+    fn a_cubin_is_assembled_once_per_ptx_and_never_replaced_by_an_empty_one() {
         let dir = std::env::temp_dir().join(format!("doorbell-assemble-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let (ptx_path, cubin) = (dir.join("k.ptx"), dir.join("k.cubin"));
         let runs = || std::fs::read_to_string(dir.join("runs")).map(|s| s.lines().count()).unwrap_or(0);
-        // No ptxas: an empty file, so include_bytes! works.
+        // No ptxas and no cubin yet: an empty file, so include_bytes! works.
         std::fs::write(&ptx_path, "first\n").unwrap();
-        assert!(!assemble("first\n", &ptx_path, &cubin, "sm_90", None, false).unwrap());
+        assert!(!assemble("first\n", &ptx_path, &cubin, "sm_90", &PtxasChoice::Missing).unwrap());
         assert_eq!(std::fs::read(&cubin).unwrap(), b"");
         // With one: assembled; the same PTX again: not re-run.
-        let ptxas = fake_ptxas(&dir, false);
-        assert!(assemble("first\n", &ptx_path, &cubin, "sm_90", Some(&ptxas), true).unwrap());
-        assert!(assemble("first\n", &ptx_path, &cubin, "sm_90", Some(&ptxas), true).unwrap());
+        let ptxas = PtxasChoice::Named(fake_ptxas(&dir, false));
+        assert!(assemble("first\n", &ptx_path, &cubin, "sm_90", &ptxas).unwrap());
+        assert!(assemble("first\n", &ptx_path, &cubin, "sm_90", &ptxas).unwrap());
+        assert_eq!((std::fs::read_to_string(&cubin).unwrap().as_str(), runs()), ("first\n", 1));
+        // The same PTX with no ptxas found any more: the cubin of this very
+        // PTX stays.
+        assert!(assemble("first\n", &ptx_path, &cubin, "sm_90", &PtxasChoice::Missing).unwrap());
         assert_eq!((std::fs::read_to_string(&cubin).unwrap().as_str(), runs()), ("first\n", 1));
         // Changed PTX, or another arch: assembled again.
         std::fs::write(&ptx_path, "second\n").unwrap();
-        assert!(assemble("second\n", &ptx_path, &cubin, "sm_90", Some(&ptxas), true).unwrap());
-        assert!(assemble("second\n", &ptx_path, &cubin, "sm_100", Some(&ptxas), true).unwrap());
+        assert!(assemble("second\n", &ptx_path, &cubin, "sm_90", &ptxas).unwrap());
+        assert!(assemble("second\n", &ptx_path, &cubin, "sm_100", &ptxas).unwrap());
         assert_eq!((std::fs::read_to_string(&cubin).unwrap().as_str(), runs()), ("second\n", 3));
+        // Changed PTX without a ptxas: the old cubin would be wrong, so empty.
+        assert!(!assemble("third\n", &ptx_path, &cubin, "sm_100", &PtxasChoice::Missing).unwrap());
+        assert_eq!(std::fs::read(&cubin).unwrap(), b"");
+        // DOORBELL_PTXAS=0 asks for none, even of the same PTX.
+        assert!(assemble("second\n", &ptx_path, &cubin, "sm_90", &ptxas).unwrap());
+        assert!(!assemble("second\n", &ptx_path, &cubin, "sm_90", &PtxasChoice::Off).unwrap());
+        assert_eq!(std::fs::read(&cubin).unwrap(), b"");
         // A failing ptxas: an error when named, no cubin when found alone.
         let bad = fake_ptxas(
             &std::env::temp_dir().join(format!("doorbell-assemble-bad-{}", std::process::id())),
             true,
         );
-        let err = assemble("third\n", &ptx_path, &cubin, "sm_90", Some(&bad), true).unwrap_err();
+        let err = assemble("third\n", &ptx_path, &cubin, "sm_90", &PtxasChoice::Named(bad.clone())).unwrap_err();
         assert!(err.to_string().contains("bad PTX"), "{err}");
-        assert!(!assemble("third\n", &ptx_path, &cubin, "sm_90", Some(&bad), false).unwrap());
+        assert!(!assemble("third\n", &ptx_path, &cubin, "sm_90", &PtxasChoice::Found(bad.clone())).unwrap());
         assert_eq!(std::fs::read(&cubin).unwrap(), b"");
         let _ = std::fs::remove_dir_all(&dir);
         let _ = std::fs::remove_dir_all(bad.parent().unwrap());
+    }
+
+    #[test]
+    fn compile_errors_are_reported_without_warnings_or_progress_lines() {
+        let stderr = "   Compiling doorbell-kernels v0.1.0 (/x/gpu-kernels)\n\
+warning: unused variable: `y`\n --> /x/gpu-kernels/src/lib.rs:9:9\n  |\n9 |     let y = 1;\n  |         ^\n\n\
+   Compiling my-kernels v0.1.0 (/x/my-kernels)\n\
+error[E0308]: mismatched types\n --> src/lib.rs:3:5\n  |\n3 |     x\n  |     ^ expected `u32`, found `u64`\n\n\
+error: could not compile `my-kernels` (lib) due to 1 previous error\n";
+        let lines = BuildError::Cargo {
+            status: "exit status: 101".into(),
+            stderr: stderr.into(),
+        }
+        .report_lines("../my-kernels");
+        assert_eq!(
+            lines[0],
+            "the kernel crate ../my-kernels did not compile for the GPU (exit status: 101):"
+        );
+        assert_eq!(
+            &lines[1..],
+            [
+                "error[E0308]: mismatched types",
+                " --> src/lib.rs:3:5",
+                "  |",
+                "3 |     x",
+                "  |     ^ expected `u32`, found `u64`"
+            ]
+        );
+        // Other errors: one line.
+        let other = BuildError::NoOutDir.report_lines("k");
+        assert_eq!(other.len(), 1);
+        assert!(other[0].starts_with("PTX build of k: OUT_DIR is not set"), "{other:?}");
     }
 
     #[test]
