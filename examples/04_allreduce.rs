@@ -9,7 +9,7 @@
 //! cargo run --release --example allreduce -- [--ranks N] [--elems N] [--dtype f32|bf16] [--chunk BYTES]
 //!     [--compute none|hash|gemv] [--algo auto|ll|one-shot|two-shot|pipelined] [--transport p2p|ibgda|routed]
 //!     [--device gpu|cpu|auto] [--iters N] [--in-place] [--dump PATH] [--spread] [--threads N]
-//! cargo run --release --example allreduce -- --bench [--max-bytes BYTES] [--graph] [--threads N] [--out DIR] ...
+//! cargo run --release --example allreduce -- --bench [-b 8] [-e 128M] [-f 2] [-n ITERS] [--graph] [--threads N] [--out DIR] ...
 //! ```
 //!
 //! Inputs: with `--compute none` rank `r`'s element `i` is
@@ -19,7 +19,8 @@
 //! they are produced. Every rank checks every element of its result, bit
 //! for bit, against the CPU's sum (f32 accumulation in rank order).
 //!
-//! `--bench` times, per size from 8 B to `--max-bytes` (doubling): (a) the
+//! `--bench` times, per size from `-b` (8 B) to `-e` (`--max-bytes`),
+//! times `-f` (2) from one size to the next, as nccl-tests does: (a) the
 //! fused all-reduce (automatic algorithm; chunk sizes 16 KiB .. 4 MiB, the best one
 //! reported), (b) a CPU-driven baseline — the same work as one producer
 //! launch and one all-reduce launch per chunk, as a host-driven library
@@ -30,22 +31,31 @@
 //! several ranks on one GPU). Every variant is timed the same way: a host
 //! loop of launches between two events (`--graph`: replays of a captured
 //! CUDA graph), the slowest rank's time; with three or more ranks on one
-//! GPU, one launch in flight per rank, each timed by its own events. Writes
-//! `allreduce_bench.json`, `.png` and `.svg` into `--out`.
+//! GPU, one launch in flight per rank, each timed by its own events (the
+//! shared harness, `bench/`). Writes `allreduce_bench.json`, `.png` and
+//! `.svg` (bus bandwidth beside time per all-reduce) into `--out`.
+//!
+//! The file is longer than the other examples': the checked run and the
+//! benchmark share its flags, inputs and reference, and the benchmark
+//! compares four variants (fused per chunk and block width, CPU-driven,
+//! unfused, NCCL), each a few lines of its own on top of the harness.
 
 use std::path::PathBuf;
 
+#[path = "bench/mod.rs"]
+mod bench;
+
+use bench::{Table, Timing};
 use clap::{Parser, ValueEnum};
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use doorbell::coll::{Algo, AllReduce, AllReduceOptions, Bf16, DType, HostElement, Plan, TransportKind, MAX_THREADS};
 use doorbell::comm::{one_launch_in_flight, CommOptions, Communicator};
-use doorbell::{DeviceBuffer, ForTransport, LaunchConfig};
+use doorbell::{DeviceBuffer, DeviceCopy, ForTransport, Function, LaunchConfig, Module, Stream};
 use doorbell_example_kernels::allreduce::{
     fused_grad_allreduce, fused_grad_allreduce_512, fused_grad_allreduce_512x2, grad, produce_grad, COMPUTE_GEMV, COMPUTE_HASH,
 };
-use doorbell_examples::cli::{ranged, DeviceArgs};
+use doorbell_examples::cli::{ranged, sized, sweep, DeviceArgs};
 use doorbell_examples::nccl;
-use doorbell_examples::plot::{write_chart, Chart, Series};
+use doorbell_examples::plot::{Chart, Series};
 use doorbell_examples::{die, main_with, BoxError, USER_KERNELS};
 use doorbell_kernels::transport::{Ibgda, P2p, Routed};
 
@@ -126,8 +136,8 @@ struct Args {
     /// Element type
     #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
     dtype: DtypeArg,
-    /// Bytes per chunk (signalling unit; the fused kernel's production unit) [default: by algorithm]
-    #[arg(long, value_name = "BYTES", value_parser = ranged(1, 1 << 30))]
+    /// Bytes per chunk (signalling unit; the fused kernel's production unit; K, M suffixes) [default: by algorithm]
+    #[arg(long, value_name = "BYTES", value_parser = sized(1, 1 << 30))]
     chunk: Option<u64>,
     /// Producer of each rank's vector (hash, gemv: fused into the all-reduce)
     #[arg(long, value_enum, default_value_t = Compute::None)]
@@ -156,14 +166,17 @@ struct Args {
     /// Run the benchmark sweep instead of the checked run
     #[arg(long)]
     bench: bool,
-    /// Largest message of the sweep, bytes per rank [default: 1073741824 on a GPU, 65536 on the emulator]
-    #[arg(long, value_name = "BYTES", value_parser = ranged(8, 1 << 34))]
+    /// Largest message of the sweep, bytes per rank (K, M, G suffixes, as nccl-tests' -e) [default: 1073741824 on a GPU, 65536 on the emulator]
+    #[arg(short = 'e', long, alias = "maxbytes", value_name = "BYTES", value_parser = sized(8, 1 << 34))]
     max_bytes: Option<u64>,
-    /// Smallest message of the sweep, bytes per rank
-    #[arg(long, value_name = "BYTES", default_value = "8", value_parser = ranged(2, 1 << 34))]
+    /// Smallest message of the sweep, bytes per rank (K, M, G suffixes), rounded up to a power of two
+    #[arg(short = 'b', long, alias = "minbytes", value_name = "BYTES", default_value = "8", value_parser = sized(2, 1 << 34))]
     min_bytes: u64,
+    /// Multiply the size by this factor from one row of the sweep to the next
+    #[arg(short = 'f', long, alias = "stepfactor", value_name = "F", default_value = "2", value_parser = ranged(2, 1024))]
+    step_factor: u64,
     /// Timed launches per size and variant [default: by size on a GPU, 2 on the emulator]
-    #[arg(long = "bench-iters", value_name = "N", value_parser = ranged(1, 100_000))]
+    #[arg(short = 'n', long = "bench-iters", value_name = "N", value_parser = ranged(1, 100_000))]
     bench_iters: Option<u64>,
     /// Time the benchmark as CUDA-graph replays (ours and NCCL's alike) instead of a host loop
     #[arg(long)]
@@ -214,7 +227,10 @@ fn main() {
 }
 
 /// Where ranks run: (GPU?, SMs of one GPU, ranks sharing a GPU, GPUs).
-fn topology(gpu: bool, ranks: usize, spread: bool) -> Result<(bool, usize, usize, usize), BoxError> {
+type Topology = (bool, usize, usize, usize);
+
+/// The [`Topology`] of `ranks` thread ranks.
+fn topology(gpu: bool, ranks: usize, spread: bool) -> Result<Topology, BoxError> {
     if !gpu {
         return Ok((false, 1, ranks, 0));
     }
@@ -478,35 +494,21 @@ fn timing(args: &Args, gpu: bool, per_gpu: usize) -> &'static str {
     }
 }
 
-fn bench(args: &Args, backend: doorbell::Backend, opts: CommOptions, topo: (bool, usize, usize, usize)) -> Result<(), BoxError> {
-    let (gpu, sms, per_gpu, gpus) = topo;
-    let ranks = args.ranks as usize;
-    let dtype = args.dtype();
-    let esz = dtype.size();
-    let max_bytes = args.max_bytes.unwrap_or(if gpu { 1 << 30 } else { 64 << 10 });
+/// The notes the report starts with: the emulator, NCCL, launch overlap,
+/// ranks sharing a GPU.
+fn notes(args: &Args, topo: Topology, nccl: &Result<nccl::Library, String>) -> Result<Vec<String>, BoxError> {
+    let (gpu, sms, per_gpu, _) = topo;
     let mut notes = Vec::new();
     if !gpu {
         notes.push("CPU emulator: every GPU thread is an OS thread; the times say nothing about a GPU (this run checks that the benchmark works end to end)".to_string());
     }
-    let nccl = if !gpu {
-        Err("no GPU".to_string())
-    } else if per_gpu > 1 {
-        Err(format!(
-            "{per_gpu} ranks share a GPU; NCCL needs one GPU per rank (use --spread with as many GPUs as ranks)"
-        ))
-    } else {
-        nccl::library()
-    };
-    match &nccl {
-        Ok(n) => notes.push(format!("NCCL {} from {}", n.version, n.path)),
-        Err(e) => notes.push(format!("NCCL column skipped: {e}")),
-    }
+    notes.push(nccl::baseline_note(nccl));
     // What the library makes of --launch-overlap here (a plan says).
     let overlap_opts = AllReduceOptions {
         overlap_launch: args.overlap_launch(),
         ..Default::default()
     };
-    let overlap = Plan::new(ranks, 1, dtype, &overlap_opts, gpu, sms, per_gpu, true)?.overlap;
+    let overlap = Plan::new(args.ranks as usize, 1, args.dtype(), &overlap_opts, gpu, sms, per_gpu, true)?.overlap;
     notes.push(format!(
         "launch overlap (programmatic dependent launch) of our plain all-reduces: {}",
         if overlap && gpu { "on" } else { "off" }
@@ -516,6 +518,35 @@ fn bench(args: &Args, backend: doorbell::Backend, opts: CommOptions, topo: (bool
             "{per_gpu} ranks share a GPU: one launch in flight per rank (README, \"Ranks sharing a GPU\")"
         ));
     }
+    Ok(notes)
+}
+
+/// The table's line for one size: the best row of each variant.
+fn table_row(table: &Table, bytes: u64, count: usize, dtype: DType, rows: &[Row]) -> String {
+    let best = |v: &str| {
+        rows.iter()
+            .filter(|r| r.variant == v)
+            .min_by(|a, b| a.time_us.total_cmp(&b.time_us))
+    };
+    let cell = |v: &str| best(v).map_or("-".into(), |r| format!("{:>10.2} {:>7.2} {:>7.2}", r.time_us, r.algbw, r.busbw));
+    let producer = best("producer").map_or("-".into(), |r| format!("{:.2}", r.time_us));
+    let by_chunk: Vec<String> = rows
+        .iter()
+        .filter(|r| r.variant == "fused")
+        .map(|r| format!("{}K {} {:.2}", r.chunk >> 10, r.algo, r.time_us))
+        .collect();
+    let head = [bytes.to_string(), count.to_string(), dtype.name().to_string()];
+    let variants = ["fused", "cpu-driven", "unfused", "nccl"].map(cell);
+    table.row(&[&head[..], &variants[..], &[producer, by_chunk.join(", ")]].concat())
+}
+
+fn bench(args: &Args, backend: doorbell::Backend, opts: CommOptions, topo: Topology) -> Result<(), BoxError> {
+    let (gpu, _, per_gpu, gpus) = topo;
+    let ranks = args.ranks as usize;
+    let dtype = args.dtype();
+    let max_bytes = args.max_bytes.unwrap_or(if gpu { 1 << 30 } else { 64 << 10 });
+    let nccl = nccl::baseline(gpu, per_gpu);
+    let notes = notes(args, topo, &nccl)?;
     for n in &notes {
         eprintln!("note: {n}");
     }
@@ -526,111 +557,69 @@ fn bench(args: &Args, backend: doorbell::Backend, opts: CommOptions, topo: (bool
     } else {
         format!("{ranks} thread ranks, one per GPU")
     };
-    let mut sizes = Vec::new();
-    let mut s = args.min_bytes.max(esz).next_power_of_two();
-    while s <= max_bytes {
-        sizes.push(s);
-        s *= 2;
-    }
-    let mut rows: Vec<Row> = Vec::new();
+    let sizes = sweep(args.min_bytes.max(dtype.size()).next_power_of_two(), max_bytes, args.step_factor);
+    let timing = timing(args, gpu, per_gpu);
     println!(
-        "# allreduce bench: {placement}, {} sum, compute {:?}; {}",
+        "# allreduce bench: {placement}, {} sum, compute {:?}; {timing}",
         dtype.name(),
-        args.compute,
-        timing(args, gpu, per_gpu)
+        args.compute
     );
-    println!(
-        "# {:>12} {:>11} {:>5} | {:>26} | {:>26} | {:>26} | {:>26} | {:>12} | fused us by chunk",
-        "size",
-        "count",
-        "type",
-        "fused: us algbw busbw",
-        "cpu-driven: us algbw busbw",
-        "unfused: us algbw busbw",
-        "nccl: us algbw busbw",
-        "producer: us"
-    );
+    let table = ["fused", "cpu-driven", "unfused", "nccl"]
+        .into_iter()
+        .fold(
+            Table::new().prefixes("# ", "  ").col("size", 12).col("count", 11).col("type", 5),
+            |t, v| t.bar().col(&format!("{v}: us algbw busbw"), 26),
+        )
+        .bar()
+        .col("producer: us", 12)
+        .bar()
+        .col("fused us by chunk", 0);
+    println!("{}", table.heading());
+    let mut rows: Vec<Row> = Vec::new();
     for &bytes in &sizes {
-        let count = (bytes / esz) as usize;
+        let count = (bytes / dtype.size()) as usize;
         let size_rows = bench_size(args, backend, &opts, topo, count, nccl.is_ok())?;
-        let cell = |v: &str| {
-            size_rows
-                .iter()
-                .filter(|r| r.variant == v)
-                .min_by(|a, b| a.time_us.total_cmp(&b.time_us))
-                .map(|r| format!("{:>10.2} {:>7.2} {:>7.2}", r.time_us, r.algbw, r.busbw))
-                .unwrap_or_else(|| format!("{:>26}", "-"))
-        };
-        let producer = size_rows
-            .iter()
-            .find(|r| r.variant == "producer")
-            .map(|r| format!("{:>12.2}", r.time_us))
-            .unwrap_or_else(|| format!("{:>12}", "-"));
-        let by_chunk: Vec<String> = size_rows
-            .iter()
-            .filter(|r| r.variant == "fused")
-            .map(|r| format!("{}K {} {:.2}", r.chunk >> 10, r.algo, r.time_us))
-            .collect();
-        println!(
-            "  {:>12} {:>11} {:>5} | {} | {} | {} | {} | {} | {}",
-            bytes,
-            count,
-            dtype.name(),
-            cell("fused"),
-            cell("cpu-driven"),
-            cell("unfused"),
-            cell("nccl"),
-            producer,
-            by_chunk.join(", ")
-        );
+        println!("{}", table_row(&table, bytes, count, dtype, &size_rows));
         rows.extend(size_rows);
     }
-    std::fs::create_dir_all(&args.out).map_err(|e| format!("creating {}: {e}", args.out.display()))?;
     let device = if gpu {
         doorbell::Device::gpu(0)?.name()
     } else {
         "CPU emulator".into()
+    };
+    let compute = format!("{:?}", args.compute).to_lowercase();
+    let title = format!("all-reduce busbw, {placement}, {} {compute}", dtype.name());
+    // Per variant and size: the best busbw and the best time (over chunks).
+    let series = |f: fn(&Row) -> f64, best: fn(f64, f64) -> f64| -> Vec<Series> {
+        let points = |v: &str| -> Vec<(f64, f64)> {
+            let at = |s: u64| rows.iter().filter(|r| r.size == s && r.variant == v).map(f).reduce(best);
+            sizes.iter().filter_map(|&s| at(s).map(|y| (s as f64, y))).collect()
+        };
+        let named = ["fused", "cpu-driven", "unfused", "nccl"].map(|name| Series {
+            name,
+            points: points(name),
+        });
+        named.into_iter().filter(|s| !s.points.is_empty()).collect()
+    };
+    let (bw, time) = (series(|r| r.busbw, f64::max), series(|r| r.time_us, f64::min));
+    let chart = Chart {
+        title: &title,
+        x_label: "bytes per rank",
+        y_label: "busbw (GB/s)",
+        series: &bw,
     };
     let report = Report {
         device,
         ranks,
         placement,
         dtype: dtype.name(),
-        compute: format!("{:?}", args.compute).to_lowercase(),
-        timing: timing(args, gpu, per_gpu),
+        compute,
+        timing,
         notes,
         rows,
     };
-    let json = args.out.join("allreduce_bench.json");
-    std::fs::write(&json, serde_json::to_string_pretty(&report)?).map_err(|e| format!("writing {}: {e}", json.display()))?;
-    let series: Vec<Series> = ["fused", "cpu-driven", "unfused", "nccl"]
-        .iter()
-        .map(|v| Series {
-            name: v,
-            points: sizes
-                .iter()
-                .filter_map(|&s| {
-                    report
-                        .rows
-                        .iter()
-                        .filter(|r| r.size == s && r.variant == *v)
-                        .map(|r| r.busbw)
-                        .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))
-                        .map(|b| (s as f64, b))
-                })
-                .collect(),
-        })
-        .filter(|s| !s.points.is_empty())
-        .collect();
-    let title = format!("all-reduce busbw, {}, {} {}", report.placement, dtype.name(), report.compute);
-    let chart = Chart {
-        title: &title,
-        x_label: "bytes per rank",
-        y_label: "busbw (GB/s)",
-        series: &series,
-    };
-    let (png, svg) = (args.out.join("allreduce_bench.png"), args.out.join("allreduce_bench.svg"));
-    write_chart(&chart, &png, &svg)?;
+    let json = bench::write_json(&args.out, "allreduce_bench.json", &report)?;
+    let (png, svg) = bench::write_figure(&args.out, "allreduce_bench", &chart, &time)?;
     println!("# wrote {}, {} and {}", json.display(), png.display(), svg.display());
     Ok(())
 }
@@ -652,7 +641,7 @@ fn bench_size(
     args: &Args,
     backend: doorbell::Backend,
     opts: &CommOptions,
-    topo: (bool, usize, usize, usize),
+    topo: Topology,
     count: usize,
     nccl: bool,
 ) -> Result<Vec<Row>, BoxError> {
@@ -710,10 +699,17 @@ fn bench_size(
     heap += plan(AllReduceOptions::default(), per_chunk.min(count))?.heap_bytes() * 2;
     let mut opts = opts.clone();
     opts.heap_bytes = heap;
+    let p = SizePlan {
+        count,
+        variants,
+        plain,
+        per_chunk,
+        nccl,
+    };
     let per_rank = Communicator::local(ranks, backend, opts, |comm| {
         let r = match dtype {
-            DType::F32 => bench_rank::<f32>(comm, args, count, &variants, &plain, per_chunk, nccl),
-            DType::Bf16 => bench_rank::<Bf16>(comm, args, count, &variants, &plain, per_chunk, nccl),
+            DType::F32 => bench_rank::<f32>(comm, args, &p),
+            DType::Bf16 => bench_rank::<Bf16>(comm, args, &p),
         };
         r.map_err(|e| doorbell::Error::Comm(format!("rank {}: {e}", comm.rank())))
     })?;
@@ -774,207 +770,181 @@ fn sample(count: usize) -> Vec<usize> {
     v
 }
 
-/// Everything one rank runs at one size; rank 0's rows (times are the
-/// slowest rank's).
-fn bench_rank<T: HostElement>(
-    comm: &Communicator,
-    args: &Args,
+/// One rank's buffers and kernels at one size, and how it times them.
+struct RankBench<'a, T: DeviceCopy> {
+    comm: &'a Communicator,
+    stream: Stream,
     count: usize,
-    variants: &[(u64, Width, AllReduceOptions)],
-    plain: &AllReduceOptions,
-    per_chunk: usize,
-    nccl: bool,
-) -> Result<Vec<Row>, BoxError> {
-    let dev = comm.device();
-    let stream = dev.new_stream()?;
-    let me = comm.rank();
-    let ranks = comm.world_size();
-    let compute = args.compute_code();
-    let module = comm.load_module(&USER_KERNELS)?;
-    let fused_fn = module.function::<FusedKernel>()?;
-    let fn_512 = module.function::<Fused512>()?;
-    let fn_512x2 = module.function::<Fused512x2>()?;
-    let produce_fn = module.function::<produce_grad>()?;
-    let dtype = T::DTYPE;
-    let bytes = count as u64 * dtype.size();
-    let (warmup, iters) = iters_for(args, dev.is_gpu(), bytes);
-    let host_input: Vec<T> = (0..count).map(|i| contribution::<T>(0, me, i, 0)).collect();
-    let input = dev.alloc_from(&host_input)?;
-    let work = dev.alloc_zeroed::<T>(count)?;
-    let out = dev.alloc_zeroed::<T>(count)?;
-    let step = 0u32;
-    let threads = if dev.is_gpu() { 256 } else { 64 };
-    let produce_blocks = if dev.is_gpu() {
-        (count as u64).div_ceil(threads as u64).clamp(1, 1024) as u32
-    } else {
-        2
-    };
-    let produce = |dst: u64, first: u64, n: u64| -> doorbell::Result<()> {
+    compute: u32,
+    timing: Timing,
+    samples: Vec<usize>,
+    input: DeviceBuffer<T>,
+    work: DeviceBuffer<T>,
+    out: DeviceBuffer<T>,
+    module: Module,
+    produce_fn: Function<produce_grad>,
+    produce_cfg: LaunchConfig,
+}
+
+impl<'a, T: HostElement> RankBench<'a, T> {
+    fn new(comm: &'a Communicator, args: &Args, count: usize) -> Result<Self, BoxError> {
+        let dev = comm.device();
+        let stream = dev.new_stream()?;
+        let module = comm.load_module(&USER_KERNELS)?;
+        let produce_fn = module.function::<produce_grad>()?;
+        let (warmup, iters) = iters_for(args, dev.is_gpu(), count as u64 * T::DTYPE.size());
+        let host_input: Vec<T> = (0..count).map(|i| contribution::<T>(0, comm.rank(), i, 0)).collect();
+        let threads = if dev.is_gpu() { 256 } else { 64 };
+        let blocks = if dev.is_gpu() {
+            (count as u64).div_ceil(threads as u64).clamp(1, 1024) as u32
+        } else {
+            2
+        };
+        Ok(RankBench {
+            comm,
+            count,
+            compute: args.compute_code(),
+            timing: Timing {
+                warmup,
+                iters,
+                graph: args.graph,
+            },
+            samples: sample(count),
+            input: dev.alloc_from(&host_input)?,
+            work: dev.alloc_zeroed::<T>(count)?,
+            out: dev.alloc_zeroed::<T>(count)?,
+            stream,
+            module,
+            produce_fn,
+            produce_cfg: LaunchConfig::linear(blocks, threads),
+        })
+    }
+
+    /// The producer kernel: elements `first..first + n` of step 0 into `dst`.
+    fn produce(&self, dst: u64, first: u64, n: u64) -> doorbell::Result<()> {
+        let a = (
+            dst as *mut u8,
+            T::DTYPE as u32,
+            first,
+            n,
+            self.comm.rank() as u32,
+            self.compute,
+            0u32,
+        );
         // SAFETY: `dst` holds `n` elements of the dtype.
-        unsafe {
-            stream.launch(
-                &produce_fn,
-                LaunchConfig::linear(produce_blocks, threads),
-                (dst as *mut u8, dtype as u32, first, n, me as u32, compute, step),
-            )
+        unsafe { self.stream.launch(&self.produce_fn, self.produce_cfg, a) }
+    }
+
+    /// Where each variant's all-reduce reads: the input formula (compute
+    /// none), or the producer's output in `work`.
+    fn src(&self) -> u64 {
+        if self.compute == 0 {
+            self.input.as_raw()
+        } else {
+            self.work.as_raw()
         }
-    };
-    // The source each variant all-reduces: the input formula (compute none),
-    // or the producer's output in `work`.
-    let src = if compute == 0 { input.as_raw() } else { work.as_raw() };
-    let samples = sample(count);
-    let graph_timing = args.graph && dev.is_gpu();
-    // Three or more ranks on one GPU: one launch in flight per rank (README,
-    // "Ranks sharing a GPU"), each timed by its own pair of events.
-    let one_at_a_time = comm.one_launch_in_flight();
-    let mut rows = Vec::new();
-    let mut measure = |variant: &str,
-                       chunk: u64,
-                       algo: &str,
-                       out: Option<&DeviceBuffer<T>>,
-                       run: &mut dyn FnMut() -> doorbell::Result<()>|
-     -> Result<(), BoxError> {
-        // Ranks may share a GPU and its hardware queues: every rank's host
-        // work of the last variant (its result copy) is done before any rank
-        // launches kernels that wait for the others (README, "Ranks sharing
-        // a GPU").
-        comm.barrier()?;
-        tracing::debug!("rank {me}: {variant} ({algo}, chunk {chunk}): {warmup} warm-up launch(es)");
-        for _ in 0..warmup {
-            run()?;
-            if one_at_a_time {
-                comm.synchronize(&stream)?;
-            }
-        }
-        comm.synchronize(&stream)?;
-        tracing::debug!("rank {me}: {variant}: warm-up done");
-        // --graph: the timed launches captured once (the kernels count their
-        // epochs on the device, so a replay is a new all-reduce).
-        let graph = match stream.as_cuda() {
-            Some(cu) if graph_timing && variant != "cpu-driven" => {
-                cu.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
-                    .map_err(|e| format!("{variant}: starting a CUDA graph capture: {e:?}"))?;
-                let captured = (0..if one_at_a_time { 1 } else { iters }).try_for_each(|_| run());
-                let g = cu
-                    .end_capture(CUgraphInstantiate_flags(0))
-                    .map_err(|e| format!("{variant}: ending the CUDA graph capture: {e:?}"))?;
-                captured?;
-                let g = g.ok_or_else(|| format!("{variant}: the CUDA graph capture recorded nothing"))?;
-                // Uploaded on every rank before any rank replays (the same
-                // rule: no rank's set-up work queued behind a peer's waiting
-                // kernels), then one replay untimed.
-                g.upload().map_err(|e| format!("{variant}: uploading the CUDA graph: {e:?}"))?;
-                comm.synchronize(&stream)?;
-                tracing::debug!("rank {me}: {variant}: {iters} launch(es) captured and uploaded");
-                comm.barrier()?;
-                g.launch().map_err(|e| format!("{variant}: replaying the CUDA graph: {e:?}"))?;
-                comm.synchronize(&stream)?;
-                tracing::debug!("rank {me}: {variant}: untimed replay done");
-                Some(g)
-            }
-            _ => None,
+    }
+
+    /// Times `run` (the harness: warm-up, then a host loop or graph replays;
+    /// the CPU-driven baseline never as a graph), takes the slowest rank's
+    /// time and, where `checked`, compares a sample of every rank's output
+    /// with the reference.
+    fn measure(
+        &self,
+        variant: &str,
+        chunk: u64,
+        algo: &str,
+        checked: bool,
+        run: &mut dyn FnMut() -> doorbell::Result<()>,
+    ) -> Result<Row, BoxError> {
+        let comm = self.comm;
+        let timing = Timing {
+            graph: self.timing.graph && variant != "cpu-driven",
+            ..self.timing
         };
-        comm.barrier()?;
-        let mut launch = || -> Result<(), BoxError> {
-            match &graph {
-                Some(g) => g.launch().map_err(|e| format!("{variant}: replaying the CUDA graph: {e:?}"))?,
-                None if one_at_a_time => run()?,
-                None => {
-                    for _ in 0..iters {
-                        run()?;
-                    }
-                }
-            }
-            Ok(())
-        };
-        let mut ms = 0.0;
-        for _ in 0..if one_at_a_time { iters } else { 1 } {
-            let start = stream.record()?;
-            launch()?;
-            let end = stream.record()?;
-            comm.synchronize(&stream)?;
-            ms += start.elapsed_ms(&end)? as f64;
-        }
-        tracing::debug!("rank {me}: {variant}: timed launches done");
-        drop(graph);
-        let us = ms * 1e3 / iters as f64;
+        let us = bench::time_launches(comm, &self.stream, &timing, variant, run)?;
         let all = comm.world().all_gather_bytes(&us.to_le_bytes())?;
         let slowest = doorbell_examples::slowest(&all, "the time per launch")?;
-        // Check (sampled) every rank's result (`None`: the producer alone,
-        // whose output the unfused variant checks).
-        let bad = match out {
-            Some(out) => {
-                let got = out.to_host()?;
-                samples
-                    .iter()
-                    .filter(|&&i| got[i].to_bits() != want::<T>(compute, ranks, i, step).to_bits())
-                    .count()
+        let (ranks, step) = (comm.world_size(), 0);
+        let bad = match checked {
+            true => {
+                let got = self.out.to_host()?;
+                let want = |i: usize| want::<T>(self.compute, ranks, i, step).to_bits();
+                self.samples.iter().filter(|&&i| got[i].to_bits() != want(i)).count()
             }
-            None => 0,
+            false => 0,
         };
         if bad != 0 {
-            return Err(format!(
-                "{variant} (chunk {chunk}): {bad} of {} sampled elements differ from the reference",
-                samples.len()
-            )
-            .into());
+            let n = self.samples.len();
+            return Err(format!("{variant} (chunk {chunk}): {bad} of {n} sampled elements differ from the reference").into());
         }
+        let bytes = self.count as u64 * T::DTYPE.size();
         let algbw = bytes as f64 / (slowest * 1e-6) / 1e9;
-        rows.push(Row {
+        Ok(Row {
             size: bytes,
-            count: count as u64,
-            dtype: dtype.name(),
+            count: self.count as u64,
+            dtype: T::DTYPE.name(),
             variant: variant.to_string(),
             chunk,
             algo: algo.to_string(),
             time_us: slowest,
             algbw,
             busbw: algbw * 2.0 * (ranks as f64 - 1.0) / ranks as f64,
-            checked: if out.is_some() { samples.len() as u64 } else { 0 },
-        });
-        Ok(())
-    };
-    let out_raw = out.as_raw();
-    // (a) fused, per chunk size and block width.
-    for &(c, width, ref o) in variants {
-        let ar = AllReduce::with_options(comm, count, dtype, o)?;
-        let mut run = || -> doorbell::Result<()> {
-            if compute == 0 {
-                // SAFETY: both hold `count` elements of the dtype.
-                unsafe { ar.run_raw(&stream, input.as_raw(), out_raw) }
-            } else {
+            checked: if checked { self.samples.len() as u64 } else { 0 },
+        })
+    }
+
+    /// (a) fused, per chunk size and block width.
+    fn fused(&self, variants: &[(u64, Width, AllReduceOptions)]) -> Result<Vec<Row>, BoxError> {
+        let (comm, s, compute, out) = (self.comm, &self.stream, self.compute, self.out.as_raw());
+        let (f256, f512, f512x2) = (
+            self.module.function::<FusedKernel>()?,
+            self.module.function::<Fused512>()?,
+            self.module.function::<Fused512x2>()?,
+        );
+        let mut rows = Vec::new();
+        for &(c, width, ref o) in variants {
+            let ar = AllReduce::with_options(comm, self.count, T::DTYPE, o)?;
+            let mut run = || -> doorbell::Result<()> {
+                if compute == 0 {
+                    // SAFETY: both hold `count` elements of the dtype.
+                    return unsafe { ar.run_raw(s, self.input.as_raw(), out) };
+                }
                 // SAFETY: as above.
-                let Some((a, cfg)) = (unsafe { ar.fused_args_raw(&stream, out_raw) })? else {
+                let Some((a, cfg)) = (unsafe { ar.fused_args_raw(s, out) })? else {
                     return Ok(());
                 };
+                let args = (comm.p2p()?, a, compute, 0u32);
                 // SAFETY: arguments from fused_args for this world; the
-                // 512-thread kernel for the plan of 512 threads.
+                // 512-thread kernels for the plans of 512 threads.
                 unsafe {
                     match width {
-                        Width::Threads512 => stream.launch(&fn_512, cfg, (comm.p2p()?, a, compute, step)),
-                        Width::Threads512x2 => stream.launch(&fn_512x2, cfg, (comm.p2p()?, a, compute, step)),
-                        _ => stream.launch(&fused_fn, cfg, (comm.p2p()?, a, compute, step)),
+                        Width::Threads512 => s.launch(&f512, cfg, args),
+                        Width::Threads512x2 => s.launch(&f512x2, cfg, args),
+                        _ => s.launch(&f256, cfg, args),
                     }
                 }
-            }
-        };
-        let label = format!("{}{}", ar.algo().name(), width.label());
-        measure("fused", c, &label, Some(&out), &mut run)?;
+            };
+            let label = format!("{}{}", ar.algo().name(), width.label());
+            rows.push(self.measure("fused", c, &label, true, &mut run)?);
+        }
+        Ok(rows)
     }
-    // (b) CPU-driven: one producer launch and one all-reduce launch per chunk.
-    let chunk_opts = AllReduceOptions {
-        overlap_launch: args.overlap_launch(),
-        ..Default::default()
-    };
-    let full = AllReduce::with_options(comm, per_chunk.min(count), dtype, &chunk_opts)?;
-    let tail_len = count % per_chunk;
-    let tail = if tail_len != 0 && count > per_chunk {
-        Some(AllReduce::with_options(comm, tail_len, dtype, &chunk_opts)?)
-    } else {
-        None
-    };
-    {
-        let esz = dtype.size();
+
+    /// (b) CPU-driven: one producer launch and one all-reduce launch per chunk.
+    fn cpu_driven(&self, per_chunk: usize, overlap_launch: Option<bool>) -> Result<Row, BoxError> {
+        let (comm, count, esz) = (self.comm, self.count, T::DTYPE.size());
+        let opts = AllReduceOptions {
+            overlap_launch,
+            ..Default::default()
+        };
+        let full = AllReduce::with_options(comm, per_chunk.min(count), T::DTYPE, &opts)?;
+        let tail_len = count % per_chunk;
+        let tail = match tail_len != 0 && count > per_chunk {
+            true => Some(AllReduce::with_options(comm, tail_len, T::DTYPE, &opts)?),
+            false => None,
+        };
+        let (src, out) = (self.src(), self.out.as_raw());
         let mut run = || -> doorbell::Result<()> {
             let mut first = 0usize;
             while first < count {
@@ -984,57 +954,84 @@ fn bench_rank<T: HostElement>(
                 } else {
                     tail.as_ref().expect("tail")
                 };
-                if compute != 0 {
-                    produce(work.as_raw() + first as u64 * esz, first as u64, n as u64)?;
+                let off = first as u64 * esz;
+                if self.compute != 0 {
+                    self.produce(self.work.as_raw() + off, first as u64, n as u64)?;
                 }
                 // SAFETY: both ranges hold `n` elements.
-                unsafe { ar.run_raw(&stream, src + first as u64 * esz, out_raw + first as u64 * esz)? };
-                if one_at_a_time {
-                    comm.synchronize(&stream)?;
+                unsafe { ar.run_raw(&self.stream, src + off, out + off)? };
+                if comm.one_launch_in_flight() {
+                    comm.synchronize(&self.stream)?;
                 }
                 first += n;
             }
             Ok(())
         };
-        measure("cpu-driven", per_chunk as u64 * esz, full.algo().name(), Some(&out), &mut run)?;
+        self.measure("cpu-driven", per_chunk as u64 * esz, full.algo().name(), true, &mut run)
     }
-    // The producer alone (where the time of the others goes).
-    if compute != 0 {
-        let mut run = || produce(work.as_raw(), 0, count as u64);
-        measure("producer", 0, "-", None, &mut run)?;
-    }
-    // (c) unfused: the producer, then the all-reduce (`--algo`, else by size).
-    let ar = AllReduce::with_options(comm, count, dtype, plain)?;
-    {
+
+    /// The producer alone (where the time of the others goes), then (c)
+    /// unfused: the producer, then the all-reduce (`--algo`, else by size).
+    fn unfused(&self, plain: &AllReduceOptions) -> Result<Vec<Row>, BoxError> {
+        let (count, work, compute) = (self.count as u64, self.work.as_raw(), self.compute);
+        let mut rows = Vec::new();
+        if compute != 0 {
+            rows.push(self.measure("producer", 0, "-", false, &mut || self.produce(work, 0, count))?);
+        }
+        let ar = AllReduce::with_options(self.comm, self.count, T::DTYPE, plain)?;
         let mut run = || -> doorbell::Result<()> {
             if compute != 0 {
-                produce(work.as_raw(), 0, count as u64)?;
+                self.produce(work, 0, count)?;
             }
             // SAFETY: both hold `count` elements.
-            unsafe { ar.run_raw(&stream, src, out_raw) }
+            unsafe { ar.run_raw(&self.stream, self.src(), self.out.as_raw()) }
         };
         // The block size where it is not the 256 every entry fits.
         let label = match ar.plan().threads {
-            t if dev.is_gpu() && t != MAX_THREADS => format!("{} {t}t", ar.algo().name()),
+            t if self.comm.device().is_gpu() && t != MAX_THREADS => format!("{} {t}t", ar.algo().name()),
             _ => ar.algo().name().to_string(),
         };
-        measure("unfused", 0, &label, Some(&out), &mut run)?;
+        rows.push(self.measure("unfused", 0, &label, true, &mut run)?);
+        Ok(rows)
     }
-    // (d) NCCL on the same buffers and stream, after the same producer.
-    if nccl {
-        let ncomm = nccl::Comm::new(comm, &stream)?;
-        let r = {
-            let mut run = || -> doorbell::Result<()> {
-                if compute != 0 {
-                    produce(work.as_raw(), 0, count as u64)?;
-                }
-                ncomm.all_reduce(src, out_raw, count, dtype, &stream)
-            };
-            measure("nccl", 0, "nccl", Some(&out), &mut run)
+
+    /// (d) NCCL on the same buffers and stream, after the same producer.
+    fn nccl(&self) -> Result<Row, BoxError> {
+        let ncomm = nccl::Comm::new(self.comm, &self.stream)?;
+        let (count, work) = (self.count, self.work.as_raw());
+        let mut run = || -> doorbell::Result<()> {
+            if self.compute != 0 {
+                self.produce(work, 0, count as u64)?;
+            }
+            ncomm.all_reduce(self.src(), self.out.as_raw(), count, T::DTYPE, &self.stream)
         };
+        let r = self.measure("nccl", 0, "nccl", true, &mut run);
         // ncclCommDestroy, measured or not.
         drop(ncomm);
-        r?;
+        r
     }
-    Ok(if me == 0 { rows } else { Vec::new() })
+}
+
+/// What one size runs: its element count, the fused variants, the plain
+/// all-reduce's options, the CPU-driven baseline's chunk (elements), and
+/// whether NCCL runs.
+struct SizePlan {
+    count: usize,
+    variants: Vec<(u64, Width, AllReduceOptions)>,
+    plain: AllReduceOptions,
+    per_chunk: usize,
+    nccl: bool,
+}
+
+/// Everything one rank runs at one size; rank 0's rows (times are the
+/// slowest rank's).
+fn bench_rank<T: HostElement>(comm: &Communicator, args: &Args, p: &SizePlan) -> Result<Vec<Row>, BoxError> {
+    let rb = RankBench::<T>::new(comm, args, p.count)?;
+    let mut rows = rb.fused(&p.variants)?;
+    rows.push(rb.cpu_driven(p.per_chunk, args.overlap_launch())?);
+    rows.extend(rb.unfused(&p.plain)?);
+    if p.nccl {
+        rows.push(rb.nccl()?);
+    }
+    Ok(if comm.rank() == 0 { rows } else { Vec::new() })
 }
