@@ -58,7 +58,7 @@
 //! each chunk straight into the peers' staging (its stores are the
 //! reduce-scatter) and the chunk's reduction starts as soon as every rank
 //! has signalled it; pipelined hands each chunk to its owner's ring (see
-//! the README's "Fused all-reduce").
+//! `docs/allreduce.md`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
