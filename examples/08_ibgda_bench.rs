@@ -298,7 +298,7 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
     Ok((comm.rank() == 0).then_some(report))
 }
 
-/// 1. put_signal round trips, IBGDA and P2P in turn.
+/// Part 1: put_signal round trips, IBGDA and P2P in turn.
 fn round_trips(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), BoxError> {
     let (comm, me) = (r.comm, r.comm.rank());
     let (ib, p2p) = (r.ib, r.p2p);
@@ -339,8 +339,8 @@ fn round_trips(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), BoxErr
     Ok(())
 }
 
-/// 2. Put bandwidth, IBGDA and P2P in turn; each size's first IBGDA put
-/// is checked on rank 1 (exactly the put's bytes, nothing past them).
+/// Part 2: put bandwidth, IBGDA and P2P in turn; each size's first IBGDA
+/// put is checked on rank 1 (exactly the put's bytes, nothing past them).
 fn put_bandwidth(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), BoxError> {
     let (comm, me, gpu) = (r.comm, r.comm.rank(), r.comm.device().is_gpu());
     let (ib, p2p) = (r.ib, r.p2p);
@@ -399,7 +399,8 @@ fn put_bandwidth(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), BoxE
     Ok(())
 }
 
-/// 3. Post rate (one warp, one block) and 4. the engine's execution rate.
+/// Parts 3 and 4: the post rate (one warp, one block) and the engine's
+/// execution rate.
 fn post_rates(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), BoxError> {
     let (comm, me) = (r.comm, r.comm.rank());
     let ib = r.ib;

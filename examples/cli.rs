@@ -58,7 +58,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 /// `128M`, `1G` for whole multiples of a unit, else the plain number.
 pub fn format_size(bytes: u64) -> String {
     for (shift, unit) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
-        if bytes != 0 && bytes % (1 << shift) == 0 {
+        if bytes != 0 && bytes.is_multiple_of(1 << shift) {
             return format!("{}{unit}", bytes >> shift);
         }
     }
