@@ -42,6 +42,10 @@
 //! `p2p_bench.{png,svg}` (bandwidth beside time) to `--out`. On the CPU
 //! emulator the timings say nothing about a GPU; the run checks that
 //! everything works.
+//!
+//! Longer than the other examples: besides the two measurements, it keeps
+//! the report's JSON and CSV columns as earlier outputs have them (stored
+//! results are compared with new runs), one field each.
 
 #[path = "bench/mod.rs"]
 mod bench;

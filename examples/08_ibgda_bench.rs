@@ -32,6 +32,10 @@
 //! bandwidth beside time per launch) to `--out`. On the CPU emulator the
 //! timings mean nothing about a GPU; the run checks that every path works
 //! (each size's first IBGDA put is checked byte for byte on rank 1).
+//!
+//! Longer than the other examples: four measurements, each a launch of
+//! its own kernel per transport, and the engine's cycle accounting, with
+//! the report's JSON fields as earlier outputs have them.
 
 #[path = "bench/mod.rs"]
 mod bench;
