@@ -1,0 +1,474 @@
+//! The send queue shared by a QP's warps (see the [module docs](super)):
+//! reserving slots under flow control, writing WQEs, submitting them in
+//! order, consuming completions, and the posts and waits built on them.
+
+use super::*;
+
+impl Ibgda {
+    /// Consumes every CQE present, if no other thread is doing so. Never
+    /// blocks. Each CQE advances the completed index to just past the WQE
+    /// it reports; the first error CQE sets the error word.
+    ///
+    /// # Safety
+    /// The QP's rings and state are valid.
+    #[inline(never)]
+    pub(super) unsafe fn progress(q: &IbgdaQp) {
+        let s = q.state;
+        // SAFETY: the QP's state words; the lock makes this thread the CQ's
+        // only consumer until it releases it.
+        unsafe {
+            if ptx::atom_cas_acquire_gpu_u32(&raw mut (*s).poll_lock, 0, 1) != 0 {
+                return;
+            }
+            let size = q.qp.cq_size;
+            let mut ci = core::ptr::read_volatile(&raw const (*s).cq_consumer);
+            let mut done = core::ptr::read_volatile(&raw const (*s).completed);
+            let start = done;
+            loop {
+                let cqe = q.qp.cq.add(((ci & (size - 1)) as usize) * 16);
+                // Acquire: the rest of the CQE and the data the NIC moved
+                // are read (or published) after it.
+                let last = ptx::ld_acquire_sys_u32(cqe.add(15));
+                if !cqe_ready(op_own_of(last), ci, size) {
+                    break;
+                }
+                let mut w = [0u32; 16];
+                let a = ptx::ld_v4_u32(cqe.add(8));
+                let b = ptx::ld_v4_u32(cqe.add(12));
+                w[8..12].copy_from_slice(&a);
+                w[12] = b[0];
+                w[13] = b[1];
+                w[14] = b[2];
+                w[15] = last;
+                let (counter, err) = match classify_cqe(&w, ci, size) {
+                    CqeState::Done(c) => (c.wqe_counter, 0),
+                    CqeState::Error(CqError::Failed { wqe_counter, syndrome, .. }) => {
+                        (wqe_counter, QP_ERR_COMPLETION | syndrome.as_u8() as u32)
+                    }
+                    CqeState::Error(CqError::UnexpectedOpcode { wqe_counter, .. }) => (wqe_counter, QP_ERR_COMPLETION | 0xff),
+                    CqeState::Error(CqError::Timeout { wqe_counter, .. }) => (wqe_counter, QP_ERR_WEDGED),
+                    CqeState::Empty { .. } => break,
+                };
+                // The 16-bit counter of the WQE reported, widened: every WQE
+                // up to it is complete.
+                let failed_at = done.wrapping_add(counter.wrapping_sub(done as u16) as u32);
+                if err != 0 {
+                    publish_qp_error(s, err, failed_at);
+                }
+                done = failed_at.wrapping_add(1);
+                ci = ci.wrapping_add(1);
+                core::ptr::write_volatile(&raw mut (*s).cq_consumer, ci);
+                ptx::st_release_sys_u32(q.qp.cq_dbr, (ci & 0xff_ffff).swap_bytes());
+            }
+            if done != start {
+                // Release: what the NIC wrote (get data) and the error word
+                // are visible to a thread that sees the new index.
+                ptx::st_release_gpu_u32(&raw mut (*s).completed, done);
+            }
+            ptx::st_release_gpu_u32(&raw mut (*s).poll_lock, 0);
+        }
+    }
+
+    /// Waits until every WQE before `target` on `q` has completed, driving
+    /// the CQ. A queue that moves restarts the budget.
+    ///
+    /// # Safety
+    /// The QP's rings and state are valid.
+    pub(super) unsafe fn wait_complete(&self, q: &IbgdaQp, target: u32, call: Call, peer: u32) -> Result<(), CommError> {
+        let s = q.state;
+        let mut spin = Spin::new(self.budget_ns);
+        // SAFETY: the QP's state words.
+        let mut last = unsafe { ptx::ld_acquire_gpu_u32(&raw const (*s).completed) };
+        loop {
+            // SAFETY: as above. A failure still being recorded is looked
+            // at again next round, once its `error_at` is published.
+            if let Some((err, at)) = unsafe { published_qp_error(s) } {
+                if !reached(at, target) {
+                    return Err(self.qp_failed(err, call, peer));
+                }
+            }
+            if reached(last, target) {
+                return Ok(());
+            }
+            // SAFETY: the caller's contract.
+            unsafe { Self::progress(q) };
+            // SAFETY: the QP's state words.
+            let now = unsafe { ptx::ld_acquire_gpu_u32(&raw const (*s).completed) };
+            if now != last {
+                last = now;
+                spin.restart();
+                continue;
+            }
+            if !spin.again() {
+                return Err(self.wedge(q, call, peer, last, target));
+            }
+        }
+    }
+
+    /// Lane 0 / the thread: refuses a QP in error, reserves `count` slots,
+    /// waits until they are free. Returns the first index.
+    pub(super) unsafe fn reserve(&self, q: &IbgdaQp, count: u32, call: Call, peer: u32) -> Result<u32, CommError> {
+        let s = q.state;
+        // SAFETY: the QP's state words.
+        unsafe {
+            let err = ptx::ld_acquire_gpu_u32(&raw const (*s).error);
+            if err != 0 {
+                return Err(self.qp_failed(err, call, peer));
+            }
+            // Relaxed: the ready index orders what the NIC sees.
+            let start = ptx::atom_add_relaxed_gpu_u32(&raw mut (*s).producer, count);
+            let end = start.wrapping_add(count);
+            let mut spin = Spin::new(self.budget_ns);
+            let mut last = ptx::ld_acquire_gpu_u32(&raw const (*s).completed);
+            while end.wrapping_sub(last) > q.qp.sq_size {
+                let err = ptx::ld_acquire_gpu_u32(&raw const (*s).error);
+                if err != 0 {
+                    return Err(self.qp_failed(err, call, peer));
+                }
+                Self::progress(q);
+                let now = ptx::ld_acquire_gpu_u32(&raw const (*s).completed);
+                if now != last {
+                    last = now;
+                    spin.restart();
+                } else if !spin.again() {
+                    return Err(self.wedge(q, call, peer, last, end.wrapping_sub(q.qp.sq_size)));
+                }
+            }
+            Ok(start)
+        }
+    }
+
+    /// Lane 0 / the thread: rings the batch `start..start + count` in
+    /// reservation order (waits for the ready index), or gives up when the
+    /// QP fails meanwhile or the budget runs out (the QP is then wedged).
+    pub(super) unsafe fn submit(&self, q: &IbgdaQp, start: u32, count: u32, head: u64, call: Call, peer: u32) -> Result<u32, CommError> {
+        let s = q.state;
+        let end = start.wrapping_add(count);
+        let mut spin = Spin::new(self.budget_ns);
+        // SAFETY: the QP's state words and doorbells.
+        unsafe {
+            loop {
+                // Acquire pairs with the previous batch's release below.
+                let r = ptx::ld_acquire_gpu_u32(&raw const (*s).ready);
+                if r == start {
+                    break;
+                }
+                let err = ptx::ld_acquire_gpu_u32(&raw const (*s).error);
+                if err != 0 {
+                    return Err(self.qp_failed(err, call, peer));
+                }
+                if !spin.again() {
+                    return Err(self.wedge(q, call, peer, r, start));
+                }
+            }
+            update_doorbell_record(&q.qp, end);
+            ring_doorbell(&q.qp, head);
+            ptx::st_release_gpu_u32(&raw mut (*s).ready, end);
+        }
+        Ok(end)
+    }
+
+    /// Writes WQE `i` of a batch starting at `start` into its slot: chunk
+    /// `i + first` of `x` when `i < chunks`, else the signal.
+    #[inline(always)]
+    pub(super) unsafe fn write_item(
+        q: &IbgdaQp,
+        start: u32,
+        i: u32,
+        last: u32,
+        first: u64,
+        chunks: u32,
+        x: &Xfer,
+        sig: &Sig,
+        max_msg: u64,
+    ) -> u64 {
+        let idx = start.wrapping_add(i);
+        let flags = if i == last { FLAG_SIGNALED } else { 0 };
+        // SAFETY: the slot is reserved for this WQE and free.
+        let slot = unsafe { wqe_slot(&q.qp, idx) };
+        if i < chunks {
+            let k = first + i as u64;
+            let off = k * max_msg;
+            let len = (x.bytes - off).min(max_msg) as u32;
+            let t = Transfer {
+                raddr: x.raddr + off,
+                rkey: q.rkey,
+                laddr: x.laddr + off,
+                lkey: x.lkey,
+                len,
+            };
+            // SAFETY: as above.
+            unsafe {
+                if x.read {
+                    write_rdma_read_wqe(slot, idx as u16, q.qp.qpn, &t, flags)
+                } else {
+                    write_rdma_write_wqe(slot, idx as u16, q.qp.qpn, &t, flags)
+                }
+            }
+        } else {
+            // SAFETY: one scratch word per slot; free with the slot.
+            let scratch = unsafe { q.scratch.add((idx & (q.qp.sq_size - 1)) as usize) };
+            let t = Transfer {
+                raddr: sig.raddr,
+                rkey: q.rkey,
+                laddr: scratch as u64,
+                lkey: q.scratch_lkey,
+                len: 8,
+            };
+            // SAFETY: as above.
+            unsafe {
+                match sig.op {
+                    SignalOp::Set => {
+                        core::ptr::write_volatile(scratch, sig.value);
+                        write_rdma_write_wqe(slot, idx as u16, q.qp.qpn, &t, flags)
+                    }
+                    SignalOp::Add => write_atomic_fetch_add_wqe(slot, idx as u16, q.qp.qpn, &t, sig.value, flags),
+                }
+            }
+        }
+    }
+
+    /// Posts one batch: chunks `first..first + chunks` of `x`, then the
+    /// signal when `with_sig` — 1..=32 WQEs, only the last signaled.
+    /// Returns the completion target (the index past the batch), on every
+    /// lane of a warp poster.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn post_batch(
+        &self,
+        p: Poster,
+        q: &IbgdaQp,
+        x: &Xfer,
+        first: u64,
+        chunks: u32,
+        sig: Option<&Sig>,
+        call: Call,
+        peer: u32,
+    ) -> Result<u32, CommError> {
+        let count = chunks + sig.is_some() as u32;
+        let no_sig = Sig {
+            raddr: 0,
+            value: 0,
+            op: SignalOp::Set,
+        };
+        let sig = sig.unwrap_or(&no_sig);
+        let max_msg = self.max_msg as u64;
+        let last = count - 1;
+        if p == Poster::Thread {
+            // SAFETY: the handle's QPs are valid.
+            unsafe {
+                let start = self.reserve(q, count, call, peer)?;
+                let mut head = 0;
+                for i in 0..count {
+                    head = Self::write_item(q, start, i, last, first, chunks, x, sig, max_msg);
+                }
+                return self.submit(q, start, count, head, call, peer);
+            }
+        }
+        let lane = ptx::lane_id();
+        let mut r = (0u32, 0u32);
+        if lane == 0 {
+            // SAFETY: as above.
+            r = encode(unsafe { self.reserve(q, count, call, peer) });
+        }
+        let kind = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, r.0, 0);
+        let start = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, r.1, 0);
+        if kind != 0 {
+            return decode(kind, start, peer);
+        }
+        let mut head = 0u64;
+        if lane < count {
+            // SAFETY: as above.
+            head = unsafe { Self::write_item(q, start, lane, last, first, chunks, x, sig, max_msg) };
+        }
+        // The batch's WQEs are written before lane 0 publishes them.
+        ptx::sync_warp(ptx::FULL_MASK);
+        let head = ptx::shfl_sync_idx_u64(ptx::FULL_MASK, head, last);
+        if lane == 0 {
+            // SAFETY: as above.
+            r = encode(unsafe { self.submit(q, start, count, head, call, peer) });
+        }
+        let kind = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, r.0, 0);
+        let v = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, r.1, 0);
+        decode(kind, v, peer)
+    }
+
+    /// Posts the chunks of `x` whose batch index `j` satisfies
+    /// `j % stride == which`, then (when `sig` is given) the signal in the
+    /// last batch. Returns the completion target of the last batch posted
+    /// (or `None` when none was).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn post_xfer(
+        &self,
+        p: Poster,
+        q: &IbgdaQp,
+        x: &Xfer,
+        sig: Option<&Sig>,
+        which: u64,
+        stride: u64,
+        call: Call,
+        peer: u32,
+    ) -> Result<Option<u32>, CommError> {
+        let max_msg = self.max_msg as u64;
+        let chunks = x.bytes.div_ceil(max_msg);
+        let items = chunks + sig.is_some() as u64;
+        let batches = items.div_ceil(MAX_BATCH as u64);
+        let mut target = None;
+        let mut j = which;
+        while j < batches {
+            let first = j * MAX_BATCH as u64;
+            let n = (chunks.saturating_sub(first)).min(MAX_BATCH as u64) as u32;
+            let s = if j + 1 == batches { sig } else { None };
+            // SAFETY: the caller's contract.
+            target = Some(unsafe { self.post_batch(p, q, x, first, n, s, call, peer) }?);
+            j += stride;
+        }
+        Ok(target)
+    }
+
+    /// A data transfer (and optional signal) by the group `g`: one thread
+    /// or a warp posts everything; a block spreads batches over its warps
+    /// (the signal, if any, goes last, by warp 0, after a block barrier).
+    /// Blocking calls wait for their completion; every thread of the group
+    /// returns after the group's WQEs are posted (and complete, if blocking).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn transfer(&self, g: Coop, x: Xfer, sig: Option<Sig>, call: Call, peer: u32, nbi: bool) -> Result<(), CommError> {
+        let q = self.qp(peer);
+        let sig = sig.as_ref();
+        match g {
+            Coop::Thread | Coop::Warp => {
+                let p = if g == Coop::Thread { Poster::Thread } else { Poster::Warp };
+                // SAFETY: the handle's QPs are valid.
+                let t = unsafe { self.post_xfer(p, &q, &x, sig, 0, 1, call, peer) }?;
+                if let (Some(t), false) = (t, nbi) {
+                    return self.wait_posted(p, &q, t, call, peer);
+                }
+                Ok(())
+            }
+            Coop::Block => {
+                let threads = ptx::block_dim_x() * ptx::block_dim_y() * ptx::block_dim_z();
+                let tid = ptx::thread_rank_in_block();
+                let warps = (threads / 32) as u64;
+                let items = x.bytes.div_ceil(self.max_msg as u64) + sig.is_some() as u64;
+                // Few WQEs (or an odd block): warp 0 (thread 0) posts all,
+                // data and signal in one go.
+                let r = if items <= MAX_BATCH as u64 || threads % 32 != 0 {
+                    let p = if threads % 32 != 0 { Poster::Thread } else { Poster::Warp };
+                    let me = if p == Poster::Thread { tid == 0 } else { tid < 32 };
+                    if me {
+                        // SAFETY: as above.
+                        match unsafe { self.post_xfer(p, &q, &x, sig, 0, 1, call, peer) } {
+                            Ok(Some(t)) if !nbi => self.wait_posted(p, &q, t, call, peer),
+                            Ok(_) => Ok(()),
+                            Err(e) => Err(e),
+                        }
+                    } else {
+                        Ok(())
+                    }
+                } else {
+                    // Data batches spread over the warps (batch j by warp
+                    // j mod warps); the signal after a barrier, so its WQE
+                    // follows every data WQE on the QP.
+                    let w = (tid / 32) as u64;
+                    // SAFETY: as above.
+                    let mut r = unsafe { self.post_xfer(Poster::Warp, &q, &x, None, w, warps, call, peer) };
+                    if sig.is_some() {
+                        ptx::sync_threads();
+                        if w == 0 && r.is_ok() {
+                            let none = Xfer { bytes: 0, ..x };
+                            // SAFETY: as above.
+                            r = unsafe { self.post_xfer(Poster::Warp, &q, &none, sig, 0, 1, call, peer) };
+                        }
+                    }
+                    match r {
+                        Ok(Some(t)) if !nbi => self.wait_posted(Poster::Warp, &q, t, call, peer),
+                        Ok(_) => Ok(()),
+                        Err(e) => Err(e),
+                    }
+                };
+                // Every thread returns the block's result: a thread that
+                // posted nothing learns of a failed post (the QP's error
+                // word says which), so a loop over calls ends on every
+                // thread at once instead of leaving some at a barrier.
+                let failed = ptx::sync_threads_or(r.is_err());
+                match r {
+                    Ok(()) if failed => {
+                        // SAFETY: the QP's state words.
+                        let err = unsafe { ptx::ld_acquire_gpu_u32(&raw const (*q.state).error) };
+                        Err(if err != 0 {
+                            self.qp_failed(err, call, peer)
+                        } else {
+                            CommError::Timeout(Timeout { seen: 0 })
+                        })
+                    }
+                    r => r,
+                }
+            }
+        }
+    }
+
+    /// Waits for completion target `t` (lane 0 of a warp waits, and the
+    /// result is broadcast).
+    pub(super) fn wait_posted(&self, p: Poster, q: &IbgdaQp, t: u32, call: Call, peer: u32) -> Result<(), CommError> {
+        if p == Poster::Thread {
+            // SAFETY: the handle's QPs are valid.
+            return unsafe { self.wait_complete(q, t, call, peer) };
+        }
+        let mut r = (0, 0);
+        if p.leads() {
+            // SAFETY: as above.
+            r = encode(unsafe { self.wait_complete(q, t, call, peer) }.map(|_| 0));
+        }
+        let kind = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, r.0, 0);
+        let v = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, r.1, 0);
+        decode(kind, v, peer).map(|_| ())
+    }
+
+    /// Waits until every WQE rung so far on `q` has completed.
+    pub(super) unsafe fn quiet_qp(&self, q: &IbgdaQp, call: Call) -> Result<(), CommError> {
+        // SAFETY: the QP's state words.
+        let target = unsafe { ptx::ld_acquire_gpu_u32(&raw const (*q.state).ready) };
+        // SAFETY: the caller's contract.
+        unsafe { self.wait_complete(q, target, call, q.peer) }
+    }
+
+    /// Quiets every QP of this rank (every peer, every block's QP). One thread.
+    ///
+    /// # Safety
+    /// The handle's QPs are valid.
+    pub(crate) unsafe fn quiet_all(&self, call: Call) -> Result<(), CommError> {
+        let mut i = 0;
+        while i < self.world * self.qps_per_peer {
+            // SAFETY: `qps` has world × qps_per_peer entries.
+            let q = unsafe { *self.qps.add(i as usize) };
+            if !q.state.is_null() {
+                // SAFETY: as above.
+                unsafe { self.quiet_qp(&q, call) }?;
+            }
+            i += 1;
+        }
+        Ok(())
+    }
+
+    /// Writes `value` into the header word at `offset` of `peer`'s heap
+    /// (no argument checks: runtime words), non-blocking. One thread.
+    ///
+    /// # Safety
+    /// `peer < world`; `offset` is an aligned header word.
+    pub(crate) unsafe fn put_header_word(&self, peer: u32, offset: u64, value: u64) -> Result<(), CommError> {
+        let q = self.qp(peer);
+        let sig = Sig {
+            raddr: q.remote_base + offset,
+            value,
+            op: SignalOp::Set,
+        };
+        let none = Xfer {
+            read: false,
+            raddr: 0,
+            laddr: 0,
+            lkey: 0,
+            bytes: 0,
+        };
+        // SAFETY: the caller's contract.
+        unsafe { self.post_xfer(Poster::Thread, &q, &none, Some(&sig), 0, 1, Call::Barrier, peer) }.map(|_| ())
+    }
+}
