@@ -193,7 +193,9 @@ pub fn compare(got: &[f32], want: &[f32]) -> (f32, bool) {
     for (g, w) in got.iter().zip(want) {
         let d = (g - w).abs();
         worst = worst.max(if d.is_nan() { f32::INFINITY } else { d });
-        if !(d <= 1e-5 * (1.0 + w.abs())) {
+        // NaN anywhere is a difference.
+        let limit = 1e-5 * (1.0 + w.abs());
+        if d.is_nan() || limit.is_nan() || d > limit {
             ok = false;
         }
     }
@@ -673,7 +675,7 @@ impl PutFloor {
     /// [`EmbeddingExchange::finish`].
     pub fn run(&self, x: &EmbeddingExchange, s: &Stream, bytes: u64) -> Result<()> {
         let max = Self::max_bytes(x);
-        if bytes % 16 != 0 || bytes > max {
+        if !bytes.is_multiple_of(16) || bytes > max {
             return Err(err(format!("put floor: {bytes} bytes; a multiple of 16 up to {max} expected")));
         }
         let (shape, bufs, cfg) = x.kernel_view();

@@ -732,3 +732,86 @@ fn the_baseline_refuses_a_malformed_peer_part() {
     let e = res.unwrap_err().to_string();
     assert!(e.contains("rank 1 sent 3 bytes"), "{e}");
 }
+
+/// Bad input to the library's exchange is a typed error naming the
+/// problem, before anything runs: a problem out of the kernels' limits or
+/// of another world size, a launch shape the kernels cannot run (no shared
+/// memory, part of a warp, a 2-D grid), buffers of the wrong length, a
+/// backward before any forward or a second one of the same forward.
+#[test]
+fn bad_input_to_the_exchange_is_a_typed_error() {
+    let p = Problem {
+        ranks: 2,
+        tables: 2,
+        rows: 16,
+        dim: 8,
+        batch: 4,
+        pooling: 2,
+    };
+    let collective = |e: doorbell::Error, what: &str| {
+        let msg = e.to_string();
+        assert!(
+            matches!(
+                e,
+                doorbell::Error::Collective {
+                    op: "embedding exchange",
+                    ..
+                }
+            ),
+            "{msg}"
+        );
+        assert!(msg.contains(what), "{msg} (expected it to say {what:?})");
+    };
+    let bad = Problem { tables: 0, ..p };
+    collective(bad.check().unwrap_err(), "0 tables");
+    collective(Problem { dim: 5000, ..p }.check().unwrap_err(), "dim 5000");
+    let ids = emb::generate_ids(&p, 0.0, 1);
+    let cap = emb::traffic(&p, &ids).max_pair.max(1) as u32;
+    let res = Communicator::local(2, Backend::Cpu, opts(&p, cap), |comm| {
+        let lc = LaunchConfig::linear(2, 32);
+        let mut errs = Vec::new();
+        for (launch, what) in [
+            (lc, "shared memory"),
+            (LaunchConfig::linear(2, 48).with_shared_mem(SHARED_BYTES), "48 threads per block"),
+            (
+                LaunchConfig {
+                    grid: (2, 2, 1),
+                    ..lc.with_shared_mem(SHARED_BYTES)
+                },
+                "1-D grid",
+            ),
+        ] {
+            errs.push((exchange(comm, &p, cap, launch, TransportKind::P2p).err(), what));
+        }
+        let three = Problem { ranks: 3, ..p };
+        errs.push((
+            exchange(comm, &three, cap, cfg(comm, 2), TransportKind::P2p).err(),
+            "the communicator 2",
+        ));
+        let mut x = exchange(comm, &p, cap, cfg(comm, 2), TransportKind::P2p)?;
+        let dev = comm.device();
+        let s = dev.new_stream()?;
+        let ids_d = dev.alloc_from(&ids[comm.rank()])?;
+        let short = dev.alloc_zeroed::<u32>(p.lookups() - 1)?;
+        let grad = dev.alloc_zeroed::<f32>(p.out_len())?;
+        let mut out = dev.alloc_zeroed::<f32>(p.out_len())?;
+        errs.push((x.load_shard(&[0.0; 3]).err(), "a shard of 3 elements"));
+        errs.push((x.forward(&s, &short, &mut out).err(), "the ids buffer holds 15 elements"));
+        errs.push((x.backward(&s, &grad, 0.5).err(), "backward before any forward"));
+        x.forward(&s, &ids_d, &mut out)?;
+        x.finish(&s)?;
+        x.backward(&s, &grad, 0.5)?;
+        x.finish(&s)?;
+        errs.push((x.backward(&s, &grad, 0.5).err(), "a second backward of forward 1"));
+        // The exchange is intact: the next step runs.
+        x.forward(&s, &ids_d, &mut out)?;
+        x.finish(&s)?;
+        Ok(errs)
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    for errs in res {
+        for (e, what) in errs {
+            collective(e.unwrap_or_else(|| panic!("no error where one says {what:?}")), what);
+        }
+    }
+}

@@ -73,7 +73,7 @@ pub unsafe fn emb_bl_gather(s: EmbShape, world: u32, tables: *const f32, keys: *
     };
     // SAFETY: `rows` holds count × dim; rows whole, so 16-byte aligned for dim % 4 == 0.
     unsafe {
-        if dim % 4 == 0 {
+        if dim.is_multiple_of(4) {
             copy_rows(dim, count, rows, src);
         } else {
             let (gw, warps) = grid_warp();

@@ -480,7 +480,7 @@ unsafe fn gather<T: Transport>(t: &T, s: &EmbShape, b: &EmbBufs, epoch: u64) {
             // Where the requester's slot can be stored to directly, the
             // warps copy rows themselves, several in flight; otherwise
             // (a NIC between the two) one put per row.
-            let direct = if dim % 4 == 0 { t.peer_ptr(slot, r) } else { None };
+            let direct = if dim.is_multiple_of(4) { t.peer_ptr(slot, r) } else { None };
             if let Some(peer_slot) = direct {
                 copy_rows(dim, c, peer_slot, row);
             } else {

@@ -228,7 +228,7 @@ pub fn grid_warp() -> (u32, u32) {
 pub unsafe fn pool_bag(dim: usize, pooling: usize, dst: *mut f32, look: impl Fn(usize) -> Look) -> bool {
     // SAFETY: the caller's rows and `dst`.
     unsafe {
-        if dim % 4 == 0 {
+        if dim.is_multiple_of(4) {
             pool_bag_w::<4>(dim, pooling, dst, &look)
         } else {
             pool_bag_w::<1>(dim, pooling, dst, &look)
@@ -245,7 +245,7 @@ pub unsafe fn pool_bag(dim: usize, pooling: usize, dst: *mut f32, look: impl Fn(
 pub unsafe fn add_row(acc: *mut f32, src: *const f32, dim: usize) {
     // SAFETY: the caller's rows.
     unsafe {
-        if dim % 4 == 0 {
+        if dim.is_multiple_of(4) {
             add_row_w::<4>(acc, src, dim)
         } else {
             add_row_w::<1>(acc, src, dim)
@@ -264,7 +264,7 @@ pub unsafe fn add_row(acc: *mut f32, src: *const f32, dim: usize) {
 pub unsafe fn apply_row(acc: *mut f32, row: *mut f32, dim: usize, lr: f32) {
     // SAFETY: the caller's rows.
     unsafe {
-        if dim % 4 == 0 {
+        if dim.is_multiple_of(4) {
             apply_row_w::<4>(acc, row, dim, lr)
         } else {
             apply_row_w::<1>(acc, row, dim, lr)

@@ -98,6 +98,10 @@ pub fn heap_bytes_needed(p: &Problem, cap: u32) -> u64 {
     parts.iter().map(|b| b + 256).sum::<u64>() + (1 << 20)
 }
 
+/// One launch's phase stamps, ns since its start (`None`: not reached);
+/// see [`EmbeddingExchange::stamps`].
+pub type PhaseStamps = Vec<Option<u64>>;
+
 /// The exchange's memory: symmetric buffers (the same offsets on every
 /// rank) and this rank's scratch, and the kernels' view of them.
 struct Buffers<'c> {
@@ -340,7 +344,7 @@ impl<'c> EmbeddingExchange<'c> {
     /// The last launches' phase stamps, ns: the forward's (`STAMP_FWD`) and
     /// the backward's (`STAMP_BWD`), each minus its own start, `None` where
     /// a phase was not reached. Synchronous; call after [`Self::finish`].
-    pub fn stamps(&self) -> Result<(Vec<Option<u64>>, Vec<Option<u64>>)> {
+    pub fn stamps(&self) -> Result<(PhaseStamps, PhaseStamps)> {
         let v = self.mem.stamps.to_host()?;
         let rel = |at: usize, len: usize| -> Vec<Option<u64>> {
             (0..len)

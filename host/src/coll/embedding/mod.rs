@@ -84,7 +84,7 @@ pub use doorbell_kernels::coll::embedding::{
     EmbBufs, EmbShape, MAX_DIM, MAX_LOOKUPS, MAX_TABLES, PAD, SHARED_BYTES, SLICED_LIST_BYTES, STAMP_BWD, STAMP_FWD,
 };
 pub use error::EmbeddingError;
-pub use exchange::{heap_bytes_needed, EmbeddingExchange};
+pub use exchange::{heap_bytes_needed, EmbeddingExchange, PhaseStamps};
 pub use grid::{
     fit_grid, grid_request, launch_config, launch_config_for, resident_blocks_per_sm, SmLimits, GRID_BARRIER_PHASES, MAX_BLOCKS_PER_SM,
 };
