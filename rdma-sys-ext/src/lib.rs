@@ -92,8 +92,8 @@
 //!
 //! ## Regenerating the bindings
 //!
-//! `src/sys/generated.rs`, `src/sys/ibverbs_fns.rs` and `src/sys/mlx5_fns.rs`
-//! are committed. To regenerate them (new rdma-core, another verb):
+//! `src/sys/generated.rs` is committed. To regenerate it (new rdma-core,
+//! another verb):
 //!
 //! ```text
 //! apt-get install libibverbs-dev libclang-dev   # headers and libclang
@@ -103,7 +103,10 @@
 //! ```
 //!
 //! Add a type to the allowlists in the script, or a function to its `fns`
-//! lists (then wrap it in [`Verbs`]).
+//! lists. The script also writes bindgen's own long-form function tables
+//! (`src/sys/ibverbs_fns.rs`, `src/sys/mlx5_fns.rs`); they are not compiled:
+//! carry a new or changed signature from them into its table's list in
+//! `src/sys/tables.rs`, delete them, and wrap the function in [`Verbs`].
 //!
 //! ## The C reference shim
 //!

@@ -1,15 +1,11 @@
 //! Raw FFI types and symbol tables for libibverbs and libmlx5.
 //!
-//! Everything in [`generated`] (re-exported here) and the two symbol tables
-//! [`IbverbsFns`] and [`Mlx5Fns`] is produced by `scripts/gen-rdma-bindings.sh`
-//! (bindgen over `<infiniband/verbs.h>` + `<infiniband/mlx5dv.h>`, rdma-core
-//! 44 on Debian 12). Do not edit those files by hand: rerun the script.
-//! The third table, [`DevxFns`] (`mlx5dv_devx_obj_*`,
-//! `mlx5dv_devx_general_cmd`, `mlx5dv_devx_query_eqn`,
-//! `mlx5dv_devx_umem_reg_ex`) with the opaque [`mlx5dv_devx_obj`] and
-//! [`mlx5dv_devx_umem_in`], is written by hand in the same style
-//! (`devx_fns.rs`, which the script leaves alone), with compile-time
-//! layout checks of its struct.
+//! Everything in [`generated`] (re-exported here) is produced by
+//! `scripts/gen-rdma-bindings.sh` (bindgen over `<infiniband/verbs.h>` +
+//! `<infiniband/mlx5dv.h>`, rdma-core 44 on Debian 12). Do not edit it by
+//! hand: rerun the script. The DevX types bindgen does not produce, the
+//! opaque [`mlx5dv_devx_obj`] and [`mlx5dv_devx_umem_in`], are written by
+//! hand in `devx.rs`, with compile-time layout checks of the struct.
 //!
 //! The types carry bindgen's compile-time layout assertions (size, alignment
 //! and every field offset as clang computed them from the header), so a
@@ -19,7 +15,11 @@
 //! `pub const IBV_QPT_RC: ibv_qp_type = 2;` and so on), because C enums used
 //! as flag sets hold values that no Rust enum variant could.
 //!
-//! The symbol tables are built with libloading from `dlopen`ed libraries.
+//! The three symbol tables, [`IbverbsFns`], [`Mlx5Fns`] and [`DevxFns`]
+//! (`mlx5dv_devx_obj_*`, `mlx5dv_devx_general_cmd`, `mlx5dv_devx_query_eqn`,
+//! `mlx5dv_devx_umem_reg_ex`), are built with libloading from `dlopen`ed
+//! libraries, each declared once in `tables.rs` by one macro from its C
+//! signatures (those the script's bindgen run derives from the headers).
 //! Each field is a `Result`: a symbol that an older rdma-core lacks (say
 //! `ibv_reg_dmabuf_mr`, new in IBVERBS_1.12 / rdma-core 34) is kept as the
 //! `Err` from `dlsym`, and [`crate::Verbs`] turns it into
@@ -41,17 +41,12 @@
 
 #[rustfmt::skip]
 pub mod generated;
-#[rustfmt::skip]
-mod ibverbs_fns;
-#[rustfmt::skip]
-mod mlx5_fns;
-#[rustfmt::skip]
-mod devx_fns;
+mod devx;
+mod tables;
 
-pub use devx_fns::{mlx5dv_devx_obj, mlx5dv_devx_umem_in, DevxFns, MLX5DV_UMEM_MASK_DMABUF};
+pub use devx::{mlx5dv_devx_obj, mlx5dv_devx_umem_in, MLX5DV_UMEM_MASK_DMABUF};
 pub use generated::*;
-pub use ibverbs_fns::IbverbsFns;
-pub use mlx5_fns::Mlx5Fns;
+pub use tables::{DevxFns, IbverbsFns, Mlx5Fns};
 
 /// `__VERBS_ABI_IS_EXTENDED` from verbs.h: the value of
 /// `ibv_context::abi_compat` when the context is embedded in a
