@@ -31,7 +31,7 @@ macro_rules! module_image {
     };
 }
 
-/// What [`Device::load_module`] loads: PTX text, or a [`ModuleImage`].
+/// What [`Device::load_module`](crate::Device::load_module) loads: PTX text, or a [`ModuleImage`].
 #[derive(Clone, Copy, Debug)]
 pub enum ModuleSource<'a> {
     /// PTX text (compiled by the driver at load).

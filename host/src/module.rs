@@ -20,7 +20,7 @@ pub struct Module {
 
 impl Device {
     /// Loads a module: PTX text (e.g. [`crate::KERNELS_PTX`], or a kernel
-    /// crate's PTX embedded with `include_str!`) or a [`ModuleImage`]
+    /// crate's PTX embedded with `include_str!`) or a [`ModuleImage`](crate::ModuleImage)
     /// (e.g. [`crate::KERNELS`]), whose cubin spares the driver's compile.
     /// On the emulator nothing is loaded: the kernels' host code is linked
     /// into the binary.

@@ -21,7 +21,7 @@
 //!   [`devx_privilege_hint`] answer the start-up questions about GPU memory
 //!   registration and DevX.
 //!
-//! A port is usable when the [`HcaFilter`] (if any) accepts it, its state
+//! A port is usable when the [`HcaFilter`](crate::hca::HcaFilter) (if any) accepts it, its state
 //! is ACTIVE, and, for an Ethernet (RoCE) port, its GID table has a RoCE v2
 //! entry ([`Port::roce_v2_gid_index`]). When no port is usable the error
 //! says why and what to change ([`TopoError`]).
