@@ -275,6 +275,15 @@ pub struct Reporter {
 }
 
 impl Reporter {
+    /// This rank and its heap base, for [`record`].
+    #[inline(always)]
+    fn writer(self) -> Writer {
+        Writer {
+            local_base: self.local_base,
+            rank: self.rank,
+        }
+    }
+
     /// Records `e` of `call` (the first error of the rank wins) and returns it.
     #[inline(always)]
     pub fn fail(self, e: crate::transport::CommError, call: Call, peer: u32, offset: u64) -> crate::transport::CommError {
@@ -287,19 +296,8 @@ impl Reporter {
             CommError::Misaligned { .. } => (ErrorKind::Misaligned, 0, 0, 0),
             CommError::BadCount { count } => (ErrorKind::BadCount, 0, count, 0),
         };
-        record(
-            self.local_base,
-            self.rank,
-            kind as u32,
-            call as u32,
-            peer,
-            detail,
-            offset,
-            bytes,
-            0,
-            seen,
-            self.budget_ns,
-        );
+        let (what, who) = (Pair32(kind as u32, call as u32), Pair32(peer, detail));
+        record(self.writer(), what, who, Pair(offset, bytes), Pair(0, seen), self.budget_ns);
         e
     }
 
@@ -315,19 +313,9 @@ impl Reporter {
         cmp: crate::transport::Cmp,
         expected: u64,
     ) -> crate::transport::CommError {
-        record(
-            self.local_base,
-            self.rank,
-            ErrorKind::Timeout as u32,
-            call as u32,
-            peer,
-            cmp as u32,
-            at.wrapping_sub(self.local_base),
-            8,
-            expected,
-            t.seen,
-            self.budget_ns,
-        );
+        let (what, who) = (Pair32(ErrorKind::Timeout as u32, call as u32), Pair32(peer, cmp as u32));
+        let range = Pair(at.wrapping_sub(self.local_base), 8);
+        record(self.writer(), what, who, range, Pair(expected, t.seen), self.budget_ns);
         crate::transport::CommError::Timeout(t)
     }
 
@@ -335,21 +323,44 @@ impl Reporter {
     /// completions reached `seen`, the call needed `expected`.
     #[inline(always)]
     pub fn fail_queue(self, call: Call, peer: u32, seen: u32, expected: u32) -> crate::transport::CommError {
+        let (what, who) = (Pair32(ErrorKind::QueueStalled as u32, call as u32), Pair32(peer, 0));
         record(
-            self.local_base,
-            self.rank,
-            ErrorKind::QueueStalled as u32,
-            call as u32,
-            peer,
-            0,
-            0,
-            0,
-            expected as u64,
-            seen as u64,
+            self.writer(),
+            what,
+            who,
+            Pair(0, 0),
+            Pair(expected as u64, seen as u64),
             self.budget_ns,
         );
         crate::transport::CommError::Timeout(crate::sync::Timeout { seen: seen as u64 })
     }
+}
+
+// The cold functions below take their scalars in pairs: a struct of two
+// scalars is passed as two registers, while a larger aggregate would go
+// through a local-memory copy on the caller's side (see [`Reporter`]).
+
+/// Whose report it is: this rank's heap base and rank.
+#[derive(Clone, Copy)]
+struct Writer {
+    local_base: u64,
+    rank: u32,
+}
+
+/// Two 32-bit fields of a report: (kind, call) or (peer, detail); for
+/// [`reject`], (call, peer).
+#[derive(Clone, Copy)]
+struct Pair32(u32, u32);
+
+/// Two 64-bit fields of a report: (offset, bytes) or (expected, seen).
+#[derive(Clone, Copy)]
+struct Pair(u64, u64);
+
+/// What a range is checked against: the world's size and the heap's.
+#[derive(Clone, Copy)]
+struct Limits {
+    world: u32,
+    heap_bytes: u64,
 }
 
 /// Records an error of this rank in its heap header (at `local_base`),
@@ -380,21 +391,12 @@ impl Reporter {
 ///   header's reported word), later errors leave the slots alone.
 #[cold]
 #[inline(never)]
-#[allow(clippy::too_many_arguments)]
-fn record(
-    local_base: u64,
-    rank: u32,
-    kind: u32,
-    call: u32,
-    peer: u32,
-    detail: u32,
-    offset: u64,
-    bytes: u64,
-    expected: u64,
-    seen: u64,
-    budget_ns: u64,
-) {
+fn record(w: Writer, what: Pair32, who: Pair32, range: Pair, progress: Pair, budget_ns: u64) {
     use crate::ptx;
+    let Writer { local_base, rank } = w;
+    let (Pair32(kind, call), Pair32(peer, detail)) = (what, who);
+    let Pair(offset, bytes) = range;
+    let Pair(expected, seen) = progress;
     let reported = (local_base + REPORTED_OFFSET) as *mut u32;
     // SAFETY: the reported word and the slots lie in the reserved header of
     // this rank's heap; the words other threads poll are accessed atomically.
@@ -519,17 +521,11 @@ impl HeapBounds {
     fn rejected(self, call: Call, off: u64, bytes: u64, peer: u32) -> crate::transport::CommError {
         use crate::transport::CommError;
         let r = self.reporter;
-        let kind = reject(
-            r.local_base,
-            r.rank,
-            r.budget_ns,
-            self.world,
-            self.heap_bytes,
-            call as u32,
-            off,
-            bytes,
-            peer,
-        );
+        let limits = Limits {
+            world: self.world,
+            heap_bytes: self.heap_bytes,
+        };
+        let kind = reject(r.writer(), r.budget_ns, limits, Pair32(call as u32, peer), Pair(off, bytes));
         if kind == ErrorKind::BadPeer as u32 {
             CommError::BadPeer { peer }
         } else if kind == ErrorKind::OutOfRange as u32 {
@@ -547,8 +543,10 @@ impl HeapBounds {
 /// gets here.
 #[cold]
 #[inline(never)]
-#[allow(clippy::too_many_arguments)]
-fn reject(local_base: u64, rank: u32, budget_ns: u64, world: u32, heap_bytes: u64, call: u32, off: u64, bytes: u64, peer: u32) -> u32 {
+fn reject(w: Writer, budget_ns: u64, limits: Limits, call_peer: Pair32, range: Pair) -> u32 {
+    let Limits { world, heap_bytes } = limits;
+    let Pair32(call, peer) = call_peer;
+    let Pair(off, bytes) = range;
     let (kind, report_bytes) = if peer >= world {
         (ErrorKind::BadPeer, 0)
     } else if off < HEAP_RESERVED || off > heap_bytes || bytes > heap_bytes - off {
@@ -556,7 +554,14 @@ fn reject(local_base: u64, rank: u32, budget_ns: u64, world: u32, heap_bytes: u6
     } else {
         (ErrorKind::Misaligned, 0)
     };
-    record(local_base, rank, kind as u32, call, peer, 0, off, report_bytes, 0, 0, budget_ns);
+    record(
+        w,
+        Pair32(kind as u32, call),
+        Pair32(peer, 0),
+        Pair(off, report_bytes),
+        Pair(0, 0),
+        budget_ns,
+    );
     kind as u32
 }
 

@@ -250,6 +250,8 @@ fn generate_instances(m: &KernelModel) -> TokenStream {
     let mut out = quote! {
         #(#attrs)*
         #[inline(always)]
+        // The user's own signature, re-emitted: a kernel's parameter list is
+        // its launch ABI, which the macro does not judge.
         #[allow(clippy::missing_safety_doc, clippy::too_many_arguments)]
         #vis #sig #block
 

@@ -96,31 +96,42 @@ pub unsafe fn push(cq: &mut CqEntry, w: &[u32; 16], solicited_or_error: bool, sc
     true
 }
 
+/// What a success CQE reports; the rest of its 64 bytes is zero but the
+/// CQ's owner bit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Success {
+    /// The CQE opcode (`MLX5_CQE_REQ`, or a responder's receive opcode).
+    pub opcode: u8,
+    /// The QP number.
+    pub qpn: u32,
+    /// The WQE counter: the SQ index (requester) or RQ index (responder).
+    pub wqe_counter: u16,
+    /// Bytes moved.
+    pub byte_cnt: u32,
+    /// The immediate (or invalidated key), big-endian as on the wire.
+    pub imm: u32,
+    /// The requester's WQE opcode (`sop_drop`); 0 for a responder.
+    pub sop: u8,
+    /// The solicited-event flag.
+    pub solicited: bool,
+    /// The timestamp, ns.
+    pub time_ns: u64,
+}
+
 /// A success CQE image.
-#[allow(clippy::too_many_arguments)]
-pub fn success(
-    cq: &CqEntry,
-    opcode: u8,
-    qpn: u32,
-    wqe_counter: u16,
-    byte_cnt: u32,
-    imm: u32,
-    sop: u8,
-    solicited: bool,
-    now_ns: u64,
-) -> [u32; 16] {
+pub fn success(cq: &CqEntry, c: &Success) -> [u32; 16] {
     Cqe64 {
         srqn_uidx: 0,
-        imm_inval_pkey: imm,
-        byte_cnt,
-        timestamp: now_ns,
-        qpn: qpn & 0xff_ffff,
-        sop_drop: sop,
-        wqe_counter,
+        imm_inval_pkey: c.imm,
+        byte_cnt: c.byte_cnt,
+        timestamp: c.time_ns,
+        qpn: c.qpn & 0xff_ffff,
+        sop_drop: c.sop,
+        wqe_counter: c.wqe_counter,
         signature: 0,
         owner: next_owner(cq),
-        op_own_flags: solicited as u8,
-        opcode,
+        op_own_flags: c.solicited as u8,
+        opcode: c.opcode,
     }
     .to_words()
 }

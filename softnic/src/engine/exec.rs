@@ -235,22 +235,22 @@ fn record(port: &mut Port, now_ns: u64, qpn: u32, counter: u16, opcode: u8, synd
     });
 }
 
-/// Fails the requester's WQE at SQ counter `idx`: error CQE (signaled or
-/// not; room was checked), QP to the error state, error log.
+/// The requester's WQE a failure is reported for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FailedWqe {
+    /// Its SQ counter (the CQE's `wqe_counter`).
+    pub idx: u32,
+    /// Its opcode (the ctrl segment's).
+    pub opcode: u8,
+}
+
+/// Fails the requester's WQE `wqe` of QP `q` of port `p`: error CQE
+/// (signaled or not; room was checked), QP to the error state, error log.
 ///
 /// # Safety
 /// The QP's send CQ ring is valid.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn fail_requester<P: Ports + ?Sized>(
-    ports: &mut P,
-    p: usize,
-    q: usize,
-    idx: u32,
-    opcode: u8,
-    f: &Fail,
-    now_ns: u64,
-    scope: Scope,
-) {
+pub unsafe fn fail_requester<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, wqe: FailedWqe, f: &Fail, now_ns: u64, scope: Scope) {
+    let FailedWqe { idx, opcode } = wqe;
     let Some(port) = ports.get_mut(p) else { return };
     let Port { qps, cqs, stats, .. } = &mut *port;
     let Some(qp) = qps.get_mut(q) else { return };
@@ -371,7 +371,17 @@ unsafe fn complete_requester<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usiz
     stats.bytes += w.len;
     if w.ctrl.fm_ce_se & WQE_CTRL_CQ_UPDATE != 0 {
         if let Some(cq) = cqs.get_mut(qp.send_cq as usize) {
-            let img = cqe::success(cq, CQE_REQ, qp.qpn, w.idx as u16, byte_cnt, 0, w.ctrl.opcode, false, now_ns);
+            let done = cqe::Success {
+                opcode: CQE_REQ,
+                qpn: qp.qpn,
+                wqe_counter: w.idx as u16,
+                byte_cnt,
+                imm: 0,
+                sop: w.ctrl.opcode,
+                solicited: false,
+                time_ns: now_ns,
+            };
+            let img = cqe::success(cq, &done);
             // SAFETY: the caller's contract (room was checked).
             if unsafe { cqe::push(cq, &img, false, scope) } {
                 stats.cqes += 1;
@@ -446,7 +456,17 @@ pub unsafe fn apply_event(port: &mut Port, q: usize, ev: &InboxEvent, scope: Sco
                     return false;
                 }
                 let solicited = ev.flags & EVENT_SOLICITED != 0;
-                let img = cqe::success(cq, ev.opcode, qpn, ev.rq_idx, ev.byte_cnt, ev.imm_or_key, 0, solicited, ev.time_ns);
+                let done = cqe::Success {
+                    opcode: ev.opcode,
+                    qpn,
+                    wqe_counter: ev.rq_idx,
+                    byte_cnt: ev.byte_cnt,
+                    imm: ev.imm_or_key,
+                    sop: 0,
+                    solicited,
+                    time_ns: ev.time_ns,
+                };
+                let img = cqe::success(cq, &done);
                 // SAFETY: the caller's contract; room checked.
                 if unsafe { cqe::push(cq, &img, solicited, scope) } {
                     stats.cqes += 1;
@@ -565,7 +585,20 @@ pub unsafe fn execute<P: Ports + ?Sized, M: PayloadMover>(
                 },
             };
             let f = Fail::new(m.syndrome, m.reason, 0, 0);
-            unsafe { fail_requester(ports, p, q, head.wqe_idx, m.opcode, &f, now_ns, scope) };
+            unsafe {
+                fail_requester(
+                    ports,
+                    p,
+                    q,
+                    FailedWqe {
+                        idx: head.wqe_idx,
+                        opcode: m.opcode,
+                    },
+                    &f,
+                    now_ns,
+                    scope,
+                )
+            };
             return Step::Failed;
         }
     };
@@ -577,7 +610,7 @@ pub unsafe fn execute<P: Ports + ?Sized, M: PayloadMover>(
             let n = cfg.faults.force_error_every as u64;
             if n != 0 && port.stats.executed % n == 0 {
                 let f = Fail::new(cfg.faults.forced(), Reason::Injected, 0, 0);
-                unsafe { fail_requester(ports, p, q, w.idx, opcode, &f, now_ns, scope) };
+                unsafe { fail_requester(ports, p, q, FailedWqe { idx: w.idx, opcode }, &f, now_ns, scope) };
                 return Step::Failed;
             }
         }
@@ -600,7 +633,7 @@ pub unsafe fn execute<P: Ports + ?Sized, M: PayloadMover>(
         None => return Step::Blocked,
     };
     if let Err(f) = local {
-        unsafe { fail_requester(ports, p, q, w.idx, opcode, &f, now_ns, scope) };
+        unsafe { fail_requester(ports, p, q, FailedWqe { idx: w.idx, opcode }, &f, now_ns, scope) };
         return Step::Failed;
     }
     mover.lap(Phase::Local);
@@ -633,7 +666,7 @@ pub unsafe fn execute<P: Ports + ?Sized, M: PayloadMover>(
             return Step::Blocked;
         }
         unsafe {
-            fail_requester(ports, p, q, w.idx, opcode, &f, now_ns, scope);
+            fail_requester(ports, p, q, FailedWqe { idx: w.idx, opcode }, &f, now_ns, scope);
             if let Some(ev) = fail_event(ports, p, q, what, &f, opcode, now_ns) {
                 post_event(ports, p, q, pp, pq, &ev, scope);
             }
@@ -774,7 +807,7 @@ pub unsafe fn execute<P: Ports + ?Sized, M: PayloadMover>(
         _ => {
             // parse() accepts only the opcodes above.
             let f = Fail::new(CqeSyndrome::LocalQpOp, Reason::BadOpcode, 0, 0);
-            unsafe { fail_requester(ports, p, q, w.idx, opcode, &f, now_ns, scope) };
+            unsafe { fail_requester(ports, p, q, FailedWqe { idx: w.idx, opcode }, &f, now_ns, scope) };
             Step::Failed
         }
     }

@@ -7,7 +7,7 @@
 use doorbell_kernels::mlx5::CqeSyndrome;
 
 use super::config::{EngineConfig, EngineRng};
-use super::exec::{apply_event, execute, fail_requester, Fail, Step};
+use super::exec::{apply_event, execute, fail_requester, Fail, FailedWqe, Step};
 use super::mover::{PayloadMover, Phase};
 use super::tables::{ErrorRecord, InboxEvent, Inflight, Port, Ports, QpState, Reason, INBOX, MAX_QPS};
 use super::wqe::{self, wqe_bbs};
@@ -65,7 +65,6 @@ pub unsafe fn poll_port<P: Ports + ?Sized, M: PayloadMover>(
 ///
 /// # Safety
 /// As for [`poll_port`].
-#[allow(clippy::too_many_arguments)]
 pub unsafe fn poll_port_masked<P: Ports + ?Sized, M: PayloadMover>(
     ports: &mut P,
     p: usize,
@@ -76,6 +75,7 @@ pub unsafe fn poll_port_masked<P: Ports + ?Sized, M: PayloadMover>(
     mover: &mut M,
 ) -> PollReport {
     let mut report = PollReport::IDLE;
+    let pass = Pass { now_ns, cfg };
     match ports.get(p) {
         Some(port) if port.valid != 0 => {}
         _ => return report,
@@ -89,7 +89,7 @@ pub unsafe fn poll_port_masked<P: Ports + ?Sized, M: PayloadMover>(
             let q = left.trailing_zeros() as usize;
             left &= left - 1;
             // SAFETY: the caller's contract.
-            unsafe { poll_qp(ports, p, q, now_ns, cfg, rng, mover, &mut report) };
+            unsafe { poll_qp(ports, p, q, pass, rng, mover, &mut report) };
         }
         return report;
     }
@@ -100,24 +100,34 @@ pub unsafe fn poll_port_masked<P: Ports + ?Sized, M: PayloadMover>(
             continue;
         }
         // SAFETY: the caller's contract.
-        unsafe { poll_qp(ports, p, q, now_ns, cfg, rng, mover, &mut report) };
+        unsafe { poll_qp(ports, p, q, pass, rng, mover, &mut report) };
     }
     report
 }
 
+/// What every QP of a pass reads: the clock reading and the
+/// configuration. Two scalars, passed by value: a call passes them in
+/// registers (a larger aggregate would be passed through memory).
+#[derive(Clone, Copy)]
+struct Pass<'a> {
+    now_ns: u64,
+    cfg: &'a EngineConfig,
+}
+
+/// One QP's share of a pass: inbox, doorbell, flush or fetch and execute.
+///
 /// # Safety
 /// As for [`poll_port`].
-#[allow(clippy::too_many_arguments)]
 unsafe fn poll_qp<P: Ports + ?Sized, M: PayloadMover>(
     ports: &mut P,
     p: usize,
     q: usize,
-    now_ns: u64,
-    cfg: &EngineConfig,
+    pass: Pass<'_>,
     rng: &mut EngineRng,
     mover: &mut M,
     report: &mut PollReport,
 ) {
+    let (now_ns, cfg) = (pass.now_ns, pass.cfg);
     let Some(qp) = ports.get(p).and_then(|x| x.qps.get(q)) else {
         return;
     };
@@ -510,7 +520,7 @@ unsafe fn execute_due<P: Ports + ?Sized, M: PayloadMover>(
                     addr: 0,
                 };
                 // SAFETY: the caller's contract; execute() checked the room.
-                unsafe { fail_requester(ports, p, q, head.wqe_idx, opcode, &f, now_ns, mover.scope()) };
+                unsafe { fail_requester(ports, p, q, FailedWqe { idx: head.wqe_idx, opcode }, &f, now_ns, mover.scope()) };
                 if let Some(qp) = ports.get_mut(p).and_then(|x| x.qps.get_mut(q)) {
                     qp.inflight_pop();
                 }

@@ -4,6 +4,19 @@
 
 use super::*;
 
+/// One batch of WQEs as [`Ibgda::write_item`] writes them: its first slot
+/// index, the index of its last WQE within it (the signaled one), the
+/// first chunk of the transfer it carries, how many chunks, and the chunk
+/// size.
+#[derive(Clone, Copy)]
+struct Batch {
+    start: u32,
+    last: u32,
+    first: u64,
+    chunks: u32,
+    max_msg: u64,
+}
+
 impl Ibgda {
     /// Consumes every CQE present, if no other thread is doing so. Never
     /// blocks. Each CQE advances the completed index to just past the WQE
@@ -168,20 +181,17 @@ impl Ibgda {
         Ok(end)
     }
 
-    /// Writes WQE `i` of a batch starting at `start` into its slot: chunk
-    /// `i + first` of `x` when `i < chunks`, else the signal.
+    /// Writes WQE `i` of batch `b` into its slot: chunk `i + b.first` of
+    /// `x` when `i < b.chunks`, else the signal.
     #[inline(always)]
-    pub(super) unsafe fn write_item(
-        q: &IbgdaQp,
-        start: u32,
-        i: u32,
-        last: u32,
-        first: u64,
-        chunks: u32,
-        x: &Xfer,
-        sig: &Sig,
-        max_msg: u64,
-    ) -> u64 {
+    unsafe fn write_item(q: &IbgdaQp, b: &Batch, i: u32, x: &Xfer, sig: &Sig) -> u64 {
+        let Batch {
+            start,
+            last,
+            first,
+            chunks,
+            max_msg,
+        } = *b;
         let idx = start.wrapping_add(i);
         let flags = if i == last { FLAG_SIGNALED } else { 0 };
         // SAFETY: the slot is reserved for this WQE and free.
@@ -257,9 +267,16 @@ impl Ibgda {
             // SAFETY: the handle's QPs are valid.
             unsafe {
                 let start = self.reserve(q, count, call, peer)?;
+                let b = Batch {
+                    start,
+                    last,
+                    first,
+                    chunks,
+                    max_msg,
+                };
                 let mut head = 0;
                 for i in 0..count {
-                    head = Self::write_item(q, start, i, last, first, chunks, x, sig, max_msg);
+                    head = Self::write_item(q, &b, i, x, sig);
                 }
                 return self.submit(q, start, count, head, call, peer);
             }
@@ -277,8 +294,15 @@ impl Ibgda {
         }
         let mut head = 0u64;
         if lane < count {
+            let b = Batch {
+                start,
+                last,
+                first,
+                chunks,
+                max_msg,
+            };
             // SAFETY: as above.
-            head = unsafe { Self::write_item(q, start, lane, last, first, chunks, x, sig, max_msg) };
+            head = unsafe { Self::write_item(q, &b, lane, x, sig) };
         }
         // The batch's WQEs are written before lane 0 publishes them.
         ptx::sync_warp(ptx::FULL_MASK);
