@@ -608,7 +608,7 @@ impl<'c> AllReduce<'c> {
     }
 
     /// The plan (algorithm, grid, chunk).
-    pub fn plan_of(&self) -> &Plan {
+    pub fn plan(&self) -> &Plan {
         &self.plan
     }
     /// Elements per rank.

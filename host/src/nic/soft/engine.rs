@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use doorbell_kernels::Kernel;
 use doorbell_softnic::engine::resident::{EngineCtl, EngineProgress, SHARED_BYTES, STATE_EXITED, STATE_LAUNCHED, STATE_RUNNING};
 use doorbell_softnic::engine::{Port, PortTable, Window, MAX_PORTS};
-use doorbell_softnic::kernel::{softnic_engine_256, softnic_engine_512, softnic_engine_1024, ENGINE_256_THREADS, ENGINE_512_THREADS};
+use doorbell_softnic::kernel::{softnic_engine_1024, softnic_engine_256, softnic_engine_512, ENGINE_256_THREADS, ENGINE_512_THREADS};
 use doorbell_softnic::{EngineThread, RdmaDevice as _};
 
 use super::port::{bytes_of, check_ring_addresses, read_qp_table, DevicePort};
