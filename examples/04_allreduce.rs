@@ -160,7 +160,7 @@ struct Args {
     /// Output over the input (--compute none)
     #[arg(long)]
     in_place: bool,
-    /// One rank per GPU (rank r on GPU r mod #GPUs), as DOORBELL_SPREAD_GPUS=1
+    /// One rank per GPU (rank r on GPU r mod #GPUs), as DOORBELL_RANK_PER_GPU=1
     #[arg(long)]
     spread: bool,
     /// Run the benchmark sweep instead of the checked run
@@ -1034,4 +1034,29 @@ fn bench_rank<T: HostElement>(comm: &Communicator, args: &Args, p: &SizePlan) ->
         rows.push(rb.nccl()?);
     }
     Ok(if comm.rank() == 0 { rows } else { Vec::new() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn sweep_flags_take_nccl_tests_syntax_beside_the_long_names() {
+        Args::command().debug_assert();
+        let a = Args::try_parse_from(["allreduce", "--bench", "-b", "1K", "-e", "128M", "-f", "4", "-n", "3"]).unwrap();
+        assert_eq!(
+            (a.min_bytes, a.max_bytes, a.step_factor, a.bench_iters),
+            (1024, Some(128 << 20), 4, Some(3))
+        );
+        let a = Args::try_parse_from(["allreduce", "--max-bytes", "256M", "--min-bytes", "64", "--chunk", "64K"]).unwrap();
+        assert_eq!(
+            (a.min_bytes, a.max_bytes, a.step_factor, a.chunk),
+            (64, Some(256 << 20), 2, Some(64 << 10))
+        );
+        for bad in [["-e", "32G"], ["-e", "4"], ["-b", "1.5K"], ["-f", "1"]] {
+            let e = Args::try_parse_from(["allreduce", bad[0], bad[1]]).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{bad:?}: {e}");
+        }
+    }
 }

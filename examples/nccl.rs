@@ -254,3 +254,22 @@ impl Drop for Comm {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_baseline_needs_a_gpu_per_rank_and_says_why_it_is_skipped() {
+        let e = baseline(false, 1).err().unwrap();
+        assert_eq!(e, "no GPU");
+        let e = baseline(true, 3).err().unwrap();
+        assert!(e.contains("3 ranks share a GPU") && e.contains("--spread"), "{e}");
+        assert_eq!(baseline_note(&Err(e.clone())), format!("NCCL column skipped: {e}"));
+        let lib = Library {
+            version: "2.21.5".into(),
+            path: "libnccl.so.2",
+        };
+        assert_eq!(baseline_note(&Ok(lib)), "NCCL 2.21.5 from libnccl.so.2");
+    }
+}
