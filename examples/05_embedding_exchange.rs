@@ -77,7 +77,7 @@ impl TransportArg {
 struct Args {
     #[command(flatten)]
     device: DeviceArgs,
-    /// Ranks (threads of this process; one per GPU with DOORBELL_SPREAD_GPUS=1)
+    /// Ranks (threads of this process; one per GPU with DOORBELL_RANK_PER_GPU=1)
     #[arg(long, value_name = "N", default_value = "4", value_parser = ranged(1, 64))]
     ranks: u64,
     /// Tables [default: 4; --bench: 26]

@@ -174,7 +174,7 @@ pub fn comm_options(heap: u64) -> std::result::Result<CommOptions, BoxError> {
     })
 }
 
-/// Ranks sharing one GPU: all of them, or with `DOORBELL_SPREAD_GPUS=1`
+/// Ranks sharing one GPU: all of them, or with `DOORBELL_RANK_PER_GPU=1`
 /// the ranks over the GPUs.
 pub fn ranks_per_gpu(p: &Problem, opts: &CommOptions) -> u32 {
     if opts.spread_gpus {

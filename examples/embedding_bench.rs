@@ -129,7 +129,7 @@ impl Sweep {
         let nccl_note = if !gpu {
             Some("NCCL needs GPUs".to_string())
         } else if rpg > 1 {
-            Some("NCCL refuses two ranks on one GPU: run with DOORBELL_SPREAD_GPUS=1 and a GPU per rank".to_string())
+            Some("NCCL refuses two ranks on one GPU: run with DOORBELL_RANK_PER_GPU=1 and a GPU per rank".to_string())
         } else {
             doorbell_examples::nccl::available().err()
         };

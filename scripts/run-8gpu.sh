@@ -15,7 +15,7 @@ if [ "$gpus" -lt 8 ]; then
     echo "run-8gpu.sh: this machine has $gpus GPU(s); the comparison needs 8" >&2
     exit 2
 fi
-export DOORBELL_SPREAD_GPUS=1 DOORBELL_LOG=warn NCCL_NVLS_ENABLE=0
+export DOORBELL_RANK_PER_GPU=1 DOORBELL_LOG=warn NCCL_NVLS_ENABLE=0
 status=0
 run() {
     local name=$1

@@ -64,6 +64,8 @@ pub mod transport;
 
 #[cfg(not(target_arch = "nvptx64"))]
 pub mod emu;
+#[cfg(not(target_arch = "nvptx64"))]
+pub mod env_vars;
 
 #[cfg(not(target_arch = "nvptx64"))]
 mod launch;

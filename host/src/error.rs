@@ -446,8 +446,8 @@ pub enum Error {
 }
 
 #[cfg(feature = "runtime")]
-impl From<doorbell_kernels::emu::env::EnvError> for Error {
-    fn from(e: doorbell_kernels::emu::env::EnvError) -> Error {
+impl From<doorbell_kernels::env_vars::EnvError> for Error {
+    fn from(e: doorbell_kernels::env_vars::EnvError) -> Error {
         Error::BadEnv {
             var: e.var,
             value: e.value,

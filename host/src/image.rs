@@ -8,7 +8,7 @@
 /// cubin `ptxas` made of it for the build's arch (empty when the build
 /// found no `ptxas`; see [`crate::build`]). Loading one on a GPU of that
 /// arch skips the driver's compile of the PTX (seconds per MB of PTX, the
-/// first time on a machine); on another GPU, or with `DOORBELL_CUBIN=0`,
+/// first time on a machine); on another GPU, or with `DOORBELL_LOAD_CUBIN=0`,
 /// the PTX is loaded. Make one with [`module_image!`](crate::module_image).
 #[derive(Clone, Copy, Debug)]
 pub struct ModuleImage {

@@ -19,9 +19,13 @@ use doorbell_tests::{BAD_CALLS, BAD_CALL_CONTROL, TEST_KERNELS};
 const TOKEN: &str = "comm-procs-test-token-91c2";
 const BYTES: usize = 10_007;
 
-/// Rank `rank`'s device: GPU 0, or GPU `rank % gpus` with DOORBELL_SPREAD_GPUS=1.
+/// Rank `rank`'s device: GPU 0, or GPU `rank % gpus` with
+/// DOORBELL_RANK_PER_GPU=1 (or its former name, DOORBELL_SPREAD_GPUS=1).
 fn device(backend: Backend, rank: usize) -> Device {
-    let spread = std::env::var("DOORBELL_SPREAD_GPUS").is_ok_and(|v| v == "1");
+    let spread = match std::env::var("DOORBELL_RANK_PER_GPU") {
+        Ok(v) => v == "1",
+        Err(_) => std::env::var("DOORBELL_SPREAD_GPUS").is_ok_and(|v| v == "1"),
+    };
     match backend {
         Backend::Gpu => Device::gpu(if spread { rank % doorbell::gpu_count().max(1) } else { 0 }).unwrap(),
         _ => Device::emulator(0),

@@ -221,11 +221,18 @@ fn environment_variables_are_parsed_strictly() {
     let d = with_var("DOORBELL_WAIT_TIMEOUT_S", "3", CommOptions::default);
     assert_eq!(d.wait_timeout, Duration::from_secs(10));
 
+    let e = with_var("DOORBELL_RANK_PER_GPU", "yes", CommOptions::from_env)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("DOORBELL_RANK_PER_GPU") && e.contains("use 1 (on) or 0 (off)"), "{e}");
+    assert!(with_var("DOORBELL_RANK_PER_GPU", "1", CommOptions::from_env).unwrap().spread_gpus);
+    // The former name, for one release: read when the new one is unset,
+    // its errors name it.
+    assert!(with_var("DOORBELL_SPREAD_GPUS", "1", CommOptions::from_env).unwrap().spread_gpus);
     let e = with_var("DOORBELL_SPREAD_GPUS", "yes", CommOptions::from_env)
         .unwrap_err()
         .to_string();
-    assert!(e.contains("DOORBELL_SPREAD_GPUS") && e.contains("use 1 (on) or 0 (off)"), "{e}");
-    assert!(with_var("DOORBELL_SPREAD_GPUS", "1", CommOptions::from_env).unwrap().spread_gpus);
+    assert!(e.contains("DOORBELL_SPREAD_GPUS"), "{e}");
 
     let e = with_var("DOORBELL_DEVICE", "foo", Backend::from_env).unwrap_err().to_string();
     assert!(

@@ -28,8 +28,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 mod barrier;
-pub mod env;
 mod warp;
+use crate::env_vars as env;
 use barrier::Barrier;
 use warp::Warp;
 

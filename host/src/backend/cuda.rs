@@ -54,9 +54,13 @@ fn driver_settings() {
     });
 }
 
-/// `DOORBELL_CUBIN`: `0` loads modules from their PTX even where a cubin
-/// is embedded (the driver compiles it, as for a GPU of another arch).
-pub(crate) const CUBIN_ENV: &str = "DOORBELL_CUBIN";
+/// `DOORBELL_LOAD_CUBIN`: `0` loads modules from their PTX even where a
+/// cubin is embedded (the driver compiles it, as for a GPU of another
+/// arch); `1` (the default) loads the cubin where the GPU takes it.
+pub(crate) const CUBIN_ENV: &str = "DOORBELL_LOAD_CUBIN";
+/// The name [`CUBIN_ENV`] had before, still read (with a warning) for one
+/// release when the new one is unset.
+pub(crate) const CUBIN_ENV_OLD: &str = "DOORBELL_CUBIN";
 
 /// True when `ptx` is a real module rather than the placeholder the build
 /// helper writes when the PTX build was skipped.
@@ -506,11 +510,11 @@ impl Device {
         }))
     }
 
-    /// `cubin` loaded as a module, when there is one, `DOORBELL_CUBIN` does
+    /// `cubin` loaded as a module, when there is one, `DOORBELL_LOAD_CUBIN` does
     /// not say `0`, and the driver takes it (a cubin for another arch it
     /// refuses: then `None`, and the caller loads the PTX).
     fn load_cubin(&self, cubin: &[u8]) -> Result<Option<sys::CUmodule>> {
-        if cubin.is_empty() || !crate::vars::flag(CUBIN_ENV, true)? {
+        if cubin.is_empty() || !crate::vars::flag_renamed(CUBIN_ENV, CUBIN_ENV_OLD, true)? {
             return Ok(None);
         }
         let t0 = std::time::Instant::now();

@@ -68,7 +68,7 @@ use shm::ShmRegion;
 ///
 /// [`CommOptions::default`] is the built-in defaults and reads no
 /// environment; [`CommOptions::from_env`] applies `DOORBELL_WAIT_TIMEOUT_S`
-/// and `DOORBELL_SPREAD_GPUS` on top, strictly (a bad value is an error).
+/// and `DOORBELL_RANK_PER_GPU` on top, strictly (a bad value is an error).
 #[derive(Clone, Debug)]
 pub struct CommOptions {
     /// Usable symmetric heap per rank, bytes (the runtime adds its header).
@@ -77,10 +77,17 @@ pub struct CommOptions {
     /// with [`from_env`](Self::from_env)).
     pub wait_timeout: Duration,
     /// Thread worlds on a GPU machine: put rank `r` on GPU `r % gpus`
-    /// instead of every rank on GPU 0 (default off; `DOORBELL_SPREAD_GPUS=1`
+    /// instead of every rank on GPU 0 (default off; `DOORBELL_RANK_PER_GPU=1`
     /// with [`from_env`](Self::from_env)).
     pub spread_gpus: bool,
 }
+
+/// `DOORBELL_RANK_PER_GPU`: `1` puts thread rank `r` on GPU `r % gpus`
+/// ([`CommOptions::spread_gpus`]).
+pub const RANK_PER_GPU_ENV: &str = "DOORBELL_RANK_PER_GPU";
+/// The name [`RANK_PER_GPU_ENV`] had before, still read (with a warning)
+/// for one release when the new one is unset.
+pub const RANK_PER_GPU_ENV_OLD: &str = "DOORBELL_SPREAD_GPUS";
 
 /// Default of [`CommOptions::wait_timeout`].
 pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -99,12 +106,14 @@ impl Default for CommOptions {
 
 impl CommOptions {
     /// The defaults with `DOORBELL_WAIT_TIMEOUT_S` (seconds in
-    /// 0.001..=86400) and `DOORBELL_SPREAD_GPUS` (`0` or `1`) applied; an
+    /// 0.001..=86400) and `DOORBELL_RANK_PER_GPU` (`0` or `1`; its former name
+    /// `DOORBELL_SPREAD_GPUS` is still read, with a warning, when it is
+    /// unset) applied; an
     /// unusable value is [`Error::BadEnv`] naming the variable and the range.
     pub fn from_env() -> Result<CommOptions> {
         Ok(CommOptions {
             wait_timeout: crate::vars::secs("DOORBELL_WAIT_TIMEOUT_S", DEFAULT_WAIT_TIMEOUT, 0.001, 86400.0)?,
-            spread_gpus: crate::vars::flag("DOORBELL_SPREAD_GPUS", false)?,
+            spread_gpus: crate::vars::flag_renamed(RANK_PER_GPU_ENV, RANK_PER_GPU_ENV_OLD, false)?,
             ..CommOptions::default()
         })
     }

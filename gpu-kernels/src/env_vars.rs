@@ -1,10 +1,15 @@
 //! Strict parsing of `DOORBELL_*` environment variables.
 //!
 //! One parser for every variable doorbell reads at run time (the host
-//! runtime re-exports it as `doorbell::env`; the emulator uses it for its own
-//! limits). A value that does not parse, or lies outside its range, is an
-//! error naming the variable, the value and the accepted range: never
-//! clamped, never ignored. An unset or empty variable means the default.
+//! runtime re-exports it as `doorbell::env`; the CPU emulator uses it for
+//! its own limits). A value that does not parse, or lies outside its
+//! range, is an error naming the variable, the value and the accepted
+//! range: never clamped, never ignored. An unset or empty variable means
+//! the default.
+//!
+//! A renamed variable is read under its new name and, for one release,
+//! under the name it replaced ([`raw_renamed`], [`flag_renamed`]): the
+//! caller learns which name was used, to warn about the old one.
 
 use std::fmt;
 use std::time::Duration;
@@ -115,6 +120,27 @@ pub fn flag(var: &str, default: bool) -> Result<bool, EnvError> {
     raw(var)?.map_or(Ok(default), |v| parse_flag(var, &v))
 }
 
+/// The raw value of a variable renamed from `old` to `new`, and the name it
+/// was read under: `new` when set (then `old` is not read), else `old`;
+/// `None` when neither is set.
+pub fn raw_renamed<'a>(new: &'a str, old: &'a str) -> Result<Option<(String, &'a str)>, EnvError> {
+    if let Some(v) = raw(new)? {
+        return Ok(Some((v, new)));
+    }
+    Ok(raw(old)?.map(|v| (v, old)))
+}
+
+/// A `0`/`1` switch renamed from `old` to `new` (see [`raw_renamed`]), or
+/// `default` when neither is set. The second value is `Some(old)` when the
+/// value came from the old name, for the caller's deprecation notice; an
+/// error names the variable actually read.
+pub fn flag_renamed<'a>(new: &'a str, old: &'a str, default: bool) -> Result<(bool, Option<&'a str>), EnvError> {
+    match raw_renamed(new, old)? {
+        None => Ok((default, None)),
+        Some((v, var)) => Ok((parse_flag(var, &v)?, (var == old).then_some(old))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,5 +187,30 @@ mod tests {
         assert_eq!(parse_choice("V", "GPU", &["auto", "gpu"]).unwrap(), 1);
         let e = parse_choice("V", "foo", &["auto", "gpu"]).unwrap_err();
         assert_eq!(e.to_string(), "environment variable V=\"foo\" is not one of auto, gpu");
+    }
+
+    /// Variables of this test only: the test binary's other tests never
+    /// read them, so setting them here races with nothing.
+    #[test]
+    fn a_renamed_flag_prefers_the_new_name_and_says_when_the_old_one_was_read() {
+        let (new, old) = ("DOORBELL_TEST_RENAMED_NEW", "DOORBELL_TEST_RENAMED_OLD");
+        std::env::remove_var(new);
+        std::env::remove_var(old);
+        assert_eq!(flag_renamed(new, old, true).unwrap(), (true, None));
+        std::env::set_var(old, "0");
+        assert_eq!(flag_renamed(new, old, true).unwrap(), (false, Some(old)));
+        std::env::set_var(old, "yes");
+        let e = flag_renamed(new, old, true).unwrap_err();
+        assert_eq!(e.var, old, "the error names the variable read");
+        std::env::set_var(new, "1");
+        assert_eq!(
+            flag_renamed(new, old, false).unwrap(),
+            (true, None),
+            "the new name wins, the old is not read"
+        );
+        std::env::set_var(new, "2");
+        assert_eq!(flag_renamed(new, old, false).unwrap_err().var, new);
+        std::env::remove_var(new);
+        std::env::remove_var(old);
     }
 }
