@@ -104,14 +104,17 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
         self.addr
     }
 
+    /// Refuses a host slice of `host` elements that is not the buffer's length.
+    fn check_host_len(&self, host: usize) -> Result<()> {
+        if host != self.len {
+            return Err(Error::LengthMismatch { device: self.len, host });
+        }
+        Ok(())
+    }
+
     /// Copies `src` into the buffer; waits for the device's outstanding work first.
     pub fn copy_from_host(&mut self, src: &[T]) -> Result<()> {
-        if src.len() != self.len {
-            return Err(Error::LengthMismatch {
-                device: self.len,
-                host: src.len(),
-            });
-        }
+        self.check_host_len(src.len())?;
         // SAFETY: `T` is plain data (DeviceCopy).
         let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr() as *const u8, std::mem::size_of_val(src)) };
         // SAFETY: the allocation spans exactly these bytes.
@@ -120,12 +123,7 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
 
     /// Copies the buffer into `dst`; waits for the device's outstanding work first.
     pub fn copy_to_host(&self, dst: &mut [T]) -> Result<()> {
-        if dst.len() != self.len {
-            return Err(Error::LengthMismatch {
-                device: self.len,
-                host: dst.len(),
-            });
-        }
+        self.check_host_len(dst.len())?;
         // SAFETY: `T` is plain data: any bytes written are a valid `T`.
         let bytes = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr() as *mut u8, std::mem::size_of_val(dst)) };
         // SAFETY: the allocation spans exactly these bytes.

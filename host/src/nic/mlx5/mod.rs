@@ -88,6 +88,13 @@ impl Shared {
         nic_err(&self.port.name, what)
     }
 
+    /// Logs a release that failed where nothing can return it: a drop.
+    fn warn_failed<E: std::fmt::Display>(&self, released: std::result::Result<(), E>) {
+        if let Err(e) = released {
+            tracing::warn!("mlx5 {}: {e}", self.port.name);
+        }
+    }
+
     /// Calls `f(fd, offset of addr in the dma-buf)` with a dma-buf of the
     /// 4 KiB pages around `addr..addr+len`, closing it afterwards.
     fn with_dmabuf<T>(
@@ -523,8 +530,7 @@ impl Nic for Mlx5Nic {
 
 impl Drop for Mlx5Nic {
     fn drop(&mut self) {
-        if let Err(e) = self.stop() {
-            tracing::warn!("mlx5 {}: {e}", self.shared.port.name);
-        }
+        let stopped = self.stop();
+        self.shared.warn_failed(stopped);
     }
 }

@@ -71,9 +71,8 @@ impl Drop for Umem {
     fn drop(&mut self) {
         // SAFETY: registered once, no object uses it any more (objects hold
         // their umems and drop them after themselves).
-        if let Err(e) = unsafe { self.shared.verbs.mlx5dv_devx_umem_dereg(self.umem) } {
-            tracing::warn!("mlx5 {}: {e}", self.shared.port.name);
-        }
+        self.shared
+            .warn_failed(unsafe { self.shared.verbs.mlx5dv_devx_umem_dereg(self.umem) });
     }
 }
 
@@ -114,9 +113,7 @@ impl DevxObj {
 impl Drop for DevxObj {
     fn drop(&mut self) {
         // SAFETY: created once; dropped before the umems it names.
-        if let Err(e) = unsafe { self.shared.verbs.devx_obj_destroy(self.obj) } {
-            tracing::warn!("mlx5 {}: {e}", self.shared.port.name);
-        }
+        self.shared.warn_failed(unsafe { self.shared.verbs.devx_obj_destroy(self.obj) });
     }
 }
 
@@ -145,9 +142,7 @@ impl MemoryRegion for Mr {
 impl Drop for Mr {
     fn drop(&mut self) {
         // SAFETY: registered once.
-        if let Err(e) = unsafe { self.shared.verbs.dereg_mr(self.mr) } {
-            tracing::warn!("mlx5 {}: {e}", self.shared.port.name);
-        }
+        self.shared.warn_failed(unsafe { self.shared.verbs.dereg_mr(self.mr) });
     }
 }
 
