@@ -36,24 +36,21 @@
 //! `.svg` (bus bandwidth beside time per all-reduce) into `--out`.
 //!
 //! The file is longer than the other examples': the checked run and the
-//! benchmark share its flags, inputs and reference, and the benchmark
-//! compares four variants (fused per chunk and block width, CPU-driven,
-//! unfused, NCCL), each a few lines of its own on top of the harness.
-
-use std::path::PathBuf;
+//! benchmark share its inputs and reference (its flags are
+//! `doorbell_examples::cli::AllreduceArgs`), and the benchmark compares
+//! four variants (fused per chunk and block width, CPU-driven, unfused,
+//! NCCL), each a few lines of its own on top of the harness.
 
 #[path = "bench/mod.rs"]
 mod bench;
 
 use bench::{Table, Timing};
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use doorbell::coll::{Algo, AllReduce, AllReduceOptions, Bf16, DType, HostElement, Plan, TransportKind, MAX_THREADS};
 use doorbell::comm::{one_launch_in_flight, CommOptions, Communicator};
 use doorbell::{DeviceBuffer, DeviceCopy, ForTransport, Function, LaunchConfig, Module, Stream};
-use doorbell_example_kernels::allreduce::{
-    fused_grad_allreduce, fused_grad_allreduce_512, fused_grad_allreduce_512x2, grad, produce_grad, COMPUTE_GEMV, COMPUTE_HASH,
-};
-use doorbell_examples::cli::{ranged, sized, sweep, DeviceArgs};
+use doorbell_example_kernels::allreduce::{fused_grad_allreduce, fused_grad_allreduce_512, fused_grad_allreduce_512x2, grad, produce_grad};
+use doorbell_examples::cli::{sweep, AllreduceArgs as Args, AllreduceTransport as TransportArg, Compute};
 use doorbell_examples::nccl;
 use doorbell_examples::plot::{Chart, Series};
 use doorbell_examples::{die, main_with, BoxError, USER_KERNELS};
@@ -64,162 +61,6 @@ type Fused512 = <fused_grad_allreduce_512 as ForTransport<P2p>>::Kernel;
 type Fused512x2 = <fused_grad_allreduce_512x2 as ForTransport<P2p>>::Kernel;
 type FusedIbgda = <fused_grad_allreduce as ForTransport<Ibgda>>::Kernel;
 type FusedRouted = <fused_grad_allreduce as ForTransport<Routed>>::Kernel;
-
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-enum DtypeArg {
-    F32,
-    Bf16,
-}
-
-/// What produces each rank's vector.
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-enum Compute {
-    /// No producer: the input formula, a plain all-reduce.
-    None,
-    /// A hash of (rank, element, step), computed in the fused kernel.
-    Hash,
-    /// A small dense layer per element (32 multiply-adds), in the fused kernel.
-    Gemv,
-}
-
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-enum TransportArg {
-    /// Loads and stores into peers' memory.
-    P2p,
-    /// GPU-built RDMA WQEs through the soft NIC (its engine kernel on a GPU, slow: see the README).
-    Ibgda,
-    /// Load/store or the soft NIC per pair of ranks (DOORBELL_RDMA_PEERS).
-    Routed,
-}
-
-impl TransportArg {
-    fn kind(self) -> TransportKind {
-        match self {
-            TransportArg::P2p => TransportKind::P2p,
-            TransportArg::Ibgda => TransportKind::Ibgda,
-            TransportArg::Routed => TransportKind::Routed,
-        }
-    }
-}
-
-/// Programmatic dependent launch of the plain all-reduces.
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-enum OverlapArg {
-    /// On when every rank has a GPU of its own
-    Auto,
-    On,
-    Off,
-}
-
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-enum AlgoArg {
-    Auto,
-    Ll,
-    OneShot,
-    TwoShot,
-    Pipelined,
-}
-
-/// Sum all-reduce across ranks, checked against a CPU reference; --bench
-/// compares it with a CPU-driven baseline, the unfused pair and NCCL.
-#[derive(Parser, Debug, Clone)]
-#[command(name = "allreduce", version, about, long_about = None)]
-struct Args {
-    #[command(flatten)]
-    device: DeviceArgs,
-    /// Ranks (threads of this process)
-    #[arg(long, value_name = "N", default_value = "2", value_parser = ranged(1, 8))]
-    ranks: u64,
-    /// Elements per rank [default: 16777216 on a GPU, 100003 on the emulator]
-    #[arg(long, value_name = "N", value_parser = ranged(0, 1 << 32))]
-    elems: Option<u64>,
-    /// Element type
-    #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
-    dtype: DtypeArg,
-    /// Bytes per chunk (signalling unit; the fused kernel's production unit; K, M suffixes) [default: by algorithm]
-    #[arg(long, value_name = "BYTES", value_parser = sized(1, 1 << 30))]
-    chunk: Option<u64>,
-    /// Producer of each rank's vector (hash, gemv: fused into the all-reduce)
-    #[arg(long, value_enum, default_value_t = Compute::None)]
-    compute: Compute,
-    /// All-reduce algorithm, plain and fused (auto: ll, two-shot or pipelined by size and route)
-    #[arg(long, value_enum, default_value_t = AlgoArg::Auto)]
-    algo: AlgoArg,
-    /// Device transport (ibgda, routed: through the soft NIC; pipelined algorithm where a pair has no peer pointers)
-    #[arg(long, value_enum, default_value_t = TransportArg::P2p)]
-    transport: TransportArg,
-    /// Threads per block of the library's plain all-reduce, --compute none (257..=512: two-shot over p2p only; --bench: applied to the sizes whose plan is two-shot) [default: 512 for two-shot with a GPU per rank, else 256 on a GPU, 64 on the emulator]
-    #[arg(long, value_name = "N", value_parser = ranged(32, 1024))]
-    threads: Option<u64>,
-    /// Checked all-reduces (steps)
-    #[arg(long, value_name = "N", default_value = "3", value_parser = ranged(1, 1_000_000))]
-    iters: u64,
-    /// Write rank 0's final result here (raw little-endian values of the dtype)
-    #[arg(long, value_name = "PATH")]
-    dump: Option<PathBuf>,
-    /// Output over the input (--compute none)
-    #[arg(long)]
-    in_place: bool,
-    /// One rank per GPU (rank r on GPU r mod #GPUs), as DOORBELL_RANK_PER_GPU=1
-    #[arg(long)]
-    spread: bool,
-    /// Run the benchmark sweep instead of the checked run
-    #[arg(long)]
-    bench: bool,
-    /// Largest message of the sweep, bytes per rank (K, M, G suffixes, as nccl-tests' -e) [default: 1073741824 on a GPU, 65536 on the emulator]
-    #[arg(short = 'e', long, alias = "maxbytes", value_name = "BYTES", value_parser = sized(8, 1 << 34))]
-    max_bytes: Option<u64>,
-    /// Smallest message of the sweep, bytes per rank (K, M, G suffixes), rounded up to a power of two
-    #[arg(short = 'b', long, alias = "minbytes", value_name = "BYTES", default_value = "8", value_parser = sized(2, 1 << 34))]
-    min_bytes: u64,
-    /// Multiply the size by this factor from one row of the sweep to the next
-    #[arg(short = 'f', long, alias = "stepfactor", value_name = "F", default_value = "2", value_parser = ranged(2, 1024))]
-    step_factor: u64,
-    /// Timed launches per size and variant [default: by size on a GPU, 2 on the emulator]
-    #[arg(short = 'n', long = "bench-iters", value_name = "N", value_parser = ranged(1, 100_000))]
-    bench_iters: Option<u64>,
-    /// Time the benchmark as CUDA-graph replays (ours and NCCL's alike) instead of a host loop
-    #[arg(long)]
-    graph: bool,
-    /// Launch each plain all-reduce to overlap the kernel before it on the stream (programmatic dependent launch)
-    #[arg(long = "launch-overlap", value_enum, default_value_t = OverlapArg::Auto)]
-    launch_overlap: OverlapArg,
-    /// Directory for the benchmark's JSON and plots
-    #[arg(long, value_name = "DIR", default_value = ".")]
-    out: PathBuf,
-}
-
-impl Args {
-    fn dtype(&self) -> DType {
-        match self.dtype {
-            DtypeArg::F32 => DType::F32,
-            DtypeArg::Bf16 => DType::Bf16,
-        }
-    }
-    fn compute_code(&self) -> u32 {
-        match self.compute {
-            Compute::None => 0,
-            Compute::Hash => COMPUTE_HASH,
-            Compute::Gemv => COMPUTE_GEMV,
-        }
-    }
-    fn overlap_launch(&self) -> Option<bool> {
-        match self.launch_overlap {
-            OverlapArg::Auto => None,
-            OverlapArg::On => Some(true),
-            OverlapArg::Off => Some(false),
-        }
-    }
-    fn algo(&self) -> Option<Algo> {
-        match (self.compute, self.algo) {
-            (_, AlgoArg::Auto) => None,
-            (_, AlgoArg::Ll) => Some(Algo::Ll),
-            (_, AlgoArg::OneShot) => Some(Algo::OneShot),
-            (_, AlgoArg::TwoShot) => Some(Algo::TwoShot),
-            (_, AlgoArg::Pipelined) => Some(Algo::Pipelined),
-        }
-    }
-}
 
 fn main() {
     let args = Args::parse();
@@ -1034,29 +875,4 @@ fn bench_rank<T: HostElement>(comm: &Communicator, args: &Args, p: &SizePlan) ->
         rows.push(rb.nccl()?);
     }
     Ok(if comm.rank() == 0 { rows } else { Vec::new() })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::CommandFactory;
-
-    #[test]
-    fn sweep_flags_take_nccl_tests_syntax_beside_the_long_names() {
-        Args::command().debug_assert();
-        let a = Args::try_parse_from(["allreduce", "--bench", "-b", "1K", "-e", "128M", "-f", "4", "-n", "3"]).unwrap();
-        assert_eq!(
-            (a.min_bytes, a.max_bytes, a.step_factor, a.bench_iters),
-            (1024, Some(128 << 20), 4, Some(3))
-        );
-        let a = Args::try_parse_from(["allreduce", "--max-bytes", "256M", "--min-bytes", "64", "--chunk", "64K"]).unwrap();
-        assert_eq!(
-            (a.min_bytes, a.max_bytes, a.step_factor, a.chunk),
-            (64, Some(256 << 20), 2, Some(64 << 10))
-        );
-        for bad in [["-e", "32G"], ["-e", "4"], ["-b", "1.5K"], ["-f", "1"]] {
-            let e = Args::try_parse_from(["allreduce", bad[0], bad[1]]).unwrap_err();
-            assert_eq!(e.exit_code(), 2, "{bad:?}: {e}");
-        }
-    }
 }

@@ -2,8 +2,12 @@
 //! parses with `XArgs::parse()` (bad input: a message and exit status 2);
 //! tests call `XArgs::try_parse_from` and the `validate` functions here.
 
+use std::path::PathBuf;
+
 use clap::{Args, Parser, ValueEnum};
+use doorbell::coll::{Algo, DType, TransportKind};
 use doorbell::Backend;
+use doorbell_example_kernels::allreduce::{COMPUTE_GEMV, COMPUTE_HASH};
 
 /// Largest element count of `fma` (2^34 f32: 64 GiB per vector).
 pub const FMA_MAX_N: u64 = 1 << 34;
@@ -320,6 +324,180 @@ impl P2pBenchArgs {
     }
 }
 
+/// `allreduce --dtype`: the element type.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DtypeArg {
+    /// 32-bit float
+    F32,
+    /// bfloat16 (f32 accumulation)
+    Bf16,
+}
+
+/// `allreduce --compute`: what produces each rank's vector.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compute {
+    /// No producer: the input formula, a plain all-reduce.
+    None,
+    /// A hash of (rank, element, step), computed in the fused kernel.
+    Hash,
+    /// A small dense layer per element (32 multiply-adds), in the fused kernel.
+    Gemv,
+}
+
+/// `allreduce --transport`: the device transport.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllreduceTransport {
+    /// Loads and stores into peers' memory.
+    P2p,
+    /// GPU-built RDMA WQEs through the soft NIC (its engine kernel on a GPU, slow: see the README).
+    Ibgda,
+    /// Load/store or the soft NIC per pair of ranks (DOORBELL_RDMA_PEERS).
+    Routed,
+}
+
+impl AllreduceTransport {
+    /// The library's name for it.
+    pub fn kind(self) -> TransportKind {
+        match self {
+            AllreduceTransport::P2p => TransportKind::P2p,
+            AllreduceTransport::Ibgda => TransportKind::Ibgda,
+            AllreduceTransport::Routed => TransportKind::Routed,
+        }
+    }
+}
+
+/// `allreduce --launch-overlap`: programmatic dependent launch of the
+/// plain all-reduces.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OverlapArg {
+    /// On when every rank has a GPU of its own
+    Auto,
+    /// Always
+    On,
+    /// Never
+    Off,
+}
+
+/// `allreduce --algo`: the all-reduce algorithm.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AlgoArg {
+    /// By size and route
+    Auto,
+    /// LL one-shot: the flag travels in the data
+    Ll,
+    /// One-shot
+    OneShot,
+    /// Two-shot: reduce-scatter, then all-gather
+    TwoShot,
+    /// Pipelined chunks through rings
+    Pipelined,
+}
+
+/// 04 — sum all-reduce across ranks, checked against a CPU reference; --bench
+/// compares it with a CPU-driven baseline, the unfused pair and NCCL.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "allreduce", version, about, long_about = None)]
+pub struct AllreduceArgs {
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    /// Ranks (threads of this process)
+    #[arg(long, value_name = "N", default_value = "2", value_parser = ranged(1, 8))]
+    pub ranks: u64,
+    /// Elements per rank [default: 16777216 on a GPU, 100003 on the emulator]
+    #[arg(long, value_name = "N", value_parser = ranged(0, 1 << 32))]
+    pub elems: Option<u64>,
+    /// Element type
+    #[arg(long, value_enum, default_value_t = DtypeArg::F32)]
+    pub dtype: DtypeArg,
+    /// Bytes per chunk (signalling unit; the fused kernel's production unit; K, M suffixes) [default: by algorithm]
+    #[arg(long, value_name = "BYTES", value_parser = sized(1, 1 << 30))]
+    pub chunk: Option<u64>,
+    /// Producer of each rank's vector (hash, gemv: fused into the all-reduce)
+    #[arg(long, value_enum, default_value_t = Compute::None)]
+    pub compute: Compute,
+    /// All-reduce algorithm, plain and fused (auto: ll, two-shot or pipelined by size and route)
+    #[arg(long, value_enum, default_value_t = AlgoArg::Auto)]
+    pub algo: AlgoArg,
+    /// Device transport (ibgda, routed: through the soft NIC; pipelined algorithm where a pair has no peer pointers)
+    #[arg(long, value_enum, default_value_t = AllreduceTransport::P2p)]
+    pub transport: AllreduceTransport,
+    /// Threads per block of the library's plain all-reduce, --compute none (257..=512: two-shot over p2p only; --bench: applied to the sizes whose plan is two-shot) [default: 512 for two-shot with a GPU per rank, else 256 on a GPU, 64 on the emulator]
+    #[arg(long, value_name = "N", value_parser = ranged(32, 1024))]
+    pub threads: Option<u64>,
+    /// Checked all-reduces (steps)
+    #[arg(long, value_name = "N", default_value = "3", value_parser = ranged(1, 1_000_000))]
+    pub iters: u64,
+    /// Write rank 0's final result here (raw little-endian values of the dtype)
+    #[arg(long, value_name = "PATH")]
+    pub dump: Option<PathBuf>,
+    /// Output over the input (--compute none)
+    #[arg(long)]
+    pub in_place: bool,
+    /// One rank per GPU (rank r on GPU r mod #GPUs), as DOORBELL_RANK_PER_GPU=1
+    #[arg(long)]
+    pub spread: bool,
+    /// Run the benchmark sweep instead of the checked run
+    #[arg(long)]
+    pub bench: bool,
+    /// Largest message of the sweep, bytes per rank (K, M, G suffixes, as nccl-tests' -e) [default: 1073741824 on a GPU, 65536 on the emulator]
+    #[arg(short = 'e', long, alias = "maxbytes", value_name = "BYTES", value_parser = sized(8, 1 << 34))]
+    pub max_bytes: Option<u64>,
+    /// Smallest message of the sweep, bytes per rank (K, M, G suffixes), rounded up to a power of two
+    #[arg(short = 'b', long, alias = "minbytes", value_name = "BYTES", default_value = "8", value_parser = sized(2, 1 << 34))]
+    pub min_bytes: u64,
+    /// Multiply the size by this factor from one row of the sweep to the next
+    #[arg(short = 'f', long, alias = "stepfactor", value_name = "F", default_value = "2", value_parser = ranged(2, 1024))]
+    pub step_factor: u64,
+    /// Timed launches per size and variant [default: by size on a GPU, 2 on the emulator]
+    #[arg(short = 'n', long = "bench-iters", value_name = "N", value_parser = ranged(1, 100_000))]
+    pub bench_iters: Option<u64>,
+    /// Time the benchmark as CUDA-graph replays (ours and NCCL's alike) instead of a host loop
+    #[arg(long)]
+    pub graph: bool,
+    /// Launch each plain all-reduce to overlap the kernel before it on the stream (programmatic dependent launch)
+    #[arg(long = "launch-overlap", value_enum, default_value_t = OverlapArg::Auto)]
+    pub launch_overlap: OverlapArg,
+    /// Directory for the benchmark's JSON and plots
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    pub out: PathBuf,
+}
+
+impl AllreduceArgs {
+    /// `--dtype` as the library's type.
+    pub fn dtype(&self) -> DType {
+        match self.dtype {
+            DtypeArg::F32 => DType::F32,
+            DtypeArg::Bf16 => DType::Bf16,
+        }
+    }
+    /// `--compute` as the user kernels' code (0: none).
+    pub fn compute_code(&self) -> u32 {
+        match self.compute {
+            Compute::None => 0,
+            Compute::Hash => COMPUTE_HASH,
+            Compute::Gemv => COMPUTE_GEMV,
+        }
+    }
+    /// `--launch-overlap` (`None`: the library decides).
+    pub fn overlap_launch(&self) -> Option<bool> {
+        match self.launch_overlap {
+            OverlapArg::Auto => None,
+            OverlapArg::On => Some(true),
+            OverlapArg::Off => Some(false),
+        }
+    }
+    /// `--algo` (`None`: the library picks by size and route).
+    pub fn algo(&self) -> Option<Algo> {
+        match (self.compute, self.algo) {
+            (_, AlgoArg::Auto) => None,
+            (_, AlgoArg::Ll) => Some(Algo::Ll),
+            (_, AlgoArg::OneShot) => Some(Algo::OneShot),
+            (_, AlgoArg::TwoShot) => Some(Algo::TwoShot),
+            (_, AlgoArg::Pipelined) => Some(Algo::Pipelined),
+        }
+    }
+}
+
 /// mlx5 work-queue entry operations.
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WqeOpArg {
@@ -468,6 +646,7 @@ pub struct IbgdaBenchArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::CommandFactory;
 
     #[test]
     fn sizes_take_nccl_tests_suffixes() {
@@ -546,5 +725,34 @@ mod tests {
         assert_eq!(a.max_bytes, Some(1 << 20));
         assert!(PingpongArgs::try_parse_from(["pingpong", "--size", "65G"]).is_err());
         assert_eq!(PingpongArgs::try_parse_from(["pingpong", "--size", "4K"]).unwrap().size, 4096);
+    }
+
+    #[test]
+    fn allreduce_sweep_flags_take_nccl_tests_syntax_beside_the_long_names() {
+        AllreduceArgs::command().debug_assert();
+        let a = AllreduceArgs::try_parse_from(["allreduce", "--bench", "-b", "1K", "-e", "128M", "-f", "4", "-n", "3"]).unwrap();
+        assert_eq!(
+            (a.min_bytes, a.max_bytes, a.step_factor, a.bench_iters),
+            (1024, Some(128 << 20), 4, Some(3))
+        );
+        let a = AllreduceArgs::try_parse_from(["allreduce", "--max-bytes", "256M", "--min-bytes", "64", "--chunk", "64K"]).unwrap();
+        assert_eq!(
+            (a.min_bytes, a.max_bytes, a.step_factor, a.chunk),
+            (64, Some(256 << 20), 2, Some(64 << 10))
+        );
+        assert_eq!(
+            (a.dtype(), a.compute_code(), a.overlap_launch(), a.algo()),
+            (DType::F32, 0, None, None)
+        );
+        for bad in [["-e", "32G"], ["-e", "4"], ["-b", "1.5K"], ["-f", "1"], ["--algo", "ring"]] {
+            let e = AllreduceArgs::try_parse_from(["allreduce", bad[0], bad[1]]).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{bad:?}: {e}");
+        }
+        let a = AllreduceArgs::try_parse_from(["allreduce", "--compute", "gemv", "--algo", "two-shot", "--launch-overlap", "off"]).unwrap();
+        assert_eq!(
+            (a.compute_code(), a.algo(), a.overlap_launch()),
+            (COMPUTE_GEMV, Some(Algo::TwoShot), Some(false))
+        );
+        assert_eq!(AllreduceTransport::Routed.kind(), TransportKind::Routed);
     }
 }
