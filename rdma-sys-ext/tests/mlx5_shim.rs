@@ -292,8 +292,8 @@ fn rust_wqe(p: &WqeParams) -> Vec<u8> {
 }
 
 /// xorshift64*: deterministic pseudo-random test inputs.
-struct Rng(u64);
-impl Rng {
+struct XorShift64(u64);
+impl XorShift64 {
     fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
@@ -312,7 +312,7 @@ fn rust_builder_agrees_with_header_helpers() {
         RefWqeOp::FetchAdd,
         RefWqeOp::CompareSwap,
     ];
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = XorShift64(0x9e37_79b9_7f4a_7c15);
     for i in 0..3000 {
         let bits = rng.next();
         let p = WqeParams {

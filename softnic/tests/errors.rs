@@ -53,6 +53,11 @@ fn untouched(b: &Bufs) {
     }
 }
 
+/// [`check_bad`] for a bad WQE posted as it is: `make` builds it.
+fn check_bad_post(name: &str, make: impl FnOnce(&Bufs) -> WqeRequest, syndrome: CqeSyndrome, reason: Reason, responder_err: bool) {
+    check_bad(name, |rig, b| rig.a.sq.post(&make(b)), syndrome, reason, responder_err);
+}
+
 /// Posts `bad` between a good signaled write before and an unsignaled write
 /// plus a signaled NOP after; checks the good one completes, the bad one
 /// fails with `syndrome`/`reason`, both later ones are flushed, the QP is
@@ -115,10 +120,10 @@ fn check_bad(name: &str, bad: impl FnOnce(&mut Rig, &Bufs) -> u16, syndrome: Cqe
 
 #[test]
 fn bad_lkey() {
-    check_bad(
+    check_bad_post(
         "bad lkey",
-        |rig, b| {
-            rig.a.sq.post(&req(
+        |b| {
+            req(
                 WqeOp::Write,
                 b.src.addr(),
                 b.src.key() ^ 0x100,
@@ -126,7 +131,7 @@ fn bad_lkey() {
                 b.dst.key(),
                 64,
                 false,
-            ))
+            )
         },
         CqeSyndrome::LocalProt,
         Reason::BadKey,
@@ -136,19 +141,9 @@ fn bad_lkey() {
 
 #[test]
 fn local_range_out_of_bounds() {
-    check_bad(
+    check_bad_post(
         "local oob",
-        |rig, b| {
-            rig.a.sq.post(&req(
-                WqeOp::Write,
-                b.src.addr() + 500,
-                b.src.key(),
-                b.dst.addr(),
-                b.dst.key(),
-                13,
-                false,
-            ))
-        },
+        |b| req(WqeOp::Write, b.src.addr() + 500, b.src.key(), b.dst.addr(), b.dst.key(), 13, false),
         CqeSyndrome::LocalProt,
         Reason::OutOfBounds,
         false,
@@ -157,19 +152,9 @@ fn local_range_out_of_bounds() {
 
 #[test]
 fn read_into_a_region_without_local_write() {
-    check_bad(
+    check_bad_post(
         "read into read-only",
-        |rig, b| {
-            rig.a.sq.post(&req(
-                WqeOp::Read,
-                b.local_ro.addr(),
-                b.local_ro.key(),
-                b.ro.addr(),
-                b.ro.key(),
-                64,
-                false,
-            ))
-        },
+        |b| req(WqeOp::Read, b.local_ro.addr(), b.local_ro.key(), b.ro.addr(), b.ro.key(), 64, false),
         CqeSyndrome::LocalProt,
         Reason::AccessDenied,
         false,
@@ -178,13 +163,9 @@ fn read_into_a_region_without_local_write() {
 
 #[test]
 fn bad_rkey() {
-    check_bad(
+    check_bad_post(
         "bad rkey",
-        |rig, b| {
-            rig.a
-                .sq
-                .post(&req(WqeOp::Write, b.src.addr(), b.src.key(), b.dst.addr(), 0xdead_0001, 64, false))
-        },
+        |b| req(WqeOp::Write, b.src.addr(), b.src.key(), b.dst.addr(), 0xdead_0001, 64, false),
         CqeSyndrome::RemoteAccess,
         Reason::BadKey,
         true,
@@ -193,19 +174,9 @@ fn bad_rkey() {
 
 #[test]
 fn remote_range_out_of_bounds_by_one_byte() {
-    check_bad(
+    check_bad_post(
         "remote oob",
-        |rig, b| {
-            rig.a.sq.post(&req(
-                WqeOp::Write,
-                b.src.addr(),
-                b.src.key(),
-                b.dst.addr() + 1,
-                b.dst.key(),
-                512,
-                false,
-            ))
-        },
+        |b| req(WqeOp::Write, b.src.addr(), b.src.key(), b.dst.addr() + 1, b.dst.key(), 512, false),
         CqeSyndrome::RemoteAccess,
         Reason::OutOfBounds,
         true,
@@ -214,13 +185,9 @@ fn remote_range_out_of_bounds_by_one_byte() {
 
 #[test]
 fn write_to_a_read_only_region() {
-    check_bad(
+    check_bad_post(
         "write to remote-read-only",
-        |rig, b| {
-            rig.a
-                .sq
-                .post(&req(WqeOp::Write, b.src.addr(), b.src.key(), b.ro.addr(), b.ro.key(), 8, false))
-        },
+        |b| req(WqeOp::Write, b.src.addr(), b.src.key(), b.ro.addr(), b.ro.key(), 8, false),
         CqeSyndrome::RemoteAccess,
         Reason::AccessDenied,
         true,
@@ -229,10 +196,10 @@ fn write_to_a_read_only_region() {
 
 #[test]
 fn remote_region_of_another_protection_domain() {
-    check_bad(
+    check_bad_post(
         "pd mismatch",
-        |rig, b| {
-            rig.a.sq.post(&req(
+        |b| {
+            req(
                 WqeOp::Write,
                 b.src.addr(),
                 b.src.key(),
@@ -240,7 +207,7 @@ fn remote_region_of_another_protection_domain() {
                 b.other_pd.key(),
                 8,
                 false,
-            ))
+            )
         },
         CqeSyndrome::RemoteAccess,
         Reason::PdMismatch,
@@ -250,25 +217,21 @@ fn remote_region_of_another_protection_domain() {
 
 #[test]
 fn atomic_without_remote_atomic_rights_and_misaligned() {
-    check_bad(
+    check_bad_post(
         "atomic on read-only",
-        |rig, b| {
-            rig.a.sq.post(&WqeRequest {
-                add: 1,
-                ..req(WqeOp::FetchAdd, b.src.addr(), b.src.key(), b.ro.addr(), b.ro.key(), 8, false)
-            })
+        |b| WqeRequest {
+            add: 1,
+            ..req(WqeOp::FetchAdd, b.src.addr(), b.src.key(), b.ro.addr(), b.ro.key(), 8, false)
         },
         CqeSyndrome::RemoteAccess,
         Reason::AccessDenied,
         true,
     );
-    check_bad(
+    check_bad_post(
         "misaligned atomic",
-        |rig, b| {
-            rig.a.sq.post(&WqeRequest {
-                add: 1,
-                ..req(WqeOp::FetchAdd, b.src.addr(), b.src.key(), b.dst.addr() + 4, b.dst.key(), 8, false)
-            })
+        |b| WqeRequest {
+            add: 1,
+            ..req(WqeOp::FetchAdd, b.src.addr(), b.src.key(), b.dst.addr() + 4, b.dst.key(), 8, false)
         },
         CqeSyndrome::RemoteInvalReq,
         Reason::Misaligned,

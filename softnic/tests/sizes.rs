@@ -12,7 +12,7 @@ use doorbell_kernels::mlx5::{CqeSyndrome, CtrlSeg, OPCODE_RDMA_WRITE, WQE_CTRL_C
 use doorbell_softnic::engine::tables::key_slot;
 use doorbell_softnic::engine::{access, EngineConfig, MrEntry, Port, QpState, Reason};
 use doorbell_softnic::host::{CqMemory, HostBuffer, QpMemory, ResidentPort, MAX_SQ_WQEBBS};
-use doorbell_softnic::{Error, FabricConfig, MemoryRegion, QueuePair, RdmaDevice, SoftFabric};
+use doorbell_softnic::{Error, FabricConfig, MemoryRegion, QueuePair, RdmaDevice, SoftDevice, SoftFabric, SoftMr, SoftPd};
 
 #[test]
 fn a_message_of_2_31_bytes_fails_with_a_length_error_not_as_an_inline_flag() {
@@ -166,16 +166,25 @@ fn entry(e: &FlakyEngine, slot: usize) -> MrEntry {
     e.port.lock().unwrap().mrs[slot]
 }
 
-#[test]
-fn a_dropped_region_the_engine_could_not_be_told_of_stays_registered_and_is_reported() {
+/// A device whose resident engine is a [`FlakyEngine`], its protection
+/// domain, and a 4 KiB region registered with `access` on a buffer that is
+/// returned with it (drop the buffer last).
+fn flaky_region(access: u32) -> (SoftDevice, SoftPd, Arc<FlakyEngine>, HostBuffer, SoftMr) {
     let fabric = SoftFabric::new(FabricConfig::default());
     let dev = fabric.open_device(None).unwrap();
     let pd = dev.alloc_pd().unwrap();
     let engine = flaky(&dev);
     let buf = HostBuffer::zeroed(4096, 64);
-    // SAFETY: the buffer outlives the region and stays allocated while the
-    // engine may still accept the key (checked below).
-    let mr = unsafe { dev.reg_mr(&pd, buf.as_ptr(), 4096, access::LOCAL_WRITE) }.unwrap();
+    // SAFETY: the caller keeps the buffer until the region is gone.
+    let mr = unsafe { dev.reg_mr(&pd, buf.as_ptr(), 4096, access) }.unwrap();
+    (dev, pd, engine, buf, mr)
+}
+
+#[test]
+fn a_dropped_region_the_engine_could_not_be_told_of_stays_registered_and_is_reported() {
+    // The buffer stays allocated while the engine may still accept the key
+    // (checked below).
+    let (dev, pd, engine, buf, mr) = flaky_region(access::LOCAL_WRITE);
     let (key, slot) = (mr.lkey(), key_slot(mr.lkey()).unwrap());
     assert_eq!(entry(&engine, slot).key, key);
     engine.refuse.store(true, Ordering::Release);
@@ -210,13 +219,7 @@ fn a_dropped_region_the_engine_could_not_be_told_of_stays_registered_and_is_repo
 
 #[test]
 fn deregister_reports_a_failure_and_gives_the_region_back() {
-    let fabric = SoftFabric::new(FabricConfig::default());
-    let dev = fabric.open_device(None).unwrap();
-    let pd = dev.alloc_pd().unwrap();
-    let engine = flaky(&dev);
-    let buf = HostBuffer::zeroed(4096, 64);
-    // SAFETY: the buffer outlives the region.
-    let mr = unsafe { dev.reg_mr(&pd, buf.as_ptr(), 4096, 0) }.unwrap();
+    let (dev, _pd, engine, buf, mr) = flaky_region(0);
     let (key, slot) = (mr.lkey(), key_slot(mr.lkey()).unwrap());
     engine.refuse.store(true, Ordering::Release);
     let e = mr.deregister().expect_err("the engine refused");
@@ -239,13 +242,7 @@ fn deregister_reports_a_failure_and_gives_the_region_back() {
 
 #[test]
 fn taking_the_port_back_from_a_stopped_engine_ends_undead_regions() {
-    let fabric = SoftFabric::new(FabricConfig::default());
-    let dev = fabric.open_device(None).unwrap();
-    let pd = dev.alloc_pd().unwrap();
-    let engine = flaky(&dev);
-    let buf = HostBuffer::zeroed(4096, 64);
-    // SAFETY: the buffer outlives the region.
-    let mr = unsafe { dev.reg_mr(&pd, buf.as_ptr(), 4096, 0) }.unwrap();
+    let (dev, _pd, engine, buf, mr) = flaky_region(0);
     let slot = key_slot(mr.lkey()).unwrap();
     engine.refuse.store(true, Ordering::Release);
     drop(mr);

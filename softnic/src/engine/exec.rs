@@ -293,6 +293,44 @@ unsafe fn inbox_room<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, pp: u
     qp.out_head.wrapping_sub(qp.out_tail_seen) < INBOX as u32
 }
 
+/// Whether the responder QP `pq` of port `pp` can take a message of QP
+/// `q` of port `p` that consumes a receive WQE (SEND, WRITE with
+/// immediate): one posted since the last this QP consumed, room in the
+/// responder's receive CQ and in its inbox. `Ok`: the RQ index of that
+/// receive WQE; `Err`: the step to return (wait for a receive WQE until
+/// the RNR timeout, or try again on a later pass).
+///
+/// # Safety
+/// The ports' tables and the responder's receive queue are valid.
+#[inline(always)]
+unsafe fn receive_ready<P: Ports + ?Sized>(
+    ports: &mut P,
+    (p, q): (usize, usize),
+    (pp, pq): (usize, usize),
+    cfg: &EngineConfig,
+    opcode: u8,
+) -> Result<u32, Step> {
+    let Some(consumed) = ports.get(p).and_then(|x| x.qps.get(q)).map(|x| x.peer_rq_ci) else {
+        return Err(Step::Blocked);
+    };
+    let Some(peer) = ports.get(pp).and_then(|x| x.qps.get(pq)) else {
+        return Err(Step::Blocked);
+    };
+    // SAFETY (whole function): the caller's contract.
+    if unsafe { rq::posted_since(peer, consumed) } == 0 {
+        return Err(Step::Wait {
+            reason: Reason::NoReceiveWqe,
+            syndrome: CqeSyndrome::RnrRetryExc,
+            timeout_ns: cfg.rnr_timeout_ns,
+            opcode,
+        });
+    }
+    if !unsafe { room(ports, pp, peer.recv_cq) } || !unsafe { inbox_room(ports, p, q, pp, pq) } {
+        return Err(Step::Blocked);
+    }
+    Ok(consumed)
+}
+
 /// Tells the peer QP `pq` of port `pp` what happened to it as the
 /// responder of QP `q` of port `p`: writes `ev` into its inbox and
 /// publishes the inbox head with a release at `scope` (ordered after the
@@ -690,22 +728,8 @@ pub unsafe fn execute<P: Ports + ?Sized, M: PayloadMover>(
             };
             mover.lap(Phase::Remote);
             if opcode == OPCODE_RDMA_WRITE_IMM {
-                let Some(consumed) = ports.get(p).and_then(|x| x.qps.get(q)).map(|x| x.peer_rq_ci) else {
-                    return Step::Blocked;
-                };
-                let Some(peer) = ports.get(pp).and_then(|x| x.qps.get(pq)) else {
-                    return Step::Blocked;
-                };
-                if unsafe { rq::posted_since(peer, consumed) } == 0 {
-                    return Step::Wait {
-                        reason: Reason::NoReceiveWqe,
-                        syndrome: CqeSyndrome::RnrRetryExc,
-                        timeout_ns: cfg.rnr_timeout_ns,
-                        opcode,
-                    };
-                }
-                if !unsafe { room(ports, pp, peer.recv_cq) } || !unsafe { inbox_room(ports, p, q, pp, pq) } {
-                    return Step::Blocked;
+                if let Err(step) = unsafe { receive_ready(ports, (p, q), (pp, pq), cfg, opcode) } {
+                    return step;
                 }
                 mover.lap(Phase::Receive);
             }
@@ -763,24 +787,10 @@ pub unsafe fn execute<P: Ports + ?Sized, M: PayloadMover>(
             Step::Done
         }
         OPCODE_SEND => {
-            let Some(consumed) = ports.get(p).and_then(|x| x.qps.get(q)).map(|x| x.peer_rq_ci) else {
-                return Step::Blocked;
+            let rq_idx = match unsafe { receive_ready(ports, (p, q), (pp, pq), cfg, opcode) } {
+                Ok(consumed) => consumed,
+                Err(step) => return step,
             };
-            let Some(peer) = ports.get(pp).and_then(|x| x.qps.get(pq)) else {
-                return Step::Blocked;
-            };
-            if unsafe { rq::posted_since(peer, consumed) } == 0 {
-                return Step::Wait {
-                    reason: Reason::NoReceiveWqe,
-                    syndrome: CqeSyndrome::RnrRetryExc,
-                    timeout_ns: cfg.rnr_timeout_ns,
-                    opcode,
-                };
-            }
-            if !unsafe { room(ports, pp, peer.recv_cq) } || !unsafe { inbox_room(ports, p, q, pp, pq) } {
-                return Step::Blocked;
-            }
-            let rq_idx = consumed;
             let checked = match ports.get(pp) {
                 Some(port) => unsafe { check_receive(port, pq, rq_idx) },
                 None => return Step::Blocked,
