@@ -29,6 +29,7 @@
 //! MTU choice, ring checks, the registration choice) is in [`plan`] and
 //! tested.
 
+mod driver;
 pub mod plan;
 mod proxy;
 mod queues;
@@ -47,7 +48,6 @@ use self::plan::RegMethod;
 use self::proxy::{Proxy, ProxyTable};
 use self::queues::{nic_err, Cq, DevxObj, Mr, Qp, Umem};
 use super::{CompletionQueue, CqRing, DoorbellPath, LinkLayer, MemoryRegion, Nic, NicKind, PortInfo, QpRings, QueuePair, StartCtx};
-use crate::backend::cuda;
 use crate::error::{Error, Result};
 
 /// log2 of the largest message a QP sends or accepts (1 GiB, within every
@@ -105,7 +105,7 @@ impl Shared {
     ) -> std::result::Result<T, String> {
         let start = addr & !(UAR_PAGE_BYTES - 1);
         let end = (addr + len).next_multiple_of(UAR_PAGE_BYTES);
-        let fd = cuda::dmabuf_fd(&self.cuda, start as u64, end - start).map_err(|e| e.to_string())?;
+        let fd = driver::dmabuf_fd(&self.cuda, start as u64, end - start).map_err(|e| e.to_string())?;
         let r = f(fd, (addr - start) as u64);
         // SAFETY: `fd` was returned by the driver for us; the NIC keeps its own reference.
         unsafe { libc::close(fd) };
@@ -136,7 +136,7 @@ impl Drop for Shared {
         let warn = |what: &str, e: &dyn std::fmt::Display| tracing::warn!("mlx5 {name}: {what}: {e}");
         if self.uar_gpu.is_some() {
             // SAFETY: registered at open; every QP (and so every kernel's use) is gone.
-            if let Err(e) = unsafe { cuda::host_unregister(&self.cuda, (*self.uar).base_addr) } {
+            if let Err(e) = unsafe { driver::host_unregister(&self.cuda, (*self.uar).base_addr) } {
                 warn("cuMemHostUnregister of the UAR page", &e);
             }
         }
@@ -259,7 +259,7 @@ impl Mlx5Nic {
             let mapped = match path {
                 DoorbellPath::Cpu => Err("DOORBELL_IB_DOORBELL=cpu".to_string()),
                 // SAFETY: the UAR page stays mapped until it is freed in Shared::drop, after this unregisters it.
-                _ => unsafe { cuda::host_register_io(&cuda_ctx, (*uar).base_addr, UAR_PAGE_BYTES) }.map_err(|x| x.to_string()),
+                _ => unsafe { driver::host_register_io(&cuda_ctx, (*uar).base_addr, UAR_PAGE_BYTES) }.map_err(|x| x.to_string()),
             };
             let uar_gpu = match (mapped, path) {
                 (Ok(d), _) => Some(d),
@@ -357,7 +357,7 @@ impl Mlx5Nic {
 /// The PCI bus id of `device`'s GPU (`None` on the emulator), for choosing
 /// the nearest NIC.
 pub fn gpu_pci_bus_id(device: &crate::Device) -> Result<Option<String>> {
-    device.as_cuda().map(|c| cuda::pci_bus_id(c)).transpose()
+    device.as_cuda().map(|c| driver::pci_bus_id(c)).transpose()
 }
 
 fn psn_seed(qpn: u32) -> u32 {
