@@ -236,10 +236,12 @@ pub unsafe fn emb_put_floor<T: Transport>(t: T, s: EmbShape, b: EmbBufs, bytes: 
         if refused != u32::MAX && ptx::atom_cas_relaxed_gpu_u32(b.status, 0, STATUS_TRANSPORT) == 0 {
             // The first error of this rank, as the exchange's kernels record
             // theirs: the refused peer, and where (3: a put).
-            let words = [refused, 3, 0, 0, 0, 0];
-            for (i, w) in words.into_iter().enumerate() {
-                *b.status.add(1 + i) = w;
-            }
+            *b.status.add(1) = refused;
+            *b.status.add(2) = 3;
+            *b.status.add(3) = 0;
+            *b.status.add(4) = 0;
+            *b.status.add(5) = 0;
+            *b.status.add(6) = 0;
         }
     }
 }
