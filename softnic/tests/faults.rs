@@ -25,9 +25,7 @@ fn cfg(faults: FaultConfig) -> FabricConfig {
 fn one_write(rig: &mut Rig, src: &Region, dst: &Region, len: usize, seed: u64) -> (doorbell_softnic::host::Cqe, u64) {
     let data = random_bytes(&mut rng(seed), len);
     src.fill(&data);
-    rig.a
-        .sq
-        .post(&req(WqeOp::Write, src.addr(), src.key(), dst.addr(), dst.key(), len as u32, true));
+    rig.a.sq.post(&write_req(&src, &dst, 0, len as u32, true));
     let c = rig.next_send_cqe(Which::A);
     let t = rig.fabric.now_ns();
     if matches!(c, doorbell_softnic::host::Cqe::Ok(_)) {
@@ -160,15 +158,7 @@ fn completions_reordered_across_qps_keep_each_qps_order_and_data() {
         for round in 0..8u64 {
             for (i, p) in posters.iter_mut().enumerate() {
                 let off = (i as u64 * 8 + round) * 64;
-                p.post(&req(
-                    WqeOp::Write,
-                    src.addr() + off,
-                    src.key(),
-                    dst.addr() + off,
-                    dst.key(),
-                    64,
-                    true,
-                ));
+                p.post(&write_req(&src, &dst, off, 64, true));
             }
             fabric
                 .run_until("this round's CQEs", 1_000_000_000, || {
@@ -212,13 +202,8 @@ fn forced_error_completions_are_typed_and_touch_no_memory() {
     }
     dst.fill(&[0; 4096]);
     src.fill(&[0xee; 64]);
-    rig.a
-        .sq
-        .post(&req(WqeOp::Write, src.addr(), src.key(), dst.addr(), dst.key(), 64, false));
-    let next = rig
-        .a
-        .sq
-        .post(&req(WqeOp::Write, src.addr(), src.key(), dst.addr(), dst.key(), 64, true));
+    rig.a.sq.post(&write_req(&src, &dst, 0, 64, false));
+    let next = rig.a.sq.post(&write_req(&src, &dst, 0, 64, true));
     let e = expect_err(rig.next_send_cqe(Which::A));
     assert_eq!(
         (CqeSyndrome::from_u8(e.syndrome), Reason::from_u8(e.vendor_err_synd)),
@@ -283,10 +268,7 @@ fn a_peer_that_is_gone_fails_with_retry_exceeded_on_a_real_clock_without_hanging
     let (src, dst) = regions(&rig);
     let _engine = rig.a.dev.spawn_engine();
     rig.b.qp.modify_to_err().unwrap();
-    let idx = rig
-        .a
-        .sq
-        .post(&req(WqeOp::Write, src.addr(), src.key(), dst.addr(), dst.key(), 64, true));
+    let idx = rig.a.sq.post(&write_req(&src, &dst, 0, 64, true));
     let t0 = std::time::Instant::now();
     // The device pipeline's own poll, with a 5 s budget.
     let r = unsafe { poll_cq(&rig.a.sq.h, idx, 5_000_000_000) };

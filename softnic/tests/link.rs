@@ -22,9 +22,7 @@ fn writes(rig: &mut Rig, n: usize, size: usize) -> Vec<u64> {
     let dst = Region::new(&rig.b.dev, &rig.b.pd, size, access::LOCAL_WRITE | access::REMOTE_WRITE);
     src.fill(&random_bytes(&mut rng(9), size));
     for _ in 0..n {
-        rig.a
-            .sq
-            .post(&req(WqeOp::Write, src.addr(), src.key(), dst.addr(), dst.key(), size as u32, true));
+        rig.a.sq.post(&write_req(&src, &dst, 0, size as u32, true));
     }
     let t = (0..n).map(|_| expect_ok(rig.next_send_cqe(Which::A)).timestamp).collect();
     assert_eq!(dst.bytes(), src.bytes());
@@ -84,7 +82,7 @@ fn two_qps_of_one_port_share_its_bandwidth() {
     let dst = Region::new(&db, &pb, size, access::LOCAL_WRITE | access::REMOTE_WRITE);
     for (a, _) in ends.iter_mut() {
         for _ in 0..8 {
-            a.sq.post(&req(WqeOp::Write, src.addr(), src.key(), dst.addr(), dst.key(), size as u32, true));
+            a.sq.post(&write_req(&src, &dst, 0, size as u32, true));
         }
     }
     let mut last = 0;
@@ -122,7 +120,7 @@ fn a_fenced_write_waits_for_the_earlier_read() {
             MIB as u32,
             true,
         ));
-        let mut w = req(WqeOp::Write, local.addr(), local.key(), remote.addr(), remote.key(), 8, true);
+        let mut w = write_req(&local, &remote, 0, 8, true);
         if fence {
             w.flags |= FENCE;
         }

@@ -27,15 +27,7 @@ fn rdma_write_moves_every_byte_of_payloads_that_differ_per_wqe() {
         // Odd lengths and offsets: 1000 - i bytes at offset i * 1000.
         let len = size - i;
         let off = (i * size) as u64;
-        last = rig.a.sq.post(&req(
-            WqeOp::Write,
-            src.addr() + off,
-            src.key(),
-            dst.addr() + off,
-            dst.key(),
-            len as u32,
-            i == n - 1,
-        ));
+        last = rig.a.sq.post(&write_req(&src, &dst, off, len as u32, i == n - 1));
     }
     let c = expect_ok(rig.next_send_cqe(Which::A));
     assert_eq!(c.opcode, CQE_REQ);

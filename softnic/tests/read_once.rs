@@ -118,18 +118,14 @@ fn run(case: Case, at: u32) -> bool {
     let mut rewrites = Vec::new();
     match case {
         Case::WriteLongGather => {
-            rig.a
-                .sq
-                .post(&req(WqeOp::Write, src.addr(), src.key(), dst.addr(), dst.key(), LEN as u32, true));
+            rig.a.sq.post(&write_req(&src, &dst, 0, LEN as u32, true));
             rewrites.push(Rewrite {
                 at: sq_seg(&rig.a, idx, 2),
                 words: data(LONG, src.key(), src.addr()),
             });
         }
         Case::WriteShiftedRemote => {
-            rig.a
-                .sq
-                .post(&req(WqeOp::Write, src.addr(), src.key(), dst.addr(), dst.key(), LEN as u32, true));
+            rig.a.sq.post(&write_req(&src, &dst, 0, LEN as u32, true));
             rewrites.push(Rewrite {
                 at: sq_seg(&rig.a, idx, 1),
                 words: RaddrSeg {

@@ -31,15 +31,7 @@ fn run(rig: &mut Rig, iters: u32, drive: &dyn Fn(&Rig)) {
         let mut last = 0;
         for i in 0..n {
             let off = (i * SLOT) as u64;
-            let w = req(
-                WqeOp::Write,
-                src.addr() + off,
-                src.key(),
-                dst.addr() + off,
-                dst.key(),
-                SLOT as u32,
-                i == n - 1,
-            );
+            let w = write_req(&src, &dst, off, SLOT as u32, i == n - 1);
             (last, head) = rig.a.sq.write(&w);
         }
         rig.a.sq.ring(head);

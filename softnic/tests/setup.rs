@@ -58,9 +58,7 @@ fn wqes_wait_until_rts_and_the_responder_answers_only_from_rtr() {
     rig.a.sq.pi = 0;
     unsafe { doorbell_kernels::mlx5::queue::update_doorbell_record(&rig.a.sq.h, 0) };
     rig.a.qp.modify_to_init(ALL_ACCESS).unwrap();
-    rig.a
-        .sq
-        .post(&req(WqeOp::Write, src.addr(), src.key(), dst.addr(), dst.key(), 64, true));
+    rig.a.sq.post(&write_req(&src, &dst, 0, 64, true));
     rig.a.qp.modify_to_rtr(rig.b.qp.endpoint()).unwrap();
     for _ in 0..3 {
         rig.fabric.poll_all();

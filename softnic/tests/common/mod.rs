@@ -254,6 +254,19 @@ impl Poster {
     }
 }
 
+/// An RDMA WRITE of `len` bytes from `src` to `dst`, both at offset `off`.
+pub fn write_req(src: &Region, dst: &Region, off: u64, len: u32, signaled: bool) -> WqeRequest {
+    req(
+        WqeOp::Write,
+        src.addr() + off,
+        src.key(),
+        dst.addr() + off,
+        dst.key(),
+        len,
+        signaled,
+    )
+}
+
 pub fn req(op: WqeOp, laddr: u64, lkey: u32, raddr: u64, rkey: u32, len: u32, signaled: bool) -> WqeRequest {
     WqeRequest {
         op: op as u32,
