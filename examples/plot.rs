@@ -63,7 +63,7 @@ const MAX_TICKS: usize = 16;
 
 /// Tick positions for a log x axis over `x0..=x1`: the powers of two in the
 /// range, every one or every 2nd, 4th, 5th or 10th (exponents that are
-/// multiples of the step) so that at most [`MAX_TICKS`] remain. Empty when
+/// multiples of the step) so that at most 16 remain. Empty when
 /// no power of two lies in the range or it is not a positive range.
 pub fn pow2_ticks(x0: f64, x1: f64) -> Vec<f64> {
     if !(x0 > 0.0 && x1 >= x0 && x1.is_finite()) {
@@ -83,7 +83,7 @@ pub fn pow2_ticks(x0: f64, x1: f64) -> Vec<f64> {
 
 /// Tick positions for a log y axis over `lo..=hi`: 1, 2 and 5 times the
 /// powers of ten in the range (only the powers of ten when those are more
-/// than [`MAX_TICKS`]); a range holding fewer than two of them gets its
+/// than 16); a range holding fewer than two of them gets its
 /// ends and their geometric mean, to two significant digits. Empty for a
 /// range that is not positive and finite.
 pub fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
