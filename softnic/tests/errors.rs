@@ -339,22 +339,14 @@ fn send_longer_than_the_receive_buffer_fails_on_both_sides() {
     let mut rig = Rig::new(virtual_cfg());
     let src = Region::new(&rig.a.dev, &rig.a.pd, 256, 0);
     let rx = Region::new(&rig.b.dev, &rig.b.pd, 64, access::LOCAL_WRITE);
-    rig.b
-        .qp
-        .post_recv(&[Sge {
-            addr: rx.addr(),
-            len: 64,
-            lkey: rx.key(),
-        }])
-        .unwrap();
-    rig.b
-        .qp
-        .post_recv(&[Sge {
-            addr: rx.addr(),
-            len: 64,
-            lkey: rx.key(),
-        }])
-        .unwrap();
+    let sge = Sge {
+        addr: rx.addr(),
+        len: 64,
+        lkey: rx.key(),
+    };
+    for _ in 0..2 {
+        rig.b.qp.post_recv(&[sge]).unwrap();
+    }
     let ctrl = CtrlSeg {
         opcode: doorbell_kernels::mlx5::OPCODE_SEND,
         fm_ce_se: WQE_CTRL_CQ_UPDATE,

@@ -151,25 +151,26 @@ impl Rig {
 
     /// Polls until `end`'s send CQ yields a CQE (virtual time jumps; 1 s budget).
     pub fn next_send_cqe(&mut self, which: Which) -> Cqe {
-        let fabric = self.fabric.clone();
-        let end = self.end(which);
-        let mut got = None;
-        fabric
-            .run_until("a send CQE", 1_000_000_000, || {
-                got = end.send_cqes.poll();
-                got.is_some()
-            })
-            .unwrap();
-        got.unwrap()
+        self.next_cqe(which, false)
     }
 
+    /// Polls until `end`'s receive CQ yields a CQE (as [`Self::next_send_cqe`]).
     pub fn next_recv_cqe(&mut self, which: Which) -> Cqe {
+        self.next_cqe(which, true)
+    }
+
+    fn next_cqe(&mut self, which: Which, recv: bool) -> Cqe {
         let fabric = self.fabric.clone();
         let end = self.end(which);
+        let (what, cq) = if recv {
+            ("a receive CQE", &mut end.recv_cqes)
+        } else {
+            ("a send CQE", &mut end.send_cqes)
+        };
         let mut got = None;
         fabric
-            .run_until("a receive CQE", 1_000_000_000, || {
-                got = end.recv_cqes.poll();
+            .run_until(what, 1_000_000_000, || {
+                got = cq.poll();
                 got.is_some()
             })
             .unwrap();
