@@ -34,6 +34,13 @@ fn one_write(rig: &mut Rig, src: &Region, dst: &Region, len: usize, seed: u64) -
     (c, t)
 }
 
+/// A rig with `faults` and [`regions`] on it.
+fn rig_with(faults: FaultConfig) -> (Rig, Region, Region) {
+    let rig = Rig::new(cfg(faults));
+    let (src, dst) = regions(&rig);
+    (rig, src, dst)
+}
+
 fn regions(rig: &Rig) -> (Region, Region) {
     (
         Region::new(&rig.a.dev, &rig.a.pd, 4096, 0),
@@ -43,11 +50,10 @@ fn regions(rig: &Rig) -> (Region, Region) {
 
 #[test]
 fn delayed_doorbells_are_acted_on_after_the_delay() {
-    let mut rig = Rig::new(cfg(FaultConfig {
+    let (mut rig, src, dst) = rig_with(FaultConfig {
         doorbell_delay_ns: 30_000,
         ..FaultConfig::default()
-    }));
-    let (src, dst) = regions(&rig);
+    });
     rig.fabric.poll_all(); // the read of the doorbell record at RTS
     for k in 0..5u64 {
         let t0 = rig.fabric.now_ns();
@@ -96,11 +102,10 @@ fn dropped_doorbells_are_recovered_by_the_next_doorbell_or_the_record_reread() {
 
 #[test]
 fn a_dropped_doorbell_is_recovered_by_the_next_doorbell() {
-    let mut rig = Rig::new(cfg(FaultConfig {
+    let (mut rig, src, dst) = rig_with(FaultConfig {
         drop_doorbell_every: 2,
         ..FaultConfig::default()
-    }));
-    let (src, dst) = regions(&rig);
+    });
     rig.fabric.poll_all();
     // Doorbell 1 seen; doorbell 2 (for WQE 1) dropped; doorbell 3 (WQE 2)
     // seen: its record read covers WQE 1 too, with no re-read needed.
@@ -191,12 +196,11 @@ fn completions_reordered_across_qps_keep_each_qps_order_and_data() {
 
 #[test]
 fn forced_error_completions_are_typed_and_touch_no_memory() {
-    let mut rig = Rig::new(cfg(FaultConfig {
+    let (mut rig, src, dst) = rig_with(FaultConfig {
         force_error_every: 4,
         forced_syndrome: CqeSyndrome::RemoteOp.as_u8(),
         ..FaultConfig::default()
-    }));
-    let (src, dst) = regions(&rig);
+    });
     for k in 0..3u64 {
         expect_ok(one_write(&mut rig, &src, &dst, 32, k).0);
     }
