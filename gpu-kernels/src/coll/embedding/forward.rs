@@ -59,7 +59,7 @@ unsafe fn send_verdict<T: Transport>(t: &T, s: &EmbShape, b: &EmbBufs, epoch: u6
 }
 
 /// Request lists at least this long (bytes; the longest of a rank's lists)
-/// go out in slices from every block ([`send_list_slices`]) rather than
+/// go out in slices from every block (`send_list_slices`) rather than
 /// from one block each: the default of [`FwdArgs::sliced_bytes`].
 pub const SLICED_LIST_BYTES: u64 = 256 << 10;
 

@@ -4,8 +4,8 @@
 //! rank and direction: the device side of `doorbell::coll::EmbeddingExchange`,
 //! which sizes the buffers, fits the grid and launches these kernels.
 //!
-//! The entries ([`emb_forward`], [`emb_backward`], [`emb_forward_pull`],
-//! [`emb_zero_words`]) are in the library's PTX (left out with
+//! The entries ([`emb_forward()`], [`emb_backward()`], [`emb_forward_pull()`],
+//! [`emb_zero_words()`]) are in the library's PTX (left out with
 //! `no-library-kernels`); their bodies ([`forward()`], [`backward()`],
 //! [`forward_pull()`]) and the row helpers of [`rows`] stay public for
 //! kernels of your own.
@@ -18,7 +18,7 @@
 //! bags of any length, empty ones included, fit the fixed layout. The pooled
 //! output is `out[sample][table][dim]` (sum pooling).
 //!
-//! ## Forward ([`emb_forward`]): validate and route → vote with the requests → gather → pool
+//! ## Forward ([`emb_forward()`]): validate and route → vote with the requests → gather → pool
 //! 1. **Validate, dedup and route** (every block, grid-stride over the
 //!    lookups; only this rank's scratch is written): an id `>= rows` (other
 //!    than [`PAD`]) is recorded as this rank's error. Every other `(table,
@@ -41,7 +41,7 @@
 //!    peer can say which rank failed, why, and which id. If the put is
 //!    refused, the bare signal still goes out: a rank never leaves its peers
 //!    waiting for its verdict. A good rank whose longest list reaches
-//!    `sliced_bytes` (default [`SLICED_LIST_BYTES`]) sends its lists in
+//!    [`FwdArgs::sliced_bytes`] (default [`SLICED_LIST_BYTES`]) sends its lists in
 //!    slices from every block instead (`put_nbi_block`, `quiet`), one more
 //!    grid barrier, then the verdicts as bare signals (bad if a slice was
 //!    refused or the barrier ran out): one block alone moves a few GB/s.
@@ -64,19 +64,19 @@
 //!
 //! Deduplicated rows are sent once per (requester, owner) pair; the traffic
 //! saved is `(lookups - unique keys) * dim * 4` bytes per direction (the
-//! example prints it). Pooling stays at the requester: owners could pool
+//! embedding example prints it). Pooling stays at the requester: owners could pool
 //! partial sums per (requester, sample, table) instead, but partial sums
 //! cannot be shared between bags, so under skew the dedup wins, and the
 //! summation order would depend on the sharding.
 //!
-//! [`emb_forward_pull`] is the other design: where `peer_ptr` gives direct
+//! [`emb_forward_pull()`] is the other design: where `peer_ptr` gives direct
 //! access (same GPU, NVLink), a warp reads each row straight from the
 //! owner's table and pools it, with no routing and no dedup (one barrier
 //! across ranks first, so no owner is still updating its table). It needs
 //! direct load/store access (it reports [`STATUS_NO_PEER_PTR`] otherwise)
 //! and has no backward of its own; the benchmark measures both.
 //!
-//! ## Backward ([`emb_backward`]), reusing the forward's routing
+//! ## Backward ([`emb_backward()`]), reusing the forward's routing
 //! It runs only if the forward of its epoch passed the vote (every rank
 //! knows the same verdict); otherwise every rank returns with
 //! [`STATUS_NO_FORWARD`] and nothing written. It reads the forward's
@@ -156,7 +156,7 @@
 //! runs out they vote "bad" and return — the late blocks then pass the
 //! barrier among themselves, see the bad verdicts, send no rows and add
 //! their 1 to `rows_sig`, which stops at the number of late blocks. Size
-//! the grid from the entry's registers (the host's `fit_grid`), never from
+//! the grid from the entry's registers (`doorbell::coll::embedding::fit_grid`), never from
 //! the SM count alone.
 
 #[cfg(not(feature = "no-library-kernels"))]
@@ -326,7 +326,7 @@ pub fn request_key(table: u32, id: u32) -> u64 {
     ((table as u64) << 32) | id as u64
 }
 
-/// The per-launch arguments of the push forward ([`emb_forward`]).
+/// The per-launch arguments of the push forward ([`emb_forward()`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct FwdArgs {
@@ -343,7 +343,7 @@ pub struct FwdArgs {
     pub sliced_bytes: u64,
 }
 
-/// The per-launch arguments of the backward ([`emb_backward`]).
+/// The per-launch arguments of the backward ([`emb_backward()`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct BwdArgs {
@@ -387,7 +387,7 @@ pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, a: FwdArg
 }
 
 /// The backward of the forward with the same epoch: [`backward()`] over
-/// the transport. Launch as for [`emb_forward`].
+/// the transport. Launch as for [`emb_forward()`].
 #[cfg(not(feature = "no-library-kernels"))]
 #[kernel(transports(P2p, Ibgda, Routed), launch_bounds(threads = 256, min_blocks = 3))]
 pub unsafe fn emb_backward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, a: BwdArgs) {
@@ -396,7 +396,7 @@ pub unsafe fn emb_backward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, a: BwdAr
 }
 
 /// The pull forward: [`forward_pull()`] over a transport with peer
-/// pointers (none over IBGDA). Launch as for [`emb_forward`].
+/// pointers (none over IBGDA). Launch as for [`emb_forward()`].
 #[cfg(not(feature = "no-library-kernels"))]
 #[kernel(transports(P2p, Routed), launch_bounds(threads = 256, min_blocks = 3))]
 pub unsafe fn emb_forward_pull<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *const u32, out: *mut f32, budget_ns: u64) {
