@@ -19,10 +19,6 @@ use doorbell_kernels::pipeline::RingSet;
 use doorbell_kernels::transport::{Ibgda, P2p, Routed};
 use doorbell_test_kernels::pipeline::ring_credits;
 
-fn backends() -> Vec<Backend> {
-    doorbell_tests::backends().iter().map(|d| d.backend()).collect()
-}
-
 fn opts() -> CommOptions {
     CommOptions {
         heap_bytes: 64 << 20,

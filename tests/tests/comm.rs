@@ -10,10 +10,6 @@ use doorbell::{Backend, Error, LaunchConfig};
 use doorbell_test_kernels::testing::{p2p_barrier_rounds, p2p_wait_forever, ring_p2p, STATUS_OK};
 use doorbell_tests::TEST_KERNELS;
 
-fn backends() -> Vec<Backend> {
-    doorbell_tests::backends().iter().map(|d| d.backend()).collect()
-}
-
 fn pattern(rank: usize, n: usize) -> Vec<u8> {
     (0..n)
         .map(|i| (i as u8).wrapping_mul(13).wrapping_add(rank as u8 * 41 + 1))

@@ -5,10 +5,9 @@
 
 mod wqe_common;
 
-use doorbell::LaunchConfig;
+use doorbell::{Device, LaunchConfig};
 use doorbell_kernels::mlx5::{self as m, AtomicSeg, Cqe64, CtrlSeg, DataSeg, ErrCqe, RaddrSeg, WqeOp, WqeRequest};
 use doorbell_test_kernels::mlx5::mlx5_write_wqes;
-use doorbell_tests::backends;
 use doorbell_tests::per_backend;
 use doorbell_tests::TEST_KERNELS;
 use rand::Rng;

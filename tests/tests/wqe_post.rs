@@ -7,7 +7,6 @@ use doorbell::{Device, LaunchConfig};
 use doorbell_kernels::mlx5::wqe::FLAG_SIGNALED;
 use doorbell_kernels::mlx5::{CtrlSeg, WqeOp, WqeRequest};
 use doorbell_test_kernels::mlx5::mlx5_post_wqes;
-use doorbell_tests::backends;
 use doorbell_tests::per_backend;
 use doorbell_tests::TEST_KERNELS;
 use rand::Rng;
