@@ -331,8 +331,9 @@ pub enum Error {
     /// A device-side wait ran out of budget: a peer never signalled.
     #[error(
         "rank {rank}: {op} gave up after {budget_ms} ms in block {block}: the word at symmetric-heap offset {offset:#x} \
-         never became {cmp} {expected} (last seen {seen}){peer_text}; check that every rank launched its kernel and signals, \
-         or raise DOORBELL_WAIT_TIMEOUT_S{hint}"
+         never became {cmp} {expected} (last seen {seen}){waiting_for}; check that every rank launched its kernel and signals, \
+         or raise DOORBELL_WAIT_TIMEOUT_S{hint}",
+        waiting_for = peer.map(|p| format!(", waiting for rank {p}")).unwrap_or_default()
     )]
     WaitTimeout {
         /// Rank that gave up.
@@ -341,8 +342,6 @@ pub enum Error {
         op: &'static str,
         /// The peer waited for, when known.
         peer: Option<u32>,
-        /// Human text for `peer`.
-        peer_text: String,
         /// Block of the thread that gave up.
         block: u32,
         /// Offset of the word in the symmetric heap.
@@ -474,5 +473,19 @@ impl Error {
     /// Builds [`Error::Comm`].
     pub(crate) fn comm(msg: impl Into<String>) -> Error {
         Error::Comm(msg.into())
+    }
+}
+
+#[cfg(test)]
+mod size_tests {
+    /// Every fallible call returns this by value: it stays under the size at
+    /// which returning it costs a copy of a large value on every `?`.
+    #[test]
+    fn the_error_stays_small() {
+        assert!(
+            std::mem::size_of::<super::Error>() < 128,
+            "{} bytes",
+            std::mem::size_of::<super::Error>()
+        );
     }
 }

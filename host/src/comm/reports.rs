@@ -76,7 +76,6 @@ impl Communicator {
                     rank: r.rank,
                     op: call,
                     peer,
-                    peer_text: peer.map(|p| format!(", waiting for rank {p}")).unwrap_or_default(),
                     block: r.block,
                     offset: r.offset,
                     cmp: Cmp::from_u32(r.detail).map_or("?", Cmp::symbol),
