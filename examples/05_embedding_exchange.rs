@@ -145,7 +145,7 @@ fn main() {
         );
         std::process::exit(2);
     }
-    if !(args.zipf >= 0.0 && args.zipf.is_finite()) || !args.lr.is_finite() {
+    if args.zipf < 0.0 || !args.zipf.is_finite() || !args.lr.is_finite() {
         eprintln!("error: --zipf must be >= 0 and --lr finite");
         std::process::exit(2);
     }

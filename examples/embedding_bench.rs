@@ -170,21 +170,20 @@ impl Case<'_> {
     /// The put floor's bytes per (rank, peer) pair: the fused forward's
     /// remote rows, spread evenly over the pairs.
     fn floor_pair(&self) -> u64 {
-        let pairs = self.pairs();
-        if pairs > 0 {
-            (self.tr.unique - self.tr.unique_local) * self.p.dim as u64 * 4 / pairs / 16 * 16
-        } else {
-            0
-        }
+        let remote = (self.tr.unique - self.tr.unique_local) * self.p.dim as u64 * 4;
+        remote.checked_div(self.pairs()).map_or(0, |b| b / 16 * 16)
     }
 }
 
 /// One rank's measurements: (method, direction, checked, seconds).
 type Times = Vec<(&'static str, &'static str, bool, f64)>;
 
+/// The fused forward's and backward's phase ends, µs (the slowest rank's).
+type PhaseEnds = (Vec<f64>, Vec<f64>);
+
 /// One rank's measurements of `c`: every method's correctness first, then
 /// its timing; and the fused kernels' phase ends (the slowest rank's).
-fn measure(comm: &Communicator, sw: &Sweep, c: &Case, breakdown: bool) -> doorbell::Result<(Times, (Vec<f64>, Vec<f64>))> {
+fn measure(comm: &Communicator, sw: &Sweep, c: &Case, breakdown: bool) -> doorbell::Result<(Times, PhaseEnds)> {
     let (p, iters) = (&c.p, sw.iters);
     let r = comm.rank() as u32;
     let dev = comm.device();
@@ -389,7 +388,7 @@ fn timed(s: &Stream, f: impl FnOnce() -> doorbell::Result<()>) -> doorbell::Resu
 /// Prints the rows of case `c` from every rank's measurements `res`
 /// (the slowest rank's time each, checked only where every rank's output
 /// was), its put-floor and dedup lines, and adds the rows to `rows`.
-fn report(c: &Case, res: Vec<(Times, (Vec<f64>, Vec<f64>))>, breakdown: bool, rows: &mut Vec<Row>) {
+fn report(c: &Case, res: Vec<(Times, PhaseEnds)>, breakdown: bool, rows: &mut Vec<Row>) {
     let (p, tr, zipf) = (&c.p, &c.tr, c.zipf);
     let (batch, pooling) = (p.batch, p.pooling);
     let (floor_pair, pairs) = (c.floor_pair(), c.pairs());
