@@ -29,7 +29,7 @@ pub const REPORT_OFFSET: u64 = EPOCH_OFFSET + 64;
 /// `record`, the private function that writes them).
 pub const REPORT_SLOTS: u64 = 32;
 const _: () = assert!(EPOCH_OFFSET + 8 <= REPORTED_OFFSET && REPORTED_OFFSET + 4 <= BLOCK_RESULT_OFFSET);
-const _: () = assert!(BLOCK_RESULT_OFFSET + 8 <= REPORT_OFFSET && REPORT_OFFSET % 64 == 0);
+const _: () = assert!(BLOCK_RESULT_OFFSET + 8 <= REPORT_OFFSET && REPORT_OFFSET.is_multiple_of(64));
 const _: () = assert!(REPORT_OFFSET + REPORT_SLOTS * core::mem::size_of::<ErrorReport>() as u64 <= HEAP_RESERVED);
 
 /// What went wrong ([`ErrorReport::kind`]).

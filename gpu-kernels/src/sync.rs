@@ -75,7 +75,7 @@ impl Spin {
         self.polls = self.polls.wrapping_add(1);
         // On the emulator every poll yields: its "threads" share few CPUs.
         let gpu = cfg!(target_arch = "nvptx64");
-        if gpu && self.polls % CLOCK_EVERY != 0 {
+        if gpu && !self.polls.is_multiple_of(CLOCK_EVERY) {
             return true;
         }
         let now = ptx::globaltimer_ns();

@@ -25,7 +25,7 @@ fn cfg(faults: FaultConfig) -> FabricConfig {
 fn one_write(rig: &mut Rig, src: &Region, dst: &Region, len: usize, seed: u64) -> (doorbell_softnic::host::Cqe, u64) {
     let data = random_bytes(&mut rng(seed), len);
     src.fill(&data);
-    rig.a.sq.post(&write_req(&src, &dst, 0, len as u32, true));
+    rig.a.sq.post(&write_req(src, dst, 0, len as u32, true));
     let c = rig.next_send_cqe(Which::A);
     let t = rig.fabric.now_ns();
     if matches!(c, doorbell_softnic::host::Cqe::Ok(_)) {

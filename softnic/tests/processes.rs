@@ -160,7 +160,7 @@ fn write_read_and_atomic_reach_the_responder_through_its_window() {
     let word = (HEAP - 8) as u64;
     let before = u64::from_ne_bytes(p.heap_bytes()[HEAP - 8..].try_into().unwrap());
     let w = doorbell_kernels::mlx5::WqeRequest {
-        add: 0x1234_5678_9,
+        add: 0x1_2345_6789,
         ..req(WqeOp::FetchAdd, back, bkey, OWNER_BASE + word, p.heap_mr.rkey(), 8, true)
     };
     let (_, head) = p.a.sq.write(&w);
@@ -168,7 +168,7 @@ fn write_read_and_atomic_reach_the_responder_through_its_window() {
     assert_eq!(p.back.u64_at(0), before);
     assert_eq!(
         u64::from_ne_bytes(p.heap_bytes()[HEAP - 8..].try_into().unwrap()),
-        before + 0x1234_5678_9
+        before + 0x1_2345_6789
     );
     p.heap_canaries();
     p.src.check_canaries();

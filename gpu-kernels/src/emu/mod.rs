@@ -184,7 +184,7 @@ pub fn max_threads() -> Result<u64, env::EnvError> {
 /// aligned to `align` bytes; `what` names the access (`ld.v4.u32`, ...).
 #[inline]
 pub fn check_align(p: usize, align: usize, what: &str) {
-    if p % align != 0 {
+    if !p.is_multiple_of(align) {
         misaligned(p, align, what)
     }
 }

@@ -108,17 +108,15 @@ fn lanes_outside_the_mask_are_not_waited_for() {
             while done.load(Ordering::Acquire) < 16 {
                 spin_yield();
             }
-            let b = ptx::vote_sync_ballot(0xffff_0000, lane % 2 == 0);
+            let b = ptx::vote_sync_ballot(0xffff_0000, lane.is_multiple_of(2));
             out[lane as usize].store(b, Ordering::Relaxed);
         }
     })
     .unwrap();
     assert!(t0.elapsed() < Duration::from_secs(2), "took {:?}", t0.elapsed());
-    for l in 0..16 {
-        assert_eq!(out[l].load(Ordering::Relaxed), 30, "lane {l}");
-    }
-    for l in 16..32 {
-        assert_eq!(out[l].load(Ordering::Relaxed), 0x5555_0000, "lane {l}");
+    for (l, o) in out.iter().enumerate() {
+        let want = if l < 16 { 30 } else { 0x5555_0000 };
+        assert_eq!(o.load(Ordering::Relaxed), want, "lane {l}");
     }
 }
 

@@ -264,7 +264,7 @@ pub(crate) fn generate(m: &DescriptorModel, layouts: &[Layout]) -> TokenStream {
     });
     let tail_loads = (4 * full..nwords).map(|i| quote! { w[#i] = ::core::ptr::read_volatile(src.add(#i)); });
     let nfields = layouts.len();
-    let store_doc = if nwords % 4 == 0 {
+    let store_doc = if nwords.is_multiple_of(4) {
         format!("with {} 16-byte stores (`st.v4.u32`)", nwords / 4)
     } else {
         "with 16-byte stores (`st.v4.u32`) and 4-byte stores for the tail".to_string()

@@ -168,14 +168,14 @@ fn check_overlaps(layouts: &[Layout], fields: &[FieldModel], size: usize, errors
     for (i, l) in layouts.iter().enumerate() {
         let mut clash: Option<(usize, usize)> = None;
         for (byte, m) in memory_bits(l) {
-            for b in 0..8 {
+            for (b, bit_owner) in owner[byte].iter_mut().enumerate() {
                 if m & (1 << b) == 0 {
                     continue;
                 }
-                match owner[byte][b] {
+                match *bit_owner {
                     Some(j) if clash.is_none() => clash = Some((j, byte)),
                     Some(_) => {}
-                    None => owner[byte][b] = Some(i),
+                    None => *bit_owner = Some(i),
                 }
             }
         }

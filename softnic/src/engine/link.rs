@@ -28,10 +28,9 @@ impl LinkModel {
     /// A link of `bits_per_second` (0: unlimited) and `latency_ns`.
     pub const fn new(bits_per_second: u64, latency_ns: u64) -> LinkModel {
         LinkModel {
-            fs_per_byte: if bits_per_second == 0 {
-                0
-            } else {
-                8_000_000_000_000_000 / bits_per_second
+            fs_per_byte: match 8_000_000_000_000_000u64.checked_div(bits_per_second) {
+                Some(fs) => fs,
+                None => 0,
             },
             latency_ns,
         }
@@ -51,10 +50,9 @@ impl LinkModel {
 
     /// Bandwidth in bits per second (0 when unlimited).
     pub const fn bits_per_second(&self) -> u64 {
-        if self.fs_per_byte == 0 {
-            0
-        } else {
-            8_000_000_000_000_000 / self.fs_per_byte
+        match 8_000_000_000_000_000u64.checked_div(self.fs_per_byte) {
+            Some(bps) => bps,
+            None => 0,
         }
     }
 }

@@ -152,7 +152,7 @@ pub struct EngineCtl {
     pub host_progress: *mut EngineProgress,
 }
 
-const _: () = assert!(core::mem::size_of::<EngineCtl>() % 8 == 0);
+const _: () = assert!(core::mem::size_of::<EngineCtl>().is_multiple_of(8));
 
 /// What an engine kernel has done, as its control block holds it.
 #[repr(C)]
@@ -633,7 +633,7 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
                     // at most this long more).
                     ptx::nanosleep(IDLE_SLEEP_NS);
                 }
-                if idle % 1024 == 0 {
+                if idle.is_multiple_of(1024) {
                     publish_counters(ctl, passes, busy, busy_cycles, &mover);
                 }
             }

@@ -236,7 +236,7 @@ fn check_at_most(what: &'static str, unit: &str, n: u32, max: u32, because: &str
 const COUNTER_16: &str = "the doorbell record's counters have 16 bits, so a larger ring's overruns cannot be told apart";
 
 fn check_align(what: &'static str, p: *const u8, align: usize) -> Result<()> {
-    if p.is_null() || (p as usize) % align != 0 {
+    if p.is_null() || !(p as usize).is_multiple_of(align) {
         return Err(Error::BadRing {
             what,
             why: format!("address {p:p} is null or not {align}-byte aligned"),

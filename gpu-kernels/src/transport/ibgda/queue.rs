@@ -375,8 +375,12 @@ impl Ibgda {
                 let items = x.bytes.div_ceil(self.max_msg as u64) + sig.is_some() as u64;
                 // Few WQEs (or an odd block): warp 0 (thread 0) posts all,
                 // data and signal in one go.
-                let r = if items <= MAX_BATCH as u64 || threads % 32 != 0 {
-                    let p = if threads % 32 != 0 { Poster::Thread } else { Poster::Warp };
+                let r = if items <= MAX_BATCH as u64 || !threads.is_multiple_of(32) {
+                    let p = if !threads.is_multiple_of(32) {
+                        Poster::Thread
+                    } else {
+                        Poster::Warp
+                    };
                     let me = if p == Poster::Thread { tid == 0 } else { tid < 32 };
                     if me {
                         // SAFETY: as above.
