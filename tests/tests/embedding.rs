@@ -5,6 +5,7 @@
 //! nothing written anywhere, well within the wait budget, and the next step
 //! still runs; the host check names the id.
 
+use doorbell_tests::per_backend;
 use std::time::Duration;
 
 use doorbell::coll::embedding::{EmbeddingError, EmbeddingExchange, EmbeddingOptions, Problem, PAD, SHARED_BYTES, STAMP_FWD};
@@ -12,10 +13,6 @@ use doorbell::coll::TransportKind;
 use doorbell::comm::{CommOptions, Communicator};
 use doorbell::{Backend, DeviceBuffer, LaunchConfig, Stream};
 use doorbell_examples::embedding as emb;
-
-fn backends() -> Vec<Backend> {
-    doorbell_tests::backends().iter().map(|d| d.backend()).collect()
-}
 
 fn opts(p: &Problem, cap: u32) -> CommOptions {
     CommOptions {
@@ -155,9 +152,8 @@ fn assert_close(got: &[f32], want: &[f32], what: &str) {
     }
 }
 
-#[test]
-fn forward_and_backward_match_the_reference_for_1_to_8_ranks() {
-    for backend in backends() {
+per_backend! {
+    fn forward_and_backward_match_the_reference_for_1_to_8_ranks(backend: Backend) {
         for ranks in 1..=8u32 {
             let p = Problem {
                 ranks,
@@ -293,9 +289,8 @@ const LONG_WAIT: Duration = Duration::from_secs(20);
 /// verdicts, nobody waits out a budget).
 const FAIL_FAST: Duration = Duration::from_secs(10);
 
-#[test]
-fn out_of_range_ids_fail_fast_on_every_rank_with_nothing_written_then_the_next_step_runs() {
-    for backend in backends() {
+per_backend! {
+    fn out_of_range_ids_fail_fast_on_every_rank_with_nothing_written_then_the_next_step_runs(backend: Backend) {
         let p = FAIL_PROBLEM;
         let good = emb::generate_ids(&p, 0.0, 7);
         // Rank 1, table 1, sample 2, position 1; in the second case rank 2
@@ -434,16 +429,15 @@ fn out_of_range_ids_fail_fast_on_every_rank_with_nothing_written_then_the_next_s
 const SHORT_WAIT: Duration = Duration::from_secs(2);
 const LATE: Duration = Duration::from_secs(3);
 
-/// A rank that launches a step later than the wait budget (what a driver
-/// call that waits for every kernel of the GPU did to rank 1 on an H200,
-/// right after a failed step): its peers give up on its verdict and report
-/// the timeout; their blocks still count in `rows_sig`, marked as given up,
-/// so the late rank learns of it in one message (no second budget: before,
-/// it waited for counts that never came), nothing is pooled or applied
-/// anywhere, and the step after runs and is right on every rank.
-#[test]
-fn a_rank_later_than_the_budget_learns_that_its_peers_gave_up_and_the_next_step_runs() {
-    for backend in backends() {
+per_backend! {
+    /// A rank that launches a step later than the wait budget (what a driver
+    /// call that waits for every kernel of the GPU did to rank 1 on an H200,
+    /// right after a failed step): its peers give up on its verdict and report
+    /// the timeout; their blocks still count in `rows_sig`, marked as given up,
+    /// so the late rank learns of it in one message (no second budget: before,
+    /// it waited for counts that never came), nothing is pooled or applied
+    /// anywhere, and the step after runs and is right on every rank.
+    fn a_rank_later_than_the_budget_learns_that_its_peers_gave_up_and_the_next_step_runs(backend: Backend) {
         let p = FAIL_PROBLEM;
         let late_rank = 1u32;
         let good = emb::generate_ids(&p, 0.0, 7);
@@ -522,9 +516,8 @@ fn a_rank_later_than_the_budget_learns_that_its_peers_gave_up_and_the_next_step_
     }
 }
 
-#[test]
-fn the_pull_forward_matches_the_reference() {
-    for backend in backends() {
+per_backend! {
+    fn the_pull_forward_matches_the_reference(backend: Backend) {
         let p = Problem {
             ranks: 4,
             tables: 2,
@@ -644,15 +637,14 @@ fn ibgda_with_many_blocks_sharing_small_send_queues() {
     }
 }
 
-/// The host-driven baseline the benchmark compares with (gather kernel →
-/// one copy per peer per table → pooling kernel, and back: gradient
-/// scatter, accumulate, apply) computes what the fused exchange does:
-/// forward and tables after two steps, skewed ids (rows asked for by
-/// several ranks and many times by one), 16-byte and scalar row paths.
-#[test]
-fn the_host_driven_baseline_matches_the_reference() {
-    use doorbell_examples::embedding::{Baseline, Mover};
-    for backend in backends() {
+per_backend! {
+    /// The host-driven baseline the benchmark compares with (gather kernel →
+    /// one copy per peer per table → pooling kernel, and back: gradient
+    /// scatter, accumulate, apply) computes what the fused exchange does:
+    /// forward and tables after two steps, skewed ids (rows asked for by
+    /// several ranks and many times by one), 16-byte and scalar row paths.
+    fn the_host_driven_baseline_matches_the_reference(backend: Backend) {
+        use doorbell_examples::embedding::{Baseline, Mover};
         for dim in [40, 18] {
             let p = Problem {
                 ranks: 3,
