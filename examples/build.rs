@@ -2,7 +2,5 @@
 // downstream project builds its own kernels: doorbell's build helper as a
 // build-dependency, the PTX embedded with include_str!.
 fn main() {
-    doorbell::build::PtxBuilder::new("user-kernels")
-        .feature("no-library-kernels")
-        .build_or_report();
+    doorbell::build::PtxBuilder::new("user-kernels").build_or_report();
 }

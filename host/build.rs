@@ -12,12 +12,16 @@ fn main() {
     if std::env::var_os("CARGO_FEATURE_RUNTIME").is_none() {
         return;
     }
-    // The soft NIC's PTX leaves the library's kernels out: fat LTO would
-    // carry the collectives' exported entries in from doorbell-kernels, and
-    // the driver would JIT all of them before the engine can start.
+    // Only the library's own module exports the collectives' entries
+    // (`library-kernels`); the soft NIC's leaves them out, as every other
+    // kernel crate's does: the driver would compile them all before the
+    // engine could start.
     let builds = [
-        ("../gpu-kernels", ptx_build::PtxBuilder::new("../gpu-kernels")),
-        ("../softnic", ptx_build::PtxBuilder::new("../softnic").feature("no-library-kernels")),
+        (
+            "../gpu-kernels",
+            ptx_build::PtxBuilder::new("../gpu-kernels").feature("library-kernels"),
+        ),
+        ("../softnic", ptx_build::PtxBuilder::new("../softnic")),
     ];
     for (krate, builder) in builds {
         if let Some(out) = builder.build_or_report() {

@@ -2,7 +2,5 @@
 // helper, as any user's kernel crate is built; the tests embed it as
 // `doorbell_tests::TEST_KERNELS_PTX`.
 fn main() {
-    doorbell::build::PtxBuilder::new("kernels")
-        .feature("no-library-kernels")
-        .build_or_report();
+    doorbell::build::PtxBuilder::new("kernels").build_or_report();
 }

@@ -48,10 +48,10 @@ extern crate self as doorbell_kernels;
 
 pub use doorbell_macros::{descriptor, kernel, pipeline};
 
-// The collectives hold the library's only kernel entry points
-// (`allreduce_*`); a PTX module of another crate leaves the entries out with
-// `no-library-kernels` (the collectives' code stays, for fused kernels), so
-// the driver's JIT of that module does not compile them.
+// The collectives hold the library's only kernel entry points (`allreduce_*`,
+// `emb_*`), exported with the `library-kernels` feature that only `doorbell`
+// sets: a PTX module of another crate leaves them out (the collectives' code
+// stays, for fused kernels), so the driver does not compile them there.
 pub mod coll;
 pub mod copy;
 pub mod heap;

@@ -206,13 +206,24 @@ fn library_ptx_holds_no_test_example_or_bench_kernels() {
     for want in ["fused_multiply_add", "pingpong_p2p", "put_bw_p2p", "byte_histogram"] {
         assert!(examples.contains(&want), "{want} missing from the example kernels: {examples:?}");
     }
-    // The soft NIC is a device: its engine kernel (two entries: blocks of
-    // up to 256 threads, and up to 1024) is in its own PTX, alone (built
-    // without the library's kernels, which fat LTO would carry in and the
-    // driver would JIT before the engine could start).
+    // A kernel crate's module holds its own kernels only: its PTX build
+    // sets no feature, and the library exports its entries only under
+    // `library-kernels`, which only doorbell's own build sets.
+    for (what, list) in [("test", &tests), ("example", &examples)] {
+        let leaked: Vec<&&str> = list
+            .iter()
+            .filter(|e| library_kernels.contains(e) || embedding.contains(e))
+            .collect();
+        assert!(leaked.is_empty(), "the library's entries {leaked:?} are in the {what} kernels' PTX");
+    }
+    // The soft NIC is a device: its engine kernel (one entry per block size
+    // it is built for: 256, 512 and 1024 threads; listed sorted by name) is
+    // in its own PTX, alone (built without the library's kernels, which fat
+    // LTO would carry in and the driver would JIT before the engine could
+    // start).
     assert_eq!(
         entries(doorbell::comm::SOFTNIC_PTX),
-        ["softnic_engine_256", "softnic_engine_512", "softnic_engine_1024"],
+        ["softnic_engine_1024", "softnic_engine_256", "softnic_engine_512"],
         "entry points in the soft NIC's PTX"
     );
 }

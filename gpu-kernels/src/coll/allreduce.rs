@@ -939,7 +939,7 @@ unsafe fn run_algo<T: Transport, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, mut 
 /// with the grid `args.blocks` (the host's `AllReduce::run` does). Only
 /// the P2P entry is `no_spill`: the IBGDA and routed entries (WQE building, two
 /// handles) keep 4 bytes in local memory, as ptxas reports.
-#[cfg(not(feature = "no-library-kernels"))]
+#[cfg(feature = "library-kernels")]
 #[kernel(no_spill(P2p), transports(P2p, Ibgda, Routed))]
 pub unsafe fn allreduce<T: Transport>(t: T, args: AllReduceArgs) {
     // SAFETY: the host made `args` for this world (launch contract).
@@ -952,7 +952,7 @@ pub unsafe fn allreduce<T: Transport>(t: T, args: AllReduceArgs) {
 /// algorithm uses about 250 and so fits only 256 threads on an SM. The
 /// host launches it for two-shot plans of more than 256 threads per block:
 /// twice the loads and stores in flight per SM, for the largest messages.
-#[cfg(not(feature = "no-library-kernels"))]
+#[cfg(feature = "library-kernels")]
 #[kernel(transports(P2p), launch_bounds(threads = 512, min_blocks = 1))]
 pub unsafe fn allreduce_wide<T: Transport>(t: T, args: AllReduceArgs) {
     // SAFETY: the host made `args` for this world (launch contract).

@@ -6,7 +6,7 @@
 //!
 //! The entries ([`emb_forward()`], [`emb_backward()`], [`emb_forward_pull()`],
 //! [`emb_zero_words()`]) are in the library's PTX (left out with
-//! `no-library-kernels`); their bodies ([`forward()`], [`backward()`],
+//! the `library-kernels` feature); their bodies ([`forward()`], [`backward()`],
 //! [`forward_pull()`]) and the row helpers of [`rows`] stay public for
 //! kernels of your own.
 //!
@@ -159,9 +159,9 @@
 //! the grid from the entry's registers (`doorbell::coll::embedding::fit_grid`), never from
 //! the SM count alone.
 
-#[cfg(not(feature = "no-library-kernels"))]
+#[cfg(feature = "library-kernels")]
 use crate::transport::{Ibgda, P2p, Routed, Transport};
-#[cfg(not(feature = "no-library-kernels"))]
+#[cfg(feature = "library-kernels")]
 use crate::{kernel, ptx};
 
 mod backward;
@@ -379,7 +379,7 @@ unsafe impl crate::KernelParam for BwdArgs {}
 /// kernel; capped at 80 registers an SM holds three, one to spare. (A
 /// stall seen on the H200 with the GPU filled so was in the end a host
 /// copy waiting for the peers' kernels, not a block left out.)
-#[cfg(not(feature = "no-library-kernels"))]
+#[cfg(feature = "library-kernels")]
 #[kernel(transports(P2p, Ibgda, Routed), launch_bounds(threads = 256, min_blocks = 3))]
 pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, a: FwdArgs) {
     // SAFETY: the host sized the buffers for `s` and this world (launch contract).
@@ -388,7 +388,7 @@ pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, a: FwdArg
 
 /// The backward of the forward with the same epoch: [`backward()`] over
 /// the transport. Launch as for [`emb_forward()`].
-#[cfg(not(feature = "no-library-kernels"))]
+#[cfg(feature = "library-kernels")]
 #[kernel(transports(P2p, Ibgda, Routed), launch_bounds(threads = 256, min_blocks = 3))]
 pub unsafe fn emb_backward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, a: BwdArgs) {
     // SAFETY: as for emb_forward.
@@ -397,7 +397,7 @@ pub unsafe fn emb_backward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, a: BwdAr
 
 /// The pull forward: [`forward_pull()`] over a transport with peer
 /// pointers (none over IBGDA). Launch as for [`emb_forward()`].
-#[cfg(not(feature = "no-library-kernels"))]
+#[cfg(feature = "library-kernels")]
 #[kernel(transports(P2p, Routed), launch_bounds(threads = 256, min_blocks = 3))]
 pub unsafe fn emb_forward_pull<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids: *const u32, out: *mut f32, budget_ns: u64) {
     // SAFETY: as for emb_forward.
@@ -406,7 +406,7 @@ pub unsafe fn emb_forward_pull<T: Transport>(t: T, s: EmbShape, b: EmbBufs, ids:
 
 /// `p[..n] = 0` (u32 words), grid-stride: the host clears the hash keys
 /// when their tag wraps and the status words after an error, in stream order.
-#[cfg(not(feature = "no-library-kernels"))]
+#[cfg(feature = "library-kernels")]
 #[kernel]
 pub unsafe fn emb_zero_words(p: *mut u32, n: u64) {
     let mut i = ptx::global_thread_id_x() as u64;
