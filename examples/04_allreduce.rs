@@ -46,7 +46,7 @@ mod bench;
 
 use bench::{Table, Timing};
 use clap::Parser;
-use doorbell::coll::{Algo, AllReduce, AllReduceOptions, Bf16, DType, HostElement, Plan, TransportKind, MAX_THREADS};
+use doorbell::coll::{Algo, AllReduce, AllReduceOptions, Bf16, DType, HostElement, Placement, Plan, TransportKind, MAX_THREADS};
 use doorbell::comm::{one_launch_in_flight, CommOptions, Communicator};
 use doorbell::{DeviceBuffer, DeviceCopy, ForTransport, Function, LaunchConfig, Module, Stream};
 use doorbell_example_kernels::allreduce::{fused_grad_allreduce, fused_grad_allreduce_512, fused_grad_allreduce_512x2, grad, produce_grad};
@@ -125,7 +125,19 @@ fn run(args: &Args) -> Result<(), BoxError> {
         TransportArg::Ibgda => false,
         TransportArg::Routed => doorbell::comm::RdmaPeers::from_env()? == doorbell::comm::RdmaPeers::Needed,
     };
-    let plan = Plan::new(ranks, elems, args.dtype(), &ar_opts, topo.0, topo.1, topo.2, pointers || ranks == 1).unwrap_or_else(|e| die(e));
+    let plan = Plan::new(
+        ranks,
+        elems,
+        args.dtype(),
+        &ar_opts,
+        Placement {
+            gpu: topo.0,
+            sms: topo.1,
+            ranks_per_gpu: topo.2,
+            peer_pointers: pointers || ranks == 1,
+        },
+    )
+    .unwrap_or_else(|e| die(e));
     if args.compute == Compute::None {
         plan.check_plain_launch(args.transport.kind()).unwrap_or_else(|e| die(e));
     }
@@ -349,7 +361,19 @@ fn notes(args: &Args, topo: Topology, nccl: &Result<nccl::Library, String>) -> R
         overlap_launch: args.overlap_launch(),
         ..Default::default()
     };
-    let overlap = Plan::new(args.ranks as usize, 1, args.dtype(), &overlap_opts, gpu, sms, per_gpu, true)?.overlap;
+    let overlap = Plan::new(
+        args.ranks as usize,
+        1,
+        args.dtype(),
+        &overlap_opts,
+        Placement {
+            gpu,
+            sms,
+            ranks_per_gpu: per_gpu,
+            peer_pointers: true,
+        },
+    )?
+    .overlap;
     notes.push(format!(
         "launch overlap (programmatic dependent launch) of our plain all-reduces: {}",
         if overlap && gpu { "on" } else { "off" }
@@ -498,7 +522,20 @@ fn bench_size(
         .collect();
     let base_chunk = args.chunk.unwrap_or(256 << 10);
     // Heap: every plan of this size.
-    let plan = |o: AllReduceOptions, n: usize| Plan::new(ranks, n, dtype, &o, gpu, sms, per_gpu, true);
+    let plan = |o: AllReduceOptions, n: usize| {
+        Plan::new(
+            ranks,
+            n,
+            dtype,
+            &o,
+            Placement {
+                gpu,
+                sms,
+                ranks_per_gpu: per_gpu,
+                peer_pointers: true,
+            },
+        )
+    };
     // Rings of the largest chunks can outgrow a GPU shared by many ranks:
     // keep each fused variant's buffers under RING_BUDGET per rank.
     // Fused variants: per chunk, the kernel's width — blocks of 256 threads

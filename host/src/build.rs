@@ -2,12 +2,8 @@
 //! Rust-CUDA's `cuda_builder`).
 //!
 //! ```no_run
-//! // build.rs of the crate that launches the kernels
-//! fn main() {
-//!     doorbell::build::PtxBuilder::new("../my-kernels")
-//!         .build()
-//!         .expect("PTX build failed");
-//! }
+//! // in `fn main` of build.rs of the crate that launches the kernels:
+//! doorbell::build::PtxBuilder::new("../my-kernels").build_or_report();
 //! // then, in that crate:
 //! // const KERNELS: doorbell::ModuleImage = doorbell::module_image!("my_kernels");
 //! // (or the PTX alone: include_str!(concat!(env!("OUT_DIR"), "/my_kernels.ptx")))
@@ -215,10 +211,8 @@ impl PtxBuilder {
     /// nothing else.
     ///
     /// ```no_run
-    /// // build.rs
-    /// fn main() {
-    ///     doorbell::build::PtxBuilder::new("../my-kernels").build_or_report();
-    /// }
+    /// // in `fn main` of build.rs:
+    /// doorbell::build::PtxBuilder::new("../my-kernels").build_or_report();
     /// ```
     pub fn build_or_report(self) -> Option<PtxOutput> {
         let krate = self.crate_dir.display().to_string();

@@ -792,9 +792,21 @@ fn fused_over(comm: &Communicator, base: &AllReduceOptions, elems: usize, dtype:
 /// option overrides the overlap either way; the emulator never overlaps.
 #[test]
 fn plans_follow_the_placement() {
-    use doorbell::coll::{Plan, LL_MAX_BYTES_SHARED_GPU};
+    use doorbell::coll::{Placement, Plan, LL_MAX_BYTES_SHARED_GPU};
     let plan = |ranks: usize, bytes: u64, gpu: bool, per_gpu: usize, opts: &AllReduceOptions| {
-        Plan::new(ranks, (bytes / 4) as usize, DType::F32, opts, gpu, 132, per_gpu, true).expect("a valid plan")
+        Plan::new(
+            ranks,
+            (bytes / 4) as usize,
+            DType::F32,
+            opts,
+            Placement {
+                gpu,
+                sms: 132,
+                ranks_per_gpu: per_gpu,
+                peer_pointers: true,
+            },
+        )
+        .expect("a valid plan")
     };
     let auto = AllReduceOptions::default();
     let own = plan(2, 512 << 10, true, 1, &auto);

@@ -105,7 +105,7 @@ fn a_pipeline_macro_kernel_shifts_vectors_chunk_by_chunk() {
                 // kernel documents; `out` holds `elems` elements.
                 unsafe {
                     match &ib {
-                        Some(t) => s.launch(&f_ibgda, cfg, (t.clone(), args.0, args.1, args.2, args.3, args.4, args.5, args.6))?,
+                        Some(t) => s.launch(&f_ibgda, cfg, (*t, args.0, args.1, args.2, args.3, args.4, args.5, args.6))?,
                         None => s.launch(&f_p2p, cfg, (comm.p2p()?, args.0, args.1, args.2, args.3, args.4, args.5, args.6))?,
                     }
                 };

@@ -65,8 +65,13 @@
 use super::reduce::{copy_bytes, sum_into, Bf16, DType, Element, Sources};
 use super::MAX_RANKS;
 use crate::pipeline::{BlockChunks, BlockCtl, Failed, RingSet};
-use crate::transport::{Cmp, Coop, Ibgda, P2p, Routed, SignalOp, Transport};
-use crate::{kernel, ptx};
+use crate::ptx;
+use crate::transport::{Cmp, Coop, SignalOp, Transport};
+#[cfg(feature = "library-kernels")]
+use crate::{
+    kernel,
+    transport::{Ibgda, P2p, Routed},
+};
 
 /// The algorithms; see the module docs.
 #[repr(u32)]

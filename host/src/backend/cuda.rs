@@ -790,16 +790,9 @@ impl Stream {
             numAttrs: 1,
         };
         // SAFETY: as above; `config` and `attr` outlive the call.
-        unsafe {
-            sys::cuLaunchKernelEx(
-                &config,
-                f.f,
-                params.as_mut_ptr() as *mut *mut std::ffi::c_void,
-                std::ptr::null_mut(),
-            )
-        }
-        .result()
-        .call("cuLaunchKernelEx")
+        unsafe { sys::cuLaunchKernelEx(&config, f.f, params.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()
+            .call("cuLaunchKernelEx")
     }
 
     pub(crate) fn synchronize(&self) -> Result<()> {

@@ -250,6 +250,19 @@ fn invalid(reason: impl Into<String>) -> Error {
     }
 }
 
+/// Where the ranks of an all-reduce run, as its plan needs to know.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// On a GPU (false: the CPU emulator).
+    pub gpu: bool,
+    /// SMs the plan's grid may use.
+    pub sms: usize,
+    /// Ranks sharing this rank's GPU (1: a GPU of its own).
+    pub ranks_per_gpu: usize,
+    /// Every peer's buffers are reachable by load/store (P2P).
+    pub peer_pointers: bool,
+}
+
 /// The launch plan: algorithm, geometry and the buffers' sizes. The same on
 /// every rank (checked at [`AllReduce::new`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -264,19 +277,15 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The plan for `elems` elements of `dtype` over `world` ranks, on a
-    /// GPU (`gpu`) with `sms` SMs shared by `ranks_per_gpu` ranks, with
-    /// peer pointers to every peer or not.
-    pub fn new(
-        world: usize,
-        elems: usize,
-        dtype: DType,
-        opts: &AllReduceOptions,
-        gpu: bool,
-        sms: usize,
-        ranks_per_gpu: usize,
-        peer_pointers: bool,
-    ) -> Result<Plan> {
+    /// The plan for `elems` elements of `dtype` over `world` ranks placed
+    /// as `at` says.
+    pub fn new(world: usize, elems: usize, dtype: DType, opts: &AllReduceOptions, at: Placement) -> Result<Plan> {
+        let Placement {
+            gpu,
+            sms,
+            ranks_per_gpu,
+            peer_pointers,
+        } = at;
         if world == 0 || world > MAX_RANKS {
             return Err(invalid(format!("{world} ranks; the all-reduce supports 1..={MAX_RANKS}")));
         }
@@ -333,7 +342,7 @@ impl Plan {
         } else {
             64
         });
-        if threads == 0 || threads > 1024 || threads % 32 != 0 {
+        if threads == 0 || threads > 1024 || !threads.is_multiple_of(32) {
             return Err(invalid(format!("{threads} threads per block; use a multiple of 32 in 32..=1024")));
         }
         let stages = opts.stages.unwrap_or(DEFAULT_STAGES);
@@ -530,7 +539,18 @@ impl<'c> AllReduce<'c> {
             _ if dev.is_gpu() => dev.multiprocessor_count().saturating_sub(per_gpu + 1).max(1),
             _ => dev.multiprocessor_count(),
         };
-        Plan::new(comm.world_size(), elems, dtype, opts, dev.is_gpu(), sms, per_gpu, peer_pointers)
+        Plan::new(
+            comm.world_size(),
+            elems,
+            dtype,
+            opts,
+            Placement {
+                gpu: dev.is_gpu(),
+                sms,
+                ranks_per_gpu: per_gpu,
+                peer_pointers,
+            },
+        )
     }
 
     /// Collective: an all-reduce of `elems` elements of `dtype`, tuned by

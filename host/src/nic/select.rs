@@ -69,14 +69,19 @@ impl Selection {
     }
 }
 
+/// Loads rdma-core, or says why it cannot ([`Probe::load`]).
+pub type LoadVerbs = dyn Fn() -> std::result::Result<Arc<Verbs>, String>;
+/// Lists the RDMA devices' names, or says why it cannot ([`Probe::list`]).
+pub type ListDevices = dyn Fn(&Arc<Verbs>) -> std::result::Result<Vec<String>, String>;
+
 /// What [`select_with`] looks at; [`Probe::system`] is this machine.
 pub struct Probe<'a> {
     /// Where sysfs and procfs are (`/`; a fixture tree in tests).
     pub root: &'a Path,
     /// Loads rdma-core (`Verbs::load`), or says why it cannot.
-    pub load: &'a dyn Fn() -> std::result::Result<Arc<Verbs>, String>,
+    pub load: &'a LoadVerbs,
     /// Names of the RDMA devices rdma-core lists.
-    pub list: &'a dyn Fn(&Arc<Verbs>) -> std::result::Result<Vec<String>, String>,
+    pub list: &'a ListDevices,
     /// `DOORBELL_IB_HCA`, parsed.
     pub filter: Option<HcaFilter>,
 }

@@ -380,7 +380,7 @@ impl std::fmt::Display for Op {
 pub(crate) enum Inner {
     Single,
     Threads(Arc<threads::Group>),
-    Tcp(tcp::Star),
+    Tcp(Box<tcp::Star>),
 }
 
 /// A handle on this rank's place in the world; see the [module docs](self).

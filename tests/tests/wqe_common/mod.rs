@@ -95,7 +95,7 @@ impl TestQp {
     pub fn new(dev: &Device, sq_size: u32, start: u32, qpn: u32, cq_size: u32, cqes: &[[u8; 64]], ci: u32) -> TestQp {
         let mut cq_words = Vec::with_capacity(cq_size as usize * 16);
         for i in 0..cq_size as usize {
-            let img = cqes.get(i).copied().unwrap_or_else(|| invalid_cqe());
+            let img = cqes.get(i).copied().unwrap_or_else(invalid_cqe);
             cq_words.extend_from_slice(&Cqe64::bytes_to_words(&img));
         }
         TestQp {

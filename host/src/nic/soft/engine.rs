@@ -242,15 +242,15 @@ impl KernelEngine {
     /// to drain. On success the engine's state word is handed back; an
     /// error means it did not stop in time (its memory must then stay
     /// allocated: the caller leaks it).
-    pub(super) fn stop(mut self, rank: usize) -> std::result::Result<(), (KernelEngine, String)> {
+    pub(super) fn stop(mut self, rank: usize) -> std::result::Result<(), Box<(KernelEngine, String)>> {
         let t0 = std::time::Instant::now();
         tracing::debug!("rank {rank}: IBGDA teardown: stop requested of the soft NIC engine kernel");
         if let Err(e) = self.request_stop() {
-            return Err((self, format!("setting its stop word failed: {e}")));
+            return Err(Box::new((self, format!("setting its stop word failed: {e}"))));
         }
         if let Err(seen) = self.wait_state(STATE_EXITED) {
             let why = format!("its state word still reads {} ({seen}); {}", state_name(seen), self.progress(rank));
-            return Err((self, why));
+            return Err(Box::new((self, why)));
         }
         self.watch = None;
         tracing::debug!("rank {rank}: IBGDA teardown: {}", self.progress(rank));

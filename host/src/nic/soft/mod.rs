@@ -607,7 +607,8 @@ impl Nic for SoftNic {
                     self.device.set_resident(None);
                     Ok(())
                 }
-                Err((k, why)) => {
+                Err(failed) => {
+                    let (k, why) = *failed;
                     // It may still touch its tables, the rings and the
                     // scratch: its own memory (and stream) stays allocated,
                     // and so must the caller's.

@@ -233,7 +233,7 @@ impl std::fmt::Debug for RendezvousHost {
 }
 
 enum Handshake {
-    Joined(Link, SocketAddr, RawHello),
+    Joined(Box<Link>, SocketAddr, RawHello),
     WrongToken(SocketAddr),
     Failed(SocketAddr, String),
     /// The peer proved the token, then sent a frame that failed its tag.
@@ -451,7 +451,7 @@ impl RendezvousHost {
                             // Best effort: the peer only uses it to name missing ranks on timeout.
                             let status = Enc::default().list(&missing).0;
                             let _ = link.write(Kind::Status, &status, Instant::now() + NOTIFY_GRACE);
-                            joined[r] = Some((link, info));
+                            joined[r] = Some((*link, info));
                         }
                         Err(reason) => {
                             let body = reason.encode();
@@ -654,7 +654,7 @@ fn root_handshake(mut s: TcpStream, addr: SocketAddr, token: &[u8], proof_by: In
     }
     let mut link = Link::new(s, auth::session_keys(token, &n0, &n1, Side::Root));
     match link.read(wire::MAX_HELLO, deadline) {
-        Ok(Frame { kind: Kind::Hello, body }) => Handshake::Joined(link, addr, Hello::decode(&body)),
+        Ok(Frame { kind: Kind::Hello, body }) => Handshake::Joined(Box::new(link), addr, Hello::decode(&body)),
         Ok(f) => fail(format!("expected a hello, got a {:?} frame", f.kind)),
         Err(WireError::Forged(f)) => {
             // Version 1 sent its hello untagged: its last 32 bytes then pose
@@ -664,9 +664,11 @@ fn root_handshake(mut s: TcpStream, addr: SocketAddr, token: &[u8], proof_by: In
                 Err((head, _)) => head,
             };
             match head {
-                Some((v, size, rank)) if f.kind == Kind::Hello && v != PROTOCOL_VERSION => {
-                    Handshake::Joined(link, addr, Err((Some((v, size, rank)), "another protocol version".into())))
-                }
+                Some((v, size, rank)) if f.kind == Kind::Hello && v != PROTOCOL_VERSION => Handshake::Joined(
+                    Box::new(link),
+                    addr,
+                    Err((Some((v, size, rank)), "another protocol version".into())),
+                ),
                 Some((_, _, rank)) => Handshake::Forged(addr, format!("(claiming rank {rank}) {}", WireError::Forged(f))),
                 None => Handshake::Forged(addr, WireError::Forged(f).to_string()),
             }
@@ -858,5 +860,5 @@ pub(crate) fn join(cfg: &WorldConfig, layout: &[u8]) -> Result<World> {
             Err(e) => return Err(wire_err(e, "waiting for the other ranks")),
         }
     };
-    Ok(star_world(rank, size, cfg, table, id, Links::Peer(link)))
+    Ok(star_world(rank, size, cfg, table, id, Links::Peer(Box::new(link))))
 }

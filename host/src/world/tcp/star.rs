@@ -36,7 +36,7 @@ pub(super) fn star_world(rank: usize, size: usize, cfg: &WorldConfig, table: Vec
         pending_abort: Mutex::new(None),
         wakers,
     };
-    World::from_parts(rank, size, cfg.local_rank, table, id, Inner::Tcp(star))
+    World::from_parts(rank, size, cfg.local_rank, table, id, Inner::Tcp(Box::new(star)))
 }
 
 pub(crate) struct Star {
@@ -69,7 +69,7 @@ pub(super) enum Links {
     /// Rank 0: one link per peer, indexed by rank (slot 0 empty).
     Root(Vec<Option<Link>>),
     /// A peer: the link to rank 0.
-    Peer(Link),
+    Peer(Box<Link>),
 }
 
 fn describe(op: Op, seq: u64) -> String {
