@@ -112,7 +112,7 @@ pub unsafe fn fused_grad_allreduce<T: Transport>(t: T, ar: AllReduceArgs, comput
     unsafe { fused_grad(&t, &ar, compute, step) }
 }
 
-/// [`fused_grad_allreduce`] for blocks of up to 512 threads, one block
+/// [`fused_grad_allreduce`](fn@fused_grad_allreduce) for blocks of up to 512 threads, one block
 /// per SM (the name gives the block size it is built for; `launch_bounds`:
 /// ptxas keeps it within 128 registers, so a block of 512 threads fits an
 /// SM): twice the warps for the producer, some registers spilled. Plan it with `AllReduceOptions::threads = Some(512)`.
@@ -122,7 +122,7 @@ pub unsafe fn fused_grad_allreduce_512<T: Transport>(t: T, ar: AllReduceArgs, co
     unsafe { fused_grad(&t, &ar, compute, step) }
 }
 
-/// [`fused_grad_allreduce`] for two blocks of 512 threads per SM (the
+/// [`fused_grad_allreduce`](fn@fused_grad_allreduce) for two blocks of 512 threads per SM (the
 /// name: 512 threads, times 2 blocks; `launch_bounds`: 64 registers, the
 /// rest spilled): the producer's warps of a plain kernel, the
 /// communication code spilling. Plan it with

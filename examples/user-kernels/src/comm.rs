@@ -136,15 +136,15 @@ pub unsafe fn signal_pingpong<T: Transport>(t: T, sig: *mut u64, epoch0: u64, it
     }
 }
 
-/// [`signal_pingpong`] without the per-call argument checks: the peer's
+/// [`signal_pingpong`](fn@signal_pingpong) without the per-call argument checks: the peer's
 /// word is translated once with `t.peer_ptr`, then each round trip is a
 /// release store to it and acquire loads of the own word, at the scope the
 /// transport's `signal` / `wait_until` use (`.gpu` when both ranks share a
 /// GPU, else `.sys`), polled under the same bounded spin ([`sync::spin_until`],
-/// the handle's budget). Against [`signal_pingpong`] it isolates what the
-/// checks cost; against [`flag_pingpong_pair`], what the bounded spin
+/// the handle's budget). Against [`signal_pingpong`](fn@signal_pingpong) it isolates what the
+/// checks cost; against [`flag_pingpong_pair`](fn@flag_pingpong_pair), what the bounded spin
 /// costs. Same handshake, epochs, `out_ns` and `status` as
-/// [`signal_pingpong`]; a spin out of budget writes `PINGPONG_TIMEOUT`
+/// [`signal_pingpong`](fn@signal_pingpong); a spin out of budget writes `PINGPONG_TIMEOUT`
 /// (nothing is recorded in the heap's report), a peer without a load/store
 /// route `PINGPONG_ERROR`.
 #[kernel(no_spill)]
@@ -260,11 +260,11 @@ pub unsafe fn copy_raw(dst: *mut u8, src: *const u8, bytes: u64, iters: u32) {
     }
 }
 
-/// The second raw floor for put bandwidth: [`put_bw`]'s split of the work
+/// The second raw floor for put bandwidth: [`put_bw`](fn@put_bw)'s split of the work
 /// without the transport. Pieces of `piece` bytes (a multiple of 16) are
 /// dealt round-robin to the blocks, and a block copies its piece with its
 /// threads (16-byte vectors, four in flight), `iters` times. Same contract
-/// as [`copy_raw`].
+/// as [`copy_raw`](fn@copy_raw).
 #[kernel(no_spill)]
 pub unsafe fn copy_pieces(dst: *mut u8, src: *const u8, bytes: u64, piece: u64, iters: u32) {
     let me = ptx::thread_rank_in_block() as u64;
@@ -381,7 +381,7 @@ pub unsafe fn put_bw<T: Transport>(
 /// when `sys_scope != 0`, else `.gpu`. One thread per rank. Values continue
 /// from `epoch0`; the first round trip is an untimed handshake, then rank 0
 /// writes the ns of `iters` round trips to `out_ns` (as
-/// [`signal_pingpong`]). Unbounded spins: a measurement kernel, not for
+/// [`signal_pingpong`](fn@signal_pingpong)). Unbounded spins: a measurement kernel, not for
 /// production.
 #[kernel(no_spill)]
 pub unsafe fn flag_pingpong_pair(

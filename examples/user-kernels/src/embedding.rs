@@ -191,7 +191,7 @@ pub unsafe fn emb_copy_words(dst: *mut u32, src: *const u32, words: u64) {
     }
 }
 
-/// Bytes a block moves with one put in [`emb_put_floor`]: the piece size
+/// Bytes a block moves with one put in [`emb_put_floor`](fn@emb_put_floor): the piece size
 /// `p2p_bench` measures its put floor with, and the library's pieces of
 /// long request lists.
 pub const FLOOR_PIECE_BYTES: u64 = 32768;

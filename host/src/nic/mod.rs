@@ -4,7 +4,8 @@
 //! ConnectX NIC through mlx5 DevX ([`mlx5`], rdma-core loaded at run time
 //! by `rdma-sys-ext`).
 //!
-//! The sequence is verbs': open a port ([`open`]) → register memory
+//! The sequence is verbs': open a port ([`soft::open`],
+//! [`mlx5::Mlx5Nic::open`]) → register memory
 //! ([`Nic::reg_mr`]) → create CQs and QPs over memory the caller chose
 //! ([`Nic::create_cq`], [`Nic::create_qp`]: the GPU writes WQEs and polls
 //! CQEs there itself) → exchange [`Endpoint`]s out of band → move each QP
@@ -15,7 +16,7 @@
 //!
 //! Nothing here knows which transport uses it, and the communicator's
 //! IBGDA set-up (`comm::ibgda`) knows nothing of either implementation
-//! beyond [`open`] and the soft NIC's diagnostics.
+//! beyond opening one and the soft NIC's diagnostics.
 //!
 //! Which implementation is used is `DOORBELL_NIC=auto|soft|mlx5`
 //! ([`NicChoice`]); which port, `DOORBELL_IB_HCA` (NCCL's syntax) or the

@@ -61,7 +61,7 @@ pub unsafe fn mlx5_post_wqes(qp: QpHandle, reqs: *const WqeRequest, n: u32, budg
 
 /// Thread 0 polls the QP's CQ `count` times, for `targets[k]` (a
 /// `wqe_counter`), writing 8 result words per poll to `out`
-/// ([`super::cq::encode_poll_result`]); stops after the first error.
+/// ([`doorbell_kernels::mlx5::cq::encode_poll_result`]); stops after the first error.
 #[kernel(no_spill)]
 pub unsafe fn mlx5_poll_cq(qp: QpHandle, targets: *const u32, count: u32, budget_ns: u64, out: *mut u32) {
     if ptx::global_thread_id_x() != 0 {
