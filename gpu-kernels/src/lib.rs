@@ -43,6 +43,7 @@
 #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, asm_experimental_arch))]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![allow(clippy::missing_safety_doc)]
+#![warn(missing_docs)]
 
 extern crate self as doorbell_kernels;
 

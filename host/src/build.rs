@@ -61,7 +61,12 @@ pub enum BuildError {
     /// The kernel crate's manifest could not be read.
     Manifest(PathBuf, std::io::Error),
     /// The nested cargo failed; `stderr` holds its output.
-    Cargo { status: String, stderr: String },
+    Cargo {
+        /// How the nested cargo exited.
+        status: String,
+        /// Its standard error.
+        stderr: String,
+    },
     /// The build finished but produced no PTX where expected.
     MissingOutput(PathBuf),
     /// Filesystem error.

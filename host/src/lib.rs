@@ -56,6 +56,7 @@
 //! See [`build`] for the PTX build helper a kernel crate's consumer calls from
 //! its `build.rs`.
 #![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
 
 #[cfg(feature = "runtime")]
 mod backend;

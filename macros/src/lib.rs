@@ -14,6 +14,7 @@
 //! emit the original item next to `compile_error!` so later diagnostics stay
 //! useful; `pipeline!` reports every invocation error at once (a syntax error:
 //! the first), and its body is compiled only once the invocation is right.
+#![warn(missing_docs)]
 
 use proc_macro::TokenStream;
 

@@ -225,6 +225,7 @@
 #![cfg_attr(target_arch = "nvptx64", no_std)]
 #![cfg_attr(target_arch = "nvptx64", feature(abi_ptx, asm_experimental_arch))]
 #![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
 
 pub mod engine;
 pub mod kernel;

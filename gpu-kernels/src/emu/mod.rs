@@ -51,13 +51,21 @@ pub enum EmuError {
     /// The launch shape is invalid (zero dims, too many threads per block).
     InvalidLaunch(String),
     /// The launch needs more OS threads than the emulator allows.
-    TooManyThreads { threads: u64, limit: u64 },
+    TooManyThreads {
+        /// Threads the launch needs.
+        threads: u64,
+        /// Threads the emulator allows (`DOORBELL_EMU_MAX_THREADS`).
+        limit: u64,
+    },
     /// The OS refused to create a thread.
     Spawn(String),
     /// A kernel thread panicked (or hit a barrier timeout).
     Panicked {
+        /// The block index of the thread.
         block: [u32; 3],
+        /// The thread index within its block.
         thread: [u32; 3],
+        /// The panic's message.
         message: String,
     },
     /// An emulator variable (`DOORBELL_EMU_*`) holds something unusable.

@@ -35,31 +35,54 @@ pub enum CqError {
     /// `wqe_counter`: its `op_own` byte was `seen_op_own`, the owner bit
     /// expected was `expected_owner`.
     Timeout {
+        /// The WQE whose completion was awaited (its 16-bit counter).
         wqe_counter: u16,
+        /// The CQ's consumer index that was polled.
         cq_index: u32,
+        /// The owner bit a CQE of this pass carries.
         expected_owner: u8,
+        /// The CQE's `op_own` byte as last read.
         seen_op_own: u8,
     },
     /// The NIC reported a failed WQE (`struct mlx5_err_cqe`): `opcode` is
     /// `MLX5_CQE_REQ_ERR` or `MLX5_CQE_RESP_ERR`.
     Failed {
+        /// The CQE's opcode (`MLX5_CQE_REQ_ERR` or `MLX5_CQE_RESP_ERR`).
         opcode: u8,
+        /// Why the WQE failed.
         syndrome: CqeSyndrome,
+        /// The vendor's own syndrome byte.
         vendor_syndrome: u8,
+        /// The failed WQE's 16-bit counter.
         wqe_counter: u16,
+        /// The failed WQE's opcode.
         wqe_opcode: u8,
+        /// The QP the WQE was posted on.
         qpn: u32,
+        /// The CQ's consumer index of this CQE.
         cq_index: u32,
     },
     /// A CQE with an opcode a send CQ should not hold.
-    UnexpectedOpcode { opcode: u8, wqe_counter: u16, cq_index: u32 },
+    UnexpectedOpcode {
+        /// The CQE's opcode.
+        opcode: u8,
+        /// The WQE counter the CQE names.
+        wqe_counter: u16,
+        /// The CQ's consumer index of this CQE.
+        cq_index: u32,
+    },
 }
 
 /// What the CQE at consumer index `ci` says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CqeState {
     /// Not written for this pass yet.
-    Empty { expected_owner: u8, op_own: u8 },
+    Empty {
+        /// The owner bit a CQE of this pass carries.
+        expected_owner: u8,
+        /// The CQE's `op_own` byte as read.
+        op_own: u8,
+    },
     /// A success completion.
     Done(Completion),
     /// An error or unexpected CQE.
