@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-time (idempotent) set-up of a Debian 12 machine for doorbell:
-#  - Debian's rustc-web 1.96 + cargo-web + rust-web-src (+ rustfmt-web): the compiler for host
+#  - Debian's rustc-web 1.96 + cargo-web + rust-web-src (+ rustfmt-web, rust-web-clippy for
+#    scripts/check.sh): the compiler for host
 #    AND device code (its core source is what -Zbuild-std needs for nvptx64);
 #  - libibverbs-dev: rdma-core headers for the mlx5 reference shim in tests;
 #  - ibverbs-providers: libmlx5 (mlx5 direct verbs and DevX) at run time;
@@ -14,7 +15,7 @@ set -euo pipefail
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
-pkgs=(rustc-web cargo-web rust-web-src rustfmt-web libibverbs-dev ibverbs-providers gcc)
+pkgs=(rustc-web cargo-web rust-web-src rustfmt-web rust-web-clippy libibverbs-dev ibverbs-providers gcc)
 
 # One linux-headers-*-common package for mlx5_ifc.h: any one already
 # installed will do; otherwise the newest non-realtime one apt knows.
