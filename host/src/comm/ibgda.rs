@@ -473,7 +473,7 @@ impl Communicator {
                 let cross_process = self.cross_process().then(|| CrossProcess {
                     heap_base: self.heap_base,
                     heap_len: self.heap_len,
-                    tables_offset: super::tail_off(self.heap_len),
+                    tables_offset: super::setup::tail_off(self.heap_len),
                     mapped: (0..self.size)
                         .map(|p| matches!(self.routes[p], PeerRoute::CudaIpc | PeerRoute::SharedMemory).then(|| self.bases[p]))
                         .collect(),

@@ -48,7 +48,6 @@ use doorbell_kernels::heap::{HEAP_RESERVED, MAX_RANKS};
 use doorbell_kernels::transport::p2p::NEAR_PEERS;
 use doorbell_kernels::transport::P2p;
 
-use crate::backend::{IpcMapping, IPC_HANDLE_BYTES};
 use crate::device::{Backend, Device};
 use crate::error::{Error, Result};
 use crate::memory::{DeviceBuffer, DeviceCopy};
@@ -57,12 +56,15 @@ use crate::world::World;
 
 mod ibgda;
 mod reports;
+mod setup;
 mod shm;
+
 pub use crate::nic::soft::{
     EngineCounters, EnginePhase, EngineReport, IbgdaProgress, SoftNicEngine, ENGINE_THREADS_GPU, SOFTNIC, SOFTNIC_PTX,
 };
 pub use ibgda::{IbgdaOptions, IbgdaQueue, RdmaPeers};
-use shm::ShmRegion;
+pub use setup::PeerRoute;
+use setup::{Heap, Mapping};
 
 /// Communicator settings.
 ///
@@ -115,78 +117,6 @@ impl CommOptions {
             wait_timeout: crate::vars::secs("DOORBELL_WAIT_TIMEOUT_S", DEFAULT_WAIT_TIMEOUT, 0.001, 86400.0)?,
             spread_gpus: crate::vars::flag_renamed(RANK_PER_GPU_ENV, RANK_PER_GPU_ENV_OLD, false)?,
             ..CommOptions::default()
-        })
-    }
-}
-
-/// How this rank reaches a peer's heap.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PeerRoute {
-    /// This rank itself.
-    Local,
-    /// Same process, same device address space.
-    SameProcess,
-    /// Same process, another GPU, through CUDA peer access.
-    PeerAccess,
-    /// Another process on this host, through CUDA IPC.
-    CudaIpc,
-    /// Another process on this host, through shared memory (emulator).
-    SharedMemory,
-    /// Another host: no load/store path, only the NIC reaches it (IBGDA
-    /// over a ConnectX, or the NIC half of the routed transport).
-    Remote,
-}
-
-/// Where the soft NIC's table tail ([`crate::nic::soft::TABLES_TAIL`] bytes) starts in
-/// a heap allocation of a world of several processes: past the heap,
-/// 256-byte aligned.
-fn tail_off(heap_len: u64) -> u64 {
-    heap_len.next_multiple_of(256)
-}
-
-enum Heap {
-    Device(DeviceBuffer<u8>),
-    Shm(ShmRegion),
-}
-
-/// A peer's heap mapped into this rank; unmapped on drop.
-enum Mapping {
-    Ipc(#[allow(dead_code)] IpcMapping),
-    Shm(#[allow(dead_code)] ShmRegion),
-}
-
-/// Which device a rank runs on (phase 1). Where it runs (host, process)
-/// the world already knows: [`World::peers`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct DeviceId {
-    ordinal: u32,
-    /// The GPU's UUID (hex), or "cpu".
-    uuid: String,
-}
-
-impl DeviceId {
-    fn of(device: &Device) -> DeviceId {
-        DeviceId {
-            ordinal: device.ordinal() as u32,
-            uuid: device.inner.uuid(),
-        }
-    }
-
-    fn encode(&self) -> Vec<u8> {
-        format!("{}\n{}", self.ordinal, self.uuid).into_bytes()
-    }
-
-    fn decode(b: &[u8], rank: usize) -> Result<DeviceId> {
-        let s = String::from_utf8_lossy(b);
-        let (ordinal, uuid) = s
-            .split_once('\n')
-            .ok_or_else(|| Error::comm(format!("rank {rank} sent a malformed device id")))?;
-        let ordinal = ordinal
-            .parse()
-            .map_err(|_| Error::comm(format!("rank {rank}: bad device ordinal {ordinal:?}")))?;
-        Ok(DeviceId {
-            ordinal,
-            uuid: uuid.to_string(),
         })
     }
 }
@@ -267,137 +197,10 @@ impl Communicator {
         world.check_same("heap size", &heap_len.to_le_bytes())?;
         world.check_same("backend", if device.is_gpu() { b"gpu" } else { b"cpu" })?;
 
-        // Phase 1: who is where.
-        let peers = world.peers();
-        let (my_pid, my_host) = (peers[rank].pid, peers[rank].hostname.clone());
-        // Ranks of other hosts are reached only through the NIC.
-        let remote: Vec<bool> = peers.iter().map(|info| info.hostname != my_host).collect();
-        let me = DeviceId::of(&device);
-        let ids = world
-            .all_gather_bytes(&me.encode())?
-            .iter()
-            .enumerate()
-            .map(|(r, b)| DeviceId::decode(b, r))
-            .collect::<Result<Vec<_>>>()?;
-
-        // Phase 2: who shares this process, proved by a tag only this
-        // process can make (a pid proves nothing: any peer can claim ours);
-        // on the emulator also the heap file names, published before any
-        // file exists, so that every rank removes every file of the job
-        // however the set-up ends.
-        let my_file = if device.is_gpu() { None } else { Some(shm::new_heap_path()?) };
-        let mut intro = world.process_tag()?.to_vec();
-        if let Some(f) = &my_file {
-            intro.extend_from_slice(f.to_string_lossy().as_bytes());
-        }
-        let intros = world.all_gather_bytes(&intro)?;
-        let mut same_process = vec![true; size];
-        for p in (0..size).filter(|&p| p != rank) {
-            same_process[p] = world.proves_same_process(p, intros[p].get(..32).unwrap_or_default())?;
-            if !same_process[p] && !remote[p] && peers[p].pid == my_pid {
-                return Err(Error::PeerUnreachable {
-                    rank,
-                    peer: p,
-                    reason: format!(
-                        "it claims this process's pid {my_pid} but cannot prove that it runs in this process; \
-                         it is another process (in another pid namespace?) or it lies about its pid"
-                    ),
-                });
-            }
-        }
-        let multi_process = same_process.contains(&false);
-        let mut heap_files = shm::HeapFiles::default();
-        let mut peer_files = vec![None; size];
-        if let (Some(f), true) = (&my_file, multi_process) {
-            heap_files.add(f.clone());
-            for p in (0..size).filter(|&p| !same_process[p] && !remote[p]) {
-                let path = shm::check_heap_path(intros[p].get(32..).unwrap_or_default(), rank, p)?;
-                heap_files.add(path.clone());
-                peer_files[p] = Some(path);
-            }
-        }
-
-        // Phase 3: allocate the heap, publish how to reach it. In a world of
-        // several processes the allocation carries a tail past the heap for
-        // the soft NIC's port tables (`ibgda.rs`): peers map it with the heap,
-        // but no transport call and no registered region reaches it.
-        let alloc_len = if multi_process {
-            (tail_off(heap_len) + crate::nic::soft::TABLES_TAIL) as usize
-        } else {
-            heap_len as usize
-        };
-        let (heap, handle): (Heap, Vec<u8>) = match device.backend() {
-            Backend::Gpu => {
-                let buf = device.alloc_zeroed::<u8>(alloc_len)?;
-                let mut h = buf.as_raw().to_le_bytes().to_vec();
-                if multi_process {
-                    h.extend_from_slice(&device.inner.ipc_export(buf.as_raw())?);
-                }
-                (Heap::Device(buf), h)
-            }
-            Backend::Cpu | Backend::Auto => {
-                if let (Some(path), true) = (&my_file, multi_process) {
-                    let region = ShmRegion::create(path, alloc_len)?;
-                    let h = (region.ptr as u64).to_le_bytes().to_vec();
-                    (Heap::Shm(region), h)
-                } else {
-                    let buf = device.alloc_zeroed::<u8>(heap_len as usize)?;
-                    let h = buf.as_raw().to_le_bytes().to_vec();
-                    (Heap::Device(buf), h)
-                }
-            }
-        };
-        let heap_base = match &heap {
-            Heap::Device(b) => b.as_raw(),
-            Heap::Shm(r) => r.ptr as u64,
-        };
-        let handles = world.all_gather_bytes(&handle)?;
-
-        // Phase 4: map every peer. Peers' addresses are used only for ranks
-        // that proved to share this address space.
-        let mut bases = vec![0u64; size];
-        let mut routes = vec![PeerRoute::Local; size];
-        let mut mappings = Vec::new();
-        for p in 0..size {
-            if p == rank {
-                bases[p] = heap_base;
-                continue;
-            }
-            if remote[p] {
-                routes[p] = PeerRoute::Remote;
-                continue;
-            }
-            let h = &handles[p];
-            if h.len() < 8 {
-                return Err(Error::comm(format!("rank {p} sent a malformed heap handle")));
-            }
-            let addr = u64::from_le_bytes(h[..8].try_into().expect("8 bytes"));
-            if same_process[p] {
-                if device.is_gpu() && ids[p].ordinal != me.ordinal {
-                    device.inner.enable_peer_access(ids[p].ordinal as usize, rank, p)?;
-                    routes[p] = PeerRoute::PeerAccess;
-                } else {
-                    routes[p] = PeerRoute::SameProcess;
-                }
-                bases[p] = addr;
-            } else if device.is_gpu() {
-                let Ok(ipc) = <&[u8; IPC_HANDLE_BYTES]>::try_from(&h[8..]) else {
-                    return Err(Error::comm(format!("rank {p} sent no CUDA IPC handle")));
-                };
-                // The mapping must span what this rank will touch: the heap
-                // and the tables tail (the peer's word for its size is not trusted).
-                let mapping = device.inner.ipc_open(ipc, alloc_len as u64, ids[p].ordinal, rank, p)?;
-                bases[p] = mapping.as_raw();
-                mappings.push(Mapping::Ipc(mapping));
-                routes[p] = PeerRoute::CudaIpc;
-            } else {
-                let path = peer_files[p].as_ref().expect("checked in phase 2");
-                let region = ShmRegion::open(path, alloc_len, rank, p)?;
-                bases[p] = region.ptr as u64;
-                mappings.push(Mapping::Shm(region));
-                routes[p] = PeerRoute::SharedMemory;
-            }
-        }
+        let place = setup::locate(&world, &device)?;
+        let (heap, heap_base, alloc_len, handles) = setup::allocate_heap(&world, &device, heap_len, &place)?;
+        let (bases, routes, mappings) = setup::map_peers(&device, rank, &place, &handles, (heap_base, alloc_len))?;
+        let setup::Located { me, ids, heap_files, .. } = place;
         // Everyone has mapped everyone: the heap files can go (on an
         // earlier error, `heap_files` went when it was dropped).
         world.barrier()?;

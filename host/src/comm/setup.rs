@@ -1,0 +1,268 @@
+//! The phases of [`Communicator::new`](super::Communicator::new), in order:
+//! who is where ([`locate`]), the heap and how peers reach it
+//! ([`allocate_heap`]), every peer's heap mapped ([`map_peers`]). Each is
+//! collective where it exchanges anything over the world.
+
+use std::path::PathBuf;
+
+use super::shm::{self, ShmRegion};
+use crate::backend::{IpcMapping, IPC_HANDLE_BYTES};
+use crate::device::{Backend, Device};
+use crate::error::{Error, Result};
+use crate::memory::DeviceBuffer;
+use crate::world::World;
+
+/// How this rank reaches a peer's heap.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PeerRoute {
+    /// This rank itself.
+    Local,
+    /// Same process, same device address space.
+    SameProcess,
+    /// Same process, another GPU, through CUDA peer access.
+    PeerAccess,
+    /// Another process on this host, through CUDA IPC.
+    CudaIpc,
+    /// Another process on this host, through shared memory (emulator).
+    SharedMemory,
+    /// Another host: no load/store path, only the NIC reaches it (IBGDA
+    /// over a ConnectX, or the NIC half of the routed transport).
+    Remote,
+}
+
+/// Where the soft NIC's table tail ([`crate::nic::soft::TABLES_TAIL`] bytes) starts in
+/// a heap allocation of a world of several processes: past the heap,
+/// 256-byte aligned.
+pub(super) fn tail_off(heap_len: u64) -> u64 {
+    heap_len.next_multiple_of(256)
+}
+
+pub(super) enum Heap {
+    Device(DeviceBuffer<u8>),
+    Shm(ShmRegion),
+}
+
+/// A peer's heap mapped into this rank; unmapped on drop.
+pub(super) enum Mapping {
+    Ipc(#[allow(dead_code)] IpcMapping),
+    Shm(#[allow(dead_code)] ShmRegion),
+}
+
+/// Which device a rank runs on (phase 1). Where it runs (host, process)
+/// the world already knows: [`World::peers`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct DeviceId {
+    pub(super) ordinal: u32,
+    /// The GPU's UUID (hex), or "cpu".
+    pub(super) uuid: String,
+}
+
+impl DeviceId {
+    fn of(device: &Device) -> DeviceId {
+        DeviceId {
+            ordinal: device.ordinal() as u32,
+            uuid: device.inner.uuid(),
+        }
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        format!("{}\n{}", self.ordinal, self.uuid).into_bytes()
+    }
+
+    fn decode(b: &[u8], rank: usize) -> Result<DeviceId> {
+        let s = String::from_utf8_lossy(b);
+        let (ordinal, uuid) = s
+            .split_once('\n')
+            .ok_or_else(|| Error::comm(format!("rank {rank} sent a malformed device id")))?;
+        let ordinal = ordinal
+            .parse()
+            .map_err(|_| Error::comm(format!("rank {rank}: bad device ordinal {ordinal:?}")))?;
+        Ok(DeviceId {
+            ordinal,
+            uuid: uuid.to_string(),
+        })
+    }
+}
+
+/// Where every rank is, as this rank learnt it.
+pub(super) struct Located {
+    /// This rank's device.
+    pub me: DeviceId,
+    /// Every rank's device, in rank order.
+    pub ids: Vec<DeviceId>,
+    /// Ranks on another host (reached only through the NIC).
+    pub remote: Vec<bool>,
+    /// Ranks that proved to run in this process.
+    pub same_process: Vec<bool>,
+    /// Some rank runs in another process.
+    pub multi_process: bool,
+    /// This rank's heap file (the emulator's shared memory), if any.
+    pub my_file: Option<PathBuf>,
+    /// Every rank's heap file of this host, removed when this drops.
+    pub heap_files: shm::HeapFiles,
+    /// Each peer's heap file, where it is another process of this host.
+    pub peer_files: Vec<Option<PathBuf>>,
+}
+
+/// Who is where (the devices) and who shares this process, proved by a tag
+/// only this process can make (a pid proves nothing: any peer can claim
+/// ours); on the emulator also the heap file names, published before any
+/// file exists, so that every rank removes every file of the job however
+/// the set-up ends. Collective.
+pub(super) fn locate(world: &World, device: &Device) -> Result<Located> {
+    let (rank, size) = (world.rank(), world.world_size());
+    let peers = world.peers();
+    let (my_pid, my_host) = (peers[rank].pid, peers[rank].hostname.clone());
+    let remote: Vec<bool> = peers.iter().map(|info| info.hostname != my_host).collect();
+    let me = DeviceId::of(device);
+    let ids = world
+        .all_gather_bytes(&me.encode())?
+        .iter()
+        .enumerate()
+        .map(|(r, b)| DeviceId::decode(b, r))
+        .collect::<Result<Vec<_>>>()?;
+
+    let my_file = if device.is_gpu() { None } else { Some(shm::new_heap_path()?) };
+    let mut intro = world.process_tag()?.to_vec();
+    if let Some(f) = &my_file {
+        intro.extend_from_slice(f.to_string_lossy().as_bytes());
+    }
+    let intros = world.all_gather_bytes(&intro)?;
+    let mut same_process = vec![true; size];
+    for p in (0..size).filter(|&p| p != rank) {
+        same_process[p] = world.proves_same_process(p, intros[p].get(..32).unwrap_or_default())?;
+        if !same_process[p] && !remote[p] && peers[p].pid == my_pid {
+            return Err(Error::PeerUnreachable {
+                rank,
+                peer: p,
+                reason: format!(
+                    "it claims this process's pid {my_pid} but cannot prove that it runs in this process; \
+                     it is another process (in another pid namespace?) or it lies about its pid"
+                ),
+            });
+        }
+    }
+    let multi_process = same_process.contains(&false);
+    let mut heap_files = shm::HeapFiles::default();
+    let mut peer_files = vec![None; size];
+    if let (Some(f), true) = (&my_file, multi_process) {
+        heap_files.add(f.clone());
+        for p in (0..size).filter(|&p| !same_process[p] && !remote[p]) {
+            let path = shm::check_heap_path(intros[p].get(32..).unwrap_or_default(), rank, p)?;
+            heap_files.add(path.clone());
+            peer_files[p] = Some(path);
+        }
+    }
+    Ok(Located {
+        me,
+        ids,
+        remote,
+        same_process,
+        multi_process,
+        my_file,
+        heap_files,
+        peer_files,
+    })
+}
+
+/// Allocates this rank's heap and publishes how to reach it: the heap, its
+/// base address, the bytes allocated and every rank's handle. In a world of
+/// several processes the allocation carries a tail past the heap for the
+/// soft NIC's port tables (`ibgda.rs`): peers map it with the heap, but no
+/// transport call and no registered region reaches it. Collective.
+pub(super) fn allocate_heap(world: &World, device: &Device, heap_len: u64, at: &Located) -> Result<(Heap, u64, usize, Vec<Vec<u8>>)> {
+    let alloc_len = if at.multi_process {
+        (tail_off(heap_len) + crate::nic::soft::TABLES_TAIL) as usize
+    } else {
+        heap_len as usize
+    };
+    let (heap, handle): (Heap, Vec<u8>) = match device.backend() {
+        Backend::Gpu => {
+            let buf = device.alloc_zeroed::<u8>(alloc_len)?;
+            let mut h = buf.as_raw().to_le_bytes().to_vec();
+            if at.multi_process {
+                h.extend_from_slice(&device.inner.ipc_export(buf.as_raw())?);
+            }
+            (Heap::Device(buf), h)
+        }
+        Backend::Cpu | Backend::Auto => {
+            if let (Some(path), true) = (&at.my_file, at.multi_process) {
+                let region = ShmRegion::create(path, alloc_len)?;
+                let h = (region.ptr as u64).to_le_bytes().to_vec();
+                (Heap::Shm(region), h)
+            } else {
+                let buf = device.alloc_zeroed::<u8>(heap_len as usize)?;
+                let h = buf.as_raw().to_le_bytes().to_vec();
+                (Heap::Device(buf), h)
+            }
+        }
+    };
+    let heap_base = match &heap {
+        Heap::Device(b) => b.as_raw(),
+        Heap::Shm(r) => r.ptr as u64,
+    };
+    let handles = world.all_gather_bytes(&handle)?;
+    Ok((heap, heap_base, alloc_len, handles))
+}
+
+/// Maps every peer's heap: each rank's base address (this rank's own at
+/// its index), its route, and the mappings to keep. Peers' addresses are
+/// used only for ranks that proved to share this address space.
+pub(super) fn map_peers(
+    device: &Device,
+    rank: usize,
+    at: &Located,
+    handles: &[Vec<u8>],
+    heap: (u64, usize),
+) -> Result<(Vec<u64>, Vec<PeerRoute>, Vec<Mapping>)> {
+    let (heap_base, alloc_len) = heap;
+    let size = handles.len();
+    let mut bases = vec![0u64; size];
+    let mut routes = vec![PeerRoute::Local; size];
+    let mut mappings = Vec::new();
+    for p in 0..size {
+        if p == rank {
+            bases[p] = heap_base;
+            continue;
+        }
+        if at.remote[p] {
+            routes[p] = PeerRoute::Remote;
+            continue;
+        }
+        let h = &handles[p];
+        if h.len() < 8 {
+            return Err(Error::comm(format!("rank {p} sent a malformed heap handle")));
+        }
+        let addr = u64::from_le_bytes(h[..8].try_into().expect("8 bytes"));
+        if at.same_process[p] {
+            if device.is_gpu() && at.ids[p].ordinal != at.me.ordinal {
+                device.inner.enable_peer_access(at.ids[p].ordinal as usize, rank, p)?;
+                routes[p] = PeerRoute::PeerAccess;
+            } else {
+                routes[p] = PeerRoute::SameProcess;
+            }
+            bases[p] = addr;
+        } else if device.is_gpu() {
+            let Ok(ipc) = <&[u8; IPC_HANDLE_BYTES]>::try_from(&h[8..]) else {
+                return Err(Error::comm(format!("rank {p} sent no CUDA IPC handle")));
+            };
+            // The mapping must span what this rank will touch: the heap
+            // and the tables tail (the peer's word for its size is not trusted).
+            let mapping = device.inner.ipc_open(ipc, alloc_len as u64, at.ids[p].ordinal, rank, p)?;
+            bases[p] = mapping.as_raw();
+            mappings.push(Mapping::Ipc(mapping));
+            routes[p] = PeerRoute::CudaIpc;
+        } else {
+            let Some(path) = at.peer_files[p].as_ref() else {
+                return Err(Error::comm(format!(
+                    "rank {p} is another process of this host and published no heap file"
+                )));
+            };
+            let region = ShmRegion::open(path, alloc_len, rank, p)?;
+            bases[p] = region.ptr as u64;
+            mappings.push(Mapping::Shm(region));
+            routes[p] = PeerRoute::SharedMemory;
+        }
+    }
+    Ok((bases, routes, mappings))
+}
