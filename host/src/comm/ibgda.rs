@@ -112,7 +112,158 @@ struct RingLayout {
     per_qp: usize,
 }
 
+/// A rank's heap as the NIC reaches it, and its QPs' endpoints (the
+/// set-up's exchange: heap base, rkey, then `nqps` endpoints).
+struct PeerHeap {
+    base: u64,
+    rkey: u32,
+    qps: Vec<Endpoint>,
+}
+
+impl PeerHeap {
+    /// Rank `r`'s message `b`, which must hold `nqps` endpoints.
+    fn decode(b: &[u8], r: usize, nqps: usize) -> Result<PeerHeap> {
+        let want = 12 + nqps * Endpoint::BYTES;
+        if b.len() != want {
+            return Err(Error::comm(format!(
+                "rank {r} sent a malformed IBGDA endpoint message ({} bytes, not {want}: heap base, rkey and {nqps} endpoints)",
+                b.len()
+            )));
+        }
+        let qps = b[12..]
+            .chunks_exact(Endpoint::BYTES)
+            .map(Endpoint::from_bytes)
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| Error::comm(format!("rank {r} sent an endpoint that does not decode")))?;
+        Ok(PeerHeap {
+            base: u64::from_le_bytes(b[..8].try_into().expect("8 bytes")),
+            rkey: u32::from_le_bytes(b[8..12].try_into().expect("4 bytes")),
+            qps,
+        })
+    }
+}
+
+/// What the kernels' QP table is made of ([`IbgdaQp`] per QP).
+struct KernelView<'a> {
+    rings_base: u64,
+    layout: &'a RingLayout,
+    sq: u32,
+    qps_per_peer: usize,
+    states: *mut QpCounters,
+    scratch: *mut u64,
+    scratch_lkey: u32,
+}
+
+impl KernelView<'_> {
+    /// The table's words: QP `k` of peer `p` at index `p * qps_per_peer + k`.
+    fn table_words(&self, remotes: &[PeerHeap], qps: &[Box<dyn QueuePair>]) -> Vec<u64> {
+        let (layout, sq, qpp) = (self.layout, self.sq, self.qps_per_peer);
+        let at = |i: usize, off: usize| self.rings_base + (i * layout.per_qp + off) as u64;
+        let tail = layout.tail;
+        let mut words: Vec<u64> = Vec::with_capacity(qps.len() * 16);
+        for (p, remote) in remotes.iter().enumerate() {
+            for k in 0..qpp {
+                let i = p * qpp + k;
+                let state = self.states.wrapping_add(i);
+                // SAFETY (the three field addresses): inside the states buffer.
+                let h = QpHandle {
+                    sq: at(i, 0) as *mut u32,
+                    sq_producer: unsafe { &raw mut (*state).producer },
+                    sq_ready: unsafe { &raw mut (*state).ready },
+                    sq_dbr: at(i, tail + 4) as *mut u32,
+                    uar: qps[i].doorbell() as *mut u64,
+                    cq: at(i, layout.cq) as *mut u32,
+                    cq_consumer: unsafe { &raw mut (*state).cq_consumer },
+                    cq_dbr: at(i, tail + 8) as *mut u32,
+                    sq_size: sq,
+                    qpn: qps[i].qpn(),
+                    cq_size: sq,
+                    reserved: 0,
+                };
+                let e = IbgdaQp {
+                    qp: h,
+                    state,
+                    scratch: self.scratch.wrapping_add(i * sq as usize),
+                    scratch_lkey: self.scratch_lkey,
+                    peer: p as u32,
+                    remote_base: remote.base,
+                    rkey: remote.rkey,
+                    _pad: 0,
+                    _reserved: 0,
+                };
+                // SAFETY: IbgdaQp is 128 bytes of plain data, 8-byte aligned.
+                let w: [u64; 16] = unsafe { std::mem::transmute(e) };
+                words.extend_from_slice(&w);
+            }
+        }
+        words
+    }
+}
+
 impl RingLayout {
+    /// The first image of `nqps` QPs' ring memory: every CQE invalid
+    /// (owner 0, opcode invalid), as rdma-core leaves a new CQ; the send
+    /// rings, doorbell records and UAR words zero.
+    fn fresh_rings(&self, nqps: usize, sq: u32) -> Vec<u8> {
+        let invalid: Vec<u8> = Cqe64 {
+            opcode: CQE_INVALID,
+            ..Cqe64::default()
+        }
+        .to_words()
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .collect();
+        let mut image = vec![0u8; nqps * self.per_qp];
+        for i in 0..nqps {
+            let cq = i * self.per_qp + self.cq;
+            for e in 0..sq as usize {
+                image[cq + e * CQE_SIZE..cq + (e + 1) * CQE_SIZE].copy_from_slice(&invalid);
+            }
+        }
+        image
+    }
+
+    /// Creates a CQ and a QP over each of `nqps` QPs' rings at
+    /// `rings_base`, `sq` slots each.
+    ///
+    /// # Safety
+    /// The rings (`nqps * per_qp` bytes at `rings_base`) outlive the
+    /// objects and stay unread by anyone else until the NIC stops.
+    unsafe fn create_queues(
+        &self,
+        nic: &dyn Nic,
+        rings_base: u64,
+        nqps: usize,
+        sq: u32,
+    ) -> Result<(Vec<Box<dyn CompletionQueue>>, Vec<Box<dyn QueuePair>>)> {
+        let at = |i: usize, off: usize| rings_base + (i * self.per_qp + off) as u64;
+        let mut cqs = Vec::with_capacity(nqps);
+        let mut qps = Vec::with_capacity(nqps);
+        for i in 0..nqps {
+            let cq_ring = CqRing {
+                buf: at(i, self.cq) as *mut u8,
+                entries: sq,
+                dbrec: at(i, self.tail + 8) as *mut u32,
+            };
+            let qp_rings = QpRings {
+                sq: at(i, 0) as *mut u8,
+                sq_wqebbs: sq,
+                rq: std::ptr::null_mut(),
+                rq_wqes: 0,
+                rq_max_sge: 1,
+                dbrec: at(i, self.tail) as *mut u32,
+                uar: at(i, self.tail + 16) as *mut u64,
+            };
+            // SAFETY: the caller's contract.
+            let cq = unsafe { nic.create_cq(cq_ring) }?;
+            // SAFETY: as above.
+            let qp = unsafe { nic.create_qp(&*cq, qp_rings) }?;
+            cqs.push(cq);
+            qps.push(qp);
+        }
+        Ok((cqs, qps))
+    }
+
     fn new(sq: u32) -> RingLayout {
         let ring = (sq as usize * SEND_WQE_BB).next_multiple_of(RING_ALIGN);
         RingLayout {
@@ -539,25 +690,8 @@ impl Communicator {
         let states = self.device.alloc_zeroed::<u8>(nqps * std::mem::size_of::<QpCounters>())?;
         // SAFETY: the scratch buffer lives in `memory`, which outlives the region.
         let scratch_mr = unsafe { nic.reg_mr(scratch.as_raw(), scratch.num_bytes(), access::LOCAL_WRITE) }?;
-        // Every CQE invalid (owner 0, opcode invalid), as rdma-core leaves
-        // a new CQ; the doorbell records and UAR words zero.
-        let invalid: Vec<u8> = Cqe64 {
-            opcode: CQE_INVALID,
-            ..Cqe64::default()
-        }
-        .to_words()
-        .iter()
-        .flat_map(|w| w.to_le_bytes())
-        .collect();
-        let mut image = vec![0u8; nqps * per_qp];
-        for i in 0..nqps {
-            let cq = i * per_qp + layout.cq;
-            for e in 0..sq as usize {
-                image[cq + e * CQE_SIZE..cq + (e + 1) * CQE_SIZE].copy_from_slice(&invalid);
-            }
-        }
         // SAFETY: the ring buffer, whole.
-        unsafe { self.device.write_raw(rings_base, &image)? };
+        unsafe { self.device.write_raw(rings_base, &layout.fresh_rings(nqps, sq))? };
         tracing::debug!(
             "rank {rank}: IBGDA set-up: port {} (LID {}) open; rings of {nqps} QPs ({} bytes), scratch and QP states allocated and initialised in {} ms",
             nic.port().name,
@@ -565,35 +699,11 @@ impl Communicator {
             nqps * per_qp,
             t_setup.elapsed().as_millis()
         );
-        let at = |i: usize, off: usize| rings_base + (i * per_qp + off) as u64;
-        let tail = layout.tail;
 
         // 3. QPs: to every rank, this one included (loopback).
-        let mut cqs = Vec::with_capacity(nqps);
-        let mut qps = Vec::with_capacity(nqps);
-        for i in 0..nqps {
-            let cq_ring = CqRing {
-                buf: at(i, layout.cq) as *mut u8,
-                entries: sq,
-                dbrec: at(i, tail + 8) as *mut u32,
-            };
-            let qp_rings = QpRings {
-                sq: at(i, 0) as *mut u8,
-                sq_wqebbs: sq,
-                rq: std::ptr::null_mut(),
-                rq_wqes: 0,
-                rq_max_sge: 1,
-                dbrec: at(i, tail) as *mut u32,
-                uar: at(i, tail + 16) as *mut u64,
-            };
-            // SAFETY: the rings live in `memory`, which is freed only after
-            // the NIC stopped and the objects are dropped.
-            let cq = unsafe { nic.create_cq(cq_ring) }?;
-            // SAFETY: as above.
-            let qp = unsafe { nic.create_qp(&*cq, qp_rings) }?;
-            cqs.push(cq);
-            qps.push(qp);
-        }
+        // SAFETY: the rings live in `memory`, which is freed only after the
+        // NIC stopped and the objects are dropped.
+        let (cqs, qps) = unsafe { layout.create_queues(&*nic, rings_base, nqps, sq) }?;
 
         // 4. Exchange the heap base, its rkey, then every QP's endpoint.
         let mut mine = Vec::with_capacity(12 + nqps * Endpoint::BYTES);
@@ -603,32 +713,10 @@ impl Communicator {
             mine.extend_from_slice(&q.endpoint().to_bytes());
         }
         let all = self.world.all_gather_bytes(&mine)?;
-        struct Remote {
-            base: u64,
-            rkey: u32,
-            qps: Vec<Endpoint>,
-        }
         let remotes = all
             .iter()
             .enumerate()
-            .map(|(r, b)| {
-                let want = 12 + nqps * Endpoint::BYTES;
-                if b.len() != want {
-                    return Err(Error::comm(format!(
-                        "rank {r} sent a malformed IBGDA endpoint message ({} bytes, not {want}: heap base, rkey and {nqps} endpoints)",
-                        b.len()
-                    )));
-                }
-                let qps = b[12..]
-                    .chunks_exact(Endpoint::BYTES)
-                    .map(|c| Endpoint::from_bytes(c).expect("exact chunks"))
-                    .collect();
-                Ok(Remote {
-                    base: u64::from_le_bytes(b[..8].try_into().expect("8 bytes")),
-                    rkey: u32::from_le_bytes(b[8..12].try_into().expect("4 bytes")),
-                    qps,
-                })
-            })
+            .map(|(r, b)| PeerHeap::decode(b, r, nqps))
             .collect::<Result<Vec<_>>>()?;
 
         // Connect QP k to peer p with the peer's QP k to this rank.
@@ -644,42 +732,16 @@ impl Communicator {
         );
 
         // The kernels' view of every QP.
-        let mut words: Vec<u64> = Vec::with_capacity(nqps * 16);
-        for (p, remote) in remotes.iter().enumerate() {
-            for k in 0..qpp {
-                let i = p * qpp + k;
-                let state = (states.as_raw() as *mut QpCounters).wrapping_add(i);
-                // SAFETY (the three field addresses): inside the states buffer.
-                let h = QpHandle {
-                    sq: at(i, 0) as *mut u32,
-                    sq_producer: unsafe { &raw mut (*state).producer },
-                    sq_ready: unsafe { &raw mut (*state).ready },
-                    sq_dbr: at(i, tail + 4) as *mut u32,
-                    uar: qps[i].doorbell() as *mut u64,
-                    cq: at(i, layout.cq) as *mut u32,
-                    cq_consumer: unsafe { &raw mut (*state).cq_consumer },
-                    cq_dbr: at(i, tail + 8) as *mut u32,
-                    sq_size: sq,
-                    qpn: qps[i].qpn(),
-                    cq_size: sq,
-                    reserved: 0,
-                };
-                let e = IbgdaQp {
-                    qp: h,
-                    state,
-                    scratch: (scratch.as_raw() as *mut u64).wrapping_add(i * sq as usize),
-                    scratch_lkey: scratch_mr.lkey(),
-                    peer: p as u32,
-                    remote_base: remote.base,
-                    rkey: remote.rkey,
-                    _pad: 0,
-                    _reserved: 0,
-                };
-                // SAFETY: IbgdaQp is 128 bytes of plain data, 8-byte aligned.
-                let w: [u64; 16] = unsafe { std::mem::transmute(e) };
-                words.extend_from_slice(&w);
-            }
-        }
+        let view = KernelView {
+            rings_base,
+            layout: &layout,
+            sq,
+            qps_per_peer: qpp,
+            states: states.as_raw() as *mut QpCounters,
+            scratch: scratch.as_raw() as *mut u64,
+            scratch_lkey: scratch_mr.lkey(),
+        };
+        let words = view.table_words(&remotes, &qps);
         let table = self.device.alloc_from(&words)?;
         tracing::debug!("rank {rank}: IBGDA set-up: the kernels' QP table copied to the device");
         let handle = Ibgda {
