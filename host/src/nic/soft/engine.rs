@@ -322,45 +322,7 @@ pub(super) fn launch(nic: &SoftNic, ctx: &StartCtx<'_>) -> Result<KernelEngine> 
     mine.extend_from_slice(&port_addr.to_le_bytes());
     mine.extend_from_slice(&nic.cross.as_ref().map_or(0, |c| c.heap_base).to_le_bytes());
     let all = ctx.world.all_gather_bytes(&mine)?;
-    let mut table = PortTable::EMPTY;
-    for (r, b) in all.iter().enumerate() {
-        if b.len() != 24 {
-            return Err(Error::comm(format!(
-                "rank {r} sent a malformed soft NIC port address ({} bytes, not 24)",
-                b.len()
-            )));
-        }
-        let word = |i: usize| u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().expect("8 bytes"));
-        let index = word(0) as usize;
-        if index >= MAX_PORTS {
-            return Err(Error::comm(format!(
-                "rank {r} sent soft NIC port {index}; a fabric has at most {MAX_PORTS}"
-            )));
-        }
-        let (at, heap) = (word(1), word(2));
-        let mapped = nic.cross.as_ref().and_then(|c| Some((c, c.mapped.get(r).copied().flatten()?)));
-        if let Some((c, base)) = mapped {
-            // Its tables (in the tail past its heap) and its regions as this
-            // process maps its heap allocation.
-            let off = c.tables_offset;
-            if index != r || at != heap.wrapping_add(off) {
-                return Err(Error::comm(format!(
-                    "rank {r} sent soft NIC port {index} with tables at {at:#x}, not port {r} at the end of its heap \
-                     allocation ({:#x}); every rank must run this doorbell version",
-                    heap.wrapping_add(off)
-                )));
-            }
-            table.ports[index] = (base + off) as *mut Port;
-            table.windows[index] = Window {
-                from: heap,
-                len: c.heap_len,
-                to: base,
-            };
-        } else {
-            table.ports[index] = at as *mut Port;
-        }
-        table.count = table.count.max(index as u32 + 1);
-    }
+    let table = fabric_table(nic, &all)?;
     let ports = dev.alloc_zeroed::<u8>(std::mem::size_of::<PortTable>())?;
     let ctl = dev.alloc_zeroed::<u8>(std::mem::size_of::<EngineCtl>())?;
     tracing::debug!(
@@ -421,19 +383,7 @@ pub(super) fn launch(nic: &SoftNic, ctx: &StartCtx<'_>) -> Result<KernelEngine> 
     let mut engine = engine;
     engine.stream = Some(dev.inner.new_stream_untracked()?);
     engine._persistent = dev.inner.persistent_kernel();
-    // The engine's view of the rings (its port table as copied to the
-    // device) against the kernels' (the QP table): a mismatch means the
-    // engine would poll other words than the kernels ring.
-    {
-        let mut b = vec![0u8; port_bytes];
-        // SAFETY: the port buffer, whole; no engine runs yet (every rank
-        // launches after the barrier below).
-        unsafe { dev.read_raw(engine.port_addr, &mut b)? };
-        let mut on_device = device.port_image();
-        // SAFETY: Port is plain #[repr(C)] data; these bytes are one.
-        unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), &mut *on_device as *mut Port as *mut u8, port_bytes) };
-        check_ring_addresses(rank, &on_device, &read_qp_table(dev, ctx.kernel_qps, ctx.nqps)?)?;
-    }
+    check_engine_view(nic, &engine, ctx)?;
 
     // No rank launches before every rank is done loading and allocating.
     ctx.world.barrier()?;
@@ -492,4 +442,66 @@ pub(super) fn launch(nic: &SoftNic, ctx: &StartCtx<'_>) -> Result<KernelEngine> 
         if sys_scope { "sys" } else { "gpu" }
     );
     Ok(engine)
+}
+
+/// The fabric's port table from every rank's published port (its index,
+/// its tables' address and its heap base, 8 bytes each): where each port's
+/// tables are, as this process reaches them.
+fn fabric_table(nic: &SoftNic, all: &[Vec<u8>]) -> Result<PortTable> {
+    let mut table = PortTable::EMPTY;
+    for (r, b) in all.iter().enumerate() {
+        if b.len() != 24 {
+            return Err(Error::comm(format!(
+                "rank {r} sent a malformed soft NIC port address ({} bytes, not 24)",
+                b.len()
+            )));
+        }
+        let word = |i: usize| u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().expect("8 bytes"));
+        let index = word(0) as usize;
+        if index >= MAX_PORTS {
+            return Err(Error::comm(format!(
+                "rank {r} sent soft NIC port {index}; a fabric has at most {MAX_PORTS}"
+            )));
+        }
+        let (at, heap) = (word(1), word(2));
+        let mapped = nic.cross.as_ref().and_then(|c| Some((c, c.mapped.get(r).copied().flatten()?)));
+        if let Some((c, base)) = mapped {
+            // Its tables (in the tail past its heap) and its regions as this
+            // process maps its heap allocation.
+            let off = c.tables_offset;
+            if index != r || at != heap.wrapping_add(off) {
+                return Err(Error::comm(format!(
+                    "rank {r} sent soft NIC port {index} with tables at {at:#x}, not port {r} at the end of its heap \
+                     allocation ({:#x}); every rank must run this doorbell version",
+                    heap.wrapping_add(off)
+                )));
+            }
+            table.ports[index] = (base + off) as *mut Port;
+            table.windows[index] = Window {
+                from: heap,
+                len: c.heap_len,
+                to: base,
+            };
+        } else {
+            table.ports[index] = at as *mut Port;
+        }
+        table.count = table.count.max(index as u32 + 1);
+    }
+    Ok(table)
+}
+
+/// The engine's view of the rings (its port table as copied to the device)
+/// against the kernels' (the QP table): a mismatch means the engine would
+/// poll other words than the kernels ring.
+fn check_engine_view(nic: &SoftNic, engine: &KernelEngine, ctx: &StartCtx<'_>) -> Result<()> {
+    let (dev, rank) = (ctx.device, ctx.rank);
+    let port_bytes = std::mem::size_of::<Port>();
+    let mut b = vec![0u8; port_bytes];
+    // SAFETY: the port buffer, whole; no engine runs yet (every rank
+    // launches after the set-up's barrier).
+    unsafe { dev.read_raw(engine.port_addr, &mut b)? };
+    let mut on_device = nic.device.port_image();
+    // SAFETY: Port is plain #[repr(C)] data; these bytes are one.
+    unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), &mut *on_device as *mut Port as *mut u8, port_bytes) };
+    check_ring_addresses(rank, &on_device, &read_qp_table(dev, ctx.kernel_qps, ctx.nqps)?)
 }
