@@ -150,15 +150,21 @@ fn describe(l: &Layout) -> String {
     )
 }
 
-pub(crate) fn generate(m: &DescriptorModel, layouts: &[Layout]) -> TokenStream {
-    let item = &m.item;
-    let name = &item.ident;
-    let size = m.size.expect("validated").value as usize;
-    let nwords = size / 4;
-    let size_lit = Literal::usize_unsuffixed(size);
-    let nwords_lit = Literal::usize_unsuffixed(nwords);
+/// The field's name without a raw-identifier prefix (`r#type` → `type`), as
+/// used in accessor and constant names.
+fn plain_name(l: &Layout) -> String {
+    l.ident.to_string().trim_start_matches("r#").to_string()
+}
 
-    // to_words: one OR-expression per word.
+/// `get_<field>_words`: the word-image reader, which `from_words` calls too.
+fn word_getter(l: &Layout) -> syn::Ident {
+    format_ident!("get_{}_words", plain_name(l))
+}
+
+/// The body of `to_words`: one `let __cv_<field>` per field (its container
+/// value), then one OR-expression per memory word (`0u32` for a word no field
+/// touches).
+fn to_words_body(layouts: &[Layout], nwords: usize) -> (Vec<TokenStream>, Vec<TokenStream>) {
     let mut word_terms: Vec<Vec<TokenStream>> = vec![Vec::new(); nwords];
     let mut cv_lets = Vec::new();
     for l in layouts {
@@ -171,84 +177,102 @@ pub(crate) fn generate(m: &DescriptorModel, layouts: &[Layout]) -> TokenStream {
             word_terms[c.word as usize].push(contribution_expr(l, &c, &quote!(#cv)));
         }
     }
-    let word_exprs = word_terms.iter().map(|t| if t.is_empty() { quote!(0u32) } else { quote!(#(#t)|*) });
+    let word_exprs = word_terms
+        .iter()
+        .map(|t| if t.is_empty() { quote!(0u32) } else { quote!(#(#t)|*) })
+        .collect();
+    (cv_lets, word_exprs)
+}
 
-    let mut accessors = Vec::new();
-    let mut consts = Vec::new();
-    let mut from_fields = Vec::new();
-    let mut layout_rows = Vec::new();
-    for l in layouts {
-        let f = &l.ident;
-        let fname = f.to_string();
-        let fname_plain = fname.trim_start_matches("r#").to_string();
-        let t = rust_type(l.ty);
-        let get = format_ident!("get_{}", fname_plain);
-        let set = format_ident!("set_{}", fname_plain);
-        let get_w = format_ident!("get_{}_words", fname_plain);
-        let set_w = format_ident!("set_{}_words", fname_plain);
-        let max_c = format_ident!("{}_MAX", fname_plain.to_uppercase());
-        let byte_c = format_ident!("{}_BYTE", fname_plain.to_uppercase());
-        let where_ = describe(l);
-        let max = Literal::u64_suffixed(field_mask(l));
-        let byte = Literal::usize_unsuffixed(l.byte as usize);
-        consts.push(quote! {
-            #[doc = concat!("Largest value `", #fname_plain, "` holds (", #where_, ").")]
-            pub const #max_c: u64 = #max;
-            #[doc = concat!("Byte offset of the word that holds `", #fname_plain, "`.")]
-            pub const #byte_c: usize = #byte;
-        });
-        let (b, wb, bit, width) = (l.byte, l.word_bytes, l.bit, l.width);
-        layout_rows.push(quote! { (#fname_plain, #b, #wb, #bit, #width) });
-
-        let parts: Vec<TokenStream> = chunks(l)
-            .iter()
-            .map(|c| {
-                let i = Literal::usize_unsuffixed(c.word as usize);
-                extract_expr(l, c, &quote!(w[#i]))
-            })
-            .collect();
-        let cv_get = quote!(__cv);
-        let out = from_container(l, &cv_get);
-        let v = quote!(v);
-        let into = to_container(l, &v);
-        let stores: Vec<TokenStream> = chunks(l)
-            .iter()
-            .map(|c| {
-                let i = Literal::usize_unsuffixed(c.word as usize);
-                let keep = Literal::u32_suffixed(!contribution_value(l, c, field_mask(l) << l.bit));
-                let add = contribution_expr(l, c, &quote!(__cv));
-                quote! { w[#i] = (w[#i] & #keep) | #add; }
-            })
-            .collect();
-        accessors.push(quote! {
-            #[doc = concat!("Reads `", #fname_plain, "` (", #where_, ") from a word image.")]
-            #[inline(always)]
-            pub const fn #get_w(w: &[u32; #nwords_lit]) -> #t {
-                let __cv: u64 = #(#parts)|*;
-                #out
-            }
-            #[doc = concat!("Writes `", #fname_plain, "` into a word image; other fields keep their bits, bits of `v` above the field's width are dropped.")]
-            #[inline(always)]
-            pub const fn #set_w(w: &mut [u32; #nwords_lit], v: #t) {
-                let __cv: u64 = #into;
-                #(#stores)*
-            }
-            #[doc = concat!("Reads `", #fname_plain, "` (", #where_, ") from a byte image.")]
-            #[inline(always)]
-            pub const fn #get(b: &[u8; #size_lit]) -> #t {
-                Self::#get_w(&Self::bytes_to_words(b))
-            }
-            #[doc = concat!("Writes `", #fname_plain, "` into a byte image; see `", stringify!(#set_w), "`.")]
-            #[inline(always)]
-            pub const fn #set(b: &mut [u8; #size_lit], v: #t) {
-                let mut w = Self::bytes_to_words(b);
-                Self::#set_w(&mut w, v);
-                *b = Self::words_to_bytes(&w);
-            }
-        });
-        from_fields.push(quote! { #f: Self::#get_w(w) });
+/// The field's `<FIELD>_MAX` and `<FIELD>_BYTE` constants.
+fn field_consts(l: &Layout) -> TokenStream {
+    let fname_plain = plain_name(l);
+    let max_c = format_ident!("{}_MAX", fname_plain.to_uppercase());
+    let byte_c = format_ident!("{}_BYTE", fname_plain.to_uppercase());
+    let where_ = describe(l);
+    let max = Literal::u64_suffixed(field_mask(l));
+    let byte = Literal::usize_unsuffixed(l.byte as usize);
+    quote! {
+        #[doc = concat!("Largest value `", #fname_plain, "` holds (", #where_, ").")]
+        pub const #max_c: u64 = #max;
+        #[doc = concat!("Byte offset of the word that holds `", #fname_plain, "`.")]
+        pub const #byte_c: usize = #byte;
     }
+}
 
+/// The field's row in `LAYOUT`: (name, byte, container bytes, bit, width).
+fn layout_row(l: &Layout) -> TokenStream {
+    let fname_plain = plain_name(l);
+    let (b, wb, bit, width) = (l.byte, l.word_bytes, l.bit, l.width);
+    quote! { (#fname_plain, #b, #wb, #bit, #width) }
+}
+
+/// The field's getters and setters on word images (`get_<f>_words`,
+/// `set_<f>_words`) and on byte images (`get_<f>`, `set_<f>`).
+fn field_accessors(l: &Layout, size_lit: &Literal, nwords_lit: &Literal) -> TokenStream {
+    let fname_plain = plain_name(l);
+    let t = rust_type(l.ty);
+    let get = format_ident!("get_{}", fname_plain);
+    let set = format_ident!("set_{}", fname_plain);
+    let get_w = word_getter(l);
+    let set_w = format_ident!("set_{}_words", fname_plain);
+    let where_ = describe(l);
+
+    // Reader: OR together the container's bytes from each word it spans.
+    let parts: Vec<TokenStream> = chunks(l)
+        .iter()
+        .map(|c| {
+            let i = Literal::usize_unsuffixed(c.word as usize);
+            extract_expr(l, c, &quote!(w[#i]))
+        })
+        .collect();
+    let cv_get = quote!(__cv);
+    let out = from_container(l, &cv_get);
+    // Writer: in each word it spans, clear the field's bits and OR in the new ones.
+    let v = quote!(v);
+    let into = to_container(l, &v);
+    let stores: Vec<TokenStream> = chunks(l)
+        .iter()
+        .map(|c| {
+            let i = Literal::usize_unsuffixed(c.word as usize);
+            let keep = Literal::u32_suffixed(!contribution_value(l, c, field_mask(l) << l.bit));
+            let add = contribution_expr(l, c, &quote!(__cv));
+            quote! { w[#i] = (w[#i] & #keep) | #add; }
+        })
+        .collect();
+    quote! {
+        #[doc = concat!("Reads `", #fname_plain, "` (", #where_, ") from a word image.")]
+        #[inline(always)]
+        pub const fn #get_w(w: &[u32; #nwords_lit]) -> #t {
+            let __cv: u64 = #(#parts)|*;
+            #out
+        }
+        #[doc = concat!("Writes `", #fname_plain, "` into a word image; other fields keep their bits, bits of `v` above the field's width are dropped.")]
+        #[inline(always)]
+        pub const fn #set_w(w: &mut [u32; #nwords_lit], v: #t) {
+            let __cv: u64 = #into;
+            #(#stores)*
+        }
+        #[doc = concat!("Reads `", #fname_plain, "` (", #where_, ") from a byte image.")]
+        #[inline(always)]
+        pub const fn #get(b: &[u8; #size_lit]) -> #t {
+            Self::#get_w(&Self::bytes_to_words(b))
+        }
+        #[doc = concat!("Writes `", #fname_plain, "` into a byte image; see `", stringify!(#set_w), "`.")]
+        #[inline(always)]
+        pub const fn #set(b: &mut [u8; #size_lit], v: #t) {
+            let mut w = Self::bytes_to_words(b);
+            Self::#set_w(&mut w, v);
+            *b = Self::words_to_bytes(&w);
+        }
+    }
+}
+
+/// The device memory methods: `store`, `store_words` (16-byte stores, then
+/// 4-byte stores for a tail that is not a whole 16 bytes) and `load_words`
+/// (the same split for loads).
+fn memory_methods(nwords: usize) -> TokenStream {
+    let nwords_lit = Literal::usize_unsuffixed(nwords);
     let full = nwords / 4;
     let v4_stores = (0..full).map(|c| {
         let (a, b, cc, d) = (4 * c, 4 * c + 1, 4 * c + 2, 4 * c + 3);
@@ -263,12 +287,73 @@ pub(crate) fn generate(m: &DescriptorModel, layouts: &[Layout]) -> TokenStream {
         }
     });
     let tail_loads = (4 * full..nwords).map(|i| quote! { w[#i] = ::core::ptr::read_volatile(src.add(#i)); });
-    let nfields = layouts.len();
     let store_doc = if nwords.is_multiple_of(4) {
         format!("with {} 16-byte stores (`st.v4.u32`)", nwords / 4)
     } else {
         "with 16-byte stores (`st.v4.u32`) and 4-byte stores for the tail".to_string()
     };
+    quote! {
+        #[doc = concat!("Device builder: writes the descriptor at `dst` ", #store_doc, ", each word computed in registers (no read-modify-write).")]
+        ///
+        /// # Safety
+        /// `dst` is valid for `SIZE` bytes of writes and 16-byte aligned.
+        #[inline(always)]
+        pub unsafe fn store(&self, dst: *mut u32) {
+            Self::store_words(dst, &self.to_words())
+        }
+
+        /// Writes a word image at `dst` (see [`Self::store`]).
+        ///
+        /// # Safety
+        /// As for [`Self::store`].
+        #[inline(always)]
+        pub unsafe fn store_words(dst: *mut u32, w: &[u32; #nwords_lit]) {
+            // SAFETY: the caller guarantees SIZE writable, 16-byte aligned bytes.
+            unsafe {
+                #(#v4_stores)*
+                #(#tail_stores)*
+            }
+        }
+
+        /// Reads a word image from `src` with 16-byte loads (weak: order it
+        /// with an acquire or fence before calling).
+        ///
+        /// # Safety
+        /// `src` is valid for `SIZE` bytes of reads and 16-byte aligned.
+        #[inline(always)]
+        pub unsafe fn load_words(src: *const u32) -> [u32; #nwords_lit] {
+            let mut w = [0u32; #nwords_lit];
+            // SAFETY: the caller guarantees SIZE readable, 16-byte aligned bytes.
+            unsafe {
+                #(#v4_loads)*
+                #(#tail_loads)*
+            }
+            w
+        }
+    }
+}
+
+/// The descriptor struct (with its derives) and its `impl`: sizes, `LAYOUT`,
+/// per-field constants, whole-descriptor encoders/decoders, the device memory
+/// methods and per-field accessors.
+pub(crate) fn generate(m: &DescriptorModel, layouts: &[Layout]) -> TokenStream {
+    let item = &m.item;
+    let name = &item.ident;
+    let size = m.size.expect("validated").value as usize;
+    let nwords = size / 4;
+    let size_lit = Literal::usize_unsuffixed(size);
+    let nwords_lit = Literal::usize_unsuffixed(nwords);
+
+    let (cv_lets, word_exprs) = to_words_body(layouts, nwords);
+    let consts = layouts.iter().map(field_consts);
+    let layout_rows = layouts.iter().map(layout_row);
+    let from_fields = layouts.iter().map(|l| {
+        let (f, get_w) = (&l.ident, word_getter(l));
+        quote! { #f: Self::#get_w(w) }
+    });
+    let accessors = layouts.iter().map(|l| field_accessors(l, &size_lit, &nwords_lit));
+    let memory = memory_methods(nwords);
+    let nfields = layouts.len();
 
     quote! {
         #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -323,43 +408,7 @@ pub(crate) fn generate(m: &DescriptorModel, layouts: &[Layout]) -> TokenStream {
                 ::doorbell_kernels::layout::words_to_bytes(w)
             }
 
-            #[doc = concat!("Device builder: writes the descriptor at `dst` ", #store_doc, ", each word computed in registers (no read-modify-write).")]
-            ///
-            /// # Safety
-            /// `dst` is valid for `SIZE` bytes of writes and 16-byte aligned.
-            #[inline(always)]
-            pub unsafe fn store(&self, dst: *mut u32) {
-                Self::store_words(dst, &self.to_words())
-            }
-
-            /// Writes a word image at `dst` (see [`Self::store`]).
-            ///
-            /// # Safety
-            /// As for [`Self::store`].
-            #[inline(always)]
-            pub unsafe fn store_words(dst: *mut u32, w: &[u32; #nwords_lit]) {
-                // SAFETY: the caller guarantees SIZE writable, 16-byte aligned bytes.
-                unsafe {
-                    #(#v4_stores)*
-                    #(#tail_stores)*
-                }
-            }
-
-            /// Reads a word image from `src` with 16-byte loads (weak: order it
-            /// with an acquire or fence before calling).
-            ///
-            /// # Safety
-            /// `src` is valid for `SIZE` bytes of reads and 16-byte aligned.
-            #[inline(always)]
-            pub unsafe fn load_words(src: *const u32) -> [u32; #nwords_lit] {
-                let mut w = [0u32; #nwords_lit];
-                // SAFETY: the caller guarantees SIZE readable, 16-byte aligned bytes.
-                unsafe {
-                    #(#v4_loads)*
-                    #(#tail_loads)*
-                }
-                w
-            }
+            #memory
 
             #(#accessors)*
         }
