@@ -112,6 +112,9 @@ struct RingLayout {
     per_qp: usize,
 }
 
+/// Every QP's CQ and the QPs, in QP order.
+type Queues = (Vec<Box<dyn CompletionQueue>>, Vec<Box<dyn QueuePair>>);
+
 /// A rank's heap as the NIC reaches it, and its QPs' endpoints (the
 /// set-up's exchange: heap base, rkey, then `nqps` endpoints).
 struct PeerHeap {
@@ -229,13 +232,7 @@ impl RingLayout {
     /// # Safety
     /// The rings (`nqps * per_qp` bytes at `rings_base`) outlive the
     /// objects and stay unread by anyone else until the NIC stops.
-    unsafe fn create_queues(
-        &self,
-        nic: &dyn Nic,
-        rings_base: u64,
-        nqps: usize,
-        sq: u32,
-    ) -> Result<(Vec<Box<dyn CompletionQueue>>, Vec<Box<dyn QueuePair>>)> {
+    unsafe fn create_queues(&self, nic: &dyn Nic, rings_base: u64, nqps: usize, sq: u32) -> Result<Queues> {
         let at = |i: usize, off: usize| rings_base + (i * self.per_qp + off) as u64;
         let mut cqs = Vec::with_capacity(nqps);
         let mut qps = Vec::with_capacity(nqps);
