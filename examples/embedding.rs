@@ -316,16 +316,7 @@ impl<'c> Baseline<'c> {
         let m = comm.load_module(&crate::USER_KERNELS)?;
         let (n, t, d, l) = (p.ranks as usize, p.tables as usize, p.dim as usize, p.lookups());
         let mr = max_recv.max(1) as usize;
-        let shape = EmbShape {
-            tables: p.tables,
-            dim: p.dim,
-            batch: p.batch,
-            pooling: p.pooling,
-            rows: p.rows,
-            shard_rows: p.shard_rows(),
-            cap: 0,
-            hash_bits: 0,
-        };
+        let shape = p.shape(0, 0);
         Ok(Baseline {
             comm,
             p: *p,

@@ -549,7 +549,6 @@ unsafe fn rows_in<T: Transport>(t: &T, b: &EmbBufs, epoch: u64, verdict: u32) ->
 unsafe fn pool(n: u32, s: &EmbShape, b: &EmbBufs, a: &FwdArgs) {
     let cap = s.cap as usize;
     let dim = s.dim as usize;
-    let per_table = s.batch as u64 * s.pooling as u64;
     let (ids, out) = (a.ids, a.out);
     let (gw, warps) = grid_warp();
     let bags = s.batch * s.tables;
@@ -557,9 +556,7 @@ unsafe fn pool(n: u32, s: &EmbShape, b: &EmbBufs, a: &FwdArgs) {
     // SAFETY: as for `forward`; slots and list indices from phase 1.
     unsafe {
         while w < bags {
-            let sample = w / s.tables;
-            let table = w % s.tables;
-            let bag = (table as u64 * per_table + sample as u64 * s.pooling as u64) as usize;
+            let (_, _, bag) = s.bag(w);
             pool_bag(dim, s.pooling as usize, out.add(w as usize * dim), |p| {
                 let id = *ids.add(bag + p);
                 if id == PAD {
@@ -585,7 +582,6 @@ unsafe fn pool(n: u32, s: &EmbShape, b: &EmbBufs, a: &FwdArgs) {
 pub unsafe fn forward_pull<T: Transport>(t: &T, s: &EmbShape, b: &EmbBufs, ids: *const u32, out: *mut f32, budget_ns: u64) {
     let n = t.world_size();
     let dim = s.dim as usize;
-    let per_table = s.batch as u64 * s.pooling as u64;
     let tid = ptx::thread_rank_in_block();
     // SAFETY: as for `forward`.
     unsafe {
@@ -600,9 +596,7 @@ pub unsafe fn forward_pull<T: Transport>(t: &T, s: &EmbShape, b: &EmbBufs, ids: 
         let bags = s.batch * s.tables;
         let mut w = gw;
         while w < bags {
-            let sample = w / s.tables;
-            let table = w % s.tables;
-            let bag = (table as u64 * per_table + sample as u64 * s.pooling as u64) as usize;
+            let (sample, table, bag) = s.bag(w);
             pool_bag(dim, s.pooling as usize, out.add(w as usize * dim), |p| {
                 let id = *ids.add(bag + p);
                 if id == PAD {

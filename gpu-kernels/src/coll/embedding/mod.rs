@@ -253,6 +253,17 @@ pub struct EmbShape {
 }
 const _: () = assert!(core::mem::size_of::<EmbShape>() == 32);
 
+impl EmbShape {
+    /// Bag `w` (`0..batch * tables`, sample-major): its sample, its table
+    /// and the index of its first id in the `[table][sample][pooling]` ids.
+    #[inline(always)]
+    pub fn bag(&self, w: u32) -> (u32, u32, usize) {
+        let (sample, table) = (w / self.tables, w % self.tables);
+        let first = (table as u64 * self.batch as u64 + sample as u64) * self.pooling as u64;
+        (sample, table, first as usize)
+    }
+}
+
 /// The exchange's buffers. "Symmetric": allocated with the communicator,
 /// same offset on every rank; "local": this rank's device memory.
 #[repr(C)]

@@ -257,16 +257,7 @@ impl<'c> EmbeddingExchange<'c> {
             .unwrap_or_else(|| launch_config_for(comm, comm.ranks_per_gpu() as u32, opts.transport != TransportKind::P2p));
         check_launch(&cfg)?;
         let hash_bits = (2 * p.lookups()).next_power_of_two().trailing_zeros().max(4);
-        let shape = EmbShape {
-            tables: p.tables,
-            dim: p.dim,
-            batch: p.batch,
-            pooling: p.pooling,
-            rows: p.rows,
-            shard_rows: p.shard_rows(),
-            cap: cap.max(1),
-            hash_bits,
-        };
+        let shape = p.shape(cap.max(1), hash_bits);
         let mem = Buffers::alloc(comm, p, &shape)?;
         let kernels = Kernels::load(comm, opts)?;
         // Every block of the grid must be resident at once (grid barriers),

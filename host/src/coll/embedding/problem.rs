@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use doorbell_kernels::coll::embedding::{MAX_DIM, MAX_LOOKUPS, MAX_TABLES, PAD};
+use doorbell_kernels::coll::embedding::{EmbShape, MAX_DIM, MAX_LOOKUPS, MAX_TABLES, PAD};
 
 use super::invalid;
 use crate::error::Result;
@@ -32,6 +32,22 @@ pub struct Problem {
 }
 
 impl Problem {
+    /// The kernels' view of this problem, with request lists of `cap` keys
+    /// and a hash table of `1 << hash_bits` slots (0 and 0 for kernels that
+    /// use neither).
+    pub fn shape(&self, cap: u32, hash_bits: u32) -> EmbShape {
+        EmbShape {
+            tables: self.tables,
+            dim: self.dim,
+            batch: self.batch,
+            pooling: self.pooling,
+            rows: self.rows,
+            shard_rows: self.shard_rows(),
+            cap,
+            hash_bits,
+        }
+    }
+
     /// Lookups of one rank (`tables * batch * pooling`), padding included.
     pub fn lookups(&self) -> usize {
         self.tables as usize * self.batch as usize * self.pooling as usize
