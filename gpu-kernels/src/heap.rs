@@ -51,6 +51,13 @@ pub enum ErrorKind {
     /// A send queue made no progress within the budget (RDMA): the NIC
     /// consumed WQEs up to `seen`, the call needed `expected`.
     QueueStalled = 7,
+    /// A part of a typed buffer reaches past the buffer: elements
+    /// `[seen, seen + bytes / detail)` of a buffer of `expected` elements
+    /// of `detail` bytes, at heap offset `offset`.
+    OutsideBuffer = 8,
+    /// A typed transfer's destination and source differ in length
+    /// (`expected`: the destination's elements; `seen`: the source's).
+    LengthMismatch = 9,
 }
 
 impl ErrorKind {
@@ -64,6 +71,8 @@ impl ErrorKind {
             5 => ErrorKind::Misaligned,
             6 => ErrorKind::BadCount,
             7 => ErrorKind::QueueStalled,
+            8 => ErrorKind::OutsideBuffer,
+            9 => ErrorKind::LengthMismatch,
             _ => return None,
         })
     }
@@ -141,6 +150,42 @@ impl Call {
     }
 }
 
+/// Which argument of a call a report is about ([`ErrorReport::arg`]).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arg {
+    /// Not about one argument (a timeout, a peer, a count).
+    None = 0,
+    /// Where the data lands: a put's (on the peer), a get's (here).
+    Destination = 1,
+    /// Where the data comes from: a put's (here), a get's (on the peer).
+    Source = 2,
+    /// A signal word (a signal's, a put's signal, a wait's words).
+    Signal = 3,
+}
+
+impl Arg {
+    /// The name in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arg::None => "argument",
+            Arg::Destination => "destination",
+            Arg::Source => "source",
+            Arg::Signal => "signal word",
+        }
+    }
+    /// From the raw value in a report.
+    pub fn from_u32(v: u32) -> Option<Arg> {
+        Some(match v {
+            0 => Arg::None,
+            1 => Arg::Destination,
+            2 => Arg::Source,
+            3 => Arg::Signal,
+            _ => return None,
+        })
+    }
+}
+
 /// An error of a rank's kernels, as one report slot of its heap header
 /// holds it (the private `record` writes it; the host picks the earliest
 /// intact one with [`first_report`] and clears the slots).
@@ -159,10 +204,11 @@ pub struct ErrorReport {
     pub peer: u32,
     /// Block index of the thread that failed.
     pub block: u32,
-    /// Timeouts: the comparison (`Cmp` as u32). Completion errors: the syndrome.
+    /// Timeouts: the comparison (`Cmp` as u32). Completion errors: the
+    /// syndrome. Typed-buffer errors: the element size in bytes.
     pub detail: u32,
-    /// Reserved, zero.
-    pub _pad: u32,
+    /// The argument the report is about ([`Arg`] as u32).
+    pub arg: u32,
     /// Offset in the symmetric heap of the word or range involved (wrapping
     /// difference from the heap base: a huge value means below the heap).
     pub offset: u64,
@@ -194,7 +240,7 @@ impl ErrorReport {
             pair(1, self.rank),
             pair(self.kind, self.call),
             pair(self.peer, self.block),
-            pair(self.detail, self._pad),
+            pair(self.detail, self.arg),
             self.offset,
             self.bytes,
             self.expected,
@@ -284,21 +330,71 @@ impl Reporter {
         }
     }
 
-    /// Records `e` of `call` (the first error of the rank wins) and returns it.
+    /// Records `e` of `call` about `arg` (the first error of the rank
+    /// wins) and returns it.
     #[inline(always)]
-    pub fn fail(self, e: crate::transport::CommError, call: Call, peer: u32, offset: u64) -> crate::transport::CommError {
+    pub fn fail(self, e: crate::transport::CommError, call: Call, arg: Arg, peer: u32, offset: u64) -> crate::transport::CommError {
         use crate::transport::CommError;
-        let (kind, detail, bytes, seen) = match e {
-            CommError::Timeout(t) => (ErrorKind::Timeout, 0, 0, t.seen),
-            CommError::Completion { syndrome, .. } => (ErrorKind::Completion, syndrome as u32, 0, 0),
-            CommError::BadPeer { .. } => (ErrorKind::BadPeer, 0, 0, 0),
-            CommError::OutOfRange { bytes, .. } => (ErrorKind::OutOfRange, 0, bytes, 0),
-            CommError::Misaligned { .. } => (ErrorKind::Misaligned, 0, 0, 0),
-            CommError::BadCount { count } => (ErrorKind::BadCount, 0, count, 0),
+        let (kind, detail, bytes, progress) = match e {
+            CommError::Timeout(t) => (ErrorKind::Timeout, 0, 0, Pair(0, t.seen)),
+            CommError::Completion { syndrome, .. } => (ErrorKind::Completion, syndrome as u32, 0, Pair(0, 0)),
+            CommError::BadPeer { .. } => (ErrorKind::BadPeer, 0, 0, Pair(0, 0)),
+            CommError::OutOfRange { bytes, .. } => (ErrorKind::OutOfRange, 0, bytes, Pair(0, 0)),
+            CommError::Misaligned { .. } => (ErrorKind::Misaligned, 0, 0, Pair(0, 0)),
+            CommError::BadCount { count } => (ErrorKind::BadCount, 0, count, Pair(0, 0)),
+            CommError::OutsideBuffer { start, n, len, .. } => (ErrorKind::OutsideBuffer, 0, n, Pair(len, start)),
+            CommError::LengthMismatch { dst, src } => (ErrorKind::LengthMismatch, 0, 0, Pair(dst, src)),
         };
-        let (what, who) = (Pair32(kind as u32, call as u32), Pair32(peer, detail));
-        record(self.writer(), what, who, Pair(offset, bytes), Pair(0, seen), self.budget_ns);
+        let (what, who) = (Pair32(kind as u32, site(call, arg)), Pair32(peer, detail));
+        record(self.writer(), what, who, Pair(offset, bytes), progress, self.budget_ns);
         e
+    }
+
+    /// A part of a typed buffer of `elem`-byte elements, at heap offset
+    /// `offset`, reaches past its buffer: `extent` is (first element,
+    /// elements, buffer length). Records the report (element size in
+    /// `detail`) and returns the error.
+    #[inline(always)]
+    pub fn fail_part(
+        self,
+        call: Call,
+        arg: Arg,
+        peer: u32,
+        offset: u64,
+        extent: (u64, u64, u64),
+        elem: u32,
+    ) -> crate::transport::CommError {
+        let (start, n, len) = extent;
+        let (what, who) = (Pair32(ErrorKind::OutsideBuffer as u32, site(call, arg)), Pair32(peer, elem));
+        record(
+            self.writer(),
+            what,
+            who,
+            Pair(offset, n.saturating_mul(elem as u64)),
+            Pair(len, start),
+            self.budget_ns,
+        );
+        crate::transport::CommError::OutsideBuffer { arg, start, n, len }
+    }
+
+    /// A typed transfer's destination (at heap offset `offset`) holds
+    /// `dst` elements of `elem` bytes and its source `src`: records the
+    /// report and returns the error.
+    #[inline(always)]
+    pub fn fail_lengths(self, call: Call, peer: u32, offset: u64, dst: u64, src: u64, elem: u32) -> crate::transport::CommError {
+        let (what, who) = (
+            Pair32(ErrorKind::LengthMismatch as u32, site(call, Arg::Destination)),
+            Pair32(peer, elem),
+        );
+        record(
+            self.writer(),
+            what,
+            who,
+            Pair(offset, src.saturating_mul(elem as u64)),
+            Pair(dst, src),
+            self.budget_ns,
+        );
+        crate::transport::CommError::LengthMismatch { dst, src }
     }
 
     /// A wait on the word at address `at` ran out of budget: the report
@@ -313,7 +409,7 @@ impl Reporter {
         cmp: crate::transport::Cmp,
         expected: u64,
     ) -> crate::transport::CommError {
-        let (what, who) = (Pair32(ErrorKind::Timeout as u32, call as u32), Pair32(peer, cmp as u32));
+        let (what, who) = (Pair32(ErrorKind::Timeout as u32, site(call, Arg::Signal)), Pair32(peer, cmp as u32));
         let range = Pair(at.wrapping_sub(self.local_base), 8);
         record(self.writer(), what, who, range, Pair(expected, t.seen), self.budget_ns);
         crate::transport::CommError::Timeout(t)
@@ -347,10 +443,17 @@ struct Writer {
     rank: u32,
 }
 
-/// Two 32-bit fields of a report: (kind, call) or (peer, detail); for
-/// [`reject`], (call, peer).
+/// Two 32-bit fields of a report: (kind, [`site`]) or (peer, detail); for
+/// [`reject`], (site, peer).
 #[derive(Clone, Copy)]
 struct Pair32(u32, u32);
+
+/// A call and the argument a report is about, in one scalar (the call in
+/// the low 16 bits): [`record`] writes them to their own fields.
+#[inline(always)]
+fn site(call: Call, arg: Arg) -> u32 {
+    call as u32 | (arg as u32) << 16
+}
 
 /// Two 64-bit fields of a report: (offset, bytes) or (expected, seen).
 #[derive(Clone, Copy)]
@@ -394,7 +497,8 @@ struct Limits {
 fn record(w: Writer, what: Pair32, who: Pair32, range: Pair, progress: Pair, budget_ns: u64) {
     use crate::ptx;
     let Writer { local_base, rank } = w;
-    let (Pair32(kind, call), Pair32(peer, detail)) = (what, who);
+    let (Pair32(kind, site), Pair32(peer, detail)) = (what, who);
+    let (call, arg) = (site & 0xffff, site >> 16);
     let Pair(offset, bytes) = range;
     let Pair(expected, seen) = progress;
     let reported = (local_base + REPORTED_OFFSET) as *mut u32;
@@ -413,7 +517,7 @@ fn record(w: Writer, what: Pair32, who: Pair32, range: Pair, progress: Pair, bud
             peer,
             block: ptx::block_idx_x(),
             detail,
-            _pad: 0,
+            arg,
             offset,
             bytes,
             expected,
@@ -438,7 +542,7 @@ fn record(w: Writer, what: Pair32, who: Pair32, range: Pair, progress: Pair, bud
         write_volatile(addr_of_mut!((*at).peer), r.peer);
         write_volatile(addr_of_mut!((*at).block), r.block);
         write_volatile(addr_of_mut!((*at).detail), r.detail);
-        write_volatile(addr_of_mut!((*at)._pad), 0);
+        write_volatile(addr_of_mut!((*at).arg), r.arg);
         write_volatile(addr_of_mut!((*at).offset), r.offset);
         write_volatile(addr_of_mut!((*at).bytes), r.bytes);
         write_volatile(addr_of_mut!((*at).expected), r.expected);
@@ -470,14 +574,14 @@ impl HeapBounds {
     /// `peer < world` and `[local, local + bytes)` inside the user part of
     /// the heap; returns the offset of `local`.
     #[inline(always)]
-    pub fn range(self, call: Call, local: u64, bytes: u64, peer: u32) -> Result<u64, crate::transport::CommError> {
-        self.checked(call, local, bytes, peer, 1)
+    pub fn range(self, call: Call, arg: Arg, local: u64, bytes: u64, peer: u32) -> Result<u64, crate::transport::CommError> {
+        self.checked(call, arg, local, bytes, peer, 1)
     }
 
     /// [`Self::range`] for an 8-byte signal word, which must be aligned.
     #[inline(always)]
     pub fn signal(self, call: Call, sig: u64, peer: u32) -> Result<u64, crate::transport::CommError> {
-        self.checked(call, sig, 8, peer, 8)
+        self.checked(call, Arg::Signal, sig, 8, peer, 8)
     }
 
     /// A get's local destination `[local, local + bytes)` must not overlap
@@ -489,7 +593,7 @@ impl HeapBounds {
         let base = self.reporter.local_base;
         let hits_header = (bytes != 0) & (local < base.saturating_add(HEAP_RESERVED)) & (local.saturating_add(bytes) > base);
         if hits_header {
-            return Err(self.rejected(call, local.wrapping_sub(base), bytes, peer));
+            return Err(self.rejected(call, Arg::Destination, local.wrapping_sub(base), bytes, peer));
         }
         Ok(())
     }
@@ -500,7 +604,7 @@ impl HeapBounds {
     /// per checked call, instead of one inlined report per condition whose
     /// arguments and error values the compiler kept on the hot path.
     #[inline(always)]
-    fn checked(self, call: Call, local: u64, bytes: u64, peer: u32, align: u64) -> Result<u64, crate::transport::CommError> {
+    fn checked(self, call: Call, arg: Arg, local: u64, bytes: u64, peer: u32, align: u64) -> Result<u64, crate::transport::CommError> {
         let off = local.wrapping_sub(self.reporter.local_base);
         let bad = (peer >= self.world)
             | (off < HEAP_RESERVED)
@@ -508,7 +612,7 @@ impl HeapBounds {
             | (bytes > self.heap_bytes.wrapping_sub(off))
             | (off & (align - 1) != 0);
         if bad {
-            return Err(self.rejected(call, off, bytes, peer));
+            return Err(self.rejected(call, arg, off, bytes, peer));
         }
         Ok(off)
     }
@@ -518,14 +622,14 @@ impl HeapBounds {
     /// scalars at hand (scalars in, a scalar out: nothing passes through
     /// local memory).
     #[inline(always)]
-    fn rejected(self, call: Call, off: u64, bytes: u64, peer: u32) -> crate::transport::CommError {
+    fn rejected(self, call: Call, arg: Arg, off: u64, bytes: u64, peer: u32) -> crate::transport::CommError {
         use crate::transport::CommError;
         let r = self.reporter;
         let limits = Limits {
             world: self.world,
             heap_bytes: self.heap_bytes,
         };
-        let kind = reject(r.writer(), r.budget_ns, limits, Pair32(call as u32, peer), Pair(off, bytes));
+        let kind = reject(r.writer(), r.budget_ns, limits, Pair32(site(call, arg), peer), Pair(off, bytes));
         if kind == ErrorKind::BadPeer as u32 {
             CommError::BadPeer { peer }
         } else if kind == ErrorKind::OutOfRange as u32 {
@@ -545,7 +649,7 @@ impl HeapBounds {
 #[inline(never)]
 fn reject(w: Writer, budget_ns: u64, limits: Limits, call_peer: Pair32, range: Pair) -> u32 {
     let Limits { world, heap_bytes } = limits;
-    let Pair32(call, peer) = call_peer;
+    let Pair32(site, peer) = call_peer;
     let Pair(off, bytes) = range;
     let (kind, report_bytes) = if peer >= world {
         (ErrorKind::BadPeer, 0)
@@ -556,7 +660,7 @@ fn reject(w: Writer, budget_ns: u64, limits: Limits, call_peer: Pair32, range: P
     };
     record(
         w,
-        Pair32(kind as u32, call),
+        Pair32(kind as u32, site),
         Pair32(peer, 0),
         Pair(off, report_bytes),
         Pair(0, 0),
@@ -573,8 +677,8 @@ pub trait Checked {
 
     /// Records the first error of this rank and returns it.
     #[inline(always)]
-    fn fail(&self, e: crate::transport::CommError, call: Call, peer: u32, offset: u64) -> crate::transport::CommError {
-        self.bounds().reporter.fail(e, call, peer, offset)
+    fn fail(&self, e: crate::transport::CommError, call: Call, arg: Arg, peer: u32, offset: u64) -> crate::transport::CommError {
+        self.bounds().reporter.fail(e, call, arg, peer, offset)
     }
 
     /// A wait on the word at address `at` ran out of budget.
@@ -593,8 +697,8 @@ pub trait Checked {
 
     /// [`HeapBounds::range`].
     #[inline(always)]
-    fn check_range(&self, call: Call, local: u64, bytes: u64, peer: u32) -> Result<u64, crate::transport::CommError> {
-        self.bounds().range(call, local, bytes, peer)
+    fn check_range(&self, call: Call, arg: Arg, local: u64, bytes: u64, peer: u32) -> Result<u64, crate::transport::CommError> {
+        self.bounds().range(call, arg, local, bytes, peer)
     }
 
     /// [`HeapBounds::local_dst`].
@@ -656,8 +760,8 @@ mod tests {
             let base = b.reporter.local_base;
             (
                 b.signal(Call::Signal, base + HEAP - 8, 1),
-                b.range(Call::Put, base + HEAP_RESERVED, HEAP - HEAP_RESERVED, 0),
-                b.range(Call::Put, base + HEAP, 0, 1),
+                b.range(Call::Put, Arg::Destination, base + HEAP_RESERVED, HEAP - HEAP_RESERVED, 0),
+                b.range(Call::Put, Arg::Destination, base + HEAP, 0, 1),
             )
         });
         assert_eq!(r, (Ok(HEAP - 8), Ok(HEAP_RESERVED), Ok(HEAP)));
@@ -679,15 +783,16 @@ mod tests {
     #[test]
     fn a_bad_range_is_named_before_alignment() {
         for (off, bytes) in [(12, 8), (HEAP - 4, 8), (HEAP + 8, 8), (u64::MAX - 3, 8)] {
-            let (r, report, _) = with_heap(|b| b.range(Call::PutSignal, b.reporter.local_base.wrapping_add(off), bytes, 1));
+            let (r, report, _) =
+                with_heap(|b| b.range(Call::PutSignal, Arg::Destination, b.reporter.local_base.wrapping_add(off), bytes, 1));
             assert_eq!(r, Err(CommError::OutOfRange { offset: off, bytes }), "offset {off}");
             assert_eq!(
-                (report.kind, report.call, report.peer),
-                (ErrorKind::OutOfRange as u32, Call::PutSignal as u32, 1)
+                (report.kind, report.call, report.arg, report.peer),
+                (ErrorKind::OutOfRange as u32, Call::PutSignal as u32, Arg::Destination as u32, 1)
             );
             assert_eq!((report.offset, report.bytes), (off, bytes), "offset {off}");
         }
-        let (r, _, _) = with_heap(|b| b.range(Call::Put, b.reporter.local_base + HEAP_RESERVED + 8, HEAP, 0));
+        let (r, _, _) = with_heap(|b| b.range(Call::Put, Arg::Destination, b.reporter.local_base + HEAP_RESERVED + 8, HEAP, 0));
         assert_eq!(
             r,
             Err(CommError::OutOfRange {
@@ -703,13 +808,13 @@ mod tests {
         let (r, report, written) = with_heap(|b| {
             let base = b.reporter.local_base;
             let first = b.signal(Call::WaitUntil, base + off, 0);
-            let second = b.range(Call::Get, base, 8, 3);
+            let second = b.range(Call::Get, Arg::Destination, base, 8, 3);
             (first, second)
         });
         assert_eq!(r, (Err(CommError::Misaligned { offset: off }), Err(CommError::BadPeer { peer: 3 })));
         assert_eq!(
-            (report.kind, report.call, report.peer, report.offset, report.bytes),
-            (ErrorKind::Misaligned as u32, Call::WaitUntil as u32, 0, off, 0)
+            (report.kind, report.call, report.arg, report.peer, report.offset, report.bytes),
+            (ErrorKind::Misaligned as u32, Call::WaitUntil as u32, Arg::Signal as u32, 0, off, 0)
         );
         assert_eq!(written, 1, "the second error left the slots alone");
     }

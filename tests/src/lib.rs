@@ -240,7 +240,7 @@ pub const BAD_CALLS: [(u32, u32, &str, Option<u32>, &str); 7] = [
     (3, 5, "put_signal", Some(1), "not 8-byte aligned"),
     (4, 3, "get", Some(2), "not in this world"),
     (5, 6, "wait_until_some", None, "out of range"),
-    (7, 4, "get", Some(1), "not inside the heap"),
+    (7, 4, "get", Some(1), "reaches into the heap's reserved header"),
 ];
 
 /// The `bytes` argument of `bad_call`'s `case` for a `dst` at heap offset

@@ -1,7 +1,7 @@
 //! Communication kernels of the examples: ping-pong, and the P2P
 //! benchmark's kernels with their raw floors.
 
-use doorbell_kernels::transport::{Cmp, CommError, Ibgda, P2p, SignalOp, Transport};
+use doorbell_kernels::transport::{Cmp, CommError, Coop, Ibgda, P2p, RawSignal, RawXfer, Transport};
 use doorbell_kernels::{kernel, ptx, sync};
 
 /// Status word values written by communication kernels.
@@ -54,7 +54,17 @@ pub unsafe fn pingpong<T: Transport>(
             if me == 1 && !wait_block(&t, my_sig, i, result) {
                 return;
             }
-            if let Err(e) = t.put_signal_block(slice, slice, hi - lo, my_sig, i, SignalOp::Set, peer) {
+            if let Err(e) = t.put_raw(
+                Coop::Block,
+                peer,
+                RawXfer {
+                    dst: slice,
+                    src: slice,
+                    bytes: hi - lo,
+                    nbi: false,
+                },
+                Some(RawSignal::set(my_sig, i)),
+            ) {
                 if first {
                     *result = status_of(e);
                 }
@@ -87,7 +97,7 @@ unsafe fn wait_block<T: Transport>(t: &T, sig: *mut u64, i: u64, result: *mut u3
     // SAFETY: the caller's symmetric word and status word.
     unsafe {
         if ptx::thread_rank_in_block() == 0 {
-            if let Err(e) = t.wait_until(sig, Cmp::Ge, i) {
+            if let Err(e) = t.wait_word_raw(sig, Cmp::Ge, i) {
                 *result = status_of(e);
             }
         }
@@ -117,10 +127,11 @@ pub unsafe fn signal_pingpong<T: Transport>(t: T, sig: *mut u64, epoch0: u64, it
         let mut start = 0;
         for i in epoch0 + 1..=epoch0 + 1 + iters as u64 {
             let r = if me == 0 {
-                t.signal(sig, i, SignalOp::Set, peer).and_then(|_| t.wait_until(sig, Cmp::Ge, i))
+                t.signal_raw(peer, RawSignal::set(sig, i))
+                    .and_then(|_| t.wait_word_raw(sig, Cmp::Ge, i))
             } else {
-                t.wait_until(sig, Cmp::Ge, i)
-                    .and_then(|_| t.signal(sig, i, SignalOp::Set, peer).map(|_| i))
+                t.wait_word_raw(sig, Cmp::Ge, i)
+                    .and_then(|_| t.signal_raw(peer, RawSignal::set(sig, i)).map(|_| i))
             };
             if let Err(e) = r {
                 *status = status_of(e);
@@ -319,7 +330,17 @@ pub unsafe fn put_bw<T: Transport>(
                 while p < pieces {
                     let lo = p * wpiece;
                     let len = wpiece.min(bytes - lo);
-                    r = r.and(t.put_nbi_warp(dst.add(lo as usize), src.add(lo as usize), len, 1));
+                    r = r.and(t.put_raw(
+                        Coop::Warp,
+                        1,
+                        RawXfer {
+                            dst: dst.add(lo as usize),
+                            src: src.add(lo as usize),
+                            bytes: len,
+                            nbi: true,
+                        },
+                        None,
+                    ));
                     p += warps;
                 }
             }
@@ -331,7 +352,7 @@ pub unsafe fn put_bw<T: Transport>(
                     *status = PINGPONG_ERROR;
                     return;
                 }
-                r = r.and_then(|_| t.quiet()).and_then(|_| t.signal(sig, 1, SignalOp::Add, 1));
+                r = r.and_then(|_| t.quiet(None)).and_then(|_| t.signal_raw(1, RawSignal::add(sig, 1)));
                 if ptx::block_idx_x() == 0 || r.is_err() {
                     *status = match r {
                         Ok(()) => PINGPONG_OK,
@@ -351,13 +372,23 @@ pub unsafe fn put_bw<T: Transport>(
                 while p < pieces {
                     let lo = p * piece;
                     let len = piece.min(bytes - lo);
-                    r = r.and(t.put_nbi_block(dst.add(lo as usize), src.add(lo as usize), len, 1));
+                    r = r.and(t.put_raw(
+                        Coop::Block,
+                        1,
+                        RawXfer {
+                            dst: dst.add(lo as usize),
+                            src: src.add(lo as usize),
+                            bytes: len,
+                            nbi: true,
+                        },
+                        None,
+                    ));
                     p += blocks;
                 }
             }
             ptx::sync_threads();
             if first {
-                r = r.and_then(|_| t.quiet()).and_then(|_| t.signal(sig, 1, SignalOp::Add, 1));
+                r = r.and_then(|_| t.quiet(None)).and_then(|_| t.signal_raw(1, RawSignal::add(sig, 1)));
                 if ptx::block_idx_x() == 0 || r.is_err() {
                     *status = match r {
                         Ok(()) => PINGPONG_OK,
@@ -366,7 +397,7 @@ pub unsafe fn put_bw<T: Transport>(
                 }
             }
         } else if t.rank() == 1 && first && ptx::block_idx_x() == 0 {
-            *status = match t.wait_until(sig, Cmp::Ge, expect) {
+            *status = match t.wait_word_raw(sig, Cmp::Ge, expect) {
                 Ok(_) => PINGPONG_OK,
                 Err(e) => status_of(e),
             };

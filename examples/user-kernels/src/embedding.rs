@@ -8,7 +8,7 @@
 
 use doorbell_kernels::coll::embedding::rows::{add_row, apply_row, copy_rows, grid_warp, pool_bag, Look};
 use doorbell_kernels::coll::embedding::{request_key, EmbBufs, EmbShape, PAD, STATUS_TRANSPORT};
-use doorbell_kernels::transport::{P2p, Transport};
+use doorbell_kernels::transport::{Coop, P2p, RawXfer, Transport};
 use doorbell_kernels::{kernel, ptx};
 
 // The baselines' kernels: plain kernels around a host-driven exchange
@@ -224,13 +224,25 @@ pub unsafe fn emb_put_floor<T: Transport>(t: T, s: EmbShape, b: EmbBufs, bytes: 
             let len = FLOOR_PIECE_BYTES.min(bytes - lo);
             let src = (b.tables as *const u8).add(lo as usize);
             let dst = (b.rows_in.add(me as usize * slot) as *mut u8).add(lo as usize);
-            if t.put_nbi_block(dst, src, len, peer).is_err() {
+            if t.put_raw(
+                Coop::Block,
+                peer,
+                RawXfer {
+                    dst,
+                    src,
+                    bytes: len,
+                    nbi: true,
+                },
+                None,
+            )
+            .is_err()
+            {
                 refused = peer;
             }
             p += ptx::grid_dim_x() as u64;
         }
         ptx::sync_threads();
-        if ptx::thread_rank_in_block() == 0 && t.quiet().is_err() {
+        if ptx::thread_rank_in_block() == 0 && t.quiet(None).is_err() {
             refused = me;
         }
         if refused != u32::MAX && ptx::atom_cas_relaxed_gpu_u32(b.status, 0, STATUS_TRANSPORT) == 0 {

@@ -2,7 +2,7 @@
 //! per measurement, instantiated for the P2P transport (the baseline) and
 //! for IBGDA over the soft NIC. Two ranks; rank 0 measures.
 
-use doorbell_kernels::transport::{Cmp, CommError, Ibgda, P2p, SignalOp, Transport};
+use doorbell_kernels::transport::{Cmp, CommError, Coop, Ibgda, P2p, RawSignal, RawXfer, Transport};
 use doorbell_kernels::{kernel, ptx};
 
 /// Status: every call succeeded.
@@ -40,19 +40,39 @@ pub unsafe fn put_signal_rtt<T: Transport>(
             }
             if me == 0 {
                 ok = t
-                    .put_signal_warp(buf as *mut u8, buf as *const u8, 8, sig, v, SignalOp::Set, peer)
+                    .put_raw(
+                        Coop::Warp,
+                        peer,
+                        RawXfer {
+                            dst: buf as *mut u8,
+                            src: buf as *const u8,
+                            bytes: 8,
+                            nbi: false,
+                        },
+                        Some(RawSignal::set(sig, v)),
+                    )
                     .is_ok();
                 if ok && lead {
-                    ok = t.wait_until(sig, Cmp::Ge, v).is_ok();
+                    ok = t.wait_word_raw(sig, Cmp::Ge, v).is_ok();
                 }
             } else {
                 if lead {
-                    ok = t.wait_until(sig, Cmp::Ge, v).is_ok();
+                    ok = t.wait_word_raw(sig, Cmp::Ge, v).is_ok();
                 }
                 ok = ptx::vote_sync_all(ptx::FULL_MASK, ok);
                 if ok {
                     ok = t
-                        .put_signal_warp(buf as *mut u8, buf as *const u8, 8, sig, v, SignalOp::Set, peer)
+                        .put_raw(
+                            Coop::Warp,
+                            peer,
+                            RawXfer {
+                                dst: buf as *mut u8,
+                                src: buf as *const u8,
+                                bytes: 8,
+                                nbi: false,
+                            },
+                            Some(RawSignal::set(sig, v)),
+                        )
                         .is_ok();
                 }
             }
@@ -83,12 +103,22 @@ pub unsafe fn put_stream<T: Transport>(t: T, dst: *mut u8, src: *const u8, bytes
     unsafe {
         let mut i = 0;
         while i < iters && r.is_ok() && n > 0 {
-            r = t.put_nbi_block(dst.add(lo as usize), src.add(lo as usize), n, 1);
+            r = t.put_raw(
+                Coop::Block,
+                1,
+                RawXfer {
+                    dst: dst.add(lo as usize),
+                    src: src.add(lo as usize),
+                    bytes: n,
+                    nbi: true,
+                },
+                None,
+            );
             i += 1;
         }
         if ptx::thread_idx_x() == 0 {
             if r.is_ok() {
-                r = t.quiet();
+                r = t.quiet(None);
             }
             if r.is_err() {
                 *status = BENCH_FAILED;
@@ -115,16 +145,36 @@ pub unsafe fn post_burst<T: Transport>(t: T, dst: *mut u64, src: *const u64, wqe
         while i < wqes && r.is_ok() {
             let d = dst.add((i % 64) as usize) as *mut u8;
             r = if use_warp != 0 {
-                t.put_nbi_warp(d, src as *const u8, 8, 1)
+                t.put_raw(
+                    Coop::Warp,
+                    1,
+                    RawXfer {
+                        dst: d,
+                        src: src as *const u8,
+                        bytes: 8,
+                        nbi: true,
+                    },
+                    None,
+                )
             } else {
-                t.put_nbi_block(d, src as *const u8, 8, 1)
+                t.put_raw(
+                    Coop::Block,
+                    1,
+                    RawXfer {
+                        dst: d,
+                        src: src as *const u8,
+                        bytes: 8,
+                        nbi: true,
+                    },
+                    None,
+                )
             };
             i += 1;
         }
         let t1 = ptx::globaltimer_ns();
         if lead {
             if r.is_ok() {
-                r = t.quiet();
+                r = t.quiet(None);
             }
             *out_ns = t1.wrapping_sub(t0);
             *out_ns.add(1) = ptx::globaltimer_ns().wrapping_sub(t0);

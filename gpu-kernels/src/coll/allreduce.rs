@@ -66,7 +66,7 @@ use super::reduce::{copy_bytes, sum_into, Bf16, DType, Element, Sources};
 use super::MAX_RANKS;
 use crate::pipeline::{BlockChunks, BlockCtl, Failed, RingSet};
 use crate::ptx;
-use crate::transport::{Cmp, Coop, SignalOp, Transport};
+use crate::transport::{wait_all_raw, Cmp, Coop, RawSignal, RawWait, Transport};
 #[cfg(feature = "library-kernels")]
 use crate::{
     kernel,
@@ -306,7 +306,7 @@ unsafe fn publish_block<T: Transport>(t: &T, ctl: BlockCtl, word: u64, value: u6
         t.fence();
         for p in 0..t.world_size() {
             // SAFETY: a symmetric signal word (the caller's).
-            unsafe { t.signal(word as *mut u64, value, SignalOp::Set, p) }?;
+            unsafe { t.signal_raw(p, RawSignal::set(word as *mut u64, value)) }?;
         }
         Ok(())
     })
@@ -316,7 +316,13 @@ unsafe fn publish_block<T: Transport>(t: &T, ctl: BlockCtl, word: u64, value: u6
 #[inline(always)]
 unsafe fn wait_all_block<T: Transport>(t: &T, ctl: BlockCtl, words: u64, value: u64) -> Result<(), Failed> {
     // SAFETY: `world` consecutive symmetric words (the caller's).
-    ctl.lead(|| unsafe { t.wait_until_all(words as *const u64, t.world_size(), Cmp::Ge, value) })
+    let w = RawWait {
+        words: words as *const u64,
+        count: t.world_size(),
+        cmp: Cmp::Ge,
+        value,
+    };
+    ctl.lead(|| unsafe { wait_all_raw(t, w) })
 }
 
 /// What one block of a one-shot or two-shot launch works on, computed once
@@ -597,7 +603,7 @@ unsafe fn ll<T: Transport, E: Element, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs
             } else {
                 let at = (stg + r * slot + 8 * pk) as *const u64;
                 // SAFETY: packet `pk` of slot r of this rank's staging.
-                match unsafe { t.wait_until(at, Cmp::Ge, flag) } {
+                match unsafe { t.wait_word_raw(at, Cmp::Ge, flag) } {
                     Ok(v) => v as u32,
                     Err(_) => {
                         // Recorded by the transport; stop waiting.

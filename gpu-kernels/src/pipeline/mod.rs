@@ -57,7 +57,7 @@
 //! [`crate::coll::allreduce`] is built that way (see there).
 
 use crate::ptx;
-use crate::transport::{Cmp, CommError, SignalOp, Transport};
+use crate::transport::{wait_all_raw, Cmp, CommError, Coop, RawSignal, RawWait, RawXfer, Transport};
 
 /// A block-level call failed; the transport recorded why (the host's
 /// `Communicator::check` reports it). Every thread of the block gets it.
@@ -196,7 +196,7 @@ impl RingSet {
     pub unsafe fn acquire_block<T: Transport>(&self, t: &T, ctl: BlockCtl, seq: u64, dst: u32) -> Result<(), Failed> {
         let Some(need) = self.credit(seq) else { return Ok(()) };
         // SAFETY: the caller's contract.
-        ctl.lead(|| unsafe { t.wait_until(self.empty_word(seq, dst), Cmp::Ge, need) }.map(|_| ()))
+        ctl.lead(|| unsafe { t.wait_word_raw(self.empty_word(seq, dst), Cmp::Ge, need) }.map(|_| ()))
     }
 
     /// [`Self::acquire_block`] for every peer at once.
@@ -207,7 +207,13 @@ impl RingSet {
     pub unsafe fn acquire_all_block<T: Transport>(&self, t: &T, ctl: BlockCtl, seq: u64) -> Result<(), Failed> {
         let Some(need) = self.credit(seq) else { return Ok(()) };
         // SAFETY: the caller's contract; `peers` consecutive words.
-        ctl.lead(|| unsafe { t.wait_until_all(self.empty_word(seq, 0), self.peers, Cmp::Ge, need) })
+        let w = RawWait {
+            words: self.empty_word(seq, 0),
+            count: self.peers,
+            cmp: Cmp::Ge,
+            value: need,
+        };
+        ctl.lead(|| unsafe { wait_all_raw(t, w) })
     }
 
     /// Producer: copies `bytes` from `src` (symmetric or registered memory)
@@ -221,7 +227,13 @@ impl RingSet {
     pub unsafe fn commit_block<T: Transport>(&self, t: &T, seq: u64, dst: u32, src: *const u8, bytes: u64) -> Result<(), Failed> {
         let me = t.rank();
         // SAFETY: the caller's contract.
-        unsafe { t.put_signal_block(self.slot(seq, me), src, bytes, self.full_word(seq, me), seq + 1, SignalOp::Set, dst) }?;
+        let x = RawXfer {
+            dst: self.slot(seq, me),
+            src,
+            bytes,
+            nbi: false,
+        };
+        unsafe { t.put_raw(Coop::Block, dst, x, Some(RawSignal::set(self.full_word(seq, me), seq + 1))) }?;
         Ok(())
     }
 
@@ -233,7 +245,7 @@ impl RingSet {
     #[inline(always)]
     pub unsafe fn wait_block<T: Transport>(&self, t: &T, ctl: BlockCtl, seq: u64, src: u32) -> Result<*const u8, Failed> {
         // SAFETY: the caller's contract.
-        ctl.lead(|| unsafe { t.wait_until(self.full_word(seq, src), Cmp::Ge, seq + 1) }.map(|_| ()))?;
+        ctl.lead(|| unsafe { t.wait_word_raw(self.full_word(seq, src), Cmp::Ge, seq + 1) }.map(|_| ()))?;
         Ok(self.slot(seq, src))
     }
 
@@ -244,7 +256,13 @@ impl RingSet {
     #[inline(always)]
     pub unsafe fn wait_all_block<T: Transport>(&self, t: &T, ctl: BlockCtl, seq: u64) -> Result<(), Failed> {
         // SAFETY: the caller's contract; `peers` consecutive words.
-        ctl.lead(|| unsafe { t.wait_until_all(self.full_word(seq, 0), self.peers, Cmp::Ge, seq + 1) })
+        let w = RawWait {
+            words: self.full_word(seq, 0),
+            count: self.peers,
+            cmp: Cmp::Ge,
+            value: seq + 1,
+        };
+        ctl.lead(|| unsafe { wait_all_raw(t, w) })
     }
 
     /// Consumer: hands the slot of chunk `seq` back to `src` (its empty
@@ -264,7 +282,7 @@ impl RingSet {
             // barrier, happen before the release (the contract's group rule).
             t.fence();
             // SAFETY: the caller's contract.
-            unsafe { t.signal(self.empty_word(seq, me), seq + 1, SignalOp::Set, src) }
+            unsafe { t.signal_raw(src, RawSignal::set(self.empty_word(seq, me), seq + 1)) }
         })
     }
 
@@ -280,7 +298,7 @@ impl RingSet {
             t.fence();
             for p in 0..self.peers {
                 // SAFETY: the caller's contract.
-                unsafe { t.signal(self.empty_word(seq, me), seq + 1, SignalOp::Set, p) }?;
+                unsafe { t.signal_raw(p, RawSignal::set(self.empty_word(seq, me), seq + 1)) }?;
             }
             Ok(())
         })

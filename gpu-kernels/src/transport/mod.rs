@@ -7,15 +7,17 @@
 //!
 //! ```
 //! use doorbell_kernels::kernel;
-//! use doorbell_kernels::transport::{Ibgda, P2p, SignalOp, Transport};
+//! use doorbell_kernels::transport::{Coop, Ibgda, P2p, Put, Signal, Sym, Transport};
 //!
 //! #[kernel(transports(P2p, Ibgda))]      // entries `ring_p2p`, `ring_ibgda`
-//! pub unsafe fn ring<T: Transport>(t: T, buf: *mut u8, sig: *mut u64, n: u64) {
+//! pub unsafe fn ring<T: Transport>(t: T, buf: Sym<f32>, sig: Sym<u64>) {
 //!     let next = (t.rank() + 1) % t.world_size();
-//!     // SAFETY: `buf` (n bytes) and `sig` are symmetric (the launcher's contract).
-//!     let _ = unsafe { t.put_signal_block(buf, buf, n, sig, 1, SignalOp::Add, next) };
+//!     let put = Put::dst(buf.all()).src(buf.all()).signal(Signal::add(sig.word(0), 1));
+//!     // SAFETY: every thread of the block passes the same arguments.
+//!     let _ = unsafe { t.put(Coop::Block, next, put) };
 //! }
-//! // host: module.function::<<ring as ForTransport<P2p>>::Kernel>()
+//! // host: module.function::<<ring as ForTransport<P2p>>::Kernel>(), with
+//! // `comm.alloc::<f32>(n)?.sym()` as the `buf` argument
 //! # fn _f(_: <ring as doorbell_kernels::ForTransport<P2p>>::Kernel) {}
 //! ```
 //!
@@ -27,32 +29,43 @@
 //! 8-byte word in the symmetric heap that a call sets or adds to (not the
 //! mlx5 "signaled" WQE flag, which asks the NIC for a completion).
 //!
+//! ## Typed and raw calls
+//! The typed calls take [`Part`]s of [`Sym`] buffers (element counts, not
+//! bytes) and their arguments by name ([`Put`], [`Get`], [`Signal`]); each
+//! part is checked against *its own buffer*, so a put that runs past the end
+//! of one buffer is refused instead of landing in the next allocation of the
+//! peer. The `_raw` calls underneath take byte pointers ([`RawXfer`],
+//! [`RawSignal`], [`RawWait`]) and check against the heap only: for experts
+//! and for the library's collectives, which compute their own addresses.
+//! The cooperating group is a [`Coop`] argument and non-blocking is
+//! [`Put::nbi`] (or [`RawXfer::nbi`]), not a name suffix.
+//!
 //! ## Where memory may lie
 //! | argument | must lie in | why |
 //! |---|---|---|
 //! | destination of a put, source of a get, every signal word | the symmetric heap (checked on every call) | it is translated to the peer's copy; an RDMA transport needs the peer's key for it |
-//! | source of a put, destination of a get | the symmetric heap or a buffer registered with the communicator | an RDMA transport needs a local key; P2P accepts any device memory and does not check it |
+//! | source of a put, destination of a get | the symmetric heap or a buffer registered with the communicator ([`Part::local`]) | an RDMA transport needs a local key (an unregistered one is refused, the error says how to register it); P2P accepts any device memory and does not check it |
 //!
 //! ## The calls
-//! Suffixes say who calls: `_warp` — all 32 lanes of a warp, converged, same
-//! arguments; `_block` — every thread of the block; none — one thread. Every
-//! call that can fail returns [`Result`]`<_, `[`CommError`]`>`; the first
-//! error of a rank is also recorded in its heap header
-//! ([`crate::heap::ErrorReport`]) and the host's `Communicator::check` /
-//! `synchronize` turn it into an error naming rank, call, peer and offset.
-//! A call rejected for a bad argument writes nothing.
+//! `g: Coop` says who calls: [`Coop::Thread`] — one thread,
+//! [`Coop::Warp`] — all 32 lanes of a warp, converged, same arguments,
+//! [`Coop::Block`] — every thread of the block. Every call that can fail
+//! returns [`Result`]`<_, `[`CommError`]`>`; the first error of a rank is
+//! also recorded in its heap header ([`crate::heap::ErrorReport`], naming the
+//! argument) and the host's `Communicator::check` / `synchronize` turn it
+//! into an error naming rank, call, argument, peer and offset. A call
+//! rejected for a bad argument writes nothing.
 //!
 //! | call | publishes / observes | scope | pairs with | who calls |
 //! |---|---|---|---|---|
-//! | `put_{warp,block}` | nothing by itself (weak stores); the source may be reused on return | — | a later `signal`, `fence` or `quiet` | warp / block |
-//! | `put_nbi_{warp,block}` | as `put`, completes at `quiet` (the source must stay unchanged until then) | — | `quiet` | warp / block |
-//! | `get_{warp,block}` | the data is in the local destination on return | — | the peer's `signal` that published it | warp / block |
-//! | `get_nbi_{warp,block}` | the data is in the destination after `quiet` | — | `quiet` | warp / block |
-//! | `put_signal_{warp,block}` (`_nbi` too) | the data, then the signal: the peer that sees the signal sees the data | sys (gpu when every rank shares one GPU) | the peer's `wait_until*` | warp / block |
-//! | `signal` | every earlier put of the calling thread to that peer (a release); a warp's or block's puts: barrier, then `fence`, then `signal` — or one `put_signal_*` | sys (gpu on one GPU) | the peer's `wait_until*` | one thread |
-//! | `wait_until`, `wait_until_{any,all,some}` | acquires what the matching signals published | sys (gpu on one GPU) | `signal`, `put_signal` | one thread |
+//! | `put(g, peer, Put::dst(d).src(s))` | nothing by itself (weak stores); the source may be reused on return | — | a later `signal`, `fence` or `quiet` | `g` |
+//! | `put(.., put.nbi())` | as `put`, completes at `quiet` (the source must stay unchanged until then) | — | `quiet` | `g` |
+//! | `put(.., put.signal(Signal::set(w, v)))` | the data, then the signal: the peer that sees the signal sees the data | sys (gpu when every rank shares one GPU) | the peer's `wait_until*` | `g` |
+//! | `get(g, peer, Get::dst(d).src(s))` | the data is in the local destination on return (after `quiet` with `.nbi()`) | — | the peer's `signal` that published it | `g` |
+//! | `signal(peer, Signal::add(w, v))` | every earlier put of the calling thread to that peer (a release); a warp's or block's puts: barrier, then `fence`, then `signal` — or one put with a signal | sys (gpu on one GPU) | the peer's `wait_until*` | one thread |
+//! | `wait_until`, `wait_until_{any,all}` | acquires what the matching signals published | sys (gpu on one GPU) | `signal`, a put's signal | one thread |
 //! | `fence` | orders the calling thread's earlier puts — and, after a warp/block barrier, its group's — before its later puts and signals | sys | — | one thread |
-//! | `quiet`, `quiet_peer` | completes every earlier put/get (`_nbi` included) of the calling thread, to all peers / one | sys | — | one thread |
+//! | `quiet(None)`, `quiet(Some(peer))` | completes every earlier put/get (non-blocking ones too) of the calling thread, to all peers / one | sys | — | one thread |
 //! | `barrier` | all ranks arrive; what each did before is visible to all after | sys | every other rank's `barrier` | one thread per rank (`barrier_block`: one block) |
 //! | `peer_ptr` | — (an address: plain loads/stores, ordered by the caller) | — | — | any thread |
 //!
@@ -63,21 +76,24 @@
 //!
 //! ## Cost of the checks
 //! Arguments are checked once per call, not per element: a few integer
-//! comparisons against values in the handle, folded into one predicate and
-//! one branch; only a bad argument takes it, to one out-of-line cold
-//! function that works out which check failed and records the report
+//! comparisons against values in the handle (and, for typed calls, in the
+//! parts), folded into one predicate and one branch per check; only a bad
+//! argument takes it, to the cold function that records the report
 //! ([`crate::heap::HeapBounds`]). See `p2p_bench`'s `checks` row for the
 //! measured cost.
 
 pub mod ibgda;
 pub mod p2p;
 pub mod routed;
+pub mod sym;
 
 pub use ibgda::Ibgda;
 pub use p2p::P2p;
 pub use routed::Routed;
+pub use sym::{Get, Part, Put, RawSignal, RawWait, RawXfer, Signal, Sym};
 
-pub use crate::heap::{Call, ErrorKind, ErrorReport};
+pub use crate::heap::{Arg, Call, ErrorKind, ErrorReport};
+use crate::heap::{Checked, BLOCK_RESULT_OFFSET};
 pub use crate::sync::Timeout;
 
 /// Comparison for the `wait_until*` calls.
@@ -220,20 +236,41 @@ pub enum CommError {
         /// Its offset from the heap base.
         offset: u64,
     },
-    /// A count out of range (e.g. more than 64 words for `wait_until_some`).
+    /// A count out of range (e.g. more than 64 words for a wait).
     BadCount {
         /// The count given.
         count: u64,
+    },
+    /// A [`Part`] reaches past its buffer: elements `start .. start + n`
+    /// of a buffer of `len`.
+    OutsideBuffer {
+        /// Which argument.
+        arg: Arg,
+        /// First element asked for.
+        start: u64,
+        /// Elements asked for.
+        n: u64,
+        /// The buffer's length.
+        len: u64,
+    },
+    /// A typed transfer's destination and source differ in length.
+    LengthMismatch {
+        /// Elements of the destination.
+        dst: u64,
+        /// Elements of the source.
+        src: u64,
     },
 }
 
 /// The device communication API (the transport contract), implemented by every
 /// transport. See the module docs for the per-call table.
 ///
-/// The required methods take a [`Coop`] so each transport writes each
-/// operation once; the conventional names (`put_warp`, `put_nbi_block`,
-/// ...) are provided on top and compile to the same code.
-pub trait Transport: Copy {
+/// A transport implements the `_raw` calls (byte pointers, the group as a
+/// [`Coop`], blocking or not in the arguments); the typed calls on top
+/// ([`Self::put`], [`Self::get`], [`Self::signal`], the waits) take
+/// [`Part`]s of [`Sym`] buffers, check each against its own buffer, and
+/// compile to the raw call.
+pub trait Transport: Copy + Checked {
     /// This rank.
     fn rank(&self) -> u32;
     /// Number of ranks.
@@ -245,82 +282,59 @@ pub trait Transport: Copy {
     /// bad `peer`, `local` outside the heap). The fast path of collectives.
     fn peer_ptr<T>(&self, local: *const T, peer: u32) -> Option<*mut T>;
 
-    /// Copies `bytes` from `src` (local) to the symmetric `dst` on `peer`.
-    /// `nbi`: completes at `quiet` instead of on return.
+    /// Copies `x.bytes` from local `x.src` to the symmetric `x.dst` on
+    /// `peer`, then, with `signal`, applies it to the symmetric word there
+    /// (the peer that sees the signal sees the data). `x.nbi`: completes at
+    /// `quiet` instead of on return.
     ///
     /// # Safety
-    /// `src` is valid for `bytes`; every thread of `g` passes the same arguments.
-    unsafe fn put_coop(&self, g: Coop, dst: *mut u8, src: *const u8, bytes: u64, peer: u32, nbi: bool) -> Result<(), CommError>;
+    /// `x.src` is valid for `x.bytes`; every thread of `g` passes the same
+    /// arguments; a signal word is only accessed atomically by every party.
+    unsafe fn put_raw(&self, g: Coop, peer: u32, x: RawXfer, signal: Option<RawSignal>) -> Result<(), CommError>;
 
-    /// Copies `bytes` from the symmetric `src` on `peer` to local `dst`.
+    /// Copies `x.bytes` from the symmetric `x.src` on `peer` to local `x.dst`.
     ///
     /// # Safety
-    /// `dst` is valid for `bytes`; every thread of `g` passes the same arguments.
-    unsafe fn get_coop(&self, g: Coop, dst: *mut u8, src: *const u8, bytes: u64, peer: u32, nbi: bool) -> Result<(), CommError>;
+    /// `x.dst` is valid for `x.bytes`; every thread of `g` passes the same arguments.
+    unsafe fn get_raw(&self, g: Coop, peer: u32, x: RawXfer) -> Result<(), CommError>;
 
-    /// Copies `bytes` to the symmetric `dst` on `peer`, then applies `op`
-    /// with `value` to the symmetric signal word `sig` there; the peer sees
-    /// the data once it sees the signal. Ordered by the transport.
+    /// Applies `s` to the symmetric word on `peer`, with release semantics:
+    /// the peer that sees it sees the calling thread's earlier puts. To
+    /// publish a warp's or block's puts, order them before this thread with
+    /// a barrier and call [`Self::fence`] first (or put with a signal, which
+    /// does both). One thread.
     ///
     /// # Safety
-    /// As for [`Self::put_coop`].
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn put_signal_coop(
-        &self,
-        g: Coop,
-        dst: *mut u8,
-        src: *const u8,
-        bytes: u64,
-        sig: *mut u64,
-        value: u64,
-        op: SignalOp,
-        peer: u32,
-        nbi: bool,
-    ) -> Result<(), CommError>;
+    /// The word is only accessed atomically by every party.
+    unsafe fn signal_raw(&self, peer: u32, s: RawSignal) -> Result<(), CommError>;
 
-    /// Applies `op` with `value` to the symmetric signal word `sig` on
-    /// `peer`, with release semantics: the peer that sees it sees the calling
-    /// thread's earlier puts. To publish a warp's or block's puts, order them
-    /// before this thread with a barrier and call [`Self::fence`] first (or
-    /// use `put_signal_*`, which does both). One thread.
+    /// Spins until this rank's symmetric word `*word cmp value` holds,
+    /// with acquire semantics; returns the value seen. One thread.
     ///
     /// # Safety
-    /// `sig` is only accessed atomically by every party.
-    unsafe fn signal(&self, sig: *mut u64, value: u64, op: SignalOp, peer: u32) -> Result<(), CommError>;
+    /// As for [`Self::signal_raw`].
+    unsafe fn wait_word_raw(&self, word: *const u64, cmp: Cmp, value: u64) -> Result<u64, CommError>;
 
-    /// Spins until this rank's signal word `*sig cmp value` holds, with
-    /// acquire semantics. Returns the value seen. One thread.
+    /// Spins until `w.words[i] w.cmp w.value` holds for at least one `i`
+    /// whose bit is clear in `skip`; returns the mask of every such word
+    /// that holds (non-empty). Acquire. One thread.
     ///
     /// # Safety
-    /// As for [`Self::signal`].
-    unsafe fn wait_until(&self, sig: *const u64, cmp: Cmp, value: u64) -> Result<u64, CommError>;
-
-    /// Spins until `sigs[i] cmp value` holds for at least one `i` whose bit
-    /// is clear in `skip`, among `count` (1..=64) consecutive signal words;
-    /// returns the mask of every such word that holds (non-empty). Acquire.
-    /// One thread. `wait_until_any` and `wait_until_all` build on it.
-    ///
-    /// # Safety
-    /// As for [`Self::signal`].
-    unsafe fn wait_until_some(&self, sigs: *const u64, count: u32, skip: u64, cmp: Cmp, value: u64) -> Result<u64, CommError>;
+    /// As for [`Self::signal_raw`].
+    unsafe fn wait_some_raw(&self, w: RawWait, skip: u64) -> Result<u64, CommError>;
 
     /// Orders the calling thread's earlier puts — and those of the threads
     /// ordered before it by a warp or block barrier — before its later puts
     /// and signals, to every peer. One thread.
     fn fence(&self);
 
-    /// Completes every earlier put/get of the calling thread, to every peer.
+    /// Completes every earlier put/get of the calling thread: to `peer`, or
+    /// to every peer with `None`.
     ///
     /// # Safety
     /// One thread; no other thread of the rank shares its queues meanwhile
     /// unless the transport says otherwise.
-    unsafe fn quiet(&self) -> Result<(), CommError>;
-
-    /// [`Self::quiet`] for the operations to one peer.
-    ///
-    /// # Safety
-    /// As for `quiet`.
-    unsafe fn quiet_peer(&self, peer: u32) -> Result<(), CommError>;
+    unsafe fn quiet(&self, peer: Option<u32>) -> Result<(), CommError>;
 
     /// Barrier across all ranks, by ONE thread per rank. Bounded.
     ///
@@ -328,188 +342,205 @@ pub trait Transport: Copy {
     /// Exactly one thread per rank is in a barrier at a time.
     unsafe fn barrier(&self) -> Result<(), CommError>;
 
+    // ---- provided: the block barrier and the typed calls -----------------
+
     /// [`Self::barrier`] from every thread of one block per rank: thread 0
     /// runs it between two block barriers. All threads get the same result.
     ///
     /// # Safety
     /// As for `barrier`; one block per rank.
-    unsafe fn barrier_block(&self) -> Result<(), CommError>;
+    unsafe fn barrier_block(&self) -> Result<(), CommError> {
+        let result = (self.bounds().reporter.local_base + BLOCK_RESULT_OFFSET) as *mut u64;
+        crate::ptx::sync_threads();
+        if crate::ptx::thread_rank_in_block() == 0 {
+            // SAFETY: one block per rank (contract).
+            let r = unsafe { self.barrier() };
+            // SAFETY: reserved word, read after the block barrier below.
+            unsafe { *result = if r.is_ok() { 0 } else { 1 } };
+        }
+        crate::ptx::sync_threads();
+        // SAFETY: written by thread 0 before the barrier.
+        if unsafe { *result } == 0 {
+            Ok(())
+        } else {
+            Err(CommError::Timeout(Timeout { seen: 0 }))
+        }
+    }
 
-    // ---- the conventional names ------------------------------------------
+    /// Puts `p` to `peer` with the group `g`: its source into its
+    /// destination (each checked against its own buffer; both the same
+    /// length), then its signal, if any. Nothing is written when an
+    /// argument is refused.
+    ///
+    /// # Safety
+    /// The source is valid memory (a symmetric part, or [`Part::local`]
+    /// memory); every thread of `g` passes the same arguments.
+    #[inline(always)]
+    unsafe fn put<T>(&self, g: Coop, peer: u32, p: Put<T>) -> Result<(), CommError> {
+        let call = match (p.signal.is_some(), p.nbi) {
+            (false, false) => Call::Put,
+            (false, true) => Call::PutNbi,
+            (true, false) => Call::PutSignal,
+            (true, true) => Call::PutSignalNbi,
+        };
+        sym::check_pair(self.bounds(), call, peer, p.dst, p.src)?;
+        let signal = match p.signal {
+            Some(s) => Some(sym::check_signal(self.bounds(), call, peer, s)?),
+            None => None,
+        };
+        let x = RawXfer {
+            dst: p.dst.as_ptr() as *mut u8,
+            src: p.src.as_ptr() as *const u8,
+            bytes: p.dst.bytes(),
+            nbi: p.nbi,
+        };
+        // SAFETY: the caller's contract; the raw call checks the heap.
+        unsafe { self.put_raw(g, peer, x, signal) }
+    }
 
-    /// [`Self::put_coop`] by a warp, blocking.
+    /// Gets `p` from `peer` with the group `g`: the peer's copy of its
+    /// source into its (local) destination, each checked against its own
+    /// buffer, both the same length.
     ///
     /// # Safety
-    /// As for `put_coop`.
+    /// The destination is valid memory; every thread of `g` passes the
+    /// same arguments.
     #[inline(always)]
-    unsafe fn put_warp(&self, dst: *mut u8, src: *const u8, bytes: u64, peer: u32) -> Result<(), CommError> {
-        // SAFETY: the caller's contract.
-        unsafe { self.put_coop(Coop::Warp, dst, src, bytes, peer, false) }
+    unsafe fn get<T>(&self, g: Coop, peer: u32, p: Get<T>) -> Result<(), CommError> {
+        let call = if p.nbi { Call::GetNbi } else { Call::Get };
+        sym::check_pair(self.bounds(), call, peer, p.dst, p.src)?;
+        let x = RawXfer {
+            dst: p.dst.as_ptr() as *mut u8,
+            src: p.src.as_ptr() as *const u8,
+            bytes: p.dst.bytes(),
+            nbi: p.nbi,
+        };
+        // SAFETY: the caller's contract; the raw call checks the heap.
+        unsafe { self.get_raw(g, peer, x) }
     }
-    /// [`Self::put_coop`] by a block, blocking.
+
+    /// [`Self::signal_raw`] on a typed word ([`Sym::word`]), checked
+    /// against its buffer. One thread.
     ///
     /// # Safety
-    /// As for `put_coop`.
+    /// As for `signal_raw`.
     #[inline(always)]
-    unsafe fn put_block(&self, dst: *mut u8, src: *const u8, bytes: u64, peer: u32) -> Result<(), CommError> {
+    unsafe fn signal(&self, peer: u32, s: Signal) -> Result<(), CommError> {
+        let raw = sym::check_signal(self.bounds(), Call::Signal, peer, s)?;
         // SAFETY: the caller's contract.
-        unsafe { self.put_coop(Coop::Block, dst, src, bytes, peer, false) }
+        unsafe { self.signal_raw(peer, raw) }
     }
-    /// [`Self::put_coop`] by a warp, non-blocking (completes at `quiet`).
+
+    /// Spins until this rank's `word` (the first of the part) satisfies
+    /// `cmp value`, with acquire semantics; returns the value seen. One
+    /// thread.
     ///
     /// # Safety
-    /// As for `put_coop`; `src` unchanged until `quiet`.
+    /// As for [`Self::signal_raw`].
     #[inline(always)]
-    unsafe fn put_nbi_warp(&self, dst: *mut u8, src: *const u8, bytes: u64, peer: u32) -> Result<(), CommError> {
+    unsafe fn wait_until(&self, word: Part<u64>, cmp: Cmp, value: u64) -> Result<u64, CommError> {
+        let w = sym::check_words(self.bounds(), Call::WaitUntil, word.part(0, 1))?;
         // SAFETY: the caller's contract.
-        unsafe { self.put_coop(Coop::Warp, dst, src, bytes, peer, true) }
+        unsafe { self.wait_word_raw(w, cmp, value) }
     }
-    /// [`Self::put_coop`] by a block, non-blocking (completes at `quiet`).
+
+    /// Spins until one of `words` (1..=64) satisfies `cmp value`; returns
+    /// its index in the part. One thread.
     ///
     /// # Safety
-    /// As for `put_nbi_warp`.
+    /// As for [`Self::signal_raw`].
     #[inline(always)]
-    unsafe fn put_nbi_block(&self, dst: *mut u8, src: *const u8, bytes: u64, peer: u32) -> Result<(), CommError> {
+    unsafe fn wait_until_any(&self, words: Part<u64>, cmp: Cmp, value: u64) -> Result<u32, CommError> {
+        let w = sym::check_words(self.bounds(), Call::WaitUntilAny, words)?;
+        let raw = RawWait {
+            words: w,
+            count: words.len().min(u32::MAX as u64) as u32,
+            cmp,
+            value,
+        };
         // SAFETY: the caller's contract.
-        unsafe { self.put_coop(Coop::Block, dst, src, bytes, peer, true) }
-    }
-    /// [`Self::get_coop`] by a warp, blocking.
-    ///
-    /// # Safety
-    /// As for `get_coop`.
-    #[inline(always)]
-    unsafe fn get_warp(&self, dst: *mut u8, src: *const u8, bytes: u64, peer: u32) -> Result<(), CommError> {
-        // SAFETY: the caller's contract.
-        unsafe { self.get_coop(Coop::Warp, dst, src, bytes, peer, false) }
-    }
-    /// [`Self::get_coop`] by a block, blocking.
-    ///
-    /// # Safety
-    /// As for `get_coop`.
-    #[inline(always)]
-    unsafe fn get_block(&self, dst: *mut u8, src: *const u8, bytes: u64, peer: u32) -> Result<(), CommError> {
-        // SAFETY: the caller's contract.
-        unsafe { self.get_coop(Coop::Block, dst, src, bytes, peer, false) }
-    }
-    /// [`Self::get_coop`] by a warp, non-blocking (data after `quiet`).
-    ///
-    /// # Safety
-    /// As for `get_coop`.
-    #[inline(always)]
-    unsafe fn get_nbi_warp(&self, dst: *mut u8, src: *const u8, bytes: u64, peer: u32) -> Result<(), CommError> {
-        // SAFETY: the caller's contract.
-        unsafe { self.get_coop(Coop::Warp, dst, src, bytes, peer, true) }
-    }
-    /// [`Self::get_coop`] by a block, non-blocking (data after `quiet`).
-    ///
-    /// # Safety
-    /// As for `get_coop`.
-    #[inline(always)]
-    unsafe fn get_nbi_block(&self, dst: *mut u8, src: *const u8, bytes: u64, peer: u32) -> Result<(), CommError> {
-        // SAFETY: the caller's contract.
-        unsafe { self.get_coop(Coop::Block, dst, src, bytes, peer, true) }
-    }
-    /// [`Self::put_signal_coop`] by a warp, blocking.
-    ///
-    /// # Safety
-    /// As for `put_signal_coop`.
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn put_signal_warp(
-        &self,
-        dst: *mut u8,
-        src: *const u8,
-        bytes: u64,
-        sig: *mut u64,
-        value: u64,
-        op: SignalOp,
-        peer: u32,
-    ) -> Result<(), CommError> {
-        // SAFETY: the caller's contract.
-        unsafe { self.put_signal_coop(Coop::Warp, dst, src, bytes, sig, value, op, peer, false) }
-    }
-    /// [`Self::put_signal_coop`] by a block, blocking.
-    ///
-    /// # Safety
-    /// As for `put_signal_coop`.
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn put_signal_block(
-        &self,
-        dst: *mut u8,
-        src: *const u8,
-        bytes: u64,
-        sig: *mut u64,
-        value: u64,
-        op: SignalOp,
-        peer: u32,
-    ) -> Result<(), CommError> {
-        // SAFETY: the caller's contract.
-        unsafe { self.put_signal_coop(Coop::Block, dst, src, bytes, sig, value, op, peer, false) }
-    }
-    /// [`Self::put_signal_coop`] by a warp, non-blocking.
-    ///
-    /// # Safety
-    /// As for `put_signal_coop`; `src` unchanged until `quiet`.
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn put_signal_nbi_warp(
-        &self,
-        dst: *mut u8,
-        src: *const u8,
-        bytes: u64,
-        sig: *mut u64,
-        value: u64,
-        op: SignalOp,
-        peer: u32,
-    ) -> Result<(), CommError> {
-        // SAFETY: the caller's contract.
-        unsafe { self.put_signal_coop(Coop::Warp, dst, src, bytes, sig, value, op, peer, true) }
-    }
-    /// [`Self::put_signal_coop`] by a block, non-blocking.
-    ///
-    /// # Safety
-    /// As for `put_signal_nbi_warp`.
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn put_signal_nbi_block(
-        &self,
-        dst: *mut u8,
-        src: *const u8,
-        bytes: u64,
-        sig: *mut u64,
-        value: u64,
-        op: SignalOp,
-        peer: u32,
-    ) -> Result<(), CommError> {
-        // SAFETY: the caller's contract.
-        unsafe { self.put_signal_coop(Coop::Block, dst, src, bytes, sig, value, op, peer, true) }
-    }
-    /// Spins until one of `count` (1..=64) consecutive signal words satisfies
-    /// `cmp value`; returns its index. One thread.
-    ///
-    /// # Safety
-    /// As for `signal`.
-    #[inline(always)]
-    unsafe fn wait_until_any(&self, sigs: *const u64, count: u32, cmp: Cmp, value: u64) -> Result<u32, CommError> {
-        // SAFETY: the caller's contract.
-        let mask = unsafe { self.wait_until_some(sigs, count, 0, cmp, value) }?;
+        let mask = unsafe { self.wait_some_raw(raw, 0) }?;
         Ok(mask.trailing_zeros())
     }
-    /// Spins until all `count` (1..=64) consecutive signal words satisfy
-    /// `cmp value`. One thread. The budget restarts whenever another word
-    /// arrives (progress is not a hang).
+
+    /// Spins until every word of `words` (1..=64) satisfies `cmp value`.
+    /// One thread. The budget restarts whenever another word arrives
+    /// (progress is not a hang).
     ///
     /// # Safety
-    /// As for `signal`.
+    /// As for [`Self::signal_raw`].
     #[inline(always)]
-    unsafe fn wait_until_all(&self, sigs: *const u64, count: u32, cmp: Cmp, value: u64) -> Result<(), CommError> {
-        let all = if count >= 64 { u64::MAX } else { (1u64 << count) - 1 };
-        let mut done = 0u64;
-        while done != all {
-            // SAFETY: the caller's contract.
-            done |= unsafe { self.wait_until_some(sigs, count, done, cmp, value) }?;
+    unsafe fn wait_until_all(&self, words: Part<u64>, cmp: Cmp, value: u64) -> Result<(), CommError> {
+        let w = sym::check_words(self.bounds(), Call::WaitUntilAll, words)?;
+        let count = words.len().min(u32::MAX as u64) as u32;
+        // SAFETY: the caller's contract.
+        unsafe {
+            wait_all_raw(
+                self,
+                RawWait {
+                    words: w,
+                    count,
+                    cmp,
+                    value,
+                },
+            )
         }
-        Ok(())
+    }
+}
+
+/// Spins until all `w.count` (1..=64) words satisfy the comparison, by
+/// repeated [`Transport::wait_some_raw`] calls that skip the words already
+/// seen.
+///
+/// # Safety
+/// As for [`Transport::wait_some_raw`].
+#[inline(always)]
+pub unsafe fn wait_all_raw<T: Transport>(t: &T, w: RawWait) -> Result<(), CommError> {
+    let all = if w.count >= 64 { u64::MAX } else { (1u64 << w.count) - 1 };
+    let mut done = 0u64;
+    while done != all {
+        // SAFETY: the caller's contract.
+        done |= unsafe { t.wait_some_raw(w, done) }?;
+    }
+    Ok(())
+}
+
+/// The body of [`Transport::wait_some_raw`] every transport shares: checks
+/// the count (1..=64) and the words (aligned, in the heap), then polls them
+/// with `load` (an acquire load at the transport's scope) until one not in
+/// `skip` holds, within the handle's budget.
+#[inline(always)]
+pub(crate) fn wait_some_words<C: Checked>(c: &C, w: RawWait, skip: u64, load: impl Fn(*const u64) -> u64) -> Result<u64, CommError> {
+    let RawWait { words, count, cmp, value } = w;
+    let call = Call::WaitUntilSome;
+    let b = c.bounds();
+    let off = (words as u64).wrapping_sub(b.reporter.local_base);
+    if count == 0 || count > 64 {
+        return Err(c.fail(CommError::BadCount { count: count as u64 }, call, Arg::Signal, u32::MAX, off));
+    }
+    let off = b.range(call, Arg::Signal, words as u64, 8 * count as u64, b.reporter.rank)?;
+    if off & 7 != 0 {
+        return Err(c.fail(CommError::Misaligned { offset: off }, call, Arg::Signal, u32::MAX, off));
+    }
+    let mut spin = crate::sync::Spin::new(b.reporter.budget_ns);
+    loop {
+        let mut ready = 0u64;
+        let mut last = 0u64;
+        for i in 0..count {
+            if skip & (1u64 << i) == 0 {
+                last = load(words.wrapping_add(i as usize));
+                if cmp.holds(last, value) {
+                    ready |= 1u64 << i;
+                }
+            }
+        }
+        if ready != 0 {
+            return Ok(ready);
+        }
+        if !spin.again() {
+            let first = (!skip).trailing_zeros().min(count - 1);
+            let at = words as u64 + first as u64 * 8;
+            return Err(c.fail_wait(Timeout { seen: last }, call, u32::MAX, at, cmp, value));
+        }
     }
 }

@@ -1,10 +1,9 @@
 //! The P2P transport: loads and stores straight into peers' symmetric heaps
 //! (same GPU, NVLink or PCIe peers; host memory on the emulator).
 
-use super::{Cmp, CommError, Coop, SignalOp, Transport};
-use crate::heap::{Call, Checked, HeapBounds, Reporter, BLOCK_RESULT_OFFSET, EPOCH_OFFSET};
+use super::{Cmp, CommError, Coop, RawSignal, RawWait, RawXfer, SignalOp, Transport};
+use crate::heap::{Arg, Call, Checked, HeapBounds, Reporter, EPOCH_OFFSET};
 use crate::ptx;
-use crate::sync::{Spin, Timeout};
 
 /// Peers whose heap base is carried in the handle itself (kernel parameter
 /// space), so translating an address costs no dependent global load.
@@ -192,68 +191,57 @@ impl Transport for P2p {
     }
 
     #[inline(always)]
-    unsafe fn put_coop(&self, g: Coop, dst: *mut u8, src: *const u8, bytes: u64, peer: u32, nbi: bool) -> Result<(), CommError> {
-        let call = if nbi { Call::PutNbi } else { Call::Put };
-        let off = self.check_range(call, dst as u64, bytes, peer)?;
-        let remote = (self.base_of(peer) + off) as *mut u8;
-        // SAFETY: the range is inside the peer's heap; `src` per the contract.
-        unsafe { copy_coop(g, remote, src, bytes) };
-        Ok(())
-    }
-
-    #[inline(always)]
-    unsafe fn get_coop(&self, g: Coop, dst: *mut u8, src: *const u8, bytes: u64, peer: u32, nbi: bool) -> Result<(), CommError> {
-        let call = if nbi { Call::GetNbi } else { Call::Get };
-        let off = self.check_range(call, src as u64, bytes, peer)?;
-        self.check_local_dst(call, dst as u64, bytes, peer)?;
-        let remote = (self.base_of(peer) + off) as *const u8;
-        // SAFETY: as for put.
-        unsafe { copy_coop(g, dst, remote, bytes) };
-        Ok(())
-    }
-
-    #[inline(always)]
-    unsafe fn put_signal_coop(
-        &self,
-        g: Coop,
-        dst: *mut u8,
-        src: *const u8,
-        bytes: u64,
-        sig: *mut u64,
-        value: u64,
-        op: SignalOp,
-        peer: u32,
-        nbi: bool,
-    ) -> Result<(), CommError> {
-        let call = if nbi { Call::PutSignalNbi } else { Call::PutSignal };
-        // Both checks before any store: a bad argument writes nothing.
-        let off = self.check_range(call, dst as u64, bytes, peer)?;
-        let sig_off = self.check_signal(call, sig as u64, peer)?;
+    unsafe fn put_raw(&self, g: Coop, peer: u32, x: RawXfer, signal: Option<RawSignal>) -> Result<(), CommError> {
+        let call = match (signal.is_some(), x.nbi) {
+            (false, false) => Call::Put,
+            (false, true) => Call::PutNbi,
+            (true, false) => Call::PutSignal,
+            (true, true) => Call::PutSignalNbi,
+        };
+        // Every check before any store: a bad argument writes nothing.
+        let off = self.check_range(call, Arg::Destination, x.dst as u64, x.bytes, peer)?;
+        let sig_off = match signal {
+            Some(s) => self.check_signal(call, s.word as u64, peer)?,
+            None => 0,
+        };
         let base = self.base_of(peer);
-        // SAFETY: checked ranges; `src` per the contract.
-        unsafe { copy_coop(g, (base + off) as *mut u8, src, bytes) };
-        // Every thread's stores happen before the leader's release.
-        g.sync();
-        if g.is_leader() {
-            if g != Coop::Thread {
-                self.group_fence();
+        // SAFETY: checked range; `src` per the contract.
+        unsafe { copy_coop(g, (base + off) as *mut u8, x.src, x.bytes) };
+        if let Some(s) = signal {
+            // Every thread's stores happen before the leader's release.
+            g.sync();
+            if g.is_leader() {
+                if g != Coop::Thread {
+                    self.group_fence();
+                }
+                // SAFETY: an aligned word of the peer's heap.
+                unsafe { self.signal_at((base + sig_off) as *mut u64, s.value, s.op) };
             }
-            // SAFETY: an aligned word of the peer's heap.
-            unsafe { self.signal_at((base + sig_off) as *mut u64, value, op) };
         }
         Ok(())
     }
 
     #[inline(always)]
-    unsafe fn signal(&self, sig: *mut u64, value: u64, op: SignalOp, peer: u32) -> Result<(), CommError> {
-        let off = self.check_signal(Call::Signal, sig as u64, peer)?;
-        // SAFETY: an aligned word of the peer's heap.
-        unsafe { self.signal_at((self.base_of(peer) + off) as *mut u64, value, op) };
+    unsafe fn get_raw(&self, g: Coop, peer: u32, x: RawXfer) -> Result<(), CommError> {
+        let call = if x.nbi { Call::GetNbi } else { Call::Get };
+        let off = self.check_range(call, Arg::Source, x.src as u64, x.bytes, peer)?;
+        self.check_local_dst(call, x.dst as u64, x.bytes, peer)?;
+        let remote = (self.base_of(peer) + off) as *const u8;
+        // SAFETY: as for put.
+        unsafe { copy_coop(g, x.dst, remote, x.bytes) };
         Ok(())
     }
 
     #[inline(always)]
-    unsafe fn wait_until(&self, sig: *const u64, cmp: Cmp, value: u64) -> Result<u64, CommError> {
+    unsafe fn signal_raw(&self, peer: u32, s: RawSignal) -> Result<(), CommError> {
+        let off = self.check_signal(Call::Signal, s.word as u64, peer)?;
+        // SAFETY: an aligned word of the peer's heap.
+        unsafe { self.signal_at((self.base_of(peer) + off) as *mut u64, s.value, s.op) };
+        Ok(())
+    }
+
+    #[inline(always)]
+    unsafe fn wait_word_raw(&self, sig: *const u64, cmp: Cmp, value: u64) -> Result<u64, CommError> {
         self.check_signal(Call::WaitUntil, sig as u64, self.rank)?;
         match crate::sync::spin_until(self.budget_ns, || self.load_signal(sig), |v| cmp.holds(v, value)) {
             Ok(v) => Ok(v),
@@ -262,39 +250,8 @@ impl Transport for P2p {
     }
 
     #[inline(always)]
-    unsafe fn wait_until_some(&self, sigs: *const u64, count: u32, skip: u64, cmp: Cmp, value: u64) -> Result<u64, CommError> {
-        let call = Call::WaitUntilSome;
-        if count == 0 || count > 64 {
-            let off = (sigs as u64).wrapping_sub(self.local_base);
-            return Err(self.fail(CommError::BadCount { count: count as u64 }, call, u32::MAX, off));
-        }
-        let off = self.check_range(call, sigs as u64, 8 * count as u64, self.rank)?;
-        if off & 7 != 0 {
-            return Err(self.fail(CommError::Misaligned { offset: off }, call, u32::MAX, off));
-        }
-        let mut spin = Spin::new(self.budget_ns);
-        loop {
-            let mut ready = 0u64;
-            let mut last = 0u64;
-            for i in 0..count {
-                if skip & (1u64 << i) == 0 {
-                    // SAFETY: inside the checked range.
-                    last = self.load_signal(unsafe { sigs.add(i as usize) });
-                    if cmp.holds(last, value) {
-                        ready |= 1u64 << i;
-                    }
-                }
-            }
-            if ready != 0 {
-                return Ok(ready);
-            }
-            if !spin.again() {
-                let first = (!skip).trailing_zeros().min(count - 1);
-                // SAFETY: inside the checked range.
-                let at = unsafe { sigs.add(first as usize) };
-                return Err(self.fail_wait(Timeout { seen: last }, call, u32::MAX, at as u64, cmp, value));
-            }
-        }
+    unsafe fn wait_some_raw(&self, w: RawWait, skip: u64) -> Result<u64, CommError> {
+        super::wait_some_words(self, w, skip, |p| self.load_signal(p))
     }
 
     #[inline(always)]
@@ -303,18 +260,12 @@ impl Transport for P2p {
     }
 
     #[inline(always)]
-    unsafe fn quiet(&self) -> Result<(), CommError> {
+    unsafe fn quiet(&self, peer: Option<u32>) -> Result<(), CommError> {
+        if let Some(peer) = peer.filter(|&p| p >= self.world) {
+            return Err(self.fail(CommError::BadPeer { peer }, Call::Quiet, Arg::None, peer, 0));
+        }
         // Stores to peers are complete once issued; the fence makes them
         // visible at system scope before anything this thread does next.
-        ptx::fence_sc_sys();
-        Ok(())
-    }
-
-    #[inline(always)]
-    unsafe fn quiet_peer(&self, peer: u32) -> Result<(), CommError> {
-        if peer >= self.world {
-            return Err(self.fail(CommError::BadPeer { peer }, Call::Quiet, peer, 0));
-        }
         ptx::fence_sc_sys();
         Ok(())
     }
@@ -322,23 +273,5 @@ impl Transport for P2p {
     unsafe fn barrier(&self) -> Result<(), CommError> {
         // SAFETY: the caller's contract.
         unsafe { self.barrier_inner() }
-    }
-
-    unsafe fn barrier_block(&self) -> Result<(), CommError> {
-        let result = self.reserved(BLOCK_RESULT_OFFSET);
-        ptx::sync_threads();
-        if ptx::thread_rank_in_block() == 0 {
-            // SAFETY: one block per rank (contract).
-            let r = unsafe { self.barrier_inner() };
-            // SAFETY: reserved word, read after the block barrier below.
-            unsafe { *result = if r.is_ok() { 0 } else { 1 } };
-        }
-        ptx::sync_threads();
-        // SAFETY: written by thread 0 before the barrier.
-        if unsafe { *result } == 0 {
-            Ok(())
-        } else {
-            Err(CommError::Timeout(Timeout { seen: 0 }))
-        }
     }
 }

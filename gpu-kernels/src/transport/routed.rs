@@ -18,10 +18,9 @@
 
 use super::ibgda::Ibgda;
 use super::p2p::P2p;
-use super::{Cmp, CommError, Coop, SignalOp, Transport};
-use crate::heap::{Call, MAX_RANKS};
+use super::{Cmp, CommError, Coop, RawSignal, RawWait, RawXfer, Transport};
+use crate::heap::{Call, Checked, HeapBounds, MAX_RANKS};
 use crate::ptx;
-use crate::sync::Timeout;
 
 /// Words of the route bit set (one bit per rank).
 pub const ROUTE_WORDS: usize = MAX_RANKS as usize / 64;
@@ -91,6 +90,14 @@ impl Routed {
     }
 }
 
+impl Checked for Routed {
+    /// The P2P half's: both halves share the rank's heap and world.
+    #[inline(always)]
+    fn bounds(&self) -> HeapBounds {
+        self.p2p.bounds()
+    }
+}
+
 impl Transport for Routed {
     #[inline(always)]
     fn rank(&self) -> u32 {
@@ -111,72 +118,49 @@ impl Transport for Routed {
     }
 
     #[inline(always)]
-    unsafe fn put_coop(&self, g: Coop, dst: *mut u8, src: *const u8, bytes: u64, peer: u32, nbi: bool) -> Result<(), CommError> {
+    unsafe fn put_raw(&self, g: Coop, peer: u32, x: RawXfer, signal: Option<RawSignal>) -> Result<(), CommError> {
         // SAFETY: the caller's contract.
         unsafe {
             if self.is_rdma(peer) {
-                self.ibgda.put_coop(g, dst, src, bytes, peer, nbi)
+                self.ibgda.put_raw(g, peer, x, signal)
             } else {
-                self.p2p.put_coop(g, dst, src, bytes, peer, nbi)
+                self.p2p.put_raw(g, peer, x, signal)
             }
         }
     }
 
     #[inline(always)]
-    unsafe fn get_coop(&self, g: Coop, dst: *mut u8, src: *const u8, bytes: u64, peer: u32, nbi: bool) -> Result<(), CommError> {
+    unsafe fn get_raw(&self, g: Coop, peer: u32, x: RawXfer) -> Result<(), CommError> {
         // SAFETY: the caller's contract.
         unsafe {
             if self.is_rdma(peer) {
-                self.ibgda.get_coop(g, dst, src, bytes, peer, nbi)
+                self.ibgda.get_raw(g, peer, x)
             } else {
-                self.p2p.get_coop(g, dst, src, bytes, peer, nbi)
+                self.p2p.get_raw(g, peer, x)
             }
         }
     }
 
     #[inline(always)]
-    unsafe fn put_signal_coop(
-        &self,
-        g: Coop,
-        dst: *mut u8,
-        src: *const u8,
-        bytes: u64,
-        sig: *mut u64,
-        value: u64,
-        op: SignalOp,
-        peer: u32,
-        nbi: bool,
-    ) -> Result<(), CommError> {
+    unsafe fn signal_raw(&self, peer: u32, s: RawSignal) -> Result<(), CommError> {
         // SAFETY: the caller's contract.
         unsafe {
             if self.is_rdma(peer) {
-                self.ibgda.put_signal_coop(g, dst, src, bytes, sig, value, op, peer, nbi)
+                self.ibgda.signal_raw(peer, s)
             } else {
-                self.p2p.put_signal_coop(g, dst, src, bytes, sig, value, op, peer, nbi)
+                self.p2p.signal_raw(peer, s)
             }
         }
     }
 
     #[inline(always)]
-    unsafe fn signal(&self, sig: *mut u64, value: u64, op: SignalOp, peer: u32) -> Result<(), CommError> {
-        // SAFETY: the caller's contract.
-        unsafe {
-            if self.is_rdma(peer) {
-                self.ibgda.signal(sig, value, op, peer)
-            } else {
-                self.p2p.signal(sig, value, op, peer)
-            }
-        }
+    unsafe fn wait_word_raw(&self, word: *const u64, cmp: Cmp, value: u64) -> Result<u64, CommError> {
+        self.ibgda.wait_one(word, cmp, value)
     }
 
     #[inline(always)]
-    unsafe fn wait_until(&self, sig: *const u64, cmp: Cmp, value: u64) -> Result<u64, CommError> {
-        self.ibgda.wait_one(sig, cmp, value)
-    }
-
-    #[inline(always)]
-    unsafe fn wait_until_some(&self, sigs: *const u64, count: u32, skip: u64, cmp: Cmp, value: u64) -> Result<u64, CommError> {
-        self.ibgda.wait_some(sigs, count, skip, cmp, value)
+    unsafe fn wait_some_raw(&self, w: RawWait, skip: u64) -> Result<u64, CommError> {
+        self.ibgda.wait_some(w, skip)
     }
 
     #[inline(always)]
@@ -185,21 +169,16 @@ impl Transport for Routed {
         self.ibgda.fence();
     }
 
-    unsafe fn quiet(&self) -> Result<(), CommError> {
+    unsafe fn quiet(&self, peer: Option<u32>) -> Result<(), CommError> {
         // SAFETY: the caller's contract.
         unsafe {
-            self.ibgda.quiet()?;
-            self.p2p.quiet()
-        }
-    }
-
-    unsafe fn quiet_peer(&self, peer: u32) -> Result<(), CommError> {
-        // SAFETY: the caller's contract.
-        unsafe {
-            if self.is_rdma(peer) {
-                self.ibgda.quiet_peer(peer)
-            } else {
-                self.p2p.quiet_peer(peer)
+            match peer {
+                Some(p) if self.is_rdma(p) => self.ibgda.quiet(peer),
+                Some(_) => self.p2p.quiet(peer),
+                None => {
+                    self.ibgda.quiet(None)?;
+                    self.p2p.quiet(None)
+                }
             }
         }
     }
@@ -207,23 +186,5 @@ impl Transport for Routed {
     unsafe fn barrier(&self) -> Result<(), CommError> {
         // SAFETY: the caller's contract.
         unsafe { self.barrier_inner() }
-    }
-
-    unsafe fn barrier_block(&self) -> Result<(), CommError> {
-        let result = (self.p2p.local_base + crate::heap::BLOCK_RESULT_OFFSET) as *mut u64;
-        ptx::sync_threads();
-        if ptx::thread_rank_in_block() == 0 {
-            // SAFETY: one block per rank (contract).
-            let r = unsafe { self.barrier_inner() };
-            // SAFETY: reserved word, read after the block barrier below.
-            unsafe { *result = if r.is_ok() { 0 } else { 1 } };
-        }
-        ptx::sync_threads();
-        // SAFETY: written by thread 0 before the barrier.
-        if unsafe { *result } == 0 {
-            Ok(())
-        } else {
-            Err(CommError::Timeout(Timeout { seen: 0 }))
-        }
     }
 }

@@ -574,6 +574,12 @@ impl<T: DeviceCopy> SymBuffer<'_, T> {
     pub fn as_mut_ptr(&self) -> *mut T {
         (self.comm.heap_base + self.offset) as *mut T
     }
+    /// The buffer as a typed kernel argument ([`Sym`](doorbell_kernels::transport::Sym)):
+    /// this rank's address and the length, so the transfer calls check
+    /// every part of it against this buffer.
+    pub fn sym(&self) -> doorbell_kernels::transport::Sym<T> {
+        doorbell_kernels::transport::Sym::from_raw(self.as_mut_ptr(), self.len as u64)
+    }
     /// Copies `src` into this rank's copy (synchronous).
     pub fn copy_from_host(&self, src: &[T]) -> Result<()> {
         if src.len() != self.len {

@@ -4,7 +4,7 @@
 //! rank, the call, the peer and the offset.
 
 use doorbell_kernels::heap::{
-    first_report, Call, ErrorKind, ErrorReport, Reports, HEAP_RESERVED, REPORTED_OFFSET, REPORT_OFFSET, REPORT_SLOTS,
+    first_report, Arg, Call, ErrorKind, ErrorReport, Reports, HEAP_RESERVED, REPORTED_OFFSET, REPORT_OFFSET, REPORT_SLOTS,
 };
 use doorbell_kernels::transport::Cmp;
 
@@ -70,6 +70,7 @@ impl Communicator {
         let call = Call::from_u32(r.call).map_or("a transport call", Call::name);
         let peer = (r.peer != u32::MAX).then_some(r.peer);
         let user = HEAP_RESERVED..self.heap_len;
+        let arg = Arg::from_u32(r.arg).unwrap_or(Arg::None);
         let reason = match ErrorKind::from_u32(r.kind) {
             Some(ErrorKind::Timeout) => {
                 return Error::WaitTimeout {
@@ -96,10 +97,23 @@ impl Communicator {
                 }
             }
             Some(ErrorKind::BadPeer) => format!("rank {} is not in this world of {} ranks; nothing was written", r.peer, self.size),
-            Some(ErrorKind::OutOfRange) => format!(
-                "the {} bytes at symmetric-heap offset {:#x} are not inside the heap's user part [{:#x}, {:#x}); \
-                 nothing was written (allocate the buffer with Communicator::alloc and stay within it)",
-                r.bytes, r.offset, user.start, user.end
+            Some(ErrorKind::OutOfRange) => out_of_range(r, arg, &user),
+            Some(ErrorKind::OutsideBuffer) => format!(
+                "the {} is elements [{}, {}) of a buffer of {} elements of {} bytes (at symmetric-heap offset {:#x}): \
+                 it reaches past the buffer's end; nothing was written (take a part inside the buffer: \
+                 `Sym::part(start, n)` with start + n <= {})",
+                arg.name(),
+                r.seen,
+                r.seen.saturating_add(r.bytes / u64::from(r.detail.max(1))),
+                r.expected,
+                r.detail,
+                r.offset,
+                r.expected
+            ),
+            Some(ErrorKind::LengthMismatch) => format!(
+                "the destination has {} elements and the source {}: a typed transfer copies one part into \
+                 another of the same length; nothing was written (take parts of equal length)",
+                r.expected, r.seen
             ),
             Some(ErrorKind::Misaligned) => format!(
                 "the signal word at symmetric-heap offset {:#x} is not 8-byte aligned; nothing was written (use a u64 allocation)",
@@ -131,6 +145,47 @@ impl Communicator {
             block: r.block,
             reason,
         }
+    }
+}
+
+/// Why a range is refused: outside the heap's user part, and for a put's
+/// source or a get's destination (the local side), not registered either.
+fn out_of_range(r: &ErrorReport, arg: Arg, user: &std::ops::Range<u64>) -> String {
+    let place = if r.offset < user.end {
+        format!("at symmetric-heap offset {:#x}", r.offset)
+    } else {
+        "outside the symmetric heap".to_string()
+    };
+    let local = matches!(
+        (arg, Call::from_u32(r.call)),
+        (Arg::Source, Some(Call::Put | Call::PutNbi | Call::PutSignal | Call::PutSignalNbi))
+    ) || matches!((arg, Call::from_u32(r.call)), (Arg::Destination, Some(Call::Get | Call::GetNbi)));
+    if local && r.offset >= user.start {
+        format!(
+            "the {} ({} bytes {place}) is neither in the symmetric heap nor in memory registered with the NIC; \
+             nothing was written (allocate it with Communicator::alloc, or register it with \
+             Communicator::ibgda_register and launch with the handle it returns)",
+            arg.name(),
+            r.bytes
+        )
+    } else if local {
+        format!(
+            "the {} ({} bytes at symmetric-heap offset {:#x}) reaches into the heap's reserved header [0, {:#x}); \
+             nothing was written (use a buffer from Communicator::alloc)",
+            arg.name(),
+            r.bytes,
+            r.offset,
+            user.start
+        )
+    } else {
+        format!(
+            "the {}'s {} bytes {place} are not inside the heap's user part [{:#x}, {:#x}); nothing was written \
+             (allocate the buffer with Communicator::alloc and stay within it)",
+            arg.name(),
+            r.bytes,
+            user.start,
+            user.end
+        )
     }
 }
 

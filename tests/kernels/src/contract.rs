@@ -2,7 +2,8 @@
 //! visible when its signal is seen, multi-word waits — and `Shadow`, a
 //! second transport, so every body here is instantiated for two.
 
-use doorbell_kernels::transport::{Cmp, CommError, Coop, Ibgda, P2p, Routed, SignalOp, Transport};
+use doorbell_kernels::heap::{Checked, HeapBounds};
+use doorbell_kernels::transport::{Cmp, CommError, Coop, Ibgda, P2p, RawSignal, RawWait, RawXfer, Routed, Sym, Transport};
 use doorbell_kernels::{kernel, ptx};
 
 /// A test transport: P2P underneath, plus a count of the data-moving calls
@@ -31,6 +32,12 @@ impl Shadow {
     }
 }
 
+impl Checked for Shadow {
+    fn bounds(&self) -> HeapBounds {
+        self.inner.bounds()
+    }
+}
+
 impl Transport for Shadow {
     fn rank(&self) -> u32 {
         self.inner.rank()
@@ -41,62 +48,38 @@ impl Transport for Shadow {
     fn peer_ptr<T>(&self, local: *const T, peer: u32) -> Option<*mut T> {
         self.inner.peer_ptr(local, peer)
     }
-    unsafe fn put_coop(&self, g: Coop, dst: *mut u8, src: *const u8, bytes: u64, peer: u32, nbi: bool) -> Result<(), CommError> {
+    unsafe fn put_raw(&self, g: Coop, peer: u32, x: RawXfer, signal: Option<RawSignal>) -> Result<(), CommError> {
         self.count(g);
         // SAFETY: the caller's contract.
-        unsafe { self.inner.put_coop(g, dst, src, bytes, peer, nbi) }
+        unsafe { self.inner.put_raw(g, peer, x, signal) }
     }
-    unsafe fn get_coop(&self, g: Coop, dst: *mut u8, src: *const u8, bytes: u64, peer: u32, nbi: bool) -> Result<(), CommError> {
+    unsafe fn get_raw(&self, g: Coop, peer: u32, x: RawXfer) -> Result<(), CommError> {
         self.count(g);
         // SAFETY: the caller's contract.
-        unsafe { self.inner.get_coop(g, dst, src, bytes, peer, nbi) }
+        unsafe { self.inner.get_raw(g, peer, x) }
     }
-    unsafe fn put_signal_coop(
-        &self,
-        g: Coop,
-        dst: *mut u8,
-        src: *const u8,
-        bytes: u64,
-        sig: *mut u64,
-        value: u64,
-        op: SignalOp,
-        peer: u32,
-        nbi: bool,
-    ) -> Result<(), CommError> {
-        self.count(g);
+    unsafe fn signal_raw(&self, peer: u32, s: RawSignal) -> Result<(), CommError> {
         // SAFETY: the caller's contract.
-        unsafe { self.inner.put_signal_coop(g, dst, src, bytes, sig, value, op, peer, nbi) }
+        unsafe { self.inner.signal_raw(peer, s) }
     }
-    unsafe fn signal(&self, sig: *mut u64, value: u64, op: SignalOp, peer: u32) -> Result<(), CommError> {
+    unsafe fn wait_word_raw(&self, word: *const u64, cmp: Cmp, value: u64) -> Result<u64, CommError> {
         // SAFETY: the caller's contract.
-        unsafe { self.inner.signal(sig, value, op, peer) }
+        unsafe { self.inner.wait_word_raw(word, cmp, value) }
     }
-    unsafe fn wait_until(&self, sig: *const u64, cmp: Cmp, value: u64) -> Result<u64, CommError> {
+    unsafe fn wait_some_raw(&self, w: RawWait, skip: u64) -> Result<u64, CommError> {
         // SAFETY: the caller's contract.
-        unsafe { self.inner.wait_until(sig, cmp, value) }
-    }
-    unsafe fn wait_until_some(&self, sigs: *const u64, count: u32, skip: u64, cmp: Cmp, value: u64) -> Result<u64, CommError> {
-        // SAFETY: the caller's contract.
-        unsafe { self.inner.wait_until_some(sigs, count, skip, cmp, value) }
+        unsafe { self.inner.wait_some_raw(w, skip) }
     }
     fn fence(&self) {
         self.inner.fence()
     }
-    unsafe fn quiet(&self) -> Result<(), CommError> {
+    unsafe fn quiet(&self, peer: Option<u32>) -> Result<(), CommError> {
         // SAFETY: the caller's contract.
-        unsafe { self.inner.quiet() }
-    }
-    unsafe fn quiet_peer(&self, peer: u32) -> Result<(), CommError> {
-        // SAFETY: the caller's contract.
-        unsafe { self.inner.quiet_peer(peer) }
+        unsafe { self.inner.quiet(peer) }
     }
     unsafe fn barrier(&self) -> Result<(), CommError> {
         // SAFETY: the caller's contract.
         unsafe { self.inner.barrier() }
-    }
-    unsafe fn barrier_block(&self) -> Result<(), CommError> {
-        // SAFETY: the caller's contract.
-        unsafe { self.inner.barrier_block() }
     }
 }
 
@@ -112,6 +95,8 @@ pub fn code(r: Result<(), CommError>) -> u32 {
         Err(CommError::OutOfRange { .. }) => 4,
         Err(CommError::Misaligned { .. }) => 5,
         Err(CommError::BadCount { .. }) => 6,
+        Err(CommError::OutsideBuffer { .. }) => 8,
+        Err(CommError::LengthMismatch { .. }) => 9,
     }
 }
 
@@ -135,26 +120,93 @@ pub unsafe fn bad_call<T: Transport>(t: T, dst: *mut u8, src: *const u8, bytes: 
     // SAFETY: the host passes symmetric `dst`, `sig` and a local `src` of `bytes`.
     let r = unsafe {
         match case {
-            0 => t.put_block(dst, src, bytes, bad_peer),
-            1 => t.put_block(dst, src, bytes, 1),
+            0 => t.put_raw(
+                Coop::Block,
+                bad_peer,
+                RawXfer {
+                    dst,
+                    src,
+                    bytes,
+                    nbi: false,
+                },
+                None,
+            ),
+            1 => t.put_raw(
+                Coop::Block,
+                1,
+                RawXfer {
+                    dst,
+                    src,
+                    bytes,
+                    nbi: false,
+                },
+                None,
+            ),
             2 => {
                 if ptx::thread_rank_in_block() == 0 {
-                    t.signal(misaligned, 7, SignalOp::Set, 1)
+                    t.signal_raw(1, RawSignal::set(misaligned, 7))
                 } else {
                     Err(CommError::Misaligned { offset: 0 })
                 }
             }
-            3 => t.put_signal_block(dst, src, bytes, misaligned, 7, SignalOp::Set, 1),
-            4 => t.get_block(dst, src, bytes, bad_peer),
-            7 => t.get_block(dst.sub(bytes as usize), dst, 64, 1),
+            3 => t.put_raw(
+                Coop::Block,
+                1,
+                RawXfer {
+                    dst,
+                    src,
+                    bytes,
+                    nbi: false,
+                },
+                Some(RawSignal::set(misaligned, 7)),
+            ),
+            4 => t.get_raw(
+                Coop::Block,
+                bad_peer,
+                RawXfer {
+                    dst,
+                    src,
+                    bytes,
+                    nbi: false,
+                },
+            ),
+            7 => t.get_raw(
+                Coop::Block,
+                1,
+                RawXfer {
+                    dst: dst.sub(bytes as usize),
+                    src: dst,
+                    bytes: 64,
+                    nbi: false,
+                },
+            ),
             5 => {
                 if ptx::thread_rank_in_block() == 0 {
-                    t.wait_until_some(sig, 65, 0, Cmp::Ge, 1).map(|_| ())
+                    t.wait_some_raw(
+                        RawWait {
+                            words: sig,
+                            count: 65,
+                            cmp: Cmp::Ge,
+                            value: 1,
+                        },
+                        0,
+                    )
+                    .map(|_| ())
                 } else {
                     Err(CommError::BadCount { count: 65 })
                 }
             }
-            _ => t.put_signal_block(dst, src, bytes, sig, 7, SignalOp::Set, 1),
+            _ => t.put_raw(
+                Coop::Block,
+                1,
+                RawXfer {
+                    dst,
+                    src,
+                    bytes,
+                    nbi: false,
+                },
+                Some(RawSignal::set(sig, 7)),
+            ),
         }
     };
     let c = code(r);
@@ -224,7 +276,7 @@ pub unsafe fn flagged_rounds<T: Transport>(
         for i in 1..=iters {
             if me == 0 {
                 if first && i > 1 {
-                    if let Err(e) = t.wait_until(my_ack, Cmp::Eq, (i - 1) as u64) {
+                    if let Err(e) = t.wait_word_raw(my_ack, Cmp::Eq, (i - 1) as u64) {
                         fail(e);
                     }
                 }
@@ -242,20 +294,50 @@ pub unsafe fn flagged_rounds<T: Transport>(
                 let r = match mode {
                     1 => {
                         if ptx::warp_id_in_block() == 0 {
-                            t.put_signal_warp(mine as *mut u8, stage as *const u8, bytes, my_sig, i as u64, SignalOp::Set, 1)
+                            t.put_raw(
+                                Coop::Warp,
+                                1,
+                                RawXfer {
+                                    dst: mine as *mut u8,
+                                    src: stage as *const u8,
+                                    bytes,
+                                    nbi: false,
+                                },
+                                Some(RawSignal::set(my_sig, i as u64)),
+                            )
                         } else {
                             Ok(())
                         }
                     }
                     2 => {
-                        let r = t.put_signal_nbi_block(mine as *mut u8, stage as *const u8, bytes, my_sig, i as u64, SignalOp::Set, 1);
+                        let r = t.put_raw(
+                            Coop::Block,
+                            1,
+                            RawXfer {
+                                dst: mine as *mut u8,
+                                src: stage as *const u8,
+                                bytes,
+                                nbi: true,
+                            },
+                            Some(RawSignal::set(my_sig, i as u64)),
+                        );
                         if first {
-                            r.and_then(|_| t.quiet())
+                            r.and_then(|_| t.quiet(None))
                         } else {
                             r
                         }
                     }
-                    _ => t.put_signal_block(mine as *mut u8, stage as *const u8, bytes, my_sig, i as u64, SignalOp::Set, 1),
+                    _ => t.put_raw(
+                        Coop::Block,
+                        1,
+                        RawXfer {
+                            dst: mine as *mut u8,
+                            src: stage as *const u8,
+                            bytes,
+                            nbi: false,
+                        },
+                        Some(RawSignal::set(my_sig, i as u64)),
+                    ),
                 };
                 if let Err(e) = r {
                     fail(e);
@@ -263,7 +345,7 @@ pub unsafe fn flagged_rounds<T: Transport>(
                 }
             } else {
                 if first {
-                    if let Err(e) = t.wait_until(my_sig, Cmp::Eq, i as u64) {
+                    if let Err(e) = t.wait_word_raw(my_sig, Cmp::Eq, i as u64) {
                         fail(e);
                     }
                 }
@@ -287,7 +369,7 @@ pub unsafe fn flagged_rounds<T: Transport>(
                     // The block's reads are done (barrier); fenced, the ack
                     // lets the sender overwrite the slice.
                     t.fence();
-                    if let Err(e) = t.signal(my_ack, i as u64, SignalOp::Set, 0) {
+                    if let Err(e) = t.signal_raw(0, RawSignal::set(my_ack, i as u64)) {
                         fail(e);
                     }
                 }
@@ -315,7 +397,7 @@ pub unsafe fn collect_signals<T: Transport>(t: T, sigs: *mut u64, count: u32, ga
                 k -= 1;
                 let t0 = ptx::globaltimer_ns();
                 while ptx::globaltimer_ns().wrapping_sub(t0) < gap_ns {}
-                if let Err(e) = t.signal(sigs.add(k as usize), 1, SignalOp::Set, 1) {
+                if let Err(e) = t.signal_raw(1, RawSignal::set(sigs.add(k as usize), 1)) {
                     *out.add(2) = code(Err(e)) as u64;
                     return;
                 }
@@ -325,7 +407,15 @@ pub unsafe fn collect_signals<T: Transport>(t: T, sigs: *mut u64, count: u32, ga
             let mut have = 0u64;
             let mut calls = 0u64;
             while have != all {
-                match t.wait_until_some(sigs, count, have, Cmp::Ge, 1) {
+                match t.wait_some_raw(
+                    RawWait {
+                        words: sigs,
+                        count,
+                        cmp: Cmp::Ge,
+                        value: 1,
+                    },
+                    have,
+                ) {
                     Ok(m) => {
                         have |= m;
                         calls += 1;
@@ -339,9 +429,10 @@ pub unsafe fn collect_signals<T: Transport>(t: T, sigs: *mut u64, count: u32, ga
             *out = have;
             *out.add(1) = calls;
             if *out.add(2) == 0 {
-                let r = t.wait_until_all(sigs, count, Cmp::Ge, 1);
+                let words = Sym::from_raw(sigs, count as u64).all();
+                let r = t.wait_until_all(words, Cmp::Ge, 1);
                 *out.add(2) = code(r) as u64;
-                if let Ok(i) = t.wait_until_any(sigs, count, Cmp::Ge, 1) {
+                if let Ok(i) = t.wait_until_any(words, Cmp::Ge, 1) {
                     *out.add(3) = i as u64;
                 }
             }

@@ -119,7 +119,7 @@ pub unsafe fn atomics_and_fences(counter: *mut u32, done: *mut u32, out: *mut u3
 }
 
 use crate::contract::Shadow;
-use doorbell_kernels::transport::{Cmp, Ibgda, P2p, Routed, SignalOp, Transport};
+use doorbell_kernels::transport::{Cmp, Coop, Ibgda, P2p, RawSignal, RawXfer, Routed, Transport};
 
 /// A failed transport call's status: `STATUS_TIMEOUT` for a timeout, else
 /// `STATUS_ERROR`.
@@ -158,10 +158,34 @@ pub unsafe fn ring<T: Transport>(
         let mut ok = true;
         if use_warp {
             if ptx::warp_id_in_block() == 0 {
-                ok = t.put_warp(dst.add(offset as usize), src, bytes, next).is_ok();
+                ok = t
+                    .put_raw(
+                        Coop::Warp,
+                        next,
+                        RawXfer {
+                            dst: dst.add(offset as usize),
+                            src,
+                            bytes,
+                            nbi: false,
+                        },
+                        None,
+                    )
+                    .is_ok();
             }
         } else {
-            ok = t.put_block(dst.add(offset as usize), src, bytes, next).is_ok();
+            ok = t
+                .put_raw(
+                    Coop::Block,
+                    next,
+                    RawXfer {
+                        dst: dst.add(offset as usize),
+                        src,
+                        bytes,
+                        nbi: false,
+                    },
+                    None,
+                )
+                .is_ok();
         }
         if !ok {
             *status = STATUS_ERROR;
@@ -172,8 +196,8 @@ pub unsafe fn ring<T: Transport>(
             // are published with the signal once fenced.
             t.fence();
             *status = match t
-                .signal(sig, 1, SignalOp::Add, next)
-                .and_then(|_| t.wait_until(sig, Cmp::Ge, expected))
+                .signal_raw(next, RawSignal::add(sig, 1))
+                .and_then(|_| t.wait_word_raw(sig, Cmp::Ge, expected))
             {
                 Ok(_) => STATUS_OK,
                 Err(doorbell_kernels::transport::CommError::Timeout(_)) => STATUS_TIMEOUT,
@@ -192,12 +216,30 @@ pub unsafe fn ring<T: Transport>(
         }
         let r = if use_warp {
             if ptx::warp_id_in_block() == 0 {
-                t.get_warp(got.add(offset as usize), src, bytes, prev)
+                t.get_raw(
+                    Coop::Warp,
+                    prev,
+                    RawXfer {
+                        dst: got.add(offset as usize),
+                        src,
+                        bytes,
+                        nbi: false,
+                    },
+                )
             } else {
                 Ok(())
             }
         } else {
-            t.get_block(got.add(offset as usize), src, bytes, prev)
+            t.get_raw(
+                Coop::Block,
+                prev,
+                RawXfer {
+                    dst: got.add(offset as usize),
+                    src,
+                    bytes,
+                    nbi: false,
+                },
+            )
         };
         if r.is_err() {
             *status = STATUS_ERROR;
@@ -211,7 +253,7 @@ pub unsafe fn p2p_wait_forever(t: P2p, sig: *mut u64, status: *mut u32) {
     if ptx::thread_rank_in_block() == 0 {
         // SAFETY: `sig` is symmetric, `status` one word.
         unsafe {
-            let r = t.wait_until(sig, Cmp::Eq, 0xdead_beef);
+            let r = t.wait_word_raw(sig, Cmp::Eq, 0xdead_beef);
             *status = if r.is_ok() { STATUS_OK } else { STATUS_TIMEOUT };
         }
     }
@@ -232,7 +274,7 @@ pub unsafe fn p2p_barrier_rounds(t: P2p, counter: *mut u64, rounds: u32, status:
                 }
                 return;
             }
-            if first && t.signal(counter, t.rank() as u64 + 1, SignalOp::Add, 0).is_err() {
+            if first && t.signal_raw(0, RawSignal::add(counter, t.rank() as u64 + 1)).is_err() {
                 *status = STATUS_ERROR;
                 return;
             }

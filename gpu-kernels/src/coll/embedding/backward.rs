@@ -6,7 +6,7 @@ use super::common::{block_share, grid_sync_or_report, set_status, stamp};
 use super::rows::{add_row, apply_row, grid_warp};
 use super::{BwdArgs, EmbBufs, EmbShape, FIRST, PAD, PUT_PIECE_BYTES, STAMP_BWD_AT, STATUS_NO_FORWARD, STATUS_TIMEOUT, STATUS_TRANSPORT};
 use crate::ptx;
-use crate::transport::{Cmp, SignalOp, Transport};
+use crate::transport::{Cmp, Coop, RawSignal, RawXfer, Transport};
 
 /// Backward of the forward with the same epoch: see the module docs.
 /// `a.grad` `[batch][tables][dim]` (local), SGD step `a.lr`, `a.seq` the
@@ -37,7 +37,7 @@ pub unsafe fn backward<T: Transport>(t: &T, s: &EmbShape, b: &EmbBufs, a: &BwdAr
                 // No data; the adds keep the owners' counts in step.
                 for o in 0..n {
                     if o != me {
-                        let _ = t.signal(b.grad_sig.add(me as usize), 1, SignalOp::Add, o);
+                        let _ = t.signal_raw(o, RawSignal::add(b.grad_sig.add(me as usize), 1));
                     }
                 }
             }
@@ -116,7 +116,13 @@ unsafe fn send<T: Transport>(t: &T, s: &EmbShape, b: &EmbBufs, epoch: u64) {
                 let rows = piece.min(c - u0);
                 let dst = b.grad_in.add((me as usize * cap + u0) * dim);
                 let src = b.rows_in.add((o as usize * cap + u0) * dim);
-                if t.put_warp(dst as *mut u8, src as *const u8, (rows * dim * 4) as u64, o).is_err() && lane == 0 {
+                let x = RawXfer {
+                    dst: dst as *mut u8,
+                    src: src as *const u8,
+                    bytes: (rows * dim * 4) as u64,
+                    nbi: false,
+                };
+                if t.put_raw(Coop::Warp, o, x, None).is_err() && lane == 0 {
                     set_status(b.status, STATUS_TRANSPORT, o, 3, 0, 0);
                 }
                 q += warps;
@@ -128,7 +134,7 @@ unsafe fn send<T: Transport>(t: &T, s: &EmbShape, b: &EmbBufs, epoch: u64) {
             // As in the forward: the block's puts, then its signals.
             t.fence();
             for o in 0..n {
-                if o != me && t.signal(b.grad_sig.add(me as usize), 1, SignalOp::Add, o).is_err() {
+                if o != me && t.signal_raw(o, RawSignal::add(b.grad_sig.add(me as usize), 1)).is_err() {
                     set_status(b.status, STATUS_TRANSPORT, o, 4, 0, 0);
                 }
             }
@@ -155,7 +161,7 @@ unsafe fn accumulate_and_apply<T: Transport>(t: &T, s: &EmbShape, b: &EmbBufs, a
         let mut waited = 0u32;
         if tid == 0 {
             for r in 0..n {
-                if r != me && t.wait_until(b.grad_sig.add(r as usize), Cmp::Ge, a.seq * blocks as u64).is_err() {
+                if r != me && t.wait_word_raw(b.grad_sig.add(r as usize), Cmp::Ge, a.seq * blocks as u64).is_err() {
                     waited = 1;
                     break;
                 }

@@ -9,7 +9,7 @@ use super::{
     STATUS_NO_PEER_PTR, STATUS_OK, STATUS_PEER_ERROR, STATUS_PEER_TIMEOUT, STATUS_TIMEOUT, STATUS_TRANSPORT,
 };
 use crate::ptx;
-use crate::transport::{Cmp, SignalOp, Transport};
+use crate::transport::{Cmp, Coop, RawSignal, RawXfer, Transport};
 
 /// Bytes of one slice of a request list sent from every block
 /// ([`send_list_slices`]).
@@ -50,9 +50,19 @@ unsafe fn send_verdict<T: Transport>(t: &T, s: &EmbShape, b: &EmbBufs, epoch: u6
                 count as u64 * 8,
             )
         };
-        let r = t.put_signal_block(dst, src, bytes, b.req_sig.add(me as usize), sig, SignalOp::Set, owner);
+        let r = t.put_raw(
+            Coop::Block,
+            owner,
+            RawXfer {
+                dst,
+                src,
+                bytes,
+                nbi: false,
+            },
+            Some(RawSignal::set(b.req_sig.add(me as usize), sig)),
+        );
         if r.is_err() && ptx::thread_rank_in_block() == 0 {
-            let _ = t.signal(b.req_sig.add(me as usize), verdict_sig(epoch, true, 0), SignalOp::Set, owner);
+            let _ = t.signal_raw(owner, RawSignal::set(b.req_sig.add(me as usize), verdict_sig(epoch, true, 0)));
         }
         r.is_ok()
     }
@@ -92,7 +102,19 @@ unsafe fn send_list_slices<T: Transport>(t: &T, s: &EmbShape, b: &EmbBufs, count
             while q < pieces {
                 let lo = q * LIST_PIECE_BYTES;
                 let len = LIST_PIECE_BYTES.min(bytes - lo);
-                if t.put_nbi_block(dst.add(lo as usize), src.add(lo as usize), len, o).is_err() {
+                if t.put_raw(
+                    Coop::Block,
+                    o,
+                    RawXfer {
+                        dst: dst.add(lo as usize),
+                        src: src.add(lo as usize),
+                        bytes: len,
+                        nbi: true,
+                    },
+                    None,
+                )
+                .is_err()
+                {
                     failed = o;
                 }
                 q += blocks;
@@ -102,7 +124,7 @@ unsafe fn send_list_slices<T: Transport>(t: &T, s: &EmbShape, b: &EmbBufs, count
         // The block's puts, then one thread completes them (quiet is a
         // one-thread call); that thread's answer is the block's.
         ptx::sync_threads();
-        if ptx::thread_rank_in_block() == 0 && t.quiet().is_err() {
+        if ptx::thread_rank_in_block() == 0 && t.quiet(None).is_err() {
             failed = me as u32;
         }
     }
@@ -129,11 +151,11 @@ unsafe fn give_up<T: Transport>(t: &T, b: &EmbBufs, epoch: u64) {
         // signals are the communicator's report already.
         unsafe {
             for r in 0..n {
-                let _ = t.signal(b.rows_sig.add((n + me) as usize), epoch, SignalOp::Set, r);
+                let _ = t.signal_raw(r, RawSignal::set(b.rows_sig.add((n + me) as usize), epoch));
             }
             t.fence();
             for r in 0..n {
-                let _ = t.signal(b.rows_sig.add(me as usize), 1, SignalOp::Add, r);
+                let _ = t.signal_raw(r, RawSignal::add(b.rows_sig.add(me as usize), 1));
             }
         }
     }
@@ -213,7 +235,7 @@ pub unsafe fn forward<T: Transport>(t: &T, s: &EmbShape, b: &EmbBufs, a: &FwdArg
             // adds too (nothing to publish), so the counts stay in step.
             t.fence();
             for r in 0..n {
-                if t.signal(b.rows_sig.add(t.rank() as usize), 1, SignalOp::Add, r).is_err() {
+                if t.signal_raw(r, RawSignal::add(b.rows_sig.add(t.rank() as usize), 1)).is_err() {
                     set_status(b.status, STATUS_TRANSPORT, r, 2, 0, 0);
                 }
             }
@@ -368,7 +390,7 @@ unsafe fn vote<T: Transport>(t: &T, s: &EmbShape, b: &EmbBufs, a: &FwdArgs, coun
                 while owner < n {
                     let c = ptx::ld_relaxed_gpu_u32(counts.add(owner as usize));
                     let sig = verdict_sig(epoch, bad, if bad { 0 } else { c });
-                    if t.signal(b.req_sig.add(me as usize), sig, SignalOp::Set, owner).is_err() {
+                    if t.signal_raw(owner, RawSignal::set(b.req_sig.add(me as usize), sig)).is_err() {
                         refused = owner;
                     }
                     owner += blocks;
@@ -408,7 +430,7 @@ unsafe fn verdicts<T: Transport>(t: &T, s: &EmbShape, b: &EmbBufs, epoch: u64) -
         if ptx::thread_rank_in_block() == 0 {
             let mut first_bad = u32::MAX;
             for r in 0..n {
-                match t.wait_until(b.req_sig.add(r as usize), Cmp::Ge, epoch << 33) {
+                match t.wait_word_raw(b.req_sig.add(r as usize), Cmp::Ge, epoch << 33) {
                     Ok(v) => {
                         if (v >> 32) & 1 != 0 || (v as u32) > s.cap {
                             verdict = verdict.max(1);
@@ -488,7 +510,20 @@ unsafe fn gather<T: Transport>(t: &T, s: &EmbShape, b: &EmbBufs, epoch: u64) {
                 while u < c {
                     if let Some(src) = row(u) {
                         let dst = slot.add(u as usize * dim);
-                        if t.put_warp(dst as *mut u8, src as *const u8, dim as u64 * 4, r).is_err() && ptx::lane_id() == 0 {
+                        if t.put_raw(
+                            Coop::Warp,
+                            r,
+                            RawXfer {
+                                dst: dst as *mut u8,
+                                src: src as *const u8,
+                                bytes: dim as u64 * 4,
+                                nbi: false,
+                            },
+                            None,
+                        )
+                        .is_err()
+                            && ptx::lane_id() == 0
+                        {
                             set_status(b.status, STATUS_TRANSPORT, r, 1, 0, 0);
                         }
                     }
@@ -516,7 +551,7 @@ unsafe fn rows_in<T: Transport>(t: &T, b: &EmbBufs, epoch: u64, verdict: u32) ->
         let mut waited = 0u32;
         if tid == 0 {
             for o in 0..n {
-                if t.wait_until(b.rows_sig.add(o as usize), Cmp::Ge, epoch * blocks as u64).is_err() {
+                if t.wait_word_raw(b.rows_sig.add(o as usize), Cmp::Ge, epoch * blocks as u64).is_err() {
                     waited = 1;
                     break;
                 }

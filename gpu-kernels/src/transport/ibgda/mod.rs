@@ -70,8 +70,8 @@
 //! heap header; the host reports the QP states and resets them
 //! (`Communicator::ibgda_reset`).
 
-use super::{Cmp, CommError, Coop, SignalOp, Transport};
-use crate::heap::{Call, Checked, HeapBounds, Reporter, EPOCH_OFFSET};
+use super::{Cmp, CommError, Coop, RawSignal, RawWait, RawXfer, SignalOp, Transport};
+use crate::heap::{Arg, Call, Checked, HeapBounds, Reporter, EPOCH_OFFSET};
 use crate::mlx5::cq::{classify_cqe, cqe_ready, op_own_of, CqError, CqeState};
 use crate::mlx5::queue::{ring_doorbell, update_doorbell_record, wqe_slot, QpHandle};
 use crate::mlx5::wqe::{write_atomic_fetch_add_wqe, write_rdma_read_wqe, write_rdma_write_wqe, Transfer, FLAG_SIGNALED};
@@ -261,6 +261,42 @@ struct Xfer {
     bytes: u64,
 }
 
+/// A transfer of no data (a signal or a header word alone).
+const NO_DATA: Xfer = Xfer {
+    read: false,
+    raddr: 0,
+    laddr: 0,
+    lkey: 0,
+    bytes: 0,
+};
+
+/// Which call posts, to which peer (for its error reports).
+#[derive(Clone, Copy)]
+struct Site {
+    call: Call,
+    peer: u32,
+}
+
+/// The batches of a transfer one poster takes: batch `j` when
+/// `j % stride == which`.
+#[derive(Clone, Copy)]
+struct Share {
+    which: u64,
+    stride: u64,
+}
+
+impl Share {
+    /// Every batch.
+    const ALL: Share = Share { which: 0, stride: 1 };
+}
+
+/// Chunks `first .. first + count` of a transfer (one batch).
+#[derive(Clone, Copy)]
+struct Chunks {
+    first: u64,
+    count: u32,
+}
+
 #[derive(Clone, Copy)]
 struct Sig {
     /// Remote address of the word.
@@ -308,7 +344,7 @@ impl Ibgda {
     /// registered buffer; else the range is refused (the NIC could not
     /// reach it).
     #[inline(always)]
-    fn local_key(&self, call: Call, addr: u64, bytes: u64, peer: u32) -> Result<u32, CommError> {
+    fn local_key(&self, call: Call, arg: Arg, addr: u64, bytes: u64, peer: u32) -> Result<u32, CommError> {
         let off = addr.wrapping_sub(self.local_base);
         if bytes == 0 || off <= self.heap_bytes && bytes <= self.heap_bytes - off {
             return Ok(self.heap_lkey);
@@ -322,7 +358,7 @@ impl Ibgda {
             }
             i += 1;
         }
-        Err(self.fail(CommError::OutOfRange { offset: off, bytes }, call, peer, off))
+        Err(self.fail(CommError::OutOfRange { offset: off, bytes }, call, arg, peer, off))
     }
 
     // ---- QPs ---------------------------------------------------------------
@@ -347,7 +383,7 @@ impl Ibgda {
         } else {
             CommError::Timeout(Timeout { seen: 0 })
         };
-        self.fail(e, call, peer, 0)
+        self.fail(e, call, Arg::None, peer, 0)
     }
 
     /// Marks the QP wedged (first error wins), records the stall.
@@ -409,39 +445,9 @@ impl Ibgda {
         self.wait_slots(epoch)
     }
 
-    /// The local `wait_until_some` (shared with the routed transport).
-    pub(crate) fn wait_some(&self, sigs: *const u64, count: u32, skip: u64, cmp: Cmp, value: u64) -> Result<u64, CommError> {
-        let call = Call::WaitUntilSome;
-        if count == 0 || count > 64 {
-            let off = (sigs as u64).wrapping_sub(self.local_base);
-            return Err(self.fail(CommError::BadCount { count: count as u64 }, call, u32::MAX, off));
-        }
-        let off = self.check_range(call, sigs as u64, 8 * count as u64, self.rank)?;
-        if off & 7 != 0 {
-            return Err(self.fail(CommError::Misaligned { offset: off }, call, u32::MAX, off));
-        }
-        let mut spin = Spin::new(self.budget_ns);
-        loop {
-            let mut ready = 0u64;
-            let mut last = 0u64;
-            for i in 0..count {
-                if skip & (1u64 << i) == 0 {
-                    // SAFETY: inside the checked range.
-                    last = Self::load_signal(unsafe { sigs.add(i as usize) });
-                    if cmp.holds(last, value) {
-                        ready |= 1u64 << i;
-                    }
-                }
-            }
-            if ready != 0 {
-                return Ok(ready);
-            }
-            if !spin.again() {
-                let first = (!skip).trailing_zeros().min(count - 1);
-                let at = sigs as u64 + first as u64 * 8;
-                return Err(self.fail_wait(Timeout { seen: last }, call, u32::MAX, at, cmp, value));
-            }
-        }
+    /// The local `wait_some_raw` (shared with the routed transport).
+    pub(crate) fn wait_some(&self, w: RawWait, skip: u64) -> Result<u64, CommError> {
+        super::wait_some_words(self, w, skip, Self::load_signal)
     }
 
     /// The local `wait_until` (shared with the routed transport).
@@ -485,107 +491,92 @@ impl Transport for Ibgda {
         None
     }
 
-    unsafe fn put_coop(&self, g: Coop, dst: *mut u8, src: *const u8, bytes: u64, peer: u32, nbi: bool) -> Result<(), CommError> {
-        let call = if nbi { Call::PutNbi } else { Call::Put };
-        let off = self.check_range(call, dst as u64, bytes, peer)?;
-        let lkey = self.local_key(call, src as u64, bytes, peer)?;
-        if bytes == 0 {
-            return Ok(());
-        }
-        let x = Xfer {
-            read: false,
-            raddr: self.remote_base(peer) + off,
-            laddr: src as u64,
-            lkey,
-            bytes,
+    unsafe fn put_raw(&self, g: Coop, peer: u32, x: RawXfer, signal: Option<RawSignal>) -> Result<(), CommError> {
+        let call = match (signal.is_some(), x.nbi) {
+            (false, false) => Call::Put,
+            (false, true) => Call::PutNbi,
+            (true, false) => Call::PutSignal,
+            (true, true) => Call::PutSignalNbi,
         };
-        // SAFETY: checked arguments; the caller's contract.
-        unsafe { self.transfer(g, x, None, call, peer, nbi) }
-    }
-
-    unsafe fn get_coop(&self, g: Coop, dst: *mut u8, src: *const u8, bytes: u64, peer: u32, nbi: bool) -> Result<(), CommError> {
-        let call = if nbi { Call::GetNbi } else { Call::Get };
-        let off = self.check_range(call, src as u64, bytes, peer)?;
-        // The NIC would write the heap's header as readily as its user part.
-        self.check_local_dst(call, dst as u64, bytes, peer)?;
-        let lkey = self.local_key(call, dst as u64, bytes, peer)?;
-        if bytes == 0 {
-            return Ok(());
-        }
-        let x = Xfer {
-            read: true,
-            raddr: self.remote_base(peer) + off,
-            laddr: dst as u64,
-            lkey,
-            bytes,
-        };
-        // SAFETY: as above.
-        unsafe { self.transfer(g, x, None, call, peer, nbi) }
-    }
-
-    unsafe fn put_signal_coop(
-        &self,
-        g: Coop,
-        dst: *mut u8,
-        src: *const u8,
-        bytes: u64,
-        sig: *mut u64,
-        value: u64,
-        op: SignalOp,
-        peer: u32,
-        nbi: bool,
-    ) -> Result<(), CommError> {
-        let call = if nbi { Call::PutSignalNbi } else { Call::PutSignal };
         // Every check before any WQE: a bad argument writes nothing.
-        let off = self.check_range(call, dst as u64, bytes, peer)?;
-        let sig_off = self.check_signal(call, sig as u64, peer)?;
-        let lkey = self.local_key(call, src as u64, bytes, peer)?;
+        let off = self.check_range(call, Arg::Destination, x.dst as u64, x.bytes, peer)?;
+        let sig_off = match signal {
+            Some(s) => self.check_signal(call, s.word as u64, peer)?,
+            None => 0,
+        };
+        let lkey = self.local_key(call, Arg::Source, x.src as u64, x.bytes, peer)?;
+        if x.bytes == 0 && signal.is_none() {
+            return Ok(());
+        }
         let base = self.remote_base(peer);
-        let x = Xfer {
+        let wire = Xfer {
             read: false,
             raddr: base + off,
-            laddr: src as u64,
+            laddr: x.src as u64,
             lkey,
-            bytes,
+            bytes: x.bytes,
         };
-        let s = Sig {
+        let sig = signal.map(|s| Sig {
             raddr: base + sig_off,
-            value,
-            op,
-        };
-        // SAFETY: as above.
-        unsafe { self.transfer(g, x, Some(s), call, peer, nbi) }
+            value: s.value,
+            op: s.op,
+        });
+        // SAFETY: checked arguments; the caller's contract.
+        unsafe { self.transfer(g, wire, sig, Site { call, peer }, x.nbi) }
     }
 
-    unsafe fn signal(&self, sig: *mut u64, value: u64, op: SignalOp, peer: u32) -> Result<(), CommError> {
-        let off = self.check_signal(Call::Signal, sig as u64, peer)?;
-        let q = self.qp(peer);
-        let s = Sig {
-            raddr: q.remote_base + off,
-            value,
-            op,
+    unsafe fn get_raw(&self, g: Coop, peer: u32, x: RawXfer) -> Result<(), CommError> {
+        let call = if x.nbi { Call::GetNbi } else { Call::Get };
+        let off = self.check_range(call, Arg::Source, x.src as u64, x.bytes, peer)?;
+        // The NIC would write the heap's header as readily as its user part.
+        self.check_local_dst(call, x.dst as u64, x.bytes, peer)?;
+        let lkey = self.local_key(call, Arg::Destination, x.dst as u64, x.bytes, peer)?;
+        if x.bytes == 0 {
+            return Ok(());
+        }
+        let wire = Xfer {
+            read: true,
+            raddr: self.remote_base(peer) + off,
+            laddr: x.dst as u64,
+            lkey,
+            bytes: x.bytes,
         };
-        let none = Xfer {
-            read: false,
-            raddr: 0,
-            laddr: 0,
-            lkey: 0,
-            bytes: 0,
+        // SAFETY: as above.
+        unsafe { self.transfer(g, wire, None, Site { call, peer }, x.nbi) }
+    }
+
+    unsafe fn signal_raw(&self, peer: u32, s: RawSignal) -> Result<(), CommError> {
+        let off = self.check_signal(Call::Signal, s.word as u64, peer)?;
+        let q = self.qp(peer);
+        let sig = Sig {
+            raddr: q.remote_base + off,
+            value: s.value,
+            op: s.op,
         };
         // Non-blocking like P2P's store: the peer sees it when the NIC
         // delivers it; `quiet` completes it.
         // SAFETY: checked arguments.
-        unsafe { self.post_xfer(Poster::Thread, &q, &none, Some(&s), 0, 1, Call::Signal, peer) }.map(|_| ())
+        unsafe {
+            self.post_xfer(
+                Poster::Thread,
+                &q,
+                &NO_DATA,
+                Some(&sig),
+                Share::ALL,
+                Site { call: Call::Signal, peer },
+            )
+        }
+        .map(|_| ())
     }
 
     #[inline(always)]
-    unsafe fn wait_until(&self, sig: *const u64, cmp: Cmp, value: u64) -> Result<u64, CommError> {
-        self.wait_one(sig, cmp, value)
+    unsafe fn wait_word_raw(&self, word: *const u64, cmp: Cmp, value: u64) -> Result<u64, CommError> {
+        self.wait_one(word, cmp, value)
     }
 
     #[inline(always)]
-    unsafe fn wait_until_some(&self, sigs: *const u64, count: u32, skip: u64, cmp: Cmp, value: u64) -> Result<u64, CommError> {
-        self.wait_some(sigs, count, skip, cmp, value)
+    unsafe fn wait_some_raw(&self, w: RawWait, skip: u64) -> Result<u64, CommError> {
+        self.wait_some(w, skip)
     }
 
     /// Nothing to do: a block's WQEs to a peer share one QP, executed in
@@ -593,48 +584,28 @@ impl Transport for Ibgda {
     #[inline(always)]
     fn fence(&self) {}
 
-    unsafe fn quiet(&self) -> Result<(), CommError> {
-        for peer in 0..self.world {
-            let q = self.qp(peer);
-            // A routed handle has no QP to peers it reaches by load/store.
-            if !q.state.is_null() {
-                // SAFETY: the handle's QPs are valid.
-                unsafe { self.quiet_qp(&q, Call::Quiet) }?;
+    unsafe fn quiet(&self, peer: Option<u32>) -> Result<(), CommError> {
+        match peer {
+            Some(peer) if peer >= self.world => Err(self.fail(CommError::BadPeer { peer }, Call::Quiet, Arg::None, peer, 0)),
+            // SAFETY: the handle's QPs are valid.
+            Some(peer) => unsafe { self.quiet_qp(&self.qp(peer), Call::Quiet) },
+            None => {
+                for peer in 0..self.world {
+                    let q = self.qp(peer);
+                    // A routed handle has no QP to peers it reaches by load/store.
+                    if !q.state.is_null() {
+                        // SAFETY: as above.
+                        unsafe { self.quiet_qp(&q, Call::Quiet) }?;
+                    }
+                }
+                Ok(())
             }
         }
-        Ok(())
-    }
-
-    unsafe fn quiet_peer(&self, peer: u32) -> Result<(), CommError> {
-        if peer >= self.world {
-            return Err(self.fail(CommError::BadPeer { peer }, Call::Quiet, peer, 0));
-        }
-        let q = self.qp(peer);
-        // SAFETY: as above.
-        unsafe { self.quiet_qp(&q, Call::Quiet) }
     }
 
     unsafe fn barrier(&self) -> Result<(), CommError> {
         // SAFETY: the caller's contract.
         unsafe { self.barrier_inner() }
-    }
-
-    unsafe fn barrier_block(&self) -> Result<(), CommError> {
-        let result = self.reserved(crate::heap::BLOCK_RESULT_OFFSET);
-        ptx::sync_threads();
-        if ptx::thread_rank_in_block() == 0 {
-            // SAFETY: one block per rank (contract).
-            let r = unsafe { self.barrier_inner() };
-            // SAFETY: reserved word, read after the block barrier below.
-            unsafe { *result = if r.is_ok() { 0 } else { 1 } };
-        }
-        ptx::sync_threads();
-        // SAFETY: written by thread 0 before the barrier.
-        if unsafe { *result } == 0 {
-            Ok(())
-        } else {
-            Err(CommError::Timeout(Timeout { seen: 0 }))
-        }
     }
 }
 

@@ -242,18 +242,17 @@ impl Ibgda {
     /// signal when `with_sig` — 1..=32 WQEs, only the last signaled.
     /// Returns the completion target (the index past the batch), on every
     /// lane of a warp poster.
-    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn post_batch(
         &self,
         p: Poster,
         q: &IbgdaQp,
         x: &Xfer,
-        first: u64,
-        chunks: u32,
+        part: Chunks,
         sig: Option<&Sig>,
-        call: Call,
-        peer: u32,
+        site: Site,
     ) -> Result<u32, CommError> {
+        let Chunks { first, count: chunks } = part;
+        let Site { call, peer } = site;
         let count = chunks + sig.is_some() as u32;
         let no_sig = Sig {
             raddr: 0,
@@ -320,18 +319,16 @@ impl Ibgda {
     /// `j % stride == which`, then (when `sig` is given) the signal in the
     /// last batch. Returns the completion target of the last batch posted
     /// (or `None` when none was).
-    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn post_xfer(
         &self,
         p: Poster,
         q: &IbgdaQp,
         x: &Xfer,
         sig: Option<&Sig>,
-        which: u64,
-        stride: u64,
-        call: Call,
-        peer: u32,
+        share: Share,
+        site: Site,
     ) -> Result<Option<u32>, CommError> {
+        let Share { which, stride } = share;
         let max_msg = self.max_msg as u64;
         let chunks = x.bytes.div_ceil(max_msg);
         let items = chunks + sig.is_some() as u64;
@@ -343,7 +340,7 @@ impl Ibgda {
             let n = (chunks.saturating_sub(first)).min(MAX_BATCH as u64) as u32;
             let s = if j + 1 == batches { sig } else { None };
             // SAFETY: the caller's contract.
-            target = Some(unsafe { self.post_batch(p, q, x, first, n, s, call, peer) }?);
+            target = Some(unsafe { self.post_batch(p, q, x, Chunks { first, count: n }, s, site) }?);
             j += stride;
         }
         Ok(target)
@@ -354,15 +351,15 @@ impl Ibgda {
     /// (the signal, if any, goes last, by warp 0, after a block barrier).
     /// Blocking calls wait for their completion; every thread of the group
     /// returns after the group's WQEs are posted (and complete, if blocking).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn transfer(&self, g: Coop, x: Xfer, sig: Option<Sig>, call: Call, peer: u32, nbi: bool) -> Result<(), CommError> {
+    pub(super) unsafe fn transfer(&self, g: Coop, x: Xfer, sig: Option<Sig>, site: Site, nbi: bool) -> Result<(), CommError> {
+        let Site { call, peer } = site;
         let q = self.qp(peer);
         let sig = sig.as_ref();
         match g {
             Coop::Thread | Coop::Warp => {
                 let p = if g == Coop::Thread { Poster::Thread } else { Poster::Warp };
                 // SAFETY: the handle's QPs are valid.
-                let t = unsafe { self.post_xfer(p, &q, &x, sig, 0, 1, call, peer) }?;
+                let t = unsafe { self.post_xfer(p, &q, &x, sig, Share::ALL, site) }?;
                 if let (Some(t), false) = (t, nbi) {
                     return self.wait_posted(p, &q, t, call, peer);
                 }
@@ -384,7 +381,7 @@ impl Ibgda {
                     let me = if p == Poster::Thread { tid == 0 } else { tid < 32 };
                     if me {
                         // SAFETY: as above.
-                        match unsafe { self.post_xfer(p, &q, &x, sig, 0, 1, call, peer) } {
+                        match unsafe { self.post_xfer(p, &q, &x, sig, Share::ALL, site) } {
                             Ok(Some(t)) if !nbi => self.wait_posted(p, &q, t, call, peer),
                             Ok(_) => Ok(()),
                             Err(e) => Err(e),
@@ -398,13 +395,13 @@ impl Ibgda {
                     // follows every data WQE on the QP.
                     let w = (tid / 32) as u64;
                     // SAFETY: as above.
-                    let mut r = unsafe { self.post_xfer(Poster::Warp, &q, &x, None, w, warps, call, peer) };
+                    let mut r = unsafe { self.post_xfer(Poster::Warp, &q, &x, None, Share { which: w, stride: warps }, site) };
                     if sig.is_some() {
                         ptx::sync_threads();
                         if w == 0 && r.is_ok() {
                             let none = Xfer { bytes: 0, ..x };
                             // SAFETY: as above.
-                            r = unsafe { self.post_xfer(Poster::Warp, &q, &none, sig, 0, 1, call, peer) };
+                            r = unsafe { self.post_xfer(Poster::Warp, &q, &none, sig, Share::ALL, site) };
                         }
                     }
                     match r {
@@ -489,14 +486,8 @@ impl Ibgda {
             value,
             op: SignalOp::Set,
         };
-        let none = Xfer {
-            read: false,
-            raddr: 0,
-            laddr: 0,
-            lkey: 0,
-            bytes: 0,
-        };
+        let site = Site { call: Call::Barrier, peer };
         // SAFETY: the caller's contract.
-        unsafe { self.post_xfer(Poster::Thread, &q, &none, Some(&sig), 0, 1, Call::Barrier, peer) }.map(|_| ())
+        unsafe { self.post_xfer(Poster::Thread, &q, &NO_DATA, Some(&sig), Share::ALL, site) }.map(|_| ())
     }
 }
