@@ -108,6 +108,8 @@ pub enum Call {
     Quiet = 12,
     /// `barrier` / `barrier_block`.
     Barrier = 13,
+    /// `Pipe::run` (the pipeline's own checks).
+    Pipeline = 14,
 }
 
 impl Call {
@@ -127,6 +129,7 @@ impl Call {
             Call::WaitUntilSome => "wait_until_some",
             Call::Quiet => "quiet",
             Call::Barrier => "barrier",
+            Call::Pipeline => "pipeline",
         }
     }
     /// From the raw value in a report.
@@ -145,6 +148,7 @@ impl Call {
             11 => Call::WaitUntilSome,
             12 => Call::Quiet,
             13 => Call::Barrier,
+            14 => Call::Pipeline,
             _ => return None,
         })
     }

@@ -56,6 +56,9 @@
 //! steps `<= j` by ranks that send before they wait; the fused all-reduce in
 //! [`crate::coll::allreduce`] is built that way (see there).
 
+mod pipe;
+pub use pipe::Pipe;
+
 use crate::ptx;
 use crate::transport::{wait_all_raw, Cmp, CommError, Coop, RawSignal, RawWait, RawXfer, Transport};
 

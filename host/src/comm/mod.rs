@@ -56,6 +56,7 @@ use crate::world::World;
 
 mod ibgda;
 mod reports;
+mod rings;
 mod setup;
 mod shm;
 
@@ -63,6 +64,7 @@ pub use crate::nic::soft::{
     EngineCounters, EnginePhase, EngineReport, IbgdaProgress, SoftNicEngine, ENGINE_THREADS_GPU, SOFTNIC, SOFTNIC_PTX,
 };
 pub use ibgda::{IbgdaOptions, IbgdaQueue, RdmaPeers};
+pub use rings::{RingShape, Rings};
 pub use setup::PeerRoute;
 use setup::{Heap, Mapping};
 

@@ -119,6 +119,13 @@ impl Communicator {
                 "the signal word at symmetric-heap offset {:#x} is not 8-byte aligned; nothing was written (use a u64 allocation)",
                 r.offset
             ),
+            Some(ErrorKind::BadCount) if r.call == Call::Pipeline as u32 => format!(
+                "the grid has {} blocks; a pipeline of {} pairs runs on exactly {} (a producer and a consumer \
+                 block per pair: launch with Rings::blocks()); nothing was sent",
+                r.bytes,
+                r.offset / 2,
+                r.offset
+            ),
             Some(ErrorKind::BadCount) => format!(
                 "a count of {} is out of range (1..=64 signal words); nothing was waited for",
                 r.bytes

@@ -13,3 +13,4 @@ pub mod golden;
 pub mod mlx5;
 pub mod pipeline;
 pub mod testing;
+pub mod typed;

@@ -1,0 +1,62 @@
+//! Kernels of the typed transfer calls: every part checked against its own
+//! buffer, arguments by name, errors naming the argument.
+
+use doorbell_kernels::transport::{Cmp, Coop, Get, Ibgda, P2p, Part, Put, Signal, Sym, Transport};
+use doorbell_kernels::{kernel, ptx};
+
+use crate::contract::code;
+
+/// One typed call per launch, by every thread of one block on rank 0, to
+/// rank 1 (`case`), with `buf` a symmetric buffer of `n = buf.len()` u32
+/// and `sigs` one of 2 words:
+///
+/// | case | call | what is wrong |
+/// |---|---|---|
+/// | 0 | put | destination `buf.part(n - 3, 4)` runs one element past `buf` |
+/// | 1 | put | source `buf.part(1, n)` runs past |
+/// | 2 | put | destination of 4 elements, source of 5 |
+/// | 3 | put with signal | signal word `sigs.word(2)` past `sigs` |
+/// | 4 | get | source `buf.part(n, 1)` past |
+/// | 5 | wait_until_all | words `sigs.part(1, 2)` past |
+/// | 6 | put with signal | nothing (the control: all of `buf`, `sigs[0] = 7`) |
+/// | 7 | put with signal | source `Part::local(local, n)`: memory outside the heap (refused by an RDMA transport unless registered) |
+///
+/// `out[0]` = `code` of thread 0's result, `out[1]` = threads that
+/// got a different one.
+#[kernel(transports(P2p, Ibgda))]
+pub unsafe fn typed_call<T: Transport>(t: T, buf: Sym<u32>, sigs: Sym<u64>, local: *mut u32, case: u32, out: *mut u32) {
+    if t.rank() != 0 {
+        return;
+    }
+    let n = buf.len();
+    let done = Signal::set(sigs.word(0), 7);
+    // SAFETY: every thread of the block makes the same call; `local` holds `n`.
+    let r = unsafe {
+        match case {
+            0 => t.put(Coop::Block, 1, Put::dst(buf.part(n - 3, 4)).src(buf.part(0, 4))),
+            1 => t.put(Coop::Block, 1, Put::dst(buf.all()).src(buf.part(1, n))),
+            2 => t.put(Coop::Block, 1, Put::dst(buf.part(0, 4)).src(buf.part(0, 5))),
+            3 => t.put(
+                Coop::Block,
+                1,
+                Put::dst(buf.all()).src(buf.all()).signal(Signal::set(sigs.word(2), 1)),
+            ),
+            4 => t.get(Coop::Block, 1, Get::dst(buf.part(0, 1)).src(buf.part(n, 1))),
+            // Every thread waits (a one-thread call; the words are refused before any wait).
+            5 => t.wait_until_all(sigs.part(1, 2), Cmp::Ge, 1),
+            6 => t.put(Coop::Block, 1, Put::dst(buf.all()).src(buf.all()).signal(done)),
+            _ => t.put(Coop::Block, 1, Put::dst(buf.all()).src(Part::local(local, n)).signal(done)),
+        }
+    };
+    let mine = code(r);
+    // SAFETY: two words (the launcher's).
+    unsafe {
+        if ptx::thread_rank_in_block() == 0 {
+            *out = mine;
+        }
+        ptx::sync_threads();
+        if mine != *out {
+            ptx::atom_add_relaxed_gpu_u32(out.add(1), 1);
+        }
+    }
+}

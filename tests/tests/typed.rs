@@ -1,0 +1,160 @@
+//! The typed transfer calls (`Sym`, `Part`, `Put`, `Get`, `Signal`) over
+//! P2P and IBGDA: a part outside its own buffer is refused — not merely one
+//! outside the heap — naming the argument and the buffer's bounds, and
+//! nothing lands on the peer, not even in the allocation right after the
+//! buffer; an unregistered source over IBGDA says how to register it.
+
+use std::time::Duration;
+
+use doorbell::comm::{CommOptions, Communicator};
+use doorbell::{Backend, ForTransport, Kernel, KernelParam, LaunchConfig};
+use doorbell_kernels::transport::{Ibgda, P2p, Sym, Transport};
+use doorbell_test_kernels::typed::typed_call;
+use doorbell_tests::{per_backend, TEST_KERNELS};
+
+const N: usize = 64;
+const CANARY: u32 = 0xC0FF_EE00;
+
+/// What rank 0 saw and rank 1 holds after one case.
+struct Seen {
+    err: Option<String>,
+    codes: Vec<u32>,
+    buf: Vec<u32>,
+    next: Vec<u32>,
+    sigs: Vec<u64>,
+}
+
+type Args<T> = (T, Sym<u32>, Sym<u64>, *mut u32, u32, *mut u32);
+
+/// A transport handle the test can ask the communicator for.
+trait Handle: Transport + KernelParam {
+    fn of(comm: &Communicator) -> doorbell::Result<Self>;
+}
+impl Handle for P2p {
+    fn of(comm: &Communicator) -> doorbell::Result<Self> {
+        comm.p2p()
+    }
+}
+impl Handle for Ibgda {
+    fn of(comm: &Communicator) -> doorbell::Result<Self> {
+        comm.ibgda()
+    }
+}
+
+fn run<T: Handle>(backend: Backend, case: u32) -> Seen
+where
+    typed_call: ForTransport<T>,
+    <typed_call as ForTransport<T>>::Kernel: Kernel<Args = Args<T>>,
+{
+    let opts = CommOptions {
+        heap_bytes: 1 << 20,
+        wait_timeout: Duration::from_secs(20),
+        ..Default::default()
+    };
+    let mut out = Communicator::local(2, backend, opts, |comm| {
+        let dev = comm.device();
+        let m = dev.load_module(&TEST_KERNELS)?;
+        let f = m.function::<<typed_call as ForTransport<T>>::Kernel>()?;
+        let buf = comm.alloc::<u32>(N)?;
+        // The allocation right after `buf`: where a put past its end would land.
+        let next = comm.alloc::<u32>(N)?;
+        next.copy_from_host(&[CANARY; N])?;
+        let sigs = comm.alloc::<u64>(2)?;
+        // Rank 0's source data differs from what rank 1 holds (zeros).
+        if comm.rank() == 0 {
+            buf.copy_from_host(&(0..N as u32).map(|i| i * 3 + 1).collect::<Vec<_>>())?;
+        }
+        let mut local = dev.alloc_from(&(0..N as u32).map(|i| i ^ 0x55).collect::<Vec<_>>())?;
+        let mut codes = dev.alloc_zeroed::<u32>(2)?;
+        let t = T::of(comm)?;
+        let s = dev.new_stream()?;
+        comm.barrier()?;
+        // SAFETY: symmetric buffers of the sizes the kernel documents.
+        unsafe {
+            s.launch(
+                &f,
+                LaunchConfig::linear(1, 64),
+                (t, buf.sym(), sigs.sym(), local.as_mut_ptr(), case, codes.as_mut_ptr()),
+            )?
+        };
+        let err = comm.synchronize(&s).err().map(|e| e.to_string());
+        comm.barrier()?;
+        Ok(Seen {
+            err,
+            codes: codes.to_host()?,
+            buf: buf.to_host()?,
+            next: next.to_host()?,
+            sigs: sigs.to_host()?,
+        })
+    })
+    .unwrap_or_else(|e| panic!("{backend:?} case {case}: {e}"));
+    let r1 = out.pop().expect("rank 1");
+    let r0 = out.pop().expect("rank 0");
+    Seen {
+        err: r0.err,
+        codes: r0.codes,
+        ..r1
+    }
+}
+
+/// (case, code, words the error must hold).
+const BAD: [(u32, u32, &str); 6] = [
+    (0, 8, "the destination is elements [61, 65) of a buffer of 64 elements of 4 bytes"),
+    (1, 8, "the source is elements [1, 65) of a buffer of 64 elements"),
+    (2, 9, "the destination has 4 elements and the source 5"),
+    (3, 8, "the signal word is elements [2, 3) of a buffer of 2 elements of 8 bytes"),
+    (4, 8, "the source is elements [64, 65) of a buffer of 64 elements"),
+    (5, 8, "the signal word is elements [1, 3) of a buffer of 2 elements"),
+];
+
+fn check_all<T: Handle>(backend: Backend)
+where
+    typed_call: ForTransport<T>,
+    <typed_call as ForTransport<T>>::Kernel: Kernel<Args = Args<T>>,
+{
+    for (case, code, words) in BAD {
+        let what = format!("{backend:?} {} case {case}", std::any::type_name::<T>());
+        let s = run::<T>(backend, case);
+        assert_eq!(s.codes, [code, 0], "{what}: code, threads that disagreed");
+        let err = s.err.unwrap_or_else(|| panic!("{what}: no error reported"));
+        assert!(err.contains(words), "{what}: {err}");
+        assert!(err.contains("nothing was"), "{what}: {err}");
+        assert!(s.buf.iter().all(|&v| v == 0), "{what}: the peer's buffer changed");
+        assert!(s.next.iter().all(|&v| v == CANARY), "{what}: the next allocation changed");
+        assert_eq!(s.sigs, [0, 0], "{what}: the signal words changed");
+    }
+    // The control: the whole buffer and its signal arrive.
+    let s = run::<T>(backend, 6);
+    assert!(s.err.is_none(), "{backend:?}: {:?}", s.err);
+    assert_eq!(s.codes, [0, 0]);
+    assert_eq!(s.buf, (0..N as u32).map(|i| i * 3 + 1).collect::<Vec<_>>());
+    assert_eq!(s.sigs, [7, 0]);
+    assert!(s.next.iter().all(|&v| v == CANARY));
+}
+
+per_backend! {
+    /// Every typed argument is checked against its own buffer over P2P.
+    fn typed_parts_are_checked_against_their_own_buffer_p2p(backend: Backend) {
+        check_all::<P2p>(backend);
+        // P2P reads any device memory: a local source arrives.
+        let s = run::<P2p>(backend, 7);
+        assert!(s.err.is_none(), "{:?}", s.err);
+        assert_eq!(s.buf, (0..N as u32).map(|i| i ^ 0x55).collect::<Vec<_>>());
+    }
+}
+
+/// The same over IBGDA through the soft NIC (the emulator's); there an
+/// unregistered local source is refused with how to register it.
+#[test]
+fn typed_parts_are_checked_against_their_own_buffer_ibgda() {
+    check_all::<Ibgda>(Backend::Cpu);
+    let s = run::<Ibgda>(Backend::Cpu, 7);
+    assert_eq!(s.codes, [4, 0]);
+    let err = s.err.expect("an unregistered source is refused");
+    assert!(
+        err.contains("the source (256 bytes outside the symmetric heap) is neither in the symmetric heap nor in memory registered"),
+        "{err}"
+    );
+    assert!(err.contains("register it with Communicator::ibgda_register"), "{err}");
+    assert!(s.buf.iter().all(|&v| v == 0) && s.sigs == [0, 0]);
+}
