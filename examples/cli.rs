@@ -171,6 +171,30 @@ pub enum Transport {
     Ibgda,
 }
 
+impl From<Transport> for doorbell::TransportKind {
+    fn from(t: Transport) -> Self {
+        match t {
+            Transport::P2p => doorbell::TransportKind::P2p,
+            Transport::Ibgda => doorbell::TransportKind::Ibgda,
+        }
+    }
+}
+
+/// 09 — your own fused kernels: a producer → next-rank pipeline and an
+/// all-gather, checked value by value.
+#[derive(Parser, Debug, Clone, PartialEq, Eq)]
+#[command(name = "fused", version, about, long_about = None)]
+pub struct FusedArgs {
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    /// The device transport (ibgda: through the soft NIC)
+    #[arg(long, value_enum, default_value_t = Transport::P2p)]
+    pub transport: Transport,
+    /// Ranks, as threads of this process
+    #[arg(long, value_name = "N", default_value = "2", value_parser = ranged(2, 8))]
+    pub ranks: u64,
+}
+
 /// 02 — ping-pong between two ranks with GPU-initiated puts and signals.
 ///
 /// Two ranks as threads of this process by default; one rank per process

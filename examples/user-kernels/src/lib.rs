@@ -15,6 +15,7 @@ use doorbell_kernels::{kernel, ptx};
 pub mod allreduce;
 pub mod comm;
 pub mod embedding;
+pub mod fused;
 pub mod ibgda_bench;
 pub mod shift;
 
