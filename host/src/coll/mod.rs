@@ -195,6 +195,27 @@ impl TransportKind {
     }
 }
 
+impl std::fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for TransportKind {
+    type Err = Error;
+
+    /// `p2p`, `ibgda` or `routed` (any case, surrounding blanks ignored);
+    /// anything else is [`Error::BadTransport`].
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "p2p" => Ok(TransportKind::P2p),
+            "ibgda" => Ok(TransportKind::Ibgda),
+            "routed" => Ok(TransportKind::Routed),
+            _ => Err(Error::BadTransport(s.to_string())),
+        }
+    }
+}
+
 /// Tuning of an [`AllReduce`]; `Default` picks everything.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AllReduceOptions {
