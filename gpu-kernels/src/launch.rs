@@ -148,6 +148,11 @@ pub trait EntryVisitor {
 /// entry can be chosen from a handle whose type is known only at run time.
 /// `#[kernel(transports(...))]` implements it whenever no parameter but
 /// the first names the transport type.
+#[diagnostic::on_unimplemented(
+    message = "kernel family `{Self}` cannot be launched with a transport handle chosen at run time",
+    label = "its entries take different arguments after the handle",
+    note = "a parameter after the transport handle names the transport type; launch it with a concrete handle (P2p, Ibgda, Routed)"
+)]
 pub trait AnyFamily: KernelFamily {
     /// The parameters after the transport handle, as a tuple: the same
     /// type as `<Self as ForTransport<T>>::Rest` for every exported `T`.
