@@ -171,6 +171,16 @@ pub enum Transport {
     Ibgda,
 }
 
+impl Transport {
+    /// The library's name for it (`Communicator::transport` takes it).
+    pub fn kind(self) -> TransportKind {
+        match self {
+            Transport::P2p => TransportKind::P2p,
+            Transport::Ibgda => TransportKind::Ibgda,
+        }
+    }
+}
+
 /// 02 — ping-pong between two ranks with GPU-initiated puts and signals.
 ///
 /// Two ranks as threads of this process by default; one rank per process
@@ -754,5 +764,7 @@ mod tests {
             (COMPUTE_GEMV, Some(Algo::TwoShot), Some(false))
         );
         assert_eq!(AllreduceTransport::Routed.kind(), TransportKind::Routed);
+        assert_eq!(Transport::P2p.kind(), TransportKind::P2p);
+        assert_eq!(Transport::Ibgda.kind(), TransportKind::Ibgda);
     }
 }
