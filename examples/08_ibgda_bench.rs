@@ -46,9 +46,7 @@ use bench::{interleaved, median_upper as median, run_ranks, Table};
 use clap::Parser;
 use doorbell::comm::{CommOptions, Communicator, EnginePhase as Phase, EngineReport, IbgdaOptions, SymBuffer};
 use doorbell::{AnyTransport, DeviceBuffer, LaunchConfig, Stream};
-use doorbell_example_kernels::ibgda_bench::{
-    post_burst_ibgda, put_signal_rtt, put_stream, BENCH_OK,
-};
+use doorbell_example_kernels::ibgda_bench::{post_burst_ibgda, put_signal_rtt, put_stream, BENCH_OK};
 use doorbell_examples::cli::{sweep, IbgdaBenchArgs};
 use doorbell_examples::plot::{Chart, Series};
 use doorbell_examples::{die, main_with, ratio, BoxError, USER_KERNELS};

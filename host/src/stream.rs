@@ -14,8 +14,8 @@ use doorbell_kernels::{EntryVisitor, Kernel, KernelFamily};
 use crate::backend::{EventBackend, StreamBackend};
 use crate::device::Device;
 use crate::error::{Error, Result};
-pub use crate::launch::LaunchConfig;
 use crate::family::{Family, FamilyHandle};
+pub use crate::launch::LaunchConfig;
 use crate::module::Function;
 
 /// An in-order queue of work on a device.
@@ -82,11 +82,7 @@ impl Stream {
                 "the kernel family's module was loaded on another device than this stream's",
             ));
         }
-        let visitor = LaunchEntry {
-            stream: self,
-            family,
-            cfg,
-        };
+        let visitor = LaunchEntry { stream: self, family, cfg };
         match handle.visit_entry(rest, visitor) {
             Some(launched) => launched,
             None => Err(family.not_exported(handle.transport_name())),

@@ -211,7 +211,14 @@ fn a_family_of_another_device_is_refused() {
         let mut out = comm.device().alloc_zeroed::<u64>(N as usize + 1)?;
         let sig = comm.alloc::<u64>(1)?;
         // SAFETY: nothing is launched (refused before).
-        let r = unsafe { other.launch_family(&fam, LaunchConfig::linear(1, 32), comm.p2p()?, (out.as_mut_ptr(), N, 1, sig.as_mut_ptr())) };
+        let r = unsafe {
+            other.launch_family(
+                &fam,
+                LaunchConfig::linear(1, 32),
+                comm.p2p()?,
+                (out.as_mut_ptr(), N, 1, sig.as_mut_ptr()),
+            )
+        };
         Ok(r.map_err(|e| e.to_string()))
     })
     .unwrap();

@@ -71,8 +71,8 @@ pub use doorbell_kernels::coll::{Bf16, DType, MAX_RANKS};
 
 use crate::comm::{Communicator, PeerRoute, RdmaPeers, SymBuffer};
 use crate::error::{Error, Result};
-use crate::memory::{DeviceBuffer, DeviceCopy};
 use crate::family::{AnyTransport, Family};
+use crate::memory::{DeviceBuffer, DeviceCopy};
 use crate::module::Function;
 use crate::stream::{LaunchConfig, Stream};
 

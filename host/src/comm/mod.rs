@@ -50,8 +50,8 @@ use doorbell_kernels::transport::P2p;
 
 use crate::coll::TransportKind;
 use crate::device::{Backend, Device};
-use crate::family::AnyTransport;
 use crate::error::{Error, Result};
+use crate::family::AnyTransport;
 use crate::memory::{DeviceBuffer, DeviceCopy};
 use crate::stream::Stream;
 use crate::world::World;

@@ -53,7 +53,10 @@ pub unsafe fn stamp<T: Transport + Tag>(t: T, out: *mut u64, n: u32, salt: u64, 
         let next = (rank + 1) % world;
         let mine = stamp_value(T::TAG, rank, world, salt, 0);
         // SAFETY: `sig` is a symmetric word only accessed atomically.
-        let got = unsafe { t.signal(sig, mine, SignalOp::Set, next).and_then(|()| t.wait_until(sig, Cmp::Ne, 0)) };
+        let got = unsafe {
+            t.signal(sig, mine, SignalOp::Set, next)
+                .and_then(|()| t.wait_until(sig, Cmp::Ne, 0))
+        };
         // SAFETY: as above.
         unsafe { *out = got.unwrap_or(STAMP_FAILED) };
     }

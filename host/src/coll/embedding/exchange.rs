@@ -12,8 +12,8 @@ use crate::coll::TransportKind;
 use crate::comm::{Communicator, SymBuffer};
 use crate::error::Result;
 use crate::family::{AnyTransport, Family};
-use crate::module::Function;
 use crate::memory::DeviceBuffer;
+use crate::module::Function;
 use crate::stream::{LaunchConfig, Stream};
 
 /// The transport handle and the library's entries: forward, backward,
