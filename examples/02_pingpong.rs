@@ -27,7 +27,7 @@ use bench::run_ranks;
 use clap::Parser;
 use doorbell::comm::{CommOptions, Communicator};
 use doorbell::{Backend, LaunchConfig};
-use doorbell_example_kernels::comm::{pingpong_ibgda, pingpong_p2p as pingpong, PINGPONG_OK};
+use doorbell_example_kernels::comm::{pingpong, PINGPONG_OK};
 use doorbell_examples::cli::{PingpongArgs, Transport};
 use doorbell_examples::{main_with, BoxError};
 
@@ -70,20 +70,15 @@ fn run_rank(comm: &Communicator, o: &Opts) -> doorbell::Result<Option<String>> {
     }
     comm.world().check_same_params(&[("iters", o.iters as u64), ("size", o.size)])?;
     let module = comm.load_module(&doorbell_examples::USER_KERNELS)?;
-    let f = module.function::<pingpong>()?;
-    // IBGDA: the same kernel body, its RDMA instantiation (setup is collective).
-    let ibgda = match o.transport {
-        Transport::Ibgda => Some((module.function::<pingpong_ibgda>()?, comm.ibgda()?)),
-        Transport::P2p => None,
-    };
+    // The kernel's entries, one per transport it is exported for; the
+    // handle picks one at launch (IBGDA: the same body's RDMA
+    // instantiation; its set-up is collective).
+    let family = module.family::<pingpong>()?;
+    let t = comm.transport(o.transport.kind())?;
     let (max_blocks, mut threads) = if dev.is_gpu() { (32u64, 512u32) } else { (2, 32) };
     // A block no larger than the entry's registers allow (the IBGDA
     // instantiation holds more registers per thread than the P2P one).
-    let attributes = match &ibgda {
-        Some((fi, _)) => fi.attributes(),
-        None => f.attributes(),
-    };
-    if let Some(a) = attributes {
+    if let Some(a) = family.attributes(&t)? {
         threads = threads.min((a.max_threads_per_block.max(32) as u32) / 32 * 32);
     }
     let blocks = o.size.div_ceil(256 << 10).clamp(1, max_blocks);
@@ -105,12 +100,7 @@ fn run_rank(comm: &Communicator, o: &Opts) -> doorbell::Result<Option<String>> {
         let (ns, st) = (out_ns.as_mut_ptr(), status.as_mut_ptr());
         // SAFETY: `buf` holds `size` bytes and `sig` one word per block on
         // every rank; `out_ns`/`status` one entry per block.
-        unsafe {
-            match &ibgda {
-                Some((fi, t)) => stream.launch(fi, cfg, (*t, bp, o.size, chunk, sp, e, iters, ns, st))?,
-                None => stream.launch(&f, cfg, (comm.p2p()?, bp, o.size, chunk, sp, e, iters, ns, st))?,
-            }
-        };
+        unsafe { stream.launch_family(&family, cfg, t, (bp, o.size, chunk, sp, e, iters, ns, st))? };
         comm.synchronize(&stream)?;
         *epoch += iters as u64;
         Ok(())

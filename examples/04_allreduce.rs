@@ -26,17 +26,17 @@ mod allreduce_bench;
 mod bench;
 
 use clap::Parser;
-use doorbell::coll::{AllReduce, AllReduceOptions, Bf16, DType, HostElement, Placement, Plan, TransportKind};
+use doorbell::coll::{AllReduce, AllReduceOptions, Bf16, DType, HostElement, Placement, Plan};
 use doorbell::comm::{CommOptions, Communicator};
 use doorbell::ForTransport;
 use doorbell_example_kernels::allreduce::{fused_grad_allreduce, grad};
 use doorbell_examples::cli::{AllreduceArgs as Args, AllreduceTransport as TransportArg, Compute};
 use doorbell_examples::{die, main_with, BoxError, USER_KERNELS};
-use doorbell_kernels::transport::{Ibgda, P2p, Routed};
+use doorbell_kernels::transport::P2p;
 
+/// The fused kernel's P2P entry (the benchmark's; the check launches the
+/// family with the all-reduce's transport).
 type FusedKernel = <fused_grad_allreduce as ForTransport<P2p>>::Kernel;
-type FusedIbgda = <fused_grad_allreduce as ForTransport<Ibgda>>::Kernel;
-type FusedRouted = <fused_grad_allreduce as ForTransport<Routed>>::Kernel;
 
 fn main() {
     let args = Args::parse();
@@ -206,6 +206,8 @@ fn check_rank<T: HostElement>(comm: &Communicator, args: &Args, elems: usize, op
     // Modules first: over IBGDA on a GPU the all-reduce starts the soft
     // NIC's engine kernel, and no module loads while it runs.
     let module = comm.load_module(&USER_KERNELS)?;
+    // Every entry of the fused kernel, one per transport.
+    let fused = module.family::<fused_grad_allreduce>()?;
     let ar = AllReduce::with_options(comm, elems, T::DTYPE, opts)?;
     let dev = comm.device();
     let stream = dev.new_stream()?;
@@ -236,13 +238,8 @@ fn check_rank<T: HostElement>(comm: &Communicator, args: &Args, elems: usize, op
         } else if let Some((a, cfg)) = ar.fused_args(&stream, &mut out)? {
             // SAFETY: arguments from fused_args for this world and buffer,
             // launched with the transport the all-reduce was made for.
-            unsafe {
-                match ar.transport() {
-                    TransportKind::P2p => stream.launch(&module.function::<FusedKernel>()?, cfg, (comm.p2p()?, a, compute, step))?,
-                    TransportKind::Ibgda => stream.launch(&module.function::<FusedIbgda>()?, cfg, (comm.ibgda()?, a, compute, step))?,
-                    TransportKind::Routed => stream.launch(&module.function::<FusedRouted>()?, cfg, (comm.routed()?, a, compute, step))?,
-                }
-            };
+            // The handle's transport picks the family's entry.
+            unsafe { stream.launch_family(&fused, cfg, comm.transport(ar.transport())?, (a, compute, step))? };
             comm.synchronize(&stream)?;
         }
         let got = out.to_host()?;

@@ -45,10 +45,8 @@ use std::time::Instant;
 use bench::{interleaved, median_upper as median, run_ranks, Table};
 use clap::Parser;
 use doorbell::comm::{CommOptions, Communicator, EnginePhase as Phase, EngineReport, IbgdaOptions, SymBuffer};
-use doorbell::{DeviceBuffer, LaunchConfig, Stream};
-use doorbell_example_kernels::ibgda_bench::{
-    post_burst_ibgda, put_signal_rtt_ibgda, put_signal_rtt_p2p, put_stream_ibgda, put_stream_p2p, BENCH_OK,
-};
+use doorbell::{AnyTransport, DeviceBuffer, LaunchConfig, Stream};
+use doorbell_example_kernels::ibgda_bench::{post_burst_ibgda, put_signal_rtt, put_stream, BENCH_OK};
 use doorbell_examples::cli::{sweep, IbgdaBenchArgs};
 use doorbell_examples::plot::{Chart, Series};
 use doorbell_examples::{die, main_with, ratio, BoxError, USER_KERNELS};
@@ -302,11 +300,19 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
     Ok((comm.rank() == 0).then_some(report))
 }
 
+/// The handle of variant `v` of an interleaved pair: 0 IBGDA, else P2P.
+fn handle(v: usize, ib: Ibgda, p2p: P2p) -> AnyTransport {
+    match v {
+        0 => ib.into(),
+        _ => p2p.into(),
+    }
+}
+
 /// Part 1: put_signal round trips, IBGDA and P2P in turn.
 fn round_trips(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), BoxError> {
     let (comm, me) = (r.comm, r.comm.rank());
     let (ib, p2p) = (r.ib, r.p2p);
-    let (f_ib, f_p2p) = (r.m.function::<put_signal_rtt_ibgda>()?, r.m.function::<put_signal_rtt_p2p>()?);
+    let family = r.m.family::<put_signal_rtt>()?;
     let mut epoch = 1u64;
     let [ib_us, p2p_us] = interleaved::<2, BoxError>(true, p.args.rounds as u32, |v, _| {
         r.status.zero()?;
@@ -321,12 +327,7 @@ fn round_trips(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), BoxErr
         );
         let one = LaunchConfig::linear(1, 32);
         // SAFETY: symmetric `words` and `sig`; one warp per rank.
-        unsafe {
-            match v {
-                0 => r.s.launch(&f_ib, one, (ib, a.0, a.1, a.2, a.3, a.4, a.5))?,
-                _ => r.s.launch(&f_p2p, one, (p2p, a.0, a.1, a.2, a.3, a.4, a.5))?,
-            }
-        }
+        unsafe { r.s.launch_family(&family, one, handle(v, ib, p2p), a)? };
         comm.synchronize(&r.s)?;
         check(&r.status, "put_signal round trip")?;
         epoch += p.rtt_iters as u64 + 1;
@@ -348,7 +349,7 @@ fn round_trips(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), BoxErr
 fn put_bandwidth(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), BoxError> {
     let (comm, me, gpu) = (r.comm, r.comm.rank(), r.comm.device().is_gpu());
     let (ib, p2p) = (r.ib, r.p2p);
-    let (f_ib, f_p2p) = (r.m.function::<put_stream_ibgda>()?, r.m.function::<put_stream_p2p>()?);
+    let family = r.m.family::<put_stream>()?;
     for bytes in sweep(p.args.min_bytes, p.max, p.args.step_factor) {
         let iters = ((256u64 << 20) / bytes).clamp(if gpu { 4 } else { 1 }, if gpu { 1000 } else { 8 }) as u32;
         let [ib_t, p2p_t] = interleaved::<2, BoxError>(true, p.args.rounds as u32, |v, warm| {
@@ -362,12 +363,7 @@ fn put_bandwidth(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), BoxE
             let cfg = LaunchConfig::linear(p.args.blocks as u32, 256);
             let a = (r.dst.as_mut_ptr(), r.src.as_ptr(), bytes, iters, r.status.as_mut_ptr());
             // SAFETY: symmetric src/dst of `max` >= `bytes` bytes.
-            unsafe {
-                match v {
-                    0 => r.s.launch(&f_ib, cfg, (ib, a.0, a.1, a.2, a.3, a.4))?,
-                    _ => r.s.launch(&f_p2p, cfg, (p2p, a.0, a.1, a.2, a.3, a.4))?,
-                }
-            }
+            unsafe { r.s.launch_family(&family, cfg, handle(v, ib, p2p), a)? };
             comm.synchronize(&r.s)?;
             let secs = t0.elapsed().as_secs_f64();
             check(&r.status, "put")?;

@@ -19,7 +19,7 @@ fn main() {
     let args = FusedArgs::parse();
     main_with(|| {
         let opts = CommOptions::from_env()?;
-        let kind: TransportKind = args.transport.into();
+        let kind = args.transport.kind();
         let lines = Communicator::local(args.ranks as usize, args.device.backend()?, opts, |comm| run(comm, kind))?;
         println!("{}", lines[0]);
         Ok(())

@@ -171,11 +171,12 @@ pub enum Transport {
     Ibgda,
 }
 
-impl From<Transport> for doorbell::TransportKind {
-    fn from(t: Transport) -> Self {
-        match t {
-            Transport::P2p => doorbell::TransportKind::P2p,
-            Transport::Ibgda => doorbell::TransportKind::Ibgda,
+impl Transport {
+    /// The library's name for it (`Communicator::transport` takes it).
+    pub fn kind(self) -> TransportKind {
+        match self {
+            Transport::P2p => TransportKind::P2p,
+            Transport::Ibgda => TransportKind::Ibgda,
         }
     }
 }
@@ -778,5 +779,7 @@ mod tests {
             (COMPUTE_GEMV, Some(Algo::TwoShot), Some(false))
         );
         assert_eq!(AllreduceTransport::Routed.kind(), TransportKind::Routed);
+        assert_eq!(Transport::P2p.kind(), TransportKind::P2p);
+        assert_eq!(Transport::Ibgda.kind(), TransportKind::Ibgda);
     }
 }

@@ -71,7 +71,7 @@ pub mod env_vars;
 #[cfg(not(target_arch = "nvptx64"))]
 mod launch;
 #[cfg(not(target_arch = "nvptx64"))]
-pub use launch::{ForTransport, Kernel, KernelArgs, KernelParam};
+pub use launch::{AnyFamily, EntryVisitor, FamilyEntry, ForTransport, Kernel, KernelArgs, KernelFamily, KernelParam};
 
 #[cfg(target_arch = "nvptx64")]
 #[panic_handler]

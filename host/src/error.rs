@@ -62,6 +62,25 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// A kernel family launched with a transport it was not exported for
+    /// ([`Stream::launch_family`](crate::Stream::launch_family) with an
+    /// [`AnyTransport`](crate::AnyTransport)).
+    #[error(
+        "kernel family `{family}` is not exported for the {transport} transport: its entries are for {exported}; \
+         add the transport to its #[kernel(transports(...))] or launch it with one of those"
+    )]
+    TransportNotExported {
+        /// The family.
+        family: &'static str,
+        /// The transport asked for.
+        transport: &'static str,
+        /// The transports it is exported for, comma-separated.
+        exported: String,
+    },
+    /// A transport name other than p2p, ibgda or routed
+    /// (`TransportKind::from_str`).
+    #[error("{0:?} is not a transport: use p2p, ibgda or routed")]
+    BadTransport(String),
     /// Host and device buffers of different lengths.
     #[error("length mismatch: device buffer holds {device} elements, host slice {host}")]
     LengthMismatch {

@@ -71,6 +71,8 @@ mod device;
 pub mod env;
 mod error;
 #[cfg(feature = "runtime")]
+mod family;
+#[cfg(feature = "runtime")]
 mod image;
 #[cfg(feature = "runtime")]
 mod launch;
@@ -93,6 +95,8 @@ pub mod world;
 pub use device::{driver_present, gpu_count, Backend, Device};
 pub use error::{Error, Result};
 #[cfg(feature = "runtime")]
+pub use family::{AnyTransport, Family, FamilyHandle};
+#[cfg(feature = "runtime")]
 pub use image::{ModuleImage, ModuleSource};
 #[cfg(feature = "runtime")]
 pub use launch::{FunctionAttributes, LaunchConfig};
@@ -110,7 +114,7 @@ pub use world::{World, WorldConfig};
 #[cfg(feature = "runtime")]
 pub use doorbell_kernels as kernels;
 #[cfg(feature = "runtime")]
-pub use doorbell_kernels::{ForTransport, Kernel, KernelArgs, KernelParam};
+pub use doorbell_kernels::{AnyFamily, ForTransport, Kernel, KernelArgs, KernelFamily, KernelParam};
 
 /// The PTX of `doorbell-kernels`: the library's own kernels (collectives),
 /// built for `sm_90` by this crate's build script. Examples and tests keep

@@ -2,12 +2,13 @@
 
 use std::marker::PhantomData;
 
-use doorbell_kernels::Kernel;
+use doorbell_kernels::{Kernel, KernelFamily};
 
 pub use crate::backend::cuda::ptx_is_built;
 use crate::backend::{FunctionBackend, ModuleBackend};
 use crate::device::Device;
 use crate::error::Result;
+use crate::family::Family;
 use crate::image::ModuleSource;
 use crate::launch::FunctionAttributes;
 
@@ -40,6 +41,15 @@ impl Module {
             inner: self.inner.function(K::NAME)?,
             _k: PhantomData,
         })
+    }
+
+    /// Every entry of kernel family `F` (declared with
+    /// `#[kernel(transports(...))]`), loaded once: launch it with
+    /// [`Stream::launch_family`](crate::Stream::launch_family), whose
+    /// transport handle picks the entry. An error when an entry is missing
+    /// from the module ([`Error::KernelNotFound`](crate::Error::KernelNotFound)).
+    pub fn family<F: KernelFamily>(&self) -> Result<Family<F>> {
+        Family::load(self.device.clone(), |name| self.inner.function(name))
     }
 
     /// The device.

@@ -9,11 +9,12 @@
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
-use doorbell_kernels::Kernel;
+use doorbell_kernels::{EntryVisitor, Kernel, KernelFamily};
 
 use crate::backend::{EventBackend, StreamBackend};
 use crate::device::Device;
 use crate::error::{Error, Result};
+use crate::family::{Family, FamilyHandle};
 pub use crate::launch::LaunchConfig;
 use crate::module::Function;
 
@@ -58,6 +59,36 @@ impl Stream {
         unsafe { self.inner.launch::<K>(&f.inner, &cfg, args) }
     }
 
+    /// Enqueues kernel family `F` for the transport of `handle`: the entry
+    /// `handle` picks, with the arguments `handle` followed by `rest` (the
+    /// family's other parameters, as a tuple). `handle` is a concrete
+    /// transport ([`P2p`](crate::kernels::transport::P2p), ...: the entry is
+    /// chosen at compile time, and a family not exported for it does not
+    /// compile) or an [`AnyTransport`](crate::AnyTransport) (chosen at run
+    /// time: a family not exported for it returns
+    /// [`Error::TransportNotExported`] and enqueues nothing).
+    ///
+    /// # Safety
+    /// As [`Self::launch`]: the arguments must satisfy the kernel's contract.
+    pub unsafe fn launch_family<F: KernelFamily, H: FamilyHandle<F>>(
+        &self,
+        family: &Family<F>,
+        cfg: LaunchConfig,
+        handle: H,
+        rest: H::Rest,
+    ) -> Result<()> {
+        if !family.device().same(&self.device) {
+            return Err(Error::DeviceMismatch(
+                "the kernel family's module was loaded on another device than this stream's",
+            ));
+        }
+        let visitor = LaunchEntry { stream: self, family, cfg };
+        match handle.visit_entry(rest, visitor) {
+            Some(launched) => launched,
+            None => Err(family.not_exported(handle.transport_name())),
+        }
+    }
+
     /// Waits for everything enqueued so far; returns the first error any of it hit.
     pub fn synchronize(&self) -> Result<()> {
         self.inner.synchronize()
@@ -88,6 +119,28 @@ impl Stream {
     /// The CUDA stream (`None` on the emulator): the escape hatch to cudarc.
     pub fn as_cuda(&self) -> Option<&Arc<CudaStream>> {
         self.inner.as_cuda()
+    }
+}
+
+/// Launches the family entry a handle picked. Made only by
+/// [`Stream::launch_family`], whose caller accepted the kernel's contract.
+struct LaunchEntry<'a, F: KernelFamily> {
+    stream: &'a Stream,
+    family: &'a Family<F>,
+    cfg: LaunchConfig,
+}
+
+impl<F: KernelFamily> EntryVisitor for LaunchEntry<'_, F> {
+    type Output = Result<()>;
+
+    fn visit<K: Kernel>(self, args: K::Args) -> Result<()> {
+        self.cfg.validate(K::NAME, K::MAX_THREADS)?;
+        let f = self.family.entry(K::NAME)?;
+        // SAFETY: `f` is the entry loaded for `K::NAME`, one of `F`'s
+        // entries, whose argument tuple `K::Args` the family built; the
+        // caller of `launch_family` (the only maker of this visitor)
+        // accepted the kernel's contract for the values.
+        unsafe { self.stream.inner.launch::<K>(f, &self.cfg, args) }
     }
 }
 

@@ -167,6 +167,8 @@ fn validate(m: &KernelModel) -> syn::Result<()> {
                 &sig.generics,
                 "`transports(...)` needs exactly one generic type parameter, the transport: `fn k<T: Transport>(t: T, ...)`",
             ));
+        } else if let Some(e) = check_handle_first(m, types[0].ident.clone()) {
+            errors.push(e);
         }
     }
     if let syn::ReturnType::Type(_, ty) = &sig.output {
@@ -200,6 +202,37 @@ fn validate(m: &KernelModel) -> syn::Result<()> {
             Err(first)
         }
     }
+}
+
+/// A family's transport handle is its first parameter, of the generic type
+/// itself (`t: T`): the host joins a handle and the other arguments into
+/// an entry's arguments in that order (`ForTransport::args`).
+fn check_handle_first(m: &KernelModel, generic: Ident) -> Option<syn::Error> {
+    let msg = format!(
+        "`transports(...)`: the transport handle must be the first parameter, of type `{generic}` itself: \
+         `fn {}<{generic}: Transport>(t: {generic}, ...)`",
+        m.item.sig.ident
+    );
+    match m.item.sig.inputs.first() {
+        Some(FnArg::Typed(pt)) => match &*pt.ty {
+            Type::Path(tp) if tp.qself.is_none() && tp.path.is_ident(&generic) => None,
+            _ => Some(syn::Error::new_spanned(pt, msg)),
+        },
+        Some(FnArg::Receiver(_)) => None, // reported by `parse`
+        None => Some(syn::Error::new(m.item.sig.ident.span(), msg)),
+    }
+}
+
+/// Whether `ty` names the identifier `generic` anywhere.
+fn mentions(ty: &Type, generic: &Ident) -> bool {
+    fn walk(ts: TokenStream, generic: &Ident) -> bool {
+        ts.into_iter().any(|tt| match tt {
+            proc_macro2::TokenTree::Ident(i) => i == *generic,
+            proc_macro2::TokenTree::Group(g) => walk(g.stream(), generic),
+            _ => false,
+        })
+    }
+    walk(quote!(#ty), generic)
 }
 
 /// Replaces the generic parameter `from` by the type `to` in a type.
@@ -260,6 +293,7 @@ fn generate_instances(m: &KernelModel) -> TokenStream {
         #[allow(non_camel_case_types)]
         #vis struct #name {}
     };
+    let (mut entries, mut visits) = (Vec::new(), Vec::new());
     for tr in &m.transports {
         let last = &tr.segments.last().expect("a path has a segment").ident;
         let entry = format_ident!("{}_{}", name, snake(last));
@@ -299,6 +333,8 @@ fn generate_instances(m: &KernelModel) -> TokenStream {
             transports: Vec::new(),
             bounds: m.bounds,
         };
+        let rest: Vec<Type> = inst_model.params.iter().skip(1).map(|(_, t)| t.clone()).collect();
+        let idx = (0..rest.len()).map(syn::Index::from);
         let entry_tokens = generate(&inst_model);
         out.extend(quote! {
             #entry_tokens
@@ -306,6 +342,54 @@ fn generate_instances(m: &KernelModel) -> TokenStream {
             #[cfg(not(target_arch = "nvptx64"))]
             impl ::doorbell_kernels::ForTransport<#tr> for #name {
                 type Kernel = #entry;
+                type Rest = ( #( #rest, )* );
+                #[allow(unused_variables)]
+                fn args(t: #tr, rest: Self::Rest) -> <#entry as ::doorbell_kernels::Kernel>::Args {
+                    (t, #( rest.#idx, )*)
+                }
+            }
+        });
+        let entry_str = entry.to_string();
+        let tr_str = snake(last);
+        entries.push(quote! {
+            ::doorbell_kernels::FamilyEntry {
+                transport: #tr_str,
+                transport_type: ::core::any::TypeId::of::<#tr>,
+                entry: #entry_str,
+            }
+        });
+        visits.push(quote! {
+            if let ::core::option::Option::Some(t) = handle.downcast_ref::<#tr>() {
+                let args = <Self as ::doorbell_kernels::ForTransport<#tr>>::args(*t, rest);
+                return ::core::option::Option::Some(visitor.visit::<#entry>(args));
+            }
+        });
+    }
+    let name_str = name.to_string();
+    out.extend(quote! {
+        #[cfg(not(target_arch = "nvptx64"))]
+        impl ::doorbell_kernels::KernelFamily for #name {
+            const NAME: &'static str = #name_str;
+            const ENTRIES: &'static [::doorbell_kernels::FamilyEntry] = &[ #( #entries ),* ];
+        }
+    });
+    // One rest tuple for every entry: the parameters after the handle do
+    // not name the transport type.
+    let rest: Vec<&Type> = m.params.iter().skip(1).map(|(_, t)| t).collect();
+    if !rest.iter().any(|t| mentions(t, &generic)) {
+        out.extend(quote! {
+            #[cfg(not(target_arch = "nvptx64"))]
+            impl ::doorbell_kernels::AnyFamily for #name {
+                type Rest = ( #( #rest, )* );
+                fn visit_entry<V: ::doorbell_kernels::EntryVisitor>(
+                    handle: &dyn ::core::any::Any,
+                    rest: Self::Rest,
+                    visitor: V,
+                ) -> ::core::option::Option<V::Output> {
+                    #( #visits )*
+                    let _ = (rest, visitor);
+                    ::core::option::Option::None
+                }
             }
         });
     }

@@ -59,8 +59,12 @@ mod pipeline;
 /// (except the one transport parameter with `transports(...)`), no `self`,
 /// no return type, plain identifier parameters, is not `async`/`const` and
 /// has no explicit ABI. Options: `no_spill`; `transports(A, B)` on a body generic
-/// over `T: Transport` emits entries `name_a`, `name_b` and maps each
-/// transport to its entry through `doorbell_kernels::ForTransport`;
+/// over `T: Transport` whose first parameter is the handle (`t: T`) emits
+/// entries `name_a`, `name_b`, maps each transport to its entry (and the
+/// other parameters, as a tuple) through `doorbell_kernels::ForTransport`,
+/// and makes the marker a `doorbell_kernels::KernelFamily` (plus
+/// `AnyFamily` when no other parameter names `T`), which the host launches
+/// with one call whatever the transport;
 /// `no_spill(A)` with `transports(...)` asks it of the listed transports'
 /// entries only; `launch_bounds(threads = N, min_blocks = M)` is CUDA's
 /// `__launch_bounds__(N, M)`: the PTX build writes `.maxntid N, 1, 1` and

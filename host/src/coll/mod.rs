@@ -63,7 +63,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use doorbell_kernels::coll::allreduce::{allreduce, allreduce_wide, AllReduceArgs, ALIGN_ELEMS};
-use doorbell_kernels::transport::{Ibgda, P2p, Routed};
+use doorbell_kernels::transport::P2p;
 use doorbell_kernels::{ForTransport, Kernel};
 
 pub use doorbell_kernels::coll::allreduce::Algo;
@@ -71,6 +71,7 @@ pub use doorbell_kernels::coll::{Bf16, DType, MAX_RANKS};
 
 use crate::comm::{Communicator, PeerRoute, RdmaPeers, SymBuffer};
 use crate::error::{Error, Result};
+use crate::family::{AnyTransport, Family};
 use crate::memory::{DeviceBuffer, DeviceCopy};
 use crate::module::Function;
 use crate::stream::{LaunchConfig, Stream};
@@ -191,6 +192,27 @@ impl TransportKind {
             TransportKind::P2p => "p2p",
             TransportKind::Ibgda => "ibgda",
             TransportKind::Routed => "routed",
+        }
+    }
+}
+
+impl std::fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for TransportKind {
+    type Err = Error;
+
+    /// `p2p`, `ibgda` or `routed` (any case, surrounding blanks ignored);
+    /// anything else is [`Error::BadTransport`].
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "p2p" => Ok(TransportKind::P2p),
+            "ibgda" => Ok(TransportKind::Ibgda),
+            "routed" => Ok(TransportKind::Routed),
+            _ => Err(Error::BadTransport(s.to_string())),
         }
     }
 }
@@ -468,8 +490,6 @@ fn has_pointer(route: &PeerRoute) -> bool {
     )
 }
 
-/// The library kernel's entry for transport `T`.
-type Entry<T> = Function<<allreduce as ForTransport<T>>::Kernel>;
 /// The entry for blocks of up to [`MAX_THREADS_WIDE`] threads (two-shot
 /// over P2P).
 type WideEntry = <allreduce_wide as ForTransport<P2p>>::Kernel;
@@ -483,12 +503,12 @@ pub const MAX_THREADS: u32 = 256;
 /// 128 registers; two-shot only).
 pub const MAX_THREADS_WIDE: u32 = WideEntry::MAX_THREADS;
 
-/// The transport handle and the matching kernel entry.
+/// The transport handle and the kernel entries it launches.
 enum Launcher {
-    P2p(P2p, Entry<P2p>),
+    /// The library kernel's entries; the handle picks one.
+    Family(Box<AnyTransport>, Family<allreduce>),
+    /// The entry for blocks of more than [`MAX_THREADS`] threads.
     P2pWide(P2p, Function<WideEntry>),
-    Ibgda(Ibgda, Entry<Ibgda>),
-    Routed(Box<Routed>, Entry<Routed>),
 }
 
 /// A sum all-reduce of `elems` elements of one type over a communicator's
@@ -585,8 +605,8 @@ impl<'c> AllReduce<'c> {
             TransportKind::P2p if plan.threads > MAX_THREADS && has_wide_entry(plan.algo(), opts.transport) => {
                 Launcher::P2pWide(comm.p2p()?, module.function()?)
             }
-            TransportKind::P2p => Launcher::P2p(comm.p2p()?, module.function()?),
-            TransportKind::Ibgda => Launcher::Ibgda(comm.ibgda()?, module.function()?),
+            TransportKind::P2p => Launcher::Family(Box::new(comm.p2p()?.into()), module.family()?),
+            TransportKind::Ibgda => Launcher::Family(Box::new(comm.ibgda()?.into()), module.family()?),
             TransportKind::Routed => {
                 let t = comm.routed_with(&rdma_peers(opts)?)?;
                 let algo = plan.algo();
@@ -598,7 +618,7 @@ impl<'c> AllReduce<'c> {
                         )));
                     }
                 }
-                Launcher::Routed(Box::new(t), module.function()?)
+                Launcher::Family(Box::new(t.into()), module.family()?)
             }
         };
         tracing::debug!(
@@ -751,10 +771,8 @@ impl<'c> AllReduce<'c> {
             // handle.
             unsafe {
                 match &self.launcher {
-                    Launcher::P2p(t, f) => stream.launch(f, cfg, (*t, args)),
+                    Launcher::Family(t, f) => stream.launch_family(f, cfg, **t, (args,)),
                     Launcher::P2pWide(t, f) => stream.launch(f, cfg, (*t, args)),
-                    Launcher::Ibgda(t, f) => stream.launch(f, cfg, (*t, args)),
-                    Launcher::Routed(t, f) => stream.launch(f, cfg, (**t, args)),
                 }
             }
         })

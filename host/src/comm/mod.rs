@@ -48,8 +48,10 @@ use doorbell_kernels::heap::{HEAP_RESERVED, MAX_RANKS};
 use doorbell_kernels::transport::p2p::NEAR_PEERS;
 use doorbell_kernels::transport::P2p;
 
+use crate::coll::TransportKind;
 use crate::device::{Backend, Device};
 use crate::error::{Error, Result};
+use crate::family::AnyTransport;
 use crate::memory::{DeviceBuffer, DeviceCopy};
 use crate::stream::Stream;
 use crate::world::World;
@@ -416,6 +418,19 @@ impl Communicator {
             });
         }
         Ok(self.p2p_handle())
+    }
+
+    /// The device handle of transport `kind`, chosen at run time (a
+    /// `--transport` flag, a config): [`Self::p2p`], [`Self::ibgda`] or
+    /// [`Self::routed`], with their errors; IBGDA and routed set the
+    /// transport up on first use (collective). Launch a kernel family with
+    /// it through [`Stream::launch_family`].
+    pub fn transport(&self, kind: TransportKind) -> Result<AnyTransport> {
+        Ok(match kind {
+            TransportKind::P2p => self.p2p()?.into(),
+            TransportKind::Ibgda => self.ibgda()?.into(),
+            TransportKind::Routed => self.routed()?.into(),
+        })
     }
 
     /// The P2P handle whatever the routes (a remote peer's base is 0):

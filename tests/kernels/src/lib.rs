@@ -9,6 +9,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 pub mod contract;
+pub mod family;
 pub mod golden;
 pub mod mlx5;
 pub mod pipeline;

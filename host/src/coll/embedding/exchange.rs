@@ -5,49 +5,25 @@ use doorbell_kernels::coll::embedding::{
     emb_backward, emb_forward, emb_forward_pull, emb_zero_words, hash_tag, BwdArgs, EmbBufs, EmbShape, FwdArgs, ERR_WORDS, SHARED_BYTES,
     STAMP_BWD, STAMP_BWD_AT, STAMP_FWD, STAMP_WORDS, STATUS_OK, STATUS_PEER_ERROR, STATUS_WORDS,
 };
-use doorbell_kernels::transport::{Ibgda, P2p, Routed};
-use doorbell_kernels::ForTransport;
 
 use super::grid::{fit_grid, launch_config_for, resident_blocks_per_sm, SmLimits};
 use super::{invalid, EmbeddingError, EmbeddingOptions, Problem, SLICED_LIST_BYTES};
 use crate::coll::TransportKind;
 use crate::comm::{Communicator, SymBuffer};
 use crate::error::Result;
+use crate::family::{AnyTransport, Family};
 use crate::memory::DeviceBuffer;
 use crate::module::Function;
 use crate::stream::{LaunchConfig, Stream};
 
-type Fwd<T> = Function<<emb_forward as ForTransport<T>>::Kernel>;
-type Bwd<T> = Function<<emb_backward as ForTransport<T>>::Kernel>;
-type Pull<T> = Function<<emb_forward_pull as ForTransport<T>>::Kernel>;
-
-/// The transport handle and its entries (forward, backward, pull where
-/// peer pointers may exist).
-enum Kernels {
-    P2p(P2p, Fwd<P2p>, Bwd<P2p>, Pull<P2p>),
-    Ibgda(Ibgda, Fwd<Ibgda>, Bwd<Ibgda>),
-    Routed(Box<Routed>, Fwd<Routed>, Bwd<Routed>, Pull<Routed>),
-}
-
-/// Runs `$body` with `$t` (the handle), `$fwd` and `$bwd` (the entries) of
-/// whichever transport `$k` holds.
-macro_rules! with_transport {
-    ($k:expr, |$t:ident, $fwd:ident, $bwd:ident| $body:expr) => {
-        match $k {
-            Kernels::P2p(t, f, b, _) => {
-                let ($t, $fwd, $bwd) = (*t, f, b);
-                $body
-            }
-            Kernels::Ibgda(t, f, b) => {
-                let ($t, $fwd, $bwd) = (*t, f, b);
-                $body
-            }
-            Kernels::Routed(t, f, b, _) => {
-                let ($t, $fwd, $bwd) = (**t, f, b);
-                $body
-            }
-        }
-    };
+/// The transport handle and the library's entries: forward, backward,
+/// and the pull forward where peer pointers may exist (not over IBGDA,
+/// which it is not exported for). The handle picks each family's entry.
+struct Kernels {
+    t: Box<AnyTransport>,
+    fwd: Family<emb_forward>,
+    bwd: Family<emb_backward>,
+    pull: Option<Family<emb_forward_pull>>,
 }
 
 impl Kernels {
@@ -55,28 +31,36 @@ impl Kernels {
     /// on first use: collective).
     fn load(comm: &Communicator, opts: &EmbeddingOptions) -> Result<Kernels> {
         let m = comm.library_module()?;
-        Ok(match opts.transport {
-            TransportKind::P2p => Kernels::P2p(comm.p2p()?, m.function()?, m.function()?, m.function()?),
-            TransportKind::Ibgda => Kernels::Ibgda(comm.ibgda()?, m.function()?, m.function()?),
-            TransportKind::Routed => {
-                let t = match &opts.rdma_peers {
-                    Some(peers) => comm.routed_with(peers)?,
-                    None => comm.routed()?,
-                };
-                Kernels::Routed(Box::new(t), m.function()?, m.function()?, m.function()?)
-            }
+        let t: AnyTransport = match opts.transport {
+            TransportKind::P2p => comm.p2p()?.into(),
+            TransportKind::Ibgda => comm.ibgda()?.into(),
+            TransportKind::Routed => match &opts.rdma_peers {
+                Some(peers) => comm.routed_with(peers)?.into(),
+                None => comm.routed()?.into(),
+            },
+        };
+        let pull = match opts.transport {
+            TransportKind::Ibgda => None,
+            _ => Some(m.family()?),
+        };
+        Ok(Kernels {
+            t: Box::new(t),
+            fwd: m.family()?,
+            bwd: m.family()?,
+            pull,
         })
     }
 
     /// Registers per thread of the entry that uses the most (driver
     /// attributes; `None` on the emulator).
-    fn max_registers(&self) -> Option<u32> {
-        let regs = match self {
-            Kernels::P2p(_, f, b, p) => [f.attributes(), b.attributes(), p.attributes()],
-            Kernels::Ibgda(_, f, b) => [f.attributes(), b.attributes(), None],
-            Kernels::Routed(_, f, b, p) => [f.attributes(), b.attributes(), p.attributes()],
+    fn max_registers(&self) -> Result<Option<u32>> {
+        let t = &*self.t;
+        let pull = match &self.pull {
+            Some(p) => p.attributes(t)?,
+            None => None,
         };
-        regs.iter().flatten().map(|a| a.registers.max(0) as u32).max()
+        let regs = [self.fwd.attributes(t)?, self.bwd.attributes(t)?, pull];
+        Ok(regs.iter().flatten().map(|a| a.registers.max(0) as u32).max())
     }
 }
 
@@ -263,7 +247,7 @@ impl<'c> EmbeddingExchange<'c> {
         // Every block of the grid must be resident at once (grid barriers),
         // and how many an SM holds depends on the kernels' registers.
         let mut residency = None;
-        if let (Some(sm), Some(regs)) = (SmLimits::of(comm), kernels.max_registers()) {
+        if let (Some(sm), Some(regs)) = (SmLimits::of(comm), kernels.max_registers()?) {
             let threads = cfg.block.0 * cfg.block.1 * cfg.block.2;
             let per_sm = resident_blocks_per_sm(&sm, regs, threads);
             residency = Some((regs, per_sm));
@@ -428,11 +412,10 @@ impl EmbeddingExchange<'_> {
                 sliced_bytes: this.sliced_bytes,
             };
             // SAFETY: buffers sized for `shape` (new), `ids` and `out`
-            // checked; every rank launches the same grid; each entry gets
-            // its own transport's handle.
-            with_transport!(&this.kernels, |t, fwd, _bwd| unsafe {
-                s.launch(fwd, this.cfg, (t, this.shape, this.bufs, args))
-            })
+            // checked; every rank launches the same grid; the handle picks
+            // its own transport's entry.
+            let k = &this.kernels;
+            unsafe { s.launch_family(&k.fwd, this.cfg, *k.t, (this.shape, this.bufs, args)) }
         })
     }
 
@@ -463,9 +446,9 @@ impl EmbeddingExchange<'_> {
         };
         // SAFETY: as for forward.
         self.comm.launch_waiting(s, || {
-            with_transport!(&self.kernels, |t, _fwd, bwd| unsafe {
-                s.launch(bwd, self.cfg, (t, self.shape, self.bufs, args))
-            })
+            let k = &self.kernels;
+            // SAFETY: as for forward.
+            unsafe { s.launch_family(&k.bwd, self.cfg, *k.t, (self.shape, self.bufs, args)) }
         })
     }
 
@@ -477,18 +460,14 @@ impl EmbeddingExchange<'_> {
         self.check_io(s, "ids buffer", ids, self.lookups())?;
         self.check_io(s, "output", out, self.out_len())?;
         let out = out.as_mut_ptr();
-        if let Kernels::Ibgda(..) = &self.kernels {
+        let (t, Some(pull)) = (&*self.kernels.t, &self.kernels.pull) else {
             return Err(invalid(
                 "the pull forward loads rows through peer pointers, and the IBGDA transport has none; use the push forward (EmbeddingExchange::forward) or the P2P transport",
             ));
-        }
+        };
         // SAFETY: as for forward.
         self.comm.launch_waiting(s, || unsafe {
-            match &self.kernels {
-                Kernels::P2p(t, _, _, pull) => s.launch(pull, self.cfg, (*t, self.shape, self.bufs, ids.as_ptr(), out, self.budget_ns)),
-                Kernels::Routed(t, _, _, pull) => s.launch(pull, self.cfg, (**t, self.shape, self.bufs, ids.as_ptr(), out, self.budget_ns)),
-                Kernels::Ibgda(..) => Err(invalid("the pull forward has no IBGDA entry")),
-            }
+            s.launch_family(pull, self.cfg, *t, (self.shape, self.bufs, ids.as_ptr(), out, self.budget_ns))
         })
     }
 
