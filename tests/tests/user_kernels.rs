@@ -6,6 +6,11 @@ use doorbell_example_kernels::byte_histogram;
 use doorbell_examples::USER_KERNELS;
 use doorbell_tests::per_backend;
 
+/// Example 09's own file: the test runs its host code as written.
+#[allow(dead_code)]
+#[path = "../../examples/09_fused.rs"]
+mod fused_example;
+
 per_backend! {
     fn a_user_crate_kernel_with_shared_memory_and_atomics_runs_on_every_backend(dev: Device) {
         let n = 300_007usize;
@@ -189,5 +194,26 @@ per_backend! {
             Ok(())
         })
         .unwrap();
+    }
+}
+
+per_backend! {
+    /// Example 09 (`examples/09_fused.rs`), its own host code: three steps
+    /// of the producer → next-rank pipeline (`Communicator::rings`,
+    /// `Pipe::run`) and of the all-gather (typed puts and signals), over
+    /// P2P and IBGDA, two and three ranks; every value of every step (they
+    /// differ from step to step) is checked on every rank.
+    fn the_fused_example_sends_and_gathers_every_value(backend: doorbell::Backend) {
+        use doorbell::coll::TransportKind;
+        use doorbell::comm::{CommOptions, Communicator};
+        for (ranks, kind) in [(2, TransportKind::P2p), (3, TransportKind::P2p), (2, TransportKind::Ibgda)] {
+            let opts = CommOptions {
+                wait_timeout: std::time::Duration::from_secs(60),
+                ..Default::default()
+            };
+            let lines = Communicator::local(ranks, backend, opts, |comm| fused_example::run(comm, kind))
+                .unwrap_or_else(|e| panic!("{backend:?} {ranks} ranks over {kind:?}: {e}"));
+            assert!(lines[0].contains("all correct"), "{}", lines[0]);
+        }
     }
 }

@@ -4,7 +4,7 @@
 
 use doorbell_kernels::kernel;
 use doorbell_kernels::ptx;
-use doorbell_kernels::transport::{Cmp, Ibgda, P2p, Routed, SignalOp, Transport};
+use doorbell_kernels::transport::{Cmp, Ibgda, P2p, RawSignal, Routed, Transport};
 
 /// A number per transport type, so an entry's output says which
 /// transport's entry ran.
@@ -54,8 +54,8 @@ pub unsafe fn stamp<T: Transport + Tag>(t: T, out: *mut u64, n: u32, salt: u64, 
         let mine = stamp_value(T::TAG, rank, world, salt, 0);
         // SAFETY: `sig` is a symmetric word only accessed atomically.
         let got = unsafe {
-            t.signal(sig, mine, SignalOp::Set, next)
-                .and_then(|()| t.wait_until(sig, Cmp::Ne, 0))
+            t.signal_raw(next, RawSignal::set(sig, mine))
+                .and_then(|()| t.wait_word_raw(sig, Cmp::Ne, 0))
         };
         // SAFETY: as above.
         unsafe { *out = got.unwrap_or(STAMP_FAILED) };
