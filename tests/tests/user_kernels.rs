@@ -217,3 +217,64 @@ per_backend! {
         }
     }
 }
+
+per_backend! {
+    /// `Pipe::run` numbers its chunks from per-block launch counters in
+    /// device memory, so replays of ONE captured launch (a CUDA graph on a
+    /// GPU; repeated identical launches on the emulator) each deliver their
+    /// own data: the kernel's values depend on the launch counter only, and
+    /// every replay's values are checked on every rank. Sequence numbers
+    /// that did not advance would either time out or hand the consumer the
+    /// previous replay's slot.
+    fn pipeline_launches_replayed_from_one_capture_deliver_each_replays_data(dev: Device) {
+        use doorbell::comm::{CommOptions, Communicator, RingShape};
+        use doorbell_test_kernels::pipeline::{pipe_by_launch, ring_pattern};
+        let backend = dev.backend();
+        let elems = 20_011u64;
+        let opts = CommOptions {
+            heap_bytes: 16 << 20,
+            wait_timeout: std::time::Duration::from_secs(30),
+            ..Default::default()
+        };
+        Communicator::local(2, backend, opts, |comm| {
+            let d = comm.device();
+            let module = comm.load_module(&doorbell_tests::TEST_KERNELS)?;
+            let family = module.family::<pipe_by_launch>()?;
+            let rings = comm.rings::<u32>(RingShape { stages: 2, chunk: 512, pairs: 3 })?;
+            let mut out = d.alloc_zeroed::<u32>(elems as usize)?;
+            let s = d.new_stream()?;
+            let cfg = LaunchConfig::linear(rings.blocks(), if d.is_gpu() { 128 } else { 32 });
+            let (t, out_ptr) = (comm.p2p()?, out.as_mut_ptr());
+            // SAFETY: the rings and `out` (elems) are this communicator's.
+            let launch = || unsafe { s.launch_family(&family, cfg, t, (rings.pipe(), out_ptr, elems)) };
+            let graph = match s.as_cuda() {
+                Some(cu) => {
+                    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+                    cu.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).expect("capture");
+                    launch()?;
+                    let g = cu.end_capture(CUgraphInstantiate_flags(0)).expect("end capture").expect("a graph");
+                    g.upload().expect("upload");
+                    comm.synchronize(&s)?;
+                    Some(g)
+                }
+                None => None,
+            };
+            let prev = (comm.rank() as u32 + 1) % 2;
+            for replay in 0..4u64 {
+                comm.barrier()?;
+                match &graph {
+                    Some(g) => g.launch().expect("replay"),
+                    None => launch()?,
+                }
+                comm.synchronize(&s)?;
+                let got = out.to_host()?;
+                let tag = replay * 1_000_000 + prev as u64;
+                let bad = (0..elems).filter(|&i| got[i as usize] != ring_pattern(tag, i)).count();
+                assert_eq!(bad, 0, "{backend:?} rank {} replay {replay}: {bad} of {elems} values wrong", comm.rank());
+                assert_eq!(rings.launches()?, replay + 1);
+            }
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("{backend:?}: {e}"));
+    }
+}

@@ -90,6 +90,16 @@ impl<E> core::fmt::Debug for Pipe<E> {
 unsafe impl<E: 'static> crate::KernelParam for Pipe<E> {}
 
 impl<E> Pipe<E> {
+    /// Launches this block has completed before this one (its counter):
+    /// what makes data differ from launch to launch when the kernel's
+    /// arguments cannot (a replayed CUDA graph). Read it before
+    /// [`Self::run`] returns (`run` bumps it at its end).
+    #[inline(always)]
+    pub fn launch(&self) -> u64 {
+        // SAFETY: one counter per block (the contract of `run`).
+        unsafe { core::ptr::read_volatile(self.launches.add(ptx::block_idx_x() as usize)) }
+    }
+
     /// Runs this block's side of the pipeline over `elems` elements:
     /// producers fill each chunk with `produce(first, len, buf)` (elements
     /// `first .. first + len` into `buf[..len]`, by every thread of the

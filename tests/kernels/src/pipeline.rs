@@ -79,3 +79,28 @@ pub unsafe fn ring_credits<T: Transport>(
         }
     }
 }
+
+/// `Pipe::run` with data that depends on the launch counter alone (not on
+/// any argument): each rank sends `elems` values `ring_pattern(launch *
+/// 1_000_000 + me, i)` to the next rank, which stores them in `out`. Replays
+/// of one captured launch must still deliver each replay's data.
+#[kernel(transports(P2p))]
+pub unsafe fn pipe_by_launch<T: Transport>(t: T, pipe: doorbell_kernels::pipeline::Pipe<u32>, out: *mut u32, elems: u64) {
+    let (me, n) = (t.rank(), t.world_size());
+    let (tid, nthr) = (ptx::thread_rank_in_block() as u64, ptx::block_dim_x() as u64);
+    let tag = pipe.launch() * 1_000_000 + me as u64;
+    let produce = |first: u64, len: u64, buf: *mut u32| {
+        for i in (tid..len).step_by(nthr as usize) {
+            // SAFETY: `buf` holds a chunk.
+            unsafe { *buf.add(i as usize) = ring_pattern(tag, first + i) };
+        }
+    };
+    let consume = |first: u64, len: u64, slot: *const u32| {
+        for i in (tid..len).step_by(nthr as usize) {
+            // SAFETY: `out` holds `elems`.
+            unsafe { *out.add((first + i) as usize) = *slot.add(i as usize) };
+        }
+    };
+    // SAFETY: the launcher's rings; a failure is recorded for the host.
+    let _ = unsafe { pipe.run(&t, elems, ((me + 1) % n, (me + n - 1) % n), produce, consume) };
+}
