@@ -149,14 +149,35 @@ pub fn grid_stride_x() -> u32 {
 // ---------------------------------------------------------------------------
 
 /// `bar.sync 0`: block-wide barrier; also orders shared and global memory
-/// among the block's threads (CTA scope). Every non-exited thread of the block
-/// must call it.
+/// among the block's threads (CTA scope). Every non-exited thread of the
+/// block must call it, at this same call in the code: `bar.sync` is
+/// `barrier.sync.aligned`, which PTX allows only where every thread of a
+/// warp executes the same barrier instruction. Where the threads arrive
+/// from different paths (thread 0 did work alone just before), the compiler
+/// may duplicate the barrier into each path: use [`sync_threads_divergent`]
+/// there.
 #[inline(always)]
 pub fn sync_threads() {
     #[cfg(target_arch = "nvptx64")]
     // SAFETY: a barrier; the asm orders memory, so no `nomem`.
     unsafe {
         asm!("bar.sync 0;", options(nostack))
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    emu::block_barrier();
+}
+
+/// `barrier.sync 0`: [`sync_threads`] in its non-aligned form, which the
+/// threads of a warp may reach at different instructions. For a barrier
+/// after work one thread did alone (`barrier_block`): LLVM copied the
+/// aligned barrier there into the thread-0 path and the others' path, and
+/// the block hung on an H200.
+#[inline(always)]
+pub fn sync_threads_divergent() {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: a barrier; the asm orders memory, so no `nomem`.
+    unsafe {
+        asm!("barrier.sync 0;", options(nostack))
     };
     #[cfg(not(target_arch = "nvptx64"))]
     emu::block_barrier();

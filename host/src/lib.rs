@@ -73,6 +73,8 @@ mod error;
 #[cfg(feature = "runtime")]
 mod family;
 #[cfg(feature = "runtime")]
+pub mod guide;
+#[cfg(feature = "runtime")]
 mod image;
 #[cfg(feature = "runtime")]
 mod launch;

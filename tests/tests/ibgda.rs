@@ -200,7 +200,12 @@ fn a_peer_stalled_past_the_wait_budget_is_a_timeout_and_a_wedged_queue() {
 fn an_unregistered_source_is_refused_and_nothing_is_written() {
     let o = faulty_put_signal(Duration::from_secs(20), false, |_, _| {});
     assert_eq!(o.code, 4, "{o:?}");
-    assert!(o.err.as_deref().unwrap_or_default().contains("not inside"), "{o:?}");
+    // The error names the argument and how to register it.
+    let err = o.err.as_deref().unwrap_or_default();
+    assert!(
+        err.contains("the source (") && err.contains("register it with Communicator::ibgda_register"),
+        "{o:?}"
+    );
     assert!(o.check.is_none(), "a refused call leaves the queue healthy: {o:?}");
     assert_untouched(&o);
 }

@@ -1,7 +1,7 @@
 //! Communication kernels of the examples: ping-pong, and the P2P
 //! benchmark's kernels with their raw floors.
 
-use doorbell_kernels::transport::{Cmp, CommError, Coop, Ibgda, P2p, RawSignal, RawXfer, Transport};
+use doorbell_kernels::transport::{Cmp, CommError, Coop, Ibgda, P2p, RawSignal, RawXfer, Signal, Sym, Transport};
 use doorbell_kernels::{kernel, ptx, sync};
 
 /// Status word values written by communication kernels.
@@ -108,8 +108,9 @@ unsafe fn wait_block<T: Transport>(t: &T, sig: *mut u64, i: u64, result: *mut u3
 
 /// The contract's signal round trip: one thread per rank, ranks 0 and 1.
 /// Rank 0 `signal`s `sig = i` on rank 1 and `wait_until`s its own `sig >=
-/// i`; rank 1 mirrors it. Every call goes through the transport with its
-/// argument checks: four checked calls per round trip. Values continue from
+/// i`; rank 1 mirrors it. Every call goes through the transport's typed
+/// calls with their argument checks (the word against its buffer, then the
+/// heap): four checked calls per round trip. Values continue from
 /// `epoch0`; the first round trip is a handshake (it absorbs the two
 /// launches' skew) and is not timed, so `iters + 1` round trips run and rank
 /// 0 writes the ns of the last `iters` to `out_ns`. Every rank writes its
@@ -125,13 +126,15 @@ pub unsafe fn signal_pingpong<T: Transport>(t: T, sig: *mut u64, epoch0: u64, it
     unsafe {
         *status = PINGPONG_OK;
         let mut start = 0;
+        // The typed calls: the word is checked against its buffer (one
+        // word here) as well as the heap, as a user's kernel does.
+        let word = Sym::from_raw(sig, 1).word(0);
         for i in epoch0 + 1..=epoch0 + 1 + iters as u64 {
             let r = if me == 0 {
-                t.signal_raw(peer, RawSignal::set(sig, i))
-                    .and_then(|_| t.wait_word_raw(sig, Cmp::Ge, i))
+                t.signal(peer, Signal::set(word, i)).and_then(|_| t.wait_until(word, Cmp::Ge, i))
             } else {
-                t.wait_word_raw(sig, Cmp::Ge, i)
-                    .and_then(|_| t.signal_raw(peer, RawSignal::set(sig, i)).map(|_| i))
+                t.wait_until(word, Cmp::Ge, i)
+                    .and_then(|_| t.signal(peer, Signal::set(word, i)).map(|_| i))
             };
             if let Err(e) = r {
                 *status = status_of(e);

@@ -358,7 +358,8 @@ pub trait Transport: Copy + Checked {
             // SAFETY: reserved word, read after the block barrier below.
             unsafe { *result = if r.is_ok() { 0 } else { 1 } };
         }
-        crate::ptx::sync_threads();
+        // Thread 0 arrives from its own path: the non-aligned barrier.
+        crate::ptx::sync_threads_divergent();
         // SAFETY: written by thread 0 before the barrier.
         if unsafe { *result } == 0 {
             Ok(())
