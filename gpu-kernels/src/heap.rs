@@ -113,6 +113,17 @@ pub enum Call {
 }
 
 impl Call {
+    /// The call a put is: with a signal or not, non-blocking or not.
+    #[inline(always)]
+    pub fn put(signal: bool, nbi: bool) -> Call {
+        match (signal, nbi) {
+            (false, false) => Call::Put,
+            (false, true) => Call::PutNbi,
+            (true, false) => Call::PutSignal,
+            (true, true) => Call::PutSignalNbi,
+        }
+    }
+
     /// The API name, for messages.
     pub fn name(self) -> &'static str {
         match self {

@@ -328,22 +328,18 @@ pub unsafe fn put_bw<T: Transport>(
             let pieces = bytes.div_ceil(wpiece);
             let me = ptx::block_idx_x() as u64 * per_block + ptx::warp_id_in_block() as u64;
             let mut r = Ok(());
+            let whole = RawXfer {
+                dst,
+                src,
+                bytes,
+                nbi: true,
+            };
             for _ in 0..iters {
                 let mut p = me;
                 while p < pieces {
                     let lo = p * wpiece;
                     let len = wpiece.min(bytes - lo);
-                    r = r.and(t.put_raw(
-                        Coop::Warp,
-                        1,
-                        RawXfer {
-                            dst: dst.add(lo as usize),
-                            src: src.add(lo as usize),
-                            bytes: len,
-                            nbi: true,
-                        },
-                        None,
-                    ));
+                    r = r.and(t.put_raw(Coop::Warp, 1, whole.piece(lo, len), None));
                     p += warps;
                 }
             }
@@ -370,22 +366,18 @@ pub unsafe fn put_bw<T: Transport>(
             let blocks = ptx::grid_dim_x() as u64;
             let pieces = bytes.div_ceil(piece);
             let mut r = Ok(());
+            let whole = RawXfer {
+                dst,
+                src,
+                bytes,
+                nbi: true,
+            };
             for _ in 0..iters {
                 let mut p = ptx::block_idx_x() as u64;
                 while p < pieces {
                     let lo = p * piece;
                     let len = piece.min(bytes - lo);
-                    r = r.and(t.put_raw(
-                        Coop::Block,
-                        1,
-                        RawXfer {
-                            dst: dst.add(lo as usize),
-                            src: src.add(lo as usize),
-                            bytes: len,
-                            nbi: true,
-                        },
-                        None,
-                    ));
+                    r = r.and(t.put_raw(Coop::Block, 1, whole.piece(lo, len), None));
                     p += blocks;
                 }
             }

@@ -31,6 +31,13 @@ pub unsafe fn put_signal_rtt<T: Transport>(
     let mut ok = true;
     let mut t0 = 0u64;
     let mut i = 0u32;
+    // An 8-byte put from `buf` into the peer's `buf`.
+    let x = RawXfer {
+        dst: buf as *mut u8,
+        src: buf as *const u8,
+        bytes: 8,
+        nbi: false,
+    };
     // SAFETY: symmetric `buf` and `sig` of one word each, launched 1 × 32.
     unsafe {
         while i <= iters && ok {
@@ -39,19 +46,7 @@ pub unsafe fn put_signal_rtt<T: Transport>(
                 t0 = ptx::globaltimer_ns();
             }
             if me == 0 {
-                ok = t
-                    .put_raw(
-                        Coop::Warp,
-                        peer,
-                        RawXfer {
-                            dst: buf as *mut u8,
-                            src: buf as *const u8,
-                            bytes: 8,
-                            nbi: false,
-                        },
-                        Some(RawSignal::set(sig, v)),
-                    )
-                    .is_ok();
+                ok = t.put_raw(Coop::Warp, peer, x, Some(RawSignal::set(sig, v))).is_ok();
                 if ok && lead {
                     ok = t.wait_word_raw(sig, Cmp::Ge, v).is_ok();
                 }
@@ -61,19 +56,7 @@ pub unsafe fn put_signal_rtt<T: Transport>(
                 }
                 ok = ptx::vote_sync_all(ptx::FULL_MASK, ok);
                 if ok {
-                    ok = t
-                        .put_raw(
-                            Coop::Warp,
-                            peer,
-                            RawXfer {
-                                dst: buf as *mut u8,
-                                src: buf as *const u8,
-                                bytes: 8,
-                                nbi: false,
-                            },
-                            Some(RawSignal::set(sig, v)),
-                        )
-                        .is_ok();
+                    ok = t.put_raw(Coop::Warp, peer, x, Some(RawSignal::set(sig, v))).is_ok();
                 }
             }
             ok = ptx::vote_sync_all(ptx::FULL_MASK, ok);
@@ -99,21 +82,18 @@ pub unsafe fn put_stream<T: Transport>(t: T, dst: *mut u8, src: *const u8, bytes
     let lo = (ptx::block_idx_x() as u64 * piece).min(bytes);
     let n = piece.min(bytes - lo);
     let mut r: Result<(), CommError> = Ok(());
+    let x = RawXfer {
+        dst,
+        src,
+        bytes,
+        nbi: true,
+    }
+    .piece(lo, n);
     // SAFETY: `dst` (symmetric) and `src` hold `bytes`.
     unsafe {
         let mut i = 0;
         while i < iters && r.is_ok() && n > 0 {
-            r = t.put_raw(
-                Coop::Block,
-                1,
-                RawXfer {
-                    dst: dst.add(lo as usize),
-                    src: src.add(lo as usize),
-                    bytes: n,
-                    nbi: true,
-                },
-                None,
-            );
+            r = t.put_raw(Coop::Block, 1, x, None);
             i += 1;
         }
         if ptx::thread_idx_x() == 0 {

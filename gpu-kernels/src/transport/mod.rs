@@ -378,12 +378,7 @@ pub trait Transport: Copy + Checked {
     /// memory); every thread of `g` passes the same arguments.
     #[inline(always)]
     unsafe fn put<T>(&self, g: Coop, peer: u32, p: Put<T>) -> Result<(), CommError> {
-        let call = match (p.signal.is_some(), p.nbi) {
-            (false, false) => Call::Put,
-            (false, true) => Call::PutNbi,
-            (true, false) => Call::PutSignal,
-            (true, true) => Call::PutSignalNbi,
-        };
+        let call = Call::put(p.signal.is_some(), p.nbi);
         sym::check_pair(self.bounds(), call, peer, p.dst, p.src)?;
         let signal = match p.signal {
             Some(s) => Some(sym::check_signal(self.bounds(), call, peer, s)?),
@@ -544,4 +539,18 @@ pub(crate) fn wait_some_words<C: Checked>(c: &C, w: RawWait, skip: u64, load: im
             return Err(c.fail_wait(Timeout { seen: last }, call, u32::MAX, at, cmp, value));
         }
     }
+}
+
+/// A put's checks every transport makes before it writes anything: the
+/// destination bytes and the signal word (when there is one) on `peer`, in
+/// the heap's user part. Returns the call and the two heap offsets.
+#[inline(always)]
+pub(crate) fn check_put<C: Checked>(c: &C, peer: u32, x: &RawXfer, signal: Option<RawSignal>) -> Result<(Call, u64, u64), CommError> {
+    let call = Call::put(signal.is_some(), x.nbi);
+    let off = c.check_range(call, Arg::Destination, x.dst as u64, x.bytes, peer)?;
+    let sig_off = match signal {
+        Some(s) => c.check_signal(call, s.word as u64, peer)?,
+        None => 0,
+    };
+    Ok((call, off, sig_off))
 }

@@ -192,18 +192,8 @@ impl Transport for P2p {
 
     #[inline(always)]
     unsafe fn put_raw(&self, g: Coop, peer: u32, x: RawXfer, signal: Option<RawSignal>) -> Result<(), CommError> {
-        let call = match (signal.is_some(), x.nbi) {
-            (false, false) => Call::Put,
-            (false, true) => Call::PutNbi,
-            (true, false) => Call::PutSignal,
-            (true, true) => Call::PutSignalNbi,
-        };
         // Every check before any store: a bad argument writes nothing.
-        let off = self.check_range(call, Arg::Destination, x.dst as u64, x.bytes, peer)?;
-        let sig_off = match signal {
-            Some(s) => self.check_signal(call, s.word as u64, peer)?,
-            None => 0,
-        };
+        let (_, off, sig_off) = super::check_put(self, peer, &x, signal)?;
         let base = self.base_of(peer);
         // SAFETY: checked range; `src` per the contract.
         unsafe { copy_coop(g, (base + off) as *mut u8, x.src, x.bytes) };

@@ -339,6 +339,19 @@ pub struct RawSignal {
     pub op: SignalOp,
 }
 
+impl RawXfer {
+    /// Bytes `lo .. lo + len` of this transfer: both sides moved by `lo`.
+    #[inline(always)]
+    pub fn piece(self, lo: u64, len: u64) -> RawXfer {
+        RawXfer {
+            dst: self.dst.wrapping_add(lo as usize),
+            src: self.src.wrapping_add(lo as usize),
+            bytes: len,
+            nbi: self.nbi,
+        }
+    }
+}
+
 impl RawSignal {
     /// Store `value` into the word at `word`.
     #[inline(always)]

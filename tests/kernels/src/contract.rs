@@ -291,53 +291,25 @@ pub unsafe fn flagged_rounds<T: Transport>(
                 }
                 ptx::sync_threads();
                 let bytes = words as u64 * 4;
+                let x = RawXfer {
+                    dst: mine as *mut u8,
+                    src: stage as *const u8,
+                    bytes,
+                    nbi: mode == 2,
+                };
+                let sig = Some(RawSignal::set(my_sig, i as u64));
                 let r = match mode {
-                    1 => {
-                        if ptx::warp_id_in_block() == 0 {
-                            t.put_raw(
-                                Coop::Warp,
-                                1,
-                                RawXfer {
-                                    dst: mine as *mut u8,
-                                    src: stage as *const u8,
-                                    bytes,
-                                    nbi: false,
-                                },
-                                Some(RawSignal::set(my_sig, i as u64)),
-                            )
-                        } else {
-                            Ok(())
-                        }
-                    }
+                    1 if ptx::warp_id_in_block() == 0 => t.put_raw(Coop::Warp, 1, x, sig),
+                    1 => Ok(()),
                     2 => {
-                        let r = t.put_raw(
-                            Coop::Block,
-                            1,
-                            RawXfer {
-                                dst: mine as *mut u8,
-                                src: stage as *const u8,
-                                bytes,
-                                nbi: true,
-                            },
-                            Some(RawSignal::set(my_sig, i as u64)),
-                        );
+                        let r = t.put_raw(Coop::Block, 1, x, sig);
                         if first {
                             r.and_then(|_| t.quiet(None))
                         } else {
                             r
                         }
                     }
-                    _ => t.put_raw(
-                        Coop::Block,
-                        1,
-                        RawXfer {
-                            dst: mine as *mut u8,
-                            src: stage as *const u8,
-                            bytes,
-                            nbi: false,
-                        },
-                        Some(RawSignal::set(my_sig, i as u64)),
-                    ),
+                    _ => t.put_raw(Coop::Block, 1, x, sig),
                 };
                 if let Err(e) = r {
                     fail(e);

@@ -156,36 +156,18 @@ pub unsafe fn ring<T: Transport>(
     // SAFETY: per the kernel's contract.
     unsafe {
         let mut ok = true;
+        let x = RawXfer {
+            dst: dst.add(offset as usize),
+            src,
+            bytes,
+            nbi: false,
+        };
         if use_warp {
             if ptx::warp_id_in_block() == 0 {
-                ok = t
-                    .put_raw(
-                        Coop::Warp,
-                        next,
-                        RawXfer {
-                            dst: dst.add(offset as usize),
-                            src,
-                            bytes,
-                            nbi: false,
-                        },
-                        None,
-                    )
-                    .is_ok();
+                ok = t.put_raw(Coop::Warp, next, x, None).is_ok();
             }
         } else {
-            ok = t
-                .put_raw(
-                    Coop::Block,
-                    next,
-                    RawXfer {
-                        dst: dst.add(offset as usize),
-                        src,
-                        bytes,
-                        nbi: false,
-                    },
-                    None,
-                )
-                .is_ok();
+            ok = t.put_raw(Coop::Block, next, x, None).is_ok();
         }
         if !ok {
             *status = STATUS_ERROR;

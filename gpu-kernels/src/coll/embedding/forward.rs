@@ -97,24 +97,18 @@ unsafe fn send_list_slices<T: Transport>(t: &T, s: &EmbShape, b: &EmbBufs, count
             let pieces = bytes.div_ceil(LIST_PIECE_BYTES);
             let dst = b.req_in.add((par * n as usize + me) * cap) as *mut u8;
             let src = b.req_out.add(o as usize * cap) as *const u8;
+            let whole = RawXfer {
+                dst,
+                src,
+                bytes,
+                nbi: true,
+            };
             // This block's pieces of owner `o`: global indices blk, blk + blocks, ...
             let mut q = (ptx::block_idx_x() as u64 + blocks - first % blocks) % blocks;
             while q < pieces {
                 let lo = q * LIST_PIECE_BYTES;
                 let len = LIST_PIECE_BYTES.min(bytes - lo);
-                if t.put_raw(
-                    Coop::Block,
-                    o,
-                    RawXfer {
-                        dst: dst.add(lo as usize),
-                        src: src.add(lo as usize),
-                        bytes: len,
-                        nbi: true,
-                    },
-                    None,
-                )
-                .is_err()
-                {
+                if t.put_raw(Coop::Block, o, whole.piece(lo, len), None).is_err() {
                     failed = o;
                 }
                 q += blocks;

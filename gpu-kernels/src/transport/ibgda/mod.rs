@@ -492,18 +492,8 @@ impl Transport for Ibgda {
     }
 
     unsafe fn put_raw(&self, g: Coop, peer: u32, x: RawXfer, signal: Option<RawSignal>) -> Result<(), CommError> {
-        let call = match (signal.is_some(), x.nbi) {
-            (false, false) => Call::Put,
-            (false, true) => Call::PutNbi,
-            (true, false) => Call::PutSignal,
-            (true, true) => Call::PutSignalNbi,
-        };
         // Every check before any WQE: a bad argument writes nothing.
-        let off = self.check_range(call, Arg::Destination, x.dst as u64, x.bytes, peer)?;
-        let sig_off = match signal {
-            Some(s) => self.check_signal(call, s.word as u64, peer)?,
-            None => 0,
-        };
+        let (call, off, sig_off) = super::check_put(self, peer, &x, signal)?;
         let lkey = self.local_key(call, Arg::Source, x.src as u64, x.bytes, peer)?;
         if x.bytes == 0 && signal.is_none() {
             return Ok(());
