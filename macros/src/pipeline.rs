@@ -78,7 +78,7 @@ impl Parse for Invocation {
             _ => {
                 return Err(syn::Error::new(
                     side_ident.span(),
-                    "pipeline! is `unsafe send { ... } |first, len, buf| { ... }` or `unsafe recv { ... } |first, len, slot| { ... }`",
+                    "pipeline! is `unsafe send { ... } |first, len, buf| { ... }`, `unsafe recv { ... } |first, len, slot| { ... }` or `unsafe pipe { ... } send |first, len, buf| { ... } recv |first, len, slot| { ... }`",
                 ))
             }
         };
@@ -377,7 +377,137 @@ fn bind(name: &syn::PatIdent, ty: TokenStream, value: TokenStream) -> TokenStrea
 
 /// The macro: the loop as one expression of type
 /// `Result<(), doorbell_kernels::pipeline::Failed>`, or the errors.
+/// `pipeline!(unsafe pipe { transport: t, pipe: p, elems: n, to: a, from: b }
+/// send |first, len, buf| { ... } recv |first, len, slot| { ... })`: both
+/// sides of a [`Pipe`](doorbell_kernels::pipeline::Pipe) in one form (the
+/// producer/consumer split, control words and sequence numbers are
+/// `Pipe::run`'s).
+struct PipeForm {
+    transport: syn::Expr,
+    pipe: syn::Expr,
+    elems: syn::Expr,
+    to: syn::Expr,
+    from: syn::Expr,
+    send: syn::ExprClosure,
+    recv: syn::ExprClosure,
+}
+
+const PIPE_KEYS: [&str; 5] = ["transport", "pipe", "elems", "to", "from"];
+
+impl Parse for PipeForm {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let unsafety: Option<Token![unsafe]> = input.parse()?;
+        let side: syn::Ident = input.parse()?;
+        if unsafety.is_none() {
+            return Err(syn::Error::new(
+                side.span(),
+                "pipeline! moves data through the pipe's raw device addresses: write `unsafe pipe`, vouching that the pipe is `Communicator::rings`'s for this element type",
+            ));
+        }
+        let content;
+        let brace = braced!(content in input);
+        let args: Punctuated<Arg, Token![,]> = content.parse_terminated(Arg::parse, Token![,])?;
+        let mut found: Vec<(String, syn::Expr)> = Vec::new();
+        for arg in args {
+            let name = arg.key.to_string();
+            let ArgValue::Expr(e) = arg.value else {
+                unreachable!("only `elem` takes a type")
+            };
+            if !PIPE_KEYS.contains(&name.as_str()) {
+                return Err(syn::Error::new(
+                    arg.key.span(),
+                    format!("unknown key `{name}`; `pipe` takes {}", PIPE_KEYS.join(", ")),
+                ));
+            }
+            if found.iter().any(|(k, _)| *k == name) {
+                return Err(syn::Error::new(arg.key.span(), format!("`{name}` is given twice")));
+            }
+            found.push((name, e));
+        }
+        let mut take = |k: &str| {
+            let i = found.iter().position(|(f, _)| f == k);
+            i.map(|i| found.remove(i).1)
+                .ok_or_else(|| syn::Error::new(brace.span.join(), format!("missing `{k}: ...`")))
+        };
+        let (transport, pipe, elems, to, from) = (take("transport")?, take("pipe")?, take("elems")?, take("to")?, take("from")?);
+        let side_body = |want: &str, data: &str| -> syn::Result<syn::ExprClosure> {
+            let kw: syn::Ident = input.parse()?;
+            if kw != want {
+                return Err(syn::Error::new(
+                    kw.span(),
+                    format!("expected `{want} |first, len, {data}| {{ ... }}`"),
+                ));
+            }
+            let c: syn::ExprClosure = input.parse()?;
+            if c.inputs.len() != 3 {
+                return Err(syn::Error::new(
+                    c.or1_token.span,
+                    format!("the chunk's body takes three names: `|first, len, {data}|`"),
+                ));
+            }
+            Ok(c)
+        };
+        let send = side_body("send", "buf")?;
+        let recv = side_body("recv", "slot")?;
+        if !input.is_empty() {
+            return Err(input.error("unexpected tokens after the `recv` body"));
+        }
+        Ok(PipeForm {
+            transport,
+            pipe,
+            elems,
+            to,
+            from,
+            send,
+            recv,
+        })
+    }
+}
+
+fn generate_pipe(f: &PipeForm) -> TokenStream {
+    let PipeForm {
+        transport,
+        pipe,
+        elems,
+        to,
+        from,
+        send,
+        recv,
+    } = f;
+    let k = quote!(::doorbell_kernels);
+    let transport_ref = quote_spanned! {transport.span()=> #k::pipeline::transport_value(&(#transport)) };
+    let ms = Span::mixed_site();
+    quote_spanned! {ms=> {
+        let __db_t = #transport_ref;
+        let __db_pipe = #pipe;
+        let __db_peers: (u32, u32) = (#to, #from);
+        // SAFETY: the invocation's `unsafe`: the pipe is `Communicator::rings`'s.
+        unsafe { __db_pipe.run(__db_t, #elems, __db_peers, #send, #recv) }
+    }}
+}
+
 pub fn expand(input: TokenStream) -> TokenStream {
+    // `pipe`: both sides in one form.
+    let fork = input.clone();
+    let is_pipe = syn::parse::Parser::parse2(
+        |s: ParseStream| {
+            let _: Option<Token![unsafe]> = s.parse()?;
+            let side: syn::Ident = s.parse()?;
+            let _: TokenStream = s.parse()?;
+            Ok(side == "pipe")
+        },
+        fork,
+    )
+    .unwrap_or(false);
+    if is_pipe {
+        return match syn::parse2::<PipeForm>(input) {
+            Ok(f) => generate_pipe(&f),
+            Err(e) => {
+                let err = e.to_compile_error();
+                quote! {{ #err ::core::result::Result::<(), ::doorbell_kernels::pipeline::Failed>::Ok(()) }}
+            }
+        };
+    }
     let inv: Invocation = match syn::parse2(input) {
         Ok(i) => i,
         // A syntax error stops at the first one (what syn reports).

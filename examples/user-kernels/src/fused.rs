@@ -1,12 +1,13 @@
 //! Your own fused kernels, as short as they get: a producer that sends
-//! each chunk to the next rank the moment it is computed ([`Pipe::run`]),
+//! each chunk to the next rank the moment it is computed (`pipeline!`'s
+//! `pipe` form over [`Pipe::run`]),
 //! and an all-gather that computes this rank's part and puts it, with its
 //! signal, into every rank ([`Put`] on [`Sym`] buffers). The host side is
 //! `examples/09_fused.rs`.
 
 use doorbell_kernels::pipeline::Pipe;
 use doorbell_kernels::transport::{Cmp, Coop, Ibgda, P2p, Put, Signal, Sym, Transport};
-use doorbell_kernels::{kernel, ptx};
+use doorbell_kernels::{kernel, pipeline, ptx};
 
 /// Element `i` of rank `rank`'s data in step `step` (what the kernels
 /// compute; the host checks against it).
@@ -21,21 +22,20 @@ pub fn value(rank: u32, i: u64, step: u64) -> f32 {
 #[kernel(transports(P2p, Ibgda))]
 pub unsafe fn produce_send<T: Transport>(t: T, pipe: Pipe<f32>, out: *mut f32, elems: u64, step: u64) {
     let (me, n) = (t.rank(), t.world_size());
-    let (tid, nthr) = (ptx::thread_rank_in_block() as u64, ptx::block_dim_x() as u64);
-    let produce = |first: u64, len: u64, buf: *mut f32| {
-        for i in (tid..len).step_by(nthr as usize) {
-            // SAFETY: `buf` holds a chunk: i < len.
-            unsafe { *buf.add(i as usize) = value(me, first + i, step) };
+    let (tid, nthr) = (ptx::thread_rank_in_block() as u64, ptx::block_dim_x() as usize);
+    // `unsafe pipe`: `pipe` is `Communicator::rings`'s, `out` holds `elems`.
+    let done = pipeline!(unsafe pipe { transport: t, pipe: pipe, elems: elems, to: (me + 1) % n, from: (me + n - 1) % n }
+    send |first, len, buf| {
+        for i in (tid..len).step_by(nthr) {
+            *buf.add(i as usize) = value(me, first + i, step);
         }
-    };
-    let consume = |first: u64, len: u64, slot: *const f32| {
-        for i in (tid..len).step_by(nthr as usize) {
-            // SAFETY: `out` holds `elems`: first + i < elems.
-            unsafe { *out.add((first + i) as usize) = *slot.add(i as usize) };
+    }
+    recv |first, len, slot| {
+        for i in (tid..len).step_by(nthr) {
+            *out.add((first + i) as usize) = *slot.add(i as usize);
         }
-    };
-    // SAFETY: `pipe` is `Communicator::rings`'s; a failure is recorded for the host.
-    let _ = unsafe { pipe.run(&t, elems, ((me + 1) % n, (me + n - 1) % n), produce, consume) };
+    });
+    let _ = done; // a failure is recorded for the host
 }
 
 /// All-gather in one block: computes this rank's part of `data` (world
