@@ -62,7 +62,7 @@ pub unsafe fn stamp<T: Transport + Tag>(t: T, out: *mut u64, n: u32, salt: u64, 
     }
 }
 
-/// [`stamp`], exported for P2P and the routed transport only: launched with
+/// [`stamp()`], exported for P2P and the routed transport only: launched with
 /// an IBGDA handle chosen at run time, it is refused.
 #[kernel(transports(P2p, Routed))]
 pub unsafe fn stamp_pair<T: Transport + Tag>(t: T, out: *mut u64, n: u32, salt: u64, sig: *mut u64) {
