@@ -124,31 +124,14 @@ pub unsafe fn post_burst<T: Transport>(t: T, dst: *mut u64, src: *const u64, wqe
         let mut i = 0u32;
         while i < wqes && r.is_ok() {
             let d = dst.add((i % 64) as usize) as *mut u8;
-            r = if use_warp != 0 {
-                t.put_raw(
-                    Coop::Warp,
-                    1,
-                    RawXfer {
-                        dst: d,
-                        src: src as *const u8,
-                        bytes: 8,
-                        nbi: true,
-                    },
-                    None,
-                )
-            } else {
-                t.put_raw(
-                    Coop::Block,
-                    1,
-                    RawXfer {
-                        dst: d,
-                        src: src as *const u8,
-                        bytes: 8,
-                        nbi: true,
-                    },
-                    None,
-                )
+            let g = if use_warp != 0 { Coop::Warp } else { Coop::Block };
+            let x = RawXfer {
+                dst: d,
+                src: src as *const u8,
+                bytes: 8,
+                nbi: true,
             };
+            r = t.put_raw(g, 1, x, None);
             i += 1;
         }
         let t1 = ptx::globaltimer_ns();

@@ -117,31 +117,17 @@ pub unsafe fn bad_call<T: Transport>(t: T, dst: *mut u8, src: *const u8, bytes: 
     }
     let bad_peer = t.world_size();
     let misaligned = (sig as u64 + 4) as *mut u64;
+    let x = RawXfer {
+        dst,
+        src,
+        bytes,
+        nbi: false,
+    };
     // SAFETY: the host passes symmetric `dst`, `sig` and a local `src` of `bytes`.
     let r = unsafe {
         match case {
-            0 => t.put_raw(
-                Coop::Block,
-                bad_peer,
-                RawXfer {
-                    dst,
-                    src,
-                    bytes,
-                    nbi: false,
-                },
-                None,
-            ),
-            1 => t.put_raw(
-                Coop::Block,
-                1,
-                RawXfer {
-                    dst,
-                    src,
-                    bytes,
-                    nbi: false,
-                },
-                None,
-            ),
+            0 => t.put_raw(Coop::Block, bad_peer, x, None),
+            1 => t.put_raw(Coop::Block, 1, x, None),
             2 => {
                 if ptx::thread_rank_in_block() == 0 {
                     t.signal_raw(1, RawSignal::set(misaligned, 7))
@@ -149,27 +135,8 @@ pub unsafe fn bad_call<T: Transport>(t: T, dst: *mut u8, src: *const u8, bytes: 
                     Err(CommError::Misaligned { offset: 0 })
                 }
             }
-            3 => t.put_raw(
-                Coop::Block,
-                1,
-                RawXfer {
-                    dst,
-                    src,
-                    bytes,
-                    nbi: false,
-                },
-                Some(RawSignal::set(misaligned, 7)),
-            ),
-            4 => t.get_raw(
-                Coop::Block,
-                bad_peer,
-                RawXfer {
-                    dst,
-                    src,
-                    bytes,
-                    nbi: false,
-                },
-            ),
+            3 => t.put_raw(Coop::Block, 1, x, Some(RawSignal::set(misaligned, 7))),
+            4 => t.get_raw(Coop::Block, bad_peer, x),
             7 => t.get_raw(
                 Coop::Block,
                 1,
@@ -196,17 +163,7 @@ pub unsafe fn bad_call<T: Transport>(t: T, dst: *mut u8, src: *const u8, bytes: 
                     Err(CommError::BadCount { count: 65 })
                 }
             }
-            _ => t.put_raw(
-                Coop::Block,
-                1,
-                RawXfer {
-                    dst,
-                    src,
-                    bytes,
-                    nbi: false,
-                },
-                Some(RawSignal::set(sig, 7)),
-            ),
+            _ => t.put_raw(Coop::Block, 1, x, Some(RawSignal::set(sig, 7))),
         }
     };
     let c = code(r);

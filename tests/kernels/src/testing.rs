@@ -196,32 +196,20 @@ pub unsafe fn ring<T: Transport>(
             }
             return;
         }
+        let x = RawXfer {
+            dst: got.add(offset as usize),
+            src,
+            bytes,
+            nbi: false,
+        };
         let r = if use_warp {
             if ptx::warp_id_in_block() == 0 {
-                t.get_raw(
-                    Coop::Warp,
-                    prev,
-                    RawXfer {
-                        dst: got.add(offset as usize),
-                        src,
-                        bytes,
-                        nbi: false,
-                    },
-                )
+                t.get_raw(Coop::Warp, prev, x)
             } else {
                 Ok(())
             }
         } else {
-            t.get_raw(
-                Coop::Block,
-                prev,
-                RawXfer {
-                    dst: got.add(offset as usize),
-                    src,
-                    bytes,
-                    nbi: false,
-                },
-            )
+            t.get_raw(Coop::Block, prev, x)
         };
         if r.is_err() {
             *status = STATUS_ERROR;
