@@ -278,3 +278,69 @@ per_backend! {
         .unwrap_or_else(|e| panic!("{backend:?}: {e}"));
     }
 }
+
+/// Bad pipeline shapes are errors, not panics: a ring shape with a zero is
+/// refused by `Communicator::rings`, naming the shape, and a launch whose
+/// grid is not `Rings::blocks()` is refused by `Pipe::run` before any wait,
+/// the host's error saying which grid it needs.
+#[test]
+fn bad_ring_shapes_and_grids_are_clear_errors() {
+    use doorbell::comm::{CommOptions, Communicator, RingShape};
+    use doorbell_test_kernels::pipeline::pipe_by_launch;
+    let opts = CommOptions {
+        heap_bytes: 16 << 20,
+        wait_timeout: std::time::Duration::from_secs(5),
+        ..Default::default()
+    };
+    let errs = Communicator::local(2, doorbell::Backend::Cpu, opts, |comm| {
+        for shape in [
+            RingShape {
+                stages: 0,
+                chunk: 64,
+                pairs: 1,
+            },
+            RingShape {
+                stages: 2,
+                chunk: 0,
+                pairs: 1,
+            },
+            RingShape {
+                stages: 2,
+                chunk: 64,
+                pairs: 0,
+            },
+        ] {
+            let e = comm.rings::<u32>(shape).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(
+                e.contains("must each be at least 1") && e.contains(&format!("{shape:?}")),
+                "{shape:?}: {e}"
+            );
+        }
+        let module = comm.load_module(&doorbell_tests::TEST_KERNELS)?;
+        let family = module.family::<pipe_by_launch>()?;
+        let rings = comm.rings::<u32>(RingShape {
+            stages: 2,
+            chunk: 64,
+            pairs: 2,
+        })?;
+        let mut out = comm.device().alloc_zeroed::<u32>(1000)?;
+        let s = comm.device().new_stream()?;
+        // SAFETY: the rings and `out` are this communicator's; the grid is wrong on purpose.
+        unsafe {
+            s.launch_family(
+                &family,
+                LaunchConfig::linear(3, 32),
+                comm.p2p()?,
+                (rings.pipe(), out.as_mut_ptr(), 1000),
+            )?
+        };
+        let e = comm.synchronize(&s).err().map(|e| e.to_string()).unwrap_or_default();
+        comm.barrier()?;
+        assert_eq!(rings.launches()?, 0, "a refused launch counts no launch");
+        Ok(e)
+    })
+    .unwrap();
+    for e in errs {
+        assert!(e.contains("the grid has 3 blocks; a pipeline of 2 pairs runs on exactly 4"), "{e}");
+    }
+}
