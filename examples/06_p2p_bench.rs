@@ -94,10 +94,12 @@ fn run(args: &P2pBenchArgs) -> Result<(), BoxError> {
         use clap::CommandFactory;
         P2pBenchArgs::command().error(clap::error::ErrorKind::ArgumentConflict, e).exit()
     });
+    let env = CommOptions::from_env()?;
     let opts = CommOptions {
         heap_bytes: plan.heap_bytes,
         wait_timeout: Duration::from_secs(30),
-        spread_gpus: args.spread || CommOptions::from_env()?.spread_gpus,
+        spread_gpus: args.spread || env.spread_gpus,
+        ..env
     };
     if !gpu {
         eprintln!("# note: the backend is the CPU emulator: emulator timings say nothing about a GPU");

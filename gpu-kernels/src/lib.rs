@@ -61,6 +61,7 @@ pub mod mlx5;
 pub mod pipeline;
 pub mod ptx;
 pub mod sync;
+pub mod trace;
 pub mod transport;
 
 #[cfg(not(target_arch = "nvptx64"))]

@@ -115,6 +115,12 @@ impl BuildError {
     }
 }
 
+/// `DOORBELL_TRACE_KERNELS=1` at build time: every kernel crate the helper
+/// builds gets the device trace's hooks (`doorbell-kernels`' `trace`
+/// feature; see `doorbell::trace`). Without it the hooks are not in the
+/// PTX at all.
+pub const TRACE_KERNELS_ENV: &str = "DOORBELL_TRACE_KERNELS";
+
 /// Builds one kernel crate into one PTX file.
 #[derive(Clone, Debug)]
 pub struct PtxBuilder {
@@ -252,6 +258,7 @@ impl PtxBuilder {
                 "DOORBELL_DEVICE_CARGO",
                 "DOORBELL_DEVICE_RUSTC",
                 "DOORBELL_PTX_TARGET_DIR",
+                TRACE_KERNELS_ENV,
             ] {
                 println!("cargo:rerun-if-env-changed={v}");
             }
@@ -323,8 +330,21 @@ impl PtxBuilder {
             .args(["--config", "profile.release.incremental=false"])
             .arg("--target-dir")
             .arg(&target_dir);
-        if !self.features.is_empty() {
-            cmd.arg("--features").arg(self.features.join(","));
+        let mut features = self.features.clone();
+        if std::env::var(TRACE_KERNELS_ENV).is_ok_and(|v| v == "1") {
+            // The device trace's hooks: the crate's own feature when it is
+            // doorbell-kernels, else that of its dependency.
+            features.push(
+                if crate_name == "doorbell_kernels" {
+                    "trace"
+                } else {
+                    "doorbell-kernels/trace"
+                }
+                .to_string(),
+            );
+        }
+        if !features.is_empty() {
+            cmd.arg("--features").arg(features.join(","));
         }
         cmd.args(["--", "-C", &format!("target-cpu={}", self.arch), "-C", "linker=true", "--emit=asm"]);
         let output = cmd

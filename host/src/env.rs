@@ -16,6 +16,8 @@
 //! | `DOORBELL_EMU_MAX_THREADS` | 1..=1048576 | 16384 |
 //! | `DOORBELL_EMU_BARRIER_TIMEOUT_S` | seconds in 0.001..=86400 | 60 |
 //! | `DOORBELL_LOG` | `off`, `error`, `warn`, `info`, `debug`, `trace` | `warn` |
+//! | `DOORBELL_TRACE` | a directory: trace the kernels into it ([`crate::trace`]) | unset (off) |
+//! | `DOORBELL_TRACE_EVENTS` | events kept per trace ring, a power of two in 16..=1048576 | 2048 |
 //! | `DOORBELL_LOAD_CUBIN` (formerly `DOORBELL_CUBIN`) | `0` (load modules from their PTX), `1` (from an embedded cubin where it fits the GPU) | 1 |
 //!
 //! A former name is still read, with a warning naming the new one, for one
@@ -42,6 +44,7 @@ pub fn check() -> Result<()> {
     doorbell_kernels::emu::max_threads()?;
     crate::logging::level_from_env()?;
     crate::vars::flag_renamed("DOORBELL_LOAD_CUBIN", "DOORBELL_CUBIN", true)?;
+    crate::trace::options_from_env()?;
     crate::comm::IbgdaOptions::from_env()?;
     crate::comm::RdmaPeers::from_env()?;
     crate::nic::check_env()?;

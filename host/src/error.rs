@@ -461,6 +461,9 @@ pub enum Error {
         /// What is wrong, and what to do.
         reason: String,
     },
+    /// The device trace could not start, be read or be written.
+    #[error("device trace: {0}")]
+    Trace(String),
 }
 
 #[cfg(feature = "runtime")]

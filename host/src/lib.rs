@@ -89,6 +89,8 @@ pub mod nic;
 #[cfg(feature = "runtime")]
 mod stream;
 #[cfg(feature = "runtime")]
+pub mod trace;
+#[cfg(feature = "runtime")]
 mod vars;
 #[cfg(feature = "runtime")]
 pub mod world;

@@ -6,6 +6,12 @@ use doorbell::{Backend, Device};
 pub const TEST_KERNELS_PTX: &str = TEST_KERNELS.ptx;
 /// [`TEST_KERNELS_PTX`] with its cubin where the build found a `ptxas`.
 pub const TEST_KERNELS: doorbell::ModuleImage = doorbell::module_image!("doorbell_test_kernels");
+/// The test kernel crate built with the device trace's hooks (its `trace`
+/// feature; `doorbell::trace`).
+pub const TEST_KERNELS_TRACED: doorbell::ModuleImage = doorbell::ModuleImage {
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/traced/doorbell_test_kernels.ptx")),
+    cubin: include_bytes!(concat!(env!("OUT_DIR"), "/traced/doorbell_test_kernels.cubin")),
+};
 
 /// The devices a behaviour test runs on: always the CPU emulator, plus GPU 0
 /// when one is present. `DOORBELL_TEST_REQUIRE_GPU=1` makes a missing GPU a

@@ -25,6 +25,7 @@ fn opts(backend: Backend, wait: Duration) -> CommOptions {
         wait_timeout: wait,
         // Two GPUs: one rank per GPU (peer access, sys-scope fences).
         spread_gpus: backend == Backend::Gpu && doorbell::gpu_count() >= 2,
+        ..CommOptions::default()
     }
 }
 

@@ -768,3 +768,48 @@ fn the_error_record_and_the_signal_round_trip_keep_ptxas_from_adding_forward_pro
     let bad = forward_progress_uses(entry, false);
     assert!(bad.is_empty(), "signal_pingpong_p2p uses {bad:?}");
 }
+
+/// The device trace's hooks are in the PTX of a kernel crate built with
+/// the `trace` feature and nowhere else: the test kernels built without
+/// it, the library and the examples hold no trace code at all (no call of
+/// the recorder, no read of the heap header's trace word), and entries
+/// without a transport call come out of both builds byte for byte the
+/// same.
+#[test]
+fn trace_hooks_are_in_the_traced_build_only() {
+    let Some(plain) = built_ptx("test kernels", doorbell_tests::TEST_KERNELS_PTX) else {
+        return;
+    };
+    let traced = doorbell_tests::TEST_KERNELS_TRACED.ptx;
+    let traced_build = option_env!("DOORBELL_TRACE_KERNELS") == Some("1");
+    let mut untraced = vec![("doorbell_test_kernels", plain)];
+    if !traced_build {
+        untraced.extend([
+            ("doorbell_kernels", doorbell::KERNELS_PTX),
+            ("doorbell_example_kernels", doorbell_examples::USER_KERNELS_PTX),
+        ]);
+    }
+    // The trace word's offset in the heap header, as PTX writes an immediate.
+    let word = format!("+{}]", doorbell::kernels::trace::TRACE_OFFSET);
+    for (name, ptx) in untraced {
+        assert!(
+            !ptx.contains("trace_record"),
+            "{name}: the trace recorder is in a build without the `trace` feature"
+        );
+        assert!(
+            !ptx.contains(&word),
+            "{name}: the trace word is read in a build without the `trace` feature"
+        );
+    }
+    assert!(traced.contains("trace_record"), "the traced build has no trace recorder");
+    let hooked = entry_body(traced, "pipe_by_launch_p2p");
+    assert!(hooked.contains(&word), "the traced pipeline kernel does not read the trace word");
+    assert!(!entry_body(plain, "pipe_by_launch_p2p").contains("trace"));
+    assert_eq!(entries(plain), entries(traced), "the two builds export different entries");
+    let mut same = 0;
+    for e in entries(plain).into_iter().filter(|e| e.starts_with("golden_")) {
+        assert_eq!(entry_body(plain, e), entry_body(traced, e), "{e} differs between the two builds");
+        same += 1;
+    }
+    assert!(same >= 100, "only {same} golden entries compared");
+}

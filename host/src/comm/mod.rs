@@ -61,6 +61,7 @@ mod reports;
 mod rings;
 mod setup;
 mod shm;
+mod trace;
 
 pub use crate::nic::soft::{
     EngineCounters, EnginePhase, EngineReport, IbgdaProgress, SoftNicEngine, ENGINE_THREADS_GPU, SOFTNIC, SOFTNIC_PTX,
@@ -86,6 +87,9 @@ pub struct CommOptions {
     /// instead of every rank on GPU 0 (default off; `DOORBELL_RANK_PER_GPU=1`
     /// with [`from_env`](Self::from_env)).
     pub spread_gpus: bool,
+    /// Trace the kernels of every rank ([`crate::trace`]; default off;
+    /// `DOORBELL_TRACE=<dir>` with [`from_env`](Self::from_env)).
+    pub trace: Option<crate::trace::TraceOptions>,
 }
 
 /// `DOORBELL_RANK_PER_GPU`: `1` puts thread rank `r` on GPU `r % gpus`
@@ -106,6 +110,7 @@ impl Default for CommOptions {
             heap_bytes: 64 << 20,
             wait_timeout: DEFAULT_WAIT_TIMEOUT,
             spread_gpus: false,
+            trace: None,
         }
     }
 }
@@ -120,6 +125,7 @@ impl CommOptions {
         Ok(CommOptions {
             wait_timeout: crate::vars::secs("DOORBELL_WAIT_TIMEOUT_S", DEFAULT_WAIT_TIMEOUT, 0.001, 86400.0)?,
             spread_gpus: crate::vars::flag_renamed(RANK_PER_GPU_ENV, RANK_PER_GPU_ENV_OLD, false)?,
+            trace: crate::trace::options_from_env()?,
             ..CommOptions::default()
         })
     }
@@ -181,6 +187,8 @@ pub struct Communicator {
     /// no peer can write into this heap any more, so the drop may free it
     /// even when the world broke.
     quiesced: bool,
+    /// The device trace, while this rank traces ([`crate::trace`]).
+    trace: Mutex<Option<trace::Tracer>>,
 }
 
 impl Communicator {
@@ -222,7 +230,7 @@ impl Communicator {
         } else {
             size
         };
-        Ok(Communicator {
+        let comm = Communicator {
             world,
             device,
             rank,
@@ -244,7 +252,12 @@ impl Communicator {
             _mappings: mappings,
             _heap: Some(heap),
             quiesced: false,
-        })
+            trace: Mutex::new(None),
+        };
+        if let Some(t) = opts.trace {
+            comm.trace_start(t)?;
+        }
+        Ok(comm)
     }
 
     /// Runs `f` on `n` ranks, each a thread of this process with its own
@@ -286,6 +299,13 @@ impl Communicator {
                         match &r {
                             Ok(Err(e)) => comm.abort(&e.to_string()),
                             Err(_) => comm.abort("it panicked"),
+                            // Every rank that traces writes the one trace of the world
+                            // (a rank that failed leaves its own file at drop instead).
+                            Ok(Ok(_)) if comm.tracing() => {
+                                if let Err(e) = comm.trace_write() {
+                                    tracing::warn!("rank {}: the world's trace was not written: {e}", comm.rank);
+                                }
+                            }
                             Ok(Ok(_)) => {}
                         }
                         comm.device.wait_idle();
@@ -537,7 +557,7 @@ impl Communicator {
 
     /// Synchronizes `stream`, then [`Self::check`]s for timed-out waits.
     pub fn synchronize(&self, stream: &Stream) -> Result<()> {
-        let r = stream.synchronize().and_then(|()| self.check());
+        let r = stream.synchronize().and_then(|()| self.trace_collect()).and_then(|_| self.check());
         if let Err(e) = &r {
             self.note_failure(e);
         }
@@ -694,6 +714,7 @@ impl Drop for Communicator {
     fn drop(&mut self) {
         // Leaves a kernel failure for the user's own synchronize.
         self.device.wait_idle();
+        self.trace_finish();
         let noted = self.failure.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let failure = noted.or_else(|| std::thread::panicking().then(|| "it panicked".to_string()));
         let in_process_peers = self

@@ -1,0 +1,241 @@
+//! The device trace (`doorbell::trace`): a pipeline's events recorded in
+//! order with sane timestamps, on the emulator and (kernels built with the
+//! `trace` feature) on the GPU; the Chrome trace valid; off means nothing
+//! recorded; bad options are clear errors.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use doorbell::comm::{CommOptions, Communicator, RingShape};
+use doorbell::trace::{TraceEvent, TraceOptions, What};
+use doorbell::{Device, LaunchConfig};
+use doorbell_test_kernels::pipeline::{pipe_by_launch, ring_pattern};
+use doorbell_tests::per_backend;
+
+fn fresh_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("doorbell-trace-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn unix_ns() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64
+}
+
+const ELEMS: u64 = 5000;
+const CHUNK: u64 = 512;
+const LAUNCHES: u64 = 2;
+
+/// Runs the pipeline `LAUNCHES` times on 2 ranks; returns each rank's
+/// events and the host-clock window they must lie in.
+fn traced_pipeline(dev: &Device, trace: Option<TraceOptions>) -> Vec<(Vec<TraceEvent>, u64, u64)> {
+    let backend = dev.backend();
+    let opts = CommOptions {
+        heap_bytes: 8 << 20,
+        wait_timeout: Duration::from_secs(30),
+        trace,
+        ..Default::default()
+    };
+    Communicator::local(2, backend, opts, |comm| {
+        let d = comm.device();
+        let module = comm.load_module(&doorbell_tests::TEST_KERNELS_TRACED)?;
+        let family = module.family::<pipe_by_launch>()?;
+        let rings = comm.rings::<u32>(RingShape {
+            stages: 2,
+            chunk: CHUNK,
+            pairs: 2,
+        })?;
+        let mut out = d.alloc_zeroed::<u32>(ELEMS as usize)?;
+        let s = d.new_stream()?;
+        let cfg = LaunchConfig::linear(rings.blocks(), if d.is_gpu() { 128 } else { 32 });
+        let (t, out_ptr) = (comm.p2p()?, out.as_mut_ptr());
+        let start = unix_ns();
+        for launch in 0..LAUNCHES {
+            comm.barrier()?;
+            // SAFETY: the rings and `out` (ELEMS) are this communicator's.
+            unsafe { s.launch_family(&family, cfg, t, (rings.pipe(), out_ptr, ELEMS))? };
+            comm.synchronize(&s)?;
+            let prev = (comm.rank() as u64 + 1) % 2;
+            let got = out.to_host()?;
+            let bad = (0..ELEMS)
+                .filter(|&i| got[i as usize] != ring_pattern(launch * 1_000_000 + prev, i))
+                .count();
+            assert_eq!(bad, 0, "rank {} launch {launch}: {bad} values wrong", comm.rank());
+        }
+        let end = unix_ns();
+        Ok((comm.trace_events(), start, end))
+    })
+    .unwrap_or_else(|e| panic!("{backend:?}: {e}"))
+}
+
+per_backend! {
+    /// Every chunk's steps are recorded once per launch with the right
+    /// sequence numbers, bytes and peers, in the order the pipeline takes
+    /// them, inside the window the host saw; then the Chrome trace of both
+    /// ranks is valid and the summary counts the same chunks.
+    fn a_traced_pipeline_records_every_chunk_in_order(dev: Device) {
+        let dir = fresh_dir(&format!("pipeline-{:?}", dev.backend()));
+        let opts = TraceOptions { rings: 64, events_per_ring: 256, ..TraceOptions::new(&dir) };
+        let ranks = traced_pipeline(&dev, Some(opts));
+        let chunks = ELEMS.div_ceil(CHUNK) * LAUNCHES;
+        for (rank, (events, start, end)) in ranks.iter().enumerate() {
+            let (next, prev) = ((rank as u32 + 1) % 2, (rank as u32 + 1) % 2);
+            let begins = |w: What| events.iter().filter(move |e| e.what == w && !e.end);
+            // Sequence numbers count each block's chunks, on across launches:
+            // 2 producer blocks (0, 1) and their 2 consumers (2, 3).
+            let per_block = chunks / 2;
+            for (w, blocks) in [(What::Acquire, [0, 1]), (What::Produce, [0, 1]), (What::Arrive, [2, 3]), (What::Consume, [2, 3])] {
+                let got: Vec<(u32, u64)> = begins(w).map(|e| (e.block, e.arg)).collect();
+                let want: BTreeSet<(u32, u64)> = blocks.iter().flat_map(|&b| (0..per_block).map(move |q| (b, q))).collect();
+                assert_eq!(got.len() as u64, chunks, "rank {rank}: {w:?} events: {got:?}");
+                assert_eq!(got.into_iter().collect::<BTreeSet<_>>(), want, "rank {rank}: {w:?} (block, sequence)");
+            }
+            assert!(begins(What::Produce).all(|e| e.peer == Some(next)), "rank {rank}: a chunk produced for another peer");
+            assert!(begins(What::Consume).all(|e| e.peer == Some(prev)), "rank {rank}: a chunk consumed from another peer");
+            let puts: Vec<_> = begins(What::PutSignal).collect();
+            assert_eq!(puts.len() as u64, chunks, "rank {rank}: one put_signal per chunk");
+            assert_eq!(puts.iter().map(|e| e.arg).sum::<u64>(), ELEMS * 4 * LAUNCHES, "rank {rank}: bytes put");
+            assert!(puts.iter().all(|e| e.peer == Some(next)));
+            // Every span ends, each thread's events in time order, all in the window.
+            let slices = doorbell::trace::slices(events);
+            assert!(slices.iter().all(|s| !s.instant), "rank {rank}: a span without its end");
+            let mut last: BTreeMap<(u32, u32, u32), u64> = BTreeMap::new();
+            let slack = 2_000_000; // the clock calibration's error and more
+            for e in events {
+                assert_eq!(e.rank, rank as u32);
+                assert!(e.at_ns + slack >= *start && e.at_ns <= end + slack, "rank {rank}: {e:?} outside [{start}, {end}]");
+                let l = last.entry((e.block, e.warp, e.lane)).or_insert(0);
+                assert!(e.at_ns >= *l, "rank {rank}: time went back on block {} : {e:?}", e.block);
+                *l = e.at_ns;
+            }
+            // Per producer block: a chunk's slot acquired, produced, then put.
+            for s in slices.iter().filter(|s| s.begin.what == What::Produce) {
+                let seq = s.begin.arg;
+                let acq = slices
+                    .iter()
+                    .find(|a| a.begin.what == What::Acquire && a.begin.arg == seq && a.begin.block == s.begin.block)
+                    .unwrap();
+                assert!(acq.begin.at_ns + acq.dur_ns <= s.begin.at_ns, "rank {rank} chunk {seq}: produced before its slot was free");
+            }
+        }
+        // Communicator::local wrote the world's trace when the ranks returned.
+        let json: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("trace.json")).unwrap()).unwrap();
+        let evs = json["traceEvents"].as_array().expect("traceEvents");
+        let procs: BTreeSet<u64> = evs.iter().filter(|e| e["name"] == "process_name").map(|e| e["pid"].as_u64().unwrap()).collect();
+        assert_eq!(procs, BTreeSet::from([0, 1]), "one process per rank");
+        let mut last: BTreeMap<(u64, u64), f64> = BTreeMap::new();
+        let mut n = 0;
+        for e in evs.iter().filter(|e| e["ph"] != "M") {
+            let (pid, tid, ts) = (e["pid"].as_u64().unwrap(), e["tid"].as_u64().unwrap(), e["ts"].as_f64().unwrap());
+            assert!(e["name"].is_string() && e["cat"].is_string(), "{e}");
+            match e["ph"].as_str() {
+                Some("X") => assert!(e["dur"].as_f64().unwrap() >= 0.0, "{e}"),
+                Some("i") => {}
+                other => panic!("unexpected phase {other:?}: {e}"),
+            }
+            let l = last.entry((pid, tid)).or_insert(f64::MIN);
+            assert!(ts >= *l, "track ({pid}, {tid}) goes back in time at {e}");
+            *l = ts;
+            n += 1;
+        }
+        let recorded: usize = ranks.iter().map(|r| doorbell::trace::slices(&r.0).len()).sum();
+        assert_eq!(n, recorded, "every slice of both ranks is in the file");
+        let summary = std::fs::read_to_string(dir.join("summary.txt")).unwrap();
+        for r in 0..2 {
+            assert!(summary.contains(&format!("rank {r}: ")), "{summary}");
+        }
+        assert!(summary.contains("producing ") && summary.contains(&format!("({chunks} chunks)")), "{summary}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// Tracing off (the default): nothing is recorded, no file written, and
+/// asking for the trace is a clear error.
+#[test]
+fn off_by_default_records_nothing() {
+    let dir = fresh_dir("off");
+    let ranks = traced_pipeline(&Device::emulator(0), None);
+    assert!(ranks.iter().all(|r| r.0.is_empty()), "events recorded with tracing off");
+    assert!(!dir.exists());
+    let e = Communicator::local(1, doorbell::Backend::Cpu, CommOptions::default(), |comm| {
+        assert!(!comm.tracing());
+        Ok(comm.trace_write().err().map(|e| e.to_string()).unwrap_or_default())
+    })
+    .unwrap();
+    assert!(e[0].contains("does not trace") && e[0].contains("DOORBELL_TRACE"), "{}", e[0]);
+}
+
+/// Options that cannot work are refused naming the fix; a bad
+/// `DOORBELL_TRACE_EVENTS` names the variable.
+#[test]
+fn bad_trace_options_are_clear_errors() {
+    let dir = fresh_dir("bad");
+    for (rings, events, want) in [
+        (3, 256, "powers of two"),
+        (64, 100, "powers of two"),
+        (1 << 16, 1 << 16, "more than"),
+    ] {
+        let opts = CommOptions {
+            trace: Some(TraceOptions {
+                rings,
+                events_per_ring: events,
+                ..TraceOptions::new(&dir)
+            }),
+            ..Default::default()
+        };
+        let e = Communicator::local(1, doorbell::Backend::Cpu, opts, |_| Ok(()))
+            .err()
+            .map(|e| e.to_string());
+        let e = e.unwrap_or_default();
+        assert!(e.contains(want), "rings {rings}, events {events}: {e}");
+    }
+    std::env::set_var("DOORBELL_TRACE_EVENTS", "1000");
+    let e = doorbell::trace::options_from_env().err().map(|e| e.to_string()).unwrap_or_default();
+    std::env::remove_var("DOORBELL_TRACE_EVENTS");
+    assert!(e.contains("DOORBELL_TRACE_EVENTS") && e.contains("power of two"), "{e}");
+}
+
+/// A wait that runs out of budget leaves a wait without an end and an
+/// error event in the trace, and the error of the synchronize.
+#[test]
+fn a_timed_out_wait_shows_as_an_open_wait_and_an_error() {
+    use doorbell_test_kernels::testing::p2p_wait_forever;
+    let dir = fresh_dir("timeout");
+    let opts = CommOptions {
+        wait_timeout: Duration::from_millis(50),
+        trace: Some(TraceOptions::new(&dir)),
+        ..Default::default()
+    };
+    let got = Communicator::local(1, doorbell::Backend::Cpu, opts, |comm| {
+        let m = comm.load_module(&doorbell_tests::TEST_KERNELS_TRACED)?;
+        let f = m.function::<p2p_wait_forever>()?;
+        let sig = comm.alloc::<u64>(1)?;
+        let status = comm.device().alloc_zeroed::<u32>(1)?;
+        let s = comm.device().new_stream()?;
+        // SAFETY: `sig` is symmetric, `status` one word.
+        unsafe {
+            s.launch(
+                &f,
+                LaunchConfig::linear(1, 1),
+                (comm.p2p()?, sig.as_mut_ptr(), status.as_raw() as *mut u32),
+            )?
+        };
+        let err = comm.synchronize(&s).err().map(|e| e.to_string()).unwrap_or_default();
+        Ok((err, comm.trace_events(), sig.offset()))
+    })
+    .unwrap();
+    let (err, events, offset) = &got[0];
+    assert!(err.contains("wait_until"), "{err}");
+    let waits: Vec<_> = events.iter().filter(|e| e.what == What::Wait).collect();
+    assert_eq!(waits.len(), 1, "{events:?}");
+    assert!(!waits[0].end && waits[0].arg == *offset, "{waits:?}");
+    let errors: Vec<_> = events.iter().filter(|e| e.what == What::Error).collect();
+    assert_eq!(errors.len(), 1, "{events:?}");
+    assert_eq!(errors[0].arg, doorbell::kernels::heap::ErrorKind::Timeout as u64);
+    assert!(
+        errors[0].at_ns >= waits[0].at_ns + 40_000_000,
+        "the error came before the budget ran out"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
