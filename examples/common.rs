@@ -7,6 +7,7 @@ pub mod cli;
 pub mod embedding;
 pub mod nccl;
 pub mod plot;
+pub mod timeline;
 
 pub use clap;
 

@@ -40,7 +40,7 @@ pub enum YScale {
     Log,
 }
 
-fn register_font() -> Result<(), String> {
+pub fn register_font() -> Result<(), String> {
     static ONCE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
     ONCE.get_or_init(|| {
         plotters::style::register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular())
