@@ -517,7 +517,7 @@ fn record(w: Writer, what: Pair32, who: Pair32, range: Pair, progress: Pair, bud
     let Pair(offset, bytes) = range;
     let Pair(expected, seen) = progress;
     let reported = (local_base + REPORTED_OFFSET) as *mut u32;
-    crate::trace::instant(local_base, crate::trace::What::Error, peer, kind as u64);
+    crate::trace::hook! { crate::trace::instant(local_base, crate::trace::What::Error, peer, kind as u64); }
     // SAFETY: the reported word and the slots lie in the reserved header of
     // this rank's heap; the words other threads poll are accessed atomically.
     unsafe {

@@ -156,12 +156,22 @@ pub fn grid_stride_x() -> u32 {
 /// from different paths (thread 0 did work alone just before), the compiler
 /// may duplicate the barrier into each path: use [`sync_threads_divergent`]
 /// there.
+///
+/// Built with the device trace's hooks (the `trace` feature), it is the
+/// non-aligned `barrier.sync 0` instead: the hooks add branches taken by
+/// one thread next to barriers, which the compiler may turn into copies
+/// of an aligned barrier on divergent paths (a hang).
 #[inline(always)]
 pub fn sync_threads() {
-    #[cfg(target_arch = "nvptx64")]
+    #[cfg(all(target_arch = "nvptx64", not(feature = "trace")))]
     // SAFETY: a barrier; the asm orders memory, so no `nomem`.
     unsafe {
         asm!("bar.sync 0;", options(nostack))
+    };
+    #[cfg(all(target_arch = "nvptx64", feature = "trace"))]
+    // SAFETY: as above.
+    unsafe {
+        asm!("barrier.sync 0;", options(nostack))
     };
     #[cfg(not(target_arch = "nvptx64"))]
     emu::block_barrier();
@@ -185,7 +195,8 @@ pub fn sync_threads_divergent() {
 
 /// `bar.red.or.pred`: [`sync_threads`] that also returns whether any
 /// thread of the block passed `pred` true (CUDA's `__syncthreads_or`).
-/// Every non-exited thread of the block must call it.
+/// Every non-exited thread of the block must call it. Non-aligned
+/// (`barrier.red`) with the `trace` feature, as [`sync_threads`].
 #[inline(always)]
 pub fn sync_threads_or(pred: bool) -> bool {
     #[cfg(target_arch = "nvptx64")]
@@ -194,7 +205,10 @@ pub fn sync_threads_or(pred: bool) -> bool {
         // SAFETY: a barrier with a reduction; it orders memory, so no `nomem`.
         unsafe {
             asm!(
+                #[cfg(not(feature = "trace"))]
                 "{{ .reg .pred p, q; setp.ne.u32 p, {i}, 0; bar.red.or.pred q, 0, p; selp.u32 {o}, 1, 0, q; }}",
+                #[cfg(feature = "trace")]
+                "{{ .reg .pred p, q; setp.ne.u32 p, {i}, 0; barrier.red.or.pred q, 0, p; selp.u32 {o}, 1, 0, q; }}",
                 i = in(reg32) pred as u32,
                 o = out(reg32) out,
                 options(nostack)

@@ -184,6 +184,44 @@ impl What {
 /// the `trace` feature).
 pub const COMPILED: bool = cfg!(any(feature = "trace", not(target_arch = "nvptx64")));
 
+/// The library's hook sites: `hook! { statements }` expands to the
+/// statements where the hooks are compiled in ([`COMPILED`]) and to nothing
+/// at all otherwise, arguments included, so a PTX build without the
+/// `trace` feature is the PTX of the code without the hooks. (Empty hook
+/// functions were not enough: LLVM reshaped the kernels around the dead
+/// calls.)
+#[cfg(any(feature = "trace", not(target_arch = "nvptx64")))]
+macro_rules! hook {
+    ($($t:tt)*) => { $($t)* };
+}
+/// See the other definition.
+#[cfg(not(any(feature = "trace", not(target_arch = "nvptx64"))))]
+macro_rules! hook {
+    ($($t:tt)*) => {};
+}
+pub(crate) use hook;
+
+/// `around!({ before } expr, |r| { after })`: `expr` with hook statements
+/// before and after it (`r` names its value for them) where the hooks are
+/// compiled in; `expr` alone, as written, otherwise.
+#[cfg(any(feature = "trace", not(target_arch = "nvptx64")))]
+macro_rules! around {
+    ({ $($pre:tt)* } $e:expr, |$r:ident| { $($post:tt)* }) => {{
+        $($pre)*
+        let $r = $e;
+        $($post)*
+        $r
+    }};
+}
+/// See the other definition.
+#[cfg(not(any(feature = "trace", not(target_arch = "nvptx64"))))]
+macro_rules! around {
+    ({ $($pre:tt)* } $e:expr, |$r:ident| { $($post:tt)* }) => {
+        $e
+    };
+}
+pub(crate) use around;
+
 /// An open span: [`Span::end`] writes its end event. Scalars only (no
 /// address taken on any path).
 #[derive(Clone, Copy, Debug)]
@@ -233,8 +271,9 @@ pub fn instant(local_base: u64, what: What, peer: u32, arg: u64) {
 #[inline(always)]
 fn rings_of(local_base: u64) -> u64 {
     // SAFETY: the word lies in the reserved header of this rank's heap,
-    // written by the host only while no kernel runs.
-    unsafe { core::ptr::read_volatile((local_base + TRACE_OFFSET) as *const u64) }
+    // written by the host only while no kernel runs: a plain load, which
+    // the caches keep and the compiler may share between hooks.
+    unsafe { core::ptr::read((local_base + TRACE_OFFSET) as *const u64) }
 }
 
 /// Appends one event to the calling warp's ring.

@@ -282,10 +282,29 @@ impl PtxBuilder {
         let cargo = std::env::var("DOORBELL_DEVICE_CARGO").unwrap_or_else(|_| "/usr/bin/cargo".into());
         let rustc = std::env::var("DOORBELL_DEVICE_RUSTC").unwrap_or_else(|_| "/usr/bin/rustc".into());
         check_toolchain(&rustc)?;
-        let target_dir = match &self.target_dir {
+        let mut target_dir = match &self.target_dir {
             Some(d) => d.clone(),
             None => default_target_dir(&out_dir),
         };
+        let mut features = self.features.clone();
+        if std::env::var(TRACE_KERNELS_ENV).is_ok_and(|v| v == "1") {
+            // The device trace's hooks: the crate's own feature when it is
+            // doorbell-kernels, else that of its dependency.
+            features.push(
+                if crate_name == "doorbell_kernels" {
+                    "trace"
+                } else {
+                    "doorbell-kernels/trace"
+                }
+                .to_string(),
+            );
+        }
+        if !features.is_empty() {
+            // A target directory per feature set: the PTX is an unhashed
+            // output, which a build with other features would leave stale.
+            features.sort();
+            target_dir = target_dir.join(format!("features-{}", features.join("+").replace(['/', ':'], "_")));
+        }
 
         let mut cmd = Command::new(&cargo);
         // A clean environment: nothing of the outer (host) build may leak in.
@@ -330,19 +349,6 @@ impl PtxBuilder {
             .args(["--config", "profile.release.incremental=false"])
             .arg("--target-dir")
             .arg(&target_dir);
-        let mut features = self.features.clone();
-        if std::env::var(TRACE_KERNELS_ENV).is_ok_and(|v| v == "1") {
-            // The device trace's hooks: the crate's own feature when it is
-            // doorbell-kernels, else that of its dependency.
-            features.push(
-                if crate_name == "doorbell_kernels" {
-                    "trace"
-                } else {
-                    "doorbell-kernels/trace"
-                }
-                .to_string(),
-            );
-        }
         if !features.is_empty() {
             cmd.arg("--features").arg(features.join(","));
         }

@@ -872,24 +872,21 @@ unsafe fn run_for<T: Transport, const WIDE: bool>(t: &T, a: &AllReduceArgs) -> R
 /// # Safety
 /// As for [`run`]; `produce` writes only `chunk.dst[..chunk.len]`.
 #[inline(always)]
-pub unsafe fn fused<T: Transport, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, mut produce: P) -> Result<(), Failed> {
+pub unsafe fn fused<T: Transport, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, produce: P) -> Result<(), Failed> {
     let at = begin(t, a);
-    // Thread 0 traces its share of each chunk's production (the first
-    // element's index); nothing at all without the trace hooks.
-    let base = if ptx::thread_rank_in_block() == 0 {
-        t.bounds().reporter.local_base
-    } else {
-        0
-    };
-    let traced = |c: Chunk| {
-        let s = (base != 0).then(|| crate::trace::span(base, crate::trace::What::Produce, u32::MAX, c.first));
-        produce(c);
-        if let Some(s) = s {
-            s.end(c.len);
-        }
-    };
+    crate::trace::hook! {
+        // Thread 0 traces its share of each chunk's production (the
+        // chunk's first element).
+        let mut produce = produce;
+        let base = if ptx::thread_rank_in_block() == 0 { t.bounds().reporter.local_base } else { 0 };
+        let produce = |c: Chunk| {
+            let s = (base != 0).then(|| crate::trace::span(base, crate::trace::What::Produce, u32::MAX, c.first));
+            produce(c);
+            s.map(|s| s.end(c.len));
+        };
+    }
     // SAFETY: the caller's contract.
-    finish(&at, unsafe { run_algo(t, &at, traced, false) })
+    finish(&at, unsafe { run_algo(t, &at, produce, false) })
 }
 
 /// Checks the launch and returns `a` with the block's epoch in `epoch`:

@@ -43,7 +43,8 @@
 use super::{BlockChunks, BlockCtl, Failed, RingSet};
 use crate::heap::{Arg, Call};
 use crate::ptx;
-use crate::trace::{self, What};
+#[allow(unused_imports)]
+use crate::trace::{hook, What};
 use crate::transport::{CommError, Transport};
 
 /// A pipeline's rings, control words, outboxes and launch counters: the
@@ -146,14 +147,13 @@ impl<E> Pipe<E> {
         // after the last barrier below.
         let seq0 = unsafe { core::ptr::read_volatile(counter) } * chunks.count();
         let elem_bytes = core::mem::size_of::<E>() as u64;
-        // Thread 0 traces the block's steps (its transport calls trace themselves).
-        let base = if ptx::thread_rank_in_block() == 0 {
-            t.bounds().reporter.local_base
-        } else {
-            0
-        };
-        let step = |what: What, peer: u32, seq: u64| (base != 0).then(|| trace::span(base, what, peer, seq));
-        let end = |s: Option<trace::Span>, seq: u64| s.map_or((), |s| s.end(seq));
+        hook! {
+            // Thread 0 traces the block's steps (its transport calls trace
+            // themselves); each span ends before any block barrier.
+            let base = if ptx::thread_rank_in_block() == 0 { t.bounds().reporter.local_base } else { 0 };
+            let step = |what: What, peer: u32, seq: u64| (base != 0).then(|| crate::trace::span(base, what, peer, seq));
+            let end = |s: Option<crate::trace::Span>, seq: u64| s.map_or((), |s| s.end(seq));
+        }
         let mut result = Ok(());
         for j in 0..chunks.count() {
             let (first, len) = chunks.range(j);
@@ -163,24 +163,20 @@ impl<E> Pipe<E> {
                 if b < pairs {
                     // SAFETY: producer p's chunk of the outbox.
                     let buf = self.outbox.add((p * self.chunk) as usize);
-                    let s = step(What::Acquire, peers.0, seq);
-                    let acquired = ring.acquire_block(t, ctl, seq, peers.0);
-                    end(s, seq);
-                    acquired.and_then(|()| {
-                        let s = step(What::Produce, peers.0, seq);
+                    hook! { let s = step(What::Acquire, peers.0, seq); }
+                    ring.acquire_block(t, ctl, seq, peers.0).and_then(|()| {
+                        hook! { end(s, seq); let s = step(What::Produce, peers.0, seq); }
                         produce(first, len, buf);
+                        hook! { end(s, seq); }
                         ptx::sync_threads();
-                        end(s, seq);
                         ring.commit_block(t, seq, peers.0, buf as *const u8, len * elem_bytes)
                     })
                 } else {
-                    let s = step(What::Arrive, peers.1, seq);
-                    let arrived = ring.wait_block(t, ctl, seq, peers.1);
-                    end(s, seq);
-                    arrived.and_then(|slot| {
-                        let s = step(What::Consume, peers.1, seq);
+                    hook! { let s = step(What::Arrive, peers.1, seq); }
+                    ring.wait_block(t, ctl, seq, peers.1).and_then(|slot| {
+                        hook! { end(s, seq); let s = step(What::Consume, peers.1, seq); }
                         consume(first, len, slot as *const E);
-                        end(s, seq);
+                        hook! { end(s, seq); }
                         ring.release_block(t, ctl, seq, peers.1)
                     })
                 }

@@ -4,7 +4,7 @@
 use super::{Cmp, CommError, Coop, RawSignal, RawWait, RawXfer, SignalOp, Transport};
 use crate::heap::{Arg, Call, Checked, HeapBounds, Reporter, EPOCH_OFFSET};
 use crate::ptx;
-use crate::trace::{self, What};
+use crate::trace::{around, hook, What};
 
 /// Peers whose heap base is carried in the handle itself (kernel parameter
 /// space), so translating an address costs no dependent global load.
@@ -196,8 +196,10 @@ impl Transport for P2p {
         // Every check before any store: a bad argument writes nothing.
         let (_, off, sig_off) = super::check_put(self, peer, &x, signal)?;
         let base = self.base_of(peer);
-        let what = if signal.is_some() { What::PutSignal } else { What::Put };
-        let span = g.is_leader().then(|| trace::span(self.local_base, what, peer, x.bytes));
+        hook! {
+            let what = if signal.is_some() { What::PutSignal } else { What::Put };
+            let span = g.is_leader().then(|| crate::trace::span(self.local_base, what, peer, x.bytes));
+        }
         // SAFETY: checked range; `src` per the contract.
         unsafe { copy_coop(g, (base + off) as *mut u8, x.src, x.bytes) };
         if let Some(s) = signal {
@@ -211,9 +213,7 @@ impl Transport for P2p {
                 unsafe { self.signal_at((base + sig_off) as *mut u64, s.value, s.op) };
             }
         }
-        if let Some(span) = span {
-            span.end(x.bytes);
-        }
+        hook! { span.map(|s| s.end(x.bytes)); }
         Ok(())
     }
 
@@ -223,32 +223,30 @@ impl Transport for P2p {
         let off = self.check_range(call, Arg::Source, x.src as u64, x.bytes, peer)?;
         self.check_local_dst(call, x.dst as u64, x.bytes, peer)?;
         let remote = (self.base_of(peer) + off) as *const u8;
-        let span = g.is_leader().then(|| trace::span(self.local_base, What::Get, peer, x.bytes));
+        hook! { let span = g.is_leader().then(|| crate::trace::span(self.local_base, What::Get, peer, x.bytes)); }
         // SAFETY: as for put.
         unsafe { copy_coop(g, x.dst, remote, x.bytes) };
-        if let Some(span) = span {
-            span.end(x.bytes);
-        }
+        hook! { span.map(|s| s.end(x.bytes)); }
         Ok(())
     }
 
     #[inline(always)]
     unsafe fn signal_raw(&self, peer: u32, s: RawSignal) -> Result<(), CommError> {
         let off = self.check_signal(Call::Signal, s.word as u64, peer)?;
-        let span = trace::span(self.local_base, What::Signal, peer, off);
+        hook! { let span = crate::trace::span(self.local_base, What::Signal, peer, off); }
         // SAFETY: an aligned word of the peer's heap.
         unsafe { self.signal_at((self.base_of(peer) + off) as *mut u64, s.value, s.op) };
-        span.end(s.value);
+        hook! { span.end(s.value); }
         Ok(())
     }
 
     #[inline(always)]
     unsafe fn wait_word_raw(&self, sig: *const u64, cmp: Cmp, value: u64) -> Result<u64, CommError> {
         self.check_signal(Call::WaitUntil, sig as u64, self.rank)?;
-        let span = trace::span(self.local_base, What::Wait, u32::MAX, (sig as u64).wrapping_sub(self.local_base));
+        hook! { let span = crate::trace::span(self.local_base, What::Wait, u32::MAX, (sig as u64).wrapping_sub(self.local_base)); }
         match crate::sync::spin_until(self.budget_ns, || self.load_signal(sig), |v| cmp.holds(v, value)) {
             Ok(v) => {
-                span.end(v);
+                hook! { span.end(v); }
                 Ok(v)
             }
             Err(t) => Err(self.fail_wait(t, Call::WaitUntil, u32::MAX, sig as u64, cmp, value)),
@@ -272,17 +270,15 @@ impl Transport for P2p {
         }
         // Stores to peers are complete once issued; the fence makes them
         // visible at system scope before anything this thread does next.
-        let span = trace::span(self.local_base, What::Quiet, peer.unwrap_or(u32::MAX), 0);
+        hook! { let span = crate::trace::span(self.local_base, What::Quiet, peer.unwrap_or(u32::MAX), 0); }
         ptx::fence_sc_sys();
-        span.end(0);
+        hook! { span.end(0); }
         Ok(())
     }
 
     unsafe fn barrier(&self) -> Result<(), CommError> {
-        let span = trace::span(self.local_base, What::Barrier, u32::MAX, 0);
+        around!({ let span = crate::trace::span(self.local_base, What::Barrier, u32::MAX, 0); }
         // SAFETY: the caller's contract.
-        let r = unsafe { self.barrier_inner() };
-        span.end(r.is_ok() as u64);
-        r
+        unsafe { self.barrier_inner() }, |r| { span.end(r.is_ok() as u64); })
     }
 }

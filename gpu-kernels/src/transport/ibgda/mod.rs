@@ -77,7 +77,7 @@ use crate::mlx5::queue::{ring_doorbell, update_doorbell_record, wqe_slot, QpHand
 use crate::mlx5::wqe::{write_atomic_fetch_add_wqe, write_rdma_read_wqe, write_rdma_write_wqe, Transfer, FLAG_SIGNALED};
 use crate::ptx;
 use crate::sync::{Spin, Timeout};
-use crate::trace::{self, What};
+use crate::trace::{around, hook, What};
 
 mod queue;
 
@@ -454,10 +454,10 @@ impl Ibgda {
     /// The local `wait_until` (shared with the routed transport).
     pub(crate) fn wait_one(&self, sig: *const u64, cmp: Cmp, value: u64) -> Result<u64, CommError> {
         self.check_signal(Call::WaitUntil, sig as u64, self.rank)?;
-        let span = trace::span(self.local_base, What::Wait, u32::MAX, (sig as u64).wrapping_sub(self.local_base));
+        hook! { let span = crate::trace::span(self.local_base, What::Wait, u32::MAX, (sig as u64).wrapping_sub(self.local_base)); }
         match crate::sync::spin_until(self.budget_ns, || Self::load_signal(sig), |v| cmp.holds(v, value)) {
             Ok(v) => {
-                span.end(v);
+                hook! { span.end(v); }
                 Ok(v)
             }
             Err(t) => Err(self.fail_wait(t, Call::WaitUntil, u32::MAX, sig as u64, cmp, value)),
@@ -516,14 +516,12 @@ impl Transport for Ibgda {
             value: s.value,
             op: s.op,
         });
-        let what = if signal.is_some() { What::PutSignal } else { What::Put };
-        let span = g.is_leader().then(|| trace::span(self.local_base, what, peer, x.bytes));
-        // SAFETY: checked arguments; the caller's contract.
-        let r = unsafe { self.transfer(g, wire, sig, Site { call, peer }, x.nbi) };
-        if let Some(span) = span {
-            span.end(x.bytes);
+        around!({
+            let what = if signal.is_some() { What::PutSignal } else { What::Put };
+            let span = g.is_leader().then(|| crate::trace::span(self.local_base, what, peer, x.bytes));
         }
-        r
+        // SAFETY: checked arguments; the caller's contract.
+        unsafe { self.transfer(g, wire, sig, Site { call, peer }, x.nbi) }, |r| { span.map(|s| s.end(x.bytes)); })
     }
 
     unsafe fn get_raw(&self, g: Coop, peer: u32, x: RawXfer) -> Result<(), CommError> {
@@ -542,13 +540,9 @@ impl Transport for Ibgda {
             lkey,
             bytes: x.bytes,
         };
-        let span = g.is_leader().then(|| trace::span(self.local_base, What::Get, peer, x.bytes));
+        around!({ let span = g.is_leader().then(|| crate::trace::span(self.local_base, What::Get, peer, x.bytes)); }
         // SAFETY: as above.
-        let r = unsafe { self.transfer(g, wire, None, Site { call, peer }, x.nbi) };
-        if let Some(span) = span {
-            span.end(x.bytes);
-        }
-        r
+        unsafe { self.transfer(g, wire, None, Site { call, peer }, x.nbi) }, |r| { span.map(|s| s.end(x.bytes)); })
     }
 
     unsafe fn signal_raw(&self, peer: u32, s: RawSignal) -> Result<(), CommError> {
@@ -561,9 +555,9 @@ impl Transport for Ibgda {
         };
         // Non-blocking like P2P's store: the peer sees it when the NIC
         // delivers it; `quiet` completes it.
-        let span = trace::span(self.local_base, What::Signal, peer, off);
+        around!({ let span = crate::trace::span(self.local_base, What::Signal, peer, off); }
         // SAFETY: checked arguments.
-        let r = unsafe {
+        unsafe {
             self.post_xfer(
                 Poster::Thread,
                 &q,
@@ -572,9 +566,8 @@ impl Transport for Ibgda {
                 Share::ALL,
                 Site { call: Call::Signal, peer },
             )
-        };
-        span.end(s.value);
-        r.map(|_| ())
+        }, |r| { span.end(s.value); })
+        .map(|_| ())
     }
 
     #[inline(always)]
@@ -593,8 +586,8 @@ impl Transport for Ibgda {
     fn fence(&self) {}
 
     unsafe fn quiet(&self, peer: Option<u32>) -> Result<(), CommError> {
-        let span = trace::span(self.local_base, What::Quiet, peer.unwrap_or(u32::MAX), 0);
-        let r = match peer {
+        around!({ let span = crate::trace::span(self.local_base, What::Quiet, peer.unwrap_or(u32::MAX), 0); }
+        match peer {
             Some(peer) if peer >= self.world => Err(self.fail(CommError::BadPeer { peer }, Call::Quiet, Arg::None, peer, 0)),
             // SAFETY: the handle's QPs are valid.
             Some(peer) => unsafe { self.quiet_qp(&self.qp(peer), Call::Quiet) },
@@ -609,17 +602,13 @@ impl Transport for Ibgda {
                 }
                 Ok(())
             }
-        };
-        span.end(r.is_ok() as u64);
-        r
+        }, |r| { span.end(r.is_ok() as u64); })
     }
 
     unsafe fn barrier(&self) -> Result<(), CommError> {
-        let span = trace::span(self.local_base, What::Barrier, u32::MAX, 0);
+        around!({ let span = crate::trace::span(self.local_base, What::Barrier, u32::MAX, 0); }
         // SAFETY: the caller's contract.
-        let r = unsafe { self.barrier_inner() };
-        span.end(r.is_ok() as u64);
-        r
+        unsafe { self.barrier_inner() }, |r| { span.end(r.is_ok() as u64); })
     }
 }
 
