@@ -882,7 +882,7 @@ pub unsafe fn fused<T: Transport, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, pro
         let produce = |c: Chunk| {
             let s = (base != 0).then(|| crate::trace::span(base, crate::trace::What::Produce, u32::MAX, c.first));
             produce(c);
-            s.map(|s| s.end(c.len));
+            if let Some(s) = s { s.end(c.len) }
         };
     }
     // SAFETY: the caller's contract.

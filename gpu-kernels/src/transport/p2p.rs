@@ -213,7 +213,7 @@ impl Transport for P2p {
                 unsafe { self.signal_at((base + sig_off) as *mut u64, s.value, s.op) };
             }
         }
-        hook! { span.map(|s| s.end(x.bytes)); }
+        hook! { if let Some(s) = span { s.end(x.bytes) } }
         Ok(())
     }
 
@@ -226,7 +226,7 @@ impl Transport for P2p {
         hook! { let span = g.is_leader().then(|| crate::trace::span(self.local_base, What::Get, peer, x.bytes)); }
         // SAFETY: as for put.
         unsafe { copy_coop(g, x.dst, remote, x.bytes) };
-        hook! { span.map(|s| s.end(x.bytes)); }
+        hook! { if let Some(s) = span { s.end(x.bytes) } }
         Ok(())
     }
 

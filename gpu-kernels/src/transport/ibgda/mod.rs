@@ -521,7 +521,7 @@ impl Transport for Ibgda {
             let span = g.is_leader().then(|| crate::trace::span(self.local_base, what, peer, x.bytes));
         }
         // SAFETY: checked arguments; the caller's contract.
-        unsafe { self.transfer(g, wire, sig, Site { call, peer }, x.nbi) }, |r| { span.map(|s| s.end(x.bytes)); })
+        unsafe { self.transfer(g, wire, sig, Site { call, peer }, x.nbi) }, |r| { if let Some(s) = span { s.end(x.bytes) } })
     }
 
     unsafe fn get_raw(&self, g: Coop, peer: u32, x: RawXfer) -> Result<(), CommError> {
@@ -542,7 +542,7 @@ impl Transport for Ibgda {
         };
         around!({ let span = g.is_leader().then(|| crate::trace::span(self.local_base, What::Get, peer, x.bytes)); }
         // SAFETY: as above.
-        unsafe { self.transfer(g, wire, None, Site { call, peer }, x.nbi) }, |r| { span.map(|s| s.end(x.bytes)); })
+        unsafe { self.transfer(g, wire, None, Site { call, peer }, x.nbi) }, |r| { if let Some(s) = span { s.end(x.bytes) } })
     }
 
     unsafe fn signal_raw(&self, peer: u32, s: RawSignal) -> Result<(), CommError> {
