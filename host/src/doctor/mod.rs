@@ -313,99 +313,105 @@ fn probe_kernels(report: &mut Report) {
     report.kernels.load_cubin = crate::vars::flag_renamed("DOORBELL_LOAD_CUBIN", "DOORBELL_CUBIN", true).unwrap_or(true);
     let images = [("doorbell_kernels", crate::KERNELS), ("doorbell_softnic", crate::comm::SOFTNIC)];
     for (name, image) in images {
-        let h = ptx::parse_header(image.ptx);
-        let built = crate::ptx_is_built(image.ptx);
-        let max = report.gpus.max_ptx_isa.clone();
-        let driver_can_compile = match (h.version, report.gpus.cuda_version_raw.and_then(ptx::max_isa_for_driver)) {
-            (Some(v), Some(m)) => Some(v <= m),
-            _ => None,
-        };
-        let cubin_arch = ptx::cubin_arch(image.cubin);
-        let cubin_loads_on = match cubin_arch.as_deref().and_then(ptx::target_capability) {
-            Some((maj, min, specific)) if report.kernels.load_cubin => report
-                .gpus
-                .devices
-                .iter()
-                .filter(|g| {
-                    let (a, b) = capability(g);
-                    a == maj && (b == min || (!specific && b > min))
-                })
-                .map(|g| g.ordinal)
-                .collect(),
-            _ => Vec::new(),
-        };
-        report.kernels.images.push(Image {
-            name: name.to_string(),
-            ptx_bytes: image.ptx.len(),
-            ptx_built: built,
-            ptx_isa: h.version.map(|v| v.to_string()),
-            target: h.target.clone(),
-            cubin_bytes: image.cubin.len(),
-            cubin_arch,
-            driver_can_compile,
-            cubin_loads_on,
-        });
-        let gpus = !report.gpus.devices.is_empty();
-        if !built {
-            let msg = format!("{name}: this binary was built without PTX (DOORBELL_SKIP_PTX=1 wrote a placeholder)");
-            let fix = "rebuild without DOORBELL_SKIP_PTX (the device toolchain of scripts/setup.sh builds the PTX)";
-            if gpus {
-                report.problem("kernels", format!("{msg}: launches on the GPUs fail"), fix);
-            } else {
-                report.warning("kernels", format!("{msg}: only the CPU emulator can run it"), fix);
-            }
-            continue;
+        let (image, problems, warnings) = assess_image(name, image.ptx, image.cubin, &report.gpus, report.kernels.load_cubin);
+        report.kernels.images.push(image);
+        report.problems.extend(problems);
+        report.warnings.extend(warnings);
+    }
+}
+
+/// What an embedded module is, checked against the driver and the GPUs:
+/// the image, its problems and its warnings.
+fn assess_image(name: &str, ptx_text: &str, cubin: &[u8], g: &GpuSection, load_cubin: bool) -> (Image, Vec<Finding>, Vec<Finding>) {
+    let (mut problems, mut warnings) = (Vec::new(), Vec::new());
+    let finding = |message: String, fix: &str| Finding {
+        section: "kernels",
+        message,
+        fix: fix.to_string(),
+    };
+    let h = ptx::parse_header(ptx_text);
+    let built = crate::ptx_is_built(ptx_text);
+    let max = g.max_ptx_isa.clone();
+    let driver_can_compile = match (h.version, g.cuda_version_raw.and_then(ptx::max_isa_for_driver)) {
+        (Some(v), Some(m)) => Some(v <= m),
+        _ => None,
+    };
+    let cubin_arch = ptx::cubin_arch(cubin);
+    let cubin_loads_on = match cubin_arch.as_deref().and_then(ptx::target_capability) {
+        Some((maj, min, specific)) if load_cubin => g
+            .devices
+            .iter()
+            .filter(|d| {
+                let (a, b) = capability(d);
+                a == maj && (b == min || (!specific && b > min))
+            })
+            .map(|d| d.ordinal)
+            .collect(),
+        _ => Vec::new(),
+    };
+    let image = Image {
+        name: name.to_string(),
+        ptx_bytes: ptx_text.len(),
+        ptx_built: built,
+        ptx_isa: h.version.map(|v| v.to_string()),
+        target: h.target.clone(),
+        cubin_bytes: cubin.len(),
+        cubin_arch,
+        driver_can_compile,
+        cubin_loads_on,
+    };
+    let gpus = !g.devices.is_empty();
+    if !built {
+        let msg = format!("{name}: this binary was built without PTX (DOORBELL_SKIP_PTX=1 wrote a placeholder)");
+        let fix = "rebuild without DOORBELL_SKIP_PTX (the device toolchain of scripts/setup.sh builds the PTX)";
+        if gpus {
+            problems.push(finding(format!("{msg}: launches on the GPUs fail"), fix));
+        } else {
+            warnings.push(finding(format!("{msg}: only the CPU emulator can run it"), fix));
         }
-        if driver_can_compile == Some(false) {
-            let covered = report.kernels.images.last().map(|i| i.cubin_loads_on.clone()).unwrap_or_default();
-            let uncovered: Vec<usize> = report
-                .gpus
-                .devices
-                .iter()
-                .map(|g| g.ordinal)
-                .filter(|o| !covered.contains(o))
-                .collect();
-            let msg = format!(
-                "{name}: its PTX is ISA {} but the driver (CUDA {}) compiles PTX up to ISA {}",
-                h.version.map(|v| v.to_string()).unwrap_or_default(),
-                report.gpus.cuda_version.clone().unwrap_or_default(),
-                max.unwrap_or_default(),
-            );
-            let fix = "update the NVIDIA driver, or build the PTX with a device toolchain whose LLVM emits an older ISA";
-            if uncovered.is_empty() {
-                report.warning(
-                    "kernels",
-                    format!("{msg}: every GPU loads the embedded cubin instead, but DOORBELL_LOAD_CUBIN=0 would fail"),
-                    fix,
-                );
-            } else {
-                report.problem(
-                    "kernels",
-                    format!("{msg}: the module does not load on GPU(s) {uncovered:?}, which need the PTX"),
-                    fix,
-                );
-            }
-        }
-        if let Some((maj, min, _)) = h.target.as_deref().and_then(ptx::target_capability) {
-            let too_old: Vec<(usize, String)> = report
-                .gpus
-                .devices
-                .iter()
-                .filter(|g| capability(g) < (maj, min))
-                .map(|g| (g.ordinal, g.compute_capability.clone()))
-                .collect();
-            for (i, cc) in too_old {
-                report.problem(
-                    "kernels",
-                    format!(
-                        "{name}: its PTX targets {} (compute capability {maj}.{min}) but GPU {i} has compute capability {cc}",
-                        h.target.clone().unwrap_or_default()
-                    ),
-                    "run on a GPU of that capability or newer, or build the PTX for this GPU (DOORBELL_PTX_ARCH)",
-                );
-            }
+        return (image, problems, warnings);
+    }
+    if driver_can_compile == Some(false) {
+        let covered = image.cubin_loads_on.clone();
+        let uncovered: Vec<usize> = g.devices.iter().map(|d| d.ordinal).filter(|o| !covered.contains(o)).collect();
+        let msg = format!(
+            "{name}: its PTX is ISA {} but the driver (CUDA {}) compiles PTX up to ISA {}",
+            h.version.map(|v| v.to_string()).unwrap_or_default(),
+            g.cuda_version.clone().unwrap_or_default(),
+            max.unwrap_or_default(),
+        );
+        let fix = "update the NVIDIA driver, or build the PTX with a device toolchain whose LLVM emits an older ISA";
+        if uncovered.is_empty() {
+            warnings.push(finding(
+                format!("{msg}: every GPU loads the embedded cubin instead, but DOORBELL_LOAD_CUBIN=0 would fail"),
+                fix,
+            ));
+        } else {
+            problems.push(finding(
+                format!("{msg}: the module does not load on GPU(s) {uncovered:?}, which need the PTX"),
+                fix,
+            ));
         }
     }
+    if let Some((maj, min, _)) = h.target.as_deref().and_then(ptx::target_capability) {
+        let too_old: Vec<(usize, String)> = g
+            .devices
+            .iter()
+            .filter(|d| capability(d) < (maj, min))
+            .map(|d| (d.ordinal, d.compute_capability.clone()))
+            .collect();
+        for (i, cc) in too_old {
+            problems.push(finding(
+                format!(
+                    "{name}: its PTX targets {} (compute capability {maj}.{min}) but GPU {i} has compute capability {cc}",
+                    h.target.clone().unwrap_or_default()
+                ),
+                "run on a GPU of that capability or newer, or build the PTX for this GPU (DOORBELL_PTX_ARCH)",
+            ));
+        }
+    }
+
+    (image, problems, warnings)
 }
 
 // GPU pairs index several matrices at once.
@@ -1004,6 +1010,82 @@ mod tests {
         ] {
             assert!(text.contains(head), "no {head} in\n{text}");
         }
+    }
+
+    fn gpus(driver: i32, ccs: &[&str]) -> GpuSection {
+        GpuSection {
+            driver_loaded: true,
+            cuda_version_raw: Some(driver),
+            cuda_version: Some(format!("{}.{}", driver / 1000, (driver % 1000) / 10)),
+            max_ptx_isa: ptx::max_isa_for_driver(driver).map(|i| i.to_string()),
+            devices: ccs
+                .iter()
+                .enumerate()
+                .map(|(i, cc)| Gpu {
+                    ordinal: i,
+                    name: "test GPU".into(),
+                    compute_capability: cc.to_string(),
+                    memory_bytes: 0,
+                    pci_bus_id: format!("0000:{:02x}:00.0", i + 1),
+                })
+                .collect(),
+            ..GpuSection::default()
+        }
+    }
+
+    fn sm90_cubin() -> Vec<u8> {
+        let mut b = vec![0u8; 64];
+        b[..4].copy_from_slice(b"\x7fELF");
+        (b[4], b[5], b[7], b[8]) = (2, 1, 0x33, 7);
+        b[48] = 90;
+        b
+    }
+
+    const PTX_84: &str = ".version 8.4\n.target sm_90\n.address_size 64\n.visible .entry k()\n";
+
+    /// PTX newer than the driver compiles: a problem for GPUs that need the
+    /// PTX, a warning where every GPU loads the cubin.
+    #[test]
+    fn ptx_newer_than_the_driver() {
+        let old = gpus(12020, &["9.0", "9.0"]);
+        let (img, problems, warnings) = assess_image("k", PTX_84, &[], &old, true);
+        assert_eq!(img.driver_can_compile, Some(false));
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].message.contains("ISA 8.4") && problems[0].message.contains("up to ISA 8.2"),
+            "{problems:?}"
+        );
+        assert!(problems[0].message.contains("GPU(s) [0, 1]"), "{problems:?}");
+        assert!(warnings.is_empty());
+
+        let (img, problems, warnings) = assess_image("k", PTX_84, &sm90_cubin(), &old, true);
+        assert_eq!(img.cubin_arch.as_deref(), Some("sm_90"));
+        assert_eq!(img.cubin_loads_on, [0, 1]);
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        // ... unless DOORBELL_LOAD_CUBIN=0.
+        let (_, problems, _) = assess_image("k", PTX_84, &sm90_cubin(), &old, false);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+
+        let new = gpus(12040, &["9.0"]);
+        let (img, problems, warnings) = assess_image("k", PTX_84, &[], &new, true);
+        assert_eq!(img.driver_can_compile, Some(true));
+        assert!(problems.is_empty() && warnings.is_empty(), "{problems:?} {warnings:?}");
+    }
+
+    #[test]
+    fn ptx_for_a_newer_gpu_and_a_build_without_ptx() {
+        let (_, problems, _) = assess_image("k", PTX_84, &sm90_cubin(), &gpus(12040, &["9.0", "8.0"]), true);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].message.contains("GPU 1 has compute capability 8.0"), "{problems:?}");
+
+        let placeholder = "// doorbell: PTX build skipped (DOORBELL_SKIP_PTX=1)\n";
+        let (img, problems, warnings) = assess_image("k", placeholder, &[], &GpuSection::default(), true);
+        assert!(!img.ptx_built && img.ptx_isa.is_none());
+        assert!(problems.is_empty() && warnings.len() == 1, "no GPU: a warning");
+        let (_, problems, _) = assess_image("k", placeholder, &[], &gpus(12040, &["9.0"]), true);
+        assert_eq!(problems.len(), 1, "with a GPU: a problem");
+        assert!(problems[0].message.contains("built without PTX"));
     }
 
     #[test]
