@@ -480,7 +480,19 @@ fn probe_rdma(report: &mut Report) {
             ..Default::default()
         },
     };
-    let r = report.rdma.clone();
+    let (problems, warnings) = rdma_findings(&report.rdma);
+    report.problems.extend(problems);
+    report.warnings.extend(warnings);
+}
+
+/// What is wrong with rdma-core and the RDMA devices: problems, warnings.
+fn rdma_findings(r: &rdma::RdmaReport) -> (Vec<Finding>, Vec<Finding>) {
+    let (mut problems, mut warnings) = (Vec::new(), Vec::new());
+    let finding = |message: String, fix: &str| Finding {
+        section: "rdma",
+        message,
+        fix: fix.to_string(),
+    };
     let verbs_loaded = r.libraries.first().is_some_and(|l| l.error.is_none());
     if verbs_loaded && !r.devices.is_empty() {
         let active = r.devices.iter().flat_map(|d| &d.ports).any(|p| p.state.contains("ACTIVE"));
@@ -490,21 +502,19 @@ fn probe_rdma(report: &mut Report) {
                 .iter()
                 .flat_map(|d| d.ports.iter().map(move |p| format!("{}:{} {}", d.name, p.port, p.state)))
                 .collect();
-            report.problem(
-                "rdma",
+            problems.push(finding(
                 format!(
                     "rdma-core and RDMA devices are here but no port is ACTIVE ({}): the NIC cannot carry traffic",
                     ports.join(", ")
                 ),
                 "connect the cable and check the subnet manager (InfiniBand: opensm) or the Ethernet link (RoCE); `ibv_devinfo` shows the port state",
-            );
+            ));
         }
         for d in r.devices.iter().filter(|d| d.listed_by_rdma_core == Some(false)) {
-            report.warning(
-                "rdma",
+            warnings.push(finding(
                 format!("{} is in sysfs but rdma-core does not list it", d.name),
                 "load ib_uverbs, and check the permissions of /dev/infiniband (in a container pass --device /dev/infiniband)",
-            );
+            ));
         }
         for d in &r.devices {
             for p in d
@@ -513,22 +523,21 @@ fn probe_rdma(report: &mut Report) {
                 .filter(|p| p.link_layer.starts_with("Ethernet") && p.state.contains("ACTIVE"))
             {
                 if p.gid_index.is_none() {
-                    report.problem(
-                        "rdma",
+                    problems.push(finding(
                         format!("{}:{} is RoCE but its GID table has no RoCE v2 entry", d.name, p.port),
                         "give the interface an IP address (RoCE v2 GIDs follow the interface's addresses)",
-                    );
+                    ));
                 }
             }
         }
     }
     for line in r.nic_per_gpu.iter().filter(|l| l.contains("none: ")) {
-        report.problem(
-            "rdma",
+        problems.push(finding(
             format!("no NIC for IBGDA: {line}"),
             "fix what the line names, or set DOORBELL_NIC=auto (the soft NIC where no ConnectX is usable)",
-        );
+        ));
     }
+    (problems, warnings)
 }
 
 fn probe_routes(report: &mut Report, opts: &Options, links: &[Vec<Option<routes::Link>>]) {
@@ -1086,6 +1095,59 @@ mod tests {
         let (_, problems, _) = assess_image("k", placeholder, &[], &gpus(12040, &["9.0"]), true);
         assert_eq!(problems.len(), 1, "with a GPU: a problem");
         assert!(problems[0].message.contains("built without PTX"));
+    }
+
+    fn rdma_with(states: &[(&str, &str, Option<u32>)], listed: bool) -> rdma::RdmaReport {
+        rdma::RdmaReport {
+            libraries: vec![rdma::Library {
+                name: "libibverbs.so.1".into(),
+                path: Some("/usr/lib/libibverbs.so.1.14.44.0".into()),
+                version: Some("1.14.44.0".into()),
+                error: None,
+            }],
+            devices: vec![rdma::RdmaDev {
+                name: "mlx5_0".into(),
+                pci_bus_id: Some("0000:1a:00.0".into()),
+                driver: Some("mlx5_core".into()),
+                numa_node: Some(0),
+                ports: states
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (state, link, gid))| rdma::RdmaPort {
+                        port: i as u8 + 1,
+                        state: state.to_string(),
+                        link_layer: link.to_string(),
+                        rate: None,
+                        roce_v2_gids: Vec::new(),
+                        gid_index: *gid,
+                    })
+                    .collect(),
+                gpu_distance: Vec::new(),
+                listed_by_rdma_core: Some(listed),
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn rdma_without_an_active_port_or_a_roce_v2_gid() {
+        let (p, w) = rdma_findings(&rdma_with(&[("1: DOWN", "InfiniBand", None)], true));
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(p[0].message.contains("no port is ACTIVE (mlx5_0:1 1: DOWN)"), "{p:?}");
+        assert!(w.is_empty());
+        let (p, _) = rdma_findings(&rdma_with(&[("4: ACTIVE", "InfiniBand", None)], true));
+        assert!(p.is_empty(), "{p:?}");
+        let (p, _) = rdma_findings(&rdma_with(&[("4: ACTIVE", "Ethernet (RoCE)", None)], true));
+        assert!(p.len() == 1 && p[0].message.contains("no RoCE v2 entry"), "{p:?}");
+        let (p, w) = rdma_findings(&rdma_with(&[("4: ACTIVE", "Ethernet (RoCE)", Some(3))], false));
+        assert!(p.is_empty(), "{p:?}");
+        assert!(w.len() == 1 && w[0].message.contains("rdma-core does not list it"), "{w:?}");
+        // Without rdma-core, the devices are not its problem: the soft NIC runs.
+        let mut r = rdma_with(&[("1: DOWN", "InfiniBand", None)], true);
+        r.libraries[0].error = Some("not installed".into());
+        assert_eq!(rdma_findings(&r), (Vec::new(), Vec::new()));
+        r.nic_per_gpu = vec!["GPU 0: none: rank 0: DOORBELL_NIC=mlx5, but ...".into()];
+        assert_eq!(rdma_findings(&r).0.len(), 1, "DOORBELL_NIC=mlx5 without a NIC");
     }
 
     #[test]
