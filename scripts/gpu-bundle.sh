@@ -5,6 +5,7 @@
 # then, on the GPU machine, from the repository root:
 #   bash target/gpu-bundle/run-tests.sh        # tests/*, with DOORBELL_TEST_REQUIRE_GPU=1
 #   target/gpu-bundle/p2p_bench --device gpu   # or any example (ibgda_bench: IBGDA over the soft NIC)
+#   target/gpu-bundle/doorbell doctor          # what the machine offers doorbell, and what is wrong
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tests=("$@")
@@ -37,6 +38,8 @@ for e in "${examples[@]}"; do
     cargo build --release --example "$e" -q
     strip -o "$out/$e" "target/release/examples/$e"
 done
+cargo build --release -p doorbell --bin doorbell -q
+strip -o "$out/doorbell" target/release/doorbell
 cat > "$out/run-tests.sh" <<'RUN'
 #!/usr/bin/env bash
 # Runs every bundled test binary on the GPU (a missing GPU fails them),

@@ -32,21 +32,90 @@ use std::time::Duration;
 use crate::error::Result;
 pub use crate::vars::{flag, parse_choice, parse_flag, parse_secs, parse_uint, raw, secs, uint, EnvError};
 
+/// One group of run-time variables and the parser that reads them, the
+/// same call the runtime makes ([`CHECKS`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Check {
+    /// The variables the parser reads (former names included).
+    pub vars: &'static [&'static str],
+    /// The parser: `Err` names the first unusable variable of the group.
+    pub check: fn() -> Result<()>,
+}
+
+/// Every run-time `DOORBELL_*` variable, grouped by the parser that reads
+/// it. [`check`] runs them in order and stops at the first error;
+/// `doorbell doctor` runs each and reports them all.
+pub const CHECKS: &[Check] = &[
+    Check {
+        vars: &["DOORBELL_DEVICE"],
+        check: || crate::backend::Backend::from_env().map(drop),
+    },
+    // As `CommOptions::from_env` reads them.
+    Check {
+        vars: &["DOORBELL_WAIT_TIMEOUT_S"],
+        check: || secs("DOORBELL_WAIT_TIMEOUT_S", Duration::from_secs(10), 0.001, 86400.0).map(drop),
+    },
+    Check {
+        vars: &[crate::comm::RANK_PER_GPU_ENV, crate::comm::RANK_PER_GPU_ENV_OLD],
+        check: || crate::vars::flag_renamed(crate::comm::RANK_PER_GPU_ENV, crate::comm::RANK_PER_GPU_ENV_OLD, false).map(drop),
+    },
+    Check {
+        vars: &["DOORBELL_EMU_BARRIER_TIMEOUT_S"],
+        check: || Ok(doorbell_kernels::emu::try_barrier_timeout().map(drop)?),
+    },
+    Check {
+        vars: &["DOORBELL_EMU_MAX_THREADS"],
+        check: || Ok(doorbell_kernels::emu::max_threads().map(drop)?),
+    },
+    Check {
+        vars: &["DOORBELL_LOG"],
+        check: || crate::logging::level_from_env().map(drop),
+    },
+    Check {
+        vars: &["DOORBELL_LOAD_CUBIN", "DOORBELL_CUBIN"],
+        check: || crate::vars::flag_renamed("DOORBELL_LOAD_CUBIN", "DOORBELL_CUBIN", true).map(drop),
+    },
+    Check {
+        vars: &[crate::trace::TRACE_ENV, crate::trace::TRACE_EVENTS_ENV],
+        check: || crate::trace::options_from_env().map(drop),
+    },
+    Check {
+        vars: &[
+            "DOORBELL_IBGDA_QPS_PER_PEER",
+            "DOORBELL_IBGDA_SQ_SIZE",
+            "DOORBELL_SOFTNIC_LINK",
+            "DOORBELL_SOFTNIC_ENGINE",
+            "DOORBELL_SOFTNIC_ENGINE_THREADS",
+            "DOORBELL_SOFTNIC_SCOPE",
+        ],
+        check: || crate::comm::IbgdaOptions::from_env().map(drop),
+    },
+    Check {
+        vars: &["DOORBELL_RDMA_PEERS"],
+        check: || crate::comm::RdmaPeers::from_env().map(drop),
+    },
+    Check {
+        vars: &[
+            "DOORBELL_NIC",
+            "DOORBELL_IB_HCA",
+            "DOORBELL_IB_MTU",
+            "DOORBELL_IB_TIMEOUT",
+            "DOORBELL_IB_RETRY_CNT",
+            "DOORBELL_IB_MAX_RD_ATOMIC",
+            "DOORBELL_IB_SL",
+            "DOORBELL_IB_TC",
+            "DOORBELL_IB_DOORBELL",
+        ],
+        check: crate::nic::check_env,
+    },
+];
+
 /// Parses every run-time `DOORBELL_*` variable of the table above and
 /// returns the first unusable one, so that a program can refuse a bad
 /// environment before it starts any work.
 pub fn check() -> Result<()> {
-    crate::backend::Backend::from_env()?;
-    // As `CommOptions::from_env` reads them.
-    secs("DOORBELL_WAIT_TIMEOUT_S", Duration::from_secs(10), 0.001, 86400.0)?;
-    crate::vars::flag_renamed(crate::comm::RANK_PER_GPU_ENV, crate::comm::RANK_PER_GPU_ENV_OLD, false)?;
-    doorbell_kernels::emu::try_barrier_timeout()?;
-    doorbell_kernels::emu::max_threads()?;
-    crate::logging::level_from_env()?;
-    crate::vars::flag_renamed("DOORBELL_LOAD_CUBIN", "DOORBELL_CUBIN", true)?;
-    crate::trace::options_from_env()?;
-    crate::comm::IbgdaOptions::from_env()?;
-    crate::comm::RdmaPeers::from_env()?;
-    crate::nic::check_env()?;
+    for c in CHECKS {
+        (c.check)()?;
+    }
     Ok(())
 }

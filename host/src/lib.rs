@@ -68,6 +68,8 @@ pub mod comm;
 #[cfg(feature = "runtime")]
 mod device;
 #[cfg(feature = "runtime")]
+pub mod doctor;
+#[cfg(feature = "runtime")]
 pub mod env;
 mod error;
 #[cfg(feature = "runtime")]

@@ -68,7 +68,7 @@ pub use crate::nic::soft::{
 };
 pub use ibgda::{IbgdaOptions, IbgdaQueue, RdmaPeers};
 pub use rings::{RingShape, Rings};
-pub use setup::PeerRoute;
+pub use setup::{route_to, PeerPlace, PeerRoute};
 use setup::{Heap, Mapping};
 
 /// Communicator settings.

@@ -30,6 +30,41 @@ pub enum PeerRoute {
     Remote,
 }
 
+/// Where a peer runs, seen from a rank: all [`route_to`] needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerPlace {
+    /// The peer runs on another host.
+    pub remote: bool,
+    /// The peer is a thread of this rank's process.
+    pub same_process: bool,
+    /// The ranks run on GPUs (not the CPU emulator).
+    pub gpu: bool,
+    /// The peer runs on this rank's GPU (same ordinal).
+    pub same_gpu: bool,
+}
+
+/// The route rank `rank` takes to `peer` placed as `place`: the decision
+/// [`Communicator::new`](super::Communicator::new) makes, without a device.
+/// Whether the driver then grants it (peer access, CUDA IPC) is checked
+/// there; `doorbell doctor` checks it from the peer-access matrix.
+pub fn route_to(rank: usize, peer: usize, place: PeerPlace) -> PeerRoute {
+    if peer == rank {
+        PeerRoute::Local
+    } else if place.remote {
+        PeerRoute::Remote
+    } else if place.same_process {
+        if place.gpu && !place.same_gpu {
+            PeerRoute::PeerAccess
+        } else {
+            PeerRoute::SameProcess
+        }
+    } else if place.gpu {
+        PeerRoute::CudaIpc
+    } else {
+        PeerRoute::SharedMemory
+    }
+}
+
 /// Where the soft NIC's table tail ([`crate::nic::soft::TABLES_TAIL`] bytes) starts in
 /// a heap allocation of a world of several processes: past the heap,
 /// 256-byte aligned.
@@ -221,48 +256,57 @@ pub(super) fn map_peers(
     let mut routes = vec![PeerRoute::Local; size];
     let mut mappings = Vec::new();
     for p in 0..size {
-        if p == rank {
-            bases[p] = heap_base;
-            continue;
-        }
-        if at.remote[p] {
-            routes[p] = PeerRoute::Remote;
-            continue;
+        let place = PeerPlace {
+            remote: at.remote[p],
+            same_process: at.same_process[p],
+            gpu: device.is_gpu(),
+            same_gpu: at.ids[p].ordinal == at.me.ordinal,
+        };
+        let route = route_to(rank, p, place);
+        match route {
+            PeerRoute::Local => {
+                bases[p] = heap_base;
+                continue;
+            }
+            PeerRoute::Remote => {
+                routes[p] = route;
+                continue;
+            }
+            _ => {}
         }
         let h = &handles[p];
         if h.len() < 8 {
             return Err(Error::comm(format!("rank {p} sent a malformed heap handle")));
         }
         let addr = u64::from_le_bytes(h[..8].try_into().expect("8 bytes"));
-        if at.same_process[p] {
-            if device.is_gpu() && at.ids[p].ordinal != at.me.ordinal {
+        match route {
+            PeerRoute::PeerAccess => {
                 device.inner.enable_peer_access(at.ids[p].ordinal as usize, rank, p)?;
-                routes[p] = PeerRoute::PeerAccess;
-            } else {
-                routes[p] = PeerRoute::SameProcess;
+                bases[p] = addr;
             }
-            bases[p] = addr;
-        } else if device.is_gpu() {
-            let Ok(ipc) = <&[u8; IPC_HANDLE_BYTES]>::try_from(&h[8..]) else {
-                return Err(Error::comm(format!("rank {p} sent no CUDA IPC handle")));
-            };
-            // The mapping must span what this rank will touch: the heap
-            // and the tables tail (the peer's word for its size is not trusted).
-            let mapping = device.inner.ipc_open(ipc, alloc_len as u64, at.ids[p].ordinal, rank, p)?;
-            bases[p] = mapping.as_raw();
-            mappings.push(Mapping::Ipc(mapping));
-            routes[p] = PeerRoute::CudaIpc;
-        } else {
-            let Some(path) = at.peer_files[p].as_ref() else {
-                return Err(Error::comm(format!(
-                    "rank {p} is another process of this host and published no heap file"
-                )));
-            };
-            let region = ShmRegion::open(path, alloc_len, rank, p)?;
-            bases[p] = region.ptr as u64;
-            mappings.push(Mapping::Shm(region));
-            routes[p] = PeerRoute::SharedMemory;
+            PeerRoute::SameProcess => bases[p] = addr,
+            PeerRoute::CudaIpc => {
+                let Ok(ipc) = <&[u8; IPC_HANDLE_BYTES]>::try_from(&h[8..]) else {
+                    return Err(Error::comm(format!("rank {p} sent no CUDA IPC handle")));
+                };
+                // The mapping must span what this rank will touch: the heap
+                // and the tables tail (the peer's word for its size is not trusted).
+                let mapping = device.inner.ipc_open(ipc, alloc_len as u64, at.ids[p].ordinal, rank, p)?;
+                bases[p] = mapping.as_raw();
+                mappings.push(Mapping::Ipc(mapping));
+            }
+            _ => {
+                let Some(path) = at.peer_files[p].as_ref() else {
+                    return Err(Error::comm(format!(
+                        "rank {p} is another process of this host and published no heap file"
+                    )));
+                };
+                let region = ShmRegion::open(path, alloc_len, rank, p)?;
+                bases[p] = region.ptr as u64;
+                mappings.push(Mapping::Shm(region));
+            }
         }
+        routes[p] = route;
     }
     Ok((bases, routes, mappings))
 }

@@ -178,7 +178,7 @@ impl RdmaPeers {
 
     /// Whether `rank` reaches `peer` by RDMA under this setting (checking
     /// the ranks named against the world size).
-    pub(super) fn forced(&self, rank: usize, peer: usize, size: usize) -> Result<bool> {
+    pub fn forced(&self, rank: usize, peer: usize, size: usize) -> Result<bool> {
         Ok(match self {
             RdmaPeers::Needed => false,
             RdmaPeers::All => peer != rank,
