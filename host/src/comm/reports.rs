@@ -53,7 +53,7 @@ impl Communicator {
             }
         };
         match first_report(&slots) {
-            Reports::First(r) => Err(self.report_error(&r)),
+            Reports::First(r) => Err(self.name_the_stuck(self.report_error(&r))),
             Reports::Collided { slots, common: c } => Err(Error::DeviceReportsCollided {
                 rank: self.rank as u32,
                 slots,
@@ -94,6 +94,7 @@ impl Communicator {
                     } else {
                         String::new()
                     },
+                    stuck: None,
                 }
             }
             Some(ErrorKind::BadPeer) => format!("rank {} is not in this world of {} ranks; nothing was written", r.peer, self.size),

@@ -165,9 +165,10 @@
 mod auth;
 mod config;
 mod params;
+mod status;
 mod tcp;
 mod threads;
-mod wire;
+pub(crate) mod wire;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -180,6 +181,8 @@ pub use tcp::{
 };
 
 pub(crate) use auth::random_bytes;
+pub use status::STATUS_IO_TIMEOUT;
+pub(crate) use status::{PeerStatus, StatusSource};
 
 use crate::error::{Error, Result};
 
@@ -391,6 +394,9 @@ pub struct World {
     peers: Arc<[PeerInfo]>,
     id: WorldId,
     inner: Inner,
+    /// This rank's status source ([`World::serve_status`]), shared with its
+    /// status responder in a process world.
+    status_source: Arc<std::sync::OnceLock<StatusSource>>,
 }
 
 const _: () = {
@@ -418,6 +424,7 @@ impl World {
             peers: peers.into(),
             id,
             inner,
+            status_source: Arc::default(),
         }
     }
 
@@ -517,6 +524,7 @@ impl World {
                 peers: peers.clone(),
                 id,
                 inner: Inner::Threads(group.clone()),
+                status_source: Arc::default(),
             })
             .collect()
     }
