@@ -18,7 +18,7 @@ pub struct Device {
 
 impl Device {
     /// What this handle's streams launched (shared by its clones).
-    pub(crate) fn activity(&self) -> &Activity {
+    pub(crate) fn activity(&self) -> &Arc<Activity> {
         self.inner.activity()
     }
 }

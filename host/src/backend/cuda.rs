@@ -90,7 +90,7 @@ fn shared_context(ordinal: usize) -> Result<Arc<CudaContext>> {
 /// and the streams created through the handle.
 pub(crate) struct Device {
     /// Launches through this handle ([`crate::device::Activity`]).
-    pub(crate) activity: crate::device::Activity,
+    pub(crate) activity: Arc<crate::device::Activity>,
     ctx: Arc<CudaContext>,
     /// GPU streams created through this handle: what `synchronize` waits for.
     /// Several handles (e.g. thread ranks) share one CUDA context, so a

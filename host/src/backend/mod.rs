@@ -91,7 +91,7 @@ impl DeviceBackend {
     }
 
     /// Launches through this handle ([`crate::device::Activity`]).
-    pub(crate) fn activity(&self) -> &crate::device::Activity {
+    pub(crate) fn activity(&self) -> &std::sync::Arc<crate::device::Activity> {
         match self {
             DeviceBackend::Cuda(d) => &d.activity,
             DeviceBackend::Emu(d) => &d.activity,

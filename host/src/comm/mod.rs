@@ -40,6 +40,15 @@
 //! record into [`Error::WaitTimeout`]; a transport call refused for a bad
 //! argument (a peer outside the world, a range outside the heap, a misaligned
 //! signal word) becomes [`Error::DeviceCall`] naming rank, call, peer and offset.
+//!
+//! A timed-out wait also says **who is stuck**: before returning it,
+//! `check` reads every rank's state (its last communicator step, what its
+//! device handle launched and what its last synchronize covered, its own
+//! timed-out wait) and follows the peer each wait names, down to a rank
+//! that is not running a kernel, runs one without a timed-out wait, or
+//! exited; the chain is in the error's `stuck` field ([`StuckRanks`]) and
+//! its message. Thread worlds share the states; process worlds read them
+//! from a status responder each rank runs (see `docs/comm.md`).
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -215,7 +224,7 @@ impl Communicator {
         // earlier error, `heap_files` went when it was dropped).
         world.barrier()?;
         drop(heap_files);
-        let status = std::sync::Arc::new(stuck::Status::new(device.clone()));
+        let status = std::sync::Arc::new(stuck::Status::new(device.activity().clone()));
         let source = status.clone();
         world.serve_status(std::sync::Arc::new(move || source.encode()))?;
         for (p, route) in routes.iter().enumerate().filter(|(p, _)| *p != rank) {

@@ -19,11 +19,11 @@
 //! still running one, gone). Where the chain cannot be followed, every
 //! other rank's state is listed, ranks stuck in waits first.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::Communicator;
-use crate::device::Device;
+use crate::device::Activity;
 use crate::error::{Error, StuckRanks};
 use crate::world::wire::{Dec, Enc};
 use crate::world::PeerStatus;
@@ -78,8 +78,9 @@ struct State {
 
 /// One rank's status record (see the [module docs](self)).
 pub(crate) struct Status {
-    /// Its launches are counted on the device handle.
-    device: Device,
+    /// The launches of its device handle (shared with it, so that a status
+    /// read after the communicator went does not keep the device open).
+    activity: Arc<Activity>,
     state: Mutex<State>,
 }
 
@@ -112,9 +113,9 @@ impl StepGuard<'_> {
 }
 
 impl Status {
-    pub(crate) fn new(device: Device) -> Status {
+    pub(crate) fn new(activity: Arc<Activity>) -> Status {
         Status {
-            device,
+            activity,
             state: Mutex::new(State {
                 step: Step::Idle,
                 since: Instant::now(),
@@ -135,7 +136,7 @@ impl Status {
         st.step = step;
         st.since = Instant::now();
         if step == Step::Synchronize {
-            st.at_sync = self.device.activity().get().0;
+            st.at_sync = self.activity.get().0;
         }
         StepGuard { status: self }
     }
@@ -153,7 +154,7 @@ impl Status {
 
     /// The record as peers read it.
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let (launches, kernel) = self.device.activity().get();
+        let (launches, kernel) = self.activity.get();
         let st = self.lock();
         let (tag, name) = match st.step {
             Step::Idle => (0, ""),
@@ -521,8 +522,8 @@ mod tests {
 
     #[test]
     fn a_status_survives_its_encoding() {
-        let dev = Device::emulator(0);
-        let st = Status::new(dev.clone());
+        let dev = crate::Device::emulator(0);
+        let st = Status::new(dev.activity().clone());
         dev.activity().note("ring");
         {
             let g = st.enter(Step::Synchronize);

@@ -41,6 +41,8 @@ pub const STATUS_IO_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Largest status a responder sends or a reader accepts.
 const MAX_STATUS: usize = 64 << 10;
+/// Ranks of a process world queried at once.
+const QUERY_THREADS: usize = 64;
 const MAGIC: &[u8; 4] = b"DBS1";
 const NONCE: usize = 16;
 const TAG: usize = 32;
@@ -279,9 +281,9 @@ impl World {
         }
     }
 
-    /// Every rank's status now, indexed by rank; bounded by
-    /// [`STATUS_IO_TIMEOUT`] per step in a process world, where the ranks
-    /// are read in parallel.
+    /// Every rank's status now, indexed by rank. In a process world each
+    /// query ends within [`STATUS_IO_TIMEOUT`], and up to 64 ranks are
+    /// read at once.
     pub(crate) fn read_statuses(&self) -> Vec<PeerStatus> {
         let own = || self.status_source.get().map_or(PeerStatus::Unknown, |f| PeerStatus::Bytes(f()));
         match &self.inner {
@@ -300,16 +302,19 @@ impl World {
                         .map(|r| if r == self.rank { own() } else { PeerStatus::Unknown })
                         .collect();
                 };
-                std::thread::scope(|s| {
-                    let handles: Vec<_> = (0..self.size)
-                        .map(|r| {
-                            let addr = addrs.get(r).copied().flatten();
-                            (r != self.rank).then(|| s.spawn(move || addr.map(|a| query(a, &key))))
-                        })
-                        .collect();
-                    handles
-                        .into_iter()
-                        .map(|h| match h {
+                // A thread per rank, at most QUERY_THREADS at a time: each
+                // query ends within STATUS_IO_TIMEOUT.
+                let mut all = Vec::with_capacity(self.size);
+                for chunk in (0..self.size).collect::<Vec<_>>().chunks(QUERY_THREADS) {
+                    std::thread::scope(|s| {
+                        let handles: Vec<_> = chunk
+                            .iter()
+                            .map(|&r| {
+                                let addr = addrs.get(r).copied().flatten();
+                                (r != self.rank).then(|| s.spawn(move || addr.map(|a| query(a, &key))))
+                            })
+                            .collect();
+                        all.extend(handles.into_iter().map(|h| match h {
                             None => own(),
                             Some(h) => match h.join() {
                                 Ok(Some(Ok(b))) => PeerStatus::Bytes(b),
@@ -317,9 +322,10 @@ impl World {
                                 Ok(None) => PeerStatus::Unknown,
                                 Err(_) => PeerStatus::Gone("could not be queried (the query panicked)".into()),
                             },
-                        })
-                        .collect()
-                })
+                        }));
+                    });
+                }
+                all
             }
         }
     }
