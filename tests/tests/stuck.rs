@@ -98,6 +98,49 @@ fn a_rank_that_skips_its_launch_is_named_as_not_running_a_kernel() {
 }
 
 #[test]
+fn a_rank_whose_kernel_ended_without_signalling_is_named_with_its_kernel() {
+    // Rank 2 runs another kernel instead of the barrier: synchronized
+    // (it ended), then not (it may still run).
+    for synchronized in [true, false] {
+        let errs = Communicator::local(3, Backend::Cpu, opts(), |comm| {
+            if comm.rank() == 2 {
+                let dev = comm.device();
+                let fill = dev.load_module(&TEST_KERNELS)?.function::<record_indices>()?;
+                let _counter = comm.alloc::<u64>(1)?;
+                let mut out = dev.alloc_zeroed::<u32>(9 * 32)?;
+                let s = dev.new_stream()?;
+                // SAFETY: 9 words per thread.
+                unsafe { s.launch(&fill, LaunchConfig::linear(1, 32), (out.as_mut_ptr(),))? };
+                if synchronized {
+                    comm.synchronize(&s)?;
+                }
+                comm.barrier()?;
+                comm.synchronize(&s)?;
+                return Ok(None);
+            }
+            let e = barrier_kernel_times_out(comm)?;
+            comm.barrier()?;
+            Ok(Some(e))
+        })
+        .unwrap();
+        for (r, e) in errs.iter().take(2).enumerate() {
+            let (s, chain, culprit) = stuck_of(e.as_ref().expect("ranks 0 and 1 time out"));
+            assert_eq!((chain, culprit), (vec![r, 2], Some(2)), "rank {r}: {s}");
+            let rank2 = if synchronized {
+                "rank 2 is not running a kernel: it launched nothing since its last synchronize, which covered its \
+                 launch #1 (`record_indices`) — that kernel ended without writing the word, or this rank skipped a \
+                 launch; now in barrier"
+            } else {
+                "rank 2 launched `record_indices` (launch #1) and has not synchronized it: that kernel may still run, \
+                 or ended without writing the word; now in barrier"
+            };
+            let want = format!(". Who is stuck: rank {r} waits for rank 2's signal at offset 0x10 (barrier >= 1, saw 0); {rank2}");
+            assert!(s.starts_with(&want), "rank {r}:\n{s}\nwanted:\n{want}");
+        }
+    }
+}
+
+#[test]
 fn a_rank_that_waits_on_the_wrong_word_is_named_with_the_word() {
     let errs = Communicator::local(3, Backend::Cpu, opts(), |comm| {
         let dev = comm.device();

@@ -329,7 +329,10 @@ fn state_line(r: usize, seen: &Seen, awaited: bool) -> String {
     };
     let place = match (seen, s.step) {
         (Seen::Left(_), _) => "it exited (its world handle is gone)".to_string(),
-        (_, Step::Returned { ok }) => format!("it exited: its rank function returned {}", if ok { "Ok" } else { "an error" }),
+        (_, Step::Returned { ok }) => format!(
+            "it exited: its rank function returned {}",
+            if ok { "Ok" } else { "an error or panicked" }
+        ),
         (_, Step::Dropping) => "it exited its program's use of the communicator (dropping it)".to_string(),
         (_, Step::Barrier) => format!("now in barrier (for {} ms)", s.for_ms),
         (_, Step::Collective(n)) => format!("now in {n} (for {} ms)", s.for_ms),

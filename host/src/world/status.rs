@@ -29,7 +29,7 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use super::{auth, Inner, World};
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// What renders this rank's status, called on the reader's thread (thread
 /// worlds) or the responder's (process worlds). Must not block for long.
@@ -234,48 +234,63 @@ fn respond(listener: TcpListener, key: [u8; 32], source: Arc<OnceLock<StatusSour
 
 impl World {
     /// Publishes this rank's status source. Collective in a process world
-    /// (the responders' addresses are all-gathered); a second call only
-    /// replaces the source.
+    /// (each rank starts its responder and the addresses are all-gathered;
+    /// a rank that cannot open a port logs a warning and gathers an empty
+    /// address, so only a failed gather is an error). A later call changes
+    /// nothing (the first source stays).
     pub(crate) fn serve_status(&self, src: StatusSource) -> Result<()> {
         let first = self.status_source.set(src.clone()).is_ok();
         match &self.inner {
             Inner::Single => Ok(()),
             Inner::Threads(g) => {
-                g.board().set(self.rank, self.size, src);
+                if first {
+                    g.board().set(self.rank, self.size, src);
+                }
                 Ok(())
             }
             Inner::Tcp(star) => {
                 if !first {
                     return Ok(());
                 }
-                let io = |what: &'static str| {
-                    let rank = self.rank;
-                    move |source: std::io::Error| Error::WorldIo { rank, what, source }
-                };
+                let key = status_key(star.token(), &self.id);
+                let stop = Arc::new(AtomicBool::new(false));
                 // Where the others reach this rank: the address of its end of
                 // the star (any port).
-                let ip = star.local_ip().map_err(io("finding this rank's address for its status port"))?;
-                let listener = TcpListener::bind((ip, 0)).map_err(io("binding this rank's status port"))?;
-                listener.set_nonblocking(true).map_err(io("setting up this rank's status port"))?;
-                let me = listener.local_addr().map_err(io("reading this rank's status port"))?;
-                let all = self.all_gather_bytes(me.to_string().as_bytes())?;
-                let addrs = all
+                let started = (|| -> std::io::Result<(SocketAddr, std::thread::JoinHandle<()>)> {
+                    let listener = TcpListener::bind((star.local_ip()?, 0))?;
+                    listener.set_nonblocking(true)?;
+                    let me = listener.local_addr()?;
+                    let (source, stop) = (self.status_source.clone(), stop.clone());
+                    let thread = std::thread::Builder::new()
+                        .name(format!("doorbell-status-{}", self.rank))
+                        .spawn(move || respond(listener, key, source, stop))?;
+                    Ok((me, thread))
+                })();
+                // Without a port this rank still takes part in the gather,
+                // so that the ranks stay in step; peers then say so.
+                let (mine, thread) = match started {
+                    Ok((addr, t)) => (addr.to_string(), Some(t)),
+                    Err(e) => {
+                        tracing::warn!(
+                            "rank {}: no status port ({e}): a peer whose wait runs out will not see this rank's state",
+                            self.rank
+                        );
+                        (String::new(), None)
+                    }
+                };
+                let mut service = Service {
+                    key,
+                    addrs: Vec::new(),
+                    stop,
+                    thread,
+                };
+                // On an error the responder stops as `service` drops.
+                let all = self.all_gather_bytes(mine.as_bytes())?;
+                service.addrs = all
                     .iter()
                     .map(|b| std::str::from_utf8(b).ok().and_then(|s| s.parse().ok()))
                     .collect();
-                let key = status_key(star.token(), &self.id);
-                let stop = Arc::new(AtomicBool::new(false));
-                let (source, stop2) = (self.status_source.clone(), stop.clone());
-                let thread = std::thread::Builder::new()
-                    .name(format!("doorbell-status-{}", self.rank))
-                    .spawn(move || respond(listener, key, source, stop2))
-                    .map_err(io("starting this rank's status responder"))?;
-                star.set_status_service(Service {
-                    key,
-                    addrs,
-                    stop,
-                    thread: Some(thread),
-                });
+                star.set_status_service(service);
                 Ok(())
             }
         }
@@ -319,7 +334,7 @@ impl World {
                             Some(h) => match h.join() {
                                 Ok(Some(Ok(b))) => PeerStatus::Bytes(b),
                                 Ok(Some(Err(why))) => PeerStatus::Gone(why),
-                                Ok(None) => PeerStatus::Unknown,
+                                Ok(None) => PeerStatus::Gone("has no status port (it could not open one: see its log)".into()),
                                 Err(_) => PeerStatus::Gone("could not be queried (the query panicked)".into()),
                             },
                         }));
