@@ -107,10 +107,11 @@ impl Drop for Service {
     }
 }
 
-/// The status key of a process world: the job token stretched
-/// ([`auth::stretch`]) and bound to the world's identity.
-pub(crate) fn status_key(token: &[u8], world: &[u8]) -> [u8; 32] {
-    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(&auth::stretch(token)).expect("HMAC accepts keys of any length");
+/// The status key of a process world: the stretched job token
+/// ([`auth::stretch`], as the rendezvous used it) bound to the world's
+/// identity.
+pub(crate) fn status_key(stretched: &[u8], world: &[u8]) -> [u8; 32] {
+    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(stretched).expect("HMAC accepts keys of any length");
     m.update(b"doorbell-status-v1");
     m.update(world);
     m.finalize().into_bytes().into()
@@ -252,7 +253,7 @@ impl World {
                 if !first {
                     return Ok(());
                 }
-                let key = status_key(star.token(), &self.id);
+                let key = status_key(star.key(), &self.id);
                 let stop = Arc::new(AtomicBool::new(false));
                 // Where the others reach this rank: the address of its end of
                 // the star (any port).

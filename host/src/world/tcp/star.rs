@@ -16,8 +16,17 @@ pub(super) const NOTIFY_GRACE: Duration = Duration::from_secs(1);
 /// rank 0's report naming the slow rank arrives before the peer gives up.
 const PEER_GRACE: Duration = Duration::from_secs(5);
 
-/// The world of a rank whose rendezvous finished with `links`.
-pub(super) fn star_world(rank: usize, size: usize, cfg: &WorldConfig, table: Vec<PeerInfo>, id: WorldId, links: Links) -> World {
+/// The world of a rank whose rendezvous finished with `links`; `key` is
+/// the stretched job token the rendezvous used.
+pub(super) fn star_world(
+    rank: usize,
+    size: usize,
+    cfg: &WorldConfig,
+    key: &[u8],
+    table: Vec<PeerInfo>,
+    id: WorldId,
+    links: Links,
+) -> World {
     let sockets: Vec<&TcpStream> = match &links {
         Links::Root(v) => v.iter().flatten().map(Link::stream).collect(),
         Links::Peer(l) => vec![l.stream()],
@@ -37,7 +46,7 @@ pub(super) fn star_world(rank: usize, size: usize, cfg: &WorldConfig, table: Vec
         pending_abort: Mutex::new(None),
         wakers,
         local_ip,
-        token: cfg.token().to_vec(),
+        key: key.to_vec(),
         status: Mutex::new(None),
     };
     World::from_parts(rank, size, cfg.local_rank, table, id, Inner::Tcp(Box::new(star)))
@@ -58,8 +67,8 @@ pub(crate) struct Star {
     wakers: Vec<TcpStream>,
     /// This rank's address on the star (where its status port listens).
     local_ip: Option<std::net::IpAddr>,
-    /// The job token (the status service's key derives from it).
-    token: Vec<u8>,
+    /// The stretched job token (the status service's key derives from it).
+    key: Vec<u8>,
     /// The status service, once the communicator published a source.
     status: Mutex<Option<crate::world::status::Service>>,
 }
@@ -138,9 +147,9 @@ impl Star {
             .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotConnected, "no socket of the star has an address"))
     }
 
-    /// The job token.
-    pub(crate) fn token(&self) -> &[u8] {
-        &self.token
+    /// The stretched job token.
+    pub(crate) fn key(&self) -> &[u8] {
+        &self.key
     }
 
     /// Keeps the status service (its responder ends with the star).
