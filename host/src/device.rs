@@ -17,6 +17,37 @@ pub struct Device {
 }
 
 impl Device {
+    /// What this handle's streams launched (shared by its clones).
+    pub(crate) fn activity(&self) -> &Arc<Activity> {
+        self.inner.activity()
+    }
+}
+
+/// What a device handle's streams launched: a counter and the last
+/// kernel's name, bumped by every [`Stream`](crate::Stream) launch (a
+/// relaxed add and an uncontended lock). The communicator reads it to say
+/// what a rank was doing when a peer's wait ran out.
+#[derive(Default)]
+pub(crate) struct Activity {
+    launches: std::sync::atomic::AtomicU64,
+    last: std::sync::Mutex<&'static str>,
+}
+
+impl Activity {
+    /// Counts a launch of `kernel`.
+    pub(crate) fn note(&self, kernel: &'static str) {
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = kernel;
+        self.launches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Launches so far and the last kernel's name (empty before any).
+    pub(crate) fn get(&self) -> (u64, &'static str) {
+        let last = *self.last.lock().unwrap_or_else(|p| p.into_inner());
+        (self.launches.load(std::sync::atomic::Ordering::Relaxed), last)
+    }
+}
+
+impl Device {
     /// Opens device `ordinal` on `backend`.
     pub fn open(backend: Backend, ordinal: usize) -> Result<Device> {
         match backend {

@@ -351,8 +351,9 @@ pub enum Error {
     #[error(
         "rank {rank}: {op} gave up after {budget_ms} ms in block {block}: the word at symmetric-heap offset {offset:#x} \
          never became {cmp} {expected} (last seen {seen}){waiting_for}; check that every rank launched its kernel and signals, \
-         or raise DOORBELL_WAIT_TIMEOUT_S{hint}",
-        waiting_for = peer.map(|p| format!(", waiting for rank {p}")).unwrap_or_default()
+         or raise DOORBELL_WAIT_TIMEOUT_S{hint}{who}",
+        waiting_for = peer.map(|p| format!(", waiting for rank {p}")).unwrap_or_default(),
+        who = stuck.as_ref().map(|s| format!(". Who is stuck: {}", s.text)).unwrap_or_default()
     )]
     WaitTimeout {
         /// Rank that gave up.
@@ -375,6 +376,11 @@ pub enum Error {
         budget_ms: u64,
         /// What else to suspect (empty, or text starting with `; `).
         hint: String,
+        /// Which rank is stuck and why, from every rank's state read when
+        /// the wait ran out (shown after `. Who is stuck: `); `None` when
+        /// the states were not read (see [`crate::comm`], "Errors from
+        /// kernels").
+        stuck: Option<Box<StuckRanks>>,
     },
     /// Device calls of a rank failed at the same moment and every report
     /// slot they wrote holds a mix of two of them: the calls are not known.
@@ -496,6 +502,26 @@ impl Error {
     pub(crate) fn comm(msg: impl Into<String>) -> Error {
         Error::Comm(msg.into())
     }
+}
+
+/// Which rank is stuck, as [`Error::WaitTimeout`] names it: the chain of
+/// ranks that wait for each other, from the rank whose wait ran out, read
+/// from every rank's state at that moment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StuckRanks {
+    /// The ranks of the chain in order, starting with the rank that
+    /// reports: each waits for the next (as far as the waits name their
+    /// peer; barriers do, a `wait_until` on a word does not).
+    pub chain: Vec<usize>,
+    /// The last rank of the chain when it is not stuck in a device wait of
+    /// its own (it runs no kernel, runs one without a timed-out wait, or is
+    /// gone): the rank to look at. `None` when the chain ends at a wait that
+    /// does not name its peer, or the waits form a cycle.
+    pub culprit: Option<usize>,
+    /// The chain as text, each rank's state said (when the chain ends at a
+    /// wait that does not name its peer, followed by every other rank's
+    /// state, ranks stuck in waits first).
+    pub text: String,
 }
 
 #[cfg(test)]

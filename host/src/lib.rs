@@ -99,7 +99,7 @@ pub mod world;
 
 #[cfg(feature = "runtime")]
 pub use device::{driver_present, gpu_count, Backend, Device};
-pub use error::{Error, Result};
+pub use error::{Error, Result, StuckRanks};
 #[cfg(feature = "runtime")]
 pub use family::{AnyTransport, Family, FamilyHandle};
 #[cfg(feature = "runtime")]

@@ -56,7 +56,11 @@ impl Stream {
             ));
         }
         // SAFETY: `f` is K's handle, and the caller accepted K's contract.
-        unsafe { self.inner.launch::<K>(&f.inner, &cfg, args) }
+        let r = unsafe { self.inner.launch::<K>(&f.inner, &cfg, args) };
+        if r.is_ok() {
+            self.device.activity().note(K::NAME);
+        }
+        r
     }
 
     /// Enqueues kernel family `F` for the transport of `handle`: the entry
@@ -140,7 +144,11 @@ impl<F: KernelFamily> EntryVisitor for LaunchEntry<'_, F> {
         // entries, whose argument tuple `K::Args` the family built; the
         // caller of `launch_family` (the only maker of this visitor)
         // accepted the kernel's contract for the values.
-        unsafe { self.stream.inner.launch::<K>(f, &self.cfg, args) }
+        let r = unsafe { self.stream.inner.launch::<K>(f, &self.cfg, args) };
+        if r.is_ok() {
+            self.stream.device.activity().note(K::NAME);
+        }
+        r
     }
 }
 

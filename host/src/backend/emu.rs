@@ -88,6 +88,7 @@ pub(crate) struct Device {
     ordinal: usize,
     streams: Mutex<Vec<Weak<Queue>>>,
     orphans: Orphans,
+    pub(crate) activity: Arc<crate::device::Activity>,
 }
 
 impl Device {
@@ -96,6 +97,7 @@ impl Device {
             ordinal,
             streams: Mutex::new(Vec::new()),
             orphans: Arc::new(Mutex::new(None)),
+            activity: Default::default(),
         }
     }
 

@@ -90,6 +90,14 @@ impl DeviceBackend {
         }
     }
 
+    /// Launches through this handle ([`crate::device::Activity`]).
+    pub(crate) fn activity(&self) -> &std::sync::Arc<crate::device::Activity> {
+        match self {
+            DeviceBackend::Cuda(d) => &d.activity,
+            DeviceBackend::Emu(d) => &d.activity,
+        }
+    }
+
     pub(crate) fn ordinal(&self) -> usize {
         match self {
             DeviceBackend::Cuda(d) => d.ordinal(),

@@ -40,6 +40,15 @@
 //! record into [`Error::WaitTimeout`]; a transport call refused for a bad
 //! argument (a peer outside the world, a range outside the heap, a misaligned
 //! signal word) becomes [`Error::DeviceCall`] naming rank, call, peer and offset.
+//!
+//! A timed-out wait also says **who is stuck**: before returning it,
+//! `check` reads every rank's state (its last communicator step, what its
+//! device handle launched and what its last synchronize covered, its own
+//! timed-out wait) and follows the peer each wait names, down to a rank
+//! that is not running a kernel, runs one without a timed-out wait, or
+//! exited; the chain is in the error's `stuck` field ([`StuckRanks`]) and
+//! its message. Thread worlds share the states; process worlds read them
+//! from a status responder each rank runs (see `docs/comm.md`).
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -61,8 +70,10 @@ mod reports;
 mod rings;
 mod setup;
 mod shm;
+mod stuck;
 mod trace;
 
+pub use crate::error::StuckRanks;
 pub use crate::nic::soft::{
     EngineCounters, EnginePhase, EngineReport, IbgdaProgress, SoftNicEngine, ENGINE_THREADS_GPU, SOFTNIC, SOFTNIC_PTX,
 };
@@ -70,6 +81,7 @@ pub use ibgda::{IbgdaOptions, IbgdaQueue, RdmaPeers};
 pub use rings::{RingShape, Rings};
 pub use setup::{route_to, PeerPlace, PeerRoute};
 use setup::{Heap, Mapping};
+pub use stuck::STUCK_MARGIN;
 
 /// Communicator settings.
 ///
@@ -180,6 +192,9 @@ pub struct Communicator {
     /// [`ONE_LAUNCH_IN_FLIGHT_FROM`] or more ranks share a GPU
     /// ([`Communicator::launch_waiting`]).
     in_flight: Mutex<Option<crate::stream::Event>>,
+    /// What this rank is doing, as peers read it when a wait runs out
+    /// (`stuck.rs`).
+    status: std::sync::Arc<stuck::Status>,
     // Drop order: mappings of peers before our own heap.
     _mappings: Vec<Mapping>,
     _heap: Option<Heap>,
@@ -217,6 +232,9 @@ impl Communicator {
         // earlier error, `heap_files` went when it was dropped).
         world.barrier()?;
         drop(heap_files);
+        let status = std::sync::Arc::new(stuck::Status::new(device.activity().clone()));
+        let source = status.clone();
+        world.serve_status(std::sync::Arc::new(move || source.encode()))?;
         for (p, route) in routes.iter().enumerate().filter(|(p, _)| *p != rank) {
             tracing::info!("rank {rank}: route to rank {p}: {route:?} (heap of {heap_len} bytes)");
         }
@@ -249,6 +267,7 @@ impl Communicator {
             softnic_tail_leaked: Default::default(),
             library: std::sync::OnceLock::new(),
             in_flight: Mutex::new(None),
+            status,
             _mappings: mappings,
             _heap: Some(heap),
             quiesced: false,
@@ -296,6 +315,9 @@ impl Communicator {
                         };
                         let mut comm = Communicator::new(w, dev, opts)?;
                         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&comm)));
+                        comm.status.set(stuck::Step::Returned {
+                            ok: matches!(r, Ok(Ok(_))),
+                        });
                         match &r {
                             Ok(Err(e)) => comm.abort(&e.to_string()),
                             Err(_) => comm.abort("it panicked"),
@@ -487,6 +509,7 @@ impl Communicator {
                     std::mem::size_of::<T>()
                 ))
             })?;
+        let _step = self.status.enter(stuck::Step::Collective("alloc"));
         let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
         let offset = next.0.div_ceil(256) * 256;
         let index = next.1;
@@ -542,6 +565,7 @@ impl Communicator {
     /// waits run out: load modules of communicating kernels through this.
     pub fn load_module<'a>(&self, src: impl Into<crate::ModuleSource<'a>>) -> Result<crate::Module> {
         let m = self.device.load_module(src)?;
+        let _step = self.status.enter(stuck::Step::Collective("load_module"));
         self.world.barrier()?;
         Ok(m)
     }
@@ -550,6 +574,7 @@ impl Communicator {
     /// then completes a barrier with every other rank has handled it: its
     /// drop waits for the others again instead of aborting the world.
     pub fn barrier(&self) -> Result<()> {
+        let _step = self.status.enter(stuck::Step::Barrier);
         self.world.barrier()?;
         *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = None;
         Ok(())
@@ -557,7 +582,9 @@ impl Communicator {
 
     /// Synchronizes `stream`, then [`Self::check`]s for timed-out waits.
     pub fn synchronize(&self, stream: &Stream) -> Result<()> {
+        let step = self.status.enter(stuck::Step::Synchronize);
         let r = stream.synchronize().and_then(|()| self.trace_collect()).and_then(|_| self.check());
+        step.synchronized(r.is_ok());
         if let Err(e) = &r {
             self.note_failure(e);
         }
@@ -712,6 +739,7 @@ impl Drop for Communicator {
     /// this process might still write into it; [`Communicator::local`]
     /// first waits until every rank's device is idle, and then frees.
     fn drop(&mut self) {
+        self.status.set(stuck::Step::Dropping);
         // Leaves a kernel failure for the user's own synchronize.
         self.device.wait_idle();
         self.trace_finish();

@@ -21,6 +21,12 @@ impl Communicator {
     /// Call it when no kernel of this
     /// rank runs (after synchronizing its streams): a kernel recording
     /// while the host clears could leave a stale report behind.
+    ///
+    /// For a timed-out wait it first reads every rank's state and names
+    /// the rank that is stuck in the error's `stuck` field
+    /// ([`StuckRanks`](crate::StuckRanks)); while ranks are still inside a
+    /// synchronize without a report of their own, it waits for them up to
+    /// the wait budget plus [`STUCK_MARGIN`](super::STUCK_MARGIN).
     pub fn check(&self) -> Result<()> {
         let mut flag = [0u8; 4];
         // SAFETY: the reported word lives in this rank's heap header.
@@ -53,7 +59,7 @@ impl Communicator {
             }
         };
         match first_report(&slots) {
-            Reports::First(r) => Err(self.report_error(&r)),
+            Reports::First(r) => Err(self.name_the_stuck(self.report_error(&r))),
             Reports::Collided { slots, common: c } => Err(Error::DeviceReportsCollided {
                 rank: self.rank as u32,
                 slots,
@@ -94,6 +100,7 @@ impl Communicator {
                     } else {
                         String::new()
                     },
+                    stuck: None,
                 }
             }
             Some(ErrorKind::BadPeer) => format!("rank {} is not in this world of {} ranks; nothing was written", r.peer, self.size),

@@ -143,6 +143,20 @@
 //!   and mapped only if it is a regular file of this user, mode 0600, at
 //!   least as long as the heap; otherwise the error names the peer.
 //!
+//! - **Status ports.** Once a communicator forms, each rank of a process
+//!   world also listens on an ephemeral port of its star address, so that a
+//!   rank whose device wait ran out can read what the others do without
+//!   their cooperation (`Error::WaitTimeout` names the stuck rank). A reader
+//!   sends a nonce, gets one, and proves the token with
+//!   `HMAC-SHA256(status key, nonces)`, where the status key is the
+//!   stretched token bound to this world's identity; only then does the
+//!   rank answer, tagging its answer the same way. The answer says what the
+//!   rank does (its step, launch count, last kernel name, a timed-out wait's
+//!   heap offset and values). One connection is served at a time, each
+//!   within [`STATUS_IO_TIMEOUT`] per step; a reader whose connection is
+//!   refused reports the rank as exited. Hosts that firewall ephemeral
+//!   ports make peers read "did not accept a status connection" instead.
+//!
 //! Limits: traffic is authenticated, not encrypted (anyone on the path can
 //! read handles and addresses); someone who records a handshake can guess
 //! tokens offline, so use a long random token, not a word; a process that
@@ -165,9 +179,10 @@
 mod auth;
 mod config;
 mod params;
+mod status;
 mod tcp;
 mod threads;
-mod wire;
+pub(crate) mod wire;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -180,6 +195,8 @@ pub use tcp::{
 };
 
 pub(crate) use auth::random_bytes;
+pub use status::STATUS_IO_TIMEOUT;
+pub(crate) use status::{PeerStatus, StatusSource};
 
 use crate::error::{Error, Result};
 
@@ -391,6 +408,9 @@ pub struct World {
     peers: Arc<[PeerInfo]>,
     id: WorldId,
     inner: Inner,
+    /// This rank's status source ([`World::serve_status`]), shared with its
+    /// status responder in a process world.
+    status_source: Arc<std::sync::OnceLock<StatusSource>>,
 }
 
 const _: () = {
@@ -418,6 +438,7 @@ impl World {
             peers: peers.into(),
             id,
             inner,
+            status_source: Arc::default(),
         }
     }
 
@@ -517,6 +538,7 @@ impl World {
                 peers: peers.clone(),
                 id,
                 inner: Inner::Threads(group.clone()),
+                status_source: Arc::default(),
             })
             .collect()
     }

@@ -17,6 +17,8 @@ pub(crate) struct Group {
     timeout: Duration,
     state: Mutex<State>,
     cv: Condvar,
+    /// Every rank's status source ([`super::status`]).
+    board: super::status::Board,
 }
 
 struct State {
@@ -55,6 +57,7 @@ impl Group {
                 broken: None,
             }),
             cv: Condvar::new(),
+            board: Default::default(),
         })
     }
 
@@ -187,6 +190,16 @@ impl Group {
         });
         self.cv.notify_all();
         true
+    }
+
+    /// The ranks' status sources.
+    pub(crate) fn board(&self) -> &super::status::Board {
+        &self.board
+    }
+
+    /// Whether `rank`'s handle was dropped.
+    pub(crate) fn has_left(&self, rank: usize) -> bool {
+        self.lock().left.get(rank).copied().unwrap_or(false)
     }
 
     /// Marks `rank`'s handle as gone, waking ranks that wait for it.

@@ -523,7 +523,7 @@ impl RendezvousHost {
                 });
             }
         }
-        Ok(star_world(0, size, cfg, table, id, Links::Root(links)))
+        Ok(star_world(0, size, cfg, &token, table, id, Links::Root(links)))
     }
 }
 
@@ -860,5 +860,5 @@ pub(crate) fn join(cfg: &WorldConfig, layout: &[u8]) -> Result<World> {
             Err(e) => return Err(wire_err(e, "waiting for the other ranks")),
         }
     };
-    Ok(star_world(rank, size, cfg, table, id, Links::Peer(Box::new(link))))
+    Ok(star_world(rank, size, cfg, &key, table, id, Links::Peer(Box::new(link))))
 }

@@ -16,13 +16,23 @@ pub(super) const NOTIFY_GRACE: Duration = Duration::from_secs(1);
 /// rank 0's report naming the slow rank arrives before the peer gives up.
 const PEER_GRACE: Duration = Duration::from_secs(5);
 
-/// The world of a rank whose rendezvous finished with `links`.
-pub(super) fn star_world(rank: usize, size: usize, cfg: &WorldConfig, table: Vec<PeerInfo>, id: WorldId, links: Links) -> World {
+/// The world of a rank whose rendezvous finished with `links`; `key` is
+/// the stretched job token the rendezvous used.
+pub(super) fn star_world(
+    rank: usize,
+    size: usize,
+    cfg: &WorldConfig,
+    key: &[u8],
+    table: Vec<PeerInfo>,
+    id: WorldId,
+    links: Links,
+) -> World {
     let sockets: Vec<&TcpStream> = match &links {
         Links::Root(v) => v.iter().flatten().map(Link::stream).collect(),
         Links::Peer(l) => vec![l.stream()],
     };
     // A socket that cannot be cloned only costs an abort its quick wake-up.
+    let local_ip = sockets.first().and_then(|s| s.local_addr().ok()).map(|a| a.ip());
     let wakers = sockets.into_iter().filter_map(|s| s.try_clone().ok()).collect();
     let star = Star {
         rank,
@@ -35,6 +45,9 @@ pub(super) fn star_world(rank: usize, size: usize, cfg: &WorldConfig, table: Vec
         }),
         pending_abort: Mutex::new(None),
         wakers,
+        local_ip,
+        key: key.to_vec(),
+        status: Mutex::new(None),
     };
     World::from_parts(rank, size, cfg.local_rank, table, id, Inner::Tcp(Box::new(star)))
 }
@@ -52,6 +65,12 @@ pub(crate) struct Star {
     /// Clones of the links' sockets: shutting their read side down ends a
     /// collective's blocking reads at once, so it sees the pending abort.
     wakers: Vec<TcpStream>,
+    /// This rank's address on the star (where its status port listens).
+    local_ip: Option<std::net::IpAddr>,
+    /// The stretched job token (the status service's key derives from it).
+    key: Vec<u8>,
+    /// The status service, once the communicator published a source.
+    status: Mutex<Option<crate::world::status::Service>>,
 }
 
 struct PendingAbort {
@@ -122,6 +141,27 @@ fn link_error(rank: usize, peer: usize, op: &str, e: WireError) -> Error {
 }
 
 impl Star {
+    /// This rank's address on the star.
+    pub(crate) fn local_ip(&self) -> std::io::Result<std::net::IpAddr> {
+        self.local_ip
+            .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotConnected, "no socket of the star has an address"))
+    }
+
+    /// The stretched job token.
+    pub(crate) fn key(&self) -> &[u8] {
+        &self.key
+    }
+
+    /// Keeps the status service (its responder ends with the star).
+    pub(crate) fn set_status_service(&self, s: crate::world::status::Service) {
+        *self.status.lock().unwrap_or_else(|p| p.into_inner()) = Some(s);
+    }
+
+    /// The status key and every rank's status address, once served.
+    pub(crate) fn status_peers(&self) -> Option<([u8; 32], Vec<Option<std::net::SocketAddr>>)> {
+        self.status.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|s| s.peers())
+    }
+
     pub(crate) fn exchange(&self, op: Op, mine: &[u8]) -> Result<Arc<Vec<Vec<u8>>>> {
         let rank = self.rank;
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
