@@ -98,6 +98,7 @@ fn run(args: &P2pBenchArgs) -> Result<(), BoxError> {
         heap_bytes: plan.heap_bytes,
         wait_timeout: Duration::from_secs(30),
         spread_gpus: args.spread || CommOptions::from_env()?.spread_gpus,
+        ..CommOptions::default()
     };
     if !gpu {
         eprintln!("# note: the backend is the CPU emulator: emulator timings say nothing about a GPU");

@@ -13,6 +13,7 @@
 //! | `DOORBELL_DEVICE` | `gpu`, `cpu`, `auto` | `auto` |
 //! | `DOORBELL_WAIT_TIMEOUT_S` | seconds in 0.001..=86400 | 10 |
 //! | `DOORBELL_RANK_PER_GPU` (formerly `DOORBELL_SPREAD_GPUS`) | `0`, `1` | 0 |
+//! | `DOORBELL_SELF_TEST` | `0` (skip the communicator's self-test at start-up), `1` | 1 |
 //! | `DOORBELL_EMU_MAX_THREADS` | 1..=1048576 | 16384 |
 //! | `DOORBELL_EMU_BARRIER_TIMEOUT_S` | seconds in 0.001..=86400 | 60 |
 //! | `DOORBELL_LOG` | `off`, `error`, `warn`, `info`, `debug`, `trace` | `warn` |
@@ -38,6 +39,7 @@ pub fn check() -> Result<()> {
     // As `CommOptions::from_env` reads them.
     secs("DOORBELL_WAIT_TIMEOUT_S", Duration::from_secs(10), 0.001, 86400.0)?;
     crate::vars::flag_renamed(crate::comm::RANK_PER_GPU_ENV, crate::comm::RANK_PER_GPU_ENV_OLD, false)?;
+    flag(crate::comm::SELF_TEST_ENV, true)?;
     doorbell_kernels::emu::try_barrier_timeout()?;
     doorbell_kernels::emu::max_threads()?;
     crate::logging::level_from_env()?;
