@@ -168,7 +168,10 @@ fn a_broken_ibgda_route_fails_its_set_up_naming_sender_receiver_and_route() {
     let out = Communicator::local(2, Backend::Cpu, opts(Some(true), Some(fault)), |comm| {
         // The P2P route is intact: construction passed.
         assert!(comm.last_self_test().is_some());
-        Ok(comm.ibgda().map(|_| ()).unwrap_err())
+        let err = comm.ibgda().map(|_| ()).unwrap_err();
+        // The failed route is torn down, not left in use.
+        assert!(comm.soft_nic().is_none(), "rank {}: IBGDA still set up", comm.rank());
+        Ok(err)
     })
     .unwrap();
     for (rank, err) in out.iter().enumerate() {

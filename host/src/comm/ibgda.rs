@@ -524,7 +524,8 @@ impl Communicator {
 
     /// The set-up state's handle, setting it up first if needed; a new
     /// set-up runs the self-test of the IBGDA route when it is on
-    /// ([`Communicator::self_test_enabled`]).
+    /// ([`Communicator::self_test_enabled`]), and a route that fails it is
+    /// torn down again (a later call sets it up, and tests it, anew).
     fn ibgda_state(&self, opts: Option<&IbgdaOptions>) -> Result<Ibgda> {
         let mut guard = self.ibgda.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(st) = guard.as_ref() {
@@ -543,7 +544,16 @@ impl Communicator {
         *guard = Some(st);
         drop(guard);
         if self.self_test.enabled {
-            self.run_self_test(&[(super::SelfTestRoute::Ibgda, h.into())])?;
+            if let Err(e) = self.run_self_test(&[(super::SelfTestRoute::Ibgda, h.into())]) {
+                if matches!(e, Error::SelfTest { .. }) {
+                    // Every rank has this verdict and its kernels are done:
+                    // the route is torn down, not left in use (as a reset).
+                    self.world.barrier()?;
+                    drop(self.ibgda.lock().unwrap_or_else(|p| p.into_inner()).take());
+                    self.world.barrier()?;
+                }
+                return Err(e);
+            }
         }
         Ok(h)
     }
