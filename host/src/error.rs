@@ -459,6 +459,27 @@ pub enum Error {
         /// What is missing, and what to do.
         missing: String,
     },
+    /// The communicator's self-test (`Communicator::self_test`): the message
+    /// `sender` put to `receiver` over `route` did not arrive as sent (or
+    /// did not arrive within the wait budget). Every rank reports the same.
+    #[error(
+        "self-test failed: the message rank {sender} sent to rank {receiver} over the {route} route did not arrive as sent: \
+         expected {expected}, arrived {arrived}{more}"
+    )]
+    SelfTest {
+        /// The rank that sent.
+        sender: usize,
+        /// The rank it was sent to.
+        receiver: usize,
+        /// The route (`P2P`, `IBGDA`).
+        route: &'static str,
+        /// The message and signal sent.
+        expected: String,
+        /// What the receiver found.
+        arrived: String,
+        /// Other failed pairs and device reports (empty, or text starting with `; `).
+        more: String,
+    },
     /// A collective (`doorbell::coll`) was given arguments it cannot use.
     #[error("{op}: {reason}")]
     Collective {

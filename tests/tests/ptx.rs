@@ -169,7 +169,8 @@ fn entries(ptx: &str) -> Vec<&str> {
 
 /// The library's PTX holds the library's kernels only: no golden, test,
 /// WQE-test, example or benchmark entry points (those live in their own
-/// kernel crates): today, the all-reduce and the embedding exchange.
+/// kernel crates): today, the all-reduce, the embedding exchange and the
+/// communicator's self-test.
 #[test]
 fn library_ptx_holds_no_test_example_or_bench_kernels() {
     let lib = entries(doorbell::KERNELS_PTX);
@@ -189,7 +190,14 @@ fn library_ptx_holds_no_test_example_or_bench_kernels() {
         assert!(lib.contains(&want), "{want} missing from doorbell::KERNELS_PTX: {lib:?}");
     }
     let lib: Vec<&str> = lib.into_iter().filter(|e| !embedding.contains(e)).collect();
-    let library_kernels: &[&str] = &["allreduce_ibgda", "allreduce_p2p", "allreduce_routed", "allreduce_wide_p2p"];
+    let library_kernels: &[&str] = &[
+        "allreduce_ibgda",
+        "allreduce_p2p",
+        "allreduce_routed",
+        "allreduce_wide_p2p",
+        "selftest_ibgda",
+        "selftest_p2p",
+    ];
     assert_eq!(lib, library_kernels, "entry points in doorbell::KERNELS_PTX");
     // The test and example kernels are built, just elsewhere.
     let tests = entries(doorbell_tests::TEST_KERNELS_PTX);

@@ -517,7 +517,15 @@ impl Communicator {
         ))
     }
 
-    /// The set-up state's handle, setting it up first if needed.
+    /// The set-up state's handle, when the transport is set up.
+    pub(super) fn ibgda_if_set_up(&self) -> Option<Ibgda> {
+        self.ibgda.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|st| st.handle)
+    }
+
+    /// The set-up state's handle, setting it up first if needed; a new
+    /// set-up runs the self-test of the IBGDA route when it is on
+    /// ([`Communicator::self_test_enabled`]), and a route that fails it is
+    /// torn down again (a later call sets it up, and tests it, anew).
     fn ibgda_state(&self, opts: Option<&IbgdaOptions>) -> Result<Ibgda> {
         let mut guard = self.ibgda.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(st) = guard.as_ref() {
@@ -527,9 +535,26 @@ impl Communicator {
             Some(o) => o.clone(),
             None => IbgdaOptions::from_env()?,
         };
+        if self.self_test.enabled {
+            // Before the soft NIC's engine kernel runs (see the module docs).
+            self.library_module()?;
+        }
         let st = self.ibgda_setup(opts)?;
         let h = st.handle;
         *guard = Some(st);
+        drop(guard);
+        if self.self_test.enabled {
+            if let Err(e) = self.run_self_test(&[(super::SelfTestRoute::Ibgda, h.into())]) {
+                if matches!(e, Error::SelfTest { .. }) {
+                    // Every rank has this verdict and its kernels are done:
+                    // the route is torn down, not left in use (as a reset).
+                    self.world.barrier()?;
+                    drop(self.ibgda.lock().unwrap_or_else(|p| p.into_inner()).take());
+                    self.world.barrier()?;
+                }
+                return Err(e);
+            }
+        }
         Ok(h)
     }
 
@@ -710,11 +735,16 @@ impl Communicator {
             mine.extend_from_slice(&q.endpoint().to_bytes());
         }
         let all = self.world.all_gather_bytes(&mine)?;
-        let remotes = all
+        let mut remotes = all
             .iter()
             .enumerate()
             .map(|(r, b)| PeerHeap::decode(b, r, nqps))
             .collect::<Result<Vec<_>>>()?;
+        for (p, remote) in remotes.iter_mut().enumerate() {
+            remote.base = remote
+                .base
+                .wrapping_add(super::RouteFault::skew(self.self_test.fault, rank, p, super::SelfTestRoute::Ibgda));
+        }
 
         // Connect QP k to peer p with the peer's QP k to this rank.
         let remote_access = access::REMOTE_WRITE | access::REMOTE_READ | access::REMOTE_ATOMIC;
