@@ -49,8 +49,12 @@ fn assert_exchanged(reports: &[doorbell::comm::SelfTestReport], route: SelfTestR
 
 #[test]
 fn self_test_passes_on_2_and_4_ranks_and_every_message_is_exchanged() {
-    for n in [2, 4] {
-        let reports = Communicator::local(n, Backend::Cpu, opts(Some(true), None), |comm| {
+    // The emulator, and the GPU where there is one (required with DOORBELL_TEST_REQUIRE_GPU=1).
+    for (n, backend) in [2, 4]
+        .into_iter()
+        .flat_map(|n| doorbell_tests::backends().into_iter().map(move |d| (n, d.backend())))
+    {
+        let reports = Communicator::local(n, backend, opts(Some(true), None), |comm| {
             assert!(comm.self_test_enabled());
             let first = comm.last_self_test().expect("ran at construction");
             // Again, on demand: a new nonce, every message again.
@@ -68,7 +72,11 @@ fn self_test_passes_on_2_and_4_ranks_and_every_message_is_exchanged() {
 
 #[test]
 fn a_broken_p2p_route_fails_construction_naming_sender_receiver_and_route() {
-    for (n, from, to) in [(2, 0, 1), (4, 2, 3), (4, 3, 0)] {
+    let cases = [(2, 0, 1), (4, 2, 3), (4, 3, 0)];
+    for ((n, from, to), backend) in cases
+        .into_iter()
+        .flat_map(|c| doorbell_tests::backends().into_iter().map(move |d| (c, d.backend())))
+    {
         let fault = RouteFault {
             from,
             to,
@@ -76,8 +84,8 @@ fn a_broken_p2p_route_fails_construction_naming_sender_receiver_and_route() {
             skew: 4096,
         };
         let t0 = Instant::now();
-        let err = Communicator::local(n, Backend::Cpu, opts(Some(true), Some(fault)), |_| Ok(())).unwrap_err();
-        eprintln!("{n} ranks, route {from} -> {to} broken: {err}");
+        let err = Communicator::local(n, backend, opts(Some(true), Some(fault)), |_| Ok(())).unwrap_err();
+        eprintln!("{backend:?}, {n} ranks, route {from} -> {to} broken: {err}");
         match &err {
             Error::SelfTest {
                 sender,
@@ -231,7 +239,10 @@ fn the_variable_turns_the_self_test_off_and_a_bad_value_names_it() {
 #[ignore = "a measurement: run it with --ignored --nocapture"]
 fn self_test_startup_cost() {
     const RUNS: usize = 40;
-    for n in [2, 4] {
+    for (n, backend) in [2, 4]
+        .into_iter()
+        .flat_map(|n| doorbell_tests::backends().into_iter().map(move |d| (n, d.backend())))
+    {
         let mut with = Vec::new();
         let mut without = Vec::new();
         let mut own = Vec::new();
@@ -240,7 +251,7 @@ fn self_test_startup_cost() {
             let order = if with.len() % 2 == 0 { [true, false] } else { [false, true] };
             for on in order {
                 let t0 = Instant::now();
-                let r = Communicator::local(n, Backend::Cpu, opts(Some(on), None), |comm| {
+                let r = Communicator::local(n, backend, opts(Some(on), None), |comm| {
                     Ok(comm.last_self_test().map(|r| r.elapsed))
                 })
                 .unwrap();
@@ -258,7 +269,7 @@ fn self_test_startup_cost() {
             v[v.len() / 2].as_secs_f64() * 1e3
         };
         println!(
-            "{n} ranks: Communicator::local with the self-test {:.2} ms, without {:.2} ms (medians of {RUNS}); \
+            "{backend:?}, {n} ranks: Communicator::local with the self-test {:.2} ms, without {:.2} ms (medians of {RUNS}); \
              the self-test itself {:.2} ms (slowest rank, median)",
             median(&mut with),
             median(&mut without),
