@@ -40,6 +40,18 @@ impl Activity {
         self.launches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Runs `f`, whose launches are the library's own (the self-test, the
+    /// trace's clock calibration), and leaves the count and the last name
+    /// as they were: a peer asking what this rank ran sees the user's
+    /// kernels only.
+    pub(crate) fn unrecorded<R>(&self, f: impl FnOnce() -> R) -> R {
+        let before = self.get();
+        let r = f();
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = before.1;
+        self.launches.store(before.0, std::sync::atomic::Ordering::Relaxed);
+        r
+    }
+
     /// Launches so far and the last kernel's name (empty before any).
     pub(crate) fn get(&self) -> (u64, &'static str) {
         let last = *self.last.lock().unwrap_or_else(|p| p.into_inner());
