@@ -517,7 +517,7 @@ fn record(w: Writer, what: Pair32, who: Pair32, range: Pair, progress: Pair, bud
     let Pair(offset, bytes) = range;
     let Pair(expected, seen) = progress;
     let reported = (local_base + REPORTED_OFFSET) as *mut u32;
-    crate::trace::hook! { crate::trace::instant(local_base, crate::trace::What::Error, peer, kind as u64); }
+    crate::trace::hook! { crate::trace::instant(1, local_base, crate::trace::What::Error, peer, kind as u64); }
     // SAFETY: the reported word and the slots lie in the reserved header of
     // this rank's heap; the words other threads poll are accessed atomically.
     unsafe {
@@ -690,6 +690,16 @@ fn reject(w: Writer, budget_ns: u64, limits: Limits, call_peer: Pair32, range: P
 pub trait Checked {
     /// This rank's heap, world and report scalars.
     fn bounds(&self) -> HeapBounds;
+
+    /// Whether the device trace's hooks look for trace rings
+    /// (`crate::trace`): nonzero, and each hook reads the heap header's
+    /// trace word. A handle that carries the host's answer in a kernel
+    /// parameter (the P2P handle) costs nothing on its hot paths when
+    /// tracing is off; the default looks every time.
+    #[inline(always)]
+    fn traced(&self) -> u32 {
+        1
+    }
 
     /// Records the first error of this rank and returns it.
     #[inline(always)]

@@ -226,18 +226,25 @@ pub(crate) use around;
 /// address taken on any path).
 #[derive(Clone, Copy, Debug)]
 pub struct Span {
-    local_base: u64,
+    /// The trace memory (0: not tracing), read once at the begin.
+    rings: u64,
     what: u16,
     peer: u32,
 }
 
-/// Begins a span of `what` (on the rank whose heap starts at
-/// `local_base`): writes the begin event when tracing is on.
+/// Begins a span of `what` on the rank whose heap starts at `local_base`
+/// and writes its begin event, when tracing is on. `on` is the handle's
+/// word ([`crate::heap::Checked::traced`]): 0 and nothing is read at all
+/// (a kernel parameter test: free on the hot path); else the heap header
+/// says whether and where.
 #[inline(always)]
-pub fn span(local_base: u64, what: What, peer: u32, arg: u64) -> Span {
-    instant(local_base, what, peer, arg);
+pub fn span(on: u32, local_base: u64, what: What, peer: u32, arg: u64) -> Span {
+    let rings = if COMPILED && on != 0 { rings_of(local_base) } else { 0 };
+    if rings != 0 {
+        trace_record(rings, what as u16, peer, arg);
+    }
     Span {
-        local_base,
+        rings,
         what: what as u16,
         peer,
     }
@@ -247,19 +254,16 @@ impl Span {
     /// Ends the span; `arg` goes with the end event.
     #[inline(always)]
     pub fn end(self, arg: u64) {
-        if COMPILED {
-            let rings = rings_of(self.local_base);
-            if rings != 0 {
-                trace_record(rings, self.what | END, self.peer, arg);
-            }
+        if COMPILED && self.rings != 0 {
+            trace_record(self.rings, self.what | END, self.peer, arg);
         }
     }
 }
 
-/// Writes an instant event (or a span's begin event) when tracing is on.
+/// Writes an instant event when tracing is on (`on` as for [`span`]).
 #[inline(always)]
-pub fn instant(local_base: u64, what: What, peer: u32, arg: u64) {
-    if COMPILED {
+pub fn instant(on: u32, local_base: u64, what: What, peer: u32, arg: u64) {
+    if COMPILED && on != 0 {
         let rings = rings_of(local_base);
         if rings != 0 {
             trace_record(rings, what as u16, peer, arg);

@@ -878,9 +878,10 @@ pub unsafe fn fused<T: Transport, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, pro
         // Thread 0 traces its share of each chunk's production (the
         // chunk's first element).
         let mut produce = produce;
-        let base = if ptx::thread_rank_in_block() == 0 { t.bounds().reporter.local_base } else { 0 };
+        let (on, base) = (t.traced(), t.bounds().reporter.local_base);
+        let lead = ptx::thread_rank_in_block() == 0;
         let produce = |c: Chunk| {
-            let s = (base != 0).then(|| crate::trace::span(base, crate::trace::What::Produce, u32::MAX, c.first));
+            let s = lead.then(|| crate::trace::span(on, base, crate::trace::What::Produce, u32::MAX, c.first));
             produce(c);
             if let Some(s) = s { s.end(c.len) }
         };

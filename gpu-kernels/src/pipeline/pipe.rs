@@ -150,8 +150,9 @@ impl<E> Pipe<E> {
         hook! {
             // Thread 0 traces the block's steps (its transport calls trace
             // themselves); each span ends before any block barrier.
-            let base = if ptx::thread_rank_in_block() == 0 { t.bounds().reporter.local_base } else { 0 };
-            let step = |what: What, peer: u32, seq: u64| (base != 0).then(|| crate::trace::span(base, what, peer, seq));
+            let (on, base) = (t.traced(), t.bounds().reporter.local_base);
+            let lead = ptx::thread_rank_in_block() == 0;
+            let step = |what: What, peer: u32, seq: u64| lead.then(|| crate::trace::span(on, base, what, peer, seq));
             let end = |s: Option<crate::trace::Span>, seq: u64| s.map_or((), |s| s.end(seq));
         }
         let mut result = Ok(());

@@ -518,7 +518,7 @@ pub(crate) fn wait_some_words<C: Checked>(c: &C, w: RawWait, skip: u64, load: im
     if off & 7 != 0 {
         return Err(c.fail(CommError::Misaligned { offset: off }, call, Arg::Signal, u32::MAX, off));
     }
-    crate::trace::hook! { let span = crate::trace::span(b.reporter.local_base, crate::trace::What::Wait, u32::MAX, off); }
+    crate::trace::hook! { let span = crate::trace::span(c.traced(), b.reporter.local_base, crate::trace::What::Wait, u32::MAX, off); }
     let mut spin = crate::sync::Spin::new(b.reporter.budget_ns);
     loop {
         let mut ready = 0u64;

@@ -31,8 +31,10 @@ pub struct P2p {
     /// `.gpu` scope, which is cheaper than `.sys` (peers on other GPUs,
     /// processes on other GPUs, or the host need `.sys`).
     pub same_gpu: u32,
-    /// Reserved, zero.
-    pub _pad: u32,
+    /// 1 when the host traced this rank when it made the handle
+    /// (`crate::trace`): the hooks then read the heap header's trace word;
+    /// 0 and they read nothing.
+    pub trace: u32,
     /// `world` entries: each rank's heap base mapped into this rank's
     /// address space (entry `rank` is the local heap; 0: not reachable by
     /// load/store).
@@ -155,6 +157,10 @@ unsafe fn copy_coop(g: Coop, dst: *mut u8, src: *const u8, bytes: u64) {
 
 impl Checked for P2p {
     #[inline(always)]
+    fn traced(&self) -> u32 {
+        self.trace
+    }
+    #[inline(always)]
     fn bounds(&self) -> HeapBounds {
         HeapBounds {
             reporter: Reporter {
@@ -198,7 +204,7 @@ impl Transport for P2p {
         let base = self.base_of(peer);
         hook! {
             let what = if signal.is_some() { What::PutSignal } else { What::Put };
-            let span = g.is_leader().then(|| crate::trace::span(self.local_base, what, peer, x.bytes));
+            let span = g.is_leader().then(|| crate::trace::span(self.trace, self.local_base, what, peer, x.bytes));
         }
         // SAFETY: checked range; `src` per the contract.
         unsafe { copy_coop(g, (base + off) as *mut u8, x.src, x.bytes) };
@@ -223,7 +229,7 @@ impl Transport for P2p {
         let off = self.check_range(call, Arg::Source, x.src as u64, x.bytes, peer)?;
         self.check_local_dst(call, x.dst as u64, x.bytes, peer)?;
         let remote = (self.base_of(peer) + off) as *const u8;
-        hook! { let span = g.is_leader().then(|| crate::trace::span(self.local_base, What::Get, peer, x.bytes)); }
+        hook! { let span = g.is_leader().then(|| crate::trace::span(self.trace, self.local_base, What::Get, peer, x.bytes)); }
         // SAFETY: as for put.
         unsafe { copy_coop(g, x.dst, remote, x.bytes) };
         hook! { if let Some(s) = span { s.end(x.bytes) } }
@@ -233,7 +239,7 @@ impl Transport for P2p {
     #[inline(always)]
     unsafe fn signal_raw(&self, peer: u32, s: RawSignal) -> Result<(), CommError> {
         let off = self.check_signal(Call::Signal, s.word as u64, peer)?;
-        hook! { let span = crate::trace::span(self.local_base, What::Signal, peer, off); }
+        hook! { let span = crate::trace::span(self.trace, self.local_base, What::Signal, peer, off); }
         // SAFETY: an aligned word of the peer's heap.
         unsafe { self.signal_at((self.base_of(peer) + off) as *mut u64, s.value, s.op) };
         hook! { span.end(s.value); }
@@ -243,7 +249,7 @@ impl Transport for P2p {
     #[inline(always)]
     unsafe fn wait_word_raw(&self, sig: *const u64, cmp: Cmp, value: u64) -> Result<u64, CommError> {
         self.check_signal(Call::WaitUntil, sig as u64, self.rank)?;
-        hook! { let span = crate::trace::span(self.local_base, What::Wait, u32::MAX, (sig as u64).wrapping_sub(self.local_base)); }
+        hook! { let span = crate::trace::span(self.trace, self.local_base, What::Wait, u32::MAX, (sig as u64).wrapping_sub(self.local_base)); }
         match crate::sync::spin_until(self.budget_ns, || self.load_signal(sig), |v| cmp.holds(v, value)) {
             Ok(v) => {
                 hook! { span.end(v); }
@@ -270,14 +276,14 @@ impl Transport for P2p {
         }
         // Stores to peers are complete once issued; the fence makes them
         // visible at system scope before anything this thread does next.
-        hook! { let span = crate::trace::span(self.local_base, What::Quiet, peer.unwrap_or(u32::MAX), 0); }
+        hook! { let span = crate::trace::span(self.trace, self.local_base, What::Quiet, peer.unwrap_or(u32::MAX), 0); }
         ptx::fence_sc_sys();
         hook! { span.end(0); }
         Ok(())
     }
 
     unsafe fn barrier(&self) -> Result<(), CommError> {
-        around!({ let span = crate::trace::span(self.local_base, What::Barrier, u32::MAX, 0); }
+        around!({ let span = crate::trace::span(self.trace, self.local_base, What::Barrier, u32::MAX, 0); }
         // SAFETY: the caller's contract.
         unsafe { self.barrier_inner() }, |r| { span.end(r.is_ok() as u64); })
     }

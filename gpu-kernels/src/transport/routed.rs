@@ -96,6 +96,10 @@ impl Checked for Routed {
     fn bounds(&self) -> HeapBounds {
         self.p2p.bounds()
     }
+    #[inline(always)]
+    fn traced(&self) -> u32 {
+        self.p2p.trace
+    }
 }
 
 impl Transport for Routed {

@@ -548,7 +548,9 @@ impl Communicator {
             local_base: self.heap_base,
             budget_ns: self.budget_ns,
             same_gpu: self.same_gpu as u32,
-            _pad: 0,
+            // Tracing now: the handle's hooks look for the rings (a handle
+            // made before `trace_start` records nothing).
+            trace: self.tracing() as u32,
             peers: self.peer_table.as_ptr(),
             near,
         }

@@ -454,7 +454,7 @@ impl Ibgda {
     /// The local `wait_until` (shared with the routed transport).
     pub(crate) fn wait_one(&self, sig: *const u64, cmp: Cmp, value: u64) -> Result<u64, CommError> {
         self.check_signal(Call::WaitUntil, sig as u64, self.rank)?;
-        hook! { let span = crate::trace::span(self.local_base, What::Wait, u32::MAX, (sig as u64).wrapping_sub(self.local_base)); }
+        hook! { let span = crate::trace::span(1, self.local_base, What::Wait, u32::MAX, (sig as u64).wrapping_sub(self.local_base)); }
         match crate::sync::spin_until(self.budget_ns, || Self::load_signal(sig), |v| cmp.holds(v, value)) {
             Ok(v) => {
                 hook! { span.end(v); }
@@ -518,7 +518,7 @@ impl Transport for Ibgda {
         });
         around!({
             let what = if signal.is_some() { What::PutSignal } else { What::Put };
-            let span = g.is_leader().then(|| crate::trace::span(self.local_base, what, peer, x.bytes));
+            let span = g.is_leader().then(|| crate::trace::span(1, self.local_base, what, peer, x.bytes));
         }
         // SAFETY: checked arguments; the caller's contract.
         unsafe { self.transfer(g, wire, sig, Site { call, peer }, x.nbi) }, |r| { if let Some(s) = span { s.end(x.bytes) } })
@@ -540,7 +540,7 @@ impl Transport for Ibgda {
             lkey,
             bytes: x.bytes,
         };
-        around!({ let span = g.is_leader().then(|| crate::trace::span(self.local_base, What::Get, peer, x.bytes)); }
+        around!({ let span = g.is_leader().then(|| crate::trace::span(1, self.local_base, What::Get, peer, x.bytes)); }
         // SAFETY: as above.
         unsafe { self.transfer(g, wire, None, Site { call, peer }, x.nbi) }, |r| { if let Some(s) = span { s.end(x.bytes) } })
     }
@@ -555,7 +555,7 @@ impl Transport for Ibgda {
         };
         // Non-blocking like P2P's store: the peer sees it when the NIC
         // delivers it; `quiet` completes it.
-        around!({ let span = crate::trace::span(self.local_base, What::Signal, peer, off); }
+        around!({ let span = crate::trace::span(1, self.local_base, What::Signal, peer, off); }
         // SAFETY: checked arguments.
         unsafe {
             self.post_xfer(
@@ -586,7 +586,7 @@ impl Transport for Ibgda {
     fn fence(&self) {}
 
     unsafe fn quiet(&self, peer: Option<u32>) -> Result<(), CommError> {
-        around!({ let span = crate::trace::span(self.local_base, What::Quiet, peer.unwrap_or(u32::MAX), 0); }
+        around!({ let span = crate::trace::span(1, self.local_base, What::Quiet, peer.unwrap_or(u32::MAX), 0); }
         match peer {
             Some(peer) if peer >= self.world => Err(self.fail(CommError::BadPeer { peer }, Call::Quiet, Arg::None, peer, 0)),
             // SAFETY: the handle's QPs are valid.
@@ -606,7 +606,7 @@ impl Transport for Ibgda {
     }
 
     unsafe fn barrier(&self) -> Result<(), CommError> {
-        around!({ let span = crate::trace::span(self.local_base, What::Barrier, u32::MAX, 0); }
+        around!({ let span = crate::trace::span(1, self.local_base, What::Barrier, u32::MAX, 0); }
         // SAFETY: the caller's contract.
         unsafe { self.barrier_inner() }, |r| { span.end(r.is_ok() as u64); })
     }

@@ -101,7 +101,7 @@ impl Ibgda {
                 }
             }
             if reached(last, target) {
-                crate::trace::hook! { crate::trace::instant(self.local_base, crate::trace::What::Completion, peer, last as u64); }
+                crate::trace::hook! { crate::trace::instant(1, self.local_base, crate::trace::What::Completion, peer, last as u64); }
                 return Ok(());
             }
             // SAFETY: the caller's contract.
@@ -180,8 +180,8 @@ impl Ibgda {
             ptx::st_release_gpu_u32(&raw mut (*s).ready, end);
         }
         crate::trace::hook! {
-            crate::trace::instant(self.local_base, crate::trace::What::WqePosted, peer, count as u64);
-            crate::trace::instant(self.local_base, crate::trace::What::Doorbell, peer, end as u64);
+            crate::trace::instant(1, self.local_base, crate::trace::What::WqePosted, peer, count as u64);
+            crate::trace::instant(1, self.local_base, crate::trace::What::Doorbell, peer, end as u64);
         }
         Ok(end)
     }
