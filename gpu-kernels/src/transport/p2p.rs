@@ -4,6 +4,8 @@
 use super::{Cmp, CommError, Coop, RawSignal, RawWait, RawXfer, SignalOp, Transport};
 use crate::heap::{Arg, Call, Checked, HeapBounds, Reporter, EPOCH_OFFSET};
 use crate::ptx;
+// `What` is used inside the hooks only (gone without the trace feature).
+#[allow(unused_imports)]
 use crate::trace::{around, hook, What};
 
 /// Peers whose heap base is carried in the handle itself (kernel parameter

@@ -77,6 +77,8 @@ use crate::mlx5::queue::{ring_doorbell, update_doorbell_record, wqe_slot, QpHand
 use crate::mlx5::wqe::{write_atomic_fetch_add_wqe, write_rdma_read_wqe, write_rdma_write_wqe, Transfer, FLAG_SIGNALED};
 use crate::ptx;
 use crate::sync::{Spin, Timeout};
+// `What` is used inside the hooks only (gone without the trace feature).
+#[allow(unused_imports)]
 use crate::trace::{around, hook, What};
 
 mod queue;
