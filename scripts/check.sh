@@ -9,4 +9,4 @@ step() { echo "+ $*" >&2; "$@"; }
 step cargo fmt --all -- --check
 DOORBELL_SKIP_PTX=1 step cargo clippy --workspace --all-targets -- -D warnings
 DOORBELL_SKIP_PTX=1 RUSTDOCFLAGS="-D warnings" step cargo doc --workspace --no-deps
-step cargo test --workspace --release
+step cargo test --workspace --release --no-fail-fast

@@ -169,8 +169,8 @@ fn entries(ptx: &str) -> Vec<&str> {
 
 /// The library's PTX holds the library's kernels only: no golden, test,
 /// WQE-test, example or benchmark entry points (those live in their own
-/// kernel crates): today, the all-reduce, the embedding exchange and the
-/// communicator's self-test.
+/// kernel crates): today, the all-reduce, the embedding exchange, the
+/// communicator's self-test and the trace's clock calibration.
 #[test]
 fn library_ptx_holds_no_test_example_or_bench_kernels() {
     let lib = entries(doorbell::KERNELS_PTX);
@@ -197,6 +197,7 @@ fn library_ptx_holds_no_test_example_or_bench_kernels() {
         "allreduce_wide_p2p",
         "selftest_ibgda",
         "selftest_p2p",
+        "trace_clock",
     ];
     assert_eq!(lib, library_kernels, "entry points in doorbell::KERNELS_PTX");
     // The test and example kernels are built, just elsewhere.
