@@ -262,3 +262,27 @@ pub fn bad_call_bytes(case: u32, dst_offset: u64, heap_bytes: u64) -> u64 {
 
 /// `bad_call`'s good control case.
 pub const BAD_CALL_CONTROL: u32 = 6;
+
+/// Starts rank 1 of a two-rank launcher world as a child process of this
+/// test binary: it runs the `#[ignore]`d test `entry` alone, with the
+/// launcher's variables (`RANK=1`, `WORLD_SIZE=2`, `LOCAL_RANK=local_rank`,
+/// `MASTER_ADDR=127.0.0.1`, `MASTER_PORT=port`, `DOORBELL_TOKEN=token`) and
+/// `env` set, stdout and stderr piped. Rank 0 accepts it on `port`.
+pub fn spawn_rank1(entry: &str, port: u16, token: &str, local_rank: u32, env: &[(&str, &str)]) -> std::process::Child {
+    let mut cmd = std::process::Command::new(std::env::current_exe().expect("the test binary's path"));
+    cmd.args(["--exact", entry, "--ignored", "--nocapture", "--test-threads", "1"]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.env("RANK", "1")
+        .env("WORLD_SIZE", "2")
+        .env("LOCAL_RANK", local_rank.to_string())
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .env_remove("DOORBELL_MASTER_PORT")
+        .env("DOORBELL_TOKEN", token)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the child rank")
+}

@@ -327,21 +327,14 @@ fn two_processes(backend: Backend, via: Via) -> (PeerRoute, String) {
     let cfg = WorldConfig::new(0, 2, "127.0.0.1", 0, TOKEN).with_rendezvous_timeout(Duration::from_secs(30));
     let host = RendezvousHost::bind(&cfg).unwrap();
     let port = host.local_addr().port();
-    let child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_rank", "--ignored", "--nocapture", "--test-threads", "1"])
-        .env("DOORBELL_TEST_COMM_CHILD", if backend == Backend::Gpu { "gpu" } else { "cpu" })
-        .env("DOORBELL_TEST_COMM_VIA", via.name())
-        .env("RANK", "1")
-        .env("WORLD_SIZE", "2")
-        .env("LOCAL_RANK", "1")
-        .env("MASTER_ADDR", "127.0.0.1")
-        .env("MASTER_PORT", port.to_string())
-        .env_remove("DOORBELL_MASTER_PORT")
-        .env("DOORBELL_TOKEN", TOKEN)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child_backend = if backend == Backend::Gpu { "gpu" } else { "cpu" };
+    let child = doorbell_tests::spawn_rank1(
+        "child_rank",
+        port,
+        TOKEN,
+        1,
+        &[("DOORBELL_TEST_COMM_CHILD", child_backend), ("DOORBELL_TEST_COMM_VIA", via.name())],
+    );
     let world = host.accept(b"comm-procs").unwrap();
     let route = run_rank(world, backend, via).unwrap_or_else(|e| panic!("{} rank 0: {e}", via.name()));
     let out = child.wait_with_output().unwrap();

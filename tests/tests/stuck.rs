@@ -4,7 +4,6 @@
 //! exited — in thread worlds and across two processes (the test binary
 //! re-runs itself as rank 1). CPU emulator, short wait budgets.
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use doorbell::comm::{CommOptions, Communicator};
@@ -248,20 +247,7 @@ fn two_processes(role: &str) -> Error {
     let cfg = WorldConfig::new(0, 2, "127.0.0.1", 0, TOKEN).with_rendezvous_timeout(Duration::from_secs(30));
     let host = RendezvousHost::bind(&cfg).unwrap();
     let port = host.local_addr().port();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_stuck_rank", "--ignored", "--nocapture", "--test-threads", "1"])
-        .env("DOORBELL_TEST_STUCK_CHILD", role)
-        .env("RANK", "1")
-        .env("WORLD_SIZE", "2")
-        .env("LOCAL_RANK", "1")
-        .env("MASTER_ADDR", "127.0.0.1")
-        .env("MASTER_PORT", port.to_string())
-        .env_remove("DOORBELL_MASTER_PORT")
-        .env("DOORBELL_TOKEN", TOKEN)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = doorbell_tests::spawn_rank1("child_stuck_rank", port, TOKEN, 1, &[("DOORBELL_TEST_STUCK_CHILD", role)]);
     let world = host.accept(b"").unwrap();
     let comm = Communicator::new(world, Device::emulator(0), opts()).unwrap();
     let e = barrier_kernel_times_out_after(&comm, || {

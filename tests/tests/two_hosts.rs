@@ -6,7 +6,6 @@
 //! needs. The test binary re-runs itself as rank 1; it is the only test
 //! here that sets `DOORBELL_HOSTNAME`.
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use doorbell::comm::{CommOptions, Communicator, PeerRoute};
@@ -75,21 +74,13 @@ fn ranks_on_two_hosts_form_a_communicator_that_only_a_nic_can_serve() {
     let cfg = WorldConfig::new(0, 2, "127.0.0.1", 0, TOKEN).with_rendezvous_timeout(Duration::from_secs(30));
     let host = RendezvousHost::bind(&cfg).unwrap();
     let port = host.local_addr().port();
-    let child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_rank_on_node_b", "--ignored", "--nocapture", "--test-threads", "1"])
-        .env("DOORBELL_TEST_TWO_HOSTS_CHILD", "1")
-        .env("DOORBELL_HOSTNAME", "node-b")
-        .env("RANK", "1")
-        .env("WORLD_SIZE", "2")
-        .env("LOCAL_RANK", "0")
-        .env("MASTER_ADDR", "127.0.0.1")
-        .env("MASTER_PORT", port.to_string())
-        .env_remove("DOORBELL_MASTER_PORT")
-        .env("DOORBELL_TOKEN", TOKEN)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = doorbell_tests::spawn_rank1(
+        "child_rank_on_node_b",
+        port,
+        TOKEN,
+        0,
+        &[("DOORBELL_TEST_TWO_HOSTS_CHILD", "1"), ("DOORBELL_HOSTNAME", "node-b")],
+    );
     let world = host.accept(b"two-hosts").unwrap();
     let mine = rank_checks(world);
     let out = child.wait_with_output().unwrap();
