@@ -94,6 +94,11 @@ struct Report {
     /// The control cycles per WQE by phase (the soft NIC's `Phase`, by
     /// name), and `walk`: the rest, the pass's own walk over the QPs.
     engine_phase_cycles_per_wqe: Vec<(String, f64)>,
+    /// Of the WQEs rank 0's engine executed over the run: how many its
+    /// bursts took (runs of short WRITEs checked a WQE per thread), in how
+    /// many bursts (`DOORBELL_SOFTNIC_BURST`).
+    engine_burst_wqes: Option<u64>,
+    engine_bursts: Option<u64>,
     put_bw: Vec<BwRow>,
 }
 
@@ -239,6 +244,9 @@ fn print_report(r: &Report, a: &IbgdaBenchArgs, gpu: bool) {
     if !r.engine_phase_cycles_per_wqe.is_empty() {
         let parts: Vec<String> = r.engine_phase_cycles_per_wqe.iter().map(|(n, c)| format!("{n} {c:.0}")).collect();
         println!("# control cycles per WQE by phase: {}", parts.join(", "));
+    }
+    if let (Some(w), Some(b)) = (r.engine_burst_wqes, r.engine_bursts) {
+        println!("# engine bursts: {w} WQEs in {b} bursts");
     }
     if !gpu {
         println!("# CPU emulator: the timings say nothing about a GPU; every path ran and every put was checked");
@@ -448,6 +456,8 @@ fn engine_shares(comm: &Communicator, before: Option<EngineReport>, wqes_before:
     let wqes = nic.stats().wqes - wqes_before;
     let Some(b) = before else { return Ok(()) };
     let (e, b) = (e.counters, b.counters);
+    report.engine_burst_wqes = Some(e.burst_wqes - b.burst_wqes);
+    report.engine_bursts = Some(e.bursts - b.bursts);
     let busy = e.busy_cycles - b.busy_cycles;
     if busy == 0 || wqes == 0 {
         return Ok(());

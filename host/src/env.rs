@@ -92,6 +92,7 @@ pub const CHECKS: &[Check] = &[
             "DOORBELL_SOFTNIC_ENGINE",
             "DOORBELL_SOFTNIC_ENGINE_THREADS",
             "DOORBELL_SOFTNIC_SCOPE",
+            "DOORBELL_SOFTNIC_BURST",
         ],
         check: || crate::comm::IbgdaOptions::from_env().map(drop),
     },

@@ -78,6 +78,15 @@ impl Default for EngineConfig {
 }
 
 impl FaultConfig {
+    /// Whether nothing is injected (the seed aside).
+    pub const fn quiet(&self) -> bool {
+        self.doorbell_delay_ns == 0
+            && self.drop_doorbell_every == 0
+            && self.reorder_across_qps == 0
+            && self.force_error_every == 0
+            && self.stall_port == 0
+    }
+
     /// The syndrome forced errors report.
     pub const fn forced(&self) -> CqeSyndrome {
         if self.forced_syndrome == 0 {

@@ -82,7 +82,7 @@ enum Responder {
 
 /// The peer of QP `q` on port `p`, if it answers: in use, connected back to
 /// this QP, in RTR or RTS.
-fn resolve_peer<P: Ports + ?Sized>(ports: &P, p: usize, q: usize) -> Result<(usize, usize), Reason> {
+pub(crate) fn resolve_peer<P: Ports + ?Sized>(ports: &P, p: usize, q: usize) -> Result<(usize, usize), Reason> {
     let qp = ports.get(p).and_then(|x| x.qps.get(q)).ok_or(Reason::PeerNotReady)?;
     if qp.flags & QP_CONNECTED == 0 {
         return Err(Reason::PeerNotReady);
@@ -121,7 +121,22 @@ fn check_local(port: &Port, q: usize, w: &Wqe, need: u32) -> Result<(), Fail> {
 /// Checks the remote range of `w` (`len` bytes) against the peer port's
 /// regions, the peer QP's protection domain and access rights.
 fn check_remote<P: Ports + ?Sized>(ports: &P, pp: usize, pq: usize, w: &Wqe, len: u64, need: u32) -> Result<*mut u8, Fail> {
-    let (addr, key) = (w.raddr.raddr, w.raddr.rkey);
+    check_remote_at(ports, pp, pq, w.raddr.raddr, w.raddr.rkey, len, need)
+}
+
+/// Checks `len` bytes at `addr` under `key` against the regions of port
+/// `pp`, the protection domain of its QP `pq` and `need`; returns where
+/// this engine reaches them.
+#[inline(always)]
+pub(crate) fn check_remote_at<P: Ports + ?Sized>(
+    ports: &P,
+    pp: usize,
+    pq: usize,
+    addr: u64,
+    key: u32,
+    len: u64,
+    need: u32,
+) -> Result<*mut u8, Fail> {
     let denied = |r| Fail::new(CqeSyndrome::RemoteAccess, r, key, addr);
     let port = ports.get(pp).ok_or(denied(Reason::BadKey))?;
     let peer = port.qps.get(pq).ok_or(denied(Reason::BadKey))?;

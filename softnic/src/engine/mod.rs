@@ -8,6 +8,7 @@
 //! |---|---|
 //! | [`tables`] | memory regions, CQs, QPs, ports; keys, access flags, QP states, [`Reason`] |
 //! | [`wqe`] | reading and checking WQEs from the SQ ring with the `#[descriptor]` decoders |
+//! | [`burst`] | the GPU engine's block-wide path for runs of small RDMA WRITEs |
 //! | [`exec`] | executing one WQE: checks, data movement, atomics, receive WQEs, CQEs |
 //! | [`poll`] | [`poll_port`]: doorbells, doorbell-record reads, link timing, in-order execution, flushes |
 //! | [`cqe`] | CQE64 / error-CQE images with the `#[descriptor]` encoders, owner bit, events |
@@ -18,6 +19,7 @@
 //! | [`mover`] | the byte movement, split from the control: [`PayloadMover`], the host thread's `memmove`, the block's 16-byte split |
 //! | [`resident`] | the engine as a persistent block (the `softnic_engine_*` kernels): control block, block mover, stop word |
 
+pub mod burst;
 pub mod config;
 pub mod cqe;
 pub mod exec;

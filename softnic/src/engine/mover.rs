@@ -47,10 +47,14 @@ pub enum Phase {
     Requester = 12,
     /// The rest: the in-flight ring, failed WQEs, flushes.
     Complete = 13,
+    /// Bursts ([`super::burst`]): the block's round that reads and checks
+    /// a run of WQEs, then the control thread's in-order stores, counters
+    /// and CQEs for them (their copies counted as copies).
+    Burst = 14,
 }
 
 /// Number of [`Phase`]s.
-pub const PHASES: usize = 14;
+pub const PHASES: usize = 15;
 
 impl Phase {
     /// Every phase, in order.
@@ -69,6 +73,7 @@ impl Phase {
         Phase::Responder,
         Phase::Requester,
         Phase::Complete,
+        Phase::Burst,
     ];
 
     /// Its name in lower case, as reports print it.
@@ -88,6 +93,7 @@ impl Phase {
             Phase::Responder => "responder",
             Phase::Requester => "requester",
             Phase::Complete => "complete",
+            Phase::Burst => "burst",
         }
     }
 }
@@ -119,6 +125,32 @@ pub trait PayloadMover {
     /// profile; a no-op elsewhere).
     #[inline(always)]
     fn lap(&mut self, _phase: Phase) {}
+
+    /// Executes a burst ([`super::burst`]): of the `avail` basic blocks
+    /// QP `q` of port `p` has published from SQ counter `start`, the
+    /// longest prefix of simple RDMA WRITEs, with the mover's block; steps
+    /// the ring past them and says how many it executed and how many WQEs
+    /// the one-WQE path starts before the next burst. The default (a mover
+    /// without a block): [`super::burst::Outcome::NONE`], the one-WQE path
+    /// runs them all. Called only when nothing is in flight on the QP, the
+    /// link model is off and no fault is injected.
+    ///
+    /// # Safety
+    /// The tables' contract ([`super::poll_port`]); `start` is the QP's
+    /// `sq_ci`.
+    #[inline(always)]
+    unsafe fn burst<P: super::tables::Ports + ?Sized>(
+        &mut self,
+        ports: &mut P,
+        p: usize,
+        q: usize,
+        start: u32,
+        avail: u32,
+        now_ns: u64,
+    ) -> super::burst::Outcome {
+        let _ = (ports, p, q, start, avail, now_ns);
+        super::burst::Outcome::NONE
+    }
 }
 
 /// The one-thread mover of the host-thread engine: `memmove`.

@@ -158,7 +158,8 @@ unsafe fn poll_qp<P: Ports + ?Sized, M: PayloadMover>(
         mover.lap(Phase::Complete);
         return;
     }
-    unsafe { fetch(ports, p, q, now_ns, report) };
+    let limit = unsafe { burst(ports, p, q, pass, mover, report) };
+    unsafe { fetch(ports, p, q, now_ns, limit, report) };
     mover.lap(Phase::Fetch);
     if cfg.faults.reorder_across_qps != 0 {
         if let Some(qp) = ports.get_mut(p).and_then(|x| x.qps.get_mut(q)) {
@@ -335,6 +336,39 @@ unsafe fn watch_doorbell<P: Ports + ?Sized>(
     report.due(qp.last_dbr_read_ns.saturating_add(cfg.dbr_reread_ns.max(1)));
 }
 
+/// Hands the WQEs QP `q` has published to the mover's burst
+/// ([`PayloadMover::burst`]) when nothing may reorder them: the link model
+/// off, no fault injected, nothing in flight, a ring that can be trusted.
+/// What the burst leaves, [`fetch`] starts as before; returns how many
+/// WQEs it may start in this pass (the rest wait for the next burst).
+///
+/// # Safety
+/// As for [`poll_port`].
+#[inline(always)]
+unsafe fn burst<P: Ports + ?Sized, M: PayloadMover>(
+    ports: &mut P,
+    p: usize,
+    q: usize,
+    pass: Pass<'_>,
+    mover: &mut M,
+    report: &mut PollReport,
+) -> u32 {
+    let Some(port) = ports.get(p) else { return u32::MAX };
+    if port.link.enabled() || !pass.cfg.faults.quiet() {
+        return u32::MAX;
+    }
+    let Some(qp) = port.qps.get(q) else { return u32::MAX };
+    let avail = published(qp.sq_pi, qp.sq_ci);
+    if qp.inflight_len != 0 || avail == 0 || avail > qp.sq_wqebbs || qp.sq_wqebbs > wqe::MAX_SQ_WQEBBS {
+        return u32::MAX;
+    }
+    let start = qp.sq_ci;
+    // SAFETY: the caller's contract; `start` is the QP's `sq_ci`.
+    let o = unsafe { mover.burst(ports, p, q, start, avail, pass.now_ns) };
+    report.progressed += o.done;
+    o.fetch
+}
+
 /// Whether the doorbell record's send counter `pi` (16 bits) has passed
 /// the WQE that the UAR value `uar` rang: the value is the first 8 bytes of
 /// that WQE's ctrl segment, whose first big-endian word holds its index
@@ -358,7 +392,7 @@ fn published(sq_pi: u32, sq_ci: u32) -> u32 {
 ///
 /// # Safety
 /// As for [`poll_port`].
-unsafe fn fetch<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u64, report: &mut PollReport) {
+unsafe fn fetch<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u64, limit: u32, report: &mut PollReport) {
     let Some(port) = ports.get_mut(p) else { return };
     let Port {
         qps,
@@ -370,8 +404,9 @@ unsafe fn fetch<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u6
     let Some(qp) = qps.get_mut(q) else { return };
     let now_ps = now_ns.saturating_mul(1000);
     let mut overrun = None;
+    let mut started = 0u32;
     loop {
-        if qp.inflight_len as usize >= super::tables::MAX_INFLIGHT {
+        if qp.inflight_len as usize >= super::tables::MAX_INFLIGHT || started >= limit {
             break;
         }
         let avail = published(qp.sq_pi, qp.sq_ci);
@@ -443,6 +478,7 @@ unsafe fn fetch<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u6
         stats.last_wqe = qp.sq_ci;
         qp.sq_ci = qp.sq_ci.wrapping_add(bbs);
         report.progressed += 1;
+        started += 1;
     }
     if let Some(r) = overrun {
         port.log_error(r);

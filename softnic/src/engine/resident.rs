@@ -69,6 +69,7 @@
 
 use doorbell_kernels::ptx;
 
+use super::burst::{self, BurstJob, BURST_MAX};
 use super::config::{EngineConfig, EngineRng};
 use super::mem::{self, Scope};
 use super::mover::{copy_part, overlaps, PayloadMover, Phase, PHASES};
@@ -95,8 +96,13 @@ const IDLE_SLEEP_NS: u32 = 100;
 /// pass is a full one).
 const WATCHED: usize = 8;
 
-/// Dynamic shared memory the engine kernel needs (one [`Job`]).
-pub const SHARED_BYTES: u32 = core::mem::size_of::<Job>() as u32;
+/// Where the block's [`BurstJob`] starts in its dynamic shared memory,
+/// after the [`Job`].
+const BURST_AT: usize = core::mem::size_of::<Job>().next_multiple_of(16);
+
+/// Dynamic shared memory the engine kernel needs: one [`Job`] and one
+/// [`BurstJob`].
+pub const SHARED_BYTES: u32 = (BURST_AT + core::mem::size_of::<BurstJob>()) as u32;
 
 /// [`EngineCtl::state`]: launched, not started yet.
 pub const STATE_LAUNCHED: u32 = 0;
@@ -136,6 +142,13 @@ pub struct EngineCtl {
     /// rank is on this GPU: `gpu` scope suffices. What the host writes
     /// (tables, configuration) is acquired at `sys` either way.
     pub sys_scope: u32,
+    /// Most WQEs of one burst ([`super::burst`]): runs of small RDMA
+    /// WRITEs that the block reads and checks together, one WQE per
+    /// thread (at most [`BURST_MAX`] and the block's threads); 0: no
+    /// bursts, every WQE takes the one-WQE path.
+    pub burst: u32,
+    /// Zero.
+    pub reserved: u32,
     /// The fabric's clock when the engine was launched, ns: the engine's
     /// time is this plus `%globaltimer` elapsed since it started.
     pub clock_base_ns: u64,
@@ -181,6 +194,10 @@ pub struct EngineCounters {
     /// where the control's time goes. The part of `busy_cycles` in none of
     /// these or the copies and fences is the pass's own walk over the QPs.
     pub phase_cycles: [u64; PHASES],
+    /// Bursts the block ran ([`super::burst`]; each a round of the block).
+    pub bursts: u64,
+    /// WQEs bursts executed (the rest took the one-WQE path).
+    pub burst_wqes: u64,
 }
 
 /// The control thread stores its [`EngineProgress`] every this many passes
@@ -254,6 +271,8 @@ impl EngineCtl {
             table,
             port,
             sys_scope: sys_scope as u32,
+            burst: BURST_MAX,
+            reserved: 0,
             clock_base_ns,
             counters: EngineCounters {
                 passes: 0,
@@ -265,6 +284,8 @@ impl EngineCtl {
                 copy_cycles: 0,
                 fence_cycles: 0,
                 phase_cycles: [0; PHASES],
+                bursts: 0,
+                burst_wqes: 0,
             },
             host_state,
             host_progress,
@@ -313,6 +334,9 @@ const JOB_IDLE: u32 = 0;
 const JOB_COPY: u32 = 1;
 /// [`Job::kind`]: the engine stops.
 const JOB_EXIT: u32 = 2;
+/// [`Job::kind`]: a burst: thread `t` below the [`BurstJob`]'s count
+/// checks and gathers its WQE ([`burst::gather`]).
+const JOB_BURST: u32 = 3;
 
 /// What the control thread asks of its block, in shared memory. Written by
 /// thread 0 before the first barrier of a round, read by the others after
@@ -330,6 +354,13 @@ pub struct Job {
 /// The block's mover, run by thread 0 (the others are in `serve`).
 pub struct BlockMover {
     job: *mut Job,
+    /// The block's burst job (shared memory after `job`).
+    burst_job: *mut BurstJob,
+    /// The fabric's port table and this engine's port, as bursts name them.
+    table: u64,
+    port: u32,
+    /// Most WQEs of a burst (0: none), within the block's threads.
+    burst_max: u32,
     parts: usize,
     sys: bool,
     /// Thread 0 stored payload since its last fence.
@@ -346,6 +377,8 @@ pub struct BlockMover {
     pass_phases: [u64; PHASES],
     /// Busy passes' cycles by phase.
     phase_cycles: [u64; PHASES],
+    bursts: u64,
+    burst_wqes: u64,
 }
 
 impl BlockMover {
@@ -390,6 +423,10 @@ impl BlockMover {
         if job.kind == JOB_EXIT {
             return;
         }
+        if job.kind == JOB_BURST {
+            // SAFETY: the burst job was written before the barrier.
+            unsafe { burst::gather(self.burst_job, 0) };
+        }
         if job.kind == JOB_COPY {
             // SAFETY: the caller's contract.
             unsafe {
@@ -422,6 +459,45 @@ impl PayloadMover for BlockMover {
         let now = ptx::clock64();
         self.pass_phases[phase as usize] += now.wrapping_sub(self.lap_start);
         self.lap_start = now;
+    }
+
+    unsafe fn burst<P: Ports + ?Sized>(
+        &mut self,
+        ports: &mut P,
+        p: usize,
+        q: usize,
+        start: u32,
+        avail: u32,
+        now_ns: u64,
+    ) -> burst::Outcome {
+        let count = avail.min(self.burst_max);
+        if count == 0 || p != self.port as usize {
+            return burst::Outcome::NONE;
+        }
+        // What the control did since its last lap was the doorbell.
+        self.lap(Phase::Doorbell);
+        let b = self.burst_job;
+        // SAFETY: the block's burst job, read by the others only between
+        // the round's two barriers; the tables' contract for the gathers.
+        unsafe {
+            core::ptr::write_volatile(&raw mut (*b).table, self.table);
+            core::ptr::write_volatile(&raw mut (*b).port, self.port);
+            core::ptr::write_volatile(&raw mut (*b).q, q as u32);
+            core::ptr::write_volatile(&raw mut (*b).start, start);
+            core::ptr::write_volatile(&raw mut (*b).count, count);
+            self.round(Job {
+                kind: JOB_BURST,
+                _pad: 0,
+                dst: 0,
+                src: 0,
+                len: 0,
+            });
+            let n = burst::complete(ports, p, b, now_ns, self);
+            self.lap(Phase::Burst);
+            self.bursts += 1;
+            self.burst_wqes += n.done as u64;
+            n
+        }
     }
 
     unsafe fn copy(&mut self, dst: *mut u8, src: *const u8, len: usize) {
@@ -496,12 +572,20 @@ impl PayloadMover for BlockMover {
 /// # Safety
 /// `job` is the block's job slot; thread 0 runs [`control`].
 unsafe fn serve(job: *const Job, part: usize, parts: usize) {
+    let b = burst_job(job as *mut Job);
     loop {
         block_barrier();
         // SAFETY: written by thread 0 before the barrier above.
         let j = unsafe { core::ptr::read_volatile(job) };
         match j.kind {
             JOB_EXIT => return,
+            JOB_BURST => {
+                // SAFETY: written by thread 0 before the barrier above.
+                if part < unsafe { core::ptr::read_volatile(&raw const (*b).count) } as usize {
+                    // SAFETY: as above; slot `part` is this thread's.
+                    unsafe { burst::gather(b, part) }
+                }
+            }
             JOB_COPY => {
                 // SAFETY: thread 0 checked the ranges (the engine's checks)
                 // and that they do not overlap.
@@ -511,6 +595,12 @@ unsafe fn serve(job: *const Job, part: usize, parts: usize) {
         }
         block_barrier();
     }
+}
+
+/// The block's [`BurstJob`], in its dynamic shared memory after the job.
+#[inline(always)]
+fn burst_job(job: *mut Job) -> *mut BurstJob {
+    job.cast::<u8>().wrapping_add(BURST_AT).cast::<BurstJob>()
 }
 
 /// The engine kernel's body, called by every thread of its one block
@@ -549,6 +639,10 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
         let mut table = View::new(core::ptr::read_volatile(&raw const (*ctl).table), port);
         let mut mover = BlockMover {
             job,
+            burst_job: burst_job(job),
+            table: core::ptr::read_volatile(&raw const (*ctl).table) as usize as u64,
+            port: port as u32,
+            burst_max: core::ptr::read_volatile(&raw const (*ctl).burst).min(BURST_MAX).min(parts as u32),
             parts,
             sys: core::ptr::read_volatile(&raw const (*ctl).sys_scope) != 0,
             dirty: false,
@@ -561,6 +655,8 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
             lap_start: 0,
             pass_phases: [0; PHASES],
             phase_cycles: [0; PHASES],
+            bursts: 0,
+            burst_wqes: 0,
         };
         let mut epoch = 0u64;
         let mut cfg = EngineConfig::default();
@@ -844,6 +940,8 @@ unsafe fn publish_counters(ctl: *mut EngineCtl, passes: u64, busy: u64, busy_cyc
         for (i, v) in m.phase_cycles.iter().enumerate() {
             ptx::st_relaxed_sys_u64(&raw mut (*c).phase_cycles[i], *v);
         }
+        ptx::st_relaxed_sys_u64(&raw mut (*c).bursts, m.bursts);
+        ptx::st_relaxed_sys_u64(&raw mut (*c).burst_wqes, m.burst_wqes);
     }
 }
 

@@ -48,6 +48,12 @@ pub struct IbgdaOptions {
     /// narrower scope saves (on one H200: within the spread between runs,
     /// `benchmarks/ibgda_h200_scope_ab.txt`).
     pub engine_sys_scope: bool,
+    /// Most WQEs of one burst of the engine kernel
+    /// (`DOORBELL_SOFTNIC_BURST`, 0..=32; `None`: 32): runs of small RDMA
+    /// WRITEs its block reads and checks together, a WQE per thread
+    /// (`doorbell_softnic::engine::burst`); 0 turns bursts off, so every
+    /// WQE takes the one-WQE path (for measuring what they save).
+    pub engine_burst: Option<u32>,
 }
 
 impl Default for IbgdaOptions {
@@ -60,6 +66,7 @@ impl Default for IbgdaOptions {
             engine: None,
             engine_threads: None,
             engine_sys_scope: false,
+            engine_burst: None,
         }
     }
 }
@@ -67,8 +74,9 @@ impl Default for IbgdaOptions {
 impl IbgdaOptions {
     /// The defaults with `DOORBELL_IBGDA_QPS_PER_PEER`,
     /// `DOORBELL_IBGDA_SQ_SIZE`, `DOORBELL_SOFTNIC_LINK`,
-    /// `DOORBELL_SOFTNIC_ENGINE`, `DOORBELL_SOFTNIC_ENGINE_THREADS` and
-    /// `DOORBELL_SOFTNIC_SCOPE` applied, strictly.
+    /// `DOORBELL_SOFTNIC_ENGINE`, `DOORBELL_SOFTNIC_ENGINE_THREADS`,
+    /// `DOORBELL_SOFTNIC_SCOPE` and `DOORBELL_SOFTNIC_BURST` applied,
+    /// strictly.
     pub fn from_env() -> Result<IbgdaOptions> {
         let d = IbgdaOptions::default();
         let qps = crate::vars::uint(QPS_ENV, d.qps_per_peer as u64, 1, 16)? as u32;
@@ -88,6 +96,7 @@ impl IbgdaOptions {
             engine: soft.engine,
             engine_threads: soft.engine_threads,
             engine_sys_scope: soft.sys_scope,
+            engine_burst: soft.burst,
             ..d
         })
     }
@@ -117,6 +126,7 @@ impl IbgdaOptions {
             engine: self.engine,
             engine_threads: self.engine_threads,
             sys_scope: self.engine_sys_scope,
+            burst: self.engine_burst,
         }
     }
 }

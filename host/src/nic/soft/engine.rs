@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use doorbell_kernels::Kernel;
+use doorbell_softnic::engine::burst::BURST_MAX;
 use doorbell_softnic::engine::resident::{EngineCtl, EngineProgress, SHARED_BYTES, STATE_EXITED, STATE_LAUNCHED, STATE_RUNNING};
 use doorbell_softnic::engine::{Port, PortTable, Window, MAX_PORTS};
 use doorbell_softnic::kernel::{softnic_engine_1024, softnic_engine_256, softnic_engine_512, ENGINE_256_THREADS, ENGINE_512_THREADS};
@@ -337,7 +338,7 @@ pub(super) fn launch(nic: &SoftNic, ctx: &StartCtx<'_>) -> Result<KernelEngine> 
     let entry = EngineEntry::for_threads(threads);
     let (function, status) = engine_image(dev, rank, entry)?;
     let sys_scope = dev.is_gpu() && (!nic.same_gpu || nic.options.sys_scope);
-    let cfg = EngineCtl::new(
+    let mut cfg = EngineCtl::new(
         ports.as_raw() as *const PortTable,
         device.port_index() as u32,
         nic.fabric.config(),
@@ -346,6 +347,7 @@ pub(super) fn launch(nic: &SoftNic, ctx: &StartCtx<'_>) -> Result<KernelEngine> 
         status.dev as *mut u32,
         status.progress_dev as *mut EngineProgress,
     );
+    cfg.burst = nic.options.burst.unwrap_or(BURST_MAX);
     // SAFETY: the table buffer and the control block, whole.
     unsafe {
         dev.write_raw(ports.as_raw(), bytes_of(&table))?;

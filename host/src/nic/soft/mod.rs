@@ -80,6 +80,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use doorbell_softnic::engine::burst::BURST_MAX;
 use doorbell_softnic::engine::Port;
 use doorbell_softnic::{FabricConfig, QueuePair as _, RdmaDevice as _, SoftCq, SoftFabric, SoftMr, SoftPd, SoftQp};
 
@@ -121,6 +122,9 @@ pub const ENGINE_THREADS_ENV: &str = "DOORBELL_SOFTNIC_ENGINE_THREADS";
 /// `DOORBELL_SOFTNIC_SCOPE`: `auto` or `sys`, the scope of the engine
 /// kernel's ordering with the ranks (see [`SoftOptions::sys_scope`]).
 pub const SCOPE_ENV: &str = "DOORBELL_SOFTNIC_SCOPE";
+/// `DOORBELL_SOFTNIC_BURST`: most WQEs of one burst of the engine kernel,
+/// 0..=32 (0: no bursts; see [`SoftOptions::burst`]).
+pub const BURST_ENV: &str = "DOORBELL_SOFTNIC_BURST";
 /// Threads of the engine kernel's block on a GPU by default: 512, on
 /// `softnic_engine_512` (128 registers per thread). Measured on one H200
 /// (`ibgda_bench`, the block sizes alternated in one run:
@@ -181,11 +185,17 @@ pub struct SoftOptions {
     /// Makes the engine kernel's ordering with the ranks `sys`-scoped even
     /// when every rank runs on the engine's GPU ([`SCOPE_ENV`]`=sys`).
     pub sys_scope: bool,
+    /// Most WQEs of one burst of the engine kernel ([`BURST_ENV`];
+    /// `None`: [`BURST_MAX`](doorbell_softnic::engine::burst::BURST_MAX)):
+    /// runs of small RDMA WRITEs its block reads and checks together, a
+    /// WQE per thread; 0: none, every WQE takes the one-WQE path.
+    pub burst: Option<u32>,
 }
 
 impl SoftOptions {
     /// The defaults with `DOORBELL_SOFTNIC_LINK`, [`ENGINE_ENV`],
-    /// [`ENGINE_THREADS_ENV`] and [`SCOPE_ENV`] applied, strictly.
+    /// [`ENGINE_THREADS_ENV`], [`SCOPE_ENV`] and [`BURST_ENV`] applied,
+    /// strictly.
     pub fn from_env() -> Result<SoftOptions> {
         let link = doorbell_softnic::link_from_env().map_err(|e| Error::BadEnv {
             var: doorbell_softnic::LINK_ENV.to_string(),
@@ -221,11 +231,16 @@ impl SoftOptions {
                 })
             }
         };
+        let burst = match crate::vars::raw(BURST_ENV)? {
+            None => None,
+            Some(_) => Some(crate::vars::uint(BURST_ENV, BURST_MAX as u64, 0, BURST_MAX as u64)? as u32),
+        };
         Ok(SoftOptions {
             link,
             engine,
             engine_threads,
             sys_scope,
+            burst,
         })
     }
 
@@ -234,6 +249,11 @@ impl SoftOptions {
         if let Some(t) = self.engine_threads {
             if !(32..=1024).contains(&t) || !t.is_multiple_of(32) {
                 return Err(format!("engine_threads {t} is not a multiple of 32 in 32..=1024"));
+            }
+        }
+        if let Some(b) = self.burst {
+            if b > BURST_MAX {
+                return Err(format!("engine_burst {b} is over {BURST_MAX} (WQEs of one burst)"));
             }
         }
         Ok(())

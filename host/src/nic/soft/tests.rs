@@ -136,6 +136,228 @@ fn two_ranks_connect_through_the_traits_and_bad_input_is_refused() {
     }
 }
 
+/// The kernels' QP table (one `IbgdaQp`) the transport would build for
+/// `qp` over these rings, in device memory.
+fn kernel_table(dev: &Device, qp: &dyn QueuePair, uar: u64, cq_ring: CqRing, qp_rings: QpRings) -> DeviceBuffer<u64> {
+    let entry = IbgdaQp {
+        qp: QpHandle {
+            sq: qp_rings.sq as *mut u32,
+            sq_producer: std::ptr::null_mut(),
+            sq_ready: std::ptr::null_mut(),
+            sq_dbr: qp_rings.dbrec.wrapping_add(1),
+            uar: uar as *mut u64,
+            cq: cq_ring.buf as *mut u32,
+            cq_consumer: std::ptr::null_mut(),
+            cq_dbr: cq_ring.dbrec,
+            sq_size: ENTRIES,
+            qpn: qp.qpn(),
+            cq_size: ENTRIES,
+            reserved: 0,
+        },
+        state: std::ptr::null_mut(),
+        scratch: std::ptr::null_mut(),
+        scratch_lkey: 0,
+        peer: 0,
+        remote_base: 0,
+        rkey: 0,
+        _pad: 0,
+        _reserved: 0,
+    };
+    // SAFETY: IbgdaQp is 128 bytes of plain data, 8-byte aligned.
+    let entry: [u64; 16] = unsafe { std::mem::transmute(entry) };
+    dev.alloc_from(&entry).expect("table")
+}
+
+/// Payload bytes of the writes of [`bursts_run`]: short ones a burst takes
+/// (up to 64), one it leaves to the one-WQE path (65), unaligned ones.
+const WRITE_LENS: [usize; 20] = [8, 8, 16, 3, 64, 8, 24, 1, 8, 8, 65, 8, 16, 40, 8, 8, 7, 8, 32, 8];
+/// Where [`bursts_run`]'s payloads start in its region, and its targets.
+const SRC_AT: usize = 64;
+const DST_AT: usize = 2048;
+/// Bytes between two targets (a canary gap around each).
+const DST_STRIDE: usize = 80;
+
+/// What a run of [`WRITE_LENS`] writes through a kernel engine left.
+struct BurstRun {
+    region: Vec<u8>,
+    payload: Vec<u8>,
+    stats: doorbell_softnic::engine::PortStats,
+    bursts: u64,
+    burst_wqes: u64,
+    errors: Vec<doorbell_softnic::engine::ErrorRecord>,
+}
+
+/// On the emulator's engine kernel with bursts of at most `burst` WQEs:
+/// posts the RDMA WRITEs of [`WRITE_LENS`] (payload `seed`-dependent, the
+/// last one signaled) on a loopback QP with one doorbell, WQE `bad` with a
+/// wrong remote key, and waits until each WQE has completed or been
+/// flushed.
+fn bursts_run(burst: u32, bad: Option<usize>, seed: u64) -> BurstRun {
+    let world = World::single();
+    let dev = Device::emulator(0);
+    let mut nic = open(SoftOpen {
+        rank: 0,
+        device: &dev,
+        world: &world,
+        options: SoftOptions {
+            engine: Some(SoftNicEngine::Kernel),
+            burst: Some(burst),
+            ..SoftOptions::default()
+        },
+        cross_process: None,
+        same_gpu: true,
+    })
+    .expect("open");
+    let buf = dev.alloc_zeroed::<u8>(4096).expect("region");
+    // SAFETY: `buf` outlives the region (dropped after it below).
+    let mr = unsafe { nic.reg_mr(buf.as_raw(), 4096, access::ALL) }.expect("register");
+    let (mem, cq_ring, qp_rings) = rings(&dev);
+    // SAFETY: `mem` outlives the CQ and the QP (dropped after them).
+    let cq = unsafe { nic.create_cq(cq_ring) }.expect("cq");
+    // SAFETY: as above.
+    let qp = unsafe { nic.create_qp(&*cq, qp_rings) }.expect("qp");
+    qp.connect(&qp.endpoint(), access::REMOTE_WRITE, &QpOptions::default())
+        .expect("loopback");
+    let table = kernel_table(&dev, &*qp, qp.doorbell(), cq_ring, qp_rings);
+    nic.start(&StartCtx {
+        rank: 0,
+        size: 1,
+        device: &dev,
+        world: &world,
+        kernel_qps: &table,
+        nqps: 1,
+    })
+    .expect("start");
+
+    let mut state = seed | 1;
+    let mut payload = vec![0u8; WRITE_LENS.iter().sum()];
+    for b in payload.iter_mut() {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        *b = state as u8;
+    }
+    let base = buf.as_raw();
+    // SAFETY (this block): the emulator's device memory is this process's;
+    // the engine reads the ring and the region only after the doorbell.
+    let uar = unsafe {
+        let region = base as *mut u8;
+        std::ptr::copy_nonoverlapping(payload.as_ptr(), region.add(SRC_AT), payload.len());
+        std::ptr::write_bytes(region.add(DST_AT), 0xa5, 4096 - DST_AT);
+        let mut uar = 0;
+        let mut off = 0;
+        for (i, &len) in WRITE_LENS.iter().enumerate() {
+            let rkey = if bad == Some(i) { mr.rkey() ^ 0x8000 } else { mr.rkey() };
+            let t = doorbell_kernels::mlx5::wqe::Transfer {
+                raddr: base + (DST_AT + i * DST_STRIDE + 8) as u64,
+                rkey,
+                laddr: base + (SRC_AT + off) as u64,
+                lkey: mr.lkey(),
+                len: len as u32,
+            };
+            let last = i + 1 == WRITE_LENS.len();
+            let flags = if last { doorbell_kernels::mlx5::wqe::FLAG_SIGNALED } else { 0 };
+            let slot = (qp_rings.sq as *mut u32).add(i * 16);
+            uar = doorbell_kernels::mlx5::wqe::write_rdma_write_wqe(slot, i as u16, qp.qpn(), &t, flags);
+            off += len;
+        }
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        std::ptr::write_volatile(qp_rings.dbrec.add(1), (WRITE_LENS.len() as u32).to_be());
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        std::ptr::write_volatile(qp_rings.uar as *mut u64, uar);
+        uar
+    };
+    assert_ne!(uar, 0);
+    let t0 = std::time::Instant::now();
+    let stats = loop {
+        let s = nic.device().stats();
+        if s.wqes + s.errors + s.flushes >= WRITE_LENS.len() as u64 {
+            break s;
+        }
+        assert!(t0.elapsed().as_secs() < 60, "the engine finished {s:?}");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    };
+    let report = nic.engine_report().expect("running");
+    let errors = nic.device().error_log();
+    assert_eq!(nic.stop(), Ok(()));
+    let region = buf.to_host().expect("region");
+    drop(qp);
+    drop(cq);
+    drop(mem);
+    drop(mr);
+    BurstRun {
+        region,
+        payload,
+        stats,
+        bursts: report.counters.bursts,
+        burst_wqes: report.counters.burst_wqes,
+        errors,
+    }
+}
+
+/// Checks that the writes before `done` landed byte for byte and nothing
+/// else in the targets' area changed.
+fn check_targets(r: &BurstRun, done: usize) {
+    let mut off = 0;
+    let mut expect = vec![0xa5u8; 4096 - DST_AT];
+    for (i, &len) in WRITE_LENS.iter().enumerate() {
+        if i < done {
+            let at = i * DST_STRIDE + 8;
+            expect[at..at + len].copy_from_slice(&r.payload[off..off + len]);
+        }
+        off += len;
+    }
+    for (k, (&got, &want)) in r.region[DST_AT..].iter().zip(&expect).enumerate() {
+        assert_eq!(
+            got,
+            want,
+            "target area byte {k} (WQE {}): {done} WQEs should have landed",
+            k / DST_STRIDE
+        );
+    }
+}
+
+#[test]
+fn bursts_execute_runs_of_short_writes_in_order_and_leave_the_rest_to_the_one_wqe_path() {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(7, |d| d.as_nanos() as u64);
+    let n = WRITE_LENS.len();
+    let long = WRITE_LENS.iter().position(|&l| l > 64).expect("a long write");
+    // Every write lands; the bursts took the short ones (the long one and
+    // whatever a burst had not reached took the one-WQE path).
+    let on = bursts_run(32, None, seed);
+    check_targets(&on, n);
+    assert_eq!((on.stats.wqes, on.stats.errors, on.stats.cqes), (n as u64, 0, 1), "{:?}", on.stats);
+    // Two bursts, around the long one (the one-WQE path's).
+    assert_eq!((on.bursts, on.burst_wqes), (2, n as u64 - 1), "WQE {long} is 65 bytes");
+    // Bursts off: the same bytes, no burst.
+    let off = bursts_run(0, None, seed);
+    check_targets(&off, n);
+    assert_eq!(off.region, on.region);
+    assert_eq!((off.bursts, off.burst_wqes, off.stats.wqes), (0, 0, n as u64));
+    // A bad remote key in the middle of a burst: the writes before it
+    // land, it fails with its error CQE and log entry, the rest flush.
+    for burst in [32, 0] {
+        let bad = 5;
+        let r = bursts_run(burst, Some(bad), seed);
+        check_targets(&r, bad);
+        assert_eq!(
+            (r.stats.wqes, r.stats.errors, r.stats.flushes),
+            (bad as u64, 1, (n - bad - 1) as u64),
+            "bursts of {burst}: {:?}",
+            r.stats
+        );
+        let e = r.errors.first().expect("an error record");
+        assert_eq!(
+            (e.wqe_counter as usize, e.reason),
+            (bad, doorbell_softnic::engine::Reason::BadKey as u8),
+            "{e:?}"
+        );
+        assert_eq!(r.burst_wqes, if burst == 0 { 0 } else { bad as u64 });
+    }
+}
+
 #[test]
 fn start_checks_the_kernels_table_against_the_engines_then_runs_and_stops() {
     let world = World::single();
@@ -170,33 +392,7 @@ fn start_checks_the_kernels_table_against_the_engines_then_runs_and_stops() {
     assert!(e.contains("not in the soft NIC engine's port table"), "{e}");
     assert!(nic.engine_report().is_none());
     // The table the transport builds from the same rings: accepted.
-    let entry = IbgdaQp {
-        qp: QpHandle {
-            sq: qp_rings.sq as *mut u32,
-            sq_producer: std::ptr::null_mut(),
-            sq_ready: std::ptr::null_mut(),
-            sq_dbr: qp_rings.dbrec.wrapping_add(1),
-            uar: qp.doorbell() as *mut u64,
-            cq: cq_ring.buf as *mut u32,
-            cq_consumer: std::ptr::null_mut(),
-            cq_dbr: cq_ring.dbrec,
-            sq_size: ENTRIES,
-            qpn: qp.qpn(),
-            cq_size: ENTRIES,
-            reserved: 0,
-        },
-        state: std::ptr::null_mut(),
-        scratch: std::ptr::null_mut(),
-        scratch_lkey: 0,
-        peer: 0,
-        remote_base: 0,
-        rkey: 0,
-        _pad: 0,
-        _reserved: 0,
-    };
-    // SAFETY: IbgdaQp is 128 bytes of plain data, 8-byte aligned.
-    let entry: [u64; 16] = unsafe { std::mem::transmute(entry) };
-    let table = dev.alloc_from(&entry).expect("table");
+    let table = kernel_table(&dev, &*qp, qp.doorbell(), cq_ring, qp_rings);
     nic.start(&ctx(&table)).expect("start");
     let report = nic.engine_report().expect("running");
     assert_eq!((report.engine, report.threads), (SoftNicEngine::Thread, 1));

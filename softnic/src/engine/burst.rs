@@ -1,0 +1,268 @@
+//! Bursts: the GPU engine's path for runs of small RDMA WRITEs, the WQEs
+//! the transport posts most (signals, barrier words, short puts).
+//!
+//! The one-WQE path ([`super::exec::execute`]) is one thread's chain of
+//! dependent loads: the WQE, the local region, the responder's port, QP
+//! and region, the payload — each waiting for the one before (about
+//! 13 500 cycles of control per WQE on an H200). A burst hands the run of
+//! WQEs a doorbell published to the engine's block, one WQE per thread:
+//! every thread reads its WQE out of the ring once, makes the same
+//! checks as the one-WQE path on that copy, and copies the payload (at
+//! most [`BURST_MAX_BYTES`]) into shared memory, all threads' loads in
+//! flight together. Then the control thread stores the payloads in WQE
+//! order, each ordered behind the ones before it exactly as the one-WQE
+//! path orders them, writes the CQEs the WQEs ask for and steps the
+//! ring.
+//!
+//! A burst covers the longest prefix of the published WQEs that are
+//! simple: an RDMA WRITE with one data segment of 1..=[`BURST_MAX_BYTES`]
+//! bytes whose ctrl segment, keys, bounds, access, responder and room
+//! all pass. The first WQE that is anything else — another opcode, a
+//! longer message, a bad key, a responder not ready — ends the burst
+//! untouched, and the one-WQE path executes it (and reports its error),
+//! so every error completion, every fault and every other opcode behave
+//! as before. Bursts run only when the engine is free to reorder nothing:
+//! the link model off, no fault injected, nothing in flight on the QP.
+
+use doorbell_kernels::mlx5::{CtrlSeg, DataSeg, RaddrSeg, CQE_REQ, INLINE_SEG, OPCODE_RDMA_WRITE, WQE_CTRL_CQ_UPDATE};
+
+use super::cqe;
+use super::exec::{check_remote_at, resolve_peer};
+use super::mem::Scope;
+use super::mover::{copy_part, overlaps, PayloadMover};
+use super::tables::{access, Port, Ports};
+use super::wqe::load_seg;
+
+/// Most WQEs one burst takes (one per thread of the engine's block; a
+/// block has at least 32 threads).
+pub const BURST_MAX: u32 = 32;
+/// Most payload bytes of a WQE a burst takes; longer WRITEs take the
+/// one-WQE path, whose copy uses the whole block.
+pub const BURST_MAX_BYTES: u32 = 64;
+
+/// [`Slot::flags`]: the WQE is simple and checked; its payload is in
+/// [`Slot::data`].
+pub const SLOT_OK: u32 = 1;
+/// [`Slot::flags`]: the WQE asks for a CQE.
+pub const SLOT_SIGNALED: u32 = 2;
+
+/// One WQE of a burst, as its thread leaves it in shared memory.
+#[repr(C, align(16))]
+#[derive(Clone, Copy, Debug)]
+pub struct Slot {
+    /// Where the payload goes (as this engine reaches it).
+    pub dst: u64,
+    /// Payload bytes.
+    pub len: u32,
+    /// [`SLOT_OK`], [`SLOT_SIGNALED`]; 0: not simple, the burst ends here.
+    pub flags: u32,
+    /// The payload, read from the gather list once.
+    pub data: [u64; (BURST_MAX_BYTES / 8) as usize],
+}
+
+/// What the control thread asks of its block for one burst, in shared
+/// memory next to the block's copy job: written by the control thread
+/// before the round's first barrier; each thread below `count` fills its
+/// slot before the second.
+#[repr(C, align(16))]
+#[derive(Clone, Copy, Debug)]
+pub struct BurstJob {
+    /// The fabric's port table (`*const PortTable`).
+    pub table: u64,
+    /// The engine's port.
+    pub port: u32,
+    /// The QP slot.
+    pub q: u32,
+    /// SQ counter of the first WQE.
+    pub start: u32,
+    /// WQEs to look at (thread `t` takes `start + t`).
+    pub count: u32,
+    /// One per WQE.
+    pub slots: [Slot; BURST_MAX as usize],
+}
+
+/// What a burst did, and what the one-WQE path takes next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// WQEs the burst executed.
+    pub done: u32,
+    /// Most WQEs the one-WQE path starts before the next burst: the run
+    /// of WQEs the burst saw were not simple, so that the simple ones
+    /// after it are the next pass's burst; 0 when the burst did every WQE
+    /// it was given (the next pass bursts on); `u32::MAX` when no burst
+    /// ran, nothing simple followed, or a full send CQ stopped it.
+    pub fetch: u32,
+}
+
+impl Outcome {
+    /// No burst ran: the one-WQE path takes everything.
+    pub const NONE: Outcome = Outcome { done: 0, fetch: u32::MAX };
+}
+
+/// What a simple WQE does, as its checks found it.
+struct Simple {
+    dst: *mut u8,
+    src: *const u8,
+    len: u32,
+    signaled: bool,
+}
+
+/// Reads the WQE at SQ counter `idx` of QP `q` of port `p` (each segment
+/// once) and checks it as [`super::exec::execute`] would check an RDMA
+/// WRITE; `None` unless it is simple (see the module docs).
+///
+/// # Safety
+/// The tables' contract ([`super::poll_port`]).
+#[inline(always)]
+unsafe fn simple_write<P: Ports + ?Sized>(ports: &P, p: usize, q: usize, idx: u32) -> Option<Simple> {
+    let port: &Port = ports.get(p)?;
+    let qp = port.qps.get(q)?;
+    if qp.sq.is_null() || qp.sq_wqebbs == 0 {
+        return None;
+    }
+    // SAFETY: the caller's contract; the three loads are independent.
+    let (c, r, d) = unsafe { (load_seg(qp, idx, 0), load_seg(qp, idx, 1), load_seg(qp, idx, 2)) };
+    let ctrl = CtrlSeg::from_words(&c);
+    // One basic block: ctrl, remote address, one data segment.
+    if ctrl.opcode != OPCODE_RDMA_WRITE || ctrl.ds != 3 || ctrl.wqe_index != idx as u16 || ctrl.qpn != qp.qpn & 0xff_ffff {
+        return None;
+    }
+    let raddr = RaddrSeg::from_words(&r);
+    let seg = DataSeg::from_words(&d);
+    let len = seg.byte_count;
+    if len & INLINE_SEG != 0 || len == 0 || len > BURST_MAX_BYTES {
+        return None;
+    }
+    let src = port.check_mr(seg.lkey, qp.pd, seg.addr, len as u64, 0).ok()?;
+    let (pp, pq) = resolve_peer(ports, p, q).ok()?;
+    let dst = check_remote_at(ports, pp, pq, raddr.raddr, raddr.rkey, len as u64, access::REMOTE_WRITE).ok()?;
+    if overlaps(dst, src, len as usize) {
+        return None;
+    }
+    Some(Simple {
+        dst,
+        src,
+        len,
+        signaled: ctrl.fm_ce_se & WQE_CTRL_CQ_UPDATE != 0,
+    })
+}
+
+/// Thread `t`'s part of a burst: checks WQE `start + t` and, if simple,
+/// copies its payload into its slot. Called by threads `0..count` after
+/// the round's first barrier.
+///
+/// # Safety
+/// `job` is the block's burst job, written by the control thread before
+/// the barrier; the tables' contract ([`super::poll_port`]).
+pub unsafe fn gather(job: *mut BurstJob, t: usize) {
+    // SAFETY (whole function): the caller's contract; slot `t` is this
+    // thread's alone until the round's second barrier.
+    unsafe {
+        let (table, p, q, start) = (
+            (*job).table as usize as *const super::tables::PortTable,
+            (*job).port as usize,
+            (*job).q as usize,
+            (*job).start,
+        );
+        let Some(slot) = (*job).slots.get_mut(t) else { return };
+        slot.flags = 0;
+        let Some(ports) = table.as_ref() else { return };
+        let Some(w) = simple_write(ports, p, q, start.wrapping_add(t as u32)) else {
+            return;
+        };
+        copy_part(slot.data.as_mut_ptr() as *mut u8, w.src, w.len as usize, 0, 1);
+        slot.dst = w.dst as usize as u64;
+        slot.len = w.len;
+        slot.flags = SLOT_OK | if w.signaled { SLOT_SIGNALED } else { 0 };
+    }
+}
+
+/// The control thread's part, after the round: executes the simple prefix
+/// of the burst's slots in order — payload through `mover` (ordered
+/// behind the payload before it as the one-WQE path orders it), counters,
+/// the CQE of each signaled WQE — and steps QP `q`'s ring past them. Stops
+/// before the first slot that is not simple and before a signaled WQE
+/// whose send CQ is full. Returns what it did and how far the one-WQE
+/// path goes next ([`Outcome`]).
+///
+/// # Safety
+/// `job` holds the burst's filled slots; the tables' contract.
+pub unsafe fn complete<P: Ports + ?Sized, M: PayloadMover>(
+    ports: &mut P,
+    p: usize,
+    job: *const BurstJob,
+    now_ns: u64,
+    mover: &mut M,
+) -> Outcome {
+    let scope: Scope = mover.scope();
+    // SAFETY (whole function): the caller's contract.
+    unsafe {
+        let (q, start, count) = ((*job).q as usize, (*job).start, (*job).count);
+        let mut done = 0u32;
+        let mut full = false;
+        while done < count {
+            let Some(slot) = (*job).slots.get(done as usize) else { break };
+            if slot.flags & SLOT_OK == 0 {
+                break;
+            }
+            let signaled = slot.flags & SLOT_SIGNALED != 0;
+            let idx = start.wrapping_add(done);
+            {
+                let Some(port) = ports.get_mut(p) else { break };
+                let Port { qps, cqs, .. } = port;
+                let Some(qp) = qps.get(q) else { break };
+                if signaled && !cqs.get_mut(qp.send_cq as usize).is_some_and(|cq| cqe::has_room_cached(cq)) {
+                    full = true;
+                    break;
+                }
+            }
+            mover.copy(slot.dst as usize as *mut u8, slot.data.as_ptr() as *const u8, slot.len as usize);
+            let Some(port) = ports.get_mut(p) else { break };
+            let Port { qps, cqs, stats, .. } = port;
+            let Some(qp) = qps.get_mut(q) else { break };
+            stats.fetched += 1;
+            stats.executed += 1;
+            stats.wqes += 1;
+            stats.bytes += slot.len as u64;
+            stats.last_qpn = qp.qpn;
+            stats.last_wqe = idx;
+            if signaled {
+                if let Some(cq) = cqs.get_mut(qp.send_cq as usize) {
+                    let img = cqe::success(
+                        cq,
+                        &cqe::Success {
+                            opcode: CQE_REQ,
+                            qpn: qp.qpn,
+                            wqe_counter: idx as u16,
+                            byte_cnt: slot.len,
+                            imm: 0,
+                            sop: OPCODE_RDMA_WRITE,
+                            solicited: false,
+                            time_ns: now_ns,
+                        },
+                    );
+                    if cqe::push(cq, &img, false, scope) {
+                        stats.cqes += 1;
+                    }
+                }
+            }
+            qp.sq_ci = idx.wrapping_add(1);
+            done += 1;
+        }
+        // The WQEs after the prefix the block saw were not simple: the
+        // one-WQE path takes those, and a burst what follows them.
+        let mut skip = 0u32;
+        while done + skip < count && (*job).slots.get((done + skip) as usize).is_some_and(|s| s.flags & SLOT_OK == 0) {
+            skip += 1;
+        }
+        let fetch = match (skip, done + skip == count) {
+            // A full send CQ: the one-WQE path waits for room (and says
+            // when to look again), as it always has.
+            _ if full => u32::MAX,
+            (0, _) => 0,
+            (_, true) => u32::MAX,
+            (k, false) => k,
+        };
+        Outcome { done, fetch }
+    }
+}
