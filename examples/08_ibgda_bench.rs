@@ -46,10 +46,11 @@ use bench::{interleaved, median_upper as median, run_ranks, Table};
 use clap::Parser;
 use doorbell::comm::{CommOptions, Communicator, EnginePhase as Phase, EngineReport, IbgdaOptions, SymBuffer};
 use doorbell::{AnyTransport, DeviceBuffer, LaunchConfig, Stream};
-use doorbell_example_kernels::ibgda_bench::{post_burst_ibgda, put_signal_rtt, put_stream, BENCH_OK};
+use doorbell_example_kernels::ibgda_bench::{post_burst_ibgda, post_profile, put_signal_rtt, put_stream, BENCH_OK};
 use doorbell_examples::cli::{sweep, IbgdaBenchArgs};
 use doorbell_examples::plot::{Chart, Series};
 use doorbell_examples::{die, main_with, ratio, BoxError, USER_KERNELS};
+use doorbell_kernels::transport::ibgda::PostProfile;
 use doorbell_kernels::transport::{Ibgda, P2p};
 
 fn main() {
@@ -98,6 +99,10 @@ struct Report {
     /// bursts took (runs of short WRITEs checked a WQE per thread), in how
     /// many bursts (`DOORBELL_SOFTNIC_BURST`).
     engine_burst_wqes: Option<u64>,
+    /// One thread's blocking 8-byte puts (`Ibgda::profile_puts`): cycles
+    /// per WQE of each step (checks, reserve, write, doorbell,
+    /// completion).
+    post_cycles_per_wqe: Vec<(String, f64)>,
     engine_bursts: Option<u64>,
     put_bw: Vec<BwRow>,
 }
@@ -245,6 +250,10 @@ fn print_report(r: &Report, a: &IbgdaBenchArgs, gpu: bool) {
         let parts: Vec<String> = r.engine_phase_cycles_per_wqe.iter().map(|(n, c)| format!("{n} {c:.0}")).collect();
         println!("# control cycles per WQE by phase: {}", parts.join(", "));
     }
+    if !r.post_cycles_per_wqe.is_empty() {
+        let parts: Vec<String> = r.post_cycles_per_wqe.iter().map(|(n, c)| format!("{n} {c:.0}")).collect();
+        println!("# one thread's blocking 8-byte puts, cycles per WQE: {}", parts.join(", "));
+    }
     if let (Some(w), Some(b)) = (r.engine_burst_wqes, r.engine_bursts) {
         println!("# engine bursts: {w} WQEs in {b} bursts");
     }
@@ -303,6 +312,7 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
     round_trips(&mut r, p, &mut report)?;
     put_bandwidth(&mut r, p, &mut report)?;
     post_rates(&mut r, p, &mut report)?;
+    profile_posts(&mut r, p, &mut report)?;
     engine_shares(comm, engine_before, wqes_before, &mut report)?;
     comm.barrier()?;
     Ok((comm.rank() == 0).then_some(report))
@@ -443,6 +453,37 @@ fn post_rates(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), BoxErro
         report.engine_wqes = executed;
         report.engine_mwqe_s = executed as f64 / (busy_ns.max(1) as f64 * 1e-9) / 1e6;
     }
+    Ok(())
+}
+
+/// Part 5: where one thread's blocking 8-byte puts spend their cycles
+/// (`post_profile`, rank 0 to rank 1).
+fn profile_posts(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), BoxError> {
+    let f = r.m.function::<post_profile>()?;
+    let out = r.comm.device().alloc_zeroed::<u64>(6)?;
+    let n = p.rtt_iters.min(2000);
+    r.status.zero()?;
+    r.comm.barrier()?;
+    // SAFETY: symmetric `words`, registered `src`; `out` holds a
+    // PostProfile (six words).
+    unsafe {
+        let a = (
+            r.words.as_mut_ptr(),
+            r.src.as_ptr() as *const u64,
+            n,
+            out.as_raw() as *mut PostProfile,
+        );
+        r.s.launch(&f, LaunchConfig::linear(1, 1), (r.ib, a.0, a.1, a.2, a.3, r.status.as_mut_ptr()))?;
+    }
+    r.comm.synchronize(&r.s)?;
+    if r.comm.rank() != 0 {
+        return Ok(());
+    }
+    check(&r.status, "post profile")?;
+    let v = out.to_host()?;
+    let per = |c: u64| c as f64 / v[0].max(1) as f64;
+    let names = ["checks", "reserve", "write", "doorbell", "completion"];
+    report.post_cycles_per_wqe = names.iter().zip(&v[1..]).map(|(n, &c)| (n.to_string(), per(c))).collect();
     Ok(())
 }
 

@@ -2,6 +2,7 @@
 //! per measurement, instantiated for the P2P transport (the baseline) and
 //! for IBGDA over the soft NIC. Two ranks; rank 0 measures.
 
+use doorbell_kernels::transport::ibgda::PostProfile;
 use doorbell_kernels::transport::{Cmp, CommError, Coop, Ibgda, P2p, RawSignal, RawXfer, Transport};
 use doorbell_kernels::{kernel, ptx};
 
@@ -143,5 +144,30 @@ pub unsafe fn post_burst<T: Transport>(t: T, dst: *mut u64, src: *const u64, wqe
             *out_ns.add(1) = ptx::globaltimer_ns().wrapping_sub(t0);
             *status = if r.is_ok() { BENCH_OK } else { BENCH_FAILED };
         }
+    }
+}
+
+/// Rank 0's first thread posts `n` 8-byte puts of `src[0]` into rank 1's
+/// `dst[0]`, each one WQE waited for before the next, and writes the
+/// summed cycles of each step — checks, reserve, write, doorbell,
+/// completion — to `out` ([`Ibgda::profile_puts`]). Launch 1 × 1.
+#[kernel]
+pub unsafe fn post_profile(t: Ibgda, dst: *mut u64, src: *const u64, n: u32, out: *mut PostProfile, status: *mut u32) {
+    if t.rank() != 0 || ptx::thread_idx_x() != 0 {
+        return;
+    }
+    let x = RawXfer {
+        dst: dst as *mut u8,
+        src: src as *const u8,
+        bytes: 8,
+        nbi: false,
+    };
+    let mut p = PostProfile::default();
+    // SAFETY: `dst` is symmetric, `src` registered (the host's contract).
+    let r = unsafe { t.profile_puts(1, x, n, &mut p) };
+    // SAFETY: one record and one word (the host's contract).
+    unsafe {
+        *out = p;
+        *status = if r.is_ok() { BENCH_OK } else { BENCH_FAILED };
     }
 }

@@ -26,12 +26,11 @@
 
 use doorbell_kernels::mlx5::{CtrlSeg, DataSeg, RaddrSeg, CQE_REQ, INLINE_SEG, OPCODE_RDMA_WRITE, WQE_CTRL_CQ_UPDATE};
 
-use super::cqe;
-use super::exec::{check_remote_at, resolve_peer};
+use super::exec::{answers, check_remote_at};
 use super::mem::Scope;
 use super::mover::{copy_part, overlaps, PayloadMover};
-use super::tables::{access, Port, Ports};
-use super::wqe::load_seg;
+use super::tables::{access, Port, PortTable, Ports, QpEntry, QP_CONNECTED};
+use super::{cqe, mem};
 
 /// Most WQEs one burst takes (one per thread of the engine's block; a
 /// block has at least 32 threads).
@@ -67,9 +66,26 @@ pub struct Slot {
 #[repr(C, align(16))]
 #[derive(Clone, Copy, Debug)]
 pub struct BurstJob {
+    /// The burst's QP and WQEs.
+    pub head: BurstHead,
+    /// One per WQE.
+    pub slots: [Slot; BURST_MAX as usize],
+}
+
+/// A burst's QP and WQEs. The QP's own fields the checks need come with
+/// it (the control thread has just read that entry), so a thread's first
+/// loads are its WQE's segments and the responder's entries, side by
+/// side, not one after the other.
+#[repr(C, align(16))]
+#[derive(Clone, Copy, Debug)]
+pub struct BurstHead {
     /// The fabric's port table (`*const PortTable`).
     pub table: u64,
-    /// The engine's port.
+    /// The engine's own port (`*const Port`).
+    pub own: u64,
+    /// The QP's send ring.
+    pub sq: u64,
+    /// The engine's port index.
     pub port: u32,
     /// The QP slot.
     pub q: u32,
@@ -77,8 +93,41 @@ pub struct BurstJob {
     pub start: u32,
     /// WQEs to look at (thread `t` takes `start + t`).
     pub count: u32,
-    /// One per WQE.
-    pub slots: [Slot; BURST_MAX as usize],
+    /// The QP's ring size (basic blocks).
+    pub sq_wqebbs: u32,
+    /// The QP's number.
+    pub qpn: u32,
+    /// The QP's protection domain.
+    pub pd: u32,
+    /// The responder: its port index.
+    pub peer_port: u32,
+    /// The responder: its QP slot.
+    pub peer_qp: u32,
+    /// 1: the QP is connected ([`QP_CONNECTED`]).
+    pub connected: u32,
+}
+
+impl BurstHead {
+    /// The head of a burst of `count` WQEs of QP `q` (`qp`) of port `p`
+    /// from SQ counter `start` on.
+    #[inline(always)]
+    pub fn new(table: u64, own: u64, (p, q): (usize, usize), qp: &QpEntry, start: u32, count: u32) -> BurstHead {
+        BurstHead {
+            table,
+            own,
+            sq: qp.sq as usize as u64,
+            port: p as u32,
+            q: q as u32,
+            start,
+            count,
+            sq_wqebbs: qp.sq_wqebbs,
+            qpn: qp.qpn,
+            pd: qp.pd,
+            peer_port: qp.peer_port,
+            peer_qp: qp.peer_qp,
+            connected: (qp.flags & QP_CONNECTED != 0) as u32,
+        }
+    }
 }
 
 /// What a burst did, and what the one-WQE path takes next.
@@ -107,24 +156,42 @@ struct Simple {
     signaled: bool,
 }
 
-/// Reads the WQE at SQ counter `idx` of QP `q` of port `p` (each segment
+/// Segment `k` of the WQE at SQ counter `idx` of the ring `sq` of
+/// `wqebbs` basic blocks (a power of two), as [`super::wqe::seg_ptr`].
+#[inline(always)]
+fn seg_at(sq: u64, wqebbs: u32, idx: u32, k: u32) -> *const u8 {
+    let ring = wqebbs as u64 * 64;
+    (sq + ((idx as u64 * 64 + k as u64 * 16) & (ring - 1))) as usize as *const u8
+}
+
+/// Reads the WQE at SQ counter `idx` of the burst's QP (each segment
 /// once) and checks it as [`super::exec::execute`] would check an RDMA
 /// WRITE; `None` unless it is simple (see the module docs).
 ///
 /// # Safety
-/// The tables' contract ([`super::poll_port`]).
+/// The tables' contract ([`super::poll_port`]); `h` is the burst's header.
 #[inline(always)]
-unsafe fn simple_write<P: Ports + ?Sized>(ports: &P, p: usize, q: usize, idx: u32) -> Option<Simple> {
-    let port: &Port = ports.get(p)?;
-    let qp = port.qps.get(q)?;
-    if qp.sq.is_null() || qp.sq_wqebbs == 0 {
+unsafe fn simple_write(ports: &PortTable, h: &BurstHead, idx: u32) -> Option<Simple> {
+    if h.sq == 0 || h.sq_wqebbs == 0 || h.connected == 0 {
         return None;
     }
-    // SAFETY: the caller's contract; the three loads are independent.
-    let (c, r, d) = unsafe { (load_seg(qp, idx, 0), load_seg(qp, idx, 1), load_seg(qp, idx, 2)) };
+    let (p, q, pp, pq) = (h.port as usize, h.q as usize, h.peer_port as usize, h.peer_qp as usize);
+    // The responder's entries and the WQE's segments, all independent.
+    let peer = ports.get(pp);
+    // SAFETY: the caller's contract; segments of the ring.
+    let (c, r, d) = unsafe {
+        (
+            mem::load_seg(seg_at(h.sq, h.sq_wqebbs, idx, 0)),
+            mem::load_seg(seg_at(h.sq, h.sq_wqebbs, idx, 1)),
+            mem::load_seg(seg_at(h.sq, h.sq_wqebbs, idx, 2)),
+        )
+    };
+    if !peer.is_some_and(|port| answers(port, pq, (p, q))) {
+        return None;
+    }
     let ctrl = CtrlSeg::from_words(&c);
     // One basic block: ctrl, remote address, one data segment.
-    if ctrl.opcode != OPCODE_RDMA_WRITE || ctrl.ds != 3 || ctrl.wqe_index != idx as u16 || ctrl.qpn != qp.qpn & 0xff_ffff {
+    if ctrl.opcode != OPCODE_RDMA_WRITE || ctrl.ds != 3 || ctrl.wqe_index != idx as u16 || ctrl.qpn != h.qpn & 0xff_ffff {
         return None;
     }
     let raddr = RaddrSeg::from_words(&r);
@@ -133,8 +200,9 @@ unsafe fn simple_write<P: Ports + ?Sized>(ports: &P, p: usize, q: usize, idx: u3
     if len & INLINE_SEG != 0 || len == 0 || len > BURST_MAX_BYTES {
         return None;
     }
-    let src = port.check_mr(seg.lkey, qp.pd, seg.addr, len as u64, 0).ok()?;
-    let (pp, pq) = resolve_peer(ports, p, q).ok()?;
+    // SAFETY: the caller's contract: the engine's own live port.
+    let own: &Port = unsafe { (h.own as usize as *const Port).as_ref() }?;
+    let src = own.check_mr(seg.lkey, h.pd, seg.addr, len as u64, 0).ok()?;
     let dst = check_remote_at(ports, pp, pq, raddr.raddr, raddr.rkey, len as u64, access::REMOTE_WRITE).ok()?;
     if overlaps(dst, src, len as usize) {
         return None;
@@ -158,18 +226,16 @@ pub unsafe fn gather(job: *mut BurstJob, t: usize) {
     // SAFETY (whole function): the caller's contract; slot `t` is this
     // thread's alone until the round's second barrier.
     unsafe {
-        let (table, p, q, start) = (
-            (*job).table as usize as *const super::tables::PortTable,
-            (*job).port as usize,
-            (*job).q as usize,
-            (*job).start,
-        );
+        let h = &(*job).head;
+        let idx = h.start.wrapping_add(t as u32);
+        let table = h.table as usize as *const PortTable;
+        let w = match table.as_ref() {
+            Some(ports) => simple_write(ports, h, idx),
+            None => None,
+        };
         let Some(slot) = (*job).slots.get_mut(t) else { return };
         slot.flags = 0;
-        let Some(ports) = table.as_ref() else { return };
-        let Some(w) = simple_write(ports, p, q, start.wrapping_add(t as u32)) else {
-            return;
-        };
+        let Some(w) = w else { return };
         copy_part(slot.data.as_mut_ptr() as *mut u8, w.src, w.len as usize, 0, 1);
         slot.dst = w.dst as usize as u64;
         slot.len = w.len;
@@ -197,7 +263,7 @@ pub unsafe fn complete<P: Ports + ?Sized, M: PayloadMover>(
     let scope: Scope = mover.scope();
     // SAFETY (whole function): the caller's contract.
     unsafe {
-        let (q, start, count) = ((*job).q as usize, (*job).start, (*job).count);
+        let (q, start, count) = ((*job).head.q as usize, (*job).head.start, (*job).head.count);
         let mut done = 0u32;
         let mut full = false;
         while done < count {

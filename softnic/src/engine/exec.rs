@@ -88,19 +88,24 @@ pub(crate) fn resolve_peer<P: Ports + ?Sized>(ports: &P, p: usize, q: usize) -> 
         return Err(Reason::PeerNotReady);
     }
     let (pp, pq) = (qp.peer_port as usize, qp.peer_qp as usize);
-    let port = ports.get(pp).ok_or(Reason::PeerNotReady)?;
-    let peer = port.qps.get(pq).ok_or(Reason::PeerNotReady)?;
-    let answers = port.valid != 0
-        && peer.in_use()
-        && peer.flags & QP_CONNECTED != 0
-        && peer.peer_port as usize == p
-        && peer.peer_qp as usize == q
-        && matches!(peer.state(), QpState::Rtr | QpState::Rts);
-    if answers {
+    if ports.get(pp).is_some_and(|port| answers(port, pq, (p, q))) {
         Ok((pp, pq))
     } else {
         Err(Reason::PeerNotReady)
     }
+}
+
+/// Whether QP `pq` of `port` answers the requester `(p, q)`: in use,
+/// connected back to it, in RTR or RTS.
+#[inline(always)]
+pub(crate) fn answers(port: &Port, pq: usize, (p, q): (usize, usize)) -> bool {
+    let Some(peer) = port.qps.get(pq) else { return false };
+    port.valid != 0
+        && peer.in_use()
+        && peer.flags & QP_CONNECTED != 0
+        && peer.peer_port as usize == p
+        && peer.peer_qp as usize == q
+        && matches!(peer.state(), QpState::Rtr | QpState::Rts)
 }
 
 /// Checks every data segment of `w` (the engine's copy) against port

@@ -69,7 +69,7 @@
 
 use doorbell_kernels::ptx;
 
-use super::burst::{self, BurstJob, BURST_MAX};
+use super::burst::{self, BurstHead, BurstJob, BURST_MAX};
 use super::config::{EngineConfig, EngineRng};
 use super::mem::{self, Scope};
 use super::mover::{copy_part, overlaps, PayloadMover, Phase, PHASES};
@@ -194,7 +194,9 @@ pub struct EngineCounters {
     /// where the control's time goes. The part of `busy_cycles` in none of
     /// these or the copies and fences is the pass's own walk over the QPs.
     pub phase_cycles: [u64; PHASES],
-    /// Bursts the block ran ([`super::burst`]; each a round of the block).
+    /// Bursts that executed WQEs ([`super::burst`]; each a round of the
+    /// block). A burst whose first WQE is not simple executes none: that
+    /// round is the price a stream of other WQEs pays per doorbell.
     pub bursts: u64,
     /// WQEs bursts executed (the rest took the one-WQE path).
     pub burst_wqes: u64,
@@ -477,14 +479,15 @@ impl PayloadMover for BlockMover {
         // What the control did since its last lap was the doorbell.
         self.lap(Phase::Doorbell);
         let b = self.burst_job;
+        let own = ports.raw(p);
+        let Some(qp) = ports.get(p).and_then(|x| x.qps.get(q)) else {
+            return burst::Outcome::NONE;
+        };
         // SAFETY: the block's burst job, read by the others only between
         // the round's two barriers; the tables' contract for the gathers.
         unsafe {
-            core::ptr::write_volatile(&raw mut (*b).table, self.table);
-            core::ptr::write_volatile(&raw mut (*b).port, self.port);
-            core::ptr::write_volatile(&raw mut (*b).q, q as u32);
-            core::ptr::write_volatile(&raw mut (*b).start, start);
-            core::ptr::write_volatile(&raw mut (*b).count, count);
+            let head = BurstHead::new(self.table, own as usize as u64, (p, q), qp, start, count);
+            core::ptr::write_volatile(&raw mut (*b).head, head);
             self.round(Job {
                 kind: JOB_BURST,
                 _pad: 0,
@@ -494,7 +497,7 @@ impl PayloadMover for BlockMover {
             });
             let n = burst::complete(ports, p, b, now_ns, self);
             self.lap(Phase::Burst);
-            self.bursts += 1;
+            self.bursts += (n.done != 0) as u64;
             self.burst_wqes += n.done as u64;
             n
         }
@@ -581,7 +584,7 @@ unsafe fn serve(job: *const Job, part: usize, parts: usize) {
             JOB_EXIT => return,
             JOB_BURST => {
                 // SAFETY: written by thread 0 before the barrier above.
-                if part < unsafe { core::ptr::read_volatile(&raw const (*b).count) } as usize {
+                if part < unsafe { core::ptr::read_volatile(&raw const (*b).head.count) } as usize {
                     // SAFETY: as above; slot `part` is this thread's.
                     unsafe { burst::gather(b, part) }
                 }

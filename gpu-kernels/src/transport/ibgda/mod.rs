@@ -83,6 +83,8 @@ use crate::trace::{around, hook, What};
 
 mod queue;
 
+pub use queue::PostProfile;
+
 /// Registered local buffers a handle carries besides the heap.
 pub const REG_SLOTS: usize = 4;
 /// Most WQEs in one batch (one per lane).

@@ -496,3 +496,86 @@ impl Ibgda {
         unsafe { self.post_xfer(Poster::Thread, &q, &NO_DATA, Some(&sig), Share::ALL, site) }.map(|_| ())
     }
 }
+
+/// Where one thread's blocking 8-byte puts spend their time, summed over
+/// the WQEs of [`Ibgda::profile_puts`] (`%clock64` cycles of the calling
+/// thread's SM).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PostProfile {
+    /// WQEs posted (and completed).
+    pub wqes: u64,
+    /// The call's argument checks and key lookups.
+    pub checks: u64,
+    /// Reserving a slot: the QP's error word, the producer index, flow
+    /// control.
+    pub reserve: u64,
+    /// Writing the WQE into its slot.
+    pub write: u64,
+    /// Submitting it: waiting for its turn, the doorbell record, the fence
+    /// and the doorbell.
+    pub doorbell: u64,
+    /// Waiting for its completion (the NIC's execution and CQE included),
+    /// consuming the CQE.
+    pub completion: u64,
+}
+
+impl Ibgda {
+    /// Posts the put `x` to `peer` `n` times from the calling thread, each
+    /// one WQE, signaled and waited for before the next — the steps of a
+    /// blocking `put_raw` by one thread — and adds the cycles of each step
+    /// to `out` ([`PostProfile`]). For benchmarks: where a poster's time
+    /// goes. `x.bytes` is at most [`Ibgda::max_msg`] (one WQE).
+    ///
+    /// # Safety
+    /// As for [`Transport::put_raw`].
+    pub unsafe fn profile_puts(&self, peer: u32, x: RawXfer, n: u32, out: &mut PostProfile) -> Result<(), CommError> {
+        let no_sig = Sig {
+            raddr: 0,
+            value: 0,
+            op: SignalOp::Set,
+        };
+        for _ in 0..n {
+            let c0 = ptx::clock64();
+            let (call, off, _) = super::super::check_put(self, peer, &x, None)?;
+            let lkey = self.local_key(call, Arg::Source, x.src as u64, x.bytes, peer)?;
+            if x.bytes == 0 || x.bytes > self.max_msg as u64 {
+                return Err(CommError::BadCount { count: x.bytes });
+            }
+            let q = self.qp(peer);
+            let wire = Xfer {
+                read: false,
+                raddr: self.remote_base(peer) + off,
+                laddr: x.src as u64,
+                lkey,
+                bytes: x.bytes,
+            };
+            let c1 = ptx::clock64();
+            // SAFETY: the caller's contract; the handle's QPs are valid.
+            let start = unsafe { self.reserve(&q, 1, call, peer) }?;
+            let c2 = ptx::clock64();
+            let b = Batch {
+                start,
+                last: 0,
+                first: 0,
+                chunks: 1,
+                max_msg: self.max_msg as u64,
+            };
+            // SAFETY: the slot was reserved above.
+            let head = unsafe { Self::write_item(&q, &b, 0, &wire, &no_sig) };
+            let c3 = ptx::clock64();
+            // SAFETY: as above.
+            let end = unsafe { self.submit(&q, start, 1, head, call, peer) }?;
+            let c4 = ptx::clock64();
+            self.wait_posted(Poster::Thread, &q, end, call, peer)?;
+            let c5 = ptx::clock64();
+            out.wqes += 1;
+            out.checks += c1.wrapping_sub(c0);
+            out.reserve += c2.wrapping_sub(c1);
+            out.write += c3.wrapping_sub(c2);
+            out.doorbell += c4.wrapping_sub(c3);
+            out.completion += c5.wrapping_sub(c4);
+        }
+        Ok(())
+    }
+}

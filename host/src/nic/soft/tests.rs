@@ -264,7 +264,7 @@ fn bursts_run(burst: u32, bad: Option<usize>, seed: u64) -> BurstRun {
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
         std::ptr::write_volatile(qp_rings.dbrec.add(1), (WRITE_LENS.len() as u32).to_be());
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-        std::ptr::write_volatile(qp_rings.uar as *mut u64, uar);
+        std::ptr::write_volatile(qp_rings.uar, uar);
         uar
     };
     assert_ne!(uar, 0);
