@@ -275,32 +275,26 @@ fn two_processes(role: &str) -> Error {
     e
 }
 
-#[test]
-fn a_process_rank_that_exited_is_named_as_gone() {
-    let e = two_processes("exit");
+/// [`two_processes`] with the child in `role`: rank 0's error names rank
+/// 1 as the one at fault, saying `rank1` of it.
+fn rank0_waits_for_rank1(role: &str, rank1: &str) {
+    let e = two_processes(role);
     println!("{e}");
     let (s, chain, culprit) = stuck_of(&e);
     assert_eq!((chain, culprit), (vec![0, 1], Some(1)), "{s}");
-    assert!(
-        s.starts_with(
-            ". Who is stuck: rank 0 waits for rank 1's signal at offset 0x8 (barrier >= 1, saw 0); \
-             rank 1 exited or was killed (its status port refuses connections)"
-        ),
-        "{s}"
-    );
+    let want = format!(". Who is stuck: rank 0 waits for rank 1's signal at offset 0x8 (barrier >= 1, saw 0); {rank1}");
+    assert!(s.starts_with(&want), "{s}\nwanted:\n{want}");
+}
+
+#[test]
+fn a_process_rank_that_exited_is_named_as_gone() {
+    rank0_waits_for_rank1("exit", "rank 1 exited or was killed (its status port refuses connections)");
 }
 
 #[test]
 fn a_process_rank_that_skips_its_launch_is_named_from_its_status_port() {
-    let e = two_processes("barrier");
-    println!("{e}");
-    let (s, chain, culprit) = stuck_of(&e);
-    assert_eq!((chain, culprit), (vec![0, 1], Some(1)), "{s}");
-    assert!(
-        s.starts_with(
-            ". Who is stuck: rank 0 waits for rank 1's signal at offset 0x8 (barrier >= 1, saw 0); \
-             rank 1 is not running a kernel: it launched none since its communicator was created; now in barrier"
-        ),
-        "{s}"
+    rank0_waits_for_rank1(
+        "barrier",
+        "rank 1 is not running a kernel: it launched none since its communicator was created; now in barrier",
     );
 }
