@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use doorbell_examples::plot::{write_charts, Chart, Series, YScale};
-use doorbell_examples::BoxError;
+use doorbell_examples::{ratio, BoxError};
 
 /// One column: its heading, its width (cells are right-aligned to it; 0:
 /// no padding) and what goes before it.
@@ -115,6 +115,36 @@ pub fn write_figure(dir: &Path, stem: &str, bandwidth: &Chart, latency: &[Series
     Ok((png, svg))
 }
 
+/// `v` with `prec` decimals, or `n/a` for none (a table's cell).
+pub fn fmt_opt(v: Option<f64>, prec: usize) -> String {
+    v.map_or("n/a".to_string(), |v| format!("{v:.prec$}"))
+}
+
+/// Writes `dir/<stem>.png` and `.svg` from times: each of `times` is a line
+/// of (bytes, µs) points, drawn as bandwidth (GB/s = bytes / µs / 1e3; NaN
+/// where the time is not positive) titled `title` over x `x_label`, beside
+/// the times themselves ([`write_figure`]). Returns both paths.
+pub fn write_times_figure(dir: &Path, stem: &str, title: &str, x_label: &str, times: &[Series]) -> Result<(PathBuf, PathBuf), BoxError> {
+    let bandwidth: Vec<Series> = times
+        .iter()
+        .map(|s| Series {
+            name: s.name,
+            points: s
+                .points
+                .iter()
+                .map(|&(b, us)| (b, ratio(b, us * 1e3).unwrap_or(f64::NAN)))
+                .collect(),
+        })
+        .collect();
+    let chart = Chart {
+        title,
+        x_label,
+        y_label: "GB/s",
+        series: &bandwidth,
+    };
+    write_figure(dir, stem, &chart, times)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,6 +166,7 @@ mod tests {
             .col("rest", 0);
         assert_eq!(g.heading(), "# size |   a | rest");
         assert_eq!(g.row(&["8", "1"]), "     8 |   1 | ");
+        assert_eq!((fmt_opt(Some(1.234), 2), fmt_opt(None, 2)), ("1.23".to_string(), "n/a".to_string()));
     }
 
     #[test]
@@ -157,6 +188,8 @@ mod tests {
         };
         let (png, svg) = write_figure(&dir, "fig", &chart, &series).unwrap();
         assert!(png.exists() && std::fs::read_to_string(svg).unwrap().contains("time (us, log scale)"));
+        let (png, _) = write_times_figure(&dir, "times", "t", "bytes", &series).unwrap();
+        assert!(png.exists());
         let blocked = p.join("sub");
         assert!(write_text(&blocked, "x", "").unwrap_err().to_string().contains("creating"));
         std::fs::remove_dir_all(dir.parent().unwrap()).unwrap();

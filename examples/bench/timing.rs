@@ -106,6 +106,56 @@ pub fn time_events(
     Ok(t0.elapsed_ms(&t1)? as f64 * 1e3 / iters as f64)
 }
 
+/// What the ranks other than rank 0 launch while [`time_on_rank0`] times
+/// rank 0's launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peers {
+    /// Nothing: they only keep step (e.g. while rank 0 times a copy floor).
+    Idle,
+    /// Their launch before rank 0's (e.g. a kernel waiting for rank 0's
+    /// puts): on a shared GPU it then runs beside the timed one.
+    LaunchFirst,
+    /// Their launch once rank 0's timed launch has finished.
+    LaunchAfter,
+}
+
+/// Rank 0's µs per iteration of `launch` (`iters` in it), timed with
+/// events by [`time_events`] (behind `hold`); the other ranks return 0.0
+/// and run `launch` as `peers` says. Barriers order them: a peer that
+/// launches first does so before the barrier rank 0 launches after (so
+/// rank 0's launch never waits for a peer's at the driver, between its
+/// events); otherwise a second barrier keeps every peer out of rank 0's
+/// timed window, and a peer that launches after does so past it.
+pub fn time_on_rank0(
+    comm: &Communicator,
+    s: &Stream,
+    hold: Option<&Function<hold_stream>>,
+    iters: u32,
+    peers: Peers,
+    mut launch: impl FnMut() -> doorbell::Result<()>,
+) -> doorbell::Result<f64> {
+    let first = peers == Peers::LaunchFirst;
+    if comm.rank() == 0 {
+        comm.barrier()?;
+        let us = time_events(s, hold, iters, launch)?;
+        if !first {
+            comm.barrier()?;
+        }
+        return Ok(us);
+    }
+    if first {
+        launch()?;
+    }
+    comm.barrier()?;
+    if !first {
+        comm.barrier()?;
+    }
+    if peers == Peers::LaunchAfter {
+        launch()?;
+    }
+    Ok(0.0)
+}
+
 /// `run`'s launches captured once as a CUDA graph (`n` of them), uploaded
 /// on every rank before any rank replays it (no rank's set-up work queued
 /// behind a peer's waiting kernels), then replayed once untimed. `None`

@@ -13,8 +13,9 @@ use std::time::Duration;
 use doorbell::coll::reference::{allreduce_sum, first_mismatch};
 use doorbell::coll::{Algo, AllReduce, AllReduceOptions, Bf16, DType, HostElement, TransportKind};
 use doorbell::comm::{CommOptions, Communicator, RdmaPeers};
-use doorbell::{Backend, Error, ForTransport, Kernel, LaunchConfig};
+use doorbell::{Backend, Error, ForTransport, Kernel, LaunchConfig, Stream};
 use doorbell_example_kernels::allreduce::{fused_grad_allreduce, fused_grad_allreduce_512, grad, COMPUTE_GEMV, COMPUTE_HASH};
+use doorbell_kernels::coll::allreduce::AllReduceArgs;
 use doorbell_kernels::pipeline::RingSet;
 use doorbell_kernels::transport::{Ibgda, P2p, Routed};
 use doorbell_test_kernels::pipeline::ring_credits;
@@ -32,6 +33,33 @@ fn opts() -> CommOptions {
 fn value(r: usize, i: usize, launch: u64) -> f32 {
     let h = ((r as u64) * 131 + (i as u64) * 31 + launch * 7) % 17;
     (h as f32 - 8.0) * 0.3125 + (i % 5) as f32 * 0.01 + r as f32 * 0.001
+}
+
+/// The all-reduce of every rank's producer gradients (`compute`) at
+/// `step`, as `T`: what a fused launch must write, bit for bit.
+fn fused_want<T: HostElement>(compute: u32, ranks: usize, elems: usize, step: u32) -> Vec<T> {
+    let inputs: Vec<Vec<T>> = (0..ranks)
+        .map(|r| (0..elems).map(|i| T::from_f32(grad(compute, r as u32, i as u64, step))).collect())
+        .collect();
+    allreduce_sum(&inputs)
+}
+
+/// One fused step into a fresh output of `elems` `T`: `launch` gets
+/// `fused_args`' arguments and grid. Returns the index of the first
+/// element whose bits differ from [`fused_want`]'s.
+fn fused_step<T: HostElement>(
+    comm: &Communicator,
+    ar: &AllReduce,
+    s: &Stream,
+    (elems, compute, step): (usize, u32, u32),
+    launch: impl FnOnce(AllReduceArgs, LaunchConfig) -> doorbell::Result<()>,
+) -> doorbell::Result<Option<usize>> {
+    let mut out = comm.device().alloc_zeroed::<T>(elems)?;
+    let (args, cfg) = ar.fused_args(s, &mut out)?.expect("elements");
+    launch(args, cfg)?;
+    comm.synchronize(s)?;
+    let want = fused_want::<T>(compute, comm.world_size(), elems, step);
+    Ok(out.to_host()?.iter().zip(&want).position(|(a, b)| a.to_bits() != b.to_bits()))
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -276,49 +304,24 @@ per_backend! {
                 let f = module.function::<Fused>()?;
                 let s = dev.new_stream()?;
                 for step in 0..3u32 {
-                    let want32: Vec<Vec<f32>> = (0..ranks)
-                        .map(|r| (0..elems).map(|i| grad(compute, r as u32, i as u64, step)).collect())
-                        .collect();
-                    let check = |got_bits: Vec<u32>, want_bits: Vec<u32>| {
-                        let i = got_bits.iter().zip(&want_bits).position(|(a, b)| a != b);
-                        assert_eq!(
-                            i,
-                            None,
-                            "{ranks} ranks, {elems} {}, {}, step {step}, rank {}",
-                            dtype.name(),
-                            algo.name(),
-                            comm.rank()
-                        );
+                    let launch = |args: AllReduceArgs, cfg: LaunchConfig| {
+                        comm.barrier()?; // host copies done on every rank first
+                        // SAFETY: arguments from fused_args for this world.
+                        unsafe { s.launch(&f, cfg, (comm.p2p()?, args, compute, step)) }
                     };
-                    match dtype {
-                        DType::F32 => {
-                            let mut out = dev.alloc_zeroed::<f32>(elems)?;
-                            let (args, cfg) = ar.fused_args(&s, &mut out)?.expect("elements");
-                            comm.barrier()?; // host copies done on every rank first
-                            // SAFETY: arguments from fused_args for this world.
-                            unsafe { s.launch(&f, cfg, (comm.p2p()?, args, compute, step))? };
-                            comm.synchronize(&s)?;
-                            let want = allreduce_sum(&want32);
-                            check(
-                                out.to_host()?.iter().map(|x| x.to_bits()).collect(),
-                                want.iter().map(|x| x.to_bits()).collect(),
-                            );
-                        }
-                        DType::Bf16 => {
-                            let mut out = dev.alloc_zeroed::<Bf16>(elems)?;
-                            let (args, cfg) = ar.fused_args(&s, &mut out)?.expect("elements");
-                            comm.barrier()?; // host copies done on every rank first
-                            // SAFETY: as above.
-                            unsafe { s.launch(&f, cfg, (comm.p2p()?, args, compute, step))? };
-                            comm.synchronize(&s)?;
-                            let inputs: Vec<Vec<Bf16>> = want32.iter().map(|v| v.iter().map(|&x| Bf16::from_f32(x)).collect()).collect();
-                            let want = allreduce_sum(&inputs);
-                            check(
-                                out.to_host()?.iter().map(|x| x.0 as u32).collect(),
-                                want.iter().map(|x| x.0 as u32).collect(),
-                            );
-                        }
-                    }
+                    let at = (elems, compute, step);
+                    let bad = match dtype {
+                        DType::F32 => fused_step::<f32>(comm, &ar, &s, at, launch)?,
+                        DType::Bf16 => fused_step::<Bf16>(comm, &ar, &s, at, launch)?,
+                    };
+                    assert_eq!(
+                        bad,
+                        None,
+                        "{ranks} ranks, {elems} {}, {}, step {step}, rank {}",
+                        dtype.name(),
+                        algo.name(),
+                        comm.rank()
+                    );
                 }
                 Ok(())
             })
@@ -409,15 +412,7 @@ per_backend! {
                     // SAFETY: arguments from fused_args for this world and `out`.
                     unsafe { s.launch(&f, cfg, (comm.p2p()?, args, COMPUTE_HASH, step))? };
                     comm.synchronize(&s)?;
-                    let want = allreduce_sum(
-                        &(0..ranks)
-                            .map(|r| {
-                                (0..elems)
-                                    .map(|i| grad(COMPUTE_HASH, r as u32, i as u64, step))
-                                    .collect::<Vec<f32>>()
-                            })
-                            .collect::<Vec<_>>(),
-                    );
+                    let want = fused_want::<f32>(COMPUTE_HASH, ranks, elems, step);
                     let got = out.to_host()?;
                     assert_eq!(
                         first_mismatch(&got, &want),
@@ -625,7 +620,7 @@ per_backend! {
             // SAFETY: as above.
             unsafe { s.launch(&f, cfg, (comm.p2p()?, args, COMPUTE_HASH, 0))? };
             comm.synchronize(&s)?;
-            let want = allreduce_sum(&[(0..elems).map(|i| grad(COMPUTE_HASH, 0, i as u64, 0)).collect::<Vec<f32>>()]);
+            let want = fused_want::<f32>(COMPUTE_HASH, 1, elems, 0);
             let got: Vec<u32> = out.to_host()?.iter().map(|x| x.to_bits()).collect();
             assert_eq!(
                 got,
@@ -720,10 +715,7 @@ fn fused_over(comm: &Communicator, base: &AllReduceOptions, elems: usize, dtype:
     let s = dev.new_stream()?;
     let ranks = comm.world_size();
     for step in 0..2u32 {
-        let want32: Vec<Vec<f32>> = (0..ranks)
-            .map(|r| (0..elems).map(|i| grad(COMPUTE_HASH, r as u32, i as u64, step)).collect())
-            .collect();
-        let launch = |args, cfg| -> doorbell::Result<()> {
+        let launch = |args: AllReduceArgs, cfg: LaunchConfig| -> doorbell::Result<()> {
             // SAFETY: arguments from fused_args for this world, launched
             // with the transport the all-reduce was made for.
             unsafe {
@@ -749,30 +741,11 @@ fn fused_over(comm: &Communicator, base: &AllReduceOptions, elems: usize, dtype:
                 }
             }
         };
-        let (got, want): (Vec<u32>, Vec<u32>) = match dtype {
-            DType::F32 => {
-                let mut out = dev.alloc_zeroed::<f32>(elems)?;
-                let (args, cfg) = ar.fused_args(&s, &mut out)?.expect("elements");
-                launch(args, cfg)?;
-                comm.synchronize(&s)?;
-                (
-                    out.to_host()?.iter().map(|x| x.to_bits()).collect(),
-                    allreduce_sum(&want32).iter().map(|x| x.to_bits()).collect(),
-                )
-            }
-            DType::Bf16 => {
-                let mut out = dev.alloc_zeroed::<Bf16>(elems)?;
-                let (args, cfg) = ar.fused_args(&s, &mut out)?.expect("elements");
-                launch(args, cfg)?;
-                comm.synchronize(&s)?;
-                let inputs: Vec<Vec<Bf16>> = want32.iter().map(|v| v.iter().map(|&x| Bf16::from_f32(x)).collect()).collect();
-                (
-                    out.to_host()?.iter().map(|x| x.0 as u32).collect(),
-                    allreduce_sum(&inputs).iter().map(|x| x.0 as u32).collect(),
-                )
-            }
+        let at = (elems, COMPUTE_HASH, step);
+        let i = match dtype {
+            DType::F32 => fused_step::<f32>(comm, &ar, &s, at, launch)?,
+            DType::Bf16 => fused_step::<Bf16>(comm, &ar, &s, at, launch)?,
         };
-        let i = got.iter().zip(&want).position(|(a, b)| a != b);
         assert_eq!(
             i,
             None,

@@ -5,8 +5,8 @@
 use doorbell_tests::per_backend;
 use std::time::Duration;
 
-use doorbell::comm::{CommOptions, Communicator, PeerRoute};
-use doorbell::{Backend, Error, LaunchConfig};
+use doorbell::comm::{CommOptions, Communicator, PeerRoute, SymBuffer};
+use doorbell::{Backend, DeviceBuffer, Error, LaunchConfig};
 use doorbell_test_kernels::testing::{p2p_barrier_rounds, p2p_wait_forever, ring_p2p, STATUS_OK};
 use doorbell_tests::TEST_KERNELS;
 
@@ -14,6 +14,56 @@ fn pattern(rank: usize, n: usize) -> Vec<u8> {
     (0..n)
         .map(|i| (i as u8).wrapping_mul(13).wrapping_add(rank as u8 * 41 + 1))
         .collect()
+}
+
+/// The ring kernels' buffers on one rank: `src` holds this rank's
+/// pattern; `dst` and `got` one byte more than `offset + bytes`, so a
+/// write past the range shows.
+struct RingBufs<'c> {
+    src: SymBuffer<'c, u8>,
+    dst: SymBuffer<'c, u8>,
+    got: SymBuffer<'c, u8>,
+    sig: SymBuffer<'c, u64>,
+    status: DeviceBuffer<u32>,
+}
+
+impl<'c> RingBufs<'c> {
+    /// Allocates (collective) and fills `src`.
+    fn new(comm: &'c Communicator, bytes: usize, offset: usize) -> doorbell::Result<Self> {
+        let b = RingBufs {
+            src: comm.alloc::<u8>(bytes.max(1))?,
+            dst: comm.alloc::<u8>(bytes + offset + 1)?,
+            got: comm.alloc::<u8>(bytes + offset + 1)?,
+            sig: comm.alloc::<u64>(1)?,
+            status: comm.device().alloc_zeroed::<u32>(1)?,
+        };
+        b.src.copy_from_host(&pattern(comm.rank(), bytes.max(1)))?;
+        Ok(b)
+    }
+
+    /// Checks the ring once its kernel has finished: every call succeeded,
+    /// the previous rank's `bytes` arrived at `offset` by put (`dst`) and
+    /// by get (`got`), nothing was written outside, the signal came once.
+    fn check(&self, comm: &Communicator, bytes: usize, offset: usize) -> doorbell::Result<()> {
+        assert_eq!(self.status.to_host()?[0], STATUS_OK, "rank {}", comm.rank());
+        let prev = (comm.rank() + comm.world_size() - 1) % comm.world_size();
+        let want = pattern(prev, bytes.max(1));
+        for (v, call) in [(self.dst.to_host()?, "put"), (self.got.to_host()?, "get")] {
+            let first_bad = v[offset..offset + bytes].iter().zip(&want[..bytes]).position(|(a, b)| a != b);
+            assert_eq!(
+                first_bad,
+                None,
+                "{call}: rank {} from {prev}, {bytes} B at +{offset}: first differing byte",
+                comm.rank()
+            );
+            assert!(
+                v[..offset].iter().all(|&b| b == 0) && v[offset + bytes] == 0,
+                "{call} wrote outside its range"
+            );
+        }
+        assert_eq!(self.sig.to_host()?, vec![1]);
+        Ok(())
+    }
 }
 
 fn ring(backend: Backend, ranks: usize, bytes: usize, offset: usize, use_warp: bool) {
@@ -26,12 +76,7 @@ fn ring(backend: Backend, ranks: usize, bytes: usize, offset: usize, use_warp: b
         let dev = comm.device();
         let m = dev.load_module(&TEST_KERNELS)?;
         let f = m.function::<ring_p2p>()?;
-        let src = comm.alloc::<u8>(bytes.max(1))?;
-        let dst = comm.alloc::<u8>(bytes + offset + 1)?;
-        let got = comm.alloc::<u8>(bytes + offset + 1)?;
-        let sig = comm.alloc::<u64>(1)?;
-        let mut status = dev.alloc_zeroed::<u32>(1)?;
-        src.copy_from_host(&pattern(comm.rank(), bytes.max(1)))?;
+        let mut b = RingBufs::new(comm, bytes, offset)?;
         comm.barrier()?;
         let s = dev.new_stream()?;
         let threads = if dev.is_gpu() { 256 } else { 64 };
@@ -42,47 +87,20 @@ fn ring(backend: Backend, ranks: usize, bytes: usize, offset: usize, use_warp: b
                 LaunchConfig::linear(1, threads),
                 (
                     comm.p2p()?,
-                    src.as_mut_ptr(),
-                    dst.as_mut_ptr(),
-                    got.as_mut_ptr(),
+                    b.src.as_mut_ptr(),
+                    b.dst.as_mut_ptr(),
+                    b.got.as_mut_ptr(),
                     bytes as u64,
                     offset as u64,
-                    sig.as_mut_ptr(),
+                    b.sig.as_mut_ptr(),
                     1u64,
                     use_warp as u32,
-                    status.as_mut_ptr(),
+                    b.status.as_mut_ptr(),
                 ),
             )?
         };
         comm.synchronize(&s)?;
-        assert_eq!(status.to_host()?[0], STATUS_OK);
-        let prev = (comm.rank() + ranks - 1) % ranks;
-        let want = pattern(prev, bytes.max(1));
-        let d = dst.to_host()?;
-        let g = got.to_host()?;
-        let first_bad = |v: &[u8]| v[offset..offset + bytes].iter().zip(&want[..bytes]).position(|(a, b)| a != b);
-        assert_eq!(
-            first_bad(&d),
-            None,
-            "put: rank {} from {prev}, {bytes} B at +{offset}: first differing byte",
-            comm.rank()
-        );
-        assert_eq!(
-            first_bad(&g),
-            None,
-            "get: rank {} from {prev}, {bytes} B at +{offset}: first differing byte",
-            comm.rank()
-        );
-        assert!(
-            d[..offset].iter().all(|&b| b == 0) && d[offset + bytes] == 0,
-            "put wrote outside its range"
-        );
-        assert!(
-            g[..offset].iter().all(|&b| b == 0) && g[offset + bytes] == 0,
-            "get wrote outside its range"
-        );
-        assert_eq!(sig.to_host()?, vec![1]);
-        Ok(())
+        b.check(comm, bytes, offset)
     })
     .unwrap_or_else(|e| panic!("{backend:?}, {ranks} ranks, {bytes} B at +{offset}, warp={use_warp}: {e}"));
 }
@@ -240,47 +258,33 @@ fn ring_rdma(ranks: usize, bytes: usize, offset: usize, use_warp: bool, routed: 
     Communicator::local(ranks, Backend::Cpu, opts, |comm| {
         let dev = comm.device();
         let m = dev.load_module(&TEST_KERNELS)?;
-        let src = comm.alloc::<u8>(bytes.max(1))?;
-        let dst = comm.alloc::<u8>(bytes + offset + 1)?;
-        let got = comm.alloc::<u8>(bytes + offset + 1)?;
-        let sig = comm.alloc::<u64>(1)?;
-        let mut status = dev.alloc_zeroed::<u32>(1)?;
-        src.copy_from_host(&pattern(comm.rank(), bytes.max(1)))?;
+        let mut b = RingBufs::new(comm, bytes, offset)?;
         let t = comm.ibgda_with(&io)?;
         comm.barrier()?;
         let s = dev.new_stream()?;
-        let (a, b, c) = (src.as_mut_ptr(), dst.as_mut_ptr(), got.as_mut_ptr());
-        let (n, o, g, w, st) = (bytes as u64, offset as u64, sig.as_mut_ptr(), use_warp as u32, status.as_mut_ptr());
+        let (a, d, c) = (b.src.as_mut_ptr(), b.dst.as_mut_ptr(), b.got.as_mut_ptr());
+        let (n, o, g, w, st) = (
+            bytes as u64,
+            offset as u64,
+            b.sig.as_mut_ptr(),
+            use_warp as u32,
+            b.status.as_mut_ptr(),
+        );
         let cfg = LaunchConfig::linear(1, 64);
         // SAFETY: sizes as the ring kernel documents.
         unsafe {
             match &routed {
-                None => s.launch(&m.function::<ring_ibgda>()?, cfg, (t, a, b, c, n, o, g, 1u64, w, st))?,
+                None => s.launch(&m.function::<ring_ibgda>()?, cfg, (t, a, d, c, n, o, g, 1u64, w, st))?,
                 Some(p) => s.launch(
                     &m.function::<ring_routed>()?,
                     cfg,
-                    (comm.routed_with(p)?, a, b, c, n, o, g, 1u64, w, st),
+                    (comm.routed_with(p)?, a, d, c, n, o, g, 1u64, w, st),
                 )?,
             }
         };
         comm.synchronize(&s)?;
         comm.ibgda_check()?;
-        assert_eq!(status.to_host()?[0], STATUS_OK);
-        let prev = (comm.rank() + ranks - 1) % ranks;
-        let want = pattern(prev, bytes.max(1));
-        let (d, g) = (dst.to_host()?, got.to_host()?);
-        assert_eq!(&d[offset..offset + bytes], &want[..bytes], "put into rank {}", comm.rank());
-        assert_eq!(&g[offset..offset + bytes], &want[..bytes], "get by rank {}", comm.rank());
-        assert!(
-            d[..offset].iter().all(|&x| x == 0) && d[offset + bytes] == 0,
-            "put wrote outside its range"
-        );
-        assert!(
-            g[..offset].iter().all(|&x| x == 0) && g[offset + bytes] == 0,
-            "get wrote outside its range"
-        );
-        assert_eq!(sig.to_host()?, vec![1]);
-        Ok(())
+        b.check(comm, bytes, offset)
     })
     .unwrap_or_else(|e| panic!("{ranks} ranks, {bytes} B at +{offset}, warp={use_warp}, routed={routed:?}: {e}"));
 }

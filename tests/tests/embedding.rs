@@ -279,6 +279,47 @@ impl<'c> FailRank<'c> {
     }
 }
 
+/// Runs `body` on the ranks of [`FAIL_PROBLEM`] with a wait budget of
+/// `wait`, each with its [`FailRank`] (tables loaded from `init`); a
+/// rank's error is printed as it happens.
+fn fail_world<R: Send>(
+    backend: Backend,
+    wait: Duration,
+    init: &[f32],
+    bad: &[Vec<u32>],
+    good: &[Vec<u32>],
+    body: impl for<'c> Fn(&'c Communicator, FailRank<'c>) -> doorbell::Result<R> + Sync,
+) -> doorbell::Result<Vec<R>> {
+    let p = FAIL_PROBLEM;
+    let cap = (p.lookups() as u32).max(1);
+    let opts = CommOptions {
+        wait_timeout: wait,
+        ..opts(&p, cap)
+    };
+    Communicator::local(
+        p.ranks as usize,
+        backend,
+        opts,
+        noting(|comm| body(comm, FailRank::new(comm, &p, cap, init, bad, good)?)),
+    )
+}
+
+/// The good step after a failed one was right: every rank's output
+/// (`next`) against the reference forward of its good ids, and the tables
+/// its shard makes up with its peers' against the reference backward.
+fn assert_next_step<'a>(backend: Backend, init: &[f32], good: &[Vec<u32>], steps: impl Iterator<Item = (&'a [f32], &'a [f32])>) {
+    let p = FAIL_PROBLEM;
+    let mut tables = vec![0f32; init.len()];
+    for (r, (next, shard)) in steps.enumerate() {
+        let want = emb::reference_forward(&p, init, &good[r]);
+        assert_close(next, &want, &format!("{backend:?} rank {r}: next step"));
+        emb::unshard(&p, &mut tables, shard, r as u32);
+    }
+    let mut want = init.to_vec();
+    emb::reference_backward(&p, &mut want, good, 0.5);
+    assert_close(&tables, &want, &format!("{backend:?}: tables after the next step"));
+}
+
 /// The wait budget of the out-of-range test: long, so that a rank left
 /// waiting for a peer that stopped shows up as a slow test, not only as an
 /// error; short enough that such a wait still ends in an error naming its
@@ -302,19 +343,9 @@ per_backend! {
             let bad = with_bad_ids(&p, &good, &bad_ranks);
             let err = emb::validate_ids(&p, &bad).unwrap_err().to_string();
             assert!(err.contains(&format!("rank {first_bad}, table 1, sample 2, position 1")), "{err}");
-            let cap = (p.lookups() as u32).max(1);
             let init = emb::initial_tables(&p);
-            let opts = CommOptions {
-                wait_timeout: LONG_WAIT,
-                ..opts(&p, cap)
-            };
-            let res = Communicator::local(
-                3,
-                backend,
-                opts,
-                noting(|comm| {
+            let res = fail_world(backend, LONG_WAIT, &init, &bad, &good, |comm, mut f| {
                     let r = comm.rank() as u32;
-                    let mut f = FailRank::new(comm, &p, cap, &init, &bad, &good)?;
                     f.x.set_stamps(true);
                     // Progress on stderr as it happens (`--nocapture`): if a
                     // step stalls, the last line of each rank says where.
@@ -373,11 +404,9 @@ per_backend! {
                     f.x.finish(&f.s)?;
                     note("next backward done");
                     Ok((e, took, untouched, eb, still, next, f.x.shard()?))
-                }),
-            )
+                })
             .unwrap_or_else(|e| panic!("{backend:?} bad {bad_ranks:?}: {e}"));
-            let mut tables = vec![0f32; init.len()];
-            for (r, (e, took, untouched, eb, still, next, shard)) in res.iter().enumerate() {
+            for (r, (e, took, untouched, eb, still, _, _)) in res.iter().enumerate() {
                 let what = format!("{backend:?}, bad ids on ranks {bad_ranks:?}, rank {r}");
                 let e = e.as_ref().unwrap_or_else(|| panic!("{what}: no error"));
                 let msg = e.to_string();
@@ -414,12 +443,8 @@ per_backend! {
                     other => panic!("{what}: the backward of a failed forward gave {other:?}"),
                 }
                 assert!(still, "{what}: the backward of a failed forward wrote something");
-                assert_close(next, &emb::reference_forward(&p, &init, &good[r]), &format!("{what}: next step"));
-                emb::unshard(&p, &mut tables, shard, r as u32);
             }
-            let mut want = init.clone();
-            emb::reference_backward(&p, &mut want, &good, 0.5);
-            assert_close(&tables, &want, &format!("{backend:?}: tables after the next step"));
+            assert_next_step(backend, &init, &good, res.iter().map(|x| (&x.5[..], &x.6[..])));
         }
     }
 }
@@ -444,19 +469,9 @@ per_backend! {
         // As on the GPU: a failed step first (ranks 2 and 1), its backward
         // refused, then the late step.
         let bad = with_bad_ids(&p, &good, &[2, 1]);
-        let cap = (p.lookups() as u32).max(1);
         let init = emb::initial_tables(&p);
-        let opts = CommOptions {
-            wait_timeout: SHORT_WAIT,
-            ..opts(&p, cap)
-        };
-        let res = Communicator::local(
-            3,
-            backend,
-            opts,
-            noting(|comm| {
+        let res = fail_world(backend, SHORT_WAIT, &init, &bad, &good, |comm, mut f| {
                 let r = comm.rank() as u32;
-                let mut f = FailRank::new(comm, &p, cap, &init, &bad, &good)?;
                 comm.barrier()?;
                 f.x.forward(&f.s, &f.bad, &mut f.out)?;
                 let failed = f.x.finish(&f.s).err().map(|e| e.to_string());
@@ -478,11 +493,9 @@ per_backend! {
                 comm.barrier()?;
                 let next = f.x.train(&f.s, &f.good, &f.grad, &mut f.out, 0.5, 1)?.remove(0);
                 Ok((failed, refused, late, took, untouched, late_bwd, still, next, f.x.shard()?))
-            }),
-        )
+            })
         .unwrap_or_else(|e| panic!("{backend:?}: {e}"));
-        let mut tables = vec![0f32; init.len()];
-        for (r, (failed, refused, late, took, untouched, late_bwd, still, next, shard)) in res.iter().enumerate() {
+        for (r, (failed, refused, late, took, untouched, late_bwd, still, _, _)) in res.iter().enumerate() {
             let what = format!("{backend:?}, rank {late_rank} late by {LATE:?}, rank {r}");
             assert!(failed.is_some() && *refused, "{what}: the failed step before: {failed:?}");
             let e = late.as_ref().unwrap_or_else(|| panic!("{what}: the late step passed"));
@@ -507,12 +520,8 @@ per_backend! {
                 "{what}: the backward of the late step gave {late_bwd:?}"
             );
             assert!(still, "{what}: the late step's backward wrote something");
-            assert_close(next, &emb::reference_forward(&p, &init, &good[r]), &format!("{what}: next step"));
-            emb::unshard(&p, &mut tables, shard, r as u32);
         }
-        let mut want = init.clone();
-        emb::reference_backward(&p, &mut want, &good, 0.5);
-        assert_close(&tables, &want, &format!("{backend:?}: tables after the next step"));
+        assert_next_step(backend, &init, &good, res.iter().map(|x| (&x.7[..], &x.8[..])));
     }
 }
 

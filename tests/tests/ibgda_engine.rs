@@ -10,7 +10,7 @@ use doorbell_tests::per_backend;
 use std::time::Duration;
 
 use doorbell::comm::{CommOptions, Communicator, EnginePhase, IbgdaOptions, SoftNicEngine};
-use doorbell::{Backend, Device, ForTransport, LaunchConfig};
+use doorbell::{Backend, Device, DeviceBuffer, ForTransport, LaunchConfig};
 use doorbell_kernels::transport::Ibgda;
 use doorbell_softnic::engine::EngineConfig;
 use doorbell_test_kernels::contract::bad_call;
@@ -328,17 +328,13 @@ fn forced_error_with_kernel_engine(backend: Backend) {
         }
         comm.barrier()?;
         let s = dev.new_stream()?;
-        let args = (
-            t,
-            dst.buf.as_mut_ptr(),
-            src.as_ptr(),
-            BYTES as u64,
-            sig.as_mut_ptr(),
-            6u32,
-            codes.as_mut_ptr(),
-        );
-        // SAFETY: symmetric dst/sig, src of BYTES, two code words.
-        unsafe { s.launch(&f, LaunchConfig::linear(1, 64), args)? };
+        // The put_signal case (6) through handle `t`, results in `codes`.
+        let put_signal = |t: Ibgda, codes: &mut DeviceBuffer<u32>| {
+            let a = (dst.buf.as_mut_ptr(), src.as_ptr(), BYTES as u64, sig.as_mut_ptr(), 6u32);
+            // SAFETY: symmetric dst/sig, src of BYTES, two code words.
+            unsafe { s.launch(&f, LaunchConfig::linear(1, 64), (t, a.0, a.1, a.2, a.3, a.4, codes.as_mut_ptr())) }
+        };
+        put_signal(t, &mut codes)?;
         let err = comm.synchronize(&s).err().map(|e| format!("{e}; {}", progress_of(comm)));
         let check = comm.ibgda_check().err().map(|e| e.to_string());
         comm.barrier()?;
@@ -372,17 +368,7 @@ fn forced_error_with_kernel_engine(backend: Backend) {
         );
         let mut codes = dev.alloc_zeroed::<u32>(2)?;
         comm.barrier()?;
-        let args = (
-            t,
-            dst.buf.as_mut_ptr(),
-            src.as_ptr(),
-            BYTES as u64,
-            sig.as_mut_ptr(),
-            6u32,
-            codes.as_mut_ptr(),
-        );
-        // SAFETY: as above.
-        unsafe { s.launch(&f, LaunchConfig::linear(1, 64), args)? };
+        put_signal(t, &mut codes)?;
         if let Err(e) = comm.synchronize(&s) {
             eprintln!("rank {}: {e}; {}", comm.rank(), progress_of(comm));
             return Err(e);

@@ -64,24 +64,36 @@ fn barrier_kernel_times_out_after(comm: &Communicator, before_launch: impl FnOnc
     Ok(e)
 }
 
-#[test]
-fn a_rank_that_skips_its_launch_is_named_as_not_running_a_kernel() {
-    let errs = Communicator::local(4, Backend::Cpu, opts(), |comm| {
-        if comm.rank() == 3 {
-            // The same allocations as the others, then no launch at all.
-            comm.device().load_module(&TEST_KERNELS)?;
-            let _counter = comm.alloc::<u64>(1)?;
-            comm.barrier()?;
-            return Ok(None);
+/// On `n` thread ranks, the last one runs `last` instead of the barrier
+/// kernel; `last` ends in a host barrier, which every other rank joins
+/// once its barrier kernel has timed out and its error is read. Returns
+/// the other ranks' errors, in rank order.
+fn all_but_the_last_time_out(n: usize, last: impl Fn(&Communicator) -> Result<(), Error> + Sync) -> Vec<Error> {
+    let errs = Communicator::local(n, Backend::Cpu, opts(), |comm| {
+        if comm.rank() == n - 1 {
+            return last(comm).map(|()| None);
         }
         let e = barrier_kernel_times_out(comm)?;
-        // Lets rank 3 out of its barrier once every rank has read it.
+        // Lets the last rank out of its barrier once every rank has read it.
         comm.barrier()?;
         Ok(Some(e))
     })
     .unwrap();
-    for (r, e) in errs.iter().take(3).enumerate() {
-        let e = e.as_ref().expect("ranks 0..3 time out");
+    errs.into_iter()
+        .take(n - 1)
+        .map(|e| e.expect("every rank but the last times out"))
+        .collect()
+}
+
+#[test]
+fn a_rank_that_skips_its_launch_is_named_as_not_running_a_kernel() {
+    let errs = all_but_the_last_time_out(4, |comm| {
+        // The same allocations as the others, then no launch at all.
+        comm.device().load_module(&TEST_KERNELS)?;
+        let _counter = comm.alloc::<u64>(1)?;
+        comm.barrier()
+    });
+    for (r, e) in errs.iter().enumerate() {
         let (s, chain, culprit) = stuck_of(e);
         assert_eq!((chain, culprit), (vec![r, 3], Some(3)), "rank {r}: {s}");
         // Rank 3's barrier slot is the word at offset 3 * 8.
@@ -101,29 +113,22 @@ fn a_rank_whose_kernel_ended_without_signalling_is_named_with_its_kernel() {
     // Rank 2 runs another kernel instead of the barrier: synchronized
     // (it ended), then not (it may still run).
     for synchronized in [true, false] {
-        let errs = Communicator::local(3, Backend::Cpu, opts(), |comm| {
-            if comm.rank() == 2 {
-                let dev = comm.device();
-                let fill = dev.load_module(&TEST_KERNELS)?.function::<record_indices>()?;
-                let _counter = comm.alloc::<u64>(1)?;
-                let mut out = dev.alloc_zeroed::<u32>(9 * 32)?;
-                let s = dev.new_stream()?;
-                // SAFETY: 9 words per thread.
-                unsafe { s.launch(&fill, LaunchConfig::linear(1, 32), (out.as_mut_ptr(),))? };
-                if synchronized {
-                    comm.synchronize(&s)?;
-                }
-                comm.barrier()?;
+        let errs = all_but_the_last_time_out(3, |comm| {
+            let dev = comm.device();
+            let fill = dev.load_module(&TEST_KERNELS)?.function::<record_indices>()?;
+            let _counter = comm.alloc::<u64>(1)?;
+            let mut out = dev.alloc_zeroed::<u32>(9 * 32)?;
+            let s = dev.new_stream()?;
+            // SAFETY: 9 words per thread.
+            unsafe { s.launch(&fill, LaunchConfig::linear(1, 32), (out.as_mut_ptr(),))? };
+            if synchronized {
                 comm.synchronize(&s)?;
-                return Ok(None);
             }
-            let e = barrier_kernel_times_out(comm)?;
             comm.barrier()?;
-            Ok(Some(e))
-        })
-        .unwrap();
-        for (r, e) in errs.iter().take(2).enumerate() {
-            let (s, chain, culprit) = stuck_of(e.as_ref().expect("ranks 0 and 1 time out"));
+            comm.synchronize(&s)
+        });
+        for (r, e) in errs.iter().enumerate() {
+            let (s, chain, culprit) = stuck_of(e);
             assert_eq!((chain, culprit), (vec![r, 2], Some(2)), "rank {r}: {s}");
             let rank2 = if synchronized {
                 "rank 2 is not running a kernel: it launched nothing since its last synchronize, which covered its \
@@ -270,32 +275,26 @@ fn two_processes(role: &str) -> Error {
     e
 }
 
-#[test]
-fn a_process_rank_that_exited_is_named_as_gone() {
-    let e = two_processes("exit");
+/// [`two_processes`] with the child in `role`: rank 0's error names rank
+/// 1 as the one at fault, saying `rank1` of it.
+fn rank0_waits_for_rank1(role: &str, rank1: &str) {
+    let e = two_processes(role);
     println!("{e}");
     let (s, chain, culprit) = stuck_of(&e);
     assert_eq!((chain, culprit), (vec![0, 1], Some(1)), "{s}");
-    assert!(
-        s.starts_with(
-            ". Who is stuck: rank 0 waits for rank 1's signal at offset 0x8 (barrier >= 1, saw 0); \
-             rank 1 exited or was killed (its status port refuses connections)"
-        ),
-        "{s}"
-    );
+    let want = format!(". Who is stuck: rank 0 waits for rank 1's signal at offset 0x8 (barrier >= 1, saw 0); {rank1}");
+    assert!(s.starts_with(&want), "{s}\nwanted:\n{want}");
+}
+
+#[test]
+fn a_process_rank_that_exited_is_named_as_gone() {
+    rank0_waits_for_rank1("exit", "rank 1 exited or was killed (its status port refuses connections)");
 }
 
 #[test]
 fn a_process_rank_that_skips_its_launch_is_named_from_its_status_port() {
-    let e = two_processes("barrier");
-    println!("{e}");
-    let (s, chain, culprit) = stuck_of(&e);
-    assert_eq!((chain, culprit), (vec![0, 1], Some(1)), "{s}");
-    assert!(
-        s.starts_with(
-            ". Who is stuck: rank 0 waits for rank 1's signal at offset 0x8 (barrier >= 1, saw 0); \
-             rank 1 is not running a kernel: it launched none since its communicator was created; now in barrier"
-        ),
-        "{s}"
+    rank0_waits_for_rank1(
+        "barrier",
+        "rank 1 is not running a kernel: it launched none since its communicator was created; now in barrier",
     );
 }

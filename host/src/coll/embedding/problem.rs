@@ -93,37 +93,36 @@ impl Problem {
     }
 }
 
+/// Where rank `rank`'s rows lie: for every row of its shard that holds a
+/// global row, (the row's offset in `[table][global row][dim]`, its offset
+/// in the shard's `[table][local row][dim]`), in f32.
+fn shard_rows_of(p: &Problem, rank: u32) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let (d, sr) = (p.dim as usize, p.shard_rows());
+    (0..p.tables as usize).flat_map(move |t| {
+        (0..sr)
+            .map(move |l| (l, l * p.ranks + rank))
+            .filter(|&(_, j)| j < p.rows)
+            .map(move |(l, j)| ((t * p.rows as usize + j as usize) * d, (t * sr as usize + l as usize) * d))
+    })
+}
+
 /// Rank `rank`'s shard of `tables` (`[table][global row][dim]`), as
 /// [`super::EmbeddingExchange::load_shard`] takes it; rows past the end are
 /// zero.
 pub fn shard_of(p: &Problem, tables: &[f32], rank: u32) -> Vec<f32> {
-    let (d, sr) = (p.dim as usize, p.shard_rows());
+    let d = p.dim as usize;
     let mut v = vec![0f32; p.shard_len()];
-    for t in 0..p.tables as usize {
-        for l in 0..sr {
-            let j = l * p.ranks + rank;
-            if j < p.rows {
-                let src = (t * p.rows as usize + j as usize) * d;
-                let dst = (t * sr as usize + l as usize) * d;
-                v[dst..dst + d].copy_from_slice(&tables[src..src + d]);
-            }
-        }
+    for (global, local) in shard_rows_of(p, rank) {
+        v[local..local + d].copy_from_slice(&tables[global..global + d]);
     }
     v
 }
 
 /// Writes `shard` of `rank` back into `tables` (`[table][global row][dim]`).
 pub fn unshard(p: &Problem, tables: &mut [f32], shard: &[f32], rank: u32) {
-    let (d, sr) = (p.dim as usize, p.shard_rows());
-    for t in 0..p.tables as usize {
-        for l in 0..sr {
-            let j = l * p.ranks + rank;
-            if j < p.rows {
-                let dst = (t * p.rows as usize + j as usize) * d;
-                let src = (t * sr as usize + l as usize) * d;
-                tables[dst..dst + d].copy_from_slice(&shard[src..src + d]);
-            }
-        }
+    let d = p.dim as usize;
+    for (global, local) in shard_rows_of(p, rank) {
+        tables[global..global + d].copy_from_slice(&shard[local..local + d]);
     }
 }
 
@@ -254,4 +253,30 @@ pub fn traffic(p: &Problem, ids: &[Vec<u32>]) -> Traffic {
         tr.max_pair = tr.max_pair.max(per_owner.into_iter().max().unwrap_or(0));
     }
     tr
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_hold_every_rth_row_and_give_the_tables_back() {
+        let p = Problem {
+            ranks: 3,
+            tables: 2,
+            rows: 7,
+            dim: 2,
+            batch: 1,
+            pooling: 1,
+        };
+        let tables: Vec<f32> = (0..2 * 7 * 2).map(|i| i as f32 + 1.0).collect();
+        let shards: Vec<Vec<f32>> = (0..3).map(|r| shard_of(&p, &tables, r)).collect();
+        // Rank 1 holds global rows 1 and 4 of each table; its third local row is past the end.
+        assert_eq!(shards[1], [3.0, 4.0, 9.0, 10.0, 0.0, 0.0, 17.0, 18.0, 23.0, 24.0, 0.0, 0.0]);
+        let mut back = vec![0f32; tables.len()];
+        for (r, s) in shards.iter().enumerate() {
+            unshard(&p, &mut back, s, r as u32);
+        }
+        assert_eq!(back, tables);
+    }
 }
