@@ -103,6 +103,9 @@ struct Report {
     /// per WQE of each step (checks, reserve, write, doorbell,
     /// completion).
     post_cycles_per_wqe: Vec<(String, f64)>,
+    /// Over those puts: rank 0's engine's mean time from seeing a QP's
+    /// doorbell to the end of the WQE's execution (its CQE written), ns.
+    post_engine_ns_per_wqe: Option<f64>,
     engine_bursts: Option<u64>,
     put_bw: Vec<BwRow>,
 }
@@ -253,6 +256,9 @@ fn print_report(r: &Report, a: &IbgdaBenchArgs, gpu: bool) {
     if !r.post_cycles_per_wqe.is_empty() {
         let parts: Vec<String> = r.post_cycles_per_wqe.iter().map(|(n, c)| format!("{n} {c:.0}")).collect();
         println!("# one thread's blocking 8-byte puts, cycles per WQE: {}", parts.join(", "));
+    }
+    if let Some(ns) = r.post_engine_ns_per_wqe {
+        println!("# of which the engine, from seeing the doorbell to the CQE written: {ns:.0} ns per WQE");
     }
     if let (Some(w), Some(b)) = (r.engine_burst_wqes, r.engine_bursts) {
         println!("# engine bursts: {w} WQEs in {b} bursts");
@@ -464,6 +470,7 @@ fn profile_posts(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), BoxE
     let n = p.rtt_iters.min(2000);
     r.status.zero()?;
     r.comm.barrier()?;
+    let before = r.comm.ibgda_engine();
     // SAFETY: symmetric `words`, registered `src`; `out` holds a
     // PostProfile (six words).
     unsafe {
@@ -480,6 +487,12 @@ fn profile_posts(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), BoxE
         return Ok(());
     }
     check(&r.status, "post profile")?;
+    if let (Some(b), Some(a)) = (before, r.comm.ibgda_engine()) {
+        let wqes = a.counters.rung_wqes - b.counters.rung_wqes;
+        if wqes > 0 {
+            report.post_engine_ns_per_wqe = Some((a.counters.rung_to_done_ns - b.counters.rung_to_done_ns) as f64 / wqes as f64);
+        }
+    }
     let v = out.to_host()?;
     let per = |c: u64| c as f64 / v[0].max(1) as f64;
     let names = ["checks", "reserve", "write", "doorbell", "completion"];

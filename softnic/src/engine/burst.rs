@@ -314,6 +314,7 @@ pub unsafe fn complete<P: Ports + ?Sized, M: PayloadMover>(
             }
             qp.sq_ci = idx.wrapping_add(1);
             done += 1;
+            mover.executed(q);
         }
         // The WQEs after the prefix the block saw were not simple: the
         // one-WQE path takes those, and a burst what follows them.

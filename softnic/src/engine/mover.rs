@@ -126,6 +126,17 @@ pub trait PayloadMover {
     #[inline(always)]
     fn lap(&mut self, _phase: Phase) {}
 
+    /// QP slot `q`'s doorbell was just seen (the GPU engine's latency
+    /// counters; a no-op elsewhere).
+    #[inline(always)]
+    fn rung(&mut self, _q: usize) {}
+
+    /// A WQE of QP slot `q` was just executed (its CQE, if any, written):
+    /// the GPU engine counts the time since the QP's last doorbell was
+    /// seen (a no-op elsewhere).
+    #[inline(always)]
+    fn executed(&mut self, _q: usize) {}
+
     /// Executes a burst ([`super::burst`]): of the `avail` basic blocks
     /// QP `q` of port `p` has published from SQ counter `start`, the
     /// longest prefix of simple RDMA WRITEs, with the mover's block; steps

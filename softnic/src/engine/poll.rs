@@ -141,7 +141,9 @@ unsafe fn poll_qp<P: Ports + ?Sized, M: PayloadMover>(
     // word's, so the two memory latencies overlap.
     let mail = unsafe { inbox_head(ports, p, q) };
     if matches!(before, QpState::Rts | QpState::Err) {
-        unsafe { watch_doorbell(ports, p, q, now_ns, cfg, scope, report) };
+        if unsafe { watch_doorbell(ports, p, q, now_ns, cfg, scope, report) } {
+            mover.rung(q);
+        }
     }
     unsafe { drain_inbox(ports, p, q, mail, now_ns, scope, report) };
     mover.lap(Phase::Doorbell);
@@ -268,7 +270,7 @@ pub(crate) unsafe fn doorbell_word(qp: &super::tables::QpEntry) -> u64 {
 /// A record that moved is followed by one [`mem::acquire`], so the WQEs it
 /// publishes are read after it; a doorbell whose record read shows nothing
 /// new reads it again after an acquire (the first read may have been
-/// older than the doorbell).
+/// older than the doorbell). Returns whether it saw a new doorbell.
 ///
 /// # Safety
 /// As for [`poll_port`].
@@ -280,16 +282,17 @@ unsafe fn watch_doorbell<P: Ports + ?Sized>(
     cfg: &EngineConfig,
     scope: mem::Scope,
     report: &mut PollReport,
-) {
-    let Some(port) = ports.get_mut(p) else { return };
+) -> bool {
+    let Some(port) = ports.get_mut(p) else { return false };
     let Port { qps, stats, .. } = port;
-    let Some(qp) = qps.get_mut(q) else { return };
+    let Some(qp) = qps.get_mut(q) else { return false };
     if qp.dbrec.is_null() {
-        return;
+        return false;
     }
     // SAFETY (whole function): the caller's contract.
     let seen = unsafe { doorbell_word(qp) };
-    if seen != qp.last_doorbell {
+    let rung = seen != qp.last_doorbell;
+    if rung {
         qp.last_doorbell = seen;
         qp.doorbells += 1;
         stats.doorbells += 1;
@@ -334,6 +337,7 @@ unsafe fn watch_doorbell<P: Ports + ?Sized>(
         report.due(qp.db_due_ns);
     }
     report.due(qp.last_dbr_read_ns.saturating_add(cfg.dbr_reread_ns.max(1)));
+    rung
 }
 
 /// Hands the WQEs QP `q` has published to the mover's burst
@@ -525,6 +529,7 @@ unsafe fn execute_due<P: Ports + ?Sized, M: PayloadMover>(
                 if let Some(qp) = ports.get_mut(p).and_then(|x| x.qps.get_mut(q)) {
                     qp.inflight_pop();
                 }
+                mover.executed(q);
                 report.progressed += 1;
             }
             Step::Blocked => {

@@ -200,6 +200,14 @@ pub struct EngineCounters {
     pub bursts: u64,
     /// WQEs bursts executed (the rest took the one-WQE path).
     pub burst_wqes: u64,
+    /// WQEs executed after a doorbell of their QP was seen, and the sum
+    /// of their times from that doorbell seen to their execution's end
+    /// (CQE written), `%globaltimer` ns: the engine's share of a WQE's
+    /// latency (noticing the doorbell comes before it; the poster's
+    /// completion poll after it).
+    pub rung_wqes: u64,
+    /// See `rung_wqes`.
+    pub rung_to_done_ns: u64,
 }
 
 /// The control thread stores its [`EngineProgress`] every this many passes
@@ -288,6 +296,8 @@ impl EngineCtl {
                 phase_cycles: [0; PHASES],
                 bursts: 0,
                 burst_wqes: 0,
+                rung_wqes: 0,
+                rung_to_done_ns: 0,
             },
             host_state,
             host_progress,
@@ -381,6 +391,10 @@ pub struct BlockMover {
     phase_cycles: [u64; PHASES],
     bursts: u64,
     burst_wqes: u64,
+    /// `%globaltimer` when each QP slot's last doorbell was seen (0: none).
+    rung_at: [u64; MAX_QPS],
+    rung_wqes: u64,
+    rung_to_done_ns: u64,
 }
 
 impl BlockMover {
@@ -461,6 +475,20 @@ impl PayloadMover for BlockMover {
         let now = ptx::clock64();
         self.pass_phases[phase as usize] += now.wrapping_sub(self.lap_start);
         self.lap_start = now;
+    }
+
+    #[inline(always)]
+    fn rung(&mut self, q: usize) {
+        self.rung_at[q % MAX_QPS] = ptx::globaltimer_ns();
+    }
+
+    #[inline(always)]
+    fn executed(&mut self, q: usize) {
+        let at = self.rung_at[q % MAX_QPS];
+        if at != 0 {
+            self.rung_wqes += 1;
+            self.rung_to_done_ns += ptx::globaltimer_ns().wrapping_sub(at);
+        }
     }
 
     unsafe fn burst<P: Ports + ?Sized>(
@@ -660,6 +688,9 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
             phase_cycles: [0; PHASES],
             bursts: 0,
             burst_wqes: 0,
+            rung_at: [0; MAX_QPS],
+            rung_wqes: 0,
+            rung_to_done_ns: 0,
         };
         let mut epoch = 0u64;
         let mut cfg = EngineConfig::default();
@@ -945,6 +976,8 @@ unsafe fn publish_counters(ctl: *mut EngineCtl, passes: u64, busy: u64, busy_cyc
         }
         ptx::st_relaxed_sys_u64(&raw mut (*c).bursts, m.bursts);
         ptx::st_relaxed_sys_u64(&raw mut (*c).burst_wqes, m.burst_wqes);
+        ptx::st_relaxed_sys_u64(&raw mut (*c).rung_wqes, m.rung_wqes);
+        ptx::st_relaxed_sys_u64(&raw mut (*c).rung_to_done_ns, m.rung_to_done_ns);
     }
 }
 
