@@ -54,7 +54,9 @@ for t in TESTS; do
     echo "=== $t"
     timeout "${TEST_TIMEOUT_S:-240}" ./"$t" --test-threads=1 > "$t.log" 2>&1
     rc=$?
-    grep -E "^test |test result|panicked|FAILED|error" "$t.log"
+    grep -E "^test |test result|FAILED|error" "$t.log"
+    # A failure's message is on the lines after "panicked".
+    grep -A8 "panicked" "$t.log"
     [ $rc = 0 ] || { echo "=== $t exited $rc"; status=1; }
 done
 exit $status

@@ -140,10 +140,8 @@ unsafe fn poll_qp<P: Ports + ?Sized, M: PayloadMover>(
     // The inbox head's load is issued first and used after the doorbell
     // word's, so the two memory latencies overlap.
     let mail = unsafe { inbox_head(ports, p, q) };
-    if matches!(before, QpState::Rts | QpState::Err) {
-        if unsafe { watch_doorbell(ports, p, q, now_ns, cfg, scope, report) } {
-            mover.rung(q);
-        }
+    if matches!(before, QpState::Rts | QpState::Err) && unsafe { watch_doorbell(ports, p, q, now_ns, cfg, scope, report) } {
+        mover.rung(q);
     }
     unsafe { drain_inbox(ports, p, q, mail, now_ns, scope, report) };
     mover.lap(Phase::Doorbell);

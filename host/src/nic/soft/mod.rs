@@ -186,7 +186,7 @@ pub struct SoftOptions {
     /// when every rank runs on the engine's GPU ([`SCOPE_ENV`]`=sys`).
     pub sys_scope: bool,
     /// Most WQEs of one burst of the engine kernel ([`BURST_ENV`];
-    /// `None`: [`BURST_MAX`](doorbell_softnic::engine::burst::BURST_MAX)):
+    /// `None`: [`BURST_MAX`]):
     /// runs of small RDMA WRITEs its block reads and checks together, a
     /// WQE per thread; 0: none, every WQE takes the one-WQE path.
     pub burst: Option<u32>,
