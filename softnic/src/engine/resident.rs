@@ -707,12 +707,6 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
             progressed: 1,
             next_event_ns: 0,
         };
-        // The next pass covers every slot in use (after a refresh or a new
-        // configuration); otherwise it covers the slots rung since and those
-        // the last pass made progress on, until an event is due.
-        let mut all = true;
-        let mut last_mask = 0u64;
-        let mut next_event_ns = 0u64;
         loop {
             if passes % CONTROL_EVERY == 0 {
                 // Relaxed: the stop word orders nothing; a new epoch is
@@ -728,7 +722,7 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
                     rng = EngineRng::new(cfg.faults.seed);
                     epoch = e;
                     ptx::st_release_sys_u64(&raw mut (*ctl).cfg_applied, e);
-                    all = true;
+                    last.progressed = 1;
                 }
             }
             let t = ptx::globaltimer_ns();
@@ -742,36 +736,13 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
                 mem::acquire(Scope::Sys);
                 watch = Watch::of(&table);
                 refreshed_ns = t;
-                all = true;
+                last.progressed = 1;
             }
-            // A pass walks only the slots that can have work: a QP slot
-            // whose doorbell word and inbox head did not move, on which the
-            // last pass did nothing and whose events are not due has none.
-            // (Each slot a pass walks costs its loads; the rung slot is not
-            // always the first.)
-            let mask = if all || now >= next_event_ns {
-                watch.mask
-            } else {
-                let mut m = watch.rung(&table) & watch.mask;
-                if last.progressed != 0 {
-                    m |= last_mask;
-                }
-                m
-            };
-            let full = mask != 0;
+            let full = last.progressed != 0 || now >= last.next_event_ns || watch.rung(&table);
             if full {
                 let c0 = ptx::clock64();
                 mover.begin_pass();
-                last = poll_port_masked(&mut table, port, mask, now, &cfg, &mut rng, &mut mover);
-                // A pass over some slots leaves the others' due events as
-                // the last pass over them reported.
-                next_event_ns = if mask == watch.mask {
-                    last.next_event_ns
-                } else {
-                    next_event_ns.min(last.next_event_ns)
-                };
-                last_mask = mask;
-                all = false;
+                last = poll_port_masked(&mut table, port, watch.mask, now, &cfg, &mut rng, &mut mover);
                 if last.progressed != 0 {
                     busy_cycles += ptx::clock64().wrapping_sub(c0);
                     mover.keep_pass();
@@ -948,17 +919,16 @@ impl Watch {
         w
     }
 
-    /// The slots of the watched QPs rung (doorbell word or inbox head
-    /// moved) since a pass last looked at them; every slot when not every
-    /// slot in use is watched (only a pass can tell).
+    /// Whether a watched QP was rung since its last full pass (or not
+    /// every slot is watched, so only a full pass can tell).
     ///
     /// # Safety
     /// The watched QPs' doorbell words are valid (the tables' contract).
-    unsafe fn rung(&self, view: &View) -> u64 {
+    unsafe fn rung(&self, view: &View) -> bool {
         if !self.complete {
-            return u64::MAX;
+            return true;
         }
-        let Some(p) = view.own() else { return 0 };
+        let Some(p) = view.own() else { return false };
         let own = view.own;
         let mut seen = [0u64; WATCHED];
         let mut mail = [0u32; WATCHED];
@@ -973,14 +943,11 @@ impl Watch {
                 }
             }
         }
-        let mut rung = 0u64;
+        let mut rung = false;
         for (i, (s, m)) in seen.iter().zip(mail.iter()).enumerate() {
             if i < self.n {
-                let q = self.slots[i] as usize % MAX_QPS;
-                let qp = &p.qps[q];
-                if *s != qp.last_doorbell || *m != qp.inbox_tail {
-                    rung |= 1u64 << q;
-                }
+                let qp = &p.qps[self.slots[i] as usize % MAX_QPS];
+                rung |= *s != qp.last_doorbell || *m != qp.inbox_tail;
             }
         }
         rung
