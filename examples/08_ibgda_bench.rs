@@ -100,8 +100,8 @@ struct Report {
     /// many bursts (`DOORBELL_SOFTNIC_BURST`).
     engine_burst_wqes: Option<u64>,
     /// One thread's blocking 8-byte puts (`Ibgda::profile_puts`): cycles
-    /// per WQE of each step (checks, reserve, write, doorbell,
-    /// completion).
+    /// per WQE of each step (checks, reserve, write, doorbell, the wait
+    /// for the CQE, its consumption).
     post_cycles_per_wqe: Vec<(String, f64)>,
     /// Over those puts: rank 0's engine's mean time from seeing a QP's
     /// doorbell to the end of the WQE's execution (its CQE written), ns.
@@ -258,7 +258,7 @@ fn print_report(r: &Report, a: &IbgdaBenchArgs, gpu: bool) {
         println!("# one thread's blocking 8-byte puts, cycles per WQE: {}", parts.join(", "));
     }
     if let Some(ns) = r.post_engine_ns_per_wqe {
-        println!("# of which the engine, from seeing the doorbell to the CQE written: {ns:.0} ns per WQE");
+        println!("# of the CQE wait, the engine from seeing the doorbell to the CQE written: {ns:.0} ns per WQE");
     }
     if let (Some(w), Some(b)) = (r.engine_burst_wqes, r.engine_bursts) {
         println!("# engine bursts: {w} WQEs in {b} bursts");
@@ -466,13 +466,13 @@ fn post_rates(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), BoxErro
 /// (`post_profile`, rank 0 to rank 1).
 fn profile_posts(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), BoxError> {
     let f = r.m.function::<post_profile>()?;
-    let out = r.comm.device().alloc_zeroed::<u64>(6)?;
+    let out = r.comm.device().alloc_zeroed::<u64>(7)?;
     let n = p.rtt_iters.min(2000);
     r.status.zero()?;
     r.comm.barrier()?;
     let before = r.comm.ibgda_engine();
     // SAFETY: symmetric `words`, registered `src`; `out` holds a
-    // PostProfile (six words).
+    // PostProfile (seven words).
     unsafe {
         let a = (
             r.words.as_mut_ptr(),
@@ -495,7 +495,7 @@ fn profile_posts(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), BoxE
     }
     let v = out.to_host()?;
     let per = |c: u64| c as f64 / v[0].max(1) as f64;
-    let names = ["checks", "reserve", "write", "doorbell", "completion"];
+    let names = ["checks", "reserve", "write", "doorbell", "cqe_wait", "consume"];
     report.post_cycles_per_wqe = names.iter().zip(&v[1..]).map(|(n, &c)| (n.to_string(), per(c))).collect();
     Ok(())
 }

@@ -149,8 +149,8 @@ pub unsafe fn post_burst<T: Transport>(t: T, dst: *mut u64, src: *const u64, wqe
 
 /// Rank 0's first thread posts `n` 8-byte puts of `src[0]` into rank 1's
 /// `dst[0]`, each one WQE waited for before the next, and writes the
-/// summed cycles of each step — checks, reserve, write, doorbell,
-/// completion — to `out` ([`Ibgda::profile_puts`]). Launch 1 × 1.
+/// summed cycles of each step — checks, reserve, write, doorbell, the
+/// wait for the CQE, its consumption — to `out` ([`Ibgda::profile_puts`]). Launch 1 × 1.
 #[kernel]
 pub unsafe fn post_profile(t: Ibgda, dst: *mut u64, src: *const u64, n: u32, out: *mut PostProfile, status: *mut u32) {
     if t.rank() != 0 || ptx::thread_idx_x() != 0 {

@@ -515,17 +515,22 @@ pub struct PostProfile {
     /// Submitting it: waiting for its turn, the doorbell record, the fence
     /// and the doorbell.
     pub doorbell: u64,
-    /// Waiting for its completion (the NIC's execution and CQE included),
-    /// consuming the CQE.
-    pub completion: u64,
+    /// From the doorbell until its CQE is seen (a tight poll of the CQE's
+    /// owner word): the NIC noticing the doorbell, executing the WQE,
+    /// writing the CQE, and the CQE reaching the poster.
+    pub cqe_wait: u64,
+    /// Consuming the CQE as every wait does (the CQ lock, the CQE, the CQ
+    /// doorbell record, the completed index).
+    pub consume: u64,
 }
 
 impl Ibgda {
     /// Posts the put `x` to `peer` `n` times from the calling thread, each
     /// one WQE, signaled and waited for before the next — the steps of a
     /// blocking `put_raw` by one thread — and adds the cycles of each step
-    /// to `out` ([`PostProfile`]). For benchmarks: where a poster's time
-    /// goes. `x.bytes` is at most [`Ibgda::max_msg`] (one WQE).
+    /// to `out` ([`PostProfile`]); between the doorbell and the wait it
+    /// polls the CQE itself, to tell the completion's arrival from its
+    /// consumption. For benchmarks: where a poster's time goes. `x.bytes` is at most [`Ibgda::max_msg`] (one WQE).
     ///
     /// # Safety
     /// As for [`Transport::put_raw`].
@@ -567,14 +572,29 @@ impl Ibgda {
             // SAFETY: as above.
             let end = unsafe { self.submit(&q, start, 1, head, call, peer) }?;
             let c4 = ptx::clock64();
-            self.wait_posted(Poster::Thread, &q, end, call, peer)?;
+            // SAFETY: the QP's CQ ring and state; one WQE outstanding, so
+            // the next CQE to consume is its.
+            unsafe {
+                let ci = core::ptr::read_volatile(&raw const (*q.state).cq_consumer);
+                let size = q.qp.cq_size;
+                let cqe = q.qp.cq.add(((ci & (size - 1)) as usize) * 16);
+                let mut spin = Spin::new(self.budget_ns);
+                while !cqe_ready(op_own_of(ptx::ld_acquire_sys_u32(cqe.add(15))), ci, size) {
+                    if !spin.again() {
+                        return Err(self.wedge(&q, call, peer, start, end));
+                    }
+                }
+            }
             let c5 = ptx::clock64();
+            self.wait_posted(Poster::Thread, &q, end, call, peer)?;
+            let c6 = ptx::clock64();
             out.wqes += 1;
             out.checks += c1.wrapping_sub(c0);
             out.reserve += c2.wrapping_sub(c1);
             out.write += c3.wrapping_sub(c2);
             out.doorbell += c4.wrapping_sub(c3);
-            out.completion += c5.wrapping_sub(c4);
+            out.cqe_wait += c5.wrapping_sub(c4);
+            out.consume += c6.wrapping_sub(c5);
         }
         Ok(())
     }
