@@ -136,6 +136,19 @@ fn two_ranks_connect_through_the_traits_and_bad_input_is_refused() {
     }
 }
 
+/// The soft NIC of the one rank of `world` on `dev`.
+fn open_alone(dev: &Device, world: &World, options: SoftOptions) -> SoftNic {
+    open(SoftOpen {
+        rank: 0,
+        device: dev,
+        world,
+        options,
+        cross_process: None,
+        same_gpu: true,
+    })
+    .expect("open")
+}
+
 /// The kernels' QP table (one `IbgdaQp`) the transport would build for
 /// `qp` over these rings, in device memory.
 fn kernel_table(dev: &Device, qp: &dyn QueuePair, uar: u64, cq_ring: CqRing, qp_rings: QpRings) -> DeviceBuffer<u64> {
@@ -195,19 +208,12 @@ struct BurstRun {
 fn bursts_run(burst: u32, bad: Option<usize>, seed: u64) -> BurstRun {
     let world = World::single();
     let dev = Device::emulator(0);
-    let mut nic = open(SoftOpen {
-        rank: 0,
-        device: &dev,
-        world: &world,
-        options: SoftOptions {
-            engine: Some(SoftNicEngine::Kernel),
-            burst: Some(burst),
-            ..SoftOptions::default()
-        },
-        cross_process: None,
-        same_gpu: true,
-    })
-    .expect("open");
+    let options = SoftOptions {
+        engine: Some(SoftNicEngine::Kernel),
+        burst: Some(burst),
+        ..SoftOptions::default()
+    };
+    let mut nic = open_alone(&dev, &world, options);
     let buf = dev.alloc_zeroed::<u8>(4096).expect("region");
     // SAFETY: `buf` outlives the region (dropped after it below).
     let mr = unsafe { nic.reg_mr(buf.as_raw(), 4096, access::ALL) }.expect("register");
@@ -362,15 +368,7 @@ fn bursts_execute_runs_of_short_writes_in_order_and_leave_the_rest_to_the_one_wq
 fn start_checks_the_kernels_table_against_the_engines_then_runs_and_stops() {
     let world = World::single();
     let dev = Device::emulator(0);
-    let mut nic = open(SoftOpen {
-        rank: 0,
-        device: &dev,
-        world: &world,
-        options: opts(Some(SoftNicEngine::Thread)),
-        cross_process: None,
-        same_gpu: true,
-    })
-    .expect("open");
+    let mut nic = open_alone(&dev, &world, opts(Some(SoftNicEngine::Thread)));
     let (_mem, cq_ring, qp_rings) = rings(&dev);
     // SAFETY: `_mem` outlives the objects (declared before them).
     let cq = unsafe { nic.create_cq(cq_ring) }.expect("cq");
