@@ -903,12 +903,18 @@ impl Watch {
     fn of(view: &View) -> Watch {
         let mut w = Watch::EMPTY;
         let Some(p) = view.own() else { return w };
-        for q in 0..MAX_QPS {
-            let qp = &p.qps[q];
-            if !qp.in_use() {
-                continue;
-            }
-            w.mask |= 1u64 << q;
+        // Every slot's flags first, with no branch between the loads, so
+        // they are in flight together (this runs right after a fence, when
+        // each is a trip to L2, and a loop that branched on each waited for
+        // each in turn); then the slots in use.
+        for (q, qp) in p.qps.iter().enumerate() {
+            w.mask |= (qp.in_use() as u64) << q;
+        }
+        let mut left = w.mask;
+        while left != 0 {
+            let q = left.trailing_zeros() as usize;
+            left &= left - 1;
+            let qp = &p.qps[q % MAX_QPS];
             if w.n < WATCHED && !qp.dbrec.is_null() {
                 w.slots[w.n] = q as u8;
                 w.n += 1;
