@@ -17,29 +17,29 @@ if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 pkgs=(rustc-web cargo-web rust-web-src rustfmt-web rust-web-clippy libibverbs-dev ibverbs-providers gcc)
 
-# One linux-headers-*-common package for mlx5_ifc.h: any one already
-# installed will do; otherwise the newest non-realtime one apt knows.
-if ! ls /usr/src/linux-headers-*/include/linux/mlx5/mlx5_ifc.h >/dev/null 2>&1; then
-    hdr=$(apt-cache search --names-only '^linux-headers-.*-common$' 2>/dev/null \
-        | awk '{print $1}' | grep -v -- '-rt' | sort -V | tail -n 1 || true)
-    if [ -z "$hdr" ]; then
-        $SUDO apt-get update -qq
-        hdr=$(apt-cache search --names-only '^linux-headers-.*-common$' \
-            | awk '{print $1}' | grep -v -- '-rt' | sort -V | tail -n 1 || true)
-    fi
-    if [ -z "$hdr" ]; then
-        echo "setup: apt lists no linux-headers-*-common package (needed for mlx5_ifc.h)" >&2
-        exit 1
-    fi
-    pkgs+=("$hdr")
-fi
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ ${#missing[@]} -gt 0 ]; then
-    echo "setup: installing ${missing[*]}"
+have_ifc=0
+ls /usr/src/linux-headers-*/include/linux/mlx5/mlx5_ifc.h >/dev/null 2>&1 && have_ifc=1
+
+if [ ${#missing[@]} -gt 0 ] || [ "$have_ifc" = 0 ]; then
+    # Fresh package lists first: a package picked from stale lists (the
+    # newest linux-headers of last month) may be gone from the mirror.
     $SUDO apt-get update -qq
+    # One linux-headers-*-common package for mlx5_ifc.h: any one already
+    # installed will do; otherwise the newest non-realtime one apt knows.
+    if [ "$have_ifc" = 0 ]; then
+        hdr=$(apt-cache search --names-only '^linux-headers-.*-common$' \
+            | awk '{print $1}' | grep -v -- '-rt' | sort -V | tail -n 1 || true)
+        if [ -z "$hdr" ]; then
+            echo "setup: apt lists no linux-headers-*-common package (needed for mlx5_ifc.h)" >&2
+            exit 1
+        fi
+        missing+=("$hdr")
+    fi
+    echo "setup: installing ${missing[*]}"
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
