@@ -1,5 +1,7 @@
 //! Shared helpers for doorbell's cross-crate integration tests (tests/tests/).
 
+pub mod ring;
+
 use doorbell::{Backend, Device};
 
 /// The PTX of the test kernel crate (`tests/kernels`), built by `tests/build.rs`.

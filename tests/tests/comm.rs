@@ -5,66 +5,11 @@
 use doorbell_tests::per_backend;
 use std::time::Duration;
 
-use doorbell::comm::{CommOptions, Communicator, PeerRoute, SymBuffer};
-use doorbell::{Backend, DeviceBuffer, Error, LaunchConfig};
-use doorbell_test_kernels::testing::{p2p_barrier_rounds, p2p_wait_forever, ring_p2p, STATUS_OK};
+use doorbell::comm::{CommOptions, Communicator, PeerRoute};
+use doorbell::{Backend, Error, LaunchConfig};
+use doorbell_test_kernels::testing::{p2p_barrier_rounds, p2p_wait_forever, STATUS_OK};
+use doorbell_tests::ring::{ring_once, RingTransport};
 use doorbell_tests::TEST_KERNELS;
-
-fn pattern(rank: usize, n: usize) -> Vec<u8> {
-    (0..n)
-        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(rank as u8 * 41 + 1))
-        .collect()
-}
-
-/// The ring kernels' buffers on one rank: `src` holds this rank's
-/// pattern; `dst` and `got` one byte more than `offset + bytes`, so a
-/// write past the range shows.
-struct RingBufs<'c> {
-    src: SymBuffer<'c, u8>,
-    dst: SymBuffer<'c, u8>,
-    got: SymBuffer<'c, u8>,
-    sig: SymBuffer<'c, u64>,
-    status: DeviceBuffer<u32>,
-}
-
-impl<'c> RingBufs<'c> {
-    /// Allocates (collective) and fills `src`.
-    fn new(comm: &'c Communicator, bytes: usize, offset: usize) -> doorbell::Result<Self> {
-        let b = RingBufs {
-            src: comm.alloc::<u8>(bytes.max(1))?,
-            dst: comm.alloc::<u8>(bytes + offset + 1)?,
-            got: comm.alloc::<u8>(bytes + offset + 1)?,
-            sig: comm.alloc::<u64>(1)?,
-            status: comm.device().alloc_zeroed::<u32>(1)?,
-        };
-        b.src.copy_from_host(&pattern(comm.rank(), bytes.max(1)))?;
-        Ok(b)
-    }
-
-    /// Checks the ring once its kernel has finished: every call succeeded,
-    /// the previous rank's `bytes` arrived at `offset` by put (`dst`) and
-    /// by get (`got`), nothing was written outside, the signal came once.
-    fn check(&self, comm: &Communicator, bytes: usize, offset: usize) -> doorbell::Result<()> {
-        assert_eq!(self.status.to_host()?[0], STATUS_OK, "rank {}", comm.rank());
-        let prev = (comm.rank() + comm.world_size() - 1) % comm.world_size();
-        let want = pattern(prev, bytes.max(1));
-        for (v, call) in [(self.dst.to_host()?, "put"), (self.got.to_host()?, "get")] {
-            let first_bad = v[offset..offset + bytes].iter().zip(&want[..bytes]).position(|(a, b)| a != b);
-            assert_eq!(
-                first_bad,
-                None,
-                "{call}: rank {} from {prev}, {bytes} B at +{offset}: first differing byte",
-                comm.rank()
-            );
-            assert!(
-                v[..offset].iter().all(|&b| b == 0) && v[offset + bytes] == 0,
-                "{call} wrote outside its range"
-            );
-        }
-        assert_eq!(self.sig.to_host()?, vec![1]);
-        Ok(())
-    }
-}
 
 fn ring(backend: Backend, ranks: usize, bytes: usize, offset: usize, use_warp: bool) {
     let opts = CommOptions {
@@ -73,34 +18,8 @@ fn ring(backend: Backend, ranks: usize, bytes: usize, offset: usize, use_warp: b
         ..Default::default()
     };
     Communicator::local(ranks, backend, opts, |comm| {
-        let dev = comm.device();
-        let m = dev.load_module(&TEST_KERNELS)?;
-        let f = m.function::<ring_p2p>()?;
-        let mut b = RingBufs::new(comm, bytes, offset)?;
-        comm.barrier()?;
-        let s = dev.new_stream()?;
-        let threads = if dev.is_gpu() { 256 } else { 64 };
-        // SAFETY: sizes as ring_p2p documents.
-        unsafe {
-            s.launch(
-                &f,
-                LaunchConfig::linear(1, threads),
-                (
-                    comm.p2p()?,
-                    b.src.as_mut_ptr(),
-                    b.dst.as_mut_ptr(),
-                    b.got.as_mut_ptr(),
-                    bytes as u64,
-                    offset as u64,
-                    b.sig.as_mut_ptr(),
-                    1u64,
-                    use_warp as u32,
-                    b.status.as_mut_ptr(),
-                ),
-            )?
-        };
-        comm.synchronize(&s)?;
-        b.check(comm, bytes, offset)
+        let threads = if comm.device().is_gpu() { 256 } else { 64 };
+        ring_once(comm, bytes, offset, use_warp, threads, |c| Ok(RingTransport::P2p(c.p2p()?)))
     })
     .unwrap_or_else(|e| panic!("{backend:?}, {ranks} ranks, {bytes} B at +{offset}, warp={use_warp}: {e}"));
 }
@@ -244,7 +163,6 @@ fn thread_ranks_share_one_address_space() {
 /// the given RDMA pairs; small send queues and messages, so the rings wrap
 /// and long transfers become many WQEs.
 fn ring_rdma(ranks: usize, bytes: usize, offset: usize, use_warp: bool, routed: Option<doorbell::comm::RdmaPeers>) {
-    use doorbell_test_kernels::testing::{ring_ibgda, ring_routed};
     let opts = CommOptions {
         heap_bytes: 1 << 20,
         wait_timeout: Duration::from_secs(20),
@@ -256,35 +174,13 @@ fn ring_rdma(ranks: usize, bytes: usize, offset: usize, use_warp: bool, routed: 
         ..Default::default()
     };
     Communicator::local(ranks, Backend::Cpu, opts, |comm| {
-        let dev = comm.device();
-        let m = dev.load_module(&TEST_KERNELS)?;
-        let mut b = RingBufs::new(comm, bytes, offset)?;
-        let t = comm.ibgda_with(&io)?;
-        comm.barrier()?;
-        let s = dev.new_stream()?;
-        let (a, d, c) = (b.src.as_mut_ptr(), b.dst.as_mut_ptr(), b.got.as_mut_ptr());
-        let (n, o, g, w, st) = (
-            bytes as u64,
-            offset as u64,
-            b.sig.as_mut_ptr(),
-            use_warp as u32,
-            b.status.as_mut_ptr(),
-        );
-        let cfg = LaunchConfig::linear(1, 64);
-        // SAFETY: sizes as the ring kernel documents.
-        unsafe {
-            match &routed {
-                None => s.launch(&m.function::<ring_ibgda>()?, cfg, (t, a, d, c, n, o, g, 1u64, w, st))?,
-                Some(p) => s.launch(
-                    &m.function::<ring_routed>()?,
-                    cfg,
-                    (comm.routed_with(p)?, a, d, c, n, o, g, 1u64, w, st),
-                )?,
+        ring_once(comm, bytes, offset, use_warp, 64, |c| match &routed {
+            None => Ok(RingTransport::Ibgda(c.ibgda_with(&io)?)),
+            Some(p) => {
+                c.ibgda_with(&io)?;
+                Ok(RingTransport::Routed(c.routed_with(p)?))
             }
-        };
-        comm.synchronize(&s)?;
-        comm.ibgda_check()?;
-        b.check(comm, bytes, offset)
+        })
     })
     .unwrap_or_else(|e| panic!("{ranks} ranks, {bytes} B at +{offset}, warp={use_warp}, routed={routed:?}: {e}"));
 }

@@ -13,17 +13,26 @@
 //!   destination holds the source's bytes.
 //! * `register_gpu_memory`: GPU memory registered for remote access, with
 //!   keys, and `describe()` naming how.
+//! * `ibgda_ring_through_the_nic`: the IBGDA transport set up by a
+//!   communicator (`DOORBELL_NIC=mlx5`, the port of `DOORBELL_TEST_NIC`)
+//!   between two ranks on GPU 0; the test kernels' ring runs put, get, a
+//!   signal add (an RDMA atomic), waits and barriers from the GPU through
+//!   the NIC, at sizes from 8 B to 8 MiB, by block and by warp, and every
+//!   byte that arrived is checked, and none outside.
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
+use doorbell::comm::{CommOptions, Communicator};
 use doorbell::kernels::mlx5::cq::{decode_poll_result, POLL_RESULT_WORDS};
 use doorbell::kernels::mlx5::wqe::FLAG_SIGNALED;
 use doorbell::kernels::mlx5::{QpHandle, WqeOp, WqeRequest};
 use doorbell::nic::mlx5::{gpu_pci_bus_id, Mlx5Nic};
-use doorbell::nic::{access, CqRing, MemoryRegion, Nic, QpOptions, QpRings, QueuePair};
-use doorbell::{Device, DeviceBuffer, LaunchConfig};
+use doorbell::nic::{access, CqRing, MemoryRegion, Nic, NicKind, QpOptions, QpRings, QueuePair, NIC_ENV};
+use doorbell::{Backend, Device, DeviceBuffer, LaunchConfig};
 use doorbell_test_kernels::mlx5::{mlx5_poll_cq, mlx5_post_wqes};
+use doorbell_tests::ring::{ring_once, RingTransport};
 use doorbell_tests::TEST_KERNELS;
 use rdma_sys_ext::hca::HcaFilter;
 use rdma_sys_ext::topo::Topology;
@@ -31,11 +40,16 @@ use rdma_sys_ext::Verbs;
 
 const ENV: &str = "DOORBELL_TEST_NIC";
 
+/// The port under test (`DOORBELL_TEST_NIC`), or a panic saying to set it.
+fn spec() -> String {
+    std::env::var(ENV).ok().filter(|s| !s.trim().is_empty()).unwrap_or_else(|| {
+        panic!("{ENV} is not set: name the ConnectX port to test, e.g. {ENV}=mlx5_0 (or mlx5_0:1); see scripts/run-nic-tests.sh")
+    })
+}
+
 /// The NIC under test and a GPU, or a panic saying what is missing.
 fn open() -> (Device, Mlx5Nic) {
-    let spec = std::env::var(ENV).ok().filter(|s| !s.trim().is_empty()).unwrap_or_else(|| {
-        panic!("{ENV} is not set: name the ConnectX port to test, e.g. {ENV}=mlx5_0 (or mlx5_0:1); see scripts/run-nic-tests.sh")
-    });
+    let spec = spec();
     let dev = Device::gpu(0).expect("these tests need a GPU");
     let verbs = Arc::new(Verbs::load().expect("rdma-core (libibverbs, libmlx5)"));
     let filter = HcaFilter::parse(&format!("={spec}")).expect("a device[:port] in DOORBELL_TEST_NIC");
@@ -234,4 +248,36 @@ fn register_gpu_memory() {
     let d = nic.describe();
     assert!(d.contains("dma-buf") || d.contains("nvidia_peermem"), "{d}");
     drop(mrs);
+}
+
+#[test]
+#[ignore = "needs a ConnectX NIC and a GPU: DOORBELL_TEST_NIC=<device> (scripts/run-nic-tests.sh)"]
+fn ibgda_ring_through_the_nic() {
+    let spec = spec();
+    // Only this binary's tests run in this process, one at a time
+    // (scripts/run-nic-tests.sh): no other thread reads the environment.
+    std::env::set_var(NIC_ENV, "mlx5");
+    std::env::set_var("DOORBELL_IB_HCA", format!("={spec}"));
+    let opts = CommOptions {
+        heap_bytes: 64 << 20,
+        wait_timeout: Duration::from_secs(20),
+        ..Default::default()
+    };
+    let cases = [(8, 0, false), (4093, 5, true), (1 << 20, 12, false), (8 << 20, 0, true)];
+    Communicator::local(2, Backend::Gpu, opts, |comm| {
+        for (bytes, offset, warp) in cases {
+            ring_once(comm, bytes, offset, warp, 256, |c| {
+                let t = c.ibgda()?;
+                let (kind, what) = c.ibgda_nic().expect("IBGDA is set up");
+                assert_eq!(kind, NicKind::Mlx5, "rank {}: {what}", c.rank());
+                if bytes == 8 {
+                    eprintln!("rank {}: {what}", c.rank());
+                }
+                Ok(RingTransport::Ibgda(t))
+            })
+            .inspect_err(|_| eprintln!("rank {}: the ring of {bytes} B at +{offset}, warp={warp} failed", comm.rank()))?;
+        }
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("the ring over {spec}: {e}"));
 }

@@ -35,66 +35,22 @@
 //! [`Communicator::ibgda`]. Each step logs at `DOORBELL_LOG=debug`, so a
 //! run that stops somewhere shows where.
 
+mod inspect;
 mod options;
 
-use doorbell_kernels::mlx5::wire::CqeSyndrome;
 use doorbell_kernels::mlx5::{Cqe64, QpHandle, CQE_INVALID, CQE_SIZE, SEND_WQE_BB};
-use doorbell_kernels::transport::ibgda::{IbgdaQp, QpCounters, RegRegion, QP_ERR_COMPLETION, QP_ERR_WEDGED, REG_SLOTS};
+use doorbell_kernels::transport::ibgda::{IbgdaQp, QpCounters, RegRegion, REG_SLOTS};
 use doorbell_kernels::transport::routed::ROUTE_WORDS;
 use doorbell_kernels::transport::{Ibgda, Routed};
 
 use super::{Communicator, PeerRoute};
 use crate::error::{Error, Result};
 use crate::memory::DeviceBuffer;
-use crate::nic::soft::{CrossProcess, EngineReport, IbgdaProgress, SoftDevice, SoftNic, SoftOpen};
+use crate::nic::soft::{CrossProcess, SoftNic, SoftOpen};
 use crate::nic::{access, CompletionQueue, CqRing, Endpoint, MemoryRegion, Nic, QpOptions, QpRings, QueuePair, StartCtx};
 
+pub use inspect::IbgdaQueue;
 pub use options::{IbgdaOptions, RdmaPeers};
-
-/// One send queue of the IBGDA transport as its kernels keep it
-/// ([`Communicator::ibgda_queues`]). Indices count WQEs and wrap.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct IbgdaQueue {
-    /// The rank that posts on it.
-    pub rank: usize,
-    /// The rank it reaches.
-    pub peer: usize,
-    /// Which of the QPs to that peer.
-    pub qp: usize,
-    /// WQEs reserved.
-    pub producer: u32,
-    /// WQEs rung (submitted in reservation order).
-    pub ready: u32,
-    /// WQEs known complete.
-    pub completed: u32,
-    /// CQEs consumed.
-    pub cq_consumer: u32,
-    /// 1 while a thread consumes CQEs.
-    pub poll_lock: u32,
-    /// 0, or the completion error / wedge word.
-    pub error: u32,
-    /// The first WQE not known good once `error` is set.
-    pub error_at: u32,
-}
-
-impl std::fmt::Display for IbgdaQueue {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "rank {} QP {} to rank {}: reserved {}, rung {}, completed {}, CQEs consumed {}, poll lock {}, error {:#x} at {}",
-            self.rank,
-            self.qp,
-            self.peer,
-            self.producer,
-            self.ready,
-            self.completed,
-            self.cq_consumer,
-            self.poll_lock,
-            self.error,
-            self.error_at
-        )
-    }
-}
 
 /// Alignment of each QP's rings: a page, as a ConnectX wants the work and
 /// completion queues it reads through DevX UMEMs (the soft NIC does not
@@ -415,106 +371,6 @@ impl Communicator {
             self.ibgda_state(Some(&o))?;
         }
         Ok(())
-    }
-
-    /// The soft NIC device of this rank (fault injection, statistics, the
-    /// error log), once the transport is set up over the soft NIC (`None`
-    /// before, or over another NIC).
-    pub fn soft_nic(&self) -> Option<SoftDevice> {
-        let guard = self.ibgda.lock().unwrap_or_else(|p| p.into_inner());
-        guard.as_ref()?.soft().map(|s| s.device().clone())
-    }
-
-    /// Reports QPs of this rank in an error state: a completion error (with
-    /// its syndrome) or a wedged queue (a post or wait that timed out).
-    /// Kernels must not be running. Clean when not set up.
-    pub fn ibgda_check(&self) -> Result<()> {
-        let guard = self.ibgda.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(st) = guard.as_ref() else { return Ok(()) };
-        let qpp = st.opts.qps_per_peer as usize;
-        let mut bad = Vec::new();
-        for (i, s) in st.queue_states(self)?.iter().enumerate() {
-            if s.error != 0 {
-                let what = if s.error & QP_ERR_COMPLETION != 0 {
-                    let syn = CqeSyndrome::from_u8(s.error as u8);
-                    format!("completion error {} ({:#04x})", syn.c_name(), s.error as u8)
-                } else if s.error & QP_ERR_WEDGED != 0 {
-                    "wedged (a post or completion wait ran out of budget)".to_string()
-                } else {
-                    format!("error word {:#x}", s.error)
-                };
-                bad.push(format!("QP {} to rank {}: {what} at WQE {}", i % qpp, i / qpp, s.error_at));
-            }
-        }
-        if bad.is_empty() {
-            return Ok(());
-        }
-        let log = match st.soft() {
-            Some(soft) => {
-                let log: Vec<String> = soft.device().error_log().iter().map(|r| format!("{r:?}")).take(4).collect();
-                format!("; soft NIC log: [{}]", log.join(", "))
-            }
-            None => String::new(),
-        };
-        Err(Error::comm(format!(
-            "rank {}: IBGDA queues in error: {}{log}; call Communicator::ibgda_reset (collective) to recover",
-            self.rank,
-            bad.join("; "),
-        )))
-    }
-
-    /// Where this rank's soft NIC engine runs and what it has done (`None`
-    /// before the transport is set up, or over another NIC).
-    pub fn ibgda_engine(&self) -> Option<EngineReport> {
-        let guard = self.ibgda.lock().unwrap_or_else(|p| p.into_inner());
-        guard.as_ref()?.soft()?.engine_report()
-    }
-
-    /// What this rank's soft NIC engine has seen and done (`None` before
-    /// the transport is set up, or over another NIC): passes, doorbells,
-    /// WQEs, CQEs, the last doorbell values read (see the `IbgdaProgress`
-    /// docs on reading it). The kernel engine's record is read from mapped
-    /// host memory with no driver call, so this answers while a kernel is
-    /// stuck; print it when a wait involving IBGDA fails.
-    pub fn ibgda_progress(&self) -> Option<IbgdaProgress> {
-        let guard = self.ibgda.lock().unwrap_or_else(|p| p.into_inner());
-        guard.as_ref()?.soft()?.progress()
-    }
-
-    /// A snapshot of this rank's send queues as the kernels keep them
-    /// (`None` before the transport is set up), over any NIC: per QP its
-    /// reservation, ready (rung), completed and CQ-consumer indices, the
-    /// CQ poll lock and the error word. Read from device memory with a
-    /// driver copy, which kernels running on other streams do not block,
-    /// so it answers while a kernel is stuck; read with `ibgda_progress`
-    /// it tells a queue whose turn never comes (`ready < producer`,
-    /// `completed == ready`) from an engine that does not run what was
-    /// rung.
-    pub fn ibgda_queues(&self) -> Result<Option<Vec<IbgdaQueue>>> {
-        let guard = self.ibgda.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(st) = guard.as_ref() else { return Ok(None) };
-        if st.memory.is_none() {
-            return Ok(None);
-        }
-        let qpp = st.opts.qps_per_peer as usize;
-        Ok(Some(
-            st.queue_states(self)?
-                .iter()
-                .enumerate()
-                .map(|(i, s)| IbgdaQueue {
-                    rank: self.rank,
-                    peer: i / qpp,
-                    qp: i % qpp,
-                    producer: s.producer,
-                    ready: s.ready,
-                    completed: s.completed,
-                    cq_consumer: s.cq_consumer,
-                    poll_lock: s.poll_lock,
-                    error: s.error,
-                    error_at: s.error_at,
-                })
-                .collect(),
-        ))
     }
 
     /// The set-up state's handle, when the transport is set up.
