@@ -163,6 +163,7 @@ pub(crate) fn check_remote_at<P: Ports + ?Sized>(
 ///
 /// # Safety
 /// The peer's RQ ring is valid.
+#[inline(never)]
 unsafe fn check_receive(port: &Port, pq: usize, idx: u32) -> Result<(RecvWqe, u64), (CqeSyndrome, Reason, u32, u64)> {
     let Some(peer) = port.qps.get(pq) else {
         return Err((CqeSyndrome::LocalQpOp, Reason::None, 0, 0));
@@ -182,6 +183,7 @@ unsafe fn check_receive(port: &Port, pq: usize, idx: u32) -> Result<(RecvWqe, u6
 ///
 /// # Safety
 /// Checked by [`check_local`] and [`check_remote`].
+#[inline(never)]
 unsafe fn gather_to<M: PayloadMover>(w: &Wqe, dst: *mut u8, mover: &mut M) {
     let mut off = 0usize;
     for d in w.segments() {
@@ -195,6 +197,7 @@ unsafe fn gather_to<M: PayloadMover>(w: &Wqe, dst: *mut u8, mover: &mut M) {
 ///
 /// # Safety
 /// Checked by [`check_local`] and [`check_remote`].
+#[inline(never)]
 unsafe fn scatter_from<M: PayloadMover>(w: &Wqe, src: *const u8, mover: &mut M) {
     let mut off = 0usize;
     for d in w.segments() {
@@ -209,6 +212,7 @@ unsafe fn scatter_from<M: PayloadMover>(w: &Wqe, src: *const u8, mover: &mut M) 
 ///
 /// # Safety
 /// Checked by [`check_local`] and [`check_receive`]; the message fits.
+#[inline(never)]
 unsafe fn gather_to_receive<M: PayloadMover>(w: &Wqe, recv: &RecvWqe, mover: &mut M) {
     let dsts = recv.entries();
     let mut k = 0usize;
@@ -611,25 +615,83 @@ pub unsafe fn execute<P: Ports + ?Sized, M: PayloadMover>(
     cfg: &EngineConfig,
     mover: &mut M,
 ) -> Step {
+    let mut more = wqe::more_segs();
+    // SAFETY (whole function): the caller's contract.
+    let x = match unsafe { admit(ports, (p, q), head, now_ns, cfg, mover, &mut more) } {
+        Ok(x) => x,
+        Err(step) => return step,
+    };
+    if matches!(x.opcode, OPCODE_RDMA_WRITE_IMM | OPCODE_SEND) && ports.foreign(x.pp) {
+        // The responder's receive queue and CQ are rings of another
+        // process, which this engine cannot reach.
+        // The responder did nothing wrong: its QP stays as it is.
+        let f = Fail::new(CqeSyndrome::RemoteInvalReq, Reason::Unmapped, 0, 0);
+        return unsafe { x.fail_remote(ports, f, Responder::Untouched) };
+    }
+    match x.opcode {
+        OPCODE_RDMA_WRITE | OPCODE_RDMA_WRITE_IMM => unsafe { x.write(ports, cfg, mover) },
+        OPCODE_RDMA_READ => unsafe { x.read(ports, mover) },
+        OPCODE_ATOMIC_CS | OPCODE_ATOMIC_FA => unsafe { x.atomic(ports, cfg, mover) },
+        OPCODE_SEND => unsafe { x.send(ports, cfg, mover) },
+        _ => {
+            // parse() accepts only the opcodes above.
+            let f = Fail::new(CqeSyndrome::LocalQpOp, Reason::BadOpcode, 0, 0);
+            let failed = FailedWqe {
+                idx: x.w.idx,
+                opcode: x.opcode,
+            };
+            unsafe { fail_requester(ports, p, q, failed, &f, now_ns, x.scope) };
+            Step::Failed
+        }
+    }
+}
+
+/// A WQE that passed the requester's side of [`execute`] (CQ room, the one
+/// read out of the ring, admission, local checks) with the responder QP
+/// that answers it: what its opcode's step needs.
+struct Admitted<'a> {
+    p: usize,
+    q: usize,
+    pp: usize,
+    pq: usize,
+    w: Wqe<'a>,
+    opcode: u8,
+    now_ns: u64,
+    scope: Scope,
+}
+
+/// The requester's side of [`execute`]: `Err` is the step the WQE ends
+/// with here (blocked, waiting, failed, or a NOP done).
+///
+/// # Safety
+/// As for [`execute`].
+unsafe fn admit<'a, P: Ports + ?Sized, M: PayloadMover>(
+    ports: &mut P,
+    (p, q): (usize, usize),
+    head: &Inflight,
+    now_ns: u64,
+    cfg: &EngineConfig,
+    mover: &mut M,
+    more: &'a mut wqe::MoreSegs,
+) -> Result<Admitted<'a>, Step> {
     if q >= MAX_QPS {
-        return Step::Blocked;
+        return Err(Step::Blocked);
     }
     let scope = mover.scope();
     let Some(send_cq) = ports.get(p).and_then(|x| x.qps.get(q)).map(|qp| qp.send_cq) else {
-        return Step::Blocked;
+        return Err(Step::Blocked);
     };
     // SAFETY (whole function): the caller's contract; every pointer below
     // was checked against the tables first.
     if !unsafe { own_room(ports, p, send_cq) } {
-        return Step::Blocked;
+        return Err(Step::Blocked);
     }
     mover.lap(Phase::Room);
     let Some(qp) = ports.get(p).and_then(|x| x.qps.get(q)) else {
-        return Step::Blocked;
+        return Err(Step::Blocked);
     };
     // The WQE's one read out of the ring: everything below uses `w`.
-    let mut more = wqe::more_segs();
-    let w = match unsafe { wqe::parse(qp, head.wqe_idx, &mut more) } {
+    let w = match unsafe { wqe::parse(qp, head.wqe_idx, more) } {
         Ok(w) if w.bbs == head.bbs => w,
         other => {
             let m = match other {
@@ -657,7 +719,7 @@ pub unsafe fn execute<P: Ports + ?Sized, M: PayloadMover>(
                     scope,
                 )
             };
-            return Step::Failed;
+            return Err(Step::Failed);
         }
     };
     let opcode = w.ctrl.opcode;
@@ -669,7 +731,7 @@ pub unsafe fn execute<P: Ports + ?Sized, M: PayloadMover>(
             if n != 0 && port.stats.executed % n == 0 {
                 let f = Fail::new(cfg.faults.forced(), Reason::Injected, 0, 0);
                 unsafe { fail_requester(ports, p, q, FailedWqe { idx: w.idx, opcode }, &f, now_ns, scope) };
-                return Step::Failed;
+                return Err(Step::Failed);
             }
         }
     }
@@ -677,7 +739,7 @@ pub unsafe fn execute<P: Ports + ?Sized, M: PayloadMover>(
     if opcode == OPCODE_NOP {
         unsafe { complete_requester(ports, p, q, &w, 0, now_ns, scope) };
         mover.lap(Phase::Requester);
-        return Step::Done;
+        return Err(Step::Done);
     }
 
     // Local checks.
@@ -688,11 +750,11 @@ pub unsafe fn execute<P: Ports + ?Sized, M: PayloadMover>(
     };
     let local = match ports.get(p) {
         Some(port) => check_local(port, q, &w, local_need),
-        None => return Step::Blocked,
+        None => return Err(Step::Blocked),
     };
     if let Err(f) = local {
         unsafe { fail_requester(ports, p, q, FailedWqe { idx: w.idx, opcode }, &f, now_ns, scope) };
-        return Step::Failed;
+        return Err(Step::Failed);
     }
     mover.lap(Phase::Local);
 
@@ -700,145 +762,165 @@ pub unsafe fn execute<P: Ports + ?Sized, M: PayloadMover>(
     let (pp, pq) = match resolve_peer(ports, p, q) {
         Ok(x) => x,
         Err(reason) => {
-            return Step::Wait {
+            return Err(Step::Wait {
                 reason,
                 syndrome: CqeSyndrome::TransportRetryExc,
                 timeout_ns: cfg.transport_timeout_ns,
                 opcode,
-            }
+            })
         }
     };
     if cfg.faults.stalled(pp, now_ns) {
-        return Step::Wait {
+        return Err(Step::Wait {
             reason: Reason::PeerStalled,
             syndrome: CqeSyndrome::TransportRetryExc,
             timeout_ns: cfg.transport_timeout_ns,
             opcode,
-        };
+        });
     }
     mover.lap(Phase::Peer);
-    let remote_fail = |ports: &mut P, f: Fail, what: Responder| {
-        // The responder hears of it through its inbox: wait for room
-        // (nothing was touched yet, so the retry fails the same way).
+    Ok(Admitted {
+        p,
+        q,
+        pp,
+        pq,
+        w,
+        opcode,
+        now_ns,
+        scope,
+    })
+}
+
+// Each opcode's step of `execute`: the responder's checks, the payload,
+// the CQEs. Safety (every method): as for `execute`.
+impl Admitted<'_> {
+    /// A responder-side failure: the requester's error CQE, and the
+    /// responder hears of it through its inbox (waiting for room there:
+    /// nothing was touched yet, so the retry fails the same way).
+    #[inline(never)]
+    unsafe fn fail_remote<P: Ports + ?Sized>(&self, ports: &mut P, f: Fail, what: Responder) -> Step {
+        let (p, q, pp, pq) = (self.p, self.q, self.pp, self.pq);
         if what != Responder::Untouched && !unsafe { inbox_room(ports, p, q, pp, pq) } {
             return Step::Blocked;
         }
+        let failed = FailedWqe {
+            idx: self.w.idx,
+            opcode: self.opcode,
+        };
         unsafe {
-            fail_requester(ports, p, q, FailedWqe { idx: w.idx, opcode }, &f, now_ns, scope);
-            if let Some(ev) = fail_event(ports, p, q, what, &f, opcode, now_ns) {
-                post_event(ports, p, q, pp, pq, &ev, scope);
+            fail_requester(ports, p, q, failed, &f, self.now_ns, self.scope);
+            if let Some(ev) = fail_event(ports, p, q, what, &f, self.opcode, self.now_ns) {
+                post_event(ports, p, q, pp, pq, &ev, self.scope);
             }
         }
         Step::Failed
-    };
-
-    if matches!(opcode, OPCODE_RDMA_WRITE_IMM | OPCODE_SEND) && ports.foreign(pp) {
-        // The responder's receive queue and CQ are rings of another
-        // process, which this engine cannot reach.
-        // The responder did nothing wrong: its QP stays as it is.
-        let f = Fail::new(CqeSyndrome::RemoteInvalReq, Reason::Unmapped, 0, 0);
-        return remote_fail(ports, f, Responder::Untouched);
     }
 
-    match opcode {
-        OPCODE_RDMA_WRITE | OPCODE_RDMA_WRITE_IMM => {
-            let dst = match check_remote(ports, pp, pq, &w, w.len, access::REMOTE_WRITE) {
-                Ok(d) => d,
-                Err(f) => return remote_fail(ports, f, Responder::Error),
-            };
-            mover.lap(Phase::Remote);
-            if opcode == OPCODE_RDMA_WRITE_IMM {
-                if let Err(step) = unsafe { receive_ready(ports, (p, q), (pp, pq), cfg, opcode) } {
-                    return step;
-                }
-                mover.lap(Phase::Receive);
+    /// RDMA WRITE, and WRITE with immediate (which consumes a receive WQE).
+    unsafe fn write<P: Ports + ?Sized, M: PayloadMover>(&self, ports: &mut P, cfg: &EngineConfig, mover: &mut M) -> Step {
+        let (p, q, pp, pq, w) = (self.p, self.q, self.pp, self.pq, &self.w);
+        let dst = match check_remote(ports, pp, pq, w, w.len, access::REMOTE_WRITE) {
+            Ok(d) => d,
+            Err(f) => return unsafe { self.fail_remote(ports, f, Responder::Error) },
+        };
+        mover.lap(Phase::Remote);
+        let imm = self.opcode == OPCODE_RDMA_WRITE_IMM;
+        if imm {
+            if let Err(step) = unsafe { receive_ready(ports, (p, q), (pp, pq), cfg, self.opcode) } {
+                return step;
             }
-            unsafe { gather_to(&w, dst, mover) };
-            if opcode == OPCODE_RDMA_WRITE_IMM {
-                unsafe { complete_responder(ports, (p, q), (pp, pq), &w, CQE_RESP_WR_IMM, now_ns, scope) };
-                mover.lap(Phase::Responder);
-            }
-            unsafe { complete_requester(ports, p, q, &w, w.len as u32, now_ns, scope) };
-            mover.lap(Phase::Requester);
-            Step::Done
-        }
-        OPCODE_RDMA_READ => {
-            let src = match check_remote(ports, pp, pq, &w, w.len, access::REMOTE_READ) {
-                Ok(s) => s,
-                Err(f) => return remote_fail(ports, f, Responder::Error),
-            };
-            mover.lap(Phase::Remote);
-            unsafe { scatter_from(&w, src, mover) };
-            unsafe { complete_requester(ports, p, q, &w, w.len as u32, now_ns, scope) };
-            mover.lap(Phase::Requester);
-            Step::Done
-        }
-        OPCODE_ATOMIC_CS | OPCODE_ATOMIC_FA => {
-            if w.raddr.raddr % 8 != 0 {
-                let f = Fail::new(CqeSyndrome::RemoteInvalReq, Reason::Misaligned, w.raddr.rkey, w.raddr.raddr);
-                return remote_fail(ports, f, Responder::Error);
-            }
-            let target = match check_remote(ports, pp, pq, &w, 8, access::REMOTE_ATOMIC) {
-                Ok(t) => t as *mut u64,
-                Err(f) => return remote_fail(ports, f, Responder::Error),
-            };
-            mover.lap(Phase::Remote);
-            // The result address as checked: the copy's one data segment.
-            let result = w.first_segment();
-            mover.lap(Phase::Check);
-            let old = unsafe {
-                if opcode == OPCODE_ATOMIC_FA {
-                    mem::atomic_fetch_add_u64(target, w.atomic.swap_add, scope)
-                } else {
-                    mem::atomic_cas_u64(target, w.atomic.compare, w.atomic.swap_add, scope)
-                }
-            };
-            let bytes = if cfg.atomic_reply_be != 0 {
-                old.to_be_bytes()
-            } else {
-                old.to_ne_bytes()
-            };
-            // The control thread writes the 8-byte result itself: the
-            // source is its own local memory.
-            unsafe { mem::copy_bytes(result.addr as usize as *mut u8, bytes.as_ptr(), 8) };
-            mover.lap(Phase::Atomic);
-            unsafe { complete_requester(ports, p, q, &w, 8, now_ns, scope) };
-            mover.lap(Phase::Requester);
-            Step::Done
-        }
-        OPCODE_SEND => {
-            let rq_idx = match unsafe { receive_ready(ports, (p, q), (pp, pq), cfg, opcode) } {
-                Ok(consumed) => consumed,
-                Err(step) => return step,
-            };
-            let checked = match ports.get(pp) {
-                Some(port) => unsafe { check_receive(port, pq, rq_idx) },
-                None => return Step::Blocked,
-            };
-            let recv = match checked {
-                Err((s, r, key, addr)) => {
-                    let f = Fail::new(CqeSyndrome::RemoteOp, r, key, addr);
-                    return remote_fail(ports, f, Responder::ErrorWithReceive(s, r));
-                }
-                Ok((_, cap)) if cap < w.len => {
-                    let f = Fail::new(CqeSyndrome::RemoteInvalReq, Reason::Length, 0, 0);
-                    return remote_fail(ports, f, Responder::ErrorWithReceive(CqeSyndrome::LocalLength, Reason::Length));
-                }
-                Ok((recv, _)) => recv,
-            };
             mover.lap(Phase::Receive);
-            unsafe { gather_to_receive(&w, &recv, mover) };
-            unsafe { complete_responder(ports, (p, q), (pp, pq), &w, CQE_RESP_SEND, now_ns, scope) };
+        }
+        unsafe { gather_to(w, dst, mover) };
+        if imm {
+            unsafe { complete_responder(ports, (p, q), (pp, pq), w, CQE_RESP_WR_IMM, self.now_ns, self.scope) };
             mover.lap(Phase::Responder);
-            unsafe { complete_requester(ports, p, q, &w, w.len as u32, now_ns, scope) };
-            mover.lap(Phase::Requester);
-            Step::Done
         }
-        _ => {
-            // parse() accepts only the opcodes above.
-            let f = Fail::new(CqeSyndrome::LocalQpOp, Reason::BadOpcode, 0, 0);
-            unsafe { fail_requester(ports, p, q, FailedWqe { idx: w.idx, opcode }, &f, now_ns, scope) };
-            Step::Failed
+        unsafe { complete_requester(ports, p, q, w, w.len as u32, self.now_ns, self.scope) };
+        mover.lap(Phase::Requester);
+        Step::Done
+    }
+
+    /// RDMA READ.
+    unsafe fn read<P: Ports + ?Sized, M: PayloadMover>(&self, ports: &mut P, mover: &mut M) -> Step {
+        let w = &self.w;
+        let src = match check_remote(ports, self.pp, self.pq, w, w.len, access::REMOTE_READ) {
+            Ok(s) => s,
+            Err(f) => return unsafe { self.fail_remote(ports, f, Responder::Error) },
+        };
+        mover.lap(Phase::Remote);
+        unsafe { scatter_from(w, src, mover) };
+        unsafe { complete_requester(ports, self.p, self.q, w, w.len as u32, self.now_ns, self.scope) };
+        mover.lap(Phase::Requester);
+        Step::Done
+    }
+
+    /// Compare-and-swap and fetch-and-add on 8 aligned bytes; the old value
+    /// goes to the WQE's one data segment.
+    unsafe fn atomic<P: Ports + ?Sized, M: PayloadMover>(&self, ports: &mut P, cfg: &EngineConfig, mover: &mut M) -> Step {
+        let w = &self.w;
+        if !w.raddr.raddr.is_multiple_of(8) {
+            let f = Fail::new(CqeSyndrome::RemoteInvalReq, Reason::Misaligned, w.raddr.rkey, w.raddr.raddr);
+            return unsafe { self.fail_remote(ports, f, Responder::Error) };
         }
+        let target = match check_remote(ports, self.pp, self.pq, w, 8, access::REMOTE_ATOMIC) {
+            Ok(t) => t as *mut u64,
+            Err(f) => return unsafe { self.fail_remote(ports, f, Responder::Error) },
+        };
+        mover.lap(Phase::Remote);
+        // The result address as checked: the copy's one data segment.
+        let result = w.first_segment();
+        mover.lap(Phase::Check);
+        let old = unsafe {
+            if self.opcode == OPCODE_ATOMIC_FA {
+                mem::atomic_fetch_add_u64(target, w.atomic.swap_add, self.scope)
+            } else {
+                mem::atomic_cas_u64(target, w.atomic.compare, w.atomic.swap_add, self.scope)
+            }
+        };
+        let bytes = if cfg.atomic_reply_be != 0 {
+            old.to_be_bytes()
+        } else {
+            old.to_ne_bytes()
+        };
+        // The control thread writes the 8-byte result itself: the
+        // source is its own local memory.
+        unsafe { mem::copy_bytes(result.addr as usize as *mut u8, bytes.as_ptr(), 8) };
+        mover.lap(Phase::Atomic);
+        unsafe { complete_requester(ports, self.p, self.q, w, 8, self.now_ns, self.scope) };
+        mover.lap(Phase::Requester);
+        Step::Done
+    }
+
+    /// SEND: into the responder's next receive WQE, checked first.
+    unsafe fn send<P: Ports + ?Sized, M: PayloadMover>(&self, ports: &mut P, cfg: &EngineConfig, mover: &mut M) -> Step {
+        let (p, q, pp, pq, w) = (self.p, self.q, self.pp, self.pq, &self.w);
+        let rq_idx = match unsafe { receive_ready(ports, (p, q), (pp, pq), cfg, self.opcode) } {
+            Ok(consumed) => consumed,
+            Err(step) => return step,
+        };
+        let checked = match ports.get(pp) {
+            Some(port) => unsafe { check_receive(port, pq, rq_idx) },
+            None => return Step::Blocked,
+        };
+        let recv = match checked {
+            Err((s, r, key, addr)) => {
+                let f = Fail::new(CqeSyndrome::RemoteOp, r, key, addr);
+                return unsafe { self.fail_remote(ports, f, Responder::ErrorWithReceive(s, r)) };
+            }
+            Ok((_, cap)) if cap < w.len => {
+                let f = Fail::new(CqeSyndrome::RemoteInvalReq, Reason::Length, 0, 0);
+                let what = Responder::ErrorWithReceive(CqeSyndrome::LocalLength, Reason::Length);
+                return unsafe { self.fail_remote(ports, f, what) };
+            }
+            Ok((recv, _)) => recv,
+        };
+        mover.lap(Phase::Receive);
+        unsafe { gather_to_receive(w, &recv, mover) };
+        unsafe { complete_responder(ports, (p, q), (pp, pq), w, CQE_RESP_SEND, self.now_ns, self.scope) };
+        mover.lap(Phase::Responder);
+        unsafe { complete_requester(ports, p, q, w, w.len as u32, self.now_ns, self.scope) };
+        mover.lap(Phase::Requester);
+        Step::Done
     }
 }
