@@ -286,3 +286,32 @@ pub fn spawn_rank1(entry: &str, port: u16, token: &str, local_rank: u32, env: &[
         .spawn()
         .expect("start the child rank")
 }
+
+/// The value of `var` in a child process's entry point (an `#[ignore]`d
+/// test that its parent test runs with `--ignored` and `var` set). `None`,
+/// said on stderr, where `var` is unset: the entry was run as a test, not
+/// by its parent, and returns at once.
+pub fn child_var(var: &str) -> Option<String> {
+    let v = std::env::var(var).ok();
+    if v.is_none() {
+        eprintln!("not a test: a child process's entry point, run by its parent test");
+    }
+    v
+}
+
+/// Test kernel `K` (of [`TEST_KERNELS`]) loaded on `dev`, and a new stream
+/// of `dev` to launch it on.
+pub fn test_kernel<K: doorbell::Kernel>(dev: &Device) -> (doorbell::Function<K>, doorbell::Stream) {
+    let m = dev.load_module(&TEST_KERNELS).expect("load the test kernels");
+    let f = m.function::<K>().unwrap_or_else(|e| panic!("{}: {e}", K::NAME));
+    (f, dev.new_stream().expect("a new stream"))
+}
+
+/// Asserts that `err` is the CPU emulator's report of a failure in the
+/// kernel named `kernel`; the failure message shows `err`.
+pub fn assert_emulator_failure(err: &doorbell::Error, kernel: &str) {
+    assert!(
+        matches!(err, doorbell::Error::Emulator { kernel: k, .. } if *k == kernel),
+        "expected the emulator to report a failure of {kernel}, got: {err}"
+    );
+}
