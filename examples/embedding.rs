@@ -422,17 +422,8 @@ impl<'c> Baseline<'c> {
             )?;
         }
         // Keys to the owners.
-        self.exchange(
-            s,
-            Via { mover, nccl },
-            Move {
-                unit: 8,
-                dir: Dir::ToOwners,
-                src: self.send_keys.as_raw(),
-                dst: self.recv_keys.as_ptr() as u64,
-            },
-        )?;
-        let total = self.recv_total(me) as u32;
+        let via = Via { mover, nccl };
+        let total = self.to_owners(s, via, 8, self.send_keys.as_raw(), self.recv_keys.as_ptr() as u64)?;
         // SAFETY: `recv_keys` holds `total` keys, `send_rows` total rows.
         unsafe {
             s.launch(
@@ -451,7 +442,7 @@ impl<'c> Baseline<'c> {
         // Rows back to the requesters.
         self.exchange(
             s,
-            Via { mover, nccl },
+            via,
             Move {
                 unit: d * 4,
                 dir: Dir::ToRequesters,
@@ -493,7 +484,6 @@ impl<'c> Baseline<'c> {
         nccl: Option<&crate::nccl::Comm>,
     ) -> Result<()> {
         let n = self.p.ranks as usize;
-        let me = self.comm.rank();
         let d = self.p.dim as u64;
         // SAFETY: `pos` from the forward indexes `send_grads`.
         unsafe {
@@ -509,17 +499,8 @@ impl<'c> Baseline<'c> {
                 ),
             )?;
         }
-        self.exchange(
-            s,
-            Via { mover, nccl },
-            Move {
-                unit: d * 4,
-                dir: Dir::ToOwners,
-                src: self.send_grads.as_raw(),
-                dst: self.recv_grads.as_ptr() as u64,
-            },
-        )?;
-        let total = self.recv_total(me) as u32;
+        let via = Via { mover, nccl };
+        let total = self.to_owners(s, via, d * 4, self.send_grads.as_raw(), self.recv_grads.as_ptr() as u64)?;
         // SAFETY: `recv_keys`/`recv_grads` hold `total` entries of this rank's rows.
         unsafe {
             s.launch(
@@ -549,6 +530,14 @@ impl<'c> Baseline<'c> {
             )?;
         }
         s.synchronize()
+    }
+
+    /// [`Self::exchange`] `ToOwners`: returns how many entries this rank,
+    /// as an owner, received.
+    fn to_owners(&self, s: &Stream, via: Via<'_>, unit: u64, src: u64, dst: u64) -> Result<u32> {
+        let dir = Dir::ToOwners;
+        self.exchange(s, via, Move { unit, dir, src, dst })?;
+        Ok(self.recv_total(self.comm.rank()) as u32)
     }
 
     /// Moves `unit`-byte entries between ranks: `ToOwners` from the send

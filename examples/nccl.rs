@@ -152,6 +152,14 @@ fn cu_stream(s: &Stream) -> doorbell::Result<*mut c_void> {
     Ok(cs.cu_stream() as *mut c_void)
 }
 
+/// Makes the stream call `name` (`call`, given the loaded API and `s`'s
+/// CUDA stream) and checks its result.
+fn on_stream(s: &Stream, name: &str, call: impl FnOnce(&Api, *mut c_void) -> Res) -> doorbell::Result<()> {
+    let a = api().map_err(doorbell::Error::Comm)?;
+    let stream = cu_stream(s)?;
+    check(call(a, stream), name)
+}
+
 /// One rank's NCCL communicator over the ranks of a doorbell communicator
 /// (one GPU per rank: NCCL refuses two ranks on one GPU).
 pub struct Comm {
@@ -208,40 +216,31 @@ impl Comm {
     /// `ncclAllReduce` (sum) of `count` elements of `dtype` from device
     /// address `src` into `dst` (may equal `src`) on `s`.
     pub fn all_reduce(&self, src: u64, dst: u64, count: usize, dtype: DType, s: &Stream) -> doorbell::Result<()> {
-        let a = api().map_err(doorbell::Error::Comm)?;
-        let stream = cu_stream(s)?;
         let t = match dtype {
             DType::F32 => NCCL_FLOAT32,
             DType::Bf16 => NCCL_BFLOAT16,
         };
-        // SAFETY: `src` and `dst` hold `count` elements of `dtype` on this
-        // rank's GPU (the caller's buffers); a live communicator and stream.
-        check(
-            unsafe { (a.all_reduce)(src as *const c_void, dst as *mut c_void, count, t, NCCL_SUM, self.comm, stream) },
-            "ncclAllReduce",
-        )
+        on_stream(s, "ncclAllReduce", |a, stream| {
+            // SAFETY: `src` and `dst` hold `count` elements of `dtype` on this
+            // rank's GPU (the caller's buffers); a live communicator and stream.
+            unsafe { (a.all_reduce)(src as *const c_void, dst as *mut c_void, count, t, NCCL_SUM, self.comm, stream) }
+        })
     }
 
     /// `ncclSend` of `bytes` at device address `src` to `peer` on `s`.
     pub fn send(&self, src: u64, bytes: u64, peer: usize, s: &Stream) -> doorbell::Result<()> {
-        let a = api().map_err(doorbell::Error::Comm)?;
-        let stream = cu_stream(s)?;
-        // SAFETY: `src` holds `bytes` of device memory (the caller's buffers).
-        check(
-            unsafe { (a.send)(src as *const c_void, bytes as usize, NCCL_INT8, peer as c_int, self.comm, stream) },
-            "ncclSend",
-        )
+        on_stream(s, "ncclSend", |a, stream| {
+            // SAFETY: `src` holds `bytes` of device memory (the caller's buffers).
+            unsafe { (a.send)(src as *const c_void, bytes as usize, NCCL_INT8, peer as c_int, self.comm, stream) }
+        })
     }
 
     /// `ncclRecv` of `bytes` into device address `dst` from `peer` on `s`.
     pub fn recv(&self, dst: u64, bytes: u64, peer: usize, s: &Stream) -> doorbell::Result<()> {
-        let a = api().map_err(doorbell::Error::Comm)?;
-        let stream = cu_stream(s)?;
-        // SAFETY: `dst` holds `bytes` of device memory.
-        check(
-            unsafe { (a.recv)(dst as *mut c_void, bytes as usize, NCCL_INT8, peer as c_int, self.comm, stream) },
-            "ncclRecv",
-        )
+        on_stream(s, "ncclRecv", |a, stream| {
+            // SAFETY: `dst` holds `bytes` of device memory.
+            unsafe { (a.recv)(dst as *mut c_void, bytes as usize, NCCL_INT8, peer as c_int, self.comm, stream) }
+        })
     }
 }
 

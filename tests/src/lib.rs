@@ -288,3 +288,194 @@ pub fn spawn_rank1(entry: &str, port: u16, token: &str, local_rank: u32, env: &[
         .spawn()
         .expect("start the child rank")
 }
+
+/// The value of `var` in a child process's entry point (an `#[ignore]`d
+/// test that its parent test runs with `--ignored` and `var` set). `None`,
+/// said on stderr, where `var` is unset: the entry was run as a test, not
+/// by its parent, and returns at once.
+pub fn child_var(var: &str) -> Option<String> {
+    let v = std::env::var(var).ok();
+    if v.is_none() {
+        eprintln!("not a test: a child process's entry point, run by its parent test");
+    }
+    v
+}
+
+/// Test kernel `K` (of [`TEST_KERNELS`]) loaded on `dev`, and a new stream
+/// of `dev` to launch it on.
+pub fn test_kernel<K: doorbell::Kernel>(dev: &Device) -> (doorbell::Function<K>, doorbell::Stream) {
+    let m = dev.load_module(&TEST_KERNELS).expect("load the test kernels");
+    let f = m.function::<K>().unwrap_or_else(|e| panic!("{}: {e}", K::NAME));
+    (f, dev.new_stream().expect("a new stream"))
+}
+
+/// Asserts that `err` is the CPU emulator's report of a failure in the
+/// kernel named `kernel`; the failure message shows `err`.
+pub fn assert_emulator_failure(err: &doorbell::Error, kernel: &str) {
+    assert!(
+        matches!(err, doorbell::Error::Emulator { kernel: k, .. } if *k == kernel),
+        "expected the emulator to report a failure of {kernel}, got: {err}"
+    );
+}
+
+/// The arguments of the test kernel `ring`
+/// (`doorbell_test_kernels::testing::ring`).
+pub type RingArgs<T> = (T, *mut u8, *mut u8, *mut u8, u64, u64, *mut u64, u64, u32, *mut u32);
+
+/// `ring`'s arguments for one round by the whole block, with `bufs` =
+/// `(src, dst, got)`: this rank puts `bytes` of `src` to the next rank's
+/// `dst` (offset 0) and adds 1 to its `sig`, waits for its own `sig` to
+/// reach 1, then gets the previous rank's `src` into `got`; the outcome
+/// goes to `status`.
+pub fn ring_round<T>(t: T, bufs: (*mut u8, *mut u8, *mut u8), bytes: u64, sig: *mut u64, status: *mut u32) -> RingArgs<T> {
+    let (src, dst, got) = bufs;
+    (t, src, dst, got, bytes, 0, sig, 1, 0, status)
+}
+
+/// Once every rank of `comm` is ready (a barrier), launches `f` as `cfg`
+/// with `args` on a new stream of `comm`'s device; returns the stream.
+///
+/// # Safety
+/// `args` as `K` documents.
+pub unsafe fn launch_after_barrier<K: doorbell::Kernel>(
+    comm: &doorbell::comm::Communicator,
+    f: &doorbell::Function<K>,
+    cfg: doorbell::LaunchConfig,
+    args: K::Args,
+) -> doorbell::Result<doorbell::Stream> {
+    comm.barrier()?;
+    let s = comm.device().new_stream()?;
+    // SAFETY: the caller's promise.
+    unsafe { s.launch(f, cfg, args)? };
+    Ok(s)
+}
+
+/// The arguments of the test kernel `bad_call`
+/// (`doorbell_test_kernels::contract::bad_call`): transport, dst, src,
+/// bytes, signal words, case, two code words.
+pub type BadArgs<T> = (T, *mut u8, *const u8, u64, *mut u64, u32, *mut u32);
+/// The arguments of the test kernel `flagged_rounds`.
+pub type RoundArgs<T> = (T, *mut u32, *mut u32, u32, *mut u64, *mut u64, u32, u32, *mut u32, *mut u32);
+/// The buffers of the test kernel `flagged_rounds`
+/// (`doorbell_test_kernels::contract::flagged_rounds`) on one rank, for
+/// `blocks` blocks of `words` words: the symmetric data, source, signal and
+/// ack words, and per block the words seen wrong and the status.
+pub struct FlaggedRounds<'c> {
+    pub blocks: u32,
+    pub words: u32,
+    pub data: doorbell::comm::SymBuffer<'c, u32>,
+    pub src: doorbell::comm::SymBuffer<'c, u32>,
+    pub sig: doorbell::comm::SymBuffer<'c, u64>,
+    pub ack: doorbell::comm::SymBuffer<'c, u64>,
+    pub wrong: doorbell::DeviceBuffer<u32>,
+    pub status: doorbell::DeviceBuffer<u32>,
+}
+
+impl<'c> FlaggedRounds<'c> {
+    /// Allocates the buffers on `comm` (collective: every rank calls it).
+    pub fn new(comm: &'c doorbell::comm::Communicator, blocks: u32, words: u32) -> doorbell::Result<Self> {
+        let n = (blocks * words) as usize;
+        let dev = comm.device();
+        Ok(FlaggedRounds {
+            blocks,
+            words,
+            data: comm.alloc(n)?,
+            src: comm.alloc(n)?,
+            sig: comm.alloc(blocks as usize)?,
+            ack: comm.alloc(blocks as usize)?,
+            wrong: dev.alloc_zeroed(blocks as usize)?,
+            status: dev.alloc_zeroed(blocks as usize)?,
+        })
+    }
+
+    /// `flagged_rounds`' arguments: `iters` rounds in `mode` over `t`.
+    pub fn args<T>(&mut self, t: T, iters: u32, mode: u32) -> RoundArgs<T> {
+        (
+            t,
+            self.data.as_mut_ptr(),
+            self.src.as_mut_ptr(),
+            self.words,
+            self.sig.as_mut_ptr(),
+            self.ack.as_mut_ptr(),
+            iters,
+            mode,
+            self.wrong.as_mut_ptr(),
+            self.status.as_mut_ptr(),
+        )
+    }
+
+    /// Checks what `iters` rounds left on rank `rank` (`what` names the case
+    /// in a failure): every block's status is 1; on rank 1, the receiver, no
+    /// word was seen wrong after its signal, the last round's data is all
+    /// there (and differs from round 1's), and every signal word is `iters`.
+    pub fn check(&self, rank: usize, iters: u32, what: &str) -> doorbell::Result<()> {
+        use doorbell_test_kernels::contract::payload;
+        let status = self.status.to_host()?;
+        assert!(status.iter().all(|&x| x == 1), "{what}: flagged rounds status {status:?}");
+        if rank == 1 {
+            let blocks = self.blocks as usize;
+            assert_eq!(
+                self.wrong.to_host()?,
+                vec![0; blocks],
+                "{what}: words seen wrong after their signal"
+            );
+            let d = self.data.to_host()?;
+            for b in 0..self.blocks {
+                for w in 0..self.words {
+                    let at = (b * self.words + w) as usize;
+                    assert_eq!(d[at], payload(iters, b, w), "{what}: last round's data, block {b} word {w}");
+                }
+            }
+            assert_ne!(payload(iters, 0, 0), payload(1, 0, 0), "rounds {iters} and 1 carry the same data");
+            assert_eq!(self.sig.to_host()?, vec![iters as u64; blocks], "{what}: signals");
+        }
+        Ok(())
+    }
+}
+
+/// The arguments of the test kernel `collect_signals`.
+pub type CollectArgs<T> = (T, *mut u64, u32, u64, *mut u64);
+
+/// Launches `bad_call` (`f`) with `args` on `s` as one block of 64 threads,
+/// waits for it, then for every rank (a barrier); returns what the wait
+/// reported: a bad call's error, `None` for the good control call.
+///
+/// # Safety
+/// `args` as `bad_call` documents: symmetric dst and signal words, a
+/// source holding every byte the case may read, two code words.
+pub unsafe fn run_bad_call<K, T>(
+    comm: &doorbell::comm::Communicator,
+    s: &doorbell::Stream,
+    f: &doorbell::Function<K>,
+    args: BadArgs<T>,
+) -> doorbell::Result<Option<doorbell::Error>>
+where
+    K: doorbell::Kernel<Args = BadArgs<T>>,
+{
+    // SAFETY: the caller's promise.
+    unsafe { s.launch(f, doorbell::LaunchConfig::linear(1, 64), args)? };
+    let err = comm.synchronize(s).err();
+    comm.barrier()?;
+    Ok(err)
+}
+
+/// How many signal words the contract tests have `collect_signals`
+/// (`doorbell_test_kernels::contract::collect_signals`) collect.
+pub const COLLECT_WORDS: u32 = 12;
+
+/// `collect_signals`' arguments: rank 0 sets rank 1's [`COLLECT_WORDS`]
+/// words at `sigs` 20 µs apart; rank 1 writes its four outcome words to `out`.
+pub fn collect_args<T>(t: T, sigs: *mut u64, out: *mut u64) -> CollectArgs<T> {
+    (t, sigs, COLLECT_WORDS, 20_000, out)
+}
+
+/// Checks rank 1's outcome words `o` of `collect_signals` (`what` names the
+/// case in a failure): every word collected, by 1 to [`COLLECT_WORDS`]
+/// calls of `wait_until_some`, no error, and `wait_until_any`'s index in range.
+pub fn check_collected(o: &[u64], what: &str) {
+    let count = COLLECT_WORDS as u64;
+    assert_eq!(o[0], (1u64 << count) - 1, "{what}: every word collected");
+    assert!(o[1] >= 1 && o[1] <= count, "{what}: wait_until_some calls {}", o[1]);
+    assert_eq!(o[2], 0, "{what}: error code");
+    assert!(o[3] < count, "{what}: wait_until_any's index {}", o[3]);
+}

@@ -13,7 +13,7 @@ use std::time::Duration;
 use doorbell::coll::reference::{allreduce_sum, first_mismatch};
 use doorbell::coll::{Algo, AllReduce, AllReduceOptions, Bf16, DType, HostElement, TransportKind};
 use doorbell::comm::{CommOptions, Communicator, RdmaPeers};
-use doorbell::{Backend, Error, ForTransport, Kernel, LaunchConfig, Stream};
+use doorbell::{Backend, Error, ForTransport, Function, Kernel, LaunchConfig, Stream};
 use doorbell_example_kernels::allreduce::{fused_grad_allreduce, fused_grad_allreduce_512, grad, COMPUTE_GEMV, COMPUTE_HASH};
 use doorbell_kernels::coll::allreduce::AllReduceArgs;
 use doorbell_kernels::pipeline::RingSet;
@@ -60,6 +60,35 @@ fn fused_step<T: HostElement>(
     comm.synchronize(s)?;
     let want = fused_want::<T>(compute, comm.world_size(), elems, step);
     Ok(out.to_host()?.iter().zip(&want).position(|(a, b)| a.to_bits() != b.to_bits()))
+}
+
+/// [`fused_step`] with the element type `dtype`.
+fn fused_step_of(
+    dtype: DType,
+    comm: &Communicator,
+    ar: &AllReduce,
+    s: &Stream,
+    at: (usize, u32, u32),
+    launch: impl FnOnce(AllReduceArgs, LaunchConfig) -> doorbell::Result<()>,
+) -> doorbell::Result<Option<usize>> {
+    match dtype {
+        DType::F32 => fused_step::<f32>(comm, ar, s, at, launch),
+        DType::Bf16 => fused_step::<Bf16>(comm, ar, s, at, launch),
+    }
+}
+
+/// A fused all-reduce (`options` with `fused` set) of `elems` `dtype` over
+/// `comm`, the example kernel `K` that launches it with its producer, and a
+/// new stream.
+fn fused<K: Kernel>(
+    comm: &Communicator,
+    elems: usize,
+    dtype: DType,
+    options: AllReduceOptions,
+) -> doorbell::Result<(AllReduce<'_>, Function<K>, Stream)> {
+    let ar = AllReduce::with_options(comm, elems, dtype, &AllReduceOptions { fused: true, ..options })?;
+    let f = comm.load_module(&doorbell_examples::USER_KERNELS)?.function::<K>()?;
+    Ok((ar, f, comm.device().new_stream()?))
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -287,22 +316,13 @@ per_backend! {
             (1, 300, DType::Bf16, COMPUTE_HASH, 256, Algo::Copy),
         ] {
             Communicator::local(ranks, backend, opts(), |comm| {
-                let ar = AllReduce::with_options(
-                    comm,
-                    elems,
-                    dtype,
-                    &AllReduceOptions {
-                        algo: Some(algo),
-                        chunk_bytes: Some(chunk),
-                        stages: Some(2),
-                        fused: true,
-                        ..Default::default()
-                    },
-                )?;
-                let dev = comm.device();
-                let module = comm.load_module(&doorbell_examples::USER_KERNELS)?;
-                let f = module.function::<Fused>()?;
-                let s = dev.new_stream()?;
+                let options = AllReduceOptions {
+                    algo: Some(algo),
+                    chunk_bytes: Some(chunk),
+                    stages: Some(2),
+                    ..Default::default()
+                };
+                let (ar, f, s) = fused::<Fused>(comm, elems, dtype, options)?;
                 for step in 0..3u32 {
                     let launch = |args: AllReduceArgs, cfg: LaunchConfig| {
                         comm.barrier()?; // host copies done on every rank first
@@ -310,10 +330,7 @@ per_backend! {
                         unsafe { s.launch(&f, cfg, (comm.p2p()?, args, compute, step)) }
                     };
                     let at = (elems, compute, step);
-                    let bad = match dtype {
-                        DType::F32 => fused_step::<f32>(comm, &ar, &s, at, launch)?,
-                        DType::Bf16 => fused_step::<Bf16>(comm, &ar, &s, at, launch)?,
-                    };
+                    let bad = fused_step_of(dtype, comm, &ar, &s, at, launch)?;
                     assert_eq!(
                         bad,
                         None,
@@ -390,22 +407,13 @@ per_backend! {
         let (ranks, elems) = (3usize, 3000usize);
         for algo in [Algo::Ll, Algo::OneShot, Algo::TwoShot, Algo::Pipelined] {
             Communicator::local(ranks, backend, opts(), |comm| {
-                let ar = AllReduce::with_options(
-                    comm,
-                    elems,
-                    DType::F32,
-                    &AllReduceOptions {
-                        algo: Some(algo),
-                        chunk_bytes: Some(1024),
-                        fused: true,
-                        ..Default::default()
-                    },
-                )?;
-                let dev = comm.device();
-                let module = comm.load_module(&doorbell_examples::USER_KERNELS)?;
-                let f = module.function::<Fused>()?;
-                let s = dev.new_stream()?;
-                let mut out = dev.alloc_zeroed::<f32>(elems)?;
+                let options = AllReduceOptions {
+                    algo: Some(algo),
+                    chunk_bytes: Some(1024),
+                    ..Default::default()
+                };
+                let (ar, f, s) = fused::<Fused>(comm, elems, DType::F32, options)?;
+                let mut out = comm.device().alloc_zeroed::<f32>(elems)?;
                 let (args, cfg) = ar.fused_args(&s, &mut out)?.expect("elements");
                 for step in 0..5u32 {
                     comm.barrier()?; // every rank's read of the previous step is done
@@ -580,23 +588,14 @@ per_backend! {
         assert_eq!(<fused_grad_allreduce as ForTransport<P2p>>::Kernel::MAX_THREADS, 0, "no bound");
         let elems = 1000;
         Communicator::local(1, backend, opts(), |comm| {
-            let ar = AllReduce::with_options(
-                comm,
-                elems,
-                DType::F32,
-                &AllReduceOptions {
-                    algo: Some(Algo::Copy),
-                    threads: Some(512),
-                    blocks: Some(1),
-                    fused: true,
-                    ..Default::default()
-                },
-            )?;
-            let dev = comm.device();
-            let module = comm.load_module(&doorbell_examples::USER_KERNELS)?;
-            let f = module.function::<Wide>()?;
-            let s = dev.new_stream()?;
-            let mut out = dev.alloc_zeroed::<f32>(elems)?;
+            let options = AllReduceOptions {
+                algo: Some(Algo::Copy),
+                threads: Some(512),
+                blocks: Some(1),
+                ..Default::default()
+            };
+            let (ar, f, s) = fused::<Wide>(comm, elems, DType::F32, options)?;
+            let mut out = comm.device().alloc_zeroed::<f32>(elems)?;
             let (args, cfg) = ar.fused_args(&s, &mut out)?.expect("elements");
             assert_eq!(cfg.block, (512, 1, 1), "the plan's block");
             let too_big = LaunchConfig {
@@ -742,10 +741,7 @@ fn fused_over(comm: &Communicator, base: &AllReduceOptions, elems: usize, dtype:
             }
         };
         let at = (elems, COMPUTE_HASH, step);
-        let i = match dtype {
-            DType::F32 => fused_step::<f32>(comm, &ar, &s, at, launch)?,
-            DType::Bf16 => fused_step::<Bf16>(comm, &ar, &s, at, launch)?,
-        };
+        let i = fused_step_of(dtype, comm, &ar, &s, at, launch)?;
         assert_eq!(
             i,
             None,

@@ -12,9 +12,9 @@ use doorbell::comm::{CommOptions, Communicator, PeerRoute, RdmaPeers};
 use doorbell::world::{RendezvousHost, World, WorldConfig};
 use doorbell::{Backend, Device, ForTransport, Kernel, KernelParam, LaunchConfig, Module};
 use doorbell_kernels::transport::Transport;
-use doorbell_test_kernels::contract::{bad_call, collect_signals, flagged_rounds, payload};
+use doorbell_test_kernels::contract::{bad_call, collect_signals, flagged_rounds};
 use doorbell_test_kernels::testing::{ring, STATUS_OK};
-use doorbell_tests::{BAD_CALLS, BAD_CALL_CONTROL, TEST_KERNELS};
+use doorbell_tests::{BadArgs, CollectArgs, FlaggedRounds, RingArgs, RoundArgs, BAD_CALLS, BAD_CALL_CONTROL, TEST_KERNELS};
 
 const TOKEN: &str = "comm-procs-test-token-91c2";
 const BYTES: usize = 10_007;
@@ -59,11 +59,6 @@ impl Via {
         }
     }
 }
-
-type RingArgs<T> = (T, *mut u8, *mut u8, *mut u8, u64, u64, *mut u64, u64, u32, *mut u32);
-type RoundArgs<T> = (T, *mut u32, *mut u32, u32, *mut u64, *mut u64, u32, u32, *mut u32, *mut u32);
-type BadArgs<T> = (T, *mut u8, *const u8, u64, *mut u64, u32, *mut u32);
-type CollectArgs<T> = (T, *mut u64, u32, u64, *mut u64);
 
 /// Both ranks: ring put/get of BYTES with a signal and a barrier, then
 /// flagged rounds, over `via`; returns the route to the peer.
@@ -112,27 +107,10 @@ where
     let mut status = dev.alloc_zeroed::<u32>(1)?;
     let r = comm.rank();
     src.copy_from_host(&(0..BYTES).map(|i| (i * 7 + r * 100) as u8).collect::<Vec<_>>())?;
-    comm.barrier()?;
-    let s = dev.new_stream()?;
+    let bufs = (src.as_mut_ptr(), dst.as_mut_ptr(), got.as_mut_ptr());
+    let args = doorbell_tests::ring_round(t, bufs, BYTES as u64, sig.as_mut_ptr(), status.as_mut_ptr());
     // SAFETY: sizes as ring documents.
-    unsafe {
-        s.launch(
-            &f,
-            LaunchConfig::linear(1, 64),
-            (
-                t,
-                src.as_mut_ptr(),
-                dst.as_mut_ptr(),
-                got.as_mut_ptr(),
-                BYTES as u64,
-                0u64,
-                sig.as_mut_ptr(),
-                1u64,
-                0u32,
-                status.as_mut_ptr(),
-            ),
-        )?
-    };
+    let s = unsafe { doorbell_tests::launch_after_barrier(comm, &f, LaunchConfig::linear(1, 64), args)? };
     comm.synchronize(&s)?;
     assert_eq!(status.to_host()?[0], STATUS_OK);
     let peer = 1 - r;
@@ -152,53 +130,13 @@ where
     <flagged_rounds as ForTransport<T>>::Kernel: Kernel<Args = RoundArgs<T>>,
 {
     let (blocks, words, iters) = (4u32, 1031u32, 20u32);
-    let dev = comm.device();
     let f = m.function::<<flagged_rounds as ForTransport<T>>::Kernel>()?;
-    let n = (blocks * words) as usize;
-    let data = comm.alloc::<u32>(n)?;
-    let src = comm.alloc::<u32>(n)?;
-    let sig = comm.alloc::<u64>(blocks as usize)?;
-    let ack = comm.alloc::<u64>(blocks as usize)?;
-    let mut wrong = dev.alloc_zeroed::<u32>(blocks as usize)?;
-    let mut status = dev.alloc_zeroed::<u32>(blocks as usize)?;
-    comm.barrier()?;
-    let s = dev.new_stream()?;
+    let mut rounds = FlaggedRounds::new(comm, blocks, words)?;
+    let args = rounds.args(t, iters, 0);
     // SAFETY: sizes as flagged_rounds documents.
-    unsafe {
-        s.launch(
-            &f,
-            LaunchConfig::linear(blocks, 64),
-            (
-                t,
-                data.as_mut_ptr(),
-                src.as_mut_ptr(),
-                words,
-                sig.as_mut_ptr(),
-                ack.as_mut_ptr(),
-                iters,
-                0u32,
-                wrong.as_mut_ptr(),
-                status.as_mut_ptr(),
-            ),
-        )?
-    };
+    let s = unsafe { doorbell_tests::launch_after_barrier(comm, &f, LaunchConfig::linear(blocks, 64), args)? };
     comm.synchronize(&s)?;
-    let r = comm.rank();
-    assert!(
-        status.to_host()?.iter().all(|&x| x == 1),
-        "rank {r}: flagged rounds status {:?}",
-        status.to_host()?
-    );
-    if r == 1 {
-        assert_eq!(wrong.to_host()?, vec![0; blocks as usize], "words seen wrong after their signal");
-        let d = data.to_host()?;
-        assert!(
-            (0..n).all(|k| d[k] == payload(iters, k as u32 / words, k as u32 % words)),
-            "last round's data"
-        );
-        assert_eq!(sig.to_host()?, vec![iters as u64; blocks as usize], "signals");
-    }
-    Ok(())
+    rounds.check(comm.rank(), iters, &format!("rank {}", comm.rank()))
 }
 
 /// The contract's argument checks and multi-word waits between two
@@ -242,16 +180,9 @@ where
         comm.barrier()?;
         // Case 1: a range from `dst` one byte past the heap's end (never read).
         let bytes = doorbell_tests::bad_call_bytes(case, dst.offset(), comm.heap_bytes());
+        let args = (t, dst.as_mut_ptr(), src.as_ptr(), bytes, sig.as_mut_ptr(), case, codes.as_mut_ptr());
         // SAFETY: symmetric dst/sig; src holds 4096 bytes, all a call may read.
-        unsafe {
-            s.launch(
-                &f,
-                LaunchConfig::linear(1, 64),
-                (t, dst.as_mut_ptr(), src.as_ptr(), bytes, sig.as_mut_ptr(), case, codes.as_mut_ptr()),
-            )?
-        };
-        let err = comm.synchronize(&s).err();
-        comm.barrier()?;
+        let err = unsafe { doorbell_tests::run_bad_call(comm, &s, &f, args)? };
         if r == 0 {
             assert_eq!(codes.to_host()?, vec![code, 0], "{what}: error code, threads that disagreed");
             match (case, err) {
@@ -283,27 +214,17 @@ where
             assert_eq!(sig.to_host()?, vec![0, 0], "{what}: the signal words changed");
         }
     }
-    let count = 12u32;
     let f = m.function::<<collect_signals as ForTransport<T>>::Kernel>()?;
-    let sigs = comm.alloc::<u64>(count as usize)?;
+    let sigs = comm.alloc::<u64>(doorbell_tests::COLLECT_WORDS as usize)?;
     let mut out = dev.alloc_zeroed::<u64>(4)?;
     comm.barrier()?;
+    let args = doorbell_tests::collect_args(t, sigs.as_mut_ptr(), out.as_mut_ptr());
     // SAFETY: symmetric words, four output words.
-    unsafe {
-        s.launch(
-            &f,
-            LaunchConfig::linear(1, 32),
-            (t, sigs.as_mut_ptr(), count, 20_000u64, out.as_mut_ptr()),
-        )?
-    };
+    unsafe { s.launch(&f, LaunchConfig::linear(1, 32), args)? };
     comm.synchronize(&s)?;
     comm.barrier()?;
     if r == 1 {
-        let o = out.to_host()?;
-        assert_eq!(o[0], (1u64 << count) - 1, "every signal collected");
-        assert!(o[1] >= 1 && o[1] <= count as u64, "wait_until_some calls {}", o[1]);
-        assert_eq!(o[2], 0, "error code");
-        assert!(o[3] < count as u64, "wait_until_any's index {}", o[3]);
+        doorbell_tests::check_collected(&out.to_host()?, &format!("rank {r}"));
     }
     Ok(())
 }
@@ -311,8 +232,7 @@ where
 #[test]
 #[ignore = "a child process's entry point: the tests that need it run it with --ignored"]
 fn child_rank() {
-    let Ok(backend) = std::env::var("DOORBELL_TEST_COMM_CHILD") else {
-        eprintln!("not a test: a child process's entry point, run by its parent test");
+    let Some(backend) = doorbell_tests::child_var("DOORBELL_TEST_COMM_CHILD") else {
         return;
     };
     let backend: Backend = backend.parse().unwrap();
@@ -413,8 +333,7 @@ fn heap_files_of(pids: &[u32]) -> Vec<String> {
 #[test]
 #[ignore = "a child process's entry point: the tests that need it run it with --ignored"]
 fn child_heap_rank() {
-    let Ok(role) = std::env::var("DOORBELL_TEST_HEAP_CHILD") else {
-        eprintln!("not a test: a child process's entry point, run by its parent test");
+    let Some(role) = doorbell_tests::child_var("DOORBELL_TEST_HEAP_CHILD") else {
         return;
     };
     let world = if role == "0" {
@@ -496,6 +415,16 @@ fn port_of(out: &mut impl Iterator<Item = String>) -> u16 {
         .expect("rank 0 printed no port")
 }
 
+/// Kills rank 1 (SIGKILL) and reaps it; then rank 0's next line holding
+/// `tag` (`missing`: what it means when there is none) must name the lost
+/// rank 1.
+fn rank0_loses_rank1(rank1: &mut std::process::Child, out0: &mut impl Iterator<Item = String>, tag: &str, missing: &str) {
+    rank1.kill().unwrap();
+    rank1.wait().unwrap();
+    let line = out0.find(|l| l.contains(tag)).expect(missing);
+    assert!(line.contains("lost rank 1"), "{line}");
+}
+
 #[test]
 fn kill_9_of_a_rank_leaves_no_heap_file() {
     let (mut rank0, mut out0) = spawn_heap_child("0", None);
@@ -506,13 +435,8 @@ fn kill_9_of_a_rank_leaves_no_heap_file() {
     let pids = [rank0.id(), rank1.id()];
     // Mid-run: the heaps are mapped, and no file of the job is left to leak.
     assert_eq!(heap_files_of(&pids), Vec::<String>::new(), "heap files while running");
-    rank1.kill().unwrap(); // SIGKILL
-    rank1.wait().unwrap();
-    let barrier = out0
-        .by_ref()
-        .find(|l| l.contains("BARRIER "))
-        .expect("rank 0 printed no barrier result");
-    assert!(barrier.contains("lost rank 1"), "{barrier}");
+    // SIGKILL; rank 0's barrier then fails.
+    rank0_loses_rank1(&mut rank1, &mut out0, "BARRIER ", "rank 0 printed no barrier result");
     rank0.wait().unwrap();
     assert_eq!(heap_files_of(&pids), Vec::<String>::new(), "heap files after kill -9 of rank 1");
 }
@@ -529,13 +453,8 @@ fn kill_9_of_a_rank_while_heaps_are_set_up_leaves_no_heap_file() {
         assert!(t0.elapsed() < Duration::from_secs(20), "heap files: {:?}", heap_files_of(&pids));
         std::thread::sleep(Duration::from_millis(5));
     }
-    rank1.kill().unwrap(); // SIGKILL, with its file still in /dev/shm
-    rank1.wait().unwrap();
-    let failed = out0
-        .by_ref()
-        .find(|l| l.contains("NEW-FAILED "))
-        .expect("rank 0's set-up did not fail");
-    assert!(failed.contains("lost rank 1"), "{failed}");
+    // SIGKILL, with its file still in /dev/shm; rank 0's set-up then fails.
+    rank0_loses_rank1(&mut rank1, &mut out0, "NEW-FAILED ", "rank 0's set-up did not fail");
     rank0.wait().unwrap();
     // Rank 0 removed its own file and the dead rank's, whose name it had.
     assert_eq!(

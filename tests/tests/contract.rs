@@ -8,10 +8,10 @@ use doorbell_tests::per_backend;
 use std::time::Duration;
 
 use doorbell::comm::{CommOptions, Communicator, RdmaPeers};
-use doorbell::{Backend, DeviceBuffer, Error, ForTransport, Kernel, KernelParam, LaunchConfig};
+use doorbell::{Backend, DeviceBuffer, Error, ForTransport, Kernel, KernelParam, LaunchConfig, Stream};
 use doorbell_kernels::transport::{Ibgda, P2p, Routed, Transport};
-use doorbell_test_kernels::contract::{bad_call, collect_signals, flagged_rounds, payload, Shadow};
-use doorbell_tests::TEST_KERNELS;
+use doorbell_test_kernels::contract::{bad_call, collect_signals, flagged_rounds, Shadow};
+use doorbell_tests::{BadArgs, CollectArgs, FlaggedRounds, RoundArgs, TEST_KERNELS};
 
 fn backends() -> Vec<Backend> {
     doorbell_tests::backends().iter().map(|d| d.backend()).collect()
@@ -55,7 +55,13 @@ impl Make for Shadow {
     const NAME: &'static str = "shadow";
 }
 
-type BadArgs<T> = (T, *mut u8, *const u8, u64, *mut u64, u32, *mut u32);
+/// A new stream, and `T`'s handle (Shadow counting into `calls`) made once
+/// every rank is ready (a barrier): what each launch below starts with.
+fn stream_and_handle<T: Make>(comm: &Communicator, calls: &mut DeviceBuffer<u64>) -> doorbell::Result<(Stream, T)> {
+    let s = comm.device().new_stream()?;
+    comm.barrier()?;
+    Ok((s, T::make(comm, calls)))
+}
 
 /// Runs bad-call `case` from rank 0 to rank 1; returns (rank 0's error,
 /// rank 1's dst and sig after the call, the codes, Shadow's call count).
@@ -79,19 +85,10 @@ where
         let src = dev.alloc_from(&src_host)?;
         T::register(comm, src.as_ptr() as u64, src_len)?;
         let mut codes = dev.alloc_zeroed::<u32>(2)?;
-        let s = dev.new_stream()?;
-        comm.barrier()?;
-        let t = T::make(comm, &mut calls);
+        let (s, t) = stream_and_handle::<T>(comm, &mut calls)?;
+        let args = (t, dst.as_mut_ptr(), src.as_ptr(), bytes, sig.as_mut_ptr(), case, codes.as_mut_ptr());
         // SAFETY: symmetric dst/sig, src of `bytes`, two code words.
-        unsafe {
-            s.launch(
-                &f,
-                LaunchConfig::linear(1, 64),
-                (t, dst.as_mut_ptr(), src.as_ptr(), bytes, sig.as_mut_ptr(), case, codes.as_mut_ptr()),
-            )?
-        };
-        let err = comm.synchronize(&s).err();
-        comm.barrier()?;
+        let err = unsafe { doorbell_tests::run_bad_call(comm, &s, &f, args)? };
         let c = codes.to_host()?;
         Ok((
             err,
@@ -196,8 +193,6 @@ fn bad_arguments_are_typed_errors_and_write_nothing_shadow() {
     bad_arguments_for::<Shadow>();
 }
 
-type RoundArgs<T> = (T, *mut u32, *mut u32, u32, *mut u64, *mut u64, u32, u32, *mut u32, *mut u32);
-
 fn flagged_rounds_for<T: Make>(backend: Backend, mode: u32, spread: bool)
 where
     flagged_rounds: ForTransport<T>,
@@ -213,55 +208,14 @@ where
         let dev = comm.device();
         let m = dev.load_module(&TEST_KERNELS)?;
         let f = m.function::<<flagged_rounds as ForTransport<T>>::Kernel>()?;
-        let n = (blocks * words) as usize;
-        let data = comm.alloc::<u32>(n)?;
-        let src = comm.alloc::<u32>(n)?;
-        let sig = comm.alloc::<u64>(blocks as usize)?;
-        let ack = comm.alloc::<u64>(blocks as usize)?;
-        let mut wrong = dev.alloc_zeroed::<u32>(blocks as usize)?;
-        let mut status = dev.alloc_zeroed::<u32>(blocks as usize)?;
+        let mut rounds = FlaggedRounds::new(comm, blocks, words)?;
         let mut calls = dev.alloc_zeroed::<u64>(1)?;
-        let s = dev.new_stream()?;
-        comm.barrier()?;
-        let t = T::make(comm, &mut calls);
+        let (s, t) = stream_and_handle::<T>(comm, &mut calls)?;
         // SAFETY: sizes as flagged_rounds documents.
-        unsafe {
-            s.launch(
-                &f,
-                LaunchConfig::linear(blocks, threads),
-                (
-                    t,
-                    data.as_mut_ptr(),
-                    src.as_mut_ptr(),
-                    words,
-                    sig.as_mut_ptr(),
-                    ack.as_mut_ptr(),
-                    iters,
-                    mode,
-                    wrong.as_mut_ptr(),
-                    status.as_mut_ptr(),
-                ),
-            )?
-        };
+        unsafe { s.launch(&f, LaunchConfig::linear(blocks, threads), rounds.args(t, iters, mode))? };
         comm.synchronize(&s)?;
         let what = format!("{backend:?} {} mode {mode} rank {}", T::NAME, comm.rank());
-        assert!(status.to_host()?.iter().all(|&x| x == 1), "{what}: status {:?}", status.to_host()?);
-        if comm.rank() == 1 {
-            assert_eq!(
-                wrong.to_host()?,
-                vec![0; blocks as usize],
-                "{what}: words seen wrong after their signal"
-            );
-            // The last round's data is all there (and differs from round 1).
-            let d = data.to_host()?;
-            for b in 0..blocks {
-                for w in 0..words {
-                    assert_eq!(d[(b * words + w) as usize], payload(iters, b, w), "{what}: block {b} word {w}");
-                }
-            }
-            assert_ne!(payload(iters, 0, 0), payload(1, 0, 0));
-            assert_eq!(sig.to_host()?, vec![iters as u64; blocks as usize]);
-        }
+        rounds.check(comm.rank(), iters, &what)?;
         Ok(())
     })
     .unwrap_or_else(|e| panic!("{backend:?} {} mode {mode}: {e}", T::NAME));
@@ -287,41 +241,27 @@ fn put_signal_data_is_visible_when_the_signal_is_seen_across_two_gpus() {
     }
 }
 
-type CollectArgs<T> = (T, *mut u64, u32, u64, *mut u64);
-
 fn collect_for<T: Make>(backend: Backend)
 where
     collect_signals: ForTransport<T>,
     <collect_signals as ForTransport<T>>::Kernel: Kernel<Args = CollectArgs<T>>,
 {
-    let count = 12u32;
     let out = Communicator::local(2, backend, opts(), |comm| {
         let dev = comm.device();
         let m = dev.load_module(&TEST_KERNELS)?;
         let f = m.function::<<collect_signals as ForTransport<T>>::Kernel>()?;
-        let sigs = comm.alloc::<u64>(count as usize)?;
+        let sigs = comm.alloc::<u64>(doorbell_tests::COLLECT_WORDS as usize)?;
         let mut out = dev.alloc_zeroed::<u64>(4)?;
         let mut calls = dev.alloc_zeroed::<u64>(1)?;
-        let s = dev.new_stream()?;
-        comm.barrier()?;
-        let t = T::make(comm, &mut calls);
+        let (s, t) = stream_and_handle::<T>(comm, &mut calls)?;
+        let args = doorbell_tests::collect_args(t, sigs.as_mut_ptr(), out.as_mut_ptr());
         // SAFETY: symmetric words, four output words.
-        unsafe {
-            s.launch(
-                &f,
-                LaunchConfig::linear(1, 32),
-                (t, sigs.as_mut_ptr(), count, 20_000u64, out.as_mut_ptr()),
-            )?
-        };
+        unsafe { s.launch(&f, LaunchConfig::linear(1, 32), args)? };
         comm.synchronize(&s)?;
         out.to_host()
     })
     .unwrap();
-    let r = &out[1];
-    assert_eq!(r[0], (1u64 << count) - 1, "{backend:?} {}: every word collected", T::NAME);
-    assert!(r[1] >= 1 && r[1] <= count as u64, "{backend:?} {}: calls {}", T::NAME, r[1]);
-    assert_eq!(r[2], 0, "{backend:?} {}: error code", T::NAME);
-    assert!(r[3] < count as u64);
+    doorbell_tests::check_collected(&out[1], &format!("{backend:?} {}", T::NAME));
 }
 
 per_backend! {

@@ -695,19 +695,25 @@ per_backend! {
     }
 }
 
-/// A peer whose part of the baseline's all-gather of row counts has the
-/// wrong length makes `forward` fail with an error naming it, not panic.
-#[test]
-fn the_baseline_refuses_a_malformed_peer_part() {
-    use doorbell_examples::embedding::{Baseline, Mover};
-    let p = Problem {
+/// Two ranks, two tables of 16 rows of 8 elements, 4 samples per rank,
+/// 2 ids per bag: small enough for the error cases below.
+fn small_problem() -> Problem {
+    Problem {
         ranks: 2,
         tables: 2,
         rows: 16,
         dim: 8,
         batch: 4,
         pooling: 2,
-    };
+    }
+}
+
+/// A peer whose part of the baseline's all-gather of row counts has the
+/// wrong length makes `forward` fail with an error naming it, not panic.
+#[test]
+fn the_baseline_refuses_a_malformed_peer_part() {
+    use doorbell_examples::embedding::{Baseline, Mover};
+    let p = small_problem();
     let ids = emb::generate_ids(&p, 1.1, 3);
     let max_recv = emb::max_recv(&p, &ids);
     let init = emb::initial_tables(&p);
@@ -741,14 +747,7 @@ fn the_baseline_refuses_a_malformed_peer_part() {
 /// backward before any forward or a second one of the same forward.
 #[test]
 fn bad_input_to_the_exchange_is_a_typed_error() {
-    let p = Problem {
-        ranks: 2,
-        tables: 2,
-        rows: 16,
-        dim: 8,
-        batch: 4,
-        pooling: 2,
-    };
+    let p = small_problem();
     let collective = |e: doorbell::Error, what: &str| {
         let msg = e.to_string();
         assert!(

@@ -55,39 +55,49 @@ fn unknown_flags_stray_arguments_and_bad_devices_are_usage_errors() {
     refused::<HistogramArgs>("histogram --n 1 --n 2", "--n");
 }
 
+/// Asserts that `example`'s help text `help` holds every one of `wants`.
+fn lists(example: &str, help: &str, wants: &[&str]) {
+    for want in wants {
+        assert!(help.contains(want), "{example} --help lacks {want}: {help}");
+    }
+}
+
 #[test]
 fn help_lists_every_flag_with_its_default() {
     let e = FmaArgs::try_parse_from(argv("fma --help")).unwrap_err();
     assert_eq!((e.kind(), e.exit_code()), (ErrorKind::DisplayHelp, 0));
-    let help = e.to_string();
-    for want in ["--device", "--n", "--iters", "default: 67108864", "default: 20 on a GPU"] {
-        assert!(help.contains(want), "fma --help lacks {want}: {help}");
-    }
-    let help = PingpongArgs::command().render_long_help().to_string();
-    for want in [
-        "--iters",
-        "[default: 1000]",
-        "--size",
-        "[default: 8]",
-        "--transport",
-        "DOORBELL_TOKEN",
-    ] {
-        assert!(help.contains(want), "pingpong --help lacks {want}: {help}");
-    }
-    let help = P2pBenchArgs::command().render_help().to_string();
-    for want in [
-        "-b, --minbytes",
-        "-e, --maxbytes",
-        "-f, --stepfactor",
-        "-n, --iters",
-        "-w, --warmup_iters",
-        "--rtt-iters",
-        "--rounds",
-        "--out",
-        "--spread",
-    ] {
-        assert!(help.contains(want), "p2p_bench --help lacks {want}: {help}");
-    }
+    lists(
+        "fma",
+        &e.to_string(),
+        &["--device", "--n", "--iters", "default: 67108864", "default: 20 on a GPU"],
+    );
+    lists(
+        "pingpong",
+        &PingpongArgs::command().render_long_help().to_string(),
+        &[
+            "--iters",
+            "[default: 1000]",
+            "--size",
+            "[default: 8]",
+            "--transport",
+            "DOORBELL_TOKEN",
+        ],
+    );
+    lists(
+        "p2p_bench",
+        &P2pBenchArgs::command().render_help().to_string(),
+        &[
+            "-b, --minbytes",
+            "-e, --maxbytes",
+            "-f, --stepfactor",
+            "-n, --iters",
+            "-w, --warmup_iters",
+            "--rtt-iters",
+            "--rounds",
+            "--out",
+            "--spread",
+        ],
+    );
     for cmd in [HistogramArgs::command(), WqeDumpArgs::command()] {
         cmd.debug_assert();
     }

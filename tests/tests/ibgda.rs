@@ -166,13 +166,19 @@ fn error_completions_are_typed_errors_write_nothing_and_reset_recovers() {
     assert!(o.recovered, "the reset queue did not deliver: {o:?}");
 }
 
-#[test]
-fn a_stalled_peer_fails_the_wqe_with_a_transport_retry_error() {
-    let o = faulty_put_signal(Duration::from_secs(20), true, |c, port1| {
-        c.transport_timeout_ns = 50_000_000;
+/// [`faulty_put_signal`] toward a peer whose port stalls for good, with the
+/// NIC's transport timeout `transport_timeout_ns` and the wait budget `wait`.
+fn put_signal_to_a_stalled_peer(wait: Duration, transport_timeout_ns: u64) -> Outcome {
+    faulty_put_signal(wait, true, |c, port1| {
+        c.transport_timeout_ns = transport_timeout_ns;
         c.faults.stall_port = port1 as u32 + 1;
         c.faults.stall_until_ns = u64::MAX;
-    });
+    })
+}
+
+#[test]
+fn a_stalled_peer_fails_the_wqe_with_a_transport_retry_error() {
+    let o = put_signal_to_a_stalled_peer(Duration::from_secs(20), 50_000_000);
     assert_eq!(o.code, 2, "{o:?}");
     assert!(o.err.as_deref().unwrap_or_default().contains("syndrome 0x15"), "{o:?}");
     assert!(o.took < Duration::from_secs(10), "{o:?}");
@@ -182,11 +188,7 @@ fn a_stalled_peer_fails_the_wqe_with_a_transport_retry_error() {
 
 #[test]
 fn a_peer_stalled_past_the_wait_budget_is_a_timeout_and_a_wedged_queue() {
-    let o = faulty_put_signal(Duration::from_millis(300), true, |c, port1| {
-        c.transport_timeout_ns = 5_000_000_000;
-        c.faults.stall_port = port1 as u32 + 1;
-        c.faults.stall_until_ns = u64::MAX;
-    });
+    let o = put_signal_to_a_stalled_peer(Duration::from_millis(300), 5_000_000_000);
     assert_eq!(o.code, 1, "{o:?}");
     let err = o.err.as_deref().unwrap_or_default();
     assert!(err.contains("put_signal") && err.contains("made no progress for 300 ms"), "{err}");
@@ -234,22 +236,10 @@ fn ring_under(fault: impl Fn(&mut EngineConfig) + Sync, bytes: usize) {
             fault(&mut cfg);
             fabric.set_config(cfg);
         }
-        comm.barrier()?;
-        let s = dev.new_stream()?;
-        let args = (
-            t,
-            src.as_mut_ptr(),
-            dst.as_mut_ptr(),
-            got.as_mut_ptr(),
-            bytes as u64,
-            0u64,
-            sig.as_mut_ptr(),
-            1u64,
-            0u32,
-            status.as_mut_ptr(),
-        );
+        let bufs = (src.as_mut_ptr(), dst.as_mut_ptr(), got.as_mut_ptr());
+        let args = doorbell_tests::ring_round(t, bufs, bytes as u64, sig.as_mut_ptr(), status.as_mut_ptr());
         // SAFETY: sizes as the ring kernel documents.
-        unsafe { s.launch(&m.function::<ring_ibgda>()?, LaunchConfig::linear(1, 64), args)? };
+        let s = unsafe { doorbell_tests::launch_after_barrier(comm, &m.function::<ring_ibgda>()?, LaunchConfig::linear(1, 64), args)? };
         comm.synchronize(&s)?;
         comm.ibgda_check()?;
         assert_eq!(status.to_host()?[0], STATUS_OK);

@@ -90,22 +90,10 @@ fn ring_with_kernel_engine(dev_backend: Backend, ranks: usize, bytes: usize, thr
         let mine: Vec<u8> = (0..bytes).map(|i| (i as u8) ^ (comm.rank() as u8 * 91) ^ 0x3c).collect();
         src.copy_from_host(&mine)?;
         let t = comm.ibgda_with(&io)?;
-        comm.barrier()?;
-        let s = dev.new_stream()?;
-        let args = (
-            t,
-            src.as_mut_ptr(),
-            dst.buf.as_mut_ptr(),
-            got.buf.as_mut_ptr(),
-            bytes as u64,
-            0u64,
-            sig.as_mut_ptr(),
-            1u64,
-            0u32,
-            status.as_mut_ptr(),
-        );
+        let bufs = (src.as_mut_ptr(), dst.buf.as_mut_ptr(), got.buf.as_mut_ptr());
+        let args = doorbell_tests::ring_round(t, bufs, bytes as u64, sig.as_mut_ptr(), status.as_mut_ptr());
         // SAFETY: sizes as the ring kernel documents.
-        unsafe { s.launch(&m.function::<ring_ibgda>()?, LaunchConfig::linear(1, 64), args)? };
+        let s = unsafe { doorbell_tests::launch_after_barrier(comm, &m.function::<ring_ibgda>()?, LaunchConfig::linear(1, 64), args)? };
         if let Err(e) = comm.synchronize(&s) {
             // Where the engine stands tells which step stalled.
             eprintln!("rank {}: {e}; {}", comm.rank(), progress_of(comm));
@@ -235,22 +223,10 @@ fn a_stalled_wait_is_explained_by_the_engines_progress_record() {
             );
             std::thread::sleep(Duration::from_millis(1));
         }
-        comm.barrier()?;
-        let s = dev.new_stream()?;
-        let args = (
-            t,
-            src.as_mut_ptr(),
-            dst.as_mut_ptr(),
-            got.as_mut_ptr(),
-            4096u64,
-            0u64,
-            sig.as_mut_ptr(),
-            1u64,
-            0u32,
-            status.as_mut_ptr(),
-        );
+        let bufs = (src.as_mut_ptr(), dst.as_mut_ptr(), got.as_mut_ptr());
+        let args = doorbell_tests::ring_round(t, bufs, 4096u64, sig.as_mut_ptr(), status.as_mut_ptr());
         // SAFETY: sizes as the ring kernel documents.
-        unsafe { s.launch(&m.function::<ring_ibgda>()?, LaunchConfig::linear(1, 32), args)? };
+        let s = unsafe { doorbell_tests::launch_after_barrier(comm, &m.function::<ring_ibgda>()?, LaunchConfig::linear(1, 32), args)? };
         let err = comm.synchronize(&s).err();
         // Past the budget the record has had thousands of passes to land.
         let p = comm.ibgda_progress().expect("set up");

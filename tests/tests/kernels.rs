@@ -150,25 +150,27 @@ per_backend! {
     }
 }
 
+/// Runs `atomics_and_fences` on `dev` as `cfg` with its four words
+/// (counter, done, out, status) and waits for it.
+///
+/// # Safety
+/// Each word is a device-visible `u32`.
+unsafe fn run_atomics_and_fences(dev: &Device, cfg: LaunchConfig, words: (*mut u32, *mut u32, *mut u32, *mut u32)) {
+    let (f, s) = doorbell_tests::test_kernel::<atomics_and_fences>(dev);
+    // SAFETY: the caller's promise.
+    unsafe { s.launch(&f, cfg, words).unwrap() };
+    s.synchronize().unwrap();
+}
+
 per_backend! {
     fn atomics_count_every_thread_and_release_acquire_publishes_the_total(dev: Device) {
-        let m = dev.load_module(&TEST_KERNELS).unwrap();
-        let f = m.function::<atomics_and_fences>().unwrap();
         let mut counter = dev.alloc_zeroed::<u32>(1).unwrap();
         let mut done = dev.alloc_zeroed::<u32>(1).unwrap();
         let mut out = dev.alloc_zeroed::<u32>(1).unwrap();
         let mut status = dev.alloc_zeroed::<u32>(1).unwrap();
-        let s = dev.new_stream().unwrap();
+        let words = (counter.as_mut_ptr(), done.as_mut_ptr(), out.as_mut_ptr(), status.as_mut_ptr());
         // SAFETY: single words.
-        unsafe {
-            s.launch(
-                &f,
-                LaunchConfig::linear(4, 96),
-                (counter.as_mut_ptr(), done.as_mut_ptr(), out.as_mut_ptr(), status.as_mut_ptr()),
-            )
-            .unwrap()
-        };
-        s.synchronize().unwrap();
+        unsafe { run_atomics_and_fences(&dev, LaunchConfig::linear(4, 96), words) };
         assert_eq!(status.to_host().unwrap()[0], testing::STATUS_OK);
         assert_eq!(out.to_host().unwrap()[0], 4 * 96, "{dev:?}");
     }
@@ -177,23 +179,12 @@ per_backend! {
 #[test]
 fn a_trapping_thread_fails_the_launch_instead_of_hanging() {
     let dev = Device::emulator(0);
-    let m = dev.load_module(&TEST_KERNELS).unwrap();
-    let f = m.function::<trap_in_one_thread>().unwrap();
-    let s = dev.new_stream().unwrap();
+    let (f, s) = doorbell_tests::test_kernel::<trap_in_one_thread>(&dev);
     // SAFETY: no pointers.
     unsafe { s.launch(&f, LaunchConfig::linear(2, 64), (17,)).unwrap() };
     let err = s.synchronize().unwrap_err();
     let msg = err.to_string();
-    assert!(
-        matches!(
-            err,
-            Error::Emulator {
-                kernel: "trap_in_one_thread",
-                ..
-            }
-        ),
-        "{msg}"
-    );
+    doorbell_tests::assert_emulator_failure(&err, "trap_in_one_thread");
     assert!(msg.contains("trap") && msg.contains("[17, 0, 0]"), "{msg}");
     // The stream stays usable after reporting the error.
     // SAFETY: as above; no thread traps with who = 999.
@@ -203,9 +194,7 @@ fn a_trapping_thread_fails_the_launch_instead_of_hanging() {
 
 per_backend! {
     fn bad_launch_shapes_are_errors(dev: Device) {
-        let m = dev.load_module(&TEST_KERNELS).unwrap();
-        let f = m.function::<trap_in_one_thread>().unwrap();
-        let s = dev.new_stream().unwrap();
+        let (f, s) = doorbell_tests::test_kernel::<trap_in_one_thread>(&dev);
         for cfg in [
             LaunchConfig::linear(0, 32),
             LaunchConfig::linear(1, 0),
@@ -221,9 +210,7 @@ per_backend! {
 #[test]
 fn emulator_refuses_launches_needing_too_many_threads() {
     let dev = Device::emulator(0);
-    let m = dev.load_module(&TEST_KERNELS).unwrap();
-    let f = m.function::<trap_in_one_thread>().unwrap();
-    let s = dev.new_stream().unwrap();
+    let (f, s) = doorbell_tests::test_kernel::<trap_in_one_thread>(&dev);
     // SAFETY: refused before running.
     unsafe { s.launch(&f, LaunchConfig::linear(100_000, 1024), (u32::MAX,)).unwrap() };
     let msg = s.synchronize().unwrap_err().to_string();
@@ -265,23 +252,13 @@ fn length_mismatch_is_reported() {
 
 per_backend! {
     fn mapped_memory_is_shared_between_host_and_kernel(dev: Device) {
-        let m = dev.load_module(&TEST_KERNELS).unwrap();
-        let f = m.function::<atomics_and_fences>().unwrap();
         let counter = dev.alloc_mapped::<u32>(1).unwrap();
         let done = dev.alloc_mapped::<u32>(1).unwrap();
         let out = dev.alloc_mapped::<u32>(1).unwrap();
         let status = dev.alloc_mapped::<u32>(1).unwrap();
-        let s = dev.new_stream().unwrap();
+        let words = (counter.device_ptr(), done.device_ptr(), out.device_ptr(), status.device_ptr());
         // SAFETY: single mapped words.
-        unsafe {
-            s.launch(
-                &f,
-                LaunchConfig::linear(2, 32),
-                (counter.device_ptr(), done.device_ptr(), out.device_ptr(), status.device_ptr()),
-            )
-            .unwrap()
-        };
-        s.synchronize().unwrap();
+        unsafe { run_atomics_and_fences(&dev, LaunchConfig::linear(2, 32), words) };
         assert_eq!(out.read(0), 64, "{dev:?}");
         assert_eq!(counter.read(0), 64);
     }

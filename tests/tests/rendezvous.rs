@@ -56,8 +56,7 @@ fn child_role(role: &str) -> Result<String, Error> {
 #[test]
 #[ignore = "a child process's entry point: the tests that need it run it with --ignored"]
 fn child_entry() {
-    let Ok(role) = std::env::var("DOORBELL_TEST_CHILD") else {
-        eprintln!("not a test: a child process's entry point, run by its parent test");
+    let Some(role) = doorbell_tests::child_var("DOORBELL_TEST_CHILD") else {
         return;
     };
     let result = child_role(&role);
@@ -114,6 +113,28 @@ fn torchrun_vars(rank: usize, size: usize, port: u16, token: &str) -> Vec<(&'sta
     ]
 }
 
+/// A child joining as rank `rank` of `size` through the torchrun variables.
+fn join(rank: usize, size: usize, port: u16, token: &str) -> Child {
+    spawn_child("join", &torchrun_vars(rank, size, port, token))
+}
+
+/// Waits for `child`, which must succeed; returns its result line.
+fn succeeds(child: Child) -> String {
+    let (ok, line) = finish(child);
+    assert!(ok, "the child failed: {line}");
+    line
+}
+
+/// Waits for `child`, which must fail with a result line holding every one
+/// of `words`.
+fn fails_with(child: Child, words: &[&str]) {
+    let (ok, line) = finish(child);
+    assert!(
+        !ok && words.iter().all(|w| line.contains(w)),
+        "expected a failure naming {words:?}, got: {line}"
+    );
+}
+
 /// Rank 0 of this test process, on a port the system picks.
 fn host(size: usize, timeout: Duration) -> (RendezvousHost, u16) {
     let cfg = WorldConfig::new(0, size, "127.0.0.1", 0, TOKEN)
@@ -137,7 +158,7 @@ fn root_role(world: &World) {
 #[test]
 fn processes_launched_like_torchrun_form_a_world() {
     let (h, port) = host(3, Duration::from_secs(20));
-    let children: Vec<Child> = (1..3).map(|r| spawn_child("join", &torchrun_vars(r, 3, port, TOKEN))).collect();
+    let children: Vec<Child> = (1..3).map(|r| join(r, 3, port, TOKEN)).collect();
     let pids: Vec<u32> = children.iter().map(Child::id).collect();
     let world = h.accept(b"layout of rank 0").unwrap();
     assert_eq!((world.rank(), world.world_size(), world.kind()), (0, 3, WorldKind::Tcp));
@@ -149,8 +170,7 @@ fn processes_launched_like_torchrun_form_a_world() {
     }
     root_role(&world);
     for c in children {
-        let (ok, line) = finish(c);
-        assert!(ok, "{line}");
+        let line = succeeds(c);
         assert!(line.contains("collectives ok"), "{line}");
     }
 }
@@ -171,40 +191,36 @@ fn processes_launched_like_mpirun_form_a_world() {
     );
     let world = h.accept(b"").unwrap();
     root_role(&world);
-    let (ok, line) = finish(child);
-    assert!(ok, "{line}");
+    succeeds(child);
 }
 
 #[test]
 fn wrong_token_is_refused_and_the_right_process_still_joins() {
     let (h, port) = host(2, Duration::from_secs(20));
     let root = std::thread::spawn(move || h.accept(b""));
-    let (ok, line) = finish(spawn_child("join", &torchrun_vars(1, 2, port, "some other job's token")));
-    assert!(!ok && line.contains("TokenMismatch"), "{line}");
-    let good = spawn_child("join", &torchrun_vars(1, 2, port, TOKEN));
+    fails_with(join(1, 2, port, "some other job's token"), &["TokenMismatch"]);
+    let good = join(1, 2, port, TOKEN);
     let world = root.join().unwrap().unwrap();
     root_role(&world);
-    let (ok, line) = finish(good);
-    assert!(ok, "{line}");
+    succeeds(good);
 }
 
 #[test]
 fn rank_0_times_out_cleanly_when_its_only_peer_has_the_wrong_token() {
     let (h, port) = host(2, Duration::from_millis(1500));
-    let child = spawn_child("join", &torchrun_vars(1, 2, port, "the-token-of-another-job"));
+    let child = join(1, 2, port, "the-token-of-another-job");
     let r = h.accept(b"");
     assert!(
         matches!(&r, Err(Error::RendezvousTimeout { rank: 0, missing, .. }) if missing == &vec![1]),
         "{r:?}"
     );
-    let (ok, line) = finish(child);
-    assert!(!ok && line.contains("TokenMismatch"), "{line}");
+    fails_with(child, &["TokenMismatch"]);
 }
 
 #[test]
 fn mismatched_world_size_is_rejected_naming_rank_and_field() {
     let (h, port) = host(2, Duration::from_secs(20));
-    let child = spawn_child("join", &torchrun_vars(1, 3, port, TOKEN));
+    let child = join(1, 3, port, TOKEN);
     let r = h.accept(b"");
     match &r {
         Err(Error::RendezvousMismatch {
@@ -219,21 +235,19 @@ fn mismatched_world_size_is_rejected_naming_rank_and_field() {
     }
     let msg = r.unwrap_err().to_string();
     assert!(msg.contains("rank 1") && msg.contains("world size"), "{msg}");
-    let (ok, line) = finish(child);
-    assert!(!ok && line.contains("RendezvousMismatch") && line.contains("world size"), "{line}");
+    fails_with(child, &["RendezvousMismatch", "world size"]);
 }
 
 #[test]
 fn a_rank_that_never_comes_is_named_on_every_rank() {
     let (h, port) = host(3, Duration::from_millis(1500));
-    let child = spawn_child("join", &torchrun_vars(2, 3, port, TOKEN));
+    let child = join(2, 3, port, TOKEN);
     let r = h.accept(b"");
     assert!(
         matches!(&r, Err(Error::RendezvousTimeout { rank: 0, missing, .. }) if missing == &vec![1]),
         "{r:?}"
     );
-    let (ok, line) = finish(child);
-    assert!(!ok && line.contains("RendezvousTimeout") && line.contains("missing: [1]"), "{line}");
+    fails_with(child, &["RendezvousTimeout", "missing: [1]"]);
 }
 
 #[test]
@@ -241,8 +255,7 @@ fn a_process_that_exits_is_named_by_the_others() {
     let (h, port) = host(2, Duration::from_secs(20));
     let child = spawn_child("join-then-exit", &torchrun_vars(1, 2, port, TOKEN));
     let world = h.accept(b"").unwrap();
-    let (ok, line) = finish(child);
-    assert!(ok, "{line}");
+    succeeds(child);
     let r = world.all_gather_bytes(b"anyone?");
     assert!(matches!(&r, Err(Error::PeerLost { rank: 0, peer: 1, .. })), "{r:?}");
 }
@@ -266,8 +279,7 @@ fn a_short_token_is_refused_before_connecting_with_how_to_make_one() {
     // on the port: the child must fail on its token, not on a timeout.
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let t0 = std::time::Instant::now();
-    let (ok, line) = finish(spawn_child("join", &torchrun_vars(1, 2, port, "0123456789abcde")));
-    assert!(!ok && line.contains("TokenTooShort") && line.contains("len: 15"), "{line}");
+    fails_with(join(1, 2, port, "0123456789abcde"), &["TokenTooShort", "len: 15"]);
     assert!(t0.elapsed() < Duration::from_secs(15), "the child waited for a rendezvous");
     assert_eq!(doorbell::world::MIN_TOKEN_BYTES, 16);
 }

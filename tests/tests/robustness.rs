@@ -10,7 +10,6 @@ use doorbell::world::{RendezvousHost, World, WorldConfig};
 use doorbell::{Backend, Device, Error, LaunchConfig};
 use doorbell_example_kernels::comm::hold_stream;
 use doorbell_test_kernels::testing::trap_in_one_thread;
-use doorbell_tests::TEST_KERNELS;
 
 /// A kernel failure stays until the user's own synchronize reports it:
 /// freeing a scratch buffer or dropping a mapped buffer (which wait for the
@@ -18,9 +17,7 @@ use doorbell_tests::TEST_KERNELS;
 #[test]
 fn an_emulator_kernel_failure_survives_internal_waits() {
     let dev = Device::emulator(0);
-    let m = dev.load_module(&TEST_KERNELS).unwrap();
-    let f = m.function::<trap_in_one_thread>().unwrap();
-    let s = dev.new_stream().unwrap();
+    let (f, s) = doorbell_tests::test_kernel::<trap_in_one_thread>(&dev);
     let scratch = dev.alloc_zeroed::<u32>(64).unwrap();
     let mapped = dev.alloc_mapped::<u32>(4).unwrap();
     // SAFETY: no pointers.
@@ -28,16 +25,7 @@ fn an_emulator_kernel_failure_survives_internal_waits() {
     drop(scratch);
     drop(mapped);
     let e = s.synchronize().unwrap_err();
-    assert!(
-        matches!(
-            e,
-            Error::Emulator {
-                kernel: "trap_in_one_thread",
-                ..
-            }
-        ),
-        "{e}"
-    );
+    doorbell_tests::assert_emulator_failure(&e, "trap_in_one_thread");
     // Reported once: the stream is usable again.
     s.synchronize().unwrap();
 
@@ -58,9 +46,7 @@ fn an_emulator_kernel_failure_survives_internal_waits() {
 #[test]
 fn launch_sizes_that_overflow_are_refused() {
     let dev = Device::emulator(0);
-    let m = dev.load_module(&TEST_KERNELS).unwrap();
-    let f = m.function::<trap_in_one_thread>().unwrap();
-    let s = dev.new_stream().unwrap();
+    let (f, s) = doorbell_tests::test_kernel::<trap_in_one_thread>(&dev);
     let cases = [
         // 2^64 threads per block: the product wraps to 0.
         ((1, 1, 1), (1 << 22, 1 << 21, 1 << 21)),
@@ -238,8 +224,7 @@ fn a_two_gpu_test_without_two_gpus_says_so_and_fails_when_they_are_required() {
 #[ignore = "a child process's entry point: the test below runs it with --ignored"]
 fn heap_freed_under_a_writer_child() {
     use doorbell_example_kernels::comm::copy_raw;
-    if std::env::var("DOORBELL_TEST_HEAP_WRITER").is_err() {
-        eprintln!("not a test: a child process's entry point, run by its parent test");
+    if doorbell_tests::child_var("DOORBELL_TEST_HEAP_WRITER").is_none() {
         return;
     }
     let opts = CommOptions {

@@ -229,8 +229,7 @@ fn a_rank_whose_function_returned_is_named_as_exited() {
 #[test]
 #[ignore = "a child process's entry point: the tests that need it run it with --ignored"]
 fn child_stuck_rank() {
-    let Ok(role) = std::env::var("DOORBELL_TEST_STUCK_CHILD") else {
-        eprintln!("not a test: a child process's entry point, run by its parent test");
+    let Some(role) = doorbell_tests::child_var("DOORBELL_TEST_STUCK_CHILD") else {
         return;
     };
     let cfg = WorldConfig::from_env().unwrap().expect("launcher variables set by the parent");

@@ -23,25 +23,30 @@ fn entry_body<'a>(ptx: &'a str, entry: &str) -> &'a str {
     &body[..body.find("\n}\n").unwrap_or(body.len())]
 }
 
-/// The instructions that order memory or synchronize, opcode only (operands
-/// carry register numbers that change with unrelated code).
+/// The opcode prefixes of the instructions that order memory or
+/// synchronize, and of the 4-wide vector stores and loads.
+const ORDERING_OPS: [&str; 11] = [
+    "fence.",
+    "atom.",
+    "ld.acquire",
+    "st.release",
+    "st.relaxed",
+    "ld.relaxed",
+    "bar.",
+    "membar",
+    "shfl.",
+    "st.v4",
+    "ld.v4",
+];
+
+/// The instructions that order memory or synchronize ([`ORDERING_OPS`]),
+/// opcode only (operands carry register numbers that change with unrelated
+/// code).
 fn ordering_ops(body: &str) -> Vec<String> {
     body.lines()
         .map(str::trim)
         .filter_map(|l| l.split_whitespace().next())
-        .filter(|op| {
-            op.starts_with("fence.")
-                || op.starts_with("atom.")
-                || op.starts_with("ld.acquire")
-                || op.starts_with("st.release")
-                || op.starts_with("st.relaxed")
-                || op.starts_with("ld.relaxed")
-                || op.starts_with("bar.")
-                || op.starts_with("membar")
-                || op.starts_with("shfl.")
-                || op.starts_with("st.v4")
-                || op.starts_with("ld.v4")
-        })
+        .filter(|op| ORDERING_OPS.iter().any(|p| op.starts_with(p)))
         .map(str::to_string)
         .collect()
 }

@@ -224,17 +224,11 @@ fn tcp_peer_refuses_an_impostor_rank_0() {
 fn tcp_mismatched_world_size_names_rank_and_field_on_both_sides() {
     let (root, peers) = tcp_world(2, vec![cfg(1, 3, 0)], Duration::from_secs(20), |w| w.map(|_| ()));
     for r in std::iter::once(root).chain(peers) {
-        match r {
-            Err(Error::RendezvousMismatch {
-                rank: 1,
-                field,
-                ours,
-                theirs,
-            }) => {
-                assert_eq!((field.as_str(), ours.as_str(), theirs.as_str()), ("world size", "2", "3"))
-            }
-            other => panic!("expected a world size mismatch, got {other:?}"),
-        }
+        assert!(
+            matches!(&r, Err(Error::RendezvousMismatch { rank: 1, field, ours, theirs })
+                if (field.as_str(), ours.as_str(), theirs.as_str()) == ("world size", "2", "3")),
+            "expected rank 1's world size mismatch (2, 3), got {r:?}"
+        );
     }
 }
 
@@ -580,6 +574,28 @@ fn tcp_short_tokens_are_refused_with_how_to_make_one() {
     }
 }
 
+/// `n` connections to rank 0 on `port`, each of which has read its challenge.
+fn challenged(port: u16, n: usize) -> Vec<TcpStream> {
+    (0..n)
+        .map(|_| {
+            let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            assert_eq!(w::read_frame(&mut s, 256, soon()).unwrap().kind, Kind::Challenge);
+            s
+        })
+        .collect()
+}
+
+/// Asserts that rank 0 closed `s` within 5 s: end of stream (or a reset),
+/// not a read timeout; `kept` says what it means when it did not.
+fn assert_closed(s: &mut TcpStream, kept: &str) {
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    match s.read(&mut [0u8; 1]) {
+        Ok(0) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("{kept}: {other:?}"),
+    }
+}
+
 #[test]
 fn tcp_pre_auth_connections_are_capped_and_timed_out() {
     let cap = 8;
@@ -592,35 +608,18 @@ fn tcp_pre_auth_connections_are_capped_and_timed_out() {
     let port = host.local_addr().port();
     let root = std::thread::spawn(move || host.accept(b""));
     // `cap` silent connections each get a challenge, and hold a slot.
-    let mut silent: Vec<TcpStream> = (0..cap)
-        .map(|_| {
-            let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-            assert_eq!(w::read_frame(&mut s, 256, soon()).unwrap().kind, Kind::Challenge);
-            s
-        })
-        .collect();
+    let mut silent = challenged(port, cap);
     // `quick` more get a challenge too, in the quick slots, and lose them
     // when no proof comes within QUICK_PROOF_TIMEOUT.
     let t0 = Instant::now();
-    let mut quick_ones: Vec<TcpStream> = (0..quick)
-        .map(|_| {
-            let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-            assert_eq!(w::read_frame(&mut s, 256, soon()).unwrap().kind, Kind::Challenge);
-            s
-        })
-        .collect();
+    let mut quick_ones = challenged(port, quick);
     // One more is closed at once, without a challenge.
     let mut extra = TcpStream::connect(("127.0.0.1", port)).unwrap();
     extra.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut b = [0u8; 1];
     assert_eq!(extra.read(&mut b).unwrap(), 0, "a connection over the cap got an answer");
     for s in &mut quick_ones {
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        match s.read(&mut b) {
-            Ok(0) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
-            other => panic!("a silent connection kept its quick slot: {other:?}"),
-        }
+        assert_closed(s, "a silent connection kept its quick slot");
     }
     let held = t0.elapsed();
     assert!(
@@ -630,13 +629,7 @@ fn tcp_pre_auth_connections_are_capped_and_timed_out() {
     // The silent ones are dropped after the handshake timeout.
     let t0 = Instant::now();
     for s in &mut silent {
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        // Closed by rank 0: end of stream (or a reset), not a read timeout.
-        match s.read(&mut b) {
-            Ok(0) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
-            other => panic!("a silent connection was kept: {other:?}"),
-        }
+        assert_closed(s, "a silent connection was kept");
     }
     assert!(
         t0.elapsed() < Duration::from_secs(4),
