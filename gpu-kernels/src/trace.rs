@@ -128,7 +128,21 @@ pub enum What {
     Completion = 34,
     /// Instant: a call failed (arg: [`crate::heap::ErrorKind`] as u64).
     Error = 35,
+    /// Instant: the soft NIC's engine took a WQE from a send queue (arg:
+    /// its WQE index; block: [`ENGINE_BLOCK`]).
+    NicFetch = 36,
+    /// Instant: the soft NIC's engine executed a WQE, before its CQE (arg:
+    /// its bytes; peer: the responder's port; block: [`ENGINE_BLOCK`]).
+    NicExecute = 37,
+    /// Instant: the soft NIC's engine wrote a requester CQE (arg: the CQ's
+    /// producer index after it; block: [`ENGINE_BLOCK`]).
+    NicCqe = 38,
 }
+
+/// The block of the events the soft NIC's engine writes
+/// ([`record_engine`]): a track of their own, apart from the kernels'
+/// blocks.
+pub const ENGINE_BLOCK: u32 = u32::MAX;
 
 impl What {
     /// From the low 15 bits of an event's `what`.
@@ -149,6 +163,9 @@ impl What {
             33 => What::Doorbell,
             34 => What::Completion,
             35 => What::Error,
+            36 => What::NicFetch,
+            37 => What::NicExecute,
+            38 => What::NicCqe,
             _ => return None,
         })
     }
@@ -171,6 +188,9 @@ impl What {
             What::Doorbell => "doorbell",
             What::Completion => "completion",
             What::Error => "error",
+            What::NicFetch => "NIC: WQE fetched",
+            What::NicExecute => "NIC: WQE executed",
+            What::NicCqe => "NIC: CQE written",
         }
     }
 
@@ -200,6 +220,21 @@ macro_rules! hook {
     ($($t:tt)*) => {};
 }
 pub(crate) use hook;
+
+/// [`hook!`] for the other kernel crates (the soft NIC's engine):
+/// `doorbell_kernels::trace_hook! { statements }` is the statements where
+/// this crate's hooks are compiled in ([`COMPILED`]), nothing otherwise.
+#[cfg(any(feature = "trace", not(target_arch = "nvptx64")))]
+#[macro_export]
+macro_rules! trace_hook {
+    ($($t:tt)*) => { $($t)* };
+}
+/// See the other definition.
+#[cfg(not(any(feature = "trace", not(target_arch = "nvptx64"))))]
+#[macro_export]
+macro_rules! trace_hook {
+    ($($t:tt)*) => {};
+}
 
 /// `around!({ before } expr, |r| { after })`: `expr` with hook statements
 /// before and after it (`r` names its value for them) where the hooks are
@@ -313,6 +348,37 @@ fn trace_record(trace: u64, what: u16, peer: u32, arg: u64) {
     }
 }
 
+/// Appends one event of the soft NIC's engine to the last ring of the
+/// trace memory at `trace` (a [`TraceHeader`]; the engine finds it through
+/// its rank's heap header): block [`ENGINE_BLOCK`], lane and warp 0. Any
+/// thread, on the GPU or a host thread of the emulator.
+#[cold]
+#[inline(never)]
+pub fn record_engine(trace: u64, what: What, peer: u32, arg: u64) {
+    // SAFETY: `trace` is the host's trace memory: a header, `rings`
+    // counters and `rings * capacity` events (`TraceHeader`).
+    unsafe {
+        let h = core::ptr::read_volatile(trace as *const TraceHeader);
+        let (rings, cap) = (h.rings.max(1), h.capacity.max(1));
+        let ring = rings - 1;
+        let counter = (trace + COUNTERS_AT + ring as u64 * 4) as *mut u32;
+        let n = ptx::atom_add_relaxed_gpu_u32(counter, 1);
+        let slot = (n & (cap - 1)) as u64;
+        let e = (trace + events_at(rings) + (ring as u64 * cap as u64 + slot) * EVENT_BYTES) as *mut Event;
+        core::ptr::write_volatile(
+            e,
+            Event {
+                at_ns: ptx::globaltimer_ns(),
+                what: what as u32,
+                block: ENGINE_BLOCK,
+                peer,
+                _pad: 0,
+                arg,
+            },
+        );
+    }
+}
+
 /// Writes `%globaltimer` to `out[0]` (one thread): the host's calibration
 /// of this GPU's clock against its own when tracing starts.
 #[cfg(feature = "library-kernels")]
@@ -354,6 +420,9 @@ mod tests {
             What::Doorbell,
             What::Completion,
             What::Error,
+            What::NicFetch,
+            What::NicExecute,
+            What::NicCqe,
         ] {
             assert_eq!(What::from_u16(w as u16), Some(w));
             assert_eq!(What::from_u16(w as u16 | END), Some(w));

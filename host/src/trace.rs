@@ -17,7 +17,11 @@
 //! other warps, when they record, get tracks of their own): spans for
 //! puts, gets, signals, waits, barriers, quiets, and a pipeline's
 //! producing, consuming and waiting for slots and chunks; instants for WQEs
-//! posted, doorbells rung, completions seen and errors. Timestamps are the
+//! posted, doorbells rung, completions seen and errors; and, over the soft
+//! NIC, a track "soft NIC engine" per rank with its engine's instants: each
+//! WQE fetched from a send queue, executed, and its CQE written (the
+//! engine kernel records them when built with the `trace` feature, the
+//! emulator's engines always). Timestamps are the
 //! GPU's `%globaltimer` moved onto the host's clock (a calibration launch
 //! per rank when tracing starts), so ranks on several GPUs of one host line
 //! up to within the calibration's error, which the summary states; ranks
@@ -35,7 +39,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-pub use doorbell_kernels::trace::{What, COMPILED};
+pub use doorbell_kernels::trace::{What, COMPILED, ENGINE_BLOCK};
 
 /// How much the device keeps between two collections.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -278,7 +282,9 @@ pub fn chrome_trace(slices: &[Slice], meta: &TraceMeta) -> serde_json::Value {
         out.push(json!({"name": "process_sort_index", "ph": "M", "pid": r, "args": {"sort_index": r}}));
     }
     for ((r, tid), (block, warp)) in &tracks {
-        let name = if *warp == 0 {
+        let name = if *block == ENGINE_BLOCK {
+            "soft NIC engine".to_string()
+        } else if *warp == 0 {
             format!("block {block}")
         } else {
             format!("block {block} warp {warp}")
@@ -303,6 +309,9 @@ pub fn chrome_trace(slices: &[Slice], meta: &TraceMeta) -> serde_json::Value {
             What::Doorbell => ("producer_index", None),
             What::Completion => ("consumer_index", None),
             What::Error => ("kind", None),
+            What::NicFetch => ("wqe_index", None),
+            What::NicExecute => ("bytes", None),
+            What::NicCqe => ("cq_producer_index", None),
             What::Barrier | What::Quiet => ("arg", None),
         };
         args.insert(key.into(), json!(e.arg));
@@ -346,6 +355,7 @@ fn category(w: What) -> &'static str {
     match w {
         What::Produce | What::Consume | What::Acquire | What::Arrive => "pipeline",
         What::WqePosted | What::Doorbell | What::Completion => "nic",
+        What::NicFetch | What::NicExecute | What::NicCqe => "nic engine",
         What::Error => "error",
         _ => "transport",
     }
@@ -364,6 +374,9 @@ pub fn summarize(slices: &[Slice], meta: &TraceMeta) -> String {
         bytes_put: u64,
         errors: u64,
         open: u64,
+        nic_executed: u64,
+        nic_bytes: u64,
+        nic_cqes: u64,
     }
     let mut per: BTreeMap<u32, Tally> = BTreeMap::new();
     for s in slices {
@@ -392,6 +405,14 @@ pub fn summarize(slices: &[Slice], meta: &TraceMeta) -> String {
         }
         if e.what == What::Error {
             t.errors += 1;
+        }
+        match e.what {
+            What::NicExecute => {
+                t.nic_executed += 1;
+                t.nic_bytes += e.arg;
+            }
+            What::NicCqe => t.nic_cqes += 1,
+            _ => {}
         }
         if s.instant && e.what.is_span() {
             t.open += 1;
@@ -422,6 +443,13 @@ pub fn summarize(slices: &[Slice], meta: &TraceMeta) -> String {
             meta.overwritten.get(*r as usize).copied().unwrap_or(0),
             meta.clock_error_ns.get(*r as usize).copied().unwrap_or(0),
         );
+        if t.nic_executed + t.nic_cqes > 0 {
+            let _ = writeln!(
+                out,
+                "rank {r}: soft NIC engine: {} WQEs executed ({} bytes), {} CQEs written",
+                t.nic_executed, t.nic_bytes, t.nic_cqes
+            );
+        }
     }
     out
 }

@@ -669,6 +669,7 @@ impl Communicator {
             world: &self.world,
             kernel_qps,
             nqps,
+            heap_base: Some(self.heap_base),
         })?;
         tracing::info!(
             "rank {rank}: IBGDA over {}: {nqps} QPs ({qpp} per rank), SQ {sq} slots",

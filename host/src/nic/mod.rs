@@ -330,6 +330,9 @@ pub struct StartCtx<'a> {
     pub kernel_qps: &'a crate::DeviceBuffer<u64>,
     /// QPs in that table.
     pub nqps: usize,
+    /// This rank's symmetric heap, registered with the NIC (`None`: no
+    /// heap): where the soft NIC's engine finds the device trace's rings.
+    pub heap_base: Option<u64>,
 }
 
 /// An opened port of an RDMA device, with its protection domain.

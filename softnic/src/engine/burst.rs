@@ -25,6 +25,8 @@
 //! the link model off, no fault injected, nothing in flight on the QP.
 
 use doorbell_kernels::mlx5::{CtrlSeg, DataSeg, RaddrSeg, CQE_REQ, INLINE_SEG, OPCODE_RDMA_WRITE, WQE_CTRL_CQ_UPDATE};
+#[allow(unused_imports)] // used by the trace hooks only
+use doorbell_kernels::trace::What;
 
 use super::exec::{answers, check_remote_at};
 use super::mem::Scope;
@@ -284,6 +286,11 @@ pub unsafe fn complete<P: Ports + ?Sized, M: PayloadMover>(
             }
             mover.copy(slot.dst as usize as *mut u8, slot.data.as_ptr() as *const u8, slot.len as usize);
             let Some(port) = ports.get_mut(p) else { break };
+            doorbell_kernels::trace_hook! {
+                let tr = super::trace::rings(port);
+                super::trace::event(tr, What::NicFetch, u32::MAX, idx as u64);
+                super::trace::event(tr, What::NicExecute, (*job).head.peer_port, slot.len as u64);
+            }
             let Port { qps, cqs, stats, .. } = port;
             let Some(qp) = qps.get_mut(q) else { break };
             stats.fetched += 1;
@@ -309,6 +316,9 @@ pub unsafe fn complete<P: Ports + ?Sized, M: PayloadMover>(
                     );
                     if cqe::push(cq, &img, false, scope) {
                         stats.cqes += 1;
+                        doorbell_kernels::trace_hook! {
+                            super::trace::event(tr, What::NicCqe, u32::MAX, cq.pi as u64);
+                        }
                     }
                 }
             }

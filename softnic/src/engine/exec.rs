@@ -9,6 +9,9 @@ use doorbell_kernels::mlx5::{
     OPCODE_RDMA_WRITE, OPCODE_RDMA_WRITE_IMM, OPCODE_SEND, WQE_CTRL_CQ_UPDATE, WQE_CTRL_SOLICITED,
 };
 
+#[allow(unused_imports)] // used by the trace hooks only
+use doorbell_kernels::trace::What;
+
 use super::config::EngineConfig;
 use super::mem::Scope;
 use super::mover::{PayloadMover, Phase};
@@ -427,8 +430,15 @@ fn fail_event<P: Ports + ?Sized>(
 /// The QP's send CQ ring is valid.
 unsafe fn complete_requester<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, w: &Wqe, byte_cnt: u32, now_ns: u64, scope: Scope) {
     let Some(port) = ports.get_mut(p) else { return };
+    doorbell_kernels::trace_hook! {
+        let tr = super::trace::rings(port);
+    }
     let Port { qps, cqs, stats, .. } = port;
     let Some(qp) = qps.get(q) else { return };
+    // Recorded before its CQE: a kernel that saw the CQE finds the event.
+    doorbell_kernels::trace_hook! {
+        super::trace::event(tr, What::NicExecute, qp.peer_port, w.len);
+    }
     stats.wqes += 1;
     stats.bytes += w.len;
     if w.ctrl.fm_ce_se & WQE_CTRL_CQ_UPDATE != 0 {
@@ -447,6 +457,9 @@ unsafe fn complete_requester<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usiz
             // SAFETY: the caller's contract (room was checked).
             if unsafe { cqe::push(cq, &img, false, scope) } {
                 stats.cqes += 1;
+                doorbell_kernels::trace_hook! {
+                    super::trace::event(tr, What::NicCqe, u32::MAX, cq.pi as u64);
+                }
             }
         }
     }

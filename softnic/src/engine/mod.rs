@@ -30,6 +30,7 @@ pub mod poll;
 pub mod resident;
 pub mod rq;
 pub mod tables;
+pub mod trace;
 pub mod wqe;
 
 pub use config::{EngineConfig, EngineRng, FaultConfig};

@@ -255,6 +255,39 @@ impl SoftDevice {
         &mut st.ports[self.port]
     }
 
+    /// Names the registered region that holds this port's rank's
+    /// symmetric heap (the region starting at `heap`), so the engine
+    /// writes its trace events where the heap header's trace word points
+    /// ([`crate::engine::trace`]); `None` stops that. Before a
+    /// GPU-resident engine takes the port (it copies the tables then).
+    pub fn trace_heap(&self, heap: Option<u64>) -> Result<()> {
+        let lid = self.lid();
+        let mut st = self.lock();
+        if st.resident.get(self.port).is_some_and(Option::is_some) {
+            return Err(Error::Resident {
+                lid,
+                what: "naming the region the engine's trace events are found through",
+            });
+        }
+        let port = self.port_mut(&mut st);
+        port.trace_mr = match heap {
+            None => 0,
+            Some(base) => {
+                let slot = port
+                    .mrs
+                    .iter()
+                    .position(|m| m.valid != 0 && m.addr == base && m.len >= doorbell_kernels::trace::TRACE_OFFSET + 8)
+                    .ok_or(Error::BadRegion {
+                        addr: base,
+                        len: 0,
+                        why: "no registered region starts there with room for the heap header's trace word",
+                    })?;
+                slot as u32 + 1
+            }
+        };
+        Ok(())
+    }
+
     /// The fabric this device belongs to.
     pub fn fabric(&self) -> SoftFabric {
         SoftFabric {

@@ -608,6 +608,9 @@ impl Nic for SoftNic {
         if self.engine.is_some() {
             return Err(Error::comm(format!("rank {}: the soft NIC's engine is already running", self.rank)));
         }
+        // The engine's trace events go where the heap header says (no
+        // event at all while the rank does not trace).
+        self.device.trace_heap(ctx.heap_base).map_err(softnic_err)?;
         let engine = match self.engine_kind {
             SoftNicEngine::Thread => {
                 let table = port::read_qp_table(ctx.device, ctx.kernel_qps, ctx.nqps)?;

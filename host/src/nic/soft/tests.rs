@@ -232,6 +232,7 @@ fn bursts_run(burst: u32, bad: Option<usize>, seed: u64) -> BurstRun {
         world: &world,
         kernel_qps: &table,
         nqps: 1,
+        heap_base: None,
     })
     .expect("start");
 
@@ -385,6 +386,7 @@ fn start_checks_the_kernels_table_against_the_engines_then_runs_and_stops() {
         world: &world,
         kernel_qps: t,
         nqps: 1,
+        heap_base: None,
     };
     let e = nic.start(&ctx(&zeros)).expect_err("an unknown QP").to_string();
     assert!(e.contains("not in the soft NIC engine's port table"), "{e}");

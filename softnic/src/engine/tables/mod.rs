@@ -614,8 +614,12 @@ pub struct Port {
     pub errors: [ErrorRecord; ERROR_LOG],
     /// Error records written (wrapping).
     pub errors_written: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// 0, or 1 + the slot in [`Self::mrs`] of the region holding its rank's
+    /// symmetric heap: the heap header's trace word
+    /// (`doorbell_kernels::trace::TRACE_OFFSET`) says where the device
+    /// trace's rings are (0: not tracing), and the engine's trace events
+    /// go there ([`crate::engine::trace`]).
+    pub trace_mr: u32,
     /// Counters.
     pub stats: PortStats,
 }
@@ -648,7 +652,7 @@ impl Port {
                 reserved: [0; 2],
             }; ERROR_LOG],
             errors_written: 0,
-            reserved: 0,
+            trace_mr: 0,
             stats: PortStats {
                 wqes: 0,
                 bytes: 0,
