@@ -280,8 +280,15 @@ fn the_soft_nic_engine_records_its_wqes_on_a_track_of_its_own() {
         for (rank, events) in ranks.iter().enumerate() {
             let what = format!("{engine:?} engine, rank {rank}");
             let eng: Vec<&TraceEvent> = events.iter().filter(|e| e.block == ENGINE_BLOCK).collect();
-            assert!(eng.iter().all(|e| nic(e.what) && e.warp == 0 && e.lane == 0 && !e.end), "{what}: {eng:?}");
-            assert_eq!(events.iter().filter(|e| nic(e.what)).count(), eng.len(), "{what}: NIC events off the engine's track");
+            assert!(
+                eng.iter().all(|e| nic(e.what) && e.warp == 0 && e.lane == 0 && !e.end),
+                "{what}: {eng:?}"
+            );
+            assert_eq!(
+                events.iter().filter(|e| nic(e.what)).count(),
+                eng.len(),
+                "{what}: NIC events off the engine's track"
+            );
             let of = |w: What| eng.iter().filter(move |e| e.what == w);
             let (fetched, executed, cqes) = (of(What::NicFetch).count(), of(What::NicExecute).count(), of(What::NicCqe).count());
             assert_eq!(fetched, executed, "{what}: every WQE fetched is executed once");

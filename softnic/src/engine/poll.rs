@@ -398,6 +398,9 @@ fn published(sq_pi: u32, sq_ci: u32) -> u32 {
 /// As for [`poll_port`].
 unsafe fn fetch<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u64, limit: u32, report: &mut PollReport) {
     let Some(port) = ports.get_mut(p) else { return };
+    doorbell_kernels::trace_hook! {
+        let tr = super::trace::rings(port);
+    }
     let Port {
         qps,
         link,
@@ -481,7 +484,6 @@ unsafe fn fetch<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u6
         stats.last_qpn = qp.qpn;
         stats.last_wqe = qp.sq_ci;
         doorbell_kernels::trace_hook! {
-            let tr = super::trace::rings_in(&port.mrs, port.trace_mr);
             super::trace::event(tr, What::NicFetch, u32::MAX, qp.sq_ci as u64);
         }
         qp.sq_ci = qp.sq_ci.wrapping_add(bbs);
