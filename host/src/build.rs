@@ -238,6 +238,25 @@ impl PtxBuilder {
         }
     }
 
+    /// The `rerun-if-*` lines of a build script: the variables the build
+    /// reads and the kernel crate's sources.
+    fn print_rerun_lines(&self) {
+        for v in [
+            "DOORBELL_PTXAS",
+            "CUDA_HOME",
+            "DOORBELL_SKIP_PTX",
+            "DOORBELL_PTX_ARCH",
+            "DOORBELL_DEVICE_CARGO",
+            "DOORBELL_DEVICE_RUSTC",
+            "DOORBELL_PTX_TARGET_DIR",
+            TRACE_KERNELS_ENV,
+        ] {
+            println!("cargo:rerun-if-env-changed={v}");
+        }
+        println!("cargo:rerun-if-changed={}", self.crate_dir.join("Cargo.toml").display());
+        println!("cargo:rerun-if-changed={}", self.crate_dir.join("src").display());
+    }
+
     /// Runs the build. In a build script, also prints the `rerun-if-changed`
     /// lines for every source file the kernels were built from.
     pub fn build(self) -> Result<PtxOutput, BuildError> {
@@ -250,33 +269,10 @@ impl PtxBuilder {
         let cubin_path = out_dir.join(format!("{crate_name}.cubin"));
         let rerun = !self.quiet_rerun && std::env::var_os("OUT_DIR").is_some();
         if rerun {
-            for v in [
-                "DOORBELL_PTXAS",
-                "CUDA_HOME",
-                "DOORBELL_SKIP_PTX",
-                "DOORBELL_PTX_ARCH",
-                "DOORBELL_DEVICE_CARGO",
-                "DOORBELL_DEVICE_RUSTC",
-                "DOORBELL_PTX_TARGET_DIR",
-                TRACE_KERNELS_ENV,
-            ] {
-                println!("cargo:rerun-if-env-changed={v}");
-            }
-            println!("cargo:rerun-if-changed={}", self.crate_dir.join("Cargo.toml").display());
-            println!("cargo:rerun-if-changed={}", self.crate_dir.join("src").display());
+            self.print_rerun_lines();
         }
         if std::env::var("DOORBELL_SKIP_PTX").is_ok_and(|v| v == "1") {
-            std::fs::create_dir_all(&out_dir).map_err(|e| BuildError::Io(out_dir.clone(), e))?;
-            std::fs::write(&out_path, "// doorbell: PTX build skipped (DOORBELL_SKIP_PTX=1)\n")
-                .map_err(|e| BuildError::Io(out_path.clone(), e))?;
-            std::fs::write(&cubin_path, []).map_err(|e| BuildError::Io(cubin_path.clone(), e))?;
-            return Ok(PtxOutput {
-                path: out_path,
-                crate_name,
-                built: false,
-                cubin: cubin_path,
-                cubin_built: false,
-            });
+            return skipped(&out_dir, out_path, cubin_path, crate_name);
         }
 
         let cargo = std::env::var("DOORBELL_DEVICE_CARGO").unwrap_or_else(|_| "/usr/bin/cargo".into());
@@ -648,6 +644,23 @@ fn dep_info_paths(text: &str) -> Vec<String> {
     out
 }
 
+/// The outputs of a build skipped by `DOORBELL_SKIP_PTX=1`: a placeholder
+/// PTX and an empty cubin.
+fn skipped(out_dir: &Path, out_path: PathBuf, cubin_path: PathBuf, crate_name: String) -> Result<PtxOutput, BuildError> {
+    let out_dir = out_dir.to_path_buf();
+    std::fs::create_dir_all(&out_dir).map_err(|e| BuildError::Io(out_dir.clone(), e))?;
+    std::fs::write(&out_path, "// doorbell: PTX build skipped (DOORBELL_SKIP_PTX=1)\n")
+        .map_err(|e| BuildError::Io(out_path.clone(), e))?;
+    std::fs::write(&cubin_path, []).map_err(|e| BuildError::Io(cubin_path.clone(), e))?;
+    Ok(PtxOutput {
+        path: out_path,
+        crate_name,
+        built: false,
+        cubin: cubin_path,
+        cubin_built: false,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -784,3 +797,4 @@ error: could not compile `my-kernels` (lib) due to 1 previous error\n";
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+

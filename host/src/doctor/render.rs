@@ -1,32 +1,51 @@
 //! The report as text ([`Report::render`]), one section after the other.
 
+use std::fmt::Write;
+
 use super::{Launch, Report};
+
+/// Lines of text, each ended by a newline.
+struct Text(String);
+
+impl Text {
+    fn w(&mut self, line: String) {
+        self.0.push_str(&line);
+        self.0.push('\n');
+    }
+}
 
 impl Report {
     /// The report as text, one section after the other.
     pub fn render(&self) -> String {
-        use std::fmt::Write;
-        let mut s = String::new();
-        let mut w = |line: String| {
-            s.push_str(&line);
-            s.push('\n');
-        };
-        w(format!("doorbell doctor (doorbell {})", self.doorbell_version));
-        w(String::new());
-        w("== GPUs ==".into());
+        let mut t = Text(String::new());
+        t.w(format!("doorbell doctor (doorbell {})", self.doorbell_version));
+        t.w(String::new());
+        self.render_gpus(&mut t);
+        self.render_kernels(&mut t);
+        self.render_peers(&mut t);
+        self.render_rdma(&mut t);
+        self.render_routes(&mut t);
+        self.render_environment(&mut t);
+        self.render_findings(&mut t);
+        t.0
+    }
+
+    /// The GPUs, the driver and the backend a rank would take.
+    fn render_gpus(&self, t: &mut Text) {
+        t.w("== GPUs ==".into());
         let g = &self.gpus;
         if g.driver_loaded {
-            w(format!(
+            t.w(format!(
                 "CUDA driver: loaded; CUDA {} (PTX ISA up to {}){}",
                 g.cuda_version.as_deref().unwrap_or("version unknown"),
                 g.max_ptx_isa.as_deref().unwrap_or("unknown"),
                 g.driver_version.as_ref().map(|v| format!("; driver {v}")).unwrap_or_default()
             ));
         } else {
-            w("CUDA driver: not found".into());
+            t.w("CUDA driver: not found".into());
         }
         for d in &g.devices {
-            w(format!(
+            t.w(format!(
                 "GPU {}: {}, compute capability {}, {:.1} GiB, PCI {}",
                 d.ordinal,
                 d.name,
@@ -36,15 +55,18 @@ impl Report {
             ));
         }
         for e in &g.errors {
-            w(format!("  could not read: {e}"));
+            t.w(format!("  could not read: {e}"));
         }
-        w(format!("backend (DOORBELL_DEVICE=auto): {}", g.backend));
-        w(String::new());
+        t.w(format!("backend (DOORBELL_DEVICE=auto): {}", g.backend));
+        t.w(String::new());
+    }
 
-        w("== Kernels ==".into());
+    /// The embedded kernel images against the driver.
+    fn render_kernels(&self, t: &mut Text) {
+        t.w("== Kernels ==".into());
         for i in &self.kernels.images {
             if !i.ptx_built {
-                w(format!(
+                t.w(format!(
                     "{}: built without PTX (placeholder of {} bytes); no cubin",
                     i.name, i.ptx_bytes
                 ));
@@ -75,29 +97,32 @@ impl Report {
                 Some(false) => line.push_str("; TOO NEW for the driver"),
                 None => {}
             }
-            w(line);
+            t.w(line);
         }
         if !self.kernels.load_cubin {
-            w("DOORBELL_LOAD_CUBIN=0: modules load from their PTX".into());
+            t.w("DOORBELL_LOAD_CUBIN=0: modules load from their PTX".into());
         }
-        w(String::new());
+        t.w(String::new());
+    }
 
-        w("== Peer access ==".into());
+    /// Peer access between the GPUs, with NVLink and PCIe distance.
+    fn render_peers(&self, t: &mut Text) {
+        t.w("== Peer access ==".into());
         let p = &self.peers;
         match (&p.nvml_error, p.nvml) {
-            (_, true) => w("NVML: loaded".into()),
-            (Some(e), _) => w(format!("NVML: not used ({e})")),
+            (_, true) => t.w("NVML: loaded".into()),
+            (Some(e), _) => t.w(format!("NVML: not used ({e})")),
             _ => {}
         }
         let n = p.matrix.len();
         if n < 2 {
-            w(format!("{n} GPU(s): no pairs"));
+            t.w(format!("{n} GPU(s): no pairs"));
         } else {
             let mut head = "      ".to_string();
             for b in 0..n {
                 let _ = write!(head, "{:>8}", format!("GPU{b}"));
             }
-            w(head);
+            t.w(head);
             for a in 0..n {
                 let mut row = format!("{:<6}", format!("GPU{a}"));
                 for b in 0..n {
@@ -112,9 +137,9 @@ impl Report {
                     };
                     let _ = write!(row, "{cell:>8}");
                 }
-                w(row);
+                t.w(row);
             }
-            w(
+            t.w(
                 "(NVL: NVLink; PIX/PXB/PHB/NODE/SYS: peer access over PCIe at that distance; P2P: peer access, link unknown; no: none)"
                     .into(),
             );
@@ -122,36 +147,39 @@ impl Report {
                 for b in 0..n {
                     if let Some(c) = &p.matrix[a][b] {
                         if c.can_access && c.native_atomics == Some(false) {
-                            w(format!("GPU{a} -> GPU{b}: peer access without native atomics"));
+                            t.w(format!("GPU{a} -> GPU{b}: peer access without native atomics"));
                         }
                     }
                 }
             }
         }
         for e in &p.errors {
-            w(format!("  could not read: {e}"));
+            t.w(format!("  could not read: {e}"));
         }
-        w(String::new());
+        t.w(String::new());
+    }
 
-        w("== RDMA ==".into());
+    /// rdma-core, the RDMA devices and ports, and the NIC each GPU would use.
+    fn render_rdma(&self, t: &mut Text) {
+        t.w("== RDMA ==".into());
         let r = &self.rdma;
         for l in &r.libraries {
             match (&l.path, &l.error) {
-                (Some(path), _) => w(format!(
+                (Some(path), _) => t.w(format!(
                     "{}: {} (version {})",
                     l.name,
                     path,
                     l.version.as_deref().unwrap_or("unknown")
                 )),
-                (None, Some(e)) => w(format!("{}: not installed ({e})", l.name)),
-                (None, None) => w(format!("{}: loaded (file unknown)", l.name)),
+                (None, Some(e)) => t.w(format!("{}: not installed ({e})", l.name)),
+                (None, None) => t.w(format!("{}: loaded (file unknown)", l.name)),
             }
         }
         if r.devices.is_empty() {
-            w("RDMA devices: none".into());
+            t.w("RDMA devices: none".into());
         }
         for d in &r.devices {
-            w(format!(
+            t.w(format!(
                 "{}: PCI {}, driver {}, NUMA {}{}",
                 d.name,
                 d.pci_bus_id.as_deref().unwrap_or("?"),
@@ -172,7 +200,7 @@ impl Report {
                 }
             ));
             for port in &d.ports {
-                w(format!(
+                t.w(format!(
                     "  port {}: {}, {}{}{}",
                     port.port,
                     port.state,
@@ -193,20 +221,23 @@ impl Report {
                 ));
             }
         }
-        w(format!(
+        t.w(format!(
             "nvidia_peermem: {}",
             if r.nvidia_peermem { "loaded" } else { "not loaded" }
         ));
         for e in &r.errors {
-            w(format!("  could not read: {e}"));
+            t.w(format!("  could not read: {e}"));
         }
         for l in &r.nic_per_gpu {
-            w(format!("IBGDA NIC: {l}"));
+            t.w(format!("IBGDA NIC: {l}"));
         }
-        w(String::new());
+        t.w(String::new());
+    }
 
+    /// Which route each pair of ranks would take, and why.
+    fn render_routes(&self, t: &mut Text) {
         let rt = &self.routes;
-        w(format!(
+        t.w(format!(
             "== Routes ({} ranks, {}) ==",
             rt.ranks,
             match rt.launch {
@@ -224,9 +255,9 @@ impl Report {
                 None => format!("rank {r} -> emulator"),
             })
             .collect();
-        w(place.join(", "));
+        t.w(place.join(", "));
         for p in &rt.pairs {
-            w(format!(
+            t.w(format!(
                 "{} <-> {}: {} via {}{} ({})",
                 p.rank,
                 p.peer,
@@ -236,38 +267,43 @@ impl Report {
                 p.why
             ));
         }
-        w(String::new());
+        t.w(String::new());
+    }
 
-        w("== Environment ==".into());
+    /// The `DOORBELL_*` variables in effect.
+    fn render_environment(&self, t: &mut Text) {
+        t.w("== Environment ==".into());
         if self.environment.vars.is_empty() {
-            w("no DOORBELL_* variable is set (every default applies)".into());
+            t.w("no DOORBELL_* variable is set (every default applies)".into());
         }
         for v in &self.environment.vars {
             let kind = format!("{:?}", v.kind).to_lowercase();
-            w(match v.status {
+            t.w(match v.status {
                 "ok" => format!("{}={} ({kind}): ok", v.name, v.value),
                 _ if v.message.is_empty() => format!("{}={} ({kind})", v.name, v.value),
                 status => format!("{}={} ({kind}): {status}: {}", v.name, v.value, v.message),
             });
         }
-        w(String::new());
+        t.w(String::new());
+    }
 
+    /// The warnings and problems with their fixes, and the verdict.
+    fn render_findings(&self, t: &mut Text) {
         for (title, list) in [("Warnings", &self.warnings), ("Problems", &self.problems)] {
             if list.is_empty() {
                 continue;
             }
-            w(format!("== {title} =="));
+            t.w(format!("== {title} =="));
             for f in list {
-                w(format!("[{}] {}", f.section, f.message));
-                w(format!("    fix: {}", f.fix));
+                t.w(format!("[{}] {}", f.section, f.message));
+                t.w(format!("    fix: {}", f.fix));
             }
-            w(String::new());
+            t.w(String::new());
         }
-        w(if self.problems.is_empty() {
+        t.w(if self.problems.is_empty() {
             format!("result: OK ({} warning(s))", self.warnings.len())
         } else {
             format!("result: {} problem(s), {} warning(s)", self.problems.len(), self.warnings.len())
         });
-        s
     }
 }
