@@ -649,8 +649,7 @@ fn dep_info_paths(text: &str) -> Vec<String> {
 fn skipped(out_dir: &Path, out_path: PathBuf, cubin_path: PathBuf, crate_name: String) -> Result<PtxOutput, BuildError> {
     let out_dir = out_dir.to_path_buf();
     std::fs::create_dir_all(&out_dir).map_err(|e| BuildError::Io(out_dir.clone(), e))?;
-    std::fs::write(&out_path, "// doorbell: PTX build skipped (DOORBELL_SKIP_PTX=1)\n")
-        .map_err(|e| BuildError::Io(out_path.clone(), e))?;
+    std::fs::write(&out_path, "// doorbell: PTX build skipped (DOORBELL_SKIP_PTX=1)\n").map_err(|e| BuildError::Io(out_path.clone(), e))?;
     std::fs::write(&cubin_path, []).map_err(|e| BuildError::Io(cubin_path.clone(), e))?;
     Ok(PtxOutput {
         path: out_path,
@@ -797,4 +796,3 @@ error: could not compile `my-kernels` (lib) due to 1 previous error\n";
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
-

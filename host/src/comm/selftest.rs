@@ -337,39 +337,39 @@ impl Communicator {
     ) -> Result<(Vec<Arrival>, Vec<Failure>)> {
         let (me, n) = (self.rank, self.size);
         let nw = n as u64;
-    let mut received = Vec::new();
-    let mut failures = Vec::new();
-    for (k, (route, _)) in routes.iter().enumerate() {
-        let mut raw = vec![0u8; (nw * (MSG_WORDS + 1) * 8) as usize];
-        // SAFETY: the area's messages and signals, in this rank's heap.
-        unsafe { self.device.read_raw(self.heap_base + start + k as u64 * area_bytes, &mut raw)? };
-        let got: Vec<u64> = raw.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8"))).collect();
-        for s in (0..n).filter(|&s| self.tests_pair(*route, s)) {
-            let msg: [u64; MSG_WORDS as usize] = got[s * MSG_WORDS as usize..][..MSG_WORDS as usize].try_into().expect("words");
-            let want: Vec<u64> = (0..MSG_WORDS)
-                .map(|i| message(nonce, s as u64, me as u64, route.number(), i))
-                .collect();
-            let signal = got[(nw * MSG_WORDS) as usize + s];
-            received.push((*route, s, msg));
-            if msg[..] == want[..] && signal == nonce {
-                continue;
+        let mut received = Vec::new();
+        let mut failures = Vec::new();
+        for (k, (route, _)) in routes.iter().enumerate() {
+            let mut raw = vec![0u8; (nw * (MSG_WORDS + 1) * 8) as usize];
+            // SAFETY: the area's messages and signals, in this rank's heap.
+            unsafe { self.device.read_raw(self.heap_base + start + k as u64 * area_bytes, &mut raw)? };
+            let got: Vec<u64> = raw.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8"))).collect();
+            for s in (0..n).filter(|&s| self.tests_pair(*route, s)) {
+                let msg: [u64; MSG_WORDS as usize] = got[s * MSG_WORDS as usize..][..MSG_WORDS as usize].try_into().expect("words");
+                let want: Vec<u64> = (0..MSG_WORDS)
+                    .map(|i| message(nonce, s as u64, me as u64, route.number(), i))
+                    .collect();
+                let signal = got[(nw * MSG_WORDS) as usize + s];
+                received.push((*route, s, msg));
+                if msg[..] == want[..] && signal == nonce {
+                    continue;
+                }
+                let mut arrived = format!("message {} with signal {signal:#x}", words(&msg));
+                if signal != nonce {
+                    arrived.push_str(" (the signal never came: the bounded wait ran out)");
+                }
+                if let Some(whose) = self.whose_message(nonce, &msg) {
+                    arrived.push_str(&format!(" — {whose}"));
+                }
+                failures.push(Failure {
+                    route: *route,
+                    sender: s,
+                    receiver: me,
+                    expected: format!("message {} with signal {nonce:#x}", words(&want)),
+                    arrived,
+                });
             }
-            let mut arrived = format!("message {} with signal {signal:#x}", words(&msg));
-            if signal != nonce {
-                arrived.push_str(" (the signal never came: the bounded wait ran out)");
-            }
-            if let Some(whose) = self.whose_message(nonce, &msg) {
-                arrived.push_str(&format!(" — {whose}"));
-            }
-            failures.push(Failure {
-                route: *route,
-                sender: s,
-                receiver: me,
-                expected: format!("message {} with signal {nonce:#x}", words(&want)),
-                arrived,
-            });
         }
-    }
         Ok((received, failures))
     }
 
@@ -377,43 +377,43 @@ impl Communicator {
     /// rank as [`Error::SelfTest`], naming the others and the devices'
     /// reports; `Ok` when every message of every rank arrived.
     fn self_test_verdict(&self, failures: &[Failure], device: &Result<()>) -> Result<()> {
-    let lines: Vec<String> = failures.iter().map(Failure::encode).collect();
-    let dev_note = device.as_ref().err().map(|e| e.to_string());
-    let mut note = lines.join("\n");
-    note.push('\u{1}');
-    note.push_str(dev_note.as_deref().unwrap_or(""));
-    let gathered = self.world.all_gather_bytes(note.as_bytes())?;
-    let mut all_failures = Vec::new();
-    let mut device_errors = Vec::new();
-    for g in &gathered {
-        let text = String::from_utf8_lossy(g);
-        let (fails, dev) = text.split_once('\u{1}').unwrap_or((&text, ""));
-        all_failures.extend(fails.lines().filter_map(Failure::decode));
-        if !dev.is_empty() {
-            device_errors.push(dev.to_string());
+        let lines: Vec<String> = failures.iter().map(Failure::encode).collect();
+        let dev_note = device.as_ref().err().map(|e| e.to_string());
+        let mut note = lines.join("\n");
+        note.push('\u{1}');
+        note.push_str(dev_note.as_deref().unwrap_or(""));
+        let gathered = self.world.all_gather_bytes(note.as_bytes())?;
+        let mut all_failures = Vec::new();
+        let mut device_errors = Vec::new();
+        for g in &gathered {
+            let text = String::from_utf8_lossy(g);
+            let (fails, dev) = text.split_once('\u{1}').unwrap_or((&text, ""));
+            all_failures.extend(fails.lines().filter_map(Failure::decode));
+            if !dev.is_empty() {
+                device_errors.push(dev.to_string());
+            }
         }
-    }
-    if let Some(first) = all_failures.first() {
-        let mut more = String::new();
-        if all_failures.len() > 1 {
-            let others: Vec<String> = all_failures[1..]
-                .iter()
-                .map(|f| format!("rank {} -> rank {} over {}", f.sender, f.receiver, f.route))
-                .collect();
-            more.push_str(&format!("; also failed: {}", others.join(", ")));
+        if let Some(first) = all_failures.first() {
+            let mut more = String::new();
+            if all_failures.len() > 1 {
+                let others: Vec<String> = all_failures[1..]
+                    .iter()
+                    .map(|f| format!("rank {} -> rank {} over {}", f.sender, f.receiver, f.route))
+                    .collect();
+                more.push_str(&format!("; also failed: {}", others.join(", ")));
+            }
+            if !device_errors.is_empty() {
+                more.push_str(&format!("; device reports: {}", device_errors.join("; ")));
+            }
+            return Err(Error::SelfTest {
+                sender: first.sender,
+                receiver: first.receiver,
+                route: first.route.name(),
+                expected: first.expected.clone(),
+                arrived: first.arrived.clone(),
+                more,
+            });
         }
-        if !device_errors.is_empty() {
-            more.push_str(&format!("; device reports: {}", device_errors.join("; ")));
-        }
-        return Err(Error::SelfTest {
-            sender: first.sender,
-            receiver: first.receiver,
-            route: first.route.name(),
-            expected: first.expected.clone(),
-            arrived: first.arrived.clone(),
-            more,
-        });
-    }
         Ok(())
     }
 
