@@ -25,16 +25,11 @@
 //! ones overwritten). Warps that share a ring share its counter: nothing is
 //! lost but old events.
 
-use crate::heap::HEAP_RESERVED;
 use crate::ptx;
 
 /// Offset in the heap header of the word holding the trace rings' address
 /// (0: tracing off).
 pub const TRACE_OFFSET: u64 = 8128;
-const _: () = assert!(
-    crate::heap::REPORT_OFFSET + crate::heap::REPORT_SLOTS * core::mem::size_of::<crate::heap::ErrorReport>() as u64 <= TRACE_OFFSET
-        && TRACE_OFFSET + 8 <= HEAP_RESERVED
-);
 
 /// Bytes of one event in a ring.
 pub const EVENT_BYTES: u64 = 32;
@@ -221,7 +216,7 @@ macro_rules! hook {
 }
 pub(crate) use hook;
 
-/// [`hook!`] for the other kernel crates (the soft NIC's engine):
+/// The crate's own `hook!` for the other kernel crates (the soft NIC's engine):
 /// `doorbell_kernels::trace_hook! { statements }` is the statements where
 /// this crate's hooks are compiled in ([`COMPILED`]), nothing otherwise.
 #[cfg(any(feature = "trace", not(target_arch = "nvptx64")))]
