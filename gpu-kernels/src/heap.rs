@@ -31,6 +31,11 @@ pub const REPORT_SLOTS: u64 = 32;
 const _: () = assert!(EPOCH_OFFSET + 8 <= REPORTED_OFFSET && REPORTED_OFFSET + 4 <= BLOCK_RESULT_OFFSET);
 const _: () = assert!(BLOCK_RESULT_OFFSET + 8 <= REPORT_OFFSET && REPORT_OFFSET.is_multiple_of(64));
 const _: () = assert!(REPORT_OFFSET + REPORT_SLOTS * core::mem::size_of::<ErrorReport>() as u64 <= HEAP_RESERVED);
+// The device trace's word (its rings' address) lies past the reports.
+const _: () = assert!(
+    REPORT_OFFSET + REPORT_SLOTS * core::mem::size_of::<ErrorReport>() as u64 <= crate::trace::TRACE_OFFSET
+        && crate::trace::TRACE_OFFSET + 8 <= HEAP_RESERVED
+);
 
 /// What went wrong ([`ErrorReport::kind`]).
 #[repr(u32)]
@@ -348,8 +353,7 @@ impl Reporter {
     /// Records `e` of `call` about `arg` (the first error of the rank
     /// wins) and returns it.
     #[inline(always)]
-    pub fn fail(self, e: crate::transport::CommError, call: Call, arg: Arg, peer: u32, offset: u64) -> crate::transport::CommError {
-        use crate::transport::CommError;
+    pub fn fail(self, e: CommError, call: Call, arg: Arg, peer: u32, offset: u64) -> CommError {
         let (kind, detail, bytes, progress) = match e {
             CommError::Timeout(t) => (ErrorKind::Timeout, 0, 0, Pair(0, t.seen)),
             CommError::Completion { syndrome, .. } => (ErrorKind::Completion, syndrome as u32, 0, Pair(0, 0)),
@@ -370,15 +374,7 @@ impl Reporter {
     /// elements, buffer length). Records the report (element size in
     /// `detail`) and returns the error.
     #[inline(always)]
-    pub fn fail_part(
-        self,
-        call: Call,
-        arg: Arg,
-        peer: u32,
-        offset: u64,
-        extent: (u64, u64, u64),
-        elem: u32,
-    ) -> crate::transport::CommError {
+    pub fn fail_part(self, call: Call, arg: Arg, peer: u32, offset: u64, extent: (u64, u64, u64), elem: u32) -> CommError {
         let (start, n, len) = extent;
         let (what, who) = (Pair32(ErrorKind::OutsideBuffer as u32, site(call, arg)), Pair32(peer, elem));
         record(
@@ -389,14 +385,14 @@ impl Reporter {
             Pair(len, start),
             self.budget_ns,
         );
-        crate::transport::CommError::OutsideBuffer { arg, start, n, len }
+        CommError::OutsideBuffer { arg, start, n, len }
     }
 
     /// A typed transfer's destination (at heap offset `offset`) holds
     /// `dst` elements of `elem` bytes and its source `src`: records the
     /// report and returns the error.
     #[inline(always)]
-    pub fn fail_lengths(self, call: Call, peer: u32, offset: u64, dst: u64, src: u64, elem: u32) -> crate::transport::CommError {
+    pub fn fail_lengths(self, call: Call, peer: u32, offset: u64, dst: u64, src: u64, elem: u32) -> CommError {
         let (what, who) = (
             Pair32(ErrorKind::LengthMismatch as u32, site(call, Arg::Destination)),
             Pair32(peer, elem),
@@ -409,31 +405,23 @@ impl Reporter {
             Pair(dst, src),
             self.budget_ns,
         );
-        crate::transport::CommError::LengthMismatch { dst, src }
+        CommError::LengthMismatch { dst, src }
     }
 
     /// A wait on the word at address `at` ran out of budget: the report
     /// carries the comparison and the value expected too.
     #[inline(always)]
-    pub fn fail_wait(
-        self,
-        t: crate::sync::Timeout,
-        call: Call,
-        peer: u32,
-        at: u64,
-        cmp: crate::transport::Cmp,
-        expected: u64,
-    ) -> crate::transport::CommError {
+    pub fn fail_wait(self, t: crate::sync::Timeout, call: Call, peer: u32, at: u64, cmp: Cmp, expected: u64) -> CommError {
         let (what, who) = (Pair32(ErrorKind::Timeout as u32, site(call, Arg::Signal)), Pair32(peer, cmp as u32));
         let range = Pair(at.wrapping_sub(self.local_base), 8);
         record(self.writer(), what, who, range, Pair(expected, t.seen), self.budget_ns);
-        crate::transport::CommError::Timeout(t)
+        CommError::Timeout(t)
     }
 
     /// A send queue to `peer` made no progress within the budget: its
     /// completions reached `seen`, the call needed `expected`.
     #[inline(always)]
-    pub fn fail_queue(self, call: Call, peer: u32, seen: u32, expected: u32) -> crate::transport::CommError {
+    pub fn fail_queue(self, call: Call, peer: u32, seen: u32, expected: u32) -> CommError {
         let (what, who) = (Pair32(ErrorKind::QueueStalled as u32, call as u32), Pair32(peer, 0));
         record(
             self.writer(),
@@ -443,7 +431,7 @@ impl Reporter {
             Pair(expected as u64, seen as u64),
             self.budget_ns,
         );
-        crate::transport::CommError::Timeout(crate::sync::Timeout { seen: seen as u64 })
+        CommError::Timeout(crate::sync::Timeout { seen: seen as u64 })
     }
 }
 
@@ -590,13 +578,13 @@ impl HeapBounds {
     /// `peer < world` and `[local, local + bytes)` inside the user part of
     /// the heap; returns the offset of `local`.
     #[inline(always)]
-    pub fn range(self, call: Call, arg: Arg, local: u64, bytes: u64, peer: u32) -> Result<u64, crate::transport::CommError> {
+    pub fn range(self, call: Call, arg: Arg, local: u64, bytes: u64, peer: u32) -> Result<u64, CommError> {
         self.checked(call, arg, local, bytes, peer, 1)
     }
 
     /// [`Self::range`] for an 8-byte signal word, which must be aligned.
     #[inline(always)]
-    pub fn signal(self, call: Call, sig: u64, peer: u32) -> Result<u64, crate::transport::CommError> {
+    pub fn signal(self, call: Call, sig: u64, peer: u32) -> Result<u64, CommError> {
         self.checked(call, Arg::Signal, sig, 8, peer, 8)
     }
 
@@ -605,7 +593,7 @@ impl HeapBounds {
     /// a get there would overwrite it. Anywhere else is the caller's
     /// contract (the heap's user part, or other device memory).
     #[inline(always)]
-    pub fn local_dst(self, call: Call, local: u64, bytes: u64, peer: u32) -> Result<(), crate::transport::CommError> {
+    pub fn local_dst(self, call: Call, local: u64, bytes: u64, peer: u32) -> Result<(), CommError> {
         let base = self.reporter.local_base;
         let hits_header = (bytes != 0) & (local < base.saturating_add(HEAP_RESERVED)) & (local.saturating_add(bytes) > base);
         if hits_header {
@@ -620,7 +608,7 @@ impl HeapBounds {
     /// per checked call, instead of one inlined report per condition whose
     /// arguments and error values the compiler kept on the hot path.
     #[inline(always)]
-    fn checked(self, call: Call, arg: Arg, local: u64, bytes: u64, peer: u32, align: u64) -> Result<u64, crate::transport::CommError> {
+    fn checked(self, call: Call, arg: Arg, local: u64, bytes: u64, peer: u32, align: u64) -> Result<u64, CommError> {
         let off = local.wrapping_sub(self.reporter.local_base);
         let bad = (peer >= self.world)
             | (off < HEAP_RESERVED)
@@ -638,8 +626,7 @@ impl HeapBounds {
     /// scalars at hand (scalars in, a scalar out: nothing passes through
     /// local memory).
     #[inline(always)]
-    fn rejected(self, call: Call, arg: Arg, off: u64, bytes: u64, peer: u32) -> crate::transport::CommError {
-        use crate::transport::CommError;
+    fn rejected(self, call: Call, arg: Arg, off: u64, bytes: u64, peer: u32) -> CommError {
         let r = self.reporter;
         let limits = Limits {
             world: self.world,
@@ -703,39 +690,31 @@ pub trait Checked {
 
     /// Records the first error of this rank and returns it.
     #[inline(always)]
-    fn fail(&self, e: crate::transport::CommError, call: Call, arg: Arg, peer: u32, offset: u64) -> crate::transport::CommError {
+    fn fail(&self, e: CommError, call: Call, arg: Arg, peer: u32, offset: u64) -> CommError {
         self.bounds().reporter.fail(e, call, arg, peer, offset)
     }
 
     /// A wait on the word at address `at` ran out of budget.
     #[inline(always)]
-    fn fail_wait(
-        &self,
-        t: crate::sync::Timeout,
-        call: Call,
-        peer: u32,
-        at: u64,
-        cmp: crate::transport::Cmp,
-        expected: u64,
-    ) -> crate::transport::CommError {
+    fn fail_wait(&self, t: crate::sync::Timeout, call: Call, peer: u32, at: u64, cmp: Cmp, expected: u64) -> CommError {
         self.bounds().reporter.fail_wait(t, call, peer, at, cmp, expected)
     }
 
     /// [`HeapBounds::range`].
     #[inline(always)]
-    fn check_range(&self, call: Call, arg: Arg, local: u64, bytes: u64, peer: u32) -> Result<u64, crate::transport::CommError> {
+    fn check_range(&self, call: Call, arg: Arg, local: u64, bytes: u64, peer: u32) -> Result<u64, CommError> {
         self.bounds().range(call, arg, local, bytes, peer)
     }
 
     /// [`HeapBounds::local_dst`].
     #[inline(always)]
-    fn check_local_dst(&self, call: Call, local: u64, bytes: u64, peer: u32) -> Result<(), crate::transport::CommError> {
+    fn check_local_dst(&self, call: Call, local: u64, bytes: u64, peer: u32) -> Result<(), CommError> {
         self.bounds().local_dst(call, local, bytes, peer)
     }
 
     /// [`HeapBounds::signal`].
     #[inline(always)]
-    fn check_signal(&self, call: Call, sig: u64, peer: u32) -> Result<u64, crate::transport::CommError> {
+    fn check_signal(&self, call: Call, sig: u64, peer: u32) -> Result<u64, CommError> {
         self.bounds().signal(call, sig, peer)
     }
 }
@@ -743,7 +722,7 @@ pub trait Checked {
 #[cfg(all(test, not(target_arch = "nvptx64")))]
 mod tests {
     use super::*;
-    use crate::transport::CommError;
+    use CommError;
 
     const HEAP: u64 = 2 * HEAP_RESERVED;
 
@@ -890,4 +869,119 @@ mod tests {
             }
         );
     }
+}
+
+/// Comparison for the `wait_until*` calls.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cmp {
+    /// `==`
+    Eq = 0,
+    /// `!=`
+    Ne = 1,
+    /// `>`
+    Gt = 2,
+    /// `>=`
+    Ge = 3,
+    /// `<`
+    Lt = 4,
+    /// `<=`
+    Le = 5,
+}
+
+impl Cmp {
+    /// Applies the comparison.
+    #[inline(always)]
+    pub fn holds(self, seen: u64, value: u64) -> bool {
+        match self {
+            Cmp::Eq => seen == value,
+            Cmp::Ne => seen != value,
+            Cmp::Gt => seen > value,
+            Cmp::Ge => seen >= value,
+            Cmp::Lt => seen < value,
+            Cmp::Le => seen <= value,
+        }
+    }
+    /// The operator, for messages (`==`, `>=`, ...).
+    pub fn symbol(self) -> &'static str {
+        match self {
+            Cmp::Eq => "==",
+            Cmp::Ne => "!=",
+            Cmp::Gt => ">",
+            Cmp::Ge => ">=",
+            Cmp::Lt => "<",
+            Cmp::Le => "<=",
+        }
+    }
+
+    /// From the raw value stored in a report.
+    pub fn from_u32(v: u32) -> Option<Cmp> {
+        Some(match v {
+            0 => Cmp::Eq,
+            1 => Cmp::Ne,
+            2 => Cmp::Gt,
+            3 => Cmp::Ge,
+            4 => Cmp::Lt,
+            5 => Cmp::Le,
+            _ => return None,
+        })
+    }
+}
+
+/// Why a device call failed. The first error of a rank is also recorded in
+/// its heap header for the host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CommError {
+    /// A bounded wait ran out of budget (the report says which word).
+    Timeout(crate::sync::Timeout),
+    /// A completion came back with an error (RDMA): the peer and the
+    /// completion's syndrome.
+    Completion {
+        /// The peer of the failed operation.
+        peer: u32,
+        /// The completion's syndrome byte.
+        syndrome: u8,
+    },
+    /// `peer` is not a rank of this world.
+    BadPeer {
+        /// The rank asked for.
+        peer: u32,
+    },
+    /// `[offset, offset + bytes)` is not inside the symmetric heap (or the
+    /// registered memory the call needs).
+    OutOfRange {
+        /// Offset from the heap base (wrapping: huge when below it).
+        offset: u64,
+        /// Bytes of the range.
+        bytes: u64,
+    },
+    /// A signal word that is not 8-byte aligned.
+    Misaligned {
+        /// Its offset from the heap base.
+        offset: u64,
+    },
+    /// A count out of range (e.g. more than 64 words for a wait).
+    BadCount {
+        /// The count given.
+        count: u64,
+    },
+    /// A [`Part`](crate::transport::Part) reaches past its buffer: elements `start .. start + n`
+    /// of a buffer of `len`.
+    OutsideBuffer {
+        /// Which argument.
+        arg: Arg,
+        /// First element asked for.
+        start: u64,
+        /// Elements asked for.
+        n: u64,
+        /// The buffer's length.
+        len: u64,
+    },
+    /// A typed transfer's destination and source differ in length.
+    LengthMismatch {
+        /// Elements of the destination.
+        dst: u64,
+        /// Elements of the source.
+        src: u64,
+    },
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use cudarc::driver::CudaContext;
 
 pub use crate::backend::cuda::{driver_present, gpu_count};
+pub(crate) use crate::backend::Activity;
 pub use crate::backend::Backend;
 use crate::backend::{cuda, emu, DeviceBackend};
 use crate::error::Result;
@@ -20,42 +21,6 @@ impl Device {
     /// What this handle's streams launched (shared by its clones).
     pub(crate) fn activity(&self) -> &Arc<Activity> {
         self.inner.activity()
-    }
-}
-
-/// What a device handle's streams launched: a counter and the last
-/// kernel's name, bumped by every [`Stream`](crate::Stream) launch (a
-/// relaxed add and an uncontended lock). The communicator reads it to say
-/// what a rank was doing when a peer's wait ran out.
-#[derive(Default)]
-pub(crate) struct Activity {
-    launches: std::sync::atomic::AtomicU64,
-    last: std::sync::Mutex<&'static str>,
-}
-
-impl Activity {
-    /// Counts a launch of `kernel`.
-    pub(crate) fn note(&self, kernel: &'static str) {
-        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = kernel;
-        self.launches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Runs `f`, whose launches are the library's own (the self-test, the
-    /// trace's clock calibration), and leaves the count and the last name
-    /// as they were: a peer asking what this rank ran sees the user's
-    /// kernels only.
-    pub(crate) fn unrecorded<R>(&self, f: impl FnOnce() -> R) -> R {
-        let before = self.get();
-        let r = f();
-        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = before.1;
-        self.launches.store(before.0, std::sync::atomic::Ordering::Relaxed);
-        r
-    }
-
-    /// Launches so far and the last kernel's name (empty before any).
-    pub(crate) fn get(&self) -> (u64, &'static str) {
-        let last = *self.last.lock().unwrap_or_else(|p| p.into_inner());
-        (self.launches.load(std::sync::atomic::Ordering::Relaxed), last)
     }
 }
 

@@ -21,10 +21,57 @@ use doorbell_kernels::transport::{Ibgda, P2p, Routed};
 use doorbell_kernels::{AnyFamily, EntryVisitor, ForTransport, KernelFamily};
 
 use crate::backend::FunctionBackend;
-use crate::coll::TransportKind;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::launch::FunctionAttributes;
+
+/// The device transport a collective's kernel runs over.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TransportKind {
+    /// Loads and stores into peers' memory ([`Communicator::p2p`](crate::comm::Communicator::p2p)).
+    #[default]
+    P2p,
+    /// Every peer through the (soft) NIC ([`Communicator::ibgda`](crate::comm::Communicator::ibgda)). No
+    /// peer pointers: the pipelined algorithm.
+    Ibgda,
+    /// Per peer: load/store, or the NIC for the pairs
+    /// [`AllReduceOptions::rdma_peers`](crate::coll::AllReduceOptions::rdma_peers) (default `DOORBELL_RDMA_PEERS`)
+    /// names ([`Communicator::routed_with`](crate::comm::Communicator::routed_with)); the pipelined algorithm as
+    /// soon as any pair goes through the NIC.
+    Routed,
+}
+
+impl TransportKind {
+    /// The name users type.
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportKind::P2p => "p2p",
+            TransportKind::Ibgda => "ibgda",
+            TransportKind::Routed => "routed",
+        }
+    }
+}
+
+impl std::fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for TransportKind {
+    type Err = Error;
+
+    /// `p2p`, `ibgda` or `routed` (any case, surrounding blanks ignored);
+    /// anything else is [`Error::BadTransport`].
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "p2p" => Ok(TransportKind::P2p),
+            "ibgda" => Ok(TransportKind::Ibgda),
+            "routed" => Ok(TransportKind::Routed),
+            _ => Err(Error::BadTransport(s.to_string())),
+        }
+    }
+}
 
 /// A transport handle whose type is chosen at run time: the argument that
 /// lets one [`Stream::launch_family`](crate::Stream::launch_family) call

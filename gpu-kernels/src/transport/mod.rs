@@ -92,66 +92,9 @@ pub use p2p::P2p;
 pub use routed::Routed;
 pub use sym::{Get, Part, Put, RawSignal, RawWait, RawXfer, Signal, Sym};
 
-pub use crate::heap::{Arg, Call, ErrorKind, ErrorReport};
+pub use crate::heap::{Arg, Call, Cmp, CommError, ErrorKind, ErrorReport};
 use crate::heap::{Checked, BLOCK_RESULT_OFFSET};
 pub use crate::sync::Timeout;
-
-/// Comparison for the `wait_until*` calls.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Cmp {
-    /// `==`
-    Eq = 0,
-    /// `!=`
-    Ne = 1,
-    /// `>`
-    Gt = 2,
-    /// `>=`
-    Ge = 3,
-    /// `<`
-    Lt = 4,
-    /// `<=`
-    Le = 5,
-}
-
-impl Cmp {
-    /// Applies the comparison.
-    #[inline(always)]
-    pub fn holds(self, seen: u64, value: u64) -> bool {
-        match self {
-            Cmp::Eq => seen == value,
-            Cmp::Ne => seen != value,
-            Cmp::Gt => seen > value,
-            Cmp::Ge => seen >= value,
-            Cmp::Lt => seen < value,
-            Cmp::Le => seen <= value,
-        }
-    }
-    /// The operator, for messages (`==`, `>=`, ...).
-    pub fn symbol(self) -> &'static str {
-        match self {
-            Cmp::Eq => "==",
-            Cmp::Ne => "!=",
-            Cmp::Gt => ">",
-            Cmp::Ge => ">=",
-            Cmp::Lt => "<",
-            Cmp::Le => "<=",
-        }
-    }
-
-    /// From the raw value stored in a report.
-    pub fn from_u32(v: u32) -> Option<Cmp> {
-        Some(match v {
-            0 => Cmp::Eq,
-            1 => Cmp::Ne,
-            2 => Cmp::Gt,
-            3 => Cmp::Ge,
-            4 => Cmp::Lt,
-            5 => Cmp::Le,
-            _ => return None,
-        })
-    }
-}
 
 /// What a signal does to the target word.
 #[repr(u32)]
@@ -202,64 +145,6 @@ impl Coop {
             Coop::Block => crate::ptx::sync_threads(),
         }
     }
-}
-
-/// Why a device call failed. The first error of a rank is also recorded in
-/// its heap header for the host.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CommError {
-    /// A bounded wait ran out of budget (the report says which word).
-    Timeout(Timeout),
-    /// A completion came back with an error (RDMA): the peer and the
-    /// completion's syndrome.
-    Completion {
-        /// The peer of the failed operation.
-        peer: u32,
-        /// The completion's syndrome byte.
-        syndrome: u8,
-    },
-    /// `peer` is not a rank of this world.
-    BadPeer {
-        /// The rank asked for.
-        peer: u32,
-    },
-    /// `[offset, offset + bytes)` is not inside the symmetric heap (or the
-    /// registered memory the call needs).
-    OutOfRange {
-        /// Offset from the heap base (wrapping: huge when below it).
-        offset: u64,
-        /// Bytes of the range.
-        bytes: u64,
-    },
-    /// A signal word that is not 8-byte aligned.
-    Misaligned {
-        /// Its offset from the heap base.
-        offset: u64,
-    },
-    /// A count out of range (e.g. more than 64 words for a wait).
-    BadCount {
-        /// The count given.
-        count: u64,
-    },
-    /// A [`Part`] reaches past its buffer: elements `start .. start + n`
-    /// of a buffer of `len`.
-    OutsideBuffer {
-        /// Which argument.
-        arg: Arg,
-        /// First element asked for.
-        start: u64,
-        /// Elements asked for.
-        n: u64,
-        /// The buffer's length.
-        len: u64,
-    },
-    /// A typed transfer's destination and source differ in length.
-    LengthMismatch {
-        /// Elements of the destination.
-        dst: u64,
-        /// Elements of the source.
-        src: u64,
-    },
 }
 
 /// The device communication API (the transport contract), implemented by every

@@ -89,8 +89,8 @@ fn shared_context(ordinal: usize) -> Result<Arc<CudaContext>> {
 /// A GPU as one [`crate::Device`] handle sees it: the GPU's shared context
 /// and the streams created through the handle.
 pub(crate) struct Device {
-    /// Launches through this handle ([`crate::device::Activity`]).
-    pub(crate) activity: Arc<crate::device::Activity>,
+    /// Launches through this handle ([`super::Activity`]).
+    pub(crate) activity: Arc<super::Activity>,
     ctx: Arc<CudaContext>,
     /// GPU streams created through this handle: what `synchronize` waits for.
     /// Several handles (e.g. thread ranks) share one CUDA context, so a

@@ -88,7 +88,7 @@ pub(crate) struct Device {
     ordinal: usize,
     streams: Mutex<Vec<Weak<Queue>>>,
     orphans: Orphans,
-    pub(crate) activity: Arc<crate::device::Activity>,
+    pub(crate) activity: Arc<super::Activity>,
 }
 
 impl Device {

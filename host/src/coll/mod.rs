@@ -79,6 +79,7 @@ use crate::stream::{LaunchConfig, Stream};
 pub mod embedding;
 pub mod reference;
 
+pub use crate::family::TransportKind;
 pub use embedding::{EmbeddingError, EmbeddingExchange, EmbeddingOptions};
 
 // SAFETY: a transparent u16: plain data, valid for every bit pattern.
@@ -168,54 +169,6 @@ pub const DEFAULT_STAGES: u32 = 4;
 /// benchmark (3 x 32 and 8 x 16 passed every test). The half leaves room
 /// for anything else the GPU runs.
 pub const MAX_BLOCKS_SHARED_GPU: u32 = 32;
-
-/// The device transport a collective's kernel runs over.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum TransportKind {
-    /// Loads and stores into peers' memory ([`Communicator::p2p`]).
-    #[default]
-    P2p,
-    /// Every peer through the (soft) NIC ([`Communicator::ibgda`]). No
-    /// peer pointers: the pipelined algorithm.
-    Ibgda,
-    /// Per peer: load/store, or the NIC for the pairs
-    /// [`AllReduceOptions::rdma_peers`] (default `DOORBELL_RDMA_PEERS`)
-    /// names ([`Communicator::routed_with`]); the pipelined algorithm as
-    /// soon as any pair goes through the NIC.
-    Routed,
-}
-
-impl TransportKind {
-    /// The name users type.
-    pub fn name(self) -> &'static str {
-        match self {
-            TransportKind::P2p => "p2p",
-            TransportKind::Ibgda => "ibgda",
-            TransportKind::Routed => "routed",
-        }
-    }
-}
-
-impl std::fmt::Display for TransportKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for TransportKind {
-    type Err = Error;
-
-    /// `p2p`, `ibgda` or `routed` (any case, surrounding blanks ignored);
-    /// anything else is [`Error::BadTransport`].
-    fn from_str(s: &str) -> Result<Self> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "p2p" => Ok(TransportKind::P2p),
-            "ibgda" => Ok(TransportKind::Ibgda),
-            "routed" => Ok(TransportKind::Routed),
-            _ => Err(Error::BadTransport(s.to_string())),
-        }
-    }
-}
 
 /// Tuning of an [`AllReduce`]; `Default` picks everything.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

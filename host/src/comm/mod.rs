@@ -73,10 +73,10 @@ use doorbell_kernels::heap::{HEAP_RESERVED, MAX_RANKS};
 use doorbell_kernels::transport::p2p::NEAR_PEERS;
 use doorbell_kernels::transport::P2p;
 
-use crate::coll::TransportKind;
 use crate::device::{Backend, Device};
 use crate::error::{Error, Result};
 use crate::family::AnyTransport;
+use crate::family::TransportKind;
 use crate::memory::{DeviceBuffer, DeviceCopy};
 use crate::stream::Stream;
 use crate::world::World;

@@ -2,8 +2,27 @@
 //! embedded kernels against the driver and the GPUs, the RDMA devices, the
 //! routes between ranks and the `DOORBELL_*` variables.
 
-use super::probe::guarded;
 use super::{env, ptx, rdma, routes, Finding, Gpu, GpuSection, Image, Launch, Options, Report, RouteSection};
+
+/// Runs `f`, turning a panic into an error line (a probe must never take
+/// the diagnosis down).
+pub(super) fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    std::panic::set_hook(hook);
+    match r {
+        Ok(r) => r,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "no message".into());
+            Err(format!("{what} failed unexpectedly: {msg}"))
+        }
+    }
+}
 
 fn capability(g: &Gpu) -> (i32, i32) {
     let (a, b) = g.compute_capability.split_once('.').unwrap_or(("0", "0"));

@@ -2,29 +2,9 @@
 //! NVLink, rdma-core and the RDMA devices. A probe that fails (or panics)
 //! becomes an error line of its section, never a failed diagnosis.
 
-use super::checks::rdma_findings;
+use super::checks::{guarded, rdma_findings};
 use super::{nvml, ptx, rdma, routes, Gpu, PeerCell, Report};
 use crate::backend::cuda::{self, probe as cuda_probe};
-
-/// Runs `f`, turning a panic into an error line (a probe must never take
-/// the diagnosis down).
-pub(super) fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-    std::panic::set_hook(hook);
-    match r {
-        Ok(r) => r,
-        Err(p) => {
-            let msg = p
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "no message".into());
-            Err(format!("{what} failed unexpectedly: {msg}"))
-        }
-    }
-}
 
 pub(super) fn probe_gpus(report: &mut Report) {
     let g = &mut report.gpus;

@@ -30,6 +30,7 @@ use doorbell_kernels::trace::What;
 
 use super::exec::{answers, check_remote_at};
 use super::mem::Scope;
+pub use super::mover::Outcome;
 use super::mover::{copy_part, overlaps, PayloadMover};
 use super::tables::{access, Port, PortTable, Ports, QpEntry, QP_CONNECTED};
 use super::{cqe, mem};
@@ -130,24 +131,6 @@ impl BurstHead {
             connected: (qp.flags & QP_CONNECTED != 0) as u32,
         }
     }
-}
-
-/// What a burst did, and what the one-WQE path takes next.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Outcome {
-    /// WQEs the burst executed.
-    pub done: u32,
-    /// Most WQEs the one-WQE path starts before the next burst: the run
-    /// of WQEs the burst saw were not simple, so that the simple ones
-    /// after it are the next pass's burst; 0 when the burst did every WQE
-    /// it was given (the next pass bursts on); `u32::MAX` when no burst
-    /// ran, nothing simple followed, or a full send CQ stopped it.
-    pub fetch: u32,
-}
-
-impl Outcome {
-    /// No burst ran: the one-WQE path takes everything.
-    pub const NONE: Outcome = Outcome { done: 0, fetch: u32::MAX };
 }
 
 /// What a simple WQE does, as its checks found it.

@@ -142,7 +142,7 @@ pub trait PayloadMover {
     /// longest prefix of simple RDMA WRITEs, with the mover's block; steps
     /// the ring past them and says how many it executed and how many WQEs
     /// the one-WQE path starts before the next burst. The default (a mover
-    /// without a block): [`super::burst::Outcome::NONE`], the one-WQE path
+    /// without a block): [`Outcome::NONE`], the one-WQE path
     /// runs them all. Called only when nothing is in flight on the QP, the
     /// link model is off and no fault is injected.
     ///
@@ -158,9 +158,9 @@ pub trait PayloadMover {
         start: u32,
         avail: u32,
         now_ns: u64,
-    ) -> super::burst::Outcome {
+    ) -> Outcome {
         let _ = (ports, p, q, start, avail, now_ns);
-        super::burst::Outcome::NONE
+        Outcome::NONE
     }
 }
 
@@ -278,6 +278,24 @@ pub unsafe fn copy_part(dst: *mut u8, src: *const u8, len: usize, part: usize, p
             }
         }
     }
+}
+
+/// What a burst did, and what the one-WQE path takes next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// WQEs the burst executed.
+    pub done: u32,
+    /// Most WQEs the one-WQE path starts before the next burst: the run
+    /// of WQEs the burst saw were not simple, so that the simple ones
+    /// after it are the next pass's burst; 0 when the burst did every WQE
+    /// it was given (the next pass bursts on); `u32::MAX` when no burst
+    /// ran, nothing simple followed, or a full send CQ stopped it.
+    pub fetch: u32,
+}
+
+impl Outcome {
+    /// No burst ran: the one-WQE path takes everything.
+    pub const NONE: Outcome = Outcome { done: 0, fetch: u32::MAX };
 }
 
 #[cfg(test)]
