@@ -21,6 +21,7 @@
 
 pub mod burst;
 pub mod config;
+pub mod control;
 pub mod cqe;
 pub mod exec;
 pub mod link;

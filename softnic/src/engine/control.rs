@@ -1,0 +1,209 @@
+//! A resident engine's control block ([`EngineCtl`]): what the host and
+//! the engine kernel ([`super::resident`]) share — stop and state words,
+//! the configuration, the engine's counters and its progress record.
+
+use super::burst::BURST_MAX;
+use super::config::EngineConfig;
+use super::mover::PHASES;
+use super::tables::PortTable;
+
+/// [`EngineCtl::state`]: launched, not started yet.
+pub const STATE_LAUNCHED: u32 = 0;
+/// [`EngineCtl::state`]: polling.
+pub const STATE_RUNNING: u32 = 1;
+/// [`EngineCtl::state`]: stopped; the engine touches nothing any more.
+pub const STATE_EXITED: u32 = 2;
+
+/// One engine's control block, in device memory (or the emulator's), shared
+/// by the host and the engine kernel.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct EngineCtl {
+    /// Host → engine: non-zero asks the engine to stop (read with
+    /// `ld.relaxed.sys` every [`CONTROL_EVERY`](super::resident::CONTROL_EVERY) passes).
+    pub stop: u32,
+    /// Engine → host: [`STATE_LAUNCHED`], [`STATE_RUNNING`],
+    /// [`STATE_EXITED`] (stored with `st.release.sys`).
+    pub state: u32,
+    /// Host: bumped after each new [`Self::cfg`]; the engine reloads the
+    /// configuration (and reseeds its generator) when it changes.
+    pub cfg_epoch: u64,
+    /// Engine → host: the last [`Self::cfg_epoch`] it applied (stored with
+    /// `st.release.sys` before the pass that first uses it), so the host
+    /// can wait until a new configuration is in force.
+    pub cfg_applied: u64,
+    /// Timeouts, faults.
+    pub cfg: EngineConfig,
+    /// Every port of the fabric.
+    pub table: *const PortTable,
+    /// The port this engine runs.
+    pub port: u32,
+    /// 1: some port's memory or some rank is on another GPU: the engine's
+    /// ordering with the ranks (the acquire after a doorbell record, the
+    /// fence before a short copy after payload, the releases of CQEs,
+    /// atomics and signal words) is at `sys` scope; 0: every port and every
+    /// rank is on this GPU: `gpu` scope suffices. What the host writes
+    /// (tables, configuration) is acquired at `sys` either way.
+    pub sys_scope: u32,
+    /// Most WQEs of one burst ([`super::burst`]): runs of small RDMA
+    /// WRITEs that the block reads and checks together, one WQE per
+    /// thread (at most [`BURST_MAX`] and the block's threads); 0: no
+    /// bursts, every WQE takes the one-WQE path.
+    pub burst: u32,
+    /// Zero.
+    pub reserved: u32,
+    /// The fabric's clock when the engine was launched, ns: the engine's
+    /// time is this plus `%globaltimer` elapsed since it started.
+    pub clock_base_ns: u64,
+    /// Engine: what it has done (stored with `st.relaxed.sys` now and
+    /// then; read by the host for statistics).
+    pub counters: EngineCounters,
+    /// Engine → host: a copy of [`Self::state`] in memory the host reads
+    /// without a driver call (mapped pinned host memory on a GPU; stored
+    /// with `st.release.sys`); null: none.
+    pub host_state: *mut u32,
+    /// Engine → host: the engine's [`EngineProgress`], in memory the host
+    /// reads without a driver call (mapped pinned host memory on a GPU);
+    /// null: none.
+    pub host_progress: *mut EngineProgress,
+}
+
+const _: () = assert!(core::mem::size_of::<EngineCtl>().is_multiple_of(8));
+
+/// What an engine kernel has done, as its control block holds it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineCounters {
+    /// Passes over the port.
+    pub passes: u64,
+    /// Passes that made progress.
+    pub busy_passes: u64,
+    /// Copies made by the whole block (at least [`BLOCK_COPY_MIN`](super::resident::BLOCK_COPY_MIN) bytes).
+    pub block_copies: u64,
+    /// Copies made by the control thread alone.
+    pub thread_copies: u64,
+    /// Bytes moved by block copies.
+    pub block_bytes: u64,
+    /// SM cycles (`%clock64`) of the passes that made progress — the
+    /// engine's busy time. `copy_cycles` and `fence_cycles` are parts of
+    /// it; the rest is control: doorbells, WQE parsing, checks, CQEs.
+    pub busy_cycles: u64,
+    /// Cycles moving payload (thread copies, block rounds).
+    pub copy_cycles: u64,
+    /// Cycles in the fences between copies (before a short copy that
+    /// follows payload; printed as "fences after copies").
+    pub fence_cycles: u64,
+    /// The rest of the busy cycles by [`Phase`](super::mover::Phase) (index: `Phase as usize`):
+    /// where the control's time goes. The part of `busy_cycles` in none of
+    /// these or the copies and fences is the pass's own walk over the QPs.
+    pub phase_cycles: [u64; PHASES],
+    /// Bursts that executed WQEs ([`super::burst`]; each a round of the
+    /// block). A burst whose first WQE is not simple executes none: that
+    /// round is the price a stream of other WQEs pays per doorbell.
+    pub bursts: u64,
+    /// WQEs bursts executed (the rest took the one-WQE path).
+    pub burst_wqes: u64,
+    /// WQEs executed after a doorbell of their QP was seen, and the sum
+    /// of their times from that doorbell seen to their execution's end
+    /// (CQE written), `%globaltimer` ns: the engine's share of a WQE's
+    /// latency (noticing the doorbell comes before it; the poster's
+    /// completion poll after it).
+    pub rung_wqes: u64,
+    /// See `rung_wqes`.
+    pub rung_to_done_ns: u64,
+}
+
+/// The control thread stores its [`EngineProgress`] every this many passes
+/// (and when it exits): a compare per pass, fifteen stores per 256.
+pub const PROGRESS_EVERY: u64 = 256;
+
+/// What the engine has seen and done, as the host reads it at any time
+/// (while a user kernel's wait stalls, at teardown): passes tell whether
+/// the engine polls at all, the doorbell fields whether the producer's
+/// UAR and doorbell-record stores reach it, the WQE and CQE counts whether
+/// it executed and completed them. Each word is stored by the control
+/// thread with `st.relaxed.sys` every [`PROGRESS_EVERY`] passes, in no
+/// particular order: the words of one record may come from neighbouring
+/// publications (`seq` says which one was last).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineProgress {
+    /// Publications so far (0: the engine never published).
+    pub seq: u64,
+    /// Passes over the port.
+    pub passes: u64,
+    /// The engine's clock at this publication, ns.
+    pub time_ns: u64,
+    /// Doorbells seen: a new UAR value (or, without a UAR, a new
+    /// doorbell-record value) on some QP.
+    pub doorbells: u64,
+    /// The last new UAR value read (0: none).
+    pub last_uar: u64,
+    /// The last new send counter read from a doorbell record (0: no
+    /// doorbell record ever advanced).
+    pub last_sq_pi: u64,
+    /// Doorbell-record reads made by the re-read timeout.
+    pub dbr_rereads: u64,
+    /// WQEs fetched from send queues.
+    pub fetched: u64,
+    /// WQEs that began to execute.
+    pub executed: u64,
+    /// WQEs that completed successfully.
+    pub wqes: u64,
+    /// CQEs written.
+    pub cqes: u64,
+    /// Error CQEs (not counting flushes).
+    pub errors: u64,
+    /// Flush CQEs.
+    pub flushes: u64,
+    /// The QP number handled last.
+    pub last_qpn: u64,
+    /// The SQ counter (basic blocks) of the WQE fetched last.
+    pub last_wqe: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<EngineProgress>() == 15 * 8);
+
+impl EngineCtl {
+    /// A control block for `port` of `table`.
+    pub const fn new(
+        table: *const PortTable,
+        port: u32,
+        cfg: EngineConfig,
+        sys_scope: bool,
+        clock_base_ns: u64,
+        host_state: *mut u32,
+        host_progress: *mut EngineProgress,
+    ) -> EngineCtl {
+        EngineCtl {
+            stop: 0,
+            state: STATE_LAUNCHED,
+            cfg_epoch: 1,
+            cfg_applied: 0,
+            cfg,
+            table,
+            port,
+            sys_scope: sys_scope as u32,
+            burst: BURST_MAX,
+            reserved: 0,
+            clock_base_ns,
+            counters: EngineCounters {
+                passes: 0,
+                busy_passes: 0,
+                block_copies: 0,
+                thread_copies: 0,
+                block_bytes: 0,
+                busy_cycles: 0,
+                copy_cycles: 0,
+                fence_cycles: 0,
+                phase_cycles: [0; PHASES],
+                bursts: 0,
+                burst_wqes: 0,
+                rung_wqes: 0,
+                rung_to_done_ns: 0,
+            },
+            host_state,
+            host_progress,
+        }
+    }
+}
