@@ -1,6 +1,7 @@
 //! Shared helpers for doorbell's cross-crate integration tests (tests/tests/).
 
 pub mod ring;
+pub use ring::{ring_round, RingArgs};
 
 use doorbell::{Backend, Device};
 
@@ -316,20 +317,6 @@ pub fn assert_emulator_failure(err: &doorbell::Error, kernel: &str) {
         matches!(err, doorbell::Error::Emulator { kernel: k, .. } if *k == kernel),
         "expected the emulator to report a failure of {kernel}, got: {err}"
     );
-}
-
-/// The arguments of the test kernel `ring`
-/// (`doorbell_test_kernels::testing::ring`).
-pub type RingArgs<T> = (T, *mut u8, *mut u8, *mut u8, u64, u64, *mut u64, u64, u32, *mut u32);
-
-/// `ring`'s arguments for one round by the whole block, with `bufs` =
-/// `(src, dst, got)`: this rank puts `bytes` of `src` to the next rank's
-/// `dst` (offset 0) and adds 1 to its `sig`, waits for its own `sig` to
-/// reach 1, then gets the previous rank's `src` into `got`; the outcome
-/// goes to `status`.
-pub fn ring_round<T>(t: T, bufs: (*mut u8, *mut u8, *mut u8), bytes: u64, sig: *mut u64, status: *mut u32) -> RingArgs<T> {
-    let (src, dst, got) = bufs;
-    (t, src, dst, got, bytes, 0, sig, 1, 0, status)
 }
 
 /// Once every rank of `comm` is ready (a barrier), launches `f` as `cfg`

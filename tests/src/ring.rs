@@ -17,6 +17,20 @@ pub fn pattern(rank: usize, n: usize) -> Vec<u8> {
         .collect()
 }
 
+/// The arguments of the test kernel `ring`
+/// (`doorbell_test_kernels::testing::ring`).
+pub type RingArgs<T> = (T, *mut u8, *mut u8, *mut u8, u64, u64, *mut u64, u64, u32, *mut u32);
+
+/// `ring`'s arguments for one round by the whole block, with `bufs` =
+/// `(src, dst, got)`: this rank puts `bytes` of `src` to the next rank's
+/// `dst` (offset 0) and adds 1 to its `sig`, waits for its own `sig` to
+/// reach 1, then gets the previous rank's `src` into `got`; the outcome
+/// goes to `status`.
+pub fn ring_round<T>(t: T, bufs: (*mut u8, *mut u8, *mut u8), bytes: u64, sig: *mut u64, status: *mut u32) -> RingArgs<T> {
+    let (src, dst, got) = bufs;
+    (t, src, dst, got, bytes, 0, sig, 1, 0, status)
+}
+
 /// The transport a ring runs over (the kernel is chosen by it).
 pub enum RingTransport {
     /// Load/store.
