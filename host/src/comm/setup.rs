@@ -66,10 +66,10 @@ pub fn route_to(rank: usize, peer: usize, place: PeerPlace) -> PeerRoute {
 }
 
 /// Where the soft NIC's table tail ([`crate::nic::soft::TABLES_TAIL`] bytes) starts in
-/// a heap allocation of a world of several processes: past the heap,
-/// 256-byte aligned.
+/// a heap allocation of a world of several processes: past the heap, on a
+/// page (peers map the tables past the inboxes read-only, by whole pages).
 pub(super) fn tail_off(heap_len: u64) -> u64 {
-    heap_len.next_multiple_of(256)
+    heap_len.next_multiple_of(doorbell_softnic::engine::tables::PAGE as u64)
 }
 
 pub(super) enum Heap {
@@ -302,6 +302,13 @@ pub(super) fn map_peers(
                     )));
                 };
                 let region = ShmRegion::open(path, alloc_len, rank, p)?;
+                if at.multi_process {
+                    // The peer's soft NIC tables past its inboxes are its own
+                    // engine's to write: read-only here (a stray store faults
+                    // instead of corrupting them).
+                    let tables = alloc_len - crate::nic::soft::TABLES_TAIL as usize;
+                    region.read_only_from(tables + doorbell_softnic::engine::tables::PEER_WRITABLE_BYTES, rank, p)?;
+                }
                 bases[p] = region.ptr as u64;
                 mappings.push(Mapping::Shm(region));
             }

@@ -170,6 +170,26 @@ impl ShmRegion {
     }
 }
 
+impl ShmRegion {
+    /// Makes bytes `[from, len)` of this mapping read-only (`from` a page
+    /// multiple): what this rank only reads of a peer's allocation.
+    pub(super) fn read_only_from(&self, from: usize, rank: usize, peer: usize) -> Result<()> {
+        if from >= self.len {
+            return Ok(());
+        }
+        // SAFETY: the range lies inside this mapping (checked above), which
+        // `map` made; only its protection changes.
+        let r = unsafe { libc::mprotect(self.ptr.add(from) as *mut _, self.len - from, libc::PROT_READ) };
+        if r != 0 {
+            return Err(Error::comm(format!(
+                "rank {rank}: cannot make rank {peer}'s soft NIC tables read-only in this process: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        Ok(())
+    }
+}
+
 impl Drop for ShmRegion {
     fn drop(&mut self) {
         // SAFETY: mapped by `map` with this length, unmapped only here.
@@ -228,6 +248,54 @@ mod tests {
         // The mappings outlive the name.
         // SAFETY: as above.
         unsafe { assert_eq!(*peer.ptr.add(LEN - 1), 0x5a) };
+    }
+
+    /// The protection of the mapping of `addr` in this process, as
+    /// `/proc/self/maps` shows it (e.g. `rw-s`).
+    fn protection_at(addr: usize) -> String {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        for line in maps.lines() {
+            let mut f = line.split_whitespace();
+            let (range, perms) = (f.next().unwrap(), f.next().unwrap());
+            let (a, b) = range.split_once('-').unwrap();
+            let (a, b) = (usize::from_str_radix(a, 16).unwrap(), usize::from_str_radix(b, 16).unwrap());
+            if (a..b).contains(&addr) {
+                return perms.to_string();
+            }
+        }
+        panic!("{addr:#x} is not mapped")
+    }
+
+    /// A peer's mapping made read-only from a page on: what lies before it
+    /// stays writable (and shared with the owner), what lies from it on is
+    /// read-only in this process only; the owner still writes there.
+    #[test]
+    fn a_peer_mapping_is_read_only_from_the_page_asked() {
+        let path = new_heap_path().unwrap();
+        let mut files = HeapFiles::default();
+        files.add(path.clone());
+        let owner = ShmRegion::create(&path, LEN).unwrap();
+        let peer = ShmRegion::open(&path, LEN, 1, 0).unwrap();
+        let from = LEN - 2 * 4096;
+        peer.read_only_from(from, 1, 0).unwrap();
+        let at = |r: &ShmRegion, off: usize| r.ptr as usize + off;
+        assert_eq!(protection_at(at(&peer, from - 1)), "rw-s");
+        assert_eq!(protection_at(at(&peer, from)), "r--s");
+        assert_eq!(protection_at(at(&peer, LEN - 1)), "r--s");
+        assert_eq!(protection_at(at(&owner, LEN - 1)), "rw-s", "the owner's own mapping");
+        // SAFETY: inside both mappings of the same LEN bytes; the peer writes
+        // only below `from`.
+        unsafe {
+            *peer.ptr.add(from - 1) = 0x11;
+            *owner.ptr.add(from) = 0x22;
+            assert_eq!(*owner.ptr.add(from - 1), 0x11);
+            assert_eq!(*peer.ptr.add(from), 0x22);
+        }
+        // Past the end: nothing to protect.
+        peer.read_only_from(LEN, 1, 0).unwrap();
+        // Not on a page: refused by the kernel, reported naming both ranks.
+        let e = peer.read_only_from(from + 8, 1, 0).unwrap_err().to_string();
+        assert!(e.contains("rank 1") && e.contains("rank 0"), "{e}");
     }
 
     fn refused(path: &[u8]) -> String {
