@@ -647,8 +647,7 @@ fn dep_info_paths(text: &str) -> Vec<String> {
 /// The outputs of a build skipped by `DOORBELL_SKIP_PTX=1`: a placeholder
 /// PTX and an empty cubin.
 fn skipped(out_dir: &Path, out_path: PathBuf, cubin_path: PathBuf, crate_name: String) -> Result<PtxOutput, BuildError> {
-    let out_dir = out_dir.to_path_buf();
-    std::fs::create_dir_all(&out_dir).map_err(|e| BuildError::Io(out_dir.clone(), e))?;
+    std::fs::create_dir_all(out_dir).map_err(|e| BuildError::Io(out_dir.to_path_buf(), e))?;
     std::fs::write(&out_path, "// doorbell: PTX build skipped (DOORBELL_SKIP_PTX=1)\n").map_err(|e| BuildError::Io(out_path.clone(), e))?;
     std::fs::write(&cubin_path, []).map_err(|e| BuildError::Io(cubin_path.clone(), e))?;
     Ok(PtxOutput {

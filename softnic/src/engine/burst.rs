@@ -25,8 +25,6 @@
 //! the link model off, no fault injected, nothing in flight on the QP.
 
 use doorbell_kernels::mlx5::{CtrlSeg, DataSeg, RaddrSeg, CQE_REQ, INLINE_SEG, OPCODE_RDMA_WRITE, WQE_CTRL_CQ_UPDATE};
-#[allow(unused_imports)] // used by the trace hooks only
-use doorbell_kernels::trace::What;
 
 use super::exec::{answers, check_remote_at};
 use super::mem::Scope;
@@ -271,8 +269,8 @@ pub unsafe fn complete<P: Ports + ?Sized, M: PayloadMover>(
             let Some(port) = ports.get_mut(p) else { break };
             doorbell_kernels::trace_hook! {
                 let tr = super::trace::rings(port);
-                super::trace::event(tr, What::NicFetch, u32::MAX, idx as u64);
-                super::trace::event(tr, What::NicExecute, (*job).head.peer_port, slot.len as u64);
+                super::trace::event(tr, super::trace::What::NicFetch, u32::MAX, idx as u64);
+                super::trace::event(tr, super::trace::What::NicExecute, (*job).head.peer_port, slot.len as u64);
             }
             let Port { qps, cqs, stats, .. } = port;
             let Some(qp) = qps.get_mut(q) else { break };
@@ -300,7 +298,7 @@ pub unsafe fn complete<P: Ports + ?Sized, M: PayloadMover>(
                     if cqe::push(cq, &img, false, scope) {
                         stats.cqes += 1;
                         doorbell_kernels::trace_hook! {
-                            super::trace::event(tr, What::NicCqe, u32::MAX, cq.pi as u64);
+                            super::trace::event(tr, super::trace::What::NicCqe, u32::MAX, cq.pi as u64);
                         }
                     }
                 }

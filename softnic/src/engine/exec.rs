@@ -9,9 +9,6 @@ use doorbell_kernels::mlx5::{
     OPCODE_RDMA_WRITE, OPCODE_RDMA_WRITE_IMM, OPCODE_SEND, WQE_CTRL_CQ_UPDATE, WQE_CTRL_SOLICITED,
 };
 
-#[allow(unused_imports)] // used by the trace hooks only
-use doorbell_kernels::trace::What;
-
 use super::config::EngineConfig;
 use super::mem::Scope;
 use super::mover::{PayloadMover, Phase};
@@ -437,7 +434,7 @@ unsafe fn complete_requester<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usiz
     let Some(qp) = qps.get(q) else { return };
     // Recorded before its CQE: a kernel that saw the CQE finds the event.
     doorbell_kernels::trace_hook! {
-        super::trace::event(tr, What::NicExecute, qp.peer_port, w.len);
+        super::trace::event(tr, super::trace::What::NicExecute, qp.peer_port, w.len);
     }
     stats.wqes += 1;
     stats.bytes += w.len;
@@ -458,7 +455,7 @@ unsafe fn complete_requester<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usiz
             if unsafe { cqe::push(cq, &img, false, scope) } {
                 stats.cqes += 1;
                 doorbell_kernels::trace_hook! {
-                    super::trace::event(tr, What::NicCqe, u32::MAX, cq.pi as u64);
+                    super::trace::event(tr, super::trace::What::NicCqe, u32::MAX, cq.pi as u64);
                 }
             }
         }

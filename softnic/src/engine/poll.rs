@@ -5,8 +5,6 @@
 //! next thing is due.
 
 use doorbell_kernels::mlx5::CqeSyndrome;
-#[allow(unused_imports)] // used by the trace hooks only
-use doorbell_kernels::trace::What;
 
 use super::config::{EngineConfig, EngineRng};
 use super::exec::{apply_event, execute, fail_requester, Fail, FailedWqe, Step};
@@ -484,7 +482,7 @@ unsafe fn fetch<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u6
         stats.last_qpn = qp.qpn;
         stats.last_wqe = qp.sq_ci;
         doorbell_kernels::trace_hook! {
-            super::trace::event(tr, What::NicFetch, u32::MAX, qp.sq_ci as u64);
+            super::trace::event(tr, super::trace::What::NicFetch, u32::MAX, qp.sq_ci as u64);
         }
         qp.sq_ci = qp.sq_ci.wrapping_add(bbs);
         report.progressed += 1;

@@ -9,21 +9,16 @@
 //! the engine kernel only with `doorbell-kernels`' `trace` feature (a build
 //! with `DOORBELL_TRACE_KERNELS=1`), always on the emulator's engines.
 
-use doorbell_kernels::trace::{record_engine, What, TRACE_OFFSET};
+pub use doorbell_kernels::trace::What;
+use doorbell_kernels::trace::{record_engine, TRACE_OFFSET};
 
-use super::tables::{MrEntry, Port};
+use super::tables::Port;
 
 /// The trace memory of a port's rank: 0 when it does not trace, or the
 /// port names no heap region.
 #[inline(always)]
 pub fn rings(port: &Port) -> u64 {
-    rings_in(&port.mrs, port.trace_mr)
-}
-
-/// As [`rings`], from the port's regions and its `trace_mr`.
-#[inline(always)]
-pub fn rings_in(mrs: &[MrEntry], trace_mr: u32) -> u64 {
-    let Some(mr) = (trace_mr as usize).checked_sub(1).and_then(|i| mrs.get(i)) else {
+    let Some(mr) = (port.trace_mr as usize).checked_sub(1).and_then(|i| port.mrs.get(i)) else {
         return 0;
     };
     if mr.valid == 0 || mr.len < TRACE_OFFSET + 8 {
