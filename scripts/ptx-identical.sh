@@ -11,6 +11,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 base=${1:?usage: scripts/ptx-identical.sh <base-commit> [crate-dir]}
 crate=${2:-tests/kernels}
+if [ ! -f "$crate/Cargo.toml" ]; then
+    echo "ptx-identical.sh: $crate is not a crate (no $crate/Cargo.toml); give a kernel crate's directory, e.g. tests/kernels or softnic" >&2
+    exit 2
+fi
 lib=$(sed -n 's/^name *= *"\(.*\)"/\1/p' "$crate/Cargo.toml" | head -n1 | tr - _)
 work=$(mktemp -d)
 trap 'git worktree remove --force "$work/base" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
