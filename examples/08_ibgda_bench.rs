@@ -46,7 +46,7 @@ use bench::{interleaved, median_upper as median, run_ranks, Table};
 use clap::Parser;
 use doorbell::comm::{CommOptions, Communicator, EnginePhase as Phase, EngineReport, IbgdaOptions, SymBuffer};
 use doorbell::{AnyTransport, DeviceBuffer, LaunchConfig, Stream};
-use doorbell_example_kernels::ibgda_bench::{post_burst_ibgda, post_profile, put_signal_rtt, put_stream, BENCH_OK};
+use doorbell_example_kernels::ibgda_bench::{post_burst_ibgda, post_lanes_ibgda, post_profile, put_signal_rtt, put_stream, BENCH_OK};
 use doorbell_examples::cli::{sweep, IbgdaBenchArgs};
 use doorbell_examples::plot::{Chart, Series};
 use doorbell_examples::{die, main_with, ratio, BoxError, USER_KERNELS};
@@ -83,6 +83,16 @@ struct Report {
     post_warp_mwqe_s: f64,
     post_block_mwqe_s: f64,
     engine_mwqe_s: f64,
+    /// The lane-post run (`post_lanes`): blocks, QPs they use, WQEs.
+    lanes_blocks: u64,
+    lanes_qps: u64,
+    lanes_wqes: u64,
+    /// M WQE/s of posting and to the last completion: one block, then
+    /// `lanes_blocks` blocks (median of the rounds).
+    lanes_one_post_mwqe_s: f64,
+    lanes_one_done_mwqe_s: f64,
+    lanes_all_post_mwqe_s: f64,
+    lanes_all_done_mwqe_s: f64,
     engine_wqes: u64,
     /// Where rank 0's engine kernel spent its busy cycles over the whole
     /// run: shares of copying payload, fencing after copies, and the rest
@@ -240,6 +250,10 @@ fn print_report(r: &Report, a: &IbgdaBenchArgs, gpu: bool) {
         "# engine execution rate: {:.3} M WQE/s ({} WQEs executed by rank 0's port)",
         r.engine_mwqe_s, r.engine_wqes
     );
+    println!(
+        "# warp posts of a WQE per lane ({} 8-byte puts per block, 32 behind each doorbell): one block {:.3} M WQE/s posted, {:.3} M WQE/s completed; {} blocks on {} QPs {:.3} M WQE/s posted, {:.3} M WQE/s completed",
+        r.lanes_wqes, r.lanes_one_post_mwqe_s, r.lanes_one_done_mwqe_s, r.lanes_blocks, r.lanes_qps, r.lanes_all_post_mwqe_s, r.lanes_all_done_mwqe_s
+    );
     if let (Some(c), Some(f), Some(k), Some(w)) = (
         r.engine_copy_share,
         r.engine_fence_share,
@@ -318,6 +332,7 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
     round_trips(&mut r, p, &mut report)?;
     put_bandwidth(&mut r, p, &mut report)?;
     post_rates(&mut r, p, &mut report)?;
+    lane_rates(&mut r, p, &mut report)?;
     profile_posts(&mut r, p, &mut report)?;
     engine_shares(comm, engine_before, wqes_before, &mut report)?;
     comm.barrier()?;
@@ -458,6 +473,52 @@ fn post_rates(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), BoxErro
         (report.post_warp_mwqe_s, report.post_block_mwqe_s) = (median(warp), median(block));
         report.engine_wqes = executed;
         report.engine_mwqe_s = executed as f64 / (busy_ns.max(1) as f64 * 1e-9) / 1e6;
+    }
+    Ok(())
+}
+
+/// Part 4b: warps posting a WQE per lane (`post_lanes`), one block and
+/// then `--lane-blocks` blocks, each on its QP: WQEs per second posted and
+/// completed (the first block's start to the last one's end).
+fn lane_rates(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), BoxError> {
+    let (comm, me) = (r.comm, r.comm.rank());
+    let f = r.m.function::<post_lanes_ibgda>()?;
+    let blocks = p.args.lane_blocks as u32;
+    let rounds = p.args.lane_rounds as u32;
+    let out = comm.device().alloc_zeroed::<u64>(3 * blocks as usize)?;
+    let mut posted: [Vec<f64>; 2] = Default::default();
+    let [one, all] = interleaved::<2, BoxError>(true, p.args.rounds as u32, |v, warm| {
+        let n = [1, blocks][v];
+        if me == 0 && warm {
+            eprintln!("lane posts: {n} block(s) of one warp");
+        }
+        r.status.zero()?;
+        out.zero()?;
+        comm.barrier()?;
+        // SAFETY: symmetric `words` of 128 words, registered `src`; `out` holds 3 words per block.
+        unsafe {
+            let a = (r.words.as_mut_ptr(), r.src.as_ptr() as *const u64, rounds, out.as_raw() as *mut u64);
+            r.s.launch(&f, LaunchConfig::linear(n, 32), (r.ib, a.0, a.1, a.2, a.3, r.status.as_mut_ptr()))?;
+        }
+        comm.synchronize(&r.s)?;
+        check(&r.status, "lane posts")?;
+        let ns = out.to_host()?;
+        let at = |k: usize| ns.iter().skip(k).step_by(3).take(n as usize);
+        let t0 = at(0).min().copied().unwrap_or(0);
+        let wqes = (32 * rounds * n) as f64;
+        let rate = |end: u64| wqes / (end.saturating_sub(t0).max(1) as f64 * 1e-9) / 1e6;
+        if !warm {
+            posted[v].push(rate(at(1).max().copied().unwrap_or(0)));
+        }
+        Ok(rate(at(2).max().copied().unwrap_or(0)))
+    })?;
+    if me == 0 {
+        report.lanes_blocks = blocks as u64;
+        report.lanes_qps = (blocks as u64).min(p.io.qps_per_peer as u64);
+        report.lanes_wqes = 32 * rounds as u64;
+        let [p1, pn] = posted;
+        (report.lanes_one_post_mwqe_s, report.lanes_all_post_mwqe_s) = (median(p1), median(pn));
+        (report.lanes_one_done_mwqe_s, report.lanes_all_done_mwqe_s) = (median(one), median(all));
     }
     Ok(())
 }

@@ -657,6 +657,13 @@ pub struct IbgdaBenchArgs {
     /// the engine-rate run
     #[arg(long = "wqes", value_name = "N", default_value = "128", value_parser = ranged(1, 1_000_000))]
     pub wqes: u64,
+    /// Blocks of rank 0 in the lane-post run (each one warp posting a
+    /// WQE per lane on its own QP, `block mod DOORBELL_IBGDA_QPS`)
+    #[arg(long = "lane-blocks", value_name = "N", default_value = "8", value_parser = ranged(1, 64))]
+    pub lane_blocks: u64,
+    /// Warp-wide posts (32 WQEs each) per block of the lane-post run
+    #[arg(long = "lane-rounds", value_name = "N", default_value = "256", value_parser = ranged(1, 100_000))]
+    pub lane_rounds: u64,
     /// Rounds of every measurement; the table reports the median
     #[arg(long, value_name = "N", default_value = "3", value_parser = ranged(1, 1000))]
     pub rounds: u64,

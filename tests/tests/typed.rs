@@ -9,7 +9,7 @@ use std::time::Duration;
 use doorbell::comm::{CommOptions, Communicator};
 use doorbell::{Backend, ForTransport, Kernel, KernelParam, LaunchConfig};
 use doorbell_kernels::transport::{Ibgda, P2p, Sym, Transport};
-use doorbell_test_kernels::typed::typed_call;
+use doorbell_test_kernels::typed::{lane_words, put_lanes_call, typed_call, LANE_WORDS};
 use doorbell_tests::{per_backend, TEST_KERNELS};
 
 const N: usize = 64;
@@ -157,4 +157,153 @@ fn typed_parts_are_checked_against_their_own_buffer_ibgda() {
     );
     assert!(err.contains("register it with Communicator::ibgda_register"), "{err}");
     assert!(s.buf.iter().all(|&v| v == 0) && s.sigs == [0, 0]);
+}
+
+/// What rank 0's lanes returned and rank 1 holds after one launch of
+/// `put_lanes_call`.
+struct Lanes {
+    err: Option<String>,
+    codes: Vec<u32>,
+    dst: Vec<u64>,
+    sigs: Vec<u64>,
+}
+
+const LANES: usize = 64;
+const LANE_CANARY: u64 = 0xCA11_AB1E_0000_0000;
+
+type LaneArgs<T> = (T, Sym<u64>, Sym<u64>, Sym<u64>, u32, u32, *mut u32);
+
+/// Rank 0's source words in `round`: different in every round.
+fn lane_src(round: u32) -> Vec<u64> {
+    (0..LANES as u64 * LANE_WORDS)
+        .map(|j| (round as u64 + 1) * 0x1_0000_0001 + j * 0x9E37)
+        .collect()
+}
+
+fn run_lanes<T: Handle>(backend: Backend, case: u32, rounds: u32) -> Vec<Lanes>
+where
+    put_lanes_call: ForTransport<T>,
+    <put_lanes_call as ForTransport<T>>::Kernel: Kernel<Args = LaneArgs<T>>,
+{
+    let opts = CommOptions {
+        heap_bytes: 1 << 20,
+        wait_timeout: Duration::from_secs(20),
+        ..Default::default()
+    };
+    let words = LANES * LANE_WORDS as usize;
+    let mut out = Communicator::local(2, backend, opts, |comm| {
+        let dev = comm.device();
+        let m = dev.load_module(&TEST_KERNELS)?;
+        let f = m.function::<<put_lanes_call as ForTransport<T>>::Kernel>()?;
+        let dst = comm.alloc::<u64>(words)?;
+        let src = comm.alloc::<u64>(words)?;
+        let sigs = comm.alloc::<u64>(2)?;
+        let mut codes = dev.alloc_zeroed::<u32>(LANES)?;
+        let t = T::of(comm)?;
+        let s = dev.new_stream()?;
+        let mut seen = Vec::new();
+        for round in 0..rounds {
+            dst.copy_from_host(&vec![LANE_CANARY | round as u64; words])?;
+            sigs.copy_from_host(&[0, 0])?;
+            src.copy_from_host(&lane_src(round))?;
+            codes.copy_from_host(&[u32::MAX; LANES])?;
+            comm.barrier()?;
+            // SAFETY: symmetric buffers of the sizes the kernel documents.
+            unsafe {
+                s.launch(
+                    &f,
+                    LaunchConfig::linear(1, LANES as u32),
+                    (t, dst.sym(), src.sym(), sigs.sym(), round, case, codes.as_mut_ptr()),
+                )?
+            };
+            let err = comm.synchronize(&s).err().map(|e| e.to_string());
+            comm.barrier()?;
+            seen.push(Lanes {
+                err,
+                codes: codes.to_host()?,
+                dst: dst.to_host()?,
+                sigs: sigs.to_host()?,
+            });
+            if case == 2 {
+                break;
+            }
+        }
+        Ok(seen)
+    })
+    .unwrap_or_else(|e| panic!("{backend:?} put_lanes case {case}: {e}"));
+    let r1 = out.pop().expect("rank 1");
+    let r0 = out.pop().expect("rank 0");
+    r0.into_iter()
+        .zip(r1)
+        .map(|(a, b)| Lanes {
+            err: a.err,
+            codes: a.codes,
+            ..b
+        })
+        .collect()
+}
+
+/// Checks warp `w`'s lanes of one round on rank 1: each lane's words
+/// arrived and the rest of its four words kept the canary; its warp's
+/// signal word holds the sum of its signalling lanes.
+fn check_warp(s: &Lanes, round: u32, w: usize, what: &str) {
+    let src = lane_src(round);
+    for i in w * 32..w * 32 + 32 {
+        let n = lane_words(i as u64, round) as usize;
+        for k in 0..LANE_WORDS as usize {
+            let j = i * LANE_WORDS as usize + k;
+            let want = if k < n { src[j] } else { LANE_CANARY | round as u64 };
+            assert_eq!(s.dst[j], want, "{what}: lane {i} word {k} (lane words {n})");
+        }
+    }
+    let sum: u64 = (w * 32..w * 32 + 32).filter(|i| i % 3 == 0).map(|i| i as u64 + 1).sum();
+    assert_eq!(s.sigs[w], sum, "{what}: warp {w}'s signal word");
+}
+
+fn check_lanes<T: Handle>(backend: Backend)
+where
+    put_lanes_call: ForTransport<T>,
+    <put_lanes_call as ForTransport<T>>::Kernel: Kernel<Args = LaneArgs<T>>,
+{
+    for case in [0, 1] {
+        for (round, s) in run_lanes::<T>(backend, case, 3).iter().enumerate() {
+            let what = format!("{backend:?} {} case {case} round {round}", std::any::type_name::<T>());
+            assert!(s.err.is_none(), "{what}: {:?}", s.err);
+            assert_eq!(s.codes, [0; LANES], "{what}: lanes' results");
+            check_warp(s, round as u32, 0, &what);
+            check_warp(s, round as u32, 1, &what);
+        }
+    }
+    // Lane 33's destination runs past `dst`: its warp writes nothing and
+    // every lane of it reports that; warp 0 is untouched by it.
+    let s = &run_lanes::<T>(backend, 2, 1)[0];
+    let what = format!("{backend:?} {} case 2", std::any::type_name::<T>());
+    assert_eq!(&s.codes[..32], &[0; 32], "{what}: warp 0's results");
+    assert_eq!(&s.codes[32..], &[8; 32], "{what}: warp 1's results");
+    check_warp(s, 0, 0, &what);
+    assert!(
+        s.dst[32 * LANE_WORDS as usize..].iter().all(|&v| v == LANE_CANARY),
+        "{what}: warp 1 wrote"
+    );
+    assert_eq!(s.sigs[1], 0, "{what}: warp 1 signalled");
+    let err = s.err.as_deref().unwrap_or_else(|| panic!("{what}: no error reported"));
+    assert!(
+        err.contains("the destination is elements [255, 257) of a buffer of 256 elements"),
+        "{what}: {err}"
+    );
+}
+
+per_backend! {
+    /// `put_lanes` over P2P: each lane's own part and signal, variable
+    /// lengths (empty parts too) changing every round; a refused lane
+    /// stops its whole warp before anything is written.
+    fn every_lane_puts_its_own_part_p2p(backend: Backend) {
+        check_lanes::<P2p>(backend);
+    }
+
+    /// `put_lanes` over IBGDA: the warp's WQEs in one run behind one
+    /// doorbell, checked as over P2P.
+    fn every_lane_puts_its_own_part_ibgda(backend: Backend) {
+        check_lanes::<Ibgda>(backend);
+    }
 }

@@ -171,3 +171,51 @@ pub unsafe fn post_profile(t: Ibgda, dst: *mut u64, src: *const u64, n: u32, out
         *status = if r.is_ok() { BENCH_OK } else { BENCH_FAILED };
     }
 }
+
+/// Rank 0's blocks each post `rounds` × 32 8-byte non-blocking puts to
+/// rank 1 by one warp, a WQE per lane ([`Transport::put_lanes_raw`]: a
+/// warp's 32 WQEs behind one doorbell), then `quiet`. Launch
+/// `blocks × 32`; block `b` posts on its QP, `b mod qps_per_peer`. Lane
+/// `l` of block `b` writes `dst[(32 b + l) % 128]`. `out_ns[3b ..]`:
+/// block `b`'s `%globaltimer` at its start, when its last WQE was posted
+/// and when it completed. Rank 1 returns at once.
+#[kernel(transports(Ibgda))]
+pub unsafe fn post_lanes<T: Transport>(t: T, dst: *mut u64, src: *const u64, rounds: u32, out_ns: *mut u64, status: *mut u32) {
+    if t.rank() != 0 || ptx::warp_id_in_block() != 0 {
+        return;
+    }
+    let b = ptx::block_idx_x();
+    let lane = ptx::lane_id();
+    let x = RawXfer {
+        // SAFETY: `dst` holds 128 words.
+        dst: unsafe { dst.add(((32 * b + lane) % 128) as usize) } as *mut u8,
+        src: src as *const u8,
+        bytes: 8,
+        nbi: true,
+    };
+    let mut r: Result<(), CommError> = Ok(());
+    let t0 = ptx::globaltimer_ns();
+    let mut i = 0;
+    while i < rounds && r.is_ok() {
+        // SAFETY: every lane of the warp calls; `dst` symmetric, `src` registered.
+        r = unsafe { t.put_lanes_raw(1, x, None) };
+        i += 1;
+    }
+    let t1 = ptx::globaltimer_ns();
+    if lane == 0 {
+        if r.is_ok() {
+            // SAFETY: one thread of the block quiets its own puts.
+            r = unsafe { t.quiet(None) };
+        }
+        // SAFETY: `out_ns` holds 3 words per block, `status` one word.
+        unsafe {
+            let o = out_ns.add(3 * b as usize);
+            *o = t0;
+            *o.add(1) = t1;
+            *o.add(2) = ptx::globaltimer_ns();
+            if r.is_err() {
+                *status = BENCH_FAILED;
+            }
+        }
+    }
+}

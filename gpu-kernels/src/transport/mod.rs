@@ -61,6 +61,7 @@
 //! | `put(g, peer, Put::dst(d).src(s))` | nothing by itself (weak stores); the source may be reused on return | — | a later `signal`, `fence` or `quiet` | `g` |
 //! | `put(.., put.nbi())` | as `put`, completes at `quiet` (the source must stay unchanged until then) | — | `quiet` | `g` |
 //! | `put(.., put.signal(Signal::set(w, v)))` | the data, then the signal: the peer that sees the signal sees the data | sys (gpu when every rank shares one GPU) | the peer's `wait_until*` | `g` |
+//! | `put_lanes(peer, put)` | as `put` (or its signal form) for each lane's own `put`: each lane's signal publishes that lane's data only; IBGDA posts the warp's WQEs behind one doorbell | as `put` | as `put` | all 32 lanes of a warp, converged, each its own arguments |
 //! | `get(g, peer, Get::dst(d).src(s))` | the data is in the local destination on return (after `quiet` with `.nbi()`) | — | the peer's `signal` that published it | `g` |
 //! | `signal(peer, Signal::add(w, v))` | every earlier put of the calling thread to that peer (a release); a warp's or block's puts: barrier, then `fence`, then `signal` — or one put with a signal | sys (gpu on one GPU) | the peer's `wait_until*` | one thread |
 //! | `wait_until`, `wait_until_{any,all}` | acquires what the matching signals published | sys (gpu on one GPU) | `signal`, a put's signal | one thread |
@@ -177,6 +178,28 @@ pub trait Transport: Copy + Checked {
     /// arguments; a signal word is only accessed atomically by every party.
     unsafe fn put_raw(&self, g: Coop, peer: u32, x: RawXfer, signal: Option<RawSignal>) -> Result<(), CommError>;
 
+    /// Every lane of a converged warp puts its own `x` to `peer` — each
+    /// lane its own bytes (0: none), and its own signal after them, if
+    /// any. Each lane's signal follows that lane's data; nothing orders one
+    /// lane's transfer against another's. `x.nbi`: the whole warp's puts
+    /// complete at `quiet` instead of on return. Every lane's arguments
+    /// are checked before anything is written; when one is refused, every
+    /// lane returns the error of the lowest lane refused.
+    ///
+    /// IBGDA posts the warp's WQEs as one run behind one doorbell (one
+    /// reservation, one completion); the default puts lane by lane, each
+    /// lane as one thread.
+    ///
+    /// # Safety
+    /// All 32 lanes call it, converged; each lane's `x.src` is valid for
+    /// its `x.bytes`; `x.nbi` is the same on every lane; signal words are
+    /// only accessed atomically by every party.
+    unsafe fn put_lanes_raw(&self, peer: u32, x: RawXfer, signal: Option<RawSignal>) -> Result<(), CommError> {
+        warp_verdict(check_put(self, peer, &x, signal))?;
+        // SAFETY: the caller's contract; checked.
+        unsafe { self.put_raw(Coop::Thread, peer, x, signal) }
+    }
+
     /// Copies `x.bytes` from the symmetric `x.src` on `peer` to local `x.dst`.
     ///
     /// # Safety
@@ -277,6 +300,34 @@ pub trait Transport: Copy + Checked {
         };
         // SAFETY: the caller's contract; the raw call checks the heap.
         unsafe { self.put_raw(g, peer, x, signal) }
+    }
+
+    /// Every lane of a converged warp puts its own `p` to `peer`: the
+    /// many-small-messages shape (a token, a row, a flag per lane). A lane
+    /// with nothing to send passes an empty part and no signal. Each
+    /// lane's arguments are checked first; when any lane's is refused,
+    /// nothing is written and every lane returns the error of the lowest
+    /// lane refused. See [`Self::put_lanes_raw`].
+    ///
+    /// # Safety
+    /// All 32 lanes call it, converged; each lane's source is valid
+    /// memory; `nbi` is the same on every lane.
+    #[inline(always)]
+    unsafe fn put_lanes<T>(&self, peer: u32, p: Put<T>) -> Result<(), CommError> {
+        let call = Call::put(p.signal.is_some(), p.nbi);
+        let checked = sym::check_pair(self.bounds(), call, peer, p.dst, p.src).and_then(|_| match p.signal {
+            Some(s) => sym::check_signal(self.bounds(), call, peer, s).map(Some),
+            None => Ok(None),
+        });
+        let signal = warp_verdict(checked)?;
+        let x = RawXfer {
+            dst: p.dst.as_ptr() as *mut u8,
+            src: p.src.as_ptr() as *const u8,
+            bytes: p.dst.bytes(),
+            nbi: p.nbi,
+        };
+        // SAFETY: the caller's contract; the raw call checks the heap.
+        unsafe { self.put_lanes_raw(peer, x, signal) }
     }
 
     /// Gets `p` from `peer` with the group `g`: the peer's copy of its
@@ -426,6 +477,25 @@ pub(crate) fn wait_some_words<C: Checked>(c: &C, w: RawWait, skip: u64, load: im
             return Err(c.fail_wait(Timeout { seen: last }, call, u32::MAX, at, cmp, value));
         }
     }
+}
+
+/// The verdict of a warp whose every lane checked its own arguments:
+/// `mine` on every lane when no lane was refused, else, on every lane, the
+/// error of the lowest lane refused (each refused lane has recorded its
+/// own report). All 32 lanes call it, converged.
+#[inline(always)]
+pub(crate) fn warp_verdict<T>(mine: Result<T, CommError>) -> Result<T, CommError> {
+    let bad = crate::ptx::vote_sync_ballot(crate::ptx::FULL_MASK, mine.is_err());
+    if bad == 0 {
+        return mine;
+    }
+    let w = match &mine {
+        Err(e) => e.to_words(),
+        Ok(_) => [0; 4],
+    };
+    let src = bad.trailing_zeros();
+    let w = w.map(|v| crate::ptx::shfl_sync_idx_u64(crate::ptx::FULL_MASK, v, src));
+    Err(CommError::from_words(w))
 }
 
 /// A put's checks every transport makes before it writes anything: the

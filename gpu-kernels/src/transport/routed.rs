@@ -133,6 +133,22 @@ impl Transport for Routed {
         }
     }
 
+    unsafe fn put_lanes_raw(&self, peer: u32, x: RawXfer, signal: Option<RawSignal>) -> Result<(), CommError> {
+        let rdma = self.is_rdma(peer);
+        // SAFETY: the caller's contract.
+        unsafe {
+            if crate::ptx::vote_sync_all(crate::ptx::FULL_MASK, rdma) {
+                self.ibgda.put_lanes_raw(peer, x, signal)
+            } else if crate::ptx::vote_sync_all(crate::ptx::FULL_MASK, !rdma) {
+                self.p2p.put_lanes_raw(peer, x, signal)
+            } else {
+                // Lanes on both routes: each lane on its own.
+                super::warp_verdict(super::check_put(self, peer, &x, signal))?;
+                self.put_raw(Coop::Thread, peer, x, signal)
+            }
+        }
+    }
+
     #[inline(always)]
     unsafe fn get_raw(&self, g: Coop, peer: u32, x: RawXfer) -> Result<(), CommError> {
         // SAFETY: the caller's contract.

@@ -60,3 +60,56 @@ pub unsafe fn typed_call<T: Transport>(t: T, buf: Sym<u32>, sigs: Sym<u64>, loca
         }
     }
 }
+
+/// Words of `dst` and `src` each lane of [`put_lanes_call`] owns.
+pub const LANE_WORDS: u64 = 4;
+
+/// Every lane of one block's two warps on rank 0 puts its own part to
+/// rank 1 with [`Transport::put_lanes`]. Lane `i` of the block (0..64):
+/// `lane_words(i, round)` words (0: an empty part) from `src[4i..]` into
+/// `dst[4i..]`; lanes with `i % 3 == 0` add `i + 1` to `sigs[i / 32]`
+/// after their data.
+///
+/// | case | what |
+/// |---|---|
+/// | 0 | blocking puts |
+/// | 1 | non-blocking puts, then thread 0 quiets |
+/// | 2 | as 0, but lane 33's destination is `dst.part(4 * 64 - 1, 2)`, one word past `dst`: warp 1 must write nothing and every lane of it gets that error |
+///
+/// `out[i]` = `code` of lane `i`'s result.
+#[kernel(transports(P2p, Ibgda))]
+pub unsafe fn put_lanes_call<T: Transport>(t: T, dst: Sym<u64>, src: Sym<u64>, sigs: Sym<u64>, round: u32, case: u32, out: *mut u32) {
+    if t.rank() != 0 {
+        return;
+    }
+    let i = ptx::thread_rank_in_block() as u64;
+    let n = lane_words(i, round);
+    let mut to = dst.part(LANE_WORDS * i, n);
+    if case == 2 && i == 33 {
+        to = dst.part(LANE_WORDS * 64 - 1, 2);
+    }
+    let mut p = Put::dst(to).src(src.part(LANE_WORDS * i, to.len()));
+    if i.is_multiple_of(3) {
+        p = p.signal(Signal::add(sigs.word(i / 32), i + 1));
+    }
+    if case == 1 {
+        p = p.nbi();
+    }
+    // SAFETY: both warps' lanes all call, converged; parts of symmetric buffers.
+    let mut r = unsafe { t.put_lanes(1, p) };
+    if case == 1 {
+        ptx::sync_threads();
+        if i == 0 {
+            // SAFETY: one thread quiets the block's puts (after the barrier).
+            r = r.and(unsafe { t.quiet(None) });
+        }
+    }
+    // SAFETY: `out` holds 64 words (the launcher's).
+    unsafe { *out.add(i as usize) = code(r) };
+}
+
+/// Words lane `i` of [`put_lanes_call`] puts in round `round`: 0..=3,
+/// changing with the round.
+pub const fn lane_words(i: u64, round: u32) -> u64 {
+    (i * 5 + round as u64) % 4
+}

@@ -8,6 +8,7 @@
 //! |---|---|
 //! | `put` | RDMA WRITE, split into chunks of at most [`Ibgda::max_msg`] bytes |
 //! | `get` | RDMA READ, chunked the same way |
+//! | `put_lanes` | each lane's WRITE (at most one chunk each, else lane by lane) and its signal WQE, the warp's run behind one doorbell, only its last WQE signaled |
 //! | `signal` `Add` | ATOMIC fetch-add (the old value lands in the slot's scratch word) |
 //! | `signal` `Set` | 8-byte RDMA WRITE from the slot's scratch word holding the value |
 //! | `put_signal` | the WRITEs, then the signal WQE, **on the same QP** |
@@ -526,6 +527,44 @@ impl Transport for Ibgda {
         }
         // SAFETY: checked arguments; the caller's contract.
         unsafe { self.transfer(g, wire, sig, Site { call, peer }, x.nbi) }, |r| { if let Some(s) = span { s.end(x.bytes) } })
+    }
+
+    unsafe fn put_lanes_raw(&self, peer: u32, x: RawXfer, signal: Option<RawSignal>) -> Result<(), CommError> {
+        // Every lane's checks before any WQE: a bad argument writes nothing.
+        let checked = super::check_put(self, peer, &x, signal)
+            .and_then(|(call, off, sig_off)| Ok((call, off, sig_off, self.local_key(call, Arg::Source, x.src as u64, x.bytes, peer)?)));
+        let (call, off, sig_off, lkey) = super::warp_verdict(checked)?;
+        let lead = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, peer, 0);
+        let nbi = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, x.nbi as u32, 0);
+        if !ptx::vote_sync_all(ptx::FULL_MASK, peer == lead && x.nbi as u32 == nbi) {
+            // Lanes to different peers (QPs): each lane on its own.
+            // SAFETY: the caller's contract; checked.
+            return unsafe { self.put_raw(Coop::Thread, peer, x, signal) };
+        }
+        let base = self.remote_base(peer);
+        let wire = Xfer {
+            read: false,
+            raddr: base + off,
+            laddr: x.src as u64,
+            lkey,
+            bytes: x.bytes,
+        };
+        let sig = signal.map(|s| Sig {
+            raddr: base + sig_off,
+            value: s.value,
+            op: s.op,
+        });
+        let q = self.qp(peer);
+        let site = Site { call, peer };
+        around!({ let span = (ptx::lane_id() == 0).then(|| crate::trace::span(1, self.local_base, What::Put, peer, x.bytes)); }
+        // SAFETY: checked arguments, one QP for the warp; the caller's contract.
+        unsafe {
+            match self.post_lanes(&q, &wire, sig.as_ref(), site) {
+                Ok(Some(t)) if !x.nbi => self.wait_posted(Poster::Warp, &q, t, call, peer),
+                Ok(_) => Ok(()),
+                Err(e) => Err(e),
+            }
+        }, |r| { if let Some(s) = span { s.end(x.bytes) } })
     }
 
     unsafe fn get_raw(&self, g: Coop, peer: u32, x: RawXfer) -> Result<(), CommError> {

@@ -320,6 +320,115 @@ impl Ibgda {
         decode(kind, v, peer)
     }
 
+    /// Every lane of a converged warp posts its own transfer `x` (0 bytes:
+    /// none) and its own signal `sig` to `q`: each lane's WQEs (its WRITE,
+    /// then its signal) follow those of the lanes below it, the warp's
+    /// whole run is reserved by one atomic and rung by one doorbell, and
+    /// only its last WQE asks for a completion. A lane whose transfer
+    /// needs more than one WQE, or a run longer than the send queue, makes
+    /// the warp post lane by lane instead (each lane's batches in lane
+    /// order). Returns, on every lane, the completion target of the
+    /// warp's last WQE (`None` when no lane posted any).
+    ///
+    /// # Safety
+    /// Every lane of the warp calls it with the same `q`; the transfers
+    /// are checked.
+    pub(super) unsafe fn post_lanes(&self, q: &IbgdaQp, x: &Xfer, sig: Option<&Sig>, site: Site) -> Result<Option<u32>, CommError> {
+        let Site { call, peer } = site;
+        let lane = ptx::lane_id();
+        let chunks = x.bytes.div_ceil(self.max_msg as u64);
+        let n = (chunks.min(2) + sig.is_some() as u64) as u32;
+        // Each lane's first slot in the run: an exclusive prefix sum.
+        let mut incl = n;
+        let mut d = 1;
+        while d < 32 {
+            let v = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, incl, lane.saturating_sub(d));
+            if lane >= d {
+                incl += v;
+            }
+            d *= 2;
+        }
+        let total = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, incl, 31);
+        if !ptx::vote_sync_all(ptx::FULL_MASK, chunks <= 1) || total > q.qp.sq_size {
+            // SAFETY: the caller's contract.
+            return unsafe { self.post_lanes_in_turn(q, x, sig, site) };
+        }
+        if total == 0 {
+            return Ok(None);
+        }
+        let mut r = (0u32, 0u32);
+        if lane == 0 {
+            // SAFETY: the handle's QPs are valid.
+            r = encode(unsafe { self.reserve(q, total, call, peer) });
+        }
+        let kind = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, r.0, 0);
+        let start = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, r.1, 0);
+        if kind != 0 {
+            return decode(kind, start, peer).map(|_| None);
+        }
+        let no_sig = Sig {
+            raddr: 0,
+            value: 0,
+            op: SignalOp::Set,
+        };
+        let mut head = 0u64;
+        if n > 0 {
+            let b = Batch {
+                start: start.wrapping_add(incl - n),
+                // Only the run's last WQE is signaled.
+                last: if incl == total { n - 1 } else { u32::MAX },
+                first: 0,
+                chunks: chunks as u32,
+                max_msg: self.max_msg as u64,
+            };
+            for i in 0..n {
+                // SAFETY: slots `start .. start + total` are reserved and free.
+                head = unsafe { Self::write_item(q, &b, i, x, sig.unwrap_or(&no_sig)) };
+            }
+        }
+        // Every lane's WQEs are written before lane 0 publishes them.
+        ptx::sync_warp(ptx::FULL_MASK);
+        let last_lane = 31 - ptx::vote_sync_ballot(ptx::FULL_MASK, n > 0).leading_zeros();
+        let head = ptx::shfl_sync_idx_u64(ptx::FULL_MASK, head, last_lane);
+        if lane == 0 {
+            // SAFETY: as above.
+            r = encode(unsafe { self.submit(q, start, total, head, call, peer) });
+        }
+        let kind = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, r.0, 0);
+        let v = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, r.1, 0);
+        decode(kind, v, peer).map(Some)
+    }
+
+    /// [`Self::post_lanes`] one lane after another, each lane's transfer
+    /// in batches of its own: the first failure ends the warp's posts (the
+    /// lanes after it post nothing) and is every lane's result.
+    unsafe fn post_lanes_in_turn(&self, q: &IbgdaQp, x: &Xfer, sig: Option<&Sig>, site: Site) -> Result<Option<u32>, CommError> {
+        let lane = ptx::lane_id();
+        let mut target = None;
+        let mut failed = false;
+        let mut mine = Ok(None);
+        for l in 0..32 {
+            if lane == l {
+                // SAFETY: the caller's contract.
+                mine = unsafe { self.post_xfer(Poster::Thread, q, x, sig, Share::ALL, site) };
+            }
+            let bad = ptx::vote_sync_any(ptx::FULL_MASK, mine.is_err());
+            let t = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, matches!(mine, Ok(Some(_))) as u32, l);
+            if t != 0 {
+                let v = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, mine.map_or(0, |t| t.unwrap_or(0)), l);
+                target = Some(v);
+            }
+            if bad {
+                failed = true;
+                break;
+            }
+        }
+        if failed {
+            return super::super::warp_verdict(mine).map(|_| None);
+        }
+        Ok(target)
+    }
+
     /// Posts the chunks of `x` whose batch index `j` satisfies
     /// `j % stride == which`, then (when `sig` is given) the signal in the
     /// last batch. Returns the completion target of the last batch posted
