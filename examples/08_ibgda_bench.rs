@@ -485,7 +485,7 @@ fn lane_rates(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), BoxErro
     let f = r.m.function::<post_lanes_ibgda>()?;
     let blocks = p.args.lane_blocks as u32;
     let rounds = p.args.lane_rounds as u32;
-    let out = comm.device().alloc_zeroed::<u64>(3 * blocks as usize)?;
+    let mut out = comm.device().alloc_zeroed::<u64>(3 * blocks as usize)?;
     let mut posted: [Vec<f64>; 2] = Default::default();
     let [one, all] = interleaved::<2, BoxError>(true, p.args.rounds as u32, |v, warm| {
         let n = [1, blocks][v];
