@@ -15,6 +15,7 @@ use doorbell_kernels::transport::Ibgda;
 use doorbell_softnic::engine::EngineConfig;
 use doorbell_test_kernels::contract::bad_call;
 use doorbell_test_kernels::testing::{ring_ibgda, STATUS_OK};
+use doorbell_test_kernels::typed::lanes_many_qps_ibgda;
 use doorbell_tests::TEST_KERNELS;
 
 const CANARY: u8 = 0xa5;
@@ -148,8 +149,8 @@ fn ring_with_kernel_engine(dev_backend: Backend, ranks: usize, bytes: usize, thr
             "rank {r}: no block copy of {bytes}-byte messages: {report:?}"
         );
         assert!(
-            report.counters.thread_copies > 0,
-            "rank {r}: signals are copied by the control thread: {report:?}"
+            report.counters.thread_copies + report.counters.burst_wqes > 0,
+            "rank {r}: signals are copied by the control thread or a burst: {report:?}"
         );
         assert!(stats.wqes > 0 && stats.errors == 0, "rank {r}: port counters {stats:?}");
         // The profile: every step a WRITE or READ takes counted cycles; the
@@ -409,4 +410,82 @@ fn engine_settings_are_parsed_strictly() {
     });
     assert!(r.unwrap_err().to_string().contains("multiple of 32"));
     let _ = Device::emulator(0);
+}
+
+/// Warp-wide runs of 8-byte puts with signals from `blocks` blocks on as
+/// many QPs, through an engine of `threads` threads (a burst per warp of
+/// it at once): every word and every signal arrives; returns rank 0's
+/// engine counters.
+fn lanes_over_many_qps(backend: Backend, blocks: u32, threads: u32) -> doorbell::comm::EngineReport {
+    const ROUNDS: u32 = 24;
+    let io = IbgdaOptions {
+        qps_per_peer: blocks,
+        engine_threads: Some(threads),
+        ..kernel_engine(256, 1 << 20)
+    };
+    let words = (ROUNDS * blocks * 32) as usize;
+    let src_words: Vec<u64> = (0..words as u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5a).collect();
+    let out = Communicator::local(2, backend, opts(backend, Duration::from_secs(30)), |comm| {
+        let m = comm.device().load_module(&TEST_KERNELS)?;
+        let f = m.function::<lanes_many_qps_ibgda>()?;
+        let t = comm.ibgda_with(&io)?;
+        let dst = comm.alloc::<u64>(words)?;
+        let src = comm.alloc::<u64>(words)?;
+        let sigs = comm.alloc::<u64>(blocks as usize)?;
+        dst.copy_from_host(&vec![0; words])?;
+        src.copy_from_host(&src_words)?;
+        sigs.copy_from_host(&vec![0; blocks as usize])?;
+        let mut codes = comm.device().alloc_from(&vec![u32::MAX; blocks as usize])?;
+        let s = comm.device().new_stream()?;
+        comm.barrier()?;
+        // SAFETY: symmetric buffers of the sizes the kernel documents.
+        unsafe {
+            s.launch(
+                &f,
+                LaunchConfig::linear(blocks, 32),
+                (t, dst.sym(), src.sym(), sigs.sym(), ROUNDS, codes.as_mut_ptr()),
+            )?
+        };
+        comm.synchronize(&s)?;
+        comm.barrier()?;
+        Ok((
+            codes.to_host()?,
+            dst.to_host()?,
+            sigs.to_host()?,
+            comm.ibgda_engine().expect("set up"),
+        ))
+    })
+    .unwrap_or_else(|e| panic!("{backend:?}, {blocks} QPs: {e}"));
+    assert_eq!(out[0].0, vec![0; blocks as usize], "rank 0's blocks' results");
+    assert!(out[1].1 == src_words, "{backend:?}: rank 1's words differ from rank 0's source");
+    assert_eq!(
+        out[1].2,
+        vec![ROUNDS as u64 * 8; blocks as usize],
+        "{backend:?}: the blocks' signal words"
+    );
+    out[0].3
+}
+
+per_backend! {
+    /// Eight QPs posting warp-wide runs at once through an engine of 8 warps
+    /// (bursts of several QPs side by side) and of one warp (one at a time):
+    /// every word and signal arrives; the engine counts its burst rounds.
+    fn bursts_of_many_qps_run_side_by_side_and_deliver_everything(dev: Device) {
+        let b = dev.backend();
+        for threads in [256, 32] {
+            let r = lanes_over_many_qps(b, 8, threads);
+            let c = r.counters;
+            assert!(c.burst_wqes > 0 && c.burst_rounds > 0, "{threads} threads: no bursts: {r:?}");
+            if threads == 32 {
+                assert!(c.bursts <= c.burst_rounds, "one warp runs at most one burst a round: {r:?}");
+            }
+            eprintln!(
+                "{threads} engine threads: {} WQEs in {} bursts in {} rounds ({:.2} bursts a round)",
+                c.burst_wqes,
+                c.bursts,
+                c.burst_rounds,
+                c.bursts as f64 / c.burst_rounds as f64
+            );
+        }
+    }
 }

@@ -5,14 +5,22 @@
 //! dependent loads: the WQE, the local region, the responder's port, QP
 //! and region, the payload — each waiting for the one before (about
 //! 13 500 cycles of control per WQE on an H200). A burst hands the run of
-//! WQEs a doorbell published to the engine's block, one WQE per thread:
-//! every thread reads its WQE out of the ring once, makes the same
+//! WQEs a doorbell published to a warp of the engine's block, one WQE per
+//! lane: every lane reads its WQE out of the ring once, makes the same
 //! checks as the one-WQE path on that copy, and copies the payload (at
-//! most [`BURST_MAX_BYTES`]) into shared memory, all threads' loads in
-//! flight together. Then the control thread stores the payloads in WQE
-//! order, each ordered behind the ones before it exactly as the one-WQE
-//! path orders them, writes the CQEs the WQEs ask for and steps the
-//! ring.
+//! most [`BURST_MAX_BYTES`]) into shared memory, all lanes' loads in
+//! flight together. Then the warp's lane 0 stores the payloads in WQE
+//! order, each ordered behind the ones before it (a release each), writes
+//! the CQEs the WQEs ask for and steps the ring.
+//!
+//! **Many QPs at once.** The control thread queues the bursts of one pass
+//! over its port — one per QP with simple WRITEs published, at most
+//! [`JOBS`] and one per warp of the block — and the block runs them in one
+//! round: warp `j` gathers burst `j`'s WQEs, a lane each, then its lane 0
+//! completes them in order (payload, CQEs, the QP's ring). Bursts of
+//! different QPs share nothing but the port's counters, which the control
+//! thread adds up after the round, so their ordered stores and CQEs
+//! proceed side by side rather than one QP after the other.
 //!
 //! A burst covers the longest prefix of the published WQEs that are
 //! simple: an RDMA WRITE with one data segment of 1..=[`BURST_MAX_BYTES`]
@@ -33,9 +41,11 @@ use super::mover::{copy_part, overlaps, PayloadMover};
 use super::tables::{access, Port, PortTable, Ports, QpEntry, QP_CONNECTED};
 use super::{cqe, mem};
 
-/// Most WQEs one burst takes (one per thread of the engine's block; a
-/// block has at least 32 threads).
+/// Most WQEs one burst takes (one per lane of a warp).
 pub const BURST_MAX: u32 = 32;
+/// Most bursts of one round: one per warp of the engine's block, each on
+/// its own QP.
+pub const JOBS: usize = 16;
 /// Most payload bytes of a WQE a burst takes; longer WRITEs take the
 /// one-WQE path, whose copy uses the whole block.
 pub const BURST_MAX_BYTES: u32 = 64;
@@ -60,15 +70,18 @@ pub struct Slot {
     pub data: [u64; (BURST_MAX_BYTES / 8) as usize],
 }
 
-/// What the control thread asks of its block for one burst, in shared
-/// memory next to the block's copy job: written by the control thread
-/// before the round's first barrier; each thread below `count` fills its
-/// slot before the second.
+/// One burst of a round, in shared memory next to the block's copy job
+/// (the block holds [`JOBS`] of them): the control thread writes its head
+/// before the round's first barrier; the threads of warp `j` (burst `j`)
+/// below `count` fill their slots before the second; that warp's lane 0
+/// completes the burst and writes its tally before the third.
 #[repr(C, align(16))]
 #[derive(Clone, Copy, Debug)]
 pub struct BurstJob {
     /// The burst's QP and WQEs.
     pub head: BurstHead,
+    /// What [`complete`] did, for the control thread.
+    pub tally: Tally,
     /// One per WQE.
     pub slots: [Slot; BURST_MAX as usize],
 }
@@ -106,6 +119,12 @@ pub struct BurstHead {
     pub peer_qp: u32,
     /// 1: the QP is connected ([`QP_CONNECTED`]).
     pub connected: u32,
+    /// The QP's send CQ (no two bursts of a round share one).
+    pub send_cq: u32,
+    /// 1: the engine orders its stores at `sys` scope, else `gpu`.
+    pub sys: u32,
+    /// The engine's clock when the burst was queued (the CQEs' time).
+    pub now_ns: u64,
 }
 
 impl BurstHead {
@@ -127,7 +146,53 @@ impl BurstHead {
             peer_port: qp.peer_port,
             peer_qp: qp.peer_qp,
             connected: (qp.flags & QP_CONNECTED != 0) as u32,
+            send_cq: qp.send_cq,
+            sys: 1,
+            now_ns: 0,
         }
+    }
+}
+
+/// What a burst's completion did: its [`Outcome`], and what the port's
+/// counters gain from it. The thread that completes a burst does not
+/// write the port's counters (other bursts of the port complete at the same
+/// time on other threads); the control thread adds the tallies.
+#[repr(C, align(16))]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Tally {
+    /// WQEs executed (the outcome's `done`).
+    pub done: u32,
+    /// The outcome's `fetch`.
+    pub fetch: u32,
+    /// Payload bytes.
+    pub bytes: u64,
+    /// CQEs written.
+    pub cqes: u32,
+    /// The SQ counter of the last WQE executed.
+    pub last_wqe: u32,
+}
+
+impl Tally {
+    /// The burst's outcome.
+    pub fn outcome(&self) -> Outcome {
+        Outcome {
+            done: self.done,
+            fetch: self.fetch,
+        }
+    }
+
+    /// Adds the tally to port `port`'s counters (the control thread).
+    pub fn apply(&self, port: &mut Port) {
+        if self.done == 0 {
+            return;
+        }
+        let s = &mut port.stats;
+        s.fetched += self.done as u64;
+        s.executed += self.done as u64;
+        s.wqes += self.done as u64;
+        s.bytes += self.bytes;
+        s.cqes += self.cqes as u64;
+        s.last_wqe = self.last_wqe;
     }
 }
 
@@ -226,13 +291,15 @@ pub unsafe fn gather(job: *mut BurstJob, t: usize) {
     }
 }
 
-/// The control thread's part, after the round: executes the simple prefix
-/// of the burst's slots in order — payload through `mover` (ordered
-/// behind the payload before it as the one-WQE path orders it), counters,
-/// the CQE of each signaled WQE — and steps QP `q`'s ring past them. Stops
-/// before the first slot that is not simple and before a signaled WQE
-/// whose send CQ is full. Returns what it did and how far the one-WQE
-/// path goes next ([`Outcome`]).
+/// One thread's part, after its burst's slots are filled: executes the
+/// simple prefix of the slots in order — payload through `mover` (ordered
+/// behind the payload before it as the one-WQE path orders it), the CQE
+/// of each signaled WQE — and steps QP `q`'s ring past them. Stops before
+/// the first slot that is not simple and before a signaled WQE whose send
+/// CQ is full. Writes only QP `q`'s own entries and its send CQ, so the
+/// bursts of different QPs complete at the same time on different
+/// threads; returns what it did, how far the one-WQE path goes next and
+/// what the port's counters gain ([`Tally`]).
 ///
 /// # Safety
 /// `job` holds the burst's filled slots; the tables' contract.
@@ -242,11 +309,12 @@ pub unsafe fn complete<P: Ports + ?Sized, M: PayloadMover>(
     job: *const BurstJob,
     now_ns: u64,
     mover: &mut M,
-) -> Outcome {
+) -> Tally {
     let scope: Scope = mover.scope();
     // SAFETY (whole function): the caller's contract.
     unsafe {
         let (q, start, count) = ((*job).head.q as usize, (*job).head.start, (*job).head.count);
+        let mut tally = Tally::default();
         let mut done = 0u32;
         let mut full = false;
         while done < count {
@@ -272,14 +340,10 @@ pub unsafe fn complete<P: Ports + ?Sized, M: PayloadMover>(
                 super::trace::event(tr, super::trace::What::NicFetch, u32::MAX, idx as u64);
                 super::trace::event(tr, super::trace::What::NicExecute, (*job).head.peer_port, slot.len as u64);
             }
-            let Port { qps, cqs, stats, .. } = port;
+            let Port { qps, cqs, .. } = port;
             let Some(qp) = qps.get_mut(q) else { break };
-            stats.fetched += 1;
-            stats.executed += 1;
-            stats.wqes += 1;
-            stats.bytes += slot.len as u64;
-            stats.last_qpn = qp.qpn;
-            stats.last_wqe = idx;
+            tally.bytes += slot.len as u64;
+            tally.last_wqe = idx;
             if signaled {
                 if let Some(cq) = cqs.get_mut(qp.send_cq as usize) {
                     let img = cqe::success(
@@ -296,7 +360,7 @@ pub unsafe fn complete<P: Ports + ?Sized, M: PayloadMover>(
                         },
                     );
                     if cqe::push(cq, &img, false, scope) {
-                        stats.cqes += 1;
+                        tally.cqes += 1;
                         doorbell_kernels::trace_hook! {
                             super::trace::event(tr, super::trace::What::NicCqe, u32::MAX, cq.pi as u64);
                         }
@@ -321,6 +385,8 @@ pub unsafe fn complete<P: Ports + ?Sized, M: PayloadMover>(
             (_, true) => u32::MAX,
             (k, false) => k,
         };
-        Outcome { done, fetch }
+        tally.done = done;
+        tally.fetch = fetch;
+        tally
     }
 }

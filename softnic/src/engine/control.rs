@@ -97,9 +97,10 @@ pub struct EngineCounters {
     /// where the control's time goes. The part of `busy_cycles` in none of
     /// these or the copies and fences is the pass's own walk over the QPs.
     pub phase_cycles: [u64; PHASES],
-    /// Bursts that executed WQEs ([`super::burst`]; each a round of the
-    /// block). A burst whose first WQE is not simple executes none: that
-    /// round is the price a stream of other WQEs pays per doorbell.
+    /// Bursts that executed WQEs ([`super::burst`]; those of one pass run
+    /// side by side in one round of the block, a warp each). A burst whose
+    /// first WQE is not simple executes none: its share of a round is the
+    /// price a stream of other WQEs pays per doorbell.
     pub bursts: u64,
     /// WQEs bursts executed (the rest took the one-WQE path).
     pub burst_wqes: u64,
@@ -111,6 +112,9 @@ pub struct EngineCounters {
     pub rung_wqes: u64,
     /// See `rung_wqes`.
     pub rung_to_done_ns: u64,
+    /// Rounds of the block that ran bursts; `bursts` over these is how
+    /// many QPs' bursts ran side by side, on average.
+    pub burst_rounds: u64,
 }
 
 /// The control thread stores its [`EngineProgress`] every this many passes
@@ -201,6 +205,7 @@ impl EngineCtl {
                 burst_wqes: 0,
                 rung_wqes: 0,
                 rung_to_done_ns: 0,
+                burst_rounds: 0,
             },
             host_state,
             host_progress,

@@ -69,7 +69,7 @@
 
 use doorbell_kernels::ptx;
 
-use super::burst::{self, BurstHead, BurstJob, BURST_MAX};
+use super::burst::{self, BurstHead, BurstJob, Tally, BURST_MAX, JOBS};
 use super::config::{EngineConfig, EngineRng};
 use super::mem::{self, Scope};
 use super::mover::{copy_part, overlaps, PayloadMover, Phase, PHASES};
@@ -98,13 +98,16 @@ const IDLE_SLEEP_NS: u32 = 100;
 /// pass is a full one).
 const WATCHED: usize = 8;
 
-/// Where the block's [`BurstJob`] starts in its dynamic shared memory,
+/// Where the block's [`BurstJob`]s start in its dynamic shared memory,
 /// after the [`Job`].
 const BURST_AT: usize = core::mem::size_of::<Job>().next_multiple_of(16);
 
-/// Dynamic shared memory the engine kernel needs: one [`Job`] and one
-/// [`BurstJob`].
-pub const SHARED_BYTES: u32 = (BURST_AT + core::mem::size_of::<BurstJob>()) as u32;
+/// Dynamic shared memory the engine kernel needs: one [`Job`] and
+/// [`JOBS`] [`BurstJob`]s.
+pub const SHARED_BYTES: u32 = (BURST_AT + JOBS * core::mem::size_of::<BurstJob>()) as u32;
+// A launch asks for more than 48 KiB of dynamic shared memory only after
+// raising the kernel's limit.
+const _: () = assert!(SHARED_BYTES <= 48 * 1024);
 
 /// Publishes the engine's state: `st.release.sys` into the control block
 /// and into [`EngineCtl::host_state`] when set. Pairs with the host's
@@ -147,9 +150,11 @@ const JOB_IDLE: u32 = 0;
 const JOB_COPY: u32 = 1;
 /// [`Job::kind`]: the engine stops.
 const JOB_EXIT: u32 = 2;
-/// [`Job::kind`]: a burst: thread `t` below the [`BurstJob`]'s count
-/// checks and gathers its WQE ([`burst::gather`]).
-const JOB_BURST: u32 = 3;
+/// [`Job::kind`]: the bursts `0..len` ([`burst`]'s many QPs at once):
+/// lane `l` of warp `j` checks and gathers WQE `l` of burst `j`
+/// ([`burst::gather`]); after a barrier, lane 0 of warp `j` completes
+/// burst `j` ([`complete_job`]).
+const JOB_BURSTS: u32 = 3;
 
 /// What the control thread asks of its block, in shared memory. Written by
 /// thread 0 before the first barrier of a round, read by the others after
@@ -167,12 +172,21 @@ pub struct Job {
 /// The block's mover, run by thread 0 (the others are in `serve`).
 pub struct BlockMover {
     job: *mut Job,
-    /// The block's burst job (shared memory after `job`).
-    burst_job: *mut BurstJob,
+    /// The block's [`JOBS`] burst jobs (shared memory after `job`).
+    jobs: *mut BurstJob,
+    /// Bursts queued in this pass (the first `queued` jobs), at most
+    /// `max_jobs` (one per warp).
+    queued: u32,
+    max_jobs: u32,
+    /// QP slots with a queued burst (bit `q`).
+    queued_qps: u64,
+    /// Per QP slot: WQEs the one-WQE path may start before the QP's next
+    /// burst, from its last burst's outcome (0: none).
+    allow: [u32; MAX_QPS],
     /// The fabric's port table and this engine's port, as bursts name them.
     table: u64,
     port: u32,
-    /// Most WQEs of a burst (0: none), within the block's threads.
+    /// Most WQEs of a burst (0: none), within a warp and the block's threads.
     burst_max: u32,
     parts: usize,
     sys: bool,
@@ -192,6 +206,7 @@ pub struct BlockMover {
     phase_cycles: [u64; PHASES],
     bursts: u64,
     burst_wqes: u64,
+    burst_rounds: u64,
     /// `%globaltimer` when each QP slot's last doorbell was seen (0: none).
     rung_at: [u64; MAX_QPS],
     rung_wqes: u64,
@@ -240,9 +255,11 @@ impl BlockMover {
         if job.kind == JOB_EXIT {
             return;
         }
-        if job.kind == JOB_BURST {
-            // SAFETY: the burst job was written before the barrier.
-            unsafe { burst::gather(self.burst_job, 0) };
+        if job.kind == JOB_BURSTS {
+            // Thread 0 is lane 0 of warp 0: burst 0's first WQE, then,
+            // after the others' gathers, burst 0's completion.
+            // SAFETY: the jobs were written before the barrier.
+            unsafe { run_bursts(self.jobs, job.len as usize, 0) };
         }
         if job.kind == JOB_COPY {
             // SAFETY: the caller's contract.
@@ -258,6 +275,133 @@ impl BlockMover {
         }
         block_barrier();
         self.last_barrier_ns = ptx::globaltimer_ns();
+    }
+
+    /// Runs the bursts queued in this pass in one round (warp `j` burst
+    /// `j`), then adds their tallies to the port's counters, notes what
+    /// each left to the one-WQE path and returns the progress to report
+    /// (one more per QP whose next pass has WQEs for the one-WQE path, so
+    /// that pass comes at once).
+    ///
+    /// # Safety
+    /// The tables' contract ([`super::poll_port`]).
+    unsafe fn run_queued<P: Ports + ?Sized>(&mut self, ports: &mut P, p: usize) -> u32 {
+        let n = self.queued;
+        if n == 0 {
+            return 0;
+        }
+        self.lap(Phase::Doorbell);
+        // SAFETY: the queued jobs' heads were written by this thread.
+        unsafe {
+            self.round(Job {
+                kind: JOB_BURSTS,
+                _pad: 0,
+                dst: 0,
+                src: 0,
+                len: n as u64,
+            })
+        };
+        self.burst_rounds += 1;
+        let now = ptx::globaltimer_ns();
+        let mut progressed = 0;
+        for j in 0..n as usize {
+            // SAFETY: job `j` of this round, complete after its barrier.
+            let (h, t): (BurstHead, Tally) = unsafe {
+                let job = self.jobs.add(j);
+                (
+                    core::ptr::read_volatile(&raw const (*job).head),
+                    core::ptr::read_volatile(&raw const (*job).tally),
+                )
+            };
+            let q = h.q as usize % MAX_QPS;
+            if let Some(port) = ports.get_mut(p) {
+                t.apply(port);
+                if t.done != 0 {
+                    port.stats.last_qpn = h.qpn;
+                }
+            }
+            if t.fetch != 0 {
+                self.allow[q] = t.fetch;
+                progressed += 1;
+            }
+            progressed += t.done;
+            self.bursts += (t.done != 0) as u64;
+            self.burst_wqes += t.done as u64;
+            let at = self.rung_at[q];
+            if at != 0 {
+                self.rung_wqes += t.done as u64;
+                self.rung_to_done_ns += t.done as u64 * now.wrapping_sub(at);
+            }
+        }
+        self.queued = 0;
+        self.queued_qps = 0;
+        // Other threads stored payload: thread 0's next copy that is not a
+        // signal word fences first, and its signal words are releases.
+        self.dirty = true;
+        self.lap(Phase::Burst);
+        progressed
+    }
+}
+
+/// Thread `part`'s share of a round of `n` bursts: lane `l` of warp `j <
+/// n` gathers WQE `l` of burst `j`; after a barrier that warp's lane 0
+/// completes the burst ([`complete_job`]). Every thread of the block calls
+/// it (it holds the round's middle barrier).
+///
+/// # Safety
+/// `jobs` holds the round's `n` queued bursts.
+unsafe fn run_bursts(jobs: *mut BurstJob, n: usize, part: usize) {
+    let (j, lane) = (part / 32, part % 32);
+    // SAFETY (whole function): the caller's contract; slot `lane` of burst
+    // `j` is this thread's until the middle barrier, burst `j` its lane 0's
+    // after it.
+    unsafe {
+        if j < n && lane < core::ptr::read_volatile(&raw const (*jobs.add(j)).head.count) as usize {
+            burst::gather(jobs.add(j), lane);
+        }
+        block_barrier();
+        if j < n && lane == 0 {
+            complete_job(jobs.add(j));
+        }
+    }
+}
+
+/// Completes burst `job` on the calling thread: its payload in WQE order,
+/// its CQEs and its QP's ring ([`burst::complete`]), through a
+/// [`LaneMover`]; leaves the tally in the job.
+///
+/// # Safety
+/// `job`'s slots are filled; the tables' contract.
+unsafe fn complete_job(job: *mut BurstJob) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let h = core::ptr::read_volatile(&raw const (*job).head);
+        let mut ports = View::new(h.table as usize as *const PortTable, h.port as usize);
+        let scope = if h.sys != 0 { Scope::Sys } else { Scope::Gpu };
+        let t = burst::complete(&mut ports, h.port as usize, job, h.now_ns, &mut LaneMover { scope });
+        core::ptr::write_volatile(&raw mut (*job).tally, t);
+    }
+}
+
+/// The mover of a thread completing a burst: each copy (at most
+/// [`burst::BURST_MAX_BYTES`], from shared memory) after a fence at the
+/// engine's scope, so it is ordered behind every payload before it — this
+/// thread's, and, through the round's barriers, the block's.
+struct LaneMover {
+    scope: Scope,
+}
+
+impl PayloadMover for LaneMover {
+    #[inline(always)]
+    fn scope(&self) -> Scope {
+        self.scope
+    }
+
+    unsafe fn copy(&mut self, dst: *mut u8, src: *const u8, len: usize) {
+        // `fence.acq_rel` at the scope: a release for the stores after it.
+        mem::acquire(self.scope);
+        // SAFETY: the caller's contract; a burst's ranges never overlap.
+        unsafe { copy_part(dst, src, len, 0, 1) };
     }
 }
 
@@ -292,6 +436,11 @@ impl PayloadMover for BlockMover {
         }
     }
 
+    /// Queues the burst for this pass's round ([`Self::run_queued`]) and
+    /// has the one-WQE path start nothing meanwhile; after the round, the
+    /// QP's next call says what its burst's outcome left to the one-WQE
+    /// path. A QP whose send CQ a queued burst already writes, or a full
+    /// queue, waits for the next pass.
     unsafe fn burst<P: Ports + ?Sized>(
         &mut self,
         ports: &mut P,
@@ -302,34 +451,37 @@ impl PayloadMover for BlockMover {
         now_ns: u64,
     ) -> burst::Outcome {
         let count = avail.min(self.burst_max);
-        if count == 0 || p != self.port as usize {
+        if count == 0 || p != self.port as usize || q >= MAX_QPS {
             return burst::Outcome::NONE;
         }
-        // What the control did since its last lap was the doorbell.
-        self.lap(Phase::Doorbell);
-        let b = self.burst_job;
+        let allowed = core::mem::take(&mut self.allow[q]);
+        if allowed != 0 {
+            return burst::Outcome { done: 0, fetch: allowed };
+        }
+        let wait = burst::Outcome { done: 0, fetch: 0 };
+        if self.queued >= self.max_jobs || self.queued_qps & (1u64 << q) != 0 {
+            return wait;
+        }
         let own = ports.raw(p);
         let Some(qp) = ports.get(p).and_then(|x| x.qps.get(q)) else {
             return burst::Outcome::NONE;
         };
-        // SAFETY: the block's burst job, read by the others only between
-        // the round's two barriers; the tables' contract for the gathers.
-        unsafe {
-            let head = BurstHead::new(self.table, own as usize as u64, (p, q), qp, start, count);
-            core::ptr::write_volatile(&raw mut (*b).head, head);
-            self.round(Job {
-                kind: JOB_BURST,
-                _pad: 0,
-                dst: 0,
-                src: 0,
-                len: 0,
-            });
-            let n = burst::complete(ports, p, b, now_ns, self);
-            self.lap(Phase::Burst);
-            self.bursts += (n.done != 0) as u64;
-            self.burst_wqes += n.done as u64;
-            n
+        for j in 0..self.queued as usize {
+            // SAFETY: a queued job of this pass, written by this thread.
+            let other = unsafe { core::ptr::read_volatile(&raw const (*self.jobs.add(j)).head.send_cq) };
+            if other == qp.send_cq {
+                return wait;
+            }
         }
+        let mut head = BurstHead::new(self.table, own as usize as u64, (p, q), qp, start, count);
+        head.now_ns = now_ns;
+        head.sys = self.sys as u32;
+        // SAFETY: job `queued` of the block's jobs, read by the others only
+        // between the barriers of the next round.
+        unsafe { core::ptr::write_volatile(&raw mut (*self.jobs.add(self.queued as usize)).head, head) };
+        self.queued += 1;
+        self.queued_qps |= 1u64 << q;
+        wait
     }
 
     unsafe fn copy(&mut self, dst: *mut u8, src: *const u8, len: usize) {
@@ -404,20 +556,15 @@ impl PayloadMover for BlockMover {
 /// # Safety
 /// `job` is the block's job slot; thread 0 runs [`control`].
 unsafe fn serve(job: *const Job, part: usize, parts: usize) {
-    let b = burst_job(job as *mut Job);
+    let jobs = burst_jobs(job as *mut Job);
     loop {
         block_barrier();
         // SAFETY: written by thread 0 before the barrier above.
         let j = unsafe { core::ptr::read_volatile(job) };
         match j.kind {
             JOB_EXIT => return,
-            JOB_BURST => {
-                // SAFETY: written by thread 0 before the barrier above.
-                if part < unsafe { core::ptr::read_volatile(&raw const (*b).head.count) } as usize {
-                    // SAFETY: as above; slot `part` is this thread's.
-                    unsafe { burst::gather(b, part) }
-                }
-            }
+            // SAFETY: the jobs were written by thread 0 before the barrier above.
+            JOB_BURSTS => unsafe { run_bursts(jobs, j.len as usize, part) },
             JOB_COPY => {
                 // SAFETY: thread 0 checked the ranges (the engine's checks)
                 // and that they do not overlap.
@@ -429,9 +576,9 @@ unsafe fn serve(job: *const Job, part: usize, parts: usize) {
     }
 }
 
-/// The block's [`BurstJob`], in its dynamic shared memory after the job.
+/// The block's [`BurstJob`]s, in its dynamic shared memory after the job.
 #[inline(always)]
-fn burst_job(job: *mut Job) -> *mut BurstJob {
+fn burst_jobs(job: *mut Job) -> *mut BurstJob {
     job.cast::<u8>().wrapping_add(BURST_AT).cast::<BurstJob>()
 }
 
@@ -471,7 +618,11 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
         let mut table = View::new(core::ptr::read_volatile(&raw const (*ctl).table), port);
         let mut mover = BlockMover {
             job,
-            burst_job: burst_job(job),
+            jobs: burst_jobs(job),
+            queued: 0,
+            max_jobs: (parts / 32).clamp(1, JOBS) as u32,
+            queued_qps: 0,
+            allow: [0; MAX_QPS],
             table: core::ptr::read_volatile(&raw const (*ctl).table) as usize as u64,
             port: port as u32,
             burst_max: core::ptr::read_volatile(&raw const (*ctl).burst).min(BURST_MAX).min(parts as u32),
@@ -489,6 +640,7 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
             phase_cycles: [0; PHASES],
             bursts: 0,
             burst_wqes: 0,
+            burst_rounds: 0,
             rung_at: [0; MAX_QPS],
             rung_wqes: 0,
             rung_to_done_ns: 0,
@@ -544,6 +696,7 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
                 let c0 = ptx::clock64();
                 mover.begin_pass();
                 last = poll_port_masked(&mut table, port, watch.mask, now, &cfg, &mut rng, &mut mover);
+                last.progressed += mover.run_queued(&mut table, port);
                 if last.progressed != 0 {
                     busy_cycles += ptx::clock64().wrapping_sub(c0);
                     mover.keep_pass();
@@ -785,6 +938,7 @@ unsafe fn publish_counters(ctl: *mut EngineCtl, passes: u64, busy: u64, busy_cyc
         ptx::st_relaxed_sys_u64(&raw mut (*c).burst_wqes, m.burst_wqes);
         ptx::st_relaxed_sys_u64(&raw mut (*c).rung_wqes, m.rung_wqes);
         ptx::st_relaxed_sys_u64(&raw mut (*c).rung_to_done_ns, m.rung_to_done_ns);
+        ptx::st_relaxed_sys_u64(&raw mut (*c).burst_rounds, m.burst_rounds);
     }
 }
 

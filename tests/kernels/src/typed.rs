@@ -113,3 +113,35 @@ pub unsafe fn put_lanes_call<T: Transport>(t: T, dst: Sym<u64>, src: Sym<u64>, s
 pub const fn lane_words(i: u64, round: u32) -> u64 {
     (i * 5 + round as u64) % 4
 }
+
+/// Rank 0's blocks each put `rounds` warp-wide runs to rank 1 on their own
+/// QPs (`block mod qps_per_peer`) with [`Transport::put_lanes`],
+/// non-blocking, then quiet: in round `r`, lane `l` of block `b` (of `B`)
+/// puts word `(r B + b) 32 + l` of `src` into the same word of `dst`, and
+/// lanes with `l % 4 == 0` add 1 to `sigs[b]` after their word. Warp 0 of
+/// each block only. `out[b]` = `code` of block `b`'s result.
+#[kernel(transports(P2p, Ibgda))]
+pub unsafe fn lanes_many_qps<T: Transport>(t: T, dst: Sym<u64>, src: Sym<u64>, sigs: Sym<u64>, rounds: u32, out: *mut u32) {
+    if t.rank() != 0 || ptx::warp_id_in_block() != 0 {
+        return;
+    }
+    let (b, blocks, lane) = (ptx::block_idx_x() as u64, ptx::grid_dim_x() as u64, ptx::lane_id() as u64);
+    let mut r = Ok(());
+    let mut k = 0;
+    while k < rounds as u64 && r.is_ok() {
+        let w = (k * blocks + b) * 32 + lane;
+        let mut p = Put::dst(dst.part(w, 1)).src(src.part(w, 1)).nbi();
+        if lane.is_multiple_of(4) {
+            p = p.signal(Signal::add(sigs.word(b), 1));
+        }
+        // SAFETY: the warp's lanes all call, converged; parts of symmetric buffers.
+        r = unsafe { t.put_lanes(1, p) };
+        k += 1;
+    }
+    if lane == 0 {
+        // SAFETY: one thread of the block quiets its puts.
+        let q = r.and(unsafe { t.quiet(None) });
+        // SAFETY: `out` holds a word per block.
+        unsafe { *out.add(b as usize) = code(q) };
+    }
+}
