@@ -13,7 +13,11 @@ use crate::TEST_KERNELS;
 /// Rank `rank`'s pattern of `n` bytes (differs per rank and per byte).
 pub fn pattern(rank: usize, n: usize) -> Vec<u8> {
     (0..n)
-        .map(|i| (i as u8).wrapping_mul(13).wrapping_add((rank as u8).wrapping_mul(41).wrapping_add(1)))
+        .map(|i| {
+            (i as u8)
+                .wrapping_mul(13)
+                .wrapping_add((rank as u8).wrapping_mul(41).wrapping_add(1))
+        })
         .collect()
 }
 
