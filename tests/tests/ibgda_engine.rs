@@ -15,7 +15,7 @@ use doorbell_kernels::transport::Ibgda;
 use doorbell_softnic::engine::EngineConfig;
 use doorbell_test_kernels::contract::bad_call;
 use doorbell_test_kernels::testing::{ring_ibgda, STATUS_OK};
-use doorbell_tests::TEST_KERNELS;
+use doorbell_tests::{load_test_kernel, TEST_KERNELS};
 
 const CANARY: u8 = 0xa5;
 
@@ -285,8 +285,7 @@ fn forced_error_with_kernel_engine(backend: Backend) {
     const BYTES: usize = 64 << 10;
     Communicator::local(2, backend, opts(backend, Duration::from_secs(20)), |comm| {
         let dev = comm.device();
-        let m = dev.load_module(&TEST_KERNELS)?;
-        let f = m.function::<<bad_call as ForTransport<Ibgda>>::Kernel>()?;
+        let f = load_test_kernel::<<bad_call as ForTransport<Ibgda>>::Kernel>(dev)?;
         let dst = Guarded::new(comm, BYTES)?;
         dst.buf.copy_from_host(&[0u8; BYTES])?;
         let sig = comm.alloc::<u64>(2)?;
