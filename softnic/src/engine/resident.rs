@@ -442,7 +442,7 @@ impl PayloadMover for BlockMover {
         }
     }
 
-    /// Queues the burst for this pass's round ([`Self::run_queued`]) and
+    /// Queues the burst for this pass's round (`run_queued`) and
     /// has the one-WQE path start nothing meanwhile; after the round, the
     /// QP's next call says what its burst's outcome left to the one-WQE
     /// path. A QP whose send CQ a queued burst already writes, or a full
