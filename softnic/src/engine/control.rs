@@ -1,6 +1,13 @@
 //! A resident engine's control block ([`EngineCtl`]): what the host and
 //! the engine kernel ([`super::resident`]) share — stop and state words,
 //! the configuration, the engine's counters and its progress record.
+//!
+//! ## Start and stop, as the host sees them
+//! The engine stores its state ([`STATE_RUNNING`], [`STATE_EXITED`]) into
+//! its control block and, when [`EngineCtl::host_state`] is set, into that
+//! word of mapped host memory too, so the host waits for it by reading
+//! its own memory — a bounded loop that makes no driver call, which a
+//! driver call blocked behind a running kernel would turn into a hang.
 
 use super::burst::BURST_MAX;
 use super::config::EngineConfig;

@@ -60,12 +60,7 @@
 //! `barrier.sync 0` (`block_barrier`), which may be reached from
 //! divergent code.
 //!
-//! ## Start and stop, as the host sees them
-//! The engine stores its state ([`STATE_RUNNING`], [`STATE_EXITED`]) into
-//! its control block and, when [`EngineCtl::host_state`] is set, into that
-//! word of mapped host memory too, so the host waits for it by reading
-//! its own memory — a bounded loop that makes no driver call, which a
-//! driver call blocked behind a running kernel would turn into a hang.
+//! How the host sees it start and stop: [`super::control`].
 
 use doorbell_kernels::ptx;
 
@@ -181,8 +176,7 @@ pub struct BlockMover {
     /// QP slots with a queued burst (bit `q`).
     queued_qps: u64,
     /// Run each burst as soon as it is queued (the pass before queued at
-    /// most one: a lone request waits for no walk over the other QPs);
-    /// otherwise the pass's bursts run together at its end.
+    /// most one); otherwise the pass's bursts run together at its end.
     eager: bool,
     /// Bursts queued in this pass so far.
     pass_bursts: u32,
@@ -714,10 +708,8 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
             if full {
                 let c0 = ptx::clock64();
                 mover.begin_pass();
-                // After a pass with at most one burst, a doorbell is most
-                // likely a lone request (a round trip's): its burst runs at
-                // once, not after the walk over every other QP, which the
-                // bursts of a pass with several wait for, to run side by side.
+                // After a pass with at most one burst, a burst is most likely
+                // a lone request (a round trip's): it runs at once (burst.rs).
                 mover.eager = mover.pass_bursts < 2;
                 mover.pass_bursts = 0;
                 last = poll_port_masked(&mut table, port, watch.mask, now, &cfg, &mut rng, &mut mover);
@@ -772,13 +764,10 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
     }
 }
 
-/// The fabric as the control thread sees it: its own port's address held
-/// in a register, the other ports' read from the port table in device
-/// memory when asked for (a copy of the table in the thread's local memory
-/// was looked up for every access to its own port). Measured on an H200
-/// against that copy, in one run: the control's cycles per WQE about the
-/// same (3 – 4 % more), the `put_signal` round trip 52.7 – 53.1 µs
-/// against 57.0 – 62.5.
+/// The fabric as a thread of the engine sees it: its own port's address
+/// held in a register, the other ports' read from the port table in device
+/// memory when asked for (faster than a copy of the table in local memory:
+/// a round trip of 52.7 – 53.1 against 57.0 – 62.5 µs on an H200).
 struct View {
     port: usize,
     own: *mut Port,
