@@ -329,7 +329,7 @@ fn trace_record(trace: u64, what: u16, peer: u32, arg: u64) {
         let slot = (n & (cap - 1)) as u64;
         let e = (trace + events_at(rings) + (ring as u64 * cap as u64 + slot) * EVENT_BYTES) as *mut Event;
         let at = ptx::globaltimer_ns();
-        core::ptr::write_volatile(
+        write_event(
             e,
             Event {
                 at_ns: at,
@@ -340,6 +340,26 @@ fn trace_record(trace: u64, what: u16, peer: u32, arg: u64) {
                 arg,
             },
         );
+    }
+}
+
+/// Writes `ev` to the ring slot `e`, one volatile store per field, straight
+/// from registers. (A volatile store of the whole struct went through a
+/// copy in local memory: a 32-byte stack frame in every kernel with hooks,
+/// and its pointer set up at each entry.)
+///
+/// # Safety
+/// `e` is an event slot of the trace memory.
+#[inline(always)]
+unsafe fn write_event(e: *mut Event, ev: Event) {
+    // SAFETY: the caller's contract; the fields lie within the slot.
+    unsafe {
+        core::ptr::write_volatile(&raw mut (*e).at_ns, ev.at_ns);
+        core::ptr::write_volatile(&raw mut (*e).what, ev.what);
+        core::ptr::write_volatile(&raw mut (*e).block, ev.block);
+        core::ptr::write_volatile(&raw mut (*e).peer, ev.peer);
+        core::ptr::write_volatile(&raw mut (*e)._pad, ev._pad);
+        core::ptr::write_volatile(&raw mut (*e).arg, ev.arg);
     }
 }
 
@@ -360,7 +380,7 @@ pub fn record_engine(trace: u64, what: What, peer: u32, arg: u64) {
         let n = ptx::atom_add_relaxed_gpu_u32(counter, 1);
         let slot = (n & (cap - 1)) as u64;
         let e = (trace + events_at(rings) + (ring as u64 * cap as u64 + slot) * EVENT_BYTES) as *mut Event;
-        core::ptr::write_volatile(
+        write_event(
             e,
             Event {
                 at_ns: ptx::globaltimer_ns(),
