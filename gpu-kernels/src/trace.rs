@@ -11,9 +11,21 @@
 //!   `trace` feature. Without it [`span`], [`instant`] and [`Span::end`]
 //!   are empty functions of plain scalars: the PTX is the PTX of a build
 //!   without them (the PTX tests compare the two builds).
-//! * With the feature, a hook first reads one word of the rank's heap
-//!   header ([`TRACE_OFFSET`]): 0 (the host has not turned tracing on) and
-//!   the hook does nothing more.
+//! * With the feature, a hook first tests the handle's trace word (the P2P
+//!   handle's `trace`, a kernel parameter; handles without one pass 1),
+//!   then reads one word of the rank's heap header ([`TRACE_OFFSET`]): 0
+//!   (the host has not turned tracing on) and the hook does nothing more.
+//!   The recorder is still part of the kernel, though, and it costs even
+//!   when no event is written: it holds values that differ from lane to
+//!   lane (`%tid`, `%laneid`, the slot its atomic add returns), and ptxas
+//!   then compiles the whole entry, the recorder's callers included, as
+//!   code whose lanes may diverge. A kernel whose own code is the same in
+//!   every lane (one thread doing `signal` and `wait_until`, as the P2P
+//!   benchmark's signal round trip) loses ptxas's uniform mode there:
+//!   convergence barriers (BSSY/BSYNC, BREAK) around its branches, a YIELD
+//!   in each spin loop, values in vector instead of uniform registers.
+//!   Kernels whose threads already differ (copies, anything indexed by the
+//!   thread) are compiled that way in both builds.
 //! * On the emulator the hooks are always compiled in (the same one-word
 //!   test), so tracing works with no rebuild.
 //!
