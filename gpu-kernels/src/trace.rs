@@ -25,7 +25,11 @@
 //!   convergence barriers (BSSY/BSYNC, BREAK) around its branches, a YIELD
 //!   in each spin loop, values in vector instead of uniform registers.
 //!   Kernels whose threads already differ (copies, anything indexed by the
-//!   thread) are compiled that way in both builds.
+//!   thread) are compiled that way in both builds. Hence doorbell's build
+//!   helper, with `DOORBELL_TRACE_KERNELS=1`, builds each kernel crate both
+//!   with and without this feature, and the host loads the image with the
+//!   hooks only while tracing is requested (`doorbell::ModuleImage`):
+//!   tracing off runs the code of a build without them.
 //! * On the emulator the hooks are always compiled in (the same one-word
 //!   test), so tracing works with no rebuild.
 //!

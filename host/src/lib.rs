@@ -103,7 +103,7 @@ pub use error::{Error, Result, StuckRanks};
 #[cfg(feature = "runtime")]
 pub use family::{AnyTransport, Family, FamilyHandle};
 #[cfg(feature = "runtime")]
-pub use image::{ModuleImage, ModuleSource};
+pub use image::{ImageChoice, ModuleImage, ModuleSource, SelectedImage};
 #[cfg(feature = "runtime")]
 pub use launch::{FunctionAttributes, LaunchConfig};
 #[cfg(feature = "runtime")]

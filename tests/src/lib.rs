@@ -11,10 +11,11 @@ pub const TEST_KERNELS_PTX: &str = TEST_KERNELS.ptx;
 pub const TEST_KERNELS: doorbell::ModuleImage = doorbell::module_image!("doorbell_test_kernels");
 /// The test kernel crate built with the device trace's hooks (its `trace`
 /// feature; `doorbell::trace`).
-pub const TEST_KERNELS_TRACED: doorbell::ModuleImage = doorbell::ModuleImage {
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/traced/doorbell_test_kernels.ptx")),
-    cubin: include_bytes!(concat!(env!("OUT_DIR"), "/traced/doorbell_test_kernels.cubin")),
-};
+pub const TEST_KERNELS_TRACED: doorbell::ModuleImage = doorbell::ModuleImage::new(
+    "doorbell_test_kernels",
+    include_str!(concat!(env!("OUT_DIR"), "/traced/doorbell_test_kernels.ptx")),
+    include_bytes!(concat!(env!("OUT_DIR"), "/traced/doorbell_test_kernels.cubin")),
+);
 
 /// The devices a behaviour test runs on: always the CPU emulator, plus GPU 0
 /// when one is present. `DOORBELL_TEST_REQUIRE_GPU=1` makes a missing GPU a
