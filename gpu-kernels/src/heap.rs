@@ -37,84 +37,68 @@ const _: () = assert!(
         && crate::trace::TRACE_OFFSET + 8 <= HEAP_RESERVED
 );
 
-/// What went wrong ([`ErrorReport::kind`]).
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ErrorKind {
-    /// A bounded wait ran out of budget.
-    Timeout = 1,
-    /// A completion came back with an error (RDMA transports).
-    Completion = 2,
-    /// The destination rank is not in the world.
-    BadPeer = 3,
-    /// The range is not inside the symmetric heap (or registered memory).
-    OutOfRange = 4,
-    /// A signal word is not 8-byte aligned.
-    Misaligned = 5,
-    /// A count argument is out of its range (e.g. more than 64 signal words).
-    BadCount = 6,
-    /// A send queue made no progress within the budget (RDMA): the NIC
-    /// consumed WQEs up to `seen`, the call needed `expected`.
-    QueueStalled = 7,
-    /// A part of a typed buffer reaches past the buffer: elements
-    /// `[seen, seen + bytes / detail)` of a buffer of `expected` elements
-    /// of `detail` bytes, at heap offset `offset`.
-    OutsideBuffer = 8,
-    /// A typed transfer's destination and source differ in length
-    /// (`expected`: the destination's elements; `seen`: the source's).
-    LengthMismatch = 9,
-}
-
-impl ErrorKind {
-    /// From the raw value in a report.
-    pub fn from_u32(v: u32) -> Option<ErrorKind> {
-        Some(match v {
-            1 => ErrorKind::Timeout,
-            2 => ErrorKind::Completion,
-            3 => ErrorKind::BadPeer,
-            4 => ErrorKind::OutOfRange,
-            5 => ErrorKind::Misaligned,
-            6 => ErrorKind::BadCount,
-            7 => ErrorKind::QueueStalled,
-            8 => ErrorKind::OutsideBuffer,
-            9 => ErrorKind::LengthMismatch,
-            _ => return None,
-        })
+u32_enum! {
+    /// What went wrong ([`ErrorReport::kind`]).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum ErrorKind {
+        /// A bounded wait ran out of budget.
+        Timeout = 1,
+        /// A completion came back with an error (RDMA transports).
+        Completion = 2,
+        /// The destination rank is not in the world.
+        BadPeer = 3,
+        /// The range is not inside the symmetric heap (or registered memory).
+        OutOfRange = 4,
+        /// A signal word is not 8-byte aligned.
+        Misaligned = 5,
+        /// A count argument is out of its range (e.g. more than 64 signal words).
+        BadCount = 6,
+        /// A send queue made no progress within the budget (RDMA): the NIC
+        /// consumed WQEs up to `seen`, the call needed `expected`.
+        QueueStalled = 7,
+        /// A part of a typed buffer reaches past the buffer: elements
+        /// `[seen, seen + bytes / detail)` of a buffer of `expected` elements
+        /// of `detail` bytes, at heap offset `offset`.
+        OutsideBuffer = 8,
+        /// A typed transfer's destination and source differ in length
+        /// (`expected`: the destination's elements; `seen`: the source's).
+        LengthMismatch = 9,
     }
 }
 
-/// Which device call failed ([`ErrorReport::call`]).
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Call {
-    /// `put_*` (blocking).
-    Put = 1,
-    /// `put_nbi_*`.
-    PutNbi = 2,
-    /// `get_*` (blocking).
-    Get = 3,
-    /// `get_nbi_*`.
-    GetNbi = 4,
-    /// `put_signal_*`.
-    PutSignal = 5,
-    /// `put_signal_nbi_*`.
-    PutSignalNbi = 6,
-    /// `signal`.
-    Signal = 7,
-    /// `wait_until`.
-    WaitUntil = 8,
-    /// `wait_until_any`.
-    WaitUntilAny = 9,
-    /// `wait_until_all`.
-    WaitUntilAll = 10,
-    /// `wait_until_some`.
-    WaitUntilSome = 11,
-    /// `quiet` / `quiet_peer`.
-    Quiet = 12,
-    /// `barrier` / `barrier_block`.
-    Barrier = 13,
-    /// `Pipe::run` (the pipeline's own checks).
-    Pipeline = 14,
+u32_enum! {
+    /// Which device call failed ([`ErrorReport::call`]).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Call {
+        /// `put_*` (blocking).
+        Put = 1,
+        /// `put_nbi_*`.
+        PutNbi = 2,
+        /// `get_*` (blocking).
+        Get = 3,
+        /// `get_nbi_*`.
+        GetNbi = 4,
+        /// `put_signal_*`.
+        PutSignal = 5,
+        /// `put_signal_nbi_*`.
+        PutSignalNbi = 6,
+        /// `signal`.
+        Signal = 7,
+        /// `wait_until`.
+        WaitUntil = 8,
+        /// `wait_until_any`.
+        WaitUntilAny = 9,
+        /// `wait_until_all`.
+        WaitUntilAll = 10,
+        /// `wait_until_some`.
+        WaitUntilSome = 11,
+        /// `quiet` / `quiet_peer`.
+        Quiet = 12,
+        /// `barrier` / `barrier_block`.
+        Barrier = 13,
+        /// `Pipe::run` (the pipeline's own checks).
+        Pipeline = 14,
+    }
 }
 
 impl Call {
@@ -148,40 +132,21 @@ impl Call {
             Call::Pipeline => "pipeline",
         }
     }
-    /// From the raw value in a report.
-    pub fn from_u32(v: u32) -> Option<Call> {
-        Some(match v {
-            1 => Call::Put,
-            2 => Call::PutNbi,
-            3 => Call::Get,
-            4 => Call::GetNbi,
-            5 => Call::PutSignal,
-            6 => Call::PutSignalNbi,
-            7 => Call::Signal,
-            8 => Call::WaitUntil,
-            9 => Call::WaitUntilAny,
-            10 => Call::WaitUntilAll,
-            11 => Call::WaitUntilSome,
-            12 => Call::Quiet,
-            13 => Call::Barrier,
-            14 => Call::Pipeline,
-            _ => return None,
-        })
-    }
 }
 
-/// Which argument of a call a report is about ([`ErrorReport::arg`]).
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Arg {
-    /// Not about one argument (a timeout, a peer, a count).
-    None = 0,
-    /// Where the data lands: a put's (on the peer), a get's (here).
-    Destination = 1,
-    /// Where the data comes from: a put's (here), a get's (on the peer).
-    Source = 2,
-    /// A signal word (a signal's, a put's signal, a wait's words).
-    Signal = 3,
+u32_enum! {
+    /// Which argument of a call a report is about ([`ErrorReport::arg`]).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Arg {
+        /// Not about one argument (a timeout, a peer, a count).
+        None = 0,
+        /// Where the data lands: a put's (on the peer), a get's (here).
+        Destination = 1,
+        /// Where the data comes from: a put's (here), a get's (on the peer).
+        Source = 2,
+        /// A signal word (a signal's, a put's signal, a wait's words).
+        Signal = 3,
+    }
 }
 
 impl Arg {
@@ -193,16 +158,6 @@ impl Arg {
             Arg::Source => "source",
             Arg::Signal => "signal word",
         }
-    }
-    /// From the raw value in a report.
-    pub fn from_u32(v: u32) -> Option<Arg> {
-        Some(match v {
-            0 => Arg::None,
-            1 => Arg::Destination,
-            2 => Arg::Source,
-            3 => Arg::Signal,
-            _ => return None,
-        })
     }
 }
 
@@ -899,22 +854,23 @@ mod tests {
     }
 }
 
-/// Comparison for the `wait_until*` calls.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Cmp {
-    /// `==`
-    Eq = 0,
-    /// `!=`
-    Ne = 1,
-    /// `>`
-    Gt = 2,
-    /// `>=`
-    Ge = 3,
-    /// `<`
-    Lt = 4,
-    /// `<=`
-    Le = 5,
+u32_enum! {
+    /// Comparison for the `wait_until*` calls.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Cmp {
+        /// `==`
+        Eq = 0,
+        /// `!=`
+        Ne = 1,
+        /// `>`
+        Gt = 2,
+        /// `>=`
+        Ge = 3,
+        /// `<`
+        Lt = 4,
+        /// `<=`
+        Le = 5,
+    }
 }
 
 impl Cmp {
@@ -940,19 +896,6 @@ impl Cmp {
             Cmp::Lt => "<",
             Cmp::Le => "<=",
         }
-    }
-
-    /// From the raw value stored in a report.
-    pub fn from_u32(v: u32) -> Option<Cmp> {
-        Some(match v {
-            0 => Cmp::Eq,
-            1 => Cmp::Ne,
-            2 => Cmp::Gt,
-            3 => Cmp::Ge,
-            4 => Cmp::Lt,
-            5 => Cmp::Le,
-            _ => return None,
-        })
     }
 }
 

@@ -49,6 +49,35 @@ extern crate self as doorbell_kernels;
 
 pub use doorbell_macros::{descriptor, kernel, pipeline};
 
+/// Declares a fieldless enum with `#[repr(u32)]` values, and its
+/// `from_u32`: the variant a raw value (a kernel argument, a report's word)
+/// stands for, the inverse of `as u32`.
+macro_rules! u32_enum {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $name:ident {
+            $($(#[$vmeta:meta])* $variant:ident = $value:literal,)+
+        }
+    ) => {
+        $(#[$meta])*
+        #[repr(u32)]
+        $vis enum $name {
+            $($(#[$vmeta])* $variant = $value,)+
+        }
+
+        impl $name {
+            /// The variant whose `repr(u32)` value is `v`; `None` when no
+            /// variant has it.
+            pub const fn from_u32(v: u32) -> Option<$name> {
+                Some(match v {
+                    $($value => $name::$variant,)+
+                    _ => return None,
+                })
+            }
+        }
+    };
+}
+
 // The collectives hold the library's only kernel entry points (`allreduce_*`,
 // `emb_*`), exported with the `library-kernels` feature that only `doorbell`
 // sets: a PTX module of another crate leaves them out (the collectives' code

@@ -97,30 +97,22 @@ mod vars;
 #[cfg(feature = "runtime")]
 pub mod world;
 
-#[cfg(feature = "runtime")]
-pub use device::{driver_present, gpu_count, Backend, Device};
 pub use error::{Error, Result, StuckRanks};
 #[cfg(feature = "runtime")]
-pub use family::{AnyTransport, Family, FamilyHandle};
-#[cfg(feature = "runtime")]
-pub use image::{ImageChoice, ModuleImage, ModuleSource, SelectedImage};
-#[cfg(feature = "runtime")]
-pub use launch::{FunctionAttributes, LaunchConfig};
-#[cfg(feature = "runtime")]
-pub use logging::init_logging;
-#[cfg(feature = "runtime")]
-pub use memory::{DeviceBuffer, DeviceCopy, MappedBuffer};
-#[cfg(feature = "runtime")]
-pub use module::{ptx_is_built, Function, Module};
-#[cfg(feature = "runtime")]
-pub use stream::{Event, Stream};
-#[cfg(feature = "runtime")]
-pub use world::{World, WorldConfig};
-
-#[cfg(feature = "runtime")]
-pub use doorbell_kernels as kernels;
-#[cfg(feature = "runtime")]
-pub use doorbell_kernels::{AnyFamily, ForTransport, Kernel, KernelArgs, KernelFamily, KernelParam};
+pub use {
+    device::{driver_present, gpu_count, Backend, Device},
+    // The device crate, and its kernel traits at the top.
+    doorbell_kernels as kernels,
+    doorbell_kernels::{AnyFamily, ForTransport, Kernel, KernelArgs, KernelFamily, KernelParam},
+    family::{AnyTransport, Family, FamilyHandle},
+    image::{ImageChoice, ModuleImage, ModuleSource, SelectedImage},
+    launch::{FunctionAttributes, LaunchConfig},
+    logging::init_logging,
+    memory::{DeviceBuffer, DeviceCopy, MappedBuffer},
+    module::{ptx_is_built, Function, Module},
+    stream::{Event, Stream},
+    world::{World, WorldConfig},
+};
 
 /// The PTX of `doorbell-kernels`: the library's own kernels (collectives),
 /// built for `sm_90` by this crate's build script. Examples and tests keep

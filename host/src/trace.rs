@@ -479,7 +479,7 @@ mod tests {
             block,
             warp: 0,
             lane: 0,
-            peer: Some(1 - rank),
+            peer: Some(rank ^ 1),
             arg,
         }
     }

@@ -59,17 +59,7 @@ fn plain_report_has_every_section() {
 fn json_is_one_object_with_the_sections() {
     let o = doctor(&["--json", "--ranks", "3", "--launch", "threads"], &[]);
     let v = json(&o);
-    for key in [
-        "doorbell_version",
-        "gpus",
-        "kernels",
-        "peers",
-        "rdma",
-        "routes",
-        "environment",
-        "problems",
-        "warnings",
-    ] {
+    for key in doorbell::doctor::Report::SECTIONS {
         assert!(v.get(key).is_some(), "no {key} in {v}");
     }
     assert_eq!(v["routes"]["ranks"], 3);

@@ -68,6 +68,13 @@ impl Parse for Arg {
     }
 }
 
+/// The `{ key: value, ... }` of either form, and the span of its braces.
+fn parse_args(input: ParseStream) -> syn::Result<(Span, Punctuated<Arg, Token![,]>)> {
+    let content;
+    let brace = braced!(content in input);
+    Ok((brace.span.join(), content.parse_terminated(Arg::parse, Token![,])?))
+}
+
 impl Parse for Invocation {
     fn parse(input: ParseStream) -> syn::Result<Self> {
         let unsafety: Option<Token![unsafe]> = input.parse()?;
@@ -82,9 +89,7 @@ impl Parse for Invocation {
                 ))
             }
         };
-        let content;
-        let brace = braced!(content in input);
-        let args: Punctuated<Arg, Token![,]> = content.parse_terminated(Arg::parse, Token![,])?;
+        let (args_span, args) = parse_args(input)?;
         let closure: syn::ExprClosure = input.parse()?;
         let params_span = closure
             .or1_token
@@ -108,7 +113,7 @@ impl Parse for Invocation {
             side,
             side_span: side_ident.span(),
             args: args.into_iter().collect(),
-            args_span: brace.span.join(),
+            args_span,
             params: closure.inputs.into_iter().collect(),
             params_span,
             body,
@@ -404,9 +409,7 @@ impl Parse for PipeForm {
                 "pipeline! moves data through the pipe's raw device addresses: write `unsafe pipe`, vouching that the pipe is `Communicator::rings`'s for this element type",
             ));
         }
-        let content;
-        let brace = braced!(content in input);
-        let args: Punctuated<Arg, Token![,]> = content.parse_terminated(Arg::parse, Token![,])?;
+        let (args_span, args) = parse_args(input)?;
         let mut found: Vec<(String, syn::Expr)> = Vec::new();
         for arg in args {
             let name = arg.key.to_string();
@@ -427,7 +430,7 @@ impl Parse for PipeForm {
         let mut take = |k: &str| {
             let i = found.iter().position(|(f, _)| f == k);
             i.map(|i| found.remove(i).1)
-                .ok_or_else(|| syn::Error::new(brace.span.join(), format!("missing `{k}: ...`")))
+                .ok_or_else(|| syn::Error::new(args_span, format!("missing `{k}: ...`")))
         };
         let (transport, pipe, elems, to, from) = (take("transport")?, take("pipe")?, take("elems")?, take("to")?, take("from")?);
         let side_body = |want: &str, data: &str| -> syn::Result<syn::ExprClosure> {

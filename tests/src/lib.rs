@@ -3,7 +3,7 @@
 pub mod ring;
 pub use ring::{ring_round, RingArgs};
 
-use doorbell::{Backend, Device};
+use doorbell::{Backend, Device, Function, Kernel};
 
 /// The PTX of the test kernel crate (`tests/kernels`), built by `tests/build.rs`.
 pub const TEST_KERNELS_PTX: &str = TEST_KERNELS.ptx;
@@ -16,6 +16,13 @@ pub const TEST_KERNELS_TRACED: doorbell::ModuleImage = doorbell::ModuleImage::ne
     include_str!(concat!(env!("OUT_DIR"), "/traced/doorbell_test_kernels.ptx")),
     include_bytes!(concat!(env!("OUT_DIR"), "/traced/doorbell_test_kernels.cubin")),
 );
+
+/// Kernel `K` of [`TEST_KERNELS`], loaded on `dev` (the function keeps its
+/// module loaded); [`test_kernel`] is the same with a stream, failing the
+/// test on an error.
+pub fn load_test_kernel<K: Kernel>(dev: &Device) -> doorbell::Result<Function<K>> {
+    dev.load_module(&TEST_KERNELS)?.function::<K>()
+}
 
 /// The devices a behaviour test runs on: always the CPU emulator, plus GPU 0
 /// when one is present. `DOORBELL_TEST_REQUIRE_GPU=1` makes a missing GPU a
@@ -336,6 +343,41 @@ pub unsafe fn launch_after_barrier<K: doorbell::Kernel>(
     // SAFETY: the caller's promise.
     unsafe { s.launch(f, cfg, args)? };
     Ok(s)
+}
+
+/// A launch of the test kernel `p2p_barrier_rounds` on one rank
+/// ([`launch_barrier_rounds`]): its stream, symmetric counter and status
+/// word.
+pub struct BarrierRounds<'c> {
+    pub stream: doorbell::Stream,
+    pub counter: doorbell::comm::SymBuffer<'c, u64>,
+    pub status: doorbell::DeviceBuffer<u32>,
+}
+
+/// Allocates `p2p_barrier_rounds`' symmetric counter (collective) and status
+/// word on `comm`, runs `before_launch`, then launches `rounds` barriers
+/// over P2P on one block of `threads` threads.
+pub fn launch_barrier_rounds<'c>(
+    comm: &'c doorbell::comm::Communicator,
+    rounds: u32,
+    threads: u32,
+    before_launch: impl FnOnce() -> doorbell::Result<()>,
+) -> doorbell::Result<BarrierRounds<'c>> {
+    let dev = comm.device();
+    let f = load_test_kernel::<doorbell_test_kernels::testing::p2p_barrier_rounds>(dev)?;
+    let counter = comm.alloc::<u64>(1)?;
+    let mut status = dev.alloc_zeroed::<u32>(1)?;
+    let stream = dev.new_stream()?;
+    before_launch()?;
+    // SAFETY: symmetric counter, one status word.
+    unsafe {
+        stream.launch(
+            &f,
+            doorbell::LaunchConfig::linear(1, threads),
+            (comm.p2p()?, counter.as_mut_ptr(), rounds, status.as_mut_ptr()),
+        )?
+    };
+    Ok(BarrierRounds { stream, counter, status })
 }
 
 /// The arguments of the test kernel `bad_call`

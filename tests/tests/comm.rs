@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use doorbell::comm::{CommOptions, Communicator, PeerRoute};
 use doorbell::{Backend, Error, LaunchConfig};
-use doorbell_test_kernels::testing::{p2p_barrier_rounds, p2p_wait_forever, STATUS_OK};
+use doorbell_test_kernels::testing::{p2p_wait_forever, STATUS_OK};
 use doorbell_tests::ring::{ring_once, RingTransport};
-use doorbell_tests::TEST_KERNELS;
+use doorbell_tests::{launch_barrier_rounds, load_test_kernel};
 
 fn ring(backend: Backend, ranks: usize, bytes: usize, offset: usize, use_warp: bool) {
     let opts = CommOptions {
@@ -47,24 +47,10 @@ per_backend! {
         for ranks in [2, 4, 8] {
             let rounds = 25u32;
             let totals = Communicator::local(ranks, backend, CommOptions::default(), |comm| {
-                let dev = comm.device();
-                let m = dev.load_module(&TEST_KERNELS)?;
-                let f = m.function::<p2p_barrier_rounds>()?;
-                let counter = comm.alloc::<u64>(1)?;
-                let mut status = dev.alloc_zeroed::<u32>(1)?;
-                let s = dev.new_stream()?;
-                comm.barrier()?;
-                // SAFETY: symmetric counter, one status word.
-                unsafe {
-                    s.launch(
-                        &f,
-                        LaunchConfig::linear(1, 64),
-                        (comm.p2p()?, counter.as_mut_ptr(), rounds, status.as_mut_ptr()),
-                    )?
-                };
-                comm.synchronize(&s)?;
-                assert_eq!(status.to_host()?[0], STATUS_OK);
-                Ok(counter.to_host()?[0])
+                let b = launch_barrier_rounds(comm, rounds, 64, || comm.barrier())?;
+                comm.synchronize(&b.stream)?;
+                assert_eq!(b.status.to_host()?[0], STATUS_OK);
+                Ok(b.counter.to_host()?[0])
             })
             .unwrap();
             let want = rounds as u64 * (1..=ranks as u64).sum::<u64>();
@@ -81,8 +67,7 @@ per_backend! {
         };
         let errs = Communicator::local(2, backend, opts, |comm| {
             let dev = comm.device();
-            let m = dev.load_module(&TEST_KERNELS)?;
-            let f = m.function::<p2p_wait_forever>()?;
+            let f = load_test_kernel::<p2p_wait_forever>(dev)?;
             let sig = comm.alloc::<u64>(4)?;
             let mut status = dev.alloc_zeroed::<u32>(1)?;
             let s = dev.new_stream()?;

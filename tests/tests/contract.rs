@@ -11,7 +11,7 @@ use doorbell::comm::{CommOptions, Communicator, RdmaPeers};
 use doorbell::{Backend, DeviceBuffer, Error, ForTransport, Kernel, KernelParam, LaunchConfig, Stream};
 use doorbell_kernels::transport::{Ibgda, P2p, Routed, Transport};
 use doorbell_test_kernels::contract::{bad_call, collect_signals, flagged_rounds, Shadow};
-use doorbell_tests::{BadArgs, CollectArgs, FlaggedRounds, RoundArgs, TEST_KERNELS};
+use doorbell_tests::{load_test_kernel, BadArgs, CollectArgs, FlaggedRounds, RoundArgs};
 
 fn backends() -> Vec<Backend> {
     doorbell_tests::backends().iter().map(|d| d.backend()).collect()
@@ -72,8 +72,7 @@ where
 {
     let out = Communicator::local(2, backend, opts(), |comm| {
         let dev = comm.device();
-        let m = dev.load_module(&TEST_KERNELS)?;
-        let f = m.function::<<bad_call as ForTransport<T>>::Kernel>()?;
+        let f = load_test_kernel::<<bad_call as ForTransport<T>>::Kernel>(dev)?;
         let dst = comm.alloc::<u8>(4096)?;
         let sig = comm.alloc::<u64>(2)?;
         let mut calls = dev.alloc_zeroed::<u64>(1)?;
@@ -206,8 +205,7 @@ where
     };
     Communicator::local(2, backend, opts, |comm| {
         let dev = comm.device();
-        let m = dev.load_module(&TEST_KERNELS)?;
-        let f = m.function::<<flagged_rounds as ForTransport<T>>::Kernel>()?;
+        let f = load_test_kernel::<<flagged_rounds as ForTransport<T>>::Kernel>(dev)?;
         let mut rounds = FlaggedRounds::new(comm, blocks, words)?;
         let mut calls = dev.alloc_zeroed::<u64>(1)?;
         let (s, t) = stream_and_handle::<T>(comm, &mut calls)?;
@@ -248,8 +246,7 @@ where
 {
     let out = Communicator::local(2, backend, opts(), |comm| {
         let dev = comm.device();
-        let m = dev.load_module(&TEST_KERNELS)?;
-        let f = m.function::<<collect_signals as ForTransport<T>>::Kernel>()?;
+        let f = load_test_kernel::<<collect_signals as ForTransport<T>>::Kernel>(dev)?;
         let sigs = comm.alloc::<u64>(doorbell_tests::COLLECT_WORDS as usize)?;
         let mut out = dev.alloc_zeroed::<u64>(4)?;
         let mut calls = dev.alloc_zeroed::<u64>(1)?;

@@ -16,7 +16,7 @@ use doorbell_kernels::transport::Ibgda;
 use doorbell_softnic::engine::EngineConfig;
 use doorbell_test_kernels::contract::bad_call;
 use doorbell_test_kernels::testing::{ring_ibgda, STATUS_OK};
-use doorbell_tests::TEST_KERNELS;
+use doorbell_tests::{load_test_kernel, TEST_KERNELS};
 
 const BYTES: u64 = 4096;
 
@@ -52,8 +52,7 @@ struct Outcome {
 fn faulty_put_signal(wait: Duration, register: bool, fault: impl Fn(&mut EngineConfig, usize) + Sync) -> Outcome {
     let out = Communicator::local(2, Backend::Cpu, opts(wait), |comm| {
         let dev = comm.device();
-        let m = dev.load_module(&TEST_KERNELS)?;
-        let f = m.function::<<bad_call as ForTransport<Ibgda>>::Kernel>()?;
+        let f = load_test_kernel::<<bad_call as ForTransport<Ibgda>>::Kernel>(dev)?;
         let dst = comm.alloc::<u8>(BYTES as usize)?;
         let sig = comm.alloc::<u64>(2)?;
         let src_host: Vec<u8> = (0..BYTES).map(|i| (i % 253) as u8 + 1).collect();

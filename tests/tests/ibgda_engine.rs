@@ -16,7 +16,7 @@ use doorbell_softnic::engine::EngineConfig;
 use doorbell_test_kernels::contract::bad_call;
 use doorbell_test_kernels::testing::{ring_ibgda, STATUS_OK};
 use doorbell_test_kernels::typed::lanes_many_qps_ibgda;
-use doorbell_tests::TEST_KERNELS;
+use doorbell_tests::{load_test_kernel, TEST_KERNELS};
 
 const CANARY: u8 = 0xa5;
 
@@ -286,8 +286,7 @@ fn forced_error_with_kernel_engine(backend: Backend) {
     const BYTES: usize = 64 << 10;
     Communicator::local(2, backend, opts(backend, Duration::from_secs(20)), |comm| {
         let dev = comm.device();
-        let m = dev.load_module(&TEST_KERNELS)?;
-        let f = m.function::<<bad_call as ForTransport<Ibgda>>::Kernel>()?;
+        let f = load_test_kernel::<<bad_call as ForTransport<Ibgda>>::Kernel>(dev)?;
         let dst = Guarded::new(comm, BYTES)?;
         dst.buf.copy_from_host(&[0u8; BYTES])?;
         let sig = comm.alloc::<u64>(2)?;
@@ -426,8 +425,7 @@ fn lanes_over_many_qps(backend: Backend, blocks: u32, threads: u32) -> doorbell:
     let words = (ROUNDS * blocks * 32) as usize;
     let src_words: Vec<u64> = (0..words as u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5a).collect();
     let out = Communicator::local(2, backend, opts(backend, Duration::from_secs(30)), |comm| {
-        let m = comm.device().load_module(&TEST_KERNELS)?;
-        let f = m.function::<lanes_many_qps_ibgda>()?;
+        let f = load_test_kernel::<lanes_many_qps_ibgda>(comm.device())?;
         let t = comm.ibgda_with(&io)?;
         let dst = comm.alloc::<u64>(words)?;
         let src = comm.alloc::<u64>(words)?;

@@ -4,12 +4,11 @@ use doorbell::{Backend, Device, Error, LaunchConfig};
 use doorbell_example_kernels::fused_multiply_add;
 use doorbell_test_kernels::testing::{self, atomics_and_fences, block_or_rounds, record_indices, shuffle_barrier_flag, trap_in_one_thread};
 use doorbell_tests::backends;
+use doorbell_tests::load_test_kernel;
 use doorbell_tests::per_backend;
-use doorbell_tests::TEST_KERNELS;
 
 fn run_shuffle_barrier_flag(dev: &Device, threads: u32) -> Vec<u32> {
-    let module = dev.load_module(&TEST_KERNELS).unwrap();
-    let f = module.function::<shuffle_barrier_flag>().unwrap();
+    let f = load_test_kernel::<shuffle_barrier_flag>(dev).unwrap();
     let input: Vec<u32> = (0..threads).map(|i| i.wrapping_mul(2_654_435_761) >> 7).collect();
     let dinput = dev.alloc_from(&input).unwrap();
     let mut out = dev.alloc_zeroed::<u32>(threads as usize).unwrap();
@@ -64,8 +63,7 @@ per_backend! {
         let threads = 96u32;
         let pick: Vec<u32> = vec![0, threads, 95, 40, threads + 7, 33, 1, threads];
         let want: Vec<u32> = pick.iter().map(|&p| (p < threads) as u32).chain([0]).collect();
-        let m = dev.load_module(&TEST_KERNELS).unwrap();
-        let f = m.function::<block_or_rounds>().unwrap();
+        let f = load_test_kernel::<block_or_rounds>(&dev).unwrap();
         let dpick = dev.alloc_from(&pick).unwrap();
         let mut out = dev.alloc_zeroed::<u32>(pick.len() + 1).unwrap();
         let s = dev.new_stream().unwrap();
@@ -122,8 +120,7 @@ per_backend! {
             ..LaunchConfig::linear(1, 1)
         };
         let threads = 2 * 3 * 8 * 4 * 2;
-        let m = dev.load_module(&TEST_KERNELS).unwrap();
-        let f = m.function::<record_indices>().unwrap();
+        let f = load_test_kernel::<record_indices>(&dev).unwrap();
         let mut out = dev.alloc_zeroed::<u32>(threads * 9).unwrap();
         let s = dev.new_stream().unwrap();
         // SAFETY: 9 words per thread.

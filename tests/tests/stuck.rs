@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use doorbell::comm::{CommOptions, Communicator};
 use doorbell::world::{RendezvousHost, World, WorldConfig};
 use doorbell::{Backend, Device, Error, LaunchConfig};
-use doorbell_test_kernels::testing::{p2p_barrier_rounds, p2p_wait_forever, record_indices, STATUS_TIMEOUT};
-use doorbell_tests::TEST_KERNELS;
+use doorbell_test_kernels::testing::{p2p_wait_forever, record_indices, STATUS_TIMEOUT};
+use doorbell_tests::{launch_barrier_rounds, load_test_kernel, TEST_KERNELS};
 
 const TOKEN: &str = "stuck-ranks-test-token-5e7a1";
 
@@ -44,23 +44,12 @@ fn barrier_kernel_times_out(comm: &Communicator) -> Result<Error, Error> {
 /// [`barrier_kernel_times_out`], running `before_launch` once the
 /// allocations (collective) are made.
 fn barrier_kernel_times_out_after(comm: &Communicator, before_launch: impl FnOnce()) -> Result<Error, Error> {
-    let dev = comm.device();
-    let m = dev.load_module(&TEST_KERNELS)?;
-    let f = m.function::<p2p_barrier_rounds>()?;
-    let counter = comm.alloc::<u64>(1)?;
-    let mut status = dev.alloc_zeroed::<u32>(1)?;
-    let s = dev.new_stream()?;
-    before_launch();
-    // SAFETY: symmetric counter, one status word.
-    unsafe {
-        s.launch(
-            &f,
-            LaunchConfig::linear(1, 32),
-            (comm.p2p()?, counter.as_mut_ptr(), 1u32, status.as_mut_ptr()),
-        )?
-    };
-    let e = comm.synchronize(&s).expect_err("a barrier without every rank times out");
-    assert_eq!(status.to_host()?[0], STATUS_TIMEOUT);
+    let b = launch_barrier_rounds(comm, 1, 32, || {
+        before_launch();
+        Ok(())
+    })?;
+    let e = comm.synchronize(&b.stream).expect_err("a barrier without every rank times out");
+    assert_eq!(b.status.to_host()?[0], STATUS_TIMEOUT);
     Ok(e)
 }
 
@@ -115,7 +104,7 @@ fn a_rank_whose_kernel_ended_without_signalling_is_named_with_its_kernel() {
     for synchronized in [true, false] {
         let errs = all_but_the_last_time_out(3, |comm| {
             let dev = comm.device();
-            let fill = dev.load_module(&TEST_KERNELS)?.function::<record_indices>()?;
+            let fill = load_test_kernel::<record_indices>(dev)?;
             let _counter = comm.alloc::<u64>(1)?;
             let mut out = dev.alloc_zeroed::<u32>(9 * 32)?;
             let s = dev.new_stream()?;

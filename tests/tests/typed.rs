@@ -10,7 +10,7 @@ use doorbell::comm::{CommOptions, Communicator};
 use doorbell::{Backend, ForTransport, Kernel, KernelParam, LaunchConfig};
 use doorbell_kernels::transport::{Ibgda, P2p, Sym, Transport};
 use doorbell_test_kernels::typed::{lane_words, put_lanes_call, typed_call, LANE_WORDS};
-use doorbell_tests::{per_backend, TEST_KERNELS};
+use doorbell_tests::{load_test_kernel, per_backend};
 
 const N: usize = 64;
 const CANARY: u32 = 0xC0FF_EE00;
@@ -53,8 +53,7 @@ where
     };
     let mut out = Communicator::local(2, backend, opts, |comm| {
         let dev = comm.device();
-        let m = dev.load_module(&TEST_KERNELS)?;
-        let f = m.function::<<typed_call as ForTransport<T>>::Kernel>()?;
+        let f = load_test_kernel::<<typed_call as ForTransport<T>>::Kernel>(dev)?;
         let buf = comm.alloc::<u32>(N)?;
         // The allocation right after `buf`: where a put past its end would land.
         let next = comm.alloc::<u32>(N)?;
@@ -193,8 +192,7 @@ where
     let words = LANES * LANE_WORDS as usize;
     let mut out = Communicator::local(2, backend, opts, |comm| {
         let dev = comm.device();
-        let m = dev.load_module(&TEST_KERNELS)?;
-        let f = m.function::<<put_lanes_call as ForTransport<T>>::Kernel>()?;
+        let f = load_test_kernel::<<put_lanes_call as ForTransport<T>>::Kernel>(dev)?;
         let dst = comm.alloc::<u64>(words)?;
         let src = comm.alloc::<u64>(words)?;
         let sigs = comm.alloc::<u64>(2)?;

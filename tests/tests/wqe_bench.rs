@@ -8,14 +8,13 @@ mod wqe_common;
 use doorbell::{Device, LaunchConfig};
 use doorbell_kernels::mlx5::WqeRequest;
 use doorbell_test_kernels::mlx5::mlx5_bench_write_wqes;
+use doorbell_tests::load_test_kernel;
 use doorbell_tests::per_backend;
-use doorbell_tests::TEST_KERNELS;
 use wqe_common::*;
 
 fn run(dev: &Device, warps: u32, k: u32, ring_wqes: u32) -> f64 {
     let reqs = random_requests(21, 32);
-    let module = dev.load_module(&TEST_KERNELS).unwrap();
-    let f = module.function::<mlx5_bench_write_wqes>().unwrap();
+    let f = load_test_kernel::<mlx5_bench_write_wqes>(dev).unwrap();
     let dreqs = dev.alloc_from(&raw(&reqs)).unwrap();
     let mut ring = dev.alloc_zeroed::<u32>((warps * ring_wqes * 16) as usize).unwrap();
     let mut ns = dev.alloc_zeroed::<u64>(warps as usize).unwrap();

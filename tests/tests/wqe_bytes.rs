@@ -8,8 +8,8 @@ mod wqe_common;
 use doorbell::{Device, LaunchConfig};
 use doorbell_kernels::mlx5::{self as m, AtomicSeg, Cqe64, CtrlSeg, DataSeg, ErrCqe, RaddrSeg, WqeOp, WqeRequest};
 use doorbell_test_kernels::mlx5::mlx5_write_wqes;
+use doorbell_tests::load_test_kernel;
 use doorbell_tests::per_backend;
-use doorbell_tests::TEST_KERNELS;
 use rand::Rng;
 use wqe_common::*;
 
@@ -78,8 +78,7 @@ per_backend! {
         let n = 4096usize;
         let reqs = random_requests(3, n);
         let want: Vec<[u8; 64]> = reqs.iter().map(WqeRequest::to_bytes).collect();
-        let module = dev.load_module(&TEST_KERNELS).unwrap();
-        let f = module.function::<mlx5_write_wqes>().unwrap();
+        let f = load_test_kernel::<mlx5_write_wqes>(&dev).unwrap();
         let dreqs = dev.alloc_from(&raw(&reqs)).unwrap();
         // Poisoned output: every byte must be written, including padding.
         let mut out = dev.alloc_from(&vec![0xdead_beefu32; n * 16]).unwrap();
@@ -108,8 +107,7 @@ per_backend! {
     fn device_builders_match_rdma_core_helpers_on_every_backend(dev: Device) {
         let n = 1536usize;
         let reqs = random_requests(4, n);
-        let module = dev.load_module(&TEST_KERNELS).unwrap();
-        let f = module.function::<mlx5_write_wqes>().unwrap();
+        let f = load_test_kernel::<mlx5_write_wqes>(&dev).unwrap();
         let dreqs = dev.alloc_from(&raw(&reqs)).unwrap();
         let mut out = dev.alloc_zeroed::<u32>(n * 16).unwrap();
         let s = dev.new_stream().unwrap();

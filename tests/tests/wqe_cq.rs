@@ -8,8 +8,8 @@ use doorbell::{Device, LaunchConfig};
 use doorbell_kernels::mlx5::cq::{classify_cqe, decode_poll_result, CqeState, POLL_RESULT_WORDS};
 use doorbell_kernels::mlx5::{Completion, CqError, Cqe64, CqeSyndrome, CQE_REQ_ERR, CQE_RESP_ERR, CQE_RESP_SEND};
 use doorbell_test_kernels::mlx5::mlx5_poll_cq;
+use doorbell_tests::load_test_kernel;
 use doorbell_tests::per_backend;
-use doorbell_tests::TEST_KERNELS;
 use wqe_common::*;
 
 const QPN: u32 = 0x00ab_cdef;
@@ -23,8 +23,7 @@ struct Polled {
 }
 
 fn poll(dev: &Device, cq_size: u32, cqes: &[[u8; 64]], ci: u32, targets: &[u32], budget_ns: u64) -> Polled {
-    let module = dev.load_module(&TEST_KERNELS).unwrap();
-    let f = module.function::<mlx5_poll_cq>().unwrap();
+    let f = load_test_kernel::<mlx5_poll_cq>(dev).unwrap();
     let mut qp = TestQp::new(dev, 4, 0, QPN, cq_size, cqes, ci);
     let dtargets = dev.alloc_from(targets).unwrap();
     let mut out = dev.alloc_zeroed::<u32>(targets.len() * POLL_RESULT_WORDS).unwrap();

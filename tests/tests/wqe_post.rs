@@ -7,8 +7,8 @@ use doorbell::{Device, LaunchConfig};
 use doorbell_kernels::mlx5::wqe::FLAG_SIGNALED;
 use doorbell_kernels::mlx5::{CtrlSeg, WqeOp, WqeRequest};
 use doorbell_test_kernels::mlx5::mlx5_post_wqes;
+use doorbell_tests::load_test_kernel;
 use doorbell_tests::per_backend;
-use doorbell_tests::TEST_KERNELS;
 use rand::Rng;
 use wqe_common::*;
 
@@ -26,8 +26,7 @@ fn post_and_check(dev: &Device, sq_size: u32, start: u32, n: usize, cfg: LaunchC
             ..random_request(&mut r, ops[i % ops.len()])
         })
         .collect();
-    let module = dev.load_module(&TEST_KERNELS).unwrap();
-    let f = module.function::<mlx5_post_wqes>().unwrap();
+    let f = load_test_kernel::<mlx5_post_wqes>(dev).unwrap();
     let mut qp = TestQp::new(dev, sq_size, start, QPN, 4, &[], 0);
     let dreqs = dev.alloc_from(&raw(&reqs)).unwrap();
     let warps = cfg.grid.0 * cfg.block.0 / 32;
@@ -129,8 +128,7 @@ per_backend! {
     fn after_one_submit_times_out_later_batches_fail_fast(dev: Device) {
         use std::time::{Duration, Instant};
         let budget = Duration::from_millis(400);
-        let module = dev.load_module(&TEST_KERNELS).unwrap();
-        let f = module.function::<mlx5_post_wqes>().unwrap();
+        let f = load_test_kernel::<mlx5_post_wqes>(&dev).unwrap();
         let mut r = rng(7);
         let reqs: Vec<WqeRequest> = (0..32).map(|_| random_request(&mut r, WqeOp::Write)).collect();
         let dreqs = dev.alloc_from(&raw(&reqs)).unwrap();

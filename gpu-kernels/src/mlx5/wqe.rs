@@ -7,23 +7,24 @@
 use super::segments::{AtomicSeg, CtrlSeg, DataSeg, RaddrSeg};
 use super::*;
 
-/// The operation of a WQE.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub enum WqeOp {
-    /// `MLX5_OPCODE_NOP`: ctrl only (ds 1).
-    #[default]
-    Nop = 0,
-    /// `MLX5_OPCODE_RDMA_WRITE`: ctrl + raddr + data (ds 3).
-    Write = 1,
-    /// `MLX5_OPCODE_RDMA_WRITE_IMM`: ctrl (with imm) + raddr + data (ds 3).
-    WriteImm = 2,
-    /// `MLX5_OPCODE_RDMA_READ`: ctrl + raddr + data (ds 3).
-    Read = 3,
-    /// `MLX5_OPCODE_ATOMIC_FA`: ctrl + raddr + atomic + data(8) (ds 4).
-    FetchAdd = 4,
-    /// `MLX5_OPCODE_ATOMIC_CS`: ctrl + raddr + atomic + data(8) (ds 4).
-    CompareSwap = 5,
+u32_enum! {
+    /// The operation of a WQE.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+    pub enum WqeOp {
+        /// `MLX5_OPCODE_NOP`: ctrl only (ds 1).
+        #[default]
+        Nop = 0,
+        /// `MLX5_OPCODE_RDMA_WRITE`: ctrl + raddr + data (ds 3).
+        Write = 1,
+        /// `MLX5_OPCODE_RDMA_WRITE_IMM`: ctrl (with imm) + raddr + data (ds 3).
+        WriteImm = 2,
+        /// `MLX5_OPCODE_RDMA_READ`: ctrl + raddr + data (ds 3).
+        Read = 3,
+        /// `MLX5_OPCODE_ATOMIC_FA`: ctrl + raddr + atomic + data(8) (ds 4).
+        FetchAdd = 4,
+        /// `MLX5_OPCODE_ATOMIC_CS`: ctrl + raddr + atomic + data(8) (ds 4).
+        CompareSwap = 5,
+    }
 }
 
 impl WqeOp {
@@ -36,19 +37,6 @@ impl WqeOp {
         WqeOp::FetchAdd,
         WqeOp::CompareSwap,
     ];
-
-    /// The operation with code `v` (the `repr(u32)` value).
-    pub const fn from_u32(v: u32) -> Option<WqeOp> {
-        Some(match v {
-            0 => WqeOp::Nop,
-            1 => WqeOp::Write,
-            2 => WqeOp::WriteImm,
-            3 => WqeOp::Read,
-            4 => WqeOp::FetchAdd,
-            5 => WqeOp::CompareSwap,
-            _ => return None,
-        })
-    }
 
     /// The `MLX5_OPCODE_*` byte.
     pub const fn opcode(self) -> u8 {

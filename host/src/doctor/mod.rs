@@ -135,19 +135,10 @@ mod tests {
             ..Options::default()
         });
         let v: serde_json::Value = serde_json::to_value(&report).expect("serializes");
-        for key in [
-            "doorbell_version",
-            "gpus",
-            "kernels",
-            "peers",
-            "rdma",
-            "routes",
-            "environment",
-            "problems",
-            "warnings",
-        ] {
+        for key in Report::SECTIONS {
             assert!(v.get(key).is_some(), "no {key} in {v}");
         }
+        assert_eq!(v.as_object().map(|o| o.len()), Some(Report::SECTIONS.len()), "{v}");
         assert!(v["problems"].is_array() && v["warnings"].is_array());
         assert_eq!(v["routes"]["ranks"], 3);
         assert_eq!(v["routes"]["pairs"].as_array().map(Vec::len), Some(3));

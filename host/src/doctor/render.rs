@@ -185,19 +185,7 @@ impl Report {
                 d.pci_bus_id.as_deref().unwrap_or("?"),
                 d.driver.as_deref().unwrap_or("?"),
                 d.numa_node.map(|n| n.to_string()).unwrap_or("?".into()),
-                if d.gpu_distance.is_empty() {
-                    String::new()
-                } else {
-                    format!(
-                        "; to GPUs: {}",
-                        d.gpu_distance
-                            .iter()
-                            .enumerate()
-                            .map(|(i, x)| format!("GPU{i} {x}"))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )
-                }
+                listed("to GPUs", d.gpu_distance.iter().enumerate().map(|(i, x)| format!("GPU{i} {x}"))),
             ));
             for port in &d.ports {
                 t.w(format!(
@@ -206,18 +194,7 @@ impl Report {
                     port.state,
                     port.link_layer,
                     port.rate.as_ref().map(|r| format!(", {r}")).unwrap_or_default(),
-                    if port.roce_v2_gids.is_empty() {
-                        String::new()
-                    } else {
-                        format!(
-                            "; RoCE v2 GIDs: {}",
-                            port.roce_v2_gids
-                                .iter()
-                                .map(|(i, g)| format!("[{i}] {g}"))
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        )
-                    }
+                    listed("RoCE v2 GIDs", port.roce_v2_gids.iter().map(|(i, g)| format!("[{i}] {g}"))),
                 ));
             }
         }
@@ -305,5 +282,15 @@ impl Report {
         } else {
             format!("result: {} problem(s), {} warning(s)", self.problems.len(), self.warnings.len())
         });
+    }
+}
+
+/// `"; {what}: a, b, c"` for a list of `items`; nothing when there are none.
+fn listed(what: &str, items: impl Iterator<Item = String>) -> String {
+    let items: Vec<String> = items.collect();
+    if items.is_empty() {
+        String::new()
+    } else {
+        format!("; {what}: {}", items.join(", "))
     }
 }

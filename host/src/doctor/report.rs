@@ -163,6 +163,20 @@ pub struct Report {
 }
 
 impl Report {
+    /// The sections: the top-level keys of the JSON form (`doorbell doctor
+    /// --json`), in order. Bug reports and scripts rely on them.
+    pub const SECTIONS: [&'static str; 9] = [
+        "doorbell_version",
+        "gpus",
+        "kernels",
+        "peers",
+        "rdma",
+        "routes",
+        "environment",
+        "problems",
+        "warnings",
+    ];
+
     /// 0 without problems, 1 with any.
     pub fn exit_code(&self) -> i32 {
         i32::from(!self.problems.is_empty())

@@ -121,44 +121,52 @@ fn remaining(deadline: Instant) -> Option<Duration> {
 fn classify(e: io::Error) -> Option<WireError> {
     match e.kind() {
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted => None,
-        _ => Some(WireError::Closed(e.to_string())),
+        _ => Some(closed(e)),
     }
+}
+
+/// Moves `len` bytes through a socket by `deadline`: `step(left, off)`
+/// sets the socket's timeout to `left`, the time that is left, and reads or
+/// writes from byte `off` on. A step that moves nothing is the end of the
+/// connection (`ended` says how); a transient error is tried again.
+fn transfer_by(
+    len: usize,
+    deadline: Instant,
+    ended: &str,
+    mut step: impl FnMut(Duration, usize) -> Result<io::Result<usize>, WireError>,
+) -> Result<(), WireError> {
+    let mut off = 0;
+    while off < len {
+        let left = remaining(deadline).ok_or(WireError::TimedOut)?;
+        match step(left, off)? {
+            Ok(0) => return Err(WireError::Closed(ended.into())),
+            Ok(n) => off += n,
+            Err(e) => {
+                if let Some(err) = classify(e) {
+                    return Err(err);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn closed(e: io::Error) -> WireError {
+    WireError::Closed(e.to_string())
 }
 
 fn read_exact_by(s: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> Result<(), WireError> {
-    let mut off = 0;
-    while off < buf.len() {
-        let left = remaining(deadline).ok_or(WireError::TimedOut)?;
-        s.set_read_timeout(Some(left)).map_err(|e| WireError::Closed(e.to_string()))?;
-        match s.read(&mut buf[off..]) {
-            Ok(0) => return Err(WireError::Closed("end of stream".into())),
-            Ok(n) => off += n,
-            Err(e) => {
-                if let Some(err) = classify(e) {
-                    return Err(err);
-                }
-            }
-        }
-    }
-    Ok(())
+    transfer_by(buf.len(), deadline, "end of stream", |left, off| {
+        s.set_read_timeout(Some(left)).map_err(closed)?;
+        Ok(s.read(&mut buf[off..]))
+    })
 }
 
 fn write_all_by(s: &mut TcpStream, buf: &[u8], deadline: Instant) -> Result<(), WireError> {
-    let mut off = 0;
-    while off < buf.len() {
-        let left = remaining(deadline).ok_or(WireError::TimedOut)?;
-        s.set_write_timeout(Some(left)).map_err(|e| WireError::Closed(e.to_string()))?;
-        match s.write(&buf[off..]) {
-            Ok(0) => return Err(WireError::Closed("write returned 0".into())),
-            Ok(n) => off += n,
-            Err(e) => {
-                if let Some(err) = classify(e) {
-                    return Err(err);
-                }
-            }
-        }
-    }
-    Ok(())
+    transfer_by(buf.len(), deadline, "write returned 0", |left, off| {
+        s.set_write_timeout(Some(left)).map_err(closed)?;
+        Ok(s.write(&buf[off..]))
+    })
 }
 
 fn header(kind: Kind, len: u64) -> [u8; HEADER] {

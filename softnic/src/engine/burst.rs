@@ -21,9 +21,9 @@
 //! different QPs share nothing but the port's counters, which the control
 //! thread adds up after the round, so their ordered stores and CQEs
 //! proceed side by side rather than one QP after the other. After a pass
-//! that did nothing, though, a burst runs as soon as it is queued: a lone
-//! request (a round trip's signal) then waits for no walk over the other
-//! QPs.
+//! with at most one burst, though, a burst runs as soon as it is queued:
+//! a lone request (a round trip's signal) then waits for no walk over the
+//! other QPs.
 //!
 //! A burst covers the longest prefix of the published WQEs that are
 //! simple: an RDMA WRITE with one data segment of 1..=[`BURST_MAX_BYTES`]

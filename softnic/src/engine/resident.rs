@@ -180,10 +180,12 @@ pub struct BlockMover {
     max_jobs: u32,
     /// QP slots with a queued burst (bit `q`).
     queued_qps: u64,
-    /// Run each burst as soon as it is queued (the pass before made no
-    /// progress: a lone request waits for no walk over the other QPs);
+    /// Run each burst as soon as it is queued (the pass before queued at
+    /// most one: a lone request waits for no walk over the other QPs);
     /// otherwise the pass's bursts run together at its end.
     eager: bool,
+    /// Bursts queued in this pass so far.
+    pass_bursts: u32,
     /// Per QP slot: WQEs the one-WQE path may start before the QP's next
     /// burst, from its last burst's outcome (0: none).
     allow: [u32; MAX_QPS],
@@ -440,7 +442,7 @@ impl PayloadMover for BlockMover {
         }
     }
 
-    /// Queues the burst for this pass's round ([`Self::run_queued`]) and
+    /// Queues the burst for this pass's round (`run_queued`) and
     /// has the one-WQE path start nothing meanwhile; after the round, the
     /// QP's next call says what its burst's outcome left to the one-WQE
     /// path. A QP whose send CQ a queued burst already writes, or a full
@@ -485,6 +487,7 @@ impl PayloadMover for BlockMover {
         unsafe { core::ptr::write_volatile(&raw mut (*self.jobs.add(self.queued as usize)).head, head) };
         self.queued += 1;
         self.queued_qps |= 1u64 << q;
+        self.pass_bursts += 1;
         if !self.eager {
             return wait;
         }
@@ -637,6 +640,7 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
             max_jobs: (parts / 32).clamp(1, JOBS) as u32,
             queued_qps: 0,
             eager: false,
+            pass_bursts: 0,
             allow: [0; MAX_QPS],
             table: core::ptr::read_volatile(&raw const (*ctl).table) as usize as u64,
             port: port as u32,
@@ -710,11 +714,12 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
             if full {
                 let c0 = ptx::clock64();
                 mover.begin_pass();
-                // After a pass that did nothing, a doorbell is most likely a
-                // lone request: its burst runs at once, not after the walk
-                // over every other QP (which the bursts of a busy pass wait
-                // for, to run side by side).
-                mover.eager = last.progressed == 0;
+                // After a pass with at most one burst, a doorbell is most
+                // likely a lone request (a round trip's): its burst runs at
+                // once, not after the walk over every other QP, which the
+                // bursts of a pass with several wait for, to run side by side.
+                mover.eager = mover.pass_bursts < 2;
+                mover.pass_bursts = 0;
                 last = poll_port_masked(&mut table, port, watch.mask, now, &cfg, &mut rng, &mut mover);
                 last.progressed += mover.run_queued(&mut table, port);
                 if last.progressed != 0 {

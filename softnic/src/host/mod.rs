@@ -245,6 +245,12 @@ fn check_align(what: &'static str, p: *const u8, align: usize) -> Result<()> {
     Ok(())
 }
 
+/// The first free entry of a port's table of `what` (`max` entries), or
+/// [`Error::TableFull`] for the port `lid`.
+fn free_slot<T>(table: &[T], free: impl Fn(&T) -> bool, lid: u16, what: &'static str, max: usize) -> Result<usize> {
+    table.iter().position(free).ok_or(Error::TableFull { lid, what, max })
+}
+
 impl SoftDevice {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.shared.lock()
@@ -584,11 +590,7 @@ impl RdmaDevice for SoftDevice {
         let lid = self.lid();
         let port = self.port_mut(&mut st);
         // A slot of an undead region stays valid, so it is never taken.
-        let slot = port.mrs.iter().position(|m| m.valid == 0).ok_or(Error::TableFull {
-            lid,
-            what: "memory region",
-            max: MAX_MRS,
-        })?;
+        let slot = free_slot(&port.mrs, |m| m.valid == 0, lid, "memory region", MAX_MRS)?;
         let key = make_key(slot, tag);
         debug_assert_eq!(key_slot(key), Some(slot));
         let entry = MrEntry {
@@ -626,11 +628,7 @@ impl RdmaDevice for SoftDevice {
         st.next_cqn += 1;
         let lid = self.lid();
         let port = self.port_mut(&mut st);
-        let slot = port.cqs.iter().position(|c| c.valid == 0).ok_or(Error::TableFull {
-            lid,
-            what: "CQ",
-            max: MAX_CQS,
-        })?;
+        let slot = free_slot(&port.cqs, |c| c.valid == 0, lid, "CQ", MAX_CQS)?;
         if !self.shared.device_rings {
             // SAFETY: the caller's contract: `entries` CQEs at `buf`.
             unsafe { cqe::init_ring(ring.buf, ring.entries) };
@@ -687,11 +685,7 @@ impl RdmaDevice for SoftDevice {
         st.next_qpn = (st.next_qpn + 1) & 0xff_ffff;
         let lid = self.lid();
         let port = self.port_mut(&mut st);
-        let slot = port.qps.iter().position(|q| !q.in_use()).ok_or(Error::TableFull {
-            lid,
-            what: "QP",
-            max: MAX_QPS,
-        })?;
+        let slot = free_slot(&port.qps, |q| !q.in_use(), lid, "QP", MAX_QPS)?;
         if !self.shared.device_rings {
             // SAFETY: the caller's contract: two doorbell words at `dbrec`.
             unsafe {

@@ -61,7 +61,7 @@ pub unsafe fn typed_call<T: Transport>(t: T, buf: Sym<u32>, sigs: Sym<u64>, loca
     }
 }
 
-/// Words of `dst` and `src` each lane of [`put_lanes_call`] owns.
+/// Words of `dst` and `src` each lane of [`put_lanes_call()`] owns.
 pub const LANE_WORDS: u64 = 4;
 
 /// Every lane of one block's two warps on rank 0 puts its own part to
@@ -108,7 +108,7 @@ pub unsafe fn put_lanes_call<T: Transport>(t: T, dst: Sym<u64>, src: Sym<u64>, s
     unsafe { *out.add(i as usize) = code(r) };
 }
 
-/// Words lane `i` of [`put_lanes_call`] puts in round `round`: 0..=3,
+/// Words lane `i` of [`put_lanes_call()`] puts in round `round`: 0..=3,
 /// changing with the round.
 pub const fn lane_words(i: u64, round: u32) -> u64 {
     (i * 5 + round as u64) % 4

@@ -338,6 +338,17 @@ mod tests {
         }
     }
 
+    /// QP `qpn` on port 1 of `port`, its first PSN `psn`.
+    fn local(port: &PortInfo, qpn: u32, psn: u32) -> Local<'_> {
+        Local {
+            port,
+            port_num: 1,
+            qpn,
+            psn,
+            log_msg_max: 30,
+        }
+    }
+
     #[test]
     fn registration_choice() {
         assert_eq!(registration_order(true, true).unwrap(), vec![RegMethod::DmaBuf, RegMethod::PeerMem]);
@@ -350,13 +361,7 @@ mod tests {
     #[test]
     fn ib_connect_uses_the_lid_and_masks_psns() {
         let port = ib_port();
-        let local = Local {
-            port: &port,
-            port_num: 1,
-            qpn: 0x55,
-            psn: 0x0100_0042,
-            log_msg_max: 30,
-        };
+        let local = local(&port, 0x55, 0x0100_0042);
         let (rtr, rts) = plan_connect(&local, &remote(), &QpOptions::default(), None).unwrap();
         assert_eq!(rtr.remote, RemoteAddress::Ib { lid: 9 });
         assert_eq!(rtr.next_rcv_psn, 0xdc_ba98);
@@ -396,26 +401,14 @@ mod tests {
             retry_cnt: 8,
             ..QpOptions::default()
         };
-        let local = Local {
-            port: &port,
-            port_num: 1,
-            qpn: 1,
-            psn: 0,
-            log_msg_max: 30,
-        };
+        let local = local(&port, 1, 0);
         assert!(plan_connect(&local, &remote(), &opts, None).unwrap_err().contains("retry count 8"));
     }
 
     #[test]
     fn roce_connect_uses_the_gid_and_mac() {
         let port = roce_port();
-        let local = Local {
-            port: &port,
-            port_num: 1,
-            qpn: 0x77,
-            psn: 5,
-            log_msg_max: 30,
-        };
+        let local = local(&port, 0x77, 5);
         let mut r = remote();
         r.gid = port.gid;
         r.gid[15] = 2;
