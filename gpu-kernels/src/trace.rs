@@ -11,9 +11,25 @@
 //!   `trace` feature. Without it [`span`], [`instant`] and [`Span::end`]
 //!   are empty functions of plain scalars: the PTX is the PTX of a build
 //!   without them (the PTX tests compare the two builds).
-//! * With the feature, a hook first reads one word of the rank's heap
-//!   header ([`TRACE_OFFSET`]): 0 (the host has not turned tracing on) and
-//!   the hook does nothing more.
+//! * With the feature, a hook first tests the handle's trace word (the P2P
+//!   handle's `trace`, a kernel parameter; handles without one pass 1),
+//!   then reads one word of the rank's heap header ([`TRACE_OFFSET`]): 0
+//!   (the host has not turned tracing on) and the hook does nothing more.
+//!   The recorder is still part of the kernel, though, and it costs even
+//!   when no event is written: it holds values that differ from lane to
+//!   lane (`%tid`, `%laneid`, the slot its atomic add returns), and ptxas
+//!   then compiles the whole entry, the recorder's callers included, as
+//!   code whose lanes may diverge. A kernel whose own code is the same in
+//!   every lane (one thread doing `signal` and `wait_until`, as the P2P
+//!   benchmark's signal round trip) loses ptxas's uniform mode there:
+//!   convergence barriers (BSSY/BSYNC, BREAK) around its branches, a YIELD
+//!   in each spin loop, values in vector instead of uniform registers.
+//!   Kernels whose threads already differ (copies, anything indexed by the
+//!   thread) are compiled that way in both builds. Hence doorbell's build
+//!   helper, with `DOORBELL_TRACE_KERNELS=1`, builds each kernel crate both
+//!   with and without this feature, and the host loads the image with the
+//!   hooks only while tracing is requested (`doorbell::ModuleImage`):
+//!   tracing off runs the code of a build without them.
 //! * On the emulator the hooks are always compiled in (the same one-word
 //!   test), so tracing works with no rebuild.
 //!
@@ -329,7 +345,7 @@ fn trace_record(trace: u64, what: u16, peer: u32, arg: u64) {
         let slot = (n & (cap - 1)) as u64;
         let e = (trace + events_at(rings) + (ring as u64 * cap as u64 + slot) * EVENT_BYTES) as *mut Event;
         let at = ptx::globaltimer_ns();
-        core::ptr::write_volatile(
+        write_event(
             e,
             Event {
                 at_ns: at,
@@ -340,6 +356,26 @@ fn trace_record(trace: u64, what: u16, peer: u32, arg: u64) {
                 arg,
             },
         );
+    }
+}
+
+/// Writes `ev` to the ring slot `e`, one volatile store per field, straight
+/// from registers. (A volatile store of the whole struct went through a
+/// copy in local memory: a 32-byte stack frame in every kernel with hooks,
+/// and its pointer set up at each entry.)
+///
+/// # Safety
+/// `e` is an event slot of the trace memory.
+#[inline(always)]
+unsafe fn write_event(e: *mut Event, ev: Event) {
+    // SAFETY: the caller's contract; the fields lie within the slot.
+    unsafe {
+        core::ptr::write_volatile(&raw mut (*e).at_ns, ev.at_ns);
+        core::ptr::write_volatile(&raw mut (*e).what, ev.what);
+        core::ptr::write_volatile(&raw mut (*e).block, ev.block);
+        core::ptr::write_volatile(&raw mut (*e).peer, ev.peer);
+        core::ptr::write_volatile(&raw mut (*e)._pad, ev._pad);
+        core::ptr::write_volatile(&raw mut (*e).arg, ev.arg);
     }
 }
 
@@ -360,7 +396,7 @@ pub fn record_engine(trace: u64, what: What, peer: u32, arg: u64) {
         let n = ptx::atom_add_relaxed_gpu_u32(counter, 1);
         let slot = (n & (cap - 1)) as u64;
         let e = (trace + events_at(rings) + (ring as u64 * cap as u64 + slot) * EVENT_BYTES) as *mut Event;
-        core::ptr::write_volatile(
+        write_event(
             e,
             Event {
                 at_ns: ptx::globaltimer_ns(),

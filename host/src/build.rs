@@ -42,6 +42,14 @@
 //! any more (a shell without `DOORBELL_PTXAS`, say), never replaced by an
 //! empty one.
 //!
+//! ## Traced images
+//! With `DOORBELL_TRACE_KERNELS=1` ([`TRACE_KERNELS_ENV`]) each crate is
+//! built a second time with the device trace's hooks, into
+//! `<crate>.traced.ptx` and `<crate>.traced.cubin` (in a target directory
+//! of its own); without it those two files are empty. A module loads its
+//! traced image only when tracing is requested for the process (see
+//! [`crate::ModuleImage`]).
+//!
 //! ## Errors
 //! [`PtxBuilder::build_or_report`] is the call for a build script: a kernel
 //! that does not compile is reported as the compiler's own errors (the
@@ -116,9 +124,13 @@ impl BuildError {
 }
 
 /// `DOORBELL_TRACE_KERNELS=1` at build time: every kernel crate the helper
-/// builds gets the device trace's hooks (`doorbell-kernels`' `trace`
-/// feature; see `doorbell::trace`). Without it the hooks are not in the
-/// PTX at all.
+/// builds is built twice, as always and with the device trace's hooks
+/// (`doorbell-kernels`' `trace` feature; see `doorbell::trace`), and
+/// [`crate::ModuleImage`] embeds both; a load takes the traced image only
+/// when tracing is requested for the process, so with tracing off the GPU
+/// runs the code of a build without the variable. A build that asks for a
+/// `trace` feature itself is traced already and gets no second image.
+/// Without the variable the hooks are in no image at all.
 pub const TRACE_KERNELS_ENV: &str = "DOORBELL_TRACE_KERNELS";
 
 /// Builds one kernel crate into one PTX file.
@@ -146,6 +158,10 @@ pub struct PtxOutput {
     pub cubin: PathBuf,
     /// True when `cubin` holds a cubin.
     pub cubin_built: bool,
+    /// `<crate>.traced.ptx`, the crate built with the device trace's hooks
+    /// (`DOORBELL_TRACE_KERNELS=1`), its cubin beside it; `None` when that
+    /// file is empty (no traced image).
+    pub traced: Option<PathBuf>,
 }
 
 impl PtxBuilder {
@@ -259,6 +275,11 @@ impl PtxBuilder {
 
     /// Runs the build. In a build script, also prints the `rerun-if-changed`
     /// lines for every source file the kernels were built from.
+    ///
+    /// Writes `<crate>.ptx` and `<crate>.cubin`, and `<crate>.traced.ptx`
+    /// and `<crate>.traced.cubin`: with `DOORBELL_TRACE_KERNELS=1` the
+    /// crate built a second time with the device trace's hooks, else empty
+    /// files (no traced image; [`crate::ModuleImage`] embeds all four).
     pub fn build(self) -> Result<PtxOutput, BuildError> {
         let out_dir = match &self.out_dir {
             Some(d) => d.clone(),
@@ -267,34 +288,75 @@ impl PtxBuilder {
         let crate_name = self.crate_name()?;
         let out_path = out_dir.join(format!("{crate_name}.ptx"));
         let cubin_path = out_dir.join(format!("{crate_name}.cubin"));
+        let traced_path = out_dir.join(format!("{crate_name}.traced.ptx"));
+        let traced_cubin = out_dir.join(format!("{crate_name}.traced.cubin"));
         let rerun = !self.quiet_rerun && std::env::var_os("OUT_DIR").is_some();
         if rerun {
             self.print_rerun_lines();
         }
+        // The device trace's hooks: the crate's own feature when it is
+        // doorbell-kernels, else that of its dependency. A build that asks
+        // for a `trace` feature itself is traced already: no second image.
+        let trace_feature = if crate_name == "doorbell_kernels" {
+            "trace"
+        } else {
+            "doorbell-kernels/trace"
+        };
+        let traced_twin =
+            std::env::var(TRACE_KERNELS_ENV).is_ok_and(|v| v == "1") && !self.features.iter().any(|f| f == "trace" || f == trace_feature);
         if std::env::var("DOORBELL_SKIP_PTX").is_ok_and(|v| v == "1") {
-            return skipped(&out_dir, out_path, cubin_path, crate_name);
+            let out = skipped(&out_dir, out_path, cubin_path, crate_name)?;
+            no_traced_image(&traced_path, &traced_cubin)?;
+            return Ok(out);
         }
 
         let cargo = std::env::var("DOORBELL_DEVICE_CARGO").unwrap_or_else(|_| "/usr/bin/cargo".into());
         let rustc = std::env::var("DOORBELL_DEVICE_RUSTC").unwrap_or_else(|_| "/usr/bin/rustc".into());
         check_toolchain(&rustc)?;
-        let mut target_dir = match &self.target_dir {
+        let target_dir = match &self.target_dir {
             Some(d) => d.clone(),
             None => default_target_dir(&out_dir),
         };
-        let mut features = self.features.clone();
-        if std::env::var(TRACE_KERNELS_ENV).is_ok_and(|v| v == "1") {
-            // The device trace's hooks: the crate's own feature when it is
-            // doorbell-kernels, else that of its dependency.
-            features.push(
-                if crate_name == "doorbell_kernels" {
-                    "trace"
-                } else {
-                    "doorbell-kernels/trace"
-                }
-                .to_string(),
-            );
-        }
+        let image = Image {
+            cargo: &cargo,
+            rustc: &rustc,
+            target_dir: &target_dir,
+            crate_name: &crate_name,
+            out_dir: &out_dir,
+            rerun,
+        };
+        let cubin_built = self.build_image(&image, self.features.clone(), &out_path, &cubin_path)?;
+        let traced = if traced_twin {
+            let mut features = self.features.clone();
+            features.push(trace_feature.to_string());
+            self.build_image(&image, features, &traced_path, &traced_cubin)?;
+            Some(traced_path)
+        } else {
+            no_traced_image(&traced_path, &traced_cubin)?;
+            None
+        };
+        Ok(PtxOutput {
+            path: out_path,
+            crate_name,
+            built: true,
+            cubin: cubin_path,
+            cubin_built,
+            traced,
+        })
+    }
+
+    /// Builds the crate with `features` into `out_path` (PTX) and
+    /// `cubin_path`; returns whether the cubin holds one.
+    fn build_image(&self, image: &Image<'_>, mut features: Vec<String>, out_path: &Path, cubin_path: &Path) -> Result<bool, BuildError> {
+        let Image {
+            cargo,
+            rustc,
+            crate_name,
+            out_dir,
+            rerun,
+            ..
+        } = *image;
+        let mut target_dir = image.target_dir.to_path_buf();
         if !features.is_empty() {
             // A target directory per feature set: the PTX is an unhashed
             // output, which a build with other features would leave stale.
@@ -302,7 +364,7 @@ impl PtxBuilder {
             target_dir = target_dir.join(format!("features-{}", features.join("+").replace(['/', ':'], "_")));
         }
 
-        let mut cmd = Command::new(&cargo);
+        let mut cmd = Command::new(cargo);
         // A clean environment: nothing of the outer (host) build may leak in.
         cmd.env_clear();
         for keep in [
@@ -322,9 +384,7 @@ impl PtxBuilder {
                 cmd.env(keep, v);
             }
         }
-        cmd.env("RUSTC", &rustc)
-            .env("RUSTC_BOOTSTRAP", "1")
-            .env("CARGO_TERM_COLOR", "never");
+        cmd.env("RUSTC", rustc).env("RUSTC_BOOTSTRAP", "1").env("CARGO_TERM_COLOR", "never");
         cmd.arg("rustc")
             .arg("--manifest-path")
             .arg(self.crate_dir.join("Cargo.toml"))
@@ -363,11 +423,11 @@ impl PtxBuilder {
         if !asm.exists() {
             return Err(BuildError::MissingOutput(asm));
         }
-        std::fs::create_dir_all(&out_dir).map_err(|e| BuildError::Io(out_dir.clone(), e))?;
+        std::fs::create_dir_all(out_dir).map_err(|e| BuildError::Io(out_dir.to_path_buf(), e))?;
         let ptx = std::fs::read_to_string(&asm).map_err(|e| BuildError::Io(asm.clone(), e))?;
         let ptx = apply_launch_bounds(&ptx);
-        std::fs::write(&out_path, &ptx).map_err(|e| BuildError::Io(out_path.clone(), e))?;
-        let cubin_built = assemble(&ptx, &out_path, &cubin_path, &self.arch, &find_ptxas())?;
+        std::fs::write(out_path, &ptx).map_err(|e| BuildError::Io(out_path.to_path_buf(), e))?;
+        let cubin_built = assemble(&ptx, out_path, cubin_path, &self.arch, &find_ptxas())?;
         if rerun {
             // Every source file the kernels came from (path dependencies too).
             // The dep-info file is named after the crate (no `lib` prefix for
@@ -385,14 +445,31 @@ impl PtxBuilder {
                 }
             }
         }
-        Ok(PtxOutput {
-            path: out_path,
-            crate_name,
-            built: true,
-            cubin: cubin_path,
-            cubin_built,
-        })
+        Ok(cubin_built)
     }
+}
+
+/// What both images of one build share.
+struct Image<'a> {
+    cargo: &'a str,
+    rustc: &'a str,
+    target_dir: &'a Path,
+    crate_name: &'a str,
+    out_dir: &'a Path,
+    rerun: bool,
+}
+
+/// Writes empty `<crate>.traced.ptx` and `.cubin` (no traced image), unless
+/// they are empty already (a rewrite would make cargo rebuild the crate
+/// that embeds them).
+fn no_traced_image(ptx: &Path, cubin: &Path) -> Result<(), BuildError> {
+    for p in [ptx, cubin] {
+        if !std::fs::metadata(p).is_ok_and(|m| m.len() == 0) {
+            std::fs::write(p, []).map_err(|e| BuildError::Io(p.to_path_buf(), e))?;
+        }
+    }
+    let _ = std::fs::remove_file(cubin.with_extension("cubin.src"));
+    Ok(())
 }
 
 /// Where a `ptxas` comes from.
@@ -656,6 +733,7 @@ fn skipped(out_dir: &Path, out_path: PathBuf, cubin_path: PathBuf, crate_name: S
         built: false,
         cubin: cubin_path,
         cubin_built: false,
+        traced: None,
     })
 }
 

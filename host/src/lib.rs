@@ -105,7 +105,7 @@ pub use {
     doorbell_kernels as kernels,
     doorbell_kernels::{AnyFamily, ForTransport, Kernel, KernelArgs, KernelFamily, KernelParam},
     family::{AnyTransport, Family, FamilyHandle},
-    image::{ModuleImage, ModuleSource},
+    image::{ImageChoice, ModuleImage, ModuleSource, SelectedImage},
     launch::{FunctionAttributes, LaunchConfig},
     logging::init_logging,
     memory::{DeviceBuffer, DeviceCopy, MappedBuffer},

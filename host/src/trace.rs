@@ -27,9 +27,20 @@
 //! up to within the calibration's error, which the summary states; ranks
 //! on other hosts line up as well as the hosts' clocks do.
 //!
+//! **Which image.** A build with `DOORBELL_TRACE_KERNELS=1` embeds two
+//! images of each kernel crate ([`crate::ModuleImage`]): the default one
+//! and one with the hooks. A module loaded on a GPU takes the traced one
+//! only when tracing is requested for the process ([`tracing_requested`]:
+//! `DOORBELL_TRACE` set, or tracing started before the load); a module
+//! loaded earlier keeps its default image and records nothing, and
+//! [`Communicator::trace_start`](crate::comm::Communicator::trace_start)
+//! warns naming it ([`loaded_without_hooks`]).
+//!
 //! **Cost.** Off (the default), nothing: GPU kernels built without the
-//! `trace` feature of `doorbell-kernels` have no hooks at all, and with the
-//! feature each hook tests one word. On, every event is an atomic add and a
+//! `trace` feature of `doorbell-kernels` have no hooks at all, and a build
+//! with `DOORBELL_TRACE_KERNELS=1` loads their default image while tracing
+//! is off. A traced image costs even when no event is written (see
+//! `doorbell_kernels::trace`). On, every event is an atomic add and a
 //! 32-byte store by the thread that makes the call. Each rank keeps the
 //! last [`TraceOptions::events_per_ring`] events of each of its
 //! [`TraceOptions::rings`] rings (a warp writes ring `warp % rings`); the
@@ -39,6 +50,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+pub use crate::image::{loaded_without_hooks, tracing_requested};
 pub use doorbell_kernels::trace::{What, COMPILED, ENGINE_BLOCK};
 
 /// How much the device keeps between two collections.

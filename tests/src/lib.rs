@@ -11,10 +11,11 @@ pub const TEST_KERNELS_PTX: &str = TEST_KERNELS.ptx;
 pub const TEST_KERNELS: doorbell::ModuleImage = doorbell::module_image!("doorbell_test_kernels");
 /// The test kernel crate built with the device trace's hooks (its `trace`
 /// feature; `doorbell::trace`).
-pub const TEST_KERNELS_TRACED: doorbell::ModuleImage = doorbell::ModuleImage {
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/traced/doorbell_test_kernels.ptx")),
-    cubin: include_bytes!(concat!(env!("OUT_DIR"), "/traced/doorbell_test_kernels.cubin")),
-};
+pub const TEST_KERNELS_TRACED: doorbell::ModuleImage = doorbell::ModuleImage::new(
+    "doorbell_test_kernels",
+    include_str!(concat!(env!("OUT_DIR"), "/traced/doorbell_test_kernels.ptx")),
+    include_bytes!(concat!(env!("OUT_DIR"), "/traced/doorbell_test_kernels.cubin")),
+);
 
 /// Kernel `K` of [`TEST_KERNELS`], loaded on `dev` (the function keeps its
 /// module loaded); [`test_kernel`] is the same with a stream, failing the

@@ -780,7 +780,8 @@ fn the_error_record_and_the_signal_round_trip_keep_ptxas_from_adding_forward_pro
 
 /// The device trace's hooks are in the PTX of a kernel crate built with
 /// the `trace` feature and nowhere else: the test kernels built without
-/// it, the library and the examples hold no trace code at all (no call of
+/// it, the library and the examples (their default images, also in a
+/// build with `DOORBELL_TRACE_KERNELS=1`) hold no trace code at all (no call of
 /// the recorder, no read of the heap header's trace word), and entries
 /// without a transport call come out of both builds byte for byte the
 /// same.
@@ -790,13 +791,22 @@ fn trace_hooks_are_in_the_traced_build_only() {
         return;
     };
     let traced = doorbell_tests::TEST_KERNELS_TRACED.ptx;
-    let traced_build = option_env!("DOORBELL_TRACE_KERNELS") == Some("1");
-    let mut untraced = vec![("doorbell_test_kernels", plain)];
-    if !traced_build {
-        untraced.extend([
-            ("doorbell_kernels", doorbell::KERNELS_PTX),
-            ("doorbell_example_kernels", doorbell_examples::USER_KERNELS_PTX),
-        ]);
+    // The default images hold no trace code, in a build with
+    // DOORBELL_TRACE_KERNELS=1 too (its hooks are in the traced images,
+    // loaded only while tracing is requested).
+    let untraced = [
+        ("doorbell_test_kernels", plain),
+        ("doorbell_kernels", doorbell::KERNELS_PTX),
+        ("doorbell_example_kernels", doorbell_examples::USER_KERNELS_PTX),
+    ];
+    if option_env!("DOORBELL_TRACE_KERNELS") == Some("1") {
+        for image in [doorbell_tests::TEST_KERNELS, doorbell::KERNELS, doorbell_examples::USER_KERNELS] {
+            assert!(
+                image.traced_ptx.contains("trace_record"),
+                "{}: no traced image with a recorder",
+                image.name
+            );
+        }
     }
     // The trace word's offset in the heap header, as PTX writes an immediate.
     let word = format!("+{}]", doorbell::kernels::trace::TRACE_OFFSET);

@@ -248,15 +248,19 @@ per_backend! {
     /// the Chrome trace names the track. On the emulator both engines (the
     /// host thread, and the engine kernel with its bursts); on a GPU the
     /// engine kernel, whose events exist only in a build with the hooks
-    /// (`DOORBELL_TRACE_KERNELS=1`): without them, none may appear.
+    /// (`DOORBELL_TRACE_KERNELS=1`, whose traced image the engine loads
+    /// since the communicator asks for tracing): without them, none may
+    /// appear.
     fn the_soft_nic_engine_records_its_wqes_on_a_track_of_its_own(dev: Device) {
-        use doorbell::comm::{IbgdaOptions, SoftNicEngine, SOFTNIC_PTX};
+        use doorbell::comm::{IbgdaOptions, SoftNicEngine, SOFTNIC};
         use doorbell::trace::ENGINE_BLOCK;
         use doorbell_tests::ring::{ring_once, RingTransport};
         const BYTES: usize = 5000;
         const MAX_MSG: u32 = 1024;
         let engines: &[SoftNicEngine] = if dev.is_gpu() { &[SoftNicEngine::Kernel] } else { &[SoftNicEngine::Thread, SoftNicEngine::Kernel] };
-        let hooks = !dev.is_gpu() || SOFTNIC_PTX.contains("record_engine");
+        // Tracing is asked for before the engine's module loads: its traced
+        // image, when the build made one.
+        let hooks = !dev.is_gpu() || SOFTNIC.ptx.contains("record_engine") || SOFTNIC.traced_ptx.contains("record_engine");
         if !hooks {
             eprintln!("the soft NIC engine kernel was built without the trace hooks: checking that it records nothing");
         }

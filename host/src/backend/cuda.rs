@@ -10,7 +10,7 @@ use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream, DriverErro
 use doorbell_kernels::KernelArgs;
 
 use crate::error::{CudaCall, Error, Result};
-use crate::image::ModuleSource;
+use crate::image::SelectedImage;
 use crate::launch::{FunctionAttributes, LaunchConfig};
 
 /// Number of CUDA GPUs; 0 when no driver is present (never panics).
@@ -469,9 +469,9 @@ impl Device {
         Ok(())
     }
 
-    /// Loads PTX text into this context.
-    pub(crate) fn load_module(&self, src: ModuleSource<'_>) -> Result<Arc<Module>> {
-        let ptx = src.ptx();
+    /// Loads PTX text (or its cubin) into this context.
+    pub(crate) fn load_module(&self, src: SelectedImage<'_>) -> Result<Arc<Module>> {
+        let ptx = src.ptx;
         if !ptx_is_built(ptx) {
             return Err(Error::PtxNotBuilt);
         }
@@ -484,7 +484,7 @@ impl Device {
                 self.ordinal()
             )));
         }
-        if let Some(module) = self.load_cubin(src.cubin())? {
+        if let Some(module) = self.load_cubin(src.cubin)? {
             return Ok(Arc::new(Module {
                 module,
                 ctx: self.ctx.clone(),

@@ -182,7 +182,12 @@ impl DeviceBackend {
 
     pub(crate) fn load_module(&self, src: ModuleSource<'_>) -> Result<ModuleBackend> {
         match self {
-            DeviceBackend::Cuda(d) => d.load_module(src).map(ModuleBackend::Cuda),
+            // The traced image only when tracing is requested (crate::image).
+            DeviceBackend::Cuda(d) => {
+                let image = crate::image::select_for_load(&src, crate::image::tracing_requested());
+                tracing::debug!("{}: loading {} ({:?} image)", d.memory_label(), src.name(), image.choice);
+                d.load_module(image).map(ModuleBackend::Cuda)
+            }
             // Nothing to load: the kernels' host code is linked into the binary.
             DeviceBackend::Emu(_) => Ok(ModuleBackend::Emu),
         }

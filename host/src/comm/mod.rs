@@ -294,6 +294,11 @@ impl Communicator {
         } else {
             size
         };
+        if opts.trace.is_some() {
+            // Before the self-test loads the library's kernels: with
+            // tracing asked for, every module takes its traced image.
+            crate::image::request_tracing();
+        }
         let comm = Communicator {
             world,
             device,

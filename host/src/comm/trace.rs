@@ -41,6 +41,16 @@ impl Communicator {
     /// On a GPU, only kernels built with `doorbell-kernels`' `trace`
     /// feature record anything (a warning says so when the library's own
     /// kernels were built without it); the emulator always records.
+    ///
+    /// A build with `DOORBELL_TRACE_KERNELS=1` embeds two images of each
+    /// kernel crate (see [`crate::ModuleImage`]): from this call on, every
+    /// module this process loads takes the traced one. A module loaded
+    /// before it (with tracing off, so with the default image, the code of
+    /// a build without hooks) stays without hooks and records nothing:
+    /// tracing still starts, for everything loaded afterwards, and a
+    /// warning names those modules ([`crate::trace::loaded_without_hooks`]
+    /// lists them). Load modules after `trace_start`, or set
+    /// `DOORBELL_TRACE`, to trace them.
     pub fn trace_start(&self, opts: TraceOptions) -> Result<()> {
         let bad = |what: String| Err(Error::Trace(what));
         if !opts.rings.is_power_of_two() || !opts.events_per_ring.is_power_of_two() {
@@ -59,7 +69,15 @@ impl Communicator {
         }
         std::fs::create_dir_all(&opts.dir)
             .map_err(|e| Error::Trace(format!("cannot create the trace directory {}: {e}", opts.dir.display())))?;
-        if self.device.is_gpu() && !crate::KERNELS_PTX.contains("trace_record") {
+        // From here on, loads take the traced images (the clock's
+        // calibration below may load the library's own module).
+        crate::image::request_tracing();
+        if self.device.is_gpu() {
+            if let Some(w) = crate::image::late_start_warning(self.rank, &crate::image::loaded_without_hooks()) {
+                tracing::warn!("{w}");
+            }
+        }
+        if self.device.is_gpu() && !crate::KERNELS.has_traced() && !crate::KERNELS_PTX.contains("trace_record") {
             tracing::warn!(
                 "rank {}: tracing on, but the library's kernels were built without the `trace` feature of \
                  doorbell-kernels: only kernels built with it record events",
