@@ -476,6 +476,8 @@ per_backend! {
             assert!(c.burst_wqes > 0 && c.burst_rounds > 0, "{threads} threads: no bursts: {r:?}");
             if threads == 32 {
                 assert!(c.bursts <= c.burst_rounds, "one warp runs at most one burst a round: {r:?}");
+            } else {
+                assert!(c.bursts > c.burst_rounds, "8 warps never ran two QPs' bursts in one round: {r:?}");
             }
             eprintln!(
                 "{threads} engine threads: {} WQEs in {} bursts in {} rounds ({:.2} bursts a round)",
