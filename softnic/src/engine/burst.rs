@@ -320,59 +320,69 @@ pub unsafe fn complete<P: Ports + ?Sized, M: PayloadMover>(
         let mut tally = Tally::default();
         let mut done = 0u32;
         let mut full = false;
-        while done < count {
-            let Some(slot) = (*job).slots.get(done as usize) else { break };
-            if slot.flags & SLOT_OK == 0 {
-                break;
-            }
-            let signaled = slot.flags & SLOT_SIGNALED != 0;
-            let idx = start.wrapping_add(done);
-            {
-                let Some(port) = ports.get_mut(p) else { break };
-                let Port { qps, cqs, .. } = port;
-                let Some(qp) = qps.get(q) else { break };
-                if signaled && !cqs.get_mut(qp.send_cq as usize).is_some_and(|cq| cqe::has_room_cached(cq)) {
-                    full = true;
-                    break;
-                }
-            }
-            mover.copy(slot.dst as usize as *mut u8, slot.data.as_ptr() as *const u8, slot.len as usize);
-            let Some(port) = ports.get_mut(p) else { break };
+        // The QP's entry and its send CQ are looked up once, before the
+        // first payload: nothing else writes them during the round (the
+        // control thread starts nothing on a QP with a queued burst, and no
+        // two bursts of a round share a send CQ). Each payload's release
+        // is then followed by stores only, not by loads of the tables it
+        // would have to fetch again from L2.
+        if let Some(port) = ports.get_mut(p) {
             doorbell_kernels::trace_hook! {
                 let tr = super::trace::rings(port);
-                super::trace::event(tr, super::trace::What::NicFetch, u32::MAX, idx as u64);
-                super::trace::event(tr, super::trace::What::NicExecute, (*job).head.peer_port, slot.len as u64);
             }
             let Port { qps, cqs, .. } = port;
-            let Some(qp) = qps.get_mut(q) else { break };
-            tally.bytes += slot.len as u64;
-            tally.last_wqe = idx;
-            if signaled {
-                if let Some(cq) = cqs.get_mut(qp.send_cq as usize) {
-                    let img = cqe::success(
-                        cq,
-                        &cqe::Success {
-                            opcode: CQE_REQ,
-                            qpn: qp.qpn,
-                            wqe_counter: idx as u16,
-                            byte_cnt: slot.len,
-                            imm: 0,
-                            sop: OPCODE_RDMA_WRITE,
-                            solicited: false,
-                            time_ns: now_ns,
-                        },
-                    );
-                    if cqe::push(cq, &img, false, scope) {
-                        tally.cqes += 1;
-                        doorbell_kernels::trace_hook! {
-                            super::trace::event(tr, super::trace::What::NicCqe, u32::MAX, cq.pi as u64);
+            if let Some(qp) = qps.get_mut(q) {
+                let (qpn, peer_port) = (qp.qpn, (*job).head.peer_port);
+                let mut cq = cqs.get_mut(qp.send_cq as usize);
+                while done < count {
+                    let Some(slot) = (*job).slots.get(done as usize) else { break };
+                    if slot.flags & SLOT_OK == 0 {
+                        break;
+                    }
+                    let signaled = slot.flags & SLOT_SIGNALED != 0;
+                    let idx = start.wrapping_add(done);
+                    if signaled && !cq.as_deref_mut().is_some_and(|cq| cqe::has_room_cached(cq)) {
+                        full = true;
+                        break;
+                    }
+                    mover.copy(slot.dst as usize as *mut u8, slot.data.as_ptr() as *const u8, slot.len as usize);
+                    doorbell_kernels::trace_hook! {
+                        super::trace::event(tr, super::trace::What::NicFetch, u32::MAX, idx as u64);
+                        super::trace::event(tr, super::trace::What::NicExecute, peer_port, slot.len as u64);
+                    }
+                    tally.bytes += slot.len as u64;
+                    tally.last_wqe = idx;
+                    if signaled {
+                        if let Some(cq) = cq.as_deref_mut() {
+                            let img = cqe::success(
+                                cq,
+                                &cqe::Success {
+                                    opcode: CQE_REQ,
+                                    qpn,
+                                    wqe_counter: idx as u16,
+                                    byte_cnt: slot.len,
+                                    imm: 0,
+                                    sop: OPCODE_RDMA_WRITE,
+                                    solicited: false,
+                                    time_ns: now_ns,
+                                },
+                            );
+                            if cqe::push(cq, &img, false, scope) {
+                                tally.cqes += 1;
+                                doorbell_kernels::trace_hook! {
+                                    super::trace::event(tr, super::trace::What::NicCqe, u32::MAX, cq.pi as u64);
+                                }
+                            }
                         }
                     }
+                    done += 1;
+                    mover.executed(q);
+                }
+                // The ring steps once, past the WQEs executed.
+                if done != 0 {
+                    qp.sq_ci = start.wrapping_add(done);
                 }
             }
-            qp.sq_ci = idx.wrapping_add(1);
-            done += 1;
-            mover.executed(q);
         }
         // The WQEs after the prefix the block saw were not simple: the
         // one-WQE path takes those, and a burst what follows them.

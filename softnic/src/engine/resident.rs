@@ -384,9 +384,12 @@ unsafe fn complete_job(job: *mut BurstJob) {
 }
 
 /// The mover of a thread completing a burst: each copy (at most
-/// [`burst::BURST_MAX_BYTES`], from shared memory) after a fence at the
-/// engine's scope, so it is ordered behind every payload before it — this
-/// thread's, and, through the round's barriers, the block's.
+/// [`burst::BURST_MAX_BYTES`], from shared memory) is ordered behind every
+/// payload before it — this thread's, and, through the round's barriers,
+/// the block's. A payload of one or two aligned 8-byte words (a signal, a
+/// barrier word, a short put) is stored with a release per word, which
+/// leaves the thread's L1 as it is; any other behind a fence at the
+/// engine's scope.
 struct LaneMover {
     scope: Scope,
 }
@@ -398,6 +401,14 @@ impl PayloadMover for LaneMover {
     }
 
     unsafe fn copy(&mut self, dst: *mut u8, src: *const u8, len: usize) {
+        if len <= 16 && (dst as usize | src as usize | len) & 7 == 0 {
+            let (d, s) = (dst as *mut u64, src as *const u64);
+            for k in 0..len / 8 {
+                // SAFETY: the caller's contract; 8-byte aligned (checked).
+                unsafe { mem::store_release_u64(d.add(k), core::ptr::read_volatile(s.add(k)), self.scope) };
+            }
+            return;
+        }
         // `fence.acq_rel` at the scope: a release for the stores after it.
         mem::acquire(self.scope);
         // SAFETY: the caller's contract; a burst's ranges never overlap.
