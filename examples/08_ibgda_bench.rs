@@ -44,7 +44,7 @@ use std::time::Instant;
 
 use bench::{interleaved, median_upper as median, run_ranks, Table};
 use clap::Parser;
-use doorbell::comm::{CommOptions, Communicator, EnginePhase as Phase, EngineReport, IbgdaOptions, SymBuffer};
+use doorbell::comm::{CommOptions, Communicator, EngineCounters, EnginePhase as Phase, EngineReport, IbgdaOptions, SymBuffer};
 use doorbell::{AnyTransport, DeviceBuffer, LaunchConfig, Stream};
 use doorbell_example_kernels::ibgda_bench::{post_burst_ibgda, post_lanes_ibgda, post_profile, put_signal_rtt, put_stream, BENCH_OK};
 use doorbell_examples::cli::{sweep, IbgdaBenchArgs};
@@ -67,6 +67,38 @@ struct BwRow {
     ratio: Option<f64>,
     link_promised_gbps: Option<f64>,
     link_achieved: Option<f64>,
+}
+
+/// What rank 0's engine did over the timed lane-post runs of many blocks
+/// (sums of its counters' growth): where a burst round's time goes.
+#[derive(serde::Serialize, Clone, Copy, Debug, Default)]
+struct LaneEngine {
+    /// The runs' wall time, ns.
+    elapsed_ns: u64,
+    passes: u64,
+    busy_cycles: u64,
+    rounds: u64,
+    bursts: u64,
+    burst_wqes: u64,
+    /// The control thread's cycles inside burst rounds.
+    round_cycles: u64,
+    /// Summed over bursts: lane 0's gather, and its completion of the burst.
+    gather_cycles: u64,
+    complete_cycles: u64,
+}
+
+impl LaneEngine {
+    fn add(&mut self, b: &EngineCounters, a: &EngineCounters, ns: u64) {
+        self.elapsed_ns += ns;
+        self.passes += a.passes - b.passes;
+        self.busy_cycles += a.busy_cycles - b.busy_cycles;
+        self.rounds += a.burst_rounds - b.burst_rounds;
+        self.bursts += a.bursts - b.bursts;
+        self.burst_wqes += a.burst_wqes - b.burst_wqes;
+        self.round_cycles += a.round_cycles - b.round_cycles;
+        self.gather_cycles += a.gather_cycles - b.gather_cycles;
+        self.complete_cycles += a.complete_cycles - b.complete_cycles;
+    }
 }
 
 #[derive(serde::Serialize, Clone, Debug, Default)]
@@ -93,6 +125,8 @@ struct Report {
     lanes_one_done_mwqe_s: f64,
     lanes_all_post_mwqe_s: f64,
     lanes_all_done_mwqe_s: f64,
+    /// Rank 0's engine over the timed runs of `lanes_blocks` blocks.
+    lanes_engine: Option<LaneEngine>,
     engine_wqes: u64,
     /// Where rank 0's engine kernel spent its busy cycles over the whole
     /// run: shares of copying payload, fencing after copies, and the rest
@@ -254,6 +288,23 @@ fn print_report(r: &Report, a: &IbgdaBenchArgs, gpu: bool) {
         "# warp posts of a WQE per lane ({} 8-byte puts per block, 32 behind each doorbell): one block {:.3} M WQE/s posted, {:.3} M WQE/s completed; {} blocks on {} QPs {:.3} M WQE/s posted, {:.3} M WQE/s completed",
         r.lanes_wqes, r.lanes_one_post_mwqe_s, r.lanes_one_done_mwqe_s, r.lanes_blocks, r.lanes_qps, r.lanes_all_post_mwqe_s, r.lanes_all_done_mwqe_s
     );
+    if let Some(e) = r.lanes_engine.filter(|e| e.rounds > 0 && e.bursts > 0 && e.burst_wqes > 0) {
+        let per = |c: u64, n: u64| c as f64 / n.max(1) as f64;
+        println!(
+            "# rank 0's engine over those {} blocks' runs: {} passes, {} rounds, {:.2} bursts a round, {:.1} WQEs a burst; a round every {:.0} ns, {:.0} cycles in it; per burst, lane 0: gather {:.0} cycles, completion {:.0} cycles ({:.0} per WQE); busy {:.0} cycles a round",
+            r.lanes_blocks,
+            e.passes,
+            e.rounds,
+            per(e.bursts, e.rounds),
+            per(e.burst_wqes, e.bursts),
+            per(e.elapsed_ns, e.rounds),
+            per(e.round_cycles, e.rounds),
+            per(e.gather_cycles, e.bursts),
+            per(e.complete_cycles, e.bursts),
+            per(e.complete_cycles, e.burst_wqes),
+            per(e.busy_cycles, e.rounds),
+        );
+    }
     if let (Some(c), Some(f), Some(k), Some(w)) = (
         r.engine_copy_share,
         r.engine_fence_share,
@@ -487,6 +538,7 @@ fn lane_rates(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), BoxErro
     let rounds = p.args.lane_rounds as u32;
     let mut out = comm.device().alloc_zeroed::<u64>(3 * blocks as usize)?;
     let mut posted: [Vec<f64>; 2] = Default::default();
+    let mut engine: Option<LaneEngine> = None;
     let [one, all] = interleaved::<2, BoxError>(true, p.args.rounds as u32, |v, warm| {
         let n = [1, blocks][v];
         if me == 0 && warm {
@@ -495,6 +547,7 @@ fn lane_rates(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), BoxErro
         r.status.zero()?;
         out.zero()?;
         comm.barrier()?;
+        let before = comm.ibgda_engine().filter(|_| v == 1 && !warm);
         // SAFETY: symmetric `words` of 128 words, registered `src`; `out` holds 3 words per block.
         unsafe {
             let a = (r.words.as_mut_ptr(), r.src.as_ptr() as *const u64, rounds, out.as_raw() as *mut u64);
@@ -510,6 +563,10 @@ fn lane_rates(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), BoxErro
         if !warm {
             posted[v].push(rate(at(1).max().copied().unwrap_or(0)));
         }
+        if let (Some(b), Some(a)) = (before, comm.ibgda_engine()) {
+            let ns = at(2).max().copied().unwrap_or(0).saturating_sub(t0);
+            engine.get_or_insert_with(LaneEngine::default).add(&b.counters, &a.counters, ns);
+        }
         Ok(rate(at(2).max().copied().unwrap_or(0)))
     })?;
     if me == 0 {
@@ -519,6 +576,7 @@ fn lane_rates(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), BoxErro
         let [p1, pn] = posted;
         (report.lanes_one_post_mwqe_s, report.lanes_all_post_mwqe_s) = (median(p1), median(pn));
         (report.lanes_one_done_mwqe_s, report.lanes_all_done_mwqe_s) = (median(one), median(all));
+        report.lanes_engine = engine;
     }
     Ok(())
 }

@@ -173,6 +173,11 @@ pub struct Tally {
     pub cqes: u32,
     /// The SQ counter of the last WQE executed.
     pub last_wqe: u32,
+    /// Lane 0's cycles gathering its WQE and completing the burst (the
+    /// engine's profile).
+    pub gather_cycles: u32,
+    /// See `gather_cycles`.
+    pub complete_cycles: u32,
 }
 
 impl Tally {

@@ -122,6 +122,16 @@ pub struct EngineCounters {
     /// Rounds of the block that ran bursts; `bursts` over these is how
     /// many QPs' bursts ran side by side, on average.
     pub burst_rounds: u64,
+    /// The control thread's cycles inside burst rounds (publishing the
+    /// round to its last barrier): part of `busy_cycles`.
+    pub round_cycles: u64,
+    /// Summed over the bursts: the cycles of their lane 0 gathering its
+    /// WQE (`gather_cycles`) and completing the burst (`complete_cycles`:
+    /// the ordered payload stores, CQEs and ring) — where a round's time
+    /// goes.
+    pub gather_cycles: u64,
+    /// See `gather_cycles`.
+    pub complete_cycles: u64,
 }
 
 /// The control thread stores its [`EngineProgress`] every this many passes
@@ -213,6 +223,9 @@ impl EngineCtl {
                 rung_wqes: 0,
                 rung_to_done_ns: 0,
                 burst_rounds: 0,
+                round_cycles: 0,
+                gather_cycles: 0,
+                complete_cycles: 0,
             },
             host_state,
             host_progress,

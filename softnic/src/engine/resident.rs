@@ -207,6 +207,9 @@ pub struct BlockMover {
     bursts: u64,
     burst_wqes: u64,
     burst_rounds: u64,
+    round_cycles: u64,
+    gather_cycles: u64,
+    complete_cycles: u64,
     /// `%globaltimer` when each QP slot's last doorbell was seen (0: none).
     rung_at: [u64; MAX_QPS],
     rung_wqes: u64,
@@ -291,6 +294,7 @@ impl BlockMover {
             return 0;
         }
         self.lap(Phase::Doorbell);
+        let c0 = ptx::clock64();
         // SAFETY: the queued jobs' heads were written by this thread.
         unsafe {
             self.round(Job {
@@ -302,6 +306,7 @@ impl BlockMover {
             })
         };
         self.burst_rounds += 1;
+        self.round_cycles += ptx::clock64().wrapping_sub(c0);
         let now = ptx::globaltimer_ns();
         let mut progressed = 0;
         for j in 0..n as usize {
@@ -327,6 +332,8 @@ impl BlockMover {
             progressed += t.done;
             self.bursts += (t.done != 0) as u64;
             self.burst_wqes += t.done as u64;
+            self.gather_cycles += t.gather_cycles as u64;
+            self.complete_cycles += t.complete_cycles as u64;
             let at = self.rung_at[q];
             if at != 0 {
                 self.rung_wqes += t.done as u64;
@@ -356,29 +363,35 @@ unsafe fn run_bursts(jobs: *mut BurstJob, n: usize, part: usize) {
     // `j` is this thread's until the middle barrier, burst `j` its lane 0's
     // after it.
     unsafe {
+        let c0 = ptx::clock64();
         if j < n && lane < core::ptr::read_volatile(&raw const (*jobs.add(j)).head.count) as usize {
             burst::gather(jobs.add(j), lane);
         }
+        let gathered = ptx::clock64().wrapping_sub(c0);
         block_barrier();
         if j < n && lane == 0 {
-            complete_job(jobs.add(j));
+            complete_job(jobs.add(j), gathered);
         }
     }
 }
 
 /// Completes burst `job` on the calling thread: its payload in WQE order,
 /// its CQEs and its QP's ring ([`burst::complete`]), through a
-/// [`LaneMover`]; leaves the tally in the job.
+/// [`LaneMover`]; leaves the tally in the job, with the cycles of this
+/// thread's gather (`gathered`) and of the completion.
 ///
 /// # Safety
 /// `job`'s slots are filled; the tables' contract.
-unsafe fn complete_job(job: *mut BurstJob) {
+unsafe fn complete_job(job: *mut BurstJob, gathered: u64) {
     // SAFETY: the caller's contract.
     unsafe {
+        let c0 = ptx::clock64();
         let h = core::ptr::read_volatile(&raw const (*job).head);
         let mut ports = View::new(h.table as usize as *const PortTable, h.port as usize);
         let scope = if h.sys != 0 { Scope::Sys } else { Scope::Gpu };
-        let t = burst::complete(&mut ports, h.port as usize, job, h.now_ns, &mut LaneMover { scope });
+        let mut t = burst::complete(&mut ports, h.port as usize, job, h.now_ns, &mut LaneMover { scope });
+        t.gather_cycles = gathered.min(u32::MAX as u64) as u32;
+        t.complete_cycles = ptx::clock64().wrapping_sub(c0).min(u32::MAX as u64) as u32;
         core::ptr::write_volatile(&raw mut (*job).tally, t);
     }
 }
@@ -665,6 +678,9 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
             bursts: 0,
             burst_wqes: 0,
             burst_rounds: 0,
+            round_cycles: 0,
+            gather_cycles: 0,
+            complete_cycles: 0,
             rung_at: [0; MAX_QPS],
             rung_wqes: 0,
             rung_to_done_ns: 0,
@@ -964,6 +980,9 @@ unsafe fn publish_counters(ctl: *mut EngineCtl, passes: u64, busy: u64, busy_cyc
         ptx::st_relaxed_sys_u64(&raw mut (*c).rung_wqes, m.rung_wqes);
         ptx::st_relaxed_sys_u64(&raw mut (*c).rung_to_done_ns, m.rung_to_done_ns);
         ptx::st_relaxed_sys_u64(&raw mut (*c).burst_rounds, m.burst_rounds);
+        ptx::st_relaxed_sys_u64(&raw mut (*c).round_cycles, m.round_cycles);
+        ptx::st_relaxed_sys_u64(&raw mut (*c).gather_cycles, m.gather_cycles);
+        ptx::st_relaxed_sys_u64(&raw mut (*c).complete_cycles, m.complete_cycles);
     }
 }
 
