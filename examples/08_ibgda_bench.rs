@@ -85,6 +85,8 @@ struct LaneEngine {
     /// Summed over bursts: lane 0's gather, and its completion of the burst.
     gather_cycles: u64,
     complete_cycles: u64,
+    /// Burst WQEs stored without a release of their own.
+    unordered_wqes: u64,
 }
 
 impl LaneEngine {
@@ -98,6 +100,7 @@ impl LaneEngine {
         self.round_cycles += a.round_cycles - b.round_cycles;
         self.gather_cycles += a.gather_cycles - b.gather_cycles;
         self.complete_cycles += a.complete_cycles - b.complete_cycles;
+        self.unordered_wqes += a.unordered_wqes - b.unordered_wqes;
     }
 }
 
@@ -291,12 +294,13 @@ fn print_report(r: &Report, a: &IbgdaBenchArgs, gpu: bool) {
     if let Some(e) = r.lanes_engine.filter(|e| e.rounds > 0 && e.bursts > 0 && e.burst_wqes > 0) {
         let per = |c: u64, n: u64| c as f64 / n.max(1) as f64;
         println!(
-            "# rank 0's engine over those {} blocks' runs: {} passes, {} rounds, {:.2} bursts a round, {:.1} WQEs a burst; a round every {:.0} ns, {:.0} cycles in it; per burst, lane 0: gather {:.0} cycles, completion {:.0} cycles ({:.0} per WQE); busy {:.0} cycles a round",
+            "# rank 0's engine over those {} blocks' runs: {} passes, {} rounds, {:.2} bursts a round, {:.1} WQEs a burst ({} stored unordered); a round every {:.0} ns, {:.0} cycles in it; per burst, lane 0: gather {:.0} cycles, completion {:.0} cycles ({:.0} per WQE); busy {:.0} cycles a round",
             r.lanes_blocks,
             e.passes,
             e.rounds,
             per(e.bursts, e.rounds),
             per(e.burst_wqes, e.bursts),
+            e.unordered_wqes,
             per(e.elapsed_ns, e.rounds),
             per(e.round_cycles, e.rounds),
             per(e.gather_cycles, e.bursts),

@@ -467,13 +467,22 @@ fn lanes_over_many_qps(backend: Backend, blocks: u32, threads: u32) -> doorbell:
 per_backend! {
     /// Eight QPs posting warp-wide runs at once through an engine of 8 warps
     /// (bursts of several QPs side by side) and of one warp (one at a time):
-    /// every word and signal arrives; the engine counts its burst rounds.
+    /// every word and signal arrives; the engine counts its burst rounds and
+    /// stores the runs' marked WRITEs without a release each.
     fn bursts_of_many_qps_run_side_by_side_and_deliver_everything(dev: Device) {
         let b = dev.backend();
         for threads in [256, 32] {
             let r = lanes_over_many_qps(b, 8, threads);
             let c = r.counters;
             assert!(c.burst_wqes > 0 && c.burst_rounds > 0, "{threads} threads: no bursts: {r:?}");
+            // The runs' WRITEs after each run's first are marked unordered
+            // and stored without a release each (every word was checked above).
+            assert!(
+                c.unordered_wqes > 0 && c.unordered_wqes < c.burst_wqes,
+                "{threads} threads: unordered WRITEs {} of {} burst WQEs: {r:?}",
+                c.unordered_wqes,
+                c.burst_wqes
+            );
             if threads == 32 {
                 assert!(c.bursts <= c.burst_rounds, "one warp runs at most one burst a round: {r:?}");
             } else {

@@ -82,6 +82,17 @@ pub const WQE_CTRL_FENCE: u8 = 0x80;
 /// `MLX5_WQE_CTRL_INITIATOR_SMALL_FENCE`.
 pub const WQE_CTRL_INITIATOR_SMALL_FENCE: u8 = 0x20;
 
+/// The immediate (ctrl segment bytes 12–15, as read big-endian) that marks
+/// an RDMA WRITE of a warp-wide run (`Transport::put_lanes`) other than the
+/// run's first WQE: the run's WRITEs are the parts of one call, which race
+/// with each other as the lanes' stores would over P2P, so they need no
+/// order among themselves. An RDMA WRITE (opcode `0x08`) carries no
+/// immediate, and a ConnectX ignores the field for it; the soft NIC's
+/// bursts store the WRITEs so marked without a release each (one fence
+/// orders them all behind what came before the run). A WQE built by
+/// rdma-core has 0 there.
+pub const UNORDERED_WRITE_IMM: u32 = 0x6c61_6e65;
+
 // ---- WQE geometry ------------------------------------------------------
 
 /// `MLX5_SEND_WQE_BB`: bytes in a send-queue basic block.

@@ -187,8 +187,10 @@ pub trait Transport: Copy + Checked {
     /// lane returns the error of the lowest lane refused.
     ///
     /// IBGDA posts the warp's WQEs as one run behind one doorbell (one
-    /// reservation, one completion); the default puts lane by lane, each
-    /// lane as one thread.
+    /// reservation, one completion), and marks the run's WRITEs after its
+    /// first as needing no order among themselves
+    /// ([`crate::mlx5::UNORDERED_WRITE_IMM`]); the default puts lane by
+    /// lane, each lane as one thread.
     ///
     /// # Safety
     /// All 32 lanes call it, converged; each lane's `x.src` is valid for

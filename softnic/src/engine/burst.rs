@@ -35,7 +35,7 @@
 //! as before. Bursts run only when the engine is free to reorder nothing:
 //! the link model off, no fault injected, nothing in flight on the QP.
 
-use doorbell_kernels::mlx5::{CtrlSeg, DataSeg, RaddrSeg, CQE_REQ, INLINE_SEG, OPCODE_RDMA_WRITE, WQE_CTRL_CQ_UPDATE};
+use doorbell_kernels::mlx5::{CtrlSeg, DataSeg, RaddrSeg, CQE_REQ, INLINE_SEG, OPCODE_RDMA_WRITE, UNORDERED_WRITE_IMM, WQE_CTRL_CQ_UPDATE};
 
 use super::exec::{answers, check_remote_at};
 use super::mem::Scope;
@@ -58,6 +58,10 @@ pub const BURST_MAX_BYTES: u32 = 64;
 pub const SLOT_OK: u32 = 1;
 /// [`Slot::flags`]: the WQE asks for a CQE.
 pub const SLOT_SIGNALED: u32 = 2;
+/// [`Slot::flags`]: the WRITE is a warp-wide run's WQE other than its
+/// first ([`UNORDERED_WRITE_IMM`]): it needs no order with the run's other
+/// WRITEs.
+pub const SLOT_UNORDERED: u32 = 4;
 
 /// One WQE of a burst, as its thread leaves it in shared memory.
 #[repr(C, align(16))]
@@ -67,7 +71,8 @@ pub struct Slot {
     pub dst: u64,
     /// Payload bytes.
     pub len: u32,
-    /// [`SLOT_OK`], [`SLOT_SIGNALED`]; 0: not simple, the burst ends here.
+    /// [`SLOT_OK`], [`SLOT_SIGNALED`], [`SLOT_UNORDERED`]; 0: not simple,
+    /// the burst ends here.
     pub flags: u32,
     /// The payload, read from the gather list once.
     pub data: [u64; (BURST_MAX_BYTES / 8) as usize],
@@ -178,6 +183,8 @@ pub struct Tally {
     pub gather_cycles: u32,
     /// See `gather_cycles`.
     pub complete_cycles: u32,
+    /// WRITEs stored without a release of their own ([`SLOT_UNORDERED`]).
+    pub unordered: u32,
 }
 
 impl Tally {
@@ -210,6 +217,7 @@ struct Simple {
     src: *const u8,
     len: u32,
     signaled: bool,
+    unordered: bool,
 }
 
 /// Segment `k` of the WQE at SQ counter `idx` of the ring `sq` of
@@ -268,6 +276,7 @@ unsafe fn simple_write(ports: &PortTable, h: &BurstHead, idx: u32) -> Option<Sim
         src,
         len,
         signaled: ctrl.fm_ce_se & WQE_CTRL_CQ_UPDATE != 0,
+        unordered: ctrl.imm == UNORDERED_WRITE_IMM,
     })
 }
 
@@ -295,7 +304,7 @@ pub unsafe fn gather(job: *mut BurstJob, t: usize) {
         copy_part(slot.data.as_mut_ptr() as *mut u8, w.src, w.len as usize, 0, 1);
         slot.dst = w.dst as usize as u64;
         slot.len = w.len;
-        slot.flags = SLOT_OK | if w.signaled { SLOT_SIGNALED } else { 0 };
+        slot.flags = SLOT_OK | if w.signaled { SLOT_SIGNALED } else { 0 } | if w.unordered { SLOT_UNORDERED } else { 0 };
     }
 }
 
@@ -339,6 +348,10 @@ pub unsafe fn complete<P: Ports + ?Sized, M: PayloadMover>(
             if let Some(qp) = qps.get_mut(q) {
                 let (qpn, peer_port) = (qp.qpn, (*job).head.peer_port);
                 let mut cq = cqs.get_mut(qp.send_cq as usize);
+                // A WRITE marked unordered is stored without a release of
+                // its own; one fence before the first of a row of them
+                // orders the row behind every payload before it.
+                let mut fenced = false;
                 while done < count {
                     let Some(slot) = (*job).slots.get(done as usize) else { break };
                     if slot.flags & SLOT_OK == 0 {
@@ -350,7 +363,18 @@ pub unsafe fn complete<P: Ports + ?Sized, M: PayloadMover>(
                         full = true;
                         break;
                     }
-                    mover.copy(slot.dst as usize as *mut u8, slot.data.as_ptr() as *const u8, slot.len as usize);
+                    let (dst, src, len) = (slot.dst as usize as *mut u8, slot.data.as_ptr() as *const u8, slot.len as usize);
+                    if slot.flags & SLOT_UNORDERED != 0 {
+                        if !fenced {
+                            mem::acquire(scope);
+                            fenced = true;
+                        }
+                        copy_part(dst, src, len, 0, 1);
+                        tally.unordered += 1;
+                    } else {
+                        mover.copy(dst, src, len);
+                        fenced = false;
+                    }
                     doorbell_kernels::trace_hook! {
                         super::trace::event(tr, super::trace::What::NicFetch, u32::MAX, idx as u64);
                         super::trace::event(tr, super::trace::What::NicExecute, peer_port, slot.len as u64);

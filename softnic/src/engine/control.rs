@@ -132,6 +132,10 @@ pub struct EngineCounters {
     pub gather_cycles: u64,
     /// See `gather_cycles`.
     pub complete_cycles: u64,
+    /// WQEs bursts stored without a release of their own: the WRITEs of
+    /// warp-wide runs after each run's first
+    /// (`doorbell_kernels::mlx5::UNORDERED_WRITE_IMM`).
+    pub unordered_wqes: u64,
 }
 
 /// The control thread stores its [`EngineProgress`] every this many passes
@@ -226,6 +230,7 @@ impl EngineCtl {
                 round_cycles: 0,
                 gather_cycles: 0,
                 complete_cycles: 0,
+                unordered_wqes: 0,
             },
             host_state,
             host_progress,

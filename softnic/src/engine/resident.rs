@@ -210,6 +210,7 @@ pub struct BlockMover {
     round_cycles: u64,
     gather_cycles: u64,
     complete_cycles: u64,
+    unordered_wqes: u64,
     /// `%globaltimer` when each QP slot's last doorbell was seen (0: none).
     rung_at: [u64; MAX_QPS],
     rung_wqes: u64,
@@ -334,6 +335,7 @@ impl BlockMover {
             self.burst_wqes += t.done as u64;
             self.gather_cycles += t.gather_cycles as u64;
             self.complete_cycles += t.complete_cycles as u64;
+            self.unordered_wqes += t.unordered as u64;
             let at = self.rung_at[q];
             if at != 0 {
                 self.rung_wqes += t.done as u64;
@@ -681,6 +683,7 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
             round_cycles: 0,
             gather_cycles: 0,
             complete_cycles: 0,
+            unordered_wqes: 0,
             rung_at: [0; MAX_QPS],
             rung_wqes: 0,
             rung_to_done_ns: 0,
@@ -983,6 +986,7 @@ unsafe fn publish_counters(ctl: *mut EngineCtl, passes: u64, busy: u64, busy_cyc
         ptx::st_relaxed_sys_u64(&raw mut (*c).round_cycles, m.round_cycles);
         ptx::st_relaxed_sys_u64(&raw mut (*c).gather_cycles, m.gather_cycles);
         ptx::st_relaxed_sys_u64(&raw mut (*c).complete_cycles, m.complete_cycles);
+        ptx::st_relaxed_sys_u64(&raw mut (*c).unordered_wqes, m.unordered_wqes);
     }
 }
 

@@ -384,6 +384,16 @@ impl Ibgda {
             for i in 0..n {
                 // SAFETY: slots `start .. start + total` are reserved and free.
                 head = unsafe { Self::write_item(q, &b, i, x, sig.unwrap_or(&no_sig)) };
+                // A WRITE of the run other than its first needs no order
+                // with the run's other WRITEs: it says so in its (unused)
+                // immediate, which the soft NIC's bursts read.
+                if i < b.chunks && !x.read && b.start.wrapping_add(i) != start {
+                    // SAFETY: the ctrl segment of the slot just written.
+                    unsafe {
+                        let ctrl = wqe_slot(&q.qp, b.start.wrapping_add(i));
+                        core::ptr::write_volatile(ctrl.add(3), crate::mlx5::UNORDERED_WRITE_IMM.to_be());
+                    }
+                }
             }
         }
         // Every lane's WQEs are written before lane 0 publishes them.
