@@ -87,6 +87,11 @@ struct LaneEngine {
     complete_cycles: u64,
     /// Burst WQEs stored without a release of their own.
     unordered_wqes: u64,
+    /// The control thread's busy cycles by phase (`Phase as usize`), and
+    /// in copies and in fences after copies.
+    phases: [u64; Phase::ALL.len()],
+    copy_cycles: u64,
+    fence_cycles: u64,
 }
 
 impl LaneEngine {
@@ -101,6 +106,11 @@ impl LaneEngine {
         self.gather_cycles += a.gather_cycles - b.gather_cycles;
         self.complete_cycles += a.complete_cycles - b.complete_cycles;
         self.unordered_wqes += a.unordered_wqes - b.unordered_wqes;
+        for (k, v) in self.phases.iter_mut().enumerate() {
+            *v += a.phase_cycles[k].wrapping_sub(b.phase_cycles[k]);
+        }
+        self.copy_cycles += a.copy_cycles - b.copy_cycles;
+        self.fence_cycles += a.fence_cycles - b.fence_cycles;
     }
 }
 
@@ -308,6 +318,15 @@ fn print_report(r: &Report, a: &IbgdaBenchArgs, gpu: bool) {
             per(e.complete_cycles, e.burst_wqes),
             per(e.busy_cycles, e.rounds),
         );
+        let named: u64 = e.phases.iter().sum::<u64>() + e.copy_cycles + e.fence_cycles;
+        let mut parts: Vec<String> = Phase::ALL
+            .iter()
+            .filter(|&&p| e.phases[p as usize] != 0)
+            .map(|&p| format!("{} {:.0}", p.name(), per(e.phases[p as usize], e.rounds)))
+            .collect();
+        parts.push(format!("copies {:.0}", per(e.copy_cycles + e.fence_cycles, e.rounds)));
+        parts.push(format!("walk {:.0}", per(e.busy_cycles.saturating_sub(named), e.rounds)));
+        println!("# its control thread's busy cycles a round, by phase: {}", parts.join(", "));
     }
     if let (Some(c), Some(f), Some(k), Some(w)) = (
         r.engine_copy_share,
