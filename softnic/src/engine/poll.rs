@@ -265,10 +265,11 @@ pub(crate) unsafe fn doorbell_word(qp: &super::tables::QpEntry) -> u64 {
 /// Notices a doorbell (a new UAR value, or without a UAR a new doorbell
 /// record value), applies the drop and delay faults, and reads the
 /// doorbell record when a doorbell is due or the re-read timeout expired.
-/// A record that moved is followed by one [`mem::acquire`], so the WQEs it
-/// publishes are read after it; a doorbell whose record read shows nothing
-/// new reads it again after an acquire (the first read may have been
-/// older than the doorbell). Returns whether it saw a new doorbell.
+/// A doorbell rung through the UAR is followed by one [`mem::acquire`]
+/// before the record is read, so the record is at least as new as the
+/// doorbell and the WQEs it publishes are read after it; without a UAR
+/// (or on the re-read timeout) a record that moved is followed by one.
+/// Returns whether it saw a new doorbell.
 ///
 /// # Safety
 /// As for [`poll_port`].
