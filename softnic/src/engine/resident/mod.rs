@@ -71,6 +71,9 @@ use super::mover::{copy_part, overlaps, PayloadMover, Phase, PHASES};
 use super::poll::{doorbell_word, poll_port_masked, PollReport};
 use super::tables::{Port, PortTable, Ports, MAX_QPS};
 
+mod lanes;
+use lanes::run_bursts;
+
 pub use super::control::{EngineCounters, EngineCtl, EngineProgress, PROGRESS_EVERY, STATE_EXITED, STATE_LAUNCHED, STATE_RUNNING};
 
 /// Copies of at least this many bytes are made by the whole block; smaller
@@ -349,85 +352,6 @@ impl BlockMover {
         self.dirty = true;
         self.lap(Phase::Burst);
         progressed
-    }
-}
-
-/// Thread `part`'s share of a round of `n` bursts: lane `l` of warp `j <
-/// n` gathers WQE `l` of burst `j`; after a barrier that warp's lane 0
-/// completes the burst ([`complete_job`]). Every thread of the block calls
-/// it (it holds the round's middle barrier).
-///
-/// # Safety
-/// `jobs` holds the round's `n` queued bursts.
-unsafe fn run_bursts(jobs: *mut BurstJob, n: usize, part: usize) {
-    let (j, lane) = (part / 32, part % 32);
-    // SAFETY (whole function): the caller's contract; slot `lane` of burst
-    // `j` is this thread's until the middle barrier, burst `j` its lane 0's
-    // after it.
-    unsafe {
-        let c0 = ptx::clock64();
-        if j < n && lane < core::ptr::read_volatile(&raw const (*jobs.add(j)).head.count) as usize {
-            burst::gather(jobs.add(j), lane);
-        }
-        let gathered = ptx::clock64().wrapping_sub(c0);
-        block_barrier();
-        if j < n && lane == 0 {
-            complete_job(jobs.add(j), gathered);
-        }
-    }
-}
-
-/// Completes burst `job` on the calling thread: its payload in WQE order,
-/// its CQEs and its QP's ring ([`burst::complete`]), through a
-/// [`LaneMover`]; leaves the tally in the job, with the cycles of this
-/// thread's gather (`gathered`) and of the completion.
-///
-/// # Safety
-/// `job`'s slots are filled; the tables' contract.
-unsafe fn complete_job(job: *mut BurstJob, gathered: u64) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        let c0 = ptx::clock64();
-        let h = core::ptr::read_volatile(&raw const (*job).head);
-        let mut ports = View::new(h.table as usize as *const PortTable, h.port as usize);
-        let scope = if h.sys != 0 { Scope::Sys } else { Scope::Gpu };
-        let mut t = burst::complete(&mut ports, h.port as usize, job, h.now_ns, &mut LaneMover { scope });
-        t.gather_cycles = gathered.min(u32::MAX as u64) as u32;
-        t.complete_cycles = ptx::clock64().wrapping_sub(c0).min(u32::MAX as u64) as u32;
-        core::ptr::write_volatile(&raw mut (*job).tally, t);
-    }
-}
-
-/// The mover of a thread completing a burst: each copy (at most
-/// [`burst::BURST_MAX_BYTES`], from shared memory) is ordered behind every
-/// payload before it — this thread's, and, through the round's barriers,
-/// the block's. A payload of one or two aligned 8-byte words (a signal, a
-/// barrier word, a short put) is stored with a release per word, which
-/// leaves the thread's L1 as it is; any other behind a fence at the
-/// engine's scope.
-struct LaneMover {
-    scope: Scope,
-}
-
-impl PayloadMover for LaneMover {
-    #[inline(always)]
-    fn scope(&self) -> Scope {
-        self.scope
-    }
-
-    unsafe fn copy(&mut self, dst: *mut u8, src: *const u8, len: usize) {
-        if len <= 16 && (dst as usize | src as usize | len) & 7 == 0 {
-            let (d, s) = (dst as *mut u64, src as *const u64);
-            for k in 0..len / 8 {
-                // SAFETY: the caller's contract; 8-byte aligned (checked).
-                unsafe { mem::store_release_u64(d.add(k), core::ptr::read_volatile(s.add(k)), self.scope) };
-            }
-            return;
-        }
-        // `fence.acq_rel` at the scope: a release for the stores after it.
-        mem::acquire(self.scope);
-        // SAFETY: the caller's contract; a burst's ranges never overlap.
-        unsafe { copy_part(dst, src, len, 0, 1) };
     }
 }
 
