@@ -346,7 +346,7 @@ pub unsafe fn complete<P: Ports + ?Sized, M: PayloadMover>(
             }
             let Port { qps, cqs, .. } = port;
             if let Some(qp) = qps.get_mut(q) {
-                let (qpn, peer_port) = (qp.qpn, (*job).head.peer_port);
+                let qpn = qp.qpn;
                 let mut cq = cqs.get_mut(qp.send_cq as usize);
                 // A WRITE marked unordered is stored without a release of
                 // its own; one fence before the first of a row of them
@@ -377,7 +377,7 @@ pub unsafe fn complete<P: Ports + ?Sized, M: PayloadMover>(
                     }
                     doorbell_kernels::trace_hook! {
                         super::trace::event(tr, super::trace::What::NicFetch, u32::MAX, idx as u64);
-                        super::trace::event(tr, super::trace::What::NicExecute, peer_port, slot.len as u64);
+                        super::trace::event(tr, super::trace::What::NicExecute, (*job).head.peer_port, slot.len as u64);
                     }
                     tally.bytes += slot.len as u64;
                     tally.last_wqe = idx;
