@@ -91,6 +91,7 @@ pub const CHECKS: &[Check] = &[
             "DOORBELL_SOFTNIC_LINK",
             "DOORBELL_SOFTNIC_ENGINE",
             "DOORBELL_SOFTNIC_ENGINE_THREADS",
+            "DOORBELL_SOFTNIC_ENGINE_BLOCKS",
             "DOORBELL_SOFTNIC_SCOPE",
             "DOORBELL_SOFTNIC_BURST",
         ],

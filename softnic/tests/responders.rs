@@ -280,7 +280,7 @@ fn round(iteration: usize) {
             }
         }
     }
-    let stats = images[0].stats;
+    let stats = images[0].total_stats();
     assert_eq!(stats.cqes, total as u64, "round {iteration}: the receiver's CQE count");
     drop(images);
 }

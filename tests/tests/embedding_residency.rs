@@ -32,7 +32,7 @@ fn registers_bound_the_blocks_an_sm_holds() {
 #[test]
 fn the_fitted_grid_is_resident_where_the_request_assumed_two_blocks_per_sm() {
     // One rank per H200, soft NIC engine on one SM: 262 asked, 256 after the cap.
-    let asked = grid_request(H200_SMS, 1, true);
+    let asked = grid_request(H200_SMS, 1, 1);
     assert_eq!(asked, 256);
     // Kernels holding two or more per SM launch what was asked.
     assert_eq!(fit_grid(asked, 2, H200_SMS), Ok(256));
@@ -43,7 +43,7 @@ fn the_fitted_grid_is_resident_where_the_request_assumed_two_blocks_per_sm() {
     assert!(one < H200_SMS);
     // Eight ranks on one GPU: every rank's grid together stays resident.
     for per_sm in 1..=3 {
-        let g = fit_grid(grid_request(H200_SMS, 8, true), per_sm, H200_SMS).unwrap();
+        let g = fit_grid(grid_request(H200_SMS, 8, 1), per_sm, H200_SMS).unwrap();
         assert!(8 * g <= per_sm * (H200_SMS - 8), "8 ranks, {per_sm} per SM: {g} blocks each");
     }
     // A grid no SM count can hold is refused, naming the fix.
@@ -96,7 +96,7 @@ fn the_exchange_grid_on_an_h200_is_resident_for_every_transport() {
             .unwrap();
         let per_sm = resident_blocks_per_sm(&sm, regs, 256);
         let free = if soft_nic { H200_SMS - 1 } else { H200_SMS };
-        let asked = grid_request(H200_SMS, 1, soft_nic);
+        let asked = grid_request(H200_SMS, 1, soft_nic as u32);
         let grid = fit_grid(asked, per_sm, H200_SMS).unwrap_or_else(|e| panic!("{name}: {e}"));
         report.push(format!("{name}: {regs} registers, {per_sm} per SM, {asked} asked, {grid} launched"));
         assert!(

@@ -408,6 +408,14 @@ fn engine_settings_are_parsed_strictly() {
         comm.ibgda_with(&bad_threads).map(|_| ())
     });
     assert!(r.unwrap_err().to_string().contains("multiple of 32"));
+    let bad_blocks = IbgdaOptions {
+        engine_blocks: Some(9),
+        ..kernel_engine(64, 1 << 20)
+    };
+    let r = Communicator::local(1, Backend::Cpu, CommOptions::default(), |comm| {
+        comm.ibgda_with(&bad_blocks).map(|_| ())
+    });
+    assert!(r.unwrap_err().to_string().contains("engine_blocks 9 is not in 1..=8"));
     let _ = Device::emulator(0);
 }
 
@@ -415,11 +423,12 @@ fn engine_settings_are_parsed_strictly() {
 /// many QPs, through an engine of `threads` threads (a burst per warp of
 /// it at once): every word and every signal arrives; returns rank 0's
 /// engine counters.
-fn lanes_over_many_qps(backend: Backend, blocks: u32, threads: u32) -> doorbell::comm::EngineReport {
+fn lanes_over_many_qps(backend: Backend, blocks: u32, threads: u32, engine_blocks: Option<u32>) -> doorbell::comm::EngineReport {
     const ROUNDS: u32 = 24;
     let io = IbgdaOptions {
         qps_per_peer: blocks,
         engine_threads: Some(threads),
+        engine_blocks,
         ..kernel_engine(256, 1 << 20)
     };
     let words = (ROUNDS * blocks * 32) as usize;
@@ -453,7 +462,7 @@ fn lanes_over_many_qps(backend: Backend, blocks: u32, threads: u32) -> doorbell:
             comm.ibgda_engine().expect("set up"),
         ))
     })
-    .unwrap_or_else(|e| panic!("{backend:?}, {blocks} QPs: {e}"));
+    .unwrap_or_else(|e| panic!("{backend:?}, {blocks} QPs, {engine_blocks:?} engine blocks: {e}"));
     assert_eq!(out[0].0, vec![0; blocks as usize], "rank 0's blocks' results");
     assert!(out[1].1 == src_words, "{backend:?}: rank 1's words differ from rank 0's source");
     assert_eq!(
@@ -461,7 +470,7 @@ fn lanes_over_many_qps(backend: Backend, blocks: u32, threads: u32) -> doorbell:
         vec![ROUNDS as u64 * 8; blocks as usize],
         "{backend:?}: the blocks' signal words"
     );
-    out[0].3
+    out[0].3.clone()
 }
 
 per_backend! {
@@ -472,7 +481,7 @@ per_backend! {
     fn bursts_of_many_qps_run_side_by_side_and_deliver_everything(dev: Device) {
         let b = dev.backend();
         for threads in [256, 32] {
-            let r = lanes_over_many_qps(b, 8, threads);
+            let r = lanes_over_many_qps(b, 8, threads, None);
             let c = r.counters;
             assert!(c.burst_wqes > 0 && c.burst_rounds > 0, "{threads} threads: no bursts: {r:?}");
             // The runs' WRITEs after each run's first are marked unordered
@@ -496,5 +505,26 @@ per_backend! {
                 c.bursts as f64 / c.burst_rounds as f64
             );
         }
+    }
+}
+
+per_backend! {
+    /// Eight QPs, each with a CQ of its own, through an engine of four
+    /// blocks: each block serves two of them (its own control thread and
+    /// bursts), every word and signal arrives, and each block executed
+    /// WQEs of its own.
+    fn an_engine_of_several_blocks_serves_its_qps_side_by_side(dev: Device) {
+        let b = dev.backend();
+        let threads = if b == Backend::Gpu { 256 } else { 32 };
+        let r = lanes_over_many_qps(b, 8, threads, Some(4));
+        assert_eq!(r.blocks.len(), 4, "engine blocks: {r:?}");
+        for (i, c) in r.blocks.iter().enumerate() {
+            assert!(c.burst_wqes > 0 && c.busy_passes > 0, "block {i} executed nothing: {r:?}");
+        }
+        let total: u64 = r.blocks.iter().map(|c| c.burst_wqes).sum();
+        assert_eq!(total, r.counters.burst_wqes, "the blocks' counters add up");
+        // One block: the same QPs through one control thread.
+        let one = lanes_over_many_qps(b, 8, threads, Some(1));
+        assert_eq!(one.blocks.len(), 1, "{one:?}");
     }
 }

@@ -504,12 +504,15 @@ impl<'c> AllReduce<'c> {
             TransportKind::Ibgda => false,
             TransportKind::Routed => direct && (comm.world_size() == 1 || rdma_peers(opts)? == RdmaPeers::Needed),
         };
-        // The soft NIC's engine kernels hold one SM per rank of a GPU while
-        // the transport goes through them: grids that must be resident at
-        // once leave those SMs free.
+        // The soft NIC's engine kernels hold SMs (a block each, one per
+        // rank by default) while the transport goes through them: grids
+        // that must be resident at once leave those SMs free.
         let sms = match opts.transport {
             TransportKind::P2p => dev.multiprocessor_count(),
-            _ if dev.is_gpu() => dev.multiprocessor_count().saturating_sub(per_gpu + 1).max(1),
+            _ if dev.is_gpu() => {
+                let engine = per_gpu * comm.engine_sms_per_rank() as usize;
+                dev.multiprocessor_count().saturating_sub(engine + 1).max(1)
+            }
             _ => dev.multiprocessor_count(),
         };
         Plan::new(

@@ -196,12 +196,13 @@ impl Tally {
         }
     }
 
-    /// Adds the tally to port `port`'s counters (the control thread).
-    pub fn apply(&self, port: &mut Port) {
+    /// Adds the tally of QP slot `q`'s burst to port `port`'s counters
+    /// (the control thread).
+    pub fn apply(&self, port: &mut Port, q: usize) {
         if self.done == 0 {
             return;
         }
-        let s = &mut port.stats;
+        let s = port.stats_mut(q);
         s.fetched += self.done as u64;
         s.executed += self.done as u64;
         s.wqes += self.done as u64;

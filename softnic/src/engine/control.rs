@@ -8,6 +8,15 @@
 //! word of mapped host memory too, so the host waits for it by reading
 //! its own memory — a bounded loop that makes no driver call, which a
 //! driver call blocked behind a running kernel would turn into a hang.
+//!
+//! ## Several blocks
+//! An engine of `n` blocks has `n` control blocks side by side, one per
+//! block, each with its own state word and counters; only the first has
+//! `host_state` and `host_progress` set, and only its `stop`, `cfg` and
+//! `cfg_epoch` are read (by every block). The first block says it runs
+//! once every block does and that it exited once every block did; the
+//! host adds the blocks' counters ([`EngineCounters::add`]) and waits for
+//! every block's `cfg_applied`.
 
 use super::burst::BURST_MAX;
 use super::config::EngineConfig;
@@ -136,6 +145,56 @@ pub struct EngineCounters {
     /// warp-wide runs after each run's first
     /// (`doorbell_kernels::mlx5::UNORDERED_WRITE_IMM`).
     pub unordered_wqes: u64,
+}
+
+impl EngineCounters {
+    /// Adds another block's counters (an engine of several blocks).
+    pub fn add(&mut self, o: &EngineCounters) {
+        let EngineCounters {
+            passes,
+            busy_passes,
+            block_copies,
+            thread_copies,
+            block_bytes,
+            busy_cycles,
+            copy_cycles,
+            fence_cycles,
+            phase_cycles,
+            bursts,
+            burst_wqes,
+            rung_wqes,
+            rung_to_done_ns,
+            burst_rounds,
+            round_cycles,
+            gather_cycles,
+            complete_cycles,
+            unordered_wqes,
+        } = self;
+        for (a, b) in [
+            (passes, o.passes),
+            (busy_passes, o.busy_passes),
+            (block_copies, o.block_copies),
+            (thread_copies, o.thread_copies),
+            (block_bytes, o.block_bytes),
+            (busy_cycles, o.busy_cycles),
+            (copy_cycles, o.copy_cycles),
+            (fence_cycles, o.fence_cycles),
+            (bursts, o.bursts),
+            (burst_wqes, o.burst_wqes),
+            (rung_wqes, o.rung_wqes),
+            (rung_to_done_ns, o.rung_to_done_ns),
+            (burst_rounds, o.burst_rounds),
+            (round_cycles, o.round_cycles),
+            (gather_cycles, o.gather_cycles),
+            (complete_cycles, o.complete_cycles),
+            (unordered_wqes, o.unordered_wqes),
+        ] {
+            *a = a.wrapping_add(b);
+        }
+        for (a, b) in phase_cycles.iter_mut().zip(o.phase_cycles) {
+            *a = a.wrapping_add(b);
+        }
+    }
 }
 
 /// The control thread stores its [`EngineProgress`] every this many passes

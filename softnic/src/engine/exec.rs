@@ -15,7 +15,7 @@ use super::mover::{PayloadMover, Phase};
 use super::rq::RecvWqe;
 use super::tables::{
     access, ErrorRecord, InboxEvent, Inflight, Port, Ports, QpState, Reason, EVENT_ERROR, EVENT_ERROR_RECEIVE, EVENT_RECEIVE,
-    EVENT_SOLICITED, INBOX, MAX_QPS, QP_CONNECTED,
+    EVENT_SOLICITED, INBOX, MAX_QPS, MAX_SHARDS, QP_CONNECTED,
 };
 use super::wqe::{self, Wqe};
 use super::{cqe, mem, rq};
@@ -278,6 +278,7 @@ pub unsafe fn fail_requester<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usiz
     let Some(port) = ports.get_mut(p) else { return };
     let Port { qps, cqs, stats, .. } = &mut *port;
     let Some(qp) = qps.get_mut(q) else { return };
+    let stats = &mut stats[qp.shard as usize % MAX_SHARDS];
     qp.state = QpState::Err as u32;
     let qpn = qp.qpn;
     if let Some(cq) = cqs.get_mut(qp.send_cq as usize) {
@@ -432,6 +433,7 @@ unsafe fn complete_requester<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usiz
     }
     let Port { qps, cqs, stats, .. } = port;
     let Some(qp) = qps.get(q) else { return };
+    let stats = &mut stats[qp.shard as usize % MAX_SHARDS];
     // Recorded before its CQE: a kernel that saw the CQE finds the event.
     doorbell_kernels::trace_hook! {
         super::trace::event(tr, super::trace::What::NicExecute, qp.peer_port, w.len);
@@ -510,6 +512,7 @@ unsafe fn complete_responder<P: Ports + ?Sized>(
 pub unsafe fn apply_event(port: &mut Port, q: usize, ev: &InboxEvent, scope: Scope) -> bool {
     let Port { qps, cqs, stats, .. } = &mut *port;
     let Some(qp) = qps.get_mut(q) else { return true };
+    let stats = &mut stats[qp.shard as usize % MAX_SHARDS];
     let qpn = qp.qpn;
     // How far the event's receive WQE is past the next one this QP
     // completes: negative when a flush completed it already.
@@ -736,9 +739,10 @@ unsafe fn admit<'a, P: Ports + ?Sized, M: PayloadMover>(
     mover.lap(Phase::Parse);
     if head.deadline_ns == 0 {
         if let Some(port) = ports.get_mut(p) {
-            port.stats.executed += 1;
+            let stats = port.stats_mut(q);
+            stats.executed += 1;
             let n = cfg.faults.force_error_every as u64;
-            if n != 0 && port.stats.executed % n == 0 {
+            if n != 0 && stats.executed % n == 0 {
                 let f = Fail::new(cfg.faults.forced(), Reason::Injected, 0, 0);
                 unsafe { fail_requester(ports, p, q, FailedWqe { idx: w.idx, opcode }, &f, now_ns, scope) };
                 return Err(Step::Failed);

@@ -9,7 +9,7 @@ use doorbell_kernels::mlx5::CqeSyndrome;
 use super::config::{EngineConfig, EngineRng};
 use super::exec::{apply_event, execute, fail_requester, Fail, FailedWqe, Step};
 use super::mover::{PayloadMover, Phase};
-use super::tables::{ErrorRecord, InboxEvent, Inflight, Port, Ports, QpState, Reason, INBOX, MAX_QPS};
+use super::tables::{ErrorRecord, InboxEvent, Inflight, Port, Ports, QpState, Reason, INBOX, MAX_QPS, MAX_SHARDS};
 use super::wqe::{self, wqe_bbs};
 use super::{cqe, mem};
 
@@ -285,6 +285,7 @@ unsafe fn watch_doorbell<P: Ports + ?Sized>(
     let Some(port) = ports.get_mut(p) else { return false };
     let Port { qps, stats, .. } = port;
     let Some(qp) = qps.get_mut(q) else { return false };
+    let stats = &mut stats[qp.shard as usize % MAX_SHARDS];
     if qp.dbrec.is_null() {
         return false;
     }
@@ -401,6 +402,7 @@ unsafe fn fetch<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u6
         ..
     } = &mut *port;
     let Some(qp) = qps.get_mut(q) else { return };
+    let stats = &mut stats[qp.shard as usize % MAX_SHARDS];
     let now_ps = now_ns.saturating_mul(1000);
     let mut overrun = None;
     let mut started = 0u32;
@@ -579,6 +581,7 @@ unsafe fn flush<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u6
     let Some(port) = ports.get_mut(p) else { return };
     let Port { qps, cqs, stats, .. } = port;
     let Some(qp) = qps.get_mut(q) else { return };
+    let stats = &mut stats[qp.shard as usize % MAX_SHARDS];
     let flushed = Reason::Flushed as u8;
     let syndrome = CqeSyndrome::WrFlush.as_u8();
     // SAFETY (whole function): the caller's contract.

@@ -456,7 +456,7 @@ impl SoftDevice {
 
     /// The port's counters.
     pub fn stats(&self) -> PortStats {
-        self.live_port().stats
+        self.live_port().total_stats()
     }
 
     /// The error log, oldest first (at most [`crate::engine::tables::ERROR_LOG`]

@@ -90,18 +90,18 @@ pub fn fit_grid(requested: u32, per_sm: u32, sms: u32) -> std::result::Result<u3
 
 /// The blocks per rank [`launch_config_for`] asks for on a GPU of `sms` SMs
 /// shared by `ranks_per_gpu` ranks: [`MAX_BLOCKS_PER_SM`] per SM of the
-/// rank's share, the soft NIC engines' SMs (one per rank) left out when
-/// `soft_nic`; at most 256.
-pub fn grid_request(sms: u32, ranks_per_gpu: u32, soft_nic: bool) -> u32 {
+/// rank's share, the soft NIC engines' SMs (`engine_sms` per rank: 0 when
+/// the transport does not go through it) left out; at most 256.
+pub fn grid_request(sms: u32, ranks_per_gpu: u32, engine_sms: u32) -> u32 {
     let rpg = ranks_per_gpu.max(1);
-    let free = if soft_nic { sms.saturating_sub(rpg).max(1) } else { sms };
+    let free = sms.saturating_sub(rpg * engine_sms).max(1);
     (MAX_BLOCKS_PER_SM * free / rpg).clamp(1, 256)
 }
 
 /// Launch shape of the exchange's kernels on a device: the same on every
 /// rank, small enough that every rank's grid is resident at once (beside
-/// the soft NIC engines, one SM per rank of the GPU, when the transport
-/// goes through it: `soft_nic`), at [`MAX_BLOCKS_PER_SM`] blocks per SM;
+/// the soft NIC engines' SMs, [`Communicator::engine_sms_per_rank`] per
+/// rank of the GPU, when the transport goes through it: `soft_nic`), at [`MAX_BLOCKS_PER_SM`] blocks per SM;
 /// on the emulator 2 blocks of 64 threads.
 ///
 /// **Residency is a property of the kernel, not only of the SM count**:
@@ -115,7 +115,8 @@ pub fn launch_config_for(comm: &Communicator, ranks_per_gpu: u32, soft_nic: bool
     let dev = comm.device();
     if dev.is_gpu() {
         let sms = dev.multiprocessor_count() as u32;
-        LaunchConfig::linear(grid_request(sms, ranks_per_gpu, soft_nic), 256)
+        let engine = if soft_nic { comm.engine_sms_per_rank() } else { 0 };
+        LaunchConfig::linear(grid_request(sms, ranks_per_gpu, engine), 256)
     } else {
         LaunchConfig::linear(2, 64)
     }
@@ -137,8 +138,9 @@ mod tests {
         assert_eq!(fit_grid(256, 2, 132), Ok(256));
         assert!(fit_grid(300, 2, 100).unwrap_err().contains("launch_config_for"));
         assert!(fit_grid(8, 0, 132).is_err());
-        assert_eq!(grid_request(132, 1, true), 256);
-        assert_eq!(grid_request(132, 4, false), 66);
+        assert_eq!(grid_request(132, 1, 1), 256);
+        assert_eq!(grid_request(132, 2, 4), 124);
+        assert_eq!(grid_request(132, 4, 0), 66);
         assert_eq!(resident_blocks_per_sm(&SmLimits::SM_90, 182, 256), 1);
         assert_eq!(resident_blocks_per_sm(&SmLimits::SM_90, 80, 256), 3);
     }

@@ -74,6 +74,24 @@ impl Communicator {
         guard.as_ref()?.soft().map(|s| s.device().clone())
     }
 
+    /// SMs each rank's soft NIC engine kernel holds while a transport
+    /// through the NIC runs, for grids that must be resident beside it: the
+    /// most blocks the transport's options allow
+    /// ([`IbgdaOptions::engine_blocks`](crate::comm::IbgdaOptions::engine_blocks),
+    /// or `DOORBELL_SOFTNIC_ENGINE_BLOCKS` before the transport is set up),
+    /// the same on every rank so that plans made from it agree; 1 over a
+    /// ConnectX (its doorbells take no SM, but the count stays what plans
+    /// assumed before).
+    pub fn engine_sms_per_rank(&self) -> u32 {
+        let guard = self.ibgda.lock().unwrap_or_else(|p| p.into_inner());
+        let blocks = match guard.as_ref() {
+            Some(st) if st.soft().is_none() => return 1,
+            Some(st) => st.opts.engine_blocks,
+            None => crate::comm::IbgdaOptions::from_env().ok().and_then(|o| o.engine_blocks),
+        };
+        blocks.unwrap_or(crate::nic::soft::ENGINE_BLOCKS_GPU).max(1)
+    }
+
     /// Reports QPs of this rank in an error state: a completion error (with
     /// its syndrome) or a wedged queue (a post or wait that timed out).
     /// Kernels must not be running. Clean when not set up.

@@ -39,6 +39,12 @@ pub struct IbgdaOptions {
     /// (`DOORBELL_SOFTNIC_ENGINE_THREADS`; `None`: [`ENGINE_THREADS_GPU`](crate::nic::soft::ENGINE_THREADS_GPU) on
     /// a GPU, 32 on the emulator, where every thread is an OS thread).
     pub engine_threads: Option<u32>,
+    /// Most blocks (SMs) of the engine kernel per port
+    /// (`DOORBELL_SOFTNIC_ENGINE_BLOCKS`, 1..=8; `None`:
+    /// [`ENGINE_BLOCKS_GPU`](crate::nic::soft::ENGINE_BLOCKS_GPU) on a GPU,
+    /// 1 on the emulator): each runs its own QPs, so more QPs per peer
+    /// are served side by side.
+    pub engine_blocks: Option<u32>,
     /// Makes the engine kernel's ordering with the ranks (the acquire after
     /// a doorbell record, the fence before a short copy after payload, the
     /// releases of CQEs, atomics and signal words) `sys`-scoped even when
@@ -65,6 +71,7 @@ impl Default for IbgdaOptions {
             link: None,
             engine: None,
             engine_threads: None,
+            engine_blocks: None,
             engine_sys_scope: false,
             engine_burst: None,
         }
@@ -75,7 +82,7 @@ impl IbgdaOptions {
     /// The defaults with `DOORBELL_IBGDA_QPS_PER_PEER`,
     /// `DOORBELL_IBGDA_SQ_SIZE`, `DOORBELL_SOFTNIC_LINK`,
     /// `DOORBELL_SOFTNIC_ENGINE`, `DOORBELL_SOFTNIC_ENGINE_THREADS`,
-    /// `DOORBELL_SOFTNIC_SCOPE` and `DOORBELL_SOFTNIC_BURST` applied,
+    /// `DOORBELL_SOFTNIC_ENGINE_BLOCKS`, `DOORBELL_SOFTNIC_SCOPE` and `DOORBELL_SOFTNIC_BURST` applied,
     /// strictly.
     pub fn from_env() -> Result<IbgdaOptions> {
         let d = IbgdaOptions::default();
@@ -95,6 +102,7 @@ impl IbgdaOptions {
             link: soft.link,
             engine: soft.engine,
             engine_threads: soft.engine_threads,
+            engine_blocks: soft.engine_blocks,
             engine_sys_scope: soft.sys_scope,
             engine_burst: soft.burst,
             ..d
@@ -125,6 +133,7 @@ impl IbgdaOptions {
             link: self.link,
             engine: self.engine,
             engine_threads: self.engine_threads,
+            engine_blocks: self.engine_blocks,
             sys_scope: self.engine_sys_scope,
             burst: self.engine_burst,
         }

@@ -8,14 +8,14 @@ use std::sync::{Arc, Mutex};
 
 use doorbell_kernels::Kernel;
 use doorbell_softnic::engine::burst::BURST_MAX;
-use doorbell_softnic::engine::resident::{EngineCtl, EngineProgress, SHARED_BYTES, STATE_EXITED, STATE_LAUNCHED, STATE_RUNNING};
+use doorbell_softnic::engine::resident::{EngineCounters, EngineCtl, EngineProgress, SHARED_BYTES, STATE_EXITED, STATE_LAUNCHED, STATE_RUNNING};
 use doorbell_softnic::engine::{Port, PortTable, Window, MAX_PORTS};
 use doorbell_softnic::kernel::{softnic_engine_1024, softnic_engine_256, softnic_engine_512, ENGINE_256_THREADS, ENGINE_512_THREADS};
 use doorbell_softnic::{EngineThread, RdmaDevice as _};
 
 use super::port::{bytes_of, check_ring_addresses, read_qp_table, DevicePort};
 use super::report::{state_name, IbgdaProgress, Watch};
-use super::{SoftNic, SoftNicEngine, ENGINE_THREADS_GPU, ENGINE_WAIT, SOFTNIC, SOFTNIC_PTX};
+use super::{SoftNic, SoftNicEngine, ENGINE_BLOCKS_GPU, ENGINE_THREADS_GPU, ENGINE_WAIT, SOFTNIC, SOFTNIC_PTX};
 use crate::backend::{FunctionBackend, StreamBackend};
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -46,6 +46,9 @@ pub(super) struct KernelEngine {
     port_addr: u64,
     device: Device,
     pub(super) threads: u32,
+    /// Its blocks, each with a control block of its own in `ctl` (see
+    /// `doorbell_softnic::engine::control`).
+    pub(super) blocks: u32,
     /// Its state word and progress record in mapped host memory.
     status: StatusSlot,
     /// Its port (index in the fabric).
@@ -279,13 +282,17 @@ impl KernelEngine {
         }
     }
 
-    /// The engine's counters from its control block.
-    pub(super) fn counters(&self) -> Result<EngineCtl> {
-        let mut b = vec![0u8; std::mem::size_of::<EngineCtl>()];
-        // SAFETY: the whole control block.
+    /// Each block's counters, from its control block.
+    pub(super) fn counters(&self) -> Result<Vec<EngineCounters>> {
+        let size = std::mem::size_of::<EngineCtl>();
+        let mut b = vec![0u8; size * self.blocks as usize];
+        // SAFETY: the control blocks, whole.
         unsafe { self.device.inner.read(self.ctl.as_raw(), &mut b)? };
-        // SAFETY: EngineCtl is plain #[repr(C)] data.
-        Ok(unsafe { std::ptr::read_unaligned(b.as_ptr() as *const EngineCtl) })
+        Ok(b
+            .chunks_exact(size)
+            // SAFETY: EngineCtl is plain #[repr(C)] data; each chunk is one.
+            .map(|c| unsafe { std::ptr::read_unaligned(c.as_ptr() as *const EngineCtl) }.counters)
+            .collect())
     }
 }
 
@@ -316,7 +323,10 @@ pub(super) fn launch(nic: &SoftNic, ctx: &StartCtx<'_>) -> Result<KernelEngine> 
             (Some(b), a)
         }
     };
-    let image = device.port_image();
+    let mut image = device.port_image();
+    let want_blocks = nic.options.engine_blocks.unwrap_or(if dev.is_gpu() { ENGINE_BLOCKS_GPU } else { 1 });
+    // Which block serves which QP, written into the tables the engine takes.
+    let blocks = image.assign_shards(want_blocks);
     // SAFETY: the port's memory, whole; `image` is plain data of that size.
     unsafe { dev.write_raw(port_addr, bytes_of(&*image))? };
     let mut mine = (device.port_index() as u64).to_le_bytes().to_vec();
@@ -325,7 +335,7 @@ pub(super) fn launch(nic: &SoftNic, ctx: &StartCtx<'_>) -> Result<KernelEngine> 
     let all = ctx.world.all_gather_bytes(&mine)?;
     let table = fabric_table(nic, &all)?;
     let ports = dev.alloc_zeroed::<u8>(std::mem::size_of::<PortTable>())?;
-    let ctl = dev.alloc_zeroed::<u8>(std::mem::size_of::<EngineCtl>())?;
+    let ctl = dev.alloc_zeroed::<u8>(std::mem::size_of::<EngineCtl>() * blocks as usize)?;
     tracing::debug!(
         "rank {rank}: IBGDA engine set-up: tables allocated ({port_bytes} bytes of port tables, {} ports) in {} ms",
         table.count,
@@ -338,20 +348,28 @@ pub(super) fn launch(nic: &SoftNic, ctx: &StartCtx<'_>) -> Result<KernelEngine> 
     let entry = EngineEntry::for_threads(threads);
     let (function, status) = engine_image(dev, rank, entry)?;
     let sys_scope = dev.is_gpu() && (!nic.same_gpu || nic.options.sys_scope);
-    let mut cfg = EngineCtl::new(
-        ports.as_raw() as *const PortTable,
-        device.port_index() as u32,
-        nic.fabric.config(),
-        sys_scope,
-        nic.fabric.now_ns(),
-        status.dev as *mut u32,
-        status.progress_dev as *mut EngineProgress,
-    );
-    cfg.burst = nic.options.burst.unwrap_or(BURST_MAX);
-    // SAFETY: the table buffer and the control block, whole.
-    unsafe {
-        dev.write_raw(ports.as_raw(), bytes_of(&table))?;
-        dev.write_raw(ctl.as_raw(), bytes_of(&cfg))?;
+    let clock = nic.fabric.now_ns();
+    // SAFETY: the table buffer, whole.
+    unsafe { dev.write_raw(ports.as_raw(), bytes_of(&table))? };
+    for b in 0..blocks as usize {
+        // Only the first block's state and progress reach the host.
+        let (state, progress) = if b == 0 {
+            (status.dev as *mut u32, status.progress_dev as *mut EngineProgress)
+        } else {
+            (std::ptr::null_mut(), std::ptr::null_mut())
+        };
+        let mut cfg = EngineCtl::new(
+            ports.as_raw() as *const PortTable,
+            device.port_index() as u32,
+            nic.fabric.config(),
+            sys_scope,
+            clock,
+            state,
+            progress,
+        );
+        cfg.burst = nic.options.burst.unwrap_or(BURST_MAX);
+        // SAFETY: control block `b` of the buffer, whole.
+        unsafe { dev.write_raw(ctl.as_raw() + (b * std::mem::size_of::<EngineCtl>()) as u64, bytes_of(&cfg))? };
     }
     tracing::debug!(
         "rank {rank}: IBGDA engine set-up: tables copied to the device in {} ms",
@@ -366,6 +384,7 @@ pub(super) fn launch(nic: &SoftNic, ctx: &StartCtx<'_>) -> Result<KernelEngine> 
         port_addr,
         device: dev.clone(),
         threads,
+        blocks,
         status,
         port: device.port_index() as u32,
         watch: None,
@@ -398,7 +417,7 @@ pub(super) fn launch(nic: &SoftNic, ctx: &StartCtx<'_>) -> Result<KernelEngine> 
     // is never freed.
     unsafe {
         let stream = engine.stream.as_ref().expect("set above");
-        let cfg = crate::LaunchConfig::linear(1, threads).with_shared_mem(SHARED_BYTES);
+        let cfg = crate::LaunchConfig::linear(blocks, threads).with_shared_mem(SHARED_BYTES);
         let args = (engine.ctl.as_raw() as *mut EngineCtl,);
         match entry {
             EngineEntry::UpTo256 => stream.launch::<softnic_engine_256>(&function, &cfg, args)?,
@@ -407,12 +426,12 @@ pub(super) fn launch(nic: &SoftNic, ctx: &StartCtx<'_>) -> Result<KernelEngine> 
         }
     };
     tracing::debug!(
-        "rank {rank}: IBGDA engine set-up: engine kernel launched (one block of {threads} threads, {SHARED_BYTES} bytes of shared memory)"
+        "rank {rank}: IBGDA engine set-up: engine kernel launched ({blocks} block(s) of {threads} threads, {SHARED_BYTES} bytes of shared memory each)"
     );
     if let Err(seen) = engine.wait_state(STATE_RUNNING) {
         let msg = format!(
             "rank {rank}: the soft NIC's engine kernel did not start within {} s (its state word reads {seen}: {}); \
-             a persistent kernel needs a free SM: leave room for it beside kernels that occupy every SM",
+             a persistent kernel needs a free SM per block ({blocks} here): leave room for it beside kernels that occupy every SM",
             ENGINE_WAIT.as_secs(),
             state_name(seen)
         );
@@ -432,6 +451,7 @@ pub(super) fn launch(nic: &SoftNic, ctx: &StartCtx<'_>) -> Result<KernelEngine> 
         device: dev.clone(),
         port: engine.port_addr,
         ctl: engine.ctl.as_raw(),
+        blocks,
         lid: device.lid(),
     })));
     // Every port reaches its running engine through the fabric before any
@@ -439,7 +459,7 @@ pub(super) fn launch(nic: &SoftNic, ctx: &StartCtx<'_>) -> Result<KernelEngine> 
     // injection) then reaches every engine, not only those done.
     ctx.world.barrier()?;
     tracing::info!(
-        "rank {rank}: soft NIC engine kernel running: port {}, one block of {threads} threads, fences at {} scope",
+        "rank {rank}: soft NIC engine kernel running: port {}, {blocks} block(s) of {threads} threads, fences at {} scope",
         device.port_index(),
         if sys_scope { "sys" } else { "gpu" }
     );

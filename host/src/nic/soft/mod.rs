@@ -81,7 +81,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use doorbell_softnic::engine::burst::BURST_MAX;
-use doorbell_softnic::engine::Port;
+use doorbell_softnic::engine::{Port, MAX_SHARDS};
 use doorbell_softnic::{FabricConfig, QueuePair as _, RdmaDevice as _, SoftCq, SoftFabric, SoftMr, SoftPd, SoftQp};
 
 use super::{CompletionQueue, CqRing, Endpoint, LinkLayer, MemoryRegion, Nic, NicKind, PortInfo, QpOptions, QpRings, QueuePair, StartCtx};
@@ -119,6 +119,9 @@ pub const ENGINE_ENV: &str = "DOORBELL_SOFTNIC_ENGINE";
 /// `DOORBELL_SOFTNIC_ENGINE_THREADS`: threads of the engine kernel's block,
 /// a multiple of 32 in 32..=1024.
 pub const ENGINE_THREADS_ENV: &str = "DOORBELL_SOFTNIC_ENGINE_THREADS";
+/// `DOORBELL_SOFTNIC_ENGINE_BLOCKS`: most blocks (SMs) of the engine
+/// kernel per port, 1..=8 (see [`SoftOptions::engine_blocks`]).
+pub const ENGINE_BLOCKS_ENV: &str = "DOORBELL_SOFTNIC_ENGINE_BLOCKS";
 /// `DOORBELL_SOFTNIC_SCOPE`: `auto` or `sys`, the scope of the engine
 /// kernel's ordering with the ranks (see [`SoftOptions::sys_scope`]).
 pub const SCOPE_ENV: &str = "DOORBELL_SOFTNIC_SCOPE";
@@ -139,6 +142,10 @@ pub const BURST_ENV: &str = "DOORBELL_SOFTNIC_BURST";
 ///
 /// Each of 256, 512 and 1024 holds all of its SM's registers.
 pub const ENGINE_THREADS_GPU: u32 = 512;
+/// Blocks of the engine kernel per port on a GPU by default
+/// ([`SoftOptions::engine_blocks`]): one SM per rank, as the library's
+/// grids that must be resident at once assume unless told more.
+pub const ENGINE_BLOCKS_GPU: u32 = 1;
 
 /// The path MTU the soft NIC reports (it does not packetize).
 const SOFT_MTU: u32 = 4096;
@@ -182,6 +189,13 @@ pub struct SoftOptions {
     /// `None`: [`ENGINE_THREADS_GPU`] on a GPU, 32 on the emulator, where
     /// every thread is an OS thread).
     pub engine_threads: Option<u32>,
+    /// Most blocks of the engine kernel per port ([`ENGINE_BLOCKS_ENV`],
+    /// 1..=[`MAX_SHARDS`]; `None`: [`ENGINE_BLOCKS_GPU`] on a GPU, 1 on
+    /// the emulator). Each block runs its own QPs on its own SM
+    /// (`Port::assign_shards`: QPs that share a CQ share a block; with the
+    /// link model on the port keeps one block); a port with fewer groups
+    /// of QPs than this launches one block per group.
+    pub engine_blocks: Option<u32>,
     /// Makes the engine kernel's ordering with the ranks `sys`-scoped even
     /// when every rank runs on the engine's GPU ([`SCOPE_ENV`]`=sys`).
     pub sys_scope: bool,
@@ -220,6 +234,10 @@ impl SoftOptions {
                 Some(t)
             }
         };
+        let engine_blocks = match crate::vars::raw(ENGINE_BLOCKS_ENV)? {
+            None => None,
+            Some(_) => Some(crate::vars::uint(ENGINE_BLOCKS_ENV, 1, 1, MAX_SHARDS as u64)? as u32),
+        };
         let sys_scope = match crate::vars::raw(SCOPE_ENV)?.as_deref().map(str::trim) {
             None | Some("auto") => false,
             Some("sys") => true,
@@ -239,6 +257,7 @@ impl SoftOptions {
             link,
             engine,
             engine_threads,
+            engine_blocks,
             sys_scope,
             burst,
         })
@@ -249,6 +268,11 @@ impl SoftOptions {
         if let Some(t) = self.engine_threads {
             if !(32..=1024).contains(&t) || !t.is_multiple_of(32) {
                 return Err(format!("engine_threads {t} is not a multiple of 32 in 32..=1024"));
+            }
+        }
+        if let Some(b) = self.engine_blocks {
+            if !(1..=MAX_SHARDS as u32).contains(&b) {
+                return Err(format!("engine_blocks {b} is not in 1..={MAX_SHARDS}"));
             }
         }
         if let Some(b) = self.burst {
@@ -460,12 +484,21 @@ impl SoftNic {
                 engine: SoftNicEngine::Thread,
                 threads: 1,
                 counters: EngineCounters::default(),
+                blocks: Vec::new(),
             }),
-            Engine::Kernel(k) => Some(EngineReport {
-                engine: SoftNicEngine::Kernel,
-                threads: k.threads,
-                counters: k.counters().ok()?.counters,
-            }),
+            Engine::Kernel(k) => {
+                let blocks = k.counters().ok()?;
+                let mut counters = EngineCounters::default();
+                for b in &blocks {
+                    counters.add(b);
+                }
+                Some(EngineReport {
+                    engine: SoftNicEngine::Kernel,
+                    threads: k.threads,
+                    counters,
+                    blocks,
+                })
+            }
         }
     }
 

@@ -18,6 +18,8 @@ pub(super) struct DevicePort {
     pub(super) device: Device,
     pub(super) port: u64,
     pub(super) ctl: u64,
+    /// The engine's blocks: control blocks at `ctl`, side by side.
+    pub(super) blocks: u32,
     pub(super) lid: u16,
 }
 
@@ -79,11 +81,15 @@ impl ResidentPort for DevicePort {
         let epoch_at = self.ctl + std::mem::offset_of!(EngineCtl, cfg_epoch) as u64;
         let epoch = self.read_word(epoch_at)? + 1;
         self.write(epoch_at, &epoch.to_le_bytes(), "configuration")?;
-        // In force before this returns: a kernel launched next sees it.
-        let applied_at = self.ctl + std::mem::offset_of!(EngineCtl, cfg_applied) as u64;
+        // In force before this returns, in every block: a kernel launched
+        // next sees it.
+        let applied_at = |b: u32| self.ctl + (b as usize * std::mem::size_of::<EngineCtl>() + std::mem::offset_of!(EngineCtl, cfg_applied)) as u64;
         let t0 = std::time::Instant::now();
         loop {
-            let seen = self.read_word(applied_at)?;
+            let mut seen = u64::MAX;
+            for b in 0..self.blocks {
+                seen = seen.min(self.read_word(applied_at(b))?);
+            }
             if seen >= epoch {
                 return Ok(());
             }

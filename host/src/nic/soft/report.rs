@@ -158,15 +158,19 @@ impl std::fmt::Display for IbgdaProgress {
 }
 
 /// What the engine of this rank's port is and has done.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EngineReport {
     /// Where it runs.
     pub engine: SoftNicEngine,
-    /// Threads of its block (kernel engine; 1 for the host thread).
+    /// Threads of each of its blocks (kernel engine; 1 for the host
+    /// thread).
     pub threads: u32,
-    /// What it has done (kernel engine; zero for the host thread, whose
-    /// port statistics are `SoftDevice::stats`).
+    /// What it has done, its blocks added up (kernel engine; zero for the
+    /// host thread, whose port statistics are `SoftDevice::stats`).
     pub counters: EngineCounters,
+    /// Each block's counters (kernel engine; empty for the host thread):
+    /// block `b` serves the QPs `Port::assign_shards` gave it.
+    pub blocks: Vec<EngineCounters>,
 }
 
 /// An engine state word in words.

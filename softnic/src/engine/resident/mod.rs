@@ -324,9 +324,9 @@ impl BlockMover {
             };
             let q = h.q as usize % MAX_QPS;
             if let Some(port) = ports.get_mut(p) {
-                t.apply(port);
+                t.apply(port, q);
                 if t.done != 0 {
-                    port.stats.last_qpn = h.qpn;
+                    port.stats_mut(q).last_qpn = h.qpn;
                 }
             }
             if t.fetch != 0 {
@@ -543,13 +543,18 @@ fn burst_jobs(job: *mut Job) -> *mut BurstJob {
     job.cast::<u8>().wrapping_add(BURST_AT).cast::<BurstJob>()
 }
 
-/// The engine kernel's body, called by every thread of its one block
-/// (launched with [`SHARED_BYTES`] of dynamic shared memory).
+/// The engine kernel's body, called by every thread of its blocks
+/// (launched with [`SHARED_BYTES`] of dynamic shared memory). Block `b` of
+/// a grid of `n` serves the QPs whose [`QpEntry::shard`](super::tables::QpEntry::shard) is `b`
+/// ([`Port::assign_shards`]) with its own control block, `ctl.add(b)`;
+/// the stop word and the configuration are block 0's (`ctl`), which is
+/// also the one whose state and progress the host reads: block 0 says it
+/// runs once every block does, and that it exited once every block did.
 ///
 /// # Safety
-/// `ctl` is a valid control block whose table points at live ports, whose
-/// rings and regions stay valid until the engine reports
-/// [`STATE_EXITED`].
+/// `ctl` is valid for as many control blocks as the grid has blocks, each
+/// of whose table points at live ports, whose rings and regions stay
+/// valid until the engine reports [`STATE_EXITED`].
 pub unsafe fn run_block(ctl: *mut EngineCtl) {
     let job = ptx::dynamic_shared_mem() as *mut Job;
     let part = ptx::thread_idx_x() as usize;
@@ -559,19 +564,69 @@ pub unsafe fn run_block(ctl: *mut EngineCtl) {
         unsafe { serve(job, part, parts) };
         return;
     }
+    let shards = Shards {
+        main: ctl,
+        me: ptx::block_idx_x() as usize,
+        n: ptx::grid_dim_x() as usize,
+    };
     // SAFETY: the caller's contract.
-    unsafe { control(ctl, job, parts) };
+    unsafe { control(shards, job, parts) };
 }
 
-/// Thread 0: passes over the port until the stop word is set.
+/// The engine's blocks as a block's control thread sees them.
+#[derive(Clone, Copy)]
+struct Shards {
+    /// Block 0's control block: the stop word, the configuration, the
+    /// state the host reads.
+    main: *mut EngineCtl,
+    /// This block's index.
+    me: usize,
+    /// The blocks.
+    n: usize,
+}
+
+impl Shards {
+    /// This block's control block.
+    fn own(&self) -> *mut EngineCtl {
+        self.main.wrapping_add(self.me)
+    }
+
+    /// Block 0 waits until every other block's state is `want` (`st.release`
+    /// by that block, read with acquire), or, when `stop_too`, until the
+    /// stop word is set. Other blocks return at once.
+    ///
+    /// # Safety
+    /// As for [`run_block`].
+    unsafe fn wait_others(&self, want: u32, stop_too: bool) {
+        if self.me != 0 {
+            return;
+        }
+        for b in 1..self.n {
+            // SAFETY: the caller's contract: a control block per block.
+            unsafe {
+                let at = &raw const (*self.main.add(b)).state;
+                while ptx::ld_acquire_sys_u32(at) != want {
+                    if stop_too && ptx::ld_relaxed_sys_u32(&raw const (*self.main).stop) != 0 {
+                        return;
+                    }
+                    ptx::nanosleep(1_000);
+                }
+            }
+        }
+    }
+}
+
+/// Thread 0: passes over its block's QPs until the stop word is set.
 ///
 /// # Safety
 /// As for [`run_block`].
-unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
+unsafe fn control(shards: Shards, job: *mut Job, parts: usize) {
+    let (main, ctl) = (shards.main, shards.own());
     // SAFETY (whole function): the caller's contract; the control block's
     // engine fields are written by this thread only, the host's fields read
     // with acquire where they change.
     unsafe {
+        shards.wait_others(STATE_RUNNING, true);
         publish_state(ctl, STATE_RUNNING);
         let t0 = ptx::globaltimer_ns();
         let base = core::ptr::read_volatile(&raw const (*ctl).clock_base_ns);
@@ -631,14 +686,14 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
             if passes % CONTROL_EVERY == 0 {
                 // Relaxed: the stop word orders nothing; a new epoch is
                 // followed by a fence before the configuration is read.
-                if ptx::ld_relaxed_sys_u32(&raw const (*ctl).stop) != 0 {
+                if ptx::ld_relaxed_sys_u32(&raw const (*main).stop) != 0 {
                     break;
                 }
-                let e = ptx::ld_relaxed_sys_u64(&raw const (*ctl).cfg_epoch);
+                let e = ptx::ld_relaxed_sys_u64(&raw const (*main).cfg_epoch);
                 if e != epoch {
                     // `sys`: the host wrote the configuration.
                     mem::acquire(Scope::Sys);
-                    cfg = core::ptr::read_volatile(&raw const (*ctl).cfg);
+                    cfg = core::ptr::read_volatile(&raw const (*main).cfg);
                     rng = EngineRng::new(cfg.faults.seed);
                     epoch = e;
                     ptx::st_release_sys_u64(&raw mut (*ctl).cfg_applied, e);
@@ -654,7 +709,7 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
                 // that follow; then the slots in use are listed again.
                 // `sys`: the host writes tables too.
                 mem::acquire(Scope::Sys);
-                watch = Watch::of(&table);
+                watch = Watch::of(&table, shards.me);
                 refreshed_ns = t;
                 last.progressed = 1;
             }
@@ -673,7 +728,7 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
                     mover.keep_pass();
                 }
             }
-            if passes % PROGRESS_EVERY == 1 {
+            if passes % PROGRESS_EVERY == 1 && shards.me == 0 {
                 seq += 1;
                 publish_progress(progress, seq, passes, now, &table);
             }
@@ -706,7 +761,6 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
             mover.fence();
         }
         publish_counters(ctl, passes, busy, busy_cycles, &mover);
-        publish_progress(progress, seq + 1, passes, now, &table);
         mover.round(Job {
             kind: JOB_EXIT,
             _pad: 0,
@@ -714,6 +768,14 @@ unsafe fn control(ctl: *mut EngineCtl, job: *mut Job, parts: usize) {
             src: 0,
             len: 0,
         });
+        // Block 0's exit says the whole engine's: it waits for the others
+        // (each sees the stop word within a few passes) and publishes the
+        // progress they made too.
+        shards.wait_others(STATE_EXITED, false);
+        if shards.me == 0 {
+            mem::acquire(Scope::Sys);
+            publish_progress(progress, seq + 1, passes, now, &table);
+        }
         publish_state(ctl, STATE_EXITED);
     }
 }
@@ -821,8 +883,9 @@ impl Watch {
         complete: true,
     };
 
-    /// Lists the slots of the engine's own port in use.
-    fn of(view: &View) -> Watch {
+    /// Lists the slots of the engine's own port in use that block `shard`
+    /// serves.
+    fn of(view: &View, shard: usize) -> Watch {
         let mut w = Watch::EMPTY;
         let Some(p) = view.own() else { return w };
         // Every slot's flags first, with no branch between the loads, so
@@ -830,7 +893,7 @@ impl Watch {
         // each is a trip to L2, and a loop that branched on each waited for
         // each in turn); then the slots in use.
         for (q, qp) in p.qps.iter().enumerate() {
-            w.mask |= (qp.in_use() as u64) << q;
+            w.mask |= ((qp.in_use() && qp.shard as usize == shard) as u64) << q;
         }
         let mut left = w.mask;
         while left != 0 {
@@ -927,7 +990,7 @@ unsafe fn publish_progress(to: *mut EngineProgress, seq: u64, passes: u64, now_n
         return;
     }
     let s = match view.own() {
-        Some(p) => p.stats,
+        Some(p) => p.total_stats(),
         None => super::tables::PortStats::default(),
     };
     // SAFETY: field addresses of the caller's record (no access yet).

@@ -30,6 +30,7 @@
 //! nothing after them (its remote regions, the data path, aside).
 
 mod fabric;
+mod shards;
 mod state;
 
 pub use fabric::{PortTable, Ports, Window};
@@ -50,6 +51,9 @@ pub const MAX_INFLIGHT: usize = 16;
 pub const ERROR_LOG: usize = 32;
 /// Ports in one fabric.
 pub const MAX_PORTS: usize = 64;
+/// Most engine blocks (shards) that serve one port at once, each its own
+/// QPs ([`Port::assign_shards`]).
+pub const MAX_SHARDS: usize = 8;
 /// Responder events one QP's [`Inbox`] holds (as many as a requester has
 /// WQEs in flight).
 pub const INBOX: usize = MAX_INFLIGHT;
@@ -370,8 +374,10 @@ pub struct QpEntry {
     pub inflight_head: u32,
     /// Engine: entries in the in-flight ring.
     pub inflight_len: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// The engine block that serves this QP and whose counters
+    /// ([`Port::stats`]) it adds to: set by [`Port::assign_shards`] before
+    /// a GPU-resident engine of several blocks takes the port; 0 otherwise.
+    pub shard: u32,
     /// Engine (as the responder): events of this QP's [`Inbox`] drained
     /// (wrapping); published with release, read by the peer.
     pub inbox_tail: u32,
@@ -419,7 +425,7 @@ impl QpEntry {
         held: 0,
         inflight_head: 0,
         inflight_len: 0,
-        reserved: 0,
+        shard: 0,
         inbox_tail: 0,
         out_head: 0,
         out_tail_seen: 0,
@@ -620,8 +626,9 @@ pub struct Port {
     /// trace's rings are (0: not tracing), and the engine's trace events
     /// go there ([`crate::engine::trace`]).
     pub trace_mr: u32,
-    /// Counters.
-    pub stats: PortStats,
+    /// Counters, one set per engine block ([`QpEntry::shard`]: each block
+    /// writes its own); [`Port::total_stats`] adds them up.
+    pub stats: [PortStats; MAX_SHARDS],
 }
 
 const _: () = assert!(core::mem::offset_of!(Port, mrs) == PEER_WRITABLE_BYTES && PEER_WRITABLE_BYTES.is_multiple_of(PAGE));
@@ -653,23 +660,7 @@ impl Port {
             }; ERROR_LOG],
             errors_written: 0,
             trace_mr: 0,
-            stats: PortStats {
-                wqes: 0,
-                bytes: 0,
-                cqes: 0,
-                errors: 0,
-                flushes: 0,
-                doorbells: 0,
-                doorbells_dropped: 0,
-                dbr_rereads: 0,
-                executed: 0,
-                fetched: 0,
-                last_uar: 0,
-                last_sq_pi: 0,
-                last_qpn: 0,
-                last_wqe: 0,
-                reserved: 0,
-            },
+            stats: [PortStats::ZERO; MAX_SHARDS],
         }
     }
 
