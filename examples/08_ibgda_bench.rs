@@ -120,6 +120,8 @@ struct Report {
     ranks_on: String,
     engine: String,
     engine_threads: u32,
+    /// Blocks of rank 0's engine kernel (each serves its own QPs).
+    engine_blocks: u32,
     link: Option<String>,
     rtt_iters: u32,
     rtt_ibgda_us: f64,
@@ -249,8 +251,12 @@ fn run(a: &IbgdaBenchArgs) -> Result<(), BoxError> {
 fn print_report(r: &Report, a: &IbgdaBenchArgs, gpu: bool) {
     let link = r.link.as_deref().unwrap_or("off");
     println!(
-        "# ibgda_bench on {} ({}), soft NIC engine: {} ({} threads), link model: {link}",
-        r.device, r.ranks_on, r.engine, r.engine_threads
+        "# ibgda_bench on {} ({}), soft NIC engine: {} ({} block(s) of {} threads), link model: {link}",
+        r.device,
+        r.ranks_on,
+        r.engine,
+        r.engine_blocks.max(1),
+        r.engine_threads
     );
     println!(
         "# 8-byte put_signal round trip, one warp per rank, {} round trips per launch, median of {} launches",
@@ -304,14 +310,15 @@ fn print_report(r: &Report, a: &IbgdaBenchArgs, gpu: bool) {
     if let Some(e) = r.lanes_engine.filter(|e| e.rounds > 0 && e.bursts > 0 && e.burst_wqes > 0) {
         let per = |c: u64, n: u64| c as f64 / n.max(1) as f64;
         println!(
-            "# rank 0's engine over those {} blocks' runs: {} passes, {} rounds, {:.2} bursts a round, {:.1} WQEs a burst ({} stored unordered); a round every {:.0} ns, {:.0} cycles in it; per burst, lane 0: gather {:.0} cycles, completion {:.0} cycles ({:.0} per WQE); busy {:.0} cycles a round",
+            "# rank 0's engine ({} block(s), counts added up, per round of a block) over those {} blocks' runs: {} passes, {} rounds, {:.2} bursts a round, {:.1} WQEs a burst ({} stored unordered); a block's round every {:.0} ns, {:.0} cycles in it; per burst, lane 0: gather {:.0} cycles, completion {:.0} cycles ({:.0} per WQE); busy {:.0} cycles a round",
+            r.engine_blocks.max(1),
             r.lanes_blocks,
             e.passes,
             e.rounds,
             per(e.bursts, e.rounds),
             per(e.burst_wqes, e.bursts),
             e.unordered_wqes,
-            per(e.elapsed_ns, e.rounds),
+            per(e.elapsed_ns * r.engine_blocks.max(1) as u64, e.rounds),
             per(e.round_cycles, e.rounds),
             per(e.gather_cycles, e.bursts),
             per(e.complete_cycles, e.bursts),
@@ -649,6 +656,7 @@ fn engine_shares(comm: &Communicator, before: Option<EngineReport>, wqes_before:
     };
     report.engine = format!("{:?}", e.engine);
     report.engine_threads = e.threads;
+    report.engine_blocks = e.blocks.len() as u32;
     let wqes = nic.stats().wqes - wqes_before;
     let Some(b) = before else { return Ok(()) };
     let (e, b) = (e.counters, b.counters);

@@ -39,4 +39,6 @@ pub use link::{parse_link, LinkModel, LinkParseError, LINK_FORMS};
 pub use mover::{PayloadMover, Phase, ThreadMover, PHASES};
 pub use poll::{poll_port, PollReport};
 pub use resident::{EngineCounters, EngineCtl};
-pub use tables::{access, CqEntry, ErrorRecord, MrEntry, Port, PortStats, PortTable, Ports, QpEntry, QpState, Reason, Window, MAX_PORTS, MAX_SHARDS};
+pub use tables::{
+    access, CqEntry, ErrorRecord, MrEntry, Port, PortStats, PortTable, Ports, QpEntry, QpState, Reason, Window, MAX_PORTS, MAX_SHARDS,
+};

@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex};
 
 use doorbell_kernels::Kernel;
 use doorbell_softnic::engine::burst::BURST_MAX;
-use doorbell_softnic::engine::resident::{EngineCounters, EngineCtl, EngineProgress, SHARED_BYTES, STATE_EXITED, STATE_LAUNCHED, STATE_RUNNING};
+use doorbell_softnic::engine::resident::{
+    EngineCounters, EngineCtl, EngineProgress, SHARED_BYTES, STATE_EXITED, STATE_LAUNCHED, STATE_RUNNING,
+};
 use doorbell_softnic::engine::{Port, PortTable, Window, MAX_PORTS};
 use doorbell_softnic::kernel::{softnic_engine_1024, softnic_engine_256, softnic_engine_512, ENGINE_256_THREADS, ENGINE_512_THREADS};
 use doorbell_softnic::{EngineThread, RdmaDevice as _};
@@ -288,8 +290,7 @@ impl KernelEngine {
         let mut b = vec![0u8; size * self.blocks as usize];
         // SAFETY: the control blocks, whole.
         unsafe { self.device.inner.read(self.ctl.as_raw(), &mut b)? };
-        Ok(b
-            .chunks_exact(size)
+        Ok(b.chunks_exact(size)
             // SAFETY: EngineCtl is plain #[repr(C)] data; each chunk is one.
             .map(|c| unsafe { std::ptr::read_unaligned(c.as_ptr() as *const EngineCtl) }.counters)
             .collect())
@@ -324,7 +325,10 @@ pub(super) fn launch(nic: &SoftNic, ctx: &StartCtx<'_>) -> Result<KernelEngine> 
         }
     };
     let mut image = device.port_image();
-    let want_blocks = nic.options.engine_blocks.unwrap_or(if dev.is_gpu() { ENGINE_BLOCKS_GPU } else { 1 });
+    let want_blocks = nic
+        .options
+        .engine_blocks
+        .unwrap_or(if dev.is_gpu() { ENGINE_BLOCKS_GPU } else { 1 });
     // Which block serves which QP, written into the tables the engine takes.
     let blocks = image.assign_shards(want_blocks);
     // SAFETY: the port's memory, whole; `image` is plain data of that size.

@@ -17,8 +17,10 @@
 //!   world of several processes, [`ENGINE_ENV`]`=kernel` on the emulator):
 //!   each rank copies its port's tables to its device memory, the ranks
 //!   exchange those addresses into a port table, and each rank launches
-//!   `softnic_engine_256` (from [`SOFTNIC_PTX`]) — **one block per port**,
-//!   [`ENGINE_THREADS_GPU`] threads on a GPU ([`ENGINE_THREADS_ENV`]) — on
+//!   `softnic_engine_256` (from [`SOFTNIC_PTX`]) — **one block per port**
+//!   by default, up to [`MAX_SHARDS`] ([`ENGINE_BLOCKS_ENV`]) each serving
+//!   its own QPs, [`ENGINE_THREADS_GPU`] threads on a GPU
+//!   ([`ENGINE_THREADS_ENV`]) — on
 //!   a non-blocking stream that [`crate::Device::synchronize`] and buffer
 //!   frees do not wait for. The engine's module is loaded once per device
 //!   and process and never unloaded (unloading it, or loading modules and
@@ -35,7 +37,7 @@
 //!   16-byte vectors, smaller ones by thread 0. Payload goes over the same
 //!   mappings as P2P; the engine's fences and CQE releases are at `gpu`
 //!   scope when every rank shares one GPU ([`SCOPE_ENV`]`=sys` widens
-//!   them), else at `sys`. **Cost**: one SM per rank (a block of 256, 512
+//!   them), else at `sys`. **Cost**: one SM per block (a block of 256, 512
 //!   or 1024 threads holds all of its registers) — a kernel that sizes an
 //!   all-resident grid by the SM count must leave those SMs free, or it and
 //!   the engine wait for each other. While the engine runs, the fabric

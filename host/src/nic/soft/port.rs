@@ -83,7 +83,8 @@ impl ResidentPort for DevicePort {
         self.write(epoch_at, &epoch.to_le_bytes(), "configuration")?;
         // In force before this returns, in every block: a kernel launched
         // next sees it.
-        let applied_at = |b: u32| self.ctl + (b as usize * std::mem::size_of::<EngineCtl>() + std::mem::offset_of!(EngineCtl, cfg_applied)) as u64;
+        let applied_at =
+            |b: u32| self.ctl + (b as usize * std::mem::size_of::<EngineCtl>() + std::mem::offset_of!(EngineCtl, cfg_applied)) as u64;
         let t0 = std::time::Instant::now();
         loop {
             let mut seen = u64::MAX;

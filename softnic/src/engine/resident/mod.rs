@@ -1,6 +1,8 @@
 //! The engine as a persistent block: the GPU-resident soft NIC.
 //!
-//! One block per port runs [`run_block`] (the `softnic_engine_*` kernels)
+//! One block per port — or several, each serving its own QPs
+//! ([`Port::assign_shards`](super::tables::Port::assign_shards); see
+//! [`run_block`]) — runs [`run_block`] (the `softnic_engine_*` kernels)
 //! until the host sets [`EngineCtl::stop`]. Thread 0 is the NIC's control:
 //! it runs [`super::poll_port`] — doorbells, WQE parsing, key, bounds and
 //! access checks, the link model, faults, CQEs — exactly as the host thread
@@ -68,11 +70,13 @@ use super::burst::{self, BurstHead, BurstJob, Tally, BURST_MAX, JOBS};
 use super::config::{EngineConfig, EngineRng};
 use super::mem::{self, Scope};
 use super::mover::{copy_part, overlaps, PayloadMover, Phase, PHASES};
-use super::poll::{doorbell_word, poll_port_masked, PollReport};
-use super::tables::{Port, PortTable, Ports, MAX_QPS};
+use super::poll::{poll_port_masked, PollReport};
+use super::tables::{Ports, MAX_QPS};
 
 mod lanes;
+mod view;
 use lanes::run_bursts;
+use view::{View, Watch};
 
 pub use super::control::{EngineCounters, EngineCtl, EngineProgress, PROGRESS_EVERY, STATE_EXITED, STATE_LAUNCHED, STATE_RUNNING};
 
@@ -92,9 +96,6 @@ pub const REFRESH_NS: u64 = 100_000;
 const IDLE_SPINS: u32 = 64;
 /// The sleep of an idle pass, ns.
 const IDLE_SLEEP_NS: u32 = 100;
-/// Doorbell words an idle pass reads at once (QPs beyond these: every
-/// pass is a full one).
-const WATCHED: usize = 8;
 
 /// Where the block's [`BurstJob`]s start in its dynamic shared memory,
 /// after the [`Job`].
@@ -546,7 +547,7 @@ fn burst_jobs(job: *mut Job) -> *mut BurstJob {
 /// The engine kernel's body, called by every thread of its blocks
 /// (launched with [`SHARED_BYTES`] of dynamic shared memory). Block `b` of
 /// a grid of `n` serves the QPs whose [`QpEntry::shard`](super::tables::QpEntry::shard) is `b`
-/// ([`Port::assign_shards`]) with its own control block, `ctl.add(b)`;
+/// ([`Port::assign_shards`](super::tables::Port::assign_shards)) with its own control block, `ctl.add(b)`;
 /// the stop word and the configuration are block 0's (`ctl`), which is
 /// also the one whose state and progress the host reads: block 0 says it
 /// runs once every block does, and that it exited once every block did.
@@ -777,171 +778,6 @@ unsafe fn control(shards: Shards, job: *mut Job, parts: usize) {
             publish_progress(progress, seq + 1, passes, now, &table);
         }
         publish_state(ctl, STATE_EXITED);
-    }
-}
-
-/// The fabric as a thread of the engine sees it: its own port's address
-/// held in a register, the other ports' read from the port table in device
-/// memory when asked for (faster than a copy of the table in local memory:
-/// a round trip of 52.7 – 53.1 against 57.0 – 62.5 µs on an H200).
-struct View {
-    port: usize,
-    own: *mut Port,
-    table: *const PortTable,
-}
-
-impl View {
-    /// The view of port `port` of `table`.
-    ///
-    /// # Safety
-    /// `table` is a valid port table whose entries below its count point at
-    /// live ports, and stays so while the view is used.
-    unsafe fn new(table: *const PortTable, port: usize) -> View {
-        let mut v = View {
-            port,
-            own: core::ptr::null_mut(),
-            table,
-        };
-        v.own = v.lookup(port);
-        v
-    }
-
-    /// The engine's own port.
-    #[inline(always)]
-    fn own(&self) -> Option<&Port> {
-        // SAFETY: null or a live port (the constructor's contract).
-        unsafe { self.own.as_ref() }
-    }
-
-    /// The port table (the constructor's contract keeps it valid).
-    #[inline(always)]
-    fn table(&self) -> &PortTable {
-        // SAFETY: the constructor's contract.
-        unsafe { &*self.table }
-    }
-
-    /// Port `i`'s address from the table (null: no such port).
-    #[inline(always)]
-    fn lookup(&self, i: usize) -> *mut Port {
-        self.table().port_ptr(i)
-    }
-}
-
-impl Ports for View {
-    #[inline(always)]
-    fn get(&self, i: usize) -> Option<&Port> {
-        let p = if i == self.port { self.own } else { self.lookup(i) };
-        // SAFETY: null or a live port (the constructor's contract).
-        unsafe { p.as_ref() }
-    }
-    #[inline(always)]
-    fn get_mut(&mut self, i: usize) -> Option<&mut Port> {
-        let p = if i == self.port { self.own } else { self.lookup(i) };
-        // SAFETY: null or a live port (the constructor's contract), whose
-        // fields an engine writes as the tables' concurrency rules say.
-        unsafe { p.as_mut() }
-    }
-    #[inline(always)]
-    fn reach(&self, i: usize, addr: u64, len: u64) -> Option<*mut u8> {
-        if i == self.port {
-            return Some(addr as usize as *mut u8);
-        }
-        self.table().reach(i, addr, len)
-    }
-    #[inline(always)]
-    fn foreign(&self, i: usize) -> bool {
-        i != self.port && self.table().foreign(i)
-    }
-}
-
-/// The QP slots of the engine's port in use, and the first [`WATCHED`] of
-/// them whose doorbell words an idle pass reads together.
-///
-/// An idle pass costs what its loads cost. A full pass
-/// ([`poll_port_masked`]) walks every slot in use with dependent loads and
-/// branches; when nothing was rung, nothing is due and the last pass did
-/// nothing, the engine instead issues the doorbell-word loads of the
-/// watched QPs and their inbox heads (responder events their peers wrote)
-/// back to back (independent `ld.relaxed.sys`, one memory latency for
-/// all) and compares them with what the tables last saw.
-#[derive(Clone, Copy)]
-struct Watch {
-    /// Bit `q`: slot `q` holds a QP.
-    mask: u64,
-    /// Watched slots, `n` of them.
-    slots: [u8; WATCHED],
-    n: usize,
-    /// Every slot in use is watched.
-    complete: bool,
-}
-
-impl Watch {
-    const EMPTY: Watch = Watch {
-        mask: 0,
-        slots: [0; WATCHED],
-        n: 0,
-        complete: true,
-    };
-
-    /// Lists the slots of the engine's own port in use that block `shard`
-    /// serves.
-    fn of(view: &View, shard: usize) -> Watch {
-        let mut w = Watch::EMPTY;
-        let Some(p) = view.own() else { return w };
-        // Every slot's flags first, with no branch between the loads, so
-        // they are in flight together (this runs right after a fence, when
-        // each is a trip to L2, and a loop that branched on each waited for
-        // each in turn); then the slots in use.
-        for (q, qp) in p.qps.iter().enumerate() {
-            w.mask |= ((qp.in_use() && qp.shard as usize == shard) as u64) << q;
-        }
-        let mut left = w.mask;
-        while left != 0 {
-            let q = left.trailing_zeros() as usize;
-            left &= left - 1;
-            let qp = &p.qps[q % MAX_QPS];
-            if w.n < WATCHED && !qp.dbrec.is_null() {
-                w.slots[w.n] = q as u8;
-                w.n += 1;
-            } else {
-                w.complete = false;
-            }
-        }
-        w
-    }
-
-    /// Whether a watched QP was rung since its last full pass (or not
-    /// every slot is watched, so only a full pass can tell).
-    ///
-    /// # Safety
-    /// The watched QPs' doorbell words are valid (the tables' contract).
-    unsafe fn rung(&self, view: &View) -> bool {
-        if !self.complete {
-            return true;
-        }
-        let Some(p) = view.own() else { return false };
-        let own = view.own;
-        let mut seen = [0u64; WATCHED];
-        let mut mail = [0u32; WATCHED];
-        for (i, (s, m)) in seen.iter_mut().zip(mail.iter_mut()).enumerate() {
-            if i < self.n {
-                let q = self.slots[i] as usize % MAX_QPS;
-                // SAFETY: the caller's contract; the inbox head (written by
-                // the QP's peer) through its address only.
-                unsafe {
-                    *s = doorbell_word(&p.qps[q]);
-                    *m = mem::peek_word(&raw const (*own).inbox[q].head);
-                }
-            }
-        }
-        let mut rung = false;
-        for (i, (s, m)) in seen.iter().zip(mail.iter()).enumerate() {
-            if i < self.n {
-                let qp = &p.qps[self.slots[i] as usize % MAX_QPS];
-                rung |= *s != qp.last_doorbell || *m != qp.inbox_tail;
-            }
-        }
-        rung
     }
 }
 
