@@ -11,7 +11,10 @@
 //! most [`BURST_MAX_BYTES`]) into shared memory, all lanes' loads in
 //! flight together. Then the warp's lane 0 stores the payloads in WQE
 //! order, each ordered behind the ones before it (a release each), writes
-//! the CQEs the WQEs ask for and steps the ring.
+//! the CQEs the WQEs ask for and steps the ring. A row of WRITEs marked
+//! unordered (a warp-wide run's after its first, none signaled) it hands
+//! back to the warp: each lane stores its own behind one fence, and lane 0
+//! goes on once they all have (a warp barrier before its next release).
 //!
 //! **Many QPs at once.** The control thread queues the bursts of one pass
 //! over its port — one per QP with simple WRITEs published, at most
@@ -63,6 +66,30 @@ pub const SLOT_SIGNALED: u32 = 2;
 /// WRITEs.
 pub const SLOT_UNORDERED: u32 = 4;
 
+/// [`BurstJob::row`]`[2]`: the lanes named store their slots' payload.
+pub const ROW_STORE: u32 = 1;
+/// [`BurstJob::row`]`[2]`: the burst is complete; the lanes leave.
+pub const ROW_DONE: u32 = 2;
+
+/// The end of the row of checked, unsignaled WRITEs marked unordered
+/// that starts at slot `from` of burst `job` (`from` itself when that slot
+/// is not one).
+///
+/// # Safety
+/// `job` is a burst being completed.
+#[inline(always)]
+unsafe fn row_end(job: *const BurstJob, from: u32, count: u32) -> u32 {
+    let mut end = from;
+    // SAFETY: the caller's contract.
+    while end < count
+        && unsafe { (*job).slots.get(end as usize) }
+            .is_some_and(|s| s.flags & (SLOT_OK | SLOT_UNORDERED | SLOT_SIGNALED) == SLOT_OK | SLOT_UNORDERED)
+    {
+        end += 1;
+    }
+    end
+}
+
 /// One WQE of a burst, as its thread leaves it in shared memory.
 #[repr(C, align(16))]
 #[derive(Clone, Copy, Debug)]
@@ -90,6 +117,9 @@ pub struct BurstJob {
     pub head: BurstHead,
     /// What [`complete`] did, for the control thread.
     pub tally: Tally,
+    /// Lane 0 to its warp while completing: store the slots
+    /// `row[0]..row[1]` ([`ROW_STORE`] in `row[2]`), or stop ([`ROW_DONE`]).
+    pub row: [u32; 4],
     /// One per WQE.
     pub slots: [Slot; BURST_MAX as usize],
 }
@@ -363,6 +393,27 @@ pub unsafe fn complete<P: Ports + ?Sized, M: PayloadMover>(
                     if signaled && !cq.as_deref_mut().is_some_and(|cq| cqe::has_room_cached(cq)) {
                         full = true;
                         break;
+                    }
+                    // A row of unordered, unsignaled WRITEs: each lane of
+                    // the warp stores its own (the mover's `row`), and this
+                    // thread only counts them.
+                    let row_end = row_end(job, done, count);
+                    if row_end > done && mover.row(done, row_end) {
+                        while done < row_end {
+                            let len = (*job).slots.get(done as usize).map_or(0, |s| s.len);
+                            let idx = start.wrapping_add(done);
+                            doorbell_kernels::trace_hook! {
+                                super::trace::event(tr, super::trace::What::NicFetch, u32::MAX, idx as u64);
+                                super::trace::event(tr, super::trace::What::NicExecute, (*job).head.peer_port, len as u64);
+                            }
+                            tally.unordered += 1;
+                            tally.bytes += len as u64;
+                            tally.last_wqe = idx;
+                            done += 1;
+                            mover.executed(q);
+                        }
+                        fenced = false;
+                        continue;
                     }
                     let (dst, src, len) = (slot.dst as usize as *mut u8, slot.data.as_ptr() as *const u8, slot.len as usize);
                     if slot.flags & SLOT_UNORDERED != 0 {

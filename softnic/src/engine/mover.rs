@@ -131,6 +131,20 @@ pub trait PayloadMover {
     #[inline(always)]
     fn rung(&mut self, _q: usize) {}
 
+    /// Stores the payloads of slots `from..to` of the burst being
+    /// completed ([`super::burst::complete`]) — a row of WRITEs marked
+    /// unordered, none signaled — each by its own lane of the warp, ordered
+    /// behind every payload before them and before what the caller stores
+    /// after; returns false (storing nothing) where there is no such warp,
+    /// and the caller stores them itself.
+    ///
+    /// # Safety
+    /// The slots are those of the burst being completed, checked.
+    #[inline(always)]
+    unsafe fn row(&mut self, _from: u32, _to: u32) -> bool {
+        false
+    }
+
     /// A WQE of QP slot `q` was just executed (its CQE, if any, written):
     /// the GPU engine counts the time since the QP's last doorbell was
     /// seen (a no-op elsewhere).
