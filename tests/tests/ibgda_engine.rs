@@ -400,22 +400,27 @@ fn engine_settings_are_parsed_strictly() {
         let e = SoftNicEngine::parse("DOORBELL_SOFTNIC_ENGINE", bad).unwrap_err().to_string();
         assert!(e.contains("DOORBELL_SOFTNIC_ENGINE"), "{bad}: {e}");
     }
-    let bad_threads = IbgdaOptions {
-        engine_threads: Some(48),
-        ..kernel_engine(64, 1 << 20)
-    };
-    let r = Communicator::local(1, Backend::Cpu, CommOptions::default(), |comm| {
-        comm.ibgda_with(&bad_threads).map(|_| ())
-    });
-    assert!(r.unwrap_err().to_string().contains("multiple of 32"));
-    let bad_blocks = IbgdaOptions {
-        engine_blocks: Some(9),
-        ..kernel_engine(64, 1 << 20)
-    };
-    let r = Communicator::local(1, Backend::Cpu, CommOptions::default(), |comm| {
-        comm.ibgda_with(&bad_blocks).map(|_| ())
-    });
-    assert!(r.unwrap_err().to_string().contains("engine_blocks 9 is not in 1..=8"));
+    let bad = [
+        (
+            IbgdaOptions {
+                engine_threads: Some(48),
+                ..kernel_engine(64, 1 << 20)
+            },
+            "multiple of 32",
+        ),
+        (
+            IbgdaOptions {
+                engine_blocks: Some(9),
+                ..kernel_engine(64, 1 << 20)
+            },
+            "engine_blocks 9 is not in 1..=8",
+        ),
+    ];
+    for (io, want) in bad {
+        let r = Communicator::local(1, Backend::Cpu, CommOptions::default(), |comm| comm.ibgda_with(&io).map(|_| ()));
+        let e = r.unwrap_err().to_string();
+        assert!(e.contains(want), "{e}");
+    }
     let _ = Device::emulator(0);
 }
 
