@@ -118,8 +118,9 @@ pub const fn lane_words(i: u64, round: u32) -> u64 {
 /// QPs (`block mod qps_per_peer`) with [`Transport::put_lanes`],
 /// non-blocking, then quiet: in round `r`, lane `l` of block `b` (of `B`)
 /// puts word `(r B + b) 32 + l` of `src` into the same word of `dst`, and
-/// lanes with `l % 4 == 0` add 1 to `sigs[b]` after their word. Warp 0 of
-/// each block only. `out[b]` = `code` of block `b`'s result.
+/// in even rounds lanes with `l % 4 == 0` add 1 to `sigs[b]` after their
+/// word (odd rounds are runs of 32 puts alone). Warp 0 of each block only.
+/// `out[b]` = `code` of block `b`'s result.
 #[kernel(transports(P2p, Ibgda))]
 pub unsafe fn lanes_many_qps<T: Transport>(t: T, dst: Sym<u64>, src: Sym<u64>, sigs: Sym<u64>, rounds: u32, out: *mut u32) {
     if t.rank() != 0 || ptx::warp_id_in_block() != 0 {
@@ -131,7 +132,7 @@ pub unsafe fn lanes_many_qps<T: Transport>(t: T, dst: Sym<u64>, src: Sym<u64>, s
     while k < rounds as u64 && r.is_ok() {
         let w = (k * blocks + b) * 32 + lane;
         let mut p = Put::dst(dst.part(w, 1)).src(src.part(w, 1)).nbi();
-        if lane.is_multiple_of(4) {
+        if lane.is_multiple_of(4) && k.is_multiple_of(2) {
             p = p.signal(Signal::add(sigs.word(b), 1));
         }
         // SAFETY: the warp's lanes all call, converged; parts of symmetric buffers.
