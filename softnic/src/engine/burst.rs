@@ -11,11 +11,10 @@
 //! most [`BURST_MAX_BYTES`]) into shared memory, all lanes' loads in
 //! flight together. Then the warp's lane 0 stores the payloads in WQE
 //! order, each ordered behind the ones before it (a release each), writes
-//! the CQEs the WQEs ask for and steps the ring. A row — a WRITE and the
-//! WRITEs marked unordered after it (a warp-wide run: its first and the
-//! rest), the last perhaps signaled — it hands back to the warp: each lane
-//! stores its own behind one fence, and lane 0 goes on once they all have
-//! (a warp barrier before its next release, the row's CQE).
+//! the CQEs the WQEs ask for and steps the ring. A row of WRITEs marked
+//! unordered (a warp-wide run's after its first, none signaled) it hands
+//! back to the warp: each lane stores its own behind one fence, and lane 0
+//! goes on once they all have (a warp barrier before its next release).
 //!
 //! **Many QPs at once.** The control thread queues the bursts of one pass
 //! over its port — one per QP with simple WRITEs published, at most
@@ -72,30 +71,21 @@ pub const ROW_STORE: u32 = 1;
 /// [`BurstJob::row`]`[2]`: the burst is complete; the lanes leave.
 pub const ROW_DONE: u32 = 2;
 
-/// The end of the row that starts at slot `from` of burst `job`: that
-/// slot, when it is a checked WRITE, and the checked WRITEs marked
-/// unordered after it, up to and including the first signaled one (so
-/// only a row's last WRITE can ask for a CQE); `from` itself when that
-/// slot is not checked.
+/// The end of the row of checked, unsignaled WRITEs marked unordered
+/// that starts at slot `from` of burst `job` (`from` itself when that slot
+/// is not one).
 ///
 /// # Safety
 /// `job` is a burst being completed.
 #[inline(always)]
 unsafe fn row_end(job: *const BurstJob, from: u32, count: u32) -> u32 {
+    let mut end = from;
     // SAFETY: the caller's contract.
-    let flags = |i: u32| unsafe { (*job).slots.get(i as usize) }.map_or(0, |s| s.flags);
-    if from >= count || flags(from) & SLOT_OK == 0 {
-        return from;
-    }
-    let mut end = from + 1;
-    if flags(from) & SLOT_SIGNALED != 0 {
-        return end;
-    }
-    while end < count && flags(end) & (SLOT_OK | SLOT_UNORDERED) == SLOT_OK | SLOT_UNORDERED {
+    while end < count
+        && unsafe { (*job).slots.get(end as usize) }
+            .is_some_and(|s| s.flags & (SLOT_OK | SLOT_UNORDERED | SLOT_SIGNALED) == SLOT_OK | SLOT_UNORDERED)
+    {
         end += 1;
-        if flags(end - 1) & SLOT_SIGNALED != 0 {
-            break;
-        }
     }
     end
 }
@@ -393,8 +383,6 @@ pub unsafe fn complete<P: Ports + ?Sized, M: PayloadMover>(
                 // its own; one fence before the first of a row of them
                 // orders the row behind every payload before it.
                 let mut fenced = false;
-                // Slots below this were stored by a row.
-                let mut stored_to = 0u32;
                 while done < count {
                     let Some(slot) = (*job).slots.get(done as usize) else { break };
                     if slot.flags & SLOT_OK == 0 {
@@ -406,31 +394,29 @@ pub unsafe fn complete<P: Ports + ?Sized, M: PayloadMover>(
                         full = true;
                         break;
                     }
-                    // A row — this WRITE and the WRITEs marked unordered
-                    // after it, the last of them perhaps signaled — is
-                    // stored by the warp's lanes at once, each its own
-                    // (the mover's `row`), all behind one fence: that
-                    // orders the row's first WRITE behind every payload
-                    // before it as its release would, and the marked ones
-                    // need no order among themselves. This thread then
-                    // only counts them and writes the CQE.
-                    if done >= stored_to {
-                        let mut end = row_end(job, done, count);
-                        let last_signaled =
-                            end > done + 1 && (*job).slots.get(end as usize - 1).is_some_and(|s| s.flags & SLOT_SIGNALED != 0);
-                        if last_signaled && !cq.as_deref_mut().is_some_and(|cq| cqe::has_room_cached(cq)) {
-                            end -= 1;
+                    // A row of unordered, unsignaled WRITEs: each lane of
+                    // the warp stores its own (the mover's `row`), and this
+                    // thread only counts them.
+                    let row_end = row_end(job, done, count);
+                    if row_end > done && mover.row(done, row_end) {
+                        while done < row_end {
+                            let len = (*job).slots.get(done as usize).map_or(0, |s| s.len);
+                            let idx = start.wrapping_add(done);
+                            doorbell_kernels::trace_hook! {
+                                super::trace::event(tr, super::trace::What::NicFetch, u32::MAX, idx as u64);
+                                super::trace::event(tr, super::trace::What::NicExecute, (*job).head.peer_port, len as u64);
+                            }
+                            tally.unordered += 1;
+                            tally.bytes += len as u64;
+                            tally.last_wqe = idx;
+                            done += 1;
+                            mover.executed(q);
                         }
-                        if end >= done + 2 && mover.row(done, end) {
-                            stored_to = end;
-                            fenced = false;
-                        }
+                        fenced = false;
+                        continue;
                     }
                     let (dst, src, len) = (slot.dst as usize as *mut u8, slot.data.as_ptr() as *const u8, slot.len as usize);
-                    let unordered = slot.flags & SLOT_UNORDERED != 0;
-                    if done < stored_to {
-                        tally.unordered += unordered as u32;
-                    } else if unordered {
+                    if slot.flags & SLOT_UNORDERED != 0 {
                         if !fenced {
                             mem::acquire(scope);
                             fenced = true;

@@ -132,11 +132,11 @@ pub trait PayloadMover {
     fn rung(&mut self, _q: usize) {}
 
     /// Stores the payloads of slots `from..to` of the burst being
-    /// completed ([`super::burst::complete`]) — a row: a WRITE and the
-    /// WRITEs marked unordered after it — each by its own lane of the warp,
-    /// ordered behind every payload before them and before what the caller
-    /// stores after (a release, a CQE); returns false (storing nothing)
-    /// where there is no such warp, and the caller stores them itself.
+    /// completed ([`super::burst::complete`]) — a row of WRITEs marked
+    /// unordered, none signaled — each by its own lane of the warp, ordered
+    /// behind every payload before them and before what the caller stores
+    /// after; returns false (storing nothing) where there is no such warp,
+    /// and the caller stores them itself.
     ///
     /// # Safety
     /// The slots are those of the burst being completed, checked.

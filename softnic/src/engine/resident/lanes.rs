@@ -3,10 +3,9 @@
 //! middle barrier lane 0 of each warp completes that burst
 //! ([`burst::complete`]) through a [`LaneMover`], timing both for the
 //! engine's profile. While it does, the warp's other lanes wait for rows
-//! (a WRITE and the WRITEs marked [`burst::SLOT_UNORDERED`] after it) and
-//! store each its own slot of a row at once ([`serve_rows`]): lane 0 names
-//! the row in [`BurstJob::row`] and meets them at a warp barrier before
-//! and after.
+//! of WRITEs marked unordered ([`burst::SLOT_UNORDERED`]) and store each
+//! its own slot of a row at once ([`serve_rows`]): lane 0 names the row in
+//! [`BurstJob::row`] and meets them at a warp barrier before and after.
 
 use doorbell_kernels::ptx;
 
