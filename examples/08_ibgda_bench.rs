@@ -166,6 +166,11 @@ struct Report {
     /// doorbell to the end of the WQE's execution (its CQE written), ns.
     post_engine_ns_per_wqe: Option<f64>,
     engine_bursts: Option<u64>,
+    /// Over the whole run, rank 0's engine: payload bytes its blocks
+    /// copied, and of those the chunks one block copied of another's
+    /// copy (the engine's shared copies).
+    engine_copied_bytes: Option<u64>,
+    engine_shared_bytes: Option<u64>,
     put_bw: Vec<BwRow>,
 }
 
@@ -357,6 +362,10 @@ fn print_report(r: &Report, a: &IbgdaBenchArgs, gpu: bool) {
     }
     if let (Some(w), Some(b)) = (r.engine_burst_wqes, r.engine_bursts) {
         println!("# engine bursts: {w} WQEs in {b} bursts");
+    }
+    if let (Some(c), Some(s)) = (r.engine_copied_bytes, r.engine_shared_bytes) {
+        let pct = 100.0 * s as f64 / c.max(1) as f64;
+        println!("# engine copies: {c} payload bytes, {s} of them ({pct:.1} %) in chunks a block copied of another's copy");
     }
     if !gpu {
         println!("# CPU emulator: the timings say nothing about a GPU; every path ran and every put was checked");
@@ -662,6 +671,8 @@ fn engine_shares(comm: &Communicator, before: Option<EngineReport>, wqes_before:
     let (e, b) = (e.counters, b.counters);
     report.engine_burst_wqes = Some(e.burst_wqes - b.burst_wqes);
     report.engine_bursts = Some(e.bursts - b.bursts);
+    report.engine_copied_bytes = Some(e.block_bytes - b.block_bytes);
+    report.engine_shared_bytes = Some(e.shared_bytes - b.shared_bytes);
     let busy = e.busy_cycles - b.busy_cycles;
     if busy == 0 || wqes == 0 {
         return Ok(());

@@ -535,3 +535,62 @@ per_backend! {
         assert_eq!(one.blocks.len(), 1, "{one:?}");
     }
 }
+
+per_backend! {
+    /// A 4 MiB put and get (one WQE each) through an engine of four blocks
+    /// on ports with fewer QP groups than blocks: the blocks that serve no
+    /// QP copy chunks of the large payloads (the engine's shared copies),
+    /// every byte arrives, and no canary around the targets changes.
+    fn large_payloads_are_copied_by_the_ports_other_blocks(dev: Device) {
+        let b = dev.backend();
+        let bytes = (4 << 20) + 4100;
+        let io = IbgdaOptions {
+            qps_per_peer: 1,
+            engine_threads: Some(if b == Backend::Gpu { 256 } else { 32 }),
+            engine_blocks: Some(4),
+            ..kernel_engine(64, 8 << 20)
+        };
+        let o = CommOptions {
+            heap_bytes: 32 << 20,
+            ..opts(b, Duration::from_secs(30))
+        };
+        let reports = Communicator::local(2, b, o, |comm| {
+            let m = comm.device().load_module(&TEST_KERNELS)?;
+            let src = comm.alloc::<u8>(bytes)?;
+            let dst = Guarded::new(comm, bytes)?;
+            let got = Guarded::new(comm, bytes)?;
+            let sig = comm.alloc::<u64>(1)?;
+            let mut status = comm.device().alloc_zeroed::<u32>(1)?;
+            let byte = |rank: usize, i: usize| (i.wrapping_mul(0x9E37_79B1) >> 7) as u8 ^ (rank as u8 * 77);
+            src.copy_from_host(&(0..bytes).map(|i| byte(comm.rank(), i)).collect::<Vec<u8>>())?;
+            let t = comm.ibgda_with(&io)?;
+            let bufs = (src.as_mut_ptr(), dst.buf.as_mut_ptr(), got.buf.as_mut_ptr());
+            let args = doorbell_tests::ring_round(t, bufs, bytes as u64, sig.as_mut_ptr(), status.as_mut_ptr());
+            // SAFETY: sizes as the ring kernel documents.
+            let s = unsafe { doorbell_tests::launch_after_barrier(comm, &m.function::<ring_ibgda>()?, LaunchConfig::linear(1, 64), args)? };
+            comm.synchronize(&s)?;
+            comm.ibgda_check()?;
+            assert_eq!(status.to_host()?[0], STATUS_OK, "rank {}", comm.rank());
+            let want: Vec<u8> = (0..bytes).map(|i| byte(1 - comm.rank(), i)).collect();
+            assert!(dst.buf.to_host()? == want, "put into rank {} differs", comm.rank());
+            assert!(got.buf.to_host()? == want, "get by rank {} differs", comm.rank());
+            assert!(dst.canaries_intact()? && got.canaries_intact()?, "rank {}: a canary changed", comm.rank());
+            comm.barrier()?;
+            Ok(comm.ibgda_engine().expect("set up"))
+        })
+        .expect("the world");
+        for (r, report) in reports.iter().enumerate() {
+            assert_eq!(report.blocks.len(), 4, "rank {r}: every block asked for runs: {report:?}");
+            // One QP per peer: one block serves it, and whatever the others
+            // copied was a chunk of its put or get.
+            let owners: Vec<usize> = (0..4).filter(|&i| report.blocks[i].block_copies > 0).collect();
+            assert_eq!(owners.len(), 1, "rank {r}: one block makes the copies: {report:?}");
+            let helped: u64 = report.blocks.iter().map(|c| c.shared_bytes).sum();
+            assert!(helped > 0, "rank {r}: no other block copied a chunk: {report:?}");
+            assert!(
+                helped < 2 * bytes as u64 && report.blocks[owners[0]].shared_bytes == 0,
+                "rank {r}: more shared than the two payloads, or the owner helped itself: {report:?}"
+            );
+        }
+    }
+}

@@ -74,6 +74,10 @@ pub struct EngineCtl {
     /// Engine: what it has done (stored with `st.relaxed.sys` now and
     /// then; read by the host for statistics).
     pub counters: EngineCounters,
+    /// The port's board of shared copies (block 0's control block only;
+    /// all zero at launch): a block posts a large copy on it and the
+    /// port's other blocks copy chunks of it ([`CopyBoard`]).
+    pub board: CopyBoard,
     /// Engine → host: a copy of [`Self::state`] in memory the host reads
     /// without a driver call (mapped pinned host memory on a GPU; stored
     /// with `st.release.sys`); null: none.
@@ -85,6 +89,32 @@ pub struct EngineCtl {
 }
 
 const _: () = assert!(core::mem::size_of::<EngineCtl>().is_multiple_of(8));
+
+/// A copy one engine block shares with the port's other blocks
+/// (`resident::shared`): its owner posts it, every block that looks
+/// claims chunks of `resident::SHARE_CHUNK` bytes until none is left, the
+/// owner waits for the chunks others claimed. Written and read by the
+/// engine's blocks only (GPU-scope atomics); all zero: free, posting 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CopyBoard {
+    /// 0: free; `1 + b`: block `b` holds the board.
+    pub owner: u32,
+    /// Chunks copied by blocks other than the owner (reset by the owner
+    /// before it posts).
+    pub done: u32,
+    /// The posting's number (bits 63..32), its number of chunks (31..16)
+    /// and its next chunk not yet claimed (15..0): a block claims a chunk
+    /// by a compare-and-swap that keeps the number and the count, so a
+    /// claim never lands on a later posting or past the end of its own.
+    pub claim: u64,
+    /// Destination of the whole copy.
+    pub dst: u64,
+    /// Source of the whole copy (not overlapping the destination).
+    pub src: u64,
+    /// Bytes of the whole copy.
+    pub len: u64,
+}
 
 /// What an engine kernel has done, as its control block holds it.
 #[repr(C)]
@@ -145,6 +175,10 @@ pub struct EngineCounters {
     /// warp-wide runs after each run's first
     /// (`doorbell_kernels::mlx5::UNORDERED_WRITE_IMM`).
     pub unordered_wqes: u64,
+    /// Bytes this block copied of other blocks' shared copies
+    /// ([`CopyBoard`]); those copies' own bytes count in the owner's
+    /// `block_bytes`.
+    pub shared_bytes: u64,
 }
 
 impl EngineCounters {
@@ -169,6 +203,7 @@ impl EngineCounters {
             gather_cycles,
             complete_cycles,
             unordered_wqes,
+            shared_bytes,
         } = self;
         for (a, b) in [
             (passes, o.passes),
@@ -188,6 +223,7 @@ impl EngineCounters {
             (gather_cycles, o.gather_cycles),
             (complete_cycles, o.complete_cycles),
             (unordered_wqes, o.unordered_wqes),
+            (shared_bytes, o.shared_bytes),
         ] {
             *a = a.wrapping_add(b);
         }
@@ -290,6 +326,15 @@ impl EngineCtl {
                 gather_cycles: 0,
                 complete_cycles: 0,
                 unordered_wqes: 0,
+                shared_bytes: 0,
+            },
+            board: CopyBoard {
+                owner: 0,
+                done: 0,
+                claim: 0,
+                dst: 0,
+                src: 0,
+                len: 0,
             },
             host_state,
             host_progress,

@@ -19,7 +19,7 @@
 //!   exchange those addresses into a port table, and each rank launches
 //!   `softnic_engine_256` (from [`SOFTNIC_PTX`]) — **one block per port**
 //!   by default, up to [`MAX_SHARDS`] ([`ENGINE_BLOCKS_ENV`]) each serving
-//!   its own QPs, [`ENGINE_THREADS_GPU`] threads on a GPU
+//!   its own QPs and sharing the large copies, [`ENGINE_THREADS_GPU`] threads on a GPU
 //!   ([`ENGINE_THREADS_ENV`]) — on
 //!   a non-blocking stream that [`crate::Device::synchronize`] and buffer
 //!   frees do not wait for. The engine's module is loaded once per device
@@ -191,12 +191,14 @@ pub struct SoftOptions {
     /// `None`: [`ENGINE_THREADS_GPU`] on a GPU, 32 on the emulator, where
     /// every thread is an OS thread).
     pub engine_threads: Option<u32>,
-    /// Most blocks of the engine kernel per port ([`ENGINE_BLOCKS_ENV`],
+    /// Blocks of the engine kernel per port ([`ENGINE_BLOCKS_ENV`],
     /// 1..=[`MAX_SHARDS`]; `None`: [`ENGINE_BLOCKS_GPU`] on a GPU, 1 on
-    /// the emulator). Each block runs its own QPs on its own SM
+    /// the emulator), each on its own SM. Each block runs its own QPs
     /// (`Port::assign_shards`: QPs that share a CQ share a block; with the
-    /// link model on the port keeps one block); a port with fewer groups
-    /// of QPs than this launches one block per group.
+    /// link model on the port keeps its QPs on one block); blocks beyond
+    /// the port's groups of QPs serve none. Every block copies chunks of
+    /// the others' payloads of `SHARE_MIN` bytes or more (the engine's
+    /// shared copies), so large puts and gets move at several SMs' rate.
     pub engine_blocks: Option<u32>,
     /// Makes the engine kernel's ordering with the ranks `sys`-scoped even
     /// when every rank runs on the engine's GPU ([`SCOPE_ENV`]`=sys`).

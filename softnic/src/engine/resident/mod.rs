@@ -74,9 +74,12 @@ use super::poll::{poll_port_masked, PollReport};
 use super::tables::{Ports, MAX_QPS};
 
 mod lanes;
+mod shared;
 mod view;
 use lanes::run_bursts;
 use view::{View, Watch};
+
+pub use shared::{SHARE_CHUNK, SHARE_MIN};
 
 pub use super::control::{EngineCounters, EngineCtl, EngineProgress, PROGRESS_EVERY, STATE_EXITED, STATE_LAUNCHED, STATE_RUNNING};
 
@@ -219,6 +222,14 @@ pub struct BlockMover {
     rung_at: [u64; MAX_QPS],
     rung_wqes: u64,
     rung_to_done_ns: u64,
+    /// The port's board of shared copies (block 0's control block's;
+    /// null: the port has one block) and this block's index.
+    board: *mut super::control::CopyBoard,
+    me: u32,
+    /// The last posting on the board this block has seen through.
+    seen_posting: u32,
+    /// Bytes copied of other blocks' shared copies.
+    shared_bytes: u64,
 }
 
 impl BlockMover {
@@ -491,15 +502,18 @@ impl PayloadMover for BlockMover {
             self.thread_copies += 1;
             self.dirty = true;
         } else {
-            let job = Job {
-                kind: JOB_COPY,
-                _pad: 0,
-                dst: dst as usize as u64,
-                src: src as usize as u64,
-                len: len as u64,
-            };
             // SAFETY: the caller's contract; no overlap (checked).
-            unsafe { self.round(job) };
+            if !unsafe { self.copy_shared(dst, src, len) } {
+                let job = Job {
+                    kind: JOB_COPY,
+                    _pad: 0,
+                    dst: dst as usize as u64,
+                    src: src as usize as u64,
+                    len: len as u64,
+                };
+                // SAFETY: as above.
+                unsafe { self.round(job) };
+            }
             // The block's stores are ordered before the barrier that ended
             // the round, so thread 0's next release (a signal word, an
             // atomic, a CQE) or fence publishes them too.
@@ -667,6 +681,14 @@ unsafe fn control(shards: Shards, job: *mut Job, parts: usize) {
             rung_at: [0; MAX_QPS],
             rung_wqes: 0,
             rung_to_done_ns: 0,
+            board: if shards.n > 1 {
+                &raw mut (*main).board
+            } else {
+                core::ptr::null_mut()
+            },
+            me: shards.me as u32,
+            seen_posting: 0,
+            shared_bytes: 0,
         };
         let mut epoch = 0u64;
         let mut cfg = EngineConfig::default();
@@ -701,6 +723,8 @@ unsafe fn control(shards: Shards, job: *mut Job, parts: usize) {
                     last.progressed = 1;
                 }
             }
+            // Chunks of another block's large copy, if one is posted.
+            mover.help();
             let t = ptx::globaltimer_ns();
             now = base.wrapping_add(t.wrapping_sub(t0));
             passes += 1;
@@ -810,6 +834,7 @@ unsafe fn publish_counters(ctl: *mut EngineCtl, passes: u64, busy: u64, busy_cyc
         ptx::st_relaxed_sys_u64(&raw mut (*c).gather_cycles, m.gather_cycles);
         ptx::st_relaxed_sys_u64(&raw mut (*c).complete_cycles, m.complete_cycles);
         ptx::st_relaxed_sys_u64(&raw mut (*c).unordered_wqes, m.unordered_wqes);
+        ptx::st_relaxed_sys_u64(&raw mut (*c).shared_bytes, m.shared_bytes);
     }
 }
 

@@ -1,0 +1,213 @@
+//! Large copies shared by a port's engine blocks.
+//!
+//! One block copies at what one SM moves (~30 GB/s on an H200), whatever
+//! the port's other blocks are doing. A copy of at least [`SHARE_MIN`]
+//! bytes is therefore posted on the port's [`CopyBoard`] (in block 0's
+//! control block) and cut into chunks of [`SHARE_CHUNK`] bytes: the owner
+//! and every other block of the port that looks claim chunks one at a
+//! time and copy each with their whole block; the owner returns once every
+//! chunk is copied, so what follows the copy on its QP (a signal word, a
+//! CQE) is ordered after all of it, as for a copy of its own block.
+//!
+//! * **Who looks.** Every block, at the top of each of its passes
+//!   ([`BlockMover::help`]): one relaxed load of the board's claim word,
+//!   compared with the last posting it saw. Blocks that serve no QP (more
+//!   blocks than QP groups, or the link model, which keeps the QPs on
+//!   block 0) do nothing else.
+//! * **No waits on others' work.** The owner claims chunks like any block
+//!   and waits only for chunks another block has claimed, which that
+//!   block copies without waiting for anything. A block that finds the
+//!   board taken copies alone.
+//! * **Claims.** The claim word holds the posting's number, its count of
+//!   chunks and its next chunk; a claim is a compare-and-swap that keeps
+//!   number and count, so a block late for one posting cannot claim a
+//!   chunk of the next one with the first one's addresses, nor a chunk
+//!   past its end. While a chunk of a posting is unclaimed its owner holds
+//!   the board, so the addresses a claimer read after the number are that
+//!   posting's.
+//! * **Ordering.** A helper's block ends its chunk at a barrier; its
+//!   control thread then fences at the engine's scope and adds the chunks
+//!   it copied to the board's `done`, which the owner reads with acquire at that scope:
+//!   the chunk's stores happen before the owner's next release (as a block
+//!   copy's do before thread 0's).
+
+use doorbell_kernels::ptx;
+
+use super::super::control::CopyBoard;
+use super::super::mem::Scope;
+use super::super::mover::PayloadMover;
+use super::{BlockMover, Job, JOB_COPY};
+
+/// Copies of at least this many bytes are shared with the port's other
+/// blocks (when it has any).
+pub const SHARE_MIN: usize = 256 << 10;
+/// Bytes per claimed chunk of a shared copy (a multiple of 16, so every
+/// chunk keeps the copy's alignment).
+pub const SHARE_CHUNK: usize = 64 << 10;
+
+/// The most chunks one posting has (the claim word's 16-bit count);
+/// longer copies are made by their own block alone.
+const MAX_CHUNKS: usize = u16::MAX as usize;
+
+const _: () = assert!(SHARE_CHUNK.is_multiple_of(16) && SHARE_MIN >= 2 * SHARE_CHUNK);
+
+/// The posting number of a claim word.
+fn posting(claim: u64) -> u32 {
+    (claim >> 32) as u32
+}
+
+/// The count of chunks of a claim word's posting.
+fn chunks_of(claim: u64) -> u32 {
+    (claim >> 16) as u16 as u32
+}
+
+/// Claims the next chunk of posting `seq`; `None` when none is left or
+/// the board holds another posting.
+///
+/// # Safety
+/// `board` is the port's board.
+unsafe fn claim_chunk(board: *mut CopyBoard, seq: u32) -> Option<u32> {
+    // SAFETY (whole function): the caller's contract; the claim word is
+    // only accessed atomically.
+    unsafe {
+        let at = &raw mut (*board).claim;
+        let mut v = ptx::ld_relaxed_gpu_u64(at);
+        loop {
+            let next = v as u16 as u32;
+            if posting(v) != seq || next >= chunks_of(v) {
+                return None;
+            }
+            let old = ptx::atom_cas_relaxed_gpu_u64(at, v, v + 1);
+            if old == v {
+                return Some(next);
+            }
+            v = old;
+        }
+    }
+}
+
+impl BlockMover {
+    /// Copies chunk `c` of `len` bytes from `src` to `dst` with this
+    /// block; returns its bytes.
+    ///
+    /// # Safety
+    /// As for [`Self::round`] on the whole copy; `c` is one of its chunks.
+    unsafe fn copy_chunk(&mut self, dst: u64, src: u64, len: u64, c: u32) -> u64 {
+        let off = c as u64 * SHARE_CHUNK as u64;
+        let n = (len - off).min(SHARE_CHUNK as u64);
+        let job = Job {
+            kind: JOB_COPY,
+            _pad: 0,
+            dst: dst + off,
+            src: src + off,
+            len: n,
+        };
+        // SAFETY: the caller's contract.
+        unsafe { self.round(job) };
+        n
+    }
+
+    /// Copies `len` bytes from `src` to `dst` (not overlapping) with the
+    /// help of the port's other blocks, and returns once all of it is
+    /// copied; `false` (nothing copied) when the copy is too short to
+    /// share, the port has one block, or another block holds the board.
+    ///
+    /// # Safety
+    /// Both ranges are valid for `len` bytes and do not overlap.
+    pub(super) unsafe fn copy_shared(&mut self, dst: *mut u8, src: *const u8, len: usize) -> bool {
+        let b = self.board;
+        let chunks = len.div_ceil(SHARE_CHUNK);
+        if b.is_null() || len < SHARE_MIN || chunks > MAX_CHUNKS {
+            return false;
+        }
+        let chunks = chunks as u32;
+        let (d, s, l) = (dst as usize as u64, src as usize as u64, len as u64);
+        // SAFETY (whole function): the board is block 0's control block's,
+        // shared by the port's blocks (`run_block`'s contract); its fields
+        // are written by the holder only, before the posting is published.
+        unsafe {
+            if ptx::atom_cas_acquire_gpu_u32(&raw mut (*b).owner, 0, self.me + 1) != 0 {
+                return false;
+            }
+            core::ptr::write_volatile(&raw mut (*b).dst, d);
+            core::ptr::write_volatile(&raw mut (*b).src, s);
+            core::ptr::write_volatile(&raw mut (*b).len, l);
+            ptx::st_relaxed_gpu_u32(&raw mut (*b).done, 0);
+            let seq = posting(ptx::ld_relaxed_gpu_u64(&raw const (*b).claim)).wrapping_add(1);
+            // The fields above before the posting's number.
+            ptx::st_release_gpu_u64(&raw mut (*b).claim, (seq as u64) << 32 | (chunks as u64) << 16);
+            self.seen_posting = seq;
+            let mut mine = 0u32;
+            while let Some(c) = claim_chunk(b, seq) {
+                self.copy_chunk(d, s, l, c);
+                mine += 1;
+            }
+            // The chunks other blocks claimed; each is being copied.
+            let done = &raw const (*b).done;
+            while self.load_done(done) < chunks - mine {
+                core::hint::spin_loop();
+            }
+            ptx::st_release_gpu_u32(&raw mut (*b).owner, 0);
+        }
+        true
+    }
+
+    /// `done`, with acquire at the engine's scope (the chunks' stores
+    /// before what the owner publishes next).
+    ///
+    /// # Safety
+    /// `p` is the board's `done`.
+    unsafe fn load_done(&self, p: *const u32) -> u32 {
+        // SAFETY: the caller's contract.
+        unsafe {
+            match self.scope() {
+                Scope::Gpu => ptx::ld_acquire_gpu_u32(p),
+                Scope::Sys => ptx::ld_acquire_sys_u32(p),
+            }
+        }
+    }
+
+    /// Copies chunks of a posting on the port's board that this block has
+    /// not seen yet, until none is left to claim.
+    ///
+    /// # Safety
+    /// As for [`run_block`](super::run_block): the posting's ranges are
+    /// valid (its owner checked them) until every chunk is copied.
+    pub(super) unsafe fn help(&mut self) {
+        let b = self.board;
+        if b.is_null() {
+            return;
+        }
+        // SAFETY (whole function): as in `copy_shared`.
+        unsafe {
+            let at = &raw mut (*b).claim;
+            if posting(ptx::ld_relaxed_gpu_u64(at)) == self.seen_posting {
+                return;
+            }
+            // The posting's fields after its number.
+            let seq = posting(ptx::ld_acquire_gpu_u64(at));
+            let d = core::ptr::read_volatile(&raw const (*b).dst);
+            let s = core::ptr::read_volatile(&raw const (*b).src);
+            let l = core::ptr::read_volatile(&raw const (*b).len);
+            // A successful claim keeps `seq` and found a chunk unclaimed:
+            // the owner of `seq` held the board from before the number was
+            // published until then, so these fields are that posting's.
+            let mut copied = 0u32;
+            while let Some(c) = claim_chunk(b, seq) {
+                self.shared_bytes += self.copy_chunk(d, s, l, c);
+                copied += 1;
+            }
+            if copied != 0 {
+                // The block's stores (ordered before each round's last
+                // barrier) before the count the owner acquires.
+                self.fence();
+                let done = &raw mut (*b).done;
+                match self.scope() {
+                    Scope::Gpu => ptx::atom_add_relaxed_gpu_u32(done, copied),
+                    Scope::Sys => ptx::atom_add_relaxed_sys_u32(done, copied),
+                };
+            }
+            self.seen_posting = seq;
+        }
+    }
+}
