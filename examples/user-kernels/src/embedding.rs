@@ -16,22 +16,25 @@ use doorbell_kernels::{kernel, ptx};
 // ---------------------------------------------------------------------------
 
 /// Deals the lookups (`[tables][batch][pooling]`) to the grid's threads:
-/// `body(i, Some((table, id)))` for lookup `i` of a good id, `body(i, None)`
-/// for padding (an id past the rows).
+/// `body(i, id)` for lookup `i`, of id `id` (padding where `id >= s.rows`).
 ///
 /// # Safety
 /// `ids` holds the lookups.
 #[inline(always)]
-unsafe fn for_each_lookup(s: &EmbShape, ids: *const u32, mut body: impl FnMut(u64, Option<(u32, u32)>)) {
-    let per_table = s.batch as u64 * s.pooling as u64;
-    let lookups = s.tables as u64 * per_table;
+unsafe fn for_each_lookup(s: &EmbShape, ids: *const u32, mut body: impl FnMut(u64, u32)) {
+    let lookups = s.tables as u64 * (s.batch as u64 * s.pooling as u64);
     let mut i = ptx::global_thread_id_x() as u64;
     while i < lookups {
         // SAFETY: the caller's promise.
-        let id = unsafe { *ids.add(i as usize) };
-        body(i, (id < s.rows).then(|| ((i / per_table) as u32, id)));
+        body(i, unsafe { *ids.add(i as usize) });
         i += ptx::grid_stride_x() as u64;
     }
+}
+
+/// The table of lookup `i` (`[tables][batch][pooling]` order).
+#[inline(always)]
+fn table_of(s: &EmbShape, i: u64) -> u32 {
+    (i / (s.batch as u64 * s.pooling as u64)) as u32
 }
 
 /// Deals the bags to the grid's warps: `body(w, bag)` for bag `w` (`sample
@@ -65,9 +68,9 @@ fn shard_row(s: &EmbShape, world: u32, key: u64) -> usize {
 pub unsafe fn emb_bl_count(s: EmbShape, world: u32, ids: *const u32, cnt: *mut u32) {
     // SAFETY: `ids` holds the lookups, `cnt` world × tables words.
     unsafe {
-        for_each_lookup(&s, ids, |_, lookup| {
-            if let Some((table, id)) = lookup {
-                ptx::atom_add_relaxed_gpu_u32(cnt.add(((id % world) * s.tables + table) as usize), 1);
+        for_each_lookup(&s, ids, |i, id| {
+            if id < s.rows {
+                ptx::atom_add_relaxed_gpu_u32(cnt.add(((id % world) * s.tables + table_of(&s, i)) as usize), 1);
             }
         });
     }
@@ -80,14 +83,16 @@ pub unsafe fn emb_bl_count(s: EmbShape, world: u32, ids: *const u32, cnt: *mut u
 pub unsafe fn emb_bl_scatter(s: EmbShape, world: u32, ids: *const u32, soff: *const u32, cursor: *mut u32, keys: *mut u64, pos: *mut u32) {
     // SAFETY: sizes as documented; `keys` holds every non-pad lookup.
     unsafe {
-        for_each_lookup(&s, ids, |i, lookup| match lookup {
-            Some((table, id)) => {
+        for_each_lookup(&s, ids, |i, id| {
+            if id < s.rows {
+                let table = table_of(&s, i);
                 let pair = ((id % world) * s.tables + table) as usize;
                 let at = *soff.add(pair) + ptx::atom_add_relaxed_gpu_u32(cursor.add(pair), 1);
                 *keys.add(at as usize) = request_key(table, id);
                 *pos.add(i as usize) = at;
+            } else {
+                *pos.add(i as usize) = PAD;
             }
-            None => *pos.add(i as usize) = PAD,
         });
     }
 }
