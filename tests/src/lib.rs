@@ -1,6 +1,8 @@
 //! Shared helpers for doorbell's cross-crate integration tests (tests/tests/).
 
+pub mod pipe;
 pub mod ring;
+pub use pipe::PipeByLaunch;
 pub use ring::{ring_round, RingArgs};
 
 use doorbell::{Backend, Device, Function, Kernel};

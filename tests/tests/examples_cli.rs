@@ -25,17 +25,26 @@ fn refused<P: Parser + std::fmt::Debug>(line: &str, flag: &str) -> String {
     msg
 }
 
+/// [`refused`] for every `(line, flag)` of `cases`.
+fn refuses_all<P: Parser + std::fmt::Debug>(cases: &[(&str, &str)]) {
+    for &(line, flag) in cases {
+        refused::<P>(line, flag);
+    }
+}
+
 #[test]
 fn fma_refuses_sizes_and_counts_that_used_to_panic_or_lie() {
     let m = refused::<FmaArgs>("fma --n 18446744073709551615", "--n");
     assert!(m.contains("out of range"), "{m}");
-    refused::<FmaArgs>("fma --n 1000000000000000", "--n");
-    refused::<FmaArgs>("fma --n 0", "--n");
-    // 2^32 launches used to wrap to 0 and print `time: inf ms`.
-    refused::<FmaArgs>("fma --iters 4294967296", "--iters");
-    refused::<FmaArgs>("fma --iters 0", "--iters");
-    refused::<FmaArgs>("fma --iters -1", "-1");
-    refused::<FmaArgs>("fma --n abc", "--n");
+    refuses_all::<FmaArgs>(&[
+        ("fma --n 1000000000000000", "--n"),
+        ("fma --n 0", "--n"),
+        // 2^32 launches used to wrap to 0 and print `time: inf ms`.
+        ("fma --iters 4294967296", "--iters"),
+        ("fma --iters 0", "--iters"),
+        ("fma --iters -1", "-1"),
+        ("fma --n abc", "--n"),
+    ]);
     let a = FmaArgs::try_parse_from(argv("fma --n 0x1000 --iters 3 --device cpu")).unwrap();
     assert_eq!((a.n, a.iters), (Some(4096), Some(3)));
     assert_eq!(a.device.backend().unwrap(), doorbell::Backend::Cpu);
@@ -106,10 +115,12 @@ fn help_lists_every_flag_with_its_default() {
 #[test]
 fn histogram_and_pingpong_refuse_sizes_past_the_limit() {
     refused::<HistogramArgs>("histogram --n 1000000000000000", "--n");
-    refused::<PingpongArgs>("pingpong --size 100000000000", "--size");
-    // Used to wrap the heap-size arithmetic.
-    refused::<PingpongArgs>("pingpong --size 18446744073709551615", "--size");
-    refused::<PingpongArgs>("pingpong --iters 4294967296", "--iters");
+    refuses_all::<PingpongArgs>(&[
+        ("pingpong --size 100000000000", "--size"),
+        // Used to wrap the heap-size arithmetic.
+        ("pingpong --size 18446744073709551615", "--size"),
+        ("pingpong --iters 4294967296", "--iters"),
+    ]);
     // The largest accepted size has a heap size that does not overflow.
     let a = PingpongArgs::try_parse_from(["pingpong", "--size", &MAX_BYTES.to_string()]).unwrap();
     assert!(a.heap_bytes() > MAX_BYTES && a.heap_bytes().is_power_of_two());
@@ -119,14 +130,16 @@ fn histogram_and_pingpong_refuse_sizes_past_the_limit() {
 
 #[test]
 fn p2p_bench_takes_nccl_tests_flags_and_checks_them() {
-    refused::<P2pBenchArgs>("p2p_bench --max-size 1000000000000000", "--maxbytes");
-    // Used to panic building a Layout.
-    refused::<P2pBenchArgs>("p2p_bench --max-size 18446744073709551615", "--maxbytes");
-    // Used to print `ratio NaN`.
-    refused::<P2pBenchArgs>("p2p_bench --rtt-iters 0", "--rtt-iters");
-    refused::<P2pBenchArgs>("p2p_bench -f 1", "--stepfactor");
-    refused::<P2pBenchArgs>("p2p_bench --rounds 0", "--rounds");
-    refused::<P2pBenchArgs>("p2p_bench --put-by thread", "--put-by");
+    refuses_all::<P2pBenchArgs>(&[
+        ("p2p_bench --max-size 1000000000000000", "--maxbytes"),
+        // Used to panic building a Layout.
+        ("p2p_bench --max-size 18446744073709551615", "--maxbytes"),
+        // Used to print `ratio NaN`.
+        ("p2p_bench --rtt-iters 0", "--rtt-iters"),
+        ("p2p_bench -f 1", "--stepfactor"),
+        ("p2p_bench --rounds 0", "--rounds"),
+        ("p2p_bench --put-by thread", "--put-by"),
+    ]);
     assert_eq!(P2pBenchArgs::try_parse_from(argv("p2p_bench")).unwrap().put_by, "block");
     assert_eq!(
         P2pBenchArgs::try_parse_from(argv("p2p_bench --put-by warp")).unwrap().put_by,
@@ -166,9 +179,11 @@ fn p2p_bench_takes_nccl_tests_flags_and_checks_them() {
 
 #[test]
 fn wqe_dump_checks_ranges_and_meaning() {
-    refused::<WqeDumpArgs>("wqe_dump write --index 70000", "--index");
-    refused::<WqeDumpArgs>("wqe_dump write --qpn 0x1000000", "--qpn");
-    refused::<WqeDumpArgs>("wqe_dump frob", "frob");
+    refuses_all::<WqeDumpArgs>(&[
+        ("wqe_dump write --index 70000", "--index"),
+        ("wqe_dump write --qpn 0x1000000", "--qpn"),
+        ("wqe_dump frob", "frob"),
+    ]);
     let a = WqeDumpArgs::try_parse_from(argv("wqe_dump write --imm 1")).unwrap();
     assert!(a.request().unwrap_err().contains("--imm means nothing"));
     let a = WqeDumpArgs::try_parse_from(argv(

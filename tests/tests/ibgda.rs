@@ -175,26 +175,29 @@ fn put_signal_to_a_stalled_peer(wait: Duration, transport_timeout_ns: u64) -> Ou
     })
 }
 
+/// The call toward a stalled peer failed with status `code` in less than
+/// `within`, wrote nothing, and the reset queue delivered.
+fn assert_stalled_call_failed(o: &Outcome, code: u32, within: Duration) {
+    assert_eq!(o.code, code, "{o:?}");
+    assert!(o.took < within, "{o:?}");
+    assert_untouched(o);
+    assert!(o.recovered, "{o:?}");
+}
+
 #[test]
 fn a_stalled_peer_fails_the_wqe_with_a_transport_retry_error() {
     let o = put_signal_to_a_stalled_peer(Duration::from_secs(20), 50_000_000);
-    assert_eq!(o.code, 2, "{o:?}");
+    assert_stalled_call_failed(&o, 2, Duration::from_secs(10));
     assert!(o.err.as_deref().unwrap_or_default().contains("syndrome 0x15"), "{o:?}");
-    assert!(o.took < Duration::from_secs(10), "{o:?}");
-    assert_untouched(&o);
-    assert!(o.recovered);
 }
 
 #[test]
 fn a_peer_stalled_past_the_wait_budget_is_a_timeout_and_a_wedged_queue() {
     let o = put_signal_to_a_stalled_peer(Duration::from_millis(300), 5_000_000_000);
-    assert_eq!(o.code, 1, "{o:?}");
+    assert_stalled_call_failed(&o, 1, Duration::from_secs(5));
     let err = o.err.as_deref().unwrap_or_default();
     assert!(err.contains("put_signal") && err.contains("made no progress for 300 ms"), "{err}");
     assert!(o.check.as_deref().unwrap_or_default().contains("wedged"), "{o:?}");
-    assert!(o.took < Duration::from_secs(5), "{o:?}");
-    assert_untouched(&o);
-    assert!(o.recovered);
 }
 
 #[test]

@@ -7,11 +7,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use doorbell::comm::{CommOptions, Communicator, RingShape};
+use doorbell::comm::{CommOptions, Communicator};
 use doorbell::trace::{TraceEvent, TraceOptions, What};
 use doorbell::{Device, LaunchConfig};
-use doorbell_test_kernels::pipeline::{pipe_by_launch, ring_pattern};
-use doorbell_tests::per_backend;
+use doorbell_tests::{per_backend, PipeByLaunch};
 
 fn fresh_dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("doorbell-trace-{}-{name}", std::process::id()));
@@ -38,29 +37,14 @@ fn traced_pipeline(dev: &Device, trace: Option<TraceOptions>) -> Vec<(Vec<TraceE
         ..Default::default()
     };
     Communicator::local(2, backend, opts, |comm| {
-        let d = comm.device();
         let module = comm.load_module(&doorbell_tests::TEST_KERNELS_TRACED)?;
-        let family = module.family::<pipe_by_launch>()?;
-        let rings = comm.rings::<u32>(RingShape {
-            stages: 2,
-            chunk: CHUNK,
-            pairs: 2,
-        })?;
-        let mut out = d.alloc_zeroed::<u32>(ELEMS as usize)?;
-        let s = d.new_stream()?;
-        let cfg = LaunchConfig::linear(rings.blocks(), if d.is_gpu() { 128 } else { 32 });
-        let (t, out_ptr) = (comm.p2p()?, out.as_mut_ptr());
+        let pipe = PipeByLaunch::new(comm, &module, CHUNK, 2, ELEMS)?;
         let start = unix_ns();
         for launch in 0..LAUNCHES {
             comm.barrier()?;
-            // SAFETY: the rings and `out` (ELEMS) are this communicator's.
-            unsafe { s.launch_family(&family, cfg, t, (rings.pipe(), out_ptr, ELEMS))? };
-            comm.synchronize(&s)?;
-            let prev = (comm.rank() as u64 + 1) % 2;
-            let got = out.to_host()?;
-            let bad = (0..ELEMS)
-                .filter(|&i| got[i as usize] != ring_pattern(launch * 1_000_000 + prev, i))
-                .count();
+            pipe.launch()?;
+            comm.synchronize(&pipe.stream)?;
+            let bad = pipe.wrong_values(comm, launch)?;
             assert_eq!(bad, 0, "rank {} launch {launch}: {bad} values wrong", comm.rank());
         }
         let end = unix_ns();

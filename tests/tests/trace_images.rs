@@ -10,11 +10,10 @@
 
 use std::time::Duration;
 
-use doorbell::comm::{CommOptions, Communicator, RingShape};
+use doorbell::comm::{CommOptions, Communicator};
 use doorbell::trace::{loaded_without_hooks, tracing_requested, TraceOptions};
-use doorbell::{Device, ImageChoice, LaunchConfig, ModuleImage, ModuleSource};
-use doorbell_test_kernels::pipeline::{pipe_by_launch, ring_pattern};
-use doorbell_tests::TEST_KERNELS;
+use doorbell::{Device, ImageChoice, ModuleImage, ModuleSource};
+use doorbell_tests::{PipeByLaunch, TEST_KERNELS};
 
 const ELEMS: u64 = 3000;
 const CHUNK: u64 = 512;
@@ -82,32 +81,15 @@ fn tracing_started_after_a_load(dev: &Device) {
         ..Default::default()
     };
     let events = Communicator::local(2, backend, opts, |comm| {
-        let d = comm.device();
         let module = comm.load_module(&TEST_KERNELS)?;
         comm.trace_start(TraceOptions::new(&dir))?;
         assert!(tracing_requested());
-        let family = module.family::<pipe_by_launch>()?;
-        let rings = comm.rings::<u32>(RingShape {
-            stages: 2,
-            chunk: CHUNK,
-            pairs: 2,
-        })?;
-        let mut out = d.alloc_zeroed::<u32>(ELEMS as usize)?;
-        let s = d.new_stream()?;
-        let cfg = LaunchConfig::linear(rings.blocks(), if d.is_gpu() { 128 } else { 32 });
         // The P2P handle after trace_start: it carries the trace word.
-        let (t, out_ptr) = (comm.p2p()?, out.as_mut_ptr());
+        let pipe = PipeByLaunch::new(comm, &module, CHUNK, 2, ELEMS)?;
         comm.barrier()?;
-        // SAFETY: the rings and `out` (ELEMS) are this communicator's.
-        unsafe { s.launch_family(&family, cfg, t, (rings.pipe(), out_ptr, ELEMS))? };
-        comm.synchronize(&s)?;
-        let prev = (comm.rank() as u64 + 1) % 2;
-        let got = out.to_host()?;
-        assert!(
-            (0..ELEMS).all(|i| got[i as usize] == ring_pattern(prev, i)),
-            "rank {}: wrong values",
-            comm.rank()
-        );
+        pipe.launch()?;
+        comm.synchronize(&pipe.stream)?;
+        assert_eq!(pipe.wrong_values(comm, 0)?, 0, "rank {}: wrong values", comm.rank());
         Ok(comm.trace_events().len())
     })
     .unwrap_or_else(|e| panic!("{backend:?}: {e}"));

@@ -41,17 +41,21 @@ impl Handle for Ibgda {
     }
 }
 
+/// The communicators of both tests: a 1 MiB heap, waits of at most 20 s.
+fn options() -> CommOptions {
+    CommOptions {
+        heap_bytes: 1 << 20,
+        wait_timeout: Duration::from_secs(20),
+        ..Default::default()
+    }
+}
+
 fn run<T: Handle>(backend: Backend, case: u32) -> Seen
 where
     typed_call: ForTransport<T>,
     <typed_call as ForTransport<T>>::Kernel: Kernel<Args = Args<T>>,
 {
-    let opts = CommOptions {
-        heap_bytes: 1 << 20,
-        wait_timeout: Duration::from_secs(20),
-        ..Default::default()
-    };
-    let mut out = Communicator::local(2, backend, opts, |comm| {
+    let mut out = Communicator::local(2, backend, options(), |comm| {
         let dev = comm.device();
         let f = load_test_kernel::<<typed_call as ForTransport<T>>::Kernel>(dev)?;
         let buf = comm.alloc::<u32>(N)?;
@@ -184,13 +188,8 @@ where
     put_lanes_call: ForTransport<T>,
     <put_lanes_call as ForTransport<T>>::Kernel: Kernel<Args = LaneArgs<T>>,
 {
-    let opts = CommOptions {
-        heap_bytes: 1 << 20,
-        wait_timeout: Duration::from_secs(20),
-        ..Default::default()
-    };
     let words = LANES * LANE_WORDS as usize;
-    let mut out = Communicator::local(2, backend, opts, |comm| {
+    let mut out = Communicator::local(2, backend, options(), |comm| {
         let dev = comm.device();
         let f = load_test_kernel::<<put_lanes_call as ForTransport<T>>::Kernel>(dev)?;
         let dst = comm.alloc::<u64>(words)?;

@@ -227,8 +227,7 @@ per_backend! {
     /// that did not advance would either time out or hand the consumer the
     /// previous replay's slot.
     fn pipeline_launches_replayed_from_one_capture_deliver_each_replays_data(dev: Device) {
-        use doorbell::comm::{CommOptions, Communicator, RingShape};
-        use doorbell_test_kernels::pipeline::{pipe_by_launch, ring_pattern};
+        use doorbell::comm::{CommOptions, Communicator};
         let backend = dev.backend();
         let elems = 20_011u64;
         let opts = CommOptions {
@@ -237,16 +236,9 @@ per_backend! {
             ..Default::default()
         };
         Communicator::local(2, backend, opts, |comm| {
-            let d = comm.device();
             let module = comm.load_module(&doorbell_tests::TEST_KERNELS)?;
-            let family = module.family::<pipe_by_launch>()?;
-            let rings = comm.rings::<u32>(RingShape { stages: 2, chunk: 512, pairs: 3 })?;
-            let mut out = d.alloc_zeroed::<u32>(elems as usize)?;
-            let s = d.new_stream()?;
-            let cfg = LaunchConfig::linear(rings.blocks(), if d.is_gpu() { 128 } else { 32 });
-            let (t, out_ptr) = (comm.p2p()?, out.as_mut_ptr());
-            // SAFETY: the rings and `out` (elems) are this communicator's.
-            let launch = || unsafe { s.launch_family(&family, cfg, t, (rings.pipe(), out_ptr, elems)) };
+            let pipe = doorbell_tests::PipeByLaunch::new(comm, &module, 512, 3, elems)?;
+            let (s, launch) = (&pipe.stream, || pipe.launch());
             let graph = match s.as_cuda() {
                 Some(cu) => {
                     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -254,24 +246,21 @@ per_backend! {
                     launch()?;
                     let g = cu.end_capture(CUgraphInstantiate_flags(0)).expect("end capture").expect("a graph");
                     g.upload().expect("upload");
-                    comm.synchronize(&s)?;
+                    comm.synchronize(s)?;
                     Some(g)
                 }
                 None => None,
             };
-            let prev = (comm.rank() as u32 + 1) % 2;
             for replay in 0..4u64 {
                 comm.barrier()?;
                 match &graph {
                     Some(g) => g.launch().expect("replay"),
                     None => launch()?,
                 }
-                comm.synchronize(&s)?;
-                let got = out.to_host()?;
-                let tag = replay * 1_000_000 + prev as u64;
-                let bad = (0..elems).filter(|&i| got[i as usize] != ring_pattern(tag, i)).count();
+                comm.synchronize(s)?;
+                let bad = pipe.wrong_values(comm, replay)?;
                 assert_eq!(bad, 0, "{backend:?} rank {} replay {replay}: {bad} of {elems} values wrong", comm.rank());
-                assert_eq!(rings.launches()?, replay + 1);
+                assert_eq!(pipe.rings.launches()?, replay + 1);
             }
             Ok(())
         })

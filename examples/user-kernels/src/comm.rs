@@ -297,6 +297,57 @@ pub unsafe fn copy_pieces(dst: *mut u8, src: *const u8, bytes: u64, piece: u64, 
     }
 }
 
+/// [`put_bw`](fn@put_bw)'s puts, `iters` times: the pieces `first`,
+/// `first + stride`, ... of `whole`, `piece` bytes each (the last one
+/// shorter), to rank 1 with `coop`. The first error, if any.
+///
+/// # Safety
+/// As `put_raw`, for `whole`.
+#[inline(always)]
+unsafe fn put_pieces<T: Transport>(
+    t: &T,
+    coop: Coop,
+    whole: RawXfer,
+    piece: u64,
+    first: u64,
+    stride: u64,
+    iters: u32,
+) -> Result<(), CommError> {
+    let pieces = whole.bytes.div_ceil(piece);
+    let mut r = Ok(());
+    for _ in 0..iters {
+        let mut p = first;
+        while p < pieces {
+            let lo = p * piece;
+            let len = piece.min(whole.bytes - lo);
+            // SAFETY: the piece lies within `whole` (the caller's promise).
+            r = r.and(unsafe { t.put_raw(coop, 1, whole.piece(lo, len), None) });
+            p += stride;
+        }
+    }
+    r
+}
+
+/// Thread 0 of a block of [`put_bw`](fn@put_bw), after the block's puts
+/// (`r`): `quiet`, then add 1 to `sig` on rank 1; block 0, or a block that
+/// failed, writes `status`.
+///
+/// # Safety
+/// `sig` symmetric, `status` one word.
+#[inline(always)]
+unsafe fn quiet_and_signal<T: Transport>(t: &T, r: Result<(), CommError>, sig: *mut u64, status: *mut u32) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        let r = r.and_then(|_| t.quiet(None)).and_then(|_| t.signal_raw(1, RawSignal::add(sig, 1)));
+        if ptx::block_idx_x() == 0 || r.is_err() {
+            *status = match r {
+                Ok(()) => PINGPONG_OK,
+                Err(e) => status_of(e),
+            };
+        }
+    }
+}
+
 /// Put bandwidth: rank 0's blocks put `src` (local) to `dst` (symmetric) on
 /// rank 1 in pieces of `piece` bytes (a multiple of 16) dealt round-robin, `iters` times, then `quiet` and signal
 /// `sig` on rank 1 (add 1 per block). With `by_warp != 0` the pieces are
@@ -317,6 +368,12 @@ pub unsafe fn put_bw<T: Transport>(
     status: *mut u32,
 ) {
     let first = ptx::thread_rank_in_block() == 0;
+    let whole = RawXfer {
+        dst,
+        src,
+        bytes,
+        nbi: true,
+    };
     // SAFETY: as documented; `status` one word, written by thread 0 of block 0.
     unsafe {
         if t.rank() == 0 && by_warp != 0 {
@@ -325,24 +382,8 @@ pub unsafe fn put_bw<T: Transport>(
             let per_block = (ptx::block_dim_x() / 32) as u64;
             let warps = ptx::grid_dim_x() as u64 * per_block;
             let wpiece = (piece / per_block) / 16 * 16;
-            let pieces = bytes.div_ceil(wpiece);
             let me = ptx::block_idx_x() as u64 * per_block + ptx::warp_id_in_block() as u64;
-            let mut r = Ok(());
-            let whole = RawXfer {
-                dst,
-                src,
-                bytes,
-                nbi: true,
-            };
-            for _ in 0..iters {
-                let mut p = me;
-                while p < pieces {
-                    let lo = p * wpiece;
-                    let len = wpiece.min(bytes - lo);
-                    r = r.and(t.put_raw(Coop::Warp, 1, whole.piece(lo, len), None));
-                    p += warps;
-                }
-            }
+            let r = put_pieces(&t, Coop::Warp, whole, wpiece, me, warps, iters);
             // Every warp's puts are issued before thread 0 quiets and signals.
             let any_failed = ptx::sync_threads_or(r.is_err());
             if first {
@@ -351,45 +392,24 @@ pub unsafe fn put_bw<T: Transport>(
                     *status = PINGPONG_ERROR;
                     return;
                 }
-                r = r.and_then(|_| t.quiet(None)).and_then(|_| t.signal_raw(1, RawSignal::add(sig, 1)));
-                if ptx::block_idx_x() == 0 || r.is_err() {
-                    *status = match r {
-                        Ok(()) => PINGPONG_OK,
-                        Err(e) => status_of(e),
-                    };
-                }
+                quiet_and_signal(&t, r, sig, status);
             }
         } else if t.rank() == 0 {
             // Pieces of `piece` bytes, dealt round-robin to the blocks (as
             // the copy floor's grid-stride deals its vectors): neighbouring
             // blocks stream neighbouring memory at the same time.
-            let blocks = ptx::grid_dim_x() as u64;
-            let pieces = bytes.div_ceil(piece);
-            let mut r = Ok(());
-            let whole = RawXfer {
-                dst,
-                src,
-                bytes,
-                nbi: true,
-            };
-            for _ in 0..iters {
-                let mut p = ptx::block_idx_x() as u64;
-                while p < pieces {
-                    let lo = p * piece;
-                    let len = piece.min(bytes - lo);
-                    r = r.and(t.put_raw(Coop::Block, 1, whole.piece(lo, len), None));
-                    p += blocks;
-                }
-            }
+            let r = put_pieces(
+                &t,
+                Coop::Block,
+                whole,
+                piece,
+                ptx::block_idx_x() as u64,
+                ptx::grid_dim_x() as u64,
+                iters,
+            );
             ptx::sync_threads();
             if first {
-                r = r.and_then(|_| t.quiet(None)).and_then(|_| t.signal_raw(1, RawSignal::add(sig, 1)));
-                if ptx::block_idx_x() == 0 || r.is_err() {
-                    *status = match r {
-                        Ok(()) => PINGPONG_OK,
-                        Err(e) => status_of(e),
-                    };
-                }
+                quiet_and_signal(&t, r, sig, status);
             }
         } else if t.rank() == 1 && first && ptx::block_idx_x() == 0 {
             *status = match t.wait_word_raw(sig, Cmp::Ge, expect) {

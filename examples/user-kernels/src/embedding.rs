@@ -15,23 +15,64 @@ use doorbell_kernels::{kernel, ptx};
 // (one copy per peer per table, or NCCL send/recv). No transport.
 // ---------------------------------------------------------------------------
 
+/// Deals the lookups (`[tables][batch][pooling]`) to the grid's threads:
+/// `body(i, id)` for lookup `i`, of id `id` (padding where `id >= s.rows`).
+///
+/// # Safety
+/// `ids` holds the lookups.
+#[inline(always)]
+unsafe fn for_each_lookup(s: &EmbShape, ids: *const u32, mut body: impl FnMut(u64, u32)) {
+    let lookups = s.tables as u64 * (s.batch as u64 * s.pooling as u64);
+    let mut i = ptx::global_thread_id_x() as u64;
+    while i < lookups {
+        // SAFETY: the caller's promise.
+        body(i, unsafe { *ids.add(i as usize) });
+        i += ptx::grid_stride_x() as u64;
+    }
+}
+
+/// The table of lookup `i` (`[tables][batch][pooling]` order).
+#[inline(always)]
+fn table_of(s: &EmbShape, i: u64) -> u32 {
+    (i / (s.batch as u64 * s.pooling as u64)) as u32
+}
+
+/// Deals the bags to the grid's warps: `body(w, bag)` for bag `w` (`sample
+/// * tables + table`), `bag` the index of its first lookup in
+/// `[tables][batch][pooling]` order.
+#[inline(always)]
+fn for_each_bag(s: &EmbShape, mut body: impl FnMut(u32, usize)) {
+    let (gw, warps) = grid_warp();
+    let per_table = s.batch as u64 * s.pooling as u64;
+    let mut w = gw;
+    while w < s.batch * s.tables {
+        body(
+            w,
+            ((w % s.tables) as u64 * per_table + (w / s.tables) as u64 * s.pooling as u64) as usize,
+        );
+        w += warps;
+    }
+}
+
+/// Where the row of `key` (`request_key(table, id)`) starts in this rank's
+/// shard of the tables (`world` ranks): its offset in elements.
+#[inline(always)]
+fn shard_row(s: &EmbShape, world: u32, key: u64) -> usize {
+    let (table, id) = ((key >> 32) as usize, key as u32);
+    (table * s.shard_rows as usize + (id / world) as usize) * s.dim as usize
+}
+
 /// Baseline step 1: `cnt[owner][table]` += the lookups of that pair
 /// (`cnt` zeroed by the caller). Bad ids are not counted.
 #[kernel]
 pub unsafe fn emb_bl_count(s: EmbShape, world: u32, ids: *const u32, cnt: *mut u32) {
-    let per_table = s.batch as u64 * s.pooling as u64;
-    let lookups = s.tables as u64 * per_table;
-    let mut i = ptx::global_thread_id_x() as u64;
-    while i < lookups {
-        // SAFETY: `ids` holds the lookups, `cnt` world × tables words.
-        unsafe {
-            let id = *ids.add(i as usize);
+    // SAFETY: `ids` holds the lookups, `cnt` world × tables words.
+    unsafe {
+        for_each_lookup(&s, ids, |i, id| {
             if id < s.rows {
-                let table = (i / per_table) as u32;
-                ptx::atom_add_relaxed_gpu_u32(cnt.add(((id % world) * s.tables + table) as usize), 1);
+                ptx::atom_add_relaxed_gpu_u32(cnt.add(((id % world) * s.tables + table_of(&s, i)) as usize), 1);
             }
-        }
-        i += ptx::grid_stride_x() as u64;
+        });
     }
 }
 
@@ -40,15 +81,11 @@ pub unsafe fn emb_bl_count(s: EmbShape, world: u32, ids: *const u32, cnt: *mut u
 /// (`[tables][batch][pooling]`; PAD for padding).
 #[kernel]
 pub unsafe fn emb_bl_scatter(s: EmbShape, world: u32, ids: *const u32, soff: *const u32, cursor: *mut u32, keys: *mut u64, pos: *mut u32) {
-    let per_table = s.batch as u64 * s.pooling as u64;
-    let lookups = s.tables as u64 * per_table;
-    let mut i = ptx::global_thread_id_x() as u64;
-    while i < lookups {
-        // SAFETY: sizes as documented; `keys` holds every non-pad lookup.
-        unsafe {
-            let id = *ids.add(i as usize);
+    // SAFETY: sizes as documented; `keys` holds every non-pad lookup.
+    unsafe {
+        for_each_lookup(&s, ids, |i, id| {
             if id < s.rows {
-                let table = (i / per_table) as u32;
+                let table = table_of(&s, i);
                 let pair = ((id % world) * s.tables + table) as usize;
                 let at = *soff.add(pair) + ptx::atom_add_relaxed_gpu_u32(cursor.add(pair), 1);
                 *keys.add(at as usize) = request_key(table, id);
@@ -56,8 +93,7 @@ pub unsafe fn emb_bl_scatter(s: EmbShape, world: u32, ids: *const u32, soff: *co
             } else {
                 *pos.add(i as usize) = PAD;
             }
-        }
-        i += ptx::grid_stride_x() as u64;
+        });
     }
 }
 
@@ -67,9 +103,7 @@ pub unsafe fn emb_bl_gather(s: EmbShape, world: u32, tables: *const f32, keys: *
     let dim = s.dim as usize;
     let src = |j: u32| -> Option<*const f32> {
         // SAFETY: `keys` holds `count` keys of this rank's rows.
-        let key = unsafe { *keys.add(j as usize) };
-        let (table, id) = ((key >> 32) as usize, key as u32);
-        Some(tables.wrapping_add((table * s.shard_rows as usize + (id / world) as usize) * dim))
+        Some(tables.wrapping_add(shard_row(&s, world, unsafe { *keys.add(j as usize) })))
     };
     // SAFETY: `rows` holds count × dim; rows whole, so 16-byte aligned for dim % 4 == 0.
     unsafe {
@@ -95,12 +129,8 @@ pub unsafe fn emb_bl_gather(s: EmbShape, world: u32, tables: *const f32, keys: *
 /// Baseline step 4: `out[sample][table]` = the sum of `rows[pos]` over the bag.
 #[kernel]
 pub unsafe fn emb_bl_pool(s: EmbShape, ids: *const u32, pos: *const u32, rows: *const f32, out: *mut f32) {
-    let (gw, warps) = grid_warp();
     let dim = s.dim as usize;
-    let per_table = s.batch as u64 * s.pooling as u64;
-    let mut w = gw;
-    while w < s.batch * s.tables {
-        let bag = ((w % s.tables) as u64 * per_table + (w / s.tables) as u64 * s.pooling as u64) as usize;
+    for_each_bag(&s, |w, bag| {
         // SAFETY: sizes as documented.
         unsafe {
             pool_bag(dim, s.pooling as usize, out.add(w as usize * dim), |p| {
@@ -111,20 +141,15 @@ pub unsafe fn emb_bl_pool(s: EmbShape, ids: *const u32, pos: *const u32, rows: *
                 }
             });
         }
-        w += warps;
-    }
+    });
 }
 
 /// Baseline backward step 1: `grads[pos]` = the upstream gradient of the
 /// bag of every lookup (one row per occurrence).
 #[kernel]
 pub unsafe fn emb_bl_grad_scatter(s: EmbShape, ids: *const u32, pos: *const u32, grad: *const f32, grads: *mut f32) {
-    let (gw, warps) = grid_warp();
     let dim = s.dim as usize;
-    let per_table = s.batch as u64 * s.pooling as u64;
-    let mut w = gw;
-    while w < s.batch * s.tables {
-        let bag = ((w % s.tables) as u64 * per_table + (w / s.tables) as u64 * s.pooling as u64) as usize;
+    for_each_bag(&s, |w, bag| {
         // SAFETY: sizes as documented.
         unsafe {
             for p in 0..s.pooling as usize {
@@ -138,8 +163,7 @@ pub unsafe fn emb_bl_grad_scatter(s: EmbShape, ids: *const u32, pos: *const u32,
                 }
             }
         }
-        w += warps;
-    }
+    });
 }
 
 /// Baseline backward step 2 (owner): `gacc[row of keys[j]] += grads[j]`.
@@ -151,11 +175,12 @@ pub unsafe fn emb_bl_accumulate(s: EmbShape, world: u32, keys: *const u64, count
     while j < count {
         // SAFETY: as for emb_bl_gather.
         unsafe {
-            let key = *keys.add(j as usize);
-            let (table, id) = ((key >> 32) as usize, key as u32);
-            let acc = gacc.add((table * s.shard_rows as usize + (id / world) as usize) * dim);
-            add_row(acc, grads.add(j as usize * dim), dim);
-        }
+            add_row(
+                gacc.add(shard_row(&s, world, *keys.add(j as usize))),
+                grads.add(j as usize * dim),
+                dim,
+            )
+        };
         j += warps;
     }
 }
@@ -170,9 +195,7 @@ pub unsafe fn emb_bl_apply(s: EmbShape, world: u32, keys: *const u64, count: u32
     while j < count {
         // SAFETY: as for emb_bl_gather.
         unsafe {
-            let key = *keys.add(j as usize);
-            let (table, id) = ((key >> 32) as usize, key as u32);
-            let off = (table * s.shard_rows as usize + (id / world) as usize) * dim;
+            let off = shard_row(&s, world, *keys.add(j as usize));
             apply_row(gacc.add(off), tables.add(off), dim, lr);
         }
         j += warps;

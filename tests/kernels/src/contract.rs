@@ -100,6 +100,25 @@ pub fn code(r: Result<(), CommError>) -> u32 {
     }
 }
 
+/// Every thread of a block with its call's [`code`] `c`: thread 0's goes to
+/// `out[0]`, and each thread whose code differs adds 1 to `out[1]`.
+///
+/// # Safety
+/// `out` holds two words; every thread of the block calls it.
+#[inline(always)]
+pub unsafe fn report_block_code(c: u32, out: *mut u32) {
+    // SAFETY: the caller's promise.
+    unsafe {
+        if ptx::thread_rank_in_block() == 0 {
+            *out = c;
+        }
+        ptx::sync_threads();
+        if c != *out {
+            ptx::atom_add_relaxed_gpu_u32(out.add(1), 1);
+        }
+    }
+}
+
 /// One bad call per launch, by every thread of one block on rank 0, to rank
 /// 1 (`case`): 0 `put_block` to rank `world`; 1 `put_block` of `bytes` at
 /// `dst` (the host makes it run past the heap end); 2 `signal` on a
@@ -166,17 +185,8 @@ pub unsafe fn bad_call<T: Transport>(t: T, dst: *mut u8, src: *const u8, bytes: 
             _ => t.put_raw(Coop::Block, 1, x, Some(RawSignal::set(sig, 7))),
         }
     };
-    let c = code(r);
     // SAFETY: `out` holds two words.
-    unsafe {
-        if ptx::thread_rank_in_block() == 0 {
-            *out = c;
-        }
-        ptx::sync_threads();
-        if c != *out {
-            ptx::atom_add_relaxed_gpu_u32(out.add(1), 1);
-        }
-    }
+    unsafe { report_block_code(code(r), out) };
 }
 
 /// The word `w` of block `b`'s payload at iteration `i`: differs every

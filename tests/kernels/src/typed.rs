@@ -4,7 +4,7 @@
 use doorbell_kernels::transport::{Cmp, Coop, Get, Ibgda, P2p, Part, Put, Signal, Sym, Transport};
 use doorbell_kernels::{kernel, ptx};
 
-use crate::contract::code;
+use crate::contract::{code, report_block_code};
 
 /// One typed call per launch, by every thread of one block on rank 0, to
 /// rank 1 (`case`), with `buf` a symmetric buffer of `n = buf.len()` u32
@@ -48,17 +48,8 @@ pub unsafe fn typed_call<T: Transport>(t: T, buf: Sym<u32>, sigs: Sym<u64>, loca
             _ => t.put(Coop::Block, 1, Put::dst(buf.all()).src(Part::local(local, n)).signal(done)),
         }
     };
-    let mine = code(r);
     // SAFETY: two words (the launcher's).
-    unsafe {
-        if ptx::thread_rank_in_block() == 0 {
-            *out = mine;
-        }
-        ptx::sync_threads();
-        if mine != *out {
-            ptx::atom_add_relaxed_gpu_u32(out.add(1), 1);
-        }
-    }
+    unsafe { report_block_code(code(r), out) };
 }
 
 /// Words of `dst` and `src` each lane of [`put_lanes_call()`] owns.
