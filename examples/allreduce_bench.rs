@@ -290,10 +290,13 @@ fn bench_size(
     } else {
         &[Width::Default]
     };
-    let share = sms / per_gpu.max(1);
+    // Two blocks per SM for 512x2: twice the plan's grid of one per SM
+    // (the rank's share; on a shared GPU all ranks' grids fill at most half
+    // of it, so every block of every rank stays resident).
+    let one_per_sm = |c: u64| plan(fused_opts(c, Width::Threads512, 0, None), count).map_or(1, |p| p.launch_config().grid.0);
     let mut variants: Vec<(u64, Width, AllReduceOptions)> = chunks
         .iter()
-        .flat_map(|&c| widths.iter().map(move |&w| (c, w, fused_opts(c, w, share, args.overlap_launch()))))
+        .flat_map(|&c| widths.iter().map(move |&w| (c, w, fused_opts(c, w, one_per_sm(c), args.overlap_launch()))))
         .collect();
     variants.retain(|(_, _, o)| plan(o.clone(), count).is_ok_and(|p| p.heap_bytes() <= RING_BUDGET / per_gpu.max(1) as u64));
     let mut heap = 1 << 20;
@@ -361,13 +364,14 @@ impl Width {
     }
 }
 
-/// A fused variant's plan; `share` is the rank's SMs.
-fn fused_opts(chunk: u64, width: Width, share: usize, overlap_launch: Option<bool>) -> AllReduceOptions {
+/// A fused variant's plan; `one_per_sm` is the grid of one block per SM
+/// of the rank's share.
+fn fused_opts(chunk: u64, width: Width, one_per_sm: u32, overlap_launch: Option<bool>) -> AllReduceOptions {
     let (threads, blocks) = match width {
         Width::Default => (None, None),
         Width::Threads256 => (Some(256), None),
         Width::Threads512 => (Some(512), None),
-        Width::Threads512x2 => (Some(512), Some(2 * share.max(1) as u32)),
+        Width::Threads512x2 => (Some(512), Some(2 * one_per_sm.max(1))),
     };
     AllReduceOptions {
         chunk_bytes: Some(chunk),

@@ -818,6 +818,35 @@ fn plans_follow_the_placement() {
     assert!(!plan(2, 8, false, 2, &auto).launch_config().overlap_previous);
 }
 
+/// Explicit grids on a GPU shared by ranks stay within two blocks per SM
+/// of the rank's share (every rank's blocks must be resident at once):
+/// 2 x 132 blocks by each of 2 ranks on a 132-SM GPU is refused with the
+/// most it takes (2 x 32); the same on a GPU of its own, and 64, are planned.
+#[test]
+fn explicit_grids_on_a_shared_gpu_stay_resident() {
+    use doorbell::coll::{Placement, Plan};
+    let plan = |per_gpu: usize, blocks: u32| {
+        let opts = AllReduceOptions {
+            fused: true,
+            threads: Some(512),
+            blocks: Some(blocks),
+            ..Default::default()
+        };
+        let at = Placement {
+            gpu: true,
+            sms: 132,
+            ranks_per_gpu: per_gpu,
+            peer_pointers: true,
+        };
+        Plan::new(2, 1 << 20, DType::F32, &opts, at)
+    };
+    let e = plan(2, 264).expect_err("264 blocks by each of 2 ranks on 132 SMs").to_string();
+    assert!(e.contains("264 blocks per rank on a GPU shared by 2 ranks") && e.contains("1..=64"), "{e}");
+    assert!(plan(2, 65).is_err());
+    assert_eq!(plan(2, 64).expect("two blocks per SM of the share").args.blocks, 64);
+    assert_eq!(plan(1, 264).expect("a GPU of its own").args.blocks, 264);
+}
+
 per_backend! {
     /// Plain launches of plans made for a fused kernel (a block per SM share,
     /// most blocks with nothing to do at small sizes), on 3 and 4 ranks: what

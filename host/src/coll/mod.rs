@@ -170,6 +170,12 @@ pub const DEFAULT_STAGES: u32 = 4;
 /// for anything else the GPU runs.
 pub const MAX_BLOCKS_SHARED_GPU: u32 = 32;
 
+/// Explicit [`AllReduceOptions::blocks`] on a GPU shared by ranks: at most
+/// this many times the default most blocks per rank (the rank's share of
+/// SMs, [`MAX_BLOCKS_SHARED_GPU`] at most) — two blocks per SM, what the
+/// library's `…_512x2` entries fit.
+pub const MAX_BLOCKS_PER_SM_SHARED: u64 = 2;
+
 /// Tuning of an [`AllReduce`]; `Default` picks everything.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AllReduceOptions {
@@ -188,7 +194,9 @@ pub struct AllReduceOptions {
     /// Blocks per rank (default: by size — a chunk (pipelined) or 64 KiB
     /// per block — up to one per SM of the rank's GPU; when ranks share a
     /// GPU, all ranks' grids together up to half its SMs, at most
-    /// [`MAX_BLOCKS_SHARED_GPU`] per rank; 2 on the emulator).
+    /// [`MAX_BLOCKS_SHARED_GPU`] per rank; 2 on the emulator). Explicit
+    /// counts on a shared GPU: at most [`MAX_BLOCKS_PER_SM_SHARED`] times
+    /// that default.
     pub blocks: Option<u32>,
     /// Threads per block, a multiple of 32 (default on a GPU: 256 — any
     /// kernel fits 256 threads, whatever its register count — except
@@ -346,6 +354,17 @@ impl Plan {
             _ => 64 << 10,
         };
         let blocks = match opts.blocks {
+            // Ranks sharing a GPU: every rank's blocks must be resident at
+            // once, so an explicit grid stays within two blocks per SM of
+            // the rank's share (the most any of the library's entries fits;
+            // 2 x 132 blocks of 512 threads by each of 2 ranks filled the
+            // H200 and stopped the all-reduce benchmark).
+            Some(b) if shared_gpu && b as u64 > MAX_BLOCKS_PER_SM_SHARED * max_blocks => {
+                return Err(invalid(format!(
+                    "{b} blocks per rank on a GPU shared by {ranks_per_gpu} ranks: every rank's blocks must be resident at once; use 1..={}",
+                    MAX_BLOCKS_PER_SM_SHARED * max_blocks
+                )))
+            }
             Some(b) if (1..=1024).contains(&b) => b,
             Some(b) => return Err(invalid(format!("{b} blocks per rank; use 1..=1024"))),
             None if opts.fused && algo != Algo::Pipelined => max_blocks as u32,
