@@ -166,16 +166,6 @@ pub struct BurstHead {
 }
 
 impl BurstHead {
-    /// The scope of the burst's ordering with the ranks (`sys`).
-    #[inline(always)]
-    pub fn scope(&self) -> Scope {
-        if self.sys != 0 {
-            Scope::Sys
-        } else {
-            Scope::Gpu
-        }
-    }
-
     /// The head of a burst of `count` WQEs of QP `q` (`qp`) of port `p`
     /// from SQ counter `start` on.
     #[inline(always)]
@@ -393,8 +383,6 @@ pub unsafe fn complete<P: Ports + ?Sized, M: PayloadMover>(
                 // its own; one fence before the first of a row of them
                 // orders the row behind every payload before it.
                 let mut fenced = false;
-                // Slots below this were stored by the warp's lanes (a row).
-                let mut stored_to = 0u32;
                 while done < count {
                     let Some(slot) = (*job).slots.get(done as usize) else { break };
                     if slot.flags & SLOT_OK == 0 {
@@ -406,31 +394,38 @@ pub unsafe fn complete<P: Ports + ?Sized, M: PayloadMover>(
                         full = true;
                         break;
                     }
-                    // A row of unordered, unsignaled WRITEs from here: each
-                    // lane of the warp stores its own (the mover's `row`),
-                    // and this thread only counts them.
-                    if done >= stored_to {
-                        let end = row_end(job, done, count);
-                        if end > done && mover.row(done, end) {
-                            stored_to = end;
-                            fenced = false;
+                    // A row of unordered, unsignaled WRITEs: each lane of
+                    // the warp stores its own (the mover's `row`), and this
+                    // thread only counts them.
+                    let row_end = row_end(job, done, count);
+                    if row_end > done && mover.row(done, row_end) {
+                        while done < row_end {
+                            let len = (*job).slots.get(done as usize).map_or(0, |s| s.len);
+                            let idx = start.wrapping_add(done);
+                            doorbell_kernels::trace_hook! {
+                                super::trace::event(tr, super::trace::What::NicFetch, u32::MAX, idx as u64);
+                                super::trace::event(tr, super::trace::What::NicExecute, (*job).head.peer_port, len as u64);
+                            }
+                            tally.unordered += 1;
+                            tally.bytes += len as u64;
+                            tally.last_wqe = idx;
+                            done += 1;
+                            mover.executed(q);
                         }
+                        fenced = false;
+                        continue;
                     }
                     let (dst, src, len) = (slot.dst as usize as *mut u8, slot.data.as_ptr() as *const u8, slot.len as usize);
-                    let unordered = slot.flags & SLOT_UNORDERED != 0;
-                    tally.unordered += unordered as u32;
-                    // A row's WRITEs were stored by their lanes.
-                    if done >= stored_to {
-                        if unordered {
-                            if !fenced {
-                                mem::acquire(scope);
-                                fenced = true;
-                            }
-                            copy_part(dst, src, len, 0, 1);
-                        } else {
-                            mover.copy(dst, src, len);
-                            fenced = false;
+                    if slot.flags & SLOT_UNORDERED != 0 {
+                        if !fenced {
+                            mem::acquire(scope);
+                            fenced = true;
                         }
+                        copy_part(dst, src, len, 0, 1);
+                        tally.unordered += 1;
+                    } else {
+                        mover.copy(dst, src, len);
+                        fenced = false;
                     }
                     doorbell_kernels::trace_hook! {
                         super::trace::event(tr, super::trace::What::NicFetch, u32::MAX, idx as u64);

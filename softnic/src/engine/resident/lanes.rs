@@ -56,7 +56,11 @@ unsafe fn serve_rows(job: *mut BurstJob, lane: usize) {
     // SAFETY (whole function): the caller's contract; `row` is written by
     // lane 0 between the warp barriers at which the others read it.
     unsafe {
-        let scope = core::ptr::read_volatile(&raw const (*job).head).scope();
+        let scope = if core::ptr::read_volatile(&raw const (*job).head.sys) != 0 {
+            Scope::Sys
+        } else {
+            Scope::Gpu
+        };
         loop {
             ptx::sync_warp(ptx::FULL_MASK);
             let [from, to, cmd, _] = core::ptr::read_volatile(&raw const (*job).row);
@@ -107,7 +111,7 @@ unsafe fn complete_job(job: *mut BurstJob, gathered: u64) {
         let c0 = ptx::clock64();
         let h = core::ptr::read_volatile(&raw const (*job).head);
         let mut ports = View::new(h.table as usize as *const PortTable, h.port as usize);
-        let scope = h.scope();
+        let scope = if h.sys != 0 { Scope::Sys } else { Scope::Gpu };
         let mut t = burst::complete(&mut ports, h.port as usize, job, h.now_ns, &mut LaneMover { scope, job });
         // The other lanes leave once they see this.
         core::ptr::write_volatile(&raw mut (*job).row, [0, 0, ROW_DONE, 0]);
