@@ -74,9 +74,9 @@ pub struct EngineCtl {
     /// Engine: what it has done (stored with `st.relaxed.sys` now and
     /// then; read by the host for statistics).
     pub counters: EngineCounters,
-    /// The port's board of shared copies (block 0's control block only;
-    /// all zero at launch): a block posts a large copy on it and the
-    /// port's other blocks copy chunks of it ([`CopyBoard`]).
+    /// This block's board of shared copies (all zero at launch): the
+    /// block posts a large copy on it and the port's other blocks copy
+    /// chunks of it ([`CopyBoard`]).
     pub board: CopyBoard,
     /// Engine → host: a copy of [`Self::state`] in memory the host reads
     /// without a driver call (mapped pinned host memory on a GPU; stored
@@ -91,18 +91,19 @@ pub struct EngineCtl {
 const _: () = assert!(core::mem::size_of::<EngineCtl>().is_multiple_of(8));
 
 /// A copy one engine block shares with the port's other blocks
-/// (`resident::shared`): its owner posts it, every block that looks
-/// claims chunks of `resident::SHARE_CHUNK` bytes until none is left, the
-/// owner waits for the chunks others claimed. Written and read by the
-/// engine's blocks only (GPU-scope atomics); all zero: free, posting 0.
+/// (`resident::shared`): the block that owns the board posts it, every
+/// block that looks claims chunks of `resident::SHARE_CHUNK` bytes until
+/// none is left, the owner waits for the chunks others claimed. Written
+/// and read by the engine's blocks only (GPU-scope atomics); all zero:
+/// posting 0, nothing to claim.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CopyBoard {
-    /// 0: free; `1 + b`: block `b` holds the board.
-    pub owner: u32,
     /// Chunks copied by blocks other than the owner (reset by the owner
     /// before it posts).
     pub done: u32,
+    /// Unused (alignment).
+    pub _pad: u32,
     /// The posting's number (bits 63..32), its number of chunks (31..16)
     /// and its next chunk not yet claimed (15..0): a block claims a chunk
     /// by a compare-and-swap that keeps the number and the count, so a
@@ -329,8 +330,8 @@ impl EngineCtl {
                 shared_bytes: 0,
             },
             board: CopyBoard {
-                owner: 0,
                 done: 0,
+                _pad: 0,
                 claim: 0,
                 dst: 0,
                 src: 0,

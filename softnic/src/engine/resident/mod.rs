@@ -222,12 +222,14 @@ pub struct BlockMover {
     rung_at: [u64; MAX_QPS],
     rung_wqes: u64,
     rung_to_done_ns: u64,
-    /// The port's board of shared copies (block 0's control block's;
-    /// null: the port has one block) and this block's index.
-    board: *mut super::control::CopyBoard,
-    me: u32,
-    /// The last posting on the board this block has seen through.
-    seen_posting: u32,
+    /// The port's control blocks (one per block, each with its block's
+    /// board of shared copies; null: the port has one block), how many,
+    /// and this block's index.
+    ctls: *mut EngineCtl,
+    blocks: usize,
+    me: usize,
+    /// The last posting on each block's board this block has seen through.
+    seen: [u32; super::tables::MAX_SHARDS],
     /// Bytes copied of other blocks' shared copies.
     shared_bytes: u64,
 }
@@ -681,13 +683,10 @@ unsafe fn control(shards: Shards, job: *mut Job, parts: usize) {
             rung_at: [0; MAX_QPS],
             rung_wqes: 0,
             rung_to_done_ns: 0,
-            board: if shards.n > 1 {
-                &raw mut (*main).board
-            } else {
-                core::ptr::null_mut()
-            },
-            me: shards.me as u32,
-            seen_posting: 0,
+            ctls: if shards.n > 1 { main } else { core::ptr::null_mut() },
+            blocks: shards.n.min(super::tables::MAX_SHARDS),
+            me: shards.me,
+            seen: [0; super::tables::MAX_SHARDS],
             shared_bytes: 0,
         };
         let mut epoch = 0u64;
@@ -723,7 +722,7 @@ unsafe fn control(shards: Shards, job: *mut Job, parts: usize) {
                     last.progressed = 1;
                 }
             }
-            // Chunks of another block's large copy, if one is posted.
+            // Chunks of other blocks' large copies, if any are posted.
             mover.help();
             let t = ptx::globaltimer_ns();
             now = base.wrapping_add(t.wrapping_sub(t0));

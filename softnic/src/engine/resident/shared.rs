@@ -1,35 +1,35 @@
 //! Large copies shared by a port's engine blocks.
 //!
-//! One block copies at what one SM moves (~30 GB/s on an H200), whatever
+//! One block copies at what one SM moves (~20–30 GB/s on an H200), whatever
 //! the port's other blocks are doing. A copy of at least [`SHARE_MIN`]
-//! bytes is therefore posted on the port's [`CopyBoard`] (in block 0's
-//! control block) and cut into chunks of [`SHARE_CHUNK`] bytes: the owner
-//! and every other block of the port that looks claim chunks one at a
-//! time and copy each with their whole block; the owner returns once every
-//! chunk is copied, so what follows the copy on its QP (a signal word, a
-//! CQE) is ordered after all of it, as for a copy of its own block.
+//! bytes is therefore posted on the copying block's own [`CopyBoard`] (in
+//! its control block) and cut into chunks of [`SHARE_CHUNK`] bytes: the
+//! owner and every other block of the port that looks claim chunks one at
+//! a time and copy each with their whole block; the owner returns once
+//! every chunk is copied, so what follows the copy on its QP (a signal
+//! word, a CQE) is ordered after all of it, as for a copy of its own block.
 //!
 //! * **Who looks.** Every block, at the top of each of its passes
-//!   ([`BlockMover::help`]): one relaxed load of the board's claim word,
-//!   compared with the last posting it saw. Blocks that serve no QP (more
-//!   blocks than QP groups, or the link model, which keeps the QPs on
-//!   block 0) do nothing else.
+//!   ([`BlockMover::help`]): one relaxed load of each other block's claim
+//!   word, compared with the last posting it saw there. Blocks that serve
+//!   no QP (more blocks than QP groups, or the link model, which keeps the
+//!   QPs on one block) do nothing else.
 //! * **No waits on others' work.** The owner claims chunks like any block
 //!   and waits only for chunks another block has claimed, which that
-//!   block copies without waiting for anything. A block that finds the
-//!   board taken copies alone.
+//!   block copies without waiting for anything. Every block has a board of
+//!   its own, so owners never wait for one another.
 //! * **Claims.** The claim word holds the posting's number, its count of
 //!   chunks and its next chunk; a claim is a compare-and-swap that keeps
 //!   number and count, so a block late for one posting cannot claim a
 //!   chunk of the next one with the first one's addresses, nor a chunk
-//!   past its end. While a chunk of a posting is unclaimed its owner holds
-//!   the board, so the addresses a claimer read after the number are that
-//!   posting's.
+//!   past its end. While a chunk of a posting is unclaimed its owner is
+//!   still in that copy, so the addresses a claimer read after the number
+//!   are that posting's.
 //! * **Ordering.** A helper's block ends its chunk at a barrier; its
 //!   control thread then fences at the engine's scope and adds the chunks
-//!   it copied to the board's `done`, which the owner reads with acquire at that scope:
-//!   the chunk's stores happen before the owner's next release (as a block
-//!   copy's do before thread 0's).
+//!   it copied to the board's `done`, which the owner reads with acquire at
+//!   that scope: the chunk's stores happen before the owner's next release
+//!   (as a block copy's do before thread 0's).
 
 use doorbell_kernels::ptx;
 
@@ -65,7 +65,7 @@ fn chunks_of(claim: u64) -> u32 {
 /// the board holds another posting.
 ///
 /// # Safety
-/// `board` is the port's board.
+/// `board` is a board of the port.
 unsafe fn claim_chunk(board: *mut CopyBoard, seq: u32) -> Option<u32> {
     // SAFETY (whole function): the caller's contract; the claim word is
     // only accessed atomically.
@@ -87,6 +87,12 @@ unsafe fn claim_chunk(board: *mut CopyBoard, seq: u32) -> Option<u32> {
 }
 
 impl BlockMover {
+    /// Block `b`'s board (`b` < the port's blocks; `ctls` not null).
+    fn board(&self, b: usize) -> *mut CopyBoard {
+        // SAFETY: the port's control blocks are `blocks` consecutive ones.
+        unsafe { &raw mut (*self.ctls.add(b)).board }
+    }
+
     /// Copies chunk `c` of `len` bytes from `src` to `dst` with this
     /// block; returns its bytes.
     ///
@@ -109,26 +115,24 @@ impl BlockMover {
 
     /// Copies `len` bytes from `src` to `dst` (not overlapping) with the
     /// help of the port's other blocks, and returns once all of it is
-    /// copied; `false` (nothing copied) when the copy is too short to
-    /// share, the port has one block, or another block holds the board.
+    /// copied; `false` (nothing copied) when the copy is too short or too
+    /// long to share, or the port has one block.
     ///
     /// # Safety
     /// Both ranges are valid for `len` bytes and do not overlap.
     pub(super) unsafe fn copy_shared(&mut self, dst: *mut u8, src: *const u8, len: usize) -> bool {
-        let b = self.board;
         let chunks = len.div_ceil(SHARE_CHUNK);
-        if b.is_null() || len < SHARE_MIN || chunks > MAX_CHUNKS {
+        if self.ctls.is_null() || len < SHARE_MIN || chunks > MAX_CHUNKS {
             return false;
         }
         let chunks = chunks as u32;
+        let b = self.board(self.me);
         let (d, s, l) = (dst as usize as u64, src as usize as u64, len as u64);
-        // SAFETY (whole function): the board is block 0's control block's,
-        // shared by the port's blocks (`run_block`'s contract); its fields
-        // are written by the holder only, before the posting is published.
+        // SAFETY (whole function): the board is this block's, in the port's
+        // control blocks (`run_block`'s contract); its fields are written
+        // by this block only, before a posting is published, and no chunk
+        // of the previous posting is left to claim.
         unsafe {
-            if ptx::atom_cas_acquire_gpu_u32(&raw mut (*b).owner, 0, self.me + 1) != 0 {
-                return false;
-            }
             core::ptr::write_volatile(&raw mut (*b).dst, d);
             core::ptr::write_volatile(&raw mut (*b).src, s);
             core::ptr::write_volatile(&raw mut (*b).len, l);
@@ -136,7 +140,6 @@ impl BlockMover {
             let seq = posting(ptx::ld_relaxed_gpu_u64(&raw const (*b).claim)).wrapping_add(1);
             // The fields above before the posting's number.
             ptx::st_release_gpu_u64(&raw mut (*b).claim, (seq as u64) << 32 | (chunks as u64) << 16);
-            self.seen_posting = seq;
             let mut mine = 0u32;
             while let Some(c) = claim_chunk(b, seq) {
                 self.copy_chunk(d, s, l, c);
@@ -147,7 +150,6 @@ impl BlockMover {
             while self.load_done(done) < chunks - mine {
                 core::hint::spin_loop();
             }
-            ptx::st_release_gpu_u32(&raw mut (*b).owner, 0);
         }
         true
     }
@@ -156,7 +158,7 @@ impl BlockMover {
     /// before what the owner publishes next).
     ///
     /// # Safety
-    /// `p` is the board's `done`.
+    /// `p` is a board's `done`.
     unsafe fn load_done(&self, p: *const u32) -> u32 {
         // SAFETY: the caller's contract.
         unsafe {
@@ -167,33 +169,53 @@ impl BlockMover {
         }
     }
 
-    /// Copies chunks of a posting on the port's board that this block has
-    /// not seen yet, until none is left to claim.
+    /// Copies chunks of the postings on the other blocks' boards that this
+    /// block has not seen yet, until none is left to claim.
     ///
     /// # Safety
-    /// As for [`run_block`](super::run_block): the posting's ranges are
+    /// As for [`run_block`](super::run_block): a posting's ranges are
     /// valid (its owner checked them) until every chunk is copied.
     pub(super) unsafe fn help(&mut self) {
-        let b = self.board;
-        if b.is_null() {
+        if self.ctls.is_null() {
             return;
         }
+        // One relaxed load of every other board's claim word, all issued
+        // before any is compared.
+        let mut claims = [0u64; super::super::tables::MAX_SHARDS];
+        for (b, c) in claims.iter_mut().enumerate().take(self.blocks) {
+            if b != self.me {
+                // SAFETY: as in `board`; the claim word is only accessed
+                // atomically.
+                *c = unsafe { ptx::ld_relaxed_gpu_u64(&raw const (*self.board(b)).claim) };
+            }
+        }
+        for (b, &c) in claims.iter().enumerate().take(self.blocks) {
+            if b != self.me && posting(c) != self.seen[b] {
+                // SAFETY: the caller's contract.
+                unsafe { self.help_board(b) };
+            }
+        }
+    }
+
+    /// Copies chunks of the posting on block `b`'s board until none is
+    /// left to claim, and remembers the posting as seen.
+    ///
+    /// # Safety
+    /// As for [`Self::help`].
+    unsafe fn help_board(&mut self, b: usize) {
+        let board = self.board(b);
         // SAFETY (whole function): as in `copy_shared`.
         unsafe {
-            let at = &raw mut (*b).claim;
-            if posting(ptx::ld_relaxed_gpu_u64(at)) == self.seen_posting {
-                return;
-            }
             // The posting's fields after its number.
-            let seq = posting(ptx::ld_acquire_gpu_u64(at));
-            let d = core::ptr::read_volatile(&raw const (*b).dst);
-            let s = core::ptr::read_volatile(&raw const (*b).src);
-            let l = core::ptr::read_volatile(&raw const (*b).len);
+            let seq = posting(ptx::ld_acquire_gpu_u64(&raw const (*board).claim));
+            let d = core::ptr::read_volatile(&raw const (*board).dst);
+            let s = core::ptr::read_volatile(&raw const (*board).src);
+            let l = core::ptr::read_volatile(&raw const (*board).len);
             // A successful claim keeps `seq` and found a chunk unclaimed:
-            // the owner of `seq` held the board from before the number was
-            // published until then, so these fields are that posting's.
+            // the owner has been in posting `seq`'s copy from before the
+            // number was published until then, so these fields are its.
             let mut copied = 0u32;
-            while let Some(c) = claim_chunk(b, seq) {
+            while let Some(c) = claim_chunk(board, seq) {
                 self.shared_bytes += self.copy_chunk(d, s, l, c);
                 copied += 1;
             }
@@ -201,13 +223,13 @@ impl BlockMover {
                 // The block's stores (ordered before each round's last
                 // barrier) before the count the owner acquires.
                 self.fence();
-                let done = &raw mut (*b).done;
+                let done = &raw mut (*board).done;
                 match self.scope() {
                     Scope::Gpu => ptx::atom_add_relaxed_gpu_u32(done, copied),
                     Scope::Sys => ptx::atom_add_relaxed_sys_u32(done, copied),
                 };
             }
-            self.seen_posting = seq;
+            self.seen[b] = seq;
         }
     }
 }
