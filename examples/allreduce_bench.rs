@@ -296,7 +296,11 @@ fn bench_size(
     let one_per_sm = |c: u64| plan(fused_opts(c, Width::Threads512, 0, None), count).map_or(1, |p| p.launch_config().grid.0);
     let mut variants: Vec<(u64, Width, AllReduceOptions)> = chunks
         .iter()
-        .flat_map(|&c| widths.iter().map(move |&w| (c, w, fused_opts(c, w, one_per_sm(c), args.overlap_launch()))))
+        .flat_map(|&c| {
+            widths
+                .iter()
+                .map(move |&w| (c, w, fused_opts(c, w, one_per_sm(c), args.overlap_launch())))
+        })
         .collect();
     variants.retain(|(_, _, o)| plan(o.clone(), count).is_ok_and(|p| p.heap_bytes() <= RING_BUDGET / per_gpu.max(1) as u64));
     let mut heap = 1 << 20;

@@ -841,7 +841,10 @@ fn explicit_grids_on_a_shared_gpu_stay_resident() {
         Plan::new(2, 1 << 20, DType::F32, &opts, at)
     };
     let e = plan(2, 264).expect_err("264 blocks by each of 2 ranks on 132 SMs").to_string();
-    assert!(e.contains("264 blocks per rank on a GPU shared by 2 ranks") && e.contains("1..=64"), "{e}");
+    assert!(
+        e.contains("264 blocks per rank on a GPU shared by 2 ranks") && e.contains("1..=64"),
+        "{e}"
+    );
     assert!(plan(2, 65).is_err());
     assert_eq!(plan(2, 64).expect("two blocks per SM of the share").args.blocks, 64);
     assert_eq!(plan(1, 264).expect("a GPU of its own").args.blocks, 264);

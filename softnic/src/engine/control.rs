@@ -92,7 +92,7 @@ const _: () = assert!(core::mem::size_of::<EngineCtl>().is_multiple_of(8));
 
 /// A copy one engine block shares with the port's other blocks
 /// (`resident::shared`): the block that owns the board posts it, every
-/// block that looks claims chunks of `resident::SHARE_CHUNK` bytes until
+/// block that looks claims chunks (of `resident::SHARE_CHUNK` bytes or more) until
 /// none is left, the owner waits for the chunks others claimed. Written
 /// and read by the engine's blocks only (GPU-scope atomics); all zero:
 /// posting 0, nothing to claim.
@@ -102,8 +102,9 @@ pub struct CopyBoard {
     /// Chunks copied by blocks other than the owner (reset by the owner
     /// before it posts).
     pub done: u32,
-    /// Unused (alignment).
-    pub _pad: u32,
+    /// Bytes per chunk of the posting (a multiple of 16; the last chunk
+    /// may be shorter).
+    pub chunk: u32,
     /// The posting's number (bits 63..32), its number of chunks (31..16)
     /// and its next chunk not yet claimed (15..0): a block claims a chunk
     /// by a compare-and-swap that keeps the number and the count, so a
@@ -331,7 +332,7 @@ impl EngineCtl {
             },
             board: CopyBoard {
                 done: 0,
-                _pad: 0,
+                chunk: 0,
                 claim: 0,
                 dst: 0,
                 src: 0,

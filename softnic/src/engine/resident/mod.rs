@@ -79,7 +79,7 @@ mod view;
 use lanes::run_bursts;
 use view::{View, Watch};
 
-pub use shared::{SHARE_CHUNK, SHARE_MIN};
+pub use shared::{HELP_EVERY, SHARE_CHUNK, SHARE_MIN};
 
 pub use super::control::{EngineCounters, EngineCtl, EngineProgress, PROGRESS_EVERY, STATE_EXITED, STATE_LAUNCHED, STATE_RUNNING};
 
@@ -722,8 +722,12 @@ unsafe fn control(shards: Shards, job: *mut Job, parts: usize) {
                     last.progressed = 1;
                 }
             }
-            // Chunks of other blocks' large copies, if any are posted.
-            mover.help();
+            // Chunks of other blocks' large copies, if any are posted: at
+            // every pass of a block that serves no QP, now and then
+            // otherwise.
+            if watch.mask == 0 || passes % shared::HELP_EVERY == 0 {
+                mover.help();
+            }
             let t = ptx::globaltimer_ns();
             now = base.wrapping_add(t.wrapping_sub(t0));
             passes += 1;

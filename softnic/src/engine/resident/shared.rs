@@ -3,17 +3,18 @@
 //! One block copies at what one SM moves (~20–30 GB/s on an H200), whatever
 //! the port's other blocks are doing. A copy of at least [`SHARE_MIN`]
 //! bytes is therefore posted on the copying block's own [`CopyBoard`] (in
-//! its control block) and cut into chunks of [`SHARE_CHUNK`] bytes: the
+//! its control block) and cut into chunks of [`SHARE_CHUNK`] bytes or more
+//! (about two per block of the port, so each chunk's copy streams): the
 //! owner and every other block of the port that looks claim chunks one at
 //! a time and copy each with their whole block; the owner returns once
 //! every chunk is copied, so what follows the copy on its QP (a signal
 //! word, a CQE) is ordered after all of it, as for a copy of its own block.
 //!
-//! * **Who looks.** Every block, at the top of each of its passes
+//! * **Who looks.** Blocks that serve no QP (more blocks than QP groups,
+//!   or the link model, which keeps the QPs on one block) at the top of
+//!   each pass, the others every [`HELP_EVERY`] passes
 //!   ([`BlockMover::help`]): one relaxed load of each other block's claim
-//!   word, compared with the last posting it saw there. Blocks that serve
-//!   no QP (more blocks than QP groups, or the link model, which keeps the
-//!   QPs on one block) do nothing else.
+//!   word, compared with the last posting it saw there.
 //! * **No waits on others' work.** The owner claims chunks like any block
 //!   and waits only for chunks another block has claimed, which that
 //!   block copies without waiting for anything. Every block has a board of
@@ -41,9 +42,14 @@ use super::{BlockMover, Job, JOB_COPY};
 /// Copies of at least this many bytes are shared with the port's other
 /// blocks (when it has any).
 pub const SHARE_MIN: usize = 256 << 10;
-/// Bytes per claimed chunk of a shared copy (a multiple of 16, so every
-/// chunk keeps the copy's alignment).
+/// Fewest bytes per claimed chunk of a shared copy (a multiple of 16, so
+/// every chunk keeps the copy's alignment); a copy is cut into about two
+/// chunks per block of the port, at least this long each.
 pub const SHARE_CHUNK: usize = 64 << 10;
+
+/// Blocks that serve QPs look at the other blocks' boards every this many
+/// passes (each look is a trip to L2 on their path to the next doorbell).
+pub const HELP_EVERY: u64 = 16;
 
 /// The most chunks one posting has (the claim word's 16-bit count);
 /// longer copies are made by their own block alone.
@@ -93,14 +99,14 @@ impl BlockMover {
         unsafe { &raw mut (*self.ctls.add(b)).board }
     }
 
-    /// Copies chunk `c` of `len` bytes from `src` to `dst` with this
-    /// block; returns its bytes.
+    /// Copies chunk `c` (of `chunk` bytes each) of `len` bytes from `src`
+    /// to `dst` with this block; returns its bytes.
     ///
     /// # Safety
     /// As for [`Self::round`] on the whole copy; `c` is one of its chunks.
-    unsafe fn copy_chunk(&mut self, dst: u64, src: u64, len: u64, c: u32) -> u64 {
-        let off = c as u64 * SHARE_CHUNK as u64;
-        let n = (len - off).min(SHARE_CHUNK as u64);
+    unsafe fn copy_chunk(&mut self, dst: u64, src: u64, len: u64, chunk: u32, c: u32) -> u64 {
+        let off = c as u64 * chunk as u64;
+        let n = (len - off).min(chunk as u64);
         let job = Job {
             kind: JOB_COPY,
             _pad: 0,
@@ -120,12 +126,17 @@ impl BlockMover {
     ///
     /// # Safety
     /// Both ranges are valid for `len` bytes and do not overlap.
+    #[inline(never)]
     pub(super) unsafe fn copy_shared(&mut self, dst: *mut u8, src: *const u8, len: usize) -> bool {
-        let chunks = len.div_ceil(SHARE_CHUNK);
-        if self.ctls.is_null() || len < SHARE_MIN || chunks > MAX_CHUNKS {
+        if self.ctls.is_null() || len < SHARE_MIN {
             return false;
         }
-        let chunks = chunks as u32;
+        let chunk = len.div_ceil(2 * self.blocks).next_multiple_of(16).max(SHARE_CHUNK);
+        let chunks = len.div_ceil(chunk);
+        if chunk > u32::MAX as usize || chunks > MAX_CHUNKS {
+            return false;
+        }
+        let (chunk, chunks) = (chunk as u32, chunks as u32);
         let b = self.board(self.me);
         let (d, s, l) = (dst as usize as u64, src as usize as u64, len as u64);
         // SAFETY (whole function): the board is this block's, in the port's
@@ -136,13 +147,14 @@ impl BlockMover {
             core::ptr::write_volatile(&raw mut (*b).dst, d);
             core::ptr::write_volatile(&raw mut (*b).src, s);
             core::ptr::write_volatile(&raw mut (*b).len, l);
+            core::ptr::write_volatile(&raw mut (*b).chunk, chunk);
             ptx::st_relaxed_gpu_u32(&raw mut (*b).done, 0);
             let seq = posting(ptx::ld_relaxed_gpu_u64(&raw const (*b).claim)).wrapping_add(1);
             // The fields above before the posting's number.
             ptx::st_release_gpu_u64(&raw mut (*b).claim, (seq as u64) << 32 | (chunks as u64) << 16);
             let mut mine = 0u32;
             while let Some(c) = claim_chunk(b, seq) {
-                self.copy_chunk(d, s, l, c);
+                self.copy_chunk(d, s, l, chunk, c);
                 mine += 1;
             }
             // The chunks other blocks claimed; each is being copied.
@@ -175,6 +187,7 @@ impl BlockMover {
     /// # Safety
     /// As for [`run_block`](super::run_block): a posting's ranges are
     /// valid (its owner checked them) until every chunk is copied.
+    #[inline(never)]
     pub(super) unsafe fn help(&mut self) {
         if self.ctls.is_null() {
             return;
@@ -211,12 +224,13 @@ impl BlockMover {
             let d = core::ptr::read_volatile(&raw const (*board).dst);
             let s = core::ptr::read_volatile(&raw const (*board).src);
             let l = core::ptr::read_volatile(&raw const (*board).len);
+            let chunk = core::ptr::read_volatile(&raw const (*board).chunk);
             // A successful claim keeps `seq` and found a chunk unclaimed:
             // the owner has been in posting `seq`'s copy from before the
             // number was published until then, so these fields are its.
             let mut copied = 0u32;
             while let Some(c) = claim_chunk(board, seq) {
-                self.shared_bytes += self.copy_chunk(d, s, l, c);
+                self.shared_bytes += self.copy_chunk(d, s, l, chunk, c);
                 copied += 1;
             }
             if copied != 0 {
