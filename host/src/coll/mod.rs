@@ -359,10 +359,13 @@ impl Plan {
             // the rank's share (the most any of the library's entries fits;
             // the benchmark's 2 x 132 blocks of 512 threads by each of 2
             // ranks left no SM of an H200 for anything else).
-            Some(b) if shared_gpu && b as u64 > MAX_BLOCKS_PER_SM_SHARED * max_blocks => return Err(invalid(format!(
-                "{b} blocks per rank on a GPU shared by {ranks_per_gpu} ranks: every rank's blocks must be resident at once; use 1..={}",
-                MAX_BLOCKS_PER_SM_SHARED * max_blocks
-            ))),
+            Some(b) if shared_gpu && b as u64 > MAX_BLOCKS_PER_SM_SHARED * max_blocks => {
+                let most = MAX_BLOCKS_PER_SM_SHARED * max_blocks;
+                let why = "every rank's blocks must be resident at once";
+                return Err(invalid(format!(
+                    "{b} blocks per rank on a GPU shared by {ranks_per_gpu} ranks: {why}; use 1..={most}"
+                )));
+            }
             Some(b) if (1..=1024).contains(&b) => b,
             Some(b) => return Err(invalid(format!("{b} blocks per rank; use 1..=1024"))),
             None if opts.fused && algo != Algo::Pipelined => max_blocks as u32,

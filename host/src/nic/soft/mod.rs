@@ -196,9 +196,10 @@ pub struct SoftOptions {
     /// the emulator), each on its own SM. Each block runs its own QPs
     /// (`Port::assign_shards`: QPs that share a CQ share a block; with the
     /// link model on the port keeps its QPs on one block); blocks beyond
-    /// the port's groups of QPs serve none. Every block copies chunks of
-    /// the others' payloads of `SHARE_MIN` bytes or more (the engine's
-    /// shared copies), so large puts and gets move at several SMs' rate.
+    /// the port's groups of QPs serve none. While some block serves none,
+    /// the blocks copy chunks of one another's payloads of `SHARE_MIN`
+    /// bytes or more (the engine's shared copies), so large puts and gets
+    /// move at several SMs' rate.
     pub engine_blocks: Option<u32>,
     /// Makes the engine kernel's ordering with the ranks `sys`-scoped even
     /// when every rank runs on the engine's GPU ([`SCOPE_ENV`]`=sys`).

@@ -228,6 +228,9 @@ pub struct BlockMover {
     ctls: *mut EngineCtl,
     blocks: usize,
     me: usize,
+    /// Whether this block's large copies are shared (some block of the
+    /// port serves no QP).
+    share: bool,
     /// The last posting on each block's board this block has seen through.
     seen: [u32; super::tables::MAX_SHARDS],
     /// Bytes copied of other blocks' shared copies.
@@ -686,6 +689,7 @@ unsafe fn control(shards: Shards, job: *mut Job, parts: usize) {
             ctls: if shards.n > 1 { main } else { core::ptr::null_mut() },
             blocks: shards.n.min(super::tables::MAX_SHARDS),
             me: shards.me,
+            share: false,
             seen: [0; super::tables::MAX_SHARDS],
             shared_bytes: 0,
         };
@@ -738,6 +742,9 @@ unsafe fn control(shards: Shards, job: *mut Job, parts: usize) {
                 // `sys`: the host writes tables too.
                 mem::acquire(Scope::Sys);
                 watch = Watch::of(&table, shards.me);
+                // Large copies are shared while some block serves no QP
+                // (blocks that serve QPs rarely find time to help).
+                mover.share = (watch.serving.count_ones() as usize) < mover.blocks;
                 refreshed_ns = t;
                 last.progressed = 1;
             }

@@ -1,7 +1,9 @@
 //! Large copies shared by a port's engine blocks.
 //!
 //! One block copies at what one SM moves (~20–30 GB/s on an H200), whatever
-//! the port's other blocks are doing. A copy of at least [`SHARE_MIN`]
+//! the port's other blocks are doing. While some block of the port serves
+//! no QP (more blocks than groups of QPs, or the link model, which keeps
+//! the QPs on one block), a copy of at least [`SHARE_MIN`]
 //! bytes is therefore posted on the copying block's own [`CopyBoard`] (in
 //! its control block) and cut into chunks of [`SHARE_CHUNK`] bytes or more
 //! (about two per block of the port, so each chunk's copy streams): the
@@ -122,13 +124,14 @@ impl BlockMover {
     /// Copies `len` bytes from `src` to `dst` (not overlapping) with the
     /// help of the port's other blocks, and returns once all of it is
     /// copied; `false` (nothing copied) when the copy is too short or too
-    /// long to share, or the port has one block.
+    /// long to share, the port has one block, or every block serves QPs
+    /// (each busy with copies of its own).
     ///
     /// # Safety
     /// Both ranges are valid for `len` bytes and do not overlap.
     #[inline(never)]
     pub(super) unsafe fn copy_shared(&mut self, dst: *mut u8, src: *const u8, len: usize) -> bool {
-        if self.ctls.is_null() || len < SHARE_MIN {
+        if self.ctls.is_null() || !self.share || len < SHARE_MIN {
             return false;
         }
         let chunk = len.div_ceil(2 * self.blocks).next_multiple_of(16).max(SHARE_CHUNK);

@@ -98,6 +98,8 @@ impl Ports for View {
 pub(super) struct Watch {
     /// Bit `q`: slot `q` holds a QP.
     pub(super) mask: u64,
+    /// Bit `b`: block `b` of the port serves a QP.
+    pub(super) serving: u32,
     /// Watched slots, `n` of them.
     slots: [u8; WATCHED],
     n: usize,
@@ -108,13 +110,14 @@ pub(super) struct Watch {
 impl Watch {
     pub(super) const EMPTY: Watch = Watch {
         mask: 0,
+        serving: 0,
         slots: [0; WATCHED],
         n: 0,
         complete: true,
     };
 
     /// Lists the slots of the engine's own port in use that block `shard`
-    /// serves.
+    /// serves, and which blocks serve any.
     pub(super) fn of(view: &View, shard: usize) -> Watch {
         let mut w = Watch::EMPTY;
         let Some(p) = view.own() else { return w };
@@ -124,6 +127,7 @@ impl Watch {
         // each in turn); then the slots in use.
         for (q, qp) in p.qps.iter().enumerate() {
             w.mask |= ((qp.in_use() && qp.shard as usize == shard) as u64) << q;
+            w.serving |= (qp.in_use() as u32) << (qp.shard % 32);
         }
         let mut left = w.mask;
         while left != 0 {
