@@ -88,6 +88,7 @@ pub const CHECKS: &[Check] = &[
         vars: &[
             "DOORBELL_IBGDA_QPS_PER_PEER",
             "DOORBELL_IBGDA_SQ_SIZE",
+            "DOORBELL_IBGDA_MAX_MSG",
             "DOORBELL_SOFTNIC_LINK",
             "DOORBELL_SOFTNIC_ENGINE",
             "DOORBELL_SOFTNIC_ENGINE_THREADS",

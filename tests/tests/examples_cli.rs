@@ -229,6 +229,8 @@ fn built_examples_refuse_bad_input_with_status_2_and_no_backtrace() {
         ("", Some(("DOORBELL_EMU_MAX_THREADS", "abc")), "DOORBELL_EMU_MAX_THREADS"),
         ("", Some(("DOORBELL_DEVICE", "foo")), "DOORBELL_DEVICE"),
         ("", Some(("DOORBELL_LOG", "loud")), "DOORBELL_LOG"),
+        ("", Some(("DOORBELL_IBGDA_MAX_MSG", "2147483648")), "DOORBELL_IBGDA_MAX_MSG"),
+        ("", Some(("DOORBELL_IBGDA_MAX_MSG", "0")), "DOORBELL_IBGDA_MAX_MSG"),
     ] {
         let mut cmd = Command::new(&fma);
         cmd.args(argv(args)).env("RUST_BACKTRACE", "1");

@@ -10,6 +10,9 @@ use crate::nic::soft::{LinkModel, SoftNicEngine, SoftOptions};
 pub const QPS_ENV: &str = "DOORBELL_IBGDA_QPS_PER_PEER";
 /// `DOORBELL_IBGDA_SQ_SIZE`: send-queue slots per QP, a power of two in 32..=32768.
 pub const SQ_ENV: &str = "DOORBELL_IBGDA_SQ_SIZE";
+/// `DOORBELL_IBGDA_MAX_MSG`: most bytes per WQE, 1..2^31 (a longer put or
+/// get is posted as several WQEs).
+pub const MAX_MSG_ENV: &str = "DOORBELL_IBGDA_MAX_MSG";
 /// `DOORBELL_RDMA_PEERS`: which pairs of ranks the routed transport sends
 /// through the NIC although load/store reaches them.
 pub const RDMA_PEERS_ENV: &str = "DOORBELL_RDMA_PEERS";
@@ -95,10 +98,12 @@ impl IbgdaOptions {
                 reason: "is not a power of two; use 32, 64, 128, ... 32768".to_string(),
             });
         }
+        let max_msg = crate::vars::uint(MAX_MSG_ENV, d.max_msg as u64, 1, (1 << 31) - 1)? as u32;
         let soft = SoftOptions::from_env()?;
         Ok(IbgdaOptions {
             qps_per_peer: qps,
             sq_size: sq,
+            max_msg,
             link: soft.link,
             engine: soft.engine,
             engine_threads: soft.engine_threads,
