@@ -29,9 +29,10 @@ pub struct IbgdaOptions {
     /// Send-queue slots per QP, a power of two ≥ 32 (one warp's batch);
     /// each QP's CQ has as many entries. Default 256.
     pub sq_size: u32,
-    /// Largest message of one WQE, below 2^31; longer puts and gets are
-    /// split (default 1 MiB: long transfers become several WQEs the NIC can
-    /// pipeline).
+    /// Largest message of one WQE, below 2^31 (`DOORBELL_IBGDA_MAX_MSG`); longer
+    /// puts and gets are split (default 1 MiB: long transfers become
+    /// several WQEs the NIC can pipeline; the soft NIC copies each WQE as
+    /// one piece, so larger WQEs move its large puts faster).
     pub max_msg: u32,
     /// The soft NIC's link model (`DOORBELL_SOFTNIC_LINK`; `None`: off).
     pub link: Option<LinkModel>,
