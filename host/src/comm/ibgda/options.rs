@@ -111,7 +111,6 @@ impl IbgdaOptions {
             engine_blocks: soft.engine_blocks,
             engine_sys_scope: soft.sys_scope,
             engine_burst: soft.burst,
-            ..d
         })
     }
 
