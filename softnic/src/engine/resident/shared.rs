@@ -237,6 +237,12 @@ impl BlockMover {
                 copied += 1;
             }
             if copied != 0 {
+                // This block's count of shared bytes goes out with the
+                // chunks: a block that serves no QP publishes its other
+                // counters only every so many idle passes, and a reader of
+                // the counters after the copy's completion must see it.
+                let mine = &raw mut (*self.ctls.add(self.me)).counters.shared_bytes;
+                ptx::st_relaxed_sys_u64(mine, self.shared_bytes);
                 // The block's stores (ordered before each round's last
                 // barrier) before the count the owner acquires.
                 self.fence();
