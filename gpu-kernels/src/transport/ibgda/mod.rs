@@ -247,13 +247,6 @@ enum Poster {
     Warp,
 }
 
-impl Poster {
-    #[inline(always)]
-    fn leads(self) -> bool {
-        self == Poster::Thread || ptx::lane_id() == 0
-    }
-}
-
 /// An operation of a batch: chunk `k` of a transfer, or the signal.
 #[derive(Clone, Copy)]
 struct Xfer {
@@ -311,6 +304,16 @@ struct Sig {
     op: SignalOp,
 }
 
+impl Sig {
+    /// The signal of a batch that has none (never written: its slot is
+    /// not posted).
+    const NONE: Sig = Sig {
+        raddr: 0,
+        value: 0,
+        op: SignalOp::Set,
+    };
+}
+
 /// Errors as two words, to broadcast from the posting lane.
 #[inline(always)]
 fn encode(r: Result<u32, CommError>) -> (u32, u32) {
@@ -330,6 +333,20 @@ fn decode(kind: u32, v: u32, peer: u32) -> Result<u32, CommError> {
         2 => Err(CommError::Completion { peer, syndrome: v as u8 }),
         _ => Err(CommError::BadCount { count: 0 }),
     }
+}
+
+/// `f` run by lane 0 alone (reserving, submitting for the warp); every
+/// lane of the converged warp gets its result, an error as [`decode`]
+/// rebuilds it.
+#[inline(always)]
+fn on_lane0(peer: u32, f: impl FnOnce() -> Result<u32, CommError>) -> Result<u32, CommError> {
+    let mut r = (0u32, 0u32);
+    if ptx::lane_id() == 0 {
+        r = encode(f());
+    }
+    let kind = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, r.0, 0);
+    let v = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, r.1, 0);
+    decode(kind, v, peer)
 }
 
 /// `a` is at or past `b` (indices within half the counter space).
@@ -508,19 +525,7 @@ impl Transport for Ibgda {
         if x.bytes == 0 && signal.is_none() {
             return Ok(());
         }
-        let base = self.remote_base(peer);
-        let wire = Xfer {
-            read: false,
-            raddr: base + off,
-            laddr: x.src as u64,
-            lkey,
-            bytes: x.bytes,
-        };
-        let sig = signal.map(|s| Sig {
-            raddr: base + sig_off,
-            value: s.value,
-            op: s.op,
-        });
+        let (wire, sig) = self.put_wire(peer, &x, (off, sig_off), lkey, signal);
         around!({
             let what = if signal.is_some() { What::PutSignal } else { What::Put };
             let span = g.is_leader().then(|| crate::trace::span(1, self.local_base, what, peer, x.bytes));
@@ -541,19 +546,7 @@ impl Transport for Ibgda {
             // SAFETY: the caller's contract; checked.
             return unsafe { self.put_raw(Coop::Thread, peer, x, signal) };
         }
-        let base = self.remote_base(peer);
-        let wire = Xfer {
-            read: false,
-            raddr: base + off,
-            laddr: x.src as u64,
-            lkey,
-            bytes: x.bytes,
-        };
-        let sig = signal.map(|s| Sig {
-            raddr: base + sig_off,
-            value: s.value,
-            op: s.op,
-        });
+        let (wire, sig) = self.put_wire(peer, &x, (off, sig_off), lkey, signal);
         let q = self.qp(peer);
         let site = Site { call, peer };
         around!({ let span = (ptx::lane_id() == 0).then(|| crate::trace::span(1, self.local_base, What::Put, peer, x.bytes)); }
@@ -657,6 +650,26 @@ impl Transport for Ibgda {
 
 impl Ibgda {
     /// Heap base of `peer` as the NIC addresses it (`peer < world`).
+    /// What a checked put of `x` to `peer` sends: the WRITE of its bytes to
+    /// heap offset `offs.0` and its signal, if any, to heap offset `offs.1`.
+    #[inline(always)]
+    fn put_wire(&self, peer: u32, x: &RawXfer, offs: (u64, u64), lkey: u32, signal: Option<RawSignal>) -> (Xfer, Option<Sig>) {
+        let base = self.remote_base(peer);
+        let wire = Xfer {
+            read: false,
+            raddr: base + offs.0,
+            laddr: x.src as u64,
+            lkey,
+            bytes: x.bytes,
+        };
+        let sig = signal.map(|s| Sig {
+            raddr: base + offs.1,
+            value: s.value,
+            op: s.op,
+        });
+        (wire, sig)
+    }
+
     #[inline(always)]
     fn remote_base(&self, peer: u32) -> u64 {
         // SAFETY: `qps` has world × qps_per_peer entries; every QP of a

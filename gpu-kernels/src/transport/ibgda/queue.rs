@@ -259,12 +259,7 @@ impl Ibgda {
         let Chunks { first, count: chunks } = part;
         let Site { call, peer } = site;
         let count = chunks + sig.is_some() as u32;
-        let no_sig = Sig {
-            raddr: 0,
-            value: 0,
-            op: SignalOp::Set,
-        };
-        let sig = sig.unwrap_or(&no_sig);
+        let sig = sig.unwrap_or(&Sig::NONE);
         let max_msg = self.max_msg as u64;
         let last = count - 1;
         if p == Poster::Thread {
@@ -286,16 +281,8 @@ impl Ibgda {
             }
         }
         let lane = ptx::lane_id();
-        let mut r = (0u32, 0u32);
-        if lane == 0 {
-            // SAFETY: as above.
-            r = encode(unsafe { self.reserve(q, count, call, peer) });
-        }
-        let kind = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, r.0, 0);
-        let start = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, r.1, 0);
-        if kind != 0 {
-            return decode(kind, start, peer);
-        }
+        // SAFETY: as above.
+        let start = on_lane0(peer, || unsafe { self.reserve(q, count, call, peer) })?;
         let mut head = 0u64;
         if lane < count {
             let b = Batch {
@@ -311,13 +298,8 @@ impl Ibgda {
         // The batch's WQEs are written before lane 0 publishes them.
         ptx::sync_warp(ptx::FULL_MASK);
         let head = ptx::shfl_sync_idx_u64(ptx::FULL_MASK, head, last);
-        if lane == 0 {
-            // SAFETY: as above.
-            r = encode(unsafe { self.submit(q, start, count, head, call, peer) });
-        }
-        let kind = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, r.0, 0);
-        let v = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, r.1, 0);
-        decode(kind, v, peer)
+        // SAFETY: as above.
+        on_lane0(peer, || unsafe { self.submit(q, start, count, head, call, peer) })
     }
 
     /// Every lane of a converged warp posts its own transfer `x` (0 bytes:
@@ -356,21 +338,8 @@ impl Ibgda {
         if total == 0 {
             return Ok(None);
         }
-        let mut r = (0u32, 0u32);
-        if lane == 0 {
-            // SAFETY: the handle's QPs are valid.
-            r = encode(unsafe { self.reserve(q, total, call, peer) });
-        }
-        let kind = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, r.0, 0);
-        let start = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, r.1, 0);
-        if kind != 0 {
-            return decode(kind, start, peer).map(|_| None);
-        }
-        let no_sig = Sig {
-            raddr: 0,
-            value: 0,
-            op: SignalOp::Set,
-        };
+        // SAFETY: the handle's QPs are valid.
+        let start = on_lane0(peer, || unsafe { self.reserve(q, total, call, peer) })?;
         let mut head = 0u64;
         if n > 0 {
             let b = Batch {
@@ -383,7 +352,7 @@ impl Ibgda {
             };
             for i in 0..n {
                 // SAFETY: slots `start .. start + total` are reserved and free.
-                head = unsafe { Self::write_item(q, &b, i, x, sig.unwrap_or(&no_sig)) };
+                head = unsafe { Self::write_item(q, &b, i, x, sig.unwrap_or(&Sig::NONE)) };
                 // A WRITE of the run other than its first needs no order
                 // with the run's other WRITEs: it says so in its (unused)
                 // immediate, which the soft NIC's bursts read.
@@ -400,13 +369,8 @@ impl Ibgda {
         ptx::sync_warp(ptx::FULL_MASK);
         let last_lane = 31 - ptx::vote_sync_ballot(ptx::FULL_MASK, n > 0).leading_zeros();
         let head = ptx::shfl_sync_idx_u64(ptx::FULL_MASK, head, last_lane);
-        if lane == 0 {
-            // SAFETY: as above.
-            r = encode(unsafe { self.submit(q, start, total, head, call, peer) });
-        }
-        let kind = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, r.0, 0);
-        let v = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, r.1, 0);
-        decode(kind, v, peer).map(Some)
+        // SAFETY: as above.
+        on_lane0(peer, || unsafe { self.submit(q, start, total, head, call, peer) }).map(Some)
     }
 
     /// [`Self::post_lanes`] one lane after another, each lane's transfer
@@ -562,14 +526,8 @@ impl Ibgda {
             // SAFETY: the handle's QPs are valid.
             return unsafe { self.wait_complete(q, t, call, peer) };
         }
-        let mut r = (0, 0);
-        if p.leads() {
-            // SAFETY: as above.
-            r = encode(unsafe { self.wait_complete(q, t, call, peer) }.map(|_| 0));
-        }
-        let kind = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, r.0, 0);
-        let v = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, r.1, 0);
-        decode(kind, v, peer).map(|_| ())
+        // SAFETY: as above.
+        on_lane0(peer, || unsafe { self.wait_complete(q, t, call, peer) }.map(|_| 0)).map(drop)
     }
 
     /// Waits until every WQE rung so far on `q` has completed.
@@ -654,11 +612,6 @@ impl Ibgda {
     /// # Safety
     /// As for [`Transport::put_raw`].
     pub unsafe fn profile_puts(&self, peer: u32, x: RawXfer, n: u32, out: &mut PostProfile) -> Result<(), CommError> {
-        let no_sig = Sig {
-            raddr: 0,
-            value: 0,
-            op: SignalOp::Set,
-        };
         for _ in 0..n {
             let c0 = ptx::clock64();
             let (call, off, _) = super::super::check_put(self, peer, &x, None)?;
@@ -667,13 +620,7 @@ impl Ibgda {
                 return Err(CommError::BadCount { count: x.bytes });
             }
             let q = self.qp(peer);
-            let wire = Xfer {
-                read: false,
-                raddr: self.remote_base(peer) + off,
-                laddr: x.src as u64,
-                lkey,
-                bytes: x.bytes,
-            };
+            let (wire, _) = self.put_wire(peer, &x, (off, 0), lkey, None);
             let c1 = ptx::clock64();
             // SAFETY: the caller's contract; the handle's QPs are valid.
             let start = unsafe { self.reserve(&q, 1, call, peer) }?;
@@ -686,7 +633,7 @@ impl Ibgda {
                 max_msg: self.max_msg as u64,
             };
             // SAFETY: the slot was reserved above.
-            let head = unsafe { Self::write_item(&q, &b, 0, &wire, &no_sig) };
+            let head = unsafe { Self::write_item(&q, &b, 0, &wire, &Sig::NONE) };
             let c3 = ptx::clock64();
             // SAFETY: as above.
             let end = unsafe { self.submit(&q, start, 1, head, call, peer) }?;
