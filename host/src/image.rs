@@ -168,6 +168,11 @@ static TRACE_REQUESTED: AtomicBool = AtomicBool::new(false);
 /// Modules loaded with their default image while they had a traced one.
 static LOADED_WITHOUT_HOOKS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
+/// `DOORBELL_TRACE`: the directory of the trace (unset or empty: off).
+/// Defined here, where a load decides on the traced image; the trace
+/// module re-exports it.
+pub const TRACE_ENV: &str = "DOORBELL_TRACE";
+
 /// Marks tracing as requested for this process: later loads take the
 /// traced images. Never cleared (a trace that ended leaves the traced
 /// images to later loads: they cost a little, but a later trace records).
@@ -180,7 +185,7 @@ pub(crate) fn request_tracing() {
 /// ([`Communicator::trace_start`](crate::comm::Communicator::trace_start),
 /// [`CommOptions::trace`](crate::comm::CommOptions::trace)).
 pub fn tracing_requested() -> bool {
-    TRACE_REQUESTED.load(Ordering::SeqCst) || std::env::var_os(crate::trace::TRACE_ENV).is_some_and(|v| !v.is_empty())
+    TRACE_REQUESTED.load(Ordering::SeqCst) || std::env::var_os(TRACE_ENV).is_some_and(|v| !v.is_empty())
 }
 
 /// What a load on a GPU uses of `src` with tracing requested or not

@@ -50,7 +50,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-pub use crate::image::{loaded_without_hooks, tracing_requested};
+pub use crate::image::{loaded_without_hooks, tracing_requested, TRACE_ENV};
 pub use doorbell_kernels::trace::{What, COMPILED, ENGINE_BLOCK};
 
 /// How much the device keeps between two collections.
@@ -66,8 +66,6 @@ pub struct TraceOptions {
     pub events_per_ring: u32,
 }
 
-/// `DOORBELL_TRACE`: the directory of the trace (unset or empty: off).
-pub const TRACE_ENV: &str = "DOORBELL_TRACE";
 /// `DOORBELL_TRACE_EVENTS`: [`TraceOptions::events_per_ring`] (a power of
 /// two in 16..=1048576).
 pub const TRACE_EVENTS_ENV: &str = "DOORBELL_TRACE_EVENTS";
