@@ -309,3 +309,35 @@ fn ibgda_on_a_gpu_with_a_host_thread_engine_is_refused_with_the_reason() {
         "{msg}"
     );
 }
+
+/// The soft NIC's engine runs on the kernels' device, so the kernels' QP
+/// handles say so (`QP_GPU_SCOPE`: doorbells released and CQEs acquired at
+/// GPU scope); `engine_sys_scope` (`DOORBELL_SOFTNIC_SCOPE=sys`) keeps
+/// both sides at system scope. Read from the kernels' QP table itself (on
+/// the emulator device memory is host memory).
+#[test]
+fn soft_nic_qp_handles_order_at_gpu_scope_unless_the_engine_is_told_sys() {
+    use doorbell_kernels::mlx5::QP_GPU_SCOPE;
+    for sys in [false, true] {
+        let io = IbgdaOptions {
+            engine_sys_scope: sys,
+            qps_per_peer: 2,
+            ..Default::default()
+        };
+        let flags = Communicator::local(2, Backend::Cpu, opts(Duration::from_secs(20)), |comm| {
+            let t: Ibgda = comm.ibgda_with(&io)?;
+            let n = (t.world * t.qps_per_peer) as usize;
+            // SAFETY: the emulator's device memory is host memory, and the
+            // table holds world × qps_per_peer entries while `comm` lives.
+            let flags: Vec<u32> = (0..n).map(|i| unsafe { (*t.qps.add(i)).qp.flags }).collect();
+            comm.barrier()?;
+            Ok(flags)
+        })
+        .expect("the world");
+        let want = if sys { 0 } else { QP_GPU_SCOPE };
+        for (r, f) in flags.iter().enumerate() {
+            assert_eq!(f.len(), 4, "rank {r}: 2 peers x 2 QPs");
+            assert!(f.iter().all(|&v| v == want), "rank {r}, engine_sys_scope {sys}: flags {f:?}, want {want}");
+        }
+    }
+}

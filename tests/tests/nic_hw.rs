@@ -128,7 +128,7 @@ impl Rings {
                 sq_size: SQ_WQEBBS,
                 qpn: qp.qpn(),
                 cq_size: CQ_ENTRIES,
-                reserved: 0,
+                flags: 0,
             }
         }
     }

@@ -52,8 +52,60 @@ pub struct QpHandle {
     pub qpn: u32,
     /// CQ size in CQEs, a power of 2.
     pub cq_size: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// [`QP_GPU_SCOPE`] or zero.
+    pub flags: u32,
+}
+
+/// [`QpHandle::flags`]: what reads this QP's rings and writes its CQEs is
+/// an engine on the GPU the kernels run on (the soft NIC), so doorbells
+/// are released, and CQEs acquired, at GPU scope. Without it (a NIC
+/// across PCIe) both are at system scope, as they must be, and cost more:
+/// a system-scope fence waits for the GPU's earlier stores to reach the
+/// whole system.
+pub const QP_GPU_SCOPE: u32 = 1;
+
+impl QpHandle {
+    /// The NIC is an engine on this GPU ([`QP_GPU_SCOPE`]).
+    #[inline(always)]
+    pub fn gpu_scope(&self) -> bool {
+        self.flags & QP_GPU_SCOPE != 0
+    }
+
+    /// Acquire-loads the last word of a CQE (its `op_own` byte) at the
+    /// NIC's scope: the rest of the CQE, and what the NIC wrote before it,
+    /// are read after it.
+    ///
+    /// # Safety
+    /// `w` is a valid, 4-byte aligned word of this QP's CQ ring.
+    #[inline(always)]
+    pub unsafe fn acquire_cqe_word(&self, w: *const u32) -> u32 {
+        // SAFETY: the caller's contract.
+        unsafe {
+            if self.gpu_scope() {
+                ptx::ld_acquire_gpu_u32(w)
+            } else {
+                ptx::ld_acquire_sys_u32(w)
+            }
+        }
+    }
+
+    /// Release-stores the CQ doorbell record for consumer index `ci`: the
+    /// NIC may reuse the CQEs before it, which were read before this.
+    ///
+    /// # Safety
+    /// `cq_dbr` is valid.
+    #[inline(always)]
+    pub unsafe fn set_cq_doorbell_record(&self, ci: u32) {
+        let v = (ci & 0xff_ffff).swap_bytes();
+        // SAFETY: the caller's contract.
+        unsafe {
+            if self.gpu_scope() {
+                ptx::st_release_gpu_u32(self.cq_dbr, v)
+            } else {
+                ptx::st_release_sys_u32(self.cq_dbr, v)
+            }
+        }
+    }
 }
 
 const _: () = assert!(core::mem::size_of::<QpHandle>() == 80);
@@ -131,8 +183,15 @@ pub unsafe fn reserve_wqe_slots_warp(qp: &QpHandle, count: u32) -> u32 {
 /// `qp.sq_dbr` is valid and 4-byte aligned.
 #[inline(always)]
 pub unsafe fn update_doorbell_record(qp: &QpHandle, sq_counter: u32) {
+    let v = (sq_counter & 0xffff).swap_bytes();
     // SAFETY: the caller's contract.
-    unsafe { ptx::st_release_sys_u32(qp.sq_dbr, (sq_counter & 0xffff).swap_bytes()) }
+    unsafe {
+        if qp.gpu_scope() {
+            ptx::st_release_gpu_u32(qp.sq_dbr, v)
+        } else {
+            ptx::st_release_sys_u32(qp.sq_dbr, v)
+        }
+    }
 }
 
 /// Rings the doorbell: `fence.sc.sys` (the doorbell record reaches the NIC
@@ -151,9 +210,17 @@ pub unsafe fn update_doorbell_record(qp: &QpHandle, sq_counter: u32) {
 /// `qp.uar` is valid and 8-byte aligned.
 #[inline(always)]
 pub unsafe fn ring_doorbell(qp: &QpHandle, ctrl_head: u64) {
-    ptx::fence_sc_sys();
     // SAFETY: the caller's contract.
-    unsafe { ptx::st_relaxed_sys_u64(qp.uar, ctrl_head) }
+    unsafe {
+        if qp.gpu_scope() {
+            // An engine on this GPU reads the word and then acquires: a
+            // release at GPU scope orders the record (and the WQEs) before it.
+            ptx::st_release_gpu_u64(qp.uar, ctrl_head)
+        } else {
+            ptx::fence_sc_sys();
+            ptx::st_relaxed_sys_u64(qp.uar, ctrl_head)
+        }
+    }
 }
 
 /// Submits the batch `start..start + count` (already written): waits until

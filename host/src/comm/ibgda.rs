@@ -38,7 +38,7 @@
 mod inspect;
 mod options;
 
-use doorbell_kernels::mlx5::{Cqe64, QpHandle, CQE_INVALID, CQE_SIZE, SEND_WQE_BB};
+use doorbell_kernels::mlx5::{Cqe64, QpHandle, CQE_INVALID, CQE_SIZE, QP_GPU_SCOPE, SEND_WQE_BB};
 use doorbell_kernels::transport::ibgda::{IbgdaQp, QpCounters, RegRegion, REG_SLOTS};
 use doorbell_kernels::transport::routed::ROUTE_WORDS;
 use doorbell_kernels::transport::{Ibgda, Routed};
@@ -111,6 +111,9 @@ struct KernelView<'a> {
     states: *mut QpCounters,
     scratch: *mut u64,
     scratch_lkey: u32,
+    /// Every QP handle's `flags` ([`QP_GPU_SCOPE`] when the NIC runs on
+    /// the kernels' GPU).
+    qp_flags: u32,
 }
 
 impl KernelView<'_> {
@@ -137,7 +140,7 @@ impl KernelView<'_> {
                     sq_size: sq,
                     qpn: qps[i].qpn(),
                     cq_size: sq,
-                    reserved: 0,
+                    flags: self.qp_flags,
                 };
                 let e = IbgdaQp {
                     qp: h,
@@ -623,6 +626,7 @@ impl Communicator {
             states: states.as_raw() as *mut QpCounters,
             scratch: scratch.as_raw() as *mut u64,
             scratch_lkey: scratch_mr.lkey(),
+            qp_flags: if nic.on_the_kernels_gpu() { QP_GPU_SCOPE } else { 0 },
         };
         let words = view.table_words(&remotes, &qps);
         let table = self.device.alloc_from(&words)?;

@@ -375,6 +375,14 @@ pub trait Nic: Send + Sync {
     /// device no longer touches the rings. `Err` says why it may still
     /// touch them; the caller then leaks the memory instead of freeing it.
     fn stop(&mut self) -> std::result::Result<(), String>;
+    /// Whether what reads the rings and writes the CQEs runs on the GPU
+    /// the kernels run on (the soft NIC's engine kernel), so the kernels
+    /// may ring doorbells and poll CQEs with GPU-scope ordering
+    /// (`QP_GPU_SCOPE` in their QP handles) instead of the system scope a
+    /// NIC across PCIe needs. `false` unless an implementation knows.
+    fn on_the_kernels_gpu(&self) -> bool {
+        false
+    }
     /// The soft NIC, for its diagnostics and fault injection.
     fn as_any(&self) -> &dyn Any;
 }

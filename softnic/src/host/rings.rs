@@ -194,7 +194,7 @@ impl QpMemory {
             sq_size: self.sq_wqebbs,
             qpn,
             cq_size: cq.entries,
-            reserved: 0,
+            flags: 0,
         }
     }
 }

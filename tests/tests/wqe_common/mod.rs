@@ -126,7 +126,7 @@ impl TestQp {
             sq_size: self.sq_size,
             qpn: self.qpn,
             cq_size: self.cq_size,
-            reserved: 0,
+            flags: 0,
         }
     }
 

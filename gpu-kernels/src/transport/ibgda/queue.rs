@@ -41,7 +41,7 @@ impl Ibgda {
                 let cqe = q.qp.cq.add(((ci & (size - 1)) as usize) * 16);
                 // Acquire: the rest of the CQE and the data the NIC moved
                 // are read (or published) after it.
-                let last = ptx::ld_acquire_sys_u32(cqe.add(15));
+                let last = q.qp.acquire_cqe_word(cqe.add(15));
                 if !cqe_ready(op_own_of(last), ci, size) {
                     break;
                 }
@@ -71,7 +71,7 @@ impl Ibgda {
                 done = failed_at.wrapping_add(1);
                 ci = ci.wrapping_add(1);
                 core::ptr::write_volatile(&raw mut (*s).cq_consumer, ci);
-                ptx::st_release_sys_u32(q.qp.cq_dbr, (ci & 0xff_ffff).swap_bytes());
+                q.qp.set_cq_doorbell_record(ci);
             }
             if done != start {
                 // Release: what the NIC wrote (get data) and the error word
@@ -645,7 +645,7 @@ impl Ibgda {
                 let size = q.qp.cq_size;
                 let cqe = q.qp.cq.add(((ci & (size - 1)) as usize) * 16);
                 let mut spin = Spin::new(self.budget_ns);
-                while !cqe_ready(op_own_of(ptx::ld_acquire_sys_u32(cqe.add(15))), ci, size) {
+                while !cqe_ready(op_own_of(q.qp.acquire_cqe_word(cqe.add(15))), ci, size) {
                     if !spin.again() {
                         return Err(self.wedge(&q, call, peer, start, end));
                     }

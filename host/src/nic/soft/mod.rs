@@ -599,6 +599,13 @@ impl Nic for SoftNic {
         NicKind::Soft
     }
 
+    /// The engine kernel runs on the kernels' GPU (on a GPU the thread
+    /// engine is refused); `DOORBELL_SOFTNIC_SCOPE=sys` keeps the kernels'
+    /// side at system scope too.
+    fn on_the_kernels_gpu(&self) -> bool {
+        !self.options.sys_scope
+    }
+
     fn port(&self) -> &PortInfo {
         &self.port
     }

@@ -237,7 +237,7 @@ mod tests {
                 sq_size: 64,
                 qpn: 0x103,
                 cq_size: 64,
-                reserved: 0,
+                flags: 0,
             },
             state: std::ptr::null_mut(),
             scratch: std::ptr::null_mut(),

@@ -165,7 +165,7 @@ fn kernel_table(dev: &Device, qp: &dyn QueuePair, uar: u64, cq_ring: CqRing, qp_
             sq_size: ENTRIES,
             qpn: qp.qpn(),
             cq_size: ENTRIES,
-            reserved: 0,
+            flags: 0,
         },
         state: std::ptr::null_mut(),
         scratch: std::ptr::null_mut(),
