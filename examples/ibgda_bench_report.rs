@@ -1,0 +1,244 @@
+//! `ibgda_bench`'s results and report: the put bandwidth rows, rank 0's
+//! engine over the lane-post runs, the report rank 0 fills in (its fields
+//! are the JSON fields of `ibgda_bench.json`, as earlier outputs have
+//! them) and the lines it prints.
+
+use doorbell::comm::{EngineCounters, EnginePhase as Phase};
+use doorbell_examples::cli::IbgdaBenchArgs;
+
+use super::bench::Table;
+
+#[derive(serde::Serialize, Clone, Debug)]
+pub struct BwRow {
+    pub bytes: u64,
+    pub iters: u32,
+    pub ibgda_gbps: f64,
+    pub p2p_gbps: f64,
+    pub ratio: Option<f64>,
+    pub link_promised_gbps: Option<f64>,
+    pub link_achieved: Option<f64>,
+}
+
+/// What rank 0's engine did over the timed lane-post runs of many blocks
+/// (sums of its counters' growth): where a burst round's time goes.
+#[derive(serde::Serialize, Clone, Copy, Debug, Default)]
+pub struct LaneEngine {
+    /// The runs' wall time, ns.
+    pub elapsed_ns: u64,
+    pub passes: u64,
+    pub busy_cycles: u64,
+    pub rounds: u64,
+    pub bursts: u64,
+    pub burst_wqes: u64,
+    /// The control thread's cycles inside burst rounds.
+    pub round_cycles: u64,
+    /// Summed over bursts: lane 0's gather, and its completion of the burst.
+    pub gather_cycles: u64,
+    pub complete_cycles: u64,
+    /// Burst WQEs stored without a release of their own.
+    pub unordered_wqes: u64,
+    /// The control thread's busy cycles by phase (`Phase as usize`), and
+    /// in copies and in fences after copies.
+    pub phases: [u64; Phase::ALL.len()],
+    pub copy_cycles: u64,
+    pub fence_cycles: u64,
+}
+
+impl LaneEngine {
+    pub fn add(&mut self, b: &EngineCounters, a: &EngineCounters, ns: u64) {
+        self.elapsed_ns += ns;
+        self.passes += a.passes - b.passes;
+        self.busy_cycles += a.busy_cycles - b.busy_cycles;
+        self.rounds += a.burst_rounds - b.burst_rounds;
+        self.bursts += a.bursts - b.bursts;
+        self.burst_wqes += a.burst_wqes - b.burst_wqes;
+        self.round_cycles += a.round_cycles - b.round_cycles;
+        self.gather_cycles += a.gather_cycles - b.gather_cycles;
+        self.complete_cycles += a.complete_cycles - b.complete_cycles;
+        self.unordered_wqes += a.unordered_wqes - b.unordered_wqes;
+        for (k, v) in self.phases.iter_mut().enumerate() {
+            *v += a.phase_cycles[k].wrapping_sub(b.phase_cycles[k]);
+        }
+        self.copy_cycles += a.copy_cycles - b.copy_cycles;
+        self.fence_cycles += a.fence_cycles - b.fence_cycles;
+    }
+}
+
+#[derive(serde::Serialize, Clone, Debug, Default)]
+pub struct Report {
+    pub device: String,
+    pub ranks_on: String,
+    pub engine: String,
+    pub engine_threads: u32,
+    /// Blocks of rank 0's engine kernel (each serves its own QPs).
+    pub engine_blocks: u32,
+    pub link: Option<String>,
+    pub rtt_iters: u32,
+    pub rtt_ibgda_us: f64,
+    pub rtt_p2p_us: f64,
+    pub rtt_ratio: Option<f64>,
+    pub post_warp_mwqe_s: f64,
+    pub post_block_mwqe_s: f64,
+    pub engine_mwqe_s: f64,
+    /// The lane-post run (`post_lanes`): blocks, QPs they use, WQEs.
+    pub lanes_blocks: u64,
+    pub lanes_qps: u64,
+    pub lanes_wqes: u64,
+    /// M WQE/s of posting and to the last completion: one block, then
+    /// `lanes_blocks` blocks (median of the rounds).
+    pub lanes_one_post_mwqe_s: f64,
+    pub lanes_one_done_mwqe_s: f64,
+    pub lanes_all_post_mwqe_s: f64,
+    pub lanes_all_done_mwqe_s: f64,
+    /// Rank 0's engine over the timed runs of `lanes_blocks` blocks.
+    pub lanes_engine: Option<LaneEngine>,
+    pub engine_wqes: u64,
+    /// Where rank 0's engine kernel spent its busy cycles over the whole
+    /// run: shares of copying payload, fencing after copies, and the rest
+    /// (control: doorbells, WQE parsing, checks, CQEs); control cycles per
+    /// WQE executed.
+    pub engine_copy_share: Option<f64>,
+    pub engine_fence_share: Option<f64>,
+    pub engine_control_share: Option<f64>,
+    pub engine_control_cycles_per_wqe: Option<f64>,
+    /// The control cycles per WQE by phase (the soft NIC's `Phase`, by
+    /// name), and `walk`: the rest, the pass's own walk over the QPs.
+    pub engine_phase_cycles_per_wqe: Vec<(String, f64)>,
+    /// Of the WQEs rank 0's engine executed over the run: how many its
+    /// bursts took (runs of short WRITEs checked a WQE per thread), in how
+    /// many bursts (`DOORBELL_SOFTNIC_BURST`).
+    pub engine_burst_wqes: Option<u64>,
+    /// One thread's blocking 8-byte puts (`Ibgda::profile_puts`): cycles
+    /// per WQE of each step (checks, reserve, write, doorbell, the wait
+    /// for the CQE, its consumption).
+    pub post_cycles_per_wqe: Vec<(String, f64)>,
+    /// Over those puts: rank 0's engine's mean time from seeing a QP's
+    /// doorbell to the end of the WQE's execution (its CQE written), ns.
+    pub post_engine_ns_per_wqe: Option<f64>,
+    pub engine_bursts: Option<u64>,
+    /// Over the whole run, rank 0's engine: payload bytes its blocks
+    /// copied, and of those the chunks one block copied of another's
+    /// copy (the engine's shared copies).
+    pub engine_copied_bytes: Option<u64>,
+    pub engine_shared_bytes: Option<u64>,
+    pub put_bw: Vec<BwRow>,
+}
+
+pub fn print_report(r: &Report, a: &IbgdaBenchArgs, gpu: bool) {
+    let link = r.link.as_deref().unwrap_or("off");
+    println!(
+        "# ibgda_bench on {} ({}), soft NIC engine: {} ({} block(s) of {} threads), link model: {link}",
+        r.device,
+        r.ranks_on,
+        r.engine,
+        r.engine_blocks.max(1),
+        r.engine_threads
+    );
+    println!(
+        "# 8-byte put_signal round trip, one warp per rank, {} round trips per launch, median of {} launches",
+        r.rtt_iters, a.rounds
+    );
+    let opt = |v: Option<f64>, prec: usize| v.map_or("-".into(), |x| format!("{x:.prec$}"));
+    let t = Table::new().col("ibgda (us)", 12).col("p2p (us)", 12).col("ratio", 8);
+    println!("{}", t.heading());
+    println!(
+        "{}",
+        t.row(&[
+            format!("{:.2}", r.rtt_ibgda_us),
+            format!("{:.2}", r.rtt_p2p_us),
+            opt(r.rtt_ratio, 2)
+        ])
+    );
+    println!(
+        "# put bandwidth (GB/s = 1e9 bytes/s), {} blocks of rank 0, non-blocking puts then quiet",
+        a.blocks
+    );
+    let t = [
+        ("bytes", 12),
+        ("iters", 7),
+        ("ibgda", 11),
+        ("p2p", 11),
+        ("ratio", 8),
+        ("link promised", 13),
+        ("achieved", 9),
+    ]
+    .into_iter()
+    .fold(Table::new(), |t, (h, w)| t.col(h, w));
+    println!("{}", t.heading());
+    for b in &r.put_bw {
+        let (ib, p2p) = (format!("{:.2}", b.ibgda_gbps), format!("{:.2}", b.p2p_gbps));
+        let cells = [b.bytes.to_string(), b.iters.to_string(), ib, p2p, opt(b.ratio, 3)];
+        let link = [opt(b.link_promised_gbps, 2), opt(b.link_achieved, 3)];
+        println!("{}", t.row(&[&cells[..], &link[..]].concat()));
+    }
+    println!(
+        "# WQE post rate ({} 8-byte puts): one warp {:.3} M WQE/s, one block {:.3} M WQE/s",
+        a.wqes, r.post_warp_mwqe_s, r.post_block_mwqe_s
+    );
+    println!(
+        "# engine execution rate: {:.3} M WQE/s ({} WQEs executed by rank 0's port)",
+        r.engine_mwqe_s, r.engine_wqes
+    );
+    println!(
+        "# warp posts of a WQE per lane ({} 8-byte puts per block, 32 behind each doorbell): one block {:.3} M WQE/s posted, {:.3} M WQE/s completed; {} blocks on {} QPs {:.3} M WQE/s posted, {:.3} M WQE/s completed",
+        r.lanes_wqes, r.lanes_one_post_mwqe_s, r.lanes_one_done_mwqe_s, r.lanes_blocks, r.lanes_qps, r.lanes_all_post_mwqe_s, r.lanes_all_done_mwqe_s
+    );
+    if let Some(e) = r.lanes_engine.filter(|e| e.rounds > 0 && e.bursts > 0 && e.burst_wqes > 0) {
+        let per = |c: u64, n: u64| c as f64 / n.max(1) as f64;
+        println!(
+            "# rank 0's engine ({} block(s), counts added up, per round of a block) over those {} blocks' runs: {} passes, {} rounds, {:.2} bursts a round, {:.1} WQEs a burst ({} stored unordered); a block's round every {:.0} ns, {:.0} cycles in it; per burst, lane 0: gather {:.0} cycles, completion {:.0} cycles ({:.0} per WQE); busy {:.0} cycles a round",
+            r.engine_blocks.max(1),
+            r.lanes_blocks,
+            e.passes,
+            e.rounds,
+            per(e.bursts, e.rounds),
+            per(e.burst_wqes, e.bursts),
+            e.unordered_wqes,
+            per(e.elapsed_ns * r.engine_blocks.max(1) as u64, e.rounds),
+            per(e.round_cycles, e.rounds),
+            per(e.gather_cycles, e.bursts),
+            per(e.complete_cycles, e.bursts),
+            per(e.complete_cycles, e.burst_wqes),
+            per(e.busy_cycles, e.rounds),
+        );
+        let named: u64 = e.phases.iter().sum::<u64>() + e.copy_cycles + e.fence_cycles;
+        let mut parts: Vec<String> = Phase::ALL
+            .iter()
+            .filter(|&&p| e.phases[p as usize] != 0)
+            .map(|&p| format!("{} {:.0}", p.name(), per(e.phases[p as usize], e.rounds)))
+            .collect();
+        parts.push(format!("copies {:.0}", per(e.copy_cycles + e.fence_cycles, e.rounds)));
+        parts.push(format!("walk {:.0}", per(e.busy_cycles.saturating_sub(named), e.rounds)));
+        println!("# its control thread's busy cycles a round, by phase: {}", parts.join(", "));
+    }
+    if let (Some(c), Some(f), Some(k), Some(w)) = (
+        r.engine_copy_share,
+        r.engine_fence_share,
+        r.engine_control_share,
+        r.engine_control_cycles_per_wqe,
+    ) {
+        let (c, f, k) = (c * 100.0, f * 100.0, k * 100.0);
+        println!("# engine busy cycles: {c:.1} % copying payload, {f:.1} % fences after copies, {k:.1} % control ({w:.0} cycles per WQE)");
+    }
+    if !r.engine_phase_cycles_per_wqe.is_empty() {
+        let parts: Vec<String> = r.engine_phase_cycles_per_wqe.iter().map(|(n, c)| format!("{n} {c:.0}")).collect();
+        println!("# control cycles per WQE by phase: {}", parts.join(", "));
+    }
+    if !r.post_cycles_per_wqe.is_empty() {
+        let parts: Vec<String> = r.post_cycles_per_wqe.iter().map(|(n, c)| format!("{n} {c:.0}")).collect();
+        println!("# one thread's blocking 8-byte puts, cycles per WQE: {}", parts.join(", "));
+    }
+    if let Some(ns) = r.post_engine_ns_per_wqe {
+        println!("# of the CQE wait, the engine from seeing the doorbell to the CQE written: {ns:.0} ns per WQE");
+    }
+    if let (Some(w), Some(b)) = (r.engine_burst_wqes, r.engine_bursts) {
+        println!("# engine bursts: {w} WQEs in {b} bursts");
+    }
+    if let (Some(c), Some(s)) = (r.engine_copied_bytes, r.engine_shared_bytes) {
+        let pct = 100.0 * s as f64 / c.max(1) as f64;
+        println!("# engine copies: {c} payload bytes, {s} of them ({pct:.1} %) in chunks a block copied of another's copy");
+    }
+    if !gpu {
+        println!("# CPU emulator: the timings say nothing about a GPU; every path ran and every put was checked");
+    }
+}
