@@ -337,7 +337,10 @@ fn soft_nic_qp_handles_order_at_gpu_scope_unless_the_engine_is_told_sys() {
         let want = if sys { 0 } else { QP_GPU_SCOPE };
         for (r, f) in flags.iter().enumerate() {
             assert_eq!(f.len(), 4, "rank {r}: 2 peers x 2 QPs");
-            assert!(f.iter().all(|&v| v == want), "rank {r}, engine_sys_scope {sys}: flags {f:?}, want {want}");
+            assert!(
+                f.iter().all(|&v| v == want),
+                "rank {r}, engine_sys_scope {sys}: flags {f:?}, want {want}"
+            );
         }
     }
 }

@@ -30,7 +30,9 @@ pub mod wqe;
 pub mod dump;
 
 pub use cq::{poll_cq, Completion, CqError, CqeSyndrome};
-pub use queue::{queue_failed, reserve_wqe_slots_warp, ring_doorbell, submit, update_doorbell_record, QpHandle, SubmitTimeout, QP_GPU_SCOPE};
+pub use queue::{
+    queue_failed, reserve_wqe_slots_warp, ring_doorbell, submit, update_doorbell_record, QpHandle, SubmitTimeout, QP_GPU_SCOPE,
+};
 pub use segments::{AtomicSeg, Cqe64, CtrlSeg, DataSeg, ErrCqe, RaddrSeg};
 pub use wire::*;
 pub use wqe::{wqe_words, WqeOp, WqeRequest};
