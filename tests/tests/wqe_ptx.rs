@@ -130,3 +130,33 @@ fn ordering_instructions_match_the_golden_files() {
         stale.join("\n")
     );
 }
+
+/// The IBGDA transport's `transfer` rings doorbells both ways, chosen by
+/// the QP handle's flag: at system scope (doorbell record release,
+/// `fence.sc.sys`, 8-byte doorbell store: a NIC across PCIe) and, for the
+/// soft NIC's engine on the same GPU (`QP_GPU_SCOPE`), the record and the
+/// doorbell word as two GPU-scope releases with no other store between.
+#[test]
+fn ibgda_transfer_rings_at_system_scope_or_gpu_scope() {
+    let Some(ptx) = ptx() else { return };
+    // The non-inlined `Ibgda::transfer` (its mangled name ends so).
+    let start = ptx
+        .find("5Ibgda8transfer(")
+        .expect("Ibgda::transfer is a function of its own in the test kernels' PTX");
+    let start = ptx[..start].rfind(".func").expect("its .func line");
+    let body = &ptx[start..];
+    let body = &body[..body.find("\n}\n").unwrap_or(body.len())];
+    let ops: Vec<String> = ordering_ops(body)
+        .into_iter()
+        .filter(|o| o.starts_with("st.") || o.starts_with("fence.") || o.starts_with("atom."))
+        .collect();
+    let has = |seq: &[&str]| ops.windows(seq.len()).any(|w| w.iter().zip(seq).all(|(o, s)| o.starts_with(s)));
+    assert!(
+        has(&["st.release.sys.u32", "fence.sc.sys", "st.relaxed.sys.u64"]),
+        "system-scope doorbell missing: {ops:?}"
+    );
+    assert!(
+        has(&["st.release.gpu.u32", "st.release.gpu.u64"]),
+        "GPU-scope doorbell missing: {ops:?}"
+    );
+}

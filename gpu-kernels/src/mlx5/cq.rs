@@ -172,7 +172,7 @@ pub unsafe fn poll_cq(qp: &QpHandle, wqe_counter: u16, budget_ns: u64) -> Result
         // SAFETY: the entry is inside the ring.
         let cqe = unsafe { qp.cq.add(((ci & (qp.cq_size - 1)) as usize) * 16) };
         // SAFETY: as above. Acquire: the rest of the CQE is read after it.
-        let last = unsafe { qp.acquire_cqe_word(cqe.add(15)) };
+        let last = unsafe { ptx::ld_acquire_sys_u32(cqe.add(15)) };
         let op_own = op_own_of(last);
         if !cqe_ready(op_own, ci, qp.cq_size) {
             if !spin.again() {
@@ -204,7 +204,7 @@ pub unsafe fn poll_cq(qp: &QpHandle, wqe_counter: u16, budget_ns: u64) -> Result
         // SAFETY: the caller's contract.
         unsafe {
             core::ptr::write_volatile(qp.cq_consumer, ci);
-            qp.set_cq_doorbell_record(ci);
+            ptx::st_release_sys_u32(qp.cq_dbr, (ci & 0xff_ffff).swap_bytes());
         }
         match state {
             CqeState::Done(c) if counter_reached(c.wqe_counter, wqe_counter) => return Ok(c),

@@ -57,8 +57,9 @@ pub struct QpHandle {
 }
 
 /// [`QpHandle::flags`]: what reads this QP's rings and writes its CQEs is
-/// an engine on the GPU the kernels run on (the soft NIC), so doorbells
-/// are released, and CQEs acquired, at GPU scope. Without it (a NIC
+/// an engine on the GPU the kernels run on (the soft NIC), so the IBGDA
+/// transport releases doorbells ([`publish_and_ring`]), and acquires CQEs,
+/// at GPU scope. Without it (a NIC
 /// across PCIe) both are at system scope, as they must be, and cost more:
 /// a system-scope fence waits for the GPU's earlier stores to reach the
 /// whole system.
@@ -183,15 +184,8 @@ pub unsafe fn reserve_wqe_slots_warp(qp: &QpHandle, count: u32) -> u32 {
 /// `qp.sq_dbr` is valid and 4-byte aligned.
 #[inline(always)]
 pub unsafe fn update_doorbell_record(qp: &QpHandle, sq_counter: u32) {
-    let v = (sq_counter & 0xffff).swap_bytes();
     // SAFETY: the caller's contract.
-    unsafe {
-        if qp.gpu_scope() {
-            ptx::st_release_gpu_u32(qp.sq_dbr, v)
-        } else {
-            ptx::st_release_sys_u32(qp.sq_dbr, v)
-        }
-    }
+    unsafe { ptx::st_release_sys_u32(qp.sq_dbr, (sq_counter & 0xffff).swap_bytes()) }
 }
 
 /// Rings the doorbell: `fence.sc.sys` (the doorbell record reaches the NIC
@@ -210,15 +204,31 @@ pub unsafe fn update_doorbell_record(qp: &QpHandle, sq_counter: u32) {
 /// `qp.uar` is valid and 8-byte aligned.
 #[inline(always)]
 pub unsafe fn ring_doorbell(qp: &QpHandle, ctrl_head: u64) {
+    ptx::fence_sc_sys();
+    // SAFETY: the caller's contract.
+    unsafe { ptx::st_relaxed_sys_u64(qp.uar, ctrl_head) }
+}
+
+/// [`update_doorbell_record`] then [`ring_doorbell`], or, on a QP whose
+/// NIC is an engine on this GPU ([`QP_GPU_SCOPE`]), the same two stores
+/// as releases at GPU scope: the engine reads the doorbell word, then
+/// acquires, then reads the record and the WQEs. What the IBGDA transport
+/// calls; the mlx5 path ([`submit`]) always takes system scope.
+///
+/// Called by one lane, after the warp's WQEs are written and `sync_warp`.
+///
+/// # Safety
+/// As for both functions.
+#[inline(always)]
+pub unsafe fn publish_and_ring(qp: &QpHandle, sq_counter: u32, ctrl_head: u64) {
     // SAFETY: the caller's contract.
     unsafe {
         if qp.gpu_scope() {
-            // An engine on this GPU reads the word and then acquires: a
-            // release at GPU scope orders the record (and the WQEs) before it.
-            ptx::st_release_gpu_u64(qp.uar, ctrl_head)
+            ptx::st_release_gpu_u32(qp.sq_dbr, (sq_counter & 0xffff).swap_bytes());
+            ptx::st_release_gpu_u64(qp.uar, ctrl_head);
         } else {
-            ptx::fence_sc_sys();
-            ptx::st_relaxed_sys_u64(qp.uar, ctrl_head)
+            update_doorbell_record(qp, sq_counter);
+            ring_doorbell(qp, ctrl_head);
         }
     }
 }

@@ -74,7 +74,7 @@
 use super::{Cmp, CommError, Coop, RawSignal, RawWait, RawXfer, SignalOp, Transport};
 use crate::heap::{Arg, Call, Checked, HeapBounds, Reporter, EPOCH_OFFSET};
 use crate::mlx5::cq::{classify_cqe, cqe_ready, op_own_of, CqError, CqeState};
-use crate::mlx5::queue::{ring_doorbell, update_doorbell_record, wqe_slot, QpHandle};
+use crate::mlx5::queue::{publish_and_ring, wqe_slot, QpHandle};
 use crate::mlx5::wqe::{write_atomic_fetch_add_wqe, write_rdma_read_wqe, write_rdma_write_wqe, Transfer, FLAG_SIGNALED};
 use crate::ptx;
 use crate::sync::{Spin, Timeout};

@@ -175,8 +175,7 @@ impl Ibgda {
                     return Err(self.wedge(q, call, peer, r, start));
                 }
             }
-            update_doorbell_record(&q.qp, end);
-            ring_doorbell(&q.qp, head);
+            publish_and_ring(&q.qp, end, head);
             ptx::st_release_gpu_u32(&raw mut (*s).ready, end);
         }
         crate::trace::hook! {
