@@ -10,7 +10,7 @@
 //! has a GPU of its own (NCCL refuses several ranks on one GPU). Every
 //! variant is timed the same way: a host loop of launches between two
 //! events (`--graph`: replays of a captured CUDA graph), the slowest rank's
-//! time; with three or more ranks on one GPU, one launch in flight per
+//! time; with two or more ranks on one GPU, one launch in flight per
 //! rank, each timed by its own events (the shared harness, `bench/`).
 //! Writes `allreduce_bench.json`, `.png` and `.svg` (bus bandwidth beside
 //! time per all-reduce) into `--out`. Inputs and reference are the checked
@@ -20,6 +20,7 @@ use doorbell::coll::{Algo, AllReduce, AllReduceOptions, Bf16, DType, HostElement
 use doorbell::comm::{one_launch_in_flight, CommOptions, Communicator};
 use doorbell::{DeviceBuffer, DeviceCopy, ForTransport, Function, LaunchConfig, Module, Stream};
 use doorbell_example_kernels::allreduce::{fused_grad_allreduce_512, fused_grad_allreduce_512x2, produce_grad};
+use doorbell_example_kernels::comm::hold_stream;
 use doorbell_examples::cli::{sweep, Compute};
 use doorbell_examples::nccl;
 use doorbell_examples::plot::{Chart, Series};
@@ -75,11 +76,11 @@ const FUSED_CHUNKS: [u64; 5] = [16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20]
 const TIMING: &str = "a host loop of launches between two events on each rank's stream (ours and NCCL's alike), after warm-up; the slowest rank's time per all-reduce";
 const TIMING_GRAPH: &str = "CUDA graphs: each variant's timed launches captured once on each rank's stream and replayed between two events (ours and NCCL's alike; the CPU-driven baseline stays a host loop), after warm-up; the slowest rank's time per all-reduce";
 
-const TIMING_ONE: &str = "one launch in flight per rank: each launch (the CPU-driven baseline: each chunk's launches) waited for before the next, and timed between its own two events, after warm-up; the slowest rank's mean time per all-reduce";
-const TIMING_GRAPH_ONE: &str = "CUDA graphs of one launch, one in flight per rank: each replay waited for before the next and timed between its own two events (the CPU-driven baseline stays a host loop), after warm-up; the slowest rank's mean time per all-reduce";
+const TIMING_ONE: &str = "one launch in flight per rank: each launch (the CPU-driven baseline: each chunk's launches) waited for before the next, the ranks meeting at a barrier and holding their streams 200 us before its first event, and timed between its own two events, after warm-up; the slowest rank's mean time per all-reduce";
+const TIMING_GRAPH_ONE: &str = "CUDA graphs of one launch, one in flight per rank: each replay waited for before the next, the ranks meeting at a barrier and holding their streams 200 us before its first event, and timed between its own two events (the CPU-driven baseline stays a host loop), after warm-up; the slowest rank's mean time per all-reduce";
 
 /// How the bench times: `--graph` on a GPU, else a host loop; one launch
-/// at a time when three or more ranks share a GPU.
+/// at a time when two or more ranks share a GPU.
 fn timing(args: &Args, gpu: bool, per_gpu: usize) -> &'static str {
     match (args.graph && gpu, one_launch_in_flight(gpu, per_gpu)) {
         (true, false) => TIMING_GRAPH,
@@ -413,6 +414,9 @@ struct RankBench<'a, T: DeviceCopy> {
     module: Module,
     produce_fn: Function<produce_grad>,
     produce_cfg: LaunchConfig,
+    /// Holds the stream before a timed launch where one launch is in
+    /// flight (GPU only).
+    hold: Option<Function<hold_stream>>,
 }
 
 impl<'a, T: HostElement> RankBench<'a, T> {
@@ -421,6 +425,11 @@ impl<'a, T: HostElement> RankBench<'a, T> {
         let stream = dev.new_stream()?;
         let module = comm.load_module(&USER_KERNELS)?;
         let produce_fn = module.function::<produce_grad>()?;
+        let hold = if dev.is_gpu() {
+            Some(module.function::<hold_stream>()?)
+        } else {
+            None
+        };
         let (warmup, iters) = iters_for(args, dev.is_gpu(), count as u64 * T::DTYPE.size());
         let host_input: Vec<T> = (0..count).map(|i| contribution::<T>(0, comm.rank(), i, 0)).collect();
         let threads = if dev.is_gpu() { 256 } else { 64 };
@@ -446,6 +455,7 @@ impl<'a, T: HostElement> RankBench<'a, T> {
             module,
             produce_fn,
             produce_cfg: LaunchConfig::linear(blocks, threads),
+            hold,
         })
     }
 
@@ -491,7 +501,7 @@ impl<'a, T: HostElement> RankBench<'a, T> {
             graph: self.timing.graph && variant != "cpu-driven",
             ..self.timing
         };
-        let us = bench::time_launches(comm, &self.stream, &timing, variant, run)?;
+        let us = bench::time_launches(comm, &self.stream, &timing, self.hold.as_ref(), variant, run)?;
         let all = comm.world().all_gather_bytes(&us.to_le_bytes())?;
         let slowest = doorbell_examples::slowest(&all, "the time per launch")?;
         let (ranks, step) = (comm.world_size(), 0);

@@ -193,14 +193,19 @@ fn capture(
 /// all-reduce, on `stream`): a barrier, `t.warmup` untimed launches, then
 /// `t.iters` timed ones between two events — a host loop, or with
 /// `t.graph` on a GPU replays of the launches captured once. Where ranks
-/// keep one launch in flight (three or more share a GPU), every launch
+/// keep one launch in flight (two or more share a GPU), every launch
 /// (replay) is waited for and timed by its own events, and the result is
-/// their mean. Barriers keep every rank's host work of the previous
-/// variant ahead of any rank's launches that wait for peers.
+/// their mean; then, with `hold` (on a GPU), the ranks first meet at a
+/// barrier and each holds its stream for 200 µs before the first event,
+/// so the events time the launch from its start, not the host's
+/// submission, and the ranks' launches start together. Barriers keep
+/// every rank's host work of the previous variant ahead of any rank's
+/// launches that wait for peers.
 pub fn time_launches(
     comm: &Communicator,
     stream: &Stream,
     t: &Timing,
+    hold: Option<&Function<hold_stream>>,
     name: &str,
     run: &mut dyn FnMut() -> doorbell::Result<()>,
 ) -> Result<f64, BoxError> {
@@ -232,6 +237,11 @@ pub fn time_launches(
     };
     let mut ms = 0.0;
     for _ in 0..if one_at_a_time { t.iters } else { 1 } {
+        if let (true, Some(h)) = (one_at_a_time, hold) {
+            comm.barrier()?;
+            // SAFETY: one scalar argument; the kernel touches no memory.
+            unsafe { stream.launch(h, LaunchConfig::linear(1, 32), (HOLD_NS,))? };
+        }
         let start = stream.record()?;
         launch()?;
         let end = stream.record()?;

@@ -942,7 +942,7 @@ per_backend! {
     /// Four ranks (on a GPU machine: all on one GPU unless spread), each
     /// queueing 12 plain all-reduces back to back with no wait in between, on
     /// inputs that differ per launch; every output is checked after one
-    /// synchronize. Where three or more ranks share a GPU, the library keeps
+    /// synchronize. Where two or more ranks share a GPU, the library keeps
     /// one waiting launch in flight per rank (`Communicator::launch_waiting`):
     /// queued launches had stopped the all-reduce benchmark on the H200.
     fn queued_launches_on_ranks_that_share_a_gpu(backend: Backend) {

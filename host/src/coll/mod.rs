@@ -693,7 +693,7 @@ impl<'c> AllReduce<'c> {
 
     /// Enqueues `output = sum over ranks of input` on `stream`. Every rank
     /// calls it, in the same order; errors of the device's waits surface at
-    /// `Communicator::synchronize`. Where three or more ranks share a GPU
+    /// `Communicator::synchronize`. Where two or more ranks share a GPU
     /// it first waits on the host for this rank's previous launch to end
     /// ([`Communicator::launch_waiting`]).
     pub fn run<T: HostElement>(&self, stream: &Stream, input: &DeviceBuffer<T>, output: &mut DeviceBuffer<T>) -> Result<()> {

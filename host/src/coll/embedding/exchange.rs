@@ -381,7 +381,7 @@ impl<'c> EmbeddingExchange<'c> {
 impl EmbeddingExchange<'_> {
     /// Enqueues the fused forward (`ids` `[table][sample][pooling]`, `out`
     /// `[sample][table][dim]`, both local). Every rank calls it. Its
-    /// kernels wait for the peers': where three or more ranks share a GPU,
+    /// kernels wait for the peers': where two or more ranks share a GPU,
     /// they are queued only once this rank's previous such launch has
     /// ended (`Communicator::launch_waiting`), as are the backward's and
     /// the pull forward's. Errors of the step itself surface at
