@@ -356,29 +356,9 @@ pub(super) fn launch(nic: &SoftNic, ctx: &StartCtx<'_>) -> Result<KernelEngine> 
     let entry = EngineEntry::for_threads(threads);
     let (function, status) = engine_image(dev, rank, entry)?;
     let sys_scope = dev.is_gpu() && (!nic.same_gpu || nic.options.sys_scope);
-    let clock = nic.fabric.now_ns();
     // SAFETY: the table buffer, whole.
     unsafe { dev.write_raw(ports.as_raw(), bytes_of(&table))? };
-    for b in 0..blocks as usize {
-        // Only the first block's state and progress reach the host.
-        let (state, progress) = if b == 0 {
-            (status.dev as *mut u32, status.progress_dev as *mut EngineProgress)
-        } else {
-            (std::ptr::null_mut(), std::ptr::null_mut())
-        };
-        let mut cfg = EngineCtl::new(
-            ports.as_raw() as *const PortTable,
-            device.port_index() as u32,
-            nic.fabric.config(),
-            sys_scope,
-            clock,
-            state,
-            progress,
-        );
-        cfg.burst = nic.options.burst.unwrap_or(BURST_MAX);
-        // SAFETY: control block `b` of the buffer, whole.
-        unsafe { dev.write_raw(ctl.as_raw() + (b * std::mem::size_of::<EngineCtl>()) as u64, bytes_of(&cfg))? };
-    }
+    write_controls(nic, dev, (&ctl, &ports), &status, blocks, sys_scope)?;
     tracing::debug!(
         "rank {rank}: IBGDA engine set-up: tables copied to the device in {} ms",
         t0.elapsed().as_millis()
@@ -397,17 +377,9 @@ pub(super) fn launch(nic: &SoftNic, ctx: &StartCtx<'_>) -> Result<KernelEngine> 
         port: device.port_index() as u32,
         watch: None,
     };
-    if let Some(a) = function.attributes() {
-        if threads as i32 > a.max_threads_per_block {
-            let msg = format!(
-                "rank {rank}: IBGDA options: engine_threads {threads}: the soft NIC engine kernel uses {} registers per thread, so a block of it holds at most {} threads on {}",
-                a.registers,
-                a.max_threads_per_block,
-                dev.name()
-            );
-            engine.status.release();
-            return Err(Error::comm(msg));
-        }
+    if let Err(msg) = check_threads(&function, threads, dev) {
+        engine.status.release();
+        return Err(Error::comm(format!("rank {rank}: {msg}")));
     }
     let mut engine = engine;
     engine.stream = Some(dev.inner.new_stream_untracked()?);
@@ -472,6 +444,57 @@ pub(super) fn launch(nic: &SoftNic, ctx: &StartCtx<'_>) -> Result<KernelEngine> 
         if sys_scope { "sys" } else { "gpu" }
     );
     Ok(engine)
+}
+
+/// Writes the engine's `blocks` control blocks into `bufs.0`: each names
+/// the fabric's port table (`bufs.1`) and this port, with the fabric's
+/// configuration and the ordering scope; only the first carries the
+/// host's state and progress words.
+fn write_controls(
+    nic: &SoftNic,
+    dev: &Device,
+    bufs: (&DeviceBuffer<u8>, &DeviceBuffer<u8>),
+    status: &StatusSlot,
+    blocks: u32,
+    sys_scope: bool,
+) -> Result<()> {
+    let (ctl, ports) = bufs;
+    let clock = nic.fabric.now_ns();
+    for b in 0..blocks as usize {
+        // Only the first block's state and progress reach the host.
+        let (state, progress) = if b == 0 {
+            (status.dev as *mut u32, status.progress_dev as *mut EngineProgress)
+        } else {
+            (std::ptr::null_mut(), std::ptr::null_mut())
+        };
+        let mut cfg = EngineCtl::new(
+            ports.as_raw() as *const PortTable,
+            nic.device.port_index() as u32,
+            nic.fabric.config(),
+            sys_scope,
+            clock,
+            state,
+            progress,
+        );
+        cfg.burst = nic.options.burst.unwrap_or(BURST_MAX);
+        // SAFETY: control block `b` of the buffer, whole.
+        unsafe { dev.write_raw(ctl.as_raw() + (b * std::mem::size_of::<EngineCtl>()) as u64, bytes_of(&cfg))? };
+    }
+    Ok(())
+}
+
+/// Refuses a block of `threads` threads that the engine kernel's
+/// registers do not allow on `dev` (what the driver reports of `function`).
+fn check_threads(function: &FunctionBackend, threads: u32, dev: &Device) -> std::result::Result<(), String> {
+    match function.attributes() {
+        Some(a) if threads as i32 > a.max_threads_per_block => Err(format!(
+            "IBGDA options: engine_threads {threads}: the soft NIC engine kernel uses {} registers per thread, so a block of it holds at most {} threads on {}",
+            a.registers,
+            a.max_threads_per_block,
+            dev.name()
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The fabric's port table from every rank's published port (its index,

@@ -483,48 +483,56 @@ impl RendezvousHost {
             std::thread::sleep(poll);
         }
 
-        let me = PeerInfo {
-            rank: 0,
-            local_rank: cfg.local_rank,
-            hostname: hostname(),
-            pid: std::process::id(),
-            layout: layout.to_vec(),
-        };
         report_turned_away(turned_away, self.max_pending);
-        let mut table = vec![me];
-        let mut links: Vec<Option<Link>> = vec![None];
-        for slot in joined.into_iter().skip(1) {
-            let (link, info) = slot.expect("all joined");
-            table.push(info);
-            links.push(Some(link));
-        }
-        let mut id: WorldId = [0; WORLD_ID_LEN];
-        auth::random_bytes(&mut id).map_err(|e| io("reading /dev/urandom", e))?;
-        let welcome = table.iter().fold(Enc::default().raw(&id).u64(size as u64), encode_info).0;
-        if welcome.len() as u64 > MAX_FRAME_BYTES {
-            let reason = AbortReason::TooLarge {
-                what: format!("the welcome (the table of {size} ranks with their layout blobs)"),
-                bytes: welcome.len() as u64,
-            };
-            let body = reason.encode();
-            for link in links.iter_mut().flatten() {
-                let _ = link.write(Kind::Abort, &body, Instant::now() + NOTIFY_GRACE);
-            }
-            return Err(reason.into_error(rank));
-        }
-        for (r, link) in links.iter_mut().enumerate().skip(1) {
-            let link = link.as_mut().expect("all joined");
-            if let Err(e) = link.write(Kind::Welcome, &welcome, deadline.max(Instant::now() + NOTIFY_GRACE)) {
-                return Err(Error::PeerLost {
-                    rank,
-                    peer: r,
-                    op: "rendezvous".into(),
-                    detail: e.to_string(),
-                });
-            }
-        }
-        Ok(star_world(0, size, cfg, &token, table, id, Links::Root(links)))
+        welcome(cfg, layout, joined, &token, deadline)
     }
+}
+
+/// Rank 0 once every rank joined: sends each the table of all ranks with
+/// a fresh world id (the welcome) and forms the world.
+fn welcome(cfg: &WorldConfig, layout: &[u8], joined: Vec<Option<(Link, PeerInfo)>>, token: &Arc<[u8]>, deadline: Instant) -> Result<World> {
+    let (rank, size) = (0, cfg.size);
+    let io = |what, source| Error::WorldIo { rank, what, source };
+    let me = PeerInfo {
+        rank: 0,
+        local_rank: cfg.local_rank,
+        hostname: hostname(),
+        pid: std::process::id(),
+        layout: layout.to_vec(),
+    };
+    let mut table = vec![me];
+    let mut links: Vec<Option<Link>> = vec![None];
+    for slot in joined.into_iter().skip(1) {
+        let (link, info) = slot.expect("all joined");
+        table.push(info);
+        links.push(Some(link));
+    }
+    let mut id: WorldId = [0; WORLD_ID_LEN];
+    auth::random_bytes(&mut id).map_err(|e| io("reading /dev/urandom", e))?;
+    let welcome = table.iter().fold(Enc::default().raw(&id).u64(size as u64), encode_info).0;
+    if welcome.len() as u64 > MAX_FRAME_BYTES {
+        let reason = AbortReason::TooLarge {
+            what: format!("the welcome (the table of {size} ranks with their layout blobs)"),
+            bytes: welcome.len() as u64,
+        };
+        let body = reason.encode();
+        for link in links.iter_mut().flatten() {
+            let _ = link.write(Kind::Abort, &body, Instant::now() + NOTIFY_GRACE);
+        }
+        return Err(reason.into_error(rank));
+    }
+    for (r, link) in links.iter_mut().enumerate().skip(1) {
+        let link = link.as_mut().expect("all joined");
+        if let Err(e) = link.write(Kind::Welcome, &welcome, deadline.max(Instant::now() + NOTIFY_GRACE)) {
+            return Err(Error::PeerLost {
+                rank,
+                peer: r,
+                op: "rendezvous".into(),
+                detail: e.to_string(),
+            });
+        }
+    }
+    Ok(star_world(0, size, cfg, token, table, id, Links::Root(links)))
 }
 
 fn report_turned_away(n: u64, max_pending: usize) {

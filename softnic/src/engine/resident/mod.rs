@@ -636,6 +636,63 @@ impl Shards {
     }
 }
 
+impl BlockMover {
+    /// Block `shards.me`'s mover at the start of its control loop:
+    /// settings from its control block `ctl` (port `port`'s tables, the
+    /// burst limit, the scope), nothing queued or counted yet.
+    ///
+    /// # Safety
+    /// `ctl` is the block's valid control block; `job` as for
+    /// [`run_block`].
+    #[inline(always)]
+    unsafe fn new(job: *mut Job, parts: usize, ctl: *mut EngineCtl, shards: &Shards, port: usize, t0: u64) -> BlockMover {
+        // SAFETY: the caller's contract.
+        unsafe {
+            BlockMover {
+                job,
+                jobs: burst_jobs(job),
+                queued: 0,
+                max_jobs: (parts / 32).clamp(1, JOBS) as u32,
+                queued_qps: 0,
+                eager: false,
+                pass_bursts: 0,
+                allow: [0; MAX_QPS],
+                table: core::ptr::read_volatile(&raw const (*ctl).table) as usize as u64,
+                port: port as u32,
+                burst_max: core::ptr::read_volatile(&raw const (*ctl).burst).min(BURST_MAX).min(parts as u32),
+                parts,
+                sys: core::ptr::read_volatile(&raw const (*ctl).sys_scope) != 0,
+                dirty: false,
+                last_barrier_ns: t0,
+                block_copies: 0,
+                thread_copies: 0,
+                block_bytes: 0,
+                copy_cycles: 0,
+                fence_cycles: 0,
+                lap_start: 0,
+                pass_phases: [0; PHASES],
+                phase_cycles: [0; PHASES],
+                bursts: 0,
+                burst_wqes: 0,
+                burst_rounds: 0,
+                round_cycles: 0,
+                gather_cycles: 0,
+                complete_cycles: 0,
+                unordered_wqes: 0,
+                rung_at: [0; MAX_QPS],
+                rung_wqes: 0,
+                rung_to_done_ns: 0,
+                ctls: if shards.n > 1 { shards.main } else { core::ptr::null_mut() },
+                blocks: shards.n.min(super::tables::MAX_SHARDS),
+                me: shards.me,
+                share: false,
+                seen: [0; super::tables::MAX_SHARDS],
+                shared_bytes: 0,
+            }
+        }
+    }
+}
+
 /// Thread 0: passes over its block's QPs until the stop word is set.
 ///
 /// # Safety
@@ -652,47 +709,7 @@ unsafe fn control(shards: Shards, job: *mut Job, parts: usize) {
         let base = core::ptr::read_volatile(&raw const (*ctl).clock_base_ns);
         let port = core::ptr::read_volatile(&raw const (*ctl).port) as usize;
         let mut table = View::new(core::ptr::read_volatile(&raw const (*ctl).table), port);
-        let mut mover = BlockMover {
-            job,
-            jobs: burst_jobs(job),
-            queued: 0,
-            max_jobs: (parts / 32).clamp(1, JOBS) as u32,
-            queued_qps: 0,
-            eager: false,
-            pass_bursts: 0,
-            allow: [0; MAX_QPS],
-            table: core::ptr::read_volatile(&raw const (*ctl).table) as usize as u64,
-            port: port as u32,
-            burst_max: core::ptr::read_volatile(&raw const (*ctl).burst).min(BURST_MAX).min(parts as u32),
-            parts,
-            sys: core::ptr::read_volatile(&raw const (*ctl).sys_scope) != 0,
-            dirty: false,
-            last_barrier_ns: t0,
-            block_copies: 0,
-            thread_copies: 0,
-            block_bytes: 0,
-            copy_cycles: 0,
-            fence_cycles: 0,
-            lap_start: 0,
-            pass_phases: [0; PHASES],
-            phase_cycles: [0; PHASES],
-            bursts: 0,
-            burst_wqes: 0,
-            burst_rounds: 0,
-            round_cycles: 0,
-            gather_cycles: 0,
-            complete_cycles: 0,
-            unordered_wqes: 0,
-            rung_at: [0; MAX_QPS],
-            rung_wqes: 0,
-            rung_to_done_ns: 0,
-            ctls: if shards.n > 1 { main } else { core::ptr::null_mut() },
-            blocks: shards.n.min(super::tables::MAX_SHARDS),
-            me: shards.me,
-            share: false,
-            seen: [0; super::tables::MAX_SHARDS],
-            shared_bytes: 0,
-        };
+        let mut mover = BlockMover::new(job, parts, ctl, &shards, port, t0);
         let mut epoch = 0u64;
         let mut cfg = EngineConfig::default();
         let mut rng = EngineRng::new(0);
