@@ -649,7 +649,6 @@ impl Transport for Ibgda {
 }
 
 impl Ibgda {
-    /// Heap base of `peer` as the NIC addresses it (`peer < world`).
     /// What a checked put of `x` to `peer` sends: the WRITE of its bytes to
     /// heap offset `offs.0` and its signal, if any, to heap offset `offs.1`.
     #[inline(always)]
@@ -670,6 +669,7 @@ impl Ibgda {
         (wire, sig)
     }
 
+    /// Heap base of `peer` as the NIC addresses it (`peer < world`).
     #[inline(always)]
     fn remote_base(&self, peer: u32) -> u64 {
         // SAFETY: `qps` has world × qps_per_peer entries; every QP of a
