@@ -553,6 +553,52 @@ pub unsafe fn ld_v4_u32(p: *const u32) -> [u32; 4] {
     }
 }
 
+/// `ld.u64`: one 8-byte load (weak). `p` must be 8-byte aligned.
+#[inline(always)]
+pub unsafe fn ld_u64(p: *const u64) -> u64 {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        let v: u64;
+        // SAFETY: caller guarantees a valid, 8-byte aligned source.
+        unsafe { asm!("ld.u64 {0}, [{1}];", out(reg64) v, in(reg64) p, options(nostack, readonly)) };
+        v
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    {
+        emu::check_align(p as usize, 8, "ld.u64");
+        // SAFETY: valid (caller) and 8-byte aligned (checked).
+        unsafe { core::ptr::read_volatile(p) }
+    }
+}
+
+/// A copy of the `T` at `p`, read as its `N` 8-byte words by `N`
+/// independent [`ld_u64`]s, all in flight at once. Rust copies a value out
+/// of memory with a `memcpy`, and the NVPTX backend expands a `memcpy` of
+/// 128 bytes or more into a loop of byte loads and local stores (on an
+/// H200, ~5 000 cycles for a 128-byte struct a call copied); kernels read
+/// such structs (a QP's 128-byte entry) through this instead. `T` is `N`
+/// words long and 8-byte aligned (checked at compile time); `p` is valid.
+#[inline(always)]
+pub unsafe fn load_words<T: Copy, const N: usize>(p: *const T) -> T {
+    const { assert!(core::mem::size_of::<T>() == 8 * N && core::mem::align_of::<T>() >= 8) };
+    #[derive(Clone, Copy)]
+    #[repr(C)]
+    union Words<T: Copy, const N: usize> {
+        words: [u64; N],
+        value: T,
+    }
+    let w = p as *const u64;
+    let mut words = [0u64; N];
+    let mut i = 0;
+    while i < N {
+        // SAFETY: word `i` of the caller's valid, 8-byte aligned `T`.
+        words[i] = unsafe { ld_u64(w.add(i)) };
+        i += 1;
+    }
+    // SAFETY: `T` is plain data of exactly these words (asserted above).
+    unsafe { Words { words }.value }
+}
+
 // ---------------------------------------------------------------------------
 // Float reductions
 // ---------------------------------------------------------------------------

@@ -832,3 +832,91 @@ fn trace_hooks_are_in_the_traced_build_only() {
     }
     assert!(same >= 100, "only {same} golden entries compared");
 }
+
+/// The fixed-size byte loops of a body: a loop (a label, at most 16
+/// instruction lines, a predicated branch back to it) that loads and stores
+/// one byte per step, stepping its counter by one up to a literal bound of
+/// 16 or more — the NVPTX backend's expansion of a `memcpy` of a value
+/// (Rust copies a struct by value with one). Returns each loop's bound.
+fn byte_copy_loops(body: &str) -> Vec<i64> {
+    let lines: Vec<&str> = body.lines().map(str::trim).collect();
+    let mut found = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        let Some(target) = l
+            .strip_prefix('@')
+            .and_then(|r| r.split_once(" bra"))
+            .map(|(_, t)| t.trim().trim_end_matches(';'))
+        else {
+            continue;
+        };
+        let label = format!("{target}:");
+        let Some(start) = (i.saturating_sub(16)..i).rev().find(|&j| lines[j] == label) else {
+            continue;
+        };
+        let loop_body = instructions(&lines[start..=i].join("\n"))
+            .into_iter()
+            .map(str::to_string)
+            .collect::<Vec<_>>();
+        let byte = |op: &str| {
+            loop_body
+                .iter()
+                .any(|x| x.starts_with(op) && x.split_whitespace().next().is_some_and(|m| m.ends_with(".b8")))
+        };
+        if !(byte("ld.") && byte("st.")) {
+            continue;
+        }
+        // `add.s64 %c, %c, 1` and `setp.lt.u64 %p, %c, N`.
+        let counters: Vec<String> = loop_body
+            .iter()
+            .filter(|x| x.starts_with("add.s64"))
+            .map(|x| operands(x))
+            .filter(|o| o.len() == 3 && o[0] == o[1] && o[2] == "1")
+            .map(|o| o[0].clone())
+            .collect();
+        for x in loop_body.iter().filter(|x| x.starts_with("setp.lt.u64")) {
+            let o = operands(x);
+            if let (true, Some(n)) = (o.len() == 3 && counters.contains(&o[1]), int(&o[2])) {
+                if n >= 16 {
+                    found.push(n);
+                }
+            }
+        }
+    }
+    found
+}
+
+/// No module copies a value byte by byte. A by-value read of a struct of
+/// 128 bytes (the IBGDA transport's QP entry, once in every call) had been
+/// such a loop: ~5 000 of the ~8 700 cycles a one-thread put spent before
+/// its doorbell on an H200. Kernels read such structs word by word
+/// (`ptx::load_words`) or through a reference.
+#[test]
+fn no_module_copies_a_value_byte_by_byte() {
+    let mut bad = Vec::new();
+    for (name, ptx) in modules() {
+        if !doorbell::ptx_is_built(ptx) {
+            eprintln!("{name}: PTX not built (DOORBELL_SKIP_PTX): not checked");
+            continue;
+        }
+        for (f, body) in functions(ptx) {
+            for n in byte_copy_loops(body) {
+                bad.push(format!("{name}: {f}: a {n}-byte copy"));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "byte-by-byte copies of values:\n{}", bad.join("\n"));
+}
+
+#[test]
+fn byte_copy_loops_are_found_in_a_struct_copy_and_not_in_a_strided_tail() {
+    let struct_copy = "{\n\tmov.b64 \t%rd5, 0;\n$L__BB0_3:\n\tadd.s64 \t%rd6, %rd1, %rd5;\n\tld.b8 \t%rs1, [%rd6];\n\tadd.s64 \t%rd7, %rd2, %rd5;\n\tst.local.b8 \t[%rd7], %rs1;\n\tadd.s64 \t%rd5, %rd5, 1;\n\tsetp.lt.u64 \t%p1, %rd5, 128;\n\t@%p1 bra \t$L__BB0_3;\n\tret;\n}\n";
+    assert_eq!(byte_copy_loops(struct_copy), vec![128]);
+    // A tail copied by a thread stride (a register step): data, not a value.
+    let tail = struct_copy.replace("add.s64 \t%rd5, %rd5, 1;", "add.s64 \t%rd5, %rd5, %rd9;");
+    assert_eq!(byte_copy_loops(&tail), Vec::<i64>::new());
+    // Word loads: not a byte loop.
+    let words = struct_copy
+        .replace("ld.b8 \t%rs1", "ld.b64 \t%rd8")
+        .replace("st.local.b8 \t[%rd7], %rs1", "st.local.b64 \t[%rd7], %rd8");
+    assert_eq!(byte_copy_loops(&words), Vec::<i64>::new());
+}

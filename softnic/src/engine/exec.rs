@@ -164,19 +164,19 @@ pub(crate) fn check_remote_at<P: Ports + ?Sized>(
 /// # Safety
 /// The peer's RQ ring is valid.
 #[inline(never)]
-unsafe fn check_receive(port: &Port, pq: usize, idx: u32) -> Result<(RecvWqe, u64), (CqeSyndrome, Reason, u32, u64)> {
+unsafe fn check_receive(port: &Port, pq: usize, idx: u32, recv: &mut RecvWqe) -> Result<u64, (CqeSyndrome, Reason, u32, u64)> {
     let Some(peer) = port.qps.get(pq) else {
         return Err((CqeSyndrome::LocalQpOp, Reason::None, 0, 0));
     };
     // SAFETY: the caller's contract.
-    let recv = unsafe { rq::read_wqe(peer, idx) }.map_err(|r| (CqeSyndrome::LocalQpOp, r, 0, 0))?;
+    unsafe { rq::read_wqe(peer, idx, recv) }.map_err(|r| (CqeSyndrome::LocalQpOp, r, 0, 0))?;
     let mut cap = 0u64;
     for d in recv.entries() {
         port.check_mr(d.lkey, peer.pd, d.addr, d.byte_count as u64, access::LOCAL_WRITE)
             .map_err(|r| (CqeSyndrome::LocalProt, r, d.lkey, d.addr))?;
         cap += d.byte_count as u64;
     }
-    Ok((recv, cap))
+    Ok(cap)
 }
 
 /// Copies `w`'s gather list (the engine's copy) to the contiguous `dst`.
@@ -913,22 +913,25 @@ impl Admitted<'_> {
             Ok(consumed) => consumed,
             Err(step) => return step,
         };
+        // Filled in place: a receive WQE moved by value is a 256-byte copy,
+        // which the GPU build makes a loop of byte loads and stores.
+        let mut recv = RecvWqe::EMPTY;
         let checked = match ports.get(pp) {
-            Some(port) => unsafe { check_receive(port, pq, rq_idx) },
+            Some(port) => unsafe { check_receive(port, pq, rq_idx, &mut recv) },
             None => return Step::Blocked,
         };
-        let recv = match checked {
+        match checked {
             Err((s, r, key, addr)) => {
                 let f = Fail::new(CqeSyndrome::RemoteOp, r, key, addr);
                 return unsafe { self.fail_remote(ports, f, Responder::ErrorWithReceive(s, r)) };
             }
-            Ok((_, cap)) if cap < w.len => {
+            Ok(cap) if cap < w.len => {
                 let f = Fail::new(CqeSyndrome::RemoteInvalReq, Reason::Length, 0, 0);
                 let what = Responder::ErrorWithReceive(CqeSyndrome::LocalLength, Reason::Length);
                 return unsafe { self.fail_remote(ports, f, what) };
             }
-            Ok((recv, _)) => recv,
-        };
+            Ok(_) => {}
+        }
         mover.lap(Phase::Receive);
         unsafe { gather_to_receive(w, &recv, mover) };
         unsafe { complete_responder(ports, (p, q), (pp, pq), w, CQE_RESP_SEND, self.now_ns, self.scope) };

@@ -27,6 +27,16 @@ pub struct RecvWqe {
 }
 
 impl RecvWqe {
+    /// No entries (what [`read_wqe`] fills).
+    pub const EMPTY: RecvWqe = RecvWqe {
+        sges: [DataSeg {
+            byte_count: 0,
+            lkey: 0,
+            addr: 0,
+        }; MAX_RECV_SGE],
+        count: 0,
+    };
+
     /// Its scatter entries.
     #[inline(always)]
     pub fn entries(&self) -> &[DataSeg] {
@@ -34,17 +44,14 @@ impl RecvWqe {
     }
 }
 
-/// Copies receive WQE `idx` of `qp` out of the ring, each entry with one
-/// 16-byte load, up to its terminator (an [`INVALID_LKEY`] entry) or
-/// `rq_max_sge` entries.
+/// Copies receive WQE `idx` of `qp` out of the ring into `r`, each entry
+/// with one 16-byte load, up to its terminator (an [`INVALID_LKEY`] entry)
+/// or `rq_max_sge` entries. In place: the caller's copy is the only one.
 ///
 /// # Safety
 /// As for [`sge_ptr`].
-pub unsafe fn read_wqe(qp: &QpEntry, idx: u32) -> Result<RecvWqe, Reason> {
-    let mut r = RecvWqe {
-        sges: [DataSeg::default(); MAX_RECV_SGE],
-        count: 0,
-    };
+pub unsafe fn read_wqe(qp: &QpEntry, idx: u32, r: &mut RecvWqe) -> Result<(), Reason> {
+    r.count = 0;
     let mut k = 0u32;
     // SAFETY: the caller's contract.
     while let Some(d) = unsafe { read_sge(qp, idx, k) } {
@@ -55,7 +62,7 @@ pub unsafe fn read_wqe(qp: &QpEntry, idx: u32) -> Result<RecvWqe, Reason> {
         k += 1;
     }
     r.count = k;
-    Ok(r)
+    Ok(())
 }
 
 /// Address of scatter entry `k` of receive WQE `idx`.

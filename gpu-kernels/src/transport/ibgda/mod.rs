@@ -394,8 +394,9 @@ impl Ibgda {
         } else {
             ptx::block_idx_x() % self.qps_per_peer
         };
-        // SAFETY: `qps` has world × qps_per_peer entries.
-        unsafe { *self.qps.add((peer * self.qps_per_peer + k) as usize) }
+        // SAFETY: `qps` has world × qps_per_peer entries, 8-byte aligned;
+        // read as words (a by-value copy would be a loop of byte loads).
+        unsafe { ptx::load_words::<IbgdaQp, 16>(self.qps.add((peer * self.qps_per_peer + k) as usize)) }
     }
 
     /// The QP error as a device error (and its report).

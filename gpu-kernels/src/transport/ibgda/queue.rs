@@ -545,7 +545,7 @@ impl Ibgda {
         let mut i = 0;
         while i < self.world * self.qps_per_peer {
             // SAFETY: `qps` has world × qps_per_peer entries.
-            let q = unsafe { *self.qps.add(i as usize) };
+            let q = unsafe { ptx::load_words::<IbgdaQp, 16>(self.qps.add(i as usize)) };
             if !q.state.is_null() {
                 // SAFETY: as above.
                 unsafe { self.quiet_qp(&q, call) }?;
