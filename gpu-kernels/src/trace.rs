@@ -148,6 +148,11 @@ pub enum What {
     /// Instant: the soft NIC's engine wrote a requester CQE (arg: the CQ's
     /// producer index after it; block: [`ENGINE_BLOCK`]).
     NicCqe = 38,
+    /// Instant: the soft NIC's engine saw a QP's doorbell, in the pass
+    /// that starts its WQEs (arg: the doorbell word's new value; block:
+    /// [`ENGINE_BLOCK`]). With the poster's [`What::Doorbell`], how long
+    /// the engine took to notice it.
+    NicDoorbell = 39,
 }
 
 /// The block of the events the soft NIC's engine writes
@@ -177,6 +182,7 @@ impl What {
             36 => What::NicFetch,
             37 => What::NicExecute,
             38 => What::NicCqe,
+            39 => What::NicDoorbell,
             _ => return None,
         })
     }
@@ -202,6 +208,7 @@ impl What {
             What::NicFetch => "NIC: WQE fetched",
             What::NicExecute => "NIC: WQE executed",
             What::NicCqe => "NIC: CQE written",
+            What::NicDoorbell => "NIC: doorbell seen",
         }
     }
 
@@ -454,6 +461,7 @@ mod tests {
             What::NicFetch,
             What::NicExecute,
             What::NicCqe,
+            What::NicDoorbell,
         ] {
             assert_eq!(What::from_u16(w as u16), Some(w));
             assert_eq!(What::from_u16(w as u16 | END), Some(w));

@@ -95,6 +95,7 @@ pub const CHECKS: &[Check] = &[
             "DOORBELL_SOFTNIC_ENGINE_BLOCKS",
             "DOORBELL_SOFTNIC_SCOPE",
             "DOORBELL_SOFTNIC_BURST",
+            "DOORBELL_SOFTNIC_IDLE_SLEEP_NS",
         ],
         check: || crate::comm::IbgdaOptions::from_env().map(drop),
     },

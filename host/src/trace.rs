@@ -322,6 +322,7 @@ pub fn chrome_trace(slices: &[Slice], meta: &TraceMeta) -> serde_json::Value {
             What::NicFetch => ("wqe_index", None),
             What::NicExecute => ("bytes", None),
             What::NicCqe => ("cq_producer_index", None),
+            What::NicDoorbell => ("doorbell", None),
             What::Barrier | What::Quiet => ("arg", None),
         };
         args.insert(key.into(), json!(e.arg));
@@ -365,7 +366,7 @@ fn category(w: What) -> &'static str {
     match w {
         What::Produce | What::Consume | What::Acquire | What::Arrive => "pipeline",
         What::WqePosted | What::Doorbell | What::Completion => "nic",
-        What::NicFetch | What::NicExecute | What::NicCqe => "nic engine",
+        What::NicFetch | What::NicExecute | What::NicCqe | What::NicDoorbell => "nic engine",
         What::Error => "error",
         _ => "transport",
     }

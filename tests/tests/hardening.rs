@@ -183,6 +183,32 @@ fn backend_names_blame_the_right_source() {
     assert_eq!("GPU".parse::<Backend>().unwrap(), Backend::Gpu);
 }
 
+#[test]
+fn soft_nic_idle_sleep_is_parsed_strictly() {
+    use doorbell::comm::IbgdaOptions;
+    let var = "DOORBELL_SOFTNIC_IDLE_SLEEP_NS";
+    for bad in ["1000001", "abc", "-1", "1e3"] {
+        let e = with_var(var, bad, IbgdaOptions::from_env).unwrap_err();
+        assert!(matches!(&e, Error::BadEnv { var: v, .. } if v == var), "{bad}: {e}");
+        let e = with_var(var, bad, doorbell::env::check).unwrap_err();
+        assert!(e.to_string().contains(var), "{bad}: {e}");
+    }
+    assert_eq!(with_var(var, "0", IbgdaOptions::from_env).unwrap().engine_idle_sleep_ns, Some(0));
+    assert_eq!(
+        with_var(var, "1000000", IbgdaOptions::from_env).unwrap().engine_idle_sleep_ns,
+        Some(1_000_000)
+    );
+    assert_eq!(IbgdaOptions::default().engine_idle_sleep_ns, None);
+    // Set in code past its limit: the transport refuses it, naming it.
+    let o = IbgdaOptions {
+        engine_idle_sleep_ns: Some(1_000_001),
+        ..IbgdaOptions::default()
+    };
+    let r = Communicator::local(1, Backend::Cpu, CommOptions::default(), move |comm| comm.ibgda_with(&o).map(|_| ()));
+    let msg = r.unwrap_err().to_string();
+    assert!(msg.contains("idle_sleep_ns 1000001"), "{msg}");
+}
+
 /// Sets `var=value`, runs `f`, unsets it.
 fn with_var<T>(var: &str, value: &str, f: impl FnOnce() -> T) -> T {
     std::env::set_var(var, value);

@@ -272,7 +272,7 @@ per_backend! {
                 Ok(comm.trace_events())
             })
             .unwrap_or_else(|e| panic!("{engine:?}: {e}"));
-            let nic = |w: What| matches!(w, What::NicFetch | What::NicExecute | What::NicCqe);
+            let nic = |w: What| matches!(w, What::NicFetch | What::NicExecute | What::NicCqe | What::NicDoorbell);
             for (rank, events) in ranks.iter().enumerate() {
                 let what = format!("{engine:?} engine, rank {rank}");
                 let eng: Vec<&TraceEvent> = events.iter().filter(|e| e.block == ENGINE_BLOCK).collect();
@@ -286,6 +286,10 @@ per_backend! {
                 let (fetched, executed, cqes) = (of(What::NicFetch).count(), of(What::NicExecute).count(), of(What::NicCqe).count());
                 assert_eq!(fetched, executed, "{what}: every WQE fetched is executed once");
                 assert!(cqes >= 1 && cqes <= executed, "{what}: {cqes} CQEs for {executed} WQEs");
+                // Each run of WQEs starts in a pass that saw its doorbell.
+                let first = |w: What| of(w).map(|e| e.at_ns).next();
+                let (rung, fetch) = (first(What::NicDoorbell), first(What::NicFetch));
+                assert!(rung.is_some() && rung <= fetch, "{what}: first doorbell seen {rung:?}, first WQE fetched {fetch:?}");
                 // The ring's put and get: 4 full WQEs and one of 904 bytes each.
                 let sizes: Vec<u64> = of(What::NicExecute).map(|e| e.arg).collect();
                 let n = |b: u64| sizes.iter().filter(|&&s| s == b).count();

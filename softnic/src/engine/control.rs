@@ -66,8 +66,11 @@ pub struct EngineCtl {
     /// thread (at most [`BURST_MAX`] and the block's threads); 0: no
     /// bursts, every WQE takes the one-WQE path.
     pub burst: u32,
-    /// Zero.
-    pub reserved: u32,
+    /// Nanoseconds the control thread sleeps (`nanosleep`) between passes
+    /// once it has been idle a while (`resident`'s `IDLE_SPINS` passes); 0:
+    /// it never sleeps. A doorbell rung meanwhile waits up to this long
+    /// more (or what the GPU makes of it: `nanosleep` is approximate).
+    pub idle_sleep_ns: u32,
     /// The fabric's clock when the engine was launched, ns: the engine's
     /// time is this plus `%globaltimer` elapsed since it started.
     pub clock_base_ns: u64,
@@ -235,6 +238,9 @@ impl EngineCounters {
     }
 }
 
+/// [`EngineCtl::idle_sleep_ns`] by default: 100 ns.
+pub const IDLE_SLEEP_NS: u32 = 100;
+
 /// The control thread stores its [`EngineProgress`] every this many passes
 /// (and when it exits): a compare per pass, fifteen stores per 256.
 pub const PROGRESS_EVERY: u64 = 256;
@@ -307,7 +313,7 @@ impl EngineCtl {
             port,
             sys_scope: sys_scope as u32,
             burst: BURST_MAX,
-            reserved: 0,
+            idle_sleep_ns: IDLE_SLEEP_NS,
             clock_base_ns,
             counters: EngineCounters {
                 passes: 0,

@@ -341,6 +341,13 @@ unsafe fn watch_doorbell<P: Ports + ?Sized>(
         report.due(qp.db_due_ns);
     }
     report.due(qp.last_dbr_read_ns.saturating_add(cfg.dbr_reread_ns.max(1)));
+    doorbell_kernels::trace_hook! {
+        if rung {
+            if let Some(port) = ports.get(p) {
+                super::trace::event(super::trace::rings(port), super::trace::What::NicDoorbell, u32::MAX, seen);
+            }
+        }
+    }
     rung
 }
 

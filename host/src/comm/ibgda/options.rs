@@ -64,6 +64,11 @@ pub struct IbgdaOptions {
     /// (`doorbell_softnic::engine::burst`); 0 turns bursts off, so every
     /// WQE takes the one-WQE path (for measuring what they save).
     pub engine_burst: Option<u32>,
+    /// How long the engine kernel's control thread sleeps between passes
+    /// once idle, ns (`DOORBELL_SOFTNIC_IDLE_SLEEP_NS`, 0..=1000000;
+    /// `None`: 100); 0: it never sleeps, so a doorbell is seen a pass
+    /// after it rings.
+    pub engine_idle_sleep_ns: Option<u32>,
 }
 
 impl Default for IbgdaOptions {
@@ -78,6 +83,7 @@ impl Default for IbgdaOptions {
             engine_blocks: None,
             engine_sys_scope: false,
             engine_burst: None,
+            engine_idle_sleep_ns: None,
         }
     }
 }
@@ -86,7 +92,7 @@ impl IbgdaOptions {
     /// The defaults with `DOORBELL_IBGDA_QPS_PER_PEER`,
     /// `DOORBELL_IBGDA_SQ_SIZE`, `DOORBELL_SOFTNIC_LINK`,
     /// `DOORBELL_SOFTNIC_ENGINE`, `DOORBELL_SOFTNIC_ENGINE_THREADS`,
-    /// `DOORBELL_SOFTNIC_ENGINE_BLOCKS`, `DOORBELL_SOFTNIC_SCOPE` and `DOORBELL_SOFTNIC_BURST` applied,
+    /// `DOORBELL_SOFTNIC_ENGINE_BLOCKS`, `DOORBELL_SOFTNIC_SCOPE`, `DOORBELL_SOFTNIC_BURST` and `DOORBELL_SOFTNIC_IDLE_SLEEP_NS` applied,
     /// strictly.
     pub fn from_env() -> Result<IbgdaOptions> {
         let d = IbgdaOptions::default();
@@ -111,6 +117,7 @@ impl IbgdaOptions {
             engine_blocks: soft.engine_blocks,
             engine_sys_scope: soft.sys_scope,
             engine_burst: soft.burst,
+            engine_idle_sleep_ns: soft.idle_sleep_ns,
         })
     }
 
@@ -141,6 +148,7 @@ impl IbgdaOptions {
             engine_blocks: self.engine_blocks,
             sys_scope: self.engine_sys_scope,
             burst: self.engine_burst,
+            idle_sleep_ns: self.engine_idle_sleep_ns,
         }
     }
 }

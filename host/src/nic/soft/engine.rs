@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use doorbell_kernels::Kernel;
 use doorbell_softnic::engine::burst::BURST_MAX;
 use doorbell_softnic::engine::resident::{
-    EngineCounters, EngineCtl, EngineProgress, SHARED_BYTES, STATE_EXITED, STATE_LAUNCHED, STATE_RUNNING,
+    EngineCounters, EngineCtl, EngineProgress, IDLE_SLEEP_NS, SHARED_BYTES, STATE_EXITED, STATE_LAUNCHED, STATE_RUNNING,
 };
 use doorbell_softnic::engine::{Port, PortTable, Window, MAX_PORTS, MAX_SHARDS};
 use doorbell_softnic::kernel::{softnic_engine_1024, softnic_engine_256, softnic_engine_512, ENGINE_256_THREADS, ENGINE_512_THREADS};
@@ -477,6 +477,7 @@ fn write_controls(
             progress,
         );
         cfg.burst = nic.options.burst.unwrap_or(BURST_MAX);
+        cfg.idle_sleep_ns = nic.options.idle_sleep_ns.unwrap_or(IDLE_SLEEP_NS);
         // SAFETY: control block `b` of the buffer, whole.
         unsafe { dev.write_raw(ctl.as_raw() + (b * std::mem::size_of::<EngineCtl>()) as u64, bytes_of(&cfg))? };
     }

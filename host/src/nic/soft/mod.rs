@@ -83,6 +83,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use doorbell_softnic::engine::burst::BURST_MAX;
+use doorbell_softnic::engine::resident::IDLE_SLEEP_NS;
 use doorbell_softnic::engine::{Port, MAX_SHARDS};
 use doorbell_softnic::{FabricConfig, QueuePair as _, RdmaDevice as _, SoftCq, SoftFabric, SoftMr, SoftPd, SoftQp};
 
@@ -130,6 +131,12 @@ pub const SCOPE_ENV: &str = "DOORBELL_SOFTNIC_SCOPE";
 /// `DOORBELL_SOFTNIC_BURST`: most WQEs of one burst of the engine kernel,
 /// 0..=32 (0: no bursts; see [`SoftOptions::burst`]).
 pub const BURST_ENV: &str = "DOORBELL_SOFTNIC_BURST";
+/// `DOORBELL_SOFTNIC_IDLE_SLEEP_NS`: how long the engine kernel's control
+/// thread sleeps between passes once idle, ns, 0..=1000000 (0: never; see
+/// [`SoftOptions::idle_sleep_ns`]).
+pub const IDLE_SLEEP_ENV: &str = "DOORBELL_SOFTNIC_IDLE_SLEEP_NS";
+/// Most [`SoftOptions::idle_sleep_ns`]: 1 ms.
+pub const IDLE_SLEEP_MAX_NS: u32 = 1_000_000;
 /// Threads of the engine kernel's block on a GPU by default: 512, on
 /// `softnic_engine_512` (128 registers per thread). Measured on one H200
 /// (`ibgda_bench`, the block sizes alternated in one run:
@@ -209,12 +216,19 @@ pub struct SoftOptions {
     /// runs of small RDMA WRITEs its block reads and checks together, a
     /// WQE per thread; 0: none, every WQE takes the one-WQE path.
     pub burst: Option<u32>,
+    /// How long the engine kernel's control thread sleeps (`nanosleep`)
+    /// between passes once it has been idle for a while, ns
+    /// ([`IDLE_SLEEP_ENV`]; `None`: `IDLE_SLEEP_NS` of
+    /// `doorbell_softnic::engine::resident`); 0: it never sleeps. A
+    /// doorbell rung while it sleeps waits for the sleep to end. At most
+    /// [`IDLE_SLEEP_MAX_NS`].
+    pub idle_sleep_ns: Option<u32>,
 }
 
 impl SoftOptions {
     /// The defaults with `DOORBELL_SOFTNIC_LINK`, [`ENGINE_ENV`],
-    /// [`ENGINE_THREADS_ENV`], [`SCOPE_ENV`] and [`BURST_ENV`] applied,
-    /// strictly.
+    /// [`ENGINE_THREADS_ENV`], [`SCOPE_ENV`], [`BURST_ENV`] and
+    /// [`IDLE_SLEEP_ENV`] applied, strictly.
     pub fn from_env() -> Result<SoftOptions> {
         let link = doorbell_softnic::link_from_env().map_err(|e| Error::BadEnv {
             var: doorbell_softnic::LINK_ENV.to_string(),
@@ -258,6 +272,10 @@ impl SoftOptions {
             None => None,
             Some(_) => Some(crate::vars::uint(BURST_ENV, BURST_MAX as u64, 0, BURST_MAX as u64)? as u32),
         };
+        let idle_sleep_ns = match crate::vars::raw(IDLE_SLEEP_ENV)? {
+            None => None,
+            Some(_) => Some(crate::vars::uint(IDLE_SLEEP_ENV, IDLE_SLEEP_NS as u64, 0, IDLE_SLEEP_MAX_NS as u64)? as u32),
+        };
         Ok(SoftOptions {
             link,
             engine,
@@ -265,6 +283,7 @@ impl SoftOptions {
             engine_blocks,
             sys_scope,
             burst,
+            idle_sleep_ns,
         })
     }
 
@@ -283,6 +302,11 @@ impl SoftOptions {
         if let Some(b) = self.burst {
             if b > BURST_MAX {
                 return Err(format!("engine_burst {b} is over {BURST_MAX} (WQEs of one burst)"));
+            }
+        }
+        if let Some(s) = self.idle_sleep_ns {
+            if s > IDLE_SLEEP_MAX_NS {
+                return Err(format!("engine_idle_sleep_ns {s} is over {IDLE_SLEEP_MAX_NS} (1 ms)"));
             }
         }
         Ok(())

@@ -81,7 +81,9 @@ use view::{View, Watch};
 
 pub use shared::{HELP_EVERY, SHARE_CHUNK, SHARE_MIN};
 
-pub use super::control::{EngineCounters, EngineCtl, EngineProgress, PROGRESS_EVERY, STATE_EXITED, STATE_LAUNCHED, STATE_RUNNING};
+pub use super::control::{
+    EngineCounters, EngineCtl, EngineProgress, IDLE_SLEEP_NS, PROGRESS_EVERY, STATE_EXITED, STATE_LAUNCHED, STATE_RUNNING,
+};
 
 /// Copies of at least this many bytes are made by the whole block; smaller
 /// ones by the control thread alone.
@@ -97,8 +99,6 @@ pub const CONTROL_EVERY: u64 = 16;
 pub const REFRESH_NS: u64 = 100_000;
 /// Idle passes before the control thread sleeps between passes.
 const IDLE_SPINS: u32 = 64;
-/// The sleep of an idle pass, ns.
-const IDLE_SLEEP_NS: u32 = 100;
 
 /// Where the block's [`BurstJob`]s start in its dynamic shared memory,
 /// after the [`Job`].
@@ -723,6 +723,7 @@ unsafe fn control(shards: Shards, job: *mut Job, parts: usize) {
         let (mut passes, mut busy, mut busy_cycles) = (0u64, 0u64, 0u64);
         let mut idle = 0u32;
         let progress = core::ptr::read_volatile(&raw const (*ctl).host_progress);
+        let idle_sleep = core::ptr::read_volatile(&raw const (*ctl).idle_sleep_ns);
         let mut seq = 0u64;
         let mut now = base;
         let mut watch = Watch::EMPTY;
@@ -797,10 +798,10 @@ unsafe fn control(shards: Shards, job: *mut Job, parts: usize) {
                 publish_counters(ctl, passes, busy, busy_cycles, &mover);
             } else {
                 idle = idle.saturating_add(1);
-                if idle > IDLE_SPINS {
+                if idle > IDLE_SPINS && idle_sleep != 0 {
                     // Long idle: back off a little (the next doorbell waits
-                    // at most this long more).
-                    ptx::nanosleep(IDLE_SLEEP_NS);
+                    // about this long more).
+                    ptx::nanosleep(idle_sleep);
                 }
                 if idle.is_multiple_of(1024) {
                     publish_counters(ctl, passes, busy, busy_cycles, &mover);
