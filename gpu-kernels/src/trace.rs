@@ -153,6 +153,10 @@ pub enum What {
     /// [`ENGINE_BLOCK`]). With the poster's [`What::Doorbell`], how long
     /// the engine took to notice it.
     NicDoorbell = 39,
+    /// Instant: the soft NIC's engine, idle, saw a doorbell word or a
+    /// responder event move and starts a full pass (arg: the idle passes
+    /// before it; block: [`ENGINE_BLOCK`]).
+    NicWake = 40,
 }
 
 /// The block of the events the soft NIC's engine writes
@@ -183,6 +187,7 @@ impl What {
             37 => What::NicExecute,
             38 => What::NicCqe,
             39 => What::NicDoorbell,
+            40 => What::NicWake,
             _ => return None,
         })
     }
@@ -209,6 +214,7 @@ impl What {
             What::NicExecute => "NIC: WQE executed",
             What::NicCqe => "NIC: CQE written",
             What::NicDoorbell => "NIC: doorbell seen",
+            What::NicWake => "NIC: woke",
         }
     }
 
@@ -462,6 +468,7 @@ mod tests {
             What::NicExecute,
             What::NicCqe,
             What::NicDoorbell,
+            What::NicWake,
         ] {
             assert_eq!(What::from_u16(w as u16), Some(w));
             assert_eq!(What::from_u16(w as u16 | END), Some(w));

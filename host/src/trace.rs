@@ -323,6 +323,7 @@ pub fn chrome_trace(slices: &[Slice], meta: &TraceMeta) -> serde_json::Value {
             What::NicExecute => ("bytes", None),
             What::NicCqe => ("cq_producer_index", None),
             What::NicDoorbell => ("doorbell", None),
+            What::NicWake => ("idle_passes", None),
             What::Barrier | What::Quiet => ("arg", None),
         };
         args.insert(key.into(), json!(e.arg));
@@ -366,7 +367,7 @@ fn category(w: What) -> &'static str {
     match w {
         What::Produce | What::Consume | What::Acquire | What::Arrive => "pipeline",
         What::WqePosted | What::Doorbell | What::Completion => "nic",
-        What::NicFetch | What::NicExecute | What::NicCqe | What::NicDoorbell => "nic engine",
+        What::NicFetch | What::NicExecute | What::NicCqe | What::NicDoorbell | What::NicWake => "nic engine",
         What::Error => "error",
         _ => "transport",
     }

@@ -272,7 +272,7 @@ per_backend! {
                 Ok(comm.trace_events())
             })
             .unwrap_or_else(|e| panic!("{engine:?}: {e}"));
-            let nic = |w: What| matches!(w, What::NicFetch | What::NicExecute | What::NicCqe | What::NicDoorbell);
+            let nic = |w: What| matches!(w, What::NicFetch | What::NicExecute | What::NicCqe | What::NicDoorbell | What::NicWake);
             for (rank, events) in ranks.iter().enumerate() {
                 let what = format!("{engine:?} engine, rank {rank}");
                 let eng: Vec<&TraceEvent> = events.iter().filter(|e| e.block == ENGINE_BLOCK).collect();

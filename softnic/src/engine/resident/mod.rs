@@ -773,7 +773,16 @@ unsafe fn control(shards: Shards, job: *mut Job, parts: usize) {
                 refreshed_ns = t;
                 last.progressed = 1;
             }
-            let full = last.progressed != 0 || now >= last.next_event_ns || watch.rung(&table);
+            let forced = last.progressed != 0 || now >= last.next_event_ns;
+            let full = forced || watch.rung(&table);
+            doorbell_kernels::trace_hook! {
+                if full && !forced {
+                    if let Some(own) = table.own() {
+                        let tr = super::trace::rings(own);
+                        super::trace::event(tr, super::trace::What::NicWake, u32::MAX, idle as u64);
+                    }
+                }
+            }
             if full {
                 let c0 = ptx::clock64();
                 mover.begin_pass();
