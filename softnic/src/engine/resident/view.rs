@@ -144,16 +144,17 @@ impl Watch {
         w
     }
 
-    /// Whether a watched QP was rung since its last full pass (or not
-    /// every slot is watched, so only a full pass can tell).
+    /// The slots whose doorbell word or inbox head moved since their last
+    /// pass (bit `q`: slot `q`), or every slot in use when not every slot
+    /// is watched (only a pass over all of them can tell); 0: none.
     ///
     /// # Safety
     /// The watched QPs' doorbell words are valid (the tables' contract).
-    pub(super) unsafe fn rung(&self, view: &View) -> bool {
+    pub(super) unsafe fn rung(&self, view: &View) -> u64 {
         if !self.complete {
-            return true;
+            return self.mask;
         }
-        let Some(p) = view.own() else { return false };
+        let Some(p) = view.own() else { return 0 };
         let own = view.own;
         let mut seen = [0u64; WATCHED];
         let mut mail = [0u32; WATCHED];
@@ -168,11 +169,12 @@ impl Watch {
                 }
             }
         }
-        let mut rung = false;
+        let mut rung = 0u64;
         for (i, (s, m)) in seen.iter().zip(mail.iter()).enumerate() {
             if i < self.n {
-                let qp = &p.qps[self.slots[i] as usize % MAX_QPS];
-                rung |= *s != qp.last_doorbell || *m != qp.inbox_tail;
+                let q = self.slots[i] as usize % MAX_QPS;
+                let qp = &p.qps[q];
+                rung |= ((*s != qp.last_doorbell || *m != qp.inbox_tail) as u64) << q;
             }
         }
         rung
