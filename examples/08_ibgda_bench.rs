@@ -21,6 +21,9 @@
 //!   most the queue size).
 //! * **engine execution rate**: WQEs rank 0's port executed (its counters)
 //!   over the time from the first post to the last completion.
+//! * **the engine's primitives** (on a GPU): what a fence, a load that
+//!   hits L1 or follows a fence, a prefetch, a release, an atomic and a
+//!   short sleep cost one thread, in cycles, while the engines run.
 //!
 //! ```text
 //! cargo run --release --example ibgda_bench -- [--device gpu|cpu] [-b 4K] [-e 256M] [-f F] [--blocks N]
@@ -53,7 +56,7 @@ use doorbell_examples::plot::{Chart, Series};
 use doorbell_examples::{die, main_with, BoxError, USER_KERNELS};
 use doorbell_kernels::transport::{Ibgda, P2p};
 use report::{print_report, BwRow, Report};
-use runs::{engine_shares, lane_rates, post_rates, profile_posts, put_bandwidth, round_trips};
+use runs::{engine_shares, lane_rates, post_rates, primitives, profile_posts, put_bandwidth, round_trips};
 
 fn main() {
     let args = IbgdaBenchArgs::parse();
@@ -183,6 +186,7 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
     post_rates(&mut r, p, &mut report)?;
     lane_rates(&mut r, p, &mut report)?;
     profile_posts(&mut r, p, &mut report)?;
+    primitives(&mut r, &mut report)?;
     engine_shares(comm, engine_before, wqes_before, &mut report)?;
     comm.barrier()?;
     Ok((comm.rank() == 0).then_some(report))

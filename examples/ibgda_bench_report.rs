@@ -77,6 +77,8 @@ pub struct Report {
     pub rtt_ibgda_us: f64,
     pub rtt_p2p_us: f64,
     pub rtt_ratio: Option<f64>,
+    /// Rank 0's engine over the timed IBGDA round-trip launches.
+    pub rtt_engine: Option<LaneEngine>,
     pub post_warp_mwqe_s: f64,
     pub post_block_mwqe_s: f64,
     pub engine_mwqe_s: f64,
@@ -115,6 +117,11 @@ pub struct Report {
     /// Over those puts: rank 0's engine's mean time from seeing a QP's
     /// doorbell to the end of the WQE's execution (its CQE written), ns.
     pub post_engine_ns_per_wqe: Option<f64>,
+    /// Rank 0's engine over those puts (each a burst round of its own).
+    pub post_engine: Option<LaneEngine>,
+    /// What the engine's primitives cost on this GPU (`primitive_costs`):
+    /// cycles per operation, by name.
+    pub primitive_cycles: Vec<(String, u64)>,
     pub engine_bursts: Option<u64>,
     /// Over the whole run, rank 0's engine: payload bytes its blocks
     /// copied, and of those the chunks one block copied of another's
@@ -149,6 +156,9 @@ pub fn print_report(r: &Report, a: &IbgdaBenchArgs, gpu: bool) {
             opt(r.rtt_ratio, 2)
         ])
     );
+    if let Some(e) = r.rtt_engine {
+        print_engine(&e, r.engine_blocks, "over the round trips");
+    }
     println!(
         "# put bandwidth (GB/s = 1e9 bytes/s), {} blocks of rank 0, non-blocking puts then quiet",
         a.blocks
@@ -183,33 +193,9 @@ pub fn print_report(r: &Report, a: &IbgdaBenchArgs, gpu: bool) {
         "# warp posts of a WQE per lane ({} 8-byte puts per block, 32 behind each doorbell): one block {:.3} M WQE/s posted, {:.3} M WQE/s completed; {} blocks on {} QPs {:.3} M WQE/s posted, {:.3} M WQE/s completed",
         r.lanes_wqes, r.lanes_one_post_mwqe_s, r.lanes_one_done_mwqe_s, r.lanes_blocks, r.lanes_qps, r.lanes_all_post_mwqe_s, r.lanes_all_done_mwqe_s
     );
-    if let Some(e) = r.lanes_engine.filter(|e| e.rounds > 0 && e.bursts > 0 && e.burst_wqes > 0) {
-        let per = |c: u64, n: u64| c as f64 / n.max(1) as f64;
-        println!(
-            "# rank 0's engine ({} block(s), counts added up, per round of a block) over those {} blocks' runs: {} passes, {} rounds, {:.2} bursts a round, {:.1} WQEs a burst ({} stored unordered); a block's round every {:.0} ns, {:.0} cycles in it; per burst, lane 0: gather {:.0} cycles, completion {:.0} cycles ({:.0} per WQE); busy {:.0} cycles a round",
-            r.engine_blocks.max(1),
-            r.lanes_blocks,
-            e.passes,
-            e.rounds,
-            per(e.bursts, e.rounds),
-            per(e.burst_wqes, e.bursts),
-            e.unordered_wqes,
-            per(e.elapsed_ns * r.engine_blocks.max(1) as u64, e.rounds),
-            per(e.round_cycles, e.rounds),
-            per(e.gather_cycles, e.bursts),
-            per(e.complete_cycles, e.bursts),
-            per(e.complete_cycles, e.burst_wqes),
-            per(e.busy_cycles, e.rounds),
-        );
-        let named: u64 = e.phases.iter().sum::<u64>() + e.copy_cycles + e.fence_cycles;
-        let mut parts: Vec<String> = Phase::ALL
-            .iter()
-            .filter(|&&p| e.phases[p as usize] != 0)
-            .map(|&p| format!("{} {:.0}", p.name(), per(e.phases[p as usize], e.rounds)))
-            .collect();
-        parts.push(format!("copies {:.0}", per(e.copy_cycles + e.fence_cycles, e.rounds)));
-        parts.push(format!("walk {:.0}", per(e.busy_cycles.saturating_sub(named), e.rounds)));
-        println!("# its control thread's busy cycles a round, by phase: {}", parts.join(", "));
+    if let Some(e) = r.lanes_engine {
+        let heading = format!("over those {} blocks' runs", r.lanes_blocks);
+        print_engine(&e, r.engine_blocks, &heading);
     }
     if let (Some(c), Some(f), Some(k), Some(w)) = (
         r.engine_copy_share,
@@ -231,6 +217,16 @@ pub fn print_report(r: &Report, a: &IbgdaBenchArgs, gpu: bool) {
     if let Some(ns) = r.post_engine_ns_per_wqe {
         println!("# of the CQE wait, the engine from seeing the doorbell to the CQE written: {ns:.0} ns per WQE");
     }
+    if let Some(e) = r.post_engine {
+        print_engine(&e, r.engine_blocks, "over those puts (a round each)");
+    }
+    if !r.primitive_cycles.is_empty() {
+        let parts: Vec<String> = r.primitive_cycles.iter().map(|(n, c)| format!("{n} {c}")).collect();
+        println!(
+            "# this GPU's primitives, cycles each (one thread, the engines running): {}",
+            parts.join(", ")
+        );
+    }
     if let (Some(w), Some(b)) = (r.engine_burst_wqes, r.engine_bursts) {
         println!("# engine bursts: {w} WQEs in {b} bursts");
     }
@@ -241,4 +237,37 @@ pub fn print_report(r: &Report, a: &IbgdaBenchArgs, gpu: bool) {
     if !gpu {
         println!("# CPU emulator: the timings say nothing about a GPU; every path ran and every put was checked");
     }
+}
+
+/// Rank 0's engine over a window of the run (`e`, its counters' growth;
+/// `blocks` blocks): passes, burst rounds and where a round's cycles go.
+fn print_engine(e: &LaneEngine, blocks: u32, heading: &str) {
+    if e.rounds == 0 || e.bursts == 0 || e.burst_wqes == 0 {
+        return;
+    }
+    let per = |c: u64, n: u64| c as f64 / n.max(1) as f64;
+    println!(
+        "# rank 0's engine ({} block(s), counts added up, per round of a block) {heading}: {} passes, {} rounds, {:.2} bursts a round, {:.1} WQEs a burst ({} stored unordered); a block's round every {:.0} ns, {:.0} cycles in it; per burst, lane 0: gather {:.0} cycles, completion {:.0} cycles ({:.0} per WQE); busy {:.0} cycles a round",
+        blocks.max(1),
+        e.passes,
+        e.rounds,
+        per(e.bursts, e.rounds),
+        per(e.burst_wqes, e.bursts),
+        e.unordered_wqes,
+        per(e.elapsed_ns * blocks.max(1) as u64, e.rounds),
+        per(e.round_cycles, e.rounds),
+        per(e.gather_cycles, e.bursts),
+        per(e.complete_cycles, e.bursts),
+        per(e.complete_cycles, e.burst_wqes),
+        per(e.busy_cycles, e.rounds),
+    );
+    let named: u64 = e.phases.iter().sum::<u64>() + e.copy_cycles + e.fence_cycles;
+    let mut parts: Vec<String> = Phase::ALL
+        .iter()
+        .filter(|&&p| e.phases[p as usize] != 0)
+        .map(|&p| format!("{} {:.0}", p.name(), per(e.phases[p as usize], e.rounds)))
+        .collect();
+    parts.push(format!("copies {:.0}", per(e.copy_cycles + e.fence_cycles, e.rounds)));
+    parts.push(format!("walk {:.0}", per(e.busy_cycles.saturating_sub(named), e.rounds)));
+    println!("# its control thread's busy cycles a round, by phase: {}", parts.join(", "));
 }

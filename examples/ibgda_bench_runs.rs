@@ -7,7 +7,9 @@ use std::time::Instant;
 
 use doorbell::comm::{Communicator, EnginePhase as Phase, EngineReport};
 use doorbell::{AnyTransport, DeviceBuffer, LaunchConfig};
-use doorbell_example_kernels::ibgda_bench::{post_burst_ibgda, post_lanes_ibgda, post_profile, put_signal_rtt, put_stream, BENCH_OK};
+use doorbell_example_kernels::ibgda_bench::{
+    post_burst_ibgda, post_lanes_ibgda, post_profile, primitive_costs, put_signal_rtt, put_stream, BENCH_OK, PRIMITIVES, PRIMITIVE_COUNT,
+};
 use doorbell_examples::cli::sweep;
 use doorbell_examples::{ratio, BoxError};
 use doorbell_kernels::transport::ibgda::PostProfile;
@@ -39,9 +41,12 @@ pub fn round_trips(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), Bo
     let (ib, p2p) = (r.ib, r.p2p);
     let family = r.m.family::<put_signal_rtt>()?;
     let mut epoch = 1u64;
-    let [ib_us, p2p_us] = interleaved::<2, BoxError>(true, p.args.rounds as u32, |v, _| {
+    let mut engine: Option<LaneEngine> = None;
+    let [ib_us, p2p_us] = interleaved::<2, BoxError>(true, p.args.rounds as u32, |v, warm| {
         r.status.zero()?;
         comm.barrier()?;
+        let before = comm.ibgda_engine().filter(|_| v == 0 && !warm);
+        let t0 = Instant::now();
         let a = (
             r.words.as_mut_ptr(),
             r.sig.as_mut_ptr(),
@@ -54,6 +59,10 @@ pub fn round_trips(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), Bo
         // SAFETY: symmetric `words` and `sig`; one warp per rank.
         unsafe { r.s.launch_family(&family, one, handle(v, ib, p2p), a)? };
         comm.synchronize(&r.s)?;
+        if let (Some(b), Some(a)) = (before, comm.ibgda_engine()) {
+            let ns = t0.elapsed().as_nanos() as u64;
+            engine.get_or_insert_with(LaneEngine::default).add(&b.counters, &a.counters, ns);
+        }
         check(&r.status, "put_signal round trip")?;
         epoch += p.rtt_iters as u64 + 1;
         Ok(r.out.to_host()?[0] as f64 / 1e3 / p.rtt_iters as f64)
@@ -61,6 +70,7 @@ pub fn round_trips(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), Bo
     if me == 0 {
         (report.rtt_ibgda_us, report.rtt_p2p_us) = (median(ib_us), median(p2p_us));
         report.rtt_ratio = ratio(report.rtt_ibgda_us, report.rtt_p2p_us);
+        report.rtt_engine = engine;
         eprintln!(
             "put_signal round trip: ibgda {:.2} us, p2p {:.2} us",
             report.rtt_ibgda_us, report.rtt_p2p_us
@@ -225,6 +235,7 @@ pub fn profile_posts(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), 
     r.status.zero()?;
     r.comm.barrier()?;
     let before = r.comm.ibgda_engine();
+    let t0 = Instant::now();
     // SAFETY: symmetric `words`, registered `src`; `out` holds a
     // PostProfile (seven words).
     unsafe {
@@ -246,11 +257,39 @@ pub fn profile_posts(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), 
         if wqes > 0 {
             report.post_engine_ns_per_wqe = Some((a.counters.rung_to_done_ns - b.counters.rung_to_done_ns) as f64 / wqes as f64);
         }
+        let mut e = LaneEngine::default();
+        e.add(&b.counters, &a.counters, t0.elapsed().as_nanos() as u64);
+        report.post_engine = Some(e);
     }
     let v = out.to_host()?;
     let per = |c: u64| c as f64 / v[0].max(1) as f64;
     let names = ["checks", "reserve", "write", "doorbell", "cqe_wait", "consume"];
     report.post_cycles_per_wqe = names.iter().zip(&v[1..]).map(|(n, &c)| (n.to_string(), per(c))).collect();
+    Ok(())
+}
+
+/// Part 6: what the engine's primitives cost on this GPU
+/// (`primitive_costs`, one thread of rank 0, the engines running).
+pub fn primitives(r: &mut Rank, report: &mut Report) -> Result<(), BoxError> {
+    r.comm.barrier()?;
+    if r.comm.rank() != 0 || !r.comm.device().is_gpu() {
+        return Ok(());
+    }
+    let f = r.m.function::<primitive_costs>()?;
+    let lines = 4096u32;
+    let mem = r.comm.device().alloc_zeroed::<u64>(16 * lines as usize)?;
+    let out = r.comm.device().alloc_zeroed::<u64>(PRIMITIVE_COUNT + 1)?;
+    // SAFETY: `mem` holds `lines` 128-byte lines, `out` PRIMITIVE_COUNT + 1 words.
+    unsafe {
+        r.s.launch(
+            &f,
+            LaunchConfig::linear(1, 32),
+            (mem.as_raw() as *mut u64, lines, out.as_raw() as *mut u64),
+        )?
+    };
+    r.s.synchronize()?;
+    let v = out.to_host()?;
+    report.primitive_cycles = PRIMITIVES.iter().zip(&v).map(|(n, &c)| (n.to_string(), c)).collect();
     Ok(())
 }
 

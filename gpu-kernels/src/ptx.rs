@@ -571,6 +571,24 @@ pub unsafe fn ld_u64(p: *const u64) -> u64 {
     }
 }
 
+/// `prefetch.global.L1`: asks for the cache line holding `p` to be
+/// brought into this SM's L1, without waiting for it. A hint: it changes
+/// no value and orders nothing. On an H200 it does not shorten a chain of
+/// loads that follows a fence (each load still waits for L2: 255 against
+/// 252 cycles, `ibgda_bench`'s primitives), so nothing in the library
+/// relies on it. `p` must lie in global memory the caller may read. No-op
+/// on the CPU emulator.
+#[inline(always)]
+pub unsafe fn prefetch_l1<T>(p: *const T) {
+    #[cfg(target_arch = "nvptx64")]
+    // SAFETY: the caller's contract; a prefetch writes nothing.
+    unsafe {
+        asm!("prefetch.global.L1 [{0}];", in(reg64) p, options(nostack, readonly, preserves_flags))
+    };
+    #[cfg(not(target_arch = "nvptx64"))]
+    let _ = p;
+}
+
 /// A copy of the `T` at `p`, read as its `N` 8-byte words by `N`
 /// independent [`ld_u64`]s, all in flight at once. Rust copies a value out
 /// of memory with a `memcpy`, and the NVPTX backend expands a `memcpy` of

@@ -219,3 +219,173 @@ pub unsafe fn post_lanes<T: Transport>(t: T, dst: *mut u64, src: *const u64, rou
         }
     }
 }
+
+/// Words [`primitive_costs`] writes: cycles per operation, in this order
+/// (the host prints them with [`PRIMITIVES`]' names).
+pub const PRIMITIVE_COUNT: usize = 15;
+
+/// What each word of [`primitive_costs`]' output measured.
+pub const PRIMITIVES: [&str; PRIMITIVE_COUNT] = [
+    "fence.acq_rel.gpu",
+    "fence.acq_rel.sys",
+    "fence.sc.gpu",
+    "fence.sc.sys",
+    "dependent weak load, L1 hit",
+    "dependent weak load after fence.acq_rel.gpu",
+    "the same, its 8 lines prefetched to L1 after the fence",
+    "dependent ld.relaxed.gpu",
+    "weak store + st.release.gpu",
+    "dependent atom.add.relaxed.gpu",
+    "nanosleep(100)",
+    "%globaltimer read",
+    "dependent weak load after weak store + st.release.gpu",
+    "dependent local-memory (stack) load",
+    "the same after fence.acq_rel.gpu",
+];
+
+/// Loads chained through memory: each word holds the address of the next.
+const CHAIN: usize = 8;
+/// Repetitions each figure is averaged over.
+const REPS: u64 = 64;
+
+/// Follows the chain from `p` for [`CHAIN`] weak loads.
+#[inline(always)]
+unsafe fn chase(mut p: u64) -> u64 {
+    for _ in 0..CHAIN {
+        // SAFETY: the chain's words hold addresses of its lines.
+        p = unsafe { ptx::ld_u64(p as usize as *const u64) };
+    }
+    p
+}
+
+/// What the engine's primitives cost on this GPU, measured by lane 0 of
+/// one warp (launch 1 × 32) while the rest of the machine runs as it does
+/// (the soft NIC's engine polling): each fence alone, a weak load that
+/// hits L1, one that follows a fence (which empties L1), the same with its
+/// lines prefetched first, a strong load, a release store (and a weak
+/// load after it), a returning atomic, a short sleep, a clock read, a load
+/// from the thread's stack with and without a fence before it — cycles (`%clock64`) per
+/// operation, averaged over 64 repetitions, into `out`
+/// ([`PRIMITIVE_COUNT`] words). `mem` holds `lines` 128-byte lines
+/// (`lines` ≥ 512), which the kernel links into chains first; `out`
+/// holds one word more (what the chains read, kept so they are not
+/// optimized away).
+#[kernel]
+pub unsafe fn primitive_costs(mem: *mut u64, lines: u32, out: *mut u64) {
+    if ptx::global_thread_id_x() != 0 || lines < 512 {
+        return;
+    }
+    let n = lines as u64;
+    let line = |i: u64| mem as u64 + 128 * (i % n);
+    // SAFETY (whole body): `mem` holds `lines` lines, `out` the results.
+    unsafe {
+        for i in 0..n {
+            // Line i leads to a line far from it, so no two loads of a
+            // chain share a line.
+            *(line(i) as usize as *mut u64) = line(i * 97 + 61);
+        }
+        ptx::fence_acq_rel_gpu();
+        let mut r = [0u64; PRIMITIVE_COUNT];
+        let mut sink = 0u64;
+        // A chain in this thread's stack (local memory, where the engine's
+        // spilled registers and arrays live): entry k leads to entry
+        // (k * 97 + lines) % 64, which the compiler cannot know.
+        let mut stack = [0u64; 64];
+        for (k, e) in stack.iter_mut().enumerate() {
+            core::ptr::write_volatile(e, (k as u64 * 97 + n) % 64);
+        }
+        let walk = |mut i: u64| {
+            for _ in 0..CHAIN {
+                i = core::ptr::read_volatile(stack.as_ptr().add(i as usize % 64));
+            }
+            i
+        };
+        // Cycles of one block of code, inlined where it is timed.
+        macro_rules! time {
+            ($($body:tt)*) => {{
+                let c0 = ptx::clock64();
+                $($body)*
+                ptx::clock64().wrapping_sub(c0)
+            }};
+        }
+        for rep in 0..REPS {
+            let start = line(rep * 131);
+            r[0] += time!(ptx::fence_acq_rel_gpu(););
+            r[1] += time!(ptx::fence_acq_rel_sys(););
+            r[2] += time!(ptx::fence_sc_gpu(););
+            r[3] += time!(ptx::fence_sc_sys(););
+            // The chain's lines, known before the fence (as the engine
+            // knows its tables' addresses).
+            let mut at = [0u64; CHAIN];
+            let mut p = start;
+            for a in at.iter_mut() {
+                *a = p;
+                p = ptx::ld_u64(p as usize as *const u64);
+            }
+            r[4] += time!(sink ^= chase(start););
+            r[5] += time!(
+                ptx::fence_acq_rel_gpu();
+                sink ^= chase(start);
+            );
+            r[6] += time!(
+                ptx::fence_acq_rel_gpu();
+                for &a in at.iter() {
+                    ptx::prefetch_l1(a as usize as *const u64);
+                }
+                sink ^= chase(start);
+            );
+            r[7] += time!(
+                let mut q = start;
+                for _ in 0..CHAIN {
+                    q = ptx::ld_relaxed_gpu_u64(q as usize as *const u64);
+                }
+                sink ^= q;
+            );
+            let scratch = line(rep * 131 + 7) as usize as *mut u64;
+            r[8] += time!(
+                core::ptr::write_volatile(scratch.add(1), rep);
+                ptx::st_release_gpu_u64(scratch.add(2), rep);
+            );
+            r[9] += time!(
+                let mut v = 0u64;
+                for _ in 0..CHAIN {
+                    v = ptx::atom_add_relaxed_gpu_u64(scratch.add(3 + (v & 1) as usize), 1);
+                }
+                sink ^= v;
+            );
+            r[10] += time!(ptx::nanosleep(100););
+            r[11] += time!(sink ^= ptx::globaltimer_ns(););
+            // Warm the chain's lines again, then see whether a release
+            // leaves them in L1.
+            sink ^= chase(start);
+            r[12] += time!(
+                core::ptr::write_volatile(scratch.add(1), rep);
+                ptx::st_release_gpu_u64(scratch.add(2), rep);
+                sink ^= chase(start);
+            );
+        }
+        for rep in 0..REPS {
+            sink ^= walk(rep);
+            r[13] += time!(sink ^= walk(rep););
+            r[14] += time!(
+                ptx::fence_acq_rel_gpu();
+                sink ^= walk(rep);
+            );
+        }
+        // Per operation: the fence is taken out of the chains behind one.
+        let fence = r[0];
+        r[5] = r[5].saturating_sub(fence) / CHAIN as u64;
+        r[6] = r[6].saturating_sub(fence) / CHAIN as u64;
+        r[12] = r[12].saturating_sub(r[8]) / CHAIN as u64;
+        r[13] /= CHAIN as u64;
+        r[14] = r[14].saturating_sub(fence) / CHAIN as u64;
+        r[4] /= CHAIN as u64;
+        r[7] /= CHAIN as u64;
+        r[9] /= CHAIN as u64;
+        for (k, v) in r.iter().enumerate() {
+            *out.add(k) = v / REPS;
+        }
+        // Keeps the chains' loads (their results are otherwise unused).
+        *out.add(PRIMITIVE_COUNT) = sink;
+    }
+}
