@@ -222,7 +222,7 @@ pub unsafe fn post_lanes<T: Transport>(t: T, dst: *mut u64, src: *const u64, rou
 
 /// Words [`primitive_costs`] writes: cycles per operation, in this order
 /// (the host prints them with [`PRIMITIVES`]' names).
-pub const PRIMITIVE_COUNT: usize = 15;
+pub const PRIMITIVE_COUNT: usize = 13;
 
 /// What each word of [`primitive_costs`]' output measured.
 pub const PRIMITIVES: [&str; PRIMITIVE_COUNT] = [
@@ -239,8 +239,6 @@ pub const PRIMITIVES: [&str; PRIMITIVE_COUNT] = [
     "nanosleep(100)",
     "%globaltimer read",
     "dependent weak load after weak store + st.release.gpu",
-    "dependent local-memory (stack) load",
-    "the same after fence.acq_rel.gpu",
 ];
 
 /// Loads chained through memory: each word holds the address of the next.
@@ -263,8 +261,7 @@ unsafe fn chase(mut p: u64) -> u64 {
 /// (the soft NIC's engine polling): each fence alone, a weak load that
 /// hits L1, one that follows a fence (which empties L1), the same with its
 /// lines prefetched first, a strong load, a release store (and a weak
-/// load after it), a returning atomic, a short sleep, a clock read, a load
-/// from the thread's stack with and without a fence before it — cycles (`%clock64`) per
+/// load after it), a returning atomic, a short sleep, a clock read — cycles (`%clock64`) per
 /// operation, averaged over 64 repetitions, into `out`
 /// ([`PRIMITIVE_COUNT`] words). `mem` holds `lines` 128-byte lines
 /// (`lines` ≥ 512), which the kernel links into chains first; `out`
@@ -287,19 +284,6 @@ pub unsafe fn primitive_costs(mem: *mut u64, lines: u32, out: *mut u64) {
         ptx::fence_acq_rel_gpu();
         let mut r = [0u64; PRIMITIVE_COUNT];
         let mut sink = 0u64;
-        // A chain in this thread's stack (local memory, where the engine's
-        // spilled registers and arrays live): entry k leads to entry
-        // (k * 97 + lines) % 64, which the compiler cannot know.
-        let mut stack = [0u64; 64];
-        for (k, e) in stack.iter_mut().enumerate() {
-            core::ptr::write_volatile(e, (k as u64 * 97 + n) % 64);
-        }
-        let walk = |mut i: u64| {
-            for _ in 0..CHAIN {
-                i = core::ptr::read_volatile(stack.as_ptr().add(i as usize % 64));
-            }
-            i
-        };
         // Cycles of one block of code, inlined where it is timed.
         macro_rules! time {
             ($($body:tt)*) => {{
@@ -364,21 +348,11 @@ pub unsafe fn primitive_costs(mem: *mut u64, lines: u32, out: *mut u64) {
                 sink ^= chase(start);
             );
         }
-        for rep in 0..REPS {
-            sink ^= walk(rep);
-            r[13] += time!(sink ^= walk(rep););
-            r[14] += time!(
-                ptx::fence_acq_rel_gpu();
-                sink ^= walk(rep);
-            );
-        }
         // Per operation: the fence is taken out of the chains behind one.
         let fence = r[0];
         r[5] = r[5].saturating_sub(fence) / CHAIN as u64;
         r[6] = r[6].saturating_sub(fence) / CHAIN as u64;
         r[12] = r[12].saturating_sub(r[8]) / CHAIN as u64;
-        r[13] /= CHAIN as u64;
-        r[14] = r[14].saturating_sub(fence) / CHAIN as u64;
         r[4] /= CHAIN as u64;
         r[7] /= CHAIN as u64;
         r[9] /= CHAIN as u64;
