@@ -192,8 +192,43 @@ impl PayloadMover for ThreadMover {
 
 /// 16-byte vectors each thread of a block copy keeps in flight: the
 /// engine is one block, whose copy rate is bytes in flight over memory
-/// latency.
+/// latency. A copy by at most [`WIDE_COPY_PARTS`] threads keeps twice as
+/// many ([`COPY_UNROLL_WIDE`]), so a block of 256 threads has as many
+/// bytes in flight as one of 512.
 pub const COPY_UNROLL: usize = 8;
+/// [`COPY_UNROLL`] for copies of at most [`WIDE_COPY_PARTS`] threads.
+pub const COPY_UNROLL_WIDE: usize = 16;
+/// Copies by this many threads or fewer use [`COPY_UNROLL_WIDE`].
+pub const WIDE_COPY_PARTS: usize = 256;
+
+/// The 16-byte-vector body of [`copy_part`]: vectors `part`,
+/// `part + parts`, ... below `body`, `U` of them in flight at a time.
+///
+/// # Safety
+/// `d` and `s` are 16-byte aligned and valid for `body` vectors; the
+/// ranges do not overlap.
+#[inline(always)]
+unsafe fn copy_vectors<const U: usize>(d: *mut u32, s: *const u32, body: usize, part: usize, parts: usize) {
+    let mut k = part;
+    // SAFETY (whole function): every vector below `body` (the caller's
+    // contract).
+    unsafe {
+        while k + (U - 1) * parts < body {
+            let mut x = [[0u32; 4]; U];
+            for (u, x) in x.iter_mut().enumerate() {
+                *x = doorbell_kernels::ptx::ld_v4_u32(s.add(4 * (k + u * parts)));
+            }
+            for (u, x) in x.iter().enumerate() {
+                doorbell_kernels::ptx::st_v4_u32(d.add(4 * (k + u * parts)), *x);
+            }
+            k += U * parts;
+        }
+        while k < body {
+            doorbell_kernels::ptx::st_v4_u32(d.add(4 * k), doorbell_kernels::ptx::ld_v4_u32(s.add(4 * k)));
+            k += parts;
+        }
+    }
+}
 
 /// Whether `[dst, dst + len)` and `[src, src + len)` overlap.
 #[inline(always)]
@@ -207,7 +242,7 @@ pub fn overlaps(dst: *const u8, src: *const u8, len: usize) -> bool {
 /// they copy every byte once. One or two aligned 8-byte words (a signal)
 /// move as whole 8-byte stores. Otherwise, when `dst` and `src` share their
 /// offset mod 16, the body moves in 16-byte vectors, [`COPY_UNROLL`] in flight per
-/// thread, and the unaligned head and tail byte by byte; else in the widest
+/// thread ([`COPY_UNROLL_WIDE`] when `parts` is at most [`WIDE_COPY_PARTS`]), and the unaligned head and tail byte by byte; else in the widest
 /// unit both share (8, 4, or 1 bytes).
 ///
 /// # Safety
@@ -251,20 +286,10 @@ pub unsafe fn copy_part(dst: *mut u8, src: *const u8, len: usize, part: usize, p
         match unit {
             16 => {
                 let (d, s) = (d as *mut u32, s as *const u32);
-                let mut k = part;
-                while k + (COPY_UNROLL - 1) * parts < body {
-                    let mut x = [[0u32; 4]; COPY_UNROLL];
-                    for (u, x) in x.iter_mut().enumerate() {
-                        *x = doorbell_kernels::ptx::ld_v4_u32(s.add(4 * (k + u * parts)));
-                    }
-                    for (u, x) in x.iter().enumerate() {
-                        doorbell_kernels::ptx::st_v4_u32(d.add(4 * (k + u * parts)), *x);
-                    }
-                    k += COPY_UNROLL * parts;
-                }
-                while k < body {
-                    doorbell_kernels::ptx::st_v4_u32(d.add(4 * k), doorbell_kernels::ptx::ld_v4_u32(s.add(4 * k)));
-                    k += parts;
+                if parts <= WIDE_COPY_PARTS {
+                    copy_vectors::<COPY_UNROLL_WIDE>(d, s, body, part, parts);
+                } else {
+                    copy_vectors::<COPY_UNROLL>(d, s, body, part, parts);
                 }
             }
             8 => {
@@ -347,6 +372,35 @@ mod tests {
                             assert_eq!(b, want, "parts {parts} so {so} do {dof} len {len} byte {i}");
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// Copies long enough for every part to run its unrolled loop, by
+    /// block sizes on both sides of [`WIDE_COPY_PARTS`] (16 and 8 vectors
+    /// in flight), copy every byte once.
+    #[test]
+    fn both_unrolls_cover_long_copies_exactly() {
+        let len = 16 * (COPY_UNROLL_WIDE * 2 * WIDE_COPY_PARTS + 37) + 5;
+        let src: Vec<u8> = (0..len + 32).map(|i| (i * 13 + 5) as u8).collect();
+        for parts in [2usize, WIDE_COPY_PARTS, WIDE_COPY_PARTS + 1, 2 * WIDE_COPY_PARTS] {
+            for off in [0usize, 3] {
+                let mut dst = vec![0xeeu8; len + 48];
+                let s = unsafe { src.as_ptr().add((16 - src.as_ptr() as usize % 16) % 16 + off) };
+                let base = (16 - dst.as_ptr() as usize % 16) % 16 + off;
+                let d = unsafe { dst.as_mut_ptr().add(base) };
+                for part in 0..parts {
+                    unsafe { copy_part(d, s, len, part, parts) };
+                }
+                let sbase = s as usize - src.as_ptr() as usize;
+                for (i, &b) in dst.iter().enumerate() {
+                    let want = if (base..base + len).contains(&i) {
+                        src[sbase + i - base]
+                    } else {
+                        0xee
+                    };
+                    assert_eq!(b, want, "parts {parts} offset {off} byte {i}");
                 }
             }
         }

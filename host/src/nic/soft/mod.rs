@@ -137,10 +137,18 @@ pub const BURST_ENV: &str = "DOORBELL_SOFTNIC_BURST";
 pub const IDLE_SLEEP_ENV: &str = "DOORBELL_SOFTNIC_IDLE_SLEEP_NS";
 /// Most [`SoftOptions::idle_sleep_ns`]: 1 ms.
 pub const IDLE_SLEEP_MAX_NS: u32 = 1_000_000;
-/// Threads of the engine kernel's block on a GPU by default: 512, on
-/// `softnic_engine_512` (128 registers per thread). Measured on one H200
-/// (`ibgda_bench`, the block sizes alternated in one run:
-/// `benchmarks/ibgda_h200_engine_entries.txt`):
+/// Threads of the engine kernel's block on a GPU by default: 256, on
+/// `softnic_engine_256` (255 registers per thread: its control thread
+/// spills less than on `softnic_engine_512`'s 128), whose copies keep 16
+/// vectors in flight per thread instead of 8, so the block has as many
+/// bytes in flight as one of 512. On one H200, against 512 threads in the
+/// same run (`benchmarks/ibgda_h200_engine_threads_wide.txt`): puts of
+/// 64 – 256 MiB 1.02 – 1.04×, lane posts 1.07 – 1.08× (8 engine blocks
+/// on 16 QPs: 15.56 against 14.56 M WQE/s), the `put_signal` round trip
+/// 0.99 – 1.00×. 256 threads with 8 vectors in flight ran the round trip
+/// 0.90× as long but large puts 0.85× as fast. Earlier (the build of
+/// `benchmarks/ibgda_h200_engine_entries.txt`, when 512 became the
+/// default):
 ///
 /// | threads (entry) | control cycles / WQE | engine M WQE/s | 256 MiB puts | `put_signal` round trip |
 /// |---|---|---|---|---|
@@ -150,7 +158,7 @@ pub const IDLE_SLEEP_MAX_NS: u32 = 1_000_000;
 /// | 1024 (`softnic_engine_1024`) | 14 720 – 14 790 | 0.113 – 0.114 | 30.5 – 30.6 GB/s | 54.5 – 54.6 µs |
 ///
 /// Each of 256, 512 and 1024 holds all of its SM's registers.
-pub const ENGINE_THREADS_GPU: u32 = 512;
+pub const ENGINE_THREADS_GPU: u32 = 256;
 /// Blocks of the engine kernel per port on a GPU by default
 /// ([`SoftOptions::engine_blocks`]): one SM per rank, as the library's
 /// grids that must be resident at once assume unless told more.
