@@ -220,11 +220,11 @@ pub unsafe fn post_lanes<T: Transport>(t: T, dst: *mut u64, src: *const u64, rou
     }
 }
 
-/// Words [`primitive_costs`] writes: cycles per operation, in this order
+/// Words [`primitive_costs`](fn@primitive_costs) writes: cycles per operation, in this order
 /// (the host prints them with [`PRIMITIVES`]' names).
 pub const PRIMITIVE_COUNT: usize = 13;
 
-/// What each word of [`primitive_costs`]' output measured.
+/// What each word of [`primitive_costs`](fn@primitive_costs)' output measured.
 pub const PRIMITIVES: [&str; PRIMITIVE_COUNT] = [
     "fence.acq_rel.gpu",
     "fence.acq_rel.sys",

@@ -203,11 +203,16 @@ pub const WIDE_COPY_PARTS: usize = 256;
 
 /// The 16-byte-vector body of [`copy_part`]: vectors `part`,
 /// `part + parts`, ... below `body`, `U` of them in flight at a time.
+/// Not inlined: one copy of each loop in the engine's code, not one per
+/// caller. Inlined, the 16-vector loop took back what 255 registers gave
+/// the control thread (round trip 1.00×, lane posts 1.07× against 512
+/// threads; not inlined 0.94 – 0.99× and 1.10 – 1.12× on one H200:
+/// `benchmarks/ibgda_h200_engine_copy_inlining.txt`).
 ///
 /// # Safety
 /// `d` and `s` are 16-byte aligned and valid for `body` vectors; the
 /// ranges do not overlap.
-#[inline(always)]
+#[inline(never)]
 unsafe fn copy_vectors<const U: usize>(d: *mut u32, s: *const u32, body: usize, part: usize, parts: usize) {
     let mut k = part;
     // SAFETY (whole function): every vector below `body` (the caller's

@@ -142,11 +142,13 @@ pub const IDLE_SLEEP_MAX_NS: u32 = 1_000_000;
 /// spills less than on `softnic_engine_512`'s 128), whose copies keep 16
 /// vectors in flight per thread instead of 8, so the block has as many
 /// bytes in flight as one of 512. On one H200, against 512 threads in the
-/// same run (`benchmarks/ibgda_h200_engine_threads_wide.txt`): puts of
-/// 64 – 256 MiB 1.02 – 1.04×, lane posts 1.07 – 1.08× (8 engine blocks
-/// on 16 QPs: 15.56 against 14.56 M WQE/s), the `put_signal` round trip
-/// 0.99 – 1.00×. 256 threads with 8 vectors in flight ran the round trip
-/// 0.90× as long but large puts 0.85× as fast. Earlier (the build of
+/// same run (`benchmarks/ibgda_h200_engine_copy_inlining.txt`): puts of
+/// 64 and 256 MiB 1.02 – 1.03×, lane posts 1.10 – 1.12×, the `put_signal`
+/// round trip 0.94 – 0.99×; with the copy loops inlined (the build before,
+/// `benchmarks/ibgda_h200_engine_threads_wide.txt`) 8 engine blocks on
+/// 16 QPs posted 15.56 against 14.56 M WQE/s. 256 threads with 8 vectors
+/// in flight ran the round trip 0.89 – 0.92× as long but large puts
+/// 0.85 – 0.86× as fast. Earlier (the build of
 /// `benchmarks/ibgda_h200_engine_entries.txt`, when 512 became the
 /// default):
 ///
