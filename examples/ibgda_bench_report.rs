@@ -37,6 +37,10 @@ pub struct LaneEngine {
     pub complete_cycles: u64,
     /// Burst WQEs stored without a release of their own.
     pub unordered_wqes: u64,
+    /// Doorbells the lone-request path served without a pass, and their
+    /// WQEs.
+    pub lone_doorbells: u64,
+    pub lone_wqes: u64,
     /// The control thread's busy cycles by phase (`Phase as usize`), and
     /// in copies and in fences after copies.
     pub phases: [u64; Phase::ALL.len()],
@@ -56,6 +60,8 @@ impl LaneEngine {
         self.gather_cycles += a.gather_cycles - b.gather_cycles;
         self.complete_cycles += a.complete_cycles - b.complete_cycles;
         self.unordered_wqes += a.unordered_wqes - b.unordered_wqes;
+        self.lone_doorbells += a.lone_doorbells - b.lone_doorbells;
+        self.lone_wqes += a.lone_wqes - b.lone_wqes;
         for (k, v) in self.phases.iter_mut().enumerate() {
             *v += a.phase_cycles[k].wrapping_sub(b.phase_cycles[k]);
         }
@@ -240,12 +246,26 @@ pub fn print_report(r: &Report, a: &IbgdaBenchArgs, gpu: bool) {
 }
 
 /// Rank 0's engine over a window of the run (`e`, its counters' growth;
-/// `blocks` blocks): passes, burst rounds and where a round's cycles go.
+/// `blocks` blocks): passes, lone doorbells, burst rounds and where a
+/// round's (or, without rounds, a lone doorbell's) cycles go.
 fn print_engine(e: &LaneEngine, blocks: u32, heading: &str) {
+    let per = |c: u64, n: u64| c as f64 / n.max(1) as f64;
+    if e.lone_doorbells != 0 {
+        println!(
+            "# rank 0's engine {heading}: {} passes, {} doorbells served by the lone path ({:.2} WQEs each), busy {:.0} cycles a lone doorbell ({} burst rounds besides)",
+            e.passes,
+            e.lone_doorbells,
+            per(e.lone_wqes, e.lone_doorbells),
+            per(e.busy_cycles, e.lone_doorbells),
+            e.rounds,
+        );
+    }
     if e.rounds == 0 || e.bursts == 0 || e.burst_wqes == 0 {
+        if e.lone_doorbells != 0 {
+            print_phases(e, e.lone_doorbells, "a lone doorbell");
+        }
         return;
     }
-    let per = |c: u64, n: u64| c as f64 / n.max(1) as f64;
     println!(
         "# rank 0's engine ({} block(s), counts added up, per round of a block) {heading}: {} passes, {} rounds, {:.2} bursts a round, {:.1} WQEs a burst ({} stored unordered); a block's round every {:.0} ns, {:.0} cycles in it; per burst, lane 0: gather {:.0} cycles, completion {:.0} cycles ({:.0} per WQE); busy {:.0} cycles a round",
         blocks.max(1),
@@ -261,13 +281,19 @@ fn print_engine(e: &LaneEngine, blocks: u32, heading: &str) {
         per(e.complete_cycles, e.burst_wqes),
         per(e.busy_cycles, e.rounds),
     );
+    print_phases(e, e.rounds, "a round");
+}
+
+/// The control thread's busy cycles of `e` by phase, per `n` (`unit`).
+fn print_phases(e: &LaneEngine, n: u64, unit: &str) {
+    let per = |c: u64, n: u64| c as f64 / n.max(1) as f64;
     let named: u64 = e.phases.iter().sum::<u64>() + e.copy_cycles + e.fence_cycles;
     let mut parts: Vec<String> = Phase::ALL
         .iter()
         .filter(|&&p| e.phases[p as usize] != 0)
-        .map(|&p| format!("{} {:.0}", p.name(), per(e.phases[p as usize], e.rounds)))
+        .map(|&p| format!("{} {:.0}", p.name(), per(e.phases[p as usize], n)))
         .collect();
-    parts.push(format!("copies {:.0}", per(e.copy_cycles + e.fence_cycles, e.rounds)));
-    parts.push(format!("walk {:.0}", per(e.busy_cycles.saturating_sub(named), e.rounds)));
-    println!("# its control thread's busy cycles a round, by phase: {}", parts.join(", "));
+    parts.push(format!("copies {:.0}", per(e.copy_cycles + e.fence_cycles, n)));
+    parts.push(format!("walk {:.0}", per(e.busy_cycles.saturating_sub(named), n)));
+    println!("# its control thread's busy cycles {unit}, by phase: {}", parts.join(", "));
 }

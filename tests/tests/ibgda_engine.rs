@@ -14,7 +14,7 @@ use doorbell::{Backend, Device, DeviceBuffer, ForTransport, LaunchConfig};
 use doorbell_kernels::transport::Ibgda;
 use doorbell_softnic::engine::EngineConfig;
 use doorbell_test_kernels::contract::bad_call;
-use doorbell_test_kernels::testing::{ring_ibgda, STATUS_OK};
+use doorbell_test_kernels::testing::{pingpong_word, ring_ibgda, signal_pingpong_ibgda, STATUS_OK};
 use doorbell_test_kernels::typed::lanes_many_qps_ibgda;
 use doorbell_tests::{load_test_kernel, TEST_KERNELS};
 
@@ -274,6 +274,74 @@ per_backend! {
         // The other two entries: blocks of 257..=512 threads, and more.
         ring_with_kernel_engine(b, 2, 200_003, Some(512));
         ring_with_kernel_engine(b, 2, 200_003, Some(640));
+    }
+}
+
+/// Round trips of one 8-byte put with a signal over the kernel engine
+/// ([`signal_pingpong_ibgda`]): every payload is the iteration's, the
+/// signal ends at the round trips' count (an atomic applied twice or never
+/// would show), and each rank's engine served doorbells on the lone path
+/// (one QP rung while it idled): with `add`, the WRITE there and the
+/// atomic behind it in the pass that follows at once.
+fn lone_round_trips(backend: Backend, iters: u32, add: bool) {
+    let _ = doorbell::init_logging();
+    let io = kernel_engine(64, 64 << 10);
+    let reports = Communicator::local(2, backend, opts(backend, Duration::from_secs(20)), |comm| {
+        let dev = comm.device();
+        let m = dev.load_module(&TEST_KERNELS)?;
+        let (src, dst, sig) = (comm.alloc::<u64>(1)?, comm.alloc::<u64>(1)?, comm.alloc::<u64>(1)?);
+        let mut bad = dev.alloc_zeroed::<u32>(1)?;
+        let mut status = dev.alloc_zeroed::<u32>(1)?;
+        let t = comm.ibgda_with(&io)?;
+        let args = (
+            t,
+            src.as_mut_ptr(),
+            dst.as_mut_ptr(),
+            sig.as_mut_ptr(),
+            iters,
+            add as u32,
+            bad.as_mut_ptr(),
+            status.as_mut_ptr(),
+        );
+        let f = m.function::<signal_pingpong_ibgda>()?;
+        // SAFETY: symmetric words and one word each for `bad` and `status`.
+        let s = unsafe { doorbell_tests::launch_after_barrier(comm, &f, LaunchConfig::linear(1, 32), args)? };
+        if let Err(e) = comm.synchronize(&s) {
+            eprintln!("rank {}: {e}; {}", comm.rank(), progress_of(comm));
+            return Err(e);
+        }
+        comm.ibgda_check()?;
+        let r = comm.rank() as u32;
+        assert_eq!(status.to_host()?[0], STATUS_OK, "rank {r}");
+        assert_eq!(bad.to_host()?[0], 0, "rank {r}: payloads that were not their iteration's");
+        assert_eq!(dst.to_host()?[0], pingpong_word(iters as u64, 1 - r), "rank {r}: the last payload");
+        assert_eq!(sig.to_host()?[0], iters as u64, "rank {r}: the signal");
+        comm.barrier()?;
+        Ok(comm.ibgda_engine().expect("set up").counters)
+    })
+    .expect("the world");
+    for (r, c) in reports.iter().enumerate() {
+        eprintln!(
+            "rank {r} (add {add}): {} lone doorbells, {} WQEs on the lone path, {} in bursts, {} passes",
+            c.lone_doorbells, c.lone_wqes, c.burst_wqes, c.passes
+        );
+        assert!(
+            c.lone_doorbells > 0 && c.lone_wqes > 0,
+            "rank {r}: nothing took the lone path: {c:?}"
+        );
+        assert!(c.lone_wqes <= iters as u64 * 2, "rank {r}: more lone WQEs than posted: {c:?}");
+        assert!(
+            c.phase_cycles[EnginePhase::Lone as usize] > 0,
+            "rank {r}: no cycles in the lone phase: {c:?}"
+        );
+    }
+}
+
+per_backend! {
+    fn lone_round_trips_take_the_lone_path_and_deliver_every_payload(dev: Device) {
+        let iters = if dev.is_gpu() { 2000 } else { 200 };
+        lone_round_trips(dev.backend(), iters, false);
+        lone_round_trips(dev.backend(), iters, true);
     }
 }
 

@@ -243,12 +243,13 @@ impl Tally {
 }
 
 /// What a simple WQE does, as its checks found it.
-struct Simple {
-    dst: *mut u8,
-    src: *const u8,
-    len: u32,
-    signaled: bool,
-    unordered: bool,
+#[derive(Clone, Copy)]
+pub(crate) struct Simple {
+    pub(crate) dst: *mut u8,
+    pub(crate) src: *const u8,
+    pub(crate) len: u32,
+    pub(crate) signaled: bool,
+    pub(crate) unordered: bool,
 }
 
 /// Segment `k` of the WQE at SQ counter `idx` of the ring `sq` of
@@ -266,7 +267,7 @@ fn seg_at(sq: u64, wqebbs: u32, idx: u32, k: u32) -> *const u8 {
 /// # Safety
 /// The tables' contract ([`super::poll_port`]); `h` is the burst's header.
 #[inline(always)]
-unsafe fn simple_write(ports: &PortTable, h: &BurstHead, idx: u32) -> Option<Simple> {
+pub(crate) unsafe fn simple_write(ports: &PortTable, h: &BurstHead, idx: u32) -> Option<Simple> {
     if h.sq == 0 || h.sq_wqebbs == 0 || h.connected == 0 {
         return None;
     }

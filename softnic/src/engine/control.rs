@@ -184,6 +184,13 @@ pub struct EngineCounters {
     /// ([`CopyBoard`]); those copies' own bytes count in the owner's
     /// `block_bytes`.
     pub shared_bytes: u64,
+    /// Doorbells the lone-request path took ([`super::resident`]'s
+    /// `lone`: one QP rung while the engine idled, served without a pass),
+    /// and the WQEs it executed. Its cycles are the
+    /// [`Phase::Lone`](super::mover::Phase::Lone) phase's.
+    pub lone_doorbells: u64,
+    /// See `lone_doorbells`.
+    pub lone_wqes: u64,
 }
 
 impl EngineCounters {
@@ -209,6 +216,8 @@ impl EngineCounters {
             complete_cycles,
             unordered_wqes,
             shared_bytes,
+            lone_doorbells,
+            lone_wqes,
         } = self;
         for (a, b) in [
             (passes, o.passes),
@@ -229,6 +238,8 @@ impl EngineCounters {
             (complete_cycles, o.complete_cycles),
             (unordered_wqes, o.unordered_wqes),
             (shared_bytes, o.shared_bytes),
+            (lone_doorbells, o.lone_doorbells),
+            (lone_wqes, o.lone_wqes),
         ] {
             *a = a.wrapping_add(b);
         }
@@ -335,6 +346,8 @@ impl EngineCtl {
                 complete_cycles: 0,
                 unordered_wqes: 0,
                 shared_bytes: 0,
+                lone_doorbells: 0,
+                lone_wqes: 0,
             },
             board: CopyBoard {
                 done: 0,

@@ -51,10 +51,14 @@ pub enum Phase {
     /// a run of WQEs, then the control thread's in-order stores, counters
     /// and CQEs for them (their copies counted as copies).
     Burst = 14,
+    /// The lone-request path (`resident`'s `lone`): one QP rung while the
+    /// engine idled, its doorbell, checks, CQEs and ring without a pass
+    /// (its copies counted as copies).
+    Lone = 15,
 }
 
 /// Number of [`Phase`]s.
-pub const PHASES: usize = 15;
+pub const PHASES: usize = 16;
 
 impl Phase {
     /// Every phase, in order.
@@ -74,6 +78,7 @@ impl Phase {
         Phase::Requester,
         Phase::Complete,
         Phase::Burst,
+        Phase::Lone,
     ];
 
     /// Its name in lower case, as reports print it.
@@ -94,6 +99,7 @@ impl Phase {
             Phase::Requester => "requester",
             Phase::Complete => "complete",
             Phase::Burst => "burst",
+            Phase::Lone => "lone",
         }
     }
 }

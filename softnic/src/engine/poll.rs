@@ -385,7 +385,7 @@ unsafe fn burst<P: Ports + ?Sized, M: PayloadMover>(
 }
 
 /// Basic blocks published and not yet started.
-fn published(sq_pi: u32, sq_ci: u32) -> u32 {
+pub(crate) fn published(sq_pi: u32, sq_ci: u32) -> u32 {
     (sq_pi as u16).wrapping_sub(sq_ci as u16) as u32
 }
 

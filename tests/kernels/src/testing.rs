@@ -217,6 +217,77 @@ pub unsafe fn ring<T: Transport>(
     }
 }
 
+/// What iteration `i` of [`signal_pingpong`] carries from rank `from`.
+pub const fn pingpong_word(i: u64, from: u32) -> u64 {
+    i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (from as u64 + 1)
+}
+
+/// `iters` round trips of one 8-byte put with a signal between ranks 0 and
+/// 1 (thread 0 of the block; other ranks and threads idle): in iteration
+/// `i` (from 1) rank 0 writes [`pingpong_word`]`(i, 0)` into its `src`
+/// word and puts it into rank 1's `dst` word with rank 1's `sig` set to
+/// `i` (`add != 0`: `sig` added 1 instead, an atomic behind the WRITE);
+/// rank 1 waits for it, checks `dst`, and answers with
+/// `pingpong_word(i, 1)` the same way; rank 0 waits and checks. `bad`
+/// gets the number of payloads that were not the iteration's; `status`
+/// `STATUS_OK`, `STATUS_TIMEOUT` or `STATUS_ERROR`.
+#[kernel(transports(P2p, Ibgda))]
+pub unsafe fn signal_pingpong<T: Transport>(
+    t: T,
+    src: *mut u64,
+    dst: *mut u64,
+    sig: *mut u64,
+    iters: u32,
+    add: u32,
+    bad: *mut u32,
+    status: *mut u32,
+) {
+    let me = t.rank();
+    if me > 1 || ptx::thread_rank_in_block() != 0 {
+        return;
+    }
+    let peer = 1 - me;
+    let mut wrong = 0u32;
+    // SAFETY: `src`, `dst`, `sig` are symmetric words, `bad` and `status`
+    // one word each.
+    unsafe {
+        let fail = |e: doorbell_kernels::transport::CommError, wrong: u32| {
+            *bad = wrong;
+            *status = match e {
+                doorbell_kernels::transport::CommError::Timeout(_) => STATUS_TIMEOUT,
+                _ => STATUS_ERROR,
+            };
+        };
+        for i in 1..=iters as u64 {
+            if me == 1 {
+                if let Err(e) = t.wait_word_raw(sig, Cmp::Ge, i) {
+                    return fail(e, wrong);
+                }
+                wrong += (core::ptr::read_volatile(dst) != pingpong_word(i, 0)) as u32;
+            }
+            core::ptr::write_volatile(src, pingpong_word(i, me));
+            let x = RawXfer {
+                dst: dst as *mut u8,
+                src: src as *mut u8,
+                bytes: 8,
+                nbi: false,
+            };
+            let s = if add != 0 { RawSignal::add(sig, 1) } else { RawSignal::set(sig, i) };
+            if let Err(e) = t.put_raw(Coop::Thread, peer, x, Some(s)) {
+                return fail(e, wrong);
+            }
+            if me == 0 {
+                if let Err(e) = t.wait_word_raw(sig, Cmp::Ge, i) {
+                    return fail(e, wrong);
+                }
+                wrong += (core::ptr::read_volatile(dst) != pingpong_word(i, 1)) as u32;
+            }
+        }
+        *bad = wrong;
+        *status = STATUS_OK;
+    }
+}
+
 /// Waits for a signal nobody sends: must end with a recorded timeout.
 #[kernel]
 pub unsafe fn p2p_wait_forever(t: P2p, sig: *mut u64, status: *mut u32) {

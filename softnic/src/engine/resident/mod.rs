@@ -74,10 +74,14 @@ use super::poll::{poll_port_masked, PollReport};
 use super::tables::{Ports, MAX_QPS};
 
 mod lanes;
+mod lone;
 mod shared;
 mod view;
 use lanes::run_bursts;
-use view::{View, Watch};
+use lone::Lone;
+use view::{Rung, View, Watch};
+
+pub use lone::LONE_MAX;
 
 pub use shared::{HELP_EVERY, SHARE_CHUNK, SHARE_MIN};
 
@@ -235,6 +239,9 @@ pub struct BlockMover {
     seen: [u32; super::tables::MAX_SHARDS],
     /// Bytes copied of other blocks' shared copies.
     shared_bytes: u64,
+    /// Doorbells and WQEs the lone path served ([`lone`]).
+    lone_doorbells: u64,
+    lone_wqes: u64,
 }
 
 impl BlockMover {
@@ -695,6 +702,8 @@ impl BlockMover {
                 share: false,
                 seen: [0; super::tables::MAX_SHARDS],
                 shared_bytes: 0,
+                lone_doorbells: 0,
+                lone_wqes: 0,
             }
         }
     }
@@ -780,19 +789,41 @@ unsafe fn control(shards: Shards, job: *mut Job, parts: usize) {
             // than walk every slot in turn (a lone request's QP waited
             // 3.8 – 6.9 µs for its turn on an H200:
             // `benchmarks/ibgda_h200_rtt_timeline.txt`).
-            let woke = if forced { 0 } else { watch.rung(&table) };
-            let full = forced || woke != 0;
+            let rung = if forced { Rung { mask: 0, lone: None } } else { watch.rung(&table) };
+            let woke = rung.mask;
+            let mut full = forced || woke != 0;
             doorbell_kernels::trace_hook! {
-                if full && !forced {
+                if woke != 0 && !forced {
                     if let Some(own) = table.own() {
                         let tr = super::trace::rings(own);
                         super::trace::event(tr, super::trace::What::NicWake, u32::MAX, idle as u64);
                     }
                 }
             }
-            if full {
-                let c0 = ptx::clock64();
+            let c0 = ptx::clock64();
+            // One QP rung and nothing else moved: a lone request, served
+            // without a pass when it can be (`lone`); otherwise, or for
+            // what it leaves, the pass below runs at once.
+            let mut served = false;
+            if let Some((q, seen)) = rung.lone {
                 mover.begin_pass();
+                if let Lone::Done { executed, left: false } = lone::serve(&mut table, port, q, seen, now, &cfg, &mut mover) {
+                    served = true;
+                    full = false;
+                    last = PollReport {
+                        progressed: executed,
+                        next_event_ns: last.next_event_ns.min(now.saturating_add(cfg.dbr_reread_ns.max(1))),
+                    };
+                    if executed != 0 {
+                        busy_cycles += ptx::clock64().wrapping_sub(c0);
+                        mover.keep_pass();
+                    }
+                }
+            }
+            if full {
+                if rung.lone.is_none() {
+                    mover.begin_pass();
+                }
                 // After a pass with at most one burst, a burst is most likely
                 // a lone request (a round trip's): it runs at once (burst.rs).
                 mover.eager = mover.pass_bursts < 2;
@@ -815,7 +846,7 @@ unsafe fn control(shards: Shards, job: *mut Job, parts: usize) {
                 seq += 1;
                 publish_progress(progress, seq, passes, now, &table);
             }
-            if full && last.progressed != 0 {
+            if (full || served) && last.progressed != 0 {
                 busy += 1;
                 idle = 0;
                 publish_counters(ctl, passes, busy, busy_cycles, &mover);
@@ -893,6 +924,8 @@ unsafe fn publish_counters(ctl: *mut EngineCtl, passes: u64, busy: u64, busy_cyc
         ptx::st_relaxed_sys_u64(&raw mut (*c).complete_cycles, m.complete_cycles);
         ptx::st_relaxed_sys_u64(&raw mut (*c).unordered_wqes, m.unordered_wqes);
         ptx::st_relaxed_sys_u64(&raw mut (*c).shared_bytes, m.shared_bytes);
+        ptx::st_relaxed_sys_u64(&raw mut (*c).lone_doorbells, m.lone_doorbells);
+        ptx::st_relaxed_sys_u64(&raw mut (*c).lone_wqes, m.lone_wqes);
     }
 }
 

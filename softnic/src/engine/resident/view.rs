@@ -43,9 +43,17 @@ impl View {
         unsafe { self.own.as_ref() }
     }
 
+    /// The engine's own port, to change its entries (as the tables'
+    /// concurrency rules say).
+    #[inline(always)]
+    pub(super) fn own_mut(&mut self) -> Option<&mut Port> {
+        // SAFETY: null or a live port (the constructor's contract).
+        unsafe { self.own.as_mut() }
+    }
+
     /// The port table (the constructor's contract keeps it valid).
     #[inline(always)]
-    fn table(&self) -> &PortTable {
+    pub(super) fn table(&self) -> &PortTable {
         // SAFETY: the constructor's contract.
         unsafe { &*self.table }
     }
@@ -146,15 +154,22 @@ impl Watch {
 
     /// The slots whose doorbell word or inbox head moved since their last
     /// pass (bit `q`: slot `q`), or every slot in use when not every slot
-    /// is watched (only a pass over all of them can tell); 0: none.
+    /// is watched (only a pass over all of them can tell); no bit: none.
+    /// When exactly one watched slot moved, and only its doorbell word,
+    /// [`Rung::lone`] names it with the word read.
     ///
     /// # Safety
     /// The watched QPs' doorbell words are valid (the tables' contract).
-    pub(super) unsafe fn rung(&self, view: &View) -> u64 {
+    pub(super) unsafe fn rung(&self, view: &View) -> Rung {
         if !self.complete {
-            return self.mask;
+            return Rung {
+                mask: self.mask,
+                lone: None,
+            };
         }
-        let Some(p) = view.own() else { return 0 };
+        let Some(p) = view.own() else {
+            return Rung { mask: 0, lone: None };
+        };
         let own = view.own;
         let mut seen = [0u64; WATCHED];
         let mut mail = [0u32; WATCHED];
@@ -169,14 +184,33 @@ impl Watch {
                 }
             }
         }
-        let mut rung = 0u64;
+        let mut r = Rung { mask: 0, lone: None };
+        let mut mails = 0u64;
         for (i, (s, m)) in seen.iter().zip(mail.iter()).enumerate() {
             if i < self.n {
                 let q = self.slots[i] as usize % MAX_QPS;
                 let qp = &p.qps[q];
-                rung |= ((*s != qp.last_doorbell || *m != qp.inbox_tail) as u64) << q;
+                let moved = *s != qp.last_doorbell;
+                if moved {
+                    r.lone = Some((q, *s));
+                }
+                r.mask |= ((moved || *m != qp.inbox_tail) as u64) << q;
+                mails |= ((*m != qp.inbox_tail) as u64) << q;
             }
         }
-        rung
+        if r.mask.count_ones() != 1 || mails != 0 {
+            r.lone = None;
+        }
+        r
     }
+}
+
+/// What an idle pass's reads found ([`Watch::rung`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Rung {
+    /// Bit `q`: slot `q` has something to do.
+    pub(super) mask: u64,
+    /// The one slot rung, with its doorbell word as read, when nothing
+    /// else moved: a lone request ([`super::lone`]).
+    pub(super) lone: Option<(usize, u64)>,
 }

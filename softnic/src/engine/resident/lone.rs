@@ -1,0 +1,209 @@
+//! The lone request: one QP rung while the engine idled, served without a
+//! pass.
+//!
+//! A round trip's signal is the transport's most common request and the
+//! one whose latency users see: the engine idles, one QP's doorbell word
+//! moves, one or two small WRITEs wait behind it. The general way through
+//! the engine — a pass over the woken slot
+//! ([`poll_port_masked`](super::super::poll::poll_port_masked)), its
+//! doorbell bookkeeping, the queued burst and the block's round with two
+//! barriers ([`super::BlockMover::run_queued`]) — cost the control thread
+//! about 33 000 cycles for such a request on an H200, of which the WQEs'
+//! own checks and stores are a third (`ibgda_bench`'s engine profile).
+//!
+//! [`serve`] does what that pass would do for it and no more, on the
+//! control thread alone: the doorbell's bookkeeping (exactly
+//! [`watch_doorbell`](super::super::poll)'s for a UAR doorbell with no
+//! fault), one acquire, the doorbell record, then for each published WQE
+//! the burst's read-once checks ([`simple_write`]) and, for those that
+//! pass, the payload through the block's mover (ordered as every copy is),
+//! the CQE each asks for, the counters and the ring's step. It steps aside
+//! — before touching anything, or after the bookkeeping, leaving the rest
+//! to a pass over the slot at once — whenever that pass could do
+//! something else: the link model on, a fault configured, a QP not ready
+//! to send or without a UAR, WQEs in flight or a doorbell pending,
+//! responder events in its inbox, more than [`LONE_MAX`] basic blocks
+//! published, or a WQE that is not a simple WRITE (another opcode, a
+//! longer message, a failed check: the one-WQE path executes it and
+//! reports its error). Every error completion, fault and other opcode
+//! therefore behaves as before.
+
+use doorbell_kernels::mlx5::{CQE_REQ, OPCODE_RDMA_WRITE};
+
+use super::super::burst::{simple_write, BurstHead, Simple};
+use super::super::config::EngineConfig;
+use super::super::mem;
+use super::super::mover::{PayloadMover, Phase};
+use super::super::poll::published;
+use super::super::tables::{Port, QpState, MAX_QPS, MAX_SHARDS};
+use super::super::{cqe, wqe};
+use super::{BlockMover, View};
+
+/// Most basic blocks (WQEs) published behind a lone doorbell that the
+/// lone path executes; more go to a pass, whose burst checks them a lane
+/// each.
+pub const LONE_MAX: u32 = 4;
+
+/// What [`serve`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Lone {
+    /// It served the doorbell: this many WQEs executed, and whether a
+    /// WQE it could not execute is left for a pass.
+    Done { executed: u32, left: bool },
+    /// A pass over the slot must run now (it may have taken the doorbell's
+    /// bookkeeping already; the pass then finds the WQEs published).
+    Pass,
+}
+
+/// Serves the lone doorbell of QP slot `q` of the engine's port `p`,
+/// whose doorbell word read `seen` ([`super::view::Rung::lone`]), at
+/// engine time `now_ns` (see the module docs).
+///
+/// # Safety
+/// The tables' contract ([`super::super::poll_port`]); `view` is the
+/// engine's view of its port `p`.
+#[inline(never)]
+pub(super) unsafe fn serve(
+    view: &mut View,
+    p: usize,
+    q: usize,
+    seen: u64,
+    now_ns: u64,
+    cfg: &EngineConfig,
+    mover: &mut BlockMover,
+) -> Lone {
+    if q >= MAX_QPS || !cfg.faults.quiet() || mover.allow[q] != 0 {
+        return Lone::Pass;
+    }
+    let scope = mover.scope();
+    let table = view.table() as *const _ as usize as u64;
+    let Some(port) = view.own_mut() else { return Lone::Pass };
+    let own = port as *mut Port as usize as u64;
+    if port.link.enabled() {
+        return Lone::Pass;
+    }
+    // The doorbell, as `watch_doorbell` takes it.
+    let Port { qps, stats, .. } = &mut *port;
+    let qp = &mut qps[q];
+    let ready = qp.in_use() && qp.state() == QpState::Rts;
+    if !ready || qp.uar.is_null() || qp.dbrec.is_null() || qp.db_pending != 0 || qp.inflight_len != 0 || seen == qp.last_doorbell {
+        return Lone::Pass;
+    }
+    let stats = &mut stats[qp.shard as usize % MAX_SHARDS];
+    qp.last_doorbell = seen;
+    qp.doorbells += 1;
+    stats.doorbells += 1;
+    stats.last_uar = seen;
+    stats.last_qpn = qp.qpn;
+    mover.rung(q);
+    // The record after the UAR word that showed the doorbell, and the
+    // WQEs after the record.
+    mem::acquire(scope);
+    // SAFETY: the caller's contract (the QP's doorbell record).
+    let pi = unsafe { mem::peek_dbrec(qp.dbrec.add(1)) } & 0xffff;
+    if pi != qp.sq_pi {
+        stats.last_sq_pi = pi;
+        stats.last_qpn = qp.qpn;
+    }
+    qp.sq_pi = pi;
+    qp.db_pending = 0;
+    qp.last_dbr_read_ns = now_ns;
+    let avail = published(qp.sq_pi, qp.sq_ci);
+    let fits = avail <= LONE_MAX && avail <= qp.sq_wqebbs && qp.sq_wqebbs <= wqe::MAX_SQ_WQEBBS;
+    let mut head = BurstHead::new(table, own, (p, q), qp, qp.sq_ci, avail);
+    doorbell_kernels::trace_hook! {
+        super::super::trace::event(super::super::trace::rings(port), super::super::trace::What::NicDoorbell, u32::MAX, seen);
+    }
+    if !fits {
+        mover.lap(Phase::Lone);
+        return Lone::Pass;
+    }
+    head.now_ns = now_ns;
+    head.sys = (scope == mem::Scope::Sys) as u32;
+    // Every WQE read and checked once, before anything is stored.
+    let mut simple: [Option<Simple>; LONE_MAX as usize] = [None; LONE_MAX as usize];
+    let mut n = 0u32;
+    // SAFETY: the constructor's contract of the view keeps the table valid.
+    let ports = unsafe { &*(table as usize as *const super::super::tables::PortTable) };
+    while n < avail {
+        // SAFETY: the caller's contract; `head` is the QP's, from `sq_ci`.
+        let Some(w) = (unsafe { simple_write(ports, &head, head.start.wrapping_add(n)) }) else {
+            break;
+        };
+        simple[n as usize % LONE_MAX as usize] = Some(w);
+        n += 1;
+    }
+    mover.lap(Phase::Lone);
+    let Some(port) = view.own_mut() else { return Lone::Pass };
+    doorbell_kernels::trace_hook! {
+        let tr = super::super::trace::rings(port);
+    }
+    let Port { qps, cqs, stats, .. } = port;
+    let qp = &mut qps[q];
+    let qpn = qp.qpn;
+    let mut cq = cqs.get_mut(qp.send_cq as usize);
+    let (mut done, mut bytes, mut cqes) = (0u32, 0u64, 0u64);
+    while done < n {
+        let Some(w) = simple[done as usize % LONE_MAX as usize] else {
+            break;
+        };
+        // SAFETY: the caller's contract.
+        if w.signaled && !cq.as_deref_mut().is_some_and(|cq| unsafe { cqe::has_room_cached(cq) }) {
+            break;
+        }
+        let idx = head.start.wrapping_add(done);
+        mover.lap(Phase::Lone);
+        // SAFETY: the checks passed: both ranges lie in registered regions
+        // and do not overlap.
+        unsafe { mover.copy(w.dst, w.src, w.len as usize) };
+        doorbell_kernels::trace_hook! {
+            super::super::trace::event(tr, super::super::trace::What::NicFetch, u32::MAX, idx as u64);
+            super::super::trace::event(tr, super::super::trace::What::NicExecute, head.peer_port, w.len as u64);
+        }
+        if w.signaled {
+            if let Some(cq) = cq.as_deref_mut() {
+                let img = cqe::success(
+                    cq,
+                    &cqe::Success {
+                        opcode: CQE_REQ,
+                        qpn,
+                        wqe_counter: idx as u16,
+                        byte_cnt: w.len,
+                        imm: 0,
+                        sop: OPCODE_RDMA_WRITE,
+                        solicited: false,
+                        time_ns: now_ns,
+                    },
+                );
+                // SAFETY: the caller's contract; room checked above.
+                if unsafe { cqe::push(cq, &img, false, scope) } {
+                    cqes += 1;
+                    doorbell_kernels::trace_hook! {
+                        super::super::trace::event(tr, super::super::trace::What::NicCqe, u32::MAX, cq.pi as u64);
+                    }
+                }
+            }
+        }
+        bytes += w.len as u64;
+        done += 1;
+        mover.executed(q);
+    }
+    if done != 0 {
+        qp.sq_ci = head.start.wrapping_add(done);
+        let s = &mut stats[qp.shard as usize % MAX_SHARDS];
+        s.fetched += done as u64;
+        s.executed += done as u64;
+        s.wqes += done as u64;
+        s.bytes += bytes;
+        s.cqes += cqes;
+        s.last_wqe = head.start.wrapping_add(done - 1);
+        s.last_qpn = qpn;
+    }
+    mover.lone_doorbells += 1;
+    mover.lone_wqes += done as u64;
+    mover.lap(Phase::Lone);
+    Lone::Done {
+        executed: done,
+        left: done < avail,
+    }
+}
