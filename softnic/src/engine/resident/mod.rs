@@ -808,13 +808,17 @@ unsafe fn control(shards: Shards, job: *mut Job, parts: usize) {
             if let Some((q, seen)) = rung.lone {
                 mover.begin_pass();
                 if let Lone::Done { executed, left: false } = lone::serve(&mut table, port, q, seen, now, &cfg, &mut mover) {
-                    served = true;
                     full = false;
+                    served = executed != 0;
+                    // Nothing is left on the QP, and nothing else moved:
+                    // the next pass need not be a full one (a full pass
+                    // takes longer than a round trip's other half, so the
+                    // answer to this request would find the engine in it).
                     last = PollReport {
-                        progressed: executed,
+                        progressed: 0,
                         next_event_ns: last.next_event_ns.min(now.saturating_add(cfg.dbr_reread_ns.max(1))),
                     };
-                    if executed != 0 {
+                    if served {
                         busy_cycles += ptx::clock64().wrapping_sub(c0);
                         mover.keep_pass();
                     }
@@ -846,7 +850,7 @@ unsafe fn control(shards: Shards, job: *mut Job, parts: usize) {
                 seq += 1;
                 publish_progress(progress, seq, passes, now, &table);
             }
-            if (full || served) && last.progressed != 0 {
+            if served || (full && last.progressed != 0) {
                 busy += 1;
                 idle = 0;
                 publish_counters(ctl, passes, busy, busy_cycles, &mover);
