@@ -222,7 +222,7 @@ pub unsafe fn post_lanes<T: Transport>(t: T, dst: *mut u64, src: *const u64, rou
 
 /// Words [`primitive_costs`](fn@primitive_costs) writes: cycles per operation, in this order
 /// (the host prints them with [`PRIMITIVES`]' names).
-pub const PRIMITIVE_COUNT: usize = 13;
+pub const PRIMITIVE_COUNT: usize = 15;
 
 /// What each word of [`primitive_costs`](fn@primitive_costs)' output measured.
 pub const PRIMITIVES: [&str; PRIMITIVE_COUNT] = [
@@ -239,6 +239,8 @@ pub const PRIMITIVES: [&str; PRIMITIVE_COUNT] = [
     "nanosleep(100)",
     "%globaltimer read",
     "dependent weak load after weak store + st.release.gpu",
+    "dependent local-memory (stack) load",
+    "the same after fence.acq_rel.gpu",
 ];
 
 /// Loads chained through memory: each word holds the address of the next.
@@ -261,7 +263,10 @@ unsafe fn chase(mut p: u64) -> u64 {
 /// (the soft NIC's engine polling): each fence alone, a weak load that
 /// hits L1, one that follows a fence (which empties L1), the same with its
 /// lines prefetched first, a strong load, a release store (and a weak
-/// load after it), a returning atomic, a short sleep, a clock read — cycles (`%clock64`) per
+/// load after it), a returning atomic, a short sleep, a clock read, a
+/// load from the thread's stack (local memory, where the engine's control
+/// thread keeps what it spills) with and without a fence before it —
+/// cycles (`%clock64`) per
 /// operation, averaged over 64 repetitions, into `out`
 /// ([`PRIMITIVE_COUNT`] words). `mem` holds `lines` 128-byte lines
 /// (`lines` ≥ 512), which the kernel links into chains first; `out`
@@ -282,6 +287,20 @@ pub unsafe fn primitive_costs(mem: *mut u64, lines: u32, out: *mut u64) {
             *(line(i) as usize as *mut u64) = line(i * 97 + 61);
         }
         ptx::fence_acq_rel_gpu();
+        // A chain through the thread's stack: indices read with volatile
+        // loads at indices known only at run time, so the array stays in
+        // local memory (a chain the compiler can see through it keeps in
+        // registers, which measures nothing).
+        let mut stack = [0u64; 64];
+        for (i, w) in stack.iter_mut().enumerate() {
+            *w = ((i as u64 * 37 + 11) ^ (lines as u64 & 1)) % 64;
+        }
+        let local_chase = |mut k: u64| -> u64 {
+            for _ in 0..CHAIN {
+                k = core::ptr::read_volatile(stack.as_ptr().add((k % 64) as usize));
+            }
+            k
+        };
         let mut r = [0u64; PRIMITIVE_COUNT];
         let mut sink = 0u64;
         // Cycles of one block of code, inlined where it is timed.
@@ -347,12 +366,20 @@ pub unsafe fn primitive_costs(mem: *mut u64, lines: u32, out: *mut u64) {
                 ptx::st_release_gpu_u64(scratch.add(2), rep);
                 sink ^= chase(start);
             );
+            sink ^= local_chase(rep);
+            r[13] += time!(sink ^= local_chase(rep ^ (sink % 3)););
+            r[14] += time!(
+                ptx::fence_acq_rel_gpu();
+                sink ^= local_chase(rep ^ (sink % 5));
+            );
         }
         // Per operation: the fence is taken out of the chains behind one.
         let fence = r[0];
         r[5] = r[5].saturating_sub(fence) / CHAIN as u64;
         r[6] = r[6].saturating_sub(fence) / CHAIN as u64;
         r[12] = r[12].saturating_sub(r[8]) / CHAIN as u64;
+        r[13] /= CHAIN as u64;
+        r[14] = r[14].saturating_sub(fence) / CHAIN as u64;
         r[4] /= CHAIN as u64;
         r[7] /= CHAIN as u64;
         r[9] /= CHAIN as u64;

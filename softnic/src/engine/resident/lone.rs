@@ -114,8 +114,8 @@ pub(super) unsafe fn serve(
     doorbell_kernels::trace_hook! {
         super::super::trace::event(super::super::trace::rings(port), super::super::trace::What::NicDoorbell, u32::MAX, seen);
     }
+    mover.lap(Phase::Doorbell);
     if !fits {
-        mover.lap(Phase::Lone);
         return Lone::Pass;
     }
     head.now_ns = now_ns;
@@ -133,7 +133,7 @@ pub(super) unsafe fn serve(
         simple[n as usize % LONE_MAX as usize] = Some(w);
         n += 1;
     }
-    mover.lap(Phase::Lone);
+    mover.lap(Phase::Check);
     let Some(port) = view.own_mut() else { return Lone::Pass };
     doorbell_kernels::trace_hook! {
         let tr = super::super::trace::rings(port);
@@ -152,7 +152,6 @@ pub(super) unsafe fn serve(
             break;
         }
         let idx = head.start.wrapping_add(done);
-        mover.lap(Phase::Lone);
         // SAFETY: the checks passed: both ranges lie in registered regions
         // and do not overlap.
         unsafe { mover.copy(w.dst, w.src, w.len as usize) };
@@ -187,6 +186,7 @@ pub(super) unsafe fn serve(
         bytes += w.len as u64;
         done += 1;
         mover.executed(q);
+        mover.lap(Phase::Requester);
     }
     if done != 0 {
         qp.sq_ci = head.start.wrapping_add(done);
