@@ -268,38 +268,73 @@ fn seg_at(sq: u64, wqebbs: u32, idx: u32, k: u32) -> *const u8 {
 /// The tables' contract ([`super::poll_port`]); `h` is the burst's header.
 #[inline(always)]
 pub(crate) unsafe fn simple_write(ports: &PortTable, h: &BurstHead, idx: u32) -> Option<Simple> {
-    if h.sq == 0 || h.sq_wqebbs == 0 || h.connected == 0 {
+    if h.sq == 0 || h.sq_wqebbs == 0 {
         return None;
     }
-    let (p, q, pp, pq) = (h.port as usize, h.q as usize, h.peer_port as usize, h.peer_qp as usize);
     // The responder's entries and the WQE's segments, all independent.
-    let peer = ports.get(pp);
+    let peer = ports.get(h.peer_port as usize);
     // SAFETY: the caller's contract; segments of the ring.
-    let (c, r, d) = unsafe {
-        (
-            mem::load_seg(seg_at(h.sq, h.sq_wqebbs, idx, 0)),
-            mem::load_seg(seg_at(h.sq, h.sq_wqebbs, idx, 1)),
-            mem::load_seg(seg_at(h.sq, h.sq_wqebbs, idx, 2)),
-        )
-    };
-    if !peer.is_some_and(|port| answers(port, pq, (p, q))) {
-        return None;
-    }
-    let ctrl = CtrlSeg::from_words(&c);
-    // One basic block: ctrl, remote address, one data segment.
-    if ctrl.opcode != OPCODE_RDMA_WRITE || ctrl.ds != 3 || ctrl.wqe_index != idx as u16 || ctrl.qpn != h.qpn & 0xff_ffff {
-        return None;
-    }
-    let raddr = RaddrSeg::from_words(&r);
-    let seg = DataSeg::from_words(&d);
-    let len = seg.byte_count;
-    if len & INLINE_SEG != 0 || len == 0 || len > BURST_MAX_BYTES {
+    let segs = unsafe { load_wqe(h, idx) };
+    if !peer.is_some_and(|port| answering(port, h)) {
         return None;
     }
     // SAFETY: the caller's contract: the engine's own live port.
     let own: &Port = unsafe { (h.own as usize as *const Port).as_ref() }?;
+    check_write(ports, own, h, idx, &segs)
+}
+
+/// The three segments of the WQE at SQ counter `idx` of the burst's QP
+/// (ctrl, remote address, first data segment), each read once.
+///
+/// # Safety
+/// `h.sq` is the QP's ring of `h.sq_wqebbs` basic blocks (not 0).
+#[inline(always)]
+pub(crate) unsafe fn load_wqe(h: &BurstHead, idx: u32) -> [[u32; 4]; 3] {
+    // SAFETY: the caller's contract; segments of the ring.
+    unsafe {
+        [
+            mem::load_seg(seg_at(h.sq, h.sq_wqebbs, idx, 0)),
+            mem::load_seg(seg_at(h.sq, h.sq_wqebbs, idx, 1)),
+            mem::load_seg(seg_at(h.sq, h.sq_wqebbs, idx, 2)),
+        ]
+    }
+}
+
+/// Whether `peer` (the responder's port) answers the burst's QP: it is
+/// connected, and its QP is connected back and ready to receive.
+#[inline(always)]
+pub(crate) fn answering(peer: &Port, h: &BurstHead) -> bool {
+    h.connected != 0 && answers(peer, h.peer_qp as usize, (h.port as usize, h.q as usize))
+}
+
+/// Checks the WQE at SQ counter `idx` whose segments are `segs` (read
+/// once, [`load_wqe`]) as [`super::exec::execute`] would check an RDMA
+/// WRITE of the engine's port `own`, whose responder answers
+/// ([`answering`]); `None` unless it is simple (see the module docs).
+#[inline(always)]
+pub(crate) fn check_write(ports: &PortTable, own: &Port, h: &BurstHead, idx: u32, segs: &[[u32; 4]; 3]) -> Option<Simple> {
+    let ctrl = CtrlSeg::from_words(&segs[0]);
+    // One basic block: ctrl, remote address, one data segment.
+    if ctrl.opcode != OPCODE_RDMA_WRITE || ctrl.ds != 3 || ctrl.wqe_index != idx as u16 || ctrl.qpn != h.qpn & 0xff_ffff {
+        return None;
+    }
+    let raddr = RaddrSeg::from_words(&segs[1]);
+    let seg = DataSeg::from_words(&segs[2]);
+    let len = seg.byte_count;
+    if len & INLINE_SEG != 0 || len == 0 || len > BURST_MAX_BYTES {
+        return None;
+    }
     let src = own.check_mr(seg.lkey, h.pd, seg.addr, len as u64, 0).ok()?;
-    let dst = check_remote_at(ports, pp, pq, raddr.raddr, raddr.rkey, len as u64, access::REMOTE_WRITE).ok()?;
+    let dst = check_remote_at(
+        ports,
+        h.peer_port as usize,
+        h.peer_qp as usize,
+        raddr.raddr,
+        raddr.rkey,
+        len as u64,
+        access::REMOTE_WRITE,
+    )
+    .ok()?;
     if overlaps(dst, src, len as usize) {
         return None;
     }

@@ -30,12 +30,12 @@
 
 use doorbell_kernels::mlx5::{CQE_REQ, OPCODE_RDMA_WRITE};
 
-use super::super::burst::{simple_write, BurstHead, Simple};
+use super::super::burst::{answering, check_write, load_wqe, BurstHead, Simple};
 use super::super::config::EngineConfig;
 use super::super::mem;
 use super::super::mover::{PayloadMover, Phase};
 use super::super::poll::published;
-use super::super::tables::{Port, QpState, MAX_QPS, MAX_SHARDS};
+use super::super::tables::{Port, PortTable, Ports, QpState, MAX_QPS, MAX_SHARDS};
 use super::super::{cqe, wqe};
 use super::{BlockMover, View};
 
@@ -76,7 +76,7 @@ pub(super) unsafe fn serve(
         return Lone::Pass;
     }
     let scope = mover.scope();
-    let table = view.table() as *const _ as usize as u64;
+    let ports: *const PortTable = view.table();
     let Some(port) = view.own_mut() else { return Lone::Pass };
     let own = port as *mut Port as usize as u64;
     if port.link.enabled() {
@@ -86,7 +86,15 @@ pub(super) unsafe fn serve(
     let Port { qps, stats, .. } = &mut *port;
     let qp = &mut qps[q];
     let ready = qp.in_use() && qp.state() == QpState::Rts;
-    if !ready || qp.uar.is_null() || qp.dbrec.is_null() || qp.db_pending != 0 || qp.inflight_len != 0 || seen == qp.last_doorbell {
+    let ring_ok = !qp.sq.is_null() && qp.sq_wqebbs != 0 && qp.sq_wqebbs <= wqe::MAX_SQ_WQEBBS;
+    if !ready
+        || !ring_ok
+        || qp.uar.is_null()
+        || qp.dbrec.is_null()
+        || qp.db_pending != 0
+        || qp.inflight_len != 0
+        || seen == qp.last_doorbell
+    {
         return Lone::Pass;
     }
     let stats = &mut stats[qp.shard as usize % MAX_SHARDS];
@@ -96,11 +104,22 @@ pub(super) unsafe fn serve(
     stats.last_uar = seen;
     stats.last_qpn = qp.qpn;
     mover.rung(q);
-    // The record after the UAR word that showed the doorbell, and the
-    // WQEs after the record.
+    // Before the acquire, what needs none: the QP's entries this engine
+    // writes itself and those that change only under a refresh.
+    let mut head = BurstHead::new(ports as usize as u64, own, (p, q), qp, qp.sq_ci, 0);
+    head.now_ns = now_ns;
+    head.sys = (scope == mem::Scope::Sys) as u32;
+    let dbrec = qp.dbrec;
+    // The record and the WQEs after the UAR word that showed the
+    // doorbell. The WQEs that may follow `sq_ci` are read together with
+    // the record (which says how many are published; the rest are
+    // ignored), and the responder's entries with them: one memory trip
+    // for all.
     mem::acquire(scope);
+    // SAFETY: the ring's slots (checked above: not null, a valid size).
+    let segs: [[[u32; 4]; 3]; LONE_MAX as usize] = core::array::from_fn(|k| unsafe { load_wqe(&head, head.start.wrapping_add(k as u32)) });
     // SAFETY: the caller's contract (the QP's doorbell record).
-    let pi = unsafe { mem::peek_dbrec(qp.dbrec.add(1)) } & 0xffff;
+    let pi = unsafe { mem::peek_dbrec(dbrec.add(1)) } & 0xffff;
     if pi != qp.sq_pi {
         stats.last_sq_pi = pi;
         stats.last_qpn = qp.qpn;
@@ -109,29 +128,29 @@ pub(super) unsafe fn serve(
     qp.db_pending = 0;
     qp.last_dbr_read_ns = now_ns;
     let avail = published(qp.sq_pi, qp.sq_ci);
-    let fits = avail <= LONE_MAX && avail <= qp.sq_wqebbs && qp.sq_wqebbs <= wqe::MAX_SQ_WQEBBS;
-    let mut head = BurstHead::new(table, own, (p, q), qp, qp.sq_ci, avail);
+    head.count = avail;
     doorbell_kernels::trace_hook! {
         super::super::trace::event(super::super::trace::rings(port), super::super::trace::What::NicDoorbell, u32::MAX, seen);
     }
     mover.lap(Phase::Doorbell);
-    if !fits {
+    if avail > LONE_MAX || avail > head.sq_wqebbs {
         return Lone::Pass;
     }
-    head.now_ns = now_ns;
-    head.sys = (scope == mem::Scope::Sys) as u32;
-    // Every WQE read and checked once, before anything is stored.
+    // Every WQE checked once, from its copy, before anything is stored.
+    // SAFETY: the view's contract keeps the table and its ports valid.
+    let (ports, own) = unsafe { (&*ports, &*(own as usize as *const Port)) };
+    let peer = ports.get(head.peer_port as usize).filter(|port| answering(port, &head));
     let mut simple: [Option<Simple>; LONE_MAX as usize] = [None; LONE_MAX as usize];
     let mut n = 0u32;
-    // SAFETY: the constructor's contract of the view keeps the table valid.
-    let ports = unsafe { &*(table as usize as *const super::super::tables::PortTable) };
-    while n < avail {
-        // SAFETY: the caller's contract; `head` is the QP's, from `sq_ci`.
-        let Some(w) = (unsafe { simple_write(ports, &head, head.start.wrapping_add(n)) }) else {
-            break;
-        };
-        simple[n as usize % LONE_MAX as usize] = Some(w);
-        n += 1;
+    if peer.is_some() {
+        while n < avail {
+            let k = n as usize % LONE_MAX as usize;
+            let Some(w) = check_write(ports, own, &head, head.start.wrapping_add(n), &segs[k]) else {
+                break;
+            };
+            simple[k] = Some(w);
+            n += 1;
+        }
     }
     mover.lap(Phase::Check);
     let Some(port) = view.own_mut() else { return Lone::Pass };
