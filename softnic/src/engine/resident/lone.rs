@@ -97,6 +97,14 @@ pub(super) unsafe fn serve(
     {
         return Lone::Pass;
     }
+    // The doorbell word is the first 8 bytes of the last rung WQE's ctrl
+    // segment, whose big-endian WQE index (bytes 1 and 2) says at least
+    // how many WQEs follow `sq_ci`: a run too long for this path goes to
+    // the pass at once, before the acquire (the record decides otherwise).
+    let last = ((seen >> 8) as u16).swap_bytes();
+    if last.wrapping_sub(qp.sq_ci as u16) >= LONE_MAX as u16 {
+        return Lone::Pass;
+    }
     let stats = &mut stats[qp.shard as usize % MAX_SHARDS];
     qp.last_doorbell = seen;
     qp.doorbells += 1;
