@@ -217,7 +217,7 @@ pub unsafe fn ring<T: Transport>(
     }
 }
 
-/// What iteration `i` of [`signal_pingpong`] carries from rank `from`.
+/// What iteration `i` of [`signal_pingpong`](fn@signal_pingpong) carries from rank `from`.
 pub const fn pingpong_word(i: u64, from: u32) -> u64 {
     i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (from as u64 + 1)
 }

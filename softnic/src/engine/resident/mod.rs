@@ -12,6 +12,11 @@
 //! ([`super::mover::copy_part`]); smaller copies (signals, short messages)
 //! thread 0 makes alone, which is cheaper than two barriers.
 //!
+//! An idle engine that finds one QP rung and nothing else moved serves it
+//! without a pass when it is at most [`LONE_MAX`] simple WRITEs (`lone`):
+//! a round trip's request then costs the control thread about half as
+//! much.
+//!
 //! ## Ordering
 //! * The producer (a user's kernel) writes WQEs, the doorbell record with
 //!   `st.release`, and the UAR word after `fence.sc.sys`; the engine reads
