@@ -42,7 +42,7 @@ use super::{BlockMover, View};
 /// Most basic blocks (WQEs) published behind a lone doorbell that the
 /// lone path executes; more go to a pass, whose burst checks them a lane
 /// each.
-pub const LONE_MAX: u32 = 4;
+pub const LONE_MAX: u32 = 2;
 
 /// What [`serve`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,14 +150,16 @@ pub(super) unsafe fn serve(
     let peer = ports.get(head.peer_port as usize).filter(|port| answering(port, &head));
     let mut simple: [Option<Simple>; LONE_MAX as usize] = [None; LONE_MAX as usize];
     let mut n = 0u32;
-    if peer.is_some() {
-        while n < avail {
-            let k = n as usize % LONE_MAX as usize;
-            let Some(w) = check_write(ports, own, &head, head.start.wrapping_add(n), &segs[k]) else {
-                break;
-            };
-            simple[k] = Some(w);
-            n += 1;
+    // A loop of constant length over the copies, unrolled: each copy's
+    // words stay in registers (indexed at run time they would go through
+    // the stack first).
+    let mut open = peer.is_some();
+    for (k, (segs, slot)) in segs.iter().zip(simple.iter_mut()).enumerate() {
+        let k = k as u32;
+        if open && k < avail {
+            *slot = check_write(ports, own, &head, head.start.wrapping_add(k), segs);
+            open = slot.is_some();
+            n += open as u32;
         }
     }
     mover.lap(Phase::Check);
