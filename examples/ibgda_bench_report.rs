@@ -252,7 +252,7 @@ fn print_engine(e: &LaneEngine, blocks: u32, heading: &str) {
     let per = |c: u64, n: u64| c as f64 / n.max(1) as f64;
     if e.lone_doorbells != 0 {
         println!(
-            "# rank 0's engine {heading}: {} passes, {} doorbells served by the lone path ({:.2} WQEs each), busy {:.0} cycles a lone doorbell ({} burst rounds besides)",
+            "# rank 0's engine {heading}: {} passes, {} doorbells served by the lone path ({:.2} WQEs each), busy {:.0} cycles a lone doorbell (the window's busy cycles over them; {} burst rounds besides)",
             e.passes,
             e.lone_doorbells,
             per(e.lone_wqes, e.lone_doorbells),
@@ -260,10 +260,13 @@ fn print_engine(e: &LaneEngine, blocks: u32, heading: &str) {
             e.rounds,
         );
     }
+    // The phases per lone doorbell where those are most of the window's
+    // work, else per round.
+    let lone = e.lone_doorbells != 0 && e.lone_doorbells >= e.rounds;
+    if lone {
+        print_phases(e, e.lone_doorbells, "a lone doorbell (all the window's busy cycles)");
+    }
     if e.rounds == 0 || e.bursts == 0 || e.burst_wqes == 0 {
-        if e.lone_doorbells != 0 {
-            print_phases(e, e.lone_doorbells, "a lone doorbell");
-        }
         return;
     }
     println!(
@@ -281,7 +284,9 @@ fn print_engine(e: &LaneEngine, blocks: u32, heading: &str) {
         per(e.complete_cycles, e.burst_wqes),
         per(e.busy_cycles, e.rounds),
     );
-    print_phases(e, e.rounds, "a round");
+    if !lone {
+        print_phases(e, e.rounds, "a round");
+    }
 }
 
 /// The control thread's busy cycles of `e` by phase, per `n` (`unit`).
