@@ -15,7 +15,7 @@
 //! control thread alone: the doorbell's bookkeeping (exactly
 //! [`watch_doorbell`](super::super::poll)'s for a UAR doorbell with no
 //! fault), one acquire, the doorbell record, then for each published WQE
-//! the burst's read-once checks ([`simple_write`]) and, for those that
+//! the burst's read-once checks ([`check_write`]) on each copy and, for those that
 //! pass, the payload through the block's mover (ordered as every copy is),
 //! the CQE each asks for, the counters and the ring's step. It steps aside
 //! — before touching anything, or after the bookkeeping, leaving the rest
