@@ -44,7 +44,7 @@ use super::exec::{answers, check_remote_at};
 use super::mem::Scope;
 pub use super::mover::Outcome;
 use super::mover::{copy_part, overlaps, PayloadMover};
-use super::tables::{access, Port, PortTable, Ports, QpEntry, QP_CONNECTED};
+use super::tables::{access, CqEntry, Port, PortTable, Ports, QpEntry, QP_CONNECTED};
 use super::{cqe, mem};
 
 /// Most WQEs one burst takes (one per lane of a warp).
@@ -375,6 +375,31 @@ pub unsafe fn gather(job: *mut BurstJob, t: usize) {
     }
 }
 
+/// Writes the CQE of a simple WRITE executed (QP `qpn`, SQ counter `idx`,
+/// `len` bytes, at engine time `now_ns`) into its send CQ `cq`, whose room
+/// the caller checked; whether it was written.
+///
+/// # Safety
+/// `cq`'s ring is valid (the tables' contract).
+#[inline(always)]
+pub(crate) unsafe fn push_write_cqe(cq: &mut CqEntry, qpn: u32, idx: u32, len: u32, now_ns: u64, scope: Scope) -> bool {
+    let img = cqe::success(
+        cq,
+        &cqe::Success {
+            opcode: CQE_REQ,
+            qpn,
+            wqe_counter: idx as u16,
+            byte_cnt: len,
+            imm: 0,
+            sop: OPCODE_RDMA_WRITE,
+            solicited: false,
+            time_ns: now_ns,
+        },
+    );
+    // SAFETY: the caller's contract.
+    unsafe { cqe::push(cq, &img, false, scope) }
+}
+
 /// One thread's part, after its burst's slots are filled: executes the
 /// simple prefix of the slots in order — payload through `mover` (ordered
 /// behind the payload before it as the one-WQE path orders it), the CQE
@@ -471,20 +496,7 @@ pub unsafe fn complete<P: Ports + ?Sized, M: PayloadMover>(
                     tally.last_wqe = idx;
                     if signaled {
                         if let Some(cq) = cq.as_deref_mut() {
-                            let img = cqe::success(
-                                cq,
-                                &cqe::Success {
-                                    opcode: CQE_REQ,
-                                    qpn,
-                                    wqe_counter: idx as u16,
-                                    byte_cnt: slot.len,
-                                    imm: 0,
-                                    sop: OPCODE_RDMA_WRITE,
-                                    solicited: false,
-                                    time_ns: now_ns,
-                                },
-                            );
-                            if cqe::push(cq, &img, false, scope) {
+                            if push_write_cqe(cq, qpn, idx, slot.len, now_ns, scope) {
                                 tally.cqes += 1;
                                 doorbell_kernels::trace_hook! {
                                     super::trace::event(tr, super::trace::What::NicCqe, u32::MAX, cq.pi as u64);

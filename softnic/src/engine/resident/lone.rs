@@ -28,9 +28,7 @@
 //! reports its error). Every error completion, fault and other opcode
 //! therefore behaves as before.
 
-use doorbell_kernels::mlx5::{CQE_REQ, OPCODE_RDMA_WRITE};
-
-use super::super::burst::{answering, check_write, load_wqe, BurstHead, Simple};
+use super::super::burst::{answering, check_write, load_wqe, push_write_cqe, BurstHead, Simple, Tally};
 use super::super::config::EngineConfig;
 use super::super::mem;
 use super::super::mover::{PayloadMover, Phase};
@@ -44,20 +42,12 @@ use super::{BlockMover, View};
 /// each.
 pub const LONE_MAX: u32 = 2;
 
-/// What [`serve`] did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Lone {
-    /// It served the doorbell: this many WQEs executed, and whether a
-    /// WQE it could not execute is left for a pass.
-    Done { executed: u32, left: bool },
-    /// A pass over the slot must run now (it may have taken the doorbell's
-    /// bookkeeping already; the pass then finds the WQEs published).
-    Pass,
-}
-
 /// Serves the lone doorbell of QP slot `q` of the engine's port `p`,
 /// whose doorbell word read `seen` ([`super::view::Rung::lone`]), at
-/// engine time `now_ns` (see the module docs).
+/// engine time `now_ns` (see the module docs). Returns the WQEs it
+/// executed when it served the doorbell completely; `None` when a pass
+/// over the slot must run now (it may have taken the doorbell's
+/// bookkeeping and executed some WQEs; the pass finds the rest published).
 ///
 /// # Safety
 /// The tables' contract ([`super::super::poll_port`]); `view` is the
@@ -71,16 +61,16 @@ pub(super) unsafe fn serve(
     now_ns: u64,
     cfg: &EngineConfig,
     mover: &mut BlockMover,
-) -> Lone {
+) -> Option<u32> {
     if q >= MAX_QPS || !cfg.faults.quiet() || mover.allow[q] != 0 {
-        return Lone::Pass;
+        return None;
     }
     let scope = mover.scope();
     let ports: *const PortTable = view.table();
-    let Some(port) = view.own_mut() else { return Lone::Pass };
+    let port = view.own_mut()?;
     let own = port as *mut Port as usize as u64;
     if port.link.enabled() {
-        return Lone::Pass;
+        return None;
     }
     // The doorbell, as `watch_doorbell` takes it.
     let Port { qps, stats, .. } = &mut *port;
@@ -95,7 +85,7 @@ pub(super) unsafe fn serve(
         || qp.inflight_len != 0
         || seen == qp.last_doorbell
     {
-        return Lone::Pass;
+        return None;
     }
     // The doorbell word is the first 8 bytes of the last rung WQE's ctrl
     // segment, whose big-endian WQE index (bytes 1 and 2) says at least
@@ -103,7 +93,7 @@ pub(super) unsafe fn serve(
     // the pass at once, before the acquire (the record decides otherwise).
     let last = ((seen >> 8) as u16).swap_bytes();
     if last.wrapping_sub(qp.sq_ci as u16) >= LONE_MAX as u16 {
-        return Lone::Pass;
+        return None;
     }
     let stats = &mut stats[qp.shard as usize % MAX_SHARDS];
     qp.last_doorbell = seen;
@@ -142,7 +132,7 @@ pub(super) unsafe fn serve(
     }
     mover.lap(Phase::Doorbell);
     if avail > LONE_MAX || avail > head.sq_wqebbs {
-        return Lone::Pass;
+        return None;
     }
     // Every WQE checked once, from its copy, before anything is stored.
     // SAFETY: the view's contract keeps the table and its ports valid.
@@ -163,15 +153,15 @@ pub(super) unsafe fn serve(
         }
     }
     mover.lap(Phase::Check);
-    let Some(port) = view.own_mut() else { return Lone::Pass };
+    let port = view.own_mut()?;
     doorbell_kernels::trace_hook! {
         let tr = super::super::trace::rings(port);
     }
-    let Port { qps, cqs, stats, .. } = port;
+    let Port { qps, cqs, .. } = &mut *port;
     let qp = &mut qps[q];
     let qpn = qp.qpn;
     let mut cq = cqs.get_mut(qp.send_cq as usize);
-    let (mut done, mut bytes, mut cqes) = (0u32, 0u64, 0u64);
+    let (mut done, mut bytes, mut cqes) = (0u32, 0u64, 0u32);
     while done < n {
         let Some(w) = simple[done as usize % LONE_MAX as usize] else {
             break;
@@ -190,21 +180,8 @@ pub(super) unsafe fn serve(
         }
         if w.signaled {
             if let Some(cq) = cq.as_deref_mut() {
-                let img = cqe::success(
-                    cq,
-                    &cqe::Success {
-                        opcode: CQE_REQ,
-                        qpn,
-                        wqe_counter: idx as u16,
-                        byte_cnt: w.len,
-                        imm: 0,
-                        sop: OPCODE_RDMA_WRITE,
-                        solicited: false,
-                        time_ns: now_ns,
-                    },
-                );
                 // SAFETY: the caller's contract; room checked above.
-                if unsafe { cqe::push(cq, &img, false, scope) } {
+                if unsafe { push_write_cqe(cq, qpn, idx, w.len, now_ns, scope) } {
                     cqes += 1;
                     doorbell_kernels::trace_hook! {
                         super::super::trace::event(tr, super::super::trace::What::NicCqe, u32::MAX, cq.pi as u64);
@@ -219,20 +196,18 @@ pub(super) unsafe fn serve(
     }
     if done != 0 {
         qp.sq_ci = head.start.wrapping_add(done);
-        let s = &mut stats[qp.shard as usize % MAX_SHARDS];
-        s.fetched += done as u64;
-        s.executed += done as u64;
-        s.wqes += done as u64;
-        s.bytes += bytes;
-        s.cqes += cqes;
-        s.last_wqe = head.start.wrapping_add(done - 1);
-        s.last_qpn = qpn;
+        let tally = Tally {
+            done,
+            bytes,
+            cqes,
+            last_wqe: head.start.wrapping_add(done - 1),
+            ..Tally::default()
+        };
+        tally.apply(port, q);
+        port.stats_mut(q).last_qpn = qpn;
     }
     mover.lone_doorbells += 1;
     mover.lone_wqes += done as u64;
     mover.lap(Phase::Lone);
-    Lone::Done {
-        executed: done,
-        left: done < avail,
-    }
+    (done == avail).then_some(done)
 }

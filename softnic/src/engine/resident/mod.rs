@@ -83,7 +83,6 @@ mod lone;
 mod shared;
 mod view;
 use lanes::run_bursts;
-use lone::Lone;
 use view::{Rung, View, Watch};
 
 pub use lone::LONE_MAX;
@@ -794,7 +793,7 @@ unsafe fn control(shards: Shards, job: *mut Job, parts: usize) {
             // than walk every slot in turn (a lone request's QP waited
             // 3.8 – 6.9 µs for its turn on an H200:
             // `benchmarks/ibgda_h200_rtt_timeline.txt`).
-            let rung = if forced { Rung { mask: 0, lone: None } } else { watch.rung(&table) };
+            let rung = if forced { Rung::NONE } else { watch.rung(&table) };
             let woke = rung.mask;
             let mut full = forced || woke != 0;
             doorbell_kernels::trace_hook! {
@@ -812,7 +811,7 @@ unsafe fn control(shards: Shards, job: *mut Job, parts: usize) {
             let mut served = false;
             if let Some((q, seen)) = rung.lone {
                 mover.begin_pass();
-                if let Lone::Done { executed, left: false } = lone::serve(&mut table, port, q, seen, now, &cfg, &mut mover) {
+                if let Some(executed) = lone::serve(&mut table, port, q, seen, now, &cfg, &mut mover) {
                     full = false;
                     served = executed != 0;
                     // Nothing is left on the QP, and nothing else moved:

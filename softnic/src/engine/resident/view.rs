@@ -164,12 +164,10 @@ impl Watch {
         if !self.complete {
             return Rung {
                 mask: self.mask,
-                lone: None,
+                ..Rung::NONE
             };
         }
-        let Some(p) = view.own() else {
-            return Rung { mask: 0, lone: None };
-        };
+        let Some(p) = view.own() else { return Rung::NONE };
         let own = view.own;
         let mut seen = [0u64; WATCHED];
         let mut mail = [0u32; WATCHED];
@@ -184,18 +182,18 @@ impl Watch {
                 }
             }
         }
-        let mut r = Rung { mask: 0, lone: None };
+        let mut r = Rung::NONE;
         let mut mails = 0u64;
         for (i, (s, m)) in seen.iter().zip(mail.iter()).enumerate() {
             if i < self.n {
                 let q = self.slots[i] as usize % MAX_QPS;
                 let qp = &p.qps[q];
-                let moved = *s != qp.last_doorbell;
-                if moved {
+                let (rang, mail) = (*s != qp.last_doorbell, *m != qp.inbox_tail);
+                if rang {
                     r.lone = Some((q, *s));
                 }
-                r.mask |= ((moved || *m != qp.inbox_tail) as u64) << q;
-                mails |= ((*m != qp.inbox_tail) as u64) << q;
+                r.mask |= ((rang || mail) as u64) << q;
+                mails |= (mail as u64) << q;
             }
         }
         if r.mask.count_ones() != 1 || mails != 0 {
@@ -213,4 +211,9 @@ pub(super) struct Rung {
     /// The one slot rung, with its doorbell word as read, when nothing
     /// else moved: a lone request ([`super::lone`]).
     pub(super) lone: Option<(usize, u64)>,
+}
+
+impl Rung {
+    /// Nothing to do.
+    pub(super) const NONE: Rung = Rung { mask: 0, lone: None };
 }
