@@ -134,6 +134,11 @@ pub struct Report {
     /// copy (the engine's shared copies).
     pub engine_copied_bytes: Option<u64>,
     pub engine_shared_bytes: Option<u64>,
+    /// Of the engine's block copies (its own and shared chunks), the bytes
+    /// the SM's bulk-copy unit moved.
+    pub engine_bulk_bytes: Option<u64>,
+    /// The engine's block copies are made by its threads alone.
+    pub engine_thread_copies: bool,
     pub put_bw: Vec<BwRow>,
 }
 
@@ -239,6 +244,14 @@ pub fn print_report(r: &Report, a: &IbgdaBenchArgs, gpu: bool) {
     if let (Some(c), Some(s)) = (r.engine_copied_bytes, r.engine_shared_bytes) {
         let pct = 100.0 * s as f64 / c.max(1) as f64;
         println!("# engine copies: {c} payload bytes, {s} of them ({pct:.1} %) in chunks a block copied of another's copy");
+        if let Some(k) = r.engine_bulk_bytes {
+            let all = (c + s).max(1) as f64;
+            println!(
+                "# engine bulk-copy unit: {k} bytes ({:.1} % of the blocks' copies and chunks; DOORBELL_SOFTNIC_COPY={})",
+                100.0 * k as f64 / all,
+                if r.engine_thread_copies { "threads" } else { "bulk" }
+            );
+        }
     }
     if !gpu {
         println!("# CPU emulator: the timings say nothing about a GPU; every path ran and every put was checked");

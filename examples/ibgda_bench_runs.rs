@@ -308,6 +308,8 @@ pub fn engine_shares(comm: &Communicator, before: Option<EngineReport>, wqes_bef
     report.engine_bursts = Some(e.bursts - b.bursts);
     report.engine_copied_bytes = Some(e.block_bytes - b.block_bytes);
     report.engine_shared_bytes = Some(e.shared_bytes - b.shared_bytes);
+    report.engine_bulk_bytes = Some(e.bulk_bytes - b.bulk_bytes);
+    report.engine_thread_copies = doorbell::nic::soft::SoftOptions::from_env().is_ok_and(|o| o.thread_copies);
     let busy = e.busy_cycles - b.busy_cycles;
     if busy == 0 || wqes == 0 {
         return Ok(());

@@ -21,7 +21,8 @@ fn main() {
             "../gpu-kernels",
             ptx_build::PtxBuilder::new("../gpu-kernels").feature("library-kernels"),
         ),
-        ("../softnic", ptx_build::PtxBuilder::new("../softnic")),
+        // PTX ISA 8.0: the engine's bulk copies (`cp.async.bulk`).
+        ("../softnic", ptx_build::PtxBuilder::new("../softnic").target_feature("+ptx80")),
     ];
     for (krate, builder) in builds {
         if let Some(out) = builder.build_or_report() {

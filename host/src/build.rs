@@ -139,6 +139,7 @@ pub struct PtxBuilder {
     crate_dir: PathBuf,
     arch: String,
     features: Vec<String>,
+    target_features: Vec<String>,
     out_dir: Option<PathBuf>,
     target_dir: Option<PathBuf>,
     quiet_rerun: bool,
@@ -178,6 +179,7 @@ impl PtxBuilder {
             crate_dir: dir,
             arch: std::env::var("DOORBELL_PTX_ARCH").unwrap_or_else(|_| "sm_90".into()),
             features: Vec::new(),
+            target_features: Vec::new(),
             out_dir: None,
             target_dir: std::env::var_os("DOORBELL_PTX_TARGET_DIR").map(PathBuf::from),
             quiet_rerun: false,
@@ -193,6 +195,15 @@ impl PtxBuilder {
     /// Cargo features of the kernel crate to enable.
     pub fn feature(mut self, f: impl Into<String>) -> Self {
         self.features.push(f.into());
+        self
+    }
+
+    /// An LLVM target feature of the PTX build (`-C target-feature=`),
+    /// e.g. `+ptx80`: the PTX ISA version the module declares, which
+    /// instructions such as `cp.async.bulk` need (the default for `sm_90`
+    /// is 7.8).
+    pub fn target_feature(mut self, f: impl Into<String>) -> Self {
+        self.target_features.push(f.into());
         self
     }
 
@@ -409,6 +420,9 @@ impl PtxBuilder {
             cmd.arg("--features").arg(features.join(","));
         }
         cmd.args(["--", "-C", &format!("target-cpu={}", self.arch), "-C", "linker=true", "--emit=asm"]);
+        if !self.target_features.is_empty() {
+            cmd.arg("-C").arg(format!("target-feature={}", self.target_features.join(",")));
+        }
         let output = cmd
             .output()
             .map_err(|e| BuildError::Toolchain(format!("cannot run {cargo}: {e}")))?;

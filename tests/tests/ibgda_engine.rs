@@ -605,6 +605,87 @@ per_backend! {
 }
 
 per_backend! {
+    /// Puts and gets of payloads whose two ends share their offset mod 16
+    /// (the SM's bulk-copy unit moves the aligned body, the threads the
+    /// head and tail) and whose ends do not (the threads move it all),
+    /// with the default bulk copies and with thread copies: every byte
+    /// arrives, none around the target changes, and the bulk-copy unit
+    /// moved bytes exactly when asked to.
+    fn payloads_of_every_alignment_arrive_through_bulk_and_thread_copies(dev: Device) {
+        let b = dev.backend();
+        // (bytes, source offset, destination offset): 3 WQEs of up to
+        // 1 MiB with a 13-byte head; one WQE the threads copy (offsets 5
+        // and 9 differ mod 16); one just over the bulk minimum.
+        let cases = [((2 << 20) + 4100, 3usize, 3usize), (300_005, 5, 9), (doorbell_softnic::engine::resident::BULK_MIN + 16, 0, 0)];
+        let room = (2 << 20) + 4200;
+        for thread_copies in [false, true] {
+            let io = IbgdaOptions {
+                qps_per_peer: 1,
+                engine_thread_copies: thread_copies,
+                ..kernel_engine(64, 1 << 20)
+            };
+            let o = CommOptions {
+                heap_bytes: 32 << 20,
+                ..opts(b, Duration::from_secs(30))
+            };
+            let reports = Communicator::local(2, b, o, |comm| {
+                let m = comm.device().load_module(&TEST_KERNELS)?;
+                let src = comm.alloc::<u8>(room)?;
+                let dst = Guarded::new(comm, room)?;
+                let got = Guarded::new(comm, room)?;
+                let sig = comm.alloc::<u64>(1)?;
+                let t = comm.ibgda_with(&io)?;
+                for (round, &(bytes, so, d_off)) in cases.iter().enumerate() {
+                    let mut status = comm.device().alloc_zeroed::<u32>(1)?;
+                    sig.copy_from_host(&[0])?;
+                    let byte = |rank: usize, i: usize| ((i.wrapping_mul(0x9E37_79B1) >> 7) as u8 ^ (rank as u8 * 77)).wrapping_add(round as u8);
+                    src.copy_from_host(&(0..room).map(|i| byte(comm.rank(), i)).collect::<Vec<u8>>())?;
+                    dst.buf.copy_from_host(&vec![0x5a; room])?;
+                    got.buf.copy_from_host(&vec![0x5a; room])?;
+                    comm.barrier()?;
+                    let bufs = (
+                        src.as_mut_ptr().wrapping_add(so),
+                        dst.buf.as_mut_ptr().wrapping_add(d_off),
+                        got.buf.as_mut_ptr().wrapping_add(d_off),
+                    );
+                    let args = doorbell_tests::ring_round(t, bufs, bytes as u64, sig.as_mut_ptr(), status.as_mut_ptr());
+                    // SAFETY: every range inside its buffer, as the ring kernel documents.
+                    let s = unsafe { doorbell_tests::launch_after_barrier(comm, &m.function::<ring_ibgda>()?, LaunchConfig::linear(1, 64), args)? };
+                    comm.synchronize(&s)?;
+                    comm.ibgda_check()?;
+                    let r = comm.rank();
+                    assert_eq!(status.to_host()?[0], STATUS_OK, "rank {r}, case {round}");
+                    let mut want = vec![0x5au8; room];
+                    for i in 0..bytes {
+                        want[d_off + i] = byte(1 - r, so + i);
+                    }
+                    let (put, fetched) = (dst.buf.to_host()?, got.buf.to_host()?);
+                    let first = |v: &[u8]| v.iter().zip(&want).position(|(a, b)| a != b);
+                    assert!(put == want, "rank {r}, case {round} ({bytes} bytes, offsets {so}/{d_off}, thread copies {thread_copies}): put differs first at {:?}", first(&put));
+                    assert!(fetched == want, "rank {r}, case {round}: get differs first at {:?}", first(&fetched));
+                    assert!(dst.canaries_intact()? && got.canaries_intact()?, "rank {r}, case {round}: a canary changed");
+                    comm.barrier()?;
+                }
+                Ok(comm.ibgda_engine().expect("set up"))
+            })
+            .expect("the world");
+            for (r, report) in reports.iter().enumerate() {
+                let c = report.counters;
+                if thread_copies {
+                    assert_eq!(c.bulk_bytes, 0, "rank {r}: the bulk-copy unit moved bytes with thread copies: {report:?}");
+                } else {
+                    // The aligned cases' bodies, put and get, each counted by
+                    // the engine that executed it: at least this rank's puts'.
+                    let min = ((2 << 20) + 4100 - 13) / 16 * 16;
+                    assert!(c.bulk_bytes >= min as u64, "rank {r}: the bulk-copy unit moved {} bytes: {report:?}", c.bulk_bytes);
+                    assert!(c.bulk_bytes <= c.block_bytes, "rank {r}: more bulk bytes than block copies: {report:?}");
+                }
+            }
+        }
+    }
+}
+
+per_backend! {
     /// A 4 MiB put and get (one WQE each) through an engine of four blocks
     /// on ports with fewer QP groups than blocks: the blocks that serve no
     /// QP copy chunks of the large payloads (the engine's shared copies),

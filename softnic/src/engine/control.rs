@@ -71,6 +71,13 @@ pub struct EngineCtl {
     /// it never sleeps. A doorbell rung meanwhile waits up to this long
     /// more (or what the GPU makes of it: `nanosleep` is approximate).
     pub idle_sleep_ns: u32,
+    /// 1: block copies of at least `resident::BULK_MIN` bytes move their
+    /// 16-byte-aligned body through the SM's bulk-copy unit (the kernel
+    /// launched with `resident::SHARED_BYTES_BULK` of shared memory);
+    /// 0: the block's threads copy every byte.
+    pub bulk_copy: u32,
+    /// Zero (keeps the next field 8-byte aligned).
+    pub reserved: u32,
     /// The fabric's clock when the engine was launched, ns: the engine's
     /// time is this plus `%globaltimer` elapsed since it started.
     pub clock_base_ns: u64,
@@ -191,6 +198,10 @@ pub struct EngineCounters {
     pub lone_doorbells: u64,
     /// See `lone_doorbells`.
     pub lone_wqes: u64,
+    /// Bytes of block copies (this block's own and chunks of shared ones)
+    /// moved by the SM's bulk-copy unit (`resident`'s `dma`); the rest of
+    /// `block_bytes` and `shared_bytes` the threads moved.
+    pub bulk_bytes: u64,
 }
 
 impl EngineCounters {
@@ -218,6 +229,7 @@ impl EngineCounters {
             shared_bytes,
             lone_doorbells,
             lone_wqes,
+            bulk_bytes,
         } = self;
         for (a, b) in [
             (passes, o.passes),
@@ -240,6 +252,7 @@ impl EngineCounters {
             (shared_bytes, o.shared_bytes),
             (lone_doorbells, o.lone_doorbells),
             (lone_wqes, o.lone_wqes),
+            (bulk_bytes, o.bulk_bytes),
         ] {
             *a = a.wrapping_add(b);
         }
@@ -325,6 +338,8 @@ impl EngineCtl {
             sys_scope: sys_scope as u32,
             burst: BURST_MAX,
             idle_sleep_ns: IDLE_SLEEP_NS,
+            bulk_copy: 0,
+            reserved: 0,
             clock_base_ns,
             counters: EngineCounters {
                 passes: 0,
@@ -348,6 +363,7 @@ impl EngineCtl {
                 shared_bytes: 0,
                 lone_doorbells: 0,
                 lone_wqes: 0,
+                bulk_bytes: 0,
             },
             board: CopyBoard {
                 done: 0,

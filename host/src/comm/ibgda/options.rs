@@ -58,6 +58,12 @@ pub struct IbgdaOptions {
     /// narrower scope saves (on one H200: within the spread between runs,
     /// `benchmarks/ibgda_h200_scope_ab.txt`).
     pub engine_sys_scope: bool,
+    /// Makes the engine kernel's block copies with its threads alone
+    /// (`DOORBELL_SOFTNIC_COPY=threads`; default `bulk`: a copy of 32 KiB
+    /// or more moves its 16-byte-aligned body through the SM's bulk-copy
+    /// unit, staged in the block's shared memory). For measuring what the
+    /// bulk-copy unit gains.
+    pub engine_thread_copies: bool,
     /// Most WQEs of one burst of the engine kernel
     /// (`DOORBELL_SOFTNIC_BURST`, 0..=32; `None`: 32): runs of small RDMA
     /// WRITEs its block reads and checks together, a WQE per thread
@@ -82,6 +88,7 @@ impl Default for IbgdaOptions {
             engine_threads: None,
             engine_blocks: None,
             engine_sys_scope: false,
+            engine_thread_copies: false,
             engine_burst: None,
             engine_idle_sleep_ns: None,
         }
@@ -116,6 +123,7 @@ impl IbgdaOptions {
             engine_threads: soft.engine_threads,
             engine_blocks: soft.engine_blocks,
             engine_sys_scope: soft.sys_scope,
+            engine_thread_copies: soft.thread_copies,
             engine_burst: soft.burst,
             engine_idle_sleep_ns: soft.idle_sleep_ns,
         })
@@ -147,6 +155,7 @@ impl IbgdaOptions {
             engine_threads: self.engine_threads,
             engine_blocks: self.engine_blocks,
             sys_scope: self.engine_sys_scope,
+            thread_copies: self.engine_thread_copies,
             burst: self.engine_burst,
             idle_sleep_ns: self.engine_idle_sleep_ns,
         }

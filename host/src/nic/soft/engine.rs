@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use doorbell_kernels::Kernel;
 use doorbell_softnic::engine::burst::BURST_MAX;
 use doorbell_softnic::engine::resident::{
-    EngineCounters, EngineCtl, EngineProgress, IDLE_SLEEP_NS, SHARED_BYTES, STATE_EXITED, STATE_LAUNCHED, STATE_RUNNING,
+    EngineCounters, EngineCtl, EngineProgress, IDLE_SLEEP_NS, SHARED_BYTES, SHARED_BYTES_BULK, STATE_EXITED, STATE_LAUNCHED, STATE_RUNNING,
 };
 use doorbell_softnic::engine::{Port, PortTable, Window, MAX_PORTS, MAX_SHARDS};
 use doorbell_softnic::kernel::{softnic_engine_1024, softnic_engine_256, softnic_engine_512, ENGINE_256_THREADS, ENGINE_512_THREADS};
@@ -356,6 +356,11 @@ pub(super) fn launch(nic: &SoftNic, ctx: &StartCtx<'_>) -> Result<KernelEngine> 
     let entry = EngineEntry::for_threads(threads);
     let (function, status) = engine_image(dev, rank, entry)?;
     let sys_scope = dev.is_gpu() && (!nic.same_gpu || nic.options.sys_scope);
+    let shared_bytes = if nic.options.thread_copies {
+        SHARED_BYTES
+    } else {
+        SHARED_BYTES_BULK
+    };
     // SAFETY: the table buffer, whole.
     unsafe { dev.write_raw(ports.as_raw(), bytes_of(&table))? };
     write_controls(nic, dev, (&ctl, &ports), &status, blocks, sys_scope)?;
@@ -397,7 +402,7 @@ pub(super) fn launch(nic: &SoftNic, ctx: &StartCtx<'_>) -> Result<KernelEngine> 
     // is never freed.
     unsafe {
         let stream = engine.stream.as_ref().expect("set above");
-        let cfg = crate::LaunchConfig::linear(blocks, threads).with_shared_mem(SHARED_BYTES);
+        let cfg = crate::LaunchConfig::linear(blocks, threads).with_shared_mem(shared_bytes);
         let args = (engine.ctl.as_raw() as *mut EngineCtl,);
         match entry {
             EngineEntry::UpTo256 => stream.launch::<softnic_engine_256>(&function, &cfg, args)?,
@@ -406,7 +411,7 @@ pub(super) fn launch(nic: &SoftNic, ctx: &StartCtx<'_>) -> Result<KernelEngine> 
         }
     };
     tracing::debug!(
-        "rank {rank}: IBGDA engine set-up: engine kernel launched ({blocks} block(s) of {threads} threads, {SHARED_BYTES} bytes of shared memory each)"
+        "rank {rank}: IBGDA engine set-up: engine kernel launched ({blocks} block(s) of {threads} threads, {shared_bytes} bytes of shared memory each)"
     );
     if let Err(seen) = engine.wait_state(STATE_RUNNING) {
         let msg = format!(
@@ -478,6 +483,7 @@ fn write_controls(
         );
         cfg.burst = nic.options.burst.unwrap_or(BURST_MAX);
         cfg.idle_sleep_ns = nic.options.idle_sleep_ns.unwrap_or(IDLE_SLEEP_NS);
+        cfg.bulk_copy = !nic.options.thread_copies as u32;
         // SAFETY: control block `b` of the buffer, whole.
         unsafe { dev.write_raw(ctl.as_raw() + (b * std::mem::size_of::<EngineCtl>()) as u64, bytes_of(&cfg))? };
     }

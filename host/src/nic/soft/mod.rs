@@ -128,6 +128,10 @@ pub const ENGINE_BLOCKS_ENV: &str = "DOORBELL_SOFTNIC_ENGINE_BLOCKS";
 /// `DOORBELL_SOFTNIC_SCOPE`: `auto` or `sys`, the scope of the engine
 /// kernel's ordering with the ranks (see [`SoftOptions::sys_scope`]).
 pub const SCOPE_ENV: &str = "DOORBELL_SOFTNIC_SCOPE";
+/// `DOORBELL_SOFTNIC_COPY`: `bulk` (the default) or `threads`, how the
+/// engine kernel's block copies move payload (see
+/// [`SoftOptions::thread_copies`]).
+pub const COPY_ENV: &str = "DOORBELL_SOFTNIC_COPY";
 /// `DOORBELL_SOFTNIC_BURST`: most WQEs of one burst of the engine kernel,
 /// 0..=32 (0: no bursts; see [`SoftOptions::burst`]).
 pub const BURST_ENV: &str = "DOORBELL_SOFTNIC_BURST";
@@ -221,6 +225,13 @@ pub struct SoftOptions {
     /// Makes the engine kernel's ordering with the ranks `sys`-scoped even
     /// when every rank runs on the engine's GPU ([`SCOPE_ENV`]`=sys`).
     pub sys_scope: bool,
+    /// Makes the engine kernel's block copies with the block's threads
+    /// alone ([`COPY_ENV`]`=threads`). By default a copy of at least
+    /// `BULK_MIN` bytes (`doorbell_softnic::engine::resident`) moves its
+    /// 16-byte-aligned body through the SM's bulk-copy unit (TMA), staged
+    /// in the block's shared memory (`SHARED_BYTES_BULK` of it), and its
+    /// threads copy the rest.
+    pub thread_copies: bool,
     /// Most WQEs of one burst of the engine kernel ([`BURST_ENV`];
     /// `None`: [`BURST_MAX`]):
     /// runs of small RDMA WRITEs its block reads and checks together, a
@@ -237,7 +248,7 @@ pub struct SoftOptions {
 
 impl SoftOptions {
     /// The defaults with `DOORBELL_SOFTNIC_LINK`, [`ENGINE_ENV`],
-    /// [`ENGINE_THREADS_ENV`], [`SCOPE_ENV`], [`BURST_ENV`] and
+    /// [`ENGINE_THREADS_ENV`], [`SCOPE_ENV`], [`COPY_ENV`], [`BURST_ENV`] and
     /// [`IDLE_SLEEP_ENV`] applied, strictly.
     pub fn from_env() -> Result<SoftOptions> {
         let link = doorbell_softnic::link_from_env().map_err(|e| Error::BadEnv {
@@ -278,6 +289,17 @@ impl SoftOptions {
                 })
             }
         };
+        let thread_copies = match crate::vars::raw(COPY_ENV)?.as_deref().map(str::trim) {
+            None | Some("bulk") => false,
+            Some("threads") => true,
+            Some(v) => {
+                return Err(Error::BadEnv {
+                    var: COPY_ENV.to_string(),
+                    value: v.to_string(),
+                    reason: "is not `bulk` (the SM's bulk-copy unit moves large copies) or `threads`".to_string(),
+                })
+            }
+        };
         let burst = match crate::vars::raw(BURST_ENV)? {
             None => None,
             Some(_) => Some(crate::vars::uint(BURST_ENV, BURST_MAX as u64, 0, BURST_MAX as u64)? as u32),
@@ -292,6 +314,7 @@ impl SoftOptions {
             engine_threads,
             engine_blocks,
             sys_scope,
+            thread_copies,
             burst,
             idle_sleep_ns,
         })

@@ -78,6 +78,7 @@ use super::mover::{copy_part, overlaps, PayloadMover, Phase, PHASES};
 use super::poll::{poll_port_masked, PollReport};
 use super::tables::{Ports, MAX_QPS};
 
+mod dma;
 mod lanes;
 mod lone;
 mod shared;
@@ -85,6 +86,7 @@ mod view;
 use lanes::run_bursts;
 use view::{Rung, View, Watch};
 
+pub use dma::{AHEAD, BULK_BYTES, BULK_MIN, STAGES, STAGE_BYTES};
 pub use lone::LONE_MAX;
 
 pub use shared::{HELP_EVERY, SHARE_CHUNK, SHARE_MIN};
@@ -115,9 +117,16 @@ const BURST_AT: usize = core::mem::size_of::<Job>().next_multiple_of(16);
 /// Dynamic shared memory the engine kernel needs: one [`Job`] and
 /// [`JOBS`] [`BurstJob`]s.
 pub const SHARED_BYTES: u32 = (BURST_AT + JOBS * core::mem::size_of::<BurstJob>()) as u32;
-// A launch asks for more than 48 KiB of dynamic shared memory only after
-// raising the kernel's limit.
 const _: () = assert!(SHARED_BYTES <= 48 * 1024);
+/// Where the bulk copies' area ([`dma`]) starts in the block's dynamic
+/// shared memory.
+const BULK_AT: usize = (SHARED_BYTES as usize).next_multiple_of(128);
+/// Dynamic shared memory the engine kernel needs when its block copies go
+/// through the bulk-copy unit ([`EngineCtl::bulk_copy`]): the jobs and
+/// [`BULK_BYTES`] (over 48 KiB: the launch raises the kernel's limit).
+pub const SHARED_BYTES_BULK: u32 = BULK_AT as u32 + BULK_BYTES;
+// Within what an sm_90 block may have (227 KiB).
+const _: () = assert!(SHARED_BYTES_BULK <= 227 * 1024);
 
 /// Publishes the engine's state: `st.release.sys` into the control block
 /// and into [`EngineCtl::host_state`] when set. Pairs with the host's
@@ -173,7 +182,8 @@ const JOB_BURSTS: u32 = 3;
 #[derive(Clone, Copy, Debug)]
 pub struct Job {
     kind: u32,
-    _pad: u32,
+    /// A copy: 1 when its body goes through the bulk-copy unit ([`dma`]).
+    bulk: u32,
     dst: u64,
     src: u64,
     len: u64,
@@ -246,6 +256,10 @@ pub struct BlockMover {
     /// Doorbells and WQEs the lone path served ([`lone`]).
     lone_doorbells: u64,
     lone_wqes: u64,
+    /// Block copies move their body through the bulk-copy unit ([`dma`]).
+    bulk: bool,
+    /// Bytes the bulk-copy unit moved.
+    bulk_bytes: u64,
 }
 
 impl BlockMover {
@@ -289,7 +303,13 @@ impl BlockMover {
     ///
     /// # Safety
     /// A copy job's ranges are valid and do not overlap.
-    unsafe fn round(&mut self, job: Job) {
+    unsafe fn round(&mut self, mut job: Job) {
+        if job.kind == JOB_COPY {
+            job.bulk = self.bulk as u32;
+            if let Some((_, body)) = dma::split(job.dst, job.src, job.len as usize).filter(|_| self.bulk && self.parts > 1) {
+                self.bulk_bytes += body as u64;
+            }
+        }
         // SAFETY: the job slot is this block's shared memory; the others
         // read it only between the two barriers of a round.
         unsafe { core::ptr::write_volatile(self.job, job) };
@@ -305,15 +325,7 @@ impl BlockMover {
         }
         if job.kind == JOB_COPY {
             // SAFETY: the caller's contract.
-            unsafe {
-                copy_part(
-                    job.dst as usize as *mut u8,
-                    job.src as usize as *const u8,
-                    job.len as usize,
-                    0,
-                    self.parts,
-                )
-            };
+            unsafe { dma::copy_job(job.dst, job.src, job.len as usize, self.bulk, 0, self.parts, None) };
         }
         block_barrier();
         self.last_barrier_ns = ptx::globaltimer_ns();
@@ -338,7 +350,7 @@ impl BlockMover {
         unsafe {
             self.round(Job {
                 kind: JOB_BURSTS,
-                _pad: 0,
+                bulk: 0,
                 dst: 0,
                 src: 0,
                 len: n as u64,
@@ -529,7 +541,7 @@ impl PayloadMover for BlockMover {
             if !unsafe { self.copy_shared(dst, src, len) } {
                 let job = Job {
                     kind: JOB_COPY,
-                    _pad: 0,
+                    bulk: 0,
                     dst: dst as usize as u64,
                     src: src as usize as u64,
                     len: len as u64,
@@ -556,6 +568,9 @@ impl PayloadMover for BlockMover {
 /// `job` is the block's job slot; thread 0 runs [`control`].
 unsafe fn serve(job: *const Job, part: usize, parts: usize) {
     let jobs = burst_jobs(job as *mut Job);
+    // The last thread issues the bulk copies, from the area after the jobs
+    // (there when the configuration asks for bulk copies).
+    let mut dma = dma::Dma::new(job.cast::<u8>().wrapping_add(BULK_AT).cast_mut());
     loop {
         block_barrier();
         // SAFETY: written by thread 0 before the barrier above.
@@ -567,7 +582,10 @@ unsafe fn serve(job: *const Job, part: usize, parts: usize) {
             JOB_COPY => {
                 // SAFETY: thread 0 checked the ranges (the engine's checks)
                 // and that they do not overlap.
-                unsafe { copy_part(j.dst as usize as *mut u8, j.src as usize as *const u8, j.len as usize, part, parts) }
+                unsafe {
+                    let mine = (part == parts - 1).then_some(&mut dma);
+                    dma::copy_job(j.dst, j.src, j.len as usize, j.bulk != 0, part, parts, mine)
+                }
             }
             _ => {}
         }
@@ -708,6 +726,8 @@ impl BlockMover {
                 shared_bytes: 0,
                 lone_doorbells: 0,
                 lone_wqes: 0,
+                bulk: core::ptr::read_volatile(&raw const (*ctl).bulk_copy) != 0,
+                bulk_bytes: 0,
             }
         }
     }
@@ -872,7 +892,7 @@ unsafe fn control(shards: Shards, job: *mut Job, parts: usize) {
             if t.wrapping_sub(mover.last_barrier_ns) > HEARTBEAT_NS {
                 mover.round(Job {
                     kind: JOB_IDLE,
-                    _pad: 0,
+                    bulk: 0,
                     dst: 0,
                     src: 0,
                     len: 0,
@@ -885,7 +905,7 @@ unsafe fn control(shards: Shards, job: *mut Job, parts: usize) {
         publish_counters(ctl, passes, busy, busy_cycles, &mover);
         mover.round(Job {
             kind: JOB_EXIT,
-            _pad: 0,
+            bulk: 0,
             dst: 0,
             src: 0,
             len: 0,
@@ -934,6 +954,7 @@ unsafe fn publish_counters(ctl: *mut EngineCtl, passes: u64, busy: u64, busy_cyc
         ptx::st_relaxed_sys_u64(&raw mut (*c).shared_bytes, m.shared_bytes);
         ptx::st_relaxed_sys_u64(&raw mut (*c).lone_doorbells, m.lone_doorbells);
         ptx::st_relaxed_sys_u64(&raw mut (*c).lone_wqes, m.lone_wqes);
+        ptx::st_relaxed_sys_u64(&raw mut (*c).bulk_bytes, m.bulk_bytes);
     }
 }
 

@@ -111,7 +111,7 @@ impl BlockMover {
         let n = (len - off).min(chunk as u64);
         let job = Job {
             kind: JOB_COPY,
-            _pad: 0,
+            bulk: 0,
             dst: dst + off,
             src: src + off,
             len: n,
