@@ -32,20 +32,19 @@ use super::super::mover::copy_part;
 /// Bytes of one stage (one bulk load, one bulk store).
 pub const STAGE_BYTES: usize = 16 << 10;
 /// Stages in the block's shared memory.
-pub const STAGES: usize = 10;
+pub const STAGES: usize = 6;
 /// Loads issued ahead of the first store: at most this many loads and
 /// `STAGES - AHEAD` stores are in flight.
-pub const AHEAD: usize = 5;
+pub const AHEAD: usize = 4;
 /// Stores still reading their stage that a load may leave pending before
 /// it reuses the oldest one's stage (`cp.async.bulk.wait_group.read`).
 const READ_PENDING: usize = STAGES - 1 - AHEAD;
-const _: () = assert!(AHEAD >= 1 && AHEAD < STAGES && READ_PENDING == 4);
-// The wait's operand is an immediate in the PTX below.
+const _: () = assert!(AHEAD >= 1 && AHEAD < STAGES);
 
 /// Copies of at least this many bytes go through the bulk-copy unit (when
 /// the engine's configuration asks for it and both ends share their
 /// offset mod 16); shorter ones by the threads.
-pub const BULK_MIN: usize = 32 << 10;
+pub const BULK_MIN: usize = 512 << 10;
 
 /// Where the `mbarrier`s start in the area, and the stages after them.
 const STAGES_AT: usize = (STAGES * 8).next_multiple_of(128);
@@ -341,10 +340,12 @@ mod bulk {
     /// read their stages.
     #[inline(always)]
     pub(super) fn wait_reads() {
+        #[cfg(not(target_arch = "nvptx64"))]
+        let _ = super::READ_PENDING;
         #[cfg(target_arch = "nvptx64")]
         // SAFETY: a wait.
         unsafe {
-            asm!("cp.async.bulk.wait_group.read 4;", options(nostack))
+            asm!("cp.async.bulk.wait_group.read {n};", n = const super::READ_PENDING, options(nostack))
         };
     }
 
@@ -398,15 +399,14 @@ mod tests {
     fn bulk_copies_move_every_byte_once_and_nothing_else() {
         let mut area = vec![0u128; BULK_BYTES as usize / 16];
         let mut dma = Dma::new(area.as_mut_ptr().cast());
-        let big = STAGES * STAGE_BYTES * 2 + 3 * STAGE_BYTES + 77;
+        let big = 3 * BULK_MIN + 77;
         let src = buffer(big + 64, |i| (i * 7 + i / 251) as u8);
         let lens = [
             BULK_MIN,
             BULK_MIN + 1,
-            STAGE_BYTES * AHEAD,
-            STAGE_BYTES * AHEAD + 16,
-            STAGE_BYTES * STAGES - 16,
-            STAGE_BYTES * STAGES + 5,
+            BULK_MIN + STAGE_BYTES * AHEAD + 16,
+            BULK_MIN + STAGE_BYTES * STAGES - 16,
+            BULK_MIN + STAGE_BYTES * STAGES + 5,
             big,
         ];
         let mut bulk = 0;
