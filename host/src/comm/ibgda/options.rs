@@ -59,7 +59,7 @@ pub struct IbgdaOptions {
     /// `benchmarks/ibgda_h200_scope_ab.txt`).
     pub engine_sys_scope: bool,
     /// Makes the engine kernel's block copies with its threads alone
-    /// (`DOORBELL_SOFTNIC_COPY=threads`; default `bulk`: a copy of 512 KiB
+    /// (`DOORBELL_SOFTNIC_COPY=threads`; default `bulk`: a copy of 64 KiB
     /// or more moves its 16-byte-aligned body through the SM's bulk-copy
     /// unit, staged in the block's shared memory). For measuring what the
     /// bulk-copy unit gains.

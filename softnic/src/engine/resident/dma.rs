@@ -44,7 +44,7 @@ const _: () = assert!(AHEAD >= 1 && AHEAD < STAGES);
 /// Copies of at least this many bytes go through the bulk-copy unit (when
 /// the engine's configuration asks for it and both ends share their
 /// offset mod 16); shorter ones by the threads.
-pub const BULK_MIN: usize = 512 << 10;
+pub const BULK_MIN: usize = 64 << 10;
 
 /// Where the `mbarrier`s start in the area, and the stages after them.
 const STAGES_AT: usize = (STAGES * 8).next_multiple_of(128);
