@@ -34,7 +34,10 @@
 //!
 //!   Thread 0 runs the engine's control (the same `poll_port` as the host
 //!   thread); copies of 1 KiB or more are moved by the whole block with
-//!   16-byte vectors, smaller ones by thread 0. Payload goes over the same
+//!   16-byte vectors, smaller ones by thread 0, and from 64 KiB up their
+//!   aligned body goes through the SM's bulk-copy unit (TMA, staged in
+//!   the block's shared memory; [`COPY_ENV`]`=threads` keeps it with the
+//!   threads). Payload goes over the same
 //!   mappings as P2P; the engine's fences and CQE releases are at `gpu`
 //!   scope when every rank shares one GPU ([`SCOPE_ENV`]`=sys` widens
 //!   them), else at `sys`. **Cost**: one SM per block (a block of 256, 512
