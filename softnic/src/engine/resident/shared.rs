@@ -6,7 +6,7 @@
 //! the QPs on one block), a copy of at least [`SHARE_MIN`]
 //! bytes is therefore posted on the copying block's own [`CopyBoard`] (in
 //! its control block) and cut into chunks of [`SHARE_CHUNK`] bytes or more
-//! (about two per block of the port, so each chunk's copy streams): the
+//! (about one per block of the port, so each chunk's copy streams): the
 //! owner and every other block of the port that looks claim chunks one at
 //! a time and copy each with their whole block; the owner returns once
 //! every chunk is copied, so what follows the copy on its QP (a signal
@@ -45,8 +45,10 @@ use super::{BlockMover, Job, JOB_COPY};
 /// blocks (when it has any).
 pub const SHARE_MIN: usize = 256 << 10;
 /// Fewest bytes per claimed chunk of a shared copy (a multiple of 16, so
-/// every chunk keeps the copy's alignment); a copy is cut into about two
-/// chunks per block of the port, at least this long each.
+/// every chunk keeps the copy's alignment); a copy is cut into about one
+/// chunk per block of the port, at least this long each (two per block
+/// moved 1 MiB WQEs with 8 blocks 0.86 - 0.88x as fast at 16 - 256 MiB,
+/// `benchmarks/ibgda_h200_bulk_copy_blocks.txt`).
 pub const SHARE_CHUNK: usize = 64 << 10;
 
 /// Blocks that serve QPs look at the other blocks' boards every this many
@@ -134,7 +136,7 @@ impl BlockMover {
         if self.ctls.is_null() || !self.share || len < SHARE_MIN {
             return false;
         }
-        let chunk = len.div_ceil(2 * self.blocks).next_multiple_of(16).max(SHARE_CHUNK);
+        let chunk = len.div_ceil(self.blocks).next_multiple_of(16).max(SHARE_CHUNK);
         let chunks = len.div_ceil(chunk);
         if chunk > u32::MAX as usize || chunks > MAX_CHUNKS {
             return false;
