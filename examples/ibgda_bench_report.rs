@@ -245,9 +245,11 @@ pub fn print_report(r: &Report, a: &IbgdaBenchArgs, gpu: bool) {
         let pct = 100.0 * s as f64 / c.max(1) as f64;
         println!("# engine copies: {c} payload bytes, {s} of them ({pct:.1} %) in chunks a block copied of another's copy");
         if let Some(k) = r.engine_bulk_bytes {
-            let all = (c + s).max(1) as f64;
+            // `c` counts every byte of the blocks' copies (chunks other
+            // blocks moved included): the bulk share is of it.
+            let all = c.max(1) as f64;
             println!(
-                "# engine bulk-copy unit: {k} bytes ({:.1} % of the blocks' copies and chunks; DOORBELL_SOFTNIC_COPY={})",
+                "# engine bulk-copy unit: {k} bytes ({:.1} % of the payload bytes; DOORBELL_SOFTNIC_COPY={})",
                 100.0 * k as f64 / all,
                 if r.engine_thread_copies { "threads" } else { "bulk" }
             );

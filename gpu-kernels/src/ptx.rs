@@ -770,6 +770,23 @@ pub fn dynamic_shared_mem() -> *mut u8 {
     }
 }
 
+/// Bytes of the block's dynamic shared memory (`%dynamic_smem_size`: the
+/// launch's `shared_mem_bytes`; on the emulator rounded up to 16).
+#[inline(always)]
+pub fn dynamic_shared_mem_bytes() -> u32 {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        let r: u32;
+        // SAFETY: reads a special register.
+        unsafe { asm!("mov.u32 {0}, %dynamic_smem_size;", out(reg32) r, options(nomem, nostack, pure)) };
+        r
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    {
+        emu::with_thread(|t| t.block.shared_mem_len()) as u32
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Arithmetic with identical rounding on both backends
 // ---------------------------------------------------------------------------

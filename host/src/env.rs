@@ -94,6 +94,7 @@ pub const CHECKS: &[Check] = &[
             "DOORBELL_SOFTNIC_ENGINE_THREADS",
             "DOORBELL_SOFTNIC_ENGINE_BLOCKS",
             "DOORBELL_SOFTNIC_SCOPE",
+            "DOORBELL_SOFTNIC_COPY",
             "DOORBELL_SOFTNIC_BURST",
             "DOORBELL_SOFTNIC_IDLE_SLEEP_NS",
         ],

@@ -18,7 +18,8 @@ use crate::engine::resident::{run_block, EngineCtl};
 /// control (`poll_port`), the block moves the payload. Without a bound,
 /// ptxas gives it about 255 registers per thread, so 256 threads fit an SM.
 /// Launch with one block of 32..=256 threads and
-/// [`crate::engine::resident::SHARED_BYTES`] of dynamic shared memory, on
+/// [`crate::engine::resident::SHARED_BYTES`] of dynamic shared memory
+/// ([`crate::engine::resident::SHARED_BYTES_BULK`] for bulk copies), on
 /// a stream of its own (it never ends by itself).
 #[kernel]
 pub unsafe fn softnic_engine_256(ctl: *mut EngineCtl) {

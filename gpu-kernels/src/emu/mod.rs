@@ -105,6 +105,12 @@ impl BlockShared {
     pub fn shared_mem_ptr(&self) -> *mut u8 {
         self.shared_mem.as_ptr() as *mut u8
     }
+
+    /// Bytes of the block's dynamic shared memory (the launch's, rounded
+    /// up to 16).
+    pub fn shared_mem_len(&self) -> usize {
+        self.shared_mem.len() * 16
+    }
 }
 
 /// The calling emulated thread's identity.

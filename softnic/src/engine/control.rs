@@ -198,9 +198,10 @@ pub struct EngineCounters {
     pub lone_doorbells: u64,
     /// See `lone_doorbells`.
     pub lone_wqes: u64,
-    /// Bytes of block copies (this block's own and chunks of shared ones)
-    /// moved by the SM's bulk-copy unit (`resident`'s `dma`); the rest of
-    /// `block_bytes` and `shared_bytes` the threads moved.
+    /// Bytes of block copies (this block's own and chunks of other blocks'
+    /// shared ones) moved by the SM's bulk-copy unit (`resident`'s `dma`).
+    /// Summed over a port's blocks, the threads moved `block_bytes` less
+    /// this (`block_bytes` counts a shared copy whole, at its owner).
     pub bulk_bytes: u64,
 }
 

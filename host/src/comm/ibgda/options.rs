@@ -60,7 +60,8 @@ pub struct IbgdaOptions {
     pub engine_sys_scope: bool,
     /// Makes the engine kernel's block copies with its threads alone
     /// (`DOORBELL_SOFTNIC_COPY=threads`; default `bulk`: a copy of 64 KiB
-    /// or more moves its 16-byte-aligned body through the SM's bulk-copy
+    /// or more whose two ends share their offset mod 16 moves its
+    /// 16-byte-aligned body through the SM's bulk-copy
     /// unit, staged in the block's shared memory). For measuring what the
     /// bulk-copy unit gains.
     pub engine_thread_copies: bool,
@@ -99,7 +100,8 @@ impl IbgdaOptions {
     /// The defaults with `DOORBELL_IBGDA_QPS_PER_PEER`,
     /// `DOORBELL_IBGDA_SQ_SIZE`, `DOORBELL_SOFTNIC_LINK`,
     /// `DOORBELL_SOFTNIC_ENGINE`, `DOORBELL_SOFTNIC_ENGINE_THREADS`,
-    /// `DOORBELL_SOFTNIC_ENGINE_BLOCKS`, `DOORBELL_SOFTNIC_SCOPE`, `DOORBELL_SOFTNIC_BURST` and `DOORBELL_SOFTNIC_IDLE_SLEEP_NS` applied,
+    /// `DOORBELL_SOFTNIC_ENGINE_BLOCKS`, `DOORBELL_SOFTNIC_SCOPE`, `DOORBELL_SOFTNIC_COPY`,
+    /// `DOORBELL_SOFTNIC_BURST` and `DOORBELL_SOFTNIC_IDLE_SLEEP_NS` applied,
     /// strictly.
     pub fn from_env() -> Result<IbgdaOptions> {
         let d = IbgdaOptions::default();

@@ -230,7 +230,8 @@ pub struct SoftOptions {
     pub sys_scope: bool,
     /// Makes the engine kernel's block copies with the block's threads
     /// alone ([`COPY_ENV`]`=threads`). By default a copy of at least
-    /// `BULK_MIN` bytes (`doorbell_softnic::engine::resident`) moves its
+    /// `BULK_MIN` bytes (`doorbell_softnic::engine::resident`) whose two
+    /// ends share their offset mod 16 moves its
     /// 16-byte-aligned body through the SM's bulk-copy unit (TMA), staged
     /// in the block's shared memory (`SHARED_BYTES_BULK` of it), and its
     /// threads copy the rest.

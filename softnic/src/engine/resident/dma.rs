@@ -33,13 +33,15 @@ use super::super::mover::copy_part;
 pub const STAGE_BYTES: usize = 16 << 10;
 /// Stages in the block's shared memory.
 pub const STAGES: usize = 6;
-/// Loads issued ahead of the first store: at most this many loads and
-/// `STAGES - AHEAD` stores are in flight.
+/// Loads issued ahead of the first store: a store leaves its stage this
+/// many loads after that stage was loaded (up to `AHEAD + 1` loads are
+/// outstanding just before each wait).
 pub const AHEAD: usize = 4;
-/// Stores still reading their stage that a load may leave pending before
-/// it reuses the oldest one's stage (`cp.async.bulk.wait_group.read`).
+/// Stores still *reading* their stage that a load may leave pending
+/// before it reuses the stage of the oldest (`cp.async.bulk.wait_group.read`);
+/// stores whose writes are in flight do not hold a stage.
 const READ_PENDING: usize = STAGES - 1 - AHEAD;
-const _: () = assert!(AHEAD >= 1 && AHEAD < STAGES);
+const _: () = assert!(AHEAD >= 1 && AHEAD < STAGES && STAGES <= 32);
 
 /// Copies of at least this many bytes go through the bulk-copy unit (when
 /// the engine's configuration asks for it and both ends share their
@@ -152,8 +154,9 @@ impl Dma {
 /// Part `part` of `parts` of a block copy of `len` bytes from `src` to
 /// `dst` (not overlapping). With `bulk` set and a copy [`split`] accepts,
 /// the last thread moves the body through the bulk-copy unit (`dma` is
-/// its area; `None` for the other threads) and the others the head and
-/// tail bytes; otherwise every thread copies its part ([`copy_part`]).
+/// its area; `None` for the other threads, and for the last one it makes
+/// that thread copy the body itself) and the others the head and tail
+/// bytes; otherwise every thread copies its part ([`copy_part`]).
 ///
 /// # Safety
 /// Both ranges are valid for `len` bytes and do not overlap; `part <
@@ -168,8 +171,10 @@ pub(super) unsafe fn copy_job(dst: u64, src: u64, len: usize, bulk: bool, part: 
             None => copy_part(d, s, len, part, parts),
             Some((head, body)) => {
                 if part == parts - 1 {
-                    if let Some(dma) = dma {
-                        dma.copy(d.add(head), s.add(head), body);
+                    match dma {
+                        Some(dma) => dma.copy(d.add(head), s.add(head), body),
+                        // No area: the body by this thread alone.
+                        None => copy_part(d.add(head), s.add(head), body, 0, 1),
                     }
                 } else {
                     let ends = head + (len - head - body);

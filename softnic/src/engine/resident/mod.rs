@@ -9,7 +9,10 @@
 //! does. The other threads wait at the block barrier for payload to move:
 //! [`BlockMover`] hands them each copy of at least [`BLOCK_COPY_MIN`]
 //! bytes, and the whole block copies it with 16-byte vectors
-//! ([`super::mover::copy_part`]); smaller copies (signals, short messages)
+//! ([`super::mover::copy_part`]) — or, from [`BULK_MIN`] bytes up when
+//! [`EngineCtl::bulk_copy`] is set, its last thread moves the aligned
+//! body through the SM's bulk-copy unit and the others the ends
+//! (`dma`); smaller copies (signals, short messages)
 //! thread 0 makes alone, which is cheaper than two barriers.
 //!
 //! An idle engine that finds one QP rung and nothing else moved serves it
@@ -45,7 +48,11 @@
 //!   pending — so a put's data is visible before the signal WQE behind it
 //!   on the same QP (the in-order guarantee the transport's `put_signal`
 //!   builds on). A block copy ends with a barrier, which orders the
-//!   block's stores before thread 0's next release. Other copies shorter
+//!   block's stores before thread 0's next release; a bulk copy's issuing
+//!   thread waits for its stores to complete and fences the bulk unit's
+//!   accesses (the *async proxy*) against ordinary loads and stores (the
+//!   *generic proxy*) before that barrier, and after the round's first
+//!   barrier before its first load. Other copies shorter
 //!   than [`BLOCK_COPY_MIN`] after pending payload are preceded by a
 //!   fence, as before; bulk payload after bulk payload is not ordered
 //!   (weak stores cannot be polled).
@@ -600,7 +607,9 @@ fn burst_jobs(job: *mut Job) -> *mut BurstJob {
 }
 
 /// The engine kernel's body, called by every thread of its blocks
-/// (launched with [`SHARED_BYTES`] of dynamic shared memory). Block `b` of
+/// (launched with [`SHARED_BYTES`] of dynamic shared memory, or
+/// [`SHARED_BYTES_BULK`] for bulk copies: with less, [`EngineCtl::bulk_copy`]
+/// is ignored and the threads copy every byte). Block `b` of
 /// a grid of `n` serves the QPs whose [`QpEntry::shard`](super::tables::QpEntry::shard) is `b`
 /// ([`Port::assign_shards`](super::tables::Port::assign_shards)) with its own control block, `ctl.add(b)`;
 /// the stop word and the configuration are block 0's (`ctl`), which is
@@ -726,7 +735,8 @@ impl BlockMover {
                 shared_bytes: 0,
                 lone_doorbells: 0,
                 lone_wqes: 0,
-                bulk: core::ptr::read_volatile(&raw const (*ctl).bulk_copy) != 0,
+                // Only where the launch reserved the area ([`SHARED_BYTES_BULK`]).
+                bulk: core::ptr::read_volatile(&raw const (*ctl).bulk_copy) != 0 && ptx::dynamic_shared_mem_bytes() >= SHARED_BYTES_BULK,
                 bulk_bytes: 0,
             }
         }

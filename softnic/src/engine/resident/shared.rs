@@ -1,6 +1,7 @@
 //! Large copies shared by a port's engine blocks.
 //!
-//! One block copies at what one SM moves (~20–30 GB/s on an H200), whatever
+//! One block copies at what one SM moves (~26 GB/s on an H200 with its
+//! threads, ~34 with the bulk-copy unit), whatever
 //! the port's other blocks are doing. While some block of the port serves
 //! no QP (more blocks than groups of QPs, or the link model, which keeps
 //! the QPs on one block), a copy of at least [`SHARE_MIN`]
