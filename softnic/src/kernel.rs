@@ -19,7 +19,7 @@ use crate::engine::resident::{run_block, EngineCtl};
 /// ptxas gives it about 255 registers per thread, so 256 threads fit an SM.
 /// Launch with one block of 32..=256 threads and
 /// [`crate::engine::resident::SHARED_BYTES`] of dynamic shared memory
-/// ([`crate::engine::resident::shared_bytes_bulk`] for bulk copies), on
+/// ([`crate::engine::resident::SHARED_BYTES_BULK`] for bulk copies), on
 /// a stream of its own (it never ends by itself).
 #[kernel]
 pub unsafe fn softnic_engine_256(ctl: *mut EngineCtl) {

@@ -73,7 +73,7 @@ pub struct EngineCtl {
     pub idle_sleep_ns: u32,
     /// 1: block copies of at least `resident::BULK_MIN` bytes move their
     /// 16-byte-aligned body through the SM's bulk-copy unit (the kernel
-    /// launched with `resident::shared_bytes_bulk` of shared memory);
+    /// launched with `resident::SHARED_BYTES_BULK` of shared memory);
     /// 0: the block's threads copy every byte.
     pub bulk_copy: u32,
     /// Zero (keeps the next field 8-byte aligned).

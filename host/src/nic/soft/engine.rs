@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use doorbell_kernels::Kernel;
 use doorbell_softnic::engine::burst::BURST_MAX;
 use doorbell_softnic::engine::resident::{
-    shared_bytes_bulk, EngineCounters, EngineCtl, EngineProgress, IDLE_SLEEP_NS, SHARED_BYTES, STATE_EXITED, STATE_LAUNCHED, STATE_RUNNING,
+    EngineCounters, EngineCtl, EngineProgress, IDLE_SLEEP_NS, SHARED_BYTES, SHARED_BYTES_BULK, STATE_EXITED, STATE_LAUNCHED, STATE_RUNNING,
 };
 use doorbell_softnic::engine::{Port, PortTable, Window, MAX_PORTS, MAX_SHARDS};
 use doorbell_softnic::kernel::{softnic_engine_1024, softnic_engine_256, softnic_engine_512, ENGINE_256_THREADS, ENGINE_512_THREADS};
@@ -359,7 +359,7 @@ pub(super) fn launch(nic: &SoftNic, ctx: &StartCtx<'_>) -> Result<KernelEngine> 
     let shared_bytes = if nic.options.thread_copies {
         SHARED_BYTES
     } else {
-        shared_bytes_bulk(threads)
+        SHARED_BYTES_BULK
     };
     // SAFETY: the table buffer, whole.
     unsafe { dev.write_raw(ports.as_raw(), bytes_of(&table))? };

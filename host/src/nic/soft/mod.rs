@@ -233,7 +233,7 @@ pub struct SoftOptions {
     /// `BULK_MIN` bytes (`doorbell_softnic::engine::resident`) whose two
     /// ends share their offset mod 16 moves its
     /// 16-byte-aligned body through the SM's bulk-copy unit (TMA), staged
-    /// in the block's shared memory (`shared_bytes_bulk` of it), and its
+    /// in the block's shared memory (`SHARED_BYTES_BULK` of it), and its
     /// threads copy the rest.
     pub thread_copies: bool,
     /// Most WQEs of one burst of the engine kernel ([`BURST_ENV`];

@@ -125,31 +125,15 @@ const BURST_AT: usize = core::mem::size_of::<Job>().next_multiple_of(16);
 /// [`JOBS`] [`BurstJob`]s.
 pub const SHARED_BYTES: u32 = (BURST_AT + JOBS * core::mem::size_of::<BurstJob>()) as u32;
 const _: () = assert!(SHARED_BYTES <= 48 * 1024);
-/// Where the bulk copies' area ([`dma`]) starts in the dynamic shared
-/// memory of a block of `threads` threads: after the burst jobs it uses
-/// (one per warp, at most [`JOBS`]), so a block of 256 threads leaves
-/// the SM more of its L1 than one of 512.
-const fn bulk_at(threads: usize) -> usize {
-    let warps = threads / 32;
-    let jobs = if warps < 1 {
-        1
-    } else if warps > JOBS {
-        JOBS
-    } else {
-        warps
-    };
-    (BURST_AT + jobs * core::mem::size_of::<BurstJob>()).next_multiple_of(128)
-}
-
-/// Dynamic shared memory the engine kernel needs in blocks of `threads`
-/// threads when its block copies go through the bulk-copy unit
-/// ([`EngineCtl::bulk_copy`]): the job, the burst jobs its warps use and
+/// Where the bulk copies' area ([`dma`]) starts in the block's dynamic
+/// shared memory.
+const BULK_AT: usize = (SHARED_BYTES as usize).next_multiple_of(128);
+/// Dynamic shared memory the engine kernel needs when its block copies go
+/// through the bulk-copy unit ([`EngineCtl::bulk_copy`]): the jobs and
 /// [`BULK_BYTES`] (over 48 KiB: the launch raises the kernel's limit).
-pub const fn shared_bytes_bulk(threads: u32) -> u32 {
-    (bulk_at(threads as usize) + BULK_BYTES as usize) as u32
-}
+pub const SHARED_BYTES_BULK: u32 = BULK_AT as u32 + BULK_BYTES;
 // Within what an sm_90 block may have (227 KiB).
-const _: () = assert!(shared_bytes_bulk(1024) <= 227 * 1024);
+const _: () = assert!(SHARED_BYTES_BULK <= 227 * 1024);
 
 /// Publishes the engine's state: `st.release.sys` into the control block
 /// and into [`EngineCtl::host_state`] when set. Pairs with the host's
@@ -593,7 +577,7 @@ unsafe fn serve(job: *const Job, part: usize, parts: usize) {
     let jobs = burst_jobs(job as *mut Job);
     // The last thread issues the bulk copies, from the area after the jobs
     // (there when the configuration asks for bulk copies).
-    let mut dma = dma::Dma::new(job.cast::<u8>().wrapping_add(bulk_at(parts)).cast_mut());
+    let mut dma = dma::Dma::new(job.cast::<u8>().wrapping_add(BULK_AT).cast_mut());
     loop {
         block_barrier();
         // SAFETY: written by thread 0 before the barrier above.
@@ -624,7 +608,7 @@ fn burst_jobs(job: *mut Job) -> *mut BurstJob {
 
 /// The engine kernel's body, called by every thread of its blocks
 /// (launched with [`SHARED_BYTES`] of dynamic shared memory, or
-/// [`shared_bytes_bulk`] for bulk copies: with less, [`EngineCtl::bulk_copy`]
+/// [`SHARED_BYTES_BULK`] for bulk copies: with less, [`EngineCtl::bulk_copy`]
 /// is ignored and the threads copy every byte). Block `b` of
 /// a grid of `n` serves the QPs whose [`QpEntry::shard`](super::tables::QpEntry::shard) is `b`
 /// ([`Port::assign_shards`](super::tables::Port::assign_shards)) with its own control block, `ctl.add(b)`;
@@ -751,9 +735,8 @@ impl BlockMover {
                 shared_bytes: 0,
                 lone_doorbells: 0,
                 lone_wqes: 0,
-                // Only where the launch reserved the area ([`shared_bytes_bulk`]).
-                bulk: core::ptr::read_volatile(&raw const (*ctl).bulk_copy) != 0
-                    && ptx::dynamic_shared_mem_bytes() >= shared_bytes_bulk(parts as u32),
+                // Only where the launch reserved the area ([`SHARED_BYTES_BULK`]).
+                bulk: core::ptr::read_volatile(&raw const (*ctl).bulk_copy) != 0 && ptx::dynamic_shared_mem_bytes() >= SHARED_BYTES_BULK,
                 bulk_bytes: 0,
             }
         }
