@@ -17,6 +17,9 @@ pub struct BwRow {
     pub ratio: Option<f64>,
     pub link_promised_gbps: Option<f64>,
     pub link_achieved: Option<f64>,
+    /// Rank 0's engine (its blocks added up) over the timed IBGDA
+    /// launches of this size.
+    pub engine: Option<LaneEngine>,
 }
 
 /// What rank 0's engine did over the timed lane-post runs of many blocks
@@ -46,6 +49,11 @@ pub struct LaneEngine {
     pub phases: [u64; Phase::ALL.len()],
     pub copy_cycles: u64,
     pub fence_cycles: u64,
+    /// Copies made by whole blocks, their bytes, and the bytes blocks
+    /// copied of other blocks' shared copies.
+    pub block_copies: u64,
+    pub block_bytes: u64,
+    pub shared_bytes: u64,
 }
 
 impl LaneEngine {
@@ -67,6 +75,9 @@ impl LaneEngine {
         }
         self.copy_cycles += a.copy_cycles - b.copy_cycles;
         self.fence_cycles += a.fence_cycles - b.fence_cycles;
+        self.block_copies += a.block_copies - b.block_copies;
+        self.block_bytes += a.block_bytes - b.block_bytes;
+        self.shared_bytes += a.shared_bytes - b.shared_bytes;
     }
 }
 
@@ -192,6 +203,11 @@ pub fn print_report(r: &Report, a: &IbgdaBenchArgs, gpu: bool) {
         let link = [opt(b.link_promised_gbps, 2), opt(b.link_achieved, 3)];
         println!("{}", t.row(&[&cells[..], &link[..]].concat()));
     }
+    for b in &r.put_bw {
+        if let Some(e) = b.engine.filter(|e| e.block_copies != 0) {
+            print_put_engine(&e, b.bytes, r.engine_blocks);
+        }
+    }
     println!(
         "# WQE post rate ({} 8-byte puts): one warp {:.3} M WQE/s, one block {:.3} M WQE/s",
         a.wqes, r.post_warp_mwqe_s, r.post_block_mwqe_s
@@ -302,6 +318,25 @@ fn print_engine(e: &LaneEngine, blocks: u32, heading: &str) {
     if !lone {
         print_phases(e, e.rounds, "a round");
     }
+}
+
+/// Where rank 0's engine spent the timed puts of `bytes` (`blocks` blocks,
+/// counts added up): per block copy (a WQE's payload), the busy cycles of
+/// all its blocks and the control's phases.
+fn print_put_engine(e: &LaneEngine, bytes: u64, blocks: u32) {
+    let per = |c: u64, n: u64| c as f64 / n.max(1) as f64;
+    let n = e.block_copies;
+    println!(
+        "# rank 0's engine over the timed puts of {bytes} bytes ({} block(s), counts added up): {n} block copies of {:.0} KiB in {:.0} us, {:.0} % of their bytes in shared chunks; per copy {:.0} busy cycles: copies {:.0}, fences {:.0}, the rest control",
+        blocks.max(1),
+        per(e.block_bytes, n) / 1024.0,
+        e.elapsed_ns as f64 / 1e3,
+        100.0 * e.shared_bytes as f64 / e.block_bytes.max(1) as f64,
+        per(e.busy_cycles, n),
+        per(e.copy_cycles, n),
+        per(e.fence_cycles, n),
+    );
+    print_phases(e, n, "a block copy");
 }
 
 /// The control thread's busy cycles of `e` by phase, per `n` (`unit`).

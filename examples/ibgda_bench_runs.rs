@@ -87,6 +87,7 @@ pub fn put_bandwidth(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), 
     let family = r.m.family::<put_stream>()?;
     for bytes in sweep(p.args.min_bytes, p.max, p.args.step_factor) {
         let iters = ((256u64 << 20) / bytes).clamp(if gpu { 4 } else { 1 }, if gpu { 1000 } else { 8 }) as u32;
+        let mut engine: Option<LaneEngine> = None;
         let [ib_t, p2p_t] = interleaved::<2, BoxError>(true, p.args.rounds as u32, |v, warm| {
             if warm && v == 0 {
                 comm.barrier()?;
@@ -94,6 +95,7 @@ pub fn put_bandwidth(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), 
             }
             r.status.zero()?;
             comm.barrier()?;
+            let before = comm.ibgda_engine().filter(|_| v == 0 && !warm);
             let t0 = Instant::now();
             let cfg = LaunchConfig::linear(p.args.blocks as u32, 256);
             let a = (r.dst.as_mut_ptr(), r.src.as_ptr(), bytes, iters, r.status.as_mut_ptr());
@@ -101,6 +103,11 @@ pub fn put_bandwidth(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), 
             unsafe { r.s.launch_family(&family, cfg, handle(v, ib, p2p), a)? };
             comm.synchronize(&r.s)?;
             let secs = t0.elapsed().as_secs_f64();
+            if let (Some(b), Some(a)) = (before, comm.ibgda_engine()) {
+                engine
+                    .get_or_insert_with(LaneEngine::default)
+                    .add(&b.counters, &a.counters, (secs * 1e9) as u64);
+            }
             check(&r.status, "put")?;
             comm.barrier()?;
             if warm && v == 0 && me == 1 {
@@ -126,6 +133,7 @@ pub fn put_bandwidth(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), 
             ratio: ratio(ibg, p2g),
             link_promised_gbps: promised,
             link_achieved: promised.and_then(|p| ratio(ibg, p)),
+            engine,
         });
         if me == 0 {
             eprintln!("put {bytes} bytes: ibgda {ibg:.2} GB/s, p2p {p2g:.2} GB/s");
