@@ -25,7 +25,10 @@
 //!
 //! Off the GPU (the emulator) the same loop runs with each bulk operation
 //! done at once as a byte copy through the same stages, so the split of a
-//! copy into head, stages and tail is exercised by the CPU tests too.
+//! copy into head, stages and tail is exercised by the CPU tests too; a
+//! model of the waits fails where the GPU would hang (a wait for an
+//! `mbarrier` phase that never completes) or send overwritten bytes (a
+//! load into a stage a store may still be reading).
 
 use super::super::mover::copy_part;
 
@@ -227,8 +230,12 @@ mod bulk {
         unsafe {
             asm!("mbarrier.init.shared::cta.b64 [{0}], 1;", in(reg32) shared(bar.cast()), options(nostack))
         };
+        // The model's `mbarrier`: the count of its completed phases.
         #[cfg(not(target_arch = "nvptx64"))]
-        let _ = bar;
+        // SAFETY: the caller's contract.
+        unsafe {
+            bar.write(0)
+        };
     }
 
     /// Makes the `mbarrier`s' initialization visible to the bulk-copy unit.
@@ -281,8 +288,10 @@ mod bulk {
         #[cfg(not(target_arch = "nvptx64"))]
         // SAFETY: the caller's contract.
         unsafe {
-            let _ = bar;
-            core::ptr::copy_nonoverlapping(src, dst, n)
+            model::loading(dst);
+            core::ptr::copy_nonoverlapping(src, dst, n);
+            // The load lands at once: its phase completes.
+            bar.write(bar.read() + 1);
         };
     }
 
@@ -311,8 +320,17 @@ mod bulk {
                 }
             }
         }
+        // On the GPU a wait for a phase that never completes hangs; the
+        // model says so.
         #[cfg(not(target_arch = "nvptx64"))]
-        let _ = (bar, parity);
+        // SAFETY: the caller's contract.
+        unsafe {
+            let done = bar.read();
+            assert!(
+                (done & 1) as u32 != parity,
+                "a wait for parity {parity} on an mbarrier with {done} completed phases would never end"
+            );
+        }
     }
 
     /// Stores `n` bytes (a multiple of 16) of the stage at `src` to `dst`,
@@ -337,7 +355,8 @@ mod bulk {
         #[cfg(not(target_arch = "nvptx64"))]
         // SAFETY: the caller's contract.
         unsafe {
-            core::ptr::copy_nonoverlapping(src, dst, n)
+            core::ptr::copy_nonoverlapping(src, dst, n);
+            model::stored_from(src);
         };
     }
 
@@ -346,7 +365,7 @@ mod bulk {
     #[inline(always)]
     pub(super) fn wait_reads() {
         #[cfg(not(target_arch = "nvptx64"))]
-        let _ = super::READ_PENDING;
+        model::reads_waited(super::READ_PENDING);
         #[cfg(target_arch = "nvptx64")]
         // SAFETY: a wait.
         unsafe {
@@ -358,11 +377,62 @@ mod bulk {
     /// thread.
     #[inline(always)]
     pub(super) fn wait_stores() {
+        #[cfg(not(target_arch = "nvptx64"))]
+        model::reads_waited(0);
         #[cfg(target_arch = "nvptx64")]
         // SAFETY: a wait.
         unsafe {
             asm!("cp.async.bulk.wait_group 0;", options(nostack))
         };
+    }
+
+    /// Off the GPU: which stages the issuing thread's stores may still be
+    /// reading (every store reads at once here, but on the GPU it reads
+    /// until a `wait_group.read` lets fewer than it be pending), so a load
+    /// into such a stage — bytes a store would send that were overwritten
+    /// first — fails loudly instead of passing.
+    #[cfg(not(target_arch = "nvptx64"))]
+    mod model {
+        use super::super::STAGES;
+        use std::cell::Cell;
+
+        std::thread_local! {
+            /// The stages of the stores not waited for, oldest first, and
+            /// how many there are.
+            static READING: Cell<([usize; STAGES + 1], usize)> = const { Cell::new(([0; STAGES + 1], 0)) };
+        }
+
+        /// A store out of the stage at `stage` was issued.
+        pub(super) fn stored_from(stage: *const u8) {
+            READING.with(|r| {
+                let (mut v, n) = r.get();
+                assert!(n <= STAGES, "more stores pending than stages");
+                v[n] = stage as usize;
+                r.set((v, n + 1));
+            });
+        }
+
+        /// A wait left at most `keep` of the newest stores pending.
+        pub(super) fn reads_waited(keep: usize) {
+            READING.with(|r| {
+                let (mut v, n) = r.get();
+                if n > keep {
+                    v.copy_within(n - keep..n, 0);
+                    r.set((v, keep));
+                }
+            });
+        }
+
+        /// A load into the stage at `stage` is issued.
+        pub(super) fn loading(stage: *const u8) {
+            READING.with(|r| {
+                let (v, n) = r.get();
+                assert!(
+                    !v[..n].contains(&(stage as usize)),
+                    "a bulk load into a stage whose store may still be reading it"
+                );
+            });
+        }
     }
 }
 
