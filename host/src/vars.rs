@@ -29,6 +29,12 @@ pub fn uint(var: &str, default: u64, min: u64, max: u64) -> Result<u64> {
     Ok(parse::uint(var, default, min, max)?)
 }
 
+/// The index in `choices` of `var`'s value (trimmed, any case), or `None`
+/// when unset.
+pub fn choice(var: &str, choices: &[&str]) -> Result<Option<usize>> {
+    Ok(parse::raw(var)?.map(|v| parse_choice(var, &v, choices)).transpose()?)
+}
+
 /// `var` as a `0`/`1` switch, or `default` when unset.
 pub fn flag(var: &str, default: bool) -> Result<bool> {
     Ok(parse::flag(var, default)?)

@@ -763,18 +763,11 @@ impl Stream {
         let mut params = args.param_ptrs();
         let (grid, block) = (cfg.grid, cfg.block);
         if cfg.shared_mem_bytes > 48 * 1024 {
-            // More than 48 KiB of dynamic shared memory needs the kernel's
-            // limit raised first (the driver refuses the launch otherwise).
+            // Over 48 KiB the driver refuses the launch unless the limit is raised.
+            let limit = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
             // SAFETY: a valid function handle; a plain attribute.
-            unsafe {
-                sys::cuFuncSetAttribute(
-                    f.f,
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    cfg.shared_mem_bytes as i32,
-                )
-            }
-            .result()
-            .call("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")?;
+            let set = unsafe { sys::cuFuncSetAttribute(f.f, limit, cfg.shared_mem_bytes as i32) };
+            set.result().call("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")?;
         }
         if !cfg.overlap_previous {
             // SAFETY: `params` points at the fields of `args`, matching the

@@ -282,28 +282,10 @@ impl SoftOptions {
             None => None,
             Some(_) => Some(crate::vars::uint(ENGINE_BLOCKS_ENV, 1, 1, MAX_SHARDS as u64)? as u32),
         };
-        let sys_scope = match crate::vars::raw(SCOPE_ENV)?.as_deref().map(str::trim) {
-            None | Some("auto") => false,
-            Some("sys") => true,
-            Some(v) => {
-                return Err(Error::BadEnv {
-                    var: SCOPE_ENV.to_string(),
-                    value: v.to_string(),
-                    reason: "is not `auto` (gpu scope when every rank shares the engine's GPU) or `sys`".to_string(),
-                })
-            }
-        };
-        let thread_copies = match crate::vars::raw(COPY_ENV)?.as_deref().map(str::trim) {
-            None | Some("bulk") => false,
-            Some("threads") => true,
-            Some(v) => {
-                return Err(Error::BadEnv {
-                    var: COPY_ENV.to_string(),
-                    value: v.to_string(),
-                    reason: "is not `bulk` (the SM's bulk-copy unit moves large copies) or `threads`".to_string(),
-                })
-            }
-        };
+        // `auto`: gpu scope when every rank shares the engine's GPU.
+        let sys_scope = crate::vars::choice(SCOPE_ENV, &["auto", "sys"])? == Some(1);
+        // `bulk`: the SM's bulk-copy unit moves large copies.
+        let thread_copies = crate::vars::choice(COPY_ENV, &["bulk", "threads"])? == Some(1);
         let burst = match crate::vars::raw(BURST_ENV)? {
             None => None,
             Some(_) => Some(crate::vars::uint(BURST_ENV, BURST_MAX as u64, 0, BURST_MAX as u64)? as u32),
