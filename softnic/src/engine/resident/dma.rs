@@ -57,16 +57,6 @@ const STAGES_AT: usize = (STAGES * 8).next_multiple_of(128);
 /// `mbarrier`s and the stages.
 pub const BULK_BYTES: u32 = (STAGES_AT + STAGES * STAGE_BYTES) as u32;
 
-/// Where the area starts in the block's dynamic shared memory: after the
-/// jobs ([`super::SHARED_BYTES`]).
-const BULK_AT: usize = (super::SHARED_BYTES as usize).next_multiple_of(128);
-/// Dynamic shared memory the engine kernel needs when its block copies go
-/// through the bulk-copy unit (`EngineCtl::bulk_copy`): the jobs and
-/// [`BULK_BYTES`] (over 48 KiB: the launch raises the kernel's limit).
-pub const SHARED_BYTES_BULK: u32 = BULK_AT as u32 + BULK_BYTES;
-// Within what an sm_90 block may have (227 KiB).
-const _: () = assert!(SHARED_BYTES_BULK <= 227 * 1024);
-
 /// The head (bytes before the first 16-byte-aligned destination byte) and
 /// the body (a multiple of 16 bytes after it) of a copy the bulk-copy unit
 /// makes; `None`: the threads make it all (too short, or the two ends do
@@ -95,12 +85,10 @@ pub(super) struct Dma {
 }
 
 impl Dma {
-    /// The area of the block whose dynamic shared memory starts at `smem`
-    /// ([`BULK_AT`] bytes in: there when the launch reserved it; not
-    /// touched until the first copy).
-    pub(super) fn new(smem: *mut u8) -> Dma {
+    /// The area at `area` (not touched until the first copy).
+    pub(super) fn new(area: *mut u8) -> Dma {
         Dma {
-            area: smem.wrapping_add(BULK_AT),
+            area,
             ready: false,
             next: 0,
             parity: 0,
@@ -166,13 +154,6 @@ impl Dma {
     }
 }
 
-/// [`split`] for a block copy by `parts` threads, `None` also when bulk
-/// copies are off (`bulk` false) or one thread copies alone.
-#[inline(always)]
-pub(super) fn plan(dst: u64, src: u64, len: usize, bulk: bool, parts: usize) -> Option<(usize, usize)> {
-    split(dst, src, len).filter(|_| bulk && parts > 1)
-}
-
 /// Part `part` of `parts` of a block copy of `len` bytes from `src` to
 /// `dst` (not overlapping). With `bulk` set and a copy [`split`] accepts,
 /// the last thread moves the body through the bulk-copy unit (`dma` is
@@ -189,7 +170,7 @@ pub(super) unsafe fn copy_job(dst: u64, src: u64, len: usize, bulk: bool, part: 
     // SAFETY (whole function): the caller's contract; head, body and tail
     // partition the ranges.
     unsafe {
-        match plan(dst, src, len, bulk, parts) {
+        match split(dst, src, len).filter(|_| bulk && parts > 1) {
             None => copy_part(d, s, len, part, parts),
             Some((head, body)) => {
                 if part == parts - 1 {
@@ -491,8 +472,8 @@ mod tests {
     /// and the bytes around the destination stay untouched.
     #[test]
     fn bulk_copies_move_every_byte_once_and_nothing_else() {
-        let mut smem = vec![0u128; SHARED_BYTES_BULK as usize / 16];
-        let mut dma = Dma::new(smem.as_mut_ptr().cast());
+        let mut area = vec![0u128; BULK_BYTES as usize / 16];
+        let mut dma = Dma::new(area.as_mut_ptr().cast());
         let big = 3 * BULK_MIN + 77;
         let src = buffer(big + 64, |i| (i * 7 + i / 251) as u8);
         let lens = [

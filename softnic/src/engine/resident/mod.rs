@@ -10,9 +10,10 @@
 //! [`BlockMover`] hands them each copy of at least [`BLOCK_COPY_MIN`]
 //! bytes, and the whole block copies it with 16-byte vectors
 //! ([`super::mover::copy_part`]) — or, from [`BULK_MIN`] bytes up when
-//! [`EngineCtl::bulk_copy`] is set, the SM's bulk-copy unit (`dma`);
-//! smaller copies (signals, short messages) thread 0 makes alone, which
-//! is cheaper than two barriers.
+//! [`EngineCtl::bulk_copy`] is set, its last thread moves the aligned
+//! body through the SM's bulk-copy unit and the others the ends
+//! (`dma`); smaller copies (signals, short messages)
+//! thread 0 makes alone, which is cheaper than two barriers.
 //!
 //! An idle engine that finds one QP rung and nothing else moved serves it
 //! without a pass when it is at most [`LONE_MAX`] simple WRITEs (`lone`):
@@ -92,7 +93,7 @@ mod view;
 use lanes::run_bursts;
 use view::{Rung, View, Watch};
 
-pub use dma::{AHEAD, BULK_BYTES, BULK_MIN, SHARED_BYTES_BULK, STAGES, STAGE_BYTES};
+pub use dma::{AHEAD, BULK_BYTES, BULK_MIN, STAGES, STAGE_BYTES};
 pub use lone::LONE_MAX;
 
 pub use shared::{HELP_EVERY, SHARE_CHUNK, SHARE_MIN};
@@ -124,6 +125,15 @@ const BURST_AT: usize = core::mem::size_of::<Job>().next_multiple_of(16);
 /// [`JOBS`] [`BurstJob`]s.
 pub const SHARED_BYTES: u32 = (BURST_AT + JOBS * core::mem::size_of::<BurstJob>()) as u32;
 const _: () = assert!(SHARED_BYTES <= 48 * 1024);
+/// Where the bulk copies' area ([`dma`]) starts in the block's dynamic
+/// shared memory.
+const BULK_AT: usize = (SHARED_BYTES as usize).next_multiple_of(128);
+/// Dynamic shared memory the engine kernel needs when its block copies go
+/// through the bulk-copy unit ([`EngineCtl::bulk_copy`]): the jobs and
+/// [`BULK_BYTES`] (over 48 KiB: the launch raises the kernel's limit).
+pub const SHARED_BYTES_BULK: u32 = BULK_AT as u32 + BULK_BYTES;
+// Within what an sm_90 block may have (227 KiB).
+const _: () = assert!(SHARED_BYTES_BULK <= 227 * 1024);
 
 /// Publishes the engine's state: `st.release.sys` into the control block
 /// and into [`EngineCtl::host_state`] when set. Pairs with the host's
@@ -303,7 +313,7 @@ impl BlockMover {
     unsafe fn round(&mut self, mut job: Job) {
         if job.kind == JOB_COPY {
             job.bulk = self.bulk as u32;
-            if let Some((_, body)) = dma::plan(job.dst, job.src, job.len as usize, self.bulk, self.parts) {
+            if let Some((_, body)) = dma::split(job.dst, job.src, job.len as usize).filter(|_| self.bulk && self.parts > 1) {
                 self.bulk_bytes += body as u64;
             }
         }
@@ -565,7 +575,9 @@ impl PayloadMover for BlockMover {
 /// `job` is the block's job slot; thread 0 runs [`control`].
 unsafe fn serve(job: *const Job, part: usize, parts: usize) {
     let jobs = burst_jobs(job as *mut Job);
-    let mut dma = dma::Dma::new(job.cast::<u8>().cast_mut());
+    // The last thread issues the bulk copies, from the area after the jobs
+    // (there when the configuration asks for bulk copies).
+    let mut dma = dma::Dma::new(job.cast::<u8>().wrapping_add(BULK_AT).cast_mut());
     loop {
         block_barrier();
         // SAFETY: written by thread 0 before the barrier above.
