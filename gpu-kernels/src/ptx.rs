@@ -553,6 +553,24 @@ pub unsafe fn ld_v4_u32(p: *const u32) -> [u32; 4] {
     }
 }
 
+/// `ld.u32`: one 4-byte load (weak). `p` must be 4-byte aligned.
+#[inline(always)]
+pub unsafe fn ld_u32(p: *const u32) -> u32 {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        let v: u32;
+        // SAFETY: caller guarantees a valid, 4-byte aligned source.
+        unsafe { asm!("ld.u32 {0}, [{1}];", out(reg32) v, in(reg64) p, options(nostack, readonly)) };
+        v
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    {
+        emu::check_align(p as usize, 4, "ld.u32");
+        // SAFETY: valid (caller) and 4-byte aligned (checked).
+        unsafe { core::ptr::read_volatile(p) }
+    }
+}
+
 /// `ld.u64`: one 8-byte load (weak). `p` must be 8-byte aligned.
 #[inline(always)]
 pub unsafe fn ld_u64(p: *const u64) -> u64 {

@@ -280,7 +280,7 @@ pub(crate) unsafe fn simple_write(ports: &PortTable, h: &BurstHead, idx: u32) ->
     }
     // SAFETY: the caller's contract: the engine's own live port.
     let own: &Port = unsafe { (h.own as usize as *const Port).as_ref() }?;
-    check_write(ports, own, h, idx, &segs)
+    check_write(&Tables { ports, own }, h, idx, &segs)
 }
 
 /// The three segments of the WQE at SQ counter `idx` of the burst's QP
@@ -307,12 +307,41 @@ pub(crate) fn answering(peer: &Port, h: &BurstHead) -> bool {
     h.connected != 0 && answers(peer, h.peer_qp as usize, (h.port as usize, h.q as usize))
 }
 
+/// Where [`check_write`] reads the tables: the tables themselves
+/// ([`Tables`]), or copies of the entries a lone request's WQEs were
+/// expected to name, read in one trip with the WQEs (`resident::lone`).
+pub(crate) trait WriteTables {
+    /// [`Port::check_mr`] of the engine's own port for a gather entry
+    /// (local read).
+    fn local(&self, key: u32, pd: u32, addr: u64, len: u64) -> Option<*mut u8>;
+    /// [`check_remote_at`] of the responder `h` names, for a WRITE.
+    fn remote(&self, h: &BurstHead, addr: u64, key: u32, len: u64) -> Option<*mut u8>;
+}
+
+/// The tables themselves: the fabric's and the engine's own port.
+pub(crate) struct Tables<'a> {
+    pub ports: &'a PortTable,
+    pub own: &'a Port,
+}
+
+impl WriteTables for Tables<'_> {
+    #[inline(always)]
+    fn local(&self, key: u32, pd: u32, addr: u64, len: u64) -> Option<*mut u8> {
+        self.own.check_mr(key, pd, addr, len, 0).ok()
+    }
+    #[inline(always)]
+    fn remote(&self, h: &BurstHead, addr: u64, key: u32, len: u64) -> Option<*mut u8> {
+        check_remote_at(self.ports, h.peer_port as usize, h.peer_qp as usize, addr, key, len, access::REMOTE_WRITE).ok()
+    }
+}
+
 /// Checks the WQE at SQ counter `idx` whose segments are `segs` (read
 /// once, [`load_wqe`]) as [`super::exec::execute`] would check an RDMA
-/// WRITE of the engine's port `own`, whose responder answers
-/// ([`answering`]); `None` unless it is simple (see the module docs).
+/// WRITE of the engine's port, whose responder answers ([`answering`]),
+/// reading the tables through `t`; `None` unless it is simple (see the
+/// module docs).
 #[inline(always)]
-pub(crate) fn check_write(ports: &PortTable, own: &Port, h: &BurstHead, idx: u32, segs: &[[u32; 4]; 3]) -> Option<Simple> {
+pub(crate) fn check_write(t: &impl WriteTables, h: &BurstHead, idx: u32, segs: &[[u32; 4]; 3]) -> Option<Simple> {
     let ctrl = CtrlSeg::from_words(&segs[0]);
     // One basic block: ctrl, remote address, one data segment.
     if ctrl.opcode != OPCODE_RDMA_WRITE || ctrl.ds != 3 || ctrl.wqe_index != idx as u16 || ctrl.qpn != h.qpn & 0xff_ffff {
@@ -324,17 +353,8 @@ pub(crate) fn check_write(ports: &PortTable, own: &Port, h: &BurstHead, idx: u32
     if len & INLINE_SEG != 0 || len == 0 || len > BURST_MAX_BYTES {
         return None;
     }
-    let src = own.check_mr(seg.lkey, h.pd, seg.addr, len as u64, 0).ok()?;
-    let dst = check_remote_at(
-        ports,
-        h.peer_port as usize,
-        h.peer_qp as usize,
-        raddr.raddr,
-        raddr.rkey,
-        len as u64,
-        access::REMOTE_WRITE,
-    )
-    .ok()?;
+    let src = t.local(seg.lkey, h.pd, seg.addr, len as u64)?;
+    let dst = t.remote(h, raddr.raddr, raddr.rkey, len as u64)?;
     if overlaps(dst, src, len as usize) {
         return None;
     }

@@ -14,7 +14,7 @@ use super::mem::Scope;
 use super::mover::{PayloadMover, Phase};
 use super::rq::RecvWqe;
 use super::tables::{
-    access, ErrorRecord, InboxEvent, Inflight, Port, Ports, QpState, Reason, EVENT_ERROR, EVENT_ERROR_RECEIVE, EVENT_RECEIVE,
+    access, ErrorRecord, InboxEvent, Inflight, MrEntry, Port, Ports, QpEntry, QpState, Reason, EVENT_ERROR, EVENT_ERROR_RECEIVE, EVENT_RECEIVE,
     EVENT_SOLICITED, INBOX, MAX_QPS, MAX_SHARDS, QP_CONNECTED,
 };
 use super::wqe::{self, Wqe};
@@ -99,8 +99,14 @@ pub(crate) fn resolve_peer<P: Ports + ?Sized>(ports: &P, p: usize, q: usize) -> 
 /// connected back to it, in RTR or RTS.
 #[inline(always)]
 pub(crate) fn answers(port: &Port, pq: usize, (p, q): (usize, usize)) -> bool {
-    let Some(peer) = port.qps.get(pq) else { return false };
-    port.valid != 0
+    port.qps.get(pq).is_some_and(|peer| answers_as(port.valid, peer, (p, q)))
+}
+
+/// [`answers`] on a copy: `valid`, the responder port's word, and `peer`,
+/// its QP's entry (the fields read: flags, state, peer port and QP).
+#[inline(always)]
+pub(crate) fn answers_as(valid: u32, peer: &QpEntry, (p, q): (usize, usize)) -> bool {
+    valid != 0
         && peer.in_use()
         && peer.flags & QP_CONNECTED != 0
         && peer.peer_port as usize == p
@@ -145,16 +151,39 @@ pub(crate) fn check_remote_at<P: Ports + ?Sized>(
     let denied = |r| Fail::new(CqeSyndrome::RemoteAccess, r, key, addr);
     let port = ports.get(pp).ok_or(denied(Reason::BadKey))?;
     let peer = port.qps.get(pq).ok_or(denied(Reason::BadKey))?;
-    let ptr = port.check_mr(key, peer.pd, addr, len, need).map_err(denied)?;
+    admit_remote(port.mr_of(key), peer, |a, n| ports.reach(pp, a, n), addr, key, len, need)
+}
+
+/// [`check_remote_at`]'s checks on what it looked up: `mr`, the entry of
+/// the slot `key` names in the responder port's table (`None`: no such
+/// slot), `peer`, the responder QP's entry (the fields read: protection
+/// domain and access), and `reach`, how this engine reaches the
+/// responder's memory ([`Ports::reach`]).
+#[inline(always)]
+pub(crate) fn admit_remote(
+    mr: Option<&MrEntry>,
+    peer: &QpEntry,
+    reach: impl FnOnce(u64, u64) -> Option<*mut u8>,
+    addr: u64,
+    key: u32,
+    len: u64,
+    need: u32,
+) -> Result<*mut u8, Fail> {
+    let denied = |r| Fail::new(CqeSyndrome::RemoteAccess, r, key, addr);
     if len == 0 {
-        return Ok(ptr);
+        // Verbs do not validate keys of zero-length transfers.
+        return Ok(addr as usize as *mut u8);
     }
+    let ptr = match mr {
+        Some(mr) => mr.admits(key, peer.pd, addr, len, need).map_err(denied)?,
+        None => return Err(denied(Reason::BadKey)),
+    };
     if peer.access & need != need {
         return Err(denied(Reason::AccessDenied));
     }
     // The responder's address as this engine reaches it (a port of another
     // process: through the mapping of its heap).
-    ports.reach(pp, ptr as u64, len).ok_or(denied(Reason::Unmapped))
+    reach(ptr as u64, len).ok_or(denied(Reason::Unmapped))
 }
 
 /// Copies the peer's receive WQE `idx` out of its ring and checks each

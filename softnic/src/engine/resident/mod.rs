@@ -770,6 +770,7 @@ unsafe fn control(shards: Shards, job: *mut Job, parts: usize) {
         let mut seq = 0u64;
         let mut now = base;
         let mut watch = Watch::EMPTY;
+        let mut guesses = lone::Guesses::new();
         // Forces a refresh and a full pass first.
         let mut refreshed_ns = t0.wrapping_sub(REFRESH_NS + 1);
         let mut last = PollReport {
@@ -841,7 +842,7 @@ unsafe fn control(shards: Shards, job: *mut Job, parts: usize) {
             let mut served = false;
             if let Some((q, seen)) = rung.lone {
                 mover.begin_pass();
-                if let Some(executed) = lone::serve(&mut table, port, q, seen, now, &cfg, &mut mover) {
+                if let Some(executed) = lone::serve(&mut table, port, (q, seen), now, &cfg, &mut mover, &mut guesses) {
                     full = false;
                     served = executed != 0;
                     // Nothing is left on the QP, and nothing else moved:

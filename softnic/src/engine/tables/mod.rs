@@ -685,21 +685,40 @@ impl Port {
         if len == 0 {
             return Ok(addr as usize as *mut u8);
         }
-        let mr = match key_slot(key).and_then(|s| self.mrs.get(s)) {
-            Some(mr) if mr.valid != 0 && mr.key == key => mr,
-            _ => return Err(Reason::BadKey),
-        };
-        if mr.pd != pd {
+        match self.mr_of(key) {
+            Some(mr) => mr.admits(key, pd, addr, len, need),
+            None => Err(Reason::BadKey),
+        }
+    }
+
+    /// The entry of the slot `key` names (not checked: see
+    /// [`MrEntry::admits`]).
+    #[inline(always)]
+    pub fn mr_of(&self, key: u32) -> Option<&MrEntry> {
+        key_slot(key).and_then(|s| self.mrs.get(s))
+    }
+}
+
+impl MrEntry {
+    /// [`Port::check_mr`]'s checks of a non-empty range on this entry (a
+    /// copy of the slot `key` names): registered under `key`, same
+    /// protection domain, inside, with every flag of `need`.
+    #[inline(always)]
+    pub fn admits(&self, key: u32, pd: u32, addr: u64, len: u64, need: u32) -> Result<*mut u8, Reason> {
+        if self.valid == 0 || self.key != key {
+            return Err(Reason::BadKey);
+        }
+        if self.pd != pd {
             return Err(Reason::PdMismatch);
         }
         let end = match addr.checked_add(len) {
             Some(e) => e,
             None => return Err(Reason::OutOfBounds),
         };
-        if addr < mr.addr || end > mr.addr.wrapping_add(mr.len) {
+        if addr < self.addr || end > self.addr.wrapping_add(self.len) {
             return Err(Reason::OutOfBounds);
         }
-        if mr.access & need != need {
+        if self.access & need != need {
             return Err(Reason::AccessDenied);
         }
         Ok(addr as usize as *mut u8)
