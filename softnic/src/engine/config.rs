@@ -46,7 +46,10 @@ pub struct EngineConfig {
     /// Faults to inject.
     pub faults: FaultConfig,
     /// Re-read a QP's doorbell record this often even without a doorbell,
-    /// ns (recovers dropped doorbells; 0: on every poll).
+    /// ns (recovers dropped doorbells; 0: on every poll). Default 1 ms: the
+    /// resident engine meets each QP's re-read with a full pass over its
+    /// port, and a request rung during that pass waits for it (see
+    /// `resident::REFRESH_NS`).
     pub dbr_reread_ns: u64,
     /// How long a requester waits for a peer that does not answer (absent,
     /// not connected back, not in RTR/RTS, stalled) before failing with
@@ -68,7 +71,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
             faults: FaultConfig::default(),
-            dbr_reread_ns: 100_000,
+            dbr_reread_ns: 1_000_000,
             transport_timeout_ns: 100_000_000,
             rnr_timeout_ns: 100_000_000,
             atomic_reply_be: 1,

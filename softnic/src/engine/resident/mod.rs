@@ -113,7 +113,12 @@ pub const CONTROL_EVERY: u64 = 16;
 /// At least this often (ns) the control thread makes the host's and the
 /// other ports' table writes visible (a fence) and lists the QP slots in
 /// use again; a QP created while the engine runs is polled within this.
-pub const REFRESH_NS: u64 = 100_000;
+/// Each refresh forces a full pass, and a request rung during one waits
+/// for it and takes the burst path: at 100 µs, together with the
+/// doorbell records' re-reads ([`EngineConfig::dbr_reread_ns`]), about a
+/// quarter of a round trip's requests did so on an H200
+/// (`benchmarks/ibgda_h200_forced_passes_ab.txt`).
+pub const REFRESH_NS: u64 = 1_000_000;
 /// Idle passes before the control thread sleeps between passes.
 const IDLE_SPINS: u32 = 64;
 
