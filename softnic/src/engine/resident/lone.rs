@@ -129,10 +129,10 @@ pub(super) unsafe fn serve(
     mem::acquire(scope);
     // SAFETY: the ring's slots (checked above: not null, a valid size).
     let segs: [[[u32; 4]; 3]; LONE_MAX as usize] = core::array::from_fn(|k| unsafe { load_wqe(&head, head.start.wrapping_add(k as u32)) });
-    // SAFETY: the caller's contract (the QP's doorbell record).
-    let pi = unsafe { mem::peek_dbrec(dbrec.add(1)) } & 0xffff;
     // SAFETY: the view's contract keeps the table and its ports valid.
     let pre = unsafe { Preload::read(&*ports, &*(own as usize as *const Port), &head, guess) };
+    // SAFETY: the caller's contract (the QP's doorbell record).
+    let pi = unsafe { mem::peek_dbrec(dbrec.add(1)) } & 0xffff;
     if pi != qp.sq_pi {
         stats.last_sq_pi = pi;
         stats.last_qpn = qp.qpn;
@@ -165,7 +165,7 @@ pub(super) unsafe fn serve(
         }
     }
     if avail != 0 {
-        guesses.learn(q, &segs, avail, pre.peer_now(&head));
+        guesses.learn(q, &segs[0], pre.peer_now);
     }
     mover.lap(Phase::Check);
     let port = view.own_mut()?;
@@ -227,9 +227,8 @@ pub(super) unsafe fn serve(
     (done == avail).then_some(done)
 }
 
-/// Per QP slot, what the last lone doorbell's WQEs named: the local and
-/// remote keys of each (a `put_signal`'s payload and signal may lie in
-/// different regions) and the responder's port. The next lone doorbell on
+/// Per QP slot, what the last lone doorbell's first WQE named: its local
+/// and remote keys and the responder's port. The next lone doorbell on
 /// the QP most likely names them again (a round trip's signal, a stream
 /// of puts into one heap), so their table entries are read in the trip
 /// that reads its WQEs, after the same acquire ([`Preload`]), instead of
@@ -237,25 +236,18 @@ pub(super) unsafe fn serve(
 /// only chooses what is read early: every check runs on what was read,
 /// and a WQE naming anything else is checked from the tables as before.
 pub(super) struct Guesses {
-    of: [Guess; MAX_QPS],
+    lkey: [u32; MAX_QPS],
+    rkey: [u32; MAX_QPS],
+    /// The responder's port as the fabric's table named it (null: none).
+    peer: [u64; MAX_QPS],
 }
 
-/// One QP's guess ([`Guesses`]): WQE `k` of its next lone doorbell names
-/// `lkey[k]` and `rkey[k]`.
+/// One QP's guess ([`Guesses`]).
 #[derive(Clone, Copy, Debug)]
 struct Guess {
-    lkey: [u32; LONE_MAX as usize],
-    rkey: [u32; LONE_MAX as usize],
-    /// The responder's port as the fabric's table named it (null: none).
+    lkey: u32,
+    rkey: u32,
     peer: u64,
-}
-
-impl Guess {
-    const NONE: Guess = Guess {
-        lkey: [0; LONE_MAX as usize],
-        rkey: [0; LONE_MAX as usize],
-        peer: 0,
-    };
 }
 
 impl Guesses {
@@ -263,26 +255,27 @@ impl Guesses {
     /// tables after its WQEs.
     pub(super) const fn new() -> Guesses {
         Guesses {
-            of: [Guess::NONE; MAX_QPS],
+            lkey: [0; MAX_QPS],
+            rkey: [0; MAX_QPS],
+            peer: [0; MAX_QPS],
         }
     }
 
     fn of(&self, q: usize) -> Guess {
-        self.of.get(q).copied().unwrap_or(Guess::NONE)
+        match (self.lkey.get(q), self.rkey.get(q), self.peer.get(q)) {
+            (Some(&lkey), Some(&rkey), Some(&peer)) => Guess { lkey, rkey, peer },
+            _ => Guess { lkey: 0, rkey: 0, peer: 0 },
+        }
     }
 
-    /// Remembers the keys of the first `n` of `wqes` (copies of WRITEs:
-    /// ctrl, remote address, data segment) and the responder's port
-    /// `peer` for QP slot `q`; a position past `n` keeps its guess.
-    fn learn(&mut self, q: usize, wqes: &[[[u32; 4]; 3]; LONE_MAX as usize], n: u32, peer: u64) {
-        let Some(g) = self.of.get_mut(q) else { return };
-        for (k, segs) in wqes.iter().enumerate() {
-            if (k as u32) < n {
-                g.lkey[k] = DataSeg::from_words(&segs[2]).lkey;
-                g.rkey[k] = RaddrSeg::from_words(&segs[1]).rkey;
-            }
+    /// Remembers the keys of `segs` (a WRITE's copy: ctrl, remote address,
+    /// data segment) and the responder's port `peer` for QP slot `q`.
+    fn learn(&mut self, q: usize, segs: &[[u32; 4]; 3], peer: u64) {
+        if let (Some(l), Some(r), Some(p)) = (self.lkey.get_mut(q), self.rkey.get_mut(q), self.peer.get_mut(q)) {
+            *l = DataSeg::from_words(&segs[2]).lkey;
+            *r = RaddrSeg::from_words(&segs[1]).rkey;
+            *p = peer;
         }
-        g.peer = peer;
     }
 }
 
@@ -301,27 +294,27 @@ const _: () = {
 
 /// The table entries a lone doorbell's WQEs were guessed to name
 /// ([`Guesses`]), read together right after the acquire: the local
-/// regions' entries, the fabric table's word for the responder's port
-/// (and its window), and — when the guessed port is that word — the
-/// port's valid word, the responder QP's words and its regions' entries. Checks
+/// region's entry, the fabric table's word for the responder's port (and
+/// its window), and — when the guessed port is that word — the port's
+/// valid word, the responder QP's words and its region's entry. Checks
 /// run on these copies exactly as on the tables ([`WriteTables`]); a key
 /// naming another slot, or a responder port other than the guess, is
 /// checked from the tables ([`Tables`]).
 struct Preload<'a> {
     tables: Tables<'a>,
-    own_slot: [Option<usize>; LONE_MAX as usize],
-    own_mr: [MrEntry; LONE_MAX as usize],
-    /// The fabric's table: the responder's port (null: none), the count of
-    /// ports and the responder's window, as read.
-    table_peer: u64,
-    count: u32,
+    own_slot: Option<usize>,
+    own_mr: MrEntry,
+    /// The fabric's table: the responder's port now (null: none) and its
+    /// window.
+    peer_now: u64,
     window: Window,
-    /// The guessed responder port, whose copies follow.
-    guessed: u64,
+    /// The guessed port is the responder's port now: the copies below are
+    /// its.
+    peer_ok: bool,
     valid: u32,
     qp: QpEntry,
-    peer_slot: [Option<usize>; LONE_MAX as usize],
-    peer_mr: [MrEntry; LONE_MAX as usize],
+    peer_slot: Option<usize>,
+    peer_mr: MrEntry,
 }
 
 /// A memory region's entry, read as two 16-byte loads.
@@ -342,31 +335,10 @@ unsafe fn read_mr(at: *const MrEntry) -> MrEntry {
     }
 }
 
-/// The entries of `keys`' slots in the region table `mrs`, each read once
-/// (a slot named twice is read once): the slots and their copies.
-///
-/// # Safety
-/// `mrs` is a live table, 16-byte aligned.
-#[inline(always)]
-unsafe fn read_mrs(mrs: *const MrEntry, keys: [u32; LONE_MAX as usize]) -> ([Option<usize>; LONE_MAX as usize], [MrEntry; LONE_MAX as usize]) {
-    let slots = keys.map(key_slot);
-    let mut out = [MrEntry::EMPTY; LONE_MAX as usize];
-    for k in 0..LONE_MAX as usize {
-        if let Some(s) = slots[k] {
-            // SAFETY: the caller's contract; `s` is below MAX_MRS.
-            out[k] = match (0..k).find(|&j| slots[j] == slots[k]) {
-                Some(j) => out[j],
-                None => unsafe { read_mr(mrs.add(s)) },
-            };
-        }
-    }
-    (slots, out)
-}
-
 impl<'a> Preload<'a> {
     /// Reads what `guess` names for the lone doorbell `h` of the engine's
-    /// port `own` (see the type's docs). Issues the loads and uses none of
-    /// their values, so they are in flight together with the WQEs'.
+    /// port `own` (see the type's docs). Every load is issued before any
+    /// of them is used.
     ///
     /// # Safety
     /// After the doorbell's acquire; the tables' contract
@@ -376,13 +348,18 @@ impl<'a> Preload<'a> {
     #[inline(always)]
     unsafe fn read(ports: &'a PortTable, own: &'a Port, h: &BurstHead, guess: Guess) -> Preload<'a> {
         let (pp, pq) = (h.peer_port as usize, h.peer_qp as usize);
+        let own_slot = key_slot(guess.lkey);
         // SAFETY (whole block): entries of live tables at in-range indices;
         // the alignment is asserted above.
         unsafe {
-            let (own_slot, own_mr) = read_mrs(&raw const own.mrs as *const MrEntry, guess.lkey);
-            let (mut table_peer, mut count, mut window) = (0, 0, Window::SAME);
+            let own_mr = match own_slot {
+                Some(s) => read_mr(&raw const own.mrs[s]),
+                None => MrEntry::EMPTY,
+            };
+            let (mut peer_now, mut window) = (0, Window::SAME);
+            let mut count = 0;
             if pp < ports.ports.len() {
-                table_peer = ptx::ld_u64(&raw const ports.ports[pp] as *const u64);
+                peer_now = ptx::ld_u64(&raw const ports.ports[pp] as *const u64);
                 count = ptx::ld_u32(&raw const ports.count);
                 let w = &raw const ports.windows[pp];
                 window = Window {
@@ -391,58 +368,46 @@ impl<'a> Preload<'a> {
                     to: ptx::ld_u64(&raw const (*w).to),
                 };
             }
-            let mut pre = Preload {
-                tables: Tables { ports, own },
-                own_slot,
-                own_mr,
-                table_peer,
-                count,
-                window,
-                guessed: 0,
-                valid: 0,
-                qp: QpEntry::EMPTY,
-                peer_slot: [None; LONE_MAX as usize],
-                peer_mr: [MrEntry::EMPTY; LONE_MAX as usize],
-            };
+            let peer_slot = key_slot(guess.rkey);
+            let (mut valid, mut qp, mut peer_mr) = (0, QpEntry::EMPTY, MrEntry::EMPTY);
             let guessed = guess.peer as usize as *const Port;
             if !guessed.is_null() && pq < MAX_QPS {
-                pre.guessed = guess.peer;
-                pre.valid = ptx::ld_u32(&raw const (*guessed).valid);
+                valid = ptx::ld_u32(&raw const (*guessed).valid);
                 let e = &raw const (*guessed).qps[pq];
                 let a = ptx::ld_u64(&raw const (*e).qpn as *const u64);
                 let b = ptx::ld_u64(&raw const (*e).pd as *const u64);
                 let c = ptx::ld_u64(&raw const (*e).access as *const u64);
                 let d = ptx::ld_u64(&raw const (*e).peer_qp as *const u64);
-                let qp = &mut pre.qp;
                 (qp.qpn, qp.state, qp.pd) = (a as u32, (a >> 32) as u32, b as u32);
                 (qp.access, qp.peer_port, qp.peer_qp, qp.flags) = (c as u32, (c >> 32) as u32, d as u32, (d >> 32) as u32);
-                (pre.peer_slot, pre.peer_mr) = read_mrs(&raw const (*guessed).mrs as *const MrEntry, guess.rkey);
+                if let Some(s) = peer_slot {
+                    peer_mr = read_mr(&raw const (*guessed).mrs[s]);
+                }
             }
-            pre
+            // Only now are the loads' values used.
+            let live = (pp as u32) < count;
+            if !live {
+                (peer_now, window) = (0, Window::SAME);
+            }
+            Preload {
+                tables: Tables { ports, own },
+                own_slot,
+                own_mr,
+                peer_now,
+                window,
+                peer_ok: live && peer_now != 0 && peer_now == guess.peer && pq < MAX_QPS,
+                valid,
+                qp,
+                peer_slot,
+                peer_mr,
+            }
         }
-    }
-
-    /// The responder's port as the fabric's table names it now (null:
-    /// none).
-    #[inline(always)]
-    fn peer_now(&self, h: &BurstHead) -> u64 {
-        if h.peer_port < self.count {
-            self.table_peer
-        } else {
-            0
-        }
-    }
-
-    /// The guessed port is the responder's port now: the copies are its.
-    #[inline(always)]
-    fn peer_ok(&self, h: &BurstHead) -> bool {
-        self.guessed != 0 && self.peer_now(h) == self.guessed
     }
 
     /// [`answering`]: the responder answers the doorbell's QP.
     #[inline(always)]
     fn answering(&self, h: &BurstHead) -> bool {
-        if self.peer_ok(h) {
+        if self.peer_ok {
             h.connected != 0 && answers_as(self.valid, &self.qp, (h.port as usize, h.q as usize))
         } else {
             self.tables.ports.get(h.peer_port as usize).is_some_and(|port| answering(port, h))
@@ -450,32 +415,21 @@ impl<'a> Preload<'a> {
     }
 }
 
-/// The copy of `key`'s slot among `slots`' copies `mrs`, if read.
-#[inline(always)]
-fn copy_of<'m>(slots: &[Option<usize>; LONE_MAX as usize], mrs: &'m [MrEntry; LONE_MAX as usize], key: u32) -> Option<&'m MrEntry> {
-    let s = key_slot(key)?;
-    slots.iter().zip(mrs.iter()).find(|(slot, _)| **slot == Some(s)).map(|(_, mr)| mr)
-}
-
 impl WriteTables for Preload<'_> {
     #[inline(always)]
     fn local(&self, key: u32, pd: u32, addr: u64, len: u64) -> Option<*mut u8> {
-        match copy_of(&self.own_slot, &self.own_mr, key) {
-            Some(mr) if len != 0 => mr.admits(key, pd, addr, len, 0).ok(),
-            _ => self.tables.local(key, pd, addr, len),
+        if len == 0 || self.own_slot.is_none() || key_slot(key) != self.own_slot {
+            return self.tables.local(key, pd, addr, len);
         }
+        self.own_mr.admits(key, pd, addr, len, 0).ok()
     }
 
     #[inline(always)]
     fn remote(&self, h: &BurstHead, addr: u64, key: u32, len: u64) -> Option<*mut u8> {
-        match copy_of(&self.peer_slot, &self.peer_mr, key) {
-            Some(mr) if self.peer_ok(h) => {
-                // The window as the table gives it (`PortTable::window`): the
-                // port is below the count, or `peer_ok` fails.
-                admit_remote(Some(mr), &self.qp, |a, n| self.window.reach(a, n), addr, key, len, access::REMOTE_WRITE).ok()
-            }
-            _ => self.tables.remote(h, addr, key, len),
+        if !self.peer_ok || self.peer_slot.is_none() || key_slot(key) != self.peer_slot {
+            return self.tables.remote(h, addr, key, len);
         }
+        admit_remote(Some(&self.peer_mr), &self.qp, |a, n| self.window.reach(a, n), addr, key, len, access::REMOTE_WRITE).ok()
     }
 }
 
@@ -587,20 +541,9 @@ mod tests {
             ];
             // The guess.
             let right = rng.gen_bool(0.6);
-            let mut pick = |right: bool, key: u32, others: [u32; 4]| if right { key } else { others[rng.gen_range(0..4)] };
-            let (l0, r0) = (
-                pick(right, lkey, [make_key(0, 1), make_key(1, 2), make_key(0, 2), 0]),
-                pick(right, rkey, [make_key(0, 7), make_key(1, 9), make_key(0, 8), 0]),
-            );
-            let (l1, r1) = (
-                pick(false, lkey, [make_key(0, 1), make_key(1, 2), make_key(0, 2), 0]),
-                pick(false, rkey, [make_key(0, 7), make_key(1, 9), make_key(0, 8), 0]),
-            );
-            // The right keys at either position.
-            let swap = rng.gen_bool(0.5);
             let guess = Guess {
-                lkey: if swap { [l1, l0] } else { [l0, l1] },
-                rkey: if swap { [r1, r0] } else { [r0, r1] },
+                lkey: if right { lkey } else { [make_key(0, 1), make_key(1, 2), make_key(0, 2), 0][rng.gen_range(0..4)] },
+                rkey: if right { rkey } else { [make_key(0, 7), make_key(1, 9), make_key(0, 8), 0][rng.gen_range(0..4)] },
                 peer: if right || rng.gen_bool(0.5) {
                     &*peer as *const Port as u64
                 } else {
@@ -615,9 +558,8 @@ mod tests {
             assert_eq!(pre.answering(&h), want_open, "trial {trial}: whether the responder answers");
             let want = seen(check_write(&tables, &h, idx, &segs));
             assert_eq!(seen(check_write(&pre, &h, idx, &segs)), want, "trial {trial}: {guess:?} {segs:x?}");
-            let named = |key: u32, keys: [u32; 2]| key_slot(key).is_some() && keys.iter().any(|&k| key_slot(k) == key_slot(key));
-            let local_hit = len != 0 && named(lkey, guess.lkey);
-            let remote_hit = pre.peer_ok(&h) && named(rkey, guess.rkey);
+            let local_hit = len != 0 && key_slot(lkey).is_some() && key_slot(lkey) == key_slot(guess.lkey);
+            let remote_hit = pre.peer_ok && key_slot(rkey).is_some() && key_slot(rkey) == key_slot(guess.rkey);
             if local_hit && remote_hit {
                 hits += 1;
                 passed += want.is_some() as u32;
