@@ -331,7 +331,16 @@ impl WriteTables for Tables<'_> {
     }
     #[inline(always)]
     fn remote(&self, h: &BurstHead, addr: u64, key: u32, len: u64) -> Option<*mut u8> {
-        check_remote_at(self.ports, h.peer_port as usize, h.peer_qp as usize, addr, key, len, access::REMOTE_WRITE).ok()
+        check_remote_at(
+            self.ports,
+            h.peer_port as usize,
+            h.peer_qp as usize,
+            addr,
+            key,
+            len,
+            access::REMOTE_WRITE,
+        )
+        .ok()
     }
 }
 

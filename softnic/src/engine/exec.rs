@@ -14,8 +14,8 @@ use super::mem::Scope;
 use super::mover::{PayloadMover, Phase};
 use super::rq::RecvWqe;
 use super::tables::{
-    access, ErrorRecord, InboxEvent, Inflight, MrEntry, Port, Ports, QpEntry, QpState, Reason, EVENT_ERROR, EVENT_ERROR_RECEIVE, EVENT_RECEIVE,
-    EVENT_SOLICITED, INBOX, MAX_QPS, MAX_SHARDS, QP_CONNECTED,
+    access, ErrorRecord, InboxEvent, Inflight, MrEntry, Port, Ports, QpEntry, QpState, Reason, EVENT_ERROR, EVENT_ERROR_RECEIVE,
+    EVENT_RECEIVE, EVENT_SOLICITED, INBOX, MAX_QPS, MAX_SHARDS, QP_CONNECTED,
 };
 use super::wqe::{self, Wqe};
 use super::{cqe, mem, rq};

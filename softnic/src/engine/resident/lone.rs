@@ -39,8 +39,8 @@ use doorbell_kernels::mlx5::{DataSeg, RaddrSeg};
 use doorbell_kernels::ptx;
 
 use super::super::burst::{answering, check_write, load_wqe, push_write_cqe, BurstHead, Simple, Tables, Tally, WriteTables};
-use super::super::exec::{admit_remote, answers_as};
 use super::super::config::EngineConfig;
+use super::super::exec::{admit_remote, answers_as};
 use super::super::mem;
 use super::super::mover::{PayloadMover, Phase};
 use super::super::poll::published;
@@ -447,7 +447,16 @@ impl WriteTables for Preload<'_> {
         if !self.peer_ok(h) || self.peer_slot.is_none() || key_slot(key) != self.peer_slot {
             return self.tables.remote(h, addr, key, len);
         }
-        admit_remote(Some(&self.peer_mr), &self.qp, |a, n| self.window.reach(a, n), addr, key, len, access::REMOTE_WRITE).ok()
+        admit_remote(
+            Some(&self.peer_mr),
+            &self.qp,
+            |a, n| self.window.reach(a, n),
+            addr,
+            key,
+            len,
+            access::REMOTE_WRITE,
+        )
+        .ok()
     }
 }
 
@@ -511,10 +520,21 @@ mod tests {
             own.mrs[0].valid = rng.gen_bool(0.9) as u32;
             let pd = if rng.gen_bool(0.9) { 5 } else { 6 };
             peer.mrs[0] = mr(0x2_0000, 0x1000, make_key(0, 7), access::REMOTE_WRITE, pd);
-            peer.mrs[1] = mr(0x2_8000, 0x1000, make_key(1, 9), if rng.gen_bool(0.5) { access::REMOTE_WRITE } else { 0 }, 5);
+            peer.mrs[1] = mr(
+                0x2_8000,
+                0x1000,
+                make_key(1, 9),
+                if rng.gen_bool(0.5) { access::REMOTE_WRITE } else { 0 },
+                5,
+            );
             peer.mrs[0].valid = rng.gen_bool(0.9) as u32;
             peer.valid = rng.gen_bool(0.95) as u32;
-            peer.qps[PEER_Q] = qp(0x456, 5, if rng.gen_bool(0.95) { access::REMOTE_WRITE } else { 0 }, (0, OWN_Q as u32));
+            peer.qps[PEER_Q] = qp(
+                0x456,
+                5,
+                if rng.gen_bool(0.95) { access::REMOTE_WRITE } else { 0 },
+                (0, OWN_Q as u32),
+            );
             let states = [QpState::Rts, QpState::Rts, QpState::Rts, QpState::Rtr, QpState::Err, QpState::Reset];
             peer.qps[PEER_Q].state = states[rng.gen_range(0..states.len())] as u32;
             if rng.gen_bool(0.05) {
@@ -533,12 +553,40 @@ mod tests {
             }
             // The WQE.
             let idx = trial;
-            let keys = [make_key(0, 1), make_key(0, 7), make_key(1, 2), make_key(1, 9), make_key(0, 2), make_key(5, 1), 0];
-            let lkey = if rng.gen_bool(0.7) { make_key(0, 1) } else { keys[rng.gen_range(0..keys.len())] };
-            let rkey = if rng.gen_bool(0.7) { make_key(0, 7) } else { keys[rng.gen_range(0..keys.len())] };
-            let len = if rng.gen_bool(0.6) { 8 } else { [8u32, 1, 64, 65, 0, 4096][rng.gen_range(0..6)] };
-            let laddr = if rng.gen_bool(0.6) { 0x1_0000 } else { [0x1_0ff8u64, 0x1_0fff, 0x1_8000, 0xff00][rng.gen_range(0..4)] };
-            let raddr = if rng.gen_bool(0.6) { 0x2_0000 } else { [0x2_07f8u64, 0x2_0ff8, 0x2_8000, 0x1_0000][rng.gen_range(0..4)] };
+            let keys = [
+                make_key(0, 1),
+                make_key(0, 7),
+                make_key(1, 2),
+                make_key(1, 9),
+                make_key(0, 2),
+                make_key(5, 1),
+                0,
+            ];
+            let lkey = if rng.gen_bool(0.7) {
+                make_key(0, 1)
+            } else {
+                keys[rng.gen_range(0..keys.len())]
+            };
+            let rkey = if rng.gen_bool(0.7) {
+                make_key(0, 7)
+            } else {
+                keys[rng.gen_range(0..keys.len())]
+            };
+            let len = if rng.gen_bool(0.6) {
+                8
+            } else {
+                [8u32, 1, 64, 65, 0, 4096][rng.gen_range(0..6)]
+            };
+            let laddr = if rng.gen_bool(0.6) {
+                0x1_0000
+            } else {
+                [0x1_0ff8u64, 0x1_0fff, 0x1_8000, 0xff00][rng.gen_range(0..4)]
+            };
+            let raddr = if rng.gen_bool(0.6) {
+                0x2_0000
+            } else {
+                [0x2_07f8u64, 0x2_0ff8, 0x2_8000, 0x1_0000][rng.gen_range(0..4)]
+            };
             let ctrl = CtrlSeg {
                 opcode: if rng.gen_bool(0.95) { OPCODE_RDMA_WRITE } else { OPCODE_SEND },
                 wqe_index: if rng.gen_bool(0.97) { idx as u16 } else { idx as u16 ^ 1 },
@@ -560,15 +608,30 @@ mod tests {
             // The guess.
             let right = rng.gen_bool(0.6);
             let guess = Guess {
-                lkey: if right { lkey } else { [make_key(0, 1), make_key(1, 2), make_key(0, 2), 0][rng.gen_range(0..4)] },
-                rkey: if right { rkey } else { [make_key(0, 7), make_key(1, 9), make_key(0, 8), 0][rng.gen_range(0..4)] },
+                lkey: if right {
+                    lkey
+                } else {
+                    [make_key(0, 1), make_key(1, 2), make_key(0, 2), 0][rng.gen_range(0..4)]
+                },
+                rkey: if right {
+                    rkey
+                } else {
+                    [make_key(0, 7), make_key(1, 9), make_key(0, 8), 0][rng.gen_range(0..4)]
+                },
                 peer: if right || rng.gen_bool(0.5) {
                     &*peer as *const Port as u64
                 } else {
                     [&*own as *const Port as u64, 0][rng.gen_range(0..2)]
                 },
             };
-            let h = BurstHead::new(&table as *const PortTable as u64, &*own as *const Port as u64, (0, OWN_Q), &own.qps[OWN_Q], idx, 1);
+            let h = BurstHead::new(
+                &table as *const PortTable as u64,
+                &*own as *const Port as u64,
+                (0, OWN_Q),
+                &own.qps[OWN_Q],
+                idx,
+                1,
+            );
             let tables = Tables { ports: &table, own: &own };
             // SAFETY: live tables, read after everything above was written.
             let pre = unsafe { Preload::read(&table, &own, &h, guess) };
@@ -585,6 +648,9 @@ mod tests {
                 misses += 1;
             }
         }
-        assert!(hits > 4_000 && misses > 4_000 && passed > 1_000, "hits {hits}, misses {misses}, passed {passed}");
+        assert!(
+            hits > 4_000 && misses > 4_000 && passed > 1_000,
+            "hits {hits}, misses {misses}, passed {passed}"
+        );
     }
 }
