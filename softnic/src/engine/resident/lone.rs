@@ -129,10 +129,10 @@ pub(super) unsafe fn serve(
     mem::acquire(scope);
     // SAFETY: the ring's slots (checked above: not null, a valid size).
     let segs: [[[u32; 4]; 3]; LONE_MAX as usize] = core::array::from_fn(|k| unsafe { load_wqe(&head, head.start.wrapping_add(k as u32)) });
-    // SAFETY: the caller's contract (the QP's doorbell record).
-    let pi = unsafe { mem::peek_dbrec(dbrec.add(1)) } & 0xffff;
     // SAFETY: the view's contract keeps the table and its ports valid.
     let pre = unsafe { Preload::read(&*ports, &*(own as usize as *const Port), &head, guess) };
+    // SAFETY: the caller's contract (the QP's doorbell record).
+    let pi = unsafe { mem::peek_dbrec(dbrec.add(1)) } & 0xffff;
     if pi != qp.sq_pi {
         stats.last_sq_pi = pi;
         stats.last_qpn = qp.qpn;
@@ -165,7 +165,7 @@ pub(super) unsafe fn serve(
         }
     }
     if avail != 0 {
-        guesses.learn(q, &segs[0], pre.peer_now(&head));
+        guesses.learn(q, &segs[0], pre.peer_now);
     }
     mover.lap(Phase::Check);
     let port = view.own_mut()?;
@@ -304,13 +304,13 @@ struct Preload<'a> {
     tables: Tables<'a>,
     own_slot: Option<usize>,
     own_mr: MrEntry,
-    /// The fabric's table: the responder's port (null: none), the count of
-    /// ports and the responder's window, as read.
-    table_peer: u64,
-    count: u32,
+    /// The fabric's table: the responder's port now (null: none) and its
+    /// window.
+    peer_now: u64,
     window: Window,
-    /// The guessed responder port, whose copies follow (null: none read).
-    guessed: u64,
+    /// The guessed port is the responder's port now: the copies below are
+    /// its.
+    peer_ok: bool,
     valid: u32,
     qp: QpEntry,
     peer_slot: Option<usize>,
@@ -337,9 +337,8 @@ unsafe fn read_mr(at: *const MrEntry) -> MrEntry {
 
 impl<'a> Preload<'a> {
     /// Reads what `guess` names for the lone doorbell `h` of the engine's
-    /// port `own` (see the type's docs). Issues the loads and uses none of
-    /// their values, so they are in flight together with the WQEs' and the
-    /// doorbell record's.
+    /// port `own` (see the type's docs). Every load is issued before any
+    /// of them is used.
     ///
     /// # Safety
     /// After the doorbell's acquire; the tables' contract
@@ -357,10 +356,10 @@ impl<'a> Preload<'a> {
                 Some(s) => read_mr(&raw const own.mrs[s]),
                 None => MrEntry::EMPTY,
             };
-            let (mut table_peer, mut window) = (0, Window::SAME);
+            let (mut peer_now, mut window) = (0, Window::SAME);
             let mut count = 0;
             if pp < ports.ports.len() {
-                table_peer = ptx::ld_u64(&raw const ports.ports[pp] as *const u64);
+                peer_now = ptx::ld_u64(&raw const ports.ports[pp] as *const u64);
                 count = ptx::ld_u32(&raw const ports.count);
                 let w = &raw const ports.windows[pp];
                 window = Window {
@@ -371,11 +370,8 @@ impl<'a> Preload<'a> {
             }
             let peer_slot = key_slot(guess.rkey);
             let (mut valid, mut qp, mut peer_mr) = (0, QpEntry::EMPTY, MrEntry::EMPTY);
-            let mut guessed = guess.peer as usize as *const Port;
-            if pq >= MAX_QPS {
-                guessed = core::ptr::null();
-            }
-            if !guessed.is_null() {
+            let guessed = guess.peer as usize as *const Port;
+            if !guessed.is_null() && pq < MAX_QPS {
                 valid = ptx::ld_u32(&raw const (*guessed).valid);
                 let e = &raw const (*guessed).qps[pq];
                 let a = ptx::ld_u64(&raw const (*e).qpn as *const u64);
@@ -388,14 +384,18 @@ impl<'a> Preload<'a> {
                     peer_mr = read_mr(&raw const (*guessed).mrs[s]);
                 }
             }
+            // Only now are the loads' values used.
+            let live = (pp as u32) < count;
+            if !live {
+                (peer_now, window) = (0, Window::SAME);
+            }
             Preload {
                 tables: Tables { ports, own },
                 own_slot,
                 own_mr,
-                table_peer,
-                count,
+                peer_now,
                 window,
-                guessed: guessed as usize as u64,
+                peer_ok: live && peer_now != 0 && peer_now == guess.peer && pq < MAX_QPS,
                 valid,
                 qp,
                 peer_slot,
@@ -404,28 +404,10 @@ impl<'a> Preload<'a> {
         }
     }
 
-    /// The responder's port as the fabric's table names it now (null:
-    /// none).
-    #[inline(always)]
-    fn peer_now(&self, h: &BurstHead) -> u64 {
-        if h.peer_port < self.count {
-            self.table_peer
-        } else {
-            0
-        }
-    }
-
-    /// The guessed port is the responder's port now: the copies are its
-    /// (and the window is the table's, [`PortTable::window`]).
-    #[inline(always)]
-    fn peer_ok(&self, h: &BurstHead) -> bool {
-        self.guessed != 0 && self.peer_now(h) == self.guessed
-    }
-
     /// [`answering`]: the responder answers the doorbell's QP.
     #[inline(always)]
     fn answering(&self, h: &BurstHead) -> bool {
-        if self.peer_ok(h) {
+        if self.peer_ok {
             h.connected != 0 && answers_as(self.valid, &self.qp, (h.port as usize, h.q as usize))
         } else {
             self.tables.ports.get(h.peer_port as usize).is_some_and(|port| answering(port, h))
@@ -444,7 +426,7 @@ impl WriteTables for Preload<'_> {
 
     #[inline(always)]
     fn remote(&self, h: &BurstHead, addr: u64, key: u32, len: u64) -> Option<*mut u8> {
-        if !self.peer_ok(h) || self.peer_slot.is_none() || key_slot(key) != self.peer_slot {
+        if !self.peer_ok || self.peer_slot.is_none() || key_slot(key) != self.peer_slot {
             return self.tables.remote(h, addr, key, len);
         }
         admit_remote(
@@ -640,7 +622,7 @@ mod tests {
             let want = seen(check_write(&tables, &h, idx, &segs));
             assert_eq!(seen(check_write(&pre, &h, idx, &segs)), want, "trial {trial}: {guess:?} {segs:x?}");
             let local_hit = len != 0 && key_slot(lkey).is_some() && key_slot(lkey) == key_slot(guess.lkey);
-            let remote_hit = pre.peer_ok(&h) && key_slot(rkey).is_some() && key_slot(rkey) == key_slot(guess.rkey);
+            let remote_hit = pre.peer_ok && key_slot(rkey).is_some() && key_slot(rkey) == key_slot(guess.rkey);
             if local_hit && remote_hit {
                 hits += 1;
                 passed += want.is_some() as u32;
