@@ -121,11 +121,6 @@ pub const CONTROL_EVERY: u64 = 16;
 pub const REFRESH_NS: u64 = 1_000_000;
 /// Idle passes before the control thread sleeps between passes.
 const IDLE_SPINS: u32 = 64;
-/// An idle turn's wait for a doorbell ([`Watch::wait`]): at most this many
-/// looks at the watched words, for at most this long (ns); the turn's
-/// other duties (deadlines, refreshes, the stop word) wait as long.
-const IDLE_POLLS: u32 = 64;
-const IDLE_WAIT_NS: u64 = 10_000;
 
 /// Where the block's [`BurstJob`]s start in its dynamic shared memory,
 /// after the [`Job`].
@@ -781,8 +776,6 @@ unsafe fn control(shards: Shards, job: *mut Job, parts: usize) {
         let mut now = base;
         let mut watch = Watch::EMPTY;
         let mut guesses = lone::Guesses::new();
-        // What an idle turn's wait found ([`Watch::wait`]), for the next turn.
-        let mut carried: Option<Rung> = None;
         // Forces a refresh and a full pass first.
         let mut refreshed_ns = t0.wrapping_sub(REFRESH_NS + 1);
         let mut last = PollReport {
@@ -836,11 +829,7 @@ unsafe fn control(shards: Shards, job: *mut Job, parts: usize) {
             // than walk every slot in turn (a lone request's QP waited
             // 3.8 – 6.9 µs for its turn on an H200:
             // `benchmarks/ibgda_h200_rtt_timeline.txt`).
-            let rung = match carried.take() {
-                _ if forced => Rung::NONE,
-                Some(r) => r,
-                None => watch.rung(&table),
-            };
+            let rung = if forced { Rung::NONE } else { watch.rung(&table) };
             let woke = rung.mask;
             let mut full = forced || woke != 0;
             doorbell_kernels::trace_hook! {
@@ -914,10 +903,6 @@ unsafe fn control(shards: Shards, job: *mut Job, parts: usize) {
                 }
                 if idle.is_multiple_of(1024) {
                     publish_counters(ctl, passes, busy, busy_cycles, &mover);
-                }
-                if watch.mask != 0 {
-                    let r = watch.wait(&table, IDLE_POLLS, t.wrapping_add(IDLE_WAIT_NS));
-                    carried = (r.mask != 0).then_some(r);
                 }
             }
             if t.wrapping_sub(mover.last_barrier_ns) > HEARTBEAT_NS {

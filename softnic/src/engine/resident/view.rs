@@ -2,8 +2,6 @@
 //! in a register, the others through the port table) and which of its QPs
 //! an idle pass watches ([`Watch`]).
 
-use doorbell_kernels::ptx;
-
 use super::super::mem;
 use super::super::poll::doorbell_word;
 use super::super::tables::{Port, PortTable, Ports, MAX_QPS};
@@ -218,25 +216,4 @@ pub(super) struct Rung {
 impl Rung {
     /// Nothing to do.
     pub(super) const NONE: Rung = Rung { mask: 0, lone: None };
-}
-
-impl Watch {
-    /// Polls the watched words alone ([`Self::rung`]) until one moves, at
-    /// most `polls` times and no later than `%globaltimer` `until_ns`: an
-    /// idle engine's wait for its next request. A turn of the engine's
-    /// loop did its other work between two looks (~3 600 cycles on an
-    /// H200), and a request waited half of that on average to be seen.
-    ///
-    /// # Safety
-    /// As for [`Self::rung`].
-    pub(super) unsafe fn wait(&self, view: &View, polls: u32, until_ns: u64) -> Rung {
-        for _ in 0..polls {
-            // SAFETY: the caller's contract.
-            let r = unsafe { self.rung(view) };
-            if r.mask != 0 || ptx::globaltimer_ns() >= until_ns {
-                return r;
-            }
-        }
-        Rung::NONE
-    }
 }
