@@ -13,10 +13,10 @@ use doorbell::comm::{CommOptions, Communicator, EnginePhase, IbgdaOptions, SoftN
 use doorbell::{Backend, Device, DeviceBuffer, ForTransport, LaunchConfig};
 use doorbell_kernels::transport::Ibgda;
 use doorbell_softnic::engine::EngineConfig;
-use doorbell_test_kernels::contract::bad_call;
+use doorbell_test_kernels::contract::{bad_call, flagged_rounds_ibgda};
 use doorbell_test_kernels::testing::{pingpong_word, ring_ibgda, signal_pingpong_ibgda, STATUS_OK};
 use doorbell_test_kernels::typed::lanes_many_qps_ibgda;
-use doorbell_tests::{load_test_kernel, TEST_KERNELS};
+use doorbell_tests::{load_test_kernel, FlaggedRounds, TEST_KERNELS};
 
 const CANARY: u8 = 0xa5;
 
@@ -767,6 +767,67 @@ per_backend! {
             assert!(
                 helped < (2 * ROUNDS * bytes) as u64 && report.blocks[owners[0]].shared_bytes == 0,
                 "rank {r}: more shared than the payloads, or the owner helped itself: {report:?}"
+            );
+        }
+    }
+}
+
+per_backend! {
+    /// A WQE's block copy runs on while the engine's control thread checks
+    /// the QP's next WQE (`PayloadMover::defer`), and still lands before
+    /// anything that says it did: 4 blocks of rank 0 `put_signal` 16 KiB
+    /// and 12 bytes each per round (a block copy each, then the signal),
+    /// blocking, by warp and non-blocking then `quiet`, a payload that
+    /// changes every round; rank 1 checks every word once it sees the
+    /// round's signal. Once with the defaults (the signals go in bursts),
+    /// once with every WQE on the one-WQE path (a fault that only holds
+    /// QPs back a pass turns bursts off), where the signal's checks run
+    /// while its put's bytes move. Off the GPU the engine also fails loudly
+    /// if it stores a CQE, an atomic or a release while a copy is in flight.
+    fn block_copies_overlap_the_next_wqes_checks_and_land_before_their_signal(dev: Device) {
+        let b = dev.backend();
+        let io = IbgdaOptions {
+            qps_per_peer: 1,
+            engine_threads: Some(if b == Backend::Gpu { 256 } else { 32 }),
+            ..kernel_engine(64, 1 << 20)
+        };
+        let (blocks, words, iters) = (4u32, 4099u32, 12u32);
+        let deferred = Communicator::local(2, b, opts(b, Duration::from_secs(30)), |comm| {
+            let m = comm.device().load_module(&TEST_KERNELS)?;
+            let f = m.function::<flagged_rounds_ibgda>()?;
+            let t = comm.ibgda_with(&io)?;
+            let nic = comm.soft_nic().expect("set up");
+            let mut deferred = vec![];
+            for one_wqe_path in [false, true] {
+                let mut cfg = nic.fabric().config();
+                cfg.faults.reorder_across_qps = one_wqe_path as u32;
+                comm.barrier()?;
+                if comm.rank() == 0 {
+                    nic.fabric().try_set_config(cfg).expect("the engine kernel takes the configuration");
+                }
+                comm.barrier()?;
+                let before = comm.ibgda_engine().expect("set up").counters.deferred_copies;
+                for mode in [0, 1, 2] {
+                    let mut rounds = FlaggedRounds::new(comm, blocks, words)?;
+                    let args = rounds.args(t, iters, mode);
+                    // SAFETY: sizes as flagged_rounds documents.
+                    let s = unsafe { doorbell_tests::launch_after_barrier(comm, &f, LaunchConfig::linear(blocks, 64), args)? };
+                    comm.synchronize(&s)?;
+                    comm.ibgda_check()?;
+                    let what = format!("rank {}, one-WQE path {one_wqe_path}, mode {mode}", comm.rank());
+                    rounds.check(comm.rank(), iters, &what)?;
+                    comm.barrier()?;
+                }
+                deferred.push(comm.ibgda_engine().expect("set up").counters.deferred_copies - before);
+            }
+            Ok(deferred)
+        })
+        .expect("the world");
+        // Rank 0's engine executed every put: 3 modes x 12 rounds x 4 blocks.
+        for (k, n) in deferred[0].iter().enumerate() {
+            assert!(
+                *n >= (3 * iters * blocks) as u64,
+                "case {k}: rank 0's puts ran on past their copy call {n} times, want one per put"
             );
         }
     }

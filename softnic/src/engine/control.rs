@@ -203,6 +203,11 @@ pub struct EngineCounters {
     /// Summed over a port's blocks, the threads moved `block_bytes` less
     /// this (`block_bytes` counts a shared copy whole, at its owner).
     pub bulk_bytes: u64,
+    /// Block copies that moved their bytes while the control thread went
+    /// on to check the QP's next WQE (`PayloadMover::defer`); the control
+    /// waited for each at its next copy or publication (its wait counts in
+    /// `copy_cycles`).
+    pub deferred_copies: u64,
 }
 
 impl EngineCounters {
@@ -231,6 +236,7 @@ impl EngineCounters {
             lone_doorbells,
             lone_wqes,
             bulk_bytes,
+            deferred_copies,
         } = self;
         for (a, b) in [
             (passes, o.passes),
@@ -254,6 +260,7 @@ impl EngineCounters {
             (lone_doorbells, o.lone_doorbells),
             (lone_wqes, o.lone_wqes),
             (bulk_bytes, o.bulk_bytes),
+            (deferred_copies, o.deferred_copies),
         ] {
             *a = a.wrapping_add(b);
         }
@@ -365,6 +372,7 @@ impl EngineCtl {
                 lone_doorbells: 0,
                 lone_wqes: 0,
                 bulk_bytes: 0,
+                deferred_copies: 0,
             },
             board: CopyBoard {
                 done: 0,

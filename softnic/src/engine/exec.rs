@@ -668,7 +668,7 @@ pub unsafe fn execute<P: Ports + ?Sized, M: PayloadMover>(
         // process, which this engine cannot reach.
         // The responder did nothing wrong: its QP stays as it is.
         let f = Fail::new(CqeSyndrome::RemoteInvalReq, Reason::Unmapped, 0, 0);
-        return unsafe { x.fail_remote(ports, f, Responder::Untouched) };
+        return unsafe { x.fail_remote(ports, mover, f, Responder::Untouched) };
     }
     match x.opcode {
         OPCODE_RDMA_WRITE | OPCODE_RDMA_WRITE_IMM => unsafe { x.write(ports, cfg, mover) },
@@ -678,6 +678,7 @@ pub unsafe fn execute<P: Ports + ?Sized, M: PayloadMover>(
         _ => {
             // parse() accepts only the opcodes above.
             let f = Fail::new(CqeSyndrome::LocalQpOp, Reason::BadOpcode, 0, 0);
+            mover.drain();
             let failed = FailedWqe {
                 idx: x.w.idx,
                 opcode: x.opcode,
@@ -747,6 +748,7 @@ unsafe fn admit<'a, P: Ports + ?Sized, M: PayloadMover>(
                 },
             };
             let f = Fail::new(m.syndrome, m.reason, 0, 0);
+            mover.drain();
             unsafe {
                 fail_requester(
                     ports,
@@ -773,6 +775,7 @@ unsafe fn admit<'a, P: Ports + ?Sized, M: PayloadMover>(
             let n = cfg.faults.force_error_every as u64;
             if n != 0 && stats.executed % n == 0 {
                 let f = Fail::new(cfg.faults.forced(), Reason::Injected, 0, 0);
+                mover.drain();
                 unsafe { fail_requester(ports, p, q, FailedWqe { idx: w.idx, opcode }, &f, now_ns, scope) };
                 return Err(Step::Failed);
             }
@@ -780,6 +783,7 @@ unsafe fn admit<'a, P: Ports + ?Sized, M: PayloadMover>(
     }
     mover.lap(Phase::Admit);
     if opcode == OPCODE_NOP {
+        mover.drain();
         unsafe { complete_requester(ports, p, q, &w, 0, now_ns, scope) };
         mover.lap(Phase::Requester);
         return Err(Step::Done);
@@ -796,6 +800,7 @@ unsafe fn admit<'a, P: Ports + ?Sized, M: PayloadMover>(
         None => return Err(Step::Blocked),
     };
     if let Err(f) = local {
+        mover.drain();
         unsafe { fail_requester(ports, p, q, FailedWqe { idx: w.idx, opcode }, &f, now_ns, scope) };
         return Err(Step::Failed);
     }
@@ -837,11 +842,24 @@ unsafe fn admit<'a, P: Ports + ?Sized, M: PayloadMover>(
 // Each opcode's step of `execute`: the responder's checks, the payload,
 // the CQEs. Safety (every method): as for `execute`.
 impl Admitted<'_> {
+    /// The requester's completion of a WQE that succeeded: its CQE, if it
+    /// asked for one, once its payload has landed.
+    #[inline(always)]
+    unsafe fn finish<P: Ports + ?Sized, M: PayloadMover>(&self, ports: &mut P, mover: &mut M, byte_cnt: u32) -> Step {
+        if self.w.ctrl.fm_ce_se & WQE_CTRL_CQ_UPDATE != 0 {
+            mover.drain();
+        }
+        unsafe { complete_requester(ports, self.p, self.q, &self.w, byte_cnt, self.now_ns, self.scope) };
+        mover.lap(Phase::Requester);
+        Step::Done
+    }
+
     /// A responder-side failure: the requester's error CQE, and the
     /// responder hears of it through its inbox (waiting for room there:
     /// nothing was touched yet, so the retry fails the same way).
     #[inline(never)]
-    unsafe fn fail_remote<P: Ports + ?Sized>(&self, ports: &mut P, f: Fail, what: Responder) -> Step {
+    unsafe fn fail_remote<P: Ports + ?Sized, M: PayloadMover>(&self, ports: &mut P, mover: &mut M, f: Fail, what: Responder) -> Step {
+        mover.drain();
         let (p, q, pp, pq) = (self.p, self.q, self.pp, self.pq);
         if what != Responder::Untouched && !unsafe { inbox_room(ports, p, q, pp, pq) } {
             return Step::Blocked;
@@ -864,7 +882,7 @@ impl Admitted<'_> {
         let (p, q, pp, pq, w) = (self.p, self.q, self.pp, self.pq, &self.w);
         let dst = match check_remote(ports, pp, pq, w, w.len, access::REMOTE_WRITE) {
             Ok(d) => d,
-            Err(f) => return unsafe { self.fail_remote(ports, f, Responder::Error) },
+            Err(f) => return unsafe { self.fail_remote(ports, mover, f, Responder::Error) },
         };
         mover.lap(Phase::Remote);
         let imm = self.opcode == OPCODE_RDMA_WRITE_IMM;
@@ -876,12 +894,11 @@ impl Admitted<'_> {
         }
         unsafe { gather_to(w, dst, mover) };
         if imm {
+            mover.drain();
             unsafe { complete_responder(ports, (p, q), (pp, pq), w, CQE_RESP_WR_IMM, self.now_ns, self.scope) };
             mover.lap(Phase::Responder);
         }
-        unsafe { complete_requester(ports, p, q, w, w.len as u32, self.now_ns, self.scope) };
-        mover.lap(Phase::Requester);
-        Step::Done
+        unsafe { self.finish(ports, mover, w.len as u32) }
     }
 
     /// RDMA READ.
@@ -889,13 +906,11 @@ impl Admitted<'_> {
         let w = &self.w;
         let src = match check_remote(ports, self.pp, self.pq, w, w.len, access::REMOTE_READ) {
             Ok(s) => s,
-            Err(f) => return unsafe { self.fail_remote(ports, f, Responder::Error) },
+            Err(f) => return unsafe { self.fail_remote(ports, mover, f, Responder::Error) },
         };
         mover.lap(Phase::Remote);
         unsafe { scatter_from(w, src, mover) };
-        unsafe { complete_requester(ports, self.p, self.q, w, w.len as u32, self.now_ns, self.scope) };
-        mover.lap(Phase::Requester);
-        Step::Done
+        unsafe { self.finish(ports, mover, w.len as u32) }
     }
 
     /// Compare-and-swap and fetch-and-add on 8 aligned bytes; the old value
@@ -904,16 +919,17 @@ impl Admitted<'_> {
         let w = &self.w;
         if !w.raddr.raddr.is_multiple_of(8) {
             let f = Fail::new(CqeSyndrome::RemoteInvalReq, Reason::Misaligned, w.raddr.rkey, w.raddr.raddr);
-            return unsafe { self.fail_remote(ports, f, Responder::Error) };
+            return unsafe { self.fail_remote(ports, mover, f, Responder::Error) };
         }
         let target = match check_remote(ports, self.pp, self.pq, w, 8, access::REMOTE_ATOMIC) {
             Ok(t) => t as *mut u64,
-            Err(f) => return unsafe { self.fail_remote(ports, f, Responder::Error) },
+            Err(f) => return unsafe { self.fail_remote(ports, mover, f, Responder::Error) },
         };
         mover.lap(Phase::Remote);
         // The result address as checked: the copy's one data segment.
         let result = w.first_segment();
         mover.lap(Phase::Check);
+        mover.drain();
         let old = unsafe {
             if self.opcode == OPCODE_ATOMIC_FA {
                 mem::atomic_fetch_add_u64(target, w.atomic.swap_add, self.scope)
@@ -930,9 +946,7 @@ impl Admitted<'_> {
         // source is its own local memory.
         unsafe { mem::copy_bytes(result.addr as usize as *mut u8, bytes.as_ptr(), 8) };
         mover.lap(Phase::Atomic);
-        unsafe { complete_requester(ports, self.p, self.q, w, 8, self.now_ns, self.scope) };
-        mover.lap(Phase::Requester);
-        Step::Done
+        unsafe { self.finish(ports, mover, 8) }
     }
 
     /// SEND: into the responder's next receive WQE, checked first.
@@ -952,21 +966,20 @@ impl Admitted<'_> {
         match checked {
             Err((s, r, key, addr)) => {
                 let f = Fail::new(CqeSyndrome::RemoteOp, r, key, addr);
-                return unsafe { self.fail_remote(ports, f, Responder::ErrorWithReceive(s, r)) };
+                return unsafe { self.fail_remote(ports, mover, f, Responder::ErrorWithReceive(s, r)) };
             }
             Ok(cap) if cap < w.len => {
                 let f = Fail::new(CqeSyndrome::RemoteInvalReq, Reason::Length, 0, 0);
                 let what = Responder::ErrorWithReceive(CqeSyndrome::LocalLength, Reason::Length);
-                return unsafe { self.fail_remote(ports, f, what) };
+                return unsafe { self.fail_remote(ports, mover, f, what) };
             }
             Ok(_) => {}
         }
         mover.lap(Phase::Receive);
         unsafe { gather_to_receive(w, &recv, mover) };
+        mover.drain();
         unsafe { complete_responder(ports, (p, q), (pp, pq), w, CQE_RESP_SEND, self.now_ns, self.scope) };
         mover.lap(Phase::Responder);
-        unsafe { complete_requester(ports, p, q, w, w.len as u32, self.now_ns, self.scope) };
-        mover.lap(Phase::Requester);
-        Step::Done
+        unsafe { self.finish(ports, mover, w.len as u32) }
     }
 }

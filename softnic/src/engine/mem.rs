@@ -13,6 +13,39 @@
 
 use doorbell_kernels::ptx;
 
+#[cfg(not(target_arch = "nvptx64"))]
+std::thread_local! {
+    /// Off the GPU: this thread (an engine's control thread) started a
+    /// block copy that has not been drained yet.
+    static COPY_IN_FLIGHT: core::cell::Cell<bool> = const { core::cell::Cell::new(false) };
+}
+
+/// Notes whether the calling control thread has a block copy in flight
+/// (the GPU-resident engine's deferred copies). Off the GPU every store
+/// below that publishes (a CQE, an atomic, a release) then fails loudly:
+/// it would let an observer see a completion before the payload, which
+/// the CPU tests cannot otherwise catch reliably. A no-op on the GPU.
+#[inline(always)]
+pub fn copy_in_flight(on: bool) {
+    #[cfg(not(target_arch = "nvptx64"))]
+    COPY_IN_FLIGHT.with(|c| c.set(on));
+    #[cfg(target_arch = "nvptx64")]
+    let _ = on;
+}
+
+/// Off the GPU: panics when the calling thread publishes `what` while its
+/// block copy is in flight (an engine bug: a missing drain).
+#[inline(always)]
+fn settled(what: &str) {
+    #[cfg(not(target_arch = "nvptx64"))]
+    assert!(
+        !COPY_IN_FLIGHT.with(|c| c.get()),
+        "soft NIC engine: {what} published while a block copy was still in flight"
+    );
+    #[cfg(target_arch = "nvptx64")]
+    let _ = what;
+}
+
 /// Reads a doorbell record word (the producer's BE32 counter) with acquire:
 /// pairs with the producer's `st.release.sys` of the record
 /// (`update_doorbell_record`), so the WQEs written before it are visible
@@ -120,6 +153,7 @@ pub unsafe fn store_seg(p: *mut u8, w: [u32; 4]) {
 /// `p` is valid for 64 bytes and 16-byte aligned.
 #[inline(always)]
 pub unsafe fn store_cqe(p: *mut u8, w: &[u32; 16], scope: Scope) {
+    settled("a CQE");
     let q = p as *mut u32;
     // SAFETY: the caller's contract.
     unsafe {
@@ -168,6 +202,7 @@ pub unsafe fn copy_bytes(dst: *mut u8, src: *const u8, len: usize) {
 /// `p` is valid and 8-byte aligned.
 #[inline(always)]
 pub unsafe fn atomic_fetch_add_u64(p: *mut u64, v: u64, scope: Scope) -> u64 {
+    settled("an atomic");
     // SAFETY: the caller's contract.
     unsafe {
         match scope {
@@ -195,6 +230,7 @@ pub unsafe fn claim_u32(p: *mut u32) -> u32 {
 /// `p` is valid and 8-byte aligned.
 #[inline(always)]
 pub unsafe fn atomic_cas_u64(p: *mut u64, compare: u64, swap: u64, scope: Scope) -> u64 {
+    settled("an atomic");
     // SAFETY: the caller's contract.
     unsafe {
         match scope {
@@ -212,6 +248,7 @@ pub unsafe fn atomic_cas_u64(p: *mut u64, compare: u64, swap: u64, scope: Scope)
 /// `p` is valid and 8-byte aligned.
 #[inline(always)]
 pub unsafe fn store_release_u64(p: *mut u64, v: u64, scope: Scope) {
+    settled("a release store");
     // SAFETY: the caller's contract.
     unsafe {
         match scope {
@@ -240,6 +277,7 @@ pub unsafe fn peek_word(p: *const u32) -> u32 {
 /// `p` is valid and 4-byte aligned.
 #[inline(always)]
 pub unsafe fn publish_word(p: *mut u32, v: u32, scope: Scope) {
+    settled("a published word");
     // SAFETY: the caller's contract.
     unsafe {
         match scope {

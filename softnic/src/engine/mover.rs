@@ -110,7 +110,8 @@ pub trait PayloadMover {
     /// Moves `len` bytes from `src` to `dst` (an RDMA WRITE's gather list,
     /// a READ's scatter list, a send, an atomic's result). The ranges may
     /// overlap (loopback into one region). Every byte has landed when it
-    /// returns, and is ordered before what an observer may poll after it:
+    /// returns (or, while [`defer`](Self::defer) is on, after the next
+    /// [`drain`](Self::drain) or copy), and is ordered before what an observer may poll after it:
     /// the engine's later CQEs and atomics (releases), signal words (later
     /// copies of 8 or 16 aligned bytes) and short copies; not before later
     /// bulk payload.
@@ -118,6 +119,20 @@ pub trait PayloadMover {
     /// # Safety
     /// Both ranges are valid for `len` bytes.
     unsafe fn copy(&mut self, dst: *mut u8, src: *const u8, len: usize);
+
+    /// Lets a block copy that [`copy`](Self::copy) starts run on after it
+    /// returns (`on`), until [`drain`](Self::drain): the control thread then
+    /// checks the next WQE of the QP while the block moves the bytes. While
+    /// on, the caller drains before anything that publishes (a CQE, an
+    /// atomic, a responder's event, a fence) and before it stops deferring.
+    /// A no-op where copies always complete in `copy`.
+    #[inline(always)]
+    fn defer(&mut self, _on: bool) {}
+
+    /// Waits until the block copy still in flight (if any) has landed and
+    /// is ordered as [`copy`](Self::copy) promises.
+    #[inline(always)]
+    fn drain(&mut self) {}
 
     /// The scope of the engine's ordering with the ranks (the acquire after
     /// a doorbell record; the releases of CQEs, atomics and signal words):

@@ -171,7 +171,12 @@ unsafe fn poll_qp<P: Ports + ?Sized, M: PayloadMover>(
             qp.held = 0;
         }
     }
+    // A WQE's block copy may run on while the next one's checks are made
+    // (`PayloadMover::defer`); nothing outside this loop sees one in flight.
+    mover.defer(true);
     unsafe { execute_due(ports, p, q, now_ns, cfg, mover, report) };
+    mover.drain();
+    mover.defer(false);
     mover.lap(Phase::Complete);
 }
 
@@ -567,6 +572,7 @@ unsafe fn execute_due<P: Ports + ?Sized, M: PayloadMover>(
                     key: 0,
                     addr: 0,
                 };
+                mover.drain();
                 // SAFETY: the caller's contract; execute() checked the room.
                 unsafe { fail_requester(ports, p, q, FailedWqe { idx: head.wqe_idx, opcode }, &f, now_ns, mover.scope()) };
                 if let Some(qp) = ports.get_mut(p).and_then(|x| x.qps.get_mut(q)) {

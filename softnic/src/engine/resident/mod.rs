@@ -253,6 +253,14 @@ pub struct BlockMover {
     lone_wqes: u64,
     /// Block copies move their body through the bulk-copy unit ([`dma`]).
     bulk: bool,
+    /// A block copy may run on past [`PayloadMover::copy`] (the caller
+    /// drains before it publishes).
+    defer: bool,
+    /// A block copy is in flight: the block is between the round's two
+    /// barriers, and thread 0 has not met it at the second yet.
+    pending: bool,
+    /// Block copies that ran on while the control thread went on.
+    deferred_copies: u64,
     /// Bytes the bulk-copy unit moved.
     bulk_bytes: u64,
 }
@@ -284,6 +292,7 @@ impl BlockMover {
     /// before its later ones, at the engine's scope.
     #[inline(always)]
     fn fence(&mut self) {
+        self.drain();
         let c0 = ptx::clock64();
         if self.sys {
             ptx::fence_acq_rel_sys();
@@ -293,15 +302,28 @@ impl BlockMover {
         self.fence_cycles += ptx::clock64().wrapping_sub(c0);
     }
 
-    /// One round with the block: publish `job`, barrier; the block copies
-    /// if asked; barrier (not for [`JOB_EXIT`]: the others return).
+    /// One round with the block: publish `job`, barrier; the other threads
+    /// copy if asked; barrier (not for [`JOB_EXIT`]: the others return).
     ///
     /// # Safety
     /// A copy job's ranges are valid and do not overlap.
-    unsafe fn round(&mut self, mut job: Job) {
+    unsafe fn round(&mut self, job: Job) {
+        // SAFETY: the caller's contract.
+        unsafe { self.round_or_defer(job, false) }
+    }
+
+    /// [`Self::round`]; a copy with `defer` returns after the first
+    /// barrier, in flight until [`drain`](PayloadMover::drain) meets the
+    /// block at the second.
+    ///
+    /// # Safety
+    /// As for [`Self::round`].
+    unsafe fn round_or_defer(&mut self, mut job: Job, defer: bool) {
+        self.drain();
         if job.kind == JOB_COPY {
             job.bulk = self.bulk as u32;
-            if let Some((_, body)) = dma::split(job.dst, job.src, job.len as usize).filter(|_| self.bulk && self.parts > 1) {
+            // Thread 0 copies nothing: its `parts - 1` others do.
+            if let Some((_, body)) = dma::split(job.dst, job.src, job.len as usize).filter(|_| self.bulk && self.parts > 2) {
                 self.bulk_bytes += body as u64;
             }
         }
@@ -318,9 +340,11 @@ impl BlockMover {
             // SAFETY: the jobs were written before the barrier.
             unsafe { run_bursts(self.jobs, job.len as usize, 0) };
         }
-        if job.kind == JOB_COPY {
-            // SAFETY: the caller's contract.
-            unsafe { dma::copy_job(job.dst, job.src, job.len as usize, self.bulk, 0, self.parts, None) };
+        if job.kind == JOB_COPY && defer {
+            self.pending = true;
+            self.deferred_copies += 1;
+            mem::copy_in_flight(true);
+            return;
         }
         block_barrier();
         self.last_barrier_ns = ptx::globaltimer_ns();
@@ -420,6 +444,28 @@ impl PayloadMover for BlockMover {
     }
 
     #[inline(always)]
+    fn defer(&mut self, on: bool) {
+        self.defer = on;
+    }
+
+    /// Meets the block at the second barrier of the copy in flight; the
+    /// wait counts as copying, not as the phase it interrupts.
+    #[inline(always)]
+    fn drain(&mut self) {
+        if !self.pending {
+            return;
+        }
+        let c0 = ptx::clock64();
+        block_barrier();
+        self.pending = false;
+        mem::copy_in_flight(false);
+        let waited = ptx::clock64().wrapping_sub(c0);
+        self.copy_cycles += waited;
+        self.lap_start = self.lap_start.wrapping_add(waited);
+        self.last_barrier_ns = ptx::globaltimer_ns();
+    }
+
+    #[inline(always)]
     fn executed(&mut self, q: usize) {
         let at = self.rung_at[q % MAX_QPS];
         if at != 0 {
@@ -493,6 +539,8 @@ impl PayloadMover for BlockMover {
         }
         // What the control did since its last lap was checking this WQE.
         self.lap(Phase::Check);
+        // In order: a copy in flight lands before this one starts.
+        self.drain();
         let overlap = overlaps(dst, src, len);
         // A signal word: one or two aligned 8-byte words.
         let word = !overlap && len <= 16 && (dst as usize | src as usize | len) & 7 == 0;
@@ -542,11 +590,12 @@ impl PayloadMover for BlockMover {
                     len: len as u64,
                 };
                 // SAFETY: as above.
-                unsafe { self.round(job) };
+                unsafe { self.round_or_defer(job, self.defer) };
             }
-            // The block's stores are ordered before the barrier that ended
-            // the round, so thread 0's next release (a signal word, an
-            // atomic, a CQE) or fence publishes them too.
+            // The block's stores are ordered before the barrier that ends
+            // the round (for a deferred copy, the one `drain` meets), so
+            // thread 0's next release (a signal word, an atomic, a CQE) or
+            // fence publishes them too.
             self.dirty = true;
             self.block_copies += 1;
             self.block_bytes += len as u64;
@@ -576,10 +625,11 @@ unsafe fn serve(job: *const Job, part: usize, parts: usize) {
             JOB_BURSTS => unsafe { run_bursts(jobs, j.len as usize, part) },
             JOB_COPY => {
                 // SAFETY: thread 0 checked the ranges (the engine's checks)
-                // and that they do not overlap.
+                // and that they do not overlap. Thread 0 takes no part (it
+                // may be checking the next WQE meanwhile).
                 unsafe {
                     let mine = (part == parts - 1).then_some(&mut dma);
-                    dma::copy_job(j.dst, j.src, j.len as usize, j.bulk != 0, part, parts, mine)
+                    dma::copy_job(j.dst, j.src, j.len as usize, j.bulk != 0, part - 1, parts - 1, mine)
                 }
             }
             _ => {}
@@ -726,6 +776,9 @@ impl BlockMover {
                 // Only where the launch reserved the area ([`SHARED_BYTES_BULK`]).
                 bulk: core::ptr::read_volatile(&raw const (*ctl).bulk_copy) != 0 && ptx::dynamic_shared_mem_bytes() >= SHARED_BYTES_BULK,
                 bulk_bytes: 0,
+                defer: false,
+                pending: false,
+                deferred_copies: 0,
             }
         }
     }
