@@ -82,18 +82,42 @@ pub fn next_owner(cq: &CqEntry) -> bool {
 /// # Safety
 /// `cq.ring` holds `cq.entries` CQEs, 64-byte aligned.
 pub unsafe fn push(cq: &mut CqEntry, w: &[u32; 16], solicited_or_error: bool, scope: mem::Scope) -> bool {
-    if cq.valid == 0 || cq.ring.is_null() || cq.entries == 0 {
+    // SAFETY: the caller's contract.
+    let Some(at) = (unsafe { claim(cq) }) else {
         return false;
+    };
+    // SAFETY: a slot of the ring (the caller's contract).
+    unsafe { mem::store_cqe(at, w, scope) };
+    notify(cq, solicited_or_error);
+    true
+}
+
+/// The first half of [`push`]: the slot the next CQE goes to, the
+/// producer position advanced past it (so room and owner bits count it);
+/// `None` when the CQ is not valid. The caller stores the CQE there, then
+/// calls [`notify`].
+///
+/// # Safety
+/// As for [`push`].
+#[inline(always)]
+pub unsafe fn claim(cq: &mut CqEntry) -> Option<*mut u8> {
+    if cq.valid == 0 || cq.ring.is_null() || cq.entries == 0 {
+        return None;
     }
     let slot = (cq.pi & (cq.entries - 1)) as usize;
-    // SAFETY: the slot is inside the ring (the caller's contract).
-    unsafe { mem::store_cqe(cq.ring.add(slot * CQE_SIZE), w, scope) };
     cq.pi = cq.pi.wrapping_add(1);
+    // SAFETY: the slot is inside the ring (the caller's contract).
+    Some(unsafe { cq.ring.add(slot * CQE_SIZE) })
+}
+
+/// The second half of [`push`], after the CQE is stored: fires the armed
+/// event if this completion qualifies.
+#[inline(always)]
+pub fn notify(cq: &mut CqEntry, solicited_or_error: bool) {
     if cq.armed == 1 || (cq.armed == 2 && solicited_or_error) {
         cq.armed = 0;
         cq.events = cq.events.wrapping_add(1);
     }
-    true
 }
 
 /// What a success CQE reports; the rest of its 64 bytes is zero but the

@@ -455,7 +455,16 @@ fn fail_event<P: Ports + ?Sized>(
 ///
 /// # Safety
 /// The QP's send CQ ring is valid.
-unsafe fn complete_requester<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, w: &Wqe, byte_cnt: u32, now_ns: u64, scope: Scope) {
+unsafe fn complete_requester<P: Ports + ?Sized, M: PayloadMover>(
+    ports: &mut P,
+    p: usize,
+    q: usize,
+    w: &Wqe,
+    byte_cnt: u32,
+    now_ns: u64,
+    mover: &mut M,
+) {
+    let scope = mover.scope();
     let Some(port) = ports.get_mut(p) else { return };
     doorbell_kernels::trace_hook! {
         let tr = super::trace::rings(port);
@@ -482,8 +491,13 @@ unsafe fn complete_requester<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usiz
                 time_ns: now_ns,
             };
             let img = cqe::success(cq, &done);
-            // SAFETY: the caller's contract (room was checked).
-            if unsafe { cqe::push(cq, &img, false, scope) } {
+            // SAFETY: the caller's contract (room was checked). The CQE
+            // waits for a copy still in flight, or that copy is drained.
+            let written = unsafe { mover.hold_cqe(cq, &img, false) } || {
+                mover.drain();
+                unsafe { cqe::push(cq, &img, false, scope) }
+            };
+            if written {
                 stats.cqes += 1;
                 doorbell_kernels::trace_hook! {
                     super::trace::event(tr, super::trace::What::NicCqe, u32::MAX, cq.pi as u64);
@@ -784,7 +798,7 @@ unsafe fn admit<'a, P: Ports + ?Sized, M: PayloadMover>(
     mover.lap(Phase::Admit);
     if opcode == OPCODE_NOP {
         mover.drain();
-        unsafe { complete_requester(ports, p, q, &w, 0, now_ns, scope) };
+        unsafe { complete_requester(ports, p, q, &w, 0, now_ns, mover) };
         mover.lap(Phase::Requester);
         return Err(Step::Done);
     }
@@ -843,13 +857,11 @@ unsafe fn admit<'a, P: Ports + ?Sized, M: PayloadMover>(
 // the CQEs. Safety (every method): as for `execute`.
 impl Admitted<'_> {
     /// The requester's completion of a WQE that succeeded: its CQE, if it
-    /// asked for one, once its payload has landed.
+    /// asked for one, once its payload has landed (held by the mover while
+    /// the copy runs on).
     #[inline(always)]
     unsafe fn finish<P: Ports + ?Sized, M: PayloadMover>(&self, ports: &mut P, mover: &mut M, byte_cnt: u32) -> Step {
-        if self.w.ctrl.fm_ce_se & WQE_CTRL_CQ_UPDATE != 0 {
-            mover.drain();
-        }
-        unsafe { complete_requester(ports, self.p, self.q, &self.w, byte_cnt, self.now_ns, self.scope) };
+        unsafe { complete_requester(ports, self.p, self.q, &self.w, byte_cnt, self.now_ns, mover) };
         mover.lap(Phase::Requester);
         Step::Done
     }

@@ -130,9 +130,23 @@ pub trait PayloadMover {
     fn defer(&mut self, _on: bool) {}
 
     /// Waits until the block copy still in flight (if any) has landed and
-    /// is ordered as [`copy`](Self::copy) promises.
+    /// is ordered as [`copy`](Self::copy) promises, then writes the CQE
+    /// held for it ([`hold_cqe`](Self::hold_cqe)).
     #[inline(always)]
     fn drain(&mut self) {}
+
+    /// With a block copy in flight and no CQE held yet: claims the CQE's
+    /// slot in `cq` now (room and owner bits count it) and keeps its image
+    /// `w` to store at [`drain`](Self::drain), once the payload it reports
+    /// has landed; returns false (doing nothing) otherwise, and the caller
+    /// drains and pushes it itself ([`super::cqe::push`]).
+    ///
+    /// # Safety
+    /// As for [`super::cqe::push`].
+    #[inline(always)]
+    unsafe fn hold_cqe(&mut self, _cq: &mut super::tables::CqEntry, _w: &[u32; 16], _solicited_or_error: bool) -> bool {
+        false
+    }
 
     /// The scope of the engine's ordering with the ranks (the acquire after
     /// a doorbell record; the releases of CQEs, atomics and signal words):

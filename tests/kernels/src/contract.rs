@@ -200,7 +200,8 @@ pub fn payload(i: u32, b: u32, w: u32) -> u32 {
 /// waits for rank 1's ack of the previous round, writes the round's payload
 /// into its staging slice `src[b*words..]`, and `put_signal`s it to rank 1's
 /// `data[b*words..]` with `sig[b] = i` (`mode` 0: block call; 1: warp 0 calls
-/// the warp variant; 2: block `_nbi` call then `quiet`). Rank 1's block `b`
+/// the warp variant; 2: block `_nbi` call then `quiet`; 3: a blocking
+/// block `put` without a signal, then thread 0's `signal`). Rank 1's block `b`
 /// waits for `sig[b] == i`, checks every word, counts wrong words in
 /// `wrong[b]`, and acks with `ack[b] = i` on rank 0. `status[b]`: 1 ok,
 /// 2 timeout, 3 another error.
@@ -274,6 +275,13 @@ pub unsafe fn flagged_rounds<T: Transport>(
                             r.and_then(|_| t.quiet(None))
                         } else {
                             r
+                        }
+                    }
+                    3 => {
+                        let r = t.put_raw(Coop::Block, 1, x, None);
+                        match (r, sig) {
+                            (Ok(()), Some(s)) if first => t.signal_raw(1, s),
+                            (r, _) => r,
                         }
                     }
                     _ => t.put_raw(Coop::Block, 1, x, sig),

@@ -263,6 +263,13 @@ pub struct BlockMover {
     deferred_copies: u64,
     /// Bytes the bulk-copy unit moved.
     bulk_bytes: u64,
+    /// The CQE held for the copy in flight ([`PayloadMover::hold_cqe`]):
+    /// its CQ (null: none), its claimed slot, its image and whether it is
+    /// solicited or an error.
+    held_cq: *mut super::tables::CqEntry,
+    held_at: *mut u8,
+    held_img: [u32; 16],
+    held_flag: bool,
 }
 
 impl BlockMover {
@@ -459,10 +466,38 @@ impl PayloadMover for BlockMover {
         block_barrier();
         self.pending = false;
         mem::copy_in_flight(false);
+        if !self.held_cq.is_null() {
+            let scope = self.scope();
+            // SAFETY: the slot `hold_cqe` claimed in a live CQ of this
+            // engine's own tables; the payload it reports has landed.
+            unsafe {
+                mem::store_cqe(self.held_at, &self.held_img, scope);
+                super::cqe::notify(&mut *self.held_cq, self.held_flag);
+            }
+            self.held_cq = core::ptr::null_mut();
+        }
         let waited = ptx::clock64().wrapping_sub(c0);
         self.copy_cycles += waited;
         self.lap_start = self.lap_start.wrapping_add(waited);
         self.last_barrier_ns = ptx::globaltimer_ns();
+    }
+
+    unsafe fn hold_cqe(&mut self, cq: &mut super::tables::CqEntry, w: &[u32; 16], solicited_or_error: bool) -> bool {
+        if !self.pending || !self.held_cq.is_null() {
+            return false;
+        }
+        // SAFETY: the caller's contract.
+        let Some(at) = (unsafe { super::cqe::claim(cq) }) else {
+            return false;
+        };
+        // Word by word: an array moved by value may become a byte loop.
+        for (d, v) in self.held_img.iter_mut().zip(w.iter()) {
+            *d = *v;
+        }
+        self.held_at = at;
+        self.held_flag = solicited_or_error;
+        self.held_cq = cq;
+        true
     }
 
     #[inline(always)]
@@ -779,6 +814,10 @@ impl BlockMover {
                 defer: false,
                 pending: false,
                 deferred_copies: 0,
+                held_cq: core::ptr::null_mut(),
+                held_at: core::ptr::null_mut(),
+                held_img: [0; 16],
+                held_flag: false,
             }
         }
     }
