@@ -57,6 +57,8 @@ pub struct LaneEngine {
     /// Block copies that ran on while the control thread checked the QP's
     /// next WQE (its later wait for them counts in `copy_cycles`).
     pub deferred_copies: u64,
+    /// Of those, the ones the next WQE's copy found still in flight.
+    pub overlapped_copies: u64,
 }
 
 impl LaneEngine {
@@ -82,6 +84,7 @@ impl LaneEngine {
         self.block_bytes += a.block_bytes - b.block_bytes;
         self.shared_bytes += a.shared_bytes - b.shared_bytes;
         self.deferred_copies += a.deferred_copies - b.deferred_copies;
+        self.overlapped_copies += a.overlapped_copies - b.overlapped_copies;
     }
 }
 
@@ -331,10 +334,11 @@ fn print_put_engine(e: &LaneEngine, bytes: u64, blocks: u32) {
     let per = |c: u64, n: u64| c as f64 / n.max(1) as f64;
     let n = e.block_copies;
     println!(
-        "# rank 0's engine over the timed puts of {bytes} bytes ({} block(s), counts added up): {n} block copies of {:.0} KiB ({} ran on while the control checked the next WQE) in {:.0} us, {:.0} % of their bytes in shared chunks; per copy {:.0} busy cycles: copies (the control thread's part and waits) {:.0}, fences {:.0}, the rest control",
+        "# rank 0's engine over the timed puts of {bytes} bytes ({} block(s), counts added up): {n} block copies of {:.0} KiB ({} ran on while the control went on, {} of them until the next WQE's copy) in {:.0} us, {:.0} % of their bytes in shared chunks; per copy {:.0} busy cycles: copies (the control thread's part and waits) {:.0}, fences {:.0}, the rest control",
         blocks.max(1),
         per(e.block_bytes, n) / 1024.0,
         e.deferred_copies,
+        e.overlapped_copies,
         e.elapsed_ns as f64 / 1e3,
         100.0 * e.shared_bytes as f64 / e.block_bytes.max(1) as f64,
         per(e.busy_cycles, n),

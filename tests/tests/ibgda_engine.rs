@@ -807,7 +807,7 @@ per_backend! {
                     nic.fabric().try_set_config(cfg).expect("the engine kernel takes the configuration");
                 }
                 comm.barrier()?;
-                let before = comm.ibgda_engine().expect("set up").counters.deferred_copies;
+                let before = comm.ibgda_engine().expect("set up").counters;
                 for mode in [0, 1, 2, 3] {
                     let mut rounds = FlaggedRounds::new(comm, blocks, words)?;
                     let args = rounds.args(t, iters, mode);
@@ -819,17 +819,30 @@ per_backend! {
                     rounds.check(comm.rank(), iters, &what)?;
                     comm.barrier()?;
                 }
-                deferred.push(comm.ibgda_engine().expect("set up").counters.deferred_copies - before);
+                let after = comm.ibgda_engine().expect("set up").counters;
+                deferred.push((
+                    after.deferred_copies - before.deferred_copies,
+                    after.overlapped_copies - before.overlapped_copies,
+                ));
             }
             Ok(deferred)
         })
         .expect("the world");
         // Rank 0's engine executed every put: 4 modes x 12 rounds x 4 blocks.
-        for (k, n) in deferred[0].iter().enumerate() {
+        for (k, (n, _)) in deferred[0].iter().enumerate() {
             assert!(
                 *n >= (4 * iters * blocks) as u64,
                 "case {k}: rank 0's puts ran on past their copy call {n} times, want one per put"
             );
         }
+        // On the one-WQE path each put's signal (its own WQE, copied by the
+        // control thread) comes right after it: the signal's checks ran
+        // while the put's bytes moved, in every round of the three modes
+        // that put_signal.
+        let (_, overlapped) = deferred[0][1];
+        assert!(
+            overlapped >= (3 * iters * blocks) as u64,
+            "one-WQE path: {overlapped} copies were still in flight at the next WQE's copy"
+        );
     }
 }

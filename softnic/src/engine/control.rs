@@ -208,6 +208,11 @@ pub struct EngineCounters {
     /// waited for each at its next copy or publication (its wait counts in
     /// `copy_cycles`).
     pub deferred_copies: u64,
+    /// Of `deferred_copies`, those the QP's next WQE found still in flight
+    /// when its own copy began: the control had checked that WQE while the
+    /// bytes moved. The others ended with the QP's run of due WQEs (or at
+    /// a publication before the next copy).
+    pub overlapped_copies: u64,
 }
 
 impl EngineCounters {
@@ -237,6 +242,7 @@ impl EngineCounters {
             lone_wqes,
             bulk_bytes,
             deferred_copies,
+            overlapped_copies,
         } = self;
         for (a, b) in [
             (passes, o.passes),
@@ -261,6 +267,7 @@ impl EngineCounters {
             (lone_wqes, o.lone_wqes),
             (bulk_bytes, o.bulk_bytes),
             (deferred_copies, o.deferred_copies),
+            (overlapped_copies, o.overlapped_copies),
         ] {
             *a = a.wrapping_add(b);
         }
@@ -373,6 +380,7 @@ impl EngineCtl {
                 lone_wqes: 0,
                 bulk_bytes: 0,
                 deferred_copies: 0,
+                overlapped_copies: 0,
             },
             board: CopyBoard {
                 done: 0,

@@ -259,8 +259,10 @@ pub struct BlockMover {
     /// A block copy is in flight: the block is between the round's two
     /// barriers, and thread 0 has not met it at the second yet.
     pending: bool,
-    /// Block copies that ran on while the control thread went on.
+    /// Block copies that ran on while the control thread went on, and
+    /// those of them the next copy found in flight.
     deferred_copies: u64,
+    overlapped_copies: u64,
     /// Bytes the bulk-copy unit moved.
     bulk_bytes: u64,
     /// The CQE held for the copy in flight ([`PayloadMover::hold_cqe`]):
@@ -575,6 +577,7 @@ impl PayloadMover for BlockMover {
         // What the control did since its last lap was checking this WQE.
         self.lap(Phase::Check);
         // In order: a copy in flight lands before this one starts.
+        self.overlapped_copies += self.pending as u64;
         self.drain();
         let overlap = overlaps(dst, src, len);
         // A signal word: one or two aligned 8-byte words.
@@ -814,6 +817,7 @@ impl BlockMover {
                 defer: false,
                 pending: false,
                 deferred_copies: 0,
+                overlapped_copies: 0,
                 held_cq: core::ptr::null_mut(),
                 held_at: core::ptr::null_mut(),
                 held_img: [0; 16],

@@ -60,6 +60,7 @@ pub(super) unsafe fn publish_counters(ctl: *mut EngineCtl, passes: u64, busy: u6
         ptx::st_relaxed_sys_u64(&raw mut (*c).lone_wqes, m.lone_wqes);
         ptx::st_relaxed_sys_u64(&raw mut (*c).bulk_bytes, m.bulk_bytes);
         ptx::st_relaxed_sys_u64(&raw mut (*c).deferred_copies, m.deferred_copies);
+        ptx::st_relaxed_sys_u64(&raw mut (*c).overlapped_copies, m.overlapped_copies);
     }
 }
 
