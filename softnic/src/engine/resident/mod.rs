@@ -85,6 +85,7 @@ use super::mover::{copy_part, overlaps, PayloadMover, Phase, PHASES};
 use super::poll::{poll_port_masked, PollReport};
 use super::tables::{Ports, MAX_QPS};
 
+mod deferred;
 mod dma;
 mod lanes;
 mod lone;
@@ -457,49 +458,14 @@ impl PayloadMover for BlockMover {
         self.defer = on;
     }
 
-    /// Meets the block at the second barrier of the copy in flight; the
-    /// wait counts as copying, not as the phase it interrupts.
     #[inline(always)]
     fn drain(&mut self) {
-        if !self.pending {
-            return;
-        }
-        let c0 = ptx::clock64();
-        block_barrier();
-        self.pending = false;
-        mem::copy_in_flight(false);
-        if !self.held_cq.is_null() {
-            let scope = self.scope();
-            // SAFETY: the slot `hold_cqe` claimed in a live CQ of this
-            // engine's own tables; the payload it reports has landed.
-            unsafe {
-                mem::store_cqe(self.held_at, &self.held_img, scope);
-                super::cqe::notify(&mut *self.held_cq, self.held_flag);
-            }
-            self.held_cq = core::ptr::null_mut();
-        }
-        let waited = ptx::clock64().wrapping_sub(c0);
-        self.copy_cycles += waited;
-        self.lap_start = self.lap_start.wrapping_add(waited);
-        self.last_barrier_ns = ptx::globaltimer_ns();
+        self.drain_copy();
     }
 
     unsafe fn hold_cqe(&mut self, cq: &mut super::tables::CqEntry, w: &[u32; 16], solicited_or_error: bool) -> bool {
-        if !self.pending || !self.held_cq.is_null() {
-            return false;
-        }
         // SAFETY: the caller's contract.
-        let Some(at) = (unsafe { super::cqe::claim(cq) }) else {
-            return false;
-        };
-        // Word by word: an array moved by value may become a byte loop.
-        for (d, v) in self.held_img.iter_mut().zip(w.iter()) {
-            *d = *v;
-        }
-        self.held_at = at;
-        self.held_flag = solicited_or_error;
-        self.held_cq = cq;
-        true
+        unsafe { self.hold(cq, w, solicited_or_error) }
     }
 
     #[inline(always)]

@@ -1,0 +1,64 @@
+//! A block copy in flight while the control thread goes on
+//! ([`PayloadMover::defer`]): meeting the block at the copy's second
+//! barrier ([`PayloadMover::drain`]), and the CQE that waits for it
+//! ([`PayloadMover::hold_cqe`]).
+
+use doorbell_kernels::ptx;
+
+use super::super::cqe;
+use super::super::mem;
+use super::super::mover::PayloadMover;
+use super::super::tables::CqEntry;
+use super::{block_barrier, BlockMover};
+
+impl BlockMover {
+    /// Meets the block at the second barrier of the copy in flight; the
+    /// wait counts as copying, not as the phase it interrupts.
+    #[inline(always)]
+    pub(super) fn drain_copy(&mut self) {
+        if !self.pending {
+            return;
+        }
+        let c0 = ptx::clock64();
+        block_barrier();
+        self.pending = false;
+        mem::copy_in_flight(false);
+        if !self.held_cq.is_null() {
+            let scope = PayloadMover::scope(self);
+            // SAFETY: the slot `hold_cqe` claimed in a live CQ of this
+            // engine's own tables; the payload it reports has landed.
+            unsafe {
+                mem::store_cqe(self.held_at, &self.held_img, scope);
+                cqe::notify(&mut *self.held_cq, self.held_flag);
+            }
+            self.held_cq = core::ptr::null_mut();
+        }
+        let waited = ptx::clock64().wrapping_sub(c0);
+        self.copy_cycles += waited;
+        self.lap_start = self.lap_start.wrapping_add(waited);
+        self.last_barrier_ns = ptx::globaltimer_ns();
+    }
+
+    /// [`PayloadMover::hold_cqe`]'s work.
+    ///
+    /// # Safety
+    /// As for [`PayloadMover::hold_cqe`].
+    #[inline(always)]
+    pub(super) unsafe fn hold(&mut self, cq: &mut CqEntry, w: &[u32; 16], solicited_or_error: bool) -> bool {
+        if !self.pending || !self.held_cq.is_null() {
+            return false;
+        }
+        // SAFETY: the caller's contract.
+        let Some(at) = (unsafe { cqe::claim(cq) }) else {
+            return false;
+        };
+        // Word by word: an array moved by value may become a byte loop.
+        for (d, v) in self.held_img.iter_mut().zip(w.iter()) {
+            *d = *v;
+        }
+        self.held_at = at;
+        self.held_flag = solicited_or_error;
+        self.held_cq = cq;
+        true
+    }
+}
