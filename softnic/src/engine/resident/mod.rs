@@ -48,7 +48,9 @@
 //!   pending — so a put's data is visible before the signal WQE behind it
 //!   on the same QP (the in-order guarantee the transport's `put_signal`
 //!   builds on). A block copy ends with a barrier, which orders the
-//!   block's stores before thread 0's next release; a bulk copy's issuing
+//!   block's stores before thread 0's next release (one that runs on
+//!   while thread 0 checks the next WQE is met at that barrier before
+//!   any release: `deferred`); a bulk copy's issuing
 //!   thread waits for its stores to complete and fences the bulk unit's
 //!   accesses (the *async proxy*) against ordinary loads and stores (the
 //!   *generic proxy*) before that barrier, and after the round's first
