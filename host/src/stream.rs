@@ -98,6 +98,14 @@ impl Stream {
         self.inner.synchronize()
     }
 
+    /// Whether everything enqueued so far has finished, without waiting
+    /// (`cuStreamQuery` on a GPU): `Ok(false)` while work runs, the error a
+    /// kernel of the stream hit once one failed (on the emulator it is also
+    /// still reported by [`Self::synchronize`]).
+    pub fn query(&self) -> Result<bool> {
+        self.inner.query()
+    }
+
     /// Records an event (a timestamp in stream order).
     pub fn record(&self) -> Result<Event> {
         Ok(Event {

@@ -189,6 +189,46 @@ fn a_trapping_thread_fails_the_launch_instead_of_hanging() {
     s.synchronize().unwrap();
 }
 
+/// Polls `s.query()` (bounded) until it is not `Ok(false)`.
+fn query_until_settled(s: &doorbell::Stream) -> doorbell::Result<bool> {
+    let t0 = std::time::Instant::now();
+    loop {
+        match s.query() {
+            Ok(false) if t0.elapsed() < std::time::Duration::from_secs(30) => std::thread::sleep(std::time::Duration::from_millis(1)),
+            r => return r,
+        }
+    }
+}
+
+#[test]
+fn query_reports_a_kernel_failure_without_waiting() {
+    let dev = Device::emulator(0);
+    let (f, s) = doorbell_tests::test_kernel::<trap_in_one_thread>(&dev);
+    // SAFETY: no pointers.
+    unsafe { s.launch(&f, LaunchConfig::linear(2, 64), (17,)).unwrap() };
+    let err = query_until_settled(&s).unwrap_err();
+    assert!(err.to_string().contains("trap"), "{err}");
+    // Still there for synchronize, which reports it once.
+    assert!(s.synchronize().is_err());
+    assert!(s.synchronize().is_ok());
+    // SAFETY: as above; no thread traps with who = 999.
+    unsafe { s.launch(&f, LaunchConfig::linear(1, 32), (999,)).unwrap() };
+    assert!(query_until_settled(&s).unwrap(), "a finished launch reads as done");
+}
+
+per_backend! {
+    /// `Stream::query` says a running kernel is not done and a finished
+    /// one is: the kernel runs for 200 ms, the first query comes at once.
+    fn query_sees_a_kernel_run_and_finish(dev: Device) {
+        let (f, s) = doorbell_tests::test_kernel::<testing::spin_for>(&dev);
+        // SAFETY: no pointers.
+        unsafe { s.launch(&f, LaunchConfig::linear(1, 32), (200_000_000u64,)).unwrap() };
+        assert!(!s.query().unwrap(), "{dev:?}: done at once");
+        assert!(query_until_settled(&s).unwrap(), "{dev:?}: never done");
+        s.synchronize().unwrap();
+    }
+}
+
 per_backend! {
     fn bad_launch_shapes_are_errors(dev: Device) {
         let (f, s) = doorbell_tests::test_kernel::<trap_in_one_thread>(&dev);

@@ -809,6 +809,18 @@ impl Stream {
         self.0.synchronize().call("cuStreamSynchronize")
     }
 
+    /// `cuStreamQuery`: whether everything enqueued has finished; a fault
+    /// a kernel hit is the error.
+    pub(crate) fn query(&self) -> Result<bool> {
+        self.0.context().bind_to_thread().call("cuCtxSetCurrent")?;
+        // SAFETY: a live stream of the context just bound.
+        match unsafe { sys::cuStreamQuery(self.0.cu_stream()) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            e => e.result().call("cuStreamQuery").map(|_| false),
+        }
+    }
+
     pub(crate) fn record(&self) -> Result<Event> {
         let e = self
             .0

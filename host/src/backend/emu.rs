@@ -325,6 +325,16 @@ impl Queue {
         }
     }
 
+    /// Without waiting: whether the queue is drained, or the failure a job
+    /// hit (left for `synchronize` to report too).
+    fn query(&self) -> Result<bool> {
+        let st = self.lock();
+        match &st.error {
+            Some(f) => Err(f.to_error()),
+            None => Ok(!st.busy && st.queue.is_empty()),
+        }
+    }
+
     /// Waits until the queue is drained; takes a failure still there (for a
     /// stream being dropped, which hands it on to its device).
     fn take_failure(&self) -> Option<Failure> {
@@ -386,6 +396,10 @@ impl Stream {
 
     pub(crate) fn synchronize(&self) -> Result<()> {
         self.queue.synchronize()
+    }
+
+    pub(crate) fn query(&self) -> Result<bool> {
+        self.queue.query()
     }
 
     /// An event that the worker stamps when it reaches it.

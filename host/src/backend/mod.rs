@@ -364,6 +364,15 @@ impl StreamBackend {
         }
     }
 
+    /// Whether everything enqueued has finished, without waiting; a
+    /// failure a kernel hit is the error.
+    pub(crate) fn query(&self) -> Result<bool> {
+        match self {
+            StreamBackend::Cuda(s) => s.query(),
+            StreamBackend::Emu(s) => s.query(),
+        }
+    }
+
     pub(crate) fn record(&self) -> Result<EventBackend> {
         match self {
             StreamBackend::Cuda(s) => s.record().map(EventBackend::Cuda),

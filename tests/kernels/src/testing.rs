@@ -300,6 +300,18 @@ pub unsafe fn p2p_wait_forever(t: P2p, sig: *mut u64, status: *mut u32) {
     }
 }
 
+/// Thread 0 spins until `ns` nanoseconds of `%globaltimer` have passed: a
+/// kernel that is still running for that long after its launch.
+#[kernel]
+pub unsafe fn spin_for(ns: u64) {
+    if ptx::thread_rank_in_block() == 0 {
+        let t0 = ptx::globaltimer_ns();
+        while ptx::globaltimer_ns().wrapping_sub(t0) < ns {
+            ptx::nanosleep(1_000);
+        }
+    }
+}
+
 /// `rounds` times: barrier, then every rank adds its rank+1 to `counter` on
 /// rank 0 with a signal-add; after the last barrier rank 0 checks the total.
 /// `status`: `STATUS_OK`, `STATUS_TIMEOUT`.

@@ -218,16 +218,21 @@ fn engine_image(dev: &Device, rank: usize, entry: EngineEntry) -> Result<(Arc<Fu
 
 impl KernelEngine {
     /// Waits (bounded, reading host memory only) until the engine's state
-    /// word is `want`; the state seen last.
-    fn wait_state(&self, want: u32) -> std::result::Result<(), u32> {
+    /// word is `want`; else the state seen last, and why the kernel ended
+    /// when its stream says it failed (a kernel that faulted or, on the
+    /// emulator, panicked: it will never set the word).
+    fn wait_state(&self, want: u32) -> std::result::Result<(), (u32, String)> {
         let t0 = std::time::Instant::now();
         loop {
             let s = self.status.read();
             if s == want {
                 return Ok(());
             }
+            if let Some(Err(e)) = self.stream.as_ref().map(StreamBackend::query) {
+                return Err((s, format!("; the engine kernel failed: {e}")));
+            }
             if t0.elapsed() >= ENGINE_WAIT {
-                return Err(s);
+                return Err((s, String::new()));
             }
             std::thread::sleep(std::time::Duration::from_micros(100));
         }
@@ -254,8 +259,12 @@ impl KernelEngine {
         if let Err(e) = self.request_stop() {
             return Err(Box::new((self, format!("setting its stop word failed: {e}"))));
         }
-        if let Err(seen) = self.wait_state(STATE_EXITED) {
-            let why = format!("its state word still reads {} ({seen}); {}", state_name(seen), self.progress(rank));
+        if let Err((seen, failed)) = self.wait_state(STATE_EXITED) {
+            let why = format!(
+                "its state word still reads {} ({seen}); {}{failed}",
+                state_name(seen),
+                self.progress(rank)
+            );
             return Err(Box::new((self, why)));
         }
         self.watch = None;
@@ -413,9 +422,9 @@ pub(super) fn launch(nic: &SoftNic, ctx: &StartCtx<'_>) -> Result<KernelEngine> 
     tracing::debug!(
         "rank {rank}: IBGDA engine set-up: engine kernel launched ({blocks} block(s) of {threads} threads, {shared_bytes} bytes of shared memory each)"
     );
-    if let Err(seen) = engine.wait_state(STATE_RUNNING) {
+    if let Err((seen, failed)) = engine.wait_state(STATE_RUNNING) {
         let msg = format!(
-            "rank {rank}: the soft NIC's engine kernel did not start within {} s (its state word reads {seen}: {}); \
+            "rank {rank}: the soft NIC's engine kernel did not start within {} s (its state word reads {seen}: {}){failed}; \
              a persistent kernel needs a free SM per block ({blocks} here): leave room for it beside kernels that occupy every SM",
             ENGINE_WAIT.as_secs(),
             state_name(seen)
