@@ -31,6 +31,7 @@ use crate::image::ModuleSource;
 use crate::launch::{FunctionAttributes, LaunchConfig};
 
 pub(crate) mod cuda;
+pub(crate) mod cuda_probe;
 pub(crate) mod emu;
 
 pub(crate) use cuda::{IpcMapping, IPC_HANDLE_BYTES};

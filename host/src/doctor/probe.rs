@@ -4,7 +4,7 @@
 
 use super::checks::{guarded, rdma_findings};
 use super::{nvml, ptx, rdma, routes, Gpu, PeerCell, Report};
-use crate::backend::cuda::{self, probe as cuda_probe};
+use crate::backend::{cuda, cuda_probe};
 
 pub(super) fn probe_gpus(report: &mut Report) {
     let g = &mut report.gpus;

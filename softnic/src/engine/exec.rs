@@ -298,11 +298,22 @@ pub struct FailedWqe {
 }
 
 /// Fails the requester's WQE `wqe` of QP `q` of port `p`: error CQE
-/// (signaled or not; room was checked), QP to the error state, error log.
+/// (signaled or not; room was checked), QP to the error state, error log;
+/// after the mover's copy in flight, if any, has landed.
 ///
 /// # Safety
 /// The QP's send CQ ring is valid.
-pub unsafe fn fail_requester<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, wqe: FailedWqe, f: &Fail, now_ns: u64, scope: Scope) {
+pub unsafe fn fail_requester<P: Ports + ?Sized, M: PayloadMover>(
+    ports: &mut P,
+    p: usize,
+    q: usize,
+    wqe: FailedWqe,
+    f: &Fail,
+    now_ns: u64,
+    mover: &mut M,
+) {
+    mover.drain();
+    let scope = mover.scope();
     let FailedWqe { idx, opcode } = wqe;
     let Some(port) = ports.get_mut(p) else { return };
     let Port { qps, cqs, stats, .. } = &mut *port;
@@ -493,7 +504,7 @@ unsafe fn complete_requester<P: Ports + ?Sized, M: PayloadMover>(
             let img = cqe::success(cq, &done);
             // SAFETY: the caller's contract (room was checked). The CQE
             // waits for a copy still in flight, or that copy is drained.
-            let written = unsafe { mover.hold_cqe(cq, &img, false) } || {
+            let written = unsafe { mover.hold_cqe(cq, &img) } || {
                 mover.drain();
                 unsafe { cqe::push(cq, &img, false, scope) }
             };
@@ -692,12 +703,11 @@ pub unsafe fn execute<P: Ports + ?Sized, M: PayloadMover>(
         _ => {
             // parse() accepts only the opcodes above.
             let f = Fail::new(CqeSyndrome::LocalQpOp, Reason::BadOpcode, 0, 0);
-            mover.drain();
             let failed = FailedWqe {
                 idx: x.w.idx,
                 opcode: x.opcode,
             };
-            unsafe { fail_requester(ports, p, q, failed, &f, now_ns, x.scope) };
+            unsafe { fail_requester(ports, p, q, failed, &f, now_ns, mover) };
             Step::Failed
         }
     }
@@ -762,7 +772,6 @@ unsafe fn admit<'a, P: Ports + ?Sized, M: PayloadMover>(
                 },
             };
             let f = Fail::new(m.syndrome, m.reason, 0, 0);
-            mover.drain();
             unsafe {
                 fail_requester(
                     ports,
@@ -774,7 +783,7 @@ unsafe fn admit<'a, P: Ports + ?Sized, M: PayloadMover>(
                     },
                     &f,
                     now_ns,
-                    scope,
+                    mover,
                 )
             };
             return Err(Step::Failed);
@@ -789,15 +798,13 @@ unsafe fn admit<'a, P: Ports + ?Sized, M: PayloadMover>(
             let n = cfg.faults.force_error_every as u64;
             if n != 0 && stats.executed % n == 0 {
                 let f = Fail::new(cfg.faults.forced(), Reason::Injected, 0, 0);
-                mover.drain();
-                unsafe { fail_requester(ports, p, q, FailedWqe { idx: w.idx, opcode }, &f, now_ns, scope) };
+                unsafe { fail_requester(ports, p, q, FailedWqe { idx: w.idx, opcode }, &f, now_ns, mover) };
                 return Err(Step::Failed);
             }
         }
     }
     mover.lap(Phase::Admit);
     if opcode == OPCODE_NOP {
-        mover.drain();
         unsafe { complete_requester(ports, p, q, &w, 0, now_ns, mover) };
         mover.lap(Phase::Requester);
         return Err(Step::Done);
@@ -814,8 +821,7 @@ unsafe fn admit<'a, P: Ports + ?Sized, M: PayloadMover>(
         None => return Err(Step::Blocked),
     };
     if let Err(f) = local {
-        mover.drain();
-        unsafe { fail_requester(ports, p, q, FailedWqe { idx: w.idx, opcode }, &f, now_ns, scope) };
+        unsafe { fail_requester(ports, p, q, FailedWqe { idx: w.idx, opcode }, &f, now_ns, mover) };
         return Err(Step::Failed);
     }
     mover.lap(Phase::Local);
@@ -871,7 +877,6 @@ impl Admitted<'_> {
     /// nothing was touched yet, so the retry fails the same way).
     #[inline(never)]
     unsafe fn fail_remote<P: Ports + ?Sized, M: PayloadMover>(&self, ports: &mut P, mover: &mut M, f: Fail, what: Responder) -> Step {
-        mover.drain();
         let (p, q, pp, pq) = (self.p, self.q, self.pp, self.pq);
         if what != Responder::Untouched && !unsafe { inbox_room(ports, p, q, pp, pq) } {
             return Step::Blocked;
@@ -881,7 +886,7 @@ impl Admitted<'_> {
             opcode: self.opcode,
         };
         unsafe {
-            fail_requester(ports, p, q, failed, &f, self.now_ns, self.scope);
+            fail_requester(ports, p, q, failed, &f, self.now_ns, mover);
             if let Some(ev) = fail_event(ports, p, q, what, &f, self.opcode, self.now_ns) {
                 post_event(ports, p, q, pp, pq, &ev, self.scope);
             }

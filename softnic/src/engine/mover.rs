@@ -135,16 +135,17 @@ pub trait PayloadMover {
     #[inline(always)]
     fn drain(&mut self) {}
 
-    /// With a block copy in flight and no CQE held yet: claims the CQE's
-    /// slot in `cq` now (room and owner bits count it) and keeps its image
-    /// `w` to store at [`drain`](Self::drain), once the payload it reports
-    /// has landed; returns false (doing nothing) otherwise, and the caller
-    /// drains and pushes it itself ([`super::cqe::push`]).
+    /// With a block copy in flight and no CQE held yet: claims the slot of
+    /// a requester's success CQE in `cq` now (room and owner bits count
+    /// it) and keeps its image `w` to store at [`drain`](Self::drain),
+    /// once the payload it reports has landed; returns false (doing
+    /// nothing) otherwise, and the caller drains and pushes it itself
+    /// ([`super::cqe::push`]).
     ///
     /// # Safety
     /// As for [`super::cqe::push`].
     #[inline(always)]
-    unsafe fn hold_cqe(&mut self, _cq: &mut super::tables::CqEntry, _w: &[u32; 16], _solicited_or_error: bool) -> bool {
+    unsafe fn hold_cqe(&mut self, _cq: &mut super::tables::CqEntry, _w: &[u32; 16]) -> bool {
         false
     }
 

@@ -581,9 +581,8 @@ unsafe fn execute_due<P: Ports + ?Sized, M: PayloadMover>(
                     key: 0,
                     addr: 0,
                 };
-                mover.drain();
                 // SAFETY: the caller's contract; execute() checked the room.
-                unsafe { fail_requester(ports, p, q, FailedWqe { idx: head.wqe_idx, opcode }, &f, now_ns, mover.scope()) };
+                unsafe { fail_requester(ports, p, q, FailedWqe { idx: head.wqe_idx, opcode }, &f, now_ns, mover) };
                 if let Some(qp) = ports.get_mut(p).and_then(|x| x.qps.get_mut(q)) {
                     qp.inflight_pop();
                 }

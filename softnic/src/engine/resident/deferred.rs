@@ -29,7 +29,8 @@ impl BlockMover {
             // engine's own tables; the payload it reports has landed.
             unsafe {
                 mem::store_cqe(self.held_at, &self.held_img, scope);
-                cqe::notify(&mut *self.held_cq, self.held_flag);
+                // A requester's success CQE: neither solicited nor an error.
+                cqe::notify(&mut *self.held_cq, false);
             }
             self.held_cq = core::ptr::null_mut();
         }
@@ -44,7 +45,7 @@ impl BlockMover {
     /// # Safety
     /// As for [`PayloadMover::hold_cqe`].
     #[inline(always)]
-    pub(super) unsafe fn hold(&mut self, cq: &mut CqEntry, w: &[u32; 16], solicited_or_error: bool) -> bool {
+    pub(super) unsafe fn hold(&mut self, cq: &mut CqEntry, w: &[u32; 16]) -> bool {
         if !self.pending || !self.held_cq.is_null() {
             return false;
         }
@@ -57,7 +58,6 @@ impl BlockMover {
             *d = *v;
         }
         self.held_at = at;
-        self.held_flag = solicited_or_error;
         self.held_cq = cq;
         true
     }

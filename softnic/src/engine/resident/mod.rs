@@ -269,12 +269,10 @@ pub struct BlockMover {
     /// Bytes the bulk-copy unit moved.
     bulk_bytes: u64,
     /// The CQE held for the copy in flight ([`PayloadMover::hold_cqe`]):
-    /// its CQ (null: none), its claimed slot, its image and whether it is
-    /// solicited or an error.
+    /// its CQ (null: none), its claimed slot and its image.
     held_cq: *mut super::tables::CqEntry,
     held_at: *mut u8,
     held_img: [u32; 16],
-    held_flag: bool,
 }
 
 impl BlockMover {
@@ -465,9 +463,9 @@ impl PayloadMover for BlockMover {
         self.drain_copy();
     }
 
-    unsafe fn hold_cqe(&mut self, cq: &mut super::tables::CqEntry, w: &[u32; 16], solicited_or_error: bool) -> bool {
+    unsafe fn hold_cqe(&mut self, cq: &mut super::tables::CqEntry, w: &[u32; 16]) -> bool {
         // SAFETY: the caller's contract.
-        unsafe { self.hold(cq, w, solicited_or_error) }
+        unsafe { self.hold(cq, w) }
     }
 
     #[inline(always)]
@@ -789,7 +787,6 @@ impl BlockMover {
                 held_cq: core::ptr::null_mut(),
                 held_at: core::ptr::null_mut(),
                 held_img: [0; 16],
-                held_flag: false,
             }
         }
     }
