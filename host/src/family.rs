@@ -17,7 +17,7 @@
 use std::any::{Any, TypeId};
 use std::marker::PhantomData;
 
-use doorbell_kernels::transport::{Ibgda, P2p, Routed};
+use doorbell_kernels::transport::{Ibgda, P2p, Proxy, Routed};
 use doorbell_kernels::{AnyFamily, EntryVisitor, ForTransport, KernelFamily};
 
 use crate::backend::FunctionBackend;
@@ -132,6 +132,7 @@ mod sealed {
     impl Sealed for super::P2p {}
     impl Sealed for super::Ibgda {}
     impl Sealed for super::Routed {}
+    impl Sealed for super::Proxy {}
     impl Sealed for super::AnyTransport {}
 }
 
@@ -177,7 +178,7 @@ macro_rules! concrete_handle {
         }
     )* };
 }
-concrete_handle!(P2p => "p2p", Ibgda => "ibgda", Routed => "routed");
+concrete_handle!(P2p => "p2p", Ibgda => "ibgda", Routed => "routed", Proxy => "proxy");
 
 impl<F: AnyFamily> FamilyHandle<F> for AnyTransport {
     type Rest = <F as AnyFamily>::Rest;

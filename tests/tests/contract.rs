@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use doorbell::comm::{CommOptions, Communicator, RdmaPeers};
 use doorbell::{Backend, DeviceBuffer, Error, ForTransport, Kernel, KernelParam, LaunchConfig, Stream};
-use doorbell_kernels::transport::{Ibgda, P2p, Routed, Transport};
+use doorbell_kernels::transport::{Ibgda, P2p, Proxy, Routed, Transport};
 use doorbell_test_kernels::contract::{bad_call, collect_signals, flagged_rounds, Shadow};
 use doorbell_tests::{load_test_kernel, BadArgs, CollectArgs, FlaggedRounds, RoundArgs};
 
@@ -315,5 +315,38 @@ per_backend! {
     fn wait_until_some_any_all_collect_every_word_ibgda_and_routed(backend: Backend) {
         collect_for::<Ibgda>(backend);
         collect_for::<Routed>(backend);
+    }
+}
+
+// ---- The CPU proxy: the same bodies, each request handed to a host thread
+// that posts the WQEs on the soft NIC ---------------------------------------
+
+impl Make for Proxy {
+    fn make(comm: &Communicator, _: &mut DeviceBuffer<u64>) -> Self {
+        comm.proxy().expect("CPU proxy setup")
+    }
+    const NAME: &'static str = "proxy";
+    fn register(comm: &Communicator, src: u64, bytes: u64) -> doorbell::Result<()> {
+        // SAFETY: `src` is a device buffer that outlives the communicator's use of it in the test.
+        unsafe { comm.proxy_register(src, bytes as usize) }.map(|_| ())
+    }
+}
+
+#[test]
+fn bad_arguments_are_typed_errors_and_write_nothing_proxy() {
+    bad_arguments_for::<Proxy>();
+}
+
+per_backend! {
+    fn put_signal_data_is_visible_when_the_signal_is_seen_proxy(backend: Backend) {
+        for mode in [0, 1, 2, 3] {
+            flagged_rounds_for::<Proxy>(backend, mode, false);
+        }
+    }
+}
+
+per_backend! {
+    fn wait_until_some_any_all_collect_every_word_proxy(backend: Backend) {
+        collect_for::<Proxy>(backend);
     }
 }

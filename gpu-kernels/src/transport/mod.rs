@@ -85,11 +85,13 @@
 
 pub mod ibgda;
 pub mod p2p;
+pub mod proxy;
 pub mod routed;
 pub mod sym;
 
 pub use ibgda::Ibgda;
 pub use p2p::P2p;
+pub use proxy::Proxy;
 pub use routed::Routed;
 pub use sym::{Get, Part, Put, RawSignal, RawWait, RawXfer, Signal, Sym};
 

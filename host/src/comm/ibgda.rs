@@ -44,8 +44,9 @@ use doorbell_kernels::transport::routed::ROUTE_WORDS;
 use doorbell_kernels::transport::{Ibgda, Routed};
 
 use super::{Communicator, PeerRoute};
+use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::memory::DeviceBuffer;
+use crate::memory::{DeviceBuffer, MappedBuffer};
 use crate::nic::soft::{CrossProcess, SoftNic, SoftOpen};
 use crate::nic::{access, CompletionQueue, CqRing, Endpoint, MemoryRegion, Nic, QpOptions, QpRings, QueuePair, StartCtx};
 
@@ -233,10 +234,60 @@ impl RingLayout {
 /// Everything the NIC touches besides the heaps and the registered
 /// buffers, in device memory (the emulator's: host memory).
 struct Memory {
-    _rings: DeviceBuffer<u8>,
-    _scratch: DeviceBuffer<u64>,
+    _rings: Backing,
+    _scratch: Backing,
     states: DeviceBuffer<u8>,
     table: DeviceBuffer<u64>,
+}
+
+/// Where the rings and the scratch words lie: device memory (the kernels
+/// post) or mapped host memory (a host thread posts: the CPU proxy), at the
+/// same address for the host and the device.
+enum Backing {
+    Device(DeviceBuffer<u8>),
+    Mapped(MappedBuffer<u8>),
+}
+
+impl Backing {
+    /// `bytes` zeroed bytes of the kind asked for. Mapped memory must have
+    /// one address for the host and the device (unified addressing), as the
+    /// host thread and the NIC share the rings' pointers.
+    fn alloc(device: &Device, bytes: usize, mapped: bool) -> Result<Backing> {
+        if !mapped {
+            return Ok(Backing::Device(device.alloc_zeroed::<u8>(bytes)?));
+        }
+        let m = device.alloc_mapped::<u8>(bytes)?;
+        if m.host_ptr() as u64 != m.device_ptr() as u64 {
+            return Err(Error::comm(format!(
+                "mapped host memory has a device address ({:#x}) other than its host address ({:#x}): the CPU proxy needs \
+                 unified addressing",
+                m.device_ptr() as u64,
+                m.host_ptr() as u64
+            )));
+        }
+        Ok(Backing::Mapped(m))
+    }
+
+    /// The first byte's address (the device's, which is the host's when mapped).
+    fn addr(&self) -> u64 {
+        match self {
+            Backing::Device(b) => b.as_raw(),
+            Backing::Mapped(m) => m.device_ptr() as u64,
+        }
+    }
+
+    /// Writes `bytes` at address `at` inside the allocation.
+    fn write(&self, device: &Device, at: u64, bytes: &[u8]) -> Result<()> {
+        match self {
+            // SAFETY: inside the buffer (the caller's layout).
+            Backing::Device(_) => unsafe { device.write_raw(at, bytes) },
+            Backing::Mapped(_) => {
+                // SAFETY: inside the mapped buffer, which nothing reads yet.
+                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), at as *mut u8, bytes.len()) };
+                Ok(())
+            }
+        }
+    }
 }
 
 /// This rank's IBGDA resources. Field order is drop order after
@@ -252,6 +303,8 @@ pub(crate) struct IbgdaState {
     nic: Box<dyn Nic>,
     opts: IbgdaOptions,
     handle: Ibgda,
+    /// The kernels' QP table as the host built it.
+    table_words: Vec<u64>,
 }
 
 // SAFETY: the raw pointers inside (the handle's QP table) name memory this
@@ -259,6 +312,57 @@ pub(crate) struct IbgdaState {
 unsafe impl Send for IbgdaState {}
 
 impl IbgdaState {
+    /// Registers `len` bytes at `addr` with the NIC and adds the region to
+    /// the handle (at most [`REG_SLOTS`]); `what` names the transport in
+    /// the error.
+    ///
+    /// # Safety
+    /// The memory stays allocated while this state lives.
+    pub(super) unsafe fn register(&mut self, rank: usize, addr: u64, len: usize, what: &str) -> Result<RegRegion> {
+        let n = self.handle.nreg as usize;
+        if n >= REG_SLOTS {
+            return Err(Error::comm(format!(
+                "rank {rank}: at most {REG_SLOTS} buffers can be registered for {what}; put the data in the symmetric heap"
+            )));
+        }
+        // SAFETY: the caller keeps the memory valid while the region lives
+        // (it lives in this state).
+        let mr = unsafe { self.nic.reg_mr(addr, len, access::LOCAL_WRITE) }?;
+        let r = RegRegion {
+            addr,
+            len: len as u64,
+            lkey: mr.lkey(),
+            _pad: 0,
+        };
+        self.handle.reg[n] = r;
+        self.handle.nreg += 1;
+        self.registered.push(mr);
+        Ok(r)
+    }
+
+    /// The transport's handle.
+    pub(super) fn handle(&self) -> Ibgda {
+        self.handle
+    }
+
+    /// Every QP as the kernels' table holds it (QP `k` of peer `p` at
+    /// `p * qps_per_peer + k`).
+    pub(super) fn qp_table(&self) -> Vec<IbgdaQp> {
+        self.table_words
+            .chunks_exact(16)
+            .map(|w| {
+                let w: [u64; 16] = w.try_into().expect("16 words");
+                // SAFETY: the words of an IbgdaQp (128 bytes of plain data).
+                unsafe { std::mem::transmute::<[u64; 16], IbgdaQp>(w) }
+            })
+            .collect()
+    }
+
+    /// Statistics of the soft NIC's engine, when that is the NIC.
+    pub(super) fn nic_describe(&self) -> String {
+        self.nic.describe()
+    }
+
     /// The soft NIC, when that is what this state runs on.
     fn soft(&self) -> Option<&SoftNic> {
         self.nic.as_any().downcast_ref::<SoftNic>()
@@ -338,24 +442,8 @@ impl Communicator {
         self.ibgda()?;
         let mut guard = self.ibgda.lock().unwrap_or_else(|p| p.into_inner());
         let st = guard.as_mut().expect("set up above");
-        let n = st.handle.nreg as usize;
-        if n >= REG_SLOTS {
-            return Err(Error::comm(format!(
-                "rank {}: at most {REG_SLOTS} buffers can be registered for IBGDA; put the data in the symmetric heap",
-                self.rank
-            )));
-        }
-        // SAFETY: the caller keeps the memory valid while the region lives
-        // (it lives in the state, dropped with the communicator).
-        let mr = unsafe { st.nic.reg_mr(addr, len, access::LOCAL_WRITE) }?;
-        st.handle.reg[n] = RegRegion {
-            addr,
-            len: len as u64,
-            lkey: mr.lkey(),
-            _pad: 0,
-        };
-        st.handle.nreg += 1;
-        st.registered.push(mr);
+        // SAFETY: the caller's contract.
+        unsafe { st.register(self.rank, addr, len, "IBGDA") }?;
         Ok(st.handle)
     }
 
@@ -394,11 +482,19 @@ impl Communicator {
             Some(o) => o.clone(),
             None => IbgdaOptions::from_env()?,
         };
+        let proxies = self.world.all_gather_bytes(&[self.proxy_if_set_up() as u8])?;
+        if let Some(r) = proxies.iter().position(|b| b.first() == Some(&1)) {
+            return Err(Error::comm(format!(
+                "rank {}: IBGDA cannot be set up while the CPU proxy is (rank {r} has it): both would drive the same NIC \
+                 port; call proxy_reset() on every rank first",
+                self.rank
+            )));
+        }
         if self.self_test.enabled {
             // Before the soft NIC's engine kernel runs (see the module docs).
             self.library_module()?;
         }
-        let st = self.ibgda_setup(opts)?;
+        let st = self.queue_setup(opts, false)?;
         let h = st.handle;
         *guard = Some(st);
         drop(guard);
@@ -538,7 +634,10 @@ impl Communicator {
         Ok(nic)
     }
 
-    fn ibgda_setup(&self, opts: IbgdaOptions) -> Result<IbgdaState> {
+    /// The QPs, rings and tables of the transport, posted to by the kernels
+    /// (`host_rings` false: rings in device memory) or by a host thread (the
+    /// CPU proxy: rings and scratch in mapped host memory).
+    pub(super) fn queue_setup(&self, opts: IbgdaOptions, host_rings: bool) -> Result<IbgdaState> {
         opts.validate()?;
         // Read before any collective: a bad value fails every rank alike.
         let qp_opts = QpOptions::from_env()?;
@@ -565,14 +664,14 @@ impl Communicator {
         let layout = RingLayout::new(sq);
         let per_qp = layout.per_qp;
         // A page more, so the first QP's rings can start on a page.
-        let rings = self.device.alloc_zeroed::<u8>(nqps * per_qp + RING_ALIGN)?;
-        let rings_base = rings.as_raw().next_multiple_of(RING_ALIGN as u64);
-        let scratch = self.device.alloc_zeroed::<u64>(nqps * sq as usize)?;
+        let rings = Backing::alloc(&self.device, nqps * per_qp + RING_ALIGN, host_rings)?;
+        let rings_base = rings.addr().next_multiple_of(RING_ALIGN as u64);
+        let scratch_bytes = nqps * sq as usize * 8;
+        let scratch = Backing::alloc(&self.device, scratch_bytes, host_rings)?;
         let states = self.device.alloc_zeroed::<u8>(nqps * std::mem::size_of::<QpCounters>())?;
         // SAFETY: the scratch buffer lives in `memory`, which outlives the region.
-        let scratch_mr = unsafe { nic.reg_mr(scratch.as_raw(), scratch.num_bytes(), access::LOCAL_WRITE) }?;
-        // SAFETY: the ring buffer, whole.
-        unsafe { self.device.write_raw(rings_base, &layout.fresh_rings(nqps, sq))? };
+        let scratch_mr = unsafe { nic.reg_mr(scratch.addr(), scratch_bytes, access::LOCAL_WRITE) }?;
+        rings.write(&self.device, rings_base, &layout.fresh_rings(nqps, sq))?;
         tracing::debug!(
             "rank {rank}: IBGDA set-up: port {} (LID {}) open; rings of {nqps} QPs ({} bytes), scratch and QP states allocated and initialised in {} ms",
             nic.port().name,
@@ -624,7 +723,7 @@ impl Communicator {
             sq,
             qps_per_peer: qpp,
             states: states.as_raw() as *mut QpCounters,
-            scratch: scratch.as_raw() as *mut u64,
+            scratch: scratch.addr() as *mut u64,
             scratch_lkey: scratch_mr.lkey(),
             qp_flags: if nic.on_the_kernels_gpu() { QP_GPU_SCOPE } else { 0 },
         };
@@ -661,6 +760,7 @@ impl Communicator {
             nic,
             opts,
             handle,
+            table_words: words,
         };
 
         // 5. Everyone is in RTS before any kernel posts; then the NIC starts.

@@ -82,6 +82,7 @@ use crate::stream::Stream;
 use crate::world::World;
 
 mod ibgda;
+mod proxy;
 mod reports;
 mod rings;
 mod selftest;
@@ -95,6 +96,7 @@ pub use crate::nic::soft::{
     EngineCounters, EnginePhase, EngineReport, IbgdaProgress, SoftNicEngine, ENGINE_THREADS_GPU, SOFTNIC, SOFTNIC_PTX,
 };
 pub use ibgda::{IbgdaOptions, IbgdaQueue, RdmaPeers};
+pub use proxy::{ProxyStats, RING_SLOTS as PROXY_RING_SLOTS};
 pub use rings::{RingShape, Rings};
 #[doc(hidden)]
 pub use selftest::RouteFault;
@@ -211,6 +213,9 @@ pub struct Communicator {
     /// The first device-side failure this rank saw: its drop then aborts
     /// the world instead of waiting for every rank.
     failure: Mutex<Option<String>>,
+    /// The CPU proxy's thread and NIC resources, once set up (`proxy.rs`);
+    /// dropped before the heap they name.
+    proxy: Mutex<Option<proxy::ProxyState>>,
     /// The IBGDA transport's resources, once set up (`ibgda.rs`); dropped
     /// before the heap they name.
     ibgda: Mutex<Option<ibgda::IbgdaState>>,
@@ -315,6 +320,7 @@ impl Communicator {
             budget_ns: opts.wait_timeout.as_nanos().min(u64::MAX as u128) as u64,
             same_gpu,
             ranks_per_gpu,
+            proxy: Mutex::new(None),
             ibgda: Mutex::new(None),
             softnic_tail_leaked: Default::default(),
             library: std::sync::OnceLock::new(),

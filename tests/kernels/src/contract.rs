@@ -3,7 +3,7 @@
 //! second transport, so every body here is instantiated for two.
 
 use doorbell_kernels::heap::{Checked, HeapBounds};
-use doorbell_kernels::transport::{Cmp, CommError, Coop, Ibgda, P2p, RawSignal, RawWait, RawXfer, Routed, Sym, Transport};
+use doorbell_kernels::transport::{Cmp, CommError, Coop, Ibgda, P2p, Proxy, RawSignal, RawWait, RawXfer, Routed, Sym, Transport};
 use doorbell_kernels::{kernel, ptx};
 
 /// A test transport: P2P underneath, plus a count of the data-moving calls
@@ -129,7 +129,7 @@ pub unsafe fn report_block_code(c: u32, out: *mut u32) {
 /// rank 1's `dst` into this rank's heap header, which starts `bytes` before
 /// `dst` (the host passes `dst`'s heap offset). `out[0]` = [`code`] of
 /// thread 0's result, `out[1]` = how many threads got a different code.
-#[kernel(transports(P2p, Shadow, Ibgda, Routed))]
+#[kernel(transports(P2p, Shadow, Ibgda, Routed, Proxy))]
 pub unsafe fn bad_call<T: Transport>(t: T, dst: *mut u8, src: *const u8, bytes: u64, sig: *mut u64, case: u32, out: *mut u32) {
     if t.rank() != 0 {
         return;
@@ -205,7 +205,7 @@ pub fn payload(i: u32, b: u32, w: u32) -> u32 {
 /// waits for `sig[b] == i`, checks every word, counts wrong words in
 /// `wrong[b]`, and acks with `ack[b] = i` on rank 0. `status[b]`: 1 ok,
 /// 2 timeout, 3 another error.
-#[kernel(transports(P2p, Shadow, Ibgda, Routed))]
+#[kernel(transports(P2p, Shadow, Ibgda, Routed, Proxy))]
 pub unsafe fn flagged_rounds<T: Transport>(
     t: T,
     data: *mut u32,
@@ -331,7 +331,7 @@ pub unsafe fn flagged_rounds<T: Transport>(
 /// then confirms with `wait_until_all` and `wait_until_any`; `out[0]` = the
 /// mask collected, `out[1]` = the calls it took, `out[2]` = [`code`] of
 /// the first error (0 if none), `out[3]` = the index `wait_until_any` gave.
-#[kernel(transports(P2p, Shadow, Ibgda, Routed))]
+#[kernel(transports(P2p, Shadow, Ibgda, Routed, Proxy))]
 pub unsafe fn collect_signals<T: Transport>(t: T, sigs: *mut u64, count: u32, gap_ns: u64, out: *mut u64) {
     if ptx::thread_rank_in_block() != 0 || ptx::block_idx_x() != 0 {
         return;

@@ -1,0 +1,488 @@
+//! The CPU-proxy transport: the kernel writes a small request (operation,
+//! peer, offsets, bytes, signal) into a ring in mapped host memory; a host
+//! thread (`Communicator::proxy`) builds the WQEs, rings the NIC's doorbell,
+//! polls the completions and reports them back in the same mapped memory.
+//! The shape of NVSHMEM's IBRC / CPU-proxy path, behind the same contract
+//! as [`super::Ibgda`] — so one kernel body runs over both, and the
+//! difference between a GPU that posts its own WQEs and one that asks the
+//! CPU to is measured on the same NIC.
+//!
+//! ## A request's life
+//! 1. **Reserve**: one thread takes a ticket `t` (an atomic add on a
+//!    counter in device memory).
+//! 2. **Flow control**: it waits (bounded) until the proxy has taken
+//!    ticket `t - slots` out of the ring ([`ProxyWords::taken`]).
+//! 3. **Write**: the request's fields, then its `seq = t + 1` with release
+//!    at system scope (the proxy reads `seq` with acquire).
+//! 4. The proxy takes requests in ticket order, posts their WQEs on its QP
+//!    to the peer (a WRITE per chunk of the NIC's largest message, then the
+//!    signal's WQE on the same QP: the peer sees the data before the
+//!    signal), rings each QP it posted to once per sweep, and advances
+//!    [`ProxyWords::done`] past every request whose WQEs have completed, in
+//!    ticket order.
+//! 5. A blocking call waits (bounded) until `done > t`.
+//!
+//! **Errors.** An error completion, or a request the proxy refuses (its own
+//! checks repeat the kernel's), is published in [`ProxyWords::error`] with
+//! the ticket it stopped at; `done` never passes it, and waiters for that
+//! ticket or later get [`CommError::Completion`]. A reservation that finds
+//! no room within the budget marks the handle **wedged** (later posters
+//! fail at once: the ticket it holds is never written, so the proxy stops
+//! there); `Communicator::proxy_reset` starts afresh.
+//!
+//! **Ordering.** Requests are executed in ticket order and every request
+//! to a peer goes to the one QP of the proxy to that peer, executed in
+//! order by the NIC: `fence` orders nothing extra, as with IBGDA. `quiet`
+//! waits until every ticket reserved so far (by any thread of the rank) is
+//! done — more than the contract asks, never less.
+
+use super::ibgda::{RegRegion, REG_SLOTS};
+use super::{Cmp, CommError, Coop, RawSignal, RawWait, RawXfer, SignalOp, Transport};
+use crate::heap::{Arg, Call, Checked, HeapBounds, Reporter, EPOCH_OFFSET};
+use crate::ptx;
+use crate::sync::{Spin, Timeout};
+
+/// [`ProxyRequest::op`]: a WRITE of `bytes` (then the signal, when
+/// [`REQ_SIGNAL`] is set).
+pub const OP_PUT: u32 = 1;
+/// [`ProxyRequest::op`]: a READ of `bytes` into the local address.
+pub const OP_GET: u32 = 2;
+/// [`ProxyRequest::op`]: the signal alone.
+pub const OP_SIGNAL: u32 = 3;
+/// [`ProxyRequest::flags`]: the request carries a signal.
+pub const REQ_SIGNAL: u32 = 1;
+
+/// [`ProxyWords::error`]'s kind (bits 56..64): an error completion; the low
+/// byte is the syndrome.
+pub const PROXY_ERR_COMPLETION: u64 = 1;
+/// [`ProxyWords::error`]'s kind: the proxy refused a request (its own checks
+/// of peer, ranges and operation; the low byte says which).
+pub const PROXY_ERR_REFUSED: u64 = 2;
+/// [`ProxyWords::error`]'s kind: the NIC made no progress within the
+/// proxy's budget.
+pub const PROXY_ERR_STALLED: u64 = 3;
+
+/// One request (64 bytes, one slot of the ring in mapped host memory).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProxyRequest {
+    /// `ticket + 1` once the fields below are written (release, system
+    /// scope); the proxy waits for exactly this value in slot `ticket %
+    /// slots`.
+    pub seq: u64,
+    /// [`OP_PUT`], [`OP_GET`] or [`OP_SIGNAL`].
+    pub op: u32,
+    /// The target rank.
+    pub peer: u32,
+    /// Local address: a put's source, a get's destination (the heap or a
+    /// registered buffer).
+    pub local: u64,
+    /// Offset in the peer's heap: a put's destination, a get's source.
+    pub remote_off: u64,
+    /// Bytes to move (0 for a signal alone).
+    pub bytes: u64,
+    /// Offset of the signal word in the peer's heap.
+    pub sig_off: u64,
+    /// The signal's value.
+    pub sig_value: u64,
+    /// [`SignalOp`] as its discriminant.
+    pub sig_op: u16,
+    /// [`REQ_SIGNAL`] or 0.
+    pub flags: u16,
+    /// Reserved, zero.
+    pub _pad: u32,
+}
+const _: () = assert!(core::mem::size_of::<ProxyRequest>() == 64);
+
+/// What the proxy publishes for the kernels (in mapped host memory, 64
+/// bytes; the host writes, kernels read at system scope).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProxyWords {
+    /// Tickets taken out of the ring: every slot of a ticket below it may
+    /// be written again.
+    pub taken: u64,
+    /// Tickets done: every request below it has completed at its target.
+    pub done: u64,
+    /// 0, or the first failure: kind ([`PROXY_ERR_COMPLETION`], ...) in
+    /// bits 56..64, the peer in bits 32..56, the syndrome or reason in the
+    /// low byte. Published (release) after `error_ticket`.
+    pub error: u64,
+    /// The ticket the failure stopped at (`done` never passes it).
+    pub error_ticket: u64,
+    /// Reserved, zero.
+    pub _reserved: [u64; 4],
+}
+const _: () = assert!(core::mem::size_of::<ProxyWords>() == 64);
+
+/// The kernels' own words (device memory, 16 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProxyTail {
+    /// Tickets reserved.
+    pub tail: u64,
+    /// Nonzero once a reservation found no room within its budget.
+    pub wedged: u64,
+}
+
+/// The CPU-proxy transport's device handle. Plain `#[repr(C)]` data made
+/// by `Communicator::proxy`; calls may come from any number of warps and
+/// blocks at once.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Proxy {
+    /// This rank.
+    pub rank: u32,
+    /// Number of ranks.
+    pub world: u32,
+    /// Heap size in bytes, header included (same on every rank).
+    pub heap_bytes: u64,
+    /// This rank's heap base.
+    pub local_base: u64,
+    /// Spin budget of every wait, ns.
+    pub budget_ns: u64,
+    /// The request ring (`slots` entries, mapped host memory).
+    pub ring: *mut ProxyRequest,
+    /// The proxy's published words (mapped host memory).
+    pub words: *const ProxyWords,
+    /// The kernels' reservation counter (device memory).
+    pub tail: *mut ProxyTail,
+    /// Ring slots (a power of two).
+    pub slots: u32,
+    /// Entries of `reg` in use.
+    pub nreg: u32,
+    /// Registered local buffers (`Communicator::proxy_register`): puts may
+    /// read from them, gets write into them. `lkey` is the proxy's.
+    pub reg: [RegRegion; REG_SLOTS],
+}
+const _: () = assert!(core::mem::size_of::<Proxy>() == 64 + 24 * REG_SLOTS);
+
+#[cfg(not(target_arch = "nvptx64"))]
+// SAFETY: #[repr(C)] plain data (integers, pointers, plain structs), 8-byte
+// aligned, matching the struct-by-value parameter of the PTX entry point.
+unsafe impl crate::KernelParam for Proxy {}
+
+/// A request as the kernel hands it over.
+#[derive(Clone, Copy)]
+struct Req {
+    op: u32,
+    peer: u32,
+    local: u64,
+    remote_off: u64,
+    bytes: u64,
+    sig: Option<(u64, u64, SignalOp)>,
+}
+
+impl Checked for Proxy {
+    #[inline(always)]
+    fn bounds(&self) -> HeapBounds {
+        HeapBounds {
+            reporter: Reporter {
+                rank: self.rank,
+                local_base: self.local_base,
+                budget_ns: self.budget_ns,
+            },
+            world: self.world,
+            heap_bytes: self.heap_bytes,
+        }
+    }
+}
+
+impl Proxy {
+    /// Whether `[addr, addr + bytes)` is memory the proxy's NIC can reach
+    /// locally (the heap or a registered buffer); else the call is refused.
+    #[inline(always)]
+    fn check_local(&self, call: Call, arg: Arg, addr: u64, bytes: u64, peer: u32) -> Result<(), CommError> {
+        let off = addr.wrapping_sub(self.local_base);
+        if bytes == 0 || off <= self.heap_bytes && bytes <= self.heap_bytes - off {
+            return Ok(());
+        }
+        let mut i = 0;
+        while i < REG_SLOTS {
+            let r = self.reg[i];
+            let o = addr.wrapping_sub(r.addr);
+            if (i as u32) < self.nreg && o <= r.len && bytes <= r.len - o {
+                return Ok(());
+            }
+            i += 1;
+        }
+        Err(self.fail(CommError::OutOfRange { offset: off, bytes }, call, arg, peer, off))
+    }
+
+    /// The proxy's published failure as `(error word, ticket)`, if any.
+    #[inline(always)]
+    fn failure(&self) -> Option<(u64, u64)> {
+        // SAFETY: the handle's words (mapped host memory). Acquire pairs
+        // with the proxy's release of `error` after `error_ticket`.
+        unsafe {
+            let e = ptx::ld_acquire_sys_u64(&raw const (*self.words).error);
+            (e != 0).then(|| (e, ptx::ld_relaxed_sys_u64(&raw const (*self.words).error_ticket)))
+        }
+    }
+
+    /// The device error (and its report) for the proxy's failure word `e`.
+    #[inline(always)]
+    fn failed(&self, e: u64, call: Call, peer: u32) -> CommError {
+        let at = ((e >> 32) & 0xff_ffff) as u32;
+        let err = if e >> 56 == PROXY_ERR_COMPLETION {
+            CommError::Completion {
+                peer: at,
+                syndrome: e as u8,
+            }
+        } else {
+            CommError::Completion { peer: at, syndrome: 0 }
+        };
+        self.fail(err, call, Arg::None, peer, 0)
+    }
+
+    /// Reserves a ticket and hands `r` to the proxy. One thread.
+    ///
+    /// # Safety
+    /// The handle's ring, words and tail are valid.
+    #[inline(always)]
+    unsafe fn post(&self, r: &Req, call: Call) -> Result<u64, CommError> {
+        // SAFETY: the caller's contract.
+        unsafe {
+            if ptx::ld_relaxed_gpu_u64(&raw const (*self.tail).wedged) != 0 {
+                return Err(self.bounds().reporter.fail_queue(call, r.peer, 0, 0));
+            }
+            if let Some((e, _)) = self.failure() {
+                return Err(self.failed(e, call, r.peer));
+            }
+            let t = ptx::atom_add_relaxed_gpu_u64(&raw mut (*self.tail).tail, 1);
+            let slots = self.slots as u64;
+            let taken = &raw const (*self.words).taken;
+            if let Err(to) = crate::sync::spin_until(self.budget_ns, || ptx::ld_acquire_sys_u64(taken), |v| t < v + slots) {
+                ptx::st_relaxed_gpu_u64(&raw mut (*self.tail).wedged, 1);
+                return Err(self
+                    .bounds()
+                    .reporter
+                    .fail_queue(call, r.peer, to.seen as u32, (t - slots + 1) as u32));
+            }
+            let slot = self.ring.add((t & (slots - 1)) as usize);
+            let (sig_off, sig_value, sig_op, flags) = match r.sig {
+                Some((o, v, op)) => (o, v, op as u16, REQ_SIGNAL as u16),
+                None => (0, 0, 0, 0),
+            };
+            let w = ProxyRequest {
+                seq: 0,
+                op: r.op,
+                peer: r.peer,
+                local: r.local,
+                remote_off: r.remote_off,
+                bytes: r.bytes,
+                sig_off,
+                sig_value,
+                sig_op,
+                flags,
+                _pad: 0,
+            };
+            let words: [u64; 8] = core::mem::transmute(w);
+            let dst = slot as *mut u64;
+            let mut i = 1;
+            while i < 8 {
+                core::ptr::write_volatile(dst.add(i), words[i]);
+                i += 1;
+            }
+            ptx::st_release_sys_u64(dst, t + 1);
+            Ok(t)
+        }
+    }
+
+    /// Waits until ticket `t` is done. One thread.
+    #[inline(always)]
+    fn wait_done(&self, t: u64, call: Call, peer: u32) -> Result<(), CommError> {
+        let mut spin = Spin::new(self.budget_ns);
+        loop {
+            // SAFETY: the handle's words.
+            let done = unsafe { ptx::ld_acquire_sys_u64(&raw const (*self.words).done) };
+            if done > t {
+                return Ok(());
+            }
+            if let Some((e, at)) = self.failure() {
+                if at <= t {
+                    return Err(self.failed(e, call, peer));
+                }
+            }
+            if !spin.again() {
+                return Err(self.bounds().reporter.fail_queue(call, peer, done as u32, (t + 1) as u32));
+            }
+        }
+    }
+
+    /// Every ticket reserved so far is done. One thread.
+    fn quiet_all(&self, call: Call, peer: u32) -> Result<(), CommError> {
+        // SAFETY: the handle's tail.
+        let end = unsafe { ptx::ld_acquire_gpu_u64(&raw const (*self.tail).tail) };
+        if end == 0 {
+            return Ok(());
+        }
+        self.wait_done(end - 1, call, peer)
+    }
+
+    /// `r` posted by the group `g` (its leader), waited for unless `nbi`;
+    /// every thread of the group returns the group's result.
+    ///
+    /// # Safety
+    /// As [`Self::post`]; every thread of `g` passes the same arguments.
+    #[inline(always)]
+    unsafe fn request(&self, g: Coop, r: Req, call: Call, nbi: bool) -> Result<(), CommError> {
+        g.sync();
+        let mut res = Ok(());
+        if g.is_leader() {
+            // SAFETY: the caller's contract.
+            res = unsafe { self.post(&r, call) }.and_then(|t| if nbi { Ok(()) } else { self.wait_done(t, call, r.peer) });
+        }
+        match g {
+            Coop::Thread => res,
+            Coop::Warp => super::warp_verdict(res),
+            Coop::Block => {
+                let failed = ptx::sync_threads_or(res.is_err());
+                match res {
+                    Ok(()) if failed => Err(match self.failure() {
+                        Some((e, _)) => self.failed(e, call, r.peer),
+                        None => CommError::Timeout(Timeout { seen: 0 }),
+                    }),
+                    r => r,
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn reserved(&self, offset: u64) -> *mut u64 {
+        (self.local_base + offset) as *mut u64
+    }
+
+    #[inline(always)]
+    fn load_signal(p: *const u64) -> u64 {
+        // SAFETY: checked by the caller to be an aligned heap word.
+        unsafe { ptx::ld_acquire_sys_u64(p) }
+    }
+}
+
+impl Transport for Proxy {
+    #[inline(always)]
+    fn rank(&self) -> u32 {
+        self.rank
+    }
+    #[inline(always)]
+    fn world_size(&self) -> u32 {
+        self.world
+    }
+
+    /// Always `None`: peers are reached through the proxy's NIC only.
+    #[inline(always)]
+    fn peer_ptr<T>(&self, _local: *const T, _peer: u32) -> Option<*mut T> {
+        None
+    }
+
+    unsafe fn put_raw(&self, g: Coop, peer: u32, x: RawXfer, signal: Option<RawSignal>) -> Result<(), CommError> {
+        let (call, off, sig_off) = super::check_put(self, peer, &x, signal)?;
+        self.check_local(call, Arg::Source, x.src as u64, x.bytes, peer)?;
+        if x.bytes == 0 && signal.is_none() {
+            return Ok(());
+        }
+        let r = Req {
+            op: OP_PUT,
+            peer,
+            local: x.src as u64,
+            remote_off: off,
+            bytes: x.bytes,
+            sig: signal.map(|s| (sig_off, s.value, s.op)),
+        };
+        // SAFETY: checked arguments; the caller's contract.
+        unsafe { self.request(g, r, call, x.nbi) }
+    }
+
+    unsafe fn get_raw(&self, g: Coop, peer: u32, x: RawXfer) -> Result<(), CommError> {
+        let call = if x.nbi { Call::GetNbi } else { Call::Get };
+        let off = self.check_range(call, Arg::Source, x.src as u64, x.bytes, peer)?;
+        self.check_local_dst(call, x.dst as u64, x.bytes, peer)?;
+        self.check_local(call, Arg::Destination, x.dst as u64, x.bytes, peer)?;
+        if x.bytes == 0 {
+            return Ok(());
+        }
+        let r = Req {
+            op: OP_GET,
+            peer,
+            local: x.dst as u64,
+            remote_off: off,
+            bytes: x.bytes,
+            sig: None,
+        };
+        // SAFETY: as above.
+        unsafe { self.request(g, r, call, x.nbi) }
+    }
+
+    unsafe fn signal_raw(&self, peer: u32, s: RawSignal) -> Result<(), CommError> {
+        let off = self.check_signal(Call::Signal, s.word as u64, peer)?;
+        let r = Req {
+            op: OP_SIGNAL,
+            peer,
+            local: 0,
+            remote_off: 0,
+            bytes: 0,
+            sig: Some((off, s.value, s.op)),
+        };
+        // Non-blocking like IBGDA's: `quiet` completes it.
+        // SAFETY: checked arguments.
+        unsafe { self.request(Coop::Thread, r, Call::Signal, true) }
+    }
+
+    #[inline(always)]
+    unsafe fn wait_word_raw(&self, word: *const u64, cmp: Cmp, value: u64) -> Result<u64, CommError> {
+        self.check_signal(Call::WaitUntil, word as u64, self.rank)?;
+        match crate::sync::spin_until(self.budget_ns, || Self::load_signal(word), |v| cmp.holds(v, value)) {
+            Ok(v) => Ok(v),
+            Err(t) => Err(self.fail_wait(t, Call::WaitUntil, u32::MAX, word as u64, cmp, value)),
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn wait_some_raw(&self, w: RawWait, skip: u64) -> Result<u64, CommError> {
+        super::wait_some_words(self, w, skip, Self::load_signal)
+    }
+
+    /// Nothing to do: requests run in ticket order, each peer's on one QP.
+    #[inline(always)]
+    fn fence(&self) {}
+
+    unsafe fn quiet(&self, peer: Option<u32>) -> Result<(), CommError> {
+        match peer {
+            Some(p) if p >= self.world => Err(self.fail(CommError::BadPeer { peer: p }, Call::Quiet, Arg::None, p, 0)),
+            _ => self.quiet_all(Call::Quiet, peer.unwrap_or(u32::MAX)),
+        }
+    }
+
+    unsafe fn barrier(&self) -> Result<(), CommError> {
+        self.quiet_all(Call::Barrier, u32::MAX)?;
+        let p = self.reserved(EPOCH_OFFSET);
+        // SAFETY: a reserved header word, used by one thread per rank.
+        let epoch = unsafe {
+            let e = *p + 1;
+            *p = e;
+            e
+        };
+        for peer in 0..self.world {
+            let r = Req {
+                op: OP_SIGNAL,
+                peer,
+                local: 0,
+                remote_off: 0,
+                bytes: 0,
+                sig: Some((self.rank as u64 * 8, epoch, SignalOp::Set)),
+            };
+            // SAFETY: a header word of every rank (the proxy allows the
+            // whole heap as a target); the handle's ring.
+            unsafe { self.post(&r, Call::Barrier) }?;
+        }
+        for peer in 0..self.world {
+            let s = self.reserved(peer as u64 * 8);
+            if let Err(t) = crate::sync::spin_until(self.budget_ns, || Self::load_signal(s), |v| v >= epoch) {
+                return Err(self.fail_wait(t, Call::Barrier, peer, s as u64, Cmp::Ge, epoch));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,638 @@
+//! The CPU-proxy transport's host side: the thread that turns the kernels'
+//! requests into WQEs (the device side, the request format and the
+//! contract are in `doorbell_kernels::transport::proxy`).
+//!
+//! ## Set-up (collective: the first [`Communicator::proxy`] of every rank)
+//! The same NIC set-up as IBGDA (`comm::ibgda`: the port, the heap's
+//! region, one QP per peer, endpoints exchanged, RTS, the NIC started),
+//! except that the rings and the scratch words lie in mapped host memory,
+//! where this thread writes WQEs and reads CQEs. Then the request ring
+//! ([`RING_SLOTS`] slots and the published words, mapped host memory) and
+//! the kernels' reservation counter (device memory), and the thread.
+//!
+//! ## The thread
+//! Each sweep it takes the requests published in ticket order (at most a
+//! ring's worth), writes their WQEs — a WRITE or READ per chunk of the
+//! largest message, then the signal's WRITE (`Set`, from the slot's
+//! scratch word) or fetch-add (`Add`) on the same QP, only a request's last
+//! WQE signaled — rings each QP it posted to once, consumes every CQE
+//! present, and publishes `taken` and `done`. It repeats the kernels'
+//! checks (peer, heap ranges, operation) and refuses a request that fails
+//! them with [`PROXY_ERR_REFUSED`], as it reports an error completion with
+//! [`PROXY_ERR_COMPLETION`] and a NIC that stops completing within the
+//! communicator's wait budget with [`PROXY_ERR_STALLED`]; after a failure
+//! it takes nothing more (`Communicator::proxy_reset` starts afresh). An
+//! idle thread spins for a while, then sleeps in short naps, so a rank
+//! that is not communicating leaves its CPU to others.
+//!
+//! A ConnectX NIC would be driven by the same code (the WQEs are the mlx5
+//! bytes the IBGDA transport writes); it has run over the soft NIC only.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use doorbell_kernels::mlx5::cq::{classify_cqe, CqError, CqeState};
+use doorbell_kernels::mlx5::queue::{publish_and_ring, wqe_slot};
+use doorbell_kernels::mlx5::wqe::{write_atomic_fetch_add_wqe, write_rdma_read_wqe, write_rdma_write_wqe, Transfer, FLAG_SIGNALED};
+use doorbell_kernels::transport::ibgda::{IbgdaQp, RegRegion, REG_SLOTS};
+use doorbell_kernels::transport::proxy::{
+    ProxyRequest, ProxyTail, ProxyWords, OP_GET, OP_PUT, OP_SIGNAL, PROXY_ERR_COMPLETION, PROXY_ERR_REFUSED, PROXY_ERR_STALLED, REQ_SIGNAL,
+};
+use doorbell_kernels::transport::{Proxy, SignalOp};
+
+use super::ibgda::{IbgdaOptions, IbgdaState};
+use super::Communicator;
+use crate::error::{Error, Result};
+use crate::memory::{DeviceBuffer, MappedBuffer};
+
+/// Slots of the request ring (a power of two).
+pub const RING_SLOTS: u32 = 1024;
+/// Requests a sweep takes before it rings the doorbells and polls the CQs.
+const SWEEP: u64 = 64;
+/// Idle sweeps spent spinning before the thread naps.
+const IDLE_SPINS: u32 = 20_000;
+/// An idle thread's nap.
+const NAP: Duration = Duration::from_micros(20);
+
+/// [`PROXY_ERR_REFUSED`] reasons (the error word's low byte).
+mod refused {
+    pub const PEER: u64 = 1;
+    pub const REMOTE_RANGE: u64 = 2;
+    pub const LOCAL_RANGE: u64 = 3;
+    pub const SIGNAL: u64 = 4;
+    pub const OP: u64 = 5;
+}
+
+/// What the proxy thread did, for reports and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProxyStats {
+    /// Requests taken out of the ring.
+    pub requests: u64,
+    /// WQEs written.
+    pub wqes: u64,
+    /// Doorbells rung.
+    pub doorbells: u64,
+    /// CQEs consumed.
+    pub cqes: u64,
+}
+
+/// The counters the thread updates and the host reads.
+#[derive(Default)]
+struct SharedStats {
+    requests: AtomicU64,
+    wqes: AtomicU64,
+    doorbells: AtomicU64,
+    cqes: AtomicU64,
+}
+
+/// This rank's proxy. Field order is drop order after the thread has
+/// stopped (in the drop): the queues (the NIC stops first inside), then
+/// the ring and the tail.
+pub(crate) struct ProxyState {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    stats: Arc<SharedStats>,
+    /// Registered buffers, as the thread checks them.
+    regs: Arc<std::sync::RwLock<Vec<RegRegion>>>,
+    queues: Option<IbgdaState>,
+    _shared: MappedBuffer<u64>,
+    _tail: DeviceBuffer<u64>,
+    handle: Proxy,
+}
+
+// SAFETY: the raw pointers inside (the handle) name memory this state owns.
+unsafe impl Send for ProxyState {}
+
+impl Drop for ProxyState {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            if t.join().is_err() {
+                tracing::error!("rank {}: the CPU proxy thread panicked", self.handle.rank);
+            }
+        }
+        // The queues next: their drop stops the NIC before any ring is freed.
+        drop(self.queues.take());
+    }
+}
+
+/// One QP as the thread drives it.
+struct Queue {
+    qp: IbgdaQp,
+    /// WQEs written (wrapping).
+    producer: u32,
+    /// WQEs rung.
+    rung: u32,
+    /// The last written WQE's ctrl head (what the doorbell carries).
+    head: u64,
+    /// WQEs known complete.
+    completed: u32,
+    /// CQ consumer index.
+    ci: u32,
+}
+
+/// A request taken and posted, not yet known complete.
+struct Pending {
+    ticket: u64,
+    queue: usize,
+    /// The index past its last WQE.
+    end: u32,
+}
+
+/// What the thread needs, all plain data (the pointers name memory the
+/// state owns, which outlives the thread).
+struct Worker {
+    rank: u32,
+    world: u32,
+    heap_base: u64,
+    heap_bytes: u64,
+    heap_lkey: u32,
+    max_msg: u64,
+    budget: Duration,
+    regs: Arc<std::sync::RwLock<Vec<RegRegion>>>,
+    ring: usize,
+    words: usize,
+    slots: u64,
+    queues: Vec<Queue>,
+    stop: Arc<AtomicBool>,
+    stats: Arc<SharedStats>,
+}
+
+/// `a` is at or past `b` (WQE indices within half the counter space).
+fn reached(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) >= 0
+}
+
+// SAFETY: the raw pointers inside (QP rings, the ring, the words) name
+// memory the state owns, which outlives the thread (joined in its drop).
+unsafe impl Send for Worker {}
+
+impl Worker {
+    fn words(&self) -> *mut ProxyWords {
+        self.words as *mut ProxyWords
+    }
+
+    fn publish(&self, field: fn(*mut ProxyWords) -> *mut u64, v: u64) {
+        // SAFETY: a word of the mapped ProxyWords; the kernels read it with
+        // acquire loads at system scope.
+        unsafe { (*(field(self.words()) as *const AtomicU64)).store(v, Ordering::Release) }
+    }
+
+    /// Publishes the first failure (the ticket first, then the word).
+    fn fail(&self, kind: u64, peer: u32, low: u64, ticket: u64) {
+        self.publish(|w| unsafe { &raw mut (*w).error_ticket }, ticket);
+        self.publish(
+            |w| unsafe { &raw mut (*w).error },
+            kind << 56 | ((peer as u64) & 0xff_ffff) << 32 | (low & 0xff),
+        );
+        tracing::warn!(
+            "rank {}: CPU proxy: request {ticket} to rank {peer} failed (kind {kind}, code {low:#x}); it takes no more requests until a reset",
+            self.rank
+        );
+    }
+
+    /// The request in the slot of `ticket`, once published.
+    fn take(&self, ticket: u64) -> Option<ProxyRequest> {
+        let slot = (self.ring as *mut ProxyRequest).wrapping_add((ticket & (self.slots - 1)) as usize);
+        // SAFETY: a slot of the mapped ring; `seq` is published last with
+        // release by the kernel, so the fields read after it are the request's.
+        unsafe {
+            if (*(slot as *const AtomicU64)).load(Ordering::Acquire) != ticket + 1 {
+                return None;
+            }
+            Some(std::ptr::read_volatile(slot))
+        }
+    }
+
+    /// The local key of `[addr, addr + bytes)`, if the NIC can reach it.
+    fn local_key(&self, addr: u64, bytes: u64) -> Option<u32> {
+        let off = addr.wrapping_sub(self.heap_base);
+        if bytes == 0 || off <= self.heap_bytes && bytes <= self.heap_bytes - off {
+            return Some(self.heap_lkey);
+        }
+        self.regs.read().unwrap_or_else(|p| p.into_inner()).iter().find_map(|r| {
+            let o = addr.wrapping_sub(r.addr);
+            (o <= r.len && bytes <= r.len - o).then_some(r.lkey)
+        })
+    }
+
+    /// The kernels' checks again: `Err(reason)` for a request that fails them.
+    fn check(&self, r: &ProxyRequest) -> std::result::Result<(), u64> {
+        if r.peer >= self.world {
+            return Err(refused::PEER);
+        }
+        let in_heap = |off: u64, n: u64| off <= self.heap_bytes && n <= self.heap_bytes - off;
+        match r.op {
+            OP_PUT | OP_GET => {
+                if !in_heap(r.remote_off, r.bytes) {
+                    return Err(refused::REMOTE_RANGE);
+                }
+                if self.local_key(r.local, r.bytes).is_none() {
+                    return Err(refused::LOCAL_RANGE);
+                }
+            }
+            OP_SIGNAL if r.flags as u32 & REQ_SIGNAL != 0 => {}
+            _ => return Err(refused::OP),
+        }
+        let signal = r.op != OP_GET && r.flags as u32 & REQ_SIGNAL != 0;
+        if signal && (!in_heap(r.sig_off, 8) || r.sig_off % 8 != 0 || r.sig_op > SignalOp::Add as u16) {
+            return Err(refused::SIGNAL);
+        }
+        if r.op == OP_GET && r.flags != 0 {
+            return Err(refused::OP);
+        }
+        Ok(())
+    }
+
+    /// WQEs `r` takes.
+    fn wqes(&self, r: &ProxyRequest) -> u64 {
+        let data = if r.op == OP_SIGNAL { 0 } else { r.bytes.div_ceil(self.max_msg) };
+        data + (r.flags as u32 & REQ_SIGNAL != 0) as u64
+    }
+
+    /// Consumes every CQE of queue `i` present. `Err((syndrome, index))` on
+    /// an error completion.
+    fn poll(&mut self, i: usize) -> std::result::Result<(), (u8, u32)> {
+        let q = &mut self.queues[i];
+        let size = q.qp.qp.cq_size;
+        let mut got = 0;
+        loop {
+            let cqe = q.qp.qp.cq.wrapping_add(((q.ci & (size - 1)) as usize) * 16);
+            // SAFETY: a CQE of the QP's mapped CQ; its last word (owner bit)
+            // is read first with acquire, the rest after it.
+            let w: [u32; 16] = unsafe {
+                let last = (*(cqe.add(15) as *const std::sync::atomic::AtomicU32)).load(Ordering::Acquire);
+                let mut w = [0u32; 16];
+                for (k, v) in w.iter_mut().enumerate().take(15) {
+                    *v = std::ptr::read_volatile(cqe.add(k));
+                }
+                w[15] = last;
+                w
+            };
+            let (counter, err) = match classify_cqe(&w, q.ci, size) {
+                CqeState::Empty { .. } => break,
+                CqeState::Done(c) => (c.wqe_counter, None),
+                CqeState::Error(CqError::Failed { wqe_counter, syndrome, .. }) => (wqe_counter, Some(syndrome.as_u8())),
+                CqeState::Error(CqError::UnexpectedOpcode { wqe_counter, .. }) => (wqe_counter, Some(0xff)),
+                CqeState::Error(CqError::Timeout { wqe_counter, .. }) => (wqe_counter, Some(0xfe)),
+            };
+            let at = q.completed.wrapping_add(counter.wrapping_sub(q.completed as u16) as u32);
+            q.ci = q.ci.wrapping_add(1);
+            got += 1;
+            // SAFETY: the CQ's doorbell record (mapped).
+            unsafe { q.qp.qp.set_cq_doorbell_record(q.ci) };
+            if let Some(s) = err {
+                self.stats.cqes.fetch_add(got, Ordering::Relaxed);
+                return Err((s, at));
+            }
+            q.completed = at.wrapping_add(1);
+        }
+        self.stats.cqes.fetch_add(got, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Writes `r`'s WQEs on queue `i` (room checked by the caller).
+    fn write(&mut self, i: usize, r: &ProxyRequest) -> u32 {
+        let lkey = self.local_key(r.local, r.bytes).unwrap_or(self.heap_lkey);
+        let q = &mut self.queues[i];
+        let n = (if r.op == OP_SIGNAL { 0 } else { r.bytes.div_ceil(self.max_msg) }) + (r.flags as u32 & REQ_SIGNAL != 0) as u64;
+        let chunks = if r.op == OP_SIGNAL { 0 } else { r.bytes.div_ceil(self.max_msg) };
+        for k in 0..n {
+            let idx = q.producer;
+            let flags = if k + 1 == n { FLAG_SIGNALED } else { 0 };
+            // SAFETY: the slot is free (room checked); the mapped SQ.
+            let slot = unsafe { wqe_slot(&q.qp.qp, idx) };
+            let head = if k < chunks {
+                let off = k * self.max_msg;
+                let t = Transfer {
+                    raddr: q.qp.remote_base + r.remote_off + off,
+                    rkey: q.qp.rkey,
+                    laddr: r.local + off,
+                    lkey,
+                    len: (r.bytes - off).min(self.max_msg) as u32,
+                };
+                // SAFETY: as above.
+                unsafe {
+                    if r.op == OP_GET {
+                        write_rdma_read_wqe(slot, idx as u16, q.qp.qp.qpn, &t, flags)
+                    } else {
+                        write_rdma_write_wqe(slot, idx as u16, q.qp.qp.qpn, &t, flags)
+                    }
+                }
+            } else {
+                let scratch = q.qp.scratch.wrapping_add((idx & (q.qp.qp.sq_size - 1)) as usize);
+                let t = Transfer {
+                    raddr: q.qp.remote_base + r.sig_off,
+                    rkey: q.qp.rkey,
+                    laddr: scratch as u64,
+                    lkey: q.qp.scratch_lkey,
+                    len: 8,
+                };
+                // SAFETY: one scratch word per slot, free with the slot.
+                unsafe {
+                    if r.sig_op == SignalOp::Add as u16 {
+                        write_atomic_fetch_add_wqe(slot, idx as u16, q.qp.qp.qpn, &t, r.sig_value, flags)
+                    } else {
+                        std::ptr::write_volatile(scratch, r.sig_value);
+                        write_rdma_write_wqe(slot, idx as u16, q.qp.qp.qpn, &t, flags)
+                    }
+                }
+            };
+            q.head = head;
+            q.producer = idx.wrapping_add(1);
+        }
+        self.stats.wqes.fetch_add(n, Ordering::Relaxed);
+        q.producer
+    }
+
+    /// Rings every queue with WQEs written since its last doorbell.
+    fn ring_all(&mut self) {
+        for q in &mut self.queues {
+            if q.rung != q.producer {
+                // SAFETY: the QP's mapped doorbell record and UAR word.
+                unsafe { publish_and_ring(&q.qp.qp, q.producer, q.head) };
+                q.rung = q.producer;
+                self.stats.doorbells.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Polls every queue with WQEs outstanding; the first error as
+    /// `(queue, syndrome, index)`.
+    fn poll_all(&mut self) -> Option<(usize, u8, u32)> {
+        for i in 0..self.queues.len() {
+            if self.queues[i].completed != self.queues[i].rung {
+                if let Err((s, at)) = self.poll(i) {
+                    return Some((i, s, at));
+                }
+            }
+        }
+        None
+    }
+
+    fn run(mut self) {
+        let mut next = 0u64;
+        let mut done = 0u64;
+        let mut pending: VecDeque<Pending> = VecDeque::new();
+        let mut failed = false;
+        let mut idle = 0u32;
+        let sq = self.queues.first().map(|q| q.qp.qp.sq_size).unwrap_or(0) as u64;
+        while !self.stop.load(Ordering::Acquire) {
+            let mut busy = false;
+            // Take and post.
+            let first = next;
+            while !failed && next - first < SWEEP {
+                let Some(r) = self.take(next) else { break };
+                busy = true;
+                if let Err(why) = self.check(&r) {
+                    self.fail(PROXY_ERR_REFUSED, r.peer, why, next);
+                    failed = true;
+                    break;
+                }
+                let i = r.peer as usize;
+                let n = self.wqes(&r);
+                if n > sq {
+                    self.fail(PROXY_ERR_REFUSED, r.peer, refused::REMOTE_RANGE, next);
+                    failed = true;
+                    break;
+                }
+                // Room on the QP: ring what is written, then poll until enough completed.
+                let start = Instant::now();
+                while self.queues[i].producer.wrapping_sub(self.queues[i].completed) as u64 + n > sq {
+                    self.ring_all();
+                    if let Err((s, at)) = self.poll(i) {
+                        let t = ticket_of(&pending, i, at).unwrap_or(next);
+                        self.fail(PROXY_ERR_COMPLETION, r.peer, s as u64, t);
+                        failed = true;
+                        break;
+                    }
+                    if start.elapsed() > self.budget {
+                        self.fail(PROXY_ERR_STALLED, r.peer, 0, next);
+                        failed = true;
+                        break;
+                    }
+                    std::hint::spin_loop();
+                }
+                if failed {
+                    break;
+                }
+                let end = self.write(i, &r);
+                pending.push_back(Pending {
+                    ticket: next,
+                    queue: i,
+                    end,
+                });
+                next += 1;
+                self.stats.requests.fetch_add(1, Ordering::Relaxed);
+            }
+            if next != first {
+                self.publish(|w| unsafe { &raw mut (*w).taken }, next);
+            }
+            self.ring_all();
+            // Complete.
+            if let Some((i, s, at)) = self.poll_all() {
+                if !failed {
+                    let t = ticket_of(&pending, i, at).unwrap_or(next);
+                    self.fail(PROXY_ERR_COMPLETION, i as u32 / self.queues_per_peer(), s as u64, t);
+                    failed = true;
+                }
+            }
+            while let Some(p) = pending.front() {
+                if !reached(self.queues[p.queue].completed, p.end) {
+                    break;
+                }
+                pending.pop_front();
+                busy = true;
+            }
+            let now_done = pending.front().map_or(next, |p| p.ticket);
+            if now_done != done {
+                done = now_done;
+                self.publish(|w| unsafe { &raw mut (*w).done }, done);
+            }
+            if busy || !pending.is_empty() {
+                idle = 0;
+                continue;
+            }
+            idle = idle.saturating_add(1);
+            if idle > IDLE_SPINS {
+                std::thread::sleep(NAP);
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    fn queues_per_peer(&self) -> u32 {
+        (self.queues.len() as u32 / self.world).max(1)
+    }
+}
+
+/// The ticket of the first pending request on queue `i` whose WQEs reach
+/// past index `at` (the request a failed WQE belongs to).
+fn ticket_of(pending: &VecDeque<Pending>, i: usize, at: u32) -> Option<u64> {
+    pending.iter().find(|p| p.queue == i && !reached(at, p.end)).map(|p| p.ticket)
+}
+
+impl Communicator {
+    /// The CPU-proxy transport's device handle (a kernel argument): kernels
+    /// hand each put, get and signal to a host thread of this rank, which
+    /// posts the WQEs on the NIC (the soft NIC here, a ConnectX NIC by the
+    /// same code) — NVSHMEM's CPU-proxy shape, to set beside IBGDA.
+    ///
+    /// **Collective the first time** (every rank calls it): sets the NIC's
+    /// QPs up as [`Communicator::ibgda`] does, from
+    /// [`IbgdaOptions::from_env`] with one QP per peer, their rings in
+    /// mapped host memory, and starts the thread. It cannot share the NIC
+    /// with IBGDA: while one is set up the other is refused (reset the
+    /// other first: [`Communicator::ibgda_reset`],
+    /// [`Communicator::proxy_reset`]).
+    pub fn proxy(&self) -> Result<Proxy> {
+        let mut guard = self.proxy.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(st) = guard.as_ref() {
+            return Ok(st.handle);
+        }
+        let ibgda_up = self.ibgda_if_set_up().is_some();
+        let all = self.world.all_gather_bytes(&[ibgda_up as u8])?;
+        if let Some(r) = all.iter().position(|b| b.first() == Some(&1)) {
+            return Err(Error::comm(format!(
+                "rank {}: the CPU proxy cannot be set up while IBGDA is (rank {r} has it): both would drive the same NIC \
+                 port; call ibgda_reset() on every rank first",
+                self.rank
+            )));
+        }
+        let mut opts = IbgdaOptions::from_env()?;
+        opts.qps_per_peer = 1;
+        let queues = self.queue_setup(opts.clone(), true)?;
+        let st = self.proxy_start(queues, &opts)?;
+        let h = st.handle;
+        *guard = Some(st);
+        Ok(h)
+    }
+
+    /// Registers `len` bytes at the device address `addr` with the proxy's
+    /// NIC, so puts may read from it and gets write into it; returns the
+    /// updated handle (earlier handles do not know the buffer). At most
+    /// [`REG_SLOTS`] buffers.
+    ///
+    /// # Safety
+    /// `addr..addr + len` is device memory of this rank that stays
+    /// allocated until this communicator is dropped or the proxy reset.
+    pub unsafe fn proxy_register(&self, addr: u64, len: usize) -> Result<Proxy> {
+        self.proxy()?;
+        let mut guard = self.proxy.lock().unwrap_or_else(|p| p.into_inner());
+        let st = guard.as_mut().expect("set up above");
+        let queues = st.queues.as_mut().expect("present until the drop");
+        // SAFETY: the caller's contract.
+        let r = unsafe { queues.register(self.rank, addr, len, "the CPU proxy") }?;
+        st.regs.write().unwrap_or_else(|p| p.into_inner()).push(r);
+        let n = st.handle.nreg as usize;
+        st.handle.reg[n] = r;
+        st.handle.nreg += 1;
+        Ok(st.handle)
+    }
+
+    /// Stops this rank's proxy thread and tears its QPs down; the next
+    /// [`Communicator::proxy`] sets it up afresh (collective then). Call it
+    /// on every rank, with no kernel using the handle running.
+    pub fn proxy_reset(&self) -> Result<()> {
+        drop(self.proxy.lock().unwrap_or_else(|p| p.into_inner()).take());
+        self.world.barrier()?;
+        Ok(())
+    }
+
+    /// What this rank's proxy thread has done so far (`None` when it is
+    /// not set up).
+    pub fn proxy_stats(&self) -> Option<ProxyStats> {
+        self.proxy.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|st| ProxyStats {
+            requests: st.stats.requests.load(Ordering::Relaxed),
+            wqes: st.stats.wqes.load(Ordering::Relaxed),
+            doorbells: st.stats.doorbells.load(Ordering::Relaxed),
+            cqes: st.stats.cqes.load(Ordering::Relaxed),
+        })
+    }
+
+    pub(super) fn proxy_if_set_up(&self) -> bool {
+        self.proxy.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
+    fn proxy_start(&self, queues: IbgdaState, opts: &IbgdaOptions) -> Result<ProxyState> {
+        let ib = queues.handle();
+        let words_len = std::mem::size_of::<ProxyWords>() / 8;
+        let ring_len = RING_SLOTS as usize * std::mem::size_of::<ProxyRequest>() / 8;
+        let shared = self.device.alloc_mapped::<u64>(words_len + ring_len)?;
+        if shared.host_ptr() as u64 != shared.device_ptr() as u64 {
+            return Err(Error::comm(
+                "mapped host memory has a device address other than its host address: the CPU proxy needs unified addressing".to_string(),
+            ));
+        }
+        let tail = self.device.alloc_zeroed::<u64>(std::mem::size_of::<ProxyTail>() / 8)?;
+        let base = shared.host_ptr() as usize;
+        let ring = base + std::mem::size_of::<ProxyWords>();
+        let handle = Proxy {
+            rank: ib.rank,
+            world: ib.world,
+            heap_bytes: ib.heap_bytes,
+            local_base: ib.local_base,
+            budget_ns: ib.budget_ns,
+            ring: ring as *mut ProxyRequest,
+            words: base as *const ProxyWords,
+            tail: tail.as_raw() as *mut ProxyTail,
+            slots: RING_SLOTS,
+            nreg: 0,
+            reg: [RegRegion::default(); REG_SLOTS],
+        };
+        let queue_list = queues
+            .qp_table()
+            .into_iter()
+            .map(|qp| Queue {
+                qp,
+                producer: 0,
+                rung: 0,
+                head: 0,
+                completed: 0,
+                ci: 0,
+            })
+            .collect();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stats = Arc::new(SharedStats::default());
+        let regs = Arc::new(std::sync::RwLock::new(Vec::new()));
+        let worker = Worker {
+            rank: ib.rank,
+            world: ib.world,
+            heap_base: ib.local_base,
+            heap_bytes: ib.heap_bytes,
+            heap_lkey: ib.heap_lkey,
+            max_msg: opts.max_msg as u64,
+            budget: Duration::from_nanos(ib.budget_ns),
+            regs: regs.clone(),
+            ring,
+            words: base,
+            slots: RING_SLOTS as u64,
+            queues: queue_list,
+            stop: stop.clone(),
+            stats: stats.clone(),
+        };
+        let rank = self.rank;
+        let thread = std::thread::Builder::new()
+            .name(format!("doorbell-proxy-{rank}"))
+            .spawn(move || worker.run())
+            .map_err(|e| Error::comm(format!("rank {rank}: could not start the CPU proxy thread: {e}")))?;
+        tracing::info!(
+            "rank {rank}: CPU proxy over {}: {} QPs, {RING_SLOTS} request slots",
+            queues.nic_describe(),
+            self.size
+        );
+        Ok(ProxyState {
+            stop,
+            thread: Some(thread),
+            stats,
+            regs,
+            queues: Some(queues),
+            _shared: shared,
+            _tail: tail,
+            handle,
+        })
+    }
+}
