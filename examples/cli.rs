@@ -675,6 +675,32 @@ pub struct IbgdaBenchArgs {
     pub out: std::path::PathBuf,
 }
 
+/// `proxy_bench`: GPU-initiated (IBGDA) against the CPU proxy on the same
+/// soft NIC, in one run.
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "proxy_bench",
+    about = "IBGDA vs the CPU proxy: 8-byte put_signal round trip and message rate"
+)]
+pub struct ProxyBenchArgs {
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    /// put_signal round trips timed per launch [default: 2000 on a GPU, 50 on the emulator]
+    #[arg(long = "rtt-iters", value_name = "N", value_parser = ranged(1, 1_000_000))]
+    pub rtt_iters: Option<u64>,
+    /// 8-byte non-blocking puts one warp posts per message-rate launch
+    /// [default: 4096 on a GPU, 256 on the emulator]
+    #[arg(long = "wqes", value_name = "N", value_parser = ranged(1, 1_000_000))]
+    pub wqes: Option<u64>,
+    /// Rounds: each sets IBGDA up, measures it (and P2P), closes it, then
+    /// the same over the CPU proxy; the report takes the medians
+    #[arg(long, value_name = "N", default_value = "3", value_parser = ranged(1, 1000))]
+    pub rounds: u64,
+    /// Where proxy_bench.json goes
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    pub out: std::path::PathBuf,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

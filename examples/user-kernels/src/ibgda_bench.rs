@@ -3,7 +3,7 @@
 //! for IBGDA over the soft NIC. Two ranks; rank 0 measures.
 
 use doorbell_kernels::transport::ibgda::PostProfile;
-use doorbell_kernels::transport::{Cmp, CommError, Coop, Ibgda, P2p, RawSignal, RawXfer, Transport};
+use doorbell_kernels::transport::{Cmp, CommError, Coop, Ibgda, P2p, Proxy, RawSignal, RawXfer, Transport};
 use doorbell_kernels::{kernel, ptx};
 
 /// Status: every call succeeded.
@@ -16,7 +16,7 @@ pub const BENCH_FAILED: u32 = 2;
 /// the signal `sig = epoch0 + i`, rank 1 waits for it and answers the same
 /// way. Round 0 is an untimed handshake; rank 0 writes the time of the
 /// other `iters` rounds to `out_ns[0]`.
-#[kernel(transports(P2p, Ibgda))]
+#[kernel(transports(P2p, Ibgda, Proxy))]
 pub unsafe fn put_signal_rtt<T: Transport>(
     t: T,
     buf: *mut u64,
@@ -112,7 +112,7 @@ pub unsafe fn put_stream<T: Transport>(t: T, dst: *mut u8, src: *const u8, bytes
 /// (`use_warp != 0`; launch 1 × 32) or one block (launch 1 × 256), then
 /// `quiet`. `out_ns[0]`: time to post them all; `out_ns[1]`: until the last
 /// completed. Rank 1 returns at once.
-#[kernel(transports(Ibgda))]
+#[kernel(transports(Ibgda, Proxy))]
 pub unsafe fn post_burst<T: Transport>(t: T, dst: *mut u64, src: *const u64, wqes: u32, use_warp: u32, out_ns: *mut u64, status: *mut u32) {
     if t.rank() != 0 || (use_warp != 0 && ptx::warp_id_in_block() != 0) {
         return;

@@ -364,7 +364,7 @@ impl IbgdaState {
     }
 
     /// The soft NIC, when that is what this state runs on.
-    fn soft(&self) -> Option<&SoftNic> {
+    pub(super) fn soft(&self) -> Option<&SoftNic> {
         self.nic.as_any().downcast_ref::<SoftNic>()
     }
 
@@ -445,6 +445,18 @@ impl Communicator {
         // SAFETY: the caller's contract.
         unsafe { st.register(self.rank, addr, len, "IBGDA") }?;
         Ok(st.handle)
+    }
+
+    /// Collective: tears the IBGDA transport down (the NIC stops, its QPs
+    /// and memory go) without setting it up again, so that the CPU proxy
+    /// ([`Communicator::proxy`]) may take the NIC; a later
+    /// [`Communicator::ibgda`] sets it up afresh. Call it on every rank,
+    /// with no kernel using an IBGDA handle running.
+    pub fn ibgda_close(&self) -> Result<()> {
+        self.world.barrier()?;
+        drop(self.ibgda.lock().unwrap_or_else(|p| p.into_inner()).take());
+        self.world.barrier()?;
+        Ok(())
     }
 
     /// Collective: tears the IBGDA transport down and sets it up again

@@ -553,6 +553,46 @@ impl Communicator {
         })
     }
 
+    /// The proxy's published failure as an error naming the request's
+    /// ticket, the peer and what failed (`Ok` while healthy or not set up).
+    /// After a failure the proxy takes no more requests: reset it
+    /// ([`Communicator::proxy_reset`]).
+    pub fn proxy_check(&self) -> Result<()> {
+        let guard = self.proxy.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(st) = guard.as_ref() else { return Ok(()) };
+        // SAFETY: the mapped words, read as the kernels read them.
+        let (e, t) = unsafe {
+            let w = st.handle.words;
+            (
+                (*(&raw const (*w).error as *const AtomicU64)).load(Ordering::Acquire),
+                std::ptr::read_volatile(&raw const (*w).error_ticket),
+            )
+        };
+        if e == 0 {
+            return Ok(());
+        }
+        let peer = (e >> 32) & 0xff_ffff;
+        let what = match e >> 56 {
+            PROXY_ERR_COMPLETION => {
+                let syn = doorbell_kernels::mlx5::cq::CqeSyndrome::from_u8(e as u8);
+                format!("completion error {} ({:#04x})", syn.c_name(), e as u8)
+            }
+            PROXY_ERR_REFUSED => format!("refused by the proxy's checks (reason {})", e & 0xff),
+            PROXY_ERR_STALLED => "the NIC made no progress within the wait budget".to_string(),
+            k => format!("error word {k:#x}"),
+        };
+        Err(Error::comm(format!(
+            "rank {}: CPU proxy: request {t} to rank {peer}: {what}; it takes no more requests until proxy_reset()",
+            self.rank
+        )))
+    }
+
+    /// The soft NIC under the proxy, when that is its NIC.
+    pub(super) fn proxy_soft_nic(&self) -> Option<crate::nic::soft::SoftDevice> {
+        let guard = self.proxy.lock().unwrap_or_else(|p| p.into_inner());
+        guard.as_ref()?.queues.as_ref()?.soft().map(|s| s.device().clone())
+    }
+
     pub(super) fn proxy_if_set_up(&self) -> bool {
         self.proxy.lock().unwrap_or_else(|p| p.into_inner()).is_some()
     }

@@ -71,7 +71,10 @@ impl Communicator {
     /// before, or over another NIC).
     pub fn soft_nic(&self) -> Option<SoftDevice> {
         let guard = self.ibgda.lock().unwrap_or_else(|p| p.into_inner());
-        guard.as_ref()?.soft().map(|s| s.device().clone())
+        match guard.as_ref() {
+            Some(st) => st.soft().map(|s| s.device().clone()),
+            None => self.proxy_soft_nic(),
+        }
     }
 
     /// SMs each rank's soft NIC engine kernel holds while a transport

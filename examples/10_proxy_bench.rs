@@ -1,0 +1,278 @@
+//! GPU-initiated communication against a CPU proxy, on the same soft NIC
+//! and the same two ranks, in one run:
+//!
+//! * **8-byte `put_signal` round trip** (`put_signal_rtt`, one warp per
+//!   rank): IBGDA (the kernel writes the WQEs and rings the doorbell), the
+//!   CPU proxy (the kernel writes a request; a host thread writes the WQEs
+//!   and rings), and P2P (stores) as the floor.
+//! * **8-byte message rate** (`post_burst`, one warp of rank 0 posting
+//!   `--wqes` non-blocking puts, then `quiet`): million puts per second
+//!   from the first post to the last completion, IBGDA and proxy.
+//!
+//! Each round sets IBGDA up, measures it and P2P, closes it, then sets the
+//! proxy up on the freed NIC and measures it (the two cannot share a NIC
+//! port); a warm-up round is dropped and the report takes the medians and
+//! their ratios. Every message-rate launch is checked on rank 1: the words
+//! the puts wrote must hold the value rank 0 put in that launch (a wrong
+//! result fails the run). On the CPU emulator the timings mean nothing
+//! about a GPU; the run checks that every path works.
+//!
+//! ```text
+//! cargo run --release --example proxy_bench -- [--device gpu|cpu] [--rtt-iters N] [--wqes N] [--rounds N] [--out DIR]
+//! ```
+//! Prints a table and writes `proxy_bench.json` to `--out`.
+
+#[path = "bench/mod.rs"]
+mod bench;
+
+use bench::{median_upper as median, run_ranks};
+use clap::Parser;
+use doorbell::comm::{CommOptions, Communicator, ProxyStats};
+use doorbell::{DeviceBuffer, FamilyHandle, LaunchConfig};
+use doorbell_example_kernels::ibgda_bench::{post_burst, put_signal_rtt, BENCH_OK};
+use doorbell_examples::cli::ProxyBenchArgs;
+use doorbell_examples::{main_with, ratio, BoxError, USER_KERNELS};
+
+fn main() {
+    let args = ProxyBenchArgs::parse();
+    main_with(|| run(&args));
+}
+
+/// What rank 0 reports (the fields of `proxy_bench.json`).
+#[derive(serde::Serialize, Debug, Default)]
+struct Report {
+    device: String,
+    rtt_iters: u32,
+    wqes: u32,
+    /// Per timed round.
+    rtt_ibgda_us: Vec<f64>,
+    rtt_proxy_us: Vec<f64>,
+    rtt_p2p_us: Vec<f64>,
+    rate_ibgda_mput_s: Vec<f64>,
+    rate_proxy_mput_s: Vec<f64>,
+    /// Medians, and the ratios the comparison is about.
+    rtt_ibgda_median_us: f64,
+    rtt_proxy_median_us: f64,
+    rtt_p2p_median_us: f64,
+    rtt_ibgda_over_proxy: Option<f64>,
+    rate_ibgda_median_mput_s: f64,
+    rate_proxy_median_mput_s: f64,
+    rate_ibgda_over_proxy: Option<f64>,
+    /// Rank 0's proxy thread over the last round.
+    proxy_requests: u64,
+    proxy_wqes: u64,
+    proxy_doorbells: u64,
+}
+
+struct Plan {
+    rtt_iters: u32,
+    wqes: u32,
+    rounds: u32,
+}
+
+fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
+    let gpu = a.device.wants_gpu()?;
+    let plan = Plan {
+        rtt_iters: a.rtt_iters.unwrap_or(if gpu { 2000 } else { 50 }) as u32,
+        wqes: a.wqes.unwrap_or(if gpu { 4096 } else { 256 }) as u32,
+        rounds: a.rounds as u32,
+    };
+    let opts = CommOptions {
+        heap_bytes: 4 << 20,
+        ..CommOptions::from_env()?
+    };
+    let ran = run_ranks("proxy_bench", 2, Some(2), a.device.backend()?, opts, |comm| bench(comm, &plan))?;
+    let Some(r) = ran.results.into_iter().flatten().next() else {
+        return match ran.one_process_per_rank {
+            true => Ok(()),
+            false => Err("rank 0 produced no report".into()),
+        };
+    };
+    println!("# proxy_bench on {} (2 ranks; medians of {} rounds)", r.device, a.rounds);
+    println!(
+        "{:<34} {:>12} {:>12} {:>12} {:>14}",
+        "", "ibgda", "cpu proxy", "p2p", "ibgda / proxy"
+    );
+    println!(
+        "{:<34} {:>12.2} {:>12.2} {:>12.2} {:>14}",
+        "8-byte put_signal round trip, us",
+        r.rtt_ibgda_median_us,
+        r.rtt_proxy_median_us,
+        r.rtt_p2p_median_us,
+        fmt(r.rtt_ibgda_over_proxy)
+    );
+    println!(
+        "{:<34} {:>12.3} {:>12.3} {:>12} {:>14}",
+        "8-byte puts by one warp, M/s",
+        r.rate_ibgda_median_mput_s,
+        r.rate_proxy_median_mput_s,
+        "",
+        fmt(r.rate_ibgda_over_proxy)
+    );
+    println!(
+        "# rank 0's proxy thread, last round: {} requests, {} WQEs, {} doorbells",
+        r.proxy_requests, r.proxy_wqes, r.proxy_doorbells
+    );
+    let path = bench::write_json(&a.out, "proxy_bench.json", &r)?;
+    println!("# wrote {}", path.display());
+    Ok(())
+}
+
+fn fmt(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.3}"))
+}
+
+/// A transport call in the launch failed.
+fn check(status: &DeviceBuffer<u32>, what: &str) -> Result<(), BoxError> {
+    let s = status.to_host()?[0];
+    if s != BENCH_OK && s != 0 {
+        return Err(format!("{what}: a transport call failed (status {s})").into());
+    }
+    Ok(())
+}
+
+/// One rank's buffers and kernel families.
+struct Rank<'c> {
+    comm: &'c Communicator,
+    s: doorbell::Stream,
+    rtt: doorbell::Family<put_signal_rtt>,
+    burst: doorbell::Family<post_burst>,
+    words: doorbell::comm::SymBuffer<'c, u64>,
+    sig: doorbell::comm::SymBuffer<'c, u64>,
+    src: doorbell::comm::SymBuffer<'c, u64>,
+    status: DeviceBuffer<u32>,
+    out: DeviceBuffer<u64>,
+    epoch: u64,
+}
+
+impl Rank<'_> {
+    /// µs per 8-byte put_signal round trip over `t`.
+    fn round_trip<T>(&mut self, p: &Plan, t: T) -> Result<f64, BoxError>
+    where
+        T: FamilyHandle<put_signal_rtt, Rest = (*mut u64, *mut u64, u64, u32, *mut u64, *mut u32)>,
+    {
+        self.status.zero()?;
+        self.comm.barrier()?;
+        let a = (
+            self.words.as_mut_ptr(),
+            self.sig.as_mut_ptr(),
+            self.epoch,
+            p.rtt_iters,
+            self.out.as_mut_ptr(),
+            self.status.as_mut_ptr(),
+        );
+        // SAFETY: symmetric `words` and `sig`; one warp per rank.
+        unsafe { self.s.launch_family(&self.rtt, LaunchConfig::linear(1, 32), t, a)? };
+        self.comm.synchronize(&self.s)?;
+        check(&self.status, "put_signal round trip")?;
+        self.epoch += p.rtt_iters as u64 + 1;
+        Ok(self.out.to_host()?[0] as f64 / 1e3 / p.rtt_iters as f64)
+    }
+
+    /// Million 8-byte puts per second by one warp of rank 0 over `t`, from
+    /// the first post to the last completion; rank 1 checks what landed.
+    fn message_rate<T>(&mut self, p: &Plan, t: T, value: u64) -> Result<f64, BoxError>
+    where
+        T: FamilyHandle<post_burst, Rest = (*mut u64, *const u64, u32, u32, *mut u64, *mut u32)>,
+    {
+        let me = self.comm.rank();
+        self.status.zero()?;
+        if me == 1 {
+            self.words.copy_from_host(&[0u64; 128])?;
+        } else {
+            self.src.copy_from_host(&[value; 64])?;
+        }
+        self.comm.barrier()?;
+        let a = (
+            self.words.as_mut_ptr(),
+            self.src.as_ptr() as *const u64,
+            p.wqes,
+            1u32,
+            self.out.as_mut_ptr(),
+            self.status.as_mut_ptr(),
+        );
+        // SAFETY: symmetric `words` of 128 words, `src` of 64; one warp posts.
+        unsafe { self.s.launch_family(&self.burst, LaunchConfig::linear(1, 32), t, a)? };
+        self.comm.synchronize(&self.s)?;
+        check(&self.status, "message rate")?;
+        self.comm.barrier()?;
+        if me == 1 {
+            let got = self.words.to_host()?;
+            let n = (p.wqes as usize).min(64);
+            if let Some(i) = (0..128).find(|&i| got[i] != if i < n { value } else { 0 }) {
+                return Err(format!(
+                    "message rate: rank 1's word {i} holds {:#x}, not {:#x}",
+                    got[i],
+                    if i < n { value } else { 0 }
+                )
+                .into());
+            }
+        }
+        let ns = self.out.to_host()?;
+        Ok(p.wqes as f64 / (ns[1].max(1) as f64 * 1e-9) / 1e6)
+    }
+}
+
+fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
+    let dev = comm.device();
+    // Before any NIC set-up: a module load waits behind the soft NIC's engine.
+    let m = comm.load_module(&USER_KERNELS)?;
+    let mut r = Rank {
+        comm,
+        s: dev.new_stream()?,
+        rtt: m.family::<put_signal_rtt>()?,
+        burst: m.family::<post_burst>()?,
+        words: comm.alloc::<u64>(128)?,
+        sig: comm.alloc::<u64>(1)?,
+        src: comm.alloc::<u64>(64)?,
+        status: dev.alloc_zeroed::<u32>(1)?,
+        out: dev.alloc_zeroed::<u64>(2)?,
+        epoch: 1,
+    };
+    let p2p = comm.p2p()?;
+    let mut rep = Report {
+        device: dev.name(),
+        rtt_iters: p.rtt_iters,
+        wqes: p.wqes,
+        ..Report::default()
+    };
+    let mut stats = ProxyStats::default();
+    for round in 0..=p.rounds {
+        let warm = round == 0;
+        let ib = comm.ibgda()?;
+        let rtt_ib = r.round_trip(p, ib)?;
+        let rtt_p2p = r.round_trip(p, p2p)?;
+        let rate_ib = r.message_rate(p, ib, 0x1b9d_a000 + round as u64)?;
+        comm.ibgda_close()?;
+        let px = comm.proxy()?;
+        let rtt_px = r.round_trip(p, px)?;
+        let rate_px = r.message_rate(p, px, 0xc0de_0000 + round as u64)?;
+        stats = comm.proxy_stats().unwrap_or_default();
+        comm.proxy_check()?;
+        comm.proxy_reset()?;
+        if comm.rank() == 0 {
+            eprintln!(
+                "round {round}{}: round trip ibgda {rtt_ib:.2} / proxy {rtt_px:.2} / p2p {rtt_p2p:.2} us; \
+                 puts ibgda {rate_ib:.3} / proxy {rate_px:.3} M/s",
+                if warm { " (warm-up)" } else { "" }
+            );
+        }
+        if !warm {
+            rep.rtt_ibgda_us.push(rtt_ib);
+            rep.rtt_proxy_us.push(rtt_px);
+            rep.rtt_p2p_us.push(rtt_p2p);
+            rep.rate_ibgda_mput_s.push(rate_ib);
+            rep.rate_proxy_mput_s.push(rate_px);
+        }
+    }
+    rep.rtt_ibgda_median_us = median(rep.rtt_ibgda_us.clone());
+    rep.rtt_proxy_median_us = median(rep.rtt_proxy_us.clone());
+    rep.rtt_p2p_median_us = median(rep.rtt_p2p_us.clone());
+    rep.rtt_ibgda_over_proxy = ratio(rep.rtt_ibgda_median_us, rep.rtt_proxy_median_us);
+    rep.rate_ibgda_median_mput_s = median(rep.rate_ibgda_mput_s.clone());
+    rep.rate_proxy_median_mput_s = median(rep.rate_proxy_mput_s.clone());
+    rep.rate_ibgda_over_proxy = ratio(rep.rate_ibgda_median_mput_s, rep.rate_proxy_median_mput_s);
+    (rep.proxy_requests, rep.proxy_wqes, rep.proxy_doorbells) = (stats.requests, stats.wqes, stats.doorbells);
+    comm.barrier()?;
+    Ok((comm.rank() == 0).then_some(rep))
+}

@@ -1,0 +1,191 @@
+//! The CPU-proxy transport over the soft NIC (CPU emulator, thread worlds):
+//! error completions become typed errors naming the request, nothing is
+//! written, and a reset recovers; the proxy and IBGDA refuse to share one
+//! NIC; the proxy thread posts each request's WQEs once.
+//!
+//! The behaviour shared with every transport (bad arguments, data visible
+//! with its signal, multi-word waits) is in `contract.rs`.
+
+use std::time::Duration;
+
+use doorbell::comm::{CommOptions, Communicator};
+use doorbell::{Backend, ForTransport, LaunchConfig};
+use doorbell_kernels::transport::Proxy;
+use doorbell_softnic::engine::EngineConfig;
+use doorbell_test_kernels::contract::bad_call;
+use doorbell_tests::load_test_kernel;
+
+const BYTES: u64 = 4096;
+/// The bad-call kernel's control case: a good `put_signal` (block) of
+/// `BYTES` with signal 7.
+const CONTROL: u32 = 6;
+
+fn opts() -> CommOptions {
+    CommOptions {
+        heap_bytes: 1 << 20,
+        wait_timeout: Duration::from_secs(20),
+        ..Default::default()
+    }
+}
+
+/// What rank 0's faulty put left behind, and rank 1's target.
+#[derive(Debug)]
+struct Outcome {
+    code: u32,
+    err: Option<String>,
+    check: Option<String>,
+    dst: Vec<u8>,
+    sig: Vec<u64>,
+    recovered: bool,
+}
+
+#[test]
+fn error_completions_are_typed_errors_naming_the_request_and_reset_recovers() {
+    let out = Communicator::local(2, Backend::Cpu, opts(), |comm| {
+        let dev = comm.device();
+        let f = load_test_kernel::<<bad_call as ForTransport<Proxy>>::Kernel>(dev)?;
+        let dst = comm.alloc::<u8>(BYTES as usize)?;
+        let sig = comm.alloc::<u64>(2)?;
+        let src_host: Vec<u8> = (0..BYTES).map(|i| (i % 253) as u8 + 1).collect();
+        let src = dev.alloc_from(&src_host)?;
+        comm.proxy()?;
+        // SAFETY: `src` outlives the communicator's use of it here.
+        let t = unsafe { comm.proxy_register(src.as_ptr() as u64, BYTES as usize)? };
+        let nic = comm.soft_nic().expect("the proxy runs over the soft NIC");
+        if comm.rank() == 0 {
+            let mut cfg = nic.fabric().config();
+            cfg.faults.force_error_every = 1;
+            nic.fabric().set_config(cfg);
+        }
+        comm.barrier()?;
+        let s = dev.new_stream()?;
+        let mut codes = dev.alloc_zeroed::<u32>(2)?;
+        let args = (
+            t,
+            dst.as_mut_ptr(),
+            src.as_ptr(),
+            BYTES,
+            sig.as_mut_ptr(),
+            CONTROL,
+            codes.as_mut_ptr(),
+        );
+        // SAFETY: symmetric dst/sig, src of BYTES, two code words.
+        unsafe { s.launch(&f, LaunchConfig::linear(1, 64), args)? };
+        let err = comm.synchronize(&s).err().map(|e| e.to_string());
+        let check = comm.proxy_check().err().map(|e| e.to_string());
+        comm.barrier()?;
+        let (d, g) = (dst.to_host()?, sig.to_host()?);
+        comm.barrier()?;
+
+        // Recovery: faults off, reset (collective), the same call again.
+        if comm.rank() == 0 {
+            nic.fabric().set_config(EngineConfig::default());
+        }
+        comm.barrier()?;
+        comm.proxy_reset()?;
+        comm.proxy()?;
+        // SAFETY: as above.
+        let t = unsafe { comm.proxy_register(src.as_ptr() as u64, BYTES as usize)? };
+        comm.proxy_check()?;
+        let mut codes2 = dev.alloc_zeroed::<u32>(2)?;
+        comm.barrier()?;
+        let args = (
+            t,
+            dst.as_mut_ptr(),
+            src.as_ptr(),
+            BYTES,
+            sig.as_mut_ptr(),
+            CONTROL,
+            codes2.as_mut_ptr(),
+        );
+        // SAFETY: as above.
+        unsafe { s.launch(&f, LaunchConfig::linear(1, 64), args)? };
+        let second = comm.synchronize(&s);
+        comm.barrier()?;
+        let recovered = second.is_ok() && codes2.to_host()?[0] == 0;
+        let recovered = recovered && (comm.rank() != 1 || dst.to_host()? == src_host && sig.to_host()?[0] == 7);
+        Ok(Outcome {
+            code: codes.to_host()?[0],
+            err,
+            check,
+            dst: d,
+            sig: g,
+            recovered,
+        })
+    })
+    .expect("the world");
+    let (r0, r1) = (&out[0], &out[1]);
+    assert!(r0.recovered && r1.recovered, "{r0:?} / {r1:?}");
+    assert_eq!(r0.code, 2, "rank 0's put_signal must fail as a completion error: {r0:?}");
+    let err = r0.err.as_deref().unwrap_or_default();
+    assert!(err.contains("syndrome"), "{err}");
+    let check = r0.check.as_deref().unwrap_or_default();
+    assert!(
+        check.contains("request 0 to rank 1") && check.contains("completion error"),
+        "{check}"
+    );
+    assert!(r1.dst.iter().all(|&b| b == 0), "the target buffer changed: {r1:?}");
+    assert_eq!(r1.sig, vec![0, 0], "the signal words changed");
+}
+
+#[test]
+fn the_proxy_and_ibgda_refuse_to_share_the_nic() {
+    let out = Communicator::local(2, Backend::Cpu, opts(), |comm| {
+        comm.ibgda()?;
+        let proxy_while_ibgda = comm.proxy().err().map(|e| e.to_string());
+        Ok(proxy_while_ibgda)
+    })
+    .expect("the world");
+    for (r, e) in out.iter().enumerate() {
+        let e = e.as_deref().unwrap_or_default();
+        assert!(e.contains("ibgda_reset") && e.contains("the same NIC"), "rank {r}: {e}");
+    }
+    let out = Communicator::local(2, Backend::Cpu, opts(), |comm| {
+        comm.proxy()?;
+        let ibgda_while_proxy = comm.ibgda().err().map(|e| e.to_string());
+        comm.proxy_reset()?;
+        let after = comm.ibgda().map(|_| ()).map_err(|e| e.to_string());
+        Ok((ibgda_while_proxy, after))
+    })
+    .expect("the world");
+    for (r, (e, after)) in out.iter().enumerate() {
+        let e = e.as_deref().unwrap_or_default();
+        assert!(e.contains("proxy_reset") && e.contains("the same NIC"), "rank {r}: {e}");
+        assert!(after.is_ok(), "rank {r}: IBGDA after the proxy's reset: {after:?}");
+    }
+}
+
+#[test]
+fn the_proxy_posts_each_request_once() {
+    let out = Communicator::local(2, Backend::Cpu, opts(), |comm| {
+        let dev = comm.device();
+        let f = load_test_kernel::<<bad_call as ForTransport<Proxy>>::Kernel>(dev)?;
+        let dst = comm.alloc::<u8>(BYTES as usize)?;
+        let sig = comm.alloc::<u64>(2)?;
+        let src = comm.alloc::<u8>(BYTES as usize)?;
+        let t = comm.proxy()?;
+        comm.barrier()?;
+        let s = dev.new_stream()?;
+        let mut codes = dev.alloc_zeroed::<u32>(2)?;
+        let args = (
+            t,
+            dst.as_mut_ptr(),
+            src.as_ptr(),
+            BYTES,
+            sig.as_mut_ptr(),
+            CONTROL,
+            codes.as_mut_ptr(),
+        );
+        // SAFETY: symmetric dst/sig/src of BYTES, two code words.
+        unsafe { s.launch(&f, LaunchConfig::linear(1, 64), args)? };
+        comm.synchronize(&s)?;
+        comm.barrier()?;
+        Ok(comm.proxy_stats().expect("set up"))
+    })
+    .expect("the world");
+    // Rank 0 put 4 KiB (one WRITE under the 1 MiB largest message) with a
+    // signal (one more WQE), rung once; rank 1 only received.
+    assert_eq!((out[0].requests, out[0].wqes, out[0].doorbells), (1, 2, 1), "{:?}", out[0]);
+    assert_eq!(out[0].cqes, 1, "only a request's last WQE is signaled: {:?}", out[0]);
+    assert_eq!((out[1].requests, out[1].wqes), (0, 0), "{:?}", out[1]);
+}
