@@ -8,6 +8,13 @@
 //! * **8-byte message rate** (`post_burst`, one warp of rank 0 posting
 //!   `--wqes` non-blocking puts, then `quiet`): million puts per second
 //!   from the first post to the last completion, IBGDA and proxy.
+//! * **8-byte message rate of many warps** (`post_lanes`, `--lane-blocks`
+//!   blocks of one warp, each lane posting its own put `--lane-rounds`
+//!   times): million puts per second completed. IBGDA posts a warp's 32
+//!   WQEs behind one doorbell on the block's QP
+//!   (`DOORBELL_IBGDA_QPS_PER_PEER`, `DOORBELL_SOFTNIC_ENGINE_BLOCKS`);
+//!   the proxy takes each lane's put as a request and posts on its one QP
+//!   per peer.
 //!
 //! Each round sets IBGDA up, measures it and P2P, closes it, then sets the
 //! proxy up on the freed NIC and measures it (the two cannot share a NIC
@@ -29,7 +36,7 @@ use bench::{median_upper as median, run_ranks};
 use clap::Parser;
 use doorbell::comm::{CommOptions, Communicator, ProxyStats};
 use doorbell::{DeviceBuffer, FamilyHandle, LaunchConfig};
-use doorbell_example_kernels::ibgda_bench::{post_burst, put_signal_rtt, BENCH_OK};
+use doorbell_example_kernels::ibgda_bench::{post_burst, post_lanes, put_signal_rtt, BENCH_OK};
 use doorbell_examples::cli::ProxyBenchArgs;
 use doorbell_examples::{main_with, ratio, BoxError, USER_KERNELS};
 
@@ -58,6 +65,13 @@ struct Report {
     rate_ibgda_median_mput_s: f64,
     rate_proxy_median_mput_s: f64,
     rate_ibgda_over_proxy: Option<f64>,
+    lane_blocks: u32,
+    lane_rounds: u32,
+    lanes_ibgda_mput_s: Vec<f64>,
+    lanes_proxy_mput_s: Vec<f64>,
+    lanes_ibgda_median_mput_s: f64,
+    lanes_proxy_median_mput_s: f64,
+    lanes_ibgda_over_proxy: Option<f64>,
     /// Rank 0's proxy thread over the last round.
     proxy_requests: u64,
     proxy_wqes: u64,
@@ -68,6 +82,8 @@ struct Plan {
     rtt_iters: u32,
     wqes: u32,
     rounds: u32,
+    lane_blocks: u32,
+    lane_rounds: u32,
 }
 
 fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
@@ -76,6 +92,8 @@ fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
         rtt_iters: a.rtt_iters.unwrap_or(if gpu { 2000 } else { 50 }) as u32,
         wqes: a.wqes.unwrap_or(if gpu { 4096 } else { 256 }) as u32,
         rounds: a.rounds as u32,
+        lane_blocks: a.lane_blocks as u32,
+        lane_rounds: a.lane_rounds.unwrap_or(if gpu { 64 } else { 4 }) as u32,
     };
     let opts = CommOptions {
         heap_bytes: 4 << 20,
@@ -110,6 +128,14 @@ fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
         fmt(r.rate_ibgda_over_proxy)
     );
     println!(
+        "{:<34} {:>12.3} {:>12.3} {:>12} {:>14}",
+        format!("8-byte puts by {} warps, M/s", r.lane_blocks),
+        r.lanes_ibgda_median_mput_s,
+        r.lanes_proxy_median_mput_s,
+        "",
+        fmt(r.lanes_ibgda_over_proxy)
+    );
+    println!(
         "# rank 0's proxy thread, last round: {} requests, {} WQEs, {} doorbells",
         r.proxy_requests, r.proxy_wqes, r.proxy_doorbells
     );
@@ -137,6 +163,7 @@ struct Rank<'c> {
     s: doorbell::Stream,
     rtt: doorbell::Family<put_signal_rtt>,
     burst: doorbell::Family<post_burst>,
+    lanes: doorbell::Family<post_lanes>,
     words: doorbell::comm::SymBuffer<'c, u64>,
     sig: doorbell::comm::SymBuffer<'c, u64>,
     src: doorbell::comm::SymBuffer<'c, u64>,
@@ -211,6 +238,49 @@ impl Rank<'_> {
         let ns = self.out.to_host()?;
         Ok(p.wqes as f64 / (ns[1].max(1) as f64 * 1e-9) / 1e6)
     }
+
+    /// Million 8-byte puts per second completed by `lane_blocks` warps of
+    /// rank 0, each lane posting its own put `lane_rounds` times; rank 1
+    /// checks what landed.
+    fn lane_rate<T>(&mut self, p: &Plan, t: T, value: u64) -> Result<f64, BoxError>
+    where
+        T: FamilyHandle<post_lanes, Rest = (*mut u64, *const u64, u32, *mut u64, *mut u32)>,
+    {
+        let me = self.comm.rank();
+        self.status.zero()?;
+        if me == 1 {
+            self.words.copy_from_host(&[0u64; 128])?;
+        } else {
+            self.src.copy_from_host(&[value; 64])?;
+        }
+        self.comm.barrier()?;
+        let a = (
+            self.words.as_mut_ptr(),
+            self.src.as_ptr() as *const u64,
+            p.lane_rounds,
+            self.out.as_mut_ptr(),
+            self.status.as_mut_ptr(),
+        );
+        // SAFETY: symmetric `words` of 128 words, `src` of 64; 3 output
+        // words per block (at most 64 blocks).
+        unsafe { self.s.launch_family(&self.lanes, LaunchConfig::linear(p.lane_blocks, 32), t, a)? };
+        self.comm.synchronize(&self.s)?;
+        check(&self.status, "lane posts")?;
+        self.comm.barrier()?;
+        if me == 1 {
+            let got = self.words.to_host()?;
+            let n = (32 * p.lane_blocks as usize).min(128);
+            if let Some(i) = (0..128).find(|&i| got[i] != if i < n { value } else { 0 }) {
+                return Err(format!("lane posts: rank 1's word {i} holds {:#x}, not {value:#x}", got[i]).into());
+            }
+        }
+        let ns = self.out.to_host()?;
+        let b = p.lane_blocks as usize;
+        let t0 = (0..b).map(|k| ns[3 * k]).min().unwrap_or(0);
+        let t1 = (0..b).map(|k| ns[3 * k + 2]).max().unwrap_or(0);
+        let puts = 32.0 * p.lane_rounds as f64 * b as f64;
+        Ok(puts / (t1.saturating_sub(t0).max(1) as f64 * 1e-9) / 1e6)
+    }
 }
 
 fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
@@ -222,11 +292,12 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
         s: dev.new_stream()?,
         rtt: m.family::<put_signal_rtt>()?,
         burst: m.family::<post_burst>()?,
+        lanes: m.family::<post_lanes>()?,
         words: comm.alloc::<u64>(128)?,
         sig: comm.alloc::<u64>(1)?,
         src: comm.alloc::<u64>(64)?,
         status: dev.alloc_zeroed::<u32>(1)?,
-        out: dev.alloc_zeroed::<u64>(2)?,
+        out: dev.alloc_zeroed::<u64>(3 * 64)?,
         epoch: 1,
     };
     let p2p = comm.p2p()?;
@@ -243,18 +314,21 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
         let rtt_ib = r.round_trip(p, ib)?;
         let rtt_p2p = r.round_trip(p, p2p)?;
         let rate_ib = r.message_rate(p, ib, 0x1b9d_a000 + round as u64)?;
+        let lanes_ib = r.lane_rate(p, ib, 0x1a9e_5000 + round as u64)?;
         comm.ibgda_close()?;
         let px = comm.proxy()?;
         let rtt_px = r.round_trip(p, px)?;
         let rate_px = r.message_rate(p, px, 0xc0de_0000 + round as u64)?;
+        let lanes_px = r.lane_rate(p, px, 0xc1a9_e000 + round as u64)?;
         stats = comm.proxy_stats().unwrap_or_default();
         comm.proxy_check()?;
         comm.proxy_reset()?;
         if comm.rank() == 0 {
             eprintln!(
                 "round {round}{}: round trip ibgda {rtt_ib:.2} / proxy {rtt_px:.2} / p2p {rtt_p2p:.2} us; \
-                 puts ibgda {rate_ib:.3} / proxy {rate_px:.3} M/s",
-                if warm { " (warm-up)" } else { "" }
+                 puts ibgda {rate_ib:.3} / proxy {rate_px:.3} M/s; {lb} warps ibgda {lanes_ib:.3} / proxy {lanes_px:.3} M/s",
+                if warm { " (warm-up)" } else { "" },
+                lb = p.lane_blocks,
             );
         }
         if !warm {
@@ -263,6 +337,8 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
             rep.rtt_p2p_us.push(rtt_p2p);
             rep.rate_ibgda_mput_s.push(rate_ib);
             rep.rate_proxy_mput_s.push(rate_px);
+            rep.lanes_ibgda_mput_s.push(lanes_ib);
+            rep.lanes_proxy_mput_s.push(lanes_px);
         }
     }
     rep.rtt_ibgda_median_us = median(rep.rtt_ibgda_us.clone());
@@ -272,6 +348,10 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
     rep.rate_ibgda_median_mput_s = median(rep.rate_ibgda_mput_s.clone());
     rep.rate_proxy_median_mput_s = median(rep.rate_proxy_mput_s.clone());
     rep.rate_ibgda_over_proxy = ratio(rep.rate_ibgda_median_mput_s, rep.rate_proxy_median_mput_s);
+    (rep.lane_blocks, rep.lane_rounds) = (p.lane_blocks, p.lane_rounds);
+    rep.lanes_ibgda_median_mput_s = median(rep.lanes_ibgda_mput_s.clone());
+    rep.lanes_proxy_median_mput_s = median(rep.lanes_proxy_mput_s.clone());
+    rep.lanes_ibgda_over_proxy = ratio(rep.lanes_ibgda_median_mput_s, rep.lanes_proxy_median_mput_s);
     (rep.proxy_requests, rep.proxy_wqes, rep.proxy_doorbells) = (stats.requests, stats.wqes, stats.doorbells);
     comm.barrier()?;
     Ok((comm.rank() == 0).then_some(rep))

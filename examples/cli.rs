@@ -692,6 +692,14 @@ pub struct ProxyBenchArgs {
     /// [default: 4096 on a GPU, 256 on the emulator]
     #[arg(long = "wqes", value_name = "N", value_parser = ranged(1, 1_000_000))]
     pub wqes: Option<u64>,
+    /// Blocks of rank 0 in the many-warps rate (each one warp posting a
+    /// put per lane, `--lane-rounds` times)
+    #[arg(long = "lane-blocks", value_name = "N", default_value = "8", value_parser = ranged(1, 64))]
+    pub lane_blocks: u64,
+    /// Warp-wide posts (32 puts each) per block of the many-warps rate
+    /// [default: 64 on a GPU, 4 on the emulator]
+    #[arg(long = "lane-rounds", value_name = "N", value_parser = ranged(1, 100_000))]
+    pub lane_rounds: Option<u64>,
     /// Rounds: each sets IBGDA up, measures it (and P2P), closes it, then
     /// the same over the CPU proxy; the report takes the medians
     #[arg(long, value_name = "N", default_value = "3", value_parser = ranged(1, 1000))]

@@ -10,10 +10,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tests=("$@")
 if [ ${#tests[@]} -eq 0 ]; then
-    tests=(comm contract kernels user_kernels typed launch_family wqe_bytes wqe_cq wqe_post wqe_bench comm_procs hardening ibgda ibgda_engine nic_select)
+    tests=(comm contract kernels user_kernels typed launch_family wqe_bytes wqe_cq wqe_post wqe_bench comm_procs hardening ibgda ibgda_engine nic_select proxy)
     for t in allreduce embedding; do [ -f "tests/tests/$t.rs" ] && tests+=("$t"); done
 fi
-examples=(fma pingpong p2p_bench histogram ibgda_bench fused)
+examples=(fma pingpong p2p_bench histogram ibgda_bench fused proxy_bench)
 for e in allreduce embedding_exchange; do grep -q "name = \"$e\"" examples/Cargo.toml && examples+=("$e"); done
 # Cubins for sm_90 next to the PTX (no driver compile on the GPU machine):
 # the build takes ptxas from DOORBELL_PTXAS, the PATH or CUDA_HOME; else the

@@ -179,7 +179,7 @@ pub unsafe fn post_profile(t: Ibgda, dst: *mut u64, src: *const u64, n: u32, out
 /// `l` of block `b` writes `dst[(32 b + l) % 128]`. `out_ns[3b ..]`:
 /// block `b`'s `%globaltimer` at its start, when its last WQE was posted
 /// and when it completed. Rank 1 returns at once.
-#[kernel(transports(Ibgda))]
+#[kernel(transports(Ibgda, Proxy))]
 pub unsafe fn post_lanes<T: Transport>(t: T, dst: *mut u64, src: *const u64, rounds: u32, out_ns: *mut u64, status: *mut u32) {
     if t.rank() != 0 || ptx::warp_id_in_block() != 0 {
         return;
