@@ -98,7 +98,7 @@ fn run(args: &Args) -> Result<(), BoxError> {
     // are bad input.
     let pointers = match args.transport {
         TransportArg::P2p => true,
-        TransportArg::Ibgda => false,
+        TransportArg::Ibgda | TransportArg::Proxy => false,
         TransportArg::Routed => doorbell::comm::RdmaPeers::from_env()? == doorbell::comm::RdmaPeers::Needed,
     };
     let plan = Plan::new(

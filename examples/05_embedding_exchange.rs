@@ -58,6 +58,8 @@ enum TransportArg {
     Ibgda,
     /// Load/store or the soft NIC per pair of ranks (DOORBELL_RDMA_PEERS; checked on the emulator).
     Routed,
+    /// Every peer through the soft NIC, each row's put posted by a host thread (the CPU proxy).
+    Proxy,
 }
 
 impl TransportArg {
@@ -66,6 +68,7 @@ impl TransportArg {
             TransportArg::P2p => emb::TransportKind::P2p,
             TransportArg::Ibgda => emb::TransportKind::Ibgda,
             TransportArg::Routed => emb::TransportKind::Routed,
+            TransportArg::Proxy => emb::TransportKind::Proxy,
         }
     }
 }
@@ -141,7 +144,7 @@ fn main() {
     if args.transport != TransportArg::P2p && args.bench {
         eprintln!(
             "error: --bench runs the pull forward, which loads rows through peer pointers (IBGDA has none), and the P2P baselines; \
-             use --transport ibgda|routed for the checked run (push forward and backward)"
+             use --transport ibgda|routed|proxy for the checked run (push forward and backward)"
         );
         std::process::exit(2);
     }

@@ -15,6 +15,12 @@
 //!   (`DOORBELL_IBGDA_QPS_PER_PEER`, `DOORBELL_SOFTNIC_ENGINE_BLOCKS`);
 //!   the proxy takes each lane's put as a request and posts on its one QP
 //!   per peer.
+//! * **the fused all-reduce** (`fused_grad_allreduce`: each rank's
+//!   producer computes its gradient chunk by chunk and sends each chunk as
+//!   it is made), f32, `--ar-sizes` bytes per rank, 2 ranks across the NIC
+//!   (no pair load/store), IBGDA and proxy: µs per step (median of
+//!   `--ar-steps` steps, each launch synchronized), every step's output
+//!   checked bit for bit against the CPU reference on every rank.
 //!
 //! Each round sets IBGDA up, measures it and P2P, closes it, then sets the
 //! proxy up on the freed NIC and measures it (the two cannot share a NIC
@@ -34,8 +40,10 @@ mod bench;
 
 use bench::{median_upper as median, run_ranks};
 use clap::Parser;
+use doorbell::coll::{AllReduce, AllReduceOptions, DType, TransportKind};
 use doorbell::comm::{CommOptions, Communicator, ProxyStats};
 use doorbell::{DeviceBuffer, FamilyHandle, LaunchConfig};
+use doorbell_example_kernels::allreduce::{fused_grad_allreduce, grad, COMPUTE_HASH};
 use doorbell_example_kernels::ibgda_bench::{post_burst, post_lanes, put_signal_rtt, BENCH_OK};
 use doorbell_examples::cli::ProxyBenchArgs;
 use doorbell_examples::{main_with, ratio, BoxError, USER_KERNELS};
@@ -72,10 +80,29 @@ struct Report {
     lanes_ibgda_median_mput_s: f64,
     lanes_proxy_median_mput_s: f64,
     lanes_ibgda_over_proxy: Option<f64>,
+    /// The fused all-reduce: per size, µs per step of each round.
+    allreduce: Vec<ArRow>,
     /// Rank 0's proxy thread over the last round.
     proxy_requests: u64,
     proxy_wqes: u64,
     proxy_doorbells: u64,
+}
+
+/// One size of the fused all-reduce.
+#[derive(serde::Serialize, Debug, Default, Clone)]
+struct ArRow {
+    bytes: u64,
+    ibgda_us: Vec<f64>,
+    proxy_us: Vec<f64>,
+    ibgda_median_us: f64,
+    proxy_median_us: f64,
+    /// IBGDA's time over the proxy's.
+    ibgda_over_proxy: Option<f64>,
+    /// busbw (algbw × 2 (n-1)/n), GB/s, of the medians.
+    ibgda_busbw_gbps: f64,
+    proxy_busbw_gbps: f64,
+    /// Elements checked against the reference per rank, every step.
+    checked: u64,
 }
 
 struct Plan {
@@ -84,6 +111,8 @@ struct Plan {
     rounds: u32,
     lane_blocks: u32,
     lane_rounds: u32,
+    ar_sizes: Vec<u64>,
+    ar_steps: u32,
 }
 
 fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
@@ -94,9 +123,16 @@ fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
         rounds: a.rounds as u32,
         lane_blocks: a.lane_blocks as u32,
         lane_rounds: a.lane_rounds.unwrap_or(if gpu { 64 } else { 4 }) as u32,
+        ar_sizes: match &a.ar_sizes {
+            Some(v) => v.clone(),
+            None if gpu => vec![4 << 10, 256 << 10, 4 << 20, 32 << 20],
+            None => vec![4 << 10, 64 << 10],
+        },
+        ar_steps: a.ar_steps.unwrap_or(if gpu { 20 } else { 3 }) as u32,
     };
+    let largest = plan.ar_sizes.iter().copied().max().unwrap_or(0);
     let opts = CommOptions {
-        heap_bytes: 4 << 20,
+        heap_bytes: 24 * largest + (16 << 20),
         ..CommOptions::from_env()?
     };
     let ran = run_ranks("proxy_bench", 2, Some(2), a.device.backend()?, opts, |comm| bench(comm, &plan))?;
@@ -135,6 +171,16 @@ fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
         "",
         fmt(r.lanes_ibgda_over_proxy)
     );
+    for row in &r.allreduce {
+        println!(
+            "{:<34} {:>12.1} {:>12.1} {:>12} {:>14}",
+            format!("fused all-reduce {} B, us/step", row.bytes),
+            row.ibgda_median_us,
+            row.proxy_median_us,
+            "",
+            fmt(row.ibgda_over_proxy)
+        );
+    }
     println!(
         "# rank 0's proxy thread, last round: {} requests, {} WQEs, {} doorbells",
         r.proxy_requests, r.proxy_wqes, r.proxy_doorbells
@@ -283,6 +329,52 @@ impl Rank<'_> {
     }
 }
 
+/// Microseconds per step of the fused all-reduce of `bytes` (f32) over
+/// `kind`, the median of `p.ar_steps` steps after one warm-up; every
+/// step's output is checked against the CPU reference. Returns the time
+/// and the elements checked per step.
+fn fused_allreduce(comm: &Communicator, m: &doorbell::Module, p: &Plan, kind: TransportKind, bytes: u64) -> Result<(f64, u64), BoxError> {
+    let elems = (bytes / 4).max(1) as usize;
+    let opts = AllReduceOptions {
+        transport: kind,
+        fused: true,
+        ..Default::default()
+    };
+    let ar = AllReduce::with_options(comm, elems, DType::F32, &opts)?;
+    let fam = m.family::<fused_grad_allreduce>()?;
+    let dev = comm.device();
+    let s = dev.new_stream()?;
+    let mut out = dev.alloc_zeroed::<f32>(elems)?;
+    let ranks = comm.world_size() as u32;
+    let mut times = Vec::new();
+    for step in 0..=p.ar_steps {
+        comm.barrier()?;
+        let t0 = std::time::Instant::now();
+        if let Some((a, cfg)) = ar.fused_args(&s, &mut out)? {
+            // SAFETY: arguments from fused_args for this world and buffer,
+            // launched with the all-reduce's transport.
+            unsafe { s.launch_family(&fam, cfg, comm.transport(kind)?, (a, COMPUTE_HASH, step))? };
+        }
+        comm.synchronize(&s)?;
+        let us = t0.elapsed().as_secs_f64() * 1e6;
+        if step > 0 {
+            times.push(us);
+        }
+        let got = out.to_host()?;
+        for (i, g) in got.iter().enumerate() {
+            let want = (0..ranks).fold(0f32, |acc, r| acc + grad(COMPUTE_HASH, r, i as u64, step));
+            if g.to_bits() != want.to_bits() {
+                return Err(format!(
+                    "fused all-reduce over {kind} ({bytes} bytes), step {step}, rank {}: element {i} is {g}, not {want}",
+                    comm.rank()
+                )
+                .into());
+            }
+        }
+    }
+    Ok((median(times), elems as u64))
+}
+
 fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
     let dev = comm.device();
     // Before any NIC set-up: a module load waits behind the soft NIC's engine.
@@ -308,6 +400,7 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
         ..Report::default()
     };
     let mut stats = ProxyStats::default();
+    let mut ar_rows: Vec<ArRow> = p.ar_sizes.iter().map(|&bytes| ArRow { bytes, ..ArRow::default() }).collect();
     for round in 0..=p.rounds {
         let warm = round == 0;
         let ib = comm.ibgda()?;
@@ -315,11 +408,19 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
         let rtt_p2p = r.round_trip(p, p2p)?;
         let rate_ib = r.message_rate(p, ib, 0x1b9d_a000 + round as u64)?;
         let lanes_ib = r.lane_rate(p, ib, 0x1a9e_5000 + round as u64)?;
+        let mut ar_ib = Vec::new();
+        for &bytes in &p.ar_sizes {
+            ar_ib.push(fused_allreduce(comm, &m, p, TransportKind::Ibgda, bytes)?);
+        }
         comm.ibgda_close()?;
         let px = comm.proxy()?;
         let rtt_px = r.round_trip(p, px)?;
         let rate_px = r.message_rate(p, px, 0xc0de_0000 + round as u64)?;
         let lanes_px = r.lane_rate(p, px, 0xc1a9_e000 + round as u64)?;
+        let mut ar_px = Vec::new();
+        for &bytes in &p.ar_sizes {
+            ar_px.push(fused_allreduce(comm, &m, p, TransportKind::Proxy, bytes)?);
+        }
         stats = comm.proxy_stats().unwrap_or_default();
         comm.proxy_check()?;
         comm.proxy_reset()?;
@@ -339,6 +440,11 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
             rep.rate_proxy_mput_s.push(rate_px);
             rep.lanes_ibgda_mput_s.push(lanes_ib);
             rep.lanes_proxy_mput_s.push(lanes_px);
+            for (k, row) in ar_rows.iter_mut().enumerate() {
+                row.ibgda_us.push(ar_ib[k].0);
+                row.proxy_us.push(ar_px[k].0);
+                row.checked = ar_ib[k].1;
+            }
         }
     }
     rep.rtt_ibgda_median_us = median(rep.rtt_ibgda_us.clone());
@@ -352,6 +458,15 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
     rep.lanes_ibgda_median_mput_s = median(rep.lanes_ibgda_mput_s.clone());
     rep.lanes_proxy_median_mput_s = median(rep.lanes_proxy_mput_s.clone());
     rep.lanes_ibgda_over_proxy = ratio(rep.lanes_ibgda_median_mput_s, rep.lanes_proxy_median_mput_s);
+    let n = comm.world_size() as f64;
+    for row in &mut ar_rows {
+        row.ibgda_median_us = median(row.ibgda_us.clone());
+        row.proxy_median_us = median(row.proxy_us.clone());
+        row.ibgda_over_proxy = ratio(row.ibgda_median_us, row.proxy_median_us);
+        let busbw = |us: f64| row.bytes as f64 / (us * 1e3) * 2.0 * (n - 1.0) / n;
+        (row.ibgda_busbw_gbps, row.proxy_busbw_gbps) = (busbw(row.ibgda_median_us), busbw(row.proxy_median_us));
+    }
+    rep.allreduce = ar_rows;
     (rep.proxy_requests, rep.proxy_wqes, rep.proxy_doorbells) = (stats.requests, stats.wqes, stats.doorbells);
     comm.barrier()?;
     Ok((comm.rank() == 0).then_some(rep))

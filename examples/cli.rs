@@ -378,6 +378,8 @@ pub enum AllreduceTransport {
     Ibgda,
     /// Load/store or the soft NIC per pair of ranks (DOORBELL_RDMA_PEERS).
     Routed,
+    /// Every peer through the soft NIC, each put and signal posted by a host thread (the CPU proxy).
+    Proxy,
 }
 
 impl AllreduceTransport {
@@ -387,6 +389,7 @@ impl AllreduceTransport {
             AllreduceTransport::P2p => TransportKind::P2p,
             AllreduceTransport::Ibgda => TransportKind::Ibgda,
             AllreduceTransport::Routed => TransportKind::Routed,
+            AllreduceTransport::Proxy => TransportKind::Proxy,
         }
     }
 }
@@ -700,6 +703,13 @@ pub struct ProxyBenchArgs {
     /// [default: 64 on a GPU, 4 on the emulator]
     #[arg(long = "lane-rounds", value_name = "N", value_parser = ranged(1, 100_000))]
     pub lane_rounds: Option<u64>,
+    /// Bytes per rank of the fused all-reduce comparison (K, M suffixes),
+    /// comma-separated [default: 4K,256K,4M,32M on a GPU, 4K,64K on the emulator]
+    #[arg(long = "ar-sizes", value_name = "BYTES,..", value_delimiter = ',', value_parser = sized(4, 1 << 30))]
+    pub ar_sizes: Option<Vec<u64>>,
+    /// Timed steps of each fused all-reduce size [default: 20 on a GPU, 3 on the emulator]
+    #[arg(long = "ar-steps", value_name = "N", value_parser = ranged(1, 10_000))]
+    pub ar_steps: Option<u64>,
     /// Rounds: each sets IBGDA up, measures it (and P2P), closes it, then
     /// the same over the CPU proxy; the report takes the medians
     #[arg(long, value_name = "N", default_value = "3", value_parser = ranged(1, 1000))]

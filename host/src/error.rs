@@ -79,7 +79,7 @@ pub enum Error {
     },
     /// A transport name other than p2p, ibgda or routed
     /// (`TransportKind::from_str`).
-    #[error("{0:?} is not a transport: use p2p, ibgda or routed")]
+    #[error("{0:?} is not a transport: use p2p, ibgda, routed or proxy")]
     BadTransport(String),
     /// Host and device buffers of different lengths.
     #[error("length mismatch: device buffer holds {device} elements, host slice {host}")]

@@ -39,6 +39,11 @@ pub enum TransportKind {
     /// names ([`Communicator::routed_with`](crate::comm::Communicator::routed_with)); the pipelined algorithm as
     /// soon as any pair goes through the NIC.
     Routed,
+    /// Every peer through the NIC, each put, get and signal handed to a
+    /// host thread that posts the WQEs ([`Communicator::proxy`](crate::comm::Communicator::proxy)): the
+    /// CPU-proxy baseline to IBGDA. No peer pointers: the pipelined
+    /// algorithm.
+    Proxy,
 }
 
 impl TransportKind {
@@ -48,6 +53,7 @@ impl TransportKind {
             TransportKind::P2p => "p2p",
             TransportKind::Ibgda => "ibgda",
             TransportKind::Routed => "routed",
+            TransportKind::Proxy => "proxy",
         }
     }
 }
@@ -61,13 +67,14 @@ impl std::fmt::Display for TransportKind {
 impl std::str::FromStr for TransportKind {
     type Err = Error;
 
-    /// `p2p`, `ibgda` or `routed` (any case, surrounding blanks ignored);
+    /// `p2p`, `ibgda`, `routed` or `proxy` (any case, surrounding blanks ignored);
     /// anything else is [`Error::BadTransport`].
     fn from_str(s: &str) -> Result<Self> {
         match s.trim().to_ascii_lowercase().as_str() {
             "p2p" => Ok(TransportKind::P2p),
             "ibgda" => Ok(TransportKind::Ibgda),
             "routed" => Ok(TransportKind::Routed),
+            "proxy" => Ok(TransportKind::Proxy),
             _ => Err(Error::BadTransport(s.to_string())),
         }
     }
@@ -87,6 +94,8 @@ pub enum AnyTransport {
     Ibgda(Ibgda),
     /// Load/store or the NIC, per peer.
     Routed(Routed),
+    /// Every peer through the NIC, posted by a host thread.
+    Proxy(Proxy),
 }
 
 impl AnyTransport {
@@ -96,6 +105,7 @@ impl AnyTransport {
             AnyTransport::P2p(_) => TransportKind::P2p,
             AnyTransport::Ibgda(_) => TransportKind::Ibgda,
             AnyTransport::Routed(_) => TransportKind::Routed,
+            AnyTransport::Proxy(_) => TransportKind::Proxy,
         }
     }
 
@@ -105,6 +115,7 @@ impl AnyTransport {
             AnyTransport::P2p(t) => t,
             AnyTransport::Ibgda(t) => t,
             AnyTransport::Routed(t) => t,
+            AnyTransport::Proxy(t) => t,
         }
     }
 }
@@ -124,6 +135,12 @@ impl From<Ibgda> for AnyTransport {
 impl From<Routed> for AnyTransport {
     fn from(t: Routed) -> Self {
         AnyTransport::Routed(t)
+    }
+}
+
+impl From<Proxy> for AnyTransport {
+    fn from(t: Proxy) -> Self {
+        AnyTransport::Proxy(t)
     }
 }
 

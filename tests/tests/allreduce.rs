@@ -17,7 +17,7 @@ use doorbell::{Backend, Error, ForTransport, Function, Kernel, LaunchConfig, Str
 use doorbell_example_kernels::allreduce::{fused_grad_allreduce, fused_grad_allreduce_512, grad, COMPUTE_GEMV, COMPUTE_HASH};
 use doorbell_kernels::coll::allreduce::AllReduceArgs;
 use doorbell_kernels::pipeline::RingSet;
-use doorbell_kernels::transport::{Ibgda, P2p, Routed};
+use doorbell_kernels::transport::{Ibgda, P2p, Proxy, Routed};
 use doorbell_test_kernels::pipeline::ring_credits;
 
 fn opts() -> CommOptions {
@@ -641,6 +641,7 @@ per_backend! {
 fn ibgda_and_routed_transports_on_the_emulator() {
     let transports = [
         (TransportKind::Ibgda, None),
+        (TransportKind::Proxy, None),
         (TransportKind::Routed, Some(RdmaPeers::Pairs(vec![(0, 1)]))),
         (TransportKind::Routed, Some(RdmaPeers::All)),
     ];
@@ -677,7 +678,7 @@ fn ibgda_and_routed_transports_on_the_emulator() {
     }
     // Peer pointers are needed by one-shot and two-shot: refused clearly.
     Communicator::local(2, Backend::Cpu, opts(), |comm| {
-        for transport in [TransportKind::Ibgda, TransportKind::Routed] {
+        for transport in [TransportKind::Ibgda, TransportKind::Routed, TransportKind::Proxy] {
             let r = AllReduce::with_options(
                 comm,
                 100,
@@ -728,6 +729,11 @@ fn fused_over(comm: &Communicator, base: &AllReduceOptions, elems: usize, dtype:
                         &module.function::<<fused_grad_allreduce as ForTransport<Ibgda>>::Kernel>()?,
                         cfg,
                         (comm.ibgda()?, args, COMPUTE_HASH, step),
+                    ),
+                    TransportKind::Proxy => s.launch(
+                        &module.function::<<fused_grad_allreduce as ForTransport<Proxy>>::Kernel>()?,
+                        cfg,
+                        (comm.proxy()?, args, COMPUTE_HASH, step),
                     ),
                     TransportKind::Routed => {
                         let peers = base.rdma_peers.clone().unwrap_or_default();

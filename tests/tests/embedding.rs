@@ -594,6 +594,26 @@ fn forward_and_backward_over_ibgda_on_the_emulator() {
     }
 }
 
+/// Forward + backward over the CPU proxy (each row's put handed to a host
+/// thread that posts the WQEs on the soft NIC), 2 ranks, against the
+/// reference.
+#[test]
+fn forward_and_backward_over_the_cpu_proxy_on_the_emulator() {
+    let p = Problem {
+        ranks: 2,
+        tables: 2,
+        rows: 41,
+        dim: 20,
+        batch: 6,
+        pooling: 4,
+    };
+    let (ids, lists) = (tricky_ids(&p, 11), Lists::PerOwner);
+    let (steps, lr) = (2, 0.125);
+    let got = run_over(Backend::Cpu, &p, &ids, steps, lr, TransportKind::Proxy, lists);
+    let tables = got.check(&p, &ids, lr, "proxy");
+    assert_ne!(tables, emb::initial_tables(&p));
+}
+
 /// The IBGDA forward and backward with a grid like a GPU's, scaled down:
 /// 16 blocks of 2 warps per rank, so 8 blocks share each of the two QPs
 /// to a peer (block `b` posts on QP `b mod 2`), warps of different blocks

@@ -15,7 +15,7 @@ use std::time::Duration;
 use doorbell::coll::TransportKind;
 use doorbell::comm::{CommOptions, Communicator};
 use doorbell::{AnyTransport, Backend, Error, Family, FamilyHandle, LaunchConfig};
-use doorbell_kernels::transport::{Ibgda, P2p, Routed};
+use doorbell_kernels::transport::{Ibgda, P2p, Proxy, Routed};
 use doorbell_test_kernels::family::{stamp, stamp_pair, stamp_value, Tag, STAMP_FAILED};
 use doorbell_tests::{per_backend, TEST_KERNELS};
 
@@ -66,6 +66,7 @@ fn stamp_world(backend: Backend, ranks: usize, kind: TransportKind, how: Handle)
         TransportKind::P2p => P2p::TAG,
         TransportKind::Ibgda => Ibgda::TAG,
         TransportKind::Routed => Routed::TAG,
+        TransportKind::Proxy => Proxy::TAG,
     };
     let outs = Communicator::local(ranks, backend, opts(), |comm| {
         let m = comm.load_module(&TEST_KERNELS)?;
@@ -80,6 +81,7 @@ fn stamp_world(backend: Backend, ranks: usize, kind: TransportKind, how: Handle)
                 (Handle::Static, TransportKind::P2p) => launch(comm, &fam, comm.p2p()?, rest)?,
                 (Handle::Static, TransportKind::Ibgda) => launch(comm, &fam, comm.ibgda()?, rest)?,
                 (Handle::Static, TransportKind::Routed) => launch(comm, &fam, comm.routed()?, rest)?,
+                (Handle::Static, TransportKind::Proxy) => launch(comm, &fam, comm.proxy()?, rest)?,
                 (Handle::Any, k) => launch(comm, &fam, comm.transport(k)?, rest)?,
             }
         }
@@ -180,6 +182,13 @@ fn ibgda_handles_launch_the_ibgda_entry() {
     stamp_world(Backend::Cpu, 2, TransportKind::Ibgda, Handle::Any);
 }
 
+/// The CPU proxy, by its concrete handle and through `AnyTransport`.
+#[test]
+fn proxy_handles_launch_the_proxy_entry() {
+    stamp_world(Backend::Cpu, 2, TransportKind::Proxy, Handle::Static);
+    stamp_world(Backend::Cpu, 3, TransportKind::Proxy, Handle::Any);
+}
+
 /// The routed transport, by its concrete handle and through `AnyTransport`.
 #[test]
 fn routed_handles_launch_the_routed_entry() {
@@ -190,14 +199,19 @@ fn routed_handles_launch_the_routed_entry() {
 /// The names `--transport` flags and configs use.
 #[test]
 fn transport_kinds_parse_from_their_names() {
-    for kind in [TransportKind::P2p, TransportKind::Ibgda, TransportKind::Routed] {
+    for kind in [
+        TransportKind::P2p,
+        TransportKind::Ibgda,
+        TransportKind::Routed,
+        TransportKind::Proxy,
+    ] {
         assert_eq!(kind.name().parse::<TransportKind>().unwrap(), kind);
         assert_eq!(kind.to_string(), kind.name());
     }
     assert_eq!(" IBGDA ".parse::<TransportKind>().unwrap(), TransportKind::Ibgda);
     let err = "nvlink".parse::<TransportKind>().unwrap_err();
     assert!(matches!(&err, Error::BadTransport(s) if s == "nvlink"), "{err:?}");
-    assert_eq!(err.to_string(), "\"nvlink\" is not a transport: use p2p, ibgda or routed");
+    assert_eq!(err.to_string(), "\"nvlink\" is not a transport: use p2p, ibgda, routed or proxy");
 }
 
 /// A stream of another device refuses the family (as `Stream::launch`

@@ -10,7 +10,7 @@
 
 use doorbell_kernels::coll::allreduce::{fused, AllReduceArgs, Chunk};
 use doorbell_kernels::coll::{Bf16, DType};
-use doorbell_kernels::transport::{Coop, Ibgda, P2p, Routed, Transport};
+use doorbell_kernels::transport::{Coop, Ibgda, P2p, Proxy, Routed, Transport};
 use doorbell_kernels::{kernel, ptx};
 
 /// `grad[i]` is [`grad_hash`].
@@ -106,7 +106,7 @@ pub fn grad_lanes(compute: u32, rank: u32, i: u64, stride: u64, step: u32) -> [f
 /// Fused: this rank's gradient (`compute`, `step`), summed over all ranks
 /// into `ar.output`, chunk by chunk as it is produced. Launch with the
 /// argument and grid `AllReduce::fused_args` returns.
-#[kernel(transports(P2p, Ibgda, Routed))]
+#[kernel(transports(P2p, Ibgda, Routed, Proxy))]
 pub unsafe fn fused_grad_allreduce<T: Transport>(t: T, ar: AllReduceArgs, compute: u32, step: u32) {
     // SAFETY: the kernel's contract.
     unsafe { fused_grad(&t, &ar, compute, step) }

@@ -70,7 +70,7 @@ use crate::transport::{wait_all_raw, Cmp, Coop, RawSignal, RawWait, Transport};
 #[cfg(feature = "library-kernels")]
 use crate::{
     kernel,
-    transport::{Ibgda, P2p, Routed},
+    transport::{Ibgda, P2p, Proxy, Routed},
 };
 
 /// The algorithms; see the module docs.
@@ -963,7 +963,7 @@ unsafe fn run_algo<T: Transport, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, mut 
 /// the P2P entry is `no_spill`: the IBGDA and routed entries (WQE building, two
 /// handles) keep 4 bytes in local memory, as ptxas reports.
 #[cfg(feature = "library-kernels")]
-#[kernel(no_spill(P2p), transports(P2p, Ibgda, Routed))]
+#[kernel(no_spill(P2p), transports(P2p, Ibgda, Routed, Proxy))]
 pub unsafe fn allreduce<T: Transport>(t: T, args: AllReduceArgs) {
     // SAFETY: the host made `args` for this world (launch contract).
     let _ = unsafe { run(&t, &args) };

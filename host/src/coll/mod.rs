@@ -521,7 +521,7 @@ impl<'c> AllReduce<'c> {
         let direct = routes.iter().all(has_pointer);
         let peer_pointers = match opts.transport {
             TransportKind::P2p => direct,
-            TransportKind::Ibgda => false,
+            TransportKind::Ibgda | TransportKind::Proxy => false,
             TransportKind::Routed => direct && (comm.world_size() == 1 || rdma_peers(opts)? == RdmaPeers::Needed),
         };
         // The soft NIC's engine kernels hold SMs (a block each, one per
@@ -583,6 +583,7 @@ impl<'c> AllReduce<'c> {
             }
             TransportKind::P2p => Launcher::Family(Box::new(comm.p2p()?.into()), module.family()?),
             TransportKind::Ibgda => Launcher::Family(Box::new(comm.ibgda()?.into()), module.family()?),
+            TransportKind::Proxy => Launcher::Family(Box::new(comm.proxy()?.into()), module.family()?),
             TransportKind::Routed => {
                 let t = comm.routed_with(&rdma_peers(opts)?)?;
                 let algo = plan.algo();

@@ -543,6 +543,7 @@ impl Communicator {
             TransportKind::P2p => self.p2p()?.into(),
             TransportKind::Ibgda => self.ibgda()?.into(),
             TransportKind::Routed => self.routed()?.into(),
+            TransportKind::Proxy => self.proxy()?.into(),
         })
     }
 

@@ -4,7 +4,7 @@
 
 use doorbell_kernels::kernel;
 use doorbell_kernels::ptx;
-use doorbell_kernels::transport::{Cmp, Ibgda, P2p, RawSignal, Routed, Transport};
+use doorbell_kernels::transport::{Cmp, Ibgda, P2p, Proxy, RawSignal, Routed, Transport};
 
 /// A number per transport type, so an entry's output says which
 /// transport's entry ran.
@@ -24,6 +24,9 @@ impl Tag for Ibgda {
 impl Tag for Routed {
     const TAG: u64 = 3;
 }
+impl Tag for Proxy {
+    const TAG: u64 = 4;
+}
 
 /// What rank `rank` of `world` writes under transport `tag` with `salt`,
 /// for element `i` (the host computes the same).
@@ -41,7 +44,7 @@ pub const STAMP_FAILED: u64 = u64::MAX;
 /// its own `sig` to be set by the previous rank and writes what it got to
 /// `out[0]` ([`STAMP_FAILED`] on a transport error). `out` holds `n + 1`
 /// words; `sig` is one symmetric word, zero before the launch.
-#[kernel(transports(P2p, Ibgda, Routed))]
+#[kernel(transports(P2p, Ibgda, Routed, Proxy))]
 pub unsafe fn stamp<T: Transport + Tag>(t: T, out: *mut u64, n: u32, salt: u64, sig: *mut u64) {
     let i = ptx::global_thread_id_x();
     let (rank, world) = (t.rank(), t.world_size());

@@ -160,7 +160,7 @@
 //! the SM count alone.
 
 #[cfg(feature = "library-kernels")]
-use crate::transport::{Ibgda, P2p, Routed, Transport};
+use crate::transport::{Ibgda, P2p, Proxy, Routed, Transport};
 #[cfg(feature = "library-kernels")]
 use crate::{kernel, ptx};
 
@@ -391,7 +391,7 @@ unsafe impl crate::KernelParam for BwdArgs {}
 /// stall seen on the H200 with the GPU filled so was in the end a host
 /// copy waiting for the peers' kernels, not a block left out.)
 #[cfg(feature = "library-kernels")]
-#[kernel(transports(P2p, Ibgda, Routed), launch_bounds(threads = 256, min_blocks = 3))]
+#[kernel(transports(P2p, Ibgda, Routed, Proxy), launch_bounds(threads = 256, min_blocks = 3))]
 pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, a: FwdArgs) {
     // SAFETY: the host sized the buffers for `s` and this world (launch contract).
     unsafe { forward(&t, &s, &b, &a) }
@@ -400,7 +400,7 @@ pub unsafe fn emb_forward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, a: FwdArg
 /// The backward of the forward with the same epoch: [`backward()`] over
 /// the transport. Launch as for [`emb_forward()`].
 #[cfg(feature = "library-kernels")]
-#[kernel(transports(P2p, Ibgda, Routed), launch_bounds(threads = 256, min_blocks = 3))]
+#[kernel(transports(P2p, Ibgda, Routed, Proxy), launch_bounds(threads = 256, min_blocks = 3))]
 pub unsafe fn emb_backward<T: Transport>(t: T, s: EmbShape, b: EmbBufs, a: BwdArgs) {
     // SAFETY: as for emb_forward.
     unsafe { backward(&t, &s, &b, &a) }

@@ -34,13 +34,14 @@ impl Kernels {
         let t: AnyTransport = match opts.transport {
             TransportKind::P2p => comm.p2p()?.into(),
             TransportKind::Ibgda => comm.ibgda()?.into(),
+            TransportKind::Proxy => comm.proxy()?.into(),
             TransportKind::Routed => match &opts.rdma_peers {
                 Some(peers) => comm.routed_with(peers)?.into(),
                 None => comm.routed()?.into(),
             },
         };
         let pull = match opts.transport {
-            TransportKind::Ibgda => None,
+            TransportKind::Ibgda | TransportKind::Proxy => None,
             _ => Some(m.family()?),
         };
         Ok(Kernels {
