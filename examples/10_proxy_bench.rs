@@ -33,7 +33,8 @@
 //! ```text
 //! cargo run --release --example proxy_bench -- [--device gpu|cpu] [--rtt-iters N] [--wqes N] [--rounds N] [--out DIR]
 //! ```
-//! Prints a table and writes `proxy_bench.json` to `--out`.
+//! Prints a table and writes `proxy_bench.json` and `proxy_bench.{png,svg}`
+//! (the fused all-reduce's algbw beside its time per step) to `--out`.
 
 #[path = "bench/mod.rs"]
 mod bench;
@@ -46,6 +47,7 @@ use doorbell::{DeviceBuffer, FamilyHandle, LaunchConfig};
 use doorbell_example_kernels::allreduce::{fused_grad_allreduce, grad, COMPUTE_HASH};
 use doorbell_example_kernels::ibgda_bench::{post_burst, post_lanes, put_signal_rtt, BENCH_OK};
 use doorbell_examples::cli::ProxyBenchArgs;
+use doorbell_examples::plot::Series;
 use doorbell_examples::{main_with, ratio, BoxError, USER_KERNELS};
 
 fn main() {
@@ -125,14 +127,17 @@ fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
         lane_rounds: a.lane_rounds.unwrap_or(if gpu { 64 } else { 4 }) as u32,
         ar_sizes: match &a.ar_sizes {
             Some(v) => v.clone(),
-            None if gpu => vec![4 << 10, 256 << 10, 4 << 20, 32 << 20],
+            None if gpu => vec![4 << 10, 256 << 10, 4 << 20, 16 << 20],
             None => vec![4 << 10, 64 << 10],
         },
-        ar_steps: a.ar_steps.unwrap_or(if gpu { 20 } else { 3 }) as u32,
+        ar_steps: a.ar_steps.unwrap_or(if gpu { 10 } else { 3 }) as u32,
     };
-    let largest = plan.ar_sizes.iter().copied().max().unwrap_or(0);
+    // The symmetric heap hands out space and never takes it back: every
+    // round's all-reduces (set up anew, as the transports are) take their
+    // scratch afresh, up to ~6x the size per transport.
+    let per_round: u64 = plan.ar_sizes.iter().sum::<u64>() * 12;
     let opts = CommOptions {
-        heap_bytes: 24 * largest + (16 << 20),
+        heap_bytes: per_round * (plan.rounds as u64 + 1) + (64 << 20),
         ..CommOptions::from_env()?
     };
     let ran = run_ranks("proxy_bench", 2, Some(2), a.device.backend()?, opts, |comm| bench(comm, &plan))?;
@@ -187,6 +192,22 @@ fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
     );
     let path = bench::write_json(&a.out, "proxy_bench.json", &r)?;
     println!("# wrote {}", path.display());
+    if !r.allreduce.is_empty() {
+        let line = |f: &dyn Fn(&ArRow) -> f64| r.allreduce.iter().map(|row| (row.bytes as f64, f(row))).collect::<Vec<_>>();
+        let times = [
+            Series {
+                name: "fused over IBGDA",
+                points: line(&|row| row.ibgda_median_us),
+            },
+            Series {
+                name: "fused over the CPU proxy",
+                points: line(&|row| row.proxy_median_us),
+            },
+        ];
+        let title = format!("fused all-reduce, 2 ranks across the soft NIC ({})", r.device);
+        let (png, _) = bench::write_times_figure(&a.out, "proxy_bench", &title, "bytes per rank", &times)?;
+        println!("# wrote {} (algbw and time per step)", png.display());
+    }
     Ok(())
 }
 
@@ -372,13 +393,18 @@ fn fused_allreduce(comm: &Communicator, m: &doorbell::Module, p: &Plan, kind: Tr
             }
         }
     }
+    if comm.rank() == 0 {
+        eprintln!("  fused all-reduce {bytes} B over {kind}: {:.1} us a step", median(times.clone()));
+    }
     Ok((median(times), elems as u64))
 }
 
 fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
     let dev = comm.device();
-    // Before any NIC set-up: a module load waits behind the soft NIC's engine.
+    // Before any NIC set-up: a module load waits behind the soft NIC's
+    // engine. (An all-reduce over P2P loads the library's module.)
     let m = comm.load_module(&USER_KERNELS)?;
+    drop(AllReduce::new(comm, 1, DType::F32)?);
     let mut r = Rank {
         comm,
         s: dev.new_stream()?,
@@ -401,22 +427,34 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
     };
     let mut stats = ProxyStats::default();
     let mut ar_rows: Vec<ArRow> = p.ar_sizes.iter().map(|&bytes| ArRow { bytes, ..ArRow::default() }).collect();
+    let t0 = std::time::Instant::now();
+    let note = |what: &str| {
+        if comm.rank() == 0 {
+            eprintln!("[{:7.2} s] {what}", t0.elapsed().as_secs_f64());
+        }
+    };
     for round in 0..=p.rounds {
         let warm = round == 0;
+        note(&format!("round {round}: IBGDA set-up"));
         let ib = comm.ibgda()?;
+        note("IBGDA: round trips, message rates");
         let rtt_ib = r.round_trip(p, ib)?;
         let rtt_p2p = r.round_trip(p, p2p)?;
         let rate_ib = r.message_rate(p, ib, 0x1b9d_a000 + round as u64)?;
         let lanes_ib = r.lane_rate(p, ib, 0x1a9e_5000 + round as u64)?;
+        note("IBGDA: fused all-reduce");
         let mut ar_ib = Vec::new();
         for &bytes in &p.ar_sizes {
             ar_ib.push(fused_allreduce(comm, &m, p, TransportKind::Ibgda, bytes)?);
         }
+        note("IBGDA closed; proxy set-up");
         comm.ibgda_close()?;
         let px = comm.proxy()?;
+        note("proxy: round trips, message rates");
         let rtt_px = r.round_trip(p, px)?;
         let rate_px = r.message_rate(p, px, 0xc0de_0000 + round as u64)?;
         let lanes_px = r.lane_rate(p, px, 0xc1a9_e000 + round as u64)?;
+        note("proxy: fused all-reduce");
         let mut ar_px = Vec::new();
         for &bytes in &p.ar_sizes {
             ar_px.push(fused_allreduce(comm, &m, p, TransportKind::Proxy, bytes)?);

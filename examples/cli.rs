@@ -704,10 +704,10 @@ pub struct ProxyBenchArgs {
     #[arg(long = "lane-rounds", value_name = "N", value_parser = ranged(1, 100_000))]
     pub lane_rounds: Option<u64>,
     /// Bytes per rank of the fused all-reduce comparison (K, M suffixes),
-    /// comma-separated [default: 4K,256K,4M,32M on a GPU, 4K,64K on the emulator]
+    /// comma-separated [default: 4K,256K,4M,16M on a GPU, 4K,64K on the emulator]
     #[arg(long = "ar-sizes", value_name = "BYTES,..", value_delimiter = ',', value_parser = sized(4, 1 << 30))]
     pub ar_sizes: Option<Vec<u64>>,
-    /// Timed steps of each fused all-reduce size [default: 20 on a GPU, 3 on the emulator]
+    /// Timed steps of each fused all-reduce size [default: 10 on a GPU, 3 on the emulator]
     #[arg(long = "ar-steps", value_name = "N", value_parser = ranged(1, 10_000))]
     pub ar_steps: Option<u64>,
     /// Rounds: each sets IBGDA up, measures it (and P2P), closes it, then
