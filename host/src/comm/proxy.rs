@@ -6,7 +6,9 @@
 //! The same NIC set-up as IBGDA (`comm::ibgda`: the port, the heap's
 //! region, one QP per peer, endpoints exchanged, RTS, the NIC started),
 //! except that the rings and the scratch words lie in mapped host memory,
-//! where this thread writes WQEs and reads CQEs. Then the request ring
+//! where this thread writes WQEs and reads CQEs, and that the soft NIC's
+//! engine orders with the rings at system scope (the CPU is the other
+//! side). Then the request ring
 //! ([`RING_SLOTS`] slots and the published words, mapped host memory) and
 //! the kernels' reservation counter (device memory), and the thread.
 //!
@@ -504,6 +506,10 @@ impl Communicator {
         }
         let mut opts = IbgdaOptions::from_env()?;
         opts.qps_per_peer = 1;
+        // The CPU rings the doorbells and reads the CQEs: the soft NIC's
+        // engine orders with it at system scope (its acquire after a
+        // doorbell, its CQE releases), even on the ranks' own GPU.
+        opts.engine_sys_scope = true;
         let queues = self.queue_setup(opts.clone(), true)?;
         let st = self.proxy_start(queues, &opts)?;
         let h = st.handle;
