@@ -461,6 +461,7 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
         }
         stats = comm.proxy_stats().unwrap_or_default();
         comm.proxy_check()?;
+        note("proxy reset");
         comm.proxy_reset()?;
         if comm.rank() == 0 {
             eprintln!(

@@ -179,6 +179,11 @@ pub struct MappedBuffer<T: DeviceCopy> {
     host: *mut T,
     dev_addr: u64,
     len: usize,
+    /// Whether the drop waits for the whole device first (the public
+    /// allocation's promise); memory the library owns and knows idle
+    /// (a stopped NIC's rings) does not, as that wait would also wait for
+    /// other ranks' persistent kernels on the GPU.
+    wait_on_drop: bool,
 }
 
 // SAFETY: owns its allocation; concurrent device access is through raw pointers only.
@@ -196,7 +201,18 @@ impl Device {
             host: host as *mut T,
             dev_addr,
             len,
+            wait_on_drop: true,
         })
+    }
+
+    /// As [`Self::alloc_mapped`], for memory whose owner knows that no
+    /// kernel and no NIC uses it when it drops: the drop frees it without
+    /// waiting for the device (the free itself waits while a persistent
+    /// kernel runs on the GPU, as `cuMemFree`'s does).
+    pub(crate) fn alloc_mapped_idle_on_drop<T: DeviceCopy>(&self, len: usize) -> Result<MappedBuffer<T>> {
+        let mut m = self.alloc_mapped(len)?;
+        m.wait_on_drop = false;
+        Ok(m)
     }
 }
 
@@ -233,9 +249,12 @@ impl<T: DeviceCopy> MappedBuffer<T> {
 
 impl<T: DeviceCopy> Drop for MappedBuffer<T> {
     fn drop(&mut self) {
-        self.device.wait_idle();
+        if self.wait_on_drop {
+            self.device.wait_idle();
+        }
         // SAFETY: allocated by the device's alloc_mapped with this size (see
-        // alloc_mapped), idle after the synchronize; freed once.
+        // alloc_mapped), idle after the synchronize (or by its owner's
+        // word); freed once.
         unsafe {
             self.device
                 .inner

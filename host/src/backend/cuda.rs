@@ -157,6 +157,9 @@ struct Persistent {
     /// context.
     modules: Vec<(usize, Arc<CudaContext>)>,
     memory: Vec<(u64, Arc<CudaContext>)>,
+    /// Mapped host allocations (`cuMemHostAlloc`'s pointer as an integer):
+    /// `cuMemFreeHost` may wait for the GPU too.
+    mapped: Vec<(usize, Arc<CudaContext>)>,
 }
 
 static PERSISTENT: Mutex<std::collections::BTreeMap<usize, Persistent>> = Mutex::new(std::collections::BTreeMap::new());
@@ -187,14 +190,18 @@ pub(crate) struct PersistentKernel {
 
 impl Drop for PersistentKernel {
     fn drop(&mut self) {
-        let (modules, memory) = {
+        let (modules, memory, mapped) = {
             let mut p = persistent();
             let e = p.entry(self.ordinal).or_default();
             e.running = e.running.saturating_sub(1);
             if e.running > 0 {
                 return;
             }
-            (std::mem::take(&mut e.modules), std::mem::take(&mut e.memory))
+            (
+                std::mem::take(&mut e.modules),
+                std::mem::take(&mut e.memory),
+                std::mem::take(&mut e.mapped),
+            )
         };
         for (m, ctx) in modules {
             unload_module(&ctx, m as sys::CUmodule);
@@ -204,6 +211,13 @@ impl Drop for PersistentKernel {
                 // SAFETY: allocated by cuMemAlloc in this context, dropped
                 // by its buffer, freed once (taken out of the list).
                 let _ = unsafe { result::free_sync(a) };
+            }
+        }
+        for (h, ctx) in mapped {
+            if ctx.bind_to_thread().is_ok() {
+                // SAFETY: allocated by cuMemHostAlloc, dropped by its
+                // buffer, freed once (taken out of the list).
+                let _ = unsafe { result::free_host(h as *mut std::ffi::c_void) };
             }
         }
     }
@@ -423,6 +437,10 @@ impl Device {
     /// # Safety
     /// `host` came from `alloc_mapped` on this device and is freed once.
     pub(crate) unsafe fn free_mapped(&self, host: *mut u8) {
+        let ctx = self.ctx.clone();
+        if defer_while_persistent(self.ordinal(), |e| e.mapped.push((host as usize, ctx))) {
+            return;
+        }
         if self.bind().is_ok() {
             // SAFETY: allocated by cuMemHostAlloc; freed once.
             let _ = unsafe { result::free_host(host as *mut _) };

@@ -256,7 +256,8 @@ impl Backing {
         if !mapped {
             return Ok(Backing::Device(device.alloc_zeroed::<u8>(bytes)?));
         }
-        let m = device.alloc_mapped::<u8>(bytes)?;
+        // Dropped only after the NIC stopped (the state's drop).
+        let m = device.alloc_mapped_idle_on_drop::<u8>(bytes)?;
         if m.host_ptr() as u64 != m.device_ptr() as u64 {
             return Err(Error::comm(format!(
                 "mapped host memory has a device address ({:#x}) other than its host address ({:#x}): the CPU proxy needs \

@@ -607,7 +607,9 @@ impl Communicator {
         let ib = queues.handle();
         let words_len = std::mem::size_of::<ProxyWords>() / 8;
         let ring_len = RING_SLOTS as usize * std::mem::size_of::<ProxyRequest>() / 8;
-        let shared = self.device.alloc_mapped::<u64>(words_len + ring_len)?;
+        // Dropped after the thread joined and the NIC stopped, with no
+        // kernel using the handle (proxy_reset's and the drop's contract).
+        let shared = self.device.alloc_mapped_idle_on_drop::<u64>(words_len + ring_len)?;
         if shared.host_ptr() as u64 != shared.device_ptr() as u64 {
             return Err(Error::comm(
                 "mapped host memory has a device address other than its host address: the CPU proxy needs unified addressing".to_string(),
