@@ -279,7 +279,7 @@ impl Rank<'_> {
         self.comm.barrier()?;
         let a = (
             self.words.as_mut_ptr(),
-            self.src.as_ptr() as *const u64,
+            self.src.as_ptr(),
             p.wqes,
             1u32,
             self.out.as_mut_ptr(),
@@ -323,7 +323,7 @@ impl Rank<'_> {
         self.comm.barrier()?;
         let a = (
             self.words.as_mut_ptr(),
-            self.src.as_ptr() as *const u64,
+            self.src.as_ptr(),
             p.lane_rounds,
             self.out.as_mut_ptr(),
             self.status.as_mut_ptr(),

@@ -239,7 +239,7 @@ impl Worker {
             _ => return Err(refused::OP),
         }
         let signal = r.op != OP_GET && r.flags as u32 & REQ_SIGNAL != 0;
-        if signal && (!in_heap(r.sig_off, 8) || r.sig_off % 8 != 0 || r.sig_op > SignalOp::Add as u16) {
+        if signal && (!in_heap(r.sig_off, 8) || !r.sig_off.is_multiple_of(8) || r.sig_op > SignalOp::Add as u16) {
             return Err(refused::SIGNAL);
         }
         if r.op == OP_GET && r.flags != 0 {
