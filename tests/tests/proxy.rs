@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use doorbell::comm::{CommOptions, Communicator};
+use doorbell::comm::{CommOptions, Communicator, IbgdaOptions};
 use doorbell::{Backend, ForTransport, LaunchConfig};
 use doorbell_kernels::transport::Proxy;
 use doorbell_softnic::engine::EngineConfig;
@@ -188,4 +188,48 @@ fn the_proxy_posts_each_request_once() {
     assert_eq!((out[0].requests, out[0].wqes, out[0].doorbells), (1, 2, 1), "{:?}", out[0]);
     assert_eq!(out[0].cqes, 1, "only a request's last WQE is signaled: {:?}", out[0]);
     assert_eq!((out[1].requests, out[1].wqes), (0, 0), "{:?}", out[1]);
+}
+
+#[test]
+fn a_put_of_more_wqes_than_the_send_queue_holds_goes_in_parts() {
+    // 64-byte WQEs and a 32-slot queue: the 4 KiB put is 64 WRITEs and its
+    // signal, posted 32 + 32 + 1, each part's last WQE signaled.
+    let io = IbgdaOptions {
+        sq_size: 32,
+        max_msg: 64,
+        ..IbgdaOptions::from_env().expect("options")
+    };
+    let out = Communicator::local(2, Backend::Cpu, opts(), |comm| {
+        let dev = comm.device();
+        let f = load_test_kernel::<<bad_call as ForTransport<Proxy>>::Kernel>(dev)?;
+        let dst = comm.alloc::<u8>(BYTES as usize)?;
+        let sig = comm.alloc::<u64>(2)?;
+        let src = comm.alloc::<u8>(BYTES as usize)?;
+        let pattern: Vec<u8> = (0..BYTES).map(|i| (i % 239) as u8 ^ 0x3c).collect();
+        src.copy_from_host(&pattern)?;
+        let t = comm.proxy_with(&io)?;
+        comm.barrier()?;
+        let s = dev.new_stream()?;
+        let mut codes = dev.alloc_zeroed::<u32>(2)?;
+        let args = (
+            t,
+            dst.as_mut_ptr(),
+            src.as_ptr(),
+            BYTES,
+            sig.as_mut_ptr(),
+            CONTROL,
+            codes.as_mut_ptr(),
+        );
+        // SAFETY: symmetric dst/sig/src of BYTES, two code words.
+        unsafe { s.launch(&f, LaunchConfig::linear(1, 64), args)? };
+        comm.synchronize(&s)?;
+        comm.barrier()?;
+        Ok((comm.proxy_stats().expect("set up"), dst.to_host()?, sig.to_host()?, pattern))
+    })
+    .expect("the world");
+    let (stats, _, _, _) = &out[0];
+    assert_eq!((stats.requests, stats.wqes, stats.cqes), (1, 65, 3), "{stats:?}");
+    let (_, dst, sig, pattern) = &out[1];
+    assert_eq!(dst, pattern, "rank 1's destination");
+    assert_eq!(sig[0], 7, "the signal after the data");
 }

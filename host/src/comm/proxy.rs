@@ -295,15 +295,16 @@ impl Worker {
         Ok(())
     }
 
-    /// Writes `r`'s WQEs on queue `i` (room checked by the caller).
-    fn write(&mut self, i: usize, r: &ProxyRequest) -> u32 {
+    /// Writes WQEs `from..to` of `r` (its chunks, then its signal) on queue
+    /// `i`, the last of them signaled (room checked by the caller); returns
+    /// the index past them.
+    fn write(&mut self, i: usize, r: &ProxyRequest, from: u64, to: u64) -> u32 {
         let lkey = self.local_key(r.local, r.bytes).unwrap_or(self.heap_lkey);
         let q = &mut self.queues[i];
-        let n = (if r.op == OP_SIGNAL { 0 } else { r.bytes.div_ceil(self.max_msg) }) + (r.flags as u32 & REQ_SIGNAL != 0) as u64;
         let chunks = if r.op == OP_SIGNAL { 0 } else { r.bytes.div_ceil(self.max_msg) };
-        for k in 0..n {
+        for k in from..to {
             let idx = q.producer;
-            let flags = if k + 1 == n { FLAG_SIGNALED } else { 0 };
+            let flags = if k + 1 == to { FLAG_SIGNALED } else { 0 };
             // SAFETY: the slot is free (room checked); the mapped SQ.
             let slot = unsafe { wqe_slot(&q.qp.qp, idx) };
             let head = if k < chunks {
@@ -345,7 +346,7 @@ impl Worker {
             q.head = head;
             q.producer = idx.wrapping_add(1);
         }
-        self.stats.wqes.fetch_add(n, Ordering::Relaxed);
+        self.stats.wqes.fetch_add(to - from, Ordering::Relaxed);
         q.producer
     }
 
@@ -394,33 +395,38 @@ impl Worker {
                     break;
                 }
                 let i = r.peer as usize;
+                // A queue's worth of WQEs at a time (a put of more chunks
+                // than the SQ holds goes in parts, each part's last WQE
+                // signaled so that its room comes back).
                 let n = self.wqes(&r);
-                if n > sq {
-                    self.fail(PROXY_ERR_REFUSED, r.peer, refused::REMOTE_RANGE, next);
-                    failed = true;
-                    break;
-                }
-                // Room on the QP: ring what is written, then poll until enough completed.
-                let start = Instant::now();
-                while self.queues[i].producer.wrapping_sub(self.queues[i].completed) as u64 + n > sq {
-                    self.ring_all();
-                    if let Err((s, at)) = self.poll(i) {
-                        let t = ticket_of(&pending, i, at).unwrap_or(next);
-                        self.fail(PROXY_ERR_COMPLETION, r.peer, s as u64, t);
-                        failed = true;
-                        break;
+                let (mut k, mut end) = (0u64, self.queues[i].producer);
+                while k < n && !failed {
+                    let step = (n - k).min(sq);
+                    // Room on the QP: ring what is written, then poll until enough completed.
+                    let start = Instant::now();
+                    while self.queues[i].producer.wrapping_sub(self.queues[i].completed) as u64 + step > sq {
+                        self.ring_all();
+                        if let Err((s, at)) = self.poll(i) {
+                            let t = ticket_of(&pending, i, at).unwrap_or(next);
+                            self.fail(PROXY_ERR_COMPLETION, r.peer, s as u64, t);
+                            failed = true;
+                            break;
+                        }
+                        if start.elapsed() > self.budget {
+                            self.fail(PROXY_ERR_STALLED, r.peer, 0, next);
+                            failed = true;
+                            break;
+                        }
+                        std::hint::spin_loop();
                     }
-                    if start.elapsed() > self.budget {
-                        self.fail(PROXY_ERR_STALLED, r.peer, 0, next);
-                        failed = true;
-                        break;
+                    if !failed {
+                        end = self.write(i, &r, k, k + step);
+                        k += step;
                     }
-                    std::hint::spin_loop();
                 }
                 if failed {
                     break;
                 }
-                let end = self.write(i, &r);
                 pending.push_back(Pending {
                     ticket: next,
                     queue: i,
@@ -491,6 +497,17 @@ impl Communicator {
     /// other first: [`Communicator::ibgda_reset`],
     /// [`Communicator::proxy_reset`]).
     pub fn proxy(&self) -> Result<Proxy> {
+        self.proxy_state(None)
+    }
+
+    /// As [`Self::proxy`], with explicit options (used only if the proxy
+    /// is not set up yet; collective then). `qps_per_peer` is taken as 1
+    /// (the proxy's one QP per peer keeps each peer's requests in order).
+    pub fn proxy_with(&self, opts: &IbgdaOptions) -> Result<Proxy> {
+        self.proxy_state(Some(opts))
+    }
+
+    fn proxy_state(&self, opts: Option<&IbgdaOptions>) -> Result<Proxy> {
         let mut guard = self.proxy.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(st) = guard.as_ref() {
             return Ok(st.handle);
@@ -504,7 +521,10 @@ impl Communicator {
                 self.rank
             )));
         }
-        let mut opts = IbgdaOptions::from_env()?;
+        let mut opts = match opts {
+            Some(o) => o.clone(),
+            None => IbgdaOptions::from_env()?,
+        };
         opts.qps_per_peer = 1;
         // The CPU rings the doorbells and reads the CQEs: the soft NIC's
         // engine orders with it at system scope (its acquire after a
