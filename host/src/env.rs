@@ -101,7 +101,7 @@ pub const CHECKS: &[Check] = &[
         check: || crate::comm::IbgdaOptions::from_env().map(drop),
     },
     Check {
-        vars: &["DOORBELL_RDMA_PEERS"],
+        vars: &["DOORBELL_RDMA_PEERS", "DOORBELL_NODES"],
         check: || crate::comm::RdmaPeers::from_env().map(drop),
     },
     Check {

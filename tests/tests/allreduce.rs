@@ -676,6 +676,19 @@ fn ibgda_and_routed_transports_on_the_emulator() {
             .unwrap_or_else(|e| panic!("{transport:?} {rdma_peers:?}, {ranks} ranks: {e}"));
         }
     }
+    // Two modeled nodes of two ranks (pairs across nodes through the NIC):
+    // the pipelined all-reduce, fused too, bit for bit.
+    let base = AllReduceOptions {
+        transport: TransportKind::Routed,
+        rdma_peers: Some(RdmaPeers::Nodes(2)),
+        stages: Some(2),
+        ..Default::default()
+    };
+    Communicator::local(4, Backend::Cpu, opts(), |comm| {
+        run_case_with::<f32>(comm, case(5003, None, false, Some(1024)), base.clone())?;
+        fused_over(comm, &base, 777, DType::F32)
+    })
+    .unwrap_or_else(|e| panic!("two modeled nodes of two ranks: {e}"));
     // Peer pointers are needed by one-shot and two-shot: refused clearly.
     Communicator::local(2, Backend::Cpu, opts(), |comm| {
         for transport in [TransportKind::Ibgda, TransportKind::Routed, TransportKind::Proxy] {

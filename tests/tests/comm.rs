@@ -190,4 +190,26 @@ fn put_get_signal_wait_barrier_ring_over_mixed_routes() {
     ring_rdma(4, 100_000, 0, true, Some(RdmaPeers::Pairs(vec![(1, 2)])));
     ring_rdma(3, 70_000, 8, false, Some(RdmaPeers::All));
     ring_rdma(3, 5000, 0, false, Some(RdmaPeers::Needed));
+    // Two modeled nodes of two ranks: hops 1 -> 2 and 3 -> 0 through the NIC.
+    ring_rdma(4, 70_001, 3, false, Some(RdmaPeers::Nodes(2)));
+}
+
+#[test]
+fn modeled_nodes_route_exactly_the_pairs_across_nodes_through_the_nic() {
+    use doorbell::comm::RdmaPeers;
+    let bits = Communicator::local(4, Backend::Cpu, CommOptions::default(), |comm| {
+        let t = comm.routed_with(&RdmaPeers::Nodes(2))?;
+        Ok((0..4).map(|p| t.is_rdma(p)).collect::<Vec<bool>>())
+    })
+    .unwrap();
+    for (r, b) in bits.iter().enumerate() {
+        let want: Vec<bool> = (0..4).map(|p| p / 2 != r / 2).collect();
+        assert_eq!(*b, want, "rank {r}");
+    }
+    let e = Communicator::local(3, Backend::Cpu, CommOptions::default(), |comm| {
+        comm.routed_with(&RdmaPeers::Nodes(2)).map(|_| ())
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("DOORBELL_NODES") && e.contains("does not divide"), "{e}");
 }

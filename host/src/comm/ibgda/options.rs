@@ -16,6 +16,22 @@ pub const MAX_MSG_ENV: &str = "DOORBELL_IBGDA_MAX_MSG";
 /// `DOORBELL_RDMA_PEERS`: which pairs of ranks the routed transport sends
 /// through the NIC although load/store reaches them.
 pub const RDMA_PEERS_ENV: &str = "DOORBELL_RDMA_PEERS";
+/// `DOORBELL_NODES`: the world's ranks form this many modeled nodes of
+/// consecutive ranks (the world size divided evenly): the routed transport
+/// reaches a peer on another node through the NIC, one on its own node by
+/// load/store, and the soft NIC models a 400 Gb/s, 2 µs link
+/// ([`NODE_LINK`]) unless `DOORBELL_SOFTNIC_LINK` says otherwise.
+pub const NODES_ENV: &str = "DOORBELL_NODES";
+/// The link modeled nodes get when `DOORBELL_SOFTNIC_LINK` is unset.
+pub const NODE_LINK: LinkModel = LinkModel::new(400_000_000_000, 2_000);
+
+/// `DOORBELL_NODES` (unset: `None`), 1..=1024.
+fn nodes_from_env() -> Result<Option<usize>> {
+    if crate::vars::raw(NODES_ENV)?.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(crate::vars::uint(NODES_ENV, 1, 1, 1024)? as usize))
+}
 
 /// IBGDA settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -116,11 +132,17 @@ impl IbgdaOptions {
         }
         let max_msg = crate::vars::uint(MAX_MSG_ENV, d.max_msg as u64, 1, (1 << 31) - 1)? as u32;
         let soft = SoftOptions::from_env()?;
+        // Modeled nodes talk over a modeled link unless told otherwise.
+        let link_unset = crate::vars::raw(doorbell_softnic::LINK_ENV)?.is_none();
+        let link = match nodes_from_env()? {
+            Some(_) if link_unset => Some(NODE_LINK),
+            _ => soft.link,
+        };
         Ok(IbgdaOptions {
             qps_per_peer: qps,
             sq_size: sq,
             max_msg,
-            link: soft.link,
+            link,
             engine: soft.engine,
             engine_threads: soft.engine_threads,
             engine_blocks: soft.engine_blocks,
@@ -174,6 +196,9 @@ pub enum RdmaPeers {
     All,
     /// These pairs (both directions), on top of the needed ones.
     Pairs(Vec<(usize, usize)>),
+    /// The world as this many modeled nodes of consecutive ranks
+    /// (`DOORBELL_NODES`): every pair on different nodes.
+    Nodes(usize),
 }
 
 impl RdmaPeers {
@@ -211,11 +236,18 @@ impl RdmaPeers {
         Ok(RdmaPeers::Pairs(pairs))
     }
 
-    /// `DOORBELL_RDMA_PEERS` (unset or empty: [`RdmaPeers::Needed`]).
+    /// `DOORBELL_RDMA_PEERS`, else `DOORBELL_NODES` ([`RdmaPeers::Nodes`]);
+    /// neither: [`RdmaPeers::Needed`]. Both set is refused.
     pub fn from_env() -> Result<RdmaPeers> {
-        match crate::vars::raw(RDMA_PEERS_ENV)? {
-            None => Ok(RdmaPeers::Needed),
-            Some(v) => RdmaPeers::parse(RDMA_PEERS_ENV, &v),
+        match (crate::vars::raw(RDMA_PEERS_ENV)?, nodes_from_env()?) {
+            (Some(v), Some(_)) => Err(Error::BadEnv {
+                var: NODES_ENV.to_string(),
+                value: std::env::var(NODES_ENV).unwrap_or_default(),
+                reason: format!("is set together with {RDMA_PEERS_ENV}={v:?}: set one of the two"),
+            }),
+            (Some(v), None) => RdmaPeers::parse(RDMA_PEERS_ENV, &v),
+            (None, Some(n)) => Ok(RdmaPeers::Nodes(n)),
+            (None, None) => Ok(RdmaPeers::Needed),
         }
     }
 
@@ -235,6 +267,17 @@ impl RdmaPeers {
                 }
                 p.iter().any(|&(a, b)| (a, b) == (rank, peer) || (b, a) == (rank, peer))
             }
+            RdmaPeers::Nodes(n) => {
+                if *n == 0 || *n > size || !size.is_multiple_of(*n) {
+                    return Err(Error::BadEnv {
+                        var: NODES_ENV.to_string(),
+                        value: n.to_string(),
+                        reason: format!("does not divide this world of {size} ranks into nodes of equal size"),
+                    });
+                }
+                let per = size / n;
+                rank / per != peer / per
+            }
         })
     }
 }
@@ -242,6 +285,30 @@ impl RdmaPeers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn modeled_nodes_send_exactly_the_pairs_across_nodes_through_the_nic() {
+        let two = RdmaPeers::Nodes(2);
+        let rdma: Vec<Vec<bool>> = (0..4).map(|r| (0..4).map(|p| two.forced(r, p, 4).unwrap()).collect()).collect();
+        assert_eq!(
+            rdma,
+            vec![
+                vec![false, false, true, true],
+                vec![false, false, true, true],
+                vec![true, true, false, false],
+                vec![true, true, false, false],
+            ]
+        );
+        assert!(!RdmaPeers::Nodes(1).forced(0, 3, 4).unwrap(), "one node: all load/store");
+        assert!(RdmaPeers::Nodes(4).forced(1, 2, 4).unwrap(), "a node per rank: all through the NIC");
+        for (n, size) in [(3, 4), (0, 4), (8, 4)] {
+            let e = RdmaPeers::Nodes(n).forced(0, 1, size).unwrap_err().to_string();
+            assert!(
+                e.contains("DOORBELL_NODES") && e.contains("does not divide"),
+                "{n} nodes of {size}: {e}"
+            );
+        }
+    }
 
     #[test]
     fn a_largest_message_of_2_31_is_refused_as_the_inline_flag() {
