@@ -151,7 +151,7 @@ pub trait EntryVisitor {
 #[diagnostic::on_unimplemented(
     message = "kernel family `{Self}` cannot be launched with a transport handle chosen at run time",
     label = "its entries take different arguments after the handle",
-    note = "a parameter after the transport handle names the transport type; launch it with a concrete handle (P2p, Ibgda, Routed)"
+    note = "a parameter after the transport handle names the transport type; launch it with a concrete handle (P2p, Ibgda, Routed, Proxy)"
 )]
 pub trait AnyFamily: KernelFamily {
     /// The parameters after the transport handle, as a tuple: the same
