@@ -178,9 +178,11 @@ fn library_ptx_holds_no_test_example_or_bench_kernels() {
     let embedding = [
         "emb_backward_ibgda",
         "emb_backward_p2p",
+        "emb_backward_proxy",
         "emb_backward_routed",
         "emb_forward_ibgda",
         "emb_forward_p2p",
+        "emb_forward_proxy",
         "emb_forward_pull_p2p",
         "emb_forward_pull_routed",
         "emb_forward_routed",
@@ -193,6 +195,7 @@ fn library_ptx_holds_no_test_example_or_bench_kernels() {
     let library_kernels: &[&str] = &[
         "allreduce_ibgda",
         "allreduce_p2p",
+        "allreduce_proxy",
         "allreduce_routed",
         "allreduce_wide_p2p",
         "selftest_ibgda",
@@ -306,6 +309,8 @@ fn launch_bounds_are_written_into_the_examples_ptx() {
         "emb_backward_p2p",
         "emb_backward_ibgda",
         "emb_backward_routed",
+        "emb_forward_proxy",
+        "emb_backward_proxy",
         "emb_forward_pull_p2p",
         "emb_forward_pull_routed",
     ];
