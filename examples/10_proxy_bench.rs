@@ -240,6 +240,32 @@ struct Rank<'c> {
 }
 
 impl Rank<'_> {
+    /// Before a rate launch: rank 1 zeroes the words the puts write, rank
+    /// 0 fills its source with `value`.
+    fn prepare(&mut self, value: u64) -> Result<(), BoxError> {
+        self.status.zero()?;
+        if self.comm.rank() == 1 {
+            self.words.copy_from_host(&[0u64; 128])?;
+        } else {
+            self.src.copy_from_host(&[value; 64])?;
+        }
+        self.comm.barrier()?;
+        Ok(())
+    }
+
+    /// After it: rank 1's first `n` words hold `value`, the others 0.
+    fn landed(&self, n: usize, value: u64, what: &str) -> Result<(), BoxError> {
+        self.comm.barrier()?;
+        if self.comm.rank() == 1 {
+            let got = self.words.to_host()?;
+            let want = |i: usize| if i < n { value } else { 0 };
+            if let Some(i) = (0..128).find(|&i| got[i] != want(i)) {
+                return Err(format!("{what}: rank 1's word {i} holds {:#x}, not {:#x}", got[i], want(i)).into());
+            }
+        }
+        Ok(())
+    }
+
     /// µs per 8-byte put_signal round trip over `t`.
     fn round_trip<T>(&mut self, p: &Plan, t: T) -> Result<f64, BoxError>
     where
@@ -269,14 +295,7 @@ impl Rank<'_> {
     where
         T: FamilyHandle<post_burst, Rest = (*mut u64, *const u64, u32, u32, *mut u64, *mut u32)>,
     {
-        let me = self.comm.rank();
-        self.status.zero()?;
-        if me == 1 {
-            self.words.copy_from_host(&[0u64; 128])?;
-        } else {
-            self.src.copy_from_host(&[value; 64])?;
-        }
-        self.comm.barrier()?;
+        self.prepare(value)?;
         let a = (
             self.words.as_mut_ptr(),
             self.src.as_ptr(),
@@ -289,19 +308,7 @@ impl Rank<'_> {
         unsafe { self.s.launch_family(&self.burst, LaunchConfig::linear(1, 32), t, a)? };
         self.comm.synchronize(&self.s)?;
         check(&self.status, "message rate")?;
-        self.comm.barrier()?;
-        if me == 1 {
-            let got = self.words.to_host()?;
-            let n = (p.wqes as usize).min(64);
-            if let Some(i) = (0..128).find(|&i| got[i] != if i < n { value } else { 0 }) {
-                return Err(format!(
-                    "message rate: rank 1's word {i} holds {:#x}, not {:#x}",
-                    got[i],
-                    if i < n { value } else { 0 }
-                )
-                .into());
-            }
-        }
+        self.landed((p.wqes as usize).min(64), value, "message rate")?;
         let ns = self.out.to_host()?;
         Ok(p.wqes as f64 / (ns[1].max(1) as f64 * 1e-9) / 1e6)
     }
@@ -313,14 +320,7 @@ impl Rank<'_> {
     where
         T: FamilyHandle<post_lanes, Rest = (*mut u64, *const u64, u32, *mut u64, *mut u32)>,
     {
-        let me = self.comm.rank();
-        self.status.zero()?;
-        if me == 1 {
-            self.words.copy_from_host(&[0u64; 128])?;
-        } else {
-            self.src.copy_from_host(&[value; 64])?;
-        }
-        self.comm.barrier()?;
+        self.prepare(value)?;
         let a = (
             self.words.as_mut_ptr(),
             self.src.as_ptr(),
@@ -333,14 +333,7 @@ impl Rank<'_> {
         unsafe { self.s.launch_family(&self.lanes, LaunchConfig::linear(p.lane_blocks, 32), t, a)? };
         self.comm.synchronize(&self.s)?;
         check(&self.status, "lane posts")?;
-        self.comm.barrier()?;
-        if me == 1 {
-            let got = self.words.to_host()?;
-            let n = (32 * p.lane_blocks as usize).min(128);
-            if let Some(i) = (0..128).find(|&i| got[i] != if i < n { value } else { 0 }) {
-                return Err(format!("lane posts: rank 1's word {i} holds {:#x}, not {value:#x}", got[i]).into());
-            }
-        }
+        self.landed((32 * p.lane_blocks as usize).min(128), value, "lane posts")?;
         let ns = self.out.to_host()?;
         let b = p.lane_blocks as usize;
         let t0 = (0..b).map(|k| ns[3 * k]).min().unwrap_or(0);

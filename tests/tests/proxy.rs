@@ -28,6 +28,33 @@ fn opts() -> CommOptions {
     }
 }
 
+/// The bad-call kernel's proxy entry (loaded before the proxy's set-up).
+type ControlKernel = doorbell::Function<<bad_call as ForTransport<Proxy>>::Kernel>;
+
+/// Launches the bad-call kernel's control case over `t` (rank 0 puts
+/// `BYTES` of `src` into rank 1's `dst` with signal 7 in `sig[0]`; rank 1
+/// only receives) and synchronizes: the synchronize's result and rank 0's
+/// result code (0 ok, 2 a completion error).
+fn put_signal_once(
+    comm: &Communicator,
+    f: &ControlKernel,
+    t: Proxy,
+    dst: *mut u8,
+    src: *const u8,
+    sig: *mut u64,
+) -> doorbell::Result<(doorbell::Result<()>, u32)> {
+    let dev = comm.device();
+    let s = dev.new_stream()?;
+    let mut codes = dev.alloc_zeroed::<u32>(2)?;
+    comm.barrier()?;
+    let args = (t, dst, src, BYTES, sig, CONTROL, codes.as_mut_ptr());
+    // SAFETY: symmetric dst/sig of BYTES and two words, src of BYTES (the
+    // callers'), two code words.
+    unsafe { s.launch(f, LaunchConfig::linear(1, 64), args)? };
+    let r = comm.synchronize(&s);
+    Ok((r, codes.to_host()?[0]))
+}
+
 /// What rank 0's faulty put left behind, and rank 1's target.
 #[derive(Debug)]
 struct Outcome {
@@ -57,21 +84,8 @@ fn error_completions_are_typed_errors_naming_the_request_and_reset_recovers() {
             cfg.faults.force_error_every = 1;
             nic.fabric().set_config(cfg);
         }
-        comm.barrier()?;
-        let s = dev.new_stream()?;
-        let mut codes = dev.alloc_zeroed::<u32>(2)?;
-        let args = (
-            t,
-            dst.as_mut_ptr(),
-            src.as_ptr(),
-            BYTES,
-            sig.as_mut_ptr(),
-            CONTROL,
-            codes.as_mut_ptr(),
-        );
-        // SAFETY: symmetric dst/sig, src of BYTES, two code words.
-        unsafe { s.launch(&f, LaunchConfig::linear(1, 64), args)? };
-        let err = comm.synchronize(&s).err().map(|e| e.to_string());
+        let (r, code) = put_signal_once(comm, &f, t, dst.as_mut_ptr(), src.as_ptr(), sig.as_mut_ptr())?;
+        let err = r.err().map(|e| e.to_string());
         let check = comm.proxy_check().err().map(|e| e.to_string());
         comm.barrier()?;
         let (d, g) = (dst.to_host()?, sig.to_host()?);
@@ -87,25 +101,12 @@ fn error_completions_are_typed_errors_naming_the_request_and_reset_recovers() {
         // SAFETY: as above.
         let t = unsafe { comm.proxy_register(src.as_ptr() as u64, BYTES as usize)? };
         comm.proxy_check()?;
-        let mut codes2 = dev.alloc_zeroed::<u32>(2)?;
+        let (second, code2) = put_signal_once(comm, &f, t, dst.as_mut_ptr(), src.as_ptr(), sig.as_mut_ptr())?;
         comm.barrier()?;
-        let args = (
-            t,
-            dst.as_mut_ptr(),
-            src.as_ptr(),
-            BYTES,
-            sig.as_mut_ptr(),
-            CONTROL,
-            codes2.as_mut_ptr(),
-        );
-        // SAFETY: as above.
-        unsafe { s.launch(&f, LaunchConfig::linear(1, 64), args)? };
-        let second = comm.synchronize(&s);
-        comm.barrier()?;
-        let recovered = second.is_ok() && codes2.to_host()?[0] == 0;
+        let recovered = second.is_ok() && code2 == 0;
         let recovered = recovered && (comm.rank() != 1 || dst.to_host()? == src_host && sig.to_host()?[0] == 7);
         Ok(Outcome {
-            code: codes.to_host()?[0],
+            code,
             err,
             check,
             dst: d,
@@ -164,21 +165,8 @@ fn the_proxy_posts_each_request_once() {
         let sig = comm.alloc::<u64>(2)?;
         let src = comm.alloc::<u8>(BYTES as usize)?;
         let t = comm.proxy()?;
-        comm.barrier()?;
-        let s = dev.new_stream()?;
-        let mut codes = dev.alloc_zeroed::<u32>(2)?;
-        let args = (
-            t,
-            dst.as_mut_ptr(),
-            src.as_ptr(),
-            BYTES,
-            sig.as_mut_ptr(),
-            CONTROL,
-            codes.as_mut_ptr(),
-        );
-        // SAFETY: symmetric dst/sig/src of BYTES, two code words.
-        unsafe { s.launch(&f, LaunchConfig::linear(1, 64), args)? };
-        comm.synchronize(&s)?;
+        let (r, _) = put_signal_once(comm, &f, t, dst.as_mut_ptr(), src.as_ptr(), sig.as_mut_ptr())?;
+        r?;
         comm.barrier()?;
         Ok(comm.proxy_stats().expect("set up"))
     })
@@ -208,21 +196,8 @@ fn a_put_of_more_wqes_than_the_send_queue_holds_goes_in_parts() {
         let pattern: Vec<u8> = (0..BYTES).map(|i| (i % 239) as u8 ^ 0x3c).collect();
         src.copy_from_host(&pattern)?;
         let t = comm.proxy_with(&io)?;
-        comm.barrier()?;
-        let s = dev.new_stream()?;
-        let mut codes = dev.alloc_zeroed::<u32>(2)?;
-        let args = (
-            t,
-            dst.as_mut_ptr(),
-            src.as_ptr(),
-            BYTES,
-            sig.as_mut_ptr(),
-            CONTROL,
-            codes.as_mut_ptr(),
-        );
-        // SAFETY: symmetric dst/sig/src of BYTES, two code words.
-        unsafe { s.launch(&f, LaunchConfig::linear(1, 64), args)? };
-        comm.synchronize(&s)?;
+        let (r, _) = put_signal_once(comm, &f, t, dst.as_mut_ptr(), src.as_ptr(), sig.as_mut_ptr())?;
+        r?;
         comm.barrier()?;
         Ok((comm.proxy_stats().expect("set up"), dst.to_host()?, sig.to_host()?, pattern))
     })
