@@ -90,10 +90,12 @@ struct Report {
     proxy_doorbells: u64,
 }
 
-/// One size of the fused all-reduce.
+/// One size (and chunk) of the fused all-reduce.
 #[derive(serde::Serialize, Debug, Default, Clone)]
 struct ArRow {
     bytes: u64,
+    /// Bytes per chunk (`None`: the plan's own choice).
+    chunk: Option<u64>,
     ibgda_us: Vec<f64>,
     proxy_us: Vec<f64>,
     ibgda_median_us: f64,
@@ -114,7 +116,18 @@ struct Plan {
     lane_blocks: u32,
     lane_rounds: u32,
     ar_sizes: Vec<u64>,
+    ar_chunks: Vec<Option<u64>>,
     ar_steps: u32,
+}
+
+impl Plan {
+    /// Every (size, chunk) of the fused all-reduce, in report order.
+    fn ar_cases(&self) -> Vec<(u64, Option<u64>)> {
+        self.ar_sizes
+            .iter()
+            .flat_map(|&b| self.ar_chunks.iter().map(move |&c| (b, c)))
+            .collect()
+    }
 }
 
 fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
@@ -130,12 +143,16 @@ fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
             None if gpu => vec![4 << 10, 256 << 10, 4 << 20, 16 << 20],
             None => vec![4 << 10, 64 << 10],
         },
+        ar_chunks: match &a.ar_chunks {
+            Some(v) => v.iter().map(|&c| Some(c)).collect(),
+            None => vec![None],
+        },
         ar_steps: a.ar_steps.unwrap_or(if gpu { 10 } else { 3 }) as u32,
     };
     // The symmetric heap hands out space and never takes it back: every
     // round's all-reduces (set up anew, as the transports are) take their
     // scratch afresh, up to ~6x the size per transport.
-    let per_round: u64 = plan.ar_sizes.iter().sum::<u64>() * 12;
+    let per_round: u64 = plan.ar_cases().iter().map(|c| c.0).sum::<u64>() * 12;
     let opts = CommOptions {
         heap_bytes: per_round * (plan.rounds as u64 + 1) + (64 << 20),
         ..CommOptions::from_env()?
@@ -179,7 +196,10 @@ fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
     for row in &r.allreduce {
         println!(
             "{:<34} {:>12.1} {:>12.1} {:>12} {:>14}",
-            format!("fused all-reduce {} B, us/step", row.bytes),
+            match row.chunk {
+                None => format!("fused all-reduce {} B, us/step", row.bytes),
+                Some(c) => format!("fused all-reduce {} B/{c} B, us/step", row.bytes),
+            },
             row.ibgda_median_us,
             row.proxy_median_us,
             "",
@@ -193,17 +213,36 @@ fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
     let path = bench::write_json(&a.out, "proxy_bench.json", &r)?;
     println!("# wrote {}", path.display());
     if !r.allreduce.is_empty() {
-        let line = |f: &dyn Fn(&ArRow) -> f64| r.allreduce.iter().map(|row| (row.bytes as f64, f(row))).collect::<Vec<_>>();
-        let times = [
-            Series {
-                name: "fused over IBGDA",
-                points: line(&|row| row.ibgda_median_us),
-            },
-            Series {
-                name: "fused over the CPU proxy",
-                points: line(&|row| row.proxy_median_us),
-            },
-        ];
+        // A line per transport and chunk size.
+        let mut chunks: Vec<Option<u64>> = Vec::new();
+        for row in &r.allreduce {
+            if !chunks.contains(&row.chunk) {
+                chunks.push(row.chunk);
+            }
+        }
+        type Pick = fn(&ArRow) -> f64;
+        let picks: [(&str, Pick); 2] = [("IBGDA", |row| row.ibgda_median_us), ("the CPU proxy", |row| row.proxy_median_us)];
+        let mut names = Vec::new();
+        for c in &chunks {
+            for (t, _) in &picks {
+                let chunk = c.map_or(String::new(), |c| format!(", {} KiB chunks", c >> 10));
+                names.push(format!("fused over {t}{chunk}"));
+            }
+        }
+        let times: Vec<Series> = chunks
+            .iter()
+            .flat_map(|c| picks.iter().map(move |(_, pick)| (*c, *pick)))
+            .zip(&names)
+            .map(|((c, pick), name)| Series {
+                name,
+                points: r
+                    .allreduce
+                    .iter()
+                    .filter(|row| row.chunk == c)
+                    .map(|row| (row.bytes as f64, pick(row)))
+                    .collect(),
+            })
+            .collect();
         let title = format!("fused all-reduce, 2 ranks across the soft NIC ({})", r.device);
         let (png, _) = bench::write_times_figure(&a.out, "proxy_bench", &title, "bytes per rank", &times)?;
         println!("# wrote {} (algbw and time per step)", png.display());
@@ -347,11 +386,18 @@ impl Rank<'_> {
 /// `kind`, the median of `p.ar_steps` steps after one warm-up; every
 /// step's output is checked against the CPU reference. Returns the time
 /// and the elements checked per step.
-fn fused_allreduce(comm: &Communicator, m: &doorbell::Module, p: &Plan, kind: TransportKind, bytes: u64) -> Result<(f64, u64), BoxError> {
+fn fused_allreduce(
+    comm: &Communicator,
+    m: &doorbell::Module,
+    p: &Plan,
+    kind: TransportKind,
+    (bytes, chunk): (u64, Option<u64>),
+) -> Result<(f64, u64), BoxError> {
     let elems = (bytes / 4).max(1) as usize;
     let opts = AllReduceOptions {
         transport: kind,
         fused: true,
+        chunk_bytes: chunk,
         ..Default::default()
     };
     let ar = AllReduce::with_options(comm, elems, DType::F32, &opts)?;
@@ -387,7 +433,11 @@ fn fused_allreduce(comm: &Communicator, m: &doorbell::Module, p: &Plan, kind: Tr
         }
     }
     if comm.rank() == 0 {
-        eprintln!("  fused all-reduce {bytes} B over {kind}: {:.1} us a step", median(times.clone()));
+        eprintln!(
+            "  fused all-reduce {bytes} B (chunk {}) over {kind}: {:.1} us a step",
+            chunk.map_or("auto".to_string(), |c| format!("{c} B")),
+            median(times.clone())
+        );
     }
     Ok((median(times), elems as u64))
 }
@@ -419,7 +469,15 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
         ..Report::default()
     };
     let mut stats = ProxyStats::default();
-    let mut ar_rows: Vec<ArRow> = p.ar_sizes.iter().map(|&bytes| ArRow { bytes, ..ArRow::default() }).collect();
+    let mut ar_rows: Vec<ArRow> = p
+        .ar_cases()
+        .into_iter()
+        .map(|(bytes, chunk)| ArRow {
+            bytes,
+            chunk,
+            ..ArRow::default()
+        })
+        .collect();
     let t0 = std::time::Instant::now();
     let note = |what: &str| {
         if comm.rank() == 0 {
@@ -437,8 +495,8 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
         let lanes_ib = r.lane_rate(p, ib, 0x1a9e_5000 + round as u64)?;
         note("IBGDA: fused all-reduce");
         let mut ar_ib = Vec::new();
-        for &bytes in &p.ar_sizes {
-            ar_ib.push(fused_allreduce(comm, &m, p, TransportKind::Ibgda, bytes)?);
+        for case in p.ar_cases() {
+            ar_ib.push(fused_allreduce(comm, &m, p, TransportKind::Ibgda, case)?);
         }
         note("IBGDA closed; proxy set-up");
         comm.ibgda_close()?;
@@ -449,8 +507,8 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
         let lanes_px = r.lane_rate(p, px, 0xc1a9_e000 + round as u64)?;
         note("proxy: fused all-reduce");
         let mut ar_px = Vec::new();
-        for &bytes in &p.ar_sizes {
-            ar_px.push(fused_allreduce(comm, &m, p, TransportKind::Proxy, bytes)?);
+        for case in p.ar_cases() {
+            ar_px.push(fused_allreduce(comm, &m, p, TransportKind::Proxy, case)?);
         }
         stats = comm.proxy_stats().unwrap_or_default();
         comm.proxy_check()?;

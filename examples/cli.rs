@@ -707,6 +707,10 @@ pub struct ProxyBenchArgs {
     /// comma-separated [default: 4K,256K,4M,16M on a GPU, 4K,64K on the emulator]
     #[arg(long = "ar-sizes", value_name = "BYTES,..", value_delimiter = ',', value_parser = sized(4, 1 << 30))]
     pub ar_sizes: Option<Vec<u64>>,
+    /// Chunk sizes of the fused all-reduce comparison (K, M suffixes),
+    /// comma-separated: every size runs with each [default: the plan's own]
+    #[arg(long = "ar-chunks", value_name = "BYTES,..", value_delimiter = ',', value_parser = sized(4, 1 << 30))]
+    pub ar_chunks: Option<Vec<u64>>,
     /// Timed steps of each fused all-reduce size [default: 10 on a GPU, 3 on the emulator]
     #[arg(long = "ar-steps", value_name = "N", value_parser = ranged(1, 10_000))]
     pub ar_steps: Option<u64>,
