@@ -487,6 +487,9 @@ impl Communicator {
     /// ([`Communicator::self_test_enabled`]), and a route that fails it is
     /// torn down again (a later call sets it up, and tests it, anew).
     fn ibgda_state(&self, opts: Option<&IbgdaOptions>) -> Result<Ibgda> {
+        // Asked before the IBGDA lock is taken: the proxy's set-up holds
+        // its own lock while it asks about IBGDA (one lock order).
+        let proxy_up = self.proxy_if_set_up();
         let mut guard = self.ibgda.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(st) = guard.as_ref() {
             return Ok(st.handle);
@@ -495,7 +498,7 @@ impl Communicator {
             Some(o) => o.clone(),
             None => IbgdaOptions::from_env()?,
         };
-        let proxies = self.world.all_gather_bytes(&[self.proxy_if_set_up() as u8])?;
+        let proxies = self.world.all_gather_bytes(&[proxy_up as u8])?;
         if let Some(r) = proxies.iter().position(|b| b.first() == Some(&1)) {
             return Err(Error::comm(format!(
                 "rank {}: IBGDA cannot be set up while the CPU proxy is (rank {r} has it): both would drive the same NIC \
