@@ -498,14 +498,7 @@ impl Communicator {
             Some(o) => o.clone(),
             None => IbgdaOptions::from_env()?,
         };
-        let proxies = self.world.all_gather_bytes(&[proxy_up as u8])?;
-        if let Some(r) = proxies.iter().position(|b| b.first() == Some(&1)) {
-            return Err(Error::comm(format!(
-                "rank {}: IBGDA cannot be set up while the CPU proxy is (rank {r} has it): both would drive the same NIC \
-                 port; call proxy_reset() on every rank first",
-                self.rank
-            )));
-        }
+        self.refuse_second_nic_user(proxy_up, "IBGDA", "the CPU proxy", "proxy_reset()")?;
         if self.self_test.enabled {
             // Before the soft NIC's engine kernel runs (see the module docs).
             self.library_module()?;

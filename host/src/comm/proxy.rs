@@ -513,14 +513,7 @@ impl Communicator {
             return Ok(st.handle);
         }
         let ibgda_up = self.ibgda_if_set_up().is_some();
-        let all = self.world.all_gather_bytes(&[ibgda_up as u8])?;
-        if let Some(r) = all.iter().position(|b| b.first() == Some(&1)) {
-            return Err(Error::comm(format!(
-                "rank {}: the CPU proxy cannot be set up while IBGDA is (rank {r} has it): both would drive the same NIC \
-                 port; call ibgda_reset() on every rank first",
-                self.rank
-            )));
-        }
+        self.refuse_second_nic_user(ibgda_up, "the CPU proxy", "IBGDA", "ibgda_reset()")?;
         let mut opts = match opts {
             Some(o) => o.clone(),
             None => IbgdaOptions::from_env()?,
@@ -611,6 +604,21 @@ impl Communicator {
             "rank {}: CPU proxy: request {t} to rank {peer}: {what}; it takes no more requests until proxy_reset()",
             self.rank
         )))
+    }
+
+    /// Collective: `what` may not be set up while `other` is on any rank
+    /// (`up`: on this one), as both would drive the same NIC port; the
+    /// error names the rank and `reset`, the way out.
+    pub(super) fn refuse_second_nic_user(&self, up: bool, what: &str, other: &str, reset: &str) -> Result<()> {
+        let all = self.world.all_gather_bytes(&[up as u8])?;
+        match all.iter().position(|b| b.first() == Some(&1)) {
+            Some(r) => Err(Error::comm(format!(
+                "rank {}: {what} cannot be set up while {other} is (rank {r} has it): both would drive the same NIC port; \
+                 call {reset} on every rank first",
+                self.rank
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// The soft NIC under the proxy, when that is its NIC.
