@@ -15,12 +15,21 @@
 //!   (`DOORBELL_IBGDA_QPS_PER_PEER`, `DOORBELL_SOFTNIC_ENGINE_BLOCKS`);
 //!   the proxy takes each lane's put as a request and posts on its one QP
 //!   per peer.
-//! * **the fused all-reduce** (`fused_grad_allreduce`: each rank's
-//!   producer computes its gradient chunk by chunk and sends each chunk as
-//!   it is made), f32, `--ar-sizes` bytes per rank, 2 ranks across the NIC
-//!   (no pair load/store), IBGDA and proxy: µs per step (median of
-//!   `--ar-steps` steps, each launch synchronized), every step's output
-//!   checked bit for bit against the CPU reference on every rank.
+//! * **the all-reduce** of a producer's gradient (f32, `--ar-sizes` bytes
+//!   per rank, `--ar-chunks`), 2 ranks across the NIC (no pair
+//!   load/store), three ways ([`proxy_bench_coll`]): fused
+//!   (`fused_grad_allreduce`: the producer sends each chunk as it is
+//!   made) over IBGDA and over the proxy; CPU-driven (for each chunk the
+//!   producer's launch, then the library's all-reduce of that chunk) over
+//!   both; and the producer alone, launched whole and per chunk, whose
+//!   time taken from a step's leaves the time spent communicating. µs per
+//!   step, median of `--ar-steps`; every step's output checked bit for
+//!   bit against the CPU reference on every rank.
+//! * **the embedding exchange** (the library's push forward and backward,
+//!   4 tables, Zipf 1.05 ids, `--emb-dims`, `--emb-batch`) over IBGDA and
+//!   the proxy: µs per forward and per backward, every forward's output
+//!   and the tables after the last step checked against the CPU
+//!   reference.
 //!
 //! Each round sets IBGDA up, measures it and P2P, closes it, then sets the
 //! proxy up on the freed NIC and measures it (the two cannot share a NIC
@@ -31,24 +40,31 @@
 //! about a GPU; the run checks that every path works.
 //!
 //! ```text
-//! cargo run --release --example proxy_bench -- [--device gpu|cpu] [--rtt-iters N] [--wqes N] [--rounds N] [--out DIR]
+//! cargo run --release --example proxy_bench -- [--device gpu|cpu] [--rtt-iters N] [--wqes N] [--rounds N]
+//!     [--ar-sizes B,..] [--ar-chunks B,..] [--emb-dims D,..] [--emb-steps N] [--out DIR]
 //! ```
-//! Prints a table and writes `proxy_bench.json` and `proxy_bench.{png,svg}`
-//! (the fused all-reduce's algbw beside its time per step) to `--out`.
+//! Prints a table and writes to `--out`: `proxy_bench.json`,
+//! `proxy_bench.{png,svg}` (the all-reduce's algbw beside its time per
+//! step, a line per way, transport and chunk) and
+//! `proxy_bench_embedding.{png,svg}` (forward and backward time per step
+//! against the row's bytes).
 
 #[path = "bench/mod.rs"]
 mod bench;
+#[path = "proxy_bench_coll.rs"]
+mod proxy_bench_coll;
 
 use bench::{median_upper as median, run_ranks};
 use clap::Parser;
-use doorbell::coll::{AllReduce, AllReduceOptions, DType, TransportKind};
+use doorbell::coll::{AllReduce, DType, TransportKind};
 use doorbell::comm::{CommOptions, Communicator, ProxyStats};
 use doorbell::{DeviceBuffer, FamilyHandle, LaunchConfig};
-use doorbell_example_kernels::allreduce::{fused_grad_allreduce, grad, COMPUTE_HASH};
 use doorbell_example_kernels::ibgda_bench::{post_burst, post_lanes, put_signal_rtt, BENCH_OK};
 use doorbell_examples::cli::ProxyBenchArgs;
-use doorbell_examples::plot::Series;
+use doorbell_examples::embedding::Problem;
+use doorbell_examples::plot::{self, Chart, Series, YScale};
 use doorbell_examples::{main_with, ratio, BoxError, USER_KERNELS};
+use proxy_bench_coll::{ArBench, EmbCase};
 
 fn main() {
     let args = ProxyBenchArgs::parse();
@@ -82,31 +98,82 @@ struct Report {
     lanes_ibgda_median_mput_s: f64,
     lanes_proxy_median_mput_s: f64,
     lanes_ibgda_over_proxy: Option<f64>,
-    /// The fused all-reduce: per size, µs per step of each round.
+    /// The all-reduce: per size and chunk, µs per step of each round.
     allreduce: Vec<ArRow>,
+    /// The embedding exchange: per row width, µs per step of each round.
+    embedding: Vec<EmbRow>,
     /// Rank 0's proxy thread over the last round.
     proxy_requests: u64,
     proxy_wqes: u64,
     proxy_doorbells: u64,
 }
 
-/// One size (and chunk) of the fused all-reduce.
+/// One way of the all-reduce over one transport at one size and chunk.
+#[derive(serde::Serialize, Debug, Default, Clone)]
+struct ArWay {
+    /// µs per step of each round, and their median.
+    us: Vec<f64>,
+    median_us: f64,
+    /// busbw (algbw × 2 (n-1)/n), GB/s, of the median.
+    busbw_gbps: f64,
+    /// The median less the producer's own time in the same launch shape:
+    /// the time the step spends communicating.
+    comm_us: f64,
+}
+
+impl ArWay {
+    fn settle(&mut self, bytes: u64, ranks: f64, producer_us: f64) {
+        self.median_us = median(self.us.clone());
+        self.busbw_gbps = bytes as f64 / (self.median_us * 1e3) * 2.0 * (ranks - 1.0) / ranks;
+        self.comm_us = self.median_us - producer_us;
+    }
+}
+
+/// One size (and chunk) of the all-reduce.
 #[derive(serde::Serialize, Debug, Default, Clone)]
 struct ArRow {
     bytes: u64,
-    /// Bytes per chunk (`None`: the plan's own choice).
+    /// Bytes per chunk (`None`: the fused plan's own choice, and the
+    /// CPU-driven all-reduce in one chunk).
     chunk: Option<u64>,
-    ibgda_us: Vec<f64>,
-    proxy_us: Vec<f64>,
-    ibgda_median_us: f64,
-    proxy_median_us: f64,
-    /// IBGDA's time over the proxy's.
-    ibgda_over_proxy: Option<f64>,
-    /// busbw (algbw × 2 (n-1)/n), GB/s, of the medians.
-    ibgda_busbw_gbps: f64,
-    proxy_busbw_gbps: f64,
+    fused_ibgda: ArWay,
+    fused_proxy: ArWay,
+    /// A producer launch and an all-reduce launch per chunk.
+    cpu_ibgda: ArWay,
+    cpu_proxy: ArWay,
+    /// The producer alone, launched whole / per chunk (µs, each round).
+    producer_us: Vec<f64>,
+    producer_chunks_us: Vec<f64>,
+    producer_median_us: f64,
+    producer_chunks_median_us: f64,
+    /// Fused IBGDA's time over the fused proxy's, and over CPU-driven
+    /// IBGDA's and the proxy's.
+    fused_ibgda_over_fused_proxy: Option<f64>,
+    fused_ibgda_over_cpu_ibgda: Option<f64>,
+    fused_ibgda_over_cpu_proxy: Option<f64>,
     /// Elements checked against the reference per rank, every step.
     checked: u64,
+}
+
+/// One row width of the embedding exchange.
+#[derive(serde::Serialize, Debug, Default, Clone)]
+struct EmbRow {
+    tables: u32,
+    rows: u32,
+    dim: u32,
+    batch: u32,
+    pooling: u32,
+    fwd_ibgda_us: Vec<f64>,
+    fwd_proxy_us: Vec<f64>,
+    bwd_ibgda_us: Vec<f64>,
+    bwd_proxy_us: Vec<f64>,
+    fwd_ibgda_median_us: f64,
+    fwd_proxy_median_us: f64,
+    bwd_ibgda_median_us: f64,
+    bwd_proxy_median_us: f64,
+    /// IBGDA's time over the proxy's.
+    fwd_ibgda_over_proxy: Option<f64>,
+    bwd_ibgda_over_proxy: Option<f64>,
 }
 
 struct Plan {
@@ -118,6 +185,8 @@ struct Plan {
     ar_sizes: Vec<u64>,
     ar_chunks: Vec<Option<u64>>,
     ar_steps: u32,
+    emb: Vec<EmbCase>,
+    emb_steps: u32,
 }
 
 impl Plan {
@@ -148,11 +217,32 @@ fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
             None => vec![None],
         },
         ar_steps: a.ar_steps.unwrap_or(if gpu { 10 } else { 3 }) as u32,
+        emb: match a.emb_dims.clone().unwrap_or(if gpu { vec![32, 128, 512] } else { vec![8, 16] }) {
+            _ if a.emb_steps == Some(0) => Vec::new(),
+            dims => dims
+                .into_iter()
+                .map(|dim| {
+                    let batch = a.emb_batch.unwrap_or(if gpu { 256 } else { 4 }) as u32;
+                    let (tables, rows, pooling) = if gpu { (4, 16384, 8) } else { (2, 64, 3) };
+                    let p = Problem {
+                        ranks: 2,
+                        tables,
+                        rows,
+                        dim: dim as u32,
+                        batch,
+                        pooling,
+                    };
+                    p.check().map(|_| EmbCase::new(p))
+                })
+                .collect::<Result<_, _>>()?,
+        },
+        emb_steps: a.emb_steps.unwrap_or(if gpu { 5 } else { 2 }) as u32,
     };
     // The symmetric heap hands out space and never takes it back: every
-    // round's all-reduces (set up anew, as the transports are) take their
-    // scratch afresh, up to ~6x the size per transport.
-    let per_round: u64 = plan.ar_cases().iter().map(|c| c.0).sum::<u64>() * 12;
+    // round's all-reduces and exchanges (set up anew, as the transports
+    // are) take their scratch afresh: up to ~8x an all-reduce's size per
+    // transport, fused and CPU-driven.
+    let per_round: u64 = plan.ar_cases().iter().map(|c| c.0).sum::<u64>() * 16 + plan.emb.iter().map(|c| c.heap_bytes()).sum::<u64>() * 2;
     let opts = CommOptions {
         heap_bytes: per_round * (plan.rounds as u64 + 1) + (64 << 20),
         ..CommOptions::from_env()?
@@ -166,11 +256,11 @@ fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
     };
     println!("# proxy_bench on {} (2 ranks; medians of {} rounds)", r.device, a.rounds);
     println!(
-        "{:<34} {:>12} {:>12} {:>12} {:>14}",
+        "{:<40} {:>12} {:>12} {:>12} {:>14}",
         "", "ibgda", "cpu proxy", "p2p", "ibgda / proxy"
     );
     println!(
-        "{:<34} {:>12.2} {:>12.2} {:>12.2} {:>14}",
+        "{:<40} {:>12.2} {:>12.2} {:>12.2} {:>14}",
         "8-byte put_signal round trip, us",
         r.rtt_ibgda_median_us,
         r.rtt_proxy_median_us,
@@ -178,7 +268,7 @@ fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
         fmt(r.rtt_ibgda_over_proxy)
     );
     println!(
-        "{:<34} {:>12.3} {:>12.3} {:>12} {:>14}",
+        "{:<40} {:>12.3} {:>12.3} {:>12} {:>14}",
         "8-byte puts by one warp, M/s",
         r.rate_ibgda_median_mput_s,
         r.rate_proxy_median_mput_s,
@@ -186,7 +276,7 @@ fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
         fmt(r.rate_ibgda_over_proxy)
     );
     println!(
-        "{:<34} {:>12.3} {:>12.3} {:>12} {:>14}",
+        "{:<40} {:>12.3} {:>12.3} {:>12} {:>14}",
         format!("8-byte puts by {} warps, M/s", r.lane_blocks),
         r.lanes_ibgda_median_mput_s,
         r.lanes_proxy_median_mput_s,
@@ -194,17 +284,61 @@ fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
         fmt(r.lanes_ibgda_over_proxy)
     );
     for row in &r.allreduce {
+        let name = match row.chunk {
+            None => format!("{} B", row.bytes),
+            Some(c) => format!("{} B/{c} B", row.bytes),
+        };
+        let ways = [
+            ("fused", &row.fused_ibgda, &row.fused_proxy),
+            ("CPU-driven", &row.cpu_ibgda, &row.cpu_proxy),
+        ];
+        for (way, ib, px) in ways {
+            println!(
+                "{:<40} {:>12.1} {:>12.1} {:>12} {:>14}",
+                format!("{way} all-reduce {name}, us/step"),
+                ib.median_us,
+                px.median_us,
+                "",
+                fmt(ratio(ib.median_us, px.median_us))
+            );
+        }
         println!(
-            "{:<34} {:>12.1} {:>12.1} {:>12} {:>14}",
-            match row.chunk {
-                None => format!("fused all-reduce {} B, us/step", row.bytes),
-                Some(c) => format!("fused all-reduce {} B/{c} B, us/step", row.bytes),
-            },
-            row.ibgda_median_us,
-            row.proxy_median_us,
-            "",
-            fmt(row.ibgda_over_proxy)
+            "#   producer alone {:.1} us whole, {:.1} us per chunk; communicating (step less producer): fused {:.1} / {:.1}, \
+             CPU-driven {:.1} / {:.1} us; fused IBGDA over CPU-driven IBGDA {} and proxy {}",
+            row.producer_median_us,
+            row.producer_chunks_median_us,
+            row.fused_ibgda.comm_us,
+            row.fused_proxy.comm_us,
+            row.cpu_ibgda.comm_us,
+            row.cpu_proxy.comm_us,
+            fmt(row.fused_ibgda_over_cpu_ibgda),
+            fmt(row.fused_ibgda_over_cpu_proxy),
         );
+    }
+    for row in &r.embedding {
+        for (dir, ib, px, q) in [
+            (
+                "forward",
+                row.fwd_ibgda_median_us,
+                row.fwd_proxy_median_us,
+                row.fwd_ibgda_over_proxy,
+            ),
+            (
+                "backward",
+                row.bwd_ibgda_median_us,
+                row.bwd_proxy_median_us,
+                row.bwd_ibgda_over_proxy,
+            ),
+        ] {
+            println!(
+                "{:<40} {:>12.1} {:>12.1} {:>12} {:>14}",
+                format!("embedding {dir} dim {}, us", row.dim),
+                ib,
+                px,
+                "",
+                fmt(q)
+            );
+        }
     }
     println!(
         "# rank 0's proxy thread, last round: {} requests, {} WQEs, {} doorbells",
@@ -213,41 +347,83 @@ fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
     let path = bench::write_json(&a.out, "proxy_bench.json", &r)?;
     println!("# wrote {}", path.display());
     if !r.allreduce.is_empty() {
-        // A line per transport and chunk size.
-        let mut chunks: Vec<Option<u64>> = Vec::new();
-        for row in &r.allreduce {
-            if !chunks.contains(&row.chunk) {
-                chunks.push(row.chunk);
-            }
-        }
-        type Pick = fn(&ArRow) -> f64;
-        let picks: [(&str, Pick); 2] = [("IBGDA", |row| row.ibgda_median_us), ("the CPU proxy", |row| row.proxy_median_us)];
-        let mut names = Vec::new();
-        for c in &chunks {
-            for (t, _) in &picks {
-                let chunk = c.map_or(String::new(), |c| format!(", {} KiB chunks", c >> 10));
-                names.push(format!("fused over {t}{chunk}"));
-            }
-        }
-        let times: Vec<Series> = chunks
-            .iter()
-            .flat_map(|c| picks.iter().map(move |(_, pick)| (*c, *pick)))
-            .zip(&names)
-            .map(|((c, pick), name)| Series {
-                name,
-                points: r
-                    .allreduce
-                    .iter()
-                    .filter(|row| row.chunk == c)
-                    .map(|row| (row.bytes as f64, pick(row)))
-                    .collect(),
-            })
-            .collect();
-        let title = format!("fused all-reduce, 2 ranks across the soft NIC ({})", r.device);
-        let (png, _) = bench::write_times_figure(&a.out, "proxy_bench", &title, "bytes per rank", &times)?;
+        let png = allreduce_figure(&a.out, &r)?;
         println!("# wrote {} (algbw and time per step)", png.display());
     }
+    if !r.embedding.is_empty() {
+        let png = embedding_figure(&a.out, &r)?;
+        println!("# wrote {} (time per step against row bytes)", png.display());
+    }
     Ok(())
+}
+
+/// The all-reduce's figure: a line per way, transport and chunk size.
+fn allreduce_figure(out: &std::path::Path, r: &Report) -> Result<std::path::PathBuf, BoxError> {
+    let mut chunks: Vec<Option<u64>> = Vec::new();
+    for row in &r.allreduce {
+        if !chunks.contains(&row.chunk) {
+            chunks.push(row.chunk);
+        }
+    }
+    type Pick = fn(&ArRow) -> f64;
+    let picks: [(&str, Pick); 4] = [
+        ("fused over IBGDA", |row| row.fused_ibgda.median_us),
+        ("fused over the CPU proxy", |row| row.fused_proxy.median_us),
+        ("CPU-driven over IBGDA", |row| row.cpu_ibgda.median_us),
+        ("CPU-driven over the CPU proxy", |row| row.cpu_proxy.median_us),
+    ];
+    let mut lines: Vec<(String, Option<u64>, Pick)> = Vec::new();
+    for c in &chunks {
+        for (t, pick) in &picks {
+            let chunk = c.map_or(String::new(), |c| format!(", {} KiB chunks", c >> 10));
+            lines.push((format!("{t}{chunk}"), *c, *pick));
+        }
+    }
+    let times: Vec<Series> = lines
+        .iter()
+        .map(|(name, c, pick)| Series {
+            name,
+            points: r
+                .allreduce
+                .iter()
+                .filter(|row| row.chunk == *c)
+                .map(|row| (row.bytes as f64, pick(row)))
+                .collect(),
+        })
+        .collect();
+    let title = format!("all-reduce, 2 ranks across the soft NIC ({})", r.device);
+    Ok(bench::write_times_figure(out, "proxy_bench", &title, "bytes per rank", &times)?.0)
+}
+
+/// The embedding exchange's figure: forward and backward time per step
+/// over each transport against the row's bytes.
+fn embedding_figure(out: &std::path::Path, r: &Report) -> Result<std::path::PathBuf, BoxError> {
+    type Pick = fn(&EmbRow) -> f64;
+    let picks: [(&str, Pick); 4] = [
+        ("forward over IBGDA", |row| row.fwd_ibgda_median_us),
+        ("forward over the CPU proxy", |row| row.fwd_proxy_median_us),
+        ("backward over IBGDA", |row| row.bwd_ibgda_median_us),
+        ("backward over the CPU proxy", |row| row.bwd_proxy_median_us),
+    ];
+    let series: Vec<Series> = picks
+        .iter()
+        .map(|(name, pick)| Series {
+            name,
+            points: r.embedding.iter().map(|row| (row.dim as f64 * 4.0, pick(row))).collect(),
+        })
+        .collect();
+    let e = &r.embedding[0];
+    let title = format!("embedding exchange, 2 ranks, {} tables, batch {} ({})", e.tables, e.batch, r.device);
+    let chart = Chart {
+        title: &title,
+        x_label: "bytes per row",
+        y_label: "time per step (us, log scale)",
+        series: &series,
+    };
+    std::fs::create_dir_all(out).map_err(|e| format!("creating {}: {e}", out.display()))?;
+    let (png, svg) = (out.join("proxy_bench_embedding.png"), out.join("proxy_bench_embedding.svg"));
+    plot::write_charts(&[(&chart, YScale::Log)], &png, &svg)?;
+    Ok(png)
 }
 
 fn fmt(v: Option<f64>) -> String {
@@ -382,66 +558,6 @@ impl Rank<'_> {
     }
 }
 
-/// Microseconds per step of the fused all-reduce of `bytes` (f32) over
-/// `kind`, the median of `p.ar_steps` steps after one warm-up; every
-/// step's output is checked against the CPU reference. Returns the time
-/// and the elements checked per step.
-fn fused_allreduce(
-    comm: &Communicator,
-    m: &doorbell::Module,
-    p: &Plan,
-    kind: TransportKind,
-    (bytes, chunk): (u64, Option<u64>),
-) -> Result<(f64, u64), BoxError> {
-    let elems = (bytes / 4).max(1) as usize;
-    let opts = AllReduceOptions {
-        transport: kind,
-        fused: true,
-        chunk_bytes: chunk,
-        ..Default::default()
-    };
-    let ar = AllReduce::with_options(comm, elems, DType::F32, &opts)?;
-    let fam = m.family::<fused_grad_allreduce>()?;
-    let dev = comm.device();
-    let s = dev.new_stream()?;
-    let mut out = dev.alloc_zeroed::<f32>(elems)?;
-    let ranks = comm.world_size() as u32;
-    let mut times = Vec::new();
-    for step in 0..=p.ar_steps {
-        comm.barrier()?;
-        let t0 = std::time::Instant::now();
-        if let Some((a, cfg)) = ar.fused_args(&s, &mut out)? {
-            // SAFETY: arguments from fused_args for this world and buffer,
-            // launched with the all-reduce's transport.
-            unsafe { s.launch_family(&fam, cfg, comm.transport(kind)?, (a, COMPUTE_HASH, step))? };
-        }
-        comm.synchronize(&s)?;
-        let us = t0.elapsed().as_secs_f64() * 1e6;
-        if step > 0 {
-            times.push(us);
-        }
-        let got = out.to_host()?;
-        for (i, g) in got.iter().enumerate() {
-            let want = (0..ranks).fold(0f32, |acc, r| acc + grad(COMPUTE_HASH, r, i as u64, step));
-            if g.to_bits() != want.to_bits() {
-                return Err(format!(
-                    "fused all-reduce over {kind} ({bytes} bytes), step {step}, rank {}: element {i} is {g}, not {want}",
-                    comm.rank()
-                )
-                .into());
-            }
-        }
-    }
-    if comm.rank() == 0 {
-        eprintln!(
-            "  fused all-reduce {bytes} B (chunk {}) over {kind}: {:.1} us a step",
-            chunk.map_or("auto".to_string(), |c| format!("{c} B")),
-            median(times.clone())
-        );
-    }
-    Ok((median(times), elems as u64))
-}
-
 fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
     let dev = comm.device();
     // Before any NIC set-up: a module load waits behind the soft NIC's
@@ -478,11 +594,52 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
             ..ArRow::default()
         })
         .collect();
+    let mut emb_rows: Vec<EmbRow> = p
+        .emb
+        .iter()
+        .map(|c| EmbRow {
+            tables: c.p.tables,
+            rows: c.p.rows,
+            dim: c.p.dim,
+            batch: c.p.batch,
+            pooling: c.p.pooling,
+            ..EmbRow::default()
+        })
+        .collect();
+    let ar = ArBench::new(comm, &m, p.ar_steps)?;
     let t0 = std::time::Instant::now();
     let note = |what: &str| {
         if comm.rank() == 0 {
             eprintln!("[{:7.2} s] {what}", t0.elapsed().as_secs_f64());
         }
+    };
+    // Each case's fused and CPU-driven all-reduce over `kind` (and the
+    // producer alone where asked), then each embedding shape's exchange.
+    // Per all-reduce case: fused, CPU-driven, the producer alone (whole,
+    // per chunk); per embedding shape: forward, backward.
+    type Times = (Vec<(f64, f64, Option<(f64, f64)>)>, Vec<(f64, f64)>);
+    let collectives = |kind: TransportKind, producer: bool| -> Result<Times, BoxError> {
+        note(&format!("{kind}: all-reduce, fused and CPU-driven"));
+        let mut times = Vec::new();
+        for case in p.ar_cases() {
+            let fused = ar.fused(kind, case)?;
+            let cpu = ar.cpu_driven(kind, case)?;
+            let alone = if producer { Some(ar.producer(case)?) } else { None };
+            if comm.rank() == 0 {
+                let chunk = case.1.map_or("auto".to_string(), |c| format!("{c} B"));
+                eprintln!(
+                    "  all-reduce {} B (chunk {chunk}) over {kind}: fused {fused:.1}, CPU-driven {cpu:.1} us a step",
+                    case.0
+                );
+            }
+            times.push((fused, cpu, alone));
+        }
+        note(&format!("{kind}: embedding exchange"));
+        let mut emb = Vec::new();
+        for c in &p.emb {
+            emb.push(proxy_bench_coll::embedding(comm, kind, c, p.emb_steps)?);
+        }
+        Ok((times, emb))
     };
     for round in 0..=p.rounds {
         let warm = round == 0;
@@ -493,11 +650,7 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
         let rtt_p2p = r.round_trip(p, p2p)?;
         let rate_ib = r.message_rate(p, ib, 0x1b9d_a000 + round as u64)?;
         let lanes_ib = r.lane_rate(p, ib, 0x1a9e_5000 + round as u64)?;
-        note("IBGDA: fused all-reduce");
-        let mut ar_ib = Vec::new();
-        for case in p.ar_cases() {
-            ar_ib.push(fused_allreduce(comm, &m, p, TransportKind::Ibgda, case)?);
-        }
+        let (ar_ib, emb_ib) = collectives(TransportKind::Ibgda, true)?;
         note("IBGDA closed; proxy set-up");
         comm.ibgda_close()?;
         let px = comm.proxy()?;
@@ -505,11 +658,7 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
         let rtt_px = r.round_trip(p, px)?;
         let rate_px = r.message_rate(p, px, 0xc0de_0000 + round as u64)?;
         let lanes_px = r.lane_rate(p, px, 0xc1a9_e000 + round as u64)?;
-        note("proxy: fused all-reduce");
-        let mut ar_px = Vec::new();
-        for case in p.ar_cases() {
-            ar_px.push(fused_allreduce(comm, &m, p, TransportKind::Proxy, case)?);
-        }
+        let (ar_px, emb_px) = collectives(TransportKind::Proxy, false)?;
         stats = comm.proxy_stats().unwrap_or_default();
         comm.proxy_check()?;
         note("proxy reset");
@@ -531,9 +680,21 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
             rep.lanes_ibgda_mput_s.push(lanes_ib);
             rep.lanes_proxy_mput_s.push(lanes_px);
             for (k, row) in ar_rows.iter_mut().enumerate() {
-                row.ibgda_us.push(ar_ib[k].0);
-                row.proxy_us.push(ar_px[k].0);
-                row.checked = ar_ib[k].1;
+                let ((fi, ci, alone), (fp, cp, _)) = (ar_ib[k], ar_px[k]);
+                row.fused_ibgda.us.push(fi);
+                row.cpu_ibgda.us.push(ci);
+                row.fused_proxy.us.push(fp);
+                row.cpu_proxy.us.push(cp);
+                let (whole, chunks) = alone.unwrap_or_default();
+                row.producer_us.push(whole);
+                row.producer_chunks_us.push(chunks);
+                row.checked = (row.bytes / 4).max(1);
+            }
+            for (k, row) in emb_rows.iter_mut().enumerate() {
+                row.fwd_ibgda_us.push(emb_ib[k].0);
+                row.bwd_ibgda_us.push(emb_ib[k].1);
+                row.fwd_proxy_us.push(emb_px[k].0);
+                row.bwd_proxy_us.push(emb_px[k].1);
             }
         }
     }
@@ -550,13 +711,28 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
     rep.lanes_ibgda_over_proxy = ratio(rep.lanes_ibgda_median_mput_s, rep.lanes_proxy_median_mput_s);
     let n = comm.world_size() as f64;
     for row in &mut ar_rows {
-        row.ibgda_median_us = median(row.ibgda_us.clone());
-        row.proxy_median_us = median(row.proxy_us.clone());
-        row.ibgda_over_proxy = ratio(row.ibgda_median_us, row.proxy_median_us);
-        let busbw = |us: f64| row.bytes as f64 / (us * 1e3) * 2.0 * (n - 1.0) / n;
-        (row.ibgda_busbw_gbps, row.proxy_busbw_gbps) = (busbw(row.ibgda_median_us), busbw(row.proxy_median_us));
+        row.producer_median_us = median(row.producer_us.clone());
+        row.producer_chunks_median_us = median(row.producer_chunks_us.clone());
+        let (whole, chunks) = (row.producer_median_us, row.producer_chunks_median_us);
+        row.fused_ibgda.settle(row.bytes, n, whole);
+        row.fused_proxy.settle(row.bytes, n, whole);
+        row.cpu_ibgda.settle(row.bytes, n, chunks);
+        row.cpu_proxy.settle(row.bytes, n, chunks);
+        let fi = row.fused_ibgda.median_us;
+        row.fused_ibgda_over_fused_proxy = ratio(fi, row.fused_proxy.median_us);
+        row.fused_ibgda_over_cpu_ibgda = ratio(fi, row.cpu_ibgda.median_us);
+        row.fused_ibgda_over_cpu_proxy = ratio(fi, row.cpu_proxy.median_us);
+    }
+    for row in &mut emb_rows {
+        row.fwd_ibgda_median_us = median(row.fwd_ibgda_us.clone());
+        row.fwd_proxy_median_us = median(row.fwd_proxy_us.clone());
+        row.bwd_ibgda_median_us = median(row.bwd_ibgda_us.clone());
+        row.bwd_proxy_median_us = median(row.bwd_proxy_us.clone());
+        row.fwd_ibgda_over_proxy = ratio(row.fwd_ibgda_median_us, row.fwd_proxy_median_us);
+        row.bwd_ibgda_over_proxy = ratio(row.bwd_ibgda_median_us, row.bwd_proxy_median_us);
     }
     rep.allreduce = ar_rows;
+    rep.embedding = emb_rows;
     (rep.proxy_requests, rep.proxy_wqes, rep.proxy_doorbells) = (stats.requests, stats.wqes, stats.doorbells);
     comm.barrier()?;
     Ok((comm.rank() == 0).then_some(rep))

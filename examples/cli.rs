@@ -683,7 +683,7 @@ pub struct IbgdaBenchArgs {
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "proxy_bench",
-    about = "IBGDA vs the CPU proxy: 8-byte put_signal round trip and message rate"
+    about = "IBGDA vs the CPU proxy: 8-byte put_signal round trip and message rate, the all-reduce (fused and CPU-driven), the embedding exchange"
 )]
 pub struct ProxyBenchArgs {
     #[command(flatten)]
@@ -703,17 +703,31 @@ pub struct ProxyBenchArgs {
     /// [default: 64 on a GPU, 4 on the emulator]
     #[arg(long = "lane-rounds", value_name = "N", value_parser = ranged(1, 100_000))]
     pub lane_rounds: Option<u64>,
-    /// Bytes per rank of the fused all-reduce comparison (K, M suffixes),
+    /// Bytes per rank of the all-reduce comparison (K, M suffixes),
     /// comma-separated [default: 4K,256K,4M,16M on a GPU, 4K,64K on the emulator]
     #[arg(long = "ar-sizes", value_name = "BYTES,..", value_delimiter = ',', value_parser = sized(4, 1 << 30))]
     pub ar_sizes: Option<Vec<u64>>,
-    /// Chunk sizes of the fused all-reduce comparison (K, M suffixes),
-    /// comma-separated: every size runs with each [default: the plan's own]
+    /// Chunk sizes of the all-reduce comparison (K, M suffixes),
+    /// comma-separated: every size runs with each [default: the fused
+    /// plan's own, and the CPU-driven all-reduce in one chunk]
     #[arg(long = "ar-chunks", value_name = "BYTES,..", value_delimiter = ',', value_parser = sized(4, 1 << 30))]
     pub ar_chunks: Option<Vec<u64>>,
-    /// Timed steps of each fused all-reduce size [default: 10 on a GPU, 3 on the emulator]
+    /// Timed steps of each all-reduce size and way [default: 10 on a GPU, 3 on the emulator]
     #[arg(long = "ar-steps", value_name = "N", value_parser = ranged(1, 10_000))]
     pub ar_steps: Option<u64>,
+    /// Row widths (elements) of the embedding exchange comparison,
+    /// comma-separated [default: 32,128,512 on a GPU, 8,16 on the emulator]
+    #[arg(long = "emb-dims", value_name = "D,..", value_delimiter = ',', value_parser = ranged(1, 4096))]
+    pub emb_dims: Option<Vec<u64>>,
+    /// Samples per rank of the embedding exchange (4 tables, 16384 rows,
+    /// 8 ids per bag on a GPU; 2 x 64 rows, 3 ids on the emulator)
+    /// [default: 256 on a GPU, 4 on the emulator]
+    #[arg(long = "emb-batch", value_name = "N", value_parser = ranged(1, 65536))]
+    pub emb_batch: Option<u64>,
+    /// Timed steps (forward, then backward) of each embedding shape; 0
+    /// leaves the embedding exchange out [default: 5 on a GPU, 2 on the emulator]
+    #[arg(long = "emb-steps", value_name = "N", value_parser = ranged(0, 10_000))]
+    pub emb_steps: Option<u64>,
     /// Rounds: each sets IBGDA up, measures it (and P2P), closes it, then
     /// the same over the CPU proxy; the report takes the medians
     #[arg(long, value_name = "N", default_value = "3", value_parser = ranged(1, 1000))]

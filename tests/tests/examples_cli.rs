@@ -246,3 +246,63 @@ fn built_examples_refuse_bad_input_with_status_2_and_no_backtrace() {
     let out = Command::new(&fma).arg("--help").output().unwrap();
     assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("--iters"));
 }
+
+/// `proxy_bench` on the emulator: every part runs over both transports,
+/// with its results checked by the example itself (a wrong all-reduce
+/// element or embedding output makes it exit non-zero), and the report
+/// holds a positive time for every way, transport and shape.
+#[test]
+fn proxy_bench_runs_every_part_over_both_transports_on_the_emulator() {
+    let Some(bin) = example_binary("proxy_bench") else {
+        eprintln!("proxy_bench not built in this profile (cargo build --release --example proxy_bench): skipping");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("doorbell-proxy-bench-{}", std::process::id()));
+    let out = Command::new(&bin)
+        .args(argv(
+            "--device cpu --rounds 1 --rtt-iters 4 --wqes 8 --lane-rounds 1 --lane-blocks 2",
+        ))
+        .args(argv(
+            "--ar-sizes 4K,6K --ar-chunks 4K --ar-steps 1 --emb-dims 4,12 --emb-steps 1 --out",
+        ))
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "proxy_bench failed:\n{stdout}\n{stderr}");
+    let json = std::fs::read_to_string(dir.join("proxy_bench.json")).unwrap();
+    let r: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let positive = |v: &serde_json::Value, what: &str| {
+        let x = v.as_f64().unwrap_or_else(|| panic!("{what}: {v}"));
+        assert!(x > 0.0 && x.is_finite(), "{what}: {x}");
+    };
+    let ar = r["allreduce"].as_array().unwrap();
+    // 4 KiB in one chunk, 6 KiB in a 4 KiB chunk and a 2 KiB tail.
+    assert_eq!(
+        ar.iter().map(|row| row["bytes"].as_u64().unwrap()).collect::<Vec<_>>(),
+        [4096, 6144]
+    );
+    for row in ar {
+        assert_eq!(row["checked"].as_u64().unwrap(), row["bytes"].as_u64().unwrap() / 4);
+        for way in ["fused_ibgda", "fused_proxy", "cpu_ibgda", "cpu_proxy"] {
+            positive(&row[way]["median_us"], way);
+        }
+        positive(&row["producer_chunks_median_us"], "producer per chunk");
+    }
+    let emb = r["embedding"].as_array().unwrap();
+    assert_eq!(emb.iter().map(|row| row["dim"].as_u64().unwrap()).collect::<Vec<_>>(), [4, 12]);
+    for row in emb {
+        for t in [
+            "fwd_ibgda_median_us",
+            "fwd_proxy_median_us",
+            "bwd_ibgda_median_us",
+            "bwd_proxy_median_us",
+        ] {
+            positive(&row[t], t);
+        }
+    }
+    for f in ["proxy_bench.png", "proxy_bench_embedding.png"] {
+        assert!(dir.join(f).exists(), "{f}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
