@@ -208,3 +208,53 @@ fn a_put_of_more_wqes_than_the_send_queue_holds_goes_in_parts() {
     assert_eq!(dst, pattern, "rank 1's destination");
     assert_eq!(sig[0], 7, "the signal after the data");
 }
+
+/// 2 warps post 2.5 times the request ring's slots of non-blocking puts
+/// (a request per lane, 40 rounds each) while rank 0's proxy is held for
+/// 300 ms: reservations past the ring must wait for the proxy to take the
+/// requests they would overwrite (the room a poster saw is kept on the
+/// device and re-read from host memory only when it runs out). Every
+/// request completes and the words land.
+#[test]
+fn more_requests_than_the_ring_holds_wait_for_room_and_all_land() {
+    use doorbell_example_kernels::ibgda_bench::{post_lanes, BENCH_FAILED};
+    const ROUNDS: u32 = 40;
+    const VALUE: u64 = 0x5eed_0000_7a11_0001;
+    let out = Communicator::local(2, Backend::Cpu, opts(), |comm| {
+        let dev = comm.device();
+        let f = comm
+            .load_module(&doorbell_examples::USER_KERNELS)?
+            .function::<<post_lanes as ForTransport<Proxy>>::Kernel>()?;
+        let dst = comm.alloc::<u64>(128)?;
+        dst.copy_from_host(&[0u64; 128])?;
+        let src = comm.alloc::<u64>(64)?;
+        src.copy_from_host(&[VALUE; 64])?;
+        let t = comm.proxy()?;
+        let s = dev.new_stream()?;
+        let mut ns = dev.alloc_zeroed::<u64>(6)?;
+        let mut status = dev.alloc_zeroed::<u32>(1)?;
+        comm.proxy_hold(true)?;
+        comm.barrier()?;
+        let args = (t, dst.as_mut_ptr(), src.as_ptr(), ROUNDS, ns.as_mut_ptr(), status.as_mut_ptr());
+        // SAFETY: symmetric dst of 128 words, src of 64; 3 timer words
+        // per block, one status word.
+        unsafe { s.launch(&f, LaunchConfig::linear(2, 32), args)? };
+        std::thread::sleep(Duration::from_millis(300));
+        comm.proxy_hold(false)?;
+        comm.synchronize(&s)?;
+        comm.barrier()?;
+        Ok((status.to_host()?[0], dst.to_host()?, comm.proxy_stats().expect("set up")))
+    })
+    .expect("the world");
+    assert_ne!(out[0].0, BENCH_FAILED, "rank 0's puts failed");
+    let requests = 2 * 32 * ROUNDS as u64;
+    assert!(
+        requests > 2 * doorbell::comm::PROXY_RING_SLOTS as u64,
+        "the ring wraps at least twice"
+    );
+    assert_eq!(out[0].2.requests, requests, "{:?}", out[0].2);
+    // Lanes of blocks 0 and 1 wrote words 0..64 of rank 1.
+    let landed = &out[1].1;
+    assert!(landed[..64].iter().all(|w| *w == VALUE), "{landed:x?}");
+    assert!(landed[64..].iter().all(|w| *w == 0), "{landed:x?}");
+}

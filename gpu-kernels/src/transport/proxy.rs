@@ -123,6 +123,10 @@ pub struct ProxyTail {
     pub tail: u64,
     /// Nonzero once a reservation found no room within its budget.
     pub wedged: u64,
+    /// A value of [`ProxyWords::taken`] a poster has read (a lower bound
+    /// of it, raised with release): a reservation below `taken_seen +
+    /// slots` has room without reading the mapped word over the bus.
+    pub taken_seen: u64,
 }
 
 /// The CPU-proxy transport's device handle. Plain `#[repr(C)]` data made
@@ -246,18 +250,31 @@ impl Proxy {
             if ptx::ld_relaxed_gpu_u64(&raw const (*self.tail).wedged) != 0 {
                 return Err(self.bounds().reporter.fail_queue(call, r.peer, 0, 0));
             }
-            if let Some((e, _)) = self.failure() {
-                return Err(self.failed(e, call, r.peer));
-            }
             let t = ptx::atom_add_relaxed_gpu_u64(&raw mut (*self.tail).tail, 1);
             let slots = self.slots as u64;
-            let taken = &raw const (*self.words).taken;
-            if let Err(to) = crate::sync::spin_until(self.budget_ns, || ptx::ld_acquire_sys_u64(taken), |v| t < v + slots) {
-                ptx::st_relaxed_gpu_u64(&raw mut (*self.tail).wedged, 1);
-                return Err(self
-                    .bounds()
-                    .reporter
-                    .fail_queue(call, r.peer, to.seen as u32, (t - slots + 1) as u32));
+            // Room: the proxy has taken ticket `t - slots`. The mapped
+            // word is read over the bus only when the last value a poster
+            // saw does not show it; a published failure is looked at
+            // there too (the proxy takes nothing after one, so the ring
+            // fills), and by every wait.
+            let seen = &raw mut (*self.tail).taken_seen;
+            if t >= ptx::ld_acquire_gpu_u64(seen) + slots {
+                if let Some((e, _)) = self.failure() {
+                    return Err(self.failed(e, call, r.peer));
+                }
+                let taken = &raw const (*self.words).taken;
+                match crate::sync::spin_until(self.budget_ns, || ptx::ld_acquire_sys_u64(taken), |v| t < v + slots) {
+                    Ok(v) => {
+                        ptx::atom_max_release_gpu_u64(seen, v);
+                    }
+                    Err(to) => {
+                        ptx::st_relaxed_gpu_u64(&raw mut (*self.tail).wedged, 1);
+                        return Err(self
+                            .bounds()
+                            .reporter
+                            .fail_queue(call, r.peer, to.seen as u32, (t - slots + 1) as u32));
+                    }
+                }
             }
             let slot = self.ring.add((t & (slots - 1)) as usize);
             let (sig_off, sig_value, sig_op, flags) = match r.sig {

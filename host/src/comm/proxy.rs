@@ -87,6 +87,8 @@ struct SharedStats {
     wqes: AtomicU64,
     doorbells: AtomicU64,
     cqes: AtomicU64,
+    /// Set by `Communicator::proxy_hold`: the thread takes no new requests.
+    held: AtomicBool,
 }
 
 /// This rank's proxy. Field order is drop order after the thread has
@@ -386,7 +388,7 @@ impl Worker {
             let mut busy = false;
             // Take and post.
             let first = next;
-            while !failed && next - first < SWEEP {
+            while !failed && next - first < SWEEP && !self.stats.held.load(Ordering::Acquire) {
                 let Some(r) = self.take(next) else { break };
                 busy = true;
                 if let Err(why) = self.check(&r) {
@@ -570,6 +572,21 @@ impl Communicator {
             doorbells: st.stats.doorbells.load(Ordering::Relaxed),
             cqes: st.stats.cqes.load(Ordering::Relaxed),
         })
+    }
+
+    /// Holds (`true`) or releases (`false`) this rank's proxy thread:
+    /// while held it takes no new requests (those it has taken still
+    /// complete), so a kernel that goes on posting fills the request ring
+    /// ([`PROXY_RING_SLOTS`](crate::comm::PROXY_RING_SLOTS)) and then waits
+    /// for room, within its wait budget. For tests and for watching a full
+    /// ring; an error when the proxy is not set up.
+    pub fn proxy_hold(&self, held: bool) -> Result<()> {
+        let guard = self.proxy.lock().unwrap_or_else(|p| p.into_inner());
+        let st = guard
+            .as_ref()
+            .ok_or_else(|| Error::comm(format!("rank {}: proxy_hold: the CPU proxy is not set up", self.rank)))?;
+        st.stats.held.store(held, Ordering::Release);
+        Ok(())
     }
 
     /// The proxy's published failure as an error naming the request's
