@@ -127,6 +127,14 @@ pub struct ProxyTail {
     /// of it, raised with release): a reservation below `taken_seen +
     /// slots` has room without reading the mapped word over the bus.
     pub taken_seen: u64,
+    /// The same for [`ProxyWords::done`]: waiters poll this device word,
+    /// and one of them at a time (the holder of `poll_lock`) reads the
+    /// mapped words over the bus and raises it.
+    pub done_seen: u64,
+    /// Nonzero while a waiter reads the mapped words.
+    pub poll_lock: u32,
+    /// Keeps the struct a whole number of u64 words.
+    pub _pad: u32,
 }
 
 /// The CPU-proxy transport's device handle. Plain `#[repr(C)]` data made
@@ -307,22 +315,43 @@ impl Proxy {
     }
 
     /// Waits until ticket `t` is done. One thread.
+    ///
+    /// Waiters poll the device copy `done_seen`; one at a time, the one
+    /// that takes `poll_lock`, reads the proxy's mapped words over the bus
+    /// and raises the copy. Hundreds of warps each polling host memory
+    /// fill the bus with reads, and the NIC's own reads of the rings (host
+    /// memory too) then crawl.
     #[inline(always)]
     fn wait_done(&self, t: u64, call: Call, peer: u32) -> Result<(), CommError> {
         let mut spin = Spin::new(self.budget_ns);
-        loop {
-            // SAFETY: the handle's words.
-            let done = unsafe { ptx::ld_acquire_sys_u64(&raw const (*self.words).done) };
-            if done > t {
-                return Ok(());
-            }
-            if let Some((e, at)) = self.failure() {
-                if at <= t {
-                    return Err(self.failed(e, call, peer));
+        // SAFETY: the handle's tail (device memory) and words.
+        unsafe {
+            let seen = &raw mut (*self.tail).done_seen;
+            let lock = &raw mut (*self.tail).poll_lock;
+            loop {
+                // Acquire pairs with the poller's release below, which
+                // follows its system-scope acquire of the proxy's word.
+                let mut done = ptx::ld_acquire_gpu_u64(seen);
+                if done > t {
+                    return Ok(());
                 }
-            }
-            if !spin.again() {
-                return Err(self.bounds().reporter.fail_queue(call, peer, done as u32, (t + 1) as u32));
+                if ptx::atom_cas_acquire_gpu_u32(lock, 0, 1) == 0 {
+                    done = ptx::ld_acquire_sys_u64(&raw const (*self.words).done);
+                    ptx::atom_max_release_gpu_u64(seen, done);
+                    let failure = if done > t { None } else { self.failure() };
+                    ptx::st_release_gpu_u32(lock, 0);
+                    if done > t {
+                        return Ok(());
+                    }
+                    if let Some((e, at)) = failure {
+                        if at <= t {
+                            return Err(self.failed(e, call, peer));
+                        }
+                    }
+                }
+                if !spin.again() {
+                    return Err(self.bounds().reporter.fail_queue(call, peer, done as u32, (t + 1) as u32));
+                }
             }
         }
     }
