@@ -72,7 +72,7 @@ fn main() {
 }
 
 /// What rank 0 reports (the fields of `proxy_bench.json`).
-#[derive(serde::Serialize, Debug, Default)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Default)]
 struct Report {
     device: String,
     rtt_iters: u32,
@@ -109,7 +109,7 @@ struct Report {
 }
 
 /// One way of the all-reduce over one transport at one size and chunk.
-#[derive(serde::Serialize, Debug, Default, Clone)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Default, Clone)]
 struct ArWay {
     /// µs per step of each round, and their median.
     us: Vec<f64>,
@@ -130,7 +130,7 @@ impl ArWay {
 }
 
 /// One size (and chunk) of the all-reduce.
-#[derive(serde::Serialize, Debug, Default, Clone)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Default, Clone)]
 struct ArRow {
     bytes: u64,
     /// Bytes per chunk (`None`: the fused plan's own choice, and the
@@ -156,7 +156,7 @@ struct ArRow {
 }
 
 /// One row width of the embedding exchange.
-#[derive(serde::Serialize, Debug, Default, Clone)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Default, Clone)]
 struct EmbRow {
     tables: u32,
     rows: u32,
@@ -200,6 +200,9 @@ impl Plan {
 }
 
 fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
+    if let Some(path) = &a.replot {
+        return replot(path, &a.out);
+    }
     let gpu = a.device.wants_gpu()?;
     let plan = Plan {
         rtt_iters: a.rtt_iters.unwrap_or(if gpu { 2000 } else { 50 }) as u32,
@@ -346,15 +349,27 @@ fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
     );
     let path = bench::write_json(&a.out, "proxy_bench.json", &r)?;
     println!("# wrote {}", path.display());
+    figures(&a.out, &r)
+}
+
+/// The figures of a report, into `out`.
+fn figures(out: &std::path::Path, r: &Report) -> Result<(), BoxError> {
     if !r.allreduce.is_empty() {
-        let png = allreduce_figure(&a.out, &r)?;
+        let png = allreduce_figure(out, r)?;
         println!("# wrote {} (algbw and time per step)", png.display());
     }
     if !r.embedding.is_empty() {
-        let png = embedding_figure(&a.out, &r)?;
+        let png = embedding_figure(out, r)?;
         println!("# wrote {} (time per step against row bytes)", png.display());
     }
     Ok(())
+}
+
+/// `--replot`: the figures of a stored `proxy_bench.json`, nothing run.
+fn replot(path: &std::path::Path, out: &std::path::Path) -> Result<(), BoxError> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let r: Report = serde_json::from_str(&text).map_err(|e| format!("{}: not a proxy_bench report: {e}", path.display()))?;
+    figures(out, &r)
 }
 
 /// The all-reduce's figure: a line per way, transport and chunk size.

@@ -732,9 +732,12 @@ pub struct ProxyBenchArgs {
     /// the same over the CPU proxy; the report takes the medians
     #[arg(long, value_name = "N", default_value = "3", value_parser = ranged(1, 1000))]
     pub rounds: u64,
-    /// Where proxy_bench.json goes
+    /// Where proxy_bench.json and the figures go
     #[arg(long, value_name = "DIR", default_value = ".")]
     pub out: std::path::PathBuf,
+    /// Draw the figures of a stored proxy_bench.json into --out; run nothing
+    #[arg(long, value_name = "JSON")]
+    pub replot: Option<std::path::PathBuf>,
 }
 
 #[cfg(test)]
