@@ -101,6 +101,11 @@ fn run(args: &Args) -> Result<(), BoxError> {
         TransportArg::Ibgda | TransportArg::Proxy => false,
         TransportArg::Routed => doorbell::comm::RdmaPeers::from_env()? == doorbell::comm::RdmaPeers::Needed,
     };
+    // Ranks forming nodes (DOORBELL_NODES) plan the hierarchical algorithm.
+    let node_ranks = match (args.transport, doorbell::comm::RdmaPeers::from_env()?) {
+        (TransportArg::Routed, doorbell::comm::RdmaPeers::Nodes(n)) if n > 0 && ranks.is_multiple_of(n) => ranks / n,
+        _ => 1,
+    };
     let plan = Plan::new(
         ranks,
         elems,
@@ -111,6 +116,7 @@ fn run(args: &Args) -> Result<(), BoxError> {
             sms: topo.1,
             ranks_per_gpu: topo.2,
             peer_pointers: pointers || ranks == 1,
+            node_ranks,
         },
     )
     .unwrap_or_else(|e| die(e));

@@ -114,6 +114,7 @@ fn notes(args: &Args, topo: Topology, nccl: &Result<nccl::Library, String>) -> R
             sms,
             ranks_per_gpu: per_gpu,
             peer_pointers: true,
+            node_ranks: 1,
         },
     )?
     .overlap;
@@ -277,6 +278,7 @@ fn bench_size(
                 sms,
                 ranks_per_gpu: per_gpu,
                 peer_pointers: true,
+                node_ranks: 1,
             },
         )
     };

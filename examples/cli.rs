@@ -419,6 +419,8 @@ pub enum AlgoArg {
     TwoShot,
     /// Pipelined chunks through rings
     Pipelined,
+    /// Pipelined in three hops for ranks forming nodes (--transport routed with DOORBELL_NODES)
+    Hierarchical,
 }
 
 /// 04 — sum all-reduce across ranks, checked against a CPU reference; --bench
@@ -522,6 +524,7 @@ impl AllreduceArgs {
             (_, AlgoArg::OneShot) => Some(Algo::OneShot),
             (_, AlgoArg::TwoShot) => Some(Algo::TwoShot),
             (_, AlgoArg::Pipelined) => Some(Algo::Pipelined),
+            (_, AlgoArg::Hierarchical) => Some(Algo::Hierarchical),
         }
     }
 }

@@ -632,11 +632,10 @@ per_backend! {
     }
 }
 
-/// The transports over the soft NIC (emulator only): IBGDA, the CPU proxy,
-/// mixed routes (some pairs load/store; 4 ranks as two modeled nodes), 2
-/// and 3 ranks, f32 and bf16, awkward sizes and chunks, consecutive
-/// launches in and out of place, the fused all-reduce — bit for bit
-/// against the CPU reference. One-shot without peer pointers is refused.
+/// The transports over the soft NIC (emulator only): IBGDA, the CPU proxy, mixed routes
+/// (some pairs load/store), 2 and 3 ranks, f32 and bf16, awkward sizes and chunks, launches in
+/// and out of place, the fused all-reduce — bit for bit against the CPU reference. One-shot
+/// without peer pointers is refused. Modeled nodes: `allreduce_nodes.rs`.
 #[test]
 fn ibgda_and_routed_transports_on_the_emulator() {
     let transports = [
@@ -644,7 +643,6 @@ fn ibgda_and_routed_transports_on_the_emulator() {
         (TransportKind::Proxy, None, &[2, 3]),
         (TransportKind::Routed, Some(RdmaPeers::Pairs(vec![(0, 1)])), &[2, 3]),
         (TransportKind::Routed, Some(RdmaPeers::All), &[2, 3]),
-        (TransportKind::Routed, Some(RdmaPeers::Nodes(2)), &[4][..]),
     ];
     let cases = [
         Case {
@@ -780,6 +778,7 @@ fn plans_follow_the_placement() {
                 sms: 132,
                 ranks_per_gpu: per_gpu,
                 peer_pointers: true,
+                node_ranks: 1,
             },
         )
         .expect("a valid plan")
@@ -844,6 +843,7 @@ fn explicit_grids_on_a_shared_gpu_stay_resident() {
             sms: 132,
             ranks_per_gpu: per_gpu,
             peer_pointers: true,
+            node_ranks: 1,
         };
         Plan::new(2, 1 << 20, DType::F32, &opts, at)
     };

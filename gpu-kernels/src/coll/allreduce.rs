@@ -62,6 +62,9 @@
 //! `<= j` that are issued before their sender waits at that step, so the
 //! schedule cannot deadlock while all blocks of all ranks are resident.
 
+#[path = "hier.rs"]
+mod hier;
+
 use super::reduce::{copy_bytes, sum_into, Bf16, DType, Element, Sources};
 use super::MAX_RANKS;
 use crate::pipeline::{BlockChunks, BlockCtl, Failed, RingSet};
@@ -88,6 +91,12 @@ pub enum Algo {
     /// One-shot with the flag in the data ("low latency"): 8-byte packets
     /// of 4 data bytes and the launch's epoch, no fence, no signal word.
     Ll = 4,
+    /// Pipelined in three hops for ranks forming nodes
+    /// ([`AllReduceArgs::node_ranks`]): reduce inside the node, exchange
+    /// the node's partial sums across nodes, broadcast inside the node.
+    /// Built only into entries whose transport routes by node
+    /// ([`Transport::NODES`]: the routed transport).
+    Hierarchical = 5,
 }
 
 impl Algo {
@@ -99,6 +108,7 @@ impl Algo {
             2 => Algo::TwoShot,
             3 => Algo::Pipelined,
             4 => Algo::Ll,
+            5 => Algo::Hierarchical,
             _ => return None,
         })
     }
@@ -110,6 +120,7 @@ impl Algo {
             Algo::TwoShot => "two-shot",
             Algo::Pipelined => "pipelined",
             Algo::Ll => "ll",
+            Algo::Hierarchical => "hierarchical",
         }
     }
 }
@@ -151,8 +162,9 @@ pub struct AllReduceArgs {
     pub stages: u32,
     /// Ranks (1..=[`MAX_RANKS`]).
     pub world: u32,
-    /// Reserved, zero.
-    pub _pad: u32,
+    /// Hierarchical: ranks per node (consecutive ranks form a node; at
+    /// least 2, fewer than `world`, dividing it). Otherwise zero.
+    pub node_ranks: u32,
 }
 const _: () = assert!(core::mem::size_of::<AllReduceArgs>() == 80);
 
@@ -226,6 +238,7 @@ impl AllReduceArgs {
             // Two parities of `world` packet slots (twice the data).
             Some(Algo::Ll) => 2 * self.world as u64 * self.ll_slot_bytes(),
             Some(Algo::Pipelined) => self.blocks as u64 * self.block_scratch(),
+            Some(Algo::Hierarchical) => self.blocks as u64 * hier::block_scratch(self),
             _ => 0,
         }
     }
@@ -244,6 +257,7 @@ impl AllReduceArgs {
         g + match Algo::from_u32(self.algo) {
             Some(Algo::OneShot) | Some(Algo::TwoShot) => 2 * g * self.world as u64,
             Some(Algo::Pipelined) => 4 * g * self.ring_words(),
+            Some(Algo::Hierarchical) => g * hier::block_counter_words(self),
             _ => 0,
         }
     }
@@ -795,7 +809,8 @@ fn check<T: Transport>(t: &T, a: &AllReduceArgs) {
         && (a.world as usize) <= MAX_RANKS
         && a.chunk_elems > 0
         && DType::from_u32(a.dtype).is_some()
-        && Algo::from_u32(a.algo).is_some();
+        && Algo::from_u32(a.algo).is_some()
+        && (!T::NODES || a.algo != Algo::Hierarchical as u32 || hier::valid(a));
     if !ok {
         ptx::trap();
     }
@@ -934,6 +949,11 @@ unsafe fn run_algo<T: Transport, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, mut 
             Some(Algo::Ll) => ll::<T, f32, P>(t, a, produce, direct),
             Some(Algo::Pipelined) if bf16 => pipelined::<T, Bf16, P>(t, a, produce),
             Some(Algo::Pipelined) => pipelined::<T, f32, P>(t, a, produce),
+            // Only where the transport routes by node (the host plans it
+            // for no other); elsewhere the launch is refused.
+            Some(Algo::Hierarchical) if T::NODES && bf16 => hier::hierarchical::<T, Bf16, P>(t, a, produce),
+            Some(Algo::Hierarchical) if T::NODES => hier::hierarchical::<T, f32, P>(t, a, produce),
+            Some(Algo::Hierarchical) => ptx::trap(),
             _ => {
                 // One rank: the sum is the rank's own vector; produced
                 // straight into the output, chunk by chunk over the blocks.

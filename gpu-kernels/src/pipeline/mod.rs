@@ -173,8 +173,9 @@ impl RingSet {
         (self.slots + src as u64 * self.peer_stride + self.stage(seq) * self.slot_bytes) as *mut u8
     }
 
+    /// The `full` counter of chunk `seq` from `src` (consumer side).
     #[inline(always)]
-    fn full_word(&self, seq: u64, src: u32) -> *mut u64 {
+    pub(crate) fn full_word(&self, seq: u64, src: u32) -> *mut u64 {
         (self.full + (self.stage(seq) * self.peers as u64 + src as u64) * 8) as *mut u64
     }
 

@@ -159,6 +159,12 @@ impl Coop {
 /// [`Part`]s of [`Sym`] buffers, check each against its own buffer, and
 /// compile to the raw call.
 pub trait Transport: Copy + Checked {
+    /// Whether ranks may form nodes under this transport (some pairs by
+    /// load/store, others through the NIC): the library's all-reduce
+    /// builds its hierarchical algorithm only into entries where this
+    /// holds (the routed transport).
+    const NODES: bool = false;
+
     /// This rank.
     fn rank(&self) -> u32;
     /// Number of ranks.

@@ -103,6 +103,8 @@ impl Checked for Routed {
 }
 
 impl Transport for Routed {
+    const NODES: bool = true;
+
     #[inline(always)]
     fn rank(&self) -> u32 {
         self.p2p.rank

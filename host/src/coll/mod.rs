@@ -244,6 +244,9 @@ pub struct Placement {
     pub ranks_per_gpu: usize,
     /// Every peer's buffers are reachable by load/store (P2P).
     pub peer_pointers: bool,
+    /// Ranks per node where the transport routes by node (the routed
+    /// transport over [`RdmaPeers::Nodes`]); 1 where there are no nodes.
+    pub node_ranks: usize,
 }
 
 /// The launch plan: algorithm, geometry and the buffers' sizes. The same on
@@ -268,6 +271,7 @@ impl Plan {
             sms,
             ranks_per_gpu,
             peer_pointers,
+            node_ranks,
         } = at;
         if world == 0 || world > MAX_RANKS {
             return Err(invalid(format!("{world} ranks; the all-reduce supports 1..={MAX_RANKS}")));
@@ -282,15 +286,24 @@ impl Plan {
         let shared_gpu = gpu && ranks_per_gpu > 1;
         let own_gpu = gpu && !shared_gpu;
         let ll_max = if shared_gpu { LL_MAX_BYTES_SHARED_GPU } else { LL_MAX_BYTES };
+        let nodes = node_ranks > 1 && node_ranks < world && world.is_multiple_of(node_ranks);
         let algo = match opts.algo {
             Some(a) => a,
             None if world == 1 => Algo::Copy,
+            None if !peer_pointers && nodes && opts.transport == TransportKind::Routed => Algo::Hierarchical,
             None if !peer_pointers => Algo::Pipelined,
             None if bytes <= ll_max && 4 * world as u64 * bytes <= LL_MAX_SCRATCH => Algo::Ll,
             None => Algo::TwoShot,
         };
         if world == 1 && algo != Algo::Copy && algo != Algo::Pipelined {
             return Err(invalid(format!("{} needs at least 2 ranks; one rank is a copy", algo.name())));
+        }
+        if algo == Algo::Hierarchical && !(nodes && opts.transport == TransportKind::Routed) {
+            return Err(invalid(format!(
+                "the hierarchical algorithm needs ranks forming 2 or more nodes of 2 or more ranks each, over the routed \
+                 transport (DOORBELL_NODES or RdmaPeers::Nodes); here {world} ranks, {node_ranks} per node, over {}",
+                opts.transport
+            )));
         }
         if world > 1 && algo == Algo::Copy {
             return Err(invalid(format!("the copy algorithm is for one rank, not {world}")));
@@ -301,7 +314,9 @@ impl Plan {
                 algo.name()
             )));
         }
-        let default_chunk = if algo == Algo::Pipelined {
+        // Pipelined and hierarchical: chunks through rings.
+        let ringed = matches!(algo, Algo::Pipelined | Algo::Hierarchical);
+        let default_chunk = if ringed {
             DEFAULT_PIPELINE_CHUNK_BYTES
         } else if own_gpu {
             DEFAULT_CHUNK_BYTES_OWN_GPU
@@ -349,7 +364,7 @@ impl Plan {
         // Enough work per block to pay for its signals: a chunk (pipelined)
         // or 64 KiB; LL has no signals, and more threads poll sooner.
         let per_block = match algo {
-            Algo::Pipelined => chunk_elems * esz,
+            Algo::Pipelined | Algo::Hierarchical => chunk_elems * esz,
             Algo::Ll => LL_BYTES_PER_BLOCK * threads as u64 / 256,
             _ => 64 << 10,
         };
@@ -368,7 +383,7 @@ impl Plan {
             }
             Some(b) if (1..=1024).contains(&b) => b,
             Some(b) => return Err(invalid(format!("{b} blocks per rank; use 1..=1024"))),
-            None if opts.fused && algo != Algo::Pipelined => max_blocks as u32,
+            None if opts.fused && !ringed => max_blocks as u32,
             None => bytes.div_ceil(per_block).clamp(1, max_blocks) as u32,
         };
         let args = AllReduceArgs {
@@ -384,7 +399,7 @@ impl Plan {
             blocks,
             stages,
             world: world as u32,
-            _pad: 0,
+            node_ranks: if algo == Algo::Hierarchical { node_ranks as u32 } else { 0 },
         };
         let overlap = opts.overlap_launch.unwrap_or(own_gpu);
         Ok(Plan { args, threads, overlap })
@@ -535,8 +550,16 @@ impl<'c> AllReduce<'c> {
             }
             _ => dev.multiprocessor_count(),
         };
+        let world = comm.world_size();
+        let node_ranks = match opts.transport {
+            TransportKind::Routed => match rdma_peers(opts)? {
+                RdmaPeers::Nodes(n) if n > 0 && world.is_multiple_of(n) => world / n,
+                _ => 1,
+            },
+            _ => 1,
+        };
         Plan::new(
-            comm.world_size(),
+            world,
             elems,
             dtype,
             opts,
@@ -545,6 +568,7 @@ impl<'c> AllReduce<'c> {
                 sms,
                 ranks_per_gpu: per_gpu,
                 peer_pointers,
+                node_ranks,
             },
         )
     }
@@ -567,11 +591,12 @@ impl<'c> AllReduce<'c> {
             a.stages as u64,
             plan.threads as u64,
             opts.transport as u64,
+            a.node_ranks as u64,
         ] {
             desc.extend_from_slice(&v.to_le_bytes());
         }
         comm.world().check_same(
-            "all-reduce plan (elements, chunk, type, algorithm, blocks, stages, threads, transport)",
+            "all-reduce plan (elements, chunk, type, algorithm, blocks, stages, threads, transport, ranks per node)",
             &desc,
         )?;
         let scratch = comm.alloc::<u8>(a.scratch_bytes().max(1) as usize)?;

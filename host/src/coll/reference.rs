@@ -28,6 +28,27 @@ pub fn allreduce_sum<T: HostElement, S: AsRef<[T]>>(inputs: &[S]) -> Vec<T> {
         .collect()
 }
 
+/// The sum all-reduce as the hierarchical algorithm computes it, for
+/// ranks forming nodes of `node_ranks` consecutive ranks: each node's
+/// inputs summed in `f32` in rank order and rounded to `T` (the node's
+/// partial sum), then the partials summed in `f32` in node order and
+/// rounded to `T` — bit for bit what `AllReduce` produces with
+/// `Algo::Hierarchical`. With `node_ranks` of 1 or all ranks it is
+/// [`allreduce_sum`].
+///
+/// # Panics
+/// When the slices differ in length, or `node_ranks` is 0 or does not
+/// divide the number of ranks.
+pub fn allreduce_sum_nodes<T: HostElement, S: AsRef<[T]>>(inputs: &[S], node_ranks: usize) -> Vec<T> {
+    assert!(
+        node_ranks > 0 && inputs.len().is_multiple_of(node_ranks),
+        "{node_ranks} ranks per node do not divide {} ranks",
+        inputs.len()
+    );
+    let partials: Vec<Vec<T>> = inputs.chunks(node_ranks).map(allreduce_sum).collect();
+    allreduce_sum(&partials)
+}
+
 /// The first index where `got` and `want` differ bit for bit (`None` when
 /// they are identical, lengths included).
 pub fn first_mismatch<T: HostElement>(got: &[T], want: &[T]) -> Option<usize> {
