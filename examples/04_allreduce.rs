@@ -26,7 +26,7 @@ mod allreduce_bench;
 mod bench;
 
 use clap::Parser;
-use doorbell::coll::{AllReduce, AllReduceOptions, Bf16, DType, HostElement, Placement, Plan};
+use doorbell::coll::{Algo, AllReduce, AllReduceOptions, Bf16, DType, HostElement, Placement, Plan};
 use doorbell::comm::{CommOptions, Communicator};
 use doorbell::ForTransport;
 use doorbell_example_kernels::allreduce::{fused_grad_allreduce, grad};
@@ -188,11 +188,27 @@ fn contribution<T: HostElement>(compute: u32, r: usize, i: usize, step: u32) -> 
     }
 }
 
-/// The reference sum of element `i` over `ranks` ranks.
-fn want<T: HostElement>(compute: u32, ranks: usize, i: usize, step: u32) -> T {
-    let mut acc = contribution::<T>(compute, 0, i, step).to_f32();
-    for r in 1..ranks {
+/// The reference sum of element `i` over ranks `first..first + count`,
+/// in `f32` in rank order, rounded once.
+fn sum_of<T: HostElement>(compute: u32, first: usize, count: usize, i: usize, step: u32) -> T {
+    let mut acc = contribution::<T>(compute, first, i, step).to_f32();
+    for r in first + 1..first + count {
         acc += contribution::<T>(compute, r, i, step).to_f32();
+    }
+    T::from_f32(acc)
+}
+
+/// The reference sum of element `i` over `ranks` ranks forming nodes of
+/// `node_ranks` (all of them: no nodes): each node's sum rounded, then
+/// the nodes' sums in node order (the hierarchical algorithm's order).
+fn want<T: HostElement>(compute: u32, ranks: usize, node_ranks: usize, i: usize, step: u32) -> T {
+    if node_ranks >= ranks {
+        return sum_of(compute, 0, ranks, i, step);
+    }
+    let mut acc = 0f32;
+    for n in 0..ranks / node_ranks {
+        let partial = sum_of::<T>(compute, n * node_ranks, node_ranks, i, step).to_f32();
+        acc = if n == 0 { partial } else { acc + partial };
     }
     T::from_f32(acc)
 }
@@ -220,6 +236,11 @@ fn check_rank<T: HostElement>(comm: &Communicator, args: &Args, elems: usize, op
     let me = comm.rank();
     let ranks = comm.world_size();
     let compute = args.compute_code();
+    // The hierarchical algorithm sums each node's ranks first.
+    let node_ranks = match ar.algo() {
+        Algo::Hierarchical => ar.plan().args.node_ranks as usize,
+        _ => ranks,
+    };
     let mut out = dev.alloc_zeroed::<T>(elems)?;
     let mut result = RankResult {
         rank: me,
@@ -250,7 +271,7 @@ fn check_rank<T: HostElement>(comm: &Communicator, args: &Args, elems: usize, op
         }
         let got = out.to_host()?;
         for (i, g) in got.iter().enumerate() {
-            let w = want::<T>(compute, ranks, i, step);
+            let w = want::<T>(compute, ranks, node_ranks, i, step);
             if g.to_bits() != w.to_bits() {
                 result.mismatches += 1;
                 if result.first_bad.is_none() {

@@ -510,7 +510,7 @@ impl<'a, T: HostElement> RankBench<'a, T> {
         let bad = match checked {
             true => {
                 let got = self.out.to_host()?;
-                let want = |i: usize| want::<T>(self.compute, ranks, i, step).to_bits();
+                let want = |i: usize| want::<T>(self.compute, ranks, ranks, i, step).to_bits();
                 self.samples.iter().filter(|&&i| got[i].to_bits() != want(i)).count()
             }
             false => 0,
