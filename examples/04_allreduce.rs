@@ -160,6 +160,18 @@ fn run(args: &Args) -> Result<(), BoxError> {
         args.iters,
         args.iters * ranks as u64 * elems as u64,
     );
+    // The slowest rank's time of each step after the first (a warm-up).
+    let mut slowest: Vec<f64> = (1..args.iters as usize)
+        .map(|k| results.iter().map(|r| r.step_us[k]).fold(0f64, f64::max))
+        .collect();
+    if !slowest.is_empty() {
+        slowest.sort_by(f64::total_cmp);
+        println!(
+            "  time per step: median {:.1} us of {} step(s) after the first (the slowest rank's; a launch each, synchronized; host wall clock)",
+            slowest[slowest.len() / 2],
+            slowest.len()
+        );
+    }
     Ok(())
 }
 
@@ -171,6 +183,8 @@ struct RankResult {
     mismatches: u64,
     first_bad: Option<(usize, String, String)>,
     dump: Vec<u8>,
+    /// µs of each step: from after a barrier to the end of its synchronize.
+    step_us: Vec<f64>,
 }
 
 /// `--compute none` input: `((r*131 + i*31) mod 17) - 8`, in u64, then signed.
@@ -249,11 +263,17 @@ fn check_rank<T: HostElement>(comm: &Communicator, args: &Args, elems: usize, op
         mismatches: 0,
         first_bad: None,
         dump: Vec::new(),
+        step_us: Vec::new(),
     };
     for step in 0..args.iters as u32 {
-        if compute == 0 {
-            let host: Vec<T> = (0..elems).map(|i| contribution::<T>(0, me, i, step)).collect();
-            let mut input = dev.alloc_from(&host)?;
+        // The input (compute none) is made before the step's clock starts.
+        let input = match compute {
+            0 => Some(dev.alloc_from(&(0..elems).map(|i| contribution::<T>(0, me, i, step)).collect::<Vec<T>>())?),
+            _ => None,
+        };
+        comm.barrier()?;
+        let t0 = std::time::Instant::now();
+        if let Some(mut input) = input {
             if args.in_place {
                 ar.run_in_place(&stream, &mut input)?;
                 comm.synchronize(&stream)?;
@@ -269,6 +289,7 @@ fn check_rank<T: HostElement>(comm: &Communicator, args: &Args, elems: usize, op
             unsafe { stream.launch_family(&fused, cfg, comm.transport(ar.transport())?, (a, compute, step))? };
             comm.synchronize(&stream)?;
         }
+        result.step_us.push(t0.elapsed().as_secs_f64() * 1e6);
         let got = out.to_host()?;
         for (i, g) in got.iter().enumerate() {
             let w = want::<T>(compute, ranks, node_ranks, i, step);
