@@ -306,7 +306,7 @@ fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
             );
         }
         println!(
-            "#   producer alone {:.1} us whole, {:.1} us per chunk; communicating (step less producer): fused {:.1} / {:.1}, \
+            "#   producer alone {:.1} us launched whole, {:.1} us launched per chunk; communicating (step less producer): fused {:.1} / {:.1}, \
              CPU-driven {:.1} / {:.1} us; fused IBGDA over CPU-driven IBGDA {} and proxy {}",
             row.producer_median_us,
             row.producer_chunks_median_us,
@@ -390,7 +390,7 @@ fn allreduce_figure(out: &std::path::Path, r: &Report) -> Result<std::path::Path
     let mut lines: Vec<(String, Option<u64>, Pick)> = Vec::new();
     for c in &chunks {
         for (t, pick) in &picks {
-            let chunk = c.map_or(String::new(), |c| format!(", {} KiB chunks", c >> 10));
+            let chunk = c.map_or(String::new(), |c| format!(", {} chunks", plot::human_bytes(c as f64)));
             lines.push((format!("{t}{chunk}"), *c, *pick));
         }
     }
