@@ -164,6 +164,34 @@ fn hierarchical_all_reduce_is_bit_for_bit_the_node_wise_sum() {
     }
 }
 
+/// The schedule's edges, 4 ranks as 2 nodes: one stage per ring (no lag
+/// between reducing and receiving), the default stages (the most lag),
+/// and more blocks than chunks (blocks with nothing to do), f32, two
+/// launches each.
+#[test]
+fn hierarchical_holds_at_one_stage_the_default_stages_and_idle_blocks() {
+    let o = node_opts(2);
+    let variants = [
+        (Some(1), None, 3001),
+        (None, None, 3001),
+        (Some(2), Some(3), 2000),
+        (Some(2), Some(3), 100),
+    ];
+    Communicator::local(4, Backend::Cpu, opts(), |comm| {
+        for (stages, blocks, elems) in variants {
+            let v = AllReduceOptions {
+                stages,
+                blocks,
+                ..o.clone()
+            };
+            plain::<f32>(comm, elems, 2, &v, 2)
+                .map_err(|e| doorbell::Error::Comm(format!("{stages:?} stages, {blocks:?} blocks, {elems}: {e}")))?;
+        }
+        Ok(())
+    })
+    .unwrap_or_else(|e| panic!("4 ranks as 2 nodes: {e}"));
+}
+
 /// The same data through the pipelined algorithm and the hierarchical one
 /// (4 ranks as 2 nodes): the hierarchical sends each chunk across the
 /// NIC once per pair of nodes, so each rank's NIC executes well under the
@@ -210,6 +238,7 @@ fn hierarchical_without_nodes_is_refused() {
             (hier(TransportKind::Routed, Some(RdmaPeers::Nodes(1))), "4 per node"),
             (hier(TransportKind::Routed, Some(RdmaPeers::Nodes(4))), "1 per node"),
             (hier(TransportKind::Routed, Some(RdmaPeers::All)), "1 per node"),
+            (hier(TransportKind::Routed, Some(RdmaPeers::Nodes(3))), "1 per node"),
         ] {
             let e = AllReduce::with_options(comm, 100, DType::F32, &o)
                 .err()
