@@ -16,6 +16,7 @@
 //! | `TwoShot` | staging as above; rank `r` sums shard `r` from every peer (reduce-scatter), signals; every rank reads each shard from its owner (all-gather) | medium and large messages over peer pointers |
 //! | `Ll` | one-shot in 8-byte packets `(epoch << 32) \| 4 data bytes` stored straight into every peer's staging; each rank polls its own staging until every packet carries this launch's epoch, and sums | the smallest messages: one one-way trip, no fence, no signal, no barrier |
 //! | `Pipelined` | chunk by chunk through [`crate::pipeline`](mod@crate::pipeline) rings: each chunk is put into its owner's ring (reduce-scatter), the owner sums and puts the result into every rank's ring (all-gather) | routes without peer pointers (puts and signals only: any transport), and the **fused** all-reduce: [`fused`] lets a producer compute each chunk, whose reduction starts the moment it is produced |
+//! | `Hierarchical` | pipelined in three hops for ranks forming nodes ([`AllReduceArgs::node_ranks`]): into the node's owner of the chunk, the node's partial sums between the owners of every node, the sum back to the node (`hier.rs`) | ranks forming nodes under the routed transport (load/store inside a node, the NIC between nodes): each chunk crosses the NIC once per pair of nodes |
 //!
 //! The host (`doorbell::coll::AllReduce`) picks one by size and route.
 //!
