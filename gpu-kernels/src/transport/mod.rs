@@ -207,7 +207,11 @@ pub trait Transport: Copy + Checked {
     unsafe fn put_lanes_raw(&self, peer: u32, x: RawXfer, signal: Option<RawSignal>) -> Result<(), CommError> {
         warp_verdict(check_put(self, peer, &x, signal))?;
         // SAFETY: the caller's contract; checked.
-        unsafe { self.put_raw(Coop::Thread, peer, x, signal) }
+        let r = unsafe { self.put_raw(Coop::Thread, peer, x, signal) };
+        // Every lane has posted before any lane goes on, so that a `quiet`
+        // by one lane afterwards covers the whole warp's puts.
+        crate::ptx::sync_warp(u32::MAX);
+        r
     }
 
     /// Copies `x.bytes` from the symmetric `x.src` on `peer` to local `x.dst`.
