@@ -63,7 +63,7 @@ use doorbell_example_kernels::ibgda_bench::{post_burst, post_lanes, put_signal_r
 use doorbell_examples::cli::ProxyBenchArgs;
 use doorbell_examples::embedding::Problem;
 use doorbell_examples::plot::{self, Chart, Series, YScale};
-use doorbell_examples::{main_with, ratio, BoxError, USER_KERNELS};
+use doorbell_examples::{die, main_with, ratio, BoxError, USER_KERNELS};
 use proxy_bench_coll::{ArBench, EmbCase};
 
 fn main() {
@@ -235,9 +235,11 @@ fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
                         batch,
                         pooling,
                     };
-                    p.check().map(|_| EmbCase::new(p))
+                    // A shape the exchange refuses is bad input.
+                    p.check().unwrap_or_else(|e| die(e));
+                    EmbCase::new(p)
                 })
-                .collect::<Result<_, _>>()?,
+                .collect(),
         },
         emb_steps: a.emb_steps.unwrap_or(if gpu { 5 } else { 2 }) as u32,
     };
@@ -367,8 +369,9 @@ fn figures(out: &std::path::Path, r: &Report) -> Result<(), BoxError> {
 
 /// `--replot`: the figures of a stored `proxy_bench.json`, nothing run.
 fn replot(path: &std::path::Path, out: &std::path::Path) -> Result<(), BoxError> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let r: Report = serde_json::from_str(&text).map_err(|e| format!("{}: not a proxy_bench report: {e}", path.display()))?;
+    // A file that is missing or not a report is bad input.
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| die(format!("{}: {e}", path.display())));
+    let r: Report = serde_json::from_str(&text).unwrap_or_else(|e| die(format!("{}: not a proxy_bench report: {e}", path.display())));
     figures(out, &r)
 }
 

@@ -92,11 +92,8 @@ pub enum Algo {
     /// One-shot with the flag in the data ("low latency"): 8-byte packets
     /// of 4 data bytes and the launch's epoch, no fence, no signal word.
     Ll = 4,
-    /// Pipelined in three hops for ranks forming nodes
-    /// ([`AllReduceArgs::node_ranks`]): reduce inside the node, exchange
-    /// the node's partial sums across nodes, broadcast inside the node.
-    /// Built only into entries whose transport routes by node
-    /// ([`Transport::NODES`]: the routed transport).
+    /// Pipelined in three hops for ranks forming nodes (`hier.rs`); only in
+    /// entries whose transport routes by node ([`Transport::NODES`]).
     Hierarchical = 5,
 }
 
@@ -163,8 +160,7 @@ pub struct AllReduceArgs {
     pub stages: u32,
     /// Ranks (1..=[`MAX_RANKS`]).
     pub world: u32,
-    /// Hierarchical: ranks per node (consecutive ranks form a node; at
-    /// least 2, fewer than `world`, dividing it). Otherwise zero.
+    /// Hierarchical: ranks per node (consecutive; 2.., dividing `world`), else 0.
     pub node_ranks: u32,
 }
 const _: () = assert!(core::mem::size_of::<AllReduceArgs>() == 80);
@@ -950,8 +946,7 @@ unsafe fn run_algo<T: Transport, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, mut 
             Some(Algo::Ll) => ll::<T, f32, P>(t, a, produce, direct),
             Some(Algo::Pipelined) if bf16 => pipelined::<T, Bf16, P>(t, a, produce),
             Some(Algo::Pipelined) => pipelined::<T, f32, P>(t, a, produce),
-            // Only where the transport routes by node (the host plans it
-            // for no other); elsewhere the launch is refused.
+            // Only where the transport routes by node; elsewhere refused.
             Some(Algo::Hierarchical) if T::NODES && bf16 => hier::hierarchical::<T, Bf16, P>(t, a, produce),
             Some(Algo::Hierarchical) if T::NODES => hier::hierarchical::<T, f32, P>(t, a, produce),
             Some(Algo::Hierarchical) => ptx::trap(),
