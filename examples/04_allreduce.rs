@@ -7,7 +7,7 @@
 //! ```text
 //! cargo run --release --example allreduce -- --help
 //! cargo run --release --example allreduce -- [--ranks N] [--elems N] [--dtype f32|bf16] [--chunk BYTES]
-//!     [--compute none|hash|gemv] [--algo auto|ll|one-shot|two-shot|pipelined] [--transport p2p|ibgda|routed]
+//!     [--compute none|hash|gemv] [--algo auto|ll|one-shot|two-shot|pipelined] [--transport p2p|ibgda|routed|proxy]
 //!     [--device gpu|cpu|auto] [--iters N] [--in-place] [--dump PATH] [--spread] [--threads N]
 //! cargo run --release --example allreduce -- --bench [-b 8] [-e 128M] [-f 2] [-n ITERS] [--graph] [--threads N] [--out DIR] ...
 //! ```
@@ -103,7 +103,7 @@ fn run(args: &Args) -> Result<(), BoxError> {
     };
     // Ranks forming nodes (DOORBELL_NODES) plan the hierarchical algorithm.
     let node_ranks = match (args.transport, doorbell::comm::RdmaPeers::from_env()?) {
-        (TransportArg::Routed, doorbell::comm::RdmaPeers::Nodes(n)) if n > 0 && ranks.is_multiple_of(n) => ranks / n,
+        (TransportArg::Routed | TransportArg::Proxy, doorbell::comm::RdmaPeers::Nodes(n)) if n > 0 && ranks.is_multiple_of(n) => ranks / n,
         _ => 1,
     };
     let plan = Plan::new(

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use doorbell::comm::{CommOptions, Communicator, IbgdaOptions};
+use doorbell::comm::{CommOptions, Communicator, IbgdaOptions, RdmaPeers};
 use doorbell::{Backend, ForTransport, LaunchConfig};
 use doorbell_kernels::transport::Proxy;
 use doorbell_softnic::engine::EngineConfig;
@@ -176,6 +176,57 @@ fn the_proxy_posts_each_request_once() {
     assert_eq!((out[0].requests, out[0].wqes, out[0].doorbells), (1, 2, 1), "{:?}", out[0]);
     assert_eq!(out[0].cqes, 1, "only a request's last WQE is signaled: {:?}", out[0]);
     assert_eq!((out[1].requests, out[1].wqes), (0, 0), "{:?}", out[1]);
+}
+
+/// The proxy's routes: with both ranks on one node
+/// (`RdmaPeers::Nodes(1)`) rank 0's `put_signal` to rank 1 is a store,
+/// never a request; with every pair across the NIC (`RdmaPeers::All`) it
+/// is one request of two WQEs. The data and the signal land either way
+/// (a pattern new for each handle).
+#[test]
+fn the_proxy_reaches_its_nodes_ranks_by_load_store_and_the_others_through_the_nic() {
+    let out = Communicator::local(2, Backend::Cpu, opts(), |comm| {
+        let dev = comm.device();
+        let f = load_test_kernel::<<bad_call as ForTransport<Proxy>>::Kernel>(dev)?;
+        let dst = comm.alloc::<u8>(BYTES as usize)?;
+        let sig = comm.alloc::<u64>(2)?;
+        let src = comm.alloc::<u8>(BYTES as usize)?;
+        let mut seen = Vec::new();
+        for (i, peers) in [RdmaPeers::Nodes(1), RdmaPeers::All].iter().enumerate() {
+            let t = comm.proxy_routed(peers)?;
+            let pattern: Vec<u8> = (0..BYTES).map(|b| (b % 241) as u8 ^ (0x5a + i as u8)).collect();
+            src.copy_from_host(&pattern)?;
+            dst.copy_from_host(&vec![0u8; BYTES as usize])?;
+            sig.copy_from_host(&[0u64; 2])?;
+            let before = comm.proxy_stats().expect("set up");
+            let (r, code) = put_signal_once(comm, &f, t, dst.as_mut_ptr(), src.as_ptr(), sig.as_mut_ptr())?;
+            r?;
+            comm.barrier()?;
+            let after = comm.proxy_stats().expect("set up");
+            let landed = dst.to_host()? == pattern && sig.to_host()?[0] == 7;
+            seen.push((
+                t.is_direct(1 - comm.rank() as u32),
+                after.requests - before.requests,
+                after.wqes - before.wqes,
+                code,
+                landed,
+            ));
+            comm.barrier()?;
+        }
+        Ok(seen)
+    })
+    .expect("the world");
+    let [(direct, requests, wqes, code, _), (direct_all, requests_all, wqes_all, code_all, _)] = out[0][..] else {
+        panic!("two handles: {:?}", out[0]);
+    };
+    assert!(direct && !direct_all, "rank 0's route to rank 1: {:?}", out[0]);
+    assert_eq!((requests, wqes, code), (0, 0, 0), "one node: a store, no request");
+    assert_eq!((requests_all, wqes_all, code_all), (1, 2, 0), "across the NIC: one request");
+    assert!(
+        out[1].iter().all(|h| h.4),
+        "rank 1 did not get the data and the signal: {:?}",
+        out[1]
+    );
 }
 
 #[test]

@@ -162,7 +162,8 @@ pub trait Transport: Copy + Checked {
     /// Whether ranks may form nodes under this transport (some pairs by
     /// load/store, others through the NIC): the library's all-reduce
     /// builds its hierarchical algorithm only into entries where this
-    /// holds (the routed transport).
+    /// holds (the routed transport, and the CPU proxy, which reaches the
+    /// peers of its node by load/store).
     const NODES: bool = false;
 
     /// This rank.

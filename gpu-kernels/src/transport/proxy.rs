@@ -35,8 +35,20 @@
 //! order by the NIC: `fence` orders nothing extra, as with IBGDA. `quiet`
 //! waits until every ticket reserved so far (by any thread of the rank) is
 //! done — more than the contract asks, never less.
+//!
+//! **Nodes.** Where the ranks form (modeled) nodes (`DOORBELL_NODES`,
+//! `Communicator::proxy_routed`), the handle reaches the ranks of its own
+//! node by load/store ([`Proxy::direct`], through its [`P2p`] half), as the
+//! routed transport does, and only the others through the proxy: every
+//! call that names a peer goes wholly to that peer's route, `fence` is
+//! P2P's when any rank is direct, `quiet(None)` completes both, and the
+//! barrier stores its epoch into direct peers' slots and asks the proxy
+//! for the rest. Without nodes every rank, this one included, goes
+//! through the proxy.
 
 use super::ibgda::{RegRegion, REG_SLOTS};
+use super::p2p::P2p;
+use super::routed::{route_bit, ROUTE_WORDS};
 use super::{Cmp, CommError, Coop, RawSignal, RawWait, RawXfer, SignalOp, Transport};
 use crate::heap::{Arg, Call, Checked, HeapBounds, Reporter, EPOCH_OFFSET};
 use crate::ptx;
@@ -166,8 +178,15 @@ pub struct Proxy {
     /// Registered local buffers (`Communicator::proxy_register`): puts may
     /// read from them, gets write into them. `lkey` is the proxy's.
     pub reg: [RegRegion; REG_SLOTS],
+    /// Load/store to the peers whose bit is set in [`Self::direct`].
+    pub p2p: P2p,
+    /// Bit `p % 64` of word `p / 64` set: rank `p` is on this rank's
+    /// (modeled) node and reached by load/store, not through the proxy.
+    /// All clear unless the ranks form nodes (`DOORBELL_NODES`,
+    /// `Communicator::proxy_routed`).
+    pub direct: [u64; ROUTE_WORDS],
 }
-const _: () = assert!(core::mem::size_of::<Proxy>() == 64 + 24 * REG_SLOTS);
+const _: () = assert!(core::mem::size_of::<Proxy>() == 64 + 24 * REG_SLOTS + core::mem::size_of::<P2p>() + 8 * ROUTE_WORDS);
 
 #[cfg(not(target_arch = "nvptx64"))]
 // SAFETY: #[repr(C)] plain data (integers, pointers, plain structs), 8-byte
@@ -201,6 +220,25 @@ impl Checked for Proxy {
 }
 
 impl Proxy {
+    /// Whether `peer` is reached by load/store ([`Self::direct`]); false
+    /// for ranks outside the world (the proxy's checks report the peer).
+    #[inline(always)]
+    pub fn is_direct(&self, peer: u32) -> bool {
+        peer < self.world && route_bit(&self.direct, peer)
+    }
+
+    /// Whether any rank is reached by load/store.
+    #[inline(always)]
+    fn any_direct(&self) -> bool {
+        let mut any = 0;
+        let mut i = 0;
+        while i < ROUTE_WORDS {
+            any |= self.direct[i];
+            i += 1;
+        }
+        any != 0
+    }
+
     /// Whether `[addr, addr + bytes)` is memory the proxy's NIC can reach
     /// locally (the heap or a registered buffer); else the call is refused.
     #[inline(always)]
@@ -408,6 +446,8 @@ impl Proxy {
 }
 
 impl Transport for Proxy {
+    const NODES: bool = true;
+
     #[inline(always)]
     fn rank(&self) -> u32 {
         self.rank
@@ -417,13 +457,22 @@ impl Transport for Proxy {
         self.world
     }
 
-    /// Always `None`: peers are reached through the proxy's NIC only.
+    /// `None` for peers reached through the proxy; the peer's address for
+    /// those on this rank's node ([`Self::direct`]).
     #[inline(always)]
-    fn peer_ptr<T>(&self, _local: *const T, _peer: u32) -> Option<*mut T> {
-        None
+    fn peer_ptr<T>(&self, local: *const T, peer: u32) -> Option<*mut T> {
+        if self.is_direct(peer) {
+            self.p2p.peer_ptr(local, peer)
+        } else {
+            None
+        }
     }
 
     unsafe fn put_raw(&self, g: Coop, peer: u32, x: RawXfer, signal: Option<RawSignal>) -> Result<(), CommError> {
+        if self.is_direct(peer) {
+            // SAFETY: the caller's contract.
+            return unsafe { self.p2p.put_raw(g, peer, x, signal) };
+        }
         let (call, off, sig_off) = super::check_put(self, peer, &x, signal)?;
         self.check_local(call, Arg::Source, x.src as u64, x.bytes, peer)?;
         if x.bytes == 0 && signal.is_none() {
@@ -442,6 +491,10 @@ impl Transport for Proxy {
     }
 
     unsafe fn get_raw(&self, g: Coop, peer: u32, x: RawXfer) -> Result<(), CommError> {
+        if self.is_direct(peer) {
+            // SAFETY: the caller's contract.
+            return unsafe { self.p2p.get_raw(g, peer, x) };
+        }
         let call = if x.nbi { Call::GetNbi } else { Call::Get };
         let off = self.check_range(call, Arg::Source, x.src as u64, x.bytes, peer)?;
         self.check_local_dst(call, x.dst as u64, x.bytes, peer)?;
@@ -462,6 +515,10 @@ impl Transport for Proxy {
     }
 
     unsafe fn signal_raw(&self, peer: u32, s: RawSignal) -> Result<(), CommError> {
+        if self.is_direct(peer) {
+            // SAFETY: the caller's contract.
+            return unsafe { self.p2p.signal_raw(peer, s) };
+        }
         let off = self.check_signal(Call::Signal, s.word as u64, peer)?;
         let r = Req {
             op: OP_SIGNAL,
@@ -490,19 +547,37 @@ impl Transport for Proxy {
         super::wait_some_words(self, w, skip, Self::load_signal)
     }
 
-    /// Nothing to do: requests run in ticket order, each peer's on one QP.
+    /// Requests run in ticket order, each peer's on one QP: nothing to do
+    /// for them. Stores to peers on this rank's node: P2P's fence.
     #[inline(always)]
-    fn fence(&self) {}
+    fn fence(&self) {
+        if self.any_direct() {
+            self.p2p.fence();
+        }
+    }
 
     unsafe fn quiet(&self, peer: Option<u32>) -> Result<(), CommError> {
         match peer {
             Some(p) if p >= self.world => Err(self.fail(CommError::BadPeer { peer: p }, Call::Quiet, Arg::None, p, 0)),
-            _ => self.quiet_all(Call::Quiet, peer.unwrap_or(u32::MAX)),
+            // SAFETY: the caller's contract.
+            Some(p) if self.is_direct(p) => unsafe { self.p2p.quiet(peer) },
+            Some(p) => self.quiet_all(Call::Quiet, p),
+            None => {
+                self.quiet_all(Call::Quiet, u32::MAX)?;
+                if self.any_direct() {
+                    // SAFETY: the caller's contract.
+                    unsafe { self.p2p.quiet(None) }?;
+                }
+                Ok(())
+            }
         }
     }
 
     unsafe fn barrier(&self) -> Result<(), CommError> {
         self.quiet_all(Call::Barrier, u32::MAX)?;
+        // Publish this thread's (and its block's) load/store writes with
+        // the slot stores below.
+        ptx::fence_acq_rel_sys();
         let p = self.reserved(EPOCH_OFFSET);
         // SAFETY: a reserved header word, used by one thread per rank.
         let epoch = unsafe {
@@ -511,6 +586,15 @@ impl Transport for Proxy {
             e
         };
         for peer in 0..self.world {
+            if self.is_direct(peer) {
+                let slot = (self.local_base + self.rank as u64 * 8) as *const u64;
+                if let Some(remote) = self.p2p.peer_ptr(slot, peer) {
+                    // SAFETY: the slot word of this rank in the peer's
+                    // header, mapped (checked by `peer_ptr`).
+                    unsafe { ptx::st_release_sys_u64(remote, epoch) };
+                }
+                continue;
+            }
             let r = Req {
                 op: OP_SIGNAL,
                 peer,

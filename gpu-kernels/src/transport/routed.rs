@@ -25,6 +25,22 @@ use crate::ptx;
 /// Words of the route bit set (one bit per rank).
 pub const ROUTE_WORDS: usize = MAX_RANKS as usize / 64;
 
+/// Bit `peer` of a route bit set (`peer < MAX_RANKS`, checked by the
+/// caller against its world).
+#[inline(always)]
+pub(crate) fn route_bit(bits: &[u64; ROUTE_WORDS], peer: u32) -> bool {
+    // Constant indices: selects in registers, no local-memory copy.
+    let mut w = bits[0];
+    let mut i = 1;
+    while i < ROUTE_WORDS {
+        if (peer as usize >> 6) == i {
+            w = bits[i];
+        }
+        i += 1;
+    }
+    w >> (peer & 63) & 1 != 0
+}
+
 /// The routed transport's device handle: both transports and a bit per
 /// peer. Plain `#[repr(C)]` data made by `Communicator::routed`.
 #[repr(C)]
@@ -49,19 +65,7 @@ impl Routed {
     /// the world: P2P then reports the bad peer).
     #[inline(always)]
     pub fn is_rdma(&self, peer: u32) -> bool {
-        if peer >= self.p2p.world {
-            return false;
-        }
-        // Constant indices: selects in registers, no local-memory copy.
-        let mut w = self.rdma[0];
-        let mut i = 1;
-        while i < ROUTE_WORDS {
-            if (peer as usize >> 6) == i {
-                w = self.rdma[i];
-            }
-            i += 1;
-        }
-        w >> (peer & 63) & 1 != 0
+        peer < self.p2p.world && route_bit(&self.rdma, peer)
     }
 
     unsafe fn barrier_inner(&self) -> Result<(), CommError> {

@@ -182,8 +182,11 @@ pub struct AllReduceOptions {
     /// The device transport (default [`TransportKind::P2p`]). IBGDA and
     /// routed set the transport up on first use (collective, like `new`).
     pub transport: TransportKind,
-    /// Routed transport: which pairs of ranks go through the NIC (default
-    /// `DOORBELL_RDMA_PEERS`, [`RdmaPeers::from_env`]). Ignored otherwise.
+    /// Routed transport and CPU proxy: which pairs of ranks go through the
+    /// NIC (default: the environment — `DOORBELL_RDMA_PEERS` or
+    /// `DOORBELL_NODES` for the routed transport, only `DOORBELL_NODES` for
+    /// the proxy, which otherwise sends every pair through the NIC:
+    /// `Communicator::proxy`). Ignored otherwise.
     pub rdma_peers: Option<RdmaPeers>,
     /// The algorithm (default: by size and route).
     pub algo: Option<Algo>,
@@ -290,7 +293,7 @@ impl Plan {
         let algo = match opts.algo {
             Some(a) => a,
             None if world == 1 => Algo::Copy,
-            None if !peer_pointers && nodes && opts.transport == TransportKind::Routed => Algo::Hierarchical,
+            None if !peer_pointers && nodes && routes_by_node(opts.transport) => Algo::Hierarchical,
             None if !peer_pointers => Algo::Pipelined,
             None if bytes <= ll_max && 4 * world as u64 * bytes <= LL_MAX_SCRATCH => Algo::Ll,
             None => Algo::TwoShot,
@@ -298,10 +301,10 @@ impl Plan {
         if world == 1 && algo != Algo::Copy && algo != Algo::Pipelined {
             return Err(invalid(format!("{} needs at least 2 ranks; one rank is a copy", algo.name())));
         }
-        if algo == Algo::Hierarchical && !(nodes && opts.transport == TransportKind::Routed) {
+        if algo == Algo::Hierarchical && !(nodes && routes_by_node(opts.transport)) {
             return Err(invalid(format!(
                 "the hierarchical algorithm needs ranks forming 2 or more nodes of 2 or more ranks each, over the routed \
-                 transport (DOORBELL_NODES or RdmaPeers::Nodes); here {world} ranks, {node_ranks} per node, over {}",
+                 transport or the CPU proxy (DOORBELL_NODES or RdmaPeers::Nodes); here {world} ranks, {node_ranks} per node, over {}",
                 opts.transport
             )));
         }
@@ -461,6 +464,12 @@ fn has_wide_entry(algo: Algo, transport: TransportKind) -> bool {
     algo == Algo::TwoShot && transport == TransportKind::P2p
 }
 
+/// Whether `t` can reach some peers by load/store and others through the
+/// NIC, by node (`Transport::NODES` in the library's entries).
+fn routes_by_node(t: TransportKind) -> bool {
+    matches!(t, TransportKind::Routed | TransportKind::Proxy)
+}
+
 /// The routed transport's pairs through the NIC: the option, else the
 /// environment.
 fn rdma_peers(opts: &AllReduceOptions) -> Result<RdmaPeers> {
@@ -552,7 +561,7 @@ impl<'c> AllReduce<'c> {
         };
         let world = comm.world_size();
         let node_ranks = match opts.transport {
-            TransportKind::Routed => match rdma_peers(opts)? {
+            TransportKind::Routed | TransportKind::Proxy => match rdma_peers(opts)? {
                 RdmaPeers::Nodes(n) if n > 0 && world.is_multiple_of(n) => world / n,
                 _ => 1,
             },
@@ -608,7 +617,13 @@ impl<'c> AllReduce<'c> {
             }
             TransportKind::P2p => Launcher::Family(Box::new(comm.p2p()?.into()), module.family()?),
             TransportKind::Ibgda => Launcher::Family(Box::new(comm.ibgda()?.into()), module.family()?),
-            TransportKind::Proxy => Launcher::Family(Box::new(comm.proxy()?.into()), module.family()?),
+            TransportKind::Proxy => {
+                let t = match &opts.rdma_peers {
+                    Some(peers) => comm.proxy_routed(peers)?,
+                    None => comm.proxy()?,
+                };
+                Launcher::Family(Box::new(t.into()), module.family()?)
+            }
             TransportKind::Routed => {
                 let t = comm.routed_with(&rdma_peers(opts)?)?;
                 let algo = plan.algo();

@@ -415,19 +415,24 @@ impl Communicator {
     /// [`Self::routed`] with an explicit route setting.
     pub fn routed_with(&self, peers: &RdmaPeers) -> Result<Routed> {
         let ibgda = self.ibgda()?;
+        Ok(Routed {
+            p2p: self.p2p_handle(),
+            ibgda,
+            rdma: self.rdma_bits(peers)?,
+        })
+    }
+
+    /// The route bit set of `peers`: bit `p` set when rank `p` is reached
+    /// through the NIC — peers of other hosts, and of the others those the
+    /// setting names.
+    pub(super) fn rdma_bits(&self, peers: &RdmaPeers) -> Result<[u64; ROUTE_WORDS]> {
         let mut rdma = [0u64; ROUTE_WORDS];
-        // Peers of other hosts go through the NIC; of the others, those
-        // the setting names.
         for p in 0..self.size {
             if self.routes[p] == PeerRoute::Remote || peers.forced(self.rank, p, self.size)? {
                 rdma[p / 64] |= 1 << (p % 64);
             }
         }
-        Ok(Routed {
-            p2p: self.p2p_handle(),
-            ibgda,
-            rdma,
-        })
+        Ok(rdma)
     }
 
     /// Registers `len` bytes at the device address `addr` with the NIC, so

@@ -42,9 +42,10 @@ use doorbell_kernels::transport::ibgda::{IbgdaQp, RegRegion, REG_SLOTS};
 use doorbell_kernels::transport::proxy::{
     ProxyRequest, ProxyTail, ProxyWords, OP_GET, OP_PUT, OP_SIGNAL, PROXY_ERR_COMPLETION, PROXY_ERR_REFUSED, PROXY_ERR_STALLED, REQ_SIGNAL,
 };
+use doorbell_kernels::transport::routed::ROUTE_WORDS;
 use doorbell_kernels::transport::{Proxy, SignalOp};
 
-use super::ibgda::{IbgdaOptions, IbgdaState};
+use super::ibgda::{IbgdaOptions, IbgdaState, RdmaPeers};
 use super::Communicator;
 use crate::error::{Error, Result};
 use crate::memory::{DeviceBuffer, MappedBuffer};
@@ -498,8 +499,39 @@ impl Communicator {
     /// with IBGDA: while one is set up the other is refused (reset the
     /// other first: [`Communicator::ibgda_reset`],
     /// [`Communicator::proxy_reset`]).
+    ///
+    /// Every rank, this one included, is reached through the proxy, except
+    /// under `DOORBELL_NODES`: the ranks of this rank's (modeled) node are
+    /// then reached by load/store ([`Self::proxy_routed`] with
+    /// [`RdmaPeers::Nodes`]).
     pub fn proxy(&self) -> Result<Proxy> {
         self.proxy_state(None)
+    }
+
+    /// The proxy's handle with its routes set by `peers`, as
+    /// [`Self::routed_with`] sets the routed transport's: a rank on another
+    /// host, or one `peers` sends through the NIC, is reached through the
+    /// proxy; every other rank (this one included) by load/store
+    /// ([`Proxy::direct`]). With [`RdmaPeers::Nodes`] the ranks of this
+    /// rank's node are reached by load/store and the others through the
+    /// proxy; with [`RdmaPeers::All`] every peer through the proxy. Sets
+    /// the proxy up as [`Self::proxy`] does the first time (collective).
+    pub fn proxy_routed(&self, peers: &RdmaPeers) -> Result<Proxy> {
+        let mut h = self.proxy()?;
+        h.direct = self.direct_bits(peers)?;
+        Ok(h)
+    }
+
+    /// The complement of [`Self::rdma_bits`] over the world.
+    fn direct_bits(&self, peers: &RdmaPeers) -> Result<[u64; ROUTE_WORDS]> {
+        let rdma = self.rdma_bits(peers)?;
+        let mut direct = [0u64; ROUTE_WORDS];
+        for p in 0..self.size {
+            if rdma[p / 64] >> (p % 64) & 1 == 0 {
+                direct[p / 64] |= 1 << (p % 64);
+            }
+        }
+        Ok(direct)
     }
 
     /// As [`Self::proxy`], with explicit options (used only if the proxy
@@ -661,6 +693,12 @@ impl Communicator {
             ));
         }
         let tail = self.device.alloc_zeroed::<u64>(std::mem::size_of::<ProxyTail>() / 8)?;
+        // Modeled nodes: the ranks of this node by load/store. Otherwise
+        // every rank, this one too, through the proxy.
+        let direct = match RdmaPeers::from_env()? {
+            p @ RdmaPeers::Nodes(_) => self.direct_bits(&p)?,
+            _ => [0; ROUTE_WORDS],
+        };
         let base = shared.host_ptr() as usize;
         let ring = base + std::mem::size_of::<ProxyWords>();
         let handle = Proxy {
@@ -675,6 +713,8 @@ impl Communicator {
             slots: RING_SLOTS,
             nreg: 0,
             reg: [RegRegion::default(); REG_SLOTS],
+            p2p: self.p2p_handle(),
+            direct,
         };
         let queue_list = queues
             .qp_table()

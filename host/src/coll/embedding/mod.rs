@@ -102,8 +102,11 @@ pub struct EmbeddingOptions {
     /// routed set the transport up on first use (collective, like `new`);
     /// the pull forward needs peer pointers (not over IBGDA).
     pub transport: TransportKind,
-    /// Routed transport: which pairs of ranks go through the NIC (default
-    /// `DOORBELL_RDMA_PEERS`, [`RdmaPeers::from_env`]). Ignored otherwise.
+    /// Routed transport and CPU proxy: which pairs of ranks go through the
+    /// NIC (default: the environment — `DOORBELL_RDMA_PEERS` or
+    /// `DOORBELL_NODES` for the routed transport, only `DOORBELL_NODES` for
+    /// the proxy, which otherwise sends every pair through the NIC:
+    /// `Communicator::proxy`). Ignored otherwise.
     pub rdma_peers: Option<RdmaPeers>,
     /// The launch shape, the same on every rank: a 1-D grid, whole warps
     /// of at most 256 threads, at least [`SHARED_BYTES`] of shared memory
