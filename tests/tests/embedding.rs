@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use doorbell::coll::embedding::{EmbeddingError, EmbeddingExchange, EmbeddingOptions, Problem, PAD, SHARED_BYTES, STAMP_FWD};
 use doorbell::coll::TransportKind;
-use doorbell::comm::{CommOptions, Communicator};
+use doorbell::comm::{CommOptions, Communicator, RdmaPeers};
 use doorbell::{Backend, DeviceBuffer, LaunchConfig, Stream};
 use doorbell_examples::embedding as emb;
 
@@ -39,8 +39,22 @@ fn exchange<'c>(
     cfg: LaunchConfig,
     transport: TransportKind,
 ) -> doorbell::Result<EmbeddingExchange<'c>> {
+    exchange_routed(comm, p, cap, cfg, transport, None)
+}
+
+/// [`exchange`] with the pairs the routed transport or the proxy sends
+/// through the NIC.
+fn exchange_routed<'c>(
+    comm: &'c Communicator,
+    p: &Problem,
+    cap: u32,
+    cfg: LaunchConfig,
+    transport: TransportKind,
+    rdma_peers: Option<RdmaPeers>,
+) -> doorbell::Result<EmbeddingExchange<'c>> {
     let opts = EmbeddingOptions {
         transport,
+        rdma_peers,
         launch: Some(cfg),
         ..EmbeddingOptions::default()
     };
@@ -121,13 +135,25 @@ fn run(backend: Backend, p: &Problem, ids: &[Vec<u32>], steps: usize, lr: f32, l
 }
 
 fn run_over(backend: Backend, p: &Problem, ids: &[Vec<u32>], steps: usize, lr: f32, transport: TransportKind, lists: Lists) -> Outcome {
+    run_routed(backend, p, ids, (steps, lr), (transport, None), lists)
+}
+
+/// [`run_over`] with the pairs the transport sends through the NIC.
+fn run_routed(
+    backend: Backend,
+    p: &Problem,
+    ids: &[Vec<u32>],
+    (steps, lr): (usize, f32),
+    (transport, peers): (TransportKind, Option<RdmaPeers>),
+    lists: Lists,
+) -> Outcome {
     let tr = emb::traffic(p, ids);
     let cap = tr.max_pair.max(1) as u32;
     let init = emb::initial_tables(p);
     let res = Communicator::local(p.ranks as usize, backend, opts(p, cap), |comm| {
         let r = comm.rank() as u32;
         let dev = comm.device();
-        let mut x = exchange(comm, p, cap, cfg(comm, p.ranks), transport)?;
+        let mut x = exchange_routed(comm, p, cap, cfg(comm, p.ranks), transport, peers.clone())?;
         if let Lists::Sliced = lists {
             x.set_sliced_list_bytes(0);
         }
@@ -611,6 +637,26 @@ fn forward_and_backward_over_the_cpu_proxy_on_the_emulator() {
     let (steps, lr) = (2, 0.125);
     let got = run_over(Backend::Cpu, &p, &ids, steps, lr, TransportKind::Proxy, lists);
     let tables = got.check(&p, &ids, lr, "proxy");
+    assert_ne!(tables, emb::initial_tables(&p));
+}
+
+/// The same over 4 ranks as 2 modeled nodes: the proxy reaches the rank of
+/// its own node by load/store and the other node's through the NIC, and
+/// its barriers mix both (release stores and signal requests).
+#[test]
+fn forward_and_backward_over_the_cpu_proxy_across_modeled_nodes() {
+    let p = Problem {
+        ranks: 4,
+        tables: 3,
+        rows: 43,
+        dim: 12,
+        batch: 5,
+        pooling: 3,
+    };
+    let ids = tricky_ids(&p, 17);
+    let via = (TransportKind::Proxy, Some(RdmaPeers::Nodes(2)));
+    let got = run_routed(Backend::Cpu, &p, &ids, (2, 0.25), via, Lists::PerOwner);
+    let tables = got.check(&p, &ids, 0.25, "proxy, 2 nodes");
     assert_ne!(tables, emb::initial_tables(&p));
 }
 
