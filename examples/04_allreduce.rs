@@ -59,7 +59,7 @@ fn topology(gpu: bool, ranks: usize, spread: bool) -> Result<Topology, BoxError>
 
 fn run(args: &Args) -> Result<(), BoxError> {
     if args.transport != TransportArg::P2p && args.bench {
-        die("--bench measures the P2P transport; --transport ibgda|routed belongs to the checked run");
+        die("--bench measures the P2P transport; --transport ibgda|routed|proxy belongs to the checked run");
     }
     if args.compute != Compute::None && args.in_place {
         die("--in-place applies to --compute none: a fused producer writes its gradient into the pipeline, and the sum into the output");

@@ -419,7 +419,7 @@ pub enum AlgoArg {
     TwoShot,
     /// Pipelined chunks through rings
     Pipelined,
-    /// Pipelined in three hops for ranks forming nodes (--transport routed with DOORBELL_NODES)
+    /// Pipelined in three hops for ranks forming nodes (--transport routed or proxy with DOORBELL_NODES)
     Hierarchical,
 }
 
