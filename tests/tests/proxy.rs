@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use doorbell::comm::{CommOptions, Communicator, IbgdaOptions, RdmaPeers};
+use doorbell::comm::{CommOptions, Communicator, IbgdaOptions, RdmaPeers, SymBuffer};
 use doorbell::{Backend, ForTransport, LaunchConfig};
 use doorbell_kernels::transport::Proxy;
 use doorbell_softnic::engine::EngineConfig;
@@ -53,6 +53,31 @@ fn put_signal_once(
     unsafe { s.launch(f, LaunchConfig::linear(1, 64), args)? };
     let r = comm.synchronize(&s);
     Ok((r, codes.to_host()?[0]))
+}
+
+/// The control case's kernel and symmetric buffers: `BYTES` of
+/// destination, two signal words, `BYTES` of source in the heap.
+struct Control<'c> {
+    f: ControlKernel,
+    dst: SymBuffer<'c, u8>,
+    sig: SymBuffer<'c, u64>,
+    src: SymBuffer<'c, u8>,
+}
+
+impl<'c> Control<'c> {
+    fn new(comm: &'c Communicator) -> doorbell::Result<Control<'c>> {
+        Ok(Control {
+            f: load_test_kernel::<<bad_call as ForTransport<Proxy>>::Kernel>(comm.device())?,
+            dst: comm.alloc::<u8>(BYTES as usize)?,
+            sig: comm.alloc::<u64>(2)?,
+            src: comm.alloc::<u8>(BYTES as usize)?,
+        })
+    }
+
+    /// [`put_signal_once`] from `src` into `dst` and `sig` over `t`.
+    fn put(&self, comm: &Communicator, t: Proxy) -> doorbell::Result<(doorbell::Result<()>, u32)> {
+        put_signal_once(comm, &self.f, t, self.dst.as_mut_ptr(), self.src.as_ptr(), self.sig.as_mut_ptr())
+    }
 }
 
 /// What rank 0's faulty put left behind, and rank 1's target.
@@ -159,13 +184,8 @@ fn the_proxy_and_ibgda_refuse_to_share_the_nic() {
 #[test]
 fn the_proxy_posts_each_request_once() {
     let out = Communicator::local(2, Backend::Cpu, opts(), |comm| {
-        let dev = comm.device();
-        let f = load_test_kernel::<<bad_call as ForTransport<Proxy>>::Kernel>(dev)?;
-        let dst = comm.alloc::<u8>(BYTES as usize)?;
-        let sig = comm.alloc::<u64>(2)?;
-        let src = comm.alloc::<u8>(BYTES as usize)?;
-        let t = comm.proxy()?;
-        let (r, _) = put_signal_once(comm, &f, t, dst.as_mut_ptr(), src.as_ptr(), sig.as_mut_ptr())?;
+        let c = Control::new(comm)?;
+        let (r, _) = c.put(comm, comm.proxy()?)?;
         r?;
         comm.barrier()?;
         Ok(comm.proxy_stats().expect("set up"))
@@ -186,11 +206,8 @@ fn the_proxy_posts_each_request_once() {
 #[test]
 fn the_proxy_reaches_its_nodes_ranks_by_load_store_and_the_others_through_the_nic() {
     let out = Communicator::local(2, Backend::Cpu, opts(), |comm| {
-        let dev = comm.device();
-        let f = load_test_kernel::<<bad_call as ForTransport<Proxy>>::Kernel>(dev)?;
-        let dst = comm.alloc::<u8>(BYTES as usize)?;
-        let sig = comm.alloc::<u64>(2)?;
-        let src = comm.alloc::<u8>(BYTES as usize)?;
+        let c = Control::new(comm)?;
+        let (dst, sig, src) = (&c.dst, &c.sig, &c.src);
         let mut seen = Vec::new();
         for (i, peers) in [RdmaPeers::Nodes(1), RdmaPeers::All].iter().enumerate() {
             let t = comm.proxy_routed(peers)?;
@@ -199,7 +216,7 @@ fn the_proxy_reaches_its_nodes_ranks_by_load_store_and_the_others_through_the_ni
             dst.copy_from_host(&vec![0u8; BYTES as usize])?;
             sig.copy_from_host(&[0u64; 2])?;
             let before = comm.proxy_stats().expect("set up");
-            let (r, code) = put_signal_once(comm, &f, t, dst.as_mut_ptr(), src.as_ptr(), sig.as_mut_ptr())?;
+            let (r, code) = c.put(comm, t)?;
             r?;
             comm.barrier()?;
             let after = comm.proxy_stats().expect("set up");
