@@ -91,7 +91,8 @@ fn run(a: &IbgdaBenchArgs) -> Result<(), BoxError> {
         );
     }
     let opts = CommOptions {
-        heap_bytes: 2 * max + (1 << 20),
+        // Source and destination, a word per post-rate put, and room.
+        heap_bytes: 2 * max + 8 * a.wqes.max(128) + (1 << 20),
         spread_gpus: a.spread,
         ..CommOptions::from_env()?
     };
@@ -160,7 +161,8 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
         ib: comm.ibgda_with(&p.io)?,
         src: comm.alloc::<u8>(p.max as usize)?,
         dst: comm.alloc::<u8>(p.max as usize)?,
-        words: comm.alloc::<u64>(128)?,
+        // The post rate's puts write a word each; the others 128 at most.
+        words: comm.alloc::<u64>((p.args.wqes as usize).max(128))?,
         sig: comm.alloc::<u64>(1)?,
         s: dev.new_stream()?,
         pattern: (0..p.max).map(|i| (i % 251) as u8 ^ 0x5a).collect(),

@@ -159,7 +159,8 @@ pub fn post_rates(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), Box
         comm.barrier()?;
         let before = nic.stats().wqes;
         let a = (r.words.as_mut_ptr(), r.src.as_ptr() as *const u64, p.args.wqes as u32, use_warp);
-        // SAFETY: symmetric `words` of 128 words, `src` at least 16 bytes.
+        // SAFETY: symmetric `words` of at least `wqes` words, `src` at
+        // least 16 bytes.
         unsafe {
             let cfg = LaunchConfig::linear(1, threads);
             r.s.launch(&f_post, cfg, (ib, a.0, a.1, a.2, a.3, r.out.as_mut_ptr(), r.status.as_mut_ptr()))?;

@@ -108,10 +108,11 @@ pub unsafe fn put_stream<T: Transport>(t: T, dst: *mut u8, src: *const u8, bytes
     }
 }
 
-/// Rank 0 posts `wqes` 8-byte non-blocking puts to rank 1 by one warp
-/// (`use_warp != 0`; launch 1 × 32) or one block (launch 1 × 256), then
-/// `quiet`. `out_ns[0]`: time to post them all; `out_ns[1]`: until the last
-/// completed. Rank 1 returns at once.
+/// Rank 0 posts `wqes` 8-byte non-blocking puts of `src[0]` to rank 1 by
+/// one warp (`use_warp != 0`; launch 1 × 32) or one block (launch 1 × 256),
+/// then `quiet`; put `i` writes word `i` of `dst` (`wqes` words), so every
+/// put lost shows as a word unwritten. `out_ns[0]`: time to post them all;
+/// `out_ns[1]`: until the last completed. Rank 1 returns at once.
 #[kernel(transports(Ibgda, Proxy))]
 pub unsafe fn post_burst<T: Transport>(t: T, dst: *mut u64, src: *const u64, wqes: u32, use_warp: u32, out_ns: *mut u64, status: *mut u32) {
     if t.rank() != 0 || (use_warp != 0 && ptx::warp_id_in_block() != 0) {
@@ -119,12 +120,12 @@ pub unsafe fn post_burst<T: Transport>(t: T, dst: *mut u64, src: *const u64, wqe
     }
     let lead = ptx::thread_idx_x() == 0;
     let mut r: Result<(), CommError> = Ok(());
-    // SAFETY: `dst` (symmetric) and `src` hold 64 words.
+    // SAFETY: `dst` (symmetric) holds `wqes` words, `src` one.
     unsafe {
         let t0 = ptx::globaltimer_ns();
         let mut i = 0u32;
         while i < wqes && r.is_ok() {
-            let d = dst.add((i % 64) as usize) as *mut u8;
+            let d = dst.add(i as usize) as *mut u8;
             let g = if use_warp != 0 { Coop::Warp } else { Coop::Block };
             let x = RawXfer {
                 dst: d,
