@@ -51,6 +51,7 @@ use bench::run_ranks;
 use clap::Parser;
 use doorbell::comm::{CommOptions, Communicator, IbgdaOptions, SymBuffer};
 use doorbell::{DeviceBuffer, Stream};
+use doorbell_example_kernels::ibgda_bench::lane_words;
 use doorbell_examples::cli::IbgdaBenchArgs;
 use doorbell_examples::plot::{Chart, Series};
 use doorbell_examples::{die, main_with, BoxError, USER_KERNELS};
@@ -91,8 +92,8 @@ fn run(a: &IbgdaBenchArgs) -> Result<(), BoxError> {
         );
     }
     let opts = CommOptions {
-        // Source and destination, a word per post-rate put, and room.
-        heap_bytes: 2 * max + 8 * a.wqes.max(128) + (1 << 20),
+        // Source and destination, a word per rate put, and room.
+        heap_bytes: 2 * max + 8 * rate_words(a) as u64 + (1 << 20),
         spread_gpus: a.spread,
         ..CommOptions::from_env()?
     };
@@ -152,6 +153,12 @@ struct Rank<'c> {
 }
 
 /// One rank's part; rank 0 returns the report.
+/// Words of the rate runs' target: a word per put of the post rate and
+/// of the lane posts (up to `LANE_WORDS`).
+fn rate_words(a: &IbgdaBenchArgs) -> usize {
+    (a.wqes as usize).max(lane_words(a.lane_blocks as u32, a.lane_rounds as u32))
+}
+
 fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
     let dev = comm.device();
     let mut r = Rank {
@@ -161,8 +168,8 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
         ib: comm.ibgda_with(&p.io)?,
         src: comm.alloc::<u8>(p.max as usize)?,
         dst: comm.alloc::<u8>(p.max as usize)?,
-        // The post rate's puts write a word each; the others 128 at most.
-        words: comm.alloc::<u64>((p.args.wqes as usize).max(128))?,
+        // The post rate's and the lane posts' puts write a word each.
+        words: comm.alloc::<u64>(rate_words(p.args))?,
         sig: comm.alloc::<u64>(1)?,
         s: dev.new_stream()?,
         pattern: (0..p.max).map(|i| (i % 251) as u8 ^ 0x5a).collect(),

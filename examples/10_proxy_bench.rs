@@ -36,10 +36,8 @@
 //! port); a warm-up round is dropped and the report takes the medians and
 //! their ratios. Every message-rate launch is checked on rank 1: the words
 //! the puts wrote must hold the value rank 0 put in that launch (a wrong
-//! result fails the run). The one-warp rate's puts each write a word of
-//! their own, so one lost put fails it; the lane posts rewrite the same
-//! 32 words per block every round, so only their last round is checked
-//! word by word. On the CPU emulator the timings mean nothing
+//! result fails the run). Every put writes a word of its own (the lane
+//! posts up to `LANE_WORDS` puts), so one lost put fails it. On the CPU emulator the timings mean nothing
 //! about a GPU; the run checks that every path works.
 //!
 //! ```text
@@ -62,7 +60,7 @@ use clap::Parser;
 use doorbell::coll::{AllReduce, DType, TransportKind};
 use doorbell::comm::{CommOptions, Communicator, ProxyStats};
 use doorbell::{DeviceBuffer, FamilyHandle, LaunchConfig};
-use doorbell_example_kernels::ibgda_bench::{post_burst, post_lanes, put_signal_rtt, BENCH_OK};
+use doorbell_example_kernels::ibgda_bench::{lane_words, post_burst, post_lanes, put_signal_rtt, BENCH_OK};
 use doorbell_examples::cli::ProxyBenchArgs;
 use doorbell_examples::embedding::Problem;
 use doorbell_examples::plot::{self, Chart, Series, YScale};
@@ -461,9 +459,9 @@ fn check(status: &DeviceBuffer<u32>, what: &str) -> Result<(), BoxError> {
 }
 
 /// Words of the rate launches' target: a word per put of the message
-/// rate, and the lane posts' 128.
+/// rate and of the lane posts (up to `LANE_WORDS`).
 fn words_for(p: &Plan) -> usize {
-    (p.wqes as usize).max(128)
+    (p.wqes as usize).max(lane_words(p.lane_blocks, p.lane_rounds))
 }
 
 /// One rank's buffers and kernel families.
@@ -572,12 +570,13 @@ impl Rank<'_> {
             self.out.as_mut_ptr(),
             self.status.as_mut_ptr(),
         );
-        // SAFETY: symmetric `words` of at least 128 words, `src` of 64; 3 output
+        // SAFETY: symmetric `words` of at least `lane_words`, `src` of 64; 3 output
         // words per block (at most 64 blocks).
         unsafe { self.s.launch_family(&self.lanes, LaunchConfig::linear(p.lane_blocks, 32), t, a)? };
         self.comm.synchronize(&self.s)?;
         check(&self.status, "lane posts")?;
-        self.landed((32 * p.lane_blocks as usize).min(128), value, "lane posts")?;
+        // Each put wrote a word of its own (up to LANE_WORDS).
+        self.landed(lane_words(p.lane_blocks, p.lane_rounds), value, "lane posts")?;
         let ns = self.out.to_host()?;
         let b = p.lane_blocks as usize;
         let t0 = (0..b).map(|k| ns[3 * k]).min().unwrap_or(0);

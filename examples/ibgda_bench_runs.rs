@@ -202,7 +202,7 @@ pub fn lane_rates(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), Box
         out.zero()?;
         comm.barrier()?;
         let before = comm.ibgda_engine().filter(|_| v == 1 && !warm);
-        // SAFETY: symmetric `words` of 128 words, registered `src`; `out` holds 3 words per block.
+        // SAFETY: symmetric `words` of `lane_words(blocks, rounds)`, registered `src`; `out` holds 3 words per block.
         unsafe {
             let a = (r.words.as_mut_ptr(), r.src.as_ptr() as *const u64, rounds, out.as_raw() as *mut u64);
             r.s.launch(&f, LaunchConfig::linear(n, 32), (r.ib, a.0, a.1, a.2, a.3, r.status.as_mut_ptr()))?;

@@ -173,11 +173,24 @@ pub unsafe fn post_profile(t: Ibgda, dst: *mut u64, src: *const u64, n: u32, out
     }
 }
 
+/// The most words [`post_lanes`](fn@post_lanes) writes: `rounds × blocks × 32`, at most
+/// this many (512 KiB); later puts wrap around.
+pub const LANE_WORDS: usize = 1 << 16;
+
+/// Words of `dst` a [`post_lanes`](fn@post_lanes) launch of `blocks` blocks and `rounds`
+/// rounds writes.
+pub fn lane_words(blocks: u32, rounds: u32) -> usize {
+    (32 * blocks as usize * rounds as usize).min(LANE_WORDS)
+}
+
 /// Rank 0's blocks each post `rounds` × 32 8-byte non-blocking puts to
 /// rank 1 by one warp, a WQE per lane ([`Transport::put_lanes_raw`]: a
 /// warp's 32 WQEs behind one doorbell), then `quiet`. Launch
 /// `blocks × 32`; block `b` posts on its QP, `b mod qps_per_peer`. Lane
-/// `l` of block `b` writes `dst[(32 b + l) % 128]`. `out_ns[3b ..]`:
+/// `l` of block `b` writes, in round `i`, word `((i × blocks + b) × 32 + l)
+/// mod LANE_WORDS` of `dst` (which holds that many words, or all of
+/// [`LANE_WORDS`]): up to `LANE_WORDS` puts each write a word of their
+/// own, so a lost put shows as a word unwritten. `out_ns[3b ..]`:
 /// block `b`'s `%globaltimer` at its start, when its last WQE was posted
 /// and when it completed. Rank 1 returns at once.
 #[kernel(transports(Ibgda, Proxy))]
@@ -185,19 +198,21 @@ pub unsafe fn post_lanes<T: Transport>(t: T, dst: *mut u64, src: *const u64, rou
     if t.rank() != 0 || ptx::warp_id_in_block() != 0 {
         return;
     }
-    let b = ptx::block_idx_x();
-    let lane = ptx::lane_id();
-    let x = RawXfer {
-        // SAFETY: `dst` holds 128 words.
-        dst: unsafe { dst.add(((32 * b + lane) % 128) as usize) } as *mut u8,
-        src: src as *const u8,
-        bytes: 8,
-        nbi: true,
-    };
+    let (b, blocks) = (ptx::block_idx_x() as u64, ptx::grid_dim_x() as u64);
+    let lane = ptx::lane_id() as u64;
     let mut r: Result<(), CommError> = Ok(());
     let t0 = ptx::globaltimer_ns();
     let mut i = 0;
     while i < rounds && r.is_ok() {
+        let word = ((i as u64 * blocks + b) * 32 + lane) % LANE_WORDS as u64;
+        let x = RawXfer {
+            // SAFETY: `dst` holds every word below `LANE_WORDS` this
+            // launch's puts reach.
+            dst: unsafe { dst.add(word as usize) } as *mut u8,
+            src: src as *const u8,
+            bytes: 8,
+            nbi: true,
+        };
         // SAFETY: every lane of the warp calls; `dst` symmetric, `src` registered.
         r = unsafe { t.put_lanes_raw(1, x, None) };
         i += 1;
