@@ -31,6 +31,12 @@
 //!   and the tables after the last step checked against the CPU
 //!   reference.
 //!
+//! **More ranks** (`--ranks N`, above 2 with `DOORBELL_NODES` making
+//! nodes of them): the GPU-initiated side is the routed transport (IBGDA
+//! between nodes, load/store inside one) and the proxy routes the same
+//! way, so both plan the hierarchical all-reduce (checked against the
+//! node-wise sum); only the all-reduce and the embedding exchange run.
+//!
 //! Each round sets IBGDA up, measures it and P2P, closes it, then sets the
 //! proxy up on the freed NIC and measures it (the two cannot share a NIC
 //! port); a warm-up round is dropped and the report takes the medians and
@@ -41,7 +47,7 @@
 //! about a GPU; the run checks that every path works.
 //!
 //! ```text
-//! cargo run --release --example proxy_bench -- [--device gpu|cpu] [--rtt-iters N] [--wqes N] [--rounds N]
+//! cargo run --release --example proxy_bench -- [--device gpu|cpu] [--ranks N] [--rtt-iters N] [--wqes N] [--rounds N]
 //!     [--ar-sizes B,..] [--ar-chunks B,..] [--emb-dims D,..] [--emb-steps N] [--out DIR]
 //! ```
 //! Prints a table and writes to `--out`: `proxy_bench.json`,
@@ -76,6 +82,12 @@ fn main() {
 #[derive(serde::Serialize, serde::Deserialize, Debug, Default)]
 struct Report {
     device: String,
+    /// Ranks, and the transport of the GPU-initiated side: `ibgda` with 2
+    /// ranks, `routed` (IBGDA between nodes) with more.
+    #[serde(default)]
+    ranks: u32,
+    #[serde(default)]
+    gpu_transport: String,
     rtt_iters: u32,
     wqes: u32,
     /// Per timed round.
@@ -178,6 +190,7 @@ struct EmbRow {
 }
 
 struct Plan {
+    ranks: u32,
     rtt_iters: u32,
     wqes: u32,
     rounds: u32,
@@ -191,6 +204,22 @@ struct Plan {
 }
 
 impl Plan {
+    /// Whether the pair parts run (round trip, rates: two ranks only).
+    fn pairs(&self) -> bool {
+        self.ranks == 2
+    }
+
+    /// The GPU-initiated side: IBGDA between two ranks; the routed
+    /// transport (IBGDA between nodes, load/store inside one) for more,
+    /// routed by node as the proxy is.
+    fn gpu_kind(&self) -> TransportKind {
+        if self.pairs() {
+            TransportKind::Ibgda
+        } else {
+            TransportKind::Routed
+        }
+    }
+
     /// Every (size, chunk) of the fused all-reduce, in report order.
     fn ar_cases(&self) -> Vec<(u64, Option<u64>)> {
         self.ar_sizes
@@ -205,7 +234,19 @@ fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
         return replot(path, &a.out);
     }
     let gpu = a.device.wants_gpu()?;
+    let ranks = a.ranks as u32;
+    if ranks > 2 {
+        // Both transports must route by node for the comparison to hold.
+        match doorbell::comm::RdmaPeers::from_env()? {
+            doorbell::comm::RdmaPeers::Nodes(n) if n >= 2 && (ranks as usize).is_multiple_of(n) => {}
+            _ => die(format!(
+                "--ranks {ranks}: above 2 ranks proxy_bench compares the transports across modeled nodes; \
+                 set DOORBELL_NODES to a node count of 2 or more that divides {ranks}"
+            )),
+        }
+    }
     let plan = Plan {
+        ranks,
         rtt_iters: a.rtt_iters.unwrap_or(if gpu { 2000 } else { 50 }) as u32,
         wqes: a.wqes.unwrap_or(if gpu { 4096 } else { 256 }) as u32,
         rounds: a.rounds as u32,
@@ -229,7 +270,7 @@ fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
                     let batch = a.emb_batch.unwrap_or(if gpu { 256 } else { 4 }) as u32;
                     let (tables, rows, pooling) = if gpu { (4, 16384, 8) } else { (2, 64, 3) };
                     let p = Problem {
-                        ranks: 2,
+                        ranks,
                         tables,
                         rows,
                         dim: dim as u32,
@@ -253,18 +294,39 @@ fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
         heap_bytes: per_round * (plan.rounds as u64 + 1) + (64 << 20),
         ..CommOptions::from_env()?
     };
-    let ran = run_ranks("proxy_bench", 2, Some(2), a.device.backend()?, opts, |comm| bench(comm, &plan))?;
+    let ran = run_ranks(
+        "proxy_bench",
+        ranks as usize,
+        Some(ranks as usize),
+        a.device.backend()?,
+        opts,
+        |comm| bench(comm, &plan),
+    )?;
     let Some(r) = ran.results.into_iter().flatten().next() else {
         return match ran.one_process_per_rank {
             true => Ok(()),
             false => Err("rank 0 produced no report".into()),
         };
     };
-    println!("# proxy_bench on {} (2 ranks; medians of {} rounds)", r.device, a.rounds);
+    println!(
+        "# proxy_bench on {} ({} ranks; GPU-initiated over {}; medians of {} rounds)",
+        r.device, r.ranks, r.gpu_transport, a.rounds
+    );
     println!(
         "{:<40} {:>12} {:>12} {:>12} {:>14}",
-        "", "ibgda", "cpu proxy", "p2p", "ibgda / proxy"
+        "", r.gpu_transport, "cpu proxy", "p2p", "gpu / proxy"
     );
+    if r.ranks == 2 {
+        print_pairs(&r);
+    }
+    print_collectives(&r);
+    let path = bench::write_json(&a.out, "proxy_bench.json", &r)?;
+    println!("# wrote {}", path.display());
+    figures(&a.out, &r)
+}
+
+/// The round trip's and the rates' lines of the table.
+fn print_pairs(r: &Report) {
     println!(
         "{:<40} {:>12.2} {:>12.2} {:>12.2} {:>14}",
         "8-byte put_signal round trip, us",
@@ -289,6 +351,10 @@ fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
         "",
         fmt(r.lanes_ibgda_over_proxy)
     );
+}
+
+/// The all-reduce's and the embedding exchange's lines of the table.
+fn print_collectives(r: &Report) {
     for row in &r.allreduce {
         let name = match row.chunk {
             None => format!("{} B", row.bytes),
@@ -350,9 +416,6 @@ fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
         "# rank 0's proxy thread, last round: {} requests, {} WQEs, {} doorbells",
         r.proxy_requests, r.proxy_wqes, r.proxy_doorbells
     );
-    let path = bench::write_json(&a.out, "proxy_bench.json", &r)?;
-    println!("# wrote {}", path.display());
-    figures(&a.out, &r)
 }
 
 /// The figures of a report, into `out`.
@@ -374,6 +437,15 @@ fn replot(path: &std::path::Path, out: &std::path::Path) -> Result<(), BoxError>
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| die(format!("{}: {e}", path.display())));
     let r: Report = serde_json::from_str(&text).unwrap_or_else(|e| die(format!("{}: not a proxy_bench report: {e}", path.display())));
     figures(out, &r)
+}
+
+/// "2 ranks", or "4 ranks, IBGDA routed" where the GPU-initiated side is
+/// the routed transport (a report from before either field: 2 ranks).
+fn ranks_in_words(r: &Report) -> String {
+    match r.gpu_transport.as_str() {
+        "routed" => format!("{} ranks, IBGDA routed by node", r.ranks),
+        _ => format!("{} ranks", r.ranks.max(2)),
+    }
 }
 
 /// The all-reduce's figure: a line per way, transport and chunk size.
@@ -410,7 +482,7 @@ fn allreduce_figure(out: &std::path::Path, r: &Report) -> Result<std::path::Path
                 .collect(),
         })
         .collect();
-    let title = format!("all-reduce, 2 ranks across the soft NIC ({})", r.device);
+    let title = format!("all-reduce, {} across the soft NIC ({})", ranks_in_words(r), r.device);
     Ok(bench::write_times_figure(out, "proxy_bench", &title, "bytes per rank", &times)?.0)
 }
 
@@ -432,7 +504,13 @@ fn embedding_figure(out: &std::path::Path, r: &Report) -> Result<std::path::Path
         })
         .collect();
     let e = &r.embedding[0];
-    let title = format!("embedding exchange, 2 ranks, {} tables, batch {} ({})", e.tables, e.batch, r.device);
+    let title = format!(
+        "embedding exchange, {}, {} tables, batch {} ({})",
+        ranks_in_words(r),
+        e.tables,
+        e.batch,
+        r.device
+    );
     let chart = Chart {
         title: &title,
         x_label: "bytes per row",
@@ -443,6 +521,20 @@ fn embedding_figure(out: &std::path::Path, r: &Report) -> Result<std::path::Path
     let (png, svg) = (out.join("proxy_bench_embedding.png"), out.join("proxy_bench_embedding.svg"));
     plot::write_charts(&[(&chart, YScale::Log)], &png, &svg)?;
     Ok(png)
+}
+
+/// The round trip's and the rates' medians and ratios.
+fn pair_medians(rep: &mut Report) {
+    rep.rtt_ibgda_median_us = median(rep.rtt_ibgda_us.clone());
+    rep.rtt_proxy_median_us = median(rep.rtt_proxy_us.clone());
+    rep.rtt_p2p_median_us = median(rep.rtt_p2p_us.clone());
+    rep.rtt_ibgda_over_proxy = ratio(rep.rtt_ibgda_median_us, rep.rtt_proxy_median_us);
+    rep.rate_ibgda_median_mput_s = median(rep.rate_ibgda_mput_s.clone());
+    rep.rate_proxy_median_mput_s = median(rep.rate_proxy_mput_s.clone());
+    rep.rate_ibgda_over_proxy = ratio(rep.rate_ibgda_median_mput_s, rep.rate_proxy_median_mput_s);
+    rep.lanes_ibgda_median_mput_s = median(rep.lanes_ibgda_mput_s.clone());
+    rep.lanes_proxy_median_mput_s = median(rep.lanes_proxy_mput_s.clone());
+    rep.lanes_ibgda_over_proxy = ratio(rep.lanes_ibgda_median_mput_s, rep.lanes_proxy_median_mput_s);
 }
 
 fn fmt(v: Option<f64>) -> String {
@@ -606,8 +698,11 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
         epoch: 1,
     };
     let p2p = comm.p2p()?;
+    let gpu_kind = p.gpu_kind();
     let mut rep = Report {
         device: dev.name(),
+        ranks: p.ranks,
+        gpu_transport: gpu_kind.to_string(),
         rtt_iters: p.rtt_iters,
         wqes: p.wqes,
         ..Report::default()
@@ -669,29 +764,46 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
         }
         Ok((times, emb))
     };
+    // The round trip and the rates between ranks 0 and 1 (two ranks only).
+    let no_pairs = [f64::NAN; 4];
     for round in 0..=p.rounds {
         let warm = round == 0;
         note(&format!("round {round}: IBGDA set-up"));
         let ib = comm.ibgda()?;
-        note("IBGDA: round trips, message rates");
-        let rtt_ib = r.round_trip(p, ib)?;
-        let rtt_p2p = r.round_trip(p, p2p)?;
-        let rate_ib = r.message_rate(p, ib, 0x1b9d_a000 + round as u64)?;
-        let lanes_ib = r.lane_rate(p, ib, 0x1a9e_5000 + round as u64)?;
-        let (ar_ib, emb_ib) = collectives(TransportKind::Ibgda, true)?;
+        let [rtt_ib, rtt_p2p, rate_ib, lanes_ib] = match p.pairs() {
+            true => {
+                note("IBGDA: round trips, message rates");
+                [
+                    r.round_trip(p, ib)?,
+                    r.round_trip(p, p2p)?,
+                    r.message_rate(p, ib, 0x1b9d_a000 + round as u64)?,
+                    r.lane_rate(p, ib, 0x1a9e_5000 + round as u64)?,
+                ]
+            }
+            false => no_pairs,
+        };
+        let (ar_ib, emb_ib) = collectives(gpu_kind, true)?;
         note("IBGDA closed; proxy set-up");
         comm.ibgda_close()?;
         let px = comm.proxy()?;
-        note("proxy: round trips, message rates");
-        let rtt_px = r.round_trip(p, px)?;
-        let rate_px = r.message_rate(p, px, 0xc0de_0000 + round as u64)?;
-        let lanes_px = r.lane_rate(p, px, 0xc1a9_e000 + round as u64)?;
+        let [rtt_px, rate_px, lanes_px, _] = match p.pairs() {
+            true => {
+                note("proxy: round trips, message rates");
+                [
+                    r.round_trip(p, px)?,
+                    r.message_rate(p, px, 0xc0de_0000 + round as u64)?,
+                    r.lane_rate(p, px, 0xc1a9_e000 + round as u64)?,
+                    0.0,
+                ]
+            }
+            false => no_pairs,
+        };
         let (ar_px, emb_px) = collectives(TransportKind::Proxy, false)?;
         stats = comm.proxy_stats().unwrap_or_default();
         comm.proxy_check()?;
         note("proxy reset");
         comm.proxy_reset()?;
-        if comm.rank() == 0 {
+        if comm.rank() == 0 && p.pairs() {
             eprintln!(
                 "round {round}{}: round trip ibgda {rtt_ib:.2} / proxy {rtt_px:.2} / p2p {rtt_p2p:.2} us; \
                  puts ibgda {rate_ib:.3} / proxy {rate_px:.3} M/s; {lb} warps ibgda {lanes_ib:.3} / proxy {lanes_px:.3} M/s",
@@ -699,7 +811,7 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
                 lb = p.lane_blocks,
             );
         }
-        if !warm {
+        if !warm && p.pairs() {
             rep.rtt_ibgda_us.push(rtt_ib);
             rep.rtt_proxy_us.push(rtt_px);
             rep.rtt_p2p_us.push(rtt_p2p);
@@ -707,6 +819,8 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
             rep.rate_proxy_mput_s.push(rate_px);
             rep.lanes_ibgda_mput_s.push(lanes_ib);
             rep.lanes_proxy_mput_s.push(lanes_px);
+        }
+        if !warm {
             for (k, row) in ar_rows.iter_mut().enumerate() {
                 let ((fi, ci, alone), (fp, cp, _)) = (ar_ib[k], ar_px[k]);
                 row.fused_ibgda.us.push(fi);
@@ -726,17 +840,10 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
             }
         }
     }
-    rep.rtt_ibgda_median_us = median(rep.rtt_ibgda_us.clone());
-    rep.rtt_proxy_median_us = median(rep.rtt_proxy_us.clone());
-    rep.rtt_p2p_median_us = median(rep.rtt_p2p_us.clone());
-    rep.rtt_ibgda_over_proxy = ratio(rep.rtt_ibgda_median_us, rep.rtt_proxy_median_us);
-    rep.rate_ibgda_median_mput_s = median(rep.rate_ibgda_mput_s.clone());
-    rep.rate_proxy_median_mput_s = median(rep.rate_proxy_mput_s.clone());
-    rep.rate_ibgda_over_proxy = ratio(rep.rate_ibgda_median_mput_s, rep.rate_proxy_median_mput_s);
     (rep.lane_blocks, rep.lane_rounds) = (p.lane_blocks, p.lane_rounds);
-    rep.lanes_ibgda_median_mput_s = median(rep.lanes_ibgda_mput_s.clone());
-    rep.lanes_proxy_median_mput_s = median(rep.lanes_proxy_mput_s.clone());
-    rep.lanes_ibgda_over_proxy = ratio(rep.lanes_ibgda_median_mput_s, rep.lanes_proxy_median_mput_s);
+    if p.pairs() {
+        pair_medians(&mut rep);
+    }
     let n = comm.world_size() as f64;
     for row in &mut ar_rows {
         row.producer_median_us = median(row.producer_us.clone());

@@ -14,7 +14,7 @@
 //! step's `synchronize`, the median of the timed steps after one warm-up.
 
 use doorbell::coll::embedding::{launch_config_for, EmbeddingExchange, EmbeddingOptions};
-use doorbell::coll::{AllReduce, AllReduceOptions, DType, TransportKind};
+use doorbell::coll::{Algo, AllReduce, AllReduceOptions, DType, TransportKind};
 use doorbell::comm::Communicator;
 use doorbell::{DeviceBuffer, Function, LaunchConfig, Module, Stream};
 use doorbell_example_kernels::allreduce::{fused_grad_allreduce, grad, produce_grad, COMPUTE_HASH};
@@ -82,11 +82,21 @@ impl<'c> ArBench<'c> {
     }
 
     /// Every element of `out` equals the sum over ranks of step `step`'s
-    /// gradient, bit for bit.
-    fn check(&self, out: &DeviceBuffer<f32>, step: u32, what: &str) -> Result<(), BoxError> {
+    /// gradient, bit for bit, summed as `ar` sums: in rank order, or (the
+    /// hierarchical algorithm) each node's ranks first, then the nodes'
+    /// sums in node order.
+    fn check(&self, ar: &AllReduce<'_>, out: &DeviceBuffer<f32>, step: u32, what: &str) -> Result<(), BoxError> {
         let ranks = self.comm.world_size() as u32;
+        let per = match ar.algo() {
+            Algo::Hierarchical => ar.plan().args.node_ranks.max(1),
+            _ => ranks,
+        };
+        let sum = |i: usize, rs: std::ops::Range<u32>| rs.map(|r| grad(COMPUTE_HASH, r, i as u64, step)).reduce(|a, b| a + b);
         for (i, g) in out.to_host()?.iter().enumerate() {
-            let want = (0..ranks).fold(0f32, |acc, r| acc + grad(COMPUTE_HASH, r, i as u64, step));
+            let want = (0..ranks / per)
+                .filter_map(|n| sum(i, n * per..(n + 1) * per))
+                .reduce(|a, b| a + b)
+                .unwrap_or(0.0);
             if g.to_bits() != want.to_bits() {
                 let r = self.comm.rank();
                 return Err(format!("{what}, step {step}, rank {r}: element {i} is {g}, not {want}").into());
@@ -138,7 +148,7 @@ impl<'c> ArBench<'c> {
             Ok(())
         };
         let what = format!("fused all-reduce over {kind} ({bytes} bytes)");
-        self.timed(step, |k| self.check(&out.borrow(), k, &what))
+        self.timed(step, |k| self.check(&ar, &out.borrow(), k, &what))
     }
 
     /// CPU-driven over `kind`: for each chunk the producer's launch, then
@@ -174,7 +184,7 @@ impl<'c> ArBench<'c> {
             Ok(())
         };
         let what = format!("CPU-driven all-reduce over {kind} ({} bytes, {} B chunks)", case.0, per * 4);
-        self.timed(step, |k| self.check(&out, k, &what))
+        self.timed(step, |k| self.check(&full, &out, k, &what))
     }
 
     /// The producer alone: µs per step launched whole (the fused way's

@@ -247,6 +247,52 @@ fn built_examples_refuse_bad_input_with_status_2_and_no_backtrace() {
     assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("--iters"));
 }
 
+/// `proxy_bench --ranks 4` as 2 modeled nodes on the emulator: the
+/// GPU-initiated side is the routed transport, both sides plan the
+/// hierarchical all-reduce (the example checks it against the node-wise
+/// sum), the pair parts are left out, and without `DOORBELL_NODES` the
+/// run is refused as bad input.
+#[test]
+fn proxy_bench_with_more_ranks_compares_both_transports_across_modeled_nodes() {
+    let Some(bin) = example_binary("proxy_bench") else {
+        eprintln!("proxy_bench not built in this profile (cargo build --release --example proxy_bench): skipping");
+        return;
+    };
+    let refused = Command::new(&bin)
+        .args(argv("--device cpu --ranks 4"))
+        .env_remove("DOORBELL_NODES")
+        .env_remove("DOORBELL_RDMA_PEERS")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{err}");
+    assert!(err.contains("DOORBELL_NODES"), "{err}");
+    let dir = std::env::temp_dir().join(format!("doorbell-proxy-bench-nodes-{}", std::process::id()));
+    let out = Command::new(&bin)
+        .args(argv(
+            "--device cpu --ranks 4 --rounds 1 --ar-sizes 4K --ar-chunks 1K --ar-steps 1 --emb-dims 4 --emb-steps 1 --out",
+        ))
+        .arg(&dir)
+        .env("DOORBELL_NODES", "2")
+        .env_remove("DOORBELL_RDMA_PEERS")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "proxy_bench --ranks 4 failed:\n{stdout}\n{stderr}");
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("proxy_bench.json")).unwrap()).unwrap();
+    assert_eq!((r["ranks"].as_u64(), r["gpu_transport"].as_str()), (Some(4), Some("routed")));
+    assert!(r["rtt_ibgda_us"].as_array().unwrap().is_empty(), "no pair parts with 4 ranks");
+    let row = &r["allreduce"][0];
+    assert_eq!(row["checked"].as_u64(), Some(1024));
+    for way in ["fused_ibgda", "fused_proxy", "cpu_ibgda", "cpu_proxy"] {
+        let us = row[way]["median_us"].as_f64().unwrap();
+        assert!(us > 0.0 && us.is_finite(), "{way}: {us}");
+    }
+    let us = r["embedding"][0]["fwd_proxy_median_us"].as_f64().unwrap();
+    assert!(us > 0.0 && us.is_finite(), "embedding forward over the proxy: {us}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `proxy_bench` on the emulator: every part runs over both transports,
 /// with its results checked by the example itself (a wrong all-reduce
 /// element or embedding output makes it exit non-zero), and the report
