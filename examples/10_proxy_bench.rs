@@ -191,6 +191,8 @@ struct EmbRow {
 
 struct Plan {
     ranks: u32,
+    /// The ranks form modeled nodes (`DOORBELL_NODES`).
+    nodes: bool,
     rtt_iters: u32,
     wqes: u32,
     rounds: u32,
@@ -209,14 +211,15 @@ impl Plan {
         self.ranks == 2
     }
 
-    /// The GPU-initiated side: IBGDA between two ranks; the routed
-    /// transport (IBGDA between nodes, load/store inside one) for more,
-    /// routed by node as the proxy is.
+    /// The GPU-initiated side of the collectives: where the ranks form
+    /// nodes, the routed transport (IBGDA between nodes, load/store inside
+    /// one, this rank included), routed as the proxy then is; else IBGDA
+    /// (every pair through the NIC, as the proxy sends them).
     fn gpu_kind(&self) -> TransportKind {
-        if self.pairs() {
-            TransportKind::Ibgda
-        } else {
+        if self.nodes {
             TransportKind::Routed
+        } else {
+            TransportKind::Ibgda
         }
     }
 
@@ -235,6 +238,7 @@ fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
     }
     let gpu = a.device.wants_gpu()?;
     let ranks = a.ranks as u32;
+    let nodes = matches!(doorbell::comm::RdmaPeers::from_env()?, doorbell::comm::RdmaPeers::Nodes(_));
     if ranks > 2 {
         // Both transports must route by node for the comparison to hold.
         match doorbell::comm::RdmaPeers::from_env()? {
@@ -247,6 +251,7 @@ fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
     }
     let plan = Plan {
         ranks,
+        nodes,
         rtt_iters: a.rtt_iters.unwrap_or(if gpu { 2000 } else { 50 }) as u32,
         wqes: a.wqes.unwrap_or(if gpu { 4096 } else { 256 }) as u32,
         rounds: a.rounds as u32,
@@ -287,9 +292,11 @@ fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
     };
     // The symmetric heap hands out space and never takes it back: every
     // round's all-reduces and exchanges (set up anew, as the transports
-    // are) take their scratch afresh: up to ~8x an all-reduce's size per
-    // transport, fused and CPU-driven.
-    let per_round: u64 = plan.ar_cases().iter().map(|c| c.0).sum::<u64>() * 16 + plan.emb.iter().map(|c| c.heap_bytes()).sum::<u64>() * 2;
+    // are) take their scratch afresh: up to ~4x an all-reduce's size per
+    // rank of the world per transport, fused and CPU-driven (the rings
+    // have a row per rank).
+    let per_round: u64 =
+        plan.ar_cases().iter().map(|c| c.0).sum::<u64>() * 8 * ranks as u64 + plan.emb.iter().map(|c| c.heap_bytes()).sum::<u64>() * 2;
     let opts = CommOptions {
         heap_bytes: per_round * (plan.rounds as u64 + 1) + (64 << 20),
         ..CommOptions::from_env()?
