@@ -455,6 +455,15 @@ fn ranks_in_words(r: &Report) -> String {
     }
 }
 
+/// A line's name, "over IBGDA" naming the routed transport where the
+/// report's GPU-initiated side was routed.
+fn gpu_side(r: &Report, name: &str) -> String {
+    match r.gpu_transport.as_str() {
+        "routed" => name.replace("over IBGDA", "over IBGDA (routed)"),
+        _ => name.to_string(),
+    }
+}
+
 /// The all-reduce's figure: a line per way, transport and chunk size.
 fn allreduce_figure(out: &std::path::Path, r: &Report) -> Result<std::path::PathBuf, BoxError> {
     let mut chunks: Vec<Option<u64>> = Vec::new();
@@ -474,7 +483,7 @@ fn allreduce_figure(out: &std::path::Path, r: &Report) -> Result<std::path::Path
     for c in &chunks {
         for (t, pick) in &picks {
             let chunk = c.map_or(String::new(), |c| format!(", {} chunks", plot::human_bytes(c as f64)));
-            lines.push((format!("{t}{chunk}"), *c, *pick));
+            lines.push((format!("{}{chunk}", gpu_side(r, t)), *c, *pick));
         }
     }
     let times: Vec<Series> = lines
@@ -503,9 +512,11 @@ fn embedding_figure(out: &std::path::Path, r: &Report) -> Result<std::path::Path
         ("backward over IBGDA", |row| row.bwd_ibgda_median_us),
         ("backward over the CPU proxy", |row| row.bwd_proxy_median_us),
     ];
+    let names: Vec<String> = picks.iter().map(|(name, _)| gpu_side(r, name)).collect();
     let series: Vec<Series> = picks
         .iter()
-        .map(|(name, pick)| Series {
+        .zip(&names)
+        .map(|((_, pick), name)| Series {
             name,
             points: r.embedding.iter().map(|row| (row.dim as f64 * 4.0, pick(row))).collect(),
         })
