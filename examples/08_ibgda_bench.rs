@@ -152,13 +152,13 @@ struct Rank<'c> {
     out: DeviceBuffer<u64>,
 }
 
-/// One rank's part; rank 0 returns the report.
 /// Words of the rate runs' target: a word per put of the post rate and
 /// of the lane posts (up to `LANE_WORDS`).
 fn rate_words(a: &IbgdaBenchArgs) -> usize {
     (a.wqes as usize).max(lane_words(a.lane_blocks as u32, a.lane_rounds as u32))
 }
 
+/// One rank's part; rank 0 returns the report.
 fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
     let dev = comm.device();
     let mut r = Rank {

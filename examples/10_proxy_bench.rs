@@ -238,7 +238,15 @@ fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
     }
     let gpu = a.device.wants_gpu()?;
     let ranks = a.ranks as u32;
-    let nodes = matches!(doorbell::comm::RdmaPeers::from_env()?, doorbell::comm::RdmaPeers::Nodes(_));
+    let nodes = match doorbell::comm::RdmaPeers::from_env()? {
+        doorbell::comm::RdmaPeers::Nodes(n) => Some(n),
+        _ => None,
+    };
+    // Two ranks on one node would time load/store under the proxy's name.
+    if ranks == 2 && nodes.is_some_and(|n| n != 2) {
+        die("with 2 ranks, DOORBELL_NODES must be 2 (or unset): the round trip and the rates run between ranks 0 and 1, which must be on different nodes");
+    }
+    let nodes = nodes.is_some();
     if ranks > 2 {
         // Both transports must route by node for the comparison to hold.
         match doorbell::comm::RdmaPeers::from_env()? {
@@ -383,7 +391,7 @@ fn print_collectives(r: &Report) {
         }
         println!(
             "#   producer alone {:.1} us launched whole, {:.1} us launched per chunk; communicating (step less producer): fused {:.1} / {:.1}, \
-             CPU-driven {:.1} / {:.1} us; fused IBGDA over CPU-driven IBGDA {} and proxy {}",
+             CPU-driven {:.1} / {:.1} us; fused {g} over CPU-driven {g} {} and proxy {}",
             row.producer_median_us,
             row.producer_chunks_median_us,
             row.fused_ibgda.comm_us,
@@ -392,6 +400,7 @@ fn print_collectives(r: &Report) {
             row.cpu_proxy.comm_us,
             fmt(row.fused_ibgda_over_cpu_ibgda),
             fmt(row.fused_ibgda_over_cpu_proxy),
+            g = r.gpu_transport,
         );
     }
     for row in &r.embedding {

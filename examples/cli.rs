@@ -696,7 +696,7 @@ pub struct ProxyBenchArgs {
     /// transport (IBGDA between nodes, load/store inside one), the proxy
     /// routes the same way, and only the all-reduce and the embedding
     /// exchange run (the round trip and the rates are between two ranks)
-    #[arg(long, value_name = "N", default_value = "2", value_parser = ranged(2, 16))]
+    #[arg(long, value_name = "N", default_value = "2", value_parser = ranged(2, doorbell::coll::MAX_RANKS as u64))]
     pub ranks: u64,
     /// put_signal round trips timed per launch [default: 2000 on a GPU, 50 on the emulator]
     #[arg(long = "rtt-iters", value_name = "N", value_parser = ranged(1, 1_000_000))]

@@ -250,8 +250,8 @@ fn built_examples_refuse_bad_input_with_status_2_and_no_backtrace() {
 /// `proxy_bench --ranks 4` as 2 modeled nodes on the emulator: the
 /// GPU-initiated side is the routed transport, both sides plan the
 /// hierarchical all-reduce (the example checks it against the node-wise
-/// sum), the pair parts are left out, and without `DOORBELL_NODES` the
-/// run is refused as bad input.
+/// sum), the pair parts are left out, and without `DOORBELL_NODES` (or
+/// with 2 ranks on one node) the run is refused as bad input.
 #[test]
 fn proxy_bench_with_more_ranks_compares_both_transports_across_modeled_nodes() {
     let Some(bin) = example_binary("proxy_bench") else {
@@ -267,6 +267,16 @@ fn proxy_bench_with_more_ranks_compares_both_transports_across_modeled_nodes() {
     let err = String::from_utf8_lossy(&refused.stderr);
     assert_eq!(refused.status.code(), Some(2), "{err}");
     assert!(err.contains("DOORBELL_NODES"), "{err}");
+    // Two ranks on one node: the pair parts would time load/store.
+    let one_node = Command::new(&bin)
+        .args(argv("--device cpu"))
+        .env("DOORBELL_NODES", "1")
+        .env_remove("DOORBELL_RDMA_PEERS")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&one_node.stderr);
+    assert_eq!(one_node.status.code(), Some(2), "{err}");
+    assert!(err.contains("different nodes"), "{err}");
     let dir = std::env::temp_dir().join(format!("doorbell-proxy-bench-nodes-{}", std::process::id()));
     let out = Command::new(&bin)
         .args(argv(

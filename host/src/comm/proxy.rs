@@ -518,6 +518,7 @@ impl Communicator {
     /// the proxy up as [`Self::proxy`] does the first time (collective).
     pub fn proxy_routed(&self, peers: &RdmaPeers) -> Result<Proxy> {
         let mut h = self.proxy()?;
+        h.p2p = self.p2p_handle();
         h.direct = self.direct_bits(peers)?;
         Ok(h)
     }
@@ -567,7 +568,9 @@ impl Communicator {
     /// Registers `len` bytes at the device address `addr` with the proxy's
     /// NIC, so puts may read from it and gets write into it; returns the
     /// updated handle (earlier handles do not know the buffer). At most
-    /// [`REG_SLOTS`] buffers.
+    /// [`REG_SLOTS`] buffers. The handle has [`Self::proxy`]'s routes;
+    /// for others call [`Self::proxy_routed`] after registering (its
+    /// handles carry every buffer registered so far).
     ///
     /// # Safety
     /// `addr..addr + len` is device memory of this rank that stays
@@ -695,9 +698,9 @@ impl Communicator {
         let tail = self.device.alloc_zeroed::<u64>(std::mem::size_of::<ProxyTail>() / 8)?;
         // Modeled nodes: the ranks of this node by load/store. Otherwise
         // every rank, this one too, through the proxy.
-        let direct = match RdmaPeers::from_env()? {
-            p @ RdmaPeers::Nodes(_) => self.direct_bits(&p)?,
-            _ => [0; ROUTE_WORDS],
+        let direct = match RdmaPeers::nodes_from_env()? {
+            Some(p) => self.direct_bits(&p)?,
+            None => [0; ROUTE_WORDS],
         };
         let base = shared.host_ptr() as usize;
         let ring = base + std::mem::size_of::<ProxyWords>();

@@ -236,6 +236,12 @@ impl RdmaPeers {
         Ok(RdmaPeers::Pairs(pairs))
     }
 
+    /// `DOORBELL_NODES` alone, as [`RdmaPeers::Nodes`] (`None` when unset):
+    /// the CPU proxy's routes, which `DOORBELL_RDMA_PEERS` does not set.
+    pub(crate) fn nodes_from_env() -> Result<Option<RdmaPeers>> {
+        Ok(nodes_from_env()?.map(RdmaPeers::Nodes))
+    }
+
     /// `DOORBELL_RDMA_PEERS`, else `DOORBELL_NODES` ([`RdmaPeers::Nodes`]);
     /// neither: [`RdmaPeers::Needed`]. Both set is refused.
     pub fn from_env() -> Result<RdmaPeers> {
