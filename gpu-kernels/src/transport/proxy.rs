@@ -44,7 +44,10 @@
 //! P2P's when any rank is direct, `quiet(None)` completes both, and the
 //! barrier stores its epoch into direct peers' slots and asks the proxy
 //! for the rest. Without nodes every rank, this one included, goes
-//! through the proxy.
+//! through the proxy. A direct peer gets P2P's ordering, which is the
+//! contract's and no more: a block's blocking `put` then one thread's
+//! `signal` needs the barrier and `fence` between them there, where the
+//! proxy's one queue per peer happens to order them.
 
 use super::ibgda::{RegRegion, REG_SLOTS};
 use super::p2p::P2p;
