@@ -154,11 +154,22 @@ struct ArRow {
     /// A producer launch and an all-reduce launch per chunk.
     cpu_ibgda: ArWay,
     cpu_proxy: ArWay,
-    /// The producer alone, launched whole / per chunk (µs, each round).
+    /// The producer alone, launched whole / per chunk (µs, each round),
+    /// while the GPU-initiated side was set up (its soft NIC engine
+    /// running), and the same while the proxy was: each side's
+    /// communicating time takes off its own.
     producer_us: Vec<f64>,
     producer_chunks_us: Vec<f64>,
     producer_median_us: f64,
     producer_chunks_median_us: f64,
+    #[serde(default)]
+    producer_proxy_us: Vec<f64>,
+    #[serde(default)]
+    producer_chunks_proxy_us: Vec<f64>,
+    #[serde(default)]
+    producer_proxy_median_us: f64,
+    #[serde(default)]
+    producer_chunks_proxy_median_us: f64,
     /// Fused IBGDA's time over the fused proxy's, and over CPU-driven
     /// IBGDA's and the proxy's.
     fused_ibgda_over_fused_proxy: Option<f64>,
@@ -390,10 +401,12 @@ fn print_collectives(r: &Report) {
             );
         }
         println!(
-            "#   producer alone {:.1} us launched whole, {:.1} us launched per chunk; communicating (step less producer): fused {:.1} / {:.1}, \
-             CPU-driven {:.1} / {:.1} us; fused {g} over CPU-driven {g} {} and proxy {}",
+            "#   producer alone {:.1} / {:.1} us launched whole, {:.1} / {:.1} us launched per chunk; communicating (step less producer): \
+             fused {:.1} / {:.1}, CPU-driven {:.1} / {:.1} us; fused {g} over CPU-driven {g} {} and proxy {}",
             row.producer_median_us,
+            row.producer_proxy_median_us,
             row.producer_chunks_median_us,
+            row.producer_chunks_proxy_median_us,
             row.fused_ibgda.comm_us,
             row.fused_proxy.comm_us,
             row.cpu_ibgda.comm_us,
@@ -763,18 +776,19 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
             eprintln!("[{:7.2} s] {what}", t0.elapsed().as_secs_f64());
         }
     };
-    // Each case's fused and CPU-driven all-reduce over `kind` (and the
-    // producer alone where asked), then each embedding shape's exchange.
+    // Each case's fused and CPU-driven all-reduce over `kind` and the
+    // producer alone, then each embedding shape's exchange.
     // Per all-reduce case: fused, CPU-driven, the producer alone (whole,
     // per chunk); per embedding shape: forward, backward.
-    type Times = (Vec<(f64, f64, Option<(f64, f64)>)>, Vec<(f64, f64)>);
-    let collectives = |kind: TransportKind, producer: bool| -> Result<Times, BoxError> {
+    type Times = (Vec<(f64, f64, (f64, f64))>, Vec<(f64, f64)>);
+    let collectives = |kind: TransportKind| -> Result<Times, BoxError> {
         note(&format!("{kind}: all-reduce, fused and CPU-driven"));
         let mut times = Vec::new();
         for case in p.ar_cases() {
             let fused = ar.fused(kind, case)?;
             let cpu = ar.cpu_driven(kind, case)?;
-            let alone = if producer { Some(ar.producer(case)?) } else { None };
+            // The producer alone, while this side is set up.
+            let alone = ar.producer(case)?;
             if comm.rank() == 0 {
                 let chunk = case.1.map_or("auto".to_string(), |c| format!("{c} B"));
                 eprintln!(
@@ -809,7 +823,7 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
             }
             false => no_pairs,
         };
-        let (ar_ib, emb_ib) = collectives(gpu_kind, true)?;
+        let (ar_ib, emb_ib) = collectives(gpu_kind)?;
         note("IBGDA closed; proxy set-up");
         comm.ibgda_close()?;
         let px = comm.proxy()?;
@@ -825,7 +839,7 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
             }
             false => no_pairs,
         };
-        let (ar_px, emb_px) = collectives(TransportKind::Proxy, false)?;
+        let (ar_px, emb_px) = collectives(TransportKind::Proxy)?;
         stats = comm.proxy_stats().unwrap_or_default();
         comm.proxy_check()?;
         note("proxy reset");
@@ -849,14 +863,15 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
         }
         if !warm {
             for (k, row) in ar_rows.iter_mut().enumerate() {
-                let ((fi, ci, alone), (fp, cp, _)) = (ar_ib[k], ar_px[k]);
+                let ((fi, ci, alone), (fp, cp, alone_px)) = (ar_ib[k], ar_px[k]);
                 row.fused_ibgda.us.push(fi);
                 row.cpu_ibgda.us.push(ci);
                 row.fused_proxy.us.push(fp);
                 row.cpu_proxy.us.push(cp);
-                let (whole, chunks) = alone.unwrap_or_default();
-                row.producer_us.push(whole);
-                row.producer_chunks_us.push(chunks);
+                row.producer_us.push(alone.0);
+                row.producer_chunks_us.push(alone.1);
+                row.producer_proxy_us.push(alone_px.0);
+                row.producer_chunks_proxy_us.push(alone_px.1);
                 row.checked = (row.bytes / 4).max(1);
             }
             for (k, row) in emb_rows.iter_mut().enumerate() {
@@ -875,11 +890,12 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
     for row in &mut ar_rows {
         row.producer_median_us = median(row.producer_us.clone());
         row.producer_chunks_median_us = median(row.producer_chunks_us.clone());
-        let (whole, chunks) = (row.producer_median_us, row.producer_chunks_median_us);
-        row.fused_ibgda.settle(row.bytes, n, whole);
-        row.fused_proxy.settle(row.bytes, n, whole);
-        row.cpu_ibgda.settle(row.bytes, n, chunks);
-        row.cpu_proxy.settle(row.bytes, n, chunks);
+        row.producer_proxy_median_us = median(row.producer_proxy_us.clone());
+        row.producer_chunks_proxy_median_us = median(row.producer_chunks_proxy_us.clone());
+        row.fused_ibgda.settle(row.bytes, n, row.producer_median_us);
+        row.fused_proxy.settle(row.bytes, n, row.producer_proxy_median_us);
+        row.cpu_ibgda.settle(row.bytes, n, row.producer_chunks_median_us);
+        row.cpu_proxy.settle(row.bytes, n, row.producer_chunks_proxy_median_us);
         let fi = row.fused_ibgda.median_us;
         row.fused_ibgda_over_fused_proxy = ratio(fi, row.fused_proxy.median_us);
         row.fused_ibgda_over_cpu_ibgda = ratio(fi, row.cpu_ibgda.median_us);

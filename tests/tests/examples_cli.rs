@@ -344,6 +344,7 @@ fn proxy_bench_runs_every_part_over_both_transports_on_the_emulator() {
             positive(&row[way]["median_us"], way);
         }
         positive(&row["producer_chunks_median_us"], "producer per chunk");
+        positive(&row["producer_proxy_median_us"], "producer while the proxy is set up");
     }
     let emb = r["embedding"].as_array().unwrap();
     assert_eq!(emb.iter().map(|row| row["dim"].as_u64().unwrap()).collect::<Vec<_>>(), [4, 12]);
