@@ -258,25 +258,22 @@ fn proxy_bench_with_more_ranks_compares_both_transports_across_modeled_nodes() {
         eprintln!("proxy_bench not built in this profile (cargo build --release --example proxy_bench): skipping");
         return;
     };
-    let refused = Command::new(&bin)
-        .args(argv("--device cpu --ranks 4"))
-        .env_remove("DOORBELL_NODES")
-        .env_remove("DOORBELL_RDMA_PEERS")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&refused.stderr);
-    assert_eq!(refused.status.code(), Some(2), "{err}");
-    assert!(err.contains("DOORBELL_NODES"), "{err}");
-    // Two ranks on one node: the pair parts would time load/store.
-    let one_node = Command::new(&bin)
-        .args(argv("--device cpu"))
-        .env("DOORBELL_NODES", "1")
-        .env_remove("DOORBELL_RDMA_PEERS")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&one_node.stderr);
-    assert_eq!(one_node.status.code(), Some(2), "{err}");
-    assert!(err.contains("different nodes"), "{err}");
+    // Four ranks without nodes; two ranks on one node (the pair parts
+    // would time load/store).
+    for (args, nodes, needle) in [
+        ("--device cpu --ranks 4", None, "DOORBELL_NODES"),
+        ("--device cpu", Some("1"), "different nodes"),
+    ] {
+        let mut cmd = Command::new(&bin);
+        cmd.args(argv(args)).env_remove("DOORBELL_NODES").env_remove("DOORBELL_RDMA_PEERS");
+        if let Some(n) = nodes {
+            cmd.env("DOORBELL_NODES", n);
+        }
+        let refused = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(2), "{args} {nodes:?}: {err}");
+        assert!(err.contains(needle), "{args} {nodes:?}: {err}");
+    }
     let dir = std::env::temp_dir().join(format!("doorbell-proxy-bench-nodes-{}", std::process::id()));
     let out = Command::new(&bin)
         .args(argv(
