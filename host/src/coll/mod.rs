@@ -479,6 +479,15 @@ fn rdma_peers(opts: &AllReduceOptions) -> Result<RdmaPeers> {
     }
 }
 
+/// The CPU proxy's routes: the option, else `DOORBELL_NODES` alone (which
+/// `Communicator::proxy` reads; `None`: every pair through the proxy).
+fn proxy_peers(opts: &AllReduceOptions) -> Result<Option<RdmaPeers>> {
+    match &opts.rdma_peers {
+        Some(p) => Ok(Some(p.clone())),
+        None => RdmaPeers::nodes_from_env(),
+    }
+}
+
 /// True when `route` gives load/store access to the peer's heap.
 fn has_pointer(route: &PeerRoute) -> bool {
     matches!(
@@ -560,11 +569,14 @@ impl<'c> AllReduce<'c> {
             _ => dev.multiprocessor_count(),
         };
         let world = comm.world_size();
-        let node_ranks = match opts.transport {
-            TransportKind::Routed | TransportKind::Proxy => match rdma_peers(opts)? {
-                RdmaPeers::Nodes(n) if n > 0 && world.is_multiple_of(n) => world / n,
-                _ => 1,
-            },
+        // The routes the transport's handle is made with (below).
+        let peers = match opts.transport {
+            TransportKind::Routed => Some(rdma_peers(opts)?),
+            TransportKind::Proxy => proxy_peers(opts)?,
+            _ => None,
+        };
+        let node_ranks = match peers {
+            Some(RdmaPeers::Nodes(n)) if n > 0 && world.is_multiple_of(n) => world / n,
             _ => 1,
         };
         Plan::new(
@@ -620,6 +632,7 @@ impl<'c> AllReduce<'c> {
             TransportKind::Proxy => {
                 let t = match &opts.rdma_peers {
                     Some(peers) => comm.proxy_routed(peers)?,
+                    // DOORBELL_NODES or none: the handle's own routes.
                     None => comm.proxy()?,
                 };
                 Launcher::Family(Box::new(t.into()), module.family()?)
