@@ -10,6 +10,7 @@
 //! | [`wqe`] | reading and checking WQEs from the SQ ring with the `#[descriptor]` decoders |
 //! | [`burst`] | the GPU engine's block-wide path for runs of small RDMA WRITEs |
 //! | [`exec`] | executing one WQE: checks, data movement, atomics, receive WQEs, CQEs |
+//! | [`inbox`] | the responder's side, kept by its owner: events a requester posts to a responder QP's inbox, applied by its engine |
 //! | [`poll`] | [`poll_port`]: doorbells, doorbell-record reads, link timing, in-order execution, flushes |
 //! | [`cqe`] | CQE64 / error-CQE images with the `#[descriptor]` encoders, owner bit, events |
 //! | [`rq`] | the receive queue layout, and helpers to post receive WQEs |
@@ -24,6 +25,7 @@ pub mod config;
 pub mod control;
 pub mod cqe;
 pub mod exec;
+pub mod inbox;
 pub mod link;
 pub mod mem;
 pub mod mover;

@@ -7,7 +7,8 @@
 use doorbell_kernels::mlx5::CqeSyndrome;
 
 use super::config::{EngineConfig, EngineRng};
-use super::exec::{apply_event, execute, fail_requester, Fail, FailedWqe, Step};
+use super::exec::{execute, fail_requester, Fail, FailedWqe, Step};
+use super::inbox::apply_event;
 use super::mover::{PayloadMover, Phase};
 use super::tables::{ErrorRecord, InboxEvent, Inflight, Port, Ports, QpState, Reason, INBOX, MAX_QPS, MAX_SHARDS};
 use super::wqe::{self, wqe_bbs};
