@@ -63,6 +63,7 @@
 //! `<= j` that are issued before their sender waits at that step, so the
 //! schedule cannot deadlock while all blocks of all ranks are resident.
 
+#[macro_use]
 #[path = "hier.rs"]
 mod hier;
 
@@ -752,19 +753,7 @@ unsafe fn pipelined<T: Transport, E: Element, P: FnMut(Chunk)>(t: &T, a: &AllRed
         if j < jn {
             let (first, len) = chunks.range(j);
             let (o, s) = (owner(j) as u32, seq(j));
-            produce(Chunk {
-                dst: outbox,
-                first,
-                len,
-                dtype: E::DTYPE,
-            });
-            ptx::sync_threads();
-            // Hand off: into the owner's ring the moment it is produced.
-            // SAFETY: the ring sets lie in this launch's symmetric scratch.
-            unsafe {
-                rs.acquire_block(t, ctl, s, o)?;
-                rs.commit_block(t, s, o, outbox, len * esz)?;
-            }
+            produce_and_send!(t, ctl, rs, produce, outbox, (first, len), (s, o), esz);
             if o == me {
                 // SAFETY: as above; the slots hold `len` elements once full.
                 unsafe {

@@ -25,6 +25,27 @@
 //! for chunk `j` is the release of chunk `j - stages * node_ranks`, given at
 //! step `j - stages * node_ranks + lag` at the latest.
 
+/// The first step of the pipelined and hierarchical algorithms: produce
+/// elements `first .. first + len` into `outbox`, then hand them off into
+/// slot `s` of owner `o`'s ring of `rs` the moment they are produced. A
+/// macro, not a function, so that both keep the code they were verified with.
+macro_rules! produce_and_send {
+    ($t:expr, $ctl:expr, $rs:expr, $produce:expr, $outbox:expr, ($first:expr, $len:expr), ($s:expr, $o:expr), $esz:expr) => {{
+        $produce(Chunk {
+            dst: $outbox,
+            first: $first,
+            len: $len,
+            dtype: E::DTYPE,
+        });
+        ptx::sync_threads();
+        // SAFETY: the ring sets lie in this launch's symmetric scratch.
+        unsafe {
+            $rs.acquire_block($t, $ctl, $s, $o)?;
+            $rs.commit_block($t, $s, $o, $outbox, $len * $esz)?;
+        }
+    }};
+}
+
 use super::{lag, owned, AllReduceArgs};
 use crate::coll::reduce::{copy_bytes, sum_into, Element, Sources};
 use crate::pipeline::{BlockChunks, Failed, RingSet};
@@ -98,18 +119,7 @@ pub(super) unsafe fn hierarchical<T: Transport, E: Element, P: FnMut(Chunk)>(
         if j < jn {
             let (first, len) = chunks.range(j);
             let (o, s) = (owner_on(node, j), seq(j));
-            produce(Chunk {
-                dst: outbox,
-                first,
-                len,
-                dtype: E::DTYPE,
-            });
-            ptx::sync_threads();
-            // SAFETY: the ring sets lie in this launch's symmetric scratch.
-            unsafe {
-                rs.acquire_block(t, ctl, s, o)?;
-                rs.commit_block(t, s, o, outbox, len * esz)?;
-            }
+            produce_and_send!(t, ctl, rs, produce, outbox, (first, len), (s, o), esz);
             if o as u64 == me {
                 // SAFETY: as above; the slots hold `len` elements once full.
                 unsafe {
