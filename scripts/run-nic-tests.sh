@@ -3,7 +3,8 @@
 #  1. tests/tests/nic_hw.rs (ignored elsewhere): loopback RC RDMA write posted
 #     and polled by the GPU, GPU memory registration, and the IBGDA transport
 #     set up by a communicator (two ranks on GPU 0) running put, get, signal
-#     add (an RDMA atomic), waits and barriers from the GPU through the port;
+#     add (an RDMA atomic), waits and barriers from the GPU through the port,
+#     and the same ring over the CPU proxy (a host thread posting the WQEs);
 #  2. the IBGDA examples with DOORBELL_NIC=mlx5 (no fallback to the soft NIC):
 #     pingpong --transport ibgda in two processes, ibgda_bench (put_signal round
 #     trip, puts, post rate), allreduce --transport ibgda, embedding_exchange

@@ -4,9 +4,9 @@
 //! arrived is checked byte for byte, and nothing outside the ranges.
 
 use doorbell::comm::{Communicator, SymBuffer};
-use doorbell::kernels::transport::{Ibgda, P2p, Routed};
+use doorbell::kernels::transport::{Ibgda, P2p, Proxy, Routed};
 use doorbell::{DeviceBuffer, LaunchConfig};
-use doorbell_test_kernels::testing::{ring_ibgda, ring_p2p, ring_routed, STATUS_OK};
+use doorbell_test_kernels::testing::{ring_ibgda, ring_p2p, ring_proxy, ring_routed, STATUS_OK};
 
 use crate::TEST_KERNELS;
 
@@ -43,6 +43,8 @@ pub enum RingTransport {
     Ibgda(Ibgda),
     /// Load/store where it reaches, the NIC for the rest.
     Routed(Routed),
+    /// A host thread of each rank posts the WQEs (the CPU proxy).
+    Proxy(Proxy),
 }
 
 /// The ring kernels' buffers on one rank: `src` holds this rank's
@@ -128,7 +130,11 @@ pub fn ring_once(
         b.status.as_mut_ptr(),
     );
     let cfg = LaunchConfig::linear(1, threads);
-    let over_nic = !matches!(t, RingTransport::P2p(_));
+    let over = match t {
+        RingTransport::P2p(_) => None,
+        RingTransport::Proxy(_) => Some(true),
+        _ => Some(false),
+    };
     // SAFETY: sizes as the ring kernel documents: `bytes` from `src`,
     // `offset + bytes` into `dst` and `got` (one byte to spare), one signal
     // word, one status word.
@@ -137,11 +143,14 @@ pub fn ring_once(
             RingTransport::P2p(t) => s.launch(&m.function::<ring_p2p>()?, cfg, (t, a, d, c, n, o, g, 1u64, w, st))?,
             RingTransport::Ibgda(t) => s.launch(&m.function::<ring_ibgda>()?, cfg, (t, a, d, c, n, o, g, 1u64, w, st))?,
             RingTransport::Routed(t) => s.launch(&m.function::<ring_routed>()?, cfg, (t, a, d, c, n, o, g, 1u64, w, st))?,
+            RingTransport::Proxy(t) => s.launch(&m.function::<ring_proxy>()?, cfg, (t, a, d, c, n, o, g, 1u64, w, st))?,
         }
     };
     comm.synchronize(&s)?;
-    if over_nic {
-        comm.ibgda_check()?;
+    match over {
+        Some(true) => comm.proxy_check()?,
+        Some(false) => comm.ibgda_check()?,
+        None => {}
     }
     b.check(comm, bytes, offset)
 }

@@ -19,6 +19,11 @@
 //!   signal add (an RDMA atomic), waits and barriers from the GPU through
 //!   the NIC, at sizes from 8 B to 8 MiB, by block and by warp, and every
 //!   byte that arrived is checked, and none outside.
+//! * `proxy_ring_through_the_nic`: the same ring over the CPU proxy: a
+//!   host thread of each rank writes the WQEs into rings in mapped host
+//!   memory and rings the port's UAR register through this process's
+//!   mapping of it (not the GPU's), with a full fence after each sweep's
+//!   doorbells (the register may be mapped write-combining).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -280,4 +285,33 @@ fn ibgda_ring_through_the_nic() {
         Ok(())
     })
     .unwrap_or_else(|e| panic!("the ring over {spec}: {e}"));
+}
+
+#[test]
+#[ignore = "needs a ConnectX NIC and a GPU: DOORBELL_TEST_NIC=<device> (scripts/run-nic-tests.sh)"]
+fn proxy_ring_through_the_nic() {
+    let spec = spec();
+    // As above: this binary's tests run one at a time in this process.
+    std::env::set_var(NIC_ENV, "mlx5");
+    std::env::set_var("DOORBELL_IB_HCA", format!("={spec}"));
+    let opts = CommOptions {
+        heap_bytes: 64 << 20,
+        wait_timeout: Duration::from_secs(20),
+        ..Default::default()
+    };
+    let cases = [(8, 0, false), (4093, 5, true), (1 << 20, 12, false), (8 << 20, 0, true)];
+    Communicator::local(2, Backend::Gpu, opts, |comm| {
+        for (bytes, offset, warp) in cases {
+            ring_once(comm, bytes, offset, warp, 256, |c| Ok(RingTransport::Proxy(c.proxy()?)))
+                .inspect_err(|_| eprintln!("rank {}: the ring of {bytes} B at +{offset}, warp={warp} failed", comm.rank()))?;
+            let st = comm.proxy_stats().expect("the proxy is set up");
+            assert!(
+                st.doorbells > 0 && st.cqes > 0,
+                "rank {}: the proxy rang nothing: {st:?}",
+                comm.rank()
+            );
+        }
+        comm.proxy_reset()
+    })
+    .unwrap_or_else(|e| panic!("the ring over the proxy on {spec}: {e}"));
 }

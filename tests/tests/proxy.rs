@@ -246,6 +246,42 @@ fn the_proxy_reaches_its_nodes_ranks_by_load_store_and_the_others_through_the_ni
     );
 }
 
+/// The test kernels' ring (put to the next rank with a signal add, a
+/// wait, a barrier, a get from the previous rank) over the proxy, by
+/// block and by warp, at sizes from nothing to many WQEs (1 KiB messages),
+/// on 2 and 3 ranks, and on 4 ranks as 2 modeled nodes (hops 1 -> 2 and
+/// 3 -> 0 through the proxy, the others by load/store): every byte that
+/// arrived is checked, and none outside (`RingBufs::check`).
+#[test]
+fn put_get_signal_wait_barrier_ring_over_the_proxy() {
+    use doorbell_tests::ring::{ring_once, RingTransport};
+    let io = IbgdaOptions {
+        sq_size: 32,
+        max_msg: 1024,
+        ..Default::default()
+    };
+    let ring = |ranks: usize, bytes: usize, offset: usize, warp: bool, nodes: Option<usize>| {
+        Communicator::local(ranks, Backend::Cpu, opts(), |comm| {
+            ring_once(comm, bytes, offset, warp, 64, |c| {
+                let t = c.proxy_with(&io)?;
+                Ok(RingTransport::Proxy(match nodes {
+                    Some(n) => c.proxy_routed(&RdmaPeers::Nodes(n))?,
+                    None => t,
+                }))
+            })?;
+            comm.proxy_reset()
+        })
+        .unwrap_or_else(|e| panic!("{ranks} ranks, {bytes} B at +{offset}, warp={warp}, nodes={nodes:?}: {e}"));
+    };
+    ring(2, 4096, 0, false, None);
+    for (bytes, offset) in [(0, 0), (7, 3), (4093, 5), (100_000, 12)] {
+        for warp in [false, true] {
+            ring(3, bytes, offset, warp, None);
+        }
+    }
+    ring(4, 70_001, 3, false, Some(2));
+}
+
 #[test]
 fn a_put_of_more_wqes_than_the_send_queue_holds_goes_in_parts() {
     // 64-byte WQEs and a 32-slot queue: the 4 KiB put is 64 WRITEs and its

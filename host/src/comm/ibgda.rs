@@ -48,7 +48,7 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::memory::{DeviceBuffer, MappedBuffer};
 use crate::nic::soft::{CrossProcess, SoftNic, SoftOpen};
-use crate::nic::{access, CompletionQueue, CqRing, Endpoint, MemoryRegion, Nic, QpOptions, QpRings, QueuePair, StartCtx};
+use crate::nic::{access, CompletionQueue, CqRing, Endpoint, MemoryRegion, Nic, NicKind, QpOptions, QpRings, QueuePair, StartCtx};
 
 pub use inspect::IbgdaQueue;
 pub use options::{IbgdaOptions, RdmaPeers};
@@ -346,17 +346,23 @@ impl IbgdaState {
         self.handle
     }
 
-    /// Every QP as the kernels' table holds it (QP `k` of peer `p` at
-    /// `p * qps_per_peer + k`).
-    pub(super) fn qp_table(&self) -> Vec<IbgdaQp> {
-        self.table_words
-            .chunks_exact(16)
-            .map(|w| {
-                let w: [u64; 16] = w.try_into().expect("16 words");
-                // SAFETY: the words of an IbgdaQp (128 bytes of plain data).
-                unsafe { std::mem::transmute::<[u64; 16], IbgdaQp>(w) }
-            })
-            .collect()
+    /// Every QP as a host thread that posts on it sees it (QP `k` of peer
+    /// `p` at `p * qps_per_peer + k`): the kernels' table, each doorbell
+    /// the address the host rings it at ([`QueuePair::host_doorbell`]).
+    pub(super) fn host_qp_table(&self) -> Vec<IbgdaQp> {
+        let table = self.table_words.chunks_exact(16).map(|w| {
+            let w: [u64; 16] = w.try_into().expect("16 words");
+            // SAFETY: the words of an IbgdaQp (128 bytes of plain data).
+            unsafe { std::mem::transmute::<[u64; 16], IbgdaQp>(w) }
+        });
+        with_host_doorbells(table, self.qps.iter().map(|q| q.host_doorbell()))
+    }
+
+    /// Whether a doorbell the host rang must be flushed out of the CPU's
+    /// write-combining buffers (a NIC's UAR register, which may be mapped
+    /// write-combining) rather than reach memory the NIC polls.
+    pub(super) fn host_doorbell_is_mmio(&self) -> bool {
+        self.nic.kind() != NicKind::Soft
     }
 
     /// Statistics of the soft NIC's engine, when that is the NIC.
@@ -814,5 +820,49 @@ impl Drop for IbgdaState {
         self.qps.clear();
         self.cqs.clear();
         self.registered.clear();
+    }
+}
+
+/// `table` with QP `i`'s doorbell replaced by the `i`-th of `host`: the
+/// kernels ring a GPU's address of the doorbell, which on a NIC whose
+/// register the GPU maps is not an address the CPU may store to.
+fn with_host_doorbells(table: impl Iterator<Item = IbgdaQp>, host: impl Iterator<Item = u64>) -> Vec<IbgdaQp> {
+    table
+        .zip(host)
+        .map(|(mut e, db)| {
+            e.qp.uar = db as *mut u64;
+            e
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// QP `i`'s entry as words that all differ, its doorbell a GPU's address.
+    fn entry(i: u64) -> IbgdaQp {
+        let w: [u64; 16] = std::array::from_fn(|k| (i << 32) | (k as u64 + 1) << 8);
+        // SAFETY: an IbgdaQp is 128 bytes of plain data.
+        unsafe { std::mem::transmute::<[u64; 16], IbgdaQp>(w) }
+    }
+
+    fn words(e: &IbgdaQp) -> [u64; 16] {
+        // SAFETY: as above.
+        unsafe { std::mem::transmute::<IbgdaQp, [u64; 16]>(*e) }
+    }
+
+    #[test]
+    fn the_hosts_table_rings_the_host_doorbells_and_keeps_every_other_field() {
+        let host = [0x7f00_0000_1000u64, 0x7f00_0000_2000, 0x7f00_0000_3000];
+        let got = with_host_doorbells((0..3).map(entry), host.iter().copied());
+        assert_eq!(got.len(), 3);
+        for (i, e) in got.iter().enumerate() {
+            assert_eq!(e.qp.uar as u64, host[i], "QP {i}'s doorbell");
+            let (before, after) = (words(&entry(i as u64)), words(e));
+            let changed: Vec<usize> = (0..16).filter(|&k| before[k] != after[k]).collect();
+            assert_eq!(changed.len(), 1, "QP {i}: only the doorbell's word changes, not {changed:?}");
+            assert_eq!(after[changed[0]], host[i]);
+        }
     }
 }

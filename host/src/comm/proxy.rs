@@ -161,6 +161,10 @@ struct Worker {
     words: usize,
     slots: u64,
     queues: Vec<Queue>,
+    /// The doorbells are a NIC's register (mlx5's UAR), which may be
+    /// mapped write-combining: a full fence after a sweep's doorbells
+    /// sends them out of the CPU's buffers at once.
+    flush_doorbells: bool,
     stop: Arc<AtomicBool>,
     stats: Arc<SharedStats>,
 }
@@ -355,13 +359,19 @@ impl Worker {
 
     /// Rings every queue with WQEs written since its last doorbell.
     fn ring_all(&mut self) {
+        let mut rang = false;
         for q in &mut self.queues {
             if q.rung != q.producer {
-                // SAFETY: the QP's mapped doorbell record and UAR word.
+                // SAFETY: the QP's mapped doorbell record, and the address
+                // this process rings its doorbell at.
                 unsafe { publish_and_ring(&q.qp.qp, q.producer, q.head) };
                 q.rung = q.producer;
+                rang = true;
                 self.stats.doorbells.fetch_add(1, Ordering::Relaxed);
             }
+        }
+        if rang && self.flush_doorbells {
+            std::sync::atomic::fence(Ordering::SeqCst);
         }
     }
 
@@ -589,10 +599,13 @@ impl Communicator {
         Ok(st.handle)
     }
 
-    /// Stops this rank's proxy thread and tears its QPs down; the next
+    /// Collective: stops this rank's proxy thread and tears its QPs down
+    /// once every rank has come here (a peer's get or put may still be
+    /// answered by this rank's QPs until then); the next
     /// [`Communicator::proxy`] sets it up afresh (collective then). Call it
     /// on every rank, with no kernel using the handle running.
     pub fn proxy_reset(&self) -> Result<()> {
+        self.world.barrier()?;
         drop(self.proxy.lock().unwrap_or_else(|p| p.into_inner()).take());
         self.world.barrier()?;
         Ok(())
@@ -720,7 +733,7 @@ impl Communicator {
             direct,
         };
         let queue_list = queues
-            .qp_table()
+            .host_qp_table()
             .into_iter()
             .map(|qp| Queue {
                 qp,
@@ -747,6 +760,7 @@ impl Communicator {
             words: base,
             slots: RING_SLOTS as u64,
             queues: queue_list,
+            flush_doorbells: queues.host_doorbell_is_mmio(),
             stop: stop.clone(),
             stats: stats.clone(),
         };

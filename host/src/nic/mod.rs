@@ -312,6 +312,14 @@ pub trait QueuePair: Send + Sync {
     /// GPU on mlx5 (or a word a host thread forwards to it, where the
     /// GPU cannot map the UAR).
     fn doorbell(&self) -> u64;
+    /// The address a host thread rings this QP's doorbell at (8 bytes),
+    /// for one that posts the WQEs itself (the CPU proxy): on mlx5 the UAR
+    /// register as this process maps it, whether or not the GPU maps it
+    /// too (the GPU's address of it, [`Self::doorbell`], is not one the
+    /// CPU may store to); on the soft NIC the same word as
+    /// [`Self::doorbell`], which the host reaches where the rings are
+    /// mapped host memory.
+    fn host_doorbell(&self) -> u64;
 }
 
 /// What [`Nic::start`] gets: the collective context in which every rank

@@ -119,7 +119,7 @@ pub unsafe fn atomics_and_fences(counter: *mut u32, done: *mut u32, out: *mut u3
 }
 
 use crate::contract::Shadow;
-use doorbell_kernels::transport::{Cmp, Coop, Ibgda, P2p, RawSignal, RawXfer, Routed, Transport};
+use doorbell_kernels::transport::{Cmp, Coop, Ibgda, P2p, Proxy, RawSignal, RawXfer, Routed, Transport};
 
 /// A failed transport call's status: `STATUS_TIMEOUT` for a timeout, else
 /// `STATUS_ERROR`.
@@ -133,8 +133,9 @@ pub const STATUS_ERROR: u32 = 3;
 /// 3. gets `bytes` from rank r-1's `src` into local `got + offset`.
 ///
 /// `status` is set to `STATUS_OK`, `STATUS_TIMEOUT` or `STATUS_ERROR`. One
-/// block per rank. One body, an entry per transport: `ring_p2p`, `ring_shadow`.
-#[kernel(transports(P2p, Shadow, Ibgda, Routed))]
+/// block per rank. One body, an entry per transport: `ring_p2p`, `ring_shadow`,
+/// `ring_ibgda`, `ring_routed`, `ring_proxy`.
+#[kernel(transports(P2p, Shadow, Ibgda, Routed, Proxy))]
 pub unsafe fn ring<T: Transport>(
     t: T,
     src: *mut u8,

@@ -504,6 +504,7 @@ impl Nic for Mlx5Nic {
             qpn,
             psn: psn_seed(qpn),
             doorbell,
+            host_doorbell: s.uar_reg() as u64,
             proxy_slot,
             connected: false.into(),
             _wq: wq,

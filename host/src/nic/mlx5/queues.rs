@@ -171,6 +171,8 @@ pub(super) struct Qp {
     /// Where the GPU rings: the UAR register mapped into it, or this QP's
     /// word of the CPU-assisted doorbell.
     pub(super) doorbell: u64,
+    /// Where a host thread rings: the UAR register as this process maps it.
+    pub(super) host_doorbell: u64,
     /// The proxy slot of this QP (CPU-assisted doorbells), freed on drop.
     pub(super) proxy_slot: Option<usize>,
     pub(super) connected: AtomicBool,
@@ -249,6 +251,10 @@ impl QueuePair for Qp {
 
     fn doorbell(&self) -> u64 {
         self.doorbell
+    }
+
+    fn host_doorbell(&self) -> u64 {
+        self.host_doorbell
     }
 }
 

@@ -635,6 +635,10 @@ impl QueuePair for SoftQueuePair {
     fn doorbell(&self) -> u64 {
         self.qp.rings().uar as u64
     }
+
+    fn host_doorbell(&self) -> u64 {
+        self.qp.rings().uar as u64
+    }
 }
 
 impl Nic for SoftNic {
