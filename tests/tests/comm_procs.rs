@@ -41,6 +41,8 @@ enum Via {
     P2p,
     Ibgda,
     Routed,
+    /// The CPU proxy: a host thread of each process posts the WQEs.
+    Proxy,
 }
 
 impl Via {
@@ -49,12 +51,14 @@ impl Via {
             Via::P2p => "p2p",
             Via::Ibgda => "ibgda",
             Via::Routed => "routed",
+            Via::Proxy => "proxy",
         }
     }
     fn parse(s: &str) -> Via {
         match s {
             "ibgda" => Via::Ibgda,
             "routed" => Via::Routed,
+            "proxy" => Via::Proxy,
             _ => Via::P2p,
         }
     }
@@ -79,10 +83,18 @@ fn run_rank(world: World, backend: Backend, via: Via) -> Result<PeerRoute, doorb
             let t = comm.routed_with(&RdmaPeers::All)?;
             exchange(&comm, &m, t)?;
         }
+        Via::Proxy => {
+            exchange(&comm, &m, comm.proxy()?)?;
+            // Every call to the peer went through this process's thread.
+            let st = comm.proxy_stats().expect("the proxy is set up");
+            assert!(st.requests > 0 && st.cqes > 0, "rank {rank}: the proxy took nothing: {st:?}");
+        }
     }
     // The NIC's queues are clean after both exchanges.
-    if via != Via::P2p {
-        comm.ibgda_check()?;
+    match via {
+        Via::P2p => {}
+        Via::Proxy => comm.proxy_check()?,
+        _ => comm.ibgda_check()?,
     }
     Ok(comm.describe_peers()[1 - comm.rank()].clone())
 }
@@ -290,7 +302,7 @@ fn two_processes_exchange_data_through_cuda_ipc_on_a_gpu() {
 /// which finds the peer's tables and regions in the peer's mapped heap.
 #[test]
 fn two_processes_over_ibgda_and_routed_rdma_on_the_emulator() {
-    for via in [Via::Ibgda, Via::Routed] {
+    for via in [Via::Ibgda, Via::Routed, Via::Proxy] {
         let (route, child) = two_processes(Backend::Cpu, via);
         assert_eq!(route, PeerRoute::SharedMemory, "{}", via.name());
         assert!(child.contains("CHILD-ROUTE SharedMemory"), "{}: {child}", via.name());
@@ -303,7 +315,7 @@ fn two_processes_over_ibgda_and_routed_rdma_on_a_gpu() {
         eprintln!("no GPU: skipped (DOORBELL_TEST_REQUIRE_GPU=1 makes this a failure)");
         return;
     }
-    for via in [Via::Ibgda, Via::Routed] {
+    for via in [Via::Ibgda, Via::Routed, Via::Proxy] {
         let (route, child) = two_processes(Backend::Gpu, via);
         assert_eq!(route, PeerRoute::CudaIpc, "{}", via.name());
         assert!(child.contains("CHILD-ROUTE CudaIpc"), "{}: {child}", via.name());
