@@ -300,6 +300,8 @@ fn two_processes_exchange_data_through_cuda_ipc_on_a_gpu() {
 /// IBGDA between processes: each process runs its own port's engine
 /// (the kernel engine, the default when a peer is in another process),
 /// which finds the peer's tables and regions in the peer's mapped heap.
+/// The routed transport sends every pair through the NIC; the CPU proxy's
+/// thread in each process posts that process's requests.
 #[test]
 fn two_processes_over_ibgda_and_routed_rdma_on_the_emulator() {
     for via in [Via::Ibgda, Via::Routed, Via::Proxy] {
