@@ -1,6 +1,6 @@
 //! Two OS processes forming a communicator through the TCP rendezvous and
-//! exchanging data with the P2P transport, and with IBGDA over the soft NIC
-//! (plain and routed): shared-memory heaps on the CPU emulator, CUDA IPC on
+//! exchanging data with the P2P transport, and over the soft NIC with
+//! IBGDA (plain and routed) and the CPU proxy: shared-memory heaps on the CPU emulator, CUDA IPC on
 //! a GPU. Each transport runs the ring, the flagged rounds and the
 //! contract's argument checks and multi-word waits across the two
 //! processes. The test binary re-runs itself as rank 1.
@@ -35,7 +35,8 @@ fn device(backend: Backend, rank: usize) -> Device {
 /// The transport a two-process run uses: P2P (load/store through the
 /// mapped heaps), IBGDA over the soft NIC (each process runs its port's
 /// engine, which reaches the peer's tables and heap through the same
-/// mapping), or the routed transport with every pair sent through the NIC.
+/// mapping), the routed transport with every pair sent through the NIC, or
+/// the CPU proxy (each process's host thread posts its requests).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Via {
     P2p,

@@ -4,8 +4,10 @@
 //! `scripts/run-nic-tests.sh` runs them:
 //!
 //! ```text
-//! DOORBELL_TEST_NIC=mlx5_0 cargo test --release -p doorbell-tests --test nic_hw -- --ignored
+//! DOORBELL_TEST_NIC=mlx5_0 cargo test --release -p doorbell-tests --test nic_hw -- --ignored --test-threads=1
 //! ```
+//!
+//! (one at a time: the tests set the process's NIC variables and use one port).
 //!
 //! * `loopback_rdma_write`: two RC QPs of one port connected to each other;
 //!   the GPU posts RDMA writes with the project's WQE code

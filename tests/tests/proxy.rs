@@ -156,15 +156,19 @@ fn error_completions_are_typed_errors_naming_the_request_and_reset_recovers() {
 
 #[test]
 fn the_proxy_and_ibgda_refuse_to_share_the_nic() {
+    // Each refusal names the way out, and taking it works.
     let out = Communicator::local(2, Backend::Cpu, opts(), |comm| {
         comm.ibgda()?;
         let proxy_while_ibgda = comm.proxy().err().map(|e| e.to_string());
-        Ok(proxy_while_ibgda)
+        comm.ibgda_close()?;
+        let after = comm.proxy().map(|_| ()).map_err(|e| e.to_string());
+        Ok((proxy_while_ibgda, after))
     })
     .expect("the world");
-    for (r, e) in out.iter().enumerate() {
+    for (r, (e, after)) in out.iter().enumerate() {
         let e = e.as_deref().unwrap_or_default();
-        assert!(e.contains("ibgda_reset") && e.contains("the same NIC"), "rank {r}: {e}");
+        assert!(e.contains("ibgda_close()") && e.contains("the same NIC"), "rank {r}: {e}");
+        assert!(after.is_ok(), "rank {r}: the proxy after IBGDA's close: {after:?}");
     }
     let out = Communicator::local(2, Backend::Cpu, opts(), |comm| {
         comm.proxy()?;

@@ -506,8 +506,8 @@ impl Communicator {
     /// QPs up as [`Communicator::ibgda`] does, from
     /// [`IbgdaOptions::from_env`] with one QP per peer, their rings in
     /// mapped host memory, and starts the thread. It cannot share the NIC
-    /// with IBGDA: while one is set up the other is refused (reset the
-    /// other first: [`Communicator::ibgda_reset`],
+    /// with IBGDA: while one is set up the other is refused (tear the
+    /// other down first: [`Communicator::ibgda_close`],
     /// [`Communicator::proxy_reset`]).
     ///
     /// Every rank, this one included, is reached through the proxy, except
@@ -558,7 +558,7 @@ impl Communicator {
             return Ok(st.handle);
         }
         let ibgda_up = self.ibgda_if_set_up().is_some();
-        self.refuse_second_nic_user(ibgda_up, "the CPU proxy", "IBGDA", "ibgda_reset()")?;
+        self.refuse_second_nic_user(ibgda_up, "the CPU proxy", "IBGDA", "ibgda_close()")?;
         let mut opts = match opts {
             Some(o) => o.clone(),
             None => IbgdaOptions::from_env()?,
