@@ -211,5 +211,9 @@ fn modeled_nodes_route_exactly_the_pairs_across_nodes_through_the_nic() {
     })
     .unwrap_err()
     .to_string();
-    assert!(e.contains("DOORBELL_NODES") && e.contains("does not divide"), "{e}");
+    // Given in code: the error names the setting, not an unset variable.
+    assert!(
+        e.contains("RdmaPeers::Nodes(2)") && e.contains("does not divide") && !e.contains("DOORBELL_NODES"),
+        "{e}"
+    );
 }

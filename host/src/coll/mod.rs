@@ -472,19 +472,22 @@ fn routes_by_node(t: TransportKind) -> bool {
 
 /// The routed transport's pairs through the NIC: the option, else the
 /// environment.
-fn rdma_peers(opts: &AllReduceOptions) -> Result<RdmaPeers> {
+fn rdma_peers(opts: &AllReduceOptions, size: usize) -> Result<RdmaPeers> {
     match &opts.rdma_peers {
         Some(p) => Ok(p.clone()),
-        None => RdmaPeers::from_env(),
+        None => RdmaPeers::from_env().and_then(|p| p.check_env(size).map(|()| p)),
     }
 }
 
 /// The CPU proxy's routes: the option, else `DOORBELL_NODES` alone (which
 /// `Communicator::proxy` reads; `None`: every pair through the proxy).
-fn proxy_peers(opts: &AllReduceOptions) -> Result<Option<RdmaPeers>> {
+fn proxy_peers(opts: &AllReduceOptions, size: usize) -> Result<Option<RdmaPeers>> {
     match &opts.rdma_peers {
         Some(p) => Ok(Some(p.clone())),
-        None => RdmaPeers::nodes_from_env(),
+        None => match RdmaPeers::nodes_from_env()? {
+            Some(p) => p.check_env(size).map(|()| Some(p)),
+            None => Ok(None),
+        },
     }
 }
 
@@ -555,7 +558,7 @@ impl<'c> AllReduce<'c> {
         let peer_pointers = match opts.transport {
             TransportKind::P2p => direct,
             TransportKind::Ibgda | TransportKind::Proxy => false,
-            TransportKind::Routed => direct && (comm.world_size() == 1 || rdma_peers(opts)? == RdmaPeers::Needed),
+            TransportKind::Routed => direct && (comm.world_size() == 1 || rdma_peers(opts, comm.world_size())? == RdmaPeers::Needed),
         };
         // The soft NIC's engine kernels hold SMs (a block each, one per
         // rank by default) while the transport goes through them: grids
@@ -571,8 +574,8 @@ impl<'c> AllReduce<'c> {
         let world = comm.world_size();
         // The routes the transport's handle is made with (below).
         let peers = match opts.transport {
-            TransportKind::Routed => Some(rdma_peers(opts)?),
-            TransportKind::Proxy => proxy_peers(opts)?,
+            TransportKind::Routed => Some(rdma_peers(opts, comm.world_size())?),
+            TransportKind::Proxy => proxy_peers(opts, comm.world_size())?,
             _ => None,
         };
         let node_ranks = match peers {
@@ -638,7 +641,7 @@ impl<'c> AllReduce<'c> {
                 Launcher::Family(Box::new(t.into()), module.family()?)
             }
             TransportKind::Routed => {
-                let t = comm.routed_with(&rdma_peers(opts)?)?;
+                let t = comm.routed_with(&rdma_peers(opts, comm.world_size())?)?;
                 let algo = plan.algo();
                 if matches!(algo, Algo::OneShot | Algo::TwoShot | Algo::Ll) {
                     if let Some(p) = (0..comm.world_size() as u32).find(|&p| t.is_rdma(p)) {

@@ -415,7 +415,9 @@ impl Communicator {
     /// to the others and to those `DOORBELL_RDMA_PEERS` names. Collective
     /// the first time, as [`Self::ibgda`].
     pub fn routed(&self) -> Result<Routed> {
-        self.routed_with(&RdmaPeers::from_env()?)
+        let peers = RdmaPeers::from_env()?;
+        peers.check_env(self.size)?;
+        self.routed_with(&peers)
     }
 
     /// [`Self::routed`] with an explicit route setting.

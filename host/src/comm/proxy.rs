@@ -712,7 +712,10 @@ impl Communicator {
         // Modeled nodes: the ranks of this node by load/store. Otherwise
         // every rank, this one too, through the proxy.
         let direct = match RdmaPeers::nodes_from_env()? {
-            Some(p) => self.direct_bits(&p)?,
+            Some(p) => {
+                p.check_env(self.size)?;
+                self.direct_bits(&p)?
+            }
             None => [0; ROUTE_WORDS],
         };
         let base = shared.host_ptr() as usize;

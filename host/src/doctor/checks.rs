@@ -215,13 +215,13 @@ pub(super) fn probe_routes(report: &mut Report, opts: &Options, links: &[Vec<Opt
         nic: &nic,
     };
     let placement = (0..ranks).map(|r| routes::gpu_of(&world, r)).collect();
-    let pairs = match routes::table(&world) {
+    let pairs = match rdma_peers.check_env(ranks).and_then(|()| routes::table(&world)) {
         Ok(p) => p,
         Err(e) => {
             report.problem(
                 "routes",
                 format!("{e}"),
-                "name only ranks of the world in DOORBELL_RDMA_PEERS (pairs like 0-1), or `all`, or `none`",
+                "name only ranks of the world in DOORBELL_RDMA_PEERS (pairs like 0-1), or `all`, or `none`; set DOORBELL_NODES to a count that divides the world",
             );
             // The load/store routes still hold; none is sent through the NIC.
             let needed = crate::comm::RdmaPeers::Needed;

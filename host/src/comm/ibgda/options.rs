@@ -258,32 +258,53 @@ impl RdmaPeers {
     }
 
     /// Whether `rank` reaches `peer` by RDMA under this setting (checking
-    /// the ranks named against the world size).
+    /// the setting against the world size: an error names the setting as
+    /// the caller gave it; the communicator checks one read from the
+    /// environment so that its error names the variable).
     pub fn forced(&self, rank: usize, peer: usize, size: usize) -> Result<bool> {
+        if let Some(reason) = self.misfit(size) {
+            return Err(Error::comm(format!("the route setting RdmaPeers::{self:?} {reason}")));
+        }
         Ok(match self {
             RdmaPeers::Needed => false,
             RdmaPeers::All => peer != rank,
-            RdmaPeers::Pairs(p) => {
-                if let Some(&(a, b)) = p.iter().find(|(a, b)| *a >= size || *b >= size) {
-                    return Err(Error::BadEnv {
-                        var: RDMA_PEERS_ENV.to_string(),
-                        value: format!("{a}-{b}"),
-                        reason: format!("names a rank outside this world of {size} ranks"),
-                    });
-                }
-                p.iter().any(|&(a, b)| (a, b) == (rank, peer) || (b, a) == (rank, peer))
-            }
+            RdmaPeers::Pairs(p) => p.iter().any(|&(a, b)| (a, b) == (rank, peer) || (b, a) == (rank, peer)),
             RdmaPeers::Nodes(n) => {
-                if *n == 0 || *n > size || !size.is_multiple_of(*n) {
-                    return Err(Error::BadEnv {
-                        var: NODES_ENV.to_string(),
-                        value: n.to_string(),
-                        reason: format!("does not divide this world of {size} ranks into nodes of equal size"),
-                    });
-                }
                 let per = size / n;
                 rank / per != peer / per
             }
+        })
+    }
+
+    /// Why this setting cannot route a world of `size` ranks (`None`: it
+    /// can).
+    fn misfit(&self, size: usize) -> Option<String> {
+        match self {
+            RdmaPeers::Pairs(p) => p
+                .iter()
+                .find(|(a, b)| *a >= size || *b >= size)
+                .map(|(a, b)| format!("names the pair {a}-{b}, a rank outside this world of {size} ranks")),
+            RdmaPeers::Nodes(n) if *n == 0 || *n > size || !size.is_multiple_of(*n) => {
+                Some(format!("does not divide this world of {size} ranks into nodes of equal size"))
+            }
+            _ => None,
+        }
+    }
+
+    /// Checks a setting read from the environment ([`Self::from_env`],
+    /// [`Self::nodes_from_env`]) against a world of `size` ranks: the
+    /// error names the variable (`DOORBELL_NODES`, `DOORBELL_RDMA_PEERS`)
+    /// and its value.
+    pub(crate) fn check_env(&self, size: usize) -> Result<()> {
+        let Some(reason) = self.misfit(size) else { return Ok(()) };
+        let var = match self {
+            RdmaPeers::Nodes(_) => NODES_ENV,
+            _ => RDMA_PEERS_ENV,
+        };
+        Err(Error::BadEnv {
+            var: var.to_string(),
+            value: std::env::var(var).unwrap_or_default(),
+            reason,
         })
     }
 }
@@ -308,12 +329,21 @@ mod tests {
         assert!(!RdmaPeers::Nodes(1).forced(0, 3, 4).unwrap(), "one node: all load/store");
         assert!(RdmaPeers::Nodes(4).forced(1, 2, 4).unwrap(), "a node per rank: all through the NIC");
         for (n, size) in [(3, 4), (0, 4), (8, 4)] {
+            // Given by the caller: the error names the setting, not a variable.
             let e = RdmaPeers::Nodes(n).forced(0, 1, size).unwrap_err().to_string();
             assert!(
-                e.contains("DOORBELL_NODES") && e.contains("does not divide"),
+                e.contains(&format!("RdmaPeers::Nodes({n})")) && e.contains("does not divide") && !e.contains("DOORBELL"),
                 "{n} nodes of {size}: {e}"
             );
+            // Read from the environment: the variable.
+            let e = RdmaPeers::Nodes(n).check_env(size).unwrap_err();
+            assert!(matches!(&e, Error::BadEnv { var, .. } if var == "DOORBELL_NODES"), "{e}");
+            assert!(e.to_string().contains("does not divide"), "{e}");
         }
+        let e = RdmaPeers::Pairs(vec![(0, 1), (2, 5)]).check_env(4).unwrap_err();
+        assert!(matches!(&e, Error::BadEnv { var, .. } if var == "DOORBELL_RDMA_PEERS"), "{e}");
+        assert!(e.to_string().contains("2-5, a rank outside this world of 4 ranks"), "{e}");
+        assert!(RdmaPeers::Nodes(2).check_env(4).is_ok() && RdmaPeers::All.check_env(1).is_ok());
     }
 
     #[test]
