@@ -25,16 +25,21 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// checking every `DOORBELL_*` variable (a bad one: exit status 2, like a
 /// bad flag), and exits with the message (never a backtrace) when the body
 /// fails: status 2 when it asked for a NIC this machine cannot use
-/// (`DOORBELL_NIC=mlx5` without one), else 1.
+/// (`DOORBELL_NIC=mlx5` without one) or a variable only the world can
+/// check is wrong for it (`DOORBELL_NODES` that does not divide the
+/// ranks), else 1.
 pub fn main_with(body: impl FnOnce() -> Result<(), BoxError>) {
     if let Err(e) = doorbell::init_logging().and_then(|()| doorbell::env::check()) {
         die(e);
     }
     if let Err(e) = body() {
         eprintln!("error: {e}");
-        // A NIC this machine does not have is bad input, as a bad flag is.
-        let unavailable = matches!(e.downcast_ref::<doorbell::Error>(), Some(doorbell::Error::NicUnavailable { .. }));
-        std::process::exit(if unavailable { 2 } else { 1 });
+        // Both are bad input, as a bad flag is.
+        let bad_input = matches!(
+            e.downcast_ref::<doorbell::Error>(),
+            Some(doorbell::Error::NicUnavailable { .. } | doorbell::Error::BadEnv { .. })
+        );
+        std::process::exit(if bad_input { 2 } else { 1 });
     }
 }
 

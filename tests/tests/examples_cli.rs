@@ -247,6 +247,34 @@ fn built_examples_refuse_bad_input_with_status_2_and_no_backtrace() {
     assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("--iters"));
 }
 
+/// A variable only the world can check (`DOORBELL_NODES` that does not
+/// divide the ranks) is bad input as a bad flag is: status 2, naming it.
+#[test]
+fn a_node_count_that_does_not_divide_the_world_exits_2_naming_it() {
+    for (ex, args) in [
+        ("allreduce", "--device cpu --transport proxy"),
+        ("embedding_exchange", "--device cpu --transport routed"),
+    ] {
+        let Some(bin) = example_binary(ex) else {
+            eprintln!("{ex} not built in this profile (cargo build --release --example {ex}): skipping");
+            continue;
+        };
+        let out = Command::new(&bin)
+            .args(argv(args))
+            .env("DOORBELL_NODES", "3")
+            .env_remove("DOORBELL_RDMA_PEERS")
+            .env("RUST_BACKTRACE", "1")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{ex} {args}: {err}");
+        assert!(
+            err.contains("DOORBELL_NODES=\"3\" does not divide") && !err.contains("panicked"),
+            "{ex} {args}: {err}"
+        );
+    }
+}
+
 /// `proxy_bench --ranks 4` as 2 modeled nodes on the emulator: the
 /// GPU-initiated side is the routed transport, both sides plan the
 /// hierarchical all-reduce (the example checks it against the node-wise
