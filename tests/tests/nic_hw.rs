@@ -257,9 +257,15 @@ fn register_gpu_memory() {
     drop(mrs);
 }
 
-#[test]
-#[ignore = "needs a ConnectX NIC and a GPU: DOORBELL_TEST_NIC=<device> (scripts/run-nic-tests.sh)"]
-fn ibgda_ring_through_the_nic() {
+/// The test kernels' ring between two ranks on GPU 0 through the port of
+/// `DOORBELL_TEST_NIC` (`DOORBELL_NIC=mlx5`), from 8 B to 8 MiB, by block
+/// and by warp: `transport` makes each ring's handle (told the ring's
+/// size), `after` checks each ring's aftermath; `what` names the run.
+fn ring_through_the_port(
+    what: &str,
+    transport: impl Fn(&Communicator, usize) -> doorbell::Result<RingTransport> + Sync,
+    after: impl Fn(&Communicator) -> doorbell::Result<()> + Sync,
+) {
     let spec = spec();
     // Only this binary's tests run in this process, one at a time
     // (scripts/run-nic-tests.sh): no other thread reads the environment.
@@ -273,47 +279,41 @@ fn ibgda_ring_through_the_nic() {
     let cases = [(8, 0, false), (4093, 5, true), (1 << 20, 12, false), (8 << 20, 0, true)];
     Communicator::local(2, Backend::Gpu, opts, |comm| {
         for (bytes, offset, warp) in cases {
-            ring_once(comm, bytes, offset, warp, 256, |c| {
-                let t = c.ibgda()?;
-                let (kind, what) = c.ibgda_nic().expect("IBGDA is set up");
-                assert_eq!(kind, NicKind::Mlx5, "rank {}: {what}", c.rank());
-                if bytes == 8 {
-                    eprintln!("rank {}: {what}", c.rank());
-                }
-                Ok(RingTransport::Ibgda(t))
-            })
-            .inspect_err(|_| eprintln!("rank {}: the ring of {bytes} B at +{offset}, warp={warp} failed", comm.rank()))?;
+            ring_once(comm, bytes, offset, warp, 256, |c| transport(c, bytes))
+                .inspect_err(|_| eprintln!("rank {}: the ring of {bytes} B at +{offset}, warp={warp} failed", comm.rank()))?;
+            after(comm)?;
         }
         Ok(())
     })
-    .unwrap_or_else(|e| panic!("the ring over {spec}: {e}"));
+    .unwrap_or_else(|e| panic!("the ring {what} over {spec}: {e}"));
+}
+
+#[test]
+#[ignore = "needs a ConnectX NIC and a GPU: DOORBELL_TEST_NIC=<device> (scripts/run-nic-tests.sh)"]
+fn ibgda_ring_through_the_nic() {
+    let transport = |c: &Communicator, bytes: usize| {
+        let t = c.ibgda()?;
+        let (kind, what) = c.ibgda_nic().expect("IBGDA is set up");
+        assert_eq!(kind, NicKind::Mlx5, "rank {}: {what}", c.rank());
+        if bytes == 8 {
+            eprintln!("rank {}: {what}", c.rank());
+        }
+        Ok(RingTransport::Ibgda(t))
+    };
+    ring_through_the_port("by IBGDA", transport, |_| Ok(()));
 }
 
 #[test]
 #[ignore = "needs a ConnectX NIC and a GPU: DOORBELL_TEST_NIC=<device> (scripts/run-nic-tests.sh)"]
 fn proxy_ring_through_the_nic() {
-    let spec = spec();
-    // As above: this binary's tests run one at a time in this process.
-    std::env::set_var(NIC_ENV, "mlx5");
-    std::env::set_var("DOORBELL_IB_HCA", format!("={spec}"));
-    let opts = CommOptions {
-        heap_bytes: 64 << 20,
-        wait_timeout: Duration::from_secs(20),
-        ..Default::default()
+    let after = |comm: &Communicator| {
+        let st = comm.proxy_stats().expect("the proxy is set up");
+        assert!(
+            st.doorbells > 0 && st.cqes > 0,
+            "rank {}: the proxy rang nothing: {st:?}",
+            comm.rank()
+        );
+        Ok(())
     };
-    let cases = [(8, 0, false), (4093, 5, true), (1 << 20, 12, false), (8 << 20, 0, true)];
-    Communicator::local(2, Backend::Gpu, opts, |comm| {
-        for (bytes, offset, warp) in cases {
-            ring_once(comm, bytes, offset, warp, 256, |c| Ok(RingTransport::Proxy(c.proxy()?)))
-                .inspect_err(|_| eprintln!("rank {}: the ring of {bytes} B at +{offset}, warp={warp} failed", comm.rank()))?;
-            let st = comm.proxy_stats().expect("the proxy is set up");
-            assert!(
-                st.doorbells > 0 && st.cqes > 0,
-                "rank {}: the proxy rang nothing: {st:?}",
-                comm.rank()
-            );
-        }
-        comm.proxy_reset()
-    })
-    .unwrap_or_else(|e| panic!("the ring over the proxy on {spec}: {e}"));
+    ring_through_the_port("by the CPU proxy", |c, _| Ok(RingTransport::Proxy(c.proxy()?)), after);
 }
