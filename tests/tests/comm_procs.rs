@@ -3,14 +3,17 @@
 //! IBGDA (plain and routed) and the CPU proxy: shared-memory heaps on the CPU emulator, CUDA IPC on
 //! a GPU. Each transport runs the ring, the flagged rounds and the
 //! contract's argument checks and multi-word waits across the two
-//! processes. The test binary re-runs itself as rank 1.
+//! processes; the routed transport and the proxy the library's all-reduce
+//! too. The test binary re-runs itself as rank 1.
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use doorbell::coll::reference::{allreduce_sum_nodes, first_mismatch};
+use doorbell::coll::{AllReduce, AllReduceOptions, DType, TransportKind};
 use doorbell::comm::{CommOptions, Communicator, PeerRoute, RdmaPeers};
 use doorbell::world::{RendezvousHost, World, WorldConfig};
-use doorbell::{Backend, Device, ForTransport, Kernel, KernelParam, LaunchConfig, Module};
+use doorbell::{Backend, Device, DeviceBuffer, ForTransport, Kernel, KernelParam, LaunchConfig, Module};
 use doorbell_kernels::transport::Transport;
 use doorbell_test_kernels::contract::{bad_call, collect_signals, flagged_rounds};
 use doorbell_test_kernels::testing::{ring, STATUS_OK};
@@ -83,9 +86,11 @@ fn run_rank(world: World, backend: Backend, via: Via) -> Result<PeerRoute, doorb
         Via::Routed => {
             let t = comm.routed_with(&RdmaPeers::All)?;
             exchange(&comm, &m, t)?;
+            allreduce_across(&comm, TransportKind::Routed)?;
         }
         Via::Proxy => {
             exchange(&comm, &m, comm.proxy()?)?;
+            allreduce_across(&comm, TransportKind::Proxy)?;
             // Every call to the peer went through this process's thread.
             let st = comm.proxy_stats().expect("the proxy is set up");
             assert!(st.requests > 0 && st.cqes > 0, "rank {rank}: the proxy took nothing: {st:?}");
@@ -98,6 +103,49 @@ fn run_rank(world: World, backend: Backend, via: Via) -> Result<PeerRoute, doorb
         _ => comm.ibgda_check()?,
     }
     Ok(comm.describe_peers()[1 - comm.rank()].clone())
+}
+
+/// The library's all-reduce over `kind` between the two processes (every
+/// pair through the NIC), three launches of f32 that differ per rank,
+/// element and launch, each result checked bit for bit against the CPU
+/// reference on both ranks.
+fn allreduce_across(comm: &Communicator, kind: TransportKind) -> Result<(), doorbell::Error> {
+    const ELEMS: usize = 3001;
+    let opts = AllReduceOptions {
+        transport: kind,
+        rdma_peers: Some(RdmaPeers::All),
+        stages: Some(2),
+        chunk_bytes: Some(1024),
+        ..Default::default()
+    };
+    let ar = AllReduce::with_options(comm, ELEMS, DType::F32, &opts)?;
+    let dev = comm.device();
+    let s = dev.new_stream()?;
+    for launch in 0..3usize {
+        let inputs: Vec<Vec<f32>> = (0..2)
+            .map(|r| {
+                (0..ELEMS)
+                    .map(|i| ((r * 7 + i * 13 + launch * 5) % 29) as f32 * 0.3125 - 4.0)
+                    .collect()
+            })
+            .collect();
+        let want = allreduce_sum_nodes(&inputs, 2);
+        let input = dev.alloc_from(&inputs[comm.rank()])?;
+        let mut out: DeviceBuffer<f32> = dev.alloc_zeroed(ELEMS)?;
+        ar.run(&s, &input, &mut out)?;
+        comm.synchronize(&s)?;
+        let got = out.to_host()?;
+        if let Some(i) = first_mismatch(&got, &want) {
+            panic!(
+                "{kind}, launch {launch}, rank {}: element {i} is {}, want {}",
+                comm.rank(),
+                got[i],
+                want[i]
+            );
+        }
+        comm.barrier()?;
+    }
+    Ok(())
 }
 
 fn exchange<T: Transport + KernelParam>(comm: &Communicator, m: &Module, t: T) -> Result<(), doorbell::Error>
