@@ -286,6 +286,60 @@ fn put_get_signal_wait_barrier_ring_over_the_proxy() {
     ring(4, 70_001, 3, false, Some(2));
 }
 
+/// An all-reduce made over a NIC transport refuses to run once that
+/// transport was torn down (its handle names freed rings), naming the
+/// way out; one made afresh runs and is right. Over the proxy
+/// (`proxy_reset`) and IBGDA (`ibgda_reset`).
+#[test]
+fn a_collective_made_before_a_reset_refuses_to_run_and_a_new_one_runs() {
+    use doorbell::coll::AllReduceOptions;
+    use doorbell::coll::{AllReduce, DType, TransportKind};
+    let big = CommOptions {
+        heap_bytes: 16 << 20,
+        ..opts()
+    };
+    let out = Communicator::local(2, Backend::Cpu, big, |comm| {
+        let dev = comm.device();
+        let s = dev.new_stream()?;
+        let mut seen = Vec::new();
+        for kind in [TransportKind::Proxy, TransportKind::Ibgda] {
+            let o = AllReduceOptions {
+                transport: kind,
+                ..Default::default()
+            };
+            let sum = |ar: &AllReduce| -> doorbell::Result<Vec<f32>> {
+                let mut buf = dev.alloc_from(&[comm.rank() as f32 + 1.5; 257])?;
+                ar.run_in_place(&s, &mut buf)?;
+                comm.synchronize(&s)?;
+                buf.to_host()
+            };
+            let ar = AllReduce::with_options(comm, 257, DType::F32, &o)?;
+            let before = sum(&ar)?;
+            match kind {
+                TransportKind::Proxy => comm.proxy_reset()?,
+                _ => comm.ibgda_reset()?,
+            }
+            let stale = sum(&ar).err().map(|e| e.to_string()).unwrap_or_default();
+            let fresh = sum(&AllReduce::with_options(comm, 257, DType::F32, &o)?)?;
+            seen.push((before, stale, fresh));
+            if kind == TransportKind::Proxy {
+                comm.proxy_reset()?;
+            }
+        }
+        Ok(seen)
+    })
+    .expect("the world");
+    for (r, runs) in out.iter().enumerate() {
+        for (before, stale, fresh) in runs {
+            assert!(before.iter().chain(fresh).all(|&v| v == 4.0), "rank {r}: {before:?} / {fresh:?}");
+            assert!(
+                stale.contains("torn down since") && stale.contains("make a new one"),
+                "rank {r}: {stale}"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_put_of_more_wqes_than_the_send_queue_holds_goes_in_parts() {
     // 64-byte WQEs and a 32-slot queue: the 4 KiB put is 64 WRITEs and its

@@ -533,6 +533,9 @@ pub struct AllReduce<'c> {
     sigs: SymBuffer<'c, u64>,
     launcher: Launcher,
     epoch: AtomicU64,
+    /// The communicator's NIC generation when the launcher's handle was
+    /// made, for a NIC transport (`None`: P2P).
+    nic_gen: Option<u64>,
 }
 
 impl<'c> AllReduce<'c> {
@@ -677,6 +680,7 @@ impl<'c> AllReduce<'c> {
             sigs,
             launcher,
             epoch: AtomicU64::new(0),
+            nic_gen: (opts.transport != TransportKind::P2p).then(|| comm.nic_generation()),
         })
     }
 
@@ -791,6 +795,9 @@ impl<'c> AllReduce<'c> {
     /// address), alive and unused by others until the launch completes.
     pub unsafe fn run_raw(&self, stream: &Stream, input: u64, output: u64) -> Result<()> {
         self.check_stream(stream)?;
+        if let Some(g) = self.nic_gen {
+            self.comm.check_nic_generation(g, "this all-reduce")?;
+        }
         check_plain_threads(&self.plan, self.transport)?;
         if self.elems() == 0 {
             return Ok(());

@@ -469,6 +469,7 @@ impl Communicator {
     pub fn ibgda_close(&self) -> Result<()> {
         self.world.barrier()?;
         drop(self.ibgda.lock().unwrap_or_else(|p| p.into_inner()).take());
+        self.nic_torn_down();
         self.world.barrier()?;
         Ok(())
     }
@@ -483,6 +484,7 @@ impl Communicator {
             let mut guard = self.ibgda.lock().unwrap_or_else(|p| p.into_inner());
             guard.take().map(|st| st.opts.clone())
         };
+        self.nic_torn_down();
         self.world.barrier()?;
         if let Some(o) = opts {
             self.ibgda_state(Some(&o))?;
@@ -527,6 +529,7 @@ impl Communicator {
                     // the route is torn down, not left in use (as a reset).
                     self.world.barrier()?;
                     drop(self.ibgda.lock().unwrap_or_else(|p| p.into_inner()).take());
+                    self.nic_torn_down();
                     self.world.barrier()?;
                 }
                 return Err(e);

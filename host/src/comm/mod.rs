@@ -219,6 +219,9 @@ pub struct Communicator {
     /// The IBGDA transport's resources, once set up (`ibgda.rs`); dropped
     /// before the heap they name.
     ibgda: Mutex<Option<ibgda::IbgdaState>>,
+    /// Bumped each time IBGDA's or the proxy's NIC state is torn down:
+    /// handles made before point at freed rings ([`Self::nic_generation`]).
+    nic_generation: std::sync::atomic::AtomicU64,
     /// Set when a soft NIC engine that used the heap's table tail did not
     /// stop (its tables are still in use: no later set-up may reuse them).
     softnic_tail_leaked: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -322,6 +325,7 @@ impl Communicator {
             ranks_per_gpu,
             proxy: Mutex::new(None),
             ibgda: Mutex::new(None),
+            nic_generation: std::sync::atomic::AtomicU64::new(0),
             softnic_tail_leaked: Default::default(),
             library: std::sync::OnceLock::new(),
             in_flight: Mutex::new(None),
@@ -642,6 +646,35 @@ impl Communicator {
         let _step = self.status.enter(stuck::Step::Collective("load_module"));
         self.world.barrier()?;
         Ok(m)
+    }
+
+    /// How many times IBGDA's or the CPU proxy's NIC state has been torn
+    /// down on this rank (`ibgda_close`, `ibgda_reset`, `proxy_reset`, a
+    /// set-up that failed its self-test). A handle of those transports
+    /// made at another generation points at freed rings; the library's
+    /// collectives check it before each launch.
+    pub fn nic_generation(&self) -> u64 {
+        self.nic_generation.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Notes a teardown of a NIC transport's state ([`Self::nic_generation`]).
+    pub(crate) fn nic_torn_down(&self) {
+        self.nic_generation.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// An error when `made_at` (a [`Self::nic_generation`]) is not the
+    /// current generation: `what` was made with a NIC transport's handle
+    /// that has been torn down since.
+    pub(crate) fn check_nic_generation(&self, made_at: u64, what: &str) -> Result<()> {
+        let now = self.nic_generation();
+        if now == made_at {
+            return Ok(());
+        }
+        Err(Error::comm(format!(
+            "rank {}: {what} was made with a NIC transport's handle that has been torn down since \
+             (ibgda_close, ibgda_reset or proxy_reset); its rings are freed: make a new one",
+            self.rank
+        )))
     }
 
     /// Host-side barrier across ranks. A rank that saw a device error and

@@ -607,6 +607,7 @@ impl Communicator {
     pub fn proxy_reset(&self) -> Result<()> {
         self.world.barrier()?;
         drop(self.proxy.lock().unwrap_or_else(|p| p.into_inner()).take());
+        self.nic_torn_down();
         self.world.barrier()?;
         Ok(())
     }

@@ -21,6 +21,9 @@ use crate::stream::{LaunchConfig, Stream};
 /// which it is not exported for). The handle picks each family's entry.
 struct Kernels {
     t: Box<AnyTransport>,
+    /// The communicator's NIC generation when `t` was made, for a NIC
+    /// transport (`None`: P2P, whose handle a NIC teardown leaves valid).
+    nic_gen: Option<u64>,
     fwd: Family<emb_forward>,
     bwd: Family<emb_backward>,
     pull: Option<Family<emb_forward_pull>>,
@@ -47,8 +50,10 @@ impl Kernels {
             TransportKind::Ibgda | TransportKind::Proxy => None,
             _ => Some(m.family()?),
         };
+        let nic_gen = (opts.transport != TransportKind::P2p).then(|| comm.nic_generation());
         Ok(Kernels {
             t: Box::new(t),
+            nic_gen,
             fwd: m.family()?,
             bwd: m.family()?,
             pull,
@@ -359,6 +364,9 @@ impl<'c> EmbeddingExchange<'c> {
 
     /// Checks a stream and a device buffer of `want` elements.
     fn check_io<T: crate::memory::DeviceCopy>(&self, s: &Stream, what: &str, buf: &DeviceBuffer<T>, want: usize) -> Result<()> {
+        if let Some(g) = self.kernels.nic_gen {
+            self.comm.check_nic_generation(g, "this embedding exchange")?;
+        }
         if !s.device().same(self.comm.device()) {
             return Err(invalid("the stream belongs to another device than the communicator's"));
         }
