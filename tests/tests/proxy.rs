@@ -424,3 +424,396 @@ fn more_requests_than_the_ring_holds_wait_for_room_and_all_land() {
         panic!("rank 1's word {i} of {WORDS} holds {:#x}", landed[i]);
     }
 }
+
+/// Waiters of a request are answered while a later request goes in parts:
+/// rank 0's blocking 8-byte put (ticket 0) completes long before the
+/// 64 KiB put behind it (ticket 1: 1 024 WQEs of 64 B through a send queue
+/// of 32, each WQE 20 ms on the modeled link), whose parts each wait for
+/// room. The proxy used to publish `done` only once every part was
+/// written, so the small put waited as long as the large one.
+#[test]
+fn a_request_completes_while_a_long_one_behind_it_goes_in_parts() {
+    use doorbell_kernels::emu::{run, EmuLaunch};
+    use doorbell_kernels::transport::{Coop, RawXfer, Transport};
+    use doorbell_softnic::engine::LinkModel;
+    use std::time::Instant;
+    let io = IbgdaOptions {
+        sq_size: 32,
+        max_msg: 64,
+        link: Some(LinkModel::new(0, 20_000_000)),
+        ..Default::default()
+    };
+    let one = EmuLaunch {
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        shared_mem_bytes: 0,
+    };
+    /// A handle and a transfer, used from the test's threads as a kernel
+    /// uses them from its own (plain data naming the communicator's memory).
+    #[derive(Clone, Copy)]
+    struct Call(Proxy, RawXfer, u32);
+    // SAFETY: as a kernel argument, copied to every thread that uses it.
+    unsafe impl Send for Call {}
+    // SAFETY: as above.
+    unsafe impl Sync for Call {}
+    impl Call {
+        /// The put (and with `quiet`, a quiet after it): whether all succeeded.
+        fn put(&self, quiet: bool) -> bool {
+            let Call(t, x, peer) = *self;
+            // SAFETY: symmetric buffers of the transfer's size; one thread.
+            unsafe { t.put_raw(Coop::Thread, peer, x, None).is_ok() && (!quiet || t.quiet(None).is_ok()) }
+        }
+    }
+    let out = Communicator::local(2, Backend::Cpu, opts(), |comm| {
+        let small = comm.alloc::<u64>(1)?;
+        let big = comm.alloc::<u8>(64 << 10)?;
+        let t = comm.proxy_with(&io)?;
+        comm.barrier()?;
+        if comm.rank() != 0 {
+            comm.barrier()?;
+            return Ok(None);
+        }
+        comm.proxy_hold(true)?;
+        let x = |dst: *mut u8, bytes: u64, nbi: bool| RawXfer {
+            dst,
+            src: dst as *const u8,
+            bytes,
+            nbi,
+        };
+        let small_c = Call(t, x(small.as_mut_ptr() as *mut u8, 8, false), 0);
+        let big_c = Call(t, x(big.as_mut_ptr(), 64 << 10, true), 1);
+        let t0 = Instant::now();
+        let (small_s, big_s) = std::thread::scope(|s| {
+            let a = s.spawn(move || {
+                run(one, &|| assert!(small_c.put(false), "the small put")).unwrap();
+                t0.elapsed().as_secs_f64()
+            });
+            // Ticket 0 is the small put's before the large one posts.
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            let b = s.spawn(move || {
+                run(one, &|| assert!(big_c.put(true), "the large put and its quiet")).unwrap();
+                t0.elapsed().as_secs_f64()
+            });
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            comm.proxy_hold(false).unwrap();
+            (a.join().unwrap(), b.join().unwrap())
+        });
+        comm.barrier()?;
+        Ok(Some((small_s, big_s)))
+    })
+    .expect("the world");
+    let (small_s, big_s) = out[0].expect("rank 0 timed both");
+    // Both waited for the release at 0.4 s; then one WQE's 20 ms against
+    // 32 parts' worth.
+    let (small_wait, big_wait) = (small_s - 0.4, big_s - 0.4);
+    assert!(
+        big_wait > 0.3 && small_wait < big_wait / 4.0,
+        "the small put took {small_wait:.3} s after the release, the large one {big_wait:.3} s"
+    );
+}
+
+/// A poster waiting for room in a full request ring hears of a failure
+/// published meanwhile: rank 0's thread fills the ring with signals while
+/// the proxy is held, then the proxy's first request fails (every WQE an
+/// error completion) and it takes no more. The waiting post returns the
+/// completion error at once, not a timeout after the whole budget (which
+/// also marked the handle wedged).
+#[test]
+fn a_poster_waiting_for_ring_room_hears_of_a_failure() {
+    use doorbell::comm::PROXY_RING_SLOTS;
+    use doorbell_kernels::emu::{run, EmuLaunch};
+    use doorbell_kernels::transport::{CommError, RawSignal, Transport};
+    use std::sync::Mutex;
+    use std::time::Instant;
+    #[derive(Clone, Copy)]
+    struct Post(Proxy, *mut u64);
+    // SAFETY: as a kernel argument, copied to the thread that uses it.
+    unsafe impl Send for Post {}
+    // SAFETY: as above.
+    unsafe impl Sync for Post {}
+    impl Post {
+        /// Signals until one fails: how many succeeded, and the error.
+        fn until_error(&self) -> (u32, CommError) {
+            let Post(t, sig) = *self;
+            let mut n = 0;
+            loop {
+                // SAFETY: a symmetric word; one thread.
+                match unsafe { t.signal_raw(1, RawSignal::add(sig, 1)) } {
+                    Ok(()) => n += 1,
+                    Err(e) => return (n, e),
+                }
+            }
+        }
+    }
+    let out = Communicator::local(2, Backend::Cpu, opts(), |comm| {
+        let sig = comm.alloc::<u64>(1)?;
+        let t = comm.proxy()?;
+        let nic = comm.soft_nic().expect("the proxy runs over the soft NIC");
+        comm.barrier()?;
+        let mut seen = None;
+        if comm.rank() == 0 {
+            let mut cfg = nic.fabric().config();
+            cfg.faults.force_error_every = 1;
+            nic.fabric().set_config(cfg);
+            comm.proxy_hold(true)?;
+            let post = Post(t, sig.as_mut_ptr());
+            let got = Mutex::new(None);
+            let t0 = Instant::now();
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    let one = EmuLaunch {
+                        grid: [1, 1, 1],
+                        block: [1, 1, 1],
+                        shared_mem_bytes: 0,
+                    };
+                    run(one, &|| *got.lock().unwrap() = Some(post.until_error())).unwrap();
+                });
+                // The ring fills, and the poster waits for room.
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                comm.proxy_hold(false).unwrap();
+            });
+            let (n, e) = got.into_inner().unwrap().expect("the poster ran");
+            seen = Some((n, format!("{e:?}"), t0.elapsed().as_secs_f64()));
+            nic.fabric().set_config(EngineConfig::default());
+        }
+        comm.barrier()?;
+        comm.proxy_reset()?;
+        Ok(seen)
+    })
+    .expect("the world");
+    let (n, e, secs) = out[0].clone().expect("rank 0 posted");
+    // The ring filled while held (the proxy takes some more once released,
+    // before the first completion error comes back).
+    assert!(n >= PROXY_RING_SLOTS, "only {n} posts before the error");
+    assert!(e.contains("Completion"), "the waiting post's error: {e}");
+    assert!(secs < 10.0, "the error came after {secs:.1} s (the budget is 20 s)");
+}
+
+/// A NIC that completes nothing is reported as stalled, naming the oldest
+/// request waiting, even when the proxy has room to post more: rank 1's
+/// port answers nothing, and rank 0's one blocking put to it ends with a
+/// `proxy_check` error naming request 0. (The proxy used to look for a
+/// stall only while it waited for room in a send queue.)
+#[test]
+fn a_nic_that_completes_nothing_is_reported_stalled_naming_the_oldest_request() {
+    use doorbell_kernels::emu::{run, EmuLaunch};
+    use doorbell_kernels::transport::{Coop, RawXfer, Transport};
+    use std::sync::Mutex;
+    #[derive(Clone, Copy)]
+    struct Put(Proxy, *mut u8);
+    // SAFETY: as a kernel argument, copied to the thread that uses it.
+    unsafe impl Send for Put {}
+    // SAFETY: as above.
+    unsafe impl Sync for Put {}
+    impl Put {
+        fn blocking(&self) -> bool {
+            let Put(t, buf) = *self;
+            let x = RawXfer {
+                dst: buf,
+                src: buf as *const u8,
+                bytes: 8,
+                nbi: false,
+            };
+            // SAFETY: a symmetric buffer of 8 bytes; one thread.
+            unsafe { t.put_raw(Coop::Thread, 1, x, None) }.is_ok()
+        }
+    }
+    let short = CommOptions {
+        wait_timeout: Duration::from_secs(2),
+        ..opts()
+    };
+    let out = Communicator::local(2, Backend::Cpu, short, |comm| {
+        let buf = comm.alloc::<u8>(8)?;
+        let t = comm.proxy()?;
+        let nic = comm.soft_nic().expect("the proxy runs over the soft NIC");
+        let ports = comm.world().all_gather_bytes(&(nic.port_index() as u64).to_le_bytes())?;
+        let port1 = u64::from_le_bytes(ports[1].as_slice().try_into().unwrap());
+        comm.barrier()?;
+        let mut seen = None;
+        if comm.rank() == 0 {
+            let mut cfg = nic.fabric().config();
+            // Rank 1's port never answers (the fault names a port by index + 1).
+            cfg.faults.stall_port = port1 as u32 + 1;
+            cfg.faults.stall_until_ns = u64::MAX;
+            cfg.transport_timeout_ns = 60_000_000_000;
+            nic.fabric().set_config(cfg);
+            // The engine reads its configuration between passes.
+            std::thread::sleep(Duration::from_millis(100));
+            let put = Put(t, buf.as_mut_ptr());
+            let ok = Mutex::new(true);
+            let one = EmuLaunch {
+                grid: [1, 1, 1],
+                block: [1, 1, 1],
+                shared_mem_bytes: 0,
+            };
+            run(one, &|| *ok.lock().unwrap() = put.blocking()).unwrap();
+            // The proxy gives up on the queue within its budget of the put.
+            std::thread::sleep(Duration::from_millis(500));
+            seen = Some((ok.into_inner().unwrap(), comm.proxy_check().err().map(|e| e.to_string())));
+            nic.fabric().set_config(EngineConfig::default());
+        }
+        comm.barrier()?;
+        Ok(seen)
+    })
+    .expect("the world");
+    let (ok, check) = out[0].clone().expect("rank 0 put");
+    assert!(!ok, "the put to a port that answers nothing succeeded");
+    let check = check.unwrap_or_default();
+    assert!(
+        check.contains("request 0 to rank 1") && check.contains("no progress"),
+        "proxy_check: {check}"
+    );
+}
+
+/// A handle wedged by a full request ring (the proxy held past a poster's
+/// whole budget) is named by `proxy_check`, which used to answer Ok, and
+/// its later posts fail at once; a reset recovers.
+#[test]
+fn proxy_check_names_a_wedged_handle() {
+    use doorbell::comm::PROXY_RING_SLOTS;
+    use doorbell_kernels::emu::{run, EmuLaunch};
+    use doorbell_kernels::transport::{RawSignal, Transport};
+    use std::sync::Mutex;
+    #[derive(Clone, Copy)]
+    struct Post(Proxy, *mut u64);
+    // SAFETY: as a kernel argument, copied to the thread that uses it.
+    unsafe impl Send for Post {}
+    // SAFETY: as above.
+    unsafe impl Sync for Post {}
+    impl Post {
+        /// `n` signals: how many succeeded before the first failure.
+        fn signals(&self, n: u32) -> u32 {
+            let Post(t, sig) = *self;
+            // SAFETY: a symmetric word; one thread.
+            (0..n)
+                .take_while(|_| unsafe { t.signal_raw(1, RawSignal::add(sig, 1)) }.is_ok())
+                .count() as u32
+        }
+    }
+    let short = CommOptions {
+        wait_timeout: Duration::from_secs(1),
+        ..opts()
+    };
+    let out = Communicator::local(2, Backend::Cpu, short, |comm| {
+        let sig = comm.alloc::<u64>(1)?;
+        let t = comm.proxy()?;
+        comm.barrier()?;
+        let mut seen = None;
+        if comm.rank() == 0 {
+            let healthy = comm.proxy_check().is_ok();
+            comm.proxy_hold(true)?;
+            let post = Post(t, sig.as_mut_ptr());
+            let one = EmuLaunch {
+                grid: [1, 1, 1],
+                block: [1, 1, 1],
+                shared_mem_bytes: 0,
+            };
+            let counts = Mutex::new((0, 0));
+            // The ring's worth, one more that waits out its budget, then
+            // one that fails at once.
+            run(one, &|| {
+                let first = post.signals(PROXY_RING_SLOTS + 1);
+                let t0 = std::time::Instant::now();
+                let again = post.signals(1);
+                *counts.lock().unwrap() = (first, again + (t0.elapsed().as_millis() as u32 > 500) as u32 * 100);
+            })
+            .unwrap();
+            let check = comm.proxy_check().err().map(|e| e.to_string());
+            comm.proxy_hold(false)?;
+            seen = Some((healthy, counts.into_inner().unwrap(), check));
+        }
+        comm.barrier()?;
+        comm.proxy_reset()?;
+        Ok(seen)
+    })
+    .expect("the world");
+    let (healthy, (first, again), check) = out[0].clone().expect("rank 0 posted");
+    assert!(healthy, "proxy_check before anything was posted");
+    assert_eq!(
+        first, PROXY_RING_SLOTS,
+        "the ring's worth of posts, then the one that found no room"
+    );
+    assert_eq!(again, 0, "a post after the wedge succeeded (1) or waited (100+)");
+    let check = check.unwrap_or_default();
+    assert!(check.contains("wedged") && check.contains("proxy_reset()"), "proxy_check: {check}");
+}
+
+/// When requests to two peers both fail, the failure published is the
+/// earliest request's, whichever queue reports first: rank 0's blocking put
+/// to rank 1 (ticket 0) and then to itself (ticket 1), every WQE an error
+/// completion. Both posters get the completion error, and `proxy_check`
+/// names request 0 (the failure used to go to the queue polled first, and
+/// ticket 0's poster then waited out its budget).
+#[test]
+fn the_failure_published_is_the_earliest_requests() {
+    use doorbell_kernels::emu::{run, EmuLaunch};
+    use doorbell_kernels::transport::{Coop, RawXfer, Transport};
+    #[derive(Clone, Copy)]
+    struct Put(Proxy, *mut u8, u32);
+    // SAFETY: as a kernel argument, copied to the thread that uses it.
+    unsafe impl Send for Put {}
+    // SAFETY: as above.
+    unsafe impl Sync for Put {}
+    impl Put {
+        fn blocking(&self) -> String {
+            let Put(t, buf, peer) = *self;
+            let x = RawXfer {
+                dst: buf,
+                src: buf as *const u8,
+                bytes: 8,
+                nbi: false,
+            };
+            // SAFETY: a symmetric buffer of 8 bytes; one thread.
+            format!("{:?}", unsafe { t.put_raw(Coop::Thread, peer, x, None) })
+        }
+    }
+    let one = EmuLaunch {
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        shared_mem_bytes: 0,
+    };
+    let out = Communicator::local(2, Backend::Cpu, opts(), |comm| {
+        let buf = comm.alloc::<u8>(8)?;
+        let t = comm.proxy()?;
+        let nic = comm.soft_nic().expect("the proxy runs over the soft NIC");
+        comm.barrier()?;
+        let mut seen = None;
+        if comm.rank() == 0 {
+            let mut cfg = nic.fabric().config();
+            cfg.faults.force_error_every = 1;
+            nic.fabric().set_config(cfg);
+            std::thread::sleep(Duration::from_millis(100));
+            comm.proxy_hold(true)?;
+            let (to1, to0) = (Put(t, buf.as_mut_ptr(), 1), Put(t, buf.as_mut_ptr(), 0));
+            let t0 = std::time::Instant::now();
+            let (a, b) = std::thread::scope(|s| {
+                let a = s.spawn(move || {
+                    let got = std::sync::Mutex::new(String::new());
+                    run(one, &|| *got.lock().unwrap() = to1.blocking()).unwrap();
+                    got.into_inner().unwrap()
+                });
+                std::thread::sleep(Duration::from_millis(200));
+                let b = s.spawn(move || {
+                    let got = std::sync::Mutex::new(String::new());
+                    run(one, &|| *got.lock().unwrap() = to0.blocking()).unwrap();
+                    got.into_inner().unwrap()
+                });
+                std::thread::sleep(Duration::from_millis(200));
+                comm.proxy_hold(false).unwrap();
+                (a.join().unwrap(), b.join().unwrap())
+            });
+            let secs = t0.elapsed().as_secs_f64();
+            seen = Some((a, b, comm.proxy_check().err().map(|e| e.to_string()), secs));
+            nic.fabric().set_config(EngineConfig::default());
+        }
+        comm.barrier()?;
+        comm.proxy_reset()?;
+        Ok(seen)
+    })
+    .expect("the world");
+    let (a, b, check, secs) = out[0].clone().expect("rank 0 put");
+    assert!(a.contains("Completion") && b.contains("Completion"), "ticket 0: {a}; ticket 1: {b}");
+    assert!(secs < 10.0, "the posters waited {secs:.1} s (the budget is 20 s)");
+    let check = check.unwrap_or_default();
+    assert!(check.contains("request 0 to rank 1"), "proxy_check: {check}");
+}

@@ -312,7 +312,19 @@ impl Proxy {
                     return Err(self.failed(e, call, r.peer));
                 }
                 let taken = &raw const (*self.words).taken;
-                match crate::sync::spin_until(self.budget_ns, || ptx::ld_acquire_sys_u64(taken), |v| t < v + slots) {
+                // A failure published while this poster waits ends the wait
+                // (the proxy takes nothing after one): `u64::MAX` says so.
+                let room = |v: u64| v == u64::MAX || t < v + slots;
+                let load = || match self.failure() {
+                    Some(_) => u64::MAX,
+                    None => ptx::ld_acquire_sys_u64(taken),
+                };
+                match crate::sync::spin_until(self.budget_ns, load, room) {
+                    Ok(u64::MAX) => {
+                        if let Some((e, _)) = self.failure() {
+                            return Err(self.failed(e, call, r.peer));
+                        }
+                    }
                     Ok(v) => {
                         ptx::atom_max_release_gpu_u64(seen, v);
                     }

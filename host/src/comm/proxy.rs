@@ -146,6 +146,20 @@ struct Pending {
     end: u32,
 }
 
+/// The thread's view of the request stream.
+struct Tickets {
+    /// The next ticket to take.
+    next: u64,
+    /// Published: every request before it has completed.
+    done: u64,
+    /// Published: every request before it is read out of its slot.
+    taken: u64,
+    /// Requests taken and not yet completed, oldest first.
+    pending: VecDeque<Pending>,
+    /// The ticket of the published failure, if any.
+    failed: Option<u64>,
+}
+
 /// What the thread needs, all plain data (the pointers name memory the
 /// state owns, which outlives the thread).
 struct Worker {
@@ -375,36 +389,112 @@ impl Worker {
         }
     }
 
-    /// Polls every queue with WQEs outstanding; the first error as
-    /// `(queue, syndrome, index)`.
-    fn poll_all(&mut self) -> Option<(usize, u8, u32)> {
+    /// Polls every queue with WQEs outstanding, retires the requests whose
+    /// WQEs have all completed and publishes `done`. Returns whether
+    /// anything completed, and the failed request of the lowest ticket as
+    /// `(peer, syndrome, ticket)` (queues fail independently: the earliest
+    /// request is the one whose waiters must hear of it).
+    fn advance(&mut self, t: &mut Tickets) -> (bool, Option<(u32, u8, u64)>) {
+        let mut moved = false;
+        let mut first: Option<(u32, u8, u64)> = None;
         for i in 0..self.queues.len() {
-            if self.queues[i].completed != self.queues[i].rung {
-                if let Err((s, at)) = self.poll(i) {
-                    return Some((i, s, at));
+            let before = self.queues[i].completed;
+            if before == self.queues[i].rung {
+                continue;
+            }
+            if let Err((s, at)) = self.poll(i) {
+                let ticket = ticket_of(&t.pending, i, at).unwrap_or(t.next);
+                if first.is_none_or(|f| ticket < f.2) {
+                    first = Some((i as u32 / self.queues_per_peer(), s, ticket));
                 }
             }
+            moved |= self.queues[i].completed != before;
         }
-        None
+        while let Some(p) = t.pending.front() {
+            if !reached(self.queues[p.queue].completed, p.end) {
+                break;
+            }
+            t.pending.pop_front();
+            moved = true;
+        }
+        let done = t.pending.front().map_or(t.next, |p| p.ticket);
+        if done != t.done {
+            t.done = done;
+            self.publish(|w| unsafe { &raw mut (*w).done }, done);
+        }
+        if t.taken != t.next {
+            // The requests before `next` are read out of their slots.
+            t.taken = t.next;
+            self.publish(|w| unsafe { &raw mut (*w).taken }, t.next);
+        }
+        (moved, first)
+    }
+
+    /// Publishes a failure of `ticket` unless one of an earlier or the
+    /// same ticket is published already (a later-found failure of an
+    /// earlier request moves the published ticket back: its waiters must
+    /// hear of it too).
+    fn fail_at(&self, t: &mut Tickets, kind: u64, peer: u32, low: u64, ticket: u64) {
+        if t.failed.is_none_or(|f| ticket < f) {
+            self.fail(kind, peer, low, ticket);
+            t.failed = Some(ticket);
+        }
+    }
+
+    /// Waits for room for `step` more WQEs on queue `i`, ringing what is
+    /// written and retiring what completes meanwhile (so waiters of
+    /// earlier requests are answered while a long request goes in
+    /// parts). False when it must stop: a failure published, no
+    /// completion on the queue within the budget (published as a stalled
+    /// NIC, naming the queue's oldest request), or the thread told to stop.
+    fn room(&mut self, t: &mut Tickets, i: usize, step: u64, sq: u64, peer: u32) -> bool {
+        let mut start = Instant::now();
+        let mut seen = self.queues[i].completed;
+        while self.queues[i].producer.wrapping_sub(self.queues[i].completed) as u64 + step > sq {
+            if self.stop.load(Ordering::Acquire) {
+                return false;
+            }
+            self.ring_all();
+            let (_, err) = self.advance(t);
+            if let Some((p, s, ticket)) = err {
+                self.fail_at(t, PROXY_ERR_COMPLETION, p, s as u64, ticket);
+                return false;
+            }
+            if self.queues[i].completed != seen {
+                seen = self.queues[i].completed;
+                start = Instant::now();
+            } else if start.elapsed() > self.budget {
+                let ticket = ticket_of(&t.pending, i, seen).unwrap_or(t.next);
+                self.fail_at(t, PROXY_ERR_STALLED, peer, 0, ticket);
+                return false;
+            }
+            std::hint::spin_loop();
+        }
+        true
     }
 
     fn run(mut self) {
-        let mut next = 0u64;
-        let mut done = 0u64;
-        let mut pending: VecDeque<Pending> = VecDeque::new();
-        let mut failed = false;
+        let mut t = Tickets {
+            next: 0,
+            done: 0,
+            taken: 0,
+            pending: VecDeque::new(),
+            failed: None,
+        };
         let mut idle = 0u32;
+        // When the oldest waiting request last saw a completion (or was taken).
+        let mut progress = Instant::now();
         let sq = self.queues.first().map(|q| q.qp.qp.sq_size).unwrap_or(0) as u64;
         while !self.stop.load(Ordering::Acquire) {
             let mut busy = false;
             // Take and post.
-            let first = next;
-            while !failed && next - first < SWEEP && !self.stats.held.load(Ordering::Acquire) {
-                let Some(r) = self.take(next) else { break };
+            let first = t.next;
+            while t.failed.is_none() && t.next - first < SWEEP && !self.stats.held.load(Ordering::Acquire) {
+                let Some(r) = self.take(t.next) else { break };
                 busy = true;
                 if let Err(why) = self.check(&r) {
-                    self.fail(PROXY_ERR_REFUSED, r.peer, why, next);
-                    failed = true;
+                    let next = t.next;
+                    self.fail_at(&mut t, PROXY_ERR_REFUSED, r.peer, why, next);
                     break;
                 }
                 let i = r.peer as usize;
@@ -413,66 +503,43 @@ impl Worker {
                 // signaled so that its room comes back).
                 let n = self.wqes(&r);
                 let (mut k, mut end) = (0u64, self.queues[i].producer);
-                while k < n && !failed {
+                while k < n && t.failed.is_none() {
                     let step = (n - k).min(sq);
-                    // Room on the QP: ring what is written, then poll until enough completed.
-                    let start = Instant::now();
-                    while self.queues[i].producer.wrapping_sub(self.queues[i].completed) as u64 + step > sq {
-                        self.ring_all();
-                        if let Err((s, at)) = self.poll(i) {
-                            let t = ticket_of(&pending, i, at).unwrap_or(next);
-                            self.fail(PROXY_ERR_COMPLETION, r.peer, s as u64, t);
-                            failed = true;
-                            break;
-                        }
-                        if start.elapsed() > self.budget {
-                            self.fail(PROXY_ERR_STALLED, r.peer, 0, next);
-                            failed = true;
-                            break;
-                        }
-                        std::hint::spin_loop();
+                    if !self.room(&mut t, i, step, sq, r.peer) {
+                        break;
                     }
-                    if !failed {
-                        end = self.write(i, &r, k, k + step);
-                        k += step;
-                    }
+                    end = self.write(i, &r, k, k + step);
+                    k += step;
                 }
-                if failed {
+                if k < n {
+                    // A failure, or told to stop.
                     break;
                 }
-                pending.push_back(Pending {
-                    ticket: next,
+                t.pending.push_back(Pending {
+                    ticket: t.next,
                     queue: i,
                     end,
                 });
-                next += 1;
+                t.next += 1;
                 self.stats.requests.fetch_add(1, Ordering::Relaxed);
-            }
-            if next != first {
-                self.publish(|w| unsafe { &raw mut (*w).taken }, next);
             }
             self.ring_all();
             // Complete.
-            if let Some((i, s, at)) = self.poll_all() {
-                if !failed {
-                    let t = ticket_of(&pending, i, at).unwrap_or(next);
-                    self.fail(PROXY_ERR_COMPLETION, i as u32 / self.queues_per_peer(), s as u64, t);
-                    failed = true;
+            let (moved, err) = self.advance(&mut t);
+            if let Some((p, s, ticket)) = err {
+                self.fail_at(&mut t, PROXY_ERR_COMPLETION, p, s as u64, ticket);
+            }
+            if moved || busy || t.pending.is_empty() {
+                progress = Instant::now();
+            } else if t.failed.is_none() && progress.elapsed() > self.budget {
+                // WQEs outstanding and none completed for the whole budget.
+                if let Some(&Pending { ticket, queue, .. }) = t.pending.front() {
+                    let peer = queue as u32 / self.queues_per_peer();
+                    self.fail_at(&mut t, PROXY_ERR_STALLED, peer, 0, ticket);
                 }
             }
-            while let Some(p) = pending.front() {
-                if !reached(self.queues[p.queue].completed, p.end) {
-                    break;
-                }
-                pending.pop_front();
-                busy = true;
-            }
-            let now_done = pending.front().map_or(next, |p| p.ticket);
-            if now_done != done {
-                done = now_done;
-                self.publish(|w| unsafe { &raw mut (*w).done }, done);
-            }
-            if busy || !pending.is_empty() {
+            busy |= moved;
+            if busy || !t.pending.is_empty() {
                 idle = 0;
                 continue;
             }
@@ -654,6 +721,19 @@ impl Communicator {
             )
         };
         if e == 0 {
+            // A poster that found the request ring full for its whole
+            // budget marked the handle wedged (its later posts fail at
+            // once), with nothing published by the thread.
+            let tail = st._tail.to_host()?;
+            let wedged_at = std::mem::offset_of!(ProxyTail, wedged) / 8;
+            if tail.get(wedged_at).is_some_and(|&w| w != 0) {
+                return Err(Error::comm(format!(
+                    "rank {}: CPU proxy: a kernel found the request ring full for its whole wait budget (the proxy took \
+                     nothing: held, or stuck behind a request); the handle is wedged and every later post fails at once \
+                     until proxy_reset()",
+                    self.rank
+                )));
+            }
             return Ok(());
         }
         let peer = (e >> 32) & 0xff_ffff;
