@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use doorbell::comm::{CommOptions, Communicator, IbgdaOptions, RdmaPeers, SymBuffer};
 use doorbell::{Backend, ForTransport, LaunchConfig};
-use doorbell_kernels::transport::Proxy;
+use doorbell_kernels::transport::{CommError, Coop, Proxy, RawSignal, RawXfer, Transport};
 use doorbell_softnic::engine::EngineConfig;
 use doorbell_test_kernels::contract::bad_call;
 use doorbell_tests::load_test_kernel;
@@ -425,6 +425,83 @@ fn more_requests_than_the_ring_holds_wait_for_room_and_all_land() {
     }
 }
 
+/// A proxy handle used from a test's own thread as a kernel's thread uses
+/// it (the emulator runs device code on host threads): plain data naming
+/// the communicator's memory, copied to the thread as a kernel argument is.
+#[derive(Clone, Copy)]
+struct OnThread(Proxy);
+// SAFETY: as a kernel argument, copied to every thread that uses it.
+unsafe impl Send for OnThread {}
+// SAFETY: as above.
+unsafe impl Sync for OnThread {}
+
+impl OnThread {
+    fn handle(&self) -> &Proxy {
+        &self.0
+    }
+
+    /// `f` run as the one thread of a 1 × 1 emulated launch; its result.
+    fn run<R: Send>(self, f: impl Fn(&Proxy) -> R + Sync) -> R {
+        let out = std::sync::Mutex::new(None);
+        let me = &self;
+        let one = doorbell_kernels::emu::EmuLaunch {
+            grid: [1, 1, 1],
+            block: [1, 1, 1],
+            shared_mem_bytes: 0,
+        };
+        doorbell_kernels::emu::run(one, &|| *out.lock().unwrap() = Some(f(me.handle()))).unwrap();
+        out.into_inner().unwrap().expect("the launch ran its thread")
+    }
+}
+
+/// A put of `bytes` at `addr` (a symmetric buffer of this rank) to the
+/// same address on `peer`, by one thread.
+fn put_at(t: &Proxy, peer: u32, addr: u64, bytes: u64, nbi: bool) -> Result<(), CommError> {
+    let x = RawXfer {
+        dst: addr as *mut u8,
+        src: addr as *const u8,
+        bytes,
+        nbi,
+    };
+    // SAFETY: the caller's symmetric buffer of `bytes`; one thread.
+    unsafe { t.put_raw(Coop::Thread, peer, x, None) }
+}
+
+/// `n` signals adding 1 to the symmetric word at `sig` on `peer`: how
+/// many succeeded before the first failure, and that failure.
+fn signals(t: &Proxy, peer: u32, sig: u64, n: u32) -> (u32, Option<CommError>) {
+    for k in 0..n {
+        // SAFETY: a symmetric word; one thread.
+        if let Err(e) = unsafe { t.signal_raw(peer, RawSignal::add(sig as *mut u64, 1)) } {
+            return (k, Some(e));
+        }
+    }
+    (n, None)
+}
+
+/// A change to the soft NIC's configuration, given rank 1's port index.
+type Fault = dyn Fn(&mut EngineConfig, u32);
+
+/// Sets rank 0's soft NIC faults to `f(config, port index of rank 1)`
+/// (collective: every rank learns the ports), waiting for the engine to
+/// read them; the default configuration back with `None`.
+fn faults(comm: &Communicator, f: Option<&Fault>) -> doorbell::Result<()> {
+    let nic = comm.soft_nic().expect("the proxy runs over the soft NIC");
+    let ports = comm.world().all_gather_bytes(&(nic.port_index() as u64).to_le_bytes())?;
+    let port1 = u64::from_le_bytes(ports[1].as_slice().try_into().unwrap()) as u32;
+    if comm.rank() == 0 {
+        let mut cfg = EngineConfig::default();
+        if let Some(f) = f {
+            cfg = nic.fabric().config();
+            f(&mut cfg, port1);
+        }
+        nic.fabric().set_config(cfg);
+        // The engine reads its configuration between passes.
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
 /// Waiters of a request are answered while a later request goes in parts:
 /// rank 0's blocking 8-byte put (ticket 0) completes long before the
 /// 64 KiB put behind it (ticket 1: 1 024 WQEs of 64 B through a send queue
@@ -433,8 +510,6 @@ fn more_requests_than_the_ring_holds_wait_for_room_and_all_land() {
 /// written, so the small put waited as long as the large one.
 #[test]
 fn a_request_completes_while_a_long_one_behind_it_goes_in_parts() {
-    use doorbell_kernels::emu::{run, EmuLaunch};
-    use doorbell_kernels::transport::{Coop, RawXfer, Transport};
     use doorbell_softnic::engine::LinkModel;
     use std::time::Instant;
     let io = IbgdaOptions {
@@ -443,58 +518,31 @@ fn a_request_completes_while_a_long_one_behind_it_goes_in_parts() {
         link: Some(LinkModel::new(0, 20_000_000)),
         ..Default::default()
     };
-    let one = EmuLaunch {
-        grid: [1, 1, 1],
-        block: [1, 1, 1],
-        shared_mem_bytes: 0,
-    };
-    /// A handle and a transfer, used from the test's threads as a kernel
-    /// uses them from its own (plain data naming the communicator's memory).
-    #[derive(Clone, Copy)]
-    struct Call(Proxy, RawXfer, u32);
-    // SAFETY: as a kernel argument, copied to every thread that uses it.
-    unsafe impl Send for Call {}
-    // SAFETY: as above.
-    unsafe impl Sync for Call {}
-    impl Call {
-        /// The put (and with `quiet`, a quiet after it): whether all succeeded.
-        fn put(&self, quiet: bool) -> bool {
-            let Call(t, x, peer) = *self;
-            // SAFETY: symmetric buffers of the transfer's size; one thread.
-            unsafe { t.put_raw(Coop::Thread, peer, x, None).is_ok() && (!quiet || t.quiet(None).is_ok()) }
-        }
-    }
     let out = Communicator::local(2, Backend::Cpu, opts(), |comm| {
         let small = comm.alloc::<u64>(1)?;
         let big = comm.alloc::<u8>(64 << 10)?;
-        let t = comm.proxy_with(&io)?;
+        let h = OnThread(comm.proxy_with(&io)?);
         comm.barrier()?;
         if comm.rank() != 0 {
             comm.barrier()?;
             return Ok(None);
         }
         comm.proxy_hold(true)?;
-        let x = |dst: *mut u8, bytes: u64, nbi: bool| RawXfer {
-            dst,
-            src: dst as *const u8,
-            bytes,
-            nbi,
-        };
-        let small_c = Call(t, x(small.as_mut_ptr() as *mut u8, 8, false), 0);
-        let big_c = Call(t, x(big.as_mut_ptr(), 64 << 10, true), 1);
+        let (small_at, big_at) = (small.as_mut_ptr() as u64, big.as_mut_ptr() as u64);
         let t0 = Instant::now();
         let (small_s, big_s) = std::thread::scope(|s| {
             let a = s.spawn(move || {
-                run(one, &|| assert!(small_c.put(false), "the small put")).unwrap();
+                h.run(|t| assert!(put_at(t, 0, small_at, 8, false).is_ok(), "the small put"));
                 t0.elapsed().as_secs_f64()
             });
             // Ticket 0 is the small put's before the large one posts.
-            std::thread::sleep(std::time::Duration::from_millis(200));
+            std::thread::sleep(Duration::from_millis(200));
             let b = s.spawn(move || {
-                run(one, &|| assert!(big_c.put(true), "the large put and its quiet")).unwrap();
+                // SAFETY (quiet): one thread quiets its own puts.
+                h.run(|t| assert!(put_at(t, 1, big_at, 64 << 10, true).is_ok() && unsafe { t.quiet(None) }.is_ok()));
                 t0.elapsed().as_secs_f64()
             });
-            std::thread::sleep(std::time::Duration::from_millis(200));
+            std::thread::sleep(Duration::from_millis(200));
             comm.proxy_hold(false).unwrap();
             (a.join().unwrap(), b.join().unwrap())
         });
@@ -521,61 +569,25 @@ fn a_request_completes_while_a_long_one_behind_it_goes_in_parts() {
 #[test]
 fn a_poster_waiting_for_ring_room_hears_of_a_failure() {
     use doorbell::comm::PROXY_RING_SLOTS;
-    use doorbell_kernels::emu::{run, EmuLaunch};
-    use doorbell_kernels::transport::{CommError, RawSignal, Transport};
-    use std::sync::Mutex;
-    use std::time::Instant;
-    #[derive(Clone, Copy)]
-    struct Post(Proxy, *mut u64);
-    // SAFETY: as a kernel argument, copied to the thread that uses it.
-    unsafe impl Send for Post {}
-    // SAFETY: as above.
-    unsafe impl Sync for Post {}
-    impl Post {
-        /// Signals until one fails: how many succeeded, and the error.
-        fn until_error(&self) -> (u32, CommError) {
-            let Post(t, sig) = *self;
-            let mut n = 0;
-            loop {
-                // SAFETY: a symmetric word; one thread.
-                match unsafe { t.signal_raw(1, RawSignal::add(sig, 1)) } {
-                    Ok(()) => n += 1,
-                    Err(e) => return (n, e),
-                }
-            }
-        }
-    }
     let out = Communicator::local(2, Backend::Cpu, opts(), |comm| {
         let sig = comm.alloc::<u64>(1)?;
-        let t = comm.proxy()?;
-        let nic = comm.soft_nic().expect("the proxy runs over the soft NIC");
-        comm.barrier()?;
+        let h = OnThread(comm.proxy()?);
+        faults(comm, Some(&|c, _| c.faults.force_error_every = 1))?;
         let mut seen = None;
         if comm.rank() == 0 {
-            let mut cfg = nic.fabric().config();
-            cfg.faults.force_error_every = 1;
-            nic.fabric().set_config(cfg);
             comm.proxy_hold(true)?;
-            let post = Post(t, sig.as_mut_ptr());
-            let got = Mutex::new(None);
-            let t0 = Instant::now();
-            std::thread::scope(|s| {
-                s.spawn(|| {
-                    let one = EmuLaunch {
-                        grid: [1, 1, 1],
-                        block: [1, 1, 1],
-                        shared_mem_bytes: 0,
-                    };
-                    run(one, &|| *got.lock().unwrap() = Some(post.until_error())).unwrap();
-                });
+            let at = sig.as_mut_ptr() as u64;
+            let t0 = std::time::Instant::now();
+            let (n, e) = std::thread::scope(|s| {
+                let poster = s.spawn(move || h.run(|t| signals(t, 1, at, u32::MAX)));
                 // The ring fills, and the poster waits for room.
-                std::thread::sleep(std::time::Duration::from_millis(300));
+                std::thread::sleep(Duration::from_millis(300));
                 comm.proxy_hold(false).unwrap();
+                poster.join().unwrap()
             });
-            let (n, e) = got.into_inner().unwrap().expect("the poster ran");
             seen = Some((n, format!("{e:?}"), t0.elapsed().as_secs_f64()));
-            nic.fabric().set_config(EngineConfig::default());
         }
+        faults(comm, None)?;
         comm.barrier()?;
         comm.proxy_reset()?;
         Ok(seen)
@@ -596,62 +608,31 @@ fn a_poster_waiting_for_ring_room_hears_of_a_failure() {
 /// stall only while it waited for room in a send queue.)
 #[test]
 fn a_nic_that_completes_nothing_is_reported_stalled_naming_the_oldest_request() {
-    use doorbell_kernels::emu::{run, EmuLaunch};
-    use doorbell_kernels::transport::{Coop, RawXfer, Transport};
-    use std::sync::Mutex;
-    #[derive(Clone, Copy)]
-    struct Put(Proxy, *mut u8);
-    // SAFETY: as a kernel argument, copied to the thread that uses it.
-    unsafe impl Send for Put {}
-    // SAFETY: as above.
-    unsafe impl Sync for Put {}
-    impl Put {
-        fn blocking(&self) -> bool {
-            let Put(t, buf) = *self;
-            let x = RawXfer {
-                dst: buf,
-                src: buf as *const u8,
-                bytes: 8,
-                nbi: false,
-            };
-            // SAFETY: a symmetric buffer of 8 bytes; one thread.
-            unsafe { t.put_raw(Coop::Thread, 1, x, None) }.is_ok()
-        }
-    }
     let short = CommOptions {
         wait_timeout: Duration::from_secs(2),
         ..opts()
     };
     let out = Communicator::local(2, Backend::Cpu, short, |comm| {
         let buf = comm.alloc::<u8>(8)?;
-        let t = comm.proxy()?;
-        let nic = comm.soft_nic().expect("the proxy runs over the soft NIC");
-        let ports = comm.world().all_gather_bytes(&(nic.port_index() as u64).to_le_bytes())?;
-        let port1 = u64::from_le_bytes(ports[1].as_slice().try_into().unwrap());
-        comm.barrier()?;
+        let h = OnThread(comm.proxy()?);
+        faults(
+            comm,
+            Some(&|c, port1| {
+                // Rank 1's port never answers (a fault names a port by index + 1).
+                c.faults.stall_port = port1 + 1;
+                c.faults.stall_until_ns = u64::MAX;
+                c.transport_timeout_ns = 60_000_000_000;
+            }),
+        )?;
         let mut seen = None;
         if comm.rank() == 0 {
-            let mut cfg = nic.fabric().config();
-            // Rank 1's port never answers (the fault names a port by index + 1).
-            cfg.faults.stall_port = port1 as u32 + 1;
-            cfg.faults.stall_until_ns = u64::MAX;
-            cfg.transport_timeout_ns = 60_000_000_000;
-            nic.fabric().set_config(cfg);
-            // The engine reads its configuration between passes.
-            std::thread::sleep(Duration::from_millis(100));
-            let put = Put(t, buf.as_mut_ptr());
-            let ok = Mutex::new(true);
-            let one = EmuLaunch {
-                grid: [1, 1, 1],
-                block: [1, 1, 1],
-                shared_mem_bytes: 0,
-            };
-            run(one, &|| *ok.lock().unwrap() = put.blocking()).unwrap();
+            let at = buf.as_mut_ptr() as u64;
+            let ok = h.run(|t| put_at(t, 1, at, 8, false).is_ok());
             // The proxy gives up on the queue within its budget of the put.
             std::thread::sleep(Duration::from_millis(500));
-            seen = Some((ok.into_inner().unwrap(), comm.proxy_check().err().map(|e| e.to_string())));
-            nic.fabric().set_config(EngineConfig::default());
+            seen = Some((ok, comm.proxy_check().err().map(|e| e.to_string())));
         }
+        faults(comm, None)?;
         comm.barrier()?;
         Ok(seen)
     })
@@ -671,69 +652,46 @@ fn a_nic_that_completes_nothing_is_reported_stalled_naming_the_oldest_request() 
 #[test]
 fn proxy_check_names_a_wedged_handle() {
     use doorbell::comm::PROXY_RING_SLOTS;
-    use doorbell_kernels::emu::{run, EmuLaunch};
-    use doorbell_kernels::transport::{RawSignal, Transport};
-    use std::sync::Mutex;
-    #[derive(Clone, Copy)]
-    struct Post(Proxy, *mut u64);
-    // SAFETY: as a kernel argument, copied to the thread that uses it.
-    unsafe impl Send for Post {}
-    // SAFETY: as above.
-    unsafe impl Sync for Post {}
-    impl Post {
-        /// `n` signals: how many succeeded before the first failure.
-        fn signals(&self, n: u32) -> u32 {
-            let Post(t, sig) = *self;
-            // SAFETY: a symmetric word; one thread.
-            (0..n)
-                .take_while(|_| unsafe { t.signal_raw(1, RawSignal::add(sig, 1)) }.is_ok())
-                .count() as u32
-        }
-    }
     let short = CommOptions {
         wait_timeout: Duration::from_secs(1),
         ..opts()
     };
     let out = Communicator::local(2, Backend::Cpu, short, |comm| {
         let sig = comm.alloc::<u64>(1)?;
-        let t = comm.proxy()?;
+        let h = OnThread(comm.proxy()?);
         comm.barrier()?;
         let mut seen = None;
         if comm.rank() == 0 {
             let healthy = comm.proxy_check().is_ok();
             comm.proxy_hold(true)?;
-            let post = Post(t, sig.as_mut_ptr());
-            let one = EmuLaunch {
-                grid: [1, 1, 1],
-                block: [1, 1, 1],
-                shared_mem_bytes: 0,
-            };
-            let counts = Mutex::new((0, 0));
+            let at = sig.as_mut_ptr() as u64;
             // The ring's worth, one more that waits out its budget, then
             // one that fails at once.
-            run(one, &|| {
-                let first = post.signals(PROXY_RING_SLOTS + 1);
+            let (first, again, waited) = h.run(|t| {
+                let (first, _) = signals(t, 1, at, PROXY_RING_SLOTS + 1);
                 let t0 = std::time::Instant::now();
-                let again = post.signals(1);
-                *counts.lock().unwrap() = (first, again + (t0.elapsed().as_millis() as u32 > 500) as u32 * 100);
-            })
-            .unwrap();
+                let (again, _) = signals(t, 1, at, 1);
+                (first, again, t0.elapsed().as_secs_f64())
+            });
             let check = comm.proxy_check().err().map(|e| e.to_string());
             comm.proxy_hold(false)?;
-            seen = Some((healthy, counts.into_inner().unwrap(), check));
+            seen = Some((healthy, first, again, waited, check));
         }
         comm.barrier()?;
         comm.proxy_reset()?;
         Ok(seen)
     })
     .expect("the world");
-    let (healthy, (first, again), check) = out[0].clone().expect("rank 0 posted");
+    let (healthy, first, again, waited, check) = out[0].clone().expect("rank 0 posted");
     assert!(healthy, "proxy_check before anything was posted");
     assert_eq!(
         first, PROXY_RING_SLOTS,
         "the ring's worth of posts, then the one that found no room"
     );
-    assert_eq!(again, 0, "a post after the wedge succeeded (1) or waited (100+)");
+    assert!(
+        again == 0 && waited < 0.5,
+        "a post after the wedge: {again} succeeded after {waited:.2} s"
+    );
     let check = check.unwrap_or_default();
     assert!(check.contains("wedged") && check.contains("proxy_reset()"), "proxy_check: {check}");
 }
@@ -746,66 +704,27 @@ fn proxy_check_names_a_wedged_handle() {
 /// ticket 0's poster then waited out its budget).
 #[test]
 fn the_failure_published_is_the_earliest_requests() {
-    use doorbell_kernels::emu::{run, EmuLaunch};
-    use doorbell_kernels::transport::{Coop, RawXfer, Transport};
-    #[derive(Clone, Copy)]
-    struct Put(Proxy, *mut u8, u32);
-    // SAFETY: as a kernel argument, copied to the thread that uses it.
-    unsafe impl Send for Put {}
-    // SAFETY: as above.
-    unsafe impl Sync for Put {}
-    impl Put {
-        fn blocking(&self) -> String {
-            let Put(t, buf, peer) = *self;
-            let x = RawXfer {
-                dst: buf,
-                src: buf as *const u8,
-                bytes: 8,
-                nbi: false,
-            };
-            // SAFETY: a symmetric buffer of 8 bytes; one thread.
-            format!("{:?}", unsafe { t.put_raw(Coop::Thread, peer, x, None) })
-        }
-    }
-    let one = EmuLaunch {
-        grid: [1, 1, 1],
-        block: [1, 1, 1],
-        shared_mem_bytes: 0,
-    };
     let out = Communicator::local(2, Backend::Cpu, opts(), |comm| {
         let buf = comm.alloc::<u8>(8)?;
-        let t = comm.proxy()?;
-        let nic = comm.soft_nic().expect("the proxy runs over the soft NIC");
-        comm.barrier()?;
+        let h = OnThread(comm.proxy()?);
+        faults(comm, Some(&|c, _| c.faults.force_error_every = 1))?;
         let mut seen = None;
         if comm.rank() == 0 {
-            let mut cfg = nic.fabric().config();
-            cfg.faults.force_error_every = 1;
-            nic.fabric().set_config(cfg);
-            std::thread::sleep(Duration::from_millis(100));
             comm.proxy_hold(true)?;
-            let (to1, to0) = (Put(t, buf.as_mut_ptr(), 1), Put(t, buf.as_mut_ptr(), 0));
+            let at = buf.as_mut_ptr() as u64;
             let t0 = std::time::Instant::now();
             let (a, b) = std::thread::scope(|s| {
-                let a = s.spawn(move || {
-                    let got = std::sync::Mutex::new(String::new());
-                    run(one, &|| *got.lock().unwrap() = to1.blocking()).unwrap();
-                    got.into_inner().unwrap()
-                });
+                let a = s.spawn(move || h.run(|t| format!("{:?}", put_at(t, 1, at, 8, false))));
                 std::thread::sleep(Duration::from_millis(200));
-                let b = s.spawn(move || {
-                    let got = std::sync::Mutex::new(String::new());
-                    run(one, &|| *got.lock().unwrap() = to0.blocking()).unwrap();
-                    got.into_inner().unwrap()
-                });
+                let b = s.spawn(move || h.run(|t| format!("{:?}", put_at(t, 0, at, 8, false))));
                 std::thread::sleep(Duration::from_millis(200));
                 comm.proxy_hold(false).unwrap();
                 (a.join().unwrap(), b.join().unwrap())
             });
             let secs = t0.elapsed().as_secs_f64();
             seen = Some((a, b, comm.proxy_check().err().map(|e| e.to_string()), secs));
-            nic.fabric().set_config(EngineConfig::default());
         }
+        faults(comm, None)?;
         comm.barrier()?;
         comm.proxy_reset()?;
         Ok(seen)
