@@ -475,7 +475,7 @@ fn routes_by_node(t: TransportKind) -> bool {
 fn rdma_peers(opts: &AllReduceOptions, size: usize) -> Result<RdmaPeers> {
     match &opts.rdma_peers {
         Some(p) => Ok(p.clone()),
-        None => RdmaPeers::from_env().and_then(|p| p.check_env(size).map(|()| p)),
+        None => RdmaPeers::from_env_for(size),
     }
 }
 
@@ -484,10 +484,7 @@ fn rdma_peers(opts: &AllReduceOptions, size: usize) -> Result<RdmaPeers> {
 fn proxy_peers(opts: &AllReduceOptions, size: usize) -> Result<Option<RdmaPeers>> {
     match &opts.rdma_peers {
         Some(p) => Ok(Some(p.clone())),
-        None => match RdmaPeers::nodes_from_env()? {
-            Some(p) => p.check_env(size).map(|()| Some(p)),
-            None => Ok(None),
-        },
+        None => RdmaPeers::nodes_from_env(size),
     }
 }
 
@@ -635,14 +632,7 @@ impl<'c> AllReduce<'c> {
             }
             TransportKind::P2p => Launcher::Family(Box::new(comm.p2p()?.into()), module.family()?),
             TransportKind::Ibgda => Launcher::Family(Box::new(comm.ibgda()?.into()), module.family()?),
-            TransportKind::Proxy => {
-                let t = match &opts.rdma_peers {
-                    Some(peers) => comm.proxy_routed(peers)?,
-                    // DOORBELL_NODES or none: the handle's own routes.
-                    None => comm.proxy()?,
-                };
-                Launcher::Family(Box::new(t.into()), module.family()?)
-            }
+            TransportKind::Proxy => Launcher::Family(Box::new(comm.proxy_with_routes(opts.rdma_peers.as_ref())?.into()), module.family()?),
             TransportKind::Routed => {
                 let t = comm.routed_with(&rdma_peers(opts, comm.world_size())?)?;
                 let algo = plan.algo();

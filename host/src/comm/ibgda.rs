@@ -415,9 +415,7 @@ impl Communicator {
     /// to the others and to those `DOORBELL_RDMA_PEERS` names. Collective
     /// the first time, as [`Self::ibgda`].
     pub fn routed(&self) -> Result<Routed> {
-        let peers = RdmaPeers::from_env()?;
-        peers.check_env(self.size)?;
-        self.routed_with(&peers)
+        self.routed_with(&RdmaPeers::from_env_for(self.size)?)
     }
 
     /// [`Self::routed`] with an explicit route setting.

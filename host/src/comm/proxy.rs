@@ -103,7 +103,7 @@ pub(crate) struct ProxyState {
     regs: Arc<std::sync::RwLock<Vec<RegRegion>>>,
     queues: Option<IbgdaState>,
     _shared: MappedBuffer<u64>,
-    _tail: DeviceBuffer<u64>,
+    tail: DeviceBuffer<u64>,
     handle: Proxy,
 }
 
@@ -600,6 +600,15 @@ impl Communicator {
         Ok(h)
     }
 
+    /// [`Self::proxy_routed`] with `peers`, else [`Self::proxy`] (its own
+    /// routes: `DOORBELL_NODES`, or every pair through the proxy).
+    pub(crate) fn proxy_with_routes(&self, peers: Option<&RdmaPeers>) -> Result<Proxy> {
+        match peers {
+            Some(p) => self.proxy_routed(p),
+            None => self.proxy(),
+        }
+    }
+
     /// The complement of [`Self::rdma_bits`] over the world.
     fn direct_bits(&self, peers: &RdmaPeers) -> Result<[u64; ROUTE_WORDS]> {
         let rdma = self.rdma_bits(peers)?;
@@ -724,7 +733,7 @@ impl Communicator {
             // A poster that found the request ring full for its whole
             // budget marked the handle wedged (its later posts fail at
             // once), with nothing published by the thread.
-            let tail = st._tail.to_host()?;
+            let tail = st.tail.to_host()?;
             let wedged_at = std::mem::offset_of!(ProxyTail, wedged) / 8;
             if tail.get(wedged_at).is_some_and(|&w| w != 0) {
                 return Err(Error::comm(format!(
@@ -792,11 +801,8 @@ impl Communicator {
         let tail = self.device.alloc_zeroed::<u64>(std::mem::size_of::<ProxyTail>() / 8)?;
         // Modeled nodes: the ranks of this node by load/store. Otherwise
         // every rank, this one too, through the proxy.
-        let direct = match RdmaPeers::nodes_from_env()? {
-            Some(p) => {
-                p.check_env(self.size)?;
-                self.direct_bits(&p)?
-            }
+        let direct = match RdmaPeers::nodes_from_env(self.size)? {
+            Some(p) => self.direct_bits(&p)?,
             None => [0; ROUTE_WORDS],
         };
         let base = shared.host_ptr() as usize;
@@ -865,7 +871,7 @@ impl Communicator {
             regs,
             queues: Some(queues),
             _shared: shared,
-            _tail: tail,
+            tail,
             handle,
         })
     }

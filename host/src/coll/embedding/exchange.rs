@@ -37,10 +37,7 @@ impl Kernels {
         let t: AnyTransport = match opts.transport {
             TransportKind::P2p => comm.p2p()?.into(),
             TransportKind::Ibgda => comm.ibgda()?.into(),
-            TransportKind::Proxy => match &opts.rdma_peers {
-                Some(peers) => comm.proxy_routed(peers)?.into(),
-                None => comm.proxy()?.into(),
-            },
+            TransportKind::Proxy => comm.proxy_with_routes(opts.rdma_peers.as_ref())?.into(),
             TransportKind::Routed => match &opts.rdma_peers {
                 Some(peers) => comm.routed_with(peers)?.into(),
                 None => comm.routed()?.into(),

@@ -236,10 +236,23 @@ impl RdmaPeers {
         Ok(RdmaPeers::Pairs(pairs))
     }
 
-    /// `DOORBELL_NODES` alone, as [`RdmaPeers::Nodes`] (`None` when unset):
-    /// the CPU proxy's routes, which `DOORBELL_RDMA_PEERS` does not set.
-    pub(crate) fn nodes_from_env() -> Result<Option<RdmaPeers>> {
-        Ok(nodes_from_env()?.map(RdmaPeers::Nodes))
+    /// `DOORBELL_NODES` alone, as [`RdmaPeers::Nodes`] (`None` when unset),
+    /// checked against a world of `size` ranks ([`Self::check_env`]): the
+    /// CPU proxy's routes, which `DOORBELL_RDMA_PEERS` does not set.
+    pub(crate) fn nodes_from_env(size: usize) -> Result<Option<RdmaPeers>> {
+        let peers = nodes_from_env()?.map(RdmaPeers::Nodes);
+        if let Some(p) = &peers {
+            p.check_env(size)?;
+        }
+        Ok(peers)
+    }
+
+    /// [`Self::from_env`] checked against a world of `size` ranks
+    /// ([`Self::check_env`]).
+    pub(crate) fn from_env_for(size: usize) -> Result<RdmaPeers> {
+        let peers = Self::from_env()?;
+        peers.check_env(size)?;
+        Ok(peers)
     }
 
     /// `DOORBELL_RDMA_PEERS`, else `DOORBELL_NODES` ([`RdmaPeers::Nodes`]);
@@ -291,8 +304,8 @@ impl RdmaPeers {
         }
     }
 
-    /// Checks a setting read from the environment ([`Self::from_env`],
-    /// [`Self::nodes_from_env`]) against a world of `size` ranks: the
+    /// Checks a setting read from the environment ([`Self::from_env`])
+    /// against a world of `size` ranks: the
     /// error names the variable (`DOORBELL_NODES`, `DOORBELL_RDMA_PEERS`)
     /// and its value.
     pub(crate) fn check_env(&self, size: usize) -> Result<()> {
