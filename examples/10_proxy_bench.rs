@@ -1,13 +1,14 @@
 //! GPU-initiated communication against a CPU proxy, on the same soft NIC
-//! and the same two ranks, in one run:
+//! and the same ranks, in one run:
 //!
 //! * **8-byte `put_signal` round trip** (`put_signal_rtt`, one warp per
-//!   rank): IBGDA (the kernel writes the WQEs and rings the doorbell), the
-//!   CPU proxy (the kernel writes a request; a host thread writes the WQEs
-//!   and rings), and P2P (stores) as the floor.
-//! * **8-byte message rate** (`post_burst`, one warp of rank 0 posting
-//!   `--wqes` non-blocking puts, then `quiet`): million puts per second
-//!   from the first post to the last completion, IBGDA and proxy.
+//!   rank of a pair): IBGDA (the kernel writes the WQEs and rings the
+//!   doorbell), the CPU proxy (the kernel writes a request; a host thread
+//!   writes the WQEs and rings), and P2P (stores) as the floor.
+//! * **8-byte message rate** (`post_burst`, one warp of a pair's first
+//!   rank posting `--wqes` non-blocking puts, then `quiet`): million puts
+//!   per second from the first post to the last completion, IBGDA and
+//!   proxy.
 //! * **8-byte message rate of many warps** (`post_lanes`, `--lane-blocks`
 //!   blocks of one warp, each lane posting its own put `--lane-rounds`
 //!   times): million puts per second completed. IBGDA posts a warp's 32
@@ -31,23 +32,32 @@
 //!   and the tables after the last step checked against the CPU
 //!   reference.
 //!
-//! **More ranks** (`--ranks N`, above 2 with `DOORBELL_NODES` making
-//! nodes of them): the GPU-initiated side is the routed transport (IBGDA
-//! between nodes, load/store inside one) and the proxy routes the same
-//! way, so both plan the hierarchical all-reduce (checked against the
-//! node-wise sum); only the all-reduce and the embedding exchange run.
+//! **Pairs**: with two ranks, ranks 0 and 1. With more (`--ranks N`, above
+//! 2 with `DOORBELL_NODES` making nodes of them) rank `i` of the first
+//! node pairs with rank `i` of the second, and `--pairs` of them (default:
+//! every rank of a node) measure at once, as a node's GPUs all talk across
+//! at once; the round trip's figure is the median over every pair and
+//! round, a rate's the sum of the pairs' rates (each posting rank's own,
+//! all starting behind one barrier), the median over rounds.
+//!
+//! **More ranks**: the GPU-initiated side of the collectives is the routed
+//! transport (IBGDA between nodes, load/store inside one) and the proxy
+//! routes the same way, so both plan the hierarchical all-reduce (checked
+//! against the node-wise sum); the pairs, across nodes, go through the NIC
+//! on both sides.
 //!
 //! Each round sets IBGDA up, measures it and P2P, closes it, then sets the
 //! proxy up on the freed NIC and measures it (the two cannot share a NIC
 //! port); a warm-up round is dropped and the report takes the medians and
-//! their ratios. Every message-rate launch is checked on rank 1: the words
-//! the puts wrote must hold the value rank 0 put in that launch (a wrong
-//! result fails the run). Every put writes a word of its own (the lane
-//! posts up to `LANE_WORDS` puts), so one lost put fails it. On the CPU emulator the timings mean nothing
-//! about a GPU; the run checks that every path works.
+//! their ratios. Every message-rate launch is checked on each pair's
+//! second rank: the words the puts wrote must hold the value its partner
+//! put in that launch (a value per poster and launch; a wrong result fails
+//! the run). Every put writes a word of its own (the lane posts up to
+//! `LANE_WORDS` puts), so one lost put fails it. On the CPU emulator the
+//! timings mean nothing about a GPU; the run checks that every path works.
 //!
 //! ```text
-//! cargo run --release --example proxy_bench -- [--device gpu|cpu] [--ranks N] [--rtt-iters N] [--wqes N] [--rounds N]
+//! cargo run --release --example proxy_bench -- [--device gpu|cpu] [--ranks N] [--pairs N] [--rtt-iters N] [--wqes N] [--rounds N]
 //!     [--ar-sizes B,..] [--ar-chunks B,..] [--emb-dims D,..] [--emb-steps N] [--out DIR]
 //! ```
 //! Prints a table and writes to `--out`: `proxy_bench.json`,
@@ -60,18 +70,20 @@
 mod bench;
 #[path = "proxy_bench_coll.rs"]
 mod proxy_bench_coll;
+#[path = "proxy_bench_pairs.rs"]
+mod proxy_bench_pairs;
 
 use bench::{median_upper as median, run_ranks};
 use clap::Parser;
 use doorbell::coll::{AllReduce, DType, TransportKind};
 use doorbell::comm::{CommOptions, Communicator, ProxyStats};
-use doorbell::{DeviceBuffer, FamilyHandle, LaunchConfig};
-use doorbell_example_kernels::ibgda_bench::{lane_words, post_burst, post_lanes, put_signal_rtt, BENCH_OK};
 use doorbell_examples::cli::ProxyBenchArgs;
 use doorbell_examples::embedding::Problem;
+use doorbell_examples::pairs::Pairs;
 use doorbell_examples::plot::{self, Chart, Series, YScale};
 use doorbell_examples::{die, main_with, ratio, BoxError, USER_KERNELS};
 use proxy_bench_coll::{ArBench, EmbCase};
+use proxy_bench_pairs::{PairRank, PairRound};
 
 fn main() {
     let args = ProxyBenchArgs::parse();
@@ -90,7 +102,12 @@ struct Report {
     gpu_transport: String,
     rtt_iters: u32,
     wqes: u32,
-    /// Per timed round.
+    /// The pairs that measured the round trip and the rates, at once:
+    /// [leader, partner].
+    #[serde(default)]
+    pairs: Vec<[u32; 2]>,
+    /// The round trip: every pair's, round by round; the rates: per timed
+    /// round, the sum of the pairs' rates.
     rtt_ibgda_us: Vec<f64>,
     rtt_proxy_us: Vec<f64>,
     rtt_p2p_us: Vec<f64>,
@@ -204,6 +221,8 @@ struct Plan {
     ranks: u32,
     /// The ranks form modeled nodes (`DOORBELL_NODES`).
     nodes: bool,
+    /// Which ranks measure the round trip and the rates, with which.
+    pairs: Pairs,
     rtt_iters: u32,
     wqes: u32,
     rounds: u32,
@@ -217,11 +236,6 @@ struct Plan {
 }
 
 impl Plan {
-    /// Whether the pair parts run (round trip, rates: two ranks only).
-    fn pairs(&self) -> bool {
-        self.ranks == 2
-    }
-
     /// The GPU-initiated side of the collectives: where the ranks form
     /// nodes, the routed transport (IBGDA between nodes, load/store inside
     /// one, this rank included), routed as the proxy then is; else IBGDA
@@ -253,11 +267,6 @@ fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
         doorbell::comm::RdmaPeers::Nodes(n) => Some(n),
         _ => None,
     };
-    // Two ranks on one node would time load/store under the proxy's name.
-    if ranks == 2 && nodes.is_some_and(|n| n != 2) {
-        die("with 2 ranks, DOORBELL_NODES must be 2 (or unset): the round trip and the rates run between ranks 0 and 1, which must be on different nodes");
-    }
-    let nodes = nodes.is_some();
     if ranks > 2 {
         // Both transports must route by node for the comparison to hold.
         match doorbell::comm::RdmaPeers::from_env()? {
@@ -268,9 +277,13 @@ fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
             )),
         }
     }
+    // Two ranks on one node would time load/store under the proxy's name.
+    let pairs = Pairs::new(ranks, nodes.map(|n| n as u32), a.pairs.map(|n| n as u32)).unwrap_or_else(|e| die(e));
+    let nodes = nodes.is_some();
     let plan = Plan {
         ranks,
         nodes,
+        pairs,
         rtt_iters: a.rtt_iters.unwrap_or(if gpu { 2000 } else { 50 }) as u32,
         wqes: a.wqes.unwrap_or(if gpu { 4096 } else { 256 }) as u32,
         rounds: a.rounds as u32,
@@ -342,9 +355,7 @@ fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
         "{:<40} {:>12} {:>12} {:>12} {:>14}",
         "", r.gpu_transport, "cpu proxy", "p2p", "gpu / proxy"
     );
-    if r.ranks == 2 {
-        print_pairs(&r);
-    }
+    print_pairs(&r);
     print_collectives(&r);
     let path = bench::write_json(&a.out, "proxy_bench.json", &r)?;
     println!("# wrote {}", path.display());
@@ -353,6 +364,11 @@ fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
 
 /// The round trip's and the rates' lines of the table.
 fn print_pairs(r: &Report) {
+    let pairs: Vec<String> = r.pairs.iter().map(|[a, b]| format!("{a}-{b}")).collect();
+    println!(
+        "# pairs across nodes, at once: {} (GPU-initiated side: IBGDA; rates summed over the pairs)",
+        pairs.join(", ")
+    );
     println!(
         "{:<40} {:>12.2} {:>12.2} {:>12.2} {:>14}",
         "8-byte put_signal round trip, us",
@@ -363,7 +379,7 @@ fn print_pairs(r: &Report) {
     );
     println!(
         "{:<40} {:>12.3} {:>12.3} {:>12} {:>14}",
-        "8-byte puts by one warp, M/s",
+        "8-byte puts, a warp per pair, M/s",
         r.rate_ibgda_median_mput_s,
         r.rate_proxy_median_mput_s,
         "",
@@ -371,7 +387,7 @@ fn print_pairs(r: &Report) {
     );
     println!(
         "{:<40} {:>12.3} {:>12.3} {:>12} {:>14}",
-        format!("8-byte puts by {} warps, M/s", r.lane_blocks),
+        format!("8-byte puts, {} warps per pair, M/s", r.lane_blocks),
         r.lanes_ibgda_median_mput_s,
         r.lanes_proxy_median_mput_s,
         "",
@@ -563,6 +579,46 @@ fn embedding_figure(out: &std::path::Path, r: &Report) -> Result<std::path::Path
     Ok(png)
 }
 
+impl Report {
+    /// One timed round's pair figures: every pair's round trip, the sum of
+    /// the pairs' rates.
+    fn add_pairs(&mut self, ib: &PairRound, px: &PairRound) {
+        self.rtt_ibgda_us.extend(&ib.rtt_us);
+        self.rtt_proxy_us.extend(&px.rtt_us);
+        self.rtt_p2p_us.extend(&ib.rtt_p2p_us);
+        self.rate_ibgda_mput_s.push(ib.rate.iter().sum());
+        self.rate_proxy_mput_s.push(px.rate.iter().sum());
+        self.lanes_ibgda_mput_s.push(ib.lanes.iter().sum());
+        self.lanes_proxy_mput_s.push(px.lanes.iter().sum());
+    }
+}
+
+/// A round's pair figures in a line: the round trips' range over the
+/// pairs, the rates' sums.
+fn pair_line(p: &Plan, ib: &PairRound, px: &PairRound) -> String {
+    let span = |v: &[f64]| {
+        let (lo, hi) = v.iter().fold((f64::INFINITY, 0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+        if v.len() > 1 {
+            format!("{lo:.2}-{hi:.2}")
+        } else {
+            format!("{lo:.2}")
+        }
+    };
+    let sum = |v: &[f64]| v.iter().sum::<f64>();
+    format!(
+        "round trip ibgda {} / proxy {} / p2p {} us; puts ibgda {:.3} / proxy {:.3} M/s; {} warps ibgda {:.3} / proxy {:.3} M/s ({} pair(s))",
+        span(&ib.rtt_us),
+        span(&px.rtt_us),
+        span(&ib.rtt_p2p_us),
+        sum(&ib.rate),
+        sum(&px.rate),
+        p.lane_blocks,
+        sum(&ib.lanes),
+        sum(&px.lanes),
+        ib.rtt_us.len(),
+    )
+}
+
 /// The round trip's and the rates' medians and ratios.
 fn pair_medians(rep: &mut Report) {
     rep.rtt_ibgda_median_us = median(rep.rtt_ibgda_us.clone());
@@ -581,162 +637,13 @@ fn fmt(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{v:.3}"))
 }
 
-/// A transport call in the launch failed.
-fn check(status: &DeviceBuffer<u32>, what: &str) -> Result<(), BoxError> {
-    let s = status.to_host()?[0];
-    if s != BENCH_OK && s != 0 {
-        return Err(format!("{what}: a transport call failed (status {s})").into());
-    }
-    Ok(())
-}
-
-/// Words of the rate launches' target: a word per put of the message
-/// rate and of the lane posts (up to `LANE_WORDS`).
-fn words_for(p: &Plan) -> usize {
-    (p.wqes as usize).max(lane_words(p.lane_blocks, p.lane_rounds))
-}
-
-/// One rank's buffers and kernel families.
-struct Rank<'c> {
-    comm: &'c Communicator,
-    s: doorbell::Stream,
-    rtt: doorbell::Family<put_signal_rtt>,
-    burst: doorbell::Family<post_burst>,
-    lanes: doorbell::Family<post_lanes>,
-    words: doorbell::comm::SymBuffer<'c, u64>,
-    sig: doorbell::comm::SymBuffer<'c, u64>,
-    src: doorbell::comm::SymBuffer<'c, u64>,
-    status: DeviceBuffer<u32>,
-    out: DeviceBuffer<u64>,
-    epoch: u64,
-}
-
-impl Rank<'_> {
-    /// Before a rate launch: rank 1 zeroes the words the puts write, rank
-    /// 0 fills its source with `value`.
-    fn prepare(&mut self, value: u64) -> Result<(), BoxError> {
-        self.status.zero()?;
-        if self.comm.rank() == 1 {
-            self.words.copy_from_host(&vec![0u64; self.words.len()])?;
-        } else {
-            self.src.copy_from_host(&[value; 64])?;
-        }
-        self.comm.barrier()?;
-        Ok(())
-    }
-
-    /// After it: rank 1's first `n` words hold `value`, the others 0.
-    fn landed(&self, n: usize, value: u64, what: &str) -> Result<(), BoxError> {
-        self.comm.barrier()?;
-        if self.comm.rank() == 1 {
-            let got = self.words.to_host()?;
-            let want = |i: usize| if i < n { value } else { 0 };
-            if let Some(i) = (0..got.len()).find(|&i| got[i] != want(i)) {
-                return Err(format!("{what}: rank 1's word {i} holds {:#x}, not {:#x}", got[i], want(i)).into());
-            }
-        }
-        Ok(())
-    }
-
-    /// µs per 8-byte put_signal round trip over `t`.
-    fn round_trip<T>(&mut self, p: &Plan, t: T) -> Result<f64, BoxError>
-    where
-        T: FamilyHandle<put_signal_rtt, Rest = (*mut u64, *mut u64, u64, u32, *mut u64, *mut u32)>,
-    {
-        self.status.zero()?;
-        self.comm.barrier()?;
-        let a = (
-            self.words.as_mut_ptr(),
-            self.sig.as_mut_ptr(),
-            self.epoch,
-            p.rtt_iters,
-            self.out.as_mut_ptr(),
-            self.status.as_mut_ptr(),
-        );
-        // SAFETY: symmetric `words` and `sig`; one warp per rank.
-        unsafe { self.s.launch_family(&self.rtt, LaunchConfig::linear(1, 32), t, a)? };
-        self.comm.synchronize(&self.s)?;
-        check(&self.status, "put_signal round trip")?;
-        self.epoch += p.rtt_iters as u64 + 1;
-        Ok(self.out.to_host()?[0] as f64 / 1e3 / p.rtt_iters as f64)
-    }
-
-    /// Million 8-byte puts per second by one warp of rank 0 over `t`, from
-    /// the first post to the last completion; rank 1 checks what landed.
-    fn message_rate<T>(&mut self, p: &Plan, t: T, value: u64) -> Result<f64, BoxError>
-    where
-        T: FamilyHandle<post_burst, Rest = (*mut u64, *const u64, u32, u32, *mut u64, *mut u32)>,
-    {
-        self.prepare(value)?;
-        let a = (
-            self.words.as_mut_ptr(),
-            self.src.as_ptr(),
-            p.wqes,
-            1u32,
-            self.out.as_mut_ptr(),
-            self.status.as_mut_ptr(),
-        );
-        // SAFETY: symmetric `words` of at least `wqes` words, `src` of 64;
-        // one warp posts.
-        unsafe { self.s.launch_family(&self.burst, LaunchConfig::linear(1, 32), t, a)? };
-        self.comm.synchronize(&self.s)?;
-        check(&self.status, "message rate")?;
-        // Put `i` wrote word `i`: one lost put leaves its word 0.
-        self.landed(p.wqes as usize, value, "message rate")?;
-        let ns = self.out.to_host()?;
-        Ok(p.wqes as f64 / (ns[1].max(1) as f64 * 1e-9) / 1e6)
-    }
-
-    /// Million 8-byte puts per second completed by `lane_blocks` warps of
-    /// rank 0, each lane posting its own put `lane_rounds` times; rank 1
-    /// checks what landed.
-    fn lane_rate<T>(&mut self, p: &Plan, t: T, value: u64) -> Result<f64, BoxError>
-    where
-        T: FamilyHandle<post_lanes, Rest = (*mut u64, *const u64, u32, *mut u64, *mut u32)>,
-    {
-        self.prepare(value)?;
-        let a = (
-            self.words.as_mut_ptr(),
-            self.src.as_ptr(),
-            p.lane_rounds,
-            self.out.as_mut_ptr(),
-            self.status.as_mut_ptr(),
-        );
-        // SAFETY: symmetric `words` of at least `lane_words`, `src` of 64; 3 output
-        // words per block (at most 64 blocks).
-        unsafe { self.s.launch_family(&self.lanes, LaunchConfig::linear(p.lane_blocks, 32), t, a)? };
-        self.comm.synchronize(&self.s)?;
-        check(&self.status, "lane posts")?;
-        // Each put wrote a word of its own (up to LANE_WORDS).
-        self.landed(lane_words(p.lane_blocks, p.lane_rounds), value, "lane posts")?;
-        let ns = self.out.to_host()?;
-        let b = p.lane_blocks as usize;
-        let t0 = (0..b).map(|k| ns[3 * k]).min().unwrap_or(0);
-        let t1 = (0..b).map(|k| ns[3 * k + 2]).max().unwrap_or(0);
-        let puts = 32.0 * p.lane_rounds as f64 * b as f64;
-        Ok(puts / (t1.saturating_sub(t0).max(1) as f64 * 1e-9) / 1e6)
-    }
-}
-
 fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
     let dev = comm.device();
     // Before any NIC set-up: a module load waits behind the soft NIC's
     // engine. (An all-reduce over P2P loads the library's module.)
     let m = comm.load_module(&USER_KERNELS)?;
     drop(AllReduce::new(comm, 1, DType::F32)?);
-    let mut r = Rank {
-        comm,
-        s: dev.new_stream()?,
-        rtt: m.family::<put_signal_rtt>()?,
-        burst: m.family::<post_burst>()?,
-        lanes: m.family::<post_lanes>()?,
-        words: comm.alloc::<u64>(words_for(p))?,
-        sig: comm.alloc::<u64>(1)?,
-        src: comm.alloc::<u64>(64)?,
-        status: dev.alloc_zeroed::<u32>(1)?,
-        out: dev.alloc_zeroed::<u64>(3 * 64)?,
-        epoch: 1,
-    };
+    let mut r = PairRank::new(comm, &m, p)?;
     let p2p = comm.p2p()?;
     let gpu_kind = p.gpu_kind();
     let mut rep = Report {
@@ -745,6 +652,7 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
         gpu_transport: gpu_kind.to_string(),
         rtt_iters: p.rtt_iters,
         wqes: p.wqes,
+        pairs: p.pairs.list(),
         ..Report::default()
     };
     let mut stats = ProxyStats::default();
@@ -805,61 +713,32 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
         }
         Ok((times, emb))
     };
-    // The round trip and the rates between ranks 0 and 1 (two ranks only).
-    let no_pairs = [f64::NAN; 4];
     for round in 0..=p.rounds {
         let warm = round == 0;
         note(&format!("round {round}: IBGDA set-up"));
         let ib = comm.ibgda()?;
-        let [rtt_ib, rtt_p2p, rate_ib, lanes_ib] = match p.pairs() {
-            true => {
-                note("IBGDA: round trips, message rates");
-                [
-                    r.round_trip(p, ib)?,
-                    r.round_trip(p, p2p)?,
-                    r.message_rate(p, ib, 0x1b9d_a000 + round as u64)?,
-                    r.lane_rate(p, ib, 0x1a9e_5000 + round as u64)?,
-                ]
-            }
-            false => no_pairs,
-        };
+        note("IBGDA: round trips, message rates");
+        let pairs_ib = r.round(p, ib, Some(p2p), 0x1b9d_a000 + round as u64)?;
         let (ar_ib, emb_ib) = collectives(gpu_kind)?;
         note("IBGDA closed; proxy set-up");
         comm.ibgda_close()?;
         let px = comm.proxy()?;
-        let [rtt_px, rate_px, lanes_px, _] = match p.pairs() {
-            true => {
-                note("proxy: round trips, message rates");
-                [
-                    r.round_trip(p, px)?,
-                    r.message_rate(p, px, 0xc0de_0000 + round as u64)?,
-                    r.lane_rate(p, px, 0xc1a9_e000 + round as u64)?,
-                    0.0,
-                ]
-            }
-            false => no_pairs,
-        };
+        note("proxy: round trips, message rates");
+        let pairs_px = r.round(p, px, None::<doorbell_kernels::transport::P2p>, 0xc0de_0000 + round as u64)?;
         let (ar_px, emb_px) = collectives(TransportKind::Proxy)?;
         stats = comm.proxy_stats().unwrap_or_default();
         comm.proxy_check()?;
         note("proxy reset");
         comm.proxy_reset()?;
-        if comm.rank() == 0 && p.pairs() {
+        if comm.rank() == 0 {
             eprintln!(
-                "round {round}{}: round trip ibgda {rtt_ib:.2} / proxy {rtt_px:.2} / p2p {rtt_p2p:.2} us; \
-                 puts ibgda {rate_ib:.3} / proxy {rate_px:.3} M/s; {lb} warps ibgda {lanes_ib:.3} / proxy {lanes_px:.3} M/s",
+                "round {round}{}: {}",
                 if warm { " (warm-up)" } else { "" },
-                lb = p.lane_blocks,
+                pair_line(p, &pairs_ib, &pairs_px)
             );
         }
-        if !warm && p.pairs() {
-            rep.rtt_ibgda_us.push(rtt_ib);
-            rep.rtt_proxy_us.push(rtt_px);
-            rep.rtt_p2p_us.push(rtt_p2p);
-            rep.rate_ibgda_mput_s.push(rate_ib);
-            rep.rate_proxy_mput_s.push(rate_px);
-            rep.lanes_ibgda_mput_s.push(lanes_ib);
-            rep.lanes_proxy_mput_s.push(lanes_px);
+        if !warm {
+            rep.add_pairs(&pairs_ib, &pairs_px);
         }
         if !warm {
             for (k, row) in ar_rows.iter_mut().enumerate() {
@@ -883,9 +762,7 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
         }
     }
     (rep.lane_blocks, rep.lane_rounds) = (p.lane_blocks, p.lane_rounds);
-    if p.pairs() {
-        pair_medians(&mut rep);
-    }
+    pair_medians(&mut rep);
     let n = comm.world_size() as f64;
     for row in &mut ar_rows {
         row.producer_median_us = median(row.producer_us.clone());

@@ -692,12 +692,16 @@ pub struct ProxyBenchArgs {
     #[command(flatten)]
     pub device: DeviceArgs,
     /// Ranks (thread ranks of one process). Above 2 they must form modeled
-    /// nodes (DOORBELL_NODES): the GPU-initiated side is then the routed
-    /// transport (IBGDA between nodes, load/store inside one), the proxy
-    /// routes the same way, and only the all-reduce and the embedding
-    /// exchange run (the round trip and the rates are between two ranks)
+    /// nodes (DOORBELL_NODES): the GPU-initiated side of the collectives is
+    /// then the routed transport (IBGDA between nodes, load/store inside
+    /// one), and the proxy routes the same way
     #[arg(long, value_name = "N", default_value = "2", value_parser = ranged(2, doorbell::coll::MAX_RANKS as u64))]
     pub ranks: u64,
+    /// Pairs measuring the round trip and the rates at once: rank i of the
+    /// first node with rank i of the second, for i below N [default: every
+    /// rank of a node]
+    #[arg(long, value_name = "N", value_parser = ranged(1, doorbell::coll::MAX_RANKS as u64))]
+    pub pairs: Option<u64>,
     /// put_signal round trips timed per launch [default: 2000 on a GPU, 50 on the emulator]
     #[arg(long = "rtt-iters", value_name = "N", value_parser = ranged(1, 1_000_000))]
     pub rtt_iters: Option<u64>,

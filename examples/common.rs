@@ -6,6 +6,7 @@
 pub mod cli;
 pub mod embedding;
 pub mod nccl;
+pub mod pairs;
 pub mod plot;
 pub mod timeline;
 

@@ -8,7 +8,8 @@ use std::time::Instant;
 use doorbell::comm::{Communicator, EnginePhase as Phase, EngineReport};
 use doorbell::{AnyTransport, DeviceBuffer, LaunchConfig};
 use doorbell_example_kernels::ibgda_bench::{
-    post_burst_ibgda, post_lanes_ibgda, post_profile, primitive_costs, put_signal_rtt, put_stream, BENCH_OK, PRIMITIVES, PRIMITIVE_COUNT,
+    post_burst_ibgda, post_lanes_ibgda, post_profile, primitive_costs, put_signal_rtt, put_stream, BENCH_OK, NO_PEER, PRIMITIVES,
+    PRIMITIVE_COUNT,
 };
 use doorbell_examples::cli::sweep;
 use doorbell_examples::{ratio, BoxError};
@@ -35,6 +36,13 @@ fn handle(v: usize, ib: Ibgda, p2p: P2p) -> AnyTransport {
     }
 }
 
+/// The peer of rank `me` in the kernels that pair ranks 0 and 1 (rank 0
+/// leads or posts); the rank that receives passes [`NO_PEER`] where it
+/// only receives.
+fn partner(me: usize) -> u32 {
+    1 - me.min(1) as u32
+}
+
 /// Part 1: put_signal round trips, IBGDA and P2P in turn.
 pub fn round_trips(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), BoxError> {
     let (comm, me) = (r.comm, r.comm.rank());
@@ -48,6 +56,8 @@ pub fn round_trips(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), Bo
         let before = comm.ibgda_engine().filter(|_| v == 0 && !warm);
         let t0 = Instant::now();
         let a = (
+            partner(me),
+            (me == 0) as u32,
             r.words.as_mut_ptr(),
             r.sig.as_mut_ptr(),
             epoch,
@@ -158,12 +168,14 @@ pub fn post_rates(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), Box
         r.status.zero()?;
         comm.barrier()?;
         let before = nic.stats().wqes;
+        let peer = if me == 0 { partner(me) } else { NO_PEER };
         let a = (r.words.as_mut_ptr(), r.src.as_ptr() as *const u64, p.args.wqes as u32, use_warp);
         // SAFETY: symmetric `words` of at least `wqes` words, `src` at
         // least 16 bytes.
         unsafe {
             let cfg = LaunchConfig::linear(1, threads);
-            r.s.launch(&f_post, cfg, (ib, a.0, a.1, a.2, a.3, r.out.as_mut_ptr(), r.status.as_mut_ptr()))?;
+            let (out, status) = (r.out.as_mut_ptr(), r.status.as_mut_ptr());
+            r.s.launch(&f_post, cfg, (ib, peer, a.0, a.1, a.2, a.3, out, status))?;
         }
         comm.synchronize(&r.s)?;
         check(&r.status, "post burst")?;
@@ -202,10 +214,15 @@ pub fn lane_rates(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), Box
         out.zero()?;
         comm.barrier()?;
         let before = comm.ibgda_engine().filter(|_| v == 1 && !warm);
+        let peer = if me == 0 { partner(me) } else { NO_PEER };
         // SAFETY: symmetric `words` of `lane_words(blocks, rounds)`, registered `src`; `out` holds 3 words per block.
         unsafe {
             let a = (r.words.as_mut_ptr(), r.src.as_ptr() as *const u64, rounds, out.as_raw() as *mut u64);
-            r.s.launch(&f, LaunchConfig::linear(n, 32), (r.ib, a.0, a.1, a.2, a.3, r.status.as_mut_ptr()))?;
+            r.s.launch(
+                &f,
+                LaunchConfig::linear(n, 32),
+                (r.ib, peer, a.0, a.1, a.2, a.3, r.status.as_mut_ptr()),
+            )?;
         }
         comm.synchronize(&r.s)?;
         check(&r.status, "lane posts")?;

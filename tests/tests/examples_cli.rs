@@ -278,19 +278,23 @@ fn a_node_count_that_does_not_divide_the_world_exits_2_naming_it() {
 /// `proxy_bench --ranks 4` as 2 modeled nodes on the emulator: the
 /// GPU-initiated side is the routed transport, both sides plan the
 /// hierarchical all-reduce (the example checks it against the node-wise
-/// sum), the pair parts are left out, and without `DOORBELL_NODES` (or
-/// with 2 ranks on one node) the run is refused as bad input.
+/// sum), both pairs across the nodes (ranks 0-2 and 1-3) measure the round
+/// trip and the rates at once (each receiver checks every word its
+/// partner put), and without `DOORBELL_NODES`, with 2 ranks on one node
+/// or with more pairs than a node has ranks the run is refused as bad
+/// input.
 #[test]
 fn proxy_bench_with_more_ranks_compares_both_transports_across_modeled_nodes() {
     let Some(bin) = example_binary("proxy_bench") else {
         eprintln!("proxy_bench not built in this profile (cargo build --release --example proxy_bench): skipping");
         return;
     };
-    // Four ranks without nodes; two ranks on one node (the pair parts
-    // would time load/store).
+    // Four ranks without nodes; two ranks on one node (the pairs would
+    // time load/store); three pairs of two nodes of two ranks.
     for (args, nodes, needle) in [
         ("--device cpu --ranks 4", None, "DOORBELL_NODES"),
         ("--device cpu", Some("1"), "different nodes"),
+        ("--device cpu --ranks 4 --pairs 3", Some("2"), "--pairs 3"),
     ] {
         let mut cmd = Command::new(&bin);
         cmd.args(argv(args)).env_remove("DOORBELL_NODES").env_remove("DOORBELL_RDMA_PEERS");
@@ -305,7 +309,7 @@ fn proxy_bench_with_more_ranks_compares_both_transports_across_modeled_nodes() {
     let dir = std::env::temp_dir().join(format!("doorbell-proxy-bench-nodes-{}", std::process::id()));
     let out = Command::new(&bin)
         .args(argv(
-            "--device cpu --ranks 4 --rounds 1 --ar-sizes 4K --ar-chunks 1K --ar-steps 1 --emb-dims 4 --emb-steps 1 --out",
+            "--device cpu --ranks 4 --rounds 1 --rtt-iters 4 --wqes 8 --lane-rounds 1 --lane-blocks 2 --ar-sizes 4K --ar-chunks 1K --ar-steps 1 --emb-dims 4 --emb-steps 1 --out",
         ))
         .arg(&dir)
         .env("DOORBELL_NODES", "2")
@@ -316,7 +320,25 @@ fn proxy_bench_with_more_ranks_compares_both_transports_across_modeled_nodes() {
     assert!(out.status.success(), "proxy_bench --ranks 4 failed:\n{stdout}\n{stderr}");
     let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("proxy_bench.json")).unwrap()).unwrap();
     assert_eq!((r["ranks"].as_u64(), r["gpu_transport"].as_str()), (Some(4), Some("routed")));
-    assert!(r["rtt_ibgda_us"].as_array().unwrap().is_empty(), "no pair parts with 4 ranks");
+    assert_eq!(r["pairs"], serde_json::json!([[0, 2], [1, 3]]));
+    // A round trip per pair and side; a rate (the pairs' sum) per side.
+    for (key, n) in [
+        ("rtt_ibgda_us", 2),
+        ("rtt_proxy_us", 2),
+        ("rtt_p2p_us", 2),
+        ("rate_ibgda_mput_s", 1),
+        ("rate_proxy_mput_s", 1),
+        ("lanes_ibgda_mput_s", 1),
+        ("lanes_proxy_mput_s", 1),
+    ] {
+        let v = r[key].as_array().unwrap_or_else(|| panic!("{key}: {}", r[key]));
+        assert_eq!(v.len(), n, "{key}: {v:?}");
+        assert!(
+            v.iter().all(|x| x.as_f64().is_some_and(|x| x > 0.0 && x.is_finite())),
+            "{key}: {v:?}"
+        );
+    }
+    assert!(stdout.contains("pairs across nodes, at once: 0-2, 1-3"), "{stdout}");
     let row = &r["allreduce"][0];
     assert_eq!(row["checked"].as_u64(), Some(1024));
     for way in ["fused_ibgda", "fused_proxy", "cpu_ibgda", "cpu_proxy"] {
@@ -357,6 +379,15 @@ fn proxy_bench_runs_every_part_over_both_transports_on_the_emulator() {
         let x = v.as_f64().unwrap_or_else(|| panic!("{what}: {v}"));
         assert!(x > 0.0 && x.is_finite(), "{what}: {x}");
     };
+    assert_eq!(r["pairs"], serde_json::json!([[0, 1]]));
+    for key in [
+        "rtt_ibgda_median_us",
+        "rtt_proxy_median_us",
+        "rate_ibgda_median_mput_s",
+        "lanes_proxy_median_mput_s",
+    ] {
+        positive(&r[key], key);
+    }
     let ar = r["allreduce"].as_array().unwrap();
     // 4 KiB in one chunk, 6 KiB in a 4 KiB chunk and a 2 KiB tail.
     assert_eq!(

@@ -379,7 +379,7 @@ fn a_put_of_more_wqes_than_the_send_queue_holds_goes_in_parts() {
 /// request completes and the words land.
 #[test]
 fn more_requests_than_the_ring_holds_wait_for_room_and_all_land() {
-    use doorbell_example_kernels::ibgda_bench::{lane_words, post_lanes, BENCH_FAILED};
+    use doorbell_example_kernels::ibgda_bench::{lane_words, post_lanes, BENCH_FAILED, NO_PEER};
     const ROUNDS: u32 = 40;
     const VALUE: u64 = 0x5eed_0000_7a11_0001;
     // A word per put: 2 blocks x 32 lanes x ROUNDS.
@@ -400,7 +400,17 @@ fn more_requests_than_the_ring_holds_wait_for_room_and_all_land() {
         let mut status = dev.alloc_zeroed::<u32>(1)?;
         comm.proxy_hold(true)?;
         comm.barrier()?;
-        let args = (t, dst.as_mut_ptr(), src.as_ptr(), ROUNDS, ns.as_mut_ptr(), status.as_mut_ptr());
+        // Rank 0 posts to rank 1.
+        let peer = if comm.rank() == 0 { 1 } else { NO_PEER };
+        let args = (
+            t,
+            peer,
+            dst.as_mut_ptr(),
+            src.as_ptr(),
+            ROUNDS,
+            ns.as_mut_ptr(),
+            status.as_mut_ptr(),
+        );
         // SAFETY: symmetric dst of a word per put, src of 64; 3 timer words
         // per block, one status word.
         unsafe { s.launch(&f, LaunchConfig::linear(2, 32), args)? };

@@ -1,6 +1,9 @@
-//! The kernels of `ibgda_bench` (`examples/08_ibgda_bench.rs`): one body
-//! per measurement, instantiated for the P2P transport (the baseline) and
-//! for IBGDA over the soft NIC. Two ranks; rank 0 measures.
+//! The kernels of `ibgda_bench` (`examples/08_ibgda_bench.rs`) and of
+//! `proxy_bench`'s pairs: one body per measurement, instantiated for the
+//! P2P transport (the baseline), for IBGDA over the soft NIC and for the
+//! CPU proxy. The round trip and the post rates run between the two ranks
+//! of a pair, which the host names to each (`peer`, [`NO_PEER`] for a rank
+//! outside every pair); the other kernels between ranks 0 and 1.
 
 use doorbell_kernels::transport::ibgda::PostProfile;
 use doorbell_kernels::transport::{Cmp, CommError, Coop, Ibgda, P2p, Proxy, RawSignal, RawXfer, Transport};
@@ -10,15 +13,22 @@ use doorbell_kernels::{kernel, ptx};
 pub const BENCH_OK: u32 = 1;
 /// Status: a transport call failed (the host reads the report).
 pub const BENCH_FAILED: u32 = 2;
+/// `peer` of a rank that takes no part in a pair kernel: it returns at
+/// once.
+pub const NO_PEER: u32 = u32::MAX;
 
-/// `iters` 8-byte `put_signal` round trips between ranks 0 and 1, one warp
-/// per rank (launch 1 × 32): rank 0 puts `buf[0]` into rank 1's `buf` with
-/// the signal `sig = epoch0 + i`, rank 1 waits for it and answers the same
-/// way. Round 0 is an untimed handshake; rank 0 writes the time of the
-/// other `iters` rounds to `out_ns[0]`.
+/// `iters` 8-byte `put_signal` round trips between this rank and `peer`,
+/// one warp per rank (launch 1 × 32): the rank that `leads` (non-zero;
+/// the other passes 0) puts `buf[0]` into its peer's `buf` with the signal
+/// `sig = epoch0 + i`, the peer waits for it and answers the same way.
+/// Round 0 is an untimed handshake; the leading rank writes the time of
+/// the other `iters` rounds to `out_ns[0]`. A rank whose `peer` is
+/// [`NO_PEER`] returns at once.
 #[kernel(transports(P2p, Ibgda, Proxy))]
 pub unsafe fn put_signal_rtt<T: Transport>(
     t: T,
+    peer: u32,
+    leads: u32,
     buf: *mut u64,
     sig: *mut u64,
     epoch0: u64,
@@ -26,8 +36,9 @@ pub unsafe fn put_signal_rtt<T: Transport>(
     out_ns: *mut u64,
     status: *mut u32,
 ) {
-    let me = t.rank();
-    let peer = 1 - me.min(1);
+    if peer == NO_PEER {
+        return;
+    }
     let lead = ptx::lane_id() == 0;
     let mut ok = true;
     let mut t0 = 0u64;
@@ -46,7 +57,7 @@ pub unsafe fn put_signal_rtt<T: Transport>(
             if i == 1 {
                 t0 = ptx::globaltimer_ns();
             }
-            if me == 0 {
+            if leads != 0 {
                 ok = t.put_raw(Coop::Warp, peer, x, Some(RawSignal::set(sig, v))).is_ok();
                 if ok && lead {
                     ok = t.wait_word_raw(sig, Cmp::Ge, v).is_ok();
@@ -108,14 +119,25 @@ pub unsafe fn put_stream<T: Transport>(t: T, dst: *mut u8, src: *const u8, bytes
     }
 }
 
-/// Rank 0 posts `wqes` 8-byte non-blocking puts of `src[0]` to rank 1 by
-/// one warp (`use_warp != 0`; launch 1 × 32) or one block (launch 1 × 256),
-/// then `quiet`; put `i` writes word `i` of `dst` (`wqes` words), so every
-/// put lost shows as a word unwritten. `out_ns[0]`: time to post them all;
-/// `out_ns[1]`: until the last completed. Rank 1 returns at once.
+/// The posting rank (the one given a `peer`) posts `wqes` 8-byte
+/// non-blocking puts of `src[0]` to `peer` by one warp (`use_warp != 0`;
+/// launch 1 × 32) or one block (launch 1 × 256), then `quiet`; put `i`
+/// writes word `i` of `dst` (`wqes` words), so every put lost shows as a
+/// word unwritten. `out_ns[0]`: time to post them all; `out_ns[1]`: until
+/// the last completed. A rank whose `peer` is [`NO_PEER`] (the receiver)
+/// returns at once.
 #[kernel(transports(Ibgda, Proxy))]
-pub unsafe fn post_burst<T: Transport>(t: T, dst: *mut u64, src: *const u64, wqes: u32, use_warp: u32, out_ns: *mut u64, status: *mut u32) {
-    if t.rank() != 0 || (use_warp != 0 && ptx::warp_id_in_block() != 0) {
+pub unsafe fn post_burst<T: Transport>(
+    t: T,
+    peer: u32,
+    dst: *mut u64,
+    src: *const u64,
+    wqes: u32,
+    use_warp: u32,
+    out_ns: *mut u64,
+    status: *mut u32,
+) {
+    if peer == NO_PEER || (use_warp != 0 && ptx::warp_id_in_block() != 0) {
         return;
     }
     let lead = ptx::thread_idx_x() == 0;
@@ -133,7 +155,7 @@ pub unsafe fn post_burst<T: Transport>(t: T, dst: *mut u64, src: *const u64, wqe
                 bytes: 8,
                 nbi: true,
             };
-            r = t.put_raw(g, 1, x, None);
+            r = t.put_raw(g, peer, x, None);
             i += 1;
         }
         let t1 = ptx::globaltimer_ns();
@@ -183,8 +205,8 @@ pub fn lane_words(blocks: u32, rounds: u32) -> usize {
     (32 * blocks as usize * rounds as usize).min(LANE_WORDS)
 }
 
-/// Rank 0's blocks each post `rounds` × 32 8-byte non-blocking puts to
-/// rank 1 by one warp, a WQE per lane ([`Transport::put_lanes_raw`]: a
+/// The posting rank's blocks each post `rounds` × 32 8-byte non-blocking
+/// puts to `peer` by one warp, a WQE per lane ([`Transport::put_lanes_raw`]: a
 /// warp's 32 WQEs behind one doorbell), then `quiet`. Launch
 /// `blocks × 32`; block `b` posts on its QP, `b mod qps_per_peer`. Lane
 /// `l` of block `b` writes, in round `i`, word `((i × blocks + b) × 32 + l)
@@ -192,10 +214,11 @@ pub fn lane_words(blocks: u32, rounds: u32) -> usize {
 /// [`LANE_WORDS`]): up to `LANE_WORDS` puts each write a word of their
 /// own, so a lost put shows as a word unwritten. `out_ns[3b ..]`:
 /// block `b`'s `%globaltimer` at its start, when its last WQE was posted
-/// and when it completed. Rank 1 returns at once.
+/// and when it completed. A rank whose `peer` is [`NO_PEER`] (the
+/// receiver) returns at once.
 #[kernel(transports(Ibgda, Proxy))]
-pub unsafe fn post_lanes<T: Transport>(t: T, dst: *mut u64, src: *const u64, rounds: u32, out_ns: *mut u64, status: *mut u32) {
-    if t.rank() != 0 || ptx::warp_id_in_block() != 0 {
+pub unsafe fn post_lanes<T: Transport>(t: T, peer: u32, dst: *mut u64, src: *const u64, rounds: u32, out_ns: *mut u64, status: *mut u32) {
+    if peer == NO_PEER || ptx::warp_id_in_block() != 0 {
         return;
     }
     let (b, blocks) = (ptx::block_idx_x() as u64, ptx::grid_dim_x() as u64);
@@ -214,7 +237,7 @@ pub unsafe fn post_lanes<T: Transport>(t: T, dst: *mut u64, src: *const u64, rou
             nbi: true,
         };
         // SAFETY: every lane of the warp calls; `dst` symmetric, `src` registered.
-        r = unsafe { t.put_lanes_raw(1, x, None) };
+        r = unsafe { t.put_lanes_raw(peer, x, None) };
         i += 1;
     }
     let t1 = ptx::globaltimer_ns();
