@@ -739,8 +739,6 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
         }
         if !warm {
             rep.add_pairs(&pairs_ib, &pairs_px);
-        }
-        if !warm {
             for (k, row) in ar_rows.iter_mut().enumerate() {
                 let ((fi, ci, alone), (fp, cp, alone_px)) = (ar_ib[k], ar_px[k]);
                 row.fused_ibgda.us.push(fi);
