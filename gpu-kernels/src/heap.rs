@@ -63,6 +63,11 @@ u32_enum! {
         /// A typed transfer's destination and source differ in length
         /// (`expected`: the destination's elements; `seen`: the source's).
         LengthMismatch = 9,
+        /// The CPU proxy stopped at a request (its transport): `peer` is
+        /// that request's peer, `seen` its ticket, `detail` the proxy's
+        /// failure: its kind (`PROXY_ERR_*`) in bits 8 and up, the
+        /// completion's syndrome or the refusal's reason in the low byte.
+        ProxyFailed = 10,
     }
 }
 
@@ -371,6 +376,16 @@ impl Reporter {
         let range = Pair(at.wrapping_sub(self.local_base), 8);
         record(self.writer(), what, who, range, Pair(expected, t.seen), self.budget_ns);
         CommError::Timeout(t)
+    }
+
+    /// The CPU proxy stopped at request `ticket` to `peer` (`detail`: see
+    /// [`ErrorKind::ProxyFailed`]): records the report and returns `e`,
+    /// the error the call returns.
+    #[inline(always)]
+    pub fn fail_proxy(self, e: CommError, call: Call, peer: u32, ticket: u64, detail: u32) -> CommError {
+        let (what, who) = (Pair32(ErrorKind::ProxyFailed as u32, call as u32), Pair32(peer, detail));
+        record(self.writer(), what, who, Pair(0, 0), Pair(0, ticket), self.budget_ns);
+        e
     }
 
     /// A send queue to `peer` made no progress within the budget: its

@@ -144,7 +144,7 @@ fn error_completions_are_typed_errors_naming_the_request_and_reset_recovers() {
     assert!(r0.recovered && r1.recovered, "{r0:?} / {r1:?}");
     assert_eq!(r0.code, 2, "rank 0's put_signal must fail as a completion error: {r0:?}");
     let err = r0.err.as_deref().unwrap_or_default();
-    assert!(err.contains("syndrome"), "{err}");
+    assert!(err.contains("syndrome") && err.contains("request 0 to rank 1"), "{err}");
     let check = r0.check.as_deref().unwrap_or_default();
     assert!(
         check.contains("request 0 to rank 1") && check.contains("completion error"),
@@ -615,7 +615,11 @@ fn a_poster_waiting_for_ring_room_hears_of_a_failure() {
 /// request waiting, even when the proxy has room to post more: rank 1's
 /// port answers nothing, and rank 0's one blocking put to it ends with a
 /// `proxy_check` error naming request 0. (The proxy used to look for a
-/// stall only while it waited for room in a send queue.)
+/// stall only while it waited for room in a send queue.) A barrier after
+/// it fails at once, and its report names the stall and request 0 to rank
+/// 1, as `proxy_check` does (it used to say "a completion from rank
+/// 4294967295 came back with error syndrome 0x00": the barrier's own
+/// peer, none, and a completion that never came).
 #[test]
 fn a_nic_that_completes_nothing_is_reported_stalled_naming_the_oldest_request() {
     let short = CommOptions {
@@ -640,19 +644,36 @@ fn a_nic_that_completes_nothing_is_reported_stalled_naming_the_oldest_request() 
             let ok = h.run(|t| put_at(t, 1, at, 8, false).is_ok());
             // The proxy gives up on the queue within its budget of the put.
             std::thread::sleep(Duration::from_millis(500));
-            seen = Some((ok, comm.proxy_check().err().map(|e| e.to_string())));
+            let check = comm.proxy_check().err().map(|e| e.to_string());
+            // The put's own report first, then the barrier's.
+            let _ = comm.check();
+            let t0 = std::time::Instant::now();
+            // SAFETY: one thread of this rank (the other rank is not in it).
+            let barrier = h.run(|t| unsafe { t.barrier() }.is_ok());
+            let secs = t0.elapsed().as_secs_f64();
+            let report = comm.check().err().map(|e| e.to_string());
+            seen = Some((ok, check, barrier, secs, report));
         }
         faults(comm, None)?;
         comm.barrier()?;
         Ok(seen)
     })
     .expect("the world");
-    let (ok, check) = out[0].clone().expect("rank 0 put");
+    let (ok, check, barrier, secs, report) = out[0].clone().expect("rank 0 put");
     assert!(!ok, "the put to a port that answers nothing succeeded");
     let check = check.unwrap_or_default();
     assert!(
         check.contains("request 0 to rank 1") && check.contains("no progress"),
         "proxy_check: {check}"
+    );
+    assert!(
+        !barrier && secs < 1.0,
+        "the barrier after the stall: ok {barrier} after {secs:.2} s"
+    );
+    let report = report.unwrap_or_default();
+    assert!(
+        report.contains("barrier") && report.contains("proxy stopped at its request 0 to rank 1: the NIC made no progress"),
+        "the barrier's report: {report}"
     );
 }
 

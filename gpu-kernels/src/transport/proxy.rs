@@ -273,19 +273,25 @@ impl Proxy {
         }
     }
 
-    /// The device error (and its report) for the proxy's failure word `e`.
+    /// The device error (and its report, naming the request the proxy
+    /// stopped at and its peer) for the proxy's failure `(word, ticket)`:
+    /// an error completion as one ([`CommError::Completion`]), a NIC that
+    /// made no progress as a timeout, a refused request as a completion of
+    /// syndrome 0.
     #[inline(always)]
-    fn failed(&self, e: u64, call: Call, peer: u32) -> CommError {
+    fn failed(&self, (e, ticket): (u64, u64), call: Call) -> CommError {
         let at = ((e >> 32) & 0xff_ffff) as u32;
-        let err = if e >> 56 == PROXY_ERR_COMPLETION {
-            CommError::Completion {
+        let kind = e >> 56;
+        let err = match kind {
+            PROXY_ERR_COMPLETION => CommError::Completion {
                 peer: at,
                 syndrome: e as u8,
-            }
-        } else {
-            CommError::Completion { peer: at, syndrome: 0 }
+            },
+            PROXY_ERR_STALLED => CommError::Timeout(Timeout { seen: 0 }),
+            _ => CommError::Completion { peer: at, syndrome: 0 },
         };
-        self.fail(err, call, Arg::None, peer, 0)
+        let detail = ((kind as u32) << 8) | (e & 0xff) as u32;
+        self.bounds().reporter.fail_proxy(err, call, at, ticket, detail)
     }
 
     /// Reserves a ticket and hands `r` to the proxy. One thread.
@@ -308,8 +314,8 @@ impl Proxy {
             // fills), and by every wait.
             let seen = &raw mut (*self.tail).taken_seen;
             if t >= ptx::ld_acquire_gpu_u64(seen) + slots {
-                if let Some((e, _)) = self.failure() {
-                    return Err(self.failed(e, call, r.peer));
+                if let Some(f) = self.failure() {
+                    return Err(self.failed(f, call));
                 }
                 let taken = &raw const (*self.words).taken;
                 // A failure published while this poster waits ends the wait
@@ -321,8 +327,8 @@ impl Proxy {
                 };
                 match crate::sync::spin_until(self.budget_ns, load, room) {
                     Ok(u64::MAX) => {
-                        if let Some((e, _)) = self.failure() {
-                            return Err(self.failed(e, call, r.peer));
+                        if let Some(f) = self.failure() {
+                            return Err(self.failed(f, call));
                         }
                     }
                     Ok(v) => {
@@ -396,10 +402,8 @@ impl Proxy {
                     if done > t {
                         return Ok(());
                     }
-                    if let Some((e, at)) = failure {
-                        if at <= t {
-                            return Err(self.failed(e, call, peer));
-                        }
+                    if let Some(f) = failure.filter(|&(_, at)| at <= t) {
+                        return Err(self.failed(f, call));
                     }
                 }
                 if !spin.again() {
@@ -439,7 +443,7 @@ impl Proxy {
                 let failed = ptx::sync_threads_or(res.is_err());
                 match res {
                     Ok(()) if failed => Err(match self.failure() {
-                        Some((e, _)) => self.failed(e, call, r.peer),
+                        Some(f) => self.failed(f, call),
                         None => CommError::Timeout(Timeout { seen: 0 }),
                     }),
                     r => r,

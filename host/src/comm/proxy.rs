@@ -68,6 +68,32 @@ mod refused {
     pub const OP: u64 = 5;
 }
 
+/// What a failure of the proxy thread was, in words: `kind` is a
+/// `PROXY_ERR_*`, `low` the completion's syndrome or the refusal's reason.
+/// [`Communicator::proxy_check`] and the kernels' reports
+/// ([`ErrorKind::ProxyFailed`](doorbell_kernels::heap::ErrorKind::ProxyFailed)) say it alike.
+pub(crate) fn failure_words(kind: u64, low: u64) -> String {
+    match kind {
+        PROXY_ERR_COMPLETION => {
+            let syn = doorbell_kernels::mlx5::cq::CqeSyndrome::from_u8(low as u8);
+            format!("completion error {} (syndrome {:#04x})", syn.c_name(), low as u8)
+        }
+        PROXY_ERR_REFUSED => {
+            let why = match low {
+                refused::PEER => "no such peer",
+                refused::REMOTE_RANGE => "the remote range is outside the peer's heap",
+                refused::LOCAL_RANGE => "the local range is neither heap nor registered memory",
+                refused::SIGNAL => "the signal word is outside the heap or misaligned, or its operation unknown",
+                refused::OP => "an unknown operation",
+                _ => "an unknown reason",
+            };
+            format!("refused by the proxy's checks: {why} (reason {low})")
+        }
+        PROXY_ERR_STALLED => "the NIC made no progress within the wait budget".to_string(),
+        k => format!("error word {k:#x}"),
+    }
+}
+
 /// What the proxy thread did, for reports and tests.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProxyStats {
@@ -746,15 +772,7 @@ impl Communicator {
             return Ok(());
         }
         let peer = (e >> 32) & 0xff_ffff;
-        let what = match e >> 56 {
-            PROXY_ERR_COMPLETION => {
-                let syn = doorbell_kernels::mlx5::cq::CqeSyndrome::from_u8(e as u8);
-                format!("completion error {} ({:#04x})", syn.c_name(), e as u8)
-            }
-            PROXY_ERR_REFUSED => format!("refused by the proxy's checks (reason {})", e & 0xff),
-            PROXY_ERR_STALLED => "the NIC made no progress within the wait budget".to_string(),
-            k => format!("error word {k:#x}"),
-        };
+        let what = failure_words(e >> 56, e & 0xff);
         Err(Error::comm(format!(
             "rank {}: CPU proxy: request {t} to rank {peer}: {what}; it takes no more requests until proxy_reset()",
             self.rank

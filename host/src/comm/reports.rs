@@ -146,6 +146,12 @@ impl Communicator {
                 r.expected
             ),
             Some(ErrorKind::Completion) => format!("a completion from rank {} came back with error syndrome {:#04x}", r.peer, r.detail),
+            Some(ErrorKind::ProxyFailed) => format!(
+                "the CPU proxy stopped at its request {} to rank {}: {}; it takes no more requests until proxy_reset()",
+                r.seen,
+                r.peer,
+                super::proxy::failure_words(u64::from(r.detail >> 8), u64::from(r.detail & 0xff))
+            ),
             None => format!(
                 "an unknown error kind {} was recorded (device and host built from different versions?)",
                 r.kind
