@@ -60,6 +60,61 @@ per_backend! {
 }
 
 per_backend! {
+    /// A device barrier that rank 2 skipped (ranks 0 and 1 time out in it)
+    /// leaves the ranks' barrier counts apart; the host barrier after the
+    /// failure brings them together, so the next launch's barriers hold:
+    /// rank 2 launches 300 ms late, yet every rank passes every round and
+    /// rank 0's counter holds every rank's adds. (Without it rank 2 passed
+    /// its barriers at once, on the counts ranks 0 and 1 had signaled in
+    /// the failed one, and they timed out in every later barrier.)
+    fn a_device_barrier_some_ranks_skipped_leaves_later_barriers_whole(backend: Backend) {
+        use doorbell_test_kernels::testing::{p2p_barrier_rounds, STATUS_TIMEOUT};
+        let opts = CommOptions {
+            wait_timeout: Duration::from_secs(1),
+            ..Default::default()
+        };
+        let out = Communicator::local(3, backend, opts, |comm| {
+            let dev = comm.device();
+            let f = load_test_kernel::<p2p_barrier_rounds>(dev)?;
+            let counter = comm.alloc::<u64>(1)?;
+            let mut status = dev.alloc_zeroed::<u32>(1)?;
+            let s = dev.new_stream()?;
+            let status_at = status.as_mut_ptr();
+            let launch = |rounds: u32| {
+                // SAFETY: symmetric counter, one status word.
+                unsafe { s.launch(&f, LaunchConfig::linear(1, 32), (comm.p2p()?, counter.as_mut_ptr(), rounds, status_at)) }
+            };
+            comm.barrier()?;
+            let first = match comm.rank() {
+                2 => None,
+                _ => {
+                    launch(1)?;
+                    Some((comm.synchronize(&s).is_err(), status.to_host()?[0]))
+                }
+            };
+            // Every rank meets after the failure.
+            comm.barrier()?;
+            status.zero()?;
+            counter.copy_from_host(&[0])?;
+            comm.barrier()?;
+            if comm.rank() == 2 {
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            launch(3)?;
+            let second = comm.synchronize(&s).map_err(|e| e.to_string());
+            comm.barrier()?;
+            Ok((first, second, status.to_host()?[0], counter.to_host()?[0]))
+        })
+        .unwrap();
+        for (rank, (first, second, status, _)) in out.iter().enumerate() {
+            if rank < 2 {
+                assert_eq!(*first, Some((true, STATUS_TIMEOUT)), "rank {rank}'s first launch");
+            }
+            assert_eq!((second, *status), (&Ok(()), STATUS_OK), "rank {rank}'s second launch");
+        }
+        assert_eq!(out[0].3, 3 * (1 + 2 + 3), "rank 0's counter after 3 rounds of every rank's add");
+    }
+
     fn a_peer_that_never_signals_is_an_error_not_a_hang(backend: Backend) {
         let opts = CommOptions {
             wait_timeout: Duration::from_millis(300),

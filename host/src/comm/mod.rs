@@ -69,7 +69,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use doorbell_kernels::heap::{HEAP_RESERVED, MAX_RANKS};
+use doorbell_kernels::heap::{EPOCH_OFFSET, HEAP_RESERVED, MAX_RANKS};
 use doorbell_kernels::transport::p2p::NEAR_PEERS;
 use doorbell_kernels::transport::P2p;
 
@@ -680,10 +680,51 @@ impl Communicator {
     /// Host-side barrier across ranks. A rank that saw a device error and
     /// then completes a barrier with every other rank has handled it: its
     /// drop waits for the others again instead of aborting the world.
+    ///
+    /// When any rank saw such an error (its [`synchronize`](Self::synchronize)
+    /// failed), the barrier also brings the device barriers' counts back
+    /// together: a device barrier that some ranks ran and others did not
+    /// (one timed out waiting for a rank that never came) leaves the
+    /// ranks' counts apart, and every later device barrier would then pass
+    /// early on some ranks and time out on the others. Call it, as after
+    /// any failed synchronize, when no kernel of any rank runs.
     pub fn barrier(&self) -> Result<()> {
         let _step = self.status.enter(stuck::Step::Barrier);
-        self.world.barrier()?;
+        let failed = self.failure.lock().unwrap_or_else(|p| p.into_inner()).is_some();
+        let all = self.world.all_gather_bytes(&[failed as u8])?;
+        if all.iter().any(|b| b.first() == Some(&1)) {
+            self.align_barrier_counts()?;
+        }
         *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        Ok(())
+    }
+
+    /// Sets every rank's device barrier count (the heap header's epoch
+    /// word) to the largest (collective). Every count a peer signaled is
+    /// at most its own, so the next device barrier waits for a value no
+    /// rank has signaled yet, on every rank.
+    fn align_barrier_counts(&self) -> Result<()> {
+        let at = self.heap_base + EPOCH_OFFSET;
+        let mut word = [0u8; 8];
+        // SAFETY: the epoch word of this rank's heap header.
+        let read = unsafe { self.device.read_raw(at, &mut word) };
+        // A rank that cannot read its word still takes part (u64::MAX:
+        // none), so the others do not wait for it.
+        let mine = if read.is_ok() { u64::from_le_bytes(word) } else { u64::MAX };
+        let all = self.world.all_gather_bytes(&mine.to_le_bytes())?;
+        read?;
+        let counts = all.iter().filter_map(|b| Some(u64::from_le_bytes(b.as_slice().try_into().ok()?)));
+        let top = counts.filter(|&c| c != u64::MAX).max().unwrap_or(mine);
+        if top != mine {
+            tracing::debug!(
+                rank = self.rank,
+                from = mine,
+                to = top,
+                "device barrier count aligned after a failure"
+            );
+            // SAFETY: as above; no kernel of this rank runs (the contract).
+            unsafe { self.device.write_raw(at, &top.to_le_bytes())? };
+        }
         Ok(())
     }
 
