@@ -66,9 +66,14 @@ per_backend! {
     /// rank 2 launches 300 ms late, yet every rank passes every round and
     /// rank 0's counter holds every rank's adds. (Without it rank 2 passed
     /// its barriers at once, on the counts ranks 0 and 1 had signaled in
-    /// the failed one, and they timed out in every later barrier.)
+    /// the failed one, and they timed out in every later barrier.) An
+    /// all-reduce made before the failure refuses to run after it (its
+    /// counts may differ between ranks); one made after runs, every
+    /// element right.
     fn a_device_barrier_some_ranks_skipped_leaves_later_barriers_whole(backend: Backend) {
+        use doorbell::coll::{AllReduce, DType};
         use doorbell_test_kernels::testing::{p2p_barrier_rounds, STATUS_TIMEOUT};
+        const ELEMS: usize = 1000;
         let opts = CommOptions {
             wait_timeout: Duration::from_secs(1),
             ..Default::default()
@@ -79,6 +84,7 @@ per_backend! {
             let counter = comm.alloc::<u64>(1)?;
             let mut status = dev.alloc_zeroed::<u32>(1)?;
             let s = dev.new_stream()?;
+            let before = AllReduce::new(comm, ELEMS, DType::F32)?;
             let status_at = status.as_mut_ptr();
             let launch = |rounds: u32| {
                 // SAFETY: symmetric counter, one status word.
@@ -103,14 +109,25 @@ per_backend! {
             launch(3)?;
             let second = comm.synchronize(&s).map_err(|e| e.to_string());
             comm.barrier()?;
-            Ok((first, second, status.to_host()?[0], counter.to_host()?[0]))
+            // The all-reduce made before the failure, then a new one.
+            let mine: Vec<f32> = (0..ELEMS).map(|i| (i * 3 + comm.rank()) as f32).collect();
+            let mut buf = dev.alloc_from(&mine)?;
+            let refused = before.run_in_place(&s, &mut buf).err().map(|e| e.to_string());
+            AllReduce::new(comm, ELEMS, DType::F32)?.run_in_place(&s, &mut buf)?;
+            comm.synchronize(&s)?;
+            let sum = buf.to_host()?;
+            Ok((first, second, status.to_host()?[0], counter.to_host()?[0], refused, sum))
         })
         .unwrap();
-        for (rank, (first, second, status, _)) in out.iter().enumerate() {
+        for (rank, (first, second, status, _, refused, sum)) in out.iter().enumerate() {
             if rank < 2 {
                 assert_eq!(*first, Some((true, STATUS_TIMEOUT)), "rank {rank}'s first launch");
             }
             assert_eq!((second, *status), (&Ok(()), STATUS_OK), "rank {rank}'s second launch");
+            let refused = refused.as_deref().unwrap_or("it ran");
+            assert!(refused.contains("made before a launch failed"), "rank {rank}'s old all-reduce: {refused}");
+            let want: Vec<f32> = (0..ELEMS).map(|i| (3 * (i * 3) + 3) as f32).collect();
+            assert_eq!(sum, &want, "rank {rank}'s sum");
         }
         assert_eq!(out[0].3, 3 * (1 + 2 + 3), "rank 0's counter after 3 rounds of every rank's add");
     }

@@ -533,6 +533,8 @@ pub struct AllReduce<'c> {
     /// The communicator's NIC generation when the launcher's handle was
     /// made, for a NIC transport (`None`: P2P).
     nic_gen: Option<u64>,
+    /// [`Communicator::failures_met`] when it was made.
+    failures_at: u64,
 }
 
 impl<'c> AllReduce<'c> {
@@ -671,6 +673,7 @@ impl<'c> AllReduce<'c> {
             launcher,
             epoch: AtomicU64::new(0),
             nic_gen: (opts.transport != TransportKind::P2p).then(|| comm.nic_generation()),
+            failures_at: comm.failures_met(),
         })
     }
 
@@ -788,6 +791,7 @@ impl<'c> AllReduce<'c> {
         if let Some(g) = self.nic_gen {
             self.comm.check_nic_generation(g, "this all-reduce")?;
         }
+        self.comm.check_no_failure_since(self.failures_at, "this all-reduce")?;
         check_plain_threads(&self.plan, self.transport)?;
         if self.elems() == 0 {
             return Ok(());
@@ -835,6 +839,7 @@ impl<'c> AllReduce<'c> {
     /// rank's device.
     pub unsafe fn fused_args_raw(&self, stream: &Stream, output: u64) -> Result<Option<(AllReduceArgs, LaunchConfig)>> {
         self.check_stream(stream)?;
+        self.comm.check_no_failure_since(self.failures_at, "this all-reduce")?;
         if !self.fused && self.plan.threads > MAX_THREADS {
             return Err(invalid(format!(
                 "this all-reduce was planned for plain launches in blocks of {} threads (the library's two-shot entry); \

@@ -222,6 +222,8 @@ pub struct Communicator {
     /// Bumped each time IBGDA's or the proxy's NIC state is torn down:
     /// handles made before point at freed rings ([`Self::nic_generation`]).
     nic_generation: std::sync::atomic::AtomicU64,
+    /// [`Communicator::failures_met`].
+    failures_met: std::sync::atomic::AtomicU64,
     /// Set when a soft NIC engine that used the heap's table tail did not
     /// stop (its tables are still in use: no later set-up may reuse them).
     softnic_tail_leaked: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -326,6 +328,7 @@ impl Communicator {
             proxy: Mutex::new(None),
             ibgda: Mutex::new(None),
             nic_generation: std::sync::atomic::AtomicU64::new(0),
+            failures_met: std::sync::atomic::AtomicU64::new(0),
             softnic_tail_leaked: Default::default(),
             library: std::sync::OnceLock::new(),
             in_flight: Mutex::new(None),
@@ -657,6 +660,30 @@ impl Communicator {
         self.nic_generation.load(std::sync::atomic::Ordering::Acquire)
     }
 
+    /// How many times the ranks met in [`Self::barrier`] after a failed
+    /// synchronize on some rank (every rank counts the same). A launch
+    /// that failed on one rank may have completed on another, so a
+    /// collective made before such a failure may hold launch counts and
+    /// signal words that differ between ranks, and its next launch could
+    /// pass a wait early and read stale data: the library's all-reduce
+    /// checks it before each launch and refuses.
+    pub fn failures_met(&self) -> u64 {
+        self.failures_met.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// An error when `made_at` (a [`Self::failures_met`]) is not the
+    /// current count: `what` was made before a failure the ranks met on.
+    pub(crate) fn check_no_failure_since(&self, made_at: u64, what: &str) -> Result<()> {
+        if self.failures_met() == made_at {
+            return Ok(());
+        }
+        Err(Error::comm(format!(
+            "rank {}: {what} was made before a launch failed on some rank (met in the barrier after it): its launch \
+             counts and signal words may differ between ranks, so its next launch could read stale data: make a new one",
+            self.rank
+        )))
+    }
+
     /// Notes a teardown of a NIC transport's state ([`Self::nic_generation`]).
     pub(crate) fn nic_torn_down(&self) {
         self.nic_generation.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
@@ -693,6 +720,7 @@ impl Communicator {
         let failed = self.failure.lock().unwrap_or_else(|p| p.into_inner()).is_some();
         let all = self.world.all_gather_bytes(&[failed as u8])?;
         if all.iter().any(|b| b.first() == Some(&1)) {
+            self.failures_met.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
             self.align_barrier_counts()?;
         }
         *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = None;
