@@ -246,7 +246,7 @@ fn iters_for(args: &Args, gpu: bool, bytes: u64) -> (u64, u64) {
 }
 
 /// All variants at one size, in a communicator of their own (its heap sized
-/// for them; symmetric allocations are never freed).
+/// for them).
 fn bench_size(
     args: &Args,
     backend: doorbell::Backend,

@@ -428,11 +428,14 @@ pub enum Error {
         reason: String,
     },
     /// The symmetric heap has no room for an allocation.
-    #[error("symmetric heap exhausted: {requested} bytes requested, {free} of {heap} free; raise CommOptions::heap_bytes")]
+    #[error(
+        "symmetric heap exhausted: {requested} bytes requested, the largest free range holds {free} of a heap of {heap}; \
+         drop the buffers no kernel uses any more (on every rank) or raise CommOptions::heap_bytes"
+    )]
     HeapExhausted {
         /// Bytes asked for.
         requested: u64,
-        /// Bytes left.
+        /// Bytes of the largest free range.
         free: u64,
         /// Heap size.
         heap: u64,

@@ -207,6 +207,135 @@ fn heap_exhaustion_is_reported() {
     assert!(matches!(r, Err(Error::HeapExhausted { .. })), "{:?}", r.err());
 }
 
+/// A buffer's space comes back once every rank has dropped it: with 3 MiB
+/// of a 4 MiB heap held, 2 MiB more do not fit while one rank still holds
+/// its copy (every rank gets the same error, naming the largest free
+/// range); once both dropped theirs, the next allocation takes the same
+/// offset on every rank, zeroed although the old buffer held data, and a
+/// put through it lands.
+#[test]
+fn dropped_buffers_come_back_once_every_rank_dropped_them() {
+    const MIB: usize = 1 << 20;
+    let opts = CommOptions {
+        heap_bytes: 4 * MIB as u64,
+        ..Default::default()
+    };
+    let out = Communicator::local(2, Backend::Cpu, opts, |comm| {
+        let a = comm.alloc::<u8>(3 * MIB)?;
+        let a_at = a.offset();
+        a.copy_from_host(&vec![0xa5; 3 * MIB])?;
+        // Rank 1 keeps its copy: nothing comes back.
+        let a = if comm.rank() == 0 {
+            drop(a);
+            None
+        } else {
+            Some(a)
+        };
+        let refused = comm.alloc::<u8>(2 * MIB).err().map(|e| e.to_string());
+        drop(a);
+        let b = comm.alloc::<u8>(2 * MIB)?;
+        let zeroed = b.to_host()?.iter().all(|&x| x == 0);
+        let s = comm.device().new_stream()?;
+        let landed = control_put(comm, &s, &b, 0x3c)?;
+        Ok((a_at, refused, b.offset(), zeroed, landed))
+    })
+    .unwrap();
+    for (r, (a_at, refused, b_at, zeroed, landed)) in out.iter().enumerate() {
+        let refused = refused.as_deref().unwrap_or("it fit");
+        assert!(refused.contains("largest free range holds"), "rank {r}: {refused}");
+        assert_eq!(b_at, a_at, "rank {r}: the dropped buffer's space is reused");
+        assert!(zeroed, "rank {r}: the reused space is not zeroed");
+        assert!(*landed, "rank {r}: the put through the reused space");
+    }
+}
+
+/// What a launched control put uses: kept until its stream is synchronized.
+struct PutArgs<'c> {
+    _src: doorbell::DeviceBuffer<u8>,
+    _sig: doorbell::comm::SymBuffer<'c, u64>,
+    _out: doorbell::DeviceBuffer<u32>,
+}
+
+/// Rank 0 puts 4 KiB of `value` into rank 1's `dst` over P2P (the contract
+/// kernel's control case), launched on `s` after `delay_ns` of spinning.
+fn control_put_after<'c>(
+    comm: &'c Communicator,
+    s: &doorbell::Stream,
+    dst: &doorbell::comm::SymBuffer<'_, u8>,
+    value: u8,
+    delay_ns: u64,
+) -> doorbell::Result<PutArgs<'c>> {
+    use doorbell::ForTransport;
+    use doorbell_kernels::transport::P2p;
+    use doorbell_test_kernels::contract::bad_call;
+    use doorbell_test_kernels::testing::spin_for;
+    const CONTROL: u32 = 6;
+    let m = comm.device().load_module(&doorbell_tests::TEST_KERNELS)?;
+    let (put, spin) = (m.function::<<bad_call as ForTransport<P2p>>::Kernel>()?, m.function::<spin_for>()?);
+    let src = comm.device().alloc_from(&[value; 4096])?;
+    let sig = comm.alloc::<u64>(1)?;
+    let mut out = comm.device().alloc_zeroed::<u32>(2)?;
+    if comm.rank() == 0 {
+        // SAFETY: no pointers; then symmetric `dst` (at least 4 KiB) and
+        // `sig`, a local source of 4 KiB, two result words.
+        unsafe {
+            s.launch(&spin, LaunchConfig::linear(1, 32), (delay_ns,))?;
+            let args = (
+                comm.p2p()?,
+                dst.as_mut_ptr(),
+                src.as_ptr(),
+                4096u64,
+                sig.as_mut_ptr(),
+                CONTROL,
+                out.as_mut_ptr(),
+            );
+            s.launch(&put, LaunchConfig::linear(1, 32), args)?;
+        }
+    }
+    Ok(PutArgs {
+        _src: src,
+        _sig: sig,
+        _out: out,
+    })
+}
+
+/// [`control_put_after`] at once, synchronized: whether rank 1's `dst`
+/// holds the 4 KiB put (rank 0: true).
+fn control_put(comm: &Communicator, s: &doorbell::Stream, dst: &doorbell::comm::SymBuffer<'_, u8>, value: u8) -> doorbell::Result<bool> {
+    let args = control_put_after(comm, s, dst, value, 0)?;
+    comm.synchronize(s)?;
+    comm.barrier()?;
+    drop(args);
+    Ok(comm.rank() == 0 || dst.to_host()?[..4096].iter().all(|&x| x == value))
+}
+
+/// Space taken back is handed out only once no rank's device still works
+/// on it: rank 0 launches a put into rank 1's buffer 300 ms from now, both
+/// drop the buffer at once, and the next allocation (the same space) is
+/// still all zeroes on rank 1 when it returns. (Without each rank waiting
+/// for its device before the space is reused, rank 1 zeroed it first and
+/// the late put landed in the new buffer.)
+#[test]
+fn space_is_reused_only_after_every_rank_s_device_finished_with_it() {
+    let out = Communicator::local(2, Backend::Cpu, CommOptions::default(), |comm| {
+        let s = comm.device().new_stream()?;
+        let a = comm.alloc::<u8>(4096)?;
+        let a_at = a.offset();
+        let args = control_put_after(comm, &s, &a, 0x77, 300_000_000)?;
+        drop(a);
+        let b = comm.alloc::<u8>(4096)?;
+        let zeroed = b.to_host()?.iter().all(|&x| x == 0);
+        comm.synchronize(&s)?;
+        drop(args);
+        Ok((b.offset() == a_at, zeroed))
+    })
+    .unwrap();
+    for (r, (reused, zeroed)) in out.iter().enumerate() {
+        assert!(reused, "rank {r}: the space was not reused");
+        assert!(zeroed, "rank {r}: a put launched before the drop landed in the new buffer");
+    }
+}
+
 #[test]
 fn thread_ranks_share_one_address_space() {
     let routes = Communicator::local(3, Backend::Cpu, CommOptions::default(), |comm| Ok(comm.describe_peers().to_vec())).unwrap();

@@ -44,7 +44,8 @@
 //! [`Communicator::alloc`] is collective: every rank must allocate the same
 //! sizes in the same order. Each allocation is checked across ranks; a rank
 //! that asks for something else gets an error naming the rank and the field.
-//! Allocations live as long as the communicator (a bump allocator).
+//! A buffer's space is taken back once every rank has dropped it: the next
+//! allocation frees it, after each rank's device has finished its work.
 //! Dropping a communicator is collective too: it waits for this rank's device
 //! and then for every rank, so no peer still uses the heap when it is freed.
 //!
@@ -81,6 +82,7 @@ use crate::memory::{DeviceBuffer, DeviceCopy};
 use crate::stream::Stream;
 use crate::world::World;
 
+mod alloc;
 mod ibgda;
 mod proxy;
 mod reports;
@@ -204,7 +206,7 @@ pub struct Communicator {
     routes: Vec<PeerRoute>,
     bases: Vec<u64>,
     peer_table: DeviceBuffer<u64>,
-    next: Mutex<(u64, u64)>,
+    heap_map: Mutex<alloc::HeapMap>,
     budget_ns: u64,
     same_gpu: bool,
     /// The most ranks of this world on one GPU (every rank computes the
@@ -320,7 +322,7 @@ impl Communicator {
             routes,
             bases,
             peer_table,
-            next: Mutex::new((HEAP_RESERVED, 0)),
+            heap_map: Mutex::new(alloc::HeapMap::new(heap_len)),
             failure: Mutex::new(None),
             budget_ns: opts.wait_timeout.as_nanos().min(u64::MAX as u128) as u64,
             same_gpu,
@@ -576,58 +578,6 @@ impl Communicator {
         }
     }
 
-    /// Collective: `len` elements of `T` at the same heap offset on every rank,
-    /// zeroed. Every rank must make the same allocations in the same order.
-    /// Returns once every rank's copy is zeroed, so puts and signals into
-    /// peers may start at once.
-    pub fn alloc<T: DeviceCopy>(&self, len: usize) -> Result<SymBuffer<'_, T>> {
-        let bytes = u64::try_from(len)
-            .ok()
-            .and_then(|n| n.checked_mul(std::mem::size_of::<T>() as u64))
-            .ok_or_else(|| {
-                Error::comm(format!(
-                    "{len} elements of {} bytes overflow a symmetric allocation",
-                    std::mem::size_of::<T>()
-                ))
-            })?;
-        let _step = self.status.enter(stuck::Step::Collective("alloc"));
-        let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
-        let offset = next.0.div_ceil(256) * 256;
-        let index = next.1;
-        let mut desc = Vec::new();
-        desc.extend_from_slice(&index.to_le_bytes());
-        desc.extend_from_slice(&bytes.to_le_bytes());
-        desc.extend_from_slice(&(std::mem::align_of::<T>() as u64).to_le_bytes());
-        self.world
-            .check_same(&format!("symmetric allocation #{index} (bytes, alignment)"), &desc)?;
-        if offset.checked_add(bytes).is_none_or(|end| end > self.heap_len) {
-            return Err(Error::HeapExhausted {
-                requested: bytes,
-                free: self.heap_len.saturating_sub(offset),
-                heap: self.heap_len - HEAP_RESERVED,
-            });
-        }
-        *next = (offset + bytes, index + 1);
-        let buf = SymBuffer {
-            comm: self,
-            offset,
-            len,
-            _t: std::marker::PhantomData,
-        };
-        // Zero it (the heap may hold data of an earlier run of this process),
-        // then wait until every rank has zeroed its copy: a rank that returned
-        // first could otherwise put into a peer's copy that the peer zeroes
-        // afterwards. A rank whose zeroing fails aborts the world, so the
-        // others' barrier fails at once naming it.
-        // SAFETY: inside this rank's heap.
-        if let Err(e) = unsafe { self.device.write_raw(self.heap_base + offset, &vec![0u8; bytes as usize]) } {
-            self.abort(&format!("zeroing symmetric allocation #{index} failed: {e}"));
-            return Err(e);
-        }
-        self.world.barrier()?;
-        Ok(buf)
-    }
-
     /// The library's kernels ([`crate::KERNELS`]) on this rank's
     /// device, loaded on first use and kept.
     pub fn library_module(&self) -> Result<&crate::Module> {
@@ -790,7 +740,17 @@ pub struct SymBuffer<'c, T: DeviceCopy> {
     comm: &'c Communicator,
     offset: u64,
     len: usize,
+    /// Its allocation's index (the order of [`Communicator::alloc`]).
+    index: u64,
     _t: std::marker::PhantomData<T>,
+}
+
+impl<T: DeviceCopy> Drop for SymBuffer<'_, T> {
+    /// Notes the drop: the space is taken back by the next allocation
+    /// after every rank has dropped its buffer.
+    fn drop(&mut self) {
+        self.comm.sym_dropped(self.index);
+    }
 }
 
 impl<T: DeviceCopy> SymBuffer<'_, T> {

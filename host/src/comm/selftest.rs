@@ -227,11 +227,14 @@ impl Communicator {
         let family = module.family::<selftest>()?;
         let stream = self.device.new_stream()?;
         let area_bytes = (area_words(n as u64) * 8).next_multiple_of(256);
-        // No allocation may move the free part of the heap meanwhile.
-        let next = self.next.lock().unwrap_or_else(|p| p.into_inner());
-        let start = next.0.div_ceil(256) * 256;
+        // A free range of the heap, which no allocation may take meanwhile.
+        let map = self.heap_map.lock().unwrap_or_else(|p| p.into_inner());
         let need = area_bytes * routes.len() as u64;
-        let fits = start.checked_add(need).is_some_and(|end| end <= self.heap_len);
+        let (start, largest) = match map.place(need) {
+            Ok(at) => (at, need),
+            Err(largest) => (0, largest),
+        };
+        let fits = largest >= need;
 
         // Agree on the nonce (rank 0's), and check that every rank tests
         // the same routes at the same offset with room for them.
@@ -256,8 +259,8 @@ impl Communicator {
         }
         if !fits {
             return Err(Error::comm(format!(
-                "rank {me}: the self-test needs {need} bytes of free symmetric heap past offset {start:#x} \
-                 (heap of {} bytes); make CommOptions::heap_bytes larger, or turn the self-test off",
+                "rank {me}: the self-test needs {need} bytes of free symmetric heap in one range, the largest free \
+                 range holds {largest} (heap of {} bytes); make CommOptions::heap_bytes larger, or turn the self-test off",
                 self.heap_len
             )));
         }
@@ -304,7 +307,7 @@ impl Communicator {
 
         // Check what landed here.
         let (received, failures) = self.self_test_arrivals(routes, start, area_bytes, nonce)?;
-        drop(next);
+        drop(map);
         self.self_test_verdict(&failures, &device)?;
         // Every message arrived; a device error (none expected) still fails.
         device?;
