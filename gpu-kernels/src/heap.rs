@@ -180,12 +180,14 @@ pub struct ErrorReport {
     pub kind: u32,
     /// [`Call`] as u32.
     pub call: u32,
-    /// The peer rank involved (`u32::MAX` when none).
+    /// The peer rank involved (`u32::MAX` when none; for
+    /// [`ErrorKind::ProxyFailed`], the failed request's).
     pub peer: u32,
     /// Block index of the thread that failed.
     pub block: u32,
     /// Timeouts: the comparison (`Cmp` as u32). Completion errors: the
     /// syndrome. Typed-buffer errors: the element size in bytes.
+    /// [`ErrorKind::ProxyFailed`]: the proxy's failure kind and low byte.
     pub detail: u32,
     /// The argument the report is about ([`Arg`] as u32).
     pub arg: u32,
@@ -196,7 +198,8 @@ pub struct ErrorReport {
     pub bytes: u64,
     /// Timeouts: the value expected.
     pub expected: u64,
-    /// Timeouts: the value last seen.
+    /// Timeouts: the value last seen. [`ErrorKind::ProxyFailed`]: the
+    /// ticket of the request the proxy stopped at.
     pub seen: u64,
     /// Timeouts: the budget that ran out, ns.
     pub budget_ns: u64,

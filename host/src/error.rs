@@ -417,7 +417,8 @@ pub enum Error {
         rank: u32,
         /// The call (`put`, `put_signal`, `signal`, ...).
         call: &'static str,
-        /// The peer rank the call targeted, when it had one.
+        /// The peer rank the call targeted, when it had one; for a failure of
+        /// the CPU proxy, the peer of the request the proxy stopped at.
         peer: Option<u32>,
         /// Offset in the symmetric heap of the range or word involved
         /// (wrapping: huge when below the heap).

@@ -60,13 +60,16 @@ per_backend! {
 }
 
 per_backend! {
-    /// A device barrier that rank 2 skipped (ranks 0 and 1 time out in it)
-    /// leaves the ranks' barrier counts apart; the host barrier after the
-    /// failure brings them together, so the next launch's barriers hold:
-    /// rank 2 launches 300 ms late, yet every rank passes every round and
-    /// rank 0's counter holds every rank's adds. (Without it rank 2 passed
-    /// its barriers at once, on the counts ranks 0 and 1 had signaled in
-    /// the failed one, and they timed out in every later barrier.) An
+    /// A device barrier that rank 2 skipped (ranks 0 and 1 time out in it,
+    /// and read the error with `check`) leaves the ranks' barrier counts
+    /// apart; the host barrier after the failure brings them together, so
+    /// the next launch's barriers hold: rank 2 launches 300 ms before the
+    /// others, yet no rank passes a barrier before every rank's adds of
+    /// that round are in (the kernel checks) and every counter holds every
+    /// rank's adds. (Without it rank 2 passed its barriers at once, on the
+    /// counts ranks 0 and 1 had signaled in the failed one, and they timed
+    /// out in every later barrier; set to the smallest count, the stale
+    /// signals let rank 2 through its first barrier early.) An
     /// all-reduce made before the failure refuses to run after it (its
     /// counts may differ between ranks); one made after runs, every
     /// element right.
@@ -95,7 +98,9 @@ per_backend! {
                 2 => None,
                 _ => {
                     launch(1)?;
-                    Some((comm.synchronize(&s).is_err(), status.to_host()?[0]))
+                    // The stream alone, then the reports.
+                    s.synchronize()?;
+                    Some((comm.check().is_err(), status.to_host()?[0]))
                 }
             };
             // Every rank meets after the failure.
@@ -103,7 +108,7 @@ per_backend! {
             status.zero()?;
             counter.copy_from_host(&[0])?;
             comm.barrier()?;
-            if comm.rank() == 2 {
+            if comm.rank() != 2 {
                 std::thread::sleep(Duration::from_millis(300));
             }
             launch(3)?;
@@ -129,7 +134,9 @@ per_backend! {
             let want: Vec<f32> = (0..ELEMS).map(|i| (3 * (i * 3) + 3) as f32).collect();
             assert_eq!(sum, &want, "rank {rank}'s sum");
         }
-        assert_eq!(out[0].3, 3 * (1 + 2 + 3), "rank 0's counter after 3 rounds of every rank's add");
+        for (rank, o) in out.iter().enumerate() {
+            assert_eq!(o.3, 3 * (1 + 2 + 3), "rank {rank}'s counter after 3 rounds of every rank's add");
+        }
     }
 
     fn a_peer_that_never_signals_is_an_error_not_a_hang(backend: Backend) {

@@ -347,6 +347,21 @@ fn proxy_bench_with_more_ranks_compares_both_transports_across_modeled_nodes() {
     }
     let us = r["embedding"][0]["fwd_proxy_median_us"].as_f64().unwrap();
     assert!(us > 0.0 && us.is_finite(), "embedding forward over the proxy: {us}");
+    // One pair: ranks 1 and 3 take no part (they launch with no peer).
+    let out = Command::new(&bin)
+        .args(argv(
+            "--device cpu --ranks 4 --pairs 1 --rounds 1 --rtt-iters 4 --wqes 8 --lane-rounds 1 --lane-blocks 2 --ar-sizes 4K --ar-steps 1 --emb-steps 0 --out",
+        ))
+        .arg(&dir)
+        .env("DOORBELL_NODES", "2")
+        .env_remove("DOORBELL_RDMA_PEERS")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "proxy_bench --ranks 4 --pairs 1 failed:\n{stderr}");
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("proxy_bench.json")).unwrap()).unwrap();
+    assert_eq!(r["pairs"], serde_json::json!([[0, 2]]));
+    assert_eq!(r["rtt_proxy_us"].as_array().map(Vec::len), Some(1), "{}", r["rtt_proxy_us"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -25,7 +25,10 @@
 //! **Errors.** An error completion, or a request the proxy refuses (its own
 //! checks repeat the kernel's), is published in [`ProxyWords::error`] with
 //! the ticket it stopped at; `done` never passes it, and waiters for that
-//! ticket or later get [`CommError::Completion`]. A reservation that finds
+//! ticket or later get [`CommError::Completion`] ([`CommError::Timeout`]
+//! for a NIC that stopped completing), as does a post that finds the ring
+//! full; the report names the request, its peer and why
+//! ([`ErrorKind::ProxyFailed`](crate::heap::ErrorKind::ProxyFailed)). A reservation that finds
 //! no room within the budget marks the handle **wedged** (later posters
 //! fail at once: the ticket it holds is never written, so the proxy stops
 //! there); `Communicator::proxy_reset` starts afresh.

@@ -822,6 +822,11 @@ impl<'c> AllReduce<'c> {
     /// algorithm: one-shot and two-shot hand the producer the peers'
     /// staging, pipelined its ring outbox. `None` for zero elements (launch
     /// nothing).
+    ///
+    /// Arguments taken before a failure the ranks met on
+    /// ([`Communicator::failures_met`]) are not checked again when you
+    /// launch them (nor is a captured launch replayed): after such a
+    /// failure make a new all-reduce, take its arguments and capture again.
     pub fn fused_args<T: HostElement>(
         &self,
         stream: &Stream,

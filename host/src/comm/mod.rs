@@ -693,17 +693,24 @@ impl Communicator {
         read?;
         let counts = all.iter().filter_map(|b| Some(u64::from_le_bytes(b.as_slice().try_into().ok()?)));
         let top = counts.filter(|&c| c != u64::MAX).max().unwrap_or(mine);
-        if top != mine {
-            tracing::debug!(
-                rank = self.rank,
-                from = mine,
-                to = top,
-                "device barrier count aligned after a failure"
-            );
-            // SAFETY: as above; no kernel of this rank runs (the contract).
-            unsafe { self.device.write_raw(at, &top.to_le_bytes())? };
-        }
-        Ok(())
+        let written = match top != mine {
+            true => {
+                tracing::debug!(
+                    rank = self.rank,
+                    from = mine,
+                    to = top,
+                    "device barrier count aligned after a failure"
+                );
+                // SAFETY: as above; no kernel of this rank runs (the contract).
+                unsafe { self.device.write_raw(at, &top.to_le_bytes()) }
+            }
+            false => Ok(()),
+        };
+        // Every rank's copy is done before any rank launches again: ranks
+        // sharing a GPU share its queues, and a copy queued behind a
+        // peer's kernel that waits for this rank would wait out its budget.
+        self.world.barrier()?;
+        written
     }
 
     /// Synchronizes `stream`, then [`Self::check`]s for timed-out waits.

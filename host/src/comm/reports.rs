@@ -27,7 +27,19 @@ impl Communicator {
     /// ([`StuckRanks`](crate::StuckRanks)); while ranks are still inside a
     /// synchronize without a report of their own, it waits for them up to
     /// the wait budget plus [`STUCK_MARGIN`](super::STUCK_MARGIN).
+    ///
+    /// An error is noted as [`synchronize`](Self::synchronize)'s is: this
+    /// rank has failed until a [`barrier`](Self::barrier) with every rank.
     pub fn check(&self) -> Result<()> {
+        let r = self.read_reports();
+        if let Err(e) = &r {
+            self.note_failure(e);
+        }
+        r
+    }
+
+    /// [`Self::check`]'s reading and clearing of the reports.
+    fn read_reports(&self) -> Result<()> {
         let mut flag = [0u8; 4];
         // SAFETY: the reported word lives in this rank's heap header.
         unsafe { self.device.read_raw(self.heap_base + REPORTED_OFFSET, &mut flag)? };

@@ -25,7 +25,10 @@ pub struct RingShape {
 }
 
 /// A pipeline's symmetric allocations ([`Communicator::rings`]); the kernel
-/// takes [`Rings::pipe`]. Freed with the communicator's heap.
+/// takes [`Rings::pipe`]. Their space comes back once every rank has
+/// dropped them. Each block counts its launches, a failed one not: after a
+/// failure the ranks met on ([`Communicator::failures_met`]), make the
+/// rings again, as their counts may differ between ranks.
 pub struct Rings<'c, E: DeviceCopy> {
     shape: RingShape,
     rings: RingSet,

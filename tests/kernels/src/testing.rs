@@ -313,24 +313,37 @@ pub unsafe fn spin_for(ns: u64) {
     }
 }
 
-/// `rounds` times: barrier, then every rank adds its rank+1 to `counter` on
-/// rank 0 with a signal-add; after the last barrier rank 0 checks the total.
-/// `status`: `STATUS_OK`, `STATUS_TIMEOUT`.
+/// A barrier passed before every rank had arrived at it.
+pub const STATUS_EARLY: u32 = 4;
+
+/// `rounds` times: every rank adds its rank+1 to `counter` on every rank
+/// with a signal-add, then a barrier, after which each rank's counter must
+/// hold every rank's adds of every round so far (else `STATUS_EARLY`: the
+/// barrier let it through before some rank arrived); the host reads the
+/// total. `status`: `STATUS_OK`, `STATUS_TIMEOUT`, `STATUS_EARLY`.
 #[kernel]
 pub unsafe fn p2p_barrier_rounds(t: P2p, counter: *mut u64, rounds: u32, status: *mut u32) {
     // SAFETY: `counter` symmetric, `status` one word; one block per rank.
     unsafe {
         let first = ptx::thread_rank_in_block() == 0;
-        for _ in 0..rounds {
+        let n = t.world_size() as u64;
+        let per_round = n * (n + 1) / 2;
+        for k in 0..rounds as u64 {
+            if first {
+                for peer in 0..t.world_size() {
+                    if t.signal_raw(peer, RawSignal::add(counter, t.rank() as u64 + 1)).is_err() {
+                        *status = STATUS_ERROR;
+                    }
+                }
+            }
             if t.barrier_block().is_err() {
                 if first {
                     *status = STATUS_TIMEOUT;
                 }
                 return;
             }
-            if first && t.signal_raw(0, RawSignal::add(counter, t.rank() as u64 + 1)).is_err() {
-                *status = STATUS_ERROR;
-                return;
+            if first && core::ptr::read_volatile(counter) < (k + 1) * per_round {
+                *status = STATUS_EARLY;
             }
         }
         if t.barrier_block().is_err() {
@@ -339,7 +352,8 @@ pub unsafe fn p2p_barrier_rounds(t: P2p, counter: *mut u64, rounds: u32, status:
             }
             return;
         }
-        if first {
+        // The host zeroes `status` before the launch.
+        if first && *status == 0 {
             *status = STATUS_OK;
         }
     }
