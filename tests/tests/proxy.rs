@@ -677,6 +677,55 @@ fn a_nic_that_completes_nothing_is_reported_stalled_naming_the_oldest_request() 
     );
 }
 
+/// A barrier through the proxy that rank 2 skipped (ranks 0 and 1 time
+/// out in it and read the error) leaves the ranks' barrier counts apart;
+/// the host barrier after it aligns them, so the next barrier holds: rank
+/// 2, there 200 ms before the others, waits for them. (Without it rank 2
+/// passed at once on the counts the others had signaled in the failed
+/// barrier, and they timed out.)
+#[test]
+fn a_barrier_some_ranks_skipped_leaves_the_next_one_whole() {
+    use std::time::Instant;
+    let short = CommOptions {
+        wait_timeout: Duration::from_millis(300),
+        ..opts()
+    };
+    let out = Communicator::local(3, Backend::Cpu, short, |comm| {
+        let h = OnThread(comm.proxy()?);
+        comm.barrier()?;
+        let mut first = None;
+        if comm.rank() != 2 {
+            // SAFETY: one thread of this rank.
+            first = Some(h.run(|t| unsafe { t.barrier() }.is_ok()));
+            // Read (and so noted): the timeout.
+            first = first.filter(|_| comm.check().is_err());
+        }
+        comm.barrier()?;
+        if comm.rank() != 2 {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let t0 = Instant::now();
+        // SAFETY: as above.
+        let ok = h.run(|t| unsafe { t.barrier() }.is_ok());
+        let secs = t0.elapsed().as_secs_f64();
+        comm.barrier()?;
+        comm.proxy_reset()?;
+        Ok((first, ok, secs))
+    })
+    .expect("the world");
+    for (r, (first, ok, secs)) in out.iter().enumerate() {
+        if r != 2 {
+            assert_eq!(*first, Some(false), "rank {r}: the barrier rank 2 skipped");
+        }
+        assert!(ok, "rank {r}: the barrier every rank joined failed after {secs:.3} s");
+    }
+    assert!(
+        out[2].2 > 0.1,
+        "rank 2 passed the barrier without waiting for the others: {:.4} s",
+        out[2].2
+    );
+}
+
 /// A handle wedged by a full request ring (the proxy held past a poster's
 /// whole budget) is named by `proxy_check`, which used to answer Ok, and
 /// its later posts fail at once; a reset recovers.
