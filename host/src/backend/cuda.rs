@@ -95,7 +95,10 @@ pub(crate) struct Device {
     /// GPU streams created through this handle: what `synchronize` waits for.
     /// Several handles (e.g. thread ranks) share one CUDA context, so a
     /// context-wide synchronize would wait for other ranks' spinning kernels.
-    streams: Mutex<Vec<Weak<CudaStream>>>,
+    /// Held strongly: a stream the user dropped with work queued (cudarc
+    /// destroys a stream without waiting, and the work runs on) is waited
+    /// for too, and let go once that work is done.
+    streams: Mutex<Vec<Arc<CudaStream>>>,
     /// Allocations dropped while this handle lives: `cuMemFree` waits for
     /// the whole device, so a rank freeing a buffer while a peer rank's
     /// kernel on the same GPU spins, waiting for this rank's next launch,
@@ -291,24 +294,32 @@ impl Device {
         self.copier.synchronize().map_err(|source| Error::Cuda { call, source })
     }
 
-    /// Waits for the streams created through this handle.
+    /// The streams created through this handle, after letting go of those
+    /// only this list holds whose work is done.
+    fn tracked_streams(&self) -> Vec<Arc<CudaStream>> {
+        let mut list = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        list.retain(|s| Arc::strong_count(s) > 1 || Stream(s.clone()).query().is_ok_and(|done| !done));
+        list.clone()
+    }
+
+    /// Waits for the streams created through this handle, dropped ones
+    /// with work queued included; every one, also after a failure (the
+    /// first failure is returned).
     pub(crate) fn synchronize(&self) -> Result<()> {
-        let streams: Vec<_> = self
-            .streams
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
-        for s in streams {
-            s.synchronize().call("cuStreamSynchronize")?;
+        let mut first = Ok(());
+        for s in self.tracked_streams() {
+            let r = s.synchronize().call("cuStreamSynchronize");
+            if first.is_ok() {
+                first = r;
+            }
         }
-        Ok(())
+        first
     }
 
     pub(crate) fn new_stream(&self) -> Result<Stream> {
         let s = self.ctx.new_stream().call("cuStreamCreate")?;
-        self.streams.lock().unwrap_or_else(|p| p.into_inner()).push(Arc::downgrade(&s));
+        drop(self.tracked_streams());
+        self.streams.lock().unwrap_or_else(|p| p.into_inner()).push(s.clone());
         Ok(Stream(s))
     }
 

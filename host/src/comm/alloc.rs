@@ -121,10 +121,13 @@ impl Communicator {
     /// Returns once every rank's copy is zeroed, so puts and signals into
     /// peers may start at once.
     ///
-    /// Space of buffers every rank has dropped since is taken back first
-    /// (each rank then waits for its device's work to end before the space
-    /// is handed out again): drop a buffer on every rank once no kernel
-    /// uses it, and the next allocation may reuse it.
+    /// Space of buffers every rank has dropped since is taken back first:
+    /// each rank then waits for the streams made through its device handle
+    /// (dropped ones with work queued included) before the space is handed
+    /// out again, so such an allocation also waits for this rank's kernels
+    /// to end. Drop a buffer on every rank once no kernel uses it, and the
+    /// next allocation may reuse it. Puts a NIC transport (IBGDA, the CPU
+    /// proxy) still holds are not waited for: quiet them first.
     pub fn alloc<T: DeviceCopy>(&self, len: usize) -> Result<SymBuffer<'_, T>> {
         let bytes = u64::try_from(len)
             .ok()

@@ -11,7 +11,7 @@
 //! with the same [`Error::SelfTest`] naming the sender, the receiver, the
 //! route, what arrived and what was expected.
 //!
-//! The landing areas lie past the last symmetric allocation and are not
+//! The landing areas lie in a free range of the symmetric heap and are not
 //! allocated: user allocations made later zero them.
 
 use std::time::{Duration, Instant};
@@ -279,7 +279,7 @@ impl Communicator {
                 }
             }
             let bytes: Vec<u8> = area.iter().flat_map(|w| w.to_le_bytes()).collect();
-            // SAFETY: inside this rank's heap (checked above), past every allocation.
+            // SAFETY: inside this rank's heap (checked above), in a free range.
             unsafe { self.device.write_raw(self.heap_base + start + k as u64 * area_bytes, &bytes)? };
         }
         // Every rank's areas are ready (and its module loaded) before any puts.
