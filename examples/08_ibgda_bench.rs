@@ -174,7 +174,7 @@ fn bench(comm: &Communicator, p: &Plan) -> Result<Option<Report>, BoxError> {
         s: dev.new_stream()?,
         pattern: (0..p.max).map(|i| (i % 251) as u8 ^ 0x5a).collect(),
         status: dev.alloc_zeroed::<u32>(1)?,
-        out: dev.alloc_zeroed::<u64>(2)?,
+        out: dev.alloc_zeroed::<u64>(3)?,
     };
     r.src.copy_from_host(&r.pattern)?;
     let engine_before = comm.ibgda_engine();

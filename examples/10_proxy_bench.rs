@@ -37,8 +37,9 @@
 //! node pairs with rank `i` of the second, and `--pairs` of them (default:
 //! every rank of a node) measure at once, as a node's GPUs all talk across
 //! at once; the round trip's figure is the median over every pair and
-//! round, a rate's the sum of the pairs' rates (each posting rank's own,
-//! all starting behind one barrier), the median over rounds.
+//! round, a rate's every pair's puts over the span from the first post of
+//! any pair to the last completion of any (`%globaltimer`), the median
+//! over rounds.
 //!
 //! **More ranks**: the GPU-initiated side of the collectives is the routed
 //! transport (IBGDA between nodes, load/store inside one) and the proxy
@@ -107,7 +108,7 @@ struct Report {
     #[serde(default)]
     pairs: Vec<[u32; 2]>,
     /// The round trip: every pair's, round by round; the rates: per timed
-    /// round, the sum of the pairs' rates.
+    /// round, every pair's puts over the span they took together.
     rtt_ibgda_us: Vec<f64>,
     rtt_proxy_us: Vec<f64>,
     rtt_p2p_us: Vec<f64>,
@@ -366,7 +367,7 @@ fn run(a: &ProxyBenchArgs) -> Result<(), BoxError> {
 fn print_pairs(r: &Report) {
     let pairs: Vec<String> = r.pairs.iter().map(|[a, b]| format!("{a}-{b}")).collect();
     println!(
-        "# pairs across nodes, at once: {} (GPU-initiated side: IBGDA; rates summed over the pairs)",
+        "# pairs across nodes, at once: {} (GPU-initiated side: IBGDA; rates of every pair together)",
         pairs.join(", ")
     );
     println!(
@@ -580,41 +581,42 @@ fn embedding_figure(out: &std::path::Path, r: &Report) -> Result<std::path::Path
 }
 
 impl Report {
-    /// One timed round's pair figures: every pair's round trip, the sum of
-    /// the pairs' rates.
+    /// One timed round's pair figures: every pair's round trip, every
+    /// pair's puts over the span they took together.
     fn add_pairs(&mut self, ib: &PairRound, px: &PairRound) {
         self.rtt_ibgda_us.extend(&ib.rtt_us);
         self.rtt_proxy_us.extend(&px.rtt_us);
         self.rtt_p2p_us.extend(&ib.rtt_p2p_us);
-        self.rate_ibgda_mput_s.push(ib.rate.iter().sum());
-        self.rate_proxy_mput_s.push(px.rate.iter().sum());
-        self.lanes_ibgda_mput_s.push(ib.lanes.iter().sum());
-        self.lanes_proxy_mput_s.push(px.lanes.iter().sum());
+        self.rate_ibgda_mput_s.push(ib.rate.all);
+        self.rate_proxy_mput_s.push(px.rate.all);
+        self.lanes_ibgda_mput_s.push(ib.lanes.all);
+        self.lanes_proxy_mput_s.push(px.lanes.all);
     }
 }
 
 /// A round's pair figures in a line: the round trips' range over the
-/// pairs, the rates' sums.
+/// pairs, the rates of every pair together.
 fn pair_line(p: &Plan, ib: &PairRound, px: &PairRound) -> String {
-    let span = |v: &[f64]| {
+    let span = |v: &[f64], digits: usize| {
         let (lo, hi) = v.iter().fold((f64::INFINITY, 0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
         if v.len() > 1 {
-            format!("{lo:.2}-{hi:.2}")
+            format!("{lo:.digits$}-{hi:.digits$}")
         } else {
-            format!("{lo:.2}")
+            format!("{lo:.digits$}")
         }
     };
-    let sum = |v: &[f64]| v.iter().sum::<f64>();
+    // Every pair together, then each pair's own range.
+    let rates = |r: &doorbell_examples::pairs::Rates| format!("{:.3} ({} each)", r.all, span(&r.per_pair, 3));
     format!(
-        "round trip ibgda {} / proxy {} / p2p {} us; puts ibgda {:.3} / proxy {:.3} M/s; {} warps ibgda {:.3} / proxy {:.3} M/s ({} pair(s))",
-        span(&ib.rtt_us),
-        span(&px.rtt_us),
-        span(&ib.rtt_p2p_us),
-        sum(&ib.rate),
-        sum(&px.rate),
+        "round trip ibgda {} / proxy {} / p2p {} us; puts ibgda {} / proxy {} M/s; {} warps ibgda {} / proxy {} M/s ({} pair(s))",
+        span(&ib.rtt_us, 2),
+        span(&px.rtt_us, 2),
+        span(&ib.rtt_p2p_us, 2),
+        rates(&ib.rate),
+        rates(&px.rate),
         p.lane_blocks,
-        sum(&ib.lanes),
-        sum(&px.lanes),
+        rates(&ib.lanes),
+        rates(&px.lanes),
         ib.rtt_us.len(),
     )
 }

@@ -1,6 +1,6 @@
 //! Pairs of ranks on two nodes, as `proxy_bench` measures its round trip
 //! and message rates between them: rank `i` of the first node with rank
-//! `i` of the second.
+//! `i` of the second; and the rate of every pair together.
 
 /// Which ranks measure with which.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -50,9 +50,34 @@ impl Pairs {
     }
 }
 
+/// One rate launch's figures.
+#[derive(Debug, Default)]
+pub struct Rates {
+    /// Each pair's own: its puts over its first post to its last
+    /// completion.
+    pub per_pair: Vec<f64>,
+    /// Every pair's puts over the span from the first pair's first post to
+    /// the last pair's last completion (`%globaltimer`, one clock on one
+    /// GPU; GPUs of one host keep theirs within microseconds).
+    pub all: f64,
+}
+
+impl Rates {
+    /// From each leader's (own rate, start ns, end ns) and the puts each
+    /// posted.
+    pub fn of(bursts: &[[u64; 3]], puts: f64) -> Rates {
+        let start = bursts.iter().map(|b| b[1]).min().unwrap_or(0);
+        let end = bursts.iter().map(|b| b[2]).max().unwrap_or(0);
+        Rates {
+            per_pair: bursts.iter().map(|b| f64::from_bits(b[0])).collect(),
+            all: puts * bursts.len() as f64 / (end.saturating_sub(start).max(1) as f64 * 1e-9) / 1e6,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::Pairs;
+    use super::{Pairs, Rates};
 
     #[test]
     fn pairs_join_each_rank_of_the_first_node_to_its_place_on_the_second() {
@@ -65,6 +90,16 @@ mod tests {
         let one = Pairs::new(8, Some(4), Some(1)).unwrap();
         assert_eq!(one.list(), [[0, 2]]);
         assert_eq!((one.role(1), one.role(3), one.role(4)), (None, None, None));
+    }
+
+    #[test]
+    fn the_rate_of_every_pair_together_is_over_their_joint_span() {
+        let bits = |x: f64| x.to_bits();
+        // Two pairs of 1000 puts: one over [0, 1 ms), one over [0.5, 1.5 ms).
+        let r = Rates::of(&[[bits(1.0), 0, 1_000_000], [bits(1.0), 500_000, 1_500_000]], 1000.0);
+        assert_eq!(r.per_pair, [1.0, 1.0]);
+        assert!((r.all - 2000.0 / 1.5e-3 / 1e6).abs() < 1e-9, "{}", r.all);
+        assert!(r.all <= r.per_pair.iter().sum::<f64>());
     }
 
     #[test]

@@ -13,6 +13,7 @@
 use doorbell::comm::{Communicator, SymBuffer};
 use doorbell::{DeviceBuffer, Family, FamilyHandle, LaunchConfig, Stream};
 use doorbell_example_kernels::ibgda_bench::{lane_words, post_burst, post_lanes, put_signal_rtt, BENCH_OK, NO_PEER};
+use doorbell_examples::pairs::Rates;
 use doorbell_examples::BoxError;
 
 use super::Plan;
@@ -26,8 +27,8 @@ pub struct PairRound {
     pub rtt_p2p_us: Vec<f64>,
     /// Million 8-byte puts a second: one warp's, and `--lane-blocks`
     /// warps' posting a put per lane.
-    pub rate: Vec<f64>,
-    pub lanes: Vec<f64>,
+    pub rate: Rates,
+    pub lanes: Rates,
 }
 
 /// A transport call in the launch failed.
@@ -97,16 +98,19 @@ impl<'c> PairRank<'c> {
         }
     }
 
-    /// `mine` (NaN where this rank measured nothing) of every rank; the
-    /// leaders' values in pair order (collective).
-    fn leaders(&self, mine: f64) -> Result<Vec<f64>, BoxError> {
-        let all = self.comm.world().all_gather_bytes(&mine.to_le_bytes())?;
-        let of = |r: u32| -> Result<f64, BoxError> {
-            let b: [u8; 8] = all[r as usize]
-                .as_slice()
-                .try_into()
-                .map_err(|_| format!("rank {r} sent no figure"))?;
-            Ok(f64::from_le_bytes(b))
+    /// `mine` (anything where this rank measured nothing) of every rank;
+    /// the leaders' words in pair order (collective).
+    fn leaders<const N: usize>(&self, mine: [u64; N]) -> Result<Vec<[u64; N]>, BoxError> {
+        let bytes: Vec<u8> = mine.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let all = self.comm.world().all_gather_bytes(&bytes)?;
+        let of = |r: u32| -> Result<[u64; N], BoxError> {
+            let b = &all[r as usize];
+            if b.len() != 8 * N {
+                return Err(format!("rank {r} sent {} bytes of figures, not {}", b.len(), 8 * N).into());
+            }
+            Ok(std::array::from_fn(|i| {
+                u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().expect("8 bytes"))
+            }))
         };
         self.pairs.iter().map(|&[lead, _]| of(lead)).collect()
     }
@@ -198,13 +202,13 @@ impl<'c> PairRank<'c> {
             true => self.out.to_host()?[0] as f64 / 1e3 / p.rtt_iters as f64,
             false => f64::NAN,
         };
-        self.leaders(mine)
+        Ok(self.leaders([mine.to_bits()])?.into_iter().map(|[w]| f64::from_bits(w)).collect())
     }
 
     /// Million 8-byte puts per second by one warp of each pair's leader
     /// over `t`, from its first post to its last completion; partners check
     /// what landed.
-    fn message_rate<T>(&mut self, p: &Plan, t: T, seed: u64) -> Result<Vec<f64>, BoxError>
+    fn message_rate<T>(&mut self, p: &Plan, t: T, seed: u64) -> Result<Rates, BoxError>
     where
         T: FamilyHandle<post_burst, Rest = BurstArgs>,
     {
@@ -226,16 +230,21 @@ impl<'c> PairRank<'c> {
         // Put `i` wrote word `i`: one lost put leaves its word 0.
         self.landed(p.wqes as usize, seed, "message rate")?;
         let mine = match self.posts_to() {
-            NO_PEER => f64::NAN,
-            _ => p.wqes as f64 / (self.out.to_host()?[1].max(1) as f64 * 1e-9) / 1e6,
+            NO_PEER => [0; 3],
+            _ => {
+                // Durations from the first post, and its time.
+                let ns = self.out.to_host()?;
+                let rate = p.wqes as f64 / (ns[1].max(1) as f64 * 1e-9) / 1e6;
+                [rate.to_bits(), ns[2], ns[2] + ns[1]]
+            }
         };
-        self.leaders(mine)
+        Ok(Rates::of(&self.leaders(mine)?, p.wqes as f64))
     }
 
     /// Million 8-byte puts per second completed by `lane_blocks` warps of
     /// each pair's leader, each lane posting its own put `lane_rounds`
     /// times; partners check what landed.
-    fn lane_rate<T>(&mut self, p: &Plan, t: T, seed: u64) -> Result<Vec<f64>, BoxError>
+    fn lane_rate<T>(&mut self, p: &Plan, t: T, seed: u64) -> Result<Rates, BoxError>
     where
         T: FamilyHandle<post_lanes, Rest = LanesArgs>,
     {
@@ -255,18 +264,19 @@ impl<'c> PairRank<'c> {
         check(&self.status, "lane posts")?;
         // Each put wrote a word of its own (up to LANE_WORDS).
         self.landed(lane_words(p.lane_blocks, p.lane_rounds), seed, "lane posts")?;
+        let puts = 32.0 * p.lane_rounds as f64 * p.lane_blocks as f64;
         let mine = match self.posts_to() {
-            NO_PEER => f64::NAN,
+            NO_PEER => [0; 3],
             _ => {
                 let ns = self.out.to_host()?;
                 let b = p.lane_blocks as usize;
                 let t0 = (0..b).map(|k| ns[3 * k]).min().unwrap_or(0);
                 let t1 = (0..b).map(|k| ns[3 * k + 2]).max().unwrap_or(0);
-                let puts = 32.0 * p.lane_rounds as f64 * b as f64;
-                puts / (t1.saturating_sub(t0).max(1) as f64 * 1e-9) / 1e6
+                let rate = puts / (t1.saturating_sub(t0).max(1) as f64 * 1e-9) / 1e6;
+                [rate.to_bits(), t0, t1]
             }
         };
-        self.leaders(mine)
+        Ok(Rates::of(&self.leaders(mine)?, puts))
     }
 }
 

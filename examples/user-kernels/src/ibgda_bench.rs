@@ -124,8 +124,8 @@ pub unsafe fn put_stream<T: Transport>(t: T, dst: *mut u8, src: *const u8, bytes
 /// launch 1 × 32) or one block (launch 1 × 256), then `quiet`; put `i`
 /// writes word `i` of `dst` (`wqes` words), so every put lost shows as a
 /// word unwritten. `out_ns[0]`: time to post them all; `out_ns[1]`: until
-/// the last completed. A rank whose `peer` is [`NO_PEER`] (the receiver)
-/// returns at once.
+/// the last completed; `out_ns[2]`: `%globaltimer` at the first post. A
+/// rank whose `peer` is [`NO_PEER`] (the receiver) returns at once.
 #[kernel(transports(Ibgda, Proxy))]
 pub unsafe fn post_burst<T: Transport>(
     t: T,
@@ -165,6 +165,7 @@ pub unsafe fn post_burst<T: Transport>(
             }
             *out_ns = t1.wrapping_sub(t0);
             *out_ns.add(1) = ptx::globaltimer_ns().wrapping_sub(t0);
+            *out_ns.add(2) = t0;
             *status = if r.is_ok() { BENCH_OK } else { BENCH_FAILED };
         }
     }
