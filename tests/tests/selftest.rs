@@ -193,6 +193,36 @@ fn a_broken_ibgda_route_fails_its_set_up_naming_sender_receiver_and_route() {
     }
 }
 
+/// The self-test's landing areas take a free range of the heap, not
+/// allocated: with the heap full it is an error naming what it needs and
+/// the largest free range; once the full buffer is dropped on every rank
+/// (and taken back by the next allocation) it runs in the space freed,
+/// leaving the buffer allocated meanwhile untouched.
+#[test]
+fn the_self_test_lands_in_a_free_range_of_the_heap() {
+    let out = Communicator::local(2, Backend::Cpu, opts(Some(true), None), |comm| {
+        let user = (comm.heap_bytes() - doorbell_kernels::heap::HEAP_RESERVED) as usize;
+        let full = comm.alloc::<u8>(user)?;
+        let refused = comm.self_test().err().map(|e| e.to_string());
+        drop(full);
+        let kept = comm.alloc::<u8>(4096)?;
+        kept.copy_from_host(&[0x5a; 4096])?;
+        let passed = comm.self_test().is_ok();
+        let untouched = kept.to_host()?.iter().all(|&b| b == 0x5a);
+        Ok((refused, passed, untouched))
+    })
+    .unwrap();
+    for (r, (refused, passed, untouched)) in out.iter().enumerate() {
+        let refused = refused.as_deref().unwrap_or("it ran");
+        assert!(
+            refused.contains("free symmetric heap in one range") && refused.contains("the largest free range holds 0"),
+            "rank {r}: {refused}"
+        );
+        assert!(passed, "rank {r}: the self-test in the freed space");
+        assert!(untouched, "rank {r}: the self-test wrote into a live buffer");
+    }
+}
+
 /// The variable: `0` skips the self-test (nothing ran), `1` runs it, a
 /// bad value is an error naming it; an explicit option wins. One test, as
 /// it sets a process-wide variable (the other tests set the option).

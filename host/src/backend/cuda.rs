@@ -296,10 +296,10 @@ impl Device {
 
     /// The streams created through this handle, after letting go of those
     /// only this list holds whose work is done.
-    fn tracked_streams(&self) -> Vec<Arc<CudaStream>> {
+    fn tracked_streams(&self) -> std::sync::MutexGuard<'_, Vec<Arc<CudaStream>>> {
         let mut list = self.streams.lock().unwrap_or_else(|p| p.into_inner());
         list.retain(|s| Arc::strong_count(s) > 1 || Stream(s.clone()).query().is_ok_and(|done| !done));
-        list.clone()
+        list
     }
 
     /// Waits for the streams created through this handle, dropped ones
@@ -307,7 +307,8 @@ impl Device {
     /// first failure is returned).
     pub(crate) fn synchronize(&self) -> Result<()> {
         let mut first = Ok(());
-        for s in self.tracked_streams() {
+        let streams = self.tracked_streams().clone();
+        for s in streams {
             let r = s.synchronize().call("cuStreamSynchronize");
             if first.is_ok() {
                 first = r;
@@ -318,8 +319,7 @@ impl Device {
 
     pub(crate) fn new_stream(&self) -> Result<Stream> {
         let s = self.ctx.new_stream().call("cuStreamCreate")?;
-        drop(self.tracked_streams());
-        self.streams.lock().unwrap_or_else(|p| p.into_inner()).push(s.clone());
+        self.tracked_streams().push(s.clone());
         Ok(Stream(s))
     }
 

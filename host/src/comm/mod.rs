@@ -686,14 +686,13 @@ impl Communicator {
         let mut word = [0u8; 8];
         // SAFETY: the epoch word of this rank's heap header.
         let read = unsafe { self.device.read_raw(at, &mut word) };
-        // A rank that cannot read its word still takes part (u64::MAX:
-        // none), so the others do not wait for it.
-        let mine = if read.is_ok() { u64::from_le_bytes(word) } else { u64::MAX };
+        // A rank that cannot read its word still takes part in both
+        // collectives (u64::MAX: none), so the others do not wait for it.
+        let mine = read.as_ref().map_or(u64::MAX, |()| u64::from_le_bytes(word));
         let all = self.world.all_gather_bytes(&mine.to_le_bytes())?;
-        read?;
         let counts = all.iter().filter_map(|b| Some(u64::from_le_bytes(b.as_slice().try_into().ok()?)));
         let top = counts.filter(|&c| c != u64::MAX).max().unwrap_or(mine);
-        let written = match top != mine {
+        let written = match read.is_ok() && top != mine {
             true => {
                 tracing::debug!(
                     rank = self.rank,
@@ -710,7 +709,7 @@ impl Communicator {
         // sharing a GPU share its queues, and a copy queued behind a
         // peer's kernel that waits for this rank would wait out its budget.
         self.world.barrier()?;
-        written
+        read.and(written)
     }
 
     /// Synchronizes `stream`, then [`Self::check`]s for timed-out waits.

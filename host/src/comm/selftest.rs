@@ -230,11 +230,8 @@ impl Communicator {
         // A free range of the heap, which no allocation may take meanwhile.
         let map = self.heap_map.lock().unwrap_or_else(|p| p.into_inner());
         let need = area_bytes * routes.len() as u64;
-        let (start, largest) = match map.place(need) {
-            Ok(at) => (at, need),
-            Err(largest) => (0, largest),
-        };
-        let fits = largest >= need;
+        let placed = map.place(need);
+        let (start, fits) = (placed.unwrap_or(0), placed.is_ok());
 
         // Agree on the nonce (rank 0's), and check that every rank tests
         // the same routes at the same offset with room for them.
@@ -257,7 +254,7 @@ impl Communicator {
                 )));
             }
         }
-        if !fits {
+        if let Err(largest) = placed {
             return Err(Error::comm(format!(
                 "rank {me}: the self-test needs {need} bytes of free symmetric heap in one range, the largest free \
                  range holds {largest} (heap of {} bytes); make CommOptions::heap_bytes larger, or turn the self-test off",
