@@ -925,3 +925,21 @@ fn byte_copy_loops_are_found_in_a_struct_copy_and_not_in_a_strided_tail() {
         .replace("st.local.b8 \t[%rd7], %rs1", "st.local.b64 \t[%rd7], %rd8");
     assert_eq!(byte_copy_loops(&words), Vec::<i64>::new());
 }
+
+/// `barrier_block` after one thread's work (`p2p_barrier_rounds`: thread 0
+/// signals every peer, then the block meets) compiles to non-aligned block
+/// barriers only. With an aligned `bar.sync` on entry LLVM copied it into
+/// thread 0's path and the other threads' path (two `bar.sync` a warp
+/// reached at different instructions), and the kernel hung on an H200; the
+/// CPU emulator cannot see it.
+#[test]
+fn a_block_barrier_after_one_thread_s_work_is_never_an_aligned_barrier() {
+    let body = entry_body(doorbell_tests::TEST_KERNELS_PTX, "p2p_barrier_rounds");
+    let aligned: Vec<&str> = body
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("bar.sync") || l.starts_with("barrier.sync.aligned"))
+        .collect();
+    assert!(aligned.is_empty(), "aligned block barriers in p2p_barrier_rounds: {aligned:?}");
+    assert!(body.contains("barrier.sync"), "p2p_barrier_rounds has no block barrier at all");
+}

@@ -274,7 +274,10 @@ pub trait Transport: Copy + Checked {
     /// As for `barrier`; one block per rank.
     unsafe fn barrier_block(&self) -> Result<(), CommError> {
         let result = (self.bounds().reporter.local_base + BLOCK_RESULT_OFFSET) as *mut u64;
-        crate::ptx::sync_threads();
+        // Non-aligned on entry too: callers often do one thread's work just
+        // before (`if first { signal }`), and LLVM may then copy an aligned
+        // barrier into thread 0's path and the others' (a hang on an H200).
+        crate::ptx::sync_threads_divergent();
         if crate::ptx::thread_rank_in_block() == 0 {
             // SAFETY: one block per rank (contract).
             let r = unsafe { self.barrier() };

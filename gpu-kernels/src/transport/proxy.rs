@@ -80,6 +80,30 @@ pub const PROXY_ERR_REFUSED: u64 = 2;
 /// proxy's budget.
 pub const PROXY_ERR_STALLED: u64 = 3;
 
+/// The error word [`ProxyWords::error`] for a failure of `kind` at request
+/// `ticket` to `peer`: the kind in bits 56..64, the peer in bits 32..56, the
+/// ticket's low 24 bits in bits 8..32 and `low` (a syndrome or a refusal's
+/// reason) in the low byte.
+#[inline(always)]
+pub const fn proxy_error_word(kind: u64, peer: u32, low: u64, ticket: u64) -> u64 {
+    kind << 56 | ((peer as u64) & 0xff_ffff) << 32 | (ticket & 0xff_ffff) << 8 | (low & 0xff)
+}
+
+/// The ticket of the failure in error word `e`, given the value read from
+/// [`ProxyWords::error_ticket`]. The proxy rewrites both words when it finds
+/// an earlier request failed, so a reader can see one failure's word beside
+/// another's ticket; the word carries its own ticket's low 24 bits, and the
+/// ticket is the one with those bits nearest the word read (the two
+/// failures' tickets lie within a ring's length of each other).
+#[inline(always)]
+pub const fn proxy_error_ticket(e: u64, ticket_word: u64) -> u64 {
+    let tag = (e >> 8) & 0xff_ffff;
+    // The difference tag - ticket_word, as a signed 24-bit number.
+    let d = (tag.wrapping_sub(ticket_word) & 0xff_ffff) as u32;
+    let d = ((d << 8) as i32 >> 8) as i64;
+    ticket_word.wrapping_add(d as u64)
+}
+
 /// One request (64 bytes, one slot of the ring in mapped host memory).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -122,9 +146,11 @@ pub struct ProxyWords {
     pub taken: u64,
     /// Tickets done: every request below it has completed at its target.
     pub done: u64,
-    /// 0, or the first failure: kind ([`PROXY_ERR_COMPLETION`], ...) in
-    /// bits 56..64, the peer in bits 32..56, the syndrome or reason in the
-    /// low byte. Published (release) after `error_ticket`.
+    /// 0, or the first failure ([`proxy_error_word`]): kind
+    /// ([`PROXY_ERR_COMPLETION`], ...) in bits 56..64, the peer in bits
+    /// 32..56, the ticket's low 24 bits in bits 8..32, the syndrome or
+    /// reason in the low byte. Published (release) after `error_ticket`;
+    /// read the ticket with [`proxy_error_ticket`].
     pub error: u64,
     /// The ticket the failure stopped at (`done` never passes it).
     pub error_ticket: u64,
@@ -272,7 +298,10 @@ impl Proxy {
         // with the proxy's release of `error` after `error_ticket`.
         unsafe {
             let e = ptx::ld_acquire_sys_u64(&raw const (*self.words).error);
-            (e != 0).then(|| (e, ptx::ld_relaxed_sys_u64(&raw const (*self.words).error_ticket)))
+            (e != 0).then(|| {
+                let t = ptx::ld_relaxed_sys_u64(&raw const (*self.words).error_ticket);
+                (e, proxy_error_ticket(e, t))
+            })
         }
     }
 
@@ -636,5 +665,35 @@ impl Transport for Proxy {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A word and a ticket read from two different failures (the proxy
+    /// moved its failure to an earlier request between the two loads) still
+    /// give the word's own ticket, across a 2^24 boundary too.
+    #[test]
+    fn the_error_word_names_its_own_ticket_beside_another_failure_s_ticket() {
+        for (word_ticket, other) in [
+            (1_000_005u64, 1_000_002u64),
+            (1_000_002, 1_000_005),
+            (0xff_fffe, 0x100_0003),
+            (0x100_0003, 0xff_fffe),
+            (0x3_1234_5678, 0x3_1234_5600),
+            (7, 7),
+        ] {
+            let e = proxy_error_word(PROXY_ERR_COMPLETION, 3, 0x15, word_ticket);
+            assert_eq!(
+                proxy_error_ticket(e, other),
+                word_ticket,
+                "word of {word_ticket:#x}, ticket word {other:#x}"
+            );
+            assert_eq!(e >> 56, PROXY_ERR_COMPLETION);
+            assert_eq!((e >> 32) & 0xff_ffff, 3);
+            assert_eq!(e & 0xff, 0x15);
+        }
     }
 }

@@ -40,7 +40,8 @@ use doorbell_kernels::mlx5::queue::{publish_and_ring, wqe_slot};
 use doorbell_kernels::mlx5::wqe::{write_atomic_fetch_add_wqe, write_rdma_read_wqe, write_rdma_write_wqe, Transfer, FLAG_SIGNALED};
 use doorbell_kernels::transport::ibgda::{IbgdaQp, RegRegion, REG_SLOTS};
 use doorbell_kernels::transport::proxy::{
-    ProxyRequest, ProxyTail, ProxyWords, OP_GET, OP_PUT, OP_SIGNAL, PROXY_ERR_COMPLETION, PROXY_ERR_REFUSED, PROXY_ERR_STALLED, REQ_SIGNAL,
+    proxy_error_ticket, proxy_error_word, ProxyRequest, ProxyTail, ProxyWords, OP_GET, OP_PUT, OP_SIGNAL, PROXY_ERR_COMPLETION,
+    PROXY_ERR_REFUSED, PROXY_ERR_STALLED, REQ_SIGNAL,
 };
 use doorbell_kernels::transport::routed::ROUTE_WORDS;
 use doorbell_kernels::transport::{Proxy, SignalOp};
@@ -232,10 +233,7 @@ impl Worker {
     /// Publishes the first failure (the ticket first, then the word).
     fn fail(&self, kind: u64, peer: u32, low: u64, ticket: u64) {
         self.publish(|w| unsafe { &raw mut (*w).error_ticket }, ticket);
-        self.publish(
-            |w| unsafe { &raw mut (*w).error },
-            kind << 56 | ((peer as u64) & 0xff_ffff) << 32 | (low & 0xff),
-        );
+        self.publish(|w| unsafe { &raw mut (*w).error }, proxy_error_word(kind, peer, low, ticket));
         tracing::warn!(
             "rank {}: CPU proxy: request {ticket} to rank {peer} failed (kind {kind}, code {low:#x}); it takes no more requests until a reset",
             self.rank
@@ -755,6 +753,7 @@ impl Communicator {
                 std::ptr::read_volatile(&raw const (*w).error_ticket),
             )
         };
+        let t = proxy_error_ticket(e, t);
         if e == 0 {
             // A poster that found the request ring full for its whole
             // budget marked the handle wedged (its later posts fail at
