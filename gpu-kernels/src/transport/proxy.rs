@@ -93,8 +93,9 @@ pub const fn proxy_error_word(kind: u64, peer: u32, low: u64, ticket: u64) -> u6
 /// [`ProxyWords::error_ticket`]. The proxy rewrites both words when it finds
 /// an earlier request failed, so a reader can see one failure's word beside
 /// another's ticket; the word carries its own ticket's low 24 bits, and the
-/// ticket is the one with those bits nearest the word read (the two
-/// failures' tickets lie within a ring's length of each other).
+/// ticket is the one with those bits nearest the ticket word read (both
+/// failures are among the requests taken and not yet completed, far fewer
+/// than the 2^23 either way this resolves).
 #[inline(always)]
 pub const fn proxy_error_ticket(e: u64, ticket_word: u64) -> u64 {
     let tag = (e >> 8) & 0xff_ffff;
@@ -684,6 +685,12 @@ mod tests {
             (0x100_0003, 0xff_fffe),
             (0x3_1234_5678, 0x3_1234_5600),
             (7, 7),
+            (0, 3),
+            (3, 0),
+            (5, u64::MAX),
+            (u64::MAX, 5),
+            (0x7f_ffff, 0),
+            (0, 0x80_0000),
         ] {
             let e = proxy_error_word(PROXY_ERR_COMPLETION, 3, 0x15, word_ticket);
             assert_eq!(
