@@ -316,30 +316,46 @@ fn control_put(comm: &Communicator, s: &doorbell::Stream, dst: &doorbell::comm::
     Ok(comm.rank() == 0 || dst.to_host()?[..4096].iter().all(|&x| x == value))
 }
 
-/// Space taken back is handed out only once no rank's device still works
-/// on it: rank 0 launches a put into rank 1's buffer 300 ms from now, both
-/// drop the buffer at once, and the next allocation (the same space) is
-/// still all zeroes on rank 1 when it returns. (Without each rank waiting
-/// for its device before the space is reused, rank 1 zeroed it first and
-/// the late put landed in the new buffer.)
-#[test]
-fn space_is_reused_only_after_every_rank_s_device_finished_with_it() {
-    let out = Communicator::local(2, Backend::Cpu, CommOptions::default(), |comm| {
+per_backend! {
+    /// Space taken back is handed out only once no rank's device still
+    /// works on it: rank 0 launches a put into rank 1's buffer 300 ms from
+    /// now, both drop the buffer at once, and the next allocation (the
+    /// same space) is still all zeroes on rank 1 when it returns. (Without
+    /// each rank waiting for its device before the space is reused, rank 1
+    /// zeroed it first and the late put landed in the new buffer.) Again
+    /// with the stream dropped before the buffer: on a GPU the device
+    /// handle must still wait for it (CUDA destroys a stream without
+    /// waiting; the emulator's drop waits).
+    fn space_is_reused_only_after_every_rank_s_device_finished_with_it(backend: Backend) {
+        for drop_stream in [false, true] {
+            space_reused_after_late_put(backend, drop_stream);
+        }
+    }
+}
+
+/// [`space_is_reused_only_after_every_rank_s_device_finished_with_it`] once.
+fn space_reused_after_late_put(backend: Backend, drop_stream: bool) {
+    let out = Communicator::local(2, backend, CommOptions::default(), |comm| {
         let s = comm.device().new_stream()?;
         let a = comm.alloc::<u8>(4096)?;
         let a_at = a.offset();
         let args = control_put_after(comm, &s, &a, 0x77, 300_000_000)?;
+        let s = (!drop_stream).then_some(s);
         drop(a);
         let b = comm.alloc::<u8>(4096)?;
         let zeroed = b.to_host()?.iter().all(|&x| x == 0);
-        comm.synchronize(&s)?;
-        drop(args);
+        comm.device().synchronize()?;
+        comm.check()?;
+        drop((args, s));
         Ok((b.offset() == a_at, zeroed))
     })
     .unwrap();
     for (r, (reused, zeroed)) in out.iter().enumerate() {
-        assert!(reused, "rank {r}: the space was not reused");
-        assert!(zeroed, "rank {r}: a put launched before the drop landed in the new buffer");
+        assert!(reused, "rank {r} (stream dropped: {drop_stream}): the space was not reused");
+        assert!(
+            zeroed,
+            "rank {r} (stream dropped: {drop_stream}): a put launched before the drop landed in the new buffer"
+        );
     }
 }
 
