@@ -89,6 +89,13 @@ pub const fn proxy_error_word(kind: u64, peer: u32, low: u64, ticket: u64) -> u6
     kind << 56 | ((peer as u64) & 0xff_ffff) << 32 | (ticket & 0xff_ffff) << 8 | (low & 0xff)
 }
 
+/// The parts of error word `e` ([`proxy_error_word`]): kind, peer and low
+/// byte (a syndrome or a refusal's reason).
+#[inline(always)]
+pub const fn proxy_error_parts(e: u64) -> (u64, u32, u64) {
+    (e >> 56, ((e >> 32) & 0xff_ffff) as u32, e & 0xff)
+}
+
 /// The ticket of the failure in error word `e`, given the value read from
 /// [`ProxyWords::error_ticket`]. The proxy rewrites both words when it finds
 /// an earlier request failed, so a reader can see one failure's word beside
@@ -701,6 +708,7 @@ mod tests {
             assert_eq!(e >> 56, PROXY_ERR_COMPLETION);
             assert_eq!((e >> 32) & 0xff_ffff, 3);
             assert_eq!(e & 0xff, 0x15);
+            assert_eq!(proxy_error_parts(e), (PROXY_ERR_COMPLETION, 3, 0x15));
         }
     }
 }

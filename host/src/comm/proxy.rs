@@ -40,8 +40,8 @@ use doorbell_kernels::mlx5::queue::{publish_and_ring, wqe_slot};
 use doorbell_kernels::mlx5::wqe::{write_atomic_fetch_add_wqe, write_rdma_read_wqe, write_rdma_write_wqe, Transfer, FLAG_SIGNALED};
 use doorbell_kernels::transport::ibgda::{IbgdaQp, RegRegion, REG_SLOTS};
 use doorbell_kernels::transport::proxy::{
-    proxy_error_ticket, proxy_error_word, ProxyRequest, ProxyTail, ProxyWords, OP_GET, OP_PUT, OP_SIGNAL, PROXY_ERR_COMPLETION,
-    PROXY_ERR_REFUSED, PROXY_ERR_STALLED, REQ_SIGNAL,
+    proxy_error_parts, proxy_error_ticket, proxy_error_word, ProxyRequest, ProxyTail, ProxyWords, OP_GET, OP_PUT, OP_SIGNAL,
+    PROXY_ERR_COMPLETION, PROXY_ERR_REFUSED, PROXY_ERR_STALLED, REQ_SIGNAL,
 };
 use doorbell_kernels::transport::routed::ROUTE_WORDS;
 use doorbell_kernels::transport::{Proxy, SignalOp};
@@ -753,7 +753,6 @@ impl Communicator {
                 std::ptr::read_volatile(&raw const (*w).error_ticket),
             )
         };
-        let t = proxy_error_ticket(e, t);
         if e == 0 {
             // A poster that found the request ring full for its whole
             // budget marked the handle wedged (its later posts fail at
@@ -770,8 +769,9 @@ impl Communicator {
             }
             return Ok(());
         }
-        let peer = (e >> 32) & 0xff_ffff;
-        let what = failure_words(e >> 56, e & 0xff);
+        let t = proxy_error_ticket(e, t);
+        let (kind, peer, low) = proxy_error_parts(e);
+        let what = failure_words(kind, low);
         Err(Error::comm(format!(
             "rank {}: CPU proxy: request {t} to rank {peer}: {what}; it takes no more requests until proxy_reset()",
             self.rank
