@@ -692,18 +692,17 @@ impl Communicator {
         let all = self.world.all_gather_bytes(&mine.to_le_bytes())?;
         let counts = all.iter().filter_map(|b| Some(u64::from_le_bytes(b.as_slice().try_into().ok()?)));
         let top = counts.filter(|&c| c != u64::MAX).max().unwrap_or(mine);
-        let written = match read.is_ok() && top != mine {
-            true => {
-                tracing::debug!(
-                    rank = self.rank,
-                    from = mine,
-                    to = top,
-                    "device barrier count aligned after a failure"
-                );
-                // SAFETY: as above; no kernel of this rank runs (the contract).
-                unsafe { self.device.write_raw(at, &top.to_le_bytes()) }
-            }
-            false => Ok(()),
+        let written = if read.is_ok() && top != mine {
+            tracing::debug!(
+                rank = self.rank,
+                from = mine,
+                to = top,
+                "device barrier count aligned after a failure"
+            );
+            // SAFETY: as above; no kernel of this rank runs (the contract).
+            unsafe { self.device.write_raw(at, &top.to_le_bytes()) }
+        } else {
+            Ok(())
         };
         // Every rank's copy is done before any rank launches again: ranks
         // sharing a GPU share its queues, and a copy queued behind a
