@@ -611,6 +611,34 @@ per_backend! {
 }
 
 per_backend! {
+    /// Two ranks with 32 QPs per peer fill each port's 64 QP slots: 32
+    /// blocks post on their own QPs through an engine of 8 blocks, every
+    /// word and signal arrives and every engine block executed WQEs; a
+    /// third rank would need 96 slots and is refused before any QP is made,
+    /// the error naming the setting that fits.
+    fn thirty_two_qps_per_peer_fill_the_port_and_a_world_past_it_is_refused(dev: Device) {
+        let b = dev.backend();
+        let threads = if b == Backend::Gpu { 256 } else { 32 };
+        let r = lanes_over_many_qps(b, 32, threads, Some(8));
+        assert_eq!(r.blocks.len(), 8, "engine blocks: {r:?}");
+        for (i, c) in r.blocks.iter().enumerate() {
+            assert!(c.burst_wqes > 0, "engine block {i} executed nothing: {r:?}");
+        }
+        let io = IbgdaOptions {
+            qps_per_peer: 32,
+            ..kernel_engine(64, 1 << 20)
+        };
+        let e = Communicator::local(3, b, opts(b, Duration::from_secs(30)), |comm| comm.ibgda_with(&io).map(|_| ()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("3 ranks x 32 QPs per peer need 96 QPs") && e.contains("DOORBELL_IBGDA_QPS_PER_PEER to at most 21"),
+            "{e}"
+        );
+    }
+}
+
+per_backend! {
     /// Puts and gets of payloads whose two ends share their offset mod 16
     /// (the SM's bulk-copy unit moves the aligned body, the threads the
     /// head and tail) and whose ends do not (the threads move it all),

@@ -678,6 +678,7 @@ impl Communicator {
 
         // 1. The port, the heap's region.
         let nic = self.open_nic(&opts)?;
+        options::check_qp_room(size, qpp, nic.max_qps())?;
         // SAFETY: the heap outlives this state (the communicator drops the
         // state before its heap).
         let heap_mr = unsafe { nic.reg_mr(self.heap_base, self.heap_len as usize, access::ALL) }?;

@@ -391,6 +391,12 @@ pub trait Nic: Send + Sync {
     fn on_the_kernels_gpu(&self) -> bool {
         false
     }
+    /// The most RC QPs (each with its own CQ) the opened port takes, when
+    /// the implementation knows a bound a transport may reach; `None`:
+    /// none it could reach (a ConnectX takes millions).
+    fn max_qps(&self) -> Option<usize> {
+        None
+    }
     /// The soft NIC, for its diagnostics and fault injection.
     fn as_any(&self) -> &dyn Any;
 }

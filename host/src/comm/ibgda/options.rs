@@ -6,8 +6,13 @@ use doorbell_kernels::transport::ibgda::MAX_BATCH;
 use crate::error::{Error, Result};
 use crate::nic::soft::{LinkModel, SoftNicEngine, SoftOptions};
 
-/// `DOORBELL_IBGDA_QPS_PER_PEER`: RC QPs per peer, 1..=16.
+/// `DOORBELL_IBGDA_QPS_PER_PEER`: RC QPs per peer, 1..=[`MAX_QPS_PER_PEER`]
+/// (the world's ranks times this must fit the NIC port's QPs: 64 on the
+/// soft NIC).
 pub const QPS_ENV: &str = "DOORBELL_IBGDA_QPS_PER_PEER";
+/// The most RC QPs per peer `DOORBELL_IBGDA_QPS_PER_PEER` takes (two ranks
+/// fill the soft NIC's port with 32; a NIC's own bound is checked at set-up).
+pub const MAX_QPS_PER_PEER: u32 = 64;
 /// `DOORBELL_IBGDA_SQ_SIZE`: send-queue slots per QP, a power of two in 32..=32768.
 pub const SQ_ENV: &str = "DOORBELL_IBGDA_SQ_SIZE";
 /// `DOORBELL_IBGDA_MAX_MSG`: most bytes per WQE, 1..2^31 (a longer put or
@@ -112,6 +117,27 @@ impl Default for IbgdaOptions {
     }
 }
 
+/// Refuses, before any QP is made, a world whose QPs (`qps_per_peer` per
+/// rank, itself included) do not fit the NIC port's `max` (`None`: no
+/// bound), naming the setting that fits. Every rank opens the same kind of
+/// NIC, so every rank refuses alike.
+pub(super) fn check_qp_room(world: usize, qps_per_peer: usize, max: Option<usize>) -> Result<()> {
+    let Some(max) = max else { return Ok(()) };
+    let need = world.saturating_mul(qps_per_peer);
+    if need <= max {
+        return Ok(());
+    }
+    let fits = max / world.max(1);
+    let advice = if fits == 0 {
+        format!("the port cannot hold a QP for each of {world} ranks")
+    } else {
+        format!("set {QPS_ENV} to at most {fits}")
+    };
+    Err(Error::comm(format!(
+        "IBGDA set-up: {world} ranks x {qps_per_peer} QPs per peer need {need} QPs on each rank's NIC port, which takes {max}: {advice}"
+    )))
+}
+
 impl IbgdaOptions {
     /// The defaults with `DOORBELL_IBGDA_QPS_PER_PEER`,
     /// `DOORBELL_IBGDA_SQ_SIZE`, `DOORBELL_SOFTNIC_LINK`,
@@ -121,7 +147,7 @@ impl IbgdaOptions {
     /// strictly.
     pub fn from_env() -> Result<IbgdaOptions> {
         let d = IbgdaOptions::default();
-        let qps = crate::vars::uint(QPS_ENV, d.qps_per_peer as u64, 1, 16)? as u32;
+        let qps = crate::vars::uint(QPS_ENV, d.qps_per_peer as u64, 1, MAX_QPS_PER_PEER as u64)? as u32;
         let sq = crate::vars::uint(SQ_ENV, d.sq_size as u64, MAX_BATCH as u64, 32768)? as u32;
         if !sq.is_power_of_two() {
             return Err(Error::BadEnv {
@@ -155,8 +181,8 @@ impl IbgdaOptions {
 
     pub(super) fn validate(&self) -> Result<()> {
         let bad = |what: String| Err(Error::comm(format!("IBGDA options: {what}")));
-        if !(1..=16).contains(&self.qps_per_peer) {
-            return bad(format!("qps_per_peer {} is not in 1..=16", self.qps_per_peer));
+        if !(1..=MAX_QPS_PER_PEER).contains(&self.qps_per_peer) {
+            return bad(format!("qps_per_peer {} is not in 1..={MAX_QPS_PER_PEER}", self.qps_per_peer));
         }
         if !self.sq_size.is_power_of_two() || !(MAX_BATCH..=32768).contains(&self.sq_size) {
             return bad(format!("sq_size {} is not a power of two in 32..=32768", self.sq_size));
@@ -325,6 +351,19 @@ impl RdmaPeers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_world_whose_qps_overflow_the_port_is_refused_with_the_setting_that_fits() {
+        check_qp_room(2, 32, Some(64)).unwrap();
+        check_qp_room(1000, 64, None).unwrap();
+        let e = check_qp_room(8, 16, Some(64)).unwrap_err().to_string();
+        assert!(
+            e.contains("8 ranks x 16 QPs per peer need 128 QPs") && e.contains("DOORBELL_IBGDA_QPS_PER_PEER to at most 8"),
+            "{e}"
+        );
+        let e = check_qp_room(65, 1, Some(64)).unwrap_err().to_string();
+        assert!(e.contains("cannot hold a QP for each of 65 ranks"), "{e}");
+    }
 
     #[test]
     fn modeled_nodes_send_exactly_the_pairs_across_nodes_through_the_nic() {

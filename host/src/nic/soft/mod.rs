@@ -653,6 +653,11 @@ impl Nic for SoftNic {
         !self.options.sys_scope
     }
 
+    /// A port's QP and CQ tables' slots (the port is this transport's own).
+    fn max_qps(&self) -> Option<usize> {
+        Some(doorbell_softnic::engine::tables::MAX_QPS.min(doorbell_softnic::engine::tables::MAX_CQS))
+    }
+
     fn port(&self) -> &PortInfo {
         &self.port
     }
