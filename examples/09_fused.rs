@@ -48,7 +48,7 @@ pub fn run(comm: &Communicator, kind: TransportKind) -> doorbell::Result<String>
                 &send,
                 LaunchConfig::linear(rings.blocks(), threads),
                 t,
-                (rings.pipe(), out.as_mut_ptr(), elems, step),
+                (rings.pipe()?, out.as_mut_ptr(), elems, step),
             )?
         };
         comm.synchronize(&stream)?; // one launch in flight per rank (ranks may share a GPU)

@@ -94,7 +94,7 @@
 //!     let (data, ready) = (comm.alloc::<f32>(n as usize * part)?, comm.alloc::<u64>(n as usize)?);
 //!     let mut out = comm.device().alloc_zeroed::<f32>(elems as usize)?;
 //!     for step in 1..=2u64 {
-//!         unsafe { stream.launch_family(&send, LaunchConfig::linear(rings.blocks(), 32), t, (rings.pipe(), out.as_mut_ptr(), elems, step))? };
+//!         unsafe { stream.launch_family(&send, LaunchConfig::linear(rings.blocks(), 32), t, (rings.pipe()?, out.as_mut_ptr(), elems, step))? };
 //!         comm.synchronize(&stream)?;
 //!         unsafe { stream.launch_family(&gather, LaunchConfig::linear(1, 32), t, (data.sym(), ready.sym(), step))? };
 //!         comm.synchronize(&stream)?;

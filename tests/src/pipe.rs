@@ -51,7 +51,7 @@ impl<'c> PipeByLaunch<'c> {
         // SAFETY: the rings and `out` (`elems`) are this communicator's.
         unsafe {
             self.stream
-                .launch_family(&self.family, self.cfg, self.t, (self.rings.pipe(), self.out_ptr, self.elems))
+                .launch_family(&self.family, self.cfg, self.t, (self.rings.pipe()?, self.out_ptr, self.elems))
         }
     }
 

@@ -71,8 +71,9 @@ per_backend! {
     /// out in every later barrier; set to the smallest count, the stale
     /// signals let rank 2 through its first barrier early.) An
     /// all-reduce made before the failure refuses to run after it (its
-    /// counts may differ between ranks); one made after runs, every
-    /// element right.
+    /// counts may differ between ranks), as do a pipeline's rings made
+    /// before it; an all-reduce made after runs, every element right, and
+    /// rings made after hand out their kernel argument.
     fn a_device_barrier_some_ranks_skipped_leaves_later_barriers_whole(backend: Backend) {
         use doorbell::coll::{AllReduce, DType};
         use doorbell_test_kernels::testing::{p2p_barrier_rounds, STATUS_TIMEOUT};
@@ -88,6 +89,12 @@ per_backend! {
             let mut status = dev.alloc_zeroed::<u32>(1)?;
             let s = dev.new_stream()?;
             let before = AllReduce::new(comm, ELEMS, DType::F32)?;
+            let shape = doorbell::comm::RingShape {
+                stages: 2,
+                chunk: 64,
+                pairs: 1,
+            };
+            let rings_before = comm.rings::<f32>(shape)?;
             let status_at = status.as_mut_ptr();
             let launch = |rounds: u32| {
                 // SAFETY: symmetric counter, one status word.
@@ -121,10 +128,27 @@ per_backend! {
             AllReduce::new(comm, ELEMS, DType::F32)?.run_in_place(&s, &mut buf)?;
             comm.synchronize(&s)?;
             let sum = buf.to_host()?;
-            Ok((first, second, status.to_host()?[0], counter.to_host()?[0], refused, sum))
+            let rings_refused = rings_before.pipe().err().map(|e| e.to_string());
+            let rings_after = comm.rings::<f32>(shape)?.pipe().map(|p| p.chunk);
+            Ok((
+                first,
+                second,
+                status.to_host()?[0],
+                counter.to_host()?[0],
+                refused,
+                sum,
+                (rings_refused, rings_after),
+            ))
         })
         .unwrap();
-        for (rank, (first, second, status, _, refused, sum)) in out.iter().enumerate() {
+        for (rank, (first, second, status, _, refused, sum, rings)) in out.iter().enumerate() {
+            let (rings_refused, rings_after) = rings;
+            let rings_refused = rings_refused.as_deref().unwrap_or("it handed out its argument");
+            assert!(
+                rings_refused.contains("pipeline's rings") && rings_refused.contains("made before a launch failed"),
+                "rank {rank}'s old rings: {rings_refused}"
+            );
+            assert_eq!(rings_after.as_ref().ok(), Some(&64), "rank {rank}'s new rings: {rings_after:?}");
             if rank < 2 {
                 assert_eq!(*first, Some((true, STATUS_TIMEOUT)), "rank {rank}'s first launch");
             }

@@ -320,7 +320,7 @@ fn bad_ring_shapes_and_grids_are_clear_errors() {
                 &family,
                 LaunchConfig::linear(3, 32),
                 comm.p2p()?,
-                (rings.pipe(), out.as_mut_ptr(), 1000),
+                (rings.pipe()?, out.as_mut_ptr(), 1000),
             )?
         };
         let e = comm.synchronize(&s).err().map(|e| e.to_string()).unwrap_or_default();

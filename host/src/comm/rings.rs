@@ -27,10 +27,14 @@ pub struct RingShape {
 /// A pipeline's symmetric allocations ([`Communicator::rings`]); the kernel
 /// takes [`Rings::pipe`]. Their space comes back once every rank has
 /// dropped them. Each block counts its launches, a failed one not: after a
-/// failure the ranks met on ([`Communicator::failures_met`]), make the
-/// rings again, as their counts may differ between ranks.
+/// failure the ranks met on ([`Communicator::failures_met`]) their counts
+/// may differ between ranks, so [`Rings::pipe`] refuses and the rings must
+/// be made again. (A launch captured in a CUDA graph before the failure is
+/// not checked when it is replayed: capture again too.)
 pub struct Rings<'c, E: DeviceCopy> {
     shape: RingShape,
+    /// [`Communicator::failures_met`] when they were made.
+    failures_at: u64,
     rings: RingSet,
     ctl: SymBuffer<'c, u32>,
     launches: SymBuffer<'c, u64>,
@@ -41,9 +45,14 @@ pub struct Rings<'c, E: DeviceCopy> {
 }
 
 impl<E: DeviceCopy> Rings<'_, E> {
-    /// The kernel argument.
-    pub fn pipe(&self) -> Pipe<E> {
-        Pipe {
+    /// The kernel argument; an error when the ranks met on a failure since
+    /// the rings were made (their launch counts may differ between ranks,
+    /// and a launch could take a stale chunk): make new rings.
+    pub fn pipe(&self) -> Result<Pipe<E>> {
+        self.ctl
+            .comm
+            .check_no_failure_since(self.failures_at, "this pipeline's rings (`Communicator::rings`)")?;
+        Ok(Pipe {
             rings: self.rings,
             ctl: self.ctl.as_mut_ptr(),
             launches: self.launches.as_mut_ptr(),
@@ -51,7 +60,7 @@ impl<E: DeviceCopy> Rings<'_, E> {
             chunk: self.shape.chunk,
             pairs: self.shape.pairs,
             _pad: 0,
-        }
+        })
     }
     /// Blocks of the grid a launch must have: `2 * pairs`.
     pub fn blocks(&self) -> u32 {
@@ -98,6 +107,9 @@ impl Communicator {
             .ok_or_else(|| Error::comm(format!("{pairs} pairs of {world} rings of {stages} × {slot_bytes} bytes overflow")))?;
         let words = (RingSet::counter_words(world, stages) * pairs as u64) as usize;
         let outbox_len = usize::try_from(chunk * pairs as u64).map_err(|_| Error::comm("the outboxes overflow".to_string()))?;
+        // Before the collective allocations: a failure met while they are
+        // made makes these rings refuse too.
+        let failures_at = self.failures_met();
         let slots = self.alloc::<u8>(slot_area)?;
         let counters = self.alloc::<u64>(2 * words)?;
         let ctl = self.alloc::<u32>(blocks as usize)?;
@@ -115,6 +127,7 @@ impl Communicator {
         };
         Ok(Rings {
             shape,
+            failures_at,
             rings,
             ctl,
             launches,
