@@ -1,6 +1,7 @@
 //! Shared helpers for doorbell's cross-crate integration tests (tests/tests/).
 
 pub mod pipe;
+pub mod ptx_text;
 pub mod ring;
 pub use pipe::PipeByLaunch;
 pub use ring::{ring_round, RingArgs};

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+use doorbell_tests::ptx_text::{functions, operands};
 use doorbell_tests::{built_ptx, examples_ptx_and_ptxas, ptxas_registers, try_find_ptxas};
 
 /// Every PTX module the workspace builds and embeds.
@@ -347,45 +348,6 @@ fn launch_bounds_cap_the_registers_ptxas_allocates() {
     }
 }
 
-/// Every function defined in a PTX module (`.entry` and `.func`), by name:
-/// its body, from `{` to the closing `}`.
-fn functions(ptx: &str) -> Vec<(&str, &str)> {
-    let mut out = Vec::new();
-    let mut rest = ptx;
-    while let Some(at) = ["\n.func ", "\n.visible .func ", "\n.weak .func ", "\n.visible .entry ", "\n.entry "]
-        .iter()
-        .filter_map(|h| rest.find(h).map(|i| (i, h.len())))
-        .min()
-    {
-        let head = rest[at.0 + at.1..].trim_start();
-        // Skip a return value list: `.func (.param .b32 func_retval0) name(`.
-        let head = match head.strip_prefix('(') {
-            Some(h) => h[h.find(')').unwrap() + 1..].trim_start(),
-            None => head,
-        };
-        let name_len = head
-            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '$'))
-            .unwrap_or(head.len());
-        let name = &head[..name_len];
-        rest = &head[name_len..];
-        // A declaration ends in `;` before any body.
-        let next_head = rest
-            .find("\n.func ")
-            .unwrap_or(rest.len())
-            .min(rest.find("\n.visible ").unwrap_or(rest.len()));
-        match rest.find("\n{\n") {
-            Some(open) if open < next_head => {
-                let body = &rest[open..];
-                let end = body.find("\n}\n").map_or(body.len(), |e| e + 3);
-                out.push((name, &body[..end]));
-                rest = &body[end - 1..];
-            }
-            _ => {}
-        }
-    }
-    out
-}
-
 /// The functions a body calls by name.
 fn callees(body: &str) -> Vec<&str> {
     body.lines()
@@ -432,29 +394,6 @@ fn instructions(body: &str) -> Vec<&str> {
         .filter(|l| !l.is_empty() && !l.starts_with("//") && !l.starts_with('.') && !l.starts_with('$'))
         .filter(|l| !l.starts_with('{') && !l.starts_with('}'))
         .collect()
-}
-
-/// The operands of an instruction (`op a, [b], {c, d}` → `a`, `[b]`, `{c, d}`).
-fn operands(ins: &str) -> Vec<String> {
-    let Some((_, rest)) = ins.split_once(char::is_whitespace) else {
-        return Vec::new();
-    };
-    let (mut out, mut cur, mut depth) = (Vec::new(), String::new(), 0);
-    for c in rest.chars() {
-        match c {
-            '{' | '[' => depth += 1,
-            '}' | ']' => depth -= 1,
-            ',' if depth == 0 => {
-                out.push(cur.trim().to_string());
-                cur.clear();
-                continue;
-            }
-            _ => {}
-        }
-        cur.push(c);
-    }
-    out.push(cur.trim().to_string());
-    out
 }
 
 /// A PTX integer literal: `60`, `0x123U`.

@@ -57,7 +57,11 @@ pub(super) unsafe fn stamp(stamps: *mut u64, i: usize) {
 #[inline(always)]
 pub(super) unsafe fn grid_sync(grid: *mut u32, budget_ns: u64) -> bool {
     let sh = ptx::dynamic_shared_mem() as *mut u32;
-    ptx::sync_threads();
+    // Callers come here right after one thread's work (a status report):
+    // both barriers are the non-aligned form (LLVM may copy an aligned
+    // barrier into that thread's path and the others', where a warp would
+    // wait at two: `ptx_barriers` checks the PTX).
+    ptx::sync_threads_divergent();
     if ptx::thread_rank_in_block() == 0 {
         // SAFETY: `grid` holds two words; `sh` SHARED_BYTES of shared memory.
         unsafe {
@@ -76,7 +80,7 @@ pub(super) unsafe fn grid_sync(grid: *mut u32, budget_ns: u64) -> bool {
             ptx::st_relaxed_cta_u32(sh, ok as u32);
         }
     }
-    ptx::sync_threads();
+    ptx::sync_threads_divergent();
     // SAFETY: written by thread 0 before the barrier.
     unsafe { ptx::ld_relaxed_cta_u32(sh) != 0 }
 }
@@ -107,7 +111,8 @@ pub(super) unsafe fn block_share(v: u32) -> u32 {
         if ptx::thread_rank_in_block() == 0 {
             ptx::st_relaxed_cta_u32(sh, v);
         }
-        ptx::sync_threads();
+        // After thread 0's store: non-aligned (as in `grid_sync`).
+        ptx::sync_threads_divergent();
         let r = ptx::ld_relaxed_cta_u32(sh);
         ptx::sync_threads();
         r
