@@ -349,24 +349,30 @@ unsafe fn receive_ready<P: Ports + ?Sized>(
     (pp, pq): (usize, usize),
     cfg: &EngineConfig,
     opcode: u8,
-) -> Result<u32, Step> {
+) -> Result<u32, Option<Step>> {
     let Some(consumed) = ports.get(p).and_then(|x| x.qps.get(q)).map(|x| x.peer_rq_ci) else {
-        return Err(Step::Blocked);
+        return Err(Some(Step::Blocked));
     };
     let Some(peer) = ports.get(pp).and_then(|x| x.qps.get(pq)) else {
-        return Err(Step::Blocked);
+        return Err(Some(Step::Blocked));
     };
     // SAFETY (whole function): the caller's contract.
-    if unsafe { rq::posted_since(peer, consumed) } == 0 {
-        return Err(Step::Wait {
+    let posted = unsafe { rq::posted_since(peer, consumed) };
+    if posted > peer.rq_wqes {
+        // Its producer overran the ring: no receive WQE in it can be
+        // trusted (the slot for this one may hold one already consumed).
+        return Err(None);
+    }
+    if posted == 0 {
+        return Err(Some(Step::Wait {
             reason: Reason::NoReceiveWqe,
             syndrome: CqeSyndrome::RnrRetryExc,
             timeout_ns: cfg.rnr_timeout_ns,
             opcode,
-        });
+        }));
     }
     if !unsafe { room(ports, pp, peer.recv_cq) } || !unsafe { inbox_room(ports, p, q, pp, pq) } {
-        return Err(Step::Blocked);
+        return Err(Some(Step::Blocked));
     }
     Ok(consumed)
 }
@@ -571,7 +577,7 @@ unsafe fn admit<'a, P: Ports + ?Sized, M: PayloadMover>(
     };
     // The WQE's one read out of the ring: everything below uses `w`.
     let w = match unsafe { wqe::parse(qp, head.wqe_idx, more) } {
-        Ok(w) if w.bbs == head.bbs => w,
+        Ok(w) if w.bbs == head.bbs as u32 => w,
         other => {
             let m = match other {
                 Err(m) => m,
@@ -603,7 +609,9 @@ unsafe fn admit<'a, P: Ports + ?Sized, M: PayloadMover>(
     };
     let opcode = w.ctrl.opcode;
     mover.lap(Phase::Parse);
-    if head.deadline_ns == 0 {
+    // Counted (and the fault drawn) once per WQE: not again on a retry
+    // after it waited for the responder or was blocked past this point.
+    if head.deadline_ns == 0 && head.admitted == 0 {
         if let Some(port) = ports.get_mut(p) {
             let stats = port.stats_mut(q);
             stats.executed += 1;
@@ -612,6 +620,9 @@ unsafe fn admit<'a, P: Ports + ?Sized, M: PayloadMover>(
                 let f = Fail::new(cfg.faults.forced(), Reason::Injected, 0, 0);
                 unsafe { fail_requester(ports, p, q, FailedWqe { idx: w.idx, opcode }, &f, now_ns, mover) };
                 return Err(Step::Failed);
+            }
+            if let Some(h) = port.qps.get_mut(q).and_then(|qp| qp.inflight_front_mut()) {
+                h.admitted = 1;
             }
         }
     }
@@ -706,6 +717,20 @@ impl Admitted<'_> {
         Step::Failed
     }
 
+    /// The responder's next receive WQE for this WQE ([`receive_ready`]);
+    /// an overrun receive queue fails it, and the responder QP moves to
+    /// the error state.
+    unsafe fn receive<P: Ports + ?Sized, M: PayloadMover>(&self, ports: &mut P, cfg: &EngineConfig, mover: &mut M) -> Result<u32, Step> {
+        match unsafe { receive_ready(ports, (self.p, self.q), (self.pp, self.pq), cfg, self.opcode) } {
+            Ok(consumed) => Ok(consumed),
+            Err(Some(step)) => Err(step),
+            Err(None) => {
+                let f = Fail::new(CqeSyndrome::RemoteOp, Reason::RqOverrun, 0, 0);
+                Err(unsafe { self.fail_remote(ports, mover, f, Responder::Error) })
+            }
+        }
+    }
+
     /// RDMA WRITE, and WRITE with immediate (which consumes a receive WQE).
     unsafe fn write<P: Ports + ?Sized, M: PayloadMover>(&self, ports: &mut P, cfg: &EngineConfig, mover: &mut M) -> Step {
         let (p, q, pp, pq, w) = (self.p, self.q, self.pp, self.pq, &self.w);
@@ -716,7 +741,7 @@ impl Admitted<'_> {
         mover.lap(Phase::Remote);
         let imm = self.opcode == OPCODE_RDMA_WRITE_IMM;
         if imm {
-            if let Err(step) = unsafe { receive_ready(ports, (p, q), (pp, pq), cfg, self.opcode) } {
+            if let Err(step) = unsafe { self.receive(ports, cfg, mover) } {
                 return step;
             }
             mover.lap(Phase::Receive);
@@ -781,7 +806,7 @@ impl Admitted<'_> {
     /// SEND: into the responder's next receive WQE, checked first.
     unsafe fn send<P: Ports + ?Sized, M: PayloadMover>(&self, ports: &mut P, cfg: &EngineConfig, mover: &mut M) -> Step {
         let (p, q, pp, pq, w) = (self.p, self.q, self.pp, self.pq, &self.w);
-        let rq_idx = match unsafe { receive_ready(ports, (p, q), (pp, pq), cfg, self.opcode) } {
+        let rq_idx = match unsafe { self.receive(ports, cfg, mover) } {
             Ok(consumed) => consumed,
             Err(step) => return step,
         };

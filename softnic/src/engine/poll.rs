@@ -492,7 +492,9 @@ unsafe fn fetch<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u6
         }
         qp.inflight_push(Inflight {
             wqe_idx: qp.sq_ci,
-            bbs,
+            // At most a WQE's 16 basic blocks (`wqe_bbs`).
+            bbs: bbs as u16,
+            admitted: 0,
             due_ps,
             deadline_ns: 0,
         });
@@ -608,6 +610,11 @@ unsafe fn flush<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u6
     let syndrome = CqeSyndrome::WrFlush.as_u8();
     // SAFETY (whole function): the caller's contract.
     if let Some(cq) = cqs.get_mut(qp.send_cq as usize) {
+        // An overrun producer: what it published cannot be WQEs (the
+        // started ones are flushed below, nothing of the ring).
+        if published(qp.sq_pi, qp.sq_ci) > qp.sq_wqebbs {
+            qp.sq_ci = qp.sq_pi;
+        }
         loop {
             if !unsafe { cqe::has_room_cached(cq) } {
                 report.due(now_ns.saturating_add(1_000));
@@ -636,13 +643,12 @@ unsafe fn flush<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u6
             }
             report.progressed += 1;
         }
-        // An overrun producer: drop what cannot be a WQE.
-        if published(qp.sq_pi, qp.sq_ci) > qp.sq_wqebbs {
-            qp.sq_ci = qp.sq_pi;
-        }
     }
     if let Some(cq) = cqs.get_mut(qp.recv_cq as usize) {
-        let mut pending = unsafe { super::rq::posted(qp) };
+        // At most a ring of receive WQEs: past that, an overrun producer's
+        // count, which is dropped once the ring's are flushed.
+        let posted = unsafe { super::rq::posted(qp) };
+        let mut pending = posted.min(qp.rq_wqes);
         while pending > 0 {
             if !unsafe { cqe::has_room_cached(cq) } {
                 report.due(now_ns.saturating_add(1_000));
@@ -656,6 +662,9 @@ unsafe fn flush<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u6
             qp.rq_ci = qp.rq_ci.wrapping_add(1);
             pending -= 1;
             report.progressed += 1;
+        }
+        if pending == 0 && posted > qp.rq_wqes {
+            qp.rq_ci = qp.rq_ci.wrapping_add(posted - qp.rq_wqes);
         }
     }
 }

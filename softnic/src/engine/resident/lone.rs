@@ -53,6 +53,25 @@ use super::{BlockMover, View};
 /// each.
 pub const LONE_MAX: u32 = 2;
 
+/// The producer index the lone path takes from a doorbell record `record`
+/// read with the ring's slots after the doorbell word `seen` (the first 8
+/// bytes of the last rung WQE's ctrl segment: its big-endian WQE index in
+/// bytes 1 – 2, its ds in the low 6 bits of byte 7), for a send queue
+/// consumed up to `sq_ci`: at most the end of that WQE. Those WQEs were
+/// published before the doorbell word was stored, so the acquire after
+/// reading it covers their slots; WQEs the record publishes beyond them
+/// belong to a later doorbell.
+pub(super) fn doorbell_covers(seen: u64, sq_ci: u32, record: u32) -> u32 {
+    let last = ((seen >> 8) as u16).swap_bytes();
+    let ds = (seen >> 56) as u32 & 0x3f;
+    let covered = last.wrapping_sub(sq_ci as u16) as u32 + ds.div_ceil(4).max(1);
+    if published(record, sq_ci) > covered {
+        sq_ci.wrapping_add(covered) & 0xffff
+    } else {
+        record
+    }
+}
+
 /// Serves the lone doorbell of QP slot `q` of the engine's port `p`,
 /// whose doorbell word read `seen` ([`super::view::Rung::lone`]), at
 /// engine time `now_ns` (see the module docs). Returns the WQEs it
@@ -132,9 +151,13 @@ pub(super) unsafe fn serve(
     // SAFETY: the view's contract keeps the table and its ports valid.
     let pre = unsafe { Preload::read(&*ports, &*(own as usize as *const Port), &head, guess) };
     // SAFETY: the caller's contract (the QP's doorbell record).
-    let pi = unsafe { mem::peek_dbrec(dbrec.add(1)) } & 0xffff;
-    if pi != qp.sq_pi {
-        stats.last_sq_pi = pi;
+    let record = unsafe { mem::peek_dbrec(dbrec.add(1)) } & 0xffff;
+    // Only the WQEs the doorbell word covers: the record, read after the
+    // ring's slots, may already publish another poster's WQEs, whose slots
+    // were read before it and may be stale (their doorbell comes next).
+    let pi = doorbell_covers(seen, qp.sq_ci, record);
+    if record != qp.sq_pi {
+        stats.last_sq_pi = record;
         stats.last_qpn = qp.qpn;
     }
     qp.sq_pi = pi;
@@ -452,6 +475,38 @@ mod tests {
 
     const OWN_Q: usize = 3;
     const PEER_Q: usize = 5;
+
+    /// The doorbell word as a producer stores it: the ctrl segment's first
+    /// 8 bytes (its words as `CtrlSeg` encodes them, little-endian).
+    fn doorbell_word(wqe_index: u16, ds: u8) -> u64 {
+        let w = CtrlSeg {
+            opcode: OPCODE_RDMA_WRITE,
+            wqe_index,
+            ds,
+            qpn: 0x12_3456,
+            ..CtrlSeg::default()
+        }
+        .to_words();
+        w[0] as u64 | (w[1] as u64) << 32
+    }
+
+    #[test]
+    fn the_lone_path_takes_only_the_wqes_its_doorbell_word_covers() {
+        // The record ends where the rung WQE (one basic block) ends.
+        assert_eq!(doorbell_covers(doorbell_word(5, 2), 5, 6), 6);
+        // Three WQEs of one basic block, the last one rung.
+        assert_eq!(doorbell_covers(doorbell_word(7, 2), 5, 8), 8);
+        // Another poster published two more basic blocks after the word
+        // was stored: not taken (their slots may have been read stale).
+        assert_eq!(doorbell_covers(doorbell_word(5, 2), 5, 8), 6);
+        // A WQE of 12 ds spans 3 basic blocks.
+        assert_eq!(doorbell_covers(doorbell_word(5, 12), 5, 9), 8);
+        assert_eq!(doorbell_covers(doorbell_word(5, 12), 5, 8), 8);
+        // Across the 16-bit wrap.
+        assert_eq!(doorbell_covers(doorbell_word(0xffff, 2), 0xfffe, 3), 0);
+        // A record behind the word (an older one): as read.
+        assert_eq!(doorbell_covers(doorbell_word(9, 2), 5, 7), 7);
+    }
 
     fn mr(addr: u64, len: u64, key: u32, access: u32, pd: u32) -> MrEntry {
         MrEntry {

@@ -292,7 +292,11 @@ pub struct Inflight {
     /// SQ counter (in basic blocks) of its first basic block.
     pub wqe_idx: u32,
     /// Basic blocks it spans.
-    pub bbs: u32,
+    pub bbs: u16,
+    /// 1 once its execution was counted (and the injected-error fault
+    /// drawn for it): a retry after the responder or a CQ had no room
+    /// counts it, and draws, again never.
+    pub admitted: u16,
     /// Modelled arrival / completion time, picoseconds.
     pub due_ps: u64,
     /// While it waits on the responder (RNR, stalled or absent peer): when
@@ -433,6 +437,7 @@ impl QpEntry {
         inflight: [Inflight {
             wqe_idx: 0,
             bbs: 0,
+            admitted: 0,
             due_ps: 0,
             deadline_ns: 0,
         }; MAX_INFLIGHT],

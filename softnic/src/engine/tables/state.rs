@@ -101,6 +101,9 @@ pub enum Reason {
     /// ([`crate::engine::wqe::MAX_SGE`]), or a receive WQE with more scatter
     /// entries than it copies ([`crate::engine::rq::MAX_RECV_SGE`]).
     TooManySegments = 19,
+    /// The responder's producer published more receive WQEs than its
+    /// receive queue holds.
+    RqOverrun = 20,
 }
 
 impl Reason {
@@ -126,6 +129,7 @@ impl Reason {
             17 => Reason::Flushed,
             18 => Reason::Unmapped,
             19 => Reason::TooManySegments,
+            20 => Reason::RqOverrun,
             _ => Reason::None,
         }
     }
@@ -151,6 +155,7 @@ impl Reason {
             Reason::InlineUnsupported => "an inline data segment (the soft NIC does not execute inline data)",
             Reason::SqOverrun => "the producer published more WQE basic blocks than the send queue holds",
             Reason::Flushed => "flushed: the QP is in the error state",
+            Reason::RqOverrun => "the responder's producer published more receive WQEs than its receive queue holds",
             Reason::TooManySegments => "more data segments in a WQE (or scatter entries in a receive WQE) than the soft NIC executes (16)",
             Reason::Unmapped => {
                 "the responder lives in another process and this memory of it is not mapped here (only its symmetric heap is; \

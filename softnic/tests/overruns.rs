@@ -1,0 +1,143 @@
+//! Producers that publish more than their rings hold, and WQEs that wait
+//! for room: an overrun receive queue fails the WQE that would consume it
+//! and flushes at most a ring, an overrun send queue flushes nothing it
+//! cannot hold, and a WQE retried after a full CQ is counted once.
+
+mod common;
+
+use common::*;
+use doorbell_kernels::mlx5::{CqeSyndrome, CtrlSeg, OPCODE_SEND, WQE_CTRL_CQ_UPDATE};
+use doorbell_softnic::engine::{access, rq, QpState, Reason};
+use doorbell_softnic::host::Sge;
+use doorbell_softnic::QueuePair;
+
+/// Runs the fabric for `ns` of virtual time.
+fn run_for(rig: &Rig, ns: u64) {
+    let fabric = rig.fabric.clone();
+    let until = fabric.now_ns() + ns;
+    fabric
+        .run_until("the time to pass", ns + 1_000_000, || fabric.now_ns() >= until)
+        .unwrap();
+}
+
+/// A SEND of `len` bytes from `src`, signaled or not.
+fn send(rig: &mut Rig, src: &Region, len: u32, signaled: bool) -> u16 {
+    let ctrl = CtrlSeg {
+        opcode: OPCODE_SEND,
+        fm_ce_se: if signaled { WQE_CTRL_CQ_UPDATE } else { 0 },
+        ..CtrlSeg::default()
+    };
+    let (idx, head) = rig.a.sq.write_segments(ctrl, &[data_seg(src.addr(), src.key(), len)], None);
+    rig.a.sq.ring(head);
+    idx
+}
+
+#[test]
+fn a_receive_queue_its_producer_overran_fails_the_send_and_flushes_at_most_a_ring() {
+    let mut rig = Rig::new(virtual_cfg());
+    let src = Region::new(&rig.a.dev, &rig.a.pd, 64, 0);
+    src.fill(&[0x5a; 64]);
+    let rx = Region::new(&rig.b.dev, &rig.b.pd, 64, access::LOCAL_WRITE);
+    for k in 0..2u64 {
+        let sge = Sge {
+            addr: rx.addr() + 16 * k,
+            len: 16,
+            lkey: rx.key(),
+        };
+        rig.b.qp.post_recv(&[sge]).unwrap();
+    }
+    // The responder's producer publishes 0x4000 receive WQEs into a ring
+    // of 16 (before, the SENDs went into slots never posted or already
+    // consumed, and completed).
+    let rq_wqes = rig.b.mem.rq_wqes;
+    // SAFETY: the QP's doorbell record pair; word 0 counts receive WQEs.
+    unsafe { rq::publish(rig.b.mem.dbrec.as_ptr() as *mut u32, 0x4000) };
+    let idx = send(&mut rig, &src, 8, true);
+    let e = expect_err(rig.next_send_cqe(Which::A));
+    assert_eq!(
+        (CqeSyndrome::from_u8(e.syndrome), Reason::from_u8(e.vendor_err_synd), e.wqe_counter),
+        (CqeSyndrome::RemoteOp, Reason::RqOverrun, idx),
+        "{}",
+        reason_of(e.vendor_err_synd)
+    );
+    run_for(&rig, 100_000);
+    assert_eq!(rig.b.qp.state(), QpState::Err);
+    assert!(
+        rig.b.dev.error_log().iter().any(|r| r.reason == Reason::RqOverrun as u8),
+        "{:?}",
+        rig.b.dev.error_log()
+    );
+    // Flushed: a ring's worth of receive WQEs at most, never the count the
+    // producer claimed.
+    let mut flushed = 0u32;
+    while let Some(c) = rig.b.recv_cqes.poll() {
+        let c = expect_err(c);
+        assert_eq!(CqeSyndrome::from_u8(c.syndrome), CqeSyndrome::WrFlush);
+        flushed += 1;
+    }
+    assert_eq!(flushed, rq_wqes, "flush CQEs for an RQ of {rq_wqes}");
+    run_for(&rig, 100_000);
+    assert!(rig.b.recv_cqes.poll().is_none(), "more flushes after the ring's");
+    assert!(rx.bytes().iter().all(|&b| b == 0), "the SEND wrote into the overrun ring's buffers");
+    rx.check_canaries();
+}
+
+#[test]
+fn flushing_an_overrun_send_queue_completes_nothing_the_ring_cannot_hold() {
+    let mut rig = Rig::with(virtual_cfg(), None, 16, 64, true);
+    // A record 1000 basic blocks ahead of a ring of 16: the QP fails, and
+    // its flush writes no CQE for the published "WQEs" (before: one per
+    // basic block until the 64-entry CQ was full).
+    // SAFETY: the handle's doorbell words.
+    unsafe {
+        doorbell_kernels::mlx5::queue::update_doorbell_record(&rig.a.sq.h, 1000);
+        doorbell_kernels::mlx5::queue::ring_doorbell(&rig.a.sq.h, 1);
+    }
+    run_for(&rig, 100_000);
+    assert_eq!(rig.a.qp.state(), QpState::Err);
+    assert!(rig.a.dev.error_log().iter().any(|r| r.reason == Reason::SqOverrun as u8));
+    let mut cqes = Vec::new();
+    while let Some(c) = rig.a.send_cqes.poll() {
+        cqes.push(expect_err(c).wqe_counter);
+    }
+    assert_eq!(cqes, Vec::<u16>::new(), "flush CQEs for an overrun ring");
+    assert_eq!(rig.a.dev.stats().executed, 0);
+}
+
+#[test]
+fn a_send_retried_while_the_receive_cq_is_full_is_counted_once() {
+    // Receive CQs of 2 entries: the third SEND waits for room at the
+    // responder, retried on every pass (before, each retry counted it as
+    // executed again, and drew the injected-error fault again).
+    let mut rig = Rig::with(virtual_cfg(), None, 64, 2, true);
+    let src = Region::new(&rig.a.dev, &rig.a.pd, 64, 0);
+    let rx = Region::new(&rig.b.dev, &rig.b.pd, 64, access::LOCAL_WRITE);
+    for k in 0..4u64 {
+        let sge = Sge {
+            addr: rx.addr() + 16 * k,
+            len: 16,
+            lkey: rx.key(),
+        };
+        rig.b.qp.post_recv(&[sge]).unwrap();
+    }
+    // Two SENDs fill the responder's receive CQ; the third finds it full.
+    for _ in 0..2 {
+        send(&mut rig, &src, 8, false);
+    }
+    run_for(&rig, 100_000);
+    send(&mut rig, &src, 8, false);
+    run_for(&rig, 200_000);
+    let s = rig.a.dev.stats();
+    assert_eq!(s.wqes, 2, "the third SEND completed while the responder's receive CQ was full");
+    assert_eq!(
+        (s.fetched, s.executed),
+        (3, 3),
+        "three SENDs fetched and counted once each, the third retried for 200 us"
+    );
+    assert_eq!(rig.b.recv_cqes.poll().map(|c| expect_ok(c).wqe_counter), Some(0));
+    // Room again: the third completes, still counted once.
+    assert_eq!(rig.b.recv_cqes.poll().map(|c| expect_ok(c).wqe_counter), Some(1));
+    let third = rig.next_recv_cqe(Which::B);
+    assert_eq!(expect_ok(third).wqe_counter, 2);
+    assert_eq!(rig.a.dev.stats().executed, 3);
+}
