@@ -1,7 +1,9 @@
 //! Producers that publish more than their rings hold, and WQEs that wait
 //! for room: an overrun receive queue fails the WQE that would consume it
 //! and flushes at most a ring, an overrun send queue flushes nothing it
-//! cannot hold, and a WQE retried after a full CQ is counted once.
+//! cannot hold, and a SEND waiting for room in the responder's receive CQ
+//! is counted once and fails after the transport timeout, never waits
+//! forever.
 
 mod common;
 
@@ -108,7 +110,8 @@ fn flushing_an_overrun_send_queue_completes_nothing_the_ring_cannot_hold() {
 fn a_send_retried_while_the_receive_cq_is_full_is_counted_once() {
     // Receive CQs of 2 entries: the third SEND waits for room at the
     // responder, retried on every pass (before, each retry counted it as
-    // executed again, and drew the injected-error fault again).
+    // executed again, and drew the injected-error fault again; with no
+    // deadline).
     let mut rig = Rig::with(virtual_cfg(), None, 64, 2, true);
     let src = Region::new(&rig.a.dev, &rig.a.pd, 64, 0);
     let rx = Region::new(&rig.b.dev, &rig.b.pd, 64, access::LOCAL_WRITE);
@@ -140,4 +143,37 @@ fn a_send_retried_while_the_receive_cq_is_full_is_counted_once() {
     let third = rig.next_recv_cqe(Which::B);
     assert_eq!(expect_ok(third).wqe_counter, 2);
     assert_eq!(rig.a.dev.stats().executed, 3);
+}
+
+#[test]
+fn a_send_to_a_receive_cq_nobody_polls_fails_after_the_transport_timeout() {
+    let mut rig = Rig::with(virtual_cfg(), None, 64, 2, true);
+    let src = Region::new(&rig.a.dev, &rig.a.pd, 64, 0);
+    let rx = Region::new(&rig.b.dev, &rig.b.pd, 64, access::LOCAL_WRITE);
+    for k in 0..3u64 {
+        let sge = Sge {
+            addr: rx.addr() + 16 * k,
+            len: 16,
+            lkey: rx.key(),
+        };
+        rig.b.qp.post_recv(&[sge]).unwrap();
+    }
+    for _ in 0..2 {
+        send(&mut rig, &src, 8, false);
+    }
+    run_for(&rig, 100_000);
+    // The responder never polls its receive CQ: the third SEND fails once
+    // the transport timeout (100 ms) has passed, not before.
+    let t0 = rig.fabric.now_ns();
+    let idx = send(&mut rig, &src, 8, true);
+    let e = expect_err(rig.next_send_cqe(Which::A));
+    let waited = rig.fabric.now_ns() - t0;
+    assert_eq!(
+        (CqeSyndrome::from_u8(e.syndrome), Reason::from_u8(e.vendor_err_synd), e.wqe_counter),
+        (CqeSyndrome::TransportRetryExc, Reason::ResponderFull, idx)
+    );
+    assert!((100_000_000..=101_000_000).contains(&waited), "failed after {waited} ns");
+    assert_eq!(rig.a.qp.state(), QpState::Err);
+    // Nothing of it reached the responder.
+    assert!(rx.bytes()[32..48].iter().all(|&b| b == 0));
 }

@@ -337,8 +337,9 @@ pub unsafe fn fail_requester<P: Ports + ?Sized, M: PayloadMover>(
 /// `q` of port `p` that consumes a receive WQE (SEND, WRITE with
 /// immediate): one posted since the last this QP consumed, room in the
 /// responder's receive CQ and in its inbox. `Ok`: the RQ index of that
-/// receive WQE; `Err`: the step to return (wait for a receive WQE until
-/// the RNR timeout, or try again on a later pass).
+/// receive WQE; `Err(Some)`: the step to return (wait for a receive WQE
+/// until the RNR timeout, for room until the transport timeout); `Err(None)`:
+/// the responder's receive queue was overrun by its producer.
 ///
 /// # Safety
 /// The ports' tables and the responder's receive queue are valid.
@@ -371,8 +372,17 @@ unsafe fn receive_ready<P: Ports + ?Sized>(
             opcode,
         }));
     }
+    // No room for its receive completion (or for the event that asks the
+    // responder to write it): wait for the responder's consumer, at most the
+    // transport timeout (a CQ nobody polls, or an engine that stopped, would
+    // hold the QP forever).
     if !unsafe { room(ports, pp, peer.recv_cq) } || !unsafe { inbox_room(ports, p, q, pp, pq) } {
-        return Err(Some(Step::Blocked));
+        return Err(Some(Step::Wait {
+            reason: Reason::ResponderFull,
+            syndrome: CqeSyndrome::TransportRetryExc,
+            timeout_ns: cfg.transport_timeout_ns,
+            opcode,
+        }));
     }
     Ok(consumed)
 }

@@ -104,6 +104,9 @@ pub enum Reason {
     /// The responder's producer published more receive WQEs than its
     /// receive queue holds.
     RqOverrun = 20,
+    /// The responder's receive CQ (or its engine's inbox) stayed full past
+    /// the transport timeout.
+    ResponderFull = 21,
 }
 
 impl Reason {
@@ -130,6 +133,7 @@ impl Reason {
             18 => Reason::Unmapped,
             19 => Reason::TooManySegments,
             20 => Reason::RqOverrun,
+            21 => Reason::ResponderFull,
             _ => Reason::None,
         }
     }
@@ -156,6 +160,10 @@ impl Reason {
             Reason::SqOverrun => "the producer published more WQE basic blocks than the send queue holds",
             Reason::Flushed => "flushed: the QP is in the error state",
             Reason::RqOverrun => "the responder's producer published more receive WQEs than its receive queue holds",
+            Reason::ResponderFull => {
+                "the responder's receive CQ (or its engine's inbox) stayed full past the transport timeout: nothing polls that CQ, \
+                 or its engine stopped"
+            }
             Reason::TooManySegments => "more data segments in a WQE (or scatter entries in a receive WQE) than the soft NIC executes (16)",
             Reason::Unmapped => {
                 "the responder lives in another process and this memory of it is not mapped here (only its symmetric heap is; \
