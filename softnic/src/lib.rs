@@ -128,7 +128,9 @@
 //!
 //! * **Doorbells.** Hardware is woken by the UAR write (and BlueFlame copies
 //!   the WQE into the doorbell); the soft NIC polls the UAR word and the
-//!   record and does not parse the UAR value beyond "it changed".
+//!   record. It reads the UAR value (the last rung WQE's ctrl head) only
+//!   on its lone-request path: which WQEs that doorbell covers (a record
+//!   read with the ring may already publish a later doorbell's).
 //! * **Order.** The soft NIC executes a QP's WQEs one after the other and
 //!   moves a WQE's data at its modelled completion time. Hardware pipelines
 //!   WQEs, may land a write's data long before its CQE, and works on many

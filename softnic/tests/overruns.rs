@@ -85,6 +85,29 @@ fn a_receive_queue_its_producer_overran_fails_the_send_and_flushes_at_most_a_rin
 }
 
 #[test]
+fn an_overrun_receive_queue_flushed_through_a_small_cq_completes_at_most_a_ring() {
+    // A receive CQ of 4 entries, read as it fills: the flush goes over
+    // several calls, and still completes one ring (16) in all.
+    let mut rig = Rig::with(virtual_cfg(), None, 64, 4, true);
+    let src = Region::new(&rig.a.dev, &rig.a.pd, 64, 0);
+    let rq_wqes = rig.b.mem.rq_wqes;
+    // SAFETY: the QP's doorbell record pair; word 0 counts receive WQEs.
+    unsafe { rq::publish(rig.b.mem.dbrec.as_ptr() as *mut u32, 0x4000) };
+    send(&mut rig, &src, 8, true);
+    let e = expect_err(rig.next_send_cqe(Which::A));
+    assert_eq!(Reason::from_u8(e.vendor_err_synd), Reason::RqOverrun);
+    let mut flushed = 0u32;
+    for _ in 0..50 {
+        run_for(&rig, 10_000);
+        while let Some(c) = rig.b.recv_cqes.poll() {
+            assert_eq!(CqeSyndrome::from_u8(expect_err(c).syndrome), CqeSyndrome::WrFlush);
+            flushed += 1;
+        }
+    }
+    assert_eq!(flushed, rq_wqes, "flush CQEs for an RQ of {rq_wqes} through a CQ of 4");
+}
+
+#[test]
 fn flushing_an_overrun_send_queue_completes_nothing_the_ring_cannot_hold() {
     let mut rig = Rig::with(virtual_cfg(), None, 16, 64, true);
     // A record 1000 basic blocks ahead of a ring of 16: the QP fails, and

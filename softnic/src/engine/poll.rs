@@ -645,9 +645,13 @@ unsafe fn flush<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u6
         }
     }
     if let Some(cq) = cqs.get_mut(qp.recv_cq as usize) {
-        // At most a ring of receive WQEs: past that, an overrun producer's
-        // count, which is dropped once the ring's are flushed.
+        // At most a ring of receive WQEs: an overrun producer's count past
+        // that is dropped first (the newest ring's worth stays to flush, over
+        // as many calls as the CQ's room takes).
         let posted = unsafe { super::rq::posted(qp) };
+        if posted > qp.rq_wqes {
+            qp.rq_ci = qp.rq_ci.wrapping_add(posted - qp.rq_wqes);
+        }
         let mut pending = posted.min(qp.rq_wqes);
         while pending > 0 {
             if !unsafe { cqe::has_room_cached(cq) } {
@@ -662,9 +666,6 @@ unsafe fn flush<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u6
             qp.rq_ci = qp.rq_ci.wrapping_add(1);
             pending -= 1;
             report.progressed += 1;
-        }
-        if pending == 0 && posted > qp.rq_wqes {
-            qp.rq_ci = qp.rq_ci.wrapping_add(posted - qp.rq_wqes);
         }
     }
 }

@@ -894,10 +894,12 @@ unsafe fn control(shards: Shards, job: *mut Job, parts: usize) {
                 if let Some(executed) = lone::serve(&mut table, port, (q, seen), now, &cfg, &mut mover, &mut guesses) {
                     full = false;
                     served = executed != 0;
-                    // Nothing is left on the QP, and nothing else moved:
-                    // the next pass need not be a full one (a full pass
-                    // takes longer than a round trip's other half, so the
-                    // answer to this request would find the engine in it).
+                    // Nothing the doorbell covered is left on the QP, and
+                    // nothing else moved: the next pass need not be a full
+                    // one (a full pass takes longer than a round trip's
+                    // other half, so the answer to this request would find
+                    // the engine in it). WQEs a later doorbell publishes come
+                    // with that doorbell, or at the record's re-read.
                     last = PollReport {
                         progressed: 0,
                         next_event_ns: last.next_event_ns.min(now.saturating_add(cfg.dbr_reread_ns.max(1))),
