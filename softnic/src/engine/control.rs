@@ -395,3 +395,27 @@ impl EngineCtl {
         }
     }
 }
+
+/// Whether a block whose last barrier was at `last_barrier_ns` is owed a
+/// heartbeat round (a barrier every `period_ns` while idle) at `t`, the
+/// time its pass began. A barrier during the pass (a burst round, a copy)
+/// is later than `t`: none is owed then. (A wrapping difference made every
+/// busy pass run one more round of two block barriers.)
+#[inline(always)]
+pub(crate) fn heartbeat_due(t: u64, last_barrier_ns: u64, period_ns: u64) -> bool {
+    t.saturating_sub(last_barrier_ns) > period_ns
+}
+
+#[cfg(test)]
+mod tests {
+    use super::heartbeat_due;
+
+    #[test]
+    fn a_heartbeat_is_owed_only_after_a_quiet_period_never_after_a_barrier_in_the_pass() {
+        assert!(!heartbeat_due(1_000, 900, 5_000), "100 ns after a barrier");
+        assert!(heartbeat_due(10_000, 4_000, 5_000), "6 us after one");
+        assert!(!heartbeat_due(9_000, 4_000, 5_000), "exactly the period");
+        // A barrier during the pass that began at `t`: later than `t`.
+        assert!(!heartbeat_due(1_000, 1_200, 5_000), "a barrier after the pass began");
+    }
+}

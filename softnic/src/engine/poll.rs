@@ -341,8 +341,11 @@ unsafe fn watch_doorbell<P: Ports + ?Sized>(
         }
         let pi = unsafe { mem::peek_dbrec(qp.dbrec.add(1)) } & 0xffff;
         if pi != qp.sq_pi {
-            // The WQEs the new record publishes are read after this.
-            if !acquired {
+            // The WQEs the new record publishes are read after this: after
+            // the UAR's acquire those the doorbell word covers; another
+            // poster's beyond them (its record already stored, its doorbell
+            // not yet) need an acquire after the record too.
+            if !acquired || doorbell_covers(seen, qp.sq_ci, pi, qp.sq_wqebbs) != pi {
                 mem::acquire(scope);
             }
             stats.last_sq_pi = pi;
@@ -397,6 +400,28 @@ unsafe fn burst<P: Ports + ?Sized, M: PayloadMover>(
     let o = unsafe { mover.burst(ports, p, q, start, avail, pass.now_ns) };
     report.progressed += o.done;
     o.fetch
+}
+
+/// The producer index to take from a doorbell record `record` read after
+/// the doorbell word `seen` (the first 8 bytes of the last rung WQE's ctrl
+/// segment: its big-endian WQE index in bytes 1 – 2, its ds in the low 6
+/// bits of byte 7) and one acquire, for a send queue of `ring` basic blocks
+/// consumed up to `sq_ci`: at most the end of that WQE. Those WQEs were
+/// published before the word was stored, so the acquire after reading it
+/// covers them; WQEs the record publishes beyond them belong to a later
+/// doorbell (their slots need an acquire after the record). A record
+/// publishing more than the ring holds (or gone backwards) is returned as
+/// read: the fetch reports the overrun.
+pub(crate) fn doorbell_covers(seen: u64, sq_ci: u32, record: u32, ring: u32) -> u32 {
+    let last = ((seen >> 8) as u16).swap_bytes();
+    let ds = (seen >> 56) as u32 & 0x3f;
+    let covered = last.wrapping_sub(sq_ci as u16) as u32 + ds.div_ceil(4).max(1);
+    let published = published(record, sq_ci);
+    if published > covered && published <= ring {
+        sq_ci.wrapping_add(covered) & 0xffff
+    } else {
+        record
+    }
 }
 
 /// Basic blocks published and not yet started.

@@ -197,6 +197,7 @@ struct BurstRun {
     stats: doorbell_softnic::engine::PortStats,
     bursts: u64,
     burst_wqes: u64,
+    lone_wqes: u64,
     errors: Vec<doorbell_softnic::engine::ErrorRecord>,
 }
 
@@ -206,6 +207,12 @@ struct BurstRun {
 /// wrong remote key, and waits until each WQE has completed or been
 /// flushed.
 fn bursts_run(burst: u32, bad: Option<usize>, seed: u64) -> BurstRun {
+    writes_run(burst, bad, seed, false)
+}
+
+/// [`bursts_run`], or with `one_by_one` a doorbell per WQE, each rung
+/// once the one before completed (lone requests).
+fn writes_run(burst: u32, bad: Option<usize>, seed: u64, one_by_one: bool) -> BurstRun {
     let world = World::single();
     let dev = Device::emulator(0);
     let options = SoftOptions {
@@ -264,14 +271,26 @@ fn bursts_run(burst: u32, bad: Option<usize>, seed: u64) -> BurstRun {
             };
             let last = i + 1 == WRITE_LENS.len();
             let flags = if last { doorbell_kernels::mlx5::wqe::FLAG_SIGNALED } else { 0 };
+            let flags = if one_by_one {
+                doorbell_kernels::mlx5::wqe::FLAG_SIGNALED
+            } else {
+                flags
+            };
             let slot = (qp_rings.sq as *mut u32).add(i * 16);
             uar = doorbell_kernels::mlx5::wqe::write_rdma_write_wqe(slot, i as u16, qp.qpn(), &t, flags);
             off += len;
+            if one_by_one {
+                ring(qp_rings, i as u32 + 1, uar);
+                let t0 = std::time::Instant::now();
+                while nic.device().stats().wqes + nic.device().stats().errors < i as u64 + 1 {
+                    assert!(t0.elapsed().as_secs() < 60, "WQE {i} never completed");
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                }
+            }
         }
-        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-        std::ptr::write_volatile(qp_rings.dbrec.add(1), (WRITE_LENS.len() as u32).to_be());
-        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-        std::ptr::write_volatile(qp_rings.uar, uar);
+        if !one_by_one {
+            ring(qp_rings, WRITE_LENS.len() as u32, uar);
+        }
         uar
     };
     assert_ne!(uar, 0);
@@ -298,8 +317,23 @@ fn bursts_run(burst: u32, bad: Option<usize>, seed: u64) -> BurstRun {
         stats,
         bursts: report.counters.bursts,
         burst_wqes: report.counters.burst_wqes,
+        lone_wqes: report.counters.lone_wqes,
         errors,
     }
+}
+
+/// Publishes WQEs up to `pi` and rings the doorbell with the last one's
+/// ctrl head, as a producer does.
+///
+/// # Safety
+/// `rings`' doorbell record and UAR word are valid.
+unsafe fn ring(rings: QpRings, pi: u32, uar: u64) {
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    // SAFETY: the caller's contract.
+    unsafe { std::ptr::write_volatile(rings.dbrec.add(1), pi.to_be()) };
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    // SAFETY: as above.
+    unsafe { std::ptr::write_volatile(rings.uar, uar) };
 }
 
 /// Checks that the writes before `done` landed byte for byte and nothing
@@ -363,6 +397,15 @@ fn bursts_execute_runs_of_short_writes_in_order_and_leave_the_rest_to_the_one_wq
         );
         assert_eq!(r.burst_wqes, if burst == 0 { 0 } else { bad as u64 });
     }
+    // A doorbell per WQE: lone requests, served without a pass when bursts
+    // are on; with bursts off every WQE takes the one-WQE path (the lone
+    // path had not checked the setting).
+    let lone = writes_run(32, None, seed, true);
+    check_targets(&lone, n);
+    assert!(lone.lone_wqes > 0, "no lone request with bursts on: {:?}", lone.stats);
+    let off = writes_run(0, None, seed, true);
+    check_targets(&off, n);
+    assert_eq!((off.lone_wqes, off.burst_wqes, off.stats.wqes), (0, 0, n as u64));
 }
 
 #[test]

@@ -43,7 +43,7 @@ use super::super::config::EngineConfig;
 use super::super::exec::{admit_remote, answers_as};
 use super::super::mem;
 use super::super::mover::{PayloadMover, Phase};
-use super::super::poll::published;
+use super::super::poll::{doorbell_covers, published};
 use super::super::tables::{access, key_slot, MrEntry, Port, PortTable, Ports, QpEntry, QpState, Window, MAX_QPS, MAX_SHARDS};
 use super::super::{cqe, wqe};
 use super::{BlockMover, View};
@@ -52,25 +52,6 @@ use super::{BlockMover, View};
 /// lone path executes; more go to a pass, whose burst checks them a lane
 /// each.
 pub const LONE_MAX: u32 = 2;
-
-/// The producer index the lone path takes from a doorbell record `record`
-/// read with the ring's slots after the doorbell word `seen` (the first 8
-/// bytes of the last rung WQE's ctrl segment: its big-endian WQE index in
-/// bytes 1 – 2, its ds in the low 6 bits of byte 7), for a send queue
-/// consumed up to `sq_ci`: at most the end of that WQE. Those WQEs were
-/// published before the doorbell word was stored, so the acquire after
-/// reading it covers their slots; WQEs the record publishes beyond them
-/// belong to a later doorbell.
-pub(super) fn doorbell_covers(seen: u64, sq_ci: u32, record: u32) -> u32 {
-    let last = ((seen >> 8) as u16).swap_bytes();
-    let ds = (seen >> 56) as u32 & 0x3f;
-    let covered = last.wrapping_sub(sq_ci as u16) as u32 + ds.div_ceil(4).max(1);
-    if published(record, sq_ci) > covered {
-        sq_ci.wrapping_add(covered) & 0xffff
-    } else {
-        record
-    }
-}
 
 /// Serves the lone doorbell of QP slot `q` of the engine's port `p`,
 /// whose doorbell word read `seen` ([`super::view::Rung::lone`]), at
@@ -93,7 +74,9 @@ pub(super) unsafe fn serve(
     mover: &mut BlockMover,
     guesses: &mut Guesses,
 ) -> Option<u32> {
-    if q >= MAX_QPS || !cfg.faults.quiet() || mover.allow[q] != 0 {
+    // Bursts off (`burst` 0): every WQE takes the one-WQE path, this one's
+    // too.
+    if q >= MAX_QPS || !cfg.faults.quiet() || mover.allow[q] != 0 || mover.burst_max == 0 {
         return None;
     }
     let scope = mover.scope();
@@ -155,7 +138,7 @@ pub(super) unsafe fn serve(
     // Only the WQEs the doorbell word covers: the record, read after the
     // ring's slots, may already publish another poster's WQEs, whose slots
     // were read before it and may be stale (their doorbell comes next).
-    let pi = doorbell_covers(seen, qp.sq_ci, record);
+    let pi = doorbell_covers(seen, qp.sq_ci, record, qp.sq_wqebbs);
     if record != qp.sq_pi {
         stats.last_sq_pi = record;
         stats.last_qpn = qp.qpn;
@@ -493,19 +476,24 @@ mod tests {
     #[test]
     fn the_lone_path_takes_only_the_wqes_its_doorbell_word_covers() {
         // The record ends where the rung WQE (one basic block) ends.
-        assert_eq!(doorbell_covers(doorbell_word(5, 2), 5, 6), 6);
+        assert_eq!(doorbell_covers(doorbell_word(5, 2), 5, 6, 64), 6);
         // Three WQEs of one basic block, the last one rung.
-        assert_eq!(doorbell_covers(doorbell_word(7, 2), 5, 8), 8);
+        assert_eq!(doorbell_covers(doorbell_word(7, 2), 5, 8, 64), 8);
         // Another poster published two more basic blocks after the word
         // was stored: not taken (their slots may have been read stale).
-        assert_eq!(doorbell_covers(doorbell_word(5, 2), 5, 8), 6);
+        assert_eq!(doorbell_covers(doorbell_word(5, 2), 5, 8, 64), 6);
         // A WQE of 12 ds spans 3 basic blocks.
-        assert_eq!(doorbell_covers(doorbell_word(5, 12), 5, 9), 8);
-        assert_eq!(doorbell_covers(doorbell_word(5, 12), 5, 8), 8);
+        assert_eq!(doorbell_covers(doorbell_word(5, 12), 5, 9, 64), 8);
+        assert_eq!(doorbell_covers(doorbell_word(5, 12), 5, 8, 64), 8);
         // Across the 16-bit wrap.
-        assert_eq!(doorbell_covers(doorbell_word(0xffff, 2), 0xfffe, 3), 0);
+        assert_eq!(doorbell_covers(doorbell_word(0xffff, 2), 0xfffe, 3, 64), 0);
         // A record behind the word (an older one): as read.
-        assert_eq!(doorbell_covers(doorbell_word(9, 2), 5, 7), 7);
+        assert_eq!(doorbell_covers(doorbell_word(9, 2), 5, 7, 64), 7);
+        // A record behind the consumer index, or past a ring of 64: as
+        // read, so that the fetch fails the QP (SqOverrun) instead of the
+        // lone path executing the word's WQE.
+        assert_eq!(doorbell_covers(doorbell_word(5, 2), 5, 3, 64), 3);
+        assert_eq!(doorbell_covers(doorbell_word(5, 2), 5, 5 + 65, 64), 70);
     }
 
     fn mr(addr: u64, len: u64, key: u32, access: u32, pd: u32) -> MrEntry {

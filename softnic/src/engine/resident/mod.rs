@@ -951,7 +951,7 @@ unsafe fn control(shards: Shards, job: *mut Job, parts: usize) {
                     publish_counters(ctl, passes, busy, busy_cycles, &mover);
                 }
             }
-            if t.wrapping_sub(mover.last_barrier_ns) > HEARTBEAT_NS {
+            if super::control::heartbeat_due(t, mover.last_barrier_ns, HEARTBEAT_NS) {
                 mover.round(Job {
                     kind: JOB_IDLE,
                     bulk: 0,
