@@ -18,10 +18,9 @@ fn no_module_has_an_aligned_barrier_the_lanes_of_a_warp_may_reach_apart() {
     ];
     let mut bad = Vec::new();
     for (name, ptx) in modules {
-        if !doorbell::ptx_is_built(ptx) {
-            eprintln!("{name}: PTX not built (DOORBELL_SKIP_PTX): not checked");
+        let Some(ptx) = doorbell_tests::built_ptx(name, ptx) else {
             continue;
-        }
+        };
         let found = aligned_barriers_under_divergence(ptx);
         let loops: Vec<_> = found.iter().filter(|f| f.class == Class::Loop).collect();
         eprintln!(

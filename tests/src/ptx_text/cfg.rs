@@ -397,15 +397,20 @@ impl Cfg {
         self.walk(vec![s], stop)
     }
 
-    pub(super) fn walk(&self, mut todo: Vec<usize>, stop: Option<usize>) -> Vec<usize> {
+    /// The blocks from `todo` on, not past (nor into) those `stop` names.
+    pub(super) fn walk_until(&self, mut todo: Vec<usize>, stop: impl Fn(usize) -> bool) -> Vec<usize> {
         let mut seen = HashSet::new();
         while let Some(v) = todo.pop() {
-            if Some(v) == stop || !seen.insert(v) {
+            if stop(v) || !seen.insert(v) {
                 continue;
             }
             todo.extend(self.succ[v].iter().copied());
         }
         seen.into_iter().collect()
+    }
+
+    pub(super) fn walk(&self, todo: Vec<usize>, stop: Option<usize>) -> Vec<usize> {
+        self.walk_until(todo, |v| Some(v) == stop)
     }
 }
 
@@ -418,7 +423,7 @@ pub(super) fn call_target(s: &Stmt) -> Option<String> {
 }
 
 /// The last `call` before `s` in its block.
-pub(super) fn last_call(stmts: &[Stmt], s: &Stmt) -> Option<String> {
+pub(super) fn last_call_stmt<'a>(stmts: &'a [Stmt], s: &Stmt) -> Option<&'a Stmt> {
     let at = stmts.iter().position(|x| std::ptr::eq(x, s))?;
-    stmts[..at].iter().rev().find(|x| x.op.starts_with("call")).and_then(call_target)
+    stmts[..at].iter().rev().find(|x| x.op.starts_with("call"))
 }

@@ -11,36 +11,36 @@
 //! 1. Each function is cut into basic blocks at labels and branches; a
 //!    trap (or the `exit` after a call that does not return) ends the
 //!    launch, so its path is no way around a barrier.
-//! 2. A register is *lane-dependent* where lanes of a warp may hold
-//!    different values in it. Tracked per point of the program, forward
-//!    over the blocks: it is read from `%tid.*`, `%laneid` or
-//!    `%lanemask_*`, returned by an atomic, `match` or a shuffle from a
-//!    lane-dependent lane, loaded from a lane-dependent address or from a
-//!    slot of the thread's frame that holds a lane-dependent value,
-//!    computed from one, or set by an arm of a lane-dependent branch and
-//!    read where the arms meet (a block two arms reach, or the
-//!    post-dominator; an arm that returns meets none) —
-//!    unless the branch into its block already gave it that value
+//! 2. A register (or a slot of the thread's frame) is *lane-dependent*
+//!    where lanes of a warp may hold different values in it. Tracked per
+//!    point of the program, forward over the blocks: it is read from
+//!    `%tid.*`, `%laneid` or `%lanemask_*`, returned by an atomic, `match`
+//!    or a shuffle from a lane-dependent lane, loaded from a lane-dependent
+//!    address or a lane-dependent frame slot, computed from one, returned
+//!    (or stored in the frame) by a callee given one or whose own result is
+//!    lane-dependent, written under a lane-dependent guard, or set by an
+//!    arm of a lane-dependent branch and read where the arms meet (a block
+//!    two arms reach, or the post-dominator; an arm that returns meets
+//!    none) — unless the branch into its block already gave it that value
 //!    (`mov.pred %p, 0` where the branch found `%p` false). The linear
-//!    thread index divided by 32 (shifted, masked, compared with a
-//!    multiple of 32) is the warp's, the same in every lane.
-//!    Votes, `bar.red`, `redux` and shuffles from one lane are the same in
-//!    every lane. A function's parameters, its loads from a uniform address
-//!    (one transaction for the warp) and a callee's results and
-//!    out-parameters (the frame slots it stores to) are taken as uniform,
-//!    unless the callee's own result is lane-dependent with uniform
-//!    arguments.
+//!    thread index (`(tid.z * ntid.y + tid.y) * ntid.x + tid.x`) divided by
+//!    32 (shifted, masked, compared with a multiple of 32) is the warp's,
+//!    the same in every lane. Votes, `bar.red`, `redux` and shuffles from
+//!    one lane are the same in every lane; so are a function's parameters
+//!    and its loads from a uniform address (one transaction for the warp).
 //! 3. A branch on a lane-dependent predicate opens a *region*: the blocks
 //!    reachable from its targets before its immediate post-dominator, where
 //!    the lanes meet again. Regions and lane-dependent registers grow
 //!    together until neither changes.
 //! 4. Reported ([`Class`]): a barrier (or a call of a function that reaches
-//!    one) that the lanes of one arm of such a branch wait at while the
-//!    other arm's lanes wait at another before they meet — the copied
-//!    barrier — and a barrier under a lane-dependent guard; and, apart, a
-//!    barrier in a loop whose exit is lane-dependent. A barrier only some
-//!    lanes reach, the others waiting at none, is the CPU emulator's to
-//!    find (its block barrier times out).
+//!    one: ptxas may inline it at each call) that one arm of such a branch
+//!    reaches before it joins another arm's paths, while another arm's
+//!    lanes reach a barrier too — the copied barrier, also in a loop with
+//!    no way out (a persistent kernel's: its arms join at the loop's head);
+//!    a barrier under a lane-dependent guard; and, apart, a barrier in a
+//!    loop whose exit is lane-dependent. A barrier only some lanes reach,
+//!    the others waiting at none, is the CPU emulator's to find (its block
+//!    barrier times out).
 //!
 //! It knows values only as far as step 2 says, so it can report a branch
 //! that is in fact the same for the whole warp (a loop over `Coop::Thread`
@@ -48,7 +48,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::cfg::{call_target, last_call, registers, special_divergent, Cfg, Stmt};
+use super::cfg::{call_target, last_call_stmt, registers, special_divergent, Cfg, Stmt};
 use super::functions;
 
 /// What a [`Finding`] is (in order of weight: a barrier that is both
@@ -119,11 +119,13 @@ enum Kind {
     StoreResult,
     /// A call; `true`: the callee's result is divergent with uniform
     /// arguments. It may write the frame slots given (those at and after
-    /// a frame address passed to it): they hold what it wrote, taken as
-    /// uniform (its out-parameters, as its arguments, are not followed).
-    Call(bool, Vec<usize>),
-    /// A callee's result; `true`: divergent with uniform arguments.
-    CallResult(bool),
+    /// a frame address passed to it, as far as the callee stores): they
+    /// hold what it wrote, lane-dependent where its result is or any of its
+    /// arguments (the registers last) is.
+    Call(bool, Vec<usize>, Vec<usize>),
+    /// A callee's result: lane-dependent where the callee's is with
+    /// uniform arguments (`true`), or where one of its arguments is.
+    CallResult(bool, Vec<usize>),
     /// Lane-dependent when what it reads is.
     Plain,
     /// Sets a predicate to the value every path into its block already
@@ -136,6 +138,9 @@ enum Kind {
 struct Ins {
     defs: Vec<usize>,
     uses: Vec<usize>,
+    /// Its guard predicate: where it is lane-dependent, so are the
+    /// registers it may or may not write.
+    guard: Option<usize>,
     /// It reads `%tid`, `%laneid` or `%lanemask_*`.
     special: bool,
     kind: Kind,
@@ -236,10 +241,23 @@ fn linear_thread_index(blocks: &[Vec<Stmt>]) -> HashSet<String> {
             .collect()
     };
     let (tid_x, ntid_x) = (copies_of("%tid.x"), copies_of("%ntid.x"));
+    let (tid_y, ntid_y, tid_z) = (copies_of("%tid.y"), copies_of("%ntid.y"), copies_of("%tid.z"));
+    let mad = |s: &Stmt, a: &HashSet<String>, b: &HashSet<String>, c: &HashSet<String>| {
+        s.op.starts_with("mad.lo") && s.ops.len() == 4 && a.contains(&s.ops[1]) && b.contains(&s.ops[2]) && c.contains(&s.ops[3])
+    };
+    // `tid.z * ntid.y + tid.y`, then that `* ntid.x + tid.x`: no other
+    // multiplicand (the block's index would make it the grid's).
+    let rows: HashSet<String> = blocks
+        .iter()
+        .flatten()
+        .filter(|s| mad(s, &tid_z, &ntid_y, &tid_y))
+        .map(|s| s.ops[0].clone())
+        .chain(tid_y.iter().cloned())
+        .collect();
     let mut linear: HashSet<String> = blocks
         .iter()
         .flatten()
-        .filter(|s| s.op.starts_with("mad.lo") && s.ops.len() == 4 && tid_x.contains(&s.ops[3]) && ntid_x.contains(&s.ops[2]))
+        .filter(|s| mad(s, &rows, &ntid_x, &tid_x))
         .map(|s| s.ops[0].clone())
         .collect();
     for _ in 0..2 {
@@ -298,7 +316,7 @@ fn step(ins: &Ins, set: &mut Bits, region: bool, result: &mut bool) -> bool {
                 read || set.has(set.anywhere()) || at.as_ref().is_some_and(|k| set.any(k)) || at.is_none() && set.any_slot()
             }
             Kind::StoreLocal(_) | Kind::StoreResult | Kind::Plain => read,
-            Kind::Call(d, _) | Kind::CallResult(d) => *d,
+            Kind::Call(d, _, args) | Kind::CallResult(d, args) => *d || set.any(args),
             Kind::Same => false,
         };
     match &ins.kind {
@@ -306,15 +324,38 @@ fn step(ins: &Ins, set: &mut Bits, region: bool, result: &mut bool) -> bool {
         Kind::StoreLocal(Some(k)) if k.len() == 1 => set.set(k[0], lanes),
         Kind::StoreLocal(Some(k)) if lanes => k.iter().for_each(|&k| set.set(k, true)),
         Kind::StoreLocal(None) if lanes => set.set(set.anywhere(), true),
-        Kind::Call(_, slots) => {
+        Kind::Call(_, slots, _) => {
             for &k in slots {
-                set.set(k, region);
+                set.set(k, lanes);
             }
         }
         Kind::StoreResult if lanes => *result = true,
         _ => {}
     }
     lanes
+}
+
+/// Marks the registers `ins` writes lane-dependent or not (`lanes`); a
+/// guarded instruction may leave them as they were, so there they keep
+/// what they had, and take the guard's lane-dependence too.
+fn write_defs(ins: &Ins, set: &mut Bits, lanes: bool) {
+    let guard = ins.guard.is_some_and(|g| set.has(g));
+    for &d in &ins.defs {
+        let v = if ins.guard.is_some() { set.has(d) || lanes || guard } else { lanes };
+        set.set(d, v);
+    }
+}
+
+/// The registers a call passes (the `st.param` of its call sequence).
+fn call_args(stmts: &[Stmt], call: &Stmt) -> Vec<String> {
+    let at = stmts.iter().position(|x| std::ptr::eq(x, call)).unwrap_or(0);
+    stmts[..at]
+        .iter()
+        .rev()
+        .take_while(|x| !x.op.starts_with("call"))
+        .filter(|x| x.op.starts_with("st.param"))
+        .flat_map(|x| x.ops.get(1).map(|v| registers(v)).unwrap_or_default())
+        .collect()
 }
 
 /// Sets of register numbers: registers, then frame slots from `.1` on,
@@ -459,14 +500,24 @@ fn analyse(name: &str, body: &str, callees: &HashMap<String, Summary>) -> (Vec<F
                         Kind::Call(
                             call_target(s).is_some_and(|c| callees.get(&c).is_some_and(|x| x.divergent_result)),
                             passed(stmts, s),
+                            call_args(stmts, s).into_iter().map(&mut number).collect(),
                         )
                     } else if o.starts_with("ld.param") && s.ops.get(1).is_some_and(|a| a.contains("retval")) {
-                        let callee = last_call(stmts, s);
-                        Kind::CallResult(callee.is_some_and(|c| callees.get(&c).is_some_and(|x| x.divergent_result)))
+                        let call = last_call_stmt(stmts, s);
+                        let callee = call.and_then(call_target);
+                        Kind::CallResult(
+                            callee.is_some_and(|c| callees.get(&c).is_some_and(|x| x.divergent_result)),
+                            call.map(|c| call_args(stmts, c))
+                                .unwrap_or_default()
+                                .into_iter()
+                                .map(&mut number)
+                                .collect(),
+                        )
                     } else {
                         Kind::Plain
                     };
                     Ins {
+                        guard: s.guard.clone().map(&mut number),
                         defs: s.defs().into_iter().map(&mut number).collect(),
                         uses: uses.into_iter().filter(|u| !special_divergent(u)).map(&mut number).collect(),
                         special,
@@ -498,7 +549,7 @@ fn analyse(name: &str, body: &str, callees: &HashMap<String, Summary>) -> (Vec<F
     for ins in code.iter_mut().flatten() {
         match &mut ins.kind {
             Kind::LoadLocal(Some(k)) | Kind::StoreLocal(Some(k)) => k.iter_mut().for_each(|k| *k += first_slot),
-            Kind::Call(_, slots) => slots.iter_mut().for_each(|k| *k += first_slot),
+            Kind::Call(_, slots, _) => slots.iter_mut().for_each(|k| *k += first_slot),
             _ => {}
         }
     }
@@ -530,9 +581,7 @@ fn analyse(name: &str, body: &str, callees: &HashMap<String, Summary>) -> (Vec<F
                 if matches!(ins.kind, Kind::Same) {
                     continue;
                 }
-                for &d in &ins.defs {
-                    set.set(d, lanes);
-                }
+                write_defs(ins, &mut set, lanes);
             }
             if set != out[b] {
                 out[b] = set;
@@ -577,10 +626,16 @@ fn analyse(name: &str, body: &str, callees: &HashMap<String, Summary>) -> (Vec<F
                 let set: Vec<usize> = region
                     .iter()
                     .flat_map(|&v| {
-                        code[v]
-                            .iter()
-                            .filter(|x| !matches!(x.kind, Kind::Same))
-                            .flat_map(|x| x.defs.iter().copied())
+                        code[v].iter().filter(|x| !matches!(x.kind, Kind::Same)).flat_map(|x| {
+                            // Registers, and the frame slots it stores to or
+                            // hands a callee.
+                            let slots: Vec<usize> = match &x.kind {
+                                Kind::StoreLocal(Some(k)) | Kind::Call(_, k, _) => k.clone(),
+                                Kind::StoreLocal(None) => vec![regs - 1],
+                                _ => Vec::new(),
+                            };
+                            x.defs.iter().copied().chain(slots)
+                        })
                     })
                     .collect();
                 let joins = reach.iter().filter(|(_, &c)| c >= 2).map(|(&v, _)| v).chain(ipdom[b]);
@@ -615,9 +670,7 @@ fn analyse(name: &str, body: &str, callees: &HashMap<String, Summary>) -> (Vec<F
             if matches!(ins.kind, Kind::Same) {
                 continue;
             }
-            for &d in &ins.defs {
-                set.set(d, lanes);
-            }
+            write_defs(ins, &mut set, lanes);
         }
         set.has(g)
     };
@@ -628,48 +681,42 @@ fn analyse(name: &str, body: &str, callees: &HashMap<String, Summary>) -> (Vec<F
     let mut reported: Vec<((usize, usize), Class)> = Vec::new();
     // Which barrier an instruction waits at: its own, or its callee's
     // (lanes calling one function from two places meet at its barrier).
-    let barrier_id = |b: usize, i: usize| -> String {
-        let s = &cfg.blocks[b][i];
-        match call_target(s).filter(|_| s.op.starts_with("call")) {
-            Some(c) => format!("call {c}"),
-            None => format!("{b}:{i}"),
-        }
+    let barriers_in = |b: usize| -> Vec<(usize, usize)> {
+        cfg.blocks[b]
+            .iter()
+            .enumerate()
+            .filter(|(_, x)| reaches_barrier(x))
+            .map(|(i, _)| (b, i))
+            .collect()
     };
     for (branch, region) in &regions {
         let stop = ipdom[*branch];
         let in_loop = region.contains(branch);
-        // The barriers each arm of the branch reaches before its lanes
-        // meet again.
-        let arms: Vec<Vec<(String, (usize, usize))>> = cfg.succ[*branch]
+        // What each arm of the branch reaches before its lanes meet again
+        // (the post-dominator), and where two arms' paths join before that
+        // (a merge, a loop's head: also where there is no post-dominator).
+        // (Not through the branch again: in a loop, each arm's next turn.)
+        let b0 = *branch;
+        let reach: Vec<HashSet<usize>> = cfg.succ[b0]
             .iter()
-            .map(|&s| {
-                let mut blocks = cfg.region_from(s, stop);
-                blocks.sort_unstable();
-                blocks
-                    .into_iter()
-                    .flat_map(|b| {
-                        cfg.blocks[b]
-                            .iter()
-                            .enumerate()
-                            .filter(|(_, x)| reaches_barrier(x))
-                            .map(move |(i, _)| (b, i))
-                            .collect::<Vec<_>>()
-                    })
-                    .map(|at| (barrier_id(at.0, at.1), at))
-                    .collect()
-            })
+            .map(|&s| cfg.walk_until(vec![s], |v| Some(v) == stop || v == b0).into_iter().collect())
             .collect();
-        for (k, arm) in arms.iter().enumerate() {
-            for (l, other) in arms.iter().enumerate() {
-                if k == l || other.is_empty() {
-                    continue;
-                }
-                // Lanes of this arm may wait at a barrier the other arm's
-                // lanes never reach, while those wait at another.
-                for (id, at) in arm {
-                    if !other.iter().any(|(o, _)| o == id) {
-                        reported.push((*at, Class::Arms));
-                    }
+        let mut seen: HashMap<usize, usize> = HashMap::new();
+        for r in &reach {
+            for &v in r {
+                *seen.entry(v).or_default() += 1;
+            }
+        }
+        let has_barrier: Vec<bool> = reach.iter().map(|r| r.iter().any(|&v| !barriers_in(v).is_empty())).collect();
+        for (k, &s) in cfg.succ[*branch].iter().enumerate() {
+            // An arm's own barriers: reached before any join. Each is an
+            // instruction of its own (a call too: ptxas may inline the
+            // callee at each call).
+            let own = cfg.walk_until(vec![s], |v| Some(v) == stop || v == b0 || seen.get(&v).is_some_and(|&c| c >= 2));
+            let other_waits = has_barrier.iter().enumerate().any(|(l, &h)| l != k && h);
+            if other_waits {
+                for at in own.into_iter().flat_map(barriers_in) {
+                    reported.push((at, Class::Arms));
                 }
             }
         }

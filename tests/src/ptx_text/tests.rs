@@ -53,6 +53,11 @@ fn a_barrier_after_the_arms_meet_or_in_its_non_aligned_form_is_not() {
         aligned_barriers_under_divergence(&kernel(&warp.replace("%r1, 32;", "%r1, 16;"))).len(),
         2
     );
+    // The grid's index (the block's times its size, plus the thread's) is
+    // not the warp's: a warp of a block of 48 threads spans two values of
+    // it divided by 32.
+    let grid = warp.replace("mov.u32 %r7, %tid.y;", "mov.u32 %r7, %ctaid.x;");
+    assert_eq!(aligned_barriers_under_divergence(&kernel(&grid)).len(), 2);
     // A branch on a vote of the thread index (the same in every lane).
     let voted = COPIED.replace(
         "\tsetp.ne.b32 \t%p1, %r1, 0;",
@@ -86,12 +91,15 @@ fn divergence_through_registers_merges_local_memory_and_calls_is_followed() {
     let f = aligned_barriers_under_divergence(&ptx);
     assert_eq!(f.len(), 2, "{f:?}");
     assert!(f.iter().any(|x| x.instruction.starts_with("call.uni f")), "{f:?}");
-    // Both arms calling it meet at its one barrier.
+    // Both arms calling it: two call sites, which ptxas may make two
+    // copies of its barrier by inlining.
     let both = caller.replace("$L__BB0_2:\n\tbar.sync 0;", "$L__BB0_2:\n\tcall.uni f, ();");
-    assert_eq!(
-        aligned_barriers_under_divergence(&format!("{}\n{callee}", kernel(&both))),
-        Vec::new()
-    );
+    assert_eq!(aligned_barriers_under_divergence(&format!("{}\n{callee}", kernel(&both))).len(), 2);
+    // In a loop with no way out but a trap (a persistent kernel): the
+    // arms meet at the loop's head, and the copies are still found.
+    let endless = "\tmov.u32 %r1, %tid.x;\n\tsetp.ne.b32 %p1, %r1, 0;\n$L__BB0_1:\n\t@%p1 bra $L__BB0_2;\n\tst.global.u32 [%rd1], %r1;\n\tbar.sync 0;\n\tbra.uni $L__BB0_1;\n$L__BB0_2:\n\tbar.sync 0;\n\tbra.uni $L__BB0_1;";
+    let f = aligned_barriers_under_divergence(&kernel(endless));
+    assert_eq!(f.iter().filter(|x| x.class == Class::Arms).count(), 2, "{f:?}");
     // A barrier in one arm only, the other arm waiting at none: every
     // lane that reaches a barrier reaches the same one (the CPU
     // emulator times out on such a block; this check leaves it).
@@ -120,6 +128,28 @@ fn divergence_through_registers_merges_local_memory_and_calls_is_followed() {
         aligned_barriers_under_divergence(&kernel(&same.replace("mov.pred %p2, 0", "mov.pred %p2, -1"))).len(),
         2
     );
+    // A callee's result from a lane-dependent argument.
+    let is_zero = ".func (.param .b32 func_retval0) z(\n\t.param .b32 z_param_0\n)\n{\n\tld.param.u32 %r1, [z_param_0];\n\tsetp.eq.b32 %p1, %r1, 0;\n\tselp.u32 %r2, 1, 0, %p1;\n\tst.param.b32 [func_retval0], %r2;\n\tret;\n}\n";
+    let called = COPIED.replace(
+        "\tsetp.ne.b32 \t%p1, %r1, 0;",
+        "\t{ // callseq 0, 0\n\t.param .b32 param0;\n\tst.param.b32 [param0], %r1;\n\t.param .b32 retval0;\n\tcall.uni (retval0), z, (param0);\n\tld.param.b32 %r3, [retval0];\n\t} // callseq 0\n\tsetp.ne.b32 \t%p1, %r3, 0;",
+    );
+    assert_eq!(
+        aligned_barriers_under_divergence(&format!("{}\n{is_zero}", kernel(&called))).len(),
+        2
+    );
+    // The same callee given a uniform value.
+    let uniform_arg = called.replace("mov.u32 %r1, %tid.x;", "ld.param.u32 %r1, [k_param_0];");
+    assert_eq!(
+        aligned_barriers_under_divergence(&format!("{}\n{is_zero}", kernel(&uniform_arg))),
+        Vec::new()
+    );
+    // A guarded write may not happen: the register keeps what it held.
+    let guarded_mov = COPIED.replace(
+        "\tsetp.ne.b32 \t%p1, %r1, 0;",
+        "\tld.param.u32 %r4, [k_param_0];\n\tsetp.eq.b32 %p2, %r4, 0;\n\t@%p2 mov.u32 %r1, 0;\n\tsetp.ne.b32 \t%p1, %r1, 0;",
+    );
+    assert_eq!(aligned_barriers_under_divergence(&kernel(&guarded_mov)).len(), 2);
     // An atomic's result differs between lanes.
     let atomic = COPIED.replace("mov.u32 %r1, %tid.x;", "atom.global.add.u32 %r1, [%rd1], 1;");
     assert_eq!(aligned_barriers_under_divergence(&kernel(&atomic)).len(), 2);
