@@ -8,7 +8,7 @@
 mod common;
 
 use common::*;
-use doorbell_kernels::mlx5::{CqeSyndrome, CtrlSeg, OPCODE_SEND, WQE_CTRL_CQ_UPDATE};
+use doorbell_kernels::mlx5::{CqeSyndrome, CtrlSeg, WqeOp, OPCODE_SEND, WQE_CTRL_CQ_UPDATE};
 use doorbell_softnic::engine::{access, rq, QpState, Reason};
 use doorbell_softnic::host::Sge;
 use doorbell_softnic::QueuePair;
@@ -199,4 +199,50 @@ fn a_send_to_a_receive_cq_nobody_polls_fails_after_the_transport_timeout() {
     assert_eq!(rig.a.qp.state(), QpState::Err);
     // Nothing of it reached the responder.
     assert!(rx.bytes()[32..48].iter().all(|&b| b == 0));
+}
+
+#[test]
+fn a_failure_the_stopped_responder_cannot_hear_fails_the_requester_after_the_transport_timeout() {
+    // The responder's engine stops (its port is never polled): its inbox
+    // fills with the events of 16 SENDs, and a WRITE with a bad remote key
+    // then has no room to report its error to the responder.
+    let mut rig = Rig::new(virtual_cfg());
+    let src = Region::new(&rig.a.dev, &rig.a.pd, 64, 0);
+    let dst = Region::new(&rig.b.dev, &rig.b.pd, 64, access::LOCAL_WRITE | access::REMOTE_WRITE);
+    let rx = Region::new(&rig.b.dev, &rig.b.pd, 256, access::LOCAL_WRITE);
+    let inbox = doorbell_softnic::engine::tables::INBOX as u64;
+    for k in 0..inbox {
+        let sge = Sge {
+            addr: rx.addr() + 16 * k,
+            len: 16,
+            lkey: rx.key(),
+        };
+        rig.b.qp.post_recv(&[sge]).unwrap();
+    }
+    let fabric = rig.fabric.clone();
+    let poll_a = |rig: &Rig, ns: u64| {
+        let until = fabric.now_ns() + ns;
+        while fabric.now_ns() < until {
+            rig.a.dev.poll_once();
+            fabric.advance_ns(1_000);
+        }
+    };
+    for _ in 0..inbox {
+        send(&mut rig, &src, 8, false);
+    }
+    poll_a(&rig, 50_000);
+    assert_eq!(rig.a.dev.stats().wqes, inbox, "the SENDs, their events in the responder's inbox");
+    let bad = req(WqeOp::Write, src.addr(), src.key(), dst.addr(), dst.key() ^ 0x8000, 8, true);
+    let t0 = fabric.now_ns();
+    let idx = rig.a.sq.post(&bad);
+    let mut got = None;
+    while got.is_none() && fabric.now_ns() - t0 < 200_000_000 {
+        poll_a(&rig, 100_000);
+        got = rig.a.send_cqes.poll();
+    }
+    let waited = fabric.now_ns() - t0;
+    let e = expect_err(got.expect("no completion within 200 ms: the requester waited for the responder forever"));
+    assert_eq!((Reason::from_u8(e.vendor_err_synd), e.wqe_counter), (Reason::BadKey, idx));
+    assert!((100_000_000..=101_000_000).contains(&waited), "failed after {waited} ns");
+    assert!(dst.bytes().iter().all(|&b| b == 0));
 }

@@ -553,6 +553,8 @@ struct Admitted<'a> {
     opcode: u8,
     now_ns: u64,
     scope: Scope,
+    /// How long it may wait for a responder that does not answer, ns.
+    timeout_ns: u64,
 }
 
 /// The requester's side of [`execute`]: `Err` is the step the WQE ends
@@ -689,6 +691,7 @@ unsafe fn admit<'a, P: Ports + ?Sized, M: PayloadMover>(
         opcode,
         now_ns,
         scope,
+        timeout_ns: cfg.transport_timeout_ns,
     })
 }
 
@@ -707,12 +710,19 @@ impl Admitted<'_> {
 
     /// A responder-side failure: the requester's error CQE, and the
     /// responder hears of it through its inbox (waiting for room there:
-    /// nothing was touched yet, so the retry fails the same way).
+    /// nothing was touched yet, so the retry fails the same way; at most the
+    /// transport timeout, after which the requester fails as it would have,
+    /// unheard by a responder whose engine stopped draining its inbox).
     #[inline(never)]
     unsafe fn fail_remote<P: Ports + ?Sized, M: PayloadMover>(&self, ports: &mut P, mover: &mut M, f: Fail, what: Responder) -> Step {
         let (p, q, pp, pq) = (self.p, self.q, self.pp, self.pq);
         if what != Responder::Untouched && !unsafe { inbox_room(ports, p, q, pp, pq) } {
-            return Step::Blocked;
+            return Step::Wait {
+                reason: f.reason,
+                syndrome: f.syndrome,
+                timeout_ns: self.timeout_ns,
+                opcode: self.opcode,
+            };
         }
         let failed = FailedWqe {
             idx: self.w.idx,
