@@ -632,7 +632,7 @@ per_backend! {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("3 ranks x 32 QPs per peer need 96 QPs") && e.contains("DOORBELL_IBGDA_QPS_PER_PEER to at most 21"),
+            e.contains("3 ranks x 32 QPs per peer need 96 QPs") && e.contains("use at most 21 QPs per peer (DOORBELL_IBGDA_QPS_PER_PEER"),
             "{e}"
         );
     }

@@ -131,7 +131,7 @@ pub(super) fn check_qp_room(world: usize, qps_per_peer: usize, max: Option<usize
     let advice = if fits == 0 {
         format!("the port cannot hold a QP for each of {world} ranks")
     } else {
-        format!("set {QPS_ENV} to at most {fits}")
+        format!("use at most {fits} QPs per peer ({QPS_ENV}, or IbgdaOptions::qps_per_peer)")
     };
     Err(Error::comm(format!(
         "IBGDA set-up: {world} ranks x {qps_per_peer} QPs per peer need {need} QPs on each rank's NIC port, which takes {max}: {advice}"
@@ -358,7 +358,7 @@ mod tests {
         check_qp_room(1000, 64, None).unwrap();
         let e = check_qp_room(8, 16, Some(64)).unwrap_err().to_string();
         assert!(
-            e.contains("8 ranks x 16 QPs per peer need 128 QPs") && e.contains("DOORBELL_IBGDA_QPS_PER_PEER to at most 8"),
+            e.contains("8 ranks x 16 QPs per peer need 128 QPs") && e.contains("use at most 8 QPs per peer (DOORBELL_IBGDA_QPS_PER_PEER"),
             "{e}"
         );
         let e = check_qp_room(65, 1, Some(64)).unwrap_err().to_string();
