@@ -22,6 +22,18 @@ fn run_for(rig: &Rig, ns: u64) {
         .unwrap();
 }
 
+/// `n` receive WQEs at the responder, 16 bytes of `rx` each.
+fn post_receives(rig: &Rig, rx: &Region, n: u64) {
+    for k in 0..n {
+        let sge = Sge {
+            addr: rx.addr() + 16 * k,
+            len: 16,
+            lkey: rx.key(),
+        };
+        rig.b.qp.post_recv(&[sge]).unwrap();
+    }
+}
+
 /// A SEND of `len` bytes from `src`, signaled or not.
 fn send(rig: &mut Rig, src: &Region, len: u32, signaled: bool) -> u16 {
     let ctrl = CtrlSeg {
@@ -40,14 +52,7 @@ fn a_receive_queue_its_producer_overran_fails_the_send_and_flushes_at_most_a_rin
     let src = Region::new(&rig.a.dev, &rig.a.pd, 64, 0);
     src.fill(&[0x5a; 64]);
     let rx = Region::new(&rig.b.dev, &rig.b.pd, 64, access::LOCAL_WRITE);
-    for k in 0..2u64 {
-        let sge = Sge {
-            addr: rx.addr() + 16 * k,
-            len: 16,
-            lkey: rx.key(),
-        };
-        rig.b.qp.post_recv(&[sge]).unwrap();
-    }
+    post_receives(&rig, &rx, 2);
     // The responder's producer publishes 0x4000 receive WQEs into a ring
     // of 16 (before, the SENDs went into slots never posted or already
     // consumed, and completed).
@@ -138,14 +143,7 @@ fn a_send_retried_while_the_receive_cq_is_full_is_counted_once() {
     let mut rig = Rig::with(virtual_cfg(), None, 64, 2, true);
     let src = Region::new(&rig.a.dev, &rig.a.pd, 64, 0);
     let rx = Region::new(&rig.b.dev, &rig.b.pd, 64, access::LOCAL_WRITE);
-    for k in 0..4u64 {
-        let sge = Sge {
-            addr: rx.addr() + 16 * k,
-            len: 16,
-            lkey: rx.key(),
-        };
-        rig.b.qp.post_recv(&[sge]).unwrap();
-    }
+    post_receives(&rig, &rx, 4);
     // Two SENDs fill the responder's receive CQ; the third finds it full.
     for _ in 0..2 {
         send(&mut rig, &src, 8, false);
@@ -173,14 +171,7 @@ fn a_send_to_a_receive_cq_nobody_polls_fails_after_the_transport_timeout() {
     let mut rig = Rig::with(virtual_cfg(), None, 64, 2, true);
     let src = Region::new(&rig.a.dev, &rig.a.pd, 64, 0);
     let rx = Region::new(&rig.b.dev, &rig.b.pd, 64, access::LOCAL_WRITE);
-    for k in 0..3u64 {
-        let sge = Sge {
-            addr: rx.addr() + 16 * k,
-            len: 16,
-            lkey: rx.key(),
-        };
-        rig.b.qp.post_recv(&[sge]).unwrap();
-    }
+    post_receives(&rig, &rx, 3);
     for _ in 0..2 {
         send(&mut rig, &src, 8, false);
     }
@@ -211,14 +202,7 @@ fn a_failure_the_stopped_responder_cannot_hear_fails_the_requester_after_the_tra
     let dst = Region::new(&rig.b.dev, &rig.b.pd, 64, access::LOCAL_WRITE | access::REMOTE_WRITE);
     let rx = Region::new(&rig.b.dev, &rig.b.pd, 256, access::LOCAL_WRITE);
     let inbox = doorbell_softnic::engine::tables::INBOX as u64;
-    for k in 0..inbox {
-        let sge = Sge {
-            addr: rx.addr() + 16 * k,
-            len: 16,
-            lkey: rx.key(),
-        };
-        rig.b.qp.post_recv(&[sge]).unwrap();
-    }
+    post_receives(&rig, &rx, inbox);
     let fabric = rig.fabric.clone();
     let poll_a = |rig: &Rig, ns: u64| {
         let until = fabric.now_ns() + ns;

@@ -333,60 +333,6 @@ pub unsafe fn fail_requester<P: Ports + ?Sized, M: PayloadMover>(
     record(port, now_ns, qpn, idx as u16, opcode, f.syndrome, f);
 }
 
-/// Whether the responder QP `pq` of port `pp` can take a message of QP
-/// `q` of port `p` that consumes a receive WQE (SEND, WRITE with
-/// immediate): one posted since the last this QP consumed, room in the
-/// responder's receive CQ and in its inbox. `Ok`: the RQ index of that
-/// receive WQE; `Err(Some)`: the step to return (wait for a receive WQE
-/// until the RNR timeout, for room until the transport timeout); `Err(None)`:
-/// the responder's receive queue was overrun by its producer.
-///
-/// # Safety
-/// The ports' tables and the responder's receive queue are valid.
-#[inline(always)]
-unsafe fn receive_ready<P: Ports + ?Sized>(
-    ports: &mut P,
-    (p, q): (usize, usize),
-    (pp, pq): (usize, usize),
-    cfg: &EngineConfig,
-    opcode: u8,
-) -> Result<u32, Option<Step>> {
-    let Some(consumed) = ports.get(p).and_then(|x| x.qps.get(q)).map(|x| x.peer_rq_ci) else {
-        return Err(Some(Step::Blocked));
-    };
-    let Some(peer) = ports.get(pp).and_then(|x| x.qps.get(pq)) else {
-        return Err(Some(Step::Blocked));
-    };
-    // SAFETY (whole function): the caller's contract.
-    let posted = unsafe { rq::posted_since(peer, consumed) };
-    if posted > peer.rq_wqes {
-        // Its producer overran the ring: no receive WQE in it can be
-        // trusted (the slot for this one may hold one already consumed).
-        return Err(None);
-    }
-    if posted == 0 {
-        return Err(Some(Step::Wait {
-            reason: Reason::NoReceiveWqe,
-            syndrome: CqeSyndrome::RnrRetryExc,
-            timeout_ns: cfg.rnr_timeout_ns,
-            opcode,
-        }));
-    }
-    // No room for its receive completion (or for the event that asks the
-    // responder to write it): wait for the responder's consumer, at most the
-    // transport timeout (a CQ nobody polls, or an engine that stopped, would
-    // hold the QP forever).
-    if !unsafe { room(ports, pp, peer.recv_cq) } || !unsafe { inbox_room(ports, p, q, pp, pq) } {
-        return Err(Some(Step::Wait {
-            reason: Reason::ResponderFull,
-            syndrome: CqeSyndrome::TransportRetryExc,
-            timeout_ns: cfg.transport_timeout_ns,
-            opcode,
-        }));
-    }
-    Ok(consumed)
-}
-
 /// The responder side of a failed WQE of QP `q` of port `p`, as an event
 /// for the responder's owner ([`post_event`]): its QP moves to the error
 /// state, and with a receive syndrome the receive WQE being consumed (the
@@ -737,18 +683,51 @@ impl Admitted<'_> {
         Step::Failed
     }
 
-    /// The responder's next receive WQE for this WQE ([`receive_ready`]);
-    /// an overrun receive queue fails it, and the responder QP moves to
-    /// the error state.
+    /// The responder's next receive WQE for this WQE, which consumes one
+    /// (SEND, WRITE with immediate): one posted since the last this QP
+    /// consumed, room in the responder's receive CQ and in its inbox. `Ok`:
+    /// that receive WQE's RQ index; `Err`: the step to return (wait for a
+    /// receive WQE until the RNR timeout, for room until the transport
+    /// timeout; an RQ its producer overran fails it, and the responder QP
+    /// moves to the error state).
+    #[inline(always)]
     unsafe fn receive<P: Ports + ?Sized, M: PayloadMover>(&self, ports: &mut P, cfg: &EngineConfig, mover: &mut M) -> Result<u32, Step> {
-        match unsafe { receive_ready(ports, (self.p, self.q), (self.pp, self.pq), cfg, self.opcode) } {
-            Ok(consumed) => Ok(consumed),
-            Err(Some(step)) => Err(step),
-            Err(None) => {
-                let f = Fail::new(CqeSyndrome::RemoteOp, Reason::RqOverrun, 0, 0);
-                Err(unsafe { self.fail_remote(ports, mover, f, Responder::Error) })
-            }
+        let (p, q, pp, pq, opcode) = (self.p, self.q, self.pp, self.pq, self.opcode);
+        let Some(consumed) = ports.get(p).and_then(|x| x.qps.get(q)).map(|x| x.peer_rq_ci) else {
+            return Err(Step::Blocked);
+        };
+        let Some(peer) = ports.get(pp).and_then(|x| x.qps.get(pq)) else {
+            return Err(Step::Blocked);
+        };
+        // SAFETY (whole function): the caller's contract.
+        let posted = unsafe { rq::posted_since(peer, consumed) };
+        if posted > peer.rq_wqes {
+            // Its producer overran the ring: no receive WQE in it can be
+            // trusted (the slot for this one may hold one already consumed).
+            let f = Fail::new(CqeSyndrome::RemoteOp, Reason::RqOverrun, 0, 0);
+            return Err(unsafe { self.fail_remote(ports, mover, f, Responder::Error) });
         }
+        if posted == 0 {
+            return Err(Step::Wait {
+                reason: Reason::NoReceiveWqe,
+                syndrome: CqeSyndrome::RnrRetryExc,
+                timeout_ns: cfg.rnr_timeout_ns,
+                opcode,
+            });
+        }
+        // No room for its receive completion (or for the event that asks
+        // the responder to write it): wait for the responder's consumer, at
+        // most the transport timeout (a CQ nobody polls, or an engine that
+        // stopped, would hold the QP forever).
+        if !unsafe { room(ports, pp, peer.recv_cq) } || !unsafe { inbox_room(ports, p, q, pp, pq) } {
+            return Err(Step::Wait {
+                reason: Reason::ResponderFull,
+                syndrome: CqeSyndrome::TransportRetryExc,
+                timeout_ns: self.timeout_ns,
+                opcode,
+            });
+        }
+        Ok(consumed)
     }
 
     /// RDMA WRITE, and WRITE with immediate (which consumes a receive WQE).

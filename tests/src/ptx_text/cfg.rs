@@ -145,21 +145,23 @@ impl Cfg {
             if line.is_empty() {
                 continue;
             }
-            // An indirect branch's targets: `$L_brx_0: .branchtargets $A, $B;`
-            if let Some((name, rest)) = line.split_once(':').filter(|(_, r)| r.contains(".branchtargets")) {
-                table = Some((name.trim().to_string(), Vec::new()));
-                let rest = rest.replace(".branchtargets", "");
-                if let Some((_, t)) = table.as_mut() {
-                    t.extend(rest.split([',', ';']).map(str::trim).filter(|s| !s.is_empty()).map(str::to_string));
+            // An indirect branch's targets: `$L_brx_0: .branchtargets $A, $B;`,
+            // over as many lines as it takes.
+            let targets = match line.split_once(':').filter(|(_, r)| r.contains(".branchtargets")) {
+                Some((name, rest)) => {
+                    table = Some((name.trim().to_string(), Vec::new()));
+                    Some(rest.replace(".branchtargets", ""))
                 }
-                if line.ends_with(';') {
-                    let (n, t) = table.take().unwrap();
-                    tables.insert(n, t);
-                }
-                continue;
-            }
-            if let Some((_, t)) = table.as_mut() {
-                t.extend(line.split([',', ';']).map(str::trim).filter(|s| !s.is_empty()).map(str::to_string));
+                None => table.is_some().then(|| line.to_string()),
+            };
+            if let (Some(targets), Some((_, t))) = (targets, table.as_mut()) {
+                t.extend(
+                    targets
+                        .split([',', ';'])
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_string),
+                );
                 if line.ends_with(';') {
                     let (n, t) = table.take().unwrap();
                     tables.insert(n, t);
@@ -426,4 +428,16 @@ pub(super) fn call_target(s: &Stmt) -> Option<String> {
 pub(super) fn last_call_stmt<'a>(stmts: &'a [Stmt], s: &Stmt) -> Option<&'a Stmt> {
     let at = stmts.iter().position(|x| std::ptr::eq(x, s))?;
     stmts[..at].iter().rev().find(|x| x.op.starts_with("call"))
+}
+
+/// The values a call passes: the `st.param` of its call sequence, each
+/// with the operand it stores.
+pub(super) fn call_params<'a>(stmts: &'a [Stmt], call: &Stmt) -> impl Iterator<Item = &'a str> {
+    let at = stmts.iter().position(|x| std::ptr::eq(x, call)).unwrap_or(0);
+    stmts[..at]
+        .iter()
+        .rev()
+        .take_while(|x| !x.op.starts_with("call"))
+        .filter(|x| x.op.starts_with("st.param"))
+        .filter_map(|x| x.ops.get(1).map(|v| v.trim()))
 }

@@ -48,7 +48,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::cfg::{call_target, last_call_stmt, registers, special_divergent, Cfg, Stmt};
+use super::cfg::{call_params, call_target, last_call_stmt, registers, special_divergent, Cfg, Stmt};
 use super::functions;
 
 /// What a [`Finding`] is (in order of weight: a barrier that is both
@@ -346,16 +346,9 @@ fn write_defs(ins: &Ins, set: &mut Bits, lanes: bool) {
     }
 }
 
-/// The registers a call passes (the `st.param` of its call sequence).
+/// The registers a call passes.
 fn call_args(stmts: &[Stmt], call: &Stmt) -> Vec<String> {
-    let at = stmts.iter().position(|x| std::ptr::eq(x, call)).unwrap_or(0);
-    stmts[..at]
-        .iter()
-        .rev()
-        .take_while(|x| !x.op.starts_with("call"))
-        .filter(|x| x.op.starts_with("st.param"))
-        .flat_map(|x| x.ops.get(1).map(|v| registers(v)).unwrap_or_default())
-        .collect()
+    call_params(stmts, call).flat_map(registers).collect()
 }
 
 /// Sets of register numbers: registers, then frame slots from `.1` on,
@@ -431,13 +424,8 @@ fn analyse(name: &str, body: &str, callees: &HashMap<String, Summary>) -> (Vec<F
     // The frame addresses passed to a call (its `st.param` values).
     let passed = |stmts: &[Stmt], s: &Stmt| -> Vec<usize> {
         let size = call_target(s).and_then(|c| callees.get(&c).map(|x| x.out_bytes)).unwrap_or(0);
-        let at = stmts.iter().position(|x| std::ptr::eq(x, s)).unwrap_or(0);
-        stmts[..at]
-            .iter()
-            .rev()
-            .take_while(|x| !x.op.starts_with("call"))
-            .filter(|x| x.op.starts_with("st.param"))
-            .filter_map(|x| x.ops.get(1).and_then(|v| frame.get(v.trim())))
+        call_params(stmts, s)
+            .filter_map(|v| frame.get(v))
             .flatten()
             .flat_map(|&base| {
                 offsets

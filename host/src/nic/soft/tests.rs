@@ -270,11 +270,10 @@ fn writes_run(burst: u32, bad: Option<usize>, seed: u64, one_by_one: bool) -> Bu
                 len: len as u32,
             };
             let last = i + 1 == WRITE_LENS.len();
-            let flags = if last { doorbell_kernels::mlx5::wqe::FLAG_SIGNALED } else { 0 };
-            let flags = if one_by_one {
+            let flags = if last || one_by_one {
                 doorbell_kernels::mlx5::wqe::FLAG_SIGNALED
             } else {
-                flags
+                0
             };
             let slot = (qp_rings.sq as *mut u32).add(i * 16);
             uar = doorbell_kernels::mlx5::wqe::write_rdma_write_wqe(slot, i as u16, qp.qpn(), &t, flags);
