@@ -72,10 +72,15 @@ per_backend! {
     /// signals let rank 2 through its first barrier early.) An
     /// all-reduce made before the failure refuses to run after it (its
     /// counts may differ between ranks), as do a pipeline's rings made
-    /// before it; an all-reduce made after runs, every element right, and
-    /// rings made after hand out their kernel argument.
+    /// before it; a fused all-reduce's arguments taken before it, launched
+    /// after it (as a graph replay would), run nothing on every rank and
+    /// say why, its output untouched; an all-reduce made after runs, every
+    /// element right, and rings made after hand out their kernel argument.
     fn a_device_barrier_some_ranks_skipped_leaves_later_barriers_whole(backend: Backend) {
-        use doorbell::coll::{AllReduce, DType};
+        use doorbell::coll::{AllReduce, AllReduceOptions, DType};
+        use doorbell::ForTransport;
+        use doorbell_example_kernels::allreduce::{fused_grad_allreduce, COMPUTE_HASH};
+        use doorbell_kernels::transport::P2p;
         use doorbell_test_kernels::testing::{p2p_barrier_rounds, STATUS_TIMEOUT};
         const ELEMS: usize = 1000;
         let opts = CommOptions {
@@ -95,6 +100,16 @@ per_backend! {
                 pairs: 1,
             };
             let rings_before = comm.rings::<f32>(shape)?;
+            let fused_options = AllReduceOptions {
+                fused: true,
+                ..Default::default()
+            };
+            let fused_before = AllReduce::with_options(comm, ELEMS, DType::F32, &fused_options)?;
+            let mut fused_out = dev.alloc_zeroed::<f32>(ELEMS)?;
+            let (old_args, old_grid) = fused_before.fused_args(&s, &mut fused_out)?.expect("elements");
+            let fused_kernel = comm
+                .load_module(&doorbell_examples::USER_KERNELS)?
+                .function::<<fused_grad_allreduce as ForTransport<P2p>>::Kernel>()?;
             let status_at = status.as_mut_ptr();
             let launch = |rounds: u32| {
                 // SAFETY: symmetric counter, one status word.
@@ -128,6 +143,13 @@ per_backend! {
             AllReduce::new(comm, ELEMS, DType::F32)?.run_in_place(&s, &mut buf)?;
             comm.synchronize(&s)?;
             let sum = buf.to_host()?;
+            // The fused arguments taken before the failure, launched anyway.
+            // SAFETY: arguments from fused_args for this world, launched with
+            // the P2P transport it was planned for.
+            unsafe { s.launch(&fused_kernel, old_grid, (comm.p2p()?, old_args, COMPUTE_HASH, 0u32))? };
+            let stale = comm.synchronize(&s).err().map(|e| e.to_string());
+            let untouched = fused_out.to_host()?.iter().all(|&x| x == 0.0);
+            comm.barrier()?;
             let rings_refused = rings_before.pipe().err().map(|e| e.to_string());
             let rings_after = comm.rings::<f32>(shape)?.pipe().map(|p| p.chunk);
             Ok((
@@ -138,10 +160,18 @@ per_backend! {
                 refused,
                 sum,
                 (rings_refused, rings_after),
+                (stale, untouched),
             ))
         })
         .unwrap();
-        for (rank, (first, second, status, _, refused, sum, rings)) in out.iter().enumerate() {
+        for (rank, (first, second, status, _, refused, sum, rings, fused)) in out.iter().enumerate() {
+            let (stale, untouched) = fused;
+            let stale = stale.as_deref().unwrap_or("it ran");
+            assert!(
+                stale.contains("all-reduce") && stale.contains("made before a launch failed") && stale.contains("ran nothing"),
+                "rank {rank}'s fused launch of old arguments: {stale}"
+            );
+            assert!(*untouched, "rank {rank}'s fused output was written by a launch that should have run nothing");
             let (rings_refused, rings_after) = rings;
             let rings_refused = rings_refused.as_deref().unwrap_or("it handed out its argument");
             assert!(

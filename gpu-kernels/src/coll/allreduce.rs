@@ -69,6 +69,7 @@ mod hier;
 
 use super::reduce::{copy_bytes, sum_into, Bf16, DType, Element, Sources};
 use super::MAX_RANKS;
+use crate::heap::{Call, FAILURES_OFFSET};
 use crate::pipeline::{BlockChunks, BlockCtl, Failed, RingSet};
 use crate::ptx;
 use crate::transport::{wait_all_raw, Cmp, Coop, RawSignal, RawWait, Transport};
@@ -151,6 +152,13 @@ pub struct AllReduceArgs {
     pub scratch: u64,
     /// Symmetric signal words, [`Self::sig_words`] u64 (this rank's address).
     pub sigs: u64,
+    /// The failures the ranks had met on when the all-reduce was made
+    /// (`Communicator::failures_met`): a launch that finds another count in
+    /// its rank's heap header ([`FAILURES_OFFSET`]) runs nothing and
+    /// reports [`ErrorKind::Stale`](crate::heap::ErrorKind::Stale) — a
+    /// launch or graph replay of arguments made before such a failure,
+    /// whose launch counts and signal words may differ between ranks.
+    pub failures: u64,
     /// [`DType`] as u32.
     pub dtype: u32,
     /// [`Algo`] as u32.
@@ -164,7 +172,7 @@ pub struct AllReduceArgs {
     /// Hierarchical: ranks per node (consecutive; 2.., dividing `world`), else 0.
     pub node_ranks: u32,
 }
-const _: () = assert!(core::mem::size_of::<AllReduceArgs>() == 80);
+const _: () = assert!(core::mem::size_of::<AllReduceArgs>() == 88);
 
 #[cfg(not(target_arch = "nvptx64"))]
 // SAFETY: #[repr(C)] integers, 8-byte aligned, as the PTX parameter.
@@ -843,7 +851,7 @@ unsafe fn run_for<T: Transport, const WIDE: bool>(t: &T, a: &AllReduceArgs) -> R
             unsafe { copy_bytes(c.dst, src as *const u8, c.len * e, me, n) };
         }
     };
-    let at = begin(t, a);
+    let at = begin(t, a)?;
     if !WIDE {
         // SAFETY: the caller's contract.
         return finish(&at, unsafe { run_algo(t, &at, copy_input, true) });
@@ -874,7 +882,7 @@ unsafe fn run_for<T: Transport, const WIDE: bool>(t: &T, a: &AllReduceArgs) -> R
 /// As for [`run`]; `produce` writes only `chunk.dst[..chunk.len]`.
 #[inline(always)]
 pub unsafe fn fused<T: Transport, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, produce: P) -> Result<(), Failed> {
-    let at = begin(t, a);
+    let at = begin(t, a)?;
     crate::trace::hook! {
         // Thread 0 traces its share of each chunk's production (the
         // chunk's first element).
@@ -892,17 +900,30 @@ pub unsafe fn fused<T: Transport, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, pro
 }
 
 /// Checks the launch and returns `a` with the block's epoch in `epoch`:
-/// one more than the last launch it completed (module docs). (A plain
-/// pair of calls, not a function taking the body as a closure: such a
-/// closure was compiled out of line, its arguments through a stack frame.)
+/// one more than the last launch it completed (module docs). `Err`, with
+/// nothing touched, when the ranks met on a failure since the arguments
+/// were made ([`AllReduceArgs::failures`]; thread 0 of each block records
+/// it). (A plain pair of calls, not a function taking the body as a
+/// closure: such a closure was compiled out of line, its arguments through
+/// a stack frame.)
 #[inline(always)]
-fn begin<T: Transport>(t: &T, a: &AllReduceArgs) -> AllReduceArgs {
+fn begin<T: Transport>(t: &T, a: &AllReduceArgs) -> Result<AllReduceArgs, Failed> {
     check(t, a);
+    let reporter = t.bounds().reporter;
+    // SAFETY: a word of this rank's heap header, which the host writes only
+    // while no kernel of the rank runs.
+    let failures = unsafe { core::ptr::read_volatile((reporter.local_base + FAILURES_OFFSET) as *const u64) };
     let mut at = *a;
     // SAFETY: this block's epoch word, written only by its thread 0 (in
     // `finish`) after a barrier that follows every thread's read.
     at.epoch = unsafe { core::ptr::read_volatile(a.epoch_word(ptx::block_idx_x() as u64)) } + 1;
-    at
+    if failures != a.failures {
+        if ptx::thread_rank_in_block() == 0 {
+            reporter.fail_stale(Call::AllReduce, a.failures, failures);
+        }
+        return Err(Failed);
+    }
+    Ok(at)
 }
 
 /// Counts the launch `at` in the block's epoch word when it succeeded.

@@ -397,6 +397,7 @@ impl Plan {
             epoch: 0,
             scratch: 0,
             sigs: 0,
+            failures: 0,
             dtype: dtype as u32,
             algo: algo as u32,
             blocks,
@@ -741,6 +742,7 @@ impl<'c> AllReduce<'c> {
             epoch,
             scratch: self.scratch.as_ptr() as u64,
             sigs: self.sigs.as_ptr() as u64,
+            failures: self.failures_at,
             ..self.plan.args
         }
     }
@@ -824,9 +826,11 @@ impl<'c> AllReduce<'c> {
     /// nothing).
     ///
     /// Arguments taken before a failure the ranks met on
-    /// ([`Communicator::failures_met`]) are not checked again when you
-    /// launch them (nor is a captured launch replayed): after such a
-    /// failure make a new all-reduce, take its arguments and capture again.
+    /// ([`Communicator::failures_met`]), launched or replayed from a
+    /// captured graph after it, run nothing: every block finds the count in
+    /// its rank's heap header changed and returns, and `synchronize`
+    /// reports it on every rank. After such a failure make a new
+    /// all-reduce, take its arguments and capture again.
     pub fn fused_args<T: HostElement>(
         &self,
         stream: &Stream,

@@ -70,7 +70,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use doorbell_kernels::heap::{EPOCH_OFFSET, HEAP_RESERVED, MAX_RANKS};
+use doorbell_kernels::heap::{EPOCH_OFFSET, FAILURES_OFFSET, HEAP_RESERVED, MAX_RANKS};
 use doorbell_kernels::transport::p2p::NEAR_PEERS;
 use doorbell_kernels::transport::P2p;
 
@@ -670,8 +670,16 @@ impl Communicator {
         let failed = self.failure.lock().unwrap_or_else(|p| p.into_inner()).is_some();
         let all = self.world.all_gather_bytes(&[failed as u8])?;
         if all.iter().any(|b| b.first() == Some(&1)) {
-            self.failures_met.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            let met = self.failures_met.fetch_add(1, std::sync::atomic::Ordering::AcqRel) + 1;
+            // The count the all-reduce's kernels compare their arguments'
+            // with (launches and graph replays of arguments made before).
+            // SAFETY: the failures word of this rank's heap header; no
+            // kernel of this rank runs (the contract above).
+            let noted = unsafe { self.device.write_raw(self.heap_base + FAILURES_OFFSET, &met.to_le_bytes()) };
+            // Its world barrier puts every rank's word in place before any
+            // rank launches again.
             self.align_barrier_counts()?;
+            noted?;
         }
         *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = None;
         Ok(())

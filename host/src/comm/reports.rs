@@ -164,6 +164,13 @@ impl Communicator {
                 r.peer,
                 super::proxy::failure_words(u64::from(r.detail >> 8), u64::from(r.detail & 0xff))
             ),
+            Some(ErrorKind::Stale) => format!(
+                "its arguments were made before a launch failed on some rank (the ranks had met on {} failures \
+                 then, {} now, in the barrier after each): its launch counts and signal words may differ between \
+                 ranks, so it ran nothing; arguments taken, or a launch captured in a CUDA graph, before a failure \
+                 run no more: make a new all-reduce, take its arguments and capture again",
+                r.expected, r.seen
+            ),
             None => format!(
                 "an unknown error kind {} was recorded (device and host built from different versions?)",
                 r.kind
