@@ -8,6 +8,7 @@
 //! | [`REPORTED_OFFSET`] | 4 | nonzero once an error of this rank is recorded (host reads and clears it) |
 //! | [`BLOCK_RESULT_OFFSET`] | 8 | result word of `barrier_block` |
 //! | [`FAILURES_OFFSET`] | 8 | failures the ranks met on, as the host counts them (it writes it) |
+//! | [`STALE_OFFSET`] | 8 | nonzero after a launch of stale all-reduce arguments: their count plus one (host reads and clears it) |
 //! | [`REPORT_OFFSET`] | [`REPORT_SLOTS`] × 96 | the [`ErrorReport`] slots (host reads and clears them) |
 //!
 //! User allocations start at [`HEAP_RESERVED`]; transports refuse ranges
@@ -28,6 +29,11 @@ pub const BLOCK_RESULT_OFFSET: u64 = EPOCH_OFFSET + 16;
 /// no kernel of the rank runs), and the all-reduce compares it with the
 /// count its arguments were made at before it touches anything.
 pub const FAILURES_OFFSET: u64 = EPOCH_OFFSET + 24;
+/// Offset of the word a refused all-reduce launch leaves (see
+/// [`FAILURES_OFFSET`]): the failure count its arguments were made at, plus
+/// one, with the reported word set; the host turns it into
+/// [`ErrorKind::Stale`]'s error when no report slot holds another.
+pub const STALE_OFFSET: u64 = EPOCH_OFFSET + 32;
 /// Offset of the first report slot.
 pub const REPORT_OFFSET: u64 = EPOCH_OFFSET + 64;
 /// Report slots: writers that fail at the same moment mostly pick
@@ -35,7 +41,8 @@ pub const REPORT_OFFSET: u64 = EPOCH_OFFSET + 64;
 /// `record`, the private function that writes them).
 pub const REPORT_SLOTS: u64 = 32;
 const _: () = assert!(EPOCH_OFFSET + 8 <= REPORTED_OFFSET && REPORTED_OFFSET + 4 <= BLOCK_RESULT_OFFSET);
-const _: () = assert!(BLOCK_RESULT_OFFSET + 8 <= FAILURES_OFFSET && FAILURES_OFFSET + 8 <= REPORT_OFFSET);
+const _: () = assert!(BLOCK_RESULT_OFFSET + 8 <= FAILURES_OFFSET && FAILURES_OFFSET + 8 <= STALE_OFFSET);
+const _: () = assert!(STALE_OFFSET + 8 <= REPORT_OFFSET);
 const _: () = assert!(REPORT_OFFSET.is_multiple_of(64));
 const _: () = assert!(REPORT_OFFSET + REPORT_SLOTS * core::mem::size_of::<ErrorReport>() as u64 <= HEAP_RESERVED);
 // The device trace's word (its rings' address) lies past the reports.
@@ -77,7 +84,8 @@ u32_enum! {
         ProxyFailed = 10,
         /// A launch whose arguments were made before a failure the ranks
         /// met on (`expected`: the failure count the arguments were made
-        /// at; `seen`: the count now): it ran nothing.
+        /// at; `seen`: the count now): it ran nothing. The kernel leaves
+        /// [`STALE_OFFSET`]'s word, and the host makes the report.
         Stale = 11,
     }
 }
@@ -403,22 +411,6 @@ impl Reporter {
         let (what, who) = (Pair32(ErrorKind::ProxyFailed as u32, call as u32), Pair32(peer, detail));
         record(self.writer(), what, who, Pair(0, 0), Pair(0, ticket), self.budget_ns);
         e
-    }
-
-    /// A launch of `call` whose arguments were made at failure count
-    /// `made_at`, while the host's count ([`FAILURES_OFFSET`]) is `now`:
-    /// records the report.
-    #[inline(never)]
-    pub fn fail_stale(self, call: Call, made_at: u64, now: u64) {
-        let (what, who) = (Pair32(ErrorKind::Stale as u32, call as u32), Pair32(u32::MAX, 0));
-        record(
-            self.writer(),
-            what,
-            who,
-            Pair(FAILURES_OFFSET, 8),
-            Pair(made_at, now),
-            self.budget_ns,
-        );
     }
 
     /// A send queue to `peer` made no progress within the budget: its

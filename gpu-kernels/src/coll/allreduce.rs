@@ -69,7 +69,7 @@ mod hier;
 
 use super::reduce::{copy_bytes, sum_into, Bf16, DType, Element, Sources};
 use super::MAX_RANKS;
-use crate::heap::{Call, FAILURES_OFFSET};
+use crate::heap::{FAILURES_OFFSET, REPORTED_OFFSET, STALE_OFFSET};
 use crate::pipeline::{BlockChunks, BlockCtl, Failed, RingSet};
 use crate::ptx;
 use crate::transport::{wait_all_raw, Cmp, Coop, RawSignal, RawWait, Transport};
@@ -851,7 +851,10 @@ unsafe fn run_for<T: Transport, const WIDE: bool>(t: &T, a: &AllReduceArgs) -> R
             unsafe { copy_bytes(c.dst, src as *const u8, c.len * e, me, n) };
         }
     };
-    let at = begin(t, a)?;
+    if stale(t, a) {
+        return Err(Failed);
+    }
+    let at = begin(t, a);
     if !WIDE {
         // SAFETY: the caller's contract.
         return finish(&at, unsafe { run_algo(t, &at, copy_input, true) });
@@ -882,7 +885,10 @@ unsafe fn run_for<T: Transport, const WIDE: bool>(t: &T, a: &AllReduceArgs) -> R
 /// As for [`run`]; `produce` writes only `chunk.dst[..chunk.len]`.
 #[inline(always)]
 pub unsafe fn fused<T: Transport, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, produce: P) -> Result<(), Failed> {
-    let at = begin(t, a)?;
+    if stale(t, a) {
+        return Err(Failed);
+    }
+    let at = begin(t, a);
     crate::trace::hook! {
         // Thread 0 traces its share of each chunk's production (the
         // chunk's first element).
@@ -900,30 +906,42 @@ pub unsafe fn fused<T: Transport, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, pro
 }
 
 /// Checks the launch and returns `a` with the block's epoch in `epoch`:
-/// one more than the last launch it completed (module docs). `Err`, with
-/// nothing touched, when the ranks met on a failure since the arguments
-/// were made ([`AllReduceArgs::failures`]; thread 0 of each block records
-/// it). (A plain pair of calls, not a function taking the body as a
-/// closure: such a closure was compiled out of line, its arguments through
-/// a stack frame.)
+/// one more than the last launch it completed (module docs). (A plain
+/// pair of calls, not a function taking the body as a closure: such a
+/// closure was compiled out of line, its arguments through a stack frame.)
 #[inline(always)]
-fn begin<T: Transport>(t: &T, a: &AllReduceArgs) -> Result<AllReduceArgs, Failed> {
+fn begin<T: Transport>(t: &T, a: &AllReduceArgs) -> AllReduceArgs {
     check(t, a);
-    let reporter = t.bounds().reporter;
-    // SAFETY: a word of this rank's heap header, which the host writes only
-    // while no kernel of the rank runs.
-    let failures = unsafe { core::ptr::read_volatile((reporter.local_base + FAILURES_OFFSET) as *const u64) };
     let mut at = *a;
     // SAFETY: this block's epoch word, written only by its thread 0 (in
     // `finish`) after a barrier that follows every thread's read.
     at.epoch = unsafe { core::ptr::read_volatile(a.epoch_word(ptx::block_idx_x() as u64)) } + 1;
-    if failures != a.failures {
-        if ptx::thread_rank_in_block() == 0 {
-            reporter.fail_stale(Call::AllReduce, a.failures, failures);
-        }
-        return Err(Failed);
+    at
+}
+
+/// Whether the ranks met on a failure since `a` was made
+/// ([`AllReduceArgs::failures`]): the launch must then touch nothing.
+/// Every thread leaves the arguments' count in the heap header's stale
+/// word ([`STALE_OFFSET`]) and sets its reported word (the same two values
+/// from every thread), which the host's check turns into the error. Two
+/// plain stores: a call to the report writer here, or the stores kept to
+/// one thread of the block, made ptxas spill more in the library's
+/// entries, and so did this check's early return inside [`begin`]'s copy.
+#[inline(always)]
+fn stale<T: Transport>(t: &T, a: &AllReduceArgs) -> bool {
+    let base = t.bounds().reporter.local_base;
+    // SAFETY (both blocks): words of this rank's heap header; the host
+    // writes the failure count only while no kernel of the rank runs, and
+    // reads the other two once the launch is over.
+    let failures = unsafe { core::ptr::read_volatile((base + FAILURES_OFFSET) as *const u64) };
+    if failures == a.failures {
+        return false;
     }
-    Ok(at)
+    unsafe {
+        core::ptr::write_volatile((base + STALE_OFFSET) as *mut u64, a.failures + 1);
+        core::ptr::write_volatile((base + REPORTED_OFFSET) as *mut u32, 1);
+    }
+    true
 }
 
 /// Counts the launch `at` in the block's epoch word when it succeeded.

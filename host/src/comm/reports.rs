@@ -4,7 +4,8 @@
 //! rank, the call, the peer and the offset.
 
 use doorbell_kernels::heap::{
-    first_report, Arg, Call, ErrorKind, ErrorReport, Reports, HEAP_RESERVED, REPORTED_OFFSET, REPORT_OFFSET, REPORT_SLOTS,
+    first_report, Arg, Call, ErrorKind, ErrorReport, Reports, FAILURES_OFFSET, HEAP_RESERVED, REPORTED_OFFSET, REPORT_OFFSET, REPORT_SLOTS,
+    STALE_OFFSET,
 };
 use doorbell_kernels::transport::Cmp;
 
@@ -56,10 +57,15 @@ impl Communicator {
             // SAFETY: ErrorReport is plain #[repr(C)] integers.
             .map(|c| unsafe { std::ptr::read_unaligned(c.as_ptr() as *const ErrorReport) })
             .collect();
-        // Cleared before the next launch can record again: slots, then the word.
+        let mut stale = [0u8; 8];
+        // SAFETY: as above (the all-reduce's word for a refused launch).
+        unsafe { self.device.read_raw(self.heap_base + STALE_OFFSET, &mut stale)? };
+        let stale = u64::from_le_bytes(stale);
+        // Cleared before the next launch can record again: slots, then the words.
         // SAFETY: as above.
         unsafe {
             self.device.write_raw(self.heap_base + REPORT_OFFSET, &[0u8; BYTES])?;
+            self.device.write_raw(self.heap_base + STALE_OFFSET, &[0u8; 8])?;
             self.device.write_raw(self.heap_base + REPORTED_OFFSET, &[0u8; 4])?;
         }
         let common = |kind: u32, call: u32| {
@@ -77,6 +83,20 @@ impl Communicator {
                 slots,
                 what: c.map(|(k, call)| common(k, call)).unwrap_or_default(),
             }),
+            // An all-reduce launch of stale arguments left its word alone
+            // (every block refused; see `coll::allreduce::AllReduceArgs::failures`).
+            Reports::None if stale != 0 => Err(self.report_error(&ErrorReport {
+                present: 1,
+                rank: self.rank as u32,
+                kind: ErrorKind::Stale as u32,
+                call: Call::AllReduce as u32,
+                peer: u32::MAX,
+                offset: FAILURES_OFFSET,
+                bytes: 8,
+                expected: stale - 1,
+                seen: self.failures_met(),
+                ..ErrorReport::default()
+            })),
             // The word is published after a slot: a kernel that set it
             // wrote one, unless it ran while the host cleared them.
             Reports::None => Err(Error::DeviceReportMissing { rank: self.rank as u32 }),
@@ -167,7 +187,7 @@ impl Communicator {
             Some(ErrorKind::Stale) => format!(
                 "its arguments were made before a launch failed on some rank (the ranks had met on {} failures \
                  then, {} now, in the barrier after each): its launch counts and signal words may differ between \
-                 ranks, so it ran nothing; arguments taken, or a launch captured in a CUDA graph, before a failure \
+                 ranks, so no block of it ran anything; arguments taken, or a launch captured in a CUDA graph, before a failure \
                  run no more: make a new all-reduce, take its arguments and capture again",
                 r.expected, r.seen
             ),
