@@ -8,7 +8,7 @@
 //! | [`REPORTED_OFFSET`] | 4 | nonzero once an error of this rank is recorded (host reads and clears it) |
 //! | [`BLOCK_RESULT_OFFSET`] | 8 | result word of `barrier_block` |
 //! | [`FAILURES_OFFSET`] | 8 | failures the ranks met on, as the host counts them (it writes it) |
-//! | [`STALE_OFFSET`] | 8 | nonzero after a launch of stale all-reduce arguments: their count plus one (host reads and clears it) |
+//! | [`STALE_OFFSET`] | 8 | nonzero after a launch of stale all-reduce or pipeline arguments: their count plus one (host reads and clears it) |
 //! | [`REPORT_OFFSET`] | [`REPORT_SLOTS`] × 96 | the [`ErrorReport`] slots (host reads and clears them) |
 //!
 //! User allocations start at [`HEAP_RESERVED`]; transports refuse ranges
@@ -29,11 +29,14 @@ pub const BLOCK_RESULT_OFFSET: u64 = EPOCH_OFFSET + 16;
 /// no kernel of the rank runs), and the all-reduce compares it with the
 /// count its arguments were made at before it touches anything.
 pub const FAILURES_OFFSET: u64 = EPOCH_OFFSET + 24;
-/// Offset of the word a refused all-reduce launch leaves (see
+/// Offset of the word a refused all-reduce or pipeline launch leaves (see
 /// [`FAILURES_OFFSET`]): the failure count its arguments were made at, plus
-/// one, with the reported word set; the host turns it into
+/// one ([`STALE_PIPELINE`] set for a pipeline's), with the reported word set; the host turns it into
 /// [`ErrorKind::Stale`]'s error when no report slot holds another.
 pub const STALE_OFFSET: u64 = EPOCH_OFFSET + 32;
+/// Set in [`STALE_OFFSET`]'s word when the refused launch was a
+/// pipeline's (`pipeline::Pipe::run`) rather than the all-reduce's.
+pub const STALE_PIPELINE: u64 = 1 << 63;
 /// Offset of the first report slot.
 pub const REPORT_OFFSET: u64 = EPOCH_OFFSET + 64;
 /// Report slots: writers that fail at the same moment mostly pick

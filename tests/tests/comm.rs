@@ -72,15 +72,16 @@ per_backend! {
     /// signals let rank 2 through its first barrier early.) An
     /// all-reduce made before the failure refuses to run after it (its
     /// counts may differ between ranks), as do a pipeline's rings made
-    /// before it; a fused all-reduce's arguments taken before it, launched
-    /// after it (as a graph replay would), run nothing on every rank and
-    /// say why, its output untouched; an all-reduce made after runs, every
+    /// before it; a fused all-reduce's arguments and a pipeline's argument
+    /// taken before it, launched after it (as a graph replay would), run
+    /// nothing on every rank and say why, their outputs untouched; an all-reduce made after runs, every
     /// element right, and rings made after hand out their kernel argument.
     fn a_device_barrier_some_ranks_skipped_leaves_later_barriers_whole(backend: Backend) {
         use doorbell::coll::{AllReduce, AllReduceOptions, DType};
         use doorbell::ForTransport;
         use doorbell_example_kernels::allreduce::{fused_grad_allreduce, COMPUTE_HASH};
         use doorbell_kernels::transport::P2p;
+        use doorbell_test_kernels::pipeline::pipe_by_launch;
         use doorbell_test_kernels::testing::{p2p_barrier_rounds, STATUS_TIMEOUT};
         const ELEMS: usize = 1000;
         let opts = CommOptions {
@@ -107,6 +108,9 @@ per_backend! {
             let fused_before = AllReduce::with_options(comm, ELEMS, DType::F32, &fused_options)?;
             let mut fused_out = dev.alloc_zeroed::<f32>(ELEMS)?;
             let (old_args, old_grid) = fused_before.fused_args(&s, &mut fused_out)?.expect("elements");
+            let pipe_rings = comm.rings::<u32>(shape)?;
+            let old_pipe = pipe_rings.pipe()?;
+            let mut pipe_out = dev.alloc_zeroed::<u32>(ELEMS)?;
             let fused_kernel = comm
                 .load_module(&doorbell_examples::USER_KERNELS)?
                 .function::<<fused_grad_allreduce as ForTransport<P2p>>::Kernel>()?;
@@ -150,6 +154,20 @@ per_backend! {
             let stale = comm.synchronize(&s).err().map(|e| e.to_string());
             let untouched = fused_out.to_host()?.iter().all(|&x| x == 0.0);
             comm.barrier()?;
+            // The pipeline's argument taken before the failure, launched anyway.
+            let pipe_family = comm.load_module(&doorbell_tests::TEST_KERNELS)?.family::<pipe_by_launch>()?;
+            // SAFETY: the rings and `pipe_out` are this communicator's, the grid the rings'.
+            unsafe {
+                s.launch_family(
+                    &pipe_family,
+                    LaunchConfig::linear(pipe_rings.blocks(), 32),
+                    comm.p2p()?,
+                    (old_pipe, pipe_out.as_mut_ptr(), ELEMS as u64),
+                )?
+            };
+            let pipe_stale = comm.synchronize(&s).err().map(|e| e.to_string());
+            let pipe_untouched = pipe_out.to_host()?.iter().all(|&x| x == 0) && pipe_rings.launches()? == 0;
+            comm.barrier()?;
             let rings_refused = rings_before.pipe().err().map(|e| e.to_string());
             let rings_after = comm.rings::<f32>(shape)?.pipe().map(|p| p.chunk);
             Ok((
@@ -160,12 +178,20 @@ per_backend! {
                 refused,
                 sum,
                 (rings_refused, rings_after),
-                (stale, untouched),
+                (stale, untouched, pipe_stale, pipe_untouched),
             ))
         })
         .unwrap();
         for (rank, (first, second, status, _, refused, sum, rings, fused)) in out.iter().enumerate() {
-            let (stale, untouched) = fused;
+            let (stale, untouched, pipe_stale, pipe_untouched) = fused;
+            let pipe_stale = pipe_stale.as_deref().unwrap_or("it ran");
+            assert!(
+                pipe_stale.contains("pipeline failed")
+                    && pipe_stale.contains("made before a launch failed")
+                    && pipe_stale.contains("no block of it ran anything"),
+                "rank {rank}'s pipeline launch of an old argument: {pipe_stale}"
+            );
+            assert!(*pipe_untouched, "rank {rank}'s stale pipeline launch wrote its output or counted a launch");
             let stale = stale.as_deref().unwrap_or("it ran");
             assert!(
                 stale.contains("all-reduce") && stale.contains("made before a launch failed") && stale.contains("no block of it ran anything"),

@@ -41,7 +41,7 @@
 //! says so) and are made again.
 
 use super::{BlockChunks, BlockCtl, Failed, RingSet};
-use crate::heap::{Arg, Call};
+use crate::heap::{Arg, Call, FAILURES_OFFSET, REPORTED_OFFSET, STALE_OFFSET, STALE_PIPELINE};
 use crate::ptx;
 #[allow(unused_imports)]
 use crate::trace::{hook, What};
@@ -64,8 +64,13 @@ pub struct Pipe<E> {
     pub chunk: u64,
     /// Producer/consumer pairs of blocks.
     pub pairs: u32,
-    /// Reserved, zero.
-    pub _pad: u32,
+    /// The failures the ranks had met on when the rings were made
+    /// (`Communicator::failures_met`, low 32 bits): a launch that finds
+    /// another count in its rank's heap header
+    /// ([`FAILURES_OFFSET`](crate::heap::FAILURES_OFFSET)) runs nothing and
+    /// reports [`ErrorKind::Stale`](crate::heap::ErrorKind::Stale) — an
+    /// argument taken, or a graph captured, before such a failure.
+    pub failures: u32,
 }
 
 impl<E> Clone for Pipe<E> {
@@ -109,7 +114,9 @@ impl<E> Pipe<E> {
     /// `peers.1` to `consume(first, len, slot)` and release it. Every
     /// thread of every block calls it, with the same arguments. Returns
     /// `Err` on every thread of a block whose transport call failed (the
-    /// transport recorded why) or whose grid is not `2 * pairs` blocks.
+    /// transport recorded why) or whose grid is not `2 * pairs` blocks, and
+    /// on every thread, with nothing sent, when the ranks met on a failure
+    /// since the rings were made ([`Self::failures`]).
     ///
     /// # Safety
     /// `self` is what `Communicator::rings` made for this element type, on
@@ -130,6 +137,20 @@ impl<E> Pipe<E> {
             if ptx::thread_rank_in_block() == 0 {
                 let e = CommError::BadCount { count: grid };
                 let _ = t.fail(e, Call::Pipeline, Arg::None, u32::MAX, 2 * pairs);
+            }
+            return Err(Failed);
+        }
+        let base = t.bounds().reporter.local_base;
+        // SAFETY (both blocks): words of this rank's heap header; the host
+        // writes the failure count only while no kernel of the rank runs,
+        // and reads the other two once the launch is over.
+        let failures = unsafe { core::ptr::read_volatile((base + FAILURES_OFFSET) as *const u64) };
+        if failures as u32 != self.failures {
+            // Every thread stores the same two words (see the all-reduce's
+            // `stale`); the host's check makes the report.
+            unsafe {
+                core::ptr::write_volatile((base + STALE_OFFSET) as *mut u64, STALE_PIPELINE | (self.failures as u64 + 1));
+                core::ptr::write_volatile((base + REPORTED_OFFSET) as *mut u32, 1);
             }
             return Err(Failed);
         }

@@ -5,7 +5,7 @@
 
 use doorbell_kernels::heap::{
     first_report, Arg, Call, ErrorKind, ErrorReport, Reports, FAILURES_OFFSET, HEAP_RESERVED, REPORTED_OFFSET, REPORT_OFFSET, REPORT_SLOTS,
-    STALE_OFFSET,
+    STALE_OFFSET, STALE_PIPELINE,
 };
 use doorbell_kernels::transport::Cmp;
 
@@ -89,11 +89,15 @@ impl Communicator {
                 present: 1,
                 rank: self.rank as u32,
                 kind: ErrorKind::Stale as u32,
-                call: Call::AllReduce as u32,
+                call: if stale & STALE_PIPELINE != 0 {
+                    Call::Pipeline
+                } else {
+                    Call::AllReduce
+                } as u32,
                 peer: u32::MAX,
                 offset: FAILURES_OFFSET,
                 bytes: 8,
-                expected: stale - 1,
+                expected: (stale & !STALE_PIPELINE) - 1,
                 seen: self.failures_met(),
                 ..ErrorReport::default()
             })),
@@ -188,7 +192,7 @@ impl Communicator {
                 "its arguments were made before a launch failed on some rank (the ranks had met on {} failures \
                  then, {} now, in the barrier after each): its launch counts and signal words may differ between \
                  ranks, so no block of it ran anything; arguments taken, or a launch captured in a CUDA graph, before a failure \
-                 run no more: make a new all-reduce, take its arguments and capture again",
+                 run no more: make a new all-reduce (or `Communicator::rings`), take its arguments and capture again",
                 r.expected, r.seen
             ),
             None => format!(

@@ -59,7 +59,7 @@ impl<E: DeviceCopy> Rings<'_, E> {
             outbox: self.outbox.as_mut_ptr(),
             chunk: self.shape.chunk,
             pairs: self.shape.pairs,
-            _pad: 0,
+            failures: self.failures_at as u32,
         })
     }
     /// Blocks of the grid a launch must have: `2 * pairs`.
