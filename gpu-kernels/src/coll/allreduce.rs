@@ -66,10 +66,12 @@
 #[macro_use]
 #[path = "hier.rs"]
 mod hier;
+#[path = "launch.rs"]
+mod launch;
+use launch::{begin, finish, stale};
 
 use super::reduce::{copy_bytes, sum_into, Bf16, DType, Element, Sources};
 use super::MAX_RANKS;
-use crate::heap::{FAILURES_OFFSET, REPORTED_OFFSET, STALE_OFFSET};
 use crate::pipeline::{BlockChunks, BlockCtl, Failed, RingSet};
 use crate::ptx;
 use crate::transport::{wait_all_raw, Cmp, Coop, RawSignal, RawWait, Transport};
@@ -154,7 +156,7 @@ pub struct AllReduceArgs {
     pub sigs: u64,
     /// The failures the ranks had met on when the all-reduce was made
     /// (`Communicator::failures_met`): a launch that finds another count in
-    /// its rank's heap header ([`FAILURES_OFFSET`]) runs nothing and
+    /// its rank's heap header ([`FAILURES_OFFSET`](crate::heap::FAILURES_OFFSET)) runs nothing and
     /// reports [`ErrorKind::Stale`](crate::heap::ErrorKind::Stale) — a
     /// launch or graph replay of arguments made before such a failure,
     /// whose launch counts and signal words may differ between ranks.
@@ -795,21 +797,6 @@ unsafe fn pipelined<T: Transport, E: Element, P: FnMut(Chunk)>(t: &T, a: &AllRed
     Ok(())
 }
 
-/// Traps unless the launch matches the arguments (grid, world, algorithm).
-#[inline(always)]
-fn check<T: Transport>(t: &T, a: &AllReduceArgs) {
-    let ok = ptx::grid_dim_x() == a.blocks
-        && a.world == t.world_size()
-        && (a.world as usize) <= MAX_RANKS
-        && a.chunk_elems > 0
-        && DType::from_u32(a.dtype).is_some()
-        && Algo::from_u32(a.algo).is_some()
-        && (!T::NODES || a.algo != Algo::Hierarchical as u32 || hier::valid(a));
-    if !ok {
-        ptx::trap();
-    }
-}
-
 /// Runs the all-reduce `a` describes, by every thread of every block of the
 /// launch. `Err` once a transport call failed (recorded for the host).
 ///
@@ -903,58 +890,6 @@ pub unsafe fn fused<T: Transport, P: FnMut(Chunk)>(t: &T, a: &AllReduceArgs, pro
     }
     // SAFETY: the caller's contract.
     finish(&at, unsafe { run_algo(t, &at, produce, false) })
-}
-
-/// Checks the launch and returns `a` with the block's epoch in `epoch`:
-/// one more than the last launch it completed (module docs). (A plain
-/// pair of calls, not a function taking the body as a closure: such a
-/// closure was compiled out of line, its arguments through a stack frame.)
-#[inline(always)]
-fn begin<T: Transport>(t: &T, a: &AllReduceArgs) -> AllReduceArgs {
-    check(t, a);
-    let mut at = *a;
-    // SAFETY: this block's epoch word, written only by its thread 0 (in
-    // `finish`) after a barrier that follows every thread's read.
-    at.epoch = unsafe { core::ptr::read_volatile(a.epoch_word(ptx::block_idx_x() as u64)) } + 1;
-    at
-}
-
-/// Whether the ranks met on a failure since `a` was made
-/// ([`AllReduceArgs::failures`]): the launch must then touch nothing.
-/// Every thread leaves the arguments' count in the heap header's stale
-/// word ([`STALE_OFFSET`]) and sets its reported word (the same two values
-/// from every thread), which the host's check turns into the error. Two
-/// plain stores: a call to the report writer here, or the stores kept to
-/// one thread of the block, made ptxas spill more in the library's
-/// entries, and so did this check's early return inside [`begin`]'s copy.
-#[inline(always)]
-fn stale<T: Transport>(t: &T, a: &AllReduceArgs) -> bool {
-    let base = t.bounds().reporter.local_base;
-    // SAFETY (both blocks): words of this rank's heap header; the host
-    // writes the failure count only while no kernel of the rank runs, and
-    // reads the other two once the launch is over.
-    let failures = unsafe { core::ptr::read_volatile((base + FAILURES_OFFSET) as *const u64) };
-    if failures == a.failures {
-        return false;
-    }
-    unsafe {
-        core::ptr::write_volatile((base + STALE_OFFSET) as *mut u64, a.failures + 1);
-        core::ptr::write_volatile((base + REPORTED_OFFSET) as *mut u32, 1);
-    }
-    true
-}
-
-/// Counts the launch `at` in the block's epoch word when it succeeded.
-#[inline(always)]
-fn finish(at: &AllReduceArgs, r: Result<(), Failed>) -> Result<(), Failed> {
-    if r.is_ok() {
-        ptx::sync_threads();
-        if ptx::thread_rank_in_block() == 0 {
-            // SAFETY: as in `begin`; the next launch reads it (stream order).
-            unsafe { core::ptr::write_volatile(at.epoch_word(ptx::block_idx_x() as u64), at.epoch) };
-        }
-    }
-    r
 }
 
 /// The algorithm `a.algo` with the block's epoch in `a.epoch`. `direct`:

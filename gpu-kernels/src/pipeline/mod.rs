@@ -59,6 +59,7 @@
 mod pipe;
 pub use pipe::Pipe;
 
+use crate::heap;
 use crate::ptx;
 use crate::transport::{wait_all_raw, Cmp, CommError, Coop, RawSignal, RawWait, RawXfer, Transport};
 
@@ -71,6 +72,33 @@ impl From<CommError> for Failed {
     fn from(_: CommError) -> Failed {
         Failed
     }
+}
+
+/// Whether a launch whose arguments were made at failure count `made_at`
+/// (the header's count masked by `mask`: a field of fewer bits holds its
+/// low bits) finds the ranks met on a failure since ([`FAILURES_OFFSET`](crate::heap::FAILURES_OFFSET));
+/// it must then touch nothing. Every thread calling it leaves `mark |
+/// (made_at + 1)` in [`STALE_OFFSET`](crate::heap::STALE_OFFSET)'s word and sets the reported word
+/// (the same two values from every thread), which the host's check turns
+/// into [`ErrorKind::Stale`](crate::heap::ErrorKind::Stale)'s error. Two plain stores: a call to the
+/// report writer here, or the stores kept to one thread of the block, made
+/// ptxas spill more in the all-reduce's entries.
+///
+/// `local_base` is this rank's heap base.
+#[inline(always)]
+pub fn stale_launch(local_base: u64, made_at: u64, mask: u64, mark: u64) -> bool {
+    // SAFETY (both blocks): words of this rank's heap header; the host
+    // writes the failure count only while no kernel of the rank runs, and
+    // reads the other two once the launch is over.
+    let failures = unsafe { core::ptr::read_volatile((local_base + heap::FAILURES_OFFSET) as *const u64) };
+    if failures & mask == made_at {
+        return false;
+    }
+    unsafe {
+        core::ptr::write_volatile((local_base + heap::STALE_OFFSET) as *mut u64, mark | (made_at + 1));
+        core::ptr::write_volatile((local_base + heap::REPORTED_OFFSET) as *mut u32, 1);
+    }
+    true
 }
 
 /// A word through which thread 0 of a block tells the block how a call it

@@ -40,8 +40,8 @@
 //! counters as they were; the rings are then out of step (the host's error
 //! says so) and are made again.
 
-use super::{BlockChunks, BlockCtl, Failed, RingSet};
-use crate::heap::{Arg, Call, FAILURES_OFFSET, REPORTED_OFFSET, STALE_OFFSET, STALE_PIPELINE};
+use super::{stale_launch, BlockChunks, BlockCtl, Failed, RingSet};
+use crate::heap::{Arg, Call, STALE_PIPELINE};
 use crate::ptx;
 #[allow(unused_imports)]
 use crate::trace::{hook, What};
@@ -140,18 +140,12 @@ impl<E> Pipe<E> {
             }
             return Err(Failed);
         }
-        let base = t.bounds().reporter.local_base;
-        // SAFETY (both blocks): words of this rank's heap header; the host
-        // writes the failure count only while no kernel of the rank runs,
-        // and reads the other two once the launch is over.
-        let failures = unsafe { core::ptr::read_volatile((base + FAILURES_OFFSET) as *const u64) };
-        if failures as u32 != self.failures {
-            // Every thread stores the same two words (see the all-reduce's
-            // `stale`); the host's check makes the report.
-            unsafe {
-                core::ptr::write_volatile((base + STALE_OFFSET) as *mut u64, STALE_PIPELINE | (self.failures as u64 + 1));
-                core::ptr::write_volatile((base + REPORTED_OFFSET) as *mut u32, 1);
-            }
+        if stale_launch(
+            t.bounds().reporter.local_base,
+            self.failures as u64,
+            u32::MAX as u64,
+            STALE_PIPELINE,
+        ) {
             return Err(Failed);
         }
         let p = b % pairs;

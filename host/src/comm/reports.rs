@@ -58,7 +58,7 @@ impl Communicator {
             .map(|c| unsafe { std::ptr::read_unaligned(c.as_ptr() as *const ErrorReport) })
             .collect();
         let mut stale = [0u8; 8];
-        // SAFETY: as above (the all-reduce's word for a refused launch).
+        // SAFETY: as above (the word a refused stale launch leaves).
         unsafe { self.device.read_raw(self.heap_base + STALE_OFFSET, &mut stale)? };
         let stale = u64::from_le_bytes(stale);
         // Cleared before the next launch can record again: slots, then the words.
@@ -83,8 +83,8 @@ impl Communicator {
                 slots,
                 what: c.map(|(k, call)| common(k, call)).unwrap_or_default(),
             }),
-            // An all-reduce launch of stale arguments left its word alone
-            // (every block refused; see `coll::allreduce::AllReduceArgs::failures`).
+            // A launch of stale all-reduce or pipeline arguments left only
+            // its word (every block refused: `pipeline::stale_launch`).
             Reports::None if stale != 0 => Err(self.report_error(&ErrorReport {
                 present: 1,
                 rank: self.rank as u32,
