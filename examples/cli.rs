@@ -670,6 +670,11 @@ pub struct IbgdaBenchArgs {
     /// Warp-wide posts (32 WQEs each) per block of the lane-post run
     #[arg(long = "lane-rounds", value_name = "N", default_value = "256", value_parser = ranged(1, 100_000))]
     pub lane_rounds: u64,
+    /// Puts per lane in each call of the one-warp batched run
+    /// (`put_lanes_many_raw`: 32 × N WQEs behind one doorbell while they
+    /// fit the send queue)
+    #[arg(long = "lane-batch", value_name = "N", default_value = "4", value_parser = ranged(1, 1024))]
+    pub lane_batch: u64,
     /// Rounds of every measurement; the table reports the median
     #[arg(long, value_name = "N", default_value = "3", value_parser = ranged(1, 1000))]
     pub rounds: u64,

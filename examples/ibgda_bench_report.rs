@@ -118,6 +118,11 @@ pub struct Report {
     pub lanes_all_done_mwqe_s: f64,
     /// Rank 0's engine over the timed runs of `lanes_blocks` blocks.
     pub lanes_engine: Option<LaneEngine>,
+    /// One block's warp posting `lanes_batch` puts per lane a call
+    /// (`post_lanes_many`): M WQE/s of posting and to the last completion.
+    pub lanes_batch: u64,
+    pub lanes_batch_post_mwqe_s: f64,
+    pub lanes_batch_done_mwqe_s: f64,
     pub engine_wqes: u64,
     /// Where rank 0's engine kernel spent its busy cycles over the whole
     /// run: shares of copying payload, fencing after copies, and the rest
@@ -226,6 +231,13 @@ pub fn print_report(r: &Report, a: &IbgdaBenchArgs, gpu: bool) {
     println!(
         "# warp posts of a WQE per lane ({} 8-byte puts per block, 32 behind each doorbell): one block {:.3} M WQE/s posted, {:.3} M WQE/s completed; {} blocks on {} QPs {:.3} M WQE/s posted, {:.3} M WQE/s completed",
         r.lanes_wqes, r.lanes_one_post_mwqe_s, r.lanes_one_done_mwqe_s, r.lanes_blocks, r.lanes_qps, r.lanes_all_post_mwqe_s, r.lanes_all_done_mwqe_s
+    );
+    println!(
+        "# one warp posting {} puts per lane a call (put_lanes_many_raw, {} behind each doorbell): {:.3} M WQE/s posted, {:.3} M WQE/s completed",
+        r.lanes_batch,
+        32 * r.lanes_batch,
+        r.lanes_batch_post_mwqe_s,
+        r.lanes_batch_done_mwqe_s
     );
     if let Some(e) = r.lanes_engine {
         let heading = format!("over those {} blocks' runs", r.lanes_blocks);

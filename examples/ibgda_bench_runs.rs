@@ -8,8 +8,8 @@ use std::time::Instant;
 use doorbell::comm::{Communicator, EnginePhase as Phase, EngineReport};
 use doorbell::{AnyTransport, DeviceBuffer, LaunchConfig};
 use doorbell_example_kernels::ibgda_bench::{
-    post_burst_ibgda, post_lanes_ibgda, post_profile, primitive_costs, put_signal_rtt, put_stream, BENCH_OK, NO_PEER, PRIMITIVES,
-    PRIMITIVE_COUNT,
+    post_burst_ibgda, post_lanes_ibgda, post_lanes_many_ibgda, post_profile, primitive_costs, put_signal_rtt, put_stream, BENCH_OK,
+    NO_PEER, PRIMITIVES, PRIMITIVE_COUNT,
 };
 use doorbell_examples::cli::sweep;
 use doorbell_examples::{ratio, BoxError};
@@ -200,15 +200,19 @@ pub fn post_rates(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), Box
 pub fn lane_rates(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), BoxError> {
     let (comm, me) = (r.comm, r.comm.rank());
     let f = r.m.function::<post_lanes_ibgda>()?;
+    let many = r.m.function::<post_lanes_many_ibgda>()?;
     let blocks = p.args.lane_blocks as u32;
     let rounds = p.args.lane_rounds as u32;
+    let batch = p.args.lane_batch as u32;
     let mut out = comm.device().alloc_zeroed::<u64>(3 * blocks as usize)?;
-    let mut posted: [Vec<f64>; 2] = Default::default();
+    let mut posted: [Vec<f64>; 3] = Default::default();
     let mut engine: Option<LaneEngine> = None;
-    let [one, all] = interleaved::<2, BoxError>(true, p.args.rounds as u32, |v, warm| {
-        let n = [1, blocks][v];
+    // 0: one block, 1: `blocks` blocks, each a WQE per lane a call; 2: one
+    // block, `batch` per lane a call.
+    let [one, all, one_many] = interleaved::<3, BoxError>(true, p.args.rounds as u32, |v, warm| {
+        let n = [1, blocks, 1][v];
         if me == 0 && warm {
-            eprintln!("lane posts: {n} block(s) of one warp");
+            eprintln!("lane posts: {n} block(s) of one warp, {} per lane a call", [1, 1, batch][v]);
         }
         r.status.zero()?;
         out.zero()?;
@@ -218,11 +222,16 @@ pub fn lane_rates(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), Box
         // SAFETY: symmetric `words` of `lane_words(blocks, rounds)`, registered `src`; `out` holds 3 words per block.
         unsafe {
             let a = (r.words.as_mut_ptr(), r.src.as_ptr() as *const u64, rounds, out.as_raw() as *mut u64);
-            r.s.launch(
-                &f,
-                LaunchConfig::linear(n, 32),
-                (r.ib, peer, a.0, a.1, a.2, a.3, r.status.as_mut_ptr()),
-            )?;
+            if v == 2 {
+                let cfg = LaunchConfig::linear(n, 32);
+                r.s.launch(&many, cfg, (r.ib, peer, a.0, a.1, a.2, batch, a.3, r.status.as_mut_ptr()))?;
+            } else {
+                r.s.launch(
+                    &f,
+                    LaunchConfig::linear(n, 32),
+                    (r.ib, peer, a.0, a.1, a.2, a.3, r.status.as_mut_ptr()),
+                )?;
+            }
         }
         comm.synchronize(&r.s)?;
         check(&r.status, "lane posts")?;
@@ -244,9 +253,11 @@ pub fn lane_rates(r: &mut Rank, p: &Plan, report: &mut Report) -> Result<(), Box
         report.lanes_blocks = blocks as u64;
         report.lanes_qps = (blocks as u64).min(p.io.qps_per_peer as u64);
         report.lanes_wqes = 32 * rounds as u64;
-        let [p1, pn] = posted;
+        let [p1, pn, pm] = posted;
         (report.lanes_one_post_mwqe_s, report.lanes_all_post_mwqe_s) = (median(p1), median(pn));
         (report.lanes_one_done_mwqe_s, report.lanes_all_done_mwqe_s) = (median(one), median(all));
+        report.lanes_batch = batch as u64;
+        (report.lanes_batch_post_mwqe_s, report.lanes_batch_done_mwqe_s) = (median(pm), median(one_many));
         report.lanes_engine = engine;
     }
     Ok(())

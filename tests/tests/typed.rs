@@ -9,7 +9,9 @@ use std::time::Duration;
 use doorbell::comm::{CommOptions, Communicator};
 use doorbell::{Backend, ForTransport, Kernel, KernelParam, LaunchConfig};
 use doorbell_kernels::transport::{Ibgda, P2p, Sym, Transport};
-use doorbell_test_kernels::typed::{lane_words, put_lanes_call, typed_call, LANE_WORDS};
+use doorbell_test_kernels::typed::{
+    lane_words, many_count, many_words, put_lanes_call, put_lanes_many_call, typed_call, LANE_WORDS, MANY_LONG, MANY_SLOT,
+};
 use doorbell_tests::{load_test_kernel, per_backend};
 
 const N: usize = 64;
@@ -302,5 +304,111 @@ per_backend! {
     /// doorbell, checked as over P2P.
     fn every_lane_puts_its_own_part_ibgda(backend: Backend) {
         check_lanes::<Ibgda>(backend);
+    }
+}
+
+type ManyArgs<T> = (T, Sym<u64>, Sym<u64>, u32, u32, *mut u32);
+const MANY_WORDS: usize = 32 * MANY_LONG as usize * MANY_SLOT as usize;
+
+/// What rank 0's lanes returned and rank 1 holds after each round of
+/// `put_lanes_many_call`'s `case`: (error, codes, dst).
+fn run_many<T: Handle>(backend: Backend, case: u32, rounds: u32) -> Vec<(Option<String>, Vec<u32>, Vec<u64>)>
+where
+    put_lanes_many_call: ForTransport<T>,
+    <put_lanes_many_call as ForTransport<T>>::Kernel: Kernel<Args = ManyArgs<T>>,
+{
+    let mut out = Communicator::local(2, backend, options(), |comm| {
+        let dev = comm.device();
+        let f = load_test_kernel::<<put_lanes_many_call as ForTransport<T>>::Kernel>(dev)?;
+        let dst = comm.alloc::<u64>(MANY_WORDS)?;
+        let src = comm.alloc::<u64>(MANY_WORDS)?;
+        let mut codes = dev.alloc_zeroed::<u32>(32)?;
+        let t = T::of(comm)?;
+        let s = dev.new_stream()?;
+        let mut seen = Vec::new();
+        for round in 0..rounds {
+            dst.copy_from_host(&vec![LANE_CANARY | round as u64; MANY_WORDS])?;
+            src.copy_from_host(&many_src(round))?;
+            codes.copy_from_host(&[u32::MAX; 32])?;
+            comm.barrier()?;
+            // SAFETY: symmetric buffers of the sizes the kernel documents.
+            unsafe {
+                s.launch(
+                    &f,
+                    LaunchConfig::linear(1, 32),
+                    (t, dst.sym(), src.sym(), round, case, codes.as_mut_ptr()),
+                )?
+            };
+            let err = comm.synchronize(&s).err().map(|e| e.to_string());
+            comm.barrier()?;
+            seen.push((err, codes.to_host()?, dst.to_host()?));
+        }
+        Ok(seen)
+    })
+    .unwrap_or_else(|e| panic!("{backend:?} put_lanes_many case {case}: {e}"));
+    let r1 = out.pop().expect("rank 1");
+    let r0 = out.pop().expect("rank 0");
+    r0.into_iter().zip(r1).map(|((e, c, _), (_, _, d))| (e, c, d)).collect()
+}
+
+/// Rank 0's source words for `put_lanes_many_call` in `round`.
+fn many_src(round: u32) -> Vec<u64> {
+    (0..MANY_WORDS as u64)
+        .map(|j| (round as u64 + 7) * 0x3_0000_0001 + j * 0x9E37_79B9)
+        .collect()
+}
+
+fn check_many<T: Handle>(backend: Backend)
+where
+    put_lanes_many_call: ForTransport<T>,
+    <put_lanes_many_call as ForTransport<T>>::Kernel: Kernel<Args = ManyArgs<T>>,
+{
+    for case in [0, 1, 3] {
+        for (round, (err, codes, dst)) in run_many::<T>(backend, case, 3).into_iter().enumerate() {
+            let round = round as u32;
+            let what = format!("{backend:?} {} case {case} round {round}", std::any::type_name::<T>());
+            assert!(err.is_none(), "{what}: {err:?}");
+            assert_eq!(codes, [0; 32], "{what}: lanes' results");
+            let src = many_src(round);
+            for l in 0..32u64 {
+                for j in 0..MANY_LONG {
+                    let n = if j < many_count(l, round, case) {
+                        many_words(l, j, round, case)
+                    } else {
+                        0
+                    };
+                    for k in 0..MANY_SLOT {
+                        let w = ((l * MANY_LONG as u64 + j as u64) * MANY_SLOT + k) as usize;
+                        let want = if k < n { src[w] } else { LANE_CANARY | round as u64 };
+                        assert_eq!(dst[w], want, "{what}: lane {l} transfer {j} word {k} ({n} words put)");
+                    }
+                }
+            }
+        }
+    }
+    // Lane 9's third transfer lands past the heap: nothing is written and
+    // every lane reports it.
+    let (err, codes, dst) = run_many::<T>(backend, 2, 1).pop().expect("one round");
+    let what = format!("{backend:?} {} case 2", std::any::type_name::<T>());
+    assert_eq!(codes, [4; 32], "{what}: every lane gets the out-of-range error");
+    assert!(dst.iter().all(|&v| v == LANE_CANARY), "{what}: a lane wrote");
+    let err = err.unwrap_or_else(|| panic!("{what}: no error reported"));
+    assert!(err.contains("destination"), "{what}: {err}");
+}
+
+per_backend! {
+    /// `put_lanes_many_raw` over P2P: each lane its own number of
+    /// transfers (none too) of its own lengths, changing every round,
+    /// blocking and not; one refused transfer stops the warp before
+    /// anything is written.
+    fn every_lane_puts_many_transfers_p2p(backend: Backend) {
+        check_many::<P2p>(backend);
+    }
+
+    /// `put_lanes_many_raw` over IBGDA: the warp's transfers as one run
+    /// behind one doorbell, and a run longer than the send queue (case 3)
+    /// round by round; checked as over P2P.
+    fn every_lane_puts_many_transfers_ibgda(backend: Backend) {
+        check_many::<Ibgda>(backend);
     }
 }

@@ -260,6 +260,67 @@ pub unsafe fn post_lanes<T: Transport>(t: T, peer: u32, dst: *mut u64, src: *con
     }
 }
 
+/// [`post_lanes`](fn@post_lanes) with `per_call` puts per lane in each
+/// call ([`Transport::put_lanes_many_raw`]: the warp's `32 × per_call`
+/// WQEs behind one doorbell): `rounds` puts per lane in all (the last call
+/// takes what is left), to the same words as [`post_lanes`](fn@post_lanes)'s;
+/// `out_ns` as there.
+#[kernel(transports(Ibgda, Proxy))]
+pub unsafe fn post_lanes_many<T: Transport>(
+    t: T,
+    peer: u32,
+    dst: *mut u64,
+    src: *const u64,
+    rounds: u32,
+    per_call: u32,
+    out_ns: *mut u64,
+    status: *mut u32,
+) {
+    if peer == NO_PEER || ptx::warp_id_in_block() != 0 {
+        return;
+    }
+    let (b, blocks) = (ptx::block_idx_x() as u64, ptx::grid_dim_x() as u64);
+    let lane = ptx::lane_id() as u64;
+    let per_call = per_call.max(1);
+    let mut r: Result<(), CommError> = Ok(());
+    let t0 = ptx::globaltimer_ns();
+    let mut i = 0;
+    while i < rounds && r.is_ok() {
+        let n = per_call.min(rounds - i);
+        let x = |j: u32| {
+            let word = (((i + j) as u64 * blocks + b) * 32 + lane) % LANE_WORDS as u64;
+            RawXfer {
+                // SAFETY: `dst` holds every word below `LANE_WORDS` this
+                // launch's puts reach.
+                dst: unsafe { dst.add(word as usize) } as *mut u8,
+                src: src as *const u8,
+                bytes: 8,
+                nbi: true,
+            }
+        };
+        // SAFETY: every lane of the warp calls; `dst` symmetric, `src` registered.
+        r = unsafe { t.put_lanes_many_raw(peer, n, true, x) };
+        i += n;
+    }
+    let t1 = ptx::globaltimer_ns();
+    if lane == 0 {
+        if r.is_ok() {
+            // SAFETY: one thread of the block quiets its own puts.
+            r = unsafe { t.quiet(None) };
+        }
+        // SAFETY: `out_ns` holds 3 words per block, `status` one word.
+        unsafe {
+            let o = out_ns.add(3 * b as usize);
+            *o = t0;
+            *o.add(1) = t1;
+            *o.add(2) = ptx::globaltimer_ns();
+            if r.is_err() {
+                *status = BENCH_FAILED;
+            }
+        }
+    }
+}
+
 /// Words [`primitive_costs`](fn@primitive_costs) writes: cycles per operation, in this order
 /// (the host prints them with [`PRIMITIVES`]' names).
 pub const PRIMITIVE_COUNT: usize = 15;

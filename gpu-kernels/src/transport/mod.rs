@@ -215,6 +215,34 @@ pub trait Transport: Copy + Checked {
         r
     }
 
+    /// Every lane of a converged warp puts `count` transfers of its own to
+    /// `peer` (lanes may pass different counts): its `i`-th is `x(i)`, for
+    /// `i < count` (0 bytes: none). The many-messages-per-lane shape (a
+    /// lane's tokens, rows or flags): one call posts what `count` calls of
+    /// [`Self::put_lanes_raw`] would, without a signal. Nothing orders one
+    /// transfer against another. `nbi` is the call's, for every transfer
+    /// (each `x(i).nbi` is not read): the whole warp's puts complete at
+    /// `quiet` instead of on return. Every transfer of every lane is
+    /// checked before anything is written; when one is refused, every lane
+    /// returns the error of the lowest lane refused (its first refused
+    /// transfer).
+    ///
+    /// IBGDA posts the warp's transfers as one run behind one doorbell (one
+    /// reservation, one completion) when each fits one WQE (at most the
+    /// handle's largest message) and the run fits the send queue; else, as
+    /// the default does, it puts round by round, one
+    /// [`Self::put_lanes_raw`] call per index `i`.
+    ///
+    /// # Safety
+    /// All 32 lanes call it, converged, with the same `peer` and `nbi`;
+    /// `x` returns the same transfer each time it is called with the same
+    /// index (it is called more than once per index), each source valid
+    /// for its bytes.
+    unsafe fn put_lanes_many_raw(&self, peer: u32, count: u32, nbi: bool, x: impl Fn(u32) -> RawXfer) -> Result<(), CommError> {
+        // SAFETY: the caller's contract.
+        unsafe { put_lanes_rounds(self, peer, count, nbi, x) }
+    }
+
     /// Copies `x.bytes` from the symmetric `x.src` on `peer` to local `x.dst`.
     ///
     /// # Safety
@@ -495,6 +523,66 @@ pub(crate) fn wait_some_words<C: Checked>(c: &C, w: RawWait, skip: u64, load: im
             return Err(c.fail_wait(Timeout { seen: last }, call, u32::MAX, at, cmp, value));
         }
     }
+}
+
+/// [`Transport::put_lanes_many_raw`] as rounds of
+/// [`Transport::put_lanes_raw`]: every lane's transfers checked first (no
+/// transfer written when one is refused), then index `i` of every lane in
+/// round `i` (a lane whose `count` is past `i` puts nothing), as many
+/// rounds as the warp's largest `count`; the first failed round ends it.
+///
+/// # Safety
+/// As for [`Transport::put_lanes_many_raw`].
+#[inline(always)]
+pub(crate) unsafe fn put_lanes_rounds<T: Transport + ?Sized>(
+    t: &T,
+    peer: u32,
+    count: u32,
+    nbi: bool,
+    x: impl Fn(u32) -> RawXfer,
+) -> Result<(), CommError> {
+    let mut mine = Ok(());
+    let mut i = 0;
+    while i < count && mine.is_ok() {
+        let xi = RawXfer { nbi, ..x(i) };
+        mine = check_put(t, peer, &xi, None).map(drop);
+        i += 1;
+    }
+    warp_verdict(mine)?;
+    let rounds = warp_max_u32(count);
+    let mut i = 0;
+    while i < rounds {
+        let xi = if i < count {
+            RawXfer { nbi, ..x(i) }
+        } else {
+            // Nothing, at the start of the heap's user part (which every
+            // check accepts).
+            let at = (t.bounds().reporter.local_base + crate::heap::HEAP_RESERVED) as *mut u8;
+            RawXfer {
+                dst: at,
+                src: at,
+                bytes: 0,
+                nbi,
+            }
+        };
+        // SAFETY: the caller's contract; every lane's transfers checked.
+        unsafe { t.put_lanes_raw(peer, xi, None) }?;
+        i += 1;
+    }
+    Ok(())
+}
+
+/// The largest `v` of the warp's lanes, on every lane. All 32 lanes call
+/// it, converged.
+#[inline(always)]
+pub(crate) fn warp_max_u32(v: u32) -> u32 {
+    let mut m = v;
+    let mut d = 16;
+    while d > 0 {
+        m = m.max(crate::ptx::shfl_sync_xor_u32(crate::ptx::FULL_MASK, m, d));
+        d /= 2;
+    }
+    m
 }
 
 /// The verdict of a warp whose every lane checked its own arguments:

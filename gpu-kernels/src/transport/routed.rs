@@ -155,6 +155,22 @@ impl Transport for Routed {
         }
     }
 
+    unsafe fn put_lanes_many_raw(&self, peer: u32, count: u32, nbi: bool, x: impl Fn(u32) -> RawXfer) -> Result<(), CommError> {
+        let rdma = self.is_rdma(peer);
+        // SAFETY: the caller's contract.
+        unsafe {
+            if crate::ptx::vote_sync_all(crate::ptx::FULL_MASK, rdma) {
+                self.ibgda.put_lanes_many_raw(peer, count, nbi, x)
+            } else if crate::ptx::vote_sync_all(crate::ptx::FULL_MASK, !rdma) {
+                self.p2p.put_lanes_many_raw(peer, count, nbi, x)
+            } else {
+                // Lanes on both routes: round by round, each round's lanes
+                // on their own routes.
+                super::put_lanes_rounds(self, peer, count, nbi, x)
+            }
+        }
+    }
+
     #[inline(always)]
     unsafe fn get_raw(&self, g: Coop, peer: u32, x: RawXfer) -> Result<(), CommError> {
         // SAFETY: the caller's contract.

@@ -1,7 +1,7 @@
 //! Kernels of the typed transfer calls: every part checked against its own
 //! buffer, arguments by name, errors naming the argument.
 
-use doorbell_kernels::transport::{Cmp, Coop, Get, Ibgda, P2p, Part, Put, Signal, Sym, Transport};
+use doorbell_kernels::transport::{Cmp, Coop, Get, Ibgda, P2p, Part, Put, RawXfer, Signal, Sym, Transport};
 use doorbell_kernels::{kernel, ptx};
 
 use crate::contract::{code, report_block_code};
@@ -136,4 +136,79 @@ pub unsafe fn lanes_many_qps<T: Transport>(t: T, dst: Sym<u64>, src: Sym<u64>, s
         // SAFETY: `out` holds a word per block.
         unsafe { *out.add(b as usize) = code(q) };
     }
+}
+
+/// Transfers a lane of [`put_lanes_many_call()`] posts in one call in
+/// cases 0 – 2: 0 ..= this many, by [`many_count`].
+pub const MANY_MAX: u32 = 5;
+/// Transfers every lane posts in case 3 of [`put_lanes_many_call()`]: a
+/// run of 32 × 12 WQEs, longer than the default send queue (256).
+pub const MANY_LONG: u32 = 12;
+/// Words of `dst` (and `src`) each (lane, transfer) of
+/// [`put_lanes_many_call()`] owns: a transfer puts 0 ..= 2 of them.
+pub const MANY_SLOT: u64 = 2;
+
+/// Transfers lane `l` posts in `round` of `case` of [`put_lanes_many_call()`].
+pub const fn many_count(l: u64, round: u32, case: u32) -> u32 {
+    if case == 3 {
+        MANY_LONG
+    } else {
+        ((l * 7 + round as u64) % (MANY_MAX as u64 + 1)) as u32
+    }
+}
+
+/// Words transfer `j` of lane `l` puts in `round` of `case`.
+pub const fn many_words(l: u64, j: u32, round: u32, case: u32) -> u64 {
+    if case == 3 {
+        1
+    } else {
+        (l + 2 * j as u64 + round as u64) % 3
+    }
+}
+
+/// One warp of rank 0 puts to rank 1 with
+/// [`Transport::put_lanes_many_raw`]: lane `l` posts [`many_count`]
+/// transfers, its `j`-th copying [`many_words`] words at word
+/// `(l × MANY_LONG + j) × MANY_SLOT` of `src` into the same words of
+/// `dst` (each holds `32 × MANY_LONG × MANY_SLOT` words).
+///
+/// | case | what |
+/// |---|---|
+/// | 0 | blocking puts |
+/// | 1 | non-blocking puts, then lane 0 quiets |
+/// | 2 | as 0, but lane 9's third transfer (of 3) lands past the heap's end: nothing may be written, every lane gets that error |
+/// | 3 | non-blocking, [`MANY_LONG`] one-word transfers per lane, then quiet |
+///
+/// `out[l]` = `code` of lane `l`'s result.
+#[kernel(transports(P2p, Ibgda))]
+pub unsafe fn put_lanes_many_call<T: Transport>(t: T, dst: Sym<u64>, src: Sym<u64>, round: u32, case: u32, out: *mut u32) {
+    if t.rank() != 0 || ptx::warp_id_in_block() != 0 {
+        return;
+    }
+    let l = ptx::lane_id() as u64;
+    let count = many_count(l, round, case);
+    let x = |j: u32| {
+        let w = (l * MANY_LONG as u64 + j as u64) * MANY_SLOT;
+        let mut to = dst.part(w, MANY_SLOT).as_ptr() as *mut u8;
+        if case == 2 && l == 9 && j == 2 {
+            // Past the heap (1 MiB): the raw call's check refuses it.
+            to = to.wrapping_add(1 << 30);
+        }
+        RawXfer {
+            dst: to,
+            src: src.part(w, MANY_SLOT).as_ptr() as *const u8,
+            bytes: 8 * many_words(l, j, round, case),
+            nbi: false,
+        }
+    };
+    let nbi = case == 1 || case == 3;
+    // SAFETY: the warp's lanes all call, converged, to one peer; the
+    // sources are symmetric memory.
+    let mut r = unsafe { t.put_lanes_many_raw(1, count, nbi, x) };
+    if nbi && l == 0 {
+        // SAFETY: one thread quiets its warp's puts (posted before it returned).
+        r = r.and(unsafe { t.quiet(None) });
+    }
+    // SAFETY: `out` holds 32 words (the launcher's).
+    unsafe { *out.add(l as usize) = code(r) };
 }

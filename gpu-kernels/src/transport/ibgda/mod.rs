@@ -561,6 +561,41 @@ impl Transport for Ibgda {
         }, |r| { if let Some(s) = span { s.end(x.bytes) } })
     }
 
+    unsafe fn put_lanes_many_raw(&self, peer: u32, count: u32, nbi: bool, x: impl Fn(u32) -> RawXfer) -> Result<(), CommError> {
+        let call = Call::put(false, nbi);
+        // Every transfer's checks before any WQE: a bad one writes nothing.
+        let mut mine = Ok(());
+        let mut one_wqe = true;
+        let mut i = 0;
+        while i < count && mine.is_ok() {
+            let xi = RawXfer { nbi, ..x(i) };
+            mine = super::check_put(self, peer, &xi, None)
+                .and_then(|_| self.local_key(call, Arg::Source, xi.src as u64, xi.bytes, peer).map(drop));
+            one_wqe &= xi.bytes <= self.max_msg as u64;
+            i += 1;
+        }
+        super::warp_verdict(mine)?;
+        let lead = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, peer, 0);
+        if !ptx::vote_sync_all(ptx::FULL_MASK, one_wqe && peer == lead) {
+            // A transfer of several WQEs, or lanes to different peers
+            // (QPs): round by round.
+            // SAFETY: the caller's contract.
+            return unsafe { super::put_lanes_rounds(self, peer, count, nbi, x) };
+        }
+        let q = self.qp(peer);
+        let site = Site { call, peer };
+        around!({ let span = (ptx::lane_id() == 0).then(|| crate::trace::span(1, self.local_base, What::Put, peer, count as u64)); }
+        // SAFETY: checked transfers of one WQE each, one QP for the warp;
+        // the caller's contract.
+        unsafe {
+            match self.post_lanes_many(&q, count, nbi, &x, site) {
+                Ok(Some(t)) if !nbi => self.wait_posted(Poster::Warp, &q, t, call, peer),
+                Ok(_) => Ok(()),
+                Err(e) => Err(e),
+            }
+        }, |r| { if let Some(s) = span { s.end(count as u64) } })
+    }
+
     unsafe fn get_raw(&self, g: Coop, peer: u32, x: RawXfer) -> Result<(), CommError> {
         let call = if x.nbi { Call::GetNbi } else { Call::Get };
         let off = self.check_range(call, Arg::Source, x.src as u64, x.bytes, peer)?;

@@ -372,6 +372,109 @@ impl Ibgda {
         on_lane0(peer, || unsafe { self.submit(q, start, total, head, call, peer) }).map(Some)
     }
 
+    /// [`Transport::put_lanes_many_raw`]'s run: every lane's checked
+    /// transfers `x(0..count)`, each of one WQE (a WRITE), as one run
+    /// behind one doorbell, round-major (index `i` of every lane in lane
+    /// order, then index `i + 1`), so each round's WQEs fill consecutive
+    /// slots. Empty transfers post nothing; only the run's last WQE is
+    /// signaled; every WRITE but the run's first says it needs no order
+    /// with the others. A run longer than the send queue goes round by
+    /// round ([`super::super::put_lanes_rounds`]). Returns, on every lane,
+    /// the completion target of the run (`None` when nothing was posted).
+    ///
+    /// # Safety
+    /// Every lane of the warp calls it with the same `q` and `nbi`; every
+    /// transfer checked and at most the handle's largest message.
+    pub(super) unsafe fn post_lanes_many(
+        &self,
+        q: &IbgdaQp,
+        count: u32,
+        nbi: bool,
+        x: &impl Fn(u32) -> RawXfer,
+        site: Site,
+    ) -> Result<Option<u32>, CommError> {
+        let Site { call, peer } = site;
+        let lane = ptx::lane_id();
+        let below = (1u32 << lane) - 1;
+        let rounds = super::super::warp_max_u32(count);
+        // The run's length: the non-empty transfers of every round.
+        let mut total = 0u32;
+        let mut i = 0;
+        while i < rounds {
+            let has = i < count && x(i).bytes != 0;
+            total += ptx::vote_sync_ballot(ptx::FULL_MASK, has).count_ones();
+            i += 1;
+        }
+        if total > q.qp.sq_size {
+            // SAFETY: the caller's contract.
+            return unsafe { super::super::put_lanes_rounds(self, peer, count, nbi, x) }.map(|_| None);
+        }
+        if total == 0 {
+            return Ok(None);
+        }
+        // SAFETY: the handle's QPs are valid.
+        let start = on_lane0(peer, || unsafe { self.reserve(q, total, call, peer) })?;
+        let base = self.remote_base(peer);
+        let mut at = 0u32;
+        let mut head = 0u64;
+        let mut wrote_last = false;
+        let mut i = 0;
+        while i < rounds {
+            let xi = if i < count {
+                x(i)
+            } else {
+                RawXfer {
+                    dst: core::ptr::null_mut(),
+                    src: core::ptr::null(),
+                    bytes: 0,
+                    nbi,
+                }
+            };
+            let has = i < count && xi.bytes != 0;
+            let b = ptx::vote_sync_ballot(ptx::FULL_MASK, has);
+            if has {
+                let idx = start.wrapping_add(at + (b & below).count_ones());
+                let last = at + (b & below).count_ones() + 1 == total;
+                wrote_last |= last;
+                let wire = Xfer {
+                    read: false,
+                    raddr: base + (xi.dst as u64).wrapping_sub(self.local_base),
+                    laddr: xi.src as u64,
+                    // Checked: the key is found.
+                    lkey: self
+                        .local_key(call, Arg::Source, xi.src as u64, xi.bytes, peer)
+                        .unwrap_or(self.heap_lkey),
+                    bytes: xi.bytes,
+                };
+                let bt = Batch {
+                    start: idx,
+                    last: if last { 0 } else { u32::MAX },
+                    first: 0,
+                    chunks: 1,
+                    max_msg: self.max_msg as u64,
+                };
+                // SAFETY: slot `idx` of the reserved run, free.
+                head = unsafe { Self::write_item(q, &bt, 0, &wire, &Sig::NONE) };
+                if idx != start {
+                    // SAFETY: the ctrl segment of the slot just written.
+                    unsafe {
+                        let ctrl = wqe_slot(&q.qp, idx);
+                        core::ptr::write_volatile(ctrl.add(3), crate::mlx5::UNORDERED_WRITE_IMM.to_be());
+                    }
+                }
+            }
+            at += b.count_ones();
+            i += 1;
+        }
+        // Every lane's WQEs are written before lane 0 publishes them; the
+        // doorbell carries the run's last WQE, written by `wrote_last`.
+        ptx::sync_warp(ptx::FULL_MASK);
+        let last_lane = ptx::vote_sync_ballot(ptx::FULL_MASK, wrote_last).trailing_zeros();
+        let head = ptx::shfl_sync_idx_u64(ptx::FULL_MASK, head, last_lane);
+        // SAFETY: as above.
+        on_lane0(peer, || unsafe { self.submit(q, start, total, head, call, peer) }).map(Some)
+    }
+
     /// [`Self::post_lanes`] one lane after another, each lane's transfer
     /// in batches of its own: the first failure ends the warp's posts (the
     /// lanes after it post nothing) and is every lane's result.
