@@ -386,14 +386,27 @@ where
             }
         }
     }
-    // Lane 9's third transfer lands past the heap: nothing is written and
-    // every lane reports it.
-    let (err, codes, dst) = run_many::<T>(backend, 2, 1).pop().expect("one round");
-    let what = format!("{backend:?} {} case 2", std::any::type_name::<T>());
-    assert_eq!(codes, [4; 32], "{what}: every lane gets the out-of-range error");
-    assert!(dst.iter().all(|&v| v == LANE_CANARY), "{what}: a lane wrote");
-    let err = err.unwrap_or_else(|| panic!("{what}: no error reported"));
-    assert!(err.contains("destination"), "{what}: {err}");
+    // Lane 9's third transfer lands past the heap (raw) or past its
+    // buffer (typed): nothing is written and every lane reports it.
+    for (case, code, says) in [
+        (2, 4, "destination"),
+        (
+            4,
+            8,
+            &*format!(
+                "the destination is elements [{}, {}) of a buffer of {MANY_WORDS} elements",
+                MANY_WORDS - 1,
+                MANY_WORDS + 1
+            ),
+        ),
+    ] {
+        let (err, codes, dst) = run_many::<T>(backend, case, 1).pop().expect("one round");
+        let what = format!("{backend:?} {} case {case}", std::any::type_name::<T>());
+        assert_eq!(codes, [code; 32], "{what}: every lane gets lane 9's error");
+        assert!(dst.iter().all(|&v| v == LANE_CANARY), "{what}: a lane wrote");
+        let err = err.unwrap_or_else(|| panic!("{what}: no error reported"));
+        assert!(err.contains(says), "{what}: {err}");
+    }
 }
 
 per_backend! {

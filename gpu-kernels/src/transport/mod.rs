@@ -62,6 +62,7 @@
 //! | `put(.., put.nbi())` | as `put`, completes at `quiet` (the source must stay unchanged until then) | — | `quiet` | `g` |
 //! | `put(.., put.signal(Signal::set(w, v)))` | the data, then the signal: the peer that sees the signal sees the data | sys (gpu when every rank shares one GPU) | the peer's `wait_until*` | `g` |
 //! | `put_lanes(peer, put)` | as `put` (or its signal form) for each lane's own `put`: each lane's signal publishes that lane's data only; IBGDA posts the warp's WQEs behind one doorbell | as `put` | as `put` | all 32 lanes of a warp, converged, each its own arguments |
+//! | `put_lanes_many(peer, n, nbi, \|i\| (dst, src))` | as `n` non-signalling `put_lanes` calls (each lane its own `n`); IBGDA posts all the warp's WQEs behind one doorbell | — | a warp barrier, `fence`, `signal`; or `quiet` | all 32 lanes of a warp, converged |
 //! | `get(g, peer, Get::dst(d).src(s))` | the data is in the local destination on return (after `quiet` with `.nbi()`) | — | the peer's `signal` that published it | `g` |
 //! | `signal(peer, Signal::add(w, v))` | every earlier put of the calling thread to that peer (a release); a warp's or block's puts: barrier, then `fence`, then `signal` — or one put with a signal | sys (gpu on one GPU) | the peer's `wait_until*` | one thread |
 //! | `wait_until`, `wait_until_{any,all}` | acquires what the matching signals published | sys (gpu on one GPU) | `signal`, a put's signal | one thread |
@@ -374,6 +375,50 @@ pub trait Transport: Copy + Checked {
         };
         // SAFETY: the caller's contract; the raw call checks the heap.
         unsafe { self.put_lanes_raw(peer, x, signal) }
+    }
+
+    /// Every lane of a converged warp puts `count` parts of its own to
+    /// `peer` (lanes may pass different counts): its `i`-th is
+    /// `parts(i)`, a (destination, source) pair of the same length, each
+    /// checked against its own buffer (an empty pair: nothing). No signal:
+    /// publish the warp's puts with a warp barrier, [`Self::fence`] and a
+    /// [`Self::signal`]. `nbi` is the call's. When any transfer is
+    /// refused, nothing is written and every lane returns the error of the
+    /// lowest lane refused. See [`Self::put_lanes_many_raw`].
+    ///
+    /// # Safety
+    /// As for [`Self::put_lanes_many_raw`]: all 32 lanes call it,
+    /// converged, with the same `peer` and `nbi`; `parts` returns the same
+    /// pair each time it is called with the same index; each source is
+    /// valid memory.
+    #[inline(always)]
+    unsafe fn put_lanes_many<T>(
+        &self,
+        peer: u32,
+        count: u32,
+        nbi: bool,
+        parts: impl Fn(u32) -> (Part<T>, Part<T>),
+    ) -> Result<(), CommError> {
+        let call = Call::put(false, nbi);
+        let mut mine = Ok(());
+        let mut i = 0;
+        while i < count && mine.is_ok() {
+            let (dst, src) = parts(i);
+            mine = sym::check_pair(self.bounds(), call, peer, dst, src);
+            i += 1;
+        }
+        warp_verdict(mine)?;
+        let x = |i: u32| {
+            let (dst, src) = parts(i);
+            RawXfer {
+                dst: dst.as_ptr() as *mut u8,
+                src: src.as_ptr() as *const u8,
+                bytes: dst.bytes(),
+                nbi,
+            }
+        };
+        // SAFETY: the caller's contract; the raw call checks the heap.
+        unsafe { self.put_lanes_many_raw(peer, count, nbi, x) }
     }
 
     /// Gets `p` from `peer` with the group `g`: the peer's copy of its

@@ -161,6 +161,8 @@ pub const fn many_count(l: u64, round: u32, case: u32) -> u32 {
 pub const fn many_words(l: u64, j: u32, round: u32, case: u32) -> u64 {
     if case == 3 {
         1
+    } else if case == 4 && l == 9 && j == 2 {
+        2
     } else {
         (l + 2 * j as u64 + round as u64) % 3
     }
@@ -175,9 +177,10 @@ pub const fn many_words(l: u64, j: u32, round: u32, case: u32) -> u64 {
 /// | case | what |
 /// |---|---|
 /// | 0 | blocking puts |
-/// | 1 | non-blocking puts, then lane 0 quiets |
+/// | 1 | non-blocking puts by the typed call ([`Transport::put_lanes_many`]), then lane 0 quiets |
 /// | 2 | as 0, but lane 9's third transfer (of 3) lands past the heap's end: nothing may be written, every lane gets that error |
 /// | 3 | non-blocking, [`MANY_LONG`] one-word transfers per lane, then quiet |
+/// | 4 | as 1, but lane 9's third part runs one word past `dst` (into the heap's next allocation): nothing may be written, every lane gets that error |
 ///
 /// `out[l]` = `code` of lane `l`'s result.
 #[kernel(transports(P2p, Ibgda))]
@@ -201,10 +204,22 @@ pub unsafe fn put_lanes_many_call<T: Transport>(t: T, dst: Sym<u64>, src: Sym<u6
             nbi: false,
         }
     };
-    let nbi = case == 1 || case == 3;
+    let parts = |j: u32| {
+        let w = (l * MANY_LONG as u64 + j as u64) * MANY_SLOT;
+        let n = many_words(l, j, round, case);
+        let at = if case == 4 && l == 9 && j == 2 { dst.len() - 1 } else { w };
+        (dst.part(at, n), src.part(w, n))
+    };
+    let nbi = case == 1 || case == 3 || case == 4;
     // SAFETY: the warp's lanes all call, converged, to one peer; the
     // sources are symmetric memory.
-    let mut r = unsafe { t.put_lanes_many_raw(1, count, nbi, x) };
+    let mut r = unsafe {
+        if case == 1 || case == 4 {
+            t.put_lanes_many(1, count, nbi, parts)
+        } else {
+            t.put_lanes_many_raw(1, count, nbi, x)
+        }
+    };
     if nbi && l == 0 {
         // SAFETY: one thread quiets its warp's puts (posted before it returned).
         r = r.and(unsafe { t.quiet(None) });
