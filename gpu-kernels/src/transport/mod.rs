@@ -579,7 +579,7 @@ pub(crate) fn wait_some_words<C: Checked>(c: &C, w: RawWait, skip: u64, load: im
 /// # Safety
 /// As for [`Transport::put_lanes_many_raw`].
 #[inline(always)]
-pub(crate) unsafe fn put_lanes_rounds<T: Transport + ?Sized>(
+pub(crate) unsafe fn put_lanes_rounds<T: Transport>(
     t: &T,
     peer: u32,
     count: u32,
