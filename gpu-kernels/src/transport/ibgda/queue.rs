@@ -125,15 +125,21 @@ impl Ibgda {
         let s = q.state;
         // SAFETY: the QP's state words.
         unsafe {
-            let err = ptx::ld_acquire_gpu_u32(&raw const (*s).error);
+            // The atomic and both loads are issued together, one memory
+            // trip (the acquire waits for neither of the two before it).
+            // Relaxed: the ready index orders what the NIC sees. Slots a
+            // failed QP hands out are never rung (posters waiting their
+            // turn behind them find the error), as when it fails while a
+            // reserver waits for room. The error word is only tested here
+            // (its `error_at` is not read), so a relaxed load does.
+            let start = ptx::atom_add_relaxed_gpu_u32(&raw mut (*s).producer, count);
+            let err = ptx::ld_relaxed_gpu_u32(&raw const (*s).error);
+            let mut last = ptx::ld_acquire_gpu_u32(&raw const (*s).completed);
+            let end = start.wrapping_add(count);
             if err != 0 {
                 return Err(self.qp_failed(err, call, peer));
             }
-            // Relaxed: the ready index orders what the NIC sees.
-            let start = ptx::atom_add_relaxed_gpu_u32(&raw mut (*s).producer, count);
-            let end = start.wrapping_add(count);
             let mut spin = Spin::new(self.budget_ns);
-            let mut last = ptx::ld_acquire_gpu_u32(&raw const (*s).completed);
             while end.wrapping_sub(last) > q.qp.sq_size {
                 let err = ptx::ld_acquire_gpu_u32(&raw const (*s).error);
                 if err != 0 {
@@ -397,10 +403,11 @@ impl Ibgda {
         let lane = ptx::lane_id();
         let below = (1u32 << lane) - 1;
         let rounds = super::super::warp_max_u32(count);
-        // The run's length: the non-empty transfers of every round.
+        // The run's length: the non-empty transfers of every round (counted
+        // only until it outgrows the send queue, so it cannot wrap).
         let mut total = 0u32;
         let mut i = 0;
-        while i < rounds {
+        while i < rounds && total <= q.qp.sq_size {
             let has = i < count && x(i).bytes != 0;
             total += ptx::vote_sync_ballot(ptx::FULL_MASK, has).count_ones();
             i += 1;
