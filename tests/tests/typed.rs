@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use doorbell::comm::{CommOptions, Communicator};
+use doorbell::comm::{CommOptions, Communicator, RdmaPeers};
 use doorbell::{Backend, ForTransport, Kernel, KernelParam, LaunchConfig};
-use doorbell_kernels::transport::{Ibgda, P2p, Sym, Transport};
+use doorbell_kernels::transport::{Ibgda, P2p, Routed, Sym, Transport};
 use doorbell_test_kernels::typed::{
     lane_words, many_count, many_words, put_lanes_call, put_lanes_many_call, typed_call, LANE_WORDS, MANY_LONG, MANY_SLOT,
 };
@@ -40,6 +40,12 @@ impl Handle for P2p {
 impl Handle for Ibgda {
     fn of(comm: &Communicator) -> doorbell::Result<Self> {
         comm.ibgda()
+    }
+}
+/// Every peer through the NIC (the routed transport's IBGDA side).
+impl Handle for Routed {
+    fn of(comm: &Communicator) -> doorbell::Result<Self> {
+        comm.routed_with(&RdmaPeers::All)
     }
 }
 
@@ -423,5 +429,11 @@ per_backend! {
     /// round by round; checked as over P2P.
     fn every_lane_puts_many_transfers_ibgda(backend: Backend) {
         check_many::<Ibgda>(backend);
+    }
+
+    /// `put_lanes_many_raw` over the routed transport with every peer
+    /// through the NIC: the call goes to IBGDA's run.
+    fn every_lane_puts_many_transfers_routed(backend: Backend) {
+        check_many::<Routed>(backend);
     }
 }

@@ -1,7 +1,7 @@
 //! Kernels of the typed transfer calls: every part checked against its own
 //! buffer, arguments by name, errors naming the argument.
 
-use doorbell_kernels::transport::{Cmp, Coop, Get, Ibgda, P2p, Part, Put, RawXfer, Signal, Sym, Transport};
+use doorbell_kernels::transport::{Cmp, Coop, Get, Ibgda, P2p, Part, Put, RawXfer, Routed, Signal, Sym, Transport};
 use doorbell_kernels::{kernel, ptx};
 
 use crate::contract::{code, report_block_code};
@@ -183,7 +183,7 @@ pub const fn many_words(l: u64, j: u32, round: u32, case: u32) -> u64 {
 /// | 4 | as 1, but lane 9's third part runs one word past `dst` (into the heap's next allocation): nothing may be written, every lane gets that error |
 ///
 /// `out[l]` = `code` of lane `l`'s result.
-#[kernel(transports(P2p, Ibgda))]
+#[kernel(transports(P2p, Ibgda, Routed))]
 pub unsafe fn put_lanes_many_call<T: Transport>(t: T, dst: Sym<u64>, src: Sym<u64>, round: u32, case: u32, out: *mut u32) {
     if t.rank() != 0 || ptx::warp_id_in_block() != 0 {
         return;
