@@ -399,9 +399,19 @@ fn bursts_execute_runs_of_short_writes_in_order_and_leave_the_rest_to_the_one_wq
     // A doorbell per WQE: lone requests, served without a pass when bursts
     // are on; with bursts off every WQE takes the one-WQE path (the lone
     // path had not checked the setting).
-    let lone = writes_run(32, None, seed, true);
+    // Whether a doorbell finds the engine idle is timing: on a loaded
+    // machine the engine thread may be descheduled until its record
+    // re-read takes every doorbell, so a few runs get their chance.
+    let mut lone = writes_run(32, None, seed, true);
+    for _ in 1..5 {
+        check_targets(&lone, n);
+        if lone.lone_wqes > 0 {
+            break;
+        }
+        lone = writes_run(32, None, seed, true);
+    }
     check_targets(&lone, n);
-    assert!(lone.lone_wqes > 0, "no lone request with bursts on: {:?}", lone.stats);
+    assert!(lone.lone_wqes > 0, "no lone request with bursts on in 5 runs: {:?}", lone.stats);
     let off = writes_run(0, None, seed, true);
     check_targets(&off, n);
     assert_eq!((off.lone_wqes, off.burst_wqes, off.stats.wqes), (0, 0, n as u64));
