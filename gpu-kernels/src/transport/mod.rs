@@ -386,6 +386,34 @@ pub trait Transport: Copy + Checked {
     /// refused, nothing is written and every lane returns the error of the
     /// lowest lane refused. See [`Self::put_lanes_many_raw`].
     ///
+    /// ```
+    /// use doorbell_kernels::transport::{Ibgda, P2p, Sym, Transport};
+    /// use doorbell_kernels::{kernel, ptx};
+    ///
+    /// /// Lane `l` of warp 0 sends rows `l·n .. l·n + n` (`dim` floats each)
+    /// /// of `rows` into the same rows of `peer`'s `inbox`, then lane 0
+    /// /// completes the warp's puts.
+    /// #[kernel(transports(P2p, Ibgda))]
+    /// pub unsafe fn send_rows<T: Transport>(t: T, rows: Sym<f32>, inbox: Sym<f32>, peer: u32, n: u32, dim: u64) {
+    ///     if ptx::warp_id_in_block() != 0 {
+    ///         return;
+    ///     }
+    ///     let lane = ptx::lane_id() as u64;
+    ///     let row = |i: u32| {
+    ///         let at = (lane * n as u64 + i as u64) * dim;
+    ///         (inbox.part(at, dim), rows.part(at, dim))
+    ///     };
+    ///     // SAFETY: the whole warp calls, to one peer, non-blocking.
+    ///     let mut r = unsafe { t.put_lanes_many(peer, n, true, row) };
+    ///     if lane == 0 {
+    ///         // SAFETY: one thread completes the warp's puts.
+    ///         r = r.and(unsafe { t.quiet(Some(peer)) });
+    ///     }
+    ///     let _ = r; // an error is also recorded for the host
+    /// }
+    /// # fn _f(_: <send_rows as doorbell_kernels::ForTransport<P2p>>::Kernel) {}
+    /// ```
+    ///
     /// # Safety
     /// As for [`Self::put_lanes_many_raw`]: all 32 lanes call it,
     /// converged, with the same `peer` and `nbi`; `parts` returns the same
