@@ -233,7 +233,7 @@ pub fn print_report(r: &Report, a: &IbgdaBenchArgs, gpu: bool) {
         r.lanes_wqes, r.lanes_one_post_mwqe_s, r.lanes_one_done_mwqe_s, r.lanes_blocks, r.lanes_qps, r.lanes_all_post_mwqe_s, r.lanes_all_done_mwqe_s
     );
     println!(
-        "# one warp posting {} puts per lane a call (put_lanes_many_raw, {} behind each doorbell): {:.3} M WQE/s posted, {:.3} M WQE/s completed",
+        "# one warp posting {} puts per lane a call (put_lanes_many_raw, {} behind each doorbell while that fits the send queue, else 32): {:.3} M WQE/s posted, {:.3} M WQE/s completed",
         r.lanes_batch,
         32 * r.lanes_batch,
         r.lanes_batch_post_mwqe_s,

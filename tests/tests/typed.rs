@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use doorbell::comm::{CommOptions, Communicator, RdmaPeers};
 use doorbell::{Backend, ForTransport, Kernel, KernelParam, LaunchConfig};
-use doorbell_kernels::transport::{Ibgda, P2p, Routed, Sym, Transport};
+use doorbell_kernels::transport::{Ibgda, P2p, Proxy, Routed, Sym, Transport};
 use doorbell_test_kernels::typed::{
     lane_words, many_count, many_words, put_lanes_call, put_lanes_many_call, typed_call, LANE_WORDS, MANY_LONG, MANY_SLOT,
 };
@@ -31,6 +31,9 @@ type Args<T> = (T, Sym<u32>, Sym<u64>, *mut u32, u32, *mut u32);
 /// A transport handle the test can ask the communicator for.
 trait Handle: Transport + KernelParam {
     fn of(comm: &Communicator) -> doorbell::Result<Self>;
+    /// Whether a `put_lanes_many` call whose run fits the send queue rings
+    /// exactly one doorbell on the soft NIC (IBGDA's one run).
+    const ONE_DOORBELL: bool = false;
 }
 impl Handle for P2p {
     fn of(comm: &Communicator) -> doorbell::Result<Self> {
@@ -41,11 +44,19 @@ impl Handle for Ibgda {
     fn of(comm: &Communicator) -> doorbell::Result<Self> {
         comm.ibgda()
     }
+    const ONE_DOORBELL: bool = true;
 }
 /// Every peer through the NIC (the routed transport's IBGDA side).
 impl Handle for Routed {
     fn of(comm: &Communicator) -> doorbell::Result<Self> {
         comm.routed_with(&RdmaPeers::All)
+    }
+    const ONE_DOORBELL: bool = true;
+}
+/// Every peer through the CPU proxy's requests.
+impl Handle for Proxy {
+    fn of(comm: &Communicator) -> doorbell::Result<Self> {
+        comm.proxy()
     }
 }
 
@@ -317,8 +328,11 @@ type ManyArgs<T> = (T, Sym<u64>, Sym<u64>, u32, u32, *mut u32);
 const MANY_WORDS: usize = 32 * MANY_LONG as usize * MANY_SLOT as usize;
 
 /// What rank 0's lanes returned and rank 1 holds after each round of
-/// `put_lanes_many_call`'s `case`: (error, codes, dst).
-fn run_many<T: Handle>(backend: Backend, case: u32, rounds: u32) -> Vec<(Option<String>, Vec<u32>, Vec<u64>)>
+/// `put_lanes_many_call`'s `case`: (error, codes, dst, the doorbells
+/// rank 0's soft NIC saw in the launch, if it has one).
+type ManySeen = (Option<String>, Vec<u32>, Vec<u64>, Option<u64>);
+
+fn run_many<T: Handle>(backend: Backend, case: u32, rounds: u32) -> Vec<ManySeen>
 where
     put_lanes_many_call: ForTransport<T>,
     <put_lanes_many_call as ForTransport<T>>::Kernel: Kernel<Args = ManyArgs<T>>,
@@ -337,6 +351,8 @@ where
             src.copy_from_host(&many_src(round))?;
             codes.copy_from_host(&[u32::MAX; 32])?;
             comm.barrier()?;
+            let doorbells = || comm.soft_nic().map(|n| n.stats().doorbells);
+            let before = doorbells();
             // SAFETY: symmetric buffers of the sizes the kernel documents.
             unsafe {
                 s.launch(
@@ -346,15 +362,16 @@ where
                 )?
             };
             let err = comm.synchronize(&s).err().map(|e| e.to_string());
+            let rung = doorbells().zip(before).map(|(a, b)| a - b);
             comm.barrier()?;
-            seen.push((err, codes.to_host()?, dst.to_host()?));
+            seen.push((err, codes.to_host()?, dst.to_host()?, rung));
         }
         Ok(seen)
     })
     .unwrap_or_else(|e| panic!("{backend:?} put_lanes_many case {case}: {e}"));
     let r1 = out.pop().expect("rank 1");
     let r0 = out.pop().expect("rank 0");
-    r0.into_iter().zip(r1).map(|((e, c, _), (_, _, d))| (e, c, d)).collect()
+    r0.into_iter().zip(r1).map(|((e, c, _, n), (_, _, d, _))| (e, c, d, n)).collect()
 }
 
 /// Rank 0's source words for `put_lanes_many_call` in `round`.
@@ -370,11 +387,16 @@ where
     <put_lanes_many_call as ForTransport<T>>::Kernel: Kernel<Args = ManyArgs<T>>,
 {
     for case in [0, 1, 3] {
-        for (round, (err, codes, dst)) in run_many::<T>(backend, case, 3).into_iter().enumerate() {
+        for (round, (err, codes, dst, rung)) in run_many::<T>(backend, case, 3).into_iter().enumerate() {
             let round = round as u32;
             let what = format!("{backend:?} {} case {case} round {round}", std::any::type_name::<T>());
             assert!(err.is_none(), "{what}: {err:?}");
             assert_eq!(codes, [0; 32], "{what}: lanes' results");
+            if T::ONE_DOORBELL && case != 3 {
+                // The warp's up to 32 × 5 transfers: one run, one doorbell
+                // (round by round would ring up to 5).
+                assert_eq!(rung, Some(1), "{what}: doorbells rung by the call");
+            }
             let src = many_src(round);
             for l in 0..32u64 {
                 for j in 0..MANY_LONG {
@@ -406,13 +428,20 @@ where
             ),
         ),
     ] {
-        let (err, codes, dst) = run_many::<T>(backend, case, 1).pop().expect("one round");
+        let (err, codes, dst, _) = run_many::<T>(backend, case, 1).pop().expect("one round");
         let what = format!("{backend:?} {} case {case}", std::any::type_name::<T>());
         assert_eq!(codes, [code; 32], "{what}: every lane gets lane 9's error");
         assert!(dst.iter().all(|&v| v == LANE_CANARY), "{what}: a lane wrote");
         let err = err.unwrap_or_else(|| panic!("{what}: no error reported"));
         assert!(err.contains(says), "{what}: {err}");
     }
+    // Nothing to send, to a peer outside the world: nothing happens.
+    let (err, codes, dst, rung) = run_many::<T>(backend, 5, 1).pop().expect("one round");
+    let what = format!("{backend:?} {} case 5", std::any::type_name::<T>());
+    assert!(err.is_none(), "{what}: {err:?}");
+    assert_eq!(codes, [0; 32], "{what}: lanes' results");
+    assert!(dst.iter().all(|&v| v == LANE_CANARY), "{what}: a lane wrote");
+    assert!(rung.unwrap_or(0) == 0, "{what}: rang {rung:?}");
 }
 
 per_backend! {
@@ -435,5 +464,11 @@ per_backend! {
     /// through the NIC: the call goes to IBGDA's run.
     fn every_lane_puts_many_transfers_routed(backend: Backend) {
         check_many::<Routed>(backend);
+    }
+
+    /// `put_lanes_many_raw` through the CPU proxy (round by round, every
+    /// source checked before anything is written).
+    fn every_lane_puts_many_transfers_proxy(backend: Backend) {
+        check_many::<Proxy>(backend);
     }
 }

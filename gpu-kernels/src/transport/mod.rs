@@ -62,7 +62,7 @@
 //! | `put(.., put.nbi())` | as `put`, completes at `quiet` (the source must stay unchanged until then) | — | `quiet` | `g` |
 //! | `put(.., put.signal(Signal::set(w, v)))` | the data, then the signal: the peer that sees the signal sees the data | sys (gpu when every rank shares one GPU) | the peer's `wait_until*` | `g` |
 //! | `put_lanes(peer, put)` | as `put` (or its signal form) for each lane's own `put`: each lane's signal publishes that lane's data only; IBGDA posts the warp's WQEs behind one doorbell | as `put` | as `put` | all 32 lanes of a warp, converged, each its own arguments |
-//! | `put_lanes_many(peer, n, nbi, \|i\| (dst, src))` | as `n` non-signalling `put_lanes` calls (each lane its own `n`); IBGDA posts all the warp's WQEs behind one doorbell | — | a warp barrier, `fence`, `signal`; or `quiet` | all 32 lanes of a warp, converged |
+//! | `put_lanes_many(peer, n, nbi, \|i\| (dst, src))` | each lane its own `n` puts (no signal), in no order among themselves (two to one destination race); IBGDA posts all the warp's WQEs behind one doorbell | — | a warp barrier, `fence`, `signal`; or `quiet` | all 32 lanes of a warp, converged |
 //! | `get(g, peer, Get::dst(d).src(s))` | the data is in the local destination on return (after `quiet` with `.nbi()`) | — | the peer's `signal` that published it | `g` |
 //! | `signal(peer, Signal::add(w, v))` | every earlier put of the calling thread to that peer (a release); a warp's or block's puts: barrier, then `fence`, then `signal` — or one put with a signal | sys (gpu on one GPU) | the peer's `wait_until*` | one thread |
 //! | `wait_until`, `wait_until_{any,all}` | acquires what the matching signals published | sys (gpu on one GPU) | `signal`, a put's signal | one thread |
@@ -218,7 +218,8 @@ pub trait Transport: Copy + Checked {
 
     /// Every lane of a converged warp puts `count` transfers of its own to
     /// `peer` (lanes may pass different counts): its `i`-th is `x(i)`, for
-    /// `i < count` (0 bytes: none). The many-messages-per-lane shape (a
+    /// `i < count` (0 bytes: nothing moves, but its destination must still
+    /// lie in the heap's user part). The many-messages-per-lane shape (a
     /// lane's tokens, rows or flags): one call posts what `count` calls of
     /// [`Self::put_lanes_raw`] would, without a signal. Nothing orders one
     /// transfer against another. `nbi` is the call's, for every transfer
@@ -229,16 +230,20 @@ pub trait Transport: Copy + Checked {
     /// transfer).
     ///
     /// IBGDA posts the warp's transfers as one run behind one doorbell (one
-    /// reservation, one completion) when each fits one WQE (at most the
-    /// handle's largest message) and the run fits the send queue; else, as
-    /// the default does, it puts round by round, one
-    /// [`Self::put_lanes_raw`] call per index `i`.
+    /// reservation, one completion) when every lane names the same `peer`,
+    /// each transfer fits one WQE (at most the handle's largest message)
+    /// and the run fits the send queue; else, as the default does, it puts
+    /// round by round, one [`Self::put_lanes_raw`] call per index `i`
+    /// (where a transport checks a source only as it posts it, the rounds
+    /// before a refused one are written).
+    ///
+    /// `x` runs on each lane on its own (lanes out of step): it must not
+    /// use warp-wide operations (`shfl`, `vote`, `sync_warp`).
     ///
     /// # Safety
-    /// All 32 lanes call it, converged, with the same `peer` and `nbi`;
-    /// `x` returns the same transfer each time it is called with the same
-    /// index (it is called more than once per index), each source valid
-    /// for its bytes.
+    /// All 32 lanes call it, converged, with the same `nbi`; `x` returns
+    /// the same transfer each time it is called with the same index (it is
+    /// called more than once per index), each source valid for its bytes.
     unsafe fn put_lanes_many_raw(&self, peer: u32, count: u32, nbi: bool, x: impl Fn(u32) -> RawXfer) -> Result<(), CommError> {
         // SAFETY: the caller's contract.
         unsafe { put_lanes_rounds(self, peer, count, nbi, x) }
@@ -384,7 +389,8 @@ pub trait Transport: Copy + Checked {
     /// publish the warp's puts with a warp barrier, [`Self::fence`] and a
     /// [`Self::signal`]. `nbi` is the call's. When any transfer is
     /// refused, nothing is written and every lane returns the error of the
-    /// lowest lane refused. See [`Self::put_lanes_many_raw`].
+    /// lowest lane refused. `parts` runs on each lane on its own (no
+    /// warp-wide operations in it). See [`Self::put_lanes_many_raw`].
     ///
     /// ```
     /// use doorbell_kernels::transport::{Ibgda, P2p, Sym, Transport};
@@ -416,7 +422,7 @@ pub trait Transport: Copy + Checked {
     ///
     /// # Safety
     /// As for [`Self::put_lanes_many_raw`]: all 32 lanes call it,
-    /// converged, with the same `peer` and `nbi`; `parts` returns the same
+    /// converged, with the same `nbi`; `parts` returns the same
     /// pair each time it is called with the same index; each source is
     /// valid memory.
     #[inline(always)]
@@ -623,8 +629,9 @@ pub(crate) unsafe fn put_lanes_rounds<T: Transport>(
     }
     warp_verdict(mine)?;
     let rounds = warp_max_u32(count);
+    let mut r = Ok(());
     let mut i = 0;
-    while i < rounds {
+    while i < rounds && r.is_ok() {
         let xi = if i < count {
             RawXfer { nbi, ..x(i) }
         } else {
@@ -639,10 +646,15 @@ pub(crate) unsafe fn put_lanes_rounds<T: Transport>(
             }
         };
         // SAFETY: the caller's contract; every lane's transfers checked.
-        unsafe { t.put_lanes_raw(peer, xi, None) }?;
+        // One verdict for the warp: a transport's per-lane results (one
+        // lane's source refused) must not split it between rounds.
+        r = warp_verdict(unsafe { t.put_lanes_raw(peer, xi, None) });
         i += 1;
     }
-    Ok(())
+    // Every lane has posted before any goes on, so that a `quiet` by one
+    // lane afterwards covers the whole warp's puts.
+    crate::ptx::sync_warp(crate::ptx::FULL_MASK);
+    r
 }
 
 /// The largest `v` of the warp's lanes, on every lane. All 32 lanes call

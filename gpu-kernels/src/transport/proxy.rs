@@ -549,6 +549,22 @@ impl Transport for Proxy {
         unsafe { self.request(g, r, call, x.nbi) }
     }
 
+    unsafe fn put_lanes_many_raw(&self, peer: u32, count: u32, nbi: bool, x: impl Fn(u32) -> RawXfer) -> Result<(), CommError> {
+        // The sources too before anything is written (the rounds check the
+        // destinations): a request names registered memory only.
+        let call = Call::put(false, nbi);
+        let mut mine = Ok(());
+        let mut i = 0;
+        while i < count && mine.is_ok() && !self.is_direct(peer) {
+            let xi = x(i);
+            mine = self.check_local(call, Arg::Source, xi.src as u64, xi.bytes, peer);
+            i += 1;
+        }
+        super::warp_verdict(mine)?;
+        // SAFETY: the caller's contract.
+        unsafe { super::put_lanes_rounds(self, peer, count, nbi, x) }
+    }
+
     unsafe fn get_raw(&self, g: Coop, peer: u32, x: RawXfer) -> Result<(), CommError> {
         if self.is_direct(peer) {
             // SAFETY: the caller's contract.

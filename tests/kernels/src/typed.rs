@@ -1,7 +1,7 @@
 //! Kernels of the typed transfer calls: every part checked against its own
 //! buffer, arguments by name, errors naming the argument.
 
-use doorbell_kernels::transport::{Cmp, Coop, Get, Ibgda, P2p, Part, Put, RawXfer, Routed, Signal, Sym, Transport};
+use doorbell_kernels::transport::{Cmp, Coop, Get, Ibgda, P2p, Part, Proxy, Put, RawXfer, Routed, Signal, Sym, Transport};
 use doorbell_kernels::{kernel, ptx};
 
 use crate::contract::{code, report_block_code};
@@ -181,9 +181,10 @@ pub const fn many_words(l: u64, j: u32, round: u32, case: u32) -> u64 {
 /// | 2 | as 0, but lane 9's third transfer (of 3) lands past the heap's end: nothing may be written, every lane gets that error |
 /// | 3 | non-blocking, [`MANY_LONG`] one-word transfers per lane, then quiet |
 /// | 4 | as 1, but lane 9's third part runs one word past `dst` (into the heap's next allocation): nothing may be written, every lane gets that error |
+/// | 5 | no lane has anything to send, to a peer outside the world (`u32::MAX`): nothing happens, every lane gets `Ok` |
 ///
 /// `out[l]` = `code` of lane `l`'s result.
-#[kernel(transports(P2p, Ibgda, Routed))]
+#[kernel(transports(P2p, Ibgda, Routed, Proxy))]
 pub unsafe fn put_lanes_many_call<T: Transport>(t: T, dst: Sym<u64>, src: Sym<u64>, round: u32, case: u32, out: *mut u32) {
     if t.rank() != 0 || ptx::warp_id_in_block() != 0 {
         return;
@@ -211,13 +212,14 @@ pub unsafe fn put_lanes_many_call<T: Transport>(t: T, dst: Sym<u64>, src: Sym<u6
         (dst.part(at, n), src.part(w, n))
     };
     let nbi = case == 1 || case == 3 || case == 4;
+    let (peer, count) = if case == 5 { (u32::MAX, 0) } else { (1, count) };
     // SAFETY: the warp's lanes all call, converged, to one peer; the
     // sources are symmetric memory.
     let mut r = unsafe {
         if case == 1 || case == 4 {
-            t.put_lanes_many(1, count, nbi, parts)
+            t.put_lanes_many(peer, count, nbi, parts)
         } else {
-            t.put_lanes_many_raw(1, count, nbi, x)
+            t.put_lanes_many_raw(peer, count, nbi, x)
         }
     };
     if nbi && l == 0 {

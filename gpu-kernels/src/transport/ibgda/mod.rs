@@ -575,6 +575,10 @@ impl Transport for Ibgda {
             i += 1;
         }
         super::warp_verdict(mine)?;
+        if !ptx::vote_sync_any(ptx::FULL_MASK, count > 0) {
+            // Nothing to send (and no peer checked: none may be valid).
+            return Ok(());
+        }
         let lead = ptx::shfl_sync_idx_u32(ptx::FULL_MASK, peer, 0);
         if !ptx::vote_sync_all(ptx::FULL_MASK, one_wqe && peer == lead) {
             // A transfer of several WQEs, or lanes to different peers

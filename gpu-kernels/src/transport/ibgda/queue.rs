@@ -386,7 +386,8 @@ impl Ibgda {
     /// signaled; every WRITE but the run's first says it needs no order
     /// with the others. A run longer than the send queue goes round by
     /// round ([`super::super::put_lanes_rounds`]). Returns, on every lane,
-    /// the completion target of the run (`None` when nothing was posted).
+    /// the completion target of the run; `None` when it posted nothing, or
+    /// went round by round (whose rounds, when blocking, have completed).
     ///
     /// # Safety
     /// Every lane of the warp calls it with the same `q` and `nbi`; every

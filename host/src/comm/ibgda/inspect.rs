@@ -21,7 +21,8 @@ pub struct IbgdaQueue {
     pub peer: usize,
     /// Which of the QPs to that peer.
     pub qp: usize,
-    /// WQEs reserved.
+    /// WQEs reserved (once `error` is set, posts refused for it count
+    /// here too, never rung).
     pub producer: u32,
     /// WQEs rung (submitted in reservation order).
     pub ready: u32,
@@ -158,8 +159,8 @@ impl Communicator {
     /// driver copy, which kernels running on other streams do not block,
     /// so it answers while a kernel is stuck; read with `ibgda_progress`
     /// it tells a queue whose turn never comes (`ready < producer`,
-    /// `completed == ready`) from an engine that does not run what was
-    /// rung.
+    /// `completed == ready`, `error` clear) from an engine that does not
+    /// run what was rung.
     pub fn ibgda_queues(&self) -> Result<Option<Vec<IbgdaQueue>>> {
         let guard = self.ibgda.lock().unwrap_or_else(|p| p.into_inner());
         let Some(st) = guard.as_ref() else { return Ok(None) };
