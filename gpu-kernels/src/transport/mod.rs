@@ -434,14 +434,10 @@ pub trait Transport: Copy + Checked {
         parts: impl Fn(u32) -> (Part<T>, Part<T>),
     ) -> Result<(), CommError> {
         let call = Call::put(false, nbi);
-        let mut mine = Ok(());
-        let mut i = 0;
-        while i < count && mine.is_ok() {
+        check_each(count, |i| {
             let (dst, src) = parts(i);
-            mine = sym::check_pair(self.bounds(), call, peer, dst, src);
-            i += 1;
-        }
-        warp_verdict(mine)?;
+            sym::check_pair(self.bounds(), call, peer, dst, src)
+        })?;
         let x = |i: u32| {
             let (dst, src) = parts(i);
             RawXfer {
@@ -620,14 +616,7 @@ pub(crate) unsafe fn put_lanes_rounds<T: Transport>(
     nbi: bool,
     x: impl Fn(u32) -> RawXfer,
 ) -> Result<(), CommError> {
-    let mut mine = Ok(());
-    let mut i = 0;
-    while i < count && mine.is_ok() {
-        let xi = RawXfer { nbi, ..x(i) };
-        mine = check_put(t, peer, &xi, None).map(drop);
-        i += 1;
-    }
-    warp_verdict(mine)?;
+    check_each(count, |i| check_put(t, peer, &RawXfer { nbi, ..x(i) }, None).map(drop))?;
     let rounds = warp_max_u32(count);
     let mut r = Ok(());
     let mut i = 0;
@@ -655,6 +644,21 @@ pub(crate) unsafe fn put_lanes_rounds<T: Transport>(
     // lane afterwards covers the whole warp's puts.
     crate::ptx::sync_warp(crate::ptx::FULL_MASK);
     r
+}
+
+/// Checks this lane's transfers `0..count` with `check`, stopping at the
+/// first refused, then returns the warp's verdict ([`warp_verdict`]): on
+/// every lane, `Ok` or the error of the lowest lane refused. All 32 lanes
+/// call it, converged.
+#[inline(always)]
+pub(crate) fn check_each(count: u32, mut check: impl FnMut(u32) -> Result<(), CommError>) -> Result<(), CommError> {
+    let mut mine = Ok(());
+    let mut i = 0;
+    while i < count && mine.is_ok() {
+        mine = check(i);
+        i += 1;
+    }
+    warp_verdict(mine)
 }
 
 /// The largest `v` of the warp's lanes, on every lane. All 32 lanes call

@@ -553,14 +553,11 @@ impl Transport for Proxy {
         // The sources too before anything is written (the rounds check the
         // destinations): a request names registered memory only.
         let call = Call::put(false, nbi);
-        let mut mine = Ok(());
-        let mut i = 0;
-        while i < count && mine.is_ok() && !self.is_direct(peer) {
+        let sources = if self.is_direct(peer) { 0 } else { count };
+        super::check_each(sources, |i| {
             let xi = x(i);
-            mine = self.check_local(call, Arg::Source, xi.src as u64, xi.bytes, peer);
-            i += 1;
-        }
-        super::warp_verdict(mine)?;
+            self.check_local(call, Arg::Source, xi.src as u64, xi.bytes, peer)
+        })?;
         // SAFETY: the caller's contract.
         unsafe { super::put_lanes_rounds(self, peer, count, nbi, x) }
     }

@@ -564,17 +564,12 @@ impl Transport for Ibgda {
     unsafe fn put_lanes_many_raw(&self, peer: u32, count: u32, nbi: bool, x: impl Fn(u32) -> RawXfer) -> Result<(), CommError> {
         let call = Call::put(false, nbi);
         // Every transfer's checks before any WQE: a bad one writes nothing.
-        let mut mine = Ok(());
         let mut one_wqe = true;
-        let mut i = 0;
-        while i < count && mine.is_ok() {
+        super::check_each(count, |i| {
             let xi = RawXfer { nbi, ..x(i) };
-            mine = super::check_put(self, peer, &xi, None)
-                .and_then(|_| self.local_key(call, Arg::Source, xi.src as u64, xi.bytes, peer).map(drop));
             one_wqe &= xi.bytes <= self.max_msg as u64;
-            i += 1;
-        }
-        super::warp_verdict(mine)?;
+            super::check_put(self, peer, &xi, None).and_then(|_| self.local_key(call, Arg::Source, xi.src as u64, xi.bytes, peer).map(drop))
+        })?;
         if !ptx::vote_sync_any(ptx::FULL_MASK, count > 0) {
             // Nothing to send (and no peer checked: none may be valid).
             return Ok(());

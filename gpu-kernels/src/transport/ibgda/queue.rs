@@ -428,19 +428,10 @@ impl Ibgda {
         let mut wrote_last = false;
         let mut i = 0;
         while i < rounds {
-            let xi = if i < count {
-                x(i)
-            } else {
-                RawXfer {
-                    dst: core::ptr::null_mut(),
-                    src: core::ptr::null(),
-                    bytes: 0,
-                    nbi,
-                }
-            };
-            let has = i < count && xi.bytes != 0;
-            let b = ptx::vote_sync_ballot(ptx::FULL_MASK, has);
-            if has {
+            // This lane's transfer in round `i`, if it moves anything.
+            let xi = if i < count { Some(x(i)).filter(|xi| xi.bytes != 0) } else { None };
+            let b = ptx::vote_sync_ballot(ptx::FULL_MASK, xi.is_some());
+            if let Some(xi) = xi {
                 let idx = start.wrapping_add(at + (b & below).count_ones());
                 let last = at + (b & below).count_ones() + 1 == total;
                 wrote_last |= last;
