@@ -712,6 +712,61 @@ fn ibgda_with_many_blocks_sharing_small_send_queues() {
     }
 }
 
+/// One warp per rank puts hundreds of rows to its peer through the NIC:
+/// over IBGDA (both soft NIC engines) and the CPU proxy, the owner's
+/// gather spreads its warp's rows over the lanes and posts them in several
+/// `put_lanes_many` calls (more rows than one call takes, every lane with
+/// several), rows of an odd width; forward and tables after two steps
+/// against the reference. A wrong lane's or call's row index lands a row
+/// in another request's slot.
+#[test]
+fn one_warp_gathers_hundreds_of_rows_through_the_nic() {
+    use doorbell::comm::{IbgdaOptions, SoftNicEngine};
+    use doorbell_kernels::coll::embedding::GATHER_ROWS_PER_LANE;
+    let p = Problem {
+        ranks: 2,
+        tables: 2,
+        rows: 2000,
+        dim: 13,
+        batch: 96,
+        pooling: 4,
+    };
+    let ids = emb::generate_ids(&p, 0.0, 5);
+    let cap = emb::traffic(&p, &ids).max_pair.max(1) as u32;
+    assert!(cap > 32 * GATHER_ROWS_PER_LANE, "{cap} rows: one call would take them all");
+    let init = emb::initial_tables(&p);
+    let (steps, lr) = (2, 0.125);
+    let runs = [
+        (TransportKind::Ibgda, Some(SoftNicEngine::Thread)),
+        (TransportKind::Ibgda, Some(SoftNicEngine::Kernel)),
+        (TransportKind::Proxy, None),
+    ];
+    for (transport, engine) in runs {
+        let res = Communicator::local(p.ranks as usize, Backend::Cpu, opts(&p, cap), |comm| {
+            if let Some(engine) = engine {
+                let io = IbgdaOptions {
+                    engine: Some(engine),
+                    ..IbgdaOptions::default()
+                };
+                comm.ibgda_with(&io)?;
+            }
+            let r = comm.rank() as u32;
+            let dev = comm.device();
+            let lc = LaunchConfig::linear(1, 32).with_shared_mem(SHARED_BYTES);
+            let mut x = exchange(comm, &p, cap, lc, transport)?;
+            x.load_shard(&emb::shard_of(&p, &init, r))?;
+            let ids_d = dev.alloc_from(&ids[r as usize])?;
+            let grad = dev.alloc_from(&emb::upstream_grad(&p, r))?;
+            let mut out = dev.alloc_zeroed::<f32>(p.out_len())?;
+            let s = dev.new_stream()?;
+            let outs = x.train(&s, &ids_d, &grad, &mut out, lr, steps)?;
+            Ok((outs, x.shard()?))
+        })
+        .unwrap_or_else(|e| panic!("{transport:?} {engine:?}: {e}"));
+        Outcome::of(&p, res).check(&p, &ids, lr, &format!("{transport:?} {engine:?}"));
+    }
+}
+
 per_backend! {
     /// The host-driven baseline the benchmark compares with (gather kernel →
     /// one copy per peer per table → pooling kernel, and back: gradient
