@@ -16,7 +16,7 @@ use doorbell::world::{RendezvousHost, World, WorldConfig};
 use doorbell::{Backend, Device, DeviceBuffer, ForTransport, Kernel, KernelParam, LaunchConfig, Module};
 use doorbell_kernels::transport::Transport;
 use doorbell_test_kernels::contract::{bad_call, collect_signals, flagged_rounds};
-use doorbell_test_kernels::testing::{ring, STATUS_OK};
+use doorbell_test_kernels::testing::{record_indices, ring, STATUS_OK};
 use doorbell_tests::{BadArgs, CollectArgs, FlaggedRounds, RingArgs, RoundArgs, BAD_CALLS, BAD_CALL_CONTROL, TEST_KERNELS};
 
 const TOKEN: &str = "comm-procs-test-token-91c2";
@@ -525,4 +525,112 @@ fn kill_9_of_a_rank_while_heaps_are_set_up_leaves_no_heap_file() {
         Vec::<String>::new(),
         "heap files after kill -9 of rank 1 during set-up"
     );
+}
+
+// ---- A peer's soft NIC tables ----
+
+/// Both ranks set up IBGDA and exchange over it (each engine reads the
+/// other's tables through its mapping), then rank 1 stores one word at the
+/// first byte of rank 0's tables past their inboxes, which its mapping
+/// must not let it write. Returns rank 0's view of the mapping; rank 1
+/// prints its view, then the store's outcome (on the emulator the store
+/// kills it).
+fn tables_rank(world: World, backend: Backend) -> Result<String, doorbell::Error> {
+    let opts = CommOptions {
+        heap_bytes: 1 << 20,
+        wait_timeout: Duration::from_secs(20),
+        ..Default::default()
+    };
+    let rank = world.rank();
+    let comm = Communicator::new(world, device(backend, rank), opts)?;
+    let m = comm.device().load_module(&TEST_KERNELS)?;
+    let fill = m.function::<record_indices>()?;
+    exchange(&comm, &m, comm.ibgda()?)?;
+    comm.ibgda_check()?;
+    let pm = comm.peer_mapping(1 - rank).expect("the peer is another process of this host");
+    comm.barrier()?;
+    if rank == 0 {
+        return Ok(format!("{pm:?}"));
+    }
+    println!("CHILD-MAPPING {pm:?}");
+    use std::io::Write;
+    std::io::stdout().flush().ok();
+    let s = comm.device().new_stream()?;
+    let at = (pm.base + pm.writable) as *mut u32;
+    // SAFETY: one thread writes 9 words at `at`: a fault, or the bug this test finds.
+    let r = unsafe { s.launch(&fill, LaunchConfig::linear(1, 1), (at,)) }.and_then(|()| s.synchronize());
+    println!("CHILD-STORE {r:?}");
+    std::io::stdout().flush().ok();
+    // Its context is lost on a GPU: no collective teardown.
+    std::process::exit(0);
+}
+
+#[test]
+#[ignore = "a child process's entry point: the tests that need it run it with --ignored"]
+fn child_tables_rank() {
+    let Some(backend) = doorbell_tests::child_var("DOORBELL_TEST_TABLES_CHILD") else {
+        return;
+    };
+    let cfg = WorldConfig::from_env().unwrap().expect("launcher variables set by the parent");
+    let world = World::rendezvous(&cfg, b"comm-procs-tables").unwrap();
+    tables_rank(world, backend.parse().unwrap()).unwrap();
+}
+
+/// Runs [`tables_rank`] in two processes: rank 0's view of the mapping,
+/// the child's exit status and its output.
+fn tables_across(backend: Backend) -> (String, std::process::ExitStatus, String) {
+    let cfg = WorldConfig::new(0, 2, "127.0.0.1", 0, TOKEN).with_rendezvous_timeout(Duration::from_secs(30));
+    let host = RendezvousHost::bind(&cfg).unwrap();
+    let port = host.local_addr().port();
+    let name = if backend == Backend::Gpu { "gpu" } else { "cpu" };
+    let child = doorbell_tests::spawn_rank1("child_tables_rank", port, TOKEN, 1, &[("DOORBELL_TEST_TABLES_CHILD", name)]);
+    let world = host.accept(b"comm-procs-tables").unwrap();
+    let mine = tables_rank(world, backend).unwrap_or_else(|e| panic!("rank 0: {e}"));
+    let out = child.wait_with_output().unwrap();
+    let text = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (mine, out.status, text)
+}
+
+/// Both views of the mapping: the peer's allocation split where the
+/// tables' inboxes end, both parts non-empty.
+fn check_views(mine: &str, child: &str) {
+    for view in [mine, child] {
+        assert!(view.contains("read_only: ") && !view.contains("read_only: 0 "), "{view}");
+    }
+    assert!(child.contains("CHILD-MAPPING PeerMapping"), "{child}");
+}
+
+/// On the emulator a process maps its peer's tables past their inboxes
+/// read-only: the child's store kills it (SIGSEGV) before it prints the
+/// outcome.
+#[test]
+fn a_process_cannot_store_into_its_peers_soft_nic_tables_on_the_emulator() {
+    use std::os::unix::process::ExitStatusExt;
+    let (mine, status, child) = tables_across(Backend::Cpu);
+    check_views(&mine, &child);
+    assert_eq!(status.signal(), Some(11) /* SIGSEGV */, "{status:?}:\n{child}");
+    assert!(!child.contains("CHILD-STORE"), "{child}");
+}
+
+/// On a GPU the peer's heap is mapped in parts (CUDA virtual memory, one
+/// file descriptor per part): the tables past their inboxes read-only, so
+/// the child's kernel faults instead of writing them.
+#[test]
+fn a_process_cannot_store_into_its_peers_soft_nic_tables_on_a_gpu() {
+    if doorbell_tests::gpu().is_none() {
+        eprintln!("no GPU: skipped (DOORBELL_TEST_REQUIRE_GPU=1 makes this a failure)");
+        return;
+    }
+    let (mine, status, child) = tables_across(Backend::Gpu);
+    check_views(&mine, &child);
+    assert!(status.success(), "{status:?}:\n{child}");
+    let outcome = child
+        .lines()
+        .find(|l| l.starts_with("CHILD-STORE"))
+        .unwrap_or_else(|| panic!("{child}"));
+    assert!(
+        outcome.starts_with("CHILD-STORE Err("),
+        "the store into the peer's tables went through: {outcome}\n{child}"
+    );
+    println!("rank 0: {mine}\n{child}");
 }

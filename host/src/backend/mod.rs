@@ -33,8 +33,10 @@ use crate::launch::{FunctionAttributes, LaunchConfig};
 pub(crate) mod cuda;
 pub(crate) mod cuda_probe;
 pub(crate) mod emu;
+pub(crate) mod vmm;
 
 pub(crate) use cuda::{IpcMapping, IPC_HANDLE_BYTES};
+pub(crate) use vmm::{VmmRange, VMM_ALIGN};
 
 /// Which backend runs kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -316,6 +318,38 @@ impl DeviceBackend {
     ) -> Result<IpcMapping> {
         match self {
             DeviceBackend::Cuda(d) => d.ipc_open(handle, need, (peer_ordinal, rank, peer)),
+            DeviceBackend::Emu(_) => Err(no_ipc()),
+        }
+    }
+
+    /// Why this device cannot share a heap whose parts peers map with
+    /// their own access ([`vmm`]), or `None` when it can.
+    pub(crate) fn vmm_unshareable(&self) -> Option<String> {
+        match self {
+            DeviceBackend::Cuda(d) => d.vmm_unshareable(),
+            DeviceBackend::Emu(_) => Some(no_ipc().to_string()),
+        }
+    }
+
+    /// Zeroed, exportable parts of the given lengths in one range ([`vmm`]).
+    pub(crate) fn vmm_alloc(&self, parts: &[u64]) -> Result<VmmRange> {
+        match self {
+            DeviceBackend::Cuda(d) => d.vmm_alloc(parts),
+            DeviceBackend::Emu(_) => Err(no_ipc()),
+        }
+    }
+
+    /// Maps the parts another process exported, read-only from part
+    /// `read_only_from` on ([`vmm`]).
+    pub(crate) fn vmm_import(
+        &self,
+        fds: &[std::os::fd::OwnedFd],
+        parts: &[u64],
+        read_only_from: usize,
+        who: (u32, usize, usize),
+    ) -> Result<VmmRange> {
+        match self {
+            DeviceBackend::Cuda(d) => d.vmm_import(fds, parts, read_only_from, who),
             DeviceBackend::Emu(_) => Err(no_ipc()),
         }
     }

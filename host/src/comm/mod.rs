@@ -83,6 +83,7 @@ use crate::stream::Stream;
 use crate::world::World;
 
 mod alloc;
+mod fdpass;
 mod ibgda;
 mod proxy;
 mod reports;
@@ -103,7 +104,7 @@ pub use rings::{RingShape, Rings};
 #[doc(hidden)]
 pub use selftest::RouteFault;
 pub use selftest::{SelfTestReport, SelfTestRoute, SELF_TEST_ENV};
-pub use setup::{route_to, PeerPlace, PeerRoute};
+pub use setup::{route_to, PeerMapping, PeerPlace, PeerRoute};
 use setup::{Heap, Mapping};
 pub use stuck::STUCK_MARGIN;
 
@@ -244,6 +245,8 @@ pub struct Communicator {
     self_test: selftest::SelfTestState,
     // Drop order: mappings of peers before our own heap.
     _mappings: Vec<Mapping>,
+    /// [`Self::peer_mapping`] of each peer.
+    peer_mappings: Vec<Option<PeerMapping>>,
     _heap: Option<Heap>,
     /// Set by [`Communicator::local`] once every rank's device is idle:
     /// no peer can write into this heap any more, so the drop may free it
@@ -280,8 +283,19 @@ impl Communicator {
         };
 
         let place = setup::locate(&world, &device)?;
-        let (heap, heap_base, alloc_len, handles) = setup::allocate_heap(&world, &device, heap_len, &place)?;
-        let (mut bases, routes, mappings) = setup::map_peers(&device, rank, &place, &handles, (heap_base, alloc_len))?;
+        let setup::Allocated {
+            heap,
+            base: heap_base,
+            alloc_len,
+            handles,
+            server: fd_server,
+        } = setup::allocate_heap(&world, &device, heap_len, &place)?;
+        let setup::Mapped {
+            mut bases,
+            routes,
+            mappings,
+            layouts: peer_mappings,
+        } = setup::map_peers(&device, rank, &place, &handles, (heap_base, heap_len, alloc_len))?;
         for (p, b) in bases.iter_mut().enumerate().filter(|(_, b)| **b != 0) {
             *b = b.wrapping_add(RouteFault::skew(opts.route_fault, rank, p, SelfTestRoute::P2p));
         }
@@ -290,6 +304,7 @@ impl Communicator {
         // earlier error, `heap_files` went when it was dropped).
         world.barrier()?;
         drop(heap_files);
+        drop(fd_server);
         let status = std::sync::Arc::new(stuck::Status::new(device.activity().clone()));
         let source = status.clone();
         world.serve_status(std::sync::Arc::new(move || source.encode()))?;
@@ -337,6 +352,7 @@ impl Communicator {
             status,
             self_test: selftest::SelfTestState::new(self_test, opts.route_fault),
             _mappings: mappings,
+            peer_mappings,
             _heap: Some(heap),
             quiesced: false,
             trace: Mutex::new(None),
@@ -495,6 +511,14 @@ impl Communicator {
     /// How each peer is reached.
     pub fn describe_peers(&self) -> &[PeerRoute] {
         &self.routes
+    }
+
+    /// How this process maps `peer`'s heap allocation, where `peer` is
+    /// another process of this host ([`PeerRoute::CudaIpc`],
+    /// [`PeerRoute::SharedMemory`]); `None` for any other peer. The part a
+    /// peer may only read holds that peer's soft NIC port tables.
+    pub fn peer_mapping(&self, peer: usize) -> Option<PeerMapping> {
+        self.peer_mappings.get(peer).copied().flatten()
     }
 
     /// The address of `peer`'s copy of a symmetric location, as this rank's

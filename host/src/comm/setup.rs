@@ -5,8 +5,9 @@
 
 use std::path::PathBuf;
 
+use super::fdpass::{self, FdServer};
 use super::shm::{self, ShmRegion};
-use crate::backend::{IpcMapping, IPC_HANDLE_BYTES};
+use crate::backend::{IpcMapping, VmmRange, IPC_HANDLE_BYTES};
 use crate::device::{Backend, Device};
 use crate::error::{Error, Result};
 use crate::memory::DeviceBuffer;
@@ -28,6 +29,22 @@ pub enum PeerRoute {
     /// Another host: no load/store path, only the NIC reaches it (IBGDA
     /// over a ConnectX, or the NIC half of the routed transport).
     Remote,
+}
+
+/// How this process maps the heap allocation of a peer that runs in
+/// another process of this host ([`Communicator::peer_mapping`](super::Communicator::peer_mapping)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerMapping {
+    /// The allocation's address here (the peer's heap starts there).
+    pub base: u64,
+    /// Bytes from `base` this process may write: the peer's heap and its
+    /// soft NIC tables' inboxes.
+    pub writable: u64,
+    /// Bytes after those this process may only read: the rest of the
+    /// peer's soft NIC port tables (its engine's alone to write). 0 where
+    /// the device maps the whole allocation read-write (legacy CUDA IPC,
+    /// on a GPU that cannot export allocations as file descriptors).
+    pub read_only: u64,
 }
 
 /// Where a peer runs, seen from a rank: all [`route_to`] needs.
@@ -66,21 +83,53 @@ pub fn route_to(rank: usize, peer: usize, place: PeerPlace) -> PeerRoute {
 }
 
 /// Where the soft NIC's table tail ([`crate::nic::soft::TABLES_TAIL`] bytes) starts in
-/// a heap allocation of a world of several processes: past the heap, on a
-/// page (peers map the tables past the inboxes read-only, by whole pages).
+/// a heap allocation of a world of several processes: past the heap, where
+/// the tables' inboxes (which peers write) end on a multiple of
+/// [`TAIL_ALIGN`], so that peers can map the rest of the tables read-only
+/// (by whole pages on the emulator, by a separate allocation on a GPU).
 pub(super) fn tail_off(heap_len: u64) -> u64 {
-    heap_len.next_multiple_of(doorbell_softnic::engine::tables::PAGE as u64)
+    (heap_len + PEER_WRITABLE).next_multiple_of(TAIL_ALIGN) - PEER_WRITABLE
 }
+
+/// The alignment of the part of a shared heap allocation that peers map
+/// read-only: the GPU's allocation granularity.
+pub(super) const TAIL_ALIGN: u64 = crate::backend::VMM_ALIGN;
+
+const PEER_WRITABLE: u64 = doorbell_softnic::engine::tables::PEER_WRITABLE_BYTES as u64;
+const _: () = assert!(TAIL_ALIGN.is_multiple_of(doorbell_softnic::engine::tables::PAGE as u64) && PEER_WRITABLE.is_multiple_of(4096));
+
+/// The two parts of a heap allocation of a world of several processes, in
+/// bytes, each a multiple of [`TAIL_ALIGN`]: the heap and the soft NIC
+/// tables' inboxes (peers map them read-write), then the rest of the
+/// tables (peers map it read-only).
+pub(super) fn heap_parts(heap_len: u64) -> [u64; 2] {
+    let writable = tail_off(heap_len) + PEER_WRITABLE;
+    let end = (tail_off(heap_len) + crate::nic::soft::TABLES_TAIL).next_multiple_of(TAIL_ALIGN);
+    [writable, end - writable]
+}
+
+/// How long a rank hands its heap's parts to the processes that map them
+/// (the set-up's barrier after mapping ends it sooner).
+const HAND_OVER_FOR: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// A GPU heap handle's kind, after its 8-byte address: legacy CUDA IPC (the
+/// 64-byte handle follows; peers map the whole allocation read-write) or
+/// parts handed over a Unix socket (its name follows; [`heap_parts`]).
+const HANDLE_IPC: u8 = 0;
+const HANDLE_PARTS: u8 = 1;
 
 pub(super) enum Heap {
     Device(DeviceBuffer<u8>),
     Shm(ShmRegion),
+    /// A GPU heap of several processes, in parts ([`heap_parts`]).
+    Parts(VmmRange),
 }
 
 /// A peer's heap mapped into this rank; unmapped on drop.
 pub(super) enum Mapping {
     Ipc(#[allow(dead_code)] IpcMapping),
     Shm(#[allow(dead_code)] ShmRegion),
+    Parts(#[allow(dead_code)] VmmRange),
 }
 
 /// Which device a rank runs on (phase 1). Where it runs (host, process)
@@ -201,23 +250,49 @@ pub(super) fn locate(world: &World, device: &Device) -> Result<Located> {
 }
 
 /// Allocates this rank's heap and publishes how to reach it: the heap, its
-/// base address, the bytes allocated and every rank's handle. In a world of
-/// several processes the allocation carries a tail past the heap for the
-/// soft NIC's port tables (`ibgda.rs`): peers map it with the heap, but no
-/// transport call and no registered region reaches it. Collective.
-pub(super) fn allocate_heap(world: &World, device: &Device, heap_len: u64, at: &Located) -> Result<(Heap, u64, usize, Vec<Vec<u8>>)> {
+/// base address, the bytes allocated, every rank's handle and, where peers
+/// map its parts, the server that hands them over (to keep until every
+/// rank has mapped). In a world of several processes the allocation
+/// carries a tail past the heap for the soft NIC's port tables
+/// (`ibgda.rs`): peers map it with the heap, the tables past their inboxes
+/// read-only where the device allows ([`heap_parts`]), but no transport
+/// call and no registered region reaches it. Collective.
+pub(super) fn allocate_heap(world: &World, device: &Device, heap_len: u64, at: &Located) -> Result<Allocated> {
     let alloc_len = if at.multi_process {
-        (tail_off(heap_len) + crate::nic::soft::TABLES_TAIL) as usize
+        heap_parts(heap_len).iter().sum::<u64>() as usize
     } else {
         heap_len as usize
     };
+    let mut server = None;
     let (heap, handle): (Heap, Vec<u8>) = match device.backend() {
+        Backend::Gpu if at.multi_process => match device.inner.vmm_unshareable() {
+            None => {
+                let range = device.inner.vmm_alloc(&heap_parts(heap_len))?;
+                let mut h = range.as_raw().to_le_bytes().to_vec();
+                // Every other process of this host maps it.
+                let mappers = (0..at.remote.len()).filter(|&p| !at.same_process[p] && !at.remote[p]).count();
+                let s = FdServer::start(heap_parts(heap_len).to_vec(), range.export()?, mappers, HAND_OVER_FOR)?;
+                h.push(HANDLE_PARTS);
+                h.extend_from_slice(s.name().as_bytes());
+                server = Some(s);
+                (Heap::Parts(range), h)
+            }
+            Some(why) => {
+                tracing::warn!(
+                    "rank {}: {why}: the other processes map this heap through CUDA IPC, read-write as a whole \
+                     (the soft NIC's port tables included)",
+                    world.rank()
+                );
+                let buf = device.alloc_zeroed::<u8>(alloc_len)?;
+                let mut h = buf.as_raw().to_le_bytes().to_vec();
+                h.push(HANDLE_IPC);
+                h.extend_from_slice(&device.inner.ipc_export(buf.as_raw())?);
+                (Heap::Device(buf), h)
+            }
+        },
         Backend::Gpu => {
             let buf = device.alloc_zeroed::<u8>(alloc_len)?;
-            let mut h = buf.as_raw().to_le_bytes().to_vec();
-            if at.multi_process {
-                h.extend_from_slice(&device.inner.ipc_export(buf.as_raw())?);
-            }
+            let h = buf.as_raw().to_le_bytes().to_vec();
             (Heap::Device(buf), h)
         }
         Backend::Cpu | Backend::Auto => {
@@ -235,22 +310,49 @@ pub(super) fn allocate_heap(world: &World, device: &Device, heap_len: u64, at: &
     let heap_base = match &heap {
         Heap::Device(b) => b.as_raw(),
         Heap::Shm(r) => r.ptr as u64,
+        Heap::Parts(r) => r.as_raw(),
     };
     let handles = world.all_gather_bytes(&handle)?;
-    Ok((heap, heap_base, alloc_len, handles))
+    Ok(Allocated {
+        heap,
+        base: heap_base,
+        alloc_len,
+        handles,
+        server,
+    })
+}
+
+/// What [`allocate_heap`] made and learnt.
+pub(super) struct Allocated {
+    pub heap: Heap,
+    /// The heap's address here.
+    pub base: u64,
+    /// Bytes allocated (the heap, and the tables' tail where several processes share it).
+    pub alloc_len: usize,
+    /// Every rank's handle to its heap.
+    pub handles: Vec<Vec<u8>>,
+    /// Hands this heap's parts to the processes that map them (kept until
+    /// every rank has mapped).
+    pub server: Option<FdServer>,
+}
+
+/// What [`map_peers`] mapped: per rank, the heap's base address here, the
+/// route, and where another process of this host, how it is mapped; and
+/// the mappings to keep.
+pub(super) struct Mapped {
+    pub bases: Vec<u64>,
+    pub routes: Vec<PeerRoute>,
+    pub mappings: Vec<Mapping>,
+    pub layouts: Vec<Option<PeerMapping>>,
 }
 
 /// Maps every peer's heap: each rank's base address (this rank's own at
 /// its index), its route, and the mappings to keep. Peers' addresses are
 /// used only for ranks that proved to share this address space.
-pub(super) fn map_peers(
-    device: &Device,
-    rank: usize,
-    at: &Located,
-    handles: &[Vec<u8>],
-    heap: (u64, usize),
-) -> Result<(Vec<u64>, Vec<PeerRoute>, Vec<Mapping>)> {
-    let (heap_base, alloc_len) = heap;
+pub(super) fn map_peers(device: &Device, rank: usize, at: &Located, handles: &[Vec<u8>], heap: (u64, u64, usize)) -> Result<Mapped> {
+    let (heap_base, heap_len, alloc_len) = heap;
+    let parts = heap_parts(heap_len);
+    let mut layouts = vec![None; handles.len()];
     let size = handles.len();
     let mut bases = vec![0u64; size];
     let mut routes = vec![PeerRoute::Local; size];
@@ -286,14 +388,41 @@ pub(super) fn map_peers(
             }
             PeerRoute::SameProcess => bases[p] = addr,
             PeerRoute::CudaIpc => {
-                let Ok(ipc) = <&[u8; IPC_HANDLE_BYTES]>::try_from(&h[8..]) else {
-                    return Err(Error::comm(format!("rank {p} sent no CUDA IPC handle")));
+                let who = (at.ids[p].ordinal, rank, p);
+                let mapping = match h.get(8).copied() {
+                    Some(HANDLE_PARTS) => {
+                        let (words, fds) = fdpass::fetch(&h[9..], (rank, p), HAND_OVER_FOR)?;
+                        if words != parts {
+                            return Err(Error::PeerUnreachable {
+                                rank,
+                                peer: p,
+                                reason: format!(
+                                    "it handed over heap parts of {words:?} bytes, not {parts:?}; every rank must run \
+                                     this doorbell version with the same heap size"
+                                ),
+                            });
+                        }
+                        // Its tables past their inboxes: its engine's to write.
+                        Mapping::Parts(device.inner.vmm_import(&fds, &parts, 1, who)?)
+                    }
+                    Some(HANDLE_IPC) => {
+                        let Ok(ipc) = <&[u8; IPC_HANDLE_BYTES]>::try_from(&h[9..]) else {
+                            return Err(Error::comm(format!("rank {p} sent a malformed CUDA IPC handle")));
+                        };
+                        // The mapping must span what this rank will touch: the heap
+                        // and the tables tail (the peer's word for its size is not trusted).
+                        Mapping::Ipc(device.inner.ipc_open(ipc, alloc_len as u64, who.0, rank, p)?)
+                    }
+                    _ => return Err(Error::comm(format!("rank {p} sent no heap handle for another process"))),
                 };
-                // The mapping must span what this rank will touch: the heap
-                // and the tables tail (the peer's word for its size is not trusted).
-                let mapping = device.inner.ipc_open(ipc, alloc_len as u64, at.ids[p].ordinal, rank, p)?;
-                bases[p] = mapping.as_raw();
-                mappings.push(Mapping::Ipc(mapping));
+                let (base, writable, read_only) = match &mapping {
+                    Mapping::Parts(m) => (m.as_raw(), parts[0], parts[1]),
+                    Mapping::Ipc(m) => (m.as_raw(), alloc_len as u64, 0),
+                    Mapping::Shm(m) => (m.ptr as u64, parts[0], parts[1]),
+                };
+                bases[p] = base;
+                layouts[p] = Some(PeerMapping { base, writable, read_only });
+                mappings.push(mapping);
             }
             _ => {
                 let Some(path) = at.peer_files[p].as_ref() else {
@@ -306,14 +435,23 @@ pub(super) fn map_peers(
                     // The peer's soft NIC tables past its inboxes are its own
                     // engine's to write: read-only here (a stray store faults
                     // instead of corrupting them).
-                    let tables = alloc_len - crate::nic::soft::TABLES_TAIL as usize;
-                    region.read_only_from(tables + doorbell_softnic::engine::tables::PEER_WRITABLE_BYTES, rank, p)?;
+                    region.read_only_from(parts[0] as usize, rank, p)?;
                 }
                 bases[p] = region.ptr as u64;
+                layouts[p] = Some(PeerMapping {
+                    base: bases[p],
+                    writable: parts[0],
+                    read_only: parts[1],
+                });
                 mappings.push(Mapping::Shm(region));
             }
         }
         routes[p] = route;
     }
-    Ok((bases, routes, mappings))
+    Ok(Mapped {
+        bases,
+        routes,
+        mappings,
+        layouts,
+    })
 }
