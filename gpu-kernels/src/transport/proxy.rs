@@ -549,17 +549,58 @@ impl Transport for Proxy {
         unsafe { self.request(g, r, call, x.nbi) }
     }
 
+    /// Through the proxy, the warp is one poster: its leader posts every
+    /// lane's transfers in turn, each without waiting, and (blocking) waits
+    /// once at the end. Each lane posting and waiting for its own (the
+    /// rounds) made 32 times the posters on the proxy's ring and 32 waiters
+    /// per warp: an embedding gather's forward took 4 – 7× as long.
+    /// Every transfer is checked (sources too) before anything is posted.
     unsafe fn put_lanes_many_raw(&self, peer: u32, count: u32, nbi: bool, x: impl Fn(u32) -> RawXfer) -> Result<(), CommError> {
-        // The sources too before anything is written (the rounds check the
-        // destinations): a request names registered memory only.
+        if self.is_direct(peer) {
+            // SAFETY: the caller's contract.
+            return unsafe { super::put_lanes_rounds(self, peer, count, nbi, x) };
+        }
         let call = Call::put(false, nbi);
-        let sources = if self.is_direct(peer) { 0 } else { count };
-        super::check_each(sources, |i| {
-            let xi = x(i);
-            self.check_local(call, Arg::Source, xi.src as u64, xi.bytes, peer)
+        super::check_each(count, |i| {
+            let xi = RawXfer { nbi, ..x(i) };
+            self.check_local(call, Arg::Source, xi.src as u64, xi.bytes, peer)?;
+            super::check_put(self, peer, &xi, None).map(drop)
         })?;
-        // SAFETY: the caller's contract.
-        unsafe { super::put_lanes_rounds(self, peer, count, nbi, x) }
+        let rounds = super::warp_max_u32(count);
+        let mut r = Ok(());
+        let mut i = 0;
+        while i < rounds && r.is_ok() {
+            let xi = if i < count {
+                x(i)
+            } else {
+                RawXfer {
+                    dst: core::ptr::null_mut(),
+                    src: core::ptr::null(),
+                    bytes: 0,
+                    nbi: true,
+                }
+            };
+            let mut lanes = ptx::vote_sync_ballot(u32::MAX, xi.bytes != 0);
+            while lanes != 0 && r.is_ok() {
+                let l = lanes.trailing_zeros();
+                lanes &= lanes - 1;
+                let one = RawXfer {
+                    dst: ptx::shfl_sync_idx_u64(u32::MAX, xi.dst as u64, l) as *mut u8,
+                    src: ptx::shfl_sync_idx_u64(u32::MAX, xi.src as u64, l) as *const u8,
+                    bytes: ptx::shfl_sync_idx_u64(u32::MAX, xi.bytes, l),
+                    nbi: true,
+                };
+                // SAFETY: checked above; the caller's contract.
+                r = unsafe { self.put_raw(Coop::Warp, peer, one, None) };
+            }
+            i += 1;
+        }
+        if r.is_ok() && !nbi {
+            let waited = if ptx::lane_id() == 0 { self.quiet_all(call, peer) } else { Ok(()) };
+            r = super::warp_verdict(waited);
+        }
+        ptx::sync_warp(u32::MAX);
+        r
     }
 
     unsafe fn get_raw(&self, g: Coop, peer: u32, x: RawXfer) -> Result<(), CommError> {
