@@ -550,10 +550,12 @@ impl Transport for Proxy {
     }
 
     /// Through the proxy, the warp is one poster: its leader posts every
-    /// lane's transfers in turn, each without waiting, and (blocking) waits
-    /// once at the end. Each lane posting and waiting for its own (the
-    /// rounds) made 32 times the posters on the proxy's ring and 32 waiters
-    /// per warp: an embedding gather's forward took 4 – 7× as long.
+    /// lane's transfers in turn, each as one warp put (blocking unless
+    /// `nbi`), as a loop of warp puts would. Each lane posting and waiting
+    /// for its own (the rounds) made 32 times the posters on the proxy's
+    /// ring and 32 waiters per warp: an embedding gather's forward took
+    /// 4 – 7× as long on an H200; posting them all without waiting and
+    /// waiting once at the end, 3.5 – 16× as long on an H100 (not chased).
     /// Every transfer is checked (sources too) before anything is posted.
     unsafe fn put_lanes_many_raw(&self, peer: u32, count: u32, nbi: bool, x: impl Fn(u32) -> RawXfer) -> Result<(), CommError> {
         if self.is_direct(peer) {
@@ -588,16 +590,12 @@ impl Transport for Proxy {
                     dst: ptx::shfl_sync_idx_u64(u32::MAX, xi.dst as u64, l) as *mut u8,
                     src: ptx::shfl_sync_idx_u64(u32::MAX, xi.src as u64, l) as *const u8,
                     bytes: ptx::shfl_sync_idx_u64(u32::MAX, xi.bytes, l),
-                    nbi: true,
+                    nbi,
                 };
                 // SAFETY: checked above; the caller's contract.
                 r = unsafe { self.put_raw(Coop::Warp, peer, one, None) };
             }
             i += 1;
-        }
-        if r.is_ok() && !nbi {
-            let waited = if ptx::lane_id() == 0 { self.quiet_all(call, peer) } else { Ok(()) };
-            r = super::warp_verdict(waited);
         }
         ptx::sync_warp(u32::MAX);
         r
