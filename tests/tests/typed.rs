@@ -337,13 +337,33 @@ where
     put_lanes_many_call: ForTransport<T>,
     <put_lanes_many_call as ForTransport<T>>::Kernel: Kernel<Args = ManyArgs<T>>,
 {
-    let mut out = Communicator::local(2, backend, options(), |comm| {
+    let mut out = run_many_on(backend, 2, T::of, case, rounds);
+    let r1 = out.pop().expect("rank 1");
+    let r0 = out.pop().expect("rank 0");
+    r0.into_iter().zip(r1).map(|((e, c, _, n), (_, _, d, _))| (e, c, d, n)).collect()
+}
+
+/// `put_lanes_many_call`'s `case` over `ranks` ranks and the handle `of`
+/// makes, `rounds` times: each rank's [`ManySeen`] of each round (its own
+/// lanes' results and its own `dst`).
+fn run_many_on<T: Transport + KernelParam>(
+    backend: Backend,
+    ranks: usize,
+    of: impl Fn(&Communicator) -> doorbell::Result<T> + Sync,
+    case: u32,
+    rounds: u32,
+) -> Vec<Vec<ManySeen>>
+where
+    put_lanes_many_call: ForTransport<T>,
+    <put_lanes_many_call as ForTransport<T>>::Kernel: Kernel<Args = ManyArgs<T>>,
+{
+    Communicator::local(ranks, backend, options(), |comm| {
         let dev = comm.device();
         let f = load_test_kernel::<<put_lanes_many_call as ForTransport<T>>::Kernel>(dev)?;
         let dst = comm.alloc::<u64>(MANY_WORDS)?;
         let src = comm.alloc::<u64>(MANY_WORDS)?;
         let mut codes = dev.alloc_zeroed::<u32>(32)?;
-        let t = T::of(comm)?;
+        let t = of(comm)?;
         let s = dev.new_stream()?;
         let mut seen = Vec::new();
         for round in 0..rounds {
@@ -368,10 +388,43 @@ where
         }
         Ok(seen)
     })
-    .unwrap_or_else(|e| panic!("{backend:?} put_lanes_many case {case}: {e}"));
-    let r1 = out.pop().expect("rank 1");
-    let r0 = out.pop().expect("rank 0");
-    r0.into_iter().zip(r1).map(|((e, c, _, n), (_, _, d, _))| (e, c, d, n)).collect()
+    .unwrap_or_else(|e| panic!("{backend:?} put_lanes_many case {case} over {ranks} ranks: {e}"))
+}
+
+/// Case 6 of `put_lanes_many_call` over 3 ranks: rank 0's lane `l` puts
+/// its transfers to rank `1 + l mod 2`; each word of each lane's slots
+/// lands on that rank only (canaries on the other), in every round.
+fn check_many_peers<T: Transport + KernelParam>(backend: Backend, of: impl Fn(&Communicator) -> doorbell::Result<T> + Sync, what: &str)
+where
+    put_lanes_many_call: ForTransport<T>,
+    <put_lanes_many_call as ForTransport<T>>::Kernel: Kernel<Args = ManyArgs<T>>,
+{
+    let ranks = run_many_on(backend, 3, of, 6, 3);
+    for round in 0..3u32 {
+        let what = format!("{backend:?} {what} round {round}");
+        let (err, codes, _, _) = &ranks[0][round as usize];
+        assert!(err.is_none(), "{what}: {err:?}");
+        assert_eq!(codes, &[0; 32], "{what}: lanes' results");
+        let src = many_src(round);
+        for (r, seen) in ranks.iter().enumerate().skip(1) {
+            let dst = &seen[round as usize].2;
+            for l in 0..32u64 {
+                let mine = 1 + l as usize % 2 == r;
+                for j in 0..MANY_LONG {
+                    let n = if mine && j < many_count(l, round, 0) {
+                        many_words(l, j, round, 6)
+                    } else {
+                        0
+                    };
+                    for k in 0..MANY_SLOT {
+                        let w = ((l * MANY_LONG as u64 + j as u64) * MANY_SLOT + k) as usize;
+                        let want = if k < n { src[w] } else { LANE_CANARY | round as u64 };
+                        assert_eq!(dst[w], want, "{what}: rank {r}, lane {l} transfer {j} word {k} ({n} words put)");
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Rank 0's source words for `put_lanes_many_call` in `round`.
@@ -470,5 +523,15 @@ per_backend! {
     /// source checked before anything is written).
     fn every_lane_puts_many_transfers_proxy(backend: Backend) {
         check_many::<Proxy>(backend);
+    }
+
+    /// `put_lanes_many_raw` with lanes naming different peers (3 ranks):
+    /// over P2P; over IBGDA (every peer through the NIC: round by round,
+    /// not one run); over the routed transport with rank 2 through the NIC
+    /// and rank 1 by load/store (lanes on both routes in one call).
+    fn lanes_put_many_transfers_to_different_peers(backend: Backend) {
+        check_many_peers(backend, |c| c.p2p(), "p2p");
+        check_many_peers(backend, |c| c.ibgda(), "ibgda");
+        check_many_peers(backend, |c| c.routed_with(&RdmaPeers::Pairs(vec![(0, 2)])), "routed, 0-2 through the NIC");
     }
 }

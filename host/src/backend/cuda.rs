@@ -154,7 +154,7 @@ pub(crate) const DEFERRED_FREE_LIMIT: usize = 4 << 30;
 /// GPU the unloads and frees on that GPU are kept here and made when the
 /// last one has stopped ([`PersistentKernel`]'s drop).
 #[derive(Default)]
-struct Persistent {
+pub(super) struct Persistent {
     running: usize,
     /// Modules (`CUmodule` as an integer) and allocations, with their
     /// context.
@@ -163,6 +163,8 @@ struct Persistent {
     /// Mapped host allocations (`cuMemHostAlloc`'s pointer as an integer):
     /// `cuMemFreeHost` may wait for the GPU too.
     mapped: Vec<(usize, Arc<CudaContext>)>,
+    /// Virtual-memory ranges (`cuMemUnmap` may wait for the GPU too).
+    pub(super) ranges: Vec<super::vmm::VmmRange>,
 }
 
 static PERSISTENT: Mutex<std::collections::BTreeMap<usize, Persistent>> = Mutex::new(std::collections::BTreeMap::new());
@@ -173,7 +175,7 @@ fn persistent() -> std::sync::MutexGuard<'static, std::collections::BTreeMap<usi
 
 /// Whether a persistent kernel runs on GPU `ordinal` (then `what` is kept
 /// for later by `keep`).
-fn defer_while_persistent(ordinal: usize, keep: impl FnOnce(&mut Persistent)) -> bool {
+pub(super) fn defer_while_persistent(ordinal: usize, keep: impl FnOnce(&mut Persistent)) -> bool {
     let mut p = persistent();
     match p.get_mut(&ordinal) {
         Some(e) if e.running > 0 => {
@@ -193,7 +195,7 @@ pub(crate) struct PersistentKernel {
 
 impl Drop for PersistentKernel {
     fn drop(&mut self) {
-        let (modules, memory, mapped) = {
+        let (modules, memory, mapped, ranges) = {
             let mut p = persistent();
             let e = p.entry(self.ordinal).or_default();
             e.running = e.running.saturating_sub(1);
@@ -204,8 +206,11 @@ impl Drop for PersistentKernel {
                 std::mem::take(&mut e.modules),
                 std::mem::take(&mut e.memory),
                 std::mem::take(&mut e.mapped),
+                std::mem::take(&mut e.ranges),
             )
         };
+        // Released now that no persistent kernel runs (their drop).
+        drop(ranges);
         for (m, ctx) in modules {
             unload_module(&ctx, m as sys::CUmodule);
         }
@@ -327,6 +332,11 @@ impl Device {
     /// wait for: for a persistent kernel that ends only when told to.
     pub(crate) fn new_stream_untracked(&self) -> Result<Stream> {
         Ok(Stream(self.ctx.new_stream().call("cuStreamCreate")?))
+    }
+
+    /// Whether a persistent kernel (a soft NIC engine) runs on this GPU.
+    pub(crate) fn persistent_running(&self) -> bool {
+        persistent().get(&self.ordinal()).is_some_and(|e| e.running > 0)
     }
 
     /// Declares a persistent kernel on this GPU, until the guard drops

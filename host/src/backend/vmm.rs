@@ -25,6 +25,8 @@ pub(crate) const VMM_ALIGN: u64 = 2 << 20;
 /// freed on drop.
 pub(crate) struct VmmRange {
     ctx: Arc<CudaContext>,
+    /// The GPU whose persistent kernels a release waits for.
+    ordinal: usize,
     va: u64,
     /// Bytes reserved at `va`, and the prefix of them mapped.
     reserved: usize,
@@ -66,30 +68,68 @@ impl VmmRange {
 
 impl Drop for VmmRange {
     fn drop(&mut self) {
-        if self.ctx.bind_to_thread().is_err() {
+        if self.reserved == 0 && self.mapped == 0 && self.handles.is_empty() {
+            return; // released, or never held anything
+        }
+        // `cuMemUnmap` may wait for the GPU's kernels: while a soft NIC
+        // engine runs there, the range is kept and released after it.
+        let ordinal = self.ordinal;
+        let moved = |me: &mut VmmRange| VmmRange {
+            ctx: me.ctx.clone(),
+            ordinal,
+            va: me.va,
+            reserved: std::mem::take(&mut me.reserved),
+            mapped: std::mem::take(&mut me.mapped),
+            handles: std::mem::take(&mut me.handles),
+        };
+        let later = moved(self);
+        let mut later = Some(later);
+        if super::cuda::defer_while_persistent(ordinal, |e| e.ranges.push(later.take().expect("once"))) {
             return;
         }
+        let Some(now) = later else { return };
+        // The driver's virtual-memory calls need no current context, but a
+        // bound one does no harm.
+        let _ = now.ctx.bind_to_thread();
+        now.release();
+    }
+}
+
+impl VmmRange {
+    /// Unmaps, releases and frees what this value holds, once.
+    fn release(mut self) {
+        let (va, reserved, mapped, handles) = (
+            self.va,
+            std::mem::take(&mut self.reserved),
+            std::mem::take(&mut self.mapped),
+            std::mem::take(&mut self.handles),
+        );
         // SAFETY: the range and handles this value created, each undone once;
         // a failure leaves the rest in place (nothing else can be done).
         unsafe {
-            if self.mapped != 0 {
-                let _ = sys::cuMemUnmap(self.va, self.mapped);
+            if mapped != 0 {
+                let _ = sys::cuMemUnmap(va, mapped);
             }
-            for &h in &self.handles {
+            for &h in &handles {
                 let _ = sys::cuMemRelease(h);
             }
-            if self.reserved != 0 {
-                let _ = sys::cuMemAddressFree(self.va, self.reserved);
+            if reserved != 0 {
+                let _ = sys::cuMemAddressFree(va, reserved);
             }
         }
     }
 }
 
 impl Device {
-    /// Why this GPU cannot share a heap through [`Self::vmm_alloc`], or
+    /// Why this GPU cannot share a heap through [`Self::vmm_alloc`] now, or
     /// `None` when it can.
     pub(crate) fn vmm_unshareable(&self) -> Option<String> {
         use sys::CUdevice_attribute::*;
+        if self.persistent_running() {
+            // Mapping may wait for the GPU's kernels, and an engine kernel
+            // runs until its communicator's teardown.
+            return Some("a soft NIC engine of another communicator runs on this GPU".into());
+        }
         let attr = |a| self.context().attribute(a).unwrap_or(0);
         if attr(CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED) == 0 {
             return Some("the GPU has no virtual memory management".into());
@@ -138,6 +178,7 @@ impl Device {
         // From here (or at once, on failure) the range's drop undoes what was done.
         let mut range = VmmRange {
             ctx: self.context().clone(),
+            ordinal: self.ordinal(),
             va,
             reserved: len as usize,
             mapped: 0,
@@ -218,10 +259,7 @@ impl Device {
         }
         let range = self.vmm_map(handles, parts, parts.len())?;
         // SAFETY: the range is mapped read-write for this GPU.
-        unsafe { sys::cuMemsetD8_v2(range.va, 0, range.mapped) }
-            .result()
-            .call("cuMemsetD8")?;
-        self.context().synchronize().call("cuCtxSynchronize (after cuMemsetD8)")?;
+        unsafe { self.zero(range.va, range.mapped) }?;
         Ok(range)
     }
 

@@ -3,15 +3,17 @@
 //!
 //! A file descriptor means nothing in another process; the kernel passes
 //! one over a Unix socket (`SCM_RIGHTS`). The exporting rank listens on an
-//! abstract socket whose name carries 16 random bytes from `/dev/urandom`
-//! and publishes the name only through the world's authenticated
-//! all-gather, so only the job's ranks learn it; it also refuses a
-//! connection from another user (`SO_PEERCRED`). Each connection gets the
-//! same message: a few 64-bit words (the allocations' lengths) and the
-//! descriptors. The listener serves the expected number of peers and stops,
-//! or stops at a deadline, or when dropped.
+//! abstract socket (`doorbell-heap-<pid>-<32 hex digits>`; such names are
+//! visible to every local user in `/proc/net/unix`) and publishes its name
+//! and a 16-byte secret from `/dev/urandom` through the world's
+//! authenticated all-gather. A connection must come from a process of the
+//! same user (`SO_PEERCRED`) and send the secret first; only then does it
+//! get the message: a few 64-bit words (the allocations' lengths) and the
+//! descriptors. A connection that fails either check gets nothing and
+//! does not count. The listener serves the expected number of peers and
+//! stops, or stops at a deadline, or when dropped.
 
-use std::io::{IoSlice, IoSliceMut};
+use std::io::{IoSlice, IoSliceMut, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
@@ -30,11 +32,18 @@ pub(super) const MAX_ITEMS: usize = 4;
 /// The name's prefix; the rest is the pid and 32 hex digits.
 const PREFIX: &str = "doorbell-heap-";
 
+/// Bytes of the secret a connection sends first.
+pub(crate) const SECRET_BYTES: usize = 16;
+
+/// How long the listener waits for a connection's secret.
+const SECRET_WAIT: Duration = Duration::from_secs(2);
+
 /// Serves one set of descriptors to the peers that connect (see the module
 /// docs); stops when every expected peer was served, at its deadline, or
 /// when dropped.
 pub(crate) struct FdServer {
     name: String,
+    secret: [u8; SECRET_BYTES],
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -53,6 +62,8 @@ impl FdServer {
         crate::world::random_bytes(&mut r).map_err(|e| Error::comm(format!("cannot read /dev/urandom for a socket name: {e}")))?;
         let hex: String = r.iter().map(|b| format!("{b:02x}")).collect();
         let name = format!("{PREFIX}{}-{hex}", std::process::id());
+        let mut secret = [0u8; SECRET_BYTES];
+        crate::world::random_bytes(&mut secret).map_err(|e| Error::comm(format!("cannot read /dev/urandom for a secret: {e}")))?;
         let addr = SocketAddr::from_abstract_name(name.as_bytes()).map_err(|e| Error::comm(format!("socket name {name}: {e}")))?;
         let listener =
             UnixListener::bind_addr(&addr).map_err(|e| Error::comm(format!("cannot listen on the abstract socket {name}: {e}")))?;
@@ -63,10 +74,11 @@ impl FdServer {
         let flag = stop.clone();
         let thread = std::thread::Builder::new()
             .name("doorbell-fdpass".into())
-            .spawn(move || serve(listener, &words, &fds, expected, deadline, &flag))
+            .spawn(move || serve(listener, (&words, &fds, &secret), expected, deadline, &flag))
             .map_err(|e| Error::comm(format!("cannot start the heap handle thread: {e}")))?;
         Ok(FdServer {
             name,
+            secret,
             stop,
             thread: Some(thread),
         })
@@ -75,6 +87,11 @@ impl FdServer {
     /// The abstract socket's name (without the leading NUL).
     pub(crate) fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The secret a connection must send first.
+    pub(crate) fn secret(&self) -> &[u8; SECRET_BYTES] {
+        &self.secret
     }
 }
 
@@ -89,12 +106,12 @@ impl Drop for FdServer {
 
 /// The listener's loop: accept, check the peer's user, send, until
 /// `expected` were served, the deadline passed or `stop` was set.
-fn serve(listener: UnixListener, words: &[u64], fds: &[OwnedFd], expected: usize, deadline: Duration, stop: &AtomicBool) {
+fn serve(listener: UnixListener, msg: (&[u64], &[OwnedFd], &[u8; SECRET_BYTES]), expected: usize, deadline: Duration, stop: &AtomicBool) {
     let until = Instant::now() + deadline;
     let mut served = 0;
     while served < expected && Instant::now() < until && !stop.load(Ordering::Relaxed) {
         match listener.accept() {
-            Ok((stream, _)) => match send_to(&stream, words, fds) {
+            Ok((stream, _)) => match send_to(&stream, msg) {
                 Ok(()) => served += 1,
                 Err(why) => tracing::warn!("heap handles not handed over a local connection: {why}"),
             },
@@ -107,8 +124,9 @@ fn serve(listener: UnixListener, words: &[u64], fds: &[OwnedFd], expected: usize
     }
 }
 
-/// Sends the message to one connection after checking its user.
-fn send_to(stream: &UnixStream, words: &[u64], fds: &[OwnedFd]) -> std::result::Result<(), String> {
+/// Sends the message to one connection after checking its user and its
+/// secret.
+fn send_to(stream: &UnixStream, (words, fds, secret): (&[u64], &[OwnedFd], &[u8; SECRET_BYTES])) -> std::result::Result<(), String> {
     let cred = nix::sys::socket::getsockopt(stream, sockopt::PeerCredentials).map_err(|e| format!("SO_PEERCRED: {e}"))?;
     // SAFETY: a plain query.
     let me = unsafe { libc::geteuid() };
@@ -120,6 +138,15 @@ fn send_to(stream: &UnixStream, words: &[u64], fds: &[OwnedFd]) -> std::result::
         ));
     }
     stream.set_nonblocking(false).map_err(|e| e.to_string())?;
+    stream.set_read_timeout(Some(SECRET_WAIT)).map_err(|e| e.to_string())?;
+    let mut got = [0u8; SECRET_BYTES];
+    (&*stream)
+        .read_exact(&mut got)
+        .map_err(|e| format!("no secret from the connecting process (pid {}): {e}", cred.pid()))?;
+    // Compared in full, whatever differs.
+    if got.iter().zip(secret).fold(0u8, |acc, (a, b)| acc | (a ^ b)) != 0 {
+        return Err(format!("the connecting process (pid {}) sent a wrong secret", cred.pid()));
+    }
     let bytes: Vec<u8> = std::iter::once(words.len() as u64)
         .chain(words.iter().copied())
         .flat_map(u64::to_le_bytes)
@@ -134,9 +161,15 @@ fn send_to(stream: &UnixStream, words: &[u64], fds: &[OwnedFd]) -> std::result::
     Ok(())
 }
 
-/// Connects to the socket `name` that rank `peer` published and receives
-/// its words and descriptors. `rank` and `peer` describe a failure.
-pub(crate) fn fetch(name: &[u8], (rank, peer): (usize, usize), timeout: Duration) -> Result<(Vec<u64>, Vec<OwnedFd>)> {
+/// Connects to the socket `name` that rank `peer` published, sends its
+/// `secret` and receives its words and descriptors. `rank` and `peer`
+/// describe a failure.
+pub(crate) fn fetch(
+    name: &[u8],
+    secret: &[u8; SECRET_BYTES],
+    (rank, peer): (usize, usize),
+    timeout: Duration,
+) -> Result<(Vec<u64>, Vec<OwnedFd>)> {
     let refuse = |why: String| Error::PeerUnreachable { rank, peer, reason: why };
     let shape = std::str::from_utf8(name)
         .ok()
@@ -158,12 +191,20 @@ pub(crate) fn fetch(name: &[u8], (rank, peer): (usize, usize), timeout: Duration
         ))
     })?;
     stream.set_read_timeout(Some(timeout)).map_err(|e| refuse(e.to_string()))?;
+    (&stream)
+        .write_all(secret)
+        .map_err(|e| refuse(format!("cannot send its heap handle socket the secret: {e}")))?;
     let mut buf = [0u8; 8 * (MAX_ITEMS + 1)];
     let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; MAX_ITEMS]);
     let (n, fds) = {
         let mut iov = [IoSliceMut::new(&mut buf)];
-        let msg = recvmsg::<()>(stream.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC)
-            .map_err(|e| refuse(format!("no heap handles from it: {e}")))?;
+        let msg = loop {
+            match recvmsg::<()>(stream.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                r => break r,
+            }
+        }
+        .map_err(|e| refuse(format!("no heap handles from it: {e}")))?;
         let mut fds = Vec::new();
         for c in msg.cmsgs().map_err(|e| refuse(format!("heap handles: {e}")))? {
             if let ControlMessageOwned::ScmRights(raw) = c {
@@ -173,7 +214,9 @@ pub(crate) fn fetch(name: &[u8], (rank, peer): (usize, usize), timeout: Duration
             }
         }
         if msg.flags.contains(MsgFlags::MSG_CTRUNC) {
-            return Err(refuse(format!("it sent more than {MAX_ITEMS} heap handles")));
+            return Err(refuse(format!(
+                "its heap handles did not all arrive (more than {MAX_ITEMS}, or this process is out of file descriptors)"
+            )));
         }
         (msg.bytes, fds)
     };
@@ -183,7 +226,13 @@ pub(crate) fn fetch(name: &[u8], (rank, peer): (usize, usize), timeout: Duration
     };
     let count = word(0).filter(|&c| c as usize <= MAX_ITEMS && 8 * (c as usize + 1) == n);
     let Some(count) = count else {
-        return Err(refuse(format!("its heap handle message is malformed ({n} bytes)")));
+        return Err(refuse(if n == 0 {
+            "its heap handle socket closed without handing anything over (it refused this process: another user, \
+             or a wrong secret)"
+                .to_string()
+        } else {
+            format!("its heap handle message is malformed ({n} bytes)")
+        }));
     };
     let words = (1..=count as usize).map(|i| word(i).expect("checked length")).collect();
     Ok((words, fds))
@@ -210,7 +259,7 @@ mod tests {
         let write_end = fds[1].try_clone().unwrap();
         let server = FdServer::start(vec![7, 1 << 40], fds, 2, Duration::from_secs(20)).unwrap();
         for k in 0..2u8 {
-            let (words, got) = fetch(server.name().as_bytes(), (1, 0), Duration::from_secs(20)).unwrap();
+            let (words, got) = fetch(server.name().as_bytes(), server.secret(), (1, 0), Duration::from_secs(20)).unwrap();
             assert_eq!(words, vec![7, 1 << 40]);
             assert_eq!(got.len(), 2);
             let b = [0x40 + k];
@@ -230,11 +279,30 @@ mod tests {
     /// nobody listens on says so.
     #[test]
     fn bad_or_dead_names_are_refused_with_the_reason() {
-        let e = fetch(b"/tmp/../etc", (0, 1), Duration::from_secs(1)).unwrap_err().to_string();
+        let e = fetch(b"/tmp/../etc", &[0; SECRET_BYTES], (0, 1), Duration::from_secs(1))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("every rank must run this doorbell version"), "{e}");
         let dead = format!("{PREFIX}1-{}", "0".repeat(32));
-        let e = fetch(dead.as_bytes(), (0, 1), Duration::from_secs(1)).unwrap_err().to_string();
+        let e = fetch(dead.as_bytes(), &[0; SECRET_BYTES], (0, 1), Duration::from_secs(1))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("cannot connect"), "{e}");
+    }
+
+    /// A connection with a wrong secret gets nothing and does not count:
+    /// the rightful peer still gets the message afterwards.
+    #[test]
+    fn a_wrong_secret_gets_nothing_and_takes_no_slot() {
+        let server = FdServer::start(vec![3], pipe_fds(), 1, Duration::from_secs(20)).unwrap();
+        let mut wrong = *server.secret();
+        wrong[5] ^= 1;
+        let e = fetch(server.name().as_bytes(), &wrong, (1, 0), Duration::from_secs(20))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("closed without handing anything over"), "{e}");
+        let (words, got) = fetch(server.name().as_bytes(), server.secret(), (1, 0), Duration::from_secs(20)).unwrap();
+        assert_eq!((words, got.len()), (vec![3], 2));
     }
 
     /// More items than one message carries are refused up front.

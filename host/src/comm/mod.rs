@@ -19,8 +19,8 @@
 //! | peers | GPU | CPU emulator |
 //! |---|---|---|
 //! | threads of one process | same address space (one GPU), or peer access between GPUs | same address space |
-//! | processes of one host | CUDA IPC (`cuIpcGetMemHandle` / `cuIpcOpenMemHandle`) | shared memory files in `/dev/shm` |
-//! | other hosts | needs the IBGDA transport (not available yet): an error says so | same |
+//! | processes of one host | CUDA virtual memory: the heap's parts handed over a Unix socket as file descriptors, the soft NIC tables past their inboxes mapped read-only ([`Communicator::peer_mapping`]); legacy CUDA IPC where that cannot be used | shared memory files in `/dev/shm` (the tables read-only likewise) |
+//! | other hosts | only through the NIC (the IBGDA or routed transport) | same |
 //!
 //! [`Communicator::describe_peers`] says which route each peer takes.
 //!

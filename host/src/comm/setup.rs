@@ -22,7 +22,9 @@ pub enum PeerRoute {
     SameProcess,
     /// Same process, another GPU, through CUDA peer access.
     PeerAccess,
-    /// Another process on this host, through CUDA IPC.
+    /// Another process on this host, through CUDA's inter-process sharing:
+    /// the heap's virtual-memory parts handed over as file descriptors, or
+    /// a legacy CUDA IPC handle ([`super::Communicator::peer_mapping`]).
     CudaIpc,
     /// Another process on this host, through shared memory (emulator).
     SharedMemory,
@@ -114,7 +116,8 @@ const HAND_OVER_FOR: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// A GPU heap handle's kind, after its 8-byte address: legacy CUDA IPC (the
 /// 64-byte handle follows; peers map the whole allocation read-write) or
-/// parts handed over a Unix socket (its name follows; [`heap_parts`]).
+/// parts handed over a Unix socket (its secret and name follow;
+/// [`heap_parts`]).
 const HANDLE_IPC: u8 = 0;
 const HANDLE_PARTS: u8 = 1;
 
@@ -264,25 +267,37 @@ pub(super) fn allocate_heap(world: &World, device: &Device, heap_len: u64, at: &
         heap_len as usize
     };
     let mut server = None;
+    // Every other process of this host maps the heap; ranks of this
+    // process reach it by address (a virtual-memory heap is mapped for
+    // this rank's GPU only, so they keep the plain allocation).
+    let size = at.remote.len();
+    let mappers = (0..size).filter(|&p| !at.same_process[p] && !at.remote[p]).count();
+    let alone = (0..size).filter(|&p| at.same_process[p]).count() == 1;
+    let parts_unusable = if mappers == 0 || !alone {
+        Some("other ranks run in this process, or no other process of this host maps the heap".to_string())
+    } else {
+        device.inner.vmm_unshareable()
+    };
     let (heap, handle): (Heap, Vec<u8>) = match device.backend() {
-        Backend::Gpu if at.multi_process => match device.inner.vmm_unshareable() {
+        Backend::Gpu if at.multi_process => match parts_unusable {
             None => {
                 let range = device.inner.vmm_alloc(&heap_parts(heap_len))?;
                 let mut h = range.as_raw().to_le_bytes().to_vec();
-                // Every other process of this host maps it.
-                let mappers = (0..at.remote.len()).filter(|&p| !at.same_process[p] && !at.remote[p]).count();
                 let s = FdServer::start(heap_parts(heap_len).to_vec(), range.export()?, mappers, HAND_OVER_FOR)?;
                 h.push(HANDLE_PARTS);
+                h.extend_from_slice(s.secret());
                 h.extend_from_slice(s.name().as_bytes());
                 server = Some(s);
                 (Heap::Parts(range), h)
             }
             Some(why) => {
-                tracing::warn!(
-                    "rank {}: {why}: the other processes map this heap through CUDA IPC, read-write as a whole \
-                     (the soft NIC's port tables included)",
-                    world.rank()
-                );
+                if mappers > 0 {
+                    tracing::warn!(
+                        "rank {}: {why}: the other processes of this host map this heap through CUDA IPC, \
+                         read-write as a whole (the soft NIC's port tables included)",
+                        world.rank()
+                    );
+                }
                 let buf = device.alloc_zeroed::<u8>(alloc_len)?;
                 let mut h = buf.as_raw().to_le_bytes().to_vec();
                 h.push(HANDLE_IPC);
@@ -391,7 +406,10 @@ pub(super) fn map_peers(device: &Device, rank: usize, at: &Located, handles: &[V
                 let who = (at.ids[p].ordinal, rank, p);
                 let mapping = match h.get(8).copied() {
                     Some(HANDLE_PARTS) => {
-                        let (words, fds) = fdpass::fetch(&h[9..], (rank, p), HAND_OVER_FOR)?;
+                        let Some((secret, name)) = h[9..].split_first_chunk::<{ fdpass::SECRET_BYTES }>() else {
+                            return Err(Error::comm(format!("rank {p} sent a malformed heap handle")));
+                        };
+                        let (words, fds) = fdpass::fetch(name, secret, (rank, p), HAND_OVER_FOR)?;
                         if words != parts {
                             return Err(Error::PeerUnreachable {
                                 rank,

@@ -182,6 +182,7 @@ pub const fn many_words(l: u64, j: u32, round: u32, case: u32) -> u64 {
 /// | 3 | non-blocking, [`MANY_LONG`] one-word transfers per lane, then quiet |
 /// | 4 | as 1, but lane 9's third part runs one word past `dst` (into the heap's next allocation): nothing may be written, every lane gets that error |
 /// | 5 | no lane has anything to send, to a peer outside the world (`u32::MAX`): nothing happens, every lane gets `Ok` |
+/// | 6 | as 0, but lane `l` puts to rank `1 + l mod (world − 1)`: lanes name different peers (over the routed transport, peers on both routes) |
 ///
 /// `out[l]` = `code` of lane `l`'s result.
 #[kernel(transports(P2p, Ibgda, Routed, Proxy))]
@@ -212,7 +213,11 @@ pub unsafe fn put_lanes_many_call<T: Transport>(t: T, dst: Sym<u64>, src: Sym<u6
         (dst.part(at, n), src.part(w, n))
     };
     let nbi = case == 1 || case == 3 || case == 4;
-    let (peer, count) = if case == 5 { (u32::MAX, 0) } else { (1, count) };
+    let (peer, count) = match case {
+        5 => (u32::MAX, 0),
+        6 => (1 + l as u32 % (t.world_size() - 1), many_count(l, round, 0)),
+        _ => (1, count),
+    };
     // SAFETY: the warp's lanes all call, converged, to one peer; the
     // sources are symmetric memory.
     let mut r = unsafe {
