@@ -14,6 +14,10 @@ pub(crate) struct GpuProbe {
     pub compute_capability: (i32, i32),
     pub memory_bytes: u64,
     pub pci_bus_id: String,
+    /// Whether it exports allocations as file descriptors (virtual memory
+    /// management and POSIX descriptor handles), which processes sharing
+    /// a heap in parts need; `None`: the driver did not answer.
+    pub exports_fds: Option<bool>,
 }
 
 /// What the driver says of a pair of GPUs.
@@ -77,11 +81,20 @@ pub(crate) fn gpu(ordinal: usize) -> Result<GpuProbe, String> {
         .map_err(|e| err("cuDeviceGetPCIBusId", e))?;
     // SAFETY: NUL-terminated by the driver within the buffer.
     let pci_bus_id = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned();
+    use sys::CUdevice_attribute::{
+        CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED as FD,
+        CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED as VA,
+    };
+    let exports_fds = match (attr(dev, VA, "VA"), attr(dev, FD, "FD")) {
+        (Ok(va), Ok(fd)) => Some(va != 0 && fd != 0),
+        _ => None,
+    };
     Ok(GpuProbe {
         name,
         compute_capability: (major, minor),
         memory_bytes,
         pci_bus_id,
+        exports_fds,
     })
 }
 

@@ -311,6 +311,7 @@ mod tests {
                     compute_capability: cc.to_string(),
                     memory_bytes: 0,
                     pci_bus_id: format!("0000:{:02x}:00.0", i + 1),
+                    heap_parts: Some(i == 0),
                 })
                 .collect(),
             ..GpuSection::default()

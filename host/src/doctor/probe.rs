@@ -40,6 +40,7 @@ pub(super) fn probe_gpus(report: &mut Report) {
                 compute_capability: format!("{}.{}", p.compute_capability.0, p.compute_capability.1),
                 memory_bytes: p.memory_bytes,
                 pci_bus_id: p.pci_bus_id,
+                heap_parts: p.exports_fds,
             }),
             Err(e) => g.errors.push(format!("GPU {i}: {e}")),
         }

@@ -53,6 +53,10 @@ impl Report {
                 d.memory_bytes as f64 / (1u64 << 30) as f64,
                 d.pci_bus_id
             ));
+            t.w(format!(
+                "  processes sharing it map each other's heaps {}",
+                heap_parts_line(d.heap_parts)
+            ));
         }
         for e in &g.errors {
             t.w(format!("  could not read: {e}"));
@@ -292,5 +296,27 @@ fn listed(what: &str, items: impl Iterator<Item = String>) -> String {
         String::new()
     } else {
         format!("; {what}: {}", items.join(", "))
+    }
+}
+
+/// How processes sharing a GPU map each other's heaps ([`super::Gpu::heap_parts`]).
+fn heap_parts_line(parts: Option<bool>) -> &'static str {
+    match parts {
+        Some(true) => "in parts (virtual memory; the soft NIC port tables read-only)",
+        Some(false) => "through legacy CUDA IPC, read-write as a whole (the GPU does not export allocations as file descriptors)",
+        None => "in parts if the GPU exports allocations as file descriptors (the driver did not say)",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::heap_parts_line;
+
+    /// Each answer of the probe says how the tables are mapped.
+    #[test]
+    fn the_heap_parts_line_says_whether_the_tables_are_read_only() {
+        assert!(heap_parts_line(Some(true)).contains("tables read-only"));
+        assert!(heap_parts_line(Some(false)).contains("legacy CUDA IPC, read-write"));
+        assert!(heap_parts_line(None).contains("did not say"));
     }
 }

@@ -30,6 +30,11 @@ pub struct Gpu {
     pub memory_bytes: u64,
     /// PCI bus id.
     pub pci_bus_id: String,
+    /// Whether processes sharing this GPU can map each other's heaps in
+    /// parts, the soft NIC tables read-only (it exports allocations as
+    /// file descriptors); else legacy CUDA IPC, read-write as a whole.
+    /// `None`: the driver did not say.
+    pub heap_parts: Option<bool>,
 }
 
 /// The GPUs and the driver.
