@@ -531,9 +531,10 @@ unsafe fn gather<T: Transport>(t: &T, s: &EmbShape, b: &EmbBufs, epoch: u64) {
     }
 }
 
-/// Most rows a lane puts in one [`put_rows`] call: a warp's call is at most
-/// `32 ×` this many WQEs behind one doorbell over IBGDA (half the default
-/// send queue).
+/// Most rows a lane of the forward's gather puts in one
+/// [`Transport::put_lanes_many_raw`] call where a NIC is between the
+/// ranks: a warp's call is at most `32 ×` this many WQEs behind one
+/// doorbell over IBGDA (half the default send queue).
 pub const GATHER_ROWS_PER_LANE: u32 = 4;
 
 /// One warp's share of a requester's rows for [`put_rows`]: requests
