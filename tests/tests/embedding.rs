@@ -733,7 +733,21 @@ fn one_warp_gathers_hundreds_of_rows_through_the_nic() {
     };
     let ids = emb::generate_ids(&p, 0.0, 5);
     let cap = emb::traffic(&p, &ids).max_pair.max(1) as u32;
-    assert!(cap > 32 * GATHER_ROWS_PER_LANE, "{cap} rows: one call would take them all");
+    // The rows each rank asks its peer for (distinct (table, id) the other
+    // rank owns): more than one call of the owner's one warp takes.
+    let per_table = (p.batch * p.pooling) as usize;
+    let asked = (0..p.ranks).map(|r| {
+        let theirs = ids[r as usize].iter().enumerate().filter(|(_, &id)| id % p.ranks != r);
+        theirs
+            .map(|(i, &id)| (i / per_table, id))
+            .collect::<std::collections::HashSet<_>>()
+            .len()
+    });
+    let fewest = asked.min().unwrap_or(0);
+    assert!(
+        fewest > 32 * GATHER_ROWS_PER_LANE as usize,
+        "{fewest} rows: one call would take them all"
+    );
     let init = emb::initial_tables(&p);
     let (steps, lr) = (2, 0.125);
     let runs = [

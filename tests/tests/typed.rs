@@ -528,10 +528,13 @@ per_backend! {
     /// `put_lanes_many_raw` with lanes naming different peers (3 ranks):
     /// over P2P; over IBGDA (every peer through the NIC: round by round,
     /// not one run); over the routed transport with rank 2 through the NIC
-    /// and rank 1 by load/store (lanes on both routes in one call).
+    /// and rank 1 by load/store (lanes on both routes in one call); over
+    /// the CPU proxy, every peer through it and with rank 1 by load/store.
     fn lanes_put_many_transfers_to_different_peers(backend: Backend) {
         check_many_peers(backend, |c| c.p2p(), "p2p");
         check_many_peers(backend, |c| c.ibgda(), "ibgda");
         check_many_peers(backend, |c| c.routed_with(&RdmaPeers::Pairs(vec![(0, 2)])), "routed, 0-2 through the NIC");
+        check_many_peers(backend, |c| c.proxy(), "proxy");
+        check_many_peers(backend, |c| c.proxy_routed(&RdmaPeers::Pairs(vec![(0, 2)])), "proxy, 0-2 through the NIC");
     }
 }

@@ -549,20 +549,30 @@ impl Transport for Proxy {
         unsafe { self.request(g, r, call, x.nbi) }
     }
 
-    /// Through the proxy, the warp is one poster: its leader posts every
-    /// lane's transfers in turn, each as one warp put (blocking unless
-    /// `nbi`), as a loop of warp puts would. Each lane posting and waiting
-    /// for its own (the rounds) made 32 times the posters on the proxy's
-    /// ring and 32 waiters per warp: an embedding gather's forward took
-    /// 4 – 7× as long on an H200; posting them all without waiting and
-    /// waiting once at the end, 3.5 – 16× as long on an H100 (not chased).
-    /// Every transfer is checked (sources too) before anything is posted.
+    /// Where every lane names the same peer, reached through the proxy, the
+    /// warp is one poster: its leader posts every lane's transfers in turn,
+    /// each as one warp put (blocking unless `nbi`), as a loop of warp puts
+    /// would. Each lane posting and waiting for its own (the rounds) made
+    /// 32 times the posters on the proxy's ring and 32 waiters per warp:
+    /// an embedding gather's forward took 4 – 7× as long on an H200;
+    /// posting them all without waiting and then waiting for every ticket
+    /// posted so far by anyone (`quiet_all`), 3.5 – 16× as long on an
+    /// H100. Lanes naming different peers, or a peer of this node, go
+    /// round by round, each lane its own way. Every transfer is checked
+    /// (the sources of those through the proxy too) before anything is
+    /// posted.
     unsafe fn put_lanes_many_raw(&self, peer: u32, count: u32, nbi: bool, x: impl Fn(u32) -> RawXfer) -> Result<(), CommError> {
-        if self.is_direct(peer) {
+        let call = Call::put(false, nbi);
+        let lead = ptx::shfl_sync_idx_u64(u32::MAX, peer as u64, 0) as u32;
+        if !ptx::vote_sync_all(u32::MAX, peer == lead) || self.is_direct(lead) {
+            let sources = if self.is_direct(peer) { 0 } else { count };
+            super::check_each(sources, |i| {
+                let xi = x(i);
+                self.check_local(call, Arg::Source, xi.src as u64, xi.bytes, peer)
+            })?;
             // SAFETY: the caller's contract.
             return unsafe { super::put_lanes_rounds(self, peer, count, nbi, x) };
         }
-        let call = Call::put(false, nbi);
         super::check_each(count, |i| {
             let xi = RawXfer { nbi, ..x(i) };
             self.check_local(call, Arg::Source, xi.src as u64, xi.bytes, peer)?;

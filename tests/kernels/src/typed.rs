@@ -218,8 +218,8 @@ pub unsafe fn put_lanes_many_call<T: Transport>(t: T, dst: Sym<u64>, src: Sym<u6
         6 => (1 + l as u32 % (t.world_size() - 1), many_count(l, round, 0)),
         _ => (1, count),
     };
-    // SAFETY: the warp's lanes all call, converged, to one peer; the
-    // sources are symmetric memory.
+    // SAFETY: the warp's lanes all call, converged (to one peer but in
+    // case 6); the sources are symmetric memory.
     let mut r = unsafe {
         if case == 1 || case == 4 {
             t.put_lanes_many(peer, count, nbi, parts)

@@ -552,7 +552,7 @@ struct RowPuts {
 /// row on lane `k mod 32`, at most [`GATHER_ROWS_PER_LANE`] a lane per
 /// [`Transport::put_lanes_many_raw`] call (blocking: every row has landed
 /// on return). A request `row` refuses (it reports it) puts nothing. The
-/// warp's first error, once every call has been made.
+/// warp's first error: no call is made after it.
 ///
 /// # Safety
 /// All 32 lanes call it, converged; `row` returns a valid row of `dim`
@@ -568,7 +568,8 @@ unsafe fn put_rows<T: Transport>(t: &T, r: u32, w: &RowPuts, row: impl Fn(u32) -
     let per_call = 32 * GATHER_ROWS_PER_LANE;
     let mut res = Ok(());
     let mut base = 0u32;
-    while base < mine {
+    // A refused call stops the warp's rows (its verdict is the warp's).
+    while base < mine && res.is_ok() {
         let batch = (mine - base).min(per_call);
         let count = if lane < batch { (batch - lane).div_ceil(32) } else { 0 };
         let x = |i: u32| {
@@ -593,10 +594,7 @@ unsafe fn put_rows<T: Transport>(t: &T, r: u32, w: &RowPuts, row: impl Fn(u32) -
         };
         // SAFETY: the caller's contract; `x` is pure but for `row`'s
         // report, which is the same each time.
-        let put = unsafe { t.put_lanes_many_raw(r, count, false, x) };
-        if res.is_ok() {
-            res = put;
-        }
+        res = unsafe { t.put_lanes_many_raw(r, count, false, x) };
         base += batch;
     }
     res
