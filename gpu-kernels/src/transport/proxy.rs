@@ -549,66 +549,17 @@ impl Transport for Proxy {
         unsafe { self.request(g, r, call, x.nbi) }
     }
 
-    /// Where every lane names the same peer, reached through the proxy, the
-    /// warp is one poster: its leader posts every lane's transfers in turn,
-    /// each as one warp put (blocking unless `nbi`), as a loop of warp puts
-    /// would. Each lane posting and waiting for its own (the rounds) made
-    /// 32 times the posters on the proxy's ring and 32 waiters per warp:
-    /// an embedding gather's forward took 4 – 7× as long on an H200;
-    /// posting them all without waiting and then waiting for every ticket
-    /// posted so far by anyone (`quiet_all`), 3.5 – 16× as long on an
-    /// H100. Lanes naming different peers, or a peer of this node, go
-    /// round by round, each lane its own way. Every transfer is checked
-    /// (the sources of those through the proxy too) before anything is
-    /// posted.
     unsafe fn put_lanes_many_raw(&self, peer: u32, count: u32, nbi: bool, x: impl Fn(u32) -> RawXfer) -> Result<(), CommError> {
+        // The sources too before anything is written (the rounds check the
+        // destinations): a request names registered memory only.
         let call = Call::put(false, nbi);
-        let lead = ptx::shfl_sync_idx_u64(u32::MAX, peer as u64, 0) as u32;
-        if !ptx::vote_sync_all(u32::MAX, peer == lead) || self.is_direct(lead) {
-            let sources = if self.is_direct(peer) { 0 } else { count };
-            super::check_each(sources, |i| {
-                let xi = x(i);
-                self.check_local(call, Arg::Source, xi.src as u64, xi.bytes, peer)
-            })?;
-            // SAFETY: the caller's contract.
-            return unsafe { super::put_lanes_rounds(self, peer, count, nbi, x) };
-        }
-        super::check_each(count, |i| {
-            let xi = RawXfer { nbi, ..x(i) };
-            self.check_local(call, Arg::Source, xi.src as u64, xi.bytes, peer)?;
-            super::check_put(self, peer, &xi, None).map(drop)
+        let sources = if self.is_direct(peer) { 0 } else { count };
+        super::check_each(sources, |i| {
+            let xi = x(i);
+            self.check_local(call, Arg::Source, xi.src as u64, xi.bytes, peer)
         })?;
-        let rounds = super::warp_max_u32(count);
-        let mut r = Ok(());
-        let mut i = 0;
-        while i < rounds && r.is_ok() {
-            let xi = if i < count {
-                x(i)
-            } else {
-                RawXfer {
-                    dst: core::ptr::null_mut(),
-                    src: core::ptr::null(),
-                    bytes: 0,
-                    nbi: true,
-                }
-            };
-            let mut lanes = ptx::vote_sync_ballot(u32::MAX, xi.bytes != 0);
-            while lanes != 0 && r.is_ok() {
-                let l = lanes.trailing_zeros();
-                lanes &= lanes - 1;
-                let one = RawXfer {
-                    dst: ptx::shfl_sync_idx_u64(u32::MAX, xi.dst as u64, l) as *mut u8,
-                    src: ptx::shfl_sync_idx_u64(u32::MAX, xi.src as u64, l) as *const u8,
-                    bytes: ptx::shfl_sync_idx_u64(u32::MAX, xi.bytes, l),
-                    nbi,
-                };
-                // SAFETY: checked above; the caller's contract.
-                r = unsafe { self.put_raw(Coop::Warp, peer, one, None) };
-            }
-            i += 1;
-        }
-        ptx::sync_warp(u32::MAX);
-        r
+        // SAFETY: the caller's contract.
+        unsafe { super::put_lanes_rounds(self, peer, count, nbi, x) }
     }
 
     unsafe fn get_raw(&self, g: Coop, peer: u32, x: RawXfer) -> Result<(), CommError> {

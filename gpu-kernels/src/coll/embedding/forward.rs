@@ -9,7 +9,7 @@ use super::{
     STATUS_NO_PEER_PTR, STATUS_OK, STATUS_PEER_ERROR, STATUS_PEER_TIMEOUT, STATUS_TIMEOUT, STATUS_TRANSPORT,
 };
 use crate::ptx;
-use crate::transport::{Cmp, CommError, Coop, RawSignal, RawXfer, Transport};
+use crate::transport::{Cmp, Coop, RawSignal, RawXfer, Transport};
 
 /// Bytes of one slice of a request list sent from every block
 /// ([`send_list_slices`]).
@@ -464,9 +464,7 @@ unsafe fn verdicts<T: Transport>(t: &T, s: &EmbShape, b: &EmbBufs, epoch: u64) -
 
 /// Phase 3b (owner side, every requester good): the requested rows, copied
 /// by the warps straight into each requester's receive buffer where it can
-/// be stored to; else put by the warps, each warp's rows spread over its
-/// lanes ([`put_rows`]), or one warp put per row where a peer pointer
-/// exists but rows are not 16-byte multiples.
+/// be stored to, else one put per row.
 #[inline(always)]
 unsafe fn gather<T: Transport>(t: &T, s: &EmbShape, b: &EmbBufs, epoch: u64) {
     let n = t.world_size();
@@ -495,109 +493,39 @@ unsafe fn gather<T: Transport>(t: &T, s: &EmbShape, b: &EmbBufs, epoch: u64) {
                 Some(b.tables.add((table as usize * s.shard_rows as usize + (id / n) as usize) * dim) as *const f32)
             };
             let slot = b.rows_in.add(me as usize * cap * dim);
-            match t.peer_ptr(slot, r) {
-                Some(peer_slot) if dim.is_multiple_of(4) => copy_rows(dim, c, peer_slot, row),
-                Some(_) => {
-                    let mut u = gw;
-                    while u < c {
-                        if let Some(src) = row(u) {
-                            let x = RawXfer {
-                                dst: slot.add(u as usize * dim) as *mut u8,
+            // Where the requester's slot can be stored to directly, the
+            // warps copy rows themselves, several in flight; otherwise
+            // (a NIC between the two) one put per row.
+            let direct = if dim.is_multiple_of(4) { t.peer_ptr(slot, r) } else { None };
+            if let Some(peer_slot) = direct {
+                copy_rows(dim, c, peer_slot, row);
+            } else {
+                let mut u = gw;
+                while u < c {
+                    if let Some(src) = row(u) {
+                        let dst = slot.add(u as usize * dim);
+                        if t.put_raw(
+                            Coop::Warp,
+                            r,
+                            RawXfer {
+                                dst: dst as *mut u8,
                                 src: src as *const u8,
                                 bytes: dim as u64 * 4,
                                 nbi: false,
-                            };
-                            if t.put_raw(Coop::Warp, r, x, None).is_err() && ptx::lane_id() == 0 {
-                                set_status(b.status, STATUS_TRANSPORT, r, 1, 0, 0);
-                            }
+                            },
+                            None,
+                        )
+                        .is_err()
+                            && ptx::lane_id() == 0
+                        {
+                            set_status(b.status, STATUS_TRANSPORT, r, 1, 0, 0);
                         }
-                        u += warps;
                     }
-                }
-                None => {
-                    let rows = RowPuts {
-                        first: gw,
-                        step: warps,
-                        count: c,
-                        dim,
-                        slot,
-                    };
-                    if put_rows(t, r, &rows, row).is_err() && ptx::lane_id() == 0 {
-                        set_status(b.status, STATUS_TRANSPORT, r, 1, 0, 0);
-                    }
+                    u += warps;
                 }
             }
         }
     }
-}
-
-/// Most rows a lane of the forward's gather puts in one
-/// [`Transport::put_lanes_many_raw`] call where a NIC is between the
-/// ranks: a warp's call is at most `32 ×` this many WQEs behind one
-/// doorbell over IBGDA (half the default send queue).
-pub const GATHER_ROWS_PER_LANE: u32 = 4;
-
-/// One warp's share of a requester's rows for [`put_rows`]: requests
-/// `first, first + step, …` below `count`, request `u`'s row going to
-/// `slot + u * dim` elements.
-struct RowPuts {
-    first: u32,
-    step: u32,
-    count: u32,
-    dim: usize,
-    slot: *mut f32,
-}
-
-/// Puts one warp's rows ([`RowPuts`]) to requester `r`, the warp's `k`-th
-/// row on lane `k mod 32`, at most [`GATHER_ROWS_PER_LANE`] a lane per
-/// [`Transport::put_lanes_many_raw`] call (blocking: every row has landed
-/// on return). A request `row` refuses (it reports it) puts nothing. The
-/// warp's first error: no call is made after it.
-///
-/// # Safety
-/// All 32 lanes call it, converged; `row` returns a valid row of `dim`
-/// elements or `None`, the same each time for the same request.
-#[inline(always)]
-unsafe fn put_rows<T: Transport>(t: &T, r: u32, w: &RowPuts, row: impl Fn(u32) -> Option<*const f32>) -> Result<(), CommError> {
-    let mine = if w.first < w.count {
-        (w.count - w.first).div_ceil(w.step)
-    } else {
-        0
-    };
-    let lane = ptx::lane_id();
-    let per_call = 32 * GATHER_ROWS_PER_LANE;
-    let mut res = Ok(());
-    let mut base = 0u32;
-    // A refused call stops the warp's rows (its verdict is the warp's).
-    while base < mine && res.is_ok() {
-        let batch = (mine - base).min(per_call);
-        let count = if lane < batch { (batch - lane).div_ceil(32) } else { 0 };
-        let x = |i: u32| {
-            let u = w.first + (base + lane + 32 * i) * w.step;
-            // SAFETY: `u < count`, a request of the requester's slot.
-            let dst = unsafe { w.slot.add(u as usize * w.dim) } as *mut u8;
-            match row(u) {
-                Some(src) => RawXfer {
-                    dst,
-                    src: src as *const u8,
-                    bytes: w.dim as u64 * 4,
-                    nbi: false,
-                },
-                // Nothing moves; the source is the heap's, like the row's.
-                None => RawXfer {
-                    dst,
-                    src: dst,
-                    bytes: 0,
-                    nbi: false,
-                },
-            }
-        };
-        // SAFETY: the caller's contract; `x` is pure but for `row`'s
-        // report, which is the same each time.
-        res = unsafe { t.put_lanes_many_raw(r, count, false, x) };
-        base += batch;
-    }
-    res
 }
 
 /// Phase 4a: waits until every block of every owner has sent — and so has

@@ -170,7 +170,7 @@ mod forward;
 pub mod rows;
 
 pub use backward::backward;
-pub use forward::{forward, forward_pull, GATHER_ROWS_PER_LANE, SLICED_LIST_BYTES};
+pub use forward::{forward, forward_pull, SLICED_LIST_BYTES};
 
 /// Padding id: contributes nothing.
 pub const PAD: u32 = u32::MAX;
