@@ -14,6 +14,7 @@
 //! | `DOORBELL_WAIT_TIMEOUT_S` | seconds in 0.001..=86400 | 10 |
 //! | `DOORBELL_RANK_PER_GPU` (formerly `DOORBELL_SPREAD_GPUS`) | `0`, `1` | 0 |
 //! | `DOORBELL_SELF_TEST` | `0` (skip the communicator's self-test at start-up), `1` | 1 |
+//! | `DOORBELL_HEAP_PARTS` | `0` (processes of a host share GPU heaps through legacy CUDA IPC, read-write), `1` (in parts, the soft NIC tables read-only) | 1 |
 //! | `DOORBELL_EMU_MAX_THREADS` | 1..=1048576 | 16384 |
 //! | `DOORBELL_EMU_BARRIER_TIMEOUT_S` | seconds in 0.001..=86400 | 60 |
 //! | `DOORBELL_LOG` | `off`, `error`, `warn`, `info`, `debug`, `trace` | `warn` |
@@ -79,6 +80,10 @@ pub const CHECKS: &[Check] = &[
     Check {
         vars: &[crate::comm::SELF_TEST_ENV],
         check: || flag(crate::comm::SELF_TEST_ENV, true).map(drop),
+    },
+    Check {
+        vars: &[crate::comm::HEAP_PARTS_ENV],
+        check: || flag(crate::comm::HEAP_PARTS_ENV, true).map(drop),
     },
     Check {
         vars: &[crate::trace::TRACE_ENV, crate::trace::TRACE_EVENTS_ENV],

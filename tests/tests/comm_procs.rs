@@ -578,12 +578,14 @@ fn child_tables_rank() {
 
 /// Runs [`tables_rank`] in two processes: rank 0's view of the mapping,
 /// the child's exit status and its output.
-fn tables_across(backend: Backend) -> (String, std::process::ExitStatus, String) {
+fn tables_across(backend: Backend, child_env: &[(&str, &str)]) -> (String, std::process::ExitStatus, String) {
     let cfg = WorldConfig::new(0, 2, "127.0.0.1", 0, TOKEN).with_rendezvous_timeout(Duration::from_secs(30));
     let host = RendezvousHost::bind(&cfg).unwrap();
     let port = host.local_addr().port();
     let name = if backend == Backend::Gpu { "gpu" } else { "cpu" };
-    let child = doorbell_tests::spawn_rank1("child_tables_rank", port, TOKEN, 1, &[("DOORBELL_TEST_TABLES_CHILD", name)]);
+    let mut env = vec![("DOORBELL_TEST_TABLES_CHILD", name)];
+    env.extend_from_slice(child_env);
+    let child = doorbell_tests::spawn_rank1("child_tables_rank", port, TOKEN, 1, &env);
     let world = host.accept(b"comm-procs-tables").unwrap();
     let mine = tables_rank(world, backend).unwrap_or_else(|e| panic!("rank 0: {e}"));
     let out = child.wait_with_output().unwrap();
@@ -606,7 +608,7 @@ fn check_views(mine: &str, child: &str) {
 #[test]
 fn a_process_cannot_store_into_its_peers_soft_nic_tables_on_the_emulator() {
     use std::os::unix::process::ExitStatusExt;
-    let (mine, status, child) = tables_across(Backend::Cpu);
+    let (mine, status, child) = tables_across(Backend::Cpu, &[]);
     check_views(&mine, &child);
     assert_eq!(status.signal(), Some(11) /* SIGSEGV */, "{status:?}:\n{child}");
     assert!(!child.contains("CHILD-STORE"), "{child}");
@@ -621,7 +623,7 @@ fn a_process_cannot_store_into_its_peers_soft_nic_tables_on_a_gpu() {
         eprintln!("no GPU: skipped (DOORBELL_TEST_REQUIRE_GPU=1 makes this a failure)");
         return;
     }
-    let (mine, status, child) = tables_across(Backend::Gpu);
+    let (mine, status, child) = tables_across(Backend::Gpu, &[]);
     check_views(&mine, &child);
     assert!(status.success(), "{status:?}:\n{child}");
     let outcome = child
@@ -632,5 +634,29 @@ fn a_process_cannot_store_into_its_peers_soft_nic_tables_on_a_gpu() {
         outcome.starts_with("CHILD-STORE Err("),
         "the store into the peer's tables went through: {outcome}\n{child}"
     );
+    println!("rank 0: {mine}\n{child}");
+}
+
+/// `DOORBELL_HEAP_PARTS=0` in the child only: the child shares its heap
+/// through legacy CUDA IPC (rank 0 maps all of it read-write), rank 0
+/// still in parts (the child's store into rank 0's tables faults).
+#[test]
+fn heap_parts_turned_off_in_one_rank_on_a_gpu() {
+    if doorbell_tests::gpu().is_none() {
+        eprintln!("no GPU: skipped (DOORBELL_TEST_REQUIRE_GPU=1 makes this a failure)");
+        return;
+    }
+    let (mine, status, child) = tables_across(Backend::Gpu, &[("DOORBELL_HEAP_PARTS", "0")]);
+    assert!(mine.contains("read_only: 0 }"), "rank 0 maps the child's heap in parts: {mine}");
+    assert!(
+        child.contains("CHILD-MAPPING PeerMapping") && !child.contains("read_only: 0 }"),
+        "{child}"
+    );
+    assert!(status.success(), "{status:?}:\n{child}");
+    let outcome = child
+        .lines()
+        .find(|l| l.starts_with("CHILD-STORE"))
+        .unwrap_or_else(|| panic!("{child}"));
+    assert!(outcome.starts_with("CHILD-STORE Err("), "{outcome}\n{child}");
     println!("rank 0: {mine}\n{child}");
 }

@@ -187,7 +187,8 @@ pub(crate) fn fetch(
     let addr = SocketAddr::from_abstract_name(name).map_err(|e| refuse(format!("socket name: {e}")))?;
     let stream = UnixStream::connect_addr(&addr).map_err(|e| {
         refuse(format!(
-            "cannot connect to its heap handle socket ({e}): it is in another network namespace (a container?) or it exited"
+            "cannot connect to its heap handle socket ({e}): it is in another network namespace (a container?) or it \
+             exited; DOORBELL_HEAP_PARTS=0 on every rank shares heaps through CUDA IPC instead"
         ))
     })?;
     stream.set_read_timeout(Some(timeout)).map_err(|e| refuse(e.to_string()))?;

@@ -104,7 +104,7 @@ pub use rings::{RingShape, Rings};
 #[doc(hidden)]
 pub use selftest::RouteFault;
 pub use selftest::{SelfTestReport, SelfTestRoute, SELF_TEST_ENV};
-pub use setup::{route_to, PeerMapping, PeerPlace, PeerRoute};
+pub use setup::{route_to, PeerMapping, PeerPlace, PeerRoute, HEAP_PARTS_ENV};
 use setup::{Heap, Mapping};
 pub use stuck::STUCK_MARGIN;
 

@@ -110,6 +110,14 @@ pub(super) fn heap_parts(heap_len: u64) -> [u64; 2] {
     [writable, end - writable]
 }
 
+/// `DOORBELL_HEAP_PARTS`: `0` makes a GPU rank share its heap with the
+/// other processes of its host through legacy CUDA IPC (read-write as a
+/// whole, the soft NIC tables included) instead of parts handed over a
+/// Unix socket: for ranks that cannot reach each other's abstract sockets
+/// (other network namespaces). `1` (the default): parts where they can be
+/// used.
+pub const HEAP_PARTS_ENV: &str = "DOORBELL_HEAP_PARTS";
+
 /// How long a rank hands its heap's parts to the processes that map them
 /// (the set-up's barrier after mapping ends it sooner).
 const HAND_OVER_FOR: std::time::Duration = std::time::Duration::from_secs(300);
@@ -275,6 +283,8 @@ pub(super) fn allocate_heap(world: &World, device: &Device, heap_len: u64, at: &
     let alone = (0..size).filter(|&p| at.same_process[p]).count() == 1;
     let parts_unusable = if mappers == 0 || !alone {
         Some("other ranks run in this process, or no other process of this host maps the heap".to_string())
+    } else if device.is_gpu() && !crate::vars::flag(HEAP_PARTS_ENV, true)? {
+        Some(format!("{HEAP_PARTS_ENV}=0"))
     } else {
         device.inner.vmm_unshareable()
     };
