@@ -68,16 +68,22 @@ impl Via {
     }
 }
 
-/// Both ranks: ring put/get of BYTES with a signal and a barrier, then
-/// flagged rounds, over `via`; returns the route to the peer.
-fn run_rank(world: World, backend: Backend, via: Via) -> Result<PeerRoute, doorbell::Error> {
+/// A rank's communicator: a 1 MiB heap, waits of at most 20 s.
+fn open_rank(world: World, backend: Backend) -> Result<Communicator, doorbell::Error> {
     let opts = CommOptions {
         heap_bytes: 1 << 20,
         wait_timeout: Duration::from_secs(20),
         ..Default::default()
     };
     let rank = world.rank();
-    let comm = Communicator::new(world, device(backend, rank), opts)?;
+    Communicator::new(world, device(backend, rank), opts)
+}
+
+/// Both ranks: ring put/get of BYTES with a signal and a barrier, then
+/// flagged rounds, over `via`; returns the route to the peer.
+fn run_rank(world: World, backend: Backend, via: Via) -> Result<PeerRoute, doorbell::Error> {
+    let comm = open_rank(world, backend)?;
+    let rank = comm.rank();
     // Before the IBGDA set-up: no module loads while a GPU engine runs.
     let m = comm.device().load_module(&TEST_KERNELS)?;
     match via {
@@ -536,13 +542,8 @@ fn kill_9_of_a_rank_while_heaps_are_set_up_leaves_no_heap_file() {
 /// prints its view, then the store's outcome (on the emulator the store
 /// kills it).
 fn tables_rank(world: World, backend: Backend) -> Result<String, doorbell::Error> {
-    let opts = CommOptions {
-        heap_bytes: 1 << 20,
-        wait_timeout: Duration::from_secs(20),
-        ..Default::default()
-    };
-    let rank = world.rank();
-    let comm = Communicator::new(world, device(backend, rank), opts)?;
+    let comm = open_rank(world, backend)?;
+    let rank = comm.rank();
     let m = comm.device().load_module(&TEST_KERNELS)?;
     let fill = m.function::<record_indices>()?;
     exchange(&comm, &m, comm.ibgda()?)?;

@@ -695,21 +695,34 @@ fn ibgda_with_many_blocks_sharing_small_send_queues() {
                 ..IbgdaOptions::default()
             };
             comm.ibgda_with(&io)?;
-            let r = comm.rank() as u32;
-            let dev = comm.device();
             let lc = LaunchConfig::linear(16, 64).with_shared_mem(SHARED_BYTES);
-            let mut x = exchange(comm, &p, cap, lc, TransportKind::Ibgda)?;
-            x.load_shard(&emb::shard_of(&p, &init, r))?;
-            let ids_d = dev.alloc_from(&ids[r as usize])?;
-            let grad = dev.alloc_from(&emb::upstream_grad(&p, r))?;
-            let mut out = dev.alloc_zeroed::<f32>(p.out_len())?;
-            let s = dev.new_stream()?;
-            let outs = x.train(&s, &ids_d, &grad, &mut out, lr, steps)?;
-            Ok((outs, x.shard()?))
+            train_rank(comm, (&p, &ids, &init), cap, (lc, TransportKind::Ibgda), (steps, lr))
         })
         .unwrap_or_else(|e| panic!("{engine:?}: {e}"));
         Outcome::of(&p, res).check(&p, &ids, lr, &format!("{engine:?}"));
     }
+}
+
+/// One rank's share of a training run: the exchange over `transport`
+/// launched with `lc`, its shard of `init` loaded, `steps` steps of its
+/// lookups; the forwards' outputs and the shard after.
+fn train_rank(
+    comm: &Communicator,
+    (p, ids, init): (&Problem, &[Vec<u32>], &[f32]),
+    cap: u32,
+    (lc, transport): (LaunchConfig, TransportKind),
+    (steps, lr): (usize, f32),
+) -> doorbell::Result<(Vec<Vec<f32>>, Vec<f32>)> {
+    let r = comm.rank() as u32;
+    let dev = comm.device();
+    let mut x = exchange(comm, p, cap, lc, transport)?;
+    x.load_shard(&emb::shard_of(p, init, r))?;
+    let ids_d = dev.alloc_from(&ids[r as usize])?;
+    let grad = dev.alloc_from(&emb::upstream_grad(p, r))?;
+    let mut out = dev.alloc_zeroed::<f32>(p.out_len())?;
+    let s = dev.new_stream()?;
+    let outs = x.train(&s, &ids_d, &grad, &mut out, lr, steps)?;
+    Ok((outs, x.shard()?))
 }
 
 /// One warp per rank puts hundreds of rows to its peer through the NIC,
@@ -758,17 +771,8 @@ fn one_warp_gathers_hundreds_of_rows_through_the_nic() {
                 };
                 comm.ibgda_with(&io)?;
             }
-            let r = comm.rank() as u32;
-            let dev = comm.device();
             let lc = LaunchConfig::linear(1, 32).with_shared_mem(SHARED_BYTES);
-            let mut x = exchange(comm, &p, cap, lc, transport)?;
-            x.load_shard(&emb::shard_of(&p, &init, r))?;
-            let ids_d = dev.alloc_from(&ids[r as usize])?;
-            let grad = dev.alloc_from(&emb::upstream_grad(&p, r))?;
-            let mut out = dev.alloc_zeroed::<f32>(p.out_len())?;
-            let s = dev.new_stream()?;
-            let outs = x.train(&s, &ids_d, &grad, &mut out, lr, steps)?;
-            Ok((outs, x.shard()?))
+            train_rank(comm, (&p, &ids, &init), cap, (lc, transport), (steps, lr))
         })
         .unwrap_or_else(|e| panic!("{transport:?} {engine:?}: {e}"));
         Outcome::of(&p, res).check(&p, &ids, lr, &format!("{transport:?} {engine:?}"));
