@@ -230,3 +230,44 @@ fn a_failure_the_stopped_responder_cannot_hear_fails_the_requester_after_the_tra
     assert!((100_000_000..=101_000_000).contains(&waited), "failed after {waited} ns");
     assert!(dst.bytes().iter().all(|&b| b == 0));
 }
+
+#[test]
+fn a_send_cq_nobody_polls_overruns_after_the_transport_timeout_and_its_qp_flushes_once_it_has_room() {
+    // A send CQ of 4 entries, never polled: four signaled WRITEs fill it,
+    // the fifth waits for room, and once the transport timeout (100 ms)
+    // has passed, not before, the CQ has overrun: the QP moves to the
+    // error state and the port's log names the WQE; no CQE is overwritten.
+    let mut rig = Rig::with(virtual_cfg(), None, 64, 4, true);
+    let src = Region::new(&rig.a.dev, &rig.a.pd, 64, 0);
+    src.fill(&(0..64).map(|i| i as u8 ^ 0x3c).collect::<Vec<u8>>());
+    let dst = Region::new(&rig.b.dev, &rig.b.pd, 64, access::ALL);
+    for k in 0..4 {
+        rig.a.sq.post(&write_req(&src, &dst, 8 * k, 8, true));
+    }
+    run_for(&rig, 100_000);
+    let idx = rig.a.sq.post(&write_req(&src, &dst, 32, 8, true));
+    let overran = |rig: &Rig| rig.a.dev.error_log().into_iter().find(|r| r.reason == Reason::CqOverrun as u8);
+    run_for(&rig, 99_000_000);
+    assert_eq!(rig.a.qp.state(), QpState::Rts, "failed before the transport timeout");
+    assert!(overran(&rig).is_none());
+    run_for(&rig, 2_000_000);
+    assert_eq!(rig.a.qp.state(), QpState::Err, "still waiting past the transport timeout");
+    let r = overran(&rig).expect("no CQ overrun in the port's log");
+    assert_eq!((r.qpn, r.wqe_counter), (rig.a.qp.qpn(), idx));
+    assert!(Reason::CqOverrun.description().contains("send CQ stayed full"));
+    // The four completions are as written, in order.
+    for k in 0..4u16 {
+        let c = rig.a.send_cqes.poll().expect("a completion of the full CQ");
+        assert_eq!(expect_ok(c).wqe_counter, k);
+    }
+    // With room again the waiting WRITE is flushed, never executed.
+    let e = expect_err(rig.next_send_cqe(Which::A));
+    assert_eq!(
+        (CqeSyndrome::from_u8(e.syndrome), Reason::from_u8(e.vendor_err_synd), e.wqe_counter),
+        (CqeSyndrome::WrFlush, Reason::Flushed, idx)
+    );
+    let got = dst.bytes();
+    assert_eq!(&got[..32], &src.bytes()[..32], "the four WRITEs before it");
+    assert!(got[32..40].iter().all(|&b| b == 0), "the WRITE that waited moved its bytes");
+    dst.check_canaries();
+}

@@ -12,7 +12,7 @@ use std::time::Duration;
 use doorbell::comm::{CommOptions, Communicator, EnginePhase, IbgdaOptions, SoftNicEngine};
 use doorbell::{Backend, Device, DeviceBuffer, ForTransport, LaunchConfig};
 use doorbell_kernels::transport::Ibgda;
-use doorbell_softnic::engine::EngineConfig;
+use doorbell_softnic::engine::{EngineConfig, LinkModel};
 use doorbell_test_kernels::contract::{bad_call, flagged_rounds_ibgda};
 use doorbell_test_kernels::testing::{pingpong_word, ring_ibgda, signal_pingpong_ibgda, STATUS_OK};
 use doorbell_test_kernels::typed::lanes_many_qps_ibgda;
@@ -504,11 +504,25 @@ fn engine_settings_are_parsed_strictly() {
 /// it at once): every word and every signal arrives; returns rank 0's
 /// engine counters.
 fn lanes_over_many_qps(backend: Backend, blocks: u32, threads: u32, engine_blocks: Option<u32>) -> doorbell::comm::EngineReport {
+    lanes_over_many_qps_linked(backend, blocks, threads, engine_blocks, None).0
+}
+
+/// [`lanes_over_many_qps`] over a port with the link model `link`; also
+/// returns, for each rank, the time from its launch to its kernel's end
+/// (its WQEs all complete: the kernel waits for them).
+fn lanes_over_many_qps_linked(
+    backend: Backend,
+    blocks: u32,
+    threads: u32,
+    engine_blocks: Option<u32>,
+    link: Option<LinkModel>,
+) -> (doorbell::comm::EngineReport, Vec<Duration>) {
     const ROUNDS: u32 = 24;
     let io = IbgdaOptions {
         qps_per_peer: blocks,
         engine_threads: Some(threads),
         engine_blocks,
+        link,
         ..kernel_engine(256, 1 << 20)
     };
     let words = (ROUNDS * blocks * 32) as usize;
@@ -525,6 +539,7 @@ fn lanes_over_many_qps(backend: Backend, blocks: u32, threads: u32, engine_block
         let mut codes = comm.device().alloc_from(&vec![u32::MAX; blocks as usize])?;
         let s = comm.device().new_stream()?;
         comm.barrier()?;
+        let t0 = std::time::Instant::now();
         // SAFETY: symmetric buffers of the sizes the kernel documents.
         unsafe {
             s.launch(
@@ -534,12 +549,14 @@ fn lanes_over_many_qps(backend: Backend, blocks: u32, threads: u32, engine_block
             )?
         };
         comm.synchronize(&s)?;
+        let took = t0.elapsed();
         comm.barrier()?;
         Ok((
             codes.to_host()?,
             dst.to_host()?,
             sigs.to_host()?,
             comm.ibgda_engine().expect("set up"),
+            took,
         ))
     })
     .unwrap_or_else(|e| panic!("{backend:?}, {blocks} QPs, {engine_blocks:?} engine blocks: {e}"));
@@ -551,7 +568,7 @@ fn lanes_over_many_qps(backend: Backend, blocks: u32, threads: u32, engine_block
         vec![(ROUNDS as u64).div_ceil(2) * 8; blocks as usize],
         "{backend:?}: the blocks' signal words"
     );
-    out[0].3.clone()
+    (out[0].3.clone(), out.iter().map(|o| o.4).collect())
 }
 
 per_backend! {
@@ -607,6 +624,34 @@ per_backend! {
         // One block: the same QPs through one control thread.
         let one = lanes_over_many_qps(b, 8, threads, Some(1));
         assert_eq!(one.blocks.len(), 1, "{one:?}");
+    }
+}
+
+per_backend! {
+    /// The link model's one transmitter per port, shared by the port's
+    /// engine blocks: four QPs on four blocks over a slow modeled link
+    /// deliver every word and signal, every block executes WQEs of its
+    /// own, and no rank's kernel ends before the wire time of all its
+    /// WRITEs one after another (four transmitters, one per block, would
+    /// take a quarter of it; on the emulator the bound holds whatever its
+    /// speed, so there it shows only the words and the blocks).
+    fn the_link_models_transmitter_is_shared_by_the_ports_engine_blocks(dev: Device) {
+        let b = dev.backend();
+        let threads = if b == Backend::Gpu { 256 } else { 32 };
+        // 10 Mb/s: 6.4 us on the wire per 8-byte WRITE.
+        let link = LinkModel::new(10_000_000, 1_000);
+        let (r, took) = lanes_over_many_qps_linked(b, 4, threads, Some(4), Some(link));
+        assert_eq!(r.blocks.len(), 4, "engine blocks: {r:?}");
+        for (i, c) in r.blocks.iter().enumerate() {
+            assert!(c.rung_wqes > 0 && c.busy_passes > 0, "block {i} executed nothing: {r:?}");
+        }
+        // Each rank's 4 QPs x 24 rounds x 32 lanes of 8-byte WRITEs (its
+        // signals' atomics besides, not counted).
+        let wire = Duration::from_nanos(link.wire_ps(4 * 24 * 32 * 8) / 1000);
+        for (rank, t) in took.iter().enumerate() {
+            assert!(*t >= wire, "rank {rank}'s kernel took {t:?}, less than its WRITEs' {wire:?} on one transmitter");
+        }
+        eprintln!("{b:?}: kernels took {took:?}, the WRITEs' wire time {wire:?}");
     }
 }
 

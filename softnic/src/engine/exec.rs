@@ -15,8 +15,8 @@ use super::mem::Scope;
 use super::mover::{PayloadMover, Phase};
 use super::rq::RecvWqe;
 use super::tables::{
-    access, ErrorRecord, InboxEvent, Inflight, MrEntry, Port, Ports, QpEntry, QpState, Reason, EVENT_ERROR, EVENT_ERROR_RECEIVE, MAX_QPS,
-    MAX_SHARDS, QP_CONNECTED,
+    access, ErrorRecord, InboxEvent, Inflight, MrEntry, Port, Ports, QpEntry, QpState, Reason, ADMITTED, EVENT_ERROR, EVENT_ERROR_RECEIVE,
+    MAX_QPS, MAX_SHARDS, QP_CONNECTED,
 };
 use super::wqe::{self, Wqe};
 use super::{cqe, mem, rq};
@@ -38,7 +38,11 @@ pub enum Step {
         /// Its opcode (for the error CQE if it never proceeds).
         opcode: u8,
     },
-    /// A CQ it completes to is full; retry later (no deadline).
+    /// Its QP's own send CQ is full: retry later, at most the transport
+    /// timeout ([`EngineConfig::transport_timeout_ns`]), after which the
+    /// CQ has overrun.
+    OwnCqFull,
+    /// The tables it needs are not there; retry later (no deadline).
     Blocked,
     /// Failed: its error CQE is written and the QP is in the error state.
     Failed,
@@ -527,7 +531,7 @@ unsafe fn admit<'a, P: Ports + ?Sized, M: PayloadMover>(
     // SAFETY (whole function): the caller's contract; every pointer below
     // was checked against the tables first.
     if !unsafe { own_room(ports, p, send_cq) } {
-        return Err(Step::Blocked);
+        return Err(Step::OwnCqFull);
     }
     mover.lap(Phase::Room);
     let Some(qp) = ports.get(p).and_then(|x| x.qps.get(q)) else {
@@ -569,7 +573,7 @@ unsafe fn admit<'a, P: Ports + ?Sized, M: PayloadMover>(
     mover.lap(Phase::Parse);
     // Counted (and the fault drawn) once per WQE: not again on a retry
     // after it waited for the responder or was blocked past this point.
-    if head.deadline_ns == 0 && head.admitted == 0 {
+    if head.admitted & ADMITTED == 0 {
         if let Some(port) = ports.get_mut(p) {
             let stats = port.stats_mut(q);
             stats.executed += 1;
@@ -580,7 +584,7 @@ unsafe fn admit<'a, P: Ports + ?Sized, M: PayloadMover>(
                 return Err(Step::Failed);
             }
             if let Some(h) = port.qps.get_mut(q).and_then(|qp| qp.inflight_front_mut()) {
-                h.admitted = 1;
+                h.admitted |= ADMITTED;
             }
         }
     }

@@ -240,6 +240,32 @@ pub unsafe fn atomic_cas_u64(p: *mut u64, compare: u64, swap: u64, scope: Scope)
     }
 }
 
+/// Reserves the port's transmitter ([`crate::engine::Port::tx_free_ps`])
+/// for `wire_ps` from no earlier than `earliest_ps`: the WQE starts at the
+/// later of `earliest_ps` and the transmitter's free time, the transmitter
+/// is free again at `start + wire_ps`, and that end is returned. Every
+/// engine block of the port reserves through this one word, so WQEs of
+/// QPs on different blocks queue on one transmitter in the order their
+/// reservations land, as those of one block queue in its order. Relaxed at
+/// `gpu` scope: only the port's own engine blocks, all on one device, touch
+/// the word, and nothing else is ordered by it.
+///
+/// # Safety
+/// `p` is valid and 8-byte aligned.
+#[inline(always)]
+pub unsafe fn reserve_wire(p: *mut u64, earliest_ps: u64, wire_ps: u64) -> u64 {
+    // SAFETY (the loads and swaps): the caller's contract.
+    let mut free = unsafe { ptx::ld_relaxed_gpu_u64(p) };
+    loop {
+        let end = earliest_ps.max(free).saturating_add(wire_ps);
+        let seen = unsafe { ptx::atom_cas_relaxed_gpu_u64(p, free, end) };
+        if seen == free {
+            return end;
+        }
+        free = seen;
+    }
+}
+
 /// Stores an 8-byte word with release at `scope`: a signal word written
 /// after payload, ordered behind it without a fence (a fence would also
 /// empty the control thread's L1).

@@ -10,7 +10,7 @@ use super::config::{EngineConfig, EngineRng};
 use super::exec::{execute, fail_requester, Fail, FailedWqe, Step};
 use super::inbox::apply_event;
 use super::mover::{PayloadMover, Phase};
-use super::tables::{ErrorRecord, InboxEvent, Inflight, Port, Ports, QpState, Reason, INBOX, MAX_QPS, MAX_SHARDS};
+use super::tables::{ErrorRecord, InboxEvent, Inflight, Port, Ports, QpState, Reason, INBOX, MAX_QPS, MAX_SHARDS, WAITS_OWN_CQ};
 use super::wqe::{self, wqe_bbs};
 use super::{cqe, mem};
 
@@ -441,13 +441,10 @@ unsafe fn fetch<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u6
     doorbell_kernels::trace_hook! {
         let tr = super::trace::rings(port);
     }
-    let Port {
-        qps,
-        link,
-        tx_free_ps,
-        stats,
-        ..
-    } = &mut *port;
+    // The transmitter is the port's, shared by its engine blocks: reserved
+    // atomically through its address, never through the borrow below.
+    let tx_free = &raw mut port.tx_free_ps;
+    let Port { qps, link, stats, .. } = &mut *port;
     let Some(qp) = qps.get_mut(q) else { return };
     let stats = &mut stats[qp.shard as usize % MAX_SHARDS];
     let now_ps = now_ns.saturating_mul(1000);
@@ -502,12 +499,9 @@ unsafe fn fetch<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u6
             }
         };
         let due_ps = if link.enabled() {
-            let mut start = now_ps.max(*tx_free_ps);
-            if fenced {
-                start = start.max(qp.rd_atomic_due_ps);
-            }
-            let end = start.saturating_add(link.wire_ps(bytes));
-            *tx_free_ps = end;
+            let earliest = if fenced { now_ps.max(qp.rd_atomic_due_ps) } else { now_ps };
+            // SAFETY: a field of this live port, 8-byte aligned.
+            let end = unsafe { mem::reserve_wire(tx_free, earliest, link.wire_ps(bytes)) };
             end.saturating_add(link.latency_ns.saturating_mul(1000))
         } else {
             now_ps
@@ -585,6 +579,39 @@ unsafe fn execute_due<P: Ports + ?Sized, M: PayloadMover>(
                 report.due(now_ns.saturating_add(1_000));
                 return;
             }
+            Step::OwnCqFull => {
+                // Its consumer may yet poll: wait at most the transport
+                // timeout (one that stopped would hold the QP forever).
+                // Then the CQ has overrun; no CQE can say so: the QP moves
+                // to the error state (its WQEs flush as the CQ gets room)
+                // and the port's error log names the CQ's QP and WQE.
+                let Some(port) = ports.get_mut(p) else { return };
+                let Some(qp) = port.qps.get_mut(q) else { return };
+                let qpn = qp.qpn;
+                let Some(h) = qp.inflight_front_mut() else { return };
+                if h.admitted & WAITS_OWN_CQ == 0 {
+                    h.admitted |= WAITS_OWN_CQ;
+                    h.deadline_ns = now_ns.saturating_add(cfg.transport_timeout_ns).max(1);
+                }
+                let deadline = h.deadline_ns;
+                if now_ns < deadline {
+                    report.due(deadline.min(now_ns.saturating_add(1_000)));
+                    return;
+                }
+                let wqe_counter = h.wqe_idx as u16;
+                qp.state = QpState::Err as u32;
+                port.stats_mut(q).errors += 1;
+                port.log_error(ErrorRecord {
+                    time_ns: now_ns,
+                    qpn,
+                    wqe_counter,
+                    syndrome: CqeSyndrome::LocalQpOp.as_u8(),
+                    reason: Reason::CqOverrun as u8,
+                    ..ErrorRecord::default()
+                });
+                report.progressed += 1;
+                return;
+            }
             Step::Wait {
                 reason,
                 syndrome,
@@ -595,6 +622,12 @@ unsafe fn execute_due<P: Ports + ?Sized, M: PayloadMover>(
                     return;
                 };
                 let Some(h) = qp.inflight_front_mut() else { return };
+                if h.admitted & WAITS_OWN_CQ != 0 {
+                    // It had waited for its own CQ: the responder's wait
+                    // is a deadline of its own.
+                    h.admitted &= !WAITS_OWN_CQ;
+                    h.deadline_ns = 0;
+                }
                 if h.deadline_ns == 0 {
                     h.deadline_ns = now_ns.saturating_add(timeout_ns).max(1);
                 }

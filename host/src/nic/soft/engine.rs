@@ -339,8 +339,7 @@ pub(super) fn launch(nic: &SoftNic, ctx: &StartCtx<'_>) -> Result<KernelEngine> 
         .engine_blocks
         .unwrap_or(if dev.is_gpu() { ENGINE_BLOCKS_GPU } else { 1 });
     // Which block serves which QP, written into the tables the engine takes.
-    // Every block asked for runs: those beyond the QP groups (with the link
-    // model, all but the first) serve no QP and copy chunks of the others'
+    // Every block asked for runs: those beyond the QP groups serve no QP and copy chunks of the others'
     // large payloads (the engine's shared copies).
     let served = image.assign_shards(want_blocks);
     let blocks = want_blocks.clamp(served, MAX_SHARDS as u32);

@@ -219,7 +219,8 @@ pub struct SoftOptions {
     /// 1..=[`MAX_SHARDS`]; `None`: [`ENGINE_BLOCKS_GPU`] on a GPU, 1 on
     /// the emulator), each on its own SM. Each block runs its own QPs
     /// (`Port::assign_shards`: QPs that share a CQ share a block; with the
-    /// link model on the port keeps its QPs on one block); blocks beyond
+    /// link model on, the blocks reserve the port's one transmitter in
+    /// turn); blocks beyond
     /// the port's groups of QPs serve none. While some block serves none,
     /// the blocks copy chunks of one another's payloads of `SHARE_MIN`
     /// bytes or more (the engine's shared copies), so large puts and gets

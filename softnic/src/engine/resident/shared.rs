@@ -3,8 +3,7 @@
 //! One block copies at what one SM moves (~26 GB/s on an H200 with its
 //! threads, ~34 with the bulk-copy unit), whatever
 //! the port's other blocks are doing. While some block of the port serves
-//! no QP (more blocks than groups of QPs, or the link model, which keeps
-//! the QPs on one block), a copy of at least [`SHARE_MIN`]
+//! no QP (more blocks than groups of QPs), a copy of at least [`SHARE_MIN`]
 //! bytes is therefore posted on the copying block's own [`CopyBoard`] (in
 //! its control block) and cut into chunks of [`SHARE_CHUNK`] bytes or more
 //! (about one per block of the port, so each chunk's copy streams): the
@@ -13,8 +12,8 @@
 //! every chunk is copied, so what follows the copy on its QP (a signal
 //! word, a CQE) is ordered after all of it, as for a copy of its own block.
 //!
-//! * **Who looks.** Blocks that serve no QP (more blocks than QP groups,
-//!   or the link model, which keeps the QPs on one block) at the top of
+//! * **Who looks.** Blocks that serve no QP (more blocks than QP groups)
+//!   at the top of
 //!   each pass, the others every [`HELP_EVERY`] passes
 //!   ([`BlockMover::help`]): one relaxed load of each other block's claim
 //!   word, compared with the last posting it saw there.

@@ -293,16 +293,25 @@ pub struct Inflight {
     pub wqe_idx: u32,
     /// Basic blocks it spans.
     pub bbs: u16,
-    /// 1 once its execution was counted (and the injected-error fault
-    /// drawn for it): a retry after the responder or a CQ had no room
-    /// counts it, and draws, again never.
+    /// Flags: [`ADMITTED`] once its execution was counted (and the
+    /// injected-error fault drawn for it): a retry after the responder or
+    /// a CQ had no room counts it, and draws, again never;
+    /// [`WAITS_OWN_CQ`] while `deadline_ns` is its wait for room in its
+    /// own send CQ.
     pub admitted: u16,
     /// Modelled arrival / completion time, picoseconds.
     pub due_ps: u64,
-    /// While it waits on the responder (RNR, stalled or absent peer): when
-    /// it gives up, nanoseconds; 0 when not waiting.
+    /// While it waits on the responder (RNR, stalled or absent peer) or
+    /// for room in its own send CQ: when it gives up, nanoseconds; 0 when
+    /// not waiting.
     pub deadline_ns: u64,
 }
+
+/// [`Inflight::admitted`] flag: its execution was counted.
+pub const ADMITTED: u16 = 1;
+/// [`Inflight::admitted`] flag: its deadline is its wait for room in its
+/// QP's own send CQ (a wait on the responder starts a deadline of its own).
+pub const WAITS_OWN_CQ: u16 = 2;
 
 /// QP flag: the slot is in use.
 pub const QP_IN_USE: u32 = 1;
@@ -615,7 +624,8 @@ pub struct Port {
     pub qps: [QpEntry; MAX_QPS],
     /// Link model (disabled: every WQE completes when executed).
     pub link: LinkModel,
-    /// When the port's transmitter is free again, ps.
+    /// When the port's transmitter is free again, ps: shared by the port's
+    /// engine blocks, changed only through [`super::mem::reserve_wire`].
     pub tx_free_ps: u64,
     /// The port's LID (its address in the fabric).
     pub lid: u32,

@@ -8,8 +8,10 @@
 //! each runs its own QPs, side by side on its own SM. Blocks share nothing
 //! they write: a QP, the CQs it completes into (its send and receive CQ)
 //! and its counters belong to one block. QPs that share a CQ therefore
-//! belong to the same block; the link model (one transmitter for the whole
-//! port, [`Port::tx_free_ps`]) keeps the port to one block.
+//! belong to the same block. The link model's one transmitter for the whole
+//! port ([`Port::tx_free_ps`]) is the exception: every block reserves it
+//! with an atomic compare-and-swap ([`crate::engine::mem::reserve_wire`]),
+//! so QPs on different blocks share its bandwidth as QPs of one block do.
 //!
 //! The assignment is made once, on the tables a resident engine takes
 //! (no QP changes state while it runs: the host wrapper refuses), and
@@ -77,14 +79,13 @@ impl Port {
     /// to `1..=`[`MAX_SHARDS`]) and returns how many blocks have QPs to
     /// serve (at least 1): QPs linked by a CQ (as send or receive CQ of
     /// either) form a group, and groups go to blocks in turn, in the order
-    /// of their lowest QP slot. With the link model on, or one block,
-    /// every QP is block 0's.
+    /// of their lowest QP slot. With one block every QP is block 0's.
     pub fn assign_shards(&mut self, blocks: u32) -> u32 {
         for qp in self.qps.iter_mut() {
             qp.shard = 0;
         }
         let blocks = blocks.clamp(1, MAX_SHARDS as u32);
-        if blocks == 1 || self.link.enabled() {
+        if blocks == 1 {
             return 1;
         }
         // Union-find over CQ slots; a QP joins its send and receive CQ.
@@ -167,11 +168,13 @@ mod tests {
     }
 
     #[test]
-    fn the_link_model_keeps_one_block() {
+    fn the_link_model_spreads_qps_like_any_port() {
+        // One transmitter for the port, reserved atomically by every block:
+        // the link no longer keeps the QPs on one block.
         let mut p = port_with(&[(0, 0), (1, 1)]);
         p.link = LinkModel::new(400_000_000_000, 2_000);
-        assert_eq!(p.assign_shards(4), 1);
-        assert_eq!(shards(&p), [0, 0]);
+        assert_eq!(p.assign_shards(4), 2);
+        assert_eq!(shards(&p), [0, 1]);
     }
 
     #[test]

@@ -107,6 +107,10 @@ pub enum Reason {
     /// The responder's receive CQ (or its engine's inbox) stayed full past
     /// the transport timeout.
     ResponderFull = 21,
+    /// The QP's own send CQ stayed full past the transport timeout: its
+    /// consumer stopped polling. No CQE can report it; the QP moves to the
+    /// error state and its WQEs are flushed as the CQ gets room.
+    CqOverrun = 22,
 }
 
 impl Reason {
@@ -134,6 +138,7 @@ impl Reason {
             19 => Reason::TooManySegments,
             20 => Reason::RqOverrun,
             21 => Reason::ResponderFull,
+            22 => Reason::CqOverrun,
             _ => Reason::None,
         }
     }
@@ -163,6 +168,10 @@ impl Reason {
             Reason::ResponderFull => {
                 "the responder's receive CQ (or its engine's inbox) stayed full past the transport timeout: nothing polls that CQ, \
                  or its engine stopped"
+            }
+            Reason::CqOverrun => {
+                "the QP's own send CQ stayed full past the transport timeout (its consumer stopped polling): the CQ overran, \
+                 the QP moved to the error state, and its WQEs are flushed as the CQ gets room"
             }
             Reason::TooManySegments => "more data segments in a WQE (or scatter entries in a receive WQE) than the soft NIC executes (16)",
             Reason::Unmapped => {
