@@ -509,7 +509,7 @@ fn lanes_over_many_qps(backend: Backend, blocks: u32, threads: u32, engine_block
 
 /// [`lanes_over_many_qps`] over a port with the link model `link`; also
 /// returns, for each rank, the time from its launch to its kernel's end
-/// (its WQEs all complete: the kernel waits for them).
+/// (rank 0 puts and quiets: its WQEs complete; rank 1 returns at once).
 fn lanes_over_many_qps_linked(
     backend: Backend,
     blocks: u32,
@@ -631,10 +631,12 @@ per_backend! {
     /// The link model's one transmitter per port, shared by the port's
     /// engine blocks: four QPs on four blocks over a slow modeled link
     /// deliver every word and signal, every block executes WQEs of its
-    /// own, and no rank's kernel ends before the wire time of all its
-    /// WRITEs one after another (four transmitters, one per block, would
-    /// take a quarter of it; on the emulator the bound holds whatever its
-    /// speed, so there it shows only the words and the blocks).
+    /// own, and rank 0's kernel (the one that puts; it waits for its
+    /// WRITEs) does not end before the wire time of all its WRITEs one
+    /// after another (four transmitters, one per block, would take a
+    /// quarter of it; the emulator is slower than the link, so there the
+    /// bound holds whatever the engine does and the test shows only the
+    /// words and the blocks).
     fn the_link_models_transmitter_is_shared_by_the_ports_engine_blocks(dev: Device) {
         let b = dev.backend();
         let threads = if b == Backend::Gpu { 256 } else { 32 };
@@ -648,10 +650,8 @@ per_backend! {
         // Each rank's 4 QPs x 24 rounds x 32 lanes of 8-byte WRITEs (its
         // signals' atomics besides, not counted).
         let wire = Duration::from_nanos(link.wire_ps(4 * 24 * 32 * 8) / 1000);
-        for (rank, t) in took.iter().enumerate() {
-            assert!(*t >= wire, "rank {rank}'s kernel took {t:?}, less than its WRITEs' {wire:?} on one transmitter");
-        }
-        eprintln!("{b:?}: kernels took {took:?}, the WRITEs' wire time {wire:?}");
+        assert!(took[0] >= wire, "rank 0's kernel took {:?}, less than its WRITEs' {wire:?} on one transmitter", took[0]);
+        eprintln!("{b:?}: rank 0's kernel took {:?}, its WRITEs' wire time {wire:?}", took[0]);
     }
 }
 
