@@ -332,7 +332,7 @@ impl BlockMover {
         self.drain();
         if job.kind == JOB_COPY {
             job.bulk = self.bulk as u32;
-            // Thread 0 copies nothing: its `parts - 1` others do.
+            // Thread 0 copies nothing (`dma::copy_parts`).
             if let Some((_, body)) = dma::split(job.dst, job.src, job.len as usize).filter(|_| self.bulk && self.parts > 2) {
                 self.bulk_bytes += body as u64;
             }
@@ -630,10 +630,14 @@ unsafe fn serve(job: *const Job, part: usize, parts: usize) {
             JOB_COPY => {
                 // SAFETY: thread 0 checked the ranges (the engine's checks)
                 // and that they do not overlap. Thread 0 takes no part (it
-                // may be checking the next WQE meanwhile).
-                unsafe {
-                    let mine = (part == parts - 1).then_some(&mut dma);
-                    dma::copy_job(j.dst, j.src, j.len as usize, j.bulk != 0, part - 1, parts - 1, mine)
+                // may be checking the next WQE meanwhile), nor, in a block
+                // of two warps or more, the rest of its warp
+                // ([`dma::copy_parts`]).
+                if let Some((me, of)) = dma::copy_parts(part, parts) {
+                    unsafe {
+                        let mine = (part == parts - 1).then_some(&mut dma);
+                        dma::copy_job(j.dst, j.src, j.len as usize, j.bulk != 0, me, of, mine)
+                    }
                 }
             }
             _ => {}
