@@ -150,8 +150,11 @@
 //!   on little-endian hosts ([`engine::EngineConfig::atomic_reply_be`]
 //!   switches to host order). Check this against hardware before relying on it.
 //! * **A full CQ** (known from the consumer's doorbell record) holds
-//!   completions back until there is room; hardware would overrun the CQ
-//!   and raise an asynchronous error.
+//!   completions back until there is room, a signaled WQE on its own send
+//!   CQ for at most the transport timeout: then the CQ has overrun, the QP
+//!   moves to the error state and the port's error log says `CqOverrun`,
+//!   where hardware would overrun the CQ at once and raise an asynchronous
+//!   error.
 //! * **Flushes** complete every WQE (signaled or not), as the IB spec asks.
 //! * **Timeouts** replace PSNs, ACK timeouts and retry counters: a peer that
 //!   does not answer for [`engine::EngineConfig::transport_timeout_ns`], or

@@ -271,3 +271,29 @@ fn a_send_cq_nobody_polls_overruns_after_the_transport_timeout_and_its_qp_flushe
     assert!(got[32..40].iter().all(|&b| b == 0), "the WRITE that waited moved its bytes");
     dst.check_canaries();
 }
+
+#[test]
+fn an_unsignaled_write_waits_for_room_in_its_full_send_cq_past_the_transport_timeout() {
+    // It writes no CQE unless it fails, so a full CQ does not overrun for
+    // it: it waits (the one-WQE path keeps room for an error CQE) and goes
+    // once its consumer polls.
+    let mut rig = Rig::with(virtual_cfg(), None, 64, 4, true);
+    let src = Region::new(&rig.a.dev, &rig.a.pd, 64, 0);
+    src.fill(&(0..64).map(|i| i as u8 ^ 0xa7).collect::<Vec<u8>>());
+    let dst = Region::new(&rig.b.dev, &rig.b.pd, 64, access::ALL);
+    for k in 0..4 {
+        rig.a.sq.post(&write_req(&src, &dst, 8 * k, 8, true));
+    }
+    run_for(&rig, 100_000);
+    rig.a.sq.post(&write_req(&src, &dst, 32, 8, false));
+    run_for(&rig, 250_000_000);
+    assert_eq!(rig.a.qp.state(), QpState::Rts, "an unsignaled WRITE overran the CQ");
+    assert!(rig.a.dev.error_log().iter().all(|r| r.reason != Reason::CqOverrun as u8));
+    assert!(dst.bytes()[32..40].iter().all(|&b| b == 0), "it ran without room");
+    // Room: it executes.
+    assert_eq!(rig.a.send_cqes.poll().map(|c| expect_ok(c).wqe_counter), Some(0));
+    run_for(&rig, 100_000);
+    assert_eq!(&dst.bytes()[..40], &src.bytes()[..40]);
+    assert_eq!(rig.a.qp.state(), QpState::Rts);
+    dst.check_canaries();
+}

@@ -79,8 +79,14 @@ pub struct EngineCtl {
     /// Zero (keeps the next field 8-byte aligned).
     pub reserved: u32,
     /// The fabric's clock when the engine was launched, ns: the engine's
-    /// time is this plus `%globaltimer` elapsed since it started.
+    /// time is this plus `%globaltimer` elapsed since its block 0 started
+    /// (`clock_start_ns`).
     pub clock_base_ns: u64,
+    /// Engine: block 0's `%globaltimer` when its control loop started (0
+    /// until then). Every block's engine time counts from it, so a port's
+    /// blocks share one clock, as the link model's transmitter they share
+    /// needs.
+    pub clock_start_ns: u64,
     /// Engine: what it has done (stored with `st.relaxed.sys` now and
     /// then; read by the host for statistics).
     pub counters: EngineCounters,
@@ -356,6 +362,7 @@ impl EngineCtl {
             bulk_copy: 0,
             reserved: 0,
             clock_base_ns,
+            clock_start_ns: 0,
             counters: EngineCounters {
                 passes: 0,
                 busy_passes: 0,

@@ -437,13 +437,19 @@ pub(crate) fn published(sq_pi: u32, sq_ci: u32) -> u32 {
 /// # Safety
 /// As for [`poll_port`].
 unsafe fn fetch<P: Ports + ?Sized>(ports: &mut P, p: usize, q: usize, now_ns: u64, limit: u32, report: &mut PollReport) {
+    // The transmitter is the port's, shared by its engine blocks: reserved
+    // atomically through its address (taken from the raw port, as the
+    // inbox head is), never through the borrow below.
+    let raw = ports.raw(p);
+    if raw.is_null() {
+        return;
+    }
+    // SAFETY: a live port (the caller's contract); the field's address only.
+    let tx_free = unsafe { &raw mut (*raw).tx_free_ps };
     let Some(port) = ports.get_mut(p) else { return };
     doorbell_kernels::trace_hook! {
         let tr = super::trace::rings(port);
     }
-    // The transmitter is the port's, shared by its engine blocks: reserved
-    // atomically through its address, never through the borrow below.
-    let tx_free = &raw mut port.tx_free_ps;
     let Port { qps, link, stats, .. } = &mut *port;
     let Some(qp) = qps.get_mut(q) else { return };
     let stats = &mut stats[qp.shard as usize % MAX_SHARDS];
@@ -580,16 +586,25 @@ unsafe fn execute_due<P: Ports + ?Sized, M: PayloadMover>(
                 return;
             }
             Step::OwnCqFull => {
-                // Its consumer may yet poll: wait at most the transport
-                // timeout (one that stopped would hold the QP forever).
-                // Then the CQ has overrun; no CQE can say so: the QP moves
-                // to the error state (its WQEs flush as the CQ gets room)
-                // and the port's error log names the CQ's QP and WQE.
+                // Its consumer may yet poll: a signaled WQE waits at most
+                // the transport timeout (one that stopped would hold the QP
+                // forever), or what is left of a wait on the responder it
+                // had begun. Then the CQ has overrun; no CQE can say so:
+                // the QP moves to the error state (its WQEs flush as the CQ
+                // gets room) and the port's error log names the QP and WQE.
+                // An unsignaled WQE writes no CQE unless it fails: it waits
+                // for room as long as it takes, as before.
                 let Some(port) = ports.get_mut(p) else { return };
                 let Some(qp) = port.qps.get_mut(q) else { return };
                 let qpn = qp.qpn;
+                // SAFETY: the caller's contract; the head's ctrl segment.
+                let signaled = unsafe { wqe::read_ctrl(qp, head.wqe_idx) }.fm_ce_se & doorbell_kernels::mlx5::WQE_CTRL_CQ_UPDATE != 0;
+                if !signaled {
+                    report.due(now_ns.saturating_add(1_000));
+                    return;
+                }
                 let Some(h) = qp.inflight_front_mut() else { return };
-                if h.admitted & WAITS_OWN_CQ == 0 {
+                if h.deadline_ns == 0 {
                     h.admitted |= WAITS_OWN_CQ;
                     h.deadline_ns = now_ns.saturating_add(cfg.transport_timeout_ns).max(1);
                 }
@@ -623,8 +638,9 @@ unsafe fn execute_due<P: Ports + ?Sized, M: PayloadMover>(
                 };
                 let Some(h) = qp.inflight_front_mut() else { return };
                 if h.admitted & WAITS_OWN_CQ != 0 {
-                    // It had waited for its own CQ: the responder's wait
-                    // is a deadline of its own.
+                    // Its deadline was its own CQ's wait: the responder's
+                    // is a deadline of its own. (A wait on the responder
+                    // begun first keeps its deadline through a full CQ.)
                     h.admitted &= !WAITS_OWN_CQ;
                     h.deadline_ns = 0;
                 }

@@ -2,7 +2,7 @@
 //! block's DMA.
 //!
 //! A block copy by the block's threads keeps as many bytes in flight as
-//! its registers hold (256 threads × 16 vectors × 16 B = 64 KiB), which
+//! its registers hold (224 copying threads × 16 vectors × 16 B = 56 KiB), which
 //! bounds one engine block at what one SM's loads and stores move. The
 //! bulk-copy unit moves whole ranges between global and shared memory with
 //! no registers at all: one thread of the block (the last) streams the

@@ -8,7 +8,8 @@
 //! access checks, the link model, faults, CQEs — exactly as the host thread
 //! does. The other threads wait at the block barrier for payload to move:
 //! [`BlockMover`] hands them each copy of at least [`BLOCK_COPY_MIN`]
-//! bytes, and the whole block copies it with 16-byte vectors
+//! bytes, and the block's other threads (all but warp 0 in a block of
+//! two warps or more: `dma::copy_parts`) copy it with 16-byte vectors
 //! ([`super::mover::copy_part`]) — or, from [`BULK_MIN`] bytes up when
 //! [`EngineCtl::bulk_copy`] is set, its last thread moves the aligned
 //! body through the SM's bulk-copy unit and the others the ends
@@ -93,9 +94,11 @@ mod lanes;
 mod lone;
 mod publish;
 use publish::{publish_counters, publish_progress, publish_state};
+mod shards;
 mod shared;
 mod view;
 use lanes::run_bursts;
+use shards::Shards;
 use view::{Rung, View, Watch};
 
 pub use dma::{AHEAD, BULK_BYTES, BULK_MIN, STAGES, STAGE_BYTES};
@@ -684,49 +687,6 @@ pub unsafe fn run_block(ctl: *mut EngineCtl) {
     unsafe { control(shards, job, parts) };
 }
 
-/// The engine's blocks as a block's control thread sees them.
-#[derive(Clone, Copy)]
-struct Shards {
-    /// Block 0's control block: the stop word, the configuration, the
-    /// state the host reads.
-    main: *mut EngineCtl,
-    /// This block's index.
-    me: usize,
-    /// The blocks.
-    n: usize,
-}
-
-impl Shards {
-    /// This block's control block.
-    fn own(&self) -> *mut EngineCtl {
-        self.main.wrapping_add(self.me)
-    }
-
-    /// Block 0 waits until every other block's state is `want` (`st.release`
-    /// by that block, read with acquire), or, when `stop_too`, until the
-    /// stop word is set. Other blocks return at once.
-    ///
-    /// # Safety
-    /// As for [`run_block`].
-    unsafe fn wait_others(&self, want: u32, stop_too: bool) {
-        if self.me != 0 {
-            return;
-        }
-        for b in 1..self.n {
-            // SAFETY: the caller's contract: a control block per block.
-            unsafe {
-                let at = &raw const (*self.main.add(b)).state;
-                while ptx::ld_acquire_sys_u32(at) != want {
-                    if stop_too && ptx::ld_relaxed_sys_u32(&raw const (*self.main).stop) != 0 {
-                        return;
-                    }
-                    ptx::nanosleep(1_000);
-                }
-            }
-        }
-    }
-}
-
 impl BlockMover {
     /// Block `shards.me`'s mover at the start of its control loop:
     /// settings from its control block `ctl` (port `port`'s tables, the
@@ -808,7 +768,7 @@ unsafe fn control(shards: Shards, job: *mut Job, parts: usize) {
     unsafe {
         shards.wait_others(STATE_RUNNING, true);
         publish_state(ctl, STATE_RUNNING);
-        let t0 = ptx::globaltimer_ns();
+        let t0 = shards.start_clock();
         let base = core::ptr::read_volatile(&raw const (*ctl).clock_base_ns);
         let port = core::ptr::read_volatile(&raw const (*ctl).port) as usize;
         let mut table = View::new(core::ptr::read_volatile(&raw const (*ctl).table), port);

@@ -309,8 +309,9 @@ pub struct Inflight {
 
 /// [`Inflight::admitted`] flag: its execution was counted.
 pub const ADMITTED: u16 = 1;
-/// [`Inflight::admitted`] flag: its deadline is its wait for room in its
-/// QP's own send CQ (a wait on the responder starts a deadline of its own).
+/// [`Inflight::admitted`] flag: its deadline was set by its wait for room
+/// in its QP's own send CQ (a wait on the responder then starts a deadline
+/// of its own; one begun before the CQ filled keeps its deadline).
 pub const WAITS_OWN_CQ: u16 = 2;
 
 /// QP flag: the slot is in use.

@@ -107,8 +107,8 @@ pub enum Reason {
     /// The responder's receive CQ (or its engine's inbox) stayed full past
     /// the transport timeout.
     ResponderFull = 21,
-    /// The QP's own send CQ stayed full past the transport timeout: its
-    /// consumer stopped polling. No CQE can report it; the QP moves to the
+    /// The QP's own send CQ stayed full past the transport timeout while a
+    /// signaled WQE waited for room: its consumer stopped polling. No CQE can report it; the QP moves to the
     /// error state and its WQEs are flushed as the CQ gets room.
     CqOverrun = 22,
 }
