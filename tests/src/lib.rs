@@ -27,34 +27,6 @@ pub fn load_test_kernel<K: Kernel>(dev: &Device) -> doorbell::Result<Function<K>
     dev.load_module(&TEST_KERNELS)?.function::<K>()
 }
 
-/// The GPU's turn: one test of this binary at a time uses the GPU.
-static GPU_TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-std::thread_local! {
-    /// This test thread's turn on the GPU, once taken ([`gpu_turn`]).
-    static TURN: std::cell::RefCell<Option<std::sync::MutexGuard<'static, ()>>> = const { std::cell::RefCell::new(None) };
-}
-
-/// Waits until no other test of this binary uses the GPU, and keeps the
-/// GPU for the calling test until its thread ends (the test harness runs
-/// each test on a thread of its own); a second call on the same thread
-/// returns at once. Every helper that hands a test the GPU calls it
-/// ([`backends`] when there is one, [`require_gpu`], [`gpu`],
-/// [`have_gpus`]): a test's ranks start persistent engine kernels and
-/// grid-wide kernels that must be resident together, and several tests
-/// doing so on one GPU at once can wait on each other for good. The
-/// emulator halves still run side by side.
-pub fn gpu_turn() {
-    TURN.with(|t| {
-        let mut t = t.borrow_mut();
-        if t.is_none() {
-            // A test that failed while holding the turn poisons the lock;
-            // the GPU is free all the same.
-            *t = Some(GPU_TURN.lock().unwrap_or_else(|e| e.into_inner()));
-        }
-    });
-}
-
 /// The devices a behaviour test runs on: always the CPU emulator, plus GPU 0
 /// when one is present. `DOORBELL_TEST_REQUIRE_GPU=1` makes a missing GPU a
 /// failure (used on the GPU machine, so a GPU run cannot silently become an
@@ -62,10 +34,7 @@ pub fn gpu_turn() {
 pub fn backends() -> Vec<Device> {
     let mut v = vec![Device::emulator(0)];
     match Device::open(Backend::Gpu, 0) {
-        Ok(d) => {
-            gpu_turn();
-            v.push(d)
-        }
+        Ok(d) => v.push(d),
         Err(e) => {
             if std::env::var("DOORBELL_TEST_REQUIRE_GPU").is_ok_and(|x| x == "1") {
                 panic!("DOORBELL_TEST_REQUIRE_GPU=1 but no GPU: {e}");
@@ -98,10 +67,7 @@ impl OnBackend for Backend {
 /// GPU 0, for a test's GPU half; a missing GPU fails the test (the half is
 /// compiled in only with the `gpu` feature, i.e. where a GPU is promised).
 pub fn require_gpu() -> Device {
-    let d = Device::open(Backend::Gpu, 0)
-        .unwrap_or_else(|e| panic!("this is a GPU test (built with the `gpu` feature) and there is no GPU: {e}"));
-    gpu_turn();
-    d
+    Device::open(Backend::Gpu, 0).unwrap_or_else(|e| panic!("this is a GPU test (built with the `gpu` feature) and there is no GPU: {e}"))
 }
 
 /// Declares a behaviour test once per backend, as a module holding two
@@ -171,7 +137,6 @@ pub fn required_gpus() -> usize {
 pub fn have_gpus(n: usize, test: &str) -> bool {
     let found = doorbell::gpu_count();
     if found >= n {
-        gpu_turn();
         return true;
     }
     let required = required_gpus();
