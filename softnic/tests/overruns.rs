@@ -231,20 +231,27 @@ fn a_failure_the_stopped_responder_cannot_hear_fails_the_requester_after_the_tra
     assert!(dst.bytes().iter().all(|&b| b == 0));
 }
 
+/// A rig whose requester's send CQ of 4 entries is full: four signaled
+/// 8-byte WRITEs from `src` (bytes `i ^ salt`) into `dst`, never polled.
+fn full_send_cq(salt: u8) -> (Rig, Region, Region) {
+    let mut rig = Rig::with(virtual_cfg(), None, 64, 4, true);
+    let src = Region::new(&rig.a.dev, &rig.a.pd, 64, 0);
+    src.fill(&(0..64).map(|i| i as u8 ^ salt).collect::<Vec<u8>>());
+    let dst = Region::new(&rig.b.dev, &rig.b.pd, 64, access::ALL);
+    for k in 0..4 {
+        rig.a.sq.post(&write_req(&src, &dst, 8 * k, 8, true));
+    }
+    run_for(&rig, 100_000);
+    (rig, src, dst)
+}
+
 #[test]
 fn a_send_cq_nobody_polls_overruns_after_the_transport_timeout_and_its_qp_flushes_once_it_has_room() {
     // A send CQ of 4 entries, never polled: four signaled WRITEs fill it,
     // the fifth waits for room, and once the transport timeout (100 ms)
     // has passed, not before, the CQ has overrun: the QP moves to the
     // error state and the port's log names the WQE; no CQE is overwritten.
-    let mut rig = Rig::with(virtual_cfg(), None, 64, 4, true);
-    let src = Region::new(&rig.a.dev, &rig.a.pd, 64, 0);
-    src.fill(&(0..64).map(|i| i as u8 ^ 0x3c).collect::<Vec<u8>>());
-    let dst = Region::new(&rig.b.dev, &rig.b.pd, 64, access::ALL);
-    for k in 0..4 {
-        rig.a.sq.post(&write_req(&src, &dst, 8 * k, 8, true));
-    }
-    run_for(&rig, 100_000);
+    let (mut rig, src, dst) = full_send_cq(0x3c);
     let idx = rig.a.sq.post(&write_req(&src, &dst, 32, 8, true));
     let overran = |rig: &Rig| rig.a.dev.error_log().into_iter().find(|r| r.reason == Reason::CqOverrun as u8);
     run_for(&rig, 99_000_000);
@@ -277,14 +284,7 @@ fn an_unsignaled_write_waits_for_room_in_its_full_send_cq_past_the_transport_tim
     // It writes no CQE unless it fails, so a full CQ does not overrun for
     // it: it waits (the one-WQE path keeps room for an error CQE) and goes
     // once its consumer polls.
-    let mut rig = Rig::with(virtual_cfg(), None, 64, 4, true);
-    let src = Region::new(&rig.a.dev, &rig.a.pd, 64, 0);
-    src.fill(&(0..64).map(|i| i as u8 ^ 0xa7).collect::<Vec<u8>>());
-    let dst = Region::new(&rig.b.dev, &rig.b.pd, 64, access::ALL);
-    for k in 0..4 {
-        rig.a.sq.post(&write_req(&src, &dst, 8 * k, 8, true));
-    }
-    run_for(&rig, 100_000);
+    let (mut rig, src, dst) = full_send_cq(0xa7);
     rig.a.sq.post(&write_req(&src, &dst, 32, 8, false));
     run_for(&rig, 250_000_000);
     assert_eq!(rig.a.qp.state(), QpState::Rts, "an unsignaled WRITE overran the CQ");

@@ -151,19 +151,11 @@ fn run_routed(
     let cap = tr.max_pair.max(1) as u32;
     let init = emb::initial_tables(p);
     let res = Communicator::local(p.ranks as usize, backend, opts(p, cap), |comm| {
-        let r = comm.rank() as u32;
-        let dev = comm.device();
         let mut x = exchange_routed(comm, p, cap, cfg(comm, p.ranks), transport, peers.clone())?;
         if let Lists::Sliced = lists {
             x.set_sliced_list_bytes(0);
         }
-        x.load_shard(&emb::shard_of(p, &init, r))?;
-        let ids_d = dev.alloc_from(&ids[r as usize])?;
-        let grad = dev.alloc_from(&emb::upstream_grad(p, r))?;
-        let mut out = dev.alloc_zeroed::<f32>(p.out_len())?;
-        let s = dev.new_stream()?;
-        let outs = x.train(&s, &ids_d, &grad, &mut out, lr, steps)?;
-        Ok((outs, x.shard()?))
+        train_rank(comm, x, (p, ids, &init), (steps, lr))
     })
     .unwrap_or_else(|e| panic!("{backend:?} {transport:?} {lists:?} {p:?}: {e}"));
     Outcome::of(p, res)
@@ -696,26 +688,29 @@ fn ibgda_with_many_blocks_sharing_small_send_queues() {
             };
             comm.ibgda_with(&io)?;
             let lc = LaunchConfig::linear(16, 64).with_shared_mem(SHARED_BYTES);
-            train_rank(comm, (&p, &ids, &init), cap, (lc, TransportKind::Ibgda), (steps, lr))
+            train_rank(
+                comm,
+                exchange(comm, &p, cap, lc, TransportKind::Ibgda)?,
+                (&p, &ids, &init),
+                (steps, lr),
+            )
         })
         .unwrap_or_else(|e| panic!("{engine:?}: {e}"));
         Outcome::of(&p, res).check(&p, &ids, lr, &format!("{engine:?}"));
     }
 }
 
-/// One rank's share of a training run: the exchange over `transport`
-/// launched with `lc`, its shard of `init` loaded, `steps` steps of its
-/// lookups; the forwards' outputs and the shard after.
+/// One rank's share of a training run through the exchange `x`: its shard
+/// of `init` loaded, `steps` steps of its lookups; the forwards' outputs
+/// and the shard after.
 fn train_rank(
     comm: &Communicator,
+    mut x: EmbeddingExchange<'_>,
     (p, ids, init): (&Problem, &[Vec<u32>], &[f32]),
-    cap: u32,
-    (lc, transport): (LaunchConfig, TransportKind),
     (steps, lr): (usize, f32),
 ) -> doorbell::Result<(Vec<Vec<f32>>, Vec<f32>)> {
     let r = comm.rank() as u32;
     let dev = comm.device();
-    let mut x = exchange(comm, p, cap, lc, transport)?;
     x.load_shard(&emb::shard_of(p, init, r))?;
     let ids_d = dev.alloc_from(&ids[r as usize])?;
     let grad = dev.alloc_from(&emb::upstream_grad(p, r))?;
@@ -772,7 +767,7 @@ fn one_warp_gathers_hundreds_of_rows_through_the_nic() {
                 comm.ibgda_with(&io)?;
             }
             let lc = LaunchConfig::linear(1, 32).with_shared_mem(SHARED_BYTES);
-            train_rank(comm, (&p, &ids, &init), cap, (lc, transport), (steps, lr))
+            train_rank(comm, exchange(comm, &p, cap, lc, transport)?, (&p, &ids, &init), (steps, lr))
         })
         .unwrap_or_else(|e| panic!("{transport:?} {engine:?}: {e}"));
         Outcome::of(&p, res).check(&p, &ids, lr, &format!("{transport:?} {engine:?}"));
