@@ -484,10 +484,17 @@ fn engine_settings_are_parsed_strictly() {
         ),
         (
             IbgdaOptions {
-                engine_blocks: Some(9),
+                engine_blocks: Some(33),
                 ..kernel_engine(64, 1 << 20)
             },
-            "engine_blocks 9 is not in 1..=8",
+            "engine_blocks 33 is not in 1..=32",
+        ),
+        (
+            IbgdaOptions {
+                engine_blocks: Some(0),
+                ..kernel_engine(64, 1 << 20)
+            },
+            "engine_blocks 0 is not in 1..=32",
         ),
     ];
     for (io, want) in bad {
@@ -779,69 +786,97 @@ per_backend! {
     /// 4 MiB puts and gets (one WQE each) through an engine of four blocks
     /// on ports with fewer QP groups than blocks: the blocks that serve no
     /// QP copy chunks of the large payloads (the engine's shared copies),
-    /// every byte arrives, and no canary around the targets changes. A
-    /// copy is cut into about one chunk per block, so whether another
-    /// block claims one before the owner takes them all depends on when
-    /// the blocks run (on the emulator, on how the OS schedules their
-    /// threads): several rounds, each with its own payload, and at least
-    /// one chunk copied by another block over all of them.
+    /// every byte arrives, and no canary around the targets changes.
     fn large_payloads_are_copied_by_the_ports_other_blocks(dev: Device) {
-        const ROUNDS: usize = 6;
-        let b = dev.backend();
-        let bytes = (4 << 20) + 4100;
-        let io = IbgdaOptions {
-            qps_per_peer: 1,
-            engine_threads: Some(if b == Backend::Gpu { 256 } else { 32 }),
-            engine_blocks: Some(4),
-            ..kernel_engine(64, 8 << 20)
-        };
-        let o = CommOptions {
-            heap_bytes: 32 << 20,
-            ..opts(b, Duration::from_secs(30))
-        };
-        let reports = Communicator::local(2, b, o, |comm| {
-            let m = comm.device().load_module(&TEST_KERNELS)?;
-            let src = comm.alloc::<u8>(bytes)?;
-            let dst = Guarded::new(comm, bytes)?;
-            let got = Guarded::new(comm, bytes)?;
-            let sig = comm.alloc::<u64>(1)?;
-            let t = comm.ibgda_with(&io)?;
-            for round in 0..ROUNDS {
-                let mut status = comm.device().alloc_zeroed::<u32>(1)?;
-                sig.copy_from_host(&[0])?;
-                let byte = |rank: usize, i: usize| ((i.wrapping_mul(0x9E37_79B1) >> 7) as u8 ^ (rank as u8 * 77)).wrapping_add(round as u8);
-                src.copy_from_host(&(0..bytes).map(|i| byte(comm.rank(), i)).collect::<Vec<u8>>())?;
-                comm.barrier()?;
-                let bufs = (src.as_mut_ptr(), dst.buf.as_mut_ptr(), got.buf.as_mut_ptr());
-                let args = doorbell_tests::ring_round(t, bufs, bytes as u64, sig.as_mut_ptr(), status.as_mut_ptr());
-                // SAFETY: sizes as the ring kernel documents.
-                let s = unsafe { doorbell_tests::launch_after_barrier(comm, &m.function::<ring_ibgda>()?, LaunchConfig::linear(1, 64), args)? };
-                comm.synchronize(&s)?;
-                comm.ibgda_check()?;
-                let r = comm.rank();
-                assert_eq!(status.to_host()?[0], STATUS_OK, "rank {r}, round {round}");
-                let want: Vec<u8> = (0..bytes).map(|i| byte(1 - r, i)).collect();
-                assert!(dst.buf.to_host()? == want, "put into rank {r} differs, round {round}");
-                assert!(got.buf.to_host()? == want, "get by rank {r} differs, round {round}");
-                assert!(dst.canaries_intact()? && got.canaries_intact()?, "rank {r}, round {round}: a canary changed");
-                comm.barrier()?;
-            }
-            Ok(comm.ibgda_engine().expect("set up"))
-        })
-        .expect("the world");
-        for (r, report) in reports.iter().enumerate() {
-            assert_eq!(report.blocks.len(), 4, "rank {r}: every block asked for runs: {report:?}");
-            // One QP per peer: one block serves it, and whatever the others
-            // copied was a chunk of its put or get.
-            let owners: Vec<usize> = (0..4).filter(|&i| report.blocks[i].block_copies > 0).collect();
-            assert_eq!(owners.len(), 1, "rank {r}: one block makes the copies: {report:?}");
-            let helped: u64 = report.blocks.iter().map(|c| c.shared_bytes).sum();
-            assert!(helped > 0, "rank {r}: no other block copied a chunk: {report:?}");
+        shared_copies(dev, 4);
+    }
+}
+
+per_backend! {
+    /// As above through an engine of ten blocks: the two beyond those that
+    /// may serve QPs (`MAX_SHARDS`) run too and copy chunks like the
+    /// others, and the serving block's shared copies run on while it goes
+    /// on (each is deferred, finished before its CQE).
+    fn blocks_beyond_those_serving_qps_copy_chunks_of_deferred_shared_copies(dev: Device) {
+        shared_copies(dev, 10);
+    }
+}
+
+/// Rounds of 4 MiB puts and gets, each with its own payload, through an
+/// engine of `blocks` blocks with one QP per peer; checks every byte and
+/// canary, and that the blocks serving no QP copied chunks. A copy is
+/// cut into about one chunk per block, so whether another block claims
+/// one before the owner takes them all depends on when the blocks run
+/// (on the emulator, on how the OS schedules their threads): several
+/// rounds, and at least one chunk copied by another block over all of
+/// them.
+fn shared_copies(dev: Device, blocks: u32) {
+    const ROUNDS: usize = 6;
+    let b = dev.backend();
+    let bytes = (4 << 20) + 4100;
+    let io = IbgdaOptions {
+        qps_per_peer: 1,
+        engine_threads: Some(if b == Backend::Gpu { 256 } else { 32 }),
+        engine_blocks: Some(blocks),
+        ..kernel_engine(64, 8 << 20)
+    };
+    let o = CommOptions {
+        heap_bytes: 32 << 20,
+        ..opts(b, Duration::from_secs(30))
+    };
+    let reports = Communicator::local(2, b, o, |comm| {
+        let m = comm.device().load_module(&TEST_KERNELS)?;
+        let src = comm.alloc::<u8>(bytes)?;
+        let dst = Guarded::new(comm, bytes)?;
+        let got = Guarded::new(comm, bytes)?;
+        let sig = comm.alloc::<u64>(1)?;
+        let t = comm.ibgda_with(&io)?;
+        for round in 0..ROUNDS {
+            let mut status = comm.device().alloc_zeroed::<u32>(1)?;
+            sig.copy_from_host(&[0])?;
+            let byte = |rank: usize, i: usize| ((i.wrapping_mul(0x9E37_79B1) >> 7) as u8 ^ (rank as u8 * 77)).wrapping_add(round as u8);
+            src.copy_from_host(&(0..bytes).map(|i| byte(comm.rank(), i)).collect::<Vec<u8>>())?;
+            comm.barrier()?;
+            let bufs = (src.as_mut_ptr(), dst.buf.as_mut_ptr(), got.buf.as_mut_ptr());
+            let args = doorbell_tests::ring_round(t, bufs, bytes as u64, sig.as_mut_ptr(), status.as_mut_ptr());
+            // SAFETY: sizes as the ring kernel documents.
+            let s = unsafe { doorbell_tests::launch_after_barrier(comm, &m.function::<ring_ibgda>()?, LaunchConfig::linear(1, 64), args)? };
+            comm.synchronize(&s)?;
+            comm.ibgda_check()?;
+            let r = comm.rank();
+            assert_eq!(status.to_host()?[0], STATUS_OK, "rank {r}, round {round}");
+            let want: Vec<u8> = (0..bytes).map(|i| byte(1 - r, i)).collect();
+            assert!(dst.buf.to_host()? == want, "put into rank {r} differs, round {round}");
+            assert!(got.buf.to_host()? == want, "get by rank {r} differs, round {round}");
             assert!(
-                helped < (2 * ROUNDS * bytes) as u64 && report.blocks[owners[0]].shared_bytes == 0,
-                "rank {r}: more shared than the payloads, or the owner helped itself: {report:?}"
+                dst.canaries_intact()? && got.canaries_intact()?,
+                "rank {r}, round {round}: a canary changed"
             );
+            comm.barrier()?;
         }
+        Ok(comm.ibgda_engine().expect("set up"))
+    })
+    .expect("the world");
+    for (r, report) in reports.iter().enumerate() {
+        let n = blocks as usize;
+        assert_eq!(report.blocks.len(), n, "rank {r}: every block asked for runs: {report:?}");
+        // One QP per peer: one block serves it, and whatever the others
+        // copied was a chunk of its put or get.
+        let owners: Vec<usize> = (0..n).filter(|&i| report.blocks[i].block_copies > 0).collect();
+        assert_eq!(owners.len(), 1, "rank {r}: one block makes the copies: {report:?}");
+        let owner = &report.blocks[owners[0]];
+        let helped: u64 = report.blocks.iter().map(|c| c.shared_bytes).sum();
+        assert!(helped > 0, "rank {r}: no other block copied a chunk: {report:?}");
+        assert!(
+            helped < (2 * ROUNDS * bytes) as u64 && owner.shared_bytes == 0,
+            "rank {r}: more shared than the payloads, or the owner helped itself: {report:?}"
+        );
+        // Every put and get of the owner's was a shared copy that ran on
+        // past its WQE's execution (deferred) until drained.
+        assert!(
+            owner.deferred_copies >= ROUNDS as u64,
+            "rank {r}: the shared copies were not deferred: {report:?}"
+        );
     }
 }
 
@@ -859,63 +894,81 @@ per_backend! {
     /// while its put's bytes move. Off the GPU the engine also fails loudly
     /// if it stores a CQE, an atomic or a release while a copy is in flight.
     fn block_copies_overlap_the_next_wqes_checks_and_land_before_their_signal(dev: Device) {
-        let b = dev.backend();
-        let io = IbgdaOptions {
-            qps_per_peer: 1,
-            engine_threads: Some(if b == Backend::Gpu { 256 } else { 32 }),
-            ..kernel_engine(64, 1 << 20)
-        };
-        let (blocks, words, iters) = (4u32, 4099u32, 12u32);
-        let deferred = Communicator::local(2, b, opts(b, Duration::from_secs(30)), |comm| {
-            let m = comm.device().load_module(&TEST_KERNELS)?;
-            let f = m.function::<flagged_rounds_ibgda>()?;
-            let t = comm.ibgda_with(&io)?;
-            let nic = comm.soft_nic().expect("set up");
-            let mut deferred = vec![];
-            for one_wqe_path in [false, true] {
-                let mut cfg = nic.fabric().config();
-                cfg.faults.reorder_across_qps = one_wqe_path as u32;
-                comm.barrier()?;
-                if comm.rank() == 0 {
-                    nic.fabric().try_set_config(cfg).expect("the engine kernel takes the configuration");
-                }
-                comm.barrier()?;
-                let before = comm.ibgda_engine().expect("set up").counters;
-                for mode in [0, 1, 2, 3] {
-                    let mut rounds = FlaggedRounds::new(comm, blocks, words)?;
-                    let args = rounds.args(t, iters, mode);
-                    // SAFETY: sizes as flagged_rounds documents.
-                    let s = unsafe { doorbell_tests::launch_after_barrier(comm, &f, LaunchConfig::linear(blocks, 64), args)? };
-                    comm.synchronize(&s)?;
-                    comm.ibgda_check()?;
-                    let what = format!("rank {}, one-WQE path {one_wqe_path}, mode {mode}", comm.rank());
-                    rounds.check(comm.rank(), iters, &what)?;
-                    comm.barrier()?;
-                }
-                let after = comm.ibgda_engine().expect("set up").counters;
-                deferred.push((
-                    after.deferred_copies - before.deferred_copies,
-                    after.overlapped_copies - before.overlapped_copies,
-                ));
+        overlapped_puts(dev, None, 4099, 12);
+    }
+}
+
+per_backend! {
+    /// As above with puts of 256 KiB and 12 bytes through an engine of
+    /// three blocks, two of which serve no QP: each put is a shared copy
+    /// (`SHARE_MIN`), posted and deferred; its signal, its CQE and the next
+    /// put wait until every chunk, the other blocks' too, has landed.
+    fn shared_copies_run_on_past_their_wqe_and_land_before_their_signal(dev: Device) {
+        overlapped_puts(dev, Some(3), (256 << 10) / 4 + 3, 3);
+    }
+}
+
+/// Rank 0's 4 blocks `put_signal` `words` u32 words each per round,
+/// `iters` rounds in each of the four modes, over an engine of
+/// `engine_blocks` blocks; see the tests above.
+fn overlapped_puts(dev: Device, engine_blocks: Option<u32>, words: u32, iters: u32) {
+    let b = dev.backend();
+    let io = IbgdaOptions {
+        qps_per_peer: 1,
+        engine_threads: Some(if b == Backend::Gpu { 256 } else { 32 }),
+        engine_blocks,
+        ..kernel_engine(64, 1 << 20)
+    };
+    let blocks = 4u32;
+    let deferred = Communicator::local(2, b, opts(b, Duration::from_secs(30)), |comm| {
+        let m = comm.device().load_module(&TEST_KERNELS)?;
+        let f = m.function::<flagged_rounds_ibgda>()?;
+        let t = comm.ibgda_with(&io)?;
+        let nic = comm.soft_nic().expect("set up");
+        let mut deferred = vec![];
+        for one_wqe_path in [false, true] {
+            let mut cfg = nic.fabric().config();
+            cfg.faults.reorder_across_qps = one_wqe_path as u32;
+            comm.barrier()?;
+            if comm.rank() == 0 {
+                nic.fabric().try_set_config(cfg).expect("the engine kernel takes the configuration");
             }
-            Ok(deferred)
-        })
-        .expect("the world");
-        // Rank 0's engine executed every put: 4 modes x 12 rounds x 4 blocks.
-        for (k, (n, _)) in deferred[0].iter().enumerate() {
-            assert!(
-                *n >= (4 * iters * blocks) as u64,
-                "case {k}: rank 0's puts ran on past their copy call {n} times, want one per put"
-            );
+            comm.barrier()?;
+            let before = comm.ibgda_engine().expect("set up").counters;
+            for mode in [0, 1, 2, 3] {
+                let mut rounds = FlaggedRounds::new(comm, blocks, words)?;
+                let args = rounds.args(t, iters, mode);
+                // SAFETY: sizes as flagged_rounds documents.
+                let s = unsafe { doorbell_tests::launch_after_barrier(comm, &f, LaunchConfig::linear(blocks, 64), args)? };
+                comm.synchronize(&s)?;
+                comm.ibgda_check()?;
+                let what = format!("rank {}, one-WQE path {one_wqe_path}, mode {mode}", comm.rank());
+                rounds.check(comm.rank(), iters, &what)?;
+                comm.barrier()?;
+            }
+            let after = comm.ibgda_engine().expect("set up").counters;
+            deferred.push((
+                after.deferred_copies - before.deferred_copies,
+                after.overlapped_copies - before.overlapped_copies,
+            ));
         }
-        // On the one-WQE path each put's signal (its own WQE, copied by the
-        // control thread) comes right after it: the signal's checks ran
-        // while the put's bytes moved, in every round of the three modes
-        // that put_signal.
-        let (_, overlapped) = deferred[0][1];
+        Ok(deferred)
+    })
+    .expect("the world");
+    // Rank 0's engine executed every put: 4 modes x 12 rounds x 4 blocks.
+    for (k, (n, _)) in deferred[0].iter().enumerate() {
         assert!(
-            overlapped >= (3 * iters * blocks) as u64,
-            "one-WQE path: {overlapped} copies were still in flight at the next WQE's copy"
+            *n >= (4 * iters * blocks) as u64,
+            "case {k}: rank 0's puts ran on past their copy call {n} times, want one per put"
         );
     }
+    // On the one-WQE path each put's signal (its own WQE, copied by the
+    // control thread) comes right after it: the signal's checks ran
+    // while the put's bytes moved, in every round of the three modes
+    // that put_signal.
+    let (_, overlapped) = deferred[0][1];
+    assert!(
+        overlapped >= (3 * iters * blocks) as u64,
+        "one-WQE path: {overlapped} copies were still in flight at the next WQE's copy"
+    );
 }

@@ -42,5 +42,6 @@ pub use mover::{PayloadMover, Phase, ThreadMover, PHASES};
 pub use poll::{poll_port, PollReport};
 pub use resident::{EngineCounters, EngineCtl};
 pub use tables::{
-    access, CqEntry, ErrorRecord, MrEntry, Port, PortStats, PortTable, Ports, QpEntry, QpState, Reason, Window, MAX_PORTS, MAX_SHARDS,
+    access, CqEntry, ErrorRecord, MrEntry, Port, PortStats, PortTable, Ports, QpEntry, QpState, Reason, Window, MAX_ENGINE_BLOCKS,
+    MAX_PORTS, MAX_SHARDS,
 };

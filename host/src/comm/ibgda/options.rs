@@ -64,11 +64,12 @@ pub struct IbgdaOptions {
     /// (`DOORBELL_SOFTNIC_ENGINE_THREADS`; `None`: [`ENGINE_THREADS_GPU`](crate::nic::soft::ENGINE_THREADS_GPU) on
     /// a GPU, 32 on the emulator, where every thread is an OS thread).
     pub engine_threads: Option<u32>,
-    /// Most blocks (SMs) of the engine kernel per port
-    /// (`DOORBELL_SOFTNIC_ENGINE_BLOCKS`, 1..=8; `None`:
+    /// Blocks (SMs) of the engine kernel per port
+    /// (`DOORBELL_SOFTNIC_ENGINE_BLOCKS`, 1..=32; `None`:
     /// [`ENGINE_BLOCKS_GPU`](crate::nic::soft::ENGINE_BLOCKS_GPU) on a GPU,
-    /// 1 on the emulator): each runs its own QPs, so more QPs per peer
-    /// are served side by side.
+    /// 1 on the emulator): up to 8 run QPs, each its own, so more QPs per
+    /// peer are served side by side; the others serve none and copy chunks
+    /// of the large puts and gets.
     pub engine_blocks: Option<u32>,
     /// Makes the engine kernel's ordering with the ranks (the acquire after
     /// a doorbell record, the fence before a short copy after payload, the

@@ -11,7 +11,7 @@ use doorbell_softnic::engine::burst::BURST_MAX;
 use doorbell_softnic::engine::resident::{
     EngineCounters, EngineCtl, EngineProgress, IDLE_SLEEP_NS, SHARED_BYTES, SHARED_BYTES_BULK, STATE_EXITED, STATE_LAUNCHED, STATE_RUNNING,
 };
-use doorbell_softnic::engine::{Port, PortTable, Window, MAX_PORTS, MAX_SHARDS};
+use doorbell_softnic::engine::{Port, PortTable, Window, MAX_ENGINE_BLOCKS, MAX_PORTS};
 use doorbell_softnic::kernel::{softnic_engine_1024, softnic_engine_256, softnic_engine_512, ENGINE_256_THREADS, ENGINE_512_THREADS};
 use doorbell_softnic::{EngineThread, RdmaDevice as _};
 
@@ -342,7 +342,7 @@ pub(super) fn launch(nic: &SoftNic, ctx: &StartCtx<'_>) -> Result<KernelEngine> 
     // Every block asked for runs: those beyond the QP groups serve no QP and copy chunks of the others'
     // large payloads (the engine's shared copies).
     let served = image.assign_shards(want_blocks);
-    let blocks = want_blocks.clamp(served, MAX_SHARDS as u32);
+    let blocks = want_blocks.clamp(served, MAX_ENGINE_BLOCKS as u32);
     // SAFETY: the port's memory, whole; `image` is plain data of that size.
     unsafe { dev.write_raw(port_addr, bytes_of(&*image))? };
     let mut mine = (device.port_index() as u64).to_le_bytes().to_vec();

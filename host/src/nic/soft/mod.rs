@@ -18,8 +18,9 @@
 //!   each rank copies its port's tables to its device memory, the ranks
 //!   exchange those addresses into a port table, and each rank launches
 //!   `softnic_engine_256` (from [`SOFTNIC_PTX`]) — **one block per port**
-//!   by default, up to [`MAX_SHARDS`] ([`ENGINE_BLOCKS_ENV`]) each serving
-//!   its own QPs and sharing the large copies, [`ENGINE_THREADS_GPU`] threads on a GPU
+//!   by default, up to [`MAX_ENGINE_BLOCKS`] ([`ENGINE_BLOCKS_ENV`]), of
+//!   which up to [`MAX_SHARDS`](doorbell_softnic::engine::MAX_SHARDS) serve QPs, each its own, and all share the
+//!   large copies, [`ENGINE_THREADS_GPU`] threads on a GPU
 //!   ([`ENGINE_THREADS_ENV`]) — on
 //!   a non-blocking stream that [`crate::Device::synchronize`] and buffer
 //!   frees do not wait for. The engine's module is loaded once per device
@@ -87,7 +88,7 @@ use std::sync::{Arc, Mutex};
 
 use doorbell_softnic::engine::burst::BURST_MAX;
 use doorbell_softnic::engine::resident::IDLE_SLEEP_NS;
-use doorbell_softnic::engine::{Port, MAX_SHARDS};
+use doorbell_softnic::engine::{Port, MAX_ENGINE_BLOCKS};
 use doorbell_softnic::{FabricConfig, QueuePair as _, RdmaDevice as _, SoftCq, SoftFabric, SoftMr, SoftPd, SoftQp};
 
 use super::{CompletionQueue, CqRing, Endpoint, LinkLayer, MemoryRegion, Nic, NicKind, PortInfo, QpOptions, QpRings, QueuePair, StartCtx};
@@ -125,8 +126,9 @@ pub const ENGINE_ENV: &str = "DOORBELL_SOFTNIC_ENGINE";
 /// `DOORBELL_SOFTNIC_ENGINE_THREADS`: threads of the engine kernel's block,
 /// a multiple of 32 in 32..=1024.
 pub const ENGINE_THREADS_ENV: &str = "DOORBELL_SOFTNIC_ENGINE_THREADS";
-/// `DOORBELL_SOFTNIC_ENGINE_BLOCKS`: most blocks (SMs) of the engine
-/// kernel per port, 1..=8 (see [`SoftOptions::engine_blocks`]).
+/// `DOORBELL_SOFTNIC_ENGINE_BLOCKS`: blocks (SMs) of the engine kernel
+/// per port, 1..=32; at most 8 serve QPs (see
+/// [`SoftOptions::engine_blocks`]).
 pub const ENGINE_BLOCKS_ENV: &str = "DOORBELL_SOFTNIC_ENGINE_BLOCKS";
 /// `DOORBELL_SOFTNIC_SCOPE`: `auto` or `sys`, the scope of the engine
 /// kernel's ordering with the ranks (see [`SoftOptions::sys_scope`]).
@@ -216,15 +218,16 @@ pub struct SoftOptions {
     /// every thread is an OS thread).
     pub engine_threads: Option<u32>,
     /// Blocks of the engine kernel per port ([`ENGINE_BLOCKS_ENV`],
-    /// 1..=[`MAX_SHARDS`]; `None`: [`ENGINE_BLOCKS_GPU`] on a GPU, 1 on
-    /// the emulator), each on its own SM. Each block runs its own QPs
-    /// (`Port::assign_shards`: QPs that share a CQ share a block; with the
-    /// link model on, the blocks reserve the port's one transmitter in
-    /// turn); blocks beyond
-    /// the port's groups of QPs serve none. While some block serves none,
-    /// the blocks copy chunks of one another's payloads of `SHARE_MIN`
-    /// bytes or more (the engine's shared copies), so large puts and gets
-    /// move at several SMs' rate.
+    /// 1..=[`MAX_ENGINE_BLOCKS`]; `None`: [`ENGINE_BLOCKS_GPU`] on a GPU,
+    /// 1 on the emulator), each on its own SM. Up to [`MAX_SHARDS`](doorbell_softnic::engine::MAX_SHARDS) of
+    /// them run QPs, each its own (`Port::assign_shards`: QPs that share a
+    /// CQ share a block; with the link model on, the blocks reserve the
+    /// port's one transmitter in turn); blocks beyond the port's groups of
+    /// QPs serve none. While some block serves none, the blocks copy
+    /// chunks of one another's payloads of `SHARE_MIN` bytes or more (the
+    /// engine's shared copies), so large puts and gets move at several
+    /// SMs' rate; a block that serves QPs posts such a copy and goes on
+    /// checking its QP's next WQE while the others copy it.
     pub engine_blocks: Option<u32>,
     /// Makes the engine kernel's ordering with the ranks `sys`-scoped even
     /// when every rank runs on the engine's GPU ([`SCOPE_ENV`]`=sys`).
@@ -281,7 +284,7 @@ impl SoftOptions {
         };
         let engine_blocks = match crate::vars::raw(ENGINE_BLOCKS_ENV)? {
             None => None,
-            Some(_) => Some(crate::vars::uint(ENGINE_BLOCKS_ENV, 1, 1, MAX_SHARDS as u64)? as u32),
+            Some(_) => Some(crate::vars::uint(ENGINE_BLOCKS_ENV, 1, 1, MAX_ENGINE_BLOCKS as u64)? as u32),
         };
         // `auto`: gpu scope when every rank shares the engine's GPU.
         let sys_scope = crate::vars::choice(SCOPE_ENV, &["auto", "sys"])? == Some(1);
@@ -315,8 +318,8 @@ impl SoftOptions {
             }
         }
         if let Some(b) = self.engine_blocks {
-            if !(1..=MAX_SHARDS as u32).contains(&b) {
-                return Err(format!("engine_blocks {b} is not in 1..={MAX_SHARDS}"));
+            if !(1..=MAX_ENGINE_BLOCKS as u32).contains(&b) {
+                return Err(format!("engine_blocks {b} is not in 1..={MAX_ENGINE_BLOCKS}"));
             }
         }
         if let Some(b) = self.burst {

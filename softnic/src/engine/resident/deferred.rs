@@ -1,7 +1,9 @@
 //! A block copy in flight while the control thread goes on
-//! ([`PayloadMover::defer`]): meeting the block at the copy's second
-//! barrier ([`PayloadMover::drain`]), and the CQE that waits for it
-//! ([`PayloadMover::hold_cqe`]).
+//! ([`PayloadMover::defer`]) — the block's own, or a shared copy of which
+//! the block copies one chunk while other blocks copy the rest
+//! (`shared`): meeting the block at the copy's second barrier and
+//! finishing the shared copy ([`PayloadMover::drain`]), and the CQE that
+//! waits for it ([`PayloadMover::hold_cqe`]).
 
 use doorbell_kernels::ptx;
 
@@ -12,16 +14,34 @@ use super::super::tables::CqEntry;
 use super::{block_barrier, BlockMover};
 
 impl BlockMover {
-    /// Meets the block at the second barrier of the copy in flight; the
-    /// wait counts as copying, not as the phase it interrupts.
+    /// Whether a copy runs on past [`PayloadMover::copy`]: the block's own
+    /// (between a round's barriers) or a shared copy of this block's
+    /// (`shared`) with chunks not yet copied.
+    #[inline(always)]
+    pub(super) fn in_flight(&self) -> bool {
+        self.pending || self.posting.is_some()
+    }
+
+    /// Meets the block at the second barrier of the copy in flight, then
+    /// copies what is left of this block's shared copy in flight and waits
+    /// for the chunks the other blocks claimed; the wait counts as
+    /// copying, not as the phase it interrupts. Only then the held CQE.
     #[inline(always)]
     pub(super) fn drain_copy(&mut self) {
-        if !self.pending {
+        if !self.in_flight() {
             return;
         }
         let c0 = ptx::clock64();
-        block_barrier();
-        self.pending = false;
+        if self.pending {
+            block_barrier();
+            self.pending = false;
+        }
+        if let Some(p) = self.posting.take() {
+            // SAFETY: this block's posting, its ranges checked by the
+            // engine when it was posted; nothing is in flight any more, so
+            // the rounds below start at once.
+            unsafe { self.finish_shared(p) };
+        }
         mem::copy_in_flight(false);
         if !self.held_cq.is_null() {
             let scope = PayloadMover::scope(self);
@@ -46,7 +66,7 @@ impl BlockMover {
     /// As for [`PayloadMover::hold_cqe`].
     #[inline(always)]
     pub(super) unsafe fn hold(&mut self, cq: &mut CqEntry, w: &[u32; 16]) -> bool {
-        if !self.pending || !self.held_cq.is_null() {
+        if !self.in_flight() || !self.held_cq.is_null() {
             return false;
         }
         // SAFETY: the caller's contract.

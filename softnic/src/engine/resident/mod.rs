@@ -86,7 +86,7 @@ use super::config::{EngineConfig, EngineRng};
 use super::mem::{self, Scope};
 use super::mover::{copy_part, overlaps, PayloadMover, Phase, PHASES};
 use super::poll::{poll_port_masked, PollReport};
-use super::tables::{Ports, MAX_QPS};
+use super::tables::{Ports, MAX_ENGINE_BLOCKS, MAX_QPS};
 
 mod deferred;
 mod dma;
@@ -251,7 +251,10 @@ pub struct BlockMover {
     /// port serves no QP).
     share: bool,
     /// The last posting on each block's board this block has seen through.
-    seen: [u32; super::tables::MAX_SHARDS],
+    seen: [u32; MAX_ENGINE_BLOCKS],
+    /// This block's shared copy still in flight ([`shared`]): posted, some
+    /// chunks perhaps not claimed yet or still being copied by others.
+    posting: Option<shared::Posting>,
     /// Bytes copied of other blocks' shared copies.
     shared_bytes: u64,
     /// Doorbells and WQEs the lone path served ([`lone`]).
@@ -263,7 +266,8 @@ pub struct BlockMover {
     /// drains before it publishes).
     defer: bool,
     /// A block copy is in flight: the block is between the round's two
-    /// barriers, and thread 0 has not met it at the second yet.
+    /// barriers, and thread 0 has not met it at the second yet (a copy of
+    /// its own, or its own chunk of its shared copy in flight).
     pending: bool,
     /// Block copies that ran on while the control thread went on, and
     /// those of them the next copy found in flight.
@@ -546,7 +550,7 @@ impl PayloadMover for BlockMover {
         // What the control did since its last lap was checking this WQE.
         self.lap(Phase::Check);
         // In order: a copy in flight lands before this one starts.
-        self.overlapped_copies += self.pending as u64;
+        self.overlapped_copies += self.in_flight() as u64;
         self.drain();
         let overlap = overlaps(dst, src, len);
         // A signal word: one or two aligned 8-byte words.
@@ -588,7 +592,7 @@ impl PayloadMover for BlockMover {
             self.dirty = true;
         } else {
             // SAFETY: the caller's contract; no overlap (checked).
-            if !unsafe { self.copy_shared(dst, src, len) } {
+            if !unsafe { self.copy_shared(dst, src, len, self.defer) } {
                 let job = Job {
                     kind: JOB_COPY,
                     bulk: 0,
@@ -734,10 +738,11 @@ impl BlockMover {
                 rung_wqes: 0,
                 rung_to_done_ns: 0,
                 ctls: if shards.n > 1 { shards.main } else { core::ptr::null_mut() },
-                blocks: shards.n.min(super::tables::MAX_SHARDS),
+                blocks: shards.n.min(MAX_ENGINE_BLOCKS),
                 me: shards.me,
                 share: false,
-                seen: [0; super::tables::MAX_SHARDS],
+                seen: [0; MAX_ENGINE_BLOCKS],
+                posting: None,
                 shared_bytes: 0,
                 lone_doorbells: 0,
                 lone_wqes: 0,
@@ -811,8 +816,9 @@ unsafe fn control(shards: Shards, job: *mut Job, parts: usize) {
             // Chunks of other blocks' large copies, if any are posted: at
             // every pass of a block that serves no QP, now and then
             // otherwise.
-            if watch.mask == 0 || passes % shared::HELP_EVERY == 0 {
-                mover.help();
+            // A block that copied chunks does not sleep before its next look.
+            if (watch.mask == 0 || passes % shared::HELP_EVERY == 0) && mover.help() != 0 {
+                idle = 0;
             }
             let t = ptx::globaltimer_ns();
             now = base.wrapping_add(t.wrapping_sub(t0));

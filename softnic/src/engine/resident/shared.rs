@@ -3,14 +3,24 @@
 //! One block copies at what one SM moves (~26 GB/s on an H200 with its
 //! threads, ~34 with the bulk-copy unit), whatever
 //! the port's other blocks are doing. While some block of the port serves
-//! no QP (more blocks than groups of QPs), a copy of at least [`SHARE_MIN`]
-//! bytes is therefore posted on the copying block's own [`CopyBoard`] (in
-//! its control block) and cut into chunks of [`SHARE_CHUNK`] bytes or more
-//! (about one per block of the port, so each chunk's copy streams): the
-//! owner and every other block of the port that looks claim chunks one at
-//! a time and copy each with their whole block; the owner returns once
-//! every chunk is copied, so what follows the copy on its QP (a signal
-//! word, a CQE) is ordered after all of it, as for a copy of its own block.
+//! no QP (more blocks than groups of QPs; blocks beyond
+//! [`MAX_SHARDS`](super::super::tables::MAX_SHARDS) never serve one), a
+//! copy of at least [`SHARE_MIN`] bytes is therefore posted on the copying
+//! block's own [`CopyBoard`] (in its control block) and cut into chunks of
+//! [`SHARE_CHUNK`] bytes or more (about one per block of the port, so each
+//! chunk's copy streams): the owner and every other block of the port
+//! that looks claim chunks one at a time and copy each with their whole
+//! block.
+//!
+//! * **Deferred.** Where the engine lets a copy run on past its WQE
+//!   ([`PayloadMover::defer`]), the owner's block copies one chunk while
+//!   its control thread goes on to the QP's next WQE, and the other blocks
+//!   copy the rest; [`PayloadMover::drain`] (before anything that says the
+//!   copy landed: a signal word, a CQE, the next copy) meets the block,
+//!   copies the chunks still unclaimed and waits for the others'.
+//!   Otherwise the owner claims chunks until none is left and returns once
+//!   every chunk is copied. Either way what follows the copy on its QP is
+//!   ordered after all of it, as for a copy of its own block.
 //!
 //! * **Who looks.** Blocks that serve no QP (more blocks than QP groups)
 //!   at the top of
@@ -19,8 +29,10 @@
 //!   word, compared with the last posting it saw there.
 //! * **No waits on others' work.** The owner claims chunks like any block
 //!   and waits only for chunks another block has claimed, which that
-//!   block copies without waiting for anything. Every block has a board of
-//!   its own, so owners never wait for one another.
+//!   block copies without waiting for anything: a block with a copy of its
+//!   own in flight claims no other block's chunks ([`BlockMover::help`]).
+//!   Every block has a board of its own, so owners never wait for one
+//!   another.
 //! * **Claims.** The claim word holds the posting's number, its count of
 //!   chunks and its next chunk; a claim is a compare-and-swap that keeps
 //!   number and count, so a block late for one posting cannot claim a
@@ -37,8 +49,9 @@
 use doorbell_kernels::ptx;
 
 use super::super::control::CopyBoard;
-use super::super::mem::Scope;
+use super::super::mem::{self, Scope};
 use super::super::mover::PayloadMover;
+use super::super::tables::MAX_ENGINE_BLOCKS;
 use super::{BlockMover, Job, JOB_COPY};
 
 /// Copies of at least this many bytes are shared with the port's other
@@ -96,6 +109,35 @@ unsafe fn claim_chunk(board: *mut CopyBoard, seq: u32) -> Option<u32> {
     }
 }
 
+/// A shared copy posted on a block's board: the posting's number, its
+/// chunks, and the ranges of the whole copy.
+#[derive(Clone, Copy)]
+pub(super) struct Posting {
+    seq: u32,
+    chunks: u32,
+    /// Bytes per chunk (the last one may be shorter).
+    chunk: u32,
+    /// Chunks the owner claimed so far.
+    mine: u32,
+    dst: u64,
+    src: u64,
+    len: u64,
+}
+
+impl Posting {
+    /// The block copy of chunk `c` (one of the posting's).
+    fn chunk_job(&self, c: u32) -> Job {
+        let off = c as u64 * self.chunk as u64;
+        Job {
+            kind: JOB_COPY,
+            bulk: 0,
+            dst: self.dst + off,
+            src: self.src + off,
+            len: (self.len - off).min(self.chunk as u64),
+        }
+    }
+}
+
 impl BlockMover {
     /// Block `b`'s board (`b` < the port's blocks; `ctls` not null).
     fn board(&self, b: usize) -> *mut CopyBoard {
@@ -103,72 +145,110 @@ impl BlockMover {
         unsafe { &raw mut (*self.ctls.add(b)).board }
     }
 
-    /// Copies chunk `c` (of `chunk` bytes each) of `len` bytes from `src`
-    /// to `dst` with this block; returns its bytes.
+    /// Copies `len` bytes from `src` to `dst` (not overlapping) with the
+    /// help of the port's other blocks: with `defer`, this block copies one
+    /// chunk and the call returns while that chunk and the others' are in
+    /// flight ([`drain_copy`](Self::drain_copy) copies what is left and
+    /// waits for the rest); otherwise it returns once all of it is copied.
+    /// `false` (nothing copied) when the copy is too short or too long to
+    /// share, the port has one block, or every block serves QPs (each busy
+    /// with copies of its own).
     ///
     /// # Safety
-    /// As for [`Self::round`] on the whole copy; `c` is one of its chunks.
-    unsafe fn copy_chunk(&mut self, dst: u64, src: u64, len: u64, chunk: u32, c: u32) -> u64 {
-        let off = c as u64 * chunk as u64;
-        let n = (len - off).min(chunk as u64);
-        let job = Job {
-            kind: JOB_COPY,
-            bulk: 0,
-            dst: dst + off,
-            src: src + off,
-            len: n,
-        };
+    /// Both ranges are valid for `len` bytes, and do not overlap, until the
+    /// copy is drained; nothing is in flight.
+    #[inline(never)]
+    pub(super) unsafe fn copy_shared(&mut self, dst: *mut u8, src: *const u8, len: usize, defer: bool) -> bool {
         // SAFETY: the caller's contract.
-        unsafe { self.round(job) };
-        n
+        let Some(mut p) = (unsafe { self.post(dst, src, len) }) else {
+            return false;
+        };
+        if !defer {
+            // SAFETY: the caller's contract.
+            unsafe { self.finish_shared(p) };
+            return true;
+        }
+        // SAFETY: this block's board (`post`).
+        match unsafe { claim_chunk(self.board(self.me), p.seq) } {
+            Some(c) => {
+                p.mine += 1;
+                // SAFETY: the caller's contract; one chunk of the copy.
+                unsafe { self.round_or_defer(p.chunk_job(c), true) };
+            }
+            None => {
+                // Every chunk claimed by others already: only their
+                // copies are in flight.
+                self.deferred_copies += 1;
+                mem::copy_in_flight(true);
+            }
+        }
+        self.posting = Some(p);
+        true
     }
 
-    /// Copies `len` bytes from `src` to `dst` (not overlapping) with the
-    /// help of the port's other blocks, and returns once all of it is
-    /// copied; `false` (nothing copied) when the copy is too short or too
-    /// long to share, the port has one block, or every block serves QPs
-    /// (each busy with copies of its own).
+    /// Posts a copy of `len` bytes from `src` to `dst` on this block's
+    /// board, its chunks open to every block's claims; `None` (nothing
+    /// posted) when it is not to be shared ([`Self::copy_shared`]).
     ///
     /// # Safety
-    /// Both ranges are valid for `len` bytes and do not overlap.
-    #[inline(never)]
-    pub(super) unsafe fn copy_shared(&mut self, dst: *mut u8, src: *const u8, len: usize) -> bool {
+    /// As for [`Self::copy_shared`].
+    unsafe fn post(&mut self, dst: *mut u8, src: *const u8, len: usize) -> Option<Posting> {
         if self.ctls.is_null() || !self.share || len < SHARE_MIN {
-            return false;
+            return None;
         }
         let chunk = len.div_ceil(self.blocks).next_multiple_of(16).max(SHARE_CHUNK);
         let chunks = len.div_ceil(chunk);
         if chunk > u32::MAX as usize || chunks > MAX_CHUNKS {
-            return false;
+            return None;
         }
-        let (chunk, chunks) = (chunk as u32, chunks as u32);
+        let mut p = Posting {
+            seq: 0,
+            chunks: chunks as u32,
+            chunk: chunk as u32,
+            mine: 0,
+            dst: dst as usize as u64,
+            src: src as usize as u64,
+            len: len as u64,
+        };
         let b = self.board(self.me);
-        let (d, s, l) = (dst as usize as u64, src as usize as u64, len as u64);
-        // SAFETY (whole function): the board is this block's, in the port's
+        // SAFETY (whole block): the board is this block's, in the port's
         // control blocks (`run_block`'s contract); its fields are written
         // by this block only, before a posting is published, and no chunk
-        // of the previous posting is left to claim.
+        // of the previous posting is left to claim (it was finished).
         unsafe {
-            core::ptr::write_volatile(&raw mut (*b).dst, d);
-            core::ptr::write_volatile(&raw mut (*b).src, s);
-            core::ptr::write_volatile(&raw mut (*b).len, l);
-            core::ptr::write_volatile(&raw mut (*b).chunk, chunk);
+            core::ptr::write_volatile(&raw mut (*b).dst, p.dst);
+            core::ptr::write_volatile(&raw mut (*b).src, p.src);
+            core::ptr::write_volatile(&raw mut (*b).len, p.len);
+            core::ptr::write_volatile(&raw mut (*b).chunk, p.chunk);
             ptx::st_relaxed_gpu_u32(&raw mut (*b).done, 0);
-            let seq = posting(ptx::ld_relaxed_gpu_u64(&raw const (*b).claim)).wrapping_add(1);
+            p.seq = posting(ptx::ld_relaxed_gpu_u64(&raw const (*b).claim)).wrapping_add(1);
             // The fields above before the posting's number.
-            ptx::st_release_gpu_u64(&raw mut (*b).claim, (seq as u64) << 32 | (chunks as u64) << 16);
-            let mut mine = 0u32;
-            while let Some(c) = claim_chunk(b, seq) {
-                self.copy_chunk(d, s, l, chunk, c);
-                mine += 1;
+            ptx::st_release_gpu_u64(&raw mut (*b).claim, (p.seq as u64) << 32 | (p.chunks as u64) << 16);
+        }
+        Some(p)
+    }
+
+    /// Copies the chunks of this block's posting `p` nobody has claimed
+    /// yet, then waits until the other blocks have copied theirs: all of
+    /// the copy has landed when it returns.
+    ///
+    /// # Safety
+    /// `p` is this block's posting, not finished yet; its ranges valid.
+    pub(super) unsafe fn finish_shared(&mut self, mut p: Posting) {
+        let b = self.board(self.me);
+        // SAFETY (whole function): the caller's contract; the board is this
+        // block's (`post`).
+        unsafe {
+            while let Some(c) = claim_chunk(b, p.seq) {
+                self.round(p.chunk_job(c));
+                p.mine += 1;
             }
             // The chunks other blocks claimed; each is being copied.
             let done = &raw const (*b).done;
-            while self.load_done(done) < chunks - mine {
+            while self.load_done(done) < p.chunks - p.mine {
                 core::hint::spin_loop();
             }
         }
-        true
     }
 
     /// `done`, with acquire at the engine's scope (the chunks' stores
@@ -187,19 +267,22 @@ impl BlockMover {
     }
 
     /// Copies chunks of the postings on the other blocks' boards that this
-    /// block has not seen yet, until none is left to claim.
+    /// block has not seen yet, until none is left to claim; returns the
+    /// chunks it copied. Nothing while a copy of this block's is in flight:
+    /// a block claims others' chunks only when it waits for nothing, so no
+    /// two owners ever wait for each other's chunks.
     ///
     /// # Safety
     /// As for [`run_block`](super::run_block): a posting's ranges are
     /// valid (its owner checked them) until every chunk is copied.
     #[inline(never)]
-    pub(super) unsafe fn help(&mut self) {
-        if self.ctls.is_null() {
-            return;
+    pub(super) unsafe fn help(&mut self) -> u32 {
+        if self.ctls.is_null() || self.in_flight() {
+            return 0;
         }
         // One relaxed load of every other board's claim word, all issued
         // before any is compared.
-        let mut claims = [0u64; super::super::tables::MAX_SHARDS];
+        let mut claims = [0u64; MAX_ENGINE_BLOCKS];
         for (b, c) in claims.iter_mut().enumerate().take(self.blocks) {
             if b != self.me {
                 // SAFETY: as in `board`; the claim word is only accessed
@@ -207,35 +290,45 @@ impl BlockMover {
                 *c = unsafe { ptx::ld_relaxed_gpu_u64(&raw const (*self.board(b)).claim) };
             }
         }
+        let mut copied = 0;
         for (b, &c) in claims.iter().enumerate().take(self.blocks) {
             if b != self.me && posting(c) != self.seen[b] {
                 // SAFETY: the caller's contract.
-                unsafe { self.help_board(b) };
+                copied += unsafe { self.help_board(b) };
             }
         }
+        copied
     }
 
     /// Copies chunks of the posting on block `b`'s board until none is
-    /// left to claim, and remembers the posting as seen.
+    /// left to claim, remembers the posting as seen, and returns the
+    /// chunks it copied.
     ///
     /// # Safety
     /// As for [`Self::help`].
-    unsafe fn help_board(&mut self, b: usize) {
+    unsafe fn help_board(&mut self, b: usize) -> u32 {
         let board = self.board(b);
-        // SAFETY (whole function): as in `copy_shared`.
+        // SAFETY (whole function): as in `post`.
         unsafe {
             // The posting's fields after its number.
-            let seq = posting(ptx::ld_acquire_gpu_u64(&raw const (*board).claim));
-            let d = core::ptr::read_volatile(&raw const (*board).dst);
-            let s = core::ptr::read_volatile(&raw const (*board).src);
-            let l = core::ptr::read_volatile(&raw const (*board).len);
-            let chunk = core::ptr::read_volatile(&raw const (*board).chunk);
+            let claim = ptx::ld_acquire_gpu_u64(&raw const (*board).claim);
+            let p = Posting {
+                seq: posting(claim),
+                chunks: chunks_of(claim),
+                chunk: core::ptr::read_volatile(&raw const (*board).chunk),
+                mine: 0,
+                dst: core::ptr::read_volatile(&raw const (*board).dst),
+                src: core::ptr::read_volatile(&raw const (*board).src),
+                len: core::ptr::read_volatile(&raw const (*board).len),
+            };
             // A successful claim keeps `seq` and found a chunk unclaimed:
             // the owner has been in posting `seq`'s copy from before the
             // number was published until then, so these fields are its.
             let mut copied = 0u32;
-            while let Some(c) = claim_chunk(board, seq) {
-                self.shared_bytes += self.copy_chunk(d, s, l, chunk, c);
+            while let Some(c) = claim_chunk(board, p.seq) {
+                let job = p.chunk_job(c);
+                self.round(job);
+                self.shared_bytes += job.len;
                 copied += 1;
             }
             if copied != 0 {
@@ -254,7 +347,8 @@ impl BlockMover {
                     Scope::Sys => ptx::atom_add_relaxed_sys_u32(done, copied),
                 };
             }
-            self.seen[b] = seq;
+            self.seen[b] = p.seq;
+            copied
         }
     }
 }

@@ -54,6 +54,10 @@ pub const MAX_PORTS: usize = 64;
 /// Most engine blocks (shards) that serve one port at once, each its own
 /// QPs ([`Port::assign_shards`]).
 pub const MAX_SHARDS: usize = 8;
+/// Most blocks of one port's engine kernel: up to [`MAX_SHARDS`] of them
+/// serve QPs, the others serve none and copy chunks of the serving
+/// blocks' large copies (the engine's shared copies).
+pub const MAX_ENGINE_BLOCKS: usize = 32;
 /// Responder events one QP's [`Inbox`] holds (as many as a requester has
 /// WQEs in flight).
 pub const INBOX: usize = MAX_INFLIGHT;
