@@ -874,7 +874,7 @@ fn shared_copies(dev: Device, blocks: u32) {
         // Every put and get of the owner's was a shared copy that ran on
         // past its WQE's execution (deferred) until drained.
         assert!(
-            owner.deferred_copies >= ROUNDS as u64,
+            owner.deferred_copies >= 2 * ROUNDS as u64,
             "rank {r}: the shared copies were not deferred: {report:?}"
         );
     }
@@ -919,8 +919,9 @@ fn overlapped_puts(dev: Device, engine_blocks: Option<u32>, words: u32, iters: u
         engine_blocks,
         ..kernel_engine(64, 1 << 20)
     };
-    let blocks = 4u32;
-    let deferred = Communicator::local(2, b, opts(b, Duration::from_secs(30)), |comm| {
+    // Rank 0's kernel's blocks, each putting its own part.
+    let posters = 4u32;
+    let ranks = Communicator::local(2, b, opts(b, Duration::from_secs(30)), |comm| {
         let m = comm.device().load_module(&TEST_KERNELS)?;
         let f = m.function::<flagged_rounds_ibgda>()?;
         let t = comm.ibgda_with(&io)?;
@@ -936,10 +937,10 @@ fn overlapped_puts(dev: Device, engine_blocks: Option<u32>, words: u32, iters: u
             comm.barrier()?;
             let before = comm.ibgda_engine().expect("set up").counters;
             for mode in [0, 1, 2, 3] {
-                let mut rounds = FlaggedRounds::new(comm, blocks, words)?;
+                let mut rounds = FlaggedRounds::new(comm, posters, words)?;
                 let args = rounds.args(t, iters, mode);
                 // SAFETY: sizes as flagged_rounds documents.
-                let s = unsafe { doorbell_tests::launch_after_barrier(comm, &f, LaunchConfig::linear(blocks, 64), args)? };
+                let s = unsafe { doorbell_tests::launch_after_barrier(comm, &f, LaunchConfig::linear(posters, 64), args)? };
                 comm.synchronize(&s)?;
                 comm.ibgda_check()?;
                 let what = format!("rank {}, one-WQE path {one_wqe_path}, mode {mode}", comm.rank());
@@ -952,13 +953,15 @@ fn overlapped_puts(dev: Device, engine_blocks: Option<u32>, words: u32, iters: u
                 after.overlapped_copies - before.overlapped_copies,
             ));
         }
-        Ok(deferred)
+        Ok((deferred, comm.ibgda_engine().expect("set up")))
     })
     .expect("the world");
-    // Rank 0's engine executed every put: 4 modes x 12 rounds x 4 blocks.
-    for (k, (n, _)) in deferred[0].iter().enumerate() {
+    let (deferred, report) = &ranks[0];
+    // Rank 0's engine executed every put: 4 modes x `iters` rounds x 4
+    // posters.
+    for (k, (n, _)) in deferred.iter().enumerate() {
         assert!(
-            *n >= (4 * iters * blocks) as u64,
+            *n >= (4 * iters * posters) as u64,
             "case {k}: rank 0's puts ran on past their copy call {n} times, want one per put"
         );
     }
@@ -966,9 +969,14 @@ fn overlapped_puts(dev: Device, engine_blocks: Option<u32>, words: u32, iters: u
     // control thread) comes right after it: the signal's checks ran
     // while the put's bytes moved, in every round of the three modes
     // that put_signal.
-    let (_, overlapped) = deferred[0][1];
+    let (_, overlapped) = deferred[1];
     assert!(
-        overlapped >= (3 * iters * blocks) as u64,
+        overlapped >= (3 * iters * posters) as u64,
         "one-WQE path: {overlapped} copies were still in flight at the next WQE's copy"
     );
+    // With blocks that serve no QP, they copied chunks of the puts.
+    if engine_blocks.is_some_and(|n| n > 1) {
+        let helped: u64 = report.blocks.iter().map(|c| c.shared_bytes).sum();
+        assert!(helped > 0, "rank 0: no block copied a chunk of another's put: {report:?}");
+    }
 }

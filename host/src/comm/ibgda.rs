@@ -798,6 +798,7 @@ impl Communicator {
             kernel_qps,
             nqps,
             heap_base: Some(self.heap_base),
+            ranks_per_gpu: self.ranks_per_gpu,
         })?;
         tracing::info!(
             "rank {rank}: IBGDA over {}: {nqps} QPs ({qpp} per rank), SQ {sq} slots",

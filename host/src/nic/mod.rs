@@ -341,6 +341,9 @@ pub struct StartCtx<'a> {
     /// This rank's symmetric heap, registered with the NIC (`None`: no
     /// heap): where the soft NIC's engine finds the device trace's rings.
     pub heap_base: Option<u64>,
+    /// The most ranks of the world that share one GPU (the soft NIC's
+    /// engine kernels of those ranks hold SMs of it together).
+    pub ranks_per_gpu: usize,
 }
 
 /// An opened port of an RDMA device, with its protection domain.

@@ -212,7 +212,8 @@ pub struct EngineCounters {
     /// Block copies that moved their bytes while the control thread went
     /// on to check the QP's next WQE (`PayloadMover::defer`); the control
     /// waited for each at its next copy or publication (its wait counts in
-    /// `copy_cycles`).
+    /// `copy_cycles`). A shared copy counts once, whoever copied its
+    /// chunks (all of them perhaps other blocks).
     pub deferred_copies: u64,
     /// Of `deferred_copies`, those the QP's next WQE found still in flight
     /// when its own copy began: the control had checked that WQE while the

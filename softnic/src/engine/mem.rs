@@ -33,6 +33,17 @@ pub fn copy_in_flight(on: bool) {
     let _ = on;
 }
 
+/// Off the GPU, where an engine block is OS threads that run when the OS
+/// lets them: waits 2 ms before a block copies a chunk of another
+/// block's shared copy that it claimed, so that an owner publishing before
+/// that chunk landed is caught by the tests rather than by chance. A
+/// no-op on the GPU.
+#[inline(always)]
+pub fn claimed_chunk_lands_late() {
+    #[cfg(not(target_arch = "nvptx64"))]
+    std::thread::sleep(std::time::Duration::from_millis(2));
+}
+
 /// Off the GPU: panics when the calling thread publishes `what` while its
 /// block copy is in flight (an engine bug: a missing drain).
 #[inline(always)]

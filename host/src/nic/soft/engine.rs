@@ -306,6 +306,24 @@ impl KernelEngine {
     }
 }
 
+/// Why `blocks` engine blocks per rank cannot run beside the ranks'
+/// kernels when `ranks` ranks share a GPU of `sms` SMs: each block holds
+/// an SM for as long as the engine runs, and at least one SM must stay for
+/// the ranks' own kernels (a persistent kernel that cannot get its SMs
+/// would wait for them until its start times out).
+pub(super) fn check_engine_sms(blocks: u32, ranks: usize, sms: usize) -> std::result::Result<(), String> {
+    let held = blocks as usize * ranks.max(1);
+    if held < sms {
+        return Ok(());
+    }
+    Err(format!(
+        "the soft NIC's engine kernels would hold {held} of the GPU's {sms} SMs ({blocks} block(s) per rank, {} rank(s) on the GPU), \
+         leaving the ranks' kernels none: use at most {} engine blocks per rank (DOORBELL_SOFTNIC_ENGINE_BLOCKS, IbgdaOptions::engine_blocks)",
+        ranks.max(1),
+        (sms.saturating_sub(1) / ranks.max(1)).max(1)
+    ))
+}
+
 /// Collective: copies this rank's port tables to device memory, builds
 /// the fabric's port table from every rank's, loads the engine kernel
 /// (once per device and process), and — once every rank has done all of
@@ -343,6 +361,9 @@ pub(super) fn launch(nic: &SoftNic, ctx: &StartCtx<'_>) -> Result<KernelEngine> 
     // large payloads (the engine's shared copies).
     let served = image.assign_shards(want_blocks);
     let blocks = want_blocks.clamp(served, MAX_ENGINE_BLOCKS as u32);
+    if dev.is_gpu() {
+        check_engine_sms(blocks, ctx.ranks_per_gpu, dev.multiprocessor_count()).map_err(|m| Error::comm(format!("rank {rank}: {m}")))?;
+    }
     // SAFETY: the port's memory, whole; `image` is plain data of that size.
     unsafe { dev.write_raw(port_addr, bytes_of(&*image))? };
     let mut mine = (device.port_index() as u64).to_le_bytes().to_vec();

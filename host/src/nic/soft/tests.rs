@@ -240,6 +240,7 @@ fn writes_run(burst: u32, bad: Option<usize>, seed: u64, one_by_one: bool) -> Bu
         kernel_qps: &table,
         nqps: 1,
         heap_base: None,
+        ranks_per_gpu: 1,
     })
     .expect("start");
 
@@ -439,6 +440,7 @@ fn start_checks_the_kernels_table_against_the_engines_then_runs_and_stops() {
         kernel_qps: t,
         nqps: 1,
         heap_base: None,
+        ranks_per_gpu: 1,
     };
     let e = nic.start(&ctx(&zeros)).expect_err("an unknown QP").to_string();
     assert!(e.contains("not in the soft NIC engine's port table"), "{e}");
@@ -498,4 +500,24 @@ fn engines_that_cannot_run_here_and_bad_settings_are_refused_before_any_collecti
     }
     .check()
     .is_err());
+}
+
+#[test]
+fn engine_blocks_that_would_leave_the_ranks_no_sm_are_refused() {
+    use super::engine::check_engine_sms;
+    // 8 ranks of 16 blocks on a GPU of 132 SMs: 128 held, 4 left.
+    assert!(check_engine_sms(16, 8, 132).is_ok());
+    assert!(check_engine_sms(1, 1, 2).is_ok());
+    // 5 ranks of 32 blocks: 160 of 132.
+    let e = check_engine_sms(32, 5, 132).unwrap_err();
+    assert!(
+        e.contains("160 of the GPU's 132 SMs") && e.contains("at most 26 engine blocks"),
+        "{e}"
+    );
+    // Every SM held: none left for the ranks' kernels.
+    let e = check_engine_sms(33, 4, 132).unwrap_err();
+    assert!(e.contains("at most 32 engine blocks"), "{e}");
+    assert!(check_engine_sms(1, 1, 1).is_err());
+    // No rank count known: one rank.
+    assert!(check_engine_sms(8, 0, 132).is_ok());
 }

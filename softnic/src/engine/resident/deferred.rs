@@ -35,6 +35,7 @@ impl BlockMover {
         if self.pending {
             block_barrier();
             self.pending = false;
+            self.last_barrier_ns = ptx::globaltimer_ns();
         }
         if let Some(p) = self.posting.take() {
             // SAFETY: this block's posting, its ranges checked by the
@@ -57,7 +58,6 @@ impl BlockMover {
         let waited = ptx::clock64().wrapping_sub(c0);
         self.copy_cycles += waited;
         self.lap_start = self.lap_start.wrapping_add(waited);
-        self.last_barrier_ns = ptx::globaltimer_ns();
     }
 
     /// [`PayloadMover::hold_cqe`]'s work.

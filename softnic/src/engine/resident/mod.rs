@@ -1,8 +1,10 @@
 //! The engine as a persistent block: the GPU-resident soft NIC.
 //!
-//! One block per port — or several, each serving its own QPs
-//! ([`Port::assign_shards`](super::tables::Port::assign_shards); see
-//! [`run_block`]) — runs [`run_block`] (the `softnic_engine_*` kernels)
+//! One block per port — or several, up to
+//! [`MAX_SHARDS`](super::tables::MAX_SHARDS) of them each serving its own
+//! QPs ([`Port::assign_shards`](super::tables::Port::assign_shards); see
+//! [`run_block`]), the others copying chunks of their large copies
+//! (`shared`) — runs [`run_block`] (the `softnic_engine_*` kernels)
 //! until the host sets [`EngineCtl::stop`]. Thread 0 is the NIC's control:
 //! it runs [`super::poll_port`] — doorbells, WQE parsing, key, bounds and
 //! access checks, the link model, faults, CQEs — exactly as the host thread
@@ -250,8 +252,9 @@ pub struct BlockMover {
     /// Whether this block's large copies are shared (some block of the
     /// port serves no QP).
     share: bool,
-    /// The last posting on each block's board this block has seen through.
-    seen: [u32; MAX_ENGINE_BLOCKS],
+    /// The last posting on each block's board this block has seen through
+    /// (only blocks that may serve QPs post).
+    seen: [u32; super::tables::MAX_SHARDS],
     /// This block's shared copy still in flight ([`shared`]): posted, some
     /// chunks perhaps not claimed yet or still being copied by others.
     posting: Option<shared::Posting>,
@@ -741,7 +744,7 @@ impl BlockMover {
                 blocks: shards.n.min(MAX_ENGINE_BLOCKS),
                 me: shards.me,
                 share: false,
-                seen: [0; MAX_ENGINE_BLOCKS],
+                seen: [0; super::tables::MAX_SHARDS],
                 posting: None,
                 shared_bytes: 0,
                 lone_doorbells: 0,

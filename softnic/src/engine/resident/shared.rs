@@ -51,7 +51,7 @@ use doorbell_kernels::ptx;
 use super::super::control::CopyBoard;
 use super::super::mem::{self, Scope};
 use super::super::mover::PayloadMover;
-use super::super::tables::MAX_ENGINE_BLOCKS;
+use super::super::tables::MAX_SHARDS;
 use super::{BlockMover, Job, JOB_COPY};
 
 /// Copies of at least this many bytes are shared with the port's other
@@ -234,6 +234,7 @@ impl BlockMover {
     ///
     /// # Safety
     /// `p` is this block's posting, not finished yet; its ranges valid.
+    #[inline(never)]
     pub(super) unsafe fn finish_shared(&mut self, mut p: Posting) {
         let b = self.board(self.me);
         // SAFETY (whole function): the caller's contract; the board is this
@@ -282,7 +283,8 @@ impl BlockMover {
         }
         // One relaxed load of every other board's claim word, all issued
         // before any is compared.
-        let mut claims = [0u64; MAX_ENGINE_BLOCKS];
+        // Only blocks that may serve QPs post (the others have no copies).
+        let mut claims = [0u64; MAX_SHARDS];
         for (b, c) in claims.iter_mut().enumerate().take(self.blocks) {
             if b != self.me {
                 // SAFETY: as in `board`; the claim word is only accessed
@@ -326,6 +328,9 @@ impl BlockMover {
             // number was published until then, so these fields are its.
             let mut copied = 0u32;
             while let Some(c) = claim_chunk(board, p.seq) {
+                // Off the GPU: a claimed chunk lands late, as a busy SM's
+                // might (an owner that does not wait for it fails the tests).
+                mem::claimed_chunk_lands_late();
                 let job = p.chunk_job(c);
                 self.round(job);
                 self.shared_bytes += job.len;
