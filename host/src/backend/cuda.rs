@@ -163,8 +163,9 @@ pub(super) struct Persistent {
     /// Mapped host allocations (`cuMemHostAlloc`'s pointer as an integer):
     /// `cuMemFreeHost` may wait for the GPU too.
     mapped: Vec<(usize, Arc<CudaContext>)>,
-    /// Virtual-memory ranges (`cuMemUnmap` may wait for the GPU too).
-    pub(super) ranges: Vec<super::vmm::VmmRange>,
+    /// Other releases that may wait for the GPU (the virtual-memory
+    /// ranges of `vmm`: `cuMemUnmap`), run first.
+    pub(super) later: Vec<Box<dyn FnOnce() + Send>>,
 }
 
 static PERSISTENT: Mutex<std::collections::BTreeMap<usize, Persistent>> = Mutex::new(std::collections::BTreeMap::new());
@@ -195,7 +196,7 @@ pub(crate) struct PersistentKernel {
 
 impl Drop for PersistentKernel {
     fn drop(&mut self) {
-        let (modules, memory, mapped, ranges) = {
+        let (modules, memory, mapped, later) = {
             let mut p = persistent();
             let e = p.entry(self.ordinal).or_default();
             e.running = e.running.saturating_sub(1);
@@ -206,11 +207,13 @@ impl Drop for PersistentKernel {
                 std::mem::take(&mut e.modules),
                 std::mem::take(&mut e.memory),
                 std::mem::take(&mut e.mapped),
-                std::mem::take(&mut e.ranges),
+                std::mem::take(&mut e.later),
             )
         };
-        // Released now that no persistent kernel runs (their drop).
-        drop(ranges);
+        // Released now that no persistent kernel runs.
+        for release in later {
+            release();
+        }
         for (m, ctx) in modules {
             unload_module(&ctx, m as sys::CUmodule);
         }

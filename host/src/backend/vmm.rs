@@ -84,7 +84,12 @@ impl Drop for VmmRange {
         };
         let later = moved(self);
         let mut later = Some(later);
-        if super::cuda::defer_while_persistent(ordinal, |e| e.ranges.push(later.take().expect("once"))) {
+        // Kept, it is released by its own drop (moved out of `later`).
+        let keep = |e: &mut super::cuda::Persistent| {
+            let range = later.take().expect("once");
+            e.later.push(Box::new(move || drop(range)));
+        };
+        if super::cuda::defer_while_persistent(ordinal, keep) {
             return;
         }
         let Some(now) = later else { return };
