@@ -894,7 +894,7 @@ per_backend! {
     /// while its put's bytes move. Off the GPU the engine also fails loudly
     /// if it stores a CQE, an atomic or a release while a copy is in flight.
     fn block_copies_overlap_the_next_wqes_checks_and_land_before_their_signal(dev: Device) {
-        overlapped_puts(dev, None, 4099, 12);
+        overlapped_puts(dev, 1, None, 4099, 12);
     }
 }
 
@@ -904,17 +904,27 @@ per_backend! {
     /// (`SHARE_MIN`), posted and deferred; its signal, its CQE and the next
     /// put wait until every chunk, the other blocks' too, has landed.
     fn shared_copies_run_on_past_their_wqe_and_land_before_their_signal(dev: Device) {
-        overlapped_puts(dev, Some(3), (256 << 10) / 4 + 3, 3);
+        overlapped_puts(dev, 1, Some(3), (256 << 10) / 4 + 3, 3);
+    }
+}
+
+per_backend! {
+    /// As above with two QPs per peer over six engine blocks: two blocks
+    /// post shared copies at once (rank 0's posters alternate between the
+    /// QPs) while the others, and each owner when it has nothing in
+    /// flight, copy their chunks; no owner waits for another's.
+    fn shared_copies_of_several_owners_at_once_land_before_their_signals(dev: Device) {
+        overlapped_puts(dev, 2, Some(6), (256 << 10) / 4 + 3, 3);
     }
 }
 
 /// Rank 0's 4 blocks `put_signal` `words` u32 words each per round,
-/// `iters` rounds in each of the four modes, over an engine of
-/// `engine_blocks` blocks; see the tests above.
-fn overlapped_puts(dev: Device, engine_blocks: Option<u32>, words: u32, iters: u32) {
+/// `iters` rounds in each of the four modes, over `qps` QPs per peer and
+/// an engine of `engine_blocks` blocks; see the tests above.
+fn overlapped_puts(dev: Device, qps: u32, engine_blocks: Option<u32>, words: u32, iters: u32) {
     let b = dev.backend();
     let io = IbgdaOptions {
-        qps_per_peer: 1,
+        qps_per_peer: qps,
         engine_threads: Some(if b == Backend::Gpu { 256 } else { 32 }),
         engine_blocks,
         ..kernel_engine(64, 1 << 20)
@@ -974,6 +984,9 @@ fn overlapped_puts(dev: Device, engine_blocks: Option<u32>, words: u32, iters: u
         overlapped >= (3 * iters * posters) as u64,
         "one-WQE path: {overlapped} copies were still in flight at the next WQE's copy"
     );
+    // Each QP's puts were copied by the one block that serves it.
+    let owners = report.blocks.iter().filter(|c| c.block_copies > 0).count();
+    assert_eq!(owners, qps as usize, "rank 0: a block per QP posts the copies: {report:?}");
     // With blocks that serve no QP, they copied chunks of the puts.
     if engine_blocks.is_some_and(|n| n > 1) {
         let helped: u64 = report.blocks.iter().map(|c| c.shared_bytes).sum();
