@@ -338,8 +338,19 @@ impl BlockMover {
     ///
     /// # Safety
     /// As for [`Self::round`].
-    unsafe fn round_or_defer(&mut self, mut job: Job, defer: bool) {
+    unsafe fn round_or_defer(&mut self, job: Job, defer: bool) {
         self.drain();
+        // SAFETY: the caller's contract; nothing is in flight now.
+        unsafe { self.round_now(job, defer) }
+    }
+
+    /// [`Self::round_or_defer`] where nothing is in flight: without the
+    /// drain, which a shared copy's own rounds (made while it is drained)
+    /// would otherwise call back into.
+    ///
+    /// # Safety
+    /// As for [`Self::round`]; no copy is in flight.
+    unsafe fn round_now(&mut self, mut job: Job, defer: bool) {
         if job.kind == JOB_COPY {
             job.bulk = self.bulk as u32;
             // Thread 0 copies nothing (`dma::copy_parts`).

@@ -173,7 +173,7 @@ impl BlockMover {
             Some(c) => {
                 p.mine += 1;
                 // SAFETY: the caller's contract; one chunk of the copy.
-                unsafe { self.round_or_defer(p.chunk_job(c), true) };
+                unsafe { self.round_now(p.chunk_job(c), true) };
             }
             None => {
                 // Every chunk claimed by others already: only their
@@ -241,7 +241,8 @@ impl BlockMover {
         // block's (`post`).
         unsafe {
             while let Some(c) = claim_chunk(b, p.seq) {
-                self.round(p.chunk_job(c));
+                // Nothing else in flight: the drain calling this took it.
+                self.round_now(p.chunk_job(c), false);
                 p.mine += 1;
             }
             // The chunks other blocks claimed; each is being copied.
@@ -332,7 +333,8 @@ impl BlockMover {
                 // might (an owner that does not wait for it fails the tests).
                 mem::claimed_chunk_lands_late();
                 let job = p.chunk_job(c);
-                self.round(job);
+                // Nothing in flight (`help`'s check).
+                self.round_now(job, false);
                 self.shared_bytes += job.len;
                 copied += 1;
             }
