@@ -1,6 +1,7 @@
 //! Checks on the PTX the workspace produces: ptxas accepts every module for
-//! sm_90, kernels marked `#[kernel(no_spill)]` do not spill to local memory, and
-//! every memory-ordering primitive emits the instruction its name spells.
+//! sm_90, kernels marked `#[kernel(no_spill)]` do not spill to local memory,
+//! every memory-ordering primitive emits the instruction its name spells, and
+//! no function reaches itself through calls.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -885,4 +886,58 @@ fn a_block_barrier_after_one_thread_s_work_is_never_an_aligned_barrier() {
         .collect();
     assert!(aligned.is_empty(), "aligned block barriers in p2p_barrier_rounds: {aligned:?}");
     assert!(body.contains("barrier.sync"), "p2p_barrier_rounds has no block barrier at all");
+}
+
+/// A cycle of calls among `ptx`'s functions, if any (each name once, the
+/// first repeated at the end).
+fn call_cycle(ptx: &str) -> Option<Vec<String>> {
+    let all = functions(ptx);
+    let graph: Vec<(&str, Vec<&str>)> = all.iter().map(|&(n, body)| (n, callees(body))).collect();
+    // Depth-first, with the path kept: a callee already on the path closes
+    // a cycle.
+    fn visit<'a>(n: &'a str, graph: &[(&'a str, Vec<&'a str>)], path: &mut Vec<&'a str>, done: &mut Vec<&'a str>) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|p| *p == n) {
+            let mut c: Vec<String> = path[at..].iter().map(|s| s.to_string()).collect();
+            c.push(n.to_string());
+            return Some(c);
+        }
+        if done.contains(&n) {
+            return None;
+        }
+        path.push(n);
+        let callees = graph.iter().find(|(m, _)| *m == n).map(|(_, c)| c.as_slice()).unwrap_or(&[]);
+        for &c in callees {
+            if let Some(cycle) = visit(c, graph, path, done) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        done.push(n);
+        None
+    }
+    let mut done = Vec::new();
+    for &(n, _) in &graph {
+        if let Some(c) = visit(n, &graph, &mut Vec::new(), &mut done) {
+            return Some(c);
+        }
+    }
+    None
+}
+
+#[test]
+fn no_module_calls_a_function_within_its_own_calls() {
+    // Device recursion needs a stack ptxas cannot size; a dead recursive
+    // path (a drain that calls back into itself where nothing can be in
+    // flight) still makes one.
+    for (name, ptx) in modules() {
+        if let Some(c) = call_cycle(ptx) {
+            panic!("{name}: a function reaches itself through calls: {}", c.join(" -> "));
+        }
+    }
+    // The check itself: a self-call and a cycle of two are found.
+    let one = "\n.func a(\n)\n{\n\tcall.uni a, (p);\n}\n";
+    assert!(call_cycle(one).is_some(), "a self-call");
+    let two = "\n.func a(\n)\n{\n\tcall.uni b, (p);\n}\n.func b(\n)\n{\n\tcall.uni (r), a, (p);\n}\n";
+    assert_eq!(call_cycle(two).map(|c| c.len()), Some(3));
+    assert!(call_cycle("\n.func a(\n)\n{\n\tret;\n}\n").is_none());
 }
