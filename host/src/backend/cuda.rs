@@ -174,8 +174,8 @@ fn persistent() -> std::sync::MutexGuard<'static, std::collections::BTreeMap<usi
     PERSISTENT.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Whether a persistent kernel runs on GPU `ordinal` (then `what` is kept
-/// for later by `keep`).
+/// Whether a persistent kernel runs on GPU `ordinal` (then `keep` is
+/// called to keep what is being released for later).
 pub(super) fn defer_while_persistent(ordinal: usize, keep: impl FnOnce(&mut Persistent)) -> bool {
     let mut p = persistent();
     match p.get_mut(&ordinal) {

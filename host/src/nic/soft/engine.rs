@@ -312,15 +312,20 @@ impl KernelEngine {
 /// the ranks' own kernels (a persistent kernel that cannot get its SMs
 /// would wait for them until its start times out).
 pub(super) fn check_engine_sms(blocks: u32, ranks: usize, sms: usize) -> std::result::Result<(), String> {
-    let held = blocks as usize * ranks.max(1);
+    let ranks = ranks.max(1);
+    let held = blocks as usize * ranks;
     if held < sms {
         return Ok(());
     }
+    let fits = sms.saturating_sub(1) / ranks;
+    let advice = if fits == 0 {
+        "not even one block per rank fits beside them: run fewer ranks on the GPU".to_string()
+    } else {
+        format!("use at most {fits} engine blocks per rank (DOORBELL_SOFTNIC_ENGINE_BLOCKS, IbgdaOptions::engine_blocks)")
+    };
     Err(format!(
-        "the soft NIC's engine kernels would hold {held} of the GPU's {sms} SMs ({blocks} block(s) per rank, {} rank(s) on the GPU), \
-         leaving the ranks' kernels none: use at most {} engine blocks per rank (DOORBELL_SOFTNIC_ENGINE_BLOCKS, IbgdaOptions::engine_blocks)",
-        ranks.max(1),
-        (sms.saturating_sub(1) / ranks.max(1)).max(1)
+        "the soft NIC's engine kernels would hold {held} of the GPU's {sms} SMs ({blocks} block(s) per rank, up to {ranks} rank(s) \
+         on one GPU), leaving the ranks' kernels none: {advice}"
     ))
 }
 
@@ -361,15 +366,31 @@ pub(super) fn launch(nic: &SoftNic, ctx: &StartCtx<'_>) -> Result<KernelEngine> 
     // large payloads (the engine's shared copies).
     let served = image.assign_shards(want_blocks);
     let blocks = want_blocks.clamp(served, MAX_ENGINE_BLOCKS as u32);
-    if dev.is_gpu() {
-        check_engine_sms(blocks, ctx.ranks_per_gpu, dev.multiprocessor_count()).map_err(|m| Error::comm(format!("rank {rank}: {m}")))?;
-    }
+    // A GPU whose SM count is unknown (1) is not checked.
+    let sms = dev.multiprocessor_count();
+    let refused = (dev.is_gpu() && sms > 1)
+        .then(|| check_engine_sms(blocks, ctx.ranks_per_gpu, sms).err())
+        .flatten();
     // SAFETY: the port's memory, whole; `image` is plain data of that size.
     unsafe { dev.write_raw(port_addr, bytes_of(&*image))? };
-    let mut mine = (device.port_index() as u64).to_le_bytes().to_vec();
-    mine.extend_from_slice(&port_addr.to_le_bytes());
-    mine.extend_from_slice(&nic.cross.as_ref().map_or(0, |c| c.heap_base).to_le_bytes());
+    // A rank that refuses its engine blocks sends nothing, so that every
+    // rank fails here, naming it, rather than in a later collective.
+    let mut mine = Vec::new();
+    if refused.is_none() {
+        mine.extend_from_slice(&(device.port_index() as u64).to_le_bytes());
+        mine.extend_from_slice(&port_addr.to_le_bytes());
+        mine.extend_from_slice(&nic.cross.as_ref().map_or(0, |c| c.heap_base).to_le_bytes());
+    }
     let all = ctx.world.all_gather_bytes(&mine)?;
+    if let Some(m) = refused {
+        return Err(Error::comm(format!("rank {rank}: {m}")));
+    }
+    let others: Vec<usize> = (0..all.len()).filter(|&r| all[r].is_empty()).collect();
+    if !others.is_empty() {
+        return Err(Error::comm(format!(
+            "rank {rank}: rank(s) {others:?} refused their soft NIC engine blocks (their own errors say why)"
+        )));
+    }
     let table = fabric_table(nic, &all)?;
     let ports = dev.alloc_zeroed::<u8>(std::mem::size_of::<PortTable>())?;
     let ctl = dev.alloc_zeroed::<u8>(std::mem::size_of::<EngineCtl>() * blocks as usize)?;

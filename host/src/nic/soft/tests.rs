@@ -517,6 +517,9 @@ fn engine_blocks_that_would_leave_the_ranks_no_sm_are_refused() {
     // Every SM held: none left for the ranks' kernels.
     let e = check_engine_sms(33, 4, 132).unwrap_err();
     assert!(e.contains("at most 32 engine blocks"), "{e}");
+    // Not even one block per rank fits.
+    let e = check_engine_sms(1, 8, 8).unwrap_err();
+    assert!(e.contains("not even one block per rank fits"), "{e}");
     assert!(check_engine_sms(1, 1, 1).is_err());
     // No rank count known: one rank.
     assert!(check_engine_sms(8, 0, 132).is_ok());
