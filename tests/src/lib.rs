@@ -34,7 +34,10 @@ pub fn load_test_kernel<K: Kernel>(dev: &Device) -> doorbell::Result<Function<K>
 pub fn backends() -> Vec<Device> {
     let mut v = vec![Device::emulator(0)];
     match Device::open(Backend::Gpu, 0) {
-        Ok(d) => v.push(d),
+        Ok(d) => {
+            gpu_turn();
+            v.push(d)
+        }
         Err(e) => {
             if std::env::var("DOORBELL_TEST_REQUIRE_GPU").is_ok_and(|x| x == "1") {
                 panic!("DOORBELL_TEST_REQUIRE_GPU=1 but no GPU: {e}");
@@ -44,6 +47,34 @@ pub fn backends() -> Vec<Device> {
         }
     }
     v
+}
+
+/// The one GPU test of this test binary running now.
+static GPU_TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+std::thread_local! {
+    /// This thread's turn on the GPU, once taken: held until the thread
+    /// ends (libtest runs each test on a thread of its own).
+    static MY_TURN: std::cell::RefCell<Option<std::sync::MutexGuard<'static, ()>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Waits until no other test of this binary holds the GPU, then holds it
+/// for the rest of the calling test (its thread). [`backends`], [`gpu`],
+/// [`require_gpu`] and [`have_gpus`] take it when they hand out a GPU, so
+/// a plain `cargo test` runs the GPU halves one at a time, side by side
+/// with the emulator halves: persistent kernels of several tests (the soft
+/// NIC's engines, the rank kernels waiting for them) on one GPU at once
+/// can each wait for SMs another holds. Taking it again on the same
+/// thread returns at once; a test that failed while holding it frees it
+/// as well. Threads a test spawns must not call it (they would wait for
+/// their own test).
+pub fn gpu_turn() {
+    MY_TURN.with(|turn| {
+        let mut turn = turn.borrow_mut();
+        if turn.is_none() {
+            *turn = Some(GPU_TURN.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        }
+    });
 }
 
 /// What a [`per_backend!`] test body takes: a [`Device`] or its [`Backend`].
@@ -67,7 +98,10 @@ impl OnBackend for Backend {
 /// GPU 0, for a test's GPU half; a missing GPU fails the test (the half is
 /// compiled in only with the `gpu` feature, i.e. where a GPU is promised).
 pub fn require_gpu() -> Device {
-    Device::open(Backend::Gpu, 0).unwrap_or_else(|e| panic!("this is a GPU test (built with the `gpu` feature) and there is no GPU: {e}"))
+    let dev = Device::open(Backend::Gpu, 0)
+        .unwrap_or_else(|e| panic!("this is a GPU test (built with the `gpu` feature) and there is no GPU: {e}"));
+    gpu_turn();
+    dev
 }
 
 /// Declares a behaviour test once per backend, as a module holding two
@@ -137,6 +171,7 @@ pub fn required_gpus() -> usize {
 pub fn have_gpus(n: usize, test: &str) -> bool {
     let found = doorbell::gpu_count();
     if found >= n {
+        gpu_turn();
         return true;
     }
     let required = required_gpus();
@@ -511,4 +546,40 @@ pub fn check_collected(o: &[u64], what: &str) {
     assert!(o[1] >= 1 && o[1] <= count, "{what}: wait_until_some calls {}", o[1]);
     assert_eq!(o[2], 0, "{what}: error code");
     assert!(o[3] < count, "{what}: wait_until_any's index {}", o[3]);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{mpsc, Arc};
+    use std::time::Duration;
+
+    /// A second thread's turn starts only once the first thread's test
+    /// (its thread) has ended; taking the turn twice on one thread does
+    /// not wait for itself.
+    #[test]
+    fn gpu_turns_follow_one_another_and_are_reentrant() {
+        let first_done = Arc::new(AtomicBool::new(false));
+        let (taken_tx, taken_rx) = mpsc::channel();
+        let done = first_done.clone();
+        let first = std::thread::spawn(move || {
+            super::gpu_turn();
+            super::gpu_turn();
+            taken_tx.send(()).unwrap();
+            std::thread::sleep(Duration::from_millis(200));
+            done.store(true, Ordering::SeqCst);
+        });
+        taken_rx.recv().unwrap();
+        let done = first_done.clone();
+        let second = std::thread::spawn(move || {
+            super::gpu_turn();
+            done.load(Ordering::SeqCst)
+        });
+        let saw_first_done = second.join().unwrap();
+        first.join().unwrap();
+        assert!(
+            saw_first_done,
+            "the second thread's turn began while the first thread still held it"
+        );
+    }
 }
