@@ -77,6 +77,23 @@ pub fn gpu_turn() {
     });
 }
 
+/// Environment variables of this test binary's process: tests that set
+/// some hold it for writing ([`env_writer`]), tests that read them
+/// (options taken from the environment, `doorbell::env::check`) for
+/// reading ([`env_reader`]), so no test sees a value another test set to
+/// check its refusal.
+static ENV: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// Holds the process's environment for a test that sets variables.
+pub fn env_writer() -> std::sync::RwLockWriteGuard<'static, ()> {
+    ENV.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Holds the process's environment for a test that reads variables.
+pub fn env_reader() -> std::sync::RwLockReadGuard<'static, ()> {
+    ENV.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// What a [`per_backend!`] test body takes: a [`Device`] or its [`Backend`].
 pub trait OnBackend {
     /// `device` as this type.

@@ -14,6 +14,7 @@ use doorbell::{Backend, Device, Error};
 
 #[test]
 fn emulator_allocation_failure_is_an_error_not_an_abort() {
+    let _env = doorbell_tests::env_reader();
     let dev = Device::emulator(0);
     // More than any host has (1 PiB): the allocator refuses.
     let e = dev.alloc_zeroed::<u8>(1 << 50).unwrap_err();
@@ -36,6 +37,7 @@ fn emulator_allocation_failure_is_an_error_not_an_abort() {
 
 #[test]
 fn gpu_allocation_failure_is_an_error_not_an_abort() {
+    let _env = doorbell_tests::env_reader();
     // Says that it skipped, and fails under DOORBELL_TEST_REQUIRE_GPU=1.
     let Some(dev) = doorbell_tests::gpu() else {
         return;
@@ -46,6 +48,7 @@ fn gpu_allocation_failure_is_an_error_not_an_abort() {
 
 #[test]
 fn symmetric_allocation_sizes_are_checked() {
+    let _env = doorbell_tests::env_reader();
     let r = Communicator::local(2, Backend::Cpu, CommOptions::default(), |comm| {
         let huge = comm.alloc::<u8>(usize::MAX).map(|_| ()).unwrap_err();
         assert!(matches!(huge, Error::HeapExhausted { .. }), "{huge}");
@@ -74,6 +77,7 @@ fn symmetric_allocation_sizes_are_checked() {
 
 #[test]
 fn a_failed_rank_does_not_wait_for_the_others() {
+    let _env = doorbell_tests::env_reader();
     // Rank 0 is busy (no collective) until rank 1 is done; rank 1 fails.
     // Rank 1's communicator must go without waiting for rank 0, and rank 0's
     // next collective must name rank 1.
@@ -104,6 +108,7 @@ fn a_failed_rank_does_not_wait_for_the_others() {
 
 #[test]
 fn local_ranks_whose_closure_fails_abort_the_others() {
+    let _env = doorbell_tests::env_reader();
     let t0 = Instant::now();
     let e = Communicator::local(2, Backend::Cpu, CommOptions::default(), |comm| {
         if comm.rank() == 1 {
@@ -133,6 +138,7 @@ fn tcp_pair(f0: impl FnOnce(World) -> Error + Send, f1: impl FnOnce(World) -> Er
 
 #[test]
 fn tcp_abort_reaches_the_other_rank_at_once() {
+    let _env = doorbell_tests::env_reader();
     // A peer fails: rank 0's collective fails naming it.
     let t0 = Instant::now();
     let (e0, e1) = tcp_pair(
@@ -162,6 +168,7 @@ fn tcp_abort_reaches_the_other_rank_at_once() {
 
 #[test]
 fn ranks_with_different_work_all_fail_showing_the_values() {
+    let _env = doorbell_tests::env_reader();
     let errs = World::run_threads(2, |w| {
         let iters = if w.rank() == 0 { 1000 } else { 10 };
         w.check_same_params(&[("iters", iters), ("size", 8)])
@@ -174,6 +181,7 @@ fn ranks_with_different_work_all_fail_showing_the_values() {
 
 #[test]
 fn backend_names_blame_the_right_source() {
+    let _env = doorbell_tests::env_reader();
     let e = "foo".parse::<Backend>().unwrap_err().to_string();
     assert!(
         e.contains("\"foo\"") && e.contains("gpu, cpu or auto") && !e.contains("DOORBELL_DEVICE"),
@@ -185,6 +193,7 @@ fn backend_names_blame_the_right_source() {
 
 #[test]
 fn soft_nic_idle_sleep_is_parsed_strictly() {
+    let _env = doorbell_tests::env_writer();
     use doorbell::comm::IbgdaOptions;
     let var = "DOORBELL_SOFTNIC_IDLE_SLEEP_NS";
     for bad in ["1000001", "abc", "-1", "1e3"] {
@@ -219,6 +228,7 @@ fn with_var<T>(var: &str, value: &str, f: impl FnOnce() -> T) -> T {
 
 #[test]
 fn environment_variables_are_parsed_strictly() {
+    let _env = doorbell_tests::env_writer();
     // DOORBELL_WAIT_TIMEOUT_S: a Duration panic, a silent clamp and a silent
     // default before.
     for (v, why) in [
@@ -337,6 +347,7 @@ fn environment_variables_are_parsed_strictly() {
 
 #[test]
 fn world_sizes_are_bounded() {
+    let _env = doorbell_tests::env_reader();
     const TOKEN: &str = "5f0c2e9a7b3d41e8a6c09d7f2b1e4a38";
     for size in [65537, 1 << 40] {
         let e = RendezvousHost::bind(&WorldConfig::new(0, size, "127.0.0.1", 0, TOKEN))

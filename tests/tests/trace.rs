@@ -138,6 +138,7 @@ per_backend! {
 /// asking for the trace is a clear error.
 #[test]
 fn off_by_default_records_nothing() {
+    let _env = doorbell_tests::env_reader();
     let dir = fresh_dir("off");
     let ranks = traced_pipeline(&Device::emulator(0), None);
     assert!(ranks.iter().all(|r| r.0.is_empty()), "events recorded with tracing off");
@@ -154,6 +155,7 @@ fn off_by_default_records_nothing() {
 /// `DOORBELL_TRACE_EVENTS` names the variable.
 #[test]
 fn bad_trace_options_are_clear_errors() {
+    let _env = doorbell_tests::env_writer();
     let dir = fresh_dir("bad");
     for (rings, events, want) in [
         (3, 256, "powers of two"),
@@ -184,6 +186,7 @@ fn bad_trace_options_are_clear_errors() {
 /// error event in the trace, and the error of the synchronize.
 #[test]
 fn a_timed_out_wait_shows_as_an_open_wait_and_an_error() {
+    let _env = doorbell_tests::env_reader();
     use doorbell_test_kernels::testing::p2p_wait_forever;
     let dir = fresh_dir("timeout");
     let opts = CommOptions {

@@ -249,9 +249,10 @@ pub struct BlockMover {
     ctls: *mut EngineCtl,
     blocks: usize,
     me: usize,
-    /// Whether this block's large copies are shared (some block of the
-    /// port serves no QP).
-    share: bool,
+    /// Into how many chunks this block's large copies are cut
+    /// ([`shared`]): the port's blocks per block that serves QPs, rounded
+    /// up; 0 (not shared) while every block serves QPs.
+    share: usize,
     /// The last posting on each block's board this block has seen through
     /// (only blocks that may serve QPs post).
     seen: [u32; super::tables::MAX_SHARDS],
@@ -754,7 +755,7 @@ impl BlockMover {
                 ctls: if shards.n > 1 { shards.main } else { core::ptr::null_mut() },
                 blocks: shards.n.min(MAX_ENGINE_BLOCKS),
                 me: shards.me,
-                share: false,
+                share: 0,
                 seen: [0; super::tables::MAX_SHARDS],
                 posting: None,
                 shared_bytes: 0,
@@ -845,8 +846,16 @@ unsafe fn control(shards: Shards, job: *mut Job, parts: usize) {
                 mem::acquire(Scope::Sys);
                 watch = Watch::of(&table, shards.me);
                 // Large copies are shared while some block serves no QP
-                // (blocks that serve QPs rarely find time to help).
-                mover.share = (watch.serving.count_ones() as usize) < mover.blocks;
+                // (blocks that serve QPs rarely find time to help), each
+                // cut into the port's blocks per serving block: when every
+                // serving block copies at once, each chunk has a block to
+                // copy it and stays long enough to stream.
+                let serving = (watch.serving.count_ones() as usize).max(1);
+                mover.share = if serving < mover.blocks {
+                    mover.blocks.div_ceil(serving)
+                } else {
+                    0
+                };
                 refreshed_ns = t;
                 last.progressed = 1;
             }

@@ -7,10 +7,10 @@
 //! [`MAX_SHARDS`](super::super::tables::MAX_SHARDS) never serve one), a
 //! copy of at least [`SHARE_MIN`] bytes is therefore posted on the copying
 //! block's own [`CopyBoard`] (in its control block) and cut into chunks of
-//! [`SHARE_CHUNK`] bytes or more (about one per block of the port, so each
-//! chunk's copy streams): the owner and every other block of the port
-//! that looks claim chunks one at a time and copy each with their whole
-//! block.
+//! [`SHARE_CHUNK`] bytes or more, as many as the port has blocks for each
+//! block serving QPs (16 blocks of which 8 serve QPs: two chunks a copy):
+//! the owner and every other block of the port that looks claim chunks
+//! one at a time and copy each with their whole block.
 //!
 //! * **Deferred.** Where the engine lets a copy run on past its WQE
 //!   ([`PayloadMover::defer`]), the owner's block copies one chunk while
@@ -58,10 +58,10 @@ use super::{BlockMover, Job, JOB_COPY};
 /// blocks (when it has any).
 pub const SHARE_MIN: usize = 256 << 10;
 /// Fewest bytes per claimed chunk of a shared copy (a multiple of 16, so
-/// every chunk keeps the copy's alignment); a copy is cut into about one
-/// chunk per block of the port, at least this long each (two per block
-/// moved 1 MiB WQEs with 8 blocks 0.86 - 0.88x as fast at 16 - 256 MiB,
-/// `benchmarks/ibgda_h200_bulk_copy_blocks.txt`).
+/// every chunk keeps the copy's alignment). Shorter chunks do not stream
+/// through the bulk-copy unit: cutting each copy into one chunk per block
+/// of the port, 16 blocks of which 8 served QPs moved 4 MiB puts 0.65x as
+/// fast as 8 blocks alone (`benchmarks/ibgda_h100_share_chunks_ab.txt`).
 pub const SHARE_CHUNK: usize = 64 << 10;
 
 /// Blocks that serve QPs look at the other blocks' boards every this many
@@ -193,10 +193,10 @@ impl BlockMover {
     /// # Safety
     /// As for [`Self::copy_shared`].
     unsafe fn post(&mut self, dst: *mut u8, src: *const u8, len: usize) -> Option<Posting> {
-        if self.ctls.is_null() || !self.share || len < SHARE_MIN {
+        if self.ctls.is_null() || self.share < 2 || len < SHARE_MIN {
             return None;
         }
-        let chunk = len.div_ceil(self.blocks).next_multiple_of(16).max(SHARE_CHUNK);
+        let chunk = len.div_ceil(self.share).next_multiple_of(16).max(SHARE_CHUNK);
         let chunks = len.div_ceil(chunk);
         if chunk > u32::MAX as usize || chunks > MAX_CHUNKS {
             return None;
