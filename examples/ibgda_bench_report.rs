@@ -59,6 +59,14 @@ pub struct LaneEngine {
     pub deferred_copies: u64,
     /// Of those, the ones the next WQE's copy found still in flight.
     pub overlapped_copies: u64,
+    /// The drains' waits for the block's own copy and for other blocks'
+    /// chunks (both within `copy_cycles`), the chunks left to their
+    /// owner, and the chunks of others' copies with their claims' delays.
+    pub drain_own_cycles: u64,
+    pub drain_shared_cycles: u64,
+    pub late_chunks: u64,
+    pub helped_chunks: u64,
+    pub help_claim_ns: u64,
 }
 
 impl LaneEngine {
@@ -85,6 +93,11 @@ impl LaneEngine {
         self.shared_bytes += a.shared_bytes - b.shared_bytes;
         self.deferred_copies += a.deferred_copies - b.deferred_copies;
         self.overlapped_copies += a.overlapped_copies - b.overlapped_copies;
+        self.drain_own_cycles += a.drain_own_cycles - b.drain_own_cycles;
+        self.drain_shared_cycles += a.drain_shared_cycles - b.drain_shared_cycles;
+        self.late_chunks += a.late_chunks - b.late_chunks;
+        self.helped_chunks += a.helped_chunks - b.helped_chunks;
+        self.help_claim_ns += a.help_claim_ns - b.help_claim_ns;
     }
 }
 
@@ -357,6 +370,16 @@ fn print_put_engine(e: &LaneEngine, bytes: u64, blocks: u32) {
         per(e.copy_cycles, n),
         per(e.fence_cycles, n),
     );
+    if e.deferred_copies != 0 || e.helped_chunks != 0 {
+        println!(
+            "# of the copies' cycles per copy: waiting for its own block {:.0}, for other blocks' chunks {:.0}; chunks no other block had claimed by the drain {:.2} a copy; other blocks claimed {} chunks, {:.0} ns after their posting on average",
+            per(e.drain_own_cycles, n),
+            per(e.drain_shared_cycles, n),
+            per(e.late_chunks, n),
+            e.helped_chunks,
+            per(e.help_claim_ns, e.helped_chunks),
+        );
+    }
     print_phases(e, n, "a block copy");
 }
 

@@ -877,6 +877,20 @@ fn shared_copies(dev: Device, blocks: u32) {
             owner.deferred_copies >= 2 * ROUNDS as u64,
             "rank {r}: the shared copies were not deferred: {report:?}"
         );
+        // The drain's counters: every chunk another block copied was
+        // claimed after its posting and counted once, by its copier; the
+        // owner waited for some of them (off the GPU each claimed chunk
+        // lands 2 ms late) and claimed none of its own as another's.
+        let claimed: u64 = report.blocks.iter().map(|c| c.helped_chunks).sum();
+        let claim_ns: u64 = report.blocks.iter().map(|c| c.help_claim_ns).sum();
+        assert!(
+            claimed > 0 && owner.helped_chunks == 0 && claim_ns > 0,
+            "rank {r}: chunks claimed by others {claimed}, their delays {claim_ns} ns: {report:?}"
+        );
+        assert!(
+            owner.drain_shared_cycles > 0 && owner.drain_shared_cycles <= owner.copy_cycles,
+            "rank {r}: the owner's waits for others' chunks: {report:?}"
+        );
     }
 }
 

@@ -132,6 +132,9 @@ pub struct CopyBoard {
     pub src: u64,
     /// Bytes of the whole copy.
     pub len: u64,
+    /// The owner's `%globaltimer` when it posted the copy (what the
+    /// claimers' [`EngineCounters::help_claim_ns`] is measured from).
+    pub posted_ns: u64,
 }
 
 /// What an engine kernel has done, as its control block holds it.
@@ -220,6 +223,22 @@ pub struct EngineCounters {
     /// bytes moved. The others ended with the QP's run of due WQEs (or at
     /// a publication before the next copy).
     pub overlapped_copies: u64,
+    /// Of `copy_cycles`, the control thread's waits at the second barrier
+    /// of its block's copy in flight (the block still copying when the
+    /// next copy or publication needed it).
+    pub drain_own_cycles: u64,
+    /// Of `copy_cycles`, an owner's waits for the chunks of its shared
+    /// copies that other blocks claimed and were still copying.
+    pub drain_shared_cycles: u64,
+    /// Chunks of this block's deferred shared copies that no other block
+    /// had claimed when the owner drained the copy, so it copied them
+    /// itself then (besides the one it copies as it posts).
+    pub late_chunks: u64,
+    /// Chunks of other blocks' shared copies this block copied, and the
+    /// time from each one's posting to this block's claim, summed.
+    pub helped_chunks: u64,
+    /// See `helped_chunks`.
+    pub help_claim_ns: u64,
 }
 
 impl EngineCounters {
@@ -250,6 +269,11 @@ impl EngineCounters {
             bulk_bytes,
             deferred_copies,
             overlapped_copies,
+            drain_own_cycles,
+            drain_shared_cycles,
+            late_chunks,
+            helped_chunks,
+            help_claim_ns,
         } = self;
         for (a, b) in [
             (passes, o.passes),
@@ -275,6 +299,11 @@ impl EngineCounters {
             (bulk_bytes, o.bulk_bytes),
             (deferred_copies, o.deferred_copies),
             (overlapped_copies, o.overlapped_copies),
+            (drain_own_cycles, o.drain_own_cycles),
+            (drain_shared_cycles, o.drain_shared_cycles),
+            (late_chunks, o.late_chunks),
+            (helped_chunks, o.helped_chunks),
+            (help_claim_ns, o.help_claim_ns),
         ] {
             *a = a.wrapping_add(b);
         }
@@ -389,6 +418,11 @@ impl EngineCtl {
                 bulk_bytes: 0,
                 deferred_copies: 0,
                 overlapped_copies: 0,
+                drain_own_cycles: 0,
+                drain_shared_cycles: 0,
+                late_chunks: 0,
+                helped_chunks: 0,
+                help_claim_ns: 0,
             },
             board: CopyBoard {
                 done: 0,
@@ -397,6 +431,7 @@ impl EngineCtl {
                 dst: 0,
                 src: 0,
                 len: 0,
+                posted_ns: 0,
             },
             host_state,
             host_progress,

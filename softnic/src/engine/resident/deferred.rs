@@ -36,6 +36,7 @@ impl BlockMover {
             block_barrier();
             self.pending = false;
             self.last_barrier_ns = ptx::globaltimer_ns();
+            self.drain_own_cycles += ptx::clock64().wrapping_sub(c0);
         }
         if let Some(p) = self.posting.take() {
             // SAFETY: this block's posting, its ranges checked by the

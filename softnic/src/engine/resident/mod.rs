@@ -277,6 +277,14 @@ pub struct BlockMover {
     /// those of them the next copy found in flight.
     deferred_copies: u64,
     overlapped_copies: u64,
+    /// Where the drains waited, chunks left to their owner, chunks of
+    /// others' copies and their claims' delays
+    /// ([`EngineCounters::drain_own_cycles`] and after).
+    drain_own_cycles: u64,
+    drain_shared_cycles: u64,
+    late_chunks: u64,
+    helped_chunks: u64,
+    help_claim_ns: u64,
     /// Bytes the bulk-copy unit moved.
     bulk_bytes: u64,
     /// The CQE held for the copy in flight ([`PayloadMover::hold_cqe`]):
@@ -768,6 +776,11 @@ impl BlockMover {
                 pending: false,
                 deferred_copies: 0,
                 overlapped_copies: 0,
+                drain_own_cycles: 0,
+                drain_shared_cycles: 0,
+                late_chunks: 0,
+                helped_chunks: 0,
+                help_claim_ns: 0,
                 held_cq: core::ptr::null_mut(),
                 held_at: core::ptr::null_mut(),
                 held_img: [0; 16],

@@ -220,6 +220,7 @@ impl BlockMover {
             core::ptr::write_volatile(&raw mut (*b).src, p.src);
             core::ptr::write_volatile(&raw mut (*b).len, p.len);
             core::ptr::write_volatile(&raw mut (*b).chunk, p.chunk);
+            core::ptr::write_volatile(&raw mut (*b).posted_ns, ptx::globaltimer_ns());
             ptx::st_relaxed_gpu_u32(&raw mut (*b).done, 0);
             p.seq = posting(ptx::ld_relaxed_gpu_u64(&raw const (*b).claim)).wrapping_add(1);
             // The fields above before the posting's number.
@@ -240,16 +241,24 @@ impl BlockMover {
         // SAFETY (whole function): the caller's contract; the board is this
         // block's (`post`).
         unsafe {
+            // The owner's own chunk of a deferred copy was claimed when it
+            // was posted; any other it claims now no block took in time.
+            let first = p.mine;
             while let Some(c) = claim_chunk(b, p.seq) {
                 // Nothing else in flight: the drain calling this took it.
                 self.round_now(p.chunk_job(c), false);
                 p.mine += 1;
             }
+            if first != 0 {
+                self.late_chunks += (p.mine - first) as u64;
+            }
             // The chunks other blocks claimed; each is being copied.
             let done = &raw const (*b).done;
+            let c0 = ptx::clock64();
             while self.load_done(done) < p.chunks - p.mine {
                 core::hint::spin_loop();
             }
+            self.drain_shared_cycles += ptx::clock64().wrapping_sub(c0);
         }
     }
 
@@ -324,11 +333,14 @@ impl BlockMover {
                 src: core::ptr::read_volatile(&raw const (*board).src),
                 len: core::ptr::read_volatile(&raw const (*board).len),
             };
+            let posted_ns = core::ptr::read_volatile(&raw const (*board).posted_ns);
             // A successful claim keeps `seq` and found a chunk unclaimed:
             // the owner has been in posting `seq`'s copy from before the
             // number was published until then, so these fields are its.
             let mut copied = 0u32;
             while let Some(c) = claim_chunk(board, p.seq) {
+                self.helped_chunks += 1;
+                self.help_claim_ns += ptx::globaltimer_ns().saturating_sub(posted_ns);
                 // Off the GPU: a claimed chunk lands late, as a busy SM's
                 // might (an owner that does not wait for it fails the tests).
                 mem::claimed_chunk_lands_late();
