@@ -64,8 +64,11 @@ pub struct LaneEngine {
     /// owner, and the chunks of others' copies with their claims' delays.
     pub drain_own_cycles: u64,
     pub drain_shared_cycles: u64,
+    pub shared_copies: u64,
+    pub shared_chunks: u64,
     pub late_chunks: u64,
     pub helped_chunks: u64,
+    pub helped_postings: u64,
     pub help_claim_ns: u64,
 }
 
@@ -95,8 +98,11 @@ impl LaneEngine {
         self.overlapped_copies += a.overlapped_copies - b.overlapped_copies;
         self.drain_own_cycles += a.drain_own_cycles - b.drain_own_cycles;
         self.drain_shared_cycles += a.drain_shared_cycles - b.drain_shared_cycles;
+        self.shared_copies += a.shared_copies - b.shared_copies;
+        self.shared_chunks += a.shared_chunks - b.shared_chunks;
         self.late_chunks += a.late_chunks - b.late_chunks;
         self.helped_chunks += a.helped_chunks - b.helped_chunks;
+        self.helped_postings += a.helped_postings - b.helped_postings;
         self.help_claim_ns += a.help_claim_ns - b.help_claim_ns;
     }
 }
@@ -370,14 +376,17 @@ fn print_put_engine(e: &LaneEngine, bytes: u64, blocks: u32) {
         per(e.copy_cycles, n),
         per(e.fence_cycles, n),
     );
-    if e.deferred_copies != 0 || e.helped_chunks != 0 {
+    if e.shared_copies != 0 || e.deferred_copies != 0 {
         println!(
-            "# of the copies' cycles per copy: waiting for its own block {:.0}, for other blocks' chunks {:.0}; chunks no other block had claimed by the drain {:.2} a copy; other blocks claimed {} chunks, {:.0} ns after their posting on average",
+            "# of the copies' cycles per copy: waiting for its own block {:.0}, for other blocks' chunks {:.0}; of {} shared copies' {} chunks, {} left to their owner's drain; other blocks copied {} chunks of {} postings, their first claim on a posting {:.0} ns after it on average",
             per(e.drain_own_cycles, n),
             per(e.drain_shared_cycles, n),
-            per(e.late_chunks, n),
+            e.shared_copies,
+            e.shared_chunks,
+            e.late_chunks,
             e.helped_chunks,
-            per(e.help_claim_ns, e.helped_chunks),
+            e.helped_postings,
+            per(e.help_claim_ns, e.helped_postings),
         );
     }
     print_phases(e, n, "a block copy");

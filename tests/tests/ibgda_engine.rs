@@ -877,19 +877,34 @@ fn shared_copies(dev: Device, blocks: u32) {
             owner.deferred_copies >= 2 * ROUNDS as u64,
             "rank {r}: the shared copies were not deferred: {report:?}"
         );
-        // The drain's counters: every chunk another block copied was
-        // claimed after its posting and counted once, by its copier; the
-        // owner waited for some of them (off the GPU each claimed chunk
-        // lands 2 ms late) and claimed none of its own as another's.
+        // The drain's counters. Every put and get was a shared copy of
+        // at least two chunks; the owner copies the first as it posts
+        // (unless others took every chunk already), others claim chunks
+        // while it goes on, and its drain copies the rest: so the chunks
+        // others copied and those left to the drain make up all but at
+        // most one chunk of each copy, each counted once.
+        let copies = 2 * ROUNDS as u64;
         let claimed: u64 = report.blocks.iter().map(|c| c.helped_chunks).sum();
-        let claim_ns: u64 = report.blocks.iter().map(|c| c.help_claim_ns).sum();
+        let postings: u64 = report.blocks.iter().map(|c| c.helped_postings).sum();
+        let rest = claimed + owner.late_chunks;
         assert!(
-            claimed > 0 && owner.helped_chunks == 0 && claim_ns > 0,
-            "rank {r}: chunks claimed by others {claimed}, their delays {claim_ns} ns: {report:?}"
+            owner.shared_copies == copies
+                && owner.shared_chunks >= 2 * copies
+                && (owner.shared_chunks - copies..=owner.shared_chunks).contains(&rest),
+            "rank {r}: {claimed} chunks claimed by others and {} left to the drain, of {} chunks in {} shared copies: {report:?}",
+            owner.late_chunks,
+            owner.shared_chunks,
+            owner.shared_copies
+        );
+        // A helper's postings: at least one, at most one a copy per
+        // helper, each with the delay to its first claim.
+        assert!(
+            postings >= 1 && postings <= copies * (n as u64 - 1) && postings <= claimed,
+            "rank {r}: {postings} postings helped: {report:?}"
         );
         assert!(
-            owner.drain_shared_cycles > 0 && owner.drain_shared_cycles <= owner.copy_cycles,
-            "rank {r}: the owner's waits for others' chunks: {report:?}"
+            owner.drain_shared_cycles <= owner.copy_cycles && owner.drain_own_cycles <= owner.copy_cycles,
+            "rank {r}: the drain's waits are part of the copies' cycles: {report:?}"
         );
     }
 }

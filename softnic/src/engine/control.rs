@@ -230,14 +230,22 @@ pub struct EngineCounters {
     /// Of `copy_cycles`, an owner's waits for the chunks of its shared
     /// copies that other blocks claimed and were still copying.
     pub drain_shared_cycles: u64,
+    /// Copies this block shared (posted on its board), and their chunks.
+    pub shared_copies: u64,
+    /// See `shared_copies`.
+    pub shared_chunks: u64,
     /// Chunks of this block's deferred shared copies that no other block
     /// had claimed when the owner drained the copy, so it copied them
     /// itself then (besides the one it copies as it posts).
     pub late_chunks: u64,
-    /// Chunks of other blocks' shared copies this block copied, and the
-    /// time from each one's posting to this block's claim, summed.
+    /// Chunks of other blocks' shared copies this block copied.
     pub helped_chunks: u64,
-    /// See `helped_chunks`.
+    /// Postings of other blocks this block copied chunks of, and the time
+    /// from each posting to this block's first claim on it, summed (how
+    /// late the helpers come; the later claims of a posting also wait for
+    /// the helper's own earlier chunks).
+    pub helped_postings: u64,
+    /// See `helped_postings`.
     pub help_claim_ns: u64,
 }
 
@@ -271,8 +279,11 @@ impl EngineCounters {
             overlapped_copies,
             drain_own_cycles,
             drain_shared_cycles,
+            shared_copies,
+            shared_chunks,
             late_chunks,
             helped_chunks,
+            helped_postings,
             help_claim_ns,
         } = self;
         for (a, b) in [
@@ -301,8 +312,11 @@ impl EngineCounters {
             (overlapped_copies, o.overlapped_copies),
             (drain_own_cycles, o.drain_own_cycles),
             (drain_shared_cycles, o.drain_shared_cycles),
+            (shared_copies, o.shared_copies),
+            (shared_chunks, o.shared_chunks),
             (late_chunks, o.late_chunks),
             (helped_chunks, o.helped_chunks),
+            (helped_postings, o.helped_postings),
             (help_claim_ns, o.help_claim_ns),
         ] {
             *a = a.wrapping_add(b);
@@ -420,8 +434,11 @@ impl EngineCtl {
                 overlapped_copies: 0,
                 drain_own_cycles: 0,
                 drain_shared_cycles: 0,
+                shared_copies: 0,
+                shared_chunks: 0,
                 late_chunks: 0,
                 helped_chunks: 0,
+                helped_postings: 0,
                 help_claim_ns: 0,
             },
             board: CopyBoard {

@@ -282,8 +282,11 @@ pub struct BlockMover {
     /// ([`EngineCounters::drain_own_cycles`] and after).
     drain_own_cycles: u64,
     drain_shared_cycles: u64,
+    shared_copies: u64,
+    shared_chunks: u64,
     late_chunks: u64,
     helped_chunks: u64,
+    helped_postings: u64,
     help_claim_ns: u64,
     /// Bytes the bulk-copy unit moved.
     bulk_bytes: u64,
@@ -778,8 +781,11 @@ impl BlockMover {
                 overlapped_copies: 0,
                 drain_own_cycles: 0,
                 drain_shared_cycles: 0,
+                shared_copies: 0,
+                shared_chunks: 0,
                 late_chunks: 0,
                 helped_chunks: 0,
+                helped_postings: 0,
                 help_claim_ns: 0,
                 held_cq: core::ptr::null_mut(),
                 held_at: core::ptr::null_mut(),

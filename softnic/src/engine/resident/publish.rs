@@ -63,9 +63,9 @@ pub(super) unsafe fn publish_counters(ctl: *mut EngineCtl, passes: u64, busy: u6
         ptx::st_relaxed_sys_u64(&raw mut (*c).overlapped_copies, m.overlapped_copies);
         ptx::st_relaxed_sys_u64(&raw mut (*c).drain_own_cycles, m.drain_own_cycles);
         ptx::st_relaxed_sys_u64(&raw mut (*c).drain_shared_cycles, m.drain_shared_cycles);
+        ptx::st_relaxed_sys_u64(&raw mut (*c).shared_copies, m.shared_copies);
+        ptx::st_relaxed_sys_u64(&raw mut (*c).shared_chunks, m.shared_chunks);
         ptx::st_relaxed_sys_u64(&raw mut (*c).late_chunks, m.late_chunks);
-        ptx::st_relaxed_sys_u64(&raw mut (*c).helped_chunks, m.helped_chunks);
-        ptx::st_relaxed_sys_u64(&raw mut (*c).help_claim_ns, m.help_claim_ns);
     }
 }
 

@@ -226,6 +226,8 @@ impl BlockMover {
             // The fields above before the posting's number.
             ptx::st_release_gpu_u64(&raw mut (*b).claim, (p.seq as u64) << 32 | (p.chunks as u64) << 16);
         }
+        self.shared_copies += 1;
+        self.shared_chunks += p.chunks as u64;
         Some(p)
     }
 
@@ -339,8 +341,10 @@ impl BlockMover {
             // number was published until then, so these fields are its.
             let mut copied = 0u32;
             while let Some(c) = claim_chunk(board, p.seq) {
-                self.helped_chunks += 1;
-                self.help_claim_ns += ptx::globaltimer_ns().saturating_sub(posted_ns);
+                if copied == 0 {
+                    self.helped_postings += 1;
+                    self.help_claim_ns += ptx::globaltimer_ns().saturating_sub(posted_ns);
+                }
                 // Off the GPU: a claimed chunk lands late, as a busy SM's
                 // might (an owner that does not wait for it fails the tests).
                 mem::claimed_chunk_lands_late();
@@ -348,15 +352,19 @@ impl BlockMover {
                 // Nothing in flight (`help`'s check).
                 self.round_now(job, false);
                 self.shared_bytes += job.len;
+                self.helped_chunks += 1;
                 copied += 1;
             }
             if copied != 0 {
-                // This block's count of shared bytes goes out with the
+                // This block's counts of others' chunks go out with the
                 // chunks: a block that serves no QP publishes its other
                 // counters only every so many idle passes, and a reader of
                 // the counters after the copy's completion must see it.
-                let mine = &raw mut (*self.ctls.add(self.me)).counters.shared_bytes;
-                ptx::st_relaxed_sys_u64(mine, self.shared_bytes);
+                let mine = &raw mut (*self.ctls.add(self.me)).counters;
+                ptx::st_relaxed_sys_u64(&raw mut (*mine).shared_bytes, self.shared_bytes);
+                ptx::st_relaxed_sys_u64(&raw mut (*mine).helped_chunks, self.helped_chunks);
+                ptx::st_relaxed_sys_u64(&raw mut (*mine).helped_postings, self.helped_postings);
+                ptx::st_relaxed_sys_u64(&raw mut (*mine).help_claim_ns, self.help_claim_ns);
                 // The block's stores (ordered before each round's last
                 // barrier) before the count the owner acquires.
                 self.fence();
