@@ -1,8 +1,10 @@
 //! Shared helpers for doorbell's cross-crate integration tests (tests/tests/).
 
+pub mod guarded;
 pub mod pipe;
 pub mod ptx_text;
 pub mod ring;
+pub use guarded::Guarded;
 pub use pipe::PipeByLaunch;
 pub use ring::{ring_round, RingArgs};
 

@@ -16,9 +16,7 @@ use doorbell_softnic::engine::{EngineConfig, LinkModel};
 use doorbell_test_kernels::contract::{bad_call, flagged_rounds_ibgda};
 use doorbell_test_kernels::testing::{pingpong_word, ring_ibgda, signal_pingpong_ibgda, STATUS_OK};
 use doorbell_test_kernels::typed::lanes_many_qps_ibgda;
-use doorbell_tests::{load_test_kernel, FlaggedRounds, TEST_KERNELS};
-
-const CANARY: u8 = 0xa5;
+use doorbell_tests::{load_test_kernel, FlaggedRounds, Guarded, TEST_KERNELS};
 
 fn opts(backend: Backend, wait: Duration) -> CommOptions {
     CommOptions {
@@ -36,36 +34,6 @@ fn kernel_engine(sq: u32, max_msg: u32) -> IbgdaOptions {
         max_msg,
         engine: Some(SoftNicEngine::Kernel),
         ..IbgdaOptions::default()
-    }
-}
-
-/// A symmetric buffer of `n` bytes between two canary buffers, every byte
-/// of all three set: the target and its neighbours.
-struct Guarded<'c> {
-    before: doorbell::comm::SymBuffer<'c, u8>,
-    buf: doorbell::comm::SymBuffer<'c, u8>,
-    after: doorbell::comm::SymBuffer<'c, u8>,
-}
-
-impl<'c> Guarded<'c> {
-    fn new(comm: &'c Communicator, n: usize) -> doorbell::Result<Guarded<'c>> {
-        let g = Guarded {
-            before: comm.alloc::<u8>(4096)?,
-            buf: comm.alloc::<u8>(n)?,
-            after: comm.alloc::<u8>(4096)?,
-        };
-        g.before.copy_from_host(&[CANARY; 4096])?;
-        g.after.copy_from_host(&[CANARY; 4096])?;
-        Ok(g)
-    }
-
-    fn canaries_intact(&self) -> doorbell::Result<bool> {
-        Ok(self
-            .before
-            .to_host()?
-            .iter()
-            .chain(self.after.to_host()?.iter())
-            .all(|&b| b == CANARY))
     }
 }
 
