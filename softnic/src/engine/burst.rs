@@ -44,7 +44,7 @@ use super::exec::{answers, check_remote_at};
 use super::mem::Scope;
 pub use super::mover::Outcome;
 use super::mover::{copy_part, overlaps, PayloadMover};
-use super::tables::{access, CqEntry, Port, PortTable, Ports, QpEntry, QP_CONNECTED};
+use super::tables::{access, CqEntry, Port, PortStats, PortTable, Ports, QpEntry, QP_CONNECTED};
 use super::{cqe, mem};
 
 /// Most WQEs one burst takes (one per lane of a warp).
@@ -229,10 +229,14 @@ impl Tally {
     /// Adds the tally of QP slot `q`'s burst to port `port`'s counters
     /// (the control thread).
     pub fn apply(&self, port: &mut Port, q: usize) {
-        if self.done == 0 {
-            return;
+        if self.done != 0 {
+            self.apply_to(port.stats_mut(q));
         }
-        let s = port.stats_mut(q);
+    }
+
+    /// [`Self::apply`] to the counters of the QP's shard.
+    #[inline(always)]
+    pub fn apply_to(&self, s: &mut PortStats) {
         s.fetched += self.done as u64;
         s.executed += self.done as u64;
         s.wqes += self.done as u64;

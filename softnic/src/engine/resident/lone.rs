@@ -41,10 +41,13 @@ use doorbell_kernels::ptx;
 use super::super::burst::{answering, check_write, load_wqe, push_write_cqe, BurstHead, Simple, Tables, Tally, WriteTables};
 use super::super::config::EngineConfig;
 use super::super::exec::{admit_remote, answers_as};
+use super::super::link::LinkModel;
 use super::super::mem;
 use super::super::mover::{PayloadMover, Phase};
 use super::super::poll::{doorbell_covers, published};
-use super::super::tables::{access, key_slot, MrEntry, Port, PortTable, Ports, QpEntry, QpState, Window, MAX_QPS, MAX_SHARDS};
+use super::super::tables::{
+    access, key_slot, CqEntry, MrEntry, Port, PortStats, PortTable, Ports, QpEntry, QpState, Window, MAX_CQS, MAX_QPS, MAX_SHARDS,
+};
 use super::super::{cqe, wqe};
 use super::{BlockMover, View};
 
@@ -83,22 +86,19 @@ pub(super) unsafe fn serve(
     let ports: *const PortTable = view.table();
     let port = view.own_mut()?;
     let own = port as *mut Port as usize as u64;
-    if port.link.enabled() {
+    // What the checks below read of the port and the QP, in one memory
+    // trip: read field by field, one branch after another, each load
+    // waited for the branch before it.
+    // SAFETY: an entry of the engine's own port (`q` checked above).
+    let (h, link) = unsafe { (read_qp_head(&raw const port.qps[q]), read_link(&raw const port.link)) };
+    if link.enabled() {
         return None;
     }
     // The doorbell, as `watch_doorbell` takes it.
-    let Port { qps, stats, .. } = &mut *port;
-    let qp = &mut qps[q];
-    let ready = qp.in_use() && qp.state() == QpState::Rts;
-    let ring_ok = !qp.sq.is_null() && qp.sq_wqebbs != 0 && qp.sq_wqebbs <= wqe::MAX_SQ_WQEBBS;
-    if !ready
-        || !ring_ok
-        || qp.uar.is_null()
-        || qp.dbrec.is_null()
-        || qp.db_pending != 0
-        || qp.inflight_len != 0
-        || seen == qp.last_doorbell
-    {
+    let ready = h.in_use() & (h.state() == QpState::Rts);
+    let ring_ok = !h.sq.is_null() & (h.sq_wqebbs != 0) & (h.sq_wqebbs <= wqe::MAX_SQ_WQEBBS);
+    let idle = (h.db_pending == 0) & (h.inflight_len == 0) & (seen != h.last_doorbell);
+    if !(ready & ring_ok & idle & !h.uar.is_null() & !h.dbrec.is_null()) {
         return None;
     }
     // The doorbell word is the first 8 bytes of the last rung WQE's ctrl
@@ -106,29 +106,49 @@ pub(super) unsafe fn serve(
     // how many WQEs follow `sq_ci`: a run too long for this path goes to
     // the pass at once, before the acquire (the record decides otherwise).
     let last = ((seen >> 8) as u16).swap_bytes();
-    if last.wrapping_sub(qp.sq_ci as u16) >= LONE_MAX as u16 {
+    if last.wrapping_sub(h.sq_ci as u16) >= LONE_MAX as u16 {
         return None;
     }
-    let stats = &mut stats[qp.shard as usize % MAX_SHARDS];
+    let shard = h.shard as usize % MAX_SHARDS;
+    let Port { qps, stats, .. } = &mut *port;
+    let qp = &mut qps[q];
+    let stats = &mut stats[shard];
     qp.last_doorbell = seen;
-    qp.doorbells += 1;
+    qp.doorbells = h.doorbells.wrapping_add(1);
     stats.doorbells += 1;
     stats.last_uar = seen;
-    stats.last_qpn = qp.qpn;
+    stats.last_qpn = h.qpn;
     mover.rung(q);
     // Before the acquire, what needs none: the QP's entries this engine
     // writes itself and those that change only under a refresh.
-    let mut head = BurstHead::new(ports as usize as u64, own, (p, q), qp, qp.sq_ci, 0);
+    let mut head = BurstHead::new(ports as usize as u64, own, (p, q), &h, h.sq_ci, 0);
     head.now_ns = now_ns;
     head.sys = (scope == mem::Scope::Sys) as u32;
-    let dbrec = qp.dbrec;
+    let dbrec = h.dbrec;
     // The record and the WQEs after the UAR word that showed the
     // doorbell. The WQEs that may follow `sq_ci` are read together with
     // the record (which says how many are published; the rest are
     // ignored), and the responder's entries with them: one memory trip
     // for all.
     let guess = guesses.of(q);
+    // The send CQ's entry and the shard's counters, which the steps after
+    // the checks read (and write), each in their own trip to L2 since the
+    // acquire empties L1: asked for in this trip, those reads find them in
+    // L1.
+    let own_port = own as usize as *const Port;
+    // SAFETY: the engine's own port, live while it runs.
+    let (cq_at, stats_at) = unsafe {
+        (
+            (&raw const (*own_port).cqs).cast::<CqEntry>().add(h.send_cq as usize % MAX_CQS),
+            (&raw const (*own_port).stats).cast::<PortStats>().add(shard),
+        )
+    };
     mem::acquire(scope);
+    // SAFETY: both lie in the engine's own port.
+    unsafe {
+        touch(cq_at);
+        touch(stats_at);
+    }
     // SAFETY: the ring's slots (checked above: not null, a valid size).
     let segs: [[[u32; 4]; 3]; LONE_MAX as usize] = core::array::from_fn(|k| unsafe { load_wqe(&head, head.start.wrapping_add(k as u32)) });
     // SAFETY: the view's contract keeps the table and its ports valid.
@@ -138,15 +158,15 @@ pub(super) unsafe fn serve(
     // Only the WQEs the doorbell word covers: the record, read after the
     // ring's slots, may already publish another poster's WQEs, whose slots
     // were read before it and may be stale (their doorbell comes next).
-    let pi = doorbell_covers(seen, qp.sq_ci, record, qp.sq_wqebbs);
-    if record != qp.sq_pi {
+    let pi = doorbell_covers(seen, h.sq_ci, record, h.sq_wqebbs);
+    if record != h.sq_pi {
         stats.last_sq_pi = record;
         stats.last_qpn = qp.qpn;
     }
     qp.sq_pi = pi;
     qp.db_pending = 0;
     qp.last_dbr_read_ns = now_ns;
-    let avail = published(qp.sq_pi, qp.sq_ci);
+    let avail = published(pi, h.sq_ci);
     head.count = avail;
     doorbell_kernels::trace_hook! {
         super::super::trace::event(super::super::trace::rings(port), super::super::trace::What::NicDoorbell, u32::MAX, seen);
@@ -180,8 +200,8 @@ pub(super) unsafe fn serve(
     }
     let Port { qps, cqs, .. } = &mut *port;
     let qp = &mut qps[q];
-    let qpn = qp.qpn;
-    let mut cq = cqs.get_mut(qp.send_cq as usize);
+    let qpn = h.qpn;
+    let mut cq = cqs.get_mut(h.send_cq as usize);
     let (mut done, mut bytes, mut cqes) = (0u32, 0u64, 0u32);
     while done < n {
         let Some(w) = simple[done as usize % LONE_MAX as usize] else {
@@ -224,8 +244,9 @@ pub(super) unsafe fn serve(
             last_wqe: head.start.wrapping_add(done - 1),
             ..Tally::default()
         };
-        tally.apply(port, q);
-        port.stats_mut(q).last_qpn = qpn;
+        let stats = &mut port.stats[shard];
+        tally.apply_to(stats);
+        stats.last_qpn = qpn;
     }
     mover.lone_doorbells += 1;
     mover.lone_wqes += done as u64;
@@ -322,6 +343,94 @@ struct Preload<'a> {
     peer_slot: Option<usize>,
     peer_mr: MrEntry,
 }
+
+/// The fields of a QP's entry that [`serve`] reads, one 8-byte load for
+/// each word that holds some, every load issued before any is used (the
+/// rest of the copy is empty). QP entries are 8-byte aligned only.
+///
+/// # Safety
+/// `at` is a live entry.
+#[inline(always)]
+unsafe fn read_qp_head(at: *const QpEntry) -> QpEntry {
+    let w = at as *const u64;
+    // SAFETY: words of the entry (the caller's contract), 8-byte aligned.
+    let word = |i: usize| unsafe { ptx::ld_u64(w.add(i)) };
+    let [sq, dbrec, uar, qpn_state, pd_cq, wqebbs, access_peer, peer_flags, ci_pi, db_pending, last_doorbell, doorbells, inflight_shard] =
+        [0, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12, 15, 18].map(word);
+    let (lo, hi) = (|x: u64| x as u32, |x: u64| (x >> 32) as u32);
+    QpEntry {
+        sq: sq as usize as *mut u8,
+        dbrec: dbrec as usize as *mut u32,
+        uar: uar as usize as *const u64,
+        qpn: lo(qpn_state),
+        state: hi(qpn_state),
+        pd: lo(pd_cq),
+        send_cq: hi(pd_cq),
+        sq_wqebbs: hi(wqebbs),
+        access: lo(access_peer),
+        peer_port: hi(access_peer),
+        peer_qp: lo(peer_flags),
+        flags: hi(peer_flags),
+        sq_ci: lo(ci_pi),
+        sq_pi: hi(ci_pi),
+        db_pending: hi(db_pending),
+        last_doorbell,
+        doorbells,
+        inflight_len: lo(inflight_shard),
+        shard: hi(inflight_shard),
+        ..QpEntry::EMPTY
+    }
+}
+
+/// Loads one word of each 32-byte sector of `*at` (L1 fills by sectors)
+/// without waiting for them: the object is in L1 for the loads after it.
+///
+/// # Safety
+/// `at` is a live object, 8-byte aligned.
+#[inline(always)]
+unsafe fn touch<T>(at: *const T) {
+    let (first, last) = (at as usize, at as usize + core::mem::size_of::<T>() - 1);
+    // SAFETY: every address lies in `*at` (the caller's contract).
+    unsafe { ptx::ld_u32(first as *const u32) };
+    for k in 1..=core::mem::size_of::<T>().div_ceil(32) {
+        let sector = (first & !31) + 32 * k;
+        if sector <= last {
+            // SAFETY: as above.
+            unsafe { ptx::ld_u32(sector as *const u32) };
+        }
+    }
+}
+
+/// The port's link model, as two 8-byte loads issued together.
+///
+/// # Safety
+/// `at` is the engine's own port's model.
+#[inline(always)]
+unsafe fn read_link(at: *const LinkModel) -> LinkModel {
+    let w = at as *const u64;
+    // SAFETY: the caller's contract; the model is two 8-byte words.
+    unsafe {
+        LinkModel {
+            fs_per_byte: ptx::ld_u64(w),
+            latency_ns: ptx::ld_u64(w.add(1)),
+        }
+    }
+}
+
+// The words `read_qp_head` and `read_link` read.
+const _: () = {
+    use core::mem::{align_of, offset_of, size_of};
+    assert!(align_of::<QpEntry>() >= 8 && size_of::<QpEntry>().is_multiple_of(8) && offset_of!(Port, qps).is_multiple_of(8));
+    assert!(offset_of!(QpEntry, sq) == 0 && offset_of!(QpEntry, dbrec) == 16 && offset_of!(QpEntry, uar) == 24);
+    assert!(offset_of!(QpEntry, qpn) == 32 && offset_of!(QpEntry, state) == 36);
+    assert!(offset_of!(QpEntry, pd) == 40 && offset_of!(QpEntry, send_cq) == 44 && offset_of!(QpEntry, sq_wqebbs) == 52);
+    assert!(offset_of!(QpEntry, access) == 64 && offset_of!(QpEntry, peer_port) == 68);
+    assert!(offset_of!(QpEntry, peer_qp) == 72 && offset_of!(QpEntry, flags) == 76);
+    assert!(offset_of!(QpEntry, sq_ci) == 80 && offset_of!(QpEntry, sq_pi) == 84 && offset_of!(QpEntry, db_pending) == 92);
+    assert!(offset_of!(QpEntry, last_doorbell) == 96 && offset_of!(QpEntry, doorbells) == 120);
+    assert!(offset_of!(QpEntry, inflight_len) == 144 && offset_of!(QpEntry, shard) == 148);
+    assert!(size_of::<LinkModel>() == 16 && offset_of!(LinkModel, latency_ns) == 8 && offset_of!(Port, link).is_multiple_of(8));
+};
 
 /// A memory region's entry, read as two 16-byte loads.
 ///
