@@ -42,7 +42,7 @@ impl BlockMover {
             // SAFETY: this block's posting, its ranges checked by the
             // engine when it was posted; nothing is in flight any more, so
             // the rounds below start at once.
-            unsafe { self.finish_shared(p) };
+            unsafe { self.finish_shared(p, true) };
         }
         mem::copy_in_flight(false);
         if !self.held_cq.is_null() {

@@ -256,6 +256,9 @@ pub struct BlockMover {
     /// The last posting on each block's board this block has seen through
     /// (only blocks that may serve QPs post).
     seen: [u32; super::tables::MAX_SHARDS],
+    /// The number of this block's last posting on its own board (only
+    /// this block changes it).
+    posted: u32,
     /// This block's shared copy still in flight ([`shared`]): posted, some
     /// chunks perhaps not claimed yet or still being copied by others.
     posting: Option<shared::Posting>,
@@ -768,6 +771,7 @@ impl BlockMover {
                 me: shards.me,
                 share: 0,
                 seen: [0; super::tables::MAX_SHARDS],
+                posted: 0,
                 posting: None,
                 shared_bytes: 0,
                 lone_doorbells: 0,
@@ -812,6 +816,7 @@ unsafe fn control(shards: Shards, job: *mut Job, parts: usize) {
         let port = core::ptr::read_volatile(&raw const (*ctl).port) as usize;
         let mut table = View::new(core::ptr::read_volatile(&raw const (*ctl).table), port);
         let mut mover = BlockMover::new(job, parts, ctl, &shards, port, t0);
+        mover.resume_postings();
         let mut epoch = 0u64;
         let mut cfg = EngineConfig::default();
         let mut rng = EngineRng::new(0);
