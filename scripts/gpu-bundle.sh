@@ -52,7 +52,9 @@ if [ "$gpus" -ge 2 ]; then export DOORBELL_TEST_REQUIRE_GPUS=2; fi
 status=0
 for t in TESTS; do
     echo "=== $t"
-    timeout "${TEST_TIMEOUT_S:-240}" ./"$t" --test-threads=1 > "$t.log" 2>&1
+    # The GPU halves of a binary take turns (`gpu_turn`); TEST_THREADS=1
+    # runs one test at a time, so that each test's time is its own.
+    timeout "${TEST_TIMEOUT_S:-240}" ./"$t" ${TEST_THREADS:+--test-threads=$TEST_THREADS} > "$t.log" 2>&1
     rc=$?
     grep -E "^test |test result|FAILED|error" "$t.log"
     # A failure's message is on the lines after "panicked".

@@ -8,9 +8,10 @@
 //! copy of at least [`SHARE_MIN`] bytes is therefore posted on the copying
 //! block's own [`CopyBoard`] (in its control block) and cut into chunks of
 //! [`SHARE_CHUNK`] bytes or more, as many as the port has blocks for each
-//! block serving QPs (16 blocks of which 8 serve QPs: two chunks a copy):
-//! the owner and every other block of the port that looks claim chunks
-//! one at a time and copy each with their whole block.
+//! block serving QPs (16 blocks of which 8 serve QPs: two chunks a copy).
+//! The posting holds chunk 0 for its owner; the owner and every other
+//! block of the port that looks claim the others one at a time and copy
+//! each with their whole block.
 //!
 //! * **Deferred.** Where the engine lets a copy run on past its WQE
 //!   ([`PayloadMover::defer`]), the owner's block copies one chunk while
@@ -26,7 +27,10 @@
 //!   at the top of
 //!   each pass, the others every [`HELP_EVERY`] passes
 //!   ([`BlockMover::help`]): one relaxed load of each other block's claim
-//!   word, compared with the last posting it saw there.
+//!   word, compared with the last posting it saw there. Each block starts
+//!   at another board (its own index modulo the boards), so blocks that
+//!   look at once take chunks of different postings, and a posting whose
+//!   claim word shows every chunk taken costs nothing more.
 //! * **No waits on others' work.** The owner claims chunks like any block
 //!   and waits only for chunks another block has claimed, which that
 //!   block copies without waiting for anything: a block with a copy of its
@@ -38,8 +42,9 @@
 //!   number and count, so a block late for one posting cannot claim a
 //!   chunk of the next one with the first one's addresses, nor a chunk
 //!   past its end. While a chunk of a posting is unclaimed its owner is
-//!   still in that copy, so the addresses a claimer read after the number
-//!   are that posting's.
+//!   still in that copy, so the addresses a claimer reads after its claim
+//!   (behind a fence, the number having been published with release) are
+//!   that posting's.
 //! * **Ordering.** A helper's block ends its chunk at a barrier; its
 //!   control thread then fences at the engine's scope and adds the chunks
 //!   it copied to the board's `done`, which the owner reads with acquire at
