@@ -70,6 +70,8 @@ pub struct LaneEngine {
     pub helped_chunks: u64,
     pub helped_postings: u64,
     pub help_claim_ns: u64,
+    pub help_seen_ns: u64,
+    pub help_copy_ns: u64,
 }
 
 impl LaneEngine {
@@ -104,6 +106,8 @@ impl LaneEngine {
         self.helped_chunks += a.helped_chunks - b.helped_chunks;
         self.helped_postings += a.helped_postings - b.helped_postings;
         self.help_claim_ns += a.help_claim_ns - b.help_claim_ns;
+        self.help_seen_ns += a.help_seen_ns - b.help_seen_ns;
+        self.help_copy_ns += a.help_copy_ns - b.help_copy_ns;
     }
 }
 
@@ -378,7 +382,7 @@ fn print_put_engine(e: &LaneEngine, bytes: u64, blocks: u32) {
     );
     if e.shared_copies != 0 || e.deferred_copies != 0 {
         println!(
-            "# of the copies' cycles per copy: waiting for its own block {:.0}, for other blocks' chunks {:.0}; of {} shared copies' {} chunks, {} left to their owner's drain; other blocks copied {} chunks of {} postings, their first claim on a posting {:.0} ns after it on average",
+            "# of the copies' cycles per copy: waiting for its own block {:.0}, for other blocks' chunks {:.0}; of {} shared copies' {} chunks, {} left to their owner's drain; other blocks copied {} chunks of {} postings, their first claim on a posting {:.0} ns after it on average ({:.0} until the look that saw it), {:.0} ns copying a chunk",
             per(e.drain_own_cycles, n),
             per(e.drain_shared_cycles, n),
             e.shared_copies,
@@ -387,6 +391,8 @@ fn print_put_engine(e: &LaneEngine, bytes: u64, blocks: u32) {
             e.helped_chunks,
             e.helped_postings,
             per(e.help_claim_ns, e.helped_postings),
+            per(e.help_seen_ns, e.helped_postings),
+            per(e.help_copy_ns, e.helped_chunks),
         );
     }
     print_phases(e, n, "a block copy");

@@ -846,19 +846,16 @@ fn shared_copies(dev: Device, blocks: u32) {
             "rank {r}: the shared copies were not deferred: {report:?}"
         );
         // The drain's counters. Every put and get was a shared copy of
-        // at least two chunks; the owner copies the first as it posts
-        // (unless others took every chunk already), others claim chunks
-        // while it goes on, and its drain copies the rest: so the chunks
-        // others copied and those left to the drain make up all but at
-        // most one chunk of each copy, each counted once.
+        // at least two chunks; the posting holds the first for its owner,
+        // others claim chunks while it goes on, and its drain copies the
+        // rest: so the chunks others copied and those left to the drain
+        // make up all but one chunk of each copy, each counted once.
         let copies = 2 * ROUNDS as u64;
         let claimed: u64 = report.blocks.iter().map(|c| c.helped_chunks).sum();
         let postings: u64 = report.blocks.iter().map(|c| c.helped_postings).sum();
         let rest = claimed + owner.late_chunks;
         assert!(
-            owner.shared_copies == copies
-                && owner.shared_chunks >= 2 * copies
-                && (owner.shared_chunks - copies..=owner.shared_chunks).contains(&rest),
+            owner.shared_copies == copies && owner.shared_chunks >= 2 * copies && rest == owner.shared_chunks - copies,
             "rank {r}: {claimed} chunks claimed by others and {} left to the drain, of {} chunks in {} shared copies: {report:?}",
             owner.late_chunks,
             owner.shared_chunks,
@@ -869,6 +866,15 @@ fn shared_copies(dev: Device, blocks: u32) {
         assert!(
             postings >= 1 && postings <= copies * (n as u64 - 1) && postings <= claimed,
             "rank {r}: {postings} postings helped: {report:?}"
+        );
+        // Of each delay, the part until the look that saw the posting;
+        // and the helpers' chunks took time to copy.
+        let seen: u64 = report.blocks.iter().map(|c| c.help_seen_ns).sum();
+        let delays: u64 = report.blocks.iter().map(|c| c.help_claim_ns).sum();
+        let copying: u64 = report.blocks.iter().map(|c| c.help_copy_ns).sum();
+        assert!(
+            seen <= delays && copying > 0,
+            "rank {r}: the helpers' delays and copy times: {report:?}"
         );
         assert!(
             owner.drain_shared_cycles <= owner.copy_cycles && owner.drain_own_cycles <= owner.copy_cycles,

@@ -247,6 +247,12 @@ pub struct EngineCounters {
     pub helped_postings: u64,
     /// See `helped_postings`.
     pub help_claim_ns: u64,
+    /// Of `help_claim_ns`, the part until the look at the boards that saw
+    /// the posting (the rest is the claim itself), summed over the same
+    /// postings.
+    pub help_seen_ns: u64,
+    /// Time this block spent copying other blocks' chunks, ns.
+    pub help_copy_ns: u64,
 }
 
 impl EngineCounters {
@@ -285,6 +291,8 @@ impl EngineCounters {
             helped_chunks,
             helped_postings,
             help_claim_ns,
+            help_seen_ns,
+            help_copy_ns,
         } = self;
         for (a, b) in [
             (passes, o.passes),
@@ -318,6 +326,8 @@ impl EngineCounters {
             (helped_chunks, o.helped_chunks),
             (helped_postings, o.helped_postings),
             (help_claim_ns, o.help_claim_ns),
+            (help_seen_ns, o.help_seen_ns),
+            (help_copy_ns, o.help_copy_ns),
         ] {
             *a = a.wrapping_add(b);
         }
@@ -440,6 +450,8 @@ impl EngineCtl {
                 helped_chunks: 0,
                 helped_postings: 0,
                 help_claim_ns: 0,
+                help_seen_ns: 0,
+                help_copy_ns: 0,
             },
             board: CopyBoard {
                 done: 0,

@@ -291,6 +291,8 @@ pub struct BlockMover {
     helped_chunks: u64,
     helped_postings: u64,
     help_claim_ns: u64,
+    help_seen_ns: u64,
+    help_copy_ns: u64,
     /// Bytes the bulk-copy unit moved.
     bulk_bytes: u64,
     /// The CQE held for the copy in flight ([`PayloadMover::hold_cqe`]):
@@ -791,6 +793,8 @@ impl BlockMover {
                 helped_chunks: 0,
                 helped_postings: 0,
                 help_claim_ns: 0,
+                help_seen_ns: 0,
+                help_copy_ns: 0,
                 held_cq: core::ptr::null_mut(),
                 held_at: core::ptr::null_mut(),
                 held_img: [0; 16],

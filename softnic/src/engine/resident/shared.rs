@@ -315,6 +315,7 @@ impl BlockMover {
         // One relaxed load of every other board's claim word, all issued
         // before any is compared.
         // Only blocks that may serve QPs post (the others have no copies).
+        let scan_ns = ptx::globaltimer_ns();
         let mut claims = [0u64; MAX_SHARDS];
         for (b, c) in claims.iter_mut().enumerate().take(self.blocks) {
             if b != self.me {
@@ -342,7 +343,7 @@ impl BlockMover {
                 continue;
             }
             // SAFETY: the caller's contract.
-            copied += unsafe { self.help_board(b, c) };
+            copied += unsafe { self.help_board(b, c, scan_ns) };
         }
         copied
     }
@@ -353,7 +354,7 @@ impl BlockMover {
     ///
     /// # Safety
     /// As for [`Self::help`].
-    unsafe fn help_board(&mut self, b: usize, claim: u64) -> u32 {
+    unsafe fn help_board(&mut self, b: usize, claim: u64, scan_ns: u64) -> u32 {
         let board = self.board(b);
         let seq = posting(claim);
         // SAFETY (whole function): as in `post`.
@@ -383,6 +384,7 @@ impl BlockMover {
             let posted_ns = core::ptr::read_volatile(&raw const (*board).posted_ns);
             self.helped_postings += 1;
             self.help_claim_ns += claimed_ns.saturating_sub(posted_ns);
+            self.help_seen_ns += scan_ns.saturating_sub(posted_ns).min(claimed_ns.saturating_sub(posted_ns));
             let mut copied = 0u32;
             let mut next = Some(first);
             while let Some(c) = next {
@@ -391,7 +393,9 @@ impl BlockMover {
                 mem::claimed_chunk_lands_late();
                 let job = p.chunk_job(c);
                 // Nothing in flight (`help`'s check).
+                let t0 = ptx::globaltimer_ns();
                 self.round_now(job, false);
+                self.help_copy_ns += ptx::globaltimer_ns().saturating_sub(t0);
                 self.shared_bytes += job.len;
                 self.helped_chunks += 1;
                 copied += 1;
@@ -406,6 +410,8 @@ impl BlockMover {
             ptx::st_relaxed_sys_u64(&raw mut (*mine).helped_chunks, self.helped_chunks);
             ptx::st_relaxed_sys_u64(&raw mut (*mine).helped_postings, self.helped_postings);
             ptx::st_relaxed_sys_u64(&raw mut (*mine).help_claim_ns, self.help_claim_ns);
+            ptx::st_relaxed_sys_u64(&raw mut (*mine).help_seen_ns, self.help_seen_ns);
+            ptx::st_relaxed_sys_u64(&raw mut (*mine).help_copy_ns, self.help_copy_ns);
             // The block's stores (ordered before each round's last
             // barrier) before the count the owner acquires.
             self.fence();
