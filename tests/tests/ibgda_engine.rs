@@ -867,8 +867,9 @@ fn shared_copies(dev: Device, blocks: u32) {
             postings >= 1 && postings <= copies * (n as u64 - 1) && postings <= claimed,
             "rank {r}: {postings} postings helped: {report:?}"
         );
-        // Of each delay, the part until the look that saw the posting;
-        // and the helpers' chunks took time to copy.
+        // Of each delay, the part until the look that saw the posting
+        // (a look comes before its claims); and the helpers' chunks took
+        // time to copy.
         let seen: u64 = report.blocks.iter().map(|c| c.help_seen_ns).sum();
         let delays: u64 = report.blocks.iter().map(|c| c.help_claim_ns).sum();
         let copying: u64 = report.blocks.iter().map(|c| c.help_copy_ns).sum();

@@ -248,8 +248,9 @@ pub struct EngineCounters {
     /// See `helped_postings`.
     pub help_claim_ns: u64,
     /// Of `help_claim_ns`, the part until the look at the boards that saw
-    /// the posting (the rest is the claim itself), summed over the same
-    /// postings.
+    /// the posting, summed over the same postings (the rest: from that
+    /// look to the claim, which includes the chunks of postings this block
+    /// took first in the same look).
     pub help_seen_ns: u64,
     /// Time this block spent copying other blocks' chunks, ns.
     pub help_copy_ns: u64,

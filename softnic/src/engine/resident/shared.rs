@@ -384,7 +384,7 @@ impl BlockMover {
             let posted_ns = core::ptr::read_volatile(&raw const (*board).posted_ns);
             self.helped_postings += 1;
             self.help_claim_ns += claimed_ns.saturating_sub(posted_ns);
-            self.help_seen_ns += scan_ns.saturating_sub(posted_ns).min(claimed_ns.saturating_sub(posted_ns));
+            self.help_seen_ns += scan_ns.saturating_sub(posted_ns);
             let mut copied = 0u32;
             let mut next = Some(first);
             while let Some(c) = next {
