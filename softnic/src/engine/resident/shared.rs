@@ -160,16 +160,6 @@ impl BlockMover {
         unsafe { &raw mut (*self.ctls.add(b)).board }
     }
 
-    /// Takes up this block's postings where its board's last one left
-    /// them (a board outlives an engine that stopped).
-    pub(super) fn resume_postings(&mut self) {
-        if !self.ctls.is_null() {
-            // SAFETY: this block's board (`board`); the claim word is only
-            // accessed atomically.
-            self.posted = posting(unsafe { ptx::ld_relaxed_gpu_u64(&raw const (*self.board(self.me)).claim) });
-        }
-    }
-
     /// Copies `len` bytes from `src` to `dst` (not overlapping) with the
     /// help of the port's other blocks: with `defer`, this block copies one
     /// chunk and the call returns while that chunk and the others' are in
