@@ -161,7 +161,7 @@ pub(super) unsafe fn serve(
     let pi = doorbell_covers(seen, h.sq_ci, record, h.sq_wqebbs);
     if record != h.sq_pi {
         stats.last_sq_pi = record;
-        stats.last_qpn = qp.qpn;
+        stats.last_qpn = h.qpn;
     }
     qp.sq_pi = pi;
     qp.db_pending = 0;
