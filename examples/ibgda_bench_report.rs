@@ -72,6 +72,8 @@ pub struct LaneEngine {
     pub help_claim_ns: u64,
     pub help_seen_ns: u64,
     pub help_copy_ns: u64,
+    /// Shared copies posted while the one before was still in flight.
+    pub pipelined_copies: u64,
 }
 
 impl LaneEngine {
@@ -108,6 +110,7 @@ impl LaneEngine {
         self.help_claim_ns += a.help_claim_ns - b.help_claim_ns;
         self.help_seen_ns += a.help_seen_ns - b.help_seen_ns;
         self.help_copy_ns += a.help_copy_ns - b.help_copy_ns;
+        self.pipelined_copies += a.pipelined_copies - b.pipelined_copies;
     }
 }
 
@@ -382,12 +385,13 @@ fn print_put_engine(e: &LaneEngine, bytes: u64, blocks: u32) {
     );
     if e.shared_copies != 0 || e.deferred_copies != 0 {
         println!(
-            "# of the copies' cycles per copy: waiting for its own block {:.0}, for other blocks' chunks {:.0}; of {} shared copies' {} chunks, {} left to their owner's drain; other blocks copied {} chunks of {} postings, their first claim on a posting {:.0} ns after it on average ({:.0} until the look that saw it), {:.0} ns copying a chunk",
+            "# of the copies' cycles per copy: waiting for its own block {:.0}, for other blocks' chunks {:.0}; of {} shared copies' {} chunks, {} left to their owner's drain ({} copies posted while the one before was still in flight); other blocks copied {} chunks of {} postings, their first claim on a posting {:.0} ns after it on average ({:.0} until the look that saw it), {:.0} ns copying a chunk",
             per(e.drain_own_cycles, n),
             per(e.drain_shared_cycles, n),
             e.shared_copies,
             e.shared_chunks,
             e.late_chunks,
+            e.pipelined_copies,
             e.helped_chunks,
             e.helped_postings,
             per(e.help_claim_ns, e.helped_postings),

@@ -106,26 +106,38 @@ pub struct EngineCtl {
 
 const _: () = assert!(core::mem::size_of::<EngineCtl>().is_multiple_of(8));
 
-/// A copy one engine block shares with the port's other blocks
-/// (`resident::shared`): the block that owns the board posts it, every
-/// block that looks claims chunks (of `resident::SHARE_CHUNK` bytes or more) until
-/// none is left, the owner waits for the chunks others claimed. Written
-/// and read by the engine's blocks only (GPU-scope atomics); all zero:
-/// posting 0, nothing to claim.
+/// The copies one engine block shares with the port's other blocks
+/// (`resident::shared`): the block that owns the board posts a copy, every
+/// block that looks claims chunks (of `resident::SHARE_CHUNK` bytes or
+/// more) until none is left, the owner waits for the chunks others
+/// claimed. Two postings may be in flight at once (the owner posts the
+/// next while others still copy chunks of the last): posting `n`'s fields
+/// are in `slots[n % 2]`, which the owner rewrites only once posting
+/// `n - 2` has been copied whole. Written and read by the engine's blocks
+/// only (GPU-scope atomics); all zero: posting 0, nothing to claim.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CopyBoard {
+    /// The newest posting's number (bits 63..32), its number of chunks
+    /// (31..16) and its next chunk not yet claimed (15..0): a block claims
+    /// a chunk by a compare-and-swap that keeps the number and the count,
+    /// so a claim never lands on a later posting or past the end of its
+    /// own.
+    pub claim: u64,
+    /// The fields of the postings with even and odd numbers.
+    pub slots: [CopySlot; 2],
+}
+
+/// One posting's fields on a [`CopyBoard`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CopySlot {
     /// Chunks copied by blocks other than the owner (reset by the owner
     /// before it posts).
     pub done: u32,
     /// Bytes per chunk of the posting (a multiple of 16; the last chunk
     /// may be shorter).
     pub chunk: u32,
-    /// The posting's number (bits 63..32), its number of chunks (31..16)
-    /// and its next chunk not yet claimed (15..0): a block claims a chunk
-    /// by a compare-and-swap that keeps the number and the count, so a
-    /// claim never lands on a later posting or past the end of its own.
-    pub claim: u64,
     /// Destination of the whole copy.
     pub dst: u64,
     /// Source of the whole copy (not overlapping the destination).
@@ -135,6 +147,18 @@ pub struct CopyBoard {
     /// The owner's `%globaltimer` when it posted the copy (what the
     /// claimers' [`EngineCounters::help_claim_ns`] is measured from).
     pub posted_ns: u64,
+}
+
+impl CopySlot {
+    /// A slot no posting has used.
+    pub const ZERO: CopySlot = CopySlot {
+        done: 0,
+        chunk: 0,
+        dst: 0,
+        src: 0,
+        len: 0,
+        posted_ns: 0,
+    };
 }
 
 /// What an engine kernel has done, as its control block holds it.
@@ -254,6 +278,9 @@ pub struct EngineCounters {
     pub help_seen_ns: u64,
     /// Time this block spent copying other blocks' chunks, ns.
     pub help_copy_ns: u64,
+    /// Shared copies this block posted while its previous one was still
+    /// in flight (other blocks still copying its chunks).
+    pub pipelined_copies: u64,
 }
 
 impl EngineCounters {
@@ -294,6 +321,7 @@ impl EngineCounters {
             help_claim_ns,
             help_seen_ns,
             help_copy_ns,
+            pipelined_copies,
         } = self;
         for (a, b) in [
             (passes, o.passes),
@@ -329,6 +357,7 @@ impl EngineCounters {
             (help_claim_ns, o.help_claim_ns),
             (help_seen_ns, o.help_seen_ns),
             (help_copy_ns, o.help_copy_ns),
+            (pipelined_copies, o.pipelined_copies),
         ] {
             *a = a.wrapping_add(b);
         }
@@ -453,15 +482,11 @@ impl EngineCtl {
                 help_claim_ns: 0,
                 help_seen_ns: 0,
                 help_copy_ns: 0,
+                pipelined_copies: 0,
             },
             board: CopyBoard {
-                done: 0,
-                chunk: 0,
                 claim: 0,
-                dst: 0,
-                src: 0,
-                len: 0,
-                posted_ns: 0,
+                slots: [CopySlot::ZERO; 2],
             },
             host_state,
             host_progress,

@@ -386,3 +386,46 @@ pub unsafe fn collect_signals<T: Transport>(t: T, sigs: *mut u64, count: u32, ga
         }
     }
 }
+
+/// Transfers in a QP's order: rank 0's block makes the `n` transfers
+/// `list[4k..4k + 4]` = (kind, destination offset, source offset, bytes)
+/// one after the other without waiting for any — kind 0 a non-blocking
+/// put from `local + src` to rank 1's `remote + dst`, kind 1 a
+/// non-blocking get from rank 1's `remote + src` into `local + dst` —
+/// then `quiet`s. `status[0]`: 1 ok, 2 timeout, 3 another error.
+#[kernel(transports(P2p, Ibgda))]
+pub unsafe fn transfers_in_order<T: Transport>(t: T, remote: *mut u8, local: *mut u8, list: *const u64, n: u32, status: *mut u32) {
+    if t.rank() != 0 {
+        return;
+    }
+    // SAFETY: per the contract above: `remote` and `local` symmetric and
+    // large enough for every transfer of `list` (`4 * n` words).
+    unsafe {
+        let mut r = Ok(());
+        for k in 0..n as usize {
+            let [kind, dst, src, bytes] = [0, 1, 2, 3].map(|i| *list.add(4 * k + i));
+            let x = |dst: *mut u8, src: *const u8| RawXfer {
+                dst,
+                src,
+                bytes,
+                nbi: true,
+            };
+            r = if kind == 0 {
+                t.put_raw(Coop::Block, 1, x(remote.add(dst as usize), local.add(src as usize)), None)
+            } else {
+                t.get_raw(Coop::Block, 1, x(local.add(dst as usize), remote.add(src as usize)))
+            };
+            if r.is_err() {
+                break;
+            }
+        }
+        if ptx::thread_rank_in_block() == 0 {
+            let r = r.and_then(|_| t.quiet(None));
+            *status = match r {
+                Ok(()) => 1,
+                Err(CommError::Timeout(_)) => 2,
+                Err(_) => 3,
+            };
+        }
+    }
+}

@@ -13,19 +13,55 @@ use super::super::mover::PayloadMover;
 use super::super::tables::CqEntry;
 use super::{block_barrier, BlockMover};
 
+/// A requester's success CQE held until its copy has landed: its CQ
+/// (null: none), the slot it claimed there and its image.
+#[derive(Clone, Copy)]
+pub(super) struct Held {
+    cq: *mut CqEntry,
+    at: *mut u8,
+    img: [u32; 16],
+}
+
+impl Held {
+    pub(super) const NONE: Held = Held {
+        cq: core::ptr::null_mut(),
+        at: core::ptr::null_mut(),
+        img: [0; 16],
+    };
+
+    /// Writes the held CQE, if any, and holds none.
+    ///
+    /// # Safety
+    /// The copy it reports, and every copy before it on its QP, has
+    /// landed; the slot was claimed in a live CQ of this engine's tables.
+    unsafe fn release(&mut self, scope: mem::Scope) {
+        if self.cq.is_null() {
+            return;
+        }
+        // SAFETY: the caller's contract.
+        unsafe {
+            mem::store_cqe(self.at, &self.img, scope);
+            // A requester's success CQE: neither solicited nor an error.
+            cqe::notify(&mut *self.cq, false);
+        }
+        self.cq = core::ptr::null_mut();
+    }
+}
+
 impl BlockMover {
     /// Whether a copy runs on past [`PayloadMover::copy`]: the block's own
     /// (between a round's barriers) or a shared copy of this block's
     /// (`shared`) with chunks not yet copied.
     #[inline(always)]
     pub(super) fn in_flight(&self) -> bool {
-        self.pending || self.posting.is_some()
+        self.pending || self.posting.is_some() || self.older.is_some()
     }
 
     /// Meets the block at the second barrier of the copy in flight, then
     /// copies what is left of this block's shared copy in flight and waits
-    /// for the chunks the other blocks claimed; the wait counts as
-    /// copying, not as the phase it interrupts. Only then the held CQE.
+    /// for the chunks the other blocks claimed (of the copy posted before
+    /// it too); the wait counts as copying, not as the phase it
+    /// interrupts. Only then the held CQEs.
     #[inline(always)]
     pub(super) fn drain_copy(&mut self) {
         if !self.in_flight() {
@@ -44,17 +80,65 @@ impl BlockMover {
             // the rounds below start at once.
             unsafe { self.finish_shared(p, true) };
         }
+        if let Some(p) = self.older.take() {
+            // SAFETY: the posting before, every chunk claimed.
+            unsafe { self.wait_others(&p) };
+        }
         mem::copy_in_flight(false);
-        if !self.held_cq.is_null() {
+        let scope = PayloadMover::scope(self);
+        // SAFETY: slots claimed by `hold_cqe` in live CQs of this engine's
+        // own tables, in this order; the payloads they report have landed.
+        unsafe {
+            self.held_older.release(scope);
+            self.held.release(scope);
+        }
+        let waited = ptx::clock64().wrapping_sub(c0);
+        self.copy_cycles += waited;
+        self.lap_start = self.lap_start.wrapping_add(waited);
+    }
+
+    /// Before a shared copy that may be posted beside this block's copies
+    /// in flight ([`may_post_beside`](Self::may_post_beside)): meets the
+    /// block (the next copy's own chunk needs it), waits for the posting
+    /// before the last (the next one reuses its slot) and writes its CQE,
+    /// and copies the last posting's chunks nobody claimed, so that only
+    /// other blocks' chunks of it stay in flight; its CQE stays held. The
+    /// waits count as copying.
+    #[inline(never)]
+    pub(super) fn drain_for_posting(&mut self) {
+        let c0 = ptx::clock64();
+        if self.pending {
+            block_barrier();
+            self.pending = false;
+            self.last_barrier_ns = ptx::globaltimer_ns();
+            self.drain_own_cycles += ptx::clock64().wrapping_sub(c0);
+        }
+        if let Some(p) = self.older.take() {
+            // SAFETY: this block's posting before the last, every chunk
+            // claimed.
+            unsafe { self.wait_others(&p) };
+            // Its copy and everything before it have landed; the last
+            // posting, after it, is still in flight (off the GPU the
+            // engine checks that nothing is published while a copy is).
+            mem::copy_in_flight(false);
             let scope = PayloadMover::scope(self);
-            // SAFETY: the slot `hold_cqe` claimed in a live CQ of this
-            // engine's own tables; the payload it reports has landed.
-            unsafe {
-                mem::store_cqe(self.held_at, &self.held_img, scope);
-                // A requester's success CQE: neither solicited nor an error.
-                cqe::notify(&mut *self.held_cq, false);
-            }
-            self.held_cq = core::ptr::null_mut();
+            // SAFETY: as in `drain_copy`.
+            unsafe { self.held_older.release(scope) };
+            mem::copy_in_flight(true);
+        }
+        if let Some(mut p) = self.posting.take() {
+            // SAFETY: this block's newest posting; nothing is in flight on
+            // the block any more.
+            unsafe { self.claim_rest(&mut p, true) };
+            self.older = Some(p);
+            self.held_older = core::mem::replace(&mut self.held, Held::NONE);
+        } else {
+            // The copy in flight was the block's own, landed at the
+            // barrier: nothing is in flight any more.
+            mem::copy_in_flight(false);
+            let scope = PayloadMover::scope(self);
+            // SAFETY: as in `drain_copy`.
+            unsafe { self.held.release(scope) };
         }
         let waited = ptx::clock64().wrapping_sub(c0);
         self.copy_cycles += waited;
@@ -67,7 +151,7 @@ impl BlockMover {
     /// As for [`PayloadMover::hold_cqe`].
     #[inline(always)]
     pub(super) unsafe fn hold(&mut self, cq: &mut CqEntry, w: &[u32; 16]) -> bool {
-        if !self.in_flight() || !self.held_cq.is_null() {
+        if !self.in_flight() || !self.held.cq.is_null() {
             return false;
         }
         // SAFETY: the caller's contract.
@@ -75,11 +159,11 @@ impl BlockMover {
             return false;
         };
         // Word by word: an array moved by value may become a byte loop.
-        for (d, v) in self.held_img.iter_mut().zip(w.iter()) {
+        for (d, v) in self.held.img.iter_mut().zip(w.iter()) {
             *d = *v;
         }
-        self.held_at = at;
-        self.held_cq = cq;
+        self.held.at = at;
+        self.held.cq = cq;
         true
     }
 }

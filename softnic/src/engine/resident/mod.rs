@@ -261,9 +261,13 @@ pub struct BlockMover {
     /// this block changes it; the host writes every board's claim word 0
     /// at each launch).
     posted: u32,
-    /// This block's shared copy still in flight ([`shared`]): posted, some
-    /// chunks perhaps not claimed yet or still being copied by others.
+    /// This block's newest shared copy still in flight ([`shared`]):
+    /// posted, some chunks perhaps not claimed yet or still being copied
+    /// by others.
     posting: Option<shared::Posting>,
+    /// The shared copy posted before it, still in flight: every chunk
+    /// claimed, some perhaps still being copied by others.
+    older: Option<shared::Posting>,
     /// Bytes copied of other blocks' shared copies.
     shared_bytes: u64,
     /// Doorbells and WQEs the lone path served ([`lone`]).
@@ -290,6 +294,7 @@ pub struct BlockMover {
     shared_copies: u64,
     shared_chunks: u64,
     late_chunks: u64,
+    pipelined_copies: u64,
     helped_chunks: u64,
     helped_postings: u64,
     help_claim_ns: u64,
@@ -297,11 +302,11 @@ pub struct BlockMover {
     help_copy_ns: u64,
     /// Bytes the bulk-copy unit moved.
     bulk_bytes: u64,
-    /// The CQE held for the copy in flight ([`PayloadMover::hold_cqe`]):
-    /// its CQ (null: none), its claimed slot and its image.
-    held_cq: *mut super::tables::CqEntry,
-    held_at: *mut u8,
-    held_img: [u32; 16],
+    /// The CQE held for the newest copy in flight
+    /// ([`PayloadMover::hold_cqe`]), and the one held for the shared copy
+    /// posted before it (`older`).
+    held: deferred::Held,
+    held_older: deferred::Held,
 }
 
 impl BlockMover {
@@ -599,6 +604,7 @@ impl BlockMover {
                 seen: [0; super::tables::MAX_SHARDS],
                 posted: 0,
                 posting: None,
+                older: None,
                 shared_bytes: 0,
                 lone_doorbells: 0,
                 lone_wqes: 0,
@@ -614,14 +620,14 @@ impl BlockMover {
                 shared_copies: 0,
                 shared_chunks: 0,
                 late_chunks: 0,
+                pipelined_copies: 0,
                 helped_chunks: 0,
                 helped_postings: 0,
                 help_claim_ns: 0,
                 help_seen_ns: 0,
                 help_copy_ns: 0,
-                held_cq: core::ptr::null_mut(),
-                held_at: core::ptr::null_mut(),
-                held_img: [0; 16],
+                held: deferred::Held::NONE,
+                held_older: deferred::Held::NONE,
             }
         }
     }

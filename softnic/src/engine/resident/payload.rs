@@ -123,13 +123,19 @@ impl PayloadMover for BlockMover {
         }
         // What the control did since its last lap was checking this WQE.
         self.lap(Phase::Check);
-        // In order: a copy in flight lands before this one starts.
         self.overlapped_copies += self.in_flight() as u64;
-        self.drain();
         let overlap = overlaps(dst, src, len);
         // A signal word: one or two aligned 8-byte words.
         let word = !overlap && len <= 16 && (dst as usize | src as usize | len) & 7 == 0;
         let bulk = !overlap && self.parts > 1 && len >= BLOCK_COPY_MIN;
+        // In order: a copy in flight lands before this one starts, except
+        // the other blocks' chunks of shared copies that this one commutes
+        // with (`shared`).
+        if bulk && self.may_post_beside(dst, src, len) {
+            self.drain_for_posting();
+        } else {
+            self.drain();
+        }
         // Earlier payload is ordered before a signal word by the word's
         // release stores, and need not be before bulk payload (nobody can
         // poll weak stores); anything else gets a fence, as before.

@@ -66,6 +66,7 @@ pub(super) unsafe fn publish_counters(ctl: *mut EngineCtl, passes: u64, busy: u6
         ptx::st_relaxed_sys_u64(&raw mut (*c).shared_copies, m.shared_copies);
         ptx::st_relaxed_sys_u64(&raw mut (*c).shared_chunks, m.shared_chunks);
         ptx::st_relaxed_sys_u64(&raw mut (*c).late_chunks, m.late_chunks);
+        ptx::st_relaxed_sys_u64(&raw mut (*c).pipelined_copies, m.pipelined_copies);
     }
 }
 

@@ -17,12 +17,22 @@
 //!   ([`PayloadMover::defer`]), the owner's block copies one chunk while
 //!   its control thread goes on to the QP's next WQE, and the other blocks
 //!   copy the rest; [`PayloadMover::drain`] (before anything that says the
-//!   copy landed: a signal word, a CQE, the next copy) meets the block,
+//!   copy landed: a signal word, a CQE, an atomic) meets the block,
 //!   copies the chunks still unclaimed and waits for the others'.
 //!   Otherwise the owner claims chunks until none is left and returns once
 //!   every chunk is copied. Either way what follows the copy on its QP is
 //!   ordered after all of it, as for a copy of its own block.
-//!
+//! * **Two in flight.** The next shared copy does not wait for the last
+//!   one's chunks that other blocks are still copying: the owner meets its
+//!   block, copies the last copy's chunks nobody claimed and posts the next
+//!   on the board's other slot ([`BlockMover::drain_for_posting`]); only
+//!   the copy before the last must have landed, since its slot is reused.
+//!   A copy whose bytes could differ for it — one that writes what a copy
+//!   in flight reads, reads what one writes, or writes what one writes
+//!   from another source displacement — drains first, so the copies of a
+//!   QP land as if one after the other. (Two copies that write the same
+//!   byte from the same source byte write the same value: a WQE's source
+//!   must not change until it completes.)
 //! * **Who looks.** Blocks that serve no QP (more blocks than QP groups)
 //!   at the top of
 //!   each pass, the others every [`HELP_EVERY`] passes
@@ -41,10 +51,11 @@
 //!   chunks and its next chunk; a claim is a compare-and-swap that keeps
 //!   number and count, so a block late for one posting cannot claim a
 //!   chunk of the next one with the first one's addresses, nor a chunk
-//!   past its end. While a chunk of a posting is unclaimed its owner is
-//!   still in that copy, so the addresses a claimer reads after its claim
-//!   (behind a fence, the number having been published with release) are
-//!   that posting's.
+//!   past its end. A posting's fields are in the slot of its number's
+//!   parity, which the owner rewrites only after every chunk of the
+//!   posting two before has been copied — the claimer's included — so the
+//!   addresses a claimer reads after its claim (behind a fence, the number
+//!   having been published with release) are that posting's.
 //! * **Ordering.** A helper's block ends its chunk at a barrier; its
 //!   control thread then fences at the engine's scope and adds the chunks
 //!   it copied to the board's `done`, which the owner reads with acquire at
@@ -53,7 +64,7 @@
 
 use doorbell_kernels::ptx;
 
-use super::super::control::CopyBoard;
+use super::super::control::{CopyBoard, CopySlot};
 use super::super::mem::{self, Scope};
 use super::super::mover::PayloadMover;
 use super::super::tables::MAX_SHARDS;
@@ -124,6 +135,11 @@ unsafe fn claim_chunk_from(board: *mut CopyBoard, seq: u32, mut v: u64) -> Optio
     }
 }
 
+/// Whether `[a, a + la)` and `[b, b + lb)` share a byte.
+fn meet(a: u64, la: u64, b: u64, lb: u64) -> bool {
+    a < b.saturating_add(lb) && b < a.saturating_add(la)
+}
+
 /// A shared copy posted on a block's board: the posting's number, its
 /// chunks, and the ranges of the whole copy.
 #[derive(Clone, Copy)]
@@ -140,6 +156,17 @@ pub(super) struct Posting {
 }
 
 impl Posting {
+    /// Whether a copy of `len` bytes from `src` to `dst` may land in any
+    /// order with this one, its bytes the same either way: it neither
+    /// writes what this one reads nor reads what this one writes, and
+    /// where both write the same byte they copy it from the same source
+    /// byte (the same displacement).
+    fn commutes(&self, dst: u64, src: u64, len: u64) -> bool {
+        !meet(dst, len, self.src, self.len)
+            && !meet(src, len, self.dst, self.len)
+            && (!meet(dst, len, self.dst, self.len) || dst.wrapping_sub(src) == self.dst.wrapping_sub(self.src))
+    }
+
     /// The block copy of chunk `c` (one of the posting's).
     fn chunk_job(&self, c: u32) -> Job {
         let off = c as u64 * self.chunk as u64;
@@ -158,6 +185,31 @@ impl BlockMover {
     fn board(&self, b: usize) -> *mut CopyBoard {
         // SAFETY: the port's control blocks are `blocks` consecutive ones.
         unsafe { &raw mut (*self.ctls.add(b)).board }
+    }
+
+    /// The slot of posting `seq` on block `b`'s board.
+    fn slot(&self, b: usize, seq: u32) -> *mut CopySlot {
+        // SAFETY: as in `board`; two slots.
+        unsafe { &raw mut (*self.board(b)).slots[(seq & 1) as usize] }
+    }
+
+    /// Chunk size and count of a shared copy of `len` bytes; `None` when
+    /// such a copy is not shared ([`Self::copy_shared`]).
+    fn cut(&self, len: usize) -> Option<(usize, usize)> {
+        if self.ctls.is_null() || self.share < 2 || len < SHARE_MIN {
+            return None;
+        }
+        let chunk = len.div_ceil(self.share).next_multiple_of(16).max(SHARE_CHUNK);
+        let chunks = len.div_ceil(chunk);
+        (chunk <= u32::MAX as usize && chunks <= MAX_CHUNKS).then_some((chunk, chunks))
+    }
+
+    /// Whether a deferred copy of `len` bytes from `src` to `dst` may be
+    /// posted while this block's shared copies in flight still land: it
+    /// is shared and it [commutes](Posting::commutes) with each of them.
+    pub(super) fn may_post_beside(&self, dst: *mut u8, src: *const u8, len: usize) -> bool {
+        let (d, s, l) = (dst as usize as u64, src as usize as u64, len as u64);
+        self.defer && self.cut(len).is_some() && [self.posting, self.older].iter().flatten().all(|p| p.commutes(d, s, l))
     }
 
     /// Copies `len` bytes from `src` to `dst` (not overlapping) with the
@@ -197,16 +249,12 @@ impl BlockMover {
     /// # Safety
     /// As for [`Self::copy_shared`].
     unsafe fn post(&mut self, dst: *mut u8, src: *const u8, len: usize) -> Option<Posting> {
-        if self.ctls.is_null() || self.share < 2 || len < SHARE_MIN {
-            return None;
-        }
-        let chunk = len.div_ceil(self.share).next_multiple_of(16).max(SHARE_CHUNK);
-        let chunks = len.div_ceil(chunk);
-        if chunk > u32::MAX as usize || chunks > MAX_CHUNKS {
-            return None;
-        }
-        let mut p = Posting {
-            seq: 0,
+        let (chunk, chunks) = self.cut(len)?;
+        // Only this block changes the posting's number (claims keep it),
+        // so it need not read it back.
+        let seq = self.posted.wrapping_add(1);
+        let p = Posting {
+            seq,
             chunks: chunks as u32,
             chunk: chunk as u32,
             mine: 1,
@@ -214,29 +262,30 @@ impl BlockMover {
             src: src as usize as u64,
             len: len as u64,
         };
-        let b = self.board(self.me);
+        let slot = self.slot(self.me, seq);
         // SAFETY (whole block): the board is this block's, in the port's
-        // control blocks (`run_block`'s contract); its fields are written
-        // by this block only, before a posting is published, and no chunk
-        // of the previous posting is left to claim (it was finished).
+        // control blocks (`run_block`'s contract); the slot's fields are
+        // written by this block only, before a posting is published, and
+        // the posting that used the slot last (two before) was finished:
+        // nobody reads them any more.
         unsafe {
-            core::ptr::write_volatile(&raw mut (*b).dst, p.dst);
-            core::ptr::write_volatile(&raw mut (*b).src, p.src);
-            core::ptr::write_volatile(&raw mut (*b).len, p.len);
-            core::ptr::write_volatile(&raw mut (*b).chunk, p.chunk);
-            core::ptr::write_volatile(&raw mut (*b).posted_ns, ptx::globaltimer_ns());
-            ptx::st_relaxed_gpu_u32(&raw mut (*b).done, 0);
-            // Only this block changes the posting's number (claims keep
-            // it), so it need not read it back.
-            self.posted = self.posted.wrapping_add(1);
-            p.seq = self.posted;
+            core::ptr::write_volatile(&raw mut (*slot).dst, p.dst);
+            core::ptr::write_volatile(&raw mut (*slot).src, p.src);
+            core::ptr::write_volatile(&raw mut (*slot).len, p.len);
+            core::ptr::write_volatile(&raw mut (*slot).chunk, p.chunk);
+            core::ptr::write_volatile(&raw mut (*slot).posted_ns, ptx::globaltimer_ns());
+            ptx::st_relaxed_gpu_u32(&raw mut (*slot).done, 0);
             // The fields above before the posting's number; chunk 0 is
             // claimed for the owner already (the claim word's next chunk
-            // is 1).
-            ptx::st_release_gpu_u64(&raw mut (*b).claim, (p.seq as u64) << 32 | (p.chunks as u64) << 16 | 1);
+            // is 1). A chunk of the last posting still unclaimed is no
+            // longer claimable: the owner took them all (`drain_for_posting`).
+            let claim = &raw mut (*self.board(self.me)).claim;
+            ptx::st_release_gpu_u64(claim, (seq as u64) << 32 | (p.chunks as u64) << 16 | 1);
         }
+        self.posted = seq;
         self.shared_copies += 1;
         self.shared_chunks += p.chunks as u64;
+        self.pipelined_copies += self.older.is_some() as u64;
         Some(p)
     }
 
@@ -245,32 +294,54 @@ impl BlockMover {
     /// the copy has landed when it returns.
     ///
     /// # Safety
-    /// `p` is this block's posting, not finished yet; its ranges valid.
+    /// `p` is this block's newest posting, not finished yet; its ranges
+    /// valid; nothing is in flight on the block.
     #[inline(never)]
     pub(super) unsafe fn finish_shared(&mut self, mut p: Posting, deferred: bool) {
-        let b = self.board(self.me);
-        // SAFETY (whole function): the caller's contract; the board is this
-        // block's (`post`).
+        // SAFETY: the caller's contract.
         unsafe {
-            // The owner's own chunk was claimed with the posting; of a
-            // deferred copy, any other it claims now no block took in time.
-            let first = p.mine;
-            while let Some(c) = claim_chunk(b, p.seq) {
-                // Nothing else in flight: the drain calling this took it.
-                self.round_now(p.chunk_job(c), false);
-                p.mine += 1;
-            }
-            if deferred {
-                self.late_chunks += (p.mine - first) as u64;
-            }
-            // The chunks other blocks claimed; each is being copied.
-            let done = &raw const (*b).done;
-            let c0 = ptx::clock64();
-            while self.load_done(done) < p.chunks - p.mine {
-                core::hint::spin_loop();
-            }
-            self.drain_shared_cycles += ptx::clock64().wrapping_sub(c0);
+            self.claim_rest(&mut p, deferred);
+            self.wait_others(&p);
         }
+    }
+
+    /// Claims and copies the chunks of this block's newest posting `p`
+    /// nobody has claimed yet; then every chunk is copied or being copied
+    /// by the block that claimed it.
+    ///
+    /// # Safety
+    /// As for [`Self::finish_shared`].
+    pub(super) unsafe fn claim_rest(&mut self, p: &mut Posting, deferred: bool) {
+        let b = self.board(self.me);
+        // The owner's own chunk was claimed with the posting; of a
+        // deferred copy, any other it claims now no block took in time.
+        let first = p.mine;
+        // SAFETY: the caller's contract; the board is this block's.
+        while let Some(c) = unsafe { claim_chunk(b, p.seq) } {
+            // Nothing else in flight (the caller's contract).
+            // SAFETY: one chunk of the posting's ranges.
+            unsafe { self.round_now(p.chunk_job(c), false) };
+            p.mine += 1;
+        }
+        if deferred {
+            self.late_chunks += (p.mine - first) as u64;
+        }
+    }
+
+    /// Waits until the other blocks have copied the chunks of this block's
+    /// posting `p` that they claimed (all of them are claimed).
+    ///
+    /// # Safety
+    /// `p` is one of this block's postings, every chunk claimed.
+    pub(super) unsafe fn wait_others(&mut self, p: &Posting) {
+        // SAFETY: the slot's `done` is only accessed atomically.
+        let done = unsafe { &raw const (*self.slot(self.me, p.seq)).done };
+        let c0 = ptx::clock64();
+        // SAFETY: as above.
+        while unsafe { self.load_done(done) } < p.chunks - p.mine {
+            core::hint::spin_loop();
+        }
+        self.drain_shared_cycles += ptx::clock64().wrapping_sub(c0);
     }
 
     /// `done`, with acquire at the engine's scope (the chunks' stores
@@ -362,16 +433,19 @@ impl BlockMover {
             // fence orders their reads after the claim (which read the
             // number the owner published with release).
             mem::acquire(Scope::Gpu);
+            // The posting's slot is not rewritten before every chunk of it
+            // is copied, this block's included.
+            let slot = self.slot(b, seq);
             let p = Posting {
                 seq,
                 chunks: chunks_of(claim),
-                chunk: core::ptr::read_volatile(&raw const (*board).chunk),
+                chunk: core::ptr::read_volatile(&raw const (*slot).chunk),
                 mine: 0,
-                dst: core::ptr::read_volatile(&raw const (*board).dst),
-                src: core::ptr::read_volatile(&raw const (*board).src),
-                len: core::ptr::read_volatile(&raw const (*board).len),
+                dst: core::ptr::read_volatile(&raw const (*slot).dst),
+                src: core::ptr::read_volatile(&raw const (*slot).src),
+                len: core::ptr::read_volatile(&raw const (*slot).len),
             };
-            let posted_ns = core::ptr::read_volatile(&raw const (*board).posted_ns);
+            let posted_ns = core::ptr::read_volatile(&raw const (*slot).posted_ns);
             self.helped_postings += 1;
             self.help_claim_ns += claimed_ns.saturating_sub(posted_ns);
             self.help_seen_ns += scan_ns.saturating_sub(posted_ns);
@@ -405,7 +479,7 @@ impl BlockMover {
             // The block's stores (ordered before each round's last
             // barrier) before the count the owner acquires.
             self.fence();
-            let done = &raw mut (*board).done;
+            let done = &raw mut (*slot).done;
             match self.scope() {
                 Scope::Gpu => ptx::atom_add_relaxed_gpu_u32(done, copied),
                 Scope::Sys => ptx::atom_add_relaxed_sys_u32(done, copied),
