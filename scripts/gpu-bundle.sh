@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tests=("$@")
 if [ ${#tests[@]} -eq 0 ]; then
-    tests=(comm contract kernels user_kernels typed launch_family wqe_bytes wqe_cq wqe_post wqe_bench comm_procs hardening ibgda ibgda_engine nic_select proxy)
+    tests=(comm contract kernels user_kernels typed launch_family wqe_bytes wqe_cq wqe_post wqe_bench comm_procs hardening ibgda ibgda_engine ibgda_copy_order nic_select proxy)
     for t in allreduce embedding; do [ -f "tests/tests/$t.rs" ] && tests+=("$t"); done
 fi
 examples=(fma pingpong p2p_bench histogram ibgda_bench fused proxy_bench)
