@@ -191,12 +191,7 @@ pub(super) unsafe fn serve(
         }
     }
     if avail != 0 {
-        // The last WQE's copy, chosen without indexing at run time.
-        let last = segs
-            .iter()
-            .enumerate()
-            .fold(&segs[0], |l, (k, c)| if k as u32 + 1 == avail { c } else { l });
-        guesses.learn(q, &segs[0], last, pre.peer_now);
+        guesses.learn(q, &segs[0], pre.peer_now);
     }
     mover.lap(Phase::Check);
     let port = view.own_mut()?;
@@ -269,9 +264,6 @@ pub(super) unsafe fn serve(
 /// and a WQE naming anything else is checked from the tables as before.
 pub(super) struct Guesses {
     lkey: [u32; MAX_QPS],
-    /// The last WQE's local key: a `put_signal`'s signal word comes from
-    /// the transport's scratch region, not from the put's.
-    lkey_last: [u32; MAX_QPS],
     rkey: [u32; MAX_QPS],
     /// The responder's port as the fabric's table named it (null: none).
     peer: [u64; MAX_QPS],
@@ -281,7 +273,6 @@ pub(super) struct Guesses {
 #[derive(Clone, Copy, Debug)]
 struct Guess {
     lkey: u32,
-    lkey_last: u32,
     rkey: u32,
     peer: u64,
 }
@@ -292,42 +283,24 @@ impl Guesses {
     pub(super) const fn new() -> Guesses {
         Guesses {
             lkey: [0; MAX_QPS],
-            lkey_last: [0; MAX_QPS],
             rkey: [0; MAX_QPS],
             peer: [0; MAX_QPS],
         }
     }
 
     fn of(&self, q: usize) -> Guess {
-        match (self.lkey.get(q), self.lkey_last.get(q), self.rkey.get(q), self.peer.get(q)) {
-            (Some(&lkey), Some(&lkey_last), Some(&rkey), Some(&peer)) => Guess {
-                lkey,
-                lkey_last,
-                rkey,
-                peer,
-            },
-            _ => Guess {
-                lkey: 0,
-                lkey_last: 0,
-                rkey: 0,
-                peer: 0,
-            },
+        match (self.lkey.get(q), self.rkey.get(q), self.peer.get(q)) {
+            (Some(&lkey), Some(&rkey), Some(&peer)) => Guess { lkey, rkey, peer },
+            _ => Guess { lkey: 0, rkey: 0, peer: 0 },
         }
     }
 
-    /// Remembers the keys of `first` (a WRITE's copy: ctrl, remote
-    /// address, data segment), the local key of `last` (the doorbell's
-    /// last WQE's copy) and the responder's port `peer` for QP slot `q`.
-    fn learn(&mut self, q: usize, first: &[[u32; 4]; 3], last: &[[u32; 4]; 3], peer: u64) {
-        if let (Some(l), Some(ll), Some(r), Some(p)) = (
-            self.lkey.get_mut(q),
-            self.lkey_last.get_mut(q),
-            self.rkey.get_mut(q),
-            self.peer.get_mut(q),
-        ) {
-            *l = DataSeg::from_words(&first[2]).lkey;
-            *ll = DataSeg::from_words(&last[2]).lkey;
-            *r = RaddrSeg::from_words(&first[1]).rkey;
+    /// Remembers the keys of `segs` (a WRITE's copy: ctrl, remote address,
+    /// data segment) and the responder's port `peer` for QP slot `q`.
+    fn learn(&mut self, q: usize, segs: &[[u32; 4]; 3], peer: u64) {
+        if let (Some(l), Some(r), Some(p)) = (self.lkey.get_mut(q), self.rkey.get_mut(q), self.peer.get_mut(q)) {
+            *l = DataSeg::from_words(&segs[2]).lkey;
+            *r = RaddrSeg::from_words(&segs[1]).rkey;
             *p = peer;
         }
     }
@@ -358,9 +331,6 @@ struct Preload<'a> {
     tables: Tables<'a>,
     own_slot: Option<usize>,
     own_mr: MrEntry,
-    /// The region of the last WQE's guessed local key.
-    own_slot_last: Option<usize>,
-    own_mr_last: MrEntry,
     /// The fabric's table: the responder's port now (null: none) and its
     /// window.
     peer_now: u64,
@@ -494,16 +464,10 @@ impl<'a> Preload<'a> {
     unsafe fn read(ports: &'a PortTable, own: &'a Port, h: &BurstHead, guess: Guess) -> Preload<'a> {
         let (pp, pq) = (h.peer_port as usize, h.peer_qp as usize);
         let own_slot = key_slot(guess.lkey);
-        // The same region as the first: not read twice.
-        let own_slot_last = key_slot(guess.lkey_last).filter(|&s| Some(s) != own_slot);
         // SAFETY (whole block): entries of live tables at in-range indices;
         // the alignment is asserted above.
         unsafe {
             let own_mr = match own_slot {
-                Some(s) => read_mr(&raw const own.mrs[s]),
-                None => MrEntry::EMPTY,
-            };
-            let own_mr_last = match own_slot_last {
                 Some(s) => read_mr(&raw const own.mrs[s]),
                 None => MrEntry::EMPTY,
             };
@@ -544,8 +508,6 @@ impl<'a> Preload<'a> {
                 tables: Tables { ports, own },
                 own_slot,
                 own_mr,
-                own_slot_last,
-                own_mr_last,
                 peer_now,
                 window,
                 peer_ok: live && peer_now != 0 && peer_now == guess.peer && pq < MAX_QPS,
@@ -571,20 +533,10 @@ impl<'a> Preload<'a> {
 impl WriteTables for Preload<'_> {
     #[inline(always)]
     fn local(&self, key: u32, pd: u32, addr: u64, len: u64) -> Option<*mut u8> {
-        let slot = key_slot(key);
-        let mr = if len == 0 || slot.is_none() {
-            None
-        } else if slot == self.own_slot {
-            Some(&self.own_mr)
-        } else if slot == self.own_slot_last {
-            Some(&self.own_mr_last)
-        } else {
-            None
-        };
-        match mr {
-            Some(mr) => mr.admits(key, pd, addr, len, 0).ok(),
-            None => self.tables.local(key, pd, addr, len),
+        if len == 0 || self.own_slot.is_none() || key_slot(key) != self.own_slot {
+            return self.tables.local(key, pd, addr, len);
         }
+        self.own_mr.admits(key, pd, addr, len, 0).ok()
     }
 
     #[inline(always)]
@@ -789,12 +741,12 @@ mod tests {
             ];
             // The guess.
             let right = rng.gen_bool(0.6);
-            let other_lkeys = [make_key(0, 1), make_key(1, 2), make_key(0, 2), 0];
-            // Right as the first or as the last WQE's key, or neither.
-            let last_right = !right && rng.gen_bool(0.5);
             let guess = Guess {
-                lkey: if right { lkey } else { other_lkeys[rng.gen_range(0..4)] },
-                lkey_last: if last_right { lkey } else { other_lkeys[rng.gen_range(0..4)] },
+                lkey: if right {
+                    lkey
+                } else {
+                    [make_key(0, 1), make_key(1, 2), make_key(0, 2), 0][rng.gen_range(0..4)]
+                },
                 rkey: if right {
                     rkey
                 } else {
@@ -821,9 +773,7 @@ mod tests {
             assert_eq!(pre.answering(&h), want_open, "trial {trial}: whether the responder answers");
             let want = seen(check_write(&tables, &h, idx, &segs));
             assert_eq!(seen(check_write(&pre, &h, idx, &segs)), want, "trial {trial}: {guess:?} {segs:x?}");
-            let local_hit = len != 0
-                && key_slot(lkey).is_some()
-                && (key_slot(lkey) == key_slot(guess.lkey) || key_slot(lkey) == key_slot(guess.lkey_last));
+            let local_hit = len != 0 && key_slot(lkey).is_some() && key_slot(lkey) == key_slot(guess.lkey);
             let remote_hit = pre.peer_ok && key_slot(rkey).is_some() && key_slot(rkey) == key_slot(guess.rkey);
             if local_hit && remote_hit {
                 hits += 1;
