@@ -89,8 +89,8 @@ impl BlockMover {
         // SAFETY: slots claimed by `hold_cqe` in live CQs of this engine's
         // own tables, in this order; the payloads they report have landed.
         unsafe {
-            self.held_older.release(scope);
-            self.held.release(scope);
+            self.held[(self.held_new ^ 1) & 1].release(scope);
+            self.held[self.held_new & 1].release(scope);
         }
         let waited = ptx::clock64().wrapping_sub(c0);
         self.copy_cycles += waited;
@@ -123,7 +123,7 @@ impl BlockMover {
             mem::copy_in_flight(false);
             let scope = PayloadMover::scope(self);
             // SAFETY: as in `drain_copy`.
-            unsafe { self.held_older.release(scope) };
+            unsafe { self.held[(self.held_new ^ 1) & 1].release(scope) };
             mem::copy_in_flight(true);
         }
         if let Some(mut p) = self.posting.take() {
@@ -131,14 +131,16 @@ impl BlockMover {
             // the block any more.
             unsafe { self.claim_rest(&mut p, true) };
             self.older = Some(p);
-            self.held_older = core::mem::replace(&mut self.held, Held::NONE);
+            // Its CQE's slot becomes the older one's (released above):
+            // the next copy's CQE is held in the other.
+            self.held_new ^= 1;
         } else {
             // The copy in flight was the block's own, landed at the
             // barrier: nothing is in flight any more.
             mem::copy_in_flight(false);
             let scope = PayloadMover::scope(self);
             // SAFETY: as in `drain_copy`.
-            unsafe { self.held.release(scope) };
+            unsafe { self.held[self.held_new & 1].release(scope) };
         }
         let waited = ptx::clock64().wrapping_sub(c0);
         self.copy_cycles += waited;
@@ -151,7 +153,8 @@ impl BlockMover {
     /// As for [`PayloadMover::hold_cqe`].
     #[inline(always)]
     pub(super) unsafe fn hold(&mut self, cq: &mut CqEntry, w: &[u32; 16]) -> bool {
-        if !self.in_flight() || !self.held.cq.is_null() {
+        let held = &mut self.held[self.held_new & 1];
+        if !(self.pending || self.posting.is_some() || self.older.is_some()) || !held.cq.is_null() {
             return false;
         }
         // SAFETY: the caller's contract.
@@ -159,11 +162,11 @@ impl BlockMover {
             return false;
         };
         // Word by word: an array moved by value may become a byte loop.
-        for (d, v) in self.held.img.iter_mut().zip(w.iter()) {
+        for (d, v) in held.img.iter_mut().zip(w.iter()) {
             *d = *v;
         }
-        self.held.at = at;
-        self.held.cq = cq;
+        held.at = at;
+        held.cq = cq;
         true
     }
 }

@@ -302,11 +302,12 @@ pub struct BlockMover {
     help_copy_ns: u64,
     /// Bytes the bulk-copy unit moved.
     bulk_bytes: u64,
-    /// The CQE held for the newest copy in flight
-    /// ([`PayloadMover::hold_cqe`]), and the one held for the shared copy
-    /// posted before it (`older`).
-    held: deferred::Held,
-    held_older: deferred::Held,
+    /// The CQEs held for the newest copy in flight
+    /// ([`PayloadMover::hold_cqe`]), `held[held_new]`, and for the shared
+    /// copy posted before it (`older`), the other one: the slots swap
+    /// roles rather than move their images.
+    held: [deferred::Held; 2],
+    held_new: usize,
 }
 
 impl BlockMover {
@@ -626,8 +627,8 @@ impl BlockMover {
                 help_claim_ns: 0,
                 help_seen_ns: 0,
                 help_copy_ns: 0,
-                held: deferred::Held::NONE,
-                held_older: deferred::Held::NONE,
+                held: [deferred::Held::NONE; 2],
+                held_new: 0,
             }
         }
     }
