@@ -266,15 +266,13 @@ pub struct EngineCounters {
     pub helped_chunks: u64,
     /// Postings of other blocks this block copied chunks of, and the time
     /// from each posting to this block's first claim on it, summed (how
-    /// late the helpers come; the later claims of a posting also wait for
-    /// the helper's own earlier chunks).
+    /// late the helpers come).
     pub helped_postings: u64,
     /// See `helped_postings`.
     pub help_claim_ns: u64,
     /// Of `help_claim_ns`, the part until the look at the boards that saw
-    /// the posting, summed over the same postings (the rest: from that
-    /// look to the claim, which includes the chunks of postings this block
-    /// took first in the same look).
+    /// the posting (and claimed the chunk), summed over the same postings;
+    /// the rest runs from that look to the claim.
     pub help_seen_ns: u64,
     /// Time this block spent copying other blocks' chunks, ns.
     pub help_copy_ns: u64,

@@ -257,6 +257,9 @@ pub struct BlockMover {
     /// The last posting on each block's board this block has seen through
     /// (only blocks that may serve QPs post).
     seen: [u32; super::tables::MAX_SHARDS],
+    /// The posting on each board this block last copied a chunk of (its
+    /// delay to the first claim is counted once).
+    helped_seq: [u32; super::tables::MAX_SHARDS],
     /// The number of this block's last posting on its own board (only
     /// this block changes it; the host writes every board's claim word 0
     /// at each launch).
@@ -603,6 +606,7 @@ impl BlockMover {
                 me: shards.me,
                 share: 0,
                 seen: [0; super::tables::MAX_SHARDS],
+                helped_seq: [0; super::tables::MAX_SHARDS],
                 posted: 0,
                 posting: None,
                 older: None,

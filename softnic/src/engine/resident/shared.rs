@@ -40,7 +40,9 @@
 //!   word, compared with the last posting it saw there. Each block starts
 //!   at another board (its own index modulo the boards), so blocks that
 //!   look at once take chunks of different postings, and a posting whose
-//!   claim word shows every chunk taken costs nothing more.
+//!   claim word shows every chunk taken costs nothing more. A look copies
+//!   one chunk at most: the other postings it saw go to the blocks that
+//!   look next rather than wait behind that chunk.
 //! * **No waits on others' work.** The owner claims chunks like any block
 //!   and waits only for chunks another block has claimed, which that
 //!   block copies without waiting for anything: a block with a copy of its
@@ -405,13 +407,18 @@ impl BlockMover {
             }
             // SAFETY: the caller's contract.
             copied += unsafe { self.help_board(b, c, scan_ns) };
+            if copied != 0 {
+                // One chunk a look: the postings this look saw besides
+                // go to the blocks that look next (or to this one's next
+                // look), rather than wait behind this chunk.
+                break;
+            }
         }
         copied
     }
 
-    /// Copies chunks of the posting on block `b`'s board until none is
-    /// left to claim, remembers the posting as seen, and returns the
-    /// chunks it copied.
+    /// Copies a chunk of the posting on block `b`'s board and returns 1;
+    /// 0, with the posting remembered as seen, when none is left to claim.
     ///
     /// # Safety
     /// As for [`Self::help`].
@@ -422,7 +429,7 @@ impl BlockMover {
         unsafe {
             // Claimed first, from the word `help` read: a posting whose
             // chunks are all taken costs no more trips.
-            let Some(first) = claim_chunk_from(board, seq, claim) else {
+            let Some(c) = claim_chunk_from(board, seq, claim) else {
                 self.seen[b] = seq;
                 return 0;
             };
@@ -445,26 +452,25 @@ impl BlockMover {
                 src: core::ptr::read_volatile(&raw const (*slot).src),
                 len: core::ptr::read_volatile(&raw const (*slot).len),
             };
-            let posted_ns = core::ptr::read_volatile(&raw const (*slot).posted_ns);
-            self.helped_postings += 1;
-            self.help_claim_ns += claimed_ns.saturating_sub(posted_ns);
-            self.help_seen_ns += scan_ns.saturating_sub(posted_ns);
-            let mut copied = 0u32;
-            let mut next = Some(first);
-            while let Some(c) = next {
-                // Off the GPU: a claimed chunk lands late, as a busy SM's
-                // might (an owner that does not wait for it fails the tests).
-                mem::claimed_chunk_lands_late();
-                let job = p.chunk_job(c);
-                // Nothing in flight (`help`'s check).
-                let t0 = ptx::globaltimer_ns();
-                self.round_now(job, false);
-                self.help_copy_ns += ptx::globaltimer_ns().saturating_sub(t0);
-                self.shared_bytes += job.len;
-                self.helped_chunks += 1;
-                copied += 1;
-                next = claim_chunk(board, seq);
+            if self.helped_seq[b] != seq {
+                // This block's first chunk of the posting.
+                self.helped_seq[b] = seq;
+                let posted_ns = core::ptr::read_volatile(&raw const (*slot).posted_ns);
+                self.helped_postings += 1;
+                self.help_claim_ns += claimed_ns.saturating_sub(posted_ns);
+                self.help_seen_ns += scan_ns.saturating_sub(posted_ns);
             }
+            // Off the GPU: a claimed chunk lands late, as a busy SM's
+            // might (an owner that does not wait for it fails the tests).
+            mem::claimed_chunk_lands_late();
+            let job = p.chunk_job(c);
+            // Nothing in flight (`help`'s check).
+            let t0 = ptx::globaltimer_ns();
+            self.round_now(job, false);
+            self.help_copy_ns += ptx::globaltimer_ns().saturating_sub(t0);
+            self.shared_bytes += job.len;
+            self.helped_chunks += 1;
+            let copied = 1;
             // This block's counts of others' chunks go out with the
             // chunks: a block that serves no QP publishes its other
             // counters only every so many idle passes, and a reader of
@@ -484,7 +490,6 @@ impl BlockMover {
                 Scope::Gpu => ptx::atom_add_relaxed_gpu_u32(done, copied),
                 Scope::Sys => ptx::atom_add_relaxed_sys_u32(done, copied),
             };
-            self.seen[b] = p.seq;
             copied
         }
     }
