@@ -64,9 +64,17 @@ impl BlockMover {
     /// interrupts. Only then the held CQEs.
     #[inline(always)]
     pub(super) fn drain_copy(&mut self) {
-        if !self.in_flight() {
-            return;
+        if self.in_flight() {
+            self.drain_in_flight();
         }
+    }
+
+    /// [`Self::drain_copy`] with a copy in flight: out of line, so that
+    /// the engine's many drain points stay a test and a call (inlined
+    /// whole, they grew the one-WQE path's steps past what the compiler
+    /// inlines into it).
+    #[inline(never)]
+    fn drain_in_flight(&mut self) {
         let c0 = ptx::clock64();
         if self.pending {
             block_barrier();
