@@ -72,7 +72,7 @@ pub struct LaneEngine {
     pub help_claim_ns: u64,
     pub help_seen_ns: u64,
     pub help_copy_ns: u64,
-    /// Shared copies posted while the one before was still in flight.
+    /// Shared copies posted before the one before was drained.
     pub pipelined_copies: u64,
 }
 
@@ -385,7 +385,7 @@ fn print_put_engine(e: &LaneEngine, bytes: u64, blocks: u32) {
     );
     if e.shared_copies != 0 || e.deferred_copies != 0 {
         println!(
-            "# of the copies' cycles per copy: waiting for its own block {:.0}, for other blocks' chunks {:.0}; of {} shared copies' {} chunks, {} left to their owner's drain ({} copies posted while the one before was still in flight); other blocks copied {} chunks of {} postings, their first claim on a posting {:.0} ns after it on average ({:.0} until the look that saw it), {:.0} ns copying a chunk",
+            "# of the copies' cycles per copy: waiting for its own block {:.0}, for other blocks' chunks {:.0}; of {} shared copies' {} chunks, {} left to their owner's drain ({} copies posted before the one before was drained); other blocks copied {} chunks of {} postings, their first claim on a posting {:.0} ns after it on average ({:.0} until the look that saw it), {:.0} ns copying a chunk",
             per(e.drain_own_cycles, n),
             per(e.drain_shared_cycles, n),
             e.shared_copies,

@@ -4,8 +4,9 @@
 //! engine blocks) without waiting between them, then `quiet`s; the host
 //! applies the same list to its own copy of both buffers and compares
 //! every byte and the canaries around them. Transfers that touch disjoint
-//! bytes, or write the same bytes from the same source bytes, may run
-//! beside the one before ([`EngineCounters::pipelined_copies`] counts
+//! bytes, or (puts, whose sources do not change until they complete)
+//! write the same bytes from the same source bytes, may run beside the
+//! one before ([`EngineCounters::pipelined_copies`] counts
 //! them); a transfer that reads what one in flight writes, writes what it
 //! reads, or writes its bytes from other source bytes waits for it.
 
@@ -34,7 +35,7 @@ struct Case {
     ordered: bool,
 }
 
-const CASES: [Case; 5] = [
+const CASES: [Case; 6] = [
     Case {
         name: "puts to distinct places",
         list: &[
@@ -51,20 +52,19 @@ const CASES: [Case; 5] = [
     },
     Case {
         name: "puts of the same source to the same place",
-        list: &[
-            (PUT, 6, 2),
-            (PUT, 6, 2),
-            (PUT, 6, 2),
-            (PUT, 6, 2),
-            (PUT, 6, 2),
-            (PUT, 6, 2),
-            (PUT, 6, 2),
-        ],
+        list: &[(PUT, 6, 2); 10],
         ordered: false,
     },
     Case {
         name: "puts of other sources to the same place (the last one wins)",
         list: &[(PUT, 7, 0), (PUT, 7, 1), (PUT, 7, 2), (PUT, 7, 3), (PUT, 7, 4)],
+        ordered: true,
+    },
+    Case {
+        // A READ's source is the responder's memory, which may change
+        // between two gets: they are not the same copy twice.
+        name: "gets of the same remote place into the same place",
+        list: &[(GET, 5, 3); 10],
         ordered: true,
     },
     Case {
@@ -114,7 +114,7 @@ fn transfers_land_in_order(dev: Device) {
     let bytes = (PIECE * PIECES) as usize;
     // Rounds of the cases, each with its own bytes; rank 0 returns how
     // many copies ran beside the one before, per case.
-    const ROUNDS: usize = 4;
+    const ROUNDS: usize = 6;
     let ranks = Communicator::local(2, b, o, |comm| {
         let m = comm.device().load_module(&TEST_KERNELS)?;
         let f = m.function::<transfers_in_order_ibgda>()?;

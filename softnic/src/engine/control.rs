@@ -238,7 +238,8 @@ pub struct EngineCounters {
     pub bulk_bytes: u64,
     /// Block copies that moved their bytes while the control thread went
     /// on to check the QP's next WQE (`PayloadMover::defer`); the control
-    /// waited for each at its next copy or publication (its wait counts in
+    /// waited for each at its next copy or publication, or (a shared copy
+    /// the next one may run beside) at the copy after (its wait counts in
     /// `copy_cycles`). A shared copy counts once, whoever copied its
     /// chunks (all of them perhaps other blocks).
     pub deferred_copies: u64,
@@ -276,8 +277,8 @@ pub struct EngineCounters {
     pub help_seen_ns: u64,
     /// Time this block spent copying other blocks' chunks, ns.
     pub help_copy_ns: u64,
-    /// Shared copies this block posted while its previous one was still
-    /// in flight (other blocks still copying its chunks).
+    /// Shared copies this block posted before its previous one was
+    /// drained (other blocks' chunks of it perhaps still being copied).
     pub pipelined_copies: u64,
 }
 

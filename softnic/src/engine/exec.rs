@@ -221,8 +221,9 @@ unsafe fn check_receive(port: &Port, pq: usize, idx: u32, recv: &mut RecvWqe) ->
 unsafe fn gather_to<M: PayloadMover>(w: &Wqe, dst: *mut u8, mover: &mut M) {
     let mut off = 0usize;
     for d in w.segments() {
-        // SAFETY: the caller's contract.
-        unsafe { mover.copy(dst.add(off), d.addr as usize as *const u8, d.byte_count as usize) };
+        // SAFETY: the caller's contract; the gather list is the
+        // requester's, frozen until its WQE completes.
+        unsafe { mover.copy_frozen(dst.add(off), d.addr as usize as *const u8, d.byte_count as usize) };
         off += d.byte_count as usize;
     }
 }
@@ -262,9 +263,10 @@ unsafe fn gather_to_receive<M: PayloadMover>(w: &Wqe, recv: &RecvWqe, mover: &mu
                 continue;
             }
             let chunk = room.min(s.byte_count as u64 - src_off);
-            // SAFETY: the caller's contract.
+            // SAFETY: the caller's contract; the gather list is the
+            // sender's, frozen until its WQE completes.
             unsafe {
-                mover.copy(
+                mover.copy_frozen(
                     (d.addr + dst_off) as usize as *mut u8,
                     (s.addr + src_off) as usize as *const u8,
                     chunk as usize,

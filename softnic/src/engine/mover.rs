@@ -110,15 +110,30 @@ pub trait PayloadMover {
     /// Moves `len` bytes from `src` to `dst` (an RDMA WRITE's gather list,
     /// a READ's scatter list, a send, an atomic's result). The ranges may
     /// overlap (loopback into one region). Every byte has landed when it
-    /// returns (or, while [`defer`](Self::defer) is on, after the next
-    /// [`drain`](Self::drain) or copy), and is ordered before what an observer may poll after it:
-    /// the engine's later CQEs and atomics (releases), signal words (later
-    /// copies of 8 or 16 aligned bytes) and short copies; not before later
-    /// bulk payload.
+    /// returns (or, while [`defer`](Self::defer) is on, by the next
+    /// [`drain`](Self::drain), and a later copy whose bytes its order could
+    /// change starts after it), and is ordered before what an observer may
+    /// poll after it: the engine's later CQEs and atomics (releases),
+    /// signal words (later copies of 8 or 16 aligned bytes) and short
+    /// copies; not before later bulk payload.
     ///
     /// # Safety
     /// Both ranges are valid for `len` bytes.
     unsafe fn copy(&mut self, dst: *mut u8, src: *const u8, len: usize);
+
+    /// [`copy`](Self::copy) from a source that does not change until the
+    /// WQE completes (a requester's own gather list: a WRITE's or a send's,
+    /// which the verbs contract freezes until then), so two copies in
+    /// flight that write the same bytes from the same source bytes write
+    /// the same values. A READ's source (the responder's memory) is not.
+    ///
+    /// # Safety
+    /// As for [`copy`](Self::copy).
+    #[inline(always)]
+    unsafe fn copy_frozen(&mut self, dst: *mut u8, src: *const u8, len: usize) {
+        // SAFETY: the caller's contract.
+        unsafe { self.copy(dst, src, len) }
+    }
 
     /// Lets a block copy that [`copy`](Self::copy) starts run on after it
     /// returns (`on`), until [`drain`](Self::drain): the control thread then

@@ -2,8 +2,9 @@
 //! ([`PayloadMover::defer`]) — the block's own, or a shared copy of which
 //! the block copies one chunk while other blocks copy the rest
 //! (`shared`): meeting the block at the copy's second barrier and
-//! finishing the shared copy ([`PayloadMover::drain`]), and the CQE that
-//! waits for it ([`PayloadMover::hold_cqe`]).
+//! finishing the shared copies ([`PayloadMover::drain`]; the next shared
+//! copy may be posted beside the last one's chunks still in flight), and
+//! the CQEs that wait for them ([`PayloadMover::hold_cqe`]).
 
 use doorbell_kernels::ptx;
 
@@ -143,8 +144,8 @@ impl BlockMover {
             // the next copy's CQE is held in the other.
             self.held_new ^= 1;
         } else {
-            // The copy in flight was the block's own, landed at the
-            // barrier: nothing is in flight any more.
+            // No shared copy was in flight: the block's own copy, if one
+            // was, landed at the barrier; nothing is in flight any more.
             mem::copy_in_flight(false);
             let scope = PayloadMover::scope(self);
             // SAFETY: as in `drain_copy`.

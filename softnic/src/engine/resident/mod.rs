@@ -281,6 +281,8 @@ pub struct BlockMover {
     /// A block copy may run on past [`PayloadMover::copy`] (the caller
     /// drains before it publishes).
     defer: bool,
+    /// The copy being made is [`PayloadMover::copy_frozen`]'s.
+    frozen: bool,
     /// A block copy is in flight: the block is between the round's two
     /// barriers, and thread 0 has not met it at the second yet (a copy of
     /// its own, or its own chunk of its shared copy in flight).
@@ -617,6 +619,7 @@ impl BlockMover {
                 bulk: core::ptr::read_volatile(&raw const (*ctl).bulk_copy) != 0 && ptx::dynamic_shared_mem_bytes() >= SHARED_BYTES_BULK,
                 bulk_bytes: 0,
                 defer: false,
+                frozen: false,
                 pending: false,
                 deferred_copies: 0,
                 overlapped_copies: 0,

@@ -117,6 +117,13 @@ impl PayloadMover for BlockMover {
         }
     }
 
+    unsafe fn copy_frozen(&mut self, dst: *mut u8, src: *const u8, len: usize) {
+        self.frozen = true;
+        // SAFETY: the caller's contract.
+        unsafe { self.copy(dst, src, len) };
+        self.frozen = false;
+    }
+
     unsafe fn copy(&mut self, dst: *mut u8, src: *const u8, len: usize) {
         if len == 0 {
             return;
@@ -184,7 +191,7 @@ impl PayloadMover for BlockMover {
                 unsafe { self.round_or_defer(job, self.defer) };
             }
             // The block's stores are ordered before the barrier that ends
-            // the round (for a deferred copy, the one `drain` meets), so
+            // the round (for a deferred copy, the one a drain meets), so
             // thread 0's next release (a signal word, an atomic, a CQE) or
             // fence publishes them too.
             self.dirty = true;

@@ -29,10 +29,12 @@
 //!   the copy before the last must have landed, since its slot is reused.
 //!   A copy whose bytes could differ for it — one that writes what a copy
 //!   in flight reads, reads what one writes, or writes what one writes
-//!   from another source displacement — drains first, so the copies of a
-//!   QP land as if one after the other. (Two copies that write the same
-//!   byte from the same source byte write the same value: a WQE's source
-//!   must not change until it completes.)
+//!   other than from the same source byte of a frozen source — drains
+//!   first, so the copies of a QP land as if one after the other. (Two
+//!   copies that write the same byte from the same byte of a WRITE's or a
+//!   send's gather list write the same value: the requester must not
+//!   change it until the WQE completes ([`PayloadMover::copy_frozen`]); a
+//!   READ's source, the responder's memory, may change between two.)
 //! * **Who looks.** Blocks that serve no QP (more blocks than QP groups)
 //!   at the top of
 //!   each pass, the others every [`HELP_EVERY`] passes
@@ -152,21 +154,26 @@ pub(super) struct Posting {
     chunk: u32,
     /// Chunks the owner claimed so far.
     mine: u32,
+    /// Its source does not change until its WQE completes
+    /// ([`PayloadMover::copy_frozen`]).
+    frozen: bool,
     dst: u64,
     src: u64,
     len: u64,
 }
 
 impl Posting {
-    /// Whether a copy of `len` bytes from `src` to `dst` may land in any
-    /// order with this one, its bytes the same either way: it neither
-    /// writes what this one reads nor reads what this one writes, and
-    /// where both write the same byte they copy it from the same source
-    /// byte (the same displacement).
-    fn commutes(&self, dst: u64, src: u64, len: u64) -> bool {
+    /// Whether a copy of `len` bytes from `src` to `dst` (its source
+    /// `frozen` or not) may land in any order with this one, its bytes the
+    /// same either way: it neither writes what this one reads nor reads
+    /// what this one writes, and where both write the same byte they copy
+    /// it from the same source byte (the same displacement) of sources
+    /// that do not change meanwhile (two READs of memory the responder may
+    /// change between them do not commute).
+    fn commutes(&self, dst: u64, src: u64, len: u64, frozen: bool) -> bool {
         !meet(dst, len, self.src, self.len)
             && !meet(src, len, self.dst, self.len)
-            && (!meet(dst, len, self.dst, self.len) || dst.wrapping_sub(src) == self.dst.wrapping_sub(self.src))
+            && (!meet(dst, len, self.dst, self.len) || (frozen && self.frozen && dst.wrapping_sub(src) == self.dst.wrapping_sub(self.src)))
     }
 
     /// The block copy of chunk `c` (one of the posting's).
@@ -211,21 +218,30 @@ impl BlockMover {
     /// is shared and it [commutes](Posting::commutes) with each of them.
     pub(super) fn may_post_beside(&self, dst: *mut u8, src: *const u8, len: usize) -> bool {
         let (d, s, l) = (dst as usize as u64, src as usize as u64, len as u64);
-        self.defer && self.cut(len).is_some() && [self.posting, self.older].iter().flatten().all(|p| p.commutes(d, s, l))
+        self.defer
+            && self.cut(len).is_some()
+            && [self.posting, self.older]
+                .iter()
+                .flatten()
+                .all(|p| p.commutes(d, s, l, self.frozen))
     }
 
     /// Copies `len` bytes from `src` to `dst` (not overlapping) with the
     /// help of the port's other blocks: with `defer`, this block copies one
     /// chunk and the call returns while that chunk and the others' are in
-    /// flight ([`drain_copy`](Self::drain_copy) copies what is left and
-    /// waits for the rest); otherwise it returns once all of it is copied.
+    /// flight (the next posting, [`BlockMover::drain_for_posting`], or
+    /// [`drain_copy`](Self::drain_copy) copies what is left unclaimed, and
+    /// a drain waits for the rest); otherwise it returns once all of it
+    /// is copied.
     /// `false` (nothing copied) when the copy is too short or too long to
     /// share, the port has one block, or every block serves QPs (each busy
     /// with copies of its own).
     ///
     /// # Safety
     /// Both ranges are valid for `len` bytes, and do not overlap, until the
-    /// copy is drained; nothing is in flight.
+    /// copy is drained; the block has no copy in flight (other blocks'
+    /// chunks of this block's last posting may be, when that posting is
+    /// one this copy may run beside).
     #[inline(never)]
     pub(super) unsafe fn copy_shared(&mut self, dst: *mut u8, src: *const u8, len: usize, defer: bool) -> bool {
         // SAFETY: the caller's contract.
@@ -260,6 +276,7 @@ impl BlockMover {
             chunks: chunks as u32,
             chunk: chunk as u32,
             mine: 1,
+            frozen: self.frozen,
             dst: dst as usize as u64,
             src: src as usize as u64,
             len: len as u64,
@@ -361,8 +378,8 @@ impl BlockMover {
         }
     }
 
-    /// Copies chunks of the postings on the other blocks' boards that this
-    /// block has not seen yet, until none is left to claim; returns the
+    /// Copies a chunk of a posting on the other blocks' boards that this
+    /// block has not seen through yet (one chunk a look); returns the
     /// chunks it copied. Nothing while a copy of this block's is in flight:
     /// a block claims others' chunks only when it waits for nothing, so no
     /// two owners ever wait for each other's chunks.
@@ -448,6 +465,7 @@ impl BlockMover {
                 chunks: chunks_of(claim),
                 chunk: core::ptr::read_volatile(&raw const (*slot).chunk),
                 mine: 0,
+                frozen: false,
                 dst: core::ptr::read_volatile(&raw const (*slot).dst),
                 src: core::ptr::read_volatile(&raw const (*slot).src),
                 len: core::ptr::read_volatile(&raw const (*slot).len),
