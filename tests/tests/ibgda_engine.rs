@@ -253,8 +253,43 @@ per_backend! {
 /// atomic behind it in the pass that follows at once.
 fn lone_round_trips(backend: Backend, iters: u32, add: bool) {
     let _ = doorbell::init_logging();
+    // A busy machine can make every emulated pass outlast the refresh period
+    // (all forced, none lone): the checked round trips then run again.
+    let runs = if backend == Backend::Gpu { 1 } else { 3 };
+    let mut reports = vec![];
+    for _ in 0..runs {
+        reports = lone_round_trip_run(backend, iters, add);
+        if reports.iter().all(|c| c.lone_doorbells > 0) {
+            break;
+        }
+    }
+    for (r, c) in reports.iter().enumerate() {
+        eprintln!(
+            "rank {r} (add {add}): {} lone doorbells, {} WQEs on the lone path, {} in bursts, {} passes",
+            c.lone_doorbells, c.lone_wqes, c.burst_wqes, c.passes
+        );
+        assert!(
+            c.lone_doorbells > 0 && c.lone_wqes > 0,
+            "rank {r}: nothing took the lone path: {c:?}"
+        );
+        // The round trips post two WQEs each; the ranks' barriers around
+        // them a few more (a rank's last WQEs may all take the lone path).
+        assert!(
+            c.rung_wqes <= iters as u64 * 2 + 8,
+            "rank {r}: the engine saw more WQEs rung than the round trips and barriers post: {c:?}"
+        );
+        assert!(c.lone_wqes <= c.rung_wqes, "rank {r}: more lone WQEs than rung: {c:?}");
+        assert!(
+            c.phase_cycles[EnginePhase::Lone as usize] > 0,
+            "rank {r}: no cycles in the lone phase: {c:?}"
+        );
+    }
+}
+
+/// One checked run of [`lone_round_trips`]: each rank's engine counters.
+fn lone_round_trip_run(backend: Backend, iters: u32, add: bool) -> Vec<doorbell_softnic::engine::EngineCounters> {
     let io = kernel_engine(64, 64 << 10);
-    let reports = Communicator::local(2, backend, opts(backend, Duration::from_secs(20)), |comm| {
+    Communicator::local(2, backend, opts(backend, Duration::from_secs(20)), |comm| {
         let dev = comm.device();
         let m = dev.load_module(&TEST_KERNELS)?;
         let (src, dst, sig) = (comm.alloc::<u64>(1)?, comm.alloc::<u64>(1)?, comm.alloc::<u64>(1)?);
@@ -287,28 +322,7 @@ fn lone_round_trips(backend: Backend, iters: u32, add: bool) {
         comm.barrier()?;
         Ok(comm.ibgda_engine().expect("set up").counters)
     })
-    .expect("the world");
-    for (r, c) in reports.iter().enumerate() {
-        eprintln!(
-            "rank {r} (add {add}): {} lone doorbells, {} WQEs on the lone path, {} in bursts, {} passes",
-            c.lone_doorbells, c.lone_wqes, c.burst_wqes, c.passes
-        );
-        assert!(
-            c.lone_doorbells > 0 && c.lone_wqes > 0,
-            "rank {r}: nothing took the lone path: {c:?}"
-        );
-        // The round trips post two WQEs each; the ranks' barriers around
-        // them a few more (a rank's last WQEs may all take the lone path).
-        assert!(
-            c.rung_wqes <= iters as u64 * 2 + 8,
-            "rank {r}: the engine saw more WQEs rung than the round trips and barriers post: {c:?}"
-        );
-        assert!(c.lone_wqes <= c.rung_wqes, "rank {r}: more lone WQEs than rung: {c:?}");
-        assert!(
-            c.phase_cycles[EnginePhase::Lone as usize] > 0,
-            "rank {r}: no cycles in the lone phase: {c:?}"
-        );
-    }
+    .expect("the world")
 }
 
 per_backend! {
@@ -442,28 +456,15 @@ fn engine_settings_are_parsed_strictly() {
         let e = SoftNicEngine::parse("DOORBELL_SOFTNIC_ENGINE", bad).unwrap_err().to_string();
         assert!(e.contains("DOORBELL_SOFTNIC_ENGINE"), "{bad}: {e}");
     }
+    let with = |engine_threads, engine_blocks| IbgdaOptions {
+        engine_threads,
+        engine_blocks,
+        ..kernel_engine(64, 1 << 20)
+    };
     let bad = [
-        (
-            IbgdaOptions {
-                engine_threads: Some(48),
-                ..kernel_engine(64, 1 << 20)
-            },
-            "multiple of 32",
-        ),
-        (
-            IbgdaOptions {
-                engine_blocks: Some(33),
-                ..kernel_engine(64, 1 << 20)
-            },
-            "engine_blocks 33 is not in 1..=32",
-        ),
-        (
-            IbgdaOptions {
-                engine_blocks: Some(0),
-                ..kernel_engine(64, 1 << 20)
-            },
-            "engine_blocks 0 is not in 1..=32",
-        ),
+        (with(Some(48), None), "multiple of 32"),
+        (with(None, Some(33)), "engine_blocks 33 is not in 1..=32"),
+        (with(None, Some(0)), "engine_blocks 0 is not in 1..=32"),
     ];
     for (io, want) in bad {
         let r = Communicator::local(1, Backend::Cpu, CommOptions::default(), |comm| comm.ibgda_with(&io).map(|_| ()));
