@@ -77,12 +77,7 @@ impl BlockMover {
     #[inline(never)]
     fn drain_in_flight(&mut self) {
         let c0 = ptx::clock64();
-        if self.pending {
-            block_barrier();
-            self.pending = false;
-            self.last_barrier_ns = ptx::globaltimer_ns();
-            self.drain_own_cycles += ptx::clock64().wrapping_sub(c0);
-        }
+        self.meet_block(c0);
         if let Some(p) = self.posting.take() {
             // SAFETY: this block's posting, its ranges checked by the
             // engine when it was posted; nothing is in flight any more, so
@@ -93,17 +88,10 @@ impl BlockMover {
             // SAFETY: the posting before, every chunk claimed.
             unsafe { self.wait_others(&p) };
         }
-        mem::copy_in_flight(false);
-        let scope = PayloadMover::scope(self);
-        // SAFETY: slots claimed by `hold_cqe` in live CQs of this engine's
-        // own tables, in this order; the payloads they report have landed.
-        unsafe {
-            self.held[(self.held_new ^ 1) & 1].release(scope);
-            self.held[self.held_new & 1].release(scope);
-        }
-        let waited = ptx::clock64().wrapping_sub(c0);
-        self.copy_cycles += waited;
-        self.lap_start = self.lap_start.wrapping_add(waited);
+        // Both copies have landed: the older one's CQE, then the newest's.
+        self.release_held(self.held_new ^ 1, false);
+        self.release_held(self.held_new, false);
+        self.count_drain(c0);
     }
 
     /// Before a shared copy that may be posted beside this block's copies
@@ -116,24 +104,14 @@ impl BlockMover {
     #[inline(never)]
     pub(super) fn drain_for_posting(&mut self) {
         let c0 = ptx::clock64();
-        if self.pending {
-            block_barrier();
-            self.pending = false;
-            self.last_barrier_ns = ptx::globaltimer_ns();
-            self.drain_own_cycles += ptx::clock64().wrapping_sub(c0);
-        }
+        self.meet_block(c0);
         if let Some(p) = self.older.take() {
             // SAFETY: this block's posting before the last, every chunk
             // claimed.
             unsafe { self.wait_others(&p) };
             // Its copy and everything before it have landed; the last
-            // posting, after it, is still in flight (off the GPU the
-            // engine checks that nothing is published while a copy is).
-            mem::copy_in_flight(false);
-            let scope = PayloadMover::scope(self);
-            // SAFETY: as in `drain_copy`.
-            unsafe { self.held[(self.held_new ^ 1) & 1].release(scope) };
-            mem::copy_in_flight(true);
+            // posting, after it, is still in flight.
+            self.release_held(self.held_new ^ 1, true);
         }
         if let Some(mut p) = self.posting.take() {
             // SAFETY: this block's newest posting; nothing is in flight on
@@ -146,11 +124,40 @@ impl BlockMover {
         } else {
             // No shared copy was in flight: the block's own copy, if one
             // was, landed at the barrier; nothing is in flight any more.
-            mem::copy_in_flight(false);
-            let scope = PayloadMover::scope(self);
-            // SAFETY: as in `drain_copy`.
-            unsafe { self.held[self.held_new & 1].release(scope) };
+            self.release_held(self.held_new, false);
         }
+        self.count_drain(c0);
+    }
+
+    /// Meets the block at the second barrier of its copy in flight, if
+    /// any (the wait since `c0` counts as the drain's own-block wait).
+    #[inline(always)]
+    fn meet_block(&mut self, c0: u64) {
+        if self.pending {
+            block_barrier();
+            self.pending = false;
+            self.last_barrier_ns = ptx::globaltimer_ns();
+            self.drain_own_cycles += ptx::clock64().wrapping_sub(c0);
+        }
+    }
+
+    /// Writes the CQE held in slot `k` (if any), whose copy and every copy
+    /// before it have landed; `in_flight`: a later copy still is (off the
+    /// GPU the engine checks that nothing is published while one is).
+    #[inline(always)]
+    fn release_held(&mut self, k: usize, in_flight: bool) {
+        mem::copy_in_flight(false);
+        let scope = PayloadMover::scope(self);
+        // SAFETY: a slot claimed by `hold_cqe` in a live CQ of this
+        // engine's own tables; the payload it reports has landed.
+        unsafe { self.held[k & 1].release(scope) };
+        mem::copy_in_flight(in_flight);
+    }
+
+    /// A drain that began at `c0` ends: its time counts as copying, not
+    /// as the phase it interrupted.
+    #[inline(always)]
+    fn count_drain(&mut self, c0: u64) {
         let waited = ptx::clock64().wrapping_sub(c0);
         self.copy_cycles += waited;
         self.lap_start = self.lap_start.wrapping_add(waited);
@@ -162,8 +169,11 @@ impl BlockMover {
     /// As for [`PayloadMover::hold_cqe`].
     #[inline(always)]
     pub(super) unsafe fn hold(&mut self, cq: &mut CqEntry, w: &[u32; 16]) -> bool {
+        if !self.in_flight() {
+            return false;
+        }
         let held = &mut self.held[self.held_new & 1];
-        if !(self.pending || self.posting.is_some() || self.older.is_some()) || !held.cq.is_null() {
+        if !held.cq.is_null() {
             return false;
         }
         // SAFETY: the caller's contract.

@@ -410,7 +410,6 @@ impl BlockMover {
         // claims came ~4.8 us after a posting on one H200, in a copy of
         // ~4 us).
         let owners = self.blocks.min(MAX_SHARDS);
-        let mut copied = 0;
         for k in 0..owners {
             let b = (self.me + k) % owners;
             let c = claims[b];
@@ -423,23 +422,22 @@ impl BlockMover {
                 continue;
             }
             // SAFETY: the caller's contract.
-            copied += unsafe { self.help_board(b, c, scan_ns) };
-            if copied != 0 {
+            if unsafe { self.help_board(b, c, scan_ns) } {
                 // One chunk a look: the postings this look saw besides
                 // go to the blocks that look next (or to this one's next
                 // look), rather than wait behind this chunk.
-                break;
+                return 1;
             }
         }
-        copied
+        0
     }
 
-    /// Copies a chunk of the posting on block `b`'s board and returns 1;
-    /// 0, with the posting remembered as seen, when none is left to claim.
+    /// Copies a chunk of the posting on block `b`'s board; `false`, with
+    /// the posting remembered as seen, when none is left to claim.
     ///
     /// # Safety
     /// As for [`Self::help`].
-    unsafe fn help_board(&mut self, b: usize, claim: u64, scan_ns: u64) -> u32 {
+    unsafe fn help_board(&mut self, b: usize, claim: u64, scan_ns: u64) -> bool {
         let board = self.board(b);
         let seq = posting(claim);
         // SAFETY (whole function): as in `post`.
@@ -448,7 +446,7 @@ impl BlockMover {
             // chunks are all taken costs no more trips.
             let Some(c) = claim_chunk_from(board, seq, claim) else {
                 self.seen[b] = seq;
-                return 0;
+                return false;
             };
             let claimed_ns = ptx::globaltimer_ns();
             // A successful claim keeps `seq` and found a chunk unclaimed:
@@ -488,7 +486,6 @@ impl BlockMover {
             self.help_copy_ns += ptx::globaltimer_ns().saturating_sub(t0);
             self.shared_bytes += job.len;
             self.helped_chunks += 1;
-            let copied = 1;
             // This block's counts of others' chunks go out with the
             // chunks: a block that serves no QP publishes its other
             // counters only every so many idle passes, and a reader of
@@ -505,10 +502,10 @@ impl BlockMover {
             self.fence();
             let done = &raw mut (*slot).done;
             match self.scope() {
-                Scope::Gpu => ptx::atom_add_relaxed_gpu_u32(done, copied),
-                Scope::Sys => ptx::atom_add_relaxed_sys_u32(done, copied),
+                Scope::Gpu => ptx::atom_add_relaxed_gpu_u32(done, 1),
+                Scope::Sys => ptx::atom_add_relaxed_sys_u32(done, 1),
             };
-            copied
+            true
         }
     }
 }
